@@ -1,0 +1,1 @@
+"""Generated backends (``symattn generate``); every module here is written by symattn."""

@@ -1,0 +1,40 @@
+"""symattn: closed-form gradients of matrix expressions (Transformer attention above all),
+derived by trace differentials, printed step by step, and generated as NumPy and
+PyTorch code."""
+
+from __future__ import annotations
+
+from symattn.derivation import Derivation, derive
+from symattn.errors import ShapeMismatchError, SymattnError, UnknownSpecError, UnsupportedNodeError
+from symattn.grad import backward, grad
+from symattn.lambdify import lambdify
+from symattn.ops import exp, hadamard, log, merge_heads, rowsum, sigmoid, softmax, split_heads, sum, tanh
+from symattn.specs import Spec, spec, specs
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Derivation",
+    "ShapeMismatchError",
+    "Spec",
+    "SymattnError",
+    "UnknownSpecError",
+    "UnsupportedNodeError",
+    "__version__",
+    "backward",
+    "derive",
+    "exp",
+    "grad",
+    "hadamard",
+    "lambdify",
+    "log",
+    "merge_heads",
+    "rowsum",
+    "sigmoid",
+    "softmax",
+    "spec",
+    "specs",
+    "split_heads",
+    "sum",
+    "tanh",
+]

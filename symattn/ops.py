@@ -1,0 +1,246 @@
+"""The nodes symattn adds to SymPy's matrix expressions, and their constructors.
+
+Each node defines its shape and explicit entries (``_entry``), nothing else: how a
+node is differentiated, printed or evaluated lives in the modules of those
+operations (``vjp``, ``latex``, ``printers``).
+"""
+
+from __future__ import annotations
+
+import sympy as sp
+from sympy import Basic, Expr, MatrixExpr, sympify
+from sympy.matrices.expressions import HadamardProduct
+
+from symattn.errors import ShapeMismatchError
+
+
+class Elementwise(MatrixExpr):
+    """f(A) applied entry by entry; subclasses name f."""
+
+    function: str = ""
+    scalar = staticmethod(sp.Function("f"))
+
+    def __new__(cls, arg: MatrixExpr) -> Elementwise:
+        arg = sympify(arg)
+        _require_matrix(arg, cls.function)
+        return Basic.__new__(cls, arg)
+
+    @property
+    def arg(self) -> MatrixExpr:
+        return self.args[0]
+
+    @property
+    def shape(self) -> tuple:
+        return self.arg.shape
+
+    def _entry(self, i, j, **kwargs):
+        return self.scalar(self.arg._entry(i, j, **kwargs))
+
+
+class Exp(Elementwise):
+    """exp(A), entrywise."""
+
+    function = "exp"
+    scalar = staticmethod(sp.exp)
+
+
+class Log(Elementwise):
+    """log(A), entrywise."""
+
+    function = "log"
+    scalar = staticmethod(sp.log)
+
+
+class Tanh(Elementwise):
+    """tanh(A), entrywise."""
+
+    function = "tanh"
+    scalar = staticmethod(sp.tanh)
+
+
+class Sigmoid(Elementwise):
+    """σ(A) = 1 / (1 + exp(−A)), entrywise."""
+
+    function = "sigmoid"
+    scalar = staticmethod(lambda x: 1 / (1 + sp.exp(-x)))
+
+
+class RowSoftmax(MatrixExpr):
+    """softmax(A)_ij = exp(A_ij) / Σ_k exp(A_ik): each row normalised on its own."""
+
+    def __new__(cls, arg: MatrixExpr) -> RowSoftmax:
+        arg = sympify(arg)
+        _require_matrix(arg, "softmax")
+        return Basic.__new__(cls, arg)
+
+    @property
+    def arg(self) -> MatrixExpr:
+        return self.args[0]
+
+    @property
+    def shape(self) -> tuple:
+        return self.arg.shape
+
+    def _entry(self, i, j, **kwargs):
+        cols = self.arg.shape[1]
+        k = sp.Dummy("k", integer=True)
+        total = sp.Sum(sp.exp(self.arg._entry(i, k)), (k, 0, cols - 1))
+        return sp.exp(self.arg._entry(i, j, **kwargs)) / total
+
+
+class RowSum(MatrixExpr):
+    """rowsum(A) = A 𝟏: the n × 1 column of row sums of an n × m matrix."""
+
+    def __new__(cls, arg: MatrixExpr) -> RowSum:
+        arg = sympify(arg)
+        _require_matrix(arg, "rowsum")
+        return Basic.__new__(cls, arg)
+
+    @property
+    def arg(self) -> MatrixExpr:
+        return self.args[0]
+
+    @property
+    def shape(self) -> tuple:
+        return (self.arg.shape[0], sp.Integer(1))
+
+    def _entry(self, i, j, **kwargs):
+        k = sp.Dummy("k", integer=True)
+        return sp.Sum(self.arg._entry(i, k), (k, 0, self.arg.shape[1] - 1))
+
+
+class SumEntries(Expr):
+    """sum(A) = 𝟏ᵀ A 𝟏: the scalar sum of all entries of A."""
+
+    is_commutative = True
+
+    def __new__(cls, arg: MatrixExpr) -> SumEntries:
+        arg = sympify(arg)
+        _require_matrix(arg, "sum")
+        return Basic.__new__(cls, arg)
+
+    @property
+    def arg(self) -> MatrixExpr:
+        return self.args[0]
+
+    def doit(self, **hints):
+        arg = self.arg.doit(**hints) if hints.get("deep", True) else self.arg
+        if isinstance(arg, sp.MatrixBase):
+            return sum(arg)
+        return SumEntries(arg)
+
+
+class SplitHeads(MatrixExpr):
+    """The H column blocks of an n × (H·k) matrix, stacked as H matrices n × k.
+
+    Printed as the per-head block A_h; evaluated as a reshape to (…, H, n, k), so
+    everything applied to it acts on every head at once.
+    """
+
+    def __new__(cls, arg: MatrixExpr, heads) -> SplitHeads:
+        arg, heads = sympify(arg), sympify(heads)
+        _require_matrix(arg, "split_heads")
+        return Basic.__new__(cls, arg, heads)
+
+    @property
+    def arg(self) -> MatrixExpr:
+        return self.args[0]
+
+    @property
+    def heads(self) -> Expr:
+        return self.args[1]
+
+    @property
+    def shape(self) -> tuple:
+        return (self.arg.shape[0], sp.simplify(self.arg.shape[1] / self.heads))
+
+
+class MergeHeads(MatrixExpr):
+    """Concat(head_1, …, head_H): H stacked n × k matrices side by side, n × (H·k)."""
+
+    def __new__(cls, arg: MatrixExpr, heads) -> MergeHeads:
+        arg, heads = sympify(arg), sympify(heads)
+        _require_matrix(arg, "merge_heads")
+        return Basic.__new__(cls, arg, heads)
+
+    @property
+    def arg(self) -> MatrixExpr:
+        return self.args[0]
+
+    @property
+    def heads(self) -> Expr:
+        return self.args[1]
+
+    @property
+    def shape(self) -> tuple:
+        return (self.arg.shape[0], self.arg.shape[1] * self.heads)
+
+
+def _require_matrix(arg: Basic, what: str) -> None:
+    if not isinstance(arg, MatrixExpr):
+        raise TypeError(f"{what} takes a matrix expression, got {type(arg).__name__} {arg}")
+
+
+# Public constructors (the names of CONTRACT.md).
+
+
+def softmax(a: MatrixExpr) -> RowSoftmax:
+    """Row-wise softmax."""
+    return RowSoftmax(a)
+
+
+def exp(a: MatrixExpr) -> Exp:
+    """Entrywise exp."""
+    return Exp(a)
+
+
+def log(a: MatrixExpr) -> Log:
+    """Entrywise natural logarithm."""
+    return Log(a)
+
+
+def tanh(a: MatrixExpr) -> Tanh:
+    """Entrywise tanh."""
+    return Tanh(a)
+
+
+def sigmoid(a: MatrixExpr) -> Sigmoid:
+    """Entrywise logistic sigmoid."""
+    return Sigmoid(a)
+
+
+def rowsum(a: MatrixExpr) -> RowSum:
+    """Row sums as an n × 1 column."""
+    return RowSum(a)
+
+
+def sum(a: MatrixExpr) -> SumEntries:
+    """Scalar sum of all entries."""
+    return SumEntries(a)
+
+
+def hadamard(*factors: MatrixExpr) -> MatrixExpr:
+    """Entrywise product A ⊙ B ⊙ …; the factors must share one shape."""
+    factors = tuple(sympify(f) for f in factors)
+    for f in factors:
+        _require_matrix(f, "hadamard")
+    for f in factors[1:]:
+        if not _same_shape(factors[0].shape, f.shape):
+            raise ShapeMismatchError("hadamard product", factors[0].shape, f.shape)
+    return HadamardProduct(*factors) if len(factors) > 1 else factors[0]
+
+
+def split_heads(a: MatrixExpr, heads) -> SplitHeads:
+    """The per-head column blocks of a (heads as a batch)."""
+    return SplitHeads(a, heads)
+
+
+def merge_heads(a: MatrixExpr, heads) -> MergeHeads:
+    """Concatenate per-head blocks side by side."""
+    return MergeHeads(a, heads)
+
+
+def _same_shape(a: tuple, b: tuple) -> bool:
+    from symattn.shapes import same_dim
+
+    return all(same_dim(x, y) for x, y in zip(a, b))

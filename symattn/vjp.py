@@ -1,0 +1,216 @@
+"""Vector-Jacobian products: one rule per node type, keyed by type in ``VJP_RULES``.
+
+A rule receives a node Y and the cotangent G = ∂f/∂Y of a scalar f, and returns, for
+each argument X of Y that it differentiates, the cotangent ∂f/∂X read off from
+df = tr(Gᵀ dY) (for a scalar node Y with cotangent c: df = c dY). Each rule's
+docstring states the trace identity it implements.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import reduce
+from operator import mul
+
+import sympy as sp
+from sympy import Basic, MatrixExpr
+from sympy.matrices.expressions import (
+    HadamardPower,
+    HadamardProduct,
+    Identity,
+    MatAdd,
+    MatMul,
+    MatPow,
+    OneMatrix,
+    Trace,
+    Transpose,
+    ZeroMatrix,
+    hadamard_product,
+)
+
+from symattn.ops import Exp, Log, MergeHeads, RowSoftmax, RowSum, Sigmoid, SplitHeads, SumEntries, Tanh
+
+Cotangents = list[tuple[Basic, Basic]]
+VjpRule = Callable[[Basic, Basic], Cotangents]
+
+VJP_RULES: dict[type, VjpRule] = {}
+
+
+def defvjp(*node_types: type) -> Callable[[VjpRule], VjpRule]:
+    """Register a rule for the given node types."""
+
+    def register(rule: VjpRule) -> VjpRule:
+        for t in node_types:
+            VJP_RULES[t] = rule
+        return rule
+
+    return register
+
+
+def matmul(*factors: Basic) -> Basic:
+    """Product of the factors, scalars first, flattened and canonical."""
+    return reduce(mul, factors)
+
+
+def ones_like(a: MatrixExpr) -> OneMatrix:
+    return OneMatrix(*a.shape)
+
+
+# Linear nodes.
+
+
+@defvjp(MatAdd)
+def sum_vjp(node: MatAdd, g: Basic) -> Cotangents:
+    """tr(Gᵀ d(A + B)) = tr(Gᵀ dA) + tr(Gᵀ dB): every term receives G."""
+    return [(term, g) for term in node.args]
+
+
+@defvjp(Transpose)
+def transpose_vjp(node: Transpose, g: Basic) -> Cotangents:
+    """tr(Gᵀ dAᵀ) = tr(dA G) = tr((Gᵀ)ᵀ dA): A receives Gᵀ."""
+    return [(node.arg, g.T)]
+
+
+@defvjp(MatMul)
+def product_vjp(node: MatMul, g: Basic) -> Cotangents:
+    """tr(Gᵀ d(c A B)) = tr((c G Bᵀ)ᵀ dA) + tr((c Aᵀ G)ᵀ dB) + dc tr(Gᵀ A B).
+
+    For k matrix factors, factor i receives c (F₁…F_{i−1})ᵀ G (F_{i+1}…F_k)ᵀ; a scalar
+    factor s receives tr(Gᵀ Y) / s (the product without s).
+    """
+    scalars = [a for a in node.args if not isinstance(a, MatrixExpr)]
+    mats = [a for a in node.args if isinstance(a, MatrixExpr)]
+    coeff = sp.Mul(*scalars)
+    out: Cotangents = []
+    for i, factor in enumerate(mats):
+        left = [f.T for f in reversed(mats[:i])]
+        right = [f.T for f in reversed(mats[i + 1 :])]
+        out.append((factor, matmul(coeff, *left, g, *right)))
+    for i, s in enumerate(scalars):
+        rest = sp.Mul(*(scalars[:i] + scalars[i + 1 :]))
+        out.append((s, Trace(matmul(rest, g.T, *mats))))
+    return out
+
+
+@defvjp(MatPow)
+def power_vjp(node: MatPow, g: Basic) -> Cotangents:
+    """A^k = A·A·…·A: tr(Gᵀ dA^k) = Σ_i tr(((A^i)ᵀ G (A^{k−1−i})ᵀ)ᵀ dA), k a positive integer."""
+    base, k = node.args
+    if not (k.is_Integer and k > 0):
+        from symattn.errors import UnsupportedNodeError
+
+        raise UnsupportedNodeError(node, "differentiation (only positive integer powers)", ["MatPow with k > 0"])
+    return product_vjp(MatMul(*([base] * int(k))), g)
+
+
+# Entrywise nodes.
+
+
+@defvjp(HadamardProduct)
+def hadamard_vjp(node: HadamardProduct, g: Basic) -> Cotangents:
+    """tr(Gᵀ d(A ⊙ B)) = tr((G ⊙ B)ᵀ dA) + tr((G ⊙ A)ᵀ dB)."""
+    args = node.args
+    return [(a, hadamard_product(g, *(args[:i] + args[i + 1 :]))) for i, a in enumerate(args)]
+
+
+@defvjp(HadamardPower)
+def hadamard_power_vjp(node: HadamardPower, g: Basic) -> Cotangents:
+    """tr(Gᵀ d(A^{∘p})) = tr((p G ⊙ A^{∘(p−1)})ᵀ dA)."""
+    base, p = node.args
+    if p == 1:
+        return [(base, g)]
+    if p == 2:
+        return [(base, 2 * hadamard_product(g, base))]
+    return [(base, p * hadamard_product(g, HadamardPower(base, p - 1)))]
+
+
+@defvjp(Exp)
+def exp_vjp(node: Exp, g: Basic) -> Cotangents:
+    """tr(Gᵀ d exp(A)) = tr((G ⊙ exp(A))ᵀ dA)."""
+    return [(node.arg, hadamard_product(g, node))]
+
+
+@defvjp(Log)
+def log_vjp(node: Log, g: Basic) -> Cotangents:
+    """tr(Gᵀ d log(A)) = tr((G ⊙ A^{∘−1})ᵀ dA)."""
+    return [(node.arg, hadamard_product(g, HadamardPower(node.arg, -1)))]
+
+
+@defvjp(Tanh)
+def tanh_vjp(node: Tanh, g: Basic) -> Cotangents:
+    """tr(Gᵀ d tanh(A)) = tr((G ⊙ (𝟏𝟏ᵀ − tanh(A)^{∘2}))ᵀ dA)."""
+    return [(node.arg, hadamard_product(g, ones_like(node) - HadamardPower(node, 2)))]
+
+
+@defvjp(Sigmoid)
+def sigmoid_vjp(node: Sigmoid, g: Basic) -> Cotangents:
+    """tr(Gᵀ dσ(A)) = tr((G ⊙ σ(A) ⊙ (𝟏𝟏ᵀ − σ(A)))ᵀ dA)."""
+    return [(node.arg, hadamard_product(g, node, ones_like(node) - node))]
+
+
+@defvjp(RowSoftmax)
+def row_softmax_vjp(node: RowSoftmax, g: Basic) -> Cotangents:
+    """dP = P ⊙ (dA − (P ⊙ dA) 𝟏𝟏ᵀ), so tr(Gᵀ dP) = tr((P ⊙ (G − rowsum(G ⊙ P) 𝟏ᵀ))ᵀ dA)."""
+    ones_row = OneMatrix(1, node.shape[1])
+    return [(node.arg, hadamard_product(node, g - RowSum(hadamard_product(g, node)) * ones_row))]
+
+
+@defvjp(RowSum)
+def row_sum_vjp(node: RowSum, g: Basic) -> Cotangents:
+    """tr(Gᵀ d(A 𝟏)) = tr((G 𝟏ᵀ)ᵀ dA): the n × 1 cotangent broadcast along each row."""
+    return [(node.arg, g * OneMatrix(1, node.arg.shape[1]))]
+
+
+# Head blocks.
+
+
+@defvjp(SplitHeads)
+def split_heads_vjp(node: SplitHeads, g: Basic) -> Cotangents:
+    """Σ_h tr(G_hᵀ dA_h) = tr(Concat(G_1 … G_H)ᵀ dA): the blocks' cotangents side by side."""
+    return [(node.arg, MergeHeads(g, node.heads))]
+
+
+@defvjp(MergeHeads)
+def merge_heads_vjp(node: MergeHeads, g: Basic) -> Cotangents:
+    """tr(Gᵀ d Concat(A_1 … A_H)) = Σ_h tr(G_hᵀ dA_h): head h receives block h of G."""
+    return [(node.arg, SplitHeads(g, node.heads))]
+
+
+# Scalar-valued nodes (cotangent c is a scalar).
+
+
+@defvjp(Trace)
+def trace_vjp(node: Trace, c: Basic) -> Cotangents:
+    """d tr(A) = tr(Iᵀ dA): A receives c I."""
+    return [(node.arg, matmul(c, Identity(node.arg.shape[0])))]
+
+
+@defvjp(SumEntries)
+def sum_entries_vjp(node: SumEntries, c: Basic) -> Cotangents:
+    """d sum(A) = tr((𝟏𝟏ᵀ)ᵀ dA): A receives c 𝟏𝟏ᵀ."""
+    return [(node.arg, matmul(c, ones_like(node.arg)))]
+
+
+@defvjp(sp.Add)
+def scalar_sum_vjp(node: sp.Add, c: Basic) -> Cotangents:
+    """d(a + b) = da + db."""
+    return [(term, c) for term in node.args]
+
+
+@defvjp(sp.Mul)
+def scalar_product_vjp(node: sp.Mul, c: Basic) -> Cotangents:
+    """d(a b) = b da + a db."""
+    args = node.args
+    return [(a, c * sp.Mul(*(args[:i] + args[i + 1 :]))) for i, a in enumerate(args)]
+
+
+@defvjp(sp.Pow)
+def scalar_power_vjp(node: sp.Pow, c: Basic) -> Cotangents:
+    """d(a^p) = p a^{p−1} da, for a constant exponent p."""
+    base, p = node.args
+    return [(base, c * p * base ** (p - 1))]
+
+
+def zero_like(a: Basic) -> Basic:
+    """The additive zero of a's kind: a zero matrix of its shape, or 0."""
+    return ZeroMatrix(*a.shape) if isinstance(a, MatrixExpr) else sp.Integer(0)
