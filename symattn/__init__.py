@@ -4,6 +4,7 @@ PyTorch code."""
 
 from __future__ import annotations
 
+from symattn.check import CheckResult, check
 from symattn.derivation import Derivation, derive
 from symattn.errors import ShapeMismatchError, SymattnError, UnknownSpecError, UnsupportedNodeError
 from symattn.grad import backward, grad
@@ -14,6 +15,7 @@ from symattn.specs import Spec, spec, specs
 __version__ = "0.1.0"
 
 __all__ = [
+    "CheckResult",
     "Derivation",
     "ShapeMismatchError",
     "Spec",
@@ -22,6 +24,7 @@ __all__ = [
     "UnsupportedNodeError",
     "__version__",
     "backward",
+    "check",
     "derive",
     "exp",
     "grad",

@@ -31,10 +31,128 @@ def cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_generate(args: argparse.Namespace) -> int:
+    """Write the generated modules, or with --check report the stale ones (exit 1) and write nothing."""
+    from symattn.codegen import default_out_dir, generate
+
+    out = args.out if args.out is not None else default_out_dir()
+    stale = generate(args.spec, args.backend, args.variant, out, check=args.check)
+    if args.check:
+        for path in stale:
+            print(f"stale: {path} (differs from what `symattn generate` renders; regenerate, do not edit)")
+        return 1 if stale else 0
+    for path in stale:
+        print(f"wrote {path}")
+    return 0
+
+
+def _add_generate(sub: argparse._SubParsersAction) -> None:
+    from symattn.codegen import BACKENDS, VARIANTS
+    from symattn.specs import specs
+
+    gen = sub.add_parser("generate", help="write the generated NumPy and PyTorch modules")
+    gen.add_argument("--spec", action="append", choices=specs(), help="a spec to generate (repeatable; default all)")
+    gen.add_argument("--backend", action="append", choices=BACKENDS, help="numpy or torch (repeatable; default both)")
+    gen.add_argument(
+        "--variant",
+        action="append",
+        choices=VARIANTS,
+        help="standard (<spec>_<backend>) or memeff (<spec>_<backend>_memeff: P recomputed from the row "
+        "log-sum-exp, query blocks, O(n·d) extra memory); repeatable, default both",
+    )
+    gen.add_argument("--out", help="output folder (default: the symattn.generated package folder)")
+    gen.add_argument("--check", action="store_true", help="write nothing; exit 1 naming each stale file")
+    gen.set_defaults(handler=cmd_generate)
+
+
+def _spec_options(pairs: Sequence[str] | None) -> dict[str, object]:
+    """KEY=VALUE pairs as spec options: integers, numbers or None where they parse so, else text."""
+    options: dict[str, object] = {}
+    for pair in pairs or []:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.isidentifier():
+            raise UsageError(f"symattn: error: --option takes KEY=VALUE, got {pair!r}")
+        for convert in (int, float):
+            try:
+                options[key] = convert(value)
+                break
+            except ValueError:
+                continue
+        else:
+            options[key] = None if value == "None" else value
+    return options
+
+
+def cmd_derive(args: argparse.Namespace) -> int:
+    """Print the derivation of a spec's gradients; with --verify, check every equality instead (exit 1 on a failure)."""
+    from symattn.derivation import derive
+
+    fmt = args.format or ("latex" if args.standalone else "text")
+    if args.standalone and fmt != "latex":
+        raise UsageError(f"symattn derive: error: --standalone needs --format latex, not {fmt}")
+    derivation = derive(args.spec, **_spec_options(args.option))
+    wrt = args.wrt
+    if wrt is not None:
+        derivation.spec.input(wrt)  # an unknown target is bad input (exit 2), before any work
+    if args.verify:
+        report = derivation.verify(wrt)
+        sys.stdout.write(report.text())
+        return 0 if report.ok else 1
+    if args.cost:
+        from symattn.cost import cost_report
+
+        sys.stdout.write(cost_report(derivation).text() + "\n")
+        return 0
+    sys.stdout.write(derivation.render(fmt, wrt, standalone=args.standalone))
+    return 0
+
+
+def _add_derive(sub: argparse._SubParsersAction) -> None:
+    from symattn.derivation import FORMATS
+    from symattn.specs import specs
+
+    der = sub.add_parser("derive", help="print a spec's derivation step by step (trace differentials)")
+    der.add_argument("spec", choices=specs(), help="a built-in spec")
+    der.add_argument("--wrt", metavar="NAME", help="one input or weight (default: every one)")
+    der.add_argument("--format", choices=FORMATS, help="output format (default: text, or latex with --standalone)")
+    der.add_argument("--standalone", action="store_true", help="a complete LaTeX document (amsmath) for pdflatex")
+    der.add_argument("--verify", action="store_true", help="check every printed equality; exit 1 if one fails")
+    der.add_argument("--cost", action="store_true", help="forward and backward FLOPs and peak temporaries")
+    der.add_argument("--option", action="append", metavar="KEY=VALUE", help="a spec option, e.g. num_heads=2, scale=1")
+    der.set_defaults(handler=cmd_derive)
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    """Say whether a claimed gradient is right (exit 0) or wrong (exit 1, with a counterexample)."""
+    from symattn.check import check
+
+    if args.trials < 1:
+        raise UsageError("symattn check: error: --trials must be at least 1")
+    result = check(args.spec, args.wrt, args.claim, trials=args.trials, seed=args.seed, **_spec_options(args.option))
+    sys.stdout.write(result.text())
+    return 0 if result.right else 1
+
+
+def _add_check(sub: argparse._SubParsersAction) -> None:
+    from symattn.specs import specs
+
+    chk = sub.add_parser("check", help="is a claimed gradient right? (a counterexample if not)")
+    chk.add_argument("spec", choices=specs(), help="a built-in spec")
+    chk.add_argument("claim", help='the claimed gradient in the expression language, e.g. "X.T * P.T * G"')
+    chk.add_argument("--wrt", required=True, metavar="NAME", help="an input, weight or intermediate (S, A, P, O, ...)")
+    chk.add_argument("--option", action="append", metavar="KEY=VALUE", help="a spec option, e.g. scale=1")
+    chk.add_argument("--seed", type=int, default=0, help="seed of the random test points (default 0)")
+    chk.add_argument("--trials", type=int, default=3, help="random test points (default 3)")
+    chk.set_defaults(handler=cmd_check)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="symattn", description="Derive, print and generate attention gradients.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     sub.add_parser("list", help="the built-in specs, one line each").set_defaults(handler=cmd_list)
+    _add_derive(sub)
+    _add_check(sub)
+    _add_generate(sub)
     return parser
 
 

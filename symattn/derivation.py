@@ -1,13 +1,61 @@
-"""Derivations: a spec's backward pass, its closed-form gradients and their recorded steps."""
+"""Derivations: a spec's backward pass, its closed-form gradients, their printed and checked steps.
+
+``derive(name)`` runs the engine once for every input (``.gradients``); the step by
+step derivation of one target (``steps``) is built on first use, so asking only for
+gradients stays as cheap as before. ``.latex()``, ``.markdown()``, ``.text()`` print
+it, ``.verify()`` evaluates every printed equality on random float64 matrices.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 
+import numpy as np
 from sympy import Basic
 
+from symattn import render
+from symattn.errors import SymattnError
 from symattn.grad import Tape, backward
 from symattn.specs import Spec, spec
+from symattn.steps import Chain, Check, chain, verify_chain
+
+FORMATS = ("latex", "markdown", "text")
+
+
+@dataclass
+class Verification:
+    """Every checked equality of a derivation; ok when all agree within their tolerance."""
+
+    spec: str
+    checks: list[Check]
+
+    @property
+    def ok(self) -> bool:
+        return all(c.ok for c in self.checks)
+
+    @property
+    def failures(self) -> list[Check]:
+        return [c for c in self.checks if not c.ok]
+
+    @property
+    def max_discrepancy(self) -> float:
+        """Largest relative discrepancy among the exact equalities (not the central difference)."""
+        return max((c.discrepancy for c in self.checks if c.tolerance < 1e-6), default=0.0)
+
+    def text(self) -> str:
+        """One line per checked equality, then a summary."""
+        lines = []
+        for c in self.checks:
+            mark = "ok  " if c.ok else "FAIL"
+            where = f"{c.target:>5} item {c.item:>2} {c.node:<15}"
+            lines.append(f"{mark} {where} {c.discrepancy:9.2e} (tol {c.tolerance:.0e})  {c.reason}")
+        verdict = "all equalities agree" if self.ok else f"{len(self.failures)} equalities FAIL"
+        lines.append(
+            f"{self.spec}: {len(self.checks)} equalities checked, max relative discrepancy "
+            f"{self.max_discrepancy:.2e} (exact), {verdict}"
+        )
+        return "\n".join(lines) + "\n"
 
 
 @dataclass
@@ -16,11 +64,57 @@ class Derivation:
 
     spec: Spec
     tape: Tape
+    _chains: dict[str, Chain] = field(default_factory=dict, repr=False)
 
     @property
     def gradients(self) -> dict[str, Basic]:
         """Input or weight name → closed-form gradient."""
         return {str(s.name): g for s, g in self.tape.gradients.items()}
+
+    def steps(self, wrt: str) -> Chain:
+        """The step-by-step derivation of ∂f/∂wrt (SymattnError naming the inputs if unknown)."""
+        if wrt not in self._chains:
+            self._chains[wrt] = chain(self.spec, self.spec.input(wrt))
+        return self._chains[wrt]
+
+    def chains(self, wrt: str | Sequence[str] | None = None) -> list[Chain]:
+        """Derivations of the named targets (default: every input, in the spec's order)."""
+        names = self.spec.input_names if wrt is None else ([wrt] if isinstance(wrt, str) else list(wrt))
+        return [self.steps(name) for name in names]
+
+    def latex(self, wrt: str | Sequence[str] | None = None, standalone: bool = False) -> str:
+        """A LaTeX fragment (amsmath), or with standalone a complete document for pdflatex."""
+        chains = self.chains(wrt)
+        return render.latex_document(self.spec, chains) if standalone else render.latex_fragment(self.spec, chains)
+
+    def markdown(self, wrt: str | Sequence[str] | None = None) -> str:
+        """Markdown with $$ math blocks, as GitHub renders it."""
+        return render.markdown(self.spec, self.chains(wrt))
+
+    def text(self, wrt: str | Sequence[str] | None = None) -> str:
+        """Plain unicode text."""
+        return render.text(self.spec, self.chains(wrt))
+
+    def render(self, fmt: str, wrt: str | Sequence[str] | None = None, standalone: bool = False) -> str:
+        """The derivation in one of FORMATS."""
+        if fmt == "latex":
+            return self.latex(wrt, standalone=standalone)
+        if fmt == "markdown":
+            return self.markdown(wrt)
+        if fmt == "text":
+            return self.text(wrt)
+        raise SymattnError(f"unknown format {fmt!r}; choose from {', '.join(FORMATS)}")
+
+    def verify(self, wrt: str | Sequence[str] | None = None, seed: int = 0) -> Verification:
+        """Evaluate both sides of every printed equality at random float64 matrices and differentials."""
+        rng = np.random.default_rng(seed)
+        checks: list[Check] = []
+        for c in self.chains(wrt):
+            checks += verify_chain(c, rng)
+        return Verification(self.spec.name, checks)
+
+    def _repr_latex_(self) -> str:
+        return render.math_display(self.spec, self.chains())
 
 
 def derive(name_or_spec: str | Spec, **options) -> Derivation:

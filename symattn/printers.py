@@ -95,7 +95,11 @@ class NumPyMatrixPrinter(NumPyPrinter):
         coeff = sp.Mul(*scalars)
         if coeff == -1:
             return f"-{self._atom_text(body, len(mats))}"
-        return f"{self._atom(coeff)} * {self._atom_text(body, len(mats))}"
+        coeff_text = self._atom(coeff)
+        if any(isinstance(a, MatrixExpr) for a in sp.preorder_traversal(coeff)):
+            # a per-batch scalar such as tr(A) has shape (...): give it the two matrix axes
+            coeff_text = f"np.expand_dims({coeff_text}, (-2, -1))"
+        return f"{coeff_text} * {self._atom_text(body, len(mats))}"
 
     @staticmethod
     def _atom_text(body: str, nfactors: int) -> str:

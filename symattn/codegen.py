@@ -1,0 +1,281 @@
+"""Code generation: render a spec's schedule into a NumPy or PyTorch module.
+
+Every expression string comes from a printer (``torch_printer``); the Jinja
+templates in the ``symattn.templates`` package lay out only the scaffolding:
+header, imports, signatures, docstrings, input checks, saved values, returns.
+``generate`` writes the modules atomically, or with ``check=True`` reports the
+files that differ from what the templates render now.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+import textwrap
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+import jinja2
+import sympy as sp
+
+from symattn.errors import SymattnError
+from symattn.schedule import Assignment, Schedule, schedule
+from symattn.specs import specs
+from symattn.torch_printer import GeneratedNumPyPrinter, TorchMatrixPrinter
+
+BACKENDS = ("numpy", "torch")
+VARIANTS = ("standard", "memeff")
+PRINTERS = {"numpy": GeneratedNumPyPrinter, "torch": TorchMatrixPrinter}
+CLASS_NAMES = {"mha": "MultiHeadAttention"}
+# A weight dimension that is a product of dimensions is passed under its CONTRACT.md name.
+DIMENSION_ALIASES = {"H*d_k": "d_model"}
+
+
+@dataclass(frozen=True)
+class Statement:
+    """One line of generated code: target = value (value printed by a printer)."""
+
+    target: str
+    value: str
+    comment: str = ""
+
+
+def module_name(spec_name: str, backend: str, variant: str = "standard") -> str:
+    """The generated module's name: <spec>_<backend>, plus _memeff for the memory-efficient variant."""
+    return f"{spec_name}_{backend}" + ("_memeff" if variant == "memeff" else "")
+
+
+def environment() -> jinja2.Environment:
+    """Jinja with the installed ``symattn.templates`` package as its loader; undefined names are errors."""
+    root = resources.files("symattn.templates")
+
+    def load(name: str) -> str:
+        return (root / name).read_text(encoding="utf-8")
+
+    return jinja2.Environment(
+        loader=jinja2.FunctionLoader(load),
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+        autoescape=False,
+    )
+
+
+def _math(a: Assignment) -> str:
+    """An assignment as a line of the docstring's math."""
+    return f"{a.target.name} = {sp.sstr(a.value)}"
+
+
+def _wrap(lines: list[str], width: int = 110) -> list[str]:
+    """Math lines wrapped to fit the docstring, continuations indented."""
+    out: list[str] = []
+    for line in lines:
+        out.extend(textwrap.wrap(line, width, subsequent_indent="    ", break_on_hyphens=False) or [""])
+    return out
+
+
+def _uses(name: str, texts: list[str]) -> bool:
+    pattern = re.compile(rf"(?<![\w.]){re.escape(name)}(?!\w)")
+    return any(pattern.search(t) for t in texts)
+
+
+def _shape_text(printer, x: sp.MatrixSymbol, weights: frozenset) -> str:
+    dims = ", ".join(printer.doprint(d) for d in x.shape)
+    return f"({dims})" if str(x.name) in weights else f"(..., {dims})"
+
+
+def _module_parameters(sched: Schedule, printer) -> tuple[list[str], list[dict], list[dict]]:
+    """Constructor parameters of the nn.Module, the dimensions they give, and the weights' shapes."""
+    known: set = {o.symbol for o in sched.options}
+    params: list[str] = []
+    bindings: list[dict] = []
+    weights: list[dict] = []
+    for w in (x for x in sched.inputs if str(x.name) in sched.weights):
+        for size in map(sp.sympify, w.shape):
+            unknown = size.free_symbols - known
+            if not unknown:
+                continue
+            if size.is_Symbol:
+                params.append(size.name)
+            else:
+                alias = DIMENSION_ALIASES.get(sp.sstr(size))
+                if alias is None or len(unknown) != 1:
+                    raise SymattnError(f"weight {w.name}: no constructor parameter gives the dimension {size}")
+                (dimension,) = unknown
+                divisor = printer.doprint(size / dimension)
+                params.append(alias)
+                bindings.append(
+                    {
+                        "target": dimension.name,
+                        "value": f"{alias} // {divisor}",
+                        "remainder": f"{alias} % {divisor}",
+                        "size": alias,
+                        "divisor": divisor,
+                    }
+                )
+            known |= unknown
+        weights.append({"name": str(w.name), "shape": ", ".join(printer.doprint(d) for d in w.shape)})
+    return params, bindings, weights
+
+
+def context(sched: Schedule, backend: str, version: str) -> dict:
+    """Everything a module template needs, every expression already printed."""
+    printer = PRINTERS[backend]()
+    s = sched.spec
+    batched = {str(x.name) for x in s.inputs if str(x.name) not in sched.weights} | {str(sched.seed.name)}
+    batched |= {str(a.target.name) for a in (*sched.forward, *sched.backward) if sched.is_batched(a.value)}
+
+    def lines(assignments) -> list[Statement]:
+        out = []
+        for a in assignments:
+            text = printer.weight_gradient(a.value, batched) if a.reduce_batch else printer.doprint(a.value)
+            out.append(Statement(str(a.target.name), text, a.comment))
+        return out
+
+    forward = lines(sched.forward)
+    backward = lines(sched.backward)
+    constants = [Statement(c.name, printer.doprint(v)) for c, v in sched.constants]
+    backward_text = [b.value for b in backward]
+    saved = [str(getattr(x, "name", x)) for x in sched.saved]
+    saved = [name for name in saved if _uses(name, backward_text)]
+    bindings = []
+    for b in sched.bindings:
+        read = f"{b.input}.shape[{b.axis}]"
+        if b.divisor is None:
+            bindings.append(Statement(b.symbol.name, read))
+        else:
+            divisor = printer.doprint(b.divisor)
+            bindings.append(Statement(b.symbol.name, f'_quotient("{b.input}", tuple({b.input}.shape), {divisor})'))
+    params, module_bindings, weights = _module_parameters(sched, PRINTERS[backend]())
+    return {
+        "version": version,
+        "backend": backend,
+        "spec": s.name,
+        "summary": s.summary,
+        "class_name": CLASS_NAMES.get(s.name, "".join(p.title() for p in s.name.split("_"))),
+        "inputs": [
+            {
+                "name": str(x.name),
+                "shape": _shape_text(printer, x, sched.weights),
+                "weight": str(x.name) in sched.weights,
+            }
+            for x in s.inputs
+        ],
+        "expected": [{"name": str(x.name), "dims": ", ".join(printer.doprint(d) for d in x.shape)} for x in s.inputs],
+        "options": [
+            {
+                "name": o.name,
+                "symbol": o.symbol.name,
+                "integer": bool(o.symbol.is_integer),
+                "default": None if o.default is None else printer.doprint(o.default),
+                "default_math": None if o.default is None else sp.sstr(o.default),
+            }
+            for o in sched.options
+        ],
+        "bindings": bindings,
+        "divides": any(b.divisor is not None for b in sched.bindings),
+        "constants": constants,
+        "forward": forward,
+        "output": str(sched.output.name),
+        "output_shape": ", ".join(printer.doprint(d) for d in sched.output.shape),
+        "saved": saved,
+        "seed": str(sched.seed.name),
+        "backward": backward,
+        "gradients": [{"name": name, "target": str(t.name)} for name, t in sched.gradients],
+        "forward_math": _wrap(
+            [f"{c.name} = {sp.sstr(v)}" for c, v in sched.constants] + [_math(a) for a in sched.forward]
+        ),
+        "backward_math": _wrap([_math(a) for a in sched.backward]),
+        "helpers": printer.helper_source(),
+        "ambiguous": any(t.target in ("O", "I", "l") for t in forward + backward),
+        "input_names": [str(x.name) for x in s.inputs],
+        "input_dict": "{" + ", ".join(f'"{x.name}": {x.name}' for x in s.inputs) + "}",
+        "signature": ", ".join(
+            [str(x.name) for x in s.inputs]
+            + ["*"] * bool(sched.options)
+            + [o.name + ("=None" if o.default is not None else "") for o in sched.options]
+        ),
+        "gradient_dict": "{" + ", ".join(f'"{name}": {t.name}' for name, t in sched.gradients) + "}",
+        "module_params": params,
+        "module_bindings": module_bindings,
+        "weights": weights,
+        "weight_names": [w["name"] for w in weights],
+        "function_returns": ", ".join([f'grads["{x.name}"]' for x in s.inputs] + ["None"] * len(sched.options)),
+        "positional": ", ".join([str(x.name) for x in s.inputs] + [o.name for o in sched.options]),
+    }
+
+
+def render(spec_name: str, backend: str, variant: str = "standard") -> str:
+    """The source of one generated module."""
+    from symattn import __version__
+
+    if backend not in BACKENDS:
+        raise SymattnError(f"unknown backend {backend!r}; choose from {', '.join(BACKENDS)}")
+    if variant not in VARIANTS:
+        raise SymattnError(f"unknown variant {variant!r}; choose from {', '.join(VARIANTS)}")
+    if spec_name not in specs():
+        raise SymattnError(f"unknown spec {spec_name!r}; built-in specs: {', '.join(specs())}")
+    sched = schedule(spec_name)
+    if variant == "memeff":
+        from symattn.memeff import memeff_context
+
+        ctx = memeff_context(sched, backend, PRINTERS[backend], __version__)
+        return _tidy(environment().get_template(f"{backend}_memeff.py.j2").render(**ctx))
+    text = environment().get_template(f"{backend}_module.py.j2").render(**context(sched, backend, __version__))
+    return _tidy(text)
+
+
+def _tidy(text: str) -> str:
+    """At most two blank lines in a row (optional template sections leave more)."""
+    return re.sub(r"\n{4,}", "\n\n\n", text)
+
+
+def default_out_dir() -> Path:
+    """The folder of the installed ``symattn.generated`` package."""
+    return Path(str(resources.files("symattn.generated")))
+
+
+def generate(
+    spec_names: list[str] | None = None,
+    backends: list[str] | None = None,
+    variants: list[str] | None = None,
+    out: Path | str | None = None,
+    check: bool = False,
+) -> list[Path]:
+    """Render the modules; write them (atomically) or, with check, write nothing.
+
+    Returns the files that were stale: missing or different from what renders now
+    (after a write, the ones that were rewritten).
+    """
+    out_dir = Path(out) if out is not None else default_out_dir()
+    rendered: dict[Path, str] = {}
+    for name in spec_names or specs():
+        for backend in backends or BACKENDS:
+            for variant in variants or VARIANTS:
+                rendered[out_dir / f"{module_name(name, backend, variant)}.py"] = render(name, backend, variant)
+    stale = [path for path, text in rendered.items() if not path.is_file() or path.read_bytes() != text.encode()]
+    if not check and stale:
+        write_atomically({path: rendered[path] for path in stale})
+    return stale
+
+
+def write_atomically(files: dict[Path, str]) -> None:
+    """Write every file or none: each goes to a temporary file beside it, then all are renamed in place."""
+    temporary: list[tuple[str, Path]] = []
+    try:
+        for path, text in files.items():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+            temporary.append((tmp, path))
+            with os.fdopen(fd, "wb") as f:
+                f.write(text.encode())
+    except BaseException:
+        for tmp, _ in temporary:
+            Path(tmp).unlink(missing_ok=True)
+        raise
+    for tmp, path in temporary:
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)

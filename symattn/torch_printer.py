@@ -1,0 +1,225 @@
+"""Printers for generated modules: NumPy and PyTorch source for every node of symattn's language.
+
+Both print batched code: transpose swaps the last two axes (``.mT``), reductions
+name negative axes, multi-head blocks are a reshape to (…, H, n, d_k). On top of
+``NumPyMatrixPrinter`` they print for speed:
+
+- a broadcast u 𝟏ᵀ (or 𝟏 vᵀ) inside a sum or an entrywise product as u alone, so
+  P ⊙ (dP − rowsum(dP ⊙ P) 𝟏ᵀ) makes no n × m array of row sums;
+- the scalar of a product on its smallest factor (by typical sizes: sequence
+  lengths n, m long, feature sizes short), so scale·Q Kᵀ is (scale·Q) Kᵀ;
+- a weight's gradient Lᵀ R, summed over the batch, as one product of the
+  flattened rows, rows(L)ᵀ rows(R).
+
+``TorchMatrixPrinter`` prints the same with ``torch`` calls and scalars as plain
+Python arithmetic (dimensions are ints), so a generated module imports only torch.
+"""
+
+from __future__ import annotations
+
+import re
+
+import sympy as sp
+from sympy import Basic, MatrixExpr
+from sympy.matrices.expressions import MatMul, OneMatrix, Transpose
+
+from symattn.printers import NUMPY_HELPERS, NumPyMatrixPrinter
+from symattn.schedule import typical_size as schedule_size
+
+GENERATED_NUMPY_HELPERS = {
+    **NUMPY_HELPERS,
+    "rows": '''def rows(a):
+    """(..., n, k) -> (N, k): every row of every batch element, stacked."""
+    return a.reshape(-1, a.shape[-1])
+''',
+    "sum_batch": '''def sum_batch(a):
+    """(..., p, q) -> (p, q): the sum over the leading batch dimensions."""
+    return a.reshape(-1, *a.shape[-2:]).sum(axis=0)
+''',
+}
+
+TORCH_HELPERS = {
+    "row_softmax": '''def row_softmax(a):
+    """softmax along the last axis, the row max subtracted first."""
+    e = torch.exp(a - a.amax(dim=-1, keepdim=True))
+    return e / e.sum(dim=-1, keepdim=True)
+''',
+    "sigmoid": '''def sigmoid(a):
+    """1 / (1 + exp(-a)), entrywise."""
+    return torch.sigmoid(a)
+''',
+    "split_heads": '''def split_heads(a, heads):
+    """(..., n, heads * k) -> (..., heads, n, k)."""
+    return a.reshape(*a.shape[:-1], heads, a.shape[-1] // heads).transpose(-2, -3)
+''',
+    "merge_heads": '''def merge_heads(a, heads):
+    """(..., heads, n, k) -> (..., n, heads * k)."""
+    a = a.transpose(-2, -3)
+    return a.reshape(*a.shape[:-2], a.shape[-2] * a.shape[-1])
+''',
+    "rows": '''def rows(a):
+    """(..., n, k) -> (N, k): every row of every batch element, stacked."""
+    return a.reshape(-1, a.shape[-1])
+''',
+    "sum_batch": '''def sum_batch(a):
+    """(..., p, q) -> (p, q): the sum over the leading batch dimensions."""
+    return a.reshape(-1, *a.shape[-2:]).sum(dim=0)
+''',
+}
+
+
+def typical_size(expr: MatrixExpr) -> int:
+    """rows × columns of expr at typical sizes (symbolic dimensions made numbers)."""
+    return schedule_size(expr.shape[0]) * schedule_size(expr.shape[1])
+
+
+def broadcast_column(expr: Basic) -> Basic | None:
+    """u for u 𝟏ᵀ (u a column) or vᵀ for 𝟏 vᵀ (v a row): a value that broadcasts, else None."""
+    if not isinstance(expr, MatMul):
+        return None
+    mats = [a for a in expr.args if isinstance(a, MatrixExpr)]
+    coeff = sp.Mul(*(a for a in expr.args if not isinstance(a, MatrixExpr)))
+    if len(mats) == 2 and isinstance(mats[1], OneMatrix) and mats[1].shape[0] == 1 and mats[0].shape[1] == 1:
+        return coeff * mats[0] if coeff != 1 else mats[0]
+    if len(mats) == 2 and isinstance(mats[0], OneMatrix) and mats[0].shape[1] == 1 and mats[1].shape[0] == 1:
+        return coeff * mats[1] if coeff != 1 else mats[1]
+    return None
+
+
+class GeneratedCodeMixin:
+    """Printing for generated modules: broadcasts, scalar placement, weight gradients."""
+
+    def _atom(self, expr: Basic) -> str:
+        if isinstance(expr, Transpose) and isinstance(expr.arg, sp.MatrixSymbol):
+            return self._print(expr)
+        return super()._atom(expr)
+
+    def _print_Mul(self, expr: Basic) -> str:
+        # spaces around scalar operators, as ruff format writes them: H * d_k
+        text = super()._print_Mul(expr)
+        return re.sub(r"\s*(?<!\*)([*/])(?![*/])\s*", r" \1 ", text)
+
+    def _print_MatAdd(self, expr: Basic) -> str:
+        from symattn.printers import _split_sign
+
+        full = [t for t in expr.args if broadcast_column(t) is None]
+        terms = sorted(expr.args, key=lambda t: _split_sign(t)[0] < 0)  # dP - D, not -D + dP
+        text = ""
+        for i, term in enumerate(terms):
+            if full:
+                term = broadcast_column(term) or term
+            sign, rest = _split_sign(term)
+            if sign < 0:
+                text += ("-" if i == 0 else " - ") + self._atom(rest)
+            else:
+                text += ("" if i == 0 else " + ") + self._print(rest)
+        return text
+
+    def _print_HadamardProduct(self, expr: Basic) -> str:
+        full = [a for a in expr.args if broadcast_column(a) is None]
+        args = [broadcast_column(a) or a for a in expr.args] if full else expr.args
+        return " * ".join(self._atom(a) for a in args)
+
+    def _print_MatMul(self, expr: Basic) -> str:
+        scalars = [a for a in expr.args if not isinstance(a, MatrixExpr)]
+        mats = [a for a in expr.args if isinstance(a, MatrixExpr)]
+        if not scalars or len(mats) < 2 or any(isinstance(m, OneMatrix) for m in mats):
+            return super()._print_MatMul(expr)
+        coeff = sp.Mul(*scalars)
+        # the scalar multiplies the smallest factor: (c·K) is m·d_k products, (c·dA) would be n·m
+        smallest = min(range(len(mats)), key=lambda i: (typical_size(mats[i]), i))
+        factor = mats[smallest]
+        inner = factor.arg if isinstance(factor, Transpose) else factor
+        scaled = f"{self._atom(coeff)} * {self._atom(inner)}" if coeff != -1 else f"-{self._atom(inner)}"
+        scaled = f"({scaled}).mT" if isinstance(factor, Transpose) else f"({scaled})"
+        parts = [scaled if i == smallest else self._atom(m) for i, m in enumerate(mats)]
+        return " @ ".join(parts)
+
+    # Scalars print as Python arithmetic: a Python float keeps a float32 array float32 (NEP 50).
+    def _print_Pow(self, expr: Basic, rational: bool = False) -> str:
+        base, p = expr.args
+        if isinstance(base, MatrixExpr):
+            return super()._print_Pow(expr, rational)
+        # ruff format hugs ** between simple operands: d_k**0.5
+        power = "**" if isinstance(base, (sp.Symbol, sp.Number)) else " ** "
+        if p == sp.Rational(1, 2):
+            return f"{self._atom(base)}{power}0.5"
+        if p == -sp.Rational(1, 2):
+            return f"1 / {self._atom(base)}{power}0.5"
+        if p == -1:
+            return f"1 / {self._atom(base)}"
+        return f"{self._atom(base)}{power}{self._atom(p)}"
+
+    def _print_Rational(self, expr: Basic) -> str:
+        return f"{expr.p} / {expr.q}"
+
+    def _print_Half(self, expr: Basic) -> str:
+        return "0.5"
+
+    def _print_Float(self, expr: Basic) -> str:
+        return repr(float(expr))
+
+    def _print_Pi(self, expr: Basic) -> str:
+        return "3.141592653589793"
+
+    def weight_gradient(self, expr: Basic, batched: set) -> str:
+        """expr summed over the leading batch dimensions of its batched operands."""
+        coeff, mats = 1, [expr]
+        if isinstance(expr, MatMul):
+            coeff = sp.Mul(*(a for a in expr.args if not isinstance(a, MatrixExpr)))
+            mats = [a for a in expr.args if isinstance(a, MatrixExpr)]
+        if len(mats) == 2 and isinstance(mats[0], Transpose) and all(_batched(m, batched) for m in mats):
+            rows = self.helper("rows")
+            body = f"{rows}({self._print(mats[0].arg)}).mT @ {rows}({self._print(mats[1])})"
+            return body if coeff == 1 else f"{self._atom(coeff)} * ({body})"
+        if not _batched(expr, batched):
+            return self._print(expr)
+        return f"{self.helper('sum_batch')}({self._print(expr)})"
+
+
+def _batched(expr: Basic, batched: set) -> bool:
+    return any(str(s.name) in batched for s in expr.atoms(sp.MatrixSymbol))
+
+
+class GeneratedNumPyPrinter(GeneratedCodeMixin, NumPyMatrixPrinter):
+    """NumPy source for generated modules."""
+
+    helpers_table = GENERATED_NUMPY_HELPERS
+
+
+class TorchMatrixPrinter(GeneratedCodeMixin, NumPyMatrixPrinter):
+    """PyTorch source for generated modules: tensors batched like the NumPy printer's arrays."""
+
+    printmethod = "_symattn_torch"
+    helpers_table = TORCH_HELPERS
+    elementwise = {"exp": "torch.exp", "log": "torch.log", "tanh": "torch.tanh", "sigmoid": "torch.sigmoid"}
+
+    def _print_RowSum(self, expr: Basic) -> str:
+        return f"{self._atom(expr.arg)}.sum(dim=-1, keepdim=True)"
+
+    def _print_SumEntries(self, expr: Basic) -> str:
+        return f"{self._atom(expr.arg)}.sum(dim=(-2, -1))"
+
+    def _print_Trace(self, expr: Basic) -> str:
+        return f"torch.diagonal({self._print(expr.arg)}, dim1=-2, dim2=-1).sum(dim=-1)"
+
+    def _print_matrix_chain(self, mats: list[Basic]) -> str:
+        text = super()._print_matrix_chain(mats)
+        return text.replace(".sum(axis=-1, keepdims=True)", ".sum(dim=-1, keepdim=True)")
+
+    def _repeat(self, column: str, times: Basic) -> str:
+        return f"{column}.expand(*{column}.shape[:-1], {self._print(times)})"
+
+    def _print_Identity(self, expr: Basic) -> str:
+        return f"torch.eye({self._print(expr.shape[0])}, dtype=dtype, device=device)"
+
+    def _print_OneMatrix(self, expr: Basic) -> str:
+        rows, cols = (self._print(s) for s in expr.shape)
+        return f"torch.ones({rows}, {cols}, dtype=dtype, device=device)"
+
+    def _print_ZeroMatrix(self, expr: Basic) -> str:
+        rows, cols = (self._print(s) for s in expr.shape)
+        return f"torch.zeros({rows}, {cols}, dtype=dtype, device=device)"
+
+    def _print_sqrt(self, expr: Basic) -> str:  # pragma: no cover - Pow handles sqrt
+        return f"{self._atom(expr.args[0])} ** 0.5"
