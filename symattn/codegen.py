@@ -13,15 +13,18 @@ import os
 import re
 import tempfile
 import textwrap
+from collections import Counter
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
 import jinja2
 import sympy as sp
+from sympy.matrices.expressions import HadamardPower, HadamardProduct, MatAdd, MatMul
 
 from symattn.errors import SymattnError
-from symattn.schedule import Assignment, Schedule, schedule
+from symattn.ops import Elementwise, RowSoftmax
+from symattn.schedule import Assignment, Option, Schedule, schedule
 from symattn.specs import specs
 from symattn.torch_printer import GeneratedNumPyPrinter, TorchMatrixPrinter
 
@@ -65,8 +68,10 @@ def environment() -> jinja2.Environment:
 
 
 def _math(a: Assignment) -> str:
-    """An assignment as a line of the docstring's math."""
-    return f"{a.target.name} = {sp.sstr(a.value)}"
+    """An assignment as a line of the docstring's math (plain unicode, as `symattn derive --format text`)."""
+    from symattn.latex import text
+
+    return f"{a.target.name} = {text(a.value)}"
 
 
 def _wrap(lines: list[str], width: int = 110) -> list[str]:
@@ -75,6 +80,37 @@ def _wrap(lines: list[str], width: int = 110) -> list[str]:
     for line in lines:
         out.extend(textwrap.wrap(line, width, subsequent_indent="    ", break_on_hyphens=False) or [""])
     return out
+
+
+FRESH = (MatMul, MatAdd, HadamardProduct, HadamardPower, RowSoftmax, Elementwise)
+
+
+def _dying(assignments: list[Assignment], protected: set) -> list[frozenset]:
+    """For each assignment, the arrays it may overwrite: made earlier in this scope as fresh arrays
+    (not views), read exactly once here and never again, neither saved nor returned."""
+    fresh: set[str] = set()
+    out = []
+    for i, a in enumerate(assignments):
+        reads = Counter(str(x.name) for x in sp.preorder_traversal(a.value) if isinstance(x, sp.MatrixSymbol))
+        later = {str(x.name) for b in assignments[i + 1 :] for x in b.value.atoms(sp.MatrixSymbol)}
+        out.append(frozenset(name for name, k in reads.items() if k == 1 and name in fresh - later - protected))
+        if isinstance(a.value, FRESH) and not (isinstance(a.value, MatMul) and len(a.value.args) < 2):
+            fresh.add(str(a.target.name))
+    return out
+
+
+def _call(function: str, arguments: list[str], indent: int) -> str:
+    """return function(arguments), broken over lines as ruff format would when it is too long."""
+    line = f"return {function}({', '.join(arguments)})"
+    if indent + len(line) <= 120:
+        return line
+    return f"return {function}(\n{' ' * (indent + 4)}{', '.join(arguments)}\n{' ' * indent})"
+
+
+def _text(expr: sp.Basic) -> str:
+    from symattn.latex import text
+
+    return text(expr)
 
 
 def _uses(name: str, texts: list[str]) -> bool:
@@ -121,26 +157,73 @@ def _module_parameters(sched: Schedule, printer) -> tuple[list[str], list[dict],
     return params, bindings, weights
 
 
-def context(sched: Schedule, backend: str, version: str) -> dict:
+def context(sched: Schedule, backend: str, version: str, variant: str = "standard") -> dict:
     """Everything a module template needs, every expression already printed."""
     printer = PRINTERS[backend]()
     s = sched.spec
     batched = {str(x.name) for x in s.inputs if str(x.name) not in sched.weights} | {str(sched.seed.name)}
     batched |= {str(a.target.name) for a in (*sched.forward, *sched.backward) if sched.is_batched(a.value)}
+    batched |= {f"{name}_b" for name in batched} | {"L", "L_b"}  # blocks of rows (memory-efficient variant)
 
-    def lines(assignments) -> list[Statement]:
-        out = []
-        for a in assignments:
-            text = printer.weight_gradient(a.value, batched) if a.reduce_batch else printer.doprint(a.value)
-            out.append(Statement(str(a.target.name), text, a.comment))
-        return out
+    def statement(a: Assignment, consumable: frozenset = frozenset()) -> Statement:
+        printer.consumable = consumable
+        text = printer.weight_gradient(a.value, batched) if a.reduce_batch else printer.doprint(a.value)
+        printer.consumable = frozenset()
+        return Statement(str(a.target.name), text, a.comment)
 
-    forward = lines(sched.forward)
-    backward = lines(sched.backward)
+    def lines(assignments) -> dict:
+        dying = _dying(list(assignments), protected)
+        return {"loop": False, "lines": [statement(a, d) for a, d in zip(assignments, dying)]}
+
+    def loop(lp) -> dict:
+        kept = protected | {str(b.name) for _, b in lp.collect}
+        dying = _dying([*lp.body, *lp.accumulate], kept)
+        body = [statement(a, d) for a, d in zip(lp.body, dying)]
+        if lp.softmax is not None:  # P_b, L_b = row_softmax_lse(A_b), right after A_b
+            p_b, l_b, a_b = lp.softmax
+            call = f"{printer.helper('row_softmax_lse')}({a_b.name})"
+            body.insert(1, Statement(f"{p_b.name}, {l_b.name}", call))
+        return {
+            "loop": True,
+            "rows": f"{lp.rows_of}.shape[-2]",
+            "slices": [{"block": str(b.name), "full": str(f.name)} for b, f in lp.slices],
+            "body": body,
+            "collect": [
+                {"full": str(f.name), "block": str(b.name), "concat": printer.concatenate_rows(f"{f.name}_blocks")}
+                for f, b in lp.collect
+            ],
+            "accumulate": [statement(a, d) for a, d in zip(lp.accumulate, dying[len(lp.body) :])],
+        }
+
+    protected = {str(getattr(x, "name", x)) for x in sched.saved} | {str(sched.output.name), "L"}
+    protected |= {str(t.name) for _, t in sched.gradients}
+    options = list(sched.options)
+    if variant == "memeff":
+        from symattn.memeff import BLOCK_SIZE, plan
+
+        cut = plan(sched)
+        forward_sections = [lines(cut.forward[0]), loop(cut.forward[1]), lines(cut.forward[2])]
+        backward_sections = [lines(cut.backward[0]), loop(cut.backward[1]), lines(cut.backward[2])]
+        saved_symbols = cut.saved
+        options.append(
+            Option("block_size", sp.Symbol("block_size", positive=True, integer=True), sp.Integer(BLOCK_SIZE))
+        )
+    else:
+        forward_sections = [lines(sched.forward)]
+        backward_sections = [lines(sched.backward)]
+        saved_symbols = sched.saved
+    forward = [line for sec in forward_sections for line in sec.get("lines", sec.get("body", []))]
+    backward = [
+        line
+        for sec in backward_sections
+        for line in sec.get("lines", []) + sec.get("body", []) + sec.get("accumulate", [])
+    ]
     constants = [Statement(c.name, printer.doprint(v)) for c, v in sched.constants]
-    backward_text = [b.value for b in backward]
-    saved = [str(getattr(x, "name", x)) for x in sched.saved]
-    saved = [name for name in saved if _uses(name, backward_text)]
+    backward_text = [b.value for b in backward] + [
+        sl["full"] for sec in backward_sections for sl in sec.get("slices", [])
+    ]
+    saved = [str(getattr(x, "name", x)) for x in saved_symbols]
+    saved = [name for name in saved if _uses(name, backward_text)] + (["block_size"] if variant == "memeff" else [])
     bindings = []
     for b in sched.bindings:
         read = f"{b.input}.shape[{b.axis}]"
@@ -173,12 +256,15 @@ def context(sched: Schedule, backend: str, version: str) -> dict:
                 "default": None if o.default is None else printer.doprint(o.default),
                 "default_math": None if o.default is None else sp.sstr(o.default),
             }
-            for o in sched.options
+            for o in options
         ],
         "bindings": bindings,
         "divides": any(b.divisor is not None for b in sched.bindings),
         "constants": constants,
         "forward": forward,
+        "forward_sections": forward_sections,
+        "backward_sections": backward_sections,
+        "variant_note": ", memory-efficient variant" if variant == "memeff" else "",
         "output": str(sched.output.name),
         "output_shape": ", ".join(printer.doprint(d) for d in sched.output.shape),
         "saved": saved,
@@ -190,21 +276,27 @@ def context(sched: Schedule, backend: str, version: str) -> dict:
         ),
         "backward_math": _wrap([_math(a) for a in sched.backward]),
         "helpers": printer.helper_source(),
-        "ambiguous": any(t.target in ("O", "I", "l") for t in forward + backward),
+        "ambiguous": any(str(a.target.name) in ("O", "I", "l") for a in (*sched.forward, *sched.backward)),
         "input_names": [str(x.name) for x in s.inputs],
         "input_dict": "{" + ", ".join(f'"{x.name}": {x.name}' for x in s.inputs) + "}",
         "signature": ", ".join(
             [str(x.name) for x in s.inputs]
-            + ["*"] * bool(sched.options)
-            + [o.name + ("=None" if o.default is not None else "") for o in sched.options]
+            + ["*"] * bool(options)
+            + [o.name + ("=None" if o.default is not None else "") for o in options]
         ),
         "gradient_dict": "{" + ", ".join(f'"{name}": {t.name}' for name, t in sched.gradients) + "}",
         "module_params": params,
         "module_bindings": module_bindings,
         "weights": weights,
         "weight_names": [w["name"] for w in weights],
-        "function_returns": ", ".join([f'grads["{x.name}"]' for x in s.inputs] + ["None"] * len(sched.options)),
-        "positional": ", ".join([str(x.name) for x in s.inputs] + [o.name for o in sched.options]),
+        "function_returns": ", ".join([f'grads["{x.name}"]' for x in s.inputs] + ["None"] * len(options)),
+        "module_call": _call(
+            "forward",
+            [str(x.name) if x.name not in sched.weights else f"self.{x.name}" for x in s.inputs]
+            + [f"{o.name}=self.{o.name}" for o in options],
+            indent=8,
+        ),
+        "positional": ", ".join([str(x.name) for x in s.inputs] + [o.name for o in options]),
     }
 
 
@@ -219,12 +311,8 @@ def render(spec_name: str, backend: str, variant: str = "standard") -> str:
     if spec_name not in specs():
         raise SymattnError(f"unknown spec {spec_name!r}; built-in specs: {', '.join(specs())}")
     sched = schedule(spec_name)
-    if variant == "memeff":
-        from symattn.memeff import memeff_context
-
-        ctx = memeff_context(sched, backend, PRINTERS[backend], __version__)
-        return _tidy(environment().get_template(f"{backend}_memeff.py.j2").render(**ctx))
-    text = environment().get_template(f"{backend}_module.py.j2").render(**context(sched, backend, __version__))
+    ctx = context(sched, backend, __version__, variant)
+    text = environment().get_template(f"{backend}_module.py.j2").render(**ctx)
     return _tidy(text)
 
 

@@ -14,7 +14,6 @@ of sizes (``TYPICAL_SIZES``) is given.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from functools import cache
 
 import sympy as sp
@@ -205,7 +204,20 @@ def flops(exprs: Basic | Sequence[Basic], given: Sequence[Basic] = (), sizes: Ma
     exprs = [exprs] if isinstance(exprs, Basic) else list(exprs)
     dim = size_function(sizes)
     free = set(subexpressions(given))
-    return sp.Add(*(node_flops(n, dim) for n in subexpressions(exprs) if n not in free))
+    table = tuple(sorted(sizes.items())) if sizes is not None else None
+    memo = _NODE_FLOPS.setdefault(table, {})
+    if len(memo) > 100_000:
+        memo.clear()
+    total = []
+    for node in subexpressions(exprs):
+        if node not in free:
+            if node not in memo:
+                memo[node] = node_flops(node, dim)
+            total.append(memo[node])
+    return sp.Add(*total)
+
+
+_NODE_FLOPS: dict[tuple | None, dict[Basic, Basic]] = {}  # size table → {node: its FLOPs}
 
 
 def flops_value(exprs: Basic | Sequence[Basic], given: Sequence[Basic] = (), sizes: Mapping | None = None) -> float:
@@ -298,97 +310,8 @@ def _scale_smallest(tree: MatMul, coeff: Basic, dim: Sizes) -> Basic:
     return MatMul(*(MatMul(coeff, a) if a is target else a for a in tree.args))
 
 
-# The report of ``symattn derive SPEC --cost``.
+def cost_report(name_or_spec, **options):
+    """Forward and backward FLOPs and peak temporaries of a spec (``symattn.cost_report.CostReport``)."""
+    from symattn.cost_report import build_report
 
-# Sizes at which the report evaluates its symbolic counts: single-head n = m, d = 64, and H = 8 heads of 64.
-REPORT_SIZES: tuple[dict[str, int], ...] = tuple({**TYPICAL_SIZES, "n": n, "m": n} for n in (128, 512, 2048, 4096))
-
-
-@dataclass(frozen=True)
-class CostReport:
-    """FLOPs (symbolic) and peak temporaries of a spec's forward and backward pass.
-
-    ``backward`` is the cost of every gradient together after simplification, the
-    forward values given; ``backward_derived`` the same before simplification.
-    """
-
-    spec: str
-    forward: Basic
-    backward: Basic
-    backward_derived: Basic
-    rows: tuple[dict[str, float], ...]
-    largest: tuple[tuple[str, Basic], ...]  # (node type and shape, symbolic entries)
-
-    def text(self) -> str:
-        """The report as aligned plain text."""
-        lines = [
-            f"cost of {self.spec} (FLOPs: products 2·a·b·c, one per entry elsewhere; shared subexpressions once)",
-            f"  forward             {self.forward}",
-            f"  backward            {self.backward}",
-            f"  backward as derived {self.backward_derived}",
-            f"  forward + backward  {sp.expand(self.forward + self.backward)}",
-            "  largest temporaries: " + ", ".join(f"{entries} entries ({node})" for node, entries in self.largest),
-            "",
-            "  sizes                                   forward GFLOP  backward GFLOP  as derived  "
-            "peak fwd MiB  peak bwd MiB (float32)",
-        ]
-        for row in self.rows:
-            lines.append(
-                f"  {row['sizes']:40s}{row['forward'] / 1e9:13.3f}{row['backward'] / 1e9:16.3f}"
-                f"{row['backward_derived'] / 1e9:12.3f}{row['forward_peak'] / 2**20:14.1f}"
-                f"{row['backward_peak'] / 2**20:14.1f}"
-            )
-        return "\n".join(lines)
-
-
-def cost_report(name_or_spec, sizes: Sequence[Mapping[str, int]] = REPORT_SIZES, itemsize: int = 4) -> CostReport:
-    """Forward and backward FLOPs and peak temporaries of a spec, simplified and as derived.
-
-    The forward and every gradient are simplified together (``simplify_all``), so a
-    value shared between them is computed once; the forward values the backward
-    reads are saved, so they count in the forward's peak, not the backward's.
-    """
-    from symattn.derivation import derive
-    from symattn.simplify import simplify_all
-
-    derivation = name_or_spec if hasattr(name_or_spec, "tape") else derive(name_or_spec)
-    output, gradients = derivation.spec.output, list(derivation.gradients.values())
-    forward, *backward = simplify_all([output, *gradients])
-    saved = [n for n in subexpressions(backward) if n in set(subexpressions([forward]))]
-    rows = []
-    for table in sizes:
-        used = {k: v for k, v in table.items() if any(k == s.name for s in _dimension_symbols(output))}
-        rows.append(
-            {
-                "sizes": " ".join(f"{k}={v}" for k, v in used.items()),
-                "forward": float(flops([forward], sizes=table)),
-                "backward": float(flops(backward, given=[forward], sizes=table)),
-                "backward_derived": float(flops(gradients, given=[output], sizes=table)),
-                "forward_peak": peak_bytes([forward, *saved], sizes=table, itemsize=itemsize),
-                "backward_peak": peak_bytes(backward, given=[forward], sizes=table, itemsize=itemsize),
-            }
-        )
-    largest = tuple((_shape_text(node), count) for node, count in largest_temporaries([forward, *backward], count=3))
-    return CostReport(
-        spec=derivation.spec.name,
-        forward=sp.expand(flops([forward])),
-        backward=sp.expand(flops(backward, given=[forward])),
-        backward_derived=sp.expand(flops(gradients, given=[output])),
-        rows=tuple(rows),
-        largest=largest,
-    )
-
-
-def _dimension_symbols(expr: Basic) -> set[sp.Symbol]:
-    found: set[sp.Symbol] = set()
-    for node in subexpressions([expr]):
-        if isinstance(node, MatrixExpr):
-            for d in node.shape:
-                found |= sp.sympify(d).free_symbols
-    return found
-
-
-def _shape_text(node: Basic) -> str:
-    heads = multiplicity(node)
-    rows, cols = node.shape
-    return f"{type(node).__name__} {rows}×{cols}" + (f" ×{heads}" if heads != 1 else "")
+    return build_report(name_or_spec, **options)

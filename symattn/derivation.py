@@ -48,7 +48,7 @@ class Verification:
         lines = []
         for c in self.checks:
             mark = "ok  " if c.ok else "FAIL"
-            where = f"{c.target:>5} item {c.item:>2} {c.node:<15}"
+            where = f"{c.target:>5} step {c.step:>2} {c.node:<15}"
             lines.append(f"{mark} {where} {c.discrepancy:9.2e} (tol {c.tolerance:.0e})  {c.reason}")
         verdict = "all equalities agree" if self.ok else f"{len(self.failures)} equalities FAIL"
         lines.append(
@@ -64,7 +64,7 @@ class Derivation:
 
     spec: Spec
     tape: Tape
-    _chains: dict[str, Chain] = field(default_factory=dict, repr=False)
+    _chains: dict[str, Chain] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def gradients(self) -> dict[str, Basic]:
@@ -74,7 +74,7 @@ class Derivation:
     def steps(self, wrt: str) -> Chain:
         """The step-by-step derivation of ∂f/∂wrt (SymattnError naming the inputs if unknown)."""
         if wrt not in self._chains:
-            self._chains[wrt] = chain(self.spec, self.spec.input(wrt))
+            self._chains[wrt] = chain(self.spec, self.spec.input(wrt), self.tape)
         return self._chains[wrt]
 
     def chains(self, wrt: str | Sequence[str] | None = None) -> list[Chain]:

@@ -137,5 +137,6 @@ def lambdify(
         return out
 
     function.source = source
-    function.__doc__ = f"Evaluate {expr} ({backend})."
+    # names only: printing expr itself re-expands a shared (DAG) expression as a tree
+    function.__doc__ = f"Evaluate an expression of {', '.join(names)} ({backend})."
     return function

@@ -34,7 +34,8 @@ class Abbreviations:
     """Replace the named intermediates of a spec (in forward order) by their symbols."""
 
     def __init__(self, named: Sequence[tuple[str, MatrixExpr]]) -> None:
-        self.patterns: list[tuple[MatrixSymbol, Basic, list[Basic]]] = []
+        # (replacement, coefficient, factors): each definition and its transpose
+        self.patterns: list[tuple[Basic, Basic, list[Basic]]] = []
         self.symbols: dict[str, MatrixSymbol] = {}
         self.definitions: list[tuple[MatrixSymbol, Basic]] = []  # name = definition, in forward order
         for name, expr in named:
@@ -44,6 +45,7 @@ class Abbreviations:
             self.definitions.append((symbol, short))
             coeff, mats = _split(short)
             self.patterns.append((symbol, coeff, mats))
+            self.patterns.append((symbol.T, coeff, _transposed(mats)))
 
     def __call__(self, expr: Basic) -> Basic:
         memo: dict[Basic, Basic] = {}
@@ -63,25 +65,23 @@ class Abbreviations:
         return walk(sp.sympify(expr))
 
     def _match(self, e: Basic) -> Basic:
+        """e with every run of factors that spells a definition replaced by its name."""
         if not isinstance(e, MatrixExpr):
             return e
         coeff, mats = _split(e)
         changed = True
         while changed:
             changed = False
-            for symbol, p_coeff, p_mats in self.patterns:
-                for target, replacement in ((p_mats, symbol), (_transposed(p_mats), symbol.T)):
-                    found = _find(mats, target)
-                    if found is None:
-                        continue
-                    rest = sp.simplify(coeff / p_coeff)
-                    if p_coeff != 1 and not rest.is_number:
-                        continue
-                    mats = mats[:found] + [replacement] + mats[found + len(target) :]
-                    coeff, changed = rest, True
-                    break
-                if changed:
-                    break
+            for replacement, p_coeff, p_mats in self.patterns:
+                found = _find(mats, p_mats)
+                if found is None:
+                    continue
+                rest = coeff / p_coeff
+                if p_coeff != 1 and not rest.is_number:
+                    continue
+                mats = mats[:found] + [replacement] + mats[found + len(p_mats) :]
+                coeff, changed = rest, True
+                break
         return _join(coeff, mats)
 
 
@@ -92,7 +92,8 @@ def _transposed(mats: list[Basic]) -> list[Basic]:
 def _find(mats: list[Basic], target: list[Basic]) -> int | None:
     """Index where target occurs as consecutive factors of mats."""
     k = len(target)
+    first = target[0]
     for i in range(len(mats) - k + 1):
-        if mats[i : i + k] == target:
+        if mats[i] == first and mats[i : i + k] == target:
             return i
     return None

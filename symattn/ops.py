@@ -7,6 +7,8 @@ operations (``vjp``, ``latex``, ``printers``).
 
 from __future__ import annotations
 
+import functools
+
 import sympy as sp
 from sympy import Basic, Expr, MatrixExpr, sympify
 from sympy.matrices.expressions import HadamardProduct
@@ -152,7 +154,7 @@ class SplitHeads(MatrixExpr):
 
     @property
     def shape(self) -> tuple:
-        return (self.arg.shape[0], sp.simplify(self.arg.shape[1] / self.heads))
+        return (self.arg.shape[0], _block_width(self.arg.shape[1], self.heads))
 
 
 class MergeHeads(MatrixExpr):
@@ -174,6 +176,12 @@ class MergeHeads(MatrixExpr):
     @property
     def shape(self) -> tuple:
         return (self.arg.shape[0], self.arg.shape[1] * self.heads)
+
+
+@functools.cache
+def _block_width(cols: Expr, heads: Expr) -> Expr:
+    """cols / heads, simplified once per pair (shape is asked for very often)."""
+    return sp.simplify(cols / heads)
 
 
 def _require_matrix(arg: Basic, what: str) -> None:

@@ -65,7 +65,8 @@ def _dim(value: Basic, node: ast.AST) -> Basic:
 class _Reader:
     """Turns one whitelisted ``ast`` tree into a SymPy expression."""
 
-    def __init__(self, names: Mapping[str, Basic], heads: Basic | None) -> None:
+    def __init__(self, source: str, names: Mapping[str, Basic], heads: Basic | None) -> None:
+        self.source = source
         self.names = names
         self.heads = heads
         self.functions: dict[str, Callable] = {
@@ -123,19 +124,26 @@ class _Reader:
             return value
         raise ParseError(f"operator {type(node.op).__name__} is not allowed", _col(node))
 
+    def _operator_column(self, node: ast.BinOp) -> int:
+        """Column of the operator symbol between the two operands."""
+        start, end = node.left.end_col_offset, node.right.col_offset
+        between = self.source[start:end]
+        offset = next((i for i, ch in enumerate(between) if ch in "*@+-/"), 0)
+        return start + offset
+
     def _read_BinOp(self, node: ast.BinOp) -> Basic:
         left, right = self.read(node.left), self.read(node.right)
-        op = node.op
+        op, column = node.op, self._operator_column(node)
         if isinstance(op, (ast.Mult, ast.MatMult)):
             if isinstance(left, MatrixExpr) and isinstance(right, MatrixExpr):
                 if not same_dim(left.shape[1], right.shape[0]):
-                    raise ShapeMismatchError(f"matrix product at column {_col(node)}", left.shape, right.shape)
+                    raise ShapeMismatchError(f"matrix product at column {column}", left.shape, right.shape)
             return left * right
         if isinstance(op, (ast.Add, ast.Sub)):
             if isinstance(left, MatrixExpr) != isinstance(right, MatrixExpr):
-                raise ParseError("cannot add a matrix and a scalar", _col(node))
+                raise ParseError("cannot add a matrix and a scalar", column)
             if isinstance(left, MatrixExpr) and not all(same_dim(a, b) for a, b in zip(left.shape, right.shape)):
-                raise ShapeMismatchError(f"matrix sum at column {_col(node)}", left.shape, right.shape)
+                raise ShapeMismatchError(f"matrix sum at column {column}", left.shape, right.shape)
             return left + right if isinstance(op, ast.Add) else left - right
         if isinstance(op, ast.Div):
             return left / _scalar(right, "division (the divisor)", node.right)
@@ -144,9 +152,11 @@ class _Reader:
         raise ParseError(f"operator {type(op).__name__} is not allowed", _col(node))
 
     def _read_Call(self, node: ast.Call) -> Basic:
-        if not isinstance(node.func, ast.Name) or node.func.id not in self.functions:
-            name = node.func.id if isinstance(node.func, ast.Name) else ast.unparse(node.func)
-            raise ParseError(f"unknown function {name!r} (known: {', '.join(sorted(self.functions))})", _col(node))
+        if not isinstance(node.func, ast.Name):
+            raise ParseError("only functions called by their name are allowed", _col(node))
+        if node.func.id not in self.functions:
+            known = ", ".join(sorted(self.functions))
+            raise ParseError(f"unknown function {node.func.id!r} (known: {known})", _col(node))
         if node.keywords:
             raise ParseError("keyword arguments are not allowed", _col(node.keywords[0].value))
         args = [self.read(a) for a in node.args]
@@ -193,11 +203,12 @@ def parse(text: str, names: Mapping[str, Basic], heads: Basic | None = None) -> 
         raise ParseError("the formula is empty")
     if "\n" in text:
         raise ParseError("the formula must be one line")
-    try:  # inside parentheses, so leading blanks are fine and columns stay those of text
-        tree = ast.parse(f"({text})", mode="eval")
+    source = f"({text})"  # inside parentheses, so leading blanks are fine and columns stay those of text
+    try:
+        tree = ast.parse(source, mode="eval")
     except SyntaxError as err:
         column = min(max((err.offset or 1) - 1, 1), len(text) + 1)
         raise ParseError(f"cannot parse {text.strip()!r}: {err.msg}", column) from None
     except (RecursionError, MemoryError, ValueError) as err:
         raise ParseError(f"cannot parse the formula: {type(err).__name__}") from None
-    return _Reader(names, heads).read(tree)
+    return _Reader(source, names, heads).read(tree)

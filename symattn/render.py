@@ -130,8 +130,8 @@ def latex_document(spec: Spec, chains: Sequence[Chain]) -> str:
         r"\documentclass[10pt]{article}",
         r"\usepackage{amsmath}",
         r"\allowdisplaybreaks",
-        r"\setlength{\textwidth}{6.5in}",
-        r"\setlength{\oddsidemargin}{0in}",
+        # a wide page (pdfTeX primitives, no extra package): the longest lines run to ~13 in
+        r"\pdfpagewidth=18in \paperwidth=18in \textwidth=16.5in \oddsidemargin=-0.25in",
         r"\begin{document}",
     ]
     return "\n".join([*preamble, latex_fragment(spec, chains), r"\end{document}", ""])

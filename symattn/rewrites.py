@@ -2,7 +2,8 @@
 
 Every rule takes one node and returns an equal expression or None; its identity
 stands in one comment line. ``REWRITES`` never raise the cost of evaluating an
-expression; ``COST_REWRITES`` (factoring, row sums of products, the rowsum–Hadamard
+expression on its own (a flattened product is costed in its best order);
+``COST_REWRITES`` (factoring, row sums of products, the rowsum–Hadamard
 transfer that yields FlashAttention's D = rowsum(dO ⊙ O)) pay off only in some
 contexts, so ``symattn.simplify`` keeps them only where the cost goes down.
 """

@@ -25,9 +25,10 @@ from dataclasses import dataclass
 
 import sympy as sp
 from sympy import Basic, MatrixExpr, MatrixSymbol
-from sympy.matrices.expressions import MatMul, OneMatrix, Transpose
+from sympy.matrices.expressions import BlockMatrix, MatMul, OneMatrix, Transpose
 
 from symattn.grad import backward
+from symattn.ops import RowSum
 from symattn.specs import Spec, dim, spec
 
 
@@ -46,7 +47,7 @@ def simplifier(given: list[Basic]) -> Callable[[Basic], Basic]:
 
 SEED = "grad_out"
 # Typical sizes of the dimensions, for choosing between equal forms (cost) and where a scalar goes.
-TYPICAL_SIZES = {"n": 1024, "m": 1024, "H": 8}
+TYPICAL_SIZES = {"n": 1024, "m": 1024, "H": 8, "b": 128}
 TYPICAL_OTHER = 64  # name of the output's cotangent in generated code
 
 
@@ -416,13 +417,14 @@ def schedule(name: str) -> Schedule:
             Assignment(a.target, local.substitute(a.value), a.reduce_batch, a.comment) for a in backward_values
         ]
         backward_values.append(Assignment(target, shared))
-    backward_values = _order(backward_values)
+    backward_values = _order(_name_row_sums(backward_values))
 
     # Keep what the gradients read; save what the backward reads.
     needed = _needed(backward_values, {t for _, t in gradients})
     backward_values = [a for a in backward_values if a.target in needed]
-    forward_targets = {a.target for a in forward}
     constants, forward, backward_values = _name_constants(forward, backward_values, {o.symbol for o in options})
+    forward, backward_values = fuse_projections(forward, backward_values)
+    forward_targets = {a.target for a in forward}
     read_back = set().union(*(a.value.free_symbols for a in backward_values)) - {a.target for a in backward_values}
     saved_inputs = [x for x in s.inputs if x in read_back]
     saved_values = [a.target for a in forward if a.target in read_back and a.target in forward_targets]
@@ -440,6 +442,94 @@ def schedule(name: str) -> Schedule:
         gradients=tuple(gradients),
         constants=constants,
     )
+
+
+def fuse_projections(forward: list[Assignment], backward: list[Assignment]) -> tuple[list, list]:
+    """One product of X with [W_Q | W_K | W_V] instead of three, forward and backward.
+
+    Forward: QKV = X W_QKV, W_QKV = [W_Q | W_K | W_V], and Q, K, V its column blocks.
+    Backward: dX = dQ W_Qᵀ + dK W_Kᵀ + dV W_Vᵀ = [dQ | dK | dV] W_QKVᵀ, and
+    dW_QKV = Xᵀ [dQ | dK | dV] holds dW_Q, dW_K, dW_V as column blocks.
+    """
+    groups: dict[Basic, list[Assignment]] = {}
+    for a in forward:
+        coeff, mats = _factors(a.value) if isinstance(a.value, MatMul) else (0, [])
+        if coeff == 1 and len(mats) == 2 and not is_weight(mats[0]) and is_weight(mats[1]):
+            groups.setdefault(mats[0], []).append(a)
+    for x, group in groups.items():
+        if len(group) < 2:
+            continue
+        label = "".join(str(a.target.name) for a in group)
+        weights = [_factors(a.value)[1][1] for a in group]
+        w_all = MatrixSymbol("W_" + label, x.shape[1], sum(w.shape[1] for w in weights))
+        fused = MatrixSymbol(label, x.shape[0], w_all.shape[1])
+        columns, start = [], sp.Integer(0)
+        for w in weights:
+            columns.append((start, start + w.shape[1]))
+            start += w.shape[1]
+        made = [Assignment(w_all, BlockMatrix([weights])), Assignment(fused, x * w_all)]
+        made += [Assignment(a.target, fused[:, c0:c1]) for a, (c0, c1) in zip(group, columns)]
+        first = forward.index(group[0])
+        forward = [*forward[:first], *made, *(a for a in forward[first:] if a not in group)]
+        backward = _fuse_backward(backward, x, weights, w_all, label, columns)
+    return forward, backward
+
+
+def _fuse_backward(backward: list[Assignment], x, weights, w_all, label: str, columns) -> list[Assignment]:
+    """dX = Σ G_i W_iᵀ → [G_1 | … ] W_allᵀ, and dW_i = Xᵀ G_i → column blocks of Xᵀ [G_1 | … ]."""
+    d_fused = MatrixSymbol("d" + label, x.shape[0], w_all.shape[1])
+    cotangents: dict[Basic, Basic] = {}
+    for a in backward:
+        if isinstance(a.value, sp.MatAdd):
+            for term in a.value.args:
+                coeff, mats = _factors(term) if isinstance(term, MatMul) else (0, [])
+                if coeff == 1 and len(mats) == 2 and isinstance(mats[1], Transpose) and mats[1].arg in weights:
+                    cotangents[mats[1].arg] = mats[0]
+            if len(cotangents) == len(weights) and len(a.value.args) == len(weights):
+                total = a
+                break
+            cotangents = {}
+    else:
+        return backward
+    blocks = [cotangents[w] for w in weights]
+    d_weights = {}
+    for a in backward:
+        coeff, mats = _factors(a.value) if isinstance(a.value, MatMul) else (0, [])
+        if coeff == 1 and mats[:1] == [x.T] and len(mats) == 2 and mats[1] in blocks:
+            d_weights[mats[1]] = a
+    out: list[Assignment] = []
+    for a in backward:
+        if a is total:
+            out.append(Assignment(d_fused, BlockMatrix([blocks])))
+            out.append(Assignment(a.target, d_fused * w_all.T, a.reduce_batch))
+        elif a in d_weights.values() and len(d_weights) == len(blocks):
+            if a is next(iter(d_weights.values())):
+                d_all = MatrixSymbol("d" + str(w_all.name), *w_all.shape)
+                out.append(Assignment(d_all, x.T * d_fused, reduce_batch=True))
+            g = mats_block(a.value)
+            c0, c1 = columns[blocks.index(g)]
+            out.append(Assignment(a.target, MatrixSymbol("d" + str(w_all.name), *w_all.shape)[:, c0:c1]))
+        else:
+            out.append(a)
+    return out
+
+
+def mats_block(value: Basic) -> Basic:
+    """G in Xᵀ G."""
+    return _factors(value)[1][1]
+
+
+def _name_row_sums(backward: list[Assignment]) -> list[Assignment]:
+    """Name each row sum inside a larger value: D = rowsum(dO ⊙ O), an n × 1 column (FlashAttention's D)."""
+    sums: list[Basic] = []
+    for a in backward:
+        for node in sp.preorder_traversal(a.value):
+            if isinstance(node, RowSum) and node != a.value and node not in sums:
+                sums.append(node)
+    labels = ["D"] if len(sums) == 1 else [f"D{i}" for i in range(1, len(sums) + 1)]
+    table = {node: MatrixSymbol(label, *node.shape) for node, label in zip(sums, labels)}
+    renamed = [Assignment(a.target, a.value.xreplace(table), a.reduce_batch, a.comment) for a in backward]
+    return [Assignment(symbol, node) for node, symbol in table.items()] + renamed
 
 
 def _needed_forward(forward: list[Assignment], output: MatrixSymbol) -> list[Assignment]:

@@ -38,9 +38,16 @@ def _walks_into(e: Basic) -> bool:
     return isinstance(e, (MatrixExpr, SumEntries, Trace, sp.Tuple)) and not isinstance(e, (MatrixSymbol, *CONSTANTS))
 
 
+# rules → {node: its fixpoint}; the rules are pure functions of a node, so results hold across calls
+_FIXPOINTS: dict[tuple, dict[Basic, Basic]] = {}
+MAX_CACHED = 200_000
+
+
 def rewrite(expr: Basic, rules: Sequence[Rule] = REWRITES) -> Basic:
     """Apply the rules bottom-up, each node's result rewritten again, until none applies."""
-    memo: dict[Basic, Basic] = {}
+    memo = _FIXPOINTS.setdefault(tuple(rules), {})
+    if len(memo) > MAX_CACHED:
+        memo.clear()
 
     def visit(node: Basic) -> Basic:
         if node in memo:
@@ -161,8 +168,11 @@ def simplify_all(
         def cost(e: Basic) -> float:
             return flops_value(e, sizes=table)
 
-    joint = improve(rewrite(sp.Tuple(*exprs), rules), cost, cost_rules, rules)
+    original = sp.Tuple(*exprs)
+    joint = improve(rewrite(original, rules), cost, cost_rules, rules)
     joint = order_products(share_transposes(joint, rules), table)
     # once products are nested, their sub-products can be shared too (W_Kᵀ Xᵀ = (X W_K)ᵀ)
     joint = share_transposes(joint, tuple(r for r in rules if r is not flatten_product))
-    return list(joint.args)
+    # flattening a product may lose a sharing the input spelled out (A B in (A B) C and (A B) D)
+    # that the chain order does not find again: never return something costlier than the input
+    return list(joint.args if cost(joint) <= cost(original) else original.args)

@@ -21,13 +21,21 @@ import re
 
 import sympy as sp
 from sympy import Basic, MatrixExpr
-from sympy.matrices.expressions import MatMul, OneMatrix, Transpose
+from sympy.matrices.expressions import HadamardProduct, MatAdd, MatMul, OneMatrix, Transpose
 
-from symattn.printers import NUMPY_HELPERS, NumPyMatrixPrinter
+from symattn.errors import SymattnError
+from symattn.printers import NUMPY_HELPERS, NumPyMatrixPrinter, _split_sign
 from symattn.schedule import typical_size as schedule_size
 
 GENERATED_NUMPY_HELPERS = {
     **NUMPY_HELPERS,
+    "row_softmax": '''def row_softmax(a, out=None):
+    """softmax along the last axis, the row max subtracted first; out may be a itself."""
+    out = np.subtract(a, a.max(axis=-1, keepdims=True), out=out)
+    np.exp(out, out=out)
+    out /= out.sum(axis=-1, keepdims=True)
+    return out
+''',
     "rows": '''def rows(a):
     """(..., n, k) -> (N, k): every row of every batch element, stacked."""
     return a.reshape(-1, a.shape[-1])
@@ -36,13 +44,23 @@ GENERATED_NUMPY_HELPERS = {
     """(..., p, q) -> (p, q): the sum over the leading batch dimensions."""
     return a.reshape(-1, *a.shape[-2:]).sum(axis=0)
 ''',
+    "row_softmax_lse": '''def row_softmax_lse(a):
+    """softmax along the last axis and the row log-sum-exp, the row max subtracted first."""
+    top = a.max(axis=-1, keepdims=True)
+    e = np.exp(a - top)
+    total = e.sum(axis=-1, keepdims=True)
+    e /= total
+    return e, top + np.log(total)
+''',
 }
 
 TORCH_HELPERS = {
-    "row_softmax": '''def row_softmax(a):
-    """softmax along the last axis, the row max subtracted first."""
-    e = torch.exp(a - a.amax(dim=-1, keepdim=True))
-    return e / e.sum(dim=-1, keepdim=True)
+    "row_softmax": '''def row_softmax(a, out=None):
+    """softmax along the last axis, the row max subtracted first; out may be a itself."""
+    out = torch.sub(a, a.amax(dim=-1, keepdim=True), out=out)
+    out.exp_()
+    out /= out.sum(dim=-1, keepdim=True)
+    return out
 ''',
     "sigmoid": '''def sigmoid(a):
     """1 / (1 + exp(-a)), entrywise."""
@@ -64,6 +82,14 @@ TORCH_HELPERS = {
     "sum_batch": '''def sum_batch(a):
     """(..., p, q) -> (p, q): the sum over the leading batch dimensions."""
     return a.reshape(-1, *a.shape[-2:]).sum(dim=0)
+''',
+    "row_softmax_lse": '''def row_softmax_lse(a):
+    """softmax along the last axis and the row log-sum-exp, the row max subtracted first."""
+    top = a.amax(dim=-1, keepdim=True)
+    e = torch.exp(a - top)
+    total = e.sum(dim=-1, keepdim=True)
+    e /= total
+    return e, top + torch.log(total)
 ''',
 }
 
@@ -99,11 +125,46 @@ class GeneratedCodeMixin:
         text = super()._print_Mul(expr)
         return re.sub(r"\s*(?<!\*)([*/])(?![*/])\s*", r" \1 ", text)
 
-    def _print_MatAdd(self, expr: Basic) -> str:
-        from symattn.printers import _split_sign
+    # Names of arrays that die at the statement being printed: an entrywise result may overwrite one.
+    consumable: frozenset = frozenset()
 
+    def _buffer(self, expr: Basic) -> str | None:
+        """The consumable array an entrywise expr can be computed into (its root operand's), if any."""
+        if isinstance(expr, sp.MatrixSymbol):
+            return str(expr.name) if str(expr.name) in self.consumable else None
+        if isinstance(expr, (MatAdd, HadamardProduct)):
+            for term in expr.args:
+                sign, rest = _split_sign(term)
+                if sign > 0 and broadcast_column(term) is None and rest.shape == expr.shape:
+                    found = self._buffer(rest)
+                    if found is not None:
+                        return found
+        return None
+
+    def _inplace(self, expr: Basic, operation: str, terms: list[tuple[str, Basic]]) -> str | None:
+        """expr computed into a dying array: the root term first, then each other term folded in."""
+        buffer = self._buffer(expr)
+        if buffer is None:
+            return None
+        root = next(t for s, t in terms if s == operation and t.shape == expr.shape and self._buffer(t) == buffer)
+        text = self._print(root)
+        for op, term in terms:
+            if term is root:
+                continue
+            text = self.inplace_operation(op, text, self._print(broadcast_column(term) or term), buffer)
+        return text
+
+    def inplace_operation(self, op: str, target: str, operand: str, buffer: str) -> str:
+        """target op operand, written into buffer (NumPy: out=)."""
+        return f"np.{op}({target}, {operand}, out={buffer})"
+
+    def _print_MatAdd(self, expr: Basic) -> str:
         full = [t for t in expr.args if broadcast_column(t) is None]
         terms = sorted(expr.args, key=lambda t: _split_sign(t)[0] < 0)  # dP - D, not -D + dP
+        signed = [("add" if _split_sign(t)[0] > 0 else "subtract", _split_sign(t)[1]) for t in terms]
+        inplace = self._inplace(expr, "add", signed) if full else None
+        if inplace is not None:
+            return inplace
         text = ""
         for i, term in enumerate(terms):
             if full:
@@ -117,23 +178,82 @@ class GeneratedCodeMixin:
 
     def _print_HadamardProduct(self, expr: Basic) -> str:
         full = [a for a in expr.args if broadcast_column(a) is None]
+        inplace = self._inplace(expr, "multiply", [("multiply", a) for a in expr.args]) if full else None
+        if inplace is not None:
+            return inplace
         args = [broadcast_column(a) or a for a in expr.args] if full else expr.args
         return " * ".join(self._atom(a) for a in args)
+
+    def _print_Elementwise(self, expr: Basic) -> str:
+        buffer = self._buffer(expr.arg) if expr.arg.shape == expr.shape else None
+        if buffer is None or expr.function == "sigmoid":
+            return super()._print_Elementwise(expr)
+        return self.inplace_function(self.elementwise[expr.function], self._print(expr.arg), buffer)
+
+    _print_Exp = _print_Log = _print_Tanh = _print_Sigmoid = _print_Elementwise
+
+    def inplace_function(self, function: str, operand: str, buffer: str) -> str:
+        """function(operand) written into buffer."""
+        return f"{function}({operand}, out={buffer})"
+
+    def _print_BlockMatrix(self, expr: Basic) -> str:
+        """[A | B | …] (one row of blocks) or [A; B; …] (one column), concatenated."""
+        blocks = expr.blocks
+        if blocks.shape[0] == 1:
+            return self.concatenate([self._print(b) for b in blocks], axis=-1)
+        if blocks.shape[1] == 1:
+            return self.concatenate([self._print(b) for b in blocks], axis=-2)
+        rows = [self.concatenate([self._print(b) for b in blocks.row(i)], axis=-1) for i in range(blocks.shape[0])]
+        return self.concatenate(rows, axis=-2)
+
+    def concatenate(self, parts: list[str], axis: int) -> str:
+        return f"np.concatenate([{', '.join(parts)}], axis={axis})"
+
+    def _print_MatrixSlice(self, expr: Basic) -> str:
+        parent, rows, cols = expr.args
+        return f"{self._atom(parent)}[..., {self._slice(rows, parent.shape[0])}, {self._slice(cols, parent.shape[1])}]"
+
+    def _slice(self, bounds: tuple, size: Basic) -> str:
+        """start:stop as ruff format writes it (spaces around : when a bound is not a name or number)."""
+        start, stop, step = bounds
+        if step != 1:
+            raise SymattnError(f"cannot print a strided slice {bounds}")
+        start_text = "" if start == 0 else self._print(start)
+        stop_text = "" if sp.simplify(stop - size) == 0 else self._print(stop)
+        simple = all(isinstance(b, (sp.Symbol, sp.Integer)) for b in (start, stop))
+        return f"{start_text}:{stop_text}" if simple else f"{start_text} : {stop_text}".strip()
+
+    def _print_RowSoftmax(self, expr: Basic) -> str:
+        arg = self._print(expr.arg)
+        if isinstance(expr.arg, sp.MatrixSymbol) and arg in self.consumable:
+            return f"{self.helper('row_softmax')}({arg}, out={arg})"
+        return f"{self.helper('row_softmax')}({arg})"
 
     def _print_MatMul(self, expr: Basic) -> str:
         scalars = [a for a in expr.args if not isinstance(a, MatrixExpr)]
         mats = [a for a in expr.args if isinstance(a, MatrixExpr)]
-        if not scalars or len(mats) < 2 or any(isinstance(m, OneMatrix) for m in mats):
-            return super()._print_MatMul(expr)
         coeff = sp.Mul(*scalars)
+        if coeff == 1:
+            return self._print_matrix_chain(mats)
+        coeff_text = self._atom(coeff)
+        if any(isinstance(a, MatrixExpr) for a in sp.preorder_traversal(coeff)):
+            coeff_text = self.batch_scalar(coeff_text)  # tr(A) of a batch has shape (...): add the matrix axes
+        if len(mats) < 2 or any(isinstance(m, OneMatrix) for m in mats):
+            body = self._print_matrix_chain(mats)
+            if coeff == -1:
+                return f"-{self._atom_text(body, len(mats))}"
+            return f"{coeff_text} * {self._atom_text(body, len(mats))}"
         # the scalar multiplies the smallest factor: (c·K) is m·d_k products, (c·dA) would be n·m
         smallest = min(range(len(mats)), key=lambda i: (typical_size(mats[i]), i))
         factor = mats[smallest]
         inner = factor.arg if isinstance(factor, Transpose) else factor
-        scaled = f"{self._atom(coeff)} * {self._atom(inner)}" if coeff != -1 else f"-{self._atom(inner)}"
+        scaled = f"{coeff_text} * {self._atom(inner)}" if coeff != -1 else f"-{self._atom(inner)}"
         scaled = f"({scaled}).mT" if isinstance(factor, Transpose) else f"({scaled})"
-        parts = [scaled if i == smallest else self._atom(m) for i, m in enumerate(mats)]
-        return " @ ".join(parts)
+        return " @ ".join(scaled if i == smallest else self._atom(m) for i, m in enumerate(mats))
+
+    def batch_scalar(self, text: str) -> str:
+        """A per-batch scalar (shape (...)) as an array that broadcasts against matrices."""
+        return f"np.expand_dims({text}, (-2, -1))"
 
     # Scalars print as Python arithmetic: a Python float keeps a float32 array float32 (NEP 50).
     def _print_Pow(self, expr: Basic, rational: bool = False) -> str:
@@ -186,11 +306,35 @@ class GeneratedNumPyPrinter(GeneratedCodeMixin, NumPyMatrixPrinter):
 
     helpers_table = GENERATED_NUMPY_HELPERS
 
+    def concatenate_rows(self, blocks: str) -> str:
+        """The blocks of rows in the list called blocks, stacked back into one array."""
+        return f"np.concatenate({blocks}, axis=-2)"
+
 
 class TorchMatrixPrinter(GeneratedCodeMixin, NumPyMatrixPrinter):
     """PyTorch source for generated modules: tensors batched like the NumPy printer's arrays."""
 
     printmethod = "_symattn_torch"
+
+    def concatenate_rows(self, blocks: str) -> str:
+        """The blocks of rows in the list called blocks, stacked back into one tensor."""
+        return f"torch.cat({blocks}, dim=-2)"
+
+    def batch_scalar(self, text: str) -> str:
+        return f"{text}[..., None, None]"
+
+    def concatenate(self, parts: list[str], axis: int) -> str:
+        return f"torch.cat([{', '.join(parts)}], dim={axis})"
+
+    def inplace_function(self, function: str, operand: str, buffer: str) -> str:
+        """function(operand) in place: A.sub_(L).exp_()."""
+        return f"{operand}.{function.removeprefix('torch.')}_()"
+
+    def inplace_operation(self, op: str, target: str, operand: str, buffer: str) -> str:
+        """target op operand, in place: dP.sub_(D).mul_(P)."""
+        method = {"add": "add_", "subtract": "sub_", "multiply": "mul_"}[op]
+        return f"{target}.{method}({operand})"
+
     helpers_table = TORCH_HELPERS
     elementwise = {"exp": "torch.exp", "log": "torch.log", "tanh": "torch.tanh", "sigmoid": "torch.sigmoid"}
 

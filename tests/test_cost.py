@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import sympy as sp
 from sympy import MatrixSymbol
 from sympy.matrices.expressions import HadamardProduct, MatAdd, MatMul, OneMatrix, Transpose
@@ -134,3 +135,12 @@ def test_cli_derive_cost_prints_the_report(capsys):
     out = capsys.readouterr().out
     assert "forward + backward  6*d_k*m*n" in out
     assert "n=4096" in out
+
+
+def test_generated_schedule_costs_twelve_n_squared_d():
+    pytest.importorskip("symattn.schedule", reason="code generation is not part of this checkout")
+    report = cost_report("attention")
+    n_, m_, dk, dv, d = (sp.Symbol(s, positive=True, integer=True) for s in ("n", "m", "d_k", "d_v", "d"))
+    total = sp.expand((report.generated_forward + report.generated_backward).xreplace({m_: n_, dk: d, dv: d}))
+    assert total.coeff(n_**2 * d) == 12
+    assert sp.Poly(total - 12 * n_**2 * d, n_, d).total_degree() <= 2

@@ -225,11 +225,11 @@ def fuzz_one(rnd: random.Random) -> float | None:
     """The worst relative gradient error of one random tree (None: tree rejected as ill-scaled)."""
     maker = TreeMaker(rnd)
     expr = maker.root(depth=rnd.choice([4, 5]))
-    if depth_of(expr) < 4:
+    leaves = sorted(expr.atoms(MatrixSymbol), key=lambda s: s.name)
+    if depth_of(expr) < 4 or not leaves:  # e.g. A − A collapsed to a zero matrix
         return None
     sizes = {N: rnd.randint(1, 3), M: rnd.randint(1, 3), P: rnd.randint(1, 2)}
     batch = rnd.choice([(), (2,)])
-    leaves = sorted(expr.atoms(MatrixSymbol), key=lambda s: s.name)
     np_rng = np.random.default_rng(rnd.randrange(2**32))
     shape = {s: tuple(int(sp.sympify(d).xreplace(sizes)) for d in s.shape) for s in leaves}
     values = {s: 0.5 * np_rng.standard_normal(batch + shape[s]) for s in leaves}

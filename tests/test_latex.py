@@ -54,11 +54,12 @@ def test_softmax_trace_hadamard_and_transposes():
     assert latex(sa.softmax(X * W_Q * X.T)) == r"\operatorname{softmax}\left(X W^{Q} X^{T}\right)"
     assert latex(W_Q.T) == r"\left(W^{Q}\right)^{T}"
     assert latex(Trace(X.T * X)) == r"\operatorname{tr}\left(X^{T} X\right)"
-    dp = MatrixSymbol("dA", n, m)
+    dp = Differential(MatrixSymbol("A", n, m))
     # the softmax differential reads as in the seeds: P ⊙ (dA − (P ⊙ dA) 𝟏𝟏ᵀ)
     expr = sa.hadamard(P, dp - sa.hadamard(P, dp) * OneMatrix(m, m))
     assert text(expr) == "P ⊙ (dA − (P ⊙ dA) 𝟏𝟏ᵀ)"
-    assert latex(expr) == r"P \odot \left(dA - \left(P \odot dA\right) \mathbf{1} \mathbf{1}^{T}\right)"
+    expected = r"P \odot \left(\mathrm{d}A - \left(P \odot \mathrm{d}A\right) \mathbf{1} \mathbf{1}^{T}\right)"
+    assert latex(expr) == expected
 
 
 def test_row_sums_print_as_products_with_ones():

@@ -148,3 +148,12 @@ def test_random_expressions_keep_their_value_and_cost(seed):
     expected = np.broadcast_to(f(*values), (4, 4))
     np.testing.assert_allclose(np.broadcast_to(g(*values), (4, 4)), expected, rtol=1e-10, atol=1e-10)
     assert flops_value(simple) <= flops_value(expr)
+
+
+def test_a_sharing_spelled_out_in_the_input_is_never_lost():
+    # (A B) C + (A B) D computes A B once; flattening to A B C + A B D must not make it costlier
+    a, b = MatrixSymbol("A", N, 3 * N), MatrixSymbol("B", 3 * N, N)
+    c, d = MatrixSymbol("C", N, 1), MatrixSymbol("D", N, 1)
+    ab = MatMul(a, b)
+    expr = MatAdd(MatMul(ab, c), MatMul(ab, d))
+    assert flops_value(simplify(expr)) <= flops_value(expr)

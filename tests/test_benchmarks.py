@@ -1,0 +1,59 @@
+"""The benchmark runner works end to end at tiny sizes (--quick); no timing is asserted."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+RUNNER = Path(__file__).resolve().parents[1] / "benchmarks" / "run.py"
+
+
+@pytest.fixture(scope="module")
+def quick_results(tmp_path_factory) -> tuple[dict, str]:
+    pytest.importorskip("torch", reason="the benchmark baselines are torch implementations")
+    out = tmp_path_factory.mktemp("bench")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(
+        [sys.executable, str(RUNNER), "--quick", "--no-cold-start", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads((out / "results.json").read_text()), (out / "RESULTS.md").read_text()
+
+
+def test_quick_run_covers_every_case_with_the_baselines(quick_results):
+    results, _ = quick_results
+    labels = {(c["label"], c["dtype"]) for c in results["cases"]}
+    assert len(labels) == 4  # single-head and multi-head, float32 and float64
+    for case in results["cases"]:
+        assert "time_s" in case["results"][case["baseline"]]
+        assert case["results"][case["baseline"]]["ratio"] == pytest.approx(1.0)
+        for name, r in case["results"].items():
+            assert "error" not in r, f"{name}: {r.get('error')}"
+            assert r["time_s"] > 0 and r["peak_extra_mib"] is not None
+
+
+def test_generated_backends_agree_with_torch_autograd(quick_results):
+    results, _ = quick_results
+    for case in results["cases"]:
+        tolerance = 1e-4 if case["dtype"] == "float32" else 1e-10
+        for name, r in case["results"].items():
+            if name.startswith(("numpy_generated", "torch_generated")):
+                assert r["max_rel_error"] is not None and r["max_rel_error"] < tolerance, (name, case["label"])
+
+
+def test_markdown_has_the_machine_the_table_and_the_targets(quick_results):
+    results, markdown = quick_results
+    assert results["machine"]["numpy"] in markdown
+    assert "| case | dtype | implementation |" in markdown
+    assert "## Targets (issue 5)" in markdown
+    assert all(v > 0 for v in results["gemm_peak_gflops"].values())

@@ -1,0 +1,209 @@
+"""Code generation: printers, schedules, templates, and `symattn generate` (bytes, atomic writes, --check)."""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pytest
+import sympy as sp
+from sympy import MatrixSymbol
+from sympy.matrices.expressions import HadamardPower, Identity, OneMatrix, Trace, ZeroMatrix
+
+import symattn as sa
+from symattn import codegen
+from symattn.cli import main
+from symattn.ops import MergeHeads, RowSoftmax, SplitHeads
+from symattn.schedule import schedule
+from symattn.torch_printer import GeneratedNumPyPrinter, TorchMatrixPrinter
+from symattn.vjp import VJP_RULES
+
+ROOT = Path(__file__).resolve().parents[1]
+n, d = sp.symbols("n d", positive=True, integer=True)
+
+
+def test_generated_folder_is_up_to_date():
+    # generated/ is what the templates render now: regenerate with `symattn generate`, never edit
+    assert codegen.default_out_dir().resolve() == (ROOT / "generated").resolve()
+    assert codegen.generate(check=True) == []
+    assert main(["generate", "--check"]) == 0
+
+
+def test_every_matrix_node_has_a_printer_method_for_each_backend():
+    for node in VJP_RULES:
+        if issubclass(node, sp.MatrixExpr) and node.__name__ not in ("MatPow",):
+            for printer in (GeneratedNumPyPrinter, TorchMatrixPrinter):
+                assert any(hasattr(printer, f"_print_{c.__name__}") for c in node.__mro__[:2]), (printer, node)
+
+
+def test_torch_printer_prints_every_node_as_working_torch():
+    torch = pytest.importorskip("torch", reason="torch is needed to run printed torch code")
+    a, b = MatrixSymbol("a", n, n), MatrixSymbol("b", n, n)
+    c = MatrixSymbol("c", n, 2 * d)
+    exprs = [
+        a.T * b / sp.sqrt(n),  # square transpose and a scalar of dimensions (SymPy's TorchPrinter fails both)
+        sa.exp(a) + sa.log(sa.sigmoid(b)) - sa.tanh(a),
+        sa.hadamard(RowSoftmax(a), HadamardPower(b, 2)),
+        sa.rowsum(a) * OneMatrix(1, n) + a,
+        Trace(a) * Identity(n) + sa.sum(b) * OneMatrix(n, n) + ZeroMatrix(n, n),
+        MergeHeads(SplitHeads(c, 2) * SplitHeads(c, 2).T * SplitHeads(c, 2), 2),
+    ]
+    rng = np.random.default_rng(0)
+    values = {"a": rng.normal(size=(2, 4, 4)), "b": rng.uniform(0.5, 1, size=(2, 4, 4)), "c": rng.normal(size=(2, 4, 6))}
+    for expr in exprs:
+        printer = TorchMatrixPrinter()
+        text = printer.doprint(expr)
+        namespace = {"torch": torch, "n": 4, "d": 3, "dtype": torch.float64, "device": "cpu"}
+        exec(printer.helper_source(), namespace)
+        got = eval(text, namespace, {k: torch.tensor(v) for k, v in values.items()})
+        args = sorted(expr.atoms(MatrixSymbol), key=str)
+        expected = sa.lambdify(args, expr, dims={"n": 4, "d": 3})(*(values[str(s)] for s in args))
+        np.testing.assert_allclose(got.numpy(), np.broadcast_to(expected, got.shape), rtol=1e-12, err_msg=text)
+
+
+def test_printers_put_scalars_on_the_smallest_factor_and_broadcast_row_sums():
+    q, k = MatrixSymbol("Q", sp.Symbol("n"), sp.Symbol("d_k")), MatrixSymbol("K", sp.Symbol("m"), sp.Symbol("d_k"))
+    p = RowSoftmax(q * k.T)
+    assert GeneratedNumPyPrinter().doprint(sp.Symbol("scale") * q * k.T) == "(scale * Q) @ K.mT"
+    text = GeneratedNumPyPrinter().doprint(sa.hadamard(p, p - sa.rowsum(p) * OneMatrix(1, sp.Symbol("m"))))
+    assert "repeat" not in text and "ones" not in text  # u 𝟏ᵀ broadcasts: no n × m array of row sums
+
+
+def test_attention_schedule_computes_each_value_once():
+    sched = schedule("attention")
+    forward = {str(a.target.name): a.value for a in sched.forward}
+    backward = {str(a.target.name): a.value for a in sched.backward}
+    assert list(forward) == ["A", "P", "O"]  # S = Q Kᵀ folded into A = scale·Q Kᵀ
+    assert list(backward) == ["D", "dP", "dA", "dQ", "dK", "dV"]
+    softmaxes = [a for a in (*sched.forward, *sched.backward) for e in sp.preorder_traversal(a.value) if isinstance(e, RowSoftmax)]
+    assert len(softmaxes) == 1  # P once, in the forward; the backward reads it
+    assert {str(s) for s in sched.saved} >= {"Q", "K", "V", "P", "scale"}
+    assert "A" not in {str(s) for s in sched.saved}
+    names = {str(s) for s in backward["dQ"].free_symbols} | {str(s) for s in backward["dK"].free_symbols}
+    assert "dA" in names  # dA computed once, read by dQ and dK (transposed)
+
+
+def test_self_attention_fuses_projections_and_reuses_their_cotangents():
+    sched = schedule("self_attention")
+    forward = {str(a.target.name): a.value for a in sched.forward}
+    backward = {str(a.target.name): a.value for a in sched.backward}
+    # one product X [W_Q | W_K | W_V] forward; dX = [dQ | dK | dV] [W_Q | W_K | W_V]ᵀ and Xᵀ [dQ | dK | dV] backward
+    assert {str(s) for s in forward["QKV"].free_symbols} == {"X", "W_QKV"}
+    assert {str(s) for s in backward["dQKV"].free_symbols} == {"dQ", "dK", "dV"}
+    assert {str(s) for s in backward["dX"].free_symbols} == {"dQKV", "W_QKV"}
+    assert {str(s) for s in backward["dW_QKV"].free_symbols} == {"X", "dQKV"}
+    products = [a for a in sched.forward if isinstance(a.value, sp.MatMul) and "X" in str(a.value)]
+    assert len(products) == 1
+
+
+def test_simplifier_turns_the_softmax_row_sum_into_the_output_form():
+    pytest.importorskip("symattn.simplify", reason="the simplifier module is not present")
+    from symattn.simplify import simplify
+
+    if simplify is None:  # pragma: no cover
+        pytest.skip("no simplify()")
+    backward = {str(a.target.name): a.value for a in schedule("attention").backward}
+    # FlashAttention's D: rowsum(dP ⊙ P) = rowsum(dO ⊙ O), an n × d_v product instead of n × m
+    assert "D" in {str(s) for s in backward["dA"].free_symbols}
+    assert {str(s) for s in backward["D"].free_symbols} == {"O", "grad_out"}
+
+
+def test_rendering_is_deterministic_and_headed():
+    from symattn import __version__
+
+    for spec in sa.specs():
+        for backend in codegen.BACKENDS:
+            text = codegen.render(spec, backend)
+            assert text == codegen.render(spec, backend)
+            header = text.splitlines()[:2]
+            assert f"symattn {__version__}" in header[0] and f'spec "{spec}"' in header[0]
+            assert "Do not edit" in header[1]
+
+
+def test_generated_modules_import_only_numpy_or_only_torch():
+    for path in sorted(p for p in (ROOT / "generated").glob("*.py") if p.name != "__init__.py"):
+        backend = "numpy" if "_numpy" in path.name else "torch"
+        tree = ast.parse(path.read_text())
+        imported = {a.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import) for a in node.names}
+        imported |= {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+        assert imported == {"__future__", backend}, path.name
+
+
+def test_templates_hold_no_math():
+    # every expression comes from a printer: no products, transposes or nonlinearities in templates/
+    for path in (ROOT / "templates").glob("*.j2"):
+        text = path.read_text()
+        for token in (" @ ", ".mT", "exp(", "softmax(", "sqrt", "** 0.5", "**0.5"):
+            assert token not in text, (path.name, token)
+
+
+def test_templates_come_from_the_installed_package_with_strict_undefined():
+    import jinja2
+
+    env = codegen.environment()
+    assert env.undefined is jinja2.StrictUndefined and env.trim_blocks and env.lstrip_blocks
+    assert env.keep_trailing_newline
+    with pytest.raises(jinja2.UndefinedError):
+        env.from_string("{{ missing }}").render()
+    assert "{% include" in env.loader.get_source(env, "numpy_module.py.j2")[0]
+
+
+def test_generate_writes_identical_bytes_and_check_names_stale_files(tmp_path, capsys):
+    assert main(["generate", "--spec", "attention", "--backend", "numpy", "--out", str(tmp_path)]) == 0
+    files = sorted(tmp_path.glob("*.py"))
+    assert [f.name for f in files] == ["attention_numpy.py", "attention_numpy_memeff.py"]
+    before = {f: f.read_bytes() for f in files}
+    assert codegen.generate(["attention"], ["numpy"], out=tmp_path) == []  # nothing to rewrite
+    assert {f: f.read_bytes() for f in files} == before
+    edited = tmp_path / "attention_numpy.py"
+    edited.write_text(edited.read_text() + "# hand edit\n")
+    capsys.readouterr()
+    assert main(["generate", "--spec", "attention", "--backend", "numpy", "--out", str(tmp_path), "--check"]) == 1
+    out = capsys.readouterr().out
+    assert "attention_numpy.py" in out and "attention_numpy_memeff.py" not in out
+    assert edited.read_text().endswith("# hand edit\n")  # --check writes nothing
+
+
+def test_check_on_an_empty_folder_names_every_missing_module_and_writes_nothing(tmp_path, capsys):
+    assert main(["generate", "--check", "--out", str(tmp_path), "--variant", "standard"]) == 1
+    out = capsys.readouterr().out
+    assert out.count("stale:") == len(sa.specs()) * len(codegen.BACKENDS)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_failure_midway_leaves_every_file_as_it_was(tmp_path, monkeypatch):
+    codegen.generate(["attention"], ["numpy"], ["standard"], out=tmp_path)
+    target = tmp_path / "attention_numpy.py"
+    target.write_text("old contents\n")
+    real_fdopen = codegen.os.fdopen
+    calls = []
+
+    def failing_fdopen(*args, **kwargs):
+        calls.append(args)
+        if len(calls) == 2:
+            raise OSError("disk full")
+        return real_fdopen(*args, **kwargs)
+
+    monkeypatch.setattr(codegen.os, "fdopen", failing_fdopen)
+    with pytest.raises(OSError, match="disk full"):
+        codegen.generate(["attention", "mha"], ["numpy"], ["standard"], out=tmp_path)
+    assert target.read_text() == "old contents\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["attention_numpy.py"]  # no temporary files left
+
+
+def test_generate_rejects_bad_arguments_with_one_line(capsys):
+    assert main(["generate", "--spec", "nope"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "nope" in err
+    assert main(["generate", "--backend", "jax"]) == 2
+
+
+def test_written_module_imports_from_any_folder(tmp_path):
+    codegen.generate(["self_attention"], ["numpy"], ["standard"], out=tmp_path)
+    spec = importlib.util.spec_from_file_location("sa_numpy", tmp_path / "self_attention_numpy.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    out, saved = mod.forward(np.ones((3, 4)), np.eye(4), np.eye(4), np.eye(4)[:, :2])
+    assert out.shape == (3, 2) and set(mod.backward(saved, np.ones((3, 2)))) == {"X", "W_Q", "W_K", "W_V"}
