@@ -12,10 +12,14 @@ Shapes:
     V: (..., m, d_v)
     -> O: (..., n, d_v)
 Option scale (default 1/sqrt(d_k)).
-Option block_size (default 64).
+Option block_size (default 128).
+
+Memory-efficient variant: the forward goes through blocks of block_size query rows and
+keeps L, the row log-sum-exp of A, instead of P; the backward recomputes P from A and L
+block by block, so no n × m array is ever whole.
 
 Forward:
-    A = (scale) Q Kᵀ
+    A = scale Q Kᵀ
     P = softmax(A)
     O = P V
 
@@ -23,8 +27,8 @@ Backward (grad_out = ∂f/∂O for a scalar f; a weight's gradient is summed ove
     D = (O ⊙ grad_out) 𝟏
     dP = grad_out Vᵀ
     dA = P ⊙ (dP − D 𝟏ᵀ)
-    dQ = (scale) dA K
-    dK = (scale) dAᵀ Q
+    dQ = scale dA K
+    dK = scale dAᵀ Q
     dV = Pᵀ grad_out
 """
 
@@ -58,6 +62,8 @@ def _arrays(named):
         weight = not SHAPES[name].startswith("(...")
         if a.ndim < 2 or (weight and a.ndim != 2):
             raise ValueError(f"{name}: expected shape {SHAPES[name]}, got {a.shape}")
+        if not np.issubdtype(a.dtype, np.floating):
+            raise ValueError(f"{name}: expected a floating-point array of shape {SHAPES[name]}, got {a.dtype}")
         if first is not None and a.dtype != first[1].dtype:
             raise ValueError(f"mixed dtypes: {first[0]} is {first[1].dtype}, {name} is {a.dtype}")
         if not weight and batch is not None and a.shape[:-2] != batch[1].shape[:-2]:
@@ -101,7 +107,7 @@ def forward(Q, K, V, *, scale=None, block_size=None):
     """
     Q, K, V = _arrays({"Q": Q, "K": K, "V": V})
     if block_size is None:
-        block_size = 64
+        block_size = 128
     block_size = _positive_int("block_size", block_size)
     n = Q.shape[-2]
     d_k = Q.shape[-1]

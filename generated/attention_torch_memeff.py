@@ -12,10 +12,14 @@ Shapes:
     V: (..., m, d_v)
     -> O: (..., n, d_v)
 Option scale (default 1/sqrt(d_k)).
-Option block_size (default 64).
+Option block_size (default 128).
+
+Memory-efficient variant: the forward goes through blocks of block_size query rows and
+keeps L, the row log-sum-exp of A, instead of P; the backward recomputes P from A and L
+block by block, so no n × m array is ever whole.
 
 Forward:
-    A = (scale) Q Kᵀ
+    A = scale Q Kᵀ
     P = softmax(A)
     O = P V
 
@@ -23,8 +27,8 @@ Backward (grad_out = ∂f/∂O for a scalar f; a weight's gradient is summed ove
     D = (O ⊙ grad_out) 𝟏
     dP = grad_out Vᵀ
     dA = P ⊙ (dP − D 𝟏ᵀ)
-    dQ = (scale) dA K
-    dK = (scale) dAᵀ Q
+    dQ = scale dA K
+    dK = scale dAᵀ Q
     dV = Pᵀ grad_out
 """
 
@@ -59,6 +63,8 @@ def _tensors(named):
         weight = not SHAPES[name].startswith("(...")
         if a.dim() < 2 or (weight and a.dim() != 2):
             raise ValueError(f"{name}: expected shape {SHAPES[name]}, got {tuple(a.shape)}")
+        if not a.is_floating_point():
+            raise ValueError(f"{name}: expected a floating-point tensor of shape {SHAPES[name]}, got {a.dtype}")
         if first is not None and a.dtype != first[1].dtype:
             raise ValueError(f"mixed dtypes: {first[0]} is {first[1].dtype}, {name} is {a.dtype}")
         if not weight and batch is not None and a.shape[:-2] != batch[1].shape[:-2]:
@@ -89,7 +95,7 @@ def _forward(Q, K, V, scale, block_size):
     """The forward pass: (O, saved values for _backward)."""
     Q, K, V = _tensors({"Q": Q, "K": K, "V": V})
     if block_size is None:
-        block_size = 64
+        block_size = 128
     block_size = _positive_int("block_size", block_size)
     n = Q.shape[-2]
     d_k = Q.shape[-1]

@@ -15,14 +15,18 @@ Shapes:
     W_O: (H * d_k, H * d_k)
     -> Y: (..., n, H * d_k)
 Option num_heads (required).
-Option block_size (default 64).
+Option block_size (default 128).
+
+Memory-efficient variant: the forward goes through blocks of block_size query rows and
+keeps L, the row log-sum-exp of A, instead of P; the backward recomputes P from A and L
+block by block, so no n × m array is ever whole.
 
 Forward:
     scale = 1/sqrt(d_k)
     Q_h = Q (W_Q)_h
     K_h = K (W_K)_h
     V_h = V (W_V)_h
-    A_h = (scale) Q_h K_hᵀ
+    A_h = scale Q_h K_hᵀ
     P_h = softmax(A_h)
     O_h = P_h V_h
     C = Concat_h(O_h)
@@ -35,8 +39,8 @@ Backward (grad_out = ∂f/∂Y for a scalar f; a weight's gradient is summed ove
     dP_h = dO_h V_hᵀ
     dA_h = P_h ⊙ (dP_h − D 𝟏ᵀ)
     dV_h = P_hᵀ dO_h
-    dK_h = (scale) dA_hᵀ Q_h
-    dQ_h = (scale) dA_h K_h
+    dK_h = scale dA_hᵀ Q_h
+    dQ_h = scale dA_h K_h
     dW_O = Cᵀ grad_out
     dVW_V = Concat_h(dV_h)
     dV = dVW_V W_Vᵀ
@@ -99,6 +103,8 @@ def _arrays(named):
         weight = not SHAPES[name].startswith("(...")
         if a.ndim < 2 or (weight and a.ndim != 2):
             raise ValueError(f"{name}: expected shape {SHAPES[name]}, got {a.shape}")
+        if not np.issubdtype(a.dtype, np.floating):
+            raise ValueError(f"{name}: expected a floating-point array of shape {SHAPES[name]}, got {a.dtype}")
         if first is not None and a.dtype != first[1].dtype:
             raise ValueError(f"mixed dtypes: {first[0]} is {first[1].dtype}, {name} is {a.dtype}")
         if not weight and batch is not None and a.shape[:-2] != batch[1].shape[:-2]:
@@ -150,7 +156,7 @@ def forward(Q, K, V, W_Q, W_K, W_V, W_O, *, num_heads, block_size=None):
     Q, K, V, W_Q, W_K, W_V, W_O = _arrays({"Q": Q, "K": K, "V": V, "W_Q": W_Q, "W_K": W_K, "W_V": W_V, "W_O": W_O})
     H = _positive_int("num_heads", num_heads)
     if block_size is None:
-        block_size = 64
+        block_size = 128
     block_size = _positive_int("block_size", block_size)
     n = Q.shape[-2]
     d_k = _quotient("Q", tuple(Q.shape), H)

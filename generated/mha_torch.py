@@ -21,7 +21,7 @@ Forward:
     Q_h = Q (W_Q)_h
     K_h = K (W_K)_h
     V_h = V (W_V)_h
-    A_h = (scale) Q_h K_hᵀ
+    A_h = scale Q_h K_hᵀ
     P_h = softmax(A_h)
     O_h = P_h V_h
     C = Concat_h(O_h)
@@ -34,8 +34,8 @@ Backward (grad_out = ∂f/∂Y for a scalar f; a weight's gradient is summed ove
     dP_h = dO_h V_hᵀ
     dA_h = P_h ⊙ (dP_h − D 𝟏ᵀ)
     dV_h = P_hᵀ dO_h
-    dK_h = (scale) dA_hᵀ Q_h
-    dQ_h = (scale) dA_h K_h
+    dK_h = scale dA_hᵀ Q_h
+    dQ_h = scale dA_h K_h
     dW_O = Cᵀ grad_out
     dVW_V = Concat_h(dV_h)
     dV = dVW_V W_Vᵀ
@@ -98,6 +98,8 @@ def _tensors(named):
         weight = not SHAPES[name].startswith("(...")
         if a.dim() < 2 or (weight and a.dim() != 2):
             raise ValueError(f"{name}: expected shape {SHAPES[name]}, got {tuple(a.shape)}")
+        if not a.is_floating_point():
+            raise ValueError(f"{name}: expected a floating-point tensor of shape {SHAPES[name]}, got {a.dtype}")
         if first is not None and a.dtype != first[1].dtype:
             raise ValueError(f"mixed dtypes: {first[0]} is {first[1].dtype}, {name} is {a.dtype}")
         if not weight and batch is not None and a.shape[:-2] != batch[1].shape[:-2]:

@@ -20,7 +20,7 @@ Forward:
     Q = QKV[:, :d_k]
     K = QKV[:, d_k:2·d_k]
     V = QKV[:, 2·d_k:]
-    A = (scale) Q Kᵀ
+    A = scale Q Kᵀ
     P = softmax(A)
     O = P V
 
@@ -29,8 +29,8 @@ Backward (grad_out = ∂f/∂O for a scalar f; a weight's gradient is summed ove
     dP = grad_out Vᵀ
     dA = P ⊙ (dP − D 𝟏ᵀ)
     dV = Pᵀ grad_out
-    dK = (scale) dAᵀ Q
-    dQ = (scale) dA K
+    dK = scale dAᵀ Q
+    dQ = scale dA K
     dQKV = Matrix([[dQ, dK, dV]])
     dX = dQKV W_QKVᵀ
     dW_QKV = Xᵀ dQKV
@@ -74,6 +74,8 @@ def _arrays(named):
         weight = not SHAPES[name].startswith("(...")
         if a.ndim < 2 or (weight and a.ndim != 2):
             raise ValueError(f"{name}: expected shape {SHAPES[name]}, got {a.shape}")
+        if not np.issubdtype(a.dtype, np.floating):
+            raise ValueError(f"{name}: expected a floating-point array of shape {SHAPES[name]}, got {a.dtype}")
         if first is not None and a.dtype != first[1].dtype:
             raise ValueError(f"mixed dtypes: {first[0]} is {first[1].dtype}, {name} is {a.dtype}")
         if not weight and batch is not None and a.shape[:-2] != batch[1].shape[:-2]:

@@ -20,7 +20,7 @@ Forward:
     Q = QKV[:, :d_k]
     K = QKV[:, d_k:2·d_k]
     V = QKV[:, 2·d_k:]
-    A = (scale) Q Kᵀ
+    A = scale Q Kᵀ
     P = softmax(A)
     O = P V
 
@@ -29,8 +29,8 @@ Backward (grad_out = ∂f/∂O for a scalar f; a weight's gradient is summed ove
     dP = grad_out Vᵀ
     dA = P ⊙ (dP − D 𝟏ᵀ)
     dV = Pᵀ grad_out
-    dK = (scale) dAᵀ Q
-    dQ = (scale) dA K
+    dK = scale dAᵀ Q
+    dQ = scale dA K
     dQKV = Matrix([[dQ, dK, dV]])
     dX = dQKV W_QKVᵀ
     dW_QKV = Xᵀ dQKV
@@ -75,6 +75,8 @@ def _tensors(named):
         weight = not SHAPES[name].startswith("(...")
         if a.dim() < 2 or (weight and a.dim() != 2):
             raise ValueError(f"{name}: expected shape {SHAPES[name]}, got {tuple(a.shape)}")
+        if not a.is_floating_point():
+            raise ValueError(f"{name}: expected a floating-point tensor of shape {SHAPES[name]}, got {a.dtype}")
         if first is not None and a.dtype != first[1].dtype:
             raise ValueError(f"mixed dtypes: {first[0]} is {first[1].dtype}, {name} is {a.dtype}")
         if not weight and batch is not None and a.shape[:-2] != batch[1].shape[:-2]:

@@ -12,7 +12,11 @@ Shapes:
     W_K: (d_model, d_k)
     W_V: (d_model, d_v)
     -> O: (..., n, d_v)
-Option block_size (default 64).
+Option block_size (default 128).
+
+Memory-efficient variant: the forward goes through blocks of block_size query rows and
+keeps L, the row log-sum-exp of A, instead of P; the backward recomputes P from A and L
+block by block, so no n × m array is ever whole.
 
 Forward:
     scale = 1/sqrt(d_k)
@@ -21,7 +25,7 @@ Forward:
     Q = QKV[:, :d_k]
     K = QKV[:, d_k:2·d_k]
     V = QKV[:, 2·d_k:]
-    A = (scale) Q Kᵀ
+    A = scale Q Kᵀ
     P = softmax(A)
     O = P V
 
@@ -30,8 +34,8 @@ Backward (grad_out = ∂f/∂O for a scalar f; a weight's gradient is summed ove
     dP = grad_out Vᵀ
     dA = P ⊙ (dP − D 𝟏ᵀ)
     dV = Pᵀ grad_out
-    dK = (scale) dAᵀ Q
-    dQ = (scale) dA K
+    dK = scale dAᵀ Q
+    dQ = scale dA K
     dQKV = Matrix([[dQ, dK, dV]])
     dX = dQKV W_QKVᵀ
     dW_QKV = Xᵀ dQKV
@@ -77,6 +81,8 @@ def _tensors(named):
         weight = not SHAPES[name].startswith("(...")
         if a.dim() < 2 or (weight and a.dim() != 2):
             raise ValueError(f"{name}: expected shape {SHAPES[name]}, got {tuple(a.shape)}")
+        if not a.is_floating_point():
+            raise ValueError(f"{name}: expected a floating-point tensor of shape {SHAPES[name]}, got {a.dtype}")
         if first is not None and a.dtype != first[1].dtype:
             raise ValueError(f"mixed dtypes: {first[0]} is {first[1].dtype}, {name} is {a.dtype}")
         if not weight and batch is not None and a.shape[:-2] != batch[1].shape[:-2]:
@@ -107,7 +113,7 @@ def _forward(X, W_Q, W_K, W_V, block_size):
     """The forward pass: (O, saved values for _backward)."""
     X, W_Q, W_K, W_V = _tensors({"X": X, "W_Q": W_Q, "W_K": W_K, "W_V": W_V})
     if block_size is None:
-        block_size = 64
+        block_size = 128
     block_size = _positive_int("block_size", block_size)
     n = X.shape[-2]
     d_model = X.shape[-1]

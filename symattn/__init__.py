@@ -10,6 +10,7 @@ from symattn.errors import ShapeMismatchError, SymattnError, UnknownSpecError, U
 from symattn.grad import backward, grad
 from symattn.lambdify import lambdify
 from symattn.ops import exp, hadamard, log, merge_heads, rowsum, sigmoid, softmax, split_heads, sum, tanh
+from symattn.simplify import simplify, simplify_all
 from symattn.specs import Spec, spec, specs
 
 __version__ = "0.1.0"
@@ -34,6 +35,8 @@ __all__ = [
     "merge_heads",
     "rowsum",
     "sigmoid",
+    "simplify",
+    "simplify_all",
     "softmax",
     "spec",
     "specs",

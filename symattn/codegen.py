@@ -276,6 +276,7 @@ def context(sched: Schedule, backend: str, version: str, variant: str = "standar
         ),
         "backward_math": _wrap([_math(a) for a in sched.backward]),
         "helpers": printer.helper_source(),
+        "needs_dtype": _uses("dtype", [line.value for line in forward + backward]),
         "ambiguous": any(str(a.target.name) in ("O", "I", "l") for a in (*sched.forward, *sched.backward)),
         "input_names": [str(x.name) for x in s.inputs],
         "input_dict": "{" + ", ".join(f'"{x.name}": {x.name}' for x in s.inputs) + "}",

@@ -24,6 +24,7 @@ from sympy.matrices.expressions import (
     Identity,
     MatAdd,
     MatMul,
+    MatPow,
     OneMatrix,
     Trace,
     Transpose,
@@ -62,6 +63,11 @@ def is_matrix_node(e: Basic) -> bool:
     return isinstance(e, (MatrixExpr, SumEntries, Trace))
 
 
+def contains_matrices(e: Basic) -> bool:
+    """A tuple or scalar expression with matrix subexpressions inside (2·tr(A), sum(X) + 1)."""
+    return isinstance(e, sp.Tuple) or (isinstance(e, (sp.Add, sp.Mul, sp.Pow)) and e.has(SumEntries, Trace))
+
+
 def roots(exprs: Iterable[Basic]) -> list[Basic]:
     """The expressions, a ``Tuple`` of them taken apart."""
     return [r for e in exprs for r in (e.args if isinstance(e, sp.Tuple) else (e,))]
@@ -78,7 +84,12 @@ def subexpressions(exprs: Iterable[Basic]) -> list[Basic]:
             if expanded:
                 order.append(node)
                 continue
-            if node in seen or not is_matrix_node(node):
+            if node in seen:
+                continue
+            if not is_matrix_node(node):
+                if contains_matrices(node):  # e.g. 2·tr(A): walk through, record nothing
+                    seen.add(node)
+                    stack.extend((a, False) for a in reversed(node.args) if a not in seen)
                 continue
             seen.add(node)
             stack.append((node, True))
@@ -186,17 +197,43 @@ def node_flops(node: Basic, dim: Sizes) -> Basic:
         return numel(node.arg, dim)
     if isinstance(node, Trace):
         return dim(node.arg.shape[0])
+    if isinstance(node, MatPow):  # A^k by k − 1 products
+        rows = dim(node.shape[0])
+        return (node.args[1] - 1) * 2 * rows**3 * heads
     for kind, per_entry in ENTRY_FLOPS.items():
         if isinstance(node, kind):
             return per_entry * numel(node, dim)
     return numel(node, dim)
 
 
+def is_view(node: Basic) -> bool:
+    """A value that aliases its argument: a transpose, a head split, a broadcast ±x 𝟏ᵀ."""
+    if isinstance(node, VIEWS):
+        return True
+    if isinstance(node, MatMul):
+        scalars = [a for a in node.args if not isinstance(a, MatrixExpr)]
+        factors = [a for a in node.args if isinstance(a, MatrixExpr)]
+        return (
+            len(factors) == 2
+            and sp.Mul(*scalars) in (1, -1)
+            and factors[0].shape[1] == 1
+            and isinstance(factors[1], OneMatrix)
+        )
+    return False
+
+
 def node_bytes(node: Basic, dim: Sizes, itemsize: int = 4) -> Basic:
     """Bytes a node's value allocates (views and inputs none)."""
-    if isinstance(node, (*LEAVES, *VIEWS)) or not isinstance(node, MatrixExpr):
+    if isinstance(node, LEAVES) or is_view(node) or not isinstance(node, MatrixExpr):
         return sp.Integer(0)
     return numel(node, dim) * itemsize
+
+
+def is_entrywise(node: Basic) -> bool:
+    """A node that can write its value over an argument of its own shape (c X, X + Y, X ⊙ Y, f(X), softmax)."""
+    if isinstance(node, MatMul):
+        return len([a for a in node.args if isinstance(a, MatrixExpr)]) == 1
+    return isinstance(node, (MatAdd, HadamardProduct, HadamardPower, Elementwise, RowSoftmax))
 
 
 def flops(exprs: Basic | Sequence[Basic], given: Sequence[Basic] = (), sizes: Mapping | None = None) -> Basic:
@@ -230,11 +267,14 @@ def peak_bytes(
     given: Sequence[Basic] = (),
     sizes: Mapping | None = None,
     itemsize: int = 4,
+    in_place: bool = True,
 ) -> float:
     """Peak bytes of live temporaries when the DAG is evaluated in post-order.
 
     A value is freed after its last use (a view keeps its base alive); the
-    expressions' own values stay live to the end; inputs and given values cost nothing.
+    expressions' own values stay live to the end; inputs and given values cost
+    nothing. With ``in_place``, an entrywise node whose argument of the same shape
+    dies there writes over that argument's buffer instead of allocating.
     """
     exprs = roots([exprs] if isinstance(exprs, Basic) else exprs)
     dim = size_function(sizes or TYPICAL_SIZES)
@@ -245,15 +285,33 @@ def peak_bytes(
     for node in reversed(order):
         for a in node.args:
             if a in position:
-                last_use[a] = max(last_use[a], last_use[node] if isinstance(node, VIEWS) else position[node])
+                last_use[a] = max(last_use[a], last_use[node] if is_view(node) else position[node])
     releases: dict[int, list[Basic]] = {}
     for n, i in last_use.items():
         releases.setdefault(i, []).append(n)
+    donated: set[Basic] = set()  # buffers taken over by an in-place node
     live = peak = 0.0
     for i, node in enumerate(order):
-        live += float(node_bytes(node, dim, itemsize))
+        size = float(node_bytes(node, dim, itemsize))
+        donor = next(
+            (
+                a
+                for a in node.args
+                if in_place
+                and is_entrywise(node)
+                and a in position
+                and a not in donated
+                and last_use[a] == i
+                and float(node_bytes(a, dim, itemsize)) == size > 0
+            ),
+            None,
+        )
+        if donor is not None:
+            donated.add(donor)
+        else:
+            live += size
         peak = max(peak, live)
-        live -= sum(float(node_bytes(n, dim, itemsize)) for n in releases.get(i, []))
+        live -= sum(float(node_bytes(n, dim, itemsize)) for n in releases.get(i, []) if n not in donated)
     return peak
 
 
@@ -278,8 +336,8 @@ def order_products(expr: Basic, sizes: Mapping | None = None) -> Basic:
         if node in memo:
             return memo[node]
         result = node
-        if (is_matrix_node(node) and not isinstance(node, LEAVES)) or isinstance(node, sp.Tuple):
-            args = tuple(visit(a) if is_matrix_node(a) or isinstance(a, sp.Tuple) else a for a in node.args)
+        if (is_matrix_node(node) and not isinstance(node, LEAVES)) or contains_matrices(node):
+            args = tuple(visit(a) if is_matrix_node(a) or contains_matrices(a) else a for a in node.args)
             result = node.func(*args) if args != node.args else node
             if isinstance(result, MatMul):
                 result = _ordered_product(result, dim)
@@ -303,7 +361,7 @@ def _ordered_product(node: MatMul, dim: Sizes) -> Basic:
 
 def _scale_smallest(tree: MatMul, coeff: Basic, dim: Sizes) -> Basic:
     """Put c on the smaller outermost operand (so c (A B) keeps the shared A B), or on the result."""
-    candidates = [*tree.args, tree]
+    candidates = [a for a in tree.args if not isinstance(a, LEAVES[1:])] + [tree]  # not onto 𝟏, 0 or I
     target = min(candidates, key=lambda t: _as_number(dim(t.shape[0]) * dim(t.shape[1])))
     if target is tree:
         return MatMul(coeff, *tree.args)

@@ -18,7 +18,6 @@ from symattn.cost import (
     TYPICAL_SIZES,
     flops,
     largest_temporaries,
-    multiplicity,
     peak_bytes,
     subexpressions,
 )
@@ -40,7 +39,7 @@ class CostReport:
     backward: Basic
     backward_derived: Basic
     rows: tuple[dict[str, float], ...]
-    largest: tuple[tuple[str, Basic], ...]  # (node type and shape, symbolic entries)
+    largest: tuple[tuple[str, Basic], ...]  # (name or expression, symbolic entries)
     generated_forward: Basic | None = None  # the generated schedule's, where code generation is present
     generated_backward: Basic | None = None
 
@@ -59,7 +58,8 @@ class CostReport:
                 f"  generated backward  {self.generated_backward}",
             ]
         lines += [
-            "  largest temporaries: " + ", ".join(f"{entries} entries ({node})" for node, entries in self.largest),
+            "  largest temporaries (entries):",
+            *(f"    {entries}: {what}" for what, entries in self.largest),
             "",
             "  sizes                                   forward GFLOP  backward GFLOP  as derived  "
             "generated  peak fwd MiB  peak bwd MiB (float32)",
@@ -86,8 +86,18 @@ def build_report(name_or_spec, sizes: Sequence[Mapping[str, int]] = REPORT_SIZES
 
     derivation = name_or_spec if hasattr(name_or_spec, "tape") else derive(name_or_spec)
     output, gradients = derivation.spec.output, list(derivation.gradients.values())
-    forward, *backward = simplify_all([output, *gradients])
-    saved = [n for n in subexpressions(backward) if n in set(subexpressions([forward]))]
+    # the intermediates (S, A, P, O) and their cotangents (dS, dA, dP, dO) ride along, to name temporaries
+    cotangents = derivation.tape.cotangents
+    named = [*derivation.spec.intermediates]
+    named += [("d" + name, cotangents[e]) for name, e in derivation.spec.intermediates if e in cotangents]
+    forward, *rest = simplify_all([output, *gradients, *(e for _, e in named)])
+    backward, names = rest[: len(gradients)], {}
+    for (name, _), e in zip(named, rest[len(gradients) :]):
+        names.setdefault(e, name)
+    computed = set(subexpressions([forward]))
+    # the forward values the backward reads directly (in a fixed order: the peak depends on it)
+    read = (a for n in subexpressions(backward) if n not in computed for a in n.args if a in computed)
+    saved = list(dict.fromkeys(read))
     default_options = all(v is None for v in derivation.spec.options.values())
     generated = schedule_values(derivation.spec.name) if default_options else None
     rows = []
@@ -104,7 +114,9 @@ def build_report(name_or_spec, sizes: Sequence[Mapping[str, int]] = REPORT_SIZES
                 "backward_peak": peak_bytes(backward, given=[forward], sizes=table, itemsize=itemsize),
             }
         )
-    largest = tuple((_shape_text(node), count) for node, count in largest_temporaries([forward, *backward], count=3))
+    largest = tuple(
+        (_describe(node, names), count) for node, count in largest_temporaries([forward, *backward], count=4)
+    )
     return CostReport(
         spec=derivation.spec.name,
         forward=sp.expand(flops([forward])),
@@ -146,7 +158,9 @@ def _dimension_symbols(expr: Basic) -> set[sp.Symbol]:
     return found
 
 
-def _shape_text(node: Basic) -> str:
-    heads = multiplicity(node)
-    rows, cols = node.shape
-    return f"{type(node).__name__} {rows}×{cols}" + (f" ×{heads}" if heads != 1 else "")
+def _describe(node: Basic, names: dict[Basic, str], width: int = 70) -> str:
+    """The intermediate's name where node is one (P, S_h, …), else the expression, shortened."""
+    if node in names:
+        return names[node]
+    text = str(node)
+    return text if len(text) <= width else text[: width - 1] + "…"

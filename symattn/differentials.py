@@ -116,7 +116,10 @@ def hadamard_power_jvp(node: HadamardPower, d: Tangent) -> Basic | None:
     da = d(base)
     if da is None:
         return None
-    return p * hadamard_product(HadamardPower(base, p - 1), da) if p != 1 else da
+    if p == 1:
+        return da
+    power = base if p == 2 else HadamardPower(base, p - 1)
+    return p * hadamard_product(power, da)
 
 
 @defjvp(MatPow)

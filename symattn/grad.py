@@ -10,8 +10,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from functools import reduce
-from operator import add
 
 import sympy as sp
 from sympy import Basic, MatrixExpr, MatrixSymbol
@@ -19,7 +17,7 @@ from sympy.matrices.expressions import Identity, ZeroMatrix
 
 from symattn.errors import ShapeMismatchError, SymattnError, UnsupportedNodeError
 from symattn.shapes import check_shapes, same_dim
-from symattn.vjp import VJP_RULES, zero_like
+from symattn.vjp import VJP_RULES, matadd, zero_like
 
 
 @dataclass(frozen=True)
@@ -131,7 +129,7 @@ def backward(expr: Basic, wrt: Iterable[MatrixSymbol], cotangent: Basic | None =
         terms = pending.pop(node, [])
         if not terms:
             continue
-        g = reduce(add, terms)
+        g = matadd(*terms) if isinstance(terms[0], MatrixExpr) else sp.Add(*terms)
         tape.cotangents[node] = g
         if node in tape.wrt:
             continue

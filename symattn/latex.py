@@ -141,8 +141,8 @@ class MathPrinter:
         return latex_name(identifier) if self.n is LATEX else text_name(identifier)
 
     def scalar(self, expr: Basic) -> str:
-        if self.n is LATEX:
-            return sp.latex(expr)
+        if self.n is LATEX:  # dimensions by the same names as matrices: d_model → d_{\text{model}}
+            return sp.latex(expr, symbol_names={s: latex_name(s.name) for s in expr.free_symbols})
         text = sp.sstr(expr)
         text = re.sub(r"sqrt\((\w+)\)", r"√\1", text)
         return text.replace("**", "^").replace("*", "·")
@@ -152,9 +152,7 @@ class MathPrinter:
 
     def operand(self, expr: Basic, wrap: tuple[type, ...]) -> str:
         text = self._print(expr)
-        if isinstance(expr, wrap) or (isinstance(expr, MatMul) and MatMul in wrap and _coefficient(expr)[0] != 1):
-            return self.paren(text)
-        return text
+        return self.paren(text) if isinstance(expr, wrap) else text
 
     # Leaves.
 
@@ -180,13 +178,20 @@ class MathPrinter:
 
     # Linear structure.
 
+    def superscripted(self, expr: Basic) -> str:
+        """expr ready to take a superscript: a plain symbol (or its differential) as is, else in parentheses."""
+        text = self._print(expr)
+        if isinstance(expr, (Elementwise, RowSoftmax)):  # f(A)ᵀ: the call's parenthesis bounds it
+            return text
+        plain = isinstance(expr, MatrixSymbol) or (
+            isinstance(expr, Differential) and isinstance(expr.arg, MatrixSymbol)
+        )
+        if plain and (self.n is TEXT or "^" not in text):  # W^{Q}^{T} would be a double superscript
+            return text
+        return self.paren(text)
+
     def _print_Transpose(self, expr: Transpose) -> str:
-        arg = expr.arg
-        if isinstance(arg, MatrixSymbol) and (self.n is TEXT or "^" not in self._print(arg)):
-            return self._print(arg) + self.n.transpose
-        if isinstance(arg, Differential) and isinstance(arg.arg, MatrixSymbol):
-            return self._print(arg) + self.n.transpose
-        return self.paren(self._print(arg)) + self.n.transpose
+        return self.superscripted(expr.arg) + self.n.transpose
 
     def _print_MatMul(self, expr: MatMul) -> str:
         coeff, mats = _coefficient(expr)
@@ -195,7 +200,9 @@ class MathPrinter:
             return body
         if coeff == -1:
             return "-" + body
-        return f"{self.scalar(coeff)} {body}" if self.n is LATEX else f"({self.scalar(coeff)}) {body}"
+        if self.n is LATEX or coeff.is_Integer or coeff.is_Symbol:
+            return f"{self.scalar(coeff)} {body}"
+        return f"({self.scalar(coeff)}) {body}"
 
     def _print_MatAdd(self, expr: MatAdd) -> str:
         terms = sorted(expr.args, key=lambda t: _is_negative(t))  # positive terms first
@@ -222,7 +229,7 @@ class MathPrinter:
 
     def _print_HadamardPower(self, expr: HadamardPower) -> str:
         base, p = expr.args
-        text = self.operand(base, (MatAdd, MatMul, HadamardProduct, Transpose))
+        text = self.superscripted(base)
         return f"{text}^{{\\circ {self.scalar(p)}}}" if self.n is LATEX else f"{text}^∘{self.scalar(p)}"
 
     def _print_Elementwise(self, expr: Elementwise) -> str:
@@ -245,7 +252,7 @@ class MathPrinter:
     def _print_SplitHeads(self, expr: SplitHeads) -> str:
         """Head h's column block: (Q W^Q)_h = Q W^Q_h."""
         arg = expr.arg
-        if isinstance(arg, MatrixSymbol):
+        if isinstance(arg, MatrixSymbol) and "_" not in self._print(arg):
             return self._print(arg) + self.n.head
         if isinstance(arg, MatMul) and isinstance(arg.args[-1], MatrixSymbol) and _coefficient(arg)[0] == 1:
             front = " ".join(self.operand(m, (MatAdd, HadamardProduct, MatMul)) for m in arg.args[:-1])

@@ -211,4 +211,7 @@ def parse(text: str, names: Mapping[str, Basic], heads: Basic | None = None) -> 
         raise ParseError(f"cannot parse {text.strip()!r}: {err.msg}", column) from None
     except (RecursionError, MemoryError, ValueError) as err:
         raise ParseError(f"cannot parse the formula: {type(err).__name__}") from None
-    return _Reader(source, names, heads).read(tree)
+    try:
+        return _Reader(source, names, heads).read(tree)
+    except RecursionError:
+        raise ParseError("the formula nests too deeply") from None

@@ -9,6 +9,7 @@ intermediates are put back in by ``names``.
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Sequence
 
 from sympy import Basic
@@ -19,7 +20,7 @@ from symattn.specs import Spec
 from symattn.steps import DF, Chain, Definition, Side
 
 NOTATION = (
-    "f is a scalar function of the output Y and G = ∂f/∂Y its cotangent. For every "
+    "f is a scalar function of the output {out} and G = ∂f/∂{out} its cotangent. For every "
     "intermediate Z, Z̄ = ∂f/∂Z is the cotangent of Z: df = tr(Z̄ᵀ dZ) when only Z moves. "
     "Each step pushes one term tr(Z̄ᵀ dZ) through the node that computes Z, until only dW is left "
     "and df = tr(W̄ᵀ dW) gives ∂f/∂W = W̄. ⊙ is the entrywise product, 𝟏 a column of ones; "
@@ -27,7 +28,7 @@ NOTATION = (
 )
 
 LATEX_NOTATION = (
-    r"$f$ is a scalar function of the output $Y$ and $G = \partial f / \partial Y$ its cotangent. "
+    r"$f$ is a scalar function of the output ${out}$ and $G = \partial f / \partial {out}$ its cotangent. "
     r"For every intermediate $Z$, $\bar{Z} = \partial f / \partial Z$ is the cotangent of $Z$: "
     r"$\mathrm{d}f = \operatorname{tr}(\bar{Z}^{T} \mathrm{d}Z)$ when only $Z$ moves. "
     r"Each step pushes one term $\operatorname{tr}(\bar{Z}^{T} \mathrm{d}Z)$ through the node that computes $Z$, "
@@ -49,15 +50,24 @@ LATEX_PER_HEAD = (
 class Document:
     """The pieces every format assembles: forward pass, chains, printed in one notation."""
 
-    def __init__(self, spec: Spec, chains: Sequence[Chain], latex: bool) -> None:
+    def __init__(self, spec: Spec, latex: bool) -> None:
         self.spec = spec
-        self.chains = chains
         self.p = MathPrinter(LATEX if latex else TEXT)
         named = list(spec.intermediates)
         if all(expr != spec.output for _, expr in named):
             named.append(("Y", spec.output))
         self.short = Abbreviations(named)
+        self.output = next(name for name, expr in named if expr == spec.output)
         self.per_head = any(name.endswith("_h") for name, _ in named)
+
+    def notation(self) -> str:
+        """The paragraph that explains the notation (unwrapped)."""
+        latex = self.p.n is LATEX
+        out = self.p.name(self.output)
+        text = (LATEX_NOTATION if latex else NOTATION).replace("{out}", out)
+        if self.per_head:
+            text += " " + (LATEX_PER_HEAD if latex else PER_HEAD)
+        return text
 
     def expr(self, e: Basic) -> str:
         return self.p.doprint(self.short(e))
@@ -71,16 +81,16 @@ class Document:
         """(name, definition) of every intermediate, in forward order."""
         return [(self.p.doprint(symbol), self.p.doprint(short)) for symbol, short in self.short.definitions]
 
-    def lines(self, c: Chain) -> list[tuple[str, str, str]]:
-        """(left side, right side, reason) rows: each equation, then each definition."""
-        rows: list[tuple[str, str, str]] = []
+    def lines(self, c: Chain) -> list[tuple[str, str, str, str]]:
+        """(left side, "=" or ":=", right side, reason) rows, equations and definitions in order."""
+        rows: list[tuple[str, str, str, str]] = []
         for item in c.items:
             if isinstance(item, Definition):
-                rows.append((self.p.doprint(item.symbol), self.expr(item.value), "definition"))
+                rows.append((self.p.doprint(item.symbol), ":=", self.expr(item.value), "definition"))
                 continue
             left = self.side(item.sides[0])
             for k, side in enumerate(item.sides[1:]):
-                rows.append((left if k == 0 else "", self.side(side), item.reasons[k]))
+                rows.append((left if k == 0 else "", "=", self.side(side), item.reasons[k]))
         return rows
 
     def result(self, c: Chain) -> tuple[str, str, str]:
@@ -104,7 +114,7 @@ def _target_title(c: Chain, latex: bool) -> str:
 
 def _aligned(doc: Document, c: Chain) -> str:
     """One aligned block of LaTeX rows for a chain."""
-    rows = [rf"{left} &= {right} && \text{{{reason}}}" for left, right, reason in doc.lines(c)]
+    rows = [rf"{left} &{sign} {right} && \text{{{reason}}}" for left, sign, right, reason in doc.lines(c)]
     head, named, closed = doc.result(c)
     rows.append(rf"{head} &= {named}")
     if closed != named:
@@ -114,11 +124,11 @@ def _aligned(doc: Document, c: Chain) -> str:
 
 def latex_fragment(spec: Spec, chains: Sequence[Chain]) -> str:
     """LaTeX body: forward pass, notation and one align* block per target (needs amsmath)."""
-    doc = Document(spec, chains, latex=True)
-    name = _escape(spec.name)
-    out = [rf"\section*{{Gradients of \texttt{{{name}}}}}", "Forward pass:", r"\begin{align*}"]
+    doc = Document(spec, latex=True)
+    title = rf"\section*{{Gradients of \texttt{{{_escape(spec.name)}}}}}"
+    out = [title, "Forward pass:", r"\begin{align*}"]
     out.append(" \\\\\n".join(f"{name} &= {value}" for name, value in doc.forward()))
-    out += [r"\end{align*}", LATEX_NOTATION + (" " + LATEX_PER_HEAD if doc.per_head else ""), ""]
+    out += [r"\end{align*}", doc.notation(), ""]
     for c in chains:
         out += [rf"\subsection*{{{_target_title(c, True)}}}", r"\begin{align*}", _aligned(doc, c), r"\end{align*}", ""]
     return "\n".join(out)
@@ -139,16 +149,16 @@ def latex_document(spec: Spec, chains: Sequence[Chain]) -> str:
 
 def math_display(spec: Spec, chains: Sequence[Chain]) -> str:
     """Math mode only (Jupyter's _repr_latex_): one $$ aligned $$ block per target."""
-    doc = Document(spec, chains, latex=True)
+    doc = Document(spec, latex=True)
     return "\n".join(rf"$$\begin{{aligned}}{_aligned(doc, c)}\end{{aligned}}$$" for c in chains)
 
 
 def markdown(spec: Spec, chains: Sequence[Chain]) -> str:
     """GitHub Markdown: $$ blocks of aligned LaTeX."""
-    doc = Document(spec, chains, latex=True)
+    doc = Document(spec, latex=True)
     out = [f"# {_title(spec)}", "", "<!-- written by `symattn derive`; do not edit -->", "", "Forward pass:", ""]
     out += ["$$", r"\begin{aligned}", " \\\\\n".join(f"{n} &= {v}" for n, v in doc.forward()), r"\end{aligned}", "$$"]
-    out += ["", NOTATION + (" " + PER_HEAD if doc.per_head else ""), ""]
+    out += ["", doc.notation(), ""]
     for c in chains:
         out += [
             f"## {_target_title(c, True)}",
@@ -165,16 +175,15 @@ def markdown(spec: Spec, chains: Sequence[Chain]) -> str:
 
 def text(spec: Spec, chains: Sequence[Chain]) -> str:
     """Plain unicode text, one equality per line, reasons in brackets."""
-    doc = Document(spec, chains, latex=False)
+    doc = Document(spec, latex=False)
     out = [_title(spec), "", "Forward pass:"]
     out += [f"  {name} = {value}" for name, value in doc.forward()]
-    out += ["", NOTATION + (" " + PER_HEAD if doc.per_head else "")]
+    out += ["", textwrap.fill(doc.notation(), width=100)]
     for c in chains:
         out += ["", _target_title(c, False), ""]
         rows = doc.lines(c)
-        width = max((len(left) for left, _, _ in rows), default=0)
-        for left, right, reason in rows:
-            sign = "=" if reason != "definition" else ":="
+        width = max((len(left) for left, *_ in rows), default=0)
+        for left, sign, right, reason in rows:
             out.append(f"  {left:>{width}} {sign} {right}    [{reason}]")
         head, named, closed = doc.result(c)
         out.append(f"  {head} = {named}" + (f" = {closed}" if closed != named else ""))

@@ -20,11 +20,12 @@ from sympy.matrices.expressions import (
     MatAdd,
     MatMul,
     OneMatrix,
+    Trace,
     Transpose,
     ZeroMatrix,
 )
 
-from symattn.ops import RowSum
+from symattn.ops import RowSum, SumEntries
 
 Rule = Callable[[Basic], "Basic | None"]
 CONSTANTS = (OneMatrix, ZeroMatrix, Identity)
@@ -188,6 +189,13 @@ def sort_commutative(e: Basic) -> Basic | None:
     return None
 
 
+def sum_of_transpose(e: Basic) -> Basic | None:
+    # sum(Aᵀ) → sum(A), tr(Aᵀ) → tr(A)
+    if isinstance(e, (SumEntries, Trace)) and isinstance(e.arg, Transpose):
+        return type(e)(e.arg.arg)
+    return None
+
+
 # Hadamard products.
 
 
@@ -297,6 +305,25 @@ def rowsum_of_product(e: Basic) -> Basic | None:
     return None
 
 
+def trace_of_product(e: Basic) -> Basic | None:
+    # tr(A B) → sum(A ⊙ Bᵀ)
+    if isinstance(e, Trace) and isinstance(e.arg, MatMul):
+        coeff, chain = split_product(e.arg)
+        if len(chain) >= 2:
+            rest = transposed(product(sp.Integer(1), chain[1:]))
+            return coeff * SumEntries(HadamardProduct(chain[0], rest))
+    return None
+
+
+def sum_of_product(e: Basic) -> Basic | None:
+    # sum(A B) → sum(A rowsum(B))
+    if isinstance(e, SumEntries) and isinstance(e.arg, MatMul):
+        coeff, chain = split_product(e.arg)
+        if len(chain) >= 2 and not is_column(chain[-1]):
+            return coeff * SumEntries(product(sp.Integer(1), [*chain[:-1], RowSum(chain[-1])]))
+    return None
+
+
 def _factor_common(e: Basic, side: int) -> Basic | None:
     """Group the terms of a sum that share their first (side 0) or last (side −1) factor."""
     if not isinstance(e, MatAdd):
@@ -344,12 +371,15 @@ REWRITES: tuple[Rule, ...] = (
     rowsum_scalar_out,
     rowsum_of_sum,
     fewer_transposes,
+    sum_of_transpose,
     sort_commutative,
 )
 
 COST_REWRITES: tuple[Rule, ...] = (
     rowsum_hadamard_transfer,
     rowsum_of_product,
+    trace_of_product,
+    sum_of_product,
     factor_common_left,
     factor_common_right,
 )

@@ -18,6 +18,7 @@ Printers turn each assignment into code; templates only lay the lines out.
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections import Counter
 from collections.abc import Callable, Iterable
@@ -379,6 +380,7 @@ def _simplified(backward_values: list[Assignment], forward: list[Assignment]) ->
     return out
 
 
+@functools.cache
 def schedule(name: str) -> Schedule:
     """The forward and backward schedule of the built-in spec called name."""
     spec_options, options = _options(name)

@@ -15,7 +15,7 @@ import sympy as sp
 from sympy import Basic, MatrixExpr, MatrixSymbol
 from sympy.matrices.expressions import HadamardProduct, MatAdd, MatMul, Trace, Transpose
 
-from symattn.cost import TYPICAL_SIZES, flops_value, order_products, subexpressions
+from symattn.cost import TYPICAL_SIZES, contains_matrices, flops_value, order_products, subexpressions
 from symattn.ops import SumEntries
 from symattn.rewrites import (
     CONSTANTS,
@@ -35,7 +35,9 @@ MAX_REWRITES_PER_NODE = 100
 
 
 def _walks_into(e: Basic) -> bool:
-    return isinstance(e, (MatrixExpr, SumEntries, Trace, sp.Tuple)) and not isinstance(e, (MatrixSymbol, *CONSTANTS))
+    if isinstance(e, (MatrixExpr, SumEntries, Trace)):
+        return not isinstance(e, (MatrixSymbol, *CONSTANTS))
+    return contains_matrices(e)
 
 
 # rules → {node: its fixpoint}; the rules are pure functions of a node, so results hold across calls

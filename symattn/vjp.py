@@ -9,8 +9,6 @@ docstring states the trace identity it implements.
 from __future__ import annotations
 
 from collections.abc import Callable
-from functools import reduce
-from operator import mul
 
 import sympy as sp
 from sympy import Basic, MatrixExpr
@@ -25,7 +23,6 @@ from sympy.matrices.expressions import (
     Trace,
     Transpose,
     ZeroMatrix,
-    hadamard_product,
 )
 
 from symattn.ops import Exp, Log, MergeHeads, RowSoftmax, RowSum, Sigmoid, SplitHeads, SumEntries, Tanh
@@ -47,9 +44,23 @@ def defvjp(*node_types: type) -> Callable[[VjpRule], VjpRule]:
     return register
 
 
+# Constructors that canonicalise one level only: SymPy's operators (*, +, -, ⊙) call a
+# deep doit(), which re-walks a shared (DAG) operand as a tree, exponentially often.
+
+
 def matmul(*factors: Basic) -> Basic:
     """Product of the factors, scalars first, flattened and canonical."""
-    return reduce(mul, factors)
+    return MatMul(*factors).doit(deep=False)
+
+
+def matadd(*terms: Basic) -> Basic:
+    """Sum of the terms, flattened and canonical."""
+    return MatAdd(*terms).doit(deep=False)
+
+
+def hadamard_product(*factors: Basic) -> Basic:
+    """Entrywise product, canonical (X ⊙ X becomes X^{∘2})."""
+    return HadamardProduct(*factors).doit(deep=False) if len(factors) > 1 else factors[0]
 
 
 def ones_like(a: MatrixExpr) -> OneMatrix:
@@ -120,8 +131,8 @@ def hadamard_power_vjp(node: HadamardPower, g: Basic) -> Cotangents:
     if p == 1:
         return [(base, g)]
     if p == 2:
-        return [(base, 2 * hadamard_product(g, base))]
-    return [(base, p * hadamard_product(g, HadamardPower(base, p - 1)))]
+        return [(base, matmul(2, hadamard_product(g, base)))]
+    return [(base, matmul(p, hadamard_product(g, HadamardPower(base, p - 1))))]
 
 
 @defvjp(Exp)
@@ -139,26 +150,26 @@ def log_vjp(node: Log, g: Basic) -> Cotangents:
 @defvjp(Tanh)
 def tanh_vjp(node: Tanh, g: Basic) -> Cotangents:
     """tr(Gᵀ d tanh(A)) = tr((G ⊙ (𝟏𝟏ᵀ − tanh(A)^{∘2}))ᵀ dA)."""
-    return [(node.arg, hadamard_product(g, ones_like(node) - HadamardPower(node, 2)))]
+    return [(node.arg, hadamard_product(g, matadd(ones_like(node), matmul(-1, HadamardPower(node, 2)))))]
 
 
 @defvjp(Sigmoid)
 def sigmoid_vjp(node: Sigmoid, g: Basic) -> Cotangents:
     """tr(Gᵀ dσ(A)) = tr((G ⊙ σ(A) ⊙ (𝟏𝟏ᵀ − σ(A)))ᵀ dA)."""
-    return [(node.arg, hadamard_product(g, node, ones_like(node) - node))]
+    return [(node.arg, hadamard_product(g, node, matadd(ones_like(node), matmul(-1, node))))]
 
 
 @defvjp(RowSoftmax)
 def row_softmax_vjp(node: RowSoftmax, g: Basic) -> Cotangents:
     """dP = P ⊙ (dA − (P ⊙ dA) 𝟏𝟏ᵀ), so tr(Gᵀ dP) = tr((P ⊙ (G − rowsum(G ⊙ P) 𝟏ᵀ))ᵀ dA)."""
     ones_row = OneMatrix(1, node.shape[1])
-    return [(node.arg, hadamard_product(node, g - RowSum(hadamard_product(g, node)) * ones_row))]
+    return [(node.arg, hadamard_product(node, matadd(g, matmul(-1, RowSum(hadamard_product(g, node)), ones_row))))]
 
 
 @defvjp(RowSum)
 def row_sum_vjp(node: RowSum, g: Basic) -> Cotangents:
     """tr(Gᵀ d(A 𝟏)) = tr((G 𝟏ᵀ)ᵀ dA): the n × 1 cotangent broadcast along each row."""
-    return [(node.arg, g * OneMatrix(1, node.arg.shape[1]))]
+    return [(node.arg, matmul(g, OneMatrix(1, node.arg.shape[1])))]
 
 
 # Head blocks.

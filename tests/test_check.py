@@ -137,6 +137,16 @@ def test_the_parser_refuses_anything_outside_the_language(formula, message):
         parse(formula, _names())
 
 
+@pytest.mark.parametrize(
+    "formula",
+    ["-" * 100_000 + "X", "(" * 1000 + "X" + ")" * 1000, "X" + ".T" * 100_000],
+    ids=["100000 minus signs", "1000 parentheses", "100000 transposes"],
+)
+def test_pathological_formulas_are_refused_cleanly(formula):
+    with pytest.raises(ParseError):
+        parse(formula, _names())
+
+
 def test_shape_mismatch_in_a_formula_names_both_shapes_and_the_column():
     with pytest.raises(sa.ShapeMismatchError, match=r"column 3.*\(n, d_model\) and \(n, d_v\)"):
         parse("X * G", _names())

@@ -51,7 +51,11 @@ def test_torch_printer_prints_every_node_as_working_torch():
         MergeHeads(SplitHeads(c, 2) * SplitHeads(c, 2).T * SplitHeads(c, 2), 2),
     ]
     rng = np.random.default_rng(0)
-    values = {"a": rng.normal(size=(2, 4, 4)), "b": rng.uniform(0.5, 1, size=(2, 4, 4)), "c": rng.normal(size=(2, 4, 6))}
+    values = {
+        "a": rng.normal(size=(2, 4, 4)),
+        "b": rng.uniform(0.5, 1, size=(2, 4, 4)),
+        "c": rng.normal(size=(2, 4, 6)),
+    }
     for expr in exprs:
         printer = TorchMatrixPrinter()
         text = printer.doprint(expr)
@@ -77,7 +81,12 @@ def test_attention_schedule_computes_each_value_once():
     backward = {str(a.target.name): a.value for a in sched.backward}
     assert list(forward) == ["A", "P", "O"]  # S = Q Kᵀ folded into A = scale·Q Kᵀ
     assert list(backward) == ["D", "dP", "dA", "dQ", "dK", "dV"]
-    softmaxes = [a for a in (*sched.forward, *sched.backward) for e in sp.preorder_traversal(a.value) if isinstance(e, RowSoftmax)]
+    softmaxes = [
+        a
+        for a in (*sched.forward, *sched.backward)
+        for e in sp.preorder_traversal(a.value)
+        if isinstance(e, RowSoftmax)
+    ]
     assert len(softmaxes) == 1  # P once, in the forward; the backward reads it
     assert {str(s) for s in sched.saved} >= {"Q", "K", "V", "P", "scale"}
     assert "A" not in {str(s) for s in sched.saved}

@@ -21,7 +21,7 @@ from symattn.cost import (
     peak_bytes,
     size_function,
 )
-from symattn.ops import RowSoftmax, RowSum, SplitHeads
+from symattn.ops import Exp, RowSoftmax, RowSum, SplitHeads
 
 n, m, k, h = (sp.Symbol(s, positive=True, integer=True) for s in ("n", "m", "k", "H"))
 A, B = MatrixSymbol("A", n, k), MatrixSymbol("B", k, m)
@@ -144,3 +144,21 @@ def test_generated_schedule_costs_twelve_n_squared_d():
     total = sp.expand((report.generated_forward + report.generated_backward).xreplace({m_: n_, dk: d, dv: d}))
     assert total.coeff(n_**2 * d) == 12
     assert sp.Poly(total - 12 * n_**2 * d, n_, d).total_degree() <= 2
+
+
+def test_entrywise_nodes_write_over_an_argument_that_dies_there():
+    # exp(A B): the product's buffer is reused, so one n × m buffer, not two
+    ab = MatMul(A, B)
+    sizes = {"n": 10, "m": 20, "k": 5}
+    assert peak_bytes(Exp(ab), sizes=sizes, itemsize=1) == 10 * 20
+    assert peak_bytes(Exp(ab), sizes=sizes, itemsize=1, in_place=False) == 2 * 10 * 20
+    # A B stays live when something else still reads it: no reuse
+    assert peak_bytes([Exp(ab), ab], sizes=sizes, itemsize=1) == 2 * 10 * 20
+
+
+def test_a_broadcast_column_allocates_nothing():
+    # rowsum(A B) 𝟏ᵀ is a broadcast view of the n × 1 row sums
+    ab = MatMul(A, B)
+    broadcast = MatMul(RowSum(ab), OneMatrix(1, m))
+    sizes = {"n": 10, "m": 20, "k": 5}
+    assert peak_bytes(MatAdd(ab, broadcast), sizes=sizes, itemsize=1) == 10 * 20 + 10

@@ -7,6 +7,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import sympy as sp
 
 import symattn as sa
 
@@ -36,3 +37,23 @@ def test_standalone_document_compiles_with_pdflatex(name, derivations, tmp_path)
     )
     assert run.returncode == 0, run.stdout[-3000:]
     assert (tmp_path / f"{name}.pdf").stat().st_size > 0
+
+
+@pytest.mark.skipif(shutil.which("pdflatex") is None, reason="pdflatex is not installed (Debian: texlive-latex-base)")
+def test_superscripted_names_under_transposes_and_powers_compile(tmp_path):
+    # W^{Q} under ᵀ, ∘2 and d(·): no double superscripts such as W^{Q}^{T}
+    n, d = sp.symbols("n d", positive=True, integer=True)
+    x, w = sp.MatrixSymbol("X", n, d), sp.MatrixSymbol("W_Q", d, d)
+    y = sp.HadamardPower(x * w, 2) + sa.tanh(x * w.T) + x * w * w.T
+    derivation = sa.derive(sa.Spec("powers", "(X W_Q)^∘2 + tanh(X W_Qᵀ) + X W_Q W_Qᵀ", (x, w), y))
+    assert derivation.verify().ok
+    (tmp_path / "powers.tex").write_text(derivation.latex(standalone=True), encoding="ascii")
+    run = subprocess.run(
+        ["pdflatex", "-interaction=nonstopmode", "-halt-on-error", "-no-shell-escape", "powers.tex"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert run.returncode == 0, run.stdout[-3000:]

@@ -221,10 +221,14 @@ def test_bad_inputs_raise_value_errors_naming_shapes(backend):
 
     with pytest.raises(ValueError, match=r"Q: expected shape \(\.\.\., n, H \* d_k\), got \(6,\)"):
         call(inputs[0][0, 0], *inputs[1:])
-    with pytest.raises(ValueError, match=r"K: expected shape \(\.\.\., m, H \* d_k\) = \(\.\.\., 7, 6\), got \(2, 7, 5\)"):
+    with pytest.raises(
+        ValueError, match=r"K: expected shape \(\.\.\., m, H \* d_k\) = \(\.\.\., 7, 6\), got \(2, 7, 5\)"
+    ):
         call(inputs[0], inputs[1][..., :5], *inputs[2:])
     with pytest.raises(ValueError, match=r"mixed dtypes: Q is (torch\.)?float64, K is (torch\.)?float32"):
         call(inputs[0], inputs[1].astype(np.float32), *inputs[2:])
+    with pytest.raises(ValueError, match=r"V: expected a floating-point"):
+        call(*inputs[:2], inputs[2].astype(np.int64), *inputs[3:])
     with pytest.raises(ValueError, match=r"batch dimensions of Q"):
         call(inputs[0], inputs[1][:1], *inputs[2:])
     with pytest.raises(ValueError, match=r"W_O: expected shape \(H \* d_k, H \* d_k\), got \(2, 6, 6\)"):
@@ -238,7 +242,7 @@ def test_bad_inputs_raise_value_errors_naming_shapes(backend):
 def test_numpy_backward_checks_grad_out():
     gen = module("attention", "numpy")
     q = np.ones((3, 4))
-    out, saved = gen.forward(q, q, q)
+    _, saved = gen.forward(q, q, q)
     with pytest.raises(ValueError, match=r"grad_out: expected shape \(3, 4\), got \(4, 3\)"):
         gen.backward(saved, np.ones((4, 3)))
     with pytest.raises(ValueError, match="mixed dtypes"):

@@ -157,3 +157,14 @@ def test_a_sharing_spelled_out_in_the_input_is_never_lost():
     ab = MatMul(a, b)
     expr = MatAdd(MatMul(ab, c), MatMul(ab, d))
     assert flops_value(simplify(expr)) <= flops_value(expr)
+
+
+def test_scalar_expressions_are_simplified_inside_sums_and_products(rng):
+    # 2 tr(A B Aᵀ) + sum(A B) = 2 sum(A ⊙ A Bᵀ) + sum(A rowsum(B)): one n³ product instead of three
+    a, b = LEAVES[0], LEAVES[1]
+    expr = 2 * sp.Trace(MatMul(a, b, Transpose(a))) + sa.sum(MatMul(a, b))
+    simple = simplify(expr)
+    assert flops_value(simple) < flops_value(expr)
+    values = [rng.standard_normal((5, 5)) for _ in LEAVES]
+    expected = sa.lambdify(LEAVES, expr)(*values)
+    np.testing.assert_allclose(sa.lambdify(LEAVES, simple)(*values), expected, rtol=1e-12)
