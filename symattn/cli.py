@@ -36,7 +36,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from symattn.codegen import default_out_dir, generate
 
     out = args.out if args.out is not None else default_out_dir()
-    stale = generate(args.spec, args.backend, args.variant, out, check=args.check)
+    try:
+        stale = generate(args.spec, args.backend, args.variant, out, check=args.check)
+    except OSError as err:  # an unwritable --out: one line, exit 2, every file left as it was
+        raise SymattnError(f"cannot write the generated modules to {out}: {err.strerror or err}") from None
     if args.check:
         for path in stale:
             print(f"stale: {path} (differs from what `symattn generate` renders; regenerate, do not edit)")

@@ -5,10 +5,12 @@ gradients (P, dP, dS) or already computed (``given``, e.g. the forward pass) is
 counted once, or not at all. Per node: a product of matrices costs 2·a·b·c per
 pairwise step (a product with a ones matrix is a row sum, a column times 𝟏ᵀ a
 broadcast), entrywise nodes one FLOP per entry (``ENTRY_FLOPS`` for softmax),
-transposes and head splits are free views. A flat ``MatMul`` is costed in its
-cheapest evaluation order, which ``order_products`` makes explicit by nesting.
-Nodes inside ``SplitHeads`` count once per head. Sizes are symbolic unless a table
-of sizes (``TYPICAL_SIZES``) is given.
+transposes, head splits and slices are free views, block matrices and head merges
+copies. A flat ``MatMul`` is costed in its cheapest evaluation order, which
+``order_products`` makes explicit by nesting. Nodes inside ``SplitHeads`` count once
+per head. Sizes are symbolic unless a table of sizes (``TYPICAL_SIZES``) is given.
+``peak_bytes`` replays the DAG in post-order, freeing each value after its last use
+and letting an entrywise node overwrite an argument that dies there.
 """
 
 from __future__ import annotations
@@ -19,12 +21,14 @@ from functools import cache
 import sympy as sp
 from sympy import Basic, MatrixExpr, MatrixSymbol
 from sympy.matrices.expressions import (
+    BlockMatrix,
     HadamardPower,
     HadamardProduct,
     Identity,
     MatAdd,
     MatMul,
     MatPow,
+    MatrixSlice,
     OneMatrix,
     Trace,
     Transpose,
@@ -39,7 +43,8 @@ TYPICAL_SIZES: dict[str, int] = {"n": 512, "m": 512, "d": 64, "d_k": 64, "d_v": 
 # FLOPs per entry of entrywise nodes: softmax = row max, subtract, exp, row sum, divide.
 ENTRY_FLOPS: dict[type, int] = {RowSoftmax: 5, Elementwise: 1, HadamardPower: 1}
 
-VIEWS = (Transpose, SplitHeads)  # nodes that allocate nothing (NumPy/torch views)
+VIEWS = (Transpose, SplitHeads, MatrixSlice)  # nodes that allocate nothing (NumPy/torch views)
+COPIES = (BlockMatrix, MergeHeads)  # nodes that move entries without arithmetic
 LEAVES = (MatrixSymbol, OneMatrix, ZeroMatrix, Identity)
 
 Sizes = Callable[[Basic], Basic]
@@ -185,7 +190,7 @@ def product_flops(node: MatMul, dim: Sizes) -> Basic:
 
 def node_flops(node: Basic, dim: Sizes) -> Basic:
     """FLOPs of one node given its arguments' values."""
-    if isinstance(node, (*LEAVES, *VIEWS, MergeHeads)) or not is_matrix_node(node):
+    if isinstance(node, (*LEAVES, *VIEWS, *COPIES, sp.MatrixBase)) or not is_matrix_node(node):
         return sp.Integer(0)
     heads = dim(multiplicity(node))
     if isinstance(node, MatMul):
@@ -224,8 +229,8 @@ def is_view(node: Basic) -> bool:
 
 def node_bytes(node: Basic, dim: Sizes, itemsize: int = 4) -> Basic:
     """Bytes a node's value allocates (views and inputs none)."""
-    if isinstance(node, LEAVES) or is_view(node) or not isinstance(node, MatrixExpr):
-        return sp.Integer(0)
+    if isinstance(node, (*LEAVES, sp.MatrixBase)) or is_view(node) or not isinstance(node, MatrixExpr):
+        return sp.Integer(0)  # an explicit matrix here is only the container of a block matrix's blocks
     return numel(node, dim) * itemsize
 
 
@@ -361,11 +366,13 @@ def _ordered_product(node: MatMul, dim: Sizes) -> Basic:
 
 def _scale_smallest(tree: MatMul, coeff: Basic, dim: Sizes) -> Basic:
     """Put c on the smaller outermost operand (so c (A B) keeps the shared A B), or on the result."""
-    candidates = [a for a in tree.args if not isinstance(a, LEAVES[1:])] + [tree]  # not onto 𝟏, 0 or I
-    target = min(candidates, key=lambda t: _as_number(dim(t.shape[0]) * dim(t.shape[1])))
-    if target is tree:
+    operands = [i for i, a in enumerate(tree.args) if not isinstance(a, LEAVES[1:])]  # not onto 𝟏, 0 or I
+    sizes = {i: _as_number(dim(tree.args[i].shape[0]) * dim(tree.args[i].shape[1])) for i in operands}
+    sizes[-1] = _as_number(dim(tree.shape[0]) * dim(tree.shape[1]))
+    target = min(sizes, key=lambda i: (sizes[i], i == -1))  # an operand (the first) on ties
+    if target == -1:
         return MatMul(coeff, *tree.args)
-    return MatMul(*(MatMul(coeff, a) if a is target else a for a in tree.args))
+    return MatMul(*(MatMul(coeff, a) if i == target else a for i, a in enumerate(tree.args)))
 
 
 def cost_report(name_or_spec, **options):

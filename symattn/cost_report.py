@@ -42,6 +42,7 @@ class CostReport:
     largest: tuple[tuple[str, Basic], ...]  # (name or expression, symbolic entries)
     generated_forward: Basic | None = None  # the generated schedule's, where code generation is present
     generated_backward: Basic | None = None
+    itemsize: int = 4  # bytes per entry of the peaks
 
     def text(self) -> str:
         """The report as aligned plain text."""
@@ -62,7 +63,7 @@ class CostReport:
             *(f"    {entries}: {what}" for what, entries in self.largest),
             "",
             "  sizes                                   forward GFLOP  backward GFLOP  as derived  "
-            "generated  peak fwd MiB  peak bwd MiB (float32)",
+            f"generated  peak fwd MiB  peak bwd MiB (float{8 * self.itemsize})",
         ]
         for row in self.rows:
             lines.append(
@@ -71,6 +72,10 @@ class CostReport:
                 f"{row['forward_peak'] / 2**20:14.1f}"
                 f"{row['backward_peak'] / 2**20:14.1f}"
             )
+        lines += [
+            "  (peaks: live temporaries, each freed after its last use and overwritten in place where an",
+            "  argument dies there; the forward's includes the values the backward reads, the backward's not)",
+        ]
         return "\n".join(lines)
 
 
@@ -124,6 +129,7 @@ def build_report(name_or_spec, sizes: Sequence[Mapping[str, int]] = REPORT_SIZES
         backward_derived=sp.expand(flops(gradients, given=[output])),
         rows=tuple(rows),
         largest=largest,
+        itemsize=itemsize,
         generated_forward=None if generated is None else sp.expand(flops(generated[0])),
         generated_backward=None if generated is None else sp.expand(flops(generated[1], given=generated[0])),
     )

@@ -18,9 +18,10 @@ import sympy as sp
 from sympy import Basic, MatrixSymbol
 from sympy.matrices.expressions import MatMul, OneMatrix, Transpose
 
+from symattn.dag import Assignment, factors
 from symattn.errors import SymattnError
 from symattn.ops import Exp, RowSoftmax
-from symattn.schedule import Assignment, Schedule, _factors
+from symattn.schedule import Schedule
 
 BLOCK_SIZE = 128  # default query rows per block: 128 × m temporaries (2 MiB each at m = 4096, float32)
 BLOCK_ROWS = sp.Symbol("b", positive=True, integer=True)
@@ -61,8 +62,8 @@ def plan(sched: Schedule) -> Plan:
         raise SymattnError(f"spec {sched.spec.name}: the memory-efficient variant needs one row softmax")
     i = where[0]
     a_def, p_def, o_def = forward[i - 1], forward[i], forward[i + 1]
-    _, a_mats = _factors(a_def.value) if isinstance(a_def.value, MatMul) else (1, [])
-    _, o_mats = _factors(o_def.value) if isinstance(o_def.value, MatMul) else (1, [])
+    _, a_mats = factors(a_def.value) if isinstance(a_def.value, MatMul) else (1, [])
+    _, o_mats = factors(o_def.value) if isinstance(o_def.value, MatMul) else (1, [])
     if (
         p_def.value.arg != a_def.target
         or len(a_mats) != 2
@@ -83,7 +84,8 @@ def plan(sched: Schedule) -> Plan:
         return blocks.setdefault(x, MatrixSymbol(f"{x.name}_b", BLOCK_ROWS, x.shape[1]))
 
     def in_block(expr: Basic) -> Basic:
-        return expr.xreplace({x: block(x) for x in expr.atoms(MatrixSymbol) if row_local(x)})
+        local = sorted((x for x in expr.atoms(MatrixSymbol) if row_local(x)), key=str)  # a fixed order: same bytes
+        return expr.xreplace({x: block(x) for x in local})
 
     # Forward: A_b; P_b and L_b together; O_b. O and L are collected.
     floop = Loop(rows_of=str(query.name), softmax=(block(p_def.target), block(lse), block(a_def.target)))
@@ -106,7 +108,7 @@ def plan(sched: Schedule) -> Plan:
     inside: list[Assignment] = []
     for a in sched.backward:
         reads = a.value.atoms(MatrixSymbol)
-        _, mats = _factors(a.value) if isinstance(a.value, MatMul) else (1, [])
+        _, mats = factors(a.value) if isinstance(a.value, MatMul) else (1, [])
         # n × m values (dP = dO Vᵀ) are made block by block too, never whole
         if reads & (summed | later) or not (reads & propagating or a.target.shape == p_def.target.shape):
             if reads & (summed | later):

@@ -242,6 +242,20 @@ def product_with_ones(e: Basic) -> Basic | None:
     return None
 
 
+def ones_times_ones(e: Basic) -> Basic | None:
+    # 𝟏_{a×b} 𝟏_{b×c} → b 𝟏_{a×c} (after a matrix X, X 𝟏 is a row sum first: product_with_ones)
+    if not isinstance(e, MatMul):
+        return None
+    coeff, factors = split_product(e)
+    for i in range(len(factors) - 1):
+        left, right = factors[i], factors[i + 1]
+        after_matrix = i > 0 and not is_column(factors[i - 1])
+        if isinstance(left, OneMatrix) and isinstance(right, OneMatrix) and not after_matrix:
+            merged = OneMatrix(left.shape[0], right.shape[1])
+            return product(coeff * left.shape[1], [*factors[:i], merged, *factors[i + 2 :]])
+    return None
+
+
 def rowsum_of_column(e: Basic) -> Basic | None:
     # rowsum(x) → x for an n × 1 column x
     if isinstance(e, RowSum) and is_column(e.arg):
@@ -365,6 +379,7 @@ REWRITES: tuple[Rule, ...] = (
     hadamard_scalar_out,
     collect_like_terms,
     common_scalar_out,
+    ones_times_ones,
     product_with_ones,
     rowsum_of_column,
     rowsum_of_broadcast,

@@ -20,17 +20,19 @@ from __future__ import annotations
 
 import functools
 import itertools
-from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import sympy as sp
 from sympy import Basic, MatrixExpr, MatrixSymbol
-from sympy.matrices.expressions import BlockMatrix, MatMul, OneMatrix, Transpose
+from sympy.matrices.expressions import MatMul
 
+from symattn.dag import Assignment, Names, count_uses, expand, factors, is_trivial, is_weight, product, typical_size
 from symattn.grad import backward
-from symattn.ops import RowSum
+from symattn.passes import fold_scalar_multiples, fuse_projections, name_constants, name_row_sums
 from symattn.specs import Spec, dim, spec
+
+__all__ = ["Assignment", "Binding", "Option", "Schedule", "is_weight", "product", "schedule", "typical_size"]
 
 
 def simplifier(given: list[Basic]) -> Callable[[Basic], Basic]:
@@ -46,10 +48,7 @@ def simplifier(given: list[Basic]) -> Callable[[Basic], Basic]:
     return lambda expr: expand(simplify(expr, given=given), {})
 
 
-SEED = "grad_out"
-# Typical sizes of the dimensions, for choosing between equal forms (cost) and where a scalar goes.
-TYPICAL_SIZES = {"n": 1024, "m": 1024, "H": 8, "b": 128}
-TYPICAL_OTHER = 64  # name of the output's cotangent in generated code
+SEED = "grad_out"  # name of the output's cotangent in generated code
 
 
 @dataclass(frozen=True)
@@ -69,16 +68,6 @@ class Binding:
     input: str
     axis: int
     divisor: Basic | None = None
-
-
-@dataclass(frozen=True)
-class Assignment:
-    """target = value; a weight's gradient is summed over leading batch dimensions."""
-
-    target: MatrixSymbol
-    value: Basic
-    reduce_batch: bool = False
-    comment: str = ""
 
 
 @dataclass(frozen=True)
@@ -116,11 +105,6 @@ def _options(name: str) -> tuple[dict, tuple[Option, ...]]:
     return {}, ()
 
 
-def is_weight(symbol: MatrixSymbol) -> bool:
-    """Weights are the inputs named W_… (CONTRACT.md); they carry no batch dimensions."""
-    return str(symbol.name).startswith("W_")
-
-
 def _bindings(inputs: Iterable[MatrixSymbol], known: set) -> tuple[Binding, ...]:
     """Read every dimension off the first input axis that determines it."""
     known = set(known)
@@ -144,95 +128,10 @@ def _bindings(inputs: Iterable[MatrixSymbol], known: set) -> tuple[Binding, ...]
     return tuple(found)
 
 
-# Hash-consing: original subexpression -> name, products matched as runs of factors.
-
-
-def _factors(expr: Basic) -> tuple[Basic, list[Basic]]:
-    scalars = [a for a in expr.args if not isinstance(a, MatrixExpr)]
-    return sp.Mul(*scalars), [a for a in expr.args if isinstance(a, MatrixExpr)]
-
-
-def product(coeff: Basic, factors: list[Basic]) -> Basic:
-    """coeff · F₁ ⋯ F_k as one flat MatMul (a single factor stays itself)."""
-    flat: list[Basic] = []
-    for f in factors:
-        if isinstance(f, MatMul):
-            c, inner = _factors(f)
-            coeff, flat = coeff * c, [*flat, *inner]
-        else:
-            flat.append(f)
-    if coeff == 1 and len(flat) == 1:
-        return flat[0]
-    return MatMul(*([coeff] if coeff != 1 else []), *flat)
-
-
-class Names:
-    """A table from subexpressions (as derived) to the symbols that name them."""
-
-    def __init__(self) -> None:
-        self.table: dict[Basic, Basic] = {}
-
-    def add(self, expr: Basic, symbol: MatrixSymbol) -> None:
-        self.table[expr] = symbol
-        self.table.setdefault(expr.T, symbol.T)
-
-    def substitute(self, expr: Basic, skip: Basic | None = None) -> Basic:
-        """expr with every named subexpression (but skip) replaced by its name."""
-        if expr in self.table and expr != skip:
-            return self.table[expr]
-        if not expr.args or isinstance(expr, MatrixSymbol):
-            return expr
-        if isinstance(expr, MatMul):
-            return self._substitute_product(expr, skip)
-        return expr.func(*(self.substitute(a, skip) for a in expr.args))
-
-    def _substitute_product(self, expr: MatMul, skip: Basic | None) -> Basic:
-        coeff, mats = _factors(expr)
-        runs = sorted(
-            ((k, v) for k, v in self.table.items() if isinstance(k, MatMul) and k != skip),
-            key=lambda kv: -len(kv[0].args),
-        )
-        out: list[Basic] = []
-        i = 0
-        while i < len(mats):
-            for key, name in runs:
-                c, run = _factors(key)
-                if len(run) > 1 and tuple(mats[i : i + len(run)]) == tuple(run):
-                    coeff = coeff / c
-                    out.append(name)
-                    i += len(run)
-                    break
-            else:
-                out.append(self.substitute(mats[i], skip))
-                i += 1
-        return product(coeff, out)
-
-
-def typical_size(size: Basic) -> int:
-    """A dimension at typical sizes: sequence lengths n, m long, heads few, features short."""
-    size = sp.sympify(size)
-    return int(size.xreplace({s: TYPICAL_SIZES.get(s.name, TYPICAL_OTHER) for s in size.free_symbols}))
-
-
-def _is_trivial(expr: Basic) -> bool:
-    if isinstance(expr, Transpose):
-        expr = expr.arg
-    return isinstance(expr, (MatrixSymbol, OneMatrix)) or not isinstance(expr, MatrixExpr)
-
-
-def _uses(values: Iterable[Basic]) -> Counter:
-    """How often each subexpression occurs across the values (every occurrence counted)."""
-    counts: Counter = Counter()
-    for v in values:
-        for node in sp.preorder_traversal(v):
-            counts[node] += 1
-    return counts
-
-
 def _shared(values: list[Basic]) -> Basic | None:
     """The largest non-trivial subexpression used at least twice, if any."""
-    counts = _uses(values)
-    shared = [e for e, c in counts.items() if c > 1 and not _is_trivial(e) and isinstance(e, MatrixExpr)]
+    counts = count_uses(values)
+    shared = [e for e, c in counts.items() if c > 1 and not is_trivial(e) and isinstance(e, MatrixExpr)]
     if not shared:
         return None
     return max(shared, key=lambda e: (sp.count_ops(e), str(e)))
@@ -240,7 +139,7 @@ def _shared(values: list[Basic]) -> Basic | None:
 
 def _product_name(expr: Basic) -> str:
     """An identifier for the cotangent of an unnamed product such as Q W_Q: dQW_Q."""
-    _, mats = _factors(expr) if isinstance(expr, MatMul) else (1, [expr])
+    _, mats = factors(expr) if isinstance(expr, MatMul) else (1, [expr])
     if all(isinstance(m, MatrixSymbol) for m in mats):
         return "d" + "".join(str(m.name) for m in mats)
     return ""
@@ -265,37 +164,14 @@ def _order(assignments: list[Assignment]) -> list[Assignment]:
     return placed
 
 
-def _fold_scalar_multiples(forward: list[Assignment], keep: set) -> list[Assignment]:
-    """Fold S into A when A = c·S and S is used nowhere else: one n × m pass fewer.
-
-    (The printer then puts c on the smaller factor: A = (c·Q) Kᵀ.)
-    """
-    while True:
-        counts = _uses([a.value for a in forward])
-        for a in forward:
-            if a.target in keep or counts[a.target] != 1:
-                continue
-            user = next((b for b in forward if isinstance(b.value, MatMul) and a.target in b.value.args), None)
-            if user is None:
-                continue
-            coeff, mats = _factors(user.value)
-            if mats != [a.target]:
-                continue
-            merged = product(coeff, [a.value])
-            forward = [Assignment(b.target, merged) if b is user else b for b in forward if b is not a]
-            break
-        else:
-            return forward
-
-
 def cost(expr: Basic) -> int:
     """Multiply-adds and entrywise operations of expr at typical sizes, each distinct node once."""
     total = 0
     for node in set(sp.preorder_traversal(expr)):
-        if not isinstance(node, MatrixExpr) or _is_trivial(node):
+        if not isinstance(node, MatrixExpr) or is_trivial(node):
             continue
         if isinstance(node, MatMul):
-            _, mats = _factors(node)
+            _, mats = factors(node)
             rows = typical_size(mats[0].shape[0])
             for left, right in itertools.pairwise(mats):
                 total += rows * typical_size(left.shape[1]) * typical_size(right.shape[1])
@@ -305,18 +181,18 @@ def cost(expr: Basic) -> int:
     return total
 
 
-def _sweep(forward: list[Assignment], inputs: tuple, seed: MatrixSymbol) -> tuple[list, dict, dict]:
+def _sweep(forward: list[Assignment], inputs: tuple, seed: MatrixSymbol) -> tuple[list[Assignment], dict[Basic, str]]:
     """Reverse mode over the named forward assignments, one VJP per assignment.
 
     Returns the backward assignments (cotangent d<name> of each intermediate that
-    receives one, and the gradient of each input), the cotangent symbol of every
-    forward target, and names for the cotangents of unnamed interior products.
+    receives one, and the gradient of each input) and names for the cotangents of
+    unnamed interior products (dQW_Q for Q W_Q inside split_heads(Q W_Q)).
     """
     named = Names()
     for a in forward:
         named.add(a.value, a.target)
     contributions: dict[Basic, list[Basic]] = {forward[-1].target: [seed]}
-    cotangent_of: dict[Basic, Basic] = {}
+    targets = {a.target for a in forward}
     interior: dict[Basic, str] = {}
     assignments: list[Assignment] = []
 
@@ -325,7 +201,7 @@ def _sweep(forward: list[Assignment], inputs: tuple, seed: MatrixSymbol) -> tupl
         if not terms:
             return None
         total = terms[0] if len(terms) == 1 else sp.MatAdd(*terms).doit(deep=False)
-        if _is_trivial(total):
+        if is_trivial(total):
             return total
         symbol = MatrixSymbol("d" + str(target.name), *target.shape)
         assignments.append(Assignment(symbol, total, reduce_batch=is_weight(target)))
@@ -335,8 +211,7 @@ def _sweep(forward: list[Assignment], inputs: tuple, seed: MatrixSymbol) -> tupl
         g = collect(a.target)
         if g is None:
             continue
-        cotangent_of[a.target] = g
-        wrt = [x for x in a.value.atoms(MatrixSymbol) if x in inputs or x in cotangent_of or _is_target(x, forward)]
+        wrt = [x for x in a.value.atoms(MatrixSymbol) if x in inputs or x in targets]
         tape = backward(a.value, wrt, g)
         for node, cot in tape.cotangents.items():
             if isinstance(node, MatMul) and node not in wrt and _product_name(node):
@@ -346,14 +221,10 @@ def _sweep(forward: list[Assignment], inputs: tuple, seed: MatrixSymbol) -> tupl
                 contributions.setdefault(x, []).append(named.substitute(tape.gradients[x]))
     for x in inputs:
         if contributions.get(x):
-            cotangent_of[x] = collect(x)
+            collect(x)
         else:
             assignments.append(Assignment(MatrixSymbol("d" + str(x.name), *x.shape), sp.ZeroMatrix(*x.shape)))
-    return assignments, cotangent_of, interior
-
-
-def _is_target(x: Basic, forward: list[Assignment]) -> bool:
-    return any(a.target == x for a in forward)
+    return assignments, interior
 
 
 def _simplified(backward_values: list[Assignment], forward: list[Assignment]) -> list[Assignment]:
@@ -398,10 +269,10 @@ def schedule(name: str) -> Schedule:
         forward.append(Assignment(target, names.substitute(expr)))
         names.add(expr, target)
     output = names.table[s.output]
-    forward = _needed_forward(_fold_scalar_multiples(forward, {output}), output)
+    forward = _needed_forward(fold_scalar_multiples(forward, {output}), output)
 
     # Backward: one VJP per forward assignment, then the simplifier's cheaper forms.
-    backward_values, _, interior = _sweep(forward, s.inputs, seed)
+    backward_values, interior = _sweep(forward, s.inputs, seed)
     backward_values = _simplified(backward_values, forward)
     gradients = [(str(x.name), MatrixSymbol("d" + str(x.name), *x.shape)) for x in s.inputs]
 
@@ -419,12 +290,12 @@ def schedule(name: str) -> Schedule:
             Assignment(a.target, local.substitute(a.value), a.reduce_batch, a.comment) for a in backward_values
         ]
         backward_values.append(Assignment(target, shared))
-    backward_values = _order(_name_row_sums(backward_values))
+    backward_values = _order(name_row_sums(backward_values))
 
     # Keep what the gradients read; save what the backward reads.
     needed = _needed(backward_values, {t for _, t in gradients})
     backward_values = [a for a in backward_values if a.target in needed]
-    constants, forward, backward_values = _name_constants(forward, backward_values, {o.symbol for o in options})
+    constants, forward, backward_values = name_constants(forward, backward_values, {o.symbol for o in options})
     forward, backward_values = fuse_projections(forward, backward_values)
     forward_targets = {a.target for a in forward}
     read_back = set().union(*(a.value.free_symbols for a in backward_values)) - {a.target for a in backward_values}
@@ -446,133 +317,10 @@ def schedule(name: str) -> Schedule:
     )
 
 
-def fuse_projections(forward: list[Assignment], backward: list[Assignment]) -> tuple[list, list]:
-    """One product of X with [W_Q | W_K | W_V] instead of three, forward and backward.
-
-    Forward: QKV = X W_QKV, W_QKV = [W_Q | W_K | W_V], and Q, K, V its column blocks.
-    Backward: dX = dQ W_Qᵀ + dK W_Kᵀ + dV W_Vᵀ = [dQ | dK | dV] W_QKVᵀ, and
-    dW_QKV = Xᵀ [dQ | dK | dV] holds dW_Q, dW_K, dW_V as column blocks.
-    """
-    groups: dict[Basic, list[Assignment]] = {}
-    for a in forward:
-        coeff, mats = _factors(a.value) if isinstance(a.value, MatMul) else (0, [])
-        if coeff == 1 and len(mats) == 2 and not is_weight(mats[0]) and is_weight(mats[1]):
-            groups.setdefault(mats[0], []).append(a)
-    for x, group in groups.items():
-        if len(group) < 2:
-            continue
-        label = "".join(str(a.target.name) for a in group)
-        weights = [_factors(a.value)[1][1] for a in group]
-        w_all = MatrixSymbol("W_" + label, x.shape[1], sum(w.shape[1] for w in weights))
-        fused = MatrixSymbol(label, x.shape[0], w_all.shape[1])
-        columns, start = [], sp.Integer(0)
-        for w in weights:
-            columns.append((start, start + w.shape[1]))
-            start += w.shape[1]
-        made = [Assignment(w_all, BlockMatrix([weights])), Assignment(fused, x * w_all)]
-        made += [Assignment(a.target, fused[:, c0:c1]) for a, (c0, c1) in zip(group, columns)]
-        first = forward.index(group[0])
-        forward = [*forward[:first], *made, *(a for a in forward[first:] if a not in group)]
-        backward = _fuse_backward(backward, x, weights, w_all, label, columns)
-    return forward, backward
-
-
-def _fuse_backward(backward: list[Assignment], x, weights, w_all, label: str, columns) -> list[Assignment]:
-    """dX = Σ G_i W_iᵀ → [G_1 | … ] W_allᵀ, and dW_i = Xᵀ G_i → column blocks of Xᵀ [G_1 | … ]."""
-    d_fused = MatrixSymbol("d" + label, x.shape[0], w_all.shape[1])
-    cotangents: dict[Basic, Basic] = {}
-    for a in backward:
-        if isinstance(a.value, sp.MatAdd):
-            for term in a.value.args:
-                coeff, mats = _factors(term) if isinstance(term, MatMul) else (0, [])
-                if coeff == 1 and len(mats) == 2 and isinstance(mats[1], Transpose) and mats[1].arg in weights:
-                    cotangents[mats[1].arg] = mats[0]
-            if len(cotangents) == len(weights) and len(a.value.args) == len(weights):
-                total = a
-                break
-            cotangents = {}
-    else:
-        return backward
-    blocks = [cotangents[w] for w in weights]
-    d_weights = {}
-    for a in backward:
-        coeff, mats = _factors(a.value) if isinstance(a.value, MatMul) else (0, [])
-        if coeff == 1 and mats[:1] == [x.T] and len(mats) == 2 and mats[1] in blocks:
-            d_weights[mats[1]] = a
-    out: list[Assignment] = []
-    for a in backward:
-        if a is total:
-            out.append(Assignment(d_fused, BlockMatrix([blocks])))
-            out.append(Assignment(a.target, d_fused * w_all.T, a.reduce_batch))
-        elif a in d_weights.values() and len(d_weights) == len(blocks):
-            if a is next(iter(d_weights.values())):
-                d_all = MatrixSymbol("d" + str(w_all.name), *w_all.shape)
-                out.append(Assignment(d_all, x.T * d_fused, reduce_batch=True))
-            g = mats_block(a.value)
-            c0, c1 = columns[blocks.index(g)]
-            out.append(Assignment(a.target, MatrixSymbol("d" + str(w_all.name), *w_all.shape)[:, c0:c1]))
-        else:
-            out.append(a)
-    return out
-
-
-def mats_block(value: Basic) -> Basic:
-    """G in Xᵀ G."""
-    return _factors(value)[1][1]
-
-
-def _name_row_sums(backward: list[Assignment]) -> list[Assignment]:
-    """Name each row sum inside a larger value: D = rowsum(dO ⊙ O), an n × 1 column (FlashAttention's D)."""
-    sums: list[Basic] = []
-    for a in backward:
-        for node in sp.preorder_traversal(a.value):
-            if isinstance(node, RowSum) and node != a.value and node not in sums:
-                sums.append(node)
-    labels = ["D"] if len(sums) == 1 else [f"D{i}" for i in range(1, len(sums) + 1)]
-    table = {node: MatrixSymbol(label, *node.shape) for node, label in zip(sums, labels)}
-    renamed = [Assignment(a.target, a.value.xreplace(table), a.reduce_batch, a.comment) for a in backward]
-    return [Assignment(symbol, node) for node, symbol in table.items()] + renamed
-
-
 def _needed_forward(forward: list[Assignment], output: MatrixSymbol) -> list[Assignment]:
     """The forward assignments the output depends on (S disappears once folded into A)."""
     keep = _needed(forward, {output})
     return [a for a in forward if a.target in keep]
-
-
-def _name_constants(forward: list[Assignment], backward: list[Assignment], taken: set) -> tuple:
-    """Name each compound scalar factor (1/√d_k → scale) once, so it is computed once."""
-    found: list[Basic] = []
-    for a in forward + backward:
-        for node in sp.preorder_traversal(a.value):
-            if isinstance(node, MatMul):
-                coeff, _ = _factors(node)
-                if coeff.free_symbols and not coeff.is_Symbol and coeff not in found:
-                    found.append(coeff)
-    labels = iter(["scale", *(f"c{i}" for i in range(1, len(found) + 1))])
-    constants = []
-    for c in found:
-        label = next(label for label in labels if sp.Symbol(label) not in {t.name for t in taken})
-        constants.append((sp.Symbol(label, real=True), c))
-    table = {c: s for s, c in constants}
-
-    def rename(a: Assignment) -> Assignment:
-        return Assignment(a.target, a.value.xreplace(table), a.reduce_batch, a.comment)
-
-    return tuple(constants), [rename(a) for a in forward], [rename(a) for a in backward]
-
-
-def expand(expr: Basic, definitions: dict[Basic, Basic]) -> Basic:
-    """expr with each symbol in definitions replaced by its definition, products flattened."""
-    if expr in definitions:
-        return definitions[expr]
-    if not expr.args or isinstance(expr, MatrixSymbol):
-        return expr
-    args = [expand(a, definitions) for a in expr.args]
-    if isinstance(expr, MatMul):
-        coeff, mats = _factors(MatMul(*args))
-        return product(coeff, mats)
-    return expr.func(*args)
 
 
 def _needed(assignments: list[Assignment], roots: set) -> set:

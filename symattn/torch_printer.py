@@ -23,9 +23,9 @@ import sympy as sp
 from sympy import Basic, MatrixExpr
 from sympy.matrices.expressions import HadamardProduct, MatAdd, MatMul, OneMatrix, Transpose
 
+from symattn.dag import typical_size as schedule_size
 from symattn.errors import SymattnError
 from symattn.printers import NUMPY_HELPERS, NumPyMatrixPrinter, _split_sign
-from symattn.schedule import typical_size as schedule_size
 
 GENERATED_NUMPY_HELPERS = {
     **NUMPY_HELPERS,

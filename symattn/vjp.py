@@ -24,6 +24,7 @@ from sympy.matrices.expressions import (
     Transpose,
     ZeroMatrix,
 )
+from sympy.matrices.expressions.hadamard import canonicalize as hadamard_canonical
 
 from symattn.ops import Exp, Log, MergeHeads, RowSoftmax, RowSum, Sigmoid, SplitHeads, SumEntries, Tanh
 
@@ -44,23 +45,53 @@ def defvjp(*node_types: type) -> Callable[[VjpRule], VjpRule]:
     return register
 
 
-# Constructors that canonicalise one level only: SymPy's operators (*, +, -, ⊙) call a
-# deep doit(), which re-walks a shared (DAG) operand as a tree, exponentially often.
+# Constructors that canonicalise the new node only, as SymPy's canonical forms do. SymPy's
+# operators (*, +, -, .T) and its sum canonicaliser call a deep doit(), which re-walks a
+# shared (DAG) operand as a tree: exponential time on deep or shared graphs.
 
 
 def matmul(*factors: Basic) -> Basic:
-    """Product of the factors, scalars first, flattened and canonical."""
+    """Product of the factors, scalars first, flattened and canonical; c (A + B) = c A + c B for rational c."""
+    mats = [f for f in factors if isinstance(f, MatrixExpr)]
+    coeff = sp.Mul(*(f for f in factors if not isinstance(f, MatrixExpr)))
+    if len(mats) == 1 and isinstance(mats[0], MatAdd) and coeff.is_Rational and coeff != 1:
+        return MatAdd(*(matmul(coeff, term) for term in mats[0].args))
     return MatMul(*factors).doit(deep=False)
 
 
 def matadd(*terms: Basic) -> Basic:
-    """Sum of the terms, flattened and canonical."""
-    return MatAdd(*terms).doit(deep=False)
+    """Sum of the terms: flattened, zeros dropped, c₁M + c₂M = (c₁ + c₂)M, terms in canonical order."""
+    coefficients: dict[Basic, Basic] = {}
+    for term in terms:
+        for t in term.args if isinstance(term, MatAdd) else (term,):
+            if isinstance(t, ZeroMatrix):
+                continue
+            coeff, mat = t.as_coeff_mmul()
+            mat = mat.args[0] if len(mat.args) == 1 else mat
+            coefficients[mat] = coefficients.get(mat, 0) + coeff
+    args = [mat if c == 1 else matmul(c, mat) for mat, c in coefficients.items() if c != 0]
+    if not args:
+        return ZeroMatrix(*terms[0].shape)
+    return args[0] if len(args) == 1 else MatAdd(*sorted(args, key=sp.default_sort_key))
+
+
+def transpose(a: Basic) -> Basic:
+    """aᵀ pushed through products, sums and entrywise nodes: (AB)ᵀ = BᵀAᵀ, (A + B)ᵀ = Aᵀ + Bᵀ, (Aᵀ)ᵀ = A."""
+    if isinstance(a, MatMul):
+        coeff, mats = a.as_coeff_matrices()
+        return matmul(coeff, *(transpose(m) for m in reversed(mats)))
+    if isinstance(a, MatAdd):
+        return matadd(*(transpose(t) for t in a.args))
+    if isinstance(a, HadamardProduct):
+        return HadamardProduct(*(transpose(f) for f in a.args))
+    if isinstance(a, (HadamardPower, MatPow)):
+        return type(a)(transpose(a.args[0]), a.args[1])
+    return Transpose(a).doit(deep=False)
 
 
 def hadamard_product(*factors: Basic) -> Basic:
-    """Entrywise product, canonical (X ⊙ X becomes X^{∘2})."""
-    return HadamardProduct(*factors).doit(deep=False) if len(factors) > 1 else factors[0]
+    """Entrywise product, canonical (flattened, sorted, X ⊙ X becomes X^{∘2})."""
+    return hadamard_canonical(HadamardProduct(*factors)) if len(factors) > 1 else factors[0]
 
 
 def ones_like(a: MatrixExpr) -> OneMatrix:
@@ -79,7 +110,7 @@ def sum_vjp(node: MatAdd, g: Basic) -> Cotangents:
 @defvjp(Transpose)
 def transpose_vjp(node: Transpose, g: Basic) -> Cotangents:
     """tr(Gᵀ dAᵀ) = tr(dA G) = tr((Gᵀ)ᵀ dA): A receives Gᵀ."""
-    return [(node.arg, g.T)]
+    return [(node.arg, transpose(g))]
 
 
 @defvjp(MatMul)
@@ -94,12 +125,12 @@ def product_vjp(node: MatMul, g: Basic) -> Cotangents:
     coeff = sp.Mul(*scalars)
     out: Cotangents = []
     for i, factor in enumerate(mats):
-        left = [f.T for f in reversed(mats[:i])]
-        right = [f.T for f in reversed(mats[i + 1 :])]
+        left = [transpose(f) for f in reversed(mats[:i])]
+        right = [transpose(f) for f in reversed(mats[i + 1 :])]
         out.append((factor, matmul(coeff, *left, g, *right)))
     for i, s in enumerate(scalars):
         rest = sp.Mul(*(scalars[:i] + scalars[i + 1 :]))
-        out.append((s, Trace(matmul(rest, g.T, *mats))))
+        out.append((s, Trace(matmul(rest, transpose(g), *mats))))
     return out
 
 

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -207,6 +210,10 @@ def test_generate_rejects_bad_arguments_with_one_line(capsys):
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "nope" in err
     assert main(["generate", "--backend", "jax"]) == 2
+    capsys.readouterr()
+    assert main(["generate", "--out", "/proc/no-such-folder"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "cannot write the generated modules" in err
 
 
 def test_written_module_imports_from_any_folder(tmp_path):
@@ -216,3 +223,13 @@ def test_written_module_imports_from_any_folder(tmp_path):
     spec.loader.exec_module(mod)
     out, saved = mod.forward(np.ones((3, 4)), np.eye(4), np.eye(4), np.eye(4)[:, :2])
     assert out.shape == (3, 2) and set(mod.backward(saved, np.ones((3, 2)))) == {"X", "W_Q", "W_K", "W_V"}
+
+
+@pytest.mark.parametrize("hash_seed", ["1", "2"])
+def test_generated_bytes_do_not_depend_on_hash_randomisation(hash_seed):
+    # set iteration order changes with PYTHONHASHSEED; the generated files must not
+    env = {**os.environ, "PYTHONHASHSEED": hash_seed}
+    done = subprocess.run(
+        [sys.executable, "-m", "symattn", "generate", "--check"], env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stdout + done.stderr

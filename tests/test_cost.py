@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import sympy as sp
 from sympy import MatrixSymbol
-from sympy.matrices.expressions import HadamardProduct, MatAdd, MatMul, OneMatrix, Transpose
+from sympy.matrices.expressions import BlockMatrix, HadamardProduct, MatAdd, MatMul, MatrixSlice, OneMatrix, Transpose
 
 import symattn as sa
 from symattn.cli import main
@@ -162,3 +162,21 @@ def test_a_broadcast_column_allocates_nothing():
     broadcast = MatMul(RowSum(ab), OneMatrix(1, m))
     sizes = {"n": 10, "m": 20, "k": 5}
     assert peak_bytes(MatAdd(ab, broadcast), sizes=sizes, itemsize=1) == 10 * 20 + 10
+
+
+def test_block_matrices_move_entries_and_slices_are_views():
+    # [A | A2] costs no FLOPs (a copy of n·2k entries); a slice of it is a view
+    a2 = MatrixSymbol("A2", n, k)
+    block = BlockMatrix([[A, a2]])
+    sizes = {"n": 10, "m": 20, "k": 5}
+    assert flops(block) == 0
+    assert peak_bytes(block, sizes=sizes, itemsize=1) == 10 * 2 * 5
+    assert flops(MatMul(MatrixSlice(block, (0, n, 1), (0, k, 1)), B)) == 2 * n * k * m
+
+
+def test_a_scalar_lands_on_one_operand_of_a_square(rng):
+    # (3/2) B B: the scalar scales one factor, not both copies of B
+    b = MatrixSymbol("B", n, n)
+    ordered = order_products(MatMul(sp.Rational(3, 2), b, b))
+    value = rng.standard_normal((4, 4))
+    np.testing.assert_allclose(sa.lambdify([b], ordered)(value), 1.5 * value @ value)

@@ -48,6 +48,7 @@ CASES = {
     "hadamard_with_zero": HadamardProduct(A, ZeroMatrix(n, k)),  # A ⊙ 0 = 0
     "hadamard_scalar_out": HadamardProduct(MatMul(3, A), MatMul(c, A2)),  # 3A ⊙ cA2 = 3c (A ⊙ A2)
     "product_with_ones": MatMul(HadamardProduct(C, C2), OneMatrix(m, m)),  # (G ⊙ P) 𝟏𝟏ᵀ = rowsum(G ⊙ P) 𝟏ᵀ
+    "ones_times_ones": MatMul(x, OneMatrix(1, k), OneMatrix(k, m)),  # x 𝟏_{1×k} 𝟏_{k×m} = k x 𝟏_{1×m}
     "rowsum_of_column": RowSum(x),  # rowsum(x) = x
     "rowsum_of_broadcast": RowSum(MatMul(2, x, OneMatrix(1, m))),  # rowsum(2 x 𝟏ᵀ) = 2 m x
     "rowsum_scalar_out": RowSum(MatMul(c, C)),  # rowsum(c C) = c rowsum(C)
