@@ -3,7 +3,7 @@
 # ruff: noqa: E741 (O, the attention output, is the derivation's name)
 """attention: forward and closed-form backward in NumPy.
 
-attention = softmax(scale · Q Kᵀ) V.
+attention = softmax(scale · Q Kᵀ + M) V, M the additive mask.
 
 Rows are tokens; inputs may carry leading batch dimensions, weights do not.
 Shapes:
@@ -14,7 +14,7 @@ Shapes:
 Option scale (default 1/sqrt(d_k)).
 
 Forward:
-    A = scale Q Kᵀ
+    A = scale Q Kᵀ + M
     P = softmax(A)
     O = P V
 
@@ -38,6 +38,21 @@ SHAPES = {
     "K": "(..., m, d_k)",
     "V": "(..., m, d_v)",
 }
+
+
+def add_optional(a, b):
+    """a + b, or a itself when b is None (an absent bias or mask)."""
+    return a if b is None else a + b
+
+
+def masked_row_softmax(a, out=None):
+    """row_softmax for rows that may hold -inf: a row whose entries are all -inf gives zeros, not NaN."""
+    top = a.max(axis=-1, keepdims=True)
+    top[top == -np.inf] = 0.0
+    out = np.subtract(a, top, out=out)
+    np.exp(out, out=out)
+    out /= np.maximum(out.sum(axis=-1, keepdims=True), 1.0)  # the row max gives exp(0) = 1 unless all are -inf
+    return out
 
 
 def row_softmax(a, out=None):
@@ -88,11 +103,54 @@ def _cotangent(grad_out, saved):
     return grad_out
 
 
-def forward(Q, K, V, *, scale=None):
-    """softmax(scale · Q Kᵀ) V.
+def _additive_mask(attn_mask, key_padding_mask, causal, query, key):
+    """The additive mask M (0 where a query may see a key, -inf where not), or None without a mask.
+
+    attn_mask: (n, m) or (..., n, m), boolean (True: not allowed) or floating (added to the scores);
+    key_padding_mask: (..., m) boolean (True: ignore that key); causal: query i sees keys j <= i.
+    """
+    if not isinstance(causal, bool):
+        raise ValueError(f"causal must be True or False, got {causal!r}")
+    if attn_mask is None and key_padding_mask is None and not causal:
+        return None
+    query, key = np.asarray(query), np.asarray(key)
+    n, m, batch = query.shape[-2], key.shape[-2], query.shape[:-2]
+    mask = None
+    if attn_mask is not None:
+        attn_mask = np.asarray(attn_mask)
+        if attn_mask.shape not in ((n, m), (*batch, n, m)):
+            expected = f"(n, m) = ({n}, {m}) or {(*batch, n, m)}"
+            raise ValueError(f"attn_mask: expected shape {expected}, got {attn_mask.shape}")
+        if attn_mask.dtype == np.bool_:
+            mask = np.where(attn_mask, -np.inf, 0.0).astype(query.dtype)
+        elif np.issubdtype(attn_mask.dtype, np.floating):
+            mask = attn_mask.astype(query.dtype)
+        else:
+            raise ValueError(f"attn_mask: expected a bool or floating-point array, got {attn_mask.dtype}")
+    if causal:
+        future = np.where(np.triu(np.ones((n, m), dtype=bool), 1), -np.inf, 0.0).astype(query.dtype)
+        mask = future if mask is None else mask + future
+    if key_padding_mask is not None:
+        key_padding_mask = np.asarray(key_padding_mask)
+        if key_padding_mask.shape != (*batch, m):
+            raise ValueError(f"key_padding_mask: expected shape (..., m) = {(*batch, m)}, got {key_padding_mask.shape}")
+        if key_padding_mask.dtype != np.bool_:
+            got = key_padding_mask.dtype
+            raise ValueError(f"key_padding_mask: expected a bool array (True: ignore a key), got {got}")
+        padding = np.where(key_padding_mask, -np.inf, 0.0).astype(query.dtype)[..., None, :]
+        mask = padding if mask is None else mask + padding
+    return mask
+
+
+def forward(Q, K, V, *, scale=None, attn_mask=None, key_padding_mask=None, causal=False):
+    """softmax(scale · Q Kᵀ + M) V, M the additive mask.
 
     Returns (O, saved): O of shape (..., n, d_v) and the values backward needs.
+    attn_mask (n × m, bool: True = not allowed, or float: added), key_padding_mask (..., m, bool: True =
+    ignore the key) and causal add the mask M to the scores; a row whose keys are all masked gives zeros
+    and zero gradients, never NaN.
     """
+    M = _additive_mask(attn_mask, key_padding_mask, causal, Q, K)
     Q, K, V = _arrays({"Q": Q, "K": K, "V": V})
     n = Q.shape[-2]
     d_k = Q.shape[-1]
@@ -104,8 +162,8 @@ def forward(Q, K, V, *, scale=None):
     if scale is None:
         scale = 1 / d_k**0.5
     scale = float(scale)
-    A = (scale * Q) @ K.mT
-    P = row_softmax(A, out=A)
+    A = add_optional((scale * Q) @ K.mT, M)
+    P = row_softmax(A, out=A) if M is None else masked_row_softmax(A, out=A)
     O = P @ V
     saved = {
         "Q": Q,

@@ -3,7 +3,7 @@
 # ruff: noqa: E741 (O, the attention output, is the derivation's name)
 """attention: forward and closed-form backward in PyTorch.
 
-attention = softmax(scale · Q Kᵀ) V.
+attention = softmax(scale · Q Kᵀ + M) V, M the additive mask.
 
 Rows are tokens; inputs may carry leading batch dimensions, weights do not.
 Shapes:
@@ -14,7 +14,7 @@ Shapes:
 Option scale (default 1/sqrt(d_k)).
 
 Forward:
-    A = scale Q Kᵀ
+    A = scale Q Kᵀ + M
     P = softmax(A)
     O = P V
 
@@ -38,6 +38,21 @@ SHAPES = {
     "K": "(..., m, d_k)",
     "V": "(..., m, d_v)",
 }
+
+
+def add_optional(a, b):
+    """a + b, or a itself when b is None (an absent bias or mask)."""
+    return a if b is None else a + b
+
+
+def masked_row_softmax(a, out=None):
+    """row_softmax for rows that may hold -inf: a row whose entries are all -inf gives zeros, not NaN."""
+    top = a.amax(dim=-1, keepdim=True)
+    top.masked_fill_(top == float("-inf"), 0.0)
+    out = torch.sub(a, top, out=out)
+    out.exp_()
+    out /= out.sum(dim=-1, keepdim=True).clamp_(min=1.0)  # the row max gives exp(0) = 1 unless all are -inf
+    return out
 
 
 def row_softmax(a, out=None):
@@ -79,7 +94,49 @@ def _check_shape(name, a, dims):
         raise ValueError(f"{name}: expected shape {SHAPES[name]} = ({batch}{dims[0]}, {dims[1]}), got {tuple(a.shape)}")
 
 
-def _forward(Q, K, V, scale):
+def _additive_mask(attn_mask, key_padding_mask, causal, query, key):
+    """The additive mask M (0 where a query may see a key, -inf where not), or None without a mask.
+
+    attn_mask: (n, m) or (..., n, m), boolean (True: not allowed) or floating (added to the scores);
+    key_padding_mask: (..., m) boolean (True: ignore that key); causal: query i sees keys j <= i.
+    """
+    if not isinstance(causal, bool):
+        raise ValueError(f"causal must be True or False, got {causal!r}")
+    if attn_mask is None and key_padding_mask is None and not causal:
+        return None
+    n, m, batch = query.shape[-2], key.shape[-2], tuple(query.shape[:-2])
+    dtype, device = query.dtype, query.device
+    mask = None
+    if attn_mask is not None:
+        if not isinstance(attn_mask, torch.Tensor) or tuple(attn_mask.shape) not in ((n, m), (*batch, n, m)):
+            got = tuple(attn_mask.shape) if isinstance(attn_mask, torch.Tensor) else type(attn_mask).__name__
+            expected = f"(n, m) = ({n}, {m}) or {(*batch, n, m)}"
+            raise ValueError(f"attn_mask: expected a tensor of shape {expected}, got {got}")
+        if attn_mask.dtype == torch.bool:
+            mask = torch.zeros(attn_mask.shape, dtype=dtype, device=device).masked_fill_(attn_mask, float("-inf"))
+        elif attn_mask.is_floating_point():
+            mask = attn_mask.to(dtype)
+        else:
+            raise ValueError(f"attn_mask: expected a bool or floating-point tensor, got {attn_mask.dtype}")
+    if causal:
+        future = torch.ones(n, m, dtype=torch.bool, device=device).triu_(1)
+        future = torch.zeros(n, m, dtype=dtype, device=device).masked_fill_(future, float("-inf"))
+        mask = future if mask is None else mask + future
+    if key_padding_mask is not None:
+        if not isinstance(key_padding_mask, torch.Tensor) or tuple(key_padding_mask.shape) != (*batch, m):
+            got = key_padding_mask
+            got = tuple(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__
+            raise ValueError(f"key_padding_mask: expected a tensor of shape (..., m) = {(*batch, m)}, got {got}")
+        if key_padding_mask.dtype != torch.bool:
+            got = key_padding_mask.dtype
+            raise ValueError(f"key_padding_mask: expected a bool tensor (True: ignore a key), got {got}")
+        padding = torch.zeros(key_padding_mask.shape, dtype=dtype, device=device)
+        padding = padding.masked_fill_(key_padding_mask, float("-inf")).unsqueeze(-2)
+        mask = padding if mask is None else mask + padding
+    return mask
+
+
+def _forward(Q, K, V, M, scale):
     """The forward pass: (O, saved values for _backward)."""
     Q, K, V = _tensors({"Q": Q, "K": K, "V": V})
     n = Q.shape[-2]
@@ -92,8 +149,8 @@ def _forward(Q, K, V, scale):
     if scale is None:
         scale = 1 / d_k**0.5
     scale = float(scale)
-    A = (scale * Q) @ K.mT
-    P = row_softmax(A, out=A)
+    A = add_optional((scale * Q) @ K.mT, M)
+    P = row_softmax(A, out=A) if M is None else masked_row_softmax(A, out=A)
     O = P @ V
     saved = {
         "Q": Q,
@@ -127,8 +184,8 @@ class AttentionFunction(torch.autograd.Function):
     """attention as an autograd Function whose backward is the generated closed form."""
 
     @staticmethod
-    def forward(ctx, Q, K, V, scale):
-        O, saved = _forward(Q, K, V, scale)
+    def forward(ctx, Q, K, V, M, scale):
+        O, saved = _forward(Q, K, V, M, scale)
         tensors = [name for name, value in saved.items() if isinstance(value, torch.Tensor)]
         ctx.save_for_backward(*(saved[name] for name in tensors))
         ctx.tensor_names = tensors
@@ -139,15 +196,19 @@ class AttentionFunction(torch.autograd.Function):
     def backward(ctx, grad_out):
         saved = dict(zip(ctx.tensor_names, ctx.saved_tensors), **ctx.constants)
         grads = _backward(saved, grad_out)
-        return grads["Q"], grads["K"], grads["V"], None
+        return grads["Q"], grads["K"], grads["V"], None, None
 
 
-def forward(Q, K, V, *, scale=None):
-    """softmax(scale · Q Kᵀ) V.
+def forward(Q, K, V, *, scale=None, attn_mask=None, key_padding_mask=None, causal=False):
+    """softmax(scale · Q Kᵀ + M) V, M the additive mask.
 
     Returns O of shape (..., n, d_v), differentiable by the closed-form backward.
+    attn_mask (n × m, bool: True = not allowed, or float: added), key_padding_mask (..., m, bool: True =
+    ignore the key) and causal add the mask M to the scores; a row whose keys are all masked gives zeros
+    and zero gradients, never NaN.
     """
-    return AttentionFunction.apply(Q, K, V, scale)
+    M = _additive_mask(attn_mask, key_padding_mask, causal, Q, K)
+    return AttentionFunction.apply(Q, K, V, M, scale)
 
 
 class Attention(torch.nn.Module):
@@ -157,5 +218,5 @@ class Attention(torch.nn.Module):
         super().__init__()
         self.scale = scale
 
-    def forward(self, Q, K, V):
-        return forward(Q, K, V, scale=self.scale)
+    def forward(self, Q, K, V, *, attn_mask=None, key_padding_mask=None, causal=False):
+        return forward(Q, K, V, scale=self.scale, attn_mask=attn_mask, key_padding_mask=key_padding_mask, causal=causal)

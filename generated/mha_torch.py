@@ -2,7 +2,7 @@
 # Do not edit: regenerate with `symattn generate` (templates/ and the derivation are the source).
 """mha: forward and closed-form backward in PyTorch.
 
-mha = Concat(head_1, …, head_H) W_O, head_h = attention(Q W_Q_h, K W_K_h, V W_V_h).
+mha = Concat(head_1, …, head_H) W_O + 𝟏 b_O, head_h = attention((Q W_Q + 𝟏 b_Q)_h, …); H_kv K, V heads; scores + M.
 
 Rows are tokens; inputs may carry leading batch dimensions, weights do not.
 Shapes:
@@ -10,22 +10,27 @@ Shapes:
     K: (..., m, H * d_k)
     V: (..., m, H * d_k)
     W_Q: (H * d_k, H * d_k)
-    W_K: (H * d_k, H * d_k)
-    W_V: (H * d_k, H * d_k)
+    W_K: (H * d_k, H_kv * d_k)
+    W_V: (H * d_k, H_kv * d_k)
     W_O: (H * d_k, H * d_k)
+    b_Q: (1, H * d_k)
+    b_K: (1, H_kv * d_k)
+    b_V: (1, H_kv * d_k)
+    b_O: (1, H * d_k)
     -> Y: (..., n, H * d_k)
 Option num_heads (required).
+Option num_kv_heads (default H).
 
 Forward:
     scale = 1/sqrt(d_k)
-    Q_h = Q (W_Q)_h
-    K_h = K (W_K)_h
-    V_h = V (W_V)_h
-    A_h = scale Q_h K_hᵀ
+    Q_h = (Q W_Q + 𝟏 b_Q)_h
+    K_h = Rep((K W_K + 𝟏 b_K)_h)
+    V_h = Rep((V W_V + 𝟏 b_V)_h)
+    A_h = scale Q_h K_hᵀ + M
     P_h = softmax(A_h)
     O_h = P_h V_h
     C = Concat_h(O_h)
-    Y = C W_O
+    Y = C W_O + 𝟏 b_O
 
 Backward (grad_out = ∂f/∂Y for a scalar f; a weight's gradient is summed over the batch):
     dC = grad_out W_Oᵀ
@@ -37,15 +42,19 @@ Backward (grad_out = ∂f/∂Y for a scalar f; a weight's gradient is summed ove
     dK_h = scale dA_hᵀ Q_h
     dQ_h = scale dA_h K_h
     dW_O = Cᵀ grad_out
-    dVW_V = Concat_h(dV_h)
-    dV = dVW_V W_Vᵀ
-    dW_V = Vᵀ dVW_V
+    db_O = 𝟏ᵀ grad_out
     dQW_Q = Concat_h(dQ_h)
     dQ = dQW_Q W_Qᵀ
     dW_Q = Qᵀ dQW_Q
-    dKW_K = Concat_h(dK_h)
+    db_Q = 𝟏ᵀ dQW_Q
+    dVW_V = Concat_h(GroupSum(dV_h))
+    dV = dVW_V W_Vᵀ
+    dW_V = Vᵀ dVW_V
+    db_V = 𝟏ᵀ dVW_V
+    dKW_K = Concat_h(GroupSum(dK_h))
     dK = dKW_K W_Kᵀ
     dW_K = Kᵀ dKW_K
+    db_K = 𝟏ᵀ dKW_K
 """
 
 from __future__ import annotations
@@ -59,16 +68,41 @@ SHAPES = {
     "K": "(..., m, H * d_k)",
     "V": "(..., m, H * d_k)",
     "W_Q": "(H * d_k, H * d_k)",
-    "W_K": "(H * d_k, H * d_k)",
-    "W_V": "(H * d_k, H * d_k)",
+    "W_K": "(H * d_k, H_kv * d_k)",
+    "W_V": "(H * d_k, H_kv * d_k)",
     "W_O": "(H * d_k, H * d_k)",
+    "b_Q": "(1, H * d_k)",
+    "b_K": "(1, H_kv * d_k)",
+    "b_V": "(1, H_kv * d_k)",
+    "b_O": "(1, H * d_k)",
 }
+OPTIONAL = ("b_Q", "b_K", "b_V", "b_O")  # inputs that may be None: their terms are left out
+
+
+def add_optional(a, b):
+    """a + b, or a itself when b is None (an absent bias or mask)."""
+    return a if b is None else a + b
+
+
+def masked_row_softmax(a, out=None):
+    """row_softmax for rows that may hold -inf: a row whose entries are all -inf gives zeros, not NaN."""
+    top = a.amax(dim=-1, keepdim=True)
+    top.masked_fill_(top == float("-inf"), 0.0)
+    out = torch.sub(a, top, out=out)
+    out.exp_()
+    out /= out.sum(dim=-1, keepdim=True).clamp_(min=1.0)  # the row max gives exp(0) = 1 unless all are -inf
+    return out
 
 
 def merge_heads(a, heads):
     """(..., heads, n, k) -> (..., n, heads * k)."""
     a = a.transpose(-2, -3)
     return a.reshape(*a.shape[:-2], a.shape[-2] * a.shape[-1])
+
+
+def repeat_heads(a, heads):
+    """(..., kv_heads, n, k) -> (..., heads, n, k): head h reads kv head h // (heads // kv_heads)."""
+    return a if a.shape[-3] == heads else a.repeat_interleave(heads // a.shape[-3], dim=-3)
 
 
 def row_softmax(a, out=None):
@@ -89,10 +123,20 @@ def split_heads(a, heads):
     return a.reshape(*a.shape[:-1], heads, a.shape[-1] // heads).transpose(-2, -3)
 
 
+def sum_groups(a, heads):
+    """(..., H, n, k) -> (..., heads, n, k): each group of H // heads consecutive heads summed."""
+    if a.shape[-3] == heads:
+        return a
+    return a.reshape(*a.shape[:-3], heads, a.shape[-3] // heads, *a.shape[-2:]).sum(dim=-3)
+
+
 def _tensors(named):
     """The inputs, checked: tensors, rank, one leading batch shape for the non-weights, one dtype."""
     tensors, batch, first = [], None, None
     for name, a in named.items():
+        if a is None and name in OPTIONAL:
+            tensors.append(a)
+            continue
         if not isinstance(a, torch.Tensor):
             raise TypeError(f"{name}: expected a torch.Tensor of shape {SHAPES[name]}, got {type(a).__name__}")
         weight = not SHAPES[name].startswith("(...")
@@ -133,10 +177,73 @@ def _positive_int(name, value):
     return value
 
 
-def _forward(Q, K, V, W_Q, W_K, W_V, W_O, num_heads):
+def _additive_mask(attn_mask, key_padding_mask, causal, query, key):
+    """The additive mask M (0 where a query may see a key, -inf where not), or None without a mask.
+
+    attn_mask: (n, m) or (..., n, m), boolean (True: not allowed) or floating (added to the scores);
+    key_padding_mask: (..., m) boolean (True: ignore that key); causal: query i sees keys j <= i.
+    """
+    if not isinstance(causal, bool):
+        raise ValueError(f"causal must be True or False, got {causal!r}")
+    if attn_mask is None and key_padding_mask is None and not causal:
+        return None
+    n, m, batch = query.shape[-2], key.shape[-2], tuple(query.shape[:-2])
+    dtype, device = query.dtype, query.device
+    mask = None
+    if attn_mask is not None:
+        if not isinstance(attn_mask, torch.Tensor) or tuple(attn_mask.shape) not in ((n, m), (*batch, n, m)):
+            got = tuple(attn_mask.shape) if isinstance(attn_mask, torch.Tensor) else type(attn_mask).__name__
+            expected = f"(n, m) = ({n}, {m}) or {(*batch, n, m)}"
+            raise ValueError(f"attn_mask: expected a tensor of shape {expected}, got {got}")
+        if attn_mask.dtype == torch.bool:
+            mask = torch.zeros(attn_mask.shape, dtype=dtype, device=device).masked_fill_(attn_mask, float("-inf"))
+        elif attn_mask.is_floating_point():
+            mask = attn_mask.to(dtype)
+        else:
+            raise ValueError(f"attn_mask: expected a bool or floating-point tensor, got {attn_mask.dtype}")
+    if causal:
+        future = torch.ones(n, m, dtype=torch.bool, device=device).triu_(1)
+        future = torch.zeros(n, m, dtype=dtype, device=device).masked_fill_(future, float("-inf"))
+        mask = future if mask is None else mask + future
+    if key_padding_mask is not None:
+        if not isinstance(key_padding_mask, torch.Tensor) or tuple(key_padding_mask.shape) != (*batch, m):
+            got = key_padding_mask
+            got = tuple(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__
+            raise ValueError(f"key_padding_mask: expected a tensor of shape (..., m) = {(*batch, m)}, got {got}")
+        if key_padding_mask.dtype != torch.bool:
+            got = key_padding_mask.dtype
+            raise ValueError(f"key_padding_mask: expected a bool tensor (True: ignore a key), got {got}")
+        padding = torch.zeros(key_padding_mask.shape, dtype=dtype, device=device)
+        padding = padding.masked_fill_(key_padding_mask, float("-inf")).unsqueeze(-2)
+        mask = padding if mask is None else mask + padding
+    if mask.ndim > 2:  # one mask for every head: (..., 1, n, m)
+        mask = mask.unsqueeze(-3)
+    return mask
+
+
+def _forward(Q, K, V, W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O, M, num_heads, num_kv_heads):
     """The forward pass: (Y, saved values for _backward)."""
-    Q, K, V, W_Q, W_K, W_V, W_O = _tensors({"Q": Q, "K": K, "V": V, "W_Q": W_Q, "W_K": W_K, "W_V": W_V, "W_O": W_O})
+    Q, K, V, W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O = _tensors(
+        {
+            "Q": Q,
+            "K": K,
+            "V": V,
+            "W_Q": W_Q,
+            "W_K": W_K,
+            "W_V": W_V,
+            "W_O": W_O,
+            "b_Q": b_Q,
+            "b_K": b_K,
+            "b_V": b_V,
+            "b_O": b_O,
+        }
+    )
     H = _positive_int("num_heads", num_heads)
+    if num_kv_heads is None:
+        num_kv_heads = H
+    H_kv = _positive_int("num_kv_heads", num_kv_heads)
+    if H % H_kv:
+        raise ValueError(f"num_kv_heads = {H_kv} does not divide num_heads = {H}")
     n = Q.shape[-2]
     d_k = _quotient("Q", tuple(Q.shape), H)
     m = K.shape[-2]
@@ -144,18 +251,26 @@ def _forward(Q, K, V, W_Q, W_K, W_V, W_O, num_heads):
     _check_shape("K", K, (m, H * d_k))
     _check_shape("V", V, (m, H * d_k))
     _check_shape("W_Q", W_Q, (H * d_k, H * d_k))
-    _check_shape("W_K", W_K, (H * d_k, H * d_k))
-    _check_shape("W_V", W_V, (H * d_k, H * d_k))
+    _check_shape("W_K", W_K, (H * d_k, H_kv * d_k))
+    _check_shape("W_V", W_V, (H * d_k, H_kv * d_k))
     _check_shape("W_O", W_O, (H * d_k, H * d_k))
+    if b_Q is not None:
+        _check_shape("b_Q", b_Q, (1, H * d_k))
+    if b_K is not None:
+        _check_shape("b_K", b_K, (1, H_kv * d_k))
+    if b_V is not None:
+        _check_shape("b_V", b_V, (1, H_kv * d_k))
+    if b_O is not None:
+        _check_shape("b_O", b_O, (1, H * d_k))
     scale = 1 / d_k**0.5
-    Q_h = split_heads(Q @ W_Q, H)
-    K_h = split_heads(K @ W_K, H)
-    V_h = split_heads(V @ W_V, H)
-    A_h = (scale * Q_h) @ K_h.mT
-    P_h = row_softmax(A_h, out=A_h)
+    Q_h = split_heads(add_optional(Q @ W_Q, b_Q), H)
+    K_h = repeat_heads(split_heads(add_optional(K @ W_K, b_K), H_kv), H)
+    V_h = repeat_heads(split_heads(add_optional(V @ W_V, b_V), H_kv), H)
+    A_h = add_optional((scale * Q_h) @ K_h.mT, M)
+    P_h = row_softmax(A_h, out=A_h) if M is None else masked_row_softmax(A_h, out=A_h)
     O_h = P_h @ V_h
     C = merge_heads(O_h, H)
-    Y = C @ W_O
+    Y = add_optional(C @ W_O, b_O)
     saved = {
         "Q": Q,
         "K": K,
@@ -171,7 +286,12 @@ def _forward(Q, K, V, W_Q, W_K, W_V, W_O, num_heads):
         "O_h": O_h,
         "C": C,
         "H": H,
+        "H_kv": H_kv,
         "scale": scale,
+        "b_Q": b_Q,
+        "b_K": b_K,
+        "b_V": b_V,
+        "b_O": b_O,
     }
     return Y, saved
 
@@ -192,7 +312,12 @@ def _backward(saved, grad_out):
     O_h = saved["O_h"]
     C = saved["C"]
     H = saved["H"]
+    H_kv = saved["H_kv"]
     scale = saved["scale"]
+    b_Q = saved["b_Q"]
+    b_K = saved["b_K"]
+    b_V = saved["b_V"]
+    b_O = saved["b_O"]
     dC = grad_out @ W_O.mT
     dO_h = split_heads(dC, H)
     D = (O_h * dO_h).sum(dim=-1, keepdim=True)
@@ -202,24 +327,40 @@ def _backward(saved, grad_out):
     dK_h = dA_h.mT @ (scale * Q_h)
     dQ_h = dA_h @ (scale * K_h)
     dW_O = rows(C).mT @ rows(grad_out)
-    dVW_V = merge_heads(dV_h, H)
-    dV = dVW_V @ W_V.mT
-    dW_V = rows(V).mT @ rows(dVW_V)
+    db_O = None if b_O is None else rows(grad_out).sum(dim=0, keepdim=True)
     dQW_Q = merge_heads(dQ_h, H)
     dQ = dQW_Q @ W_Q.mT
     dW_Q = rows(Q).mT @ rows(dQW_Q)
-    dKW_K = merge_heads(dK_h, H)
+    db_Q = None if b_Q is None else rows(dQW_Q).sum(dim=0, keepdim=True)
+    dVW_V = merge_heads(sum_groups(dV_h, H_kv), H_kv)
+    dV = dVW_V @ W_V.mT
+    dW_V = rows(V).mT @ rows(dVW_V)
+    db_V = None if b_V is None else rows(dVW_V).sum(dim=0, keepdim=True)
+    dKW_K = merge_heads(sum_groups(dK_h, H_kv), H_kv)
     dK = dKW_K @ W_K.mT
     dW_K = rows(K).mT @ rows(dKW_K)
-    return {"Q": dQ, "K": dK, "V": dV, "W_Q": dW_Q, "W_K": dW_K, "W_V": dW_V, "W_O": dW_O}
+    db_K = None if b_K is None else rows(dKW_K).sum(dim=0, keepdim=True)
+    return {
+        "Q": dQ,
+        "K": dK,
+        "V": dV,
+        "W_Q": dW_Q,
+        "W_K": dW_K,
+        "W_V": dW_V,
+        "W_O": dW_O,
+        "b_Q": db_Q,
+        "b_K": db_K,
+        "b_V": db_V,
+        "b_O": db_O,
+    }
 
 
 class MultiHeadAttentionFunction(torch.autograd.Function):
     """mha as an autograd Function whose backward is the generated closed form."""
 
     @staticmethod
-    def forward(ctx, Q, K, V, W_Q, W_K, W_V, W_O, num_heads):
-        Y, saved = _forward(Q, K, V, W_Q, W_K, W_V, W_O, num_heads)
+    def forward(ctx, Q, K, V, W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O, M, num_heads, num_kv_heads):
+        Y, saved = _forward(Q, K, V, W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O, M, num_heads, num_kv_heads)
         tensors = [name for name, value in saved.items() if isinstance(value, torch.Tensor)]
         ctx.save_for_backward(*(saved[name] for name in tensors))
         ctx.tensor_names = tensors
@@ -230,39 +371,110 @@ class MultiHeadAttentionFunction(torch.autograd.Function):
     def backward(ctx, grad_out):
         saved = dict(zip(ctx.tensor_names, ctx.saved_tensors), **ctx.constants)
         grads = _backward(saved, grad_out)
-        return grads["Q"], grads["K"], grads["V"], grads["W_Q"], grads["W_K"], grads["W_V"], grads["W_O"], None
+        return (
+            grads["Q"],
+            grads["K"],
+            grads["V"],
+            grads["W_Q"],
+            grads["W_K"],
+            grads["W_V"],
+            grads["W_O"],
+            grads["b_Q"],
+            grads["b_K"],
+            grads["b_V"],
+            grads["b_O"],
+            None,
+            None,
+            None,
+        )
 
 
-def forward(Q, K, V, W_Q, W_K, W_V, W_O, *, num_heads):
-    """Concat(head_1, …, head_H) W_O, head_h = attention(Q W_Q_h, K W_K_h, V W_V_h).
+def forward(
+    Q,
+    K,
+    V,
+    W_Q,
+    W_K,
+    W_V,
+    W_O,
+    *,
+    num_heads,
+    num_kv_heads=None,
+    b_Q=None,
+    b_K=None,
+    b_V=None,
+    b_O=None,
+    attn_mask=None,
+    key_padding_mask=None,
+    causal=False,
+):
+    """Concat(head_1, …, head_H) W_O + 𝟏 b_O, head_h = attention((Q W_Q + 𝟏 b_Q)_h, …); H_kv K, V heads; scores + M.
 
     Returns Y of shape (..., n, H * d_k), differentiable by the closed-form backward.
+    attn_mask (n × m, bool: True = not allowed, or float: added), key_padding_mask (..., m, bool: True =
+    ignore the key) and causal add the mask M to the scores; a row whose keys are all masked gives zeros
+    and zero gradients, never NaN.
+    b_Q, b_K, b_V, b_O: optional biases (1 × columns, broadcast over the tokens), each left out when None.
     """
-    return MultiHeadAttentionFunction.apply(Q, K, V, W_Q, W_K, W_V, W_O, num_heads)
+    M = _additive_mask(attn_mask, key_padding_mask, causal, Q, K)
+    return MultiHeadAttentionFunction.apply(Q, K, V, W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O, M, num_heads, num_kv_heads)
 
 
 class MultiHeadAttention(torch.nn.Module):
-    """mha as a module holding the weights W_Q, W_K, W_V, W_O."""
+    """mha as a module holding the weights W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O."""
 
-    def __init__(self, d_model, *, num_heads, device=None, dtype=None):
+    def __init__(self, d_model, *, num_heads, num_kv_heads=None, bias=False, device=None, dtype=None):
         super().__init__()
         self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
         H = _positive_int("num_heads", num_heads)
+        H_kv = H if num_kv_heads is None else _positive_int("num_kv_heads", num_kv_heads)
+        if H % H_kv:
+            raise ValueError(f"num_kv_heads = {H_kv} does not divide num_heads = {H}")
         if d_model % H:
             raise ValueError(f"d_model = {d_model} is not a multiple of H = {H}")
         d_k = d_model // H
         self.W_Q = torch.nn.Parameter(torch.empty(H * d_k, H * d_k, device=device, dtype=dtype))
-        self.W_K = torch.nn.Parameter(torch.empty(H * d_k, H * d_k, device=device, dtype=dtype))
-        self.W_V = torch.nn.Parameter(torch.empty(H * d_k, H * d_k, device=device, dtype=dtype))
+        self.W_K = torch.nn.Parameter(torch.empty(H * d_k, H_kv * d_k, device=device, dtype=dtype))
+        self.W_V = torch.nn.Parameter(torch.empty(H * d_k, H_kv * d_k, device=device, dtype=dtype))
         self.W_O = torch.nn.Parameter(torch.empty(H * d_k, H * d_k, device=device, dtype=dtype))
+        self.b_Q = torch.nn.Parameter(torch.empty(1, H * d_k, device=device, dtype=dtype)) if bias else None
+        self.b_K = torch.nn.Parameter(torch.empty(1, H_kv * d_k, device=device, dtype=dtype)) if bias else None
+        self.b_V = torch.nn.Parameter(torch.empty(1, H_kv * d_k, device=device, dtype=dtype)) if bias else None
+        self.b_O = torch.nn.Parameter(torch.empty(1, H * d_k, device=device, dtype=dtype)) if bias else None
         self.reset_parameters()
 
     def reset_parameters(self):
-        """Xavier-uniform weights, as torch.nn.MultiheadAttention initialises its projections."""
+        """Xavier-uniform weights and zero biases, as torch.nn.MultiheadAttention initialises its projections."""
         torch.nn.init.xavier_uniform_(self.W_Q)
         torch.nn.init.xavier_uniform_(self.W_K)
         torch.nn.init.xavier_uniform_(self.W_V)
         torch.nn.init.xavier_uniform_(self.W_O)
+        if self.b_Q is not None:
+            torch.nn.init.zeros_(self.b_Q)
+        if self.b_K is not None:
+            torch.nn.init.zeros_(self.b_K)
+        if self.b_V is not None:
+            torch.nn.init.zeros_(self.b_V)
+        if self.b_O is not None:
+            torch.nn.init.zeros_(self.b_O)
 
-    def forward(self, Q, K, V):
-        return forward(Q, K, V, self.W_Q, self.W_K, self.W_V, self.W_O, num_heads=self.num_heads)
+    def forward(self, Q, K, V, *, attn_mask=None, key_padding_mask=None, causal=False):
+        return forward(
+            Q,
+            K,
+            V,
+            self.W_Q,
+            self.W_K,
+            self.W_V,
+            self.W_O,
+            num_heads=self.num_heads,
+            num_kv_heads=self.num_kv_heads,
+            b_Q=self.b_Q,
+            b_K=self.b_K,
+            b_V=self.b_V,
+            b_O=self.b_O,
+            attn_mask=attn_mask,
+            key_padding_mask=key_padding_mask,
+            causal=causal,
+        )

@@ -284,7 +284,7 @@ class MultiHeadAttention(torch.nn.Module):
         self.num_heads = num_heads
         self.block_size = block_size
         H = _positive_int("num_heads", num_heads)
-        block_size = _positive_int("block_size", block_size)
+        block_size = 128 if block_size is None else _positive_int("block_size", block_size)
         if d_model % H:
             raise ValueError(f"d_model = {d_model} is not a multiple of H = {H}")
         d_k = d_model // H

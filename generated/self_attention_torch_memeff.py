@@ -229,7 +229,7 @@ class SelfAttention(torch.nn.Module):
     def __init__(self, d_model, d_k, d_v, *, block_size=None, device=None, dtype=None):
         super().__init__()
         self.block_size = block_size
-        block_size = _positive_int("block_size", block_size)
+        block_size = 128 if block_size is None else _positive_int("block_size", block_size)
         self.W_Q = torch.nn.Parameter(torch.empty(d_model, d_k, device=device, dtype=dtype))
         self.W_K = torch.nn.Parameter(torch.empty(d_model, d_k, device=device, dtype=dtype))
         self.W_V = torch.nn.Parameter(torch.empty(d_model, d_v, device=device, dtype=dtype))

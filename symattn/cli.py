@@ -37,7 +37,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
     out = args.out if args.out is not None else default_out_dir()
     try:
-        stale = generate(args.spec, args.backend, args.variant, out, check=args.check)
+        if args.spec_file is not None:
+            stale = _generate_spec_file(args)
+        else:
+            stale = generate(args.spec, args.backend, args.variant, out, check=args.check)
     except OSError as err:  # an unwritable --out: one line, exit 2, every file left as it was
         raise SymattnError(f"cannot write the generated modules to {out}: {err.strerror or err}") from None
     if args.check:
@@ -47,6 +50,18 @@ def cmd_generate(args: argparse.Namespace) -> int:
     for path in stale:
         print(f"wrote {path}")
     return 0
+
+
+def _generate_spec_file(args: argparse.Namespace) -> list:
+    """generate --spec-file FILE --out DIR: the user's spec's modules (standard variant unless asked)."""
+    from symattn.spec_file import generate_spec, load_spec_file
+
+    if args.spec:
+        raise UsageError("symattn generate: error: give either --spec or --spec-file, not both")
+    if args.out is None:
+        raise UsageError("symattn generate: error: --spec-file needs --out DIR")
+    s = load_spec_file(args.spec_file, **_spec_options(args.option))
+    return generate_spec(s, args.backend, args.variant, args.out, check=args.check)
 
 
 def _add_generate(sub: argparse._SubParsersAction) -> None:
@@ -64,6 +79,10 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
         "log-sum-exp, query blocks, O(n·d) extra memory); repeatable, default both",
     )
     gen.add_argument("--out", help="output folder (default: the symattn.generated package folder)")
+    gen.add_argument(
+        "--spec-file", metavar="FILE", help="a Python file defining `spec` (a user's own spec; needs --out)"
+    )
+    gen.add_argument("--option", action="append", metavar="KEY=VALUE", help="an option of the --spec-file spec")
     gen.add_argument("--check", action="store_true", help="write nothing; exit 1 naming each stale file")
     gen.set_defaults(handler=cmd_generate)
 
@@ -93,7 +112,14 @@ def cmd_derive(args: argparse.Namespace) -> int:
     fmt = args.format or ("latex" if args.standalone else "text")
     if args.standalone and fmt != "latex":
         raise UsageError(f"symattn derive: error: --standalone needs --format latex, not {fmt}")
-    derivation = derive(args.spec, **_spec_options(args.option))
+    if (args.spec is None) == (args.spec_file is None):
+        raise UsageError("symattn derive: error: give either SPEC or --spec-file FILE")
+    if args.spec_file is not None:
+        from symattn.spec_file import load_spec_file
+
+        derivation = derive(load_spec_file(args.spec_file, **_spec_options(args.option)))
+    else:
+        derivation = derive(args.spec, **_spec_options(args.option))
     wrt = args.wrt
     if wrt is not None:
         derivation.spec.input(wrt)  # an unknown target is bad input (exit 2), before any work
@@ -115,7 +141,8 @@ def _add_derive(sub: argparse._SubParsersAction) -> None:
     from symattn.specs import specs
 
     der = sub.add_parser("derive", help="print a spec's derivation step by step (trace differentials)")
-    der.add_argument("spec", choices=specs(), help="a built-in spec")
+    der.add_argument("spec", nargs="?", choices=specs(), help="a built-in spec (or give --spec-file)")
+    der.add_argument("--spec-file", metavar="FILE", help="a Python file defining `spec` (a user's own spec)")
     der.add_argument("--wrt", metavar="NAME", help="one input or weight (default: every one)")
     der.add_argument("--format", choices=FORMATS, help="output format (default: text, or latex with --standalone)")
     der.add_argument("--standalone", action="store_true", help="a complete LaTeX document (amsmath) for pdflatex")

@@ -24,7 +24,8 @@ from sympy.matrices.expressions import HadamardPower, HadamardProduct, MatAdd, M
 
 from symattn.errors import SymattnError
 from symattn.ops import Elementwise, RowSoftmax
-from symattn.schedule import Assignment, Option, Schedule, schedule
+from symattn.ops import SplitHeads
+from symattn.schedule import EXTENDED, Assignment, Option, Schedule, schedule
 from symattn.specs import specs
 from symattn.torch_printer import GeneratedNumPyPrinter, TorchMatrixPrinter
 
@@ -32,6 +33,9 @@ BACKENDS = ("numpy", "torch")
 VARIANTS = ("standard", "memeff")
 PRINTERS = {"numpy": GeneratedNumPyPrinter, "torch": TorchMatrixPrinter}
 CLASS_NAMES = {"mha": "MultiHeadAttention"}
+# The keywords of a module whose spec has an additive mask M (built from them at run time).
+MASK_KEYWORDS = ("attn_mask=None", "key_padding_mask=None", "causal=False")
+MASK_NAMES = tuple(k.partition("=")[0] for k in MASK_KEYWORDS)
 # A weight dimension that is a product of dimensions is passed under its CONTRACT.md name.
 DIMENSION_ALIASES = {"H*d_k": "d_model"}
 
@@ -104,7 +108,48 @@ def _call(function: str, arguments: list[str], indent: int) -> str:
     line = f"return {function}({', '.join(arguments)})"
     if indent + len(line) <= 120:
         return line
-    return f"return {function}(\n{' ' * (indent + 4)}{', '.join(arguments)}\n{' ' * indent})"
+    if indent + 4 + len(", ".join(arguments)) <= 120:
+        return f"return {function}(\n{' ' * (indent + 4)}{', '.join(arguments)}\n{' ' * indent})"
+    body = "".join(f"{' ' * (indent + 4)}{a},\n" for a in arguments)
+    return f"return {function}(\n{body}{' ' * indent})"
+
+
+def _wrapped(prefix: str, items: list[str], close: str, indent: int, brackets: str = "") -> str:
+    """prefix + items + close on one line, or broken over lines as ruff format would (items one a line)."""
+    opening, closing = brackets[:1], brackets[1:]
+    line = f"{prefix}{opening}{', '.join(items)}{closing}{close}"
+    if indent + len(line) <= 120:
+        return line
+    if not opening:
+        opening, closing = "(", ")"
+    body = "".join(f"{' ' * (indent + 4)}{item},\n" for item in items)
+    return f"{prefix}{opening}\n{body}{' ' * indent}{closing}{close}"
+
+
+def _checked_inputs(inputs: tuple, function: str) -> str:
+    """A, B, … = function({"A": A, …}), broken over lines as ruff format would."""
+    names = [str(x.name) for x in inputs]
+    items = [f'"{name}": {name}' for name in names]
+    prefix = f"{', '.join(names)} = {function}("
+    one = "{" + ", ".join(items) + "}"
+    if 4 + len(prefix) + len(one) + 1 <= 120:
+        return f"{prefix}{one})"
+    if 8 + len(one) <= 120:
+        return f"{prefix}\n        {one}\n    )"
+    body = "".join(f"            {item},\n" for item in items)
+    return f"{prefix}\n        {{\n{body}        }}\n    )"
+
+
+def _define(head: str, parameters: list[str], indent: int) -> str:
+    """def head(parameters):, broken over lines as ruff format would when it is too long."""
+    line = f"def {head}({', '.join(parameters)}):"
+    if indent + len(line) <= 120:
+        return line
+    inner = ", ".join(parameters)
+    if indent + 4 + len(inner) <= 120:
+        return f"def {head}(\n{' ' * (indent + 4)}{inner}\n{' ' * indent}):"
+    body = "".join(f"{' ' * (indent + 4)}{p},\n" for p in parameters)
+    return f"def {head}(\n{body}{' ' * indent}):"
 
 
 def _text(expr: sp.Basic) -> str:
@@ -153,7 +198,13 @@ def _module_parameters(sched: Schedule, printer) -> tuple[list[str], list[dict],
                     }
                 )
             known |= unknown
-        weights.append({"name": str(w.name), "shape": ", ".join(printer.doprint(d) for d in w.shape)})
+        weights.append(
+            {
+                "name": str(w.name),
+                "shape": ", ".join(printer.doprint(d) for d in w.shape),
+                "bias": str(w.name) in sched.optional,
+            }
+        )
     return params, bindings, weights
 
 
@@ -161,6 +212,11 @@ def context(sched: Schedule, backend: str, version: str, variant: str = "standar
     """Everything a module template needs, every expression already printed."""
     printer = PRINTERS[backend]()
     s = sched.spec
+    optional = sched.optional
+    mask = next((str(c.name) for c in s.constants if str(c.name) in optional), None)
+    printer.optional, printer.mask = optional, mask
+    required = [x for x in s.inputs if str(x.name) not in optional]
+    maybe = [x for x in s.inputs if str(x.name) in optional]  # optional inputs, passed by keyword
     batched = {str(x.name) for x in s.inputs if str(x.name) not in sched.weights} | {str(sched.seed.name)}
     batched |= {str(a.target.name) for a in (*sched.forward, *sched.backward) if sched.is_batched(a.value)}
     batched |= {f"{name}_b" for name in batched} | {"L", "L_b"}  # blocks of rows (memory-efficient variant)
@@ -169,6 +225,9 @@ def context(sched: Schedule, backend: str, version: str, variant: str = "standar
         printer.consumable = consumable
         text = printer.weight_gradient(a.value, batched) if a.reduce_batch else printer.doprint(a.value)
         printer.consumable = frozenset()
+        given = gradient_of.get(a.target)
+        if given is not None:  # the gradient of an optional input: computed only when the input was given
+            text = f"None if {given} is None else {text}"
         return Statement(str(a.target.name), text, a.comment)
 
     def lines(assignments) -> dict:
@@ -195,6 +254,7 @@ def context(sched: Schedule, backend: str, version: str, variant: str = "standar
             "accumulate": [statement(a, d) for a, d in zip(lp.accumulate, dying[len(lp.body) :])],
         }
 
+    gradient_of = {t: name for name, t in sched.gradients if name in optional}
     protected = {str(getattr(x, "name", x)) for x in sched.saved} | {str(sched.output.name), "L"}
     protected |= {str(t.name) for _, t in sched.gradients}
     options = list(sched.options)
@@ -222,7 +282,7 @@ def context(sched: Schedule, backend: str, version: str, variant: str = "standar
     backward_text = [b.value for b in backward] + [
         sl["full"] for sec in backward_sections for sl in sec.get("slices", [])
     ]
-    saved = [str(getattr(x, "name", x)) for x in saved_symbols]
+    saved = [str(getattr(x, "name", x)) for x in saved_symbols] + [str(x.name) for x in maybe]
     saved = [name for name in saved if _uses(name, backward_text)] + (["block_size"] if variant == "memeff" else [])
     bindings = []
     for b in sched.bindings:
@@ -233,21 +293,46 @@ def context(sched: Schedule, backend: str, version: str, variant: str = "standar
             divisor = printer.doprint(b.divisor)
             bindings.append(Statement(b.symbol.name, f'_quotient("{b.input}", tuple({b.input}.shape), {divisor})'))
     params, module_bindings, weights = _module_parameters(sched, PRINTERS[backend]())
+    class_name = CLASS_NAMES.get(s.name, "".join(p.title() for p in s.name.split("_")))
+    positional = [str(x.name) for x in s.inputs] + ([mask] if mask else []) + [o.name for o in options]
+    signature = (
+        [str(x.name) for x in required]
+        + ["*"] * bool(options or maybe or mask)
+        + [o.name + ("=None" if o.default is not None else "") for o in options]
+        + [f"{x.name}=None" for x in maybe]
+        + (list(MASK_KEYWORDS) if mask else [])
+    )
     return {
         "version": version,
         "backend": backend,
         "spec": s.name,
         "summary": s.summary,
-        "class_name": CLASS_NAMES.get(s.name, "".join(p.title() for p in s.name.split("_"))),
+        "class_name": class_name,
         "inputs": [
             {
                 "name": str(x.name),
                 "shape": _shape_text(printer, x, sched.weights),
                 "weight": str(x.name) in sched.weights,
+                "optional": str(x.name) in optional,
             }
             for x in s.inputs
         ],
-        "expected": [{"name": str(x.name), "dims": ", ".join(printer.doprint(d) for d in x.shape)} for x in s.inputs],
+        "expected": [
+            {
+                "name": str(x.name),
+                "dims": ", ".join(printer.doprint(d) for d in x.shape),
+                "optional": str(x.name) in optional,
+            }
+            for x in s.inputs
+        ],
+        "mask": mask,
+        "heads_axis": any(isinstance(n, SplitHeads) for a in sched.forward for n in sp.preorder_traversal(a.value)),
+        "biases": [str(x.name) for x in maybe],
+        "divides_heads": [
+            {"name": o.name, "symbol": o.symbol.name, "of": options[0].name, "of_symbol": options[0].symbol.name}
+            for o in options[1:]
+            if o.name == "num_kv_heads"
+        ],
         "options": [
             {
                 "name": o.name,
@@ -280,24 +365,51 @@ def context(sched: Schedule, backend: str, version: str, variant: str = "standar
         "ambiguous": any(str(a.target.name) in ("O", "I", "l") for a in (*sched.forward, *sched.backward)),
         "input_names": [str(x.name) for x in s.inputs],
         "input_dict": "{" + ", ".join(f'"{x.name}": {x.name}' for x in s.inputs) + "}",
-        "signature": ", ".join(
-            [str(x.name) for x in s.inputs]
+        "checked_inputs": _checked_inputs(s.inputs, "_arrays" if backend == "numpy" else "_tensors"),
+        "signature": _define("forward", signature, indent=0),
+        "apply_call": _call(f"{class_name}Function.apply", positional, indent=4),
+        "init_signature": _define(
+            "__init__",
+            ["self", *params]
             + ["*"] * bool(options)
             + [o.name + ("=None" if o.default is not None else "") for o in options]
+            + ["bias=False"] * bool(maybe)
+            + ["device=None", "dtype=None"] * bool(weights),
+            indent=4,
         ),
         "gradient_dict": "{" + ", ".join(f'"{name}": {t.name}' for name, t in sched.gradients) + "}",
+        "return_gradients": _wrapped(
+            "return " if not maybe or backend == "torch" else "grads = ",
+            [f'"{name}": {t.name}' for name, t in sched.gradients],
+            "",
+            indent=4,
+            brackets="{}",
+        ),
+        "optional_names": "(" + ", ".join(f'"{x.name}"' for x in maybe) + ("," if len(maybe) == 1 else "") + ")",
+        "drop_none": bool(maybe),
         "module_params": params,
         "module_bindings": module_bindings,
         "weights": weights,
         "weight_names": [w["name"] for w in weights],
-        "function_returns": ", ".join([f'grads["{x.name}"]' for x in s.inputs] + ["None"] * len(options)),
-        "module_call": _call(
-            "forward",
-            [str(x.name) if x.name not in sched.weights else f"self.{x.name}" for x in s.inputs]
-            + [f"{o.name}=self.{o.name}" for o in options],
+        "function_returns": _wrapped(
+            "return ",
+            [f'grads["{x.name}"]' for x in s.inputs] + ["None"] * (len(options) + bool(mask)),
+            "",
             indent=8,
         ),
-        "positional": ", ".join([str(x.name) for x in s.inputs] + [o.name for o in options]),
+        "module_call": _call(
+            "forward",
+            [str(x.name) if x.name not in sched.weights else f"self.{x.name}" for x in required]
+            + [f"{o.name}=self.{o.name}" for o in options]
+            + [f"{x.name}=self.{x.name}" for x in maybe]
+            + [f"{k}={k}" for k in MASK_NAMES if mask],
+            indent=8,
+        ),
+        "module_inputs": [str(x.name) for x in required if str(x.name) not in sched.weights],
+        "mask_keywords": list(MASK_KEYWORDS) if mask else [],
+        "mask_query": str(s.inputs[0].name),
+        "mask_key": next((str(x.name) for x in s.inputs if mask and x.shape[0] == s.constants[0].shape[1]), ""),
+        "positional": ", ".join(positional),
     }
 
 
@@ -311,7 +423,7 @@ def render(spec_name: str, backend: str, variant: str = "standard") -> str:
         raise SymattnError(f"unknown variant {variant!r}; choose from {', '.join(VARIANTS)}")
     if spec_name not in specs():
         raise SymattnError(f"unknown spec {spec_name!r}; built-in specs: {', '.join(specs())}")
-    sched = schedule(spec_name)
+    sched = schedule(spec_name, extended=variant == "standard" and spec_name in EXTENDED)
     ctx = context(sched, backend, __version__, variant)
     text = environment().get_template(f"{backend}_module.py.j2").render(**ctx)
     return _tidy(text)

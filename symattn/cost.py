@@ -38,7 +38,10 @@ from sympy.matrices.expressions import (
 from symattn.ops import Elementwise, MergeHeads, RowSoftmax, RowSum, SplitHeads, SumEntries
 
 # Sizes for evaluating symbolic costs (a BERT-base-like head: n = m = 512, d_k = d_v = 64).
-TYPICAL_SIZES: dict[str, int] = {"n": 512, "m": 512, "d": 64, "d_k": 64, "d_v": 64, "d_model": 512, "H": 8}
+TYPICAL_SIZES: dict[str, int] = {
+    **{"n": 512, "m": 512, "d": 64, "d_k": 64, "d_v": 64, "d_model": 512, "H": 8},
+    "d_ff": 2048,  # transformer_block's feed-forward width (4 · d_model)
+}
 
 # FLOPs per entry of entrywise nodes: softmax = row max, subtract, exp, row sum, divide.
 ENTRY_FLOPS: dict[type, int] = {RowSoftmax: 5, Elementwise: 1, HadamardPower: 1}

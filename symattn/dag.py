@@ -128,6 +128,9 @@ def count_uses(values: Iterable[Basic]) -> Counter:
     return counts
 
 
+WEIGHT_PREFIXES = ("W_", "b_", "gamma_", "beta_")
+
+
 def is_weight(symbol: MatrixSymbol) -> bool:
-    """Weights are the inputs named W_… (CONTRACT.md); they carry no batch dimensions."""
-    return str(symbol.name).startswith("W_")
+    """Parameters are the inputs named W_…, b_…, gamma_…, beta_… (CONTRACT.md); they carry no batch dimensions."""
+    return isinstance(symbol, MatrixSymbol) and str(symbol.name).startswith(WEIGHT_PREFIXES)

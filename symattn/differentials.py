@@ -11,8 +11,6 @@ all the way down to the differentials of the symbols in ``tangents``.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from functools import reduce
-from operator import add
 
 import sympy as sp
 from sympy import Basic, MatrixExpr, MatrixSymbol, sympify
@@ -25,11 +23,29 @@ from sympy.matrices.expressions import (
     OneMatrix,
     Trace,
     Transpose,
-    hadamard_product,
 )
+from sympy.matrices.expressions.hadamard import canonicalize as hadamard_canonical
 
 from symattn.errors import UnsupportedNodeError
-from symattn.ops import Exp, Log, MergeHeads, RowSoftmax, RowSum, Sigmoid, SplitHeads, SumEntries, Tanh
+from symattn.ops import (
+    Exp,
+    Gelu,
+    GeluGrad,
+    GeluTanh,
+    GeluTanhGrad,
+    LayerNorm,
+    Log,
+    MergeHeads,
+    RepeatHeads,
+    RowInvStd,
+    RowSoftmax,
+    RowSum,
+    Sigmoid,
+    SplitHeads,
+    SumEntries,
+    SumGroups,
+    Tanh,
+)
 
 
 class Differential(MatrixExpr):
@@ -65,7 +81,15 @@ def defjvp(*node_types: type) -> Callable[[JvpRule], JvpRule]:
 
 
 def _total(terms: list[Basic]) -> Basic | None:
-    return reduce(add, terms) if terms else None
+    """The sum of the terms (None for none), canonical at the top only: a deep doit re-walks shared operands."""
+    if not terms:
+        return None
+    return terms[0] if len(terms) == 1 else MatAdd(*terms).doit(deep=False)
+
+
+def hadamard_product(*factors: Basic) -> Basic:
+    """A ⊙ B ⊙ …, canonical at the top only (SymPy's hadamard_product re-walks every operand)."""
+    return factors[0] if len(factors) == 1 else hadamard_canonical(HadamardProduct(*factors))
 
 
 @defjvp(MatMul)
@@ -204,6 +228,40 @@ def merge_heads_jvp(node: MergeHeads, d: Tangent) -> Basic | None:
     return None if da is None else MergeHeads(da, node.heads)
 
 
+@defjvp(Gelu)
+def gelu_jvp(node: Gelu, d: Tangent) -> Basic | None:
+    """d GELU(A) = GELU′(A) ⊙ dA."""
+    da = d(node.arg)
+    return None if da is None else hadamard_product(GeluGrad(node.arg), da)
+
+
+@defjvp(GeluTanh)
+def gelu_tanh_jvp(node: GeluTanh, d: Tangent) -> Basic | None:
+    """d GELU_tanh(A) = GELU_tanh′(A) ⊙ dA."""
+    da = d(node.arg)
+    return None if da is None else hadamard_product(GeluTanhGrad(node.arg), da)
+
+
+@defjvp(LayerNorm)
+def layer_norm_jvp(node: LayerNorm, d: Tangent) -> Basic | None:
+    """N = LN(A) = (A − A𝟏𝟏ᵀ/k) ⊙ r𝟏ᵀ with r = rstd(A), k columns:
+    dN = r𝟏ᵀ ⊙ (dA − dA 𝟏𝟏ᵀ/k − N ⊙ ((N ⊙ dA) 𝟏𝟏ᵀ)/k)."""
+    da = d(node.arg)
+    if da is None:
+        return None
+    cols = node.shape[1]
+    square = OneMatrix(cols, cols)
+    spread = MatMul(RowInvStd(node.arg, node.eps), OneMatrix(1, cols))
+    inner = _total(
+        [
+            da,
+            MatMul(-1 / cols, da, square),
+            MatMul(-1 / cols, hadamard_product(node, MatMul(hadamard_product(node, da), square))),
+        ]
+    )
+    return hadamard_product(spread, inner)
+
+
 def _rule(node: Basic) -> JvpRule:
     rule = JVP_RULES.get(type(node))
     if rule is None:
@@ -233,3 +291,20 @@ def differential(expr: Basic, tangents: Mapping[MatrixSymbol, Basic]) -> Basic |
         return out
 
     return d(sympify(expr))
+
+
+# Grouped-query heads (appended by helper "masks").
+
+
+@defjvp(RepeatHeads)
+def repeat_heads_jvp(node: RepeatHeads, d: Tangent) -> Basic | None:
+    """d Rep(A) = Rep(dA): repeating blocks is linear."""
+    da = d(node.arg)
+    return None if da is None else RepeatHeads(da, node.kv_heads, node.heads)
+
+
+@defjvp(SumGroups)
+def sum_groups_jvp(node: SumGroups, d: Tangent) -> Basic | None:
+    """d GroupSum(A) = GroupSum(dA): summing blocks is linear."""
+    da = d(node.arg)
+    return None if da is None else SumGroups(da, node.kv_heads, node.heads)

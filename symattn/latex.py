@@ -29,7 +29,18 @@ from sympy.matrices.expressions import (
 
 from symattn.differentials import Differential
 from symattn.errors import UnsupportedNodeError
-from symattn.ops import Elementwise, MergeHeads, RowSoftmax, RowSum, SplitHeads, SumEntries
+from symattn.ops import (
+    Elementwise,
+    LayerNorm,
+    MergeHeads,
+    RepeatHeads,
+    RowInvStd,
+    RowSoftmax,
+    RowSum,
+    SplitHeads,
+    SumEntries,
+    SumGroups,
+)
 
 
 @dataclass(frozen=True)
@@ -64,7 +75,16 @@ LATEX = Notation(
     differential=r"\mathrm{d}",
     head="_{h}",
     sum_heads=r"\sum_{h} ",
-    functions={"exp": r"\exp", "log": r"\log", "tanh": r"\tanh", "sigmoid": r"\sigma"},
+    functions={
+        "exp": r"\exp",
+        "log": r"\log",
+        "tanh": r"\tanh",
+        "sigmoid": r"\sigma",
+        "gelu": r"\operatorname{GELU}",
+        "gelu_tanh": r"\operatorname{GELU}_{\tanh}",
+        "gelu_grad": r"\operatorname{GELU}'",
+        "gelu_tanh_grad": r"\operatorname{GELU}_{\tanh}'",
+    },
 )
 
 TEXT = Notation(
@@ -80,8 +100,20 @@ TEXT = Notation(
     differential="d",
     head="_h",
     sum_heads="Σ_h ",
-    functions={"exp": "exp", "log": "log", "tanh": "tanh", "sigmoid": "σ"},
+    functions={
+        "exp": "exp",
+        "log": "log",
+        "tanh": "tanh",
+        "sigmoid": "σ",
+        "gelu": "GELU",
+        "gelu_tanh": "GELU_tanh",
+        "gelu_grad": "GELU′",
+        "gelu_tanh_grad": "GELU_tanh′",
+    },
 )
+
+
+GREEK = ("alpha", "beta", "gamma", "delta", "epsilon", "lambda", "mu", "sigma", "tau")  # gamma_1 → \gamma_{1}
 
 
 def latex_name(identifier: str) -> str:
@@ -90,7 +122,7 @@ def latex_name(identifier: str) -> str:
     if bar:
         identifier = identifier[4:]
     head, _, tail = identifier.partition("_")
-    base = head if len(head) == 1 else rf"\mathrm{{{head}}}"
+    base = head if len(head) == 1 else (rf"\{head}" if head in GREEK else rf"\mathrm{{{head}}}")
     if bar:
         base = rf"\bar{{{base}}}"
     if not tail:
@@ -263,6 +295,28 @@ class MathPrinter:
 
     def _print_MergeHeads(self, expr: MergeHeads) -> str:
         return self.n.concat + self.paren(self._print(expr.arg))
+
+    def _print_RepeatHeads(self, expr: RepeatHeads) -> str:
+        """Rep(A): query head h reads kv block ⌊h / (H / H_kv)⌋ (grouped-query attention)."""
+        name = r"\operatorname{Rep}" if self.n is LATEX else "Rep"
+        return name + self.paren(self._print(expr.arg))
+
+    def _print_SumGroups(self, expr: SumGroups) -> str:
+        """GroupSum(A): kv block j is the sum of the blocks of the query heads it serves."""
+        name = r"\operatorname{GroupSum}" if self.n is LATEX else "GroupSum"
+        return name + self.paren(self._print(expr.arg))
+
+    # Row statistics (LayerNorm).
+
+    def _print_LayerNorm(self, expr: LayerNorm) -> str:
+        """LN(A): each row standardised."""
+        name = r"\operatorname{LN}" if self.n is LATEX else "LN"
+        return name + self.paren(self._print(expr.arg))
+
+    def _print_RowInvStd(self, expr: RowInvStd) -> str:
+        """rstd(A): the column of 1 / √(row variance + ε)."""
+        name = r"\operatorname{rstd}" if self.n is LATEX else "rstd"
+        return name + self.paren(self._print(expr.arg))
 
     # Differentials.
 

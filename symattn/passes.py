@@ -16,7 +16,7 @@ from symattn.ops import RowSum
 
 
 def fold_scalar_multiples(forward: list[Assignment], keep: set) -> list[Assignment]:
-    """Fold S into A when A = c·S and S is used nowhere else: one n × m pass fewer.
+    """Fold S into A when A = c·S (or c·S + M) and S is used nowhere else: one n × m pass fewer.
 
     (The printer then puts c on the smaller factor: A = (c·Q) Kᵀ.)
     """
@@ -25,17 +25,30 @@ def fold_scalar_multiples(forward: list[Assignment], keep: set) -> list[Assignme
         for a in forward:
             if a.target in keep or counts[a.target] != 1:
                 continue
-            user = next((b for b in forward if isinstance(b.value, MatMul) and a.target in b.value.args), None)
-            if user is None:
+            found = next(((b, t) for b in forward for t in _terms(b.value) if _is_multiple_of(t, a.target)), None)
+            if found is None:
                 continue
-            coeff, mats = factors(user.value)
-            if mats != [a.target]:
-                continue
-            merged = product(coeff, [a.value])
-            forward = [Assignment(b.target, merged) if b is user else b for b in forward if b is not a]
+            user, term = found
+            merged = product(factors(term)[0], [a.value])
+            value = (
+                merged
+                if term is user.value
+                else user.value.func(*(merged if t is term else t for t in user.value.args))
+            )
+            forward = [Assignment(b.target, value) if b is user else b for b in forward if b is not a]
             break
         else:
             return forward
+
+
+def _terms(value: Basic) -> tuple[Basic, ...]:
+    """The terms of a sum, or the value itself."""
+    return value.args if isinstance(value, sp.MatAdd) else (value,)
+
+
+def _is_multiple_of(term: Basic, symbol: MatrixSymbol) -> bool:
+    """Is term c·symbol for a scalar c?"""
+    return isinstance(term, MatMul) and factors(term)[1] == [symbol]
 
 
 def fuse_projections(forward: list[Assignment], backward: list[Assignment]) -> tuple[list, list]:

@@ -34,7 +34,61 @@ NUMPY_HELPERS = {
     a = np.swapaxes(a, -2, -3)
     return a.reshape(*a.shape[:-2], a.shape[-2] * a.shape[-1])
 ''',
+    "repeat_heads": '''def repeat_heads(a, heads):
+    """(..., kv_heads, n, k) -> (..., heads, n, k): head h reads kv head h // (heads // kv_heads)."""
+    return a if a.shape[-3] == heads else np.repeat(a, heads // a.shape[-3], axis=-3)
+''',
+    "sum_groups": '''def sum_groups(a, heads):
+    """(..., H, n, k) -> (..., heads, n, k): each group of H // heads consecutive heads summed."""
+    if a.shape[-3] == heads:
+        return a
+    return a.reshape(*a.shape[:-3], heads, a.shape[-3] // heads, *a.shape[-2:]).sum(axis=-3)
+''',
+    "erf": '''def erf(x):
+    """erf(x) = 2/√π exp(−x²) Σ_k 2^k x^(2k+1) / (1·3·…·(2k+1)): positive terms, no cancellation;
+    ±1 to double precision past |x| = 6."""
+    a = np.clip(x, -6.0, 6.0)
+    a2 = a * a
+    term = a * 1.0
+    total = a * 1.0
+    for k in range(1, 160):
+        term = term * (2.0 * a2) / (2 * k + 1)
+        total = total + term
+        if np.all(np.abs(term) <= 1e-17 * np.abs(total)):
+            break
+    return 1.1283791670955126 * np.exp(-a2) * total
+''',
+    "gelu": '''def gelu(a):
+    """x Φ(x) = x (1 + erf(x / √2)) / 2, entrywise."""
+    return 0.5 * a * (1.0 + erf(a * 0.7071067811865476))
+''',
+    "gelu_grad": '''def gelu_grad(a):
+    """GELU′(x) = Φ(x) + x φ(x), entrywise."""
+    return 0.5 * (1.0 + erf(a * 0.7071067811865476)) + a * np.exp(-0.5 * a * a) * 0.3989422804014327
+''',
+    "gelu_tanh": '''def gelu_tanh(a):
+    """x (1 + tanh(√(2/π) (x + 0.044715 x³))) / 2, entrywise."""
+    return 0.5 * a * (1.0 + np.tanh(0.7978845608028654 * (a + 0.044715 * a * a * a)))
+''',
+    "gelu_tanh_grad": '''def gelu_tanh_grad(a):
+    """The derivative of gelu_tanh: (1 + t) / 2 + x (1 − t²) k (1 + 3 c x²) / 2, t = tanh(k (x + c x³))."""
+    t = np.tanh(0.7978845608028654 * (a + 0.044715 * a * a * a))
+    return 0.5 * (1.0 + t) + 0.5 * a * (1.0 - t * t) * 0.7978845608028654 * (1.0 + 0.134145 * a * a)
+''',
+    "layer_norm": '''def layer_norm(a, eps):
+    """Each row standardised: (a − mean) / √(biased variance + eps), along the last axis."""
+    c = a - a.mean(axis=-1, keepdims=True)
+    return c / np.sqrt((c * c).mean(axis=-1, keepdims=True) + eps)
+''',
+    "row_inv_std": '''def row_inv_std(a, eps):
+    """1 / √(biased variance + eps) of each row, as a column (..., n, 1)."""
+    c = a - a.mean(axis=-1, keepdims=True)
+    return 1.0 / np.sqrt((c * c).mean(axis=-1, keepdims=True) + eps)
+''',
 }
+
+# helpers whose source calls other helpers
+HELPER_NEEDS = {"gelu": ("erf",), "gelu_grad": ("erf",)}
 
 
 class NumPyMatrixPrinter(NumPyPrinter):
@@ -43,8 +97,18 @@ class NumPyMatrixPrinter(NumPyPrinter):
     printmethod = "_symattn_numpy"
     module_alias = "np"
     helpers_table = NUMPY_HELPERS
+    helper_needs = HELPER_NEEDS
     # name of the call that evaluates each entrywise node
-    elementwise = {"exp": "np.exp", "log": "np.log", "tanh": "np.tanh", "sigmoid": "sigmoid"}
+    elementwise = {
+        "exp": "np.exp",
+        "log": "np.log",
+        "tanh": "np.tanh",
+        "sigmoid": "sigmoid",
+        "gelu": "gelu",
+        "gelu_tanh": "gelu_tanh",
+        "gelu_grad": "gelu_grad",
+        "gelu_tanh_grad": "gelu_tanh_grad",
+    }
 
     def __init__(self, settings: dict | None = None) -> None:
         super().__init__(settings)
@@ -57,6 +121,7 @@ class NumPyMatrixPrinter(NumPyPrinter):
 
     def helper(self, name: str) -> str:
         self.helpers_used.add(name)
+        self.helpers_used.update(self.helper_needs.get(name, ()))
         return name
 
     def helper_source(self) -> str:
@@ -158,6 +223,18 @@ class NumPyMatrixPrinter(NumPyPrinter):
     def _print_MergeHeads(self, expr: Basic) -> str:
         return f"{self.helper('merge_heads')}({self._print(expr.arg)}, {self._print(expr.heads)})"
 
+    def _print_RepeatHeads(self, expr: Basic) -> str:
+        return f"{self.helper('repeat_heads')}({self._print(expr.arg)}, {self._print(expr.heads)})"
+
+    def _print_SumGroups(self, expr: Basic) -> str:
+        return f"{self.helper('sum_groups')}({self._print(expr.arg)}, {self._print(expr.kv_heads)})"
+
+    def _print_LayerNorm(self, expr: Basic) -> str:
+        return f"{self.helper('layer_norm')}({self._print(expr.arg)}, {self._print(expr.eps)})"
+
+    def _print_RowInvStd(self, expr: Basic) -> str:
+        return f"{self.helper('row_inv_std')}({self._print(expr.arg)}, {self._print(expr.eps)})"
+
     def _print_Identity(self, expr: Basic) -> str:
         return f"np.eye({self._print(expr.shape[0])})"
 
@@ -186,9 +263,34 @@ EXACT_HELPERS = {
 """,
     "split_heads": NUMPY_HELPERS["split_heads"],
     "merge_heads": NUMPY_HELPERS["merge_heads"],
+    "repeat_heads": NUMPY_HELPERS["repeat_heads"],
+    "sum_groups": NUMPY_HELPERS["sum_groups"],
     "exp": "exp = np.vectorize(ExpAtom, otypes=[object])\n",
     "log": "log = np.vectorize(sp.log, otypes=[object])\n",
     "tanh": "tanh = np.vectorize(sp.tanh, otypes=[object])\n",
+    "gelu": "gelu = np.vectorize(lambda x: x * (1 + sp.erf(x / sp.sqrt(2))) / 2, otypes=[object])\n",
+    "gelu_grad": "gelu_grad = np.vectorize(lambda x: (1 + sp.erf(x / sp.sqrt(2))) / 2"
+    " + x * sp.exp(-(x**2) / 2) / sp.sqrt(2 * sp.pi), otypes=[object])\n",
+    "gelu_tanh": "gelu_tanh = np.vectorize(lambda x: x * (1 + sp.tanh(sp.sqrt(2 / sp.pi)"
+    " * (x + sp.Float('0.044715') * x**3))) / 2, otypes=[object])\n",
+    "gelu_tanh_grad": """def _gelu_tanh_grad(x):
+    k, c = sp.sqrt(2 / sp.pi), sp.Float("0.044715")
+    t = sp.tanh(k * (x + c * x**3))
+    return (1 + t) / 2 + x * (1 - t**2) * k * (1 + 3 * c * x**2) / 2
+
+
+gelu_tanh_grad = np.vectorize(_gelu_tanh_grad, otypes=[object])
+""",
+    "layer_norm": """def layer_norm(a, eps):
+    c = a - a.sum(axis=-1, keepdims=True) / a.shape[-1]
+    root = np.vectorize(lambda v: sp.sqrt(v + eps), otypes=[object])
+    return c / root((c * c).sum(axis=-1, keepdims=True) / a.shape[-1])
+""",
+    "row_inv_std": """def row_inv_std(a, eps):
+    c = a - a.sum(axis=-1, keepdims=True) / a.shape[-1]
+    root = np.vectorize(lambda v: 1 / sp.sqrt(v + eps), otypes=[object])
+    return root((c * c).sum(axis=-1, keepdims=True) / a.shape[-1])
+""",
 }
 
 
@@ -203,7 +305,17 @@ class ExactPrinter(NumPyMatrixPrinter):
     """The same language for object arrays of exact SymPy numbers."""
 
     helpers_table = EXACT_HELPERS
-    elementwise = {"exp": "exp", "log": "log", "tanh": "tanh", "sigmoid": "sigmoid"}
+    helper_needs: dict = {}  # the exact helpers call SymPy's erf themselves
+    elementwise = {
+        "exp": "exp",
+        "log": "log",
+        "tanh": "tanh",
+        "sigmoid": "sigmoid",
+        "gelu": "gelu",
+        "gelu_tanh": "gelu_tanh",
+        "gelu_grad": "gelu_grad",
+        "gelu_tanh_grad": "gelu_tanh_grad",
+    }
 
     def _module_format(self, fqn: str, register: bool = True) -> str:
         if fqn.startswith("numpy."):  # scalar functions of dims, e.g. sqrt(d_k), stay exact

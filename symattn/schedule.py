@@ -85,6 +85,8 @@ class Schedule:
     backward: tuple[Assignment, ...]
     gradients: tuple[tuple[str, MatrixSymbol], ...]
     constants: tuple[tuple[sp.Symbol, Basic], ...] = ()
+    # inputs that may be absent (None at run time): the biases and the additive mask M of an extended schedule
+    optional: frozenset[str] = frozenset()
 
     @property
     def inputs(self) -> tuple[MatrixSymbol, ...]:
@@ -95,14 +97,26 @@ class Schedule:
         return any(s.name not in self.weights for s in expr.atoms(MatrixSymbol))
 
 
-def _options(name: str) -> tuple[dict, tuple[Option, ...]]:
-    """Spec options made symbolic, so that one generated module serves every value."""
+def _options(name: str, extended: bool = False) -> tuple[dict, tuple[Option, ...]]:
+    """Spec options made symbolic, so that one generated module serves every value.
+
+    extended: the spec with every optional part on (the additive mask M; for mha the biases
+    and num_kv_heads = H_kv), for the generated modules whose keywords switch those parts on.
+    """
     if name == "attention":
         scale = sp.Symbol("scale", real=True)
-        return {"scale": scale}, (Option("scale", scale, 1 / sp.sqrt(dim("d_k"))),)
+        more = {"mask": True} if extended else {}
+        return {"scale": scale, **more}, (Option("scale", scale, 1 / sp.sqrt(dim("d_k"))),)
     if name == "mha":
-        return {}, (Option("num_heads", dim("H"), None),)
+        heads = Option("num_heads", dim("H"), None)
+        if not extended:
+            return {}, (heads,)
+        kv_heads = Option("num_kv_heads", dim("H_kv"), dim("H"))
+        return {"num_kv_heads": kv_heads.symbol, "bias": True, "mask": True}, (heads, kv_heads)
     return {}, ()
+
+
+EXTENDED = ("attention", "mha")  # the specs whose generated modules take masks (and, for mha, biases and H_kv)
 
 
 def _bindings(inputs: Iterable[MatrixSymbol], known: set) -> tuple[Binding, ...]:
@@ -128,17 +142,20 @@ def _bindings(inputs: Iterable[MatrixSymbol], known: set) -> tuple[Binding, ...]
     return tuple(found)
 
 
-def _shared(values: list[Basic]) -> Basic | None:
-    """The largest non-trivial subexpression used at least twice, if any."""
+def _shared(values: list[Basic], labelled: frozenset = frozenset()) -> Basic | None:
+    """The largest non-trivial subexpression used at least twice, if any (one with a label first)."""
     counts = count_uses(values)
     shared = [e for e, c in counts.items() if c > 1 and not is_trivial(e) and isinstance(e, MatrixExpr)]
     if not shared:
         return None
-    return max(shared, key=lambda e: (sp.count_ops(e), str(e)))
+    return max(shared, key=lambda e: (e in labelled, sp.count_ops(e), str(e)))
 
 
 def _product_name(expr: Basic) -> str:
     """An identifier for the cotangent of an unnamed product such as Q W_Q: dQW_Q."""
+    if isinstance(expr, sp.MatAdd):  # Q W_Q + 𝟏 b_Q: named after its product, dQW_Q
+        products = [t for t in expr.args if isinstance(t, MatMul) and not t.has(sp.OneMatrix)]
+        return _product_name(products[0]) if len(products) == 1 else ""
     _, mats = factors(expr) if isinstance(expr, MatMul) else (1, [expr])
     if all(isinstance(m, MatrixSymbol) for m in mats):
         return "d" + "".join(str(m.name) for m in mats)
@@ -214,7 +231,7 @@ def _sweep(forward: list[Assignment], inputs: tuple, seed: MatrixSymbol) -> tupl
         wrt = [x for x in a.value.atoms(MatrixSymbol) if x in inputs or x in targets]
         tape = backward(a.value, wrt, g)
         for node, cot in tape.cotangents.items():
-            if isinstance(node, MatMul) and node not in wrt and _product_name(node):
+            if isinstance(node, (MatMul, sp.MatAdd)) and node not in wrt and _product_name(node):
                 interior[named.substitute(cot)] = _product_name(node)
         for x in wrt:
             if x in tape.cotangents:
@@ -252,10 +269,18 @@ def _simplified(backward_values: list[Assignment], forward: list[Assignment]) ->
 
 
 @functools.cache
-def schedule(name: str) -> Schedule:
-    """The forward and backward schedule of the built-in spec called name."""
-    spec_options, options = _options(name)
-    s = spec(name, **spec_options)
+def schedule(name: str, extended: bool = False) -> Schedule:
+    """The forward and backward schedule of the built-in spec called name (extended: see _options)."""
+    spec_options, options = _options(name, extended)
+    return schedule_spec(spec(name, **spec_options), options)
+
+
+def schedule_spec(s: Spec, options: tuple[Option, ...] = ()) -> Schedule:
+    """The forward and backward schedule of a spec; options are its symbolic keyword options.
+
+    The spec's constants (the additive mask M) and, when M is present, the inputs named b_…
+    are optional: the generated code skips a term whose input is None.
+    """
     seed = MatrixSymbol(SEED, *s.output.shape)
 
     # Forward: the spec's intermediates in order, then the output.
@@ -278,7 +303,7 @@ def schedule(name: str) -> Schedule:
 
     # Any other subexpression used twice gets a name and is computed once.
     serial = 0
-    while (shared := _shared([a.value for a in backward_values])) is not None:
+    while (shared := _shared([a.value for a in backward_values], frozenset(interior))) is not None:
         label = interior.get(shared, "")
         if not label or any(str(a.target.name) == label for a in backward_values):
             serial += 1
@@ -314,7 +339,16 @@ def schedule(name: str) -> Schedule:
         backward=tuple(backward_values),
         gradients=tuple(gradients),
         constants=constants,
+        optional=_optional(s),
     )
+
+
+def _optional(s: Spec) -> frozenset[str]:
+    """The inputs a generated module may be called without: the constants, and the biases next to them."""
+    constants = {str(c.name) for c in s.constants}
+    if not constants:
+        return frozenset()
+    return frozenset(constants | {str(x.name) for x in s.inputs if str(x.name).startswith("b_")})
 
 
 def _needed_forward(forward: list[Assignment], output: MatrixSymbol) -> list[Assignment]:

@@ -13,7 +13,7 @@ import sympy as sp
 from sympy import Basic, MatrixExpr, MatrixSymbol
 
 from symattn.errors import SymattnError, UnknownSpecError
-from symattn.ops import merge_heads, softmax, split_heads
+from symattn.ops import merge_heads, repeat_heads, softmax, split_heads
 
 
 def dim(name: str) -> sp.Symbol:
@@ -32,6 +32,7 @@ class Spec:
     intermediates: tuple[tuple[str, MatrixExpr], ...] = ()
     options: Mapping[str, object] = field(default_factory=dict)
     dims: Mapping[str, int] = field(default_factory=dict)
+    constants: tuple[MatrixSymbol, ...] = ()  # inputs that are not differentiated (the additive mask M)
 
     @property
     def input_names(self) -> tuple[str, ...]:
@@ -45,13 +46,18 @@ class Spec:
         raise SymattnError(f"spec {self.name!r} has no input {name!r}; inputs: {', '.join(self.input_names)}")
 
 
-def _attention_core(q: MatrixExpr, k: MatrixExpr, v: MatrixExpr, scale: Basic, suffix: str = ""):
-    """S = Q Kᵀ, A = scale·S, P = softmax(A), O = P V, with the intermediates named."""
+def _attention_core(
+    q: MatrixExpr, k: MatrixExpr, v: MatrixExpr, scale: Basic, suffix: str = "", mask: MatrixSymbol | None = None
+):
+    """S = Q Kᵀ, A = scale·S (+ M), P = softmax(A), O = P V, with the intermediates named."""
     s = q * k.T
     a = scale * s if scale != 1 else s
+    if mask is not None:
+        a = a + mask
     p = softmax(a)
     o = p * v
-    named = [("S" + suffix, s)] + ([("A" + suffix, a)] if scale != 1 else []) + [("P" + suffix, p), ("O" + suffix, o)]
+    scaled = scale != 1 or mask is not None
+    named = [("S" + suffix, s)] + ([("A" + suffix, a)] if scaled else []) + [("P" + suffix, p), ("O" + suffix, o)]
     return o, named
 
 
@@ -64,12 +70,36 @@ def _scale(option, d_k: sp.Symbol) -> Basic:
     return sp.nsimplify(value) if isinstance(value, sp.Float) else value
 
 
-def attention(scale=None) -> Spec:
-    """softmax(scale · Q Kᵀ) V (seed 004 has scale = 1)."""
+def _flag(name: str, value) -> bool:
+    """A yes/no option: True/False, 1/0, or (from the command line) "true"/"false"."""
+    if isinstance(value, str) and value.lower() in ("true", "false"):
+        return value.lower() == "true"
+    if not isinstance(value, bool) and value not in (0, 1):
+        raise SymattnError(f"{name} must be True or False, got {value!r}")
+    return bool(value)
+
+
+def _mask(n: Basic, m: Basic, **flags) -> MatrixSymbol | None:
+    """The additive mask M (n × m): 0 where a key is allowed, −∞ where not, or any float.
+
+    Every mask option (mask: an additive float or boolean attn_mask; causal; key_padding_mask)
+    enters the derivation the same way, A = scale·Q Kᵀ + M with M not differentiated.
+    """
+    on = [name for name, value in flags.items() if _flag(name, value)]
+    return MatrixSymbol("M", n, m) if on else None
+
+
+def attention(scale=None, mask=False, causal=False, key_padding_mask=False) -> Spec:
+    """softmax(scale · Q Kᵀ) V (seed 004 has scale = 1); with a mask option, softmax(scale · Q Kᵀ + M) V."""
     n, m, d_k, d_v = dim("n"), dim("m"), dim("d_k"), dim("d_v")
     q, k, v = MatrixSymbol("Q", n, d_k), MatrixSymbol("K", m, d_k), MatrixSymbol("V", m, d_v)
-    out, named = _attention_core(q, k, v, _scale(scale, d_k))
-    return Spec("attention", "softmax(scale · Q Kᵀ) V", (q, k, v), out, tuple(named), {"scale": scale})
+    masks = {"mask": mask, "causal": causal, "key_padding_mask": key_padding_mask}
+    m_add = _mask(n, m, **masks)
+    out, named = _attention_core(q, k, v, _scale(scale, d_k), mask=m_add)
+    options = {"scale": scale} | {key: True for key, value in masks.items() if value}
+    summary = "softmax(scale · Q Kᵀ) V" if m_add is None else "softmax(scale · Q Kᵀ + M) V, M the additive mask"
+    constants = () if m_add is None else (m_add,)
+    return Spec("attention", summary, (q, k, v), out, tuple(named), options, constants=constants)
 
 
 def self_attention() -> Spec:
@@ -84,32 +114,70 @@ def self_attention() -> Spec:
     return Spec("self_attention", "softmax(X W_Q (X W_K)ᵀ / √d_k) X W_V", (x, w_q, w_k, w_v), out, tuple(named))
 
 
-def mha(num_heads=None) -> Spec:
-    """Concat(head_1 … head_H) W_O, head_h = attention(Q W_Q[:,h], K W_K[:,h], V W_V[:,h]) (seeds 000, 002)."""
-    if num_heads is None:
-        heads: Basic = dim("H")
-    else:
-        if isinstance(num_heads, bool) or not isinstance(num_heads, int) or num_heads < 1:
-            raise SymattnError(f"num_heads must be a positive integer, got {num_heads!r}")
-        heads = sp.Integer(num_heads)
+def _heads(option, what: str, symbol: str) -> Basic:
+    """A head count: a symbol when None (or given as a symbol), else a positive integer."""
+    if option is None:
+        return dim(symbol)
+    if isinstance(option, sp.Symbol):
+        return option
+    if isinstance(option, bool) or not isinstance(option, int) or option < 1:
+        raise SymattnError(f"{what} must be a positive integer, got {option!r}")
+    return sp.Integer(option)
+
+
+def mha(
+    num_heads=None, num_kv_heads=None, bias=False, mask=False, causal=False, key_padding_mask=False
+) -> Spec:
+    """Concat(head_1 … head_H) W_O, head_h = attention(Q W_Q[:,h], K W_K[:,h], V W_V[:,h]) (seeds 000, 002).
+
+    Options: bias adds b_Q, b_K, b_V, b_O (1 × columns, broadcast over tokens: Q W_Q + 𝟏 b_Q);
+    num_kv_heads = H_kv (dividing H) gives grouped-query attention, W_K and W_V d_model × H_kv·d_k,
+    query head h reading kv head ⌊h / (H / H_kv)⌋; a mask option adds M (n × m) to every head's scores.
+    """
+    heads = _heads(num_heads, "num_heads", "H")
+    kv_heads = heads if num_kv_heads is None else _heads(num_kv_heads, "num_kv_heads", "H_kv")
+    if heads.is_Integer and kv_heads.is_Integer and heads % kv_heads:
+        raise SymattnError(f"num_kv_heads = {kv_heads} does not divide num_heads = {heads}")
+    grouped = kv_heads != heads
     n, m, d_k = dim("n"), dim("m"), dim("d_k")
     d_model = heads * d_k
+    d_kv = kv_heads * d_k
     q, k, v = MatrixSymbol("Q", n, d_model), MatrixSymbol("K", m, d_model), MatrixSymbol("V", m, d_model)
-    w = {name: MatrixSymbol(name, d_model, d_model) for name in ("W_Q", "W_K", "W_V", "W_O")}
-    q_h = split_heads(q * w["W_Q"], heads)
-    k_h = split_heads(k * w["W_K"], heads)
-    v_h = split_heads(v * w["W_V"], heads)
-    o_h, named = _attention_core(q_h, k_h, v_h, 1 / sp.sqrt(d_k), suffix="_h")
+    w = {name: MatrixSymbol(name, d_model, d_kv if name in ("W_K", "W_V") else d_model) for name in WEIGHTS}
+    b = {name: MatrixSymbol(name, 1, d_kv if name in ("b_K", "b_V") else d_model) for name in BIASES}
+    use_bias = _flag("bias", bias)
+
+    def project(x: MatrixSymbol, which: str, rows: Basic) -> MatrixExpr:
+        y = x * w["W_" + which]
+        return y + sp.OneMatrix(rows, 1) * b["b_" + which] if use_bias else y
+
+    q_h = split_heads(project(q, "Q", n), heads)
+    k_h = split_heads(project(k, "K", m), kv_heads)
+    v_h = split_heads(project(v, "V", m), kv_heads)
+    if grouped:
+        k_h, v_h = repeat_heads(k_h, kv_heads, heads), repeat_heads(v_h, kv_heads, heads)
+    masks = {"mask": mask, "causal": causal, "key_padding_mask": key_padding_mask}
+    m_add = _mask(n, m, **masks)
+    o_h, named = _attention_core(q_h, k_h, v_h, 1 / sp.sqrt(d_k), suffix="_h", mask=m_add)
     concat = merge_heads(o_h, heads)
+    out = concat * w["W_O"] + sp.OneMatrix(n, 1) * b["b_O"] if use_bias else concat * w["W_O"]
     named = [("Q_h", q_h), ("K_h", k_h), ("V_h", v_h)] + named + [("C", concat)]
-    return Spec(
-        "mha",
-        "Concat(head_1, …, head_H) W_O, head_h = attention(Q W_Q_h, K W_K_h, V W_V_h)",
-        (q, k, v, w["W_Q"], w["W_K"], w["W_V"], w["W_O"]),
-        concat * w["W_O"],
-        tuple(named),
-        {"num_heads": num_heads},
-    )
+    options = {"num_heads": num_heads} | {
+        key: value for key, value in (("num_kv_heads", num_kv_heads), ("bias", use_bias), *masks.items()) if value
+    }
+    summary = "Concat(head_1, …, head_H) W_O, head_h = attention(Q W_Q_h, K W_K_h, V W_V_h)"
+    if use_bias:
+        summary = "Concat(head_1, …, head_H) W_O + 𝟏 b_O, head_h = attention((Q W_Q + 𝟏 b_Q)_h, …)"
+    if grouped:
+        summary += f"; {kv_heads} K, V heads"
+    if m_add is not None:
+        summary += "; scores + M"
+    inputs = (q, k, v, *w.values()) + (tuple(b.values()) if use_bias else ())
+    return Spec("mha", summary, inputs, out, tuple(named), options, constants=(m_add,) if m_add is not None else ())
+
+
+WEIGHTS = ("W_Q", "W_K", "W_V", "W_O")
+BIASES = ("b_Q", "b_K", "b_V", "b_O")
 
 
 BUILTIN: dict[str, Callable[..., Spec]] = {
@@ -117,6 +185,10 @@ BUILTIN: dict[str, Callable[..., Spec]] = {
     "self_attention": self_attention,
     "mha": mha,
 }
+
+from symattn.block import transformer_block  # noqa: E402  (block.py builds on Spec and dim above)
+
+BUILTIN["transformer_block"] = transformer_block
 
 
 def specs() -> list[str]:

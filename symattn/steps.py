@@ -56,6 +56,8 @@ REASONS: dict[str, tuple[str, str]] = {
     "RowSum": ("row sums are linear", "cyclic property of the trace"),
     "SplitHeads": ("head blocks are linear", "sum over heads is the trace of the concatenation"),
     "MergeHeads": ("concatenation is linear", "trace of a concatenation is the sum over heads"),
+    "RepeatHeads": ("repeating head blocks is linear", "a kv head collects the sum over its group of heads"),
+    "SumGroups": ("summing head blocks is linear", "each head of a group receives its group's cotangent"),
 }
 
 
@@ -267,8 +269,10 @@ class Evaluator:
         self.d_target = MatrixSymbol(f"d{c.target.name}", *c.target.shape)
         self.args = [*spec.inputs, c.seed, self.d_target]
         self.values = [random_matrix(s, self.dims, rng) for s in self.args]
+        self.constants = {s: random_matrix(s, self.dims, rng) for s in getattr(spec, "constants", ())}
         self.tangents = {c.target: self.d_target}
         self.known: dict[MatrixSymbol, np.ndarray] = {s: v for s, v in zip(self.args, self.values)}
+        self.known.update(self.constants)
         self.differentials: dict[Differential, MatrixSymbol] = {}
         for item in c.items:  # each name's value, from its printed definition
             if isinstance(item, Definition):
@@ -304,7 +308,7 @@ class Evaluator:
     def central_difference(self, eps: float = 1e-6) -> float:
         """(f(W + ε dW) − f(W − ε dW)) / 2ε for f = tr(Gᵀ Y)."""
         spec, c = self.chain.spec, self.chain
-        forward = lambdify(list(spec.inputs), spec.output, dims=self.fixed)
+        forward = lambdify([*spec.inputs, *self.constants], spec.output, dims=self.fixed)
         where = list(spec.inputs).index(c.target)
         base = self.values[: len(spec.inputs)]
         g, dw = self.values[len(spec.inputs)], self.values[-1]
@@ -312,7 +316,7 @@ class Evaluator:
         def f(sign: float) -> float:
             moved = list(base)
             moved[where] = base[where] + sign * eps * dw
-            return float(np.sum(g * forward(*moved)))
+            return float(np.sum(g * forward(*moved, *self.constants.values())))
 
         return (f(1.0) - f(-1.0)) / (2 * eps)
 

@@ -29,6 +29,19 @@ from symattn.printers import NUMPY_HELPERS, NumPyMatrixPrinter, _split_sign
 
 GENERATED_NUMPY_HELPERS = {
     **NUMPY_HELPERS,
+    "add_optional": '''def add_optional(a, b):
+    """a + b, or a itself when b is None (an absent bias or mask)."""
+    return a if b is None else a + b
+''',
+    "masked_row_softmax": '''def masked_row_softmax(a, out=None):
+    """row_softmax for rows that may hold -inf: a row whose entries are all -inf gives zeros, not NaN."""
+    top = a.max(axis=-1, keepdims=True)
+    top[top == -np.inf] = 0.0
+    out = np.subtract(a, top, out=out)
+    np.exp(out, out=out)
+    out /= np.maximum(out.sum(axis=-1, keepdims=True), 1.0)  # the row max gives exp(0) = 1 unless all are -inf
+    return out
+''',
     "row_softmax": '''def row_softmax(a, out=None):
     """softmax along the last axis, the row max subtracted first; out may be a itself."""
     out = np.subtract(a, a.max(axis=-1, keepdims=True), out=out)
@@ -55,6 +68,19 @@ GENERATED_NUMPY_HELPERS = {
 }
 
 TORCH_HELPERS = {
+    "add_optional": '''def add_optional(a, b):
+    """a + b, or a itself when b is None (an absent bias or mask)."""
+    return a if b is None else a + b
+''',
+    "masked_row_softmax": '''def masked_row_softmax(a, out=None):
+    """row_softmax for rows that may hold -inf: a row whose entries are all -inf gives zeros, not NaN."""
+    top = a.amax(dim=-1, keepdim=True)
+    top.masked_fill_(top == float("-inf"), 0.0)
+    out = torch.sub(a, top, out=out)
+    out.exp_()
+    out /= out.sum(dim=-1, keepdim=True).clamp_(min=1.0)  # the row max gives exp(0) = 1 unless all are -inf
+    return out
+''',
     "row_softmax": '''def row_softmax(a, out=None):
     """softmax along the last axis, the row max subtracted first; out may be a itself."""
     out = torch.sub(a, a.amax(dim=-1, keepdim=True), out=out)
@@ -75,6 +101,16 @@ TORCH_HELPERS = {
     a = a.transpose(-2, -3)
     return a.reshape(*a.shape[:-2], a.shape[-2] * a.shape[-1])
 ''',
+    "repeat_heads": '''def repeat_heads(a, heads):
+    """(..., kv_heads, n, k) -> (..., heads, n, k): head h reads kv head h // (heads // kv_heads)."""
+    return a if a.shape[-3] == heads else a.repeat_interleave(heads // a.shape[-3], dim=-3)
+''',
+    "sum_groups": '''def sum_groups(a, heads):
+    """(..., H, n, k) -> (..., heads, n, k): each group of H // heads consecutive heads summed."""
+    if a.shape[-3] == heads:
+        return a
+    return a.reshape(*a.shape[:-3], heads, a.shape[-3] // heads, *a.shape[-2:]).sum(dim=-3)
+''',
     "rows": '''def rows(a):
     """(..., n, k) -> (N, k): every row of every batch element, stacked."""
     return a.reshape(-1, a.shape[-1])
@@ -90,6 +126,31 @@ TORCH_HELPERS = {
     total = e.sum(dim=-1, keepdim=True)
     e /= total
     return e, top + torch.log(total)
+''',
+    "gelu": '''def gelu(a):
+    """x Φ(x), entrywise (exact, erf form)."""
+    return torch.nn.functional.gelu(a)
+''',
+    "gelu_grad": '''def gelu_grad(a):
+    """GELU′(x) = Φ(x) + x φ(x), entrywise."""
+    return 0.5 * (1.0 + torch.erf(a * 0.7071067811865476)) + a * torch.exp(-0.5 * a * a) * 0.3989422804014327
+''',
+    "gelu_tanh": '''def gelu_tanh(a):
+    """x (1 + tanh(√(2/π) (x + 0.044715 x³))) / 2, entrywise."""
+    return torch.nn.functional.gelu(a, approximate="tanh")
+''',
+    "gelu_tanh_grad": '''def gelu_tanh_grad(a):
+    """The derivative of gelu_tanh: (1 + t) / 2 + x (1 − t²) k (1 + 3 c x²) / 2, t = tanh(k (x + c x³))."""
+    t = torch.tanh(0.7978845608028654 * (a + 0.044715 * a * a * a))
+    return 0.5 * (1.0 + t) + 0.5 * a * (1.0 - t * t) * 0.7978845608028654 * (1.0 + 0.134145 * a * a)
+''',
+    "layer_norm": '''def layer_norm(a, eps):
+    """Each row standardised: (a − mean) / √(biased variance + eps), along the last axis."""
+    return torch.nn.functional.layer_norm(a, a.shape[-1:], eps=eps)
+''',
+    "row_inv_std": '''def row_inv_std(a, eps):
+    """1 / √(biased variance + eps) of each row, as a column (..., n, 1)."""
+    return torch.rsqrt(a.var(dim=-1, keepdim=True, correction=0) + eps)
 ''',
 }
 
@@ -158,7 +219,23 @@ class GeneratedCodeMixin:
         """target op operand, written into buffer (NumPy: out=)."""
         return f"np.{op}({target}, {operand}, out={buffer})"
 
+    # Names of inputs that may be None at run time (biases, the mask): their terms are added only when given.
+    optional: frozenset = frozenset()
+    # The name of the additive mask, when there is one: softmax then copes with rows of -inf.
+    mask: str | None = None
+
+    def _optional_term(self, term: Basic) -> bool:
+        value = broadcast_column(term) or term
+        return isinstance(value, sp.MatrixSymbol) and str(value.name) in self.optional
+
     def _print_MatAdd(self, expr: Basic) -> str:
+        optional = [t for t in expr.args if self._optional_term(t)]
+        if optional:
+            rest = [t for t in expr.args if t not in optional]
+            text = self._print(rest[0] if len(rest) == 1 else MatAdd(*rest))
+            for term in optional:
+                text = f"{self.helper('add_optional')}({text}, {self._print(broadcast_column(term) or term)})"
+            return text
         full = [t for t in expr.args if broadcast_column(t) is None]
         terms = sorted(expr.args, key=lambda t: _split_sign(t)[0] < 0)  # dP - D, not -D + dP
         signed = [("add" if _split_sign(t)[0] > 0 else "subtract", _split_sign(t)[1]) for t in terms]
@@ -186,7 +263,7 @@ class GeneratedCodeMixin:
 
     def _print_Elementwise(self, expr: Basic) -> str:
         buffer = self._buffer(expr.arg) if expr.arg.shape == expr.shape else None
-        if buffer is None or expr.function == "sigmoid":
+        if buffer is None or expr.function not in ("exp", "log", "tanh"):  # ufuncs with out= / in-place methods
             return super()._print_Elementwise(expr)
         return self.inplace_function(self.elementwise[expr.function], self._print(expr.arg), buffer)
 
@@ -225,9 +302,11 @@ class GeneratedCodeMixin:
 
     def _print_RowSoftmax(self, expr: Basic) -> str:
         arg = self._print(expr.arg)
-        if isinstance(expr.arg, sp.MatrixSymbol) and arg in self.consumable:
-            return f"{self.helper('row_softmax')}({arg}, out={arg})"
-        return f"{self.helper('row_softmax')}({arg})"
+        out = f", out={arg}" if isinstance(expr.arg, sp.MatrixSymbol) and arg in self.consumable else ""
+        if self.mask is None:
+            return f"{self.helper('row_softmax')}({arg}{out})"
+        plain, masked = self.helper("row_softmax"), self.helper("masked_row_softmax")
+        return f"{plain}({arg}{out}) if {self.mask} is None else {masked}({arg}{out})"
 
     def _print_MatMul(self, expr: Basic) -> str:
         scalars = [a for a in expr.args if not isinstance(a, MatrixExpr)]
@@ -288,6 +367,10 @@ class GeneratedCodeMixin:
         if isinstance(expr, MatMul):
             coeff = sp.Mul(*(a for a in expr.args if not isinstance(a, MatrixExpr)))
             mats = [a for a in expr.args if isinstance(a, MatrixExpr)]
+        if len(mats) == 2 and isinstance(mats[0], OneMatrix) and mats[0].shape[0] == 1 and coeff == 1:
+            if _batched(mats[1], batched):  # 𝟏ᵀ X: the column sums of every row of the batch
+                return self.column_sums(f"{self.helper('rows')}({self._print(mats[1])})")
+            return self.column_sums(self._print(mats[1]))
         if len(mats) == 2 and isinstance(mats[0], Transpose) and all(_batched(m, batched) for m in mats):
             rows = self.helper("rows")
             body = f"{rows}({self._print(mats[0].arg)}).mT @ {rows}({self._print(mats[1])})"
@@ -306,6 +389,10 @@ class GeneratedNumPyPrinter(GeneratedCodeMixin, NumPyMatrixPrinter):
 
     helpers_table = GENERATED_NUMPY_HELPERS
 
+    def column_sums(self, text: str) -> str:
+        """𝟏ᵀ X: the sums of X's columns, as a row."""
+        return f"{text}.sum(axis=0, keepdims=True)"
+
     def concatenate_rows(self, blocks: str) -> str:
         """The blocks of rows in the list called blocks, stacked back into one array."""
         return f"np.concatenate({blocks}, axis=-2)"
@@ -323,6 +410,10 @@ class TorchMatrixPrinter(GeneratedCodeMixin, NumPyMatrixPrinter):
     def batch_scalar(self, text: str) -> str:
         return f"{text}[..., None, None]"
 
+    def column_sums(self, text: str) -> str:
+        """𝟏ᵀ X: the sums of X's columns, as a row."""
+        return f"{text}.sum(dim=0, keepdim=True)"
+
     def concatenate(self, parts: list[str], axis: int) -> str:
         return f"torch.cat([{', '.join(parts)}], dim={axis})"
 
@@ -336,7 +427,17 @@ class TorchMatrixPrinter(GeneratedCodeMixin, NumPyMatrixPrinter):
         return f"{target}.{method}({operand})"
 
     helpers_table = TORCH_HELPERS
-    elementwise = {"exp": "torch.exp", "log": "torch.log", "tanh": "torch.tanh", "sigmoid": "torch.sigmoid"}
+    helper_needs: dict = {}  # torch has erf
+    elementwise = {
+        "exp": "torch.exp",
+        "log": "torch.log",
+        "tanh": "torch.tanh",
+        "sigmoid": "torch.sigmoid",
+        "gelu": "gelu",
+        "gelu_tanh": "gelu_tanh",
+        "gelu_grad": "gelu_grad",
+        "gelu_tanh_grad": "gelu_tanh_grad",
+    }
 
     def _print_RowSum(self, expr: Basic) -> str:
         return f"{self._atom(expr.arg)}.sum(dim=-1, keepdim=True)"

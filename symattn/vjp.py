@@ -26,7 +26,25 @@ from sympy.matrices.expressions import (
 )
 from sympy.matrices.expressions.hadamard import canonicalize as hadamard_canonical
 
-from symattn.ops import Exp, Log, MergeHeads, RowSoftmax, RowSum, Sigmoid, SplitHeads, SumEntries, Tanh
+from symattn.ops import (
+    Exp,
+    Gelu,
+    GeluGrad,
+    GeluTanh,
+    GeluTanhGrad,
+    LayerNorm,
+    Log,
+    MergeHeads,
+    RepeatHeads,
+    RowInvStd,
+    RowSoftmax,
+    RowSum,
+    Sigmoid,
+    SplitHeads,
+    SumEntries,
+    SumGroups,
+    Tanh,
+)
 
 Cotangents = list[tuple[Basic, Basic]]
 VjpRule = Callable[[Basic, Basic], Cotangents]
@@ -256,3 +274,47 @@ def scalar_power_vjp(node: sp.Pow, c: Basic) -> Cotangents:
 def zero_like(a: Basic) -> Basic:
     """The additive zero of a's kind: a zero matrix of its shape, or 0."""
     return ZeroMatrix(*a.shape) if isinstance(a, MatrixExpr) else sp.Integer(0)
+
+
+# Transformer-block nodes.
+
+
+@defvjp(Gelu)
+def gelu_vjp(node: Gelu, g: Basic) -> Cotangents:
+    """tr(Gᵀ d GELU(A)) = tr((G ⊙ GELU′(A))ᵀ dA), GELU′(x) = Φ(x) + x φ(x)."""
+    return [(node.arg, hadamard_product(g, GeluGrad(node.arg)))]
+
+
+@defvjp(GeluTanh)
+def gelu_tanh_vjp(node: GeluTanh, g: Basic) -> Cotangents:
+    """tr(Gᵀ d GELU_tanh(A)) = tr((G ⊙ GELU_tanh′(A))ᵀ dA)."""
+    return [(node.arg, hadamard_product(g, GeluTanhGrad(node.arg)))]
+
+
+@defvjp(LayerNorm)
+def layer_norm_vjp(node: LayerNorm, g: Basic) -> Cotangents:
+    """N = LN(A), r = rstd(A), d columns: dN = r𝟏ᵀ ⊙ (dA − dA 𝟏𝟏ᵀ/d − N ⊙ ((N ⊙ dA) 𝟏𝟏ᵀ)/d), so
+    tr(Gᵀ dN) = tr((r𝟏ᵀ ⊙ (G − rowsum(G) 𝟏ᵀ/d − N ⊙ rowsum(G ⊙ N) 𝟏ᵀ/d))ᵀ dA)."""
+    cols = node.shape[1]
+    ones_row = OneMatrix(1, cols)
+    centred = matadd(
+        g,
+        matmul(-1 / cols, RowSum(g), ones_row),
+        matmul(-1 / cols, hadamard_product(node, matmul(RowSum(hadamard_product(g, node)), ones_row))),
+    )
+    return [(node.arg, hadamard_product(matmul(RowInvStd(node.arg, node.eps), ones_row), centred))]
+
+
+# Grouped-query heads (appended by helper "masks").
+
+
+@defvjp(RepeatHeads)
+def repeat_heads_vjp(node: RepeatHeads, g: Basic) -> Cotangents:
+    """Σ_h tr(G_hᵀ dA_{⌊h/g⌋}) = Σ_j tr((Σ_{h in group j} G_h)ᵀ dA_j): each kv head sums its group's cotangents."""
+    return [(node.arg, SumGroups(g, node.kv_heads, node.heads))]
+
+
+@defvjp(SumGroups)
+def sum_groups_vjp(node: SumGroups, g: Basic) -> Cotangents:
+    """tr(Gᵀ d GroupSum(A)) = Σ_h tr(G_{⌊h/g⌋}ᵀ dA_h): every head of a group receives its group's cotangent."""
+    return [(node.arg, RepeatHeads(g, node.kv_heads, node.heads))]

@@ -89,7 +89,9 @@ def exact_mismatches(
         y = forward({n: mat.xreplace(others) for n, mat in symbols.items()})
         f = sum(g[i, j] * y[i, j] for i in range(y.rows) for j in range(y.cols))
         entrywise = [f.diff(s).xreplace(values) for s in wrt]
-        evaluate = sa.lambdify([*spec.inputs, sp.MatrixSymbol("G", *spec.output.shape)], closed_form, "exact", dims=dims)
+        evaluate = sa.lambdify(
+            [*spec.inputs, sp.MatrixSymbol("G", *spec.output.shape)], closed_form, "exact", dims=dims
+        )
         closed = [sp.sympify(e) for e in evaluate(*arrays, g_array).flat]
         atoms = set().union(*(e.atoms(ExpAtom) for e in entrywise))
         assert atoms == set().union(*(e.atoms(ExpAtom) for e in closed)), "both sides share their exp atoms"
