@@ -12,6 +12,10 @@ Shapes:
     V: (..., m, d_v)
     -> O: (..., n, d_v)
 Option scale (default 1/sqrt(d_k)).
+Masks (keywords): attn_mask (n × m or (..., n, m); bool, True = not allowed, or float, added to the
+scores), key_padding_mask ((..., m) bool, True = ignore that key) and causal (query i sees keys j <= i)
+build the additive mask M (0 or -inf), A = scale Q Kᵀ + M. A row whose keys are all masked gives
+zeros (P = 0) and zero gradients, never NaN (torch.nn.MultiheadAttention gives NaN there).
 
 Forward:
     A = scale Q Kᵀ + M
@@ -139,6 +143,7 @@ def _additive_mask(attn_mask, key_padding_mask, causal, query, key):
             raise ValueError(f"key_padding_mask: expected a bool array (True: ignore a key), got {got}")
         padding = np.where(key_padding_mask, -np.inf, 0.0).astype(query.dtype)[..., None, :]
         mask = padding if mask is None else mask + padding
+    mask = np.broadcast_to(mask, (*mask.shape[:-2], n, m))  # a view: every query row, so that blocks of rows slice it
     return mask
 
 

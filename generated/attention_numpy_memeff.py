@@ -3,7 +3,7 @@
 # ruff: noqa: E741 (O, the attention output, is the derivation's name)
 """attention: forward and closed-form backward in NumPy.
 
-attention = softmax(scale · Q Kᵀ) V.
+attention = softmax(scale · Q Kᵀ + M) V, M the additive mask.
 
 Rows are tokens; inputs may carry leading batch dimensions, weights do not.
 Shapes:
@@ -13,13 +13,17 @@ Shapes:
     -> O: (..., n, d_v)
 Option scale (default 1/sqrt(d_k)).
 Option block_size (default 128).
+Masks (keywords): attn_mask (n × m or (..., n, m); bool, True = not allowed, or float, added to the
+scores), key_padding_mask ((..., m) bool, True = ignore that key) and causal (query i sees keys j <= i)
+build the additive mask M (0 or -inf), A = scale Q Kᵀ + M. A row whose keys are all masked gives
+zeros (P = 0) and zero gradients, never NaN (torch.nn.MultiheadAttention gives NaN there).
 
 Memory-efficient variant: the forward goes through blocks of block_size query rows and
 keeps L, the row log-sum-exp of A, instead of P; the backward recomputes P from A and L
 block by block, so no n × m array is ever whole.
 
 Forward:
-    A = scale Q Kᵀ
+    A = scale Q Kᵀ + M
     P = softmax(A)
     O = P V
 
@@ -43,6 +47,23 @@ SHAPES = {
     "K": "(..., m, d_k)",
     "V": "(..., m, d_v)",
 }
+
+
+def add_optional(a, b):
+    """a + b, or a itself when b is None (an absent bias or mask)."""
+    return a if b is None else a + b
+
+
+def masked_row_softmax_lse(a):
+    """row_softmax_lse for rows that may hold -inf: a row of -inf gives zeros and L = +inf (exp(A - L) = 0)."""
+    top = a.max(axis=-1, keepdims=True)
+    top[top == -np.inf] = 0.0
+    e = np.exp(a - top)
+    total = e.sum(axis=-1, keepdims=True)
+    empty = total == 0
+    e /= np.where(empty, 1.0, total)
+    with np.errstate(divide="ignore"):
+        return e, np.where(empty, np.inf, top + np.log(total))
 
 
 def row_softmax_lse(a):
@@ -100,11 +121,55 @@ def _cotangent(grad_out, saved):
     return grad_out
 
 
-def forward(Q, K, V, *, scale=None, block_size=None):
-    """softmax(scale · Q Kᵀ) V.
+def _additive_mask(attn_mask, key_padding_mask, causal, query, key):
+    """The additive mask M (0 where a query may see a key, -inf where not), or None without a mask.
+
+    attn_mask: (n, m) or (..., n, m), boolean (True: not allowed) or floating (added to the scores);
+    key_padding_mask: (..., m) boolean (True: ignore that key); causal: query i sees keys j <= i.
+    """
+    if not isinstance(causal, bool):
+        raise ValueError(f"causal must be True or False, got {causal!r}")
+    if attn_mask is None and key_padding_mask is None and not causal:
+        return None
+    query, key = np.asarray(query), np.asarray(key)
+    n, m, batch = query.shape[-2], key.shape[-2], query.shape[:-2]
+    mask = None
+    if attn_mask is not None:
+        attn_mask = np.asarray(attn_mask)
+        if attn_mask.shape not in ((n, m), (*batch, n, m)):
+            expected = f"(n, m) = ({n}, {m}) or {(*batch, n, m)}"
+            raise ValueError(f"attn_mask: expected shape {expected}, got {attn_mask.shape}")
+        if attn_mask.dtype == np.bool_:
+            mask = np.where(attn_mask, -np.inf, 0.0).astype(query.dtype)
+        elif np.issubdtype(attn_mask.dtype, np.floating):
+            mask = attn_mask.astype(query.dtype)
+        else:
+            raise ValueError(f"attn_mask: expected a bool or floating-point array, got {attn_mask.dtype}")
+    if causal:
+        future = np.where(np.triu(np.ones((n, m), dtype=bool), 1), -np.inf, 0.0).astype(query.dtype)
+        mask = future if mask is None else mask + future
+    if key_padding_mask is not None:
+        key_padding_mask = np.asarray(key_padding_mask)
+        if key_padding_mask.shape != (*batch, m):
+            raise ValueError(f"key_padding_mask: expected shape (..., m) = {(*batch, m)}, got {key_padding_mask.shape}")
+        if key_padding_mask.dtype != np.bool_:
+            got = key_padding_mask.dtype
+            raise ValueError(f"key_padding_mask: expected a bool array (True: ignore a key), got {got}")
+        padding = np.where(key_padding_mask, -np.inf, 0.0).astype(query.dtype)[..., None, :]
+        mask = padding if mask is None else mask + padding
+    mask = np.broadcast_to(mask, (*mask.shape[:-2], n, m))  # a view: every query row, so that blocks of rows slice it
+    return mask
+
+
+def forward(Q, K, V, *, scale=None, block_size=None, attn_mask=None, key_padding_mask=None, causal=False):
+    """softmax(scale · Q Kᵀ + M) V, M the additive mask.
 
     Returns (O, saved): O of shape (..., n, d_v) and the values backward needs.
+    attn_mask (n × m, bool: True = not allowed, or float: added), key_padding_mask (..., m, bool: True =
+    ignore the key) and causal add the mask M to the scores; a row whose keys are all masked gives zeros
+    and zero gradients, never NaN.
     """
+    M = _additive_mask(attn_mask, key_padding_mask, causal, Q, K)
     Q, K, V = _arrays({"Q": Q, "K": K, "V": V})
     if block_size is None:
         block_size = 128
@@ -123,9 +188,10 @@ def forward(Q, K, V, *, scale=None, block_size=None):
     L_blocks = []
     for start in range(0, Q.shape[-2], block_size):
         block = slice(start, start + block_size)
+        M_b = None if M is None else M[..., block, :]
         Q_b = Q[..., block, :]
-        A_b = (scale * Q_b) @ K.mT
-        P_b, L_b = row_softmax_lse(A_b)
+        A_b = add_optional((scale * Q_b) @ K.mT, M_b)
+        P_b, L_b = row_softmax_lse(A_b) if M is None else masked_row_softmax_lse(A_b)
         O_b = P_b @ V
         O_blocks.append(O_b)
         L_blocks.append(L_b)
@@ -138,6 +204,7 @@ def forward(Q, K, V, *, scale=None, block_size=None):
         "O": O,
         "scale": scale,
         "L": L,
+        "M": M,
         "block_size": block_size,
         "output_shape": O.shape,
         "dtype": O.dtype,
@@ -154,6 +221,7 @@ def backward(saved, grad_out):
     O = saved["O"]
     scale = saved["scale"]
     L = saved["L"]
+    M = saved["M"]
     block_size = saved["block_size"]
     D = (O * grad_out).sum(axis=-1, keepdims=True)
     dQ_blocks = []
@@ -162,10 +230,11 @@ def backward(saved, grad_out):
     for start in range(0, Q.shape[-2], block_size):
         block = slice(start, start + block_size)
         L_b = L[..., block, :]
+        M_b = None if M is None else M[..., block, :]
         Q_b = Q[..., block, :]
         grad_out_b = grad_out[..., block, :]
         D_b = D[..., block, :]
-        A_b = (scale * Q_b) @ K.mT
+        A_b = add_optional((scale * Q_b) @ K.mT, M_b)
         P_b = np.exp(np.subtract(A_b, L_b, out=A_b), out=A_b)
         dP_b = grad_out_b @ V.mT
         dA_b = np.multiply(np.subtract(dP_b, D_b, out=dP_b), P_b, out=dP_b)

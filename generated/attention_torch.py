@@ -12,6 +12,10 @@ Shapes:
     V: (..., m, d_v)
     -> O: (..., n, d_v)
 Option scale (default 1/sqrt(d_k)).
+Masks (keywords): attn_mask (n × m or (..., n, m); bool, True = not allowed, or float, added to the
+scores), key_padding_mask ((..., m) bool, True = ignore that key) and causal (query i sees keys j <= i)
+build the additive mask M (0 or -inf), A = scale Q Kᵀ + M. A row whose keys are all masked gives
+zeros (P = 0) and zero gradients, never NaN (torch.nn.MultiheadAttention gives NaN there).
 
 Forward:
     A = scale Q Kᵀ + M
@@ -133,6 +137,7 @@ def _additive_mask(attn_mask, key_padding_mask, causal, query, key):
         padding = torch.zeros(key_padding_mask.shape, dtype=dtype, device=device)
         padding = padding.masked_fill_(key_padding_mask, float("-inf")).unsqueeze(-2)
         mask = padding if mask is None else mask + padding
+    mask = mask.expand(*mask.shape[:-2], n, m)  # a view: every query row, so that blocks of rows slice it
     return mask
 
 

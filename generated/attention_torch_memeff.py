@@ -3,7 +3,7 @@
 # ruff: noqa: E741 (O, the attention output, is the derivation's name)
 """attention: forward and closed-form backward in PyTorch.
 
-attention = softmax(scale · Q Kᵀ) V.
+attention = softmax(scale · Q Kᵀ + M) V, M the additive mask.
 
 Rows are tokens; inputs may carry leading batch dimensions, weights do not.
 Shapes:
@@ -13,13 +13,17 @@ Shapes:
     -> O: (..., n, d_v)
 Option scale (default 1/sqrt(d_k)).
 Option block_size (default 128).
+Masks (keywords): attn_mask (n × m or (..., n, m); bool, True = not allowed, or float, added to the
+scores), key_padding_mask ((..., m) bool, True = ignore that key) and causal (query i sees keys j <= i)
+build the additive mask M (0 or -inf), A = scale Q Kᵀ + M. A row whose keys are all masked gives
+zeros (P = 0) and zero gradients, never NaN (torch.nn.MultiheadAttention gives NaN there).
 
 Memory-efficient variant: the forward goes through blocks of block_size query rows and
 keeps L, the row log-sum-exp of A, instead of P; the backward recomputes P from A and L
 block by block, so no n × m array is ever whole.
 
 Forward:
-    A = scale Q Kᵀ
+    A = scale Q Kᵀ + M
     P = softmax(A)
     O = P V
 
@@ -43,6 +47,22 @@ SHAPES = {
     "K": "(..., m, d_k)",
     "V": "(..., m, d_v)",
 }
+
+
+def add_optional(a, b):
+    """a + b, or a itself when b is None (an absent bias or mask)."""
+    return a if b is None else a + b
+
+
+def masked_row_softmax_lse(a):
+    """row_softmax_lse for rows that may hold -inf: a row of -inf gives zeros and L = +inf (exp(A - L) = 0)."""
+    top = a.amax(dim=-1, keepdim=True)
+    top.masked_fill_(top == float("-inf"), 0.0)
+    e = torch.exp(a - top)
+    total = e.sum(dim=-1, keepdim=True)
+    empty = total == 0
+    e /= total.masked_fill(empty, 1.0)
+    return e, (top + torch.log(total)).masked_fill_(empty, float("inf"))
 
 
 def row_softmax_lse(a):
@@ -91,7 +111,50 @@ def _positive_int(name, value):
     return value
 
 
-def _forward(Q, K, V, scale, block_size):
+def _additive_mask(attn_mask, key_padding_mask, causal, query, key):
+    """The additive mask M (0 where a query may see a key, -inf where not), or None without a mask.
+
+    attn_mask: (n, m) or (..., n, m), boolean (True: not allowed) or floating (added to the scores);
+    key_padding_mask: (..., m) boolean (True: ignore that key); causal: query i sees keys j <= i.
+    """
+    if not isinstance(causal, bool):
+        raise ValueError(f"causal must be True or False, got {causal!r}")
+    if attn_mask is None and key_padding_mask is None and not causal:
+        return None
+    n, m, batch = query.shape[-2], key.shape[-2], tuple(query.shape[:-2])
+    dtype, device = query.dtype, query.device
+    mask = None
+    if attn_mask is not None:
+        if not isinstance(attn_mask, torch.Tensor) or tuple(attn_mask.shape) not in ((n, m), (*batch, n, m)):
+            got = tuple(attn_mask.shape) if isinstance(attn_mask, torch.Tensor) else type(attn_mask).__name__
+            expected = f"(n, m) = ({n}, {m}) or {(*batch, n, m)}"
+            raise ValueError(f"attn_mask: expected a tensor of shape {expected}, got {got}")
+        if attn_mask.dtype == torch.bool:
+            mask = torch.zeros(attn_mask.shape, dtype=dtype, device=device).masked_fill_(attn_mask, float("-inf"))
+        elif attn_mask.is_floating_point():
+            mask = attn_mask.to(dtype)
+        else:
+            raise ValueError(f"attn_mask: expected a bool or floating-point tensor, got {attn_mask.dtype}")
+    if causal:
+        future = torch.ones(n, m, dtype=torch.bool, device=device).triu_(1)
+        future = torch.zeros(n, m, dtype=dtype, device=device).masked_fill_(future, float("-inf"))
+        mask = future if mask is None else mask + future
+    if key_padding_mask is not None:
+        if not isinstance(key_padding_mask, torch.Tensor) or tuple(key_padding_mask.shape) != (*batch, m):
+            got = key_padding_mask
+            got = tuple(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__
+            raise ValueError(f"key_padding_mask: expected a tensor of shape (..., m) = {(*batch, m)}, got {got}")
+        if key_padding_mask.dtype != torch.bool:
+            got = key_padding_mask.dtype
+            raise ValueError(f"key_padding_mask: expected a bool tensor (True: ignore a key), got {got}")
+        padding = torch.zeros(key_padding_mask.shape, dtype=dtype, device=device)
+        padding = padding.masked_fill_(key_padding_mask, float("-inf")).unsqueeze(-2)
+        mask = padding if mask is None else mask + padding
+    mask = mask.expand(*mask.shape[:-2], n, m)  # a view: every query row, so that blocks of rows slice it
+    return mask
+
+
+def _forward(Q, K, V, M, scale, block_size):
     """The forward pass: (O, saved values for _backward)."""
     Q, K, V = _tensors({"Q": Q, "K": K, "V": V})
     if block_size is None:
@@ -111,9 +174,10 @@ def _forward(Q, K, V, scale, block_size):
     L_blocks = []
     for start in range(0, Q.shape[-2], block_size):
         block = slice(start, start + block_size)
+        M_b = None if M is None else M[..., block, :]
         Q_b = Q[..., block, :]
-        A_b = (scale * Q_b) @ K.mT
-        P_b, L_b = row_softmax_lse(A_b)
+        A_b = add_optional((scale * Q_b) @ K.mT, M_b)
+        P_b, L_b = row_softmax_lse(A_b) if M is None else masked_row_softmax_lse(A_b)
         O_b = P_b @ V
         O_blocks.append(O_b)
         L_blocks.append(L_b)
@@ -126,6 +190,7 @@ def _forward(Q, K, V, scale, block_size):
         "O": O,
         "scale": scale,
         "L": L,
+        "M": M,
         "block_size": block_size,
     }
     return O, saved
@@ -139,6 +204,7 @@ def _backward(saved, grad_out):
     O = saved["O"]
     scale = saved["scale"]
     L = saved["L"]
+    M = saved["M"]
     block_size = saved["block_size"]
     D = (O * grad_out).sum(dim=-1, keepdim=True)
     dQ_blocks = []
@@ -147,10 +213,11 @@ def _backward(saved, grad_out):
     for start in range(0, Q.shape[-2], block_size):
         block = slice(start, start + block_size)
         L_b = L[..., block, :]
+        M_b = None if M is None else M[..., block, :]
         Q_b = Q[..., block, :]
         grad_out_b = grad_out[..., block, :]
         D_b = D[..., block, :]
-        A_b = (scale * Q_b) @ K.mT
+        A_b = add_optional((scale * Q_b) @ K.mT, M_b)
         P_b = A_b.sub_(L_b).exp_()
         dP_b = grad_out_b @ V.mT
         dA_b = dP_b.sub_(D_b).mul_(P_b)
@@ -166,8 +233,8 @@ class AttentionFunction(torch.autograd.Function):
     """attention as an autograd Function whose backward is the generated closed form."""
 
     @staticmethod
-    def forward(ctx, Q, K, V, scale, block_size):
-        O, saved = _forward(Q, K, V, scale, block_size)
+    def forward(ctx, Q, K, V, M, scale, block_size):
+        O, saved = _forward(Q, K, V, M, scale, block_size)
         tensors = [name for name, value in saved.items() if isinstance(value, torch.Tensor)]
         ctx.save_for_backward(*(saved[name] for name in tensors))
         ctx.tensor_names = tensors
@@ -178,15 +245,19 @@ class AttentionFunction(torch.autograd.Function):
     def backward(ctx, grad_out):
         saved = dict(zip(ctx.tensor_names, ctx.saved_tensors), **ctx.constants)
         grads = _backward(saved, grad_out)
-        return grads["Q"], grads["K"], grads["V"], None, None
+        return grads["Q"], grads["K"], grads["V"], None, None, None
 
 
-def forward(Q, K, V, *, scale=None, block_size=None):
-    """softmax(scale · Q Kᵀ) V.
+def forward(Q, K, V, *, scale=None, block_size=None, attn_mask=None, key_padding_mask=None, causal=False):
+    """softmax(scale · Q Kᵀ + M) V, M the additive mask.
 
     Returns O of shape (..., n, d_v), differentiable by the closed-form backward.
+    attn_mask (n × m, bool: True = not allowed, or float: added), key_padding_mask (..., m, bool: True =
+    ignore the key) and causal add the mask M to the scores; a row whose keys are all masked gives zeros
+    and zero gradients, never NaN.
     """
-    return AttentionFunction.apply(Q, K, V, scale, block_size)
+    M = _additive_mask(attn_mask, key_padding_mask, causal, Q, K)
+    return AttentionFunction.apply(Q, K, V, M, scale, block_size)
 
 
 class Attention(torch.nn.Module):
@@ -197,5 +268,14 @@ class Attention(torch.nn.Module):
         self.scale = scale
         self.block_size = block_size
 
-    def forward(self, Q, K, V):
-        return forward(Q, K, V, scale=self.scale, block_size=self.block_size)
+    def forward(self, Q, K, V, *, attn_mask=None, key_padding_mask=None, causal=False):
+        return forward(
+            Q,
+            K,
+            V,
+            scale=self.scale,
+            block_size=self.block_size,
+            attn_mask=attn_mask,
+            key_padding_mask=key_padding_mask,
+            causal=causal,
+        )

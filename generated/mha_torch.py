@@ -20,6 +20,14 @@ Shapes:
     -> Y: (..., n, H * d_k)
 Option num_heads (required).
 Option num_kv_heads (default H).
+Grouped-query heads: num_kv_heads = H_kv must divide H; K and V have H_kv heads and query head h
+reads kv head h // (H / H_kv), as scaled_dot_product_attention(..., enable_gqa=True).
+Biases (keywords, default None: no bias): b_Q, b_K, b_V, b_O, rows of 1 × columns broadcast over the
+tokens (Q W_Q + 𝟏 b_Q), as torch.nn.MultiheadAttention(bias=True); their gradients are column sums.
+Masks (keywords): attn_mask (n × m or (..., n, m); bool, True = not allowed, or float, added to the
+scores), key_padding_mask ((..., m) bool, True = ignore that key) and causal (query i sees keys j <= i)
+build the additive mask M (0 or -inf), A = scale Q Kᵀ + M. A row whose keys are all masked gives
+zeros (P = 0) and zero gradients, never NaN (torch.nn.MultiheadAttention gives NaN there).
 
 Forward:
     scale = 1/sqrt(d_k)
@@ -216,6 +224,7 @@ def _additive_mask(attn_mask, key_padding_mask, causal, query, key):
         padding = torch.zeros(key_padding_mask.shape, dtype=dtype, device=device)
         padding = padding.masked_fill_(key_padding_mask, float("-inf")).unsqueeze(-2)
         mask = padding if mask is None else mask + padding
+    mask = mask.expand(*mask.shape[:-2], n, m)  # a view: every query row, so that blocks of rows slice it
     if mask.ndim > 2:  # one mask for every head: (..., 1, n, m)
         mask = mask.unsqueeze(-3)
     return mask

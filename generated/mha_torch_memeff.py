@@ -2,7 +2,7 @@
 # Do not edit: regenerate with `symattn generate` (templates/ and the derivation are the source).
 """mha: forward and closed-form backward in PyTorch.
 
-mha = Concat(head_1, …, head_H) W_O, head_h = attention(Q W_Q_h, K W_K_h, V W_V_h).
+mha = Concat(head_1, …, head_H) W_O + 𝟏 b_O, head_h = attention((Q W_Q + 𝟏 b_Q)_h, …); H_kv K, V heads; scores + M.
 
 Rows are tokens; inputs may carry leading batch dimensions, weights do not.
 Shapes:
@@ -10,12 +10,25 @@ Shapes:
     K: (..., m, H * d_k)
     V: (..., m, H * d_k)
     W_Q: (H * d_k, H * d_k)
-    W_K: (H * d_k, H * d_k)
-    W_V: (H * d_k, H * d_k)
+    W_K: (H * d_k, H_kv * d_k)
+    W_V: (H * d_k, H_kv * d_k)
     W_O: (H * d_k, H * d_k)
+    b_Q: (1, H * d_k)
+    b_K: (1, H_kv * d_k)
+    b_V: (1, H_kv * d_k)
+    b_O: (1, H * d_k)
     -> Y: (..., n, H * d_k)
 Option num_heads (required).
+Option num_kv_heads (default H).
 Option block_size (default 128).
+Grouped-query heads: num_kv_heads = H_kv must divide H; K and V have H_kv heads and query head h
+reads kv head h // (H / H_kv), as scaled_dot_product_attention(..., enable_gqa=True).
+Biases (keywords, default None: no bias): b_Q, b_K, b_V, b_O, rows of 1 × columns broadcast over the
+tokens (Q W_Q + 𝟏 b_Q), as torch.nn.MultiheadAttention(bias=True); their gradients are column sums.
+Masks (keywords): attn_mask (n × m or (..., n, m); bool, True = not allowed, or float, added to the
+scores), key_padding_mask ((..., m) bool, True = ignore that key) and causal (query i sees keys j <= i)
+build the additive mask M (0 or -inf), A = scale Q Kᵀ + M. A row whose keys are all masked gives
+zeros (P = 0) and zero gradients, never NaN (torch.nn.MultiheadAttention gives NaN there).
 
 Memory-efficient variant: the forward goes through blocks of block_size query rows and
 keeps L, the row log-sum-exp of A, instead of P; the backward recomputes P from A and L
@@ -23,14 +36,14 @@ block by block, so no n × m array is ever whole.
 
 Forward:
     scale = 1/sqrt(d_k)
-    Q_h = Q (W_Q)_h
-    K_h = K (W_K)_h
-    V_h = V (W_V)_h
-    A_h = scale Q_h K_hᵀ
+    Q_h = (Q W_Q + 𝟏 b_Q)_h
+    K_h = Rep((K W_K + 𝟏 b_K)_h)
+    V_h = Rep((V W_V + 𝟏 b_V)_h)
+    A_h = scale Q_h K_hᵀ + M
     P_h = softmax(A_h)
     O_h = P_h V_h
     C = Concat_h(O_h)
-    Y = C W_O
+    Y = C W_O + 𝟏 b_O
 
 Backward (grad_out = ∂f/∂Y for a scalar f; a weight's gradient is summed over the batch):
     dC = grad_out W_Oᵀ
@@ -42,15 +55,19 @@ Backward (grad_out = ∂f/∂Y for a scalar f; a weight's gradient is summed ove
     dK_h = scale dA_hᵀ Q_h
     dQ_h = scale dA_h K_h
     dW_O = Cᵀ grad_out
-    dVW_V = Concat_h(dV_h)
-    dV = dVW_V W_Vᵀ
-    dW_V = Vᵀ dVW_V
+    db_O = 𝟏ᵀ grad_out
     dQW_Q = Concat_h(dQ_h)
     dQ = dQW_Q W_Qᵀ
     dW_Q = Qᵀ dQW_Q
-    dKW_K = Concat_h(dK_h)
+    db_Q = 𝟏ᵀ dQW_Q
+    dVW_V = Concat_h(GroupSum(dV_h))
+    dV = dVW_V W_Vᵀ
+    dW_V = Vᵀ dVW_V
+    db_V = 𝟏ᵀ dVW_V
+    dKW_K = Concat_h(GroupSum(dK_h))
     dK = dKW_K W_Kᵀ
     dW_K = Kᵀ dKW_K
+    db_K = 𝟏ᵀ dKW_K
 """
 
 from __future__ import annotations
@@ -64,16 +81,42 @@ SHAPES = {
     "K": "(..., m, H * d_k)",
     "V": "(..., m, H * d_k)",
     "W_Q": "(H * d_k, H * d_k)",
-    "W_K": "(H * d_k, H * d_k)",
-    "W_V": "(H * d_k, H * d_k)",
+    "W_K": "(H * d_k, H_kv * d_k)",
+    "W_V": "(H * d_k, H_kv * d_k)",
     "W_O": "(H * d_k, H * d_k)",
+    "b_Q": "(1, H * d_k)",
+    "b_K": "(1, H_kv * d_k)",
+    "b_V": "(1, H_kv * d_k)",
+    "b_O": "(1, H * d_k)",
 }
+OPTIONAL = ("b_Q", "b_K", "b_V", "b_O")  # inputs that may be None: their terms are left out
+
+
+def add_optional(a, b):
+    """a + b, or a itself when b is None (an absent bias or mask)."""
+    return a if b is None else a + b
+
+
+def masked_row_softmax_lse(a):
+    """row_softmax_lse for rows that may hold -inf: a row of -inf gives zeros and L = +inf (exp(A - L) = 0)."""
+    top = a.amax(dim=-1, keepdim=True)
+    top.masked_fill_(top == float("-inf"), 0.0)
+    e = torch.exp(a - top)
+    total = e.sum(dim=-1, keepdim=True)
+    empty = total == 0
+    e /= total.masked_fill(empty, 1.0)
+    return e, (top + torch.log(total)).masked_fill_(empty, float("inf"))
 
 
 def merge_heads(a, heads):
     """(..., heads, n, k) -> (..., n, heads * k)."""
     a = a.transpose(-2, -3)
     return a.reshape(*a.shape[:-2], a.shape[-2] * a.shape[-1])
+
+
+def repeat_heads(a, heads):
+    """(..., kv_heads, n, k) -> (..., heads, n, k): head h reads kv head h // (heads // kv_heads)."""
+    return a if a.shape[-3] == heads else a.repeat_interleave(heads // a.shape[-3], dim=-3)
 
 
 def row_softmax_lse(a):
@@ -95,10 +138,20 @@ def split_heads(a, heads):
     return a.reshape(*a.shape[:-1], heads, a.shape[-1] // heads).transpose(-2, -3)
 
 
+def sum_groups(a, heads):
+    """(..., H, n, k) -> (..., heads, n, k): each group of H // heads consecutive heads summed."""
+    if a.shape[-3] == heads:
+        return a
+    return a.reshape(*a.shape[:-3], heads, a.shape[-3] // heads, *a.shape[-2:]).sum(dim=-3)
+
+
 def _tensors(named):
     """The inputs, checked: tensors, rank, one leading batch shape for the non-weights, one dtype."""
     tensors, batch, first = [], None, None
     for name, a in named.items():
+        if a is None and name in OPTIONAL:
+            tensors.append(a)
+            continue
         if not isinstance(a, torch.Tensor):
             raise TypeError(f"{name}: expected a torch.Tensor of shape {SHAPES[name]}, got {type(a).__name__}")
         weight = not SHAPES[name].startswith("(...")
@@ -139,13 +192,77 @@ def _positive_int(name, value):
     return value
 
 
-def _forward(Q, K, V, W_Q, W_K, W_V, W_O, num_heads, block_size):
+def _additive_mask(attn_mask, key_padding_mask, causal, query, key):
+    """The additive mask M (0 where a query may see a key, -inf where not), or None without a mask.
+
+    attn_mask: (n, m) or (..., n, m), boolean (True: not allowed) or floating (added to the scores);
+    key_padding_mask: (..., m) boolean (True: ignore that key); causal: query i sees keys j <= i.
+    """
+    if not isinstance(causal, bool):
+        raise ValueError(f"causal must be True or False, got {causal!r}")
+    if attn_mask is None and key_padding_mask is None and not causal:
+        return None
+    n, m, batch = query.shape[-2], key.shape[-2], tuple(query.shape[:-2])
+    dtype, device = query.dtype, query.device
+    mask = None
+    if attn_mask is not None:
+        if not isinstance(attn_mask, torch.Tensor) or tuple(attn_mask.shape) not in ((n, m), (*batch, n, m)):
+            got = tuple(attn_mask.shape) if isinstance(attn_mask, torch.Tensor) else type(attn_mask).__name__
+            expected = f"(n, m) = ({n}, {m}) or {(*batch, n, m)}"
+            raise ValueError(f"attn_mask: expected a tensor of shape {expected}, got {got}")
+        if attn_mask.dtype == torch.bool:
+            mask = torch.zeros(attn_mask.shape, dtype=dtype, device=device).masked_fill_(attn_mask, float("-inf"))
+        elif attn_mask.is_floating_point():
+            mask = attn_mask.to(dtype)
+        else:
+            raise ValueError(f"attn_mask: expected a bool or floating-point tensor, got {attn_mask.dtype}")
+    if causal:
+        future = torch.ones(n, m, dtype=torch.bool, device=device).triu_(1)
+        future = torch.zeros(n, m, dtype=dtype, device=device).masked_fill_(future, float("-inf"))
+        mask = future if mask is None else mask + future
+    if key_padding_mask is not None:
+        if not isinstance(key_padding_mask, torch.Tensor) or tuple(key_padding_mask.shape) != (*batch, m):
+            got = key_padding_mask
+            got = tuple(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__
+            raise ValueError(f"key_padding_mask: expected a tensor of shape (..., m) = {(*batch, m)}, got {got}")
+        if key_padding_mask.dtype != torch.bool:
+            got = key_padding_mask.dtype
+            raise ValueError(f"key_padding_mask: expected a bool tensor (True: ignore a key), got {got}")
+        padding = torch.zeros(key_padding_mask.shape, dtype=dtype, device=device)
+        padding = padding.masked_fill_(key_padding_mask, float("-inf")).unsqueeze(-2)
+        mask = padding if mask is None else mask + padding
+    mask = mask.expand(*mask.shape[:-2], n, m)  # a view: every query row, so that blocks of rows slice it
+    if mask.ndim > 2:  # one mask for every head: (..., 1, n, m)
+        mask = mask.unsqueeze(-3)
+    return mask
+
+
+def _forward(Q, K, V, W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O, M, num_heads, num_kv_heads, block_size):
     """The forward pass: (Y, saved values for _backward)."""
-    Q, K, V, W_Q, W_K, W_V, W_O = _tensors({"Q": Q, "K": K, "V": V, "W_Q": W_Q, "W_K": W_K, "W_V": W_V, "W_O": W_O})
+    Q, K, V, W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O = _tensors(
+        {
+            "Q": Q,
+            "K": K,
+            "V": V,
+            "W_Q": W_Q,
+            "W_K": W_K,
+            "W_V": W_V,
+            "W_O": W_O,
+            "b_Q": b_Q,
+            "b_K": b_K,
+            "b_V": b_V,
+            "b_O": b_O,
+        }
+    )
     H = _positive_int("num_heads", num_heads)
+    if num_kv_heads is None:
+        num_kv_heads = H
+    H_kv = _positive_int("num_kv_heads", num_kv_heads)
     if block_size is None:
         block_size = 128
     block_size = _positive_int("block_size", block_size)
+    if H % H_kv:
+        raise ValueError(f"num_kv_heads = {H_kv} does not divide num_heads = {H}")
     n = Q.shape[-2]
     d_k = _quotient("Q", tuple(Q.shape), H)
     m = K.shape[-2]
@@ -153,27 +270,36 @@ def _forward(Q, K, V, W_Q, W_K, W_V, W_O, num_heads, block_size):
     _check_shape("K", K, (m, H * d_k))
     _check_shape("V", V, (m, H * d_k))
     _check_shape("W_Q", W_Q, (H * d_k, H * d_k))
-    _check_shape("W_K", W_K, (H * d_k, H * d_k))
-    _check_shape("W_V", W_V, (H * d_k, H * d_k))
+    _check_shape("W_K", W_K, (H * d_k, H_kv * d_k))
+    _check_shape("W_V", W_V, (H * d_k, H_kv * d_k))
     _check_shape("W_O", W_O, (H * d_k, H * d_k))
+    if b_Q is not None:
+        _check_shape("b_Q", b_Q, (1, H * d_k))
+    if b_K is not None:
+        _check_shape("b_K", b_K, (1, H_kv * d_k))
+    if b_V is not None:
+        _check_shape("b_V", b_V, (1, H_kv * d_k))
+    if b_O is not None:
+        _check_shape("b_O", b_O, (1, H * d_k))
     scale = 1 / d_k**0.5
-    Q_h = split_heads(Q @ W_Q, H)
-    K_h = split_heads(K @ W_K, H)
-    V_h = split_heads(V @ W_V, H)
+    Q_h = split_heads(add_optional(Q @ W_Q, b_Q), H)
+    K_h = repeat_heads(split_heads(add_optional(K @ W_K, b_K), H_kv), H)
+    V_h = repeat_heads(split_heads(add_optional(V @ W_V, b_V), H_kv), H)
     O_h_blocks = []
     L_blocks = []
     for start in range(0, Q_h.shape[-2], block_size):
         block = slice(start, start + block_size)
+        M_b = None if M is None else M[..., block, :]
         Q_h_b = Q_h[..., block, :]
-        A_h_b = (scale * Q_h_b) @ K_h.mT
-        P_h_b, L_b = row_softmax_lse(A_h_b)
+        A_h_b = add_optional((scale * Q_h_b) @ K_h.mT, M_b)
+        P_h_b, L_b = row_softmax_lse(A_h_b) if M is None else masked_row_softmax_lse(A_h_b)
         O_h_b = P_h_b @ V_h
         O_h_blocks.append(O_h_b)
         L_blocks.append(L_b)
     O_h = torch.cat(O_h_blocks, dim=-2)
     L = torch.cat(L_blocks, dim=-2)
     C = merge_heads(O_h, H)
-    Y = C @ W_O
+    Y = add_optional(C @ W_O, b_O)
     saved = {
         "Q": Q,
         "K": K,
@@ -188,8 +314,14 @@ def _forward(Q, K, V, W_Q, W_K, W_V, W_O, num_heads, block_size):
         "O_h": O_h,
         "C": C,
         "H": H,
+        "H_kv": H_kv,
         "scale": scale,
         "L": L,
+        "b_Q": b_Q,
+        "b_K": b_K,
+        "b_V": b_V,
+        "b_O": b_O,
+        "M": M,
         "block_size": block_size,
     }
     return Y, saved
@@ -210,8 +342,14 @@ def _backward(saved, grad_out):
     O_h = saved["O_h"]
     C = saved["C"]
     H = saved["H"]
+    H_kv = saved["H_kv"]
     scale = saved["scale"]
     L = saved["L"]
+    b_Q = saved["b_Q"]
+    b_K = saved["b_K"]
+    b_V = saved["b_V"]
+    b_O = saved["b_O"]
+    M = saved["M"]
     block_size = saved["block_size"]
     dC = grad_out @ W_O.mT
     dO_h = split_heads(dC, H)
@@ -220,14 +358,16 @@ def _backward(saved, grad_out):
     dV_h = 0  # summed over the blocks of query rows
     dK_h = 0  # summed over the blocks of query rows
     dW_Q = 0  # summed over the blocks of query rows
+    db_Q = None if b_Q is None else 0  # summed over the blocks of query rows
     for start in range(0, Q_h.shape[-2], block_size):
         block = slice(start, start + block_size)
         L_b = L[..., block, :]
+        M_b = None if M is None else M[..., block, :]
         Q_h_b = Q_h[..., block, :]
         dO_h_b = dO_h[..., block, :]
         D_b = D[..., block, :]
         Q_b = Q[..., block, :]
-        A_h_b = (scale * Q_h_b) @ K_h.mT
+        A_h_b = add_optional((scale * Q_h_b) @ K_h.mT, M_b)
         P_h_b = A_h_b.sub_(L_b).exp_()
         dP_h_b = dO_h_b @ V_h.mT
         dA_h_b = dP_h_b.sub_(D_b).mul_(P_h_b)
@@ -238,23 +378,40 @@ def _backward(saved, grad_out):
         dV_h += P_h_b.mT @ dO_h_b
         dK_h += dA_h_b.mT @ (scale * Q_h_b)
         dW_Q += rows(Q_b).mT @ rows(dQW_Q_b)
+        if b_Q is not None:
+            db_Q += rows(dQW_Q_b).sum(dim=0, keepdim=True)
     dQ = torch.cat(dQ_blocks, dim=-2)
     dW_O = rows(C).mT @ rows(grad_out)
-    dVW_V = merge_heads(dV_h, H)
+    db_O = None if b_O is None else rows(grad_out).sum(dim=0, keepdim=True)
+    dVW_V = merge_heads(sum_groups(dV_h, H_kv), H_kv)
     dV = dVW_V @ W_V.mT
     dW_V = rows(V).mT @ rows(dVW_V)
-    dKW_K = merge_heads(dK_h, H)
+    db_V = None if b_V is None else rows(dVW_V).sum(dim=0, keepdim=True)
+    dKW_K = merge_heads(sum_groups(dK_h, H_kv), H_kv)
     dK = dKW_K @ W_K.mT
     dW_K = rows(K).mT @ rows(dKW_K)
-    return {"Q": dQ, "K": dK, "V": dV, "W_Q": dW_Q, "W_K": dW_K, "W_V": dW_V, "W_O": dW_O}
+    db_K = None if b_K is None else rows(dKW_K).sum(dim=0, keepdim=True)
+    return {
+        "Q": dQ,
+        "K": dK,
+        "V": dV,
+        "W_Q": dW_Q,
+        "W_K": dW_K,
+        "W_V": dW_V,
+        "W_O": dW_O,
+        "b_Q": db_Q,
+        "b_K": db_K,
+        "b_V": db_V,
+        "b_O": db_O,
+    }
 
 
 class MultiHeadAttentionFunction(torch.autograd.Function):
     """mha as an autograd Function whose backward is the generated closed form."""
 
     @staticmethod
-    def forward(ctx, Q, K, V, W_Q, W_K, W_V, W_O, num_heads, block_size):
-        Y, saved = _forward(Q, K, V, W_Q, W_K, W_V, W_O, num_heads, block_size)
+    def forward(ctx, Q, K, V, W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O, M, num_heads, num_kv_heads, block_size):
+        Y, saved = _forward(Q, K, V, W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O, M, num_heads, num_kv_heads, block_size)
         tensors = [name for name, value in saved.items() if isinstance(value, torch.Tensor)]
         ctx.save_for_backward(*(saved[name] for name in tensors))
         ctx.tensor_names = tensors
@@ -265,43 +422,117 @@ class MultiHeadAttentionFunction(torch.autograd.Function):
     def backward(ctx, grad_out):
         saved = dict(zip(ctx.tensor_names, ctx.saved_tensors), **ctx.constants)
         grads = _backward(saved, grad_out)
-        return grads["Q"], grads["K"], grads["V"], grads["W_Q"], grads["W_K"], grads["W_V"], grads["W_O"], None, None
+        return (
+            grads["Q"],
+            grads["K"],
+            grads["V"],
+            grads["W_Q"],
+            grads["W_K"],
+            grads["W_V"],
+            grads["W_O"],
+            grads["b_Q"],
+            grads["b_K"],
+            grads["b_V"],
+            grads["b_O"],
+            None,
+            None,
+            None,
+            None,
+        )
 
 
-def forward(Q, K, V, W_Q, W_K, W_V, W_O, *, num_heads, block_size=None):
-    """Concat(head_1, …, head_H) W_O, head_h = attention(Q W_Q_h, K W_K_h, V W_V_h).
+def forward(
+    Q,
+    K,
+    V,
+    W_Q,
+    W_K,
+    W_V,
+    W_O,
+    *,
+    num_heads,
+    num_kv_heads=None,
+    block_size=None,
+    b_Q=None,
+    b_K=None,
+    b_V=None,
+    b_O=None,
+    attn_mask=None,
+    key_padding_mask=None,
+    causal=False,
+):
+    """Concat(head_1, …, head_H) W_O + 𝟏 b_O, head_h = attention((Q W_Q + 𝟏 b_Q)_h, …); H_kv K, V heads; scores + M.
 
     Returns Y of shape (..., n, H * d_k), differentiable by the closed-form backward.
+    attn_mask (n × m, bool: True = not allowed, or float: added), key_padding_mask (..., m, bool: True =
+    ignore the key) and causal add the mask M to the scores; a row whose keys are all masked gives zeros
+    and zero gradients, never NaN.
+    b_Q, b_K, b_V, b_O: optional biases (1 × columns, broadcast over the tokens), each left out when None.
     """
-    return MultiHeadAttentionFunction.apply(Q, K, V, W_Q, W_K, W_V, W_O, num_heads, block_size)
+    M = _additive_mask(attn_mask, key_padding_mask, causal, Q, K)
+    return MultiHeadAttentionFunction.apply(
+        Q, K, V, W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O, M, num_heads, num_kv_heads, block_size
+    )
 
 
 class MultiHeadAttention(torch.nn.Module):
-    """mha as a module holding the weights W_Q, W_K, W_V, W_O."""
+    """mha as a module holding the weights W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O."""
 
-    def __init__(self, d_model, *, num_heads, block_size=None, device=None, dtype=None):
+    def __init__(self, d_model, *, num_heads, num_kv_heads=None, block_size=None, bias=False, device=None, dtype=None):
         super().__init__()
         self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
         self.block_size = block_size
         H = _positive_int("num_heads", num_heads)
+        H_kv = H if num_kv_heads is None else _positive_int("num_kv_heads", num_kv_heads)
         block_size = 128 if block_size is None else _positive_int("block_size", block_size)
+        if H % H_kv:
+            raise ValueError(f"num_kv_heads = {H_kv} does not divide num_heads = {H}")
         if d_model % H:
             raise ValueError(f"d_model = {d_model} is not a multiple of H = {H}")
         d_k = d_model // H
         self.W_Q = torch.nn.Parameter(torch.empty(H * d_k, H * d_k, device=device, dtype=dtype))
-        self.W_K = torch.nn.Parameter(torch.empty(H * d_k, H * d_k, device=device, dtype=dtype))
-        self.W_V = torch.nn.Parameter(torch.empty(H * d_k, H * d_k, device=device, dtype=dtype))
+        self.W_K = torch.nn.Parameter(torch.empty(H * d_k, H_kv * d_k, device=device, dtype=dtype))
+        self.W_V = torch.nn.Parameter(torch.empty(H * d_k, H_kv * d_k, device=device, dtype=dtype))
         self.W_O = torch.nn.Parameter(torch.empty(H * d_k, H * d_k, device=device, dtype=dtype))
+        self.b_Q = torch.nn.Parameter(torch.empty(1, H * d_k, device=device, dtype=dtype)) if bias else None
+        self.b_K = torch.nn.Parameter(torch.empty(1, H_kv * d_k, device=device, dtype=dtype)) if bias else None
+        self.b_V = torch.nn.Parameter(torch.empty(1, H_kv * d_k, device=device, dtype=dtype)) if bias else None
+        self.b_O = torch.nn.Parameter(torch.empty(1, H * d_k, device=device, dtype=dtype)) if bias else None
         self.reset_parameters()
 
     def reset_parameters(self):
-        """Xavier-uniform weights, as torch.nn.MultiheadAttention initialises its projections."""
+        """Xavier-uniform weights and zero biases, as torch.nn.MultiheadAttention initialises its projections."""
         torch.nn.init.xavier_uniform_(self.W_Q)
         torch.nn.init.xavier_uniform_(self.W_K)
         torch.nn.init.xavier_uniform_(self.W_V)
         torch.nn.init.xavier_uniform_(self.W_O)
+        if self.b_Q is not None:
+            torch.nn.init.zeros_(self.b_Q)
+        if self.b_K is not None:
+            torch.nn.init.zeros_(self.b_K)
+        if self.b_V is not None:
+            torch.nn.init.zeros_(self.b_V)
+        if self.b_O is not None:
+            torch.nn.init.zeros_(self.b_O)
 
-    def forward(self, Q, K, V):
+    def forward(self, Q, K, V, *, attn_mask=None, key_padding_mask=None, causal=False):
         return forward(
-            Q, K, V, self.W_Q, self.W_K, self.W_V, self.W_O, num_heads=self.num_heads, block_size=self.block_size
+            Q,
+            K,
+            V,
+            self.W_Q,
+            self.W_K,
+            self.W_V,
+            self.W_O,
+            num_heads=self.num_heads,
+            num_kv_heads=self.num_kv_heads,
+            block_size=self.block_size,
+            b_Q=self.b_Q,
+            b_K=self.b_K,
+            b_V=self.b_V,
+            b_O=self.b_O,
+            attn_mask=attn_mask,
+            key_padding_mask=key_padding_mask,
+            causal=causal,
         )

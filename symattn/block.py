@@ -65,8 +65,9 @@ def transformer_block(num_heads=None, eps=DEFAULT_EPS, causal: bool = False, app
     """Pre-LN encoder layer: Y = X + MHA(LN₁(X)), Z = Y + FFN(LN₂(Y)), GELU exact or tanh-approximated."""
     if approximate not in APPROXIMATIONS:
         raise SymattnError(f"approximate must be one of {', '.join(APPROXIMATIONS)}, got {approximate!r}")
-    if not isinstance(causal, bool):
+    if not isinstance(causal, bool) and causal not in (0, 1):  # --option causal=1 arrives as an int
         raise SymattnError(f"causal must be True or False, got {causal!r}")
+    causal = bool(causal)
     heads, epsilon = _heads(num_heads), _eps(eps)
     n, d_k, d_ff = dim("n"), dim("d_k"), dim("d_ff")
     d_model = heads * d_k

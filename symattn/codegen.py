@@ -31,6 +31,7 @@ from symattn.torch_printer import GeneratedNumPyPrinter, TorchMatrixPrinter
 
 BACKENDS = ("numpy", "torch")
 VARIANTS = ("standard", "memeff")
+MEMEFF_SPECS = ("attention", "self_attention", "mha")  # the specs memeff.plan can cut into blocks of rows
 PRINTERS = {"numpy": GeneratedNumPyPrinter, "torch": TorchMatrixPrinter}
 CLASS_NAMES = {"mha": "MultiHeadAttention"}
 # The keywords of a module whose spec has an additive mask M (built from them at run time).
@@ -47,6 +48,7 @@ class Statement:
     target: str
     value: str
     comment: str = ""
+    guard: str = ""  # an optional input: the statement runs only when it was given (else the target is None)
 
 
 def module_name(spec_name: str, backend: str, variant: str = "standard") -> str:
@@ -122,6 +124,8 @@ def _wrapped(prefix: str, items: list[str], close: str, indent: int, brackets: s
         return line
     if not opening:
         opening, closing = "(", ")"
+    if indent + 4 + len(", ".join(items)) <= 120:
+        return f"{prefix}{opening}\n{' ' * (indent + 4)}{', '.join(items)}\n{' ' * indent}{closing}{close}"
     body = "".join(f"{' ' * (indent + 4)}{item},\n" for item in items)
     return f"{prefix}{opening}\n{body}{' ' * indent}{closing}{close}"
 
@@ -138,6 +142,14 @@ def _checked_inputs(inputs: tuple, function: str) -> str:
         return f"{prefix}\n        {one}\n    )"
     body = "".join(f"            {item},\n" for item in items)
     return f"{prefix}\n        {{\n{body}        }}\n    )"
+
+
+def _module_doc(spec_name: str, weights: list[str]) -> str:
+    """The nn.Module's one-line docstring, naming its weights where the line has room."""
+    if not weights:
+        return f"{spec_name} as a module."
+    line = f"{spec_name} as a module holding the weights {', '.join(weights)}."
+    return line if len(line) <= 110 else f"{spec_name} as a module holding its {len(weights)} weights and biases."
 
 
 def _define(head: str, parameters: list[str], indent: int) -> str:
@@ -214,7 +226,7 @@ def context(sched: Schedule, backend: str, version: str, variant: str = "standar
     s = sched.spec
     optional = sched.optional
     mask = next((str(c.name) for c in s.constants if str(c.name) in optional), None)
-    printer.optional, printer.mask = optional, mask
+    printer.optional, printer.mask = optional | {f"{name}_b" for name in optional}, mask
     required = [x for x in s.inputs if str(x.name) not in optional]
     maybe = [x for x in s.inputs if str(x.name) in optional]  # optional inputs, passed by keyword
     batched = {str(x.name) for x in s.inputs if str(x.name) not in sched.weights} | {str(sched.seed.name)}
@@ -225,10 +237,8 @@ def context(sched: Schedule, backend: str, version: str, variant: str = "standar
         printer.consumable = consumable
         text = printer.weight_gradient(a.value, batched) if a.reduce_batch else printer.doprint(a.value)
         printer.consumable = frozenset()
-        given = gradient_of.get(a.target)
-        if given is not None:  # the gradient of an optional input: computed only when the input was given
-            text = f"None if {given} is None else {text}"
-        return Statement(str(a.target.name), text, a.comment)
+        # the gradient of an optional input is computed only when the input was given
+        return Statement(str(a.target.name), text, a.comment, gradient_of.get(a.target, ""))
 
     def lines(assignments) -> dict:
         dying = _dying(list(assignments), protected)
@@ -241,11 +251,15 @@ def context(sched: Schedule, backend: str, version: str, variant: str = "standar
         if lp.softmax is not None:  # P_b, L_b = row_softmax_lse(A_b), right after A_b
             p_b, l_b, a_b = lp.softmax
             call = f"{printer.helper('row_softmax_lse')}({a_b.name})"
+            if mask is not None:
+                call += f" if {mask} is None else {printer.helper('masked_row_softmax_lse')}({a_b.name})"
             body.insert(1, Statement(f"{p_b.name}, {l_b.name}", call))
         return {
             "loop": True,
             "rows": f"{lp.rows_of}.shape[-2]",
-            "slices": [{"block": str(b.name), "full": str(f.name)} for b, f in lp.slices],
+            "slices": [
+                {"block": str(b.name), "full": str(f.name), "optional": str(f.name) in optional} for b, f in lp.slices
+            ],
             "body": body,
             "collect": [
                 {"full": str(f.name), "block": str(b.name), "concat": printer.concatenate_rows(f"{f.name}_blocks")}
@@ -279,10 +293,10 @@ def context(sched: Schedule, backend: str, version: str, variant: str = "standar
         for line in sec.get("lines", []) + sec.get("body", []) + sec.get("accumulate", [])
     ]
     constants = [Statement(c.name, printer.doprint(v)) for c, v in sched.constants]
-    backward_text = [b.value for b in backward] + [
+    backward_text = [b.value for b in backward] + [b.guard for b in backward] + [
         sl["full"] for sec in backward_sections for sl in sec.get("slices", [])
     ]
-    saved = [str(getattr(x, "name", x)) for x in saved_symbols] + [str(x.name) for x in maybe]
+    saved = [str(getattr(x, "name", x)) for x in saved_symbols] + [str(x.name) for x in maybe] + [mask] * bool(mask)
     saved = [name for name in saved if _uses(name, backward_text)] + (["block_size"] if variant == "memeff" else [])
     bindings = []
     for b in sched.bindings:
@@ -391,6 +405,7 @@ def context(sched: Schedule, backend: str, version: str, variant: str = "standar
         "module_bindings": module_bindings,
         "weights": weights,
         "weight_names": [w["name"] for w in weights],
+        "module_doc": _module_doc(s.name, [w["name"] for w in weights]),
         "function_returns": _wrapped(
             "return ",
             [f'grads["{x.name}"]' for x in s.inputs] + ["None"] * (len(options) + bool(mask)),
@@ -410,6 +425,9 @@ def context(sched: Schedule, backend: str, version: str, variant: str = "standar
         "mask_query": str(s.inputs[0].name),
         "mask_key": next((str(x.name) for x in s.inputs if mask and x.shape[0] == s.constants[0].shape[1]), ""),
         "positional": ", ".join(positional),
+        "define_forward": _define("_forward", positional, indent=0),
+        "define_function_forward": _define("forward", ["ctx", *positional], indent=4),
+        "call_forward": _wrapped(f"{sched.output.name}, saved = _forward", positional, "", indent=8, brackets="()"),
     }
 
 
@@ -423,7 +441,7 @@ def render(spec_name: str, backend: str, variant: str = "standard") -> str:
         raise SymattnError(f"unknown variant {variant!r}; choose from {', '.join(VARIANTS)}")
     if spec_name not in specs():
         raise SymattnError(f"unknown spec {spec_name!r}; built-in specs: {', '.join(specs())}")
-    sched = schedule(spec_name, extended=variant == "standard" and spec_name in EXTENDED)
+    sched = schedule(spec_name, extended=spec_name in EXTENDED)
     ctx = context(sched, backend, __version__, variant)
     text = environment().get_template(f"{backend}_module.py.j2").render(**ctx)
     return _tidy(text)
@@ -456,6 +474,8 @@ def generate(
     for name in spec_names or specs():
         for backend in backends or BACKENDS:
             for variant in variants or VARIANTS:
+                if variant == "memeff" and name not in MEMEFF_SPECS:
+                    continue  # no memory-efficient cut for this spec
                 rendered[out_dir / f"{module_name(name, backend, variant)}.py"] = render(name, backend, variant)
     stale = [path for path, text in rendered.items() if not path.is_file() or path.read_bytes() != text.encode()]
     if not check and stale:

@@ -46,6 +46,7 @@ from symattn.ops import (
     SumGroups,
     Tanh,
 )
+from symattn.vjp import matadd  # a constructor only (flat, like terms combined, sorted), no rule
 
 
 class Differential(MatrixExpr):
@@ -84,7 +85,7 @@ def _total(terms: list[Basic]) -> Basic | None:
     """The sum of the terms (None for none), canonical at the top only: a deep doit re-walks shared operands."""
     if not terms:
         return None
-    return terms[0] if len(terms) == 1 else MatAdd(*terms).doit(deep=False)
+    return terms[0] if len(terms) == 1 else matadd(*terms)
 
 
 def hadamard_product(*factors: Basic) -> Basic:
@@ -143,7 +144,7 @@ def hadamard_power_jvp(node: HadamardPower, d: Tangent) -> Basic | None:
     if p == 1:
         return da
     power = base if p == 2 else HadamardPower(base, p - 1)
-    return p * hadamard_product(power, da)
+    return MatMul(p, hadamard_product(power, da)).doit(deep=False)
 
 
 @defjvp(MatPow)
@@ -173,14 +174,18 @@ def log_jvp(node: Log, d: Tangent) -> Basic | None:
 def tanh_jvp(node: Tanh, d: Tangent) -> Basic | None:
     """d tanh(A) = (𝟏𝟏ᵀ − tanh(A)^{∘2}) ⊙ dA."""
     da = d(node.arg)
-    return None if da is None else hadamard_product(OneMatrix(*node.shape) - HadamardPower(node, 2), da)
+    return (
+        None
+        if da is None
+        else hadamard_product(_total([OneMatrix(*node.shape), MatMul(-1, HadamardPower(node, 2))]), da)
+    )
 
 
 @defjvp(Sigmoid)
 def sigmoid_jvp(node: Sigmoid, d: Tangent) -> Basic | None:
     """dσ(A) = σ(A) ⊙ (𝟏𝟏ᵀ − σ(A)) ⊙ dA."""
     da = d(node.arg)
-    return None if da is None else hadamard_product(node, OneMatrix(*node.shape) - node, da)
+    return None if da is None else hadamard_product(node, _total([OneMatrix(*node.shape), MatMul(-1, node)]), da)
 
 
 @defjvp(RowSoftmax)
@@ -190,7 +195,7 @@ def row_softmax_jvp(node: RowSoftmax, d: Tangent) -> Basic | None:
     if da is None:
         return None
     cols = node.shape[1]
-    return hadamard_product(node, da - MatMul(hadamard_product(node, da), OneMatrix(cols, cols)))
+    return hadamard_product(node, _total([da, MatMul(-1, hadamard_product(node, da), OneMatrix(cols, cols))]))
 
 
 @defjvp(RowSum)

@@ -55,14 +55,18 @@ class Plan:
 
 
 def plan(sched: Schedule) -> Plan:
-    """Cut the schedule around its one row softmax: A = c·X Zᵀ, P = softmax(A), O = P V."""
+    """Cut the schedule around its one row softmax: A = c·X Zᵀ (+ M), P = softmax(A), O = P V.
+
+    An additive n × m mask M is row-local: each block reads its rows M_b.
+    """
     forward = list(sched.forward)
     where = [i for i, a in enumerate(forward) if isinstance(a.value, RowSoftmax)]
     if len(where) != 1 or where[0] == 0 or where[0] + 1 >= len(forward):
         raise SymattnError(f"spec {sched.spec.name}: the memory-efficient variant needs one row softmax")
     i = where[0]
     a_def, p_def, o_def = forward[i - 1], forward[i], forward[i + 1]
-    _, a_mats = factors(a_def.value) if isinstance(a_def.value, MatMul) else (1, [])
+    scores = _scores(a_def.value)
+    _, a_mats = factors(scores) if isinstance(scores, MatMul) else (1, [])
     _, o_mats = factors(o_def.value) if isinstance(o_def.value, MatMul) else (1, [])
     if (
         p_def.value.arg != a_def.target
@@ -115,7 +119,8 @@ def plan(sched: Schedule) -> Plan:
                 later.add(a.target)
             continue
         inside.append(a)
-        if len(mats) == 2 and isinstance(mats[0], Transpose) and row_local(mats[0].arg):
+        column_sums = len(mats) == 2 and isinstance(mats[0], OneMatrix) and mats[0].shape[0] == 1  # 𝟏ᵀ dQW_Q
+        if len(mats) == 2 and (isinstance(mats[0], Transpose) and row_local(mats[0].arg) or column_sums):
             bloop.accumulate.append(Assignment(a.target, in_block(a.value), a.reduce_batch))
             summed.add(a.target)
         elif row_local(a.target):
@@ -136,6 +141,15 @@ def plan(sched: Schedule) -> Plan:
     made = {a.target for a in (*pre, *inside, *post)}
     saved = tuple(x for x in sched.saved if x in reads and x not in made and x not in core)
     return Plan((forward[: i - 1], floop, forward[i + 2 :]), (pre, bloop, post), lse, (*saved, lse))
+
+
+def _scores(value: Basic) -> Basic:
+    """c·X Zᵀ of A = c·X Zᵀ + M (an additive mask), or A's value itself."""
+    if isinstance(value, sp.MatAdd):
+        products = [t for t in value.args if isinstance(t, MatMul)]
+        if len(products) == 1 and all(isinstance(t, MatrixSymbol) for t in value.args if t is not products[0]):
+            return products[0]
+    return value
 
 
 def _slices(loop: Loop, blocks: dict[MatrixSymbol, MatrixSymbol]) -> list[tuple[MatrixSymbol, MatrixSymbol]]:

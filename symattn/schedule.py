@@ -113,10 +113,14 @@ def _options(name: str, extended: bool = False) -> tuple[dict, tuple[Option, ...
             return {}, (heads,)
         kv_heads = Option("num_kv_heads", dim("H_kv"), dim("H"))
         return {"num_kv_heads": kv_heads.symbol, "bias": True, "mask": True}, (heads, kv_heads)
+    if name == "transformer_block":
+        from symattn.block import generated_options
+
+        return generated_options(extended)
     return {}, ()
 
 
-EXTENDED = ("attention", "mha")  # the specs whose generated modules take masks (and, for mha, biases and H_kv)
+EXTENDED = ("attention", "mha", "transformer_block")  # the specs whose generated modules take masks (and, for mha, biases and H_kv)
 
 
 def _bindings(inputs: Iterable[MatrixSymbol], known: set) -> tuple[Binding, ...]:

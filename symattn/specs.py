@@ -120,6 +120,8 @@ def _heads(option, what: str, symbol: str) -> Basic:
         return dim(symbol)
     if isinstance(option, sp.Symbol):
         return option
+    if isinstance(option, str) and option.isidentifier():  # a symbolic count, e.g. "H_kv" from the command line
+        return dim(option)
     if isinstance(option, bool) or not isinstance(option, int) or option < 1:
         raise SymattnError(f"{what} must be a positive integer, got {option!r}")
     return sp.Integer(option)

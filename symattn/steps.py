@@ -262,7 +262,10 @@ class Evaluator:
     def __init__(self, c: Chain, rng: np.random.Generator, dims: Mapping | None = None) -> None:
         self.chain = c
         spec = c.spec
-        fixed = {"H": 2} if any(s.name == "H" for s in dimension_symbols(spec.output)) else {}
+        names = {s.name for s in dimension_symbols(spec.output)}
+        fixed = {"H": 2} if "H" in names else {}
+        if "H_kv" in names:  # grouped-query heads: H_kv must divide H
+            fixed.update({"H": 4, "H_kv": 2})
         fixed.update(dims or {})
         self.dims = random_dims([spec.output], rng, low=2, high=4, fixed=fixed)
         self.fixed = {s.name: v for s, v in self.dims.items()}

@@ -33,6 +33,17 @@ GENERATED_NUMPY_HELPERS = {
     """a + b, or a itself when b is None (an absent bias or mask)."""
     return a if b is None else a + b
 ''',
+    "masked_row_softmax_lse": '''def masked_row_softmax_lse(a):
+    """row_softmax_lse for rows that may hold -inf: a row of -inf gives zeros and L = +inf (exp(A - L) = 0)."""
+    top = a.max(axis=-1, keepdims=True)
+    top[top == -np.inf] = 0.0
+    e = np.exp(a - top)
+    total = e.sum(axis=-1, keepdims=True)
+    empty = total == 0
+    e /= np.where(empty, 1.0, total)
+    with np.errstate(divide="ignore"):
+        return e, np.where(empty, np.inf, top + np.log(total))
+''',
     "masked_row_softmax": '''def masked_row_softmax(a, out=None):
     """row_softmax for rows that may hold -inf: a row whose entries are all -inf gives zeros, not NaN."""
     top = a.max(axis=-1, keepdims=True)
@@ -71,6 +82,16 @@ TORCH_HELPERS = {
     "add_optional": '''def add_optional(a, b):
     """a + b, or a itself when b is None (an absent bias or mask)."""
     return a if b is None else a + b
+''',
+    "masked_row_softmax_lse": '''def masked_row_softmax_lse(a):
+    """row_softmax_lse for rows that may hold -inf: a row of -inf gives zeros and L = +inf (exp(A - L) = 0)."""
+    top = a.amax(dim=-1, keepdim=True)
+    top.masked_fill_(top == float("-inf"), 0.0)
+    e = torch.exp(a - top)
+    total = e.sum(dim=-1, keepdim=True)
+    empty = total == 0
+    e /= total.masked_fill(empty, 1.0)
+    return e, (top + torch.log(total)).masked_fill_(empty, float("inf"))
 ''',
     "masked_row_softmax": '''def masked_row_softmax(a, out=None):
     """row_softmax for rows that may hold -inf: a row whose entries are all -inf gives zeros, not NaN."""

@@ -15,7 +15,16 @@ import symattn as sa
 torch = pytest.importorskip("torch", reason="torch is the reference for the generated modules")
 
 from mha_reference import max_error, reference_gradients, reference_mha  # noqa: E402
-from symattn.generated import attention_numpy, attention_torch, mha_numpy, mha_torch  # noqa: E402
+from symattn.generated import (  # noqa: E402
+    attention_numpy,
+    attention_numpy_memeff,
+    attention_torch,
+    attention_torch_memeff,
+    mha_numpy,
+    mha_numpy_memeff,
+    mha_torch,
+    mha_torch_memeff,
+)
 
 B, N, M, H, D_K = 2, 5, 6, 2, 3
 D = H * D_K
@@ -55,12 +64,17 @@ def _tokens(seed: int = 1):
     return [torch.randn(B, r, D, generator=gen, dtype=F64, requires_grad=True) for r in (N, M, M)]
 
 
+MHA_TORCH = {"standard": (mha_torch, {}), "memeff": (mha_torch_memeff, {"block_size": 2})}
+
+
+@pytest.mark.parametrize("variant", sorted(MHA_TORCH))
 @pytest.mark.parametrize("kind", ["causal", "float", "bool", "padding", "causal+padding"])
-def test_mha_with_mask_and_biases_matches_nn_multihead_attention(kind):
+def test_mha_with_mask_and_biases_matches_nn_multihead_attention(kind, variant):
     ref, w = reference_mha(D, H)
     q, k, v = _tokens()
     ours, theirs = _masks(kind)
-    y = mha_torch.forward(q, k, v, w["W_Q"], w["W_K"], w["W_V"], w["W_O"], num_heads=H, **_biases(w), **ours)
+    module, extra = MHA_TORCH[variant]
+    y = module.forward(q, k, v, w["W_Q"], w["W_K"], w["W_V"], w["W_O"], num_heads=H, **_biases(w), **ours, **extra)
     y_ref, _ = ref(q, k, v, need_weights=False, **theirs)
     assert max_error(y, y_ref) < TOL
     g = torch.randn_like(y)
@@ -79,8 +93,9 @@ def _biases(w: dict) -> dict:
     return {name: w[name] for name in ("b_Q", "b_K", "b_V", "b_O")}
 
 
+@pytest.mark.parametrize("numpy_module", [mha_numpy, mha_numpy_memeff])
 @pytest.mark.parametrize("kind", ["causal", "float", "bool", "padding"])
-def test_numpy_mha_with_mask_matches_torch(kind):
+def test_numpy_mha_with_mask_matches_torch(kind, numpy_module):
     _, w = reference_mha(D, H)
     q, k, v = _tokens()
     ours, _ = _masks(kind)
@@ -90,15 +105,16 @@ def test_numpy_mha_with_mask_matches_torch(kind):
     expected = torch.autograd.grad(y, inputs, g)
     as_np = {key: val.detach().numpy() for key, val in w.items()}
     masks = {key: val.numpy() if isinstance(val, torch.Tensor) else val for key, val in ours.items()}
-    out, saved = mha_numpy.forward(*(x.detach().numpy() for x in (q, k, v)), num_heads=H, **as_np, **masks)
+    out, saved = numpy_module.forward(*(x.detach().numpy() for x in (q, k, v)), num_heads=H, **as_np, **masks)
     assert np.max(np.abs(out - y.detach().numpy())) < TOL
-    grads = mha_numpy.backward(saved, g.numpy())
+    grads = numpy_module.backward(saved, g.numpy())
     for name, want in zip(["Q", "K", "V", *w], expected):
         assert np.max(np.abs(grads[name] - want.numpy())) < TOL, name
 
 
+@pytest.mark.parametrize("module", [attention_torch, attention_torch_memeff])
 @pytest.mark.parametrize("kind", ["causal", "float", "bool", "padding"])
-def test_attention_with_mask_matches_scaled_dot_product_attention(kind):
+def test_attention_with_mask_matches_scaled_dot_product_attention(kind, module):
     gen = torch.Generator().manual_seed(3)
     q = torch.randn(B, N, 4, generator=gen, dtype=F64, requires_grad=True)
     k = torch.randn(B, M, 4, generator=gen, dtype=F64, requires_grad=True)
@@ -111,7 +127,7 @@ def test_attention_with_mask_matches_scaled_dot_product_attention(kind):
         theirs = {"attn_mask": ~ours["attn_mask"]}
     if kind == "causal":
         theirs = {"is_causal": True}
-    y = attention_torch.forward(q, k, v, scale=0.7, **ours)
+    y = module.forward(q, k, v, scale=0.7, **ours)
     y_ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=0.7, **theirs)
     assert max_error(y, y_ref) < TOL
     g = torch.randn_like(y)
@@ -157,11 +173,23 @@ def test_gradcheck_with_masks_and_biases():
         )  # fmt: skip
 
     assert torch.autograd.gradcheck(f, (q, k, v, *weights, *biases))
+
+    def g(q, k, v, w_q, w_k, w_v, w_o, b_q, b_k, b_v, b_o):
+        return mha_torch_memeff.forward(
+            q, k, v, w_q, w_k, w_v, w_o, num_heads=heads, b_Q=b_q, b_K=b_k, b_V=b_v, b_O=b_o,
+            attn_mask=mask, key_padding_mask=padding, causal=True, block_size=2,
+        )  # fmt: skip
+
+    assert torch.autograd.gradcheck(g, (q, k, v, *weights, *biases))
     bool_mask = torch.tensor([[False, True, False, True]] * n)
     assert torch.autograd.gradcheck(lambda q, k, v: attention_torch.forward(q, k, v, attn_mask=bool_mask), (q, k, v))
 
 
-def test_fully_masked_rows_give_zeros_and_zero_gradients_never_nan():
+@pytest.mark.parametrize(
+    ("torch_module", "numpy_module"),
+    [(attention_torch, attention_numpy), (attention_torch_memeff, attention_numpy_memeff)],
+)
+def test_fully_masked_rows_give_zeros_and_zero_gradients_never_nan(torch_module, numpy_module):
     gen = torch.Generator().manual_seed(11)
     q = torch.randn(B, N, 4, generator=gen, dtype=F64, requires_grad=True)
     k = torch.randn(B, M, 4, generator=gen, dtype=F64, requires_grad=True)
@@ -170,16 +198,16 @@ def test_fully_masked_rows_give_zeros_and_zero_gradients_never_nan():
     mask[1] = True  # row 1 sees no key
     padding = torch.zeros(B, M, dtype=torch.bool)
     padding[1] = True  # batch element 1 has no key at all
-    y = attention_torch.forward(q, k, v, attn_mask=mask, key_padding_mask=padding)
+    y = torch_module.forward(q, k, v, attn_mask=mask, key_padding_mask=padding)
     assert torch.isfinite(y).all()
     assert (y[:, 1] == 0).all() and (y[1] == 0).all()
     dq, dk, dv = torch.autograd.grad(y, [q, k, v], torch.randn_like(y))
     assert all(torch.isfinite(g).all() for g in (dq, dk, dv))
     assert (dq[:, 1] == 0).all() and (dq[1] == 0).all() and (dk[1] == 0).all() and (dv[1] == 0).all()
-    out, saved = attention_numpy.forward(
+    out, saved = numpy_module.forward(
         *(x.detach().numpy() for x in (q, k, v)), attn_mask=mask.numpy(), key_padding_mask=padding.numpy()
     )
-    grads = attention_numpy.backward(saved, np.ones(out.shape))
+    grads = numpy_module.backward(saved, np.ones(out.shape))
     assert np.isfinite(out).all() and (out[:, 1] == 0).all() and (out[1] == 0).all()
     assert all(np.isfinite(g).all() for g in grads.values()) and (grads["Q"][1] == 0).all()
 
@@ -241,3 +269,23 @@ def test_masked_derivations_verify(name, options, wrt):
     d = sa.derive(name, **options)
     assert "M" in d.text(wrt) and d.verify(wrt).ok
     assert [str(c.name) for c in d.spec.constants] == ["M"] and "M" not in d.gradients
+
+
+VARIANT_DOCS = {
+    "attention_masked": ("attention", {"mask": True}),
+    "mha_bias_gqa_masked": ("mha", {"num_kv_heads": "H_kv", "bias": True, "mask": True}),
+}
+
+
+@pytest.mark.parametrize("doc", sorted(VARIANT_DOCS))
+def test_committed_variant_derivations_are_what_the_tool_writes_and_verify(doc):
+    from pathlib import Path
+
+    name, options = VARIANT_DOCS[doc]
+    d = sa.derive(name, **options)
+    path = Path(__file__).resolve().parents[1] / "docs" / "derivations" / f"{doc}.md"
+    flags = " ".join(f"--option {k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in options.items())
+    assert path.read_text(encoding="utf-8") == d.markdown(), (
+        f"{path} is stale; regenerate it with: symattn derive {name} {flags} --format markdown > {path.name}"
+    )
+    assert d.verify().ok

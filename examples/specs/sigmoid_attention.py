@@ -22,12 +22,12 @@ Q, K, V = X * W_Q, X * W_K, X * W_V
 S = Q * K.T
 A = S / sp.sqrt(d_k)
 P = sa.sigmoid(A)
-O = P * V
+out = P * V
 
 spec = sa.Spec(
     name="sigmoid_attention",
     summary="σ(X W_Q (X W_K)ᵀ / √d_k) X W_V, the sigmoid entrywise",
     inputs=(X, W_Q, W_K, W_V),
-    output=O,
-    intermediates=(("Q", Q), ("K", K), ("V", V), ("S", S), ("A", A), ("P", P), ("O", O)),
+    output=out,
+    intermediates=(("Q", Q), ("K", K), ("V", V), ("S", S), ("A", A), ("P", P), ("O", out)),
 )

@@ -1,0 +1,196 @@
+"""transformer_block: LayerNorm and GELU nodes, the spec, and its generated modules against
+torch.nn.TransformerEncoderLayer(norm_first=True, dropout=0.0, activation="gelu", batch_first=True)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import sympy as sp
+
+import symattn as sa
+from symattn.ops import gelu, layer_norm
+from symattn.printers import NUMPY_HELPERS
+from symattn.verify import vjp_error
+
+NAMES = (
+    "X W_Q W_K W_V W_O b_Q b_K b_V b_O gamma_1 beta_1 gamma_2 beta_2 W_1 b_1 W_2 b_2".split()  # the spec's order
+)
+n, d = sp.symbols("n d", positive=True, integer=True)
+
+
+def test_layer_norm_and_gelu_rules_match_finite_differences(rng):
+    # d LN(A) = r𝟏ᵀ ⊙ (dA − dA 𝟏𝟏ᵀ/d − N ⊙ (N ⊙ dA) 𝟏𝟏ᵀ/d); d GELU(A) = GELU′(A) ⊙ dA (erf and tanh forms)
+    x, w = sp.MatrixSymbol("X", n, d), sp.MatrixSymbol("W", d, d)
+    for expr in (layer_norm(x * w, sp.Rational(1, 10)), gelu(x * w), gelu(x * w, "tanh"), gelu(layer_norm(x, 1)) * w):
+        gradients = sa.grad(expr, [x, w])
+        for symbol in (x, w):
+            assert vjp_error(expr, symbol, gradients[symbol], {n: 3, d: 4}, rng, batch=(2,)) < 1e-8
+
+
+def test_numpy_erf_is_accurate_to_double_precision():
+    # the generated NumPy modules import only numpy, so erf is a positive-term series there
+    namespace: dict = {"np": np}
+    exec(NUMPY_HELPERS["erf"], namespace)
+    x = np.concatenate([np.linspace(-9, 9, 1001), [0.0, 1e-300, -7.5, 30.0]])
+    exact = np.array([math.erf(t) for t in x])
+    assert np.max(np.abs(namespace["erf"](x) - exact)) < 4e-15  # a few ulps of 1
+
+
+def test_bad_options_are_named():
+    with pytest.raises(sa.SymattnError, match="approximate"):
+        sa.spec("transformer_block", approximate="sigmoid")
+    with pytest.raises(sa.SymattnError, match="eps"):
+        sa.spec("transformer_block", eps=-1.0)
+    with pytest.raises(sa.SymattnError, match="num_heads"):
+        sa.spec("transformer_block", num_heads=0)
+
+
+def test_tanh_gelu_derivation_steps_verify():
+    derivation = sa.derive("transformer_block", num_heads=2, approximate="tanh")
+    report = derivation.verify(["W_1", "gamma_2"], seed=3)
+    assert report.ok, report.text()
+    assert "GELU_tanh′(U)" in derivation.text("W_1")
+
+
+# Against PyTorch.
+
+
+def _reference(torch, causal: bool, approximate: str = "none", batch: int = 3, n_tokens: int = 5, seed: int = 0):
+    """A random float64 TransformerEncoderLayer, its output and parameter gradients, and the mapped inputs."""
+    torch.manual_seed(seed)
+    d_model, heads, d_ff = 8, 2, 16
+    activation = "gelu" if approximate == "none" else (lambda t: torch.nn.functional.gelu(t, approximate="tanh"))
+    layer = torch.nn.TransformerEncoderLayer(
+        d_model, heads, d_ff, dropout=0.0, activation=activation, batch_first=True, norm_first=True
+    ).double()
+    with torch.no_grad():  # move every parameter off its initial value (LayerNorm's γ = 1, β = 0)
+        for p in layer.parameters():
+            p.add_(0.3 * torch.randn_like(p))
+    x = torch.randn(batch, n_tokens, d_model, dtype=torch.float64, requires_grad=True)
+    mask = torch.nn.Transformer.generate_square_subsequent_mask(n_tokens, dtype=torch.float64) if causal else None
+    out = layer(x, src_mask=mask, is_causal=causal)
+    grad_out = torch.randn_like(out)
+    out.backward(grad_out)
+    attn, k = layer.self_attn, d_model
+
+    def rows(t):  # a torch bias or LayerNorm parameter as a 1 × d row
+        return t[None]
+
+    w_in, b_in = attn.in_proj_weight, attn.in_proj_bias
+    # math convention: Q = X W_Q + 𝟏 b_Q with W_Q = in_proj_weight[:d]ᵀ (nn.Linear stores the transpose)
+    params = {
+        "W_Q": w_in[:k].T,
+        "W_K": w_in[k : 2 * k].T,
+        "W_V": w_in[2 * k :].T,
+        "W_O": attn.out_proj.weight.T,
+        "b_Q": rows(b_in[:k]),
+        "b_K": rows(b_in[k : 2 * k]),
+        "b_V": rows(b_in[2 * k :]),
+        "b_O": rows(attn.out_proj.bias),
+        "gamma_1": rows(layer.norm1.weight),
+        "beta_1": rows(layer.norm1.bias),
+        "gamma_2": rows(layer.norm2.weight),
+        "beta_2": rows(layer.norm2.bias),
+        "W_1": layer.linear1.weight.T,
+        "b_1": rows(layer.linear1.bias),
+        "W_2": layer.linear2.weight.T,
+        "b_2": rows(layer.linear2.bias),
+    }
+    g_in, gb_in = w_in.grad, b_in.grad
+    grads = {
+        "X": x.grad,
+        "W_Q": g_in[:k].T,
+        "W_K": g_in[k : 2 * k].T,
+        "W_V": g_in[2 * k :].T,
+        "W_O": attn.out_proj.weight.grad.T,
+        "b_Q": rows(gb_in[:k]),
+        "b_K": rows(gb_in[k : 2 * k]),
+        "b_V": rows(gb_in[2 * k :]),
+        "b_O": rows(attn.out_proj.bias.grad),
+        "gamma_1": rows(layer.norm1.weight.grad),
+        "beta_1": rows(layer.norm1.bias.grad),
+        "gamma_2": rows(layer.norm2.weight.grad),
+        "beta_2": rows(layer.norm2.bias.grad),
+        "W_1": layer.linear1.weight.grad.T,
+        "b_1": rows(layer.linear1.bias.grad),
+        "W_2": layer.linear2.weight.grad.T,
+        "b_2": rows(layer.linear2.bias.grad),
+    }
+    inputs = {"X": x.detach(), **{name: p.detach() for name, p in params.items()}}
+    return inputs, out.detach(), grad_out, grads, {"num_heads": heads, "eps": layer.norm1.eps}
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_generated_torch_block_matches_transformer_encoder_layer(causal):
+    torch = pytest.importorskip("torch", reason="torch is the reference implementation")
+    from symattn.generated import transformer_block_torch as block
+
+    inputs, expected, grad_out, expected_grads, options = _reference(torch, causal)
+    leaves = {name: t.clone().requires_grad_() for name, t in inputs.items()}
+    out = block.forward(**leaves, **options, causal=causal)
+    out.backward(grad_out)
+    errors = {"output": float((out.detach() - expected).abs().max())}
+    errors |= {name: float((leaves[name].grad - expected_grads[name]).abs().max()) for name in NAMES}
+    print(f"\ntransformer_block (causal={causal}) vs nn.TransformerEncoderLayer, max abs error:", errors)
+    assert max(errors.values()) < 1e-11, errors
+    if causal:  # the mask changes the output: token 0 sees only itself
+        unmasked = block.forward(**inputs, **options)
+        assert float((unmasked - out).abs().max()) > 1e-3
+
+
+def test_tanh_gelu_closed_forms_match_transformer_encoder_layer():
+    # the tanh approximation through symattn's own evaluator (the generated modules use the exact GELU)
+    torch = pytest.importorskip("torch", reason="torch is the reference implementation")
+    inputs, expected, grad_out, expected_grads, options = _reference(torch, causal=False, approximate="tanh", batch=1)
+    derivation = sa.derive("transformer_block", num_heads=options["num_heads"], eps=options["eps"], approximate="tanh")
+    spec = derivation.spec
+    values = [inputs[name].numpy()[0] if name == "X" else inputs[name].numpy() for name in NAMES]
+    out = sa.lambdify(spec.inputs, spec.output)(*values)
+    assert np.max(np.abs(out - expected.numpy()[0])) < 1e-12
+    seed = sp.MatrixSymbol("G", *spec.output.shape)
+    for symbol in spec.inputs:
+        got = sa.lambdify([*spec.inputs, seed], derivation.gradients[str(symbol.name)])(*values, grad_out.numpy()[0])
+        want = expected_grads[str(symbol.name)].numpy()
+        assert np.max(np.abs(got - (want[0] if symbol.name == "X" else want))) < 1e-11, symbol.name
+
+
+def _small_inputs(rng, batch=(2,), n_tokens=3, d_model=4, d_ff=5) -> dict[str, np.ndarray]:
+    shapes = {"X": (*batch, n_tokens, d_model), "W_1": (d_model, d_ff), "b_1": (1, d_ff), "W_2": (d_ff, d_model)}
+    out = {}
+    for name in NAMES:
+        shape = shapes.get(name, (d_model, d_model) if name.startswith("W_") else (1, d_model))
+        out[name] = rng.standard_normal(shape) + (1.0 if name.startswith("gamma") else 0.0)
+    return out
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_generated_torch_block_passes_gradcheck(rng, causal):
+    torch = pytest.importorskip("torch", reason="gradcheck needs torch")
+    from symattn.generated import transformer_block_torch as block
+
+    tensors = [torch.tensor(a, requires_grad=True) for a in _small_inputs(rng).values()]
+
+    def f(*args):
+        return block.forward(**dict(zip(NAMES, args)), num_heads=2, causal=causal)
+
+    assert torch.autograd.gradcheck(f, tuple(tensors), eps=1e-6, atol=1e-7)
+
+
+def test_generated_numpy_block_matches_finite_differences(rng):
+    from symattn.generated import transformer_block_numpy as block
+
+    inputs = _small_inputs(rng)
+    out, saved = block.forward(**inputs, num_heads=2)
+    grad_out = rng.standard_normal(out.shape)
+    grads = block.backward(saved, grad_out)
+    assert set(grads) == set(NAMES)
+    eps = 1e-6
+    for name in NAMES:
+        direction = rng.standard_normal(inputs[name].shape)
+        plus = block.forward(**{**inputs, name: inputs[name] + eps * direction}, num_heads=2)[0]
+        minus = block.forward(**{**inputs, name: inputs[name] - eps * direction}, num_heads=2)[0]
+        numeric = float(np.sum(grad_out * (plus - minus))) / (2 * eps)
+        analytic = float(np.sum(grads[name] * direction))
+        assert abs(analytic - numeric) / max(1.0, abs(numeric)) < 1e-7, name
