@@ -483,7 +483,7 @@ def backward(saved, grad_out):
     dN_2 = gamma_2 * dX_2
     D1 = (N_2 * dN_2).sum(axis=-1, keepdims=True)
     D2 = dN_2.sum(axis=-1, keepdims=True)
-    dY = np.add(np.multiply(np.add(np.add(dN_2, c1 * (D1 * N_2), out=dN_2), c1 * D2, out=dN_2), row_inv_std(Y, eps), out=dN_2), grad_out, out=dN_2)
+    dY = (row_inv_std(Y, eps)) * (c1 * (D1 * N_2) + c1 * D2 + dN_2) + grad_out
     dC = dY @ W_O.mT
     dO_h = split_heads(dC, H)
     D3 = (O_h * dO_h).sum(axis=-1, keepdims=True)
@@ -511,7 +511,7 @@ def backward(saved, grad_out):
     dN_1 = gamma_1 * dX_1
     D4 = (N_1 * dN_1).sum(axis=-1, keepdims=True)
     D5 = dN_1.sum(axis=-1, keepdims=True)
-    dX = np.add(np.multiply(np.add(np.add(dN_1, c1 * (D4 * N_1), out=dN_1), c1 * D5, out=dN_1), row_inv_std(X, eps), out=dN_1), dY, out=dN_1)
+    dX = (row_inv_std(X, eps)) * (c1 * (D4 * N_1) + c1 * D5 + dN_1) + dY
     dW_K = rows(X_1).mT @ rows(dX_1W_K)
     db_K = None if b_K is None else rows(dX_1W_K).sum(axis=0, keepdims=True)
     dgamma_1 = rows(N_1 * dX_1).sum(axis=0, keepdims=True)

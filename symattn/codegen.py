@@ -23,8 +23,7 @@ import sympy as sp
 from sympy.matrices.expressions import HadamardPower, HadamardProduct, MatAdd, MatMul
 
 from symattn.errors import SymattnError
-from symattn.ops import Elementwise, RowSoftmax
-from symattn.ops import SplitHeads
+from symattn.ops import Elementwise, RowSoftmax, SplitHeads
 from symattn.schedule import EXTENDED, Assignment, Option, Schedule, schedule
 from symattn.specs import specs
 from symattn.torch_printer import GeneratedNumPyPrinter, TorchMatrixPrinter
@@ -293,9 +292,11 @@ def context(sched: Schedule, backend: str, version: str, variant: str = "standar
         for line in sec.get("lines", []) + sec.get("body", []) + sec.get("accumulate", [])
     ]
     constants = [Statement(c.name, printer.doprint(v)) for c, v in sched.constants]
-    backward_text = [b.value for b in backward] + [b.guard for b in backward] + [
-        sl["full"] for sec in backward_sections for sl in sec.get("slices", [])
-    ]
+    backward_text = (
+        [b.value for b in backward]
+        + [b.guard for b in backward]
+        + [sl["full"] for sec in backward_sections for sl in sec.get("slices", [])]
+    )
     saved = [str(getattr(x, "name", x)) for x in saved_symbols] + [str(x.name) for x in maybe] + [mask] * bool(mask)
     saved = [name for name in saved if _uses(name, backward_text)] + (["block_size"] if variant == "memeff" else [])
     bindings = []

@@ -120,7 +120,7 @@ def plan(sched: Schedule) -> Plan:
             continue
         inside.append(a)
         column_sums = len(mats) == 2 and isinstance(mats[0], OneMatrix) and mats[0].shape[0] == 1  # 𝟏ᵀ dQW_Q
-        if len(mats) == 2 and (isinstance(mats[0], Transpose) and row_local(mats[0].arg) or column_sums):
+        if len(mats) == 2 and ((isinstance(mats[0], Transpose) and row_local(mats[0].arg)) or column_sums):
             bloop.accumulate.append(Assignment(a.target, in_block(a.value), a.reduce_batch))
             summed.add(a.target)
         elif row_local(a.target):

@@ -120,7 +120,8 @@ def _options(name: str, extended: bool = False) -> tuple[dict, tuple[Option, ...
     return {}, ()
 
 
-EXTENDED = ("attention", "mha", "transformer_block")  # the specs whose generated modules take masks (and, for mha, biases and H_kv)
+# The specs whose generated modules take mask keywords (and, for mha, biases and num_kv_heads).
+EXTENDED = ("attention", "mha", "transformer_block")
 
 
 def _bindings(inputs: Iterable[MatrixSymbol], known: set) -> tuple[Binding, ...]:

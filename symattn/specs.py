@@ -127,9 +127,7 @@ def _heads(option, what: str, symbol: str) -> Basic:
     return sp.Integer(option)
 
 
-def mha(
-    num_heads=None, num_kv_heads=None, bias=False, mask=False, causal=False, key_padding_mask=False
-) -> Spec:
+def mha(num_heads=None, num_kv_heads=None, bias=False, mask=False, causal=False, key_padding_mask=False) -> Spec:
     """Concat(head_1 … head_H) W_O, head_h = attention(Q W_Q[:,h], K W_K[:,h], V W_V[:,h]) (seeds 000, 002).
 
     Options: bias adds b_Q, b_K, b_V, b_O (1 × columns, broadcast over tokens: Q W_Q + 𝟏 b_Q);

@@ -223,6 +223,19 @@ class GeneratedCodeMixin:
                         return found
         return None
 
+    # An in-place chain longer than this prints as plain arithmetic instead (a line ruff format keeps < 120).
+    inplace_width = 100
+
+    def doprint(self, expr: Basic, assign_to=None) -> str:
+        text = super().doprint(expr, assign_to)
+        if self.consumable and len(text) > self.inplace_width:
+            consumable, self.consumable = self.consumable, frozenset()
+            try:
+                text = super().doprint(expr, assign_to)
+            finally:
+                self.consumable = consumable
+        return text
+
     def _inplace(self, expr: Basic, operation: str, terms: list[tuple[str, Basic]]) -> str | None:
         """expr computed into a dying array: the root term first, then each other term folded in."""
         buffer = self._buffer(expr)

@@ -21,7 +21,7 @@ from symattn.specs import dim
 from symattn.verify import dimension_symbols, vjp_error
 
 TOLERANCE = 1e-6
-CHECK = settings(max_examples=4, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+CHECK = settings(max_examples=8, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 
 # (spec name, options): the scale option of attention, and mha with fixed and symbolic H.
 CASES = [
@@ -33,6 +33,7 @@ CASES = [
     ("mha", {"num_heads": 3}),
     ("mha", {}),
 ]
+CASES += [(name, {}) for name in sa.specs() if name not in {case[0] for case in CASES}]  # specs added later
 
 
 @cache
