@@ -62,7 +62,12 @@ def _affine(x: MatrixExpr, gamma: MatrixSymbol, beta: MatrixSymbol) -> MatrixExp
 
 
 def transformer_block(num_heads=None, eps=DEFAULT_EPS, causal: bool = False, approximate: str = "none") -> Spec:
-    """Pre-LN encoder layer: Y = X + MHA(LN₁(X)), Z = Y + FFN(LN₂(Y)), GELU exact or tanh-approximated."""
+    """Pre-LN encoder layer: Y = X + MHA(LN₁(X)), Z = Y + FFN(LN₂(Y)), GELU exact or tanh-approximated.
+
+    causal adds the additive mask M (n × n) to every head's scores, A_h = S_h/√d_k + M, as the
+    masks of ``mha`` do; M is a constant (−∞ above the diagonal in the generated modules'
+    ``causal=True``), never differentiated. num_heads None keeps the head count symbolic (H).
+    """
     if approximate not in APPROXIMATIONS:
         raise SymattnError(f"approximate must be one of {', '.join(APPROXIMATIONS)}, got {approximate!r}")
     if not isinstance(causal, bool) and causal not in (0, 1):  # --option causal=1 arrives as an int

@@ -16,6 +16,10 @@ class UnsupportedNodeError(SymattnError, TypeError):
         super().__init__(f"unsupported node {name} ({node}) for {operation}; supported: {', '.join(sorted(supported))}")
 
 
+class NotAMatrixError(SymattnError, TypeError):
+    """A node that takes a matrix expression was given something else."""
+
+
 class ShapeMismatchError(SymattnError, ValueError):
     """Two operands whose shapes do not fit the operation joining them."""
 

@@ -13,7 +13,7 @@ import sympy as sp
 from sympy import Basic, Expr, MatrixExpr, sympify
 from sympy.matrices.expressions import HadamardProduct
 
-from symattn.errors import ShapeMismatchError
+from symattn.errors import NotAMatrixError, ShapeMismatchError
 
 
 class Elementwise(MatrixExpr):
@@ -186,7 +186,7 @@ def _block_width(cols: Expr, heads: Expr) -> Expr:
 
 def _require_matrix(arg: Basic, what: str) -> None:
     if not isinstance(arg, MatrixExpr):
-        raise TypeError(f"{what} takes a matrix expression, got {type(arg).__name__} {arg}")
+        raise NotAMatrixError(f"{what} takes a matrix expression, got {type(arg).__name__} {arg}")
 
 
 # Public constructors (the names of CONTRACT.md).

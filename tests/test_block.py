@@ -65,6 +65,14 @@ def test_tanh_gelu_derivation_steps_verify():
     assert "GELU_tanh′(U)" in derivation.text("W_1")
 
 
+def test_causal_derivation_steps_verify():
+    # A_h = S_h/√d_k + M: the mask M is a constant (random in the check), never differentiated
+    derivation = sa.derive("transformer_block", num_heads=2, causal=True)
+    assert "A_h = (1/√d_k) S_h + M" in derivation.text("W_K")
+    report = derivation.verify(["W_K", "b_V"], seed=4)
+    assert report.ok, report.text()
+
+
 # Against PyTorch.
 
 
@@ -149,6 +157,18 @@ def test_generated_torch_block_matches_transformer_encoder_layer(causal):
     if causal:  # the mask changes the output: token 0 sees only itself
         unmasked = block.forward(**inputs, **options)
         assert float((unmasked - out.detach()).abs().max()) > 1e-3
+
+
+def test_generated_nn_module_holds_the_weights_of_an_encoder_layer():
+    torch = pytest.importorskip("torch", reason="torch is the reference implementation")
+    from symattn.generated import transformer_block_torch as block
+
+    inputs, expected, _, _, options = _reference(torch, causal=True)
+    module = block.TransformerBlock(8, 16, num_heads=2, eps=options["eps"], bias=True, dtype=torch.float64)
+    with torch.no_grad():
+        for name in NAMES[1:]:
+            getattr(module, name).copy_(inputs[name])
+    assert float((module(inputs["X"], causal=True).detach() - expected).abs().max()) < 1e-12
 
 
 def test_tanh_gelu_closed_forms_match_transformer_encoder_layer():
