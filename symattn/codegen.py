@@ -22,6 +22,7 @@ import jinja2
 import sympy as sp
 from sympy.matrices.expressions import HadamardPower, HadamardProduct, MatAdd, MatMul
 
+from symattn import layout
 from symattn.errors import SymattnError
 from symattn.ops import Elementwise, RowSoftmax, SplitHeads
 from symattn.schedule import EXTENDED, Assignment, Option, Schedule, schedule
@@ -102,65 +103,6 @@ def _dying(assignments: list[Assignment], protected: set) -> list[frozenset]:
         if isinstance(a.value, FRESH) and not (isinstance(a.value, MatMul) and len(a.value.args) < 2):
             fresh.add(str(a.target.name))
     return out
-
-
-def _call(function: str, arguments: list[str], indent: int) -> str:
-    """return function(arguments), broken over lines as ruff format would when it is too long."""
-    line = f"return {function}({', '.join(arguments)})"
-    if indent + len(line) <= 120:
-        return line
-    if indent + 4 + len(", ".join(arguments)) <= 120:
-        return f"return {function}(\n{' ' * (indent + 4)}{', '.join(arguments)}\n{' ' * indent})"
-    body = "".join(f"{' ' * (indent + 4)}{a},\n" for a in arguments)
-    return f"return {function}(\n{body}{' ' * indent})"
-
-
-def _wrapped(prefix: str, items: list[str], close: str, indent: int, brackets: str = "") -> str:
-    """prefix + items + close on one line, or broken over lines as ruff format would (items one a line)."""
-    opening, closing = brackets[:1], brackets[1:]
-    line = f"{prefix}{opening}{', '.join(items)}{closing}{close}"
-    if indent + len(line) <= 120:
-        return line
-    if not opening:
-        opening, closing = "(", ")"
-    if indent + 4 + len(", ".join(items)) <= 120:
-        return f"{prefix}{opening}\n{' ' * (indent + 4)}{', '.join(items)}\n{' ' * indent}{closing}{close}"
-    body = "".join(f"{' ' * (indent + 4)}{item},\n" for item in items)
-    return f"{prefix}{opening}\n{body}{' ' * indent}{closing}{close}"
-
-
-def _checked_inputs(inputs: tuple, function: str) -> str:
-    """A, B, … = function({"A": A, …}), broken over lines as ruff format would."""
-    names = [str(x.name) for x in inputs]
-    items = [f'"{name}": {name}' for name in names]
-    prefix = f"{', '.join(names)} = {function}("
-    one = "{" + ", ".join(items) + "}"
-    if 4 + len(prefix) + len(one) + 1 <= 120:
-        return f"{prefix}{one})"
-    if 8 + len(one) <= 120:
-        return f"{prefix}\n        {one}\n    )"
-    body = "".join(f"            {item},\n" for item in items)
-    return f"{prefix}\n        {{\n{body}        }}\n    )"
-
-
-def _module_doc(spec_name: str, weights: list[str]) -> str:
-    """The nn.Module's one-line docstring, naming its weights where the line has room."""
-    if not weights:
-        return f"{spec_name} as a module."
-    line = f"{spec_name} as a module holding the weights {', '.join(weights)}."
-    return line if len(line) <= 110 else f"{spec_name} as a module holding its {len(weights)} weights and biases."
-
-
-def _define(head: str, parameters: list[str], indent: int) -> str:
-    """def head(parameters):, broken over lines as ruff format would when it is too long."""
-    line = f"def {head}({', '.join(parameters)}):"
-    if indent + len(line) <= 120:
-        return line
-    inner = ", ".join(parameters)
-    if indent + 4 + len(inner) <= 120:
-        return f"def {head}(\n{' ' * (indent + 4)}{inner}\n{' ' * indent}):"
-    body = "".join(f"{' ' * (indent + 4)}{p},\n" for p in parameters)
-    return f"def {head}(\n{body}{' ' * indent}):"
 
 
 def _text(expr: sp.Basic) -> str:
@@ -380,10 +322,10 @@ def context(sched: Schedule, backend: str, version: str, variant: str = "standar
         "ambiguous": any(str(a.target.name) in ("O", "I", "l") for a in (*sched.forward, *sched.backward)),
         "input_names": [str(x.name) for x in s.inputs],
         "input_dict": "{" + ", ".join(f'"{x.name}": {x.name}' for x in s.inputs) + "}",
-        "checked_inputs": _checked_inputs(s.inputs, "_arrays" if backend == "numpy" else "_tensors"),
-        "signature": _define("forward", signature, indent=0),
-        "apply_call": _call(f"{class_name}Function.apply", positional, indent=4),
-        "init_signature": _define(
+        "checked_inputs": layout.checked_inputs(s.inputs, "_arrays" if backend == "numpy" else "_tensors"),
+        "signature": layout.define("forward", signature, indent=0),
+        "apply_call": layout.call(f"{class_name}Function.apply", positional, indent=4),
+        "init_signature": layout.define(
             "__init__",
             ["self", *params]
             + ["*"] * bool(options)
@@ -393,7 +335,7 @@ def context(sched: Schedule, backend: str, version: str, variant: str = "standar
             indent=4,
         ),
         "gradient_dict": "{" + ", ".join(f'"{name}": {t.name}' for name, t in sched.gradients) + "}",
-        "return_gradients": _wrapped(
+        "return_gradients": layout.wrapped(
             "return " if not maybe or backend == "torch" else "grads = ",
             [f'"{name}": {t.name}' for name, t in sched.gradients],
             "",
@@ -406,14 +348,14 @@ def context(sched: Schedule, backend: str, version: str, variant: str = "standar
         "module_bindings": module_bindings,
         "weights": weights,
         "weight_names": [w["name"] for w in weights],
-        "module_doc": _module_doc(s.name, [w["name"] for w in weights]),
-        "function_returns": _wrapped(
+        "module_doc": layout.module_doc(s.name, [w["name"] for w in weights]),
+        "function_returns": layout.wrapped(
             "return ",
             [f'grads["{x.name}"]' for x in s.inputs] + ["None"] * (len(options) + bool(mask)),
             "",
             indent=8,
         ),
-        "module_call": _call(
+        "module_call": layout.call(
             "forward",
             [str(x.name) if x.name not in sched.weights else f"self.{x.name}" for x in required]
             + [f"{o.name}=self.{o.name}" for o in options]
@@ -426,9 +368,11 @@ def context(sched: Schedule, backend: str, version: str, variant: str = "standar
         "mask_query": str(s.inputs[0].name),
         "mask_key": next((str(x.name) for x in s.inputs if mask and x.shape[0] == s.constants[0].shape[1]), ""),
         "positional": ", ".join(positional),
-        "define_forward": _define("_forward", positional, indent=0),
-        "define_function_forward": _define("forward", ["ctx", *positional], indent=4),
-        "call_forward": _wrapped(f"{sched.output.name}, saved = _forward", positional, "", indent=8, brackets="()"),
+        "define_forward": layout.define("_forward", positional, indent=0),
+        "define_function_forward": layout.define("forward", ["ctx", *positional], indent=4),
+        "call_forward": layout.wrapped(
+            f"{sched.output.name}, saved = _forward", positional, "", indent=8, brackets="()"
+        ),
     }
 
 

@@ -13,7 +13,7 @@ import sympy as sp
 from sympy import Basic, Expr, MatrixExpr, sympify
 from sympy.matrices.expressions import HadamardProduct
 
-from symattn.errors import NotAMatrixError, ShapeMismatchError
+from symattn.errors import NotAMatrixError, ShapeMismatchError, SymattnError
 
 
 class Elementwise(MatrixExpr):
@@ -305,7 +305,7 @@ class _RowStatistic(MatrixExpr):
         arg, eps = sympify(arg), sympify(eps)
         _require_matrix(arg, cls.__name__)
         if isinstance(eps, MatrixExpr) or eps.is_positive is False:
-            raise TypeError(f"{cls.__name__} takes a positive scalar eps, got {eps}")
+            raise SymattnError(f"{cls.__name__} takes a positive scalar eps, got {eps}")
         return Basic.__new__(cls, arg, eps)
 
     @property
@@ -358,7 +358,7 @@ def gelu(a: MatrixExpr, approximate: str = "none") -> Elementwise:
         return Gelu(a)
     if approximate == "tanh":
         return GeluTanh(a)
-    raise ValueError(f"gelu approximate must be 'none' or 'tanh', got {approximate!r}")
+    raise SymattnError(f"gelu approximate must be 'none' or 'tanh', got {approximate!r}")
 
 
 def layer_norm(a: MatrixExpr, eps) -> LayerNorm:

@@ -56,6 +56,11 @@ def test_bad_options_are_named():
         sa.spec("transformer_block", eps=-1.0)
     with pytest.raises(sa.SymattnError, match="num_heads"):
         sa.spec("transformer_block", num_heads=0)
+    x = sp.MatrixSymbol("X", n, d)
+    with pytest.raises(sa.SymattnError, match="positive scalar eps"):
+        layer_norm(x, x)
+    with pytest.raises(sa.SymattnError, match="'none' or 'tanh'"):
+        gelu(x, "exact")
 
 
 def test_tanh_gelu_derivation_steps_verify():
@@ -165,6 +170,7 @@ def test_generated_nn_module_holds_the_weights_of_an_encoder_layer():
 
     inputs, expected, _, _, options = _reference(torch, causal=True)
     module = block.TransformerBlock(8, 16, num_heads=2, eps=options["eps"], bias=True, dtype=torch.float64)
+    assert bool((module.gamma_1 == 1).all()) and bool((module.beta_2 == 0).all())  # as nn.LayerNorm starts
     with torch.no_grad():
         for name in NAMES[1:]:
             getattr(module, name).copy_(inputs[name])
