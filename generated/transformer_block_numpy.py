@@ -37,7 +37,7 @@ Forward:
     scale = 1/sqrt(d_k)
     c1 = -1/(H*d_k)
     N_1 = LN(X)
-    X_1 = N_1 ⊙ (𝟏 gamma_1) + 𝟏 beta_1
+    X_1 = 𝟏 beta_1 + N_1 ⊙ (𝟏 gamma_1)
     Q_h = (X_1 W_Q + 𝟏 b_Q)_h
     K_h = (X_1 W_K + 𝟏 b_K)_h
     V_h = (X_1 W_V + 𝟏 b_V)_h
@@ -45,9 +45,9 @@ Forward:
     P_h = softmax(A_h)
     O_h = P_h V_h
     C = Concat_h(O_h)
-    Y = X + C W_O + 𝟏 b_O
+    Y = C W_O + 𝟏 b_O + X
     N_2 = LN(Y)
-    X_2 = N_2 ⊙ (𝟏 gamma_2) + 𝟏 beta_2
+    X_2 = 𝟏 beta_2 + N_2 ⊙ (𝟏 gamma_2)
     U = X_2 W_1 + 𝟏 b_1
     F = GELU(U)
     Z = Y + F W_2 + 𝟏 b_2
@@ -389,7 +389,7 @@ def forward(
     scale = 1 / d_k**0.5
     c1 = -1 / (H * d_k)
     N_1 = layer_norm(X, eps)
-    X_1 = N_1 * gamma_1 + beta_1
+    X_1 = beta_1 + gamma_1 * N_1
     Q_h = split_heads(add_optional(X_1 @ W_Q, b_Q), H)
     K_h = split_heads(add_optional(X_1 @ W_K, b_K), H)
     V_h = split_heads(add_optional(X_1 @ W_V, b_V), H)
@@ -397,9 +397,9 @@ def forward(
     P_h = row_softmax(A_h, out=A_h) if M is None else masked_row_softmax(A_h, out=A_h)
     O_h = P_h @ V_h
     C = merge_heads(O_h, H)
-    Y = X + add_optional(C @ W_O, b_O)
+    Y = add_optional(C @ W_O + X, b_O)
     N_2 = layer_norm(Y, eps)
-    X_2 = N_2 * gamma_2 + beta_2
+    X_2 = beta_2 + gamma_2 * N_2
     U = add_optional(X_2 @ W_1, b_1)
     F = gelu(U)
     Z = Y + add_optional(F @ W_2, b_2)

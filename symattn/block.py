@@ -18,6 +18,7 @@ from __future__ import annotations
 import sympy as sp
 from sympy import Basic, MatrixExpr, MatrixSymbol
 from sympy.matrices.expressions import HadamardProduct, MatAdd, MatMul, OneMatrix, Transpose
+from sympy.matrices.expressions.hadamard import canonicalize as hadamard_canonical
 
 from symattn.errors import SymattnError
 from symattn.ops import gelu, layer_norm, merge_heads, softmax, split_heads
@@ -51,14 +52,14 @@ def _mul(*factors: Basic) -> MatrixExpr:
 
 
 def _add(*terms: MatrixExpr) -> MatrixExpr:
-    """A sum of the terms as given (not flattened, so each named term stays a node)."""
-    return MatAdd(*terms)
+    """A sum, canonical at the top only (flat and sorted, so that a later deep doit leaves it as it is)."""
+    return MatAdd(*terms).doit(deep=False)
 
 
 def _affine(x: MatrixExpr, gamma: MatrixSymbol, beta: MatrixSymbol) -> MatrixExpr:
     """x ⊙ 𝟏γ + 𝟏β: the learned scale and shift of a LayerNorm, broadcast over the rows of x."""
     ones = OneMatrix(x.shape[0], 1)
-    return _add(HadamardProduct(x, _mul(ones, gamma)), _mul(ones, beta))
+    return _add(hadamard_canonical(HadamardProduct(x, _mul(ones, gamma))), _mul(ones, beta))
 
 
 def transformer_block(num_heads=None, eps=DEFAULT_EPS, causal: bool = False, approximate: str = "none") -> Spec:
@@ -85,8 +86,8 @@ def transformer_block(num_heads=None, eps=DEFAULT_EPS, causal: bool = False, app
     ones = OneMatrix(n, 1)
     constants: tuple[MatrixSymbol, ...] = (MatrixSymbol("M", n, n),) if causal else ()
 
-    # attention sublayer (built with shallow constructors: SymPy's operators deep-doit their operands,
-    # which flattens the residual sum Y inside LN₂(Y) and leaves two different Y's in the graph)
+    # attention sublayer. Every intermediate is built canonical with shallow constructors: SymPy's operators
+    # deep-doit their operands, and a later deep doit must not turn a named value into a different expression.
     n_1 = layer_norm(x, epsilon)
     x_1 = _affine(n_1, norms["gamma_1"], norms["beta_1"])
     q_h, k_h, v_h = (split_heads(_add(_mul(x_1, w[f"W_{p}"]), _mul(ones, b[f"b_{p}"])), heads) for p in "QKV")
@@ -97,14 +98,14 @@ def transformer_block(num_heads=None, eps=DEFAULT_EPS, causal: bool = False, app
     p_h = softmax(a_h)
     o_h = _mul(p_h, v_h)
     c = merge_heads(o_h, heads)
-    y = _add(x, _add(_mul(c, w["W_O"]), _mul(ones, b["b_O"])))
+    y = _add(x, _mul(c, w["W_O"]), _mul(ones, b["b_O"]))
 
     # feed-forward sublayer
     n_2 = layer_norm(y, epsilon)
     x_2 = _affine(n_2, norms["gamma_2"], norms["beta_2"])
     u = _add(_mul(x_2, w_1), _mul(ones, b_1))
     f = gelu(u, approximate)
-    z = _add(y, _add(_mul(f, w_2), _mul(ones, b_2)))
+    z = MatAdd(y, _add(_mul(f, w_2), _mul(ones, b_2)))  # not flattened: the residual Y stays one node
 
     named = [
         ("N_1", n_1),

@@ -112,12 +112,18 @@ def _target_title(c: Chain, latex: bool) -> str:
     return rf"$\partial f / \partial {latex_name(name)}$" if latex else f"∂f/∂{name}"
 
 
+CLOSED_FORM_MAX = 3000  # characters of LaTeX in one closed form (a deep block's ∂f/∂X runs to 14 000)
+NOT_WRITTEN_OUT = "the definitions above substituted into each other (too long to write out on one line)"
+
+
 def _aligned(doc: Document, c: Chain) -> str:
     """One aligned block of LaTeX rows for a chain."""
     rows = [rf"{left} &{sign} {right} && \text{{{reason}}}" for left, sign, right, reason in doc.lines(c)]
     head, named, closed = doc.result(c)
     rows.append(rf"{head} &= {named}")
-    if closed != named:
+    if closed != named and len(closed) > CLOSED_FORM_MAX:  # wider than TeX's largest dimension (~5.7 m)
+        rows.append(rf"&= \text{{{NOT_WRITTEN_OUT}}}")
+    elif closed != named:
         rows.append(rf"&= {closed}")
     return " \\\\\n".join(rows)
 

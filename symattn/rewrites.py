@@ -45,9 +45,8 @@ def split_product(e: Basic) -> tuple[Basic, list[Basic]]:
 def product(coeff: Basic, factors: Sequence[Basic]) -> Basic:
     """c F₁ … F_k, with zeros and identities resolved and a bare factor left bare."""
     factors = list(factors)
-    shape = (factors[0].shape[0], factors[-1].shape[1])
     if coeff == 0 or any(isinstance(f, ZeroMatrix) for f in factors):
-        return ZeroMatrix(*shape)
+        return ZeroMatrix(factors[0].shape[0], factors[-1].shape[1])
     kept = [f for f in factors if not isinstance(f, Identity)] or factors[:1]
     if coeff == 1 and len(kept) == 1:
         return kept[0]
@@ -76,12 +75,36 @@ def transposed(e: Basic) -> Basic:
 
 
 def count_transposes(e: Basic) -> int:
-    """Number of Transpose nodes in e's tree."""
-    if isinstance(e, Transpose):
-        return 1 + count_transposes(e.arg)
+    """Number of Transpose nodes in e's tree (a subexpression used twice counts twice)."""
     if not isinstance(e, MatrixExpr) or isinstance(e, MatrixSymbol):
         return 0
-    return sum(count_transposes(a) for a in e.args)
+    if e not in _TRANSPOSE_COUNTS:
+        if len(_TRANSPOSE_COUNTS) > 100_000:
+            _TRANSPOSE_COUNTS.clear()
+        inner = sum(count_transposes(a) for a in e.args)
+        _TRANSPOSE_COUNTS[e] = inner + 1 if isinstance(e, Transpose) else inner
+    return _TRANSPOSE_COUNTS[e]
+
+
+def count_transposes_of_transposed(e: Basic) -> int:
+    """count_transposes(transposed(e)), without building transposed(e)."""
+    if e not in _TRANSPOSED_COUNTS:
+        if len(_TRANSPOSED_COUNTS) > 100_000:
+            _TRANSPOSED_COUNTS.clear()
+        if isinstance(e, Transpose):
+            count = count_transposes(e.arg)
+        elif isinstance(e, CONSTANTS):
+            count = 0
+        elif isinstance(e, (MatMul, MatAdd, HadamardProduct)):
+            count = sum(count_transposes_of_transposed(a) for a in e.args if isinstance(a, MatrixExpr))
+        else:
+            count = 1 + count_transposes(e)
+        _TRANSPOSED_COUNTS[e] = count
+    return _TRANSPOSED_COUNTS[e]
+
+
+_TRANSPOSE_COUNTS: dict[Basic, int] = {}  # trees share subtrees: count each distinct one once
+_TRANSPOSED_COUNTS: dict[Basic, int] = {}
 
 
 def is_column(e: Basic) -> bool:
@@ -108,12 +131,12 @@ def transpose_of_constant(e: Basic) -> Basic | None:
 def fewer_transposes(e: Basic) -> Basic | None:
     # (A Bᵀ)ᵀ → B Aᵀ, Aᵀ ⊙ Bᵀ → (A ⊙ B)ᵀ, Aᵀ + Bᵀ → (A + B)ᵀ: the orientation with fewer transposes
     if isinstance(e, Transpose) and isinstance(e.arg, (MatMul, MatAdd, HadamardProduct)):
-        alternative = transposed(e.arg)
+        if count_transposes_of_transposed(e.arg) < count_transposes(e):
+            return transposed(e.arg)
     elif isinstance(e, (MatMul, MatAdd, HadamardProduct)):
-        alternative = Transpose(transposed(e))
-    else:
-        return None
-    return alternative if count_transposes(alternative) < count_transposes(e) else None
+        if 1 + count_transposes_of_transposed(e) < count_transposes(e):
+            return Transpose(transposed(e))
+    return None
 
 
 # Products and scalars.

@@ -75,23 +75,36 @@ def improve(
     cost_rules: Sequence[Rule] = COST_REWRITES,
     rules: Sequence[Rule] = REWRITES,
 ) -> Basic:
-    """Apply cost-guided rules anywhere in expr while the total cost goes down."""
+    """Apply cost-guided rules anywhere in expr while the total cost goes down.
+
+    Each pass tries every rule at every node of the expression as the pass began
+    (a node an earlier rewrite removed is skipped); passes repeat until one keeps
+    nothing. A rewrite once rejected is not tried again (greedy, and fast on big DAGs).
+    """
     best = cost(expr)
+    rejected: set[tuple[Basic, Rule]] = set()
     improved = True
     while improved:
         improved = False
-        for node in subexpressions([expr]):
+        snapshot = subexpressions([expr])
+        present = set(snapshot)
+        for node in snapshot:
+            if node not in present:
+                continue
             for rule in cost_rules:
+                if (node, rule) in rejected:
+                    continue
                 candidate = rule(node)
                 if candidate is None or candidate == node:
+                    rejected.add((node, rule))
                     continue
                 new = rewrite(expr.xreplace({node: candidate}), rules)
                 new_cost = cost(new)
                 if new_cost < best:
                     expr, best, improved = new, new_cost, True
+                    present = set(subexpressions([expr]))
                     break
-            if improved:
-                break
+                rejected.add((node, rule))
     return expr
 
 
@@ -101,11 +114,16 @@ def share_transposes(expr: Basic, rules: Sequence[Rule] = REWRITES) -> Basic:
     The orientation kept has fewer transposes, or occurs first; transposes are free
     views, so the pair costs one evaluation.
     """
+    kinds = (MatMul, MatAdd, HadamardProduct)
     nodes = subexpressions([expr])
     position = {n: i for i, n in enumerate(nodes)}
+    shapes = {n: n.shape for n in nodes if isinstance(n, kinds)}
+    present = {(type(n), shape) for n, shape in shapes.items()}
     replace: dict[Basic, Basic] = {}
     for node in nodes:
-        if not isinstance(node, (MatMul, MatAdd, HadamardProduct)) or node in replace:
+        if not isinstance(node, kinds) or node in replace:
+            continue
+        if (type(node), shapes[node][::-1]) not in present:  # no node of its kind has the transposed shape
             continue
         other = rewrite(transposed(node), rules)
         if other == node or other not in position or other in replace:

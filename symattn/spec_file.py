@@ -23,6 +23,8 @@ from __future__ import annotations
 import runpy
 from pathlib import Path
 
+import sympy as sp
+
 from symattn.errors import SymattnError
 from symattn.shapes import check_shapes
 from symattn.specs import Spec
@@ -80,6 +82,13 @@ def render_spec(s: Spec, backend: str, variant: str = "standard") -> str:
 
     if backend not in BACKENDS or variant not in VARIANTS:
         raise SymattnError(f"unknown backend {backend!r} or variant {variant!r}")
+    dims = {d for x in s.inputs for size in x.shape for d in sp.sympify(size).free_symbols}
+    loose = sorted(str(x) for x in s.output.free_symbols if isinstance(x, sp.Symbol) and x not in dims)
+    if loose:  # a generated module reads every dimension off its inputs' shapes; a free scalar has no source
+        raise SpecFileError(
+            f"spec {s.name!r}: scalar symbol(s) {', '.join(loose)} are no input's dimension, and a generated "
+            "module has no keyword for them; use a number"
+        )
     text = (
         environment()
         .get_template(f"{backend}_module.py.j2")

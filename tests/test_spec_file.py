@@ -111,6 +111,18 @@ def test_a_bad_spec_file_exits_2_with_one_line(tmp_path, capsys, source, message
     assert message in capsys.readouterr().err
 
 
+def test_a_free_scalar_symbol_cannot_be_generated(tmp_path, capsys):
+    path = tmp_path / "tau.py"
+    path.write_text(
+        "import sympy as sp\nimport symattn as sa\nfrom symattn.specs import dim\n\n"
+        "X = sp.MatrixSymbol('X', dim('n'), dim('d'))\n"
+        "spec = sa.Spec('tau', 'softmax(tau X Xᵀ) X', (X,), sa.softmax(sp.Symbol('tau') * X * X.T) * X)\n"
+    )
+    assert main(["derive", "--spec-file", str(path), "--verify"]) == 0  # derivable: tau is a number there
+    assert main(["generate", "--spec-file", str(path), "--out", str(tmp_path / "out")]) == 2
+    assert "scalar symbol(s) tau" in capsys.readouterr().err
+
+
 def test_spec_and_spec_file_are_exclusive(tmp_path, capsys):
     assert main(["derive", "attention", "--spec-file", str(EXAMPLE)]) == 2
     assert main(["derive"]) == 2
