@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import sympy as sp
-from sympy import Basic, MatrixExpr
+from sympy import Basic
 
 from symattn.cost import (
     TYPICAL_SIZES,
@@ -21,6 +21,7 @@ from symattn.cost import (
     peak_bytes,
     subexpressions,
 )
+from symattn.shapes import dimension_symbols
 
 # Sizes at which the report evaluates its symbolic counts: single-head n = m, d = 64, and H = 8 heads of 64.
 REPORT_SIZES: tuple[dict[str, int], ...] = tuple({**TYPICAL_SIZES, "n": n, "m": n} for n in (128, 512, 2048, 4096))
@@ -107,7 +108,7 @@ def build_report(name_or_spec, sizes: Sequence[Mapping[str, int]] = REPORT_SIZES
     generated = schedule_values(derivation.spec.name) if default_options else None
     rows = []
     for table in sizes:
-        used = {k: v for k, v in table.items() if any(k == s.name for s in _dimension_symbols(output))}
+        used = {k: v for k, v in table.items() if any(k == s.name for s in dimension_symbols(output))}
         rows.append(
             {
                 "sizes": " ".join(f"{k}={v}" for k, v in used.items()),
@@ -153,15 +154,6 @@ def schedule_values(name: str) -> tuple[list[Basic], list[Basic]] | None:
 
 def _gflop(value: float | None) -> str:
     return "–" if value is None else f"{value / 1e9:.3f}"
-
-
-def _dimension_symbols(expr: Basic) -> set[sp.Symbol]:
-    found: set[sp.Symbol] = set()
-    for node in subexpressions([expr]):
-        if isinstance(node, MatrixExpr):
-            for d in node.shape:
-                found |= sp.sympify(d).free_symbols
-    return found
 
 
 def _describe(node: Basic, names: dict[Basic, str], width: int = 70) -> str:

@@ -12,28 +12,14 @@ from itertools import count
 
 import numpy as np
 import sympy as sp
-from sympy import Basic, MatrixExpr, MatrixSymbol
+from sympy import Basic, MatrixSymbol
 
 from symattn.errors import ShapeMismatchError, SymattnError
 from symattn.printers import ExactPrinter, ExpAtom, NumPyMatrixPrinter
-from symattn.shapes import check_shapes
+from symattn.shapes import check_shapes, dimension_symbols
 
 PRINTERS = {"numpy": NumPyMatrixPrinter, "exact": ExactPrinter}
 _serial = count()
-
-
-def _dimension_symbols(expr: Basic, args: Sequence[MatrixSymbol]) -> list[sp.Symbol]:
-    dims: set[sp.Symbol] = set()
-    for node in sp.preorder_traversal(expr):
-        if isinstance(node, MatrixExpr):
-            for s in node.shape:
-                dims |= sp.sympify(s).free_symbols
-        elif isinstance(node, sp.Symbol):
-            dims.add(node)
-    for a in args:
-        for s in a.shape:
-            dims |= sp.sympify(s).free_symbols
-    return sorted(dims, key=lambda s: s.name)
 
 
 def _binding_plan(args: Sequence[MatrixSymbol], dim_symbols: list[sp.Symbol], fixed: set) -> list:
@@ -108,7 +94,7 @@ def lambdify(
         raise SymattnError(f"expression uses {', '.join(sorted(m.name for m in missing))} not among the arguments")
     printer = PRINTERS[backend]()
     body = printer.doprint(expr)
-    dim_symbols = _dimension_symbols(expr, args)
+    dim_symbols = dimension_symbols(expr, *args)
     names = [a.name for a in args]
     source = printer.helper_source() + "\n\ndef _evaluate({}):\n    return {}\n".format(
         ", ".join(names + [s.name for s in dim_symbols]), body

@@ -60,6 +60,28 @@ SHAPE_RULES = {
 }
 
 
+def dimension_symbols(*exprs: Basic) -> list[sp.Symbol]:
+    """Every symbol in a shape (or standing as a scalar) in the expressions, by name.
+
+    Walks each distinct subexpression once, so shared (DAG) expressions stay cheap.
+    """
+    found: set[sp.Symbol] = set()
+    seen: set[Basic] = set()
+    stack = [sp.sympify(e) for e in exprs]
+    while stack:
+        node = stack.pop()
+        if node in seen or not isinstance(node, Basic):
+            continue
+        seen.add(node)
+        if isinstance(node, MatrixExpr):
+            for d in node.shape:
+                found |= sp.sympify(d).free_symbols
+        elif isinstance(node, sp.Symbol):
+            found.add(node)
+        stack.extend(node.args)
+    return sorted(found, key=lambda s: s.name)
+
+
 def check_shapes(expr: Basic) -> None:
     """Raise ShapeMismatchError at the first ill-shaped operation in expr."""
     seen: set[Basic] = set()

@@ -15,19 +15,7 @@ from sympy import Basic, MatrixExpr, MatrixSymbol
 
 from symattn.grad import default_seed
 from symattn.lambdify import lambdify
-
-
-def dimension_symbols(*exprs: Basic) -> list[sp.Symbol]:
-    """Every symbol that appears in a shape (or as a scalar) in the expressions."""
-    found: set[sp.Symbol] = set()
-    for e in exprs:
-        for node in sp.preorder_traversal(e):
-            if isinstance(node, MatrixExpr):
-                for s in node.shape:
-                    found |= sp.sympify(s).free_symbols
-            elif isinstance(node, sp.Symbol):
-                found.add(node)
-    return sorted(found, key=lambda s: s.name)
+from symattn.shapes import dimension_symbols
 
 
 def random_dims(
