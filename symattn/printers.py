@@ -10,6 +10,8 @@ opaque exp atoms, for exact rational verification.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import sympy as sp
 from sympy import Basic, MatrixExpr
 from sympy.matrices.expressions import MatMul, OneMatrix
@@ -142,8 +144,12 @@ class NumPyMatrixPrinter(NumPyPrinter):
         return f"{self._atom(expr.arg)}.mT"
 
     def _print_MatAdd(self, expr: Basic) -> str:
+        return self._signed_sum(expr.args)
+
+    def _signed_sum(self, terms: Sequence[Basic]) -> str:
+        """t₁ + t₂ − t₃ …: a term with a negative coefficient printed as a subtraction."""
         text = ""
-        for i, term in enumerate(expr.args):
+        for i, term in enumerate(terms):
             sign, rest = _split_sign(term)
             if sign < 0:
                 text += ("-" if i == 0 else " - ") + self._atom(rest)

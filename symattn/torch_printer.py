@@ -276,16 +276,9 @@ class GeneratedCodeMixin:
         inplace = self._inplace(expr, "add", signed) if full else None
         if inplace is not None:
             return inplace
-        text = ""
-        for i, term in enumerate(terms):
-            if full:
-                term = broadcast_column(term) or term
-            sign, rest = _split_sign(term)
-            if sign < 0:
-                text += ("-" if i == 0 else " - ") + self._atom(rest)
-            else:
-                text += ("" if i == 0 else " + ") + self._print(rest)
-        return text
+        if full:
+            terms = [broadcast_column(term) or term for term in terms]
+        return self._signed_sum(terms)
 
     def _print_HadamardProduct(self, expr: Basic) -> str:
         full = [a for a in expr.args if broadcast_column(a) is None]
