@@ -26,8 +26,9 @@ def cmd_list(args: argparse.Namespace) -> int:
     """One line per built-in spec: name and forward expression."""
     from symattn.specs import spec, specs
 
+    width = max(len(name) for name in specs())
     for name in specs():
-        print(f"{name:16s} {spec(name).summary}")
+        print(f"{name:{width}s}  {spec(name).summary}")
     return 0
 
 

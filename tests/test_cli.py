@@ -1,0 +1,37 @@
+"""The command line's own behaviour: `list`, and bad input as exit 2 with one line."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+import symattn as sa
+from symattn.cli import main
+
+
+def test_list_names_every_spec_once_per_line(capsys):
+    assert main(["list"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in lines] == sa.specs()
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [[], ["bogus"], ["derive", "nope"], ["derive", "attention", "--wrt", "Z"], ["generate", "--backend", "jax"]],
+)
+def test_bad_arguments_exit_2_with_one_line(argv, capsys):
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert len(captured.err.strip().splitlines()) == 1
+    assert "Traceback" not in captured.err
+
+
+def test_python_dash_m_runs_the_same_command_line():
+    done = subprocess.run([sys.executable, "-m", "symattn", "list"], capture_output=True, text=True, check=False)
+    assert done.returncode == 0
+    assert done.stdout.split()[0] == "attention"
+    bad = subprocess.run([sys.executable, "-m", "symattn", "bogus"], capture_output=True, text=True, check=False)
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
