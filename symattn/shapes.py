@@ -43,6 +43,13 @@ def _check_square(node: Basic, operation: str) -> None:
         raise ShapeMismatchError(operation + " (needs a square matrix)", arg.shape, arg.shape[::-1], node)
 
 
+def _check_power(node: MatPow) -> None:
+    """A*A…, which SymPy folds into A**k without checking: the product's shapes must fit."""
+    base = node.args[0]
+    if not same_dim(base.shape[0], base.shape[1]):
+        raise ShapeMismatchError(f"matrix product {base}*{base} (SymPy's {node})", base.shape, base.shape, None)
+
+
 def _check_heads(node: Basic) -> None:
     arg, heads = node.args
     cols = arg.shape[1]
@@ -54,7 +61,7 @@ SHAPE_RULES = {
     MatMul: _check_matmul,  # adjacent factors: columns of the left = rows of the right
     MatAdd: lambda node: _check_elementwise_operands(node, "matrix sum"),
     HadamardProduct: lambda node: _check_elementwise_operands(node, "hadamard product"),
-    MatPow: lambda node: _check_square(node, "matrix power"),
+    MatPow: lambda node: _check_power(node),
     Trace: lambda node: _check_square(node, "trace"),
     SplitHeads: _check_heads,  # H must divide the number of columns
 }
