@@ -51,7 +51,7 @@ def add_optional(a, b):
 
 def masked_row_softmax(a, out=None):
     """row_softmax for rows that may hold -inf: a row whose entries are all -inf gives zeros, not NaN."""
-    top = a.max(axis=-1, keepdims=True)
+    top = a.max(axis=-1, keepdims=True, initial=-np.inf)
     top[top == -np.inf] = 0.0
     out = np.subtract(a, top, out=out)
     np.exp(out, out=out)
@@ -61,7 +61,7 @@ def masked_row_softmax(a, out=None):
 
 def row_softmax(a, out=None):
     """softmax along the last axis, the row max subtracted first; out may be a itself."""
-    out = np.subtract(a, a.max(axis=-1, keepdims=True), out=out)
+    out = np.subtract(a, a.max(axis=-1, keepdims=True, initial=-np.inf), out=out)
     np.exp(out, out=out)
     out /= out.sum(axis=-1, keepdims=True)
     return out
@@ -97,6 +97,14 @@ def _check_shape(name, a, dims):
         raise ValueError(f"{name}: expected shape {SHAPES[name]} = ({batch}{dims[0]}, {dims[1]}), got {tuple(a.shape)}")
 
 
+def _nonempty(sizes, named):
+    """Every size but the query rows at least 1: with no keys or no features softmax and the norms have no value."""
+    empty = [f"{size} = 0" for size, value in sizes.items() if value == 0]
+    if empty:
+        shapes = ", ".join(f"{name} {tuple(a.shape)}" for name, a in named.items() if a is not None)
+        raise ValueError(f"{', '.join(empty)}: only the query rows may be empty; got {shapes}")
+
+
 def _cotangent(grad_out, saved):
     """grad_out as an array of the output's shape and dtype."""
     grad_out = np.asarray(grad_out)
@@ -113,8 +121,9 @@ def _additive_mask(attn_mask, key_padding_mask, causal, query, key):
     attn_mask: (n, m) or (..., n, m), boolean (True: not allowed) or floating (added to the scores);
     key_padding_mask: (..., m) boolean (True: ignore that key); causal: query i sees keys j <= i.
     """
-    if not isinstance(causal, bool):
+    if not isinstance(causal, (bool, np.bool_)):
         raise ValueError(f"causal must be True or False, got {causal!r}")
+    causal = bool(causal)
     if attn_mask is None and key_padding_mask is None and not causal:
         return None
     query, key = np.asarray(query), np.asarray(key)
@@ -164,6 +173,7 @@ def forward(Q, K, V, *, scale=None, attn_mask=None, key_padding_mask=None, causa
     _check_shape("Q", Q, (n, d_k))
     _check_shape("K", K, (m, d_k))
     _check_shape("V", V, (m, d_v))
+    _nonempty({"d_k": d_k, "m": m, "d_v": d_v}, {"Q": Q, "K": K, "V": V})
     if scale is None:
         scale = 1 / d_k**0.5
     scale = float(scale)

@@ -56,7 +56,7 @@ def add_optional(a, b):
 
 def masked_row_softmax_lse(a):
     """row_softmax_lse for rows that may hold -inf: a row of -inf gives zeros and L = +inf (exp(A - L) = 0)."""
-    top = a.max(axis=-1, keepdims=True)
+    top = a.max(axis=-1, keepdims=True, initial=-np.inf)
     top[top == -np.inf] = 0.0
     e = np.exp(a - top)
     total = e.sum(axis=-1, keepdims=True)
@@ -68,7 +68,7 @@ def masked_row_softmax_lse(a):
 
 def row_softmax_lse(a):
     """softmax along the last axis and the row log-sum-exp, the row max subtracted first."""
-    top = a.max(axis=-1, keepdims=True)
+    top = a.max(axis=-1, keepdims=True, initial=-np.inf)
     e = np.exp(a - top)
     total = e.sum(axis=-1, keepdims=True)
     e /= total
@@ -106,9 +106,19 @@ def _check_shape(name, a, dims):
 
 
 def _positive_int(name, value):
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    """value as a Python int >= 1: an int or a NumPy integer scalar, never a bool."""
+    index = getattr(type(value), "__index__", None)
+    if type(value).__name__ in ("bool", "bool_") or index is None or index(value) < 1:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return value
+    return index(value)
+
+
+def _nonempty(sizes, named):
+    """Every size but the query rows at least 1: with no keys or no features softmax and the norms have no value."""
+    empty = [f"{size} = 0" for size, value in sizes.items() if value == 0]
+    if empty:
+        shapes = ", ".join(f"{name} {tuple(a.shape)}" for name, a in named.items() if a is not None)
+        raise ValueError(f"{', '.join(empty)}: only the query rows may be empty; got {shapes}")
 
 
 def _cotangent(grad_out, saved):
@@ -127,8 +137,9 @@ def _additive_mask(attn_mask, key_padding_mask, causal, query, key):
     attn_mask: (n, m) or (..., n, m), boolean (True: not allowed) or floating (added to the scores);
     key_padding_mask: (..., m) boolean (True: ignore that key); causal: query i sees keys j <= i.
     """
-    if not isinstance(causal, bool):
+    if not isinstance(causal, (bool, np.bool_)):
         raise ValueError(f"causal must be True or False, got {causal!r}")
+    causal = bool(causal)
     if attn_mask is None and key_padding_mask is None and not causal:
         return None
     query, key = np.asarray(query), np.asarray(key)
@@ -181,12 +192,13 @@ def forward(Q, K, V, *, scale=None, block_size=None, attn_mask=None, key_padding
     _check_shape("Q", Q, (n, d_k))
     _check_shape("K", K, (m, d_k))
     _check_shape("V", V, (m, d_v))
+    _nonempty({"d_k": d_k, "m": m, "d_v": d_v}, {"Q": Q, "K": K, "V": V})
     if scale is None:
         scale = 1 / d_k**0.5
     scale = float(scale)
     O_blocks = []
     L_blocks = []
-    for start in range(0, Q.shape[-2], block_size):
+    for start in range(0, max(Q.shape[-2], 1), block_size):  # one pass with no rows: results get their shapes
         block = slice(start, start + block_size)
         M_b = None if M is None else M[..., block, :]
         Q_b = Q[..., block, :]
@@ -227,7 +239,7 @@ def backward(saved, grad_out):
     dQ_blocks = []
     dK = 0  # summed over the blocks of query rows
     dV = 0  # summed over the blocks of query rows
-    for start in range(0, Q.shape[-2], block_size):
+    for start in range(0, max(Q.shape[-2], 1), block_size):  # one pass with no rows: results get their shapes
         block = slice(start, start + block_size)
         L_b = L[..., block, :]
         M_b = None if M is None else M[..., block, :]

@@ -51,7 +51,7 @@ def add_optional(a, b):
 
 def masked_row_softmax(a, out=None):
     """row_softmax for rows that may hold -inf: a row whose entries are all -inf gives zeros, not NaN."""
-    top = a.amax(dim=-1, keepdim=True)
+    top = a.amax(dim=-1, keepdim=True) if a.shape[-1] else a.new_zeros(*a.shape[:-1], 1)  # no keys
     top.masked_fill_(top == float("-inf"), 0.0)
     out = torch.sub(a, top, out=out)
     out.exp_()
@@ -61,7 +61,8 @@ def masked_row_softmax(a, out=None):
 
 def row_softmax(a, out=None):
     """softmax along the last axis, the row max subtracted first; out may be a itself."""
-    out = torch.sub(a, a.amax(dim=-1, keepdim=True), out=out)
+    top = a.amax(dim=-1, keepdim=True) if a.shape[-1] else a.new_zeros(*a.shape[:-1], 1)  # no keys
+    out = torch.sub(a, top, out=out)
     out.exp_()
     out /= out.sum(dim=-1, keepdim=True)
     return out
@@ -98,14 +99,58 @@ def _check_shape(name, a, dims):
         raise ValueError(f"{name}: expected shape {SHAPES[name]} = ({batch}{dims[0]}, {dims[1]}), got {tuple(a.shape)}")
 
 
+def _nonempty(sizes, named):
+    """Every size but the query rows at least 1: with no keys or no features softmax and the norms have no value."""
+    empty = [f"{size} = 0" for size, value in sizes.items() if value == 0]
+    if empty:
+        shapes = ", ".join(f"{name} {tuple(a.shape)}" for name, a in named.items() if a is not None)
+        raise ValueError(f"{', '.join(empty)}: only the query rows may be empty; got {shapes}")
+
+
+class _NotTwice(torch.autograd.Function):
+    """The identity on gradients made under create_graph=True, tied to what they depend on: differentiating
+    them again raises, since the generated backward is first order only."""
+
+    @staticmethod
+    def forward(ctx, count, *tensors):
+        return tuple(t.clone() for t in tensors[:count])
+
+    @staticmethod
+    def backward(ctx, *grads):
+        raise RuntimeError(
+            "attention: double backward is not supported: the generated backward is the closed-form first "
+            "derivative and no second derivative is derived, so gradients made with create_graph=True cannot "
+            "be differentiated again"
+        )
+
+
+def _only_tensors(*values):
+    """The values that are tensors (an absent bias or mask is None)."""
+    return [value for value in values if isinstance(value, torch.Tensor)]
+
+
+def _first_order(ctx, grad_out, gradients):
+    """The gradients a backward returns; under create_graph=True each is tied to the inputs and grad_out,
+    so that a second derivative raises instead of silently being wrong (as torch's once_differentiable)."""
+    if not torch.is_grad_enabled():
+        return gradients
+    sources = [t for t in (*ctx.saved_tensors[len(ctx.tensor_names) :], grad_out) if t.requires_grad]
+    present = [g for g in gradients if g is not None]
+    if not sources or not present:
+        return gradients
+    tied = iter(_NotTwice.apply(len(present), *present, *sources))
+    return tuple(None if g is None else next(tied) for g in gradients)
+
+
 def _additive_mask(attn_mask, key_padding_mask, causal, query, key):
     """The additive mask M (0 where a query may see a key, -inf where not), or None without a mask.
 
     attn_mask: (n, m) or (..., n, m), boolean (True: not allowed) or floating (added to the scores);
     key_padding_mask: (..., m) boolean (True: ignore that key); causal: query i sees keys j <= i.
     """
-    if not isinstance(causal, bool):
+    if type(causal).__name__ not in ("bool", "bool_"):  # True or False, or NumPy's np.True_ or np.False_
         raise ValueError(f"causal must be True or False, got {causal!r}")
+    causal = bool(causal)
     if attn_mask is None and key_padding_mask is None and not causal:
         return None
     n, m, batch = query.shape[-2], key.shape[-2], tuple(query.shape[:-2])
@@ -151,6 +196,7 @@ def _forward(Q, K, V, M, scale):
     _check_shape("Q", Q, (n, d_k))
     _check_shape("K", K, (m, d_k))
     _check_shape("V", V, (m, d_v))
+    _nonempty({"d_k": d_k, "m": m, "d_v": d_v}, {"Q": Q, "K": K, "V": V})
     if scale is None:
         scale = 1 / d_k**0.5
     scale = float(scale)
@@ -192,7 +238,9 @@ class AttentionFunction(torch.autograd.Function):
     def forward(ctx, Q, K, V, M, scale):
         O, saved = _forward(Q, K, V, M, scale)
         tensors = [name for name, value in saved.items() if isinstance(value, torch.Tensor)]
-        ctx.save_for_backward(*(saved[name] for name in tensors))
+        # the inputs too, which _first_order ties the gradients to under create_graph=True
+        inputs = _only_tensors(Q, K, V, M)
+        ctx.save_for_backward(*(saved[name] for name in tensors), *inputs)
         ctx.tensor_names = tensors
         ctx.constants = {name: value for name, value in saved.items() if name not in tensors}
         return O
@@ -200,8 +248,10 @@ class AttentionFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out):
         saved = dict(zip(ctx.tensor_names, ctx.saved_tensors), **ctx.constants)
-        grads = _backward(saved, grad_out)
-        return grads["Q"], grads["K"], grads["V"], None, None
+        with torch.no_grad():
+            grads = _backward(saved, grad_out)
+        gradients = (grads["Q"], grads["K"], grads["V"], None, None)
+        return _first_order(ctx, grad_out, gradients)
 
 
 def forward(Q, K, V, *, scale=None, attn_mask=None, key_padding_mask=None, causal=False):

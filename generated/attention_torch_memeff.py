@@ -56,7 +56,7 @@ def add_optional(a, b):
 
 def masked_row_softmax_lse(a):
     """row_softmax_lse for rows that may hold -inf: a row of -inf gives zeros and L = +inf (exp(A - L) = 0)."""
-    top = a.amax(dim=-1, keepdim=True)
+    top = a.amax(dim=-1, keepdim=True) if a.shape[-1] else a.new_zeros(*a.shape[:-1], 1)  # no keys
     top.masked_fill_(top == float("-inf"), 0.0)
     e = torch.exp(a - top)
     total = e.sum(dim=-1, keepdim=True)
@@ -67,7 +67,7 @@ def masked_row_softmax_lse(a):
 
 def row_softmax_lse(a):
     """softmax along the last axis and the row log-sum-exp, the row max subtracted first."""
-    top = a.amax(dim=-1, keepdim=True)
+    top = a.amax(dim=-1, keepdim=True) if a.shape[-1] else a.new_zeros(*a.shape[:-1], 1)  # no keys
     e = torch.exp(a - top)
     total = e.sum(dim=-1, keepdim=True)
     e /= total
@@ -106,9 +106,54 @@ def _check_shape(name, a, dims):
 
 
 def _positive_int(name, value):
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    """value as a Python int >= 1: an int or a NumPy integer scalar, never a bool."""
+    index = getattr(type(value), "__index__", None)
+    if type(value).__name__ in ("bool", "bool_") or index is None or index(value) < 1:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return value
+    return index(value)
+
+
+def _nonempty(sizes, named):
+    """Every size but the query rows at least 1: with no keys or no features softmax and the norms have no value."""
+    empty = [f"{size} = 0" for size, value in sizes.items() if value == 0]
+    if empty:
+        shapes = ", ".join(f"{name} {tuple(a.shape)}" for name, a in named.items() if a is not None)
+        raise ValueError(f"{', '.join(empty)}: only the query rows may be empty; got {shapes}")
+
+
+class _NotTwice(torch.autograd.Function):
+    """The identity on gradients made under create_graph=True, tied to what they depend on: differentiating
+    them again raises, since the generated backward is first order only."""
+
+    @staticmethod
+    def forward(ctx, count, *tensors):
+        return tuple(t.clone() for t in tensors[:count])
+
+    @staticmethod
+    def backward(ctx, *grads):
+        raise RuntimeError(
+            "attention: double backward is not supported: the generated backward is the closed-form first "
+            "derivative and no second derivative is derived, so gradients made with create_graph=True cannot "
+            "be differentiated again"
+        )
+
+
+def _only_tensors(*values):
+    """The values that are tensors (an absent bias or mask is None)."""
+    return [value for value in values if isinstance(value, torch.Tensor)]
+
+
+def _first_order(ctx, grad_out, gradients):
+    """The gradients a backward returns; under create_graph=True each is tied to the inputs and grad_out,
+    so that a second derivative raises instead of silently being wrong (as torch's once_differentiable)."""
+    if not torch.is_grad_enabled():
+        return gradients
+    sources = [t for t in (*ctx.saved_tensors[len(ctx.tensor_names) :], grad_out) if t.requires_grad]
+    present = [g for g in gradients if g is not None]
+    if not sources or not present:
+        return gradients
+    tied = iter(_NotTwice.apply(len(present), *present, *sources))
+    return tuple(None if g is None else next(tied) for g in gradients)
 
 
 def _additive_mask(attn_mask, key_padding_mask, causal, query, key):
@@ -117,8 +162,9 @@ def _additive_mask(attn_mask, key_padding_mask, causal, query, key):
     attn_mask: (n, m) or (..., n, m), boolean (True: not allowed) or floating (added to the scores);
     key_padding_mask: (..., m) boolean (True: ignore that key); causal: query i sees keys j <= i.
     """
-    if not isinstance(causal, bool):
+    if type(causal).__name__ not in ("bool", "bool_"):  # True or False, or NumPy's np.True_ or np.False_
         raise ValueError(f"causal must be True or False, got {causal!r}")
+    causal = bool(causal)
     if attn_mask is None and key_padding_mask is None and not causal:
         return None
     n, m, batch = query.shape[-2], key.shape[-2], tuple(query.shape[:-2])
@@ -167,12 +213,13 @@ def _forward(Q, K, V, M, scale, block_size):
     _check_shape("Q", Q, (n, d_k))
     _check_shape("K", K, (m, d_k))
     _check_shape("V", V, (m, d_v))
+    _nonempty({"d_k": d_k, "m": m, "d_v": d_v}, {"Q": Q, "K": K, "V": V})
     if scale is None:
         scale = 1 / d_k**0.5
     scale = float(scale)
     O_blocks = []
     L_blocks = []
-    for start in range(0, Q.shape[-2], block_size):
+    for start in range(0, max(Q.shape[-2], 1), block_size):  # one pass with no rows: results get their shapes
         block = slice(start, start + block_size)
         M_b = None if M is None else M[..., block, :]
         Q_b = Q[..., block, :]
@@ -210,7 +257,7 @@ def _backward(saved, grad_out):
     dQ_blocks = []
     dK = 0  # summed over the blocks of query rows
     dV = 0  # summed over the blocks of query rows
-    for start in range(0, Q.shape[-2], block_size):
+    for start in range(0, max(Q.shape[-2], 1), block_size):  # one pass with no rows: results get their shapes
         block = slice(start, start + block_size)
         L_b = L[..., block, :]
         M_b = None if M is None else M[..., block, :]
@@ -236,7 +283,9 @@ class AttentionFunction(torch.autograd.Function):
     def forward(ctx, Q, K, V, M, scale, block_size):
         O, saved = _forward(Q, K, V, M, scale, block_size)
         tensors = [name for name, value in saved.items() if isinstance(value, torch.Tensor)]
-        ctx.save_for_backward(*(saved[name] for name in tensors))
+        # the inputs too, which _first_order ties the gradients to under create_graph=True
+        inputs = _only_tensors(Q, K, V, M)
+        ctx.save_for_backward(*(saved[name] for name in tensors), *inputs)
         ctx.tensor_names = tensors
         ctx.constants = {name: value for name, value in saved.items() if name not in tensors}
         return O
@@ -244,8 +293,10 @@ class AttentionFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out):
         saved = dict(zip(ctx.tensor_names, ctx.saved_tensors), **ctx.constants)
-        grads = _backward(saved, grad_out)
-        return grads["Q"], grads["K"], grads["V"], None, None, None
+        with torch.no_grad():
+            grads = _backward(saved, grad_out)
+        gradients = (grads["Q"], grads["K"], grads["V"], None, None, None)
+        return _first_order(ctx, grad_out, gradients)
 
 
 def forward(Q, K, V, *, scale=None, block_size=None, attn_mask=None, key_padding_mask=None, causal=False):

@@ -94,7 +94,7 @@ def add_optional(a, b):
 
 def masked_row_softmax(a, out=None):
     """row_softmax for rows that may hold -inf: a row whose entries are all -inf gives zeros, not NaN."""
-    top = a.max(axis=-1, keepdims=True)
+    top = a.max(axis=-1, keepdims=True, initial=-np.inf)
     top[top == -np.inf] = 0.0
     out = np.subtract(a, top, out=out)
     np.exp(out, out=out)
@@ -115,7 +115,7 @@ def repeat_heads(a, heads):
 
 def row_softmax(a, out=None):
     """softmax along the last axis, the row max subtracted first; out may be a itself."""
-    out = np.subtract(a, a.max(axis=-1, keepdims=True), out=out)
+    out = np.subtract(a, a.max(axis=-1, keepdims=True, initial=-np.inf), out=out)
     np.exp(out, out=out)
     out /= out.sum(axis=-1, keepdims=True)
     return out
@@ -179,9 +179,19 @@ def _quotient(name, shape, divisor):
 
 
 def _positive_int(name, value):
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    """value as a Python int >= 1: an int or a NumPy integer scalar, never a bool."""
+    index = getattr(type(value), "__index__", None)
+    if type(value).__name__ in ("bool", "bool_") or index is None or index(value) < 1:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return value
+    return index(value)
+
+
+def _nonempty(sizes, named):
+    """Every size but the query rows at least 1: with no keys or no features softmax and the norms have no value."""
+    empty = [f"{size} = 0" for size, value in sizes.items() if value == 0]
+    if empty:
+        shapes = ", ".join(f"{name} {tuple(a.shape)}" for name, a in named.items() if a is not None)
+        raise ValueError(f"{', '.join(empty)}: only the query rows may be empty; got {shapes}")
 
 
 def _cotangent(grad_out, saved):
@@ -200,8 +210,9 @@ def _additive_mask(attn_mask, key_padding_mask, causal, query, key):
     attn_mask: (n, m) or (..., n, m), boolean (True: not allowed) or floating (added to the scores);
     key_padding_mask: (..., m) boolean (True: ignore that key); causal: query i sees keys j <= i.
     """
-    if not isinstance(causal, bool):
+    if not isinstance(causal, (bool, np.bool_)):
         raise ValueError(f"causal must be True or False, got {causal!r}")
+    causal = bool(causal)
     if attn_mask is None and key_padding_mask is None and not causal:
         return None
     query, key = np.asarray(query), np.asarray(key)
@@ -303,6 +314,7 @@ def forward(
         _check_shape("b_V", b_V, (1, H_kv * d_k))
     if b_O is not None:
         _check_shape("b_O", b_O, (1, H * d_k))
+    _nonempty({"d_k": d_k, "m": m}, {"Q": Q, "K": K})
     scale = 1 / d_k**0.5
     Q_h = split_heads(add_optional(Q @ W_Q, b_Q), H)
     K_h = repeat_heads(split_heads(add_optional(K @ W_K, b_K), H_kv), H)

@@ -99,7 +99,7 @@ def add_optional(a, b):
 
 def masked_row_softmax_lse(a):
     """row_softmax_lse for rows that may hold -inf: a row of -inf gives zeros and L = +inf (exp(A - L) = 0)."""
-    top = a.max(axis=-1, keepdims=True)
+    top = a.max(axis=-1, keepdims=True, initial=-np.inf)
     top[top == -np.inf] = 0.0
     e = np.exp(a - top)
     total = e.sum(axis=-1, keepdims=True)
@@ -122,7 +122,7 @@ def repeat_heads(a, heads):
 
 def row_softmax_lse(a):
     """softmax along the last axis and the row log-sum-exp, the row max subtracted first."""
-    top = a.max(axis=-1, keepdims=True)
+    top = a.max(axis=-1, keepdims=True, initial=-np.inf)
     e = np.exp(a - top)
     total = e.sum(axis=-1, keepdims=True)
     e /= total
@@ -187,9 +187,19 @@ def _quotient(name, shape, divisor):
 
 
 def _positive_int(name, value):
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    """value as a Python int >= 1: an int or a NumPy integer scalar, never a bool."""
+    index = getattr(type(value), "__index__", None)
+    if type(value).__name__ in ("bool", "bool_") or index is None or index(value) < 1:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return value
+    return index(value)
+
+
+def _nonempty(sizes, named):
+    """Every size but the query rows at least 1: with no keys or no features softmax and the norms have no value."""
+    empty = [f"{size} = 0" for size, value in sizes.items() if value == 0]
+    if empty:
+        shapes = ", ".join(f"{name} {tuple(a.shape)}" for name, a in named.items() if a is not None)
+        raise ValueError(f"{', '.join(empty)}: only the query rows may be empty; got {shapes}")
 
 
 def _cotangent(grad_out, saved):
@@ -208,8 +218,9 @@ def _additive_mask(attn_mask, key_padding_mask, causal, query, key):
     attn_mask: (n, m) or (..., n, m), boolean (True: not allowed) or floating (added to the scores);
     key_padding_mask: (..., m) boolean (True: ignore that key); causal: query i sees keys j <= i.
     """
-    if not isinstance(causal, bool):
+    if not isinstance(causal, (bool, np.bool_)):
         raise ValueError(f"causal must be True or False, got {causal!r}")
+    causal = bool(causal)
     if attn_mask is None and key_padding_mask is None and not causal:
         return None
     query, key = np.asarray(query), np.asarray(key)
@@ -315,13 +326,14 @@ def forward(
         _check_shape("b_V", b_V, (1, H_kv * d_k))
     if b_O is not None:
         _check_shape("b_O", b_O, (1, H * d_k))
+    _nonempty({"d_k": d_k, "m": m}, {"Q": Q, "K": K})
     scale = 1 / d_k**0.5
     Q_h = split_heads(add_optional(Q @ W_Q, b_Q), H)
     K_h = repeat_heads(split_heads(add_optional(K @ W_K, b_K), H_kv), H)
     V_h = repeat_heads(split_heads(add_optional(V @ W_V, b_V), H_kv), H)
     O_h_blocks = []
     L_blocks = []
-    for start in range(0, Q_h.shape[-2], block_size):
+    for start in range(0, max(Q_h.shape[-2], 1), block_size):  # one pass with no rows: results get their shapes
         block = slice(start, start + block_size)
         M_b = None if M is None else M[..., block, :]
         Q_h_b = Q_h[..., block, :]
@@ -396,7 +408,7 @@ def backward(saved, grad_out):
     dK_h = 0  # summed over the blocks of query rows
     dW_Q = 0  # summed over the blocks of query rows
     db_Q = None if b_Q is None else 0  # summed over the blocks of query rows
-    for start in range(0, Q_h.shape[-2], block_size):
+    for start in range(0, max(Q_h.shape[-2], 1), block_size):  # one pass with no rows: results get their shapes
         block = slice(start, start + block_size)
         L_b = L[..., block, :]
         M_b = None if M is None else M[..., block, :]

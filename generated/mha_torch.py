@@ -94,7 +94,7 @@ def add_optional(a, b):
 
 def masked_row_softmax(a, out=None):
     """row_softmax for rows that may hold -inf: a row whose entries are all -inf gives zeros, not NaN."""
-    top = a.amax(dim=-1, keepdim=True)
+    top = a.amax(dim=-1, keepdim=True) if a.shape[-1] else a.new_zeros(*a.shape[:-1], 1)  # no keys
     top.masked_fill_(top == float("-inf"), 0.0)
     out = torch.sub(a, top, out=out)
     out.exp_()
@@ -115,7 +115,8 @@ def repeat_heads(a, heads):
 
 def row_softmax(a, out=None):
     """softmax along the last axis, the row max subtracted first; out may be a itself."""
-    out = torch.sub(a, a.amax(dim=-1, keepdim=True), out=out)
+    top = a.amax(dim=-1, keepdim=True) if a.shape[-1] else a.new_zeros(*a.shape[:-1], 1)  # no keys
+    out = torch.sub(a, top, out=out)
     out.exp_()
     out /= out.sum(dim=-1, keepdim=True)
     return out
@@ -180,9 +181,54 @@ def _quotient(name, shape, divisor):
 
 
 def _positive_int(name, value):
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    """value as a Python int >= 1: an int or a NumPy integer scalar, never a bool."""
+    index = getattr(type(value), "__index__", None)
+    if type(value).__name__ in ("bool", "bool_") or index is None or index(value) < 1:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return value
+    return index(value)
+
+
+def _nonempty(sizes, named):
+    """Every size but the query rows at least 1: with no keys or no features softmax and the norms have no value."""
+    empty = [f"{size} = 0" for size, value in sizes.items() if value == 0]
+    if empty:
+        shapes = ", ".join(f"{name} {tuple(a.shape)}" for name, a in named.items() if a is not None)
+        raise ValueError(f"{', '.join(empty)}: only the query rows may be empty; got {shapes}")
+
+
+class _NotTwice(torch.autograd.Function):
+    """The identity on gradients made under create_graph=True, tied to what they depend on: differentiating
+    them again raises, since the generated backward is first order only."""
+
+    @staticmethod
+    def forward(ctx, count, *tensors):
+        return tuple(t.clone() for t in tensors[:count])
+
+    @staticmethod
+    def backward(ctx, *grads):
+        raise RuntimeError(
+            "mha: double backward is not supported: the generated backward is the closed-form first "
+            "derivative and no second derivative is derived, so gradients made with create_graph=True cannot "
+            "be differentiated again"
+        )
+
+
+def _only_tensors(*values):
+    """The values that are tensors (an absent bias or mask is None)."""
+    return [value for value in values if isinstance(value, torch.Tensor)]
+
+
+def _first_order(ctx, grad_out, gradients):
+    """The gradients a backward returns; under create_graph=True each is tied to the inputs and grad_out,
+    so that a second derivative raises instead of silently being wrong (as torch's once_differentiable)."""
+    if not torch.is_grad_enabled():
+        return gradients
+    sources = [t for t in (*ctx.saved_tensors[len(ctx.tensor_names) :], grad_out) if t.requires_grad]
+    present = [g for g in gradients if g is not None]
+    if not sources or not present:
+        return gradients
+    tied = iter(_NotTwice.apply(len(present), *present, *sources))
+    return tuple(None if g is None else next(tied) for g in gradients)
 
 
 def _additive_mask(attn_mask, key_padding_mask, causal, query, key):
@@ -191,8 +237,9 @@ def _additive_mask(attn_mask, key_padding_mask, causal, query, key):
     attn_mask: (n, m) or (..., n, m), boolean (True: not allowed) or floating (added to the scores);
     key_padding_mask: (..., m) boolean (True: ignore that key); causal: query i sees keys j <= i.
     """
-    if not isinstance(causal, bool):
+    if type(causal).__name__ not in ("bool", "bool_"):  # True or False, or NumPy's np.True_ or np.False_
         raise ValueError(f"causal must be True or False, got {causal!r}")
+    causal = bool(causal)
     if attn_mask is None and key_padding_mask is None and not causal:
         return None
     n, m, batch = query.shape[-2], key.shape[-2], tuple(query.shape[:-2])
@@ -271,6 +318,7 @@ def _forward(Q, K, V, W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O, M, num_heads, num_
         _check_shape("b_V", b_V, (1, H_kv * d_k))
     if b_O is not None:
         _check_shape("b_O", b_O, (1, H * d_k))
+    _nonempty({"d_k": d_k, "m": m}, {"Q": Q, "K": K})
     scale = 1 / d_k**0.5
     Q_h = split_heads(add_optional(Q @ W_Q, b_Q), H)
     K_h = repeat_heads(split_heads(add_optional(K @ W_K, b_K), H_kv), H)
@@ -371,7 +419,9 @@ class MultiHeadAttentionFunction(torch.autograd.Function):
     def forward(ctx, Q, K, V, W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O, M, num_heads, num_kv_heads):
         Y, saved = _forward(Q, K, V, W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O, M, num_heads, num_kv_heads)
         tensors = [name for name, value in saved.items() if isinstance(value, torch.Tensor)]
-        ctx.save_for_backward(*(saved[name] for name in tensors))
+        # the inputs too, which _first_order ties the gradients to under create_graph=True
+        inputs = _only_tensors(Q, K, V, W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O, M)
+        ctx.save_for_backward(*(saved[name] for name in tensors), *inputs)
         ctx.tensor_names = tensors
         ctx.constants = {name: value for name, value in saved.items() if name not in tensors}
         return Y
@@ -379,8 +429,9 @@ class MultiHeadAttentionFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out):
         saved = dict(zip(ctx.tensor_names, ctx.saved_tensors), **ctx.constants)
-        grads = _backward(saved, grad_out)
-        return (
+        with torch.no_grad():
+            grads = _backward(saved, grad_out)
+        gradients = (
             grads["Q"],
             grads["K"],
             grads["V"],
@@ -396,6 +447,7 @@ class MultiHeadAttentionFunction(torch.autograd.Function):
             None,
             None,
         )
+        return _first_order(ctx, grad_out, gradients)
 
 
 def forward(

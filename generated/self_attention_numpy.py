@@ -55,7 +55,7 @@ SHAPES = {
 
 def row_softmax(a, out=None):
     """softmax along the last axis, the row max subtracted first; out may be a itself."""
-    out = np.subtract(a, a.max(axis=-1, keepdims=True), out=out)
+    out = np.subtract(a, a.max(axis=-1, keepdims=True, initial=-np.inf), out=out)
     np.exp(out, out=out)
     out /= out.sum(axis=-1, keepdims=True)
     return out
@@ -96,6 +96,14 @@ def _check_shape(name, a, dims):
         raise ValueError(f"{name}: expected shape {SHAPES[name]} = ({batch}{dims[0]}, {dims[1]}), got {tuple(a.shape)}")
 
 
+def _nonempty(sizes, named):
+    """Every size but the query rows at least 1: with no keys or no features softmax and the norms have no value."""
+    empty = [f"{size} = 0" for size, value in sizes.items() if value == 0]
+    if empty:
+        shapes = ", ".join(f"{name} {tuple(a.shape)}" for name, a in named.items() if a is not None)
+        raise ValueError(f"{', '.join(empty)}: only the query rows may be empty; got {shapes}")
+
+
 def _cotangent(grad_out, saved):
     """grad_out as an array of the output's shape and dtype."""
     grad_out = np.asarray(grad_out)
@@ -120,6 +128,7 @@ def forward(X, W_Q, W_K, W_V):
     _check_shape("W_Q", W_Q, (d_model, d_k))
     _check_shape("W_K", W_K, (d_model, d_k))
     _check_shape("W_V", W_V, (d_model, d_v))
+    _nonempty({"d_model": d_model, "d_k": d_k, "d_v": d_v}, {"X": X, "W_Q": W_Q, "W_V": W_V})
     scale = 1 / d_k**0.5
     W_QKV = np.concatenate([W_Q, W_K, W_V], axis=-1)
     QKV = X @ W_QKV

@@ -60,7 +60,7 @@ SHAPES = {
 
 def row_softmax_lse(a):
     """softmax along the last axis and the row log-sum-exp, the row max subtracted first."""
-    top = a.max(axis=-1, keepdims=True)
+    top = a.max(axis=-1, keepdims=True, initial=-np.inf)
     e = np.exp(a - top)
     total = e.sum(axis=-1, keepdims=True)
     e /= total
@@ -103,9 +103,19 @@ def _check_shape(name, a, dims):
 
 
 def _positive_int(name, value):
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    """value as a Python int >= 1: an int or a NumPy integer scalar, never a bool."""
+    index = getattr(type(value), "__index__", None)
+    if type(value).__name__ in ("bool", "bool_") or index is None or index(value) < 1:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return value
+    return index(value)
+
+
+def _nonempty(sizes, named):
+    """Every size but the query rows at least 1: with no keys or no features softmax and the norms have no value."""
+    empty = [f"{size} = 0" for size, value in sizes.items() if value == 0]
+    if empty:
+        shapes = ", ".join(f"{name} {tuple(a.shape)}" for name, a in named.items() if a is not None)
+        raise ValueError(f"{', '.join(empty)}: only the query rows may be empty; got {shapes}")
 
 
 def _cotangent(grad_out, saved):
@@ -135,6 +145,7 @@ def forward(X, W_Q, W_K, W_V, *, block_size=None):
     _check_shape("W_Q", W_Q, (d_model, d_k))
     _check_shape("W_K", W_K, (d_model, d_k))
     _check_shape("W_V", W_V, (d_model, d_v))
+    _nonempty({"d_model": d_model, "d_k": d_k, "d_v": d_v}, {"X": X, "W_Q": W_Q, "W_V": W_V})
     scale = 1 / d_k**0.5
     W_QKV = np.concatenate([W_Q, W_K, W_V], axis=-1)
     QKV = X @ W_QKV
@@ -143,7 +154,7 @@ def forward(X, W_Q, W_K, W_V, *, block_size=None):
     V = QKV[..., :, 2 * d_k :]
     O_blocks = []
     L_blocks = []
-    for start in range(0, Q.shape[-2], block_size):
+    for start in range(0, max(Q.shape[-2], 1), block_size):  # one pass with no rows: results get their shapes
         block = slice(start, start + block_size)
         Q_b = Q[..., block, :]
         A_b = (scale * Q_b) @ K.mT
@@ -187,7 +198,7 @@ def backward(saved, grad_out):
     dQ_blocks = []
     dV = 0  # summed over the blocks of query rows
     dK = 0  # summed over the blocks of query rows
-    for start in range(0, Q.shape[-2], block_size):
+    for start in range(0, max(Q.shape[-2], 1), block_size):  # one pass with no rows: results get their shapes
         block = slice(start, start + block_size)
         L_b = L[..., block, :]
         Q_b = Q[..., block, :]

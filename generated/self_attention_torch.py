@@ -55,7 +55,8 @@ SHAPES = {
 
 def row_softmax(a, out=None):
     """softmax along the last axis, the row max subtracted first; out may be a itself."""
-    out = torch.sub(a, a.amax(dim=-1, keepdim=True), out=out)
+    top = a.amax(dim=-1, keepdim=True) if a.shape[-1] else a.new_zeros(*a.shape[:-1], 1)  # no keys
+    out = torch.sub(a, top, out=out)
     out.exp_()
     out /= out.sum(dim=-1, keepdim=True)
     return out
@@ -97,6 +98,49 @@ def _check_shape(name, a, dims):
         raise ValueError(f"{name}: expected shape {SHAPES[name]} = ({batch}{dims[0]}, {dims[1]}), got {tuple(a.shape)}")
 
 
+def _nonempty(sizes, named):
+    """Every size but the query rows at least 1: with no keys or no features softmax and the norms have no value."""
+    empty = [f"{size} = 0" for size, value in sizes.items() if value == 0]
+    if empty:
+        shapes = ", ".join(f"{name} {tuple(a.shape)}" for name, a in named.items() if a is not None)
+        raise ValueError(f"{', '.join(empty)}: only the query rows may be empty; got {shapes}")
+
+
+class _NotTwice(torch.autograd.Function):
+    """The identity on gradients made under create_graph=True, tied to what they depend on: differentiating
+    them again raises, since the generated backward is first order only."""
+
+    @staticmethod
+    def forward(ctx, count, *tensors):
+        return tuple(t.clone() for t in tensors[:count])
+
+    @staticmethod
+    def backward(ctx, *grads):
+        raise RuntimeError(
+            "self_attention: double backward is not supported: the generated backward is the closed-form first "
+            "derivative and no second derivative is derived, so gradients made with create_graph=True cannot "
+            "be differentiated again"
+        )
+
+
+def _only_tensors(*values):
+    """The values that are tensors (an absent bias or mask is None)."""
+    return [value for value in values if isinstance(value, torch.Tensor)]
+
+
+def _first_order(ctx, grad_out, gradients):
+    """The gradients a backward returns; under create_graph=True each is tied to the inputs and grad_out,
+    so that a second derivative raises instead of silently being wrong (as torch's once_differentiable)."""
+    if not torch.is_grad_enabled():
+        return gradients
+    sources = [t for t in (*ctx.saved_tensors[len(ctx.tensor_names) :], grad_out) if t.requires_grad]
+    present = [g for g in gradients if g is not None]
+    if not sources or not present:
+        return gradients
+    tied = iter(_NotTwice.apply(len(present), *present, *sources))
+    return tuple(None if g is None else next(tied) for g in gradients)
+
+
 def _forward(X, W_Q, W_K, W_V):
     """The forward pass: (O, saved values for _backward)."""
     X, W_Q, W_K, W_V = _tensors({"X": X, "W_Q": W_Q, "W_K": W_K, "W_V": W_V})
@@ -108,6 +152,7 @@ def _forward(X, W_Q, W_K, W_V):
     _check_shape("W_Q", W_Q, (d_model, d_k))
     _check_shape("W_K", W_K, (d_model, d_k))
     _check_shape("W_V", W_V, (d_model, d_v))
+    _nonempty({"d_model": d_model, "d_k": d_k, "d_v": d_v}, {"X": X, "W_Q": W_Q, "W_V": W_V})
     scale = 1 / d_k**0.5
     W_QKV = torch.cat([W_Q, W_K, W_V], dim=-1)
     QKV = X @ W_QKV
@@ -164,7 +209,9 @@ class SelfAttentionFunction(torch.autograd.Function):
     def forward(ctx, X, W_Q, W_K, W_V):
         O, saved = _forward(X, W_Q, W_K, W_V)
         tensors = [name for name, value in saved.items() if isinstance(value, torch.Tensor)]
-        ctx.save_for_backward(*(saved[name] for name in tensors))
+        # the inputs too, which _first_order ties the gradients to under create_graph=True
+        inputs = _only_tensors(X, W_Q, W_K, W_V)
+        ctx.save_for_backward(*(saved[name] for name in tensors), *inputs)
         ctx.tensor_names = tensors
         ctx.constants = {name: value for name, value in saved.items() if name not in tensors}
         return O
@@ -172,8 +219,10 @@ class SelfAttentionFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out):
         saved = dict(zip(ctx.tensor_names, ctx.saved_tensors), **ctx.constants)
-        grads = _backward(saved, grad_out)
-        return grads["X"], grads["W_Q"], grads["W_K"], grads["W_V"]
+        with torch.no_grad():
+            grads = _backward(saved, grad_out)
+        gradients = (grads["X"], grads["W_Q"], grads["W_K"], grads["W_V"])
+        return _first_order(ctx, grad_out, gradients)
 
 
 def forward(X, W_Q, W_K, W_V):

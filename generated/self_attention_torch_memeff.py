@@ -60,7 +60,7 @@ SHAPES = {
 
 def row_softmax_lse(a):
     """softmax along the last axis and the row log-sum-exp, the row max subtracted first."""
-    top = a.amax(dim=-1, keepdim=True)
+    top = a.amax(dim=-1, keepdim=True) if a.shape[-1] else a.new_zeros(*a.shape[:-1], 1)  # no keys
     e = torch.exp(a - top)
     total = e.sum(dim=-1, keepdim=True)
     e /= total
@@ -104,9 +104,54 @@ def _check_shape(name, a, dims):
 
 
 def _positive_int(name, value):
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    """value as a Python int >= 1: an int or a NumPy integer scalar, never a bool."""
+    index = getattr(type(value), "__index__", None)
+    if type(value).__name__ in ("bool", "bool_") or index is None or index(value) < 1:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return value
+    return index(value)
+
+
+def _nonempty(sizes, named):
+    """Every size but the query rows at least 1: with no keys or no features softmax and the norms have no value."""
+    empty = [f"{size} = 0" for size, value in sizes.items() if value == 0]
+    if empty:
+        shapes = ", ".join(f"{name} {tuple(a.shape)}" for name, a in named.items() if a is not None)
+        raise ValueError(f"{', '.join(empty)}: only the query rows may be empty; got {shapes}")
+
+
+class _NotTwice(torch.autograd.Function):
+    """The identity on gradients made under create_graph=True, tied to what they depend on: differentiating
+    them again raises, since the generated backward is first order only."""
+
+    @staticmethod
+    def forward(ctx, count, *tensors):
+        return tuple(t.clone() for t in tensors[:count])
+
+    @staticmethod
+    def backward(ctx, *grads):
+        raise RuntimeError(
+            "self_attention: double backward is not supported: the generated backward is the closed-form first "
+            "derivative and no second derivative is derived, so gradients made with create_graph=True cannot "
+            "be differentiated again"
+        )
+
+
+def _only_tensors(*values):
+    """The values that are tensors (an absent bias or mask is None)."""
+    return [value for value in values if isinstance(value, torch.Tensor)]
+
+
+def _first_order(ctx, grad_out, gradients):
+    """The gradients a backward returns; under create_graph=True each is tied to the inputs and grad_out,
+    so that a second derivative raises instead of silently being wrong (as torch's once_differentiable)."""
+    if not torch.is_grad_enabled():
+        return gradients
+    sources = [t for t in (*ctx.saved_tensors[len(ctx.tensor_names) :], grad_out) if t.requires_grad]
+    present = [g for g in gradients if g is not None]
+    if not sources or not present:
+        return gradients
+    tied = iter(_NotTwice.apply(len(present), *present, *sources))
+    return tuple(None if g is None else next(tied) for g in gradients)
 
 
 def _forward(X, W_Q, W_K, W_V, block_size):
@@ -123,6 +168,7 @@ def _forward(X, W_Q, W_K, W_V, block_size):
     _check_shape("W_Q", W_Q, (d_model, d_k))
     _check_shape("W_K", W_K, (d_model, d_k))
     _check_shape("W_V", W_V, (d_model, d_v))
+    _nonempty({"d_model": d_model, "d_k": d_k, "d_v": d_v}, {"X": X, "W_Q": W_Q, "W_V": W_V})
     scale = 1 / d_k**0.5
     W_QKV = torch.cat([W_Q, W_K, W_V], dim=-1)
     QKV = X @ W_QKV
@@ -131,7 +177,7 @@ def _forward(X, W_Q, W_K, W_V, block_size):
     V = QKV[..., :, 2 * d_k :]
     O_blocks = []
     L_blocks = []
-    for start in range(0, Q.shape[-2], block_size):
+    for start in range(0, max(Q.shape[-2], 1), block_size):  # one pass with no rows: results get their shapes
         block = slice(start, start + block_size)
         Q_b = Q[..., block, :]
         A_b = (scale * Q_b) @ K.mT
@@ -172,7 +218,7 @@ def _backward(saved, grad_out):
     dQ_blocks = []
     dV = 0  # summed over the blocks of query rows
     dK = 0  # summed over the blocks of query rows
-    for start in range(0, Q.shape[-2], block_size):
+    for start in range(0, max(Q.shape[-2], 1), block_size):  # one pass with no rows: results get their shapes
         block = slice(start, start + block_size)
         L_b = L[..., block, :]
         Q_b = Q[..., block, :]
@@ -203,7 +249,9 @@ class SelfAttentionFunction(torch.autograd.Function):
     def forward(ctx, X, W_Q, W_K, W_V, block_size):
         O, saved = _forward(X, W_Q, W_K, W_V, block_size)
         tensors = [name for name, value in saved.items() if isinstance(value, torch.Tensor)]
-        ctx.save_for_backward(*(saved[name] for name in tensors))
+        # the inputs too, which _first_order ties the gradients to under create_graph=True
+        inputs = _only_tensors(X, W_Q, W_K, W_V)
+        ctx.save_for_backward(*(saved[name] for name in tensors), *inputs)
         ctx.tensor_names = tensors
         ctx.constants = {name: value for name, value in saved.items() if name not in tensors}
         return O
@@ -211,8 +259,10 @@ class SelfAttentionFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out):
         saved = dict(zip(ctx.tensor_names, ctx.saved_tensors), **ctx.constants)
-        grads = _backward(saved, grad_out)
-        return grads["X"], grads["W_Q"], grads["W_K"], grads["W_V"], None
+        with torch.no_grad():
+            grads = _backward(saved, grad_out)
+        gradients = (grads["X"], grads["W_Q"], grads["W_K"], grads["W_V"], None)
+        return _first_order(ctx, grad_out, gradients)
 
 
 def forward(X, W_Q, W_K, W_V, *, block_size=None):

@@ -160,7 +160,7 @@ def layer_norm(a, eps):
 
 def masked_row_softmax(a, out=None):
     """row_softmax for rows that may hold -inf: a row whose entries are all -inf gives zeros, not NaN."""
-    top = a.max(axis=-1, keepdims=True)
+    top = a.max(axis=-1, keepdims=True, initial=-np.inf)
     top[top == -np.inf] = 0.0
     out = np.subtract(a, top, out=out)
     np.exp(out, out=out)
@@ -182,7 +182,7 @@ def row_inv_std(a, eps):
 
 def row_softmax(a, out=None):
     """softmax along the last axis, the row max subtracted first; out may be a itself."""
-    out = np.subtract(a, a.max(axis=-1, keepdims=True), out=out)
+    out = np.subtract(a, a.max(axis=-1, keepdims=True, initial=-np.inf), out=out)
     np.exp(out, out=out)
     out /= out.sum(axis=-1, keepdims=True)
     return out
@@ -244,9 +244,19 @@ def _quotient(name, shape, divisor):
 
 
 def _positive_int(name, value):
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    """value as a Python int >= 1: an int or a NumPy integer scalar, never a bool."""
+    index = getattr(type(value), "__index__", None)
+    if type(value).__name__ in ("bool", "bool_") or index is None or index(value) < 1:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return value
+    return index(value)
+
+
+def _nonempty(sizes, named):
+    """Every size but the query rows at least 1: with no keys or no features softmax and the norms have no value."""
+    empty = [f"{size} = 0" for size, value in sizes.items() if value == 0]
+    if empty:
+        shapes = ", ".join(f"{name} {tuple(a.shape)}" for name, a in named.items() if a is not None)
+        raise ValueError(f"{', '.join(empty)}: only the query rows may be empty; got {shapes}")
 
 
 def _cotangent(grad_out, saved):
@@ -265,8 +275,9 @@ def _additive_mask(attn_mask, key_padding_mask, causal, query, key):
     attn_mask: (n, m) or (..., n, m), boolean (True: not allowed) or floating (added to the scores);
     key_padding_mask: (..., m) boolean (True: ignore that key); causal: query i sees keys j <= i.
     """
-    if not isinstance(causal, bool):
+    if not isinstance(causal, (bool, np.bool_)):
         raise ValueError(f"causal must be True or False, got {causal!r}")
+    causal = bool(causal)
     if attn_mask is None and key_padding_mask is None and not causal:
         return None
     query, key = np.asarray(query), np.asarray(key)
@@ -383,6 +394,7 @@ def forward(
     _check_shape("W_2", W_2, (d_ff, H * d_k))
     if b_2 is not None:
         _check_shape("b_2", b_2, (1, H * d_k))
+    _nonempty({"d_k": d_k, "d_ff": d_ff}, {"X": X, "W_1": W_1})
     if eps is None:
         eps = 1e-05
     eps = float(eps)
@@ -496,7 +508,7 @@ def backward(saved, grad_out):
     db_O = None if b_O is None else rows(dY).sum(axis=0, keepdims=True)
     dgamma_2 = rows(np.multiply(dX_2, N_2, out=dX_2)).sum(axis=0, keepdims=True)
     dW_1 = rows(X_2).mT @ rows(dU)
-    db_1 = None if b_1 is None else rows(dU).sum(axis=0, keepdims=True)
+    db_1 = rows(dU).sum(axis=0, keepdims=True)
     dbeta_2 = sum_batch(db_1 @ W_1.mT)
     dW_2 = rows(F).mT @ rows(grad_out)
     db_2 = None if b_2 is None else rows(grad_out).sum(axis=0, keepdims=True)
@@ -531,7 +543,7 @@ def backward(saved, grad_out):
         "gamma_2": dgamma_2,
         "beta_2": dbeta_2,
         "W_1": dW_1,
-        "b_1": db_1,
+        "b_1": None if b_1 is None else db_1,
         "W_2": dW_2,
         "b_2": db_2,
     }

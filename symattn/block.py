@@ -22,20 +22,10 @@ from sympy.matrices.expressions.hadamard import canonicalize as hadamard_canonic
 
 from symattn.errors import SymattnError
 from symattn.ops import gelu, layer_norm, merge_heads, softmax, split_heads
-from symattn.specs import Spec, dim
+from symattn.specs import Spec, dim, head_count
 
 DEFAULT_EPS = 1e-5
 APPROXIMATIONS = ("none", "tanh")  # torch.nn.functional.gelu's approximate=
-
-
-def _heads(num_heads) -> Basic:
-    if num_heads is None:
-        return dim("H")
-    if isinstance(num_heads, sp.Symbol):
-        return num_heads
-    if isinstance(num_heads, bool) or not isinstance(num_heads, int) or num_heads < 1:
-        raise SymattnError(f"num_heads must be a positive integer, got {num_heads!r}")
-    return sp.Integer(num_heads)
 
 
 def _eps(eps) -> Basic:
@@ -74,7 +64,7 @@ def transformer_block(num_heads=None, eps=DEFAULT_EPS, causal: bool = False, app
     if not isinstance(causal, bool) and causal not in (0, 1):  # --option causal=1 arrives as an int
         raise SymattnError(f"causal must be True or False, got {causal!r}")
     causal = bool(causal)
-    heads, epsilon = _heads(num_heads), _eps(eps)
+    heads, epsilon = head_count(num_heads, "num_heads", "H"), _eps(eps)
     n, d_k, d_ff = dim("n"), dim("d_k"), dim("d_ff")
     d_model = heads * d_k
     x = MatrixSymbol("X", n, d_model)

@@ -7,6 +7,8 @@ stderr and no traceback.
 from __future__ import annotations
 
 import argparse
+import errno
+import os
 import sys
 from collections.abc import Sequence
 
@@ -37,6 +39,11 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from symattn.codegen import default_out_dir, generate
 
     out = args.out if args.out is not None else default_out_dir()
+    if args.option and args.spec_file is None:
+        raise UsageError(
+            "symattn generate: error: --option applies to --spec-file only; the built-in modules take "
+            "their options at run time (e.g. forward(..., num_heads=3))"
+        )
     try:
         if args.spec_file is not None:
             stale = _generate_spec_file(args)
@@ -154,17 +161,19 @@ def _add_derive(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    """Say whether a claimed gradient is right (exit 0) or wrong (exit 1, with a counterexample)."""
+    """Say whether a claimed gradient is right (exit 0), wrong (exit 1, a counterexample) or cannot be checked (3)."""
     from symattn.check import check
 
-    if args.trials < 1:
-        raise UsageError("symattn check: error: --trials must be at least 1")
     result = check(args.spec, args.wrt, args.claim, trials=args.trials, seed=args.seed, **_spec_options(args.option))
     sys.stdout.write(result.text())
-    return 0 if result.right else 1
+    return CHECK_STATUS[result.status]
+
+
+CHECK_STATUS = {"right": 0, "wrong": 1, "undecided": 3}  # exit statuses of `symattn check` (docs/check.md)
 
 
 def _add_check(sub: argparse._SubParsersAction) -> None:
+    from symattn.check import DEFAULT_TRIALS
     from symattn.specs import specs
 
     chk = sub.add_parser("check", help="is a claimed gradient right? (a counterexample if not)")
@@ -173,7 +182,9 @@ def _add_check(sub: argparse._SubParsersAction) -> None:
     chk.add_argument("--wrt", required=True, metavar="NAME", help="an input, weight or intermediate (S, A, P, O, ...)")
     chk.add_argument("--option", action="append", metavar="KEY=VALUE", help="a spec option, e.g. scale=1")
     chk.add_argument("--seed", type=int, default=0, help="seed of the random test points (default 0)")
-    chk.add_argument("--trials", type=int, default=3, help="random test points (default 3)")
+    chk.add_argument(
+        "--trials", type=int, default=DEFAULT_TRIALS, help=f"random test points (default {DEFAULT_TRIALS})"
+    )
     chk.set_defaults(handler=cmd_check)
 
 
@@ -188,15 +199,41 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line; return the exit status."""
+    """Run the command line; return the exit status.
+
+    Bad input is one line on stderr and exit 2; Ctrl-C is one line and exit 130; a closed or
+    full stdout ends the run quietly with exit 1 (there is no one left to read a message).
+    """
+    if sys.stdout is None:  # started with stdout closed
+        return 1
     try:
         args = build_parser().parse_args(argv)
-        return args.handler(args)
+        status = args.handler(args)
+        sys.stdout.flush()  # a full or closed pipe shows here, inside the handlers below
+        return status
     except SymattnError as err:
         print(f"symattn: error: {err}" if not isinstance(err, UsageError) else f"{err}", file=sys.stderr)
         return 2
-    except BrokenPipeError:
-        return 0
+    except RecursionError:
+        print("symattn: error: the expression nests too deeply for symattn (Python's recursion limit)", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("symattn: interrupted", file=sys.stderr)
+        return 130
+    except OSError as err:
+        if err.errno not in (errno.EPIPE, errno.ENOSPC, errno.EBADF):
+            raise
+        _silence_stdout()
+        return 1
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null, so that Python's own flush at exit does not fail a second time."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
 
 
 if __name__ == "__main__":

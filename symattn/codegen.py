@@ -9,6 +9,7 @@ files that differ from what the templates render now.
 
 from __future__ import annotations
 
+import glob
 import os
 import re
 import tempfile
@@ -105,6 +106,35 @@ def _dying(assignments: list[Assignment], protected: set) -> list[frozenset]:
     return out
 
 
+def _read_elsewhere(assignments: list[Assignment], targets: set) -> set:
+    """The targets that another assignment reads."""
+    return {t for t in targets if any(a.target != t and t in a.value.atoms(sp.MatrixSymbol) for a in assignments)}
+
+
+def docstring_text(text: str) -> str:
+    """text as it may stand inside a triple-quoted docstring: backslashes and quotes escaped."""
+    return text.replace("\\", "\\\\").replace('"""', '\\"\\"\\"')
+
+
+def _nonempty_call(sched: Schedule) -> str:
+    """The check that every dimension read off the inputs is at least 1, but the query rows (the first input's)."""
+    first = sched.inputs[0]
+    rows = first.shape[0] if str(first.name) not in sched.weights else None
+    sizes = [b.symbol.name for b in sched.bindings if b.symbol != rows]
+    if not sizes:
+        return ""
+    read = {b.input for b in sched.bindings}
+    sources = [str(x.name) for x in sched.inputs if str(x.name) in read]  # the inputs the sizes are read off
+    return layout.statement(
+        "_nonempty",
+        [
+            layout.wrapped("", [f'"{name}": {name}' for name in sizes], "", indent=8, brackets="{}"),
+            layout.wrapped("", [f'"{name}": {name}' for name in sources], "", indent=8, brackets="{}"),
+        ],
+        indent=4,
+    )
+
+
 def _text(expr: sp.Basic) -> str:
     from symattn.latex import text
 
@@ -176,7 +206,12 @@ def context(sched: Schedule, backend: str, version: str, variant: str = "standar
 
     def statement(a: Assignment, consumable: frozenset = frozenset()) -> Statement:
         printer.consumable = consumable
-        text = printer.weight_gradient(a.value, batched) if a.reduce_batch else printer.doprint(a.value)
+        if a.target in unused:  # the output does not read this input: zeros of its full (batched) shape and dtype
+            text = printer.zeros_like(unused[a.target])
+        elif a.reduce_batch:
+            text = printer.weight_gradient(a.value, batched)
+        else:
+            text = printer.doprint(a.value)
         printer.consumable = frozenset()
         # the gradient of an optional input is computed only when the input was given
         return Statement(str(a.target.name), text, a.comment, gradient_of.get(a.target, ""))
@@ -210,6 +245,7 @@ def context(sched: Schedule, backend: str, version: str, variant: str = "standar
         }
 
     gradient_of = {t: name for name, t in sched.gradients if name in optional}
+    unused = {t: name for name, t in sched.gradients for a in sched.backward if a.target == t and a.value.is_ZeroMatrix}
     protected = {str(getattr(x, "name", x)) for x in sched.saved} | {str(sched.output.name), "L"}
     protected |= {str(t.name) for _, t in sched.gradients}
     options = list(sched.options)
@@ -217,6 +253,14 @@ def context(sched: Schedule, backend: str, version: str, variant: str = "standar
         from symattn.memeff import BLOCK_SIZE, plan
 
         cut = plan(sched)
+        backward_assignments = [*cut.backward[0], *cut.backward[1].body, *cut.backward[1].accumulate, *cut.backward[2]]
+    else:
+        backward_assignments = list(sched.backward)
+    # The gradient of an optional input that other lines read (dbeta_2 = db_1 W_1ᵀ) is computed whatever the
+    # input; only the value returned for it is None when the input was.
+    shared = _read_elsewhere(backward_assignments, set(gradient_of))
+    gradient_of = {t: name for t, name in gradient_of.items() if t not in shared}
+    if variant == "memeff":
         forward_sections = [lines(cut.forward[0]), loop(cut.forward[1]), lines(cut.forward[2])]
         backward_sections = [lines(cut.backward[0]), loop(cut.backward[1]), lines(cut.backward[2])]
         saved_symbols = cut.saved
@@ -238,8 +282,10 @@ def context(sched: Schedule, backend: str, version: str, variant: str = "standar
         [b.value for b in backward]
         + [b.guard for b in backward]
         + [sl["full"] for sec in backward_sections for sl in sec.get("slices", [])]
+        + [name for name, t in sched.gradients if t in shared]  # returned as None when the input was None
     )
     saved = [str(getattr(x, "name", x)) for x in saved_symbols] + [str(x.name) for x in maybe] + [mask] * bool(mask)
+    saved += [name for name in unused.values() if name not in saved]  # their zero gradients take their shapes
     saved = [name for name in saved if _uses(name, backward_text)] + (["block_size"] if variant == "memeff" else [])
     bindings = []
     for b in sched.bindings:
@@ -263,7 +309,7 @@ def context(sched: Schedule, backend: str, version: str, variant: str = "standar
         "version": version,
         "backend": backend,
         "spec": s.name,
-        "summary": s.summary,
+        "summary": docstring_text(s.summary),
         "class_name": class_name,
         "inputs": [
             {
@@ -317,6 +363,7 @@ def context(sched: Schedule, backend: str, version: str, variant: str = "standar
             [f"{c.name} = {sp.sstr(v)}" for c, v in sched.constants] + [_math(a) for a in sched.forward]
         ),
         "backward_math": _wrap([_math(a) for a in sched.backward]),
+        "nonempty": _nonempty_call(sched),
         "helpers": printer.helper_source(),
         "needs_dtype": _uses("dtype", [line.value for line in forward + backward]),
         "ambiguous": any(str(a.target.name) in ("O", "I", "l") for a in (*sched.forward, *sched.backward)),
@@ -337,7 +384,10 @@ def context(sched: Schedule, backend: str, version: str, variant: str = "standar
         "gradient_dict": "{" + ", ".join(f'"{name}": {t.name}' for name, t in sched.gradients) + "}",
         "return_gradients": layout.wrapped(
             "return " if not maybe or backend == "torch" else "grads = ",
-            [f'"{name}": {t.name}' for name, t in sched.gradients],
+            [
+                f'"{name}": None if {name} is None else {t.name}' if t in shared else f'"{name}": {t.name}'
+                for name, t in sched.gradients
+            ],
             "",
             indent=4,
             brackets="{}",
@@ -349,11 +399,11 @@ def context(sched: Schedule, backend: str, version: str, variant: str = "standar
         "weights": weights,
         "weight_names": [w["name"] for w in weights],
         "module_doc": layout.module_doc(s.name, [w["name"] for w in weights]),
-        "function_returns": layout.wrapped(
-            "return ",
-            [f'grads["{x.name}"]' for x in s.inputs] + ["None"] * (len(options) + bool(mask)),
-            "",
-            indent=8,
+        "function_gradients": layout.assign_tuple(
+            "gradients", [f'grads["{x.name}"]' for x in s.inputs] + ["None"] * (len(options) + bool(mask)), indent=8
+        ),
+        "tensor_inputs": layout.wrapped(
+            "inputs = _only_tensors", [str(x.name) for x in s.inputs] + [mask] * bool(mask), "", 8, brackets="()"
         ),
         "module_call": layout.call(
             "forward",
@@ -423,25 +473,51 @@ def generate(
                     continue  # no memory-efficient cut for this spec
                 rendered[out_dir / f"{module_name(name, backend, variant)}.py"] = render(name, backend, variant)
     stale = [path for path, text in rendered.items() if not path.is_file() or path.read_bytes() != text.encode()]
-    if not check and stale:
-        write_atomically({path: rendered[path] for path in stale})
+    if not check:
+        remove_leftovers(rendered)  # a run killed mid-write (kill -9) leaves its temporary files behind
+        if stale:
+            write_atomically({path: rendered[path] for path in stale})
     return stale
 
 
+def _temporary_prefix(path: Path) -> str:
+    """The name write_atomically's temporary files for path start with (they end with .tmp)."""
+    return f".{path.name}."
+
+
+def remove_leftovers(paths) -> list[Path]:
+    """Delete the temporary files an interrupted write of these paths left beside them; the ones deleted.
+
+    Only names of write_atomically's own pattern, .<module>.py.<random>.tmp, for the modules written here.
+    """
+    removed = []
+    for path in paths:
+        if not path.parent.is_dir():
+            continue
+        for leftover in path.parent.glob(f"{glob.escape(_temporary_prefix(path))}*.tmp"):
+            if leftover.is_file() and not leftover.is_symlink():
+                leftover.unlink(missing_ok=True)
+                removed.append(leftover)
+    return removed
+
+
 def write_atomically(files: dict[Path, str]) -> None:
-    """Write every file or none: each goes to a temporary file beside it, then all are renamed in place."""
+    """Write every file or none: each goes to a temporary file beside it, then all are renamed in place.
+
+    On any failure, no temporary file is left; leftovers of an earlier, killed write are removed first.
+    """
+    remove_leftovers(files)
     temporary: list[tuple[str, Path]] = []
     try:
         for path, text in files.items():
             path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=_temporary_prefix(path), suffix=".tmp")
             temporary.append((tmp, path))
             with os.fdopen(fd, "wb") as f:
                 f.write(text.encode())
-    except BaseException:
+        for tmp, path in temporary:
+            os.chmod(tmp, 0o644)
+            os.replace(tmp, path)
+    finally:  # after the renames none exists; after a failure, the ones not renamed are deleted
         for tmp, _ in temporary:
             Path(tmp).unlink(missing_ok=True)
-        raise
-    for tmp, path in temporary:
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)

@@ -41,7 +41,7 @@ class Verification:
     @property
     def max_discrepancy(self) -> float:
         """Largest relative discrepancy among the exact equalities (not the central difference)."""
-        return max((c.discrepancy for c in self.checks if c.tolerance < 1e-6), default=0.0)
+        return float(np.max([c.discrepancy for c in self.checks if c.tolerance < 1e-6], initial=0.0))  # NaN shows
 
     def text(self) -> str:
         """One line per checked equality, then a summary."""

@@ -16,8 +16,9 @@ from sympy import Basic, MatrixExpr, MatrixSymbol
 from sympy.matrices.expressions import Identity, ZeroMatrix
 
 from symattn.errors import ShapeMismatchError, SymattnError, UnsupportedNodeError
+from symattn.safe import expression
 from symattn.shapes import check_shapes, same_dim
-from symattn.vjp import VJP_RULES, matadd, zero_like
+from symattn.vjp import VJP_RULES, matadd, merge_cotangents, zero_like
 
 
 @dataclass(frozen=True)
@@ -52,7 +53,7 @@ def is_scalar(expr: Basic) -> bool:
 def default_seed(expr: Basic, cotangent: Basic | None) -> Basic:
     """The cotangent ∂f/∂expr: given, G of expr's shape, or 1 for a scalar expr."""
     if cotangent is not None:
-        cotangent = sp.sympify(cotangent)
+        cotangent = expression(cotangent, "the cotangent")
         if isinstance(expr, MatrixExpr):
             if not isinstance(cotangent, MatrixExpr) or not all(
                 same_dim(a, b) for a, b in zip(cotangent.shape, expr.shape)
@@ -113,9 +114,13 @@ def _rule_for(node: Basic):
     return rule
 
 
+def _sum(terms: list[Basic]) -> Basic:
+    return matadd(*terms) if isinstance(terms[0], MatrixExpr) else sp.Add(*terms)
+
+
 def backward(expr: Basic, wrt: Iterable[MatrixSymbol], cotangent: Basic | None = None) -> Tape:
     """Run reverse mode from expr, seeded with cotangent, down to the wrt symbols."""
-    expr = sp.sympify(expr)
+    expr = expression(expr)
     wrt = tuple(wrt)
     for w in wrt:
         if not isinstance(w, MatrixSymbol):
@@ -129,12 +134,12 @@ def backward(expr: Basic, wrt: Iterable[MatrixSymbol], cotangent: Basic | None =
         terms = pending.pop(node, [])
         if not terms:
             continue
-        g = matadd(*terms) if isinstance(terms[0], MatrixExpr) else sp.Add(*terms)
+        g = _sum(terms)
         tape.cotangents[node] = g
         if node in tape.wrt:
             continue
         rule = _rule_for(node)
-        outputs = tuple((a, c) for a, c in rule(node, g) if depends.get(a))
+        outputs = merge_cotangents((a, c) for a, c in rule(node, g) if depends.get(a))
         missing = [a for a in node.args if depends.get(a) and a not in {o for o, _ in outputs}]
         if missing:
             raise UnsupportedNodeError(node, f"differentiation through {missing[0]}", [rule.__name__])

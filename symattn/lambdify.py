@@ -16,6 +16,7 @@ from sympy import Basic, MatrixSymbol
 
 from symattn.errors import ShapeMismatchError, SymattnError
 from symattn.printers import ExactPrinter, ExpAtom, NumPyMatrixPrinter
+from symattn.safe import expression
 from symattn.shapes import check_shapes, dimension_symbols
 
 PRINTERS = {"numpy": NumPyMatrixPrinter, "exact": ExactPrinter}
@@ -87,7 +88,7 @@ def lambdify(
     for a in args:
         if not isinstance(a, MatrixSymbol):
             raise SymattnError(f"lambdify arguments must be MatrixSymbols, got {type(a).__name__} {a}")
-    expr = sp.sympify(expr)
+    expr = expression(expr)
     check_shapes(expr)
     missing = {s for s in expr.atoms(MatrixSymbol)} - set(args)
     if missing:

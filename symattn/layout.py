@@ -35,11 +35,32 @@ def wrapped(prefix: str, items: list[str], close: str, indent: int, brackets: st
     return f"{prefix}{opening}\n{body}{' ' * indent}{closing}{close}"
 
 
+def statement(function: str, arguments: list[str], indent: int) -> str:
+    """function(arguments) as a statement, broken over lines as ruff format would; an argument may span lines
+    (laid out for indent + 4)."""
+    flat = all("\n" not in a for a in arguments)
+    line = f"{function}({', '.join(arguments)})"
+    if flat and indent + len(line) <= WIDTH:
+        return line
+    if flat and indent + 4 + len(", ".join(arguments)) <= WIDTH:
+        return f"{function}(\n{' ' * (indent + 4)}{', '.join(arguments)}\n{' ' * indent})"
+    body = "".join(f"{' ' * (indent + 4)}{a},\n" for a in arguments)
+    return f"{function}(\n{body}{' ' * indent})"
+
+
+def assign_tuple(target: str, items: list[str], indent: int) -> str:
+    """target = (items), a tuple even of one item, broken over lines as ruff format would."""
+    if len(items) == 1:
+        return f"{target} = ({items[0]},)"
+    return wrapped(f"{target} = ", items, "", indent, brackets="()")
+
+
 def checked_inputs(inputs: tuple, function: str) -> str:
     """A, B, … = function({"A": A, …}), broken over lines as ruff format would."""
     names = [str(x.name) for x in inputs]
     items = [f'"{name}": {name}' for name in names]
-    prefix = f"{', '.join(names)} = {function}("
+    targets = f"({names[0]},)" if len(names) == 1 else ", ".join(names)  # one input: unpack the list of one
+    prefix = f"{targets} = {function}("
     one = "{" + ", ".join(items) + "}"
     if 4 + len(prefix) + len(one) + 1 <= WIDTH:
         return f"{prefix}{one})"

@@ -15,6 +15,8 @@ import sympy as sp
 from sympy import Basic, MatrixExpr, MatrixSymbol
 from sympy.matrices.expressions import MatMul
 
+from symattn.safe import expression
+
 
 def _split(expr: Basic) -> tuple[Basic, list[Basic]]:
     """(scalar coefficient, matrix factors) of a product; (1, [expr]) for anything else."""
@@ -62,7 +64,7 @@ class Abbreviations:
             memo[e] = out
             return out
 
-        return walk(sp.sympify(expr))
+        return walk(expression(expr))
 
     def _match(self, e: Basic) -> Basic:
         """e with every run of factors that spells a definition replaced by its name."""

@@ -10,10 +10,11 @@ from __future__ import annotations
 import functools
 
 import sympy as sp
-from sympy import Basic, Expr, MatrixExpr, sympify
+from sympy import Basic, Expr, MatrixExpr
 from sympy.matrices.expressions import HadamardProduct
 
 from symattn.errors import NotAMatrixError, ShapeMismatchError, SymattnError
+from symattn.safe import expression
 
 
 class Elementwise(MatrixExpr):
@@ -23,7 +24,7 @@ class Elementwise(MatrixExpr):
     scalar = staticmethod(sp.Function("f"))
 
     def __new__(cls, arg: MatrixExpr) -> Elementwise:
-        arg = sympify(arg)
+        arg = expression(arg)
         _require_matrix(arg, cls.function)
         return Basic.__new__(cls, arg)
 
@@ -71,7 +72,7 @@ class RowSoftmax(MatrixExpr):
     """softmax(A)_ij = exp(A_ij) / Σ_k exp(A_ik): each row normalised on its own."""
 
     def __new__(cls, arg: MatrixExpr) -> RowSoftmax:
-        arg = sympify(arg)
+        arg = expression(arg)
         _require_matrix(arg, "softmax")
         return Basic.__new__(cls, arg)
 
@@ -94,7 +95,7 @@ class RowSum(MatrixExpr):
     """rowsum(A) = A 𝟏: the n × 1 column of row sums of an n × m matrix."""
 
     def __new__(cls, arg: MatrixExpr) -> RowSum:
-        arg = sympify(arg)
+        arg = expression(arg)
         _require_matrix(arg, "rowsum")
         return Basic.__new__(cls, arg)
 
@@ -117,7 +118,7 @@ class SumEntries(Expr):
     is_commutative = True
 
     def __new__(cls, arg: MatrixExpr) -> SumEntries:
-        arg = sympify(arg)
+        arg = expression(arg)
         _require_matrix(arg, "sum")
         return Basic.__new__(cls, arg)
 
@@ -140,7 +141,7 @@ class SplitHeads(MatrixExpr):
     """
 
     def __new__(cls, arg: MatrixExpr, heads) -> SplitHeads:
-        arg, heads = sympify(arg), sympify(heads)
+        arg, heads = expression(arg), expression(heads)
         _require_matrix(arg, "split_heads")
         return Basic.__new__(cls, arg, heads)
 
@@ -161,7 +162,7 @@ class MergeHeads(MatrixExpr):
     """Concat(head_1, …, head_H): H stacked n × k matrices side by side, n × (H·k)."""
 
     def __new__(cls, arg: MatrixExpr, heads) -> MergeHeads:
-        arg, heads = sympify(arg), sympify(heads)
+        arg, heads = expression(arg), expression(heads)
         _require_matrix(arg, "merge_heads")
         return Basic.__new__(cls, arg, heads)
 
@@ -229,7 +230,7 @@ def sum(a: MatrixExpr) -> SumEntries:
 
 def hadamard(*factors: MatrixExpr) -> MatrixExpr:
     """Entrywise product A ⊙ B ⊙ …; the factors must share one shape."""
-    factors = tuple(sympify(f) for f in factors)
+    factors = tuple(expression(f) for f in factors)
     for f in factors:
         _require_matrix(f, "hadamard")
     for f in factors[1:]:
@@ -302,7 +303,7 @@ class _RowStatistic(MatrixExpr):
     """A row-wise statistic of A with the variance offset eps (a positive scalar)."""
 
     def __new__(cls, arg: MatrixExpr, eps) -> _RowStatistic:
-        arg, eps = sympify(arg), sympify(eps)
+        arg, eps = expression(arg), expression(eps)
         _require_matrix(arg, cls.__name__)
         if isinstance(eps, MatrixExpr) or eps.is_positive is False:
             raise SymattnError(f"{cls.__name__} takes a positive scalar eps, got {eps}")
@@ -373,7 +374,7 @@ class _HeadGroups(MatrixExpr):
     """Per-head blocks regrouped between H query heads and H_kv kv heads (H_kv divides H)."""
 
     def __new__(cls, arg: MatrixExpr, kv_heads, heads):
-        arg, kv_heads, heads = sympify(arg), sympify(kv_heads), sympify(heads)
+        arg, kv_heads, heads = expression(arg), expression(kv_heads), expression(heads)
         _require_matrix(arg, cls.__name__)
         return Basic.__new__(cls, arg, kv_heads, heads)
 

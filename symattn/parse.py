@@ -10,6 +10,12 @@ Python, and anything outside the whitelist is refused with its column:
     V.T * concat(P_h.T * heads(G * W_O.T))         # per-head blocks, concatenated
 
 Shapes are checked as the formula is read; a mismatch names both shapes and the column.
+
+Every formula is cheap to evaluate: numbers are 0 or lie in [1e-12, 1e12] in magnitude,
+an exponent is a number p with |p| ≤ 64 (also after SymPy combines (x^a)^b = x^(ab)),
+a power of a number has at most 4096 bits, and it is checked *before* SymPy computes
+it (so 10**10**10 is refused, not evaluated). A scalar that is not a finite real
+number (1/0, 0**-1, sqrt(-1)) is refused where it is written.
 """
 
 from __future__ import annotations
@@ -24,6 +30,12 @@ from sympy.matrices.expressions import Identity, OneMatrix, Trace, ZeroMatrix
 from symattn import ops
 from symattn.errors import ShapeMismatchError, SymattnError
 from symattn.shapes import same_dim
+
+MAX_NUMBER = 10**12  # |literal| ≤ 1e12 …
+MIN_NUMBER = 1e-12  # … and ≥ 1e-12 unless it is 0
+MAX_EXPONENT = 64  # |p| in x**p
+MAX_POWER_BITS = 4096  # numerator and denominator of a number raised to a power
+MAX_SIZE = 10**6  # a literal size in ones(r, c), zeros(r, c), eye(k)
 
 
 class ParseError(SymattnError, ValueError):
@@ -59,7 +71,28 @@ def _dim(value: Basic, node: ast.AST) -> Basic:
     value = _scalar(value, "a size", node)
     if not (value.is_integer and value.is_positive):
         raise ParseError(f"a size must be a positive integer or dimension, got {value}", _col(node))
+    if value.is_Number and value > MAX_SIZE:
+        raise ParseError(f"a size must be at most {MAX_SIZE}, got {value}", _col(node))
     return value
+
+
+def _finite_real(value: Basic, what: str, column: int) -> Basic:
+    """value itself if it is a matrix or a finite real scalar; else a ParseError at column."""
+    if isinstance(value, MatrixExpr):
+        return value
+    if value.has(sp.zoo, sp.nan) or value.has(sp.oo) or value.has(-sp.oo):
+        raise ParseError(f"{what} is not a finite number ({value})", column)
+    if value.has(sp.I) or value.is_real is False:
+        raise ParseError(f"{what} is not a real number ({value})", column)
+    return value
+
+
+def _power_bits(base: Basic, exponent: Basic) -> float:
+    """Bits of the numerator or denominator of base**exponent for a rational base (0 otherwise)."""
+    if not base.is_Rational or base == 0:
+        return 0.0
+    bits = max(abs(base.p).bit_length(), abs(base.q).bit_length())
+    return bits * float(abs(exponent))
 
 
 class _Reader:
@@ -80,7 +113,7 @@ class _Reader:
             "tr": self._trace,
             "trace": self._trace,
             "hadamard": self._hadamard,
-            "sqrt": lambda n, a: sp.sqrt(_scalar(a, "sqrt", n)),
+            "sqrt": lambda n, a: _finite_real(sp.sqrt(_scalar(a, "sqrt", n)), "sqrt", _col(n)),
             "ones": lambda n, r, c: OneMatrix(_dim(r, n), _dim(c, n)),
             "zeros": lambda n, r, c: ZeroMatrix(_dim(r, n), _dim(c, n)),
             "eye": lambda n, k: Identity(_dim(k, n)),
@@ -101,9 +134,16 @@ class _Reader:
         return self.read(node.body)
 
     def _read_Constant(self, node: ast.Constant) -> Basic:
-        if isinstance(node.value, bool) or not isinstance(node.value, (int, float)):
-            raise ParseError(f"only numbers are allowed as constants, got {node.value!r}", _col(node))
-        return sp.Integer(node.value) if isinstance(node.value, int) else sp.nsimplify(node.value)
+        value = node.value
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ParseError(f"only numbers are allowed as constants, got {value!r}", _col(node))
+        written = self.source[node.col_offset : node.end_col_offset]
+        if value != value or abs(value) > MAX_NUMBER or (value and abs(value) < MIN_NUMBER):
+            raise ParseError(
+                f"the number {written} is out of range (numbers are 0 or 1e-12 to 1e12 in size)", _col(node)
+            )
+        # a float as the decimal it was written as (0.1 is 1/10), never a binary fraction
+        return sp.Integer(value) if isinstance(value, int) else sp.Rational(repr(value))
 
     def _read_Name(self, node: ast.Name) -> Basic:
         if node.id not in self.names:
@@ -146,10 +186,30 @@ class _Reader:
                 raise ShapeMismatchError(f"matrix sum at column {column}", left.shape, right.shape)
             return left + right if isinstance(op, ast.Add) else left - right
         if isinstance(op, ast.Div):
-            return left / _scalar(right, "division (the divisor)", node.right)
+            divisor = _scalar(right, "division (the divisor)", node.right)
+            if divisor.is_zero:
+                raise ParseError("division by zero", column)
+            return _finite_real(left / divisor, "the quotient", column)
         if isinstance(op, ast.Pow):
-            return _scalar(left, "** (the base)", node.left) ** _scalar(right, "** (the exponent)", node.right)
+            return self._power(_scalar(left, "** (the base)", node.left), right, node, column)
         raise ParseError(f"operator {type(op).__name__} is not allowed", _col(node))
+
+    def _power(self, base: Basic, exponent: Basic, node: ast.BinOp, column: int) -> Basic:
+        """base**exponent, its size bounded before SymPy computes it (10**10**10 never runs)."""
+        exponent = _scalar(exponent, "** (the exponent)", node.right)
+        if not exponent.is_Number:
+            raise ParseError(f"an exponent must be a number, got {exponent}", _col(node.right))
+        if abs(exponent) > MAX_EXPONENT:
+            raise ParseError(f"the exponent {exponent} is larger than {MAX_EXPONENT} in size", _col(node.right))
+        if base.is_zero and exponent < 0:
+            raise ParseError("division by zero (0 to a negative power)", column)
+        if _power_bits(base, exponent) > MAX_POWER_BITS:
+            raise ParseError(f"{base}**{exponent} has more than {MAX_POWER_BITS} bits", column)
+        power = _finite_real(base**exponent, "the power", column)
+        for p in power.atoms(sp.Pow):  # (x**a)**b is x**(a*b): bound the combined exponent too
+            if p.exp.is_Number and abs(p.exp) > MAX_EXPONENT:
+                raise ParseError(f"the combined exponent {p.exp} is larger than {MAX_EXPONENT} in size", column)
+        return power
 
     def _read_Call(self, node: ast.Call) -> Basic:
         if not isinstance(node.func, ast.Name):

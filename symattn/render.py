@@ -24,7 +24,7 @@ NOTATION = (
     "intermediate Z, Z̄ = ∂f/∂Z is the cotangent of Z: df = tr(Z̄ᵀ dZ) when only Z moves. "
     "Each step pushes one term tr(Z̄ᵀ dZ) through the node that computes Z, until only dW is left "
     "and df = tr(W̄ᵀ dW) gives ∂f/∂W = W̄. ⊙ is the entrywise product, 𝟏 a column of ones; "
-    "every equality below was checked numerically (symattn derive --verify)."
+    "`symattn derive --verify` checks every equality below numerically."
 )
 
 LATEX_NOTATION = (
@@ -34,7 +34,7 @@ LATEX_NOTATION = (
     r"Each step pushes one term $\operatorname{tr}(\bar{Z}^{T} \mathrm{d}Z)$ through the node that computes $Z$, "
     r"until only $\mathrm{d}W$ is left and $\mathrm{d}f = \operatorname{tr}(\bar{W}^{T} \mathrm{d}W)$ gives "
     r"$\partial f / \partial W = \bar{W}$. $\odot$ is the entrywise product, $\mathbf{1}$ a column of ones; "
-    r"every equality below was checked numerically (\texttt{symattn derive --verify})."
+    r"\texttt{symattn derive --verify} checks every equality below numerically."
 )
 
 PER_HEAD = (

@@ -293,7 +293,11 @@ def schedule_spec(s: Spec, options: tuple[Option, ...] = ()) -> Schedule:
     forward: list[Assignment] = []
     intermediates = list(s.intermediates)
     if all(e != s.output for _, e in intermediates):
-        intermediates.append(("Y", s.output))
+        taken = {str(x.name) for x in (*s.inputs, *s.constants)} | {label for label, _ in intermediates}
+        label = next(
+            name for name in ("Y", "Z", "Out", *(f"Out{i}" for i in range(len(taken) + 1))) if name not in taken
+        )
+        intermediates.append((label, s.output))  # a name no input has: the output must not overwrite one
     for label, expr in intermediates:
         target = MatrixSymbol(label, *expr.shape)
         forward.append(Assignment(target, names.substitute(expr)))

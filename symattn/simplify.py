@@ -26,6 +26,7 @@ from symattn.rewrites import (
     flatten_product,
     transposed,
 )
+from symattn.safe import expression
 
 __all__ = ["COST_REWRITES", "REWRITES", "improve", "rewrite", "share_transposes", "simplify", "simplify_all"]
 
@@ -66,7 +67,7 @@ def rewrite(expr: Basic, rules: Sequence[Rule] = REWRITES) -> Basic:
         memo[node] = memo[current] = current
         return current
 
-    return visit(sp.sympify(expr))
+    return visit(expression(expr))
 
 
 def improve(
@@ -188,7 +189,7 @@ def simplify_all(
         def cost(e: Basic) -> float:
             return flops_value(e, sizes=table)
 
-    original = sp.Tuple(*exprs)
+    original = sp.Tuple(*(expression(e) for e in exprs))
     joint = improve(rewrite(original, rules), cost, cost_rules, rules)
     joint = order_products(share_transposes(joint, rules), table)
     # once products are nested, their sub-products can be shared too (W_Kᵀ Xᵀ = (X W_K)ᵀ)

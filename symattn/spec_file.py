@@ -21,12 +21,12 @@ dimensions in the generated modules); the others are batched activations.
 from __future__ import annotations
 
 import runpy
+import traceback
 from pathlib import Path
 
 import sympy as sp
 
 from symattn.errors import SymattnError
-from symattn.shapes import check_shapes
 from symattn.specs import Spec
 
 
@@ -37,39 +37,48 @@ class SpecFileError(SymattnError):
 def load_spec_file(path: str | Path, **options) -> Spec:
     """Run the file and return its ``spec`` (a Spec, or a function of the options returning one)."""
     path = Path(path)
-    if not path.is_file():
+    if not path.exists():
         raise SpecFileError(f"spec file {path}: no such file")
-    try:
-        namespace = runpy.run_path(str(path), run_name="__symattn_spec__")
-    except SymattnError as err:
-        raise SpecFileError(f"spec file {path}: {err}") from None
-    except Exception as err:  # the user's code: report it in one line, whatever it raised
-        raise SpecFileError(f"spec file {path}: {type(err).__name__}: {err}") from None
+    if not path.is_file():
+        kind = "a directory" if path.is_dir() else "not a regular file"
+        raise SpecFileError(f"spec file {path}: {kind} (give a Python file that defines `spec`)")
+    namespace = _run_user_code(path, lambda: runpy.run_path(str(path), run_name="__symattn_spec__"))
     if "spec" not in namespace:
         raise SpecFileError(f"spec file {path}: defines no `spec` (a symattn.Spec or a function returning one)")
     found = namespace["spec"]
     if callable(found) and not isinstance(found, Spec):
-        try:
-            found = found(**options)
-        except SymattnError as err:
-            raise SpecFileError(f"spec file {path}: {err}") from None
-        except Exception as err:
-            raise SpecFileError(f"spec file {path}: spec(): {type(err).__name__}: {err}") from None
+        found = _run_user_code(path, lambda: found(**options), "spec(): ")
     elif options:
         raise SpecFileError(
             f"spec file {path}: `spec` is not a function, so it takes no options ({', '.join(options)})"
         )
     if not isinstance(found, Spec):
         raise SpecFileError(f"spec file {path}: `spec` is a {type(found).__name__}, not a symattn.Spec")
-    if not found.name.isidentifier():
-        raise SpecFileError(
-            f"spec file {path}: the spec's name {found.name!r} must be an identifier (it names modules)"
-        )
-    try:
-        check_shapes(found.output)
-    except SymattnError as err:
-        raise SpecFileError(f"spec file {path}: {err}") from None
     return found
+
+
+def _run_user_code(path: Path, run, what: str = ""):
+    """run(), with whatever the user's code raises (or a sys.exit) reported as one line naming its line."""
+    try:
+        return run()
+    except SymattnError as err:
+        raise SpecFileError(f"spec file {path}{_line_in(path, err)}: {what}{err}") from None
+    except SystemExit as err:
+        raise SpecFileError(f"spec file {path}: {what}the file called sys.exit({err.code!r})") from None
+    except RecursionError:
+        raise SpecFileError(f"spec file {path}: {what}RecursionError (the expression nests too deeply)") from None
+    except Exception as err:  # the user's code: report it in one line, whatever it raised
+        raise SpecFileError(f"spec file {path}{_line_in(path, err)}: {what}{type(err).__name__}: {err}") from None
+
+
+def _line_in(path: Path, err: BaseException) -> str:
+    """', line N' for the deepest line of the spec file on err's traceback ('' if none)."""
+    target = str(path.resolve())
+    line = None
+    for frame, lineno in traceback.walk_tb(err.__traceback__):
+        if str(Path(frame.f_code.co_filename).resolve()) == target:
+            line = lineno
+    return f", line {line}" if line is not None else ""
 
 
 def render_spec(s: Spec, backend: str, variant: str = "standard") -> str:
@@ -101,7 +110,7 @@ def generate_spec(
     s: Spec, backends: list[str] | None, variants: list[str] | None, out: Path | str, check: bool = False
 ) -> list[Path]:
     """Write <spec>_<backend>[_memeff].py into out (atomically), or with check write nothing; the stale files."""
-    from symattn.codegen import BACKENDS, module_name, write_atomically
+    from symattn.codegen import BACKENDS, module_name, remove_leftovers, write_atomically
 
     out_dir = Path(out)
     rendered = {
@@ -110,6 +119,8 @@ def generate_spec(
         for variant in variants or ["standard"]
     }
     stale = [path for path, text in rendered.items() if not path.is_file() or path.read_bytes() != text.encode()]
+    if not check:
+        remove_leftovers(rendered)
     if not check and stale:
         write_atomically({path: rendered[path] for path in stale})
     return stale

@@ -6,14 +6,17 @@ intermediates a derivation names (S = QKᵀ, A = S/√d_k, P = softmax(A), O = P
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
 import sympy as sp
 from sympy import Basic, MatrixExpr, MatrixSymbol
 
 from symattn.errors import SymattnError, UnknownSpecError
 from symattn.ops import merge_heads, repeat_heads, softmax, split_heads
+from symattn.safe import expression
+from symattn.validate import validate
 
 
 def dim(name: str) -> sp.Symbol:
@@ -33,6 +36,13 @@ class Spec:
     options: Mapping[str, object] = field(default_factory=dict)
     dims: Mapping[str, int] = field(default_factory=dict)
     constants: tuple[MatrixSymbol, ...] = ()  # inputs that are not differentiated (the additive mask M)
+
+    def __post_init__(self) -> None:
+        for name in ("inputs", "intermediates", "constants"):  # lists are welcome; stored as tuples
+            value = getattr(self, name)
+            if isinstance(value, list):
+                object.__setattr__(self, name, tuple(tuple(v) if isinstance(v, list) else v for v in value))
+        validate(self)
 
     @property
     def input_names(self) -> tuple[str, ...]:
@@ -61,20 +71,39 @@ def _attention_core(
     return o, named
 
 
-def _scale(option, d_k: sp.Symbol) -> Basic:
+def _scale(option, d_k: sp.Symbol, dims: Sequence[sp.Symbol] = ()) -> Basic:
+    """The score scale: 1/√d_k by default, else a number, a SymPy scalar, or a formula read by ``parse``.
+
+    Text (``--option scale=1/sqrt(d_k)``) is parsed by the whitelist parser, never evaluated;
+    it may use the spec's dimensions. The scale must be a nonzero real scalar.
+    """
     if option is None:
         return 1 / sp.sqrt(d_k)
-    value = sp.sympify(option)
-    if not (isinstance(value, sp.Expr) and value.is_real is not False):
-        raise SymattnError(f"scale must be a real number or expression, got {option!r}")
+    if isinstance(option, sp.Symbol):  # a symbolic scale (a generated module's keyword)
+        return option
+    if isinstance(option, str):
+        from symattn.parse import parse
+
+        try:
+            value = parse(option, {str(d): d for d in (d_k, *dims)})
+        except SymattnError as err:
+            raise SymattnError(f"option scale={option}: {err}") from None
+    else:
+        value = expression(option, "scale")
+    if not isinstance(value, sp.Expr) or value.is_real is False or value.free_symbols - {d_k, *dims}:
+        raise SymattnError(f"scale must be a real number or an expression of the dimensions, got {option!r}")
+    if value.is_zero:
+        raise SymattnError("scale must be nonzero (scale = 0 makes every attention row uniform)")
     return sp.nsimplify(value) if isinstance(value, sp.Float) else value
 
 
 def _flag(name: str, value) -> bool:
-    """A yes/no option: True/False, 1/0, or (from the command line) "true"/"false"."""
+    """A yes/no option: True/False (Python's or NumPy's), 1/0, or (from the command line) "true"/"false"."""
     if isinstance(value, str) and value.lower() in ("true", "false"):
         return value.lower() == "true"
-    if not isinstance(value, bool) and value not in (0, 1):
+    if isinstance(value, np.bool_):
+        return bool(value)
+    if isinstance(value, str) or value not in (0, 1) or isinstance(value, float):
         raise SymattnError(f"{name} must be True or False, got {value!r}")
     return bool(value)
 
@@ -95,7 +124,7 @@ def attention(scale=None, mask=False, causal=False, key_padding_mask=False) -> S
     q, k, v = MatrixSymbol("Q", n, d_k), MatrixSymbol("K", m, d_k), MatrixSymbol("V", m, d_v)
     masks = {"mask": mask, "causal": causal, "key_padding_mask": key_padding_mask}
     m_add = _mask(n, m, **masks)
-    out, named = _attention_core(q, k, v, _scale(scale, d_k), mask=m_add)
+    out, named = _attention_core(q, k, v, _scale(scale, d_k, (n, m, d_v)), mask=m_add)
     options = {"scale": scale} | {key: True for key, value in masks.items() if value}
     summary = "softmax(scale · Q Kᵀ) V" if m_add is None else "softmax(scale · Q Kᵀ + M) V, M the additive mask"
     constants = () if m_add is None else (m_add,)
@@ -114,17 +143,17 @@ def self_attention() -> Spec:
     return Spec("self_attention", "softmax(X W_Q (X W_K)ᵀ / √d_k) X W_V", (x, w_q, w_k, w_v), out, tuple(named))
 
 
-def _heads(option, what: str, symbol: str) -> Basic:
-    """A head count: a symbol when None (or given as a symbol), else a positive integer."""
+def head_count(option, what: str, symbol: str) -> Basic:
+    """A head count: a symbol when None (or given as a symbol), else a positive integer (Python's or NumPy's)."""
     if option is None:
         return dim(symbol)
     if isinstance(option, sp.Symbol):
         return option
     if isinstance(option, str) and option.isidentifier():  # a symbolic count, e.g. "H_kv" from the command line
         return dim(option)
-    if isinstance(option, bool) or not isinstance(option, int) or option < 1:
+    if isinstance(option, (bool, np.bool_)) or not isinstance(option, (int, np.integer, sp.Integer)) or option < 1:
         raise SymattnError(f"{what} must be a positive integer, got {option!r}")
-    return sp.Integer(option)
+    return sp.Integer(int(option))
 
 
 def mha(num_heads=None, num_kv_heads=None, bias=False, mask=False, causal=False, key_padding_mask=False) -> Spec:
@@ -134,8 +163,8 @@ def mha(num_heads=None, num_kv_heads=None, bias=False, mask=False, causal=False,
     num_kv_heads = H_kv (dividing H) gives grouped-query attention, W_K and W_V d_model × H_kv·d_k,
     query head h reading kv head ⌊h / (H / H_kv)⌋; a mask option adds M (n × m) to every head's scores.
     """
-    heads = _heads(num_heads, "num_heads", "H")
-    kv_heads = heads if num_kv_heads is None else _heads(num_kv_heads, "num_kv_heads", "H_kv")
+    heads = head_count(num_heads, "num_heads", "H")
+    kv_heads = heads if num_kv_heads is None else head_count(num_kv_heads, "num_kv_heads", "H_kv")
     if heads.is_Integer and kv_heads.is_Integer and heads % kv_heads:
         raise SymattnError(f"num_kv_heads = {kv_heads} does not divide num_heads = {heads}")
     grouped = kv_heads != heads

@@ -37,7 +37,7 @@ from symattn.lambdify import lambdify
 from symattn.ops import MergeHeads, SplitHeads
 from symattn.specs import Spec
 from symattn.verify import dimension_symbols, random_dims, random_matrix
-from symattn.vjp import VJP_RULES
+from symattn.vjp import VJP_RULES, merge_cotangents
 
 # (differential of the node, reading off the cotangents), per node type name.
 # Words only: they are set as \text{…} in LaTeX.
@@ -204,7 +204,7 @@ class _Replay:
             else:
                 self.shown[node] = _sum(self.received[node])
         bar = self.shown[node]
-        passed = [(a, c) for a, c in VJP_RULES[type(node)](node, bar) if a in varying]
+        passed = merge_cotangents((a, c) for a, c in VJP_RULES[type(node)](node, bar) if a in varying)
         first = (self.term(bar, node),)
         expanded = (Term(pairing(bar, local_differential(node, varying)), self.heads(node)),)
         read_off = tuple(self.term(c, a) for a, c in passed)
@@ -265,12 +265,13 @@ class Evaluator:
     def __init__(self, c: Chain, rng: np.random.Generator, dims: Mapping | None = None) -> None:
         self.chain = c
         spec = c.spec
-        names = {s.name for s in dimension_symbols(spec.output)}
+        every = [spec.output, *spec.inputs, *getattr(spec, "constants", ())]
+        names = {s.name for s in dimension_symbols(*every)}
         fixed = {"H": 2} if "H" in names else {}
         if "H_kv" in names:  # grouped-query heads: H_kv must divide H
             fixed.update({"H": 4, "H_kv": 2})
         fixed.update(dims or {})
-        self.dims = random_dims([spec.output], rng, low=2, high=4, fixed=fixed)
+        self.dims = random_dims(every, rng, low=2, high=4, fixed=fixed)
         self.fixed = {s.name: v for s, v in self.dims.items()}
         self.d_target = MatrixSymbol(f"d{c.target.name}", *c.target.shape)
         self.args = [*spec.inputs, c.seed, self.d_target]
@@ -317,7 +318,7 @@ class Evaluator:
         forward = lambdify([*spec.inputs, *self.constants], spec.output, dims=self.fixed)
         where = list(spec.inputs).index(c.target)
         base = self.values[: len(spec.inputs)]
-        g, dw = self.values[len(spec.inputs)], self.values[-1]
+        g, dw = self.matrix(c.seed), self.values[-1]  # the seed's value: G, or 1 for a 1 × 1 output
 
         def f(sign: float) -> float:
             moved = list(base)

@@ -35,7 +35,7 @@ GENERATED_NUMPY_HELPERS = {
 ''',
     "masked_row_softmax_lse": '''def masked_row_softmax_lse(a):
     """row_softmax_lse for rows that may hold -inf: a row of -inf gives zeros and L = +inf (exp(A - L) = 0)."""
-    top = a.max(axis=-1, keepdims=True)
+    top = a.max(axis=-1, keepdims=True, initial=-np.inf)
     top[top == -np.inf] = 0.0
     e = np.exp(a - top)
     total = e.sum(axis=-1, keepdims=True)
@@ -46,7 +46,7 @@ GENERATED_NUMPY_HELPERS = {
 ''',
     "masked_row_softmax": '''def masked_row_softmax(a, out=None):
     """row_softmax for rows that may hold -inf: a row whose entries are all -inf gives zeros, not NaN."""
-    top = a.max(axis=-1, keepdims=True)
+    top = a.max(axis=-1, keepdims=True, initial=-np.inf)
     top[top == -np.inf] = 0.0
     out = np.subtract(a, top, out=out)
     np.exp(out, out=out)
@@ -55,7 +55,7 @@ GENERATED_NUMPY_HELPERS = {
 ''',
     "row_softmax": '''def row_softmax(a, out=None):
     """softmax along the last axis, the row max subtracted first; out may be a itself."""
-    out = np.subtract(a, a.max(axis=-1, keepdims=True), out=out)
+    out = np.subtract(a, a.max(axis=-1, keepdims=True, initial=-np.inf), out=out)
     np.exp(out, out=out)
     out /= out.sum(axis=-1, keepdims=True)
     return out
@@ -70,7 +70,7 @@ GENERATED_NUMPY_HELPERS = {
 ''',
     "row_softmax_lse": '''def row_softmax_lse(a):
     """softmax along the last axis and the row log-sum-exp, the row max subtracted first."""
-    top = a.max(axis=-1, keepdims=True)
+    top = a.max(axis=-1, keepdims=True, initial=-np.inf)
     e = np.exp(a - top)
     total = e.sum(axis=-1, keepdims=True)
     e /= total
@@ -85,7 +85,7 @@ TORCH_HELPERS = {
 ''',
     "masked_row_softmax_lse": '''def masked_row_softmax_lse(a):
     """row_softmax_lse for rows that may hold -inf: a row of -inf gives zeros and L = +inf (exp(A - L) = 0)."""
-    top = a.amax(dim=-1, keepdim=True)
+    top = a.amax(dim=-1, keepdim=True) if a.shape[-1] else a.new_zeros(*a.shape[:-1], 1)  # no keys
     top.masked_fill_(top == float("-inf"), 0.0)
     e = torch.exp(a - top)
     total = e.sum(dim=-1, keepdim=True)
@@ -95,7 +95,7 @@ TORCH_HELPERS = {
 ''',
     "masked_row_softmax": '''def masked_row_softmax(a, out=None):
     """row_softmax for rows that may hold -inf: a row whose entries are all -inf gives zeros, not NaN."""
-    top = a.amax(dim=-1, keepdim=True)
+    top = a.amax(dim=-1, keepdim=True) if a.shape[-1] else a.new_zeros(*a.shape[:-1], 1)  # no keys
     top.masked_fill_(top == float("-inf"), 0.0)
     out = torch.sub(a, top, out=out)
     out.exp_()
@@ -104,7 +104,8 @@ TORCH_HELPERS = {
 ''',
     "row_softmax": '''def row_softmax(a, out=None):
     """softmax along the last axis, the row max subtracted first; out may be a itself."""
-    out = torch.sub(a, a.amax(dim=-1, keepdim=True), out=out)
+    top = a.amax(dim=-1, keepdim=True) if a.shape[-1] else a.new_zeros(*a.shape[:-1], 1)  # no keys
+    out = torch.sub(a, top, out=out)
     out.exp_()
     out /= out.sum(dim=-1, keepdim=True)
     return out
@@ -142,7 +143,7 @@ TORCH_HELPERS = {
 ''',
     "row_softmax_lse": '''def row_softmax_lse(a):
     """softmax along the last axis and the row log-sum-exp, the row max subtracted first."""
-    top = a.amax(dim=-1, keepdim=True)
+    top = a.amax(dim=-1, keepdim=True) if a.shape[-1] else a.new_zeros(*a.shape[:-1], 1)  # no keys
     e = torch.exp(a - top)
     total = e.sum(dim=-1, keepdim=True)
     e /= total
@@ -424,6 +425,10 @@ class GeneratedNumPyPrinter(GeneratedCodeMixin, NumPyMatrixPrinter):
         """The blocks of rows in the list called blocks, stacked back into one array."""
         return f"np.concatenate({blocks}, axis=-2)"
 
+    def zeros_like(self, name: str) -> str:
+        """Zeros of the shape and dtype of the array called name."""
+        return f"np.zeros_like({name})"
+
 
 class TorchMatrixPrinter(GeneratedCodeMixin, NumPyMatrixPrinter):
     """PyTorch source for generated modules: tensors batched like the NumPy printer's arrays."""
@@ -433,6 +438,10 @@ class TorchMatrixPrinter(GeneratedCodeMixin, NumPyMatrixPrinter):
     def concatenate_rows(self, blocks: str) -> str:
         """The blocks of rows in the list called blocks, stacked back into one tensor."""
         return f"torch.cat({blocks}, dim=-2)"
+
+    def zeros_like(self, name: str) -> str:
+        """Zeros of the shape, dtype and device of the tensor called name."""
+        return f"torch.zeros_like({name})"
 
     def batch_scalar(self, text: str) -> str:
         return f"{text}[..., None, None]"
@@ -455,6 +464,20 @@ class TorchMatrixPrinter(GeneratedCodeMixin, NumPyMatrixPrinter):
 
     helpers_table = TORCH_HELPERS
     helper_needs: dict = {}  # torch has erf
+    # SymPy's NumPy printer names numpy functions (MatPow: numpy.linalg.matrix_power); their torch forms
+    numpy_functions = {
+        "numpy.linalg.matrix_power": "torch.linalg.matrix_power",
+        "numpy.linalg.inv": "torch.linalg.inv",
+    }
+
+    def _module_format(self, fqn: str, register: bool = True) -> str:
+        """The torch name of a numpy function SymPy's printer asks for; a module that imports only torch has no np."""
+        if fqn.startswith("numpy."):
+            if fqn not in self.numpy_functions:
+                raise SymattnError(f"the torch printer has no torch form of {fqn}")
+            return self.numpy_functions[fqn]
+        return super()._module_format(fqn, register)
+
     elementwise = {
         "exp": "torch.exp",
         "log": "torch.log",

@@ -1,21 +1,63 @@
-"""Numeric checks of closed forms: random sizes and matrices, and JAX-style VJP checks.
+"""Numeric checks of closed forms: random sizes and matrices, finite evaluation, JAX-style VJP checks.
 
 ``vjp_error`` compares ⟨∂f/∂W, D⟩ with the central difference
 (f(W + εD) − f(W − εD)) / 2ε of f = tr(Gᵀ Y) along one random direction D, in
-float64. Tests, derivation-step verification and ``symattn check`` all use it.
+float64; the tests use it. ``evaluate_finite`` evaluates a compiled expression and
+says why its value cannot be trusted (NaN, ±∞, complex values, an arithmetic error,
+an overflow or invalid operation on the way); ``symattn check`` uses it.
+
+A comparison ``error > tol`` is False for error = NaN, so a check built on it would
+pass a claim that evaluates to NaN. Neither helper returns NaN: ``vjp_error`` raises
+NonFiniteError, ``evaluate_finite`` reports the trouble instead of a value.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 import sympy as sp
 from sympy import Basic, MatrixExpr, MatrixSymbol
 
+from symattn.errors import SymattnError
 from symattn.grad import default_seed
 from symattn.lambdify import lambdify
 from symattn.shapes import dimension_symbols
+
+
+class NonFiniteError(SymattnError, ArithmeticError):
+    """A numeric check met a value that is not a finite real number, so it proves nothing."""
+
+
+def evaluate_finite(function: Callable, args: Iterable) -> tuple[np.ndarray | None, str]:
+    """function(*args) as a float64 array and "", or None and why it is not a finite real value.
+
+    Why, as a phrase: "evaluates to NaN", "evaluates to ∞", "has complex values",
+    "overflows on the way (numpy: overflow)", "raises ZeroDivisionError: …".
+    Underflow to 0 is accepted; overflow, division by zero and invalid operations
+    in any intermediate step are not, even when the final value is finite.
+    """
+    events: list[str] = []
+    try:
+        with np.errstate(
+            over="call", divide="call", invalid="call", under="ignore", call=lambda e, _: events.append(e)
+        ):
+            raw = function(*args)
+            if np.iscomplexobj(raw):
+                return None, "has complex values"
+            value = np.asarray(raw, dtype=np.float64)
+    except SymattnError:
+        raise  # bad input (a shape, an unknown dimension) is the caller's error, not a value
+    except (ArithmeticError, ValueError, TypeError) as err:  # 1/0, int too large for a float, sqrt(-1), complex
+        message = str(err).splitlines()[0] if str(err) else ""
+        return None, f"raises {type(err).__name__}" + (f" ({message})" if message else "")
+    if np.isnan(value).any():
+        return None, "evaluates to NaN"
+    if not np.isfinite(value).all():
+        return None, "evaluates to ∞"
+    if events:
+        return None, f"overflows on the way (numpy: {events[0]})"
+    return value, ""
 
 
 def random_dims(
@@ -47,7 +89,8 @@ def vjp_error(
     """Relative error of ⟨gradient, D⟩ against a central difference of tr(Gᵀ expr) along D.
 
     Every input (and G) gets the leading ``batch`` dimensions; the error is
-    |analytic − numeric| / max(1, |numeric|).
+    |analytic − numeric| / max(1, |numeric|). A value that is not finite (NaN, ±∞)
+    raises NonFiniteError: NaN would make both ``error < tol`` and ``error > tol`` false.
     """
     seed = default_seed(expr, cotangent)
     inputs = sorted(expr.atoms(MatrixSymbol) | {symbol}, key=lambda s: s.name)
@@ -75,4 +118,6 @@ def vjp_error(
     analytic = float(
         np.sum(np.broadcast_to(grad_value, np.broadcast_shapes(np.shape(grad_value), direction.shape)) * direction)
     )
+    if not (np.isfinite(analytic) and np.isfinite(numeric)):
+        raise NonFiniteError(f"vjp_error of {symbol.name}: analytic {analytic}, central difference {numeric}")
     return abs(analytic - numeric) / max(1.0, abs(numeric))

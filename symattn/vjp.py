@@ -8,7 +8,7 @@ docstring states the trace identity it implements.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import sympy as sp
 from sympy import Basic, MatrixExpr
@@ -75,6 +75,20 @@ def matmul(*factors: Basic) -> Basic:
     if len(mats) == 1 and isinstance(mats[0], MatAdd) and coeff.is_Rational and coeff != 1:
         return MatAdd(*(matmul(coeff, term) for term in mats[0].args))
     return MatMul(*factors).doit(deep=False)
+
+
+def merge_cotangents(outputs: Iterable[tuple[Basic, Basic]]) -> tuple[tuple[Basic, Basic], ...]:
+    """One cotangent per argument: an argument that occurs several times (A ⊙ A, A·A, A^k) gets the sum.
+
+    The terms are parts of one Ā; a step that listed them apart would name each the whole Ā.
+    """
+    parts: dict[Basic, list[Basic]] = {}
+    for a, c in outputs:
+        parts.setdefault(a, []).append(c)
+    return tuple(
+        (a, cs[0] if len(cs) == 1 else matadd(*cs) if isinstance(cs[0], MatrixExpr) else sp.Add(*cs))
+        for a, cs in parts.items()
+    )
 
 
 def matadd(*terms: Basic) -> Basic:

@@ -81,10 +81,23 @@ def test_causal_derivation_steps_verify():
 # Against PyTorch.
 
 
-def _reference(torch, causal: bool, approximate: str = "none", batch: int = 3, n_tokens: int = 5, seed: int = 0):
-    """A random float64 TransformerEncoderLayer, its output and parameter gradients, and the mapped inputs."""
+def _reference(
+    torch,
+    causal: bool,
+    approximate: str = "none",
+    batch: int = 3,
+    n_tokens: int = 5,
+    seed: int = 0,
+    absent: tuple[str, ...] = (),
+    d_model: int = 8,
+    d_ff: int = 16,
+):
+    """A random float64 TransformerEncoderLayer, its output and parameter gradients, and the mapped inputs.
+
+    The biases named in absent are zero, which is the layer without them.
+    """
     torch.manual_seed(seed)
-    d_model, heads, d_ff = 8, 2, 16
+    heads = 2
     activation = "gelu" if approximate == "none" else (lambda t: torch.nn.functional.gelu(t, approximate="tanh"))
     layer = torch.nn.TransformerEncoderLayer(
         d_model, heads, d_ff, dropout=0.0, activation=activation, batch_first=True, norm_first=True
@@ -92,6 +105,16 @@ def _reference(torch, causal: bool, approximate: str = "none", batch: int = 3, n
     with torch.no_grad():  # move every parameter off its initial value (LayerNorm's γ = 1, β = 0)
         for p in layer.parameters():
             p.add_(0.3 * torch.randn_like(p))
+        biases = {
+            "b_Q": layer.self_attn.in_proj_bias[:d_model],
+            "b_K": layer.self_attn.in_proj_bias[d_model : 2 * d_model],
+            "b_V": layer.self_attn.in_proj_bias[2 * d_model :],
+            "b_O": layer.self_attn.out_proj.bias,
+            "b_1": layer.linear1.bias,
+            "b_2": layer.linear2.bias,
+        }
+        for name in absent:
+            biases[name].zero_()
     x = torch.randn(batch, n_tokens, d_model, dtype=torch.float64, requires_grad=True)
     mask = torch.nn.Transformer.generate_square_subsequent_mask(n_tokens, dtype=torch.float64) if causal else None
     out = layer(x, src_mask=mask, is_causal=causal)
@@ -158,7 +181,7 @@ def test_generated_torch_block_matches_transformer_encoder_layer(causal):
     errors = {"output": float((out.detach() - expected).abs().max())}
     errors |= {name: float((leaves[name].grad - expected_grads[name]).abs().max()) for name in NAMES}
     print(f"\ntransformer_block (causal={causal}) vs nn.TransformerEncoderLayer, max abs error:", errors)
-    assert max(errors.values()) < 1e-11, errors
+    assert all(e < 1e-11 for e in errors.values()), errors
     if causal:  # the mask changes the output: token 0 sees only itself
         unmasked = block.forward(**inputs, **options)
         assert float((unmasked - out.detach()).abs().max()) > 1e-3
@@ -192,7 +215,7 @@ def test_tanh_gelu_closed_forms_match_transformer_encoder_layer():
         want = expected_grads[str(symbol.name)].numpy()
         errors[str(symbol.name)] = float(np.max(np.abs(got - (want[0] if symbol.name == "X" else want))))
     print("\ntransformer_block (approximate='tanh') vs nn.TransformerEncoderLayer, max abs error:", errors)
-    assert max(errors.values()) < 1e-11, errors
+    assert all(e < 1e-11 for e in errors.values()), errors
 
 
 def _small_inputs(rng, batch=(2,), n_tokens=3, d_model=4, d_ff=5) -> dict[str, np.ndarray]:
@@ -234,3 +257,58 @@ def test_generated_numpy_block_matches_finite_differences(rng, causal):
         numeric = float(np.sum(grad_out * (plus - minus))) / (2 * eps)
         analytic = float(np.sum(grads[name] * direction))
         assert abs(analytic - numeric) / max(1.0, abs(numeric)) < 1e-7, name
+
+
+BIASES = ("b_Q", "b_K", "b_V", "b_O", "b_1", "b_2")
+
+
+@pytest.mark.parametrize("backend", ["numpy", "torch"])
+def test_generated_block_trains_with_any_subset_of_biases(backend):
+    # Every subset of the six biases: an absent bias is the layer with that bias zero, and gets no gradient.
+    torch = pytest.importorskip("torch", reason="torch is the reference implementation")
+    import importlib
+    import itertools
+
+    block = importlib.import_module(f"symattn.generated.transformer_block_{backend}")
+    worst = 0.0
+    for k in range(len(BIASES) + 1):
+        for present in itertools.combinations(BIASES, k):
+            absent = tuple(b for b in BIASES if b not in present)
+            inputs, expected, grad_out, expected_grads, options = _reference(
+                torch, causal=False, batch=2, n_tokens=3, absent=absent, d_model=4, d_ff=6
+            )
+            given = {name: t for name, t in inputs.items() if name not in absent}
+            if backend == "torch":
+                leaves = {name: t.clone().requires_grad_() for name, t in given.items()}
+                out = block.forward(**leaves, **options)
+                out.backward(grad_out)
+                grads = {name: leaf.grad for name, leaf in leaves.items()}
+                out = out.detach()
+            else:
+                out, saved = block.forward(**{name: t.numpy() for name, t in given.items()}, **options)
+                grads = {name: torch.from_numpy(g) for name, g in block.backward(saved, grad_out.numpy()).items()}
+                out = torch.from_numpy(out)
+            assert set(grads) == set(given), (present, sorted(grads))
+            errors = [float((out - expected).abs().max())]
+            for name, g in grads.items():
+                assert g.shape == expected_grads[name].shape and g.dtype == torch.float64, (present, name)
+                errors.append(float((g - expected_grads[name]).abs().max()))
+            assert all(e < 1e-11 for e in errors), (present, errors)
+            worst = max(worst, *errors)
+    print(f"\ntransformer_block_{backend}, 64 subsets of biases: worst max abs error {worst:.2e}")
+
+
+@pytest.mark.parametrize("present", [(), ("b_1",), ("b_Q", "b_O")])
+def test_a_block_module_without_biases_trains(present):
+    # TransformerBlock(8, 16, num_heads=2) has no biases: its backward must not read an absent bias's gradient.
+    torch = pytest.importorskip("torch", reason="the nn.Module is torch's")
+    from symattn.generated import transformer_block_torch as block
+
+    module = block.TransformerBlock(8, 16, num_heads=2, dtype=torch.float64, bias=bool(present))
+    for name in BIASES:
+        if name not in present and getattr(module, name) is not None:
+            setattr(module, name, None)
+    x = torch.randn(2, 3, 8, dtype=torch.float64, requires_grad=True)
+    module(x).sum().backward()
+    assert x.grad is not None and bool(x.grad.isfinite().all())
+    assert all(p.grad is not None and p.grad.shape == p.shape for p in module.parameters())

@@ -22,7 +22,7 @@ A_BAR_H = "hadamard(P_h, heads(G*W_O.T)*V_h.T - rowsum(hadamard(heads(G*W_O.T)*V
 def test_seed_003_value_weight_claim_is_refuted_with_a_counterexample():
     # seed 003: ∂L/∂W^V = Xᵀ ∂L/∂O (wrong: Pᵀ is missing)
     result = sa.check("self_attention", "W_V", "X.T * G")
-    assert not result
+    assert not result and result.status == "wrong"
     example = result.counterexample
     assert example is not None and example.claimed.shape == example.true.shape
     assert example.max_error > 1e-3
@@ -35,14 +35,14 @@ def test_seed_003_value_weight_claim_is_refuted_with_a_counterexample():
 def test_seed_003_corrected_value_weight_is_confirmed():
     # ∂L/∂W^V = Xᵀ Pᵀ ∂L/∂O
     result = sa.check("self_attention", "W_V", "X.T * P.T * G")
-    assert result and result.counterexample is None
+    assert result and result.status == "right" and result.counterexample is None
     assert result.text().startswith("right")
 
 
 def test_seed_003_score_claim_is_refuted():
     # seed 003: ∂L/∂A = Xᵀ ∂L/∂O (wrong: d_model × d_v, not n × n)
     result = sa.check("self_attention", "A", "X.T * G")
-    assert not result and "shape" in result.reason
+    assert not result and result.status == "wrong" and "shape" in result.reason
     assert result.counterexample.claimed.shape != result.counterexample.true.shape
 
 

@@ -233,3 +233,52 @@ def test_generated_bytes_do_not_depend_on_hash_randomisation(hash_seed):
         [sys.executable, "-m", "symattn", "generate", "--check"], env=env, capture_output=True, text=True
     )
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_generate_removes_the_leftovers_of_a_killed_run_and_only_those(tmp_path):
+    # kill -9 during a write leaves .<module>.py.<random>.tmp beside the module: the next run deletes it
+    codegen.generate(["attention"], ["numpy"], ["standard"], out=tmp_path)
+    leftover = tmp_path / ".attention_numpy.py.k3x9q1.tmp"
+    leftover.write_text("half a module")
+    foreign = [tmp_path / ".notes.tmp", tmp_path / ".attention_numpy.py.keep", tmp_path / "attention_numpy.py.x.tmp"]
+    for path in foreign:
+        path.write_text("not generate's")
+    assert codegen.generate(["attention"], ["numpy"], ["standard"], out=tmp_path, check=True) == []  # ignored
+    assert leftover.exists()  # --check writes nothing, deletes nothing
+    assert codegen.generate(["attention"], ["numpy"], ["standard"], out=tmp_path) == []  # up to date: no write
+    assert not leftover.exists()
+    assert all(path.read_text() == "not generate's" for path in foreign)
+    assert (tmp_path / "attention_numpy.py").read_text() == codegen.render("attention", "numpy")
+
+
+@pytest.mark.parametrize("failing", ["write", "replace"])
+def test_a_failure_mid_write_leaves_no_temporary_file(tmp_path, monkeypatch, failing):
+    real_replace = codegen.os.replace
+    calls = []
+
+    class Broken:
+        def __init__(self, fd, mode):
+            codegen.os.close(fd)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def write(self, data):
+            raise OSError("disk full")
+
+    def failing_replace(src, dst):
+        calls.append(src)
+        if len(calls) == 2:
+            raise OSError("disk full")
+        return real_replace(src, dst)
+
+    if failing == "write":
+        monkeypatch.setattr(codegen.os, "fdopen", Broken)
+    else:
+        monkeypatch.setattr(codegen.os, "replace", failing_replace)
+    with pytest.raises(OSError, match="disk full"):
+        codegen.generate(["attention"], ["numpy"], out=tmp_path)
+    assert not [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")]

@@ -249,7 +249,9 @@ def fuzz_one(rnd: random.Random) -> tuple[Basic, float] | None:
     worst = 0.0
     for s in leaves:
         ours = np.broadcast_to(sa.lambdify(args, closed[s], dims=dims)(*arrays), values[s].shape)
-        worst = max(worst, relative_error(ours, grads[s].numpy()))
+        error = relative_error(ours, grads[s].numpy())
+        assert np.isfinite(error), (expr, sizes, batch, s)  # max() would drop a NaN
+        worst = max(worst, error)
     assert worst < TOLERANCE, (expr, sizes, batch, worst)
     return expr, worst
 
