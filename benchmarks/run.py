@@ -110,8 +110,8 @@ def _timed(fn) -> float:
 
 
 def model_flops(case: Case) -> float:
-    """Forward + backward FLOPs of the simplified schedule (symattn.cost), for the whole batch."""
-    from symattn.cost import cost_report
+    """Forward + backward FLOPs of the simplified schedule (symattn.optimize.cost), for the whole batch."""
+    from symattn.codegen.cost_report import cost_report
 
     if case.spec not in _REPORTS:
         _REPORTS[case.spec] = cost_report(case.spec, sizes=())
@@ -179,7 +179,7 @@ def flop_counts() -> dict:
     """Forward + backward FLOPs of single-head attention: simplified, generated schedule, with n = m, d_k = d_v = d."""
     import sympy as sp
 
-    from symattn.cost import cost_report
+    from symattn.codegen.cost_report import cost_report
 
     r = cost_report("attention", sizes=())
     n, m, d_k, d_v, d = sp.symbols("n m d_k d_v d", positive=True, integer=True)
@@ -198,12 +198,12 @@ def cold_start_seconds() -> float | None:
         "import tempfile, time\n"
         "t = time.perf_counter()\n"
         "import symattn\n"
-        "from symattn.simplify import simplify_all\n"
+        "from symattn.optimize.simplify import simplify_all\n"
         "for name in symattn.specs():\n"
         "    d = symattn.derive(name)\n"
         "    simplify_all([d.spec.output, *d.gradients.values()])\n"
         "try:\n"
-        "    from symattn.codegen import generate\n"
+        "    from symattn.codegen.generate import generate\n"
         "    with tempfile.TemporaryDirectory() as out:\n"
         "        generate(out=out)\n"
         "except ImportError:\n"

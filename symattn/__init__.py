@@ -4,13 +4,13 @@ PyTorch code."""
 
 from __future__ import annotations
 
-from symattn.check import CheckResult, check
-from symattn.derivation import Derivation, derive
+from symattn.autodiff.grad import backward, grad
+from symattn.derive.check import CheckResult, check
+from symattn.derive.derivation import Derivation, derive
 from symattn.errors import ShapeMismatchError, SymattnError, UnknownSpecError, UnsupportedNodeError
-from symattn.grad import backward, grad
-from symattn.lambdify import lambdify
-from symattn.ops import exp, hadamard, log, merge_heads, rowsum, sigmoid, softmax, split_heads, sum, tanh
-from symattn.simplify import simplify, simplify_all
+from symattn.lang.ops import exp, hadamard, log, merge_heads, rowsum, sigmoid, softmax, split_heads, sum, tanh
+from symattn.numeric.lambdify import lambdify
+from symattn.optimize.simplify import simplify, simplify_all
 from symattn.specs import Spec, spec, specs
 
 __version__ = "0.1.0"

@@ -36,7 +36,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 def cmd_generate(args: argparse.Namespace) -> int:
     """Write the generated modules, or with --check report the stale ones (exit 1) and write nothing."""
-    from symattn.codegen import default_out_dir, generate
+    from symattn.codegen.generate import default_out_dir, generate
 
     out = args.out if args.out is not None else default_out_dir()
     if args.option and args.spec_file is None:
@@ -62,18 +62,19 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 def _generate_spec_file(args: argparse.Namespace) -> list:
     """generate --spec-file FILE --out DIR: the user's spec's modules (standard variant unless asked)."""
-    from symattn.spec_file import generate_spec, load_spec_file
+    from symattn.codegen.generate import generate
+    from symattn.specs.files import load_spec_file
 
     if args.spec:
         raise UsageError("symattn generate: error: give either --spec or --spec-file, not both")
     if args.out is None:
         raise UsageError("symattn generate: error: --spec-file needs --out DIR")
     s = load_spec_file(args.spec_file, **_spec_options(args.option))
-    return generate_spec(s, args.backend, args.variant, args.out, check=args.check)
+    return generate([s], args.backend, args.variant, args.out, check=args.check)
 
 
 def _add_generate(sub: argparse._SubParsersAction) -> None:
-    from symattn.codegen import BACKENDS, VARIANTS
+    from symattn.codegen.generate import BACKENDS, VARIANTS
     from symattn.specs import specs
 
     gen = sub.add_parser("generate", help="write the generated NumPy and PyTorch modules")
@@ -115,7 +116,7 @@ def _spec_options(pairs: Sequence[str] | None) -> dict[str, object]:
 
 def cmd_derive(args: argparse.Namespace) -> int:
     """Print the derivation of a spec's gradients; with --verify, check every equality instead (exit 1 on a failure)."""
-    from symattn.derivation import derive
+    from symattn.derive.derivation import derive
 
     fmt = args.format or ("latex" if args.standalone else "text")
     if args.standalone and fmt != "latex":
@@ -123,7 +124,7 @@ def cmd_derive(args: argparse.Namespace) -> int:
     if (args.spec is None) == (args.spec_file is None):
         raise UsageError("symattn derive: error: give either SPEC or --spec-file FILE")
     if args.spec_file is not None:
-        from symattn.spec_file import load_spec_file
+        from symattn.specs.files import load_spec_file
 
         derivation = derive(load_spec_file(args.spec_file, **_spec_options(args.option)))
     else:
@@ -136,7 +137,7 @@ def cmd_derive(args: argparse.Namespace) -> int:
         sys.stdout.write(report.text())
         return 0 if report.ok else 1
     if args.cost:
-        from symattn.cost import cost_report
+        from symattn.codegen.cost_report import cost_report
 
         sys.stdout.write(cost_report(derivation).text() + "\n")
         return 0
@@ -145,7 +146,7 @@ def cmd_derive(args: argparse.Namespace) -> int:
 
 
 def _add_derive(sub: argparse._SubParsersAction) -> None:
-    from symattn.derivation import FORMATS
+    from symattn.derive.derivation import FORMATS
     from symattn.specs import specs
 
     der = sub.add_parser("derive", help="print a spec's derivation step by step (trace differentials)")
@@ -162,7 +163,7 @@ def _add_derive(sub: argparse._SubParsersAction) -> None:
 
 def cmd_check(args: argparse.Namespace) -> int:
     """Say whether a claimed gradient is right (exit 0), wrong (exit 1, a counterexample) or cannot be checked (3)."""
-    from symattn.check import check
+    from symattn.derive.check import check
 
     result = check(args.spec, args.wrt, args.claim, trials=args.trials, seed=args.seed, **_spec_options(args.option))
     sys.stdout.write(result.text())
@@ -173,7 +174,7 @@ CHECK_STATUS = {"right": 0, "wrong": 1, "undecided": 3}  # exit statuses of `sym
 
 
 def _add_check(sub: argparse._SubParsersAction) -> None:
-    from symattn.check import DEFAULT_TRIALS
+    from symattn.derive.check import DEFAULT_TRIALS
     from symattn.specs import specs
 
     chk = sub.add_parser("check", help="is a claimed gradient right? (a counterexample if not)")

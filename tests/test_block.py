@@ -10,9 +10,9 @@ import pytest
 import sympy as sp
 
 import symattn as sa
-from symattn.ops import GeluGrad, GeluTanhGrad, RowInvStd, gelu, layer_norm
-from symattn.printers import NUMPY_HELPERS
-from symattn.verify import vjp_error
+from symattn.lang.ops import GeluGrad, GeluTanhGrad, RowInvStd, gelu, layer_norm
+from symattn.numeric.printers import NUMPY_HELPERS
+from symattn.numeric.verify import vjp_error
 
 NAMES = (
     "X W_Q W_K W_V W_O b_Q b_K b_V b_O gamma_1 beta_1 gamma_2 beta_2 W_1 b_1 W_2 b_2".split()  # the spec's order

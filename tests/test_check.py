@@ -1,4 +1,4 @@
-"""symattn.check and `symattn check`: the seeds' right and wrong formulas, the safe parser."""
+"""symattn.derive.check and `symattn check`: the seeds' right and wrong formulas, the safe parser."""
 
 from __future__ import annotations
 
@@ -6,12 +6,12 @@ import numpy as np
 import pytest
 
 import symattn as sa
-from symattn.check import true_gradient
 from symattn.cli import main
-from symattn.lambdify import lambdify
-from symattn.names import Abbreviations
-from symattn.parse import ParseError, parse
-from symattn.verify import random_dims, random_matrix
+from symattn.derive.check import true_gradient
+from symattn.lang.names import Abbreviations
+from symattn.lang.parse import ParseError, parse
+from symattn.numeric.lambdify import lambdify
+from symattn.numeric.verify import random_dims, random_matrix
 
 # seed 004's Ω = rows e_iᵀ Λ Vᵀ (diag σ(p_i) − σ(p_i) σ(p_i)ᵀ), Λ = G, σ(p_i) = row i of P
 OMEGA = "hadamard(P, G*V.T - rowsum(hadamard(G*V.T, P)) * ones(1, m))"
@@ -108,7 +108,7 @@ def test_intermediates_cut_loose_still_compute_the_output(name, rng):
 
 def _names():
     s = sa.spec("self_attention")
-    from symattn.check import namespace
+    from symattn.derive.check import namespace
 
     return namespace(s)
 

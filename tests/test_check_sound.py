@@ -13,7 +13,8 @@ import pytest
 import sympy as sp
 
 import symattn as sa
-from symattn.check import (
+from symattn.cli import main
+from symattn.derive.check import (
     DEFAULT_TRIALS,
     ENTRY_BUDGET,
     RIGHT,
@@ -24,10 +25,9 @@ from symattn.check import (
     size_ranges,
     spec_entries,
 )
-from symattn.cli import main
 from symattn.errors import SymattnError
-from symattn.parse import ParseError, parse
-from symattn.verify import NonFiniteError, evaluate_finite, vjp_error
+from symattn.lang.parse import ParseError, parse
+from symattn.numeric.verify import NonFiniteError, evaluate_finite, vjp_error
 
 RIGHT_W_V = "X.T * P.T * G"  # ∂f/∂W_V = Xᵀ Pᵀ G for self_attention
 # (1 + (n−2)(n−3)(n−4)(n−5)) ∂f/∂W_V: equal to the truth exactly when n ∈ {2, 3, 4, 5}

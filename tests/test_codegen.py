@@ -16,12 +16,12 @@ from sympy import MatrixSymbol
 from sympy.matrices.expressions import HadamardPower, Identity, OneMatrix, Trace, ZeroMatrix
 
 import symattn as sa
-from symattn import codegen
+from symattn.autodiff.vjp import VJP_RULES
 from symattn.cli import main
-from symattn.ops import MergeHeads, RowSoftmax, SplitHeads
-from symattn.schedule import schedule
-from symattn.torch_printer import GeneratedNumPyPrinter, TorchMatrixPrinter
-from symattn.vjp import VJP_RULES
+from symattn.codegen import generate as codegen
+from symattn.codegen.printers import GeneratedNumPyPrinter, TorchMatrixPrinter
+from symattn.codegen.schedule import schedule
+from symattn.lang.ops import MergeHeads, RowSoftmax, SplitHeads
 
 ROOT = Path(__file__).resolve().parents[1]
 n, d = sp.symbols("n d", positive=True, integer=True)
@@ -111,8 +111,8 @@ def test_self_attention_fuses_projections_and_reuses_their_cotangents():
 
 
 def test_simplifier_turns_the_softmax_row_sum_into_the_output_form():
-    pytest.importorskip("symattn.simplify", reason="the simplifier module is not present")
-    from symattn.simplify import simplify
+    pytest.importorskip("symattn.optimize.simplify", reason="the simplifier module is not present")
+    from symattn.optimize.simplify import simplify
 
     if simplify is None:  # pragma: no cover
         pytest.skip("no simplify()")

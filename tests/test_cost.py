@@ -10,10 +10,11 @@ from sympy.matrices.expressions import BlockMatrix, HadamardProduct, MatAdd, Mat
 
 import symattn as sa
 from symattn.cli import main
-from symattn.cost import (
+from symattn.codegen.cost_report import cost_report
+from symattn.lang.ops import Exp, RowSoftmax, RowSum, SplitHeads
+from symattn.optimize.cost import (
     TYPICAL_SIZES,
     chain_order,
-    cost_report,
     flops,
     flops_value,
     largest_temporaries,
@@ -21,7 +22,6 @@ from symattn.cost import (
     peak_bytes,
     size_function,
 )
-from symattn.ops import Exp, RowSoftmax, RowSum, SplitHeads
 
 n, m, k, h = (sp.Symbol(s, positive=True, integer=True) for s in ("n", "m", "k", "H"))
 A, B = MatrixSymbol("A", n, k), MatrixSymbol("B", k, m)
@@ -138,7 +138,7 @@ def test_cli_derive_cost_prints_the_report(capsys):
 
 
 def test_generated_schedule_costs_twelve_n_squared_d():
-    pytest.importorskip("symattn.schedule", reason="code generation is not part of this checkout")
+    pytest.importorskip("symattn.codegen.schedule", reason="code generation is not part of this checkout")
     report = cost_report("attention")
     n_, m_, dk, dv, d = (sp.Symbol(s, positive=True, integer=True) for s in ("n", "m", "d_k", "d_v", "d"))
     total = sp.expand((report.generated_forward + report.generated_backward).xreplace({m_: n_, dk: d, dv: d}))

@@ -7,10 +7,10 @@ import sympy as sp
 from sympy.matrices.expressions import hadamard_product
 
 import symattn as sa
+from symattn.autodiff.vjp import VJP_RULES
 from symattn.cli import main
-from symattn.ops import RowSoftmax
-from symattn.steps import DF, Definition, Equation
-from symattn.vjp import VJP_RULES
+from symattn.derive.steps import DF, Definition, Equation
+from symattn.lang.ops import RowSoftmax
 
 
 @pytest.mark.parametrize("name", sa.specs())

@@ -1,12 +1,12 @@
-"""Intermediates put back by name (symattn.names): display only, so the forms must be exact."""
+"""Intermediates put back by name (symattn.lang.names): display only, so the forms must be exact."""
 
 from __future__ import annotations
 
 import sympy as sp
 
 import symattn as sa
-from symattn.latex import text
-from symattn.names import Abbreviations
+from symattn.derive.latex import text
+from symattn.lang.names import Abbreviations
 
 SPEC = sa.spec("self_attention")
 SHORT = Abbreviations(SPEC.intermediates)

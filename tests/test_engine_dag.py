@@ -14,8 +14,8 @@ import pytest
 from sympy import Basic, MatAdd, MatMul, MatrixSymbol, Trace, Transpose
 
 import symattn as sa
+from symattn.numeric.verify import vjp_error
 from symattn.specs import dim
-from symattn.verify import vjp_error
 
 n, d = dim("n"), dim("d")
 X = MatrixSymbol("X", n, d)

@@ -21,7 +21,7 @@ import pytest
 import sympy as sp
 
 import symattn as sa
-from symattn.printers import ExpAtom
+from symattn.numeric.printers import ExpAtom
 
 Forward = Callable[[dict[str, sp.Matrix]], sp.Matrix]
 

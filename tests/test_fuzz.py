@@ -36,7 +36,7 @@ from sympy.matrices.expressions import (
 )
 
 import symattn as sa
-from symattn.ops import Exp, Log, MergeHeads, RowSoftmax, RowSum, Sigmoid, SplitHeads, SumEntries, Tanh
+from symattn.lang.ops import Exp, Log, MergeHeads, RowSoftmax, RowSum, Sigmoid, SplitHeads, SumEntries, Tanh
 from symattn.specs import dim
 
 torch = pytest.importorskip("torch", reason="torch autograd is the fuzz's reference")
@@ -282,7 +282,7 @@ FUZZED_OPS = {
 
 
 def test_every_fuzzed_op_has_a_rule_and_a_torch_op():
-    from symattn.vjp import VJP_RULES
+    from symattn.autodiff.vjp import VJP_RULES
 
     differentiable = FUZZED_OPS - {OneMatrix}
     assert differentiable <= set(VJP_RULES)

@@ -13,14 +13,14 @@ import pytest
 import sympy as sp
 
 import symattn as sa
-from symattn.codegen import MEMEFF_SPECS
-from symattn.spec_file import generate_spec
-from symattn.specs import dim
+from symattn.codegen.generate import generate
+from symattn.specs import dim, family
 
 torch = pytest.importorskip("torch", reason="torch is the reference for the generated modules")
 
 SPECS = ("attention", "self_attention", "mha", "transformer_block")
-MODULES = [(spec, variant) for spec in SPECS for variant in ("", "_memeff") if not variant or spec in MEMEFF_SPECS]
+ROW_BLOCKS = [name for name in SPECS if family(name).row_blocks]
+MODULES = [(spec, variant) for spec in SPECS for variant in ("", "_memeff") if not variant or spec in ROW_BLOCKS]
 IDS = [spec + variant for spec, variant in MODULES]
 
 
@@ -109,7 +109,7 @@ def user_modules(tmp_path_factory) -> dict:
     out = tmp_path_factory.mktemp("user_specs")
     loaded = {}
     for name, s in USER_SPECS.items():
-        generate_spec(s, None, None, out)
+        generate([s], None, None, out)
         for backend in ("numpy", "torch"):
             path = out / f"{name}_{backend}.py"
             spec = importlib.util.spec_from_file_location(f"user_{name}_{backend}", path)
@@ -215,7 +215,7 @@ ZERO_SIZES = [(spec, "m") for spec in ("attention", "mha")] + [(spec, "d") for s
 @pytest.mark.parametrize("variant", ["", "_memeff"])
 @pytest.mark.parametrize(("spec", "size"), ZERO_SIZES, ids=[f"{s}-{z}=0" for s, z in ZERO_SIZES])
 def test_no_keys_or_no_features_raise_a_value_error_naming_the_shapes(spec, size, variant, backend, rng):
-    if variant and spec not in MEMEFF_SPECS:
+    if variant and spec not in ROW_BLOCKS:
         pytest.skip("no memory-efficient variant")
     arrays, options = draw(spec, rng, **{size: 0})
     zero = {"m": "m = 0", "d": "d_model = 0" if spec == "self_attention" else "d_k = 0"}[size]

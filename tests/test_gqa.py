@@ -10,7 +10,7 @@ import sympy as sp
 
 import symattn as sa
 from symattn.errors import SymattnError
-from symattn.ops import RepeatHeads, SumGroups, split_heads
+from symattn.lang.ops import RepeatHeads, SumGroups, split_heads
 
 torch = pytest.importorskip("torch", reason="torch is the reference for the generated modules")
 

@@ -17,8 +17,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import symattn as sa
+from symattn.numeric.verify import dimension_symbols, vjp_error
 from symattn.specs import dim
-from symattn.verify import dimension_symbols, vjp_error
 
 TOLERANCE = 1e-6
 CHECK = settings(max_examples=8, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])

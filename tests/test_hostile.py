@@ -22,7 +22,7 @@ import sympy as sp
 import symattn as sa
 from symattn.cli import main
 from symattn.specs import dim
-from symattn.validate import SpecError
+from symattn.specs.validate import SpecError
 
 n, d = dim("n"), dim("d")
 X = sp.MatrixSymbol("X", n, d)

@@ -89,7 +89,7 @@ def test_sympy_rewrites_that_the_language_accepts():
 
 
 def test_exact_backend_keeps_rationals_and_opaque_exps():
-    from symattn.printers import ExpAtom
+    from symattn.numeric.printers import ExpAtom
 
     x = np.array([[sp.Rational(1, 2), 3], [sp.Rational(-2, 3), 1]], dtype=object)
     value = sa.lambdify([S], Trace(S) * S + sa.exp(S), backend="exact")(x)

@@ -9,9 +9,9 @@ from sympy import MatrixSymbol
 from sympy.matrices.expressions import HadamardProduct, MatAdd, MatMul, OneMatrix, Transpose
 
 import symattn as sa
-from symattn.cost import flops_value
-from symattn.ops import RowSoftmax, RowSum
-from symattn.simplify import simplify, simplify_all
+from symattn.lang.ops import RowSoftmax, RowSum
+from symattn.optimize.cost import flops_value
+from symattn.optimize.simplify import simplify, simplify_all
 
 n, m, k = (sp.Symbol(s, positive=True, integer=True) for s in "nmk")
 DIMS = (n, m, k)

@@ -18,11 +18,11 @@ from sympy.matrices.expressions import (
 )
 
 import symattn as sa
-from symattn import rewrites
-from symattn.cost import flops_value
-from symattn.ops import RowSoftmax, RowSum, SumEntries
-from symattn.rewrites import COST_REWRITES, REWRITES
-from symattn.simplify import simplify
+from symattn.lang.ops import RowSoftmax, RowSum, SumEntries
+from symattn.optimize import rewrites
+from symattn.optimize.cost import flops_value
+from symattn.optimize.rewrites import COST_REWRITES, REWRITES
+from symattn.optimize.simplify import simplify
 
 n, m, k = (sp.Symbol(s, positive=True, integer=True) for s in ("n", "m", "k"))
 A, A2, A3 = (MatrixSymbol(s, n, k) for s in ("A", "A2", "A3"))

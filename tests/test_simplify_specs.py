@@ -9,10 +9,10 @@ from sympy import MatrixSymbol
 from sympy.matrices.expressions import HadamardProduct, MatAdd, MatMul, OneMatrix, Transpose
 
 import symattn as sa
-from symattn.cost import flops, flops_value, subexpressions
-from symattn.ops import Exp, RowSoftmax, RowSum
-from symattn.simplify import simplify, simplify_all
-from symattn.verify import random_dims, vjp_error
+from symattn.lang.ops import Exp, RowSoftmax, RowSum
+from symattn.numeric.verify import random_dims, vjp_error
+from symattn.optimize.cost import flops, flops_value, subexpressions
+from symattn.optimize.simplify import simplify, simplify_all
 
 SPECS = [("attention", {}), ("self_attention", {}), ("mha", {}), ("mha", {"num_heads": 2})]
 

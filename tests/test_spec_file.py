@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from symattn.cli import main
-from symattn.spec_file import load_spec_file
+from symattn.specs.files import load_spec_file
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "specs" / "sigmoid_attention.py"
 NAMES = ("X", "W_Q", "W_K", "W_V")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 import symattn as sa
-from symattn.verify import random_dims, vjp_error
+from symattn.numeric.verify import random_dims, vjp_error
 
 
 @pytest.mark.parametrize("name", sa.specs())

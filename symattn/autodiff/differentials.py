@@ -1,0 +1,315 @@
+"""Forward differentials: dY in terms of the differentials of Y's arguments, one rule per node type.
+
+These rules (``JVP_RULES``) are written independently of the VJP rules of ``vjp``:
+the derivation printer uses them for the line tr(Ḡᵀ dY) = tr(Ḡᵀ (product rule …)),
+and the step verifier uses them to evaluate every dY at random differentials, so a
+wrong VJP rule shows up as a step whose two sides disagree.
+``Differential(A)`` is the node dA; ``differential(expr, tangents)`` expands d(expr)
+all the way down to the differentials of the symbols in ``tangents``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+import sympy as sp
+from sympy import Basic, MatrixExpr, MatrixSymbol, sympify
+from sympy.matrices.expressions import (
+    HadamardPower,
+    HadamardProduct,
+    MatAdd,
+    MatMul,
+    MatPow,
+    OneMatrix,
+    Trace,
+    Transpose,
+)
+from sympy.matrices.expressions.hadamard import canonicalize as hadamard_canonical
+
+from symattn.autodiff.vjp import matadd  # a constructor only (flat, like terms combined, sorted), no rule
+from symattn.errors import UnsupportedNodeError
+from symattn.lang.ops import (
+    Exp,
+    Gelu,
+    GeluGrad,
+    GeluTanh,
+    GeluTanhGrad,
+    LayerNorm,
+    Log,
+    MergeHeads,
+    RepeatHeads,
+    RowInvStd,
+    RowSoftmax,
+    RowSum,
+    Sigmoid,
+    SplitHeads,
+    SumEntries,
+    SumGroups,
+    Tanh,
+)
+
+
+class Differential(MatrixExpr):
+    """dA: the differential of the matrix expression A (same shape)."""
+
+    def __new__(cls, arg: MatrixExpr) -> Differential:
+        return Basic.__new__(cls, sympify(arg))
+
+    @property
+    def arg(self) -> MatrixExpr:
+        return self.args[0]
+
+    @property
+    def shape(self) -> tuple:
+        return self.arg.shape
+
+
+Tangent = Callable[[Basic], Basic | None]  # an argument's differential, None where it is constant
+JvpRule = Callable[[Basic, Tangent], Basic | None]
+
+JVP_RULES: dict[type, JvpRule] = {}
+
+
+def defjvp(*node_types: type) -> Callable[[JvpRule], JvpRule]:
+    """Register a forward-differential rule for the given node types."""
+
+    def register(rule: JvpRule) -> JvpRule:
+        for t in node_types:
+            JVP_RULES[t] = rule
+        return rule
+
+    return register
+
+
+def _total(terms: list[Basic]) -> Basic | None:
+    """The sum of the terms (None for none), canonical at the top only: a deep doit re-walks shared operands."""
+    if not terms:
+        return None
+    return terms[0] if len(terms) == 1 else matadd(*terms)
+
+
+def hadamard_product(*factors: Basic) -> Basic:
+    """A ⊙ B ⊙ …, canonical at the top only (SymPy's hadamard_product re-walks every operand)."""
+    return factors[0] if len(factors) == 1 else hadamard_canonical(HadamardProduct(*factors))
+
+
+@defjvp(MatMul)
+def product_jvp(node: MatMul, d: Tangent) -> Basic | None:
+    """d(c A B) = c dA B + c A dB (product rule)."""
+    scalars = [a for a in node.args if not isinstance(a, MatrixExpr)]
+    mats = [a for a in node.args if isinstance(a, MatrixExpr)]
+    coeff = sp.Mul(*scalars)
+    terms = []
+    for i, m in enumerate(mats):
+        dm = d(m)
+        if dm is not None:
+            terms.append(
+                MatMul(coeff, *mats[:i], dm, *mats[i + 1 :]) if coeff != 1 else MatMul(*mats[:i], dm, *mats[i + 1 :])
+            )
+    return _total(terms)
+
+
+@defjvp(MatAdd)
+def sum_jvp(node: MatAdd, d: Tangent) -> Basic | None:
+    """d(A + B) = dA + dB."""
+    return _total([t for t in map(d, node.args) if t is not None])
+
+
+@defjvp(Transpose)
+def transpose_jvp(node: Transpose, d: Tangent) -> Basic | None:
+    """d(Aᵀ) = (dA)ᵀ."""
+    da = d(node.arg)
+    return None if da is None else da.T
+
+
+@defjvp(HadamardProduct)
+def hadamard_jvp(node: HadamardProduct, d: Tangent) -> Basic | None:
+    """d(A ⊙ B) = dA ⊙ B + A ⊙ dB."""
+    args = node.args
+    terms = []
+    for i, a in enumerate(args):
+        da = d(a)
+        if da is not None:
+            terms.append(hadamard_product(*args[:i], da, *args[i + 1 :]))
+    return _total(terms)
+
+
+@defjvp(HadamardPower)
+def hadamard_power_jvp(node: HadamardPower, d: Tangent) -> Basic | None:
+    """d(A^{∘p}) = p A^{∘(p−1)} ⊙ dA."""
+    base, p = node.args
+    da = d(base)
+    if da is None:
+        return None
+    if p == 1:
+        return da
+    power = base if p == 2 else HadamardPower(base, p - 1)
+    return MatMul(p, hadamard_product(power, da)).doit(deep=False)
+
+
+@defjvp(MatPow)
+def power_jvp(node: MatPow, d: Tangent) -> Basic | None:
+    """A^k = A·…·A, differentiated by the product rule (k a positive integer)."""
+    base, k = node.args
+    if not (k.is_Integer and k > 0):
+        raise UnsupportedNodeError(node, "differentials (only positive integer powers)", ["MatPow with k > 0"])
+    return product_jvp(MatMul(*([base] * int(k))), d)
+
+
+@defjvp(Exp)
+def exp_jvp(node: Exp, d: Tangent) -> Basic | None:
+    """d exp(A) = exp(A) ⊙ dA."""
+    da = d(node.arg)
+    return None if da is None else hadamard_product(node, da)
+
+
+@defjvp(Log)
+def log_jvp(node: Log, d: Tangent) -> Basic | None:
+    """d log(A) = A^{∘−1} ⊙ dA."""
+    da = d(node.arg)
+    return None if da is None else hadamard_product(HadamardPower(node.arg, -1), da)
+
+
+@defjvp(Tanh)
+def tanh_jvp(node: Tanh, d: Tangent) -> Basic | None:
+    """d tanh(A) = (𝟏𝟏ᵀ − tanh(A)^{∘2}) ⊙ dA."""
+    da = d(node.arg)
+    return (
+        None
+        if da is None
+        else hadamard_product(_total([OneMatrix(*node.shape), MatMul(-1, HadamardPower(node, 2))]), da)
+    )
+
+
+@defjvp(Sigmoid)
+def sigmoid_jvp(node: Sigmoid, d: Tangent) -> Basic | None:
+    """dσ(A) = σ(A) ⊙ (𝟏𝟏ᵀ − σ(A)) ⊙ dA."""
+    da = d(node.arg)
+    return None if da is None else hadamard_product(node, _total([OneMatrix(*node.shape), MatMul(-1, node)]), da)
+
+
+@defjvp(RowSoftmax)
+def row_softmax_jvp(node: RowSoftmax, d: Tangent) -> Basic | None:
+    """P = softmax(A): dP = P ⊙ (dA − (P ⊙ dA) 𝟏𝟏ᵀ)."""
+    da = d(node.arg)
+    if da is None:
+        return None
+    cols = node.shape[1]
+    return hadamard_product(node, _total([da, MatMul(-1, hadamard_product(node, da), OneMatrix(cols, cols))]))
+
+
+@defjvp(RowSum)
+def row_sum_jvp(node: RowSum, d: Tangent) -> Basic | None:
+    """d(A 𝟏) = dA 𝟏."""
+    da = d(node.arg)
+    return None if da is None else RowSum(da)
+
+
+@defjvp(SumEntries)
+def sum_entries_jvp(node: SumEntries, d: Tangent) -> Basic | None:
+    """d(𝟏ᵀ A 𝟏) = 𝟏ᵀ dA 𝟏."""
+    da = d(node.arg)
+    return None if da is None else SumEntries(da)
+
+
+@defjvp(Trace)
+def trace_jvp(node: Trace, d: Tangent) -> Basic | None:
+    """d tr(A) = tr(dA)."""
+    da = d(node.arg)
+    return None if da is None else Trace(da)
+
+
+@defjvp(SplitHeads)
+def split_heads_jvp(node: SplitHeads, d: Tangent) -> Basic | None:
+    """d(A_h) = (dA)_h: taking column blocks is linear."""
+    da = d(node.arg)
+    return None if da is None else SplitHeads(da, node.heads)
+
+
+@defjvp(MergeHeads)
+def merge_heads_jvp(node: MergeHeads, d: Tangent) -> Basic | None:
+    """d Concat(A_1 … A_H) = Concat(dA_1 … dA_H)."""
+    da = d(node.arg)
+    return None if da is None else MergeHeads(da, node.heads)
+
+
+@defjvp(Gelu)
+def gelu_jvp(node: Gelu, d: Tangent) -> Basic | None:
+    """d GELU(A) = GELU′(A) ⊙ dA."""
+    da = d(node.arg)
+    return None if da is None else hadamard_product(GeluGrad(node.arg), da)
+
+
+@defjvp(GeluTanh)
+def gelu_tanh_jvp(node: GeluTanh, d: Tangent) -> Basic | None:
+    """d GELU_tanh(A) = GELU_tanh′(A) ⊙ dA."""
+    da = d(node.arg)
+    return None if da is None else hadamard_product(GeluTanhGrad(node.arg), da)
+
+
+@defjvp(LayerNorm)
+def layer_norm_jvp(node: LayerNorm, d: Tangent) -> Basic | None:
+    """N = LN(A) = (A − A𝟏𝟏ᵀ/k) ⊙ r𝟏ᵀ with r = rstd(A), k columns:
+    dN = r𝟏ᵀ ⊙ (dA − dA 𝟏𝟏ᵀ/k − N ⊙ ((N ⊙ dA) 𝟏𝟏ᵀ)/k)."""
+    da = d(node.arg)
+    if da is None:
+        return None
+    cols = node.shape[1]
+    square = OneMatrix(cols, cols)
+    spread = MatMul(RowInvStd(node.arg, node.eps), OneMatrix(1, cols))
+    inner = _total(
+        [
+            da,
+            MatMul(-1 / cols, da, square),
+            MatMul(-1 / cols, hadamard_product(node, MatMul(hadamard_product(node, da), square))),
+        ]
+    )
+    return hadamard_product(spread, inner)
+
+
+def _rule(node: Basic) -> JvpRule:
+    rule = JVP_RULES.get(type(node))
+    if rule is None:
+        raise UnsupportedNodeError(node, "differentials", [t.__name__ for t in JVP_RULES])
+    return rule
+
+
+def local_differential(node: Basic, varying: set[Basic]) -> Basic | None:
+    """dY for the node Y, written with Differential(a) for each of its arguments a in varying."""
+    return _rule(node)(node, lambda a: Differential(a) if a in varying else None)
+
+
+def differential(expr: Basic, tangents: Mapping[MatrixSymbol, Basic]) -> Basic | None:
+    """d(expr) when each symbol s in tangents moves by tangents[s] (None: expr is constant)."""
+    memo: dict[Basic, Basic | None] = {}
+
+    def d(e: Basic) -> Basic | None:
+        if e in memo:
+            return memo[e]
+        if e in tangents:
+            out = tangents[e]
+        elif isinstance(e, MatrixSymbol) or not e.has(*tangents):
+            out = None
+        else:
+            out = _rule(e)(e, d)
+        memo[e] = out
+        return out
+
+    return d(sympify(expr))
+
+
+# Grouped-query heads (appended by helper "masks").
+
+
+@defjvp(RepeatHeads)
+def repeat_heads_jvp(node: RepeatHeads, d: Tangent) -> Basic | None:
+    """d Rep(A) = Rep(dA): repeating blocks is linear."""
+    da = d(node.arg)
+    return None if da is None else RepeatHeads(da, node.kv_heads, node.heads)
+
+
+@defjvp(SumGroups)
+def sum_groups_jvp(node: SumGroups, d: Tangent) -> Basic | None:
+    """d GroupSum(A) = GroupSum(dA): summing blocks is linear."""
+    da = d(node.arg)
+    return None if da is None else SumGroups(da, node.kv_heads, node.heads)

@@ -1,0 +1,162 @@
+"""Reverse-mode trace-differential engine.
+
+``backward`` walks an expression as a DAG, root first, applying one VJP rule per
+node (see ``vjp``); a subexpression reached along several paths is visited once,
+after all its cotangents have arrived, and their sum is what it passes on. Every
+rule application is recorded as a ``Step`` for the derivation printer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+import sympy as sp
+from sympy import Basic, MatrixExpr, MatrixSymbol
+from sympy.matrices.expressions import Identity, ZeroMatrix
+
+from symattn.autodiff.vjp import VJP_RULES, matadd, merge_cotangents, zero_like
+from symattn.errors import ShapeMismatchError, SymattnError, UnsupportedNodeError
+from symattn.lang.dims import same_dim
+from symattn.lang.safe import expression
+from symattn.lang.shapes import check_shapes
+
+
+@dataclass(frozen=True)
+class Step:
+    """One rule application: node Y with cotangent ∂f/∂Y passed to its arguments."""
+
+    node: Basic
+    rule: str
+    cotangent: Basic
+    outputs: tuple[tuple[Basic, Basic], ...]
+
+
+@dataclass
+class Tape:
+    """Everything a backward pass found: steps in order, cotangents, gradients."""
+
+    expr: Basic
+    seed: Basic
+    wrt: tuple[MatrixSymbol, ...]
+    steps: list[Step] = field(default_factory=list)
+    cotangents: dict[Basic, Basic] = field(default_factory=dict)
+    gradients: dict[MatrixSymbol, Basic] = field(default_factory=dict)
+
+
+def is_scalar(expr: Basic) -> bool:
+    """Scalar-valued: a SymPy scalar Expr (Trace, sum, …) or a 1 × 1 matrix."""
+    if isinstance(expr, MatrixExpr):
+        return expr.shape == (1, 1)
+    return True
+
+
+def default_seed(expr: Basic, cotangent: Basic | None) -> Basic:
+    """The cotangent ∂f/∂expr: given, G of expr's shape, or 1 for a scalar expr."""
+    if cotangent is not None:
+        cotangent = expression(cotangent, "the cotangent")
+        if isinstance(expr, MatrixExpr):
+            if not isinstance(cotangent, MatrixExpr) or not all(
+                same_dim(a, b) for a, b in zip(cotangent.shape, expr.shape)
+            ):
+                shape = getattr(cotangent, "shape", ())
+                raise ShapeMismatchError("cotangent of the expression", shape, expr.shape)
+        return cotangent
+    if not isinstance(expr, MatrixExpr):
+        return sp.Integer(1)
+    if expr.shape == (1, 1):
+        return Identity(1)
+    return MatrixSymbol("G", *expr.shape)
+
+
+def _dependency(expr: Basic, wrt: frozenset) -> dict[Basic, bool]:
+    """For every subexpression: does it contain one of the wrt symbols?"""
+    depends: dict[Basic, bool] = {}
+    stack: list[tuple[Basic, bool]] = [(expr, False)]
+    while stack:
+        node, expanded = stack.pop()
+        if node in depends:
+            continue
+        if node in wrt:
+            depends[node] = True
+        elif not node.args or isinstance(node, MatrixSymbol):
+            depends[node] = False
+        elif expanded:
+            depends[node] = any(depends[a] for a in node.args)
+        else:
+            stack.append((node, True))
+            stack.extend((a, False) for a in node.args if a not in depends)
+    return depends
+
+
+def _topological(expr: Basic, depends: dict[Basic, bool]) -> list[Basic]:
+    """Dependent subexpressions, each after every node that uses it (root first)."""
+    order: list[Basic] = []
+    done: set[Basic] = set()
+    stack: list[tuple[Basic, bool]] = [(expr, False)]
+    while stack:
+        node, expanded = stack.pop()
+        if expanded:
+            order.append(node)
+            continue
+        if node in done:
+            continue
+        done.add(node)
+        stack.append((node, True))
+        stack.extend((a, False) for a in node.args if depends.get(a) and a not in done)
+    return order[::-1]
+
+
+def _rule_for(node: Basic):
+    rule = VJP_RULES.get(type(node))
+    if rule is None:
+        names = [t.__name__ for t in VJP_RULES]
+        raise UnsupportedNodeError(node, "differentiation", names)
+    return rule
+
+
+def _sum(terms: list[Basic]) -> Basic:
+    return matadd(*terms) if isinstance(terms[0], MatrixExpr) else sp.Add(*terms)
+
+
+def backward(expr: Basic, wrt: Iterable[MatrixSymbol], cotangent: Basic | None = None) -> Tape:
+    """Run reverse mode from expr, seeded with cotangent, down to the wrt symbols."""
+    expr = expression(expr)
+    wrt = tuple(wrt)
+    for w in wrt:
+        if not isinstance(w, MatrixSymbol):
+            raise SymattnError(f"can only differentiate with respect to a MatrixSymbol, got {type(w).__name__} {w}")
+    check_shapes(expr)
+    seed = default_seed(expr, cotangent)
+    tape = Tape(expr=expr, seed=seed, wrt=wrt)
+    depends = _dependency(expr, frozenset(wrt))
+    pending: dict[Basic, list[Basic]] = {expr: [seed]} if depends[expr] else {}
+    for node in _topological(expr, depends):
+        terms = pending.pop(node, [])
+        if not terms:
+            continue
+        g = _sum(terms)
+        tape.cotangents[node] = g
+        if node in tape.wrt:
+            continue
+        rule = _rule_for(node)
+        outputs = merge_cotangents((a, c) for a, c in rule(node, g) if depends.get(a))
+        missing = [a for a in node.args if depends.get(a) and a not in {o for o, _ in outputs}]
+        if missing:
+            raise UnsupportedNodeError(node, f"differentiation through {missing[0]}", [rule.__name__])
+        tape.steps.append(Step(node=node, rule=rule.__name__, cotangent=g, outputs=outputs))
+        for a, c in outputs:
+            pending.setdefault(a, []).append(c)
+    for w in wrt:
+        tape.gradients[w] = tape.cotangents.get(w, zero_like(w))
+    return tape
+
+
+def grad(expr: Basic, wrt: Sequence[MatrixSymbol] | MatrixSymbol, cotangent: Basic | None = None) -> dict:
+    """Closed-form gradients of tr(cotangentᵀ expr) (or of a scalar expr) for each symbol in wrt."""
+    if isinstance(wrt, MatrixSymbol):
+        wrt = [wrt]
+    return dict(backward(expr, wrt, cotangent).gradients)
+
+
+__all__ = ["Step", "Tape", "ZeroMatrix", "backward", "grad", "is_scalar"]

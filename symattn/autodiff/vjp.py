@@ -1,0 +1,334 @@
+"""Vector-Jacobian products: one rule per node type, keyed by type in ``VJP_RULES``.
+
+A rule receives a node Y and the cotangent G = ∂f/∂Y of a scalar f, and returns, for
+each argument X of Y that it differentiates, the cotangent ∂f/∂X read off from
+df = tr(Gᵀ dY) (for a scalar node Y with cotangent c: df = c dY). Each rule's
+docstring states the trace identity it implements.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+import sympy as sp
+from sympy import Basic, MatrixExpr
+from sympy.matrices.expressions import (
+    HadamardPower,
+    HadamardProduct,
+    Identity,
+    MatAdd,
+    MatMul,
+    MatPow,
+    OneMatrix,
+    Trace,
+    Transpose,
+    ZeroMatrix,
+)
+from sympy.matrices.expressions.hadamard import canonicalize as hadamard_canonical
+
+from symattn.lang.ops import (
+    Exp,
+    Gelu,
+    GeluGrad,
+    GeluTanh,
+    GeluTanhGrad,
+    LayerNorm,
+    Log,
+    MergeHeads,
+    RepeatHeads,
+    RowInvStd,
+    RowSoftmax,
+    RowSum,
+    Sigmoid,
+    SplitHeads,
+    SumEntries,
+    SumGroups,
+    Tanh,
+)
+
+Cotangents = list[tuple[Basic, Basic]]
+VjpRule = Callable[[Basic, Basic], Cotangents]
+
+VJP_RULES: dict[type, VjpRule] = {}
+
+
+def defvjp(*node_types: type) -> Callable[[VjpRule], VjpRule]:
+    """Register a rule for the given node types."""
+
+    def register(rule: VjpRule) -> VjpRule:
+        for t in node_types:
+            VJP_RULES[t] = rule
+        return rule
+
+    return register
+
+
+# Constructors that canonicalise the new node only, as SymPy's canonical forms do. SymPy's
+# operators (*, +, -, .T) and its sum canonicaliser call a deep doit(), which re-walks a
+# shared (DAG) operand as a tree: exponential time on deep or shared graphs.
+
+
+def matmul(*factors: Basic) -> Basic:
+    """Product of the factors, scalars first, flattened and canonical; c (A + B) = c A + c B for rational c."""
+    mats = [f for f in factors if isinstance(f, MatrixExpr)]
+    coeff = sp.Mul(*(f for f in factors if not isinstance(f, MatrixExpr)))
+    if len(mats) == 1 and isinstance(mats[0], MatAdd) and coeff.is_Rational and coeff != 1:
+        return MatAdd(*(matmul(coeff, term) for term in mats[0].args))
+    return MatMul(*factors).doit(deep=False)
+
+
+def merge_cotangents(outputs: Iterable[tuple[Basic, Basic]]) -> tuple[tuple[Basic, Basic], ...]:
+    """One cotangent per argument: an argument that occurs several times (A ⊙ A, A·A, A^k) gets the sum.
+
+    The terms are parts of one Ā; a step that listed them apart would name each the whole Ā.
+    """
+    parts: dict[Basic, list[Basic]] = {}
+    for a, c in outputs:
+        parts.setdefault(a, []).append(c)
+    return tuple(
+        (a, cs[0] if len(cs) == 1 else matadd(*cs) if isinstance(cs[0], MatrixExpr) else sp.Add(*cs))
+        for a, cs in parts.items()
+    )
+
+
+def matadd(*terms: Basic) -> Basic:
+    """Sum of the terms: flattened, zeros dropped, c₁M + c₂M = (c₁ + c₂)M, terms in canonical order."""
+    coefficients: dict[Basic, Basic] = {}
+    for term in terms:
+        for t in term.args if isinstance(term, MatAdd) else (term,):
+            if isinstance(t, ZeroMatrix):
+                continue
+            coeff, mat = t.as_coeff_mmul()
+            mat = mat.args[0] if len(mat.args) == 1 else mat
+            coefficients[mat] = coefficients.get(mat, 0) + coeff
+    args = [mat if c == 1 else matmul(c, mat) for mat, c in coefficients.items() if c != 0]
+    if not args:
+        return ZeroMatrix(*terms[0].shape)
+    return args[0] if len(args) == 1 else MatAdd(*sorted(args, key=sp.default_sort_key))
+
+
+def transpose(a: Basic) -> Basic:
+    """aᵀ pushed through products, sums and entrywise nodes: (AB)ᵀ = BᵀAᵀ, (A + B)ᵀ = Aᵀ + Bᵀ, (Aᵀ)ᵀ = A."""
+    if isinstance(a, MatMul):
+        coeff, mats = a.as_coeff_matrices()
+        return matmul(coeff, *(transpose(m) for m in reversed(mats)))
+    if isinstance(a, MatAdd):
+        return matadd(*(transpose(t) for t in a.args))
+    if isinstance(a, HadamardProduct):
+        return HadamardProduct(*(transpose(f) for f in a.args))
+    if isinstance(a, (HadamardPower, MatPow)):
+        return type(a)(transpose(a.args[0]), a.args[1])
+    return Transpose(a).doit(deep=False)
+
+
+def hadamard_product(*factors: Basic) -> Basic:
+    """Entrywise product, canonical (flattened, sorted, X ⊙ X becomes X^{∘2})."""
+    return hadamard_canonical(HadamardProduct(*factors)) if len(factors) > 1 else factors[0]
+
+
+def ones_like(a: MatrixExpr) -> OneMatrix:
+    return OneMatrix(*a.shape)
+
+
+# Linear nodes.
+
+
+@defvjp(MatAdd)
+def sum_vjp(node: MatAdd, g: Basic) -> Cotangents:
+    """tr(Gᵀ d(A + B)) = tr(Gᵀ dA) + tr(Gᵀ dB): every term receives G."""
+    return [(term, g) for term in node.args]
+
+
+@defvjp(Transpose)
+def transpose_vjp(node: Transpose, g: Basic) -> Cotangents:
+    """tr(Gᵀ dAᵀ) = tr(dA G) = tr((Gᵀ)ᵀ dA): A receives Gᵀ."""
+    return [(node.arg, transpose(g))]
+
+
+@defvjp(MatMul)
+def product_vjp(node: MatMul, g: Basic) -> Cotangents:
+    """tr(Gᵀ d(c A B)) = tr((c G Bᵀ)ᵀ dA) + tr((c Aᵀ G)ᵀ dB) + dc tr(Gᵀ A B).
+
+    For k matrix factors, factor i receives c (F₁…F_{i−1})ᵀ G (F_{i+1}…F_k)ᵀ; a scalar
+    factor s receives tr(Gᵀ Y) / s (the product without s).
+    """
+    scalars = [a for a in node.args if not isinstance(a, MatrixExpr)]
+    mats = [a for a in node.args if isinstance(a, MatrixExpr)]
+    coeff = sp.Mul(*scalars)
+    out: Cotangents = []
+    for i, factor in enumerate(mats):
+        left = [transpose(f) for f in reversed(mats[:i])]
+        right = [transpose(f) for f in reversed(mats[i + 1 :])]
+        out.append((factor, matmul(coeff, *left, g, *right)))
+    for i, s in enumerate(scalars):
+        rest = sp.Mul(*(scalars[:i] + scalars[i + 1 :]))
+        out.append((s, Trace(matmul(rest, transpose(g), *mats))))
+    return out
+
+
+@defvjp(MatPow)
+def power_vjp(node: MatPow, g: Basic) -> Cotangents:
+    """A^k = A·A·…·A: tr(Gᵀ dA^k) = Σ_i tr(((A^i)ᵀ G (A^{k−1−i})ᵀ)ᵀ dA), k a positive integer."""
+    base, k = node.args
+    if not (k.is_Integer and k > 0):
+        from symattn.errors import UnsupportedNodeError
+
+        raise UnsupportedNodeError(node, "differentiation (only positive integer powers)", ["MatPow with k > 0"])
+    return product_vjp(MatMul(*([base] * int(k))), g)
+
+
+# Entrywise nodes.
+
+
+@defvjp(HadamardProduct)
+def hadamard_vjp(node: HadamardProduct, g: Basic) -> Cotangents:
+    """tr(Gᵀ d(A ⊙ B)) = tr((G ⊙ B)ᵀ dA) + tr((G ⊙ A)ᵀ dB)."""
+    args = node.args
+    return [(a, hadamard_product(g, *(args[:i] + args[i + 1 :]))) for i, a in enumerate(args)]
+
+
+@defvjp(HadamardPower)
+def hadamard_power_vjp(node: HadamardPower, g: Basic) -> Cotangents:
+    """tr(Gᵀ d(A^{∘p})) = tr((p G ⊙ A^{∘(p−1)})ᵀ dA)."""
+    base, p = node.args
+    if p == 1:
+        return [(base, g)]
+    if p == 2:
+        return [(base, matmul(2, hadamard_product(g, base)))]
+    return [(base, matmul(p, hadamard_product(g, HadamardPower(base, p - 1))))]
+
+
+@defvjp(Exp)
+def exp_vjp(node: Exp, g: Basic) -> Cotangents:
+    """tr(Gᵀ d exp(A)) = tr((G ⊙ exp(A))ᵀ dA)."""
+    return [(node.arg, hadamard_product(g, node))]
+
+
+@defvjp(Log)
+def log_vjp(node: Log, g: Basic) -> Cotangents:
+    """tr(Gᵀ d log(A)) = tr((G ⊙ A^{∘−1})ᵀ dA)."""
+    return [(node.arg, hadamard_product(g, HadamardPower(node.arg, -1)))]
+
+
+@defvjp(Tanh)
+def tanh_vjp(node: Tanh, g: Basic) -> Cotangents:
+    """tr(Gᵀ d tanh(A)) = tr((G ⊙ (𝟏𝟏ᵀ − tanh(A)^{∘2}))ᵀ dA)."""
+    return [(node.arg, hadamard_product(g, matadd(ones_like(node), matmul(-1, HadamardPower(node, 2)))))]
+
+
+@defvjp(Sigmoid)
+def sigmoid_vjp(node: Sigmoid, g: Basic) -> Cotangents:
+    """tr(Gᵀ dσ(A)) = tr((G ⊙ σ(A) ⊙ (𝟏𝟏ᵀ − σ(A)))ᵀ dA)."""
+    return [(node.arg, hadamard_product(g, node, matadd(ones_like(node), matmul(-1, node))))]
+
+
+@defvjp(RowSoftmax)
+def row_softmax_vjp(node: RowSoftmax, g: Basic) -> Cotangents:
+    """dP = P ⊙ (dA − (P ⊙ dA) 𝟏𝟏ᵀ), so tr(Gᵀ dP) = tr((P ⊙ (G − rowsum(G ⊙ P) 𝟏ᵀ))ᵀ dA)."""
+    ones_row = OneMatrix(1, node.shape[1])
+    return [(node.arg, hadamard_product(node, matadd(g, matmul(-1, RowSum(hadamard_product(g, node)), ones_row))))]
+
+
+@defvjp(RowSum)
+def row_sum_vjp(node: RowSum, g: Basic) -> Cotangents:
+    """tr(Gᵀ d(A 𝟏)) = tr((G 𝟏ᵀ)ᵀ dA): the n × 1 cotangent broadcast along each row."""
+    return [(node.arg, matmul(g, OneMatrix(1, node.arg.shape[1])))]
+
+
+# Head blocks.
+
+
+@defvjp(SplitHeads)
+def split_heads_vjp(node: SplitHeads, g: Basic) -> Cotangents:
+    """Σ_h tr(G_hᵀ dA_h) = tr(Concat(G_1 … G_H)ᵀ dA): the blocks' cotangents side by side."""
+    return [(node.arg, MergeHeads(g, node.heads))]
+
+
+@defvjp(MergeHeads)
+def merge_heads_vjp(node: MergeHeads, g: Basic) -> Cotangents:
+    """tr(Gᵀ d Concat(A_1 … A_H)) = Σ_h tr(G_hᵀ dA_h): head h receives block h of G."""
+    return [(node.arg, SplitHeads(g, node.heads))]
+
+
+# Scalar-valued nodes (cotangent c is a scalar).
+
+
+@defvjp(Trace)
+def trace_vjp(node: Trace, c: Basic) -> Cotangents:
+    """d tr(A) = tr(Iᵀ dA): A receives c I."""
+    return [(node.arg, matmul(c, Identity(node.arg.shape[0])))]
+
+
+@defvjp(SumEntries)
+def sum_entries_vjp(node: SumEntries, c: Basic) -> Cotangents:
+    """d sum(A) = tr((𝟏𝟏ᵀ)ᵀ dA): A receives c 𝟏𝟏ᵀ."""
+    return [(node.arg, matmul(c, ones_like(node.arg)))]
+
+
+@defvjp(sp.Add)
+def scalar_sum_vjp(node: sp.Add, c: Basic) -> Cotangents:
+    """d(a + b) = da + db."""
+    return [(term, c) for term in node.args]
+
+
+@defvjp(sp.Mul)
+def scalar_product_vjp(node: sp.Mul, c: Basic) -> Cotangents:
+    """d(a b) = b da + a db."""
+    args = node.args
+    return [(a, c * sp.Mul(*(args[:i] + args[i + 1 :]))) for i, a in enumerate(args)]
+
+
+@defvjp(sp.Pow)
+def scalar_power_vjp(node: sp.Pow, c: Basic) -> Cotangents:
+    """d(a^p) = p a^{p−1} da, for a constant exponent p."""
+    base, p = node.args
+    return [(base, c * p * base ** (p - 1))]
+
+
+def zero_like(a: Basic) -> Basic:
+    """The additive zero of a's kind: a zero matrix of its shape, or 0."""
+    return ZeroMatrix(*a.shape) if isinstance(a, MatrixExpr) else sp.Integer(0)
+
+
+# Transformer-block nodes.
+
+
+@defvjp(Gelu)
+def gelu_vjp(node: Gelu, g: Basic) -> Cotangents:
+    """tr(Gᵀ d GELU(A)) = tr((G ⊙ GELU′(A))ᵀ dA), GELU′(x) = Φ(x) + x φ(x)."""
+    return [(node.arg, hadamard_product(g, GeluGrad(node.arg)))]
+
+
+@defvjp(GeluTanh)
+def gelu_tanh_vjp(node: GeluTanh, g: Basic) -> Cotangents:
+    """tr(Gᵀ d GELU_tanh(A)) = tr((G ⊙ GELU_tanh′(A))ᵀ dA)."""
+    return [(node.arg, hadamard_product(g, GeluTanhGrad(node.arg)))]
+
+
+@defvjp(LayerNorm)
+def layer_norm_vjp(node: LayerNorm, g: Basic) -> Cotangents:
+    """N = LN(A), r = rstd(A), d columns: dN = r𝟏ᵀ ⊙ (dA − dA 𝟏𝟏ᵀ/d − N ⊙ ((N ⊙ dA) 𝟏𝟏ᵀ)/d), so
+    tr(Gᵀ dN) = tr((r𝟏ᵀ ⊙ (G − rowsum(G) 𝟏ᵀ/d − N ⊙ rowsum(G ⊙ N) 𝟏ᵀ/d))ᵀ dA)."""
+    cols = node.shape[1]
+    ones_row = OneMatrix(1, cols)
+    centred = matadd(
+        g,
+        matmul(-1 / cols, RowSum(g), ones_row),
+        matmul(-1 / cols, hadamard_product(node, matmul(RowSum(hadamard_product(g, node)), ones_row))),
+    )
+    return [(node.arg, hadamard_product(matmul(RowInvStd(node.arg, node.eps), ones_row), centred))]
+
+
+# Grouped-query heads (appended by helper "masks").
+
+
+@defvjp(RepeatHeads)
+def repeat_heads_vjp(node: RepeatHeads, g: Basic) -> Cotangents:
+    """Σ_h tr(G_hᵀ dA_{⌊h/g⌋}) = Σ_j tr((Σ_{h in group j} G_h)ᵀ dA_j): each kv head sums its group's cotangents."""
+    return [(node.arg, SumGroups(g, node.kv_heads, node.heads))]
+
+
+@defvjp(SumGroups)
+def sum_groups_vjp(node: SumGroups, g: Basic) -> Cotangents:
+    """tr(Gᵀ d GroupSum(A)) = Σ_h tr(G_{⌊h/g⌋}ᵀ dA_h): every head of a group receives its group's cotangent."""
+    return [(node.arg, RepeatHeads(g, node.kv_heads, node.heads))]

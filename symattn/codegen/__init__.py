@@ -1,0 +1,1 @@
+"""Generated modules: schedule, passes, row blocks, backend printers, and rendering into files."""

@@ -1,0 +1,161 @@
+"""Passes over a schedule's assignments that make the generated code cheaper and clearer.
+
+Each pass takes assignments and returns equal ones: a scalar multiple folded into
+its only user, the three projections of self-attention fused into one product,
+row sums named (FlashAttention's D), compound scalars named (scale = 1/√d_k).
+"""
+
+from __future__ import annotations
+
+import sympy as sp
+from sympy import Basic, MatrixSymbol
+from sympy.matrices.expressions import BlockMatrix, MatMul, Transpose
+
+from symattn.codegen.dag import Assignment, count_uses, factors, is_weight, product
+from symattn.lang.ops import RowSum
+
+
+def fold_scalar_multiples(forward: list[Assignment], keep: set) -> list[Assignment]:
+    """Fold S into A when A = c·S (or c·S + M) and S is used nowhere else: one n × m pass fewer.
+
+    (The printer then puts c on the smaller factor: A = (c·Q) Kᵀ.)
+    """
+    while True:
+        counts = count_uses([a.value for a in forward])
+        for a in forward:
+            if a.target in keep or counts[a.target] != 1:
+                continue
+            found = next(((b, t) for b in forward for t in _terms(b.value) if _is_multiple_of(t, a.target)), None)
+            if found is None:
+                continue
+            user, term = found
+            merged = product(factors(term)[0], [a.value])
+            value = (
+                merged
+                if term is user.value
+                else user.value.func(*(merged if t is term else t for t in user.value.args))
+            )
+            forward = [Assignment(b.target, value) if b is user else b for b in forward if b is not a]
+            break
+        else:
+            return forward
+
+
+def _terms(value: Basic) -> tuple[Basic, ...]:
+    """The terms of a sum, or the value itself."""
+    return value.args if isinstance(value, sp.MatAdd) else (value,)
+
+
+def _is_multiple_of(term: Basic, symbol: MatrixSymbol) -> bool:
+    """Is term c·symbol for a scalar c?"""
+    return isinstance(term, MatMul) and factors(term)[1] == [symbol]
+
+
+def fuse_projections(forward: list[Assignment], backward: list[Assignment]) -> tuple[list, list]:
+    """One product of X with [W_Q | W_K | W_V] instead of three, forward and backward.
+
+    Forward: QKV = X W_QKV, W_QKV = [W_Q | W_K | W_V], and Q, K, V its column blocks.
+    Backward: dX = dQ W_Qᵀ + dK W_Kᵀ + dV W_Vᵀ = [dQ | dK | dV] W_QKVᵀ, and
+    dW_QKV = Xᵀ [dQ | dK | dV] holds dW_Q, dW_K, dW_V as column blocks.
+    """
+    groups: dict[Basic, list[Assignment]] = {}
+    for a in forward:
+        coeff, mats = factors(a.value) if isinstance(a.value, MatMul) else (0, [])
+        if coeff == 1 and len(mats) == 2 and not is_weight(mats[0]) and is_weight(mats[1]):
+            groups.setdefault(mats[0], []).append(a)
+    for x, group in groups.items():
+        if len(group) < 2:
+            continue
+        label = "".join(str(a.target.name) for a in group)
+        weights = [factors(a.value)[1][1] for a in group]
+        w_all = MatrixSymbol("W_" + label, x.shape[1], sum(w.shape[1] for w in weights))
+        fused = MatrixSymbol(label, x.shape[0], w_all.shape[1])
+        columns, start = [], sp.Integer(0)
+        for w in weights:
+            columns.append((start, start + w.shape[1]))
+            start += w.shape[1]
+        made = [Assignment(w_all, BlockMatrix([weights])), Assignment(fused, x * w_all)]
+        made += [Assignment(a.target, fused[:, c0:c1]) for a, (c0, c1) in zip(group, columns)]
+        first = forward.index(group[0])
+        forward = [*forward[:first], *made, *(a for a in forward[first:] if a not in group)]
+        backward = _fuse_backward(backward, x, weights, w_all, label, columns)
+    return forward, backward
+
+
+def _fuse_backward(backward: list[Assignment], x, weights, w_all, label: str, columns) -> list[Assignment]:
+    """dX = Σ G_i W_iᵀ → [G_1 | … ] W_allᵀ, and dW_i = Xᵀ G_i → column blocks of Xᵀ [G_1 | … ]."""
+    d_fused = MatrixSymbol("d" + label, x.shape[0], w_all.shape[1])
+    cotangents: dict[Basic, Basic] = {}
+    for a in backward:
+        if isinstance(a.value, sp.MatAdd):
+            for term in a.value.args:
+                coeff, mats = factors(term) if isinstance(term, MatMul) else (0, [])
+                if coeff == 1 and len(mats) == 2 and isinstance(mats[1], Transpose) and mats[1].arg in weights:
+                    cotangents[mats[1].arg] = mats[0]
+            if len(cotangents) == len(weights) and len(a.value.args) == len(weights):
+                total = a
+                break
+            cotangents = {}
+    else:
+        return backward
+    blocks = [cotangents[w] for w in weights]
+    d_weights = {}
+    for a in backward:
+        coeff, mats = factors(a.value) if isinstance(a.value, MatMul) else (0, [])
+        if coeff == 1 and mats[:1] == [x.T] and len(mats) == 2 and mats[1] in blocks:
+            d_weights[mats[1]] = a
+    out: list[Assignment] = []
+    for a in backward:
+        if a is total:
+            out.append(Assignment(d_fused, BlockMatrix([blocks])))
+            out.append(Assignment(a.target, d_fused * w_all.T, a.reduce_batch))
+        elif a in d_weights.values() and len(d_weights) == len(blocks):
+            if a is next(iter(d_weights.values())):
+                d_all = MatrixSymbol("d" + str(w_all.name), *w_all.shape)
+                out.append(Assignment(d_all, x.T * d_fused, reduce_batch=True))
+            g = _cotangent_block(a.value)
+            c0, c1 = columns[blocks.index(g)]
+            out.append(Assignment(a.target, MatrixSymbol("d" + str(w_all.name), *w_all.shape)[:, c0:c1]))
+        else:
+            out.append(a)
+    return out
+
+
+def _cotangent_block(value: Basic) -> Basic:
+    """G in Xᵀ G."""
+    return factors(value)[1][1]
+
+
+def name_row_sums(backward: list[Assignment]) -> list[Assignment]:
+    """Name each row sum inside a larger value: D = rowsum(dO ⊙ O), an n × 1 column (FlashAttention's D)."""
+    sums: list[Basic] = []
+    for a in backward:
+        for node in sp.preorder_traversal(a.value):
+            if isinstance(node, RowSum) and node != a.value and node not in sums:
+                sums.append(node)
+    labels = ["D"] if len(sums) == 1 else [f"D{i}" for i in range(1, len(sums) + 1)]
+    table = {node: MatrixSymbol(label, *node.shape) for node, label in zip(sums, labels)}
+    renamed = [Assignment(a.target, a.value.xreplace(table), a.reduce_batch, a.comment) for a in backward]
+    return [Assignment(symbol, node) for node, symbol in table.items()] + renamed
+
+
+def name_constants(forward: list[Assignment], backward: list[Assignment], taken: set) -> tuple:
+    """Name each compound scalar factor (1/√d_k → scale) once, so it is computed once."""
+    found: list[Basic] = []
+    for a in forward + backward:
+        for node in sp.preorder_traversal(a.value):
+            if isinstance(node, MatMul):
+                coeff, _ = factors(node)
+                if coeff.free_symbols and not coeff.is_Symbol and coeff not in found:
+                    found.append(coeff)
+    labels = iter(["scale", *(f"c{i}" for i in range(1, len(found) + 1))])
+    constants = []
+    for c in found:
+        label = next(label for label in labels if sp.Symbol(label) not in {t.name for t in taken})
+        constants.append((sp.Symbol(label, real=True), c))
+    table = {c: s for s, c in constants}
+
+    def rename(a: Assignment) -> Assignment:
+        return Assignment(a.target, a.value.xreplace(table), a.reduce_batch, a.comment)
+
+    return tuple(constants), [rename(a) for a in forward], [rename(a) for a in backward]

@@ -1,0 +1,520 @@
+"""Printers for generated modules: NumPy and PyTorch source for every node of symattn's language.
+
+Both print batched code: transpose swaps the last two axes (``.mT``), reductions
+name negative axes, multi-head blocks are a reshape to (…, H, n, d_k). On top of
+``NumPyMatrixPrinter`` they print for speed:
+
+- a broadcast u 𝟏ᵀ (or 𝟏 vᵀ) inside a sum or an entrywise product as u alone, so
+  P ⊙ (dP − rowsum(dP ⊙ P) 𝟏ᵀ) makes no n × m array of row sums;
+- the scalar of a product on its smallest factor (by typical sizes: sequence
+  lengths n, m long, feature sizes short), so scale·Q Kᵀ is (scale·Q) Kᵀ;
+- a weight's gradient Lᵀ R, summed over the batch, as one product of the
+  flattened rows, rows(L)ᵀ rows(R).
+
+``TorchMatrixPrinter`` prints the same with ``torch`` calls and scalars as plain
+Python arithmetic (dimensions are ints), so a generated module imports only torch.
+"""
+
+from __future__ import annotations
+
+import re
+
+import sympy as sp
+from sympy import Basic, MatrixExpr
+from sympy.matrices.expressions import HadamardProduct, MatAdd, MatMul, OneMatrix, Transpose
+
+from symattn.codegen.dag import typical_size as schedule_size
+from symattn.errors import SymattnError
+from symattn.numeric.printers import NUMPY_HELPERS, NumPyMatrixPrinter, _split_sign
+
+GENERATED_NUMPY_HELPERS = {
+    **NUMPY_HELPERS,
+    "add_optional": '''def add_optional(a, b):
+    """a + b, or a itself when b is None (an absent bias or mask)."""
+    return a if b is None else a + b
+''',
+    "masked_row_softmax_lse": '''def masked_row_softmax_lse(a):
+    """row_softmax_lse for rows that may hold -inf: a row of -inf gives zeros and L = +inf (exp(A - L) = 0)."""
+    top = a.max(axis=-1, keepdims=True, initial=-np.inf)
+    top[top == -np.inf] = 0.0
+    e = np.exp(a - top)
+    total = e.sum(axis=-1, keepdims=True)
+    empty = total == 0
+    e /= np.where(empty, 1.0, total)
+    with np.errstate(divide="ignore"):
+        return e, np.where(empty, np.inf, top + np.log(total))
+''',
+    "masked_row_softmax": '''def masked_row_softmax(a, out=None):
+    """row_softmax for rows that may hold -inf: a row whose entries are all -inf gives zeros, not NaN."""
+    top = a.max(axis=-1, keepdims=True, initial=-np.inf)
+    top[top == -np.inf] = 0.0
+    out = np.subtract(a, top, out=out)
+    np.exp(out, out=out)
+    out /= np.maximum(out.sum(axis=-1, keepdims=True), 1.0)  # the row max gives exp(0) = 1 unless all are -inf
+    return out
+''',
+    "row_softmax": '''def row_softmax(a, out=None):
+    """softmax along the last axis, the row max subtracted first; out may be a itself."""
+    out = np.subtract(a, a.max(axis=-1, keepdims=True, initial=-np.inf), out=out)
+    np.exp(out, out=out)
+    out /= out.sum(axis=-1, keepdims=True)
+    return out
+''',
+    "rows": '''def rows(a):
+    """(..., n, k) -> (N, k): every row of every batch element, stacked."""
+    return a.reshape(-1, a.shape[-1])
+''',
+    "sum_batch": '''def sum_batch(a):
+    """(..., p, q) -> (p, q): the sum over the leading batch dimensions."""
+    return a.reshape(-1, *a.shape[-2:]).sum(axis=0)
+''',
+    "row_softmax_lse": '''def row_softmax_lse(a):
+    """softmax along the last axis and the row log-sum-exp, the row max subtracted first."""
+    top = a.max(axis=-1, keepdims=True, initial=-np.inf)
+    e = np.exp(a - top)
+    total = e.sum(axis=-1, keepdims=True)
+    e /= total
+    return e, top + np.log(total)
+''',
+}
+
+TORCH_HELPERS = {
+    "add_optional": '''def add_optional(a, b):
+    """a + b, or a itself when b is None (an absent bias or mask)."""
+    return a if b is None else a + b
+''',
+    "masked_row_softmax_lse": '''def masked_row_softmax_lse(a):
+    """row_softmax_lse for rows that may hold -inf: a row of -inf gives zeros and L = +inf (exp(A - L) = 0)."""
+    top = a.amax(dim=-1, keepdim=True) if a.shape[-1] else a.new_zeros(*a.shape[:-1], 1)  # no keys
+    top.masked_fill_(top == float("-inf"), 0.0)
+    e = torch.exp(a - top)
+    total = e.sum(dim=-1, keepdim=True)
+    empty = total == 0
+    e /= total.masked_fill(empty, 1.0)
+    return e, (top + torch.log(total)).masked_fill_(empty, float("inf"))
+''',
+    "masked_row_softmax": '''def masked_row_softmax(a, out=None):
+    """row_softmax for rows that may hold -inf: a row whose entries are all -inf gives zeros, not NaN."""
+    top = a.amax(dim=-1, keepdim=True) if a.shape[-1] else a.new_zeros(*a.shape[:-1], 1)  # no keys
+    top.masked_fill_(top == float("-inf"), 0.0)
+    out = torch.sub(a, top, out=out)
+    out.exp_()
+    out /= out.sum(dim=-1, keepdim=True).clamp_(min=1.0)  # the row max gives exp(0) = 1 unless all are -inf
+    return out
+''',
+    "row_softmax": '''def row_softmax(a, out=None):
+    """softmax along the last axis, the row max subtracted first; out may be a itself."""
+    top = a.amax(dim=-1, keepdim=True) if a.shape[-1] else a.new_zeros(*a.shape[:-1], 1)  # no keys
+    out = torch.sub(a, top, out=out)
+    out.exp_()
+    out /= out.sum(dim=-1, keepdim=True)
+    return out
+''',
+    "sigmoid": '''def sigmoid(a):
+    """1 / (1 + exp(-a)), entrywise."""
+    return torch.sigmoid(a)
+''',
+    "split_heads": '''def split_heads(a, heads):
+    """(..., n, heads * k) -> (..., heads, n, k)."""
+    return a.reshape(*a.shape[:-1], heads, a.shape[-1] // heads).transpose(-2, -3)
+''',
+    "merge_heads": '''def merge_heads(a, heads):
+    """(..., heads, n, k) -> (..., n, heads * k)."""
+    a = a.transpose(-2, -3)
+    return a.reshape(*a.shape[:-2], a.shape[-2] * a.shape[-1])
+''',
+    "repeat_heads": '''def repeat_heads(a, heads):
+    """(..., kv_heads, n, k) -> (..., heads, n, k): head h reads kv head h // (heads // kv_heads)."""
+    return a if a.shape[-3] == heads else a.repeat_interleave(heads // a.shape[-3], dim=-3)
+''',
+    "sum_groups": '''def sum_groups(a, heads):
+    """(..., H, n, k) -> (..., heads, n, k): each group of H // heads consecutive heads summed."""
+    if a.shape[-3] == heads:
+        return a
+    return a.reshape(*a.shape[:-3], heads, a.shape[-3] // heads, *a.shape[-2:]).sum(dim=-3)
+''',
+    "rows": '''def rows(a):
+    """(..., n, k) -> (N, k): every row of every batch element, stacked."""
+    return a.reshape(-1, a.shape[-1])
+''',
+    "sum_batch": '''def sum_batch(a):
+    """(..., p, q) -> (p, q): the sum over the leading batch dimensions."""
+    return a.reshape(-1, *a.shape[-2:]).sum(dim=0)
+''',
+    "row_softmax_lse": '''def row_softmax_lse(a):
+    """softmax along the last axis and the row log-sum-exp, the row max subtracted first."""
+    top = a.amax(dim=-1, keepdim=True) if a.shape[-1] else a.new_zeros(*a.shape[:-1], 1)  # no keys
+    e = torch.exp(a - top)
+    total = e.sum(dim=-1, keepdim=True)
+    e /= total
+    return e, top + torch.log(total)
+''',
+    "gelu": '''def gelu(a):
+    """x Φ(x), entrywise (exact, erf form)."""
+    return torch.nn.functional.gelu(a)
+''',
+    "gelu_grad": '''def gelu_grad(a):
+    """GELU′(x) = Φ(x) + x φ(x), entrywise."""
+    return 0.5 * (1.0 + torch.erf(a * 0.7071067811865476)) + a * torch.exp(-0.5 * a * a) * 0.3989422804014327
+''',
+    "gelu_tanh": '''def gelu_tanh(a):
+    """x (1 + tanh(√(2/π) (x + 0.044715 x³))) / 2, entrywise."""
+    return torch.nn.functional.gelu(a, approximate="tanh")
+''',
+    "gelu_tanh_grad": '''def gelu_tanh_grad(a):
+    """The derivative of gelu_tanh: (1 + t) / 2 + x (1 − t²) k (1 + 3 c x²) / 2, t = tanh(k (x + c x³))."""
+    t = torch.tanh(0.7978845608028654 * (a + 0.044715 * a * a * a))
+    return 0.5 * (1.0 + t) + 0.5 * a * (1.0 - t * t) * 0.7978845608028654 * (1.0 + 0.134145 * a * a)
+''',
+    "layer_norm": '''def layer_norm(a, eps):
+    """Each row standardised: (a − mean) / √(biased variance + eps), along the last axis."""
+    return torch.nn.functional.layer_norm(a, a.shape[-1:], eps=eps)
+''',
+    "row_inv_std": '''def row_inv_std(a, eps):
+    """1 / √(biased variance + eps) of each row, as a column (..., n, 1)."""
+    return torch.rsqrt(a.var(dim=-1, keepdim=True, correction=0) + eps)
+''',
+}
+
+
+def typical_size(expr: MatrixExpr) -> int:
+    """rows × columns of expr at typical sizes (symbolic dimensions made numbers)."""
+    return schedule_size(expr.shape[0]) * schedule_size(expr.shape[1])
+
+
+def broadcast_column(expr: Basic) -> Basic | None:
+    """u for u 𝟏ᵀ (u a column) or vᵀ for 𝟏 vᵀ (v a row): a value that broadcasts, else None."""
+    if not isinstance(expr, MatMul):
+        return None
+    mats = [a for a in expr.args if isinstance(a, MatrixExpr)]
+    coeff = sp.Mul(*(a for a in expr.args if not isinstance(a, MatrixExpr)))
+    if len(mats) == 2 and isinstance(mats[1], OneMatrix) and mats[1].shape[0] == 1 and mats[0].shape[1] == 1:
+        return coeff * mats[0] if coeff != 1 else mats[0]
+    if len(mats) == 2 and isinstance(mats[0], OneMatrix) and mats[0].shape[1] == 1 and mats[1].shape[0] == 1:
+        return coeff * mats[1] if coeff != 1 else mats[1]
+    return None
+
+
+class GeneratedCodeMixin:
+    """Printing for generated modules: broadcasts, scalar placement, weight gradients."""
+
+    def _atom(self, expr: Basic) -> str:
+        if isinstance(expr, Transpose) and isinstance(expr.arg, sp.MatrixSymbol):
+            return self._print(expr)
+        return super()._atom(expr)
+
+    def _print_Mul(self, expr: Basic) -> str:
+        # spaces around scalar operators, as ruff format writes them: H * d_k
+        text = super()._print_Mul(expr)
+        return re.sub(r"\s*(?<!\*)([*/])(?![*/])\s*", r" \1 ", text)
+
+    # Names of arrays that die at the statement being printed: an entrywise result may overwrite one.
+    consumable: frozenset = frozenset()
+
+    def _buffer(self, expr: Basic) -> str | None:
+        """The consumable array an entrywise expr can be computed into (its root operand's), if any."""
+        if isinstance(expr, sp.MatrixSymbol):
+            return str(expr.name) if str(expr.name) in self.consumable else None
+        if isinstance(expr, (MatAdd, HadamardProduct)):
+            for term in expr.args:
+                sign, rest = _split_sign(term)
+                if sign > 0 and broadcast_column(term) is None and rest.shape == expr.shape:
+                    found = self._buffer(rest)
+                    if found is not None:
+                        return found
+        return None
+
+    # An in-place chain longer than this prints as plain arithmetic instead (a line ruff format keeps < 120).
+    inplace_width = 100
+
+    def doprint(self, expr: Basic, assign_to=None) -> str:
+        text = super().doprint(expr, assign_to)
+        if self.consumable and len(text) > self.inplace_width:
+            consumable, self.consumable = self.consumable, frozenset()
+            try:
+                text = super().doprint(expr, assign_to)
+            finally:
+                self.consumable = consumable
+        return text
+
+    def _inplace(self, expr: Basic, operation: str, terms: list[tuple[str, Basic]]) -> str | None:
+        """expr computed into a dying array: the root term first, then each other term folded in."""
+        buffer = self._buffer(expr)
+        if buffer is None:
+            return None
+        root = next(t for s, t in terms if s == operation and t.shape == expr.shape and self._buffer(t) == buffer)
+        text = self._print(root)
+        for op, term in terms:
+            if term is root:
+                continue
+            text = self.inplace_operation(op, text, self._print(broadcast_column(term) or term), buffer)
+        return text
+
+    def inplace_operation(self, op: str, target: str, operand: str, buffer: str) -> str:
+        """target op operand, written into buffer (NumPy: out=)."""
+        return f"np.{op}({target}, {operand}, out={buffer})"
+
+    # Names of inputs that may be None at run time (biases, the mask): their terms are added only when given.
+    optional: frozenset = frozenset()
+    # The name of the additive mask, when there is one: softmax then copes with rows of -inf.
+    mask: str | None = None
+
+    def _optional_term(self, term: Basic) -> bool:
+        value = broadcast_column(term) or term
+        return isinstance(value, sp.MatrixSymbol) and str(value.name) in self.optional
+
+    def _print_MatAdd(self, expr: Basic) -> str:
+        optional = [t for t in expr.args if self._optional_term(t)]
+        if optional:
+            rest = [t for t in expr.args if t not in optional]
+            text = self._print(rest[0] if len(rest) == 1 else MatAdd(*rest))
+            for term in optional:
+                text = f"{self.helper('add_optional')}({text}, {self._print(broadcast_column(term) or term)})"
+            return text
+        full = [t for t in expr.args if broadcast_column(t) is None]
+        terms = sorted(expr.args, key=lambda t: _split_sign(t)[0] < 0)  # dP - D, not -D + dP
+        signed = [("add" if _split_sign(t)[0] > 0 else "subtract", _split_sign(t)[1]) for t in terms]
+        inplace = self._inplace(expr, "add", signed) if full else None
+        if inplace is not None:
+            return inplace
+        if full:
+            terms = [broadcast_column(term) or term for term in terms]
+        return self._signed_sum(terms)
+
+    def _print_HadamardProduct(self, expr: Basic) -> str:
+        full = [a for a in expr.args if broadcast_column(a) is None]
+        inplace = self._inplace(expr, "multiply", [("multiply", a) for a in expr.args]) if full else None
+        if inplace is not None:
+            return inplace
+        args = [broadcast_column(a) or a for a in expr.args] if full else expr.args
+        return " * ".join(self._atom(a) for a in args)
+
+    def _print_Elementwise(self, expr: Basic) -> str:
+        buffer = self._buffer(expr.arg) if expr.arg.shape == expr.shape else None
+        if buffer is None or expr.function not in ("exp", "log", "tanh"):  # ufuncs with out= / in-place methods
+            return super()._print_Elementwise(expr)
+        return self.inplace_function(self.elementwise[expr.function], self._print(expr.arg), buffer)
+
+    _print_Exp = _print_Log = _print_Tanh = _print_Sigmoid = _print_Elementwise
+
+    def inplace_function(self, function: str, operand: str, buffer: str) -> str:
+        """function(operand) written into buffer."""
+        return f"{function}({operand}, out={buffer})"
+
+    def _print_BlockMatrix(self, expr: Basic) -> str:
+        """[A | B | …] (one row of blocks) or [A; B; …] (one column), concatenated."""
+        blocks = expr.blocks
+        if blocks.shape[0] == 1:
+            return self.concatenate([self._print(b) for b in blocks], axis=-1)
+        if blocks.shape[1] == 1:
+            return self.concatenate([self._print(b) for b in blocks], axis=-2)
+        rows = [self.concatenate([self._print(b) for b in blocks.row(i)], axis=-1) for i in range(blocks.shape[0])]
+        return self.concatenate(rows, axis=-2)
+
+    def concatenate(self, parts: list[str], axis: int) -> str:
+        return f"np.concatenate([{', '.join(parts)}], axis={axis})"
+
+    def _print_MatrixSlice(self, expr: Basic) -> str:
+        parent, rows, cols = expr.args
+        return f"{self._atom(parent)}[..., {self._slice(rows, parent.shape[0])}, {self._slice(cols, parent.shape[1])}]"
+
+    def _slice(self, bounds: tuple, size: Basic) -> str:
+        """start:stop as ruff format writes it (spaces around : when a bound is not a name or number)."""
+        start, stop, step = bounds
+        if step != 1:
+            raise SymattnError(f"cannot print a strided slice {bounds}")
+        start_text = "" if start == 0 else self._print(start)
+        stop_text = "" if sp.simplify(stop - size) == 0 else self._print(stop)
+        simple = all(isinstance(b, (sp.Symbol, sp.Integer)) for b in (start, stop))
+        return f"{start_text}:{stop_text}" if simple else f"{start_text} : {stop_text}".strip()
+
+    def _print_RowSoftmax(self, expr: Basic) -> str:
+        arg = self._print(expr.arg)
+        out = f", out={arg}" if isinstance(expr.arg, sp.MatrixSymbol) and arg in self.consumable else ""
+        if self.mask is None:
+            return f"{self.helper('row_softmax')}({arg}{out})"
+        plain, masked = self.helper("row_softmax"), self.helper("masked_row_softmax")
+        return f"{plain}({arg}{out}) if {self.mask} is None else {masked}({arg}{out})"
+
+    def _print_MatMul(self, expr: Basic) -> str:
+        scalars = [a for a in expr.args if not isinstance(a, MatrixExpr)]
+        mats = [a for a in expr.args if isinstance(a, MatrixExpr)]
+        coeff = sp.Mul(*scalars)
+        if coeff == 1:
+            return self._print_matrix_chain(mats)
+        coeff_text = self._atom(coeff)
+        if any(isinstance(a, MatrixExpr) for a in sp.preorder_traversal(coeff)):
+            coeff_text = self.batch_scalar(coeff_text)  # tr(A) of a batch has shape (...): add the matrix axes
+        if len(mats) < 2 or any(isinstance(m, OneMatrix) for m in mats):
+            body = self._print_matrix_chain(mats)
+            if coeff == -1:
+                return f"-{self._atom_text(body, len(mats))}"
+            return f"{coeff_text} * {self._atom_text(body, len(mats))}"
+        # the scalar multiplies the smallest factor: (c·K) is m·d_k products, (c·dA) would be n·m
+        smallest = min(range(len(mats)), key=lambda i: (typical_size(mats[i]), i))
+        factor = mats[smallest]
+        inner = factor.arg if isinstance(factor, Transpose) else factor
+        scaled = f"{coeff_text} * {self._atom(inner)}" if coeff != -1 else f"-{self._atom(inner)}"
+        scaled = f"({scaled}).mT" if isinstance(factor, Transpose) else f"({scaled})"
+        return " @ ".join(scaled if i == smallest else self._atom(m) for i, m in enumerate(mats))
+
+    def batch_scalar(self, text: str) -> str:
+        """A per-batch scalar (shape (...)) as an array that broadcasts against matrices."""
+        return f"np.expand_dims({text}, (-2, -1))"
+
+    # Scalars print as Python arithmetic: a Python float keeps a float32 array float32 (NEP 50).
+    def _print_Pow(self, expr: Basic, rational: bool = False) -> str:
+        base, p = expr.args
+        if isinstance(base, MatrixExpr):
+            return super()._print_Pow(expr, rational)
+        # ruff format hugs ** between simple operands: d_k**0.5
+        power = "**" if isinstance(base, (sp.Symbol, sp.Number)) else " ** "
+        if p == sp.Rational(1, 2):
+            return f"{self._atom(base)}{power}0.5"
+        if p == -sp.Rational(1, 2):
+            return f"1 / {self._atom(base)}{power}0.5"
+        if p == -1:
+            return f"1 / {self._atom(base)}"
+        return f"{self._atom(base)}{power}{self._atom(p)}"
+
+    def _print_Rational(self, expr: Basic) -> str:
+        return f"{expr.p} / {expr.q}"
+
+    def _print_Half(self, expr: Basic) -> str:
+        return "0.5"
+
+    def _print_Float(self, expr: Basic) -> str:
+        return repr(float(expr))
+
+    def _print_Pi(self, expr: Basic) -> str:
+        return "3.141592653589793"
+
+    def weight_gradient(self, expr: Basic, batched: set) -> str:
+        """expr summed over the leading batch dimensions of its batched operands."""
+        coeff, mats = 1, [expr]
+        if isinstance(expr, MatMul):
+            coeff = sp.Mul(*(a for a in expr.args if not isinstance(a, MatrixExpr)))
+            mats = [a for a in expr.args if isinstance(a, MatrixExpr)]
+        if len(mats) == 2 and isinstance(mats[0], OneMatrix) and mats[0].shape[0] == 1 and coeff == 1:
+            if _batched(mats[1], batched):  # 𝟏ᵀ X: the column sums of every row of the batch
+                return self.column_sums(f"{self.helper('rows')}({self._print(mats[1])})")
+            return self.column_sums(self._print(mats[1]))
+        if len(mats) == 2 and isinstance(mats[0], Transpose) and all(_batched(m, batched) for m in mats):
+            rows = self.helper("rows")
+            body = f"{rows}({self._print(mats[0].arg)}).mT @ {rows}({self._print(mats[1])})"
+            return body if coeff == 1 else f"{self._atom(coeff)} * ({body})"
+        if not _batched(expr, batched):
+            return self._print(expr)
+        return f"{self.helper('sum_batch')}({self._print(expr)})"
+
+
+def _batched(expr: Basic, batched: set) -> bool:
+    return any(str(s.name) in batched for s in expr.atoms(sp.MatrixSymbol))
+
+
+class GeneratedNumPyPrinter(GeneratedCodeMixin, NumPyMatrixPrinter):
+    """NumPy source for generated modules."""
+
+    helpers_table = GENERATED_NUMPY_HELPERS
+
+    def column_sums(self, text: str) -> str:
+        """𝟏ᵀ X: the sums of X's columns, as a row."""
+        return f"{text}.sum(axis=0, keepdims=True)"
+
+    def concatenate_rows(self, blocks: str) -> str:
+        """The blocks of rows in the list called blocks, stacked back into one array."""
+        return f"np.concatenate({blocks}, axis=-2)"
+
+    def zeros_like(self, name: str) -> str:
+        """Zeros of the shape and dtype of the array called name."""
+        return f"np.zeros_like({name})"
+
+
+class TorchMatrixPrinter(GeneratedCodeMixin, NumPyMatrixPrinter):
+    """PyTorch source for generated modules: tensors batched like the NumPy printer's arrays."""
+
+    printmethod = "_symattn_torch"
+
+    def concatenate_rows(self, blocks: str) -> str:
+        """The blocks of rows in the list called blocks, stacked back into one tensor."""
+        return f"torch.cat({blocks}, dim=-2)"
+
+    def zeros_like(self, name: str) -> str:
+        """Zeros of the shape, dtype and device of the tensor called name."""
+        return f"torch.zeros_like({name})"
+
+    def batch_scalar(self, text: str) -> str:
+        return f"{text}[..., None, None]"
+
+    def column_sums(self, text: str) -> str:
+        """𝟏ᵀ X: the sums of X's columns, as a row."""
+        return f"{text}.sum(dim=0, keepdim=True)"
+
+    def concatenate(self, parts: list[str], axis: int) -> str:
+        return f"torch.cat([{', '.join(parts)}], dim={axis})"
+
+    def inplace_function(self, function: str, operand: str, buffer: str) -> str:
+        """function(operand) in place: A.sub_(L).exp_()."""
+        return f"{operand}.{function.removeprefix('torch.')}_()"
+
+    def inplace_operation(self, op: str, target: str, operand: str, buffer: str) -> str:
+        """target op operand, in place: dP.sub_(D).mul_(P)."""
+        method = {"add": "add_", "subtract": "sub_", "multiply": "mul_"}[op]
+        return f"{target}.{method}({operand})"
+
+    helpers_table = TORCH_HELPERS
+    helper_needs: dict = {}  # torch has erf
+    # SymPy's NumPy printer names numpy functions (MatPow: numpy.linalg.matrix_power); their torch forms
+    numpy_functions = {
+        "numpy.linalg.matrix_power": "torch.linalg.matrix_power",
+        "numpy.linalg.inv": "torch.linalg.inv",
+    }
+
+    def _module_format(self, fqn: str, register: bool = True) -> str:
+        """The torch name of a numpy function SymPy's printer asks for; a module that imports only torch has no np."""
+        if fqn.startswith("numpy."):
+            if fqn not in self.numpy_functions:
+                raise SymattnError(f"the torch printer has no torch form of {fqn}")
+            return self.numpy_functions[fqn]
+        return super()._module_format(fqn, register)
+
+    elementwise = {
+        "exp": "torch.exp",
+        "log": "torch.log",
+        "tanh": "torch.tanh",
+        "sigmoid": "torch.sigmoid",
+        "gelu": "gelu",
+        "gelu_tanh": "gelu_tanh",
+        "gelu_grad": "gelu_grad",
+        "gelu_tanh_grad": "gelu_tanh_grad",
+    }
+
+    def _print_RowSum(self, expr: Basic) -> str:
+        return f"{self._atom(expr.arg)}.sum(dim=-1, keepdim=True)"
+
+    def _print_SumEntries(self, expr: Basic) -> str:
+        return f"{self._atom(expr.arg)}.sum(dim=(-2, -1))"
+
+    def _print_Trace(self, expr: Basic) -> str:
+        return f"torch.diagonal({self._print(expr.arg)}, dim1=-2, dim2=-1).sum(dim=-1)"
+
+    def _print_matrix_chain(self, mats: list[Basic]) -> str:
+        text = super()._print_matrix_chain(mats)
+        return text.replace(".sum(axis=-1, keepdims=True)", ".sum(dim=-1, keepdim=True)")
+
+    def _repeat(self, column: str, times: Basic) -> str:
+        return f"{column}.expand(*{column}.shape[:-1], {self._print(times)})"
+
+    def _print_Identity(self, expr: Basic) -> str:
+        return f"torch.eye({self._print(expr.shape[0])}, dtype=dtype, device=device)"
+
+    def _print_OneMatrix(self, expr: Basic) -> str:
+        rows, cols = (self._print(s) for s in expr.shape)
+        return f"torch.ones({rows}, {cols}, dtype=dtype, device=device)"
+
+    def _print_ZeroMatrix(self, expr: Basic) -> str:
+        rows, cols = (self._print(s) for s in expr.shape)
+        return f"torch.zeros({rows}, {cols}, dtype=dtype, device=device)"
+
+    def _print_sqrt(self, expr: Basic) -> str:  # pragma: no cover - Pow handles sqrt
+        return f"{self._atom(expr.args[0])} ** 0.5"

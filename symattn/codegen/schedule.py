@@ -1,0 +1,357 @@
+"""Schedules: a spec's forward and backward pass as named assignments in order.
+
+``schedule(name)`` derives the spec's gradients and hash-conses forward values,
+cotangents and gradients into one DAG in which every shared subexpression has a
+name and is computed once:
+
+- forward values are the spec's intermediates (S, A, P, O, …), each written with
+  the earlier names (products are matched as contiguous runs of factors, so
+  Q Kᵀ is found inside scale·X W_Q W_Kᵀ Xᵀ), plus the output;
+- backward values are the cotangents of those intermediates (dP, dA, …), named
+  "d" + the intermediate, then any other subexpression used twice, then the
+  gradient of every input (dQ, dW_Q, …);
+- the forward values the backward reads are saved once.
+
+A transposed use of a named value is found too (dAᵀ inside the gradient of K).
+Printers turn each assignment into code; templates only lay the lines out.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import sympy as sp
+from sympy import Basic, MatrixExpr, MatrixSymbol
+from sympy.matrices.expressions import MatMul
+
+from symattn.autodiff.grad import backward
+from symattn.codegen.dag import (
+    Assignment,
+    Names,
+    count_uses,
+    expand,
+    factors,
+    is_trivial,
+    is_weight,
+    product,
+    typical_size,
+)
+from symattn.codegen.passes import fold_scalar_multiples, fuse_projections, name_constants, name_row_sums
+from symattn.specs import Option, Spec, family
+
+__all__ = ["Assignment", "Binding", "Option", "Schedule", "is_weight", "product", "schedule", "typical_size"]
+
+
+def simplifier(given: list[Basic]) -> Callable[[Basic], Basic]:
+    """symattn.optimize.simplify.simplify with the forward values free (when present), products flattened.
+
+    Flattening undoes the simplifier's placement of scalars inside products, so that
+    the forward names still match; the printers place scalars on the smallest factor.
+    """
+    try:
+        from symattn.optimize.simplify import simplify
+    except ImportError:  # pragma: no cover - the simplifier is optional
+        return lambda expr: expr
+    return lambda expr: expand(simplify(expr, given=given), {})
+
+
+SEED = "grad_out"  # name of the output's cotangent in generated code
+
+
+@dataclass(frozen=True)
+class Binding:
+    """A dimension read off an input's shape: symbol = input.shape[axis] // divisor."""
+
+    symbol: sp.Symbol
+    input: str
+    axis: int
+    divisor: Basic | None = None
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """A spec's generated forward and backward passes."""
+
+    spec: Spec
+    options: tuple[Option, ...]
+    bindings: tuple[Binding, ...]
+    weights: frozenset[str]
+    forward: tuple[Assignment, ...]
+    output: MatrixSymbol
+    saved: tuple[Basic, ...]
+    seed: MatrixSymbol
+    backward: tuple[Assignment, ...]
+    gradients: tuple[tuple[str, MatrixSymbol], ...]
+    constants: tuple[tuple[sp.Symbol, Basic], ...] = ()
+    # inputs that may be absent (None at run time): the biases and the additive mask M of an extended schedule
+    optional: frozenset[str] = frozenset()
+
+    @property
+    def inputs(self) -> tuple[MatrixSymbol, ...]:
+        return self.spec.inputs
+
+    def is_batched(self, expr: Basic) -> bool:
+        """Does expr carry the leading batch dimensions (depends on a non-weight input or the seed)?"""
+        return any(s.name not in self.weights for s in expr.atoms(MatrixSymbol))
+
+
+def _bindings(inputs: Iterable[MatrixSymbol], known: set) -> tuple[Binding, ...]:
+    """Read every dimension off the first input axis that determines it."""
+    known = set(known)
+    found: list[Binding] = []
+    progress = True
+    while progress:
+        progress = False
+        for x in inputs:
+            for axis, size in zip((-2, -1), x.shape):
+                size = sp.sympify(size)
+                unknown = size.free_symbols - known
+                if len(unknown) != 1:
+                    continue
+                (s,) = unknown
+                divisor = sp.simplify(size / s)
+                if divisor.free_symbols - known or s in divisor.free_symbols:
+                    continue
+                found.append(Binding(s, str(x.name), axis, None if divisor == 1 else divisor))
+                known.add(s)
+                progress = True
+    return tuple(found)
+
+
+def _shared(values: list[Basic], labelled: frozenset = frozenset()) -> Basic | None:
+    """The largest non-trivial subexpression used at least twice, if any (one with a label first)."""
+    counts = count_uses(values)
+    shared = [e for e, c in counts.items() if c > 1 and not is_trivial(e) and isinstance(e, MatrixExpr)]
+    if not shared:
+        return None
+    return max(shared, key=lambda e: (e in labelled, sp.count_ops(e), str(e)))
+
+
+def _product_name(expr: Basic) -> str:
+    """An identifier for the cotangent of an unnamed product such as Q W_Q: dQW_Q."""
+    if isinstance(expr, sp.MatAdd):  # Q W_Q + 𝟏 b_Q: named after its product, dQW_Q
+        products = [t for t in expr.args if isinstance(t, MatMul) and not t.has(sp.OneMatrix)]
+        return _product_name(products[0]) if len(products) == 1 else ""
+    _, mats = factors(expr) if isinstance(expr, MatMul) else (1, [expr])
+    if all(isinstance(m, MatrixSymbol) for m in mats):
+        return "d" + "".join(str(m.name) for m in mats)
+    return ""
+
+
+def _order(assignments: list[Assignment]) -> list[Assignment]:
+    """Stable topological order: each assignment after those whose targets it reads."""
+    placed: list[Assignment] = []
+    done: set[Basic] = set()
+    pending = list(assignments)
+    targets = {a.target for a in assignments}
+    while pending:
+        for a in pending:
+            needs = (a.value.atoms(MatrixSymbol) & targets) - done - {a.target}
+            if not needs:
+                placed.append(a)
+                done.add(a.target)
+                pending.remove(a)
+                break
+        else:  # pragma: no cover - names are introduced acyclically
+            raise RuntimeError("cyclic schedule")
+    return placed
+
+
+def cost(expr: Basic) -> int:
+    """Multiply-adds and entrywise operations of expr at typical sizes, each distinct node once."""
+    total = 0
+    for node in set(sp.preorder_traversal(expr)):
+        if not isinstance(node, MatrixExpr) or is_trivial(node):
+            continue
+        if isinstance(node, MatMul):
+            _, mats = factors(node)
+            rows = typical_size(mats[0].shape[0])
+            for left, right in itertools.pairwise(mats):
+                total += rows * typical_size(left.shape[1]) * typical_size(right.shape[1])
+            total += rows * typical_size(mats[-1].shape[1])  # the scalar factor, if any
+        else:
+            total += typical_size(node.shape[0]) * typical_size(node.shape[1])
+    return total
+
+
+def _sweep(forward: list[Assignment], inputs: tuple, seed: MatrixSymbol) -> tuple[list[Assignment], dict[Basic, str]]:
+    """Reverse mode over the named forward assignments, one VJP per assignment.
+
+    Returns the backward assignments (cotangent d<name> of each intermediate that
+    receives one, and the gradient of each input) and names for the cotangents of
+    unnamed interior products (dQW_Q for Q W_Q inside split_heads(Q W_Q)).
+    """
+    named = Names()
+    for a in forward:
+        named.add(a.value, a.target)
+    contributions: dict[Basic, list[Basic]] = {forward[-1].target: [seed]}
+    targets = {a.target for a in forward}
+    interior: dict[Basic, str] = {}
+    assignments: list[Assignment] = []
+
+    def collect(target: MatrixSymbol) -> Basic | None:
+        terms = contributions.pop(target, [])
+        if not terms:
+            return None
+        total = terms[0] if len(terms) == 1 else sp.MatAdd(*terms).doit(deep=False)
+        if is_trivial(total):
+            return total
+        symbol = MatrixSymbol("d" + str(target.name), *target.shape)
+        assignments.append(Assignment(symbol, total, reduce_batch=is_weight(target)))
+        return symbol
+
+    for a in reversed(forward):
+        g = collect(a.target)
+        if g is None:
+            continue
+        wrt = [x for x in a.value.atoms(MatrixSymbol) if x in inputs or x in targets]
+        tape = backward(a.value, wrt, g)
+        for node, cot in tape.cotangents.items():
+            if isinstance(node, (MatMul, sp.MatAdd)) and node not in wrt and _product_name(node):
+                interior[named.substitute(cot)] = _product_name(node)
+        for x in wrt:
+            if x in tape.cotangents:
+                contributions.setdefault(x, []).append(named.substitute(tape.gradients[x]))
+    for x in inputs:
+        if contributions.get(x):
+            collect(x)
+        else:
+            assignments.append(Assignment(MatrixSymbol("d" + str(x.name), *x.shape), sp.ZeroMatrix(*x.shape)))
+    return assignments, interior
+
+
+def _simplified(backward_values: list[Assignment], forward: list[Assignment]) -> list[Assignment]:
+    """Each value with the cotangents it reads written out, simplified, renamed: kept if cheaper.
+
+    This is where rowsum(dP ⊙ P) becomes rowsum(dO ⊙ O): the simplifier sees
+    dP = dO Vᵀ and that O = P V is at hand.
+    """
+    simplify = simplifier([a.value for a in forward])
+    names = Names()
+    for a in forward:
+        names.add(a.value, a.target)
+    definitions = {}
+    for b in backward_values:
+        names.add(b.value, b.target)
+        definitions[b.target] = b.value
+        definitions[b.target.T] = b.value.T
+    out = []
+    for b in backward_values:
+        candidate = names.substitute(simplify(expand(b.value, definitions)), skip=b.value)
+        if candidate != b.value and cost(candidate) < cost(b.value):
+            b = Assignment(b.target, candidate, b.reduce_batch, b.comment)
+        out.append(b)
+    return out
+
+
+@functools.cache
+def schedule(name: str, extended: bool = False) -> Schedule:
+    """The schedule of the built-in spec called name with its options as symbols.
+
+    extended: with every optional part on (mask, biases; see ``Family.generated_options``),
+    as the generated modules of a family with ``masks`` compute it.
+    """
+    return schedule_spec(*family(name).generated_spec(extended))
+
+
+def schedule_spec(s: Spec, options: tuple[Option, ...] = ()) -> Schedule:
+    """The forward and backward schedule of a spec; options are its symbolic keyword options.
+
+    The spec's constants (the additive mask M) and, when M is present, the inputs named b_…
+    are optional: the generated code skips a term whose input is None.
+    """
+    seed = MatrixSymbol(SEED, *s.output.shape)
+
+    # Forward: the spec's intermediates in order, then the output.
+    names = Names()
+    forward: list[Assignment] = []
+    intermediates = list(s.intermediates)
+    if all(e != s.output for _, e in intermediates):
+        taken = {str(x.name) for x in (*s.inputs, *s.constants)} | {label for label, _ in intermediates}
+        label = next(
+            name for name in ("Y", "Z", "Out", *(f"Out{i}" for i in range(len(taken) + 1))) if name not in taken
+        )
+        intermediates.append((label, s.output))  # a name no input has: the output must not overwrite one
+    for label, expr in intermediates:
+        target = MatrixSymbol(label, *expr.shape)
+        forward.append(Assignment(target, names.substitute(expr)))
+        names.add(expr, target)
+    output = names.table[s.output]
+    forward = _needed_forward(fold_scalar_multiples(forward, {output}), output)
+
+    # Backward: one VJP per forward assignment, then the simplifier's cheaper forms.
+    backward_values, interior = _sweep(forward, s.inputs, seed)
+    backward_values = _simplified(backward_values, forward)
+    gradients = [(str(x.name), MatrixSymbol("d" + str(x.name), *x.shape)) for x in s.inputs]
+
+    # Any other subexpression used twice gets a name and is computed once.
+    serial = 0
+    while (shared := _shared([a.value for a in backward_values], frozenset(interior))) is not None:
+        label = interior.get(shared, "")
+        if not label or any(str(a.target.name) == label for a in backward_values):
+            serial += 1
+            label = f"t{serial}"
+        target = MatrixSymbol(label, *shared.shape)
+        local = Names()
+        local.add(shared, target)
+        backward_values = [
+            Assignment(a.target, local.substitute(a.value), a.reduce_batch, a.comment) for a in backward_values
+        ]
+        backward_values.append(Assignment(target, shared))
+    backward_values = _order(name_row_sums(backward_values))
+
+    # Keep what the gradients read; save what the backward reads.
+    needed = _needed(backward_values, {t for _, t in gradients})
+    backward_values = [a for a in backward_values if a.target in needed]
+    constants, forward, backward_values = name_constants(forward, backward_values, {o.symbol for o in options})
+    forward, backward_values = fuse_projections(forward, backward_values)
+    forward_targets = {a.target for a in forward}
+    read_back = set().union(*(a.value.free_symbols for a in backward_values)) - {a.target for a in backward_values}
+    saved_inputs = [x for x in s.inputs if x in read_back]
+    saved_values = [a.target for a in forward if a.target in read_back and a.target in forward_targets]
+    scalars = sorted((x for x in read_back if isinstance(x, sp.Symbol)), key=str)
+    return Schedule(
+        spec=s,
+        options=options,
+        bindings=_bindings(s.inputs, {o.symbol for o in options}),
+        weights=frozenset(str(x.name) for x in s.inputs if is_weight(x)),
+        forward=tuple(forward),
+        output=output,
+        saved=(*saved_inputs, *saved_values, *scalars),
+        seed=seed,
+        backward=tuple(backward_values),
+        gradients=tuple(gradients),
+        constants=constants,
+        optional=_optional(s),
+    )
+
+
+def _optional(s: Spec) -> frozenset[str]:
+    """The inputs a generated module may be called without: the constants, and the biases next to them."""
+    constants = {str(c.name) for c in s.constants}
+    if not constants:
+        return frozenset()
+    return frozenset(constants | {str(x.name) for x in s.inputs if str(x.name).startswith("b_")})
+
+
+def _needed_forward(forward: list[Assignment], output: MatrixSymbol) -> list[Assignment]:
+    """The forward assignments the output depends on (S disappears once folded into A)."""
+    keep = _needed(forward, {output})
+    return [a for a in forward if a.target in keep]
+
+
+def _needed(assignments: list[Assignment], roots: set) -> set:
+    """Targets the roots depend on, the roots included."""
+    by_target = {a.target: a for a in assignments}
+    needed: set = set()
+    stack = list(roots)
+    while stack:
+        t = stack.pop()
+        if t in needed:
+            continue
+        needed.add(t)
+        stack.extend(x for x in by_target[t].value.atoms(MatrixSymbol) if x in by_target)
+    return needed

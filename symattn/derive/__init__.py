@@ -1,0 +1,1 @@
+"""Printed derivations: the replayed steps, the notation printer, documents, and `check`."""

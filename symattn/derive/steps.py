@@ -1,0 +1,361 @@
+"""Derivation steps from the engine's tape, and a numeric check of every printed equality.
+
+For one target W, ``chain`` replays ``Tape.steps`` (root first) in the trace-differential
+style of the seeds. It starts from df = tr(Gᵀ dY), G = ∂f/∂Y, and for each node Y with
+cotangent Ȳ = ∂f/∂Y writes
+
+    tr(Ȳᵀ dY) = tr(Ȳᵀ D_Y) = Σ_a tr(Āᵀ da)
+
+where D_Y is Y's differential in terms of its arguments' (product rule, softmax
+differential, … from ``differentials``) and Ā the cotangents the VJP rule passes on
+(cyclic property of the trace). Named intermediates get their cotangent's name Ā once
+it is complete; the chain ends at df = tr(W̄ᵀ dW), so ∂f/∂W = W̄.
+
+``verify_chain`` evaluates both sides of every equality at random float64 inputs,
+a random cotangent G and a random differential dW: the differentials expand through
+``differentials`` (never through the VJP rules), the named cotangents through their
+printed definitions, and df itself is checked against a central difference of
+f = tr(Gᵀ Y).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from functools import reduce
+from operator import add
+
+import numpy as np
+import sympy as sp
+from sympy import Basic, MatrixExpr, MatrixSymbol
+from sympy.matrices.expressions import MatMul, Transpose
+
+from symattn.autodiff.differentials import Differential, differential, local_differential
+from symattn.autodiff.grad import Tape, backward, default_seed
+from symattn.autodiff.vjp import VJP_RULES, merge_cotangents
+from symattn.errors import UnsupportedNodeError
+from symattn.lang.ops import MergeHeads, SplitHeads
+from symattn.numeric.lambdify import lambdify
+from symattn.numeric.verify import dimension_symbols, random_dims, random_matrix
+from symattn.specs import Spec
+
+# (differential of the node, reading off the cotangents), per node type name.
+# Words only: they are set as \text{…} in LaTeX.
+HADAMARD_MOVE = "Hadamard factor moved onto the cotangent"
+REASONS: dict[str, tuple[str, str]] = {
+    "MatMul": ("product rule", "cyclic property of the trace"),
+    "MatAdd": ("sum rule", "linearity of the trace"),
+    "Transpose": ("differential of a transpose", "a trace equals the trace of the transpose"),
+    "HadamardProduct": ("product rule for the Hadamard product", HADAMARD_MOVE),
+    "HadamardPower": ("power rule, entrywise", HADAMARD_MOVE),
+    "RowSoftmax": ("softmax differential", HADAMARD_MOVE + ", cyclic property"),
+    "Exp": ("chain rule, entrywise", HADAMARD_MOVE),
+    "Log": ("chain rule, entrywise", HADAMARD_MOVE),
+    "Tanh": ("chain rule, entrywise", HADAMARD_MOVE),
+    "Sigmoid": ("chain rule, entrywise", HADAMARD_MOVE),
+    "Gelu": ("chain rule, entrywise", HADAMARD_MOVE),
+    "GeluTanh": ("chain rule, entrywise", HADAMARD_MOVE),
+    "LayerNorm": ("LayerNorm differential", HADAMARD_MOVE + ", cyclic property"),
+    "RowSum": ("row sums are linear", "cyclic property of the trace"),
+    "SplitHeads": ("head blocks are linear", "sum over heads is the trace of the concatenation"),
+    "MergeHeads": ("concatenation is linear", "trace of a concatenation is the sum over heads"),
+    "RepeatHeads": ("repeating head blocks is linear", "a kv head collects the sum over its group of heads"),
+    "SumGroups": ("summing head blocks is linear", "each head of a group receives its group's cotangent"),
+}
+
+
+@dataclass(frozen=True)
+class Term:
+    """tr(matrix), or Σ_h tr(matrix) when the matrix holds one block per head."""
+
+    matrix: Basic
+    per_head: bool = False
+
+
+DF = "df"  # the side that is df itself
+
+Side = tuple[Term, ...] | str
+
+
+@dataclass(frozen=True)
+class Equation:
+    """sides[0] = sides[1] = …; reasons[i] justifies sides[i] = sides[i + 1]."""
+
+    node: str
+    sides: tuple[Side, ...]
+    reasons: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Definition:
+    """A cotangent given its name: symbol := value (value may use earlier names)."""
+
+    symbol: MatrixSymbol
+    value: Basic
+    per_head: bool = False
+
+
+@dataclass
+class Chain:
+    """The derivation of ∂f/∂target, item by item."""
+
+    spec: Spec
+    target: MatrixSymbol
+    tape: Tape
+    seed: MatrixSymbol
+    items: list[Equation | Definition] = field(default_factory=list)
+    gradient: Basic | None = None  # ∂f/∂target, written with the names of the definitions
+
+    def closed_form(self) -> Basic:
+        """∂f/∂target with every name replaced by its definition."""
+        full: dict[MatrixSymbol, Basic] = {}
+        for item in self.items:
+            if isinstance(item, Definition):
+                full[item.symbol] = item.value.xreplace(full)
+        return self.gradient.xreplace(full)
+
+
+def cotangent_symbol(name: str, shape: tuple) -> MatrixSymbol:
+    """Ā for the intermediate A: the symbol bar_A."""
+    return MatrixSymbol(f"bar_{name}", *shape)
+
+
+def is_per_head(expr: Basic, per_head_symbols: frozenset = frozenset()) -> bool:
+    """Does expr hold one block per head (a SplitHeads not undone by a MergeHeads)?"""
+    if isinstance(expr, SplitHeads) or expr in per_head_symbols:
+        return True
+    if isinstance(expr, (MergeHeads, MatrixSymbol)):
+        return False
+    return any(is_per_head(a, per_head_symbols) for a in expr.args)
+
+
+def _sum(terms: list[Basic]) -> Basic:
+    return reduce(add, terms)
+
+
+class _Replay:
+    """Walks a tape root first, writing one equation per step and naming cotangents as they complete."""
+
+    def __init__(self, spec: Spec, target: MatrixSymbol, tape: Tape | None) -> None:
+        root = spec.output
+        scalar = next((n for n in sp.preorder_traversal(root) if not isinstance(n, MatrixExpr) and n.has(target)), None)
+        if scalar is not None:
+            raise UnsupportedNodeError(
+                scalar, "step-by-step derivations (scalar-valued nodes)", ["matrix-valued nodes"]
+            )
+        tape = tape if tape is not None else backward(root, [target])
+        seed = default_seed(root, None)
+        self.out = Chain(spec=spec, target=target, tape=tape, seed=seed)
+        # the steps that move with the target (a tape of several targets holds others too)
+        self.steps = [
+            (step.node, {a for a, _ in step.outputs if a.has(target)}) for step in tape.steps if step.node.has(target)
+        ]
+        self.target = target
+        self.named = {expr: name for name, expr in spec.intermediates}
+        self.named.setdefault(target, str(target.name))
+        self.per_head: set[MatrixSymbol] = set()
+        # how many cotangents each node receives in all: a name is given once all have arrived
+        self.arrivals: dict[Basic, int] = {}
+        for _, varying in self.steps:
+            for a in varying:
+                self.arrivals[a] = self.arrivals.get(a, 0) + 1
+        self.received: dict[Basic, list[Basic]] = {root: [seed]}
+        self.shown: dict[Basic, Basic] = {root: seed}  # the cotangent of a node as the text writes it
+
+    def heads(self, e: Basic) -> bool:
+        return is_per_head(e, frozenset(self.per_head))
+
+    def term(self, cotangent: Basic, node: Basic) -> Term:
+        return Term(pairing(cotangent, Differential(node)), self.heads(node))
+
+    def symbol(self, node: Basic) -> MatrixSymbol:
+        """Node's cotangent name (bar_P for P), marked per head where the node is."""
+        symbol = cotangent_symbol(self.named[node], node.shape)
+        if self.heads(node):
+            self.per_head.add(symbol)
+        return symbol
+
+    def define(self, node: Basic) -> None:
+        """Name node's cotangent: the sum of all it received."""
+        symbol = self.symbol(node)
+        self.out.items.append(Definition(symbol, _sum(self.received[node]), symbol in self.per_head))
+        self.shown[node] = symbol
+
+    def run(self) -> Chain:
+        out, root = self.out, self.out.spec.output
+        out.items.append(Equation("output", (DF, (self.term(out.seed, root),)), ("G is the cotangent of the output",)))
+        for node, varying in self.steps:
+            self.step(node, varying)
+        target = self.target
+        if target not in self.shown:
+            if target in self.received:
+                self.define(target)
+            else:  # the output does not depend on the target
+                self.shown[target] = sp.ZeroMatrix(*target.shape)
+        out.gradient = self.shown[target]
+        out.items.append(Equation("result", (DF, (self.term(out.gradient, target),)), ("collecting every term",)))
+        return out
+
+    def step(self, node: Basic, varying: set[Basic]) -> None:
+        """tr(Ȳᵀ dY) = tr(Ȳᵀ D_Y) = Σ_a tr(Āᵀ da) [= the same with the complete Ā named]."""
+        if node not in self.shown:
+            if node in self.named and self.arrivals.get(node, 0) > 1:
+                self.define(node)
+            else:
+                self.shown[node] = _sum(self.received[node])
+        bar = self.shown[node]
+        passed = merge_cotangents((a, c) for a, c in VJP_RULES[type(node)](node, bar) if a in varying)
+        first = (self.term(bar, node),)
+        expanded = (Term(pairing(bar, local_differential(node, varying)), self.heads(node)),)
+        read_off = tuple(self.term(c, a) for a, c in passed)
+        reasons = list(REASONS.get(type(node).__name__, ("differential", "cyclic property of the trace")))
+        sides: list[Side] = [first, expanded, read_off]
+        if isinstance(node, Transpose):  # d(Aᵀ) = (dA)ᵀ reads the same as the line before
+            sides, reasons = [first, read_off], reasons[1:]
+        for a, c in passed:
+            self.received.setdefault(a, []).append(c)
+        complete = [a for a, _ in passed if a in self.named and self.arrivals[a] == 1]
+        if complete:
+            sides.append(tuple(self.term(self.symbol(a) if a in complete else c, a) for a, c in passed))
+            reasons.append("naming the cotangents")
+        self.out.items.append(Equation(type(node).__name__, tuple(sides), tuple(reasons)))
+        for a in complete:
+            self.define(a)
+
+
+def chain(spec: Spec, target: MatrixSymbol, tape: Tape | None = None) -> Chain:
+    """Replay the tape of the spec's backward pass (run for target if not given) for ∂f/∂target."""
+    return _Replay(spec, target, tape).run()
+
+
+def pairing(cotangent: Basic, differential: Basic) -> Basic:
+    """Cᵀ · D, the matrix inside tr(Cᵀ D), with Cᵀ kept whole (not distributed by SymPy)."""
+    left = cotangent.T if isinstance(cotangent, MatrixSymbol) else Transpose(cotangent)
+    right = differential.args if isinstance(differential, MatMul) else (differential,)
+    return MatMul(left, *right)
+
+
+# Verification.
+
+
+@dataclass(frozen=True)
+class Check:
+    """One checked equality: its place, the two values and their relative discrepancy."""
+
+    target: str
+    step: int  # the equation's number in the chain (0: df = tr(Gᵀ dY))
+    node: str
+    equality: int  # sides[equality] = sides[equality + 1]; −1 for checks outside the printed sides
+    reason: str
+    discrepancy: float
+    tolerance: float
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.discrepancy <= self.tolerance)
+
+
+EXACT_TOL = 1e-9  # both sides are the same number up to float64 rounding
+DIFFERENCE_TOL = 1e-6  # a central difference against df
+
+
+class Evaluator:
+    """Values of the sides of a chain at one random point (inputs, G, dW)."""
+
+    def __init__(self, c: Chain, rng: np.random.Generator, dims: Mapping | None = None) -> None:
+        self.chain = c
+        spec = c.spec
+        every = [spec.output, *spec.inputs, *getattr(spec, "constants", ())]
+        names = {s.name for s in dimension_symbols(*every)}
+        fixed = {"H": 2} if "H" in names else {}
+        if "H_kv" in names:  # grouped-query heads: H_kv must divide H
+            fixed.update({"H": 4, "H_kv": 2})
+        fixed.update(dims or {})
+        self.dims = random_dims(every, rng, low=2, high=4, fixed=fixed)
+        self.fixed = {s.name: v for s, v in self.dims.items()}
+        self.d_target = MatrixSymbol(f"d{c.target.name}", *c.target.shape)
+        self.args = [*spec.inputs, c.seed, self.d_target]
+        self.values = [random_matrix(s, self.dims, rng) for s in self.args]
+        self.constants = {s: random_matrix(s, self.dims, rng) for s in getattr(spec, "constants", ())}
+        self.tangents = {c.target: self.d_target}
+        self.known: dict[MatrixSymbol, np.ndarray] = {s: v for s, v in zip(self.args, self.values)}
+        self.known.update(self.constants)
+        self.differentials: dict[Differential, MatrixSymbol] = {}
+        for item in c.items:  # each name's value, from its printed definition
+            if isinstance(item, Definition):
+                self.known[item.symbol] = self.matrix(item.value)
+
+    def matrix(self, expr: Basic) -> np.ndarray:
+        """The value of a matrix expression that may hold names and differentials.
+
+        Names and differentials enter as arguments holding their values, so every
+        expression compiled stays as short as it is printed.
+        """
+        expr = expr.replace(lambda e: isinstance(e, Differential), self._differential_symbol)
+        args = sorted(expr.atoms(MatrixSymbol), key=lambda s: s.name)
+        return lambdify(args, expr, dims=self.fixed)(*(self.known[a] for a in args))
+
+    def _differential_symbol(self, d: Differential) -> MatrixSymbol:
+        """A symbol standing for dA, its value the full differential at dW."""
+        if d not in self.differentials:
+            symbol = MatrixSymbol(f"_d{len(self.differentials)}", *d.shape)
+            full = differential(d.arg, self.tangents)
+            self.known[symbol] = self.matrix(sp.ZeroMatrix(*d.shape) if full is None else full)
+            self.differentials[d] = symbol
+        return self.differentials[d]
+
+    def side(self, side: Side) -> float:
+        if side == DF:
+            return self.df()
+        return float(sum(np.sum(np.trace(self.matrix(t.matrix), axis1=-2, axis2=-1)) for t in side))
+
+    def df(self) -> float:
+        return self.side((Term(pairing(self.chain.seed, Differential(self.chain.spec.output))),))
+
+    def central_difference(self, eps: float = 1e-6) -> float:
+        """(f(W + ε dW) − f(W − ε dW)) / 2ε for f = tr(Gᵀ Y)."""
+        spec, c = self.chain.spec, self.chain
+        forward = lambdify([*spec.inputs, *self.constants], spec.output, dims=self.fixed)
+        where = list(spec.inputs).index(c.target)
+        base = self.values[: len(spec.inputs)]
+        g, dw = self.matrix(c.seed), self.values[-1]  # the seed's value: G, or 1 for a 1 × 1 output
+
+        def f(sign: float) -> float:
+            moved = list(base)
+            moved[where] = base[where] + sign * eps * dw
+            return float(np.sum(g * forward(*moved, *self.constants.values())))
+
+        return (f(1.0) - f(-1.0)) / (2 * eps)
+
+
+def _relative(a: float, b: float) -> float:
+    return abs(a - b) / max(1.0, abs(a), abs(b))
+
+
+def verify_chain(c: Chain, rng: np.random.Generator) -> list[Check]:
+    """Every equality of the chain evaluated on both sides at one random point.
+
+    Also checked: df itself against a central difference of f = tr(Gᵀ Y) along dW,
+    and the printed gradient (named and in closed form) against the engine's.
+    """
+    ev = Evaluator(c, rng)
+    name = str(c.target.name)
+    gap = _relative(ev.df(), ev.central_difference())
+    checks = [Check(name, 0, "output", -1, "df against a central difference", gap, DIFFERENCE_TOL)]
+    equations = [item for item in c.items if isinstance(item, Equation)]
+    for i, item in enumerate(equations):
+        values = [ev.side(s) for s in item.sides]
+        for k, reason in enumerate(item.reasons):
+            checks.append(Check(name, i, item.node, k, reason, _relative(values[k], values[k + 1]), EXACT_TOL))
+    engine = ev.matrix(c.tape.gradients[c.target])
+    scale = max(1.0, float(np.max(np.abs(engine), initial=0.0)))
+    for reason, printed in (
+        ("gradient = engine's gradient", c.gradient),
+        ("closed form = engine's gradient", c.closed_form()),
+    ):
+        gap = float(np.max(np.abs(ev.matrix(printed) - engine), initial=0.0)) / scale
+        checks.append(Check(name, len(equations), "result", -1, reason, gap, EXACT_TOL))
+    return checks
+
+
+__all__ = ["DF", "Chain", "Check", "Definition", "Equation", "Term", "chain", "verify_chain"]

@@ -1,0 +1,1 @@
+"""The expression language: nodes, shapes, the formula parser, naming, safe conversion of user values."""

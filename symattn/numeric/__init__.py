@@ -1,0 +1,1 @@
+"""Numeric evaluation: expressions compiled to NumPy (or exact) callables, random points."""

@@ -1,0 +1,1 @@
+"""Rewrite rules, the cost model and the simplifier that picks the cheapest equal expression."""

@@ -1,0 +1,76 @@
+"""Specs: the Spec type and its validation, the built-in specs, their registry, and spec files.
+
+Each built-in spec is a ``Family``: the function that builds it from options, and the
+facts code generation needs (its generated keywords, whether its modules take masks,
+whether a row-block variant exists, the torch class name). Code generation asks the
+family, never the spec's name; a user's spec file is a family with the defaults.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from symattn.errors import SymattnError, UnknownSpecError
+from symattn.lang.dims import dim
+from symattn.specs.attention import attention, attention_options, mha, mha_options, self_attention
+from symattn.specs.block import block_options, transformer_block
+from symattn.specs.spec import Option, Spec, head_count
+
+
+def no_options(extended: bool) -> tuple[dict, tuple[Option, ...]]:
+    """A spec whose generated modules take no keywords."""
+    return {}, ()
+
+
+@dataclass(frozen=True)
+class Family:
+    """A spec builder and what its generated modules need to know.
+
+    ``generated_options(extended)`` gives the builder's keywords that make the generated
+    spec (options as symbols) and the generated forward's keyword ``Option``s; with
+    ``masks`` the modules are built extended (mask keywords, optional biases).
+    """
+
+    build: Callable[..., Spec]
+    generated_options: Callable[[bool], tuple[dict, tuple[Option, ...]]] = no_options
+    masks: bool = False
+    row_blocks: bool = False  # a memory-efficient variant: P recomputed one block of query rows at a time
+    class_name: str | None = None  # the torch nn.Module's name (default: the spec's name in CamelCase)
+
+    def generated_spec(self, extended: bool) -> tuple[Spec, tuple[Option, ...]]:
+        """The spec with its options as symbols (extended: every optional part on), and its keyword options."""
+        spec_options, options = self.generated_options(extended)
+        return self.build(**spec_options), options
+
+
+BUILTIN: dict[str, Family] = {
+    "attention": Family(attention, attention_options, masks=True, row_blocks=True),
+    "self_attention": Family(self_attention, row_blocks=True),
+    "mha": Family(mha, mha_options, masks=True, row_blocks=True, class_name="MultiHeadAttention"),
+    "transformer_block": Family(transformer_block, block_options, masks=True),
+}
+
+
+def specs() -> list[str]:
+    """Names of the built-in specs."""
+    return list(BUILTIN)
+
+
+def family(name: str) -> Family:
+    """The built-in family called name."""
+    if name not in BUILTIN:
+        raise UnknownSpecError(f"unknown spec {name!r}; built-in specs: {', '.join(BUILTIN)}")
+    return BUILTIN[name]
+
+
+def spec(name: str, **options) -> Spec:
+    """The built-in spec called name, built with the given options."""
+    build = family(name).build
+    try:
+        return build(**options)
+    except TypeError as err:
+        raise SymattnError(f"bad option for spec {name!r}: {err}") from None
+
+
+__all__ = ["BUILTIN", "Family", "Option", "Spec", "dim", "family", "head_count", "spec", "specs"]

@@ -1,0 +1,91 @@
+"""The Spec type: a forward expression with named inputs, and the option parsers specs share.
+
+A Spec is checked at the door (``validate``). ``Option`` declares a keyword of a generated
+module: the name a user passes, the symbol it binds in the spec, and its default.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+import sympy as sp
+from sympy import Basic, MatrixExpr, MatrixSymbol
+
+from symattn.errors import SymattnError
+from symattn.lang.dims import dim
+from symattn.specs.validate import validate
+
+__all__ = ["Option", "Spec", "dim", "flag", "head_count"]
+
+
+@dataclass(frozen=True)
+class Spec:
+    """A forward expression with named inputs, options and intermediates."""
+
+    name: str
+    summary: str
+    inputs: tuple[MatrixSymbol, ...]
+    output: MatrixExpr
+    intermediates: tuple[tuple[str, MatrixExpr], ...] = ()
+    options: Mapping[str, object] = field(default_factory=dict)
+    dims: Mapping[str, int] = field(default_factory=dict)
+    constants: tuple[MatrixSymbol, ...] = ()  # inputs that are not differentiated (the additive mask M)
+
+    def __post_init__(self) -> None:
+        for name in ("inputs", "intermediates", "constants"):  # lists are welcome; stored as tuples
+            value = getattr(self, name)
+            if isinstance(value, list):
+                object.__setattr__(self, name, tuple(tuple(v) if isinstance(v, list) else v for v in value))
+        validate(self)
+
+    @property
+    def input_names(self) -> tuple[str, ...]:
+        return tuple(str(s.name) for s in self.inputs)
+
+    def input(self, name: str) -> MatrixSymbol:
+        """The input symbol called name (SymattnError listing the names otherwise)."""
+        for s in self.inputs:
+            if s.name == name:
+                return s
+        raise SymattnError(f"spec {self.name!r} has no input {name!r}; inputs: {', '.join(self.input_names)}")
+
+
+@dataclass(frozen=True)
+class Option:
+    """A keyword option of a generated forward: a scalar symbol and its default (None: required).
+
+    ``divides``: the option whose value this one must divide (num_kv_heads divides num_heads).
+    """
+
+    name: str
+    symbol: sp.Symbol
+    default: Basic | None
+    divides: str | None = None
+
+
+def flag(name: str, value) -> bool:
+    """A yes/no option: True/False (Python's or NumPy's), 1/0, or (from the command line) "true"/"false"."""
+    if isinstance(value, str) and value.lower() in ("true", "false"):
+        return value.lower() == "true"
+    if isinstance(value, np.bool_):
+        return bool(value)
+    if isinstance(value, str) or value not in (0, 1) or isinstance(value, float):
+        raise SymattnError(f"{name} must be True or False, got {value!r}")
+    return bool(value)
+
+
+def head_count(option, what: str, symbol: str) -> Basic:
+    """A head count: a symbol when None (or given as a symbol), else a positive integer (Python's or NumPy's)."""
+    if option is None:
+        return dim(symbol)
+    if isinstance(option, sp.Symbol):
+        return option
+    if isinstance(option, str) and option.isidentifier():  # a symbolic count, e.g. "H_kv" from the command line
+        return dim(option)
+    if isinstance(option, (bool, np.bool_)) or not isinstance(option, (int, np.integer, sp.Integer)) or option < 1:
+        raise SymattnError(f"{what} must be a positive integer, got {option!r}")
+    return sp.Integer(int(option))
+
+

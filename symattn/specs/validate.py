@@ -1,0 +1,127 @@
+"""A spec checked at the door: every field well formed before any derivation or code sees it.
+
+Names become Python identifiers in generated modules, so they must be identifiers,
+not keywords, and distinct; the output must be a matrix expression of symattn's
+language whose every matrix symbol is an input or a constant, with shapes that fit.
+Each violation is one ``SpecError`` line naming the field.
+"""
+
+from __future__ import annotations
+
+import keyword
+from collections.abc import Mapping
+
+import sympy as sp
+from sympy import Basic, MatrixExpr, MatrixSymbol
+from sympy.matrices.expressions import Identity, OneMatrix, ZeroMatrix
+
+from symattn.autodiff.vjp import VJP_RULES
+from symattn.errors import SymattnError
+from symattn.lang.shapes import SHAPE_RULES
+
+LEAVES = (MatrixSymbol, Identity, OneMatrix, ZeroMatrix)
+RESERVED = {"G": "the cotangent of the output"}  # names the derivation and check give a meaning of their own
+
+
+class SpecError(SymattnError, ValueError):
+    """A spec with a malformed field."""
+
+
+def check_name(spec: str, field: str, name: object) -> str:
+    """name, if it can name a variable of a generated module (an identifier, not a keyword)."""
+    if not isinstance(name, str):
+        raise SpecError(f"spec {spec!r}: {field}: a name must be a string, got {type(name).__name__} {name!r}")
+    if not name.isidentifier() or keyword.iskeyword(name) or not name.isascii():
+        raise SpecError(f"spec {spec!r}: {field}: {name!r} is not a Python identifier (it names a variable)")
+    return name
+
+
+def check_symbols(spec: str, field: str, symbols: object) -> tuple[MatrixSymbol, ...]:
+    """symbols as a tuple of MatrixSymbols."""
+    if isinstance(symbols, (str, Basic)) or not isinstance(symbols, (tuple, list)):
+        raise SpecError(f"spec {spec!r}: {field} must be a tuple of MatrixSymbols, got {type(symbols).__name__}")
+    for s in symbols:
+        if isinstance(s, sp.Symbol):
+            raise SpecError(
+                f"spec {spec!r}: {field}: {s} is a scalar symbol; inputs are MatrixSymbols "
+                "(use a 1 × 1 MatrixSymbol for a learned scalar)"
+            )
+        if not isinstance(s, MatrixSymbol):
+            raise SpecError(f"spec {spec!r}: {field}: {s!r} is a {type(s).__name__}, not a MatrixSymbol")
+        check_name(spec, field, str(s.name))
+    return tuple(symbols)
+
+
+def check_expression(spec: str, field: str, expr: object, seen: set[Basic] | None = None) -> None:
+    """expr is a matrix expression of the language: known nodes, fitting shapes.
+
+    Nodes in ``seen`` were checked before (shared with other fields), so each is walked once.
+    """
+    if not isinstance(expr, MatrixExpr):
+        kind = "a scalar expression" if isinstance(expr, Basic) else f"a {type(expr).__name__}"
+        raise SpecError(f"spec {spec!r}: {field} must be a matrix expression, got {kind}")
+    seen = set() if seen is None else seen
+    stack: list[Basic] = [expr]
+    while stack:
+        node = stack.pop()
+        if node in seen:
+            continue
+        seen.add(node)
+        if isinstance(node, LEAVES):
+            continue
+        if not isinstance(node, Basic):
+            raise SpecError(f"spec {spec!r}: {field} contains {type(node).__name__} {node!r}, not a SymPy object")
+        if isinstance(node, MatrixExpr) or node.has(MatrixSymbol):
+            if type(node) not in VJP_RULES:
+                known = ", ".join(sorted(t.__name__ for t in VJP_RULES))
+                raise SpecError(f"spec {spec!r}: {field}: {type(node).__name__} is not in the language ({known})")
+            stack.extend(node.args)
+        shape_rule = SHAPE_RULES.get(type(node))
+        if shape_rule is not None:
+            try:
+                shape_rule(node)
+            except SymattnError as err:
+                raise SpecError(f"spec {spec!r}: {field}: {err}") from None
+
+
+def validate(spec) -> None:
+    """Raise SpecError naming the first malformed field of a Spec."""
+    name = spec.name
+    if not isinstance(name, str) or not name.isidentifier() or keyword.iskeyword(name) or not name.isascii():
+        raise SpecError(f"spec name {name!r} must be a Python identifier (it names the generated modules)")
+    if not isinstance(spec.summary, str):
+        raise SpecError(f"spec {name!r}: summary must be a string, got {type(spec.summary).__name__}")
+    inputs = check_symbols(name, "inputs", spec.inputs)
+    constants = check_symbols(name, "constants", spec.constants)
+    names = [str(s.name) for s in inputs + constants]
+    for n in names:
+        if n in RESERVED:
+            raise SpecError(f"spec {name!r}: inputs: {n!r} is reserved ({RESERVED[n]}); rename the input")
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise SpecError(f"spec {name!r}: inputs: {', '.join(map(repr, duplicates))} named more than once")
+    seen: set[Basic] = set()
+    check_expression(name, "output", spec.output, seen)
+    missing = sorted({str(m.name) for m in spec.output.atoms(MatrixSymbol)} - set(names))
+    if missing:
+        raise SpecError(f"spec {name!r}: output uses {', '.join(missing)}, which inputs and constants do not list")
+    check_intermediates(name, spec.intermediates, set(names), seen)
+    for field in ("options", "dims"):
+        if not isinstance(getattr(spec, field), Mapping):
+            raise SpecError(f"spec {name!r}: {field} must be a mapping, got {type(getattr(spec, field)).__name__}")
+
+
+def check_intermediates(spec: str, intermediates: object, inputs: set[str], seen: set[Basic]) -> None:
+    """Named intermediates: (identifier, matrix expression) pairs, names distinct and no input's."""
+    if isinstance(intermediates, (str, Basic)) or not isinstance(intermediates, (tuple, list)):
+        raise SpecError(f"spec {spec!r}: intermediates must be a tuple of (name, expression) pairs")
+    seen: set[str] = set()
+    for pair in intermediates:
+        if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+            raise SpecError(f"spec {spec!r}: intermediates: {pair!r} is not a (name, expression) pair")
+        label, expr = pair
+        check_name(spec, "intermediates", label)
+        if label in seen or label in inputs or label in RESERVED:
+            raise SpecError(f"spec {spec!r}: intermediates: {label!r} is already the name of an input or intermediate")
+        seen.add(label)
+        check_expression(spec, f"intermediate {label}", expr, seen)
