@@ -42,6 +42,7 @@ SHAPES = {
     "K": "(..., m, d_k)",
     "V": "(..., m, d_v)",
 }
+OPTIONAL = ()  # inputs that may be None: their terms are left out
 
 
 def add_optional(a, b):
@@ -71,6 +72,9 @@ def _arrays(named):
     """The inputs as arrays, checked: rank, one leading batch shape for the non-weights, one dtype."""
     arrays, batch, first = [], None, None
     for name, value in named.items():
+        if value is None and name in OPTIONAL:
+            arrays.append(value)
+            continue
         a = np.asarray(value)
         weight = not SHAPES[name].startswith("(...")
         if a.ndim < 2 or (weight and a.ndim != 2):
@@ -115,11 +119,12 @@ def _cotangent(grad_out, saved):
     return grad_out
 
 
-def _additive_mask(attn_mask, key_padding_mask, causal, query, key):
+def _additive_mask(attn_mask, key_padding_mask, causal, query, key, per_head=False):
     """The additive mask M (0 where a query may see a key, -inf where not), or None without a mask.
 
     attn_mask: (n, m) or (..., n, m), boolean (True: not allowed) or floating (added to the scores);
     key_padding_mask: (..., m) boolean (True: ignore that key); causal: query i sees keys j <= i.
+    per_head: the scores have a heads axis, (..., H, n, m), so a batched mask gets one, (..., 1, n, m).
     """
     if not isinstance(causal, (bool, np.bool_)):
         raise ValueError(f"causal must be True or False, got {causal!r}")
@@ -153,6 +158,8 @@ def _additive_mask(attn_mask, key_padding_mask, causal, query, key):
         padding = np.where(key_padding_mask, -np.inf, 0.0).astype(query.dtype)[..., None, :]
         mask = padding if mask is None else mask + padding
     mask = np.broadcast_to(mask, (*mask.shape[:-2], n, m))  # a view: every query row, so that blocks of rows slice it
+    if per_head and mask.ndim > 2:  # one mask for every head: (..., 1, n, m)
+        mask = mask[..., None, :, :]
     return mask
 
 

@@ -42,6 +42,8 @@ SHAPES = {
     "K": "(..., m, d_k)",
     "V": "(..., m, d_v)",
 }
+OPTIONAL = ()  # inputs that may be None: their terms are left out
+SPEC = "attention"
 
 
 def add_optional(a, b):
@@ -72,6 +74,9 @@ def _tensors(named):
     """The inputs, checked: tensors, rank, one leading batch shape for the non-weights, one dtype."""
     tensors, batch, first = [], None, None
     for name, a in named.items():
+        if a is None and name in OPTIONAL:
+            tensors.append(a)
+            continue
         if not isinstance(a, torch.Tensor):
             raise TypeError(f"{name}: expected a torch.Tensor of shape {SHAPES[name]}, got {type(a).__name__}")
         weight = not SHAPES[name].startswith("(...")
@@ -118,7 +123,7 @@ class _NotTwice(torch.autograd.Function):
     @staticmethod
     def backward(ctx, *grads):
         raise RuntimeError(
-            "attention: double backward is not supported: the generated backward is the closed-form first "
+            f"{SPEC}: double backward is not supported: the generated backward is the closed-form first "
             "derivative and no second derivative is derived, so gradients made with create_graph=True cannot "
             "be differentiated again"
         )
@@ -142,11 +147,12 @@ def _first_order(ctx, grad_out, gradients):
     return tuple(None if g is None else next(tied) for g in gradients)
 
 
-def _additive_mask(attn_mask, key_padding_mask, causal, query, key):
+def _additive_mask(attn_mask, key_padding_mask, causal, query, key, per_head=False):
     """The additive mask M (0 where a query may see a key, -inf where not), or None without a mask.
 
     attn_mask: (n, m) or (..., n, m), boolean (True: not allowed) or floating (added to the scores);
     key_padding_mask: (..., m) boolean (True: ignore that key); causal: query i sees keys j <= i.
+    per_head: the scores have a heads axis, (..., H, n, m), so a batched mask gets one, (..., 1, n, m).
     """
     if type(causal).__name__ not in ("bool", "bool_"):  # True or False, or NumPy's np.True_ or np.False_
         raise ValueError(f"causal must be True or False, got {causal!r}")
@@ -183,6 +189,8 @@ def _additive_mask(attn_mask, key_padding_mask, causal, query, key):
         padding = padding.masked_fill_(key_padding_mask, float("-inf")).unsqueeze(-2)
         mask = padding if mask is None else mask + padding
     mask = mask.expand(*mask.shape[:-2], n, m)  # a view: every query row, so that blocks of rows slice it
+    if per_head and mask.ndim > 2:  # one mask for every head: (..., 1, n, m)
+        mask = mask.unsqueeze(-3)
     return mask
 
 

@@ -204,11 +204,12 @@ def _cotangent(grad_out, saved):
     return grad_out
 
 
-def _additive_mask(attn_mask, key_padding_mask, causal, query, key):
+def _additive_mask(attn_mask, key_padding_mask, causal, query, key, per_head=False):
     """The additive mask M (0 where a query may see a key, -inf where not), or None without a mask.
 
     attn_mask: (n, m) or (..., n, m), boolean (True: not allowed) or floating (added to the scores);
     key_padding_mask: (..., m) boolean (True: ignore that key); causal: query i sees keys j <= i.
+    per_head: the scores have a heads axis, (..., H, n, m), so a batched mask gets one, (..., 1, n, m).
     """
     if not isinstance(causal, (bool, np.bool_)):
         raise ValueError(f"causal must be True or False, got {causal!r}")
@@ -242,7 +243,7 @@ def _additive_mask(attn_mask, key_padding_mask, causal, query, key):
         padding = np.where(key_padding_mask, -np.inf, 0.0).astype(query.dtype)[..., None, :]
         mask = padding if mask is None else mask + padding
     mask = np.broadcast_to(mask, (*mask.shape[:-2], n, m))  # a view: every query row, so that blocks of rows slice it
-    if mask.ndim > 2:  # one mask for every head: (..., 1, n, m)
+    if per_head and mask.ndim > 2:  # one mask for every head: (..., 1, n, m)
         mask = mask[..., None, :, :]
     return mask
 
@@ -274,7 +275,7 @@ def forward(
     and zero gradients, never NaN.
     b_Q, b_K, b_V, b_O: optional biases (1 × columns, broadcast over the tokens), each left out when None.
     """
-    M = _additive_mask(attn_mask, key_padding_mask, causal, Q, K)
+    M = _additive_mask(attn_mask, key_padding_mask, causal, Q, K, per_head=True)
     Q, K, V, W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O = _arrays(
         {
             "Q": Q,

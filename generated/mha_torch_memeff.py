@@ -90,6 +90,7 @@ SHAPES = {
     "b_O": "(1, H * d_k)",
 }
 OPTIONAL = ("b_Q", "b_K", "b_V", "b_O")  # inputs that may be None: their terms are left out
+SPEC = "mha"
 
 
 def add_optional(a, b):
@@ -213,7 +214,7 @@ class _NotTwice(torch.autograd.Function):
     @staticmethod
     def backward(ctx, *grads):
         raise RuntimeError(
-            "mha: double backward is not supported: the generated backward is the closed-form first "
+            f"{SPEC}: double backward is not supported: the generated backward is the closed-form first "
             "derivative and no second derivative is derived, so gradients made with create_graph=True cannot "
             "be differentiated again"
         )
@@ -237,11 +238,12 @@ def _first_order(ctx, grad_out, gradients):
     return tuple(None if g is None else next(tied) for g in gradients)
 
 
-def _additive_mask(attn_mask, key_padding_mask, causal, query, key):
+def _additive_mask(attn_mask, key_padding_mask, causal, query, key, per_head=False):
     """The additive mask M (0 where a query may see a key, -inf where not), or None without a mask.
 
     attn_mask: (n, m) or (..., n, m), boolean (True: not allowed) or floating (added to the scores);
     key_padding_mask: (..., m) boolean (True: ignore that key); causal: query i sees keys j <= i.
+    per_head: the scores have a heads axis, (..., H, n, m), so a batched mask gets one, (..., 1, n, m).
     """
     if type(causal).__name__ not in ("bool", "bool_"):  # True or False, or NumPy's np.True_ or np.False_
         raise ValueError(f"causal must be True or False, got {causal!r}")
@@ -278,7 +280,7 @@ def _additive_mask(attn_mask, key_padding_mask, causal, query, key):
         padding = padding.masked_fill_(key_padding_mask, float("-inf")).unsqueeze(-2)
         mask = padding if mask is None else mask + padding
     mask = mask.expand(*mask.shape[:-2], n, m)  # a view: every query row, so that blocks of rows slice it
-    if mask.ndim > 2:  # one mask for every head: (..., 1, n, m)
+    if per_head and mask.ndim > 2:  # one mask for every head: (..., 1, n, m)
         mask = mask.unsqueeze(-3)
     return mask
 
@@ -520,7 +522,7 @@ def forward(
     and zero gradients, never NaN.
     b_Q, b_K, b_V, b_O: optional biases (1 × columns, broadcast over the tokens), each left out when None.
     """
-    M = _additive_mask(attn_mask, key_padding_mask, causal, Q, K)
+    M = _additive_mask(attn_mask, key_padding_mask, causal, Q, K, per_head=True)
     return MultiHeadAttentionFunction.apply(
         Q, K, V, W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O, M, num_heads, num_kv_heads, block_size
     )

@@ -51,6 +51,7 @@ SHAPES = {
     "W_K": "(d_model, d_k)",
     "W_V": "(d_model, d_v)",
 }
+OPTIONAL = ()  # inputs that may be None: their terms are left out
 
 
 def row_softmax(a, out=None):
@@ -70,6 +71,9 @@ def _arrays(named):
     """The inputs as arrays, checked: rank, one leading batch shape for the non-weights, one dtype."""
     arrays, batch, first = [], None, None
     for name, value in named.items():
+        if value is None and name in OPTIONAL:
+            arrays.append(value)
+            continue
         a = np.asarray(value)
         weight = not SHAPES[name].startswith("(...")
         if a.ndim < 2 or (weight and a.ndim != 2):

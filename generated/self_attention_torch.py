@@ -51,6 +51,8 @@ SHAPES = {
     "W_K": "(d_model, d_k)",
     "W_V": "(d_model, d_v)",
 }
+OPTIONAL = ()  # inputs that may be None: their terms are left out
+SPEC = "self_attention"
 
 
 def row_softmax(a, out=None):
@@ -71,6 +73,9 @@ def _tensors(named):
     """The inputs, checked: tensors, rank, one leading batch shape for the non-weights, one dtype."""
     tensors, batch, first = [], None, None
     for name, a in named.items():
+        if a is None and name in OPTIONAL:
+            tensors.append(a)
+            continue
         if not isinstance(a, torch.Tensor):
             raise TypeError(f"{name}: expected a torch.Tensor of shape {SHAPES[name]}, got {type(a).__name__}")
         weight = not SHAPES[name].startswith("(...")
@@ -117,7 +122,7 @@ class _NotTwice(torch.autograd.Function):
     @staticmethod
     def backward(ctx, *grads):
         raise RuntimeError(
-            "self_attention: double backward is not supported: the generated backward is the closed-form first "
+            f"{SPEC}: double backward is not supported: the generated backward is the closed-form first "
             "derivative and no second derivative is derived, so gradients made with create_graph=True cannot "
             "be differentiated again"
         )

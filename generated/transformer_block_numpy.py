@@ -71,9 +71,9 @@ Backward (grad_out = ∂f/∂Z for a scalar f; a weight's gradient is summed ove
     dW_O = Cᵀ dY
     db_O = 𝟏ᵀ dY
     dgamma_2 = 𝟏ᵀ (N_2 ⊙ dX_2)
+    dbeta_2 = 𝟏ᵀ dX_2
     dW_1 = X_2ᵀ dU
     db_1 = 𝟏ᵀ dU
-    dbeta_2 = db_1 W_1ᵀ
     dW_2 = Fᵀ grad_out
     db_2 = 𝟏ᵀ grad_out
     dX_1W_V = Concat_h(dV_h)
@@ -198,11 +198,6 @@ def split_heads(a, heads):
     return np.swapaxes(a.reshape(*a.shape[:-1], heads, a.shape[-1] // heads), -2, -3)
 
 
-def sum_batch(a):
-    """(..., p, q) -> (p, q): the sum over the leading batch dimensions."""
-    return a.reshape(-1, *a.shape[-2:]).sum(axis=0)
-
-
 def _arrays(named):
     """The inputs as arrays, checked: rank, one leading batch shape for the non-weights, one dtype."""
     arrays, batch, first = [], None, None
@@ -269,11 +264,12 @@ def _cotangent(grad_out, saved):
     return grad_out
 
 
-def _additive_mask(attn_mask, key_padding_mask, causal, query, key):
+def _additive_mask(attn_mask, key_padding_mask, causal, query, key, per_head=False):
     """The additive mask M (0 where a query may see a key, -inf where not), or None without a mask.
 
     attn_mask: (n, m) or (..., n, m), boolean (True: not allowed) or floating (added to the scores);
     key_padding_mask: (..., m) boolean (True: ignore that key); causal: query i sees keys j <= i.
+    per_head: the scores have a heads axis, (..., H, n, m), so a batched mask gets one, (..., 1, n, m).
     """
     if not isinstance(causal, (bool, np.bool_)):
         raise ValueError(f"causal must be True or False, got {causal!r}")
@@ -307,7 +303,7 @@ def _additive_mask(attn_mask, key_padding_mask, causal, query, key):
         padding = np.where(key_padding_mask, -np.inf, 0.0).astype(query.dtype)[..., None, :]
         mask = padding if mask is None else mask + padding
     mask = np.broadcast_to(mask, (*mask.shape[:-2], n, m))  # a view: every query row, so that blocks of rows slice it
-    if mask.ndim > 2:  # one mask for every head: (..., 1, n, m)
+    if per_head and mask.ndim > 2:  # one mask for every head: (..., 1, n, m)
         mask = mask[..., None, :, :]
     return mask
 
@@ -345,7 +341,7 @@ def forward(
     and zero gradients, never NaN.
     b_Q, b_K, b_V, b_O, b_1, b_2: optional biases (1 × columns, broadcast over the tokens), each left out when None.
     """
-    M = _additive_mask(attn_mask, key_padding_mask, causal, X, X)
+    M = _additive_mask(attn_mask, key_padding_mask, causal, X, X, per_head=True)
     X, W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O, gamma_1, beta_1, gamma_2, beta_2, W_1, b_1, W_2, b_2 = _arrays(
         {
             "X": X,
@@ -506,10 +502,10 @@ def backward(saved, grad_out):
     dQ_h = dA_h @ (scale * K_h)
     dW_O = rows(C).mT @ rows(dY)
     db_O = None if b_O is None else rows(dY).sum(axis=0, keepdims=True)
-    dgamma_2 = rows(np.multiply(dX_2, N_2, out=dX_2)).sum(axis=0, keepdims=True)
+    dgamma_2 = rows(N_2 * dX_2).sum(axis=0, keepdims=True)
+    dbeta_2 = rows(dX_2).sum(axis=0, keepdims=True)
     dW_1 = rows(X_2).mT @ rows(dU)
-    db_1 = rows(dU).sum(axis=0, keepdims=True)
-    dbeta_2 = sum_batch(db_1 @ W_1.mT)
+    db_1 = None if b_1 is None else rows(dU).sum(axis=0, keepdims=True)
     dW_2 = rows(F).mT @ rows(grad_out)
     db_2 = None if b_2 is None else rows(grad_out).sum(axis=0, keepdims=True)
     dX_1W_V = merge_heads(dV_h, H)
@@ -543,7 +539,7 @@ def backward(saved, grad_out):
         "gamma_2": dgamma_2,
         "beta_2": dbeta_2,
         "W_1": dW_1,
-        "b_1": None if b_1 is None else db_1,
+        "b_1": db_1,
         "W_2": dW_2,
         "b_2": db_2,
     }

@@ -71,9 +71,9 @@ Backward (grad_out = ∂f/∂Z for a scalar f; a weight's gradient is summed ove
     dW_O = Cᵀ dY
     db_O = 𝟏ᵀ dY
     dgamma_2 = 𝟏ᵀ (N_2 ⊙ dX_2)
+    dbeta_2 = 𝟏ᵀ dX_2
     dW_1 = X_2ᵀ dU
     db_1 = 𝟏ᵀ dU
-    dbeta_2 = db_1 W_1ᵀ
     dW_2 = Fᵀ grad_out
     db_2 = 𝟏ᵀ grad_out
     dX_1W_V = Concat_h(dV_h)
@@ -120,6 +120,7 @@ SHAPES = {
     "b_2": "(1, H * d_k)",
 }
 OPTIONAL = ("b_Q", "b_K", "b_V", "b_O", "b_1", "b_2")  # inputs that may be None: their terms are left out
+SPEC = "transformer_block"
 
 
 def add_optional(a, b):
@@ -180,11 +181,6 @@ def rows(a):
 def split_heads(a, heads):
     """(..., n, heads * k) -> (..., heads, n, k)."""
     return a.reshape(*a.shape[:-1], heads, a.shape[-1] // heads).transpose(-2, -3)
-
-
-def sum_batch(a):
-    """(..., p, q) -> (p, q): the sum over the leading batch dimensions."""
-    return a.reshape(-1, *a.shape[-2:]).sum(dim=0)
 
 
 def _tensors(named):
@@ -255,7 +251,7 @@ class _NotTwice(torch.autograd.Function):
     @staticmethod
     def backward(ctx, *grads):
         raise RuntimeError(
-            "transformer_block: double backward is not supported: the generated backward is the closed-form first "
+            f"{SPEC}: double backward is not supported: the generated backward is the closed-form first "
             "derivative and no second derivative is derived, so gradients made with create_graph=True cannot "
             "be differentiated again"
         )
@@ -279,11 +275,12 @@ def _first_order(ctx, grad_out, gradients):
     return tuple(None if g is None else next(tied) for g in gradients)
 
 
-def _additive_mask(attn_mask, key_padding_mask, causal, query, key):
+def _additive_mask(attn_mask, key_padding_mask, causal, query, key, per_head=False):
     """The additive mask M (0 where a query may see a key, -inf where not), or None without a mask.
 
     attn_mask: (n, m) or (..., n, m), boolean (True: not allowed) or floating (added to the scores);
     key_padding_mask: (..., m) boolean (True: ignore that key); causal: query i sees keys j <= i.
+    per_head: the scores have a heads axis, (..., H, n, m), so a batched mask gets one, (..., 1, n, m).
     """
     if type(causal).__name__ not in ("bool", "bool_"):  # True or False, or NumPy's np.True_ or np.False_
         raise ValueError(f"causal must be True or False, got {causal!r}")
@@ -320,7 +317,7 @@ def _additive_mask(attn_mask, key_padding_mask, causal, query, key):
         padding = padding.masked_fill_(key_padding_mask, float("-inf")).unsqueeze(-2)
         mask = padding if mask is None else mask + padding
     mask = mask.expand(*mask.shape[:-2], n, m)  # a view: every query row, so that blocks of rows slice it
-    if mask.ndim > 2:  # one mask for every head: (..., 1, n, m)
+    if per_head and mask.ndim > 2:  # one mask for every head: (..., 1, n, m)
         mask = mask.unsqueeze(-3)
     return mask
 
@@ -486,10 +483,10 @@ def _backward(saved, grad_out):
     dQ_h = dA_h @ (scale * K_h)
     dW_O = rows(C).mT @ rows(dY)
     db_O = None if b_O is None else rows(dY).sum(dim=0, keepdim=True)
-    dgamma_2 = rows(dX_2.mul_(N_2)).sum(dim=0, keepdim=True)
+    dgamma_2 = rows(N_2 * dX_2).sum(dim=0, keepdim=True)
+    dbeta_2 = rows(dX_2).sum(dim=0, keepdim=True)
     dW_1 = rows(X_2).mT @ rows(dU)
-    db_1 = rows(dU).sum(dim=0, keepdim=True)
-    dbeta_2 = sum_batch(db_1 @ W_1.mT)
+    db_1 = None if b_1 is None else rows(dU).sum(dim=0, keepdim=True)
     dW_2 = rows(F).mT @ rows(grad_out)
     db_2 = None if b_2 is None else rows(grad_out).sum(dim=0, keepdim=True)
     dX_1W_V = merge_heads(dV_h, H)
@@ -523,7 +520,7 @@ def _backward(saved, grad_out):
         "gamma_2": dgamma_2,
         "beta_2": dbeta_2,
         "W_1": dW_1,
-        "b_1": None if b_1 is None else db_1,
+        "b_1": db_1,
         "W_2": dW_2,
         "b_2": db_2,
     }
@@ -651,7 +648,7 @@ def forward(
     and zero gradients, never NaN.
     b_Q, b_K, b_V, b_O, b_1, b_2: optional biases (1 × columns, broadcast over the tokens), each left out when None.
     """
-    M = _additive_mask(attn_mask, key_padding_mask, causal, X, X)
+    M = _additive_mask(attn_mask, key_padding_mask, causal, X, X, per_head=True)
     return TransformerBlockFunction.apply(
         X,
         W_Q,

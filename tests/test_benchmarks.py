@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # runs the benchmark
+
 RUNNER = Path(__file__).resolve().parents[1] / "benchmarks" / "run.py"
 
 

@@ -262,6 +262,7 @@ def test_generated_numpy_block_matches_finite_differences(rng, causal):
 BIASES = ("b_Q", "b_K", "b_V", "b_O", "b_1", "b_2")
 
 
+@pytest.mark.slow  # trains
 @pytest.mark.parametrize("backend", ["numpy", "torch"])
 def test_generated_block_trains_with_any_subset_of_biases(backend):
     # Every subset of the six biases: an absent bias is the layer with that bias zero, and gets no gradient.
@@ -298,6 +299,7 @@ def test_generated_block_trains_with_any_subset_of_biases(backend):
     print(f"\ntransformer_block_{backend}, 64 subsets of biases: worst max abs error {worst:.2e}")
 
 
+@pytest.mark.slow  # trains
 @pytest.mark.parametrize("present", [(), ("b_1",), ("b_Q", "b_O")])
 def test_a_block_module_without_biases_trains(present):
     # TransformerBlock(8, 16, num_heads=2) has no biases: its backward must not read an absent bias's gradient.

@@ -8,7 +8,7 @@ import pytest
 import symattn as sa
 from symattn.cli import main
 from symattn.derive.check import true_gradient
-from symattn.lang.names import Abbreviations
+from symattn.lang.names import Names
 from symattn.lang.parse import ParseError, parse
 from symattn.numeric.lambdify import lambdify
 from symattn.numeric.verify import random_dims, random_matrix
@@ -90,7 +90,7 @@ def test_seed_004_forms_are_confirmed():
 def test_intermediates_cut_loose_still_compute_the_output(name, rng):
     # ∂f/∂Z for an intermediate Z rests on rewriting Y in terms of Z; Z put back must give Y
     s = sa.spec(name)
-    short = Abbreviations(s.intermediates)
+    short = Names(s.intermediates)
     for z, expr in s.intermediates:
         others = {sym: d for sym, d in short.definitions if sym.name != z}
         downstream = short(s.output)

@@ -100,6 +100,9 @@ def test_formats(derivations):
     assert document.rstrip().endswith(r"\end{document}")
     markdown = d.markdown("V")
     assert markdown.startswith("# ") and "\n$$\n\\begin{aligned}" in markdown
+    # the Markdown holds the same derivation: every aligned block of math is one of the LaTeX fragment's lines
+    blocks = markdown.split("\n$$\n")[1::2]
+    assert blocks and all(line.strip(" &\\") in fragment for block in blocks for line in block.splitlines()[1:-1])
     assert d._repr_latex_().startswith("$$\\begin{aligned}")
     assert all(ch.isascii() for ch in document)  # pdflatex needs no unicode support
 

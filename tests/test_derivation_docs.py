@@ -23,6 +23,7 @@ def test_committed_derivation_doc_is_what_the_tool_writes(name, derivations):
     )
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(shutil.which("pdflatex") is None, reason="pdflatex is not installed (Debian: texlive-latex-base)")
 @pytest.mark.parametrize("name", sa.specs())
 def test_standalone_document_compiles_with_pdflatex(name, derivations, tmp_path):
@@ -39,6 +40,7 @@ def test_standalone_document_compiles_with_pdflatex(name, derivations, tmp_path)
     assert (tmp_path / f"{name}.pdf").stat().st_size > 0
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(shutil.which("pdflatex") is None, reason="pdflatex is not installed (Debian: texlive-latex-base)")
 def test_superscripted_names_under_transposes_and_powers_compile(tmp_path):
     # W^{Q} under ᵀ, ∘2 and d(·): no double superscripts such as W^{Q}^{T}

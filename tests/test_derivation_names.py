@@ -6,10 +6,10 @@ import sympy as sp
 
 import symattn as sa
 from symattn.derive.latex import text
-from symattn.lang.names import Abbreviations
+from symattn.lang.names import Names
 
 SPEC = sa.spec("self_attention")
-SHORT = Abbreviations(SPEC.intermediates)
+SHORT = Names(SPEC.intermediates)
 X, W_Q, W_K, W_V = SPEC.inputs
 D_K = next(s for s in SPEC.output.free_symbols if getattr(s, "name", "") == "d_k")
 G = sp.MatrixSymbol("G", *SPEC.output.shape)

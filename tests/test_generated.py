@@ -249,6 +249,7 @@ def test_numpy_backward_checks_grad_out():
         gen.backward(saved, np.ones((3, 4), dtype=np.float32))
 
 
+@pytest.mark.slow  # trains
 def test_torch_modules_hold_weights_and_train():
     mha = module("mha", "torch").MultiHeadAttention(8, num_heads=2, dtype=torch.float64)
     assert [name for name, _ in mha.named_parameters()] == ["W_Q", "W_K", "W_V", "W_O"]

@@ -20,6 +20,8 @@ import pytest
 
 import symattn
 
+pytestmark = pytest.mark.slow  # builds and installs a wheel
+
 ROOT = Path(__file__).resolve().parents[1]
 SOURCES = ("pyproject.toml", "README.md", "symattn", "generated", "templates")
 

@@ -26,8 +26,8 @@ from sympy.matrices.expressions import (
 )
 from sympy.matrices.expressions.hadamard import canonicalize as hadamard_canonical
 
-from symattn.autodiff.vjp import matadd  # a constructor only (flat, like terms combined, sorted), no rule
 from symattn.errors import UnsupportedNodeError
+from symattn.lang.algebra import total
 from symattn.lang.ops import (
     Exp,
     Gelu,
@@ -85,7 +85,7 @@ def _total(terms: list[Basic]) -> Basic | None:
     """The sum of the terms (None for none), canonical at the top only: a deep doit re-walks shared operands."""
     if not terms:
         return None
-    return terms[0] if len(terms) == 1 else matadd(*terms)
+    return terms[0] if len(terms) == 1 else total(*terms)
 
 
 def hadamard_product(*factors: Basic) -> Basic:
@@ -298,7 +298,7 @@ def differential(expr: Basic, tangents: Mapping[MatrixSymbol, Basic]) -> Basic |
     return d(sympify(expr))
 
 
-# Grouped-query heads (appended by helper "masks").
+# Grouped-query heads: H_kv key/value heads shared by H query heads.
 
 
 @defjvp(RepeatHeads)

@@ -15,8 +15,9 @@ import sympy as sp
 from sympy import Basic, MatrixExpr, MatrixSymbol
 from sympy.matrices.expressions import Identity, ZeroMatrix
 
-from symattn.autodiff.vjp import VJP_RULES, matadd, merge_cotangents, zero_like
+from symattn.autodiff.vjp import VJP_RULES, merge_cotangents, zero_like
 from symattn.errors import ShapeMismatchError, SymattnError, UnsupportedNodeError
+from symattn.lang.algebra import total
 from symattn.lang.dims import same_dim
 from symattn.lang.safe import expression
 from symattn.lang.shapes import check_shapes
@@ -116,7 +117,7 @@ def _rule_for(node: Basic):
 
 
 def _sum(terms: list[Basic]) -> Basic:
-    return matadd(*terms) if isinstance(terms[0], MatrixExpr) else sp.Add(*terms)
+    return total(*terms) if isinstance(terms[0], MatrixExpr) else sp.Add(*terms)
 
 
 def backward(expr: Basic, wrt: Iterable[MatrixSymbol], cotangent: Basic | None = None) -> Tape:

@@ -26,6 +26,7 @@ from sympy.matrices.expressions import (
 )
 from sympy.matrices.expressions.hadamard import canonicalize as hadamard_canonical
 
+from symattn.lang.algebra import factors, product, total
 from symattn.lang.ops import (
     Exp,
     Gelu,
@@ -63,20 +64,6 @@ def defvjp(*node_types: type) -> Callable[[VjpRule], VjpRule]:
     return register
 
 
-# Constructors that canonicalise the new node only, as SymPy's canonical forms do. SymPy's
-# operators (*, +, -, .T) and its sum canonicaliser call a deep doit(), which re-walks a
-# shared (DAG) operand as a tree: exponential time on deep or shared graphs.
-
-
-def matmul(*factors: Basic) -> Basic:
-    """Product of the factors, scalars first, flattened and canonical; c (A + B) = c A + c B for rational c."""
-    mats = [f for f in factors if isinstance(f, MatrixExpr)]
-    coeff = sp.Mul(*(f for f in factors if not isinstance(f, MatrixExpr)))
-    if len(mats) == 1 and isinstance(mats[0], MatAdd) and coeff.is_Rational and coeff != 1:
-        return MatAdd(*(matmul(coeff, term) for term in mats[0].args))
-    return MatMul(*factors).doit(deep=False)
-
-
 def merge_cotangents(outputs: Iterable[tuple[Basic, Basic]]) -> tuple[tuple[Basic, Basic], ...]:
     """One cotangent per argument: an argument that occurs several times (A ⊙ A, A·A, A^k) gets the sum.
 
@@ -86,34 +73,18 @@ def merge_cotangents(outputs: Iterable[tuple[Basic, Basic]]) -> tuple[tuple[Basi
     for a, c in outputs:
         parts.setdefault(a, []).append(c)
     return tuple(
-        (a, cs[0] if len(cs) == 1 else matadd(*cs) if isinstance(cs[0], MatrixExpr) else sp.Add(*cs))
+        (a, cs[0] if len(cs) == 1 else total(*cs) if isinstance(cs[0], MatrixExpr) else sp.Add(*cs))
         for a, cs in parts.items()
     )
-
-
-def matadd(*terms: Basic) -> Basic:
-    """Sum of the terms: flattened, zeros dropped, c₁M + c₂M = (c₁ + c₂)M, terms in canonical order."""
-    coefficients: dict[Basic, Basic] = {}
-    for term in terms:
-        for t in term.args if isinstance(term, MatAdd) else (term,):
-            if isinstance(t, ZeroMatrix):
-                continue
-            coeff, mat = t.as_coeff_mmul()
-            mat = mat.args[0] if len(mat.args) == 1 else mat
-            coefficients[mat] = coefficients.get(mat, 0) + coeff
-    args = [mat if c == 1 else matmul(c, mat) for mat, c in coefficients.items() if c != 0]
-    if not args:
-        return ZeroMatrix(*terms[0].shape)
-    return args[0] if len(args) == 1 else MatAdd(*sorted(args, key=sp.default_sort_key))
 
 
 def transpose(a: Basic) -> Basic:
     """aᵀ pushed through products, sums and entrywise nodes: (AB)ᵀ = BᵀAᵀ, (A + B)ᵀ = Aᵀ + Bᵀ, (Aᵀ)ᵀ = A."""
     if isinstance(a, MatMul):
-        coeff, mats = a.as_coeff_matrices()
-        return matmul(coeff, *(transpose(m) for m in reversed(mats)))
+        coeff, mats = factors(a)
+        return product(coeff, *(transpose(m) for m in reversed(mats)))
     if isinstance(a, MatAdd):
-        return matadd(*(transpose(t) for t in a.args))
+        return total(*(transpose(t) for t in a.args))
     if isinstance(a, HadamardProduct):
         return HadamardProduct(*(transpose(f) for f in a.args))
     if isinstance(a, (HadamardPower, MatPow)):
@@ -159,10 +130,10 @@ def product_vjp(node: MatMul, g: Basic) -> Cotangents:
     for i, factor in enumerate(mats):
         left = [transpose(f) for f in reversed(mats[:i])]
         right = [transpose(f) for f in reversed(mats[i + 1 :])]
-        out.append((factor, matmul(coeff, *left, g, *right)))
+        out.append((factor, product(coeff, *left, g, *right)))
     for i, s in enumerate(scalars):
         rest = sp.Mul(*(scalars[:i] + scalars[i + 1 :]))
-        out.append((s, Trace(matmul(rest, transpose(g), *mats))))
+        out.append((s, Trace(product(rest, transpose(g), *mats))))
     return out
 
 
@@ -194,8 +165,8 @@ def hadamard_power_vjp(node: HadamardPower, g: Basic) -> Cotangents:
     if p == 1:
         return [(base, g)]
     if p == 2:
-        return [(base, matmul(2, hadamard_product(g, base)))]
-    return [(base, matmul(p, hadamard_product(g, HadamardPower(base, p - 1))))]
+        return [(base, product(2, hadamard_product(g, base)))]
+    return [(base, product(p, hadamard_product(g, HadamardPower(base, p - 1))))]
 
 
 @defvjp(Exp)
@@ -213,26 +184,26 @@ def log_vjp(node: Log, g: Basic) -> Cotangents:
 @defvjp(Tanh)
 def tanh_vjp(node: Tanh, g: Basic) -> Cotangents:
     """tr(Gᵀ d tanh(A)) = tr((G ⊙ (𝟏𝟏ᵀ − tanh(A)^{∘2}))ᵀ dA)."""
-    return [(node.arg, hadamard_product(g, matadd(ones_like(node), matmul(-1, HadamardPower(node, 2)))))]
+    return [(node.arg, hadamard_product(g, total(ones_like(node), product(-1, HadamardPower(node, 2)))))]
 
 
 @defvjp(Sigmoid)
 def sigmoid_vjp(node: Sigmoid, g: Basic) -> Cotangents:
     """tr(Gᵀ dσ(A)) = tr((G ⊙ σ(A) ⊙ (𝟏𝟏ᵀ − σ(A)))ᵀ dA)."""
-    return [(node.arg, hadamard_product(g, node, matadd(ones_like(node), matmul(-1, node))))]
+    return [(node.arg, hadamard_product(g, node, total(ones_like(node), product(-1, node))))]
 
 
 @defvjp(RowSoftmax)
 def row_softmax_vjp(node: RowSoftmax, g: Basic) -> Cotangents:
     """dP = P ⊙ (dA − (P ⊙ dA) 𝟏𝟏ᵀ), so tr(Gᵀ dP) = tr((P ⊙ (G − rowsum(G ⊙ P) 𝟏ᵀ))ᵀ dA)."""
     ones_row = OneMatrix(1, node.shape[1])
-    return [(node.arg, hadamard_product(node, matadd(g, matmul(-1, RowSum(hadamard_product(g, node)), ones_row))))]
+    return [(node.arg, hadamard_product(node, total(g, product(-1, RowSum(hadamard_product(g, node)), ones_row))))]
 
 
 @defvjp(RowSum)
 def row_sum_vjp(node: RowSum, g: Basic) -> Cotangents:
     """tr(Gᵀ d(A 𝟏)) = tr((G 𝟏ᵀ)ᵀ dA): the n × 1 cotangent broadcast along each row."""
-    return [(node.arg, matmul(g, OneMatrix(1, node.arg.shape[1])))]
+    return [(node.arg, product(g, OneMatrix(1, node.arg.shape[1])))]
 
 
 # Head blocks.
@@ -256,13 +227,13 @@ def merge_heads_vjp(node: MergeHeads, g: Basic) -> Cotangents:
 @defvjp(Trace)
 def trace_vjp(node: Trace, c: Basic) -> Cotangents:
     """d tr(A) = tr(Iᵀ dA): A receives c I."""
-    return [(node.arg, matmul(c, Identity(node.arg.shape[0])))]
+    return [(node.arg, product(c, Identity(node.arg.shape[0])))]
 
 
 @defvjp(SumEntries)
 def sum_entries_vjp(node: SumEntries, c: Basic) -> Cotangents:
     """d sum(A) = tr((𝟏𝟏ᵀ)ᵀ dA): A receives c 𝟏𝟏ᵀ."""
-    return [(node.arg, matmul(c, ones_like(node.arg)))]
+    return [(node.arg, product(c, ones_like(node.arg)))]
 
 
 @defvjp(sp.Add)
@@ -311,15 +282,15 @@ def layer_norm_vjp(node: LayerNorm, g: Basic) -> Cotangents:
     tr(Gᵀ dN) = tr((r𝟏ᵀ ⊙ (G − rowsum(G) 𝟏ᵀ/d − N ⊙ rowsum(G ⊙ N) 𝟏ᵀ/d))ᵀ dA)."""
     cols = node.shape[1]
     ones_row = OneMatrix(1, cols)
-    centred = matadd(
+    centred = total(
         g,
-        matmul(-1 / cols, RowSum(g), ones_row),
-        matmul(-1 / cols, hadamard_product(node, matmul(RowSum(hadamard_product(g, node)), ones_row))),
+        product(-1 / cols, RowSum(g), ones_row),
+        product(-1 / cols, hadamard_product(node, product(RowSum(hadamard_product(g, node)), ones_row))),
     )
-    return [(node.arg, hadamard_product(matmul(RowInvStd(node.arg, node.eps), ones_row), centred))]
+    return [(node.arg, hadamard_product(product(RowInvStd(node.arg, node.eps), ones_row), centred))]
 
 
-# Grouped-query heads (appended by helper "masks").
+# Grouped-query heads: H_kv key/value heads shared by H query heads.
 
 
 @defvjp(RepeatHeads)

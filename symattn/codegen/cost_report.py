@@ -2,7 +2,7 @@
 
 Three counts of the backward: as derived (each gradient's closed form, shared
 subexpressions once), simplified (``simplify_all`` over the forward and every
-gradient) and, where code generation is present, the generated schedule's
+gradient) and, for a built-in spec with its default options, the generated schedule's
 assignments (each named value computed once, names free).
 """
 
@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import sympy as sp
 from sympy import Basic
 
+from symattn.codegen.schedule import schedule
 from symattn.lang.shapes import dimension_symbols
 from symattn.optimize.cost import (
     TYPICAL_SIZES,
@@ -41,7 +42,7 @@ class CostReport:
     backward_derived: Basic
     rows: tuple[dict[str, float], ...]
     largest: tuple[tuple[str, Basic], ...]  # (name or expression, symbolic entries)
-    generated_forward: Basic | None = None  # the generated schedule's, where code generation is present
+    generated_forward: Basic | None = None  # the generated schedule's (a built-in spec, default options)
     generated_backward: Basic | None = None
     itemsize: int = 4  # bytes per entry of the peaks
 
@@ -136,15 +137,11 @@ def cost_report(name_or_spec, sizes: Sequence[Mapping[str, int]] = REPORT_SIZES,
     )
 
 
-def schedule_values(name: str) -> tuple[list[Basic], list[Basic]] | None:
+def schedule_values(name: str) -> tuple[list[Basic], list[Basic]]:
     """The generated schedule's forward and backward values, each name replaced by its definition.
 
-    Costed as one DAG, every named value counts once (None where code generation is absent).
+    Costed as one DAG, every named value counts once.
     """
-    try:
-        from symattn.codegen.schedule import schedule
-    except ImportError:
-        return None
     sched = schedule(name)
     values: dict[Basic, Basic] = {}
     for a in (*sched.forward, *sched.backward):

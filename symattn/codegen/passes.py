@@ -11,7 +11,8 @@ import sympy as sp
 from sympy import Basic, MatrixSymbol
 from sympy.matrices.expressions import BlockMatrix, MatMul, Transpose
 
-from symattn.codegen.dag import Assignment, count_uses, factors, is_weight, product
+from symattn.codegen.dag import Assignment, count_uses, is_weight
+from symattn.lang.algebra import factors, product, terms
 from symattn.lang.ops import RowSum
 
 
@@ -25,11 +26,11 @@ def fold_scalar_multiples(forward: list[Assignment], keep: set) -> list[Assignme
         for a in forward:
             if a.target in keep or counts[a.target] != 1:
                 continue
-            found = next(((b, t) for b in forward for t in _terms(b.value) if _is_multiple_of(t, a.target)), None)
+            found = next(((b, t) for b in forward for t in terms(b.value) if _is_multiple_of(t, a.target)), None)
             if found is None:
                 continue
             user, term = found
-            merged = product(factors(term)[0], [a.value])
+            merged = product(factors(term)[0], a.value, canonical=False, flatten=True)
             value = (
                 merged
                 if term is user.value
@@ -39,11 +40,6 @@ def fold_scalar_multiples(forward: list[Assignment], keep: set) -> list[Assignme
             break
         else:
             return forward
-
-
-def _terms(value: Basic) -> tuple[Basic, ...]:
-    """The terms of a sum, or the value itself."""
-    return value.args if isinstance(value, sp.MatAdd) else (value,)
 
 
 def _is_multiple_of(term: Basic, symbol: MatrixSymbol) -> bool:
@@ -60,7 +56,7 @@ def fuse_projections(forward: list[Assignment], backward: list[Assignment]) -> t
     """
     groups: dict[Basic, list[Assignment]] = {}
     for a in forward:
-        coeff, mats = factors(a.value) if isinstance(a.value, MatMul) else (0, [])
+        coeff, mats = factors(a.value)
         if coeff == 1 and len(mats) == 2 and not is_weight(mats[0]) and is_weight(mats[1]):
             groups.setdefault(mats[0], []).append(a)
     for x, group in groups.items():
@@ -89,7 +85,7 @@ def _fuse_backward(backward: list[Assignment], x, weights, w_all, label: str, co
     for a in backward:
         if isinstance(a.value, sp.MatAdd):
             for term in a.value.args:
-                coeff, mats = factors(term) if isinstance(term, MatMul) else (0, [])
+                coeff, mats = factors(term)
                 if coeff == 1 and len(mats) == 2 and isinstance(mats[1], Transpose) and mats[1].arg in weights:
                     cotangents[mats[1].arg] = mats[0]
             if len(cotangents) == len(weights) and len(a.value.args) == len(weights):
@@ -101,7 +97,7 @@ def _fuse_backward(backward: list[Assignment], x, weights, w_all, label: str, co
     blocks = [cotangents[w] for w in weights]
     d_weights = {}
     for a in backward:
-        coeff, mats = factors(a.value) if isinstance(a.value, MatMul) else (0, [])
+        coeff, mats = factors(a.value)
         if coeff == 1 and mats[:1] == [x.T] and len(mats) == 2 and mats[1] in blocks:
             d_weights[mats[1]] = a
     out: list[Assignment] = []

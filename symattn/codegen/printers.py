@@ -23,158 +23,18 @@ import sympy as sp
 from sympy import Basic, MatrixExpr
 from sympy.matrices.expressions import HadamardProduct, MatAdd, MatMul, OneMatrix, Transpose
 
+from symattn.codegen import common_runtime, numpy_runtime, torch_runtime
 from symattn.codegen.dag import typical_size as schedule_size
 from symattn.errors import SymattnError
-from symattn.numeric.printers import NUMPY_HELPERS, NumPyMatrixPrinter, _split_sign
+from symattn.numeric.printers import NUMPY_RUNTIME, NumPyMatrixPrinter, _split_sign, runtime_functions, runtime_source
 
-GENERATED_NUMPY_HELPERS = {
-    **NUMPY_HELPERS,
-    "add_optional": '''def add_optional(a, b):
-    """a + b, or a itself when b is None (an absent bias or mask)."""
-    return a if b is None else a + b
-''',
-    "masked_row_softmax_lse": '''def masked_row_softmax_lse(a):
-    """row_softmax_lse for rows that may hold -inf: a row of -inf gives zeros and L = +inf (exp(A - L) = 0)."""
-    top = a.max(axis=-1, keepdims=True, initial=-np.inf)
-    top[top == -np.inf] = 0.0
-    e = np.exp(a - top)
-    total = e.sum(axis=-1, keepdims=True)
-    empty = total == 0
-    e /= np.where(empty, 1.0, total)
-    with np.errstate(divide="ignore"):
-        return e, np.where(empty, np.inf, top + np.log(total))
-''',
-    "masked_row_softmax": '''def masked_row_softmax(a, out=None):
-    """row_softmax for rows that may hold -inf: a row whose entries are all -inf gives zeros, not NaN."""
-    top = a.max(axis=-1, keepdims=True, initial=-np.inf)
-    top[top == -np.inf] = 0.0
-    out = np.subtract(a, top, out=out)
-    np.exp(out, out=out)
-    out /= np.maximum(out.sum(axis=-1, keepdims=True), 1.0)  # the row max gives exp(0) = 1 unless all are -inf
-    return out
-''',
-    "row_softmax": '''def row_softmax(a, out=None):
-    """softmax along the last axis, the row max subtracted first; out may be a itself."""
-    out = np.subtract(a, a.max(axis=-1, keepdims=True, initial=-np.inf), out=out)
-    np.exp(out, out=out)
-    out /= out.sum(axis=-1, keepdims=True)
-    return out
-''',
-    "rows": '''def rows(a):
-    """(..., n, k) -> (N, k): every row of every batch element, stacked."""
-    return a.reshape(-1, a.shape[-1])
-''',
-    "sum_batch": '''def sum_batch(a):
-    """(..., p, q) -> (p, q): the sum over the leading batch dimensions."""
-    return a.reshape(-1, *a.shape[-2:]).sum(axis=0)
-''',
-    "row_softmax_lse": '''def row_softmax_lse(a):
-    """softmax along the last axis and the row log-sum-exp, the row max subtracted first."""
-    top = a.max(axis=-1, keepdims=True, initial=-np.inf)
-    e = np.exp(a - top)
-    total = e.sum(axis=-1, keepdims=True)
-    e /= total
-    return e, top + np.log(total)
-''',
+# helper name -> its function in a runtime module: the expression helpers and the modules' input checks
+GENERATED_NUMPY_RUNTIME = {
+    **NUMPY_RUNTIME,
+    **runtime_functions(common_runtime),
+    **runtime_functions(numpy_runtime),
 }
-
-TORCH_HELPERS = {
-    "add_optional": '''def add_optional(a, b):
-    """a + b, or a itself when b is None (an absent bias or mask)."""
-    return a if b is None else a + b
-''',
-    "masked_row_softmax_lse": '''def masked_row_softmax_lse(a):
-    """row_softmax_lse for rows that may hold -inf: a row of -inf gives zeros and L = +inf (exp(A - L) = 0)."""
-    top = a.amax(dim=-1, keepdim=True) if a.shape[-1] else a.new_zeros(*a.shape[:-1], 1)  # no keys
-    top.masked_fill_(top == float("-inf"), 0.0)
-    e = torch.exp(a - top)
-    total = e.sum(dim=-1, keepdim=True)
-    empty = total == 0
-    e /= total.masked_fill(empty, 1.0)
-    return e, (top + torch.log(total)).masked_fill_(empty, float("inf"))
-''',
-    "masked_row_softmax": '''def masked_row_softmax(a, out=None):
-    """row_softmax for rows that may hold -inf: a row whose entries are all -inf gives zeros, not NaN."""
-    top = a.amax(dim=-1, keepdim=True) if a.shape[-1] else a.new_zeros(*a.shape[:-1], 1)  # no keys
-    top.masked_fill_(top == float("-inf"), 0.0)
-    out = torch.sub(a, top, out=out)
-    out.exp_()
-    out /= out.sum(dim=-1, keepdim=True).clamp_(min=1.0)  # the row max gives exp(0) = 1 unless all are -inf
-    return out
-''',
-    "row_softmax": '''def row_softmax(a, out=None):
-    """softmax along the last axis, the row max subtracted first; out may be a itself."""
-    top = a.amax(dim=-1, keepdim=True) if a.shape[-1] else a.new_zeros(*a.shape[:-1], 1)  # no keys
-    out = torch.sub(a, top, out=out)
-    out.exp_()
-    out /= out.sum(dim=-1, keepdim=True)
-    return out
-''',
-    "sigmoid": '''def sigmoid(a):
-    """1 / (1 + exp(-a)), entrywise."""
-    return torch.sigmoid(a)
-''',
-    "split_heads": '''def split_heads(a, heads):
-    """(..., n, heads * k) -> (..., heads, n, k)."""
-    return a.reshape(*a.shape[:-1], heads, a.shape[-1] // heads).transpose(-2, -3)
-''',
-    "merge_heads": '''def merge_heads(a, heads):
-    """(..., heads, n, k) -> (..., n, heads * k)."""
-    a = a.transpose(-2, -3)
-    return a.reshape(*a.shape[:-2], a.shape[-2] * a.shape[-1])
-''',
-    "repeat_heads": '''def repeat_heads(a, heads):
-    """(..., kv_heads, n, k) -> (..., heads, n, k): head h reads kv head h // (heads // kv_heads)."""
-    return a if a.shape[-3] == heads else a.repeat_interleave(heads // a.shape[-3], dim=-3)
-''',
-    "sum_groups": '''def sum_groups(a, heads):
-    """(..., H, n, k) -> (..., heads, n, k): each group of H // heads consecutive heads summed."""
-    if a.shape[-3] == heads:
-        return a
-    return a.reshape(*a.shape[:-3], heads, a.shape[-3] // heads, *a.shape[-2:]).sum(dim=-3)
-''',
-    "rows": '''def rows(a):
-    """(..., n, k) -> (N, k): every row of every batch element, stacked."""
-    return a.reshape(-1, a.shape[-1])
-''',
-    "sum_batch": '''def sum_batch(a):
-    """(..., p, q) -> (p, q): the sum over the leading batch dimensions."""
-    return a.reshape(-1, *a.shape[-2:]).sum(dim=0)
-''',
-    "row_softmax_lse": '''def row_softmax_lse(a):
-    """softmax along the last axis and the row log-sum-exp, the row max subtracted first."""
-    top = a.amax(dim=-1, keepdim=True) if a.shape[-1] else a.new_zeros(*a.shape[:-1], 1)  # no keys
-    e = torch.exp(a - top)
-    total = e.sum(dim=-1, keepdim=True)
-    e /= total
-    return e, top + torch.log(total)
-''',
-    "gelu": '''def gelu(a):
-    """x Φ(x), entrywise (exact, erf form)."""
-    return torch.nn.functional.gelu(a)
-''',
-    "gelu_grad": '''def gelu_grad(a):
-    """GELU′(x) = Φ(x) + x φ(x), entrywise."""
-    return 0.5 * (1.0 + torch.erf(a * 0.7071067811865476)) + a * torch.exp(-0.5 * a * a) * 0.3989422804014327
-''',
-    "gelu_tanh": '''def gelu_tanh(a):
-    """x (1 + tanh(√(2/π) (x + 0.044715 x³))) / 2, entrywise."""
-    return torch.nn.functional.gelu(a, approximate="tanh")
-''',
-    "gelu_tanh_grad": '''def gelu_tanh_grad(a):
-    """The derivative of gelu_tanh: (1 + t) / 2 + x (1 − t²) k (1 + 3 c x²) / 2, t = tanh(k (x + c x³))."""
-    t = torch.tanh(0.7978845608028654 * (a + 0.044715 * a * a * a))
-    return 0.5 * (1.0 + t) + 0.5 * a * (1.0 - t * t) * 0.7978845608028654 * (1.0 + 0.134145 * a * a)
-''',
-    "layer_norm": '''def layer_norm(a, eps):
-    """Each row standardised: (a − mean) / √(biased variance + eps), along the last axis."""
-    return torch.nn.functional.layer_norm(a, a.shape[-1:], eps=eps)
-''',
-    "row_inv_std": '''def row_inv_std(a, eps):
-    """1 / √(biased variance + eps) of each row, as a column (..., n, 1)."""
-    return torch.rsqrt(a.var(dim=-1, keepdim=True, correction=0) + eps)
-''',
-}
+TORCH_RUNTIME = {**runtime_functions(common_runtime), **runtime_functions(torch_runtime)}
 
 
 def typical_size(expr: MatrixExpr) -> int:
@@ -311,8 +171,27 @@ class GeneratedCodeMixin:
         rows = [self.concatenate([self._print(b) for b in blocks.row(i)], axis=-1) for i in range(blocks.shape[0])]
         return self.concatenate(rows, axis=-2)
 
+    # the function that joins arrays along an axis
+    concatenate_function = "np.concatenate"
+
     def concatenate(self, parts: list[str], axis: int) -> str:
-        return f"np.concatenate([{', '.join(parts)}], axis={axis})"
+        return f"{self.concatenate_function}([{', '.join(parts)}], {self.axis_keyword}={axis})"
+
+    def concatenate_rows(self, blocks: str) -> str:
+        """The blocks of rows in the list called blocks, stacked back into one array."""
+        return f"{self.concatenate_function}({blocks}, {self.axis_keyword}=-2)"
+
+    def zeros_like(self, name: str) -> str:
+        """Zeros of the shape, dtype (and device) of the array called name."""
+        return f"{self.module_alias}.zeros_like({name})"
+
+    def column_sums(self, text: str) -> str:
+        """𝟏ᵀ X: the sums of X's columns, as a row."""
+        return self.reduce_sum(text, "0", keepdims=True)
+
+    def runtime_source(self, names: list[str]) -> str:
+        """The source of the named runtime helpers (input checks, masks), in that order."""
+        return runtime_source(self.runtime, names)
 
     def _print_MatrixSlice(self, expr: Basic) -> str:
         parent, rows, cols = expr.args
@@ -415,69 +294,24 @@ def _batched(expr: Basic, batched: set) -> bool:
 class GeneratedNumPyPrinter(GeneratedCodeMixin, NumPyMatrixPrinter):
     """NumPy source for generated modules."""
 
-    helpers_table = GENERATED_NUMPY_HELPERS
-
-    def column_sums(self, text: str) -> str:
-        """𝟏ᵀ X: the sums of X's columns, as a row."""
-        return f"{text}.sum(axis=0, keepdims=True)"
-
-    def concatenate_rows(self, blocks: str) -> str:
-        """The blocks of rows in the list called blocks, stacked back into one array."""
-        return f"np.concatenate({blocks}, axis=-2)"
-
-    def zeros_like(self, name: str) -> str:
-        """Zeros of the shape and dtype of the array called name."""
-        return f"np.zeros_like({name})"
+    runtime = GENERATED_NUMPY_RUNTIME
 
 
 class TorchMatrixPrinter(GeneratedCodeMixin, NumPyMatrixPrinter):
     """PyTorch source for generated modules: tensors batched like the NumPy printer's arrays."""
 
     printmethod = "_symattn_torch"
-
-    def concatenate_rows(self, blocks: str) -> str:
-        """The blocks of rows in the list called blocks, stacked back into one tensor."""
-        return f"torch.cat({blocks}, dim=-2)"
-
-    def zeros_like(self, name: str) -> str:
-        """Zeros of the shape, dtype and device of the tensor called name."""
-        return f"torch.zeros_like({name})"
-
-    def batch_scalar(self, text: str) -> str:
-        return f"{text}[..., None, None]"
-
-    def column_sums(self, text: str) -> str:
-        """𝟏ᵀ X: the sums of X's columns, as a row."""
-        return f"{text}.sum(dim=0, keepdim=True)"
-
-    def concatenate(self, parts: list[str], axis: int) -> str:
-        return f"torch.cat([{', '.join(parts)}], dim={axis})"
-
-    def inplace_function(self, function: str, operand: str, buffer: str) -> str:
-        """function(operand) in place: A.sub_(L).exp_()."""
-        return f"{operand}.{function.removeprefix('torch.')}_()"
-
-    def inplace_operation(self, op: str, target: str, operand: str, buffer: str) -> str:
-        """target op operand, in place: dP.sub_(D).mul_(P)."""
-        method = {"add": "add_", "subtract": "sub_", "multiply": "mul_"}[op]
-        return f"{target}.{method}({operand})"
-
-    helpers_table = TORCH_HELPERS
+    module_alias = "torch"
+    axis_keyword = "dim"
+    keepdims_keyword = "keepdim"
+    concatenate_function = "torch.cat"
+    runtime = TORCH_RUNTIME
     helper_needs: dict = {}  # torch has erf
     # SymPy's NumPy printer names numpy functions (MatPow: numpy.linalg.matrix_power); their torch forms
     numpy_functions = {
         "numpy.linalg.matrix_power": "torch.linalg.matrix_power",
         "numpy.linalg.inv": "torch.linalg.inv",
     }
-
-    def _module_format(self, fqn: str, register: bool = True) -> str:
-        """The torch name of a numpy function SymPy's printer asks for; a module that imports only torch has no np."""
-        if fqn.startswith("numpy."):
-            if fqn not in self.numpy_functions:
-                raise SymattnError(f"the torch printer has no torch form of {fqn}")
-            return self.numpy_functions[fqn]
-        return super()._module_format(fqn, register)
-
     elementwise = {
         "exp": "torch.exp",
         "log": "torch.log",
@@ -489,18 +323,28 @@ class TorchMatrixPrinter(GeneratedCodeMixin, NumPyMatrixPrinter):
         "gelu_tanh_grad": "gelu_tanh_grad",
     }
 
-    def _print_RowSum(self, expr: Basic) -> str:
-        return f"{self._atom(expr.arg)}.sum(dim=-1, keepdim=True)"
+    def batch_scalar(self, text: str) -> str:
+        return f"{text}[..., None, None]"
 
-    def _print_SumEntries(self, expr: Basic) -> str:
-        return f"{self._atom(expr.arg)}.sum(dim=(-2, -1))"
+    def inplace_function(self, function: str, operand: str, buffer: str) -> str:
+        """function(operand) in place: A.sub_(L).exp_()."""
+        return f"{operand}.{function.removeprefix('torch.')}_()"
+
+    def inplace_operation(self, op: str, target: str, operand: str, buffer: str) -> str:
+        """target op operand, in place: dP.sub_(D).mul_(P)."""
+        method = {"add": "add_", "subtract": "sub_", "multiply": "mul_"}[op]
+        return f"{target}.{method}({operand})"
+
+    def _module_format(self, fqn: str, register: bool = True) -> str:
+        """The torch name of a numpy function SymPy's printer asks for; a module that imports only torch has no np."""
+        if fqn.startswith("numpy."):
+            if fqn not in self.numpy_functions:
+                raise SymattnError(f"the torch printer has no torch form of {fqn}")
+            return self.numpy_functions[fqn]
+        return super()._module_format(fqn, register)
 
     def _print_Trace(self, expr: Basic) -> str:
         return f"torch.diagonal({self._print(expr.arg)}, dim1=-2, dim2=-1).sum(dim=-1)"
-
-    def _print_matrix_chain(self, mats: list[Basic]) -> str:
-        text = super()._print_matrix_chain(mats)
-        return text.replace(".sum(axis=-1, keepdims=True)", ".sum(dim=-1, keepdim=True)")
 
     def _repeat(self, column: str, times: Basic) -> str:
         return f"{column}.expand(*{column}.shape[:-1], {self._print(times)})"

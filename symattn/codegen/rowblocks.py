@@ -18,9 +18,10 @@ import sympy as sp
 from sympy import Basic, MatrixSymbol
 from sympy.matrices.expressions import MatMul, OneMatrix, Transpose
 
-from symattn.codegen.dag import Assignment, factors
+from symattn.codegen.dag import Assignment
 from symattn.codegen.schedule import Schedule
 from symattn.errors import SymattnError
+from symattn.lang.algebra import factors
 from symattn.lang.ops import Exp, RowSoftmax
 
 BLOCK_SIZE = 128  # default query rows per block: 128 × m temporaries (2 MiB each at m = 4096, float32)
@@ -54,20 +55,16 @@ class Plan:
     saved: tuple[Basic, ...]
 
 
-def plan(sched: Schedule) -> Plan:
-    """Cut the schedule around its one row softmax: A = c·X Zᵀ (+ M), P = softmax(A), O = P V.
-
-    An additive n × m mask M is row-local: each block reads its rows M_b.
-    """
+def _attention_core(sched: Schedule) -> tuple[int, Basic, set]:
+    """Where P = softmax(A) is among the forward assignments, X of A = c·X Zᵀ, and {Z, V} of O = P V."""
     forward = list(sched.forward)
     where = [i for i, a in enumerate(forward) if isinstance(a.value, RowSoftmax)]
     if len(where) != 1 or where[0] == 0 or where[0] + 1 >= len(forward):
         raise SymattnError(f"spec {sched.spec.name}: the memory-efficient variant needs one row softmax")
     i = where[0]
     a_def, p_def, o_def = forward[i - 1], forward[i], forward[i + 1]
-    scores = _scores(a_def.value)
-    _, a_mats = factors(scores) if isinstance(scores, MatMul) else (1, [])
-    _, o_mats = factors(o_def.value) if isinstance(o_def.value, MatMul) else (1, [])
+    _, a_mats = factors(_scores(a_def.value))
+    _, o_mats = factors(o_def.value)
     if (
         p_def.value.arg != a_def.target
         or len(a_mats) != 2
@@ -76,7 +73,17 @@ def plan(sched: Schedule) -> Plan:
         or len(o_mats) != 2
     ):
         raise SymattnError(f"spec {sched.spec.name}: the memory-efficient variant needs A = c·X Zᵀ, P, O = P V")
-    query, full = a_mats[0], {a_mats[1].arg, o_mats[1]}
+    return i, a_mats[0], {a_mats[1].arg, o_mats[1]}
+
+
+def plan(sched: Schedule) -> Plan:
+    """Cut the schedule around its one row softmax: A = c·X Zᵀ (+ M), P = softmax(A), O = P V.
+
+    An additive n × m mask M is row-local: each block reads its rows M_b.
+    """
+    forward = list(sched.forward)
+    i, query, full = _attention_core(sched)
+    a_def, p_def, o_def = forward[i - 1], forward[i], forward[i + 1]
     n_rows = p_def.target.shape[0]
     lse = MatrixSymbol("L", n_rows, 1)
     blocks: dict[MatrixSymbol, MatrixSymbol] = {}
@@ -112,7 +119,7 @@ def plan(sched: Schedule) -> Plan:
     inside: list[Assignment] = []
     for a in sched.backward:
         reads = a.value.atoms(MatrixSymbol)
-        _, mats = factors(a.value) if isinstance(a.value, MatMul) else (1, [])
+        _, mats = factors(a.value)
         # n × m values (dP = dO Vᵀ) are made block by block too, never whole
         if reads & (summed | later) or not (reads & propagating or a.target.shape == p_def.target.shape):
             if reads & (summed | later):

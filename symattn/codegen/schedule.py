@@ -19,8 +19,7 @@ Printers turn each assignment into code; templates only lay the lines out.
 from __future__ import annotations
 
 import functools
-import itertools
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import sympy as sp
@@ -28,21 +27,16 @@ from sympy import Basic, MatrixExpr, MatrixSymbol
 from sympy.matrices.expressions import MatMul
 
 from symattn.autodiff.grad import backward
-from symattn.codegen.dag import (
-    Assignment,
-    Names,
-    count_uses,
-    expand,
-    factors,
-    is_trivial,
-    is_weight,
-    product,
-    typical_size,
-)
+from symattn.codegen.dag import Assignment, count_uses, expand, is_trivial, is_weight
 from symattn.codegen.passes import fold_scalar_multiples, fuse_projections, name_constants, name_row_sums
+from symattn.lang.algebra import factors, total
+from symattn.lang.dims import Binding, bind_dimensions
+from symattn.lang.names import Names
+from symattn.optimize.cost import flops_value
+from symattn.optimize.simplify import simplify
 from symattn.specs import Option, Spec, family
 
-__all__ = ["Assignment", "Binding", "Option", "Schedule", "is_weight", "product", "schedule", "typical_size"]
+__all__ = ["Assignment", "Binding", "Option", "Schedule", "is_weight", "schedule"]
 
 
 def simplifier(given: list[Basic]) -> Callable[[Basic], Basic]:
@@ -51,24 +45,10 @@ def simplifier(given: list[Basic]) -> Callable[[Basic], Basic]:
     Flattening undoes the simplifier's placement of scalars inside products, so that
     the forward names still match; the printers place scalars on the smallest factor.
     """
-    try:
-        from symattn.optimize.simplify import simplify
-    except ImportError:  # pragma: no cover - the simplifier is optional
-        return lambda expr: expr
     return lambda expr: expand(simplify(expr, given=given), {})
 
 
 SEED = "grad_out"  # name of the output's cotangent in generated code
-
-
-@dataclass(frozen=True)
-class Binding:
-    """A dimension read off an input's shape: symbol = input.shape[axis] // divisor."""
-
-    symbol: sp.Symbol
-    input: str
-    axis: int
-    divisor: Basic | None = None
 
 
 @dataclass(frozen=True)
@@ -98,29 +78,6 @@ class Schedule:
         return any(s.name not in self.weights for s in expr.atoms(MatrixSymbol))
 
 
-def _bindings(inputs: Iterable[MatrixSymbol], known: set) -> tuple[Binding, ...]:
-    """Read every dimension off the first input axis that determines it."""
-    known = set(known)
-    found: list[Binding] = []
-    progress = True
-    while progress:
-        progress = False
-        for x in inputs:
-            for axis, size in zip((-2, -1), x.shape):
-                size = sp.sympify(size)
-                unknown = size.free_symbols - known
-                if len(unknown) != 1:
-                    continue
-                (s,) = unknown
-                divisor = sp.simplify(size / s)
-                if divisor.free_symbols - known or s in divisor.free_symbols:
-                    continue
-                found.append(Binding(s, str(x.name), axis, None if divisor == 1 else divisor))
-                known.add(s)
-                progress = True
-    return tuple(found)
-
-
 def _shared(values: list[Basic], labelled: frozenset = frozenset()) -> Basic | None:
     """The largest non-trivial subexpression used at least twice, if any (one with a label first)."""
     counts = count_uses(values)
@@ -135,7 +92,7 @@ def _product_name(expr: Basic) -> str:
     if isinstance(expr, sp.MatAdd):  # Q W_Q + 𝟏 b_Q: named after its product, dQW_Q
         products = [t for t in expr.args if isinstance(t, MatMul) and not t.has(sp.OneMatrix)]
         return _product_name(products[0]) if len(products) == 1 else ""
-    _, mats = factors(expr) if isinstance(expr, MatMul) else (1, [expr])
+    _, mats = factors(expr)
     if all(isinstance(m, MatrixSymbol) for m in mats):
         return "d" + "".join(str(m.name) for m in mats)
     return ""
@@ -160,23 +117,6 @@ def _order(assignments: list[Assignment]) -> list[Assignment]:
     return placed
 
 
-def cost(expr: Basic) -> int:
-    """Multiply-adds and entrywise operations of expr at typical sizes, each distinct node once."""
-    total = 0
-    for node in set(sp.preorder_traversal(expr)):
-        if not isinstance(node, MatrixExpr) or is_trivial(node):
-            continue
-        if isinstance(node, MatMul):
-            _, mats = factors(node)
-            rows = typical_size(mats[0].shape[0])
-            for left, right in itertools.pairwise(mats):
-                total += rows * typical_size(left.shape[1]) * typical_size(right.shape[1])
-            total += rows * typical_size(mats[-1].shape[1])  # the scalar factor, if any
-        else:
-            total += typical_size(node.shape[0]) * typical_size(node.shape[1])
-    return total
-
-
 def _sweep(forward: list[Assignment], inputs: tuple, seed: MatrixSymbol) -> tuple[list[Assignment], dict[Basic, str]]:
     """Reverse mode over the named forward assignments, one VJP per assignment.
 
@@ -196,11 +136,11 @@ def _sweep(forward: list[Assignment], inputs: tuple, seed: MatrixSymbol) -> tupl
         terms = contributions.pop(target, [])
         if not terms:
             return None
-        total = terms[0] if len(terms) == 1 else sp.MatAdd(*terms).doit(deep=False)
-        if is_trivial(total):
-            return total
+        value = terms[0] if len(terms) == 1 else total(*terms)
+        if is_trivial(value):
+            return value
         symbol = MatrixSymbol("d" + str(target.name), *target.shape)
-        assignments.append(Assignment(symbol, total, reduce_batch=is_weight(target)))
+        assignments.append(Assignment(symbol, value, reduce_batch=is_weight(target)))
         return symbol
 
     for a in reversed(forward):
@@ -241,7 +181,7 @@ def _simplified(backward_values: list[Assignment], forward: list[Assignment]) ->
     out = []
     for b in backward_values:
         candidate = names.substitute(simplify(expand(b.value, definitions)), skip=b.value)
-        if candidate != b.value and cost(candidate) < cost(b.value):
+        if candidate != b.value and flops_value(candidate) < flops_value(b.value):
             b = Assignment(b.target, candidate, b.reduce_batch, b.comment)
         out.append(b)
     return out
@@ -316,7 +256,7 @@ def schedule_spec(s: Spec, options: tuple[Option, ...] = ()) -> Schedule:
     return Schedule(
         spec=s,
         options=options,
-        bindings=_bindings(s.inputs, {o.symbol for o in options}),
+        bindings=tuple(bind_dimensions(s.inputs, {o.symbol for o in options})),
         weights=frozenset(str(x.name) for x in s.inputs if is_weight(x)),
         forward=tuple(forward),
         output=output,

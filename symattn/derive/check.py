@@ -50,7 +50,7 @@ from symattn.autodiff.grad import backward, default_seed
 from symattn.derive.latex import text as text_of
 from symattn.errors import SymattnError
 from symattn.lang.dims import same_dim
-from symattn.lang.names import Abbreviations
+from symattn.lang.names import Names
 from symattn.lang.ops import MergeHeads, SplitHeads
 from symattn.lang.parse import parse
 from symattn.numeric.lambdify import lambdify
@@ -110,7 +110,7 @@ class CheckResult:
     status: str
     reason: str
     counterexample: Counterexample | None = None
-    names: Abbreviations | None = field(default=None, repr=False)  # prints intermediates by name
+    names: Names | None = field(default=None, repr=False)  # prints intermediates by name
 
     @property
     def right(self) -> bool:
@@ -169,7 +169,7 @@ def true_gradient(s: Spec, wrt: str) -> Basic:
             f"spec {s.name!r} has no input or intermediate {wrt!r}; inputs: {', '.join(s.input_names)}; "
             f"intermediates: {', '.join(named)}"
         )
-    short = Abbreviations(s.intermediates)
+    short = Names(s.intermediates)
     loose = short.symbols[wrt]
     definitions = {symbol: d for symbol, d in short.definitions if symbol != loose}
     downstream = short(s.output)
@@ -325,7 +325,7 @@ def check(
         raise SymattnError(f"the claimed gradient is a scalar ({claimed}); ∂f/∂{wrt} has shape {truth.shape}")
     shape_ok = all(same_dim(a, b) for a, b in zip(claimed.shape, truth.shape))
     shape_reason = f"its shape {claimed.shape} is not ∂f/∂{wrt}'s shape {truth.shape}"
-    names = Abbreviations(s.intermediates)
+    names = Names(s.intermediates)
 
     def verdict(status: str, reason: str, example: Counterexample | None = None) -> CheckResult:
         return CheckResult(s.name, wrt, claimed, truth, status, reason, example, names)

@@ -16,7 +16,7 @@ from sympy import Basic
 
 from symattn.derive.latex import LATEX, TEXT, MathPrinter, latex_name
 from symattn.derive.steps import DF, Chain, Definition, Side
-from symattn.lang.names import Abbreviations
+from symattn.lang.names import Names
 from symattn.specs import Spec
 
 NOTATION = (
@@ -56,7 +56,7 @@ class Document:
         named = list(spec.intermediates)
         if all(expr != spec.output for _, expr in named):
             named.append(("Y", spec.output))
-        self.short = Abbreviations(named)
+        self.short = Names(named)
         self.output = next(name for name, expr in named if expr == spec.output)
         self.per_head = any(name.endswith("_h") for name, _ in named)
 

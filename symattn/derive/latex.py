@@ -26,6 +26,7 @@ from sympy.matrices.expressions import (
     Transpose,
     ZeroMatrix,
 )
+from sympy.printing.printer import Printer
 
 from symattn.autodiff.differentials import Differential
 from symattn.errors import UnsupportedNodeError
@@ -144,30 +145,24 @@ def text_name(identifier: str) -> str:
     return identifier
 
 
-class MathPrinter:
-    """Prints matrix expressions of symattn's language in one notation."""
+class MathPrinter(Printer):
+    """Prints matrix expressions of symattn's language in one notation (SymPy's dispatch: ``_print_<Class>``)."""
 
-    def __init__(self, notation: Notation) -> None:
-        self.n = notation
+    printmethod = "_symattn_math"
+    _default_settings = {**Printer._default_settings, "notation": TEXT}
 
-    # Entry points.
+    def __init__(self, notation: Notation = TEXT, settings: dict | None = None) -> None:
+        super().__init__({**(settings or {}), "notation": notation})
+        self.n = self._settings["notation"]
 
-    def doprint(self, expr: Basic) -> str:
-        return self._print(expr)
+    def emptyPrinter(self, expr: Basic) -> str:
+        """A node no ``_print_<Class>`` method prints."""
+        raise UnsupportedNodeError(expr, "printing", [m[7:] for m in dir(self) if m.startswith("_print_")])
 
     def trace(self, matrix: Basic, per_head: bool = False) -> str:
         """tr(M), or Σ_h tr(M) for a matrix that holds one block per head."""
         body = f"{self.n.trace}{self.n.left}{self._print(matrix)}{self.n.right}"
         return self.n.sum_heads + body if per_head else body
-
-    # Dispatch.
-
-    def _print(self, expr: Basic) -> str:
-        for cls in type(expr).__mro__:
-            method = getattr(self, f"_print_{cls.__name__}", None)
-            if method is not None:
-                return method(expr)
-        raise UnsupportedNodeError(expr, "printing", [m[7:] for m in dir(self) if m.startswith("_print_")])
 
     def name(self, identifier: str) -> str:
         return latex_name(identifier) if self.n is LATEX else text_name(identifier)
@@ -251,6 +246,14 @@ class MathPrinter:
 
     def _print_Mul(self, expr: Basic) -> str:
         return self.scalar(expr)
+
+    _print_Add = _print_Pow = _print_Mul  # scalars of dimensions: d_k, H·d_k, √d_k
+
+    def _print_MatPow(self, expr: Basic) -> str:
+        """A^p, the matrix power."""
+        base, p = expr.args
+        power = f"^{{{self.scalar(p)}}}" if self.n is LATEX else f"^{self.scalar(p)}"
+        return self.superscripted(base) + power
 
     # Entrywise nodes.
 

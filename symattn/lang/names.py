@@ -1,55 +1,91 @@
-"""Short names for long subexpressions: the spec's intermediates (S, A, P, O, …) put back in.
+"""Named subexpressions: one table from definitions to the symbols that name them.
 
-``Abbreviations`` rewrites an expression bottom-up, replacing every occurrence of an
-intermediate's definition (or of its transpose) by the intermediate's symbol, so
-``1/√d_k · X W_Q W_Kᵀ Xᵀ`` reads ``A``. Products are flattened by SymPy, so a
-definition that is itself a product is also found as a run of consecutive factors
-(``G W_Vᵀ Xᵀ`` → ``G Vᵀ``). Display only: the verifier never sees abbreviations.
+``Names`` holds each definition with its name, and its transpose with the name's
+transpose, and puts the names back into an expression in one of two ways:
+
+- ``substitute`` (code generation) works top-down on values derived in full: an
+  expression that is a definition becomes its name; in a product, the longest
+  definitions that are runs of consecutive factors are replaced left to right (so
+  Q Kᵀ is found inside scale·X W_Q W_Kᵀ Xᵀ), their coefficients divided out.
+- calling the table (display) works bottom-up, definitions in the order they were
+  added, each already written with the earlier names: ``Names(spec.intermediates)``
+  makes ``1/√d_k · X W_Q W_Kᵀ Xᵀ`` read ``A`` and ``G W_Vᵀ Xᵀ`` read ``G Vᵀ``. A
+  definition with a coefficient is matched only where the rest of the coefficient
+  is a number. The verifier never sees display names.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-import sympy as sp
 from sympy import Basic, MatrixExpr, MatrixSymbol
 from sympy.matrices.expressions import MatMul
 
+from symattn.lang.algebra import factors, product, transposed_factors
 from symattn.lang.safe import expression
 
 
-def _split(expr: Basic) -> tuple[Basic, list[Basic]]:
-    """(scalar coefficient, matrix factors) of a product; (1, [expr]) for anything else."""
-    if isinstance(expr, MatMul):
-        scalars = [a for a in expr.args if not isinstance(a, MatrixExpr)]
-        return sp.Mul(*scalars), [a for a in expr.args if isinstance(a, MatrixExpr)]
-    return sp.Integer(1), [expr]
+class Names:
+    """A table from subexpressions to the symbols that name them (``named``: display names, in forward order)."""
 
-
-def _join(coeff: Basic, mats: list[Basic]) -> Basic:
-    if coeff == 1 and len(mats) == 1:
-        return mats[0]
-    return MatMul(*([coeff] if coeff != 1 else []), *mats)
-
-
-class Abbreviations:
-    """Replace the named intermediates of a spec (in forward order) by their symbols."""
-
-    def __init__(self, named: Sequence[tuple[str, MatrixExpr]]) -> None:
-        # (replacement, coefficient, factors): each definition and its transpose
+    def __init__(self, named: Sequence[tuple[str, MatrixExpr]] = ()) -> None:
+        self.table: dict[Basic, Basic] = {}  # definition → name, definitionᵀ → nameᵀ (the first one given)
+        # (name, coefficient, factors) of every definition and of its transpose, in the order added
         self.patterns: list[tuple[Basic, Basic, list[Basic]]] = []
         self.symbols: dict[str, MatrixSymbol] = {}
-        self.definitions: list[tuple[MatrixSymbol, Basic]] = []  # name = definition, in forward order
-        for name, expr in named:
+        self.definitions: list[tuple[MatrixSymbol, Basic]] = []  # name = definition with earlier names, in order
+        for label, expr in named:
             short = self(expr)
-            symbol = MatrixSymbol(name, *expr.shape)
-            self.symbols[name] = symbol
+            symbol = MatrixSymbol(label, *expr.shape)
+            self.symbols[label] = symbol
             self.definitions.append((symbol, short))
-            coeff, mats = _split(short)
-            self.patterns.append((symbol, coeff, mats))
-            self.patterns.append((symbol.T, coeff, _transposed(mats)))
+            self.add(short, symbol)
+
+    def add(self, expr: Basic, symbol: MatrixSymbol) -> None:
+        """Name expr by symbol, and exprᵀ by symbolᵀ."""
+        self.table[expr] = symbol
+        self.table.setdefault(expr.T, symbol.T)
+        coeff, mats = factors(expr)
+        self.patterns.append((symbol, coeff, mats))
+        self.patterns.append((symbol.T, coeff, transposed_factors(mats)))
+
+    # Code generation: top-down.
+
+    def substitute(self, expr: Basic, skip: Basic | None = None) -> Basic:
+        """expr with every named subexpression (but skip) replaced by its name."""
+        if expr in self.table and expr != skip:
+            return self.table[expr]
+        if not expr.args or isinstance(expr, MatrixSymbol):
+            return expr
+        if isinstance(expr, MatMul):
+            return self._substitute_product(expr, skip)
+        return expr.func(*(self.substitute(a, skip) for a in expr.args))
+
+    def _substitute_product(self, expr: MatMul, skip: Basic | None) -> Basic:
+        coeff, mats = factors(expr)
+        runs = sorted(
+            ((k, v) for k, v in self.table.items() if isinstance(k, MatMul) and k != skip),
+            key=lambda kv: -len(kv[0].args),
+        )
+        out: list[Basic] = []
+        i = 0
+        while i < len(mats):
+            for key, name in runs:
+                c, run = factors(key)
+                if len(run) > 1 and tuple(mats[i : i + len(run)]) == tuple(run):
+                    coeff = coeff / c
+                    out.append(name)
+                    i += len(run)
+                    break
+            else:
+                out.append(self.substitute(mats[i], skip))
+                i += 1
+        return product(coeff, *out, canonical=False, flatten=True)
+
+    # Display: bottom-up.
 
     def __call__(self, expr: Basic) -> Basic:
+        """expr with the names put in bottom-up, every occurrence of a definition (or its transpose) replaced."""
         memo: dict[Basic, Basic] = {}
 
         def walk(e: Basic) -> Basic:
@@ -70,7 +106,7 @@ class Abbreviations:
         """e with every run of factors that spells a definition replaced by its name."""
         if not isinstance(e, MatrixExpr):
             return e
-        coeff, mats = _split(e)
+        coeff, mats = factors(e)
         changed = True
         while changed:
             changed = False
@@ -84,11 +120,7 @@ class Abbreviations:
                 mats = mats[:found] + [replacement] + mats[found + len(p_mats) :]
                 coeff, changed = rest, True
                 break
-        return _join(coeff, mats)
-
-
-def _transposed(mats: list[Basic]) -> list[Basic]:
-    return [m.T for m in reversed(mats)]
+        return product(coeff, *mats, canonical=False)
 
 
 def _find(mats: list[Basic], target: list[Basic]) -> int | None:

@@ -13,31 +13,21 @@ import sympy as sp
 from sympy import Basic, Expr, MatrixExpr
 from sympy.matrices.expressions import HadamardProduct
 
-from symattn.errors import NotAMatrixError, ShapeMismatchError, SymattnError
+from symattn.errors import ShapeMismatchError
+from symattn.lang.node_base import Elementwise, require_matrix
+from symattn.lang.ops_block import (  # noqa: F401  (the Transformer block's nodes, importable from here too)
+    GELU_TANH_C,
+    GELU_TANH_K,
+    Gelu,
+    GeluGrad,
+    GeluTanh,
+    GeluTanhGrad,
+    LayerNorm,
+    RowInvStd,
+    gelu,
+    layer_norm,
+)
 from symattn.lang.safe import expression
-
-
-class Elementwise(MatrixExpr):
-    """f(A) applied entry by entry; subclasses name f."""
-
-    function: str = ""
-    scalar = staticmethod(sp.Function("f"))
-
-    def __new__(cls, arg: MatrixExpr) -> Elementwise:
-        arg = expression(arg)
-        _require_matrix(arg, cls.function)
-        return Basic.__new__(cls, arg)
-
-    @property
-    def arg(self) -> MatrixExpr:
-        return self.args[0]
-
-    @property
-    def shape(self) -> tuple:
-        return self.arg.shape
-
-    def _entry(self, i, j, **kwargs):
-        return self.scalar(self.arg._entry(i, j, **kwargs))
 
 
 class Exp(Elementwise):
@@ -73,7 +63,7 @@ class RowSoftmax(MatrixExpr):
 
     def __new__(cls, arg: MatrixExpr) -> RowSoftmax:
         arg = expression(arg)
-        _require_matrix(arg, "softmax")
+        require_matrix(arg, "softmax")
         return Basic.__new__(cls, arg)
 
     @property
@@ -96,7 +86,7 @@ class RowSum(MatrixExpr):
 
     def __new__(cls, arg: MatrixExpr) -> RowSum:
         arg = expression(arg)
-        _require_matrix(arg, "rowsum")
+        require_matrix(arg, "rowsum")
         return Basic.__new__(cls, arg)
 
     @property
@@ -119,7 +109,7 @@ class SumEntries(Expr):
 
     def __new__(cls, arg: MatrixExpr) -> SumEntries:
         arg = expression(arg)
-        _require_matrix(arg, "sum")
+        require_matrix(arg, "sum")
         return Basic.__new__(cls, arg)
 
     @property
@@ -142,7 +132,7 @@ class SplitHeads(MatrixExpr):
 
     def __new__(cls, arg: MatrixExpr, heads) -> SplitHeads:
         arg, heads = expression(arg), expression(heads)
-        _require_matrix(arg, "split_heads")
+        require_matrix(arg, "split_heads")
         return Basic.__new__(cls, arg, heads)
 
     @property
@@ -163,7 +153,7 @@ class MergeHeads(MatrixExpr):
 
     def __new__(cls, arg: MatrixExpr, heads) -> MergeHeads:
         arg, heads = expression(arg), expression(heads)
-        _require_matrix(arg, "merge_heads")
+        require_matrix(arg, "merge_heads")
         return Basic.__new__(cls, arg, heads)
 
     @property
@@ -185,12 +175,7 @@ def _block_width(cols: Expr, heads: Expr) -> Expr:
     return sp.simplify(cols / heads)
 
 
-def _require_matrix(arg: Basic, what: str) -> None:
-    if not isinstance(arg, MatrixExpr):
-        raise NotAMatrixError(f"{what} takes a matrix expression, got {type(arg).__name__} {arg}")
-
-
-# Public constructors (the names of CONTRACT.md).
+# Public constructors (the names a spec is written with).
 
 
 def softmax(a: MatrixExpr) -> RowSoftmax:
@@ -232,7 +217,7 @@ def hadamard(*factors: MatrixExpr) -> MatrixExpr:
     """Entrywise product A ⊙ B ⊙ …; the factors must share one shape."""
     factors = tuple(expression(f) for f in factors)
     for f in factors:
-        _require_matrix(f, "hadamard")
+        require_matrix(f, "hadamard")
     for f in factors[1:]:
         if not _same_shape(factors[0].shape, f.shape):
             raise ShapeMismatchError("hadamard product", factors[0].shape, f.shape)
@@ -255,119 +240,7 @@ def _same_shape(a: tuple, b: tuple) -> bool:
     return all(same_dim(x, y) for x, y in zip(a, b))
 
 
-# Transformer-block nodes: GELU and row-wise LayerNorm (issue 6).
-
-_INV_SQRT2 = 1 / sp.sqrt(2)
-GELU_TANH_K = sp.sqrt(2 / sp.pi)  # √(2/π) of the tanh approximation
-GELU_TANH_C = sp.Float("0.044715")
-
-
-class Gelu(Elementwise):
-    """GELU(x) = x Φ(x) = x (1 + erf(x/√2)) / 2, entrywise (the exact, erf form)."""
-
-    function = "gelu"
-    scalar = staticmethod(lambda x: x * (1 + sp.erf(x * _INV_SQRT2)) / 2)
-
-
-class GeluTanh(Elementwise):
-    """GELU's tanh approximation: x (1 + tanh(√(2/π) (x + 0.044715 x³))) / 2, entrywise."""
-
-    function = "gelu_tanh"
-    scalar = staticmethod(lambda x: x * (1 + sp.tanh(GELU_TANH_K * (x + GELU_TANH_C * x**3))) / 2)
-
-
-class GeluGrad(Elementwise):
-    """GELU′(x) = Φ(x) + x φ(x) = (1 + erf(x/√2)) / 2 + x exp(−x²/2) / √(2π), entrywise.
-
-    Appears in backward passes only; it is not differentiated itself.
-    """
-
-    function = "gelu_grad"
-    scalar = staticmethod(lambda x: (1 + sp.erf(x * _INV_SQRT2)) / 2 + x * sp.exp(-(x**2) / 2) / sp.sqrt(2 * sp.pi))
-
-
-def _gelu_tanh_grad(x):
-    t = sp.tanh(GELU_TANH_K * (x + GELU_TANH_C * x**3))
-    return (1 + t) / 2 + x * (1 - t**2) * GELU_TANH_K * (1 + 3 * GELU_TANH_C * x**2) / 2
-
-
-class GeluTanhGrad(Elementwise):
-    """The derivative of GELU's tanh approximation, entrywise: with t = tanh(k (x + c x³)), k = √(2/π),
-    c = 0.044715: (1 + t) / 2 + x (1 − t²) k (1 + 3 c x²) / 2. Backward passes only."""
-
-    function = "gelu_tanh_grad"
-    scalar = staticmethod(_gelu_tanh_grad)
-
-
-class _RowStatistic(MatrixExpr):
-    """A row-wise statistic of A with the variance offset eps (a positive scalar)."""
-
-    def __new__(cls, arg: MatrixExpr, eps) -> _RowStatistic:
-        arg, eps = expression(arg), expression(eps)
-        _require_matrix(arg, cls.__name__)
-        if isinstance(eps, MatrixExpr) or eps.is_positive is False:
-            raise SymattnError(f"{cls.__name__} takes a positive scalar eps, got {eps}")
-        return Basic.__new__(cls, arg, eps)
-
-    @property
-    def arg(self) -> MatrixExpr:
-        return self.args[0]
-
-    @property
-    def eps(self) -> Expr:
-        return self.args[1]
-
-    def _row_moments(self, i, **kwargs):
-        cols = self.arg.shape[1]
-        k = sp.Dummy("k", integer=True)
-        mean = sp.Sum(self.arg._entry(i, k, **kwargs), (k, 0, cols - 1)) / cols
-        var = sp.Sum((self.arg._entry(i, k, **kwargs) - mean) ** 2, (k, 0, cols - 1)) / cols
-        return mean, var
-
-
-class LayerNorm(_RowStatistic):
-    """LN(A)_ij = (A_ij − μ_i) / √(σ²_i + ε): each row standardised (μ_i its mean, σ²_i its biased
-    variance, as torch.nn.LayerNorm); the learned γ, β are applied outside the node."""
-
-    @property
-    def shape(self) -> tuple:
-        return self.arg.shape
-
-    def _entry(self, i, j, **kwargs):
-        mean, var = self._row_moments(i, **kwargs)
-        return (self.arg._entry(i, j, **kwargs) - mean) / sp.sqrt(var + self.eps)
-
-
-class RowInvStd(_RowStatistic):
-    """rstd(A)_i = 1 / √(σ²_i + ε): the n × 1 column of reciprocal row standard deviations.
-
-    Appears in LayerNorm's backward pass; it is not differentiated itself.
-    """
-
-    @property
-    def shape(self) -> tuple:
-        return (self.arg.shape[0], sp.Integer(1))
-
-    def _entry(self, i, j, **kwargs):
-        _, var = self._row_moments(i, **kwargs)
-        return 1 / sp.sqrt(var + self.eps)
-
-
-def gelu(a: MatrixExpr, approximate: str = "none") -> Elementwise:
-    """Entrywise GELU: exact (erf) for approximate="none", the tanh form for approximate="tanh" (as torch)."""
-    if approximate == "none":
-        return Gelu(a)
-    if approximate == "tanh":
-        return GeluTanh(a)
-    raise SymattnError(f"gelu approximate must be 'none' or 'tanh', got {approximate!r}")
-
-
-def layer_norm(a: MatrixExpr, eps) -> LayerNorm:
-    """Each row of a standardised: (a − row mean) / √(row variance + eps)."""
-    return LayerNorm(a, eps)
-
-
-# Grouped-query heads (appended by helper "masks").
+# Grouped-query heads: H_kv key/value heads shared by H query heads.
 
 
 class _HeadGroups(MatrixExpr):
@@ -375,7 +248,7 @@ class _HeadGroups(MatrixExpr):
 
     def __new__(cls, arg: MatrixExpr, kv_heads, heads):
         arg, kv_heads, heads = expression(arg), expression(kv_heads), expression(heads)
-        _require_matrix(arg, cls.__name__)
+        require_matrix(arg, cls.__name__)
         return Basic.__new__(cls, arg, kv_heads, heads)
 
     @property

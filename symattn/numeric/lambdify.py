@@ -15,6 +15,7 @@ import sympy as sp
 from sympy import Basic, MatrixSymbol
 
 from symattn.errors import ShapeMismatchError, SymattnError
+from symattn.lang.dims import LENGTH, Binding, bind_dimensions
 from symattn.lang.safe import expression
 from symattn.lang.shapes import check_shapes, dimension_symbols
 from symattn.numeric.printers import ExactPrinter, ExpAtom, NumPyMatrixPrinter
@@ -23,42 +24,12 @@ PRINTERS = {"numpy": NumPyMatrixPrinter, "exact": ExactPrinter}
 _serial = count()
 
 
-def _binding_plan(args: Sequence[MatrixSymbol], dim_symbols: list[sp.Symbol], fixed: set) -> list:
-    """How to get each dimension from the arguments' shapes: [(symbol, formula in sizes)].
-
-    Size k of argument i along axis a is the symbol ``_size_i_a``; a dimension that
-    appears alone, or with already-known ones (e.g. H·d_k with H fixed), is solved for.
-    """
-    sizes = {
-        (i, axis): sp.Symbol(f"_size_{i}_{axis}", positive=True, integer=True)
-        for i in range(len(args))
-        for axis in (0, 1)
-    }
-    known: dict[sp.Symbol, Basic] = {s: s for s in dim_symbols if s.name in fixed}
-    plan = []
-    for _ in range(len(dim_symbols) + 1):
-        for (i, axis), size in sizes.items():
-            dim = sp.sympify(args[i].shape[axis])
-            unknown = dim.free_symbols - set(known)
-            if len(unknown) == 1:
-                (s,) = unknown
-                solution = sp.solve(sp.Eq(dim.xreplace(known), size), s)
-                if solution:
-                    known[s] = solution[0]
-                    plan.append((s, solution[0]))
-    return plan
-
-
-def _bind_dimensions(args, values, plan, fixed: Mapping) -> dict:
+def _bind_dimensions(args, values, plan: Sequence[Binding], fixed: Mapping) -> dict:
     """Dimension values for these arrays, checked against every argument's shape."""
-    env: dict[Basic, Basic] = {
-        sp.Symbol(f"_size_{i}_{axis}", positive=True, integer=True): sp.Integer(np.shape(v)[axis - 2])
-        for i, v in enumerate(values)
-        for axis in (0, 1)
-    }
+    lengths = {(str(a.name), axis): sp.Integer(np.shape(v)[axis]) for a, v in zip(args, values) for axis in (-2, -1)}
     bound = {s: sp.Integer(v) for s, v in fixed.items()}
-    for s, formula in plan:
-        bound[s] = formula.xreplace(env).xreplace(bound)
+    for b in plan:
+        bound[b.symbol] = b.formula.xreplace({LENGTH: lengths[(b.input, b.axis)]}).xreplace(bound)
     expected = [tuple(sp.sympify(d).xreplace(bound) for d in a.shape) for a in args]
     given = [tuple(np.shape(v)[-2:]) for v in values]
     if any(tuple(e) != g for e, g in zip(expected, given)):
@@ -106,7 +77,7 @@ def lambdify(
     evaluate = namespace["_evaluate"]
     fixed = {sp.Symbol(k) if isinstance(k, str) else k: v for k, v in (dims or {}).items()}
     fixed = {next((s for s in dim_symbols if s.name == k.name), k): v for k, v in fixed.items()}
-    plan = _binding_plan(args, dim_symbols, {k.name for k in fixed})
+    plan = bind_dimensions(args, {s for s in dim_symbols if s.name in {k.name for k in fixed}}, solve=True)
 
     def function(*values):
         if len(values) != len(args):

@@ -10,84 +10,36 @@ opaque exp atoms, for exact rational verification.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import inspect
+from collections.abc import Iterable, Sequence
+from types import ModuleType
 
 import sympy as sp
 from sympy import Basic, MatrixExpr
 from sympy.matrices.expressions import MatMul, OneMatrix
 from sympy.printing.numpy import NumPyPrinter
 
-NUMPY_HELPERS = {
-    "row_softmax": '''def row_softmax(a):
-    """softmax along the last axis, the row max subtracted first."""
-    e = np.exp(a - a.max(axis=-1, keepdims=True))
-    return e / e.sum(axis=-1, keepdims=True)
-''',
-    "sigmoid": '''def sigmoid(a):
-    """1 / (1 + exp(-a)), entrywise."""
-    return 1.0 / (1.0 + np.exp(-a))
-''',
-    "split_heads": '''def split_heads(a, heads):
-    """(..., n, heads * k) -> (..., heads, n, k)."""
-    return np.swapaxes(a.reshape(*a.shape[:-1], heads, a.shape[-1] // heads), -2, -3)
-''',
-    "merge_heads": '''def merge_heads(a, heads):
-    """(..., heads, n, k) -> (..., n, heads * k)."""
-    a = np.swapaxes(a, -2, -3)
-    return a.reshape(*a.shape[:-2], a.shape[-2] * a.shape[-1])
-''',
-    "repeat_heads": '''def repeat_heads(a, heads):
-    """(..., kv_heads, n, k) -> (..., heads, n, k): head h reads kv head h // (heads // kv_heads)."""
-    return a if a.shape[-3] == heads else np.repeat(a, heads // a.shape[-3], axis=-3)
-''',
-    "sum_groups": '''def sum_groups(a, heads):
-    """(..., H, n, k) -> (..., heads, n, k): each group of H // heads consecutive heads summed."""
-    if a.shape[-3] == heads:
-        return a
-    return a.reshape(*a.shape[:-3], heads, a.shape[-3] // heads, *a.shape[-2:]).sum(axis=-3)
-''',
-    "erf": '''def erf(x):
-    """erf(x) = 2/√π exp(−x²) Σ_k 2^k x^(2k+1) / (1·3·…·(2k+1)): positive terms, no cancellation;
-    ±1 to double precision past |x| = 6."""
-    a = np.clip(x, -6.0, 6.0)
-    a2 = a * a
-    term = a * 1.0
-    total = a * 1.0
-    for k in range(1, 160):
-        term = term * (2.0 * a2) / (2 * k + 1)
-        total = total + term
-        if np.all(np.abs(term) <= 1e-17 * np.abs(total)):
-            break
-    return 1.1283791670955126 * np.exp(-a2) * total
-''',
-    "gelu": '''def gelu(a):
-    """x Φ(x) = x (1 + erf(x / √2)) / 2, entrywise."""
-    return 0.5 * a * (1.0 + erf(a * 0.7071067811865476))
-''',
-    "gelu_grad": '''def gelu_grad(a):
-    """GELU′(x) = Φ(x) + x φ(x), entrywise."""
-    return 0.5 * (1.0 + erf(a * 0.7071067811865476)) + a * np.exp(-0.5 * a * a) * 0.3989422804014327
-''',
-    "gelu_tanh": '''def gelu_tanh(a):
-    """x (1 + tanh(√(2/π) (x + 0.044715 x³))) / 2, entrywise."""
-    return 0.5 * a * (1.0 + np.tanh(0.7978845608028654 * (a + 0.044715 * a * a * a)))
-''',
-    "gelu_tanh_grad": '''def gelu_tanh_grad(a):
-    """The derivative of gelu_tanh: (1 + t) / 2 + x (1 − t²) k (1 + 3 c x²) / 2, t = tanh(k (x + c x³))."""
-    t = np.tanh(0.7978845608028654 * (a + 0.044715 * a * a * a))
-    return 0.5 * (1.0 + t) + 0.5 * a * (1.0 - t * t) * 0.7978845608028654 * (1.0 + 0.134145 * a * a)
-''',
-    "layer_norm": '''def layer_norm(a, eps):
-    """Each row standardised: (a − mean) / √(biased variance + eps), along the last axis."""
-    c = a - a.mean(axis=-1, keepdims=True)
-    return c / np.sqrt((c * c).mean(axis=-1, keepdims=True) + eps)
-''',
-    "row_inv_std": '''def row_inv_std(a, eps):
-    """1 / √(biased variance + eps) of each row, as a column (..., n, 1)."""
-    c = a - a.mean(axis=-1, keepdims=True)
-    return 1.0 / np.sqrt((c * c).mean(axis=-1, keepdims=True) + eps)
-''',
-}
+from symattn.numeric import exact_runtime, numpy_runtime
+from symattn.numeric.exact_runtime import ExpAtom  # noqa: F401 (re-exported: lambdify and tests import it here)
+
+
+def runtime_functions(module: ModuleType) -> dict[str, object]:
+    """The functions and classes a runtime module defines, by name: the helpers a printer may copy."""
+    return {
+        name: value
+        for name, value in vars(module).items()
+        if (inspect.isfunction(value) or inspect.isclass(value)) and value.__module__ == module.__name__
+    }
+
+
+def runtime_source(table: dict[str, object], names: Iterable[str]) -> str:
+    """The source of the named helpers, in that order, two blank lines apart (copied from their modules)."""
+    return "\n\n".join(inspect.getsource(table[name]) for name in names)
+
+
+NUMPY_RUNTIME = runtime_functions(numpy_runtime)
+# Each helper's source, for code that runs one on its own.
+NUMPY_HELPERS = {name: inspect.getsource(value) for name, value in NUMPY_RUNTIME.items()}
 
 # helpers whose source calls other helpers
 HELPER_NEEDS = {"gelu": ("erf",), "gelu_grad": ("erf",)}
@@ -98,7 +50,10 @@ class NumPyMatrixPrinter(NumPyPrinter):
 
     printmethod = "_symattn_numpy"
     module_alias = "np"
-    helpers_table = NUMPY_HELPERS
+    # keyword names of a reduction: a.sum(axis=-1, keepdims=True)
+    axis_keyword = "axis"
+    keepdims_keyword = "keepdims"
+    runtime = NUMPY_RUNTIME  # helper name -> its function in a runtime module
     helper_needs = HELPER_NEEDS
     # name of the call that evaluates each entrywise node
     elementwise = {
@@ -128,7 +83,7 @@ class NumPyMatrixPrinter(NumPyPrinter):
 
     def helper_source(self) -> str:
         """Source of every helper the printed expressions call, in a fixed order."""
-        return "\n\n".join(self.helpers_table[k] for k in sorted(self.helpers_used))
+        return runtime_source(self.runtime, sorted(self.helpers_used))
 
     def _atom(self, expr: Basic) -> str:
         """expr printed so that it can stand as an operand of an operator."""
@@ -183,7 +138,7 @@ class NumPyMatrixPrinter(NumPyPrinter):
         while i < len(mats):
             m = mats[i]
             if isinstance(m, OneMatrix) and out and m.shape[1] == 1:
-                out[-1] = f"{self._atom_text(' @ '.join(out), len(out))}.sum(axis=-1, keepdims=True)"
+                out[-1] = self.reduce_sum(self._atom_text(" @ ".join(out), len(out)), "-1", keepdims=True)
                 del out[:-1]
             elif isinstance(m, OneMatrix) and out and m.shape[0] == 1 and mats[i - 1].shape[1] == 1:
                 prev = self._atom_text(" @ ".join(out), len(out))
@@ -214,11 +169,16 @@ class NumPyMatrixPrinter(NumPyPrinter):
     def _print_RowSoftmax(self, expr: Basic) -> str:
         return f"{self.helper('row_softmax')}({self._print(expr.arg)})"
 
+    def reduce_sum(self, operand: str, axis: str, keepdims: bool = False) -> str:
+        """operand (printed as an atom) summed along axis, by the backend's keyword names."""
+        keep = f", {self.keepdims_keyword}=True" if keepdims else ""
+        return f"{operand}.sum({self.axis_keyword}={axis}{keep})"
+
     def _print_RowSum(self, expr: Basic) -> str:
-        return f"{self._atom(expr.arg)}.sum(axis=-1, keepdims=True)"
+        return self.reduce_sum(self._atom(expr.arg), "-1", keepdims=True)
 
     def _print_SumEntries(self, expr: Basic) -> str:
-        return f"{self._atom(expr.arg)}.sum(axis=(-2, -1))"
+        return self.reduce_sum(self._atom(expr.arg), "(-2, -1)")
 
     def _print_Trace(self, expr: Basic) -> str:
         return f"np.trace({self._print(expr.arg)}, axis1=-2, axis2=-1)"
@@ -259,59 +219,17 @@ def _split_sign(term: Basic) -> tuple[int, Basic]:
     return 1, term
 
 
-EXACT_HELPERS = {
-    "row_softmax": """def row_softmax(a):
-    e = exp(a)
-    return e / e.sum(axis=-1, keepdims=True)
-""",
-    "sigmoid": """def sigmoid(a):
-    return 1 / (1 + exp(-a))
-""",
-    "split_heads": NUMPY_HELPERS["split_heads"],
-    "merge_heads": NUMPY_HELPERS["merge_heads"],
-    "repeat_heads": NUMPY_HELPERS["repeat_heads"],
-    "sum_groups": NUMPY_HELPERS["sum_groups"],
-    "exp": "exp = np.vectorize(ExpAtom, otypes=[object])\n",
-    "log": "log = np.vectorize(sp.log, otypes=[object])\n",
-    "tanh": "tanh = np.vectorize(sp.tanh, otypes=[object])\n",
-    "gelu": "gelu = np.vectorize(lambda x: x * (1 + sp.erf(x / sp.sqrt(2))) / 2, otypes=[object])\n",
-    "gelu_grad": "gelu_grad = np.vectorize(lambda x: (1 + sp.erf(x / sp.sqrt(2))) / 2"
-    " + x * sp.exp(-(x**2) / 2) / sp.sqrt(2 * sp.pi), otypes=[object])\n",
-    "gelu_tanh": "gelu_tanh = np.vectorize(lambda x: x * (1 + sp.tanh(sp.sqrt(2 / sp.pi)"
-    " * (x + sp.Float('0.044715') * x**3))) / 2, otypes=[object])\n",
-    "gelu_tanh_grad": """def _gelu_tanh_grad(x):
-    k, c = sp.sqrt(2 / sp.pi), sp.Float("0.044715")
-    t = sp.tanh(k * (x + c * x**3))
-    return (1 + t) / 2 + x * (1 - t**2) * k * (1 + 3 * c * x**2) / 2
-
-
-gelu_tanh_grad = np.vectorize(_gelu_tanh_grad, otypes=[object])
-""",
-    "layer_norm": """def layer_norm(a, eps):
-    c = a - a.sum(axis=-1, keepdims=True) / a.shape[-1]
-    root = np.vectorize(lambda v: sp.sqrt(v + eps), otypes=[object])
-    return c / root((c * c).sum(axis=-1, keepdims=True) / a.shape[-1])
-""",
-    "row_inv_std": """def row_inv_std(a, eps):
-    c = a - a.sum(axis=-1, keepdims=True) / a.shape[-1]
-    root = np.vectorize(lambda v: 1 / sp.sqrt(v + eps), otypes=[object])
-    return root((c * c).sum(axis=-1, keepdims=True) / a.shape[-1])
-""",
+EXACT_RUNTIME = {
+    **{name: NUMPY_RUNTIME[name] for name in ("split_heads", "merge_heads", "repeat_heads", "sum_groups")},
+    **runtime_functions(exact_runtime),
 }
-
-
-class ExpAtom(sp.Function):
-    """exp(x) kept opaque: no automatic exp(a)·exp(b) = exp(a + b), d/dx ExpAtom(x) = ExpAtom(x)."""
-
-    def fdiff(self, argindex: int = 1) -> Basic:
-        return self
 
 
 class ExactPrinter(NumPyMatrixPrinter):
     """The same language for object arrays of exact SymPy numbers."""
 
-    helpers_table = EXACT_HELPERS
-    helper_needs: dict = {}  # the exact helpers call SymPy's erf themselves
+    runtime = EXACT_RUNTIME
+    helper_needs = {"row_softmax": ("exp",), "sigmoid": ("exp",)}  # the exact helpers call SymPy's erf themselves
     elementwise = {
         "exp": "exp",
         "log": "log",
@@ -328,19 +246,6 @@ class ExactPrinter(NumPyMatrixPrinter):
             fqn = "sp" + fqn[len("numpy") :]
         return super(NumPyMatrixPrinter, self)._module_format(fqn, register=False)
 
-    def _print_Elementwise(self, expr: Basic) -> str:
-        name = self.elementwise[expr.function]
-        self.helper(name)
-        if name == "sigmoid":
-            self.helper("exp")
-        return f"{name}({self._print(expr.arg)})"
-
-    _print_Exp = _print_Log = _print_Tanh = _print_Sigmoid = _print_Elementwise
-
-    def _print_RowSoftmax(self, expr: Basic) -> str:
-        self.helper("exp")
-        return super()._print_RowSoftmax(expr)
-
     def _print_Identity(self, expr: Basic) -> str:
         return f"np.eye({self._print(expr.shape[0])}, dtype=int).astype(object)"
 
@@ -349,7 +254,3 @@ class ExactPrinter(NumPyMatrixPrinter):
 
     def _print_ZeroMatrix(self, expr: Basic) -> str:
         return f"np.zeros(({self._print(expr.shape[0])}, {self._print(expr.shape[1])}), dtype=int).astype(object)"
-
-    def helper_source(self) -> str:
-        order = sorted(self.helpers_used, key=lambda k: (k not in ("exp", "log", "tanh"), k))
-        return "\n\n".join(self.helpers_table[k] for k in order)

@@ -35,13 +35,17 @@ from sympy.matrices.expressions import (
     ZeroMatrix,
 )
 
+from symattn.lang.algebra import factors
 from symattn.lang.ops import Elementwise, MergeHeads, RowSoftmax, RowSum, SplitHeads, SumEntries
 
-# Sizes for evaluating symbolic costs (a BERT-base-like head: n = m = 512, d_k = d_v = 64).
+# Sizes for evaluating symbolic costs and choosing between equal forms (a BERT-base-like head:
+# n = m = 512, d_k = d_v = 64); a dimension not in the table is TYPICAL_OTHER.
 TYPICAL_SIZES: dict[str, int] = {
     **{"n": 512, "m": 512, "d": 64, "d_k": 64, "d_v": 64, "d_model": 512, "H": 8},
     "d_ff": 2048,  # transformer_block's feed-forward width (4 · d_model)
+    "b": 128,  # query rows per block of the generated memory-efficient variant
 }
+TYPICAL_OTHER = 64
 
 # FLOPs per entry of entrywise nodes: softmax = row max, subtract, exp, row sum, divide.
 ENTRY_FLOPS: dict[type, int] = {RowSoftmax: 5, Elementwise: 1, HadamardPower: 1}
@@ -146,16 +150,24 @@ def pair_flops(left: Basic, right: Basic, dim: Sizes) -> Basic:
 
 
 def _as_number(x: Basic) -> float:
-    return float(x) if x.is_number else float(x.xreplace({s: TYPICAL_SIZES.get(s.name, 64) for s in x.free_symbols}))
+    """x at ``TYPICAL_SIZES``."""
+    if x.is_number:
+        return float(x)
+    return float(x.xreplace({s: TYPICAL_SIZES.get(s.name, TYPICAL_OTHER) for s in x.free_symbols}))
 
 
-def chain_order(factors: Sequence[Basic], dim: Sizes) -> Basic:
+def typical_size(size: Basic) -> int:
+    """A dimension (or a product of dimensions) at ``TYPICAL_SIZES``."""
+    return int(_as_number(sp.sympify(size)))
+
+
+def chain_order(mats: Sequence[Basic], dim: Sizes) -> Basic:
     """The cheapest parenthesisation of F₁ … F_k (matrix-chain dynamic programme), as nested MatMuls.
 
     Decisions compare costs at the size table (typical sizes where dim leaves symbols).
     """
-    k = len(factors)
-    best: dict[tuple[int, int], tuple[float, Basic]] = {(i, i): (0.0, factors[i]) for i in range(k)}
+    k = len(mats)
+    best: dict[tuple[int, int], tuple[float, Basic]] = {(i, i): (0.0, mats[i]) for i in range(k)}
     for length in range(2, k + 1):
         for i in range(k - length + 1):
             j = i + length - 1
@@ -178,13 +190,11 @@ def _order_tree_flops(tree: Basic, leaves: set, dim: Sizes) -> Basic:
 
 def product_flops(node: MatMul, dim: Sizes) -> Basic:
     """Cost of c F₁ … F_k in its cheapest order, c applied to the smaller outermost operand or the result."""
-    scalars = [a for a in node.args if not isinstance(a, MatrixExpr)]
-    factors = [a for a in node.args if isinstance(a, MatrixExpr)]
-    flops, operands = sp.Integer(0), factors
-    if len(factors) > 1:
-        tree = chain_order(factors, dim)
-        flops, operands = _order_tree_flops(tree, set(factors), dim), list(tree.args)
-    coeff = sp.Mul(*scalars)
+    coeff, mats = factors(node)
+    flops, operands = sp.Integer(0), mats
+    if len(mats) > 1:
+        tree = chain_order(mats, dim)
+        flops, operands = _order_tree_flops(tree, set(mats), dim), list(tree.args)
     if coeff not in (1, -1):  # a sign folds into the sum that holds the term
         sizes = [dim(f.shape[0]) * dim(f.shape[1]) for f in [*operands, node]]
         flops += min(sizes, key=_as_number)
@@ -219,14 +229,8 @@ def is_view(node: Basic) -> bool:
     if isinstance(node, VIEWS):
         return True
     if isinstance(node, MatMul):
-        scalars = [a for a in node.args if not isinstance(a, MatrixExpr)]
-        factors = [a for a in node.args if isinstance(a, MatrixExpr)]
-        return (
-            len(factors) == 2
-            and sp.Mul(*scalars) in (1, -1)
-            and factors[0].shape[1] == 1
-            and isinstance(factors[1], OneMatrix)
-        )
+        coeff, mats = factors(node)
+        return len(mats) == 2 and coeff in (1, -1) and mats[0].shape[1] == 1 and isinstance(mats[1], OneMatrix)
     return False
 
 
@@ -266,7 +270,7 @@ _NODE_FLOPS: dict[tuple | None, dict[Basic, Basic]] = {}  # size table → {node
 
 
 def flops_value(exprs: Basic | Sequence[Basic], given: Sequence[Basic] = (), sizes: Mapping | None = None) -> float:
-    """``flops`` evaluated at the size table (default ``TYPICAL_SIZES``; a dimension it lacks is 64)."""
+    """``flops`` evaluated at the size table (default ``TYPICAL_SIZES``; a dimension it lacks is ``TYPICAL_OTHER``)."""
     return _as_number(flops(exprs, given, sizes or TYPICAL_SIZES))
 
 
@@ -356,14 +360,12 @@ def order_products(expr: Basic, sizes: Mapping | None = None) -> Basic:
 
 
 def _ordered_product(node: MatMul, dim: Sizes) -> Basic:
-    scalars = [a for a in node.args if not isinstance(a, MatrixExpr)]
-    factors = [a for a in node.args if isinstance(a, MatrixExpr)]
-    coeff = sp.Mul(*scalars)
-    tree = chain_order(factors, dim) if len(factors) > 1 else factors[0]
+    coeff, mats = factors(node)
+    tree = chain_order(mats, dim) if len(mats) > 1 else mats[0]
     if coeff == 1:
         return tree
-    if coeff == -1 or len(factors) == 1:
-        return MatMul(coeff, *([tree] if len(factors) == 1 else tree.args))
+    if coeff == -1 or len(mats) == 1:
+        return MatMul(coeff, *([tree] if len(mats) == 1 else tree.args))
     return _scale_smallest(tree, coeff, dim)
 
 

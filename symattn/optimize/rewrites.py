@@ -13,10 +13,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 import sympy as sp
-from sympy import Basic, MatrixExpr, MatrixSymbol
+from sympy import Basic, MatrixExpr
 from sympy.matrices.expressions import (
     HadamardProduct,
-    Identity,
     MatAdd,
     MatMul,
     OneMatrix,
@@ -25,90 +24,30 @@ from sympy.matrices.expressions import (
     ZeroMatrix,
 )
 
+from symattn.lang.algebra import factors, product, total
 from symattn.lang.ops import RowSum, SumEntries
+from symattn.optimize.transposes import (
+    CONSTANTS,
+    count_transposes,
+    count_transposes_of_transposed,
+    is_column,
+    transposed,
+)
 
 Rule = Callable[[Basic], "Basic | None"]
-CONSTANTS = (OneMatrix, ZeroMatrix, Identity)
 
 
-# Building blocks: products, sums and transposes in canonical form.
+# Building blocks: products and sums as built (the rules below do the canonicalising).
 
 
-def split_product(e: Basic) -> tuple[Basic, list[Basic]]:
-    """c, [F₁ … F_k] with e = c F₁ … F_k (a non-product is 1 · e)."""
-    if isinstance(e, MatMul):
-        scalars = [a for a in e.args if not isinstance(a, MatrixExpr)]
-        return sp.Mul(*scalars), [a for a in e.args if isinstance(a, MatrixExpr)]
-    return sp.Integer(1), [e]
+def _product(coeff: Basic, mats: Sequence[Basic]) -> Basic:
+    """c F₁ … F_k as built (not flattened), zeros and identities resolved, a bare factor left bare."""
+    return product(coeff, *mats, canonical=False, drop_units=True)
 
 
-def product(coeff: Basic, factors: Sequence[Basic]) -> Basic:
-    """c F₁ … F_k, with zeros and identities resolved and a bare factor left bare."""
-    factors = list(factors)
-    if coeff == 0 or any(isinstance(f, ZeroMatrix) for f in factors):
-        return ZeroMatrix(factors[0].shape[0], factors[-1].shape[1])
-    kept = [f for f in factors if not isinstance(f, Identity)] or factors[:1]
-    if coeff == 1 and len(kept) == 1:
-        return kept[0]
-    return MatMul(coeff, *kept) if coeff != 1 else MatMul(*kept)
-
-
-def total(terms: Sequence[Basic]) -> Basic:
-    """T₁ + … + T_k, a single term left bare."""
-    return terms[0] if len(terms) == 1 else MatAdd(*terms)
-
-
-def transposed(e: Basic) -> Basic:
-    """eᵀ with the transpose pushed through products, sums, Hadamard products and constants."""
-    if isinstance(e, Transpose):
-        return e.arg
-    if isinstance(e, CONSTANTS):
-        return type(e)(e.shape[1], e.shape[0]) if not isinstance(e, Identity) else e
-    if isinstance(e, MatMul):
-        coeff, factors = split_product(e)
-        return product(coeff, [transposed(f) for f in reversed(factors)])
-    if isinstance(e, MatAdd):
-        return MatAdd(*(transposed(t) for t in e.args))
-    if isinstance(e, HadamardProduct):
-        return HadamardProduct(*(transposed(f) for f in e.args))
-    return Transpose(e)
-
-
-def count_transposes(e: Basic) -> int:
-    """Number of Transpose nodes in e's tree (a subexpression used twice counts twice)."""
-    if not isinstance(e, MatrixExpr) or isinstance(e, MatrixSymbol):
-        return 0
-    if e not in _TRANSPOSE_COUNTS:
-        if len(_TRANSPOSE_COUNTS) > 100_000:
-            _TRANSPOSE_COUNTS.clear()
-        inner = sum(count_transposes(a) for a in e.args)
-        _TRANSPOSE_COUNTS[e] = inner + 1 if isinstance(e, Transpose) else inner
-    return _TRANSPOSE_COUNTS[e]
-
-
-def count_transposes_of_transposed(e: Basic) -> int:
-    """count_transposes(transposed(e)), without building transposed(e)."""
-    if e not in _TRANSPOSED_COUNTS:
-        if len(_TRANSPOSED_COUNTS) > 100_000:
-            _TRANSPOSED_COUNTS.clear()
-        if isinstance(e, Transpose):
-            count = count_transposes(e.arg)
-        elif isinstance(e, CONSTANTS):
-            count = 0
-        elif isinstance(e, (MatMul, MatAdd, HadamardProduct)):
-            count = sum(count_transposes_of_transposed(a) for a in e.args if isinstance(a, MatrixExpr))
-        else:
-            count = 1 + count_transposes(e)
-        _TRANSPOSED_COUNTS[e] = count
-    return _TRANSPOSED_COUNTS[e]
-
-
-_TRANSPOSE_COUNTS: dict[Basic, int] = {}  # trees share subtrees: count each distinct one once
-_TRANSPOSED_COUNTS: dict[Basic, int] = {}
-
-
-def is_column(e: Basic) -> bool:
-    return e.shape[1] == 1
+def _total(parts: Sequence[Basic]) -> Basic:
+    """T₁ + … + T_k as built, a single term left bare."""
+    return total(*parts, canonical=False)
 
 
 # Transposes.
@@ -145,19 +84,19 @@ def fewer_transposes(e: Basic) -> Basic | None:
 def flatten_product(e: Basic) -> Basic | None:
     # c (d A B) C → (c d) A B C (the evaluation order is chosen later, by cost)
     if isinstance(e, MatMul) and any(isinstance(a, MatMul) for a in e.args):
-        coeff, factors = sp.Integer(1), []
+        coeff, mats = sp.Integer(1), []
         for a in e.args:
-            c, fs = split_product(a) if isinstance(a, MatrixExpr) else (a, [])
-            coeff, factors = coeff * c, factors + fs
-        return product(coeff, factors)
+            c, fs = factors(a) if isinstance(a, MatrixExpr) else (a, [])
+            coeff, mats = coeff * c, mats + fs
+        return _product(coeff, mats)
     return None
 
 
 def unit_factors(e: Basic) -> Basic | None:
     # 1 · A → A, A I → A, 0 · A → 0, A 0 B → 0
     if isinstance(e, MatMul):
-        coeff, factors = split_product(e)
-        folded = product(coeff, factors)
+        coeff, mats = factors(e)
+        folded = _product(coeff, mats)
         return folded if folded != e else None
     return None
 
@@ -166,7 +105,7 @@ def zero_terms(e: Basic) -> Basic | None:
     # A + 0 → A
     if isinstance(e, MatAdd) and any(isinstance(t, ZeroMatrix) for t in e.args):
         kept = [t for t in e.args if not isinstance(t, ZeroMatrix)]
-        return total(kept) if kept else ZeroMatrix(*e.shape)
+        return _total(kept) if kept else ZeroMatrix(*e.shape)
     return None
 
 
@@ -176,24 +115,24 @@ def collect_like_terms(e: Basic) -> Basic | None:
         return None
     coefficients: dict[Basic, Basic] = {}
     for t in e.args:
-        c, factors = split_product(t)
-        body = product(sp.Integer(1), factors)
+        c, mats = factors(t)
+        body = _product(sp.Integer(1), mats)
         coefficients[body] = coefficients.get(body, 0) + c
     if len(coefficients) == len(e.args):
         return None
-    terms = [product(c, [body]) for body, c in coefficients.items() if c != 0]
-    return total(terms) if terms else ZeroMatrix(*e.shape)
+    terms = [_product(c, [body]) for body, c in coefficients.items() if c != 0]
+    return _total(terms) if terms else ZeroMatrix(*e.shape)
 
 
 def common_scalar_out(e: Basic) -> Basic | None:
     # c A + c B → c (A + B)
     if not isinstance(e, MatAdd):
         return None
-    coeffs = [split_product(t)[0] for t in e.args]
+    coeffs = [factors(t)[0] for t in e.args]
     c = coeffs[0]
     if c in (1, -1) or any(x != c for x in coeffs):
         return None
-    return product(c, [total([product(sp.Integer(1), split_product(t)[1]) for t in e.args])])
+    return _product(c, [_total([_product(sp.Integer(1), factors(t)[1]) for t in e.args])])
 
 
 def flatten_entrywise(e: Basic) -> Basic | None:
@@ -243,11 +182,11 @@ def hadamard_scalar_out(e: Basic) -> Basic | None:
     # (c A) ⊙ B → c (A ⊙ B)
     if not isinstance(e, HadamardProduct):
         return None
-    parts = [split_product(f) for f in e.args]
+    parts = [factors(f) for f in e.args]
     coeff = sp.Mul(*(c for c, _ in parts))
     if all(c == 1 for c, _ in parts):
         return None
-    return product(coeff, [HadamardProduct(*(product(sp.Integer(1), fs) for _, fs in parts))])
+    return _product(coeff, [HadamardProduct(*(_product(sp.Integer(1), fs) for _, fs in parts))])
 
 
 # Row sums and products with ones.
@@ -257,11 +196,11 @@ def product_with_ones(e: Basic) -> Basic | None:
     # X 𝟏_{m×k} → rowsum(X) 𝟏_{1×k}, e.g. (G ⊙ P) 𝟏𝟏ᵀ → rowsum(G ⊙ P) 𝟏ᵀ
     if not isinstance(e, MatMul):
         return None
-    coeff, factors = split_product(e)
-    for i, f in enumerate(factors[1:], start=1):
-        if isinstance(f, OneMatrix) and not is_column(factors[i - 1]):
-            column = RowSum(product(sp.Integer(1), factors[:i]))
-            return product(coeff, [column, OneMatrix(1, f.shape[1]), *factors[i + 1 :]])
+    coeff, mats = factors(e)
+    for i, f in enumerate(mats[1:], start=1):
+        if isinstance(f, OneMatrix) and not is_column(mats[i - 1]):
+            column = RowSum(_product(sp.Integer(1), mats[:i]))
+            return _product(coeff, [column, OneMatrix(1, f.shape[1]), *mats[i + 1 :]])
     return None
 
 
@@ -269,13 +208,13 @@ def ones_times_ones(e: Basic) -> Basic | None:
     # 𝟏_{a×b} 𝟏_{b×c} → b 𝟏_{a×c} (after a matrix X, X 𝟏 is a row sum first: product_with_ones)
     if not isinstance(e, MatMul):
         return None
-    coeff, factors = split_product(e)
-    for i in range(len(factors) - 1):
-        left, right = factors[i], factors[i + 1]
-        after_matrix = i > 0 and not is_column(factors[i - 1])
+    coeff, mats = factors(e)
+    for i in range(len(mats) - 1):
+        left, right = mats[i], mats[i + 1]
+        after_matrix = i > 0 and not is_column(mats[i - 1])
         if isinstance(left, OneMatrix) and isinstance(right, OneMatrix) and not after_matrix:
             merged = OneMatrix(left.shape[0], right.shape[1])
-            return product(coeff * left.shape[1], [*factors[:i], merged, *factors[i + 2 :]])
+            return _product(coeff * left.shape[1], [*mats[:i], merged, *mats[i + 2 :]])
     return None
 
 
@@ -289,18 +228,18 @@ def rowsum_of_column(e: Basic) -> Basic | None:
 def rowsum_of_broadcast(e: Basic) -> Basic | None:
     # rowsum(c x 𝟏_{1×m}) → c m x
     if isinstance(e, RowSum) and isinstance(e.arg, MatMul):
-        coeff, factors = split_product(e.arg)
-        if len(factors) >= 2 and isinstance(factors[-1], OneMatrix) and is_column(factors[-2]):
-            return product(coeff * factors[-1].shape[1], factors[:-1])
+        coeff, mats = factors(e.arg)
+        if len(mats) >= 2 and isinstance(mats[-1], OneMatrix) and is_column(mats[-2]):
+            return _product(coeff * mats[-1].shape[1], mats[:-1])
     return None
 
 
 def rowsum_scalar_out(e: Basic) -> Basic | None:
     # rowsum(c A) → c rowsum(A)
     if isinstance(e, RowSum) and isinstance(e.arg, MatMul):
-        coeff, factors = split_product(e.arg)
+        coeff, mats = factors(e.arg)
         if coeff != 1:
-            return product(coeff, [RowSum(product(sp.Integer(1), factors))])
+            return _product(coeff, [RowSum(_product(sp.Integer(1), mats))])
     return None
 
 
@@ -320,14 +259,14 @@ def rowsum_hadamard_transfer(e: Basic) -> Basic | None:
     # rowsum((A Bᵀ) ⊙ C) → rowsum(A ⊙ (C B)); with C = P, A Bᵀ = dO Vᵀ: rowsum(dP ⊙ P) → rowsum(dO ⊙ O)
     if not (isinstance(e, RowSum) and isinstance(e.arg, HadamardProduct)):
         return None
-    factors = e.arg.args
-    for i, f in enumerate(factors):
-        coeff, chain = split_product(transposed(f.arg) if isinstance(f, Transpose) else f)
+    mats = e.arg.args
+    for i, f in enumerate(mats):
+        coeff, chain = factors(transposed(f.arg) if isinstance(f, Transpose) else f)
         if len(chain) < 2:
             continue
-        a = product(coeff, chain[:1])
-        b = transposed(product(sp.Integer(1), chain[1:]))
-        others = factors[:i] + factors[i + 1 :]
+        a = _product(coeff, chain[:1])
+        b = transposed(_product(sp.Integer(1), chain[1:]))
+        others = mats[:i] + mats[i + 1 :]
         c = others[0] if len(others) == 1 else HadamardProduct(*others)
         return RowSum(HadamardProduct(a, MatMul(c, b)))
     return None
@@ -336,18 +275,18 @@ def rowsum_hadamard_transfer(e: Basic) -> Basic | None:
 def rowsum_of_product(e: Basic) -> Basic | None:
     # rowsum(A B) → A rowsum(B)
     if isinstance(e, RowSum) and isinstance(e.arg, MatMul):
-        coeff, chain = split_product(e.arg)
+        coeff, chain = factors(e.arg)
         if len(chain) >= 2 and not isinstance(chain[-1], OneMatrix):
-            return product(coeff, [*chain[:-1], RowSum(chain[-1])])
+            return _product(coeff, [*chain[:-1], RowSum(chain[-1])])
     return None
 
 
 def trace_of_product(e: Basic) -> Basic | None:
     # tr(A B) → sum(A ⊙ Bᵀ)
     if isinstance(e, Trace) and isinstance(e.arg, MatMul):
-        coeff, chain = split_product(e.arg)
+        coeff, chain = factors(e.arg)
         if len(chain) >= 2:
-            rest = transposed(product(sp.Integer(1), chain[1:]))
+            rest = transposed(_product(sp.Integer(1), chain[1:]))
             return coeff * SumEntries(HadamardProduct(chain[0], rest))
     return None
 
@@ -355,9 +294,9 @@ def trace_of_product(e: Basic) -> Basic | None:
 def sum_of_product(e: Basic) -> Basic | None:
     # sum(A B) → sum(A rowsum(B))
     if isinstance(e, SumEntries) and isinstance(e.arg, MatMul):
-        coeff, chain = split_product(e.arg)
+        coeff, chain = factors(e.arg)
         if len(chain) >= 2 and not is_column(chain[-1]):
-            return coeff * SumEntries(product(sp.Integer(1), [*chain[:-1], RowSum(chain[-1])]))
+            return coeff * SumEntries(_product(sp.Integer(1), [*chain[:-1], RowSum(chain[-1])]))
     return None
 
 
@@ -366,7 +305,7 @@ def _factor_common(e: Basic, side: int) -> Basic | None:
     if not isinstance(e, MatAdd):
         return None
     groups: dict[Basic, list[int]] = {}
-    parts = [split_product(t) for t in e.args]
+    parts = [factors(t) for t in e.args]
     for i, (_, chain) in enumerate(parts):
         if len(chain) >= 2:
             groups.setdefault(chain[side], []).append(i)
@@ -374,10 +313,10 @@ def _factor_common(e: Basic, side: int) -> Basic | None:
     factor, members = shared
     if len(members) < 2:
         return None
-    rest = [product(parts[i][0], parts[i][1][1:] if side == 0 else parts[i][1][:-1]) for i in members]
-    grouped = product(sp.Integer(1), [factor, total(rest)] if side == 0 else [total(rest), factor])
+    rest = [_product(parts[i][0], parts[i][1][1:] if side == 0 else parts[i][1][:-1]) for i in members]
+    grouped = _product(sp.Integer(1), [factor, _total(rest)] if side == 0 else [_total(rest), factor])
     others = [t for i, t in enumerate(e.args) if i not in members]
-    return total([grouped, *others])
+    return _total([grouped, *others])
 
 
 def factor_common_left(e: Basic) -> Basic | None:

@@ -18,15 +18,8 @@ from sympy.matrices.expressions import HadamardProduct, MatAdd, MatMul, Trace, T
 from symattn.lang.ops import SumEntries
 from symattn.lang.safe import expression
 from symattn.optimize.cost import TYPICAL_SIZES, contains_matrices, flops_value, order_products, subexpressions
-from symattn.optimize.rewrites import (
-    CONSTANTS,
-    COST_REWRITES,
-    REWRITES,
-    Rule,
-    count_transposes,
-    flatten_product,
-    transposed,
-)
+from symattn.optimize.rewrites import COST_REWRITES, REWRITES, Rule, flatten_product
+from symattn.optimize.transposes import CONSTANTS, count_transposes, transposed
 
 __all__ = ["COST_REWRITES", "REWRITES", "improve", "rewrite", "share_transposes", "simplify", "simplify_all"]
 

@@ -70,7 +70,7 @@ def _mask(n: Basic, m: Basic, **flags) -> MatrixSymbol | None:
 
 
 def attention(scale=None, mask=False, causal=False, key_padding_mask=False) -> Spec:
-    """softmax(scale · Q Kᵀ) V (seed 004 has scale = 1); with a mask option, softmax(scale · Q Kᵀ + M) V."""
+    """softmax(scale · Q Kᵀ) V (default scale 1/√d_k); with a mask option, softmax(scale · Q Kᵀ + M) V."""
     n, m, d_k, d_v = dim("n"), dim("m"), dim("d_k"), dim("d_v")
     q, k, v = MatrixSymbol("Q", n, d_k), MatrixSymbol("K", m, d_k), MatrixSymbol("V", m, d_v)
     masks = {"mask": mask, "causal": causal, "key_padding_mask": key_padding_mask}
@@ -83,7 +83,7 @@ def attention(scale=None, mask=False, causal=False, key_padding_mask=False) -> S
 
 
 def self_attention() -> Spec:
-    """softmax(X W_Q (X W_K)ᵀ / √d_k) X W_V (seeds 001 and 003)."""
+    """softmax(X W_Q (X W_K)ᵀ / √d_k) X W_V: single-head self-attention with its embedding input X."""
     n, d_model, d_k, d_v = dim("n"), dim("d_model"), dim("d_k"), dim("d_v")
     x = MatrixSymbol("X", n, d_model)
     w_q, w_k = MatrixSymbol("W_Q", d_model, d_k), MatrixSymbol("W_K", d_model, d_k)
@@ -95,7 +95,7 @@ def self_attention() -> Spec:
 
 
 def mha(num_heads=None, num_kv_heads=None, bias=False, mask=False, causal=False, key_padding_mask=False) -> Spec:
-    """Concat(head_1 … head_H) W_O, head_h = attention(Q W_Q[:,h], K W_K[:,h], V W_V[:,h]) (seeds 000, 002).
+    """Concat(head_1 … head_H) W_O, head_h = attention(Q W_Q[:,h], K W_K[:,h], V W_V[:,h]).
 
     Options: bias adds b_Q, b_K, b_V, b_O (1 × columns, broadcast over tokens: Q W_Q + 𝟏 b_Q);
     num_kv_heads = H_kv (dividing H) gives grouped-query attention, W_K and W_V d_model × H_kv·d_k,

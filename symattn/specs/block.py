@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import sympy as sp
 from sympy import Basic, MatrixExpr, MatrixSymbol
-from sympy.matrices.expressions import HadamardProduct, MatAdd, MatMul, OneMatrix, Transpose
+from sympy.matrices.expressions import HadamardProduct, MatAdd, OneMatrix, Transpose
 from sympy.matrices.expressions.hadamard import canonicalize as hadamard_canonical
 
 from symattn.errors import SymattnError
+from symattn.lang.algebra import product, total
 from symattn.lang.dims import dim
 from symattn.lang.ops import gelu, layer_norm, merge_heads, softmax, split_heads
 from symattn.specs.spec import Option, Spec, head_count
@@ -37,20 +38,10 @@ def _eps(eps) -> Basic:
     return sp.nsimplify(eps) if isinstance(eps, float) else sp.sympify(eps)
 
 
-def _mul(*factors: Basic) -> MatrixExpr:
-    """A product, canonical at the top only."""
-    return MatMul(*factors).doit(deep=False)
-
-
-def _add(*terms: MatrixExpr) -> MatrixExpr:
-    """A sum, canonical at the top only (flat and sorted, so that a later deep doit leaves it as it is)."""
-    return MatAdd(*terms).doit(deep=False)
-
-
 def _affine(x: MatrixExpr, gamma: MatrixSymbol, beta: MatrixSymbol) -> MatrixExpr:
     """x ⊙ 𝟏γ + 𝟏β: the learned scale and shift of a LayerNorm, broadcast over the rows of x."""
     ones = OneMatrix(x.shape[0], 1)
-    return _add(hadamard_canonical(HadamardProduct(x, _mul(ones, gamma))), _mul(ones, beta))
+    return total(hadamard_canonical(HadamardProduct(x, product(ones, gamma))), product(ones, beta))
 
 
 def transformer_block(num_heads=None, eps=DEFAULT_EPS, causal: bool = False, approximate: str = "none") -> Spec:
@@ -81,22 +72,22 @@ def transformer_block(num_heads=None, eps=DEFAULT_EPS, causal: bool = False, app
     # deep-doit their operands, and a later deep doit must not turn a named value into a different expression.
     n_1 = layer_norm(x, epsilon)
     x_1 = _affine(n_1, norms["gamma_1"], norms["beta_1"])
-    q_h, k_h, v_h = (split_heads(_add(_mul(x_1, w[f"W_{p}"]), _mul(ones, b[f"b_{p}"])), heads) for p in "QKV")
-    s_h = _mul(q_h, Transpose(k_h))
-    a_h = _mul(1 / sp.sqrt(d_k), s_h)
+    q_h, k_h, v_h = (split_heads(total(product(x_1, w[f"W_{p}"]), product(ones, b[f"b_{p}"])), heads) for p in "QKV")
+    s_h = product(q_h, Transpose(k_h))
+    a_h = product(1 / sp.sqrt(d_k), s_h)
     if causal:
-        a_h = _add(a_h, constants[0])  # every head gets the same M
+        a_h = total(a_h, constants[0])  # every head gets the same M
     p_h = softmax(a_h)
-    o_h = _mul(p_h, v_h)
+    o_h = product(p_h, v_h)
     c = merge_heads(o_h, heads)
-    y = _add(x, _mul(c, w["W_O"]), _mul(ones, b["b_O"]))
+    y = total(x, product(c, w["W_O"]), product(ones, b["b_O"]))
 
     # feed-forward sublayer
     n_2 = layer_norm(y, epsilon)
     x_2 = _affine(n_2, norms["gamma_2"], norms["beta_2"])
-    u = _add(_mul(x_2, w_1), _mul(ones, b_1))
+    u = total(product(x_2, w_1), product(ones, b_1))
     f = gelu(u, approximate)
-    z = MatAdd(y, _add(_mul(f, w_2), _mul(ones, b_2)))  # not flattened: the residual Y stays one node
+    z = MatAdd(y, total(product(f, w_2), product(ones, b_2)))  # not flattened: the residual Y stays one node
 
     named = [
         ("N_1", n_1),

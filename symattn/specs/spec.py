@@ -87,5 +87,3 @@ def head_count(option, what: str, symbol: str) -> Basic:
     if isinstance(option, (bool, np.bool_)) or not isinstance(option, (int, np.integer, sp.Integer)) or option < 1:
         raise SymattnError(f"{what} must be a positive integer, got {option!r}")
     return sp.Integer(int(option))
-
-

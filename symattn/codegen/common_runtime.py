@@ -1,3 +1,19 @@
+"""Runtime helpers every generated module calls, whatever its backend: plain Python, no imports.
+
+Real code, linted and tested; the generated-code printers copy the source of the ones a module
+calls (``inspect.getsource``). ``SHAPES`` stands for the generated module's own constant.
+"""
+
+from __future__ import annotations
+
+SHAPES: dict[str, str] = {}  # input name -> its shape as the docstring writes it, e.g. "(..., n, d_k)"
+
+
+def add_optional(a, b):
+    """a + b, or a itself when b is None (an absent bias or mask)."""
+    return a if b is None else a + b
+
+
 def _check_shape(name, a, dims):
     """a's last two axes against the dimensions read off the inputs."""
     if tuple(a.shape[-2:]) != dims:
@@ -5,7 +21,6 @@ def _check_shape(name, a, dims):
         raise ValueError(f"{name}: expected shape {SHAPES[name]} = ({batch}{dims[0]}, {dims[1]}), got {tuple(a.shape)}")
 
 
-{% if divides %}
 def _quotient(name, shape, divisor):
     """shape[-1] // divisor, which must divide it."""
     if shape[-1] % divisor:
@@ -13,8 +28,6 @@ def _quotient(name, shape, divisor):
     return shape[-1] // divisor
 
 
-{% endif %}
-{% if options | selectattr("integer") | list %}
 def _positive_int(name, value):
     """value as a Python int >= 1: an int or a NumPy integer scalar, never a bool."""
     index = getattr(type(value), "__index__", None)
@@ -23,14 +36,9 @@ def _positive_int(name, value):
     return index(value)
 
 
-{% endif %}
-{% if nonempty %}
-
-
 def _nonempty(sizes, named):
     """Every size but the query rows at least 1: with no keys or no features softmax and the norms have no value."""
     empty = [f"{size} = 0" for size, value in sizes.items() if value == 0]
     if empty:
         shapes = ", ".join(f"{name} {tuple(a.shape)}" for name, a in named.items() if a is not None)
         raise ValueError(f"{', '.join(empty)}: only the query rows may be empty; got {shapes}")
-{% endif %}

@@ -1,0 +1,279 @@
+"""The template context of a generated module: every expression, signature and helper already printed.
+
+``build_context`` gathers, from small named parts, the values the Jinja templates lay out:
+the header's math, the statements of the forward and backward sections (printed by the
+backend's printer), the inputs' checks and bindings, the signatures and calls, and the
+runtime helpers' source. The templates add only scaffolding.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from collections.abc import Callable
+
+import sympy as sp
+
+from symattn.codegen import layout
+from symattn.codegen.printers import GeneratedNumPyPrinter, TorchMatrixPrinter
+from symattn.codegen.schedule import Assignment, Schedule
+from symattn.codegen.sections import Statement, _saved, _sections, _statements, _uses
+from symattn.derive.latex import text
+from symattn.lang.ops import SplitHeads
+from symattn.specs import Option
+
+PRINTERS = {"numpy": GeneratedNumPyPrinter, "torch": TorchMatrixPrinter}
+# The keywords of a module whose spec has an additive mask M (built from them at run time).
+MASK_KEYWORDS = ("attn_mask=None", "key_padding_mask=None", "causal=False")
+MASK_NAMES = tuple(k.partition("=")[0] for k in MASK_KEYWORDS)
+# The function that checks a backend's inputs, and the runtime helpers that only its modules call.
+CHECK_INPUTS = {"numpy": "_arrays", "torch": "_tensors"}
+BACKEND_HELPERS = {"numpy": ("_cotangent",), "torch": ("_NotTwice", "_only_tensors", "_first_order")}
+
+ModuleParameters = Callable[[Schedule, object], tuple[list[str], list[dict], list[dict]]]
+
+
+def docstring_text(value: str) -> str:
+    """value as it may stand inside a triple-quoted docstring: backslashes and quotes escaped."""
+    return value.replace("\\", "\\\\").replace('"""', '\\"\\"\\"')
+
+
+def _math(a: Assignment) -> str:
+    """An assignment as a line of the docstring's math (plain unicode, as `symattn derive --format text`)."""
+    return f"{a.target.name} = {text(a.value)}"
+
+
+def _wrap(lines: list[str], width: int = 110) -> list[str]:
+    """Math lines wrapped to fit the docstring, continuations indented."""
+    out: list[str] = []
+    for line in lines:
+        out.extend(textwrap.wrap(line, width, subsequent_indent="    ", break_on_hyphens=False) or [""])
+    return out
+
+
+def _shape_text(printer, x: sp.MatrixSymbol, weights: frozenset) -> str:
+    dims = ", ".join(printer.doprint(d) for d in x.shape)
+    return f"({dims})" if str(x.name) in weights else f"(..., {dims})"
+
+
+def _nonempty_call(sched: Schedule) -> str:
+    """The check that every dimension read off the inputs is at least 1, but the query rows (the first input's)."""
+    first = sched.inputs[0]
+    rows = first.shape[0] if str(first.name) not in sched.weights else None
+    sizes = [b.symbol.name for b in sched.bindings if b.symbol != rows]
+    if not sizes:
+        return ""
+    read = {b.input for b in sched.bindings}
+    sources = [str(x.name) for x in sched.inputs if str(x.name) in read]  # the inputs the sizes are read off
+    return layout.statement(
+        "_nonempty",
+        [
+            layout.wrapped("", [f'"{name}": {name}' for name in sizes], "", indent=8, brackets="{}"),
+            layout.wrapped("", [f'"{name}": {name}' for name in sources], "", indent=8, brackets="{}"),
+        ],
+        indent=4,
+    )
+
+
+def _bindings(sched: Schedule, printer) -> list[Statement]:
+    """The dimensions read off the inputs' shapes (a quotient checked to divide)."""
+    bindings = []
+    for b in sched.bindings:
+        read = f"{b.input}.shape[{b.axis}]"
+        if b.divisor is None:
+            bindings.append(Statement(b.symbol.name, read))
+        else:
+            divisor = printer.doprint(b.divisor)
+            bindings.append(Statement(b.symbol.name, f'_quotient("{b.input}", tuple({b.input}.shape), {divisor})'))
+    return bindings
+
+
+def _header(sched: Schedule, printer, options: list[Option], variant: str) -> dict:
+    """The module docstring's facts: inputs and shapes, options, the math of both passes."""
+    s = sched.spec
+    by_name = {o.name: o for o in options}
+    return {
+        "spec": s.name,
+        "summary": docstring_text(s.summary),
+        "inputs": [
+            {
+                "name": str(x.name),
+                "shape": _shape_text(printer, x, sched.weights),
+                "weight": str(x.name) in sched.weights,
+                "optional": str(x.name) in sched.optional,
+            }
+            for x in s.inputs
+        ],
+        "divides_heads": [
+            {"name": o.name, "symbol": o.symbol.name, "of": o.divides, "of_symbol": by_name[o.divides].symbol.name}
+            for o in options
+            if o.divides is not None
+        ],
+        "options": [
+            {
+                "name": o.name,
+                "symbol": o.symbol.name,
+                "integer": bool(o.symbol.is_integer),
+                "default": None if o.default is None else printer.doprint(o.default),
+                "default_math": None if o.default is None else sp.sstr(o.default),
+            }
+            for o in options
+        ],
+        "variant_note": ", memory-efficient variant" if variant == "memeff" else "",
+        "output": str(sched.output.name),
+        "output_shape": ", ".join(printer.doprint(d) for d in sched.output.shape),
+        "seed": str(sched.seed.name),
+        "forward_math": _wrap(
+            [f"{c.name} = {sp.sstr(v)}" for c, v in sched.constants] + [_math(a) for a in sched.forward]
+        ),
+        "backward_math": _wrap([_math(a) for a in sched.backward]),
+        "ambiguous": any(str(a.target.name) in ("O", "I", "l") for a in (*sched.forward, *sched.backward)),
+    }
+
+
+def _checks(sched: Schedule, printer, backend: str, options: list[Option]) -> dict:
+    """The inputs' checks and the dimensions and constants the body reads."""
+    s = sched.spec
+    return {
+        "expected": [
+            {
+                "name": str(x.name),
+                "dims": ", ".join(printer.doprint(d) for d in x.shape),
+                "optional": str(x.name) in sched.optional,
+            }
+            for x in s.inputs
+        ],
+        "bindings": _bindings(sched, printer),
+        "constants": [Statement(c.name, printer.doprint(v)) for c, v in sched.constants],
+        "nonempty": _nonempty_call(sched),
+        "checked_inputs": layout.checked_inputs(s.inputs, CHECK_INPUTS[backend]),
+        "heads_axis": any(isinstance(n, SplitHeads) for a in sched.forward for n in sp.preorder_traversal(a.value)),
+    }
+
+
+def _runtime_helpers(printer, backend: str, checks: dict, options: list[Option], mask: str | None) -> str:
+    """The source of the runtime helpers the module calls: the expressions' (sorted), then the checks'."""
+    names = [*sorted(printer.helpers_used), CHECK_INPUTS[backend], "_check_shape"]
+    names += ["_quotient"] * any(b.value.startswith("_quotient(") for b in checks["bindings"])
+    names += ["_positive_int"] * any(o.symbol.is_integer for o in options)
+    names += ["_nonempty"] * bool(checks["nonempty"])
+    names += [*BACKEND_HELPERS[backend], *["_additive_mask"] * bool(mask)]
+    return printer.runtime_source(names)
+
+
+def _function(
+    sched: Schedule, options: list[Option], mask: str | None, class_name: str, backend: str, shared: set
+) -> dict:
+    """The signatures and calls of forward and backward; shared: gradients returned as None when their input was."""
+    s = sched.spec
+    required = [x for x in s.inputs if str(x.name) not in sched.optional]
+    maybe = [x for x in s.inputs if str(x.name) in sched.optional]  # optional inputs, passed by keyword
+    positional = [str(x.name) for x in s.inputs] + ([mask] if mask else []) + [o.name for o in options]
+    signature = (
+        [str(x.name) for x in required]
+        + ["*"] * bool(options or maybe or mask)
+        + [o.name + ("=None" if o.default is not None else "") for o in options]
+        + [f"{x.name}=None" for x in maybe]
+        + (list(MASK_KEYWORDS) if mask else [])
+    )
+    return {
+        "input_names": [str(x.name) for x in s.inputs],
+        "signature": layout.define("forward", signature, indent=0),
+        "apply_call": layout.call(f"{class_name}Function.apply", positional, indent=4),
+        "return_gradients": layout.wrapped(
+            "return " if not maybe or backend == "torch" else "grads = ",
+            [
+                f'"{name}": None if {name} is None else {t.name}' if t in shared else f'"{name}": {t.name}'
+                for name, t in sched.gradients
+            ],
+            "",
+            indent=4,
+            brackets="{}",
+        ),
+        "optional_names": "(" + ", ".join(f'"{x.name}"' for x in maybe) + ("," if len(maybe) == 1 else "") + ")",
+        "biases": [str(x.name) for x in maybe],
+        "drop_none": bool(maybe),
+        "function_gradients": layout.assign_tuple(
+            "gradients", [f'grads["{x.name}"]' for x in s.inputs] + ["None"] * (len(options) + bool(mask)), indent=8
+        ),
+        "tensor_inputs": layout.wrapped(
+            "inputs = _only_tensors", [str(x.name) for x in s.inputs] + [mask] * bool(mask), "", 8, brackets="()"
+        ),
+        "define_forward": layout.define("_forward", positional, indent=0),
+        "define_function_forward": layout.define("forward", ["ctx", *positional], indent=4),
+        "call_forward": layout.wrapped(
+            f"{sched.output.name}, saved = _forward", positional, "", indent=8, brackets="()"
+        ),
+    }
+
+
+def _module(sched: Schedule, options: list[Option], mask: str | None, parameters: tuple) -> dict:
+    """The torch.nn.Module: constructor parameters, weights, the forward call, the mask's keywords."""
+    s = sched.spec
+    params, module_bindings, weights = parameters
+    required = [x for x in s.inputs if str(x.name) not in sched.optional]
+    maybe = [x for x in s.inputs if str(x.name) in sched.optional]
+    return {
+        "module_bindings": module_bindings,
+        "weights": weights,
+        "weight_names": [w["name"] for w in weights],
+        "module_doc": layout.module_doc(s.name, [w["name"] for w in weights]),
+        "init_signature": layout.define(
+            "__init__",
+            ["self", *params]
+            + ["*"] * bool(options)
+            + [o.name + ("=None" if o.default is not None else "") for o in options]
+            + ["bias=False"] * bool(maybe)
+            + ["device=None", "dtype=None"] * bool(weights),
+            indent=4,
+        ),
+        "module_call": layout.call(
+            "forward",
+            [str(x.name) if x.name not in sched.weights else f"self.{x.name}" for x in required]
+            + [f"{o.name}=self.{o.name}" for o in options]
+            + [f"{x.name}=self.{x.name}" for x in maybe]
+            + [f"{k}={k}" for k in MASK_NAMES if mask],
+            indent=8,
+        ),
+        "module_inputs": [str(x.name) for x in required if str(x.name) not in sched.weights],
+        "mask_keywords": list(MASK_KEYWORDS) if mask else [],
+        "mask_query": str(s.inputs[0].name),
+        "mask_key": next((str(x.name) for x in s.inputs if mask and x.shape[0] == s.constants[0].shape[1]), ""),
+    }
+
+
+def build_context(
+    sched: Schedule,
+    backend: str,
+    version: str,
+    variant: str,
+    class_name: str | None,
+    module_parameters: ModuleParameters,
+) -> dict:
+    """Everything a module template needs, every expression already printed.
+
+    module_parameters gives the nn.Module's constructor parameters, the dimensions they bind and the
+    weights' shapes, from the schedule and a fresh printer of the backend.
+    """
+    printer = PRINTERS[backend]()
+    s = sched.spec
+    mask = next((str(c.name) for c in s.constants if str(c.name) in sched.optional), None)
+    printer.optional, printer.mask = sched.optional | {f"{name}_b" for name in sched.optional}, mask
+    sections = _sections(sched, printer, mask, variant)
+    options = sections["options"]
+    class_name = class_name or "".join(p.title() for p in s.name.split("_"))
+    checks = _checks(sched, printer, backend, options)
+    return {
+        "version": version,
+        "backend": backend,
+        "class_name": class_name,
+        "mask": mask,
+        **_header(sched, printer, options, variant),
+        **checks,
+        "forward_sections": sections["forward_sections"],
+        "backward_sections": sections["backward_sections"],
+        "saved": _saved(sched, sections, mask, variant),
+        "needs_dtype": _uses("dtype", [line.value for line in _statements(sections)]),
+        **_function(sched, options, mask, class_name, backend, sections["shared"]),
+        **_module(sched, options, mask, module_parameters(sched, PRINTERS[backend]())),
+        "runtime": _runtime_helpers(printer, backend, checks, options, mask),
+    }

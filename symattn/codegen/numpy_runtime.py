@@ -1,0 +1,142 @@
+"""Runtime helpers only generated NumPy modules call: in-place and masked softmax, batch sums, input checks, masks.
+
+Real code, linted and tested; ``GeneratedNumPyPrinter`` copies the source of the ones a module
+calls (``inspect.getsource``) into it, so a generated NumPy module imports only numpy. The
+module-level ``SHAPES`` and ``OPTIONAL`` stand for the generated module's own constants.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+SHAPES: dict[str, str] = {}  # input name -> its shape as the docstring writes it, e.g. "(..., n, d_k)"
+OPTIONAL: tuple[str, ...] = ()  # inputs that may be None (biases)
+
+
+def masked_row_softmax_lse(a):
+    """row_softmax_lse for rows that may hold -inf: a row of -inf gives zeros and L = +inf (exp(A - L) = 0)."""
+    top = a.max(axis=-1, keepdims=True, initial=-np.inf)
+    top[top == -np.inf] = 0.0
+    e = np.exp(a - top)
+    total = e.sum(axis=-1, keepdims=True)
+    empty = total == 0
+    e /= np.where(empty, 1.0, total)
+    with np.errstate(divide="ignore"):
+        return e, np.where(empty, np.inf, top + np.log(total))
+
+
+def masked_row_softmax(a, out=None):
+    """row_softmax for rows that may hold -inf: a row whose entries are all -inf gives zeros, not NaN."""
+    top = a.max(axis=-1, keepdims=True, initial=-np.inf)
+    top[top == -np.inf] = 0.0
+    out = np.subtract(a, top, out=out)
+    np.exp(out, out=out)
+    out /= np.maximum(out.sum(axis=-1, keepdims=True), 1.0)  # the row max gives exp(0) = 1 unless all are -inf
+    return out
+
+
+def row_softmax(a, out=None):
+    """softmax along the last axis, the row max subtracted first; out may be a itself."""
+    out = np.subtract(a, a.max(axis=-1, keepdims=True, initial=-np.inf), out=out)
+    np.exp(out, out=out)
+    out /= out.sum(axis=-1, keepdims=True)
+    return out
+
+
+def rows(a):
+    """(..., n, k) -> (N, k): every row of every batch element, stacked."""
+    return a.reshape(-1, a.shape[-1])
+
+
+def sum_batch(a):
+    """(..., p, q) -> (p, q): the sum over the leading batch dimensions."""
+    return a.reshape(-1, *a.shape[-2:]).sum(axis=0)
+
+
+def row_softmax_lse(a):
+    """softmax along the last axis and the row log-sum-exp, the row max subtracted first."""
+    top = a.max(axis=-1, keepdims=True, initial=-np.inf)
+    e = np.exp(a - top)
+    total = e.sum(axis=-1, keepdims=True)
+    e /= total
+    return e, top + np.log(total)
+
+
+def _arrays(named):
+    """The inputs as arrays, checked: rank, one leading batch shape for the non-weights, one dtype."""
+    arrays, batch, first = [], None, None
+    for name, value in named.items():
+        if value is None and name in OPTIONAL:
+            arrays.append(value)
+            continue
+        a = np.asarray(value)
+        weight = not SHAPES[name].startswith("(...")
+        if a.ndim < 2 or (weight and a.ndim != 2):
+            raise ValueError(f"{name}: expected shape {SHAPES[name]}, got {a.shape}")
+        if not np.issubdtype(a.dtype, np.floating):
+            raise ValueError(f"{name}: expected a floating-point array of shape {SHAPES[name]}, got {a.dtype}")
+        if first is not None and a.dtype != first[1].dtype:
+            raise ValueError(f"mixed dtypes: {first[0]} is {first[1].dtype}, {name} is {a.dtype}")
+        if not weight and batch is not None and a.shape[:-2] != batch[1].shape[:-2]:
+            raise ValueError(
+                f"{name}: expected shape {SHAPES[name]} with the batch dimensions of {batch[0]} "
+                f"{batch[1].shape[:-2]}, got {a.shape}"
+            )
+        first = first or (name, a)
+        batch = batch or (None if weight else (name, a))
+        arrays.append(a)
+    return arrays
+
+
+def _cotangent(grad_out, saved):
+    """grad_out as an array of the output's shape and dtype."""
+    grad_out = np.asarray(grad_out)
+    if grad_out.shape != saved["output_shape"]:
+        raise ValueError(f"grad_out: expected shape {saved['output_shape']}, got {grad_out.shape}")
+    if grad_out.dtype != saved["dtype"]:
+        raise ValueError(f"mixed dtypes: the output is {saved['dtype']}, grad_out is {grad_out.dtype}")
+    return grad_out
+
+
+def _additive_mask(attn_mask, key_padding_mask, causal, query, key, per_head=False):
+    """The additive mask M (0 where a query may see a key, -inf where not), or None without a mask.
+
+    attn_mask: (n, m) or (..., n, m), boolean (True: not allowed) or floating (added to the scores);
+    key_padding_mask: (..., m) boolean (True: ignore that key); causal: query i sees keys j <= i.
+    per_head: the scores have a heads axis, (..., H, n, m), so a batched mask gets one, (..., 1, n, m).
+    """
+    if not isinstance(causal, (bool, np.bool_)):
+        raise ValueError(f"causal must be True or False, got {causal!r}")
+    causal = bool(causal)
+    if attn_mask is None and key_padding_mask is None and not causal:
+        return None
+    query, key = np.asarray(query), np.asarray(key)
+    n, m, batch = query.shape[-2], key.shape[-2], query.shape[:-2]
+    mask = None
+    if attn_mask is not None:
+        attn_mask = np.asarray(attn_mask)
+        if attn_mask.shape not in ((n, m), (*batch, n, m)):
+            expected = f"(n, m) = ({n}, {m}) or {(*batch, n, m)}"
+            raise ValueError(f"attn_mask: expected shape {expected}, got {attn_mask.shape}")
+        if attn_mask.dtype == np.bool_:
+            mask = np.where(attn_mask, -np.inf, 0.0).astype(query.dtype)
+        elif np.issubdtype(attn_mask.dtype, np.floating):
+            mask = attn_mask.astype(query.dtype)
+        else:
+            raise ValueError(f"attn_mask: expected a bool or floating-point array, got {attn_mask.dtype}")
+    if causal:
+        future = np.where(np.triu(np.ones((n, m), dtype=bool), 1), -np.inf, 0.0).astype(query.dtype)
+        mask = future if mask is None else mask + future
+    if key_padding_mask is not None:
+        key_padding_mask = np.asarray(key_padding_mask)
+        if key_padding_mask.shape != (*batch, m):
+            raise ValueError(f"key_padding_mask: expected shape (..., m) = {(*batch, m)}, got {key_padding_mask.shape}")
+        if key_padding_mask.dtype != np.bool_:
+            got = key_padding_mask.dtype
+            raise ValueError(f"key_padding_mask: expected a bool array (True: ignore a key), got {got}")
+        padding = np.where(key_padding_mask, -np.inf, 0.0).astype(query.dtype)[..., None, :]
+        mask = padding if mask is None else mask + padding
+    mask = np.broadcast_to(mask, (*mask.shape[:-2], n, m))  # a view: every query row, so that blocks of rows slice it
+    if per_head and mask.ndim > 2:  # one mask for every head: (..., 1, n, m)
+        mask = mask[..., None, :, :]
+    return mask

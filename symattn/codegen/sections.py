@@ -1,0 +1,187 @@
+"""The statements of a generated module's forward and backward sections, printed by the backend's printer.
+
+A schedule's assignments become ``Statement``s; the memory-efficient variant's loop over blocks
+of query rows becomes a loop section. Each statement may overwrite the arrays that die at it
+(``_dying``), and the gradient of an optional input runs only when the input was given.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+
+import sympy as sp
+from sympy.matrices.expressions import HadamardPower, HadamardProduct, MatAdd, MatMul
+
+from symattn.codegen.schedule import Assignment, Schedule
+from symattn.lang.ops import Elementwise, RowSoftmax
+from symattn.specs import Option
+
+# Values that a statement writes into a new array (not a view): a later entrywise statement may overwrite it.
+FRESH = (MatMul, MatAdd, HadamardProduct, HadamardPower, RowSoftmax, Elementwise)
+
+
+@dataclass(frozen=True)
+class Statement:
+    """One line of generated code: target = value (value printed by a printer)."""
+
+    target: str
+    value: str
+    comment: str = ""
+    guard: str = ""  # an optional input: the statement runs only when it was given (else the target is None)
+
+
+def _dying(assignments: list[Assignment], protected: set) -> list[frozenset]:
+    """For each assignment, the arrays it may overwrite: made earlier in this scope as fresh arrays
+    (not views), read exactly once here and never again, neither saved nor returned."""
+    fresh: set[str] = set()
+    out = []
+    for i, a in enumerate(assignments):
+        reads = Counter(str(x.name) for x in sp.preorder_traversal(a.value) if isinstance(x, sp.MatrixSymbol))
+        later = {str(x.name) for b in assignments[i + 1 :] for x in b.value.atoms(sp.MatrixSymbol)}
+        out.append(frozenset(name for name, k in reads.items() if k == 1 and name in fresh - later - protected))
+        if isinstance(a.value, FRESH) and not (isinstance(a.value, MatMul) and len(a.value.args) < 2):
+            fresh.add(str(a.target.name))
+    return out
+
+
+def _read_elsewhere(assignments: list[Assignment], targets: set) -> set:
+    """The targets that another assignment reads."""
+    return {t for t in targets if any(a.target != t and t in a.value.atoms(sp.MatrixSymbol) for a in assignments)}
+
+
+def _uses(name: str, texts: list[str]) -> bool:
+    pattern = re.compile(rf"(?<![\w.]){re.escape(name)}(?!\w)")
+    return any(pattern.search(t) for t in texts)
+
+
+@dataclass
+class Sections:
+    """Prints a schedule's assignments as the statements of the forward and backward sections."""
+
+    sched: Schedule
+    printer: object
+    mask: str | None
+    batched: set
+    protected: set
+    gradient_of: dict = field(default_factory=dict)  # target -> the optional input whose gradient it is
+    unused: dict = field(default_factory=dict)  # target -> the input the output does not read
+
+    def statement(self, a: Assignment, consumable: frozenset = frozenset()) -> Statement:
+        printer = self.printer
+        printer.consumable = consumable
+        if a.target in self.unused:  # the output does not read this input: zeros of its full (batched) shape
+            value = printer.zeros_like(self.unused[a.target])
+        elif a.reduce_batch:
+            value = printer.weight_gradient(a.value, self.batched)
+        else:
+            value = printer.doprint(a.value)
+        printer.consumable = frozenset()
+        # the gradient of an optional input is computed only when the input was given
+        return Statement(str(a.target.name), value, a.comment, self.gradient_of.get(a.target, ""))
+
+    def lines(self, assignments) -> dict:
+        dying = _dying(list(assignments), self.protected)
+        return {"loop": False, "lines": [self.statement(a, d) for a, d in zip(assignments, dying)]}
+
+    def loop(self, lp) -> dict:
+        kept = self.protected | {str(b.name) for _, b in lp.collect}
+        dying = _dying([*lp.body, *lp.accumulate], kept)
+        body = [self.statement(a, d) for a, d in zip(lp.body, dying)]
+        if lp.softmax is not None:  # P_b, L_b = row_softmax_lse(A_b), right after A_b
+            p_b, l_b, a_b = lp.softmax
+            call = f"{self.printer.helper('row_softmax_lse')}({a_b.name})"
+            if self.mask is not None:
+                call += f" if {self.mask} is None else {self.printer.helper('masked_row_softmax_lse')}({a_b.name})"
+            body.insert(1, Statement(f"{p_b.name}, {l_b.name}", call))
+        optional = self.sched.optional
+        return {
+            "loop": True,
+            "rows": f"{lp.rows_of}.shape[-2]",
+            "slices": [
+                {"block": str(b.name), "full": str(f.name), "optional": str(f.name) in optional} for b, f in lp.slices
+            ],
+            "body": body,
+            "collect": [
+                {"full": str(f.name), "block": str(b.name), "concat": self.printer.concatenate_rows(f"{f.name}_blocks")}
+                for f, b in lp.collect
+            ],
+            "accumulate": [self.statement(a, d) for a, d in zip(lp.accumulate, dying[len(lp.body) :])],
+        }
+
+
+def _batched(sched: Schedule) -> set:
+    """The names of the values that carry leading batch dimensions (blocks of rows included)."""
+    s = sched.spec
+    batched = {str(x.name) for x in s.inputs if str(x.name) not in sched.weights} | {str(sched.seed.name)}
+    batched |= {str(a.target.name) for a in (*sched.forward, *sched.backward) if sched.is_batched(a.value)}
+    return batched | {f"{name}_b" for name in batched} | {"L", "L_b"}  # blocks of rows (memory-efficient variant)
+
+
+def _sections(sched: Schedule, printer, mask: str | None, variant: str) -> dict:
+    """The forward and backward sections, the values forward saves, the options and the shared gradients."""
+    optional = sched.optional
+    protected = {str(getattr(x, "name", x)) for x in sched.saved} | {str(sched.output.name), "L"}
+    protected |= {str(t.name) for _, t in sched.gradients}
+    gradient_of = {t: name for name, t in sched.gradients if name in optional}
+    unused = {t: name for name, t in sched.gradients for a in sched.backward if a.target == t and a.value.is_ZeroMatrix}
+    options = list(sched.options)
+    if variant == "memeff":
+        from symattn.codegen.rowblocks import BLOCK_SIZE, plan
+
+        cut = plan(sched)
+        backward_assignments = [*cut.backward[0], *cut.backward[1].body, *cut.backward[1].accumulate, *cut.backward[2]]
+    else:
+        backward_assignments = list(sched.backward)
+    # The gradient of an optional input that other lines read (dbeta_2 = db_1 W_1ᵀ) is computed whatever the
+    # input; only the value returned for it is None when the input was.
+    shared = _read_elsewhere(backward_assignments, set(gradient_of))
+    gradient_of = {t: name for t, name in gradient_of.items() if t not in shared}
+    p = Sections(sched, printer, mask, _batched(sched), protected, gradient_of, unused)
+    if variant == "memeff":
+        forward = [p.lines(cut.forward[0]), p.loop(cut.forward[1]), p.lines(cut.forward[2])]
+        backward = [p.lines(cut.backward[0]), p.loop(cut.backward[1]), p.lines(cut.backward[2])]
+        saved_symbols = cut.saved
+        block_size = sp.Symbol("block_size", positive=True, integer=True)
+        options.append(Option("block_size", block_size, sp.Integer(BLOCK_SIZE)))
+    else:
+        forward, backward = [p.lines(sched.forward)], [p.lines(sched.backward)]
+        saved_symbols = sched.saved
+    return {
+        "forward_sections": forward,
+        "backward_sections": backward,
+        "saved_symbols": saved_symbols,
+        "options": options,
+        "shared": shared,
+        "unused": unused,
+    }
+
+
+def _saved(sched: Schedule, sections: dict, mask: str | None, variant: str) -> list[str]:
+    """The names forward saves for backward: those the backward's statements read."""
+    maybe = [x for x in sched.spec.inputs if str(x.name) in sched.optional]
+    backward = [
+        line
+        for sec in sections["backward_sections"]
+        for line in sec.get("lines", []) + sec.get("body", []) + sec.get("accumulate", [])
+    ]
+    backward_text = (
+        [b.value for b in backward]
+        + [b.guard for b in backward]
+        + [sl["full"] for sec in sections["backward_sections"] for sl in sec.get("slices", [])]
+        + [name for name, t in sched.gradients if t in sections["shared"]]  # returned as None when the input was
+    )
+    saved = [str(getattr(x, "name", x)) for x in sections["saved_symbols"]]
+    saved += [str(x.name) for x in maybe] + [mask] * bool(mask)
+    saved += [name for name in sections["unused"].values() if name not in saved]  # zero gradients take their shapes
+    return [name for name in saved if _uses(name, backward_text)] + (["block_size"] if variant == "memeff" else [])
+
+
+def _statements(sections: dict) -> list[Statement]:
+    """Every statement of the forward and backward sections, in order."""
+    return [
+        line
+        for sec in (*sections["forward_sections"], *sections["backward_sections"])
+        for line in sec.get("lines", []) + sec.get("body", []) + sec.get("accumulate", [])
+    ]

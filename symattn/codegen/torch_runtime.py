@@ -1,0 +1,237 @@
+"""Runtime helpers of generated PyTorch modules: softmax, heads, GELU, LayerNorm, input checks, masks, first order.
+
+Real code, linted and tested; ``TorchMatrixPrinter`` copies the source of the ones a module calls
+(``inspect.getsource``) into it, so a generated torch module imports only torch. ``SHAPES``,
+``OPTIONAL`` and ``SPEC`` stand for the generated module's own constants. Generating code reads
+this module's source only, so it imports without torch.
+"""
+
+from __future__ import annotations
+
+try:
+    import torch
+except ImportError:  # pragma: no cover - generating a torch module reads this source, it needs no torch
+    from types import SimpleNamespace
+
+    torch = SimpleNamespace(autograd=SimpleNamespace(Function=object))
+
+SHAPES: dict[str, str] = {}  # input name -> its shape as the docstring writes it, e.g. "(..., n, d_k)"
+OPTIONAL: tuple[str, ...] = ()  # inputs that may be None (biases)
+SPEC = ""  # the spec's name, for error messages
+
+
+def masked_row_softmax_lse(a):
+    """row_softmax_lse for rows that may hold -inf: a row of -inf gives zeros and L = +inf (exp(A - L) = 0)."""
+    top = a.amax(dim=-1, keepdim=True) if a.shape[-1] else a.new_zeros(*a.shape[:-1], 1)  # no keys
+    top.masked_fill_(top == float("-inf"), 0.0)
+    e = torch.exp(a - top)
+    total = e.sum(dim=-1, keepdim=True)
+    empty = total == 0
+    e /= total.masked_fill(empty, 1.0)
+    return e, (top + torch.log(total)).masked_fill_(empty, float("inf"))
+
+
+def masked_row_softmax(a, out=None):
+    """row_softmax for rows that may hold -inf: a row whose entries are all -inf gives zeros, not NaN."""
+    top = a.amax(dim=-1, keepdim=True) if a.shape[-1] else a.new_zeros(*a.shape[:-1], 1)  # no keys
+    top.masked_fill_(top == float("-inf"), 0.0)
+    out = torch.sub(a, top, out=out)
+    out.exp_()
+    out /= out.sum(dim=-1, keepdim=True).clamp_(min=1.0)  # the row max gives exp(0) = 1 unless all are -inf
+    return out
+
+
+def row_softmax(a, out=None):
+    """softmax along the last axis, the row max subtracted first; out may be a itself."""
+    top = a.amax(dim=-1, keepdim=True) if a.shape[-1] else a.new_zeros(*a.shape[:-1], 1)  # no keys
+    out = torch.sub(a, top, out=out)
+    out.exp_()
+    out /= out.sum(dim=-1, keepdim=True)
+    return out
+
+
+def sigmoid(a):
+    """1 / (1 + exp(-a)), entrywise."""
+    return torch.sigmoid(a)
+
+
+def split_heads(a, heads):
+    """(..., n, heads * k) -> (..., heads, n, k)."""
+    return a.reshape(*a.shape[:-1], heads, a.shape[-1] // heads).transpose(-2, -3)
+
+
+def merge_heads(a, heads):
+    """(..., heads, n, k) -> (..., n, heads * k)."""
+    a = a.transpose(-2, -3)
+    return a.reshape(*a.shape[:-2], a.shape[-2] * a.shape[-1])
+
+
+def repeat_heads(a, heads):
+    """(..., kv_heads, n, k) -> (..., heads, n, k): head h reads kv head h // (heads // kv_heads)."""
+    return a if a.shape[-3] == heads else a.repeat_interleave(heads // a.shape[-3], dim=-3)
+
+
+def sum_groups(a, heads):
+    """(..., H, n, k) -> (..., heads, n, k): each group of H // heads consecutive heads summed."""
+    if a.shape[-3] == heads:
+        return a
+    return a.reshape(*a.shape[:-3], heads, a.shape[-3] // heads, *a.shape[-2:]).sum(dim=-3)
+
+
+def rows(a):
+    """(..., n, k) -> (N, k): every row of every batch element, stacked."""
+    return a.reshape(-1, a.shape[-1])
+
+
+def sum_batch(a):
+    """(..., p, q) -> (p, q): the sum over the leading batch dimensions."""
+    return a.reshape(-1, *a.shape[-2:]).sum(dim=0)
+
+
+def row_softmax_lse(a):
+    """softmax along the last axis and the row log-sum-exp, the row max subtracted first."""
+    top = a.amax(dim=-1, keepdim=True) if a.shape[-1] else a.new_zeros(*a.shape[:-1], 1)  # no keys
+    e = torch.exp(a - top)
+    total = e.sum(dim=-1, keepdim=True)
+    e /= total
+    return e, top + torch.log(total)
+
+
+def gelu(a):
+    """x Φ(x), entrywise (exact, erf form)."""
+    return torch.nn.functional.gelu(a)
+
+
+def gelu_grad(a):
+    """GELU′(x) = Φ(x) + x φ(x), entrywise."""
+    return 0.5 * (1.0 + torch.erf(a * 0.7071067811865476)) + a * torch.exp(-0.5 * a * a) * 0.3989422804014327
+
+
+def gelu_tanh(a):
+    """x (1 + tanh(√(2/π) (x + 0.044715 x³))) / 2, entrywise."""
+    return torch.nn.functional.gelu(a, approximate="tanh")
+
+
+def gelu_tanh_grad(a):
+    """The derivative of gelu_tanh: (1 + t) / 2 + x (1 − t²) k (1 + 3 c x²) / 2, t = tanh(k (x + c x³))."""
+    t = torch.tanh(0.7978845608028654 * (a + 0.044715 * a * a * a))
+    return 0.5 * (1.0 + t) + 0.5 * a * (1.0 - t * t) * 0.7978845608028654 * (1.0 + 0.134145 * a * a)
+
+
+def layer_norm(a, eps):
+    """Each row standardised: (a − mean) / √(biased variance + eps), along the last axis."""
+    return torch.nn.functional.layer_norm(a, a.shape[-1:], eps=eps)
+
+
+def row_inv_std(a, eps):
+    """1 / √(biased variance + eps) of each row, as a column (..., n, 1)."""
+    return torch.rsqrt(a.var(dim=-1, keepdim=True, correction=0) + eps)
+
+
+def _tensors(named):
+    """The inputs, checked: tensors, rank, one leading batch shape for the non-weights, one dtype."""
+    tensors, batch, first = [], None, None
+    for name, a in named.items():
+        if a is None and name in OPTIONAL:
+            tensors.append(a)
+            continue
+        if not isinstance(a, torch.Tensor):
+            raise TypeError(f"{name}: expected a torch.Tensor of shape {SHAPES[name]}, got {type(a).__name__}")
+        weight = not SHAPES[name].startswith("(...")
+        if a.dim() < 2 or (weight and a.dim() != 2):
+            raise ValueError(f"{name}: expected shape {SHAPES[name]}, got {tuple(a.shape)}")
+        if not a.is_floating_point():
+            raise ValueError(f"{name}: expected a floating-point tensor of shape {SHAPES[name]}, got {a.dtype}")
+        if first is not None and a.dtype != first[1].dtype:
+            raise ValueError(f"mixed dtypes: {first[0]} is {first[1].dtype}, {name} is {a.dtype}")
+        if not weight and batch is not None and a.shape[:-2] != batch[1].shape[:-2]:
+            raise ValueError(
+                f"{name}: expected shape {SHAPES[name]} with the batch dimensions of {batch[0]} "
+                f"{tuple(batch[1].shape[:-2])}, got {tuple(a.shape)}"
+            )
+        first = first or (name, a)
+        batch = batch or (None if weight else (name, a))
+        tensors.append(a)
+    return tensors
+
+
+class _NotTwice(torch.autograd.Function):
+    """The identity on gradients made under create_graph=True, tied to what they depend on: differentiating
+    them again raises, since the generated backward is first order only."""
+
+    @staticmethod
+    def forward(ctx, count, *tensors):
+        return tuple(t.clone() for t in tensors[:count])
+
+    @staticmethod
+    def backward(ctx, *grads):
+        raise RuntimeError(
+            f"{SPEC}: double backward is not supported: the generated backward is the closed-form first "
+            "derivative and no second derivative is derived, so gradients made with create_graph=True cannot "
+            "be differentiated again"
+        )
+
+
+def _only_tensors(*values):
+    """The values that are tensors (an absent bias or mask is None)."""
+    return [value for value in values if isinstance(value, torch.Tensor)]
+
+
+def _first_order(ctx, grad_out, gradients):
+    """The gradients a backward returns; under create_graph=True each is tied to the inputs and grad_out,
+    so that a second derivative raises instead of silently being wrong (as torch's once_differentiable)."""
+    if not torch.is_grad_enabled():
+        return gradients
+    sources = [t for t in (*ctx.saved_tensors[len(ctx.tensor_names) :], grad_out) if t.requires_grad]
+    present = [g for g in gradients if g is not None]
+    if not sources or not present:
+        return gradients
+    tied = iter(_NotTwice.apply(len(present), *present, *sources))
+    return tuple(None if g is None else next(tied) for g in gradients)
+
+
+def _additive_mask(attn_mask, key_padding_mask, causal, query, key, per_head=False):
+    """The additive mask M (0 where a query may see a key, -inf where not), or None without a mask.
+
+    attn_mask: (n, m) or (..., n, m), boolean (True: not allowed) or floating (added to the scores);
+    key_padding_mask: (..., m) boolean (True: ignore that key); causal: query i sees keys j <= i.
+    per_head: the scores have a heads axis, (..., H, n, m), so a batched mask gets one, (..., 1, n, m).
+    """
+    if type(causal).__name__ not in ("bool", "bool_"):  # True or False, or NumPy's np.True_ or np.False_
+        raise ValueError(f"causal must be True or False, got {causal!r}")
+    causal = bool(causal)
+    if attn_mask is None and key_padding_mask is None and not causal:
+        return None
+    n, m, batch = query.shape[-2], key.shape[-2], tuple(query.shape[:-2])
+    dtype, device = query.dtype, query.device
+    mask = None
+    if attn_mask is not None:
+        if not isinstance(attn_mask, torch.Tensor) or tuple(attn_mask.shape) not in ((n, m), (*batch, n, m)):
+            got = tuple(attn_mask.shape) if isinstance(attn_mask, torch.Tensor) else type(attn_mask).__name__
+            expected = f"(n, m) = ({n}, {m}) or {(*batch, n, m)}"
+            raise ValueError(f"attn_mask: expected a tensor of shape {expected}, got {got}")
+        if attn_mask.dtype == torch.bool:
+            mask = torch.zeros(attn_mask.shape, dtype=dtype, device=device).masked_fill_(attn_mask, float("-inf"))
+        elif attn_mask.is_floating_point():
+            mask = attn_mask.to(dtype)
+        else:
+            raise ValueError(f"attn_mask: expected a bool or floating-point tensor, got {attn_mask.dtype}")
+    if causal:
+        future = torch.ones(n, m, dtype=torch.bool, device=device).triu_(1)
+        future = torch.zeros(n, m, dtype=dtype, device=device).masked_fill_(future, float("-inf"))
+        mask = future if mask is None else mask + future
+    if key_padding_mask is not None:
+        if not isinstance(key_padding_mask, torch.Tensor) or tuple(key_padding_mask.shape) != (*batch, m):
+            got = key_padding_mask
+            got = tuple(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__
+            raise ValueError(f"key_padding_mask: expected a tensor of shape (..., m) = {(*batch, m)}, got {got}")
+        if key_padding_mask.dtype != torch.bool:
+            got = key_padding_mask.dtype
+            raise ValueError(f"key_padding_mask: expected a bool tensor (True: ignore a key), got {got}")
+        padding = torch.zeros(key_padding_mask.shape, dtype=dtype, device=device)
+        padding = padding.masked_fill_(key_padding_mask, float("-inf")).unsqueeze(-2)
+        mask = padding if mask is None else mask + padding
+    mask = mask.expand(*mask.shape[:-2], n, m)  # a view: every query row, so that blocks of rows slice it
+    if per_head and mask.ndim > 2:  # one mask for every head: (..., 1, n, m)
+        mask = mask.unsqueeze(-3)
+    return mask

@@ -1,0 +1,99 @@
+"""Products and sums taken apart and put together: the one toolkit every layer uses.
+
+``factors`` and ``terms`` split; ``product`` and ``total`` build. The builders
+canonicalise only the node they make, never their operands: SymPy's operators
+(*, +) and a deep ``doit()`` re-walk a shared (DAG) operand as a tree, which takes
+exponential time on deep or shared graphs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import sympy as sp
+from sympy import Basic, MatrixExpr
+from sympy.matrices.expressions import Identity, MatAdd, MatMul, ZeroMatrix
+
+
+def factors(expr: Basic) -> tuple[Basic, list[Basic]]:
+    """(c, [F₁, …, F_k]) with expr = c F₁ ⋯ F_k.
+
+    For a product: c is the product of its scalar arguments and F₁ … F_k its matrix
+    arguments in order (a nested product stays one factor). Anything else is (1, [expr]).
+    """
+    if isinstance(expr, MatMul):
+        scalars = [a for a in expr.args if not isinstance(a, MatrixExpr)]
+        return sp.Mul(*scalars), [a for a in expr.args if isinstance(a, MatrixExpr)]
+    return sp.Integer(1), [expr]
+
+
+def terms(expr: Basic) -> tuple[Basic, ...]:
+    """(T₁, …, T_k) with expr = T₁ + … + T_k: a sum's arguments (a nested sum stays one term), or (expr,)."""
+    return expr.args if isinstance(expr, MatAdd) else (expr,)
+
+
+def product(*parts: Basic, canonical: bool = True, flatten: bool = False, drop_units: bool = False) -> Basic:
+    """The product of scalars and matrices ``parts`` (left to right).
+
+    canonical=True: SymPy's canonical product of this node only (``doit(deep=False)``:
+    scalars multiplied and put first, nested products flattened, identities and zeros
+    resolved), and c (A + B) = c A + c B for a rational c, as SymPy's operators do.
+
+    canonical=False: the parts as given: the scalars multiplied into one leading
+    coefficient (left out when it is 1), the matrices in order, a lone matrix with
+    coefficient 1 returned bare, nothing evaluated. ``flatten`` first splices the
+    factors of a product among the parts into the new one (one level);
+    ``drop_units`` resolves zeros (c = 0 or a zero factor gives a zero matrix) and
+    drops identity factors (all but one, if every factor is an identity).
+    """
+    mats = [f for f in parts if isinstance(f, MatrixExpr)]
+    coeff = sp.Mul(*(f for f in parts if not isinstance(f, MatrixExpr)))
+    if canonical:
+        if len(mats) == 1 and isinstance(mats[0], MatAdd) and coeff.is_Rational and coeff != 1:
+            return MatAdd(*(product(coeff, term) for term in mats[0].args))
+        return MatMul(*parts).doit(deep=False)
+    if flatten:
+        flat: list[Basic] = []
+        for f in mats:
+            c, inner = factors(f) if isinstance(f, MatMul) else (sp.Integer(1), [f])
+            coeff, flat = coeff * c, [*flat, *inner]
+        mats = flat
+    if drop_units:
+        if coeff == 0 or any(isinstance(f, ZeroMatrix) for f in mats):
+            return ZeroMatrix(mats[0].shape[0], mats[-1].shape[1])
+        mats = [f for f in mats if not isinstance(f, Identity)] or mats[:1]
+    if coeff == 1 and len(mats) == 1:
+        return mats[0]
+    return MatMul(coeff, *mats) if coeff != 1 else MatMul(*mats)
+
+
+def total(*parts: Basic, canonical: bool = True) -> Basic:
+    """The sum of the matrices ``parts``.
+
+    canonical=True: sums among the parts spliced in (one level), zero matrices
+    dropped, like terms collected (c₁ M + c₂ M = (c₁ + c₂) M, a zero total dropped),
+    the terms sorted by ``sympy.default_sort_key``; one term is returned bare, none a
+    zero matrix of the first part's shape. This is SymPy's canonical sum without its
+    deep re-canonicalisation of the collected terms.
+
+    canonical=False: the parts as given, one part returned bare.
+    """
+    if not canonical:
+        return parts[0] if len(parts) == 1 else MatAdd(*parts)
+    coefficients: dict[Basic, Basic] = {}
+    for part in parts:
+        for t in terms(part):
+            if isinstance(t, ZeroMatrix):
+                continue
+            coeff, mats = factors(t)
+            mat = mats[0] if len(mats) == 1 else MatMul(*mats)
+            coefficients[mat] = coefficients.get(mat, 0) + coeff
+    args = [mat if c == 1 else product(c, mat) for mat, c in coefficients.items() if c != 0]
+    if not args:
+        return ZeroMatrix(*parts[0].shape)
+    return args[0] if len(args) == 1 else MatAdd(*sorted(args, key=sp.default_sort_key))
+
+
+def transposed_factors(mats: Iterable[Basic]) -> list[Basic]:
+    """[F_kᵀ, …, F₁ᵀ] for [F₁, …, F_k]: the factors of (F₁ ⋯ F_k)ᵀ."""
+    return [m.T for m in reversed(list(mats))]

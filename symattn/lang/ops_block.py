@@ -1,0 +1,123 @@
+"""The Transformer block's nodes: GELU (exact and tanh forms), their derivatives, row-wise LayerNorm.
+
+Like the nodes of ``symattn.lang.ops`` (which re-exports these), each node defines its shape and
+explicit entries, nothing else.
+"""
+
+from __future__ import annotations
+
+import sympy as sp
+from sympy import Basic, Expr, MatrixExpr
+
+from symattn.errors import SymattnError
+from symattn.lang.node_base import Elementwise, require_matrix
+from symattn.lang.safe import expression
+
+_INV_SQRT2 = 1 / sp.sqrt(2)
+GELU_TANH_K = sp.sqrt(2 / sp.pi)  # √(2/π) of the tanh approximation
+GELU_TANH_C = sp.Float("0.044715")
+
+
+class Gelu(Elementwise):
+    """GELU(x) = x Φ(x) = x (1 + erf(x/√2)) / 2, entrywise (the exact, erf form)."""
+
+    function = "gelu"
+    scalar = staticmethod(lambda x: x * (1 + sp.erf(x * _INV_SQRT2)) / 2)
+
+
+class GeluTanh(Elementwise):
+    """GELU's tanh approximation: x (1 + tanh(√(2/π) (x + 0.044715 x³))) / 2, entrywise."""
+
+    function = "gelu_tanh"
+    scalar = staticmethod(lambda x: x * (1 + sp.tanh(GELU_TANH_K * (x + GELU_TANH_C * x**3))) / 2)
+
+
+class GeluGrad(Elementwise):
+    """GELU′(x) = Φ(x) + x φ(x) = (1 + erf(x/√2)) / 2 + x exp(−x²/2) / √(2π), entrywise.
+
+    Appears in backward passes only; it is not differentiated itself.
+    """
+
+    function = "gelu_grad"
+    scalar = staticmethod(lambda x: (1 + sp.erf(x * _INV_SQRT2)) / 2 + x * sp.exp(-(x**2) / 2) / sp.sqrt(2 * sp.pi))
+
+
+def _gelu_tanh_grad(x):
+    t = sp.tanh(GELU_TANH_K * (x + GELU_TANH_C * x**3))
+    return (1 + t) / 2 + x * (1 - t**2) * GELU_TANH_K * (1 + 3 * GELU_TANH_C * x**2) / 2
+
+
+class GeluTanhGrad(Elementwise):
+    """The derivative of GELU's tanh approximation, entrywise: with t = tanh(k (x + c x³)), k = √(2/π),
+    c = 0.044715: (1 + t) / 2 + x (1 − t²) k (1 + 3 c x²) / 2. Backward passes only."""
+
+    function = "gelu_tanh_grad"
+    scalar = staticmethod(_gelu_tanh_grad)
+
+
+class _RowStatistic(MatrixExpr):
+    """A row-wise statistic of A with the variance offset eps (a positive scalar)."""
+
+    def __new__(cls, arg: MatrixExpr, eps) -> _RowStatistic:
+        arg, eps = expression(arg), expression(eps)
+        require_matrix(arg, cls.__name__)
+        if isinstance(eps, MatrixExpr) or eps.is_positive is False:
+            raise SymattnError(f"{cls.__name__} takes a positive scalar eps, got {eps}")
+        return Basic.__new__(cls, arg, eps)
+
+    @property
+    def arg(self) -> MatrixExpr:
+        return self.args[0]
+
+    @property
+    def eps(self) -> Expr:
+        return self.args[1]
+
+    def _row_moments(self, i, **kwargs):
+        cols = self.arg.shape[1]
+        k = sp.Dummy("k", integer=True)
+        mean = sp.Sum(self.arg._entry(i, k, **kwargs), (k, 0, cols - 1)) / cols
+        var = sp.Sum((self.arg._entry(i, k, **kwargs) - mean) ** 2, (k, 0, cols - 1)) / cols
+        return mean, var
+
+
+class LayerNorm(_RowStatistic):
+    """LN(A)_ij = (A_ij − μ_i) / √(σ²_i + ε): each row standardised (μ_i its mean, σ²_i its biased
+    variance, as torch.nn.LayerNorm); the learned γ, β are applied outside the node."""
+
+    @property
+    def shape(self) -> tuple:
+        return self.arg.shape
+
+    def _entry(self, i, j, **kwargs):
+        mean, var = self._row_moments(i, **kwargs)
+        return (self.arg._entry(i, j, **kwargs) - mean) / sp.sqrt(var + self.eps)
+
+
+class RowInvStd(_RowStatistic):
+    """rstd(A)_i = 1 / √(σ²_i + ε): the n × 1 column of reciprocal row standard deviations.
+
+    Appears in LayerNorm's backward pass; it is not differentiated itself.
+    """
+
+    @property
+    def shape(self) -> tuple:
+        return (self.arg.shape[0], sp.Integer(1))
+
+    def _entry(self, i, j, **kwargs):
+        _, var = self._row_moments(i, **kwargs)
+        return 1 / sp.sqrt(var + self.eps)
+
+
+def gelu(a: MatrixExpr, approximate: str = "none") -> Elementwise:
+    """Entrywise GELU: exact (erf) for approximate="none", the tanh form for approximate="tanh" (as torch)."""
+    if approximate == "none":
+        return Gelu(a)
+    if approximate == "tanh":
+        return GeluTanh(a)
+    raise SymattnError(f"gelu approximate must be 'none' or 'tanh', got {approximate!r}")
+
+
+def layer_norm(a: MatrixExpr, eps) -> LayerNorm:
+    """Each row of a standardised: (a − row mean) / √(row variance + eps)."""
+    return LayerNorm(a, eps)

@@ -1,0 +1,91 @@
+"""Runtime helpers of NumPy code printed by ``NumPyMatrixPrinter``: the nodes NumPy has no function for.
+
+Real code, linted and tested; a printer copies the source of the ones an expression calls
+(``inspect.getsource``) into the code it prints, which then needs only ``numpy as np``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def row_softmax(a):
+    """softmax along the last axis, the row max subtracted first."""
+    e = np.exp(a - a.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def sigmoid(a):
+    """1 / (1 + exp(-a)), entrywise."""
+    return 1.0 / (1.0 + np.exp(-a))
+
+
+def split_heads(a, heads):
+    """(..., n, heads * k) -> (..., heads, n, k)."""
+    return np.swapaxes(a.reshape(*a.shape[:-1], heads, a.shape[-1] // heads), -2, -3)
+
+
+def merge_heads(a, heads):
+    """(..., heads, n, k) -> (..., n, heads * k)."""
+    a = np.swapaxes(a, -2, -3)
+    return a.reshape(*a.shape[:-2], a.shape[-2] * a.shape[-1])
+
+
+def repeat_heads(a, heads):
+    """(..., kv_heads, n, k) -> (..., heads, n, k): head h reads kv head h // (heads // kv_heads)."""
+    return a if a.shape[-3] == heads else np.repeat(a, heads // a.shape[-3], axis=-3)
+
+
+def sum_groups(a, heads):
+    """(..., H, n, k) -> (..., heads, n, k): each group of H // heads consecutive heads summed."""
+    if a.shape[-3] == heads:
+        return a
+    return a.reshape(*a.shape[:-3], heads, a.shape[-3] // heads, *a.shape[-2:]).sum(axis=-3)
+
+
+def erf(x):
+    """erf(x) = 2/√π exp(−x²) Σ_k 2^k x^(2k+1) / (1·3·…·(2k+1)): positive terms, no cancellation;
+    ±1 to double precision past |x| = 6."""
+    a = np.clip(x, -6.0, 6.0)
+    a2 = a * a
+    term = a * 1.0
+    total = a * 1.0
+    for k in range(1, 160):
+        term = term * (2.0 * a2) / (2 * k + 1)
+        total = total + term
+        if np.all(np.abs(term) <= 1e-17 * np.abs(total)):
+            break
+    return 1.1283791670955126 * np.exp(-a2) * total
+
+
+def gelu(a):
+    """x Φ(x) = x (1 + erf(x / √2)) / 2, entrywise."""
+    return 0.5 * a * (1.0 + erf(a * 0.7071067811865476))
+
+
+def gelu_grad(a):
+    """GELU′(x) = Φ(x) + x φ(x), entrywise."""
+    return 0.5 * (1.0 + erf(a * 0.7071067811865476)) + a * np.exp(-0.5 * a * a) * 0.3989422804014327
+
+
+def gelu_tanh(a):
+    """x (1 + tanh(√(2/π) (x + 0.044715 x³))) / 2, entrywise."""
+    return 0.5 * a * (1.0 + np.tanh(0.7978845608028654 * (a + 0.044715 * a * a * a)))
+
+
+def gelu_tanh_grad(a):
+    """The derivative of gelu_tanh: (1 + t) / 2 + x (1 − t²) k (1 + 3 c x²) / 2, t = tanh(k (x + c x³))."""
+    t = np.tanh(0.7978845608028654 * (a + 0.044715 * a * a * a))
+    return 0.5 * (1.0 + t) + 0.5 * a * (1.0 - t * t) * 0.7978845608028654 * (1.0 + 0.134145 * a * a)
+
+
+def layer_norm(a, eps):
+    """Each row standardised: (a − mean) / √(biased variance + eps), along the last axis."""
+    c = a - a.mean(axis=-1, keepdims=True)
+    return c / np.sqrt((c * c).mean(axis=-1, keepdims=True) + eps)
+
+
+def row_inv_std(a, eps):
+    """1 / √(biased variance + eps) of each row, as a column (..., n, 1)."""
+    c = a - a.mean(axis=-1, keepdims=True)
+    return 1.0 / np.sqrt((c * c).mean(axis=-1, keepdims=True) + eps)

@@ -1,0 +1,97 @@
+"""The package's shape: layered subpackages, imports pointing down, no spec named outside the specs."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import symattn as sa
+
+PACKAGE = Path(sa.__file__).resolve().parent
+# Lower layers first: a module may import from its own layer and the ones before it.
+LAYERS = ("errors", "lang", "autodiff", "optimize", "numeric", "specs", "derive", "codegen", "cli")
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _modules() -> dict[str, Path]:
+    return {_module_name(p): p for p in PACKAGE.rglob("*.py") if "generated" not in p.parts}
+
+
+def _imports(path: Path, modules: dict[str, Path]) -> set[str]:
+    """The symattn modules a file imports, anywhere in it (functions included)."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("symattn"):
+            for alias in node.names:
+                full = f"{node.module}.{alias.name}"
+                found.add(full if full in modules else node.module)
+        elif isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.startswith("symattn")}
+    return {m for m in found if m in modules}
+
+
+def _graph() -> dict[str, set[str]]:
+    modules = _modules()
+    return {name: _imports(path, modules) - {name} for name, path in modules.items()}
+
+
+def _layer(module: str) -> int | None:
+    parts = module.split(".")
+    return LAYERS.index(parts[1]) if len(parts) > 1 and parts[1] in LAYERS else None
+
+
+def test_the_import_graph_has_no_cycle():
+    graph = _graph()
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    for root in graph:
+        if state.get(root):
+            continue
+        stack = [(root, iter(sorted(graph[root])))]
+        state[root] = 1
+        while stack:
+            node, children = stack[-1]
+            child = next(children, None)
+            if child is None:
+                state[node] = 2
+                stack.pop()
+            elif state.get(child) == 1:
+                path = [n for n, _ in stack]
+                raise AssertionError("import cycle: " + " -> ".join([*path[path.index(child) :], child]))
+            elif not state.get(child):
+                state[child] = 1
+                stack.append((child, iter(sorted(graph[child]))))
+
+
+def test_imports_point_down_the_layers():
+    upward = [
+        f"{module} imports {target}"
+        for module, targets in _graph().items()
+        for target in targets
+        if _layer(module) is not None and _layer(target) is not None and _layer(target) > _layer(module)
+    ]
+    assert not upward, upward
+
+
+def test_every_subpackage_says_what_it_is_for():
+    for init in PACKAGE.glob("*/__init__.py"):
+        if init.parent.name in ("generated", "templates"):
+            continue
+        doc = ast.get_docstring(ast.parse(init.read_text(encoding="utf-8")))
+        assert doc and doc.endswith("."), init
+
+
+def test_code_generation_names_no_spec():
+    # what a spec needs from code generation it declares itself (specs.Family); codegen asks, never names
+    names = set(sa.specs())
+    found = []
+    for path in (PACKAGE / "codegen").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            text = node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) else None
+            ident = node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else None
+            if text in names or ident in names:
+                found.append(f"{path.name}:{node.lineno}: {text or ident}")
+    assert not found, found

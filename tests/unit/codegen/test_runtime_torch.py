@@ -1,0 +1,95 @@
+"""The torch runtime helpers generated modules copy, run as ordinary code and checked against NumPy's."""
+
+from __future__ import annotations
+
+import inspect
+
+import numpy as np
+import pytest
+
+from symattn.codegen import numpy_runtime
+from symattn.codegen.printers import TORCH_RUNTIME
+from symattn.numeric import numpy_runtime as eval_runtime
+
+torch = pytest.importorskip("torch")
+from symattn.codegen import torch_runtime  # noqa: E402 (after the skip: it needs torch to run)
+
+
+@pytest.fixture
+def a():
+    return np.random.default_rng(0).normal(size=(2, 3, 4, 6))
+
+
+def test_every_helper_runs_from_its_copied_source_with_only_torch():
+    namespace: dict = {"torch": torch, "SHAPES": {}, "OPTIONAL": (), "SPEC": "spec"}
+    for name, helper in TORCH_RUNTIME.items():
+        exec(inspect.getsource(helper), namespace)
+        assert callable(namespace[name]), name
+
+
+@pytest.mark.parametrize(
+    "name, args",
+    [
+        ("row_softmax", ()),
+        ("masked_row_softmax", ()),
+        ("rows", ()),
+        ("sum_batch", ()),
+        ("sigmoid", ()),
+        ("gelu", ()),
+        ("gelu_grad", ()),
+        ("gelu_tanh", ()),
+        ("gelu_tanh_grad", ()),
+        ("layer_norm", (0.1,)),
+        ("row_inv_std", (0.1,)),
+        ("split_heads", (2,)),
+        ("merge_heads", (3,)),
+        ("repeat_heads", (6,)),
+        ("sum_groups", (1,)),
+    ],
+)
+def test_torch_helpers_agree_with_numpy(name, args, a):
+    expected = getattr(numpy_runtime, name, None) or getattr(eval_runtime, name)
+    got = getattr(torch_runtime, name)(torch.tensor(a), *args)
+    np.testing.assert_allclose(got.numpy(), expected(a.copy(), *args), rtol=1e-12, atol=1e-14, err_msg=name)
+
+
+def test_log_sum_exp_softmax_agrees_with_numpy(a):
+    for name in ("row_softmax_lse", "masked_row_softmax_lse"):
+        got = getattr(torch_runtime, name)(torch.tensor(a))
+        expected = getattr(numpy_runtime, name)(a)
+        for g, e in zip(got, expected):
+            np.testing.assert_allclose(g.numpy(), e, rtol=1e-12, err_msg=name)
+
+
+def test_additive_mask_agrees_with_numpy():
+    q, k = np.zeros((2, 3, 4)), np.zeros((2, 5, 4))
+    attn = np.random.default_rng(1).random((3, 5)) < 0.3
+    padding = np.zeros((2, 5), dtype=bool)
+    padding[0, 2] = True
+    expected = numpy_runtime._additive_mask(attn, padding, True, q, k, per_head=True)
+    got = torch_runtime._additive_mask(
+        torch.tensor(attn), torch.tensor(padding), True, torch.tensor(q), torch.tensor(k), per_head=True
+    )
+    np.testing.assert_array_equal(got.numpy(), expected)
+    with pytest.raises(ValueError, match="attn_mask: expected a tensor"):
+        torch_runtime._additive_mask(attn, None, False, torch.tensor(q), torch.tensor(k))
+
+
+def test_input_checks_name_the_input(monkeypatch):
+    monkeypatch.setattr(torch_runtime, "SHAPES", {"Q": "(..., n, d)", "b": "(1, d)"})
+    monkeypatch.setattr(torch_runtime, "OPTIONAL", ("b",))
+    q = torch.zeros(2, 3, 4, dtype=torch.float64)
+    assert torch_runtime._tensors({"Q": q, "b": None}) == [q, None]
+    with pytest.raises(TypeError, match=r"Q: expected a torch\.Tensor"):
+        torch_runtime._tensors({"Q": q.numpy()})
+    with pytest.raises(ValueError, match="mixed dtypes"):
+        torch_runtime._tensors({"Q": q, "b": torch.zeros(1, 4)})
+    assert torch_runtime._only_tensors(q, None, 3) == [q]
+
+
+def test_a_second_derivative_raises_naming_the_spec(monkeypatch):
+    monkeypatch.setattr(torch_runtime, "SPEC", "myspec")
+    x = torch.ones(2, dtype=torch.float64, requires_grad=True)
+    (y,) = torch_runtime._NotTwice.apply(1, x * 2, x)
+    with pytest.raises(RuntimeError, match="myspec: double backward is not supported"):
+        y.sum().backward()

@@ -1,0 +1,80 @@
+"""The product/sum toolkit, the dimension plan and the one table of names (symattn.lang)."""
+
+import numpy as np
+import sympy as sp
+from sympy import Identity, MatAdd, MatMul, MatrixSymbol, ZeroMatrix
+
+from symattn.lang.algebra import factors, product, terms, total
+from symattn.lang.dims import LENGTH, bind_dimensions, dim
+from symattn.lang.names import Names
+from symattn.numeric.lambdify import lambdify
+
+n, d, h = dim("n"), dim("d"), dim("H")
+A, B, C = MatrixSymbol("A", n, n), MatrixSymbol("B", n, n), MatrixSymbol("C", n, n)
+
+
+def test_factors_of_a_product_and_of_anything_else():
+    # 2 A B → (2, [A, B]); A → (1, [A])
+    assert factors(MatMul(2, A, B)) == (2, [A, B])
+    assert factors(A) == (1, [A])
+    assert factors(MatMul(A, MatMul(B, C))) == (1, [A, MatMul(B, C)])  # one level only
+
+
+def test_terms_of_a_sum_and_of_anything_else():
+    assert terms(MatAdd(A, B)) == (A, B)
+    assert terms(A) == (A,)
+
+
+def test_canonical_product_is_sympys_at_the_top_and_distributes_rationals():
+    # 2 (A + B) = 2 A + 2 B; 3 (2 A) B = 6 A B
+    assert product(2, MatAdd(A, B)) == MatAdd(MatMul(2, A), MatMul(2, B))
+    assert product(3, MatMul(2, A), B) == MatMul(6, A, B)
+
+
+def test_product_as_built_flattens_and_drops_units_only_when_asked():
+    assert product(1, A, canonical=False) == A
+    assert product(2, MatMul(A, B), C, canonical=False).args == (2, MatMul(A, B), C)
+    assert product(2, MatMul(3, A, B), C, canonical=False, flatten=True) == MatMul(6, A, B, C)
+    assert product(1, A, Identity(n), canonical=False, drop_units=True) == A
+    assert product(0, A, B, canonical=False, drop_units=True) == ZeroMatrix(n, n)
+    assert product(1, A, Identity(n), canonical=False) == MatMul(A, Identity(n))
+
+
+def test_canonical_total_collects_like_terms_and_drops_zeros():
+    # A + 2 A + 0 = 3 A; A − A = 0
+    assert total(A, MatMul(2, A), ZeroMatrix(n, n)) == MatMul(3, A)
+    assert total(A, MatMul(-1, A)) == ZeroMatrix(n, n)
+    assert total(MatAdd(B, A), C) == MatAdd(A, B, C)
+    assert total(B, A, canonical=False).args == (B, A)
+
+
+def test_dimensions_are_read_off_shapes_in_order():
+    # X: n × H·d with H known gives n = X.shape[-2], d = X.shape[-1] // H
+    x = MatrixSymbol("X", n, h * d)
+    plan = bind_dimensions([x], {h})
+    assert [(b.symbol, b.input, b.axis, b.divisor) for b in plan] == [(n, "X", -2, None), (d, "X", -1, h)]
+    assert plan[1].formula == LENGTH / h
+    # n + 1 is no multiple of n: code generation leaves it, lambdify solves for it
+    assert [b.symbol for b in bind_dimensions([MatrixSymbol("Y", n + 1, d)], set())] == [d]
+    solved = bind_dimensions([MatrixSymbol("Y", n + 1, d)], set(), solve=True)
+    assert solved[0].symbol == n and solved[0].formula == LENGTH - 1
+
+
+def test_lambdify_binds_a_dimension_that_is_no_multiple():
+    y = MatrixSymbol("Y", n + 1, d)
+    assert lambdify([y], y)(np.ones((4, 3))).shape == (4, 3)
+
+
+def test_names_substitute_runs_of_factors_and_transposes():
+    # with S = A B: 2 A B C → 2 S C, (A B)ᵀ → Sᵀ
+    names = Names()
+    s = MatrixSymbol("S", n, n)
+    names.add(MatMul(A, B), s)
+    assert names.substitute(MatMul(2, A, B, C)) == MatMul(2, s, C)
+    assert names.substitute(MatMul(A, B).T) == s.T
+
+
+def test_display_names_put_in_bottom_up():
+    short = Names([("S", MatMul(A, B)), ("P", sp.HadamardProduct(MatMul(A, B), C))])
+    assert [str(sym) for sym, _ in short.definitions] == ["S", "P"]
+    assert short(MatMul(3, A, B, C)) == MatMul(3, short.symbols["S"], C)
