@@ -12,7 +12,7 @@ import pytest
 
 pytestmark = pytest.mark.slow  # runs the benchmark
 
-RUNNER = Path(__file__).resolve().parents[1] / "benchmarks" / "run.py"
+RUNNER = Path(__file__).resolve().parents[2] / "benchmarks" / "run.py"
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,7 @@ import symattn
 
 pytestmark = pytest.mark.slow  # builds and installs a wheel
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SOURCES = ("pyproject.toml", "README.md", "symattn", "generated", "templates")
 
 

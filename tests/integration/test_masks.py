@@ -283,7 +283,7 @@ def test_committed_variant_derivations_are_what_the_tool_writes_and_verify(doc):
 
     name, options = VARIANT_DOCS[doc]
     d = sa.derive(name, **options)
-    path = Path(__file__).resolve().parents[1] / "docs" / "derivations" / f"{doc}.md"
+    path = Path(__file__).resolve().parents[2] / "docs" / "derivations" / f"{doc}.md"
     flags = " ".join(f"--option {k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in options.items())
     assert path.read_text(encoding="utf-8") == d.markdown(), (
         f"{path} is stale; regenerate it with: symattn derive {name} {flags} --format markdown > {path.name}"

@@ -29,6 +29,7 @@ def test_bad_arguments_exit_2_with_one_line(argv, capsys):
     assert "Traceback" not in captured.err
 
 
+@pytest.mark.slow  # subprocesses
 def test_python_dash_m_runs_the_same_command_line():
     done = subprocess.run([sys.executable, "-m", "symattn", "list"], capture_output=True, text=True, check=False)
     assert done.returncode == 0

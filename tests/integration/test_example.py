@@ -9,7 +9,7 @@ import pytest
 
 pytestmark = pytest.mark.slow  # trains a model
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "train_reverse.py"
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "train_reverse.py"
 
 
 def load_example():

@@ -256,6 +256,7 @@ def fuzz_one(rnd: random.Random) -> tuple[Basic, float] | None:
     return expr, worst
 
 
+@pytest.mark.slow  # 300 random trees
 def test_random_trees_match_torch_autograd():
     rnd = random.Random(20261122)
     errors: list[float] = []

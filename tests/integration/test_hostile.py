@@ -233,6 +233,7 @@ def _run(args: list[str], **kwargs) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow  # a subprocess deriving a 150-deep spec
 def test_deep_spec_is_one_line_not_a_recursion_traceback(tmp_path):
     path = tmp_path / "deep.py"
     path.write_text(
@@ -255,6 +256,7 @@ def test_deep_spec_is_one_line_not_a_recursion_traceback(tmp_path):
     assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) <= 1
 
 
+@pytest.mark.slow  # subprocesses
 def test_full_or_closed_stdout_exits_quietly_with_failure():
     with open("/dev/full", "w") as full:
         done = subprocess.run(
@@ -276,6 +278,7 @@ def test_full_or_closed_stdout_exits_quietly_with_failure():
     assert closed.returncode == 1 and "Traceback" not in closed.stderr
 
 
+@pytest.mark.slow  # a subprocess
 def test_ctrl_c_exits_130_with_one_line(tmp_path):
     started = tmp_path / "started"
     slow = tmp_path / "slow.py"

@@ -11,7 +11,7 @@ import sympy as sp
 
 import symattn as sa
 
-DOCS = Path(__file__).resolve().parents[1] / "docs" / "derivations"
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "derivations"
 
 
 @pytest.mark.parametrize("name", sa.specs())

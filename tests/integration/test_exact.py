@@ -23,6 +23,8 @@ import sympy as sp
 import symattn as sa
 from symattn.numeric.printers import ExpAtom
 
+pytestmark = pytest.mark.slow  # exact rational arithmetic
+
 Forward = Callable[[dict[str, sp.Matrix]], sp.Matrix]
 
 

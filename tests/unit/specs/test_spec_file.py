@@ -11,7 +11,7 @@ import pytest
 from symattn.cli import main
 from symattn.specs.files import load_spec_file
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "specs" / "sigmoid_attention.py"
+EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "specs" / "sigmoid_attention.py"
 NAMES = ("X", "W_Q", "W_K", "W_V")
 
 
