@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import errno
 import os
+import shlex
 import sys
 from collections.abc import Sequence
 
@@ -70,7 +71,10 @@ def _generate_spec_file(args: argparse.Namespace) -> list:
     if args.out is None:
         raise UsageError("symattn generate: error: --spec-file needs --out DIR")
     s = load_spec_file(args.spec_file, **_spec_options(args.option))
-    return generate([s], args.backend, args.variant, args.out, check=args.check)
+    command = ["symattn", "generate", "--spec-file", args.spec_file, "--out", args.out]
+    command += [f"--option={pair}" for pair in args.option or []]
+    command += [f"--backend={b}" for b in args.backend or []] + [f"--variant={v}" for v in args.variant or []]
+    return generate([s], args.backend, args.variant, args.out, check=args.check, regenerate=shlex.join(command))
 
 
 def _add_generate(sub: argparse._SubParsersAction) -> None:
@@ -164,8 +168,26 @@ def _add_derive(sub: argparse._SubParsersAction) -> None:
 def cmd_check(args: argparse.Namespace) -> int:
     """Say whether a claimed gradient is right (exit 0), wrong (exit 1, a counterexample) or cannot be checked (3)."""
     from symattn.derive.check import check
+    from symattn.specs import specs
 
-    result = check(args.spec, args.wrt, args.claim, trials=args.trials, seed=args.seed, **_spec_options(args.option))
+    options = _spec_options(args.option)
+    if not 1 <= len(args.words) <= 2:
+        raise UsageError("symattn check: error: give [SPEC] and one CLAIM (quote the formula)")
+    if args.words in ([name] for name in specs()) and args.spec_file is None:
+        raise UsageError(f"symattn check: error: give the CLAIM to check against {args.words[0]}")
+    *named, claim = args.words
+    args.spec = named[0] if named else None
+    if args.spec is not None and args.spec not in specs():
+        raise UsageError(f"symattn check: error: unknown spec {args.spec!r} (choose from {', '.join(specs())})")
+    if (args.spec is None) == (args.spec_file is None):
+        raise UsageError("symattn check: error: give either SPEC or --spec-file FILE")
+    if args.spec_file is not None:
+        from symattn.specs.files import load_spec_file
+
+        target, options = load_spec_file(args.spec_file, **options), {}
+    else:
+        target = args.spec
+    result = check(target, args.wrt, claim, trials=args.trials, seed=args.seed, **options)
     sys.stdout.write(result.text())
     return CHECK_STATUS[result.status]
 
@@ -175,11 +197,15 @@ CHECK_STATUS = {"right": 0, "wrong": 1, "undecided": 3}  # exit statuses of `sym
 
 def _add_check(sub: argparse._SubParsersAction) -> None:
     from symattn.derive.check import DEFAULT_TRIALS
-    from symattn.specs import specs
 
     chk = sub.add_parser("check", help="is a claimed gradient right? (a counterexample if not)")
-    chk.add_argument("spec", choices=specs(), help="a built-in spec")
-    chk.add_argument("claim", help='the claimed gradient in the expression language, e.g. "X.T * P.T * G"')
+    chk.add_argument(
+        "words",
+        nargs="*",
+        metavar="[SPEC] CLAIM",
+        help='a built-in spec (or give --spec-file), then the claimed gradient, e.g. "X.T * P.T * G"',
+    )
+    chk.add_argument("--spec-file", metavar="FILE", help="a Python file defining `spec` (a user's own spec)")
     chk.add_argument("--wrt", required=True, metavar="NAME", help="an input, weight or intermediate (S, A, P, O, ...)")
     chk.add_argument("--option", action="append", metavar="KEY=VALUE", help="a spec option, e.g. scale=1")
     chk.add_argument("--seed", type=int, default=0, help="seed of the random test points (default 0)")
@@ -208,7 +234,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if sys.stdout is None:  # started with stdout closed
         return 1
     try:
-        args = build_parser().parse_args(argv)
+        parser = build_parser()
+        args, extra = parser.parse_known_args(argv)
+        if extra and isinstance(getattr(args, "words", None), list) and not any(e.startswith("-") for e in extra):
+            args.words += extra  # `check SPEC --wrt W CLAIM`: positionals on both sides of an option
+        elif extra:
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
         status = args.handler(args)
         sys.stdout.flush()  # a full or closed pipe shows here, inside the handlers below
         return status

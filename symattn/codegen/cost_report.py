@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import sympy as sp
 from sympy import Basic
 
-from symattn.codegen.schedule import schedule
+from symattn.codegen.schedule import schedule, schedule_spec
 from symattn.lang.shapes import dimension_symbols
 from symattn.optimize.cost import (
     TYPICAL_SIZES,
@@ -23,6 +23,7 @@ from symattn.optimize.cost import (
     peak_bytes,
     subexpressions,
 )
+from symattn.specs import Spec, spec, specs
 
 # Sizes at which the report evaluates its symbolic counts: single-head n = m, d = 64, and H = 8 heads of 64.
 REPORT_SIZES: tuple[dict[str, int], ...] = tuple({**TYPICAL_SIZES, "n": n, "m": n} for n in (128, 512, 2048, 4096))
@@ -105,8 +106,7 @@ def cost_report(name_or_spec, sizes: Sequence[Mapping[str, int]] = REPORT_SIZES,
     # the forward values the backward reads directly (in a fixed order: the peak depends on it)
     read = (a for n in subexpressions(backward) if n not in computed for a in n.args if a in computed)
     saved = list(dict.fromkeys(read))
-    default_options = all(v is None for v in derivation.spec.options.values())
-    generated = schedule_values(derivation.spec.name) if default_options else None
+    generated = schedule_values(derivation.spec)
     rows = []
     for table in sizes:
         used = {k: v for k, v in table.items() if any(k == s.name for s in dimension_symbols(output))}
@@ -137,12 +137,19 @@ def cost_report(name_or_spec, sizes: Sequence[Mapping[str, int]] = REPORT_SIZES,
     )
 
 
-def schedule_values(name: str) -> tuple[list[Basic], list[Basic]]:
+def schedule_values(s: Spec) -> tuple[list[Basic], list[Basic]] | None:
     """The generated schedule's forward and backward values, each name replaced by its definition.
 
-    Costed as one DAG, every named value counts once.
+    Costed as one DAG, every named value counts once. A built-in spec is costed as its generated
+    modules compute it (None when built with non-default options: no module computes that one);
+    a user's spec as its own schedule.
     """
-    sched = schedule(name)
+    if s.name in specs():
+        if s != spec(s.name):
+            return None
+        sched = schedule(s.name)
+    else:
+        sched = schedule_spec(s)
     values: dict[Basic, Basic] = {}
     for a in (*sched.forward, *sched.backward):
         values[a.target] = a.value.xreplace(values)

@@ -119,8 +119,13 @@ def context(
     return build_context(sched, backend, version, variant, class_name, _module_parameters)
 
 
-def render(source: str | Spec, backend: str, variant: str = "standard") -> str:
-    """The source of one generated module: of the built-in spec called source, or of a user's Spec."""
+def render(
+    source: str | Spec, backend: str, variant: str = "standard", regenerate: str = "symattn generate"
+) -> str:
+    """The source of one generated module: of the built-in spec called source, or of a user's Spec.
+
+    ``regenerate`` is the command its header names to write it again (a spec file's own command).
+    """
     from symattn import __version__
 
     if backend not in BACKENDS:
@@ -133,7 +138,7 @@ def render(source: str | Spec, backend: str, variant: str = "standard") -> str:
     else:
         found = family(source)
         sched, class_name = schedule(source, extended=found.masks), found.class_name
-    ctx = context(sched, backend, __version__, variant, class_name)
+    ctx = context(sched, backend, __version__, variant, class_name) | {"regenerate": regenerate}
     text = environment().get_template(f"{backend}_module.py.j2").render(**ctx)
     return _tidy(text)
 
@@ -165,6 +170,7 @@ def generate(
     variants: list[str] | None = None,
     out: Path | str | None = None,
     check: bool = False,
+    regenerate: str = "symattn generate",
 ) -> list[Path]:
     """Render the modules of built-in specs (by name) or users' Specs; write them (atomically) or, with check,
     write nothing.
@@ -182,7 +188,8 @@ def generate(
             for variant in variants or (VARIANTS if builtin else ("standard",)):
                 if variant == "memeff" and builtin is not None and not builtin.row_blocks:
                     continue  # no memory-efficient cut for this spec
-                rendered[out_dir / f"{module_name(name, backend, variant)}.py"] = render(source, backend, variant)
+                path = out_dir / f"{module_name(name, backend, variant)}.py"
+                rendered[path] = render(source, backend, variant, regenerate)
     stale = [path for path, text in rendered.items() if not path.is_file() or path.read_bytes() != text.encode()]
     if not check:
         remove_leftovers(rendered)  # a run killed mid-write (kill -9) leaves its temporary files behind

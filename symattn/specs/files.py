@@ -24,7 +24,9 @@ import runpy
 import traceback
 from pathlib import Path
 
-from symattn.errors import SymattnError
+from sympy.matrices.exceptions import ShapeError
+
+from symattn.errors import ShapeMismatchError, SymattnError
 from symattn.specs import Spec
 
 
@@ -65,8 +67,24 @@ def _run_user_code(path: Path, run, what: str = ""):
         raise SpecFileError(f"spec file {path}: {what}the file called sys.exit({err.code!r})") from None
     except RecursionError:
         raise SpecFileError(f"spec file {path}: {what}RecursionError (the expression nests too deeply)") from None
+    except ShapeError as err:  # SymPy names neither operand: find them on its stack
+        raise SpecFileError(f"spec file {path}{_line_in(path, err)}: {what}{_shape_mismatch(err)}") from None
     except Exception as err:  # the user's code: report it in one line, whatever it raised
         raise SpecFileError(f"spec file {path}{_line_in(path, err)}: {what}{type(err).__name__}: {err}") from None
+
+
+def _shape_mismatch(err: ShapeError) -> str:
+    """SymPy's ShapeError as symattn's message: the operation, both operands and both shapes."""
+    for frame, _ in reversed(list(traceback.walk_tb(err.__traceback__))):
+        found = frame.f_locals
+        if frame.f_code.co_name == "validate_matmul_integer" and "A" in found and "B" in found:
+            left, right = found["A"], found["B"]
+            return str(ShapeMismatchError(f"matrix product {left}*{right}", left.shape, right.shape))
+        if frame.f_code.co_name == "validate_matadd_integer" and found.get("args"):
+            first = found["args"][0]
+            other = next((a for a in found["args"] if a.shape != first.shape), first)
+            return str(ShapeMismatchError(f"sum or entrywise product of {first} and {other}", first.shape, other.shape))
+    return f"ShapeError: {err}"
 
 
 def _line_in(path: Path, err: BaseException) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import shlex
 from pathlib import Path
 
 import numpy as np
@@ -129,3 +130,25 @@ def test_spec_and_spec_file_are_exclusive(tmp_path, capsys):
     assert main(["generate", "--spec-file", str(EXAMPLE)]) == 2  # needs --out
     err = capsys.readouterr().err
     assert "either SPEC or --spec-file" in err and "--spec-file needs --out" in err
+
+
+def test_generated_files_name_the_command_that_regenerates_them(tmp_path, capsys):
+    out = tmp_path / "my modules"
+    argv = ["generate", "--spec-file", str(EXAMPLE), "--out", str(out), "--backend", "numpy"]
+    assert main(argv) == 0
+    header = (out / "sigmoid_attention_numpy.py").read_text().splitlines()[:3]
+    command = header[2].removeprefix("#   ")
+    assert header[1].startswith("# Do not edit") and command.startswith("symattn generate --spec-file")
+    assert main(shlex.split(command)[1:] + ["--check"]) == 0  # the named command renders the file as it is
+    assert "stale" not in capsys.readouterr().out
+
+
+def test_check_and_cost_take_a_spec_file(capsys):
+    # the user path is the built-in path: check and derive --cost work on a spec file too
+    assert main(["check", "--spec-file", str(EXAMPLE), "--wrt", "W_V", "X.T * P.T * G"]) == 0
+    assert capsys.readouterr().out.startswith("right: ∂f/∂W_V for sigmoid_attention")
+    assert main(["check", "--spec-file", str(EXAMPLE), "--wrt", "W_V", "X.T * G"]) == 1
+    assert "counterexample" in capsys.readouterr().out
+    assert main(["derive", "--spec-file", str(EXAMPLE), "--cost"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("cost of sigmoid_attention") and "generated backward" in out
