@@ -38,6 +38,7 @@ import platform  # noqa: E402
 import statistics  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
+import tempfile  # noqa: E402
 import time  # noqa: E402
 from dataclasses import asdict, dataclass  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -242,7 +243,9 @@ def machine() -> dict:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny sizes, two repeats: a smoke test")
-    parser.add_argument("--out", default=str(Path(__file__).resolve().parent), help="folder for the results")
+    parser.add_argument(
+        "--out", help="folder for the results (default: benchmarks/, or a new temporary folder with --quick)"
+    )
     parser.add_argument("--no-cold-start", action="store_true", help="skip the cold-start timing")
     args = parser.parse_args(argv)
     importlib.invalidate_caches()
@@ -262,7 +265,9 @@ def main(argv: list[str] | None = None) -> int:
         "attention_flops": flop_counts(),
         "cases": cases,
     }
-    out = Path(args.out)
+    # a smoke test never overwrites the committed results
+    default = tempfile.mkdtemp(prefix="symattn-bench-") if args.quick else Path(__file__).resolve().parent
+    out = Path(args.out or default)
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(results, indent=2, default=_json_default) + "\n")
     (out / "RESULTS.md").write_text(report.markdown(results))

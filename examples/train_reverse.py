@@ -6,7 +6,7 @@ O = softmax(X W_Q (X W_K)ᵀ / √d_k) X W_V holds the logits of the token wante
 each position (the one at position n − 1 − i), and the loss is the mean
 cross-entropy. Its cotangent ∂L/∂O = (softmax(O) − one-hot(target)) / rows goes
 into the generated ``backward``, and plain SGD updates every weight,
-W ← W − η ∂L/∂W (seed 003's update).
+W ← W − η ∂L/∂W.
 
 Run: python examples/train_reverse.py [--steps N]; the loss falls below 0.05
 (from log(vocab) ≈ 1.6) in the default 300 steps.

@@ -55,9 +55,13 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if args.check:
         for path in stale:
             print(f"stale: {path} (differs from what `symattn generate` renders; regenerate, do not edit)")
+        if not stale:
+            print(f"up to date: every generated module in {out}")
         return 1 if stale else 0
     for path in stale:
         print(f"wrote {path}")
+    if not stale:
+        print(f"up to date: nothing to write in {out}")
     return 0
 
 
@@ -216,7 +220,10 @@ def _add_check(sub: argparse._SubParsersAction) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from symattn import __version__
+
     parser = _Parser(prog="symattn", description="Derive, print and generate attention gradients.")
+    parser.add_argument("--version", action="version", version=f"symattn {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     sub.add_parser("list", help="the built-in specs, one line each").set_defaults(handler=cmd_list)
     _add_derive(sub)

@@ -36,3 +36,20 @@ def test_python_dash_m_runs_the_same_command_line():
     assert done.stdout.split()[0] == "attention"
     bad = subprocess.run([sys.executable, "-m", "symattn", "bogus"], capture_output=True, text=True, check=False)
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
+
+
+def test_version_names_the_package_version(capsys):
+    with pytest.raises(SystemExit) as done:
+        main(["--version"])
+    assert done.value.code == 0
+    assert capsys.readouterr().out.strip() == f"symattn {sa.__version__}"
+
+
+def test_generate_says_when_everything_is_up_to_date(tmp_path, capsys):
+    out = str(tmp_path)
+    assert main(["generate", "--spec", "attention", "--backend", "numpy", "--out", out]) == 0
+    assert capsys.readouterr().out.startswith("wrote ")
+    assert main(["generate", "--spec", "attention", "--backend", "numpy", "--out", out]) == 0
+    assert capsys.readouterr().out.startswith("up to date: nothing to write")
+    assert main(["generate", "--spec", "attention", "--backend", "numpy", "--out", out, "--check"]) == 0
+    assert capsys.readouterr().out.startswith("up to date: every generated module")
