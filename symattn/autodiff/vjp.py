@@ -9,6 +9,7 @@ docstring states the trace identity it implements.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from functools import lru_cache
 
 import sympy as sp
 from sympy import Basic, MatrixExpr
@@ -27,6 +28,7 @@ from sympy.matrices.expressions import (
 from sympy.matrices.expressions.hadamard import canonicalize as hadamard_canonical
 
 from symattn.lang.algebra import factors, product, total
+from symattn.lang.graph import intern, sort_keys_of
 from symattn.lang.ops import (
     Exp,
     Gelu,
@@ -78,6 +80,7 @@ def merge_cotangents(outputs: Iterable[tuple[Basic, Basic]]) -> tuple[tuple[Basi
     )
 
 
+@lru_cache(maxsize=1 << 16)  # a shared (DAG) cotangent is transposed once per distinct subexpression
 def transpose(a: Basic) -> Basic:
     """aᵀ pushed through products, sums and entrywise nodes: (AB)ᵀ = BᵀAᵀ, (A + B)ᵀ = Aᵀ + Bᵀ, (Aᵀ)ᵀ = A."""
     if isinstance(a, MatMul):
@@ -86,15 +89,18 @@ def transpose(a: Basic) -> Basic:
     if isinstance(a, MatAdd):
         return total(*(transpose(t) for t in a.args))
     if isinstance(a, HadamardProduct):
-        return HadamardProduct(*(transpose(f) for f in a.args))
+        return intern(HadamardProduct(*(transpose(f) for f in a.args)))
     if isinstance(a, (HadamardPower, MatPow)):
-        return type(a)(transpose(a.args[0]), a.args[1])
-    return Transpose(a).doit(deep=False)
+        return intern(type(a)(transpose(a.args[0]), a.args[1]))
+    return intern(Transpose(a).doit(deep=False))
 
 
 def hadamard_product(*factors: Basic) -> Basic:
     """Entrywise product, canonical (flattened, sorted, X ⊙ X becomes X^{∘2})."""
-    return hadamard_canonical(HadamardProduct(*factors)) if len(factors) > 1 else factors[0]
+    if len(factors) == 1:
+        return factors[0]
+    with sort_keys_of(*factors):  # canonicalize sorts the factors by SymPy's (recursive) sort key
+        return intern(hadamard_canonical(HadamardProduct(*factors)))
 
 
 def ones_like(a: MatrixExpr) -> OneMatrix:

@@ -93,14 +93,15 @@ class Document:
                 rows.append((left if k == 0 else "", "=", self.side(side), item.reasons[k]))
         return rows
 
-    def result(self, c: Chain) -> tuple[str, str, str]:
-        """(∂f/∂W, named form, closed form)."""
+    def result(self, c: Chain) -> tuple[str, str, str | None]:
+        """(∂f/∂W, named form, closed form); the closed form None when too long to write out."""
         target = self.p.doprint(c.target)
         if self.p.n is LATEX:
             head = rf"\frac{{\partial f}}{{\partial {target}}}"
         else:
             head = f"∂f/∂{target}"
-        return head, self.expr(c.gradient), self.expr(c.closed_form())
+        closed = c.closed_form()
+        return head, self.expr(c.gradient), None if closed is None else self.expr(closed)
 
 
 def _title(spec: Spec) -> str:
@@ -121,7 +122,8 @@ def _aligned(doc: Document, c: Chain) -> str:
     rows = [rf"{left} &{sign} {right} && \text{{{reason}}}" for left, sign, right, reason in doc.lines(c)]
     head, named, closed = doc.result(c)
     rows.append(rf"{head} &= {named}")
-    if closed != named and len(closed) > CLOSED_FORM_MAX:  # wider than TeX's largest dimension (~5.7 m)
+    # too long to write out, or wider than TeX's largest dimension (~5.7 m)
+    if closed is None or (closed != named and len(closed) > CLOSED_FORM_MAX):
         rows.append(rf"&= \text{{{NOT_WRITTEN_OUT}}}")
     elif closed != named:
         rows.append(rf"&= {closed}")
@@ -192,6 +194,8 @@ def text(spec: Spec, chains: Sequence[Chain]) -> str:
         for left, sign, right, reason in rows:
             out.append(f"  {left:>{width}} {sign} {right}    [{reason}]")
         head, named, closed = doc.result(c)
+        if closed is None:
+            closed = f"({NOT_WRITTEN_OUT})"
         out.append(f"  {head} = {named}" + (f" = {closed}" if closed != named else ""))
     return "\n".join(out) + "\n"
 

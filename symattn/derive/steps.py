@@ -22,8 +22,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from functools import reduce
-from operator import add
 
 import numpy as np
 import sympy as sp
@@ -34,6 +32,8 @@ from symattn.autodiff.differentials import Differential, differential, local_dif
 from symattn.autodiff.grad import Tape, backward, default_seed
 from symattn.autodiff.vjp import VJP_RULES, merge_cotangents
 from symattn.errors import UnsupportedNodeError
+from symattn.lang.algebra import total
+from symattn.lang.graph import depends, first, fold
 from symattn.lang.ops import MergeHeads, SplitHeads
 from symattn.numeric.lambdify import lambdify
 from symattn.numeric.verify import dimension_symbols, random_dims, random_matrix
@@ -95,6 +95,9 @@ class Definition:
     per_head: bool = False
 
 
+CLOSED_FORM_LEAVES = 1500  # symbols in a closed form written out; longer ones stay in the named form
+
+
 @dataclass
 class Chain:
     """The derivation of ∂f/∂target, item by item."""
@@ -106,8 +109,22 @@ class Chain:
     items: list[Equation | Definition] = field(default_factory=list)
     gradient: Basic | None = None  # ∂f/∂target, written with the names of the definitions
 
-    def closed_form(self) -> Basic:
-        """∂f/∂target with every name replaced by its definition."""
+    def closed_form_size(self, cap: int = CLOSED_FORM_LEAVES) -> int:
+        """How many symbols the closed form has written out (at most cap + 1), counted without building it."""
+        sizes: dict[Basic, int] = {}
+
+        def size(expr: Basic) -> int:
+            return fold(expr, lambda e: sizes.get(e, 1), lambda _, s: min(cap + 1, sum(s) or 1))
+
+        for item in self.items:
+            if isinstance(item, Definition):
+                sizes[item.symbol] = size(item.value)
+        return size(self.gradient)
+
+    def closed_form(self) -> Basic | None:
+        """∂f/∂target with every name replaced by its definition (None when longer than CLOSED_FORM_LEAVES)."""
+        if self.closed_form_size() > CLOSED_FORM_LEAVES:
+            return None
         full: dict[MatrixSymbol, Basic] = {}
         for item in self.items:
             if isinstance(item, Definition):
@@ -120,17 +137,31 @@ def cotangent_symbol(name: str, shape: tuple) -> MatrixSymbol:
     return MatrixSymbol(f"bar_{name}", *shape)
 
 
-def is_per_head(expr: Basic, per_head_symbols: frozenset = frozenset()) -> bool:
-    """Does expr hold one block per head (a SplitHeads not undone by a MergeHeads)?"""
-    if isinstance(expr, SplitHeads) or expr in per_head_symbols:
-        return True
-    if isinstance(expr, (MergeHeads, MatrixSymbol)):
-        return False
-    return any(is_per_head(a, per_head_symbols) for a in expr.args)
+def is_per_head(expr: Basic, per_head_symbols: frozenset = frozenset(), memo: dict | None = None) -> bool:
+    """Does expr hold one block per head (a SplitHeads not undone by a MergeHeads)?
+
+    Walks the DAG once (memo keeps the answers across calls with the same per_head_symbols).
+    """
+    memo = {} if memo is None else memo
+    stack: list[tuple[Basic, bool]] = [(expr, False)]
+    while stack:
+        node, expanded = stack.pop()
+        if node in memo:
+            continue
+        if isinstance(node, SplitHeads) or node in per_head_symbols:
+            memo[node] = True
+        elif isinstance(node, (MergeHeads, MatrixSymbol)) or not node.args:
+            memo[node] = False
+        elif expanded:
+            memo[node] = any(memo[a] for a in node.args)
+        else:
+            stack.append((node, True))
+            stack.extend((a, False) for a in node.args if a not in memo)
+    return memo[expr]
 
 
 def _sum(terms: list[Basic]) -> Basic:
-    return reduce(add, terms)
+    return terms[0] if len(terms) == 1 else total(*terms)
 
 
 class _Replay:
@@ -138,7 +169,8 @@ class _Replay:
 
     def __init__(self, spec: Spec, target: MatrixSymbol, tape: Tape | None) -> None:
         root = spec.output
-        scalar = next((n for n in sp.preorder_traversal(root) if not isinstance(n, MatrixExpr) and n.has(target)), None)
+        moves = depends([root], [target])
+        scalar = first(root, lambda n: not isinstance(n, MatrixExpr) and moves[n])
         if scalar is not None:
             raise UnsupportedNodeError(
                 scalar, "step-by-step derivations (scalar-valued nodes)", ["matrix-valued nodes"]
@@ -148,12 +180,13 @@ class _Replay:
         self.out = Chain(spec=spec, target=target, tape=tape, seed=seed)
         # the steps that move with the target (a tape of several targets holds others too)
         self.steps = [
-            (step.node, {a for a, _ in step.outputs if a.has(target)}) for step in tape.steps if step.node.has(target)
+            (step.node, {a for a, _ in step.outputs if moves.get(a)}) for step in tape.steps if moves.get(step.node)
         ]
         self.target = target
         self.named = {expr: name for name, expr in spec.intermediates}
         self.named.setdefault(target, str(target.name))
         self.per_head: set[MatrixSymbol] = set()
+        self.head_memo: dict[Basic, bool] = {}  # is_per_head's answers, until per_head grows
         # how many cotangents each node receives in all: a name is given once all have arrived
         self.arrivals: dict[Basic, int] = {}
         for _, varying in self.steps:
@@ -163,7 +196,7 @@ class _Replay:
         self.shown: dict[Basic, Basic] = {root: seed}  # the cotangent of a node as the text writes it
 
     def heads(self, e: Basic) -> bool:
-        return is_per_head(e, frozenset(self.per_head))
+        return is_per_head(e, frozenset(self.per_head), self.head_memo)
 
     def term(self, cotangent: Basic, node: Basic) -> Term:
         return Term(pairing(cotangent, Differential(node)), self.heads(node))
@@ -173,6 +206,7 @@ class _Replay:
         symbol = cotangent_symbol(self.named[node], node.shape)
         if self.heads(node):
             self.per_head.add(symbol)
+            self.head_memo.clear()
         return symbol
 
     def define(self, node: Basic) -> None:
@@ -349,10 +383,11 @@ def verify_chain(c: Chain, rng: np.random.Generator) -> list[Check]:
             checks.append(Check(name, i, item.node, k, reason, _relative(values[k], values[k + 1]), EXACT_TOL))
     engine = ev.matrix(c.tape.gradients[c.target])
     scale = max(1.0, float(np.max(np.abs(engine), initial=0.0)))
-    for reason, printed in (
-        ("gradient = engine's gradient", c.gradient),
-        ("closed form = engine's gradient", c.closed_form()),
-    ):
+    printed_forms = [("gradient = engine's gradient", c.gradient)]
+    closed = c.closed_form()
+    if closed is not None:  # printed (and checked) only when short enough to write out
+        printed_forms.append(("closed form = engine's gradient", closed))
+    for reason, printed in printed_forms:
         gap = float(np.max(np.abs(ev.matrix(printed) - engine), initial=0.0)) / scale
         checks.append(Check(name, len(equations), "result", -1, reason, gap, EXACT_TOL))
     return checks

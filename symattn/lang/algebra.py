@@ -14,6 +14,8 @@ import sympy as sp
 from sympy import Basic, MatrixExpr
 from sympy.matrices.expressions import Identity, MatAdd, MatMul, ZeroMatrix
 
+from symattn.lang.graph import intern, sort_key
+
 
 def factors(expr: Basic) -> tuple[Basic, list[Basic]]:
     """(c, [F₁, …, F_k]) with expr = c F₁ ⋯ F_k.
@@ -33,6 +35,11 @@ def terms(expr: Basic) -> tuple[Basic, ...]:
 
 
 def product(*parts: Basic, canonical: bool = True, flatten: bool = False, drop_units: bool = False) -> Basic:
+    """The product of scalars and matrices ``parts`` (left to right); see ``_product``. Hash-consed (``intern``)."""
+    return intern(_product(*parts, canonical=canonical, flatten=flatten, drop_units=drop_units))
+
+
+def _product(*parts: Basic, canonical: bool = True, flatten: bool = False, drop_units: bool = False) -> Basic:
     """The product of scalars and matrices ``parts`` (left to right).
 
     canonical=True: SymPy's canonical product of this node only (``doit(deep=False)``:
@@ -68,6 +75,11 @@ def product(*parts: Basic, canonical: bool = True, flatten: bool = False, drop_u
 
 
 def total(*parts: Basic, canonical: bool = True) -> Basic:
+    """The sum of the matrices ``parts``; see ``_total``. Hash-consed (``intern``)."""
+    return intern(_total(*parts, canonical=canonical))
+
+
+def _total(*parts: Basic, canonical: bool = True) -> Basic:
     """The sum of the matrices ``parts``.
 
     canonical=True: sums among the parts spliced in (one level), zero matrices
@@ -91,7 +103,7 @@ def total(*parts: Basic, canonical: bool = True) -> Basic:
     args = [mat if c == 1 else product(c, mat) for mat, c in coefficients.items() if c != 0]
     if not args:
         return ZeroMatrix(*parts[0].shape)
-    return args[0] if len(args) == 1 else MatAdd(*sorted(args, key=sp.default_sort_key))
+    return args[0] if len(args) == 1 else MatAdd(*sorted(args, key=sort_key))
 
 
 def transposed_factors(mats: Iterable[Basic]) -> list[Basic]:

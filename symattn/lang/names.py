@@ -32,6 +32,8 @@ class Names:
         self.table: dict[Basic, Basic] = {}  # definition → name, definitionᵀ → nameᵀ (the first one given)
         # (name, coefficient, factors) of every definition and of its transpose, in the order added
         self.patterns: list[tuple[Basic, Basic, list[Basic]]] = []
+        self.by_first: dict[Basic, list[int]] = {}  # first factor → indices of the patterns that start with it
+        self.memo: dict[Basic, Basic] = {}  # expression → expression with the names put in
         self.symbols: dict[str, MatrixSymbol] = {}
         self.definitions: list[tuple[MatrixSymbol, Basic]] = []  # name = definition with earlier names, in order
         for label, expr in named:
@@ -46,8 +48,10 @@ class Names:
         self.table[expr] = symbol
         self.table.setdefault(expr.T, symbol.T)
         coeff, mats = factors(expr)
-        self.patterns.append((symbol, coeff, mats))
-        self.patterns.append((symbol.T, coeff, transposed_factors(mats)))
+        self.memo.clear()
+        for pattern in ((symbol, coeff, mats), (symbol.T, coeff, transposed_factors(mats))):
+            self.by_first.setdefault(pattern[2][0], []).append(len(self.patterns))
+            self.patterns.append(pattern)
 
     # Code generation: top-down.
 
@@ -85,22 +89,28 @@ class Names:
     # Display: bottom-up.
 
     def __call__(self, expr: Basic) -> Basic:
-        """expr with the names put in bottom-up, every occurrence of a definition (or its transpose) replaced."""
-        memo: dict[Basic, Basic] = {}
+        """expr with the names put in bottom-up, every occurrence of a definition (or its transpose) replaced.
 
-        def walk(e: Basic) -> Basic:
-            if e in memo:
-                return memo[e]
+        Each distinct subexpression is named once (the answers are kept until a definition is added), on an
+        explicit stack: printing every step of a deep spec stays linear in its DAG.
+        """
+        memo = self.memo
+        root = expression(expr)
+        stack: list[tuple[Basic, bool]] = [(root, False)]
+        while stack:
+            e, expanded = stack.pop()
+            if e in memo and not expanded:
+                continue
             if isinstance(e, MatrixSymbol) or not e.args:
-                out = e
+                memo[e] = e
+            elif expanded:
+                args = [memo[a] for a in e.args]
+                out = e.func(*args) if any(a is not b for a, b in zip(args, e.args)) else e
+                memo[e] = self._match(out)
             else:
-                args = [walk(a) for a in e.args]
-                out = e.func(*args) if args != list(e.args) else e
-                out = self._match(out)
-            memo[e] = out
-            return out
-
-        return walk(expression(expr))
+                stack.append((e, True))
+                stack.extend((a, False) for a in e.args if a not in memo)
+        return memo[root]
 
     def _match(self, e: Basic) -> Basic:
         """e with every run of factors that spells a definition replaced by its name."""
@@ -110,7 +120,10 @@ class Names:
         changed = True
         while changed:
             changed = False
-            for replacement, p_coeff, p_mats in self.patterns:
+            # only the patterns whose first factor occurs can match; tried in the order added
+            candidates = sorted({k for m in mats for k in self.by_first.get(m, ())})
+            for k in candidates:
+                replacement, p_coeff, p_mats = self.patterns[k]
                 found = _find(mats, p_mats)
                 if found is None:
                     continue

@@ -17,6 +17,7 @@ from sympy.matrices.expressions import Identity, OneMatrix, ZeroMatrix
 
 from symattn.autodiff.vjp import VJP_RULES
 from symattn.errors import SymattnError
+from symattn.lang.graph import nodes
 from symattn.lang.shapes import SHAPE_RULES
 
 LEAVES = (MatrixSymbol, Identity, OneMatrix, ZeroMatrix)
@@ -102,7 +103,8 @@ def validate(spec) -> None:
         raise SpecError(f"spec {name!r}: inputs: {', '.join(map(repr, duplicates))} named more than once")
     seen: set[Basic] = set()
     check_expression(name, "output", spec.output, seen)
-    missing = sorted({str(m.name) for m in spec.output.atoms(MatrixSymbol)} - set(names))
+    symbols = (m for m in nodes(spec.output) if isinstance(m, MatrixSymbol))  # atoms() walks the tree
+    missing = sorted({str(m.name) for m in symbols} - set(names))
     if missing:
         raise SpecError(f"spec {name!r}: output uses {', '.join(missing)}, which inputs and constants do not list")
     check_intermediates(name, spec.intermediates, set(names), seen)

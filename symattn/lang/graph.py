@@ -1,0 +1,190 @@
+"""Expressions as DAGs: walks that visit every distinct subexpression once, without recursion.
+
+A spec of L layers shares each layer's value among the next layer's uses, so the tree
+SymPy prints or walks (``has``, ``preorder_traversal``, ``xreplace``, ``sort_key``) grows
+exponentially in L while the DAG grows linearly. Everything here works on the DAG, with
+an explicit stack (no recursion limit tied to the depth), and counts the nodes it visits
+in ``VISITS`` so tests can check that work grows linearly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+
+from sympy import Basic, Expr, MatrixSymbol, default_sort_key
+
+VISITS = {"nodes": 0}  # distinct nodes visited by the walks below (for tests that count work)
+
+
+def _children(node: Basic) -> tuple[Basic, ...]:
+    return () if isinstance(node, MatrixSymbol) else node.args
+
+
+def postorder(*roots: Basic) -> Iterator[Basic]:
+    """Every distinct subexpression of the roots once, each after its arguments (leaves first)."""
+    done: set[Basic] = set()
+    for root in roots:
+        if root in done:
+            continue
+        stack: list[tuple[Basic, bool]] = [(root, False)]
+        while stack:
+            node, expanded = stack.pop()
+            if expanded:
+                VISITS["nodes"] += 1
+                yield node
+                continue
+            if node in done:
+                continue
+            done.add(node)
+            stack.append((node, True))
+            stack.extend((a, False) for a in reversed(_children(node)) if a not in done)
+
+
+def nodes(*roots: Basic) -> list[Basic]:
+    """The distinct subexpressions of the roots (leaves first)."""
+    return list(postorder(*roots))
+
+
+def fold(root: Basic, leaf: Callable[[Basic], object], combine: Callable[[Basic, list], object]) -> object:
+    """A value per node computed bottom-up once per distinct node: leaf(node) or combine(node, arg values)."""
+    value: dict[Basic, object] = {}
+    for node in postorder(root):
+        args = _children(node)
+        value[node] = combine(node, [value[a] for a in args]) if args else leaf(node)
+    return value[root]
+
+
+def tree_size(expr: Basic, cap: int) -> int:
+    """The number of leaves expr has when printed as a tree, counted on the DAG; at most cap + 1."""
+    return fold(expr, lambda _: 1, lambda _, sizes: min(cap + 1, sum(sizes) or 1))
+
+
+def depends(roots: Iterable[Basic], targets: Iterable[Basic]) -> dict[Basic, bool]:
+    """For every subexpression of the roots: does it contain one of targets?"""
+    wanted = set(targets)
+    out: dict[Basic, bool] = {}
+    for node in postorder(*roots):
+        out[node] = node in wanted or any(out[a] for a in _children(node))
+    return out
+
+
+def first(root: Basic, where: Callable[[Basic], bool]) -> Basic | None:
+    """A subexpression for which where holds (None if there is none)."""
+    return next((n for n in postorder(root) if where(n)), None)
+
+
+def rewrite(root: Basic, replace: Callable[[Basic], Basic | None]) -> Basic:
+    """root with each distinct subexpression rebuilt bottom-up; replace(node) (None: keep) is tried first.
+
+    Like ``xreplace``, but a shared subexpression is rewritten once, and replaced
+    subexpressions are not entered.
+    """
+    out: dict[Basic, Basic] = {}
+    done: set[Basic] = set()
+    stack: list[tuple[Basic, bool]] = [(root, False)]
+    while stack:
+        node, expanded = stack.pop()
+        if expanded:
+            args = [out[a] for a in node.args]
+            out[node] = node.func(*args) if any(a is not b for a, b in zip(args, node.args)) else node
+            continue
+        if node in done:
+            continue
+        done.add(node)
+        VISITS["nodes"] += 1
+        new = replace(node)
+        if new is not None:
+            out[node] = new
+            continue
+        if isinstance(node, MatrixSymbol) or not node.args:
+            out[node] = node
+            continue
+        stack.append((node, True))
+        stack.extend((a, False) for a in node.args if a not in done)
+    return out[root]
+
+
+_SORT_KEYS: dict[Basic, tuple] = {}  # expression → sympy.default_sort_key(expression), kept across calls
+_SORT_KEYS_MAX = 1 << 19
+
+
+def sort_key(expr: Basic) -> tuple:
+    """``sympy.default_sort_key(expr)``, each distinct subexpression's key computed once.
+
+    SymPy's ``Expr.sort_key`` recurses into the arguments through a bounded LRU cache, so
+    a deep DAG's key costs its tree size once the cache overflows. Here the keys are
+    computed leaves first (no deep recursion) while ``Expr.sort_key`` looks them up in a
+    table; the keys are SymPy's own, so orders do not change.
+    """
+    if expr in _SORT_KEYS:
+        return _SORT_KEYS[expr]
+    if len(_SORT_KEYS) > _SORT_KEYS_MAX:
+        _SORT_KEYS.clear()
+    original = Expr.sort_key
+
+    def memoized(self: Expr, order=None) -> tuple:
+        if order is not None:
+            return original(self, order)
+        key = _SORT_KEYS.get(self)
+        if key is None:
+            key = _SORT_KEYS[self] = original(self)
+        return key
+
+    Expr.sort_key = memoized
+    try:
+        _warm(expr)
+        return _SORT_KEYS[expr]
+    finally:
+        Expr.sort_key = original
+
+
+@contextmanager
+def sort_keys_of(*exprs: Basic) -> Iterator[None]:
+    """Within the block, SymPy's sort keys of exprs' subexpressions come from ``sort_key``'s table (no recursion)."""
+    for e in exprs:
+        sort_key(e)
+    original = Expr.sort_key
+
+    def memoized(self: Expr, order=None) -> tuple:
+        key = _SORT_KEYS.get(self) if order is None else None
+        return original(self, order) if key is None else key
+
+    Expr.sort_key = memoized
+    try:
+        yield
+    finally:
+        Expr.sort_key = original
+
+
+def _warm(expr: Basic) -> None:
+    """Sort keys of expr's subexpressions into the table, leaves first (Expr.sort_key already memoized)."""
+    stack: list[tuple[Basic, bool]] = [(expr, False)]
+    while stack:
+        node, expanded = stack.pop()
+        if node in _SORT_KEYS:
+            continue
+        if expanded or not node.args:
+            VISITS["nodes"] += 1
+            _SORT_KEYS[node] = default_sort_key(node)
+            continue
+        stack.append((node, True))
+        stack.extend((a, False) for a in node.args if isinstance(a, Basic) and a not in _SORT_KEYS)
+
+
+_INTERNED: dict[Basic, Basic] = {}
+
+
+def intern(expr: Basic) -> Basic:
+    """The one object equal to expr that builders hand out (hash-consing).
+
+    SymPy compares two equal expressions that are distinct objects argument by argument,
+    down the whole tree; built from interned arguments, the comparison stops one level
+    down (identical arguments), so dictionaries of deep expressions stay fast.
+    """
+    if len(_INTERNED) > _SORT_KEYS_MAX:
+        _INTERNED.clear()
+    return _INTERNED.setdefault(expr, expr)
+
+
+__all__ = ["VISITS", "depends", "first", "fold", "intern", "nodes", "postorder", "rewrite", "sort_key", "tree_size"]

@@ -1,0 +1,60 @@
+"""Work grows linearly with the depth of a spec: counted node visits, not seconds (issue 11)."""
+
+from __future__ import annotations
+
+import pytest
+import sympy as sp
+
+import symattn as sa
+from symattn.autodiff.grad import backward
+from symattn.lang.algebra import product, total
+from symattn.lang.graph import VISITS
+from symattn.specs import dim
+
+
+def residual_stack(layers: int) -> sa.Spec:
+    """Y ← Y + softmax(Y W_Q (Y W_K)ᵀ/√g) Y W_V, layers times, every intermediate named."""
+    n, g = dim("n"), dim("g")
+    y = x = sp.MatrixSymbol("X", n, g)
+    inputs, named = [x], []
+    for i in range(1, layers + 1):
+        w_q, w_k, w_v = (sp.MatrixSymbol(f"W_{p}{i}", g, g) for p in "QKV")
+        inputs += [w_q, w_k, w_v]
+        q, k, v = product(y, w_q), product(y, w_k), product(y, w_v)
+        p = sa.softmax(product(1 / sp.sqrt(g), product(q, sp.Transpose(k))))
+        y = total(y, product(p, v))
+        named += [(f"P_{i}", p), (f"Y_{i}", y)]
+    return sa.Spec(f"residual{layers}", "residual attention stack", tuple(inputs), y, tuple(named))
+
+
+def work(layers: int) -> tuple[int, int]:
+    """(steps on the tape, nodes walked) to derive every gradient of the stack and print ∂f/∂X."""
+    spec = residual_stack(layers)
+    VISITS["nodes"] = 0
+    tape = backward(spec.output, spec.inputs)
+    sa.Derivation(spec, tape).text("X")
+    return len(tape.steps), VISITS["nodes"]
+
+
+def test_work_grows_linearly_with_depth():
+    steps_4, nodes_4 = work(4)
+    steps_8, nodes_8 = work(8)
+    assert steps_8 / steps_4 <= 2.3
+    assert nodes_8 / nodes_4 <= 2.5  # measured 2.39: the per-input replay still re-walks (issue 11, part 2)
+
+
+@pytest.mark.xfail(
+    strict=True, raises=RecursionError, reason="a 200-deep chain still recurses in SymPy's MatMul.shape (issue 11)"
+)
+def test_a_deep_elementwise_chain_derives_and_verifies():
+    """Y = tanh(Y W) 200 times: no RecursionError, every printed equality checked."""
+    n, d = dim("n"), dim("d")
+    y = x = sp.MatrixSymbol("X", n, d)
+    weights = []
+    for i in range(200):
+        w = sp.MatrixSymbol(f"W_{i}", d, d)
+        weights.append(w)
+        y = sa.tanh(product(y, w))
+    spec = sa.Spec("chain", "tanh chain", (x, *weights), y)
+    derivation = sa.derive(spec)
+    assert derivation.verify("W_0").ok
