@@ -137,7 +137,7 @@ def _sweep(forward: list[Assignment], inputs: tuple, seed: MatrixSymbol) -> tupl
         if not terms:
             return None
         value = terms[0] if len(terms) == 1 else total(*terms)
-        if is_trivial(value):
+        if is_trivial(value) and target not in inputs:  # an input's gradient is always assigned (dB = dA)
             return value
         symbol = MatrixSymbol("d" + str(target.name), *target.shape)
         assignments.append(Assignment(symbol, value, reduce_batch=is_weight(target)))
