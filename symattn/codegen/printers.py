@@ -181,6 +181,10 @@ class GeneratedCodeMixin:
         """The blocks of rows in the list called blocks, stacked back into one array."""
         return f"{self.concatenate_function}({blocks}, {self.axis_keyword}=-2)"
 
+    def mask_gradient(self, value: str, heads: bool) -> str:
+        """∂f/∂M from the scores' cotangent (value), summed over the axes M (mask_shape) was broadcast along."""
+        return f"{self.helper('sum_to_mask')}({value}, mask_shape{', heads=True' if heads else ''})"
+
     def zeros_like(self, name: str) -> str:
         """Zeros of the shape, dtype (and device) of the array called name."""
         return f"{self.module_alias}.zeros_like({name})"
@@ -325,6 +329,10 @@ class TorchMatrixPrinter(GeneratedCodeMixin, NumPyMatrixPrinter):
 
     def batch_scalar(self, text: str) -> str:
         return f"{text}[..., None, None]"
+
+    def mask_gradient(self, value: str, heads: bool) -> str:
+        """∂f/∂M of M's shape; autograd carries it on to attn_mask (summed where M was expanded)."""
+        return f"{value}.sum_to_size(mask_shape)"
 
     def inplace_function(self, function: str, operand: str, buffer: str) -> str:
         """function(operand) in place: A.sub_(L).exp_()."""

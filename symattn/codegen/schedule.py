@@ -68,6 +68,8 @@ class Schedule:
     constants: tuple[tuple[sp.Symbol, Basic], ...] = ()
     # inputs that may be absent (None at run time): the biases and the additive mask M of an extended schedule
     optional: frozenset[str] = frozenset()
+    # the gradients of the constants (dM of the additive mask M): a float attn_mask receives its gradient
+    constant_gradients: tuple[tuple[str, MatrixSymbol], ...] = ()
 
     @property
     def inputs(self) -> tuple[MatrixSymbol, ...]:
@@ -223,9 +225,10 @@ def schedule_spec(s: Spec, options: tuple[Option, ...] = ()) -> Schedule:
     forward = _needed_forward(fold_scalar_multiples(forward, {output}), output)
 
     # Backward: one VJP per forward assignment, then the simplifier's cheaper forms.
-    backward_values, interior = _sweep(forward, s.inputs, seed)
+    backward_values, interior = _sweep(forward, (*s.inputs, *s.constants), seed)
     backward_values = _simplified(backward_values, forward)
     gradients = [(str(x.name), MatrixSymbol("d" + str(x.name), *x.shape)) for x in s.inputs]
+    constant_gradients = [(str(c.name), MatrixSymbol("d" + str(c.name), *c.shape)) for c in s.constants]
 
     # Any other subexpression used twice gets a name and is computed once.
     serial = 0
@@ -244,7 +247,7 @@ def schedule_spec(s: Spec, options: tuple[Option, ...] = ()) -> Schedule:
     backward_values = _order(name_row_sums(backward_values))
 
     # Keep what the gradients read; save what the backward reads.
-    needed = _needed(backward_values, {t for _, t in gradients})
+    needed = _needed(backward_values, {t for _, t in (*gradients, *constant_gradients)})
     backward_values = [a for a in backward_values if a.target in needed]
     constants, forward, backward_values = name_constants(forward, backward_values, {o.symbol for o in options})
     forward, backward_values = fuse_projections(forward, backward_values)
@@ -266,6 +269,7 @@ def schedule_spec(s: Spec, options: tuple[Option, ...] = ()) -> Schedule:
         gradients=tuple(gradients),
         constants=constants,
         optional=_optional(s),
+        constant_gradients=tuple(constant_gradients),
     )
 
 

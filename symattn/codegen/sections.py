@@ -15,7 +15,7 @@ import sympy as sp
 from sympy.matrices.expressions import HadamardPower, HadamardProduct, MatAdd, MatMul
 
 from symattn.codegen.schedule import Assignment, Schedule
-from symattn.lang.ops import Elementwise, RowSoftmax
+from symattn.lang.ops import Elementwise, RowSoftmax, SplitHeads
 from symattn.specs import Option
 
 # Values that a statement writes into a new array (not a view): a later entrywise statement may overwrite it.
@@ -67,12 +67,15 @@ class Sections:
     protected: set
     gradient_of: dict = field(default_factory=dict)  # target -> the optional input whose gradient it is
     unused: dict = field(default_factory=dict)  # target -> the input the output does not read
+    mask_gradients: dict = field(default_factory=dict)  # dM -> whether the scores have a heads axis
 
     def statement(self, a: Assignment, consumable: frozenset = frozenset()) -> Statement:
         printer = self.printer
         printer.consumable = consumable
         if a.target in self.unused:  # the output does not read this input: zeros of its full (batched) shape
             value = printer.zeros_like(self.unused[a.target])
+        elif a.target in self.mask_gradients:  # summed to the mask's shape
+            value = printer.mask_gradient(printer.doprint(a.value), self.mask_gradients[a.target])
         elif a.reduce_batch:
             value = printer.weight_gradient(a.value, self.batched)
         else:
@@ -127,6 +130,14 @@ def _sections(sched: Schedule, printer, mask: str | None, variant: str) -> dict:
     gradient_of = {t: name for name, t in sched.gradients if name in optional}
     unused = {t: name for name, t in sched.gradients for a in sched.backward if a.target == t and a.value.is_ZeroMatrix}
     options = list(sched.options)
+    # dM (a float attn_mask's gradient) is computed only when one was given: mask_shape is None otherwise
+    heads = any(isinstance(n, SplitHeads) for a in sched.forward for n in sp.preorder_traversal(a.value))
+    mask_gradients = {t: heads for _, t in sched.constant_gradients}
+    gradient_of |= {t: "mask_shape" for t in mask_gradients}
+    # what dM reads stays intact: dM may be that very array (no axis to sum over)
+    protected |= {
+        str(x.name) for a in sched.backward if a.target in mask_gradients for x in a.value.atoms(sp.MatrixSymbol)
+    }
     if variant == "memeff":
         from symattn.codegen.rowblocks import BLOCK_SIZE, plan
 
@@ -138,7 +149,7 @@ def _sections(sched: Schedule, printer, mask: str | None, variant: str) -> dict:
     # input; only the value returned for it is None when the input was.
     shared = _read_elsewhere(backward_assignments, set(gradient_of))
     gradient_of = {t: name for t, name in gradient_of.items() if t not in shared}
-    p = Sections(sched, printer, mask, _batched(sched), protected, gradient_of, unused)
+    p = Sections(sched, printer, mask, _batched(sched), protected, gradient_of, unused, mask_gradients)
     if variant == "memeff":
         forward = [p.lines(cut.forward[0]), p.loop(cut.forward[1]), p.lines(cut.forward[2])]
         backward = [p.lines(cut.backward[0]), p.loop(cut.backward[1]), p.lines(cut.backward[2])]
@@ -173,7 +184,7 @@ def _saved(sched: Schedule, sections: dict, mask: str | None, variant: str) -> l
         + [name for name, t in sched.gradients if t in sections["shared"]]  # returned as None when the input was
     )
     saved = [str(getattr(x, "name", x)) for x in sections["saved_symbols"]]
-    saved += [str(x.name) for x in maybe] + [mask] * bool(mask)
+    saved += [str(x.name) for x in maybe] + [mask] * bool(mask) + ["mask_shape"] * bool(sched.constant_gradients)
     saved += [name for name in sections["unused"].values() if name not in saved]  # zero gradients take their shapes
     return [name for name in saved if _uses(name, backward_text)] + (["block_size"] if variant == "memeff" else [])
 
