@@ -119,9 +119,7 @@ def context(
     return build_context(sched, backend, version, variant, class_name, _module_parameters)
 
 
-def render(
-    source: str | Spec, backend: str, variant: str = "standard", regenerate: str = "symattn generate"
-) -> str:
+def render(source: str | Spec, backend: str, variant: str = "standard", regenerate: str = "symattn generate") -> str:
     """The source of one generated module: of the built-in spec called source, or of a user's Spec.
 
     ``regenerate`` is the command its header names to write it again (a spec file's own command).

@@ -26,6 +26,7 @@ from sympy.matrices.expressions import HadamardProduct, MatAdd, MatMul, OneMatri
 from symattn.codegen import common_runtime, numpy_runtime, torch_runtime
 from symattn.codegen.dag import typical_size as schedule_size
 from symattn.errors import SymattnError
+from symattn.lang.algebra import factors
 from symattn.numeric.printers import NUMPY_RUNTIME, NumPyMatrixPrinter, _split_sign, runtime_functions, runtime_source
 
 # helper name -> its function in a runtime module: the expression helpers and the modules' input checks
@@ -131,6 +132,12 @@ class GeneratedCodeMixin:
             for term in optional:
                 text = f"{self.helper('add_optional')}({text}, {self._print(broadcast_column(term) or term)})"
             return text
+        ones = [t for t in expr.args if _is_ones(t, expr.shape)]
+        if ones and len(ones) < len(expr.args) and any(broadcast_column(t) is None for t in expr.args if t not in ones):
+            # c 𝟏𝟏ᵀ + X: the scalar c broadcast (no ones array: cheaper, and it keeps X's dtype)
+            rest = [t for t in expr.args if t not in ones]
+            scalar = sp.Add(*(factors(t)[0] for t in ones))
+            return self._signed_sum([scalar, *(broadcast_column(t) or t for t in rest)])
         full = [t for t in expr.args if broadcast_column(t) is None]
         terms = sorted(expr.args, key=lambda t: _split_sign(t)[0] < 0)  # dP - D, not -D + dP
         signed = [("add" if _split_sign(t)[0] > 0 else "subtract", _split_sign(t)[1]) for t in terms]
@@ -291,14 +298,29 @@ class GeneratedCodeMixin:
         return f"{self.helper('sum_batch')}({self._print(expr)})"
 
 
+def _is_ones(term: Basic, shape: tuple) -> bool:
+    """Is term c 𝟏𝟏ᵀ (a scalar c) of the given shape?"""
+    coeff, mats = factors(term)
+    return len(mats) == 1 and isinstance(mats[0], OneMatrix) and mats[0].shape == shape and not coeff.free_symbols
+
+
 def _batched(expr: Basic, batched: set) -> bool:
     return any(str(s.name) in batched for s in expr.atoms(sp.MatrixSymbol))
 
 
 class GeneratedNumPyPrinter(GeneratedCodeMixin, NumPyMatrixPrinter):
-    """NumPy source for generated modules."""
+    """NumPy source for generated modules: constant arrays in the inputs' dtype."""
 
     runtime = GENERATED_NUMPY_RUNTIME
+
+    def _print_OneMatrix(self, expr: Basic) -> str:
+        return f"np.ones(({self._print(expr.shape[0])}, {self._print(expr.shape[1])}), dtype=dtype)"
+
+    def _print_ZeroMatrix(self, expr: Basic) -> str:
+        return f"np.zeros(({self._print(expr.shape[0])}, {self._print(expr.shape[1])}), dtype=dtype)"
+
+    def _print_Identity(self, expr: Basic) -> str:
+        return f"np.eye({self._print(expr.shape[0])}, dtype=dtype)"
 
 
 class TorchMatrixPrinter(GeneratedCodeMixin, NumPyMatrixPrinter):

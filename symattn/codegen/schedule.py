@@ -28,7 +28,14 @@ from sympy.matrices.expressions import MatMul
 
 from symattn.autodiff.grad import backward
 from symattn.codegen.dag import Assignment, count_uses, expand, is_trivial, is_weight
-from symattn.codegen.passes import fold_scalar_multiples, fuse_projections, name_constants, name_row_sums
+from symattn.codegen.passes import (
+    fold_scalar_multiples,
+    fuse_projections,
+    hoist_hadamard_scalars,
+    name_constants,
+    name_row_sums,
+    save_entrywise_outputs,
+)
 from symattn.lang.algebra import factors, total
 from symattn.lang.dims import Binding, bind_dimensions
 from symattn.lang.names import Names
@@ -244,13 +251,16 @@ def schedule_spec(s: Spec, options: tuple[Option, ...] = ()) -> Schedule:
             Assignment(a.target, local.substitute(a.value), a.reduce_batch, a.comment) for a in backward_values
         ]
         backward_values.append(Assignment(target, shared))
-    backward_values = _order(name_row_sums(backward_values))
+    taken = frozenset(str(x.name) for x in (*s.inputs, *s.constants, *(a.target for a in forward)))
+    backward_values = _order(name_row_sums(backward_values, taken))
+    forward, backward_values = save_entrywise_outputs(forward, hoist_hadamard_scalars(backward_values))
 
     # Keep what the gradients read; save what the backward reads.
     needed = _needed(backward_values, {t for _, t in (*gradients, *constant_gradients)})
     backward_values = [a for a in backward_values if a.target in needed]
     constants, forward, backward_values = name_constants(forward, backward_values, {o.symbol for o in options})
     forward, backward_values = fuse_projections(forward, backward_values)
+    backward_values = _order(backward_values)  # dW_QKV after dQ, dK, dV whatever the order before
     forward_targets = {a.target for a in forward}
     read_back = set().union(*(a.value.free_symbols for a in backward_values)) - {a.target for a in backward_values}
     saved_inputs = [x for x in s.inputs if x in read_back]

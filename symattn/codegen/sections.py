@@ -12,8 +12,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 import sympy as sp
-from sympy.matrices.expressions import HadamardPower, HadamardProduct, MatAdd, MatMul
+from sympy.matrices.expressions import HadamardPower, HadamardProduct, MatAdd, MatMul, MatrixSlice, Transpose
 
+from symattn.codegen.printers import broadcast_column
 from symattn.codegen.schedule import Assignment, Schedule
 from symattn.lang.ops import Elementwise, RowSoftmax, SplitHeads
 from symattn.specs import Option
@@ -41,7 +42,13 @@ def _dying(assignments: list[Assignment], protected: set) -> list[frozenset]:
         reads = Counter(str(x.name) for x in sp.preorder_traversal(a.value) if isinstance(x, sp.MatrixSymbol))
         later = {str(x.name) for b in assignments[i + 1 :] for x in b.value.atoms(sp.MatrixSymbol)}
         out.append(frozenset(name for name, k in reads.items() if k == 1 and name in fresh - later - protected))
-        if isinstance(a.value, FRESH) and not (isinstance(a.value, MatMul) and len(a.value.args) < 2):
+        base = a.value
+        while isinstance(base, (Transpose, MatrixSlice)):  # a view of base: base must survive while it lives
+            base = base.args[0]
+        if isinstance(base, sp.MatrixSymbol):
+            fresh.discard(str(base.name))
+        view = isinstance(a.value, MatMul) and (len(a.value.args) < 2 or broadcast_column(a.value) is not None)
+        if isinstance(a.value, FRESH) and not view:  # u 𝟏ᵀ prints as a broadcast view (torch: expand)
             fresh.add(str(a.target.name))
     return out
 
@@ -84,13 +91,20 @@ class Sections:
         # the gradient of an optional input is computed only when the input was given
         return Statement(str(a.target.name), value, a.comment, self.gradient_of.get(a.target, ""))
 
+    def fits(self, a: Assignment, dying: frozenset) -> frozenset:
+        """The dying arrays a's value may be written into: not an unbatched one when the value is batched."""
+        if not any(str(x.name) in self.batched for x in a.value.atoms(sp.MatrixSymbol)):
+            return dying
+        return frozenset(name for name in dying if name in self.batched)
+
     def lines(self, assignments) -> dict:
-        dying = _dying(list(assignments), self.protected)
+        dying = [self.fits(a, d) for a, d in zip(assignments, _dying(list(assignments), self.protected))]
         return {"loop": False, "lines": [self.statement(a, d) for a, d in zip(assignments, dying)]}
 
     def loop(self, lp) -> dict:
         kept = self.protected | {str(b.name) for _, b in lp.collect}
-        dying = _dying([*lp.body, *lp.accumulate], kept)
+        everything = [*lp.body, *lp.accumulate]
+        dying = [self.fits(a, d) for a, d in zip(everything, _dying(everything, kept))]
         body = [self.statement(a, d) for a, d in zip(lp.body, dying)]
         if lp.softmax is not None:  # P_b, L_b = row_softmax_lse(A_b), right after A_b
             p_b, l_b, a_b = lp.softmax
