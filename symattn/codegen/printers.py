@@ -28,6 +28,7 @@ from symattn.codegen.dag import typical_size as schedule_size
 from symattn.errors import SymattnError
 from symattn.lang.algebra import factors
 from symattn.numeric.printers import NUMPY_RUNTIME, NumPyMatrixPrinter, _split_sign, runtime_functions, runtime_source
+from symattn.optimize.cost import chain_order, pair_flops
 
 # helper name -> its function in a runtime module: the expression helpers and the modules' input checks
 GENERATED_NUMPY_RUNTIME = {
@@ -248,6 +249,27 @@ class GeneratedCodeMixin:
         scaled = f"({scaled}).mT" if isinstance(factor, Transpose) else f"({scaled})"
         return " @ ".join(scaled if i == smallest else self._atom(m) for i, m in enumerate(mats))
 
+    def _print_matrix_chain(self, mats: list[Basic]) -> str:
+        """F₁ @ F₂ @ …: left to right unless the cheapest order (at typical sizes) costs under half as much.
+
+        φ(Q) φ(K)ᵀ V is then φ(Q) @ (φ(K)ᵀ @ V), n·d² instead of n²·d. A k × c block of ones is
+        𝟏_k 𝟏_cᵀ (a row sum, then a broadcast): A B 𝟏𝟏ᵀ is A (B 𝟏) 𝟏ᵀ, no ones array and no n × n product.
+        """
+        mats = [part for m in mats for part in _split_ones(m)]
+        if len(mats) < 3:
+            return super()._print_matrix_chain(mats)
+        tree = chain_order(mats, sp.sympify)
+        left_to_right = MatMul(*mats[:2])
+        for m in mats[2:]:
+            left_to_right = MatMul(left_to_right, m)
+        if 2 * _tree_flops(tree) >= _tree_flops(left_to_right):
+            return super()._print_matrix_chain(mats)
+        return self._print_tree(tree)
+
+    def _print_tree(self, tree: Basic) -> str:
+        """A binary tree of products: each node a product of two operands (subtrees print themselves)."""
+        return super()._print_matrix_chain(list(tree.args))
+
     def batch_scalar(self, text: str) -> str:
         """A per-batch scalar (shape (...)) as an array that broadcasts against matrices."""
         return f"np.expand_dims({text}, (-2, -1))"
@@ -296,6 +318,21 @@ class GeneratedCodeMixin:
         if not _batched(expr, batched):
             return self._print(expr)
         return f"{self.helper('sum_batch')}({self._print(expr)})"
+
+
+def _split_ones(m: Basic) -> list[Basic]:
+    """𝟏 (k × c) as 𝟏_k 𝟏_cᵀ when neither is 1; any other factor as itself."""
+    if isinstance(m, OneMatrix) and m.shape[0] != 1 and m.shape[1] != 1:
+        return [OneMatrix(m.shape[0], 1), OneMatrix(1, m.shape[1])]
+    return [m]
+
+
+def _tree_flops(tree: Basic) -> int:
+    """FLOPs of a binary tree of products at typical sizes."""
+    if not (isinstance(tree, MatMul) and len(tree.args) == 2):
+        return 0
+    left, right = tree.args
+    return _tree_flops(left) + _tree_flops(right) + schedule_size(pair_flops(left, right, sp.sympify))
 
 
 def _is_ones(term: Basic, shape: tuple) -> bool:
