@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import sympy as sp
 from sympy import Basic, MatrixSymbol
-from sympy.matrices.expressions import BlockMatrix, HadamardProduct, MatMul, Transpose
+from sympy.matrices.expressions import BlockMatrix, HadamardProduct, MatMul, OneMatrix, Transpose
 
 from symattn.codegen.dag import Assignment, count_uses, is_weight
+from symattn.codegen.printers import left_to_right_flops, tree_flops
 from symattn.lang.algebra import factors, product, terms
 from symattn.lang.ops import Exp, RowSum, Sigmoid, Tanh
+from symattn.optimize.cost import chain_order
 
 
 def fold_scalar_multiples(forward: list[Assignment], keep: set) -> list[Assignment]:
@@ -236,3 +238,23 @@ def hoist_hadamard_scalars(backward: list[Assignment]) -> list[Assignment]:
         return expr.replace(lambda e: isinstance(e, HadamardProduct), hoisted).replace(nested, flattened)
 
     return [Assignment(a.target, merged(a.value), a.reduce_batch, a.comment) for a in backward]
+
+
+def reassociate_products(values: list[Assignment]) -> list[Assignment]:
+    """c F₁ F₂ … F_k in its cheapest order (at typical sizes) when that is under half the cost of left to
+    right, as nested products: X (W_Kᵀ Xᵀ) instead of (X W_Kᵀ) Xᵀ. Run before sharing is found, so that
+    dS (X W_K), read by dX and dW_Q, is computed once."""
+
+    def cheaper(node: Basic) -> Basic:
+        coeff, mats = factors(node)
+        if len(mats) < 3 or any(isinstance(m, OneMatrix) for m in mats):
+            return node
+        tree = chain_order(mats, sp.sympify)
+        if tree_flops(tree) >= left_to_right_flops(mats):
+            return node
+        return tree if coeff == 1 else MatMul(coeff, tree)
+
+    def rewrite(expr: Basic) -> Basic:
+        return expr.replace(lambda e: isinstance(e, MatMul), cheaper)
+
+    return [Assignment(a.target, rewrite(a.value), a.reduce_batch, a.comment) for a in values]

@@ -259,10 +259,7 @@ class GeneratedCodeMixin:
         if len(mats) < 3:
             return super()._print_matrix_chain(mats)
         tree = chain_order(mats, sp.sympify)
-        left_to_right = MatMul(*mats[:2])
-        for m in mats[2:]:
-            left_to_right = MatMul(left_to_right, m)
-        if 2 * _tree_flops(tree) >= _tree_flops(left_to_right):
+        if 2 * tree_flops(tree) >= left_to_right_flops(mats):
             return super()._print_matrix_chain(mats)
         return self._print_tree(tree)
 
@@ -320,6 +317,14 @@ class GeneratedCodeMixin:
         return f"{self.helper('sum_batch')}({self._print(expr)})"
 
 
+def left_to_right_flops(mats: list[Basic]) -> int:
+    """FLOPs of ((F₁ F₂) F₃) … at typical sizes."""
+    tree = MatMul(*mats[:2])
+    for m in mats[2:]:
+        tree = MatMul(tree, m)
+    return tree_flops(tree)
+
+
 def _split_ones(m: Basic) -> list[Basic]:
     """𝟏 (k × c) as 𝟏_k 𝟏_cᵀ when neither is 1; any other factor as itself."""
     if isinstance(m, OneMatrix) and m.shape[0] != 1 and m.shape[1] != 1:
@@ -327,12 +332,12 @@ def _split_ones(m: Basic) -> list[Basic]:
     return [m]
 
 
-def _tree_flops(tree: Basic) -> int:
+def tree_flops(tree: Basic) -> int:
     """FLOPs of a binary tree of products at typical sizes."""
     if not (isinstance(tree, MatMul) and len(tree.args) == 2):
         return 0
     left, right = tree.args
-    return _tree_flops(left) + _tree_flops(right) + schedule_size(pair_flops(left, right, sp.sympify))
+    return tree_flops(left) + tree_flops(right) + schedule_size(pair_flops(left, right, sp.sympify))
 
 
 def _is_ones(term: Basic, shape: tuple) -> bool:

@@ -34,6 +34,7 @@ from symattn.codegen.passes import (
     hoist_hadamard_scalars,
     name_constants,
     name_row_sums,
+    reassociate_products,
     save_entrywise_outputs,
 )
 from symattn.lang.algebra import factors, total
@@ -237,7 +238,8 @@ def schedule_spec(s: Spec, options: tuple[Option, ...] = ()) -> Schedule:
     gradients = [(str(x.name), MatrixSymbol("d" + str(x.name), *x.shape)) for x in s.inputs]
     constant_gradients = [(str(c.name), MatrixSymbol("d" + str(c.name), *c.shape)) for c in s.constants]
 
-    # Any other subexpression used twice gets a name and is computed once.
+    # Any other subexpression used twice gets a name and is computed once (products in their cheapest order first).
+    backward_values = reassociate_products(backward_values)
     serial = 0
     while (shared := _shared([a.value for a in backward_values], frozenset(interior))) is not None:
         label = interior.get(shared, "")

@@ -82,3 +82,17 @@ def test_products_print_in_the_cheapest_order_and_ones_as_sums(rng):
     x, y = rng.standard_normal((5, 3)), rng.standard_normal((5, 3))
     namespace = {"np": np, "A": x, "B": y, "d_k": 3}
     np.testing.assert_allclose(eval(text, namespace), x @ y.T @ np.ones((5, 3)), rtol=1e-13)
+
+
+def test_reassociated_products_keep_their_value_and_take_the_cheap_order(rng):
+    # A Bᵀ V = A (Bᵀ V) when n ≫ d: the nested product is what the value holds afterwards
+    from symattn.codegen.passes import reassociate_products
+
+    size, d = dim("n"), dim("d_k")
+    a, b, v = MatrixSymbol("A", size, d), MatrixSymbol("B", size, d), MatrixSymbol("V", size, d)
+    value = 3 * a * b.T * v
+    (out,) = reassociate_products([Assignment(MatrixSymbol("Z", size, d), value)])
+    assert sp.MatMul(b.T, v) in sp.preorder_traversal(out.value)
+    x, y, z = (rng.standard_normal((5, 3)) for _ in range(3))
+    got = sa.lambdify([a, b, v], out.value)(x, y, z)
+    np.testing.assert_allclose(got, 3 * x @ y.T @ z, rtol=1e-13)
