@@ -11,8 +11,8 @@ import sympy as sp
 from sympy import Basic, MatrixSymbol
 from sympy.matrices.expressions import BlockMatrix, HadamardProduct, MatMul, OneMatrix, Transpose
 
+from symattn.codegen.chains import left_to_right_flops, tree_flops
 from symattn.codegen.dag import Assignment, count_uses, is_weight
-from symattn.codegen.printers import left_to_right_flops, tree_flops
 from symattn.lang.algebra import factors, product, terms
 from symattn.lang.ops import Exp, RowSum, Sigmoid, Tanh
 from symattn.optimize.cost import chain_order

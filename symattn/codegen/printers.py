@@ -24,11 +24,12 @@ from sympy import Basic, MatrixExpr
 from sympy.matrices.expressions import HadamardProduct, MatAdd, MatMul, OneMatrix, Transpose
 
 from symattn.codegen import common_runtime, numpy_runtime, torch_runtime
+from symattn.codegen.chains import left_to_right_flops, split_ones, tree_flops
 from symattn.codegen.dag import typical_size as schedule_size
 from symattn.errors import SymattnError
 from symattn.lang.algebra import factors
 from symattn.numeric.printers import NUMPY_RUNTIME, NumPyMatrixPrinter, _split_sign, runtime_functions, runtime_source
-from symattn.optimize.cost import chain_order, pair_flops
+from symattn.optimize.cost import chain_order
 
 # helper name -> its function in a runtime module: the expression helpers and the modules' input checks
 GENERATED_NUMPY_RUNTIME = {
@@ -255,7 +256,7 @@ class GeneratedCodeMixin:
         φ(Q) φ(K)ᵀ V is then φ(Q) @ (φ(K)ᵀ @ V), n·d² instead of n²·d. A k × c block of ones is
         𝟏_k 𝟏_cᵀ (a row sum, then a broadcast): A B 𝟏𝟏ᵀ is A (B 𝟏) 𝟏ᵀ, no ones array and no n × n product.
         """
-        mats = [part for m in mats for part in _split_ones(m)]
+        mats = [part for m in mats for part in split_ones(m)]
         if len(mats) < 3:
             return super()._print_matrix_chain(mats)
         tree = chain_order(mats, sp.sympify)
@@ -315,29 +316,6 @@ class GeneratedCodeMixin:
         if not _batched(expr, batched):
             return self._print(expr)
         return f"{self.helper('sum_batch')}({self._print(expr)})"
-
-
-def left_to_right_flops(mats: list[Basic]) -> int:
-    """FLOPs of ((F₁ F₂) F₃) … at typical sizes."""
-    tree = MatMul(*mats[:2])
-    for m in mats[2:]:
-        tree = MatMul(tree, m)
-    return tree_flops(tree)
-
-
-def _split_ones(m: Basic) -> list[Basic]:
-    """𝟏 (k × c) as 𝟏_k 𝟏_cᵀ when neither is 1; any other factor as itself."""
-    if isinstance(m, OneMatrix) and m.shape[0] != 1 and m.shape[1] != 1:
-        return [OneMatrix(m.shape[0], 1), OneMatrix(1, m.shape[1])]
-    return [m]
-
-
-def tree_flops(tree: Basic) -> int:
-    """FLOPs of a binary tree of products at typical sizes."""
-    if not (isinstance(tree, MatMul) and len(tree.args) == 2):
-        return 0
-    left, right = tree.args
-    return tree_flops(left) + tree_flops(right) + schedule_size(pair_flops(left, right, sp.sympify))
 
 
 def _is_ones(term: Basic, shape: tuple) -> bool:
