@@ -7,7 +7,7 @@ left to right by these costs, at typical sizes.
 from __future__ import annotations
 
 import sympy as sp
-from sympy import Basic
+from sympy import Basic, MatrixExpr
 from sympy.matrices.expressions import MatMul, OneMatrix
 
 from symattn.codegen.dag import typical_size as schedule_size
@@ -16,8 +16,8 @@ from symattn.optimize.cost import pair_flops
 
 def tree_flops(tree: Basic) -> int:
     """FLOPs of a binary tree of products at typical sizes."""
-    if not (isinstance(tree, MatMul) and len(tree.args) == 2):
-        return 0
+    if not (isinstance(tree, MatMul) and len(tree.args) == 2 and all(isinstance(a, MatrixExpr) for a in tree.args)):
+        return 0  # a leaf (c F counts as a leaf: its scalar multiple is not a product)
     left, right = tree.args
     return tree_flops(left) + tree_flops(right) + schedule_size(pair_flops(left, right, sp.sympify))
 
