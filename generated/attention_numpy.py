@@ -29,6 +29,7 @@ Backward (grad_out = ∂f/∂O for a scalar f; a weight's gradient is summed ove
     dQ = scale dA K
     dK = scale dAᵀ Q
     dV = Pᵀ grad_out
+    dM = dA
 """
 
 from __future__ import annotations
@@ -66,6 +67,14 @@ def row_softmax(a, out=None):
     np.exp(out, out=out)
     out /= out.sum(axis=-1, keepdims=True)
     return out
+
+
+def sum_to_mask(a, shape, heads=False):
+    """∂f/∂B for a bias B of the given shape, (n, m) or (..., n, m), added to scores whose cotangent is a,
+    (..., n, m) or with heads (..., H, n, m): a summed over the axes B was broadcast along."""
+    if heads:
+        a = a.sum(axis=-3)
+    return a.reshape(-1, *shape).sum(axis=0)
 
 
 def _arrays(named):
@@ -163,6 +172,13 @@ def _additive_mask(attn_mask, key_padding_mask, causal, query, key, per_head=Fal
     return mask
 
 
+def _float_mask_shape(attn_mask):
+    """The shape of a floating attn_mask (an additive bias, which receives a gradient), else None."""
+    if attn_mask is None or np.asarray(attn_mask).dtype == np.bool_:
+        return None
+    return np.shape(attn_mask)
+
+
 def forward(Q, K, V, *, scale=None, attn_mask=None, key_padding_mask=None, causal=False):
     """softmax(scale · Q Kᵀ + M) V, M the additive mask.
 
@@ -172,6 +188,7 @@ def forward(Q, K, V, *, scale=None, attn_mask=None, key_padding_mask=None, causa
     and zero gradients, never NaN.
     """
     M = _additive_mask(attn_mask, key_padding_mask, causal, Q, K)
+    mask_shape = _float_mask_shape(attn_mask)  # a float attn_mask receives its gradient
     Q, K, V = _arrays({"Q": Q, "K": K, "V": V})
     n = Q.shape[-2]
     d_k = Q.shape[-1]
@@ -194,6 +211,7 @@ def forward(Q, K, V, *, scale=None, attn_mask=None, key_padding_mask=None, causa
         "P": P,
         "O": O,
         "scale": scale,
+        "mask_shape": mask_shape,
         "output_shape": O.shape,
         "dtype": O.dtype,
     }
@@ -209,10 +227,13 @@ def backward(saved, grad_out):
     P = saved["P"]
     O = saved["O"]
     scale = saved["scale"]
+    mask_shape = saved["mask_shape"]
     D = (O * grad_out).sum(axis=-1, keepdims=True)
     dP = grad_out @ V.mT
     dA = np.multiply(np.subtract(dP, D, out=dP), P, out=dP)
     dQ = dA @ (scale * K)
     dK = dA.mT @ (scale * Q)
     dV = P.mT @ grad_out
-    return {"Q": dQ, "K": dK, "V": dV}
+    dM = None if mask_shape is None else sum_to_mask(dA, mask_shape)
+    grads = {"Q": dQ, "K": dK, "V": dV, "attn_mask": dM}
+    return {name: g for name, g in grads.items() if g is not None}

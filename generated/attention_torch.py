@@ -29,6 +29,7 @@ Backward (grad_out = ∂f/∂O for a scalar f; a weight's gradient is summed ove
     dQ = scale dA K
     dK = scale dAᵀ Q
     dV = Pᵀ grad_out
+    dM = dA
 """
 
 from __future__ import annotations
@@ -194,8 +195,14 @@ def _additive_mask(attn_mask, key_padding_mask, causal, query, key, per_head=Fal
     return mask
 
 
+def _grad_shape(mask):
+    """The shape of the additive mask when it requires a gradient (a float attn_mask that does), else None."""
+    return None if mask is None or not mask.requires_grad else mask.shape
+
+
 def _forward(Q, K, V, M, scale):
     """The forward pass: (O, saved values for _backward)."""
+    mask_shape = _grad_shape(M)  # a float attn_mask that requires grad receives its gradient
     Q, K, V = _tensors({"Q": Q, "K": K, "V": V})
     n = Q.shape[-2]
     d_k = Q.shape[-1]
@@ -218,6 +225,7 @@ def _forward(Q, K, V, M, scale):
         "P": P,
         "O": O,
         "scale": scale,
+        "mask_shape": mask_shape,
     }
     return O, saved
 
@@ -230,13 +238,15 @@ def _backward(saved, grad_out):
     P = saved["P"]
     O = saved["O"]
     scale = saved["scale"]
+    mask_shape = saved["mask_shape"]
     D = (O * grad_out).sum(dim=-1, keepdim=True)
     dP = grad_out @ V.mT
     dA = dP.sub_(D).mul_(P)
     dQ = dA @ (scale * K)
     dK = dA.mT @ (scale * Q)
     dV = P.mT @ grad_out
-    return {"Q": dQ, "K": dK, "V": dV}
+    dM = None if mask_shape is None else dA.sum_to_size(mask_shape)
+    return {"Q": dQ, "K": dK, "V": dV, "M": dM}
 
 
 class AttentionFunction(torch.autograd.Function):
@@ -258,7 +268,7 @@ class AttentionFunction(torch.autograd.Function):
         saved = dict(zip(ctx.tensor_names, ctx.saved_tensors), **ctx.constants)
         with torch.no_grad():
             grads = _backward(saved, grad_out)
-        gradients = (grads["Q"], grads["K"], grads["V"], None, None)
+        gradients = (grads["Q"], grads["K"], grads["V"], grads["M"], None)
         return _first_order(ctx, grad_out, gradients)
 
 

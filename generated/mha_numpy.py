@@ -51,6 +51,7 @@ Backward (grad_out = ∂f/∂Y for a scalar f; a weight's gradient is summed ove
     dQ_h = scale dA_h K_h
     dW_O = Cᵀ grad_out
     db_O = 𝟏ᵀ grad_out
+    dM = dA_h
     dQW_Q = Concat_h(dQ_h)
     dQ = dQW_Q W_Qᵀ
     dW_Q = Qᵀ dQW_Q
@@ -136,6 +137,14 @@ def sum_groups(a, heads):
     if a.shape[-3] == heads:
         return a
     return a.reshape(*a.shape[:-3], heads, a.shape[-3] // heads, *a.shape[-2:]).sum(axis=-3)
+
+
+def sum_to_mask(a, shape, heads=False):
+    """∂f/∂B for a bias B of the given shape, (n, m) or (..., n, m), added to scores whose cotangent is a,
+    (..., n, m) or with heads (..., H, n, m): a summed over the axes B was broadcast along."""
+    if heads:
+        a = a.sum(axis=-3)
+    return a.reshape(-1, *shape).sum(axis=0)
 
 
 def _arrays(named):
@@ -248,6 +257,13 @@ def _additive_mask(attn_mask, key_padding_mask, causal, query, key, per_head=Fal
     return mask
 
 
+def _float_mask_shape(attn_mask):
+    """The shape of a floating attn_mask (an additive bias, which receives a gradient), else None."""
+    if attn_mask is None or np.asarray(attn_mask).dtype == np.bool_:
+        return None
+    return np.shape(attn_mask)
+
+
 def forward(
     Q,
     K,
@@ -276,6 +292,7 @@ def forward(
     b_Q, b_K, b_V, b_O: optional biases (1 × columns, broadcast over the tokens), each left out when None.
     """
     M = _additive_mask(attn_mask, key_padding_mask, causal, Q, K, per_head=True)
+    mask_shape = _float_mask_shape(attn_mask)  # a float attn_mask receives its gradient
     Q, K, V, W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O = _arrays(
         {
             "Q": Q,
@@ -346,6 +363,7 @@ def forward(
         "b_K": b_K,
         "b_V": b_V,
         "b_O": b_O,
+        "mask_shape": mask_shape,
         "output_shape": Y.shape,
         "dtype": Y.dtype,
     }
@@ -375,6 +393,7 @@ def backward(saved, grad_out):
     b_K = saved["b_K"]
     b_V = saved["b_V"]
     b_O = saved["b_O"]
+    mask_shape = saved["mask_shape"]
     dC = grad_out @ W_O.mT
     dO_h = split_heads(dC, H)
     D = (O_h * dO_h).sum(axis=-1, keepdims=True)
@@ -385,6 +404,7 @@ def backward(saved, grad_out):
     dQ_h = dA_h @ (scale * K_h)
     dW_O = rows(C).mT @ rows(grad_out)
     db_O = None if b_O is None else rows(grad_out).sum(axis=0, keepdims=True)
+    dM = None if mask_shape is None else sum_to_mask(dA_h, mask_shape, heads=True)
     dQW_Q = merge_heads(dQ_h, H)
     dQ = dQW_Q @ W_Q.mT
     dW_Q = rows(Q).mT @ rows(dQW_Q)
@@ -409,5 +429,6 @@ def backward(saved, grad_out):
         "b_K": db_K,
         "b_V": db_V,
         "b_O": db_O,
+        "attn_mask": dM,
     }
     return {name: g for name, g in grads.items() if g is not None}

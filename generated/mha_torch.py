@@ -51,6 +51,7 @@ Backward (grad_out = ∂f/∂Y for a scalar f; a weight's gradient is summed ove
     dQ_h = scale dA_h K_h
     dW_O = Cᵀ grad_out
     db_O = 𝟏ᵀ grad_out
+    dM = dA_h
     dQW_Q = Concat_h(dQ_h)
     dQ = dQW_Q W_Qᵀ
     dW_Q = Qᵀ dQW_Q
@@ -279,8 +280,14 @@ def _additive_mask(attn_mask, key_padding_mask, causal, query, key, per_head=Fal
     return mask
 
 
+def _grad_shape(mask):
+    """The shape of the additive mask when it requires a gradient (a float attn_mask that does), else None."""
+    return None if mask is None or not mask.requires_grad else mask.shape
+
+
 def _forward(Q, K, V, W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O, M, num_heads, num_kv_heads):
     """The forward pass: (Y, saved values for _backward)."""
+    mask_shape = _grad_shape(M)  # a float attn_mask that requires grad receives its gradient
     Q, K, V, W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O = _tensors(
         {
             "Q": Q,
@@ -351,6 +358,7 @@ def _forward(Q, K, V, W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O, M, num_heads, num_
         "b_K": b_K,
         "b_V": b_V,
         "b_O": b_O,
+        "mask_shape": mask_shape,
     }
     return Y, saved
 
@@ -377,6 +385,7 @@ def _backward(saved, grad_out):
     b_K = saved["b_K"]
     b_V = saved["b_V"]
     b_O = saved["b_O"]
+    mask_shape = saved["mask_shape"]
     dC = grad_out @ W_O.mT
     dO_h = split_heads(dC, H)
     D = (O_h * dO_h).sum(dim=-1, keepdim=True)
@@ -387,6 +396,7 @@ def _backward(saved, grad_out):
     dQ_h = dA_h @ (scale * K_h)
     dW_O = rows(C).mT @ rows(grad_out)
     db_O = None if b_O is None else rows(grad_out).sum(dim=0, keepdim=True)
+    dM = None if mask_shape is None else dA_h.sum_to_size(mask_shape)
     dQW_Q = merge_heads(dQ_h, H)
     dQ = dQW_Q @ W_Q.mT
     dW_Q = rows(Q).mT @ rows(dQW_Q)
@@ -411,6 +421,7 @@ def _backward(saved, grad_out):
         "b_K": db_K,
         "b_V": db_V,
         "b_O": db_O,
+        "M": dM,
     }
 
 
@@ -445,7 +456,7 @@ class MultiHeadAttentionFunction(torch.autograd.Function):
             grads["b_K"],
             grads["b_V"],
             grads["b_O"],
-            None,
+            grads["M"],
             None,
             None,
         )

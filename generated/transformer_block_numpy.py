@@ -76,6 +76,7 @@ Backward (grad_out = ∂f/∂Z for a scalar f; a weight's gradient is summed ove
     db_1 = 𝟏ᵀ dU
     dW_2 = Fᵀ grad_out
     db_2 = 𝟏ᵀ grad_out
+    dM = dA_h
     dX_1W_V = Concat_h(dV_h)
     dW_V = X_1ᵀ dX_1W_V
     db_V = 𝟏ᵀ dX_1W_V
@@ -198,6 +199,14 @@ def split_heads(a, heads):
     return np.swapaxes(a.reshape(*a.shape[:-1], heads, a.shape[-1] // heads), -2, -3)
 
 
+def sum_to_mask(a, shape, heads=False):
+    """∂f/∂B for a bias B of the given shape, (n, m) or (..., n, m), added to scores whose cotangent is a,
+    (..., n, m) or with heads (..., H, n, m): a summed over the axes B was broadcast along."""
+    if heads:
+        a = a.sum(axis=-3)
+    return a.reshape(-1, *shape).sum(axis=0)
+
+
 def _arrays(named):
     """The inputs as arrays, checked: rank, one leading batch shape for the non-weights, one dtype."""
     arrays, batch, first = [], None, None
@@ -308,6 +317,13 @@ def _additive_mask(attn_mask, key_padding_mask, causal, query, key, per_head=Fal
     return mask
 
 
+def _float_mask_shape(attn_mask):
+    """The shape of a floating attn_mask (an additive bias, which receives a gradient), else None."""
+    if attn_mask is None or np.asarray(attn_mask).dtype == np.bool_:
+        return None
+    return np.shape(attn_mask)
+
+
 def forward(
     X,
     W_Q,
@@ -342,6 +358,7 @@ def forward(
     b_Q, b_K, b_V, b_O, b_1, b_2: optional biases (1 × columns, broadcast over the tokens), each left out when None.
     """
     M = _additive_mask(attn_mask, key_padding_mask, causal, X, X, per_head=True)
+    mask_shape = _float_mask_shape(attn_mask)  # a float attn_mask receives its gradient
     X, W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O, gamma_1, beta_1, gamma_2, beta_2, W_1, b_1, W_2, b_2 = _arrays(
         {
             "X": X,
@@ -444,6 +461,7 @@ def forward(
         "b_O": b_O,
         "b_1": b_1,
         "b_2": b_2,
+        "mask_shape": mask_shape,
         "output_shape": Z.shape,
         "dtype": Z.dtype,
     }
@@ -485,6 +503,7 @@ def backward(saved, grad_out):
     b_O = saved["b_O"]
     b_1 = saved["b_1"]
     b_2 = saved["b_2"]
+    mask_shape = saved["mask_shape"]
     dF = grad_out @ W_2.mT
     dU = np.multiply(dF, gelu_grad(U), out=dF)
     dX_2 = dU @ W_1.mT
@@ -508,6 +527,7 @@ def backward(saved, grad_out):
     db_1 = None if b_1 is None else rows(dU).sum(axis=0, keepdims=True)
     dW_2 = rows(F).mT @ rows(grad_out)
     db_2 = None if b_2 is None else rows(grad_out).sum(axis=0, keepdims=True)
+    dM = None if mask_shape is None else sum_to_mask(dA_h, mask_shape, heads=True)
     dX_1W_V = merge_heads(dV_h, H)
     dW_V = rows(X_1).mT @ rows(dX_1W_V)
     db_V = None if b_V is None else rows(dX_1W_V).sum(axis=0, keepdims=True)
@@ -542,5 +562,6 @@ def backward(saved, grad_out):
         "b_1": db_1,
         "W_2": dW_2,
         "b_2": db_2,
+        "attn_mask": dM,
     }
     return {name: g for name, g in grads.items() if g is not None}

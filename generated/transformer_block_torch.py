@@ -76,6 +76,7 @@ Backward (grad_out = ∂f/∂Z for a scalar f; a weight's gradient is summed ove
     db_1 = 𝟏ᵀ dU
     dW_2 = Fᵀ grad_out
     db_2 = 𝟏ᵀ grad_out
+    dM = dA_h
     dX_1W_V = Concat_h(dV_h)
     dW_V = X_1ᵀ dX_1W_V
     db_V = 𝟏ᵀ dX_1W_V
@@ -322,10 +323,16 @@ def _additive_mask(attn_mask, key_padding_mask, causal, query, key, per_head=Fal
     return mask
 
 
+def _grad_shape(mask):
+    """The shape of the additive mask when it requires a gradient (a float attn_mask that does), else None."""
+    return None if mask is None or not mask.requires_grad else mask.shape
+
+
 def _forward(
     X, W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O, gamma_1, beta_1, gamma_2, beta_2, W_1, b_1, W_2, b_2, M, num_heads, eps
 ):
     """The forward pass: (Z, saved values for _backward)."""
+    mask_shape = _grad_shape(M)  # a float attn_mask that requires grad receives its gradient
     X, W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O, gamma_1, beta_1, gamma_2, beta_2, W_1, b_1, W_2, b_2 = _tensors(
         {
             "X": X,
@@ -428,6 +435,7 @@ def _forward(
         "b_O": b_O,
         "b_1": b_1,
         "b_2": b_2,
+        "mask_shape": mask_shape,
     }
     return Z, saved
 
@@ -466,6 +474,7 @@ def _backward(saved, grad_out):
     b_O = saved["b_O"]
     b_1 = saved["b_1"]
     b_2 = saved["b_2"]
+    mask_shape = saved["mask_shape"]
     dF = grad_out @ W_2.mT
     dU = dF.mul_(gelu_grad(U))
     dX_2 = dU @ W_1.mT
@@ -489,6 +498,7 @@ def _backward(saved, grad_out):
     db_1 = None if b_1 is None else rows(dU).sum(dim=0, keepdim=True)
     dW_2 = rows(F).mT @ rows(grad_out)
     db_2 = None if b_2 is None else rows(grad_out).sum(dim=0, keepdim=True)
+    dM = None if mask_shape is None else dA_h.sum_to_size(mask_shape)
     dX_1W_V = merge_heads(dV_h, H)
     dW_V = rows(X_1).mT @ rows(dX_1W_V)
     db_V = None if b_V is None else rows(dX_1W_V).sum(dim=0, keepdim=True)
@@ -523,6 +533,7 @@ def _backward(saved, grad_out):
         "b_1": db_1,
         "W_2": dW_2,
         "b_2": db_2,
+        "M": dM,
     }
 
 
@@ -608,7 +619,7 @@ class TransformerBlockFunction(torch.autograd.Function):
             grads["b_1"],
             grads["W_2"],
             grads["b_2"],
-            None,
+            grads["M"],
             None,
             None,
         )

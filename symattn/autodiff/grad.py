@@ -125,8 +125,14 @@ def backward(expr: Basic, wrt: Iterable[MatrixSymbol], cotangent: Basic | None =
     expr = expression(expr)
     wrt = tuple(wrt)
     for w in wrt:
-        if not isinstance(w, MatrixSymbol):
-            raise SymattnError(f"can only differentiate with respect to a MatrixSymbol, got {type(w).__name__} {w}")
+        if isinstance(w, sp.Symbol) and w.is_integer:
+            raise SymattnError(
+                f"{w} is a dimension; differentiate with respect to a MatrixSymbol or a real scalar Symbol"
+            )
+        if not isinstance(w, (MatrixSymbol, sp.Symbol)):
+            raise SymattnError(
+                f"can only differentiate with respect to a MatrixSymbol or a scalar Symbol, got {type(w).__name__} {w}"
+            )
     check_shapes(expr)
     seed = default_seed(expr, cotangent)
     tape = Tape(expr=expr, seed=seed, wrt=wrt)
@@ -155,7 +161,7 @@ def backward(expr: Basic, wrt: Iterable[MatrixSymbol], cotangent: Basic | None =
 
 def grad(expr: Basic, wrt: Sequence[MatrixSymbol] | MatrixSymbol, cotangent: Basic | None = None) -> dict:
     """Closed-form gradients of tr(cotangentᵀ expr) (or of a scalar expr) for each symbol in wrt."""
-    if isinstance(wrt, MatrixSymbol):
+    if isinstance(wrt, (MatrixSymbol, sp.Symbol)):
         wrt = [wrt]
     return dict(backward(expr, wrt, cotangent).gradients)
 

@@ -262,6 +262,14 @@ def scalar_power_vjp(node: sp.Pow, c: Basic) -> Cotangents:
     return [(base, c * p * base ** (p - 1))]
 
 
+@defvjp(sp.exp, sp.log, sp.tanh)
+def scalar_function_vjp(node: Basic, c: Basic) -> Cotangents:
+    """d f(a) = f'(a) da for a scalar function f (exp, log, tanh of a trainable scalar)."""
+    (a,) = node.args
+    x = sp.Dummy("x")
+    return [(a, c * sp.diff(node.func(x), x).subs(x, a))]
+
+
 def zero_like(a: Basic) -> Basic:
     """The additive zero of a's kind: a zero matrix of its shape, or 0."""
     return ZeroMatrix(*a.shape) if isinstance(a, MatrixExpr) else sp.Integer(0)

@@ -8,6 +8,7 @@ runtime helpers' source. The templates add only scaffolding.
 
 from __future__ import annotations
 
+import dataclasses
 import textwrap
 from collections.abc import Callable
 
@@ -27,6 +28,8 @@ MASK_KEYWORDS = ("attn_mask=None", "key_padding_mask=None", "causal=False")
 MASK_NAMES = tuple(k.partition("=")[0] for k in MASK_KEYWORDS)
 # The function that checks a backend's inputs, and the runtime helpers that only its modules call.
 CHECK_INPUTS = {"numpy": "_arrays", "torch": "_tensors"}
+# the helper that gives mask_shape, the shape ∂f/∂M is summed to (None: no gradient wanted)
+MASK_SHAPE = {"numpy": "_float_mask_shape", "torch": "_grad_shape"}
 BACKEND_HELPERS = {"numpy": ("_cotangent",), "torch": ("_NotTwice", "_only_tensors", "_first_order")}
 
 ModuleParameters = Callable[[Schedule, object], tuple[list[str], list[dict], list[dict]]]
@@ -150,13 +153,16 @@ def _checks(sched: Schedule, printer, backend: str, options: list[Option]) -> di
     }
 
 
-def _runtime_helpers(printer, backend: str, checks: dict, options: list[Option], mask: str | None) -> str:
+def _runtime_helpers(
+    printer, backend: str, checks: dict, options: list[Option], mask: str | None, mask_gradient: bool
+) -> str:
     """The source of the runtime helpers the module calls: the expressions' (sorted), then the checks'."""
     names = [*sorted(printer.helpers_used), CHECK_INPUTS[backend], "_check_shape"]
     names += ["_quotient"] * any(b.value.startswith("_quotient(") for b in checks["bindings"])
     names += ["_positive_int"] * any(o.symbol.is_integer for o in options)
     names += ["_nonempty"] * bool(checks["nonempty"])
     names += [*BACKEND_HELPERS[backend], *["_additive_mask"] * bool(mask)]
+    names += [MASK_SHAPE[backend]] * bool(mask_gradient)
     return printer.runtime_source(names)
 
 
@@ -168,6 +174,8 @@ def _function(
     required = [x for x in s.inputs if str(x.name) not in sched.optional]
     maybe = [x for x in s.inputs if str(x.name) in sched.optional]  # optional inputs, passed by keyword
     positional = [str(x.name) for x in s.inputs] + ([mask] if mask else []) + [o.name for o in options]
+    # a float attn_mask's gradient: under "attn_mask" (NumPy), as M's (torch, whose autograd carries it on)
+    mask_grads = [("attn_mask" if backend == "numpy" else name, t) for name, t in sched.constant_gradients]
     signature = (
         [str(x.name) for x in required]
         + ["*"] * bool(options or maybe or mask)
@@ -180,10 +188,10 @@ def _function(
         "signature": layout.define("forward", signature, indent=0),
         "apply_call": layout.call(f"{class_name}Function.apply", positional, indent=4),
         "return_gradients": layout.wrapped(
-            "return " if not maybe or backend == "torch" else "grads = ",
+            "return " if not (maybe or mask_grads) or backend == "torch" else "grads = ",
             [
                 f'"{name}": None if {name} is None else {t.name}' if t in shared else f'"{name}": {t.name}'
-                for name, t in sched.gradients
+                for name, t in (*sched.gradients, *mask_grads)
             ],
             "",
             indent=4,
@@ -191,9 +199,13 @@ def _function(
         ),
         "optional_names": "(" + ", ".join(f'"{x.name}"' for x in maybe) + ("," if len(maybe) == 1 else "") + ")",
         "biases": [str(x.name) for x in maybe],
-        "drop_none": bool(maybe),
+        "drop_none": bool(maybe or mask_grads),
         "function_gradients": layout.assign_tuple(
-            "gradients", [f'grads["{x.name}"]' for x in s.inputs] + ["None"] * (len(options) + bool(mask)), indent=8
+            "gradients",
+            [f'grads["{x.name}"]' for x in s.inputs]
+            + ([f'grads["{mask}"]' if mask_grads else "None"] if mask else [])
+            + ["None"] * len(options),
+            indent=8,
         ),
         "tensor_inputs": layout.wrapped(
             "inputs = _only_tensors", [str(x.name) for x in s.inputs] + [mask] * bool(mask), "", 8, brackets="()"
@@ -256,6 +268,10 @@ def build_context(
     """
     printer = PRINTERS[backend]()
     s = sched.spec
+    if variant == "memeff" and sched.constant_gradients:  # blocks of rows: the mask gets no gradient there
+        gradients = {t for _, t in sched.constant_gradients}
+        backward = tuple(a for a in sched.backward if a.target not in gradients)
+        sched = dataclasses.replace(sched, backward=backward, constant_gradients=())
     mask = next((str(c.name) for c in s.constants if str(c.name) in sched.optional), None)
     printer.optional, printer.mask = sched.optional | {f"{name}_b" for name in sched.optional}, mask
     sections = _sections(sched, printer, mask, variant)
@@ -275,5 +291,6 @@ def build_context(
         "needs_dtype": _uses("dtype", [line.value for line in _statements(sections)]),
         **_function(sched, options, mask, class_name, backend, sections["shared"]),
         **_module(sched, options, mask, module_parameters(sched, PRINTERS[backend]())),
-        "runtime": _runtime_helpers(printer, backend, checks, options, mask),
+        "runtime": _runtime_helpers(printer, backend, checks, options, mask, bool(sched.constant_gradients)),
+        "mask_gradient": MASK_SHAPE[backend] if sched.constant_gradients else "",
     }

@@ -98,6 +98,21 @@ def _cotangent(grad_out, saved):
     return grad_out
 
 
+def _float_mask_shape(attn_mask):
+    """The shape of a floating attn_mask (an additive bias, which receives a gradient), else None."""
+    if attn_mask is None or np.asarray(attn_mask).dtype == np.bool_:
+        return None
+    return np.shape(attn_mask)
+
+
+def sum_to_mask(a, shape, heads=False):
+    """∂f/∂B for a bias B of the given shape, (n, m) or (..., n, m), added to scores whose cotangent is a,
+    (..., n, m) or with heads (..., H, n, m): a summed over the axes B was broadcast along."""
+    if heads:
+        a = a.sum(axis=-3)
+    return a.reshape(-1, *shape).sum(axis=0)
+
+
 def _additive_mask(attn_mask, key_padding_mask, causal, query, key, per_head=False):
     """The additive mask M (0 where a query may see a key, -inf where not), or None without a mask.
 

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import sympy as sp
 from sympy import Basic, MatrixSymbol
-from sympy.matrices.expressions import BlockMatrix, MatMul, Transpose
+from sympy.matrices.expressions import BlockMatrix, HadamardProduct, MatMul, OneMatrix, Transpose
 
+from symattn.codegen.chains import left_to_right_flops, tree_flops
 from symattn.codegen.dag import Assignment, count_uses, is_weight
 from symattn.lang.algebra import factors, product, terms
-from symattn.lang.ops import RowSum
+from symattn.lang.ops import Exp, RowSum, Sigmoid, Tanh
+from symattn.optimize.cost import chain_order
 
 
 def fold_scalar_multiples(forward: list[Assignment], keep: set) -> list[Assignment]:
@@ -122,14 +124,22 @@ def _cotangent_block(value: Basic) -> Basic:
     return factors(value)[1][1]
 
 
-def name_row_sums(backward: list[Assignment]) -> list[Assignment]:
-    """Name each row sum inside a larger value: D = rowsum(dO ⊙ O), an n × 1 column (FlashAttention's D)."""
+def name_row_sums(backward: list[Assignment], taken: frozenset[str] = frozenset()) -> list[Assignment]:
+    """Name each row sum inside a larger value: D = rowsum(dO ⊙ O), an n × 1 column (FlashAttention's D).
+
+    taken: names already in use (inputs, forward values), which a row sum's name must not shadow.
+    """
     sums: list[Basic] = []
     for a in backward:
         for node in sp.preorder_traversal(a.value):
             if isinstance(node, RowSum) and node != a.value and node not in sums:
                 sums.append(node)
-    labels = ["D"] if len(sums) == 1 else [f"D{i}" for i in range(1, len(sums) + 1)]
+    taken = taken | {str(a.target.name) for a in backward}
+    free = (label for label in ("D", *(f"D{i}" for i in range(1, len(sums) + len(taken) + 2))) if label not in taken)
+    labels = [next(free) for _ in sums]
+    if len(sums) > 1 and labels[0] == "D":  # several: D1, D2, … as before
+        free = (f"D{i}" for i in range(1, len(sums) + len(taken) + 2) if f"D{i}" not in taken)
+        labels = [next(free) for _ in sums]
     table = {node: MatrixSymbol(label, *node.shape) for node, label in zip(sums, labels)}
     renamed = [Assignment(a.target, a.value.xreplace(table), a.reduce_batch, a.comment) for a in backward]
     return [Assignment(symbol, node) for node, symbol in table.items()] + renamed
@@ -155,3 +165,96 @@ def name_constants(forward: list[Assignment], backward: list[Assignment], taken:
         return Assignment(a.target, a.value.xreplace(table), a.reduce_batch, a.comment)
 
     return tuple(constants), [rename(a) for a in forward], [rename(a) for a in backward]
+
+
+def save_entrywise_outputs(forward: list[Assignment], backward: list[Assignment]) -> tuple[list, list]:
+    """Name T = f(X) in the forward when the backward reads f(X) again: the backward reads T, not X.
+
+    The rules with an output form (tanh: 𝟏𝟏ᵀ − T^∘2, σ: T ⊙ (𝟏𝟏ᵀ − T), exp: T) then read the forward's
+    output instead of recomputing f; saving T costs what saving X did (X, read only there, is not kept),
+    and f (tanh, σ, exp: ~10-20 flops an entry) is not evaluated a second time.
+    """
+    targets = {a.target for a in forward}
+    wanted = []
+    for a in backward:
+        for node in sp.preorder_traversal(a.value):
+            if (
+                isinstance(node, (Exp, Tanh, Sigmoid))
+                and node not in wanted
+                and node.free_symbols <= _forward_atoms(forward)
+            ):
+                if any(node in sp.preorder_traversal(f.value) and node != f.value for f in forward):
+                    wanted.append(node)
+    taken = {str(t.name) for t in targets} | {str(b.target.name) for b in backward}
+    for node in wanted:
+        label = next(name for name in _labels(node) if name not in taken)
+        taken.add(label)
+        symbol = MatrixSymbol(label, *node.shape)
+        first = next(i for i, f in enumerate(forward) if node in sp.preorder_traversal(f.value))
+        rename = {node: symbol}
+        forward = [
+            *forward[:first],
+            Assignment(symbol, node),
+            *(Assignment(f.target, f.value.xreplace(rename), f.reduce_batch, f.comment) for f in forward[first:]),
+        ]
+        backward = [Assignment(b.target, b.value.xreplace(rename), b.reduce_batch, b.comment) for b in backward]
+    return forward, backward
+
+
+def _forward_atoms(forward: list[Assignment]) -> set:
+    """Every symbol the forward reads or writes."""
+    return set().union(*(a.value.free_symbols | {a.target} for a in forward))
+
+
+def _labels(node: Basic):
+    """Names for f(X): T (tanh), Sg (σ), E (exp), then numbered."""
+    base = {"tanh": "T", "sigmoid": "Sg", "exp": "E"}[node.function]
+    yield base
+    yield from (f"{base}{i}" for i in range(1, 100))
+
+
+def hoist_hadamard_scalars(backward: list[Assignment]) -> list[Assignment]:
+    """(a X) ⊙ (b Y) → (a b)(X ⊙ Y), products of scalars merged: one scalar multiple of an n × m array, not three."""
+
+    def hoisted(node: Basic) -> Basic:
+        if not isinstance(node, HadamardProduct):
+            return node
+        split = [factors(a) for a in node.args]
+        if all(c == 1 or len(mats) != 1 for c, mats in split):
+            return node
+        coeff = sp.Mul(*(c for c, mats in split if len(mats) == 1))
+        args = [mats[0] if len(mats) == 1 else a for (c, mats), a in zip(split, node.args)]
+        return product(coeff, HadamardProduct(*args), canonical=False)
+
+    def nested(node: Basic) -> bool:
+        return isinstance(node, MatMul) and len(factors(node)[1]) == 1 and isinstance(factors(node)[1][0], MatMul)
+
+    def flattened(node: Basic) -> Basic:  # a (b X Y) → (a b) X Y
+        outer, (inner,) = factors(node)
+        coeff, mats = factors(inner)
+        return product(outer * coeff, *mats, canonical=False)
+
+    def merged(expr: Basic) -> Basic:
+        return expr.replace(lambda e: isinstance(e, HadamardProduct), hoisted).replace(nested, flattened)
+
+    return [Assignment(a.target, merged(a.value), a.reduce_batch, a.comment) for a in backward]
+
+
+def reassociate_products(values: list[Assignment]) -> list[Assignment]:
+    """c F₁ F₂ … F_k in its cheapest order (at typical sizes) when that is under half the cost of left to
+    right, as nested products: X (W_Kᵀ Xᵀ) instead of (X W_Kᵀ) Xᵀ. Run before sharing is found, so that
+    dS (X W_K), read by dX and dW_Q, is computed once."""
+
+    def cheaper(node: Basic) -> Basic:
+        coeff, mats = factors(node)
+        if len(mats) < 3 or any(isinstance(m, OneMatrix) for m in mats):
+            return node
+        tree = chain_order(mats, sp.sympify)
+        if tree_flops(tree) >= left_to_right_flops(mats):
+            return node
+        return tree if coeff == 1 else MatMul(coeff, tree)
+
+    def rewrite(expr: Basic) -> Basic:
+        return expr.replace(lambda e: isinstance(e, MatMul), cheaper)
+
+    return [Assignment(a.target, rewrite(a.value), a.reduce_batch, a.comment) for a in values]

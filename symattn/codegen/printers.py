@@ -24,9 +24,12 @@ from sympy import Basic, MatrixExpr
 from sympy.matrices.expressions import HadamardProduct, MatAdd, MatMul, OneMatrix, Transpose
 
 from symattn.codegen import common_runtime, numpy_runtime, torch_runtime
+from symattn.codegen.chains import left_to_right_flops, split_ones, tree_flops
 from symattn.codegen.dag import typical_size as schedule_size
 from symattn.errors import SymattnError
+from symattn.lang.algebra import factors
 from symattn.numeric.printers import NUMPY_RUNTIME, NumPyMatrixPrinter, _split_sign, runtime_functions, runtime_source
+from symattn.optimize.cost import chain_order
 
 # helper name -> its function in a runtime module: the expression helpers and the modules' input checks
 GENERATED_NUMPY_RUNTIME = {
@@ -131,6 +134,12 @@ class GeneratedCodeMixin:
             for term in optional:
                 text = f"{self.helper('add_optional')}({text}, {self._print(broadcast_column(term) or term)})"
             return text
+        ones = [t for t in expr.args if _is_ones(t, expr.shape)]
+        if ones and len(ones) < len(expr.args) and any(broadcast_column(t) is None for t in expr.args if t not in ones):
+            # c 𝟏𝟏ᵀ + X: the scalar c broadcast (no ones array: cheaper, and it keeps X's dtype)
+            rest = [t for t in expr.args if t not in ones]
+            scalar = sp.Add(*(factors(t)[0] for t in ones))
+            return self._signed_sum([scalar, *(broadcast_column(t) or t for t in rest)])
         full = [t for t in expr.args if broadcast_column(t) is None]
         terms = sorted(expr.args, key=lambda t: _split_sign(t)[0] < 0)  # dP - D, not -D + dP
         signed = [("add" if _split_sign(t)[0] > 0 else "subtract", _split_sign(t)[1]) for t in terms]
@@ -180,6 +189,10 @@ class GeneratedCodeMixin:
     def concatenate_rows(self, blocks: str) -> str:
         """The blocks of rows in the list called blocks, stacked back into one array."""
         return f"{self.concatenate_function}({blocks}, {self.axis_keyword}=-2)"
+
+    def mask_gradient(self, value: str, heads: bool) -> str:
+        """∂f/∂M from the scores' cotangent (value), summed over the axes M (mask_shape) was broadcast along."""
+        return f"{self.helper('sum_to_mask')}({value}, mask_shape{', heads=True' if heads else ''})"
 
     def zeros_like(self, name: str) -> str:
         """Zeros of the shape, dtype (and device) of the array called name."""
@@ -237,6 +250,24 @@ class GeneratedCodeMixin:
         scaled = f"({scaled}).mT" if isinstance(factor, Transpose) else f"({scaled})"
         return " @ ".join(scaled if i == smallest else self._atom(m) for i, m in enumerate(mats))
 
+    def _print_matrix_chain(self, mats: list[Basic]) -> str:
+        """F₁ @ F₂ @ …: left to right unless the cheapest order (at typical sizes) costs under half as much.
+
+        φ(Q) φ(K)ᵀ V is then φ(Q) @ (φ(K)ᵀ @ V), n·d² instead of n²·d. A k × c block of ones is
+        𝟏_k 𝟏_cᵀ (a row sum, then a broadcast): A B 𝟏𝟏ᵀ is A (B 𝟏) 𝟏ᵀ, no ones array and no n × n product.
+        """
+        mats = [part for m in mats for part in split_ones(m)]
+        if len(mats) < 3:
+            return super()._print_matrix_chain(mats)
+        tree = chain_order(mats, sp.sympify)
+        if 2 * tree_flops(tree) >= left_to_right_flops(mats):
+            return super()._print_matrix_chain(mats)
+        return self._print_tree(tree)
+
+    def _print_tree(self, tree: Basic) -> str:
+        """A binary tree of products: each node a product of two operands (subtrees print themselves)."""
+        return super()._print_matrix_chain(list(tree.args))
+
     def batch_scalar(self, text: str) -> str:
         """A per-batch scalar (shape (...)) as an array that broadcasts against matrices."""
         return f"np.expand_dims({text}, (-2, -1))"
@@ -287,14 +318,29 @@ class GeneratedCodeMixin:
         return f"{self.helper('sum_batch')}({self._print(expr)})"
 
 
+def _is_ones(term: Basic, shape: tuple) -> bool:
+    """Is term c 𝟏𝟏ᵀ (a scalar c) of the given shape?"""
+    coeff, mats = factors(term)
+    return len(mats) == 1 and isinstance(mats[0], OneMatrix) and mats[0].shape == shape and not coeff.free_symbols
+
+
 def _batched(expr: Basic, batched: set) -> bool:
     return any(str(s.name) in batched for s in expr.atoms(sp.MatrixSymbol))
 
 
 class GeneratedNumPyPrinter(GeneratedCodeMixin, NumPyMatrixPrinter):
-    """NumPy source for generated modules."""
+    """NumPy source for generated modules: constant arrays in the inputs' dtype."""
 
     runtime = GENERATED_NUMPY_RUNTIME
+
+    def _print_OneMatrix(self, expr: Basic) -> str:
+        return f"np.ones(({self._print(expr.shape[0])}, {self._print(expr.shape[1])}), dtype=dtype)"
+
+    def _print_ZeroMatrix(self, expr: Basic) -> str:
+        return f"np.zeros(({self._print(expr.shape[0])}, {self._print(expr.shape[1])}), dtype=dtype)"
+
+    def _print_Identity(self, expr: Basic) -> str:
+        return f"np.eye({self._print(expr.shape[0])}, dtype=dtype)"
 
 
 class TorchMatrixPrinter(GeneratedCodeMixin, NumPyMatrixPrinter):
@@ -325,6 +371,10 @@ class TorchMatrixPrinter(GeneratedCodeMixin, NumPyMatrixPrinter):
 
     def batch_scalar(self, text: str) -> str:
         return f"{text}[..., None, None]"
+
+    def mask_gradient(self, value: str, heads: bool) -> str:
+        """∂f/∂M of M's shape; autograd carries it on to attn_mask (summed where M was expanded)."""
+        return f"{value}.sum_to_size(mask_shape)"
 
     def inplace_function(self, function: str, operand: str, buffer: str) -> str:
         """function(operand) in place: A.sub_(L).exp_()."""

@@ -28,7 +28,15 @@ from sympy.matrices.expressions import MatMul
 
 from symattn.autodiff.grad import backward
 from symattn.codegen.dag import Assignment, count_uses, expand, is_trivial, is_weight
-from symattn.codegen.passes import fold_scalar_multiples, fuse_projections, name_constants, name_row_sums
+from symattn.codegen.passes import (
+    fold_scalar_multiples,
+    fuse_projections,
+    hoist_hadamard_scalars,
+    name_constants,
+    name_row_sums,
+    reassociate_products,
+    save_entrywise_outputs,
+)
 from symattn.lang.algebra import factors, total
 from symattn.lang.dims import Binding, bind_dimensions
 from symattn.lang.names import Names
@@ -68,6 +76,8 @@ class Schedule:
     constants: tuple[tuple[sp.Symbol, Basic], ...] = ()
     # inputs that may be absent (None at run time): the biases and the additive mask M of an extended schedule
     optional: frozenset[str] = frozenset()
+    # the gradients of the constants (dM of the additive mask M): a float attn_mask receives its gradient
+    constant_gradients: tuple[tuple[str, MatrixSymbol], ...] = ()
 
     @property
     def inputs(self) -> tuple[MatrixSymbol, ...]:
@@ -137,7 +147,7 @@ def _sweep(forward: list[Assignment], inputs: tuple, seed: MatrixSymbol) -> tupl
         if not terms:
             return None
         value = terms[0] if len(terms) == 1 else total(*terms)
-        if is_trivial(value):
+        if is_trivial(value) and target not in inputs:  # an input's gradient is always assigned (dB = dA)
             return value
         symbol = MatrixSymbol("d" + str(target.name), *target.shape)
         assignments.append(Assignment(symbol, value, reduce_batch=is_weight(target)))
@@ -223,11 +233,13 @@ def schedule_spec(s: Spec, options: tuple[Option, ...] = ()) -> Schedule:
     forward = _needed_forward(fold_scalar_multiples(forward, {output}), output)
 
     # Backward: one VJP per forward assignment, then the simplifier's cheaper forms.
-    backward_values, interior = _sweep(forward, s.inputs, seed)
+    backward_values, interior = _sweep(forward, (*s.inputs, *s.constants), seed)
     backward_values = _simplified(backward_values, forward)
     gradients = [(str(x.name), MatrixSymbol("d" + str(x.name), *x.shape)) for x in s.inputs]
+    constant_gradients = [(str(c.name), MatrixSymbol("d" + str(c.name), *c.shape)) for c in s.constants]
 
-    # Any other subexpression used twice gets a name and is computed once.
+    # Any other subexpression used twice gets a name and is computed once (products in their cheapest order first).
+    backward_values = reassociate_products(backward_values)
     serial = 0
     while (shared := _shared([a.value for a in backward_values], frozenset(interior))) is not None:
         label = interior.get(shared, "")
@@ -241,13 +253,16 @@ def schedule_spec(s: Spec, options: tuple[Option, ...] = ()) -> Schedule:
             Assignment(a.target, local.substitute(a.value), a.reduce_batch, a.comment) for a in backward_values
         ]
         backward_values.append(Assignment(target, shared))
-    backward_values = _order(name_row_sums(backward_values))
+    taken = frozenset(str(x.name) for x in (*s.inputs, *s.constants, *(a.target for a in forward)))
+    backward_values = _order(name_row_sums(backward_values, taken))
+    forward, backward_values = save_entrywise_outputs(forward, hoist_hadamard_scalars(backward_values))
 
     # Keep what the gradients read; save what the backward reads.
-    needed = _needed(backward_values, {t for _, t in gradients})
+    needed = _needed(backward_values, {t for _, t in (*gradients, *constant_gradients)})
     backward_values = [a for a in backward_values if a.target in needed]
     constants, forward, backward_values = name_constants(forward, backward_values, {o.symbol for o in options})
     forward, backward_values = fuse_projections(forward, backward_values)
+    backward_values = _order(backward_values)  # dW_QKV after dQ, dK, dV whatever the order before
     forward_targets = {a.target for a in forward}
     read_back = set().union(*(a.value.free_symbols for a in backward_values)) - {a.target for a in backward_values}
     saved_inputs = [x for x in s.inputs if x in read_back]
@@ -266,6 +281,7 @@ def schedule_spec(s: Spec, options: tuple[Option, ...] = ()) -> Schedule:
         gradients=tuple(gradients),
         constants=constants,
         optional=_optional(s),
+        constant_gradients=tuple(constant_gradients),
     )
 
 

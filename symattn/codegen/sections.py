@@ -12,10 +12,11 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 import sympy as sp
-from sympy.matrices.expressions import HadamardPower, HadamardProduct, MatAdd, MatMul
+from sympy.matrices.expressions import HadamardPower, HadamardProduct, MatAdd, MatMul, MatrixSlice, Transpose
 
+from symattn.codegen.printers import broadcast_column
 from symattn.codegen.schedule import Assignment, Schedule
-from symattn.lang.ops import Elementwise, RowSoftmax
+from symattn.lang.ops import Elementwise, RowSoftmax, SplitHeads
 from symattn.specs import Option
 
 # Values that a statement writes into a new array (not a view): a later entrywise statement may overwrite it.
@@ -41,7 +42,13 @@ def _dying(assignments: list[Assignment], protected: set) -> list[frozenset]:
         reads = Counter(str(x.name) for x in sp.preorder_traversal(a.value) if isinstance(x, sp.MatrixSymbol))
         later = {str(x.name) for b in assignments[i + 1 :] for x in b.value.atoms(sp.MatrixSymbol)}
         out.append(frozenset(name for name, k in reads.items() if k == 1 and name in fresh - later - protected))
-        if isinstance(a.value, FRESH) and not (isinstance(a.value, MatMul) and len(a.value.args) < 2):
+        base = a.value
+        while isinstance(base, (Transpose, MatrixSlice)):  # a view of base: base must survive while it lives
+            base = base.args[0]
+        if isinstance(base, sp.MatrixSymbol):
+            fresh.discard(str(base.name))
+        view = isinstance(a.value, MatMul) and (len(a.value.args) < 2 or broadcast_column(a.value) is not None)
+        if isinstance(a.value, FRESH) and not view:  # u 𝟏ᵀ prints as a broadcast view (torch: expand)
             fresh.add(str(a.target.name))
     return out
 
@@ -67,12 +74,15 @@ class Sections:
     protected: set
     gradient_of: dict = field(default_factory=dict)  # target -> the optional input whose gradient it is
     unused: dict = field(default_factory=dict)  # target -> the input the output does not read
+    mask_gradients: dict = field(default_factory=dict)  # dM -> whether the scores have a heads axis
 
     def statement(self, a: Assignment, consumable: frozenset = frozenset()) -> Statement:
         printer = self.printer
         printer.consumable = consumable
         if a.target in self.unused:  # the output does not read this input: zeros of its full (batched) shape
             value = printer.zeros_like(self.unused[a.target])
+        elif a.target in self.mask_gradients:  # summed to the mask's shape
+            value = printer.mask_gradient(printer.doprint(a.value), self.mask_gradients[a.target])
         elif a.reduce_batch:
             value = printer.weight_gradient(a.value, self.batched)
         else:
@@ -81,13 +91,20 @@ class Sections:
         # the gradient of an optional input is computed only when the input was given
         return Statement(str(a.target.name), value, a.comment, self.gradient_of.get(a.target, ""))
 
+    def fits(self, a: Assignment, dying: frozenset) -> frozenset:
+        """The dying arrays a's value may be written into: not an unbatched one when the value is batched."""
+        if not any(str(x.name) in self.batched for x in a.value.atoms(sp.MatrixSymbol)):
+            return dying
+        return frozenset(name for name in dying if name in self.batched)
+
     def lines(self, assignments) -> dict:
-        dying = _dying(list(assignments), self.protected)
+        dying = [self.fits(a, d) for a, d in zip(assignments, _dying(list(assignments), self.protected))]
         return {"loop": False, "lines": [self.statement(a, d) for a, d in zip(assignments, dying)]}
 
     def loop(self, lp) -> dict:
         kept = self.protected | {str(b.name) for _, b in lp.collect}
-        dying = _dying([*lp.body, *lp.accumulate], kept)
+        everything = [*lp.body, *lp.accumulate]
+        dying = [self.fits(a, d) for a, d in zip(everything, _dying(everything, kept))]
         body = [self.statement(a, d) for a, d in zip(lp.body, dying)]
         if lp.softmax is not None:  # P_b, L_b = row_softmax_lse(A_b), right after A_b
             p_b, l_b, a_b = lp.softmax
@@ -127,6 +144,14 @@ def _sections(sched: Schedule, printer, mask: str | None, variant: str) -> dict:
     gradient_of = {t: name for name, t in sched.gradients if name in optional}
     unused = {t: name for name, t in sched.gradients for a in sched.backward if a.target == t and a.value.is_ZeroMatrix}
     options = list(sched.options)
+    # dM (a float attn_mask's gradient) is computed only when one was given: mask_shape is None otherwise
+    heads = any(isinstance(n, SplitHeads) for a in sched.forward for n in sp.preorder_traversal(a.value))
+    mask_gradients = {t: heads for _, t in sched.constant_gradients}
+    gradient_of |= {t: "mask_shape" for t in mask_gradients}
+    # what dM reads stays intact: dM may be that very array (no axis to sum over)
+    protected |= {
+        str(x.name) for a in sched.backward if a.target in mask_gradients for x in a.value.atoms(sp.MatrixSymbol)
+    }
     if variant == "memeff":
         from symattn.codegen.rowblocks import BLOCK_SIZE, plan
 
@@ -138,7 +163,7 @@ def _sections(sched: Schedule, printer, mask: str | None, variant: str) -> dict:
     # input; only the value returned for it is None when the input was.
     shared = _read_elsewhere(backward_assignments, set(gradient_of))
     gradient_of = {t: name for t, name in gradient_of.items() if t not in shared}
-    p = Sections(sched, printer, mask, _batched(sched), protected, gradient_of, unused)
+    p = Sections(sched, printer, mask, _batched(sched), protected, gradient_of, unused, mask_gradients)
     if variant == "memeff":
         forward = [p.lines(cut.forward[0]), p.loop(cut.forward[1]), p.lines(cut.forward[2])]
         backward = [p.lines(cut.backward[0]), p.loop(cut.backward[1]), p.lines(cut.backward[2])]
@@ -173,7 +198,7 @@ def _saved(sched: Schedule, sections: dict, mask: str | None, variant: str) -> l
         + [name for name, t in sched.gradients if t in sections["shared"]]  # returned as None when the input was
     )
     saved = [str(getattr(x, "name", x)) for x in sections["saved_symbols"]]
-    saved += [str(x.name) for x in maybe] + [mask] * bool(mask)
+    saved += [str(x.name) for x in maybe] + [mask] * bool(mask) + ["mask_shape"] * bool(sched.constant_gradients)
     saved += [name for name in sections["unused"].values() if name not in saved]  # zero gradients take their shapes
     return [name for name in saved if _uses(name, backward_text)] + (["block_size"] if variant == "memeff" else [])
 

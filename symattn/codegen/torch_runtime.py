@@ -190,6 +190,11 @@ def _first_order(ctx, grad_out, gradients):
     return tuple(None if g is None else next(tied) for g in gradients)
 
 
+def _grad_shape(mask):
+    """The shape of the additive mask when it requires a gradient (a float attn_mask that does), else None."""
+    return None if mask is None or not mask.requires_grad else mask.shape
+
+
 def _additive_mask(attn_mask, key_padding_mask, causal, query, key, per_head=False):
     """The additive mask M (0 where a query may see a key, -inf where not), or None without a mask.
 

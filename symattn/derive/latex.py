@@ -247,7 +247,8 @@ class MathPrinter(Printer):
     def _print_Mul(self, expr: Basic) -> str:
         return self.scalar(expr)
 
-    _print_Add = _print_Pow = _print_Mul  # scalars of dimensions: d_k, H·d_k, √d_k
+    # scalars of dimensions and trainable scalars: d_k, H·d_k, √d_k, exp(τ)
+    _print_Add = _print_Pow = _print_exp = _print_log = _print_tanh = _print_Mul
 
     def _print_MatPow(self, expr: Basic) -> str:
         """A^p, the matrix power."""

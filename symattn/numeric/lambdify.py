@@ -51,14 +51,17 @@ def lambdify(
     Leading batch dimensions broadcast. With ``sum_batch`` the result is summed over
     its leading dimensions (the gradient of a weight shared across the batch).
     ``dims`` fixes dimensions that no argument's shape determines (e.g. heads H).
-    ``backend="exact"`` evaluates object arrays of SymPy numbers exactly.
+    ``backend="exact"`` evaluates object arrays of SymPy numbers exactly. A scalar ``Symbol`` among
+    the arguments (a trainable scalar such as a temperature τ) takes a number.
     """
     if backend not in PRINTERS:
         raise SymattnError(f"unknown backend {backend!r}; choose from {', '.join(PRINTERS)}")
     args = list(args)
     for a in args:
-        if not isinstance(a, MatrixSymbol):
-            raise SymattnError(f"lambdify arguments must be MatrixSymbols, got {type(a).__name__} {a}")
+        if not isinstance(a, (MatrixSymbol, sp.Symbol)):
+            kind = type(a).__name__
+            raise SymattnError(f"lambdify arguments must be MatrixSymbols or scalar Symbols, got {kind} {a}")
+    matrices = [a for a in args if isinstance(a, MatrixSymbol)]
     expr = expression(expr)
     check_shapes(expr)
     missing = {s for s in expr.atoms(MatrixSymbol)} - set(args)
@@ -66,7 +69,8 @@ def lambdify(
         raise SymattnError(f"expression uses {', '.join(sorted(m.name for m in missing))} not among the arguments")
     printer = PRINTERS[backend]()
     body = printer.doprint(expr)
-    dim_symbols = dimension_symbols(expr, *args)
+    scalars = {a for a in args if isinstance(a, sp.Symbol)}
+    dim_symbols = [s for s in dimension_symbols(expr, *matrices) if s not in scalars]
     names = [a.name for a in args]
     source = printer.helper_source() + "\n\ndef _evaluate({}):\n    return {}\n".format(
         ", ".join(names + [s.name for s in dim_symbols]), body
@@ -77,15 +81,16 @@ def lambdify(
     evaluate = namespace["_evaluate"]
     fixed = {sp.Symbol(k) if isinstance(k, str) else k: v for k, v in (dims or {}).items()}
     fixed = {next((s for s in dim_symbols if s.name == k.name), k): v for k, v in fixed.items()}
-    plan = bind_dimensions(args, {s for s in dim_symbols if s.name in {k.name for k in fixed}}, solve=True)
+    plan = bind_dimensions(matrices, {s for s in dim_symbols if s.name in {k.name for k in fixed}}, solve=True)
 
     def function(*values):
         if len(values) != len(args):
             raise TypeError(f"expected {len(args)} arrays ({', '.join(names)}), got {len(values)}")
         for a, v in zip(args, values):
-            if np.ndim(v) < 2:
+            if isinstance(a, MatrixSymbol) and np.ndim(v) < 2:
                 raise ShapeMismatchError(f"argument {a.name} (needs at least 2 axes)", a.shape, np.shape(v))
-        bound = _bind_dimensions(args, values, plan, fixed)
+        arrays = [v for a, v in zip(args, values) if isinstance(a, MatrixSymbol)]
+        bound = _bind_dimensions(matrices, arrays, plan, fixed)
         unbound = [s for s in dim_symbols if s not in bound]
         if unbound:
             raise SymattnError(f"dimension {unbound[0]} is fixed by no argument; pass dims={{{unbound[0].name!r}: …}}")
