@@ -156,7 +156,8 @@ def test_gallery_module_matches_torch_autograd_and_keeps_the_dtype(name, backend
     assert all(grads[k].shape == values[k].shape for k in values)
 
 
-@pytest.mark.parametrize("named", ["none", pytest.param("each", marks=pytest.mark.slow)])  # each: ~40 renders
+@pytest.mark.slow  # about 50 renders of user modules
+@pytest.mark.parametrize("named", ["none", "each"])
 @pytest.mark.parametrize("name", NAMES)
 def test_gallery_spec_generates_whichever_intermediates_are_named(name, named):
     """None named, or each intermediate named alone: the same gradients (an input's gradient may be a cotangent)."""
