@@ -50,9 +50,18 @@ def module_name(spec_name: str, backend: str, variant: str = "standard") -> str:
     return f"{spec_name}_{backend}" + ("_memeff" if variant == "memeff" else "")
 
 
+def package_folder(name: str):
+    """The installed ``symattn.<name>`` package's folder, or, run from a source checkout that was never
+    installed, the top-level ``<name>/`` folder the installed package is built from."""
+    try:
+        return resources.files(f"symattn.{name}")
+    except ModuleNotFoundError:
+        return Path(__file__).resolve().parents[2] / name
+
+
 def environment() -> jinja2.Environment:
     """Jinja with the installed ``symattn.templates`` package as its loader; undefined names are errors."""
-    root = resources.files("symattn.templates")
+    root = package_folder("templates")
 
     def load(name: str) -> str:
         return (root / name).read_text(encoding="utf-8")
@@ -159,7 +168,7 @@ def _tidy(text: str) -> str:
 
 def default_out_dir() -> Path:
     """The folder of the installed ``symattn.generated`` package."""
-    return Path(str(resources.files("symattn.generated")))
+    return Path(str(package_folder("generated")))
 
 
 def generate(

@@ -28,11 +28,16 @@ class SpecError(SymattnError, ValueError):
     """A spec with a malformed field."""
 
 
+def is_identifier(name: str) -> bool:
+    """name can name a variable or module of generated code: an ASCII identifier, not a keyword."""
+    return name.isidentifier() and name.isascii() and not keyword.iskeyword(name)
+
+
 def check_name(spec: str, field: str, name: object) -> str:
     """name, if it can name a variable of a generated module (an identifier, not a keyword)."""
     if not isinstance(name, str):
         raise SpecError(f"spec {spec!r}: {field}: a name must be a string, got {type(name).__name__} {name!r}")
-    if not name.isidentifier() or keyword.iskeyword(name) or not name.isascii():
+    if not is_identifier(name):
         raise SpecError(f"spec {spec!r}: {field}: {name!r} is not a Python identifier (it names a variable)")
     return name
 
@@ -88,7 +93,7 @@ def check_expression(spec: str, field: str, expr: object, seen: set[Basic] | Non
 def validate(spec) -> None:
     """Raise SpecError naming the first malformed field of a Spec."""
     name = spec.name
-    if not isinstance(name, str) or not name.isidentifier() or keyword.iskeyword(name) or not name.isascii():
+    if not isinstance(name, str) or not is_identifier(name):
         raise SpecError(f"spec name {name!r} must be a Python identifier (it names the generated modules)")
     if not isinstance(spec.summary, str):
         raise SpecError(f"spec {name!r}: summary must be a string, got {type(spec.summary).__name__}")

@@ -283,3 +283,15 @@ def test_a_failure_mid_write_leaves_no_temporary_file(tmp_path, monkeypatch, fai
     with pytest.raises(OSError, match="disk full"):
         codegen.generate(["attention"], ["numpy"], out=tmp_path)
     assert not [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_a_source_checkout_that_was_never_installed_finds_its_templates_and_modules(monkeypatch):
+    # without the install's mapping, symattn.templates and symattn.generated are the top-level folders
+    from symattn.codegen import generate as codegen_generate
+
+    def not_installed(name):
+        raise ModuleNotFoundError(name)
+
+    monkeypatch.setattr(codegen_generate.resources, "files", not_installed)
+    assert codegen_generate.default_out_dir() == ROOT / "generated"
+    assert codegen_generate.generate(check=True) == []  # renders every module from ROOT/templates: all fresh
