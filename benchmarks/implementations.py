@@ -7,10 +7,12 @@ peak extra bytes of one step (see run.py for the method).
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import math
 import os
+import sys
 import tempfile
 import tracemalloc
 from collections.abc import Callable
@@ -110,7 +112,7 @@ class TorchRunner:
         from torch.profiler import ProfilerActivity, profile
 
         self.clear()  # freeing the last step's gradients inside the profile would count as negative
-        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        with _quiet_stderr(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
             self._run()
         with tempfile.TemporaryDirectory() as folder:
             path = os.path.join(folder, "trace.json")
@@ -122,6 +124,21 @@ class TorchRunner:
             live += e["args"]["Bytes"]
             peak = max(peak, live)
         return peak
+
+
+@contextlib.contextmanager
+def _quiet_stderr():
+    """File descriptor 2 pointed at /dev/null: the profiler's C++ side logs "USDT … profiler_start/stop" there."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
 
 
 def _leaves(case, data, names) -> dict:

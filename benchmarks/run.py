@@ -19,8 +19,9 @@ the median is kept too) and reports:
   autograd in the same dtype.
 
 Also timed: deriving, simplifying and generating every built-in spec from a cold
-start (a fresh interpreter). Results go to ``results.json`` and ``RESULTS.md``.
-Run ``python benchmarks/run.py`` (``--quick`` for tiny sizes, a smoke test).
+start (a fresh interpreter). Each case is printed as it finishes; ``--write`` also writes
+``results.json`` and ``RESULTS.md`` (next to this file, or under ``--out DIR``).
+Run ``python benchmarks/run.py --write`` (``--quick`` for tiny sizes, a smoke test).
 """
 
 from __future__ import annotations
@@ -38,7 +39,6 @@ import platform  # noqa: E402
 import statistics  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
-import tempfile  # noqa: E402
 import time  # noqa: E402
 from dataclasses import asdict, dataclass  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -243,11 +243,12 @@ def machine() -> dict:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny sizes, two repeats: a smoke test")
-    parser.add_argument(
-        "--out", help="folder for the results (default: benchmarks/, or a new temporary folder with --quick)"
-    )
+    parser.add_argument("--write", action="store_true", help="write results.json and RESULTS.md (else print only)")
+    parser.add_argument("--out", help="folder --write writes to (default: benchmarks/, next to this file)")
     parser.add_argument("--no-cold-start", action="store_true", help="skip the cold-start timing")
     args = parser.parse_args(argv)
+    if args.out is not None and not args.write:
+        parser.error("--out names the folder --write writes to; add --write")
     importlib.invalidate_caches()
     peaks = gemm_peak(args.quick)
     cases = []
@@ -265,9 +266,10 @@ def main(argv: list[str] | None = None) -> int:
         "attention_flops": flop_counts(),
         "cases": cases,
     }
-    # a smoke test never overwrites the committed results
-    default = tempfile.mkdtemp(prefix="symattn-bench-") if args.quick else Path(__file__).resolve().parent
-    out = Path(args.out or default)
+    if not args.write:  # the committed results change only when asked to
+        print("nothing written (add --write to write results.json and RESULTS.md)")
+        return 0
+    out = Path(args.out or Path(__file__).resolve().parent)
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(results, indent=2, default=_json_default) + "\n")
     (out / "RESULTS.md").write_text(report.markdown(results))

@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["backward", "forward"]
+__all__ = ["backward", "forward", "hvp"]
 
 SHAPES = {
     "Q": "(..., n, d_k)",
@@ -77,10 +77,13 @@ def row_softmax_lse(a):
 
 
 def _arrays(named):
-    """The inputs as arrays, checked: rank, one leading batch shape for the non-weights, one dtype."""
+    """The inputs as arrays, checked: rank, one leading batch shape for the non-weights, one dtype.
+
+    A trainable scalar (shape "()") is a number or a 0-d array, taken in the matrices' dtype.
+    """
     arrays, batch, first = [], None, None
     for name, value in named.items():
-        if value is None and name in OPTIONAL:
+        if (value is None and name in OPTIONAL) or SHAPES[name] == "()":
             arrays.append(value)
             continue
         a = np.asarray(value)
@@ -99,6 +102,12 @@ def _arrays(named):
         first = first or (name, a)
         batch = batch or (None if weight else (name, a))
         arrays.append(a)
+    for i, name in enumerate(named):  # a trainable scalar: a real number or 0-d array, in the matrices' dtype
+        if SHAPES[name] == "()":
+            a = np.asarray(arrays[i])
+            if a.ndim != 0 or not (np.issubdtype(a.dtype, np.floating) or np.issubdtype(a.dtype, np.integer)):
+                raise ValueError(f"{name}: expected a real scalar (a float or a 0-d array), got {a.dtype} {a.shape}")
+            arrays[i] = a.astype(first[1].dtype)
     return arrays
 
 
@@ -263,3 +272,178 @@ def backward(saved, grad_out):
         dV += P_b.mT @ grad_out_b
     dQ = np.concatenate(dQ_blocks, axis=-2)
     return {"Q": dQ, "K": dK, "V": dV}
+
+
+# The second closed form: f₂ = Σ_i tr(V_iᵀ g_i(x, G_out)), g_i the gradients above; its gradients are the
+# Hessian of tr(G_outᵀ O) applied to the directions V_i (and, for G_out, the forward's derivative along them).
+SHAPES.update(
+    {
+        "G_out": "(..., n, d_v)",
+        "Q_v": "(..., n, d_k)",
+        "K_v": "(..., m, d_k)",
+        "V_v": "(..., m, d_v)",
+    }
+)
+# a direction that is None is zero
+OPTIONAL += ("Q_v", "K_v", "V_v")
+DIRECTION_OF = {
+    "Q": "Q_v",
+    "K": "K_v",
+    "V": "V_v",
+}
+
+
+def masked_row_softmax(a, out=None):
+    """row_softmax for rows that may hold -inf: a row whose entries are all -inf gives zeros, not NaN."""
+    top = a.max(axis=-1, keepdims=True, initial=-np.inf)
+    top[top == -np.inf] = 0.0
+    out = np.subtract(a, top, out=out)
+    np.exp(out, out=out)
+    out /= np.maximum(out.sum(axis=-1, keepdims=True), 1.0)  # the row max gives exp(0) = 1 unless all are -inf
+    return out
+
+
+def row_softmax(a, out=None):
+    """softmax along the last axis, the row max subtracted first; out may be a itself."""
+    out = np.subtract(a, a.max(axis=-1, keepdims=True, initial=-np.inf), out=out)
+    np.exp(out, out=out)
+    out /= out.sum(axis=-1, keepdims=True)
+    return out
+
+
+def sum_to_mask(a, shape, heads=False):
+    """∂f/∂B for a bias B of the given shape, (n, m) or (..., n, m), added to scores whose cotangent is a,
+    (..., n, m) or with heads (..., H, n, m): a summed over the axes B was broadcast along."""
+    if heads:
+        a = a.sum(axis=-3)
+    return a.reshape(-1, *shape).sum(axis=0)
+
+
+def _float_mask_shape(attn_mask):
+    """The shape of a floating attn_mask (an additive bias, which receives a gradient), else None."""
+    if attn_mask is None or np.asarray(attn_mask).dtype == np.bool_:
+        return None
+    return np.shape(attn_mask)
+
+
+def _direction(direction):
+    """A Hessian-vector product's direction: a dict from input names to arrays of their shapes (a name left
+    out: zero in that input)."""
+    if not isinstance(direction, dict):
+        raise TypeError(f"direction: expected a dict from input names to arrays, got {type(direction).__name__}")
+    unknown = [name for name in direction if name not in DIRECTION_OF]
+    if unknown:
+        raise ValueError(f"direction: {unknown[0]!r} is no input; inputs: {', '.join(DIRECTION_OF)}")
+    return direction
+
+
+def _forward2(Q, K, V, G_out, Q_v, K_v, V_v, M, scale):
+    """The second closed form's forward: (f₂, saved values for _backward2), a None direction zero."""
+    mask_shape = None
+    Q, K, V, G_out, Q_v, K_v, V_v = _arrays(
+        {"Q": Q, "K": K, "V": V, "G_out": G_out, "Q_v": Q_v, "K_v": K_v, "V_v": V_v}
+    )
+    dtype = Q.dtype
+    n = Q.shape[-2]
+    d_k = Q.shape[-1]
+    m = K.shape[-2]
+    d_v = V.shape[-1]
+    _check_shape("Q", Q, (n, d_k))
+    _check_shape("K", K, (m, d_k))
+    _check_shape("V", V, (m, d_v))
+    _check_shape("G_out", G_out, (n, d_v))
+    if Q_v is not None:
+        _check_shape("Q_v", Q_v, (n, d_k))
+    if K_v is not None:
+        _check_shape("K_v", K_v, (m, d_k))
+    if V_v is not None:
+        _check_shape("V_v", V_v, (m, d_v))
+    _nonempty({"d_k": d_k, "m": m, "d_v": d_v}, {"Q": Q, "K": K, "V": V})
+    if scale is None:
+        scale = 1 / d_k**0.5
+    scale = float(scale)
+    c1 = -scale
+    if Q_v is None:
+        Q_v = np.zeros_like(Q)
+    if K_v is None:
+        K_v = np.zeros_like(K)
+    if V_v is None:
+        V_v = np.zeros_like(V)
+    A = add_optional((scale * Q) @ K.mT, M)
+    P = row_softmax(A, out=A) if M is None else masked_row_softmax(A, out=A)
+    G_A = (G_out @ V.mT - (((G_out @ V.mT) * P).sum(axis=-1, keepdims=True))) * P
+    G_Q = G_A @ (scale * K)
+    G_K = G_A.mT @ (scale * Q)
+    G_V = P.mT @ G_out
+    Y = (
+        (np.ones((1, m), dtype=dtype)) @ (G_V * V_v).sum(axis=-1, keepdims=True)
+        + (np.ones((1, m), dtype=dtype)) @ (G_K * K_v).sum(axis=-1, keepdims=True)
+        + (np.ones((1, n), dtype=dtype)) @ (G_Q * Q_v).sum(axis=-1, keepdims=True)
+    )
+    saved = {
+        "Q": Q,
+        "K": K,
+        "V": V,
+        "G_out": G_out,
+        "Q_v": Q_v,
+        "K_v": K_v,
+        "V_v": V_v,
+        "P": P,
+        "G_A": G_A,
+        "c1": c1,
+        "m": m,
+        "scale": scale,
+        "mask_shape": mask_shape,
+    }
+    return Y, saved
+
+
+def _backward2(saved, grad_out):
+    """The second closed form: ∂f₂/∂x for every input x and ∂f₂/∂G_out, a dict keyed by name."""
+    Q = saved["Q"]
+    K = saved["K"]
+    V = saved["V"]
+    G_out = saved["G_out"]
+    Q_v = saved["Q_v"]
+    K_v = saved["K_v"]
+    V_v = saved["V_v"]
+    P = saved["P"]
+    G_A = saved["G_A"]
+    c1 = saved["c1"]
+    m = saved["m"]
+    scale = saved["scale"]
+    mask_shape = saved["mask_shape"]
+    dG_V = V_v
+    dG_K = K_v
+    dG_Q = Q_v
+    t3 = Q @ dG_K.mT + dG_Q @ K.mT
+    t7 = G_out @ V.mT
+    D1 = (t7 * P).sum(axis=-1, keepdims=True)
+    t8 = t3 * P
+    D3 = t8.sum(axis=-1, keepdims=True)
+    t2 = np.repeat(D3, m, axis=-1)
+    dP = c1 * (t7 * t2) + scale * (np.multiply(t3, t7 - D1, out=t3)) + G_out @ dG_V.mT
+    D2 = (dP * P).sum(axis=-1, keepdims=True)
+    dA = np.multiply(np.subtract(dP, D2, out=dP), P, out=dP)
+    dQ = G_A @ (scale * dG_K) + dA @ (scale * K)
+    dK = G_A.mT @ (scale * dG_Q) + dA.mT @ (scale * Q)
+    dM = None if mask_shape is None else sum_to_mask(dA, mask_shape)
+    t1 = c1 * (t2 * P) + scale * t8
+    dV = t1.mT @ G_out
+    dG_out = t1 @ V + P @ dG_V
+    grads = {"Q": dQ, "K": dK, "V": dV, "G_out": dG_out, "attn_mask": dM}
+    return {name: g for name, g in grads.items() if g is not None}
+
+
+def hvp(Q, K, V, grad_out, direction, *, scale=None, attn_mask=None, key_padding_mask=None, causal=False):
+    """The Hessian of f = tr(grad_outᵀ O) with respect to the inputs, applied to direction.
+
+    direction: a dict from input names to arrays of their shapes (an input left out: zero there).
+    Returns {name: Σ_j ∂²f/∂x_name ∂x_j [direction[x_j]]} for every input given, from the second
+    closed form (the gradients of f₂ = Σ_j tr(direction[x_j]ᵀ ∂f/∂x_j)).
+    """
+    M = _additive_mask(attn_mask, key_padding_mask, causal, Q, K)
+    direction = _direction(direction)
+    value, saved = _forward2(Q, K, V, grad_out, direction.get("Q"), direction.get("K"), direction.get("V"), M, scale)
+    grads = _backward2(saved, np.ones_like(value))
+    return {name: grads[name] for name in DIRECTION_OF if grads.get(name) is not None}

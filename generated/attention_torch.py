@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["Attention", "AttentionFunction", "forward"]
+__all__ = ["Attention", "AttentionFunction", "forward", "hvp"]
 
 SHAPES = {
     "Q": "(..., n, d_k)",
@@ -72,10 +72,13 @@ def row_softmax(a, out=None):
 
 
 def _tensors(named):
-    """The inputs, checked: tensors, rank, one leading batch shape for the non-weights, one dtype."""
+    """The inputs, checked: tensors, rank, one leading batch shape for the non-weights, one dtype.
+
+    A trainable scalar (shape "()") is a 0-d tensor of that dtype, or a number (made one).
+    """
     tensors, batch, first = [], None, None
     for name, a in named.items():
-        if a is None and name in OPTIONAL:
+        if (a is None and name in OPTIONAL) or SHAPES[name] == "()":
             tensors.append(a)
             continue
         if not isinstance(a, torch.Tensor):
@@ -95,6 +98,18 @@ def _tensors(named):
         first = first or (name, a)
         batch = batch or (None if weight else (name, a))
         tensors.append(a)
+    for i, name in enumerate(named):  # a trainable scalar: a 0-d tensor of the inputs' dtype, or a number
+        a = tensors[i]
+        if SHAPES[name] != "()":
+            continue
+        if not isinstance(a, torch.Tensor):
+            if type(a).__name__ in ("bool", "bool_") or not hasattr(type(a), "__float__"):
+                raise TypeError(f"{name}: expected a real scalar (a float or a 0-d tensor), got {type(a).__name__}")
+            tensors[i] = torch.tensor(float(a), dtype=first[1].dtype, device=first[1].device)
+        elif a.dim() != 0 or not a.is_floating_point():
+            raise ValueError(f"{name}: expected a 0-d floating-point tensor, got {a.dtype} {tuple(a.shape)}")
+        elif a.dtype != first[1].dtype:
+            raise ValueError(f"mixed dtypes: {first[0]} is {first[1].dtype}, {name} is {a.dtype}")
     return tensors
 
 
@@ -138,13 +153,19 @@ def _only_tensors(*values):
 def _first_order(ctx, grad_out, gradients):
     """The gradients a backward returns; under create_graph=True each is tied to the inputs and grad_out,
     so that a second derivative raises instead of silently being wrong (as torch's once_differentiable)."""
+    return _tie(gradients, (*ctx.saved_tensors[len(ctx.tensor_names) :], grad_out), _NotTwice)
+
+
+def _tie(gradients, sources, guard):
+    """gradients as they are, or under create_graph=True each tied by guard (an identity whose backward
+    raises) to the sources that require grad, so that differentiating them once more raises."""
     if not torch.is_grad_enabled():
         return gradients
-    sources = [t for t in (*ctx.saved_tensors[len(ctx.tensor_names) :], grad_out) if t.requires_grad]
+    sources = [t for t in sources if t is not None and t.requires_grad]
     present = [g for g in gradients if g is not None]
     if not sources or not present:
         return gradients
-    tied = iter(_NotTwice.apply(len(present), *present, *sources))
+    tied = iter(guard.apply(len(present), *present, *sources))
     return tuple(None if g is None else next(tied) for g in gradients)
 
 
@@ -261,11 +282,15 @@ class AttentionFunction(torch.autograd.Function):
         ctx.save_for_backward(*(saved[name] for name in tensors), *inputs)
         ctx.tensor_names = tensors
         ctx.constants = {name: value for name, value in saved.items() if name not in tensors}
+        ctx.given = [x is not None for x in (Q, K, V, M)]
+        ctx.options = (scale,)
         return O
 
     @staticmethod
     def backward(ctx, grad_out):
         saved = dict(zip(ctx.tensor_names, ctx.saved_tensors), **ctx.constants)
+        if torch.is_grad_enabled():  # create_graph=True: gradients that the second closed form differentiates
+            return _second_order(ctx, saved, grad_out, 1)
         with torch.no_grad():
             grads = _backward(saved, grad_out)
         gradients = (grads["Q"], grads["K"], grads["V"], grads["M"], None)
@@ -293,3 +318,209 @@ class Attention(torch.nn.Module):
 
     def forward(self, Q, K, V, *, attn_mask=None, key_padding_mask=None, causal=False):
         return forward(Q, K, V, scale=self.scale, attn_mask=attn_mask, key_padding_mask=key_padding_mask, causal=causal)
+
+
+# The second closed form: f₂ = Σ_i tr(V_iᵀ g_i(x, G_out)), g_i the gradients above; its gradients are the
+# Hessian of tr(G_outᵀ O) applied to the directions V_i (and, for G_out, the forward's derivative along them).
+SHAPES.update(
+    {
+        "G_out": "(..., n, d_v)",
+        "Q_v": "(..., n, d_k)",
+        "K_v": "(..., m, d_k)",
+        "V_v": "(..., m, d_v)",
+    }
+)
+# a direction that is None is zero
+OPTIONAL += ("Q_v", "K_v", "V_v")
+DIRECTION_OF = {
+    "Q": "Q_v",
+    "K": "K_v",
+    "V": "V_v",
+}
+INPUTS = ("Q", "K", "V", "M")  # the Function's tensor inputs
+COTANGENT = "G_out"
+
+
+def _direction(direction):
+    """A Hessian-vector product's direction: a dict from input names to arrays of their shapes (a name left
+    out: zero in that input)."""
+    if not isinstance(direction, dict):
+        raise TypeError(f"direction: expected a dict from input names to arrays, got {type(direction).__name__}")
+    unknown = [name for name in direction if name not in DIRECTION_OF]
+    if unknown:
+        raise ValueError(f"direction: {unknown[0]!r} is no input; inputs: {', '.join(DIRECTION_OF)}")
+    return direction
+
+
+class _NotThrice(torch.autograd.Function):
+    """The identity on second derivatives made under create_graph=True: differentiating them again raises,
+    since the generated closed forms go to the second order only."""
+
+    @staticmethod
+    def forward(ctx, count, *tensors):
+        return tuple(t.clone() for t in tensors[:count])
+
+    @staticmethod
+    def backward(ctx, *grads):
+        raise RuntimeError(
+            f"{SPEC}: a third derivative is not supported: the generated closed forms are the first and second "
+            "derivatives, so second derivatives made with create_graph=True cannot be differentiated again"
+        )
+
+
+class _Backward(torch.autograd.Function):
+    """The first closed form as an autograd Function, used under create_graph=True: its backward is the
+    second closed form. For the cotangents V_i of the gradients g_i(x, G), the gradients of the scalar
+    f₂ = Σ_i tr(V_iᵀ g_i) with respect to every input x and to G (_forward2, _backward2) are exactly what
+    autograd asks of it. INPUTS names the tensors (the additive mask last, where there is one)."""
+
+    @staticmethod
+    def forward(ctx, saved, options, grad_out, *inputs):
+        ctx.set_materialize_grads(False)  # a gradient nobody differentiates has no cotangent: a zero direction
+        ctx.save_for_backward(grad_out, *inputs)
+        ctx.options = options
+        grads = _backward(saved, grad_out)
+        out = []
+        for name, x in zip(INPUTS, inputs):
+            g = None if x is None else grads[name]
+            if g is not None and any(g is t for t in (grad_out, *inputs, *out)):  # an output is a new tensor
+                g = g.clone()
+            out.append(g)
+        return tuple(out)
+
+    @staticmethod
+    def backward(ctx, *cotangents):
+        grad_out, *inputs = ctx.saved_tensors
+        count = len(DIRECTION_OF)
+        if len(inputs) > count and cotangents[count] is not None:
+            raise RuntimeError(
+                f"{SPEC}: the gradient of a float attn_mask cannot be differentiated again (no second derivative "
+                "through it is derived); the gradients of the other inputs can"
+            )
+        with torch.no_grad():
+            value, saved = _forward2(*inputs[:count], grad_out, *cotangents[:count], *inputs[count:], *ctx.options)
+            grads = _backward2(saved, torch.ones_like(value))
+        gradients = [grads[COTANGENT], *(None if x is None else grads.get(name) for name, x in zip(INPUTS, inputs))]
+        for i, (g, x) in enumerate(zip(gradients, (grad_out, *inputs))):
+            if g is not None and g.shape != x.shape:  # made of unbatched values only: the same for every batch
+                gradients[i] = g.expand(x.shape) if g.dim() <= x.dim() else g.sum_to_size(x.shape)
+        return (None, None, *_tie(gradients, (grad_out, *inputs, *cotangents), _NotThrice))
+
+
+def _second_order(ctx, saved, grad_out, options):
+    """A backward's gradients under create_graph=True, as outputs of _Backward (so that they are differentiable
+    by the second closed form), then None for each of the options."""
+    tensors = iter(ctx.saved_tensors[len(ctx.tensor_names) :])
+    inputs = [next(tensors) if given else None for given in ctx.given]
+    return (*_Backward.apply(saved, ctx.options, grad_out, *inputs), *[None] * options)
+
+
+def _forward2(Q, K, V, G_out, Q_v, K_v, V_v, M, scale):
+    """The second closed form's forward: (f₂, saved values for _backward2), a None direction zero."""
+    mask_shape = _grad_shape(M)
+    Q, K, V, G_out, Q_v, K_v, V_v = _tensors(
+        {"Q": Q, "K": K, "V": V, "G_out": G_out, "Q_v": Q_v, "K_v": K_v, "V_v": V_v}
+    )
+    dtype, device = Q.dtype, Q.device
+    n = Q.shape[-2]
+    d_k = Q.shape[-1]
+    m = K.shape[-2]
+    d_v = V.shape[-1]
+    _check_shape("Q", Q, (n, d_k))
+    _check_shape("K", K, (m, d_k))
+    _check_shape("V", V, (m, d_v))
+    _check_shape("G_out", G_out, (n, d_v))
+    if Q_v is not None:
+        _check_shape("Q_v", Q_v, (n, d_k))
+    if K_v is not None:
+        _check_shape("K_v", K_v, (m, d_k))
+    if V_v is not None:
+        _check_shape("V_v", V_v, (m, d_v))
+    _nonempty({"d_k": d_k, "m": m, "d_v": d_v}, {"Q": Q, "K": K, "V": V})
+    if scale is None:
+        scale = 1 / d_k**0.5
+    scale = float(scale)
+    c1 = -scale
+    if Q_v is None:
+        Q_v = torch.zeros_like(Q)
+    if K_v is None:
+        K_v = torch.zeros_like(K)
+    if V_v is None:
+        V_v = torch.zeros_like(V)
+    A = add_optional((scale * Q) @ K.mT, M)
+    P = row_softmax(A, out=A) if M is None else masked_row_softmax(A, out=A)
+    G_A = (G_out @ V.mT - (((G_out @ V.mT) * P).sum(dim=-1, keepdim=True))) * P
+    G_Q = G_A @ (scale * K)
+    G_K = G_A.mT @ (scale * Q)
+    G_V = P.mT @ G_out
+    Y = (
+        (torch.ones(1, m, dtype=dtype, device=device)) @ (G_V * V_v).sum(dim=-1, keepdim=True)
+        + (torch.ones(1, m, dtype=dtype, device=device)) @ (G_K * K_v).sum(dim=-1, keepdim=True)
+        + (torch.ones(1, n, dtype=dtype, device=device)) @ (G_Q * Q_v).sum(dim=-1, keepdim=True)
+    )
+    saved = {
+        "Q": Q,
+        "K": K,
+        "V": V,
+        "G_out": G_out,
+        "Q_v": Q_v,
+        "K_v": K_v,
+        "V_v": V_v,
+        "P": P,
+        "G_A": G_A,
+        "c1": c1,
+        "m": m,
+        "scale": scale,
+        "mask_shape": mask_shape,
+    }
+    return Y, saved
+
+
+def _backward2(saved, grad_out):
+    """The second closed form: ∂f₂/∂x for every input x and ∂f₂/∂G_out, a dict keyed by name."""
+    Q = saved["Q"]
+    K = saved["K"]
+    V = saved["V"]
+    G_out = saved["G_out"]
+    Q_v = saved["Q_v"]
+    K_v = saved["K_v"]
+    V_v = saved["V_v"]
+    P = saved["P"]
+    G_A = saved["G_A"]
+    c1 = saved["c1"]
+    m = saved["m"]
+    scale = saved["scale"]
+    mask_shape = saved["mask_shape"]
+    dG_V = V_v
+    dG_K = K_v
+    dG_Q = Q_v
+    t3 = Q @ dG_K.mT + dG_Q @ K.mT
+    t7 = G_out @ V.mT
+    D1 = (t7 * P).sum(dim=-1, keepdim=True)
+    t8 = t3 * P
+    D3 = t8.sum(dim=-1, keepdim=True)
+    t2 = D3.expand(*D3.shape[:-1], m)
+    dP = c1 * (t7 * t2) + scale * (t3.mul_(t7 - D1)) + G_out @ dG_V.mT
+    D2 = (dP * P).sum(dim=-1, keepdim=True)
+    dA = dP.sub_(D2).mul_(P)
+    dQ = G_A @ (scale * dG_K) + dA @ (scale * K)
+    dK = G_A.mT @ (scale * dG_Q) + dA.mT @ (scale * Q)
+    dM = None if mask_shape is None else dA.sum_to_size(mask_shape)
+    t1 = c1 * (t2 * P) + scale * t8
+    dV = t1.mT @ G_out
+    dG_out = t1 @ V + P @ dG_V
+    return {"Q": dQ, "K": dK, "V": dV, "G_out": dG_out, "M": dM}
+
+
+def hvp(Q, K, V, grad_out, direction, *, scale=None, attn_mask=None, key_padding_mask=None, causal=False):
+    """The Hessian of f = tr(grad_outᵀ O) with respect to the inputs, applied to direction.
+
+    direction: a dict from input names to arrays of their shapes (an input left out: zero there).
+    Returns {name: Σ_j ∂²f/∂x_name ∂x_j [direction[x_j]]} for every input given, from the second
+    closed form (the gradients of f₂ = Σ_j tr(direction[x_j]ᵀ ∂f/∂x_j)).
+    """
+    M = _additive_mask(attn_mask, key_padding_mask, causal, Q, K)
+    direction = _direction(direction)
+    value, saved = _forward2(Q, K, V, grad_out, direction.get("Q"), direction.get("K"), direction.get("V"), M, scale)
+    grads = _backward2(saved, torch.ones_like(value))
+    return {name: grads[name] for name in DIRECTION_OF if grads.get(name) is not None}

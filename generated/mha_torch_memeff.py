@@ -74,7 +74,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["MultiHeadAttention", "MultiHeadAttentionFunction", "forward"]
+__all__ = ["MultiHeadAttention", "MultiHeadAttentionFunction", "forward", "hvp"]
 
 SHAPES = {
     "Q": "(..., n, H * d_k)",
@@ -147,10 +147,13 @@ def sum_groups(a, heads):
 
 
 def _tensors(named):
-    """The inputs, checked: tensors, rank, one leading batch shape for the non-weights, one dtype."""
+    """The inputs, checked: tensors, rank, one leading batch shape for the non-weights, one dtype.
+
+    A trainable scalar (shape "()") is a 0-d tensor of that dtype, or a number (made one).
+    """
     tensors, batch, first = [], None, None
     for name, a in named.items():
-        if a is None and name in OPTIONAL:
+        if (a is None and name in OPTIONAL) or SHAPES[name] == "()":
             tensors.append(a)
             continue
         if not isinstance(a, torch.Tensor):
@@ -170,6 +173,18 @@ def _tensors(named):
         first = first or (name, a)
         batch = batch or (None if weight else (name, a))
         tensors.append(a)
+    for i, name in enumerate(named):  # a trainable scalar: a 0-d tensor of the inputs' dtype, or a number
+        a = tensors[i]
+        if SHAPES[name] != "()":
+            continue
+        if not isinstance(a, torch.Tensor):
+            if type(a).__name__ in ("bool", "bool_") or not hasattr(type(a), "__float__"):
+                raise TypeError(f"{name}: expected a real scalar (a float or a 0-d tensor), got {type(a).__name__}")
+            tensors[i] = torch.tensor(float(a), dtype=first[1].dtype, device=first[1].device)
+        elif a.dim() != 0 or not a.is_floating_point():
+            raise ValueError(f"{name}: expected a 0-d floating-point tensor, got {a.dtype} {tuple(a.shape)}")
+        elif a.dtype != first[1].dtype:
+            raise ValueError(f"mixed dtypes: {first[0]} is {first[1].dtype}, {name} is {a.dtype}")
     return tensors
 
 
@@ -228,13 +243,19 @@ def _only_tensors(*values):
 def _first_order(ctx, grad_out, gradients):
     """The gradients a backward returns; under create_graph=True each is tied to the inputs and grad_out,
     so that a second derivative raises instead of silently being wrong (as torch's once_differentiable)."""
+    return _tie(gradients, (*ctx.saved_tensors[len(ctx.tensor_names) :], grad_out), _NotTwice)
+
+
+def _tie(gradients, sources, guard):
+    """gradients as they are, or under create_graph=True each tied by guard (an identity whose backward
+    raises) to the sources that require grad, so that differentiating them once more raises."""
     if not torch.is_grad_enabled():
         return gradients
-    sources = [t for t in (*ctx.saved_tensors[len(ctx.tensor_names) :], grad_out) if t.requires_grad]
+    sources = [t for t in sources if t is not None and t.requires_grad]
     present = [g for g in gradients if g is not None]
     if not sources or not present:
         return gradients
-    tied = iter(_NotTwice.apply(len(present), *present, *sources))
+    tied = iter(guard.apply(len(present), *present, *sources))
     return tuple(None if g is None else next(tied) for g in gradients)
 
 
@@ -467,11 +488,15 @@ class MultiHeadAttentionFunction(torch.autograd.Function):
         ctx.save_for_backward(*(saved[name] for name in tensors), *inputs)
         ctx.tensor_names = tensors
         ctx.constants = {name: value for name, value in saved.items() if name not in tensors}
+        ctx.given = [x is not None for x in (Q, K, V, W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O, M)]
+        ctx.options = (num_heads, num_kv_heads)
         return Y
 
     @staticmethod
     def backward(ctx, grad_out):
         saved = dict(zip(ctx.tensor_names, ctx.saved_tensors), **ctx.constants)
+        if torch.is_grad_enabled():  # create_graph=True: gradients that the second closed form differentiates
+            return _second_order(ctx, saved, grad_out, 3)
         with torch.no_grad():
             grads = _backward(saved, grad_out)
         gradients = (
@@ -522,6 +547,8 @@ def forward(
     and zero gradients, never NaN.
     b_Q, b_K, b_V, b_O: optional biases (1 × columns, broadcast over the tokens), each left out when None.
     """
+    if isinstance(attn_mask, torch.Tensor) and attn_mask.requires_grad:
+        raise ValueError("attn_mask requires grad: the memory-efficient variant gives it none; use the standard module")
     M = _additive_mask(attn_mask, key_padding_mask, causal, Q, K, per_head=True)
     return MultiHeadAttentionFunction.apply(
         Q, K, V, W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O, M, num_heads, num_kv_heads, block_size
@@ -589,3 +616,559 @@ class MultiHeadAttention(torch.nn.Module):
             key_padding_mask=key_padding_mask,
             causal=causal,
         )
+
+
+# ruff: noqa: E501 (a product of the second closed form may not fit a line)
+# The second closed form: f₂ = Σ_i tr(V_iᵀ g_i(x, G_out)), g_i the gradients above; its gradients are the
+# Hessian of tr(G_outᵀ Y) applied to the directions V_i (and, for G_out, the forward's derivative along them).
+SHAPES.update(
+    {
+        "G_out": "(..., n, H * d_k)",
+        "Q_v": "(..., n, H * d_k)",
+        "K_v": "(..., m, H * d_k)",
+        "V_v": "(..., m, H * d_k)",
+        "W_Q_v": "(H * d_k, H * d_k)",
+        "W_K_v": "(H * d_k, H_kv * d_k)",
+        "W_V_v": "(H * d_k, H_kv * d_k)",
+        "W_O_v": "(H * d_k, H * d_k)",
+        "b_Q_v": "(1, H * d_k)",
+        "b_K_v": "(1, H_kv * d_k)",
+        "b_V_v": "(1, H_kv * d_k)",
+        "b_O_v": "(1, H * d_k)",
+    }
+)
+# a direction that is None is zero
+OPTIONAL += ("Q_v", "K_v", "V_v", "W_Q_v", "W_K_v", "W_V_v", "W_O_v", "b_Q_v", "b_K_v", "b_V_v", "b_O_v")
+DIRECTION_OF = {
+    "Q": "Q_v",
+    "K": "K_v",
+    "V": "V_v",
+    "W_Q": "W_Q_v",
+    "W_K": "W_K_v",
+    "W_V": "W_V_v",
+    "W_O": "W_O_v",
+    "b_Q": "b_Q_v",
+    "b_K": "b_K_v",
+    "b_V": "b_V_v",
+    "b_O": "b_O_v",
+}
+INPUTS = ("Q", "K", "V", "W_Q", "W_K", "W_V", "W_O", "b_Q", "b_K", "b_V", "b_O", "M")  # the Function's tensor inputs
+COTANGENT = "G_out"
+
+
+def masked_row_softmax(a, out=None):
+    """row_softmax for rows that may hold -inf: a row whose entries are all -inf gives zeros, not NaN."""
+    top = a.amax(dim=-1, keepdim=True) if a.shape[-1] else a.new_zeros(*a.shape[:-1], 1)  # no keys
+    top.masked_fill_(top == float("-inf"), 0.0)
+    out = torch.sub(a, top, out=out)
+    out.exp_()
+    out /= out.sum(dim=-1, keepdim=True).clamp_(min=1.0)  # the row max gives exp(0) = 1 unless all are -inf
+    return out
+
+
+def row_softmax(a, out=None):
+    """softmax along the last axis, the row max subtracted first; out may be a itself."""
+    top = a.amax(dim=-1, keepdim=True) if a.shape[-1] else a.new_zeros(*a.shape[:-1], 1)  # no keys
+    out = torch.sub(a, top, out=out)
+    out.exp_()
+    out /= out.sum(dim=-1, keepdim=True)
+    return out
+
+
+def sum_batch(a):
+    """(..., p, q) -> (p, q): the sum over the leading batch dimensions."""
+    return a.reshape(-1, *a.shape[-2:]).sum(dim=0)
+
+
+def _grad_shape(mask):
+    """The shape of the additive mask when it requires a gradient (a float attn_mask that does), else None."""
+    return None if mask is None or not mask.requires_grad else mask.shape
+
+
+def _direction(direction):
+    """A Hessian-vector product's direction: a dict from input names to arrays of their shapes (a name left
+    out: zero in that input)."""
+    if not isinstance(direction, dict):
+        raise TypeError(f"direction: expected a dict from input names to arrays, got {type(direction).__name__}")
+    unknown = [name for name in direction if name not in DIRECTION_OF]
+    if unknown:
+        raise ValueError(f"direction: {unknown[0]!r} is no input; inputs: {', '.join(DIRECTION_OF)}")
+    return direction
+
+
+class _NotThrice(torch.autograd.Function):
+    """The identity on second derivatives made under create_graph=True: differentiating them again raises,
+    since the generated closed forms go to the second order only."""
+
+    @staticmethod
+    def forward(ctx, count, *tensors):
+        return tuple(t.clone() for t in tensors[:count])
+
+    @staticmethod
+    def backward(ctx, *grads):
+        raise RuntimeError(
+            f"{SPEC}: a third derivative is not supported: the generated closed forms are the first and second "
+            "derivatives, so second derivatives made with create_graph=True cannot be differentiated again"
+        )
+
+
+class _Backward(torch.autograd.Function):
+    """The first closed form as an autograd Function, used under create_graph=True: its backward is the
+    second closed form. For the cotangents V_i of the gradients g_i(x, G), the gradients of the scalar
+    f₂ = Σ_i tr(V_iᵀ g_i) with respect to every input x and to G (_forward2, _backward2) are exactly what
+    autograd asks of it. INPUTS names the tensors (the additive mask last, where there is one)."""
+
+    @staticmethod
+    def forward(ctx, saved, options, grad_out, *inputs):
+        ctx.set_materialize_grads(False)  # a gradient nobody differentiates has no cotangent: a zero direction
+        ctx.save_for_backward(grad_out, *inputs)
+        ctx.options = options
+        grads = _backward(saved, grad_out)
+        out = []
+        for name, x in zip(INPUTS, inputs):
+            g = None if x is None else grads[name]
+            if g is not None and any(g is t for t in (grad_out, *inputs, *out)):  # an output is a new tensor
+                g = g.clone()
+            out.append(g)
+        return tuple(out)
+
+    @staticmethod
+    def backward(ctx, *cotangents):
+        grad_out, *inputs = ctx.saved_tensors
+        count = len(DIRECTION_OF)
+        if len(inputs) > count and cotangents[count] is not None:
+            raise RuntimeError(
+                f"{SPEC}: the gradient of a float attn_mask cannot be differentiated again (no second derivative "
+                "through it is derived); the gradients of the other inputs can"
+            )
+        with torch.no_grad():
+            value, saved = _forward2(*inputs[:count], grad_out, *cotangents[:count], *inputs[count:], *ctx.options)
+            grads = _backward2(saved, torch.ones_like(value))
+        gradients = [grads[COTANGENT], *(None if x is None else grads.get(name) for name, x in zip(INPUTS, inputs))]
+        for i, (g, x) in enumerate(zip(gradients, (grad_out, *inputs))):
+            if g is not None and g.shape != x.shape:  # made of unbatched values only: the same for every batch
+                gradients[i] = g.expand(x.shape) if g.dim() <= x.dim() else g.sum_to_size(x.shape)
+        return (None, None, *_tie(gradients, (grad_out, *inputs, *cotangents), _NotThrice))
+
+
+def _second_order(ctx, saved, grad_out, options):
+    """A backward's gradients under create_graph=True, as outputs of _Backward (so that they are differentiable
+    by the second closed form), then None for each of the options."""
+    tensors = iter(ctx.saved_tensors[len(ctx.tensor_names) :])
+    inputs = [next(tensors) if given else None for given in ctx.given]
+    return (*_Backward.apply(saved, ctx.options, grad_out, *inputs), *[None] * options)
+
+
+def _forward2(
+    Q,
+    K,
+    V,
+    W_Q,
+    W_K,
+    W_V,
+    W_O,
+    b_Q,
+    b_K,
+    b_V,
+    b_O,
+    G_out,
+    Q_v,
+    K_v,
+    V_v,
+    W_Q_v,
+    W_K_v,
+    W_V_v,
+    W_O_v,
+    b_Q_v,
+    b_K_v,
+    b_V_v,
+    b_O_v,
+    M,
+    num_heads,
+    num_kv_heads,
+):
+    """The second closed form's forward: (f₂, saved values for _backward2), a None direction zero."""
+    mask_shape = _grad_shape(M)
+    Q, K, V, W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O, G_out, Q_v, K_v, V_v, W_Q_v, W_K_v, W_V_v, W_O_v, b_Q_v, b_K_v, b_V_v, b_O_v = _tensors(
+        {
+            "Q": Q,
+            "K": K,
+            "V": V,
+            "W_Q": W_Q,
+            "W_K": W_K,
+            "W_V": W_V,
+            "W_O": W_O,
+            "b_Q": b_Q,
+            "b_K": b_K,
+            "b_V": b_V,
+            "b_O": b_O,
+            "G_out": G_out,
+            "Q_v": Q_v,
+            "K_v": K_v,
+            "V_v": V_v,
+            "W_Q_v": W_Q_v,
+            "W_K_v": W_K_v,
+            "W_V_v": W_V_v,
+            "W_O_v": W_O_v,
+            "b_Q_v": b_Q_v,
+            "b_K_v": b_K_v,
+            "b_V_v": b_V_v,
+            "b_O_v": b_O_v,
+        }
+    )
+    dtype, device = Q.dtype, Q.device
+    H = _positive_int("num_heads", num_heads)
+    if num_kv_heads is None:
+        num_kv_heads = H
+    H_kv = _positive_int("num_kv_heads", num_kv_heads)
+    if H % H_kv:
+        raise ValueError(f"num_kv_heads = {H_kv} does not divide num_heads = {H}")
+    n = Q.shape[-2]
+    d_k = _quotient("Q", tuple(Q.shape), H)
+    m = K.shape[-2]
+    _check_shape("Q", Q, (n, H * d_k))
+    _check_shape("K", K, (m, H * d_k))
+    _check_shape("V", V, (m, H * d_k))
+    _check_shape("W_Q", W_Q, (H * d_k, H * d_k))
+    _check_shape("W_K", W_K, (H * d_k, H_kv * d_k))
+    _check_shape("W_V", W_V, (H * d_k, H_kv * d_k))
+    _check_shape("W_O", W_O, (H * d_k, H * d_k))
+    if b_Q is not None:
+        _check_shape("b_Q", b_Q, (1, H * d_k))
+    if b_K is not None:
+        _check_shape("b_K", b_K, (1, H_kv * d_k))
+    if b_V is not None:
+        _check_shape("b_V", b_V, (1, H_kv * d_k))
+    if b_O is not None:
+        _check_shape("b_O", b_O, (1, H * d_k))
+    _check_shape("G_out", G_out, (n, H * d_k))
+    if Q_v is not None:
+        _check_shape("Q_v", Q_v, (n, H * d_k))
+    if K_v is not None:
+        _check_shape("K_v", K_v, (m, H * d_k))
+    if V_v is not None:
+        _check_shape("V_v", V_v, (m, H * d_k))
+    if W_Q_v is not None:
+        _check_shape("W_Q_v", W_Q_v, (H * d_k, H * d_k))
+    if W_K_v is not None:
+        _check_shape("W_K_v", W_K_v, (H * d_k, H_kv * d_k))
+    if W_V_v is not None:
+        _check_shape("W_V_v", W_V_v, (H * d_k, H_kv * d_k))
+    if W_O_v is not None:
+        _check_shape("W_O_v", W_O_v, (H * d_k, H * d_k))
+    if b_Q_v is not None:
+        _check_shape("b_Q_v", b_Q_v, (1, H * d_k))
+    if b_K_v is not None:
+        _check_shape("b_K_v", b_K_v, (1, H_kv * d_k))
+    if b_V_v is not None:
+        _check_shape("b_V_v", b_V_v, (1, H_kv * d_k))
+    if b_O_v is not None:
+        _check_shape("b_O_v", b_O_v, (1, H * d_k))
+    _nonempty({"d_k": d_k, "m": m}, {"Q": Q, "K": K})
+    scale = 1 / d_k**0.5
+    c1 = -1 / d_k**0.5
+    if Q_v is None:
+        Q_v = torch.zeros_like(Q)
+    if K_v is None:
+        K_v = torch.zeros_like(K)
+    if V_v is None:
+        V_v = torch.zeros_like(V)
+    if W_Q_v is None:
+        W_Q_v = torch.zeros(H * d_k, H * d_k, dtype=dtype, device=device)
+    if W_K_v is None:
+        W_K_v = torch.zeros(H * d_k, H_kv * d_k, dtype=dtype, device=device)
+    if W_V_v is None:
+        W_V_v = torch.zeros(H * d_k, H_kv * d_k, dtype=dtype, device=device)
+    if W_O_v is None:
+        W_O_v = torch.zeros(H * d_k, H * d_k, dtype=dtype, device=device)
+    if b_Q_v is None:
+        b_Q_v = torch.zeros(1, H * d_k, dtype=dtype, device=device)
+    if b_K_v is None:
+        b_K_v = torch.zeros(1, H_kv * d_k, dtype=dtype, device=device)
+    if b_V_v is None:
+        b_V_v = torch.zeros(1, H_kv * d_k, dtype=dtype, device=device)
+    if b_O_v is None:
+        b_O_v = torch.zeros(1, H * d_k, dtype=dtype, device=device)
+    Q_h = split_heads(add_optional(Q @ W_Q, b_Q), H)
+    K_h = repeat_heads(split_heads(add_optional(K @ W_K, b_K), H_kv), H)
+    V_h = repeat_heads(split_heads(add_optional(V @ W_V, b_V), H_kv), H)
+    A_h = add_optional((scale * Q_h) @ K_h.mT, M)
+    P_h = row_softmax(A_h, out=A_h) if M is None else masked_row_softmax(A_h, out=A_h)
+    O_h = P_h @ V_h
+    C = merge_heads(O_h, H)
+    G_Q_h = (((split_heads(G_out @ W_O.mT, H)) @ V_h.mT - ((((split_heads(G_out @ W_O.mT, H)) @ V_h.mT) * P_h).sum(dim=-1, keepdim=True))) * P_h) @ (scale * K_h)
+    G_K_h = ((V_h @ ((split_heads(G_out @ W_O.mT, H)).mT) - (((((split_heads(G_out @ W_O.mT, H)) @ V_h.mT) * P_h).sum(dim=-1, keepdim=True)).mT)) * P_h.mT) @ (scale * Q_h)
+    G_V_h = P_h.mT @ (split_heads(G_out @ W_O.mT, H))
+    G_Q = (merge_heads(G_Q_h, H)) @ W_Q.mT
+    G_K = (merge_heads(sum_groups(G_K_h, H_kv), H_kv)) @ W_K.mT
+    G_V = (merge_heads(sum_groups(G_V_h, H_kv), H_kv)) @ W_V.mT
+    G_W_Q = Q.mT @ (merge_heads(G_Q_h, H))
+    G_W_K = K.mT @ (merge_heads(sum_groups(G_K_h, H_kv), H_kv))
+    G_W_V = V.mT @ (merge_heads(sum_groups(G_V_h, H_kv), H_kv))
+    G_W_O = C.mT @ G_out
+    G_b_Q = (torch.ones(1, n, dtype=dtype, device=device)) @ (merge_heads(G_Q_h, H))
+    G_b_K = (torch.ones(1, m, dtype=dtype, device=device)) @ (merge_heads(sum_groups(G_K_h, H_kv), H_kv))
+    G_b_V = (torch.ones(1, m, dtype=dtype, device=device)) @ (merge_heads(sum_groups(G_V_h, H_kv), H_kv))
+    G_b_O = (torch.ones(1, n, dtype=dtype, device=device)) @ G_out
+    Y = (
+        (G_b_V * b_V_v).sum(dim=-1, keepdim=True)
+        + (G_b_K * b_K_v).sum(dim=-1, keepdim=True)
+        + (G_b_O * b_O_v).sum(dim=-1, keepdim=True)
+        + (G_b_Q * b_Q_v).sum(dim=-1, keepdim=True)
+        + (torch.ones(1, m, dtype=dtype, device=device)) @ (G_V * V_v).sum(dim=-1, keepdim=True)
+        + (torch.ones(1, m, dtype=dtype, device=device)) @ (G_K * K_v).sum(dim=-1, keepdim=True)
+        + (torch.ones(1, n, dtype=dtype, device=device)) @ (G_Q * Q_v).sum(dim=-1, keepdim=True)
+        + (torch.ones(1, H * d_k, dtype=dtype, device=device)) @ (G_W_K * W_K_v).sum(dim=-1, keepdim=True)
+        + (torch.ones(1, H * d_k, dtype=dtype, device=device)) @ (G_W_Q * W_Q_v).sum(dim=-1, keepdim=True)
+        + (torch.ones(1, H * d_k, dtype=dtype, device=device)) @ (G_W_V * W_V_v).sum(dim=-1, keepdim=True)
+        + (torch.ones(1, H * d_k, dtype=dtype, device=device)) @ (G_W_O * W_O_v).sum(dim=-1, keepdim=True)
+    )
+    saved = {
+        "Q": Q,
+        "K": K,
+        "V": V,
+        "W_Q": W_Q,
+        "W_K": W_K,
+        "W_V": W_V,
+        "W_O": W_O,
+        "G_out": G_out,
+        "Q_v": Q_v,
+        "K_v": K_v,
+        "V_v": V_v,
+        "W_Q_v": W_Q_v,
+        "W_K_v": W_K_v,
+        "W_V_v": W_V_v,
+        "W_O_v": W_O_v,
+        "b_Q_v": b_Q_v,
+        "b_K_v": b_K_v,
+        "b_V_v": b_V_v,
+        "b_O_v": b_O_v,
+        "Q_h": Q_h,
+        "K_h": K_h,
+        "V_h": V_h,
+        "P_h": P_h,
+        "O_h": O_h,
+        "C": C,
+        "G_Q_h": G_Q_h,
+        "G_K_h": G_K_h,
+        "G_V_h": G_V_h,
+        "H": H,
+        "H_kv": H_kv,
+        "c1": c1,
+        "m": m,
+        "n": n,
+        "scale": scale,
+        "b_Q": b_Q,
+        "b_K": b_K,
+        "b_V": b_V,
+        "b_O": b_O,
+        "mask_shape": mask_shape,
+    }
+    return Y, saved
+
+
+def _backward2(saved, grad_out):
+    """The second closed form: ∂f₂/∂x for every input x and ∂f₂/∂G_out, a dict keyed by name."""
+    dtype, device = grad_out.dtype, grad_out.device
+    Q = saved["Q"]
+    K = saved["K"]
+    V = saved["V"]
+    W_Q = saved["W_Q"]
+    W_K = saved["W_K"]
+    W_V = saved["W_V"]
+    W_O = saved["W_O"]
+    G_out = saved["G_out"]
+    Q_v = saved["Q_v"]
+    K_v = saved["K_v"]
+    V_v = saved["V_v"]
+    W_Q_v = saved["W_Q_v"]
+    W_K_v = saved["W_K_v"]
+    W_V_v = saved["W_V_v"]
+    W_O_v = saved["W_O_v"]
+    b_Q_v = saved["b_Q_v"]
+    b_K_v = saved["b_K_v"]
+    b_V_v = saved["b_V_v"]
+    b_O_v = saved["b_O_v"]
+    Q_h = saved["Q_h"]
+    K_h = saved["K_h"]
+    V_h = saved["V_h"]
+    P_h = saved["P_h"]
+    O_h = saved["O_h"]
+    C = saved["C"]
+    G_Q_h = saved["G_Q_h"]
+    G_K_h = saved["G_K_h"]
+    G_V_h = saved["G_V_h"]
+    H = saved["H"]
+    H_kv = saved["H_kv"]
+    c1 = saved["c1"]
+    m = saved["m"]
+    n = saved["n"]
+    scale = saved["scale"]
+    b_Q = saved["b_Q"]
+    b_K = saved["b_K"]
+    b_V = saved["b_V"]
+    b_O = saved["b_O"]
+    mask_shape = saved["mask_shape"]
+    db_O = None if b_O is None else torch.zeros_like(b_O)
+    t6 = split_heads(G_out @ W_O.mT, H)
+    D2 = (O_h * t6).sum(dim=-1, keepdim=True)
+    t5 = t6 @ V_h.mT
+    t3 = t5 - D2
+    t2 = t3 * P_h
+    dG_b_O = b_O_v
+    dG_b_Q = b_Q_v
+    dG_W_O = W_O_v
+    dG_W_Q = W_Q_v
+    dC = G_out @ dG_W_O.mT
+    dO_h = split_heads(dC, H)
+    dG_V = V_v
+    dG_K = K_v
+    dG_Q = Q_v
+    dG_Q_h = (
+        split_heads(Q @ dG_W_Q, H)
+        + split_heads(dG_Q @ W_Q, H)
+        + split_heads((torch.ones(n, 1, dtype=dtype, device=device)) @ dG_b_Q, H)
+    )
+    dG_b_V = b_V_v
+    dG_b_K = b_K_v
+    dG_W_V = W_V_v
+    dG_W_K = W_K_v
+    dG_V_h = (
+        repeat_heads(split_heads(V @ dG_W_V, H_kv), H)
+        + repeat_heads(split_heads(dG_V @ W_V, H_kv), H)
+        + repeat_heads(split_heads((torch.ones(m, 1, dtype=dtype, device=device)) @ dG_b_V, H_kv), H)
+    )
+    dG_K_h = (
+        repeat_heads(split_heads(K @ dG_W_K, H_kv), H)
+        + repeat_heads(split_heads(dG_K @ W_K, H_kv), H)
+        + repeat_heads(split_heads((torch.ones(m, 1, dtype=dtype, device=device)) @ dG_b_K, H_kv), H)
+    )
+    t16 = dG_Q_h @ K_h.mT
+    t17 = dG_K_h @ Q_h.mT
+    t18 = sum_groups(G_V_h, H_kv)
+    t19 = sum_groups(G_K_h, H_kv)
+    t20 = merge_heads(t19, H_kv)
+    t21 = merge_heads(t18, H_kv)
+    t22 = merge_heads(G_Q_h, H)
+    t23 = t17.mT * P_h
+    D5 = t23.sum(dim=-1, keepdim=True)
+    t15 = D5.expand(*D5.shape[:-1], m)
+    t24 = t16 * P_h
+    D4 = t24.sum(dim=-1, keepdim=True)
+    t14 = D4.expand(*D4.shape[:-1], m)
+    dP_h = (
+        c1 * (t14 * t5)
+        + c1 * (t15 * t5)
+        + scale * (t16 * t3)
+        + scale * (t17.mT * t3)
+        + t6 @ dG_V_h.mT
+        + dO_h @ V_h.mT
+    )
+    D1 = (dP_h * P_h).sum(dim=-1, keepdim=True)
+    D3 = (P_h * dP_h).sum(dim=-1, keepdim=True)
+    dA_h = (dP_h - D1) * P_h
+    dM = None if mask_shape is None else dA_h.sum_to_size(mask_shape)
+    t4 = c1 * (t14 * P_h) + scale * t24
+    dV_h = (
+        (c1 * (((torch.ones(m, 1, dtype=dtype, device=device)) @ ((torch.ones(1, m, dtype=dtype, device=device)) @ t23.mT)) * P_h.mT) + scale * t23.mT + t4.mT) @ t6
+        + P_h.mT @ dO_h
+    )
+    dVW_V = merge_heads(sum_groups(dV_h, H_kv), H_kv)
+    dV = t21 @ dG_W_V.mT + dVW_V @ W_V.mT
+    dW_V = sum_batch(V.mT @ dVW_V + dG_V.mT @ t21)
+    db_V = None if b_V is None else rows(dVW_V).sum(dim=0, keepdim=True)
+    t1 = (
+        merge_heads(t4 @ V_h, H)
+        + merge_heads((c1 * (t15 * P_h) + scale * t23) @ V_h, H)
+        + merge_heads(P_h @ dG_V_h, H)
+    )
+    dW_O = rows(t1).mT @ rows(G_out)
+    dG_out = t1 @ W_O + C @ dG_W_O + dG_b_O
+    t13 = dP_h.sub_(D3)
+    t25 = t13.mul_(P_h)
+    dK_h = scale * (t2.mT @ dG_Q_h + t25.mT @ Q_h)
+    dQ_h = scale * (t2 @ dG_K_h + t25 @ K_h)
+    dQW_Q = merge_heads(dQ_h, H)
+    dQ = t22 @ dG_W_Q.mT + dQW_Q @ W_Q.mT
+    dW_Q = sum_batch(Q.mT @ dQW_Q + dG_Q.mT @ t22)
+    db_Q = None if b_Q is None else rows(dQW_Q).sum(dim=0, keepdim=True)
+    dKW_K = merge_heads(sum_groups(dK_h, H_kv), H_kv)
+    dK = t20 @ dG_W_K.mT + dKW_K @ W_K.mT
+    dW_K = sum_batch(K.mT @ dKW_K + dG_K.mT @ t20)
+    db_K = None if b_K is None else rows(dKW_K).sum(dim=0, keepdim=True)
+    return {
+        "Q": dQ,
+        "K": dK,
+        "V": dV,
+        "W_Q": dW_Q,
+        "W_K": dW_K,
+        "W_V": dW_V,
+        "W_O": dW_O,
+        "b_Q": db_Q,
+        "b_K": db_K,
+        "b_V": db_V,
+        "b_O": db_O,
+        "G_out": dG_out,
+        "M": dM,
+    }
+
+
+def hvp(
+    Q,
+    K,
+    V,
+    W_Q,
+    W_K,
+    W_V,
+    W_O,
+    grad_out,
+    direction,
+    *,
+    num_heads,
+    num_kv_heads=None,
+    b_Q=None,
+    b_K=None,
+    b_V=None,
+    b_O=None,
+    attn_mask=None,
+    key_padding_mask=None,
+    causal=False,
+):
+    """The Hessian of f = tr(grad_outᵀ Y) with respect to the inputs, applied to direction.
+
+    direction: a dict from input names to arrays of their shapes (an input left out: zero there).
+    Returns {name: Σ_j ∂²f/∂x_name ∂x_j [direction[x_j]]} for every input given, from the second
+    closed form (the gradients of f₂ = Σ_j tr(direction[x_j]ᵀ ∂f/∂x_j)).
+    """
+    M = _additive_mask(attn_mask, key_padding_mask, causal, Q, K, per_head=True)
+    direction = _direction(direction)
+    value, saved = _forward2(
+        Q,
+        K,
+        V,
+        W_Q,
+        W_K,
+        W_V,
+        W_O,
+        b_Q,
+        b_K,
+        b_V,
+        b_O,
+        grad_out,
+        direction.get("Q"),
+        direction.get("K"),
+        direction.get("V"),
+        direction.get("W_Q"),
+        direction.get("W_K"),
+        direction.get("W_V"),
+        direction.get("W_O"),
+        direction.get("b_Q"),
+        direction.get("b_K"),
+        direction.get("b_V"),
+        direction.get("b_O"),
+        M,
+        num_heads,
+        num_kv_heads,
+    )
+    grads = _backward2(saved, torch.ones_like(value))
+    return {name: grads[name] for name in DIRECTION_OF if grads.get(name) is not None}

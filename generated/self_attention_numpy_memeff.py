@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["backward", "forward"]
+__all__ = ["backward", "forward", "hvp"]
 
 SHAPES = {
     "X": "(..., n, d_model)",
@@ -74,10 +74,13 @@ def rows(a):
 
 
 def _arrays(named):
-    """The inputs as arrays, checked: rank, one leading batch shape for the non-weights, one dtype."""
+    """The inputs as arrays, checked: rank, one leading batch shape for the non-weights, one dtype.
+
+    A trainable scalar (shape "()") is a number or a 0-d array, taken in the matrices' dtype.
+    """
     arrays, batch, first = [], None, None
     for name, value in named.items():
-        if value is None and name in OPTIONAL:
+        if (value is None and name in OPTIONAL) or SHAPES[name] == "()":
             arrays.append(value)
             continue
         a = np.asarray(value)
@@ -96,6 +99,12 @@ def _arrays(named):
         first = first or (name, a)
         batch = batch or (None if weight else (name, a))
         arrays.append(a)
+    for i, name in enumerate(named):  # a trainable scalar: a real number or 0-d array, in the matrices' dtype
+        if SHAPES[name] == "()":
+            a = np.asarray(arrays[i])
+            if a.ndim != 0 or not (np.issubdtype(a.dtype, np.floating) or np.issubdtype(a.dtype, np.integer)):
+                raise ValueError(f"{name}: expected a real scalar (a float or a 0-d array), got {a.dtype} {a.shape}")
+            arrays[i] = a.astype(first[1].dtype)
     return arrays
 
 
@@ -224,3 +233,196 @@ def backward(saved, grad_out):
     dW_K = dW_QKV[..., :, d_k : 2 * d_k]
     dW_V = dW_QKV[..., :, 2 * d_k :]
     return {"X": dX, "W_Q": dW_Q, "W_K": dW_K, "W_V": dW_V}
+
+
+# The second closed form: f₂ = Σ_i tr(V_iᵀ g_i(x, G_out)), g_i the gradients above; its gradients are the
+# Hessian of tr(G_outᵀ O) applied to the directions V_i (and, for G_out, the forward's derivative along them).
+SHAPES.update(
+    {
+        "G_out": "(..., n, d_v)",
+        "X_v": "(..., n, d_model)",
+        "W_Q_v": "(d_model, d_k)",
+        "W_K_v": "(d_model, d_k)",
+        "W_V_v": "(d_model, d_v)",
+    }
+)
+# a direction that is None is zero
+OPTIONAL += ("X_v", "W_Q_v", "W_K_v", "W_V_v")
+DIRECTION_OF = {
+    "X": "X_v",
+    "W_Q": "W_Q_v",
+    "W_K": "W_K_v",
+    "W_V": "W_V_v",
+}
+
+
+def row_softmax(a, out=None):
+    """softmax along the last axis, the row max subtracted first; out may be a itself."""
+    out = np.subtract(a, a.max(axis=-1, keepdims=True, initial=-np.inf), out=out)
+    np.exp(out, out=out)
+    out /= out.sum(axis=-1, keepdims=True)
+    return out
+
+
+def sum_batch(a):
+    """(..., p, q) -> (p, q): the sum over the leading batch dimensions."""
+    return a.reshape(-1, *a.shape[-2:]).sum(axis=0)
+
+
+def _direction(direction):
+    """A Hessian-vector product's direction: a dict from input names to arrays of their shapes (a name left
+    out: zero in that input)."""
+    if not isinstance(direction, dict):
+        raise TypeError(f"direction: expected a dict from input names to arrays, got {type(direction).__name__}")
+    unknown = [name for name in direction if name not in DIRECTION_OF]
+    if unknown:
+        raise ValueError(f"direction: {unknown[0]!r} is no input; inputs: {', '.join(DIRECTION_OF)}")
+    return direction
+
+
+def _forward2(X, W_Q, W_K, W_V, G_out, X_v, W_Q_v, W_K_v, W_V_v):
+    """The second closed form's forward: (f₂, saved values for _backward2), a None direction zero."""
+    X, W_Q, W_K, W_V, G_out, X_v, W_Q_v, W_K_v, W_V_v = _arrays(
+        {
+            "X": X,
+            "W_Q": W_Q,
+            "W_K": W_K,
+            "W_V": W_V,
+            "G_out": G_out,
+            "X_v": X_v,
+            "W_Q_v": W_Q_v,
+            "W_K_v": W_K_v,
+            "W_V_v": W_V_v,
+        }
+    )
+    dtype = X.dtype
+    n = X.shape[-2]
+    d_model = X.shape[-1]
+    d_k = W_Q.shape[-1]
+    d_v = W_V.shape[-1]
+    _check_shape("X", X, (n, d_model))
+    _check_shape("W_Q", W_Q, (d_model, d_k))
+    _check_shape("W_K", W_K, (d_model, d_k))
+    _check_shape("W_V", W_V, (d_model, d_v))
+    _check_shape("G_out", G_out, (n, d_v))
+    if X_v is not None:
+        _check_shape("X_v", X_v, (n, d_model))
+    if W_Q_v is not None:
+        _check_shape("W_Q_v", W_Q_v, (d_model, d_k))
+    if W_K_v is not None:
+        _check_shape("W_K_v", W_K_v, (d_model, d_k))
+    if W_V_v is not None:
+        _check_shape("W_V_v", W_V_v, (d_model, d_v))
+    _nonempty({"d_model": d_model, "d_k": d_k, "d_v": d_v}, {"X": X, "W_Q": W_Q, "W_V": W_V})
+    scale = 1 / d_k**0.5
+    if X_v is None:
+        X_v = np.zeros_like(X)
+    if W_Q_v is None:
+        W_Q_v = np.zeros((d_model, d_k), dtype=dtype)
+    if W_K_v is None:
+        W_K_v = np.zeros((d_model, d_k), dtype=dtype)
+    if W_V_v is None:
+        W_V_v = np.zeros((d_model, d_v), dtype=dtype)
+    W_QKV = np.concatenate([W_Q, W_K, W_V], axis=-1)
+    QKV = X @ W_QKV
+    Q = QKV[..., :, :d_k]
+    K = QKV[..., :, d_k : 2 * d_k]
+    V = QKV[..., :, 2 * d_k :]
+    A = (scale * Q) @ K.mT
+    P = row_softmax(A, out=A)
+    G_A = (G_out @ V.mT - (((G_out @ V.mT) * P).sum(axis=-1, keepdims=True))) * P
+    G_X = P.mT @ G_out @ W_V.mT + G_A @ (scale * K) @ W_Q.mT + G_A.mT @ (scale * Q) @ W_K.mT
+    G_W_Q = X.mT @ G_A @ (scale * K)
+    G_W_K = X.mT @ G_A.mT @ (scale * Q)
+    G_W_V = X.mT @ (P.mT @ G_out)
+    Y = (
+        (np.ones((1, d_model), dtype=dtype)) @ (G_W_V * W_V_v).sum(axis=-1, keepdims=True)
+        + (np.ones((1, d_model), dtype=dtype)) @ (G_W_Q * W_Q_v).sum(axis=-1, keepdims=True)
+        + (np.ones((1, d_model), dtype=dtype)) @ (G_W_K * W_K_v).sum(axis=-1, keepdims=True)
+        + (np.ones((1, n), dtype=dtype)) @ (G_X * X_v).sum(axis=-1, keepdims=True)
+    )
+    saved = {
+        "X": X,
+        "W_Q": W_Q,
+        "W_K": W_K,
+        "W_V": W_V,
+        "G_out": G_out,
+        "X_v": X_v,
+        "W_Q_v": W_Q_v,
+        "W_K_v": W_K_v,
+        "W_V_v": W_V_v,
+        "Q": Q,
+        "K": K,
+        "V": V,
+        "P": P,
+        "G_A": G_A,
+        "n": n,
+        "scale": scale,
+    }
+    return Y, saved
+
+
+def _backward2(saved, grad_out):
+    """The second closed form: ∂f₂/∂x for every input x and ∂f₂/∂G_out, a dict keyed by name."""
+    X = saved["X"]
+    W_Q = saved["W_Q"]
+    W_K = saved["W_K"]
+    W_V = saved["W_V"]
+    G_out = saved["G_out"]
+    X_v = saved["X_v"]
+    W_Q_v = saved["W_Q_v"]
+    W_K_v = saved["W_K_v"]
+    W_V_v = saved["W_V_v"]
+    Q = saved["Q"]
+    K = saved["K"]
+    V = saved["V"]
+    P = saved["P"]
+    G_A = saved["G_A"]
+    n = saved["n"]
+    scale = saved["scale"]
+    dG_W_V = W_V_v
+    dG_W_K = W_K_v
+    dG_W_Q = W_Q_v
+    dG_X = X_v
+    t1 = dG_X @ W_Q + X @ dG_W_Q
+    t2 = dG_X @ W_K + X @ dG_W_K
+    dG_A = scale * (t1 @ K.mT + Q @ t2.mT)
+    t8 = G_out @ V.mT
+    D1 = (t8 * P).sum(axis=-1, keepdims=True)
+    t10 = P * dG_A
+    t7 = -(np.repeat(t10.sum(axis=-1, keepdims=True), n, axis=-1))
+    dP = G_out @ (W_V.mT @ dG_X.mT) + G_out @ (dG_W_V.mT @ X.mT) + t8 * t7 + (t8 - D1) * dG_A
+    D3 = (P * dP).sum(axis=-1, keepdims=True)
+    dV = (t7.mT * P.mT + t10.mT) @ G_out
+    dW_V = sum_batch(X.mT @ dV + dG_X.mT @ (P.mT @ G_out))
+    dG_out = (np.add(np.multiply(t7, P, out=t7), t10, out=t7)) @ V + P @ (X @ dG_W_V) + P @ (dG_X @ W_V)
+    t3 = np.subtract(dP, D3, out=dP)
+    t9 = np.multiply(t3, P, out=t3)
+    dK = scale * (t9.mT @ Q + G_A.mT @ t1)
+    dQ = scale * (t9 @ K + G_A @ t2)
+    dX = (
+        dK @ W_K.mT
+        + dQ @ W_Q.mT
+        + dV @ W_V.mT
+        + P.mT @ G_out @ dG_W_V.mT
+        + G_A @ (scale * K) @ dG_W_Q.mT
+        + G_A.mT @ (scale * Q) @ dG_W_K.mT
+    )
+    dW_Q = sum_batch(X.mT @ dQ + dG_X.mT @ G_A @ (scale * K))
+    dW_K = sum_batch(X.mT @ dK + dG_X.mT @ G_A.mT @ (scale * Q))
+    return {"X": dX, "W_Q": dW_Q, "W_K": dW_K, "W_V": dW_V, "G_out": dG_out}
+
+
+def hvp(X, W_Q, W_K, W_V, grad_out, direction):
+    """The Hessian of f = tr(grad_outᵀ O) with respect to the inputs, applied to direction.
+
+    direction: a dict from input names to arrays of their shapes (an input left out: zero there).
+    Returns {name: Σ_j ∂²f/∂x_name ∂x_j [direction[x_j]]} for every input given, from the second
+    closed form (the gradients of f₂ = Σ_j tr(direction[x_j]ᵀ ∂f/∂x_j)).
+    """
+    direction = _direction(direction)
+    value, saved = _forward2(
+        X, W_Q, W_K, W_V, grad_out, direction.get("X"), direction.get("W_Q"), direction.get("W_K"), direction.get("W_V")
+    )
+    grads = _backward2(saved, np.ones_like(value))
+    return {name: grads[name] for name in DIRECTION_OF if grads.get(name) is not None}

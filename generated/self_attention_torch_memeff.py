@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["SelfAttention", "SelfAttentionFunction", "forward"]
+__all__ = ["SelfAttention", "SelfAttentionFunction", "forward", "hvp"]
 
 SHAPES = {
     "X": "(..., n, d_model)",
@@ -75,10 +75,13 @@ def rows(a):
 
 
 def _tensors(named):
-    """The inputs, checked: tensors, rank, one leading batch shape for the non-weights, one dtype."""
+    """The inputs, checked: tensors, rank, one leading batch shape for the non-weights, one dtype.
+
+    A trainable scalar (shape "()") is a 0-d tensor of that dtype, or a number (made one).
+    """
     tensors, batch, first = [], None, None
     for name, a in named.items():
-        if a is None and name in OPTIONAL:
+        if (a is None and name in OPTIONAL) or SHAPES[name] == "()":
             tensors.append(a)
             continue
         if not isinstance(a, torch.Tensor):
@@ -98,6 +101,18 @@ def _tensors(named):
         first = first or (name, a)
         batch = batch or (None if weight else (name, a))
         tensors.append(a)
+    for i, name in enumerate(named):  # a trainable scalar: a 0-d tensor of the inputs' dtype, or a number
+        a = tensors[i]
+        if SHAPES[name] != "()":
+            continue
+        if not isinstance(a, torch.Tensor):
+            if type(a).__name__ in ("bool", "bool_") or not hasattr(type(a), "__float__"):
+                raise TypeError(f"{name}: expected a real scalar (a float or a 0-d tensor), got {type(a).__name__}")
+            tensors[i] = torch.tensor(float(a), dtype=first[1].dtype, device=first[1].device)
+        elif a.dim() != 0 or not a.is_floating_point():
+            raise ValueError(f"{name}: expected a 0-d floating-point tensor, got {a.dtype} {tuple(a.shape)}")
+        elif a.dtype != first[1].dtype:
+            raise ValueError(f"mixed dtypes: {first[0]} is {first[1].dtype}, {name} is {a.dtype}")
     return tensors
 
 
@@ -149,13 +164,19 @@ def _only_tensors(*values):
 def _first_order(ctx, grad_out, gradients):
     """The gradients a backward returns; under create_graph=True each is tied to the inputs and grad_out,
     so that a second derivative raises instead of silently being wrong (as torch's once_differentiable)."""
+    return _tie(gradients, (*ctx.saved_tensors[len(ctx.tensor_names) :], grad_out), _NotTwice)
+
+
+def _tie(gradients, sources, guard):
+    """gradients as they are, or under create_graph=True each tied by guard (an identity whose backward
+    raises) to the sources that require grad, so that differentiating them once more raises."""
     if not torch.is_grad_enabled():
         return gradients
-    sources = [t for t in (*ctx.saved_tensors[len(ctx.tensor_names) :], grad_out) if t.requires_grad]
+    sources = [t for t in sources if t is not None and t.requires_grad]
     present = [g for g in gradients if g is not None]
     if not sources or not present:
         return gradients
-    tied = iter(_NotTwice.apply(len(present), *present, *sources))
+    tied = iter(guard.apply(len(present), *present, *sources))
     return tuple(None if g is None else next(tied) for g in gradients)
 
 
@@ -259,11 +280,15 @@ class SelfAttentionFunction(torch.autograd.Function):
         ctx.save_for_backward(*(saved[name] for name in tensors), *inputs)
         ctx.tensor_names = tensors
         ctx.constants = {name: value for name, value in saved.items() if name not in tensors}
+        ctx.given = [x is not None for x in (X, W_Q, W_K, W_V)]
+        ctx.options = ()
         return O
 
     @staticmethod
     def backward(ctx, grad_out):
         saved = dict(zip(ctx.tensor_names, ctx.saved_tensors), **ctx.constants)
+        if torch.is_grad_enabled():  # create_graph=True: gradients that the second closed form differentiates
+            return _second_order(ctx, saved, grad_out, 1)
         with torch.no_grad():
             grads = _backward(saved, grad_out)
         gradients = (grads["X"], grads["W_Q"], grads["W_K"], grads["W_V"], None)
@@ -298,3 +323,262 @@ class SelfAttention(torch.nn.Module):
 
     def forward(self, X):
         return forward(X, self.W_Q, self.W_K, self.W_V, block_size=self.block_size)
+
+
+# The second closed form: f₂ = Σ_i tr(V_iᵀ g_i(x, G_out)), g_i the gradients above; its gradients are the
+# Hessian of tr(G_outᵀ O) applied to the directions V_i (and, for G_out, the forward's derivative along them).
+SHAPES.update(
+    {
+        "G_out": "(..., n, d_v)",
+        "X_v": "(..., n, d_model)",
+        "W_Q_v": "(d_model, d_k)",
+        "W_K_v": "(d_model, d_k)",
+        "W_V_v": "(d_model, d_v)",
+    }
+)
+# a direction that is None is zero
+OPTIONAL += ("X_v", "W_Q_v", "W_K_v", "W_V_v")
+DIRECTION_OF = {
+    "X": "X_v",
+    "W_Q": "W_Q_v",
+    "W_K": "W_K_v",
+    "W_V": "W_V_v",
+}
+INPUTS = ("X", "W_Q", "W_K", "W_V")  # the Function's tensor inputs
+COTANGENT = "G_out"
+
+
+def row_softmax(a, out=None):
+    """softmax along the last axis, the row max subtracted first; out may be a itself."""
+    top = a.amax(dim=-1, keepdim=True) if a.shape[-1] else a.new_zeros(*a.shape[:-1], 1)  # no keys
+    out = torch.sub(a, top, out=out)
+    out.exp_()
+    out /= out.sum(dim=-1, keepdim=True)
+    return out
+
+
+def sum_batch(a):
+    """(..., p, q) -> (p, q): the sum over the leading batch dimensions."""
+    return a.reshape(-1, *a.shape[-2:]).sum(dim=0)
+
+
+def _direction(direction):
+    """A Hessian-vector product's direction: a dict from input names to arrays of their shapes (a name left
+    out: zero in that input)."""
+    if not isinstance(direction, dict):
+        raise TypeError(f"direction: expected a dict from input names to arrays, got {type(direction).__name__}")
+    unknown = [name for name in direction if name not in DIRECTION_OF]
+    if unknown:
+        raise ValueError(f"direction: {unknown[0]!r} is no input; inputs: {', '.join(DIRECTION_OF)}")
+    return direction
+
+
+class _NotThrice(torch.autograd.Function):
+    """The identity on second derivatives made under create_graph=True: differentiating them again raises,
+    since the generated closed forms go to the second order only."""
+
+    @staticmethod
+    def forward(ctx, count, *tensors):
+        return tuple(t.clone() for t in tensors[:count])
+
+    @staticmethod
+    def backward(ctx, *grads):
+        raise RuntimeError(
+            f"{SPEC}: a third derivative is not supported: the generated closed forms are the first and second "
+            "derivatives, so second derivatives made with create_graph=True cannot be differentiated again"
+        )
+
+
+class _Backward(torch.autograd.Function):
+    """The first closed form as an autograd Function, used under create_graph=True: its backward is the
+    second closed form. For the cotangents V_i of the gradients g_i(x, G), the gradients of the scalar
+    f₂ = Σ_i tr(V_iᵀ g_i) with respect to every input x and to G (_forward2, _backward2) are exactly what
+    autograd asks of it. INPUTS names the tensors (the additive mask last, where there is one)."""
+
+    @staticmethod
+    def forward(ctx, saved, options, grad_out, *inputs):
+        ctx.set_materialize_grads(False)  # a gradient nobody differentiates has no cotangent: a zero direction
+        ctx.save_for_backward(grad_out, *inputs)
+        ctx.options = options
+        grads = _backward(saved, grad_out)
+        out = []
+        for name, x in zip(INPUTS, inputs):
+            g = None if x is None else grads[name]
+            if g is not None and any(g is t for t in (grad_out, *inputs, *out)):  # an output is a new tensor
+                g = g.clone()
+            out.append(g)
+        return tuple(out)
+
+    @staticmethod
+    def backward(ctx, *cotangents):
+        grad_out, *inputs = ctx.saved_tensors
+        count = len(DIRECTION_OF)
+        if len(inputs) > count and cotangents[count] is not None:
+            raise RuntimeError(
+                f"{SPEC}: the gradient of a float attn_mask cannot be differentiated again (no second derivative "
+                "through it is derived); the gradients of the other inputs can"
+            )
+        with torch.no_grad():
+            value, saved = _forward2(*inputs[:count], grad_out, *cotangents[:count], *inputs[count:], *ctx.options)
+            grads = _backward2(saved, torch.ones_like(value))
+        gradients = [grads[COTANGENT], *(None if x is None else grads.get(name) for name, x in zip(INPUTS, inputs))]
+        for i, (g, x) in enumerate(zip(gradients, (grad_out, *inputs))):
+            if g is not None and g.shape != x.shape:  # made of unbatched values only: the same for every batch
+                gradients[i] = g.expand(x.shape) if g.dim() <= x.dim() else g.sum_to_size(x.shape)
+        return (None, None, *_tie(gradients, (grad_out, *inputs, *cotangents), _NotThrice))
+
+
+def _second_order(ctx, saved, grad_out, options):
+    """A backward's gradients under create_graph=True, as outputs of _Backward (so that they are differentiable
+    by the second closed form), then None for each of the options."""
+    tensors = iter(ctx.saved_tensors[len(ctx.tensor_names) :])
+    inputs = [next(tensors) if given else None for given in ctx.given]
+    return (*_Backward.apply(saved, ctx.options, grad_out, *inputs), *[None] * options)
+
+
+def _forward2(X, W_Q, W_K, W_V, G_out, X_v, W_Q_v, W_K_v, W_V_v):
+    """The second closed form's forward: (f₂, saved values for _backward2), a None direction zero."""
+    X, W_Q, W_K, W_V, G_out, X_v, W_Q_v, W_K_v, W_V_v = _tensors(
+        {
+            "X": X,
+            "W_Q": W_Q,
+            "W_K": W_K,
+            "W_V": W_V,
+            "G_out": G_out,
+            "X_v": X_v,
+            "W_Q_v": W_Q_v,
+            "W_K_v": W_K_v,
+            "W_V_v": W_V_v,
+        }
+    )
+    dtype, device = X.dtype, X.device
+    n = X.shape[-2]
+    d_model = X.shape[-1]
+    d_k = W_Q.shape[-1]
+    d_v = W_V.shape[-1]
+    _check_shape("X", X, (n, d_model))
+    _check_shape("W_Q", W_Q, (d_model, d_k))
+    _check_shape("W_K", W_K, (d_model, d_k))
+    _check_shape("W_V", W_V, (d_model, d_v))
+    _check_shape("G_out", G_out, (n, d_v))
+    if X_v is not None:
+        _check_shape("X_v", X_v, (n, d_model))
+    if W_Q_v is not None:
+        _check_shape("W_Q_v", W_Q_v, (d_model, d_k))
+    if W_K_v is not None:
+        _check_shape("W_K_v", W_K_v, (d_model, d_k))
+    if W_V_v is not None:
+        _check_shape("W_V_v", W_V_v, (d_model, d_v))
+    _nonempty({"d_model": d_model, "d_k": d_k, "d_v": d_v}, {"X": X, "W_Q": W_Q, "W_V": W_V})
+    scale = 1 / d_k**0.5
+    if X_v is None:
+        X_v = torch.zeros_like(X)
+    if W_Q_v is None:
+        W_Q_v = torch.zeros(d_model, d_k, dtype=dtype, device=device)
+    if W_K_v is None:
+        W_K_v = torch.zeros(d_model, d_k, dtype=dtype, device=device)
+    if W_V_v is None:
+        W_V_v = torch.zeros(d_model, d_v, dtype=dtype, device=device)
+    W_QKV = torch.cat([W_Q, W_K, W_V], dim=-1)
+    QKV = X @ W_QKV
+    Q = QKV[..., :, :d_k]
+    K = QKV[..., :, d_k : 2 * d_k]
+    V = QKV[..., :, 2 * d_k :]
+    A = (scale * Q) @ K.mT
+    P = row_softmax(A, out=A)
+    G_A = (G_out @ V.mT - (((G_out @ V.mT) * P).sum(dim=-1, keepdim=True))) * P
+    G_X = P.mT @ G_out @ W_V.mT + G_A @ (scale * K) @ W_Q.mT + G_A.mT @ (scale * Q) @ W_K.mT
+    G_W_Q = X.mT @ G_A @ (scale * K)
+    G_W_K = X.mT @ G_A.mT @ (scale * Q)
+    G_W_V = X.mT @ (P.mT @ G_out)
+    Y = (
+        (torch.ones(1, d_model, dtype=dtype, device=device)) @ (G_W_V * W_V_v).sum(dim=-1, keepdim=True)
+        + (torch.ones(1, d_model, dtype=dtype, device=device)) @ (G_W_Q * W_Q_v).sum(dim=-1, keepdim=True)
+        + (torch.ones(1, d_model, dtype=dtype, device=device)) @ (G_W_K * W_K_v).sum(dim=-1, keepdim=True)
+        + (torch.ones(1, n, dtype=dtype, device=device)) @ (G_X * X_v).sum(dim=-1, keepdim=True)
+    )
+    saved = {
+        "X": X,
+        "W_Q": W_Q,
+        "W_K": W_K,
+        "W_V": W_V,
+        "G_out": G_out,
+        "X_v": X_v,
+        "W_Q_v": W_Q_v,
+        "W_K_v": W_K_v,
+        "W_V_v": W_V_v,
+        "Q": Q,
+        "K": K,
+        "V": V,
+        "P": P,
+        "G_A": G_A,
+        "n": n,
+        "scale": scale,
+    }
+    return Y, saved
+
+
+def _backward2(saved, grad_out):
+    """The second closed form: ∂f₂/∂x for every input x and ∂f₂/∂G_out, a dict keyed by name."""
+    X = saved["X"]
+    W_Q = saved["W_Q"]
+    W_K = saved["W_K"]
+    W_V = saved["W_V"]
+    G_out = saved["G_out"]
+    X_v = saved["X_v"]
+    W_Q_v = saved["W_Q_v"]
+    W_K_v = saved["W_K_v"]
+    W_V_v = saved["W_V_v"]
+    Q = saved["Q"]
+    K = saved["K"]
+    V = saved["V"]
+    P = saved["P"]
+    G_A = saved["G_A"]
+    n = saved["n"]
+    scale = saved["scale"]
+    dG_W_V = W_V_v
+    dG_W_K = W_K_v
+    dG_W_Q = W_Q_v
+    dG_X = X_v
+    t1 = dG_X @ W_Q + X @ dG_W_Q
+    t2 = dG_X @ W_K + X @ dG_W_K
+    dG_A = scale * (t1 @ K.mT + Q @ t2.mT)
+    t8 = G_out @ V.mT
+    D1 = (t8 * P).sum(dim=-1, keepdim=True)
+    t10 = P * dG_A
+    t7 = -(t10.sum(dim=-1, keepdim=True).expand(*t10.sum(dim=-1, keepdim=True).shape[:-1], n))
+    dP = dG_A.mul_(t8 - D1).add_(G_out @ (W_V.mT @ dG_X.mT)).add_(G_out @ (dG_W_V.mT @ X.mT)).add_(t8 * t7)
+    D3 = (P * dP).sum(dim=-1, keepdim=True)
+    dV = (t7.mT * P.mT + t10.mT) @ G_out
+    dW_V = sum_batch(X.mT @ dV + dG_X.mT @ (P.mT @ G_out))
+    dG_out = (t7.mul_(P).add_(t10)) @ V + P @ (X @ dG_W_V) + P @ (dG_X @ W_V)
+    t3 = dP.sub_(D3)
+    t9 = t3.mul_(P)
+    dK = scale * (t9.mT @ Q + G_A.mT @ t1)
+    dQ = scale * (t9 @ K + G_A @ t2)
+    dX = (
+        dK @ W_K.mT
+        + dQ @ W_Q.mT
+        + dV @ W_V.mT
+        + P.mT @ G_out @ dG_W_V.mT
+        + G_A @ (scale * K) @ dG_W_Q.mT
+        + G_A.mT @ (scale * Q) @ dG_W_K.mT
+    )
+    dW_Q = sum_batch(X.mT @ dQ + dG_X.mT @ G_A @ (scale * K))
+    dW_K = sum_batch(X.mT @ dK + dG_X.mT @ G_A.mT @ (scale * Q))
+    return {"X": dX, "W_Q": dW_Q, "W_K": dW_K, "W_V": dW_V, "G_out": dG_out}
+
+
+def hvp(X, W_Q, W_K, W_V, grad_out, direction):
+    """The Hessian of f = tr(grad_outᵀ O) with respect to the inputs, applied to direction.
+
+    direction: a dict from input names to arrays of their shapes (an input left out: zero there).
+    Returns {name: Σ_j ∂²f/∂x_name ∂x_j [direction[x_j]]} for every input given, from the second
+    closed form (the gradients of f₂ = Σ_j tr(direction[x_j]ᵀ ∂f/∂x_j)).
+    """
+    direction = _direction(direction)
+    value, saved = _forward2(
+        X, W_Q, W_K, W_V, grad_out, direction.get("X"), direction.get("W_Q"), direction.get("W_K"), direction.get("W_V")
+    )
+    grads = _backward2(saved, torch.ones_like(value))
+    return {name: grads[name] for name in DIRECTION_OF if grads.get(name) is not None}

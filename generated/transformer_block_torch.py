@@ -99,7 +99,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["TransformerBlock", "TransformerBlockFunction", "forward"]
+__all__ = ["TransformerBlock", "TransformerBlockFunction", "TransformerEncoderLayer", "forward"]
 
 SHAPES = {
     "X": "(..., n, H * d_k)",
@@ -185,10 +185,13 @@ def split_heads(a, heads):
 
 
 def _tensors(named):
-    """The inputs, checked: tensors, rank, one leading batch shape for the non-weights, one dtype."""
+    """The inputs, checked: tensors, rank, one leading batch shape for the non-weights, one dtype.
+
+    A trainable scalar (shape "()") is a 0-d tensor of that dtype, or a number (made one).
+    """
     tensors, batch, first = [], None, None
     for name, a in named.items():
-        if a is None and name in OPTIONAL:
+        if (a is None and name in OPTIONAL) or SHAPES[name] == "()":
             tensors.append(a)
             continue
         if not isinstance(a, torch.Tensor):
@@ -208,6 +211,18 @@ def _tensors(named):
         first = first or (name, a)
         batch = batch or (None if weight else (name, a))
         tensors.append(a)
+    for i, name in enumerate(named):  # a trainable scalar: a 0-d tensor of the inputs' dtype, or a number
+        a = tensors[i]
+        if SHAPES[name] != "()":
+            continue
+        if not isinstance(a, torch.Tensor):
+            if type(a).__name__ in ("bool", "bool_") or not hasattr(type(a), "__float__"):
+                raise TypeError(f"{name}: expected a real scalar (a float or a 0-d tensor), got {type(a).__name__}")
+            tensors[i] = torch.tensor(float(a), dtype=first[1].dtype, device=first[1].device)
+        elif a.dim() != 0 or not a.is_floating_point():
+            raise ValueError(f"{name}: expected a 0-d floating-point tensor, got {a.dtype} {tuple(a.shape)}")
+        elif a.dtype != first[1].dtype:
+            raise ValueError(f"mixed dtypes: {first[0]} is {first[1].dtype}, {name} is {a.dtype}")
     return tensors
 
 
@@ -266,13 +281,19 @@ def _only_tensors(*values):
 def _first_order(ctx, grad_out, gradients):
     """The gradients a backward returns; under create_graph=True each is tied to the inputs and grad_out,
     so that a second derivative raises instead of silently being wrong (as torch's once_differentiable)."""
+    return _tie(gradients, (*ctx.saved_tensors[len(ctx.tensor_names) :], grad_out), _NotTwice)
+
+
+def _tie(gradients, sources, guard):
+    """gradients as they are, or under create_graph=True each tied by guard (an identity whose backward
+    raises) to the sources that require grad, so that differentiating them once more raises."""
     if not torch.is_grad_enabled():
         return gradients
-    sources = [t for t in (*ctx.saved_tensors[len(ctx.tensor_names) :], grad_out) if t.requires_grad]
+    sources = [t for t in sources if t is not None and t.requires_grad]
     present = [g for g in gradients if g is not None]
     if not sources or not present:
         return gradients
-    tied = iter(_NotTwice.apply(len(present), *present, *sources))
+    tied = iter(guard.apply(len(present), *present, *sources))
     return tuple(None if g is None else next(tied) for g in gradients)
 
 
@@ -763,3 +784,185 @@ class TransformerBlock(torch.nn.Module):
             key_padding_mask=key_padding_mask,
             causal=causal,
         )
+
+
+# torch's own modules, computed by the closed form above (drop-in replacements)
+FUNCTION = TransformerBlockFunction
+
+
+def _not_supported(option, value, why):
+    """The error of a torch option the closed form does not compute."""
+    return NotImplementedError(f"{SPEC}: {option}={value!r} is not supported: {why}")
+
+
+def _size(name, value):
+    """value as a Python int >= 1 (not a bool)."""
+    index = getattr(type(value), "__index__", None)
+    if type(value).__name__ in ("bool", "bool_") or index is None or index(value) < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return index(value)
+
+
+def _float_mask(name, mask, dtype):
+    """torch's mask convention as an additive float mask: bool True → −∞ (not allowed), float → added."""
+    if not isinstance(mask, torch.Tensor):
+        raise TypeError(f"{name}: expected a bool or floating-point tensor, got {type(mask).__name__}")
+    if mask.dtype == torch.bool:
+        return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(mask, float("-inf"))
+    if not mask.is_floating_point():
+        raise ValueError(f"{name}: expected a bool or floating-point tensor, got {mask.dtype}")
+    return mask.to(dtype)
+
+
+def _torch_mask(attn_mask, key_padding_mask, query, key, heads):
+    """The additive mask M of torch's attn_mask and key_padding_mask, broadcast against (..., H, L, S) scores.
+
+    query (..., L, E) and key (..., S, E) with batch () or (N,); attn_mask (L, S) or (N·H, L, S) (unbatched:
+    (H, L, S)); key_padding_mask (N, S) (unbatched: (S,)). None when neither is given.
+    """
+    batch, L, S = tuple(query.shape[:-2]), query.shape[-2], key.shape[-2]
+    mask = None
+    if attn_mask is not None:
+        shapes = ((L, S), ((batch[0] if batch else 1) * heads, L, S))
+        if not isinstance(attn_mask, torch.Tensor) or tuple(attn_mask.shape) not in shapes:
+            got = tuple(attn_mask.shape) if isinstance(attn_mask, torch.Tensor) else type(attn_mask).__name__
+            expected = f"(L, S) = {shapes[0]} or (N * num_heads, L, S) = {shapes[1]}"
+            raise ValueError(f"attn_mask: expected shape {expected}, got {got}")
+        mask = _float_mask("attn_mask", attn_mask, query.dtype)
+        mask = mask.reshape(*batch, heads, L, S) if mask.dim() == 3 else mask
+    if key_padding_mask is not None:
+        if not isinstance(key_padding_mask, torch.Tensor) or tuple(key_padding_mask.shape) != (*batch, S):
+            got = key_padding_mask
+            got = tuple(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__
+            raise ValueError(f"key_padding_mask: expected shape (N, S) = {(*batch, S)} (unbatched: (S,)), got {got}")
+        padding = _float_mask("key_padding_mask", key_padding_mask, query.dtype)
+        padding = padding.reshape(*batch, 1, 1, S)
+        mask = padding if mask is None else mask + padding
+    return mask
+
+
+def _sequences(name, batch_first, *tensors):
+    """The inputs as (N, L, E) (batch_first or not) or unbatched (L, E); and whether they were batched."""
+    if any(not isinstance(t, torch.Tensor) for t in tensors):
+        raise TypeError(f"{name}: expected torch.Tensor inputs, got {[type(t).__name__ for t in tensors]}")
+    ranks = {t.dim() for t in tensors}
+    if ranks not in ({2}, {3}):
+        shapes = [tuple(t.shape) for t in tensors]
+        raise ValueError(f"{name}: expected all 3-D (batched) or all 2-D (unbatched) inputs, got shapes {shapes}")
+    batched = ranks == {3}
+    if batched and not batch_first:
+        tensors = tuple(t.transpose(0, 1) for t in tensors)
+    return tensors, batched
+
+
+def _projections(self):
+    """The spec's W_Q, W_K, W_V (E_in × E) and b_Q, b_K, b_V (1 × E, or None): views of torch's parameters."""
+    E = self.embed_dim
+    if self.in_proj_weight is not None:
+        weights = self.in_proj_weight.view(3, E, E).transpose(-1, -2).unbind(0)
+    else:
+        weights = (self.q_proj_weight.mT, self.k_proj_weight.mT, self.v_proj_weight.mT)
+    biases = (None,) * 3 if self.in_proj_bias is None else self.in_proj_bias.view(3, 1, E).unbind(0)
+    return weights, biases
+
+
+class _SelfAttentionWeights(torch.nn.Module):
+    """The attention weights of ``TransformerEncoderLayer`` under torch's names (``self_attn.in_proj_weight``, …)."""
+
+    def __init__(self, embed_dim, num_heads, bias, batch_first, factory):
+        super().__init__()
+        self.embed_dim, self.num_heads, self.batch_first = embed_dim, num_heads, batch_first
+        self.in_proj_weight = torch.nn.Parameter(torch.empty(3 * embed_dim, embed_dim, **factory))
+        if bias:
+            self.in_proj_bias = torch.nn.Parameter(torch.zeros(3 * embed_dim, **factory))
+        else:
+            self.register_parameter("in_proj_bias", None)
+        self.out_proj = torch.nn.Linear(embed_dim, embed_dim, bias=bias, **factory)
+        torch.nn.init.xavier_uniform_(self.in_proj_weight)
+        if bias:
+            torch.nn.init.zeros_(self.out_proj.bias)
+
+    def extra_repr(self):
+        return f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, bias={self.in_proj_bias is not None}"
+
+
+def _is_exact_gelu(activation):
+    """Whether activation is GELU in its exact (erf) form: "gelu", F.gelu or nn.GELU()."""
+    if isinstance(activation, str):
+        return activation == "gelu"
+    if isinstance(activation, torch.nn.GELU):
+        return activation.approximate == "none"
+    return activation is torch.nn.functional.gelu
+
+
+class TransformerEncoderLayer(torch.nn.Module):
+    """``torch.nn.TransformerEncoderLayer(norm_first=True, activation="gelu")`` computed by the generated
+    closed form: the same constructor, submodules (``self_attn``, ``linear1``, ``linear2``, ``norm1``,
+    ``norm2``), state dict and ``forward(src, src_mask, src_key_padding_mask, is_causal)``.
+
+    Defaults differ from torch's where the block computes only one choice: dropout=0.0, activation="gelu",
+    norm_first=True. Not computed (a clear error): dropout > 0 in training mode, another activation
+    (ReLU, tanh-GELU), post-LN (norm_first=False), a LayerNorm without elementwise_affine.
+    """
+
+    def __init__(
+        self,
+        d_model,
+        nhead,
+        dim_feedforward=2048,
+        dropout=0.0,
+        activation="gelu",
+        layer_norm_eps=1e-5,
+        batch_first=False,
+        norm_first=True,
+        bias=True,
+        device=None,
+        dtype=None,
+    ):
+        super().__init__()
+        if not _is_exact_gelu(activation):
+            raise _not_supported("activation", activation, 'the block computes exact GELU only ("gelu")')
+        if not norm_first:
+            raise _not_supported("norm_first", norm_first, "the block is pre-LN (norm_first=True)")
+        d_model, nhead = _size("d_model", d_model), _size("nhead", nhead)
+        if d_model % nhead:
+            raise ValueError(f"d_model = {d_model} must be divisible by nhead = {nhead}")
+        if not 0.0 <= float(dropout) <= 1.0:
+            raise ValueError(f"dropout must be a probability in [0, 1], got {dropout!r}")
+        factory = {"device": device, "dtype": dtype}
+        self.dropout, self.batch_first, self.norm_first = float(dropout), bool(batch_first), True
+        self.self_attn = _SelfAttentionWeights(d_model, nhead, bias, self.batch_first, factory)
+        self.linear1 = torch.nn.Linear(d_model, _size("dim_feedforward", dim_feedforward), bias=bias, **factory)
+        self.linear2 = torch.nn.Linear(dim_feedforward, d_model, bias=bias, **factory)
+        self.norm1 = torch.nn.LayerNorm(d_model, eps=layer_norm_eps, bias=bias, **factory)
+        self.norm2 = torch.nn.LayerNorm(d_model, eps=layer_norm_eps, bias=bias, **factory)
+
+    def extra_repr(self):
+        return (
+            f"d_model={self.linear1.in_features}, nhead={self.self_attn.num_heads}, "
+            f"dim_feedforward={self.linear1.out_features}, dropout={self.dropout}, activation=gelu, "
+            f"layer_norm_eps={self.norm1.eps}, batch_first={self.batch_first}, norm_first=True"
+        )
+
+    def forward(self, src, src_mask=None, src_key_padding_mask=None, is_causal=False):
+        """The layer's output, of src's shape and layout: Y = X + MHA(LN₁(X)), Z = Y + FFN(LN₂(Y))."""
+        if self.training and self.dropout > 0:
+            raise _not_supported("dropout", self.dropout, "no dropout in training mode; use dropout=0.0 or eval()")
+        if is_causal and src_mask is None:
+            raise RuntimeError("Need attn_mask if specifying the is_causal hint.")
+        for norm in (self.norm1, self.norm2):
+            if norm.weight is None:
+                raise _not_supported("elementwise_affine", False, "the block's LayerNorms are affine")
+        (x,), batched = _sequences("TransformerEncoderLayer", self.batch_first, src)
+        attn = self.self_attn
+        (W_Q, W_K, W_V), (b_Q, b_K, b_V) = _projections(attn)
+        row = lambda v: None if v is None else v.unsqueeze(0)  # noqa: E731 - (E,) -> the spec's 1 × E row
+        shift = lambda norm: row(norm.bias) if norm.bias is not None else x.new_zeros(1, x.shape[-1])  # noqa: E731
+        M = _torch_mask(src_mask, src_key_padding_mask, x, x, attn.num_heads)
+        out = FUNCTION.apply(
+            x, W_Q, W_K, W_V, attn.out_proj.weight.mT, b_Q, b_K, b_V, row(attn.out_proj.bias),
+            row(self.norm1.weight), shift(self.norm1), row(self.norm2.weight), shift(self.norm2),
+            self.linear1.weight.mT, row(self.linear1.bias), self.linear2.weight.mT, row(self.linear2.bias),
+            M, attn.num_heads, self.norm1.eps,
+        )  # fmt: skip
+        return out.transpose(0, 1) if batched and not self.batch_first else out

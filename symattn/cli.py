@@ -1,4 +1,4 @@
-"""The ``symattn`` command line: list, derive, generate, check.
+"""The ``symattn`` command line: list, derive, generate, check, graph.
 
 Bad input — an unknown spec, target, format or option — exits 2 with one line on
 stderr and no traceback.
@@ -85,9 +85,9 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
     from symattn.codegen.generate import BACKENDS, VARIANTS
     from symattn.specs import specs
 
-    gen = sub.add_parser("generate", help="write the generated NumPy and PyTorch modules")
+    gen = sub.add_parser("generate", help="write the generated NumPy, PyTorch and JAX modules")
     gen.add_argument("--spec", action="append", choices=specs(), help="a spec to generate (repeatable; default all)")
-    gen.add_argument("--backend", action="append", choices=BACKENDS, help="numpy or torch (repeatable; default both)")
+    gen.add_argument("--backend", action="append", choices=BACKENDS, help="numpy, torch or jax (repeatable; all)")
     gen.add_argument(
         "--variant",
         action="append",
@@ -140,17 +140,34 @@ def cmd_derive(args: argparse.Namespace) -> int:
     wrt = args.wrt
     if wrt is not None:
         derivation.spec.input(wrt)  # an unknown target is bad input (exit 2), before any work
-    if args.verify:
+    if args.order == 2:  # the Hessian-vector product: the derivation of f₂ = tr(V_wᵀ ∂f/∂w)
+        from symattn.derive.second_order import derive_second_order
+
+        derivation = derive_second_order(derivation.spec, wrt)
+    if args.verify:  # the derivation with a mark per line (✓ or the discrepancy), then the report
         report = derivation.verify(wrt)
-        sys.stdout.write(report.text())
+        sys.stdout.write(derivation.text(wrt, verification=report) + "\n" + report.text())
         return 0 if report.ok else 1
     if args.cost:
         from symattn.codegen.cost_report import cost_report
 
         sys.stdout.write(cost_report(derivation).text() + "\n")
         return 0
+    if fmt == "html":  # the page embeds the dataflow picture where Graphviz is installed
+        sys.stdout.write(derivation.html(wrt, figure=_figure(derivation.spec)))
+        return 0
     sys.stdout.write(derivation.render(fmt, wrt, standalone=args.standalone))
     return 0
+
+
+def _figure(s) -> str | None:
+    """The spec's forward and backward dataflow as inline SVG, or None without Graphviz's dot."""
+    import shutil
+
+    from symattn.codegen.picture import picture
+    from symattn.derive.html import inline_svg
+
+    return inline_svg(picture(s, backward=True, fmt="svg").decode()) if shutil.which("dot") else None
 
 
 def _add_derive(sub: argparse._SubParsersAction) -> None:
@@ -166,7 +183,48 @@ def _add_derive(sub: argparse._SubParsersAction) -> None:
     der.add_argument("--verify", action="store_true", help="check every printed equality; exit 1 if one fails")
     der.add_argument("--cost", action="store_true", help="forward and backward FLOPs and peak temporaries")
     der.add_argument("--option", action="append", metavar="KEY=VALUE", help="a spec option, e.g. num_heads=2, scale=1")
+    der.add_argument(
+        "--order", type=int, choices=(1, 2), default=1, help="2: the Hessian-vector product H V along --wrt's V"
+    )
     der.set_defaults(handler=cmd_derive)
+
+
+def cmd_graph(args: argparse.Namespace) -> int:
+    """Draw the spec's dataflow (forward, or with --backward both passes) as SVG, PNG or DOT, to stdout or --out."""
+    from symattn.codegen.picture import picture
+    from symattn.specs import spec
+    from symattn.specs.files import load_spec_file
+
+    if (args.spec is None) == (args.spec_file is None):
+        raise UsageError("symattn graph: error: give either SPEC or --spec-file FILE")
+    options = _spec_options(args.option)
+    s = load_spec_file(args.spec_file, **options) if args.spec_file is not None else spec(args.spec, **options)
+    image = picture(s, backward=args.backward, fmt=args.format)
+    if args.out is None:
+        sys.stdout.flush()
+        sys.stdout.buffer.write(image)
+        return 0
+    try:
+        with open(args.out, "wb") as f:
+            f.write(image)
+    except OSError as err:
+        raise SymattnError(f"cannot write {args.out}: {err.strerror or err}") from None
+    print(f"wrote {args.out}")
+    return 0
+
+
+def _add_graph(sub: argparse._SubParsersAction) -> None:
+    from symattn.codegen.picture import FORMATS
+    from symattn.specs import specs
+
+    gra = sub.add_parser("graph", help="draw the forward (and backward) dataflow with Graphviz")
+    gra.add_argument("spec", nargs="?", choices=specs(), help="a built-in spec (or give --spec-file)")
+    gra.add_argument("--spec-file", metavar="FILE", help="a Python file defining `spec` (a user's own spec)")
+    gra.add_argument("--backward", action="store_true", help="draw the backward pass too")
+    gra.add_argument("--format", choices=FORMATS, default="svg", help="svg (default), png or dot (the DOT text)")
+    gra.add_argument("--out", metavar="FILE", help="write to FILE (default: stdout)")
+    gra.add_argument("--option", action="append", metavar="KEY=VALUE", help="a spec option, e.g. num_heads=2")
+    gra.set_defaults(handler=cmd_graph)
 
 
 def cmd_check(args: argparse.Namespace) -> int:
@@ -229,6 +287,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_derive(sub)
     _add_check(sub)
     _add_generate(sub)
+    _add_graph(sub)
     return parser
 
 

@@ -64,6 +64,24 @@ class Differential(MatrixExpr):
         return self.arg.shape
 
 
+class ScalarDifferential(sp.Expr):
+    """dτ: the differential of a scalar expression τ (a trainable scalar)."""
+
+    is_commutative = True
+
+    def __new__(cls, arg: Basic) -> ScalarDifferential:
+        return Basic.__new__(cls, sympify(arg))
+
+    @property
+    def arg(self) -> Basic:
+        return self.args[0]
+
+
+def differential_of(a: Basic) -> Basic:
+    """dA for a matrix expression, dτ for a scalar one."""
+    return Differential(a) if isinstance(a, MatrixExpr) else ScalarDifferential(a)
+
+
 Tangent = Callable[[Basic], Basic | None]  # an argument's differential, None where it is constant
 JvpRule = Callable[[Basic, Tangent], Basic | None]
 
@@ -95,11 +113,12 @@ def hadamard_product(*factors: Basic) -> Basic:
 
 @defjvp(MatMul)
 def product_jvp(node: MatMul, d: Tangent) -> Basic | None:
-    """d(c A B) = c dA B + c A dB (product rule)."""
+    """d(c A B) = dc A B + c dA B + c A dB (product rule; dc ≠ 0 for a trainable scalar c = τ)."""
     scalars = [a for a in node.args if not isinstance(a, MatrixExpr)]
     mats = [a for a in node.args if isinstance(a, MatrixExpr)]
     coeff = sp.Mul(*scalars)
-    terms = []
+    dc = d(coeff) if coeff.free_symbols else None
+    terms = [] if dc is None else [MatMul(dc, *mats)]
     for i, m in enumerate(mats):
         dm = d(m)
         if dm is not None:
@@ -275,8 +294,31 @@ def _rule(node: Basic) -> JvpRule:
 
 
 def local_differential(node: Basic, varying: set[Basic]) -> Basic | None:
-    """dY for the node Y, written with Differential(a) for each of its arguments a in varying."""
-    return _rule(node)(node, lambda a: Differential(a) if a in varying else None)
+    """dY for the node Y, written with Differential(a) (dτ for a scalar) for each of its arguments a in varying."""
+    return _rule(node)(node, lambda a: differential_of(a) if a in varying else _scalar_part(a, varying))
+
+
+def _scalar_part(a: Basic, varying: set[Basic]) -> Basic | None:
+    """d of a product's coefficient c = 2τ: the coefficient is no node, its varying factors are."""
+    if isinstance(a, sp.Mul) and any(f in varying for f in a.args):
+        return _rule(a)(a, lambda f: differential_of(f) if f in varying else None)
+    return None
+
+
+# Scalar nodes (trainable scalars and functions of them).
+
+
+@defjvp(sp.Add, sp.Mul, sp.Pow, sp.exp, sp.log, sp.tanh)
+def scalar_jvp(node: Basic, d: Tangent) -> Basic | None:
+    """d f(a₁, …, a_k) = Σ_i ∂f/∂a_i da_i for a scalar node (τ², e^τ, 2τ, …)."""
+    terms = []
+    for i, a in enumerate(node.args):
+        da = d(a) if a.free_symbols else None
+        if da is not None:
+            x = sp.Dummy("x")
+            partial = sp.diff(node.func(*node.args[:i], x, *node.args[i + 1 :]), x).subs(x, a)
+            terms.append(partial * da)
+    return sp.Add(*terms) if terms else None
 
 
 def differential(expr: Basic, tangents: Mapping[MatrixSymbol, Basic]) -> Basic | None:

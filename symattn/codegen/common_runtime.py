@@ -7,6 +7,7 @@ calls (``inspect.getsource``). ``SHAPES`` stands for the generated module's own 
 from __future__ import annotations
 
 SHAPES: dict[str, str] = {}  # input name -> its shape as the docstring writes it, e.g. "(..., n, d_k)"
+DIRECTION_OF: dict[str, str] = {}  # a module with a second closed form: input name -> its direction's name
 
 
 def add_optional(a, b):
@@ -42,3 +43,14 @@ def _nonempty(sizes, named):
     if empty:
         shapes = ", ".join(f"{name} {tuple(a.shape)}" for name, a in named.items() if a is not None)
         raise ValueError(f"{', '.join(empty)}: only the query rows may be empty; got {shapes}")
+
+
+def _direction(direction):
+    """A Hessian-vector product's direction: a dict from input names to arrays of their shapes (a name left
+    out: zero in that input)."""
+    if not isinstance(direction, dict):
+        raise TypeError(f"direction: expected a dict from input names to arrays, got {type(direction).__name__}")
+    unknown = [name for name in direction if name not in DIRECTION_OF]
+    if unknown:
+        raise ValueError(f"direction: {unknown[0]!r} is no input; inputs: {', '.join(DIRECTION_OF)}")
+    return direction

@@ -16,21 +16,26 @@ import sympy as sp
 
 from symattn.codegen import layout
 from symattn.codegen.printers import GeneratedNumPyPrinter, TorchMatrixPrinter
+from symattn.codegen.printers_jax import JaxMatrixPrinter
 from symattn.codegen.schedule import Assignment, Schedule
 from symattn.codegen.sections import Statement, _saved, _sections, _statements, _uses
 from symattn.derive.latex import text
 from symattn.lang.ops import SplitHeads
 from symattn.specs import Option
 
-PRINTERS = {"numpy": GeneratedNumPyPrinter, "torch": TorchMatrixPrinter}
+PRINTERS = {"numpy": GeneratedNumPyPrinter, "torch": TorchMatrixPrinter, "jax": JaxMatrixPrinter}
 # The keywords of a module whose spec has an additive mask M (built from them at run time).
 MASK_KEYWORDS = ("attn_mask=None", "key_padding_mask=None", "causal=False")
 MASK_NAMES = tuple(k.partition("=")[0] for k in MASK_KEYWORDS)
 # The function that checks a backend's inputs, and the runtime helpers that only its modules call.
-CHECK_INPUTS = {"numpy": "_arrays", "torch": "_tensors"}
+CHECK_INPUTS = {"numpy": "_arrays", "torch": "_tensors", "jax": "_arrays"}
 # the helper that gives mask_shape, the shape ∂f/∂M is summed to (None: no gradient wanted)
-MASK_SHAPE = {"numpy": "_float_mask_shape", "torch": "_grad_shape"}
-BACKEND_HELPERS = {"numpy": ("_cotangent",), "torch": ("_NotTwice", "_only_tensors", "_first_order")}
+MASK_SHAPE = {"numpy": "_float_mask_shape", "torch": "_grad_shape", "jax": "_mask_shape"}
+BACKEND_HELPERS = {
+    "numpy": ("_cotangent",),
+    "torch": ("_NotTwice", "_only_tensors", "_first_order", "_tie"),
+    "jax": ("_Static", "_residuals", "_restore"),
+}
 
 ModuleParameters = Callable[[Schedule, object], tuple[list[str], list[dict], list[dict]]]
 
@@ -54,13 +59,15 @@ def _wrap(lines: list[str], width: int = 110) -> list[str]:
 
 
 def _shape_text(printer, x: sp.MatrixSymbol, weights: frozenset) -> str:
+    if not isinstance(x, sp.MatrixSymbol):  # a trainable scalar: 0-d
+        return "()"
     dims = ", ".join(printer.doprint(d) for d in x.shape)
     return f"({dims})" if str(x.name) in weights else f"(..., {dims})"
 
 
 def _nonempty_call(sched: Schedule) -> str:
     """The check that every dimension read off the inputs is at least 1, but the query rows (the first input's)."""
-    first = sched.inputs[0]
+    first = sched.spec.matrix_inputs[0]
     rows = first.shape[0] if str(first.name) not in sched.weights else None
     sizes = [b.symbol.name for b in sched.bindings if b.symbol != rows]
     if not sizes:
@@ -143,7 +150,7 @@ def _checks(sched: Schedule, printer, backend: str, options: list[Option]) -> di
                 "dims": ", ".join(printer.doprint(d) for d in x.shape),
                 "optional": str(x.name) in sched.optional,
             }
-            for x in s.inputs
+            for x in s.matrix_inputs
         ],
         "bindings": _bindings(sched, printer),
         "constants": [Statement(c.name, printer.doprint(v)) for c, v in sched.constants],
@@ -155,15 +162,15 @@ def _checks(sched: Schedule, printer, backend: str, options: list[Option]) -> di
 
 def _runtime_helpers(
     printer, backend: str, checks: dict, options: list[Option], mask: str | None, mask_gradient: bool
-) -> str:
-    """The source of the runtime helpers the module calls: the expressions' (sorted), then the checks'."""
+) -> list[str]:
+    """The runtime helpers the module calls: the expressions' (sorted), then the checks'."""
     names = [*sorted(printer.helpers_used), CHECK_INPUTS[backend], "_check_shape"]
     names += ["_quotient"] * any(b.value.startswith("_quotient(") for b in checks["bindings"])
     names += ["_positive_int"] * any(o.symbol.is_integer for o in options)
     names += ["_nonempty"] * bool(checks["nonempty"])
     names += [*BACKEND_HELPERS[backend], *["_additive_mask"] * bool(mask)]
     names += [MASK_SHAPE[backend]] * bool(mask_gradient)
-    return printer.runtime_source(names)
+    return names
 
 
 def _function(
@@ -188,9 +195,11 @@ def _function(
         "signature": layout.define("forward", signature, indent=0),
         "apply_call": layout.call(f"{class_name}Function.apply", positional, indent=4),
         "return_gradients": layout.wrapped(
-            "return " if not (maybe or mask_grads) or backend == "torch" else "grads = ",
+            "return " if not (maybe or mask_grads) or backend != "numpy" else "grads = ",
             [
-                f'"{name}": None if {name} is None else {t.name}' if t in shared else f'"{name}": {t.name}'
+                f'"{name}": None if {name} is None else {t.name}'
+                if t in shared
+                else f'"{name}": {_returned(sched, name, t)}'
                 for name, t in (*sched.gradients, *mask_grads)
             ],
             "",
@@ -202,7 +211,12 @@ def _function(
         "drop_none": bool(maybe or mask_grads),
         "function_gradients": layout.assign_tuple(
             "gradients",
-            [f'grads["{x.name}"]' for x in s.inputs]
+            [
+                f'grads["{x.name}"] if ctx.needs_input_grad[{i}] else None'  # a number: no gradient
+                if str(x.name) in sched.scalar_inputs
+                else f'grads["{x.name}"]'
+                for i, x in enumerate(s.inputs)
+            ]
             + ([f'grads["{mask}"]' if mask_grads else "None"] if mask else [])
             + ["None"] * len(options),
             indent=8,
@@ -215,6 +229,32 @@ def _function(
         "call_forward": layout.wrapped(
             f"{sched.output.name}, saved = _forward", positional, "", indent=8, brackets="()"
         ),
+    }
+
+
+def _returned(sched: Schedule, name: str, target: sp.MatrixSymbol) -> str:
+    """The gradient as returned: a trainable scalar's, computed 1 × 1, as a 0-d value."""
+    return f"{target.name}.reshape(())" if name in sched.scalar_inputs else str(target.name)
+
+
+def _custom_vjp(sched: Schedule, options: list[Option], mask: str | None) -> dict:
+    """The JAX module's jax.custom_vjp: its primal, forward and backward rules (the options static, by
+    nondiff_argnums) and the public forward's call."""
+    arrays = [str(x.name) for x in sched.spec.inputs] + ([mask] if mask else [])
+    positional = arrays + [o.name for o in options]
+    static = ", ".join(str(i) for i in range(len(arrays), len(positional)))
+    cotangents = [f'grads["{name}"]' for name in arrays]
+    return {
+        "define_primal": layout.define("_primal", positional, indent=0),
+        "define_primal_fwd": layout.define("_primal_fwd", positional, indent=0),
+        "define_primal_bwd": layout.define(
+            "_primal_bwd", [o.name for o in options] + ["residuals", str(sched.seed.name)], indent=0
+        ),
+        "primal_value": layout.wrapped("return _forward", positional, "[0]", indent=4, brackets="()"),
+        "primal_call": layout.wrapped(f"{sched.output.name}, saved = _forward", positional, "", 4, brackets="()"),
+        "nondiff_argnums": f"({static},)" if len(options) == 1 else f"({static})",
+        "vjp_cotangents": layout.assign_tuple("cotangents", cotangents, indent=4),
+        "vjp_call": layout.call("_differentiable", positional, indent=4),
     }
 
 
@@ -268,6 +308,7 @@ def build_context(
     """
     printer = PRINTERS[backend]()
     s = sched.spec
+    mask_no_gradient = variant == "memeff" and bool(sched.constant_gradients)  # torch: a clear error instead
     if variant == "memeff" and sched.constant_gradients:  # blocks of rows: the mask gets no gradient there
         gradients = {t for _, t in sched.constant_gradients}
         backward = tuple(a for a in sched.backward if a.target not in gradients)
@@ -278,6 +319,7 @@ def build_context(
     options = sections["options"]
     class_name = class_name or "".join(p.title() for p in s.name.split("_"))
     checks = _checks(sched, printer, backend, options)
+    helpers = _runtime_helpers(printer, backend, checks, options, mask, bool(sched.constant_gradients))
     return {
         "version": version,
         "backend": backend,
@@ -291,6 +333,9 @@ def build_context(
         "needs_dtype": _uses("dtype", [line.value for line in _statements(sections)]),
         **_function(sched, options, mask, class_name, backend, sections["shared"]),
         **_module(sched, options, mask, module_parameters(sched, PRINTERS[backend]())),
-        "runtime": _runtime_helpers(printer, backend, checks, options, mask, bool(sched.constant_gradients)),
+        **_custom_vjp(sched, options, mask),
+        "helpers": helpers,
+        "runtime": printer.runtime_source(helpers),
         "mask_gradient": MASK_SHAPE[backend] if sched.constant_gradients else "",
+        "mask_no_gradient": mask_no_gradient,
     }

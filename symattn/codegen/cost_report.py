@@ -1,9 +1,11 @@
-"""The report of ``symattn derive SPEC --cost``: FLOPs and peak temporaries, forward and backward.
+"""The report of ``symattn derive SPEC --cost``: FLOPs, bytes and peak temporaries, forward and backward.
 
-Three counts of the backward: as derived (each gradient's closed form, shared
-subexpressions once), simplified (``simplify_all`` over the forward and every
-gradient) and, for a built-in spec with its default options, the generated schedule's
-assignments (each named value computed once, names free).
+A table of the generated schedule's named values (``node_costs``: shape, FLOPs and
+bytes of each, the values saved for the backward marked, totals, and what the D
+identity rowsum(dP ⊙ P) = rowsum(dO ⊙ O) saves), then three counts of the backward:
+as derived (each gradient's closed form, shared subexpressions once), simplified
+(``simplify_all`` over the forward and every gradient) and the generated schedule's
+(each named value computed once, names free), and peaks at several sizes.
 """
 
 from __future__ import annotations
@@ -13,20 +15,37 @@ from dataclasses import dataclass
 
 import sympy as sp
 from sympy import Basic
+from sympy.matrices.expressions import HadamardProduct, MatMul, MatrixSymbol
 
-from symattn.codegen.schedule import schedule, schedule_spec
+from symattn.codegen.schedule import Schedule, schedule, schedule_spec
+from symattn.lang.ops import RowSoftmax, RowSum
 from symattn.lang.shapes import dimension_symbols
-from symattn.optimize.cost import (
-    TYPICAL_SIZES,
-    flops,
-    largest_temporaries,
-    peak_bytes,
-    subexpressions,
-)
+from symattn.optimize.cost import TYPICAL_SIZES, flops, node_bytes, numel, peak_bytes, size_function, subexpressions
 from symattn.specs import Spec, spec, specs
 
 # Sizes at which the report evaluates its symbolic counts: single-head n = m, d = 64, and H = 8 heads of 64.
 REPORT_SIZES: tuple[dict[str, int], ...] = tuple({**TYPICAL_SIZES, "n": n, "m": n} for n in (128, 512, 2048, 4096))
+
+
+@dataclass(frozen=True)
+class NodeCost:
+    """One named value of the generated schedule: its shape, FLOPs (symbolic) and bytes (symbolic)."""
+
+    name: str
+    backward: bool  # computed in the backward pass (else the forward)
+    shape: tuple[Basic, Basic]
+    flops: Basic  # this value's own work, the names it reads given
+    bytes: Basic  # its entries (all heads) times the item size
+    saved: bool = False  # a forward value the backward reads
+    uses: tuple[str, ...] = ()  # the named values (and inputs) it reads
+
+
+@dataclass(frozen=True)
+class Saving:
+    """A rewrite that the schedule took: what it computes, instead of what, and the FLOPs that saves."""
+
+    what: str
+    flops: Basic
 
 
 @dataclass(frozen=True)
@@ -42,15 +61,20 @@ class CostReport:
     backward: Basic
     backward_derived: Basic
     rows: tuple[dict[str, float], ...]
-    largest: tuple[tuple[str, Basic], ...]  # (name or expression, symbolic entries)
     generated_forward: Basic | None = None  # the generated schedule's (a built-in spec, default options)
     generated_backward: Basic | None = None
     itemsize: int = 4  # bytes per entry of the peaks
+    nodes: tuple[NodeCost, ...] = ()  # the generated schedule's values, forward then backward
+    savings: tuple[Saving, ...] = ()
 
-    def text(self) -> str:
-        """The report as aligned plain text."""
-        lines = [
-            f"cost of {self.spec} (FLOPs: products 2·a·b·c, one per entry elsewhere; shared subexpressions once)",
+    def text(self, sizes: Mapping[str, int] = TYPICAL_SIZES) -> str:
+        """The report as aligned plain text; the node table also evaluated at sizes."""
+        lines = [f"cost of {self.spec} (FLOPs: products 2·a·b·c, one per entry elsewhere; shared subexpressions once)"]
+        if self.nodes:
+            lines += ["", *node_table(self.nodes, self.savings, sizes, self.itemsize)]
+        lines += [
+            "",
+            "  totals (symbolic)",
             f"  forward             {self.forward}",
             f"  backward            {self.backward}",
             f"  backward as derived {self.backward_derived}",
@@ -62,8 +86,6 @@ class CostReport:
                 f"  generated backward  {self.generated_backward}",
             ]
         lines += [
-            "  largest temporaries (entries):",
-            *(f"    {entries}: {what}" for what, entries in self.largest),
             "",
             "  sizes                                   forward GFLOP  backward GFLOP  as derived  "
             f"generated  peak fwd MiB  peak bwd MiB (float{8 * self.itemsize})",
@@ -80,6 +102,64 @@ class CostReport:
             "  argument dies there; the forward's includes the values the backward reads, the backward's not)",
         ]
         return "\n".join(lines)
+
+
+def formula(expr: Basic) -> str:
+    """A symbolic count as a reader writes it: 2·d_k·m·n + n² − n (not 2*d_k*m*n + n**2 - n)."""
+    terms = sp.sympify(expr).as_ordered_terms()
+    positive = [t for t in terms if not t.could_extract_minus_sign()]
+    negative = [-t for t in terms if t.could_extract_minus_sign()]
+    text = " + ".join(str(t) for t in positive) or "0"
+    text += "".join(f" − {t}" for t in negative)
+    return text.replace("**2", "²").replace("**3", "³").replace("*", "·")
+
+
+def _at(expr: Basic, sizes: Mapping[str, int]) -> float:
+    value = expr.xreplace({s: sizes.get(s.name, 64) for s in expr.free_symbols})
+    return float(value)
+
+
+def node_table(
+    nodes: Sequence[NodeCost], savings: Sequence[Saving], sizes: Mapping[str, int], itemsize: int
+) -> list[str]:
+    """The per-node table: pass, name (* saved), shape, FLOPs, MFLOP and KiB at sizes; totals; savings."""
+    used = sorted({s.name for n in nodes for e in (*n.shape, n.flops) for s in sp.sympify(e).free_symbols})
+    at = " ".join(f"{k}={sizes.get(k, 64)}" for k in used)
+    header = ("pass", "value", "shape", "FLOPs", "MFLOP", "KiB")
+    body = [
+        (
+            "backward" if n.backward else "forward",
+            n.name + (" *" if n.saved else ""),
+            f"{formula(n.shape[0])} × {formula(n.shape[1])}",
+            formula(n.flops),
+            f"{_at(n.flops, sizes) / 1e6:.3f}",
+            f"{_at(n.bytes, sizes) / 2**10:.1f}",
+        )
+        for n in nodes
+    ]
+    for backward in (False, True):
+        part = [n for n in nodes if n.backward == backward]
+        total, size = sp.Add(*(n.flops for n in part)), sp.Add(*(n.bytes for n in part))
+        label = "backward" if backward else "forward"
+        body.append((label, "total", "", formula(sp.expand(total)), f"{_at(total, sizes) / 1e6:.3f}",
+                     f"{_at(size, sizes) / 2**10:.1f}"))
+    widths = [max(len(row[k]) for row in (header, *body)) for k in range(len(header))]
+    right = (False, False, False, False, True, True)  # numbers right-aligned
+
+    def line(row: tuple[str, ...]) -> str:
+        cells = [c.rjust(w) if r else c.ljust(w) for c, w, r in zip(row, widths, right)]
+        return ("  " + "  ".join(cells)).rstrip()
+
+    title = f"generated schedule, value by value (MFLOP and KiB at {at}; float{8 * itemsize}; * saved for the backward)"
+    out = [f"  {title}"]
+    out += [line(header), line(tuple("-" * w for w in widths))]
+    for row in body:
+        if row[1] == "total" and row[0] == "forward":
+            out.append(line(tuple("-" * w for w in widths)))
+        out.append(line(row))
+    for saving in savings:
+        out.append(f"  {saving.what}: saves {formula(saving.flops)} FLOPs ({_at(saving.flops, sizes) / 1e6:.3f} MFLOP)")
+    return out
 
 
 def cost_report(name_or_spec, sizes: Sequence[Mapping[str, int]] = REPORT_SIZES, itemsize: int = 4) -> CostReport:
@@ -99,9 +179,7 @@ def cost_report(name_or_spec, sizes: Sequence[Mapping[str, int]] = REPORT_SIZES,
     named = [*derivation.spec.intermediates]
     named += [("d" + name, cotangents[e]) for name, e in derivation.spec.intermediates if e in cotangents]
     forward, *rest = simplify_all([output, *gradients, *(e for _, e in named)])
-    backward, names = rest[: len(gradients)], {}
-    for (name, _), e in zip(named, rest[len(gradients) :]):
-        names.setdefault(e, name)
+    backward = rest[: len(gradients)]
     computed = set(subexpressions([forward]))
     # the forward values the backward reads directly (in a fixed order: the peak depends on it)
     read = (a for n in subexpressions(backward) if n not in computed for a in n.args if a in computed)
@@ -121,17 +199,17 @@ def cost_report(name_or_spec, sizes: Sequence[Mapping[str, int]] = REPORT_SIZES,
                 "backward_peak": peak_bytes(backward, given=[forward], sizes=table, itemsize=itemsize),
             }
         )
-    largest = tuple(
-        (_describe(node, names), count) for node, count in largest_temporaries([forward, *backward], count=4)
-    )
+    sched = schedule_of(derivation.spec)
+    nodes = node_costs(sched, itemsize)
     return CostReport(
         spec=derivation.spec.name,
         forward=sp.expand(flops([forward])),
         backward=sp.expand(flops(backward, given=[forward])),
         backward_derived=sp.expand(flops(gradients, given=[output])),
         rows=tuple(rows),
-        largest=largest,
         itemsize=itemsize,
+        nodes=nodes,
+        savings=tuple(d_identity(sched, nodes)),
         generated_forward=None if generated is None else sp.expand(flops(generated[0])),
         generated_backward=None if generated is None else sp.expand(flops(generated[1], given=generated[0])),
     )
@@ -144,25 +222,88 @@ def schedule_values(s: Spec) -> tuple[list[Basic], list[Basic]] | None:
     modules compute it (None when built with non-default options: no module computes that one);
     a user's spec as its own schedule.
     """
-    if s.name in specs():
-        if s != spec(s.name):
-            return None
-        sched = schedule(s.name)
-    else:
-        sched = schedule_spec(s)
+    if s.name in specs() and s != spec(s.name):
+        return None
+    sched = schedule_of(s)
     values: dict[Basic, Basic] = {}
     for a in (*sched.forward, *sched.backward):
         values[a.target] = a.value.xreplace(values)
     return [values[a.target] for a in sched.forward], [values[a.target] for a in sched.backward]
 
 
+def schedule_of(s: Spec) -> Schedule:
+    """The generated schedule of a spec: a built-in's as its modules compute it, else the spec's own."""
+    if s.name in specs() and s == spec(s.name):
+        return schedule(s.name)
+    return schedule_spec(s)
+
+
+def node_costs(sched: Schedule, itemsize: int = 4) -> tuple[NodeCost, ...]:
+    """Every named value of the schedule, forward then backward, with its own FLOPs and bytes.
+
+    A value's FLOPs are those of its definition with the names it reads given; they add up
+    to the schedule's count. Per-head values (Q_h, P_h, …) count all heads: the names are
+    written out, so that the cost model sees the head split below them.
+    """
+    dim = size_function(None)
+    full: dict[Basic, Basic] = {}
+    nodes = []
+    saved = set(sched.saved)
+    for backward, part in ((False, sched.forward), (True, sched.backward)):
+        for a in part:
+            value = a.value.xreplace(full)
+            reads = [full[x] for x in a.value.atoms(MatrixSymbol) if x in full]
+            free = set(subexpressions(reads))  # computed before: neither FLOPs nor bytes here
+            made = [x for x in subexpressions([value]) if x not in free]
+            full[a.target] = value
+            uses = tuple(sorted(str(x.name) for x in a.value.atoms(MatrixSymbol)))
+            nodes.append(
+                NodeCost(
+                    name=str(a.target.name),
+                    backward=backward,
+                    shape=a.target.shape,
+                    flops=sp.expand(flops([value], given=reads)),
+                    bytes=sp.expand(sp.Add(*(node_bytes(x, dim, itemsize) for x in made))),
+                    saved=not backward and a.target in saved,
+                    uses=uses,
+                )
+            )
+    return tuple(nodes)
+
+
+def d_identity(sched: Schedule, nodes: Sequence[NodeCost]) -> list[Saving]:
+    """FlashAttention's D: a row sum rowsum(dO ⊙ O) where O = P V and P is a row softmax.
+
+    dP = dO Vᵀ, so rowsum(dP ⊙ P) = rowsum(dO ⊙ (P V)) = rowsum(dO ⊙ O): the schedule
+    reads O's entries (n × d_v) instead of P's (n × m). The saving is the entrywise
+    product and row sum over P's entries less those over O's.
+    """
+    definitions = {a.target: a.value for a in sched.forward}
+    cost = {n.name: n.flops for n in nodes}
+    dim = size_function(None)
+    full: dict[Basic, Basic] = {}
+    for a in sched.forward:
+        full[a.target] = a.value.xreplace(full)
+    savings = []
+    for a in sched.backward:
+        if not (isinstance(a.value, RowSum) and isinstance(a.value.arg, HadamardProduct)):
+            continue
+        for o in a.value.arg.args:
+            value = definitions.get(o)
+            first = value.args[0] if isinstance(value, MatMul) else None
+            if first is None or not isinstance(definitions.get(first), RowSoftmax):
+                continue
+            do = next(x for x in a.value.arg.args if x != o)
+            p = str(first.name)
+            instead = 2 * numel(full[first], dim)  # P's entries: one product and one sum each
+            what = (
+                f"the D identity {a.target.name} = rowsum({do} ⊙ {o}) in place of rowsum(d{p} ⊙ {p}) "
+                f"(the rows of {p} sum to one)"
+            )
+            savings.append(Saving(what, sp.expand(instead - cost[str(a.target.name)])))
+            break
+    return savings
+
+
 def _gflop(value: float | None) -> str:
     return "–" if value is None else f"{value / 1e9:.3f}"
-
-
-def _describe(node: Basic, names: dict[Basic, str], width: int = 70) -> str:
-    """The intermediate's name where node is one (P, S_h, …), else the expression, shortened."""
-    if node in names:
-        return names[node]
-    text = str(node)
-    return text if len(text) <= width else text[: width - 1] + "…"

@@ -61,5 +61,8 @@ WEIGHT_PREFIXES = ("W_", "b_", "gamma_", "beta_")
 
 
 def is_weight(symbol: MatrixSymbol) -> bool:
-    """Parameters are the inputs named W_…, b_…, gamma_…, beta_… ; they carry no batch dimensions."""
+    """Parameters are the inputs named W_…, b_…, gamma_…, beta_…, and trainable scalars; they carry no batch
+    dimensions."""
+    if isinstance(symbol, sp.Symbol):
+        return not symbol.is_integer
     return isinstance(symbol, MatrixSymbol) and str(symbol.name).startswith(WEIGHT_PREFIXES)

@@ -19,14 +19,17 @@ from pathlib import Path
 import jinja2
 import sympy as sp
 
+from symattn.codegen import dropin_runtime
 from symattn.codegen.context import PRINTERS, build_context
 from symattn.codegen.schedule import Schedule, schedule, schedule_spec
+from symattn.codegen.second_order import second_order_context
 from symattn.errors import SymattnError
 from symattn.lang.dims import bind_dimensions
 from symattn.specs import Spec, family, specs
 
 __all__ = [
     "BACKENDS",
+    "BACKEND_VARIANTS",
     "PRINTERS",
     "VARIANTS",
     "context",
@@ -39,7 +42,9 @@ __all__ = [
     "write_atomically",
 ]
 
-BACKENDS = ("numpy", "torch")
+BACKENDS = ("numpy", "torch", "jax")
+# The variants a backend is generated in; jax has no memory-efficient one (XLA decides what it keeps).
+BACKEND_VARIANTS = {"numpy": ("standard", "memeff"), "torch": ("standard", "memeff"), "jax": ("standard",)}
 VARIANTS = ("standard", "memeff")
 # A weight dimension that is a product of dimensions is passed under its CONTRACT.md name.
 DIMENSION_ALIASES = {"H*d_k": "d_model"}
@@ -84,7 +89,7 @@ def _module_parameters(sched: Schedule, printer) -> tuple[list[str], list[dict],
     by ``DIMENSION_ALIASES`` (d_model), divided.
     """
     known: set = {o.symbol for o in sched.options}
-    weight_inputs = [x for x in sched.inputs if str(x.name) in sched.weights]
+    weight_inputs = [x for x in sched.spec.matrix_inputs if str(x.name) in sched.weights]
     plan = {(b.input, b.axis): b for b in bind_dimensions(weight_inputs, known)}
     params: list[str] = []
     bindings: list[dict] = []
@@ -118,6 +123,8 @@ def _module_parameters(sched: Schedule, printer) -> tuple[list[str], list[dict],
                 "bias": str(w.name) in sched.optional,
             }
         )
+    scalars = [name for name in sched.spec.input_names if name in sched.scalar_inputs]  # 0-d parameters
+    weights += [{"name": name, "shape": "()", "bias": False} for name in scalars]
     return params, bindings, weights
 
 
@@ -125,7 +132,10 @@ def context(
     sched: Schedule, backend: str, version: str, variant: str = "standard", class_name: str | None = None
 ) -> dict:
     """Everything a module template needs, every expression already printed (see ``codegen.context``)."""
-    return build_context(sched, backend, version, variant, class_name, _module_parameters)
+    ctx = build_context(sched, backend, version, variant, class_name, _module_parameters)
+    # JAX differentiates a custom_vjp's own rules (plain jax.numpy) again: no second form printed there
+    second = second_order_context(sched, ctx, backend, version) if backend != "jax" else None
+    return ctx | {"second_order": second}
 
 
 def render(source: str | Spec, backend: str, variant: str = "standard", regenerate: str = "symattn generate") -> str:
@@ -139,25 +149,32 @@ def render(source: str | Spec, backend: str, variant: str = "standard", regenera
         raise SymattnError(f"unknown backend {backend!r}; choose from {', '.join(BACKENDS)}")
     if variant not in VARIANTS:
         raise SymattnError(f"unknown variant {variant!r}; choose from {', '.join(VARIANTS)}")
+    if variant not in BACKEND_VARIANTS[backend]:
+        raise SymattnError(
+            f"the {backend} backend has no {variant} variant (only {', '.join(BACKEND_VARIANTS[backend])}); "
+            "jax.jit decides what XLA keeps in memory"
+        )
     if isinstance(source, Spec):
         _require_bound_scalars(source)
-        sched, class_name = schedule_spec(source), None
+        sched, class_name, dropins = schedule_spec(source), None, ()
     else:
         found = family(source)
         sched, class_name = schedule(source, extended=found.masks), found.class_name
+        dropins = found.dropins if backend == "torch" and variant == "standard" else ()
     ctx = context(sched, backend, __version__, variant, class_name) | {"regenerate": regenerate}
+    ctx |= {"dropin_names": list(dropins), "dropins": dropin_runtime.source(dropins)}
     text = environment().get_template(f"{backend}_module.py.j2").render(**ctx)
     return _tidy(text)
 
 
 def _require_bound_scalars(s: Spec) -> None:
     """A generated module reads every dimension off its inputs' shapes: a free scalar symbol has no source."""
-    dims = {d for x in s.inputs for size in x.shape for d in sp.sympify(size).free_symbols}
-    loose = sorted(str(x) for x in s.output.free_symbols if isinstance(x, sp.Symbol) and x not in dims)
+    dims = {d for x in s.matrix_inputs for size in x.shape for d in sp.sympify(size).free_symbols}
+    loose = sorted(str(x) for x in s.output.free_symbols if isinstance(x, sp.Symbol) and x not in {*dims, *s.inputs})
     if loose:
         raise SymattnError(
-            f"spec {s.name!r}: scalar symbol(s) {', '.join(loose)} are no input's dimension, and a generated "
-            "module has no keyword for them; use a number"
+            f"spec {s.name!r}: scalar symbol(s) {', '.join(loose)} are neither an input's dimension nor an input; "
+            "list a trainable scalar in the inputs, or use a number"
         )
 
 
@@ -195,6 +212,8 @@ def generate(
             for variant in variants or (VARIANTS if builtin else ("standard",)):
                 if variant == "memeff" and builtin is not None and not builtin.row_blocks:
                     continue  # no memory-efficient cut for this spec
+                if variant not in BACKEND_VARIANTS[backend] and not (backends and variants):
+                    continue  # asked for every backend or every variant: the pairs that exist
                 path = out_dir / f"{module_name(name, backend, variant)}.py"
                 rendered[path] = render(source, backend, variant, regenerate)
     stale = [path for path, text in rendered.items() if not path.is_file() or path.read_bytes() != text.encode()]

@@ -63,10 +63,13 @@ def row_softmax_lse(a):
 
 
 def _arrays(named):
-    """The inputs as arrays, checked: rank, one leading batch shape for the non-weights, one dtype."""
+    """The inputs as arrays, checked: rank, one leading batch shape for the non-weights, one dtype.
+
+    A trainable scalar (shape "()") is a number or a 0-d array, taken in the matrices' dtype.
+    """
     arrays, batch, first = [], None, None
     for name, value in named.items():
-        if value is None and name in OPTIONAL:
+        if (value is None and name in OPTIONAL) or SHAPES[name] == "()":
             arrays.append(value)
             continue
         a = np.asarray(value)
@@ -85,6 +88,12 @@ def _arrays(named):
         first = first or (name, a)
         batch = batch or (None if weight else (name, a))
         arrays.append(a)
+    for i, name in enumerate(named):  # a trainable scalar: a real number or 0-d array, in the matrices' dtype
+        if SHAPES[name] == "()":
+            a = np.asarray(arrays[i])
+            if a.ndim != 0 or not (np.issubdtype(a.dtype, np.floating) or np.issubdtype(a.dtype, np.integer)):
+                raise ValueError(f"{name}: expected a real scalar (a float or a 0-d array), got {a.dtype} {a.shape}")
+            arrays[i] = a.astype(first[1].dtype)
     return arrays
 
 

@@ -18,8 +18,10 @@ from symattn.lang.ops import Exp, RowSum, Sigmoid, Tanh
 from symattn.optimize.cost import chain_order
 
 
-def fold_scalar_multiples(forward: list[Assignment], keep: set) -> list[Assignment]:
+def fold_scalar_multiples(forward: list[Assignment], keep: set, trainable: frozenset = frozenset()) -> list[Assignment]:
     """Fold S into A when A = c·S (or c·S + M) and S is used nowhere else: one n × m pass fewer.
+
+    Not when c holds a trainable scalar τ: its gradient reads S, which A/τ gives only for τ ≠ 0.
 
     (The printer then puts c on the smaller factor: A = (c·Q) Kᵀ.)
     """
@@ -28,7 +30,9 @@ def fold_scalar_multiples(forward: list[Assignment], keep: set) -> list[Assignme
         for a in forward:
             if a.target in keep or counts[a.target] != 1:
                 continue
-            found = next(((b, t) for b in forward for t in terms(b.value) if _is_multiple_of(t, a.target)), None)
+            found = next(
+                ((b, t) for b in forward for t in terms(b.value) if _is_multiple_of(t, a.target, trainable)), None
+            )
             if found is None:
                 continue
             user, term = found
@@ -44,9 +48,9 @@ def fold_scalar_multiples(forward: list[Assignment], keep: set) -> list[Assignme
             return forward
 
 
-def _is_multiple_of(term: Basic, symbol: MatrixSymbol) -> bool:
-    """Is term c·symbol for a scalar c?"""
-    return isinstance(term, MatMul) and factors(term)[1] == [symbol]
+def _is_multiple_of(term: Basic, symbol: MatrixSymbol, trainable: frozenset = frozenset()) -> bool:
+    """Is term c·symbol for a scalar c free of trainable scalars (τ may be 0: S = A/τ is no way back)?"""
+    return isinstance(term, MatMul) and factors(term)[1] == [symbol] and not factors(term)[0].free_symbols & trainable
 
 
 def fuse_projections(forward: list[Assignment], backward: list[Assignment]) -> tuple[list, list]:
@@ -157,7 +161,7 @@ def name_constants(forward: list[Assignment], backward: list[Assignment], taken:
     labels = iter(["scale", *(f"c{i}" for i in range(1, len(found) + 1))])
     constants = []
     for c in found:
-        label = next(label for label in labels if sp.Symbol(label) not in {t.name for t in taken})
+        label = next(label for label in labels if label not in {str(t) for t in taken})
         constants.append((sp.Symbol(label, real=True), c))
     table = {c: s for s, c in constants}
 

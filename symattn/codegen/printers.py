@@ -73,6 +73,7 @@ class GeneratedCodeMixin:
 
     # Names of arrays that die at the statement being printed: an entrywise result may overwrite one.
     consumable: frozenset = frozenset()
+    inplace = True  # the backend's arrays can be overwritten (JAX's cannot: the sections then offer none)
 
     def _buffer(self, expr: Basic) -> str | None:
         """The consumable array an entrywise expr can be computed into (its root operand's), if any."""
@@ -305,6 +306,9 @@ class GeneratedCodeMixin:
         if isinstance(expr, MatMul):
             coeff = sp.Mul(*(a for a in expr.args if not isinstance(a, MatrixExpr)))
             mats = [a for a in expr.args if isinstance(a, MatrixExpr)]
+        if len(mats) == 3 and isinstance(mats[0], OneMatrix) and isinstance(mats[2], OneMatrix):
+            body = f"{self._atom(mats[1])}.sum()"  # 𝟏ᵀ M 𝟏 over the batch: a trainable scalar's gradient, 0-d
+            return body if coeff == 1 else f"{self._atom(coeff)} * {body}"
         if len(mats) == 2 and isinstance(mats[0], OneMatrix) and mats[0].shape[0] == 1 and coeff == 1:
             if _batched(mats[1], batched):  # 𝟏ᵀ X: the column sums of every row of the batch
                 return self.column_sums(f"{self.helper('rows')}({self._print(mats[1])})")

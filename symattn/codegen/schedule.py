@@ -27,6 +27,7 @@ from sympy import Basic, MatrixExpr, MatrixSymbol
 from sympy.matrices.expressions import MatMul
 
 from symattn.autodiff.grad import backward
+from symattn.autodiff.scalars import as_matrix, is_scalar_input
 from symattn.codegen.dag import Assignment, count_uses, expand, is_trivial, is_weight
 from symattn.codegen.passes import (
     fold_scalar_multiples,
@@ -82,6 +83,11 @@ class Schedule:
     @property
     def inputs(self) -> tuple[MatrixSymbol, ...]:
         return self.spec.inputs
+
+    @property
+    def scalar_inputs(self) -> frozenset[str]:
+        """The names of the trainable scalars (0-d; their gradients are computed 1 × 1)."""
+        return frozenset(str(x.name) for x in self.spec.inputs if not isinstance(x, MatrixSymbol))
 
     def is_batched(self, expr: Basic) -> bool:
         """Does expr carry the leading batch dimensions (depends on a non-weight input or the seed)?"""
@@ -149,28 +155,37 @@ def _sweep(forward: list[Assignment], inputs: tuple, seed: MatrixSymbol) -> tupl
         value = terms[0] if len(terms) == 1 else total(*terms)
         if is_trivial(value) and target not in inputs:  # an input's gradient is always assigned (dB = dA)
             return value
-        symbol = MatrixSymbol("d" + str(target.name), *target.shape)
+        symbol = gradient_symbol(target)
         assignments.append(Assignment(symbol, value, reduce_batch=is_weight(target)))
         return symbol
 
+    scalars = [x for x in inputs if is_scalar_input(x)]
     for a in reversed(forward):
         g = collect(a.target)
         if g is None:
             continue
         wrt = [x for x in a.value.atoms(MatrixSymbol) if x in inputs or x in targets]
+        wrt += [x for x in scalars if x in a.value.free_symbols]
         tape = backward(a.value, wrt, g)
         for node, cot in tape.cotangents.items():
             if isinstance(node, (MatMul, sp.MatAdd)) and node not in wrt and _product_name(node):
                 interior[named.substitute(cot)] = _product_name(node)
         for x in wrt:
             if x in tape.cotangents:
-                contributions.setdefault(x, []).append(named.substitute(tape.gradients[x]))
+                found = tape.gradients[x]  # a scalar's: tr(dAᵀ S) as 𝟏ᵀ (dA ⊙ S) 𝟏
+                contributions.setdefault(x, []).append(named.substitute(as_matrix(found) if x in scalars else found))
     for x in inputs:
         if contributions.get(x):
             collect(x)
         else:
-            assignments.append(Assignment(MatrixSymbol("d" + str(x.name), *x.shape), sp.ZeroMatrix(*x.shape)))
+            symbol = gradient_symbol(x)
+            assignments.append(Assignment(symbol, sp.ZeroMatrix(*symbol.shape)))
     return assignments, interior
+
+
+def gradient_symbol(x: Basic) -> MatrixSymbol:
+    """d<name>, of x's shape; a trainable scalar's gradient is computed as a 1 × 1 matrix."""
+    return MatrixSymbol("d" + str(x.name), *getattr(x, "shape", (1, 1)))
 
 
 def _simplified(backward_values: list[Assignment], forward: list[Assignment]) -> list[Assignment]:
@@ -230,12 +245,13 @@ def schedule_spec(s: Spec, options: tuple[Option, ...] = ()) -> Schedule:
         forward.append(Assignment(target, names.substitute(expr)))
         names.add(expr, target)
     output = names.table[s.output]
-    forward = _needed_forward(fold_scalar_multiples(forward, {output}), output)
+    trainable = frozenset(x for x in s.inputs if is_scalar_input(x))
+    forward = _needed_forward(fold_scalar_multiples(forward, {output}, trainable), output)
 
     # Backward: one VJP per forward assignment, then the simplifier's cheaper forms.
     backward_values, interior = _sweep(forward, (*s.inputs, *s.constants), seed)
     backward_values = _simplified(backward_values, forward)
-    gradients = [(str(x.name), MatrixSymbol("d" + str(x.name), *x.shape)) for x in s.inputs]
+    gradients = [(str(x.name), gradient_symbol(x)) for x in s.inputs]
     constant_gradients = [(str(c.name), MatrixSymbol("d" + str(c.name), *c.shape)) for c in s.constants]
 
     # Any other subexpression used twice gets a name and is computed once (products in their cheapest order first).
@@ -267,11 +283,11 @@ def schedule_spec(s: Spec, options: tuple[Option, ...] = ()) -> Schedule:
     read_back = set().union(*(a.value.free_symbols for a in backward_values)) - {a.target for a in backward_values}
     saved_inputs = [x for x in s.inputs if x in read_back]
     saved_values = [a.target for a in forward if a.target in read_back and a.target in forward_targets]
-    scalars = sorted((x for x in read_back if isinstance(x, sp.Symbol)), key=str)
+    scalars = sorted((x for x in read_back if isinstance(x, sp.Symbol) and x not in trainable), key=str)
     return Schedule(
         spec=s,
         options=options,
-        bindings=tuple(bind_dimensions(s.inputs, {o.symbol for o in options})),
+        bindings=tuple(bind_dimensions(s.matrix_inputs, {o.symbol for o in options})),
         weights=frozenset(str(x.name) for x in s.inputs if is_weight(x)),
         forward=tuple(forward),
         output=output,

@@ -47,10 +47,21 @@ def _dying(assignments: list[Assignment], protected: set) -> list[frozenset]:
             base = base.args[0]
         if isinstance(base, sp.MatrixSymbol):
             fresh.discard(str(base.name))
-        view = isinstance(a.value, MatMul) and (len(a.value.args) < 2 or broadcast_column(a.value) is not None)
+        view = isinstance(a.value, MatMul) and (
+            len(a.value.args) < 2 or broadcast_column(a.value) is not None or _broadcast_chain(a.value)
+        )
         if isinstance(a.value, FRESH) and not view:  # u 𝟏ᵀ prints as a broadcast view (torch: expand)
             fresh.add(str(a.target.name))
     return out
+
+
+def _broadcast_chain(expr: MatMul) -> bool:
+    """A product that ends in a row of ones or starts with a column of ones (F₁ F₂ 𝟏ᵀ): printed as a broadcast view."""
+    mats = [m for m in expr.args if isinstance(m, sp.MatrixExpr)]
+    return bool(mats) and (
+        (isinstance(mats[-1], sp.OneMatrix) and mats[-1].shape[0] == 1)
+        or (isinstance(mats[0], sp.OneMatrix) and mats[0].shape[1] == 1)
+    )
 
 
 def _read_elsewhere(assignments: list[Assignment], targets: set) -> set:
@@ -92,7 +103,10 @@ class Sections:
         return Statement(str(a.target.name), value, a.comment, self.gradient_of.get(a.target, ""))
 
     def fits(self, a: Assignment, dying: frozenset) -> frozenset:
-        """The dying arrays a's value may be written into: not an unbatched one when the value is batched."""
+        """The dying arrays a's value may be written into: not an unbatched one when the value is batched;
+        none for a printer of immutable arrays (JAX)."""
+        if not self.printer.inplace:
+            return frozenset()
         if not any(str(x.name) in self.batched for x in a.value.atoms(sp.MatrixSymbol)):
             return dying
         return frozenset(name for name in dying if name in self.batched)

@@ -1,4 +1,5 @@
-"""Runtime helpers of generated PyTorch modules: softmax, heads, GELU, LayerNorm, input checks, masks, first order.
+"""Runtime helpers of generated PyTorch modules: softmax, heads, GELU, LayerNorm, input checks, masks, first and
+second order.
 
 Real code, linted and tested; ``TorchMatrixPrinter`` copies the source of the ones a module calls
 (``inspect.getsource``) into it, so a generated torch module imports only torch. ``SHAPES``,
@@ -18,6 +19,23 @@ except ImportError:  # pragma: no cover - generating a torch module reads this s
 SHAPES: dict[str, str] = {}  # input name -> its shape as the docstring writes it, e.g. "(..., n, d_k)"
 OPTIONAL: tuple[str, ...] = ()  # inputs that may be None (biases)
 SPEC = ""  # the spec's name, for error messages
+# A module with a second closed form: the Function's tensor inputs (the mask last), the directions of the
+# inputs and the name of the first cotangent in _forward2, and its two closed forms.
+INPUTS: tuple[str, ...] = ()
+DIRECTION_OF: dict[str, str] = {}
+COTANGENT = ""
+
+
+def _backward(saved, grad_out):  # pragma: no cover - stands for the generated module's own
+    raise NotImplementedError
+
+
+def _forward2(*inputs):  # pragma: no cover - stands for the generated module's own
+    raise NotImplementedError
+
+
+def _backward2(saved, grad_out):  # pragma: no cover - stands for the generated module's own
+    raise NotImplementedError
 
 
 def masked_row_softmax_lse(a):
@@ -129,10 +147,13 @@ def row_inv_std(a, eps):
 
 
 def _tensors(named):
-    """The inputs, checked: tensors, rank, one leading batch shape for the non-weights, one dtype."""
+    """The inputs, checked: tensors, rank, one leading batch shape for the non-weights, one dtype.
+
+    A trainable scalar (shape "()") is a 0-d tensor of that dtype, or a number (made one).
+    """
     tensors, batch, first = [], None, None
     for name, a in named.items():
-        if a is None and name in OPTIONAL:
+        if (a is None and name in OPTIONAL) or SHAPES[name] == "()":
             tensors.append(a)
             continue
         if not isinstance(a, torch.Tensor):
@@ -152,6 +173,18 @@ def _tensors(named):
         first = first or (name, a)
         batch = batch or (None if weight else (name, a))
         tensors.append(a)
+    for i, name in enumerate(named):  # a trainable scalar: a 0-d tensor of the inputs' dtype, or a number
+        a = tensors[i]
+        if SHAPES[name] != "()":
+            continue
+        if not isinstance(a, torch.Tensor):
+            if type(a).__name__ in ("bool", "bool_") or not hasattr(type(a), "__float__"):
+                raise TypeError(f"{name}: expected a real scalar (a float or a 0-d tensor), got {type(a).__name__}")
+            tensors[i] = torch.tensor(float(a), dtype=first[1].dtype, device=first[1].device)
+        elif a.dim() != 0 or not a.is_floating_point():
+            raise ValueError(f"{name}: expected a 0-d floating-point tensor, got {a.dtype} {tuple(a.shape)}")
+        elif a.dtype != first[1].dtype:
+            raise ValueError(f"mixed dtypes: {first[0]} is {first[1].dtype}, {name} is {a.dtype}")
     return tensors
 
 
@@ -180,14 +213,83 @@ def _only_tensors(*values):
 def _first_order(ctx, grad_out, gradients):
     """The gradients a backward returns; under create_graph=True each is tied to the inputs and grad_out,
     so that a second derivative raises instead of silently being wrong (as torch's once_differentiable)."""
+    return _tie(gradients, (*ctx.saved_tensors[len(ctx.tensor_names) :], grad_out), _NotTwice)
+
+
+def _tie(gradients, sources, guard):
+    """gradients as they are, or under create_graph=True each tied by guard (an identity whose backward
+    raises) to the sources that require grad, so that differentiating them once more raises."""
     if not torch.is_grad_enabled():
         return gradients
-    sources = [t for t in (*ctx.saved_tensors[len(ctx.tensor_names) :], grad_out) if t.requires_grad]
+    sources = [t for t in sources if t is not None and t.requires_grad]
     present = [g for g in gradients if g is not None]
     if not sources or not present:
         return gradients
-    tied = iter(_NotTwice.apply(len(present), *present, *sources))
+    tied = iter(guard.apply(len(present), *present, *sources))
     return tuple(None if g is None else next(tied) for g in gradients)
+
+
+class _NotThrice(torch.autograd.Function):
+    """The identity on second derivatives made under create_graph=True: differentiating them again raises,
+    since the generated closed forms go to the second order only."""
+
+    @staticmethod
+    def forward(ctx, count, *tensors):
+        return tuple(t.clone() for t in tensors[:count])
+
+    @staticmethod
+    def backward(ctx, *grads):
+        raise RuntimeError(
+            f"{SPEC}: a third derivative is not supported: the generated closed forms are the first and second "
+            "derivatives, so second derivatives made with create_graph=True cannot be differentiated again"
+        )
+
+
+class _Backward(torch.autograd.Function):
+    """The first closed form as an autograd Function, used under create_graph=True: its backward is the
+    second closed form. For the cotangents V_i of the gradients g_i(x, G), the gradients of the scalar
+    f₂ = Σ_i tr(V_iᵀ g_i) with respect to every input x and to G (_forward2, _backward2) are exactly what
+    autograd asks of it. INPUTS names the tensors (the additive mask last, where there is one)."""
+
+    @staticmethod
+    def forward(ctx, saved, options, grad_out, *inputs):
+        ctx.set_materialize_grads(False)  # a gradient nobody differentiates has no cotangent: a zero direction
+        ctx.save_for_backward(grad_out, *inputs)
+        ctx.options = options
+        grads = _backward(saved, grad_out)
+        out = []
+        for name, x in zip(INPUTS, inputs):
+            g = None if x is None else grads[name]
+            if g is not None and any(g is t for t in (grad_out, *inputs, *out)):  # an output is a new tensor
+                g = g.clone()
+            out.append(g)
+        return tuple(out)
+
+    @staticmethod
+    def backward(ctx, *cotangents):
+        grad_out, *inputs = ctx.saved_tensors
+        count = len(DIRECTION_OF)
+        if len(inputs) > count and cotangents[count] is not None:
+            raise RuntimeError(
+                f"{SPEC}: the gradient of a float attn_mask cannot be differentiated again (no second derivative "
+                "through it is derived); the gradients of the other inputs can"
+            )
+        with torch.no_grad():
+            value, saved = _forward2(*inputs[:count], grad_out, *cotangents[:count], *inputs[count:], *ctx.options)
+            grads = _backward2(saved, torch.ones_like(value))
+        gradients = [grads[COTANGENT], *(None if x is None else grads.get(name) for name, x in zip(INPUTS, inputs))]
+        for i, (g, x) in enumerate(zip(gradients, (grad_out, *inputs))):
+            if g is not None and g.shape != x.shape:  # made of unbatched values only: the same for every batch
+                gradients[i] = g.expand(x.shape) if g.dim() <= x.dim() else g.sum_to_size(x.shape)
+        return (None, None, *_tie(gradients, (grad_out, *inputs, *cotangents), _NotThrice))
+
+
+def _second_order(ctx, saved, grad_out, options):
+    """A backward's gradients under create_graph=True, as outputs of _Backward (so that they are differentiable
+    by the second closed form), then None for each of the options."""
+    tensors = iter(ctx.saved_tensors[len(ctx.tensor_names) :])
+    inputs = [next(tensors) if given else None for given in ctx.given]
+    return (*_Backward.apply(saved, ctx.options, grad_out, *inputs), *[None] * options)
 
 
 def _grad_shape(mask):

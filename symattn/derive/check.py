@@ -320,6 +320,11 @@ def check(
     _validate(trials, seed)
     s = spec(name_or_spec, **options) if isinstance(name_or_spec, str) else name_or_spec
     truth = true_gradient(s, wrt)
+    if not isinstance(truth, MatrixExpr):  # ∂f/∂τ of a trainable scalar
+        raise SymattnError(
+            f"check compares matrix gradients; {wrt} is a trainable scalar (`symattn derive --wrt {wrt} --verify` "
+            "checks its derivation)"
+        )
     claimed = _claimed(claim, s)
     if not isinstance(claimed, MatrixExpr):
         raise SymattnError(f"the claimed gradient is a scalar ({claimed}); ∂f/∂{wrt} has shape {truth.shape}")

@@ -16,11 +16,12 @@ from sympy import Basic
 
 from symattn.autodiff.grad import Tape, backward
 from symattn.derive import document as render
+from symattn.derive.marks import chain_marks
 from symattn.derive.steps import Chain, Check, chain, verify_chain
 from symattn.errors import SymattnError
 from symattn.specs import Spec, spec
 
-FORMATS = ("latex", "markdown", "text")
+FORMATS = ("latex", "markdown", "text", "html")
 
 
 @dataclass
@@ -91,12 +92,22 @@ class Derivation:
         """Markdown with $$ math blocks, as GitHub renders it."""
         return render.markdown(self.spec, self.chains(wrt))
 
-    def text(self, wrt: str | Sequence[str] | None = None) -> str:
-        """Plain unicode text."""
-        return render.text(self.spec, self.chains(wrt))
+    def text(self, wrt: str | Sequence[str] | None = None, verification: Verification | None = None) -> str:
+        """Plain unicode text; with a verification, each line marked ✓ or with its discrepancy."""
+        chains = self.chains(wrt)
+        marks = None if verification is None else chain_marks(chains, verification.checks)
+        return render.text(self.spec, chains, marks)
+
+    def html(self, wrt: str | Sequence[str] | None = None, figure: str | None = None) -> str:
+        """One self-contained HTML page (MathML), each line verified and marked; figure: inline SVG to show."""
+        from symattn.derive.html import page
+
+        return page(self.spec, self.chains(wrt), self.verify(wrt).checks, figure)
 
     def render(self, fmt: str, wrt: str | Sequence[str] | None = None, standalone: bool = False) -> str:
         """The derivation in one of FORMATS."""
+        if fmt == "html":
+            return self.html(wrt)
         if fmt == "latex":
             return self.latex(wrt, standalone=standalone)
         if fmt == "markdown":

@@ -10,13 +10,15 @@ intermediates are put back in by ``names``.
 from __future__ import annotations
 
 import textwrap
-from collections.abc import Sequence
+import unicodedata
+from collections.abc import Mapping, Sequence
 
 from sympy import Basic
 
-from symattn.derive.latex import LATEX, TEXT, MathPrinter, latex_name
+from symattn.derive.latex import BREAK, LATEX, TEXT, MathPrinter, latex_name
+from symattn.derive.layout import RELATION, break_lines, width
+from symattn.derive.naming import DisplayNames, named_intermediates
 from symattn.derive.steps import DF, Chain, Definition, Side
-from symattn.lang.names import Names
 from symattn.specs import Spec
 
 NOTATION = (
@@ -50,13 +52,14 @@ LATEX_PER_HEAD = (
 class Document:
     """The pieces every format assembles: forward pass, chains, printed in one notation."""
 
-    def __init__(self, spec: Spec, latex: bool) -> None:
+    def __init__(self, spec: Spec, latex: bool, breaks: bool = False) -> None:
+        """breaks: mark in every printed expression where a long line may break (``layout.BREAK``)."""
         self.spec = spec
-        self.p = MathPrinter(LATEX if latex else TEXT)
-        named = list(spec.intermediates)
+        self.p = MathPrinter(LATEX if latex else TEXT, {"breaks": breaks})
+        named = named_intermediates(spec)
         if all(expr != spec.output for _, expr in named):
             named.append(("Y", spec.output))
-        self.short = Names(named)
+        self.short = DisplayNames(named)
         self.output = next(name for name, expr in named if expr == spec.output)
         self.per_head = any(name.endswith("_h") for name, _ in named)
 
@@ -75,7 +78,10 @@ class Document:
     def side(self, side: Side) -> str:
         if side == DF:
             return self.p.n.differential + "f"
-        return " + ".join(self.p.trace(self.short(t.matrix), t.per_head) for t in side)
+        return (self.p.brk + " + ").join(
+            self.p.doprint(self.short(t.matrix)) if t.is_scalar else self.p.trace(self.short(t.matrix), t.per_head)
+            for t in side
+        )
 
     def forward(self) -> list[tuple[str, str]]:
         """(name, definition) of every intermediate, in forward order."""
@@ -93,15 +99,28 @@ class Document:
                 rows.append((left if k == 0 else "", "=", self.side(side), item.reasons[k]))
         return rows
 
+    def head(self, c: Chain) -> str:
+        """∂f/∂W."""
+        target = self.p.doprint(c.target)
+        return rf"\frac{{\partial f}}{{\partial {target}}}" if self.p.n is LATEX else f"∂f/∂{target}"
+
+    def forms(self, c: Chain) -> list[str | None]:
+        """∂f/∂W's forms, each printed once: W̄, W̄'s value in the names just met (P, Ā, …), the closed form.
+
+        The closed form is None when too long to write out (it is always the last form).
+        """
+        closed = c.closed_form()
+        closed_text = None if closed is None else self.expr(closed)
+        forms = [self.expr(c.gradient)]
+        value = c.definition(c.gradient)
+        if value is not None:
+            forms.append(self.expr(value))
+        return [*dict.fromkeys(f for f in forms if f != closed_text), closed_text]
+
     def result(self, c: Chain) -> tuple[str, str, str | None]:
         """(∂f/∂W, named form, closed form); the closed form None when too long to write out."""
-        target = self.p.doprint(c.target)
-        if self.p.n is LATEX:
-            head = rf"\frac{{\partial f}}{{\partial {target}}}"
-        else:
-            head = f"∂f/∂{target}"
         closed = c.closed_form()
-        return head, self.expr(c.gradient), None if closed is None else self.expr(closed)
+        return self.head(c), self.expr(c.gradient), None if closed is None else self.expr(closed)
 
 
 def _title(spec: Spec) -> str:
@@ -115,41 +134,90 @@ def _target_title(c: Chain, latex: bool) -> str:
 
 CLOSED_FORM_MAX = 3000  # characters of LaTeX in one closed form (a deep block's ∂f/∂X runs to 14 000)
 NOT_WRITTEN_OUT = "the definitions above substituted into each other (too long to write out on one line)"
+LATEX_NOT_WRITTEN_OUT = r"\text{the definitions above, substituted (too long to write out)}"
+
+# The page: A4 with 2 cm margins gives a text width of 483 pt; the math is broken to fit it.
+PAGE = r"\usepackage[a4paper,margin=2cm]{geometry}"
+TEXT_WIDTH = 483.0
+SAFETY = 0.9  # the width estimate is within about 10 % of TeX's
+LEFT_MAX = 130.0  # a left side wider than this gets a row of its own (it would push every row right)
+CONTINUATION = r"\quad {}"  # a continued line starts a quad in, its operator spaced as binary
 
 
-def _aligned(doc: Document, c: Chain) -> str:
-    """One aligned block of LaTeX rows for a chain."""
-    rows = [rf"{left} &{sign} {right} && \text{{{reason}}}" for left, sign, right, reason in doc.lines(c)]
-    head, named, closed = doc.result(c)
-    rows.append(rf"{head} &= {named}")
+class _Rows:
+    """Rows of one align block: left &sign right, broken to the page, each labelled once.
+
+    tags: labels as \tag*{…} (align*: right-flush, below the row where it would not fit);
+    otherwise a third column (aligned, for MathJax, which has no \tag in aligned).
+    """
+
+    def __init__(self, lefts: Sequence[str], tags: bool) -> None:
+        self.tags = tags
+        self.left_width = max((w for w in map(width, lefts) if w <= LEFT_MAX), default=0.0)
+        self.budget = SAFETY * TEXT_WIDTH - self.left_width - RELATION
+        self.rows: list[str] = []
+
+    def add(self, left: str, sign: str, right: str, reason: str | None = None) -> None:
+        if left and width(left) > LEFT_MAX:  # rows of its own, from the alignment point
+            lines = break_lines(left, self.budget - width(CONTINUATION), first=self.budget + RELATION)
+            self.rows += [f"& {lines[0]}", *(f"&{CONTINUATION}{line}" for line in lines[1:])]
+            left = ""
+        left = left.replace(BREAK, "")
+        lines = break_lines(right, self.budget - width(CONTINUATION), first=self.budget)
+        label = ""
+        if reason:
+            label = rf" \tag*{{\footnotesize {reason}}}" if self.tags else rf" && \text{{{reason}}}"
+        self.rows.append(f"{left} &{sign} {lines[0]}{label}")
+        self.rows += [f"&{CONTINUATION}{line}" for line in lines[1:]]
+
+    def text(self) -> str:
+        return " \\\\\n".join(self.rows)
+
+
+def _aligned(doc: Document, c: Chain, tags: bool = False) -> str:
+    """One block of LaTeX rows for a chain (align* rows with tags, else aligned rows with a label column)."""
+    lines = doc.lines(c)
+    head = doc.head(c)
+    rows = _Rows([left for left, *_ in lines] + [head], tags)
+    for left, sign, right, reason in lines:
+        rows.add(left, sign, right, reason)
+    *forms, closed = doc.forms(c)
+    for k, form in enumerate(forms):
+        rows.add(head if k == 0 else "", "=", form)
     # too long to write out, or wider than TeX's largest dimension (~5.7 m)
-    if closed is None or (closed != named and len(closed) > CLOSED_FORM_MAX):
-        rows.append(rf"&= \text{{{NOT_WRITTEN_OUT}}}")
-    elif closed != named:
-        rows.append(rf"&= {closed}")
-    return " \\\\\n".join(rows)
+    if closed is None or len(closed) > CLOSED_FORM_MAX:
+        rows.add("", "=", LATEX_NOT_WRITTEN_OUT)
+    else:
+        rows.add(head if not forms else "", "=", closed)
+    return rows.text()
+
+
+def _forward(doc: Document, tags: bool) -> str:
+    definitions = doc.forward()
+    rows = _Rows([name for name, _ in definitions], tags)
+    for name, value in definitions:
+        rows.add(name, "=", value)
+    return rows.text()
 
 
 def latex_fragment(spec: Spec, chains: Sequence[Chain]) -> str:
     """LaTeX body: forward pass, notation and one align* block per target (needs amsmath)."""
-    doc = Document(spec, latex=True)
+    doc = Document(spec, latex=True, breaks=True)
     title = rf"\section*{{Gradients of \texttt{{{_escape(spec.name)}}}}}"
-    out = [title, "Forward pass:", r"\begin{align*}"]
-    out.append(" \\\\\n".join(f"{name} &= {value}" for name, value in doc.forward()))
-    out += [r"\end{align*}", doc.notation(), ""]
+    out = [title, "Forward pass:", r"\begin{align*}", _forward(doc, tags=True), r"\end{align*}", doc.notation(), ""]
     for c in chains:
-        out += [rf"\subsection*{{{_target_title(c, True)}}}", r"\begin{align*}", _aligned(doc, c), r"\end{align*}", ""]
+        block = _aligned(doc, c, tags=True)
+        out += [rf"\subsection*{{{_target_title(c, True)}}}", r"\begin{align*}", block, r"\end{align*}", ""]
     return "\n".join(out)
 
 
 def latex_document(spec: Spec, chains: Sequence[Chain]) -> str:
-    """A complete document that pdflatex compiles (article, amsmath only)."""
+    """A complete document that pdflatex compiles (article on A4, amsmath and geometry only)."""
     preamble = [
         r"\documentclass[10pt]{article}",
+        PAGE,
         r"\usepackage{amsmath}",
         r"\allowdisplaybreaks",
-        # a wide page (pdfTeX primitives, no extra package): the longest lines run to ~13 in
-        r"\pdfpagewidth=18in \paperwidth=18in \textwidth=16.5in \oddsidemargin=-0.25in",
         r"\begin{document}",
     ]
     return "\n".join([*preamble, latex_fragment(spec, chains), r"\end{document}", ""])
@@ -157,15 +225,15 @@ def latex_document(spec: Spec, chains: Sequence[Chain]) -> str:
 
 def math_display(spec: Spec, chains: Sequence[Chain]) -> str:
     """Math mode only (Jupyter's _repr_latex_): one $$ aligned $$ block per target."""
-    doc = Document(spec, latex=True)
+    doc = Document(spec, latex=True, breaks=True)
     return "\n".join(rf"$$\begin{{aligned}}{_aligned(doc, c)}\end{{aligned}}$$" for c in chains)
 
 
 def markdown(spec: Spec, chains: Sequence[Chain]) -> str:
     """GitHub Markdown: $$ blocks of aligned LaTeX."""
-    doc = Document(spec, latex=True)
+    doc = Document(spec, latex=True, breaks=True)
     out = [f"# {_title(spec)}", "", "<!-- written by `symattn derive`; do not edit -->", "", "Forward pass:", ""]
-    out += ["$$", r"\begin{aligned}", " \\\\\n".join(f"{n} &= {v}" for n, v in doc.forward()), r"\end{aligned}", "$$"]
+    out += ["$$", r"\begin{aligned}", _forward(doc, tags=False), r"\end{aligned}", "$$"]
     out += ["", doc.notation(), ""]
     for c in chains:
         out += [
@@ -181,22 +249,55 @@ def markdown(spec: Spec, chains: Sequence[Chain]) -> str:
     return "\n".join(out)
 
 
-def text(spec: Spec, chains: Sequence[Chain]) -> str:
-    """Plain unicode text, one equality per line, reasons in brackets."""
+def display_width(text: str) -> int:
+    """Columns a monospace terminal gives text: combining marks (the bar of P̄) take none."""
+    return sum(not unicodedata.combining(ch) for ch in text)
+
+
+def _pad(text: str, columns: int) -> str:
+    """text right-aligned in columns."""
+    return " " * max(0, columns - display_width(text)) + text
+
+
+TEXT_LEFT_MAX = 28  # columns; a wider left side gets a line of its own
+TEXT_RESULT_MAX = 120  # columns; a longer ∂f/∂W = … line gets one form per line
+
+
+def text(spec: Spec, chains: Sequence[Chain], marks: Mapping[str, Sequence[str]] | None = None) -> str:
+    """Plain unicode text, one equality per line, reasons in brackets.
+
+    marks: target name → a mark per printed row and one for the result line (``symattn.derive.marks``),
+    printed in a column before the rows.
+    """
     doc = Document(spec, latex=False)
+    width_of_marks = max((len(m) for row in (marks or {}).values() for m in row), default=0)
+
+    def marked(c: Chain, i: int, line: str) -> str:
+        return line if marks is None else f"{marks[str(c.target.name)][i]:<{width_of_marks}}{line}"
+
     out = [_title(spec), "", "Forward pass:"]
     out += [f"  {name} = {value}" for name, value in doc.forward()]
     out += ["", textwrap.fill(doc.notation(), width=100)]
     for c in chains:
         out += ["", _target_title(c, False), ""]
         rows = doc.lines(c)
-        width = max((len(left) for left, *_ in rows), default=0)
-        for left, sign, right, reason in rows:
-            out.append(f"  {left:>{width}} {sign} {right}    [{reason}]")
-        head, named, closed = doc.result(c)
-        if closed is None:
-            closed = f"({NOT_WRITTEN_OUT})"
-        out.append(f"  {head} = {named}" + (f" = {closed}" if closed != named else ""))
+        head = doc.head(c)
+        lefts = [left for left, *_ in rows] + [head]
+        width_ = max((w for w in map(display_width, lefts) if w <= TEXT_LEFT_MAX), default=0)
+        blank = " " * width_of_marks
+        for i, (left, sign, right, reason) in enumerate(rows):
+            if display_width(left) > width_:
+                out.append(blank * (marks is not None) + f"  {left}")
+                left = ""
+            out.append(marked(c, i, f"  {_pad(left, width_)} {sign} {right}    [{reason}]"))
+        *forms, closed = doc.forms(c)
+        forms.append(f"({NOT_WRITTEN_OUT})" if closed is None else closed)
+        one_line = f"  {head} = " + " = ".join(forms)
+        if display_width(one_line) <= TEXT_RESULT_MAX:
+            out.append(marked(c, len(rows), one_line))
+        else:  # one form per line, the = signs aligned with the steps'
+            lines = [f"  {_pad(head if k == 0 else '', width_)} = {form}" for k, form in enumerate(forms)]
+            out += [marked(c, len(rows), lines[0]), *(blank * (marks is not None) + line for line in lines[1:])]
     return "\n".join(out) + "\n"
 
 

@@ -28,7 +28,7 @@ from sympy.matrices.expressions import (
 )
 from sympy.printing.printer import Printer
 
-from symattn.autodiff.differentials import Differential
+from symattn.autodiff.differentials import Differential, ScalarDifferential
 from symattn.errors import UnsupportedNodeError
 from symattn.lang.ops import (
     Elementwise,
@@ -61,14 +61,15 @@ class Notation:
     head: str
     sum_heads: str
     functions: dict
+    product: str = " "  # between the factors of a matrix product
 
 
 LATEX = Notation(
     transpose="^{T}",
     hadamard=r" \odot ",
     minus=" - ",
-    left=r"\left(",
-    right=r"\right)",
+    left="(",  # plain parentheses: a long line may break inside them (\left( … \right) may not)
+    right=")",
     one=r"\mathbf{1}",
     trace=r"\operatorname{tr}",
     softmax=r"\operatorname{softmax}",
@@ -86,6 +87,7 @@ LATEX = Notation(
         "gelu_grad": r"\operatorname{GELU}'",
         "gelu_tanh_grad": r"\operatorname{GELU}_{\tanh}'",
     },
+    product=r"\,",  # P\,\mathrm{d}X\,W^{V}: a thin space, as textbooks set products of matrices
 )
 
 TEXT = Notation(
@@ -114,15 +116,20 @@ TEXT = Notation(
 )
 
 
+BREAK = "\x01"  # where a long line may break (before a binary operator, between factors); see ``breaks``
+
 GREEK = ("alpha", "beta", "gamma", "delta", "epsilon", "lambda", "mu", "sigma", "tau")  # gamma_1 → \gamma_{1}
 
 
 def latex_name(identifier: str) -> str:
-    """W_Q → W^{Q}, d_k → d_{k}, d_model → d_{\\text{model}}, Q_h → Q_{h}, bar_P → \\bar{P}."""
+    """W_Q → W^{Q}, d_k → d_{k}, d_model → d_{\\text{model}}, Q_h → Q_{h}, bar_P → \\bar{P}, P1 → P_{1}."""
     bar = identifier.startswith("bar_")
     if bar:
         identifier = identifier[4:]
     head, _, tail = identifier.partition("_")
+    numbered = re.fullmatch(r"([A-Za-z])(\d+)", head)  # P1 → P_{1}, as a textbook numbers matrices
+    if numbered and not tail:
+        head, tail = numbered.groups()
     base = head if len(head) == 1 else (rf"\{head}" if head in GREEK else rf"\mathrm{{{head}}}")
     if bar:
         base = rf"\bar{{{base}}}"
@@ -149,11 +156,13 @@ class MathPrinter(Printer):
     """Prints matrix expressions of symattn's language in one notation (SymPy's dispatch: ``_print_<Class>``)."""
 
     printmethod = "_symattn_math"
-    _default_settings = {**Printer._default_settings, "notation": TEXT}
+    _default_settings = {**Printer._default_settings, "notation": TEXT, "breaks": False}
 
     def __init__(self, notation: Notation = TEXT, settings: dict | None = None) -> None:
+        """settings["breaks"]: mark with BREAK each place a long line may break (for ``breaks``)."""
         super().__init__({**(settings or {}), "notation": notation})
         self.n = self._settings["notation"]
+        self.brk = BREAK if self._settings["breaks"] else ""
 
     def emptyPrinter(self, expr: Basic) -> str:
         """A node no ``_print_<Class>`` method prints."""
@@ -168,8 +177,11 @@ class MathPrinter(Printer):
         return latex_name(identifier) if self.n is LATEX else text_name(identifier)
 
     def scalar(self, expr: Basic) -> str:
+        if expr.has(SumEntries, Trace, ScalarDifferential):  # a coefficient dτ or sum(Ā ⊙ S): printed by node
+            return self._print(expr)
         if self.n is LATEX:  # dimensions by the same names as matrices: d_model → d_{\text{model}}
-            return sp.latex(expr, symbol_names={s: latex_name(s.name) for s in expr.free_symbols})
+            text = sp.latex(expr, symbol_names={s: latex_name(s.name) for s in expr.free_symbols})
+            return text.replace(r"\frac{", r"\tfrac{")  # as tall as the matrices beside it
         text = sp.sstr(expr)
         text = re.sub(r"sqrt\((\w+)\)", r"√\1", text)
         return text.replace("**", "^").replace("*", "·")
@@ -195,7 +207,7 @@ class MathPrinter(Printer):
             return self.n.one
         if rows == 1:
             return self.n.one + self.n.transpose
-        return self.n.one + (" " if self.n is LATEX else "") + self.n.one + self.n.transpose
+        return self.n.one + (self.n.product if self.n is LATEX else "") + self.n.one + self.n.transpose
 
     def _print_Identity(self, expr: Identity) -> str:
         return "I"
@@ -222,12 +234,14 @@ class MathPrinter(Printer):
 
     def _print_MatMul(self, expr: MatMul) -> str:
         coeff, mats = _coefficient(expr)
-        body = " ".join(self.operand(m, (MatAdd, HadamardProduct, MatMul)) for m in mats)
+        body = (self.brk + self.n.product).join(self.operand(m, (MatAdd, HadamardProduct, MatMul)) for m in mats)
         if coeff == 1:
             return body
         if coeff == -1:
             return "-" + body
-        if self.n is LATEX or coeff.is_Integer or coeff.is_Symbol:
+        if self.n is LATEX:
+            return f"{self.scalar(coeff)}{self.n.product}{body}"
+        if coeff.is_Integer or coeff.is_Symbol:
             return f"{self.scalar(coeff)} {body}"
         return f"({self.scalar(coeff)}) {body}"
 
@@ -236,19 +250,36 @@ class MathPrinter(Printer):
         text = ""
         for i, term in enumerate(terms):
             if _is_negative(term):
-                text += (self.n.minus if i else "-") + self.operand(-term, (MatAdd,))
+                text += (self.brk + self.n.minus if i else "-") + self.operand(-term, (MatAdd,))
             else:
-                text += (" + " if i else "") + self._print(term)
+                text += (self.brk + " + " if i else "") + self._print(term)
         return text
 
     def _print_Trace(self, expr: Trace) -> str:
         return self.trace(expr.arg)
 
     def _print_Mul(self, expr: Basic) -> str:
-        return self.scalar(expr)
+        if not expr.has(SumEntries, Trace, ScalarDifferential):
+            return self.scalar(expr)
+        # a trainable scalar's terms: c · sum(Ā ⊙ S) · dτ, the plain scalar first, the differential last
+        plain = sp.Mul(*(a for a in expr.args if not a.has(SumEntries, Trace, ScalarDifferential)))
+        parts = sorted((a for a in expr.args if a.has(SumEntries, Trace, ScalarDifferential)), key=_differential_last)
+        texts = [self.paren(self._print(a)) if isinstance(a, sp.Add) else self._print(a) for a in parts]
+        sign = "-" if plain == -1 else "" if plain == 1 else self.paren(self.scalar(plain)) if plain.is_Add else None
+        head = [self.scalar(plain)] if sign is None else []
+        return (sign or "") + " ".join(head + texts)
+
+    def _print_Add(self, expr: Basic) -> str:
+        if not expr.has(SumEntries, Trace, ScalarDifferential):
+            return self.scalar(expr)
+        return " + ".join(self._print(a) for a in expr.args).replace("+ -", "- ")
+
+    def _print_ScalarDifferential(self, expr: Basic) -> str:
+        text = self._print(expr.arg)
+        return self.n.differential + (text if expr.arg.is_Symbol else self.paren(text))
 
     # scalars of dimensions and trainable scalars: d_k, H·d_k, √d_k, exp(τ)
-    _print_Add = _print_Pow = _print_exp = _print_log = _print_tanh = _print_Mul
+    _print_Pow = _print_exp = _print_log = _print_tanh = _print_Mul
 
     def _print_MatPow(self, expr: Basic) -> str:
         """A^p, the matrix power."""
@@ -261,7 +292,7 @@ class MathPrinter(Printer):
     def _print_HadamardProduct(self, expr: HadamardProduct) -> str:
         # plain factors first, as the seeds write them: P ⊙ (dA − …), not (dA − …) ⊙ P
         args = sorted(expr.args, key=lambda a: not isinstance(a, (MatrixSymbol, Transpose, RowSoftmax, Elementwise)))
-        return self.n.hadamard.join(self.operand(a, (MatAdd, MatMul, HadamardProduct)) for a in args)
+        return (self.brk + self.n.hadamard).join(self.operand(a, (MatAdd, MatMul, HadamardProduct)) for a in args)
 
     def _print_HadamardPower(self, expr: HadamardPower) -> str:
         base, p = expr.args
@@ -276,12 +307,13 @@ class MathPrinter(Printer):
 
     def _print_RowSum(self, expr: RowSum) -> str:
         """rowsum(A) = A 𝟏."""
-        return f"{self.operand(expr.arg, (MatAdd, HadamardProduct, MatMul))} {self.n.one}"
+        return f"{self.operand(expr.arg, (MatAdd, HadamardProduct, MatMul))}{self.n.product}{self.n.one}"
 
     def _print_SumEntries(self, expr: SumEntries) -> str:
         """sum(A) = 𝟏ᵀ A 𝟏."""
         ones = self.n.one
-        return f"{ones}{self.n.transpose} {self.operand(expr.arg, (MatAdd, HadamardProduct, MatMul))} {ones}"
+        inner = self.operand(expr.arg, (MatAdd, HadamardProduct, MatMul))
+        return f"{ones}{self.n.transpose}{self.n.product}{inner}{self.n.product}{ones}"
 
     # Heads.
 
@@ -291,10 +323,10 @@ class MathPrinter(Printer):
         if isinstance(arg, MatrixSymbol) and "_" not in self._print(arg):
             return self._print(arg) + self.n.head
         if isinstance(arg, MatMul) and isinstance(arg.args[-1], MatrixSymbol) and _coefficient(arg)[0] == 1:
-            front = " ".join(self.operand(m, (MatAdd, HadamardProduct, MatMul)) for m in arg.args[:-1])
+            front = self.n.product.join(self.operand(m, (MatAdd, HadamardProduct, MatMul)) for m in arg.args[:-1])
             last = self._print(arg.args[-1])
             last = last + self.n.head if self.n is LATEX else self.paren(last) + self.n.head
-            return f"{front} {last}"
+            return f"{front}{self.n.product}{last}"
         return self.paren(self._print(arg)) + self.n.head
 
     def _print_MergeHeads(self, expr: MergeHeads) -> str:
@@ -331,6 +363,10 @@ class MathPrinter(Printer):
         return self.n.differential + self.paren(self._print(arg))
 
 
+def _differential_last(a: Basic) -> bool:
+    return isinstance(a, ScalarDifferential)
+
+
 def _coefficient(expr: MatMul) -> tuple[Basic, list[Basic]]:
     scalars = [a for a in expr.args if not isinstance(a, MatrixExpr)]
     return sp.Mul(*scalars), [a for a in expr.args if isinstance(a, MatrixExpr)]
@@ -339,7 +375,7 @@ def _coefficient(expr: MatMul) -> tuple[Basic, list[Basic]]:
 def _is_negative(term: Basic) -> bool:
     if isinstance(term, MatMul):
         coeff = _coefficient(term)[0]
-        return bool(coeff.is_number and coeff < 0)
+        return bool(coeff.is_number and coeff < 0) or bool(coeff.could_extract_minus_sign())
     return False
 
 

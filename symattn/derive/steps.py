@@ -28,13 +28,17 @@ import sympy as sp
 from sympy import Basic, MatrixExpr, MatrixSymbol
 from sympy.matrices.expressions import MatMul, Transpose
 
-from symattn.autodiff.differentials import Differential, differential, local_differential
+from symattn.autodiff.differentials import Differential, ScalarDifferential, differential, local_differential
 from symattn.autodiff.grad import Tape, backward, default_seed
+from symattn.autodiff.scalars import entry_sums
 from symattn.autodiff.vjp import VJP_RULES, merge_cotangents
+from symattn.derive.folding import fold_scalars, scaled
+from symattn.derive.naming import named_intermediates
 from symattn.errors import UnsupportedNodeError
 from symattn.lang.algebra import total
-from symattn.lang.graph import depends, first, fold
+from symattn.lang.graph import depends, first, fold, postorder
 from symattn.lang.ops import MergeHeads, SplitHeads
+from symattn.numeric.dag import DagValues
 from symattn.numeric.lambdify import lambdify
 from symattn.numeric.verify import dimension_symbols, random_dims, random_matrix
 from symattn.specs import Spec
@@ -61,15 +65,22 @@ REASONS: dict[str, tuple[str, str]] = {
     "MergeHeads": ("concatenation is linear", "trace of a concatenation is the sum over heads"),
     "RepeatHeads": ("repeating head blocks is linear", "a kv head collects the sum over its group of heads"),
     "SumGroups": ("summing head blocks is linear", "each head of a group receives its group's cotangent"),
+    **dict.fromkeys(
+        ("Mul", "Add", "Pow", "exp", "log", "tanh"), ("chain rule for a scalar", "collecting the scalar differential")
+    ),
 }
 
 
 @dataclass(frozen=True)
 class Term:
-    """tr(matrix), or Σ_h tr(matrix) when the matrix holds one block per head."""
+    """tr(matrix), or Σ_h tr(matrix) when the matrix holds one block per head; a scalar c dτ stands as itself."""
 
     matrix: Basic
     per_head: bool = False
+
+    @property
+    def is_scalar(self) -> bool:
+        return not isinstance(self.matrix, MatrixExpr)
 
 
 DF = "df"  # the side that is df itself
@@ -108,6 +119,11 @@ class Chain:
     seed: MatrixSymbol
     items: list[Equation | Definition] = field(default_factory=list)
     gradient: Basic | None = None  # ∂f/∂target, written with the names of the definitions
+    forward: frozenset = frozenset()  # the forward pass's values: scalar folding does not enter them
+
+    def definition(self, symbol: Basic) -> Basic | None:
+        """The value a cotangent name was given (None for anything else)."""
+        return next((i.value for i in self.items if isinstance(i, Definition) and i.symbol == symbol), None)
 
     def closed_form_size(self, cap: int = CLOSED_FORM_LEAVES) -> int:
         """How many symbols the closed form has written out (at most cap + 1), counted without building it."""
@@ -129,7 +145,7 @@ class Chain:
         for item in self.items:
             if isinstance(item, Definition):
                 full[item.symbol] = item.value.xreplace(full)
-        return self.gradient.xreplace(full)
+        return fold_scalars(self.gradient.xreplace(full), self.forward)
 
 
 def cotangent_symbol(name: str, shape: tuple) -> MatrixSymbol:
@@ -170,20 +186,22 @@ class _Replay:
     def __init__(self, spec: Spec, target: MatrixSymbol, tape: Tape | None) -> None:
         root = spec.output
         moves = depends([root], [target])
-        scalar = first(root, lambda n: not isinstance(n, MatrixExpr) and moves[n])
+        # scalar nodes of trainable scalars (τ, 2τ, e^τ) step like matrices; a scalar of matrices (a trace) not
+        scalar = first(root, lambda n: not isinstance(n, MatrixExpr) and moves[n] and n.has(MatrixSymbol))
         if scalar is not None:
             raise UnsupportedNodeError(
                 scalar, "step-by-step derivations (scalar-valued nodes)", ["matrix-valued nodes"]
             )
         tape = tape if tape is not None else backward(root, [target])
         seed = default_seed(root, None)
-        self.out = Chain(spec=spec, target=target, tape=tape, seed=seed)
+        self.forward = frozenset(postorder(root))
+        self.out = Chain(spec=spec, target=target, tape=tape, seed=seed, forward=self.forward)
         # the steps that move with the target (a tape of several targets holds others too)
         self.steps = [
             (step.node, {a for a, _ in step.outputs if moves.get(a)}) for step in tape.steps if moves.get(step.node)
         ]
         self.target = target
-        self.named = {expr: name for name, expr in spec.intermediates}
+        self.named = {expr: name for name, expr in named_intermediates(spec)}
         self.named.setdefault(target, str(target.name))
         self.per_head: set[MatrixSymbol] = set()
         self.head_memo: dict[Basic, bool] = {}  # is_per_head's answers, until per_head grows
@@ -199,6 +217,8 @@ class _Replay:
         return is_per_head(e, frozenset(self.per_head), self.head_memo)
 
     def term(self, cotangent: Basic, node: Basic) -> Term:
+        if not isinstance(node, MatrixExpr):  # a trainable scalar: c dτ
+            return Term(cotangent * ScalarDifferential(node))
         return Term(pairing(cotangent, Differential(node)), self.heads(node))
 
     def symbol(self, node: Basic) -> MatrixSymbol:
@@ -212,7 +232,8 @@ class _Replay:
     def define(self, node: Basic) -> None:
         """Name node's cotangent: the sum of all it received."""
         symbol = self.symbol(node)
-        self.out.items.append(Definition(symbol, _sum(self.received[node]), symbol in self.per_head))
+        value = fold_scalars(_sum(self.received[node]), self.forward)
+        self.out.items.append(Definition(symbol, value, symbol in self.per_head))
         self.shown[node] = symbol
 
     def run(self) -> Chain:
@@ -222,10 +243,12 @@ class _Replay:
             self.step(node, varying)
         target = self.target
         if target not in self.shown:
-            if target in self.received:
+            if target in self.received and isinstance(target, MatrixExpr):
                 self.define(target)
+            elif target in self.received:  # a trainable scalar: its gradient is the sum it received
+                self.shown[target] = sp.Add(*self.received[target])
             else:  # the output does not depend on the target
-                self.shown[target] = sp.ZeroMatrix(*target.shape)
+                self.shown[target] = sp.ZeroMatrix(*target.shape) if isinstance(target, MatrixExpr) else sp.Integer(0)
         out.gradient = self.shown[target]
         out.items.append(Equation("result", (DF, (self.term(out.gradient, target),)), ("collecting every term",)))
         return out
@@ -236,11 +259,17 @@ class _Replay:
             if node in self.named and self.arrivals.get(node, 0) > 1:
                 self.define(node)
             else:
-                self.shown[node] = _sum(self.received[node])
+                self.shown[node] = fold_scalars(_sum(self.received[node]), self.forward)
         bar = self.shown[node]
-        passed = merge_cotangents((a, c) for a, c in VJP_RULES[type(node)](node, bar) if a in varying)
+        passed = merge_cotangents(
+            (a, c if isinstance(a, MatrixExpr) else entry_sums(c))  # tr(Āᵀ S) written as 𝟏ᵀ(Ā ⊙ S)𝟏
+            for a, c in VJP_RULES[type(node)](node, bar)
+            if a in varying
+        )
+        passed = tuple((a, fold_scalars(c, self.forward)) for a, c in passed)  # checked by the next equality
         first = (self.term(bar, node),)
-        expanded = (Term(pairing(bar, local_differential(node, varying)), self.heads(node)),)
+        local = fold_scalars(local_differential(node, varying), self.forward)
+        expanded = (Term(pairing(bar, local), self.heads(node)) if isinstance(node, MatrixExpr) else Term(bar * local),)
         read_off = tuple(self.term(c, a) for a, c in passed)
         reasons = list(REASONS.get(type(node).__name__, ("differential", "cyclic property of the trace")))
         sides: list[Side] = [first, expanded, read_off]
@@ -248,7 +277,7 @@ class _Replay:
             sides, reasons = [first, read_off], reasons[1:]
         for a, c in passed:
             self.received.setdefault(a, []).append(c)
-        complete = [a for a, _ in passed if a in self.named and self.arrivals[a] == 1]
+        complete = [a for a, _ in passed if a in self.named and self.arrivals[a] == 1 and isinstance(a, MatrixExpr)]
         if complete:
             sides.append(tuple(self.term(self.symbol(a) if a in complete else c, a) for a, c in passed))
             reasons.append("naming the cotangents")
@@ -264,8 +293,13 @@ def chain(spec: Spec, target: MatrixSymbol, tape: Tape | None = None) -> Chain:
 
 def pairing(cotangent: Basic, differential: Basic) -> Basic:
     """Cᵀ · D, the matrix inside tr(Cᵀ D), with Cᵀ kept whole (not distributed by SymPy)."""
-    left = cotangent.T if isinstance(cotangent, MatrixSymbol) else Transpose(cotangent)
     right = differential.args if isinstance(differential, MatMul) else (differential,)
+    scalars = [a for a in right if not isinstance(a, MatrixExpr)]
+    if scalars and isinstance(cotangent, MatMul):  # (c C)ᵀ (k D) = (c k) Cᵀ D: one coefficient, as a textbook folds it
+        coeff, matrix = scaled(cotangent)
+        mats = [a for a in right if isinstance(a, MatrixExpr)]
+        return MatMul(coeff * sp.Mul(*scalars), Transpose(matrix), *mats)
+    left = cotangent.T if isinstance(cotangent, MatrixSymbol) else Transpose(cotangent)
     return MatMul(left, *right)
 
 
@@ -299,7 +333,7 @@ class Evaluator:
     def __init__(self, c: Chain, rng: np.random.Generator, dims: Mapping | None = None) -> None:
         self.chain = c
         spec = c.spec
-        every = [spec.output, *spec.inputs, *getattr(spec, "constants", ())]
+        every = [spec.output, *spec.matrix_inputs, *getattr(spec, "constants", ())]
         names = {s.name for s in dimension_symbols(*every)}
         fixed = {"H": 2} if "H" in names else {}
         if "H_kv" in names:  # grouped-query heads: H_kv must divide H
@@ -307,41 +341,64 @@ class Evaluator:
         fixed.update(dims or {})
         self.dims = random_dims(every, rng, low=2, high=4, fixed=fixed)
         self.fixed = {s.name: v for s, v in self.dims.items()}
-        self.d_target = MatrixSymbol(f"d{c.target.name}", *c.target.shape)
+        scalar = not isinstance(c.target, MatrixExpr)
+        self.d_target = sp.Symbol(f"d{c.target.name}") if scalar else MatrixSymbol(f"d{c.target.name}", *c.target.shape)
         self.args = [*spec.inputs, c.seed, self.d_target]
-        self.values = [random_matrix(s, self.dims, rng) for s in self.args]
+        self.values = [
+            random_matrix(s, self.dims, rng) if isinstance(s, MatrixExpr) else rng.uniform(0.5, 1.5) for s in self.args
+        ]
         self.constants = {s: random_matrix(s, self.dims, rng) for s in getattr(spec, "constants", ())}
         self.tangents = {c.target: self.d_target}
         self.known: dict[MatrixSymbol, np.ndarray] = {s: v for s, v in zip(self.args, self.values)}
         self.known.update(self.constants)
-        self.differentials: dict[Differential, MatrixSymbol] = {}
+        self.dag = DagValues(self.known, self.fixed, {c.target: self.d_target})
+        self.differentials: dict[Basic, Basic] = {}
         for item in c.items:  # each name's value, from its printed definition
             if isinstance(item, Definition):
                 self.known[item.symbol] = self.matrix(item.value)
 
     def matrix(self, expr: Basic) -> np.ndarray:
-        """The value of a matrix expression that may hold names and differentials.
+        """The value of a matrix expression that may hold names and differentials (dA: A's full differential at dW).
 
-        Names and differentials enter as arguments holding their values, so every
-        expression compiled stays as short as it is printed.
+        Evaluated node by node over the expression's DAG (``numeric.dag``), each distinct
+        subexpression once, so a deep spec's shared values are never written out as a tree.
         """
-        expr = expr.replace(lambda e: isinstance(e, Differential), self._differential_symbol)
-        args = sorted(expr.atoms(MatrixSymbol), key=lambda s: s.name)
+        if not expr.has(ScalarDifferential):
+            return self.dag.value(expr)
+        # a trainable scalar's dτ: its differentials stand as symbols holding their values
+        expr = expr.replace(lambda e: isinstance(e, (Differential, ScalarDifferential)), self._differential_symbol)
+        args = sorted({a for a in (*expr.atoms(MatrixSymbol), *expr.free_symbols) if a in self.known}, key=str)
         return lambdify(args, expr, dims=self.fixed)(*(self.known[a] for a in args))
 
-    def _differential_symbol(self, d: Differential) -> MatrixSymbol:
-        """A symbol standing for dA, its value the full differential at dW."""
+    def _differential_symbol(self, d: Basic) -> Basic:
+        """A symbol standing for dA (dτ), its value the full differential at dW."""
         if d not in self.differentials:
-            symbol = MatrixSymbol(f"_d{len(self.differentials)}", *d.shape)
+            name = f"_d{len(self.differentials)}"
             full = differential(d.arg, self.tangents)
-            self.known[symbol] = self.matrix(sp.ZeroMatrix(*d.shape) if full is None else full)
+            if isinstance(d, Differential):
+                symbol = MatrixSymbol(name, *d.shape)
+                self.known[symbol] = self.matrix(sp.ZeroMatrix(*d.shape) if full is None else full)
+            else:
+                symbol = sp.Symbol(name)
+                self.known[symbol] = 0.0 if full is None else self.number(full)
             self.differentials[d] = symbol
         return self.differentials[d]
+
+    def number(self, expr: Basic) -> float:
+        """The value of a scalar expression (of trainable scalars, sums of entries, differentials)."""
+        if not expr.free_symbols:
+            return float(expr)
+        return float(np.sum(self.matrix(expr)))
 
     def side(self, side: Side) -> float:
         if side == DF:
             return self.df()
-        return float(sum(np.sum(np.trace(self.matrix(t.matrix), axis1=-2, axis2=-1)) for t in side))
+        return float(
+            sum(
+                self.number(t.matrix) if t.is_scalar else np.sum(np.trace(self.matrix(t.matrix), axis1=-2, axis2=-1))
+                for t in side
+            )
+        )
 
     def df(self) -> float:
         return self.side((Term(pairing(self.chain.seed, Differential(self.chain.spec.output))),))
@@ -349,17 +406,22 @@ class Evaluator:
     def central_difference(self, eps: float = 1e-6) -> float:
         """(f(W + ε dW) − f(W − ε dW)) / 2ε for f = tr(Gᵀ Y)."""
         spec, c = self.chain.spec, self.chain
-        forward = lambdify([*spec.inputs, *self.constants], spec.output, dims=self.fixed)
         where = list(spec.inputs).index(c.target)
         base = self.values[: len(spec.inputs)]
         g, dw = self.matrix(c.seed), self.values[-1]  # the seed's value: G, or 1 for a 1 × 1 output
 
         def f(sign: float) -> float:
-            moved = list(base)
-            moved[where] = base[where] + sign * eps * dw
-            return float(np.sum(g * forward(*moved, *self.constants.values())))
+            moved: dict = dict(zip(spec.inputs, base))
+            moved[c.target] = base[where] + sign * eps * dw
+            moved.update(self.constants)
+            return float(np.sum(g * DagValues(moved, self.fixed).value(spec.output)))
 
         return (f(1.0) - f(-1.0)) / (2 * eps)
+
+
+def scalar_target(c: Chain) -> bool:
+    """Is the chain's target a trainable scalar (a real Symbol)?"""
+    return not isinstance(c.target, MatrixExpr)
 
 
 def _relative(a: float, b: float) -> float:
@@ -381,14 +443,17 @@ def verify_chain(c: Chain, rng: np.random.Generator) -> list[Check]:
         values = [ev.side(s) for s in item.sides]
         for k, reason in enumerate(item.reasons):
             checks.append(Check(name, i, item.node, k, reason, _relative(values[k], values[k + 1]), EXACT_TOL))
-    engine = ev.matrix(c.tape.gradients[c.target])
+    engine = np.asarray(
+        ev.number(c.tape.gradients[c.target]) if scalar_target(c) else ev.matrix(c.tape.gradients[c.target])
+    )
     scale = max(1.0, float(np.max(np.abs(engine), initial=0.0)))
     printed_forms = [("gradient = engine's gradient", c.gradient)]
     closed = c.closed_form()
     if closed is not None:  # printed (and checked) only when short enough to write out
         printed_forms.append(("closed form = engine's gradient", closed))
     for reason, printed in printed_forms:
-        gap = float(np.max(np.abs(ev.matrix(printed) - engine), initial=0.0)) / scale
+        value = ev.number(printed) if scalar_target(c) else ev.matrix(printed)
+        gap = float(np.max(np.abs(value - engine), initial=0.0)) / scale
         checks.append(Check(name, len(equations), "result", -1, reason, gap, EXACT_TOL))
     return checks
 

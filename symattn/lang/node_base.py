@@ -8,6 +8,34 @@ from sympy import Basic, MatrixExpr
 from symattn.errors import NotAMatrixError
 from symattn.lang.safe import expression
 
+_SHAPES: dict[Basic, tuple] = {}  # expression → its shape, computed leaves first (SymPy recomputes it recursively)
+_SHAPES_MAX = 1 << 19
+
+
+def shape_of(expr: Basic) -> tuple:
+    """expr.shape, each distinct subexpression's shape computed once, leaves first, without deep recursion.
+
+    SymPy's MatMul.shape asks its first factor, whose shape asks its own, … so the shape of a
+    200-deep chain recursed 200 levels; symattn's nodes read their argument's shape here.
+    """
+    found = _SHAPES.get(expr)
+    if found is not None:
+        return found
+    if len(_SHAPES) > _SHAPES_MAX:
+        _SHAPES.clear()
+    stack: list[tuple[Basic, bool]] = [(expr, False)]
+    while stack:
+        node, expanded = stack.pop()
+        if node in _SHAPES:
+            continue
+        if expanded or isinstance(node, sp.MatrixSymbol) or not node.args:
+            if isinstance(node, MatrixExpr):
+                _SHAPES[node] = node.shape
+            continue
+        stack.append((node, True))
+        stack.extend((a, False) for a in node.args if isinstance(a, MatrixExpr) and a not in _SHAPES)
+    return _SHAPES[expr]
+
 
 def require_matrix(arg: Basic, what: str) -> None:
     """Refuse a scalar where a node takes a matrix expression."""
@@ -32,7 +60,7 @@ class Elementwise(MatrixExpr):
 
     @property
     def shape(self) -> tuple:
-        return self.arg.shape
+        return shape_of(self.arg)
 
     def _entry(self, i, j, **kwargs):
         return self.scalar(self.arg._entry(i, j, **kwargs))

@@ -14,7 +14,7 @@ from sympy import Basic, Expr, MatrixExpr
 from sympy.matrices.expressions import HadamardProduct
 
 from symattn.errors import ShapeMismatchError
-from symattn.lang.node_base import Elementwise, require_matrix
+from symattn.lang.node_base import Elementwise, require_matrix, shape_of
 from symattn.lang.ops_block import (  # noqa: F401  (the Transformer block's nodes, importable from here too)
     GELU_TANH_C,
     GELU_TANH_K,
@@ -72,7 +72,7 @@ class RowSoftmax(MatrixExpr):
 
     @property
     def shape(self) -> tuple:
-        return self.arg.shape
+        return shape_of(self.arg)
 
     def _entry(self, i, j, **kwargs):
         cols = self.arg.shape[1]
@@ -95,7 +95,7 @@ class RowSum(MatrixExpr):
 
     @property
     def shape(self) -> tuple:
-        return (self.arg.shape[0], sp.Integer(1))
+        return (shape_of(self.arg)[0], sp.Integer(1))
 
     def _entry(self, i, j, **kwargs):
         k = sp.Dummy("k", integer=True)
@@ -145,7 +145,7 @@ class SplitHeads(MatrixExpr):
 
     @property
     def shape(self) -> tuple:
-        return (self.arg.shape[0], _block_width(self.arg.shape[1], self.heads))
+        return (shape_of(self.arg)[0], _block_width(shape_of(self.arg)[1], self.heads))
 
 
 class MergeHeads(MatrixExpr):
@@ -166,7 +166,7 @@ class MergeHeads(MatrixExpr):
 
     @property
     def shape(self) -> tuple:
-        return (self.arg.shape[0], self.arg.shape[1] * self.heads)
+        return (shape_of(self.arg)[0], shape_of(self.arg)[1] * self.heads)
 
 
 @functools.cache
@@ -265,7 +265,7 @@ class _HeadGroups(MatrixExpr):
 
     @property
     def shape(self) -> tuple:
-        return self.arg.shape
+        return shape_of(self.arg)
 
 
 class RepeatHeads(_HeadGroups):

@@ -10,7 +10,7 @@ import sympy as sp
 from sympy import Basic, Expr, MatrixExpr
 
 from symattn.errors import SymattnError
-from symattn.lang.node_base import Elementwise, require_matrix
+from symattn.lang.node_base import Elementwise, require_matrix, shape_of
 from symattn.lang.safe import expression
 
 _INV_SQRT2 = 1 / sp.sqrt(2)
@@ -87,7 +87,7 @@ class LayerNorm(_RowStatistic):
 
     @property
     def shape(self) -> tuple:
-        return self.arg.shape
+        return shape_of(self.arg)
 
     def _entry(self, i, j, **kwargs):
         mean, var = self._row_moments(i, **kwargs)
@@ -102,7 +102,7 @@ class RowInvStd(_RowStatistic):
 
     @property
     def shape(self) -> tuple:
-        return (self.arg.shape[0], sp.Integer(1))
+        return (shape_of(self.arg)[0], sp.Integer(1))
 
     def _entry(self, i, j, **kwargs):
         _, var = self._row_moments(i, **kwargs)

@@ -37,6 +37,7 @@ class Family:
     masks: bool = False
     row_blocks: bool = False  # a memory-efficient variant: P recomputed one block of query rows at a time
     class_name: str | None = None  # the torch nn.Module's name (default: the spec's name in CamelCase)
+    dropins: tuple[str, ...] = ()  # torch's classes the torch module also carries (codegen.dropin_runtime)
 
     def generated_spec(self, extended: bool) -> tuple[Spec, tuple[Option, ...]]:
         """The spec with its options as symbols (extended: every optional part on), and its keyword options."""
@@ -47,8 +48,10 @@ class Family:
 BUILTIN: dict[str, Family] = {
     "attention": Family(attention, attention_options, masks=True, row_blocks=True),
     "self_attention": Family(self_attention, row_blocks=True),
-    "mha": Family(mha, mha_options, masks=True, row_blocks=True, class_name="MultiHeadAttention"),
-    "transformer_block": Family(transformer_block, block_options, masks=True),
+    "mha": Family(
+        mha, mha_options, masks=True, row_blocks=True, class_name="MultiHeadAttention", dropins=("MultiheadAttention",)
+    ),
+    "transformer_block": Family(transformer_block, block_options, masks=True, dropins=("TransformerEncoderLayer",)),
 }
 
 

@@ -26,7 +26,7 @@ class Spec:
 
     name: str
     summary: str
-    inputs: tuple[MatrixSymbol, ...]
+    inputs: tuple[MatrixSymbol | sp.Symbol, ...]  # a real scalar Symbol is a trainable scalar
     output: MatrixExpr
     intermediates: tuple[tuple[str, MatrixExpr], ...] = ()
     options: Mapping[str, object] = field(default_factory=dict)
@@ -39,6 +39,11 @@ class Spec:
             if isinstance(value, list):
                 object.__setattr__(self, name, tuple(tuple(v) if isinstance(v, list) else v for v in value))
         validate(self)
+
+    @property
+    def matrix_inputs(self) -> tuple[MatrixSymbol, ...]:
+        """The inputs that are matrices (not trainable scalars): the ones dimensions are read off."""
+        return tuple(s for s in self.inputs if isinstance(s, MatrixSymbol))
 
     @property
     def input_names(self) -> tuple[str, ...]:

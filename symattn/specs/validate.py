@@ -3,6 +3,7 @@
 Names become Python identifiers in generated modules, so they must be identifiers,
 not keywords, and distinct; the output must be a matrix expression of symattn's
 language whose every matrix symbol is an input or a constant, with shapes that fit.
+A real scalar ``Symbol`` among the inputs is a trainable scalar (a temperature τ).
 Each violation is one ``SpecError`` line naming the field.
 """
 
@@ -42,18 +43,21 @@ def check_name(spec: str, field: str, name: object) -> str:
     return name
 
 
-def check_symbols(spec: str, field: str, symbols: object) -> tuple[MatrixSymbol, ...]:
-    """symbols as a tuple of MatrixSymbols."""
+def check_symbols(spec: str, field: str, symbols: object, scalars: bool = False) -> tuple[Basic, ...]:
+    """symbols as a tuple of MatrixSymbols (with scalars: or real scalar Symbols, trainable scalars)."""
+    kinds = "MatrixSymbols or scalar Symbols" if scalars else "MatrixSymbols"
     if isinstance(symbols, (str, Basic)) or not isinstance(symbols, (tuple, list)):
-        raise SpecError(f"spec {spec!r}: {field} must be a tuple of MatrixSymbols, got {type(symbols).__name__}")
+        raise SpecError(f"spec {spec!r}: {field} must be a tuple of {kinds}, got {type(symbols).__name__}")
     for s in symbols:
-        if isinstance(s, sp.Symbol):
+        if isinstance(s, sp.Symbol) and not scalars:
+            raise SpecError(f"spec {spec!r}: {field}: {s} is a scalar symbol; {field} are MatrixSymbols")
+        if isinstance(s, sp.Symbol) and s.is_integer:
             raise SpecError(
-                f"spec {spec!r}: {field}: {s} is a scalar symbol; inputs are MatrixSymbols "
-                "(use a 1 × 1 MatrixSymbol for a learned scalar)"
+                f"spec {spec!r}: {field}: {s} is an integer symbol (a dimension); a trainable scalar is a "
+                f"real Symbol, e.g. sp.Symbol({str(s.name)!r}, real=True)"
             )
-        if not isinstance(s, MatrixSymbol):
-            raise SpecError(f"spec {spec!r}: {field}: {s!r} is a {type(s).__name__}, not a MatrixSymbol")
+        if not isinstance(s, (MatrixSymbol, sp.Symbol)):
+            raise SpecError(f"spec {spec!r}: {field}: {s!r} is a {type(s).__name__}, not one of the {kinds}")
         check_name(spec, field, str(s.name))
     return tuple(symbols)
 
@@ -97,7 +101,7 @@ def validate(spec) -> None:
         raise SpecError(f"spec name {name!r} must be a Python identifier (it names the generated modules)")
     if not isinstance(spec.summary, str):
         raise SpecError(f"spec {name!r}: summary must be a string, got {type(spec.summary).__name__}")
-    inputs = check_symbols(name, "inputs", spec.inputs)
+    inputs = check_symbols(name, "inputs", spec.inputs, scalars=True)
     constants = check_symbols(name, "constants", spec.constants)
     names = [str(s.name) for s in inputs + constants]
     for n in names:

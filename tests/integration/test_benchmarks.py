@@ -21,7 +21,7 @@ def quick_results(tmp_path_factory) -> tuple[dict, str]:
     out = tmp_path_factory.mktemp("bench")
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     done = subprocess.run(
-        [sys.executable, str(RUNNER), "--quick", "--no-cold-start", "--out", str(out)],
+        [sys.executable, str(RUNNER), "--quick", "--no-cold-start", "--write", "--out", str(out)],
         capture_output=True,
         text=True,
         env=env,
@@ -29,6 +29,7 @@ def quick_results(tmp_path_factory) -> tuple[dict, str]:
         check=False,
     )
     assert done.returncode == 0, done.stderr[-2000:]
+    assert "USDT" not in done.stdout + done.stderr  # torch.profiler's start/stop lines are silenced
     return json.loads((out / "results.json").read_text()), (out / "RESULTS.md").read_text()
 
 
@@ -59,3 +60,13 @@ def test_markdown_has_the_machine_the_table_and_the_targets(quick_results):
     assert "| case | dtype | implementation |" in markdown
     assert "## Targets (issue 5)" in markdown
     assert all(v > 0 for v in results["gemm_peak_gflops"].values())
+
+
+def test_without_write_nothing_is_written_and_out_needs_write(tmp_path):
+    # the committed RESULTS.md / results.json change only with --write
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    refused = subprocess.run(
+        [sys.executable, str(RUNNER), "--quick", "--out", str(tmp_path)], capture_output=True, text=True, env=env
+    )
+    assert refused.returncode == 2 and "add --write" in refused.stderr
+    assert list(tmp_path.iterdir()) == []

@@ -19,7 +19,7 @@ def test_list_names_every_spec_once_per_line(capsys):
 
 @pytest.mark.parametrize(
     "argv",
-    [[], ["bogus"], ["derive", "nope"], ["derive", "attention", "--wrt", "Z"], ["generate", "--backend", "jax"]],
+    [[], ["bogus"], ["derive", "nope"], ["derive", "attention", "--wrt", "Z"], ["generate", "--backend", "tensorflow"]],
 )
 def test_bad_arguments_exit_2_with_one_line(argv, capsys):
     assert main(argv) == 2

@@ -40,6 +40,35 @@ def test_standalone_document_compiles_with_pdflatex(name, derivations, tmp_path)
     assert (tmp_path / f"{name}.pdf").stat().st_size > 0
 
 
+GALLERY = sorted((Path(__file__).resolve().parents[2] / "examples" / "specs").glob("*.py"))
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("pdflatex") is None, reason="pdflatex is not installed (Debian: texlive-latex-base)")
+@pytest.mark.parametrize("name", [*sa.specs(), *(p.stem for p in GALLERY)])
+def test_standalone_document_fits_an_a4_page(name, derivations, tmp_path):
+    # no line of math or label runs into the margin: pdflatex reports no overfull box
+    from symattn.specs.files import load_spec_file
+
+    path = next((p for p in GALLERY if p.stem == name), None)
+    derivation = sa.derive(load_spec_file(path)) if path else derivations[name]
+    document = derivation.latex(standalone=True)
+    assert "a4paper" in document
+    (tmp_path / "doc.tex").write_text(document, encoding="ascii")
+    run = subprocess.run(
+        ["pdflatex", "-interaction=nonstopmode", "-halt-on-error", "-no-shell-escape", "doc.tex"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert run.returncode == 0, run.stdout[-3000:]
+    log = (tmp_path / "doc.log").read_text(encoding="latin-1")
+    overfull = [line for line in log.splitlines() if line.startswith("Overfull \\hbox")]
+    assert not overfull, overfull
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which("pdflatex") is None, reason="pdflatex is not installed (Debian: texlive-latex-base)")
 def test_superscripted_names_under_transposes_and_powers_compile(tmp_path):

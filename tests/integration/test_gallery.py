@@ -59,10 +59,14 @@ REFERENCES = {
     ),
     "differential_attention": (
         {"X": (B, N, D_MODEL), "W_Q1": (D_MODEL, D_K), "W_K1": (D_MODEL, D_K), "W_Q2": (D_MODEL, D_K)}
-        | {"W_K2": (D_MODEL, D_K), "W_V": (D_MODEL, D_V)},
-        lambda X, W_Q1, W_K1, W_Q2, W_K2, W_V: (
-            _attention(X @ W_Q1, X @ W_K1, X @ W_V) - 0.8 * _attention(X @ W_Q2, X @ W_K2, X @ W_V)
+        | {"W_K2": (D_MODEL, D_K), "W_V": (D_MODEL, D_V), "lam": ()},
+        lambda X, W_Q1, W_K1, W_Q2, W_K2, W_V, lam: (
+            _attention(X @ W_Q1, X @ W_K1, X @ W_V) - lam * _attention(X @ W_Q2, X @ W_K2, X @ W_V)
         ),
+    ),
+    "temperature_attention": (
+        {"X": (B, N, D_MODEL), "W_Q": (D_MODEL, D_K), "W_K": (D_MODEL, D_K), "W_V": (D_MODEL, D_V), "tau": ()},
+        lambda X, W_Q, W_K, W_V, tau: _attention(X @ W_Q, X @ W_K, X @ W_V, scores=lambda s, d: s * tau),
     ),
     "linear_attention": (
         {"X": (B, N, D_MODEL), "W_Q": (D_MODEL, D_K), "W_K": (D_MODEL, D_K), "W_V": (D_MODEL, D_V)},
@@ -119,7 +123,7 @@ def _case(name: str, dtype: str, seed: int = 0):
         k: rng.standard_normal(s) * (1.0 if k == "X" or k.startswith(("gamma", "beta")) else 0.5)
         for k, s in shapes.items()
     }
-    values = {k: v.astype(dtype) for k, v in values.items()}
+    values = {k: np.asarray(v + (0.8 if v.ndim == 0 else 0.0)).astype(dtype) for k, v in values.items()}
     leaves = {k: torch.tensor(v, dtype=torch.float64, requires_grad=True) for k, v in values.items()}
     out = forward(**leaves)
     g = rng.standard_normal(tuple(out.shape)).astype(dtype)

@@ -73,7 +73,7 @@ def assert_double_backward_raises(forward, tensors: dict) -> None:
 
 @pytest.mark.parametrize(("spec", "variant"), MODULES, ids=IDS)
 def test_double_backward_raises_through_every_generated_torch_module(spec, variant, rng):
-    # The second derivative is not derived: torch must refuse it, not return the wrong numbers.
+    # Where no second derivative is derived torch must refuse it, not return the wrong numbers.
     arrays, options = draw(spec, rng, n=3, m=2, d=2, batch=(1,))
     blocks = {"block_size": 2} if variant else {}
     generated = module(spec, "torch", variant)
@@ -81,6 +81,11 @@ def test_double_backward_raises_through_every_generated_torch_module(spec, varia
     def forward(**tensors):
         return generated.forward(**tensors, **options, **blocks)
 
+    if hasattr(generated, "hvp"):  # a second closed form (tests/integration/test_second_order.py): right, not raised
+        tensors = as_tensors(arrays)
+        names = list(tensors)
+        assert torch.autograd.gradgradcheck(lambda *a: forward(**dict(zip(names, a))), tuple(tensors.values()))
+        return
     assert_double_backward_raises(forward, as_tensors(arrays))
 
 
@@ -150,7 +155,14 @@ def test_user_spec_modules_match_torch_autograd_forward_and_backward(user_module
 
 @pytest.mark.parametrize("name", sorted(USER_SPECS))
 def test_user_spec_torch_modules_refuse_double_backward(user_modules, name, rng):
-    assert_double_backward_raises(user_modules[name, "torch"].forward, as_tensors(user_inputs(name, rng)))
+    generated = user_modules[name, "torch"]
+    tensors = as_tensors(user_inputs(name, rng))
+    if hasattr(generated, "hvp"):  # a second closed form: right under double backward
+        names = list(tensors)
+        f = lambda *a: generated.forward(**dict(zip(names, a)))  # noqa: E731
+        assert torch.autograd.gradgradcheck(f, tuple(tensors.values()))
+        return
+    assert_double_backward_raises(generated.forward, tensors)
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])

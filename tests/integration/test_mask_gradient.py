@@ -101,3 +101,17 @@ def test_a_bool_mask_stays_a_constant_and_a_mask_without_grad_gets_none():
     fixed = torch.randn(N, M, dtype=F64)  # a float mask that does not require grad: no gradient, no error
     attention_torch.forward(*leaves, attn_mask=fixed).sum().backward()
     assert fixed.grad is None and all(t.grad is not None for t in leaves)
+
+
+def test_memory_efficient_torch_modules_refuse_a_mask_that_requires_grad():
+    # blocks of query rows give the mask no gradient: a clear error, never a silent None
+    from symattn.generated import attention_torch_memeff, mha_torch_memeff
+
+    gen = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(B, r, D, generator=gen, dtype=F64) for r in (N, M, M))
+    with pytest.raises(ValueError, match="attn_mask requires grad"):
+        attention_torch_memeff.forward(q, k, v, attn_mask=_bias((N, M)))
+    weights = [torch.randn(D, D, generator=gen, dtype=F64) for _ in range(4)]
+    with pytest.raises(ValueError, match="attn_mask requires grad"):
+        mha_torch_memeff.forward(q, k, v, *weights, num_heads=H, attn_mask=_bias((N, M)))
+    assert attention_torch_memeff.forward(q, k, v, attn_mask=_bias((N, M)).detach()).shape == (B, N, D)

@@ -54,7 +54,8 @@ def test_wheel_holds_templates_and_generated_modules(wheel):
     names = set(zipfile.ZipFile(wheel).namelist())
     assert "symattn/templates/numpy_module.py.j2" in names
     assert "symattn/templates/torch_module.py.j2" in names
-    for module in ("attention_numpy", "self_attention_torch", "mha_numpy", "mha_torch_memeff"):
+    assert "symattn/templates/jax_module.py.j2" in names
+    for module in ("attention_numpy", "self_attention_torch", "mha_numpy", "mha_torch_memeff", "mha_jax"):
         assert f"symattn/generated/{module}.py" in names
 
 

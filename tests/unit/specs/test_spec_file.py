@@ -47,6 +47,7 @@ def generated(tmp_path_factory) -> Path:
 
 def test_example_spec_generates_both_backends_and_check_sees_them_fresh(generated, capsys):
     assert sorted(p.name for p in generated.glob("*.py")) == [
+        "sigmoid_attention_jax.py",
         "sigmoid_attention_numpy.py",
         "sigmoid_attention_torch.py",
     ]

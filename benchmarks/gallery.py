@@ -1,0 +1,124 @@
+"""Gallery benchmark: every spec of examples/specs, generated (NumPy and torch), against torch autograd
+of the independently written forward of tests/integration/test_gallery.py, in the same run.
+
+    OMP_NUM_THREADS=1 python benchmarks/gallery.py [--n 1024] [--d 64] [--repeat 5]
+
+One thread, float32, one sequence (no batch), n tokens, d = d_model = d_k = d_v. For each spec it
+prints the largest error of output and gradients against autograd (relative to the largest entry)
+and forward+backward time as a ratio to autograd's (best of --repeat), and writes the table to
+benchmarks/GALLERY.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import runpy
+import time
+import types
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from symattn.codegen.generate import render
+from symattn.specs.files import load_spec_file
+
+ROOT = Path(__file__).resolve().parents[1]
+TESTS = runpy.run_path(str(ROOT / "tests" / "integration" / "test_gallery.py"))
+
+
+def sizes(n: int, d: int) -> dict[int, int]:
+    """The test's small sizes (B, N, D_MODEL, D_K, D_V) mapped to the benchmark's (no batch)."""
+    return {TESTS["B"]: None, TESTS["N"]: n, TESTS["D_MODEL"]: d, TESTS["D_K"]: d, TESTS["D_V"]: d, 1: 1}
+
+
+def best(run, repeat: int) -> float:
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def bench(name: str, n: int, d: int, repeat: int) -> dict:
+    shapes, reference = TESTS["REFERENCES"][name]
+    table = sizes(n, d)
+    rng = np.random.default_rng(0)
+    values = {}
+    for k, shape in shapes.items():
+        shape = tuple(table[s] for s in shape if table[s] is not None)
+        scale = 1.0 if k == "X" or k.startswith(("gamma", "beta")) else 0.5 / d**0.25
+        values[k] = np.asarray(rng.standard_normal(shape) * scale + (0.8 if not shape else 0.0), dtype=np.float32)
+    spec = load_spec_file(ROOT / "examples" / "specs" / f"{name}.py")
+    modules = {}
+    for backend in ("numpy", "torch"):
+        made = types.ModuleType(f"{name}_{backend}")
+        exec(compile(render(spec, backend), made.__name__, "exec"), made.__dict__)
+        modules[backend] = made
+    leaves = [torch.tensor(v, requires_grad=True) for v in values.values()]
+    out = reference(*leaves)
+    g = torch.tensor(rng.standard_normal(tuple(out.shape)).astype(np.float32))
+
+    def autograd():
+        return torch.autograd.grad(reference(*leaves), leaves, g)
+
+    def generated_torch():
+        return torch.autograd.grad(modules["torch"].forward(*leaves), leaves, g)
+
+    def generated_numpy():
+        y, saved = modules["numpy"].forward(*values.values())
+        return y, modules["numpy"].backward(saved, g.numpy())
+
+    # errors in float64 against float64 autograd
+    wide = [torch.tensor(v, dtype=torch.float64, requires_grad=True) for v in values.values()]
+    want_out = reference(*wide)
+    want = torch.autograd.grad(want_out, wide, g.double())
+    y, grads = generated_numpy()
+    got_t = generated_torch()
+    error = 0.0
+    for i, k in enumerate(values):
+        ref = want[i].numpy()
+        top = max(float(np.abs(ref).max()), 1.0)
+        error = max(error, float(np.abs(grads[k] - ref).max()) / top, float(np.abs(got_t[i].numpy() - ref).max()) / top)
+    ref = want_out.detach().numpy()
+    error = max(error, float(np.abs(y - ref).max()) / max(float(np.abs(ref).max()), 1.0))
+    base = best(autograd, repeat)
+    return {
+        "spec": name,
+        "error": error,
+        "numpy": best(generated_numpy, repeat) / base,
+        "torch": best(generated_torch, repeat) / base,
+        "autograd_ms": base * 1e3,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--n", type=int, default=1024)
+    parser.add_argument("--d", type=int, default=64)
+    parser.add_argument("--repeat", type=int, default=5)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    rows = [bench(name, args.n, args.d, args.repeat) for name in sorted(TESTS["REFERENCES"])]
+    lines = [
+        f"# Gallery: generated vs torch autograd (n={args.n}, d={args.d}, float32, one thread)",
+        "",
+        "Written by `OMP_NUM_THREADS=1 python benchmarks/gallery.py`. Error: largest difference of output and",
+        "gradients (both backends, float32) from float64 autograd, relative to the largest entry. Time: forward +",
+        f"backward, best of {args.repeat}, as a ratio to torch autograd's in the same run (< 1: faster).",
+        "",
+        "| spec | largest error | numpy / autograd | torch / autograd | autograd (ms) |",
+        "|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['spec']} | {r['error']:.1e} | {r['numpy']:.2f} | {r['torch']:.2f} | {r['autograd_ms']:.0f} |"
+        )
+    text = "\n".join(lines) + "\n"
+    print(text)
+    (ROOT / "benchmarks" / "GALLERY.md").write_text(text)
+
+
+if __name__ == "__main__":
+    main()

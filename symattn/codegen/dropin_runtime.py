@@ -1,0 +1,402 @@
+"""Drop-in torch modules of generated PyTorch modules: torch's own classes, computed by the closed form.
+
+``MultiheadAttention`` takes ``torch.nn.MultiheadAttention``'s constructor, parameters (names, shapes,
+torch's (out, in) layout), state dict and ``forward``; ``TransformerEncoderLayer`` takes
+``torch.nn.TransformerEncoderLayer``'s (pre-LN, GELU). Each maps torch's weights onto the spec's math
+layout with views (W_Q = in_proj_weight[:E]ᵀ, b_Q = in_proj_bias[:E] as a 1 × E row), which autograd
+carries back to torch's parameters, and calls the generated Function.
+
+Real code, linted and tested; a spec family names the classes its torch module carries
+(``specs.Family.dropins``) and code generation copies their source (``inspect.getsource``) with the
+helpers they call (``NEEDS``) to the end of the module. ``FUNCTION``, ``_forward`` and ``_backward``
+stand for the generated module's own autograd Function and passes; ``SPEC`` for its spec's name.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+try:
+    import torch
+except ImportError:  # pragma: no cover - generating a torch module reads this source, it needs no torch
+    from types import SimpleNamespace
+
+    torch = SimpleNamespace(
+        autograd=SimpleNamespace(Function=object, function=SimpleNamespace(once_differentiable=lambda f: f)),
+        nn=SimpleNamespace(Module=object),
+    )
+
+FUNCTION = None  # the generated module's autograd Function (its apply takes the spec's inputs, M, options)
+_forward = _backward = None  # the generated module's forward pass (out, saved) and closed-form backward
+SPEC = ""  # the spec's name, for error messages
+
+
+def _not_supported(option, value, why):
+    """The error of a torch option the closed form does not compute."""
+    return NotImplementedError(f"{SPEC}: {option}={value!r} is not supported: {why}")
+
+
+def _size(name, value):
+    """value as a Python int >= 1 (not a bool)."""
+    index = getattr(type(value), "__index__", None)
+    if type(value).__name__ in ("bool", "bool_") or index is None or index(value) < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return index(value)
+
+
+def _float_mask(name, mask, dtype):
+    """torch's mask convention as an additive float mask: bool True → −∞ (not allowed), float → added."""
+    if not isinstance(mask, torch.Tensor):
+        raise TypeError(f"{name}: expected a bool or floating-point tensor, got {type(mask).__name__}")
+    if mask.dtype == torch.bool:
+        return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(mask, float("-inf"))
+    if not mask.is_floating_point():
+        raise ValueError(f"{name}: expected a bool or floating-point tensor, got {mask.dtype}")
+    return mask.to(dtype)
+
+
+def _torch_mask(attn_mask, key_padding_mask, query, key, heads):
+    """The additive mask M of torch's attn_mask and key_padding_mask, broadcast against (..., H, L, S) scores.
+
+    query (..., L, E) and key (..., S, E) with batch () or (N,); attn_mask (L, S) or (N·H, L, S) (unbatched:
+    (H, L, S)); key_padding_mask (N, S) (unbatched: (S,)). None when neither is given.
+    """
+    batch, L, S = tuple(query.shape[:-2]), query.shape[-2], key.shape[-2]
+    mask = None
+    if attn_mask is not None:
+        shapes = ((L, S), ((batch[0] if batch else 1) * heads, L, S))
+        if not isinstance(attn_mask, torch.Tensor) or tuple(attn_mask.shape) not in shapes:
+            got = tuple(attn_mask.shape) if isinstance(attn_mask, torch.Tensor) else type(attn_mask).__name__
+            expected = f"(L, S) = {shapes[0]} or (N * num_heads, L, S) = {shapes[1]}"
+            raise ValueError(f"attn_mask: expected shape {expected}, got {got}")
+        mask = _float_mask("attn_mask", attn_mask, query.dtype)
+        mask = mask.reshape(*batch, heads, L, S) if mask.dim() == 3 else mask
+    if key_padding_mask is not None:
+        if not isinstance(key_padding_mask, torch.Tensor) or tuple(key_padding_mask.shape) != (*batch, S):
+            got = key_padding_mask
+            got = tuple(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__
+            raise ValueError(f"key_padding_mask: expected shape (N, S) = {(*batch, S)} (unbatched: (S,)), got {got}")
+        padding = _float_mask("key_padding_mask", key_padding_mask, query.dtype)
+        padding = padding.reshape(*batch, 1, 1, S)
+        mask = padding if mask is None else mask + padding
+    return mask
+
+
+def _sequences(name, batch_first, *tensors):
+    """The inputs as (N, L, E) (batch_first or not) or unbatched (L, E); and whether they were batched."""
+    if any(not isinstance(t, torch.Tensor) for t in tensors):
+        raise TypeError(f"{name}: expected torch.Tensor inputs, got {[type(t).__name__ for t in tensors]}")
+    ranks = {t.dim() for t in tensors}
+    if ranks not in ({2}, {3}):
+        shapes = [tuple(t.shape) for t in tensors]
+        raise ValueError(f"{name}: expected all 3-D (batched) or all 2-D (unbatched) inputs, got shapes {shapes}")
+    batched = ranks == {3}
+    if batched and not batch_first:
+        tensors = tuple(t.transpose(0, 1) for t in tensors)
+    return tensors, batched
+
+
+def _projections(self):
+    """The spec's W_Q, W_K, W_V (E_in × E) and b_Q, b_K, b_V (1 × E, or None): views of torch's parameters."""
+    E = self.embed_dim
+    if self.in_proj_weight is not None:
+        weights = self.in_proj_weight.view(3, E, E).transpose(-1, -2).unbind(0)
+    else:
+        weights = (self.q_proj_weight.mT, self.k_proj_weight.mT, self.v_proj_weight.mT)
+    biases = (None,) * 3 if self.in_proj_bias is None else self.in_proj_bias.view(3, 1, E).unbind(0)
+    return weights, biases
+
+
+class _AttentionWeights(torch.autograd.Function):
+    """The generated closed form returning the per-head attention weights P_h too.
+
+    A gradient G_P on P_h adds, in closed form, dA_h = P_h ⊙ (G_P − (P_h ⊙ G_P) 𝟏𝟏ᵀ), dQ_h = scale dA_h K_h,
+    dK_h = scale dA_hᵀ Q_h, carried through the projections Q W_Q + 𝟏 b_Q and K W_K + 𝟏 b_K (and M).
+    """
+
+    @staticmethod
+    def forward(ctx, Q, K, V, W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O, M, heads):
+        ctx.set_materialize_grads(False)
+        Y, saved = _forward(Q, K, V, W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O, M, heads, None)
+        tensors = [name for name, value in saved.items() if isinstance(value, torch.Tensor)]
+        ctx.save_for_backward(*(saved[name] for name in tensors))
+        ctx.tensor_names, ctx.shape = tensors, Y.shape
+        ctx.constants = {name: value for name, value in saved.items() if name not in tensors}
+        return Y, saved["P_h"]
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_out, grad_weights):
+        saved = dict(zip(ctx.tensor_names, ctx.saved_tensors), **ctx.constants)
+        if grad_out is None:
+            grad_out = saved["P_h"].new_zeros(ctx.shape)
+        grads = _backward(saved, grad_out)
+        if grad_weights is not None:
+            _add_weights_gradient(grads, saved, grad_weights)
+        names = ("Q", "K", "V", "W_Q", "W_K", "W_V", "W_O", "b_Q", "b_K", "b_V", "b_O", "M")
+        return (*(grads[name] for name in names), None)
+
+
+def _add_weights_gradient(grads, saved, grad_weights):
+    """grads (the closed form's, keyed by input) plus the terms of a gradient G_P on the weights P_h."""
+    P, scale = saved["P_h"], saved["scale"]
+    dA = P * (grad_weights - (P * grad_weights).sum(dim=-1, keepdim=True))
+    for x, w, b, d in (("Q", "W_Q", "b_Q", dA @ saved["K_h"]), ("K", "W_K", "b_K", dA.mT @ saved["Q_h"])):
+        d = scale * d.transpose(-2, -3).flatten(-2)  # the heads merged: (..., rows, H · d_k)
+        grads[x] = grads[x] + d @ saved[w].mT
+        grads[w] = grads[w] + saved[x].reshape(-1, saved[x].shape[-1]).mT @ d.reshape(-1, d.shape[-1])
+        if grads[b] is not None:
+            grads[b] = grads[b] + d.reshape(-1, d.shape[-1]).sum(dim=0, keepdim=True)
+    if grads["M"] is not None:
+        grads["M"] = grads["M"] + dA.sum_to_size(saved["mask_shape"])
+
+
+class MultiheadAttention(torch.nn.Module):
+    """``torch.nn.MultiheadAttention`` computed by the generated closed form: the same constructor, parameters
+    (``in_proj_weight`` 3E × E or ``q/k/v_proj_weight``, ``in_proj_bias``, ``out_proj``), state dict and
+    ``forward(query, key, value, key_padding_mask, need_weights, attn_mask, average_attn_weights, is_causal)
+    -> (output, weights or None)``.
+
+    Not computed (a clear error): dropout on the weights in training mode, add_bias_kv, add_zero_attn.
+    A row whose keys are all masked gives zeros, where torch gives NaN. With need_weights the weights
+    are differentiable (their gradient in closed form too) and a second derivative raises.
+    """
+
+    def __init__(
+        self,
+        embed_dim,
+        num_heads,
+        dropout=0.0,
+        bias=True,
+        add_bias_kv=False,
+        add_zero_attn=False,
+        kdim=None,
+        vdim=None,
+        batch_first=False,
+        device=None,
+        dtype=None,
+    ):
+        super().__init__()
+        if add_bias_kv:
+            raise _not_supported("add_bias_kv", add_bias_kv, "the closed form has no learned key/value row")
+        if add_zero_attn:
+            raise _not_supported("add_zero_attn", add_zero_attn, "the closed form has no zero key/value row")
+        self.embed_dim, self.num_heads = _size("embed_dim", embed_dim), _size("num_heads", num_heads)
+        self.kdim = self.embed_dim if kdim is None else _size("kdim", kdim)
+        self.vdim = self.embed_dim if vdim is None else _size("vdim", vdim)
+        if self.embed_dim % self.num_heads:
+            raise ValueError(f"embed_dim = {embed_dim} must be divisible by num_heads = {num_heads}")
+        if not 0.0 <= float(dropout) <= 1.0:
+            raise ValueError(f"dropout must be a probability in [0, 1], got {dropout!r}")
+        self.dropout, self.batch_first, self.head_dim = float(dropout), bool(batch_first), embed_dim // num_heads
+        self._qkv_same_embed_dim = self.kdim == self.vdim == self.embed_dim
+        self.bias_k = self.bias_v = None
+        self.add_zero_attn = False
+        E, factory = self.embed_dim, {"device": device, "dtype": dtype}
+        if self._qkv_same_embed_dim:
+            self.in_proj_weight = torch.nn.Parameter(torch.empty(3 * E, E, **factory))
+            for name in ("q_proj_weight", "k_proj_weight", "v_proj_weight"):
+                self.register_parameter(name, None)
+        else:
+            self.register_parameter("in_proj_weight", None)
+            self.q_proj_weight = torch.nn.Parameter(torch.empty(E, E, **factory))
+            self.k_proj_weight = torch.nn.Parameter(torch.empty(E, self.kdim, **factory))
+            self.v_proj_weight = torch.nn.Parameter(torch.empty(E, self.vdim, **factory))
+        if bias:
+            self.in_proj_bias = torch.nn.Parameter(torch.empty(3 * E, **factory))
+        else:
+            self.register_parameter("in_proj_bias", None)
+        self.out_proj = torch.nn.Linear(E, E, bias=bias, **factory)
+        self._reset_parameters()
+
+    def _reset_parameters(self):
+        """As torch: Xavier-uniform input projections, zero biases (out_proj.weight keeps Linear's init)."""
+        for weight in (self.in_proj_weight, self.q_proj_weight, self.k_proj_weight, self.v_proj_weight):
+            if weight is not None:
+                torch.nn.init.xavier_uniform_(weight)
+        if self.in_proj_bias is not None:
+            torch.nn.init.zeros_(self.in_proj_bias)
+            torch.nn.init.zeros_(self.out_proj.bias)
+
+    def extra_repr(self):
+        kdim = "" if self.kdim == self.embed_dim else f", kdim={self.kdim}"
+        vdim = "" if self.vdim == self.embed_dim else f", vdim={self.vdim}"
+        return (
+            f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, dropout={self.dropout}, "
+            f"bias={self.in_proj_bias is not None}{kdim}{vdim}, batch_first={self.batch_first}"
+        )
+
+    def forward(
+        self,
+        query,
+        key,
+        value,
+        key_padding_mask=None,
+        need_weights=True,
+        attn_mask=None,
+        average_attn_weights=True,
+        is_causal=False,
+    ):
+        """(output, weights): output as the inputs' layout; weights (N, L, S) averaged over the heads, or
+        (N, H, L, S) per head (unbatched: no N), or None without need_weights."""
+        if self.training and self.dropout > 0:
+            why = "no dropout on the attention weights in training mode; use dropout=0.0 or eval()"
+            raise _not_supported("dropout", self.dropout, why)
+        if is_causal and attn_mask is None:  # torch's contract: is_causal is a hint that attn_mask is causal
+            raise RuntimeError("Need attn_mask if specifying the is_causal hint.")
+        (query, key, value), batched = _sequences("MultiheadAttention", self.batch_first, query, key, value)
+        (W_Q, W_K, W_V), (b_Q, b_K, b_V) = _projections(self)
+        if self.kdim != self.embed_dim:  # the spec's K is E wide: projected here, the spec's W_K the identity
+            key, W_K, b_K = torch.nn.functional.linear(key, self.k_proj_weight, b_K), _identity(W_Q), None
+        if self.vdim != self.embed_dim:
+            value, W_V, b_V = torch.nn.functional.linear(value, self.v_proj_weight, b_V), _identity(W_Q), None
+        W_O, b_O = self.out_proj.weight.mT, None if self.out_proj.bias is None else self.out_proj.bias.unsqueeze(0)
+        M = _torch_mask(attn_mask, key_padding_mask, query, key, self.num_heads)
+        inputs = (query, key, value, W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O, M, self.num_heads)
+        if need_weights:
+            out, weights = _AttentionWeights.apply(*inputs)
+            weights = weights.mean(dim=-3) if average_attn_weights else weights
+        else:
+            out, weights = FUNCTION.apply(*inputs, None), None
+        return (out.transpose(0, 1) if batched and not self.batch_first else out), weights
+
+
+def _identity(square):
+    """The identity of a square matrix's size, dtype and device (no gradient)."""
+    return torch.eye(square.shape[0], dtype=square.dtype, device=square.device)
+
+
+class _SelfAttentionWeights(torch.nn.Module):
+    """The attention weights of ``TransformerEncoderLayer`` under torch's names (``self_attn.in_proj_weight``, …)."""
+
+    def __init__(self, embed_dim, num_heads, bias, batch_first, factory):
+        super().__init__()
+        self.embed_dim, self.num_heads, self.batch_first = embed_dim, num_heads, batch_first
+        self.in_proj_weight = torch.nn.Parameter(torch.empty(3 * embed_dim, embed_dim, **factory))
+        if bias:
+            self.in_proj_bias = torch.nn.Parameter(torch.zeros(3 * embed_dim, **factory))
+        else:
+            self.register_parameter("in_proj_bias", None)
+        self.out_proj = torch.nn.Linear(embed_dim, embed_dim, bias=bias, **factory)
+        torch.nn.init.xavier_uniform_(self.in_proj_weight)
+        if bias:
+            torch.nn.init.zeros_(self.out_proj.bias)
+
+    def extra_repr(self):
+        return f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, bias={self.in_proj_bias is not None}"
+
+
+def _is_exact_gelu(activation):
+    """Whether activation is GELU in its exact (erf) form: "gelu", F.gelu or nn.GELU()."""
+    if isinstance(activation, str):
+        return activation == "gelu"
+    if isinstance(activation, torch.nn.GELU):
+        return activation.approximate == "none"
+    return activation is torch.nn.functional.gelu
+
+
+class TransformerEncoderLayer(torch.nn.Module):
+    """``torch.nn.TransformerEncoderLayer(norm_first=True, activation="gelu")`` computed by the generated
+    closed form: the same constructor, submodules (``self_attn``, ``linear1``, ``linear2``, ``norm1``,
+    ``norm2``), state dict and ``forward(src, src_mask, src_key_padding_mask, is_causal)``.
+
+    Defaults differ from torch's where the block computes only one choice: dropout=0.0, activation="gelu",
+    norm_first=True. Not computed (a clear error): dropout > 0 in training mode, another activation
+    (ReLU, tanh-GELU), post-LN (norm_first=False), a LayerNorm without elementwise_affine.
+    """
+
+    def __init__(
+        self,
+        d_model,
+        nhead,
+        dim_feedforward=2048,
+        dropout=0.0,
+        activation="gelu",
+        layer_norm_eps=1e-5,
+        batch_first=False,
+        norm_first=True,
+        bias=True,
+        device=None,
+        dtype=None,
+    ):
+        super().__init__()
+        if not _is_exact_gelu(activation):
+            raise _not_supported("activation", activation, 'the block computes exact GELU only ("gelu")')
+        if not norm_first:
+            raise _not_supported("norm_first", norm_first, "the block is pre-LN (norm_first=True)")
+        d_model, nhead = _size("d_model", d_model), _size("nhead", nhead)
+        if d_model % nhead:
+            raise ValueError(f"d_model = {d_model} must be divisible by nhead = {nhead}")
+        if not 0.0 <= float(dropout) <= 1.0:
+            raise ValueError(f"dropout must be a probability in [0, 1], got {dropout!r}")
+        factory = {"device": device, "dtype": dtype}
+        self.dropout, self.batch_first, self.norm_first = float(dropout), bool(batch_first), True
+        self.self_attn = _SelfAttentionWeights(d_model, nhead, bias, self.batch_first, factory)
+        self.linear1 = torch.nn.Linear(d_model, _size("dim_feedforward", dim_feedforward), bias=bias, **factory)
+        self.linear2 = torch.nn.Linear(dim_feedforward, d_model, bias=bias, **factory)
+        self.norm1 = torch.nn.LayerNorm(d_model, eps=layer_norm_eps, bias=bias, **factory)
+        self.norm2 = torch.nn.LayerNorm(d_model, eps=layer_norm_eps, bias=bias, **factory)
+
+    def extra_repr(self):
+        return (
+            f"d_model={self.linear1.in_features}, nhead={self.self_attn.num_heads}, "
+            f"dim_feedforward={self.linear1.out_features}, dropout={self.dropout}, activation=gelu, "
+            f"layer_norm_eps={self.norm1.eps}, batch_first={self.batch_first}, norm_first=True"
+        )
+
+    def forward(self, src, src_mask=None, src_key_padding_mask=None, is_causal=False):
+        """The layer's output, of src's shape and layout: Y = X + MHA(LN₁(X)), Z = Y + FFN(LN₂(Y))."""
+        if self.training and self.dropout > 0:
+            raise _not_supported("dropout", self.dropout, "no dropout in training mode; use dropout=0.0 or eval()")
+        if is_causal and src_mask is None:
+            raise RuntimeError("Need attn_mask if specifying the is_causal hint.")
+        for norm in (self.norm1, self.norm2):
+            if norm.weight is None:
+                raise _not_supported("elementwise_affine", False, "the block's LayerNorms are affine")
+        (x,), batched = _sequences("TransformerEncoderLayer", self.batch_first, src)
+        attn = self.self_attn
+        (W_Q, W_K, W_V), (b_Q, b_K, b_V) = _projections(attn)
+        row = lambda v: None if v is None else v.unsqueeze(0)  # noqa: E731 - (E,) -> the spec's 1 × E row
+        shift = lambda norm: row(norm.bias) if norm.bias is not None else x.new_zeros(1, x.shape[-1])  # noqa: E731
+        M = _torch_mask(src_mask, src_key_padding_mask, x, x, attn.num_heads)
+        out = FUNCTION.apply(
+            x, W_Q, W_K, W_V, attn.out_proj.weight.mT, b_Q, b_K, b_V, row(attn.out_proj.bias),
+            row(self.norm1.weight), shift(self.norm1), row(self.norm2.weight), shift(self.norm2),
+            self.linear1.weight.mT, row(self.linear1.bias), self.linear2.weight.mT, row(self.linear2.bias),
+            M, attn.num_heads, self.norm1.eps,
+        )  # fmt: skip
+        return out.transpose(0, 1) if batched and not self.batch_first else out
+
+
+# the drop-in classes by name, and the helpers each calls (copied before it, in this order)
+NEEDS = {
+    "MultiheadAttention": (
+        _not_supported,
+        _size,
+        _float_mask,
+        _torch_mask,
+        _sequences,
+        _projections,
+        _AttentionWeights,
+        _add_weights_gradient,
+        _identity,
+        MultiheadAttention,
+    ),
+    "TransformerEncoderLayer": (
+        _not_supported,
+        _size,
+        _float_mask,
+        _torch_mask,
+        _sequences,
+        _projections,
+        _SelfAttentionWeights,
+        _is_exact_gelu,
+        TransformerEncoderLayer,
+    ),
+}
+
+
+def source(names) -> str:
+    """The source of the named drop-in classes and the helpers they call, each once, two blank lines apart."""
+    objects = dict.fromkeys(obj for name in names for obj in NEEDS[name])
+    return "\n\n".join(inspect.getsource(obj) for obj in objects)

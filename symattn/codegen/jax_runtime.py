@@ -1,0 +1,235 @@
+"""Runtime helpers of generated JAX modules: softmax, heads, GELU, LayerNorm, input checks, masks, residuals.
+
+Real code, linted and tested; ``JaxMatrixPrinter`` copies the source of the ones a module calls
+(``inspect.getsource``) into it, so a generated JAX module imports only jax. Every helper is a
+pure function of its arguments (no in-place writes): it runs under ``jax.jit`` and ``jax.vmap``
+and can be differentiated again. ``SHAPES`` and ``OPTIONAL`` stand for the generated module's own
+constants. Generating code reads this module's source only, so it imports without jax.
+"""
+
+from __future__ import annotations
+
+try:
+    import jax
+    import jax.numpy as jnp
+except ImportError:  # pragma: no cover - generating a JAX module reads this source, it needs no jax
+    from types import SimpleNamespace
+
+    jax = SimpleNamespace(tree_util=SimpleNamespace(register_static=lambda cls: cls))
+    jnp = None
+
+SHAPES: dict[str, str] = {}  # input name -> its shape as the docstring writes it, e.g. "(..., n, d_k)"
+OPTIONAL: tuple[str, ...] = ()  # inputs that may be None (biases)
+
+
+def _row_max(a):
+    """The row max of a as a column, 0 where the row is all -inf; a constant to differentiation (softmax
+    does not change when a row is shifted, so a second derivative needs no term through the max)."""
+    if not a.shape[-1]:  # no keys
+        return jnp.zeros((*a.shape[:-1], 1), a.dtype)
+    top = jax.lax.stop_gradient(a.max(axis=-1, keepdims=True))
+    return jnp.where(jnp.isneginf(top), 0.0, top)
+
+
+def row_softmax(a):
+    """softmax along the last axis, the row max subtracted first."""
+    e = jnp.exp(a - _row_max(a))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def masked_row_softmax(a):
+    """row_softmax for rows that may hold -inf: a row whose entries are all -inf gives zeros, not NaN."""
+    e = jnp.exp(a - _row_max(a))
+    total = e.sum(axis=-1, keepdims=True)
+    return e / jnp.where(total == 0, 1.0, total)  # not max(total, 1): its derivative at total = 1 is 1/2
+
+
+def sigmoid(a):
+    """1 / (1 + exp(-a)), entrywise."""
+    return jax.nn.sigmoid(a)
+
+
+def split_heads(a, heads):
+    """(..., n, heads * k) -> (..., heads, n, k)."""
+    return jnp.swapaxes(a.reshape(*a.shape[:-1], heads, a.shape[-1] // heads), -2, -3)
+
+
+def merge_heads(a, heads):
+    """(..., heads, n, k) -> (..., n, heads * k)."""
+    a = jnp.swapaxes(a, -2, -3)
+    return a.reshape(*a.shape[:-2], a.shape[-2] * a.shape[-1])
+
+
+def repeat_heads(a, heads):
+    """(..., kv_heads, n, k) -> (..., heads, n, k): head h reads kv head h // (heads // kv_heads)."""
+    return a if a.shape[-3] == heads else jnp.repeat(a, heads // a.shape[-3], axis=-3)
+
+
+def sum_groups(a, heads):
+    """(..., H, n, k) -> (..., heads, n, k): each group of H // heads consecutive heads summed."""
+    if a.shape[-3] == heads:
+        return a
+    return a.reshape(*a.shape[:-3], heads, a.shape[-3] // heads, *a.shape[-2:]).sum(axis=-3)
+
+
+def rows(a):
+    """(..., n, k) -> (N, k): every row of every batch element, stacked."""
+    return a.reshape(-1, a.shape[-1])
+
+
+def sum_batch(a):
+    """(..., p, q) -> (p, q): the sum over the leading batch dimensions."""
+    return a.reshape(-1, *a.shape[-2:]).sum(axis=0)
+
+
+def gelu(a):
+    """x Φ(x), entrywise (exact, erf form)."""
+    return jax.nn.gelu(a, approximate=False)
+
+
+def gelu_grad(a):
+    """GELU′(x) = Φ(x) + x φ(x), entrywise."""
+    return 0.5 * (1.0 + jax.scipy.special.erf(a * 0.7071067811865476)) + a * jnp.exp(-0.5 * a * a) * 0.3989422804014327
+
+
+def gelu_tanh(a):
+    """x (1 + tanh(√(2/π) (x + 0.044715 x³))) / 2, entrywise."""
+    return jax.nn.gelu(a, approximate=True)
+
+
+def gelu_tanh_grad(a):
+    """The derivative of gelu_tanh: (1 + t) / 2 + x (1 − t²) k (1 + 3 c x²) / 2, t = tanh(k (x + c x³))."""
+    t = jnp.tanh(0.7978845608028654 * (a + 0.044715 * a * a * a))
+    return 0.5 * (1.0 + t) + 0.5 * a * (1.0 - t * t) * 0.7978845608028654 * (1.0 + 0.134145 * a * a)
+
+
+def layer_norm(a, eps):
+    """Each row standardised: (a − mean) / √(biased variance + eps), along the last axis."""
+    c = a - a.mean(axis=-1, keepdims=True)
+    return c / jnp.sqrt((c * c).mean(axis=-1, keepdims=True) + eps)
+
+
+def row_inv_std(a, eps):
+    """1 / √(biased variance + eps) of each row, as a column (..., n, 1)."""
+    c = a - a.mean(axis=-1, keepdims=True)
+    return 1.0 / jnp.sqrt((c * c).mean(axis=-1, keepdims=True) + eps)
+
+
+def sum_to_shape(a, shape):
+    """a summed down to shape, which it was broadcast from: the extra leading axes, and the axes of size 1."""
+    a = a.reshape(-1, *a.shape[a.ndim - len(shape) :]).sum(axis=0)
+    axes = tuple(i for i, (size, full) in enumerate(zip(shape, a.shape)) if size == 1 and full != 1)
+    return a.sum(axis=axes, keepdims=True) if axes else a
+
+
+def _arrays(named):
+    """The inputs as jax arrays, checked: rank, one leading batch shape for the non-weights, one dtype.
+
+    A trainable scalar (shape "()") is a number or a 0-d array, taken in the matrices' dtype.
+    """
+    arrays, batch, first = [], None, None
+    for name, value in named.items():
+        if (value is None and name in OPTIONAL) or SHAPES[name] == "()":
+            arrays.append(value)
+            continue
+        a = jnp.asarray(value)
+        weight = not SHAPES[name].startswith("(...")
+        if a.ndim < 2 or (weight and a.ndim != 2):
+            raise ValueError(f"{name}: expected shape {SHAPES[name]}, got {a.shape}")
+        if not jnp.issubdtype(a.dtype, jnp.floating):
+            raise ValueError(f"{name}: expected a floating-point array of shape {SHAPES[name]}, got {a.dtype}")
+        if first is not None and a.dtype != first[1].dtype:
+            raise ValueError(f"mixed dtypes: {first[0]} is {first[1].dtype}, {name} is {a.dtype}")
+        if not weight and batch is not None and a.shape[:-2] != batch[1].shape[:-2]:
+            raise ValueError(
+                f"{name}: expected shape {SHAPES[name]} with the batch dimensions of {batch[0]} "
+                f"{batch[1].shape[:-2]}, got {a.shape}"
+            )
+        first = first or (name, a)
+        batch = batch or (None if weight else (name, a))
+        arrays.append(a)
+    for i, name in enumerate(named):  # a trainable scalar: a real number or 0-d array, in the matrices' dtype
+        if SHAPES[name] == "()":
+            a = jnp.asarray(arrays[i])
+            if a.ndim != 0 or not (jnp.issubdtype(a.dtype, jnp.floating) or jnp.issubdtype(a.dtype, jnp.integer)):
+                raise ValueError(f"{name}: expected a real scalar (a float or a 0-d array), got {a.dtype} {a.shape}")
+            arrays[i] = a.astype(first[1].dtype)
+    return arrays
+
+
+def _mask_shape(mask):
+    """The shape of the additive mask, which receives a gradient (summed to it), or None without a mask."""
+    return None if mask is None else mask.shape
+
+
+@jax.tree_util.register_static
+class _Static:
+    """Python values (dimensions, options, the mask's shape) that the forward hands the backward through
+    jax.custom_vjp's residuals as static data: no leaves, so under jit they stay Python values."""
+
+    def __init__(self, items):
+        self.items = items
+
+    def __hash__(self):
+        return hash(self.items)
+
+    def __eq__(self, other):
+        return isinstance(other, _Static) and other.items == self.items
+
+
+def _residuals(saved):
+    """The forward's saved values as custom_vjp residuals: the arrays (None for an absent input) as leaves,
+    every other value (an int, a float, a shape) static."""
+    arrays = {name: value for name, value in saved.items() if value is None or isinstance(value, jax.Array)}
+    return arrays, _Static(tuple((name, value) for name, value in saved.items() if name not in arrays))
+
+
+def _restore(residuals):
+    """The saved values from _residuals' pair."""
+    arrays, static = residuals
+    return {**arrays, **dict(static.items)}
+
+
+def _additive_mask(attn_mask, key_padding_mask, causal, query, key, per_head=False):
+    """The additive mask M (0 where a query may see a key, -inf where not), or None without a mask.
+
+    attn_mask: (n, m) or (..., n, m), boolean (True: not allowed; a constant) or floating (added to the
+    scores; differentiable); key_padding_mask: (..., m) boolean (True: ignore that key); causal: query i
+    sees keys j <= i. per_head: the scores have a heads axis, (..., H, n, m), so a batched mask gets one.
+    """
+    if type(causal).__name__ not in ("bool", "bool_"):  # True or False, or NumPy's np.True_ or np.False_
+        raise ValueError(f"causal must be True or False, got {causal!r}")
+    causal = bool(causal)
+    if attn_mask is None and key_padding_mask is None and not causal:
+        return None
+    query, key = jnp.asarray(query), jnp.asarray(key)
+    n, m, batch, dtype = query.shape[-2], key.shape[-2], tuple(query.shape[:-2]), query.dtype
+    mask = None
+    if attn_mask is not None:
+        attn_mask = jnp.asarray(attn_mask)
+        if tuple(attn_mask.shape) not in ((n, m), (*batch, n, m)):
+            expected = f"(n, m) = ({n}, {m}) or {(*batch, n, m)}"
+            raise ValueError(f"attn_mask: expected shape {expected}, got {tuple(attn_mask.shape)}")
+        if attn_mask.dtype == jnp.bool_:
+            mask = jnp.where(attn_mask, -jnp.inf, 0.0).astype(dtype)
+        elif jnp.issubdtype(attn_mask.dtype, jnp.floating):
+            mask = attn_mask.astype(dtype)
+        else:
+            raise ValueError(f"attn_mask: expected a bool or floating-point array, got {attn_mask.dtype}")
+    if causal:
+        future = jnp.where(jnp.triu(jnp.ones((n, m), dtype=bool), 1), -jnp.inf, 0.0).astype(dtype)
+        mask = future if mask is None else mask + future
+    if key_padding_mask is not None:
+        key_padding_mask = jnp.asarray(key_padding_mask)
+        if tuple(key_padding_mask.shape) != (*batch, m):
+            got = tuple(key_padding_mask.shape)
+            raise ValueError(f"key_padding_mask: expected shape (..., m) = {(*batch, m)}, got {got}")
+        if key_padding_mask.dtype != jnp.bool_:
+            got = key_padding_mask.dtype
+            raise ValueError(f"key_padding_mask: expected a bool array (True: ignore a key), got {got}")
+        padding = jnp.where(key_padding_mask, -jnp.inf, 0.0).astype(dtype)[..., None, :]
+        mask = padding if mask is None else mask + padding
+    mask = jnp.broadcast_to(mask, (*mask.shape[:-2], n, m))  # every query row
+    if per_head and mask.ndim > 2:  # one mask for every head: (..., 1, n, m)
+        mask = mask[..., None, :, :]
+    return mask

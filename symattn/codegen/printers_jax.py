@@ -1,0 +1,80 @@
+"""The JAX printer for generated modules: the NumPy printer's batched code with ``jnp`` calls, never in place.
+
+JAX arrays are immutable, so ``JaxMatrixPrinter`` prints no ``out=`` and no in-place update
+(``inplace = False``: the sections give it no dying array to overwrite). Everything else — the
+broadcasts, the scalar on the smallest factor, the weight gradients as one product of flattened
+rows — is ``GeneratedCodeMixin``'s, with a module name and a table of function names.
+"""
+
+from __future__ import annotations
+
+from sympy import Basic
+
+from symattn.codegen import common_runtime, jax_runtime
+from symattn.codegen.printers import GeneratedNumPyPrinter
+from symattn.errors import SymattnError
+from symattn.numeric.printers import runtime_functions
+
+JAX_RUNTIME = {**runtime_functions(common_runtime), **runtime_functions(jax_runtime)}
+
+
+class JaxMatrixPrinter(GeneratedNumPyPrinter):
+    """jax.numpy source for generated modules: arrays batched like the NumPy printer's, pure functions only."""
+
+    printmethod = "_symattn_jax"
+    module_alias = "jnp"
+    concatenate_function = "jnp.concatenate"
+    runtime = JAX_RUNTIME
+    inplace = False  # immutable arrays: no out=, no in-place update
+    helper_needs = {"row_softmax": ("_row_max",), "masked_row_softmax": ("_row_max",)}
+    # SymPy's NumPy printer names numpy functions (MatPow: numpy.linalg.matrix_power); their jax forms
+    numpy_functions = {
+        "numpy.linalg.matrix_power": "jnp.linalg.matrix_power",
+        "numpy.linalg.inv": "jnp.linalg.inv",
+    }
+    elementwise = {
+        "exp": "jnp.exp",
+        "log": "jnp.log",
+        "tanh": "jnp.tanh",
+        "sigmoid": "sigmoid",
+        "gelu": "gelu",
+        "gelu_tanh": "gelu_tanh",
+        "gelu_grad": "gelu_grad",
+        "gelu_tanh_grad": "gelu_tanh_grad",
+    }
+
+    def _module_format(self, fqn: str, register: bool = True) -> str:
+        """The jax name of a numpy function SymPy's printer asks for; a module that imports only jax has no np."""
+        if fqn.startswith("numpy."):
+            if fqn not in self.numpy_functions:
+                raise SymattnError(f"the jax printer has no jax form of {fqn}")
+            return self.numpy_functions[fqn]
+        return super()._module_format(fqn, register)
+
+    def inplace_function(self, function: str, operand: str, buffer: str) -> str:  # pragma: no cover - no buffers
+        raise SymattnError("the jax printer writes nothing in place")
+
+    def inplace_operation(self, op: str, target: str, operand: str, buffer: str) -> str:  # pragma: no cover
+        raise SymattnError("the jax printer writes nothing in place")
+
+    def batch_scalar(self, text: str) -> str:
+        return f"jnp.expand_dims({text}, (-2, -1))"
+
+    def mask_gradient(self, value: str, heads: bool) -> str:
+        """∂f/∂M of M's shape (mask_shape), summed where M was broadcast; jax carries it on to attn_mask."""
+        return f"{self.helper('sum_to_shape')}({value}, mask_shape)"
+
+    def _repeat(self, column: str, times: Basic) -> str:
+        return f"jnp.repeat({column}, {self._print(times)}, axis=-1)"
+
+    def _print_Trace(self, expr: Basic) -> str:
+        return f"jnp.trace({self._print(expr.arg)}, axis1=-2, axis2=-1)"
+
+    def _print_Identity(self, expr: Basic) -> str:
+        return f"jnp.eye({self._print(expr.shape[0])}, dtype=dtype)"
+
+    def _print_OneMatrix(self, expr: Basic) -> str:
+        return f"jnp.ones(({self._print(expr.shape[0])}, {self._print(expr.shape[1])}), dtype=dtype)"
+
+    def _print_ZeroMatrix(self, expr: Basic) -> str:
+        return f"jnp.zeros(({self._print(expr.shape[0])}, {self._print(expr.shape[1])}), dtype=dtype)"

@@ -1,0 +1,225 @@
+"""The second closed form of a generated module: f₂'s forward and backward, printed beside the first.
+
+``specs.second_order`` turns a spec into f₂ = Σ_i tr(V_iᵀ g_i(x, G)), g_i the first gradients;
+here f₂ is scheduled and printed by the same pipeline (``schedule_spec``, ``build_context``)
+and its pieces go into the module the first closed form is rendered in: ``_forward2`` and
+``_backward2`` (the double backward of the torch module, and ``hvp``, a Hessian-vector
+product, in both backends). A spec whose gradients use a node that has no rule of its own
+(GELU′) has no second closed form: ``second_order_context`` gives None and the torch module
+keeps raising on double backward.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from sympy import MatrixSymbol, OneMatrix
+from sympy.matrices.expressions import HadamardProduct, MatMul
+
+from symattn.codegen import layout
+from symattn.codegen.context import MASK_KEYWORDS, build_context
+from symattn.codegen.schedule import Assignment, Schedule, _needed, schedule_spec
+from symattn.codegen.sections import _uses
+from symattn.errors import SymattnError
+from symattn.specs.second_order import SecondOrder, second_order_spec
+
+__all__ = ["second_order_context", "second_order_schedule"]
+
+# the runtime helpers only a module with a second closed form calls
+BACKEND_HELPERS = {"numpy": ("_direction",), "torch": ("_direction", "_NotThrice", "_Backward", "_second_order")}
+
+
+_CACHE: dict[int, tuple[Schedule, tuple[SecondOrder, Schedule] | None]] = {}  # by id: Specs hold dicts
+
+
+def second_order_schedule(first: Schedule) -> tuple[SecondOrder, Schedule] | None:
+    """f₂ and its schedule for a first schedule (None when some node of the gradients has no rule)."""
+    held = _CACHE.get(id(first))
+    if held is not None and held[0] is first:
+        return held[1]
+    if not first.spec.intermediates:  # unverified: softmax(X Xᵀ) X, unnamed, fails gradgradcheck in torch (its
+        found = None  # NumPy hvp is right); such a module keeps raising on double backward
+        _CACHE[id(first)] = (first, found)
+        return found
+    try:
+        so = second_order_spec(first.spec)
+    except SymattnError:  # a node of the first gradients that has no rule itself: no second closed form
+        found = None
+    else:
+        found = so, _without_direction_gradients(schedule_spec(so.spec, first.options), so)
+    _CACHE[id(first)] = (first, found)  # the schedule is kept alive, so its id is not reused
+    return found
+
+
+def _without_direction_gradients(sched: Schedule, so: SecondOrder) -> Schedule:
+    """f₂'s schedule without the gradients of the directions (∂f₂/∂V_i = g_i is never asked for), its seed
+    (∂f₂/∂f₂, always 1) written as 𝟏: no broadcast of a 1 × 1 seed is computed."""
+    gradients = tuple((name, t) for name, t in sched.gradients if name not in so.direction_names)
+    needed = _needed(list(sched.backward), {t for _, t in (*gradients, *sched.constant_gradients)})
+    backward = _unit_seed([a for a in sched.backward if a.target in needed], sched.seed)
+    return dataclasses.replace(sched, gradients=gradients, backward=tuple(backward))
+
+
+def _unit_seed(backward: list[Assignment], seed: MatrixSymbol) -> list[Assignment]:
+    """The assignments with the seed 𝟏: a value that becomes 𝟏𝟏ᵀ is inlined, 𝟏𝟏ᵀ ⊙ X is X."""
+    ones: dict = {seed: OneMatrix(1, 1), seed.T: OneMatrix(1, 1)}
+    out = []
+    for a in backward:
+        value = a.value.xreplace(ones).replace(
+            lambda e: isinstance(e, (MatMul, HadamardProduct)) and e.has(OneMatrix), lambda e: e.doit(deep=False)
+        )
+        if isinstance(value, OneMatrix):  # 𝟏 1 𝟏ᵀ: read where it is used, as the factor it is
+            ones[a.target], ones[a.target.T] = value, value.T
+            continue
+        out.append(Assignment(a.target, value, a.reduce_batch, a.comment))
+    return out
+
+
+def _no_module(sched, printer) -> tuple[list, list, list]:
+    return [], [], []  # f₂ has no nn.Module of its own
+
+
+def _hvp_signature(first: Schedule, mask: str | None) -> str:
+    """def hvp(<required inputs>, grad_out, direction, *, <options>, <biases>, <mask keywords>):"""
+    s = first.spec
+    required = [str(x.name) for x in s.inputs if str(x.name) not in first.optional]
+    maybe = [f"{x.name}=None" for x in s.inputs if str(x.name) in first.optional]
+    options = [o.name + ("=None" if o.default is not None else "") for o in first.options]
+    keywords = options + maybe + (list(MASK_KEYWORDS) if mask else [])
+    return layout.define("hvp", [*required, "grad_out", "direction", *["*"] * bool(keywords), *keywords], indent=0)
+
+
+def second_order_context(first: Schedule, first_context: dict, backend: str, version: str) -> dict | None:
+    """What the templates need to print the second closed form beside the first (None: there is none)."""
+    found = second_order_schedule(first)
+    if found is None:
+        return None
+    so, sched = found
+    ctx = build_context(sched, backend, version, "standard", first_context["class_name"], _no_module)
+    mask = ctx["mask"]
+    printer = type_printer(backend)
+    extra = [h for h in ctx["helpers"] if h not in first_context["helpers"]] + list(BACKEND_HELPERS[backend])
+    inputs = [str(x.name) for x in so.spec.inputs]
+    options = [o.name for o in sched.options]
+    positional = inputs + [mask] * bool(mask) + options
+    first_names = [str(x.name) for x in first.spec.inputs]
+    shapes = {x["name"]: x["shape"] for x in ctx["inputs"] if x["name"] not in first_names}
+    # a zero direction has its input's shape, batch axes included (a bias, maybe absent, has none)
+    directions = [
+        {
+            "name": v,
+            "zeros": printer.doprint(_zeros(so, v)) if x in first.weights else printer.zeros_like(x),
+            "input": x,
+        }
+        for x, v in so.directions
+    ]
+    sections = [_wrapped_section(sec) for sec in (*ctx["forward_sections"], *ctx["backward_sections"])]
+    texts = [f"{line.target} = {line.value}" for sec in sections for line in sec.get("lines", [])]
+    return {
+        "long_lines": any(len(part) + 4 > layout.WIDTH for text in texts for part in text.split("\n")),
+        "shapes": shapes,
+        "directions": directions,
+        "direction_names": layout.assign_tuple("OPTIONAL +", [f'"{d["name"]}"' for d in directions], 0)[
+            len("OPTIONAL + = ") :
+        ],
+        "runtime": printer.runtime_source(extra) if extra else "",
+        "define_forward": layout.define("_forward2", positional, indent=0),
+        "forward_call": layout.wrapped(
+            "value, saved = _forward2",
+            [
+                *first_names,
+                "grad_out",
+                *(f'direction.get("{x}")' for x, _ in so.directions),
+                *[mask] * bool(mask),
+                *options,
+            ],
+            "",
+            indent=4,
+            brackets="()",
+        ),
+        "option_names": options,
+        "cotangent": so.cotangent,
+        "hvp_signature": _hvp_signature(first, mask),
+        "input_names": first_names,
+        "mask_shape": "None" if backend == "numpy" else f"_grad_shape({mask})",
+        "ones_like": f"{printer.module_alias}.ones_like",
+        "function_inputs": layout.wrapped("", [f'"{x}"' for x in [*first_names, *[mask] * bool(mask)]], ",", 0, "()")
+        if len(first_names) + bool(mask) == 1
+        else layout.wrapped("", [f'"{x}"' for x in [*first_names, *[mask] * bool(mask)]], "", 0, "()"),
+        "remember": [
+            layout.wrapped(
+                "ctx.given = [x is not None for x in ",
+                [*first_names, *[mask] * bool(mask)] + [""] * (len(first_names) + bool(mask) == 1),  # (X,)
+                "]",
+                8,
+                "()",
+            ),
+            layout.assign_tuple("ctx.options", options, 8),
+        ],
+        "first_options": len(first_context["options"]),
+        **{key: ctx[key] for key in COPIED},
+        "saved": list(dict.fromkeys(ctx["saved"])),  # an optional input saved once
+        "forward_sections": [_wrapped_section(sec) for sec in ctx["forward_sections"]],
+        "backward_sections": [_wrapped_section(sec) for sec in ctx["backward_sections"]],
+        "needs_dtype": any(
+            _uses("dtype", [line.value]) for sec in ctx["backward_sections"] for line in sec.get("lines", [])
+        ),
+        "expected": [x | {"optional": x["optional"] or x["name"] in so.direction_names} for x in ctx["expected"]],
+    }
+
+
+# the f₂ context's entries the templates read as they are
+COPIED = (
+    "mask",
+    "options",
+    "divides_heads",
+    "bindings",
+    "constants",
+    "nonempty",
+    "checked_inputs",
+    "return_gradients",
+    "drop_none",
+    "mask_gradient",
+    "output",
+    "seed",
+)
+
+
+def _top_level_terms(value: str) -> list[str]:
+    """value split before each + or − that is outside brackets."""
+    terms, depth, start = [], 0, 0
+    for i, ch in enumerate(value):
+        depth += ch in "([{"
+        depth -= ch in ")]}"
+        if depth == 0 and value[i : i + 3] in (" + ", " - ") and i > start:
+            terms.append(value[start:i])
+            start = i + 1
+    return [*terms, value[start:]]
+
+
+def _wrapped_section(section: dict, indent: int = 4) -> dict:
+    """A section whose statements that are too long for a line are sums broken before + and −, as ruff format
+    would."""
+    if section.get("loop"):
+        return section
+    lines = []
+    for line in section["lines"]:
+        if indent + len(f"{line.target} = {line.value}") > layout.WIDTH and len(_top_level_terms(line.value)) > 1:
+            body = "".join(f"\n{' ' * (indent + 4)}{term.strip()}" for term in _top_level_terms(line.value))
+            line = dataclasses.replace(line, value=f"({body}\n{' ' * indent})")
+        lines.append(line)
+    return section | {"lines": lines}
+
+
+def type_printer(backend: str):
+    from symattn.codegen.context import PRINTERS
+
+    return PRINTERS[backend]()
+
+
+def _zeros(so: SecondOrder, name: str):
+    """A zero direction: the ZeroMatrix of its input's shape (None in a call means zero)."""
+    from sympy import ZeroMatrix
+
+    x = next(x for x in so.spec.inputs if str(x.name) == name)
+    return ZeroMatrix(*x.shape)

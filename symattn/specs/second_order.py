@@ -1,0 +1,124 @@
+"""The second-order spec of a spec: the scalar whose gradients are the double backward.
+
+For a spec Y = F(x_1, …, x_k) with output cotangent G, the first closed forms are the
+gradients g_i(x, G) = ∂ tr(Gᵀ Y)/∂x_i. Given directions V_i (cotangents of the g_i, or
+the direction of a Hessian-vector product), the scalar
+
+    f₂ = Σ_i tr(V_iᵀ g_i(x, G)) = Σ_i 𝟏ᵀ (V_i ⊙ g_i) 𝟏
+
+has ∂f₂/∂x_j = Σ_i V_iᵀ-weighted second derivatives (the Hessian of tr(Gᵀ Y) applied to V)
+and ∂f₂/∂G = the Jacobian-vector product of F along V. So f₂ is an ordinary spec (inputs:
+x, G and the V_i; output 1 × 1) and the whole pipeline (derive, schedule, simplify, print)
+gives the double backward in closed form. The V_i are inputs whose own gradients (the g_i)
+are not asked for.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import sympy as sp
+from sympy import MatrixSymbol, OneMatrix
+
+from symattn.autodiff.grad import backward
+from symattn.errors import SymattnError
+from symattn.lang.algebra import total
+from symattn.lang.ops import hadamard
+from symattn.specs.spec import Spec
+from symattn.specs.validate import is_identifier
+
+__all__ = ["SecondOrder", "second_order_spec"]
+
+COTANGENT = "G_out"  # the first cotangent G, an input of f₂ (G itself is reserved)
+DIRECTION = "{}_v"  # the direction V_i of input x_i: W_Q_v (a weight's direction is a weight: no batch axes)
+
+
+@dataclass(frozen=True)
+class SecondOrder:
+    """f₂'s spec and how its inputs relate to the first spec's.
+
+    ``directions``: first input name → the name of its direction V_i; ``cotangent``: G's name in f₂.
+    """
+
+    spec: Spec
+    first: Spec
+    cotangent: str
+    directions: tuple[tuple[str, str], ...]
+
+    @property
+    def direction_names(self) -> frozenset[str]:
+        return frozenset(v for _, v in self.directions)
+
+
+def _fresh(name: str, taken: set[str]) -> str:
+    """name, or name with a numeric suffix when taken."""
+    candidate, k = name, 1
+    while candidate in taken:
+        k += 1
+        candidate = f"{name}{k}"
+    return candidate
+
+
+def _inner(v: MatrixSymbol, g) -> sp.MatrixExpr:
+    """tr(Vᵀ g) as a 1 × 1 matrix: 𝟏ᵀ (V ⊙ g) 𝟏."""
+    rows, cols = v.shape
+    return OneMatrix(1, rows) * hadamard(v, g) * OneMatrix(cols, 1)
+
+
+def second_order_spec(s: Spec, wrt: Sequence[str] | None = None) -> SecondOrder:
+    """The spec of f₂ = Σ_i tr(V_iᵀ ∂tr(Gᵀ Y)/∂x_i) over the inputs x_i named in wrt (default: all).
+
+    Its inputs: the spec's inputs, G (named ``G_out``), then one direction per x_i in wrt; its
+    constants: the spec's (the additive mask M). Intermediates: the spec's, the cotangents of
+    those the reverse sweep reaches and the first gradients (named G_<name>: G_A = ∂f/∂A).
+    """
+    names = [str(x.name) for x in s.inputs]
+    wrt = list(names if wrt is None else wrt)
+    unknown = [w for w in wrt if w not in names]
+    if unknown:
+        raise SymattnError(f"spec {s.name!r} has no input {unknown[0]!r}; inputs: {', '.join(names)}")
+    scalars = [str(x.name) for x in s.inputs if not isinstance(x, MatrixSymbol)]
+    if scalars:  # a trainable scalar's direction and second derivatives: not derived yet
+        raise SymattnError(f"spec {s.name!r}: no second order with the trainable scalar {scalars[0]!r} yet")
+    taken = set(names) | {str(c.name) for c in s.constants} | {label for label, _ in s.intermediates}
+    cotangent = MatrixSymbol(_fresh(COTANGENT, taken), *s.output.shape)
+    taken.add(str(cotangent.name))
+    tape = backward(s.output, s.inputs, cotangent)
+    intermediates = list(s.intermediates)
+    labels = set(taken)
+    for label, expr in s.intermediates:  # the first sweep's cotangents, named as the first schedule names them
+        cot = tape.cotangents.get(expr)
+        name = f"G_{label}"
+        if cot is not None and not isinstance(cot, MatrixSymbol) and name not in labels and is_identifier(name):
+            intermediates.append((name, cot))
+            labels.add(name)
+    directions: list[tuple[str, MatrixSymbol]] = []
+    terms = []
+    for x in s.inputs:
+        if str(x.name) not in wrt:
+            continue
+        v = MatrixSymbol(_fresh(DIRECTION.format(x.name), labels | taken), *x.shape)
+        taken.add(str(v.name))
+        directions.append((str(x.name), v))
+        g = tape.gradients[x]
+        if g.is_ZeroMatrix:
+            continue
+        label = _fresh(f"G_{x.name}", labels | taken)
+        intermediates.append((label, g))
+        labels.add(label)
+        terms.append(_inner(v, g))
+    if not terms:
+        raise SymattnError(f"spec {s.name!r}: the output depends on none of {', '.join(wrt)}")
+    f2 = total(*terms) if len(terms) > 1 else terms[0]
+    spec = Spec(
+        f"{s.name}_order2",
+        f"Σ_i tr(V_iᵀ ∂tr(Gᵀ Y)/∂x_i), Y = {s.summary}",
+        (*s.inputs, cotangent, *(v for _, v in directions)),
+        f2,
+        tuple(intermediates),
+        s.options,
+        s.dims,
+        s.constants,
+    )
+    return SecondOrder(spec, s, str(cotangent.name), tuple((x, str(v.name)) for x, v in directions))

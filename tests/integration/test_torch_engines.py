@@ -1,0 +1,159 @@
+"""Generated torch modules where torch runs: torch.compile (CPU, inductor), torch.func, and
+DistributedDataParallel on two local processes (gloo), each against the eager single-process numbers."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from symattn.generated import mha_torch, transformer_block_torch  # noqa: E402
+
+E, H, L, N = 16, 4, 6, 4
+
+
+def _modules(dtype=torch.float64):
+    """symattn's own-layout module and the drop-in, with random biases, seeded."""
+    torch.manual_seed(0)
+    own = mha_torch.MultiHeadAttention(E, num_heads=H, bias=True, dtype=dtype)
+    dropin = mha_torch.MultiheadAttention(E, H, batch_first=True, dtype=dtype)
+    with torch.no_grad():
+        for p in [*own.parameters(), *dropin.parameters()]:
+            p.copy_(torch.randn_like(p) / 4)
+    return own, dropin
+
+
+def _gradients(module, x, compiled=None):
+    """The output and the gradients (x first, then the parameters) of ⟨G, out⟩ through module (or compiled)."""
+    x = x.detach().requires_grad_()
+    out = (module if compiled is None else compiled)(x, x, x)
+    out = out[0] if isinstance(out, tuple) else out
+    torch.manual_seed(1)
+    grads = torch.autograd.grad((out * torch.randn_like(out)).sum(), [x, *module.parameters()])
+    return out.detach(), grads
+
+
+def _no_cxx():
+    return not any(shutil.which(name) for name in ("g++", "c++", "clang++"))
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(_no_cxx(), reason="torch.compile's CPU backend (inductor) compiles C++: no C++ compiler on PATH")
+def test_torch_compile_inductor_cpu_matches_eager():
+    # the autograd Function is traced by dynamo (forward and the closed-form backward) and compiled by inductor
+    x = torch.randn(N, L, E, dtype=torch.float64)
+    for module in _modules():
+        compiled = torch.compile(module, backend="inductor", fullgraph=False)
+        out, grads = _gradients(module, x)
+        out_c, grads_c = _gradients(module, x, compiled)
+        assert (out - out_c).abs().max() < 1e-12
+        for a, b in zip(grads, grads_c, strict=True):
+            assert (a - b).abs().max() < 1e-11
+
+
+def test_torch_func_transforms_raise_naming_what_is_unsupported():
+    # the generated autograd.Function uses torch's classic forward(ctx, ...): functorch transforms need
+    # setup_context (and a vmap rule); torch refuses them with an error naming that, never a wrong number
+    own, dropin = _modules()
+    x = torch.randn(N, L, E, dtype=torch.float64)
+
+    def loss(w_q):
+        return mha_torch.forward(x, x, x, w_q, own.W_K, own.W_V, own.W_O, num_heads=H).sum()
+
+    with pytest.raises(RuntimeError, match="setup_context"):
+        torch.func.grad(loss)(own.W_Q.detach())
+    with pytest.raises(RuntimeError, match="setup_context"):
+        torch.func.vmap(lambda xs: own(xs, xs, xs))(x)
+    with pytest.raises(RuntimeError, match="setup_context"):
+        torch.func.vmap(lambda xs: dropin(xs, xs, xs, need_weights=False)[0])(x)
+    with pytest.raises(RuntimeError, match="setup_context"):
+        layer = transformer_block_torch.TransformerEncoderLayer(E, H, 8, dtype=torch.float64)
+        torch.func.grad(lambda xs: layer(xs).sum())(x)
+
+
+def test_leading_batch_dimensions_stand_in_for_vmap():
+    # what vmap over a batch would give, the generated forward gives with a leading batch axis
+    own, _ = _modules()
+    x = torch.randn(3, N, L, E, dtype=torch.float64)
+    stacked = torch.stack([own(x[i], x[i], x[i]) for i in range(3)])
+    assert (own(x, x, x) - stacked).abs().max() < 1e-13
+
+
+DDP_SCRIPT = textwrap.dedent(
+    """
+    import sys
+
+    import torch
+    import torch.distributed as dist
+    import torch.multiprocessing as mp
+    from torch.nn.parallel import DistributedDataParallel
+
+    from symattn.generated import mha_torch
+
+    E, H, L, N, WORLD = 16, 4, 6, 4, 2
+
+
+    def model(kind):
+        torch.manual_seed(0)
+        if kind == "own":
+            return mha_torch.MultiHeadAttention(E, num_heads=H, bias=True, dtype=torch.float64)
+        return mha_torch.MultiheadAttention(E, H, batch_first=True, dtype=torch.float64)
+
+
+    def data():
+        torch.manual_seed(1)
+        return torch.randn(N, L, E, dtype=torch.float64), torch.randn(N, L, E, dtype=torch.float64)
+
+
+    def loss(module, x, target):
+        out = module(x, x, x)
+        out = out[0] if isinstance(out, tuple) else out
+        return ((out - target) ** 2).mean()
+
+
+    def worker(rank, kind, init, out):
+        dist.init_process_group("gloo", init_method=init, rank=rank, world_size=WORLD)
+        torch.set_num_threads(1)
+        ddp = DistributedDataParallel(model(kind))
+        x, target = data()
+        shard = slice(rank * N // WORLD, (rank + 1) * N // WORLD)
+        loss(ddp, x[shard], target[shard]).backward()  # DDP averages the gradients over the ranks
+        torch.save({name: p.grad for name, p in ddp.module.named_parameters()}, f"{out}.{rank}")
+        dist.destroy_process_group()
+
+
+    if __name__ == "__main__":
+        kind, init, out = sys.argv[1:]
+        mp.spawn(worker, args=(kind, init, out), nprocs=WORLD, join=True)
+        single = model(kind)
+        x, target = data()
+        loss(single, x, target).backward()
+        torch.save({name: p.grad for name, p in single.named_parameters()}, f"{out}.single")
+    """
+)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["own", "dropin"])
+def test_distributed_data_parallel_gloo_matches_single_process(tmp_path, kind):
+    if not torch.distributed.is_available() or not torch.distributed.is_gloo_available():
+        pytest.skip("torch.distributed with the gloo backend is not available in this torch build")
+    script = tmp_path / "ddp_step.py"
+    script.write_text(DDP_SCRIPT, encoding="utf-8")
+    out = tmp_path / "grads"
+    init = f"file://{tmp_path / 'rendezvous'}"
+    run = subprocess.run(
+        [sys.executable, str(script), kind, init, str(out)], capture_output=True, text=True, timeout=300
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    single = torch.load(f"{out}.single")
+    for rank in (0, 1):
+        grads = torch.load(f"{out}.{rank}")
+        assert grads.keys() == single.keys()
+        for name, g in grads.items():  # every rank holds the all-reduced (averaged) gradient
+            assert (g - single[name]).abs().max() < 1e-13 * max(1.0, single[name].abs().max().item()), name
