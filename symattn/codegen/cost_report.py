@@ -141,8 +141,16 @@ def node_table(
         part = [n for n in nodes if n.backward == backward]
         total, size = sp.Add(*(n.flops for n in part)), sp.Add(*(n.bytes for n in part))
         label = "backward" if backward else "forward"
-        body.append((label, "total", "", formula(sp.expand(total)), f"{_at(total, sizes) / 1e6:.3f}",
-                     f"{_at(size, sizes) / 2**10:.1f}"))
+        body.append(
+            (
+                label,
+                "total",
+                "",
+                formula(sp.expand(total)),
+                f"{_at(total, sizes) / 1e6:.3f}",
+                f"{_at(size, sizes) / 2**10:.1f}",
+            )
+        )
     widths = [max(len(row[k]) for row in (header, *body)) for k in range(len(header))]
     right = (False, False, False, False, True, True)  # numbers right-aligned
 

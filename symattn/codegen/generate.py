@@ -129,19 +129,34 @@ def _module_parameters(sched: Schedule, printer) -> tuple[list[str], list[dict],
 
 
 def context(
-    sched: Schedule, backend: str, version: str, variant: str = "standard", class_name: str | None = None
+    sched: Schedule,
+    backend: str,
+    version: str,
+    variant: str = "standard",
+    class_name: str | None = None,
+    second_order: bool = True,
 ) -> dict:
     """Everything a module template needs, every expression already printed (see ``codegen.context``)."""
     ctx = build_context(sched, backend, version, variant, class_name, _module_parameters)
     # JAX differentiates a custom_vjp's own rules (plain jax.numpy) again: no second form printed there
-    second = second_order_context(sched, ctx, backend, version) if backend != "jax" else None
+    wanted = second_order and backend != "jax"
+    second = second_order_context(sched, ctx, backend, version) if wanted else None
     return ctx | {"second_order": second}
 
 
-def render(source: str | Spec, backend: str, variant: str = "standard", regenerate: str = "symattn generate") -> str:
+def render(
+    source: str | Spec,
+    backend: str,
+    variant: str = "standard",
+    regenerate: str = "symattn generate",
+    *,
+    second_order: bool = True,
+) -> str:
     """The source of one generated module: of the built-in spec called source, or of a user's Spec.
 
     ``regenerate`` is the command its header names to write it again (a spec file's own command).
+    ``second_order=False`` leaves the second closed form out: such a module raises on double backward
+    and has no ``hvp`` (a first-order module, rendered in a fraction of the time).
     """
     from symattn import __version__
 
@@ -161,7 +176,7 @@ def render(source: str | Spec, backend: str, variant: str = "standard", regenera
         found = family(source)
         sched, class_name = schedule(source, extended=found.masks), found.class_name
         dropins = found.dropins if backend == "torch" and variant == "standard" else ()
-    ctx = context(sched, backend, __version__, variant, class_name) | {"regenerate": regenerate}
+    ctx = context(sched, backend, __version__, variant, class_name, second_order) | {"regenerate": regenerate}
     ctx |= {"dropin_names": list(dropins), "dropins": dropin_runtime.source(dropins)}
     text = environment().get_template(f"{backend}_module.py.j2").render(**ctx)
     return _tidy(text)

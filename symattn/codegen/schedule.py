@@ -100,7 +100,10 @@ def _shared(values: list[Basic], labelled: frozenset = frozenset()) -> Basic | N
     shared = [e for e, c in counts.items() if c > 1 and not is_trivial(e) and isinstance(e, MatrixExpr)]
     if not shared:
         return None
-    return max(shared, key=lambda e: (e in labelled, sp.count_ops(e), str(e)))
+    weight = {e: (e in labelled, sp.count_ops(e)) for e in shared}
+    heaviest = max(weight.values())
+    tied = [e for e in shared if weight[e] == heaviest]
+    return tied[0] if len(tied) == 1 else max(tied, key=str)  # printed only to break a tie
 
 
 def _product_name(expr: Basic) -> str:

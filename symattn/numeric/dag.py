@@ -78,9 +78,8 @@ class DagValues:
             for n in postorder(node):
                 if n not in self.matrices:
                     self.matrices[n] = (
-                        (isinstance(n, (MatrixExpr, sp.Symbol)) and (isinstance(n, MatrixExpr) or n in self.known))
-                        or any(self.matrices[a] for a in _args(n))
-                    )
+                        isinstance(n, (MatrixExpr, sp.Symbol)) and (isinstance(n, MatrixExpr) or n in self.known)
+                    ) or any(self.matrices[a] for a in _args(n))
             held = self.matrices[node]
         return held
 

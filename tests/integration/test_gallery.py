@@ -160,7 +160,7 @@ def test_gallery_module_matches_torch_autograd_and_keeps_the_dtype(name, backend
     assert all(grads[k].shape == values[k].shape for k in values)
 
 
-@pytest.mark.slow  # about 50 renders of user modules
+@pytest.mark.slow  # about 50 renders of user modules (first order)
 @pytest.mark.parametrize("named", ["none", "each"])
 @pytest.mark.parametrize("name", NAMES)
 def test_gallery_spec_generates_whichever_intermediates_are_named(name, named):
@@ -170,7 +170,10 @@ def test_gallery_spec_generates_whichever_intermediates_are_named(name, named):
     values, g, _, want = _case(name, "float64", seed=1)
     for intermediates in choices:
         variant = dataclasses.replace(s, intermediates=intermediates)
-        _, grads = _run(variant, "numpy", values, g)
+        made = types.ModuleType(f"{name}_{named}")  # first order only: the gradients are what is checked here
+        exec(compile(codegen.render(variant, "numpy", second_order=False), made.__name__, "exec"), made.__dict__)
+        _, saved = made.forward(*values.values())
+        grads = made.backward(saved, g)
         errors = {k: _relative(grads[k], want[k]) for k in values}
         assert max(errors.values()) <= TOLERANCE["float64"], (intermediates, errors)
 

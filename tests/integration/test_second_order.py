@@ -24,9 +24,7 @@ def _inputs(spec: str, rng: np.random.Generator) -> tuple[dict, dict]:
         return {"X": r(2, n, d), "W_Q": r(d, 3), "W_K": r(d, 3), "W_V": r(d, 2)}, {}
     if spec == "mha":
         names = ("W_Q", "W_K", "W_V", "W_O")
-        return {"Q": r(2, n, d), "K": r(2, m, d), "V": r(2, m, d), **{w: r(d, d) / 2 for w in names}}, {
-            "num_heads": 2
-        }
+        return {"Q": r(2, n, d), "K": r(2, m, d), "V": r(2, m, d), **{w: r(d, d) / 2 for w in names}}, {"num_heads": 2}
     raise KeyError(spec)
 
 
