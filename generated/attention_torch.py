@@ -341,6 +341,11 @@ INPUTS = ("Q", "K", "V", "M")  # the Function's tensor inputs
 COTANGENT = "G_out"
 
 
+def repeat_columns(a, times):
+    """(..., n, 1) -> (..., n, times): the column repeated (a view; a is evaluated once)."""
+    return a.expand(*a.shape[:-1], times)
+
+
 def _direction(direction):
     """A Hessian-vector product's direction: a dict from input names to arrays of their shapes (a name left
     out: zero in that input)."""
@@ -499,7 +504,7 @@ def _backward2(saved, grad_out):
     D1 = (t7 * P).sum(dim=-1, keepdim=True)
     t8 = t3 * P
     D3 = t8.sum(dim=-1, keepdim=True)
-    t2 = D3.expand(*D3.shape[:-1], m)
+    t2 = repeat_columns(D3, m)
     dP = c1 * (t7 * t2) + scale * (t3.mul_(t7 - D1)) + G_out @ dG_V.mT
     D2 = (dP * P).sum(dim=-1, keepdim=True)
     dA = dP.sub_(D2).mul_(P)

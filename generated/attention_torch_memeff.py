@@ -398,6 +398,11 @@ def masked_row_softmax(a, out=None):
     return out
 
 
+def repeat_columns(a, times):
+    """(..., n, 1) -> (..., n, times): the column repeated (a view; a is evaluated once)."""
+    return a.expand(*a.shape[:-1], times)
+
+
 def row_softmax(a, out=None):
     """softmax along the last axis, the row max subtracted first; out may be a itself."""
     top = a.amax(dim=-1, keepdim=True) if a.shape[-1] else a.new_zeros(*a.shape[:-1], 1)  # no keys
@@ -570,7 +575,7 @@ def _backward2(saved, grad_out):
     D1 = (t7 * P).sum(dim=-1, keepdim=True)
     t8 = t3 * P
     D3 = t8.sum(dim=-1, keepdim=True)
-    t2 = D3.expand(*D3.shape[:-1], m)
+    t2 = repeat_columns(D3, m)
     dP = c1 * (t7 * t2) + scale * (t3.mul_(t7 - D1)) + G_out @ dG_V.mT
     D2 = (dP * P).sum(dim=-1, keepdim=True)
     dA = dP.sub_(D2).mul_(P)

@@ -617,6 +617,11 @@ INPUTS = ("Q", "K", "V", "W_Q", "W_K", "W_V", "W_O", "b_Q", "b_K", "b_V", "b_O",
 COTANGENT = "G_out"
 
 
+def repeat_columns(a, times):
+    """(..., n, 1) -> (..., n, times): the column repeated (a view; a is evaluated once)."""
+    return a.expand(*a.shape[:-1], times)
+
+
 def sum_batch(a):
     """(..., p, q) -> (p, q): the sum over the leading batch dimensions."""
     return a.reshape(-1, *a.shape[-2:]).sum(dim=0)
@@ -989,10 +994,10 @@ def _backward2(saved, grad_out):
     t22 = merge_heads(G_Q_h, H)
     t23 = t17.mT * P_h
     D5 = t23.sum(dim=-1, keepdim=True)
-    t15 = D5.expand(*D5.shape[:-1], m)
+    t15 = repeat_columns(D5, m)
     t24 = t16 * P_h
     D4 = t24.sum(dim=-1, keepdim=True)
-    t14 = D4.expand(*D4.shape[:-1], m)
+    t14 = repeat_columns(D4, m)
     dP_h = (
         c1 * (t14 * t5)
         + c1 * (t15 * t5)

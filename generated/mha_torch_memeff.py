@@ -666,6 +666,11 @@ def masked_row_softmax(a, out=None):
     return out
 
 
+def repeat_columns(a, times):
+    """(..., n, 1) -> (..., n, times): the column repeated (a view; a is evaluated once)."""
+    return a.expand(*a.shape[:-1], times)
+
+
 def row_softmax(a, out=None):
     """softmax along the last axis, the row max subtracted first; out may be a itself."""
     top = a.amax(dim=-1, keepdim=True) if a.shape[-1] else a.new_zeros(*a.shape[:-1], 1)  # no keys
@@ -1052,10 +1057,10 @@ def _backward2(saved, grad_out):
     t22 = merge_heads(G_Q_h, H)
     t23 = t17.mT * P_h
     D5 = t23.sum(dim=-1, keepdim=True)
-    t15 = D5.expand(*D5.shape[:-1], m)
+    t15 = repeat_columns(D5, m)
     t24 = t16 * P_h
     D4 = t24.sum(dim=-1, keepdim=True)
-    t14 = D4.expand(*D4.shape[:-1], m)
+    t14 = repeat_columns(D4, m)
     dP_h = (
         c1 * (t14 * t5)
         + c1 * (t15 * t5)

@@ -306,6 +306,11 @@ INPUTS = ("X", "W_Q", "W_K", "W_V")  # the Function's tensor inputs
 COTANGENT = "G_out"
 
 
+def repeat_columns(a, times):
+    """(..., n, 1) -> (..., n, times): the column repeated (a view; a is evaluated once)."""
+    return a.expand(*a.shape[:-1], times)
+
+
 def sum_batch(a):
     """(..., p, q) -> (p, q): the sum over the leading batch dimensions."""
     return a.reshape(-1, *a.shape[-2:]).sum(dim=0)
@@ -495,7 +500,7 @@ def _backward2(saved, grad_out):
     t8 = G_out @ V.mT
     D1 = (t8 * P).sum(dim=-1, keepdim=True)
     t10 = P * dG_A
-    t7 = -(t10.sum(dim=-1, keepdim=True).expand(*t10.sum(dim=-1, keepdim=True).shape[:-1], n))
+    t7 = -(repeat_columns(t10.sum(dim=-1, keepdim=True), n))
     dP = dG_A.mul_(t8 - D1).add_(G_out @ (W_V.mT @ dG_X.mT)).add_(G_out @ (dG_W_V.mT @ X.mT)).add_(t8 * t7)
     D3 = (P * dP).sum(dim=-1, keepdim=True)
     dV = (t7.mT * P.mT + t10.mT) @ G_out

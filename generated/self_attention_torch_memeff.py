@@ -348,6 +348,11 @@ INPUTS = ("X", "W_Q", "W_K", "W_V")  # the Function's tensor inputs
 COTANGENT = "G_out"
 
 
+def repeat_columns(a, times):
+    """(..., n, 1) -> (..., n, times): the column repeated (a view; a is evaluated once)."""
+    return a.expand(*a.shape[:-1], times)
+
+
 def row_softmax(a, out=None):
     """softmax along the last axis, the row max subtracted first; out may be a itself."""
     top = a.amax(dim=-1, keepdim=True) if a.shape[-1] else a.new_zeros(*a.shape[:-1], 1)  # no keys
@@ -546,7 +551,7 @@ def _backward2(saved, grad_out):
     t8 = G_out @ V.mT
     D1 = (t8 * P).sum(dim=-1, keepdim=True)
     t10 = P * dG_A
-    t7 = -(t10.sum(dim=-1, keepdim=True).expand(*t10.sum(dim=-1, keepdim=True).shape[:-1], n))
+    t7 = -(repeat_columns(t10.sum(dim=-1, keepdim=True), n))
     dP = dG_A.mul_(t8 - D1).add_(G_out @ (W_V.mT @ dG_X.mT)).add_(G_out @ (dG_W_V.mT @ X.mT)).add_(t8 * t7)
     D3 = (P * dP).sum(dim=-1, keepdim=True)
     dV = (t7.mT * P.mT + t10.mT) @ G_out

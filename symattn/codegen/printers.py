@@ -401,7 +401,7 @@ class TorchMatrixPrinter(GeneratedCodeMixin, NumPyMatrixPrinter):
         return f"torch.diagonal({self._print(expr.arg)}, dim1=-2, dim2=-1).sum(dim=-1)"
 
     def _repeat(self, column: str, times: Basic) -> str:
-        return f"{column}.expand(*{column}.shape[:-1], {self._print(times)})"
+        return f"{self.helper('repeat_columns')}({column}, {self._print(times)})"
 
     def _print_Identity(self, expr: Basic) -> str:
         return f"torch.eye({self._print(expr.shape[0])}, dtype=dtype, device=device)"

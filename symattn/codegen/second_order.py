@@ -37,10 +37,6 @@ def second_order_schedule(first: Schedule) -> tuple[SecondOrder, Schedule] | Non
     held = _CACHE.get(id(first))
     if held is not None and held[0] is first:
         return held[1]
-    if not first.spec.intermediates:  # unverified: softmax(X Xᵀ) X, unnamed, fails gradgradcheck in torch (its
-        found = None  # NumPy hvp is right); such a module keeps raising on double backward
-        _CACHE[id(first)] = (first, found)
-        return found
     try:
         so = second_order_spec(first.spec)
     except SymattnError:  # a node of the first gradients that has no rule itself: no second closed form

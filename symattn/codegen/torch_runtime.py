@@ -96,6 +96,11 @@ def sum_groups(a, heads):
     return a.reshape(*a.shape[:-3], heads, a.shape[-3] // heads, *a.shape[-2:]).sum(dim=-3)
 
 
+def repeat_columns(a, times):
+    """(..., n, 1) -> (..., n, times): the column repeated (a view; a is evaluated once)."""
+    return a.expand(*a.shape[:-1], times)
+
+
 def rows(a):
     """(..., n, k) -> (N, k): every row of every batch element, stacked."""
     return a.reshape(-1, a.shape[-1])

@@ -59,13 +59,17 @@ class Verification:
         return "\n".join(lines) + "\n"
 
 
-@dataclass
+@dataclass(repr=False)
 class Derivation:
     """The gradients of a spec's output (cotangent G) for every input and weight."""
 
     spec: Spec
     tape: Tape
-    _chains: dict[str, Chain] = field(default_factory=dict, repr=False, compare=False)
+    _chains: dict[str, Chain] = field(default_factory=dict, compare=False)
+
+    def __repr__(self) -> str:
+        """Short: the gradients printed in full can take minutes (a failing test's report prints its locals)."""
+        return f"Derivation({self.spec.name!r}, wrt=({', '.join(self.spec.input_names)}))"
 
     @property
     def gradients(self) -> dict[str, Basic]:

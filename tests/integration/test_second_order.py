@@ -186,3 +186,35 @@ def _double_backward(made, shapes: dict) -> None:
     xs = [torch.tensor(rng.standard_normal(s) * 0.5, requires_grad=True) for s in shapes.values()]
     (g,) = torch.autograd.grad(made.forward(*xs).sum(), xs[0], create_graph=True)
     g.sum().backward()
+
+
+@pytest.mark.parametrize("named", [(), ("P",)], ids=["unnamed", "P named"])
+def test_a_spec_with_nothing_named_is_right_under_double_backward(named):
+    """softmax(X Xᵀ) X: X is query, key and value at once; unnamed, the second closed form broadcasts a
+    difference that the in-place pass writes as sub_ (printed once, else it is subtracted twice)."""
+    import types
+
+    import sympy as sp
+
+    import symattn as sa
+    from symattn.codegen import generate as codegen
+    from symattn.specs import dim
+
+    x = sp.MatrixSymbol("X", dim("n"), dim("d"))
+    p = sa.softmax(x * x.T)
+    spec = sa.Spec("xx_attention", "softmax(X Xᵀ) X", (x,), p * x, tuple((k, p) for k in named))
+    made = {}
+    for backend in ("torch", "numpy"):
+        made[backend] = types.ModuleType(f"xx_{backend}")
+        exec(compile(codegen.render(spec, backend), backend, "exec"), made[backend].__dict__)
+    rng = np.random.default_rng(3)
+    value = rng.standard_normal((2, 4, 3))
+    assert torch.autograd.gradgradcheck(made["torch"].forward, (torch.tensor(value, requires_grad=True),))
+    numpy_module = made["numpy"]
+    grad_out, direction = rng.standard_normal((2, 4, 3)), rng.standard_normal((2, 4, 3))
+    hv = numpy_module.hvp(value, grad_out, {"X": direction})["X"]
+    h = 1e-5
+    plus, minus = (
+        numpy_module.backward(numpy_module.forward(value + s * h * direction)[1], grad_out)["X"] for s in (1, -1)
+    )
+    assert np.abs(hv - (plus - minus) / (2 * h)).max() < 1e-7
