@@ -24,10 +24,9 @@ from sympy.matrices.expressions import (
     Trace,
     Transpose,
 )
-from sympy.matrices.expressions.hadamard import canonicalize as hadamard_canonical
 
 from symattn.errors import UnsupportedNodeError
-from symattn.lang.algebra import total
+from symattn.lang.algebra import hadamard_product, total
 from symattn.lang.ops import (
     Exp,
     Gelu,
@@ -104,11 +103,6 @@ def _total(terms: list[Basic]) -> Basic | None:
     if not terms:
         return None
     return terms[0] if len(terms) == 1 else total(*terms)
-
-
-def hadamard_product(*factors: Basic) -> Basic:
-    """A ⊙ B ⊙ …, canonical at the top only (SymPy's hadamard_product re-walks every operand)."""
-    return factors[0] if len(factors) == 1 else hadamard_canonical(HadamardProduct(*factors))
 
 
 @defjvp(MatMul)

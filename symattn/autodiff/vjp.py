@@ -25,10 +25,9 @@ from sympy.matrices.expressions import (
     Transpose,
     ZeroMatrix,
 )
-from sympy.matrices.expressions.hadamard import canonicalize as hadamard_canonical
 
-from symattn.lang.algebra import factors, product, total
-from symattn.lang.graph import intern, sort_keys_of
+from symattn.lang.algebra import factors, hadamard_product, product, total
+from symattn.lang.graph import intern
 from symattn.lang.ops import (
     Exp,
     Gelu,
@@ -93,14 +92,6 @@ def transpose(a: Basic) -> Basic:
     if isinstance(a, (HadamardPower, MatPow)):
         return intern(type(a)(transpose(a.args[0]), a.args[1]))
     return intern(Transpose(a).doit(deep=False))
-
-
-def hadamard_product(*factors: Basic) -> Basic:
-    """Entrywise product, canonical (flattened, sorted, X ⊙ X becomes X^{∘2})."""
-    if len(factors) == 1:
-        return factors[0]
-    with sort_keys_of(*factors):  # canonicalize sorts the factors by SymPy's (recursive) sort key
-        return intern(hadamard_canonical(HadamardProduct(*factors)))
 
 
 def ones_like(a: MatrixExpr) -> OneMatrix:

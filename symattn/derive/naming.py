@@ -32,7 +32,8 @@ def _reuses_its_value(node: Basic) -> bool:
     if rule is None:
         return False
     probe = MatrixSymbol("_probe", *node.shape)
-    return any(node in postorder(c) for _, c in rule(node, probe))
+    # a set: found by hash and identity (== on two deep trees recurses as deep as they are)
+    return any(node in set(postorder(c)) for _, c in rule(node, probe))
 
 
 def _letter(node: Basic) -> str:

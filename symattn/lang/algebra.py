@@ -12,9 +12,10 @@ from collections.abc import Iterable
 
 import sympy as sp
 from sympy import Basic, MatrixExpr
-from sympy.matrices.expressions import Identity, MatAdd, MatMul, ZeroMatrix
+from sympy.matrices.expressions import HadamardProduct, Identity, MatAdd, MatMul, ZeroMatrix
+from sympy.matrices.expressions.hadamard import canonicalize as hadamard_canonical
 
-from symattn.lang.graph import intern, sort_key
+from symattn.lang.graph import intern, sort_key, sort_keys_of
 
 
 def factors(expr: Basic) -> tuple[Basic, list[Basic]]:
@@ -104,6 +105,15 @@ def _total(*parts: Basic, canonical: bool = True) -> Basic:
     if not args:
         return ZeroMatrix(*parts[0].shape)
     return args[0] if len(args) == 1 else MatAdd(*sorted(args, key=sort_key))
+
+
+def hadamard_product(*factors: Basic) -> Basic:
+    """Entrywise product, canonical (flattened, sorted, X ⊙ X becomes X^{∘2}); the factors' sort keys
+    computed leaves first (SymPy's own recurse as deep as the factors are)."""
+    if len(factors) == 1:
+        return factors[0]
+    with sort_keys_of(*factors):
+        return intern(hadamard_canonical(HadamardProduct(*factors)))
 
 
 def transposed_factors(mats: Iterable[Basic]) -> list[Basic]:
