@@ -16,9 +16,8 @@ import sympy as sp
 from sympy import Basic, MatrixExpr
 from sympy.matrices.expressions import Identity, OneMatrix, Trace, Transpose
 
-from symattn.autodiff.vjp import hadamard_product, transpose
 from symattn.errors import SymattnError
-from symattn.lang.algebra import factors, product, total
+from symattn.lang.algebra import factors, hadamard_product, product, total, transpose
 from symattn.lang.graph import rewrite
 from symattn.lang.ops import SumEntries
 

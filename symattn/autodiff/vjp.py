@@ -9,7 +9,6 @@ docstring states the trace identity it implements.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from functools import lru_cache
 
 import sympy as sp
 from sympy import Basic, MatrixExpr
@@ -26,8 +25,7 @@ from sympy.matrices.expressions import (
     ZeroMatrix,
 )
 
-from symattn.lang.algebra import factors, hadamard_product, product, total
-from symattn.lang.graph import intern
+from symattn.lang.algebra import hadamard_product, product, total, transpose
 from symattn.lang.ops import (
     Exp,
     Gelu,
@@ -77,21 +75,6 @@ def merge_cotangents(outputs: Iterable[tuple[Basic, Basic]]) -> tuple[tuple[Basi
         (a, cs[0] if len(cs) == 1 else total(*cs) if isinstance(cs[0], MatrixExpr) else sp.Add(*cs))
         for a, cs in parts.items()
     )
-
-
-@lru_cache(maxsize=1 << 16)  # a shared (DAG) cotangent is transposed once per distinct subexpression
-def transpose(a: Basic) -> Basic:
-    """aᵀ pushed through products, sums and entrywise nodes: (AB)ᵀ = BᵀAᵀ, (A + B)ᵀ = Aᵀ + Bᵀ, (Aᵀ)ᵀ = A."""
-    if isinstance(a, MatMul):
-        coeff, mats = factors(a)
-        return product(coeff, *(transpose(m) for m in reversed(mats)))
-    if isinstance(a, MatAdd):
-        return total(*(transpose(t) for t in a.args))
-    if isinstance(a, HadamardProduct):
-        return intern(HadamardProduct(*(transpose(f) for f in a.args)))
-    if isinstance(a, (HadamardPower, MatPow)):
-        return intern(type(a)(transpose(a.args[0]), a.args[1]))
-    return intern(Transpose(a).doit(deep=False))
 
 
 def ones_like(a: MatrixExpr) -> OneMatrix:

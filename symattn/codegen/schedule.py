@@ -38,7 +38,7 @@ from symattn.codegen.passes import (
     reassociate_products,
     save_entrywise_outputs,
 )
-from symattn.lang.algebra import factors, total
+from symattn.lang.algebra import factors, total, transpose
 from symattn.lang.dims import Binding, bind_dimensions
 from symattn.lang.names import Names
 from symattn.optimize.cost import flops_value
@@ -100,10 +100,23 @@ def _shared(values: list[Basic], labelled: frozenset = frozenset()) -> Basic | N
     shared = [e for e, c in counts.items() if c > 1 and not is_trivial(e) and isinstance(e, MatrixExpr)]
     if not shared:
         return None
-    weight = {e: (e in labelled, sp.count_ops(e)) for e in shared}
+    weight = {e: (e in labelled, _operations(e)) for e in shared}
     heaviest = max(weight.values())
     tied = [e for e in shared if weight[e] == heaviest]
-    return tied[0] if len(tied) == 1 else max(tied, key=str)  # printed only to break a tie
+    return tied[0] if len(tied) == 1 else max(tied, key=_text)  # printed only to break a tie
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def _operations(e: Basic) -> int:
+    """sp.count_ops(e), once per expression (the CSE loop asks again for the same candidates)."""
+    return sp.count_ops(e)
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def _text(e: Basic) -> str:
+    """str(e), once per expression."""
+    return str(e)
+
 
 
 def _product_name(expr: Basic) -> str:
@@ -205,7 +218,7 @@ def _simplified(backward_values: list[Assignment], forward: list[Assignment]) ->
     for b in backward_values:
         names.add(b.value, b.target)
         definitions[b.target] = b.value
-        definitions[b.target.T] = b.value.T
+        definitions[b.target.T] = transpose(b.value)
     out = []
     for b in backward_values:
         candidate = names.substitute(simplify(expand(b.value, definitions)), skip=b.value)

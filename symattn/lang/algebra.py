@@ -9,10 +9,20 @@ exponential time on deep or shared graphs.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from functools import lru_cache
 
 import sympy as sp
 from sympy import Basic, MatrixExpr
-from sympy.matrices.expressions import HadamardProduct, Identity, MatAdd, MatMul, ZeroMatrix
+from sympy.matrices.expressions import (
+    HadamardPower,
+    HadamardProduct,
+    Identity,
+    MatAdd,
+    MatMul,
+    MatPow,
+    Transpose,
+    ZeroMatrix,
+)
 from sympy.matrices.expressions.hadamard import canonicalize as hadamard_canonical
 
 from symattn.lang.graph import intern, sort_key, sort_keys_of
@@ -116,6 +126,21 @@ def hadamard_product(*factors: Basic) -> Basic:
         return intern(hadamard_canonical(HadamardProduct(*factors)))
 
 
+@lru_cache(maxsize=1 << 16)  # a shared (DAG) cotangent is transposed once per distinct subexpression
+def transpose(a: Basic) -> Basic:
+    """aᵀ pushed through products, sums and entrywise nodes: (AB)ᵀ = BᵀAᵀ, (A + B)ᵀ = Aᵀ + Bᵀ, (Aᵀ)ᵀ = A."""
+    if isinstance(a, MatMul):
+        coeff, mats = factors(a)
+        return product(coeff, *(transpose(m) for m in reversed(mats)))
+    if isinstance(a, MatAdd):
+        return total(*(transpose(t) for t in a.args))
+    if isinstance(a, HadamardProduct):
+        return intern(HadamardProduct(*(transpose(f) for f in a.args)))
+    if isinstance(a, (HadamardPower, MatPow)):
+        return intern(type(a)(transpose(a.args[0]), a.args[1]))
+    return intern(Transpose(a).doit(deep=False))
+
+
 def transposed_factors(mats: Iterable[Basic]) -> list[Basic]:
     """[F_kᵀ, …, F₁ᵀ] for [F₁, …, F_k]: the factors of (F₁ ⋯ F_k)ᵀ."""
-    return [m.T for m in reversed(list(mats))]
+    return [transpose(m) for m in reversed(list(mats))]

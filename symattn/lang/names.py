@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from sympy import Basic, MatrixExpr, MatrixSymbol
 from sympy.matrices.expressions import MatMul
 
-from symattn.lang.algebra import factors, product, transposed_factors
+from symattn.lang.algebra import factors, product, transpose, transposed_factors
 from symattn.lang.safe import expression
 
 
@@ -46,7 +46,7 @@ class Names:
     def add(self, expr: Basic, symbol: MatrixSymbol) -> None:
         """Name expr by symbol, and exprᵀ by symbolᵀ."""
         self.table[expr] = symbol
-        self.table.setdefault(expr.T, symbol.T)
+        self.table.setdefault(transpose(expr), symbol.T)
         coeff, mats = factors(expr)
         self.memo.clear()
         for pattern in ((symbol, coeff, mats), (symbol.T, coeff, transposed_factors(mats))):
