@@ -118,7 +118,6 @@ def _text(e: Basic) -> str:
     return str(e)
 
 
-
 def _product_name(expr: Basic) -> str:
     """An identifier for the cotangent of an unnamed product such as Q W_Q: dQW_Q."""
     if isinstance(expr, sp.MatAdd):  # Q W_Q + 𝟏 b_Q: named after its product, dQW_Q
