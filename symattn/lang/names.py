@@ -16,7 +16,7 @@ transpose, and puts the names back into an expression in one of two ways:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from sympy import Basic, MatrixExpr, MatrixSymbol
 from sympy.matrices.expressions import MatMul
@@ -56,33 +56,49 @@ class Names:
     # Code generation: top-down.
 
     def substitute(self, expr: Basic, skip: Basic | None = None) -> Basic:
-        """expr with every named subexpression (but skip) replaced by its name."""
-        if expr in self.table and expr != skip:
-            return self.table[expr]
-        if not expr.args or isinstance(expr, MatrixSymbol):
-            return expr
-        if isinstance(expr, MatMul):
-            return self._substitute_product(expr, skip)
-        return expr.func(*(self.substitute(a, skip) for a in expr.args))
+        """expr with every named subexpression (but skip) replaced by its name.
 
-    def _substitute_product(self, expr: MatMul, skip: Basic | None) -> Basic:
-        coeff, mats = factors(expr)
-        runs = sorted(
+        Each distinct subexpression is visited once (a DAG's shared parts are not walked again), and the
+        named products are ordered once per call, longest first.
+        """
+        named = sorted(
             ((k, v) for k, v in self.table.items() if isinstance(k, MatMul) and k != skip),
             key=lambda kv: -len(kv[0].args),
         )
+        runs = [(factors(k), v) for k, v in named]
+        done: dict[Basic, Basic] = {}
+
+        def walk(e: Basic) -> Basic:
+            if e in done:
+                return done[e]
+            if e in self.table and e != skip:
+                out = self.table[e]
+            elif not e.args or isinstance(e, MatrixSymbol):
+                out = e
+            elif isinstance(e, MatMul):
+                out = self._substitute_product(e, runs, walk)
+            else:
+                out = e.func(*(walk(a) for a in e.args))
+            done[e] = out
+            return out
+
+        return walk(expr)
+
+    @staticmethod
+    def _substitute_product(expr: MatMul, runs: list, walk: Callable[[Basic], Basic]) -> Basic:
+        """A product with every run of factors that spells a named product replaced by its name."""
+        coeff, mats = factors(expr)
         out: list[Basic] = []
         i = 0
         while i < len(mats):
-            for key, name in runs:
-                c, run = factors(key)
+            for (c, run), name in runs:
                 if len(run) > 1 and tuple(mats[i : i + len(run)]) == tuple(run):
                     coeff = coeff / c
                     out.append(name)
                     i += len(run)
                     break
             else:
-                out.append(self.substitute(mats[i], skip))
+                out.append(walk(mats[i]))
                 i += 1
         return product(coeff, *out, canonical=False, flatten=True)
 
