@@ -413,24 +413,24 @@ def _backward2(saved, grad_out):
     m = saved["m"]
     scale = saved["scale"]
     mask_shape = saved["mask_shape"]
+    dG_Q = Q_v
     dG_V = V_v
     dG_K = K_v
-    dG_Q = Q_v
-    t3 = Q @ dG_K.mT + dG_Q @ K.mT
-    t7 = G_out @ V.mT
-    D1 = (t7 * P).sum(axis=-1, keepdims=True)
-    t8 = t3 * P
-    D3 = t8.sum(axis=-1, keepdims=True)
+    t4 = Q @ dG_K.mT + dG_Q @ K.mT
+    t3 = t4 * P
+    D3 = t3.sum(axis=-1, keepdims=True)
     t2 = np.repeat(D3, m, axis=-1)
-    dP = c1 * (t7 * t2) + scale * (np.multiply(t3, t7 - D1, out=t3)) + G_out @ dG_V.mT
+    t1 = c1 * (t2 * P) + scale * t3
+    dV = t1.mT @ G_out
+    dG_out = t1 @ V + P @ dG_V
+    t8 = G_out @ V.mT
+    D1 = (t8 * P).sum(axis=-1, keepdims=True)
+    dP = c1 * (t8 * t2) + scale * (np.multiply(t4, t8 - D1, out=t4)) + G_out @ dG_V.mT
     D2 = (dP * P).sum(axis=-1, keepdims=True)
     dA = np.multiply(np.subtract(dP, D2, out=dP), P, out=dP)
     dQ = G_A @ (scale * dG_K) + dA @ (scale * K)
     dK = G_A.mT @ (scale * dG_Q) + dA.mT @ (scale * Q)
     dM = None if mask_shape is None else sum_to_mask(dA, mask_shape)
-    t1 = c1 * (t2 * P) + scale * t8
-    dV = t1.mT @ G_out
-    dG_out = t1 @ V + P @ dG_V
     grads = {"Q": dQ, "K": dK, "V": dV, "G_out": dG_out, "attn_mask": dM}
     return {name: g for name, g in grads.items() if g is not None}
 

@@ -496,24 +496,24 @@ def _backward2(saved, grad_out):
     m = saved["m"]
     scale = saved["scale"]
     mask_shape = saved["mask_shape"]
+    dG_Q = Q_v
     dG_V = V_v
     dG_K = K_v
-    dG_Q = Q_v
-    t3 = Q @ dG_K.mT + dG_Q @ K.mT
-    t7 = G_out @ V.mT
-    D1 = (t7 * P).sum(dim=-1, keepdim=True)
-    t8 = t3 * P
-    D3 = t8.sum(dim=-1, keepdim=True)
+    t4 = Q @ dG_K.mT + dG_Q @ K.mT
+    t3 = t4 * P
+    D3 = t3.sum(dim=-1, keepdim=True)
     t2 = repeat_columns(D3, m)
-    dP = c1 * (t7 * t2) + scale * (t3.mul_(t7 - D1)) + G_out @ dG_V.mT
+    t1 = c1 * (t2 * P) + scale * t3
+    dV = t1.mT @ G_out
+    dG_out = t1 @ V + P @ dG_V
+    t8 = G_out @ V.mT
+    D1 = (t8 * P).sum(dim=-1, keepdim=True)
+    dP = c1 * (t8 * t2) + scale * (t4.mul_(t8 - D1)) + G_out @ dG_V.mT
     D2 = (dP * P).sum(dim=-1, keepdim=True)
     dA = dP.sub_(D2).mul_(P)
     dQ = G_A @ (scale * dG_K) + dA @ (scale * K)
     dK = G_A.mT @ (scale * dG_Q) + dA.mT @ (scale * Q)
     dM = None if mask_shape is None else dA.sum_to_size(mask_shape)
-    t1 = c1 * (t2 * P) + scale * t8
-    dV = t1.mT @ G_out
-    dG_out = t1 @ V + P @ dG_V
     return {"Q": dQ, "K": dK, "V": dV, "G_out": dG_out, "M": dM}
 
 

@@ -52,10 +52,6 @@ Backward (grad_out = ∂f/∂Y for a scalar f; a weight's gradient is summed ove
     dW_O = Cᵀ grad_out
     db_O = 𝟏ᵀ grad_out
     dM = dA_h
-    dQW_Q = Concat_h(dQ_h)
-    dQ = dQW_Q W_Qᵀ
-    dW_Q = Qᵀ dQW_Q
-    db_Q = 𝟏ᵀ dQW_Q
     dVW_V = Concat_h(GroupSum(dV_h))
     dV = dVW_V W_Vᵀ
     dW_V = Vᵀ dVW_V
@@ -64,6 +60,10 @@ Backward (grad_out = ∂f/∂Y for a scalar f; a weight's gradient is summed ove
     dK = dKW_K W_Kᵀ
     dW_K = Kᵀ dKW_K
     db_K = 𝟏ᵀ dKW_K
+    dQW_Q = Concat_h(dQ_h)
+    dQ = dQW_Q W_Qᵀ
+    dW_Q = Qᵀ dQW_Q
+    db_Q = 𝟏ᵀ dQW_Q
 """
 
 from __future__ import annotations
@@ -406,10 +406,6 @@ def _backward(saved, grad_out):
     dW_O = rows(C).mT @ rows(grad_out)
     db_O = None if b_O is None else rows(grad_out).sum(axis=0, keepdims=True)
     dM = None if mask_shape is None else sum_to_shape(dA_h, mask_shape)
-    dQW_Q = merge_heads(dQ_h, H)
-    dQ = dQW_Q @ W_Q.mT
-    dW_Q = rows(Q).mT @ rows(dQW_Q)
-    db_Q = None if b_Q is None else rows(dQW_Q).sum(axis=0, keepdims=True)
     dVW_V = merge_heads(sum_groups(dV_h, H_kv), H_kv)
     dV = dVW_V @ W_V.mT
     dW_V = rows(V).mT @ rows(dVW_V)
@@ -418,6 +414,10 @@ def _backward(saved, grad_out):
     dK = dKW_K @ W_K.mT
     dW_K = rows(K).mT @ rows(dKW_K)
     db_K = None if b_K is None else rows(dKW_K).sum(axis=0, keepdims=True)
+    dQW_Q = merge_heads(dQ_h, H)
+    dQ = dQW_Q @ W_Q.mT
+    dW_Q = rows(Q).mT @ rows(dQW_Q)
+    db_Q = None if b_Q is None else rows(dQW_Q).sum(axis=0, keepdims=True)
     return {
         "Q": dQ,
         "K": dK,

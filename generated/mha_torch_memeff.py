@@ -56,10 +56,6 @@ Backward (grad_out = ∂f/∂Y for a scalar f; a weight's gradient is summed ove
     dQ_h = scale dA_h K_h
     dW_O = Cᵀ grad_out
     db_O = 𝟏ᵀ grad_out
-    dQW_Q = Concat_h(dQ_h)
-    dQ = dQW_Q W_Qᵀ
-    dW_Q = Qᵀ dQW_Q
-    db_Q = 𝟏ᵀ dQW_Q
     dVW_V = Concat_h(GroupSum(dV_h))
     dV = dVW_V W_Vᵀ
     dW_V = Vᵀ dVW_V
@@ -68,6 +64,10 @@ Backward (grad_out = ∂f/∂Y for a scalar f; a weight's gradient is summed ove
     dK = dKW_K W_Kᵀ
     dW_K = Kᵀ dKW_K
     db_K = 𝟏ᵀ dKW_K
+    dQW_Q = Concat_h(dQ_h)
+    dQ = dQW_Q W_Qᵀ
+    dW_Q = Qᵀ dQW_Q
+    db_Q = 𝟏ᵀ dQW_Q
 """
 
 from __future__ import annotations
@@ -1015,29 +1015,24 @@ def _backward2(saved, grad_out):
     b_O = saved["b_O"]
     mask_shape = saved["mask_shape"]
     db_O = None if b_O is None else torch.zeros_like(b_O)
-    t6 = split_heads(G_out @ W_O.mT, H)
-    D2 = (O_h * t6).sum(dim=-1, keepdim=True)
-    t5 = t6 @ V_h.mT
-    t3 = t5 - D2
-    t2 = t3 * P_h
+    dG_b_V = b_V_v
+    dG_b_K = b_K_v
+    dG_W_V = W_V_v
+    dG_W_K = W_K_v
     dG_b_O = b_O_v
     dG_b_Q = b_Q_v
     dG_W_O = W_O_v
     dG_W_Q = W_Q_v
     dC = G_out @ dG_W_O.mT
     dO_h = split_heads(dC, H)
-    dG_V = V_v
-    dG_K = K_v
     dG_Q = Q_v
     dG_Q_h = (
         split_heads(Q @ dG_W_Q, H)
         + split_heads(dG_Q @ W_Q, H)
         + split_heads((torch.ones(n, 1, dtype=dtype, device=device)) @ dG_b_Q, H)
     )
-    dG_b_V = b_V_v
-    dG_b_K = b_K_v
-    dG_W_V = W_V_v
-    dG_W_K = W_K_v
+    dG_V = V_v
+    dG_K = K_v
     dG_V_h = (
         repeat_heads(split_heads(V @ dG_W_V, H_kv), H)
         + repeat_heads(split_heads(dG_V @ W_V, H_kv), H)
@@ -1048,59 +1043,51 @@ def _backward2(saved, grad_out):
         + repeat_heads(split_heads(dG_K @ W_K, H_kv), H)
         + repeat_heads(split_heads((torch.ones(m, 1, dtype=dtype, device=device)) @ dG_b_K, H_kv), H)
     )
-    t16 = dG_Q_h @ K_h.mT
-    t17 = dG_K_h @ Q_h.mT
-    t18 = sum_groups(G_V_h, H_kv)
-    t19 = sum_groups(G_K_h, H_kv)
-    t20 = merge_heads(t19, H_kv)
-    t21 = merge_heads(t18, H_kv)
-    t22 = merge_heads(G_Q_h, H)
-    t23 = t17.mT * P_h
-    D5 = t23.sum(dim=-1, keepdim=True)
-    t15 = repeat_columns(D5, m)
-    t24 = t16 * P_h
-    D4 = t24.sum(dim=-1, keepdim=True)
-    t14 = repeat_columns(D4, m)
-    dP_h = (
-        c1 * (t14 * t5)
-        + c1 * (t15 * t5)
-        + scale * (t16 * t3)
-        + scale * (t17.mT * t3)
-        + t6 @ dG_V_h.mT
-        + dO_h @ V_h.mT
-    )
+    t16 = split_heads(G_out @ W_O.mT, H)
+    D2 = (O_h * t16).sum(dim=-1, keepdim=True)
+    t13 = t16 @ V_h.mT
+    t4 = t13 - D2
+    t3 = t4 * P_h
+    t17 = merge_heads(sum_groups(G_V_h, H_kv), H_kv)
+    t18 = merge_heads(sum_groups(G_K_h, H_kv), H_kv)
+    t21 = dG_Q_h @ K_h.mT
+    t19 = t21 * P_h
+    D4 = t19.sum(dim=-1, keepdim=True)
+    t8 = repeat_columns(D4, m)
+    t2 = c1 * (t8 * P_h) + scale * t19
+    t22 = Q_h @ dG_K_h.mT
+    t20 = t22 * P_h
+    D5 = t20.sum(dim=-1, keepdim=True)
+    t9 = repeat_columns(D5, m)
+    dP_h = c1 * (t8 * t13) + c1 * (t9 * t13) + scale * (t21 * t4) + scale * (t22 * t4) + t16 @ dG_V_h.mT + dO_h @ V_h.mT
     D1 = (dP_h * P_h).sum(dim=-1, keepdim=True)
     D3 = (P_h * dP_h).sum(dim=-1, keepdim=True)
     dA_h = (dP_h - D1) * P_h
     dM = None if mask_shape is None else dA_h.sum_to_size(mask_shape)
-    t4 = c1 * (t14 * P_h) + scale * t24
+    t5 = dP_h.sub_(D3).mul_(P_h)
+    dK_h = scale * (t3.mT @ dG_Q_h + t5.mT @ Q_h)
+    dQ_h = scale * (t3 @ dG_K_h + t5 @ K_h)
+    dKW_K = merge_heads(sum_groups(dK_h, H_kv), H_kv)
+    dK = t18 @ dG_W_K.mT + dKW_K @ W_K.mT
+    dW_K = sum_batch(K.mT @ dKW_K + dG_K.mT @ t18)
+    db_K = None if b_K is None else rows(dKW_K).sum(dim=0, keepdim=True)
+    dQW_Q = merge_heads(dQ_h, H)
+    db_Q = None if b_Q is None else rows(dQW_Q).sum(dim=0, keepdim=True)
+    t12 = scale * t20
     dV_h = (
-        (c1 * (((torch.ones(m, 1, dtype=dtype, device=device)) @ ((torch.ones(1, m, dtype=dtype, device=device)) @ t23.mT)) * P_h.mT) + scale * t23.mT + t4.mT) @ t6
+        (c1 * (((torch.ones(m, 1, dtype=dtype, device=device)) @ ((torch.ones(1, m, dtype=dtype, device=device)) @ t20.mT)) * P_h.mT) + t12.mT + t2.mT) @ t16
         + P_h.mT @ dO_h
     )
     dVW_V = merge_heads(sum_groups(dV_h, H_kv), H_kv)
-    dV = t21 @ dG_W_V.mT + dVW_V @ W_V.mT
-    dW_V = sum_batch(V.mT @ dVW_V + dG_V.mT @ t21)
+    dV = t17 @ dG_W_V.mT + dVW_V @ W_V.mT
+    dW_V = sum_batch(V.mT @ dVW_V + dG_V.mT @ t17)
     db_V = None if b_V is None else rows(dVW_V).sum(dim=0, keepdim=True)
-    t1 = (
-        merge_heads(t4 @ V_h, H)
-        + merge_heads((c1 * (t15 * P_h) + scale * t23) @ V_h, H)
-        + merge_heads(P_h @ dG_V_h, H)
-    )
+    t1 = merge_heads(t2 @ V_h, H) + merge_heads((c1 * (t9 * P_h) + t12) @ V_h, H) + merge_heads(P_h @ dG_V_h, H)
     dW_O = rows(t1).mT @ rows(G_out)
     dG_out = t1 @ W_O + C @ dG_W_O + dG_b_O
-    t13 = dP_h.sub_(D3)
-    t25 = t13.mul_(P_h)
-    dK_h = scale * (t2.mT @ dG_Q_h + t25.mT @ Q_h)
-    dQ_h = scale * (t2 @ dG_K_h + t25 @ K_h)
-    dQW_Q = merge_heads(dQ_h, H)
-    dQ = t22 @ dG_W_Q.mT + dQW_Q @ W_Q.mT
-    dW_Q = sum_batch(Q.mT @ dQW_Q + dG_Q.mT @ t22)
-    db_Q = None if b_Q is None else rows(dQW_Q).sum(dim=0, keepdim=True)
-    dKW_K = merge_heads(sum_groups(dK_h, H_kv), H_kv)
-    dK = t20 @ dG_W_K.mT + dKW_K @ W_K.mT
-    dW_K = sum_batch(K.mT @ dKW_K + dG_K.mT @ t20)
-    db_K = None if b_K is None else rows(dKW_K).sum(dim=0, keepdim=True)
+    t23 = merge_heads(G_Q_h, H)
+    dQ = t23 @ dG_W_Q.mT + dQW_Q @ W_Q.mT
+    dW_Q = sum_batch(Q.mT @ dQW_Q + dG_Q.mT @ t23)
     return {
         "Q": dQ,
         "K": dK,

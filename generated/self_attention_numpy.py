@@ -331,26 +331,26 @@ def _backward2(saved, grad_out):
     G_A = saved["G_A"]
     n = saved["n"]
     scale = saved["scale"]
+    dG_X = X_v
     dG_W_V = W_V_v
     dG_W_K = W_K_v
     dG_W_Q = W_Q_v
-    dG_X = X_v
-    t1 = dG_X @ W_Q + X @ dG_W_Q
-    t2 = dG_X @ W_K + X @ dG_W_K
-    dG_A = scale * (t1 @ K.mT + Q @ t2.mT)
-    t8 = G_out @ V.mT
-    D1 = (t8 * P).sum(axis=-1, keepdims=True)
+    t7 = dG_X @ W_Q + X @ dG_W_Q
+    t8 = dG_X @ W_K + X @ dG_W_K
+    dG_A = scale * (t7 @ K.mT + Q @ t8.mT)
+    t9 = G_out @ V.mT
+    D1 = (t9 * P).sum(axis=-1, keepdims=True)
     t10 = P * dG_A
-    t7 = -(np.repeat(t10.sum(axis=-1, keepdims=True), n, axis=-1))
-    dP = G_out @ (W_V.mT @ dG_X.mT) + G_out @ (dG_W_V.mT @ X.mT) + t8 * t7 + (t8 - D1) * dG_A
+    t6 = -(np.repeat(t10.sum(axis=-1, keepdims=True), n, axis=-1))
+    dP = G_out @ (W_V.mT @ dG_X.mT) + G_out @ (dG_W_V.mT @ X.mT) + t9 * t6 + (t9 - D1) * dG_A
     D3 = (P * dP).sum(axis=-1, keepdims=True)
-    dV = (t7.mT * P.mT + t10.mT) @ G_out
+    t1 = np.add(np.multiply(t6, P, out=t6), t10, out=t6)
+    dV = t1.mT @ G_out
     dW_V = sum_batch(X.mT @ dV + dG_X.mT @ (P.mT @ G_out))
-    dG_out = (np.add(np.multiply(t7, P, out=t7), t10, out=t7)) @ V + P @ (X @ dG_W_V) + P @ (dG_X @ W_V)
-    t3 = np.subtract(dP, D3, out=dP)
-    t9 = np.multiply(t3, P, out=t3)
-    dK = scale * (t9.mT @ Q + G_A.mT @ t1)
-    dQ = scale * (t9 @ K + G_A @ t2)
+    dG_out = t1 @ V + P @ (X @ dG_W_V) + P @ (dG_X @ W_V)
+    t2 = np.multiply(np.subtract(dP, D3, out=dP), P, out=dP)
+    dK = scale * (t2.mT @ Q + G_A.mT @ t7)
+    dQ = scale * (t2 @ K + G_A @ t8)
     dX = (
         dK @ W_K.mT
         + dQ @ W_Q.mT

@@ -16,6 +16,7 @@ from sympy import Basic, MatrixExpr, MatrixSymbol
 from sympy.matrices.expressions import MatMul, OneMatrix, Transpose
 
 from symattn.lang.algebra import product
+from symattn.lang.graph import children, intern, nodes
 from symattn.optimize.cost import typical_size  # noqa: F401  (the printers place scalars by it)
 
 
@@ -38,7 +39,7 @@ def expand(expr: Basic, definitions: dict[Basic, Basic]) -> Basic:
     args = [expand(a, definitions) for a in expr.args]
     if isinstance(expr, MatMul):
         return product(*args, canonical=False, flatten=True)
-    return expr.func(*args)
+    return intern(expr.func(*args)) if any(a is not b for a, b in zip(args, expr.args)) else expr
 
 
 def is_trivial(expr: Basic) -> bool:
@@ -49,11 +50,17 @@ def is_trivial(expr: Basic) -> bool:
 
 
 def count_uses(values: Iterable[Basic]) -> Counter:
-    """How often each subexpression occurs across the values (every occurrence counted)."""
-    counts: Counter = Counter()
-    for v in values:
-        for node in sp.preorder_traversal(v):
-            counts[node] += 1
+    """How often each subexpression occurs across the values, every occurrence in their trees counted.
+
+    Counted on the DAG: each distinct node passes its count to its arguments once (parents
+    before children), so the work is the number of distinct nodes, not the trees' size.
+    """
+    values = list(values)
+    order = nodes(*values)
+    counts: Counter = Counter(values)
+    for node in reversed(order):  # every node before its arguments
+        for a in children(node):
+            counts[a] += counts[node]
     return counts
 
 

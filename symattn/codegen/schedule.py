@@ -19,6 +19,7 @@ Printers turn each assignment into code; templates only lay the lines out.
 from __future__ import annotations
 
 import functools
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -40,6 +41,7 @@ from symattn.codegen.passes import (
 )
 from symattn.lang.algebra import factors, total, transpose
 from symattn.lang.dims import Binding, bind_dimensions
+from symattn.lang.graph import children, nodes, sort_key
 from symattn.lang.names import Names
 from symattn.optimize.cost import flops_value
 from symattn.optimize.simplify import simplify
@@ -94,28 +96,83 @@ class Schedule:
         return any(s.name not in self.weights for s in expr.atoms(MatrixSymbol))
 
 
-def _shared(values: list[Basic], labelled: frozenset = frozenset()) -> Basic | None:
+def _share(values: list[Assignment], interior: dict[Basic, str]) -> list[Assignment]:
+    """Every subexpression used twice named (t1, t2, … or its interior label, dQW_Q) and computed once.
+
+    Largest first, so that the parts of a shared value are named only where used elsewhere too;
+    a candidate whose uses the substitution does not all find (a transposed use written
+    otherwise) is declined rather than named for one use.
+    """
+    serial, declined = 0, set()
+    flat = Names()  # no names: products flattened, as every substitution below leaves them
+    values = [Assignment(a.target, flat.substitute(a.value), a.reduce_batch, a.comment) for a in values]
+    while (shared := _shared([a.value for a in values], frozenset(interior), declined)) is not None:
+        label = interior.get(shared, "")
+        if not label or any(str(a.target.name) == label for a in values):
+            label = f"t{serial + 1}"
+        target = MatrixSymbol(label, *shared.shape)
+        local = Names()
+        local.add(shared, target)
+        wanted = _symbols(shared)  # a value without all of shared's leaves cannot contain it
+        renamed = [
+            Assignment(a.target, local.substitute(a.value), a.reduce_batch, a.comment)
+            if wanted <= _symbols(a.value)
+            else a
+            for a in values
+        ]
+        uses = count_uses(a.value for a in renamed)
+        if uses[target] + uses[transpose(target)] < 2:
+            declined.add(shared)
+            continue
+        serial += label == f"t{serial + 1}"
+        values = [*renamed, Assignment(target, shared)]
+    return values
+
+
+def _shared(values: list[Basic], labelled: frozenset = frozenset(), declined: set = frozenset()) -> Basic | None:
     """The largest non-trivial subexpression used at least twice, if any (one with a label first)."""
     counts = count_uses(values)
-    shared = [e for e, c in counts.items() if c > 1 and not is_trivial(e) and isinstance(e, MatrixExpr)]
+    # a use of eᵀ is a use of e (Names.substitute finds transposed uses): V Gᵀ and G Vᵀ share one value
+    shared = [
+        e
+        for e, c in counts.items()
+        if not is_trivial(e) and isinstance(e, MatrixExpr) and e not in declined and c + _transposed_uses(e, counts) > 1
+    ]
     if not shared:
         return None
-    weight = {e: (e in labelled, _operations(e)) for e in shared}
+    # the size of the pair {e, eᵀ}, then the orientation with fewer transposes (P ⊙ dA, not Pᵀ ⊙ dAᵀ)
+    weight = {e: (e in labelled, min(_operations(e), _operations(transpose(e))), -_operations(e)) for e in shared}
     heaviest = max(weight.values())
     tied = [e for e in shared if weight[e] == heaviest]
-    return tied[0] if len(tied) == 1 else max(tied, key=_text)  # printed only to break a tie
+    return tied[0] if len(tied) == 1 else max(tied, key=sort_key)
 
 
-@functools.lru_cache(maxsize=1 << 14)
+def _transposed_uses(e: Basic, counts: Counter) -> int:
+    """How often eᵀ (pushed through, as lang.algebra.transpose writes it) occurs apart from e itself."""
+    t = transpose(e)
+    return counts.get(t, 0) if t != e else 0
+
+
+_SIZES: dict[Basic, int] = {}  # expression → its tree size, kept across rounds and schedules
+
+
 def _operations(e: Basic) -> int:
-    """sp.count_ops(e), once per expression (the CSE loop asks again for the same candidates)."""
-    return sp.count_ops(e)
+    """The number of nodes in e's tree (every occurrence counted), computed once per distinct node.
 
-
-@functools.lru_cache(maxsize=1 << 14)
-def _text(e: Basic) -> str:
-    """str(e), once per expression."""
-    return str(e)
+    A superexpression always weighs more than its parts, so the largest shared value is named first.
+    """
+    if e not in _SIZES:
+        if len(_SIZES) > 1 << 18:
+            _SIZES.clear()
+        stack: list[tuple[Basic, bool]] = [(e, False)]
+        while stack:  # leaves first, never into a node already weighed
+            node, expanded = stack.pop()
+            if expanded:
+                _SIZES[node] = 1 + sum(_SIZES[a] for a in children(node))
+            elif node not in _SIZES:
+                stack.append((node, True))
+                stack.extend((a, False) for a in children(node) if a not in _SIZES)
+    return _SIZES[e]
 
 
 def _product_name(expr: Basic) -> str:
@@ -209,7 +266,7 @@ def _simplified(backward_values: list[Assignment], forward: list[Assignment]) ->
     This is where rowsum(dP ⊙ P) becomes rowsum(dO ⊙ O): the simplifier sees
     dP = dO Vᵀ and that O = P V is at hand.
     """
-    simplify = simplifier([a.value for a in forward])
+    leaves = {a.value: _symbols(a.value) for a in forward}
     names = Names()
     for a in forward:
         names.add(a.value, a.target)
@@ -220,11 +277,21 @@ def _simplified(backward_values: list[Assignment], forward: list[Assignment]) ->
         definitions[b.target.T] = transpose(b.value)
     out = []
     for b in backward_values:
-        candidate = names.substitute(simplify(expand(b.value, definitions)), skip=b.value)
+        value = expand(b.value, definitions)
+        # a forward value can be reused only if its leaves occur in the value (O = P V in rowsum(dO Vᵀ ⊙ P))
+        within = _symbols(value)
+        simplify = simplifier([v for v, symbols in leaves.items() if symbols <= within])
+        candidate = names.substitute(simplify(value), skip=b.value)
         if candidate != b.value and flops_value(candidate) < flops_value(b.value):
             b = Assignment(b.target, candidate, b.reduce_batch, b.comment)
         out.append(b)
     return out
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def _symbols(expr: Basic) -> frozenset:
+    """The matrix symbols expr reads, found on its DAG (once per expression)."""
+    return frozenset(n for n in nodes(expr) if isinstance(n, MatrixSymbol))
 
 
 @functools.cache
@@ -271,19 +338,7 @@ def schedule_spec(s: Spec, options: tuple[Option, ...] = ()) -> Schedule:
 
     # Any other subexpression used twice gets a name and is computed once (products in their cheapest order first).
     backward_values = reassociate_products(backward_values)
-    serial = 0
-    while (shared := _shared([a.value for a in backward_values], frozenset(interior))) is not None:
-        label = interior.get(shared, "")
-        if not label or any(str(a.target.name) == label for a in backward_values):
-            serial += 1
-            label = f"t{serial}"
-        target = MatrixSymbol(label, *shared.shape)
-        local = Names()
-        local.add(shared, target)
-        backward_values = [
-            Assignment(a.target, local.substitute(a.value), a.reduce_batch, a.comment) for a in backward_values
-        ]
-        backward_values.append(Assignment(target, shared))
+    backward_values = _share(backward_values, interior)
     taken = frozenset(str(x.name) for x in (*s.inputs, *s.constants, *(a.target for a in forward)))
     backward_values = _order(name_row_sums(backward_values, taken))
     forward, backward_values = save_entrywise_outputs(forward, hoist_hadamard_scalars(backward_values))

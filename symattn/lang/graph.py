@@ -17,7 +17,7 @@ from sympy import Basic, Expr, MatrixSymbol, default_sort_key
 VISITS = {"nodes": 0}  # distinct nodes visited by the walks below (for tests that count work)
 
 
-def _children(node: Basic) -> tuple[Basic, ...]:
+def children(node: Basic) -> tuple[Basic, ...]:
     return () if isinstance(node, MatrixSymbol) else node.args
 
 
@@ -38,7 +38,7 @@ def postorder(*roots: Basic) -> Iterator[Basic]:
                 continue
             done.add(node)
             stack.append((node, True))
-            stack.extend((a, False) for a in reversed(_children(node)) if a not in done)
+            stack.extend((a, False) for a in reversed(children(node)) if a not in done)
 
 
 def nodes(*roots: Basic) -> list[Basic]:
@@ -50,7 +50,7 @@ def fold(root: Basic, leaf: Callable[[Basic], object], combine: Callable[[Basic,
     """A value per node computed bottom-up once per distinct node: leaf(node) or combine(node, arg values)."""
     value: dict[Basic, object] = {}
     for node in postorder(root):
-        args = _children(node)
+        args = children(node)
         value[node] = combine(node, [value[a] for a in args]) if args else leaf(node)
     return value[root]
 
@@ -65,7 +65,7 @@ def depends(roots: Iterable[Basic], targets: Iterable[Basic]) -> dict[Basic, boo
     wanted = set(targets)
     out: dict[Basic, bool] = {}
     for node in postorder(*roots):
-        out[node] = node in wanted or any(out[a] for a in _children(node))
+        out[node] = node in wanted or any(out[a] for a in children(node))
     return out
 
 
@@ -87,7 +87,7 @@ def rewrite(root: Basic, replace: Callable[[Basic], Basic | None]) -> Basic:
         node, expanded = stack.pop()
         if expanded:
             args = [out[a] for a in node.args]
-            out[node] = node.func(*args) if any(a is not b for a, b in zip(args, node.args)) else node
+            out[node] = intern(node.func(*args)) if any(a is not b for a, b in zip(args, node.args)) else node
             continue
         if node in done:
             continue
@@ -187,4 +187,16 @@ def intern(expr: Basic) -> Basic:
     return _INTERNED.setdefault(expr, expr)
 
 
-__all__ = ["VISITS", "depends", "first", "fold", "intern", "nodes", "postorder", "rewrite", "sort_key", "tree_size"]
+__all__ = [
+    "VISITS",
+    "children",
+    "depends",
+    "first",
+    "fold",
+    "intern",
+    "nodes",
+    "postorder",
+    "rewrite",
+    "sort_key",
+    "tree_size",
+]

@@ -22,6 +22,7 @@ from sympy import Basic, MatrixExpr, MatrixSymbol
 from sympy.matrices.expressions import MatMul
 
 from symattn.lang.algebra import factors, product, transpose, transposed_factors
+from symattn.lang.graph import intern
 from symattn.lang.safe import expression
 
 
@@ -78,7 +79,8 @@ class Names:
             elif isinstance(e, MatMul):
                 out = self._substitute_product(e, runs, walk)
             else:
-                out = e.func(*(walk(a) for a in e.args))
+                args = [walk(a) for a in e.args]
+                out = intern(e.func(*args)) if any(a is not b for a, b in zip(args, e.args)) else e
             done[e] = out
             return out
 
@@ -121,7 +123,7 @@ class Names:
                 memo[e] = e
             elif expanded:
                 args = [memo[a] for a in e.args]
-                out = e.func(*args) if any(a is not b for a, b in zip(args, e.args)) else e
+                out = intern(e.func(*args)) if any(a is not b for a, b in zip(args, e.args)) else e
                 memo[e] = self._match(out)
             else:
                 stack.append((e, True))

@@ -15,6 +15,7 @@ import sympy as sp
 from sympy import Basic, MatrixExpr, MatrixSymbol
 from sympy.matrices.expressions import HadamardProduct, MatAdd, MatMul, Trace, Transpose
 
+from symattn.lang import graph
 from symattn.lang.ops import SumEntries
 from symattn.lang.safe import expression
 from symattn.optimize.cost import TYPICAL_SIZES, contains_matrices, flops_value, order_products, subexpressions
@@ -26,6 +27,11 @@ __all__ = ["COST_REWRITES", "REWRITES", "improve", "rewrite", "share_transposes"
 # The engine.
 
 MAX_REWRITES_PER_NODE = 100
+
+
+def _changed(new: tuple, old: tuple) -> bool:
+    """Is some argument a different object (identity, not SymPy's deep equality)?"""
+    return any(a is not b for a, b in zip(new, old))
 
 
 def _walks_into(e: Basic) -> bool:
@@ -51,12 +57,13 @@ def rewrite(expr: Basic, rules: Sequence[Rule] = REWRITES) -> Basic:
         current = node
         if _walks_into(node):
             args = tuple(visit(a) if _walks_into(a) else a for a in node.args)
-            current = node.func(*args) if args != node.args else node
+            current = graph.intern(node.func(*args)) if _changed(args, node.args) else node
             for _ in range(MAX_REWRITES_PER_NODE):
                 new = next((r for r in (rule(current) for rule in rules) if r is not None and r != current), None)
                 if new is None:
                     break
                 current = visit(new)
+        current = graph.intern(current)
         memo[node] = memo[current] = current
         return current
 
@@ -92,7 +99,7 @@ def improve(
                 if candidate is None or candidate == node:
                     rejected.add((node, rule))
                     continue
-                new = rewrite(expr.xreplace({node: candidate}), rules)
+                new = rewrite(replaced(expr, node, candidate), rules)
                 new_cost = cost(new)
                 if new_cost < best:
                     expr, best, improved = new, new_cost, True
@@ -100,6 +107,11 @@ def improve(
                     break
                 rejected.add((node, rule))
     return expr
+
+
+def replaced(expr: Basic, old: Basic, new: Basic) -> Basic:
+    """expr with every occurrence of old replaced by new (``xreplace`` on the DAG: each shared node rebuilt once)."""
+    return graph.rewrite(expr, lambda node: new if node == old else None)
 
 
 def share_transposes(expr: Basic, rules: Sequence[Rule] = REWRITES) -> Basic:
@@ -136,7 +148,7 @@ def share_transposes(expr: Basic, rules: Sequence[Rule] = REWRITES) -> Basic:
                 memo[node] = Transpose(rebuild(replace[node]))
             elif _walks_into(node):
                 args = tuple(rebuild(a) for a in node.args)
-                memo[node] = node.func(*args) if args != node.args else node
+                memo[node] = graph.intern(node.func(*args)) if _changed(args, node.args) else node
             else:
                 memo[node] = node
         return memo[node]
