@@ -7,16 +7,20 @@ building both.
 
 from __future__ import annotations
 
+import functools
+
 from sympy import Basic, MatrixExpr, MatrixSymbol
 from sympy.matrices.expressions import HadamardProduct, Identity, MatAdd, MatMul, OneMatrix, Transpose, ZeroMatrix
 
 from symattn.lang.algebra import factors, product
+from symattn.lang.graph import intern
 
 CONSTANTS = (OneMatrix, ZeroMatrix, Identity)
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def transposed(e: Basic) -> Basic:
-    """eᵀ with the transpose pushed through products, sums, Hadamard products and constants."""
+    """eᵀ with the transpose pushed through products, sums, Hadamard products and constants (once per node)."""
     if isinstance(e, Transpose):
         return e.arg
     if isinstance(e, CONSTANTS):
@@ -25,10 +29,10 @@ def transposed(e: Basic) -> Basic:
         coeff, mats = factors(e)
         return product(coeff, *(transposed(f) for f in reversed(mats)), canonical=False, drop_units=True)
     if isinstance(e, MatAdd):
-        return MatAdd(*(transposed(t) for t in e.args))
+        return intern(MatAdd(*(transposed(t) for t in e.args)))
     if isinstance(e, HadamardProduct):
-        return HadamardProduct(*(transposed(f) for f in e.args))
-    return Transpose(e)
+        return intern(HadamardProduct(*(transposed(f) for f in e.args)))
+    return intern(Transpose(e))
 
 
 def count_transposes(e: Basic) -> int:
