@@ -49,7 +49,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         if args.spec_file is not None:
             stale = _generate_spec_file(args)
         else:
-            stale = generate(args.spec, args.backend, args.variant, out, check=args.check)
+            stale = generate(args.spec, args.backend, args.variant, out, check=args.check, order=args.order)
     except OSError as err:  # an unwritable --out: one line, exit 2, every file left as it was
         raise SymattnError(f"cannot write the generated modules to {out}: {err.strerror or err}") from None
     if args.check:
@@ -78,7 +78,10 @@ def _generate_spec_file(args: argparse.Namespace) -> list:
     command = ["symattn", "generate", "--spec-file", args.spec_file, "--out", args.out]
     command += [f"--option={pair}" for pair in args.option or []]
     command += [f"--backend={b}" for b in args.backend or []] + [f"--variant={v}" for v in args.variant or []]
-    return generate([s], args.backend, args.variant, args.out, check=args.check, regenerate=shlex.join(command))
+    command += ["--order=1"] if args.order == 1 else []
+    return generate(
+        [s], args.backend, args.variant, args.out, check=args.check, regenerate=shlex.join(command), order=args.order
+    )
 
 
 def _add_generate(sub: argparse._SubParsersAction) -> None:
@@ -101,6 +104,14 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
     )
     gen.add_argument("--option", action="append", metavar="KEY=VALUE", help="an option of the --spec-file spec")
     gen.add_argument("--check", action="store_true", help="write nothing; exit 1 naming each stale file")
+    gen.add_argument(
+        "--order",
+        type=int,
+        choices=(1, 2),
+        default=2,
+        help="2 (default): also the second closed form (double backward, hvp); 1: the first only, rendered in a "
+        "fraction of the time (the torch module raises on double backward)",
+    )
     gen.set_defaults(handler=cmd_generate)
 
 

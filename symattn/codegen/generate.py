@@ -210,13 +210,14 @@ def generate(
     out: Path | str | None = None,
     check: bool = False,
     regenerate: str = "symattn generate",
+    order: int = 2,
 ) -> list[Path]:
     """Render the modules of built-in specs (by name) or users' Specs; write them (atomically) or, with check,
     write nothing.
 
-    Variants default to every one a built-in family has, and to the standard one for a user's Spec.
-    Returns the files that were stale: missing or different from what renders now (after a write,
-    the ones that were rewritten).
+    Variants default to every one a built-in family has, and to the standard one for a user's Spec;
+    ``order=1`` leaves the second closed form out (see ``render``). Returns the files that were stale:
+    missing or different from what renders now (after a write, the ones that were rewritten).
     """
     out_dir = Path(out) if out is not None else default_out_dir()
     rendered: dict[Path, str] = {}
@@ -230,7 +231,7 @@ def generate(
                 if variant not in BACKEND_VARIANTS[backend] and not (backends and variants):
                     continue  # asked for every backend or every variant: the pairs that exist
                 path = out_dir / f"{module_name(name, backend, variant)}.py"
-                rendered[path] = render(source, backend, variant, regenerate)
+                rendered[path] = render(source, backend, variant, regenerate, second_order=order == 2)
     stale = [path for path, text in rendered.items() if not path.is_file() or path.read_bytes() != text.encode()]
     if not check:
         remove_leftovers(rendered)  # a run killed mid-write (kill -9) leaves its temporary files behind

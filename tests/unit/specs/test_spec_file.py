@@ -153,3 +153,23 @@ def test_check_and_cost_take_a_spec_file(capsys):
     assert main(["derive", "--spec-file", str(EXAMPLE), "--cost"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("cost of sigmoid_attention") and "generated backward" in out
+
+
+def test_order_1_generates_the_first_closed_form_only(tmp_path, capsys):
+    """--order 1: no hvp, a torch module that refuses double backward, and a header that regenerates it as it is."""
+    out = tmp_path / "first"
+    assert main(["generate", "--spec-file", str(EXAMPLE), "--out", str(out), "--order", "1"]) == 0
+    numpy_module = _load(out / "sigmoid_attention_numpy.py")
+    assert hasattr(numpy_module, "backward") and not hasattr(numpy_module, "hvp")
+    full = tmp_path / "full"
+    assert main(["generate", "--spec-file", str(EXAMPLE), "--out", str(full), "--backend", "numpy"]) == 0
+    assert hasattr(_load(full / "sigmoid_attention_numpy.py"), "hvp")
+    command = (out / "sigmoid_attention_numpy.py").read_text().splitlines()[2].removeprefix("#   ")
+    assert command.endswith("--order=1")
+    assert main(shlex.split(command)[1:] + ["--check"]) == 0
+    torch = pytest.importorskip("torch", reason="the torch backend needs torch")
+    module = _load(out / "sigmoid_attention_torch.py")
+    x = [torch.randn(*shape, dtype=torch.float64, requires_grad=True) for shape in ((4, 3), (3, 2), (3, 2), (3, 5))]
+    (g,) = torch.autograd.grad(module.forward(*x).sum(), [x[1]], create_graph=True)
+    with pytest.raises(RuntimeError, match="double backward is not supported"):
+        g.sum().backward()
