@@ -141,7 +141,7 @@ def _shared(values: list[Basic], labelled: frozenset = frozenset(), declined: se
     if not shared:
         return None
     # the size of the pair {e, eᵀ}, then the orientation with fewer transposes (P ⊙ dA, not Pᵀ ⊙ dAᵀ)
-    weight = {e: (e in labelled, min(_operations(e), _operations(transpose(e))), -_operations(e)) for e in shared}
+    weight = {e: (e in labelled, min(_tree_size(e), _tree_size(transpose(e))), -_tree_size(e)) for e in shared}
     heaviest = max(weight.values())
     tied = [e for e in shared if weight[e] == heaviest]
     return tied[0] if len(tied) == 1 else max(tied, key=sort_key)
@@ -156,7 +156,7 @@ def _transposed_uses(e: Basic, counts: Counter) -> int:
 _SIZES: dict[Basic, int] = {}  # expression → its tree size, kept across rounds and schedules
 
 
-def _operations(e: Basic) -> int:
+def _tree_size(e: Basic) -> int:
     """The number of nodes in e's tree (every occurrence counted), computed once per distinct node.
 
     A superexpression always weighs more than its parts, so the largest shared value is named first.
