@@ -376,9 +376,9 @@ def _forward2(Q, K, V, G_out, Q_v, K_v, V_v, M, scale):
     G_K = G_A.mT @ (scale * Q)
     G_V = P.mT @ G_out
     Y = (
-        (np.ones((1, m), dtype=dtype)) @ (G_V * V_v).sum(axis=-1, keepdims=True)
-        + (np.ones((1, m), dtype=dtype)) @ (G_K * K_v).sum(axis=-1, keepdims=True)
-        + (np.ones((1, n), dtype=dtype)) @ (G_Q * Q_v).sum(axis=-1, keepdims=True)
+        (np.ones((1, m), dtype=dtype)) @ (K_v * G_K).sum(axis=-1, keepdims=True)
+        + (np.ones((1, m), dtype=dtype)) @ (V_v * G_V).sum(axis=-1, keepdims=True)
+        + (np.ones((1, n), dtype=dtype)) @ (Q_v * G_Q).sum(axis=-1, keepdims=True)
     )
     saved = {
         "Q": Q,

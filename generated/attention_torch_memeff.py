@@ -530,9 +530,9 @@ def _forward2(Q, K, V, G_out, Q_v, K_v, V_v, M, scale):
     G_K = G_A.mT @ (scale * Q)
     G_V = P.mT @ G_out
     Y = (
-        (torch.ones(1, m, dtype=dtype, device=device)) @ (G_V * V_v).sum(dim=-1, keepdim=True)
-        + (torch.ones(1, m, dtype=dtype, device=device)) @ (G_K * K_v).sum(dim=-1, keepdim=True)
-        + (torch.ones(1, n, dtype=dtype, device=device)) @ (G_Q * Q_v).sum(dim=-1, keepdim=True)
+        (torch.ones(1, m, dtype=dtype, device=device)) @ (K_v * G_K).sum(dim=-1, keepdim=True)
+        + (torch.ones(1, m, dtype=dtype, device=device)) @ (V_v * G_V).sum(dim=-1, keepdim=True)
+        + (torch.ones(1, n, dtype=dtype, device=device)) @ (Q_v * G_Q).sum(dim=-1, keepdim=True)
     )
     saved = {
         "Q": Q,

@@ -703,17 +703,17 @@ def _forward2(
     G_b_V = (np.ones((1, m), dtype=dtype)) @ (merge_heads(sum_groups(G_V_h, H_kv), H_kv))
     G_b_O = (np.ones((1, n), dtype=dtype)) @ G_out
     Y = (
-        (G_b_V * b_V_v).sum(axis=-1, keepdims=True)
-        + (G_b_K * b_K_v).sum(axis=-1, keepdims=True)
-        + (G_b_O * b_O_v).sum(axis=-1, keepdims=True)
-        + (G_b_Q * b_Q_v).sum(axis=-1, keepdims=True)
-        + (np.ones((1, m), dtype=dtype)) @ (G_V * V_v).sum(axis=-1, keepdims=True)
-        + (np.ones((1, m), dtype=dtype)) @ (G_K * K_v).sum(axis=-1, keepdims=True)
-        + (np.ones((1, n), dtype=dtype)) @ (G_Q * Q_v).sum(axis=-1, keepdims=True)
-        + (np.ones((1, H * d_k), dtype=dtype)) @ (G_W_K * W_K_v).sum(axis=-1, keepdims=True)
-        + (np.ones((1, H * d_k), dtype=dtype)) @ (G_W_Q * W_Q_v).sum(axis=-1, keepdims=True)
-        + (np.ones((1, H * d_k), dtype=dtype)) @ (G_W_V * W_V_v).sum(axis=-1, keepdims=True)
-        + (np.ones((1, H * d_k), dtype=dtype)) @ (G_W_O * W_O_v).sum(axis=-1, keepdims=True)
+        (b_K_v * G_b_K).sum(axis=-1, keepdims=True)
+        + (b_O_v * G_b_O).sum(axis=-1, keepdims=True)
+        + (b_Q_v * G_b_Q).sum(axis=-1, keepdims=True)
+        + (b_V_v * G_b_V).sum(axis=-1, keepdims=True)
+        + (np.ones((1, m), dtype=dtype)) @ (K_v * G_K).sum(axis=-1, keepdims=True)
+        + (np.ones((1, m), dtype=dtype)) @ (V_v * G_V).sum(axis=-1, keepdims=True)
+        + (np.ones((1, n), dtype=dtype)) @ (Q_v * G_Q).sum(axis=-1, keepdims=True)
+        + (np.ones((1, H * d_k), dtype=dtype)) @ (W_K_v * G_W_K).sum(axis=-1, keepdims=True)
+        + (np.ones((1, H * d_k), dtype=dtype)) @ (W_O_v * G_W_O).sum(axis=-1, keepdims=True)
+        + (np.ones((1, H * d_k), dtype=dtype)) @ (W_Q_v * G_W_Q).sum(axis=-1, keepdims=True)
+        + (np.ones((1, H * d_k), dtype=dtype)) @ (W_V_v * G_W_V).sum(axis=-1, keepdims=True)
     )
     saved = {
         "Q": Q,

@@ -916,17 +916,17 @@ def _forward2(
     G_b_V = (torch.ones(1, m, dtype=dtype, device=device)) @ (merge_heads(sum_groups(G_V_h, H_kv), H_kv))
     G_b_O = (torch.ones(1, n, dtype=dtype, device=device)) @ G_out
     Y = (
-        (G_b_V * b_V_v).sum(dim=-1, keepdim=True)
-        + (G_b_K * b_K_v).sum(dim=-1, keepdim=True)
-        + (G_b_O * b_O_v).sum(dim=-1, keepdim=True)
-        + (G_b_Q * b_Q_v).sum(dim=-1, keepdim=True)
-        + (torch.ones(1, m, dtype=dtype, device=device)) @ (G_V * V_v).sum(dim=-1, keepdim=True)
-        + (torch.ones(1, m, dtype=dtype, device=device)) @ (G_K * K_v).sum(dim=-1, keepdim=True)
-        + (torch.ones(1, n, dtype=dtype, device=device)) @ (G_Q * Q_v).sum(dim=-1, keepdim=True)
-        + (torch.ones(1, H * d_k, dtype=dtype, device=device)) @ (G_W_K * W_K_v).sum(dim=-1, keepdim=True)
-        + (torch.ones(1, H * d_k, dtype=dtype, device=device)) @ (G_W_Q * W_Q_v).sum(dim=-1, keepdim=True)
-        + (torch.ones(1, H * d_k, dtype=dtype, device=device)) @ (G_W_V * W_V_v).sum(dim=-1, keepdim=True)
-        + (torch.ones(1, H * d_k, dtype=dtype, device=device)) @ (G_W_O * W_O_v).sum(dim=-1, keepdim=True)
+        (b_K_v * G_b_K).sum(dim=-1, keepdim=True)
+        + (b_O_v * G_b_O).sum(dim=-1, keepdim=True)
+        + (b_Q_v * G_b_Q).sum(dim=-1, keepdim=True)
+        + (b_V_v * G_b_V).sum(dim=-1, keepdim=True)
+        + (torch.ones(1, m, dtype=dtype, device=device)) @ (K_v * G_K).sum(dim=-1, keepdim=True)
+        + (torch.ones(1, m, dtype=dtype, device=device)) @ (V_v * G_V).sum(dim=-1, keepdim=True)
+        + (torch.ones(1, n, dtype=dtype, device=device)) @ (Q_v * G_Q).sum(dim=-1, keepdim=True)
+        + (torch.ones(1, H * d_k, dtype=dtype, device=device)) @ (W_K_v * G_W_K).sum(dim=-1, keepdim=True)
+        + (torch.ones(1, H * d_k, dtype=dtype, device=device)) @ (W_O_v * G_W_O).sum(dim=-1, keepdim=True)
+        + (torch.ones(1, H * d_k, dtype=dtype, device=device)) @ (W_Q_v * G_W_Q).sum(dim=-1, keepdim=True)
+        + (torch.ones(1, H * d_k, dtype=dtype, device=device)) @ (W_V_v * G_W_V).sum(dim=-1, keepdim=True)
     )
     saved = {
         "Q": Q,

@@ -287,10 +287,10 @@ def _forward2(X, W_Q, W_K, W_V, G_out, X_v, W_Q_v, W_K_v, W_V_v):
     G_W_K = X.mT @ G_A.mT @ (scale * Q)
     G_W_V = X.mT @ (P.mT @ G_out)
     Y = (
-        (np.ones((1, d_model), dtype=dtype)) @ (G_W_V * W_V_v).sum(axis=-1, keepdims=True)
-        + (np.ones((1, d_model), dtype=dtype)) @ (G_W_Q * W_Q_v).sum(axis=-1, keepdims=True)
-        + (np.ones((1, d_model), dtype=dtype)) @ (G_W_K * W_K_v).sum(axis=-1, keepdims=True)
-        + (np.ones((1, n), dtype=dtype)) @ (G_X * X_v).sum(axis=-1, keepdims=True)
+        (np.ones((1, d_model), dtype=dtype)) @ (W_K_v * G_W_K).sum(axis=-1, keepdims=True)
+        + (np.ones((1, d_model), dtype=dtype)) @ (W_Q_v * G_W_Q).sum(axis=-1, keepdims=True)
+        + (np.ones((1, d_model), dtype=dtype)) @ (W_V_v * G_W_V).sum(axis=-1, keepdims=True)
+        + (np.ones((1, n), dtype=dtype)) @ (X_v * G_X).sum(axis=-1, keepdims=True)
     )
     saved = {
         "X": X,

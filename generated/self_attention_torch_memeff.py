@@ -497,10 +497,10 @@ def _forward2(X, W_Q, W_K, W_V, G_out, X_v, W_Q_v, W_K_v, W_V_v):
     G_W_K = X.mT @ G_A.mT @ (scale * Q)
     G_W_V = X.mT @ (P.mT @ G_out)
     Y = (
-        (torch.ones(1, d_model, dtype=dtype, device=device)) @ (G_W_V * W_V_v).sum(dim=-1, keepdim=True)
-        + (torch.ones(1, d_model, dtype=dtype, device=device)) @ (G_W_Q * W_Q_v).sum(dim=-1, keepdim=True)
-        + (torch.ones(1, d_model, dtype=dtype, device=device)) @ (G_W_K * W_K_v).sum(dim=-1, keepdim=True)
-        + (torch.ones(1, n, dtype=dtype, device=device)) @ (G_X * X_v).sum(dim=-1, keepdim=True)
+        (torch.ones(1, d_model, dtype=dtype, device=device)) @ (W_K_v * G_W_K).sum(dim=-1, keepdim=True)
+        + (torch.ones(1, d_model, dtype=dtype, device=device)) @ (W_Q_v * G_W_Q).sum(dim=-1, keepdim=True)
+        + (torch.ones(1, d_model, dtype=dtype, device=device)) @ (W_V_v * G_W_V).sum(dim=-1, keepdim=True)
+        + (torch.ones(1, n, dtype=dtype, device=device)) @ (X_v * G_X).sum(dim=-1, keepdim=True)
     )
     saved = {
         "X": X,

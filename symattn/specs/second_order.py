@@ -23,7 +23,7 @@ from sympy import MatrixSymbol, OneMatrix
 
 from symattn.autodiff.grad import backward
 from symattn.errors import SymattnError
-from symattn.lang.algebra import total
+from symattn.lang.algebra import product, total
 from symattn.lang.ops import hadamard
 from symattn.specs.spec import Spec
 from symattn.specs.validate import is_identifier
@@ -63,7 +63,7 @@ def _fresh(name: str, taken: set[str]) -> str:
 def _inner(v: MatrixSymbol, g) -> sp.MatrixExpr:
     """tr(Vᵀ g) as a 1 × 1 matrix: 𝟏ᵀ (V ⊙ g) 𝟏."""
     rows, cols = v.shape
-    return OneMatrix(1, rows) * hadamard(v, g) * OneMatrix(cols, 1)
+    return product(OneMatrix(1, rows), hadamard(v, g), OneMatrix(cols, 1))  # SymPy's * would re-walk g deep
 
 
 def second_order_spec(s: Spec, wrt: Sequence[str] | None = None) -> SecondOrder:
