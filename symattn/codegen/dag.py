@@ -16,7 +16,7 @@ from sympy import Basic, MatrixExpr, MatrixSymbol
 from sympy.matrices.expressions import MatMul, OneMatrix, Transpose
 
 from symattn.lang.algebra import product
-from symattn.lang.graph import children, intern, nodes
+from symattn.lang.graph import children, nodes, rebuilt
 from symattn.optimize.cost import typical_size  # noqa: F401  (the printers place scalars by it)
 
 
@@ -39,7 +39,7 @@ def expand(expr: Basic, definitions: dict[Basic, Basic]) -> Basic:
     args = [expand(a, definitions) for a in expr.args]
     if isinstance(expr, MatMul):
         return product(*args, canonical=False, flatten=True)
-    return intern(expr.func(*args)) if any(a is not b for a, b in zip(args, expr.args)) else expr
+    return rebuilt(expr, args)
 
 
 def is_trivial(expr: Basic) -> bool:

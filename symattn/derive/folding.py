@@ -19,7 +19,7 @@ from sympy import Basic, MatrixExpr, MatrixSymbol
 from sympy.matrices.expressions import HadamardPower, HadamardProduct, MatMul, Transpose
 
 from symattn.lang.algebra import factors, product
-from symattn.lang.graph import intern
+from symattn.lang.graph import intern, rebuilt
 from symattn.lang.ops import RowSum, SumEntries
 
 ONE = sp.Integer(1)
@@ -101,10 +101,10 @@ def fold_scalars(expr: Basic, keep: Collection[Basic] = ()) -> Basic:
             stack.extend((a, False) for a in node.args if a not in out)
             continue
         args = [out[a] for a in node.args]
-        rebuilt = intern(node.func(*args)) if any(a is not b for a, b in zip(args, node.args)) else node
-        rule = RULES.get(type(rebuilt))
-        folded = rule(rebuilt, keep) if rule is not None else None
-        out[node] = rebuilt if folded is None else folded
+        new = rebuilt(node, args)
+        rule = RULES.get(type(new))
+        folded = rule(new, keep) if rule is not None else None
+        out[node] = new if folded is None else folded
     return out[expr]
 
 

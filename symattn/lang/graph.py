@@ -87,7 +87,7 @@ def rewrite(root: Basic, replace: Callable[[Basic], Basic | None]) -> Basic:
         node, expanded = stack.pop()
         if expanded:
             args = [out[a] for a in node.args]
-            out[node] = intern(node.func(*args)) if any(a is not b for a, b in zip(args, node.args)) else node
+            out[node] = rebuilt(node, args)
             continue
         if node in done:
             continue
@@ -175,6 +175,11 @@ def _warm(expr: Basic) -> None:
 _INTERNED: dict[Basic, Basic] = {}
 
 
+def rebuilt(node: Basic, args) -> Basic:
+    """node with new arguments, interned; node itself when every argument is the same object (no deep ``==``)."""
+    return intern(node.func(*args)) if any(a is not b for a, b in zip(args, node.args)) else node
+
+
 def intern(expr: Basic) -> Basic:
     """The one object equal to expr that builders hand out (hash-consing).
 
@@ -196,6 +201,7 @@ __all__ = [
     "intern",
     "nodes",
     "postorder",
+    "rebuilt",
     "rewrite",
     "sort_key",
     "tree_size",

@@ -22,7 +22,7 @@ from sympy import Basic, MatrixExpr, MatrixSymbol
 from sympy.matrices.expressions import MatMul
 
 from symattn.lang.algebra import factors, product, transpose, transposed_factors
-from symattn.lang.graph import intern
+from symattn.lang.graph import rebuilt
 from symattn.lang.safe import expression
 
 
@@ -80,7 +80,7 @@ class Names:
                 out = self._substitute_product(e, runs, walk)
             else:
                 args = [walk(a) for a in e.args]
-                out = intern(e.func(*args)) if any(a is not b for a, b in zip(args, e.args)) else e
+                out = rebuilt(e, args)
             done[e] = out
             return out
 
@@ -123,7 +123,7 @@ class Names:
                 memo[e] = e
             elif expanded:
                 args = [memo[a] for a in e.args]
-                out = intern(e.func(*args)) if any(a is not b for a, b in zip(args, e.args)) else e
+                out = rebuilt(e, args)
                 memo[e] = self._match(out)
             else:
                 stack.append((e, True))

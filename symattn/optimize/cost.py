@@ -36,7 +36,7 @@ from sympy.matrices.expressions import (
 )
 
 from symattn.lang.algebra import factors
-from symattn.lang.graph import intern
+from symattn.lang.graph import rebuilt
 from symattn.lang.ops import Elementwise, MergeHeads, RowSoftmax, RowSum, SplitHeads, SumEntries
 
 # Sizes for evaluating symbolic costs and choosing between equal forms (a BERT-base-like head:
@@ -351,7 +351,7 @@ def order_products(expr: Basic, sizes: Mapping | None = None) -> Basic:
         result = node
         if (is_matrix_node(node) and not isinstance(node, LEAVES)) or contains_matrices(node):
             args = tuple(visit(a) if is_matrix_node(a) or contains_matrices(a) else a for a in node.args)
-            result = intern(node.func(*args)) if any(a is not b for a, b in zip(args, node.args)) else node
+            result = rebuilt(node, args)
             if isinstance(result, MatMul):
                 result = _ordered_product(result, dim)
         memo[node] = result

@@ -29,11 +29,6 @@ __all__ = ["COST_REWRITES", "REWRITES", "improve", "rewrite", "share_transposes"
 MAX_REWRITES_PER_NODE = 100
 
 
-def _changed(new: tuple, old: tuple) -> bool:
-    """Is some argument a different object (identity, not SymPy's deep equality)?"""
-    return any(a is not b for a, b in zip(new, old))
-
-
 def _walks_into(e: Basic) -> bool:
     if isinstance(e, (MatrixExpr, SumEntries, Trace)):
         return not isinstance(e, (MatrixSymbol, *CONSTANTS))
@@ -57,7 +52,7 @@ def rewrite(expr: Basic, rules: Sequence[Rule] = REWRITES) -> Basic:
         current = node
         if _walks_into(node):
             args = tuple(visit(a) if _walks_into(a) else a for a in node.args)
-            current = graph.intern(node.func(*args)) if _changed(args, node.args) else node
+            current = graph.rebuilt(node, args)
             for _ in range(MAX_REWRITES_PER_NODE):
                 new = next((r for r in (rule(current) for rule in rules) if r is not None and r != current), None)
                 if new is None:
@@ -148,7 +143,7 @@ def share_transposes(expr: Basic, rules: Sequence[Rule] = REWRITES) -> Basic:
                 memo[node] = Transpose(rebuild(replace[node]))
             elif _walks_into(node):
                 args = tuple(rebuild(a) for a in node.args)
-                memo[node] = graph.intern(node.func(*args)) if _changed(args, node.args) else node
+                memo[node] = graph.rebuilt(node, args)
             else:
                 memo[node] = node
         return memo[node]
