@@ -454,7 +454,8 @@ def _forward2(Q, K, V, G_out, Q_v, K_v, V_v, M, scale):
         V_v = torch.zeros_like(V)
     A = add_optional((scale * Q) @ K.mT, M)
     P = row_softmax(A, out=A) if M is None else masked_row_softmax(A, out=A)
-    G_A = (G_out @ V.mT - (((G_out @ V.mT) * P).sum(dim=-1, keepdim=True))) * P
+    G_P = G_out @ V.mT
+    G_A = (G_P - ((G_P * P).sum(dim=-1, keepdim=True))) * P
     G_Q = G_A @ (scale * K)
     G_K = G_A.mT @ (scale * Q)
     G_V = P.mT @ G_out
@@ -472,6 +473,7 @@ def _forward2(Q, K, V, G_out, Q_v, K_v, V_v, M, scale):
         "K_v": K_v,
         "V_v": V_v,
         "P": P,
+        "G_P": G_P,
         "G_A": G_A,
         "c1": c1,
         "m": m,
@@ -491,28 +493,28 @@ def _backward2(saved, grad_out):
     K_v = saved["K_v"]
     V_v = saved["V_v"]
     P = saved["P"]
+    G_P = saved["G_P"]
     G_A = saved["G_A"]
     c1 = saved["c1"]
     m = saved["m"]
     scale = saved["scale"]
     mask_shape = saved["mask_shape"]
+    D1 = (G_P * P).sum(dim=-1, keepdim=True)
     dG_Q = Q_v
     dG_V = V_v
     dG_K = K_v
-    t4 = Q @ dG_K.mT + dG_Q @ K.mT
-    t3 = t4 * P
-    D3 = t3.sum(dim=-1, keepdim=True)
-    t2 = repeat_columns(D3, m)
-    t1 = c1 * (t2 * P) + scale * t3
-    dV = t1.mT @ G_out
-    dG_out = t1 @ V + P @ dG_V
-    t8 = G_out @ V.mT
-    D1 = (t8 * P).sum(dim=-1, keepdim=True)
-    dP = c1 * (t8 * t2) + scale * (t4.mul_(t8 - D1)) + G_out @ dG_V.mT
+    t3 = Q @ dG_K.mT + dG_Q @ K.mT
+    t2 = t3 * P
+    D3 = t2.sum(dim=-1, keepdim=True)
+    t1 = repeat_columns(D3, m)
+    dG_P = c1 * (t1 * P) + scale * t2
+    dP = c1 * (t1 * G_P) + scale * (t3.mul_(G_P - D1)) + G_out @ dG_V.mT
     D2 = (dP * P).sum(dim=-1, keepdim=True)
     dA = dP.sub_(D2).mul_(P)
     dQ = G_A @ (scale * dG_K) + dA @ (scale * K)
     dK = G_A.mT @ (scale * dG_Q) + dA.mT @ (scale * Q)
+    dV = dG_P.mT @ G_out
+    dG_out = P @ dG_V + dG_P @ V
     dM = None if mask_shape is None else dA.sum_to_size(mask_shape)
     return {"Q": dQ, "K": dK, "V": dV, "G_out": dG_out, "M": dM}
 

@@ -579,7 +579,6 @@ class MultiHeadAttention(torch.nn.Module):
         )
 
 
-# ruff: noqa: E501 (a product of the second closed form may not fit a line)
 # The second closed form: f₂ = Σ_i tr(V_iᵀ g_i(x, G_out)), g_i the gradients above; its gradients are the
 # Hessian of tr(G_outᵀ Y) applied to the directions V_i (and, for G_out, the forward's derivative along them).
 SHAPES.update(
@@ -838,9 +837,13 @@ def _forward2(
     P_h = row_softmax(A_h, out=A_h) if M is None else masked_row_softmax(A_h, out=A_h)
     O_h = P_h @ V_h
     C = merge_heads(O_h, H)
-    G_Q_h = (((split_heads(G_out @ W_O.mT, H)) @ V_h.mT - ((((split_heads(G_out @ W_O.mT, H)) @ V_h.mT) * P_h).sum(dim=-1, keepdim=True))) * P_h) @ (scale * K_h)
-    G_K_h = ((V_h @ ((split_heads(G_out @ W_O.mT, H)).mT) - (((((split_heads(G_out @ W_O.mT, H)) @ V_h.mT) * P_h).sum(dim=-1, keepdim=True)).mT)) * P_h.mT) @ (scale * Q_h)
-    G_V_h = P_h.mT @ (split_heads(G_out @ W_O.mT, H))
+    G_C = G_out @ W_O.mT
+    G_O_h = split_heads(G_C, H)
+    G_P_h = G_O_h @ V_h.mT
+    G_A_h = (G_P_h - ((G_P_h * P_h).sum(dim=-1, keepdim=True))) * P_h
+    G_V_h = P_h.mT @ G_O_h
+    G_K_h = G_A_h.mT @ (scale * Q_h)
+    G_Q_h = G_A_h @ (scale * K_h)
     G_Q = (merge_heads(G_Q_h, H)) @ W_Q.mT
     G_K = (merge_heads(sum_groups(G_K_h, H_kv), H_kv)) @ W_K.mT
     G_V = (merge_heads(sum_groups(G_V_h, H_kv), H_kv)) @ W_V.mT
@@ -889,11 +892,13 @@ def _forward2(
         "K_h": K_h,
         "V_h": V_h,
         "P_h": P_h,
-        "O_h": O_h,
         "C": C,
-        "G_Q_h": G_Q_h,
-        "G_K_h": G_K_h,
+        "G_O_h": G_O_h,
+        "G_P_h": G_P_h,
+        "G_A_h": G_A_h,
         "G_V_h": G_V_h,
+        "G_K_h": G_K_h,
+        "G_Q_h": G_Q_h,
         "H": H,
         "H_kv": H_kv,
         "c1": c1,
@@ -935,11 +940,13 @@ def _backward2(saved, grad_out):
     K_h = saved["K_h"]
     V_h = saved["V_h"]
     P_h = saved["P_h"]
-    O_h = saved["O_h"]
     C = saved["C"]
-    G_Q_h = saved["G_Q_h"]
-    G_K_h = saved["G_K_h"]
+    G_O_h = saved["G_O_h"]
+    G_P_h = saved["G_P_h"]
+    G_A_h = saved["G_A_h"]
     G_V_h = saved["G_V_h"]
+    G_K_h = saved["G_K_h"]
+    G_Q_h = saved["G_Q_h"]
     H = saved["H"]
     H_kv = saved["H_kv"]
     c1 = saved["c1"]
@@ -951,6 +958,7 @@ def _backward2(saved, grad_out):
     b_V = saved["b_V"]
     b_O = saved["b_O"]
     mask_shape = saved["mask_shape"]
+    D1 = (G_P_h * P_h).sum(dim=-1, keepdim=True)
     db_O = None if b_O is None else torch.zeros_like(b_O)
     dG_b_V = b_V_v
     dG_b_K = b_K_v
@@ -970,61 +978,47 @@ def _backward2(saved, grad_out):
     )
     dG_V = V_v
     dG_K = K_v
-    dG_V_h = (
-        repeat_heads(split_heads(V @ dG_W_V, H_kv), H)
-        + repeat_heads(split_heads(dG_V @ W_V, H_kv), H)
-        + repeat_heads(split_heads((torch.ones(m, 1, dtype=dtype, device=device)) @ dG_b_V, H_kv), H)
-    )
     dG_K_h = (
         repeat_heads(split_heads(K @ dG_W_K, H_kv), H)
         + repeat_heads(split_heads(dG_K @ W_K, H_kv), H)
         + repeat_heads(split_heads((torch.ones(m, 1, dtype=dtype, device=device)) @ dG_b_K, H_kv), H)
     )
-    t16 = split_heads(G_out @ W_O.mT, H)
-    D2 = (O_h * t16).sum(dim=-1, keepdim=True)
-    t13 = t16 @ V_h.mT
-    t4 = t13 - D2
-    t3 = t4 * P_h
-    t17 = merge_heads(sum_groups(G_V_h, H_kv), H_kv)
-    t18 = merge_heads(sum_groups(G_K_h, H_kv), H_kv)
-    t21 = dG_Q_h @ K_h.mT
-    t19 = t21 * P_h
-    D4 = t19.sum(dim=-1, keepdim=True)
-    t8 = repeat_columns(D4, m)
-    t2 = c1 * (t8 * P_h) + scale * t19
-    t22 = Q_h @ dG_K_h.mT
-    t20 = t22 * P_h
-    D5 = t20.sum(dim=-1, keepdim=True)
-    t9 = repeat_columns(D5, m)
-    dP_h = c1 * (t8 * t13) + c1 * (t9 * t13) + scale * (t21 * t4) + scale * (t22 * t4) + t16 @ dG_V_h.mT + dO_h @ V_h.mT
-    D1 = (dP_h * P_h).sum(dim=-1, keepdim=True)
-    D3 = (P_h * dP_h).sum(dim=-1, keepdim=True)
-    dA_h = (dP_h - D1) * P_h
+    dG_V_h = (
+        repeat_heads(split_heads(V @ dG_W_V, H_kv), H)
+        + repeat_heads(split_heads(dG_V @ W_V, H_kv), H)
+        + repeat_heads(split_heads((torch.ones(m, 1, dtype=dtype, device=device)) @ dG_b_V, H_kv), H)
+    )
+    t7 = Q_h @ dG_K_h.mT + dG_Q_h @ K_h.mT
+    t4 = t7 * P_h
+    D3 = t4.sum(dim=-1, keepdim=True)
+    t1 = repeat_columns(D3, m)
+    dG_P_h = c1 * (t1 * P_h) + scale * t4
+    dG_O_h = P_h @ dG_V_h + dG_P_h @ V_h
+    dG_C = merge_heads(dG_O_h, H)
+    dP_h = c1 * (t1 * G_P_h) + scale * (t7.mul_(G_P_h - D1)) + G_O_h @ dG_V_h.mT + dO_h @ V_h.mT
+    D2 = (dP_h * P_h).sum(dim=-1, keepdim=True)
+    dA_h = dP_h.sub_(D2).mul_(P_h)
+    dV_h = P_h.mT @ dO_h + dG_P_h.mT @ G_O_h
+    dK_h = G_A_h.mT @ (scale * dG_Q_h) + dA_h.mT @ (scale * Q_h)
+    dQ_h = G_A_h @ (scale * dG_K_h) + dA_h @ (scale * K_h)
+    dW_O = rows(dG_C).mT @ rows(G_out)
+    dG_out = C @ dG_W_O + dG_C @ W_O + dG_b_O
     dM = None if mask_shape is None else dA_h.sum_to_size(mask_shape)
-    t5 = dP_h.sub_(D3).mul_(P_h)
-    dK_h = scale * (t3.mT @ dG_Q_h + t5.mT @ Q_h)
-    dQ_h = scale * (t3 @ dG_K_h + t5 @ K_h)
+    dVW_V = merge_heads(sum_groups(dV_h, H_kv), H_kv)
+    db_V = None if b_V is None else rows(dVW_V).sum(dim=0, keepdim=True)
     dKW_K = merge_heads(sum_groups(dK_h, H_kv), H_kv)
-    dK = t18 @ dG_W_K.mT + dKW_K @ W_K.mT
-    dW_K = sum_batch(K.mT @ dKW_K + dG_K.mT @ t18)
     db_K = None if b_K is None else rows(dKW_K).sum(dim=0, keepdim=True)
     dQW_Q = merge_heads(dQ_h, H)
     db_Q = None if b_Q is None else rows(dQW_Q).sum(dim=0, keepdim=True)
-    t12 = scale * t20
-    dV_h = (
-        (c1 * (((torch.ones(m, 1, dtype=dtype, device=device)) @ ((torch.ones(1, m, dtype=dtype, device=device)) @ t20.mT)) * P_h.mT) + t12.mT + t2.mT) @ t16
-        + P_h.mT @ dO_h
-    )
-    dVW_V = merge_heads(sum_groups(dV_h, H_kv), H_kv)
-    dV = t17 @ dG_W_V.mT + dVW_V @ W_V.mT
-    dW_V = sum_batch(V.mT @ dVW_V + dG_V.mT @ t17)
-    db_V = None if b_V is None else rows(dVW_V).sum(dim=0, keepdim=True)
-    t1 = merge_heads(t2 @ V_h, H) + merge_heads((c1 * (t9 * P_h) + t12) @ V_h, H) + merge_heads(P_h @ dG_V_h, H)
-    dW_O = rows(t1).mT @ rows(G_out)
-    dG_out = t1 @ W_O + C @ dG_W_O + dG_b_O
-    t23 = merge_heads(G_Q_h, H)
-    dQ = t23 @ dG_W_Q.mT + dQW_Q @ W_Q.mT
-    dW_Q = sum_batch(Q.mT @ dQW_Q + dG_Q.mT @ t23)
+    t10 = merge_heads(sum_groups(G_V_h, H_kv), H_kv)
+    dV = t10 @ dG_W_V.mT + dVW_V @ W_V.mT
+    dW_V = sum_batch(V.mT @ dVW_V + dG_V.mT @ t10)
+    t11 = merge_heads(sum_groups(G_K_h, H_kv), H_kv)
+    dK = t11 @ dG_W_K.mT + dKW_K @ W_K.mT
+    dW_K = sum_batch(K.mT @ dKW_K + dG_K.mT @ t11)
+    t12 = merge_heads(G_Q_h, H)
+    dQ = t12 @ dG_W_Q.mT + dQW_Q @ W_Q.mT
+    dW_Q = sum_batch(Q.mT @ dQW_Q + dG_Q.mT @ t12)
     return {
         "Q": dQ,
         "K": dK,

@@ -491,7 +491,8 @@ def _forward2(X, W_Q, W_K, W_V, G_out, X_v, W_Q_v, W_K_v, W_V_v):
     V = QKV[..., :, 2 * d_k :]
     A = (scale * Q) @ K.mT
     P = row_softmax(A, out=A)
-    G_A = (G_out @ V.mT - (((G_out @ V.mT) * P).sum(dim=-1, keepdim=True))) * P
+    G_P = G_out @ V.mT
+    G_A = (G_P - ((G_P * P).sum(dim=-1, keepdim=True))) * P
     G_X = P.mT @ G_out @ W_V.mT + G_A @ (scale * K) @ W_Q.mT + G_A.mT @ (scale * Q) @ W_K.mT
     G_W_Q = X.mT @ G_A @ (scale * K)
     G_W_K = X.mT @ G_A.mT @ (scale * Q)
@@ -516,6 +517,7 @@ def _forward2(X, W_Q, W_K, W_V, G_out, X_v, W_Q_v, W_K_v, W_V_v):
         "K": K,
         "V": V,
         "P": P,
+        "G_P": G_P,
         "G_A": G_A,
         "n": n,
         "scale": scale,
@@ -538,29 +540,30 @@ def _backward2(saved, grad_out):
     K = saved["K"]
     V = saved["V"]
     P = saved["P"]
+    G_P = saved["G_P"]
     G_A = saved["G_A"]
     n = saved["n"]
     scale = saved["scale"]
+    D1 = (G_P * P).sum(dim=-1, keepdim=True)
     dG_X = X_v
     dG_W_V = W_V_v
     dG_W_K = W_K_v
     dG_W_Q = W_Q_v
-    t7 = dG_X @ W_Q + X @ dG_W_Q
-    t8 = dG_X @ W_K + X @ dG_W_K
-    dG_A = scale * (t7 @ K.mT + Q @ t8.mT)
-    t9 = G_out @ V.mT
-    D1 = (t9 * P).sum(dim=-1, keepdim=True)
-    t10 = P * dG_A
-    t6 = -(repeat_columns(t10.sum(dim=-1, keepdim=True), n))
-    dP = dG_A.mul_(t9 - D1).add_(G_out @ (W_V.mT @ dG_X.mT)).add_(G_out @ (dG_W_V.mT @ X.mT)).add_(t9 * t6)
-    D3 = (P * dP).sum(dim=-1, keepdim=True)
-    t1 = t6.mul_(P).add_(t10)
-    dV = t1.mT @ G_out
+    t6 = dG_X @ W_Q + X @ dG_W_Q
+    t7 = dG_X @ W_K + X @ dG_W_K
+    dG_A = scale * (t6 @ K.mT + Q @ t7.mT)
+    t8 = P * dG_A
+    D3 = t8.sum(dim=-1, keepdim=True)
+    dG_out = (t8 - (D3 * P)) @ V + P @ (dG_X @ W_V + X @ dG_W_V)
+    t5 = -(repeat_columns(t8.sum(dim=-1, keepdim=True), n))
+    dG_P = t8.add_(t5 * P)
+    dP = G_out @ (W_V.mT @ dG_X.mT) + G_out @ (dG_W_V.mT @ X.mT) + t5 * G_P + (G_P - D1) * dG_A
+    D4 = (P * dP).sum(dim=-1, keepdim=True)
+    dV = dG_P.mT @ G_out
     dW_V = sum_batch(X.mT @ dV + dG_X.mT @ (P.mT @ G_out))
-    dG_out = t1 @ V + P @ (X @ dG_W_V) + P @ (dG_X @ W_V)
-    t2 = dP.sub_(D3).mul_(P)
-    dK = scale * (t2.mT @ Q + G_A.mT @ t7)
-    dQ = scale * (t2 @ K + G_A @ t8)
+    t1 = dP.sub_(D4).mul_(P)
+    dK = scale * (t1.mT @ Q + G_A.mT @ t6)
+    dQ = scale * (t1 @ K + G_A @ t7)
     dX = (
         dK @ W_K.mT
         + dQ @ W_Q.mT

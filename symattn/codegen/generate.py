@@ -25,6 +25,7 @@ from symattn.codegen.schedule import Schedule, schedule, schedule_spec
 from symattn.codegen.second_order import second_order_context
 from symattn.errors import SymattnError
 from symattn.lang.dims import bind_dimensions
+from symattn.lang.graph import nodes
 from symattn.specs import Spec, family, specs
 
 __all__ = [
@@ -185,7 +186,7 @@ def render(
 def _require_bound_scalars(s: Spec) -> None:
     """A generated module reads every dimension off its inputs' shapes: a free scalar symbol has no source."""
     dims = {d for x in s.matrix_inputs for size in x.shape for d in sp.sympify(size).free_symbols}
-    loose = sorted(str(x) for x in s.output.free_symbols if isinstance(x, sp.Symbol) and x not in {*dims, *s.inputs})
+    loose = sorted(str(x) for x in nodes(s.output) if isinstance(x, sp.Symbol) and x not in {*dims, *s.inputs})
     if loose:
         raise SymattnError(
             f"spec {s.name!r}: scalar symbol(s) {', '.join(loose)} are neither an input's dimension nor an input; "

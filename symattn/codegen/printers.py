@@ -27,7 +27,7 @@ from symattn.codegen import common_runtime, numpy_runtime, torch_runtime
 from symattn.codegen.chains import left_to_right_flops, split_ones, tree_flops
 from symattn.codegen.dag import typical_size as schedule_size
 from symattn.errors import SymattnError
-from symattn.lang.algebra import factors
+from symattn.lang.algebra import factors, product
 from symattn.numeric.printers import NUMPY_RUNTIME, NumPyMatrixPrinter, _split_sign, runtime_functions, runtime_source
 from symattn.optimize.cost import chain_order
 
@@ -52,9 +52,9 @@ def broadcast_column(expr: Basic) -> Basic | None:
     mats = [a for a in expr.args if isinstance(a, MatrixExpr)]
     coeff = sp.Mul(*(a for a in expr.args if not isinstance(a, MatrixExpr)))
     if len(mats) == 2 and isinstance(mats[1], OneMatrix) and mats[1].shape[0] == 1 and mats[0].shape[1] == 1:
-        return coeff * mats[0] if coeff != 1 else mats[0]
+        return product(coeff, mats[0]) if coeff != 1 else mats[0]
     if len(mats) == 2 and isinstance(mats[0], OneMatrix) and mats[0].shape[1] == 1 and mats[1].shape[0] == 1:
-        return coeff * mats[1] if coeff != 1 else mats[1]
+        return product(coeff, mats[1]) if coeff != 1 else mats[1]
     return None
 
 

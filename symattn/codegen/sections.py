@@ -37,11 +37,15 @@ def _dying(assignments: list[Assignment], protected: set) -> list[frozenset]:
     """For each assignment, the arrays it may overwrite: made earlier in this scope as fresh arrays
     (not views), read exactly once here and never again, neither saved nor returned."""
     fresh: set[str] = set()
+    last_read = {str(x.name): i for i, a in enumerate(assignments) for x in a.value.atoms(sp.MatrixSymbol)}
     out = []
     for i, a in enumerate(assignments):
         reads = Counter(str(x.name) for x in sp.preorder_traversal(a.value) if isinstance(x, sp.MatrixSymbol))
-        later = {str(x.name) for b in assignments[i + 1 :] for x in b.value.atoms(sp.MatrixSymbol)}
-        out.append(frozenset(name for name, k in reads.items() if k == 1 and name in fresh - later - protected))
+        out.append(
+            frozenset(
+                name for name, k in reads.items() if k == 1 and last_read[name] == i and name in fresh - protected
+            )
+        )
         base = a.value
         while isinstance(base, (Transpose, MatrixSlice)):  # a view of base: base must survive while it lives
             base = base.args[0]
@@ -66,7 +70,7 @@ def _broadcast_chain(expr: MatMul) -> bool:
 
 def _read_elsewhere(assignments: list[Assignment], targets: set) -> set:
     """The targets that another assignment reads."""
-    return {t for t in targets if any(a.target != t and t in a.value.atoms(sp.MatrixSymbol) for a in assignments)}
+    return {x for a in assignments for x in a.value.atoms(sp.MatrixSymbol) & targets if x != a.target}
 
 
 def _uses(name: str, texts: list[str]) -> bool:

@@ -87,7 +87,9 @@ def second_order_spec(s: Spec, wrt: Sequence[str] | None = None) -> SecondOrder:
     tape = backward(s.output, s.inputs, cotangent)
     intermediates = list(s.intermediates)
     labels = set(taken)
-    for label, expr in s.intermediates:  # the first sweep's cotangents, named as the first schedule names them
+    # the first sweep's cotangents, named as the first schedule names them, in the order the sweep computes
+    # them (the last intermediate's first): each is written with the later ones' names, never expanded
+    for label, expr in reversed(s.intermediates):
         cot = tape.cotangents.get(expr)
         name = f"G_{label}"
         if cot is not None and not isinstance(cot, MatrixSymbol) and name not in labels and is_identifier(name):
