@@ -133,6 +133,8 @@ def transpose(a: Basic) -> Basic:
         coeff, mats = factors(a)
         return product(coeff, *(transpose(m) for m in reversed(mats)))
     if isinstance(a, MatAdd):
+        if any(isinstance(t, MatAdd) for t in a.args):  # a sum kept as one term (Y₁ in Y₁ + P₂ Y₁ W) stays one
+            return intern(MatAdd(*(transpose(t) for t in a.args)))
         return total(*(transpose(t) for t in a.args))
     if isinstance(a, HadamardProduct):
         return intern(HadamardProduct(*(transpose(f) for f in a.args)))

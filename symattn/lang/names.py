@@ -19,9 +19,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from sympy import Basic, MatrixExpr, MatrixSymbol
-from sympy.matrices.expressions import MatMul
+from sympy.matrices.expressions import MatAdd, MatMul
 
-from symattn.lang.algebra import factors, product, transpose, transposed_factors
+from symattn.lang.algebra import factors, product, total, transpose, transposed_factors
 from symattn.lang.graph import rebuilt
 from symattn.lang.safe import expression
 
@@ -35,6 +35,7 @@ class Names:
         self.patterns: list[tuple[Basic, Basic, list[Basic]]] = []
         self.by_first: dict[Basic, list[int]] = {}  # first factor → indices of the patterns that start with it
         self.memo: dict[Basic, Basic] = {}  # expression → expression with the names put in
+        self.index: tuple[dict, dict] | None = None  # substitute's products and sums (see _indices)
         self.symbols: dict[str, MatrixSymbol] = {}
         self.definitions: list[tuple[MatrixSymbol, Basic]] = []  # name = definition with earlier names, in order
         for label, expr in named:
@@ -50,6 +51,7 @@ class Names:
         self.table.setdefault(transpose(expr), symbol.T)
         coeff, mats = factors(expr)
         self.memo.clear()
+        self.index = None
         for pattern in ((symbol, coeff, mats), (symbol.T, coeff, transposed_factors(mats))):
             self.by_first.setdefault(pattern[2][0], []).append(len(self.patterns))
             self.patterns.append(pattern)
@@ -59,14 +61,13 @@ class Names:
     def substitute(self, expr: Basic, skip: Basic | None = None) -> Basic:
         """expr with every named subexpression (but skip) replaced by its name.
 
-        Each distinct subexpression is visited once (a DAG's shared parts are not walked again), and the
-        named products are ordered once per call, longest first.
+        In a product, runs of consecutive factors that spell a named product are replaced; in a
+        sum, terms that spell a named sum (Y₁ = X + P₁ X W_V inside X + P₁ X W_V + P₂ Y₁ W_V, which
+        SymPy's sums flatten) are. Each distinct subexpression is visited once (a DAG's shared parts
+        are not walked again), and the named products and sums are indexed once per call, longest
+        first, by their first factor or by each of their terms (once per table, not per call).
         """
-        named = sorted(
-            ((k, v) for k, v in self.table.items() if isinstance(k, MatMul) and k != skip),
-            key=lambda kv: -len(kv[0].args),
-        )
-        runs = [(factors(k), v) for k, v in named]
+        runs, sums = self._indices()
         done: dict[Basic, Basic] = {}
 
         def walk(e: Basic) -> Basic:
@@ -77,7 +78,9 @@ class Names:
             elif not e.args or isinstance(e, MatrixSymbol):
                 out = e
             elif isinstance(e, MatMul):
-                out = self._substitute_product(e, runs, walk)
+                out = self._substitute_product(e, runs, walk, skip)
+            elif isinstance(e, MatAdd) and sums:
+                out = _substitute_sum(e, sums, walk, skip)
             else:
                 args = [walk(a) for a in e.args]
                 out = rebuilt(e, args)
@@ -86,15 +89,31 @@ class Names:
 
         return walk(expr)
 
+    def _indices(self) -> tuple[dict, dict]:
+        """The named products by first factor and the named sums by each term, most factors or terms first."""
+        if self.index is None:
+            runs: dict[Basic, list] = {}  # first factor → (definition, (coefficient, factors), name)
+            sums: dict[Basic, list] = {}  # term → (definition, terms, name)
+            for k, v in sorted(self.table.items(), key=lambda kv: -len(kv[0].args)):
+                if isinstance(k, MatMul):
+                    coeff, mats = factors(k)
+                    if len(mats) > 1:
+                        runs.setdefault(mats[0], []).append((k, (coeff, tuple(mats)), v))
+                elif isinstance(k, MatAdd):
+                    for t in k.args:
+                        sums.setdefault(t, []).append((k, k.args, v))
+            self.index = runs, sums
+        return self.index
+
     @staticmethod
-    def _substitute_product(expr: MatMul, runs: list, walk: Callable[[Basic], Basic]) -> Basic:
+    def _substitute_product(expr: MatMul, runs: dict, walk: Callable[[Basic], Basic], skip: Basic | None) -> Basic:
         """A product with every run of factors that spells a named product replaced by its name."""
         coeff, mats = factors(expr)
         out: list[Basic] = []
         i = 0
         while i < len(mats):
-            for (c, run), name in runs:
-                if len(run) > 1 and tuple(mats[i : i + len(run)]) == tuple(run):
+            for definition, (c, run), name in runs.get(mats[i], ()):
+                if definition != skip and tuple(mats[i : i + len(run)]) == run:
                     coeff = coeff / c
                     out.append(name)
                     i += len(run)
@@ -152,6 +171,20 @@ class Names:
                 coeff, changed = rest, True
                 break
         return product(coeff, *mats, canonical=False)
+
+
+def _substitute_sum(expr: MatAdd, sums: dict, walk: Callable[[Basic], Basic], skip: Basic | None) -> Basic:
+    """A sum with every set of its terms that spells a named sum replaced by its name (most terms first)."""
+    rest = list(expr.args)
+    names: list[Basic] = []
+    candidates = {c[0]: c for t in expr.args for c in sums.get(t, ()) if c[0] != skip}
+    for _, named_terms, name in sorted(candidates.values(), key=lambda c: -len(c[1])):
+        if len(named_terms) < len(expr.args) and all(t in rest for t in named_terms):
+            rest = [t for t in rest if t not in named_terms]
+            names.append(name)
+    if not names:
+        return rebuilt(expr, [walk(t) for t in expr.args])
+    return total(*names, *(walk(t) for t in rest))
 
 
 def _find(mats: list[Basic], target: list[Basic]) -> int | None:

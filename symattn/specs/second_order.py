@@ -19,11 +19,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import sympy as sp
-from sympy import MatrixSymbol, OneMatrix
+from sympy import Basic, MatrixSymbol, OneMatrix
+from sympy.matrices.expressions import MatMul, Transpose
 
 from symattn.autodiff.grad import backward
 from symattn.errors import SymattnError
-from symattn.lang.algebra import product, total
+from symattn.lang.algebra import factors, product, total
+from symattn.lang.graph import children, intern, postorder, rebuilt
+from symattn.lang.names import Names
 from symattn.lang.ops import hadamard
 from symattn.specs.spec import Spec
 from symattn.specs.validate import is_identifier
@@ -66,6 +69,52 @@ def _inner(v: MatrixSymbol, g) -> sp.MatrixExpr:
     return product(OneMatrix(1, rows), hadamard(v, g), OneMatrix(cols, 1))  # SymPy's * would re-walk g deep
 
 
+def _nested(s: Spec) -> tuple[list[tuple[str, Basic]], Basic]:
+    """The intermediates and the output with every earlier intermediate kept as one node.
+
+    SymPy's sums flatten Y₂ = Y₁ + P₂ Y₁ W into X + P₁ X W₁ + P₂ (…) W: the node Y₁ is then
+    not where the output's cotangent reaches X + P₁ X W₁, a reverse sweep gives Y₁ only part
+    of its cotangent, and the rest is repeated in every earlier layer's (quadratic in depth).
+    Each intermediate is written with the earlier ones' names (``Names.substitute``), then the
+    names are replaced by those nodes, on the DAG (``_with_nodes``).
+    """
+    names, nodes_of = Names(), {}
+    out = []
+    for label, expr in s.intermediates:
+        nested = _with_nodes(names.substitute(expr), nodes_of)
+        names.add(expr, symbol := MatrixSymbol(label, *expr.shape))
+        nodes_of[symbol] = nested
+        out.append((label, nested))
+    return out, _with_nodes(names.substitute(s.output), nodes_of)
+
+
+def _with_nodes(expr: Basic, nodes_of: dict[Basic, Basic]) -> Basic:
+    """expr with each name replaced by its node; products stay flat (a product among a product's factors is
+    spliced in, a transposed one is written as the product of the transposed factors), sums stay nodes."""
+    out: dict[Basic, Basic] = {}
+    for node in postorder(expr):
+        args = [out[a] for a in children(node)]
+        if node in nodes_of:
+            out[node] = nodes_of[node]
+        elif not args:
+            out[node] = node
+        elif isinstance(node, MatMul):
+            out[node] = product(*args, canonical=False, flatten=True)
+        elif isinstance(node, Transpose):
+            out[node] = _transposed(args[0])
+        else:
+            out[node] = rebuilt(node, args)
+    return out[expr]
+
+
+def _transposed(a: Basic) -> Basic:
+    """aᵀ: pushed through a product (its factors transposed in reverse order), a Transpose node otherwise."""
+    if isinstance(a, MatMul):
+        coeff, mats = factors(a)
+        return product(coeff, *(_transposed(m) for m in reversed(mats)), canonical=False, flatten=True)
+    return a.arg if isinstance(a, Transpose) else intern(Transpose(a))
+
+
 def second_order_spec(s: Spec, wrt: Sequence[str] | None = None) -> SecondOrder:
     """The spec of f₂ = Σ_i tr(V_iᵀ ∂tr(Gᵀ Y)/∂x_i) over the inputs x_i named in wrt (default: all).
 
@@ -84,12 +133,12 @@ def second_order_spec(s: Spec, wrt: Sequence[str] | None = None) -> SecondOrder:
     taken = set(names) | {str(c.name) for c in s.constants} | {label for label, _ in s.intermediates}
     cotangent = MatrixSymbol(_fresh(COTANGENT, taken), *s.output.shape)
     taken.add(str(cotangent.name))
-    tape = backward(s.output, s.inputs, cotangent)
-    intermediates = list(s.intermediates)
+    intermediates, output = _nested(s)
+    tape = backward(output, s.inputs, cotangent)
     labels = set(taken)
     # the first sweep's cotangents, named as the first schedule names them, in the order the sweep computes
     # them (the last intermediate's first): each is written with the later ones' names, never expanded
-    for label, expr in reversed(s.intermediates):
+    for label, expr in reversed(intermediates[: len(s.intermediates)]):
         cot = tape.cotangents.get(expr)
         name = f"G_{label}"
         if cot is not None and not isinstance(cot, MatrixSymbol) and name not in labels and is_identifier(name):
