@@ -180,6 +180,33 @@ def rebuilt(node: Basic, args) -> Basic:
     return intern(node.func(*args)) if any(a is not b for a, b in zip(args, node.args)) else node
 
 
+def hash_consed(roots: Iterable[Basic]) -> list[Basic]:
+    """The roots with every subexpression replaced by the one interned object equal to it.
+
+    An expression built with SymPy's operators (a spec file's) holds equal subtrees as distinct
+    objects, which SymPy's ``==`` compares down the whole tree, in every dictionary lookup.
+    The walk goes by object identity, so each object is visited once, without comparing any.
+    """
+    memo: dict[int, Basic] = {}
+    keep: list[Basic] = []  # every object walked stays alive, so no id is reused during the walk
+    out = []
+    for root in roots:
+        stack: list[tuple[Basic, bool]] = [(root, False)]
+        while stack:
+            node, expanded = stack.pop()
+            if id(node) in memo:
+                continue
+            if expanded or isinstance(node, MatrixSymbol) or not node.args:
+                args = [memo[id(a)] for a in node.args] if expanded else []
+                keep.append(node)
+                memo[id(node)] = intern(rebuilt(node, args) if expanded else node)
+                continue
+            stack.append((node, True))
+            stack.extend((a, False) for a in node.args if id(a) not in memo)
+        out.append(memo[id(root)])
+    return out
+
+
 def intern(expr: Basic) -> Basic:
     """The one object equal to expr that builders hand out (hash-consing).
 
@@ -198,6 +225,7 @@ __all__ = [
     "depends",
     "first",
     "fold",
+    "hash_consed",
     "intern",
     "nodes",
     "postorder",

@@ -15,6 +15,7 @@ from sympy import Basic, MatrixExpr, MatrixSymbol
 
 from symattn.errors import SymattnError
 from symattn.lang.dims import dim
+from symattn.lang.graph import hash_consed
 from symattn.specs.validate import validate
 
 __all__ = ["Option", "Spec", "dim", "flag", "head_count"]
@@ -39,6 +40,10 @@ class Spec:
             if isinstance(value, list):
                 object.__setattr__(self, name, tuple(tuple(v) if isinstance(v, list) else v for v in value))
         validate(self)
+        # one object per distinct subexpression: every later lookup compares arguments by identity
+        exprs = hash_consed([self.output, *(e for _, e in self.intermediates)])
+        object.__setattr__(self, "output", exprs[0])
+        object.__setattr__(self, "intermediates", tuple((k, e) for (k, _), e in zip(self.intermediates, exprs[1:])))
 
     @property
     def matrix_inputs(self) -> tuple[MatrixSymbol, ...]:
