@@ -30,6 +30,8 @@ from sympy.printing.printer import Printer
 
 from symattn.autodiff.differentials import Differential, ScalarDifferential
 from symattn.errors import UnsupportedNodeError
+from symattn.lang.algebra import product
+from symattn.lang.graph import sort_key
 from symattn.lang.ops import (
     Elementwise,
     LayerNorm,
@@ -250,7 +252,8 @@ class MathPrinter(Printer):
         text = ""
         for i, term in enumerate(terms):
             if _is_negative(term):
-                text += (self.brk + self.n.minus if i else "-") + self.operand(-term, (MatAdd,))
+                negated = product(-1, term)  # SymPy's -term would re-canonicalise term deep
+                text += (self.brk + self.n.minus if i else "-") + self.operand(negated, (MatAdd,))
             else:
                 text += (self.brk + " + " if i else "") + self._print(term)
         return text
@@ -290,8 +293,9 @@ class MathPrinter(Printer):
     # Entrywise nodes.
 
     def _print_HadamardProduct(self, expr: HadamardProduct) -> str:
-        # plain factors first, as the seeds write them: P ⊙ (dA − …), not (dA − …) ⊙ P
-        args = sorted(expr.args, key=lambda a: not isinstance(a, (MatrixSymbol, Transpose, RowSoftmax, Elementwise)))
+        # plain factors first, as the seeds write them: P ⊙ (dA − …), not (dA − …) ⊙ P; then SymPy's order
+        plain = (MatrixSymbol, Transpose, RowSoftmax, Elementwise)
+        args = sorted(expr.args, key=lambda a: (not isinstance(a, plain), sort_key(a)))
         return (self.brk + self.n.hadamard).join(self.operand(a, (MatAdd, MatMul, HadamardProduct)) for a in args)
 
     def _print_HadamardPower(self, expr: HadamardPower) -> str:
