@@ -67,3 +67,22 @@ def test_a_deep_elementwise_chain_derives_and_verifies():
     """Y = tanh(Y W) 200 times: no RecursionError, every printed equality checked."""
     derivation = sa.derive(tanh_chain(200))
     assert derivation.verify("W_0").ok
+
+
+def schedule_lengths(layers: int) -> tuple[int, int]:
+    """(first, second closed form's backward assignments) of the generated modules of the stack."""
+    from symattn.codegen.schedule import schedule_spec
+    from symattn.codegen.second_order import second_order_schedule
+
+    first = schedule_spec(residual_stack(layers))
+    _, second = second_order_schedule(first)
+    return len(first.backward), len(second.backward)
+
+
+def test_each_layer_adds_the_same_number_of_generated_lines():
+    """SymPy's sums flatten Y₂ = Y₁ + P₂ Y₁ W into the terms of Y₁ and more; the schedules find Y₁ among
+    them (Names.substitute) and f₂ keeps it one node (specs.second_order._nested), so neither closed form
+    gives a layer's cotangent every later layer's terms: the lines per layer do not grow with depth."""
+    (f1_2, f2_2), (f1_3, f2_3), (f1_4, f2_4) = (schedule_lengths(k) for k in (2, 3, 4))
+    assert f1_4 - f1_3 == f1_3 - f1_2  # measured 7 per layer
+    assert abs((f2_4 - f2_3) - (f2_3 - f2_2)) <= 2  # measured 28, 29 per layer (before: 102, then 144)
