@@ -579,6 +579,7 @@ class MultiHeadAttention(torch.nn.Module):
         )
 
 
+# ruff: noqa: E501 (a product of the second closed form may not fit a line)
 # The second closed form: f₂ = Σ_i tr(V_iᵀ g_i(x, G_out)), g_i the gradients above; its gradients are the
 # Hessian of tr(G_outᵀ Y) applied to the directions V_i (and, for G_out, the forward's derivative along them).
 SHAPES.update(

@@ -111,6 +111,7 @@ def second_order_context(first: Schedule, first_context: dict, backend: str, ver
     ]
     sections = [_wrapped_section(sec) for sec in (*ctx["forward_sections"], *ctx["backward_sections"])]
     texts = [f"{line.target} = {line.value}" for sec in sections for line in sec.get("lines", [])]
+    texts.append(ctx["checked_inputs"])  # the inputs unpacked in one line: long for a spec with many
     return {
         "long_lines": any(len(part) + 4 > layout.WIDTH for text in texts for part in text.split("\n")),
         "shapes": shapes,

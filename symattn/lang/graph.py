@@ -187,8 +187,7 @@ def hash_consed(roots: Iterable[Basic]) -> list[Basic]:
     objects, which SymPy's ``==`` compares down the whole tree, in every dictionary lookup.
     The walk goes by object identity, so each object is visited once, without comparing any.
     """
-    memo: dict[int, Basic] = {}
-    keep: list[Basic] = []  # every object walked stays alive, so no id is reused during the walk
+    memo: dict[int, Basic] = {}  # the roots keep every object walked alive: no id is reused during the walk
     out = []
     for root in roots:
         stack: list[tuple[Basic, bool]] = [(root, False)]
@@ -198,7 +197,6 @@ def hash_consed(roots: Iterable[Basic]) -> list[Basic]:
                 continue
             if expanded or isinstance(node, MatrixSymbol) or not node.args:
                 args = [memo[id(a)] for a in node.args] if expanded else []
-                keep.append(node)
                 memo[id(node)] = intern(rebuilt(node, args) if expanded else node)
                 continue
             stack.append((node, True))

@@ -64,8 +64,8 @@ class Names:
         In a product, runs of consecutive factors that spell a named product are replaced; in a
         sum, terms that spell a named sum (Y₁ = X + P₁ X W_V inside X + P₁ X W_V + P₂ Y₁ W_V, which
         SymPy's sums flatten) are. Each distinct subexpression is visited once (a DAG's shared parts
-        are not walked again), and the named products and sums are indexed once per call, longest
-        first, by their first factor or by each of their terms (once per table, not per call).
+        are not walked again); the named products and sums are indexed, longest first, by their first
+        factor or by each of their terms, once per table (``_indices``).
         """
         runs, sums = self._indices()
         done: dict[Basic, Basic] = {}
