@@ -473,10 +473,13 @@ def verify_chain(c: Chain, rng: np.random.Generator) -> list[Check]:
     checks += _exact_checks(c, ev)
     if all(check.ok for check in checks[1:]) or np.finfo(np.longdouble).eps >= np.finfo(np.float64).eps:
         return checks
-    precise = [None, *_exact_checks(c, Evaluator(c, state, dtype=np.longdouble))]
+    precise = _exact_checks(c, Evaluator(c, state, dtype=np.longdouble))
     return [
-        check if check.ok or not precise[i].ok else replace(precise[i], reason=precise[i].reason + " (long double)")
-        for i, check in enumerate(checks)
+        checks[0],
+        *(
+            check if check.ok or not again.ok else replace(again, reason=again.reason + " (long double)")
+            for check, again in zip(checks[1:], precise)
+        ),
     ]
 
 
