@@ -155,6 +155,7 @@ def cmd_derive(args: argparse.Namespace) -> int:
         from symattn.derive.second_order import derive_second_order
 
         derivation = derive_second_order(derivation.spec, wrt)
+    derivation.sweep = args.sweep
     if args.verify:  # the derivation with a mark per line (✓ or the discrepancy), then the report
         report = derivation.verify(wrt)
         sys.stdout.write(derivation.text(wrt, verification=report) + "\n" + report.text())
@@ -182,7 +183,7 @@ def _figure(s) -> str | None:
 
 
 def _add_derive(sub: argparse._SubParsersAction) -> None:
-    from symattn.derive.derivation import FORMATS
+    from symattn.derive.derivation import FORMATS, SWEEPS
     from symattn.specs import specs
 
     der = sub.add_parser("derive", help="print a spec's derivation step by step (trace differentials)")
@@ -193,6 +194,13 @@ def _add_derive(sub: argparse._SubParsersAction) -> None:
     der.add_argument("--standalone", action="store_true", help="a complete LaTeX document (amsmath) for pdflatex")
     der.add_argument("--verify", action="store_true", help="check every printed equality; exit 1 if one fails")
     der.add_argument("--cost", action="store_true", help="forward and backward FLOPs and peak temporaries")
+    der.add_argument(
+        "--sweep",
+        choices=SWEEPS,
+        default="auto",
+        help="shared: one backward sweep, each step printed once; per-input: a chain per input; "
+        "auto (default): per-input for a small spec",
+    )
     der.add_argument("--option", action="append", metavar="KEY=VALUE", help="a spec option, e.g. num_heads=2, scale=1")
     der.add_argument(
         "--order", type=int, choices=(1, 2), default=1, help="2: the Hessian-vector product H V along --wrt's V"

@@ -7,14 +7,12 @@ layout with views (W_Q = in_proj_weight[:E]ᵀ, b_Q = in_proj_bias[:E] as a 1 ×
 carries back to torch's parameters, and calls the generated Function.
 
 Real code, linted and tested; a spec family names the classes its torch module carries
-(``specs.Family.dropins``) and code generation copies their source (``inspect.getsource``) with the
-helpers they call (``NEEDS``) to the end of the module. ``FUNCTION``, ``_forward`` and ``_backward``
+(``specs.Family.dropins``) and code generation copies their source with the helpers they call
+(``codegen.dropins``) to the end of the module. ``FUNCTION``, ``_forward`` and ``_backward``
 stand for the generated module's own autograd Function and passes; ``SPEC`` for its spec's name.
 """
 
 from __future__ import annotations
-
-import inspect
 
 try:
     import torch
@@ -366,37 +364,3 @@ class TransformerEncoderLayer(torch.nn.Module):
             M, attn.num_heads, self.norm1.eps,
         )  # fmt: skip
         return out.transpose(0, 1) if batched and not self.batch_first else out
-
-
-# the drop-in classes by name, and the helpers each calls (copied before it, in this order)
-NEEDS = {
-    "MultiheadAttention": (
-        _not_supported,
-        _size,
-        _float_mask,
-        _torch_mask,
-        _sequences,
-        _projections,
-        _AttentionWeights,
-        _add_weights_gradient,
-        _identity,
-        MultiheadAttention,
-    ),
-    "TransformerEncoderLayer": (
-        _not_supported,
-        _size,
-        _float_mask,
-        _torch_mask,
-        _sequences,
-        _projections,
-        _SelfAttentionWeights,
-        _is_exact_gelu,
-        TransformerEncoderLayer,
-    ),
-}
-
-
-def source(names) -> str:
-    """The source of the named drop-in classes and the helpers they call, each once, two blank lines apart."""
-    objects = dict.fromkeys(obj for name in names for obj in NEEDS[name])
-    return "\n\n".join(inspect.getsource(obj) for obj in objects)

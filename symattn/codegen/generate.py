@@ -19,7 +19,7 @@ from pathlib import Path
 import jinja2
 import sympy as sp
 
-from symattn.codegen import dropin_runtime
+from symattn.codegen import dropins as dropin_source
 from symattn.codegen.context import PRINTERS, build_context
 from symattn.codegen.schedule import Schedule, schedule, schedule_spec
 from symattn.codegen.second_order import second_order_context
@@ -172,15 +172,28 @@ def render(
         )
     if isinstance(source, Spec):
         _require_bound_scalars(source)
-        sched, class_name, dropins = schedule_spec(source), None, ()
+        sched, class_name, dropins = _schedule_of(source), None, ()
     else:
         found = family(source)
         sched, class_name = schedule(source, extended=found.masks), found.class_name
         dropins = found.dropins if backend == "torch" and variant == "standard" else ()
     ctx = context(sched, backend, __version__, variant, class_name, second_order) | {"regenerate": regenerate}
-    ctx |= {"dropin_names": list(dropins), "dropins": dropin_runtime.source(dropins)}
+    ctx |= {"dropin_names": list(dropins), "dropins": dropin_source.source(dropins)}
     text = environment().get_template(f"{backend}_module.py.j2").render(**ctx)
     return _tidy(text)
+
+
+_SCHEDULES: dict[int, tuple[Spec, Schedule]] = {}  # by id (Specs hold dicts), the Spec kept so its id stays its own
+
+
+def _schedule_of(s: Spec) -> Schedule:
+    """A user's Spec's schedule, computed once for all its backends (and its second form with it)."""
+    held = _SCHEDULES.get(id(s))
+    if held is None or held[0] is not s:
+        if len(_SCHEDULES) >= 16:
+            _SCHEDULES.clear()
+        held = _SCHEDULES[id(s)] = (s, schedule_spec(s))
+    return held[1]
 
 
 def _require_bound_scalars(s: Spec) -> None:

@@ -23,7 +23,6 @@ import sympy as sp
 from sympy import Basic, MatrixExpr
 from sympy.matrices.expressions import HadamardProduct, MatAdd, MatMul, OneMatrix, Transpose
 
-from symattn.codegen import common_runtime, numpy_runtime, torch_runtime
 from symattn.codegen.chains import left_to_right_flops, split_ones, tree_flops
 from symattn.codegen.dag import typical_size as schedule_size
 from symattn.errors import SymattnError
@@ -34,10 +33,13 @@ from symattn.optimize.cost import chain_order
 # helper name -> its function in a runtime module: the expression helpers and the modules' input checks
 GENERATED_NUMPY_RUNTIME = {
     **NUMPY_RUNTIME,
-    **runtime_functions(common_runtime),
-    **runtime_functions(numpy_runtime),
+    **runtime_functions("symattn.codegen.common_runtime"),
+    **runtime_functions("symattn.codegen.numpy_runtime"),
 }
-TORCH_RUNTIME = {**runtime_functions(common_runtime), **runtime_functions(torch_runtime)}
+TORCH_RUNTIME = {
+    **runtime_functions("symattn.codegen.common_runtime"),
+    **runtime_functions("symattn.codegen.torch_runtime"),
+}
 
 
 def typical_size(expr: MatrixExpr) -> int:

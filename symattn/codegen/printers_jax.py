@@ -10,12 +10,14 @@ from __future__ import annotations
 
 from sympy import Basic
 
-from symattn.codegen import common_runtime, jax_runtime
 from symattn.codegen.printers import GeneratedNumPyPrinter
 from symattn.errors import SymattnError
 from symattn.numeric.printers import runtime_functions
 
-JAX_RUNTIME = {**runtime_functions(common_runtime), **runtime_functions(jax_runtime)}
+JAX_RUNTIME = {
+    **runtime_functions("symattn.codegen.common_runtime"),
+    **runtime_functions("symattn.codegen.jax_runtime"),
+}
 
 
 class JaxMatrixPrinter(GeneratedNumPyPrinter):

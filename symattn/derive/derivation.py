@@ -1,8 +1,12 @@
 """Derivations: a spec's backward pass, its closed-form gradients, their printed and checked steps.
 
 ``derive(name)`` runs the engine once for every input (``.gradients``); the step by
-step derivation of one target (``steps``) is built on first use, so asking only for
-gradients stays as cheap as before. ``.latex()``, ``.markdown()``, ``.text()`` print
+step derivation (``chains``) is built on first use, so asking only for gradients stays
+as cheap as before. ``sweep`` chooses its layout: "per-input" replays the path from the
+output to each target on its own (it reads best for a small spec), "shared" prints one
+reverse sweep, each step once, and then each gradient (its cost is the backward
+pass's, linear in the spec); "auto" (the default) is per-input while that replays at
+most PER_INPUT_MAX steps in all. ``.latex()``, ``.markdown()``, ``.text()`` print
 it, ``.verify()`` evaluates every printed equality on random float64 matrices.
 """
 
@@ -17,11 +21,13 @@ from sympy import Basic
 from symattn.autodiff.grad import Tape, backward
 from symattn.derive import document as render
 from symattn.derive.marks import chain_marks
-from symattn.derive.steps import Chain, Check, chain, verify_chain
+from symattn.derive.steps import Chain, Check, chain, replayed_steps, verify_chain
 from symattn.errors import SymattnError
 from symattn.specs import Spec, spec
 
 FORMATS = ("latex", "markdown", "text", "html")
+SWEEPS = ("auto", "shared", "per-input")
+PER_INPUT_MAX = 60  # steps replayed by one chain per input, in all, above which "auto" shares one sweep
 
 
 @dataclass
@@ -65,7 +71,8 @@ class Derivation:
 
     spec: Spec
     tape: Tape
-    _chains: dict[str, Chain] = field(default_factory=dict, compare=False)
+    sweep: str = "auto"  # one of SWEEPS: the layout of the printed steps
+    _chains: dict[tuple[str, ...], Chain] = field(default_factory=dict, compare=False)
 
     def __repr__(self) -> str:
         """Short: the gradients printed in full can take minutes (a failing test's report prints its locals)."""
@@ -76,15 +83,23 @@ class Derivation:
         """Input or weight name → closed-form gradient."""
         return {str(s.name): g for s, g in self.tape.gradients.items()}
 
-    def steps(self, wrt: str) -> Chain:
-        """The step-by-step derivation of ∂f/∂wrt (SymattnError naming the inputs if unknown)."""
-        if wrt not in self._chains:
-            self._chains[wrt] = chain(self.spec, self.spec.input(wrt), self.tape)
-        return self._chains[wrt]
+    def steps(self, wrt: str | Sequence[str]) -> Chain:
+        """The step-by-step derivation of ∂f/∂wrt, or one sweep for several targets (SymattnError naming
+        the inputs if one is unknown)."""
+        names = (wrt,) if isinstance(wrt, str) else tuple(wrt)
+        if names not in self._chains:
+            self._chains[names] = chain(self.spec, [self.spec.input(n) for n in names], self.tape)
+        return self._chains[names]
 
     def chains(self, wrt: str | Sequence[str] | None = None) -> list[Chain]:
-        """Derivations of the named targets (default: every input, in the spec's order)."""
+        """Derivations of the named targets (default: every input, in the spec's order), laid out by ``sweep``."""
         names = self.spec.input_names if wrt is None else ([wrt] if isinstance(wrt, str) else list(wrt))
+        if self.sweep not in SWEEPS:
+            raise SymattnError(f"unknown sweep {self.sweep!r}; choose from {', '.join(SWEEPS)}")
+        if len(names) > 1 and self.sweep != "per-input":
+            targets = [self.spec.input(n) for n in names]
+            if self.sweep == "shared" or replayed_steps(self.spec, self.tape, targets, PER_INPUT_MAX) > PER_INPUT_MAX:
+                return [self.steps(names)]
         return [self.steps(name) for name in names]
 
     def latex(self, wrt: str | Sequence[str] | None = None, standalone: bool = False) -> str:
@@ -132,7 +147,9 @@ class Derivation:
         return render.math_display(self.spec, self.chains())
 
 
-def derive(name_or_spec: str | Spec, **options) -> Derivation:
-    """Derive every gradient of a built-in spec (by name) or of a Spec."""
+def derive(name_or_spec: str | Spec, sweep: str = "auto", **options) -> Derivation:
+    """Derive every gradient of a built-in spec (by name) or of a Spec; sweep: the printed layout (SWEEPS)."""
+    if sweep not in SWEEPS:
+        raise SymattnError(f"unknown sweep {sweep!r}; choose from {', '.join(SWEEPS)}")
     s = spec(name_or_spec, **options) if isinstance(name_or_spec, str) else name_or_spec
-    return Derivation(s, backward(s.output, s.inputs))
+    return Derivation(s, backward(s.output, s.inputs), sweep)

@@ -1,10 +1,11 @@
 """Derivations as documents: a LaTeX fragment or standalone document, Markdown, plain text.
 
 A document states the forward pass with its named intermediates, the notation, and
-then for each target the chain of ``steps``: one aligned block of equalities, each
-with its justification, the cotangents named as they complete, and ∂f/∂W both with
-the names and in closed form. Expressions are printed by ``latex`` after the
-intermediates are put back in by ``names``.
+then each chain of ``steps``: one aligned block of equalities, each with its
+justification, the cotangents named as they complete, and ∂f/∂W both with the names
+and in closed form. A chain of one target is one section; a sweep shared by several
+targets is a section of steps, then a short section per target giving its gradient.
+Expressions are printed by ``latex`` after the intermediates are put back in by ``names``.
 """
 
 from __future__ import annotations
@@ -99,37 +100,52 @@ class Document:
                 rows.append((left if k == 0 else "", "=", self.side(side), item.reasons[k]))
         return rows
 
-    def head(self, c: Chain) -> str:
+    def head(self, target: Basic) -> str:
         """∂f/∂W."""
-        target = self.p.doprint(c.target)
-        return rf"\frac{{\partial f}}{{\partial {target}}}" if self.p.n is LATEX else f"∂f/∂{target}"
+        name = self.p.doprint(target)
+        return rf"\frac{{\partial f}}{{\partial {name}}}" if self.p.n is LATEX else f"∂f/∂{name}"
 
-    def forms(self, c: Chain) -> list[str | None]:
+    def forms(self, c: Chain, target: Basic) -> list[str | None]:
         """∂f/∂W's forms, each printed once: W̄, W̄'s value in the names just met (P, Ā, …), the closed form.
 
         The closed form is None when too long to write out (it is always the last form).
         """
-        closed = c.closed_form()
+        closed = c.closed_form(target)
         closed_text = None if closed is None else self.expr(closed)
-        forms = [self.expr(c.gradient)]
-        value = c.definition(c.gradient)
+        gradient = c.gradients[target]
+        forms = [self.expr(gradient)]
+        value = c.definition(gradient)
         if value is not None:
             forms.append(self.expr(value))
         return [*dict.fromkeys(f for f in forms if f != closed_text), closed_text]
 
-    def result(self, c: Chain) -> tuple[str, str, str | None]:
+    def result(self, c: Chain, target: Basic) -> tuple[str, str, str | None]:
         """(∂f/∂W, named form, closed form); the closed form None when too long to write out."""
-        closed = c.closed_form()
-        return self.head(c), self.expr(c.gradient), None if closed is None else self.expr(closed)
+        closed = c.closed_form(target)
+        return self.head(target), self.expr(c.gradients[target]), None if closed is None else self.expr(closed)
 
 
 def _title(spec: Spec) -> str:
     return f"Gradients of {spec.name}: {spec.summary}"
 
 
-def _target_title(c: Chain, latex: bool) -> str:
-    name = str(c.target.name)
+def _target_title(target: Basic, latex: bool) -> str:
+    name = str(target.name)
     return rf"$\partial f / \partial {latex_name(name)}$" if latex else f"∂f/∂{name}"
+
+
+SWEEP_TITLE = "The backward pass, shared by every gradient"
+
+
+def sections(c: Chain) -> list[tuple[Basic | None, bool, tuple[Basic, ...]]]:
+    """(title target or None for the shared sweep, with the steps?, targets whose results follow) per section."""
+    if len(c.targets) == 1:
+        return [(c.target, True, c.targets)]
+    return [(None, True, ()), *((t, False, (t,)) for t in c.targets)]
+
+
+def _title_of(target: Basic | None, latex: bool) -> str:
+    return SWEEP_TITLE if target is None else _target_title(target, latex)
 
 
 CLOSED_FORM_MAX = 3000  # characters of LaTeX in one closed form (a deep block's ∂f/∂X runs to 14 000)
@@ -174,21 +190,23 @@ class _Rows:
         return " \\\\\n".join(self.rows)
 
 
-def _aligned(doc: Document, c: Chain, tags: bool = False) -> str:
-    """One block of LaTeX rows for a chain (align* rows with tags, else aligned rows with a label column)."""
-    lines = doc.lines(c)
-    head = doc.head(c)
-    rows = _Rows([left for left, *_ in lines] + [head], tags)
+def _aligned(doc: Document, c: Chain, steps: bool, targets: Sequence[Basic], tags: bool = False) -> str:
+    """One block of LaTeX rows: the chain's steps, then each target's gradient (align* rows with tags,
+    else aligned rows with a label column)."""
+    lines = doc.lines(c) if steps else []
+    heads = [doc.head(t) for t in targets]
+    rows = _Rows([left for left, *_ in lines] + heads, tags)
     for left, sign, right, reason in lines:
         rows.add(left, sign, right, reason)
-    *forms, closed = doc.forms(c)
-    for k, form in enumerate(forms):
-        rows.add(head if k == 0 else "", "=", form)
-    # too long to write out, or wider than TeX's largest dimension (~5.7 m)
-    if closed is None or len(closed) > CLOSED_FORM_MAX:
-        rows.add("", "=", LATEX_NOT_WRITTEN_OUT)
-    else:
-        rows.add(head if not forms else "", "=", closed)
+    for target, head in zip(targets, heads):
+        *forms, closed = doc.forms(c, target)
+        for k, form in enumerate(forms):
+            rows.add(head if k == 0 else "", "=", form)
+        # too long to write out, or wider than TeX's largest dimension (~5.7 m)
+        if closed is None or len(closed) > CLOSED_FORM_MAX:
+            rows.add("", "=", LATEX_NOT_WRITTEN_OUT)
+        else:
+            rows.add(head if not forms else "", "=", closed)
     return rows.text()
 
 
@@ -206,8 +224,9 @@ def latex_fragment(spec: Spec, chains: Sequence[Chain]) -> str:
     title = rf"\section*{{Gradients of \texttt{{{_escape(spec.name)}}}}}"
     out = [title, "Forward pass:", r"\begin{align*}", _forward(doc, tags=True), r"\end{align*}", doc.notation(), ""]
     for c in chains:
-        block = _aligned(doc, c, tags=True)
-        out += [rf"\subsection*{{{_target_title(c, True)}}}", r"\begin{align*}", block, r"\end{align*}", ""]
+        for target, steps, targets in sections(c):
+            block = _aligned(doc, c, steps, targets, tags=True)
+            out += [rf"\subsection*{{{_title_of(target, True)}}}", r"\begin{align*}", block, r"\end{align*}", ""]
     return "\n".join(out)
 
 
@@ -226,7 +245,8 @@ def latex_document(spec: Spec, chains: Sequence[Chain]) -> str:
 def math_display(spec: Spec, chains: Sequence[Chain]) -> str:
     """Math mode only (Jupyter's _repr_latex_): one $$ aligned $$ block per target."""
     doc = Document(spec, latex=True, breaks=True)
-    return "\n".join(rf"$$\begin{{aligned}}{_aligned(doc, c)}\end{{aligned}}$$" for c in chains)
+    blocks = (_aligned(doc, c, steps, targets) for c in chains for _, steps, targets in sections(c))
+    return "\n".join(rf"$$\begin{{aligned}}{block}\end{{aligned}}$$" for block in blocks)
 
 
 def markdown(spec: Spec, chains: Sequence[Chain]) -> str:
@@ -236,16 +256,9 @@ def markdown(spec: Spec, chains: Sequence[Chain]) -> str:
     out += ["$$", r"\begin{aligned}", _forward(doc, tags=False), r"\end{aligned}", "$$"]
     out += ["", doc.notation(), ""]
     for c in chains:
-        out += [
-            f"## {_target_title(c, True)}",
-            "",
-            "$$",
-            r"\begin{aligned}",
-            _aligned(doc, c),
-            r"\end{aligned}",
-            "$$",
-            "",
-        ]
+        for target, steps, targets in sections(c):
+            block = _aligned(doc, c, steps, targets)
+            out += [f"## {_title_of(target, True)}", "", "$$", r"\begin{aligned}", block, r"\end{aligned}", "$$", ""]
     return "\n".join(out)
 
 
@@ -273,31 +286,34 @@ def text(spec: Spec, chains: Sequence[Chain], marks: Mapping[str, Sequence[str]]
     width_of_marks = max((len(m) for row in (marks or {}).values() for m in row), default=0)
 
     def marked(c: Chain, i: int, line: str) -> str:
-        return line if marks is None else f"{marks[str(c.target.name)][i]:<{width_of_marks}}{line}"
+        return line if marks is None else f"{marks[c.label][i]:<{width_of_marks}}{line}"
 
     out = [_title(spec), "", "Forward pass:"]
     out += [f"  {name} = {value}" for name, value in doc.forward()]
     out += ["", textwrap.fill(doc.notation(), width=100)]
+    blank = " " * width_of_marks
     for c in chains:
-        out += ["", _target_title(c, False), ""]
         rows = doc.lines(c)
-        head = doc.head(c)
-        lefts = [left for left, *_ in rows] + [head]
-        width_ = max((w for w in map(display_width, lefts) if w <= TEXT_LEFT_MAX), default=0)
-        blank = " " * width_of_marks
-        for i, (left, sign, right, reason) in enumerate(rows):
-            if display_width(left) > width_:
-                out.append(blank * (marks is not None) + f"  {left}")
-                left = ""
-            out.append(marked(c, i, f"  {_pad(left, width_)} {sign} {right}    [{reason}]"))
-        *forms, closed = doc.forms(c)
-        forms.append(f"({NOT_WRITTEN_OUT})" if closed is None else closed)
-        one_line = f"  {head} = " + " = ".join(forms)
-        if display_width(one_line) <= TEXT_RESULT_MAX:
-            out.append(marked(c, len(rows), one_line))
-        else:  # one form per line, the = signs aligned with the steps'
-            lines = [f"  {_pad(head if k == 0 else '', width_)} = {form}" for k, form in enumerate(forms)]
-            out += [marked(c, len(rows), lines[0]), *(blank * (marks is not None) + line for line in lines[1:])]
+        for title, steps, targets in sections(c):
+            out += ["", _title_of(title, False), ""]
+            heads = [doc.head(t) for t in targets]
+            lefts = [left for left, *_ in rows] * steps + heads
+            width_ = max((w for w in map(display_width, lefts) if w <= TEXT_LEFT_MAX), default=0)
+            for i, (left, sign, right, reason) in enumerate(rows if steps else ()):
+                if display_width(left) > width_:
+                    out.append(blank * (marks is not None) + f"  {left}")
+                    left = ""
+                out.append(marked(c, i, f"  {_pad(left, width_)} {sign} {right}    [{reason}]"))
+            for target, head in zip(targets, heads):
+                *forms, closed = doc.forms(c, target)
+                forms.append(f"({NOT_WRITTEN_OUT})" if closed is None else closed)
+                at = len(rows) + c.targets.index(target)  # the target's result line among the marks
+                one_line = f"  {head} = " + " = ".join(forms)
+                if display_width(one_line) <= TEXT_RESULT_MAX:
+                    out.append(marked(c, at, one_line))
+                else:  # one form per line, the = signs aligned with the steps'
+                    lines = [f"  {_pad(head if k == 0 else '', width_)} = {form}" for k, form in enumerate(forms)]
+                    out += [marked(c, at, lines[0]), *(blank * (marks is not None) + line for line in lines[1:])]
     return "\n".join(out) + "\n"
 
 

@@ -17,8 +17,9 @@ import re
 from collections.abc import Sequence
 
 from latex2mathml.converter import convert
+from sympy import Basic
 
-from symattn.derive.document import NOT_WRITTEN_OUT, Document
+from symattn.derive.document import NOT_WRITTEN_OUT, SWEEP_TITLE, Document, sections
 from symattn.derive.marks import mark, row_checks
 from symattn.derive.steps import Chain, Check
 from symattn.specs import Spec
@@ -93,8 +94,9 @@ def prose(text: str) -> str:
     return "".join(out)
 
 
-def anchor(c: Chain) -> str:
-    return "grad-" + re.sub(r"[^A-Za-z0-9_-]", "-", str(c.target.name))
+def anchor(target: Basic | None) -> str:
+    """The section's id: grad-W for ∂f/∂W, backward for a shared sweep's steps."""
+    return "backward" if target is None else "grad-" + re.sub(r"[^A-Za-z0-9_-]", "-", str(target.name))
 
 
 def _row(cells: Sequence[str], marked: str, kind: str = "") -> str:
@@ -104,23 +106,24 @@ def _row(cells: Sequence[str], marked: str, kind: str = "") -> str:
     return f'<tr class="{kind}">' + "".join(tds) + "</tr>" if kind else "<tr>" + "".join(tds) + "</tr>"
 
 
-def chain_table(doc: Document, c: Chain, checks: Sequence[Check]) -> str:
-    """The chain's rows with their marks, then ∂f/∂W named and in closed form."""
+def chain_table(doc: Document, c: Chain, checks: Sequence[Check], steps: bool, targets: Sequence[Basic]) -> str:
+    """The chain's rows with their marks (if steps), then each target's ∂f/∂W named and in closed form."""
     rows = doc.lines(c)
     marks = [mark(k) for k in row_checks(c, checks)]
     out = ['<div class="scroll"><table class="steps">']
-    for (left, sign, right, reason), marked in zip(rows, marks):
+    for (left, sign, right, reason), marked in zip(rows if steps else (), marks):
         relation = mathml("=" if sign == "=" else r"\mathrel{:=}")
         kind = "definition" if sign == ":=" else ""
         cells = (mathml(left) if left else "", relation, mathml(right), html.escape(reason))
         out.append(_row(cells, marked, kind))
-    head, named, closed = doc.result(c)
-    gradient = (mathml(head), mathml("="), mathml(named), "the gradient, with the names above")
-    out.append(_row(gradient, marks[-1], "result"))
-    if closed is None:
-        out.append(_row(("", mathml("="), html.escape(NOT_WRITTEN_OUT), ""), "", "result"))
-    elif closed != named:
-        out.append(_row(("", mathml("="), mathml(closed), "the names substituted: the closed form"), "", "result"))
+    for target in targets:
+        head, named, closed = doc.result(c, target)
+        gradient = (mathml(head), mathml("="), mathml(named), "the gradient, with the names above")
+        out.append(_row(gradient, marks[len(rows) + c.targets.index(target)], "result"))
+        if closed is None:
+            out.append(_row(("", mathml("="), html.escape(NOT_WRITTEN_OUT), ""), "", "result"))
+        elif closed != named:
+            out.append(_row(("", mathml("="), mathml(closed), "the names substituted: the closed form"), "", "result"))
     out.append("</table></div>")
     return "\n".join(out)
 
@@ -148,7 +151,8 @@ def page(spec: Spec, chains: Sequence[Chain], checks: Sequence[Check], figure: s
     toc = ['<li><a href="#forward">Forward pass</a></li>']
     if figure is not None:
         toc.append('<li><a href="#dataflow">Dataflow</a></li>')
-    toc += [f'<li><a href="#{anchor(c)}">∂f/∂{html.escape(str(c.target.name))}</a></li>' for c in chains]
+    parts = [(c, *section) for c in chains for section in sections(c)]
+    toc += [f'<li><a href="#{anchor(t)}">{html.escape(_toc_entry(t))}</a></li>' for _, t, _, _ in parts]
     out = [
         "<!DOCTYPE html>",
         '<html lang="en">',
@@ -179,15 +183,22 @@ def page(spec: Spec, chains: Sequence[Chain], checks: Sequence[Check], figure: s
             f"<figure>{figure}</figure>",
             "</section>",
         ]
-    for c in chains:
-        head = doc.result(c)[0]
+    for c, target, steps, targets in parts:
+        if target is None:
+            heading = html.escape(SWEEP_TITLE)
+        else:
+            heading = f"{mathml(doc.head(target))} <small>({html.escape(str(target.name))})</small>"
         out += [
-            f'<section id="{anchor(c)}"><h2>{mathml(head)} <small>({html.escape(str(c.target.name))})</small></h2>',
-            chain_table(doc, c, checks),
+            f'<section id="{anchor(target)}"><h2>{heading}</h2>',
+            chain_table(doc, c, checks, steps, targets),
             "</section>",
         ]
     out += ["</body>", "</html>", ""]
     return "\n".join(out)
+
+
+def _toc_entry(target: Basic | None) -> str:
+    return SWEEP_TITLE if target is None else f"∂f/∂{target.name}"
 
 
 def inline_svg(svg: str) -> str:

@@ -4,7 +4,7 @@
 sides[k] = sides[k + 1] of each equation; ``verify_chain`` checks the k-th equality of
 the i-th equation as ``Check(step=i, equality=k)``, df itself against a central
 difference (step 0, equality −1: the first row) and the printed gradient, named and
-closed, against the engine's (the result line). A row passes when all its checks do.
+closed, against the engine's (one result line per target). A row passes when all its checks do.
 """
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ PASS = "✓"
 
 
 def row_checks(c: Chain, checks: Sequence[Check]) -> list[list[Check]]:
-    """The checks of every printed row of ``c``, in print order, then those of the result line (last).
+    """The checks of every printed row of ``c``, in print order, then those of each target's result line.
 
     A definition's row has none (it names a value; the equalities that use the name check it).
     """
-    mine = [k for k in checks if k.target == str(c.target.name)]
+    mine = [k for k in checks if k.target == c.label]
     by_place: dict[tuple[int, int], list[Check]] = {}
     for k in mine:
         by_place.setdefault((k.step, max(k.equality, 0)), []).append(k)
@@ -33,7 +33,7 @@ def row_checks(c: Chain, checks: Sequence[Check]) -> list[list[Check]]:
             continue
         rows += [by_place.pop((step, k), []) for k in range(len(item.sides) - 1)]
         step += 1
-    rows.append(by_place.pop((step, 0), []))  # the gradient, named and in closed form
+    rows += [by_place.pop((step + k, 0), []) for k in range(len(c.targets))]  # each gradient, named and closed
     return rows
 
 
@@ -48,8 +48,8 @@ def mark(checks: Sequence[Check]) -> str:
 
 
 def chain_marks(chains: Sequence[Chain], checks: Sequence[Check]) -> dict[str, list[str]]:
-    """Target name → the mark of each printed row, then of the result line."""
-    return {str(c.target.name): [mark(row) for row in row_checks(c, checks)] for c in chains}
+    """Chain label → the mark of each printed row, then of each target's result line."""
+    return {c.label: [mark(row) for row in row_checks(c, checks)] for c in chains}
 
 
 __all__ = ["PASS", "chain_marks", "mark", "row_checks"]

@@ -1,27 +1,29 @@
 """Derivation steps from the engine's tape, and a numeric check of every printed equality.
 
-For one target W, ``chain`` replays ``Tape.steps`` (root first) in the trace-differential
-style of the seeds. It starts from df = tr(Gᵀ dY), G = ∂f/∂Y, and for each node Y with
-cotangent Ȳ = ∂f/∂Y writes
+For targets W (one input, or several sharing one sweep), ``chain`` replays ``Tape.steps``
+(root first) in the trace-differential style of the seeds. It starts from df = tr(Gᵀ dY),
+G = ∂f/∂Y, and for each node Y with cotangent Ȳ = ∂f/∂Y writes
 
     tr(Ȳᵀ dY) = tr(Ȳᵀ D_Y) = Σ_a tr(Āᵀ da)
 
 where D_Y is Y's differential in terms of its arguments' (product rule, softmax
 differential, … from ``differentials``) and Ā the cotangents the VJP rule passes on
 (cyclic property of the trace). Named intermediates get their cotangent's name Ā once
-it is complete; the chain ends at df = tr(W̄ᵀ dW), so ∂f/∂W = W̄.
+it is complete; the chain ends at df = Σ_W tr(W̄ᵀ dW), so ∂f/∂W = W̄. Each step is
+printed once whatever the number of targets: a shared sweep costs what the backward
+pass costs, where one chain per target replays the path from the output to each.
 
 ``verify_chain`` evaluates both sides of every equality at random float64 inputs,
-a random cotangent G and a random differential dW: the differentials expand through
+a random cotangent G and a random differential dW of every target: the differentials expand through
 ``differentials`` (never through the VJP rules), the named cotangents through their
 printed definitions, and df itself is checked against a central difference of
-f = tr(Gᵀ Y).
+f = tr(Gᵀ Y) along all the dW at once.
 """
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -110,43 +112,86 @@ class Definition:
 CLOSED_FORM_LEAVES = 1500  # symbols in a closed form written out; longer ones stay in the named form
 
 
-@dataclass
+@dataclass(repr=False)
 class Chain:
-    """The derivation of ∂f/∂target, item by item."""
+    """The derivation of ∂f/∂W for each target W, item by item (one sweep shared by the targets)."""
 
     spec: Spec
-    target: MatrixSymbol
+    targets: tuple[Basic, ...]
     tape: Tape
     seed: MatrixSymbol
     items: list[Equation | Definition] = field(default_factory=list)
-    gradient: Basic | None = None  # ∂f/∂target, written with the names of the definitions
+    gradients: dict[Basic, Basic] = field(default_factory=dict)  # ∂f/∂W, written with the definitions' names
     forward: frozenset = frozenset()  # the forward pass's values: scalar folding does not enter them
+    _named: tuple[int, dict] | None = field(default=None, repr=False, compare=False)
+    _sizes: tuple[tuple[int, int], dict] | None = field(default=None, repr=False, compare=False)
+
+    def __repr__(self) -> str:
+        """Short: a failing test's report prints its locals, and the tape and items printed in full take minutes."""
+        targets = ", ".join(str(t) for t in self.targets)
+        return f"Chain({self.spec.name!r}, targets=({targets}), {len(self.items)} items)"
+
+    @property
+    def label(self) -> str:
+        """The target's name, or "all" for a sweep shared by several (the key of its checks and marks)."""
+        return str(self.targets[0].name) if len(self.targets) == 1 else "all"
+
+    @property
+    def target(self) -> Basic:
+        """The one target of a per-input chain."""
+        if len(self.targets) != 1:
+            raise ValueError(f"a shared sweep has {len(self.targets)} targets; name one")
+        return self.targets[0]
+
+    @property
+    def gradient(self) -> Basic:
+        """∂f/∂target of a per-input chain, with the names of the definitions."""
+        return self.gradients[self.target]
 
     def definition(self, symbol: Basic) -> Basic | None:
         """The value a cotangent name was given (None for anything else)."""
-        return next((i.value for i in self.items if isinstance(i, Definition) and i.symbol == symbol), None)
+        return self._definitions().get(symbol)
 
-    def closed_form_size(self, cap: int = CLOSED_FORM_LEAVES) -> int:
-        """How many symbols the closed form has written out (at most cap + 1), counted without building it."""
-        sizes: dict[Basic, int] = {}
+    def _definitions(self) -> dict[Basic, Basic]:
+        """Name → value, in the order given (kept until an item is added)."""
+        if self._named is None or self._named[0] != len(self.items):
+            self._named = (len(self.items), {i.symbol: i.value for i in self.items if isinstance(i, Definition)})
+        return self._named[1]
 
-        def size(expr: Basic) -> int:
-            return fold(expr, lambda e: sizes.get(e, 1), lambda _, s: min(cap + 1, sum(s) or 1))
+    def closed_form_size(self, target: Basic | None = None, cap: int = CLOSED_FORM_LEAVES) -> int:
+        """How many symbols ∂f/∂target has written out (at most cap + 1), counted without building it.
 
-        for item in self.items:
-            if isinstance(item, Definition):
-                sizes[item.symbol] = size(item.value)
-        return size(self.gradient)
+        Each name's size is counted once per chain (in the order given, from the earlier names' sizes).
+        """
+        if self._sizes is None or self._sizes[0] != (len(self.items), cap):
+            sizes: dict[Basic, int] = {}
+            for symbol, value in self._definitions().items():
+                sizes[symbol] = _size(value, sizes, cap)
+            self._sizes = ((len(self.items), cap), sizes)
+        return _size(self.gradients[self.target if target is None else target], self._sizes[1], cap)
 
-    def closed_form(self) -> Basic | None:
+    def closed_form(self, target: Basic | None = None) -> Basic | None:
         """∂f/∂target with every name replaced by its definition (None when longer than CLOSED_FORM_LEAVES)."""
-        if self.closed_form_size() > CLOSED_FORM_LEAVES:
+        target = self.target if target is None else target
+        if self.closed_form_size(target) > CLOSED_FORM_LEAVES:
             return None
+        definitions = self._definitions()
+        needed, stack = set(), [self.gradients[target]]  # the names it reads, through each other
+        while stack:
+            for x in stack.pop().atoms(MatrixSymbol):
+                if x in definitions and x not in needed:
+                    needed.add(x)
+                    stack.append(definitions[x])
         full: dict[MatrixSymbol, Basic] = {}
-        for item in self.items:
-            if isinstance(item, Definition):
-                full[item.symbol] = item.value.xreplace(full)
-        return fold_scalars(self.gradient.xreplace(full), self.forward)
+        for symbol, value in definitions.items():  # in the order given: each reads earlier names only
+            if symbol in needed:
+                full[symbol] = value.xreplace(full)
+        return fold_scalars(self.gradients[target].xreplace(full), self.forward)
+
+
+def _size(expr: Basic, sizes: Mapping[Basic, int], cap: int) -> int:
+    """Symbols in expr written out, a name counting as its value's (sizes), at most cap + 1."""
+    return fold(expr, lambda e: sizes.get(e, 1), lambda _, s: min(cap + 1, sum(s) or 1))
 
 
 def cotangent_symbol(name: str, shape: tuple) -> MatrixSymbol:
@@ -184,26 +229,26 @@ def _sum(terms: list[Basic]) -> Basic:
 class _Replay:
     """Walks a tape root first, writing one equation per step and naming cotangents as they complete."""
 
-    def __init__(self, spec: Spec, target: MatrixSymbol, tape: Tape | None) -> None:
+    def __init__(self, spec: Spec, targets: tuple[Basic, ...], tape: Tape | None) -> None:
         root = spec.output
-        moves = depends([root], [target])
+        moves = depends([root], list(targets))
         # scalar nodes of trainable scalars (τ, 2τ, e^τ) step like matrices; a scalar of matrices (a trace) not
         scalar = first(root, lambda n: not isinstance(n, MatrixExpr) and moves[n] and n.has(MatrixSymbol))
         if scalar is not None:
             raise UnsupportedNodeError(
                 scalar, "step-by-step derivations (scalar-valued nodes)", ["matrix-valued nodes"]
             )
-        tape = tape if tape is not None else backward(root, [target])
+        tape = tape if tape is not None else backward(root, list(targets))
         seed = default_seed(root, None)
         self.forward = frozenset(postorder(root))
-        self.out = Chain(spec=spec, target=target, tape=tape, seed=seed, forward=self.forward)
-        # the steps that move with the target (a tape of several targets holds others too)
+        self.out = Chain(spec=spec, targets=targets, tape=tape, seed=seed, forward=self.forward)
+        # the steps that move with a target (a tape of more targets holds others too)
         self.steps = [
             (step.node, {a for a, _ in step.outputs if moves.get(a)}) for step in tape.steps if moves.get(step.node)
         ]
-        self.target = target
         self.named = {expr: name for name, expr in named_intermediates(spec)}
-        self.named.setdefault(target, str(target.name))
+        for target in targets:
+            self.named.setdefault(target, str(target.name))
         self.per_head: set[MatrixSymbol] = set()
         self.head_memo: dict[Basic, bool] = {}  # is_per_head's answers, until per_head grows
         # how many cotangents each node receives in all: a name is given once all have arrived
@@ -242,16 +287,18 @@ class _Replay:
         out.items.append(Equation("output", (DF, (self.term(out.seed, root),)), ("G is the cotangent of the output",)))
         for node, varying in self.steps:
             self.step(node, varying)
-        target = self.target
-        if target not in self.shown:
-            if target in self.received and isinstance(target, MatrixExpr):
-                self.define(target)
-            elif target in self.received:  # a trainable scalar: its gradient is the sum it received
-                self.shown[target] = sp.Add(*self.received[target])
-            else:  # the output does not depend on the target
-                self.shown[target] = sp.ZeroMatrix(*target.shape) if isinstance(target, MatrixExpr) else sp.Integer(0)
-        out.gradient = self.shown[target]
-        out.items.append(Equation("result", (DF, (self.term(out.gradient, target),)), ("collecting every term",)))
+        for target in out.targets:
+            if target not in self.shown:
+                if target in self.received and isinstance(target, MatrixExpr):
+                    self.define(target)
+                elif target in self.received:  # a trainable scalar: its gradient is the sum it received
+                    self.shown[target] = sp.Add(*self.received[target])
+                else:  # the output does not depend on the target
+                    matrix = isinstance(target, MatrixExpr)
+                    self.shown[target] = sp.ZeroMatrix(*target.shape) if matrix else sp.Integer(0)
+            out.gradients[target] = self.shown[target]
+        collected = tuple(self.term(out.gradients[t], t) for t in out.targets)
+        out.items.append(Equation("result", (DF, collected), ("collecting every term",)))
         return out
 
     def step(self, node: Basic, varying: set[Basic]) -> None:
@@ -287,9 +334,21 @@ class _Replay:
             self.define(a)
 
 
-def chain(spec: Spec, target: MatrixSymbol, tape: Tape | None = None) -> Chain:
-    """Replay the tape of the spec's backward pass (run for target if not given) for ∂f/∂target."""
-    return _Replay(spec, target, tape).run()
+def chain(spec: Spec, targets: Basic | Sequence[Basic], tape: Tape | None = None) -> Chain:
+    """Replay the tape of the spec's backward pass (run for the targets if not given) for each ∂f/∂target,
+    every step once."""
+    return _Replay(spec, tuple(targets) if isinstance(targets, Sequence) else (targets,), tape).run()
+
+
+def replayed_steps(spec: Spec, tape: Tape, targets: Sequence[Basic], cap: int) -> int:
+    """How many steps one chain per target replays in all, counted up to just past cap."""
+    total = 0
+    for target in targets:
+        moves = depends([spec.output], [target])
+        total += sum(1 for step in tape.steps if moves.get(step.node))
+        if total > cap:
+            break
+    return total
 
 
 def pairing(cotangent: Basic, differential: Basic) -> Basic:
@@ -344,18 +403,20 @@ class Evaluator:
         fixed.update(dims or {})
         self.dims = random_dims(every, rng, low=2, high=4, fixed=fixed)
         self.fixed = {s.name: v for s, v in self.dims.items()}
-        scalar = not isinstance(c.target, MatrixExpr)
-        self.d_target = sp.Symbol(f"d{c.target.name}") if scalar else MatrixSymbol(f"d{c.target.name}", *c.target.shape)
-        self.args = [*spec.inputs, c.seed, self.d_target]
+        self.d_targets = {
+            t: MatrixSymbol(f"d{t.name}", *t.shape) if isinstance(t, MatrixExpr) else sp.Symbol(f"d{t.name}")
+            for t in c.targets
+        }
+        self.args = [*spec.inputs, c.seed, *self.d_targets.values()]
         self.values = [
             self._draw(s, rng, dtype) if isinstance(s, MatrixExpr) else rng.uniform(0.5, 1.5) for s in self.args
         ]
         self.constants = {s: random_matrix(s, self.dims, rng).astype(dtype) for s in getattr(spec, "constants", ())}
         self.scalar_differentials: dict[Basic, bool] = {}  # node → does it hold a dτ? (see _holds_scalar_differential)
-        self.tangents = {c.target: self.d_target}
+        self.tangents = dict(self.d_targets)
         self.known: dict[MatrixSymbol, np.ndarray] = {s: v for s, v in zip(self.args, self.values)}
         self.known.update(self.constants)
-        self.dag = DagValues(self.known, self.fixed, {c.target: self.d_target})
+        self.dag = DagValues(self.known, self.fixed, self.tangents)
         self.differentials: dict[Basic, Basic] = {}
         for item in c.items:  # each name's value, from its printed definition
             if isinstance(item, Definition):
@@ -431,24 +492,22 @@ class Evaluator:
         return self.side((Term(pairing(self.chain.seed, Differential(self.chain.spec.output))),))
 
     def central_difference(self, eps: float = 1e-6) -> float:
-        """(f(W + ε dW) − f(W − ε dW)) / 2ε for f = tr(Gᵀ Y)."""
+        """(f(W + ε dW) − f(W − ε dW)) / 2ε for f = tr(Gᵀ Y), every target W moved at once."""
         spec, c = self.chain.spec, self.chain
-        where = list(spec.inputs).index(c.target)
-        base = self.values[: len(spec.inputs)]
-        g, dw = self.matrix(c.seed), self.values[-1]  # the seed's value: G, or 1 for a 1 × 1 output
+        g = self.matrix(c.seed)  # the seed's value: G, or 1 for a 1 × 1 output
 
         def f(sign: float) -> float:
-            moved: dict = dict(zip(spec.inputs, base))
-            moved[c.target] = base[where] + sign * eps * dw
+            moved: dict = dict(zip(spec.inputs, self.values))
+            for t, d in self.d_targets.items():
+                moved[t] = moved[t] + sign * eps * self.known[d]
             moved.update(self.constants)
             return float(np.sum(g * DagValues(moved, self.fixed).value(spec.output)))
 
         return (f(1.0) - f(-1.0)) / (2 * eps)
 
-
-def scalar_target(c: Chain) -> bool:
-    """Is the chain's target a trainable scalar (a real Symbol)?"""
-    return not isinstance(c.target, MatrixExpr)
+    def value(self, expr: Basic, target: Basic) -> np.ndarray:
+        """A gradient's value: a matrix, or a number for a trainable scalar's."""
+        return np.asarray(self.matrix(expr) if isinstance(target, MatrixExpr) else self.number(expr))
 
 
 def _relative(a: float, b: float) -> float:
@@ -469,7 +528,7 @@ def verify_chain(c: Chain, rng: np.random.Generator) -> list[Check]:
     state = copy.deepcopy(rng)
     ev = Evaluator(c, rng)
     gap = _relative(ev.df(), ev.central_difference())
-    checks = [Check(str(c.target.name), 0, "output", -1, "df against a central difference", gap, DIFFERENCE_TOL)]
+    checks = [Check(c.label, 0, "output", -1, "df against a central difference", gap, DIFFERENCE_TOL)]
     checks += _exact_checks(c, ev)
     if all(check.ok for check in checks[1:]) or np.finfo(np.longdouble).eps >= np.finfo(np.float64).eps:
         return checks
@@ -485,26 +544,25 @@ def verify_chain(c: Chain, rng: np.random.Generator) -> list[Check]:
 
 def _exact_checks(c: Chain, ev: Evaluator) -> list[Check]:
     """The chain's printed equalities and its printed gradient against the engine's, at ev's point."""
-    name = str(c.target.name)
+    name = c.label
     checks = []
     equations = [item for item in c.items if isinstance(item, Equation)]
     for i, item in enumerate(equations):
         values = [ev.side(s) for s in item.sides]
         for k, reason in enumerate(item.reasons):
             checks.append(Check(name, i, item.node, k, reason, _relative(values[k], values[k + 1]), EXACT_TOL))
-    engine = np.asarray(
-        ev.number(c.tape.gradients[c.target]) if scalar_target(c) else ev.matrix(c.tape.gradients[c.target])
-    )
-    scale = max(1.0, float(np.max(np.abs(engine), initial=0.0)))
-    printed_forms = [("gradient = engine's gradient", c.gradient)]
-    closed = c.closed_form()
-    if closed is not None:  # printed (and checked) only when short enough to write out
-        printed_forms.append(("closed form = engine's gradient", closed))
-    for reason, printed in printed_forms:
-        value = ev.number(printed) if scalar_target(c) else ev.matrix(printed)
-        gap = float(np.max(np.abs(value - engine), initial=0.0)) / scale
-        checks.append(Check(name, len(equations), "result", -1, reason, gap, EXACT_TOL))
+    for k, target in enumerate(c.targets):  # each gradient's result line: step len(equations) + k
+        engine = ev.value(c.tape.gradients[target], target)
+        scale = max(1.0, float(np.max(np.abs(engine), initial=0.0)))
+        of = "" if len(c.targets) == 1 else f" of {target.name}"
+        printed_forms = [(f"gradient{of} = engine's gradient", c.gradients[target])]
+        closed = c.closed_form(target)
+        if closed is not None:  # printed (and checked) only when short enough to write out
+            printed_forms.append((f"closed form{of} = engine's gradient", closed))
+        for reason, printed in printed_forms:
+            gap = float(np.max(np.abs(ev.value(printed, target) - engine), initial=0.0)) / scale
+            checks.append(Check(name, len(equations) + k, "result", -1, reason, gap, EXACT_TOL))
     return checks
 
 
-__all__ = ["DF", "Chain", "Check", "Definition", "Equation", "Term", "chain", "verify_chain"]
+__all__ = ["DF", "Chain", "Check", "Definition", "Equation", "Term", "chain", "replayed_steps", "verify_chain"]

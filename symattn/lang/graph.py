@@ -9,7 +9,7 @@ in ``VISITS`` so tests can check that work grows linearly.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Container, Iterable, Iterator
 from contextlib import contextmanager
 
 from sympy import Basic, Expr, MatrixSymbol, default_sort_key
@@ -21,11 +21,14 @@ def children(node: Basic) -> tuple[Basic, ...]:
     return () if isinstance(node, MatrixSymbol) else node.args
 
 
-def postorder(*roots: Basic) -> Iterator[Basic]:
-    """Every distinct subexpression of the roots once, each after its arguments (leaves first)."""
+def postorder(*roots: Basic, seen: Container[Basic] = ()) -> Iterator[Basic]:
+    """Every distinct subexpression of the roots once, each after its arguments (leaves first).
+
+    Nodes in seen (a memo of an earlier walk) are neither yielded nor walked into.
+    """
     done: set[Basic] = set()
     for root in roots:
-        if root in done:
+        if root in done or root in seen:
             continue
         stack: list[tuple[Basic, bool]] = [(root, False)]
         while stack:
@@ -34,11 +37,11 @@ def postorder(*roots: Basic) -> Iterator[Basic]:
                 VISITS["nodes"] += 1
                 yield node
                 continue
-            if node in done:
+            if node in done or node in seen:
                 continue
             done.add(node)
             stack.append((node, True))
-            stack.extend((a, False) for a in reversed(children(node)) if a not in done)
+            stack.extend((a, False) for a in reversed(children(node)) if a not in done and a not in seen)
 
 
 def nodes(*roots: Basic) -> list[Basic]:

@@ -75,11 +75,10 @@ class DagValues:
     def _holds_matrix(self, node: Basic) -> bool:
         held = self.matrices.get(node)
         if held is None:
-            for n in postorder(node):
-                if n not in self.matrices:
-                    self.matrices[n] = (
-                        isinstance(n, (MatrixExpr, sp.Symbol)) and (isinstance(n, MatrixExpr) or n in self.known)
-                    ) or any(self.matrices[a] for a in _args(n))
+            for n in postorder(node, seen=self.matrices):
+                self.matrices[n] = (
+                    isinstance(n, (MatrixExpr, sp.Symbol)) and (isinstance(n, MatrixExpr) or n in self.known)
+                ) or any(self.matrices[a] for a in _args(n))
             held = self.matrices[node]
         return held
 
@@ -114,9 +113,7 @@ class DagValues:
         """expr's value; a Differential(A) in it is A's differential (zero where A is constant)."""
         if expr in self.values:
             return self.values[expr]
-        for node in postorder(expr):
-            if node in self.values:
-                continue
+        for node in postorder(expr, seen=self.values):
             if isinstance(node, (MatrixSymbol, sp.Symbol)) and node in self.known:  # a symbol's value, never 𝟙's
                 self.values[node] = self.known[node]
             elif isinstance(node, Differential):
@@ -143,9 +140,7 @@ class DagValues:
         """dY for Y = expr when each symbol S of tangents moves by tangents[S]; None where Y is constant."""
         if expr in self.moving:
             return self.moving[expr]
-        for node in postorder(expr):
-            if node in self.moving:
-                continue
+        for node in postorder(expr, seen=self.moving):
             if node in self.tangents:
                 self.moving[node] = self.value(self.tangents[node])
             elif isinstance(node, (MatrixSymbol, Differential)) or not self._holds_matrix(node):

@@ -10,36 +10,40 @@ opaque exp atoms, for exact rational verification.
 
 from __future__ import annotations
 
-import inspect
+import ast
 from collections.abc import Iterable, Sequence
-from types import ModuleType
+from functools import cache
+from importlib.util import find_spec
+from pathlib import Path
 
 import sympy as sp
 from sympy import Basic, MatrixExpr
 from sympy.matrices.expressions import MatMul, OneMatrix
 from sympy.printing.numpy import NumPyPrinter
 
-from symattn.numeric import exact_runtime, numpy_runtime
 from symattn.numeric.exact_runtime import ExpAtom  # noqa: F401 (re-exported: lambdify and tests import it here)
 
 
-def runtime_functions(module: ModuleType) -> dict[str, object]:
-    """The functions and classes a runtime module defines, by name: the helpers a printer may copy."""
+@cache
+def runtime_functions(module: str) -> dict[str, str]:
+    """The source of each function and class a runtime module defines at top level (decorators included),
+    by name: the helpers a printer may copy. Read from the module's file, not imported: the torch and JAX
+    runtimes import torch and JAX, seconds that printing their source never needs."""
+    text = Path(find_spec(module).origin).read_text(encoding="utf-8")
+    lines = text.splitlines(keepends=True)
     return {
-        name: value
-        for name, value in vars(module).items()
-        if (inspect.isfunction(value) or inspect.isclass(value)) and value.__module__ == module.__name__
+        node.name: "".join(lines[min([node.lineno, *(d.lineno for d in node.decorator_list)]) - 1 : node.end_lineno])
+        for node in ast.parse(text).body
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef))
     }
 
 
-def runtime_source(table: dict[str, object], names: Iterable[str]) -> str:
+def runtime_source(table: dict[str, str], names: Iterable[str]) -> str:
     """The source of the named helpers, in that order, two blank lines apart (copied from their modules)."""
-    return "\n\n".join(inspect.getsource(table[name]) for name in names)
+    return "\n\n".join(table[name] for name in names)
 
 
-NUMPY_RUNTIME = runtime_functions(numpy_runtime)
-# Each helper's source, for code that runs one on its own.
-NUMPY_HELPERS = {name: inspect.getsource(value) for name, value in NUMPY_RUNTIME.items()}
+NUMPY_RUNTIME = runtime_functions("symattn.numeric.numpy_runtime")  # helper name -> its source
 
 # helpers whose source calls other helpers
 HELPER_NEEDS = {"gelu": ("erf",), "gelu_grad": ("erf",)}
@@ -53,7 +57,7 @@ class NumPyMatrixPrinter(NumPyPrinter):
     # keyword names of a reduction: a.sum(axis=-1, keepdims=True)
     axis_keyword = "axis"
     keepdims_keyword = "keepdims"
-    runtime = NUMPY_RUNTIME  # helper name -> its function in a runtime module
+    runtime = NUMPY_RUNTIME  # helper name -> its source in a runtime module
     helper_needs = HELPER_NEEDS
     # name of the call that evaluates each entrywise node
     elementwise = {
@@ -221,7 +225,7 @@ def _split_sign(term: Basic) -> tuple[int, Basic]:
 
 EXACT_RUNTIME = {
     **{name: NUMPY_RUNTIME[name] for name in ("split_heads", "merge_heads", "repeat_heads", "sum_groups")},
-    **runtime_functions(exact_runtime),
+    **runtime_functions("symattn.numeric.exact_runtime"),
 }
 
 

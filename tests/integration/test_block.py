@@ -11,7 +11,7 @@ import sympy as sp
 
 import symattn as sa
 from symattn.lang.ops import GeluGrad, GeluTanhGrad, RowInvStd, gelu, layer_norm
-from symattn.numeric.printers import NUMPY_HELPERS
+from symattn.numeric.printers import NUMPY_RUNTIME
 from symattn.numeric.verify import vjp_error
 
 NAMES = (
@@ -43,7 +43,7 @@ def test_exact_and_numpy_printers_agree_on_the_new_nodes():
 def test_numpy_erf_is_accurate_to_double_precision():
     # the generated NumPy modules import only numpy, so erf is a positive-term series there
     namespace: dict = {"np": np}
-    exec(NUMPY_HELPERS["erf"], namespace)
+    exec(NUMPY_RUNTIME["erf"], namespace)
     x = np.concatenate([np.linspace(-9, 9, 1001), [0.0, 1e-300, -7.5, 30.0]])
     exact = np.array([math.erf(t) for t in x])
     assert np.max(np.abs(namespace["erf"](x) - exact)) < 4e-15  # a few ulps of 1

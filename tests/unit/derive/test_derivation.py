@@ -15,13 +15,47 @@ from symattn.lang.ops import RowSoftmax
 
 @pytest.mark.parametrize("name", sa.specs())
 def test_every_printed_equality_of_every_spec_agrees(name, derivations):
-    report = derivations[name].verify(seed=1)
+    derivation = derivations[name]
+    report = derivation.verify(seed=1)
     assert report.ok, report.text()
-    targets = {c.target for c in report.checks}
-    assert targets == set(derivations[name].spec.input_names)
-    # each target: the central difference, ≥ 2 equalities per step, the result against the engine
-    assert len(report.checks) >= 4 * len(targets)
+    chains = derivation.chains()  # per input, or one shared sweep (transformer_block)
+    assert [str(t.name) for c in chains for t in c.targets] == list(derivation.spec.input_names)
+    assert {c.target for c in report.checks} == {c.label for c in chains}
+    # every gradient, named and (where short enough) in closed form, against the engine's
+    against_engine = [c for c in report.checks if c.node == "result" and "engine" in c.reason]
+    assert len(against_engine) >= len(derivation.spec.input_names)
     assert report.max_discrepancy < 1e-12
+
+
+@pytest.mark.parametrize("name", ["attention", "mha"])
+def test_a_shared_sweep_prints_each_step_once_and_every_gradient(name):
+    shared = sa.derive(name, sweep="shared")
+    (c,) = shared.chains()
+    spec = shared.spec
+    moving = [step for step in c.tape.steps if any(step.node.has(x) for x in spec.inputs)]
+    assert sum(isinstance(i, Equation) for i in c.items) == len(moving) + 2  # df = …, each step, df = Σ …
+    assert len(c.items[-1].sides[1]) == len(spec.inputs)  # df = Σ_W tr(W̄ᵀ dW)
+    report = shared.verify(seed=1)
+    assert report.ok, report.text()
+    per_input = sa.derive(name, sweep="per-input")
+    for x in spec.input_names:  # the same gradients, read off the shared sweep or replayed per input
+        assert c.gradients[spec.input(x)] == per_input.steps(x).gradient
+    text = shared.text()
+    assert text.count("The backward pass, shared by every gradient") == 1
+    assert all(f"\n∂f/∂{x}\n" in text for x in spec.input_names)
+    assert sum(len(c.items) for c in per_input.chains()) > len(c.items)  # the per-input chains replay steps
+
+
+def test_a_shared_sweep_with_a_wrong_rule_fails_at_its_step(monkeypatch):
+    monkeypatch.setitem(VJP_RULES, RowSoftmax, _softmax_without_row_sums)
+    report = sa.derive("attention", sweep="shared").verify()
+    assert {c.node for c in report.failures} == {"RowSoftmax", "result"}
+    assert all(c.discrepancy > 1e-3 for c in report.failures)
+
+
+def test_an_unknown_sweep_is_a_clear_error():
+    with pytest.raises(sa.SymattnError, match="unknown sweep 'both'; choose from auto, shared, per-input"):
+        sa.derive("attention", sweep="both")
 
 
 @pytest.mark.parametrize("name", sa.specs())

@@ -49,7 +49,9 @@ def _printed(d: sa.Derivation) -> tuple[Document, list[tuple[Basic, bool]]]:
                 out.append((doc.short(item.value), False))
                 continue
             out += [(doc.short(t.matrix), False) for side in item.sides if side != DF for t in side]
-        out += [(doc.short(e), False) for e in (c.gradient, c.definition(c.gradient), c.closed_form()) if e is not None]
+        for t in c.targets:
+            g = c.gradients[t]
+            out += [(doc.short(e), False) for e in (g, c.definition(g), c.closed_form(t)) if e is not None]
     return doc, out
 
 
