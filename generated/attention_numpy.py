@@ -212,6 +212,7 @@ def forward(Q, K, V, *, scale=None, attn_mask=None, key_padding_mask=None, causa
     scale = float(scale)
     A = add_optional((scale * Q) @ K.mT, M)
     P = row_softmax(A, out=A) if M is None else masked_row_softmax(A, out=A)
+    del A
     O = P @ V
     saved = {
         "Q": Q,
@@ -240,6 +241,7 @@ def backward(saved, grad_out):
     D = (O * grad_out).sum(axis=-1, keepdims=True)
     dP = grad_out @ V.mT
     dA = np.multiply(np.subtract(dP, D, out=dP), P, out=dP)
+    del D, dP
     dQ = dA @ (scale * K)
     dK = dA.mT @ (scale * Q)
     dV = P.mT @ grad_out
@@ -312,6 +314,7 @@ def _forward2(Q, K, V, G_out, Q_v, K_v, V_v, M, scale):
         V_v = np.zeros_like(V)
     A = add_optional((scale * Q) @ K.mT, M)
     P = row_softmax(A, out=A) if M is None else masked_row_softmax(A, out=A)
+    del A
     G_P = G_out @ V.mT
     G_A = (G_P - ((G_P * P).sum(axis=-1, keepdims=True))) * P
     G_Q = G_A @ (scale * K)
@@ -365,14 +368,21 @@ def _backward2(saved, grad_out):
     t2 = t3 * P
     D3 = t2.sum(axis=-1, keepdims=True)
     t1 = np.repeat(D3, m, axis=-1)
+    del D3
     dG_P = c1 * (t1 * P) + scale * t2
+    del t2
     dP = c1 * (t1 * G_P) + scale * (np.multiply(t3, G_P - D1, out=t3)) + G_out @ dG_V.mT
+    del D1, t1, t3
     D2 = (dP * P).sum(axis=-1, keepdims=True)
     dA = np.multiply(np.subtract(dP, D2, out=dP), P, out=dP)
+    del D2, dP
     dQ = G_A @ (scale * dG_K) + dA @ (scale * K)
+    del dG_K
     dK = G_A.mT @ (scale * dG_Q) + dA.mT @ (scale * Q)
+    del dG_Q
     dV = dG_P.mT @ G_out
     dG_out = P @ dG_V + dG_P @ V
+    del dG_P, dG_V
     dM = None if mask_shape is None else sum_to_mask(dA, mask_shape)
     grads = {"Q": dQ, "K": dK, "V": dV, "G_out": dG_out, "attn_mask": dM}
     return {name: g for name, g in grads.items() if g is not None}

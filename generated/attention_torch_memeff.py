@@ -525,6 +525,7 @@ def _forward2(Q, K, V, G_out, Q_v, K_v, V_v, M, scale):
         V_v = torch.zeros_like(V)
     A = add_optional((scale * Q) @ K.mT, M)
     P = row_softmax(A, out=A) if M is None else masked_row_softmax(A, out=A)
+    del A
     G_P = G_out @ V.mT
     G_A = (G_P - ((G_P * P).sum(dim=-1, keepdim=True))) * P
     G_Q = G_A @ (scale * K)
@@ -578,14 +579,21 @@ def _backward2(saved, grad_out):
     t2 = t3 * P
     D3 = t2.sum(dim=-1, keepdim=True)
     t1 = repeat_columns(D3, m)
+    del D3
     dG_P = c1 * (t1 * P) + scale * t2
+    del t2
     dP = c1 * (t1 * G_P) + scale * (t3.mul_(G_P - D1)) + G_out @ dG_V.mT
+    del D1, t1, t3
     D2 = (dP * P).sum(dim=-1, keepdim=True)
     dA = dP.sub_(D2).mul_(P)
+    del D2, dP
     dQ = G_A @ (scale * dG_K) + dA @ (scale * K)
+    del dG_K
     dK = G_A.mT @ (scale * dG_Q) + dA.mT @ (scale * Q)
+    del dG_Q
     dV = dG_P.mT @ G_out
     dG_out = P @ dG_V + dG_P @ V
+    del dG_P, dG_V
     dM = None if mask_shape is None else dA.sum_to_size(mask_shape)
     return {"Q": dQ, "K": dK, "V": dV, "G_out": dG_out, "M": dM}
 

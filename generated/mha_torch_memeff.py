@@ -899,10 +899,13 @@ def _forward2(
     V_h = repeat_heads(split_heads(add_optional(V @ W_V, b_V), H_kv), H)
     A_h = add_optional((scale * Q_h) @ K_h.mT, M)
     P_h = row_softmax(A_h, out=A_h) if M is None else masked_row_softmax(A_h, out=A_h)
+    del A_h
     O_h = P_h @ V_h
     C = merge_heads(O_h, H)
+    del O_h
     G_C = G_out @ W_O.mT
     G_O_h = split_heads(G_C, H)
+    del G_C
     G_P_h = G_O_h @ V_h.mT
     G_A_h = (G_P_h - ((G_P_h * P_h).sum(dim=-1, keepdim=True))) * P_h
     G_V_h = P_h.mT @ G_O_h
@@ -1034,12 +1037,14 @@ def _backward2(saved, grad_out):
     dG_W_Q = W_Q_v
     dC = G_out @ dG_W_O.mT
     dO_h = split_heads(dC, H)
+    del dC
     dG_Q = Q_v
     dG_Q_h = (
         split_heads(Q @ dG_W_Q, H)
         + split_heads(dG_Q @ W_Q, H)
         + split_heads((torch.ones(n, 1, dtype=dtype, device=device)) @ dG_b_Q, H)
     )
+    del dG_b_Q
     dG_V = V_v
     dG_K = K_v
     dG_K_h = (
@@ -1047,42 +1052,62 @@ def _backward2(saved, grad_out):
         + repeat_heads(split_heads(dG_K @ W_K, H_kv), H)
         + repeat_heads(split_heads((torch.ones(m, 1, dtype=dtype, device=device)) @ dG_b_K, H_kv), H)
     )
+    del dG_b_K
     dG_V_h = (
         repeat_heads(split_heads(V @ dG_W_V, H_kv), H)
         + repeat_heads(split_heads(dG_V @ W_V, H_kv), H)
         + repeat_heads(split_heads((torch.ones(m, 1, dtype=dtype, device=device)) @ dG_b_V, H_kv), H)
     )
+    del dG_b_V
     t7 = Q_h @ dG_K_h.mT + dG_Q_h @ K_h.mT
     t4 = t7 * P_h
     D3 = t4.sum(dim=-1, keepdim=True)
     t1 = repeat_columns(D3, m)
+    del D3
     dG_P_h = c1 * (t1 * P_h) + scale * t4
+    del t4
     dG_O_h = P_h @ dG_V_h + dG_P_h @ V_h
     dG_C = merge_heads(dG_O_h, H)
+    del dG_O_h
     dP_h = c1 * (t1 * G_P_h) + scale * (t7.mul_(G_P_h - D1)) + G_O_h @ dG_V_h.mT + dO_h @ V_h.mT
+    del D1, dG_V_h, t1, t7
     D2 = (dP_h * P_h).sum(dim=-1, keepdim=True)
     dA_h = dP_h.sub_(D2).mul_(P_h)
+    del D2, dP_h
     dV_h = P_h.mT @ dO_h + dG_P_h.mT @ G_O_h
+    del dG_P_h, dO_h
     dK_h = G_A_h.mT @ (scale * dG_Q_h) + dA_h.mT @ (scale * Q_h)
+    del dG_Q_h
     dQ_h = G_A_h @ (scale * dG_K_h) + dA_h @ (scale * K_h)
+    del dG_K_h
     dW_O = rows(dG_C).mT @ rows(G_out)
     dG_out = C @ dG_W_O + dG_C @ W_O + dG_b_O
+    del dG_C, dG_W_O, dG_b_O
     dM = None if mask_shape is None else dA_h.sum_to_size(mask_shape)
     dVW_V = merge_heads(sum_groups(dV_h, H_kv), H_kv)
+    del dV_h
     db_V = None if b_V is None else rows(dVW_V).sum(dim=0, keepdim=True)
     dKW_K = merge_heads(sum_groups(dK_h, H_kv), H_kv)
+    del dK_h
     db_K = None if b_K is None else rows(dKW_K).sum(dim=0, keepdim=True)
     dQW_Q = merge_heads(dQ_h, H)
+    del dQ_h
     db_Q = None if b_Q is None else rows(dQW_Q).sum(dim=0, keepdim=True)
     t10 = merge_heads(sum_groups(G_V_h, H_kv), H_kv)
     dV = t10 @ dG_W_V.mT + dVW_V @ W_V.mT
+    del dG_W_V
     dW_V = sum_batch(V.mT @ dVW_V + dG_V.mT @ t10)
+    del dG_V, dVW_V, t10
     t11 = merge_heads(sum_groups(G_K_h, H_kv), H_kv)
     dK = t11 @ dG_W_K.mT + dKW_K @ W_K.mT
+    del dG_W_K
     dW_K = sum_batch(K.mT @ dKW_K + dG_K.mT @ t11)
+    del dG_K, dKW_K, t11
     t12 = merge_heads(G_Q_h, H)
     dQ = t12 @ dG_W_Q.mT + dQW_Q @ W_Q.mT
+    del dG_W_Q
     dW_Q = sum_batch(Q.mT @ dQW_Q + dG_Q.mT @ t12)
+    del dG_Q, dQW_Q, t12
     return {
         "Q": dQ,
         "K": dK,

@@ -148,8 +148,10 @@ def forward(X, W_Q, W_K, W_V):
     Q = QKV[..., :, :d_k]
     K = QKV[..., :, d_k : 2 * d_k]
     V = QKV[..., :, 2 * d_k :]
+    del QKV
     A = (scale * Q) @ K.mT
     P = row_softmax(A, out=A)
+    del A
     O = P @ V
     saved = {
         "X": X,
@@ -182,15 +184,20 @@ def backward(saved, grad_out):
     D = (O * grad_out).sum(axis=-1, keepdims=True)
     dP = grad_out @ V.mT
     dA = np.multiply(np.subtract(dP, D, out=dP), P, out=dP)
+    del D, dP
     dV = P.mT @ grad_out
     dK = dA.mT @ (scale * Q)
     dQ = dA @ (scale * K)
+    del dA
     dQKV = np.concatenate([dQ, dK, dV], axis=-1)
+    del dK, dQ, dV
     dX = dQKV @ W_QKV.mT
     dW_QKV = rows(X).mT @ rows(dQKV)
+    del dQKV
     dW_Q = dW_QKV[..., :, :d_k]
     dW_K = dW_QKV[..., :, d_k : 2 * d_k]
     dW_V = dW_QKV[..., :, 2 * d_k :]
+    del dW_QKV
     return {"X": dX, "W_Q": dW_Q, "W_K": dW_K, "W_V": dW_V}
 
 
@@ -276,11 +283,14 @@ def _forward2(X, W_Q, W_K, W_V, G_out, X_v, W_Q_v, W_K_v, W_V_v):
         W_V_v = np.zeros((d_model, d_v), dtype=dtype)
     W_QKV = np.concatenate([W_Q, W_K, W_V], axis=-1)
     QKV = X @ W_QKV
+    del W_QKV
     Q = QKV[..., :, :d_k]
     K = QKV[..., :, d_k : 2 * d_k]
     V = QKV[..., :, 2 * d_k :]
+    del QKV
     A = (scale * Q) @ K.mT
     P = row_softmax(A, out=A)
+    del A
     G_P = G_out @ V.mT
     G_A = (G_P - ((G_P * P).sum(axis=-1, keepdims=True))) * P
     G_X = P.mT @ G_out @ W_V.mT + G_A @ (scale * K) @ W_Q.mT + G_A.mT @ (scale * Q) @ W_K.mT
@@ -345,15 +355,22 @@ def _backward2(saved, grad_out):
     t8 = P * dG_A
     D3 = t8.sum(axis=-1, keepdims=True)
     dG_out = (t8 - (D3 * P)) @ V + P @ (dG_X @ W_V + X @ dG_W_V)
+    del D3
     t5 = -(np.repeat(t8.sum(axis=-1, keepdims=True), n, axis=-1))
     dG_P = np.add(t8, t5 * P, out=t8)
+    del t8
     dP = G_out @ (W_V.mT @ dG_X.mT) + G_out @ (dG_W_V.mT @ X.mT) + t5 * G_P + (G_P - D1) * dG_A
+    del D1, dG_A, t5
     D4 = (P * dP).sum(axis=-1, keepdims=True)
     dV = dG_P.mT @ G_out
+    del dG_P
     dW_V = sum_batch(X.mT @ dV + dG_X.mT @ (P.mT @ G_out))
     t1 = np.multiply(np.subtract(dP, D4, out=dP), P, out=dP)
+    del D4, dP
     dK = scale * (t1.mT @ Q + G_A.mT @ t6)
+    del t6
     dQ = scale * (t1 @ K + G_A @ t7)
+    del t1, t7
     dX = (
         dK @ W_K.mT
         + dQ @ W_Q.mT
@@ -362,8 +379,11 @@ def _backward2(saved, grad_out):
         + G_A @ (scale * K) @ dG_W_Q.mT
         + G_A.mT @ (scale * Q) @ dG_W_K.mT
     )
+    del dG_W_K, dG_W_Q, dG_W_V, dV
     dW_Q = sum_batch(X.mT @ dQ + dG_X.mT @ G_A @ (scale * K))
+    del dQ
     dW_K = sum_batch(X.mT @ dK + dG_X.mT @ G_A.mT @ (scale * Q))
+    del dG_X, dK
     return {"X": dX, "W_Q": dW_Q, "W_K": dW_K, "W_V": dW_V, "G_out": dG_out}
 
 

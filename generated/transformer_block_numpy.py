@@ -429,6 +429,7 @@ def forward(
     V_h = split_heads(add_optional(X_1 @ W_V, b_V), H)
     A_h = add_optional((scale * Q_h) @ K_h.mT, M)
     P_h = row_softmax(A_h, out=A_h) if M is None else masked_row_softmax(A_h, out=A_h)
+    del A_h
     O_h = P_h @ V_h
     C = merge_heads(O_h, H)
     Y = add_optional(C @ W_O + X, b_O)
@@ -515,44 +516,58 @@ def backward(saved, grad_out):
     mask_shape = saved["mask_shape"]
     dF = grad_out @ W_2.mT
     dU = np.multiply(dF, gelu_grad(U), out=dF)
+    del dF
     dX_2 = dU @ W_1.mT
     dN_2 = gamma_2 * dX_2
     D1 = (N_2 * dN_2).sum(axis=-1, keepdims=True)
     D2 = dN_2.sum(axis=-1, keepdims=True)
     dY = (row_inv_std(Y, eps)) * (c1 * (D1 * N_2) + c1 * D2 + dN_2) + grad_out
+    del D1, D2, dN_2
     dC = dY @ W_O.mT
     dO_h = split_heads(dC, H)
+    del dC
     D3 = (O_h * dO_h).sum(axis=-1, keepdims=True)
     dP_h = dO_h @ V_h.mT
     dA_h = np.multiply(np.subtract(dP_h, D3, out=dP_h), P_h, out=dP_h)
+    del D3, dP_h
     dV_h = P_h.mT @ dO_h
+    del dO_h
     dK_h = dA_h.mT @ (scale * Q_h)
     dQ_h = dA_h @ (scale * K_h)
     dW_O = rows(C).mT @ rows(dY)
     db_O = None if b_O is None else rows(dY).sum(axis=0, keepdims=True)
     dgamma_2 = rows(N_2 * dX_2).sum(axis=0, keepdims=True)
     dbeta_2 = rows(dX_2).sum(axis=0, keepdims=True)
+    del dX_2
     dW_1 = rows(X_2).mT @ rows(dU)
     db_1 = None if b_1 is None else rows(dU).sum(axis=0, keepdims=True)
+    del dU
     dW_2 = rows(F).mT @ rows(grad_out)
     db_2 = None if b_2 is None else rows(grad_out).sum(axis=0, keepdims=True)
     dM = None if mask_shape is None else sum_to_mask(dA_h, mask_shape, heads=True)
     dX_1W_V = merge_heads(dV_h, H)
+    del dV_h
     dW_V = rows(X_1).mT @ rows(dX_1W_V)
     db_V = None if b_V is None else rows(dX_1W_V).sum(axis=0, keepdims=True)
     dX_1W_Q = merge_heads(dQ_h, H)
+    del dQ_h
     dW_Q = rows(X_1).mT @ rows(dX_1W_Q)
     db_Q = None if b_Q is None else rows(dX_1W_Q).sum(axis=0, keepdims=True)
     dX_1W_K = merge_heads(dK_h, H)
+    del dK_h
     dX_1 = dX_1W_K @ W_K.mT + dX_1W_Q @ W_Q.mT + dX_1W_V @ W_V.mT
+    del dX_1W_Q, dX_1W_V
     dN_1 = gamma_1 * dX_1
     D4 = (N_1 * dN_1).sum(axis=-1, keepdims=True)
     D5 = dN_1.sum(axis=-1, keepdims=True)
     dX = (row_inv_std(X, eps)) * (c1 * (D4 * N_1) + c1 * D5 + dN_1) + dY
+    del D4, D5, dN_1, dY
     dW_K = rows(X_1).mT @ rows(dX_1W_K)
     db_K = None if b_K is None else rows(dX_1W_K).sum(axis=0, keepdims=True)
+    del dX_1W_K
     dgamma_1 = rows(N_1 * dX_1).sum(axis=0, keepdims=True)
     dbeta_1 = rows(dX_1).sum(axis=0, keepdims=True)
+    del dX_1
     grads = {
         "X": dX,
         "W_Q": dW_Q,

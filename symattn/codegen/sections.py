@@ -31,6 +31,7 @@ class Statement:
     value: str
     comment: str = ""
     guard: str = ""  # an optional input: the statement runs only when it was given (else the target is None)
+    frees: tuple[str, ...] = ()  # values made earlier in this function and read here for the last time: del'd
 
 
 def _dying(assignments: list[Assignment], protected: set) -> list[frozenset]:
@@ -57,6 +58,22 @@ def _dying(assignments: list[Assignment], protected: set) -> list[frozenset]:
         if isinstance(a.value, FRESH) and not view:  # u 𝟏ᵀ prints as a broadcast view (torch: expand)
             fresh.add(str(a.target.name))
     return out
+
+
+def _freed(assignments: list[Assignment], protected: set) -> list[tuple[str, ...]]:
+    """For each assignment, the values it reads for the last time: made earlier in this list, neither saved
+    nor returned. Deleting them there lets the allocator reuse their memory while it is still in cache, so a
+    deep stack's backward holds one layer's temporaries at a time, as the same layers called one by one do."""
+    made = {str(a.target.name): i for i, a in enumerate(assignments)}
+    last_read: dict[str, int] = {}
+    for i, a in enumerate(assignments):
+        for x in a.value.atoms(sp.MatrixSymbol):
+            last_read[str(x.name)] = i
+    out: list[list[str]] = [[] for _ in assignments]
+    for name, i in last_read.items():
+        if name in made and made[name] < i and name not in protected:
+            out[i].append(name)
+    return [tuple(sorted(names)) for names in out]
 
 
 def _broadcast_chain(expr: MatMul) -> bool:
@@ -91,7 +108,7 @@ class Sections:
     unused: dict = field(default_factory=dict)  # target -> the input the output does not read
     mask_gradients: dict = field(default_factory=dict)  # dM -> whether the scores have a heads axis
 
-    def statement(self, a: Assignment, consumable: frozenset = frozenset()) -> Statement:
+    def statement(self, a: Assignment, consumable: frozenset = frozenset(), frees: tuple[str, ...] = ()) -> Statement:
         printer = self.printer
         printer.consumable = consumable
         if a.target in self.unused:  # the output does not read this input: zeros of its full (batched) shape
@@ -104,7 +121,7 @@ class Sections:
             value = printer.doprint(a.value)
         printer.consumable = frozenset()
         # the gradient of an optional input is computed only when the input was given
-        return Statement(str(a.target.name), value, a.comment, self.gradient_of.get(a.target, ""))
+        return Statement(str(a.target.name), value, a.comment, self.gradient_of.get(a.target, ""), frees)
 
     def fits(self, a: Assignment, dying: frozenset) -> frozenset:
         """The dying arrays a's value may be written into: not an unbatched one when the value is batched;
@@ -115,9 +132,13 @@ class Sections:
             return dying
         return frozenset(name for name in dying if name in self.batched)
 
-    def lines(self, assignments) -> dict:
-        dying = [self.fits(a, d) for a, d in zip(assignments, _dying(list(assignments), self.protected))]
-        return {"loop": False, "lines": [self.statement(a, d) for a, d in zip(assignments, dying)]}
+    def lines(self, assignments, whole: bool = False) -> dict:
+        """The statements of one section; whole: the section is the function's only one, so a value read
+        for the last time here is deleted (mutable arrays only: JAX traces, its buffers are XLA's)."""
+        assignments = list(assignments)
+        dying = [self.fits(a, d) for a, d in zip(assignments, _dying(assignments, self.protected))]
+        frees = _freed(assignments, self.protected) if whole and self.printer.inplace else [()] * len(assignments)
+        return {"loop": False, "lines": [self.statement(a, d, f) for a, d, f in zip(assignments, dying, frees)]}
 
     def loop(self, lp) -> dict:
         kept = self.protected | {str(b.name) for _, b in lp.collect}
@@ -189,7 +210,7 @@ def _sections(sched: Schedule, printer, mask: str | None, variant: str) -> dict:
         block_size = sp.Symbol("block_size", positive=True, integer=True)
         options.append(Option("block_size", block_size, sp.Integer(BLOCK_SIZE)))
     else:
-        forward, backward = [p.lines(sched.forward)], [p.lines(sched.backward)]
+        forward, backward = [p.lines(sched.forward, whole=True)], [p.lines(sched.backward, whole=True)]
         saved_symbols = sched.saved
     return {
         "forward_sections": forward,
