@@ -31,15 +31,27 @@ class Assignment:
 
 
 def expand(expr: Basic, definitions: dict[Basic, Basic]) -> Basic:
-    """expr with each symbol in definitions replaced by its definition, products flattened."""
-    if expr in definitions:
-        return definitions[expr]
-    if not expr.args or isinstance(expr, MatrixSymbol):
-        return expr
-    args = [expand(a, definitions) for a in expr.args]
-    if isinstance(expr, MatMul):
-        return product(*args, canonical=False, flatten=True)
-    return rebuilt(expr, args)
+    """expr with each symbol in definitions replaced by its definition, products flattened.
+
+    Each distinct subexpression is rebuilt once, on an explicit stack (no recursion as deep as expr).
+    """
+    done: dict[Basic, Basic] = {}
+    stack: list[tuple[Basic, bool]] = [(expr, False)]
+    while stack:
+        e, expanded = stack.pop()
+        if e in done:
+            continue
+        if e in definitions:
+            done[e] = definitions[e]
+        elif not e.args or isinstance(e, MatrixSymbol):
+            done[e] = e
+        elif expanded:
+            args = [done[a] for a in e.args]
+            done[e] = product(*args, canonical=False, flatten=True) if isinstance(e, MatMul) else rebuilt(e, args)
+        else:
+            stack.append((e, True))
+            stack.extend((a, False) for a in e.args if a not in done)
+    return done[expr]
 
 
 def is_trivial(expr: Basic) -> bool:

@@ -316,7 +316,7 @@ def schedule_spec(s: Spec, options: tuple[Option, ...] = ()) -> Schedule:
     names = Names()
     forward: list[Assignment] = []
     intermediates = list(s.intermediates)
-    if all(e != s.output for _, e in intermediates):
+    if all(e is not s.output for _, e in intermediates):  # hash-consed specs: equal is the same object
         taken = {str(x.name) for x in (*s.inputs, *s.constants)} | {label for label, _ in intermediates}
         label = next(
             name for name in ("Y", "Z", "Out", *(f"Out{i}" for i in range(len(taken) + 1))) if name not in taken

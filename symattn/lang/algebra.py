@@ -8,8 +8,7 @@ exponential time on deep or shared graphs.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from functools import lru_cache
+from collections.abc import Iterable, Sequence
 
 import sympy as sp
 from sympy import Basic, MatrixExpr
@@ -126,20 +125,59 @@ def hadamard_product(*factors: Basic) -> Basic:
         return intern(hadamard_canonical(HadamardProduct(*factors)))
 
 
-@lru_cache(maxsize=1 << 16)  # a shared (DAG) cotangent is transposed once per distinct subexpression
+_TRANSPOSED: dict[Basic, Basic] = {}  # a shared (DAG) cotangent is transposed once per distinct subexpression
+_TRANSPOSED_MAX = 1 << 16
+
+
 def transpose(a: Basic) -> Basic:
-    """aᵀ pushed through products, sums and entrywise nodes: (AB)ᵀ = BᵀAᵀ, (A + B)ᵀ = Aᵀ + Bᵀ, (Aᵀ)ᵀ = A."""
+    """aᵀ pushed through products, sums and entrywise nodes: (AB)ᵀ = BᵀAᵀ, (A + B)ᵀ = Aᵀ + Bᵀ, (Aᵀ)ᵀ = A.
+
+    Walked on an explicit stack, each distinct subexpression once: a 200-deep chain is transposed
+    without recursion.
+    """
+    memo = _TRANSPOSED
+    if a in memo:
+        return memo[a]
+    if len(memo) > _TRANSPOSED_MAX:
+        memo.clear()
+    stack: list[tuple[Basic, bool]] = [(a, False)]
+    while stack:
+        node, expanded = stack.pop()
+        if node in memo:
+            continue
+        inner = _pushed_through(node)
+        if expanded or not inner:
+            memo[node] = _transposed_node(node, memo)
+        else:
+            stack.append((node, True))
+            stack.extend((x, False) for x in inner if x not in memo)
+    return memo[a]
+
+
+def _pushed_through(a: Basic) -> Sequence[Basic]:
+    """The parts of a that aᵀ transposes in turn (none: a's transpose is Transpose(a))."""
+    if isinstance(a, MatMul):
+        return factors(a)[1]
+    if isinstance(a, (MatAdd, HadamardProduct)):
+        return a.args
+    if isinstance(a, (HadamardPower, MatPow)):
+        return (a.args[0],)
+    return ()
+
+
+def _transposed_node(a: Basic, t: dict[Basic, Basic]) -> Basic:
+    """aᵀ from its parts' transposes t (see _pushed_through)."""
     if isinstance(a, MatMul):
         coeff, mats = factors(a)
-        return product(coeff, *(transpose(m) for m in reversed(mats)))
+        return product(coeff, *(t[m] for m in reversed(mats)))
     if isinstance(a, MatAdd):
-        if any(isinstance(t, MatAdd) for t in a.args):  # a sum kept as one term (Y₁ in Y₁ + P₂ Y₁ W) stays one
-            return intern(MatAdd(*(transpose(t) for t in a.args)))
-        return total(*(transpose(t) for t in a.args))
+        if any(isinstance(x, MatAdd) for x in a.args):  # a sum kept as one term (Y₁ in Y₁ + P₂ Y₁ W) stays one
+            return intern(MatAdd(*(t[x] for x in a.args)))
+        return total(*(t[x] for x in a.args))
     if isinstance(a, HadamardProduct):
-        return intern(HadamardProduct(*(transpose(f) for f in a.args)))
+        return intern(HadamardProduct(*(t[f] for f in a.args)))
     if isinstance(a, (HadamardPower, MatPow)):
-        return intern(type(a)(transpose(a.args[0]), a.args[1]))
+        return intern(type(a)(t[a.args[0]], a.args[1]))
     return intern(Transpose(a).doit(deep=False))
 
 

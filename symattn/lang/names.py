@@ -69,25 +69,36 @@ class Names:
         """
         runs, sums = self._indices()
         done: dict[Basic, Basic] = {}
-
-        def walk(e: Basic) -> Basic:
+        plans: dict[Basic, Plan] = {}
+        stack = [expr]  # an explicit stack: a 200-deep chain is no deeper for Python than a shallow one
+        while stack:
+            e = stack[-1]
             if e in done:
-                return done[e]
-            if e in self.table and e != skip:
-                out = self.table[e]
-            elif not e.args or isinstance(e, MatrixSymbol):
-                out = e
-            elif isinstance(e, MatMul):
-                out = self._substitute_product(e, runs, walk, skip)
-            elif isinstance(e, MatAdd) and sums:
-                out = _substitute_sum(e, sums, walk, skip)
-            else:
-                args = [walk(a) for a in e.args]
-                out = rebuilt(e, args)
-            done[e] = out
-            return out
+                stack.pop()
+                continue
+            if e not in plans:
+                plans[e] = self._plan(e, runs, sums, skip)
+                pending = [c for c in plans[e][0] if c not in done]
+                if pending:
+                    stack.extend(pending)
+                    continue
+            children, build = plans.pop(e)
+            done[e] = build([done[c] for c in children])
+            stack.pop()
+        return done[expr]
 
-        return walk(expr)
+    def _plan(self, e: Basic, runs: dict, sums: dict, skip: Basic | None) -> Plan:
+        """The subexpressions of e to substitute in first, and how e is rebuilt from what they become."""
+        if e in self.table and e != skip:
+            name = self.table[e]
+            return (), lambda _: name
+        if not e.args or isinstance(e, MatrixSymbol):
+            return (), lambda _: e
+        if isinstance(e, MatMul):
+            return _plan_product(e, runs, skip)
+        if isinstance(e, MatAdd) and sums:
+            return _plan_sum(e, sums, skip)
+        return e.args, lambda args: rebuilt(e, args)
 
     def _indices(self) -> tuple[dict, dict]:
         """The named products by first factor and the named sums by each term, most factors or terms first."""
@@ -104,24 +115,6 @@ class Names:
                         sums.setdefault(t, []).append((k, k.args, v))
             self.index = runs, sums
         return self.index
-
-    @staticmethod
-    def _substitute_product(expr: MatMul, runs: dict, walk: Callable[[Basic], Basic], skip: Basic | None) -> Basic:
-        """A product with every run of factors that spells a named product replaced by its name."""
-        coeff, mats = factors(expr)
-        out: list[Basic] = []
-        i = 0
-        while i < len(mats):
-            for definition, (c, run), name in runs.get(mats[i], ()):
-                if definition != skip and tuple(mats[i : i + len(run)]) == run:
-                    coeff = coeff / c
-                    out.append(name)
-                    i += len(run)
-                    break
-            else:
-                out.append(walk(mats[i]))
-                i += 1
-        return product(coeff, *out, canonical=False, flatten=True)
 
     # Display: bottom-up.
 
@@ -173,8 +166,39 @@ class Names:
         return product(coeff, *mats, canonical=False)
 
 
-def _substitute_sum(expr: MatAdd, sums: dict, walk: Callable[[Basic], Basic], skip: Basic | None) -> Basic:
-    """A sum with every set of its terms that spells a named sum replaced by its name (most terms first)."""
+# what a subexpression's substitution needs first, and how it is rebuilt from their results
+Plan = tuple[Sequence[Basic], Callable[[list[Basic]], Basic]]
+
+
+def _plan_product(expr: MatMul, runs: dict, skip: Basic | None) -> Plan:
+    """A product with every run of factors that spells a named product replaced by its name; the other
+    factors are substituted in."""
+    coeff, mats = factors(expr)
+    pieces: list[Basic | None] = []  # a name, or None where the next substituted factor goes
+    rest: list[Basic] = []
+    i = 0
+    while i < len(mats):
+        for definition, (c, run), name in runs.get(mats[i], ()):
+            if definition != skip and tuple(mats[i : i + len(run)]) == run:
+                coeff = coeff / c
+                pieces.append(name)
+                i += len(run)
+                break
+        else:
+            pieces.append(None)
+            rest.append(mats[i])
+            i += 1
+
+    def build(done: list[Basic]) -> Basic:
+        substituted = iter(done)
+        return product(coeff, *(next(substituted) if p is None else p for p in pieces), canonical=False, flatten=True)
+
+    return rest, build
+
+
+def _plan_sum(expr: MatAdd, sums: dict, skip: Basic | None) -> Plan:
+    """A sum with every set of its terms that spells a named sum replaced by its name (most terms first);
+    the other terms are substituted in."""
     rest = list(expr.args)
     names: list[Basic] = []
     candidates = {c[0]: c for t in expr.args for c in sums.get(t, ()) if c[0] != skip}
@@ -183,8 +207,8 @@ def _substitute_sum(expr: MatAdd, sums: dict, walk: Callable[[Basic], Basic], sk
             rest = [t for t in rest if t not in named_terms]
             names.append(name)
     if not names:
-        return rebuilt(expr, [walk(t) for t in expr.args])
-    return total(*names, *(walk(t) for t in rest))
+        return expr.args, lambda done: rebuilt(expr, done)
+    return rest, lambda done: total(*names, *done)
 
 
 def _find(mats: list[Basic], target: list[Basic]) -> int | None:
