@@ -18,6 +18,7 @@ from sympy import Basic
 from sympy.matrices.expressions import HadamardProduct, MatMul, MatrixSymbol
 
 from symattn.codegen.schedule import Schedule, schedule, schedule_spec
+from symattn.lang.graph import rewrite
 from symattn.lang.ops import RowSoftmax, RowSum
 from symattn.lang.shapes import dimension_symbols
 from symattn.optimize.cost import TYPICAL_SIZES, flops, node_bytes, numel, peak_bytes, size_function, subexpressions
@@ -114,8 +115,11 @@ def formula(expr: Basic) -> str:
     return text.replace("**2", "²").replace("**3", "³").replace("*", "·")
 
 
+OTHER_SIZE = 64  # a dimension the size tables do not name (a user's spec's own, g or d_ff) is this
+
+
 def _at(expr: Basic, sizes: Mapping[str, int]) -> float:
-    value = expr.xreplace({s: sizes.get(s.name, 64) for s in expr.free_symbols})
+    value = expr.xreplace({s: sizes.get(s.name, OTHER_SIZE) for s in expr.free_symbols})
     return float(value)
 
 
@@ -124,7 +128,7 @@ def node_table(
 ) -> list[str]:
     """The per-node table: pass, name (* saved), shape, FLOPs, MFLOP and KiB at sizes; totals; savings."""
     used = sorted({s.name for n in nodes for e in (*n.shape, n.flops) for s in sp.sympify(e).free_symbols})
-    at = " ".join(f"{k}={sizes.get(k, 64)}" for k in used)
+    at = " ".join(f"{k}={sizes.get(k, OTHER_SIZE)}" for k in used)
     header = ("pass", "value", "shape", "FLOPs", "MFLOP", "KiB")
     body = [
         (
@@ -194,8 +198,10 @@ def cost_report(name_or_spec, sizes: Sequence[Mapping[str, int]] = REPORT_SIZES,
     saved = list(dict.fromkeys(read))
     generated = schedule_values(derivation.spec)
     rows = []
-    for table in sizes:
-        used = {k: v for k, v in table.items() if any(k == s.name for s in dimension_symbols(output))}
+    dims = [s.name for s in dimension_symbols(output)]
+    for given in sizes:
+        table = {**given, **{k: OTHER_SIZE for k in dims if k not in given}}
+        used = {k: v for k, v in table.items() if k in dims}
         rows.append(
             {
                 "sizes": " ".join(f"{k}={v}" for k, v in used.items()),
@@ -235,7 +241,7 @@ def schedule_values(s: Spec) -> tuple[list[Basic], list[Basic]] | None:
     sched = schedule_of(s)
     values: dict[Basic, Basic] = {}
     for a in (*sched.forward, *sched.backward):
-        values[a.target] = a.value.xreplace(values)
+        values[a.target] = rewrite(a.value, values.get)  # on the DAG: xreplace rebuilds a shared name per use
     return [values[a.target] for a in sched.forward], [values[a.target] for a in sched.backward]
 
 
@@ -259,7 +265,7 @@ def node_costs(sched: Schedule, itemsize: int = 4) -> tuple[NodeCost, ...]:
     saved = set(sched.saved)
     for backward, part in ((False, sched.forward), (True, sched.backward)):
         for a in part:
-            value = a.value.xreplace(full)
+            value = rewrite(a.value, full.get)
             reads = [full[x] for x in a.value.atoms(MatrixSymbol) if x in full]
             free = set(subexpressions(reads))  # computed before: neither FLOPs nor bytes here
             made = [x for x in subexpressions([value]) if x not in free]

@@ -137,3 +137,14 @@ def test_a_deep_elementwise_chain_generates_and_its_gradient_is_right():
 
     central = (f(1e-6) - f(-1e-6)) / 2e-6
     assert abs(central - np.sum(gradient * dw)) <= 1e-6 * max(1.0, abs(central))
+
+
+def test_the_cost_report_of_a_stack_prices_its_own_dimensions():
+    """The residual stack's width g is in no size table: it is priced at OTHER_SIZE, not left symbolic
+    (float() of a symbol was a TypeError); names are expanded on the DAG, not rebuilt per use."""
+    from symattn.codegen.cost_report import OTHER_SIZE, cost_report
+
+    report = cost_report(sa.derive(residual_stack(3)))
+    assert all(row["forward"] > 0 and row["backward"] > 0 for row in report.rows)
+    assert all(f"g={OTHER_SIZE}" in row["sizes"] for row in report.rows)
+    assert f"g={OTHER_SIZE}" in report.text()
