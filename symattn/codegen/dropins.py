@@ -2,17 +2,14 @@
 
 The classes live in ``dropin_runtime`` as real, linted code; code generation copies their
 source with the helpers they call (``NEEDS``, each copied before its first user) to the end
-of the module. The source is read from the file's text (``ast``), not by importing it:
-importing it imports torch, seconds that deriving or generating NumPy code never needs.
+of the module. The source is read from the file's text (``numeric.printers.runtime_functions``),
+not by importing it: importing it imports torch, seconds that deriving or generating NumPy code
+never needs.
 """
 
 from __future__ import annotations
 
-import ast
-from functools import cache
-from pathlib import Path
-
-RUNTIME = Path(__file__).with_name("dropin_runtime.py")
+from symattn.numeric.printers import runtime_functions
 
 # the drop-in classes by name, and the helpers each calls (copied before it, in this order)
 NEEDS: dict[str, tuple[str, ...]] = {
@@ -42,22 +39,9 @@ NEEDS: dict[str, tuple[str, ...]] = {
 }
 
 
-@cache
-def _definitions() -> dict[str, str]:
-    """Top-level function and class name → its source, decorators included."""
-    text = RUNTIME.read_text(encoding="utf-8")
-    lines = text.splitlines(keepends=True)
-    out = {}
-    for node in ast.parse(text).body:
-        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
-            start = min([node.lineno, *(d.lineno for d in node.decorator_list)])
-            out[node.name] = "".join(lines[start - 1 : node.end_lineno])
-    return out
-
-
 def source(names: tuple[str, ...] | list[str]) -> str:
     """The source of the named drop-in classes and the helpers they call, each once, two blank lines apart."""
-    definitions = _definitions()
+    definitions = runtime_functions("symattn.codegen.dropin_runtime")
     return "\n\n".join(definitions[name] for name in dict.fromkeys(n for name in names for n in NEEDS[name]))
 
 
