@@ -16,7 +16,7 @@ from sympy import Basic, MatrixExpr, MatrixSymbol
 from sympy.matrices.expressions import MatMul, OneMatrix, Transpose
 
 from symattn.lang.algebra import product
-from symattn.lang.graph import children, nodes, rebuilt
+from symattn.lang.graph import children, nodes, postorder, rebuilt
 from symattn.optimize.cost import typical_size  # noqa: F401  (the printers place scalars by it)
 
 
@@ -33,24 +33,18 @@ class Assignment:
 def expand(expr: Basic, definitions: dict[Basic, Basic]) -> Basic:
     """expr with each symbol in definitions replaced by its definition, products flattened.
 
-    Each distinct subexpression is rebuilt once, on an explicit stack (no recursion as deep as expr).
+    Each distinct subexpression is rebuilt once, leaves first (no recursion as deep as expr).
     """
     done: dict[Basic, Basic] = {}
-    stack: list[tuple[Basic, bool]] = [(expr, False)]
-    while stack:
-        e, expanded = stack.pop()
-        if e in done:
-            continue
+    for e in postorder(expr):
+        args = children(e)
         if e in definitions:
             done[e] = definitions[e]
-        elif not e.args or isinstance(e, MatrixSymbol):
+        elif not args:
             done[e] = e
-        elif expanded:
-            args = [done[a] for a in e.args]
-            done[e] = product(*args, canonical=False, flatten=True) if isinstance(e, MatMul) else rebuilt(e, args)
         else:
-            stack.append((e, True))
-            stack.extend((a, False) for a in e.args if a not in done)
+            parts = [done[a] for a in args]
+            done[e] = product(*parts, canonical=False, flatten=True) if isinstance(e, MatMul) else rebuilt(e, parts)
     return done[expr]
 
 

@@ -11,27 +11,19 @@ from __future__ import annotations
 
 from symattn.numeric.printers import runtime_functions
 
+# the helpers both drop-ins call: torch's options, masks, sequence layout and projections
+COMMON = ("_not_supported", "_size", "_float_mask", "_torch_mask", "_sequences", "_projections")
 # the drop-in classes by name, and the helpers each calls (copied before it, in this order)
 NEEDS: dict[str, tuple[str, ...]] = {
     "MultiheadAttention": (
-        "_not_supported",
-        "_size",
-        "_float_mask",
-        "_torch_mask",
-        "_sequences",
-        "_projections",
+        *COMMON,
         "_AttentionWeights",
         "_add_weights_gradient",
         "_identity",
         "MultiheadAttention",
     ),
     "TransformerEncoderLayer": (
-        "_not_supported",
-        "_size",
-        "_float_mask",
-        "_torch_mask",
-        "_sequences",
-        "_projections",
+        *COMMON,
         "_SelfAttentionWeights",
         "_is_exact_gelu",
         "TransformerEncoderLayer",

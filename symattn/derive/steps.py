@@ -457,16 +457,8 @@ class Evaluator:
     def _holds_scalar_differential(self, expr: Basic) -> bool:
         """Does expr hold a dτ? Found on its DAG, each node once across all calls (``has`` walks the tree)."""
         memo = self.scalar_differentials
-        stack: list[tuple[Basic, bool]] = [(expr, False)]
-        while stack:
-            node, expanded = stack.pop()
-            if node in memo:
-                continue
-            if expanded or not node.args:
-                memo[node] = isinstance(node, ScalarDifferential) or any(memo[a] for a in node.args)
-                continue
-            stack.append((node, True))
-            stack.extend((a, False) for a in node.args if a not in memo)
+        for node in postorder(expr, seen=memo):
+            memo[node] = isinstance(node, ScalarDifferential) or any(memo[a] for a in children(node))
         return memo[expr]
 
     def _differential_symbol(self, d: Basic) -> Basic:
