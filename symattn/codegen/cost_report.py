@@ -21,7 +21,16 @@ from symattn.codegen.schedule import Schedule, schedule, schedule_spec
 from symattn.lang.graph import rewrite
 from symattn.lang.ops import RowSoftmax, RowSum
 from symattn.lang.shapes import dimension_symbols
-from symattn.optimize.cost import TYPICAL_SIZES, flops, node_bytes, numel, peak_bytes, size_function, subexpressions
+from symattn.optimize.cost import (
+    TYPICAL_SIZES,
+    flops,
+    node_bytes,
+    node_flops,
+    numel,
+    peak_bytes,
+    size_function,
+    subexpressions,
+)
 from symattn.specs import Spec, spec, specs
 
 # Sizes at which the report evaluates its symbolic counts: single-head n = m, d = 64, and H = 8 heads of 64.
@@ -196,7 +205,8 @@ def cost_report(name_or_spec, sizes: Sequence[Mapping[str, int]] = REPORT_SIZES,
     # the forward values the backward reads directly (in a fixed order: the peak depends on it)
     read = (a for n in subexpressions(backward) if n not in computed for a in n.args if a in computed)
     saved = list(dict.fromkeys(read))
-    generated = schedule_values(derivation.spec)
+    sched = schedule_of(derivation.spec)
+    generated = schedule_values(derivation.spec, sched)
     rows = []
     dims = [s.name for s in dimension_symbols(output)]
     for given in sizes:
@@ -213,7 +223,6 @@ def cost_report(name_or_spec, sizes: Sequence[Mapping[str, int]] = REPORT_SIZES,
                 "backward_peak": peak_bytes(backward, given=[forward], sizes=table, itemsize=itemsize),
             }
         )
-    sched = schedule_of(derivation.spec)
     nodes = node_costs(sched, itemsize)
     return CostReport(
         spec=derivation.spec.name,
@@ -229,8 +238,8 @@ def cost_report(name_or_spec, sizes: Sequence[Mapping[str, int]] = REPORT_SIZES,
     )
 
 
-def schedule_values(s: Spec) -> tuple[list[Basic], list[Basic]] | None:
-    """The generated schedule's forward and backward values, each name replaced by its definition.
+def schedule_values(s: Spec, sched: Schedule) -> tuple[list[Basic], list[Basic]] | None:
+    """The forward and backward values of sched (s's schedule, ``schedule_of``), each name replaced by its definition.
 
     Costed as one DAG, every named value counts once. A built-in spec is costed as its generated
     modules compute it (None when built with non-default options: no module computes that one);
@@ -238,7 +247,6 @@ def schedule_values(s: Spec) -> tuple[list[Basic], list[Basic]] | None:
     """
     if s.name in specs() and s != spec(s.name):
         return None
-    sched = schedule_of(s)
     values: dict[Basic, Basic] = {}
     for a in (*sched.forward, *sched.backward):
         values[a.target] = rewrite(a.value, values.get)  # on the DAG: xreplace rebuilds a shared name per use
@@ -255,9 +263,11 @@ def schedule_of(s: Spec) -> Schedule:
 def node_costs(sched: Schedule, itemsize: int = 4) -> tuple[NodeCost, ...]:
     """Every named value of the schedule, forward then backward, with its own FLOPs and bytes.
 
-    A value's FLOPs are those of its definition with the names it reads given; they add up
-    to the schedule's count. Per-head values (Q_h, P_h, …) count all heads: the names are
-    written out, so that the cost model sees the head split below them.
+    A value's FLOPs and bytes are those of its line of generated code: the nodes of its definition
+    down to the values it reads, which are not walked into (linear in the schedule). They add up
+    to the schedule's count, less any part of a read value's definition that a line computes
+    again (transformer_block's 𝟏γ in dN_1 and dN_2). Per-head values (Q_h, P_h, …) count all
+    heads: the names are written out, so that the cost model sees the head split below them.
     """
     dim = size_function(None)
     full: dict[Basic, Basic] = {}
@@ -267,8 +277,7 @@ def node_costs(sched: Schedule, itemsize: int = 4) -> tuple[NodeCost, ...]:
         for a in part:
             value = rewrite(a.value, full.get)
             reads = [full[x] for x in a.value.atoms(MatrixSymbol) if x in full]
-            free = set(subexpressions(reads))  # computed before: neither FLOPs nor bytes here
-            made = [x for x in subexpressions([value]) if x not in free]
+            made = subexpressions([value], given=reads)  # the line's own operations, not the values it reads
             full[a.target] = value
             uses = tuple(sorted(str(x.name) for x in a.value.atoms(MatrixSymbol)))
             nodes.append(
@@ -276,7 +285,7 @@ def node_costs(sched: Schedule, itemsize: int = 4) -> tuple[NodeCost, ...]:
                     name=str(a.target.name),
                     backward=backward,
                     shape=a.target.shape,
-                    flops=sp.expand(flops([value], given=reads)),
+                    flops=sp.expand(sp.Add(*(node_flops(x, dim) for x in made))),
                     bytes=sp.expand(sp.Add(*(node_bytes(x, dim, itemsize) for x in made))),
                     saved=not backward and a.target in saved,
                     uses=uses,
@@ -297,7 +306,7 @@ def d_identity(sched: Schedule, nodes: Sequence[NodeCost]) -> list[Saving]:
     dim = size_function(None)
     full: dict[Basic, Basic] = {}
     for a in sched.forward:
-        full[a.target] = a.value.xreplace(full)
+        full[a.target] = rewrite(a.value, full.get)
     savings = []
     for a in sched.backward:
         if not (isinstance(a.value, RowSum) and isinstance(a.value.arg, HadamardProduct)):

@@ -19,6 +19,8 @@ Printers turn each assignment into code; templates only lay the lines out.
 from __future__ import annotations
 
 import functools
+import heapq
+import itertools
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -46,6 +48,7 @@ from symattn.lang.names import Names
 from symattn.optimize.cost import flops_value
 from symattn.optimize.simplify import simplify
 from symattn.specs import Option, Spec, family
+from symattn.specs.layers import named_layers
 
 __all__ = ["Assignment", "Binding", "Option", "Schedule", "is_weight", "schedule"]
 
@@ -102,11 +105,21 @@ def _share(values: list[Assignment], interior: dict[Basic, str]) -> list[Assignm
     Largest first, so that the parts of a shared value are named only where used elsewhere too;
     a candidate whose uses the substitution does not all find (a transposed use written
     otherwise) is declined rather than named for one use.
+
+    The uses are counted once and then kept up to date value by value: naming a candidate
+    recounts only the values it was found in, and the candidates wait in a heap by weight,
+    so a deep spec's many shared values cost what their values' sizes add up to.
     """
     serial, declined = 0, set()
     flat = Names()  # no names: products flattened, as every substitution below leaves them
     values = [Assignment(a.target, flat.substitute(a.value), a.reduce_batch, a.comment) for a in values]
-    while (shared := _shared([a.value for a in values], frozenset(interior), declined)) is not None:
+    holders: dict[Basic, set[int]] = {}  # symbol → the values that may read it (a superset: never removed)
+    for i, a in enumerate(values):
+        for x in _symbols(a.value):
+            holders.setdefault(x, set()).add(i)
+    candidates = _Candidates(frozenset(interior))
+    candidates.update(count_uses(a.value for a in values))
+    while (shared := candidates.pop(declined)) is not None:
         label = interior.get(shared, "")
         if not label or any(str(a.target.name) == label for a in values):
             label = f"t{serial + 1}"
@@ -114,43 +127,98 @@ def _share(values: list[Assignment], interior: dict[Basic, str]) -> list[Assignm
         local = Names()
         local.add(shared, target)
         wanted = _symbols(shared)  # a value without all of shared's leaves cannot contain it
-        renamed = [
-            Assignment(a.target, local.substitute(a.value), a.reduce_batch, a.comment)
-            if wanted <= _symbols(a.value)
-            else a
-            for a in values
-        ]
-        uses = count_uses(a.value for a in renamed)
-        if uses[target] + uses[transpose(target)] < 2:
+        changed = {}
+        for i in sorted(min((holders[x] for x in wanted), key=len)) if wanted else range(len(values)):
+            if wanted <= _symbols(values[i].value) and (value := local.substitute(values[i].value)) != values[i].value:
+                changed[i] = value
+        before = count_uses(values[i].value for i in changed)
+        after = count_uses(changed.values())
+        if after[target] + after[transpose(target)] < 2:
             declined.add(shared)
             continue
         serial += label == f"t{serial + 1}"
-        values = [*renamed, Assignment(target, shared)]
+        for i, value in changed.items():
+            values[i] = Assignment(values[i].target, value, values[i].reduce_batch, values[i].comment)
+            for x in _symbols(value):
+                holders.setdefault(x, set()).add(i)
+        values.append(Assignment(target, shared))
+        for x in wanted:
+            holders[x].add(len(values) - 1)
+        after.update(count_uses([shared]))
+        after.subtract(before)
+        candidates.update(after)
     return values
 
 
-def _shared(values: list[Basic], labelled: frozenset = frozenset(), declined: set = frozenset()) -> Basic | None:
-    """The largest non-trivial subexpression used at least twice, if any (one with a label first)."""
-    counts = count_uses(values)
-    # a use of eᵀ is a use of e (Names.substitute finds transposed uses): V Gᵀ and G Vᵀ share one value
-    shared = [
-        e
-        for e, c in counts.items()
-        if not is_trivial(e) and isinstance(e, MatrixExpr) and e not in declined and c + _transposed_uses(e, counts) > 1
-    ]
-    if not shared:
+class _Candidates:
+    """The subexpressions used more than once (a use of eᵀ is a use of e), the heaviest first.
+
+    The weight of e is the size of the pair {e, eᵀ}, then the orientation with fewer transposes
+    (P ⊙ dA, not Pᵀ ⊙ dAᵀ), then SymPy's sort key (the greatest first); labelled candidates
+    (interior cotangents) come before all others. The uses are kept as a running count; the heap
+    may hold stale entries, which pop checks against the count.
+    """
+
+    def __init__(self, labelled: frozenset) -> None:
+        self.labelled = labelled
+        self.counts: Counter = Counter()
+        self.transposed: dict[Basic, Basic] = {}  # e → eᵀ as lang.algebra.transpose writes it
+        self.transposed_from: dict[Basic, list[Basic]] = {}  # t → every e counted so far with eᵀ = t
+        self.heap: list[tuple[tuple, int, Basic]] = []
+        self.pushed = itertools.count()  # ties in the heap never compare expressions
+        self.keys: dict[Basic, tuple] = {}
+
+    def update(self, delta: Counter) -> None:
+        """Add delta to the counts; e becomes a candidate again when its count or eᵀ's changed."""
+        touched: set[Basic] = set()
+        for e, c in delta.items():
+            if not c:
+                continue
+            self.counts[e] += c
+            if e not in self.transposed:
+                self.transposed[e] = t = transpose(e)
+                self.transposed_from.setdefault(t, []).append(e)
+            touched.add(e)
+            touched.update(self.transposed_from.get(e, ()))
+        for e in touched:  # after every count has changed: e and eᵀ may both be in delta
+            if self._shared(e):
+                heapq.heappush(self.heap, (self._key(e), next(self.pushed), e))
+
+    def _shared(self, e: Basic) -> bool:
+        t = self.transposed[e]
+        uses = self.counts[e] + (self.counts[t] if t != e else 0)
+        return self.counts[e] > 0 and uses > 1 and isinstance(e, MatrixExpr) and not is_trivial(e)
+
+    def _key(self, e: Basic) -> tuple:
+        if e not in self.keys:
+            size = _tree_size(e)
+            order = _Descending(sort_key(e))
+            self.keys[e] = (e not in self.labelled, -min(size, _tree_size(self.transposed[e])), size, order)
+        return self.keys[e]
+
+    def pop(self, declined: set) -> Basic | None:
+        """The heaviest candidate still used more than once, if any."""
+        while self.heap:
+            _, _, e = heapq.heappop(self.heap)
+            if e not in declined and self._shared(e):
+                return e
         return None
-    # the size of the pair {e, eᵀ}, then the orientation with fewer transposes (P ⊙ dA, not Pᵀ ⊙ dAᵀ)
-    weight = {e: (e in labelled, min(_tree_size(e), _tree_size(transpose(e))), -_tree_size(e)) for e in shared}
-    heaviest = max(weight.values())
-    tied = [e for e in shared if weight[e] == heaviest]
-    return tied[0] if len(tied) == 1 else max(tied, key=sort_key)
 
 
-def _transposed_uses(e: Basic, counts: Counter) -> int:
-    """How often eᵀ (pushed through, as lang.algebra.transpose writes it) occurs apart from e itself."""
-    t = transpose(e)
-    return counts.get(t, 0) if t != e else 0
+@functools.total_ordering
+class _Descending:
+    """A sort key ordered the other way round (the heap pops the least; ties go to the greatest key)."""
+
+    __slots__ = ("key",)
+
+    def __init__(self, key: tuple) -> None:
+        self.key = key
+
+    def __lt__(self, other: _Descending) -> bool:
+        return other.key < self.key
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Descending) and self.key == other.key
 
 
 _SIZES: dict[Basic, int] = {}  # expression → its tree size, kept across rounds and schedules
@@ -187,21 +255,30 @@ def _product_name(expr: Basic) -> str:
 
 
 def _order(assignments: list[Assignment]) -> list[Assignment]:
-    """Stable topological order: each assignment after those whose targets it reads."""
+    """Stable topological order: each assignment after those whose targets it reads, otherwise in the given order.
+
+    Kahn's algorithm with the ready assignments in a heap by position: each value's reads are found once.
+    """
+    position = {a.target: i for i, a in enumerate(assignments)}
+    readers: dict[int, list[int]] = {}
+    waiting = []
+    for i, a in enumerate(assignments):
+        reads = {position[x] for x in a.value.atoms(MatrixSymbol) if x in position} - {i}
+        waiting.append(len(reads))
+        for j in reads:
+            readers.setdefault(j, []).append(i)
+    ready = [i for i, w in enumerate(waiting) if not w]
+    heapq.heapify(ready)
     placed: list[Assignment] = []
-    done: set[Basic] = set()
-    pending = list(assignments)
-    targets = {a.target for a in assignments}
-    while pending:
-        for a in pending:
-            needs = (a.value.atoms(MatrixSymbol) & targets) - done - {a.target}
-            if not needs:
-                placed.append(a)
-                done.add(a.target)
-                pending.remove(a)
-                break
-        else:  # pragma: no cover - names are introduced acyclically
-            raise RuntimeError("cyclic schedule")
+    while ready:
+        i = heapq.heappop(ready)
+        placed.append(assignments[i])
+        for k in readers.get(i, ()):
+            waiting[k] -= 1
+            if not waiting[k]:
+                heapq.heappush(ready, k)
+    if len(placed) < len(assignments):  # pragma: no cover - names are introduced acyclically
+        raise RuntimeError("cyclic schedule")
     return placed
 
 
@@ -310,6 +387,7 @@ def schedule_spec(s: Spec, options: tuple[Option, ...] = ()) -> Schedule:
     The spec's constants (the additive mask M) and, when M is present, the inputs named b_…
     are optional: the generated code skips a term whose input is None.
     """
+    s = named_layers(s)  # a deep spec written as one expression: its layers named H1, H2, …
     seed = MatrixSymbol(SEED, *s.output.shape)
 
     # Forward: the spec's intermediates in order, then the output.

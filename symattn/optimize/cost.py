@@ -36,7 +36,7 @@ from sympy.matrices.expressions import (
 )
 
 from symattn.lang.algebra import factors
-from symattn.lang.graph import rebuilt
+from symattn.lang.graph import VISITS, rebuilt
 from symattn.lang.ops import Elementwise, MergeHeads, RowSoftmax, RowSum, SplitHeads, SumEntries
 
 # Sizes for evaluating symbolic costs and choosing between equal forms (a BERT-base-like head:
@@ -86,15 +86,19 @@ def roots(exprs: Iterable[Basic]) -> list[Basic]:
     return [r for e in exprs for r in (e.args if isinstance(e, sp.Tuple) else (e,))]
 
 
-def subexpressions(exprs: Iterable[Basic]) -> list[Basic]:
-    """Every distinct matrix subexpression, each after its arguments (post-order, DAG)."""
+def subexpressions(exprs: Iterable[Basic], given: Iterable[Basic] = ()) -> list[Basic]:
+    """Every distinct matrix subexpression, each after its arguments (post-order, DAG).
+
+    The given nodes (values computed before) are neither listed nor walked into.
+    """
     order: list[Basic] = []
-    seen: set[Basic] = set()
+    seen: set[Basic] = set(given)
     for root in roots(exprs):
         stack: list[tuple[Basic, bool]] = [(root, False)]
         while stack:
             node, expanded = stack.pop()
             if expanded:
+                VISITS["nodes"] += 1
                 order.append(node)
                 continue
             if node in seen:
@@ -294,7 +298,8 @@ def peak_bytes(
     free = set(subexpressions(given))
     order = [n for n in subexpressions(exprs) if n not in free]
     position = {n: i for i, n in enumerate(order)}
-    last_use = {n: (len(order) if n in exprs else position[n]) for n in order}
+    outputs = set(exprs)  # not the list: == on two deep trees recurses
+    last_use = {n: (len(order) if n in outputs else position[n]) for n in order}
     for node in reversed(order):
         for a in node.args:
             if a in position:

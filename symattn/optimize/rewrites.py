@@ -25,6 +25,7 @@ from sympy.matrices.expressions import (
 )
 
 from symattn.lang.algebra import factors, product, total
+from symattn.lang.graph import sort_key
 from symattn.lang.ops import RowSum, SumEntries
 from symattn.optimize.transposes import (
     CONSTANTS,
@@ -146,7 +147,7 @@ def flatten_entrywise(e: Basic) -> Basic | None:
 def sort_commutative(e: Basic) -> Basic | None:
     # A + B = B + A, A ⊙ B = B ⊙ A: one fixed order, so equal subexpressions compare equal
     if isinstance(e, (MatAdd, HadamardProduct)):
-        ordered = sorted(e.args, key=sp.default_sort_key)
+        ordered = sorted(e.args, key=sort_key)  # SymPy's keys, computed leaves first
         return type(e)(*ordered) if tuple(ordered) != e.args else None
     return None
 

@@ -38,6 +38,7 @@ def _walks_into(e: Basic) -> bool:
 # rules → {node: its fixpoint}; the rules are pure functions of a node, so results hold across calls
 _FIXPOINTS: dict[tuple, dict[Basic, Basic]] = {}
 MAX_CACHED = 200_000
+IMPROVE_MAX_NODES = 600  # the built-ins' joint forward and gradients: at most 138
 
 
 def rewrite(expr: Basic, rules: Sequence[Rule] = REWRITES) -> Basic:
@@ -46,21 +47,30 @@ def rewrite(expr: Basic, rules: Sequence[Rule] = REWRITES) -> Basic:
     if len(memo) > MAX_CACHED:
         memo.clear()
 
-    def visit(node: Basic) -> Basic:
-        if node in memo:
-            return memo[node]
-        current = node
-        if _walks_into(node):
-            args = tuple(visit(a) if _walks_into(a) else a for a in node.args)
-            current = graph.rebuilt(node, args)
-            for _ in range(MAX_REWRITES_PER_NODE):
-                new = next((r for r in (rule(current) for rule in rules) if r is not None and r != current), None)
-                if new is None:
-                    break
-                current = visit(new)
-        current = graph.intern(current)
-        memo[node] = memo[current] = current
-        return current
+    def visit(root: Basic) -> Basic:
+        stack = [root]  # arguments first, on an explicit stack: a deep DAG is no deeper for Python
+        while stack:
+            node = stack[-1]
+            if node in memo:
+                stack.pop()
+                continue
+            walks = _walks_into(node)
+            pending = [a for a in node.args if _walks_into(a) and a not in memo] if walks else []
+            if pending:
+                stack.extend(pending)
+                continue
+            stack.pop()
+            current = node
+            if walks:
+                current = graph.rebuilt(node, tuple(memo[a] if _walks_into(a) else a for a in node.args))
+                for _ in range(MAX_REWRITES_PER_NODE):
+                    new = next((r for r in (rule(current) for rule in rules) if r is not None and r != current), None)
+                    if new is None:
+                        break
+                    current = visit(new)  # a rule's result: as deep as the rule, its arguments mostly known
+            current = graph.intern(current)
+            memo[node] = memo[current] = current
+        return memo[root]
 
     return visit(expression(expr))
 
@@ -75,8 +85,13 @@ def improve(
 
     Each pass tries every rule at every node of the expression as the pass began
     (a node an earlier rewrite removed is skipped); passes repeat until one keeps
-    nothing. A rewrite once rejected is not tried again (greedy, and fast on big DAGs).
+    nothing. A rewrite once rejected is not tried again (greedy). Each try costs the whole
+    DAG, so a DAG of more than IMPROVE_MAX_NODES nodes is returned as it is: a deep stack's
+    gradients written out in full (``cost_report``'s simplified column; the schedules simplify
+    value by value, each with its names as leaves, and stay far below).
     """
+    if len(subexpressions([expr])) > IMPROVE_MAX_NODES:
+        return expr
     best = cost(expr)
     rejected: set[tuple[Basic, Rule]] = set()
     improved = True

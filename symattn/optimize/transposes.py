@@ -7,7 +7,8 @@ building both.
 
 from __future__ import annotations
 
-import functools
+from collections.abc import Callable
+from typing import TypeVar
 
 from sympy import Basic, MatrixExpr, MatrixSymbol
 from sympy.matrices.expressions import HadamardProduct, Identity, MatAdd, MatMul, OneMatrix, Transpose, ZeroMatrix
@@ -16,22 +17,39 @@ from symattn.lang.algebra import factors, product
 from symattn.lang.graph import intern
 
 CONSTANTS = (OneMatrix, ZeroMatrix, Identity)
+T = TypeVar("T")
 
 
-@functools.lru_cache(maxsize=1 << 16)
 def transposed(e: Basic) -> Basic:
-    """eᵀ with the transpose pushed through products, sums, Hadamard products and constants (once per node)."""
+    """eᵀ with the transpose pushed through products, sums, Hadamard products and constants (once per node).
+
+    Leaves first on an explicit stack (a deep DAG is no deeper for Python), each node's transpose kept.
+    """
+    return _bottom_up(e, _TRANSPOSED, _pushed_through, _transposed_node)
+
+
+def _pushed_through(e: Basic) -> tuple[Basic, ...]:
+    """The parts of e that eᵀ transposes in turn."""
+    if isinstance(e, MatMul):
+        return tuple(factors(e)[1])
+    if isinstance(e, (MatAdd, HadamardProduct)):
+        return e.args
+    return ()
+
+
+def _transposed_node(e: Basic, t: dict[Basic, Basic]) -> Basic:
+    """eᵀ from the transposes t of its parts (see _pushed_through)."""
     if isinstance(e, Transpose):
         return e.arg
     if isinstance(e, CONSTANTS):
         return type(e)(e.shape[1], e.shape[0]) if not isinstance(e, Identity) else e
     if isinstance(e, MatMul):
         coeff, mats = factors(e)
-        return product(coeff, *(transposed(f) for f in reversed(mats)), canonical=False, drop_units=True)
+        return product(coeff, *(t[f] for f in reversed(mats)), canonical=False, drop_units=True)
     if isinstance(e, MatAdd):
-        return intern(MatAdd(*(transposed(t) for t in e.args)))
+        return intern(MatAdd(*(t[x] for x in e.args)))
     if isinstance(e, HadamardProduct):
-        return intern(HadamardProduct(*(transposed(f) for f in e.args)))
+        return intern(HadamardProduct(*(t[f] for f in e.args)))
     return intern(Transpose(e))
 
 
@@ -39,31 +57,66 @@ def count_transposes(e: Basic) -> int:
     """Number of Transpose nodes in e's tree (a subexpression used twice counts twice)."""
     if not isinstance(e, MatrixExpr) or isinstance(e, MatrixSymbol):
         return 0
-    if e not in _TRANSPOSE_COUNTS:
-        if len(_TRANSPOSE_COUNTS) > 100_000:
-            _TRANSPOSE_COUNTS.clear()
-        inner = sum(count_transposes(a) for a in e.args)
-        _TRANSPOSE_COUNTS[e] = inner + 1 if isinstance(e, Transpose) else inner
-    return _TRANSPOSE_COUNTS[e]
+    return _bottom_up(e, _TRANSPOSE_COUNTS, _matrix_args, _transpose_count)
+
+
+def _matrix_args(e: Basic) -> tuple[Basic, ...]:
+    return tuple(a for a in e.args if isinstance(a, MatrixExpr) and not isinstance(a, MatrixSymbol))
+
+
+def _transpose_count(e: Basic, counts: dict[Basic, int]) -> int:
+    inner = sum(counts[a] for a in _matrix_args(e))
+    return inner + 1 if isinstance(e, Transpose) else inner
 
 
 def count_transposes_of_transposed(e: Basic) -> int:
     """count_transposes(transposed(e)), without building transposed(e)."""
-    if e not in _TRANSPOSED_COUNTS:
-        if len(_TRANSPOSED_COUNTS) > 100_000:
-            _TRANSPOSED_COUNTS.clear()
-        if isinstance(e, Transpose):
-            count = count_transposes(e.arg)
-        elif isinstance(e, CONSTANTS):
-            count = 0
-        elif isinstance(e, (MatMul, MatAdd, HadamardProduct)):
-            count = sum(count_transposes_of_transposed(a) for a in e.args if isinstance(a, MatrixExpr))
+    return _bottom_up(e, _TRANSPOSED_COUNTS, _counted_through, _transposed_count)
+
+
+def _counted_through(e: Basic) -> tuple[Basic, ...]:
+    if isinstance(e, (MatMul, MatAdd, HadamardProduct)) and not isinstance(e, CONSTANTS):
+        return tuple(a for a in e.args if isinstance(a, MatrixExpr))
+    return ()
+
+
+def _transposed_count(e: Basic, counts: dict[Basic, int]) -> int:
+    if isinstance(e, Transpose):
+        return count_transposes(e.arg)
+    if isinstance(e, CONSTANTS):
+        return 0
+    if isinstance(e, (MatMul, MatAdd, HadamardProduct)):
+        return sum(counts[a] for a in e.args if isinstance(a, MatrixExpr))
+    return 1 + count_transposes(e)
+
+
+def _bottom_up(
+    root: Basic,
+    memo: dict[Basic, T],
+    parts: Callable[[Basic], tuple[Basic, ...]],
+    combine: Callable[[Basic, dict[Basic, T]], T],
+) -> T:
+    """combine(node, memo) for root and, first, for every part (``parts``) below it not yet in memo."""
+    if root in memo:
+        return memo[root]
+    if len(memo) > MEMO_MAX:
+        memo.clear()
+    stack: list[tuple[Basic, bool]] = [(root, False)]
+    while stack:
+        node, expanded = stack.pop()
+        if node in memo:
+            continue
+        inner = [x for x in parts(node) if x not in memo]
+        if expanded or not inner:
+            memo[node] = combine(node, memo)
         else:
-            count = 1 + count_transposes(e)
-        _TRANSPOSED_COUNTS[e] = count
-    return _TRANSPOSED_COUNTS[e]
+            stack.append((node, True))
+            stack.extend((x, False) for x in inner)
+    return memo[root]
 
 
+MEMO_MAX = 1 << 17
+_TRANSPOSED: dict[Basic, Basic] = {}
 _TRANSPOSE_COUNTS: dict[Basic, int] = {}  # trees share subtrees: count each distinct one once
 _TRANSPOSED_COUNTS: dict[Basic, int] = {}
 
