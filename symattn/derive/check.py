@@ -48,12 +48,14 @@ from sympy import Basic, MatrixExpr, MatrixSymbol
 
 from symattn.autodiff.grad import backward, default_seed
 from symattn.derive.latex import text as text_of
+from symattn.derive.steps import CLOSED_FORM_LEAVES
 from symattn.errors import SymattnError
 from symattn.lang.dims import same_dim
+from symattn.lang.graph import nodes, rewrite, tree_size
 from symattn.lang.names import Names
 from symattn.lang.ops import MergeHeads, SplitHeads
 from symattn.lang.parse import parse
-from symattn.numeric.lambdify import lambdify
+from symattn.numeric.dag import DagValues
 from symattn.numeric.verify import concrete_shape, dimension_symbols, evaluate_finite
 from symattn.specs import Spec, spec
 
@@ -133,12 +135,19 @@ class CheckResult:
         verdict = "cannot be checked" if self.undecided else self.status
         lines = [
             f"{verdict}: ∂f/∂{self.wrt} for {self.spec}: {self.reason}",
-            f"claimed: ∂f/∂{self.wrt} = {text_of(short(self.claim))}",
-            f"true:    ∂f/∂{self.wrt} = {text_of(short(self.truth))}",
+            f"claimed: ∂f/∂{self.wrt} = {_printed(short(self.claim))}",
+            f"true:    ∂f/∂{self.wrt} = {_printed(short(self.truth))}",
         ]
         if self.counterexample is not None:
             lines.append(self.counterexample.text())
         return "\n".join(lines) + "\n"
+
+
+def _printed(expr: Basic) -> str:
+    """expr as text, or its size where the tree is longer than CLOSED_FORM_LEAVES symbols (deep specs)."""
+    if tree_size(expr, CLOSED_FORM_LEAVES) > CLOSED_FORM_LEAVES:
+        return f"(a closed form of over {CLOSED_FORM_LEAVES} symbols; `symattn derive` prints it step by step)"
+    return text_of(expr)
 
 
 def namespace(s: Spec) -> dict[str, Basic]:
@@ -152,7 +161,7 @@ def namespace(s: Spec) -> dict[str, Basic]:
 
 def heads_of(s: Spec) -> Basic | None:
     """The number of heads of a multi-head spec, None for a single head."""
-    for node in sp.preorder_traversal(s.output):
+    for node in nodes(s.output):  # the DAG: a deep spec's tree is exponentially larger
         if isinstance(node, (SplitHeads, MergeHeads)):
             return node.heads
     return None
@@ -171,12 +180,13 @@ def true_gradient(s: Spec, wrt: str) -> Basic:
         )
     short = Names(s.intermediates)
     loose = short.symbols[wrt]
-    definitions = {symbol: d for symbol, d in short.definitions if symbol != loose}
-    downstream = short(s.output)
-    while downstream.has(*definitions):  # expand every other name, keep the loose one
-        downstream = downstream.xreplace(definitions)
+    expanded: dict[Basic, Basic] = {}  # every other name by its definition, on the DAG; the loose one kept
+    for symbol, definition in short.definitions:
+        if symbol != loose:
+            expanded[symbol] = rewrite(definition, expanded.get)
+    downstream = rewrite(short(s.output), expanded.get)
     gradient = backward(downstream, [loose], default_seed(s.output, None)).gradients[loose]
-    return gradient.xreplace({loose: named[wrt]})
+    return rewrite(gradient, {loose: named[wrt]}.get)
 
 
 # Sizes.
@@ -338,7 +348,7 @@ def check(
     rng = np.random.default_rng(int(seed))
     ranges = size_ranges(s)
     claim_shapes = _shapes(claimed)
-    symbols = sorted((truth.atoms(MatrixSymbol) | claimed.atoms(MatrixSymbol)), key=lambda m: str(m.name))
+    symbols = sorted({m for m in nodes(truth, claimed) if isinstance(m, MatrixSymbol)}, key=lambda m: str(m.name))
     undecided = ""
     for trial in range(trials):
         sizes = _draw_sizes(ranges, rng, first=trial == 0)
@@ -347,8 +357,8 @@ def check(
             undecided = undecided or f"the claim needs a matrix of over {MAX_ENTRIES} entries at {_sizes_text(fixed)}"
             continue
         values = {m: rng.standard_normal(concrete_shape(m, sizes)).round(1) for m in symbols}
-        claimed_value, claim_trouble = evaluate_finite(lambdify(symbols, claimed, dims=fixed), values.values())
-        true_value, truth_trouble = evaluate_finite(lambdify(symbols, truth, dims=fixed), values.values())
+        claimed_value, claim_trouble = evaluate_finite(DagValues(values, fixed).value, [claimed])
+        true_value, truth_trouble = evaluate_finite(DagValues(values, fixed).value, [truth])
         if claim_trouble or truth_trouble:
             what = f"the claim {claim_trouble}" if claim_trouble else f"the true gradient {truth_trouble}"
             undecided = undecided or f"{what} at {_sizes_text(fixed)}"

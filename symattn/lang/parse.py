@@ -10,6 +10,8 @@ Python, and anything outside the whitelist is refused with its column:
     V.T * concat(P_h.T * heads(G * W_O.T))         # per-head blocks, concatenated
 
 Shapes are checked as the formula is read; a mismatch names both shapes and the column.
+Matrix products, sums and transposes are built on the DAG (``lang.algebra``), never by
+SymPy's operators, whose deep ``doit`` would rewrite every node below a name of a deep spec.
 
 Every formula is cheap to evaluate: numbers are 0 or lie in [1e-12, 1e12] in magnitude,
 an exponent is a number p with |p| ≤ 64 (also after SymPy combines (x^a)^b = x^(ab)),
@@ -29,6 +31,7 @@ from sympy.matrices.expressions import Identity, OneMatrix, Trace, ZeroMatrix
 
 from symattn.errors import ShapeMismatchError, SymattnError
 from symattn.lang import ops
+from symattn.lang.algebra import product, total, transpose
 from symattn.lang.dims import same_dim
 
 MAX_NUMBER = 10**12  # |literal| ≤ 1e12 …
@@ -154,12 +157,12 @@ class _Reader:
     def _read_Attribute(self, node: ast.Attribute) -> Basic:
         if node.attr != "T":
             raise ParseError(f"only .T (transpose) is allowed after a dot, got .{node.attr}", _col(node))
-        return _matrix(self.read(node.value), ".T", node).T
+        return transpose(_matrix(self.read(node.value), ".T", node))
 
     def _read_UnaryOp(self, node: ast.UnaryOp) -> Basic:
         value = self.read(node.operand)
         if isinstance(node.op, ast.USub):
-            return -value
+            return product(-1, value) if isinstance(value, MatrixExpr) else -value
         if isinstance(node.op, ast.UAdd):
             return value
         raise ParseError(f"operator {type(node.op).__name__} is not allowed", _col(node))
@@ -178,17 +181,23 @@ class _Reader:
             if isinstance(left, MatrixExpr) and isinstance(right, MatrixExpr):
                 if not same_dim(left.shape[1], right.shape[0]):
                     raise ShapeMismatchError(f"matrix product at column {column}", left.shape, right.shape)
-            return left * right
+            return (
+                product(left, right) if isinstance(left, MatrixExpr) or isinstance(right, MatrixExpr) else left * right
+            )
         if isinstance(op, (ast.Add, ast.Sub)):
             if isinstance(left, MatrixExpr) != isinstance(right, MatrixExpr):
                 raise ParseError("cannot add a matrix and a scalar", column)
             if isinstance(left, MatrixExpr) and not all(same_dim(a, b) for a, b in zip(left.shape, right.shape)):
                 raise ShapeMismatchError(f"matrix sum at column {column}", left.shape, right.shape)
+            if isinstance(left, MatrixExpr):
+                return total(left, right if isinstance(op, ast.Add) else product(-1, right))
             return left + right if isinstance(op, ast.Add) else left - right
         if isinstance(op, ast.Div):
             divisor = _scalar(right, "division (the divisor)", node.right)
             if divisor.is_zero:
                 raise ParseError("division by zero", column)
+            if isinstance(left, MatrixExpr):
+                return product(_finite_real(1 / divisor, "the quotient", column), left)
             return _finite_real(left / divisor, "the quotient", column)
         if isinstance(op, ast.Pow):
             return self._power(_scalar(left, "** (the base)", node.left), right, node, column)

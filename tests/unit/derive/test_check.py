@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import sympy as sp
 
 import symattn as sa
 from symattn.cli import main
 from symattn.derive.check import true_gradient
+from symattn.lang.algebra import product, total, transpose
+from symattn.lang.graph import nodes
 from symattn.lang.names import Names
 from symattn.lang.parse import ParseError, parse
 from symattn.numeric.lambdify import lambdify
 from symattn.numeric.verify import random_dims, random_matrix
+from symattn.specs import dim
 
 # seed 004's Ω = rows e_iᵀ Λ Vᵀ (diag σ(p_i) − σ(p_i) σ(p_i)ᵀ), Λ = G, σ(p_i) = row i of P
 OMEGA = "hadamard(P, G*V.T - rowsum(hadamard(G*V.T, P)) * ones(1, m))"
@@ -157,7 +161,31 @@ def test_the_parser_reads_the_language():
     x, g, p = names["X"], names["G"], names["P"]
     assert parse("X.T * P.T * G", names) == x.T * p.T * g
     assert parse("  X.T @ P.T @ G ", names) == x.T * p.T * g
-    assert parse("hadamard(P, P) / 2", names) == sa.hadamard(p, p) / 2
+    assert parse("hadamard(P, P) / 2", names) == product(sp.Rational(1, 2), sa.hadamard(p, p))
+
+
+def test_a_formula_keeps_a_name_of_a_deep_spec_one_node():
+    """Products, sums and transposes are built on the DAG: a deep spec's layer Y_28 enters the claim as the spec's
+    own nodes, not as a tree SymPy's doit rebuilt below it (exponential in the depth here)."""
+    from symattn.derive.check import namespace
+
+    n, d = dim("n"), dim("d")
+    y = sp.MatrixSymbol("X", n, d)
+    weights, named = [], []
+    for i in range(30):
+        weights.append(sp.MatrixSymbol(f"W_{i}", d, d))
+        y = total(y, sa.tanh(product(y, weights[-1])))
+        named.append((f"Y_{i}", y))
+    s = sa.Spec("deep", "residual tanh stack", (sp.MatrixSymbol("X", n, d), *weights), y, tuple(named))
+    names = namespace(s)
+    claim = parse("Y_28.T * G / 2 - Y_28.T * G", names)
+    assert len(nodes(claim)) < 10 * 30  # linear in the depth (SymPy's doit walks the 2³⁰-leaf tree)
+    assert product(sp.Rational(-1, 2), transpose(names["Y_28"]), names["G"]) is claim  # like terms collected
+    assert sa.check(
+        s, "W_29", "Y_28.T * hadamard(G, ones(n, d) - hadamard(tanh(Y_28 * W_29), tanh(Y_28 * W_29)))"
+    ).right
+    wrong = sa.check(s, "W_0", "X.T * G")  # the truth, 30 layers deep, is evaluated on the DAG, not printed
+    assert wrong.wrong and "∂f/∂W_0 = (a closed form of over 1500 symbols" in wrong.text()
 
 
 def test_check_command_exit_status_and_report(capsys):
