@@ -117,11 +117,12 @@ def _share(values: list[Assignment], interior: dict[Basic, str]) -> list[Assignm
     for i, a in enumerate(values):
         for x in _symbols(a.value):
             holders.setdefault(x, set()).add(i)
+    targets = {str(a.target.name) for a in values}
     candidates = _Candidates(frozenset(interior))
     candidates.update(count_uses(a.value for a in values))
     while (shared := candidates.pop(declined)) is not None:
         label = interior.get(shared, "")
-        if not label or any(str(a.target.name) == label for a in values):
+        if not label or label in targets:
             label = f"t{serial + 1}"
         target = MatrixSymbol(label, *shared.shape)
         local = Names()
@@ -142,6 +143,7 @@ def _share(values: list[Assignment], interior: dict[Basic, str]) -> list[Assignm
             for x in _symbols(value):
                 holders.setdefault(x, set()).add(i)
         values.append(Assignment(target, shared))
+        targets.add(label)
         for x in wanted:
             holders[x].add(len(values) - 1)
         after.update(count_uses([shared]))
@@ -263,7 +265,7 @@ def _order(assignments: list[Assignment]) -> list[Assignment]:
     readers: dict[int, list[int]] = {}
     waiting = []
     for i, a in enumerate(assignments):
-        reads = {position[x] for x in a.value.atoms(MatrixSymbol) if x in position} - {i}
+        reads = {position[x] for x in _symbols(a.value) if x in position} - {i}
         waiting.append(len(reads))
         for j in reads:
             readers.setdefault(j, []).append(i)
