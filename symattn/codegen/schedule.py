@@ -43,7 +43,7 @@ from symattn.codegen.passes import (
 )
 from symattn.lang.algebra import factors, total, transpose
 from symattn.lang.dims import Binding, bind_dimensions
-from symattn.lang.graph import children, nodes, sort_key
+from symattn.lang.graph import bottom_up, children, nodes, sort_key
 from symattn.lang.names import Names
 from symattn.optimize.cost import flops_value
 from symattn.optimize.simplify import simplify
@@ -231,18 +231,7 @@ def _tree_size(e: Basic) -> int:
 
     A superexpression always weighs more than its parts, so the largest shared value is named first.
     """
-    if e not in _SIZES:
-        if len(_SIZES) > 1 << 18:
-            _SIZES.clear()
-        stack: list[tuple[Basic, bool]] = [(e, False)]
-        while stack:  # leaves first, never into a node already weighed
-            node, expanded = stack.pop()
-            if expanded:
-                _SIZES[node] = 1 + sum(_SIZES[a] for a in children(node))
-            elif node not in _SIZES:
-                stack.append((node, True))
-                stack.extend((a, False) for a in children(node) if a not in _SIZES)
-    return _SIZES[e]
+    return bottom_up(e, _SIZES, children, lambda node, sizes: 1 + sum(sizes[a] for a in children(node)), 1 << 18)
 
 
 def _product_name(expr: Basic) -> str:

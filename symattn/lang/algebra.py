@@ -24,7 +24,7 @@ from sympy.matrices.expressions import (
 )
 from sympy.matrices.expressions.hadamard import canonicalize as hadamard_canonical
 
-from symattn.lang.graph import intern, sort_key, sort_keys_of
+from symattn.lang.graph import bottom_up, intern, sort_key, sort_keys_of
 
 
 def factors(expr: Basic) -> tuple[Basic, list[Basic]]:
@@ -135,23 +135,7 @@ def transpose(a: Basic) -> Basic:
     Walked on an explicit stack, each distinct subexpression once: a 200-deep chain is transposed
     without recursion.
     """
-    memo = _TRANSPOSED
-    if a in memo:
-        return memo[a]
-    if len(memo) > _TRANSPOSED_MAX:
-        memo.clear()
-    stack: list[tuple[Basic, bool]] = [(a, False)]
-    while stack:
-        node, expanded = stack.pop()
-        if node in memo:
-            continue
-        inner = _pushed_through(node)
-        if expanded or not inner:
-            memo[node] = _transposed_node(node, memo)
-        else:
-            stack.append((node, True))
-            stack.extend((x, False) for x in inner if x not in memo)
-    return memo[a]
+    return bottom_up(a, _TRANSPOSED, _pushed_through, _transposed_node, _TRANSPOSED_MAX)
 
 
 def _pushed_through(a: Basic) -> Sequence[Basic]:

@@ -9,11 +9,13 @@ in ``VISITS`` so tests can check that work grows linearly.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Container, Iterable, Iterator
+from collections.abc import Callable, Container, Iterable, Iterator, Sequence
 from contextlib import contextmanager
+from typing import TypeVar
 
 from sympy import Basic, Expr, MatrixSymbol, default_sort_key
 
+T = TypeVar("T")
 VISITS = {"nodes": 0}  # distinct nodes visited by the walks below (for tests that count work)
 
 
@@ -42,6 +44,36 @@ def postorder(*roots: Basic, seen: Container[Basic] = ()) -> Iterator[Basic]:
             done.add(node)
             stack.append((node, True))
             stack.extend((a, False) for a in reversed(children(node)) if a not in done and a not in seen)
+
+
+def bottom_up(
+    root: Basic,
+    memo: dict[Basic, T],
+    parts: Callable[[Basic], Sequence[Basic]],
+    combine: Callable[[Basic, dict[Basic, T]], T],
+    max_size: int = 1 << 17,
+) -> T:
+    """combine(node, memo) for root and, first, for every part (``parts``) below it not yet in memo.
+
+    A value per distinct node kept across calls (memo, cleared when over max_size), computed on an
+    explicit stack: a deep DAG is no deeper for Python.
+    """
+    if root in memo:
+        return memo[root]
+    if len(memo) > max_size:
+        memo.clear()
+    stack: list[tuple[Basic, bool]] = [(root, False)]
+    while stack:
+        node, expanded = stack.pop()
+        if node in memo:
+            continue
+        inner = [x for x in parts(node) if x not in memo]
+        if expanded or not inner:
+            memo[node] = combine(node, memo)
+        else:
+            stack.append((node, True))
+            stack.extend((x, False) for x in inner)
+    return memo[root]
 
 
 def nodes(*roots: Basic) -> list[Basic]:

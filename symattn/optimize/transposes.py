@@ -7,17 +7,13 @@ building both.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TypeVar
-
 from sympy import Basic, MatrixExpr, MatrixSymbol
 from sympy.matrices.expressions import HadamardProduct, Identity, MatAdd, MatMul, OneMatrix, Transpose, ZeroMatrix
 
 from symattn.lang.algebra import factors, product
-from symattn.lang.graph import intern
+from symattn.lang.graph import bottom_up, intern
 
 CONSTANTS = (OneMatrix, ZeroMatrix, Identity)
-T = TypeVar("T")
 
 
 def transposed(e: Basic) -> Basic:
@@ -25,7 +21,7 @@ def transposed(e: Basic) -> Basic:
 
     Leaves first on an explicit stack (a deep DAG is no deeper for Python), each node's transpose kept.
     """
-    return _bottom_up(e, _TRANSPOSED, _pushed_through, _transposed_node)
+    return bottom_up(e, _TRANSPOSED, _pushed_through, _transposed_node)
 
 
 def _pushed_through(e: Basic) -> tuple[Basic, ...]:
@@ -57,7 +53,7 @@ def count_transposes(e: Basic) -> int:
     """Number of Transpose nodes in e's tree (a subexpression used twice counts twice)."""
     if not isinstance(e, MatrixExpr) or isinstance(e, MatrixSymbol):
         return 0
-    return _bottom_up(e, _TRANSPOSE_COUNTS, _matrix_args, _transpose_count)
+    return bottom_up(e, _TRANSPOSE_COUNTS, _matrix_args, _transpose_count)
 
 
 def _matrix_args(e: Basic) -> tuple[Basic, ...]:
@@ -71,7 +67,7 @@ def _transpose_count(e: Basic, counts: dict[Basic, int]) -> int:
 
 def count_transposes_of_transposed(e: Basic) -> int:
     """count_transposes(transposed(e)), without building transposed(e)."""
-    return _bottom_up(e, _TRANSPOSED_COUNTS, _counted_through, _transposed_count)
+    return bottom_up(e, _TRANSPOSED_COUNTS, _counted_through, _transposed_count)
 
 
 def _counted_through(e: Basic) -> tuple[Basic, ...]:
@@ -90,32 +86,6 @@ def _transposed_count(e: Basic, counts: dict[Basic, int]) -> int:
     return 1 + count_transposes(e)
 
 
-def _bottom_up(
-    root: Basic,
-    memo: dict[Basic, T],
-    parts: Callable[[Basic], tuple[Basic, ...]],
-    combine: Callable[[Basic, dict[Basic, T]], T],
-) -> T:
-    """combine(node, memo) for root and, first, for every part (``parts``) below it not yet in memo."""
-    if root in memo:
-        return memo[root]
-    if len(memo) > MEMO_MAX:
-        memo.clear()
-    stack: list[tuple[Basic, bool]] = [(root, False)]
-    while stack:
-        node, expanded = stack.pop()
-        if node in memo:
-            continue
-        inner = [x for x in parts(node) if x not in memo]
-        if expanded or not inner:
-            memo[node] = combine(node, memo)
-        else:
-            stack.append((node, True))
-            stack.extend((x, False) for x in inner)
-    return memo[root]
-
-
-MEMO_MAX = 1 << 17
 _TRANSPOSED: dict[Basic, Basic] = {}
 _TRANSPOSE_COUNTS: dict[Basic, int] = {}  # trees share subtrees: count each distinct one once
 _TRANSPOSED_COUNTS: dict[Basic, int] = {}
