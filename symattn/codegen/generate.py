@@ -9,6 +9,7 @@ files that differ from what the templates render now.
 
 from __future__ import annotations
 
+import functools
 import glob
 import os
 import re
@@ -65,8 +66,10 @@ def package_folder(name: str):
         return Path(__file__).resolve().parents[2] / name
 
 
+@functools.cache
 def environment() -> jinja2.Environment:
-    """Jinja with the installed ``symattn.templates`` package as its loader; undefined names are errors."""
+    """Jinja with the installed ``symattn.templates`` package as its loader; undefined names are errors.
+    One per process: it keeps the templates it compiled."""
     root = package_folder("templates")
 
     def load(name: str) -> str:

@@ -219,7 +219,7 @@ class GeneratedCodeMixin:
         if step != 1:
             raise SymattnError(f"cannot print a strided slice {bounds}")
         start_text = "" if start == 0 else self._print(start)
-        stop_text = "" if sp.simplify(stop - size) == 0 else self._print(stop)
+        stop_text = "" if sp.expand(stop - size) == 0 else self._print(stop)
         simple = all(isinstance(b, (sp.Symbol, sp.Integer)) for b in (start, stop))
         return f"{start_text}:{stop_text}" if simple else f"{start_text} : {stop_text}".strip()
 

@@ -44,9 +44,21 @@ def terms(expr: Basic) -> tuple[Basic, ...]:
     return expr.args if isinstance(expr, MatAdd) else (expr,)
 
 
+_PRODUCTS: dict[tuple, Basic] = {}  # canonical products by their parts: SymPy's canonicalisation is the costly step
+_PRODUCTS_MAX = 1 << 16
+
+
 def product(*parts: Basic, canonical: bool = True, flatten: bool = False, drop_units: bool = False) -> Basic:
-    """The product of scalars and matrices ``parts`` (left to right); see ``_product``. Hash-consed (``intern``)."""
-    return intern(_product(*parts, canonical=canonical, flatten=flatten, drop_units=drop_units))
+    """The product of scalars and matrices ``parts`` (left to right); see ``_product``. Hash-consed (``intern``),
+    a canonical product of the same parts built once."""
+    if not canonical:
+        return intern(_product(*parts, canonical=False, flatten=flatten, drop_units=drop_units))
+    found = _PRODUCTS.get(parts)
+    if found is None:
+        if len(_PRODUCTS) > _PRODUCTS_MAX:
+            _PRODUCTS.clear()
+        found = _PRODUCTS[parts] = intern(_product(*parts))
+    return found
 
 
 def _product(*parts: Basic, canonical: bool = True, flatten: bool = False, drop_units: bool = False) -> Basic:
