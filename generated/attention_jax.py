@@ -108,7 +108,7 @@ def _arrays(named):
         batch = batch or (None if weight else (name, a))
         arrays.append(a)
     for i, name in enumerate(named):  # a trainable scalar: a real number or 0-d array, in the matrices' dtype
-        if SHAPES[name] == "()":
+        if SHAPES[name] == "()" and not (arrays[i] is None and name in OPTIONAL):
             a = jnp.asarray(arrays[i])
             if a.ndim != 0 or not (jnp.issubdtype(a.dtype, jnp.floating) or jnp.issubdtype(a.dtype, jnp.integer)):
                 raise ValueError(f"{name}: expected a real scalar (a float or a 0-d array), got {a.dtype} {a.shape}")

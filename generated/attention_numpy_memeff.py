@@ -103,7 +103,7 @@ def _arrays(named):
         batch = batch or (None if weight else (name, a))
         arrays.append(a)
     for i, name in enumerate(named):  # a trainable scalar: a real number or 0-d array, in the matrices' dtype
-        if SHAPES[name] == "()":
+        if SHAPES[name] == "()" and not (arrays[i] is None and name in OPTIONAL):
             a = np.asarray(arrays[i])
             if a.ndim != 0 or not (np.issubdtype(a.dtype, np.floating) or np.issubdtype(a.dtype, np.integer)):
                 raise ValueError(f"{name}: expected a real scalar (a float or a 0-d array), got {a.dtype} {a.shape}")

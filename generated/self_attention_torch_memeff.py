@@ -103,7 +103,7 @@ def _tensors(named):
         tensors.append(a)
     for i, name in enumerate(named):  # a trainable scalar: a 0-d tensor of the inputs' dtype, or a number
         a = tensors[i]
-        if SHAPES[name] != "()":
+        if SHAPES[name] != "()" or (a is None and name in OPTIONAL):  # a zero direction may be None
             continue
         if not isinstance(a, torch.Tensor):
             if type(a).__name__ in ("bool", "bool_") or not hasattr(type(a), "__float__"):

@@ -99,7 +99,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["TransformerBlock", "TransformerBlockFunction", "TransformerEncoderLayer", "forward"]
+__all__ = ["TransformerBlock", "TransformerBlockFunction", "TransformerEncoderLayer", "forward", "hvp"]
 
 SHAPES = {
     "X": "(..., n, H * d_k)",
@@ -213,7 +213,7 @@ def _tensors(named):
         tensors.append(a)
     for i, name in enumerate(named):  # a trainable scalar: a 0-d tensor of the inputs' dtype, or a number
         a = tensors[i]
-        if SHAPES[name] != "()":
+        if SHAPES[name] != "()" or (a is None and name in OPTIONAL):  # a zero direction may be None
             continue
         if not isinstance(a, torch.Tensor):
             if type(a).__name__ in ("bool", "bool_") or not hasattr(type(a), "__float__"):
@@ -630,11 +630,17 @@ class TransformerBlockFunction(torch.autograd.Function):
         ctx.save_for_backward(*(saved[name] for name in tensors), *inputs)
         ctx.tensor_names = tensors
         ctx.constants = {name: value for name, value in saved.items() if name not in tensors}
+        ctx.given = [x is not None for x in (
+            X, W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O, gamma_1, beta_1, gamma_2, beta_2, W_1, b_1, W_2, b_2, M
+        )]
+        ctx.options = (num_heads, eps)
         return Z
 
     @staticmethod
     def backward(ctx, grad_out):
         saved = dict(zip(ctx.tensor_names, ctx.saved_tensors), **ctx.constants)
+        if torch.is_grad_enabled():  # create_graph=True: gradients that the second closed form differentiates
+            return _second_order(ctx, saved, grad_out, 2)
         with torch.no_grad():
             grads = _backward(saved, grad_out)
         gradients = (
@@ -799,6 +805,853 @@ class TransformerBlock(torch.nn.Module):
             key_padding_mask=key_padding_mask,
             causal=causal,
         )
+
+
+# ruff: noqa: E501 (a product of the second closed form may not fit a line)
+# The second closed form: f₂ = Σ_i tr(V_iᵀ g_i(x, G_out)), g_i the gradients above; its gradients are the
+# Hessian of tr(G_outᵀ Z) applied to the directions V_i (and, for G_out, the forward's derivative along them).
+SHAPES.update(
+    {
+        "G_out": "(..., n, H * d_k)",
+        "X_v": "(..., n, H * d_k)",
+        "W_Q_v": "(H * d_k, H * d_k)",
+        "W_K_v": "(H * d_k, H * d_k)",
+        "W_V_v": "(H * d_k, H * d_k)",
+        "W_O_v": "(H * d_k, H * d_k)",
+        "b_Q_v": "(1, H * d_k)",
+        "b_K_v": "(1, H * d_k)",
+        "b_V_v": "(1, H * d_k)",
+        "b_O_v": "(1, H * d_k)",
+        "gamma_1_v": "(1, H * d_k)",
+        "beta_1_v": "(1, H * d_k)",
+        "gamma_2_v": "(1, H * d_k)",
+        "beta_2_v": "(1, H * d_k)",
+        "W_1_v": "(H * d_k, d_ff)",
+        "b_1_v": "(1, d_ff)",
+        "W_2_v": "(d_ff, H * d_k)",
+        "b_2_v": "(1, H * d_k)",
+    }
+)
+# a direction that is None is zero
+OPTIONAL += (
+    "X_v",
+    "W_Q_v",
+    "W_K_v",
+    "W_V_v",
+    "W_O_v",
+    "b_Q_v",
+    "b_K_v",
+    "b_V_v",
+    "b_O_v",
+    "gamma_1_v",
+    "beta_1_v",
+    "gamma_2_v",
+    "beta_2_v",
+    "W_1_v",
+    "b_1_v",
+    "W_2_v",
+    "b_2_v",
+)
+DIRECTION_OF = {
+    "X": "X_v",
+    "W_Q": "W_Q_v",
+    "W_K": "W_K_v",
+    "W_V": "W_V_v",
+    "W_O": "W_O_v",
+    "b_Q": "b_Q_v",
+    "b_K": "b_K_v",
+    "b_V": "b_V_v",
+    "b_O": "b_O_v",
+    "gamma_1": "gamma_1_v",
+    "beta_1": "beta_1_v",
+    "gamma_2": "gamma_2_v",
+    "beta_2": "beta_2_v",
+    "W_1": "W_1_v",
+    "b_1": "b_1_v",
+    "W_2": "W_2_v",
+    "b_2": "b_2_v",
+}
+INPUTS = (
+    "X",
+    "W_Q",
+    "W_K",
+    "W_V",
+    "W_O",
+    "b_Q",
+    "b_K",
+    "b_V",
+    "b_O",
+    "gamma_1",
+    "beta_1",
+    "gamma_2",
+    "beta_2",
+    "W_1",
+    "b_1",
+    "W_2",
+    "b_2",
+    "M",
+)  # the Function's tensor inputs
+COTANGENT = "G_out"
+
+
+def repeat_columns(a, times):
+    """(..., n, 1) -> (..., n, times): the column repeated (a view; a is evaluated once)."""
+    return a.expand(*a.shape[:-1], times)
+
+
+def sum_batch(a):
+    """(..., p, q) -> (p, q): the sum over the leading batch dimensions."""
+    return a.reshape(-1, *a.shape[-2:]).sum(dim=0)
+
+
+def _direction(direction):
+    """A Hessian-vector product's direction: a dict from input names to arrays of their shapes (a name left
+    out: zero in that input)."""
+    if not isinstance(direction, dict):
+        raise TypeError(f"direction: expected a dict from input names to arrays, got {type(direction).__name__}")
+    unknown = [name for name in direction if name not in DIRECTION_OF]
+    if unknown:
+        raise ValueError(f"direction: {unknown[0]!r} is no input; inputs: {', '.join(DIRECTION_OF)}")
+    return direction
+
+
+class _NotThrice(torch.autograd.Function):
+    """The identity on second derivatives made under create_graph=True: differentiating them again raises,
+    since the generated closed forms go to the second order only."""
+
+    @staticmethod
+    def forward(ctx, count, *tensors):
+        return tuple(t.clone() for t in tensors[:count])
+
+    @staticmethod
+    def backward(ctx, *grads):
+        raise RuntimeError(
+            f"{SPEC}: a third derivative is not supported: the generated closed forms are the first and second "
+            "derivatives, so second derivatives made with create_graph=True cannot be differentiated again"
+        )
+
+
+class _Backward(torch.autograd.Function):
+    """The first closed form as an autograd Function, used under create_graph=True: its backward is the
+    second closed form. For the cotangents V_i of the gradients g_i(x, G), the gradients of the scalar
+    f₂ = Σ_i tr(V_iᵀ g_i) with respect to every input x and to G (_forward2, _backward2) are exactly what
+    autograd asks of it. INPUTS names the tensors (the additive mask last, where there is one)."""
+
+    @staticmethod
+    def forward(ctx, saved, options, grad_out, *inputs):
+        ctx.set_materialize_grads(False)  # a gradient nobody differentiates has no cotangent: a zero direction
+        ctx.save_for_backward(grad_out, *inputs)
+        ctx.options = options
+        grads = _backward(saved, grad_out)
+        out = []
+        for name, x in zip(INPUTS, inputs):
+            g = None if x is None else grads[name]
+            if g is not None and any(g is t for t in (grad_out, *inputs, *out)):  # an output is a new tensor
+                g = g.clone()
+            out.append(g)
+        return tuple(out)
+
+    @staticmethod
+    def backward(ctx, *cotangents):
+        grad_out, *inputs = ctx.saved_tensors
+        count = len(DIRECTION_OF)
+        if len(inputs) > count and cotangents[count] is not None:
+            raise RuntimeError(
+                f"{SPEC}: the gradient of a float attn_mask cannot be differentiated again (no second derivative "
+                "through it is derived); the gradients of the other inputs can"
+            )
+        with torch.no_grad():
+            value, saved = _forward2(*inputs[:count], grad_out, *cotangents[:count], *inputs[count:], *ctx.options)
+            grads = _backward2(saved, torch.ones_like(value))
+        gradients = [grads[COTANGENT], *(None if x is None else grads.get(name) for name, x in zip(INPUTS, inputs))]
+        for i, (g, x) in enumerate(zip(gradients, (grad_out, *inputs))):
+            if g is not None and g.shape != x.shape:  # made of unbatched values only: the same for every batch
+                gradients[i] = g.expand(x.shape) if g.dim() <= x.dim() else g.sum_to_size(x.shape)
+        return (None, None, *_tie(gradients, (grad_out, *inputs, *cotangents), _NotThrice))
+
+
+def _second_order(ctx, saved, grad_out, options):
+    """A backward's gradients under create_graph=True, as outputs of _Backward (so that they are differentiable
+    by the second closed form), then None for each of the options."""
+    tensors = iter(ctx.saved_tensors[len(ctx.tensor_names) :])
+    inputs = [next(tensors) if given else None for given in ctx.given]
+    return (*_Backward.apply(saved, ctx.options, grad_out, *inputs), *[None] * options)
+
+
+def _forward2(
+    X,
+    W_Q,
+    W_K,
+    W_V,
+    W_O,
+    b_Q,
+    b_K,
+    b_V,
+    b_O,
+    gamma_1,
+    beta_1,
+    gamma_2,
+    beta_2,
+    W_1,
+    b_1,
+    W_2,
+    b_2,
+    G_out,
+    X_v,
+    W_Q_v,
+    W_K_v,
+    W_V_v,
+    W_O_v,
+    b_Q_v,
+    b_K_v,
+    b_V_v,
+    b_O_v,
+    gamma_1_v,
+    beta_1_v,
+    gamma_2_v,
+    beta_2_v,
+    W_1_v,
+    b_1_v,
+    W_2_v,
+    b_2_v,
+    M,
+    num_heads,
+    eps,
+):
+    """The second closed form's forward: (f₂, saved values for _backward2), a None direction zero."""
+    mask_shape = _grad_shape(M)
+    X, W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O, gamma_1, beta_1, gamma_2, beta_2, W_1, b_1, W_2, b_2, G_out, X_v, W_Q_v, W_K_v, W_V_v, W_O_v, b_Q_v, b_K_v, b_V_v, b_O_v, gamma_1_v, beta_1_v, gamma_2_v, beta_2_v, W_1_v, b_1_v, W_2_v, b_2_v = _tensors(
+        {
+            "X": X,
+            "W_Q": W_Q,
+            "W_K": W_K,
+            "W_V": W_V,
+            "W_O": W_O,
+            "b_Q": b_Q,
+            "b_K": b_K,
+            "b_V": b_V,
+            "b_O": b_O,
+            "gamma_1": gamma_1,
+            "beta_1": beta_1,
+            "gamma_2": gamma_2,
+            "beta_2": beta_2,
+            "W_1": W_1,
+            "b_1": b_1,
+            "W_2": W_2,
+            "b_2": b_2,
+            "G_out": G_out,
+            "X_v": X_v,
+            "W_Q_v": W_Q_v,
+            "W_K_v": W_K_v,
+            "W_V_v": W_V_v,
+            "W_O_v": W_O_v,
+            "b_Q_v": b_Q_v,
+            "b_K_v": b_K_v,
+            "b_V_v": b_V_v,
+            "b_O_v": b_O_v,
+            "gamma_1_v": gamma_1_v,
+            "beta_1_v": beta_1_v,
+            "gamma_2_v": gamma_2_v,
+            "beta_2_v": beta_2_v,
+            "W_1_v": W_1_v,
+            "b_1_v": b_1_v,
+            "W_2_v": W_2_v,
+            "b_2_v": b_2_v,
+        }
+    )
+    dtype, device = X.dtype, X.device
+    H = _positive_int("num_heads", num_heads)
+    n = X.shape[-2]
+    d_k = _quotient("X", tuple(X.shape), H)
+    d_ff = W_1.shape[-1]
+    _check_shape("X", X, (n, H * d_k))
+    _check_shape("W_Q", W_Q, (H * d_k, H * d_k))
+    _check_shape("W_K", W_K, (H * d_k, H * d_k))
+    _check_shape("W_V", W_V, (H * d_k, H * d_k))
+    _check_shape("W_O", W_O, (H * d_k, H * d_k))
+    if b_Q is not None:
+        _check_shape("b_Q", b_Q, (1, H * d_k))
+    if b_K is not None:
+        _check_shape("b_K", b_K, (1, H * d_k))
+    if b_V is not None:
+        _check_shape("b_V", b_V, (1, H * d_k))
+    if b_O is not None:
+        _check_shape("b_O", b_O, (1, H * d_k))
+    _check_shape("gamma_1", gamma_1, (1, H * d_k))
+    _check_shape("beta_1", beta_1, (1, H * d_k))
+    _check_shape("gamma_2", gamma_2, (1, H * d_k))
+    _check_shape("beta_2", beta_2, (1, H * d_k))
+    _check_shape("W_1", W_1, (H * d_k, d_ff))
+    if b_1 is not None:
+        _check_shape("b_1", b_1, (1, d_ff))
+    _check_shape("W_2", W_2, (d_ff, H * d_k))
+    if b_2 is not None:
+        _check_shape("b_2", b_2, (1, H * d_k))
+    _check_shape("G_out", G_out, (n, H * d_k))
+    if X_v is not None:
+        _check_shape("X_v", X_v, (n, H * d_k))
+    if W_Q_v is not None:
+        _check_shape("W_Q_v", W_Q_v, (H * d_k, H * d_k))
+    if W_K_v is not None:
+        _check_shape("W_K_v", W_K_v, (H * d_k, H * d_k))
+    if W_V_v is not None:
+        _check_shape("W_V_v", W_V_v, (H * d_k, H * d_k))
+    if W_O_v is not None:
+        _check_shape("W_O_v", W_O_v, (H * d_k, H * d_k))
+    if b_Q_v is not None:
+        _check_shape("b_Q_v", b_Q_v, (1, H * d_k))
+    if b_K_v is not None:
+        _check_shape("b_K_v", b_K_v, (1, H * d_k))
+    if b_V_v is not None:
+        _check_shape("b_V_v", b_V_v, (1, H * d_k))
+    if b_O_v is not None:
+        _check_shape("b_O_v", b_O_v, (1, H * d_k))
+    if gamma_1_v is not None:
+        _check_shape("gamma_1_v", gamma_1_v, (1, H * d_k))
+    if beta_1_v is not None:
+        _check_shape("beta_1_v", beta_1_v, (1, H * d_k))
+    if gamma_2_v is not None:
+        _check_shape("gamma_2_v", gamma_2_v, (1, H * d_k))
+    if beta_2_v is not None:
+        _check_shape("beta_2_v", beta_2_v, (1, H * d_k))
+    if W_1_v is not None:
+        _check_shape("W_1_v", W_1_v, (H * d_k, d_ff))
+    if b_1_v is not None:
+        _check_shape("b_1_v", b_1_v, (1, d_ff))
+    if W_2_v is not None:
+        _check_shape("W_2_v", W_2_v, (d_ff, H * d_k))
+    if b_2_v is not None:
+        _check_shape("b_2_v", b_2_v, (1, H * d_k))
+    _nonempty({"d_k": d_k, "d_ff": d_ff}, {"X": X, "W_1": W_1})
+    if eps is None:
+        eps = 1e-05
+    eps = float(eps)
+    scale = 1 / d_k**0.5
+    c1 = -1 / (H * d_k)
+    c2 = -1 / d_k**0.5
+    if X_v is None:
+        X_v = torch.zeros_like(X)
+    if W_Q_v is None:
+        W_Q_v = torch.zeros(H * d_k, H * d_k, dtype=dtype, device=device)
+    if W_K_v is None:
+        W_K_v = torch.zeros(H * d_k, H * d_k, dtype=dtype, device=device)
+    if W_V_v is None:
+        W_V_v = torch.zeros(H * d_k, H * d_k, dtype=dtype, device=device)
+    if W_O_v is None:
+        W_O_v = torch.zeros(H * d_k, H * d_k, dtype=dtype, device=device)
+    if b_Q_v is None:
+        b_Q_v = torch.zeros(1, H * d_k, dtype=dtype, device=device)
+    if b_K_v is None:
+        b_K_v = torch.zeros(1, H * d_k, dtype=dtype, device=device)
+    if b_V_v is None:
+        b_V_v = torch.zeros(1, H * d_k, dtype=dtype, device=device)
+    if b_O_v is None:
+        b_O_v = torch.zeros(1, H * d_k, dtype=dtype, device=device)
+    if gamma_1_v is None:
+        gamma_1_v = torch.zeros(1, H * d_k, dtype=dtype, device=device)
+    if beta_1_v is None:
+        beta_1_v = torch.zeros(1, H * d_k, dtype=dtype, device=device)
+    if gamma_2_v is None:
+        gamma_2_v = torch.zeros(1, H * d_k, dtype=dtype, device=device)
+    if beta_2_v is None:
+        beta_2_v = torch.zeros(1, H * d_k, dtype=dtype, device=device)
+    if W_1_v is None:
+        W_1_v = torch.zeros(H * d_k, d_ff, dtype=dtype, device=device)
+    if b_1_v is None:
+        b_1_v = torch.zeros(1, d_ff, dtype=dtype, device=device)
+    if W_2_v is None:
+        W_2_v = torch.zeros(d_ff, H * d_k, dtype=dtype, device=device)
+    if b_2_v is None:
+        b_2_v = torch.zeros(1, H * d_k, dtype=dtype, device=device)
+    N_1 = layer_norm(X, eps)
+    X_1 = beta_1 + gamma_1 * N_1
+    Q_h = split_heads(add_optional(X_1 @ W_Q, b_Q), H)
+    K_h = split_heads(add_optional(X_1 @ W_K, b_K), H)
+    V_h = split_heads(add_optional(X_1 @ W_V, b_V), H)
+    A_h = add_optional((scale * Q_h) @ K_h.mT, M)
+    P_h = row_softmax(A_h, out=A_h) if M is None else masked_row_softmax(A_h, out=A_h)
+    del A_h
+    O_h = P_h @ V_h
+    C = merge_heads(O_h, H)
+    del O_h
+    Y = add_optional(C @ W_O + X, b_O)
+    N_2 = layer_norm(Y, eps)
+    X_2 = beta_2 + gamma_2 * N_2
+    U = add_optional(X_2 @ W_1, b_1)
+    F = gelu(U)
+    G_F = G_out @ W_2.mT
+    G_U = G_F * (gelu_grad(U))
+    G_X_2 = G_U @ W_1.mT
+    G_N_2 = G_X_2 * gamma_2
+    G_Y = (
+        (row_inv_std(Y, eps)) * (c1 * (((G_X_2 * gamma_2 * N_2).sum(dim=-1, keepdim=True)) * N_2) + c1 * (G_N_2.sum(dim=-1, keepdim=True)) + G_N_2)
+        + G_out
+    )
+    G_C = G_Y @ W_O.mT
+    G_O_h = split_heads(G_C, H)
+    del G_C
+    G_P_h = G_O_h @ V_h.mT
+    G_A_h = (G_P_h - ((G_P_h * P_h).sum(dim=-1, keepdim=True))) * P_h
+    G_V_h = P_h.mT @ G_O_h
+    G_K_h = G_A_h.mT @ (scale * Q_h)
+    G_Q_h = G_A_h @ (scale * K_h)
+    G_X_1 = (merge_heads(G_V_h, H)) @ W_V.mT + (merge_heads(G_K_h, H)) @ W_K.mT + (merge_heads(G_Q_h, H)) @ W_Q.mT
+    G_N_1 = gamma_1 * G_X_1
+    G_X = (
+        (row_inv_std(X, eps)) * (c1 * (((gamma_1 * G_X_1 * N_1).sum(dim=-1, keepdim=True)) * N_1) + c1 * (G_N_1.sum(dim=-1, keepdim=True)) + G_N_1)
+        + G_Y
+    )
+    G_W_Q = X_1.mT @ (merge_heads(G_Q_h, H))
+    G_W_K = X_1.mT @ (merge_heads(G_K_h, H))
+    G_W_V = X_1.mT @ (merge_heads(G_V_h, H))
+    G_W_O = C.mT @ G_Y
+    G_b_Q = (torch.ones(1, n, dtype=dtype, device=device)) @ (merge_heads(G_Q_h, H))
+    G_b_K = (torch.ones(1, n, dtype=dtype, device=device)) @ (merge_heads(G_K_h, H))
+    G_b_V = (torch.ones(1, n, dtype=dtype, device=device)) @ (merge_heads(G_V_h, H))
+    G_b_O = (torch.ones(1, n, dtype=dtype, device=device)) @ G_Y
+    G_gamma_1 = (torch.ones(1, n, dtype=dtype, device=device)) @ (G_X_1 * N_1)
+    G_beta_1 = (torch.ones(1, n, dtype=dtype, device=device)) @ G_X_1
+    G_gamma_2 = (torch.ones(1, n, dtype=dtype, device=device)) @ (G_X_2 * N_2)
+    G_beta_2 = (torch.ones(1, n, dtype=dtype, device=device)) @ G_X_2
+    G_W_1 = X_2.mT @ G_U
+    G_b_1 = (torch.ones(1, n, dtype=dtype, device=device)) @ G_U
+    G_W_2 = F.mT @ G_out
+    G_b_2 = (torch.ones(1, n, dtype=dtype, device=device)) @ G_out
+    Out = (
+        (b_1_v * G_b_1).sum(dim=-1, keepdim=True)
+        + (b_2_v * G_b_2).sum(dim=-1, keepdim=True)
+        + (b_K_v * G_b_K).sum(dim=-1, keepdim=True)
+        + (b_O_v * G_b_O).sum(dim=-1, keepdim=True)
+        + (b_Q_v * G_b_Q).sum(dim=-1, keepdim=True)
+        + (b_V_v * G_b_V).sum(dim=-1, keepdim=True)
+        + (beta_1_v * G_beta_1).sum(dim=-1, keepdim=True)
+        + (beta_2_v * G_beta_2).sum(dim=-1, keepdim=True)
+        + (gamma_1_v * G_gamma_1).sum(dim=-1, keepdim=True)
+        + (gamma_2_v * G_gamma_2).sum(dim=-1, keepdim=True)
+        + (torch.ones(1, d_ff, dtype=dtype, device=device)) @ (W_2_v * G_W_2).sum(dim=-1, keepdim=True)
+        + (torch.ones(1, n, dtype=dtype, device=device)) @ (X_v * G_X).sum(dim=-1, keepdim=True)
+        + (torch.ones(1, H * d_k, dtype=dtype, device=device)) @ (W_1_v * G_W_1).sum(dim=-1, keepdim=True)
+        + (torch.ones(1, H * d_k, dtype=dtype, device=device)) @ (W_K_v * G_W_K).sum(dim=-1, keepdim=True)
+        + (torch.ones(1, H * d_k, dtype=dtype, device=device)) @ (W_O_v * G_W_O).sum(dim=-1, keepdim=True)
+        + (torch.ones(1, H * d_k, dtype=dtype, device=device)) @ (W_Q_v * G_W_Q).sum(dim=-1, keepdim=True)
+        + (torch.ones(1, H * d_k, dtype=dtype, device=device)) @ (W_V_v * G_W_V).sum(dim=-1, keepdim=True)
+    )
+    saved = {
+        "X": X,
+        "W_Q": W_Q,
+        "W_K": W_K,
+        "W_V": W_V,
+        "W_O": W_O,
+        "gamma_1": gamma_1,
+        "gamma_2": gamma_2,
+        "W_1": W_1,
+        "W_2": W_2,
+        "G_out": G_out,
+        "X_v": X_v,
+        "W_Q_v": W_Q_v,
+        "W_K_v": W_K_v,
+        "W_V_v": W_V_v,
+        "W_O_v": W_O_v,
+        "b_Q_v": b_Q_v,
+        "b_K_v": b_K_v,
+        "b_V_v": b_V_v,
+        "b_O_v": b_O_v,
+        "gamma_1_v": gamma_1_v,
+        "beta_1_v": beta_1_v,
+        "gamma_2_v": gamma_2_v,
+        "beta_2_v": beta_2_v,
+        "W_1_v": W_1_v,
+        "b_1_v": b_1_v,
+        "W_2_v": W_2_v,
+        "b_2_v": b_2_v,
+        "N_1": N_1,
+        "X_1": X_1,
+        "Q_h": Q_h,
+        "K_h": K_h,
+        "V_h": V_h,
+        "P_h": P_h,
+        "C": C,
+        "Y": Y,
+        "N_2": N_2,
+        "X_2": X_2,
+        "U": U,
+        "F": F,
+        "G_F": G_F,
+        "G_U": G_U,
+        "G_X_2": G_X_2,
+        "G_N_2": G_N_2,
+        "G_Y": G_Y,
+        "G_O_h": G_O_h,
+        "G_P_h": G_P_h,
+        "G_A_h": G_A_h,
+        "G_V_h": G_V_h,
+        "G_K_h": G_K_h,
+        "G_Q_h": G_Q_h,
+        "G_X_1": G_X_1,
+        "G_N_1": G_N_1,
+        "H": H,
+        "c1": c1,
+        "c2": c2,
+        "d_k": d_k,
+        "eps": eps,
+        "n": n,
+        "scale": scale,
+        "b_Q": b_Q,
+        "b_K": b_K,
+        "b_V": b_V,
+        "b_O": b_O,
+        "b_1": b_1,
+        "b_2": b_2,
+        "mask_shape": mask_shape,
+    }
+    return Out, saved
+
+
+def _backward2(saved, grad_out):
+    """The second closed form: ∂f₂/∂x for every input x and ∂f₂/∂G_out, a dict keyed by name."""
+    dtype, device = grad_out.dtype, grad_out.device
+    X = saved["X"]
+    W_Q = saved["W_Q"]
+    W_K = saved["W_K"]
+    W_V = saved["W_V"]
+    W_O = saved["W_O"]
+    gamma_1 = saved["gamma_1"]
+    gamma_2 = saved["gamma_2"]
+    W_1 = saved["W_1"]
+    W_2 = saved["W_2"]
+    G_out = saved["G_out"]
+    X_v = saved["X_v"]
+    W_Q_v = saved["W_Q_v"]
+    W_K_v = saved["W_K_v"]
+    W_V_v = saved["W_V_v"]
+    W_O_v = saved["W_O_v"]
+    b_Q_v = saved["b_Q_v"]
+    b_K_v = saved["b_K_v"]
+    b_V_v = saved["b_V_v"]
+    b_O_v = saved["b_O_v"]
+    gamma_1_v = saved["gamma_1_v"]
+    beta_1_v = saved["beta_1_v"]
+    gamma_2_v = saved["gamma_2_v"]
+    beta_2_v = saved["beta_2_v"]
+    W_1_v = saved["W_1_v"]
+    b_1_v = saved["b_1_v"]
+    W_2_v = saved["W_2_v"]
+    b_2_v = saved["b_2_v"]
+    N_1 = saved["N_1"]
+    X_1 = saved["X_1"]
+    Q_h = saved["Q_h"]
+    K_h = saved["K_h"]
+    V_h = saved["V_h"]
+    P_h = saved["P_h"]
+    C = saved["C"]
+    Y = saved["Y"]
+    N_2 = saved["N_2"]
+    X_2 = saved["X_2"]
+    U = saved["U"]
+    F = saved["F"]
+    G_F = saved["G_F"]
+    G_U = saved["G_U"]
+    G_X_2 = saved["G_X_2"]
+    G_N_2 = saved["G_N_2"]
+    G_Y = saved["G_Y"]
+    G_O_h = saved["G_O_h"]
+    G_P_h = saved["G_P_h"]
+    G_A_h = saved["G_A_h"]
+    G_V_h = saved["G_V_h"]
+    G_K_h = saved["G_K_h"]
+    G_Q_h = saved["G_Q_h"]
+    G_X_1 = saved["G_X_1"]
+    G_N_1 = saved["G_N_1"]
+    H = saved["H"]
+    c1 = saved["c1"]
+    c2 = saved["c2"]
+    d_k = saved["d_k"]
+    eps = saved["eps"]
+    n = saved["n"]
+    scale = saved["scale"]
+    b_Q = saved["b_Q"]
+    b_K = saved["b_K"]
+    b_V = saved["b_V"]
+    b_O = saved["b_O"]
+    b_1 = saved["b_1"]
+    b_2 = saved["b_2"]
+    mask_shape = saved["mask_shape"]
+    D5 = G_N_2.sum(dim=-1, keepdim=True)
+    D6 = (G_P_h * P_h).sum(dim=-1, keepdim=True)
+    D11 = G_N_1.sum(dim=-1, keepdim=True)
+    D14 = (N_1 * X_v).sum(dim=-1, keepdim=True)
+    db_2 = None if b_2 is None else torch.zeros_like(b_2)
+    dG_b_2 = b_2_v
+    dG_beta_2 = beta_2_v
+    dG_gamma_2 = gamma_2_v
+    dG_beta_1 = beta_1_v
+    dG_gamma_1 = gamma_1_v
+    dG_b_O = b_O_v
+    dG_b_V = b_V_v
+    dG_b_K = b_K_v
+    dG_b_Q = b_Q_v
+    dG_W_O = W_O_v
+    dG_W_V = W_V_v
+    dG_W_K = W_K_v
+    dG_W_Q = W_Q_v
+    dG_X = X_v
+    dG_W_2 = W_2_v
+    dF = G_out @ dG_W_2.mT
+    t18 = (torch.ones(n, 1, dtype=dtype, device=device)) @ gamma_2
+    D4 = (G_X_2 * t18 * N_2).sum(dim=-1, keepdim=True)
+    t19 = (torch.ones(n, 1, dtype=dtype, device=device)) @ gamma_1
+    D10 = (t19 * G_X_1 * N_1).sum(dim=-1, keepdim=True)
+    t20 = (torch.ones(n, 1, dtype=dtype, device=device)) @ dG_gamma_2
+    del dG_gamma_2
+    t21 = (torch.ones(n, 1, dtype=dtype, device=device)) @ dG_gamma_1
+    del dG_gamma_1
+    dG_b_1 = b_1_v
+    dG_W_1 = W_1_v
+    t23 = row_inv_std(Y, eps)
+    t15 = repeat_columns(t23, H * d_k)
+    t24 = row_inv_std(X, eps)
+    t4 = repeat_columns((D14 * t24), H * d_k)
+    del D14
+    t16 = repeat_columns(t24, H * d_k)
+    t10 = t16 * dG_X
+    D13 = t10.sum(dim=-1, keepdim=True)
+    t2 = t10.add_(c1 * D13)
+    del D13, t10
+    dG_X_1 = c1 * (t4 * t19 * N_1) + dG_beta_1 + t21 * N_1 + t19 * t2
+    del dG_beta_1
+    dG_Q_h = (
+        split_heads(X_1 @ dG_W_Q, H)
+        + split_heads(dG_X_1 @ W_Q, H)
+        + split_heads((torch.ones(n, 1, dtype=dtype, device=device)) @ dG_b_Q, H)
+    )
+    del dG_b_Q
+    dG_K_h = (
+        split_heads(X_1 @ dG_W_K, H)
+        + split_heads(dG_X_1 @ W_K, H)
+        + split_heads((torch.ones(n, 1, dtype=dtype, device=device)) @ dG_b_K, H)
+    )
+    del dG_b_K
+    dG_V_h = (
+        split_heads(X_1 @ dG_W_V, H)
+        + split_heads(dG_X_1 @ W_V, H)
+        + split_heads((torch.ones(n, 1, dtype=dtype, device=device)) @ dG_b_V, H)
+    )
+    del dG_b_V
+    t14 = Q_h @ dG_K_h.mT + dG_Q_h @ K_h.mT
+    t8 = t14 * P_h
+    D15 = t8.sum(dim=-1, keepdim=True)
+    t5 = repeat_columns(D15, n)
+    del D15
+    dG_P_h = c2 * (t5 * P_h) + scale * t8
+    del t8
+    dG_O_h = P_h @ dG_V_h + dG_P_h @ V_h
+    dG_C = merge_heads(dG_O_h, H)
+    del dG_O_h
+    dG_Y = C @ dG_W_O + dG_C @ W_O + dG_b_O + dG_X
+    del dG_b_O
+    D16 = (dG_Y * N_2).sum(dim=-1, keepdim=True)
+    t6 = repeat_columns((D16 * t23), H * d_k)
+    del D16
+    t9 = t15 * dG_Y
+    D12 = t9.sum(dim=-1, keepdim=True)
+    t1 = t9.add_(c1 * D12)
+    del D12, t9
+    dG_X_2 = c1 * (t6 * t18 * N_2) + dG_beta_2 + t20 * N_2 + t18 * t1
+    del dG_beta_2
+    dG_U = X_2 @ dG_W_1 + dG_X_2 @ W_1 + dG_b_1
+    del dG_b_1
+    t25 = merge_heads(G_V_h, H)
+    t26 = merge_heads(G_Q_h, H)
+    t27 = merge_heads(G_K_h, H)
+    t28 = U ** 2
+    t29 = gelu_grad(U)
+    dG_F = t29 * dG_U
+    dU = (
+        t29 * dF
+        + ((0.5) * 2**0.5 / (3.141592653589793) ** 0.5) * ((2 - t28) * (torch.exp((-1 / 2) * t28)) * G_F * dG_U)
+    )
+    del dF, dG_U, t28, t29
+    dX_2 = G_U @ dG_W_1.mT + dU @ W_1.mT
+    del dG_W_1
+    dN_2 = (
+        c1 * (t6 * t18 * G_X_2)
+        + c1 * ((repeat_columns((G_X_2 * N_2) @ gamma_2.mT, H * d_k)) * dG_Y * t15)
+        + t20 * G_X_2
+        + t18 * dX_2
+    )
+    del t18, t20
+    D2 = (N_2 * dN_2).sum(dim=-1, keepdim=True)
+    D3 = dN_2.sum(dim=-1, keepdim=True)
+    dY = (
+        (c1 * (D2 * N_2) + c1 * D3 + dN_2) * t15
+        + (c1 * ((((c1 * (D4 * N_2) + c1 * D5 + G_N_2) * dG_Y).sum(dim=-1, keepdim=True)) * (t23 ** 2))) * N_2
+    )
+    del D2, D3, D4, D5, dN_2, t15, t23
+    dC = G_Y @ dG_W_O.mT + dY @ W_O.mT
+    del dG_W_O
+    dO_h = split_heads(dC, H)
+    del dC
+    dP_h = c2 * (t5 * G_P_h) + scale * (t14.mul_(G_P_h - D6)) + G_O_h @ dG_V_h.mT + dO_h @ V_h.mT
+    del D6, dG_V_h, t14, t5
+    D7 = (dP_h * P_h).sum(dim=-1, keepdim=True)
+    dA_h = dP_h.sub_(D7).mul_(P_h)
+    del D7, dP_h
+    dV_h = P_h.mT @ dO_h + dG_P_h.mT @ G_O_h
+    del dG_P_h, dO_h
+    dK_h = G_A_h.mT @ (scale * dG_Q_h) + dA_h.mT @ (scale * Q_h)
+    del dG_Q_h
+    dQ_h = G_A_h @ (scale * dG_K_h) + dA_h @ (scale * K_h)
+    del dG_K_h
+    dW_O = sum_batch(C.mT @ dY + dG_C.mT @ G_Y)
+    del dG_C
+    db_O = None if b_O is None else rows(dY).sum(dim=0, keepdim=True)
+    dgamma_2 = sum_batch((torch.ones(1, n, dtype=dtype, device=device)) @ (dX_2 * N_2) + (torch.ones(1, n, dtype=dtype, device=device)) @ (t1.mul_(G_X_2)) + c1 * (torch.ones(1, n, dtype=dtype, device=device)) @ (t6 * G_X_2 * N_2))
+    del t1, t6
+    dbeta_2 = rows(dX_2).sum(dim=0, keepdim=True)
+    del dX_2
+    dW_1 = sum_batch(X_2.mT @ dU + dG_X_2.mT @ G_U)
+    del dG_X_2
+    db_1 = None if b_1 is None else rows(dU).sum(dim=0, keepdim=True)
+    del dU
+    dW_2 = rows(dG_F).mT @ rows(G_out)
+    dG_out = dG_Y.add_(F @ dG_W_2).add_(dG_F @ W_2).add_(dG_b_2)
+    del dG_F, dG_W_2, dG_Y, dG_b_2
+    dM = None if mask_shape is None else dA_h.sum_to_size(mask_shape)
+    dX_1W_V = merge_heads(dV_h, H)
+    del dV_h
+    dW_V = sum_batch(X_1.mT @ dX_1W_V + dG_X_1.mT @ t25)
+    db_V = None if b_V is None else rows(dX_1W_V).sum(dim=0, keepdim=True)
+    dX_1W_Q = merge_heads(dQ_h, H)
+    del dQ_h
+    dW_Q = sum_batch(X_1.mT @ dX_1W_Q + dG_X_1.mT @ t26)
+    db_Q = None if b_Q is None else rows(dX_1W_Q).sum(dim=0, keepdim=True)
+    dX_1W_K = merge_heads(dK_h, H)
+    del dK_h
+    dX_1 = t27 @ dG_W_K.mT + t26 @ dG_W_Q.mT + t25 @ dG_W_V.mT + dX_1W_K @ W_K.mT + dX_1W_Q @ W_Q.mT + dX_1W_V @ W_V.mT
+    del dG_W_K, dG_W_Q, dG_W_V, dX_1W_Q, dX_1W_V, t25, t26
+    dN_1 = (
+        c1 * (t4 * t19 * G_X_1)
+        + c1 * ((repeat_columns((G_X_1 * N_1) @ gamma_1.mT, H * d_k)) * X_v * t16)
+        + t21 * G_X_1
+        + t19 * dX_1
+    )
+    del t19, t21
+    D8 = (N_1 * dN_1).sum(dim=-1, keepdim=True)
+    D9 = dN_1.sum(dim=-1, keepdim=True)
+    dX = (
+        (c1 * (D8 * N_1) + c1 * D9 + dN_1) * t16
+        + (c1 * ((((c1 * (D10 * N_1) + c1 * D11 + G_N_1) * dG_X).sum(dim=-1, keepdim=True)) * (t24 ** 2))) * N_1
+        + dY
+    )
+    del D10, D11, D8, D9, dG_X, dN_1, dY, t16, t24
+    dW_K = sum_batch(X_1.mT @ dX_1W_K + dG_X_1.mT @ t27)
+    del dG_X_1, t27
+    db_K = None if b_K is None else rows(dX_1W_K).sum(dim=0, keepdim=True)
+    del dX_1W_K
+    dgamma_1 = sum_batch((torch.ones(1, n, dtype=dtype, device=device)) @ (t2.mul_(G_X_1)) + (torch.ones(1, n, dtype=dtype, device=device)) @ (dX_1 * N_1) + c1 * (torch.ones(1, n, dtype=dtype, device=device)) @ (t4 * G_X_1 * N_1))
+    del t2, t4
+    dbeta_1 = rows(dX_1).sum(dim=0, keepdim=True)
+    del dX_1
+    return {
+        "X": dX,
+        "W_Q": dW_Q,
+        "W_K": dW_K,
+        "W_V": dW_V,
+        "W_O": dW_O,
+        "b_Q": db_Q,
+        "b_K": db_K,
+        "b_V": db_V,
+        "b_O": db_O,
+        "gamma_1": dgamma_1,
+        "beta_1": dbeta_1,
+        "gamma_2": dgamma_2,
+        "beta_2": dbeta_2,
+        "W_1": dW_1,
+        "b_1": db_1,
+        "W_2": dW_2,
+        "b_2": db_2,
+        "G_out": dG_out,
+        "M": dM,
+    }
+
+
+def hvp(
+    X,
+    W_Q,
+    W_K,
+    W_V,
+    W_O,
+    gamma_1,
+    beta_1,
+    gamma_2,
+    beta_2,
+    W_1,
+    W_2,
+    grad_out,
+    direction,
+    *,
+    num_heads,
+    eps=None,
+    b_Q=None,
+    b_K=None,
+    b_V=None,
+    b_O=None,
+    b_1=None,
+    b_2=None,
+    attn_mask=None,
+    key_padding_mask=None,
+    causal=False,
+):
+    """The Hessian of f = tr(grad_outᵀ Z) with respect to the inputs, applied to direction.
+
+    direction: a dict from input names to arrays of their shapes (an input left out: zero there).
+    Returns {name: Σ_j ∂²f/∂x_name ∂x_j [direction[x_j]]} for every input given, from the second
+    closed form (the gradients of f₂ = Σ_j tr(direction[x_j]ᵀ ∂f/∂x_j)).
+    """
+    M = _additive_mask(attn_mask, key_padding_mask, causal, X, X, per_head=True)
+    direction = _direction(direction)
+    value, saved = _forward2(
+        X,
+        W_Q,
+        W_K,
+        W_V,
+        W_O,
+        b_Q,
+        b_K,
+        b_V,
+        b_O,
+        gamma_1,
+        beta_1,
+        gamma_2,
+        beta_2,
+        W_1,
+        b_1,
+        W_2,
+        b_2,
+        grad_out,
+        direction.get("X"),
+        direction.get("W_Q"),
+        direction.get("W_K"),
+        direction.get("W_V"),
+        direction.get("W_O"),
+        direction.get("b_Q"),
+        direction.get("b_K"),
+        direction.get("b_V"),
+        direction.get("b_O"),
+        direction.get("gamma_1"),
+        direction.get("beta_1"),
+        direction.get("gamma_2"),
+        direction.get("beta_2"),
+        direction.get("W_1"),
+        direction.get("b_1"),
+        direction.get("W_2"),
+        direction.get("b_2"),
+        M,
+        num_heads,
+        eps,
+    )
+    grads = _backward2(saved, torch.ones_like(value))
+    return {name: grads[name] for name in DIRECTION_OF if grads.get(name) is not None}
 
 
 # torch's own modules, computed by the closed form above (drop-in replacements)

@@ -25,6 +25,7 @@ from sympy.matrices.expressions import (
     Transpose,
 )
 
+from symattn.autodiff.curvature import gelu_second, gelu_tanh_second
 from symattn.errors import UnsupportedNodeError
 from symattn.lang.algebra import hadamard_product, total
 from symattn.lang.ops import (
@@ -258,6 +259,32 @@ def gelu_tanh_jvp(node: GeluTanh, d: Tangent) -> Basic | None:
     """d GELU_tanh(A) = GELU_tanh′(A) ⊙ dA."""
     da = d(node.arg)
     return None if da is None else hadamard_product(GeluTanhGrad(node.arg), da)
+
+
+@defjvp(GeluGrad)
+def gelu_grad_jvp(node: GeluGrad, d: Tangent) -> Basic | None:
+    """d GELU′(A) = GELU″(A) ⊙ dA, GELU″(x) = φ(x)(2 − x²)."""
+    da = d(node.arg)
+    return None if da is None else hadamard_product(gelu_second(node.arg), da)
+
+
+@defjvp(GeluTanhGrad)
+def gelu_tanh_grad_jvp(node: GeluTanhGrad, d: Tangent) -> Basic | None:
+    """d GELU_tanh′(A) = GELU_tanh″(A) ⊙ dA."""
+    da = d(node.arg)
+    return None if da is None else hadamard_product(gelu_tanh_second(node.arg), da)
+
+
+@defjvp(RowInvStd)
+def row_inv_std_jvp(node: RowInvStd, d: Tangent) -> Basic | None:
+    """r = rstd(A) = (σ² + ε)^{−1/2}, k columns: dr = −½ r^{∘3} ⊙ dσ², dσ² = (2/k)(A − μ𝟏ᵀ ⊙ dA)𝟏 and
+    (A − μ𝟏ᵀ) ⊙ r𝟏ᵀ = LN(A), so dr = −(1/k) r^{∘2} ⊙ ((LN(A) ⊙ dA) 𝟏)."""
+    da = d(node.arg)
+    if da is None:
+        return None
+    cols = node.arg.shape[1]
+    spread = hadamard_product(LayerNorm(node.arg, node.eps), da)
+    return MatMul(-1 / cols, hadamard_product(HadamardPower(node, 2), RowSum(spread)))
 
 
 @defjvp(LayerNorm)

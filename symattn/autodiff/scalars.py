@@ -71,6 +71,8 @@ def entry_sums(gradient: Basic) -> Basic:
         if not isinstance(node, Trace):
             return None
         coeff, mats = factors(trace_as_entry_sum(node))
-        return coeff * SumEntries(mats[1])
+        if len(mats) == 3 and isinstance(mats[0], OneMatrix) and isinstance(mats[2], OneMatrix):
+            return coeff * SumEntries(mats[1])  # 𝟏ᵀ (A ⊙ B) 𝟏
+        return coeff * SumEntries(product(*mats))  # a 1 × 1 trace: its one entry
 
     return rewrite(gradient, as_sum) if gradient.has(Trace) else gradient

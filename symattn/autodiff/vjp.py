@@ -25,6 +25,7 @@ from sympy.matrices.expressions import (
     ZeroMatrix,
 )
 
+from symattn.autodiff.curvature import gelu_second, gelu_tanh_second
 from symattn.lang.algebra import hadamard_product, product, total, transpose
 from symattn.lang.ops import (
     Exp,
@@ -264,6 +265,18 @@ def gelu_tanh_vjp(node: GeluTanh, g: Basic) -> Cotangents:
     return [(node.arg, hadamard_product(g, GeluTanhGrad(node.arg)))]
 
 
+@defvjp(GeluGrad)
+def gelu_grad_vjp(node: GeluGrad, g: Basic) -> Cotangents:
+    """tr(Gᵀ d GELU′(A)) = tr((G ⊙ GELU″(A))ᵀ dA), GELU″(x) = φ(x)(2 − x²) (``curvature.gelu_second``)."""
+    return [(node.arg, hadamard_product(g, gelu_second(node.arg)))]
+
+
+@defvjp(GeluTanhGrad)
+def gelu_tanh_grad_vjp(node: GeluTanhGrad, g: Basic) -> Cotangents:
+    """tr(Gᵀ d GELU_tanh′(A)) = tr((G ⊙ GELU_tanh″(A))ᵀ dA) (``curvature.gelu_tanh_second``)."""
+    return [(node.arg, hadamard_product(g, gelu_tanh_second(node.arg)))]
+
+
 @defvjp(LayerNorm)
 def layer_norm_vjp(node: LayerNorm, g: Basic) -> Cotangents:
     """N = LN(A), r = rstd(A), d columns: dN = r𝟏ᵀ ⊙ (dA − dA 𝟏𝟏ᵀ/d − N ⊙ ((N ⊙ dA) 𝟏𝟏ᵀ)/d), so
@@ -276,6 +289,16 @@ def layer_norm_vjp(node: LayerNorm, g: Basic) -> Cotangents:
         product(-1 / cols, hadamard_product(node, product(RowSum(hadamard_product(g, node)), ones_row))),
     )
     return [(node.arg, hadamard_product(product(RowInvStd(node.arg, node.eps), ones_row), centred))]
+
+
+@defvjp(RowInvStd)
+def row_inv_std_vjp(node: RowInvStd, g: Basic) -> Cotangents:
+    """r = (σ² + ε)^{−1/2}, σ² = ‖A_i − μ_i‖²/k over k columns: dσ² = (2/k) rowsum((A − μ𝟏ᵀ) ⊙ dA) (the dμ
+    term sums to 0) and (A − μ𝟏ᵀ) ⊙ r𝟏ᵀ = N = LN(A), so dr = −(1/k) r^{∘2} ⊙ rowsum(N ⊙ dA) and
+    tr(gᵀ dr) = tr((−(1/k) (g ⊙ r^{∘2}) 𝟏ᵀ ⊙ N)ᵀ dA)."""
+    cols = node.arg.shape[1]
+    weight = product(-1 / cols, hadamard_product(g, HadamardPower(node, 2)), OneMatrix(1, cols))
+    return [(node.arg, hadamard_product(weight, LayerNorm(node.arg, node.eps)))]
 
 
 # Grouped-query heads: H_kv key/value heads shared by H query heads.

@@ -90,7 +90,8 @@ def _module_parameters(sched: Schedule, printer) -> tuple[list[str], list[dict],
 
     The weights' dimensions are read as ``bind_dimensions`` reads them, in order: a dimension
     that is a weight's axis is a parameter; one that is a multiple (H·d_k) a parameter named
-    by ``DIMENSION_ALIASES`` (d_model), divided.
+    by ``DIMENSION_ALIASES`` (d_model), divided; a fixed multiple (2·d_k, heads bound in the
+    spec) the dimension itself (d_k), the weight's shape printed from it.
     """
     known: set = {o.symbol for o in sched.options}
     weight_inputs = [x for x in sched.spec.matrix_inputs if str(x.name) in sched.weights]
@@ -104,6 +105,11 @@ def _module_parameters(sched: Schedule, printer) -> tuple[list[str], list[dict],
             if not unknown:
                 continue
             b = plan.get((str(w.name), axis))
+            coeff, rest = size.as_coeff_Mul()
+            if b is not None and b.divisor == coeff and coeff.is_Integer and coeff > 0 and rest.is_Symbol:
+                params.append(rest.name)  # 2·d_k: the constructor takes d_k
+                known.add(rest)
+                continue
             alias = size.name if size.is_Symbol else DIMENSION_ALIASES.get(sp.sstr(size))
             if b is None or alias is None or len(unknown) != 1:  # one unknown: bound in the plan's first pass
                 raise SymattnError(f"weight {w.name}: no constructor parameter gives the dimension {size}")

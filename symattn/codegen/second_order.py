@@ -101,11 +101,13 @@ def second_order_context(first: Schedule, first_context: dict, backend: str, ver
     first_names = [str(x.name) for x in first.spec.inputs]
     shapes = {x["name"]: x["shape"] for x in ctx["inputs"] if x["name"] not in first_names}
     # a zero direction has its input's shape, batch axes included (a bias, maybe absent, has none)
+    scalar_directions = {str(x.name) for x in so.spec.inputs if not isinstance(x, MatrixSymbol)}
     directions = [
         {
             "name": v,
             "zeros": printer.doprint(_zeros(so, v)) if x in first.weights else printer.zeros_like(x),
             "input": x,
+            "scalar": v in scalar_directions,  # made 0 before the scalars derived from it (c = τ_v/2)
         }
         for x, v in so.directions
     ]
@@ -215,8 +217,8 @@ def type_printer(backend: str):
 
 
 def _zeros(so: SecondOrder, name: str):
-    """A zero direction: the ZeroMatrix of its input's shape (None in a call means zero)."""
-    from sympy import ZeroMatrix
+    """A zero direction: the ZeroMatrix of its input's shape, 0 for a trainable scalar (None in a call means zero)."""
+    from sympy import Integer, ZeroMatrix
 
     x = next(x for x in so.spec.inputs if str(x.name) == name)
-    return ZeroMatrix(*x.shape)
+    return ZeroMatrix(*x.shape) if isinstance(x, MatrixSymbol) else Integer(0)

@@ -227,7 +227,10 @@ def is_per_head(expr: Basic, per_head_symbols: frozenset = frozenset(), memo: di
 
 
 def _sum(terms: list[Basic]) -> Basic:
-    return terms[0] if len(terms) == 1 else total(*terms)
+    """The cotangents a node received, added (matrices by ``total``, a trainable scalar's by sp.Add)."""
+    if len(terms) == 1:
+        return terms[0]
+    return total(*terms) if isinstance(terms[0], MatrixExpr) else sp.Add(*terms)
 
 
 class _Replay:

@@ -19,6 +19,7 @@ from sympy.matrices.expressions import (
     MatAdd,
     MatMul,
     MatPow,
+    OneMatrix,
     Transpose,
     ZeroMatrix,
 )
@@ -128,13 +129,23 @@ def _total(*parts: Basic, canonical: bool = True) -> Basic:
     return args[0] if len(args) == 1 else MatAdd(*sorted(args, key=sort_key))
 
 
-def hadamard_product(*factors: Basic) -> Basic:
-    """Entrywise product, canonical (flattened, sorted, X ⊙ X becomes X^{∘2}); the factors' sort keys
-    computed leaves first (SymPy's own recurse as deep as the factors are)."""
-    if len(factors) == 1:
-        return factors[0]
-    with sort_keys_of(*factors):
-        return intern(hadamard_canonical(HadamardProduct(*factors)))
+def hadamard_product(*parts: Basic) -> Basic:
+    """Entrywise product, canonical (a c𝟏𝟏ᵀ factor taken out as c, flattened, sorted, X ⊙ X becomes X^{∘2});
+    the factors' sort keys computed leaves first (SymPy's own recurse as deep as the factors are)."""
+    coeff, rest = sp.Integer(1), []
+    for part in parts:  # X ⊙ c𝟏𝟏ᵀ = c X
+        c, mats = factors(part)
+        if len(mats) == 1 and isinstance(mats[0], OneMatrix):
+            coeff *= c
+        else:
+            rest.append(part)
+    if len(rest) < len(parts):
+        body = hadamard_product(*rest) if rest else OneMatrix(*parts[0].shape)
+        return body if coeff == 1 else product(coeff, body)
+    if len(parts) == 1:
+        return parts[0]
+    with sort_keys_of(*parts):
+        return intern(hadamard_canonical(HadamardProduct(*parts)))
 
 
 _TRANSPOSED: dict[Basic, Basic] = {}  # a shared (DAG) cotangent is transposed once per distinct subexpression

@@ -6,7 +6,8 @@ transpose, and puts the names back into an expression in one of two ways:
 - ``substitute`` (code generation) works top-down on values derived in full: an
   expression that is a definition becomes its name; in a product, the longest
   definitions that are runs of consecutive factors are replaced left to right (so
-  Q Kᵀ is found inside scale·X W_Q W_Kᵀ Xᵀ), their coefficients divided out.
+  Q Kᵀ is found inside scale·X W_Q W_Kᵀ Xᵀ), their coefficients divided out (a
+  coefficient that may be 0, a trainable scalar's τ, is never divided by).
 - calling the table (display) works bottom-up, definitions in the order they were
   added, each already written with the earlier names: ``Names(spec.intermediates)``
   makes ``1/√d_k · X W_Q W_Kᵀ Xᵀ`` read ``A`` and ``G W_Vᵀ Xᵀ`` read ``G Vᵀ``. A
@@ -179,7 +180,8 @@ def _plan_product(expr: MatMul, runs: dict, skip: Basic | None) -> Plan:
     i = 0
     while i < len(mats):
         for definition, (c, run), name in runs.get(mats[i], ()):
-            if definition != skip and tuple(mats[i : i + len(run)]) == run:
+            # c divided out only where it cannot be 0: a dimension's √d_k, never a trainable scalar τ (τ = 0 is legal)
+            if definition != skip and (c == 1 or c.is_zero is False) and tuple(mats[i : i + len(run)]) == run:
                 coeff = coeff / c
                 pieces.append(name)
                 i += len(run)

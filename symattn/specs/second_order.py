@@ -23,6 +23,7 @@ from sympy import Basic, MatrixSymbol, OneMatrix
 from sympy.matrices.expressions import MatMul, Transpose
 
 from symattn.autodiff.grad import backward
+from symattn.autodiff.scalars import as_matrix
 from symattn.errors import SymattnError
 from symattn.lang.algebra import factors, product, total
 from symattn.lang.graph import children, intern, postorder, rebuilt
@@ -127,9 +128,6 @@ def second_order_spec(s: Spec, wrt: Sequence[str] | None = None) -> SecondOrder:
     unknown = [w for w in wrt if w not in names]
     if unknown:
         raise SymattnError(f"spec {s.name!r} has no input {unknown[0]!r}; inputs: {', '.join(names)}")
-    scalars = [str(x.name) for x in s.inputs if not isinstance(x, MatrixSymbol)]
-    if scalars:  # a trainable scalar's direction and second derivatives: not derived yet
-        raise SymattnError(f"spec {s.name!r}: no second order with the trainable scalar {scalars[0]!r} yet")
     taken = set(names) | {str(c.name) for c in s.constants} | {label for label, _ in s.intermediates}
     cotangent = MatrixSymbol(_fresh(COTANGENT, taken), *s.output.shape)
     taken.add(str(cotangent.name))
@@ -149,16 +147,19 @@ def second_order_spec(s: Spec, wrt: Sequence[str] | None = None) -> SecondOrder:
     for x in s.inputs:
         if str(x.name) not in wrt:
             continue
-        v = MatrixSymbol(_fresh(DIRECTION.format(x.name), labels | taken), *x.shape)
-        taken.add(str(v.name))
+        v_name = _fresh(DIRECTION.format(x.name), labels | taken)
+        v = MatrixSymbol(v_name, *x.shape) if isinstance(x, MatrixSymbol) else sp.Symbol(v_name, real=True)
+        taken.add(v_name)
         directions.append((str(x.name), v))
         g = tape.gradients[x]
-        if g.is_ZeroMatrix:
+        if g == 0 or getattr(g, "is_ZeroMatrix", False):
             continue
+        if not isinstance(x, MatrixSymbol):  # a trainable scalar τ: ∂f/∂τ as the 1 × 1 sum of entries it is
+            g = as_matrix(g)
         label = _fresh(f"G_{x.name}", labels | taken)
         intermediates.append((label, g))
         labels.add(label)
-        terms.append(_inner(v, g))
+        terms.append(_inner(v, g) if isinstance(x, MatrixSymbol) else product(v, g))
     if not terms:
         raise SymattnError(f"spec {s.name!r}: the output depends on none of {', '.join(wrt)}")
     f2 = total(*terms) if len(terms) > 1 else terms[0]

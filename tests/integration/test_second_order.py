@@ -8,6 +8,8 @@ import importlib
 import numpy as np
 import pytest
 
+from symattn.specs import family
+
 torch = pytest.importorskip("torch")
 
 # spec -> (builder of float64 inputs from a generator, keyword options)
@@ -25,15 +27,19 @@ def _inputs(spec: str, rng: np.random.Generator) -> tuple[dict, dict]:
     if spec == "mha":
         names = ("W_Q", "W_K", "W_V", "W_O")
         return {"Q": r(2, n, d), "K": r(2, m, d), "V": r(2, m, d), **{w: r(d, d) / 2 for w in names}}, {"num_heads": 2}
+    if spec == "transformer_block":  # LayerNorm (rstd) and GELU′ are differentiated again
+        weights = {w: r(d, d) / 2 for w in ("W_Q", "W_K", "W_V", "W_O")}
+        norms = {"gamma_1": 1 + r(1, d) / 4, "beta_1": r(1, d), "gamma_2": 1 + r(1, d) / 4, "beta_2": r(1, d)}
+        return {"X": r(2, n, d), **weights, **norms, "W_1": r(d, 3), "W_2": r(3, d) / 2}, {"num_heads": 2}
     raise KeyError(spec)
 
 
-CASES = ["attention", "self_attention", "mha"]
+CASES = ["attention", "self_attention", "mha", "transformer_block"]
 VARIANTS = ["", "_memeff"]
+MODULES = [(spec, v) for spec in CASES for v in VARIANTS if not v or family(spec).row_blocks]  # memeff: row blocks
 
 
-@pytest.mark.parametrize("variant", VARIANTS)
-@pytest.mark.parametrize("spec", CASES)
+@pytest.mark.parametrize(("spec", "variant"), MODULES)
 def test_gradgradcheck(spec, variant):
     """d/dx <V, ∂f/∂x> of the generated torch Function matches finite differences (torch.autograd.gradgradcheck)."""
     module = importlib.import_module(f"symattn.generated.{spec}_torch{variant}")
@@ -100,8 +106,7 @@ def test_third_order_raises():
         torch.autograd.grad(hq.sum(), [q])
 
 
-@pytest.mark.parametrize("variant", VARIANTS)
-@pytest.mark.parametrize("spec", CASES)
+@pytest.mark.parametrize(("spec", "variant"), MODULES)
 def test_numpy_hvp_matches_finite_differences(spec, variant):
     """H v = (∇f(x + h v) − ∇f(x − h v)) / 2h for f = tr(Gᵀ Y), the gradients from the closed-form backward."""
     module = importlib.import_module(f"symattn.generated.{spec}_numpy{variant}")
@@ -151,19 +156,13 @@ GALLERY_NAMES = [
 @pytest.mark.parametrize("name", GALLERY_NAMES)
 def test_gallery_gradgradcheck(name):
     """Every gallery spec (examples/specs, rendered as --spec-file renders it) is right under double backward,
-    and its NumPy hvp matches finite differences of its backward."""
+    trainable scalars (τ, λ) included, and its NumPy hvp matches finite differences of its backward."""
     from test_gallery import REFERENCES, gallery_spec, module
 
     spec = gallery_spec(name)
-    if name == "qk_norm_attention":  # LayerNorm's gradient reads rstd, a node with no rule: raises, never wrong
-        pytest.skip("no second closed form through LayerNorm yet (double backward raises: test_generated_trust)")
-    if spec.inputs != spec.matrix_inputs:  # a trainable scalar (differential attention's λ): raises, never wrong
-        with pytest.raises(RuntimeError, match="double backward"):
-            _double_backward(module(spec, "torch"), REFERENCES[name][0])
-        return
     shapes, _ = REFERENCES[name]
     rng = np.random.default_rng(6)
-    values = {k: rng.standard_normal(s) * 0.5 for k, s in shapes.items()}
+    values = {k: np.asarray(rng.standard_normal(s) * 0.5) for k, s in shapes.items()}  # a scalar (τ, λ): 0-d
     tensors = [torch.tensor(v, requires_grad=True) for v in values.values()]
     made = module(spec, "torch")
     assert torch.autograd.gradgradcheck(lambda *xs: made.forward(*xs), tensors)
@@ -178,14 +177,6 @@ def test_gallery_gradgradcheck(name):
     for k in values:
         expected = (plus[k] - minus[k]) / (2 * h)
         assert np.abs(hv[k] - expected).max() / max(1.0, np.abs(expected).max()) < 1e-7, k
-
-
-def _double_backward(made, shapes: dict) -> None:
-    """Differentiate a create_graph gradient of made.forward again (scalars as 0-d tensors)."""
-    rng = np.random.default_rng(8)
-    xs = [torch.tensor(rng.standard_normal(s) * 0.5, requires_grad=True) for s in shapes.values()]
-    (g,) = torch.autograd.grad(made.forward(*xs).sum(), xs[0], create_graph=True)
-    g.sum().backward()
 
 
 @pytest.mark.parametrize("named", [(), ("P",)], ids=["unnamed", "P named"])
@@ -218,3 +209,67 @@ def test_a_spec_with_nothing_named_is_right_under_double_backward(named):
         numpy_module.backward(numpy_module.forward(value + s * h * direction)[1], grad_out)["X"] for s in (1, -1)
     )
     assert np.abs(hv - (plus - minus) / (2 * h)).max() < 1e-7
+
+
+def test_gelu_tanh_block_is_right_under_double_backward():
+    """The tanh-approximated GELU's derivative is differentiated again (GELU_tanh″ from Tanh and powers): the
+    block with approximate="tanh" passes gradgradcheck, and its NumPy hvp matches finite differences."""
+    import types
+
+    from symattn.codegen import generate as codegen
+    from symattn.specs.block import transformer_block
+
+    spec = transformer_block(num_heads=2, approximate="tanh")
+    made = {}
+    for backend in ("numpy", "torch"):
+        made[backend] = types.ModuleType(f"gelu_tanh_block_{backend}")
+        exec(compile(codegen.render(spec, backend), made[backend].__name__, "exec"), made[backend].__dict__)
+    rng = np.random.default_rng(9)
+    arrays, _ = _inputs("transformer_block", rng)
+    d = SIZES["d"]
+    arrays |= {f"b_{w}": rng.standard_normal((1, d)) for w in ("Q", "K", "V", "O", "2")} | {
+        "b_1": rng.standard_normal((1, 3))
+    }
+    options = {}  # two heads, bound in the spec; the biases are inputs like any other
+    names = list(arrays)
+    tensors = [torch.tensor(a, requires_grad=True) for a in arrays.values()]
+    assert torch.autograd.gradgradcheck(lambda *xs: made["torch"].forward(**dict(zip(names, xs)), **options), tensors)
+    numpy_module = made["numpy"]
+    out, _ = numpy_module.forward(**arrays, **options)
+    grad_out = rng.standard_normal(out.shape)
+    direction = {k: rng.standard_normal(a.shape) for k, a in arrays.items()}
+    hv = numpy_module.hvp(**arrays, grad_out=grad_out, direction=direction, **options)
+    h = 1e-5
+
+    def gradients(sign):
+        shifted = {k: a + sign * h * direction[k] for k, a in arrays.items()}
+        return numpy_module.backward(numpy_module.forward(**shifted, **options)[1], grad_out)
+
+    plus, minus = gradients(1), gradients(-1)
+    for k in arrays:
+        expected = (plus[k] - minus[k]) / (2 * h)
+        assert np.abs(hv[k] - expected).max() / max(1.0, np.abs(expected).max()) < 1e-7, k
+
+
+@pytest.mark.parametrize(("name", "scalar"), [("temperature_attention", "tau"), ("differential_attention", "lam")])
+def test_a_trainable_scalar_at_zero_gives_a_finite_hessian(name, scalar):
+    """τ = 0 and λ = 0 are legal values: the second closed form never divides by a trainable scalar (the
+    sharing of G_τ = 𝟏ᵀ(Xᵀ G_Aᵀ Q ⊙ W_K)𝟏 with dW_K = τ Xᵀ G_Aᵀ Q once read 1/τ · dW_K), so the
+    Hessian-vector product there is finite and matches finite differences."""
+    from test_gallery import REFERENCES, gallery_spec, module
+
+    spec = gallery_spec(name)
+    shapes, _ = REFERENCES[name]
+    rng = np.random.default_rng(10)
+    values = {k: np.asarray(rng.standard_normal(s) * 0.5) for k, s in shapes.items()} | {scalar: np.asarray(0.0)}
+    numpy_module = module(spec, "numpy")
+    out, _ = numpy_module.forward(*values.values())
+    grad_out = rng.standard_normal(out.shape)
+    direction = {k: rng.standard_normal(v.shape) for k, v in values.items()}
+    hv = numpy_module.hvp(*values.values(), grad_out, direction)
+    h = 1e-5
+    plus = numpy_module.backward(numpy_module.forward(*(v + h * direction[k] for k, v in values.items()))[1], grad_out)
+    minus = numpy_module.backward(numpy_module.forward(*(v - h * direction[k] for k, v in values.items()))[1], grad_out)
+    for k in values:
+        expected = (plus[k] - minus[k]) / (2 * h)
+        assert np.isfinite(hv[k]).all() and np.abs(hv[k] - expected).max() <= 1e-7 * max(1.0, np.abs(expected).max()), k
