@@ -430,7 +430,7 @@ def _backward2(saved, grad_out):
     del t2
     dP = c1 * (t1 * G_P) + scale * (np.multiply(t3, G_P - D1, out=t3)) + G_out @ dG_V.mT
     del D1, t1, t3
-    D2 = (dP * P).sum(axis=-1, keepdims=True)
+    D2 = (P * dP).sum(axis=-1, keepdims=True)
     dA = np.multiply(np.subtract(dP, D2, out=dP), P, out=dP)
     del D2, dP
     dQ = G_A @ (scale * dG_K) + dA @ (scale * K)

@@ -584,7 +584,7 @@ def _backward2(saved, grad_out):
     del t2
     dP = c1 * (t1 * G_P) + scale * (t3.mul_(G_P - D1)) + G_out @ dG_V.mT
     del D1, t1, t3
-    D2 = (dP * P).sum(dim=-1, keepdim=True)
+    D2 = (P * dP).sum(dim=-1, keepdim=True)
     dA = dP.sub_(D2).mul_(P)
     del D2, dP
     dQ = G_A @ (scale * dG_K) + dA @ (scale * K)

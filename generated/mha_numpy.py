@@ -812,7 +812,7 @@ def _backward2(saved, grad_out):
     del dG_O_h
     dP_h = c1 * (t1 * G_P_h) + scale * ((G_P_h - D1) * t7) + G_O_h @ dG_V_h.mT + dO_h @ V_h.mT
     del D1, dG_V_h, t1, t7
-    D2 = (dP_h * P_h).sum(axis=-1, keepdims=True)
+    D2 = (P_h * dP_h).sum(axis=-1, keepdims=True)
     dA_h = np.multiply(np.subtract(dP_h, D2, out=dP_h), P_h, out=dP_h)
     del D2, dP_h
     dV_h = P_h.mT @ dO_h + dG_P_h.mT @ G_O_h

@@ -1018,7 +1018,7 @@ def _backward2(saved, grad_out):
     del dG_O_h
     dP_h = c1 * (t1 * G_P_h) + scale * (t7.mul_(G_P_h - D1)) + G_O_h @ dG_V_h.mT + dO_h @ V_h.mT
     del D1, dG_V_h, t1, t7
-    D2 = (dP_h * P_h).sum(dim=-1, keepdim=True)
+    D2 = (P_h * dP_h).sum(dim=-1, keepdim=True)
     dA_h = dP_h.sub_(D2).mul_(P_h)
     del D2, dP_h
     dV_h = P_h.mT @ dO_h + dG_P_h.mT @ G_O_h

@@ -1093,7 +1093,7 @@ def _backward2(saved, grad_out):
     dG_W_2 = W_2_v
     dF = G_out @ dG_W_2.mT
     t18 = (np.ones((n, 1), dtype=dtype)) @ gamma_2
-    D4 = (G_X_2 * t18 * N_2).sum(axis=-1, keepdims=True)
+    D4 = (t18 * G_X_2 * N_2).sum(axis=-1, keepdims=True)
     t19 = (np.ones((n, 1), dtype=dtype)) @ gamma_1
     D10 = (t19 * G_X_1 * N_1).sum(axis=-1, keepdims=True)
     t20 = (np.ones((n, 1), dtype=dtype)) @ dG_gamma_2
@@ -1144,7 +1144,7 @@ def _backward2(saved, grad_out):
     del dG_O_h
     dG_Y = C @ dG_W_O + dG_C @ W_O + dG_b_O + dG_X
     del dG_b_O
-    D16 = (dG_Y * N_2).sum(axis=-1, keepdims=True)
+    D16 = (N_2 * dG_Y).sum(axis=-1, keepdims=True)
     t6 = np.repeat((D16 * t23), H * d_k, axis=-1)
     del D16
     t9 = t15 * dG_Y
@@ -1185,7 +1185,7 @@ def _backward2(saved, grad_out):
     del dC
     dP_h = c2 * (t5 * G_P_h) + scale * ((G_P_h - D6) * t14) + G_O_h @ dG_V_h.mT + dO_h @ V_h.mT
     del D6, dG_V_h, t14, t5
-    D7 = (dP_h * P_h).sum(axis=-1, keepdims=True)
+    D7 = (P_h * dP_h).sum(axis=-1, keepdims=True)
     dA_h = np.multiply(np.subtract(dP_h, D7, out=dP_h), P_h, out=dP_h)
     del D7, dP_h
     dV_h = P_h.mT @ dO_h + dG_P_h.mT @ G_O_h
@@ -1197,7 +1197,7 @@ def _backward2(saved, grad_out):
     dW_O = sum_batch(C.mT @ dY + dG_C.mT @ G_Y)
     del dG_C
     db_O = None if b_O is None else rows(dY).sum(axis=0, keepdims=True)
-    dgamma_2 = sum_batch((np.ones((1, n), dtype=dtype)) @ (dX_2 * N_2) + (np.ones((1, n), dtype=dtype)) @ (np.multiply(t1, G_X_2, out=t1)) + c1 * (np.ones((1, n), dtype=dtype)) @ (t6 * G_X_2 * N_2))
+    dgamma_2 = sum_batch((np.ones((1, n), dtype=dtype)) @ (np.multiply(t1, G_X_2, out=t1)) + (np.ones((1, n), dtype=dtype)) @ (N_2 * dX_2) + c1 * (np.ones((1, n), dtype=dtype)) @ (t6 * G_X_2 * N_2))
     del t1, t6
     dbeta_2 = rows(dX_2).sum(axis=0, keepdims=True)
     del dX_2
@@ -1240,7 +1240,7 @@ def _backward2(saved, grad_out):
     del dG_X_1, t27
     db_K = None if b_K is None else rows(dX_1W_K).sum(axis=0, keepdims=True)
     del dX_1W_K
-    dgamma_1 = sum_batch((np.ones((1, n), dtype=dtype)) @ (np.multiply(t2, G_X_1, out=t2)) + (np.ones((1, n), dtype=dtype)) @ (dX_1 * N_1) + c1 * (np.ones((1, n), dtype=dtype)) @ (t4 * G_X_1 * N_1))
+    dgamma_1 = sum_batch((np.ones((1, n), dtype=dtype)) @ (np.multiply(t2, G_X_1, out=t2)) + (np.ones((1, n), dtype=dtype)) @ (N_1 * dX_1) + c1 * (np.ones((1, n), dtype=dtype)) @ (t4 * G_X_1 * N_1))
     del t2, t4
     dbeta_1 = rows(dX_1).sum(axis=0, keepdims=True)
     del dX_1

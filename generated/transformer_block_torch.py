@@ -161,8 +161,9 @@ def merge_heads(a, heads):
 
 
 def row_inv_std(a, eps):
-    """1 / √(biased variance + eps) of each row, as a column (..., n, 1)."""
-    return torch.rsqrt(a.var(dim=-1, keepdim=True, correction=0) + eps)
+    """1 / √(biased variance + eps) of each row, as a column (..., n, 1): LayerNorm's own rstd (one pass; a.var
+    takes five times as long on CPU)."""
+    return torch.native_layer_norm(a, a.shape[-1:], None, None, eps)[2]
 
 
 def row_softmax(a, out=None):
@@ -1398,7 +1399,7 @@ def _backward2(saved, grad_out):
     dG_W_2 = W_2_v
     dF = G_out @ dG_W_2.mT
     t18 = (torch.ones(n, 1, dtype=dtype, device=device)) @ gamma_2
-    D4 = (G_X_2 * t18 * N_2).sum(dim=-1, keepdim=True)
+    D4 = (t18 * G_X_2 * N_2).sum(dim=-1, keepdim=True)
     t19 = (torch.ones(n, 1, dtype=dtype, device=device)) @ gamma_1
     D10 = (t19 * G_X_1 * N_1).sum(dim=-1, keepdim=True)
     t20 = (torch.ones(n, 1, dtype=dtype, device=device)) @ dG_gamma_2
@@ -1449,7 +1450,7 @@ def _backward2(saved, grad_out):
     del dG_O_h
     dG_Y = C @ dG_W_O + dG_C @ W_O + dG_b_O + dG_X
     del dG_b_O
-    D16 = (dG_Y * N_2).sum(dim=-1, keepdim=True)
+    D16 = (N_2 * dG_Y).sum(dim=-1, keepdim=True)
     t6 = repeat_columns((D16 * t23), H * d_k)
     del D16
     t9 = t15 * dG_Y
@@ -1493,7 +1494,7 @@ def _backward2(saved, grad_out):
     del dC
     dP_h = c2 * (t5 * G_P_h) + scale * (t14.mul_(G_P_h - D6)) + G_O_h @ dG_V_h.mT + dO_h @ V_h.mT
     del D6, dG_V_h, t14, t5
-    D7 = (dP_h * P_h).sum(dim=-1, keepdim=True)
+    D7 = (P_h * dP_h).sum(dim=-1, keepdim=True)
     dA_h = dP_h.sub_(D7).mul_(P_h)
     del D7, dP_h
     dV_h = P_h.mT @ dO_h + dG_P_h.mT @ G_O_h
@@ -1505,7 +1506,7 @@ def _backward2(saved, grad_out):
     dW_O = sum_batch(C.mT @ dY + dG_C.mT @ G_Y)
     del dG_C
     db_O = None if b_O is None else rows(dY).sum(dim=0, keepdim=True)
-    dgamma_2 = sum_batch((torch.ones(1, n, dtype=dtype, device=device)) @ (dX_2 * N_2) + (torch.ones(1, n, dtype=dtype, device=device)) @ (t1.mul_(G_X_2)) + c1 * (torch.ones(1, n, dtype=dtype, device=device)) @ (t6 * G_X_2 * N_2))
+    dgamma_2 = sum_batch((torch.ones(1, n, dtype=dtype, device=device)) @ (t1.mul_(G_X_2)) + (torch.ones(1, n, dtype=dtype, device=device)) @ (N_2 * dX_2) + c1 * (torch.ones(1, n, dtype=dtype, device=device)) @ (t6 * G_X_2 * N_2))
     del t1, t6
     dbeta_2 = rows(dX_2).sum(dim=0, keepdim=True)
     del dX_2
@@ -1548,7 +1549,7 @@ def _backward2(saved, grad_out):
     del dG_X_1, t27
     db_K = None if b_K is None else rows(dX_1W_K).sum(dim=0, keepdim=True)
     del dX_1W_K
-    dgamma_1 = sum_batch((torch.ones(1, n, dtype=dtype, device=device)) @ (t2.mul_(G_X_1)) + (torch.ones(1, n, dtype=dtype, device=device)) @ (dX_1 * N_1) + c1 * (torch.ones(1, n, dtype=dtype, device=device)) @ (t4 * G_X_1 * N_1))
+    dgamma_1 = sum_batch((torch.ones(1, n, dtype=dtype, device=device)) @ (t2.mul_(G_X_1)) + (torch.ones(1, n, dtype=dtype, device=device)) @ (N_1 * dX_1) + c1 * (torch.ones(1, n, dtype=dtype, device=device)) @ (t4 * G_X_1 * N_1))
     del t2, t4
     dbeta_1 = rows(dX_1).sum(dim=0, keepdim=True)
     del dX_1

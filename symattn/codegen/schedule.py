@@ -46,7 +46,8 @@ from symattn.lang.dims import Binding, bind_dimensions
 from symattn.lang.graph import bottom_up, children, nodes, sort_key
 from symattn.lang.names import Names
 from symattn.optimize.cost import flops_value
-from symattn.optimize.simplify import simplify
+from symattn.optimize.rewrites import sort_commutative
+from symattn.optimize.simplify import rewrite, simplify
 from symattn.specs import Option, Spec, family
 from symattn.specs.layers import named_layers
 
@@ -63,6 +64,7 @@ def simplifier(given: list[Basic]) -> Callable[[Basic], Basic]:
 
 
 SEED = "grad_out"  # name of the output's cotangent in generated code
+SORTED = (sort_commutative,)  # the rule that puts every sum's terms and entrywise product's factors in one order
 
 
 @dataclass(frozen=True)
@@ -407,6 +409,11 @@ def schedule_spec(s: Spec, options: tuple[Option, ...] = ()) -> Schedule:
 
     # Any other subexpression used twice gets a name and is computed once (products in their cheapest order first).
     backward_values = reassociate_products(backward_values)
+    # sums and entrywise products in one order (SymPy's keys), so that A + B named in one value and B + A
+    # in another are found equal: the order a value's terms had before names replaced them is no longer sorted
+    backward_values = [
+        Assignment(a.target, rewrite(a.value, SORTED), a.reduce_batch, a.comment) for a in backward_values
+    ]
     backward_values = _share(backward_values, interior)
     taken = frozenset(str(x.name) for x in (*s.inputs, *s.constants, *(a.target for a in forward)))
     backward_values = _order(name_row_sums(backward_values, taken))

@@ -147,8 +147,9 @@ def layer_norm(a, eps):
 
 
 def row_inv_std(a, eps):
-    """1 / √(biased variance + eps) of each row, as a column (..., n, 1)."""
-    return torch.rsqrt(a.var(dim=-1, keepdim=True, correction=0) + eps)
+    """1 / √(biased variance + eps) of each row, as a column (..., n, 1): LayerNorm's own rstd (one pass; a.var
+    takes five times as long on CPU)."""
+    return torch.native_layer_norm(a, a.shape[-1:], None, None, eps)[2]
 
 
 def _tensors(named):
