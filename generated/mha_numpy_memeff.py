@@ -813,13 +813,13 @@ def _backward2(saved, grad_out):
     b_O = saved["b_O"]
     mask_shape = saved["mask_shape"]
     D1 = (G_P_h * P_h).sum(axis=-1, keepdims=True)
-    db_O = None if b_O is None else np.zeros_like(b_O)
+    dG_b_O = b_O_v
     dG_b_V = b_V_v
     dG_b_K = b_K_v
+    dG_b_Q = b_Q_v
+    db_O = None if b_O is None else np.zeros_like(b_O)
     dG_W_V = W_V_v
     dG_W_K = W_K_v
-    dG_b_O = b_O_v
-    dG_b_Q = b_Q_v
     dG_W_O = W_O_v
     dG_W_Q = W_Q_v
     dC = G_out @ dG_W_O.mT
@@ -880,21 +880,21 @@ def _backward2(saved, grad_out):
     dQW_Q = merge_heads(dQ_h, H)
     del dQ_h
     db_Q = None if b_Q is None else rows(dQW_Q).sum(axis=0, keepdims=True)
-    t10 = merge_heads(sum_groups(G_V_h, H_kv), H_kv)
-    dV = t10 @ dG_W_V.mT + dVW_V @ W_V.mT
+    t8 = merge_heads(sum_groups(G_V_h, H_kv), H_kv)
+    dV = t8 @ dG_W_V.mT + dVW_V @ W_V.mT
     del dG_W_V
-    dW_V = sum_batch(V.mT @ dVW_V + dG_V.mT @ t10)
-    del dG_V, dVW_V, t10
-    t11 = merge_heads(sum_groups(G_K_h, H_kv), H_kv)
-    dK = t11 @ dG_W_K.mT + dKW_K @ W_K.mT
+    dW_V = sum_batch(V.mT @ dVW_V + dG_V.mT @ t8)
+    del dG_V, dVW_V, t8
+    t9 = merge_heads(sum_groups(G_K_h, H_kv), H_kv)
+    dK = t9 @ dG_W_K.mT + dKW_K @ W_K.mT
     del dG_W_K
-    dW_K = sum_batch(K.mT @ dKW_K + dG_K.mT @ t11)
-    del dG_K, dKW_K, t11
-    t12 = merge_heads(G_Q_h, H)
-    dQ = t12 @ dG_W_Q.mT + dQW_Q @ W_Q.mT
+    dW_K = sum_batch(K.mT @ dKW_K + dG_K.mT @ t9)
+    del dG_K, dKW_K, t9
+    t10 = merge_heads(G_Q_h, H)
+    dQ = t10 @ dG_W_Q.mT + dQW_Q @ W_Q.mT
     del dG_W_Q
-    dW_Q = sum_batch(Q.mT @ dQW_Q + dG_Q.mT @ t12)
-    del dG_Q, dQW_Q, t12
+    dW_Q = sum_batch(Q.mT @ dQW_Q + dG_Q.mT @ t10)
+    del dG_Q, dQW_Q, t10
     grads = {
         "Q": dQ,
         "K": dK,

@@ -1377,12 +1377,14 @@ def _backward2(saved, grad_out):
     b_1 = saved["b_1"]
     b_2 = saved["b_2"]
     mask_shape = saved["mask_shape"]
+    D4 = (gamma_2 * G_X_2 * N_2).sum(dim=-1, keepdim=True)
     D5 = G_N_2.sum(dim=-1, keepdim=True)
     D6 = (G_P_h * P_h).sum(dim=-1, keepdim=True)
+    D10 = (gamma_1 * G_X_1 * N_1).sum(dim=-1, keepdim=True)
     D11 = G_N_1.sum(dim=-1, keepdim=True)
     D14 = (N_1 * X_v).sum(dim=-1, keepdim=True)
-    db_2 = None if b_2 is None else torch.zeros_like(b_2)
     dG_b_2 = b_2_v
+    dG_b_1 = b_1_v
     dG_beta_2 = beta_2_v
     dG_gamma_2 = gamma_2_v
     dG_beta_1 = beta_1_v
@@ -1391,34 +1393,26 @@ def _backward2(saved, grad_out):
     dG_b_V = b_V_v
     dG_b_K = b_K_v
     dG_b_Q = b_Q_v
+    db_2 = None if b_2 is None else torch.zeros_like(b_2)
     dG_W_O = W_O_v
     dG_W_V = W_V_v
     dG_W_K = W_K_v
     dG_W_Q = W_Q_v
+    dG_W_1 = W_1_v
     dG_X = X_v
     dG_W_2 = W_2_v
     dF = G_out @ dG_W_2.mT
-    t18 = (torch.ones(n, 1, dtype=dtype, device=device)) @ gamma_2
-    D4 = (t18 * G_X_2 * N_2).sum(dim=-1, keepdim=True)
-    t19 = (torch.ones(n, 1, dtype=dtype, device=device)) @ gamma_1
-    D10 = (t19 * G_X_1 * N_1).sum(dim=-1, keepdim=True)
-    t20 = (torch.ones(n, 1, dtype=dtype, device=device)) @ dG_gamma_2
-    del dG_gamma_2
-    t21 = (torch.ones(n, 1, dtype=dtype, device=device)) @ dG_gamma_1
-    del dG_gamma_1
-    dG_b_1 = b_1_v
-    dG_W_1 = W_1_v
-    t23 = row_inv_std(Y, eps)
-    t15 = repeat_columns(t23, H * d_k)
-    t24 = row_inv_std(X, eps)
-    t4 = repeat_columns((D14 * t24), H * d_k)
+    t17 = row_inv_std(Y, eps)
+    t15 = repeat_columns(t17, H * d_k)
+    t18 = row_inv_std(X, eps)
+    t4 = repeat_columns((D14 * t18), H * d_k)
     del D14
-    t16 = repeat_columns(t24, H * d_k)
+    t16 = repeat_columns(t18, H * d_k)
     t10 = t16 * dG_X
     D13 = t10.sum(dim=-1, keepdim=True)
     t2 = t10.add_(c1 * D13)
     del D13, t10
-    dG_X_1 = c1 * (t4 * t19 * N_1) + dG_beta_1 + t21 * N_1 + t19 * t2
+    dG_X_1 = c1 * (gamma_1 * N_1 * t4) + dG_beta_1 + dG_gamma_1 * N_1 + gamma_1 * t2
     del dG_beta_1
     dG_Q_h = (
         split_heads(X_1 @ dG_W_Q, H)
@@ -1451,43 +1445,43 @@ def _backward2(saved, grad_out):
     dG_Y = C @ dG_W_O + dG_C @ W_O + dG_b_O + dG_X
     del dG_b_O
     D16 = (N_2 * dG_Y).sum(dim=-1, keepdim=True)
-    t6 = repeat_columns((D16 * t23), H * d_k)
+    t6 = repeat_columns((D16 * t17), H * d_k)
     del D16
     t9 = t15 * dG_Y
     D12 = t9.sum(dim=-1, keepdim=True)
     t1 = t9.add_(c1 * D12)
     del D12, t9
-    dG_X_2 = c1 * (t6 * t18 * N_2) + dG_beta_2 + t20 * N_2 + t18 * t1
+    dG_X_2 = c1 * (gamma_2 * N_2 * t6) + dG_beta_2 + dG_gamma_2 * N_2 + gamma_2 * t1
     del dG_beta_2
     dG_U = X_2 @ dG_W_1 + dG_X_2 @ W_1 + dG_b_1
     del dG_b_1
-    t25 = merge_heads(G_V_h, H)
-    t26 = merge_heads(G_Q_h, H)
-    t27 = merge_heads(G_K_h, H)
-    t28 = U ** 2
-    t29 = gelu_grad(U)
-    dG_F = t29 * dG_U
+    t19 = merge_heads(G_V_h, H)
+    t20 = merge_heads(G_Q_h, H)
+    t21 = merge_heads(G_K_h, H)
+    t22 = U ** 2
+    t23 = gelu_grad(U)
+    dG_F = t23 * dG_U
     dU = (
-        t29 * dF
-        + ((0.5) * 2**0.5 / (3.141592653589793) ** 0.5) * ((2 - t28) * (torch.exp((-1 / 2) * t28)) * G_F * dG_U)
+        t23 * dF
+        + ((0.5) * 2**0.5 / (3.141592653589793) ** 0.5) * ((2 - t22) * (torch.exp((-1 / 2) * t22)) * G_F * dG_U)
     )
-    del dF, dG_U, t28, t29
+    del dF, dG_U, t22, t23
     dX_2 = G_U @ dG_W_1.mT + dU @ W_1.mT
     del dG_W_1
     dN_2 = (
-        c1 * (t6 * t18 * G_X_2)
+        c1 * (gamma_2 * G_X_2 * t6)
         + c1 * ((repeat_columns((G_X_2 * N_2) @ gamma_2.mT, H * d_k)) * dG_Y * t15)
-        + t20 * G_X_2
-        + t18 * dX_2
+        + dG_gamma_2 * G_X_2
+        + gamma_2 * dX_2
     )
-    del t18, t20
+    del dG_gamma_2
     D2 = (N_2 * dN_2).sum(dim=-1, keepdim=True)
     D3 = dN_2.sum(dim=-1, keepdim=True)
     dY = (
         (c1 * (D2 * N_2) + c1 * D3 + dN_2) * t15
-        + (c1 * ((((c1 * (D4 * N_2) + c1 * D5 + G_N_2) * dG_Y).sum(dim=-1, keepdim=True)) * (t23 ** 2))) * N_2
+        + (c1 * ((((c1 * (D4 * N_2) + c1 * D5 + G_N_2) * dG_Y).sum(dim=-1, keepdim=True)) * (t17 ** 2))) * N_2
     )
-    del D2, D3, D4, D5, dN_2, t15, t23
+    del D2, D3, D4, D5, dN_2, t15, t17
     dC = G_Y @ dG_W_O.mT + dY @ W_O.mT
     del dG_W_O
     dO_h = split_heads(dC, H)
@@ -1520,33 +1514,33 @@ def _backward2(saved, grad_out):
     dM = None if mask_shape is None else dA_h.sum_to_size(mask_shape)
     dX_1W_V = merge_heads(dV_h, H)
     del dV_h
-    dW_V = sum_batch(X_1.mT @ dX_1W_V + dG_X_1.mT @ t25)
+    dW_V = sum_batch(X_1.mT @ dX_1W_V + dG_X_1.mT @ t19)
     db_V = None if b_V is None else rows(dX_1W_V).sum(dim=0, keepdim=True)
     dX_1W_Q = merge_heads(dQ_h, H)
     del dQ_h
-    dW_Q = sum_batch(X_1.mT @ dX_1W_Q + dG_X_1.mT @ t26)
+    dW_Q = sum_batch(X_1.mT @ dX_1W_Q + dG_X_1.mT @ t20)
     db_Q = None if b_Q is None else rows(dX_1W_Q).sum(dim=0, keepdim=True)
     dX_1W_K = merge_heads(dK_h, H)
     del dK_h
-    dX_1 = t27 @ dG_W_K.mT + t26 @ dG_W_Q.mT + t25 @ dG_W_V.mT + dX_1W_K @ W_K.mT + dX_1W_Q @ W_Q.mT + dX_1W_V @ W_V.mT
-    del dG_W_K, dG_W_Q, dG_W_V, dX_1W_Q, dX_1W_V, t25, t26
+    dX_1 = t21 @ dG_W_K.mT + t20 @ dG_W_Q.mT + t19 @ dG_W_V.mT + dX_1W_K @ W_K.mT + dX_1W_Q @ W_Q.mT + dX_1W_V @ W_V.mT
+    del dG_W_K, dG_W_Q, dG_W_V, dX_1W_Q, dX_1W_V, t19, t20
     dN_1 = (
-        c1 * (t4 * t19 * G_X_1)
+        c1 * (gamma_1 * G_X_1 * t4)
         + c1 * ((repeat_columns((G_X_1 * N_1) @ gamma_1.mT, H * d_k)) * X_v * t16)
-        + t21 * G_X_1
-        + t19 * dX_1
+        + dG_gamma_1 * G_X_1
+        + gamma_1 * dX_1
     )
-    del t19, t21
+    del dG_gamma_1
     D8 = (N_1 * dN_1).sum(dim=-1, keepdim=True)
     D9 = dN_1.sum(dim=-1, keepdim=True)
     dX = (
         (c1 * (D8 * N_1) + c1 * D9 + dN_1) * t16
-        + (c1 * ((((c1 * (D10 * N_1) + c1 * D11 + G_N_1) * dG_X).sum(dim=-1, keepdim=True)) * (t24 ** 2))) * N_1
+        + (c1 * ((((c1 * (D10 * N_1) + c1 * D11 + G_N_1) * dG_X).sum(dim=-1, keepdim=True)) * (t18 ** 2))) * N_1
         + dY
     )
-    del D10, D11, D8, D9, dG_X, dN_1, dY, t16, t24
-    dW_K = sum_batch(X_1.mT @ dX_1W_K + dG_X_1.mT @ t27)
-    del dG_X_1, t27
+    del D10, D11, D8, D9, dG_X, dN_1, dY, t16, t18
+    dW_K = sum_batch(X_1.mT @ dX_1W_K + dG_X_1.mT @ t21)
+    del dG_X_1, t21
     db_K = None if b_K is None else rows(dX_1W_K).sum(dim=0, keepdim=True)
     del dX_1W_K
     dgamma_1 = sum_batch((torch.ones(1, n, dtype=dtype, device=device)) @ (t2.mul_(G_X_1)) + (torch.ones(1, n, dtype=dtype, device=device)) @ (N_1 * dX_1) + c1 * (torch.ones(1, n, dtype=dtype, device=device)) @ (t4 * G_X_1 * N_1))

@@ -49,9 +49,12 @@ def expand(expr: Basic, definitions: dict[Basic, Basic]) -> Basic:
 
 
 def is_trivial(expr: Basic) -> bool:
-    """A name, a transposed name, ones, or a scalar: nothing worth naming or sharing."""
+    """A name, a transposed name, ones, a name broadcast (𝟏 γ, u 𝟏ᵀ: printed as the name, which broadcasts),
+    or a scalar: nothing worth naming or sharing."""
     if isinstance(expr, Transpose):
         expr = expr.arg
+    if isinstance(expr, MatMul) and len(expr.args) == 2 and any(isinstance(a, OneMatrix) for a in expr.args):
+        return all(is_trivial(a) for a in expr.args)
     return isinstance(expr, (MatrixSymbol, OneMatrix)) or not isinstance(expr, MatrixExpr)
 
 

@@ -13,7 +13,8 @@ from collections.abc import Callable, Container, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TypeVar
 
-from sympy import Basic, Expr, MatrixSymbol, default_sort_key
+from sympy import Basic, Expr, MatrixExpr, MatrixSymbol, default_sort_key
+from sympy.matrices.expressions import HadamardProduct, MatAdd, MatMul
 
 T = TypeVar("T")
 VISITS = {"nodes": 0}  # distinct nodes visited by the walks below (for tests that count work)
@@ -211,8 +212,19 @@ _INTERNED: dict[Basic, Basic] = {}
 
 
 def rebuilt(node: Basic, args) -> Basic:
-    """node with new arguments, interned; node itself when every argument is the same object (no deep ``==``)."""
-    return intern(node.func(*args)) if any(a is not b for a, b in zip(args, node.args)) else node
+    """node with new arguments, interned; node itself when every argument is the same object (no deep ``==``).
+
+    A product, sum or entrywise product of matrices is put together directly: its new arguments stand for
+    the old ones (same shapes), so SymPy's constructor would only sympify and validate them again.
+    """
+    if all(a is b for a, b in zip(args, node.args)):
+        return node
+    kind = type(node)
+    if kind in (MatAdd, HadamardProduct) and all(isinstance(a, MatrixExpr) for a in args):
+        return intern(Basic.__new__(kind, *args))
+    if kind is MatMul and all(isinstance(a, Basic) for a in args) and any(isinstance(a, MatrixExpr) for a in args):
+        return intern(Basic.__new__(kind, *args))
+    return intern(node.func(*args))
 
 
 def hash_consed(roots: Iterable[Basic]) -> list[Basic]:
