@@ -62,6 +62,16 @@ def masked_row_softmax(a, out=None):
     return out
 
 
+def matmul_tn(a, b):
+    """aᵀ b, for a (..., k, r) much wider than b (..., k, c). From r = 1024 rows on it is computed as (bᵀ a)ᵀ,
+    the same values: torch's CPU GEMM (MKL) multiplies a long transposed left operand by a thin one at about
+    half the speed in float64 (Pᵀ dO, 4 heads, n = 1024, d = 64: 33 → 17 ms). Shorter products stay aᵀ b,
+    whose result is contiguous."""
+    if a.shape[-1] >= 1024 and a.shape[-1] >= 8 * b.shape[-1]:
+        return (b.mT @ a).mT
+    return a.mT @ b
+
+
 def row_softmax(a, out=None):
     """softmax along the last axis, the row max subtracted first; out may be a itself."""
     top = a.amax(dim=-1, keepdim=True) if a.shape[-1] else a.new_zeros(*a.shape[:-1], 1)  # no keys
@@ -266,8 +276,8 @@ def _backward(saved, grad_out):
     dA = dP.sub_(D).mul_(P)
     del D, dP
     dQ = dA @ (scale * K)
-    dK = dA.mT @ (scale * Q)
-    dV = P.mT @ grad_out
+    dK = matmul_tn(dA, scale * Q)
+    dV = matmul_tn(P, grad_out)
     dM = None if mask_shape is None else dA.sum_to_size(mask_shape)
     return {"Q": dQ, "K": dK, "V": dV, "M": dM}
 
@@ -460,8 +470,8 @@ def _forward2(Q, K, V, G_out, Q_v, K_v, V_v, M, scale):
     G_P = G_out @ V.mT
     G_A = (G_P - ((G_P * P).sum(dim=-1, keepdim=True))) * P
     G_Q = G_A @ (scale * K)
-    G_K = G_A.mT @ (scale * Q)
-    G_V = P.mT @ G_out
+    G_K = matmul_tn(G_A, scale * Q)
+    G_V = matmul_tn(P, G_out)
     Y = (
         (torch.ones(1, m, dtype=dtype, device=device)) @ (K_v * G_K).sum(dim=-1, keepdim=True)
         + (torch.ones(1, m, dtype=dtype, device=device)) @ (V_v * G_V).sum(dim=-1, keepdim=True)
@@ -520,9 +530,9 @@ def _backward2(saved, grad_out):
     del D2, dP
     dQ = G_A @ (scale * dG_K) + dA @ (scale * K)
     del dG_K
-    dK = G_A.mT @ (scale * dG_Q) + dA.mT @ (scale * Q)
+    dK = matmul_tn(G_A, scale * dG_Q) + matmul_tn(dA, scale * Q)
     del dG_Q
-    dV = dG_P.mT @ G_out
+    dV = matmul_tn(dG_P, G_out)
     dG_out = P @ dG_V + dG_P @ V
     del dG_P, dG_V
     dM = None if mask_shape is None else dA.sum_to_size(mask_shape)

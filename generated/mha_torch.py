@@ -104,6 +104,16 @@ def masked_row_softmax(a, out=None):
     return out
 
 
+def matmul_tn(a, b):
+    """aᵀ b, for a (..., k, r) much wider than b (..., k, c). From r = 1024 rows on it is computed as (bᵀ a)ᵀ,
+    the same values: torch's CPU GEMM (MKL) multiplies a long transposed left operand by a thin one at about
+    half the speed in float64 (Pᵀ dO, 4 heads, n = 1024, d = 64: 33 → 17 ms). Shorter products stay aᵀ b,
+    whose result is contiguous."""
+    if a.shape[-1] >= 1024 and a.shape[-1] >= 8 * b.shape[-1]:
+        return (b.mT @ a).mT
+    return a.mT @ b
+
+
 def merge_heads(a, heads):
     """(..., heads, n, k) -> (..., n, heads * k)."""
     a = a.transpose(-2, -3)
@@ -415,9 +425,9 @@ def _backward(saved, grad_out):
     dP_h = dO_h @ V_h.mT
     dA_h = dP_h.sub_(D).mul_(P_h)
     del D, dP_h
-    dV_h = P_h.mT @ dO_h
+    dV_h = matmul_tn(P_h, dO_h)
     del dO_h
-    dK_h = dA_h.mT @ (scale * Q_h)
+    dK_h = matmul_tn(dA_h, scale * Q_h)
     dQ_h = dA_h @ (scale * K_h)
     dW_O = rows(C).mT @ rows(grad_out)
     db_O = None if b_O is None else rows(grad_out).sum(dim=0, keepdim=True)
@@ -855,8 +865,8 @@ def _forward2(
     del G_C
     G_P_h = G_O_h @ V_h.mT
     G_A_h = (G_P_h - ((G_P_h * P_h).sum(dim=-1, keepdim=True))) * P_h
-    G_V_h = P_h.mT @ G_O_h
-    G_K_h = G_A_h.mT @ (scale * Q_h)
+    G_V_h = matmul_tn(P_h, G_O_h)
+    G_K_h = matmul_tn(G_A_h, scale * Q_h)
     G_Q_h = G_A_h @ (scale * K_h)
     G_Q = (merge_heads(G_Q_h, H)) @ W_Q.mT
     G_K = (merge_heads(sum_groups(G_K_h, H_kv), H_kv)) @ W_K.mT
@@ -1021,9 +1031,9 @@ def _backward2(saved, grad_out):
     D2 = (P_h * dP_h).sum(dim=-1, keepdim=True)
     dA_h = dP_h.sub_(D2).mul_(P_h)
     del D2, dP_h
-    dV_h = P_h.mT @ dO_h + dG_P_h.mT @ G_O_h
+    dV_h = matmul_tn(P_h, dO_h) + matmul_tn(dG_P_h, G_O_h)
     del dG_P_h, dO_h
-    dK_h = G_A_h.mT @ (scale * dG_Q_h) + dA_h.mT @ (scale * Q_h)
+    dK_h = matmul_tn(G_A_h, scale * dG_Q_h) + matmul_tn(dA_h, scale * Q_h)
     del dG_Q_h
     dQ_h = G_A_h @ (scale * dG_K_h) + dA_h @ (scale * K_h)
     del dG_K_h

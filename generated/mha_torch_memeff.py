@@ -109,6 +109,16 @@ def masked_row_softmax_lse(a):
     return e, (top + torch.log(total)).masked_fill_(empty, float("inf"))
 
 
+def matmul_tn(a, b):
+    """aᵀ b, for a (..., k, r) much wider than b (..., k, c). From r = 1024 rows on it is computed as (bᵀ a)ᵀ,
+    the same values: torch's CPU GEMM (MKL) multiplies a long transposed left operand by a thin one at about
+    half the speed in float64 (Pᵀ dO, 4 heads, n = 1024, d = 64: 33 → 17 ms). Shorter products stay aᵀ b,
+    whose result is contiguous."""
+    if a.shape[-1] >= 1024 and a.shape[-1] >= 8 * b.shape[-1]:
+        return (b.mT @ a).mT
+    return a.mT @ b
+
+
 def merge_heads(a, heads):
     """(..., heads, n, k) -> (..., n, heads * k)."""
     a = a.transpose(-2, -3)
@@ -445,8 +455,8 @@ def _backward(saved, grad_out):
         dQW_Q_b = merge_heads(dQ_h_b, H)
         dQ_b = dQW_Q_b @ W_Q.mT
         dQ_blocks.append(dQ_b)
-        dV_h += P_h_b.mT @ dO_h_b
-        dK_h += dA_h_b.mT @ (scale * Q_h_b)
+        dV_h += matmul_tn(P_h_b, dO_h_b)
+        dK_h += matmul_tn(dA_h_b, scale * Q_h_b)
         dW_Q += rows(Q_b).mT @ rows(dQW_Q_b)
         if b_Q is not None:
             db_Q += rows(dQW_Q_b).sum(dim=0, keepdim=True)
@@ -908,8 +918,8 @@ def _forward2(
     del G_C
     G_P_h = G_O_h @ V_h.mT
     G_A_h = (G_P_h - ((G_P_h * P_h).sum(dim=-1, keepdim=True))) * P_h
-    G_V_h = P_h.mT @ G_O_h
-    G_K_h = G_A_h.mT @ (scale * Q_h)
+    G_V_h = matmul_tn(P_h, G_O_h)
+    G_K_h = matmul_tn(G_A_h, scale * Q_h)
     G_Q_h = G_A_h @ (scale * K_h)
     G_Q = (merge_heads(G_Q_h, H)) @ W_Q.mT
     G_K = (merge_heads(sum_groups(G_K_h, H_kv), H_kv)) @ W_K.mT
@@ -1074,9 +1084,9 @@ def _backward2(saved, grad_out):
     D2 = (P_h * dP_h).sum(dim=-1, keepdim=True)
     dA_h = dP_h.sub_(D2).mul_(P_h)
     del D2, dP_h
-    dV_h = P_h.mT @ dO_h + dG_P_h.mT @ G_O_h
+    dV_h = matmul_tn(P_h, dO_h) + matmul_tn(dG_P_h, G_O_h)
     del dG_P_h, dO_h
-    dK_h = G_A_h.mT @ (scale * dG_Q_h) + dA_h.mT @ (scale * Q_h)
+    dK_h = matmul_tn(G_A_h, scale * dG_Q_h) + matmul_tn(dA_h, scale * Q_h)
     del dG_Q_h
     dQ_h = G_A_h @ (scale * dG_K_h) + dA_h @ (scale * K_h)
     del dG_K_h

@@ -55,6 +55,16 @@ OPTIONAL = ()  # inputs that may be None: their terms are left out
 SPEC = "self_attention"
 
 
+def matmul_tn(a, b):
+    """aᵀ b, for a (..., k, r) much wider than b (..., k, c). From r = 1024 rows on it is computed as (bᵀ a)ᵀ,
+    the same values: torch's CPU GEMM (MKL) multiplies a long transposed left operand by a thin one at about
+    half the speed in float64 (Pᵀ dO, 4 heads, n = 1024, d = 64: 33 → 17 ms). Shorter products stay aᵀ b,
+    whose result is contiguous."""
+    if a.shape[-1] >= 1024 and a.shape[-1] >= 8 * b.shape[-1]:
+        return (b.mT @ a).mT
+    return a.mT @ b
+
+
 def row_softmax(a, out=None):
     """softmax along the last axis, the row max subtracted first; out may be a itself."""
     top = a.amax(dim=-1, keepdim=True) if a.shape[-1] else a.new_zeros(*a.shape[:-1], 1)  # no keys
@@ -219,8 +229,8 @@ def _backward(saved, grad_out):
     dP = grad_out @ V.mT
     dA = dP.sub_(D).mul_(P)
     del D, dP
-    dV = P.mT @ grad_out
-    dK = dA.mT @ (scale * Q)
+    dV = matmul_tn(P, grad_out)
+    dK = matmul_tn(dA, scale * Q)
     dQ = dA @ (scale * K)
     del dA
     dQKV = torch.cat([dQ, dK, dV], dim=-1)
@@ -455,7 +465,7 @@ def _forward2(X, W_Q, W_K, W_V, G_out, X_v, W_Q_v, W_K_v, W_V_v):
     G_X = P.mT @ G_out @ W_V.mT + G_A @ (scale * K) @ W_Q.mT + G_A.mT @ (scale * Q) @ W_K.mT
     G_W_Q = X.mT @ G_A @ (scale * K)
     G_W_K = X.mT @ G_A.mT @ (scale * Q)
-    G_W_V = X.mT @ (P.mT @ G_out)
+    G_W_V = X.mT @ (matmul_tn(P, G_out))
     Y = (
         (torch.ones(1, d_model, dtype=dtype, device=device)) @ (W_K_v * G_W_K).sum(dim=-1, keepdim=True)
         + (torch.ones(1, d_model, dtype=dtype, device=device)) @ (W_Q_v * G_W_Q).sum(dim=-1, keepdim=True)
@@ -521,12 +531,12 @@ def _backward2(saved, grad_out):
     dP = G_out @ (W_V.mT @ dG_X.mT) + G_out @ (dG_W_V.mT @ X.mT) + t5 * G_P + (G_P - D1) * dG_A
     del D1, dG_A, t5
     D3 = (P * dP).sum(dim=-1, keepdim=True)
-    dV = dG_P.mT @ G_out
+    dV = matmul_tn(dG_P, G_out)
     del dG_P
-    dW_V = sum_batch(X.mT @ dV + dG_X.mT @ (P.mT @ G_out))
+    dW_V = sum_batch(matmul_tn(X, dV) + dG_X.mT @ (matmul_tn(P, G_out)))
     t1 = dP.sub_(D3).mul_(P)
     del D3, dP
-    dK = scale * (t1.mT @ Q + G_A.mT @ t6)
+    dK = scale * (matmul_tn(t1, Q) + matmul_tn(G_A, t6))
     del t6
     dQ = scale * (t1 @ K + G_A @ t7)
     del t1, t7
@@ -539,9 +549,9 @@ def _backward2(saved, grad_out):
         + G_A.mT @ (scale * Q) @ dG_W_K.mT
     )
     del dG_W_K, dG_W_Q, dG_W_V, dV
-    dW_Q = sum_batch(dG_X.mT @ G_A @ (scale * K) + X.mT @ dQ)
+    dW_Q = sum_batch(dG_X.mT @ G_A @ (scale * K) + matmul_tn(X, dQ))
     del dQ
-    dW_K = sum_batch(dG_X.mT @ G_A.mT @ (scale * Q) + X.mT @ dK)
+    dW_K = sum_batch(dG_X.mT @ G_A.mT @ (scale * Q) + matmul_tn(X, dK))
     del dG_X, dK
     return {"X": dX, "W_Q": dW_Q, "W_K": dW_K, "W_V": dW_V, "G_out": dG_out}
 

@@ -42,6 +42,9 @@ TORCH_RUNTIME = {
 }
 
 
+FLIP_RATIO = 8  # torch prints Aᵀ B as matmul_tn(A, B) when A has this many times B's columns (typical sizes)
+
+
 def typical_size(expr: MatrixExpr) -> int:
     """rows × columns of expr at typical sizes (symbolic dimensions made numbers)."""
     return schedule_size(expr.shape[0]) * schedule_size(expr.shape[1])
@@ -251,7 +254,11 @@ class GeneratedCodeMixin:
         inner = factor.arg if isinstance(factor, Transpose) else factor
         scaled = f"{coeff_text} * {self._atom(inner)}" if coeff != -1 else f"-{self._atom(inner)}"
         scaled = f"({scaled}).mT" if isinstance(factor, Transpose) else f"({scaled})"
-        return " @ ".join(scaled if i == smallest else self._atom(m) for i, m in enumerate(mats))
+        return self._join_product(mats, [scaled if i == smallest else self._atom(m) for i, m in enumerate(mats)])
+
+    def _join_product(self, mats: list[Basic], texts: list[str]) -> str:
+        """The product of the factors mats, printed as texts: left to right."""
+        return " @ ".join(texts)
 
     def _print_matrix_chain(self, mats: list[Basic]) -> str:
         """F₁ @ F₂ @ …: left to right unless the cheapest order (at typical sizes) costs under half as much.
@@ -260,6 +267,8 @@ class GeneratedCodeMixin:
         𝟏_k 𝟏_cᵀ (a row sum, then a broadcast): A B 𝟏𝟏ᵀ is A (B 𝟏) 𝟏ᵀ, no ones array and no n × n product.
         """
         mats = [part for m in mats for part in split_ones(m)]
+        if len(mats) == 2 and not any(isinstance(m, OneMatrix) for m in mats):
+            return self._join_product(mats, [self._atom(m) for m in mats])
         if len(mats) < 3:
             return super()._print_matrix_chain(mats)
         tree = chain_order(mats, sp.sympify)
@@ -322,6 +331,18 @@ class GeneratedCodeMixin:
         if not _batched(expr, batched):
             return self._print(expr)
         return f"{self.helper('sum_batch')}({self._print(expr)})"
+
+
+def _unwrapped(text: str) -> str:
+    """text without brackets around all of it ((c * Q) → c * Q): an argument needs none."""
+    if not (text.startswith("(") and text.endswith(")")):
+        return text
+    depth = 0
+    for i, ch in enumerate(text):
+        depth += (ch == "(") - (ch == ")")
+        if depth == 0 and i < len(text) - 1:
+            return text  # (a) @ (b): the first bracket closes early
+    return text[1:-1]
 
 
 def _is_ones(term: Basic, shape: tuple) -> bool:
@@ -415,6 +436,15 @@ class TorchMatrixPrinter(GeneratedCodeMixin, NumPyMatrixPrinter):
     def _print_ZeroMatrix(self, expr: Basic) -> str:
         rows, cols = (self._print(s) for s in expr.shape)
         return f"torch.zeros({rows}, {cols}, dtype=dtype, device=device)"
+
+    def _join_product(self, mats: list[Basic], texts: list[str]) -> str:
+        """Aᵀ B with A's columns at least FLIP_RATIO times B's at typical sizes (Pᵀ dO, dAᵀ Q): the runtime's
+        matmul_tn, which multiplies a long product as (Bᵀ A)ᵀ where torch's GEMM is faster that way."""
+        if len(mats) == 2 and isinstance(mats[0], Transpose) and texts[0].endswith(".mT"):
+            if schedule_size(mats[0].shape[0]) >= FLIP_RATIO * schedule_size(mats[1].shape[1]):
+                left, right = (_unwrapped(t) for t in (texts[0].removesuffix(".mT"), texts[1]))
+                return f"{self.helper('matmul_tn')}({left}, {right})"
+        return " @ ".join(texts)
 
     def _print_sqrt(self, expr: Basic) -> str:  # pragma: no cover - Pow handles sqrt
         return f"{self._atom(expr.args[0])} ** 0.5"

@@ -96,6 +96,16 @@ def sum_groups(a, heads):
     return a.reshape(*a.shape[:-3], heads, a.shape[-3] // heads, *a.shape[-2:]).sum(dim=-3)
 
 
+def matmul_tn(a, b):
+    """aᵀ b, for a (..., k, r) much wider than b (..., k, c). From r = 1024 rows on it is computed as (bᵀ a)ᵀ,
+    the same values: torch's CPU GEMM (MKL) multiplies a long transposed left operand by a thin one at about
+    half the speed in float64 (Pᵀ dO, 4 heads, n = 1024, d = 64: 33 → 17 ms). Shorter products stay aᵀ b,
+    whose result is contiguous."""
+    if a.shape[-1] >= 1024 and a.shape[-1] >= 8 * b.shape[-1]:
+        return (b.mT @ a).mT
+    return a.mT @ b
+
+
 def repeat_columns(a, times):
     """(..., n, 1) -> (..., n, times): the column repeated (a view; a is evaluated once)."""
     return a.expand(*a.shape[:-1], times)

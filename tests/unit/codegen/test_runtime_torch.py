@@ -91,3 +91,11 @@ def test_a_second_derivative_raises_naming_the_spec(monkeypatch):
     (y,) = torch_runtime._NotTwice.apply(1, x * 2, x)
     with pytest.raises(RuntimeError, match="myspec: double backward is not supported"):
         y.sum().backward()
+
+
+@pytest.mark.parametrize("rows", [16, 1024])  # below and at the length from which (bᵀ a)ᵀ is used
+def test_matmul_tn_is_the_transposed_product_either_way(rows):
+    rng = np.random.default_rng(3)
+    a, b = rng.standard_normal((2, 5, rows)), rng.standard_normal((2, 5, 2))
+    got = torch_runtime.matmul_tn(torch.tensor(a), torch.tensor(b)).numpy()
+    assert got.shape == (2, rows, 2) and np.allclose(got, a.swapaxes(-1, -2) @ b, rtol=1e-13, atol=1e-13)
