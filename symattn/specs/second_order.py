@@ -10,7 +10,8 @@ has ∂f₂/∂x_j = Σ_i V_iᵀ-weighted second derivatives (the Hessian of tr(
 and ∂f₂/∂G = the Jacobian-vector product of F along V. So f₂ is an ordinary spec (inputs:
 x, G and the V_i; output 1 × 1) and the whole pipeline (derive, schedule, simplify, print)
 gives the double backward in closed form. The V_i are inputs whose own gradients (the g_i)
-are not asked for.
+are not asked for. A trainable scalar τ's direction is a scalar v_τ, and its term v_τ ∂f/∂τ, the
+gradient written as the 1 × 1 sum of entries it is (``autodiff.scalars.as_matrix``).
 """
 
 from __future__ import annotations
