@@ -185,6 +185,7 @@ class MathPrinter(Printer):
             text = sp.latex(expr, symbol_names={s: latex_name(s.name) for s in expr.free_symbols})
             return text.replace(r"\frac{", r"\tfrac{")  # as tall as the matrices beside it
         text = sp.sstr(expr)
+        text = re.sub(r"\bpi\b", "π", text)
         text = re.sub(r"sqrt\((\w+)\)", r"√\1", text)
         return text.replace("**", "^").replace("*", "·")
 

@@ -80,6 +80,7 @@ def improve(
     cost: Callable[[Basic], float],
     cost_rules: Sequence[Rule] = COST_REWRITES,
     rules: Sequence[Rule] = REWRITES,
+    given: int = 0,
 ) -> Basic:
     """Apply cost-guided rules anywhere in expr while the total cost goes down.
 
@@ -89,6 +90,10 @@ def improve(
     DAG, so a DAG of more than IMPROVE_MAX_NODES nodes is returned as it is: a deep stack's
     gradients written out in full (``cost_report``'s simplified column; the schedules simplify
     value by value, each with its names as leaves, and stay far below).
+
+    ``given``: expr is a Tuple whose first ``given`` arguments are values computed anyway (a forward
+    pass): they count in the cost, where the others can reuse them, but no rule is tried at a node that
+    only they hold (their values are what they are).
     """
     if len(subexpressions([expr])) > IMPROVE_MAX_NODES:
         return expr
@@ -97,8 +102,8 @@ def improve(
     improved = True
     while improved:
         improved = False
-        snapshot = subexpressions([expr])
-        present = set(snapshot)
+        snapshot = subexpressions([sp.Tuple(*expr.args[given:])] if given else [expr])
+        present = set(subexpressions([expr]))
         for node in snapshot:
             if node not in present:
                 continue
@@ -183,7 +188,7 @@ def simplify(
     number (default: FLOPs of its DAG at ``sizes``, ``TYPICAL_SIZES`` by default).
     """
     options = {"cost": cost, "rules": rules, "cost_rules": cost_rules, "sizes": sizes}
-    return simplify_all([*given, expr], **options)[-1]
+    return simplify_all([*given, expr], **options, given=len(given))[-1]
 
 
 def simplify_all(
@@ -192,8 +197,10 @@ def simplify_all(
     rules: Sequence[Rule] = REWRITES,
     cost_rules: Sequence[Rule] = COST_REWRITES,
     sizes: Mapping[str, int] | None = None,
+    given: int = 0,
 ) -> list[Basic]:
-    """Simplify several expressions as one DAG (e.g. a forward output and all its gradients).
+    """Simplify several expressions as one DAG (e.g. a forward output and all its gradients); the first
+    ``given`` are values at hand anyway: counted, reused, not rewritten by the cost-guided rules.
 
     Shared subexpressions come out as identical nodes, so a schedule computes them
     once; a cost-guided rule is kept where the FLOPs of all of them together go down.
@@ -205,7 +212,7 @@ def simplify_all(
             return flops_value(e, sizes=table)
 
     original = sp.Tuple(*(expression(e) for e in exprs))
-    joint = improve(rewrite(original, rules), cost, cost_rules, rules)
+    joint = improve(rewrite(original, rules), cost, cost_rules, rules, given)
     joint = order_products(share_transposes(joint, rules), table)
     # once products are nested, their sub-products can be shared too (W_Kᵀ Xᵀ = (X W_K)ᵀ)
     joint = share_transposes(joint, tuple(r for r in rules if r is not flatten_product))
