@@ -96,3 +96,23 @@ def test_reassociated_products_keep_their_value_and_take_the_cheap_order(rng):
     x, y, z = (rng.standard_normal((5, 3)) for _ in range(3))
     got = sa.lambdify([a, b, v], out.value)(x, y, z)
     np.testing.assert_allclose(got, 3 * x @ y.T @ z, rtol=1e-13)
+
+
+def test_one_entrywise_value_spelled_two_ways_is_computed_once():
+    """Differential attention's dQ₁ and dK₁ both read (dD − D₃) ⊙ P₁; names put in by substitution left the
+    sums in different orders (dD + t₁, t₁ + dD), so it was computed twice (and −D₃𝟏ᵀ materialised as t₁).
+    Sorted before sharing, no two n × n entrywise products or sums of the backward are equal up to order."""
+    from symattn.lang.graph import nodes
+    from symattn.optimize.rewrites import sort_commutative
+    from symattn.optimize.simplify import rewrite
+    from symattn.specs.files import load_spec_file
+
+    sched = schedule_spec(load_spec_file("examples/specs/differential_attention.py"))
+    n = dim("n")
+    square = [
+        e
+        for e in nodes(*(a.value for a in sched.backward))
+        if isinstance(e, (sp.HadamardProduct, sp.MatAdd)) and e.shape == (n, n)
+    ]
+    canonical = [rewrite(e, (sort_commutative,)) for e in square]
+    assert len(set(canonical)) == len(canonical)
