@@ -36,6 +36,7 @@ from symattn.codegen.passes import (
     fold_scalar_multiples,
     fuse_projections,
     hoist_hadamard_scalars,
+    inline_scaled_products,
     name_constants,
     name_row_sums,
     reassociate_products,
@@ -418,9 +419,11 @@ def schedule_spec(s: Spec, options: tuple[Option, ...] = ()) -> Schedule:
     taken = frozenset(str(x.name) for x in (*s.inputs, *s.constants, *(a.target for a in forward)))
     backward_values = _order(name_row_sums(backward_values, taken))
     forward, backward_values = save_entrywise_outputs(forward, hoist_hadamard_scalars(backward_values))
+    outputs = {t for _, t in (*gradients, *constant_gradients)}
+    backward_values = inline_scaled_products(backward_values, outputs)
 
     # Keep what the gradients read; save what the backward reads.
-    needed = _needed(backward_values, {t for _, t in (*gradients, *constant_gradients)})
+    needed = _needed(backward_values, outputs)
     backward_values = [a for a in backward_values if a.target in needed]
     constants, forward, backward_values = name_constants(forward, backward_values, {o.symbol for o in options})
     forward, backward_values = fuse_projections(forward, backward_values)

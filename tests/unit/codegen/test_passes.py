@@ -116,3 +116,22 @@ def test_one_entrywise_value_spelled_two_ways_is_computed_once():
     ]
     canonical = [rewrite(e, (sort_commutative,)) for e in square]
     assert len(set(canonical)) == len(canonical)
+
+
+def test_a_scaled_name_read_only_by_products_is_never_an_array():
+    """Temperature's dS = τ dA is read only by dK = dSᵀ Q and dQ = dS K: τ moves into the products, onto
+    the n × d_k factor (dK = dAᵀ (τ Q)), and no n × n array τ dA is made."""
+    from symattn.codegen.passes import inline_scaled_products
+    from symattn.specs.files import load_spec_file
+
+    sched = schedule_spec(load_spec_file("examples/specs/temperature_attention.py"))
+    targets = {str(a.target) for a in sched.backward}
+    assert "dS" not in targets and "dA" in targets
+    n, d = dim("n"), dim("d")
+    X, Y, W = MatrixSymbol("X", n, n), MatrixSymbol("Y", n, n), MatrixSymbol("W", n, d)
+    t, out, other = MatrixSymbol("t", n, n), MatrixSymbol("out", n, d), MatrixSymbol("other", n, n)
+    tau = sp.Symbol("tau", real=True)
+    values = [Assignment(t, tau * X), Assignment(out, t.T * W), Assignment(other, sa.hadamard(t, Y))]
+    assert [a.target for a in inline_scaled_products(values, {out, other})] == [t, out, other]  # t read by ⊙ too
+    inlined = inline_scaled_products(values[:2], {out})
+    assert [a.target for a in inlined] == [out] and inlined[0].value == tau * X.T * W
