@@ -72,10 +72,14 @@ def merge_cotangents(outputs: Iterable[tuple[Basic, Basic]]) -> tuple[tuple[Basi
     parts: dict[Basic, list[Basic]] = {}
     for a, c in outputs:
         parts.setdefault(a, []).append(c)
-    return tuple(
-        (a, cs[0] if len(cs) == 1 else total(*cs) if isinstance(cs[0], MatrixExpr) else sp.Add(*cs))
-        for a, cs in parts.items()
-    )
+    return tuple((a, added(cs)) for a, cs in parts.items())
+
+
+def added(cotangents: list[Basic]) -> Basic:
+    """The sum of the cotangents one node received: matrices by ``total``, a trainable scalar's by sp.Add."""
+    if len(cotangents) == 1:
+        return cotangents[0]
+    return total(*cotangents) if isinstance(cotangents[0], MatrixExpr) else sp.Add(*cotangents)
 
 
 def ones_like(a: MatrixExpr) -> OneMatrix:

@@ -34,11 +34,10 @@ from sympy.matrices.expressions import MatMul, Transpose
 from symattn.autodiff.differentials import Differential, ScalarDifferential, differential, local_differential
 from symattn.autodiff.grad import Tape, backward, default_seed
 from symattn.autodiff.scalars import entry_sums
-from symattn.autodiff.vjp import VJP_RULES, merge_cotangents
+from symattn.autodiff.vjp import VJP_RULES, added, merge_cotangents
 from symattn.derive.folding import fold_scalars, scaled
 from symattn.derive.naming import named_intermediates
 from symattn.errors import UnsupportedNodeError
-from symattn.lang.algebra import total
 from symattn.lang.graph import children, depends, first, postorder
 from symattn.lang.ops import MergeHeads, SplitHeads
 from symattn.numeric.dag import DagValues
@@ -226,13 +225,6 @@ def is_per_head(expr: Basic, per_head_symbols: frozenset = frozenset(), memo: di
     return memo[expr]
 
 
-def _sum(terms: list[Basic]) -> Basic:
-    """The cotangents a node received, added (matrices by ``total``, a trainable scalar's by sp.Add)."""
-    if len(terms) == 1:
-        return terms[0]
-    return total(*terms) if isinstance(terms[0], MatrixExpr) else sp.Add(*terms)
-
-
 class _Replay:
     """Walks a tape root first, writing one equation per step and naming cotangents as they complete."""
 
@@ -285,7 +277,7 @@ class _Replay:
     def define(self, node: Basic) -> None:
         """Name node's cotangent: the sum of all it received."""
         symbol = self.symbol(node)
-        value = fold_scalars(_sum(self.received[node]), self.forward)
+        value = fold_scalars(added(self.received[node]), self.forward)
         self.out.items.append(Definition(symbol, value, symbol in self.per_head))
         self.shown[node] = symbol
 
@@ -314,7 +306,7 @@ class _Replay:
             if node in self.named and self.arrivals.get(node, 0) > 1:
                 self.define(node)
             else:
-                self.shown[node] = fold_scalars(_sum(self.received[node]), self.forward)
+                self.shown[node] = fold_scalars(added(self.received[node]), self.forward)
         bar = self.shown[node]
         passed = merge_cotangents(
             (a, c if isinstance(a, MatrixExpr) else entry_sums(c))  # tr(Āᵀ S) written as 𝟏ᵀ(Ā ⊙ S)𝟏

@@ -34,6 +34,19 @@ def _inputs(spec: str, rng: np.random.Generator) -> tuple[dict, dict]:
     raise KeyError(spec)
 
 
+def _differences(module, values: dict, grad_out, direction: dict, options: dict | None = None) -> dict:
+    """H v by central differences, (∇f(x + h v) − ∇f(x − h v)) / 2h for f = tr(grad_outᵀ Y), h = 1e-5, each
+    gradient from the module's closed-form backward (the inputs passed by name)."""
+    h, options = 1e-5, options or {}
+
+    def gradients(sign):
+        shifted = {k: v + sign * h * direction[k] for k, v in values.items()}
+        return module.backward(module.forward(**shifted, **options)[1], grad_out)
+
+    plus, minus = gradients(1), gradients(-1)
+    return {k: (plus[k] - minus[k]) / (2 * h) for k in values}
+
+
 CASES = ["attention", "self_attention", "mha", "transformer_block"]
 VARIANTS = ["", "_memeff"]
 MODULES = [(spec, v) for spec in CASES for v in VARIANTS if not v or family(spec).row_blocks]  # memeff: row blocks
@@ -116,15 +129,9 @@ def test_numpy_hvp_matches_finite_differences(spec, variant):
     grad_out = rng.standard_normal(out.shape)
     direction = {name: rng.standard_normal(a.shape) for name, a in arrays.items()}
     hv = module.hvp(**arrays, grad_out=grad_out, direction=direction, **options)
-    h = 1e-5
-
-    def gradients(sign):
-        shifted = {name: a + sign * h * direction[name] for name, a in arrays.items()}
-        return module.backward(module.forward(**shifted, **options)[1], grad_out)
-
-    plus, minus = gradients(1), gradients(-1)
+    differences = _differences(module, arrays, grad_out, direction, options)
     for name in arrays:
-        expected = (plus[name] - minus[name]) / (2 * h)
+        expected = differences[name]
         error = np.abs(hv[name] - expected).max() / max(1.0, np.abs(expected).max())
         assert error < 1e-7, (name, error)
     assert set(hv) == set(arrays)
@@ -171,11 +178,9 @@ def test_gallery_gradgradcheck(name):
     grad_out = rng.standard_normal(out.shape)
     direction = {k: rng.standard_normal(v.shape) for k, v in values.items()}
     hv = numpy_module.hvp(*values.values(), grad_out, direction)
-    h = 1e-5
-    plus = numpy_module.backward(numpy_module.forward(*(v + h * direction[k] for k, v in values.items()))[1], grad_out)
-    minus = numpy_module.backward(numpy_module.forward(*(v - h * direction[k] for k, v in values.items()))[1], grad_out)
+    differences = _differences(numpy_module, values, grad_out, direction)
     for k in values:
-        expected = (plus[k] - minus[k]) / (2 * h)
+        expected = differences[k]
         assert np.abs(hv[k] - expected).max() / max(1.0, np.abs(expected).max()) < 1e-7, k
 
 
@@ -239,15 +244,9 @@ def test_gelu_tanh_block_is_right_under_double_backward():
     grad_out = rng.standard_normal(out.shape)
     direction = {k: rng.standard_normal(a.shape) for k, a in arrays.items()}
     hv = numpy_module.hvp(**arrays, grad_out=grad_out, direction=direction, **options)
-    h = 1e-5
-
-    def gradients(sign):
-        shifted = {k: a + sign * h * direction[k] for k, a in arrays.items()}
-        return numpy_module.backward(numpy_module.forward(**shifted, **options)[1], grad_out)
-
-    plus, minus = gradients(1), gradients(-1)
+    differences = _differences(numpy_module, arrays, grad_out, direction, options)
     for k in arrays:
-        expected = (plus[k] - minus[k]) / (2 * h)
+        expected = differences[k]
         assert np.abs(hv[k] - expected).max() / max(1.0, np.abs(expected).max()) < 1e-7, k
 
 
@@ -267,9 +266,7 @@ def test_a_trainable_scalar_at_zero_gives_a_finite_hessian(name, scalar):
     grad_out = rng.standard_normal(out.shape)
     direction = {k: rng.standard_normal(v.shape) for k, v in values.items()}
     hv = numpy_module.hvp(*values.values(), grad_out, direction)
-    h = 1e-5
-    plus = numpy_module.backward(numpy_module.forward(*(v + h * direction[k] for k, v in values.items()))[1], grad_out)
-    minus = numpy_module.backward(numpy_module.forward(*(v - h * direction[k] for k, v in values.items()))[1], grad_out)
+    differences = _differences(numpy_module, values, grad_out, direction)
     for k in values:
-        expected = (plus[k] - minus[k]) / (2 * h)
+        expected = differences[k]
         assert np.isfinite(hv[k]).all() and np.abs(hv[k] - expected).max() <= 1e-7 * max(1.0, np.abs(expected).max()), k
