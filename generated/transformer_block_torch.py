@@ -1480,7 +1480,7 @@ def _backward2(saved, grad_out):
     del dG_W_1
     dN_2 = (
         c1 * (gamma_2 * G_X_2 * t6)
-        + c1 * ((repeat_columns((G_X_2 * N_2) @ gamma_2.mT, H * d_k)) * dG_Y * t15)
+        + c1 * (((G_X_2 * N_2) @ gamma_2.mT) * dG_Y * t15)
         + dG_gamma_2 * G_X_2
         + gamma_2 * dX_2
     )
@@ -1536,7 +1536,7 @@ def _backward2(saved, grad_out):
     del dG_W_K, dG_W_Q, dG_W_V, dX_1W_Q, dX_1W_V, t19, t20
     dN_1 = (
         c1 * (gamma_1 * G_X_1 * t4)
-        + c1 * ((repeat_columns((G_X_1 * N_1) @ gamma_1.mT, H * d_k)) * X_v * t16)
+        + c1 * (((G_X_1 * N_1) @ gamma_1.mT) * X_v * t16)
         + dG_gamma_1 * G_X_1
         + gamma_1 * dX_1
     )

@@ -21,7 +21,7 @@ import re
 
 import sympy as sp
 from sympy import Basic, MatrixExpr
-from sympy.matrices.expressions import HadamardProduct, MatAdd, MatMul, OneMatrix, Transpose
+from sympy.matrices.expressions import HadamardPower, HadamardProduct, MatAdd, MatMul, OneMatrix, Transpose
 
 from symattn.codegen.chains import left_to_right_flops, split_ones, tree_flops
 from symattn.codegen.dag import typical_size as schedule_size
@@ -51,15 +51,19 @@ def typical_size(expr: MatrixExpr) -> int:
 
 
 def broadcast_column(expr: Basic) -> Basic | None:
-    """u for u 𝟏ᵀ (u a column) or vᵀ for 𝟏 vᵀ (v a row): a value that broadcasts, else None."""
+    """A smaller value that broadcasts to expr, else None: u for u 𝟏ᵀ (u = F₁ ⋯ F_k a column), vᵀ for 𝟏 vᵀ
+    (vᵀ = F₁ ⋯ F_k a row), u^∘k for (u 𝟏ᵀ)^∘k."""
+    if isinstance(expr, HadamardPower):
+        base = broadcast_column(expr.base)
+        return None if base is None else HadamardPower(base, expr.exp)
     if not isinstance(expr, MatMul):
         return None
     mats = [a for a in expr.args if isinstance(a, MatrixExpr)]
     coeff = sp.Mul(*(a for a in expr.args if not isinstance(a, MatrixExpr)))
-    if len(mats) == 2 and isinstance(mats[1], OneMatrix) and mats[1].shape[0] == 1 and mats[0].shape[1] == 1:
-        return product(coeff, mats[0]) if coeff != 1 else mats[0]
-    if len(mats) == 2 and isinstance(mats[0], OneMatrix) and mats[0].shape[1] == 1 and mats[1].shape[0] == 1:
-        return product(coeff, mats[1]) if coeff != 1 else mats[1]
+    if len(mats) >= 2 and isinstance(mats[-1], OneMatrix) and mats[-1].shape[0] == 1:
+        return product(coeff, *mats[:-1], canonical=False)
+    if len(mats) >= 2 and isinstance(mats[0], OneMatrix) and mats[0].shape[1] == 1:
+        return product(coeff, *mats[1:], canonical=False)
     return None
 
 

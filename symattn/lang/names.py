@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from sympy import Basic, MatrixExpr, MatrixSymbol
-from sympy.matrices.expressions import MatAdd, MatMul
+from sympy.matrices.expressions import MatAdd, MatMul, OneMatrix
 
 from symattn.lang.algebra import factors, product, total, transpose, transposed_factors
 from symattn.lang.graph import rebuilt
@@ -179,11 +179,27 @@ def _plan_product(expr: MatMul, runs: dict, skip: Basic | None) -> Plan:
     rest: list[Basic] = []
     i = 0
     while i < len(mats):
-        for definition, (c, run), name in runs.get(mats[i], ()):
+        for definition, (c, run), name in _runs_at(mats, i, runs):
             # c divided out only where it cannot be 0: a dimension's √d_k, never a trainable scalar τ (τ = 0 is legal)
-            if definition != skip and (c == 1 or c.is_zero is False) and tuple(mats[i : i + len(run)]) == run:
+            if definition == skip or not (c == 1 or c.is_zero is False):
+                continue
+            found = tuple(mats[i : i + len(run)])
+            if found == run:
                 coeff = coeff / c
                 pieces.append(name)
+                i += len(run)
+                break
+            # SymPy merged a name's 𝟏ₙ with the 𝟏ᵀₘ beside it: F 𝟏_{n×m} reads Z 𝟏ᵀₘ (Z = F 𝟏ₙ), 𝟏_{m×n} F Zᵀ-wise
+            if found[:-1] == run[:-1] and (after := _split_ones(run[-1], found[-1], last=True)) is not None:
+                coeff = coeff / c
+                pieces.append(name)
+                mats = [*mats[: i + len(run) - 1], after, *mats[i + len(run) :]]
+                i += len(run) - 1
+                break
+            if found[1:] == run[1:] and (before := _split_ones(run[0], found[0], last=False)) is not None:
+                coeff = coeff / c
+                pieces.extend((None, name))
+                rest.append(before)
                 i += len(run)
                 break
         else:
@@ -196,6 +212,27 @@ def _plan_product(expr: MatMul, runs: dict, skip: Basic | None) -> Plan:
         return product(coeff, *(next(substituted) if p is None else p for p in pieces), canonical=False, flatten=True)
 
     return rest, build
+
+
+def _runs_at(mats: list[Basic], i: int, runs: dict) -> list:
+    """The named products that may start at factor i: by that factor, or for a block of ones 𝟏_{m×n} there,
+    by the row 𝟏ᵀₙ a name may start with."""
+    found = runs.get(mats[i], [])
+    if isinstance(mats[i], OneMatrix) and mats[i].shape[0] != 1:
+        found = [*found, *runs.get(OneMatrix(1, mats[i].shape[1]), ())]
+    return found
+
+
+def _split_ones(named: Basic, found: Basic, last: bool) -> Basic | None:
+    """What is left of a block of ones found where a name has ones: 𝟏ᵀₘ of 𝟏_{n×m} at a name's last factor
+    𝟏ₙ (last), 𝟏ₘ of 𝟏_{m×n} at its first factor 𝟏ᵀₙ; None where there is no such split."""
+    if not (isinstance(named, OneMatrix) and isinstance(found, OneMatrix)) or named == found:
+        return None
+    if last and named.shape[1] == 1 and found.shape[0] == named.shape[0]:
+        return OneMatrix(1, found.shape[1])
+    if not last and named.shape[0] == 1 and found.shape[1] == named.shape[1]:
+        return OneMatrix(found.shape[0], 1)
+    return None
 
 
 def _plan_sum(expr: MatAdd, sums: dict, skip: Basic | None) -> Plan:

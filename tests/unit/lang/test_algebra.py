@@ -74,6 +74,15 @@ def test_names_substitute_runs_of_factors_and_transposes():
     assert names.substitute(MatMul(A, B).T) == s.T
 
 
+def test_a_name_ending_in_a_ones_column_is_found_where_sympy_merged_the_ones():
+    # Z = A 𝟏ₙ; SymPy writes Z 𝟏ᵀ_d = A 𝟏ₙ 𝟏ᵀ_d as A 𝟏_{n×d}: substitute reads it Z 𝟏ᵀ_d
+    names = Names()
+    z = MatrixSymbol("Z", n, 1)
+    names.add(MatMul(A, sp.OneMatrix(n, 1)), z)
+    assert names.substitute(MatMul(A, sp.OneMatrix(n, d))) == MatMul(z, sp.OneMatrix(1, d))
+    assert names.substitute(MatMul(sp.OneMatrix(d, n), A.T)) == MatMul(sp.OneMatrix(d, 1), z.T)
+
+
 def test_display_names_put_in_bottom_up():
     short = Names([("S", MatMul(A, B)), ("P", sp.HadamardProduct(MatMul(A, B), C))])
     assert [str(sym) for sym, _ in short.definitions] == ["S", "P"]
