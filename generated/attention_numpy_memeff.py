@@ -426,7 +426,7 @@ def _backward2(saved, grad_out):
     D3 = t2.sum(axis=-1, keepdims=True)
     t1 = np.repeat(D3, m, axis=-1)
     del D3
-    dG_P = c1 * (t1 * P) + scale * t2
+    dG_P = c1 * (t1 * P - t2)
     del t2
     dP = c1 * (t1 * G_P) + scale * (np.multiply(t3, G_P - D1, out=t3)) + G_out @ dG_V.mT
     del D1, t1, t3

@@ -521,7 +521,7 @@ def _backward2(saved, grad_out):
     D3 = t2.sum(dim=-1, keepdim=True)
     t1 = repeat_columns(D3, m)
     del D3
-    dG_P = c1 * (t1 * P) + scale * t2
+    dG_P = c1 * (t1 * P - t2)
     del t2
     dP = c1 * (t1 * G_P) + scale * (t3.mul_(G_P - D1)) + G_out @ dG_V.mT
     del D1, t1, t3

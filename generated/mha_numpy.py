@@ -805,7 +805,7 @@ def _backward2(saved, grad_out):
     D3 = t4.sum(axis=-1, keepdims=True)
     t1 = np.repeat(D3, m, axis=-1)
     del D3
-    dG_P_h = c1 * (t1 * P_h) + scale * t4
+    dG_P_h = c1 * (t1 * P_h - t4)
     del t4
     dG_O_h = P_h @ dG_V_h + dG_P_h @ V_h
     dG_C = merge_heads(dG_O_h, H)

@@ -1021,7 +1021,7 @@ def _backward2(saved, grad_out):
     D3 = t4.sum(dim=-1, keepdim=True)
     t1 = repeat_columns(D3, m)
     del D3
-    dG_P_h = c1 * (t1 * P_h) + scale * t4
+    dG_P_h = c1 * (t1 * P_h - t4)
     del t4
     dG_O_h = P_h @ dG_V_h + dG_P_h @ V_h
     dG_C = merge_heads(dG_O_h, H)

@@ -1131,7 +1131,7 @@ def _backward2(saved, grad_out):
     D15 = t8.sum(axis=-1, keepdims=True)
     t5 = np.repeat(D15, n, axis=-1)
     del D15
-    dG_P_h = c2 * (t5 * P_h) + scale * t8
+    dG_P_h = c2 * (t5 * P_h - t8)
     del t8
     dG_O_h = P_h @ dG_V_h + dG_P_h @ V_h
     dG_C = merge_heads(dG_O_h, H)

@@ -1447,7 +1447,7 @@ def _backward2(saved, grad_out):
     D15 = t8.sum(dim=-1, keepdim=True)
     t5 = repeat_columns(D15, n)
     del D15
-    dG_P_h = c2 * (t5 * P_h) + scale * t8
+    dG_P_h = c2 * (t5 * P_h - t8)
     del t8
     dG_O_h = P_h @ dG_V_h + dG_P_h @ V_h
     dG_C = merge_heads(dG_O_h, H)

@@ -15,7 +15,7 @@ import sympy as sp
 from sympy import Basic, MatrixExpr, MatrixSymbol
 from sympy.matrices.expressions import MatMul, OneMatrix, Transpose
 
-from symattn.lang.algebra import product
+from symattn.lang.algebra import factors, product
 from symattn.lang.graph import children, nodes, postorder, rebuilt
 from symattn.optimize.cost import typical_size  # noqa: F401  (the printers place scalars by it)
 
@@ -56,6 +56,16 @@ def is_trivial(expr: Basic) -> bool:
     if isinstance(expr, MatMul) and len(expr.args) == 2 and any(isinstance(a, OneMatrix) for a in expr.args):
         return all(is_trivial(a) for a in expr.args)
     return isinstance(expr, (MatrixSymbol, OneMatrix)) or not isinstance(expr, MatrixExpr)
+
+
+def is_scaled_name(expr: Basic) -> bool:
+    """c·X or c·Xᵀ with X a name and c a scalar other than 1."""
+    if not isinstance(expr, MatMul):
+        return False
+    coeff, mats = factors(expr)
+    if len(mats) != 1 or coeff == 1:
+        return False
+    return isinstance(mats[0].arg if isinstance(mats[0], Transpose) else mats[0], MatrixSymbol)
 
 
 def count_uses(values: Iterable[Basic]) -> Counter:

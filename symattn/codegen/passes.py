@@ -8,14 +8,12 @@ row sums named (FlashAttention's D), compound scalars named (scale = 1/√d_k).
 from __future__ import annotations
 
 import sympy as sp
-from sympy import Basic, MatrixExpr, MatrixSymbol
+from sympy import Basic, MatrixSymbol
 from sympy.matrices.expressions import BlockMatrix, HadamardProduct, MatMul, OneMatrix, Transpose
 
 from symattn.codegen.chains import left_to_right_flops, tree_flops
 from symattn.codegen.dag import Assignment, count_uses, is_weight
-from symattn.lang.algebra import factors, product, terms, transpose
-from symattn.lang.graph import nodes
-from symattn.lang.names import Names
+from symattn.lang.algebra import factors, product, terms
 from symattn.lang.ops import Exp, RowSum, Sigmoid, Tanh
 from symattn.optimize.cost import chain_order
 
@@ -48,52 +46,6 @@ def fold_scalar_multiples(forward: list[Assignment], keep: set, trainable: froze
             break
         else:
             return forward
-
-
-def inline_scaled_products(backward: list[Assignment], keep: set) -> list[Assignment]:
-    """Inline t = c·X (X a name, c a scalar) where every use of t or tᵀ is a factor of a matrix product.
-
-    The product then carries c, which the printer puts on its smallest factor: temperature's dS = τ dA
-    read by dK = dSᵀ Q and dQ = dS K becomes dK = dAᵀ (τ Q), dQ = dA (τ K), and the n × n array τ dA
-    is never made. A t read anywhere else (a sum, an entrywise product, a row sum) stays a value: there
-    the scaling would be repeated at every use.
-    """
-    scaled = {a.target: a.value for a in backward if a.target not in keep and _scaled_name(a.value)}
-    if not scaled:
-        return backward
-    in_products, elsewhere = set(), set()
-    for node in nodes(*(a.value for a in backward)):
-        if isinstance(node, Transpose):
-            continue  # tᵀ is judged where it is read
-        for arg in node.args:
-            name = arg.arg if isinstance(arg, Transpose) else arg
-            if name in scaled:
-                in_product = isinstance(node, MatMul) and len([f for f in node.args if isinstance(f, MatrixExpr)]) > 1
-                (in_products if in_product else elsewhere).add(name)
-    elsewhere |= {a.value for a in backward if a.value in scaled}  # dX = dS: a copy, not a product
-    inline = {t: scaled[t] for t in in_products - elsewhere}
-    if not inline:
-        return backward
-    flat = Names()  # no names: the inlined c·X spliced into the products that read it
-    mapping = dict(inline)
-    for t, value in inline.items():  # tᵀ = c·Xᵀ, written as a product so that it splices in too
-        coeff, (x,) = factors(value)
-        mapping[t.T] = product(coeff, transpose(x), canonical=False)
-    return [
-        Assignment(a.target, flat.substitute(a.value.xreplace(mapping)), a.reduce_batch, a.comment)
-        for a in backward
-        if a.target not in inline
-    ]
-
-
-def _scaled_name(value: Basic) -> bool:
-    """c·X or c·Xᵀ with X a name and c a scalar other than 1."""
-    if not isinstance(value, MatMul):
-        return False
-    coeff, mats = factors(value)
-    if len(mats) != 1 or coeff == 1:
-        return False
-    return isinstance(mats[0].arg if isinstance(mats[0], Transpose) else mats[0], MatrixSymbol)
 
 
 def _is_multiple_of(term: Basic, symbol: MatrixSymbol, trainable: frozenset = frozenset()) -> bool:

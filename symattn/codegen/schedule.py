@@ -31,18 +31,17 @@ from sympy.matrices.expressions import MatMul
 
 from symattn.autodiff.grad import backward
 from symattn.autodiff.scalars import as_matrix, is_scalar_input
-from symattn.codegen.dag import Assignment, count_uses, expand, is_trivial, is_weight
+from symattn.codegen.dag import Assignment, count_uses, expand, is_scaled_name, is_trivial, is_weight
 from symattn.codegen.passes import (
     fold_scalar_multiples,
     fuse_projections,
     hoist_hadamard_scalars,
-    inline_scaled_products,
     name_constants,
     name_row_sums,
     reassociate_products,
     save_entrywise_outputs,
 )
-from symattn.lang.algebra import factors, total, transpose
+from symattn.lang.algebra import factors, product, total, transpose
 from symattn.lang.dims import Binding, bind_dimensions
 from symattn.lang.graph import bottom_up, children, nodes, sort_key
 from symattn.lang.names import Names
@@ -296,7 +295,9 @@ def _sweep(forward: list[Assignment], inputs: tuple, seed: MatrixSymbol) -> tupl
         if not terms:
             return None
         value = terms[0] if len(terms) == 1 else total(*terms)
-        if is_trivial(value) and target not in inputs:  # an input's gradient is always assigned (dB = dA)
+        # an input's gradient is always assigned (dB = dA); a scaled name (dP₂ = −λ dD) goes into the VJPs
+        # that read it, where the simplifier takes the scalar out of entrywise products and row sums
+        if (is_trivial(value) or is_scaled_name(value)) and target not in inputs:
             return value
         symbol = gradient_symbol(target)
         assignments.append(Assignment(symbol, value, reduce_batch=is_weight(target)))
@@ -309,14 +310,17 @@ def _sweep(forward: list[Assignment], inputs: tuple, seed: MatrixSymbol) -> tupl
             continue
         wrt = [x for x in a.value.atoms(MatrixSymbol) if x in inputs or x in targets]
         wrt += [x for x in scalars if x in a.value.free_symbols]
+        # a VJP is linear in its cotangent: for g = c·Y (dP₂ = −λ dD) it runs on Y and c multiplies what it gives
+        scale, (g,) = factors(g) if is_scaled_name(g) else (sp.Integer(1), (g,))
         tape = backward(a.value, wrt, g)
         for node, cot in tape.cotangents.items():
-            if isinstance(node, (MatMul, sp.MatAdd)) and node not in wrt and _product_name(node):
+            if isinstance(node, (MatMul, sp.MatAdd)) and node not in wrt and _product_name(node) and scale == 1:
                 interior[named.substitute(cot)] = _product_name(node)
         for x in wrt:
             if x in tape.cotangents:
                 found = tape.gradients[x]  # a scalar's: tr(dAᵀ S) as 𝟏ᵀ (dA ⊙ S) 𝟏
-                contributions.setdefault(x, []).append(named.substitute(as_matrix(found) if x in scalars else found))
+                found = named.substitute(as_matrix(found) if x in scalars else found)
+                contributions.setdefault(x, []).append(product(scale, found) if scale != 1 else found)
     for x in inputs:
         if contributions.get(x):
             collect(x)
@@ -420,7 +424,6 @@ def schedule_spec(s: Spec, options: tuple[Option, ...] = ()) -> Schedule:
     backward_values = _order(name_row_sums(backward_values, taken))
     forward, backward_values = save_entrywise_outputs(forward, hoist_hadamard_scalars(backward_values))
     outputs = {t for _, t in (*gradients, *constant_gradients)}
-    backward_values = inline_scaled_products(backward_values, outputs)
 
     # Keep what the gradients read; save what the backward reads.
     needed = _needed(backward_values, outputs)

@@ -126,14 +126,14 @@ def collect_like_terms(e: Basic) -> Basic | None:
 
 
 def common_scalar_out(e: Basic) -> Basic | None:
-    # c A + c B → c (A + B)
+    # c A ± c B → c (A ± B)
     if not isinstance(e, MatAdd):
         return None
     coeffs = [factors(t)[0] for t in e.args]
     c = coeffs[0]
-    if c in (1, -1) or any(x != c for x in coeffs):
+    if c in (1, -1) or any(x != c and x != -c for x in coeffs):
         return None
-    return _product(c, [_total([_product(sp.Integer(1), factors(t)[1]) for t in e.args])])
+    return _product(c, [_total([_product(x / c, factors(t)[1]) for x, t in zip(coeffs, e.args)])])
 
 
 def flatten_entrywise(e: Basic) -> Basic | None:

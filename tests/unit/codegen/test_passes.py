@@ -11,6 +11,7 @@ from symattn.codegen.dag import Assignment
 from symattn.codegen.passes import hoist_hadamard_scalars, name_row_sums, save_entrywise_outputs
 from symattn.codegen.printers import GeneratedNumPyPrinter
 from symattn.codegen.schedule import schedule_spec
+from symattn.lang.graph import nodes
 from symattn.specs import dim
 
 n, m = 4, 3
@@ -102,7 +103,6 @@ def test_one_entrywise_value_spelled_two_ways_is_computed_once():
     """Differential attention's dQ₁ and dK₁ both read (dD − D₃) ⊙ P₁; names put in by substitution left the
     sums in different orders (dD + t₁, t₁ + dD), so it was computed twice (and −D₃𝟏ᵀ materialised as t₁).
     Sorted before sharing, no two n × n entrywise products or sums of the backward are equal up to order."""
-    from symattn.lang.graph import nodes
     from symattn.optimize.rewrites import sort_commutative
     from symattn.optimize.simplify import rewrite
     from symattn.specs.files import load_spec_file
@@ -118,20 +118,28 @@ def test_one_entrywise_value_spelled_two_ways_is_computed_once():
     assert len(set(canonical)) == len(canonical)
 
 
-def test_a_scaled_name_read_only_by_products_is_never_an_array():
-    """Temperature's dS = τ dA is read only by dK = dSᵀ Q and dQ = dS K: τ moves into the products, onto
-    the n × d_k factor (dK = dAᵀ (τ Q)), and no n × n array τ dA is made."""
-    from symattn.codegen.passes import inline_scaled_products
+def test_a_scaled_cotangent_read_only_by_products_is_never_an_array():
+    """Temperature's S has the cotangent dS = τ dA, read by dK = dSᵀ Q and dQ = dS K: the VJP of S = Q Kᵀ runs
+    on dA and τ multiplies its products, where the printer puts it on the n × d_k factor (dK = dAᵀ (τ Q))."""
     from symattn.specs.files import load_spec_file
 
     sched = schedule_spec(load_spec_file("examples/specs/temperature_attention.py"))
-    targets = {str(a.target) for a in sched.backward}
-    assert "dS" not in targets and "dA" in targets
-    n, d = dim("n"), dim("d")
-    X, Y, W = MatrixSymbol("X", n, n), MatrixSymbol("Y", n, n), MatrixSymbol("W", n, d)
-    t, out, other = MatrixSymbol("t", n, n), MatrixSymbol("out", n, d), MatrixSymbol("other", n, n)
-    tau = sp.Symbol("tau", real=True)
-    values = [Assignment(t, tau * X), Assignment(out, t.T * W), Assignment(other, sa.hadamard(t, Y))]
-    assert [a.target for a in inline_scaled_products(values, {out, other})] == [t, out, other]  # t read by ⊙ too
-    inlined = inline_scaled_products(values[:2], {out})
-    assert [a.target for a in inlined] == [out] and inlined[0].value == tau * X.T * W
+    values = {str(a.target): a.value for a in sched.backward}
+    assert "dS" not in values and "dA" in values
+    n = dim("n")
+    square = [e for e in nodes(*values.values()) if getattr(e, "shape", None) == (n, n)]
+    assert not [e for e in square if isinstance(e, sp.MatMul) and len([f for f in e.args if f.is_Matrix]) == 1]
+
+
+def test_a_scaled_cotangent_runs_the_vjps_unscaled():
+    """D = P₁ − λ P₂ gives P₂ the cotangent −λ dD. VJPs are linear in the cotangent, so P₂'s softmax VJP runs on
+    dD and −λ multiplies what it gives: dQ₂ and dK₂ read one (dD − D₁𝟏ᵀ) ⊙ P₂, and no n × n value is a scalar
+    multiple (the scalar lands on the n × d_k factor)."""
+    from symattn.specs.files import load_spec_file
+
+    sched = schedule_spec(load_spec_file("examples/specs/differential_attention.py"))
+    n = dim("n")
+    square = [e for e in nodes(*(a.value for a in sched.backward)) if getattr(e, "shape", None) == (n, n)]
+    assert not [e for e in square if isinstance(e, sp.MatMul) and len([f for f in e.args if f.is_Matrix]) == 1]
+    entrywise = [e for e in square if isinstance(e, sp.HadamardProduct)]
+    assert len(entrywise) == 4  # P₁ ⊙ dD, P₁ ⊙ (dD − D₂𝟏ᵀ), P₂ ⊙ dD, P₂ ⊙ (dD − D₁𝟏ᵀ)

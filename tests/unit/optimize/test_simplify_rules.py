@@ -42,7 +42,7 @@ CASES = {
     "flatten_entrywise": MatAdd(MatAdd(A, A2), A3),  # (A + A2) + A3 = A + A2 + A3
     "zero_terms": MatAdd(A, ZeroMatrix(n, k)),  # A + 0 = A
     "collect_like_terms": MatAdd(MatMul(2, A), MatMul(3, A), A2),  # 2A + 3A + A2 = 5A + A2
-    "common_scalar_out": MatAdd(MatMul(c, A), MatMul(c, A2)),  # cA + cA2 = c(A + A2)
+    "common_scalar_out": MatAdd(MatMul(c, A), MatMul(-c, A2)),  # cA − cA2 = c(A − A2)
     "sort_commutative": HadamardProduct(*sorted([A, A2], key=sp.default_sort_key, reverse=True)),  # A2 ⊙ A = A ⊙ A2
     "hadamard_with_ones": HadamardProduct(A, OneMatrix(n, k)),  # A ⊙ 𝟏𝟏ᵀ = A
     "hadamard_with_zero": HadamardProduct(A, ZeroMatrix(n, k)),  # A ⊙ 0 = 0
