@@ -27,6 +27,7 @@ from symattn.codegen.chains import left_to_right_flops, split_ones, tree_flops
 from symattn.codegen.dag import typical_size as schedule_size
 from symattn.errors import SymattnError
 from symattn.lang.algebra import factors, product
+from symattn.lang.graph import matrix_symbols
 from symattn.numeric.printers import NUMPY_RUNTIME, NumPyMatrixPrinter, _split_sign, runtime_functions, runtime_source
 from symattn.optimize.cost import chain_order
 
@@ -356,7 +357,7 @@ def _is_ones(term: Basic, shape: tuple) -> bool:
 
 
 def _batched(expr: Basic, batched: set) -> bool:
-    return any(str(s.name) in batched for s in expr.atoms(sp.MatrixSymbol))
+    return any(str(s.name) in batched for s in matrix_symbols(expr))
 
 
 class GeneratedNumPyPrinter(GeneratedCodeMixin, NumPyMatrixPrinter):

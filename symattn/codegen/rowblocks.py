@@ -22,6 +22,7 @@ from symattn.codegen.dag import Assignment
 from symattn.codegen.schedule import Schedule
 from symattn.errors import SymattnError
 from symattn.lang.algebra import factors
+from symattn.lang.graph import matrix_symbols
 from symattn.lang.ops import Exp, RowSoftmax
 
 BLOCK_SIZE = 128  # default query rows per block: 128 × m temporaries (2 MiB each at m = 4096, float32)
@@ -95,7 +96,7 @@ def plan(sched: Schedule) -> Plan:
         return blocks.setdefault(x, MatrixSymbol(f"{x.name}_b", BLOCK_ROWS, x.shape[1]))
 
     def in_block(expr: Basic) -> Basic:
-        local = sorted((x for x in expr.atoms(MatrixSymbol) if row_local(x)), key=str)  # a fixed order: same bytes
+        local = sorted((x for x in matrix_symbols(expr) if row_local(x)), key=str)  # a fixed order: same bytes
         return expr.xreplace({x: block(x) for x in local})
 
     # Forward: A_b; P_b and L_b together; O_b. O and L are collected.
@@ -118,7 +119,7 @@ def plan(sched: Schedule) -> Plan:
     propagating, summed, later = {a_def.target, p_def.target}, set(), set()
     inside: list[Assignment] = []
     for a in sched.backward:
-        reads = a.value.atoms(MatrixSymbol)
+        reads = matrix_symbols(a.value)
         _, mats = factors(a.value)
         # n × m values (dP = dO Vᵀ) are made block by block too, never whole
         if reads & (summed | later) or not (reads & propagating or a.target.shape == p_def.target.shape):
@@ -139,7 +140,7 @@ def plan(sched: Schedule) -> Plan:
     before = _reads(inside, sched.backward) - core
     pre = [a for a in sched.backward if a.target in before]
     post = [a for a in sched.backward if a.target not in core and a.target not in before]
-    read_after = {x for a in post for x in a.value.atoms(MatrixSymbol)} | {t for _, t in sched.gradients}
+    read_after = {x for a in post for x in matrix_symbols(a.value)} | {t for _, t in sched.gradients}
     bloop.collect = [(a.target, block(a.target)) for a in inside if a.target in propagating and a.target in read_after]
     bloop.slices = _slices(bloop, blocks)
 
@@ -164,7 +165,7 @@ def _slices(loop: Loop, blocks: dict[MatrixSymbol, MatrixSymbol]) -> list[tuple[
     made = {a.target for a in loop.body}
     if loop.softmax is not None:
         made |= set(loop.softmax[:2])
-    read = {x for a in (*loop.body, *loop.accumulate) for x in a.value.atoms(MatrixSymbol)}
+    read = {x for a in (*loop.body, *loop.accumulate) for x in matrix_symbols(a.value)}
     return [(b, full) for full, b in blocks.items() if b in read and b not in made]
 
 
@@ -172,11 +173,11 @@ def _reads(inside: list[Assignment], backward: tuple[Assignment, ...]) -> set:
     """Every backward target that the given assignments read, directly or not."""
     by_target = {a.target: a for a in backward}
     seen: set = set()
-    stack = [x for a in inside for x in a.value.atoms(MatrixSymbol)]
+    stack = [x for a in inside for x in matrix_symbols(a.value)]
     while stack:
         x = stack.pop()
         if x in seen or x not in by_target:
             continue
         seen.add(x)
-        stack.extend(by_target[x].value.atoms(MatrixSymbol))
+        stack.extend(matrix_symbols(by_target[x].value))
     return seen

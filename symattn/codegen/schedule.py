@@ -43,7 +43,7 @@ from symattn.codegen.passes import (
 )
 from symattn.lang.algebra import factors, product, total, transpose
 from symattn.lang.dims import Binding, bind_dimensions
-from symattn.lang.graph import bottom_up, children, nodes, sort_key
+from symattn.lang.graph import bottom_up, children, matrix_symbols, sort_key
 from symattn.lang.names import Names
 from symattn.optimize.cost import flops_value
 from symattn.optimize.rewrites import sort_commutative
@@ -98,7 +98,7 @@ class Schedule:
 
     def is_batched(self, expr: Basic) -> bool:
         """Does expr carry the leading batch dimensions (depends on a non-weight input or the seed)?"""
-        return any(s.name not in self.weights for s in expr.atoms(MatrixSymbol))
+        return any(s.name not in self.weights for s in matrix_symbols(expr))
 
 
 def _share(values: list[Assignment], interior: dict[Basic, str]) -> list[Assignment]:
@@ -117,7 +117,7 @@ def _share(values: list[Assignment], interior: dict[Basic, str]) -> list[Assignm
     values = [Assignment(a.target, flat.substitute(a.value), a.reduce_batch, a.comment) for a in values]
     holders: dict[Basic, set[int]] = {}  # symbol → the values that may read it (a superset: never removed)
     for i, a in enumerate(values):
-        for x in _symbols(a.value):
+        for x in matrix_symbols(a.value):
             holders.setdefault(x, set()).add(i)
     targets = {str(a.target.name) for a in values}
     candidates = _Candidates(frozenset(interior))
@@ -129,10 +129,12 @@ def _share(values: list[Assignment], interior: dict[Basic, str]) -> list[Assignm
         target = MatrixSymbol(label, *shared.shape)
         local = Names()
         local.add(shared, target)
-        wanted = _symbols(shared)  # a value without all of shared's leaves cannot contain it
+        wanted = matrix_symbols(shared)  # a value without all of shared's leaves cannot contain it
         changed = {}
         for i in sorted(min((holders[x] for x in wanted), key=len)) if wanted else range(len(values)):
-            if wanted <= _symbols(values[i].value) and (value := local.substitute(values[i].value)) != values[i].value:
+            if not wanted <= matrix_symbols(values[i].value):
+                continue
+            if (value := local.substitute(values[i].value)) != values[i].value:
                 changed[i] = value
         before = count_uses(values[i].value for i in changed)
         after = count_uses(changed.values())
@@ -142,7 +144,7 @@ def _share(values: list[Assignment], interior: dict[Basic, str]) -> list[Assignm
         serial += label == f"t{serial + 1}"
         for i, value in changed.items():
             values[i] = Assignment(values[i].target, value, values[i].reduce_batch, values[i].comment)
-            for x in _symbols(value):
+            for x in matrix_symbols(value):
                 holders.setdefault(x, set()).add(i)
         values.append(Assignment(target, shared))
         targets.add(label)
@@ -256,7 +258,7 @@ def _order(assignments: list[Assignment]) -> list[Assignment]:
     readers: dict[int, list[int]] = {}
     waiting = []
     for i, a in enumerate(assignments):
-        reads = {position[x] for x in _symbols(a.value) if x in position} - {i}
+        reads = {position[x] for x in matrix_symbols(a.value) if x in position} - {i}
         waiting.append(len(reads))
         for j in reads:
             readers.setdefault(j, []).append(i)
@@ -308,7 +310,7 @@ def _sweep(forward: list[Assignment], inputs: tuple, seed: MatrixSymbol) -> tupl
         g = collect(a.target)
         if g is None:
             continue
-        wrt = [x for x in a.value.atoms(MatrixSymbol) if x in inputs or x in targets]
+        wrt = [x for x in matrix_symbols(a.value) if x in inputs or x in targets]
         wrt += [x for x in scalars if x in a.value.free_symbols]
         # a VJP is linear in its cotangent: for g = c·Y (dP₂ = −λ dD) it runs on Y and c multiplies what it gives
         scale, (g,) = factors(g) if is_scaled_name(g) else (sp.Integer(1), (g,))
@@ -341,7 +343,7 @@ def _simplified(backward_values: list[Assignment], forward: list[Assignment]) ->
     This is where rowsum(dP ⊙ P) becomes rowsum(dO ⊙ O): the simplifier sees
     dP = dO Vᵀ and that O = P V is at hand.
     """
-    leaves = {a.value: _symbols(a.value) for a in forward}
+    leaves = {a.value: matrix_symbols(a.value) for a in forward}
     names = Names()
     for a in forward:
         names.add(a.value, a.target)
@@ -354,19 +356,13 @@ def _simplified(backward_values: list[Assignment], forward: list[Assignment]) ->
     for b in backward_values:
         value = expand(b.value, definitions)
         # a forward value can be reused only if its leaves occur in the value (O = P V in rowsum(dO Vᵀ ⊙ P))
-        within = _symbols(value)
+        within = matrix_symbols(value)
         simplify = simplifier([v for v, symbols in leaves.items() if symbols <= within])
         candidate = names.substitute(simplify(value), skip=b.value)
         if candidate != b.value and flops_value(candidate) < flops_value(b.value):
             b = Assignment(b.target, candidate, b.reduce_batch, b.comment)
         out.append(b)
     return out
-
-
-@functools.lru_cache(maxsize=1 << 14)
-def _symbols(expr: Basic) -> frozenset:
-    """The matrix symbols expr reads, found on its DAG (once per expression)."""
-    return frozenset(n for n in nodes(expr) if isinstance(n, MatrixSymbol))
 
 
 @functools.cache
@@ -477,5 +473,5 @@ def _needed(assignments: list[Assignment], roots: set) -> set:
         if t in needed:
             continue
         needed.add(t)
-        stack.extend(x for x in by_target[t].value.atoms(MatrixSymbol) if x in by_target)
+        stack.extend(x for x in matrix_symbols(by_target[t].value) if x in by_target)
     return needed

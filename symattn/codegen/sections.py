@@ -16,6 +16,7 @@ from sympy.matrices.expressions import HadamardPower, HadamardProduct, MatAdd, M
 
 from symattn.codegen.printers import broadcast_column
 from symattn.codegen.schedule import Assignment, Schedule
+from symattn.lang.graph import matrix_symbols
 from symattn.lang.ops import Elementwise, RowSoftmax, SplitHeads
 from symattn.specs import Option
 
@@ -38,7 +39,7 @@ def _dying(assignments: list[Assignment], protected: set) -> list[frozenset]:
     """For each assignment, the arrays it may overwrite: made earlier in this scope as fresh arrays
     (not views), read exactly once here and never again, neither saved nor returned."""
     fresh: set[str] = set()
-    last_read = {str(x.name): i for i, a in enumerate(assignments) for x in a.value.atoms(sp.MatrixSymbol)}
+    last_read = {str(x.name): i for i, a in enumerate(assignments) for x in matrix_symbols(a.value)}
     out = []
     for i, a in enumerate(assignments):
         reads = Counter(str(x.name) for x in sp.preorder_traversal(a.value) if isinstance(x, sp.MatrixSymbol))
@@ -67,7 +68,7 @@ def _freed(assignments: list[Assignment], protected: set) -> list[tuple[str, ...
     made = {str(a.target.name): i for i, a in enumerate(assignments)}
     last_read: dict[str, int] = {}
     for i, a in enumerate(assignments):
-        for x in a.value.atoms(sp.MatrixSymbol):
+        for x in matrix_symbols(a.value):
             last_read[str(x.name)] = i
     out: list[list[str]] = [[] for _ in assignments]
     for name, i in last_read.items():
@@ -87,7 +88,7 @@ def _broadcast_chain(expr: MatMul) -> bool:
 
 def _read_elsewhere(assignments: list[Assignment], targets: set) -> set:
     """The targets that another assignment reads."""
-    return {x for a in assignments for x in a.value.atoms(sp.MatrixSymbol) & targets if x != a.target}
+    return {x for a in assignments for x in matrix_symbols(a.value) & targets if x != a.target}
 
 
 def _uses(name: str, texts: list[str]) -> bool:
@@ -128,7 +129,7 @@ class Sections:
         none for a printer of immutable arrays (JAX)."""
         if not self.printer.inplace:
             return frozenset()
-        if not any(str(x.name) in self.batched for x in a.value.atoms(sp.MatrixSymbol)):
+        if not any(str(x.name) in self.batched for x in matrix_symbols(a.value)):
             return dying
         return frozenset(name for name in dying if name in self.batched)
 
@@ -188,9 +189,7 @@ def _sections(sched: Schedule, printer, mask: str | None, variant: str) -> dict:
     mask_gradients = {t: heads for _, t in sched.constant_gradients}
     gradient_of |= {t: "mask_shape" for t in mask_gradients}
     # what dM reads stays intact: dM may be that very array (no axis to sum over)
-    protected |= {
-        str(x.name) for a in sched.backward if a.target in mask_gradients for x in a.value.atoms(sp.MatrixSymbol)
-    }
+    protected |= {str(x.name) for a in sched.backward if a.target in mask_gradients for x in matrix_symbols(a.value)}
     if variant == "memeff":
         from symattn.codegen.rowblocks import BLOCK_SIZE, plan
 

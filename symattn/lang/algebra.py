@@ -8,10 +8,11 @@ exponential time on deep or shared graphs.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Sequence
 
 import sympy as sp
-from sympy import Basic, MatrixExpr
+from sympy import Basic, MatrixExpr, MatrixSymbol
 from sympy.matrices.expressions import (
     HadamardPower,
     HadamardProduct,
@@ -24,6 +25,7 @@ from sympy.matrices.expressions import (
     ZeroMatrix,
 )
 from sympy.matrices.expressions.hadamard import canonicalize as hadamard_canonical
+from sympy.matrices.expressions.special import GenericIdentity
 
 from symattn.lang.graph import bottom_up, intern, sort_key, sort_keys_of
 
@@ -68,6 +70,8 @@ def _product(*parts: Basic, canonical: bool = True, flatten: bool = False, drop_
     canonical=True: SymPy's canonical product of this node only (``doit(deep=False)``:
     scalars multiplied and put first, nested products flattened, identities and zeros
     resolved), and c (A + B) = c A + c B for a rational c, as SymPy's operators do.
+    Factors that are canonical as they stand (``_canonical_as_is``) are put together without
+    SymPy's rules (the same node, at a fraction of the cost).
 
     canonical=False: the parts as given: the scalars multiplied into one leading
     coefficient (left out when it is 1), the matrices in order, a lone matrix with
@@ -81,6 +85,8 @@ def _product(*parts: Basic, canonical: bool = True, flatten: bool = False, drop_
     if canonical:
         if len(mats) == 1 and isinstance(mats[0], MatAdd) and coeff.is_Rational and coeff != 1:
             return MatAdd(*(product(coeff, term) for term in mats[0].args))
+        if _canonical_as_is(coeff, mats):
+            return mats[0] if coeff == 1 and len(mats) == 1 else Basic.__new__(MatMul, *([coeff] * (coeff != 1)), *mats)
         return MatMul(*parts).doit(deep=False)
     if flatten:
         flat: list[Basic] = []
@@ -94,7 +100,33 @@ def _product(*parts: Basic, canonical: bool = True, flatten: bool = False, drop_
         mats = [f for f in mats if not isinstance(f, Identity)] or mats[:1]
     if coeff == 1 and len(mats) == 1:
         return mats[0]
-    return MatMul(coeff, *mats) if coeff != 1 else MatMul(*mats)
+    if _chained(coeff, mats):  # put together as given: SymPy's constructor would only sympify and validate them
+        return Basic.__new__(MatMul, *([coeff] * (coeff != 1)), *mats)
+    return MatMul(coeff, *mats) if coeff != 1 else MatMul(*mats)  # SymPy's ShapeError, if it is one
+
+
+# factors SymPy's canonical product would resolve, flatten or merge (``sympy.matrices.expressions.matmul.rules``)
+_RESOLVED = (MatMul, Identity, ZeroMatrix, MatPow, sp.MatrixBase, sp.Inverse, sp.PermutationMatrix, GenericIdentity)
+
+
+def _chained(coeff: Basic, mats: list[Basic]) -> bool:
+    """Matrices whose shapes chain as they stand (each one's columns the next one's rows), a commutative c."""
+    if not mats or not coeff.is_commutative or any(isinstance(m, GenericIdentity) for m in mats):
+        return False
+    return all(a.shape[1] == b.shape[0] for a, b in itertools.pairwise(mats))
+
+
+def _canonical_as_is(coeff: Basic, mats: list[Basic]) -> bool:
+    """Is c F₁ ⋯ F_k canonical as it stands: no factor SymPy resolves, no two ones blocks or equal square factors
+    side by side, c nonzero? (Then SymPy's canonicalisation, the costly step, would only put c in front.)"""
+    if not _chained(coeff, mats) or coeff == 0 or any(isinstance(m, _RESOLVED) for m in mats):
+        return False
+    if any(isinstance(m, OneMatrix) and m.shape == (1, 1) for m in mats):  # 𝟏_{1×1} is an identity
+        return False
+    for a, b in itertools.pairwise(mats):
+        if (isinstance(a, OneMatrix) and isinstance(b, OneMatrix)) or (a == b and a.is_square is not False):
+            return False
+    return True
 
 
 def total(*parts: Basic, canonical: bool = True) -> Basic:
@@ -121,12 +153,17 @@ def _total(*parts: Basic, canonical: bool = True) -> Basic:
             if isinstance(t, ZeroMatrix):
                 continue
             coeff, mats = factors(t)
-            mat = mats[0] if len(mats) == 1 else MatMul(*mats)
+            mat = product(*mats, canonical=False)
             coefficients[mat] = coefficients.get(mat, 0) + coeff
     args = [mat if c == 1 else product(c, mat) for mat, c in coefficients.items() if c != 0]
     if not args:
         return ZeroMatrix(*parts[0].shape)
-    return args[0] if len(args) == 1 else MatAdd(*sorted(args, key=sort_key))
+    if len(args) == 1:
+        return args[0]
+    args.sort(key=sort_key)
+    if all(a.shape == args[0].shape for a in args):  # SymPy's constructor would only validate them again
+        return Basic.__new__(MatAdd, *args)
+    return MatAdd(*args)  # SymPy's ShapeError
 
 
 def hadamard_product(*parts: Basic) -> Basic:
@@ -176,7 +213,10 @@ def _transposed_node(a: Basic, t: dict[Basic, Basic]) -> Basic:
     """aᵀ from its parts' transposes t (see _pushed_through)."""
     if isinstance(a, MatMul):
         coeff, mats = factors(a)
-        return product(coeff, *(t[m] for m in reversed(mats)))
+        parts = [t[m] for m in reversed(mats)]
+        if all(isinstance(p, (MatrixSymbol, Transpose)) for p in parts):  # names and their transposes: as canonical
+            return intern(Basic.__new__(MatMul, *([coeff] if coeff != 1 else []), *parts))  # as a was
+        return product(coeff, *parts)
     if isinstance(a, MatAdd):
         if any(isinstance(x, MatAdd) for x in a.args):  # a sum kept as one term (Y₁ in Y₁ + P₂ Y₁ W) stays one
             return intern(MatAdd(*(t[x] for x in a.args)))

@@ -9,6 +9,7 @@ in ``VISITS`` so tests can check that work grows linearly.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Container, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TypeVar
@@ -80,6 +81,12 @@ def bottom_up(
 def nodes(*roots: Basic) -> list[Basic]:
     """The distinct subexpressions of the roots (leaves first)."""
     return list(postorder(*roots))
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def matrix_symbols(expr: Basic) -> frozenset:
+    """The matrix symbols expr reads (``expr.atoms(MatrixSymbol)``), found on its DAG once per expression."""
+    return frozenset(n for n in postorder(expr) if isinstance(n, MatrixSymbol))
 
 
 def fold(root: Basic, leaf: Callable[[Basic], object], combine: Callable[[Basic, list], object]) -> object:
@@ -272,6 +279,7 @@ __all__ = [
     "fold",
     "hash_consed",
     "intern",
+    "matrix_symbols",
     "nodes",
     "postorder",
     "rebuilt",

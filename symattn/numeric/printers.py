@@ -21,6 +21,7 @@ from sympy import Basic, MatrixExpr
 from sympy.matrices.expressions import MatMul, OneMatrix
 from sympy.printing.numpy import NumPyPrinter
 
+from symattn.lang.algebra import product
 from symattn.numeric.exact_runtime import ExpAtom  # noqa: F401 (re-exported: lambdify and tests import it here)
 
 
@@ -218,8 +219,7 @@ class NumPyMatrixPrinter(NumPyPrinter):
 def _split_sign(term: Basic) -> tuple[int, Basic]:
     """(−1, t) for a term −t of a sum, else (1, term)."""
     if isinstance(term, MatMul) and term.args and term.args[0].is_number and term.args[0] < 0:
-        rest = MatMul(-term.args[0], *term.args[1:]).doit(deep=False)
-        return -1, rest
+        return -1, product(-term.args[0], *term.args[1:])
     return 1, term
 
 

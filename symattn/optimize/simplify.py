@@ -97,15 +97,15 @@ def improve(
     """
     if len(subexpressions([expr])) > IMPROVE_MAX_NODES:
         return expr
-    best = cost(expr)
+    best = None  # the cost of expr, computed once a rule applies somewhere (mostly none does)
     rejected: set[tuple[Basic, Rule]] = set()
     improved = True
     while improved:
         improved = False
         snapshot = subexpressions([sp.Tuple(*expr.args[given:])] if given else [expr])
-        present = set(subexpressions([expr]))
+        present = None  # every node of the snapshot, until a rewrite is kept
         for node in snapshot:
-            if node not in present:
+            if present is not None and node not in present:
                 continue
             for rule in cost_rules:
                 if (node, rule) in rejected:
@@ -114,6 +114,7 @@ def improve(
                 if candidate is None or candidate == node:
                     rejected.add((node, rule))
                     continue
+                best = cost(expr) if best is None else best
                 new = rewrite(replaced(expr, node, candidate), rules)
                 new_cost = cost(new)
                 if new_cost < best:
