@@ -418,28 +418,23 @@ def _backward2(saved, grad_out):
     scale = saved["scale"]
     mask_shape = saved["mask_shape"]
     D1 = (G_P * P).sum(axis=-1, keepdims=True)
-    dG_Q = Q_v
-    dG_V = V_v
-    dG_K = K_v
-    t3 = Q @ dG_K.mT + dG_Q @ K.mT
+    t3 = Q @ K_v.mT + Q_v @ K.mT
     t2 = t3 * P
     D3 = t2.sum(axis=-1, keepdims=True)
     t1 = np.repeat(D3, m, axis=-1)
     del D3
     dG_P = c1 * (t1 * P - t2)
     del t2
-    dP = c1 * (t1 * G_P) + scale * (np.multiply(t3, G_P - D1, out=t3)) + G_out @ dG_V.mT
+    dP = c1 * (t1 * G_P) + scale * (np.multiply(t3, G_P - D1, out=t3)) + G_out @ V_v.mT
     del D1, t1, t3
     D2 = (P * dP).sum(axis=-1, keepdims=True)
     dA = np.multiply(np.subtract(dP, D2, out=dP), P, out=dP)
     del D2, dP
-    dQ = G_A @ (scale * dG_K) + dA @ (scale * K)
-    del dG_K
-    dK = G_A.mT @ (scale * dG_Q) + dA.mT @ (scale * Q)
-    del dG_Q
+    dQ = G_A @ (scale * K_v) + dA @ (scale * K)
+    dK = G_A.mT @ (scale * Q_v) + dA.mT @ (scale * Q)
     dV = dG_P.mT @ G_out
-    dG_out = P @ dG_V + dG_P @ V
-    del dG_P, dG_V
+    dG_out = P @ V_v + dG_P @ V
+    del dG_P
     dM = None if mask_shape is None else sum_to_mask(dA, mask_shape)
     grads = {"Q": dQ, "K": dK, "V": dV, "G_out": dG_out, "attn_mask": dM}
     return {name: g for name, g in grads.items() if g is not None}

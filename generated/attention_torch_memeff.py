@@ -582,28 +582,23 @@ def _backward2(saved, grad_out):
     scale = saved["scale"]
     mask_shape = saved["mask_shape"]
     D1 = (G_P * P).sum(dim=-1, keepdim=True)
-    dG_Q = Q_v
-    dG_V = V_v
-    dG_K = K_v
-    t3 = Q @ dG_K.mT + dG_Q @ K.mT
+    t3 = Q @ K_v.mT + Q_v @ K.mT
     t2 = t3 * P
     D3 = t2.sum(dim=-1, keepdim=True)
     t1 = repeat_columns(D3, m)
     del D3
     dG_P = c1 * (t1 * P - t2)
     del t2
-    dP = c1 * (t1 * G_P) + scale * (t3.mul_(G_P - D1)) + G_out @ dG_V.mT
+    dP = c1 * (t1 * G_P) + scale * (t3.mul_(G_P - D1)) + G_out @ V_v.mT
     del D1, t1, t3
     D2 = (P * dP).sum(dim=-1, keepdim=True)
     dA = dP.sub_(D2).mul_(P)
     del D2, dP
-    dQ = G_A @ (scale * dG_K) + dA @ (scale * K)
-    del dG_K
-    dK = matmul_tn(G_A, scale * dG_Q) + matmul_tn(dA, scale * Q)
-    del dG_Q
+    dQ = G_A @ (scale * K_v) + dA @ (scale * K)
+    dK = matmul_tn(G_A, scale * Q_v) + matmul_tn(dA, scale * Q)
     dV = matmul_tn(dG_P, G_out)
-    dG_out = P @ dG_V + dG_P @ V
-    del dG_P, dG_V
+    dG_out = P @ V_v + dG_P @ V
+    del dG_P
     dM = None if mask_shape is None else dA.sum_to_size(mask_shape)
     return {"Q": dQ, "K": dK, "V": dV, "G_out": dG_out, "M": dM}
 

@@ -767,39 +767,25 @@ def _backward2(saved, grad_out):
     b_O = saved["b_O"]
     mask_shape = saved["mask_shape"]
     D1 = (G_P_h * P_h).sum(axis=-1, keepdims=True)
-    dG_b_O = b_O_v
-    dG_b_V = b_V_v
-    dG_b_K = b_K_v
-    dG_b_Q = b_Q_v
     db_O = None if b_O is None else np.zeros_like(b_O)
-    dG_W_V = W_V_v
-    dG_W_K = W_K_v
-    dG_W_O = W_O_v
-    dG_W_Q = W_Q_v
-    dC = G_out @ dG_W_O.mT
+    dC = G_out @ W_O_v.mT
     dO_h = split_heads(dC, H)
     del dC
-    dG_Q = Q_v
     dG_Q_h = (
-        split_heads(Q @ dG_W_Q, H)
-        + split_heads(dG_Q @ W_Q, H)
-        + split_heads((np.ones((n, 1), dtype=dtype)) @ dG_b_Q, H)
+        split_heads(Q @ W_Q_v, H)
+        + split_heads(Q_v @ W_Q, H)
+        + split_heads((np.ones((n, 1), dtype=dtype)) @ b_Q_v, H)
     )
-    del dG_b_Q
-    dG_V = V_v
-    dG_K = K_v
     dG_K_h = (
-        repeat_heads(split_heads(K @ dG_W_K, H_kv), H)
-        + repeat_heads(split_heads(dG_K @ W_K, H_kv), H)
-        + repeat_heads(split_heads((np.ones((m, 1), dtype=dtype)) @ dG_b_K, H_kv), H)
+        repeat_heads(split_heads(K @ W_K_v, H_kv), H)
+        + repeat_heads(split_heads(K_v @ W_K, H_kv), H)
+        + repeat_heads(split_heads((np.ones((m, 1), dtype=dtype)) @ b_K_v, H_kv), H)
     )
-    del dG_b_K
     dG_V_h = (
-        repeat_heads(split_heads(V @ dG_W_V, H_kv), H)
-        + repeat_heads(split_heads(dG_V @ W_V, H_kv), H)
-        + repeat_heads(split_heads((np.ones((m, 1), dtype=dtype)) @ dG_b_V, H_kv), H)
+        repeat_heads(split_heads(V @ W_V_v, H_kv), H)
+        + repeat_heads(split_heads(V_v @ W_V, H_kv), H)
+        + repeat_heads(split_heads((np.ones((m, 1), dtype=dtype)) @ b_V_v, H_kv), H)
     )
-    del dG_b_V
     t7 = Q_h @ dG_K_h.mT + dG_Q_h @ K_h.mT
     t4 = t7 * P_h
     D3 = t4.sum(axis=-1, keepdims=True)
@@ -822,8 +808,8 @@ def _backward2(saved, grad_out):
     dQ_h = G_A_h @ (scale * dG_K_h) + dA_h @ (scale * K_h)
     del dG_K_h
     dW_O = rows(dG_C).mT @ rows(G_out)
-    dG_out = C @ dG_W_O + dG_C @ W_O + dG_b_O
-    del dG_C, dG_W_O, dG_b_O
+    dG_out = add_optional(C @ W_O_v + dG_C @ W_O, b_O_v)
+    del dG_C
     dM = None if mask_shape is None else sum_to_mask(dA_h, mask_shape, heads=True)
     dVW_V = merge_heads(sum_groups(dV_h, H_kv), H_kv)
     del dV_h
@@ -835,20 +821,17 @@ def _backward2(saved, grad_out):
     del dQ_h
     db_Q = None if b_Q is None else rows(dQW_Q).sum(axis=0, keepdims=True)
     t8 = merge_heads(sum_groups(G_V_h, H_kv), H_kv)
-    dV = t8 @ dG_W_V.mT + dVW_V @ W_V.mT
-    del dG_W_V
-    dW_V = sum_batch(V.mT @ dVW_V + dG_V.mT @ t8)
-    del dG_V, dVW_V, t8
+    dV = t8 @ W_V_v.mT + dVW_V @ W_V.mT
+    dW_V = sum_batch(V.mT @ dVW_V + V_v.mT @ t8)
+    del dVW_V, t8
     t9 = merge_heads(sum_groups(G_K_h, H_kv), H_kv)
-    dK = t9 @ dG_W_K.mT + dKW_K @ W_K.mT
-    del dG_W_K
-    dW_K = sum_batch(K.mT @ dKW_K + dG_K.mT @ t9)
-    del dG_K, dKW_K, t9
+    dK = t9 @ W_K_v.mT + dKW_K @ W_K.mT
+    dW_K = sum_batch(K.mT @ dKW_K + K_v.mT @ t9)
+    del dKW_K, t9
     t10 = merge_heads(G_Q_h, H)
-    dQ = t10 @ dG_W_Q.mT + dQW_Q @ W_Q.mT
-    del dG_W_Q
-    dW_Q = sum_batch(Q.mT @ dQW_Q + dG_Q.mT @ t10)
-    del dG_Q, dQW_Q, t10
+    dQ = t10 @ W_Q_v.mT + dQW_Q @ W_Q.mT
+    dW_Q = sum_batch(Q.mT @ dQW_Q + Q_v.mT @ t10)
+    del dQW_Q, t10
     grads = {
         "Q": dQ,
         "K": dK,

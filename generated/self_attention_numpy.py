@@ -345,26 +345,22 @@ def _backward2(saved, grad_out):
     n = saved["n"]
     scale = saved["scale"]
     D1 = (G_P * P).sum(axis=-1, keepdims=True)
-    dG_X = X_v
-    dG_W_V = W_V_v
-    dG_W_K = W_K_v
-    dG_W_Q = W_Q_v
-    t6 = X @ dG_W_Q + dG_X @ W_Q
-    t7 = X @ dG_W_K + dG_X @ W_K
+    t6 = X @ W_Q_v + X_v @ W_Q
+    t7 = X @ W_K_v + X_v @ W_K
     dG_A = scale * (t6 @ K.mT + Q @ t7.mT)
     t8 = P * dG_A
     D2 = t8.sum(axis=-1, keepdims=True)
-    dG_out = (t8 - (D2 * P)) @ V + P @ (X @ dG_W_V + dG_X @ W_V)
+    dG_out = (t8 - (D2 * P)) @ V + P @ (X @ W_V_v + X_v @ W_V)
     del D2
     t5 = -(np.repeat(t8.sum(axis=-1, keepdims=True), n, axis=-1))
     dG_P = np.add(t8, t5 * P, out=t8)
     del t8
-    dP = G_out @ (W_V.mT @ dG_X.mT) + G_out @ (dG_W_V.mT @ X.mT) + t5 * G_P + (G_P - D1) * dG_A
+    dP = G_out @ (W_V.mT @ X_v.mT) + G_out @ (W_V_v.mT @ X.mT) + t5 * G_P + (G_P - D1) * dG_A
     del D1, dG_A, t5
     D3 = (P * dP).sum(axis=-1, keepdims=True)
     dV = dG_P.mT @ G_out
     del dG_P
-    dW_V = sum_batch(X.mT @ dV + dG_X.mT @ (P.mT @ G_out))
+    dW_V = sum_batch(X.mT @ dV + X_v.mT @ (P.mT @ G_out))
     t1 = np.multiply(np.subtract(dP, D3, out=dP), P, out=dP)
     del D3, dP
     dK = scale * (t1.mT @ Q + G_A.mT @ t6)
@@ -375,15 +371,15 @@ def _backward2(saved, grad_out):
         dK @ W_K.mT
         + dQ @ W_Q.mT
         + dV @ W_V.mT
-        + P.mT @ G_out @ dG_W_V.mT
-        + G_A @ (scale * K) @ dG_W_Q.mT
-        + G_A.mT @ (scale * Q) @ dG_W_K.mT
+        + P.mT @ G_out @ W_V_v.mT
+        + G_A @ (scale * K) @ W_Q_v.mT
+        + G_A.mT @ (scale * Q) @ W_K_v.mT
     )
-    del dG_W_K, dG_W_Q, dG_W_V, dV
-    dW_Q = sum_batch(dG_X.mT @ G_A @ (scale * K) + X.mT @ dQ)
+    del dV
+    dW_Q = sum_batch(X_v.mT @ G_A @ (scale * K) + X.mT @ dQ)
     del dQ
-    dW_K = sum_batch(dG_X.mT @ G_A.mT @ (scale * Q) + X.mT @ dK)
-    del dG_X, dK
+    dW_K = sum_batch(X_v.mT @ G_A.mT @ (scale * Q) + X.mT @ dK)
+    del dK
     return {"X": dX, "W_Q": dW_Q, "W_K": dW_K, "W_V": dW_V, "G_out": dG_out}
 
 

@@ -1077,55 +1077,34 @@ def _backward2(saved, grad_out):
     D10 = (gamma_1 * G_X_1 * N_1).sum(axis=-1, keepdims=True)
     D11 = G_N_1.sum(axis=-1, keepdims=True)
     D14 = (N_1 * X_v).sum(axis=-1, keepdims=True)
-    dG_b_2 = b_2_v
-    dG_b_1 = b_1_v
-    dG_beta_2 = beta_2_v
-    dG_gamma_2 = gamma_2_v
-    dG_beta_1 = beta_1_v
-    dG_gamma_1 = gamma_1_v
-    dG_b_O = b_O_v
-    dG_b_V = b_V_v
-    dG_b_K = b_K_v
-    dG_b_Q = b_Q_v
     db_2 = None if b_2 is None else np.zeros_like(b_2)
-    dG_W_O = W_O_v
-    dG_W_V = W_V_v
-    dG_W_K = W_K_v
-    dG_W_Q = W_Q_v
-    dG_W_1 = W_1_v
-    dG_X = X_v
-    dG_W_2 = W_2_v
-    dF = G_out @ dG_W_2.mT
+    dF = G_out @ W_2_v.mT
     t17 = row_inv_std(Y, eps)
     t15 = np.repeat(t17, H * d_k, axis=-1)
     t18 = row_inv_std(X, eps)
     t4 = np.repeat((D14 * t18), H * d_k, axis=-1)
     del D14
     t16 = np.repeat(t18, H * d_k, axis=-1)
-    t10 = t16 * dG_X
+    t10 = t16 * X_v
     D13 = t10.sum(axis=-1, keepdims=True)
     t2 = np.add(t10, c1 * D13, out=t10)
     del D13, t10
-    dG_X_1 = c1 * (gamma_1 * N_1 * t4) + dG_beta_1 + dG_gamma_1 * N_1 + gamma_1 * t2
-    del dG_beta_1
+    dG_X_1 = c1 * (gamma_1 * N_1 * t4) + beta_1_v + gamma_1_v * N_1 + gamma_1 * t2
     dG_Q_h = (
-        split_heads(X_1 @ dG_W_Q, H)
+        split_heads(X_1 @ W_Q_v, H)
         + split_heads(dG_X_1 @ W_Q, H)
-        + split_heads((np.ones((n, 1), dtype=dtype)) @ dG_b_Q, H)
+        + split_heads((np.ones((n, 1), dtype=dtype)) @ b_Q_v, H)
     )
-    del dG_b_Q
     dG_K_h = (
-        split_heads(X_1 @ dG_W_K, H)
+        split_heads(X_1 @ W_K_v, H)
         + split_heads(dG_X_1 @ W_K, H)
-        + split_heads((np.ones((n, 1), dtype=dtype)) @ dG_b_K, H)
+        + split_heads((np.ones((n, 1), dtype=dtype)) @ b_K_v, H)
     )
-    del dG_b_K
     dG_V_h = (
-        split_heads(X_1 @ dG_W_V, H)
+        split_heads(X_1 @ W_V_v, H)
         + split_heads(dG_X_1 @ W_V, H)
-        + split_heads((np.ones((n, 1), dtype=dtype)) @ dG_b_V, H)
+        + split_heads((np.ones((n, 1), dtype=dtype)) @ b_V_v, H)
     )
-    del dG_b_V
     t14 = Q_h @ dG_K_h.mT + dG_Q_h @ K_h.mT
     t8 = t14 * P_h
     D15 = t8.sum(axis=-1, keepdims=True)
@@ -1136,8 +1115,7 @@ def _backward2(saved, grad_out):
     dG_O_h = P_h @ dG_V_h + dG_P_h @ V_h
     dG_C = merge_heads(dG_O_h, H)
     del dG_O_h
-    dG_Y = C @ dG_W_O + dG_C @ W_O + dG_b_O + dG_X
-    del dG_b_O
+    dG_Y = add_optional(C @ W_O_v + dG_C @ W_O + X_v, b_O_v)
     D16 = (N_2 * dG_Y).sum(axis=-1, keepdims=True)
     t6 = np.repeat((D16 * t17), H * d_k, axis=-1)
     del D16
@@ -1145,10 +1123,8 @@ def _backward2(saved, grad_out):
     D12 = t9.sum(axis=-1, keepdims=True)
     t1 = np.add(t9, c1 * D12, out=t9)
     del D12, t9
-    dG_X_2 = c1 * (gamma_2 * N_2 * t6) + dG_beta_2 + dG_gamma_2 * N_2 + gamma_2 * t1
-    del dG_beta_2
-    dG_U = X_2 @ dG_W_1 + dG_X_2 @ W_1 + dG_b_1
-    del dG_b_1
+    dG_X_2 = c1 * (gamma_2 * N_2 * t6) + beta_2_v + gamma_2_v * N_2 + gamma_2 * t1
+    dG_U = add_optional(X_2 @ W_1_v + dG_X_2 @ W_1, b_1_v)
     t19 = merge_heads(G_V_h, H)
     t20 = merge_heads(G_Q_h, H)
     t21 = merge_heads(G_K_h, H)
@@ -1157,15 +1133,13 @@ def _backward2(saved, grad_out):
     dG_F = t23 * dG_U
     dU = t23 * dF + ((0.5) * 2**0.5 / (3.141592653589793) ** 0.5) * ((2 - t22) * (np.exp((-1 / 2) * t22)) * G_F * dG_U)
     del dF, dG_U, t22, t23
-    dX_2 = G_U @ dG_W_1.mT + dU @ W_1.mT
-    del dG_W_1
+    dX_2 = G_U @ W_1_v.mT + dU @ W_1.mT
     dN_2 = (
         c1 * (gamma_2 * G_X_2 * t6)
         + c1 * (((G_X_2 * N_2) @ gamma_2.mT) * dG_Y * t15)
-        + dG_gamma_2 * G_X_2
+        + gamma_2_v * G_X_2
         + gamma_2 * dX_2
     )
-    del dG_gamma_2
     D2 = (N_2 * dN_2).sum(axis=-1, keepdims=True)
     D3 = dN_2.sum(axis=-1, keepdims=True)
     dY = (
@@ -1173,8 +1147,7 @@ def _backward2(saved, grad_out):
         + (c1 * ((((c1 * (D4 * N_2) + c1 * D5 + G_N_2) * dG_Y).sum(axis=-1, keepdims=True)) * (t17 ** 2))) * N_2
     )
     del D2, D3, D4, D5, dN_2, t15, t17
-    dC = G_Y @ dG_W_O.mT + dY @ W_O.mT
-    del dG_W_O
+    dC = G_Y @ W_O_v.mT + dY @ W_O.mT
     dO_h = split_heads(dC, H)
     del dC
     dP_h = c2 * (t5 * G_P_h) + scale * ((G_P_h - D6) * t14) + G_O_h @ dG_V_h.mT + dO_h @ V_h.mT
@@ -1200,8 +1173,8 @@ def _backward2(saved, grad_out):
     db_1 = None if b_1 is None else rows(dU).sum(axis=0, keepdims=True)
     del dU
     dW_2 = rows(dG_F).mT @ rows(G_out)
-    dG_out = np.add(np.add(np.add(dG_Y, F @ dG_W_2, out=dG_Y), dG_F @ W_2, out=dG_Y), dG_b_2, out=dG_Y)
-    del dG_F, dG_W_2, dG_Y, dG_b_2
+    dG_out = add_optional(np.add(np.add(dG_Y, F @ W_2_v, out=dG_Y), dG_F @ W_2, out=dG_Y), b_2_v)
+    del dG_F, dG_Y
     dM = None if mask_shape is None else sum_to_mask(dA_h, mask_shape, heads=True)
     dX_1W_V = merge_heads(dV_h, H)
     del dV_h
@@ -1213,23 +1186,22 @@ def _backward2(saved, grad_out):
     db_Q = None if b_Q is None else rows(dX_1W_Q).sum(axis=0, keepdims=True)
     dX_1W_K = merge_heads(dK_h, H)
     del dK_h
-    dX_1 = t21 @ dG_W_K.mT + t20 @ dG_W_Q.mT + t19 @ dG_W_V.mT + dX_1W_K @ W_K.mT + dX_1W_Q @ W_Q.mT + dX_1W_V @ W_V.mT
-    del dG_W_K, dG_W_Q, dG_W_V, dX_1W_Q, dX_1W_V, t19, t20
+    dX_1 = t21 @ W_K_v.mT + t20 @ W_Q_v.mT + t19 @ W_V_v.mT + dX_1W_K @ W_K.mT + dX_1W_Q @ W_Q.mT + dX_1W_V @ W_V.mT
+    del dX_1W_Q, dX_1W_V, t19, t20
     dN_1 = (
         c1 * (gamma_1 * G_X_1 * t4)
         + c1 * (((G_X_1 * N_1) @ gamma_1.mT) * X_v * t16)
-        + dG_gamma_1 * G_X_1
+        + gamma_1_v * G_X_1
         + gamma_1 * dX_1
     )
-    del dG_gamma_1
     D8 = (N_1 * dN_1).sum(axis=-1, keepdims=True)
     D9 = dN_1.sum(axis=-1, keepdims=True)
     dX = (
         (c1 * (D8 * N_1) + c1 * D9 + dN_1) * t16
-        + (c1 * ((((c1 * (D10 * N_1) + c1 * D11 + G_N_1) * dG_X).sum(axis=-1, keepdims=True)) * (t18 ** 2))) * N_1
+        + (c1 * ((((c1 * (D10 * N_1) + c1 * D11 + G_N_1) * X_v).sum(axis=-1, keepdims=True)) * (t18 ** 2))) * N_1
         + dY
     )
-    del D10, D11, D8, D9, dG_X, dN_1, dY, t16, t18
+    del D10, D11, D8, D9, dN_1, dY, t16, t18
     dW_K = sum_batch(X_1.mT @ dX_1W_K + dG_X_1.mT @ t21)
     del dG_X_1, t21
     db_K = None if b_K is None else rows(dX_1W_K).sum(axis=0, keepdims=True)

@@ -13,7 +13,8 @@ from sympy.matrices.expressions import BlockMatrix, HadamardProduct, MatMul, One
 
 from symattn.codegen.chains import left_to_right_flops, tree_flops
 from symattn.codegen.dag import Assignment, count_uses, is_weight
-from symattn.lang.algebra import factors, product, terms
+from symattn.lang import graph
+from symattn.lang.algebra import factors, product, terms, transpose
 from symattn.lang.ops import Exp, RowSum, Sigmoid, Tanh
 from symattn.optimize.cost import chain_order
 
@@ -126,6 +127,27 @@ def _fuse_backward(backward: list[Assignment], x, weights, w_all, label: str, co
 def _cotangent_block(value: Basic) -> Basic:
     """G in Xᵀ G."""
     return factors(value)[1][1]
+
+
+def inline_aliases(backward: list[Assignment], keep: set) -> list[Assignment]:
+    """t = X or t = Xᵀ (X a name, t not among keep): X is read wherever t was, and t = X is no line of code.
+
+    Passes leave such lines behind (a shared value renamed D₁ by ``name_row_sums``, f₂'s cotangent of G_X that
+    is the direction X_v); an output (dB = dA, returned under its own name) stays.
+    """
+    alias: dict[Basic, Basic] = {}
+    out = []
+    for a in backward:
+        value = graph.rewrite(a.value, alias.get) if alias else a.value
+        if a.target not in keep and _is_name(value):
+            alias[a.target], alias[a.target.T] = value, transpose(value)
+            continue
+        out.append(a if value is a.value else Assignment(a.target, value, a.reduce_batch, a.comment))
+    return out
+
+
+def _is_name(value: Basic) -> bool:
+    return isinstance(value.arg if isinstance(value, Transpose) else value, MatrixSymbol)
 
 
 def name_row_sums(backward: list[Assignment], taken: frozenset[str] = frozenset()) -> list[Assignment]:

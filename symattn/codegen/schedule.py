@@ -36,6 +36,7 @@ from symattn.codegen.passes import (
     fold_scalar_multiples,
     fuse_projections,
     hoist_hadamard_scalars,
+    inline_aliases,
     name_constants,
     name_row_sums,
     reassociate_products,
@@ -426,7 +427,8 @@ def schedule_spec(s: Spec, options: tuple[Option, ...] = ()) -> Schedule:
     backward_values = [a for a in backward_values if a.target in needed]
     constants, forward, backward_values = name_constants(forward, backward_values, {o.symbol for o in options})
     forward, backward_values = fuse_projections(forward, backward_values)
-    backward_values = _order(backward_values)  # dW_QKV after dQ, dK, dV whatever the order before
+    # dW_QKV after dQ, dK, dV whatever the order before; t = X read as X
+    backward_values = _order(inline_aliases(backward_values, outputs))
     forward_targets = {a.target for a in forward}
     read_back = set().union(*(a.value.free_symbols for a in backward_values)) - {a.target for a in backward_values}
     saved_inputs = [x for x in s.inputs if x in read_back]

@@ -18,6 +18,7 @@ from sympy.matrices.expressions import HadamardProduct, MatMul
 
 from symattn.codegen import layout
 from symattn.codegen.context import MASK_KEYWORDS, build_context
+from symattn.codegen.passes import inline_aliases
 from symattn.codegen.schedule import Assignment, Schedule, _needed, schedule_spec
 from symattn.codegen.sections import _uses
 from symattn.errors import SymattnError
@@ -53,7 +54,8 @@ def _without_direction_gradients(sched: Schedule, so: SecondOrder) -> Schedule:
     gradients = tuple((name, t) for name, t in sched.gradients if name not in so.direction_names)
     needed = _needed(list(sched.backward), {t for _, t in (*gradients, *sched.constant_gradients)})
     backward = _unit_seed([a for a in sched.backward if a.target in needed], sched.seed)
-    return dataclasses.replace(sched, gradients=gradients, backward=tuple(backward))
+    outputs = {t for _, t in (*gradients, *sched.constant_gradients)}
+    return dataclasses.replace(sched, gradients=gradients, backward=tuple(inline_aliases(backward, outputs)))
 
 
 def _unit_seed(backward: list[Assignment], seed: MatrixSymbol) -> list[Assignment]:

@@ -143,3 +143,22 @@ def test_a_scaled_cotangent_runs_the_vjps_unscaled():
     assert not [e for e in square if isinstance(e, sp.MatMul) and len([f for f in e.args if f.is_Matrix]) == 1]
     entrywise = [e for e in square if isinstance(e, sp.HadamardProduct)]
     assert len(entrywise) == 4  # P₁ ⊙ dD, P₁ ⊙ (dD − D₂𝟏ᵀ), P₂ ⊙ dD, P₂ ⊙ (dD − D₁𝟏ᵀ)
+
+
+def test_no_backward_line_only_renames_a_value():
+    """t = X (a shared value renamed D₁, f₂'s cotangent of G_X that is the direction X_v) is read as X: the only
+    lines of the form t = X left are outputs, returned under their own names (dB = dA)."""
+    from symattn.codegen.passes import inline_aliases
+    from symattn.codegen.schedule import schedule
+    from symattn.codegen.second_order import second_order_schedule
+
+    for first in (schedule("attention"), schedule("mha", extended=True)):
+        _, second = second_order_schedule(first)
+        for sched in (first, second):
+            outputs = {t for _, t in (*sched.gradients, *sched.constant_gradients)}
+            renames = [a for a in sched.backward if isinstance(a.value, MatrixSymbol) and a.target not in outputs]
+            assert not renames, renames
+    n = dim("n")
+    X, Y, t, out = (MatrixSymbol(s, n, n) for s in ("X", "Y", "t", "out"))
+    inlined = inline_aliases([Assignment(t, X.T), Assignment(out, t.T * Y + t)], {out})
+    assert inlined == [Assignment(out, X * Y + X.T)]
