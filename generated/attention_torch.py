@@ -328,6 +328,9 @@ class Attention(torch.nn.Module):
         super().__init__()
         self.scale = scale
 
+    def extra_repr(self):
+        return f"scale={self.scale}"
+
     def forward(self, Q, K, V, *, attn_mask=None, key_padding_mask=None, causal=False):
         return forward(Q, K, V, scale=self.scale, attn_mask=attn_mask, key_padding_mask=key_padding_mask, causal=causal)
 

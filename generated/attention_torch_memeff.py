@@ -364,6 +364,9 @@ class Attention(torch.nn.Module):
         self.scale = scale
         self.block_size = block_size
 
+    def extra_repr(self):
+        return f"scale={self.scale}, block_size={self.block_size}"
+
     def forward(self, Q, K, V, *, attn_mask=None, key_padding_mask=None, causal=False):
         return forward(
             Q,

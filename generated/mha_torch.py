@@ -546,6 +546,8 @@ class MultiHeadAttention(torch.nn.Module):
         super().__init__()
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads
+        self.d_model = d_model
+        self.bias = bias
         H = _positive_int("num_heads", num_heads)
         H_kv = H if num_kv_heads is None else _positive_int("num_kv_heads", num_kv_heads)
         if H % H_kv:
@@ -577,6 +579,9 @@ class MultiHeadAttention(torch.nn.Module):
             torch.nn.init.zeros_(self.b_V)
         if self.b_O is not None:
             torch.nn.init.zeros_(self.b_O)
+
+    def extra_repr(self):
+        return f"d_model={self.d_model}, num_heads={self.num_heads}, num_kv_heads={self.num_kv_heads}, bias={self.bias}"
 
     def forward(self, Q, K, V, *, attn_mask=None, key_padding_mask=None, causal=False):
         return forward(

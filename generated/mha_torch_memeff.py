@@ -573,6 +573,8 @@ class MultiHeadAttention(torch.nn.Module):
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads
         self.block_size = block_size
+        self.d_model = d_model
+        self.bias = bias
         H = _positive_int("num_heads", num_heads)
         H_kv = H if num_kv_heads is None else _positive_int("num_kv_heads", num_kv_heads)
         block_size = 128 if block_size is None else _positive_int("block_size", block_size)
@@ -605,6 +607,15 @@ class MultiHeadAttention(torch.nn.Module):
             torch.nn.init.zeros_(self.b_V)
         if self.b_O is not None:
             torch.nn.init.zeros_(self.b_O)
+
+    def extra_repr(self):
+        return (
+            f"d_model={self.d_model}, "
+            f"num_heads={self.num_heads}, "
+            f"num_kv_heads={self.num_kv_heads}, "
+            f"block_size={self.block_size}, "
+            f"bias={self.bias}"
+        )
 
     def forward(self, Q, K, V, *, attn_mask=None, key_padding_mask=None, causal=False):
         return forward(

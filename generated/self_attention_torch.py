@@ -285,6 +285,9 @@ class SelfAttention(torch.nn.Module):
 
     def __init__(self, d_model, d_k, d_v, device=None, dtype=None):
         super().__init__()
+        self.d_model = d_model
+        self.d_k = d_k
+        self.d_v = d_v
         self.W_Q = torch.nn.Parameter(torch.empty(d_model, d_k, device=device, dtype=dtype))
         self.W_K = torch.nn.Parameter(torch.empty(d_model, d_k, device=device, dtype=dtype))
         self.W_V = torch.nn.Parameter(torch.empty(d_model, d_v, device=device, dtype=dtype))
@@ -295,6 +298,9 @@ class SelfAttention(torch.nn.Module):
         torch.nn.init.xavier_uniform_(self.W_Q)
         torch.nn.init.xavier_uniform_(self.W_K)
         torch.nn.init.xavier_uniform_(self.W_V)
+
+    def extra_repr(self):
+        return f"d_model={self.d_model}, d_k={self.d_k}, d_v={self.d_v}"
 
     def forward(self, X):
         return forward(X, self.W_Q, self.W_K, self.W_V)

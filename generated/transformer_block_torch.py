@@ -744,6 +744,9 @@ class TransformerBlock(torch.nn.Module):
         super().__init__()
         self.num_heads = num_heads
         self.eps = eps
+        self.d_model = d_model
+        self.d_ff = d_ff
+        self.bias = bias
         H = _positive_int("num_heads", num_heads)
         if d_model % H:
             raise ValueError(f"d_model = {d_model} is not a multiple of H = {H}")
@@ -790,6 +793,9 @@ class TransformerBlock(torch.nn.Module):
             torch.nn.init.zeros_(self.b_1)
         if self.b_2 is not None:
             torch.nn.init.zeros_(self.b_2)
+
+    def extra_repr(self):
+        return f"d_model={self.d_model}, d_ff={self.d_ff}, num_heads={self.num_heads}, eps={self.eps}, bias={self.bias}"
 
     def forward(self, X, *, attn_mask=None, key_padding_mask=None, causal=False):
         return forward(

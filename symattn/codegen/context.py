@@ -258,13 +258,27 @@ def _custom_vjp(sched: Schedule, options: list[Option], mask: str | None) -> dic
     }
 
 
+def _extra_repr(names: list[str]) -> str:
+    """extra_repr's return statement: "d_model=512, num_heads=8, …" from the module's attributes ("": none)."""
+    fields = [f"{name}={{self.{name}}}" for name in names]
+    line = 'return f"' + ", ".join(fields) + '"'
+    if not names or 8 + len(line) <= layout.WIDTH:
+        return line if names else ""
+    body = "".join(f'{" " * 12}f"{field}{", " * (i < len(fields) - 1)}"\n' for i, field in enumerate(fields))
+    return f"return (\n{body}{' ' * 8})"
+
+
 def _module(sched: Schedule, options: list[Option], mask: str | None, parameters: tuple) -> dict:
     """The torch.nn.Module: constructor parameters, weights, the forward call, the mask's keywords."""
     s = sched.spec
     params, module_bindings, weights = parameters
     required = [x for x in s.inputs if str(x.name) not in sched.optional]
     maybe = [x for x in s.inputs if str(x.name) in sched.optional]
+    stored = [*params, *["bias"] * bool(maybe)]  # kept on the module for its repr (options are kept anyway)
+    shown = [*params, *(o.name for o in options), *stored[len(params) :]]
     return {
+        "stored_parameters": stored,
+        "extra_repr": _extra_repr(shown),
         "module_bindings": module_bindings,
         "weights": weights,
         "weight_names": [w["name"] for w in weights],

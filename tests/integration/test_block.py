@@ -194,6 +194,7 @@ def test_generated_nn_module_holds_the_weights_of_an_encoder_layer():
     inputs, expected, _, _, options = _reference(torch, causal=True)
     module = block.TransformerBlock(8, 16, num_heads=2, eps=options["eps"], bias=True, dtype=torch.float64)
     assert bool((module.gamma_1 == 1).all()) and bool((module.beta_2 == 0).all())  # as nn.LayerNorm starts
+    assert repr(module) == f"TransformerBlock(d_model=8, d_ff=16, num_heads=2, eps={options['eps']}, bias=True)"
     with torch.no_grad():
         for name in NAMES[1:]:
             getattr(module, name).copy_(inputs[name])
