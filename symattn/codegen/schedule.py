@@ -298,8 +298,8 @@ def _sweep(forward: list[Assignment], inputs: tuple, seed: MatrixSymbol) -> tupl
         if not terms:
             return None
         value = terms[0] if len(terms) == 1 else total(*terms)
-        # an input's gradient is always assigned (dB = dA); a scaled name (dP₂ = −λ dD) goes into the VJPs
-        # that read it, where the simplifier takes the scalar out of entrywise products and row sums
+        # an input's gradient is always assigned (dB = dA); a scaled name (dP₂ = −λ dD) is no value: the VJP
+        # that reads it runs on dD, and −λ multiplies what it gives (below)
         if (is_trivial(value) or is_scaled_name(value)) and target not in inputs:
             return value
         symbol = gradient_symbol(target)

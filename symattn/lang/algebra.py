@@ -12,7 +12,7 @@ import itertools
 from collections.abc import Iterable, Sequence
 
 import sympy as sp
-from sympy import Basic, MatrixExpr, MatrixSymbol
+from sympy import Basic, MatrixExpr
 from sympy.matrices.expressions import (
     HadamardPower,
     HadamardProduct,
@@ -213,10 +213,7 @@ def _transposed_node(a: Basic, t: dict[Basic, Basic]) -> Basic:
     """aᵀ from its parts' transposes t (see _pushed_through)."""
     if isinstance(a, MatMul):
         coeff, mats = factors(a)
-        parts = [t[m] for m in reversed(mats)]
-        if all(isinstance(p, (MatrixSymbol, Transpose)) for p in parts):  # names and their transposes: as canonical
-            return intern(Basic.__new__(MatMul, *([coeff] if coeff != 1 else []), *parts))  # as a was
-        return product(coeff, *parts)
+        return product(coeff, *(t[m] for m in reversed(mats)))
     if isinstance(a, MatAdd):
         if any(isinstance(x, MatAdd) for x in a.args):  # a sum kept as one term (Y₁ in Y₁ + P₂ Y₁ W) stays one
             return intern(MatAdd(*(t[x] for x in a.args)))

@@ -6,7 +6,8 @@ transpose, and puts the names back into an expression in one of two ways:
 - ``substitute`` (code generation) works top-down on values derived in full: an
   expression that is a definition becomes its name; in a product, the longest
   definitions that are runs of consecutive factors are replaced left to right (so
-  Q Kᵀ is found inside scale·X W_Q W_Kᵀ Xᵀ), their coefficients divided out (a
+  Q Kᵀ is found inside scale·X W_Q W_Kᵀ Xᵀ, and Z = F 𝟏ₙ inside F 𝟏_{n×m}, where
+  SymPy merged 𝟏ₙ 𝟏ᵀₘ), their coefficients divided out (a
   coefficient that may be 0, a trainable scalar's τ, is never divided by).
 - calling the table (display) works bottom-up, definitions in the order they were
   added, each already written with the earlier names: ``Names(spec.intermediates)``
