@@ -73,12 +73,10 @@ def matmul_tn(a, b):
 
 
 def row_softmax(a, out=None):
-    """softmax along the last axis, the row max subtracted first; out may be a itself."""
-    top = a.amax(dim=-1, keepdim=True) if a.shape[-1] else a.new_zeros(*a.shape[:-1], 1)  # no keys
-    out = torch.sub(a, top, out=out)
-    out.exp_()
-    out /= out.sum(dim=-1, keepdim=True)
-    return out
+    """softmax along the last axis (torch's one-pass kernel, the row max subtracted first); out may be a itself."""
+    if out is None:
+        return torch.softmax(a, dim=-1)
+    return torch._softmax(a, -1, False, out=out)
 
 
 def _tensors(named):
