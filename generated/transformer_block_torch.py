@@ -146,12 +146,11 @@ def layer_norm(a, eps):
 
 def masked_row_softmax(a, out=None):
     """row_softmax for rows that may hold -inf: a row whose entries are all -inf gives zeros, not NaN."""
-    top = a.amax(dim=-1, keepdim=True) if a.shape[-1] else a.new_zeros(*a.shape[:-1], 1)  # no keys
-    top.masked_fill_(top == float("-inf"), 0.0)
-    out = torch.sub(a, top, out=out)
-    out.exp_()
-    out /= out.sum(dim=-1, keepdim=True).clamp_(min=1.0)  # the row max gives exp(0) = 1 unless all are -inf
-    return out
+    if not a.shape[-1]:  # no keys
+        return row_softmax(a, out=out)
+    empty = a.amax(dim=-1, keepdim=True) == float("-inf")  # before out (maybe a itself) is written
+    out = row_softmax(a, out=out)
+    return out.masked_fill_(empty, 0.0) if bool(empty.any()) else out
 
 
 def matmul_tn(a, b):
