@@ -384,7 +384,7 @@ class TorchMatrixPrinter(GeneratedCodeMixin, NumPyMatrixPrinter):
     keepdims_keyword = "keepdim"
     concatenate_function = "torch.cat"
     runtime = TORCH_RUNTIME
-    helper_needs: dict = {"masked_row_softmax": ("row_softmax",)}  # torch has erf
+    helper_needs: dict = {"masked_row_softmax": ("row_softmax",)}  # (erf is torch's own)
     # SymPy's NumPy printer names numpy functions (MatPow: numpy.linalg.matrix_power); their torch forms
     numpy_functions = {
         "numpy.linalg.matrix_power": "torch.linalg.matrix_power",
