@@ -58,14 +58,17 @@ def is_trivial(expr: Basic) -> bool:
     return isinstance(expr, (MatrixSymbol, OneMatrix)) or not isinstance(expr, MatrixExpr)
 
 
+def is_name(expr: Basic) -> bool:
+    """X or Xᵀ with X a name."""
+    return isinstance(expr.arg if isinstance(expr, Transpose) else expr, MatrixSymbol)
+
+
 def is_scaled_name(expr: Basic) -> bool:
     """c·X or c·Xᵀ with X a name and c a scalar other than 1."""
     if not isinstance(expr, MatMul):
         return False
     coeff, mats = factors(expr)
-    if len(mats) != 1 or coeff == 1:
-        return False
-    return isinstance(mats[0].arg if isinstance(mats[0], Transpose) else mats[0], MatrixSymbol)
+    return len(mats) == 1 and coeff != 1 and is_name(mats[0])
 
 
 def count_uses(values: Iterable[Basic]) -> Counter:

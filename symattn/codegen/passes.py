@@ -12,7 +12,7 @@ from sympy import Basic, MatrixSymbol
 from sympy.matrices.expressions import BlockMatrix, HadamardProduct, MatMul, OneMatrix, Transpose
 
 from symattn.codegen.chains import left_to_right_flops, tree_flops
-from symattn.codegen.dag import Assignment, count_uses, is_weight
+from symattn.codegen.dag import Assignment, count_uses, is_name, is_weight
 from symattn.lang import graph
 from symattn.lang.algebra import factors, product, terms, transpose
 from symattn.lang.ops import Exp, RowSum, Sigmoid, Tanh
@@ -139,15 +139,11 @@ def inline_aliases(backward: list[Assignment], keep: set) -> list[Assignment]:
     out = []
     for a in backward:
         value = graph.rewrite(a.value, alias.get) if alias else a.value
-        if a.target not in keep and _is_name(value):
+        if a.target not in keep and is_name(value):
             alias[a.target], alias[a.target.T] = value, transpose(value)
             continue
         out.append(a if value is a.value else Assignment(a.target, value, a.reduce_batch, a.comment))
     return out
-
-
-def _is_name(value: Basic) -> bool:
-    return isinstance(value.arg if isinstance(value, Transpose) else value, MatrixSymbol)
 
 
 def name_row_sums(backward: list[Assignment], taken: frozenset[str] = frozenset()) -> list[Assignment]:

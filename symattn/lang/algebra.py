@@ -86,7 +86,7 @@ def _product(*parts: Basic, canonical: bool = True, flatten: bool = False, drop_
         if len(mats) == 1 and isinstance(mats[0], MatAdd) and coeff.is_Rational and coeff != 1:
             return MatAdd(*(product(coeff, term) for term in mats[0].args))
         if _canonical_as_is(coeff, mats):
-            return mats[0] if coeff == 1 and len(mats) == 1 else Basic.__new__(MatMul, *([coeff] * (coeff != 1)), *mats)
+            return _product(coeff, *mats, canonical=False)
         return MatMul(*parts).doit(deep=False)
     if flatten:
         flat: list[Basic] = []
