@@ -466,7 +466,6 @@ def backward(saved, grad_out):
     return {name: g for name, g in grads.items() if g is not None}
 
 
-# ruff: noqa: E501 (a product of the second closed form may not fit a line)
 # The second closed form: f₂ = Σ_i tr(V_iᵀ g_i(x, G_out)), g_i the gradients above; its gradients are the
 # Hessian of tr(G_outᵀ Y) applied to the directions V_i (and, for G_out, the forward's derivative along them).
 SHAPES.update(
@@ -581,7 +580,31 @@ def _forward2(
 ):
     """The second closed form's forward: (f₂, saved values for _backward2), a None direction zero."""
     mask_shape = None
-    Q, K, V, W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O, G_out, Q_v, K_v, V_v, W_Q_v, W_K_v, W_V_v, W_O_v, b_Q_v, b_K_v, b_V_v, b_O_v = _arrays(
+    (
+        Q,
+        K,
+        V,
+        W_Q,
+        W_K,
+        W_V,
+        W_O,
+        b_Q,
+        b_K,
+        b_V,
+        b_O,
+        G_out,
+        Q_v,
+        K_v,
+        V_v,
+        W_Q_v,
+        W_K_v,
+        W_V_v,
+        W_O_v,
+        b_Q_v,
+        b_K_v,
+        b_V_v,
+        b_O_v,
+    ) = _arrays(
         {
             "Q": Q,
             "K": K,
@@ -818,9 +841,7 @@ def _backward2(saved, grad_out):
     dO_h = split_heads(dC, H)
     del dC
     dG_Q_h = (
-        split_heads(Q @ W_Q_v, H)
-        + split_heads(Q_v @ W_Q, H)
-        + split_heads((np.ones((n, 1), dtype=dtype)) @ b_Q_v, H)
+        split_heads(Q @ W_Q_v, H) + split_heads(Q_v @ W_Q, H) + split_heads((np.ones((n, 1), dtype=dtype)) @ b_Q_v, H)
     )
     dG_K_h = (
         repeat_heads(split_heads(K @ W_K_v, H_kv), H)

@@ -601,7 +601,6 @@ class MultiHeadAttention(torch.nn.Module):
         )
 
 
-# ruff: noqa: E501 (a product of the second closed form may not fit a line)
 # The second closed form: f₂ = Σ_i tr(V_iᵀ g_i(x, G_out)), g_i the gradients above; its gradients are the
 # Hessian of tr(G_outᵀ Y) applied to the directions V_i (and, for G_out, the forward's derivative along them).
 SHAPES.update(
@@ -753,7 +752,31 @@ def _forward2(
 ):
     """The second closed form's forward: (f₂, saved values for _backward2), a None direction zero."""
     mask_shape = _grad_shape(M)
-    Q, K, V, W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O, G_out, Q_v, K_v, V_v, W_Q_v, W_K_v, W_V_v, W_O_v, b_Q_v, b_K_v, b_V_v, b_O_v = _tensors(
+    (
+        Q,
+        K,
+        V,
+        W_Q,
+        W_K,
+        W_V,
+        W_O,
+        b_Q,
+        b_K,
+        b_V,
+        b_O,
+        G_out,
+        Q_v,
+        K_v,
+        V_v,
+        W_Q_v,
+        W_K_v,
+        W_V_v,
+        W_O_v,
+        b_Q_v,
+        b_K_v,
+        b_V_v,
+        b_O_v,
+    ) = _tensors(
         {
             "Q": Q,
             "K": K,

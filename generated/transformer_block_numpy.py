@@ -591,7 +591,6 @@ def backward(saved, grad_out):
     return {name: g for name, g in grads.items() if g is not None}
 
 
-# ruff: noqa: E501 (a product of the second closed form may not fit a line)
 # The second closed form: f₂ = Σ_i tr(V_iᵀ g_i(x, G_out)), g_i the gradients above; its gradients are the
 # Hessian of tr(G_outᵀ Z) applied to the directions V_i (and, for G_out, the forward's derivative along them).
 SHAPES.update(
@@ -715,7 +714,43 @@ def _forward2(
 ):
     """The second closed form's forward: (f₂, saved values for _backward2), a None direction zero."""
     mask_shape = None
-    X, W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O, gamma_1, beta_1, gamma_2, beta_2, W_1, b_1, W_2, b_2, G_out, X_v, W_Q_v, W_K_v, W_V_v, W_O_v, b_Q_v, b_K_v, b_V_v, b_O_v, gamma_1_v, beta_1_v, gamma_2_v, beta_2_v, W_1_v, b_1_v, W_2_v, b_2_v = _arrays(
+    (
+        X,
+        W_Q,
+        W_K,
+        W_V,
+        W_O,
+        b_Q,
+        b_K,
+        b_V,
+        b_O,
+        gamma_1,
+        beta_1,
+        gamma_2,
+        beta_2,
+        W_1,
+        b_1,
+        W_2,
+        b_2,
+        G_out,
+        X_v,
+        W_Q_v,
+        W_K_v,
+        W_V_v,
+        W_O_v,
+        b_Q_v,
+        b_K_v,
+        b_V_v,
+        b_O_v,
+        gamma_1_v,
+        beta_1_v,
+        gamma_2_v,
+        beta_2_v,
+        W_1_v,
+        b_1_v,
+        W_2_v,
+        b_2_v,
+    ) = _arrays(
         {
             "X": X,
             "W_Q": W_Q,
@@ -878,10 +913,11 @@ def _forward2(
     G_U = G_F * (gelu_grad(U))
     G_X_2 = G_U @ W_1.mT
     G_N_2 = G_X_2 * gamma_2
-    G_Y = (
-        (row_inv_std(Y, eps)) * (c1 * (((G_X_2 * gamma_2 * N_2).sum(axis=-1, keepdims=True)) * N_2) + c1 * (G_N_2.sum(axis=-1, keepdims=True)) + G_N_2)
-        + G_out
-    )
+    G_Y = (row_inv_std(Y, eps)) * (
+        c1 * (((G_X_2 * gamma_2 * N_2).sum(axis=-1, keepdims=True)) * N_2)
+        + c1 * (G_N_2.sum(axis=-1, keepdims=True))
+        + G_N_2
+    ) + G_out
     G_C = G_Y @ W_O.mT
     G_O_h = split_heads(G_C, H)
     del G_C
@@ -892,10 +928,11 @@ def _forward2(
     G_Q_h = G_A_h @ (scale * K_h)
     G_X_1 = (merge_heads(G_V_h, H)) @ W_V.mT + (merge_heads(G_K_h, H)) @ W_K.mT + (merge_heads(G_Q_h, H)) @ W_Q.mT
     G_N_1 = gamma_1 * G_X_1
-    G_X = (
-        (row_inv_std(X, eps)) * (c1 * (((gamma_1 * G_X_1 * N_1).sum(axis=-1, keepdims=True)) * N_1) + c1 * (G_N_1.sum(axis=-1, keepdims=True)) + G_N_1)
-        + G_Y
-    )
+    G_X = (row_inv_std(X, eps)) * (
+        c1 * (((gamma_1 * G_X_1 * N_1).sum(axis=-1, keepdims=True)) * N_1)
+        + c1 * (G_N_1.sum(axis=-1, keepdims=True))
+        + G_N_1
+    ) + G_Y
     G_W_Q = X_1.mT @ (merge_heads(G_Q_h, H))
     G_W_K = X_1.mT @ (merge_heads(G_K_h, H))
     G_W_V = X_1.mT @ (merge_heads(G_V_h, H))
@@ -1128,7 +1165,7 @@ def _backward2(saved, grad_out):
     t19 = merge_heads(G_V_h, H)
     t20 = merge_heads(G_Q_h, H)
     t21 = merge_heads(G_K_h, H)
-    t22 = U ** 2
+    t22 = U**2
     t23 = gelu_grad(U)
     dG_F = t23 * dG_U
     dU = t23 * dF + ((0.5) * 2**0.5 / (3.141592653589793) ** 0.5) * ((2 - t22) * (np.exp((-1 / 2) * t22)) * G_F * dG_U)
@@ -1142,10 +1179,9 @@ def _backward2(saved, grad_out):
     )
     D2 = (N_2 * dN_2).sum(axis=-1, keepdims=True)
     D3 = dN_2.sum(axis=-1, keepdims=True)
-    dY = (
-        (c1 * (D2 * N_2) + c1 * D3 + dN_2) * t15
-        + (c1 * ((((c1 * (D4 * N_2) + c1 * D5 + G_N_2) * dG_Y).sum(axis=-1, keepdims=True)) * (t17 ** 2))) * N_2
-    )
+    dY = (c1 * (D2 * N_2) + c1 * D3 + dN_2) * t15 + (
+        c1 * ((((c1 * (D4 * N_2) + c1 * D5 + G_N_2) * dG_Y).sum(axis=-1, keepdims=True)) * (t17**2))
+    ) * N_2
     del D2, D3, D4, D5, dN_2, t15, t17
     dC = G_Y @ W_O_v.mT + dY @ W_O.mT
     dO_h = split_heads(dC, H)
@@ -1164,7 +1200,11 @@ def _backward2(saved, grad_out):
     dW_O = sum_batch(C.mT @ dY + dG_C.mT @ G_Y)
     del dG_C
     db_O = None if b_O is None else rows(dY).sum(axis=0, keepdims=True)
-    dgamma_2 = sum_batch((np.ones((1, n), dtype=dtype)) @ (np.multiply(t1, G_X_2, out=t1)) + (np.ones((1, n), dtype=dtype)) @ (N_2 * dX_2) + c1 * (np.ones((1, n), dtype=dtype)) @ (t6 * G_X_2 * N_2))
+    dgamma_2 = sum_batch(
+        (np.ones((1, n), dtype=dtype)) @ (np.multiply(t1, G_X_2, out=t1))
+        + (np.ones((1, n), dtype=dtype)) @ (N_2 * dX_2)
+        + c1 * (np.ones((1, n), dtype=dtype)) @ (t6 * G_X_2 * N_2)
+    )
     del t1, t6
     dbeta_2 = rows(dX_2).sum(axis=0, keepdims=True)
     del dX_2
@@ -1198,7 +1238,7 @@ def _backward2(saved, grad_out):
     D9 = dN_1.sum(axis=-1, keepdims=True)
     dX = (
         (c1 * (D8 * N_1) + c1 * D9 + dN_1) * t16
-        + (c1 * ((((c1 * (D10 * N_1) + c1 * D11 + G_N_1) * X_v).sum(axis=-1, keepdims=True)) * (t18 ** 2))) * N_1
+        + (c1 * ((((c1 * (D10 * N_1) + c1 * D11 + G_N_1) * X_v).sum(axis=-1, keepdims=True)) * (t18**2))) * N_1
         + dY
     )
     del D10, D11, D8, D9, dN_1, dY, t16, t18
@@ -1206,7 +1246,11 @@ def _backward2(saved, grad_out):
     del dG_X_1, t21
     db_K = None if b_K is None else rows(dX_1W_K).sum(axis=0, keepdims=True)
     del dX_1W_K
-    dgamma_1 = sum_batch((np.ones((1, n), dtype=dtype)) @ (np.multiply(t2, G_X_1, out=t2)) + (np.ones((1, n), dtype=dtype)) @ (N_1 * dX_1) + c1 * (np.ones((1, n), dtype=dtype)) @ (t4 * G_X_1 * N_1))
+    dgamma_1 = sum_batch(
+        (np.ones((1, n), dtype=dtype)) @ (np.multiply(t2, G_X_1, out=t2))
+        + (np.ones((1, n), dtype=dtype)) @ (N_1 * dX_1)
+        + c1 * (np.ones((1, n), dtype=dtype)) @ (t4 * G_X_1 * N_1)
+    )
     del t2, t4
     dbeta_1 = rows(dX_1).sum(axis=0, keepdims=True)
     del dX_1

@@ -638,9 +638,29 @@ class TransformerBlockFunction(torch.autograd.Function):
         ctx.save_for_backward(*(saved[name] for name in tensors), *inputs)
         ctx.tensor_names = tensors
         ctx.constants = {name: value for name, value in saved.items() if name not in tensors}
-        ctx.given = [x is not None for x in (
-            X, W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O, gamma_1, beta_1, gamma_2, beta_2, W_1, b_1, W_2, b_2, M
-        )]
+        ctx.given = [
+            x is not None
+            for x in (
+                X,
+                W_Q,
+                W_K,
+                W_V,
+                W_O,
+                b_Q,
+                b_K,
+                b_V,
+                b_O,
+                gamma_1,
+                beta_1,
+                gamma_2,
+                beta_2,
+                W_1,
+                b_1,
+                W_2,
+                b_2,
+                M,
+            )
+        ]
         ctx.options = (num_heads, eps)
         return Z
 
@@ -821,7 +841,6 @@ class TransformerBlock(torch.nn.Module):
         )
 
 
-# ruff: noqa: E501 (a product of the second closed form may not fit a line)
 # The second closed form: f₂ = Σ_i tr(V_iᵀ g_i(x, G_out)), g_i the gradients above; its gradients are the
 # Hessian of tr(G_outᵀ Z) applied to the directions V_i (and, for G_out, the forward's derivative along them).
 SHAPES.update(
@@ -1034,7 +1053,43 @@ def _forward2(
 ):
     """The second closed form's forward: (f₂, saved values for _backward2), a None direction zero."""
     mask_shape = _grad_shape(M)
-    X, W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O, gamma_1, beta_1, gamma_2, beta_2, W_1, b_1, W_2, b_2, G_out, X_v, W_Q_v, W_K_v, W_V_v, W_O_v, b_Q_v, b_K_v, b_V_v, b_O_v, gamma_1_v, beta_1_v, gamma_2_v, beta_2_v, W_1_v, b_1_v, W_2_v, b_2_v = _tensors(
+    (
+        X,
+        W_Q,
+        W_K,
+        W_V,
+        W_O,
+        b_Q,
+        b_K,
+        b_V,
+        b_O,
+        gamma_1,
+        beta_1,
+        gamma_2,
+        beta_2,
+        W_1,
+        b_1,
+        W_2,
+        b_2,
+        G_out,
+        X_v,
+        W_Q_v,
+        W_K_v,
+        W_V_v,
+        W_O_v,
+        b_Q_v,
+        b_K_v,
+        b_V_v,
+        b_O_v,
+        gamma_1_v,
+        beta_1_v,
+        gamma_2_v,
+        beta_2_v,
+        W_1_v,
+        b_1_v,
+        W_2_v,
+        b_2_v,
+    ) = _tensors(
         {
             "X": X,
             "W_Q": W_Q,
@@ -1197,10 +1252,11 @@ def _forward2(
     G_U = G_F * (gelu_grad(U))
     G_X_2 = G_U @ W_1.mT
     G_N_2 = G_X_2 * gamma_2
-    G_Y = (
-        (row_inv_std(Y, eps)) * (c1 * (((G_X_2 * gamma_2 * N_2).sum(dim=-1, keepdim=True)) * N_2) + c1 * (G_N_2.sum(dim=-1, keepdim=True)) + G_N_2)
-        + G_out
-    )
+    G_Y = (row_inv_std(Y, eps)) * (
+        c1 * (((G_X_2 * gamma_2 * N_2).sum(dim=-1, keepdim=True)) * N_2)
+        + c1 * (G_N_2.sum(dim=-1, keepdim=True))
+        + G_N_2
+    ) + G_out
     G_C = G_Y @ W_O.mT
     G_O_h = split_heads(G_C, H)
     del G_C
@@ -1211,10 +1267,11 @@ def _forward2(
     G_Q_h = G_A_h @ (scale * K_h)
     G_X_1 = (merge_heads(G_V_h, H)) @ W_V.mT + (merge_heads(G_K_h, H)) @ W_K.mT + (merge_heads(G_Q_h, H)) @ W_Q.mT
     G_N_1 = gamma_1 * G_X_1
-    G_X = (
-        (row_inv_std(X, eps)) * (c1 * (((gamma_1 * G_X_1 * N_1).sum(dim=-1, keepdim=True)) * N_1) + c1 * (G_N_1.sum(dim=-1, keepdim=True)) + G_N_1)
-        + G_Y
-    )
+    G_X = (row_inv_std(X, eps)) * (
+        c1 * (((gamma_1 * G_X_1 * N_1).sum(dim=-1, keepdim=True)) * N_1)
+        + c1 * (G_N_1.sum(dim=-1, keepdim=True))
+        + G_N_1
+    ) + G_Y
     G_W_Q = X_1.mT @ (merge_heads(G_Q_h, H))
     G_W_K = X_1.mT @ (merge_heads(G_K_h, H))
     G_W_V = X_1.mT @ (merge_heads(G_V_h, H))
@@ -1447,12 +1504,11 @@ def _backward2(saved, grad_out):
     t19 = merge_heads(G_V_h, H)
     t20 = merge_heads(G_Q_h, H)
     t21 = merge_heads(G_K_h, H)
-    t22 = U ** 2
+    t22 = U**2
     t23 = gelu_grad(U)
     dG_F = t23 * dG_U
-    dU = (
-        t23 * dF
-        + ((0.5) * 2**0.5 / (3.141592653589793) ** 0.5) * ((2 - t22) * (torch.exp((-1 / 2) * t22)) * G_F * dG_U)
+    dU = t23 * dF + ((0.5) * 2**0.5 / (3.141592653589793) ** 0.5) * (
+        (2 - t22) * (torch.exp((-1 / 2) * t22)) * G_F * dG_U
     )
     del dF, dG_U, t22, t23
     dX_2 = G_U @ W_1_v.mT + dU @ W_1.mT
@@ -1464,10 +1520,9 @@ def _backward2(saved, grad_out):
     )
     D2 = (N_2 * dN_2).sum(dim=-1, keepdim=True)
     D3 = dN_2.sum(dim=-1, keepdim=True)
-    dY = (
-        (c1 * (D2 * N_2) + c1 * D3 + dN_2) * t15
-        + (c1 * ((((c1 * (D4 * N_2) + c1 * D5 + G_N_2) * dG_Y).sum(dim=-1, keepdim=True)) * (t17 ** 2))) * N_2
-    )
+    dY = (c1 * (D2 * N_2) + c1 * D3 + dN_2) * t15 + (
+        c1 * ((((c1 * (D4 * N_2) + c1 * D5 + G_N_2) * dG_Y).sum(dim=-1, keepdim=True)) * (t17**2))
+    ) * N_2
     del D2, D3, D4, D5, dN_2, t15, t17
     dC = G_Y @ W_O_v.mT + dY @ W_O.mT
     dO_h = split_heads(dC, H)
@@ -1486,7 +1541,11 @@ def _backward2(saved, grad_out):
     dW_O = sum_batch(C.mT @ dY + dG_C.mT @ G_Y)
     del dG_C
     db_O = None if b_O is None else rows(dY).sum(dim=0, keepdim=True)
-    dgamma_2 = sum_batch((torch.ones(1, n, dtype=dtype, device=device)) @ (t1.mul_(G_X_2)) + (torch.ones(1, n, dtype=dtype, device=device)) @ (N_2 * dX_2) + c1 * (torch.ones(1, n, dtype=dtype, device=device)) @ (t6 * G_X_2 * N_2))
+    dgamma_2 = sum_batch(
+        (torch.ones(1, n, dtype=dtype, device=device)) @ (t1.mul_(G_X_2))
+        + (torch.ones(1, n, dtype=dtype, device=device)) @ (N_2 * dX_2)
+        + c1 * (torch.ones(1, n, dtype=dtype, device=device)) @ (t6 * G_X_2 * N_2)
+    )
     del t1, t6
     dbeta_2 = rows(dX_2).sum(dim=0, keepdim=True)
     del dX_2
@@ -1520,7 +1579,7 @@ def _backward2(saved, grad_out):
     D9 = dN_1.sum(dim=-1, keepdim=True)
     dX = (
         (c1 * (D8 * N_1) + c1 * D9 + dN_1) * t16
-        + (c1 * ((((c1 * (D10 * N_1) + c1 * D11 + G_N_1) * X_v).sum(dim=-1, keepdim=True)) * (t18 ** 2))) * N_1
+        + (c1 * ((((c1 * (D10 * N_1) + c1 * D11 + G_N_1) * X_v).sum(dim=-1, keepdim=True)) * (t18**2))) * N_1
         + dY
     )
     del D10, D11, D8, D9, dN_1, dY, t16, t18
@@ -1528,7 +1587,11 @@ def _backward2(saved, grad_out):
     del dG_X_1, t21
     db_K = None if b_K is None else rows(dX_1W_K).sum(dim=0, keepdim=True)
     del dX_1W_K
-    dgamma_1 = sum_batch((torch.ones(1, n, dtype=dtype, device=device)) @ (t2.mul_(G_X_1)) + (torch.ones(1, n, dtype=dtype, device=device)) @ (N_1 * dX_1) + c1 * (torch.ones(1, n, dtype=dtype, device=device)) @ (t4 * G_X_1 * N_1))
+    dgamma_1 = sum_batch(
+        (torch.ones(1, n, dtype=dtype, device=device)) @ (t2.mul_(G_X_1))
+        + (torch.ones(1, n, dtype=dtype, device=device)) @ (N_1 * dX_1)
+        + c1 * (torch.ones(1, n, dtype=dtype, device=device)) @ (t4 * G_X_1 * N_1)
+    )
     del t2, t4
     dbeta_1 = rows(dX_1).sum(dim=0, keepdim=True)
     del dX_1

@@ -52,22 +52,106 @@ def assign_tuple(target: str, items: list[str], indent: int) -> str:
     """target = (items), a tuple even of one item, broken over lines as ruff format would."""
     if len(items) == 1:
         return f"{target} = ({items[0]},)"
-    return wrapped(f"{target} = ", items, "", indent, brackets="()")
+    line = f"{target} = ({', '.join(items)})"
+    if indent + len(line) <= WIDTH:
+        return line
+    body = "".join(f"{' ' * (indent + 4)}{item},\n" for item in items)  # a tuple literal that breaks: one a line
+    return f"{target} = (\n{body}{' ' * indent})"
+
+
+def given_flags(names: list[str], indent: int) -> str:
+    """ctx.given = [x is not None for x in (names)], broken over lines as ruff format would."""
+    items = ", ".join(names) + ("," if len(names) == 1 else "")
+    line = f"ctx.given = [x is not None for x in ({items})]"
+    if indent + len(line) <= WIDTH:
+        return line
+    inner, pad = " " * (indent + 4), " " * indent
+    if indent + 4 + len(line) - len("ctx.given = []") <= WIDTH:
+        return f"ctx.given = [\n{inner}x is not None for x in ({items})\n{pad}]"
+    rows = "".join(f"{inner}    {name},\n" for name in names)  # a tuple literal that breaks: one item a line
+    return f"ctx.given = [\n{inner}x is not None\n{inner}for x in (\n{rows}{inner})\n{pad}]"
 
 
 def checked_inputs(inputs: tuple, function: str) -> str:
-    """A, B, … = function({"A": A, …}), broken over lines as ruff format would."""
+    """A, B, … = function({"A": A, …}), broken over lines as ruff format would.
+
+    Targets too many for the line with ``= function(`` go in brackets, one a line, before ``) = function(``.
+    """
     names = [str(x.name) for x in inputs]
     items = [f'"{name}": {name}' for name in names]
     targets = f"({names[0]},)" if len(names) == 1 else ", ".join(names)  # one input: unpack the list of one
     prefix = f"{targets} = {function}("
+    if 4 + len(prefix) > WIDTH:
+        prefix = "(\n" + "".join(f"        {name},\n" for name in names) + f"    ) = {function}("
+    last = len(prefix.rsplit("\n", 1)[-1]) if "\n" in prefix else 4 + len(prefix)  # columns of its last line
     one = "{" + ", ".join(items) + "}"
-    if 4 + len(prefix) + len(one) + 1 <= WIDTH:
+    if last + len(one) + 1 <= WIDTH:
         return f"{prefix}{one})"
     if 8 + len(one) <= WIDTH:
         return f"{prefix}\n        {one}\n    )"
     body = "".join(f"            {item},\n" for item in items)
     return f"{prefix}\n        {{\n{body}        }}\n    )"
+
+
+def top_level_terms(value: str) -> list[str]:
+    """value split before each + or − outside brackets (the first term, then "+ b", "- c", …)."""
+    terms, depth, start = [], 0, 0
+    for i, ch in enumerate(value):
+        depth += ch in "([{"
+        depth -= ch in ")]}"
+        if depth == 0 and value[i : i + 3] in (" + ", " - ") and i > start:
+            terms.append(value[start:i].strip())
+            start = i + 1
+    return [*terms, value[start:].strip()]
+
+
+def _groups(value: str) -> list[tuple[int, int]]:
+    """The (opening, closing) positions of value's outermost bracket pairs, left to right."""
+    groups, depth, opening = [], 0, 0
+    for i, ch in enumerate(value):
+        if ch in "([{":
+            opening = i if depth == 0 else opening
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+            if depth == 0:
+                groups.append((opening, i))
+    return groups
+
+
+def _inside(text: str, indent: int) -> str:
+    """Bracketed content at indent: one line when it fits, else one term a line, each before its + or −."""
+    if indent + len(text) <= WIDTH:
+        return " " * indent + text
+    return "\n".join(" " * indent + term for term in top_level_terms(text))
+
+
+def assigned(target: str, value: str, indent: int) -> str:
+    """The value of ``target = value`` broken over lines as ruff format would, when the line is too long.
+
+    - a sum of several + or −: in brackets, whole on their own line or one term a line;
+    - a sum of two terms that starts or ends with a bracket: kept on the line, the first bracket pair
+      that overflows broken instead (ruff's optional parentheses omitted);
+    - a call f(…): its arguments on their own line(s).
+    """
+    if indent + len(target) + 3 + len(value) <= WIDTH or "\n" in value:
+        return value
+    pad, terms, groups = " " * indent, top_level_terms(value), _groups(value)
+    if len(terms) == 1 and groups and groups[-1][1] == len(value) - 1 and groups[-1][0] > 0:  # f(args)
+        opening = groups[-1][0]
+        return f"{value[: opening + 1]}\n{_inside(value[opening + 1 : -1], indent + 4)}\n{pad})"
+    if len(terms) == 2 and groups and (groups[0][0] == 0 or groups[-1][1] == len(value) - 1):
+        out, column, position = [], indent + len(target) + 3, 0
+        for k, (opening, closing) in enumerate(groups):
+            upto = groups[k + 1][0] + 1 if k + 1 < len(groups) else len(value)  # flat until the next break
+            if column + upto - position <= WIDTH:
+                continue
+            out.append(f"{value[position : opening + 1]}\n{_inside(value[opening + 1 : closing], indent + 4)}\n{pad}")
+            column, position = indent, closing
+        return "".join(out) + value[position:]
+    if len(terms) == 1:
+        return value
+    return f"(\n{_inside(value, indent + 4)}\n{pad})"
 
 
 def module_doc(spec_name: str, weights: list[str]) -> str:

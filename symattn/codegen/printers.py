@@ -28,7 +28,14 @@ from symattn.codegen.dag import typical_size as schedule_size
 from symattn.errors import SymattnError
 from symattn.lang.algebra import factors, product
 from symattn.lang.graph import matrix_symbols
-from symattn.numeric.printers import NUMPY_RUNTIME, NumPyMatrixPrinter, _split_sign, runtime_functions, runtime_source
+from symattn.numeric.printers import (
+    NUMPY_RUNTIME,
+    NumPyMatrixPrinter,
+    _split_sign,
+    power,
+    runtime_functions,
+    runtime_source,
+)
 from symattn.optimize.cost import chain_order
 
 # helper name -> its function in a runtime module: the expression helpers and the modules' input checks
@@ -294,15 +301,13 @@ class GeneratedCodeMixin:
         base, p = expr.args
         if isinstance(base, MatrixExpr):
             return super()._print_Pow(expr, rational)
-        # ruff format hugs ** between simple operands: d_k**0.5
-        power = "**" if isinstance(base, (sp.Symbol, sp.Number)) else " ** "
         if p == sp.Rational(1, 2):
-            return f"{self._atom(base)}{power}0.5"
+            return power(self._atom(base), "0.5")
         if p == -sp.Rational(1, 2):
-            return f"1 / {self._atom(base)}{power}0.5"
+            return f"1 / {power(self._atom(base), '0.5')}"
         if p == -1:
             return f"1 / {self._atom(base)}"
-        return f"{self._atom(base)}{power}{self._atom(p)}"
+        return power(self._atom(base), self._atom(p))
 
     def _print_Rational(self, expr: Basic) -> str:
         return f"{expr.p} / {expr.q}"
@@ -452,4 +457,4 @@ class TorchMatrixPrinter(GeneratedCodeMixin, NumPyMatrixPrinter):
         return " @ ".join(texts)
 
     def _print_sqrt(self, expr: Basic) -> str:  # pragma: no cover - Pow handles sqrt
-        return f"{self._atom(expr.args[0])} ** 0.5"
+        return power(self._atom(expr.args[0]), "0.5")

@@ -117,7 +117,7 @@ def second_order_context(first: Schedule, first_context: dict, backend: str, ver
     texts = [f"{line.target} = {line.value}" for sec in sections for line in sec.get("lines", [])]
     texts.append(ctx["checked_inputs"])  # the inputs unpacked in one line: long for a spec with many
     return {
-        "long_lines": any(len(part) + 4 > layout.WIDTH for text in texts for part in text.split("\n")),
+        "long_lines": any(_too_long(text) for text in texts),
         "shapes": shapes,
         "directions": directions,
         "direction_names": layout.assign_tuple("OPTIONAL +", [f'"{d["name"]}"' for d in directions], 0)[
@@ -148,13 +148,7 @@ def second_order_context(first: Schedule, first_context: dict, backend: str, ver
         if len(first_names) + bool(mask) == 1
         else layout.wrapped("", [f'"{x}"' for x in [*first_names, *[mask] * bool(mask)]], "", 0, "()"),
         "remember": [
-            layout.wrapped(
-                "ctx.given = [x is not None for x in ",
-                [*first_names, *[mask] * bool(mask)] + [""] * (len(first_names) + bool(mask) == 1),  # (X,)
-                "]",
-                8,
-                "()",
-            ),
+            layout.given_flags([*first_names, *[mask] * bool(mask)], 8),
             layout.assign_tuple("ctx.options", options, 8),
         ],
         "first_options": len(first_context["options"]),
@@ -186,29 +180,20 @@ COPIED = (
 )
 
 
-def _top_level_terms(value: str) -> list[str]:
-    """value split before each + or − that is outside brackets."""
-    terms, depth, start = [], 0, 0
-    for i, ch in enumerate(value):
-        depth += ch in "([{"
-        depth -= ch in ")]}"
-        if depth == 0 and value[i : i + 3] in (" + ", " - ") and i > start:
-            terms.append(value[start:i])
-            start = i + 1
-    return [*terms, value[start:]]
+def _too_long(text: str, indent: int = 4) -> bool:
+    """Does a statement at indent overflow a line? (Its continuation lines carry their own indentation.)"""
+    first, *rest = text.split("\n")
+    return indent + len(first) > layout.WIDTH or any(len(line) > layout.WIDTH for line in rest)
 
 
 def _wrapped_section(section: dict, indent: int = 4) -> dict:
-    """A section whose statements that are too long for a line are sums broken before + and −, as ruff format
-    would."""
+    """A section whose statements too long for a line are broken as ruff format would (``layout.assigned``)."""
     if section.get("loop"):
         return section
-    lines = []
-    for line in section["lines"]:
-        if indent + len(f"{line.target} = {line.value}") > layout.WIDTH and len(_top_level_terms(line.value)) > 1:
-            body = "".join(f"\n{' ' * (indent + 4)}{term.strip()}" for term in _top_level_terms(line.value))
-            line = dataclasses.replace(line, value=f"({body}\n{' ' * indent})")
-        lines.append(line)
+    lines = [
+        dataclasses.replace(line, value=layout.assigned(str(line.target), line.value, indent))
+        for line in section["lines"]
+    ]
     return section | {"lines": lines}
 
 

@@ -11,6 +11,7 @@ opaque exp atoms, for exact rational verification.
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterable, Sequence
 from functools import cache
 from importlib.util import find_spec
@@ -48,6 +49,16 @@ NUMPY_RUNTIME = runtime_functions("symattn.numeric.numpy_runtime")  # helper nam
 
 # helpers whose source calls other helpers
 HELPER_NEEDS = {"gelu": ("erf",), "gelu_grad": ("erf",)}
+
+
+# a name, an attribute chain or a number, maybe negated: an operand ruff format hugs ** to
+_SIMPLE_OPERAND = re.compile(r"-?([A-Za-z_]\w*(\.[A-Za-z_]\w*)*|\d+(\.\d*)?)")
+
+
+def power(base: str, exponent: str) -> str:
+    """base ** exponent as ruff format writes it: x**2 between simple operands, (x + y) ** 2 otherwise."""
+    simple = _SIMPLE_OPERAND.fullmatch(base) and _SIMPLE_OPERAND.fullmatch(exponent)
+    return f"{base}**{exponent}" if simple else f"{base} ** {exponent}"
 
 
 class NumPyMatrixPrinter(NumPyPrinter):
@@ -161,7 +172,7 @@ class NumPyMatrixPrinter(NumPyPrinter):
 
     def _print_HadamardPower(self, expr: Basic) -> str:
         base, p = expr.args
-        return f"{self._atom(base)} ** {self._atom(p)}"
+        return power(self._atom(base), self._atom(p))
 
     def _print_Elementwise(self, expr: Basic) -> str:
         name = self.elementwise[expr.function]

@@ -78,7 +78,7 @@ def test_printers_put_scalars_on_the_smallest_factor_and_broadcast_row_sums():
     assert "repeat" not in text and "ones" not in text  # u 𝟏ᵀ broadcasts: no n × m array of row sums
     z, m = MatrixSymbol("Z", sp.Symbol("n"), 1), sp.Symbol("m")
     text = GeneratedNumPyPrinter().doprint(sa.hadamard(q * k.T, HadamardPower(z * OneMatrix(1, m), -1)))
-    assert text == "(Q @ K.mT) * (Z ** -1)"  # (Z 𝟏ᵀ)^∘-1 = Z^∘-1 𝟏ᵀ: a power of the column, broadcast
+    assert text == "(Q @ K.mT) * (Z**-1)"  # (Z 𝟏ᵀ)^∘-1 = Z^∘-1 𝟏ᵀ: a power of the column, broadcast
     text = GeneratedNumPyPrinter().doprint(q * k.T + OneMatrix(sp.Symbol("n"), 1) * z.T * q * k.T)
     assert "ones" not in text  # 𝟏 (Zᵀ Q Kᵀ): the row, broadcast in the sum
 
