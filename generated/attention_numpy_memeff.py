@@ -362,7 +362,6 @@ def _forward2(Q, K, V, G_out, Q_v, K_v, V_v, M, scale):
     if scale is None:
         scale = 1 / d_k**0.5
     scale = float(scale)
-    c1 = -scale
     if Q_v is None:
         Q_v = np.zeros_like(Q)
     if K_v is None:
@@ -372,16 +371,22 @@ def _forward2(Q, K, V, G_out, Q_v, K_v, V_v, M, scale):
     A = add_optional((scale * Q) @ K.mT, M)
     P = row_softmax(A, out=A) if M is None else masked_row_softmax(A, out=A)
     del A
+    O = P @ V
+    G_D = (np.multiply(O, G_out, out=O)).sum(axis=-1, keepdims=True)
+    del O
     G_P = G_out @ V.mT
-    G_A = (G_P - ((G_P * P).sum(axis=-1, keepdims=True))) * P
+    G_A = (G_P - G_D) * P
     G_Q = G_A @ (scale * K)
     G_K = G_A.mT @ (scale * Q)
     G_V = P.mT @ G_out
-    Y = (
+    G_M = G_A
+    del G_A
+    f2 = (
         (np.ones((1, m), dtype=dtype)) @ (K_v * G_K).sum(axis=-1, keepdims=True)
         + (np.ones((1, m), dtype=dtype)) @ (V_v * G_V).sum(axis=-1, keepdims=True)
         + (np.ones((1, n), dtype=dtype)) @ (Q_v * G_Q).sum(axis=-1, keepdims=True)
     )
+    del G_K, G_Q, G_V
     saved = {
         "Q": Q,
         "K": K,
@@ -391,14 +396,13 @@ def _forward2(Q, K, V, G_out, Q_v, K_v, V_v, M, scale):
         "K_v": K_v,
         "V_v": V_v,
         "P": P,
+        "G_D": G_D,
         "G_P": G_P,
-        "G_A": G_A,
-        "c1": c1,
-        "m": m,
+        "G_M": G_M,
         "scale": scale,
         "mask_shape": mask_shape,
     }
-    return Y, saved
+    return f2, saved
 
 
 def _backward2(saved, grad_out):
@@ -411,31 +415,25 @@ def _backward2(saved, grad_out):
     K_v = saved["K_v"]
     V_v = saved["V_v"]
     P = saved["P"]
+    G_D = saved["G_D"]
     G_P = saved["G_P"]
-    G_A = saved["G_A"]
-    c1 = saved["c1"]
-    m = saved["m"]
+    G_M = saved["G_M"]
     scale = saved["scale"]
     mask_shape = saved["mask_shape"]
-    D1 = (G_P * P).sum(axis=-1, keepdims=True)
-    t3 = Q @ K_v.mT + Q_v @ K.mT
-    t2 = t3 * P
-    D3 = t2.sum(axis=-1, keepdims=True)
-    t1 = np.repeat(D3, m, axis=-1)
-    del D3
-    dG_P = c1 * (t1 * P - t2)
-    del t2
-    dP = c1 * (t1 * G_P) + scale * (np.multiply(t3, G_P - D1, out=t3)) + G_out @ V_v.mT
-    del D1, t1, t3
-    D2 = (P * dP).sum(axis=-1, keepdims=True)
-    dA = np.multiply(np.subtract(dP, D2, out=dP), P, out=dP)
-    del D2, dP
-    dQ = G_A @ (scale * K_v) + dA @ (scale * K)
-    dK = G_A.mT @ (scale * Q_v) + dA.mT @ (scale * Q)
-    dV = dG_P.mT @ G_out
-    dG_out = P @ V_v + dG_P @ V
-    del dG_P
-    dM = None if mask_shape is None else sum_to_mask(dA, mask_shape)
+    dA = (scale * Q) @ K_v.mT + (scale * Q_v) @ K.mT
+    D = (P * dA).sum(axis=-1, keepdims=True)
+    dP = np.multiply(np.subtract(dA, D, out=dA), P, out=dA)
+    del D, dA
+    dG_out = P @ V_v + dP @ V
+    dG_D = (G_out * dG_out).sum(axis=-1, keepdims=True)
+    dG_P = G_out @ V_v.mT
+    dG_A = np.add(np.multiply(np.subtract(dG_P, dG_D, out=dG_P), P, out=dG_P), (G_P - G_D) * dP, out=dG_P)
+    del dG_D, dG_P
+    dQ = scale * (G_M @ K_v + dG_A @ K)
+    dK = scale * (G_M.mT @ Q_v + dG_A.mT @ Q)
+    dV = dP.mT @ G_out
+    del dP
+    dM = None if mask_shape is None else sum_to_mask(dG_A, mask_shape)
     grads = {"Q": dQ, "K": dK, "V": dV, "G_out": dG_out, "attn_mask": dM}
     return {name: g for name, g in grads.items() if g is not None}
 

@@ -353,11 +353,6 @@ INPUTS = ("Q", "K", "V", "M")  # the Function's tensor inputs
 COTANGENT = "G_out"
 
 
-def repeat_columns(a, times):
-    """(..., n, 1) -> (..., n, times): the column repeated (a view; a is evaluated once)."""
-    return a.expand(*a.shape[:-1], times)
-
-
 def _direction(direction):
     """A Hessian-vector product's direction: a dict from input names to arrays of their shapes (a name left
     out: zero in that input)."""
@@ -457,7 +452,6 @@ def _forward2(Q, K, V, G_out, Q_v, K_v, V_v, M, scale):
     if scale is None:
         scale = 1 / d_k**0.5
     scale = float(scale)
-    c1 = -scale
     if Q_v is None:
         Q_v = torch.zeros_like(Q)
     if K_v is None:
@@ -467,16 +461,22 @@ def _forward2(Q, K, V, G_out, Q_v, K_v, V_v, M, scale):
     A = add_optional((scale * Q) @ K.mT, M)
     P = row_softmax(A, out=A) if M is None else masked_row_softmax(A, out=A)
     del A
+    O = P @ V
+    G_D = (O.mul_(G_out)).sum(dim=-1, keepdim=True)
+    del O
     G_P = G_out @ V.mT
-    G_A = (G_P - ((G_P * P).sum(dim=-1, keepdim=True))) * P
+    G_A = (G_P - G_D) * P
     G_Q = G_A @ (scale * K)
     G_K = matmul_tn(G_A, scale * Q)
     G_V = matmul_tn(P, G_out)
-    Y = (
+    G_M = G_A
+    del G_A
+    f2 = (
         (torch.ones(1, m, dtype=dtype, device=device)) @ (K_v * G_K).sum(dim=-1, keepdim=True)
         + (torch.ones(1, m, dtype=dtype, device=device)) @ (V_v * G_V).sum(dim=-1, keepdim=True)
         + (torch.ones(1, n, dtype=dtype, device=device)) @ (Q_v * G_Q).sum(dim=-1, keepdim=True)
     )
+    del G_K, G_Q, G_V
     saved = {
         "Q": Q,
         "K": K,
@@ -486,14 +486,13 @@ def _forward2(Q, K, V, G_out, Q_v, K_v, V_v, M, scale):
         "K_v": K_v,
         "V_v": V_v,
         "P": P,
+        "G_D": G_D,
         "G_P": G_P,
-        "G_A": G_A,
-        "c1": c1,
-        "m": m,
+        "G_M": G_M,
         "scale": scale,
         "mask_shape": mask_shape,
     }
-    return Y, saved
+    return f2, saved
 
 
 def _backward2(saved, grad_out):
@@ -506,31 +505,25 @@ def _backward2(saved, grad_out):
     K_v = saved["K_v"]
     V_v = saved["V_v"]
     P = saved["P"]
+    G_D = saved["G_D"]
     G_P = saved["G_P"]
-    G_A = saved["G_A"]
-    c1 = saved["c1"]
-    m = saved["m"]
+    G_M = saved["G_M"]
     scale = saved["scale"]
     mask_shape = saved["mask_shape"]
-    D1 = (G_P * P).sum(dim=-1, keepdim=True)
-    t3 = Q @ K_v.mT + Q_v @ K.mT
-    t2 = t3 * P
-    D3 = t2.sum(dim=-1, keepdim=True)
-    t1 = repeat_columns(D3, m)
-    del D3
-    dG_P = c1 * (t1 * P - t2)
-    del t2
-    dP = c1 * (t1 * G_P) + scale * (t3.mul_(G_P - D1)) + G_out @ V_v.mT
-    del D1, t1, t3
-    D2 = (P * dP).sum(dim=-1, keepdim=True)
-    dA = dP.sub_(D2).mul_(P)
-    del D2, dP
-    dQ = G_A @ (scale * K_v) + dA @ (scale * K)
-    dK = matmul_tn(G_A, scale * Q_v) + matmul_tn(dA, scale * Q)
-    dV = matmul_tn(dG_P, G_out)
-    dG_out = P @ V_v + dG_P @ V
-    del dG_P
-    dM = None if mask_shape is None else dA.sum_to_size(mask_shape)
+    dA = (scale * Q) @ K_v.mT + (scale * Q_v) @ K.mT
+    D = (P * dA).sum(dim=-1, keepdim=True)
+    dP = dA.sub_(D).mul_(P)
+    del D, dA
+    dG_out = P @ V_v + dP @ V
+    dG_D = (G_out * dG_out).sum(dim=-1, keepdim=True)
+    dG_P = G_out @ V_v.mT
+    dG_A = dG_P.sub_(dG_D).mul_(P).add_((G_P - G_D) * dP)
+    del dG_D, dG_P
+    dQ = scale * (G_M @ K_v + dG_A @ K)
+    dK = scale * (matmul_tn(G_M, Q_v) + matmul_tn(dG_A, Q))
+    dV = matmul_tn(dP, G_out)
+    del dP
+    dM = None if mask_shape is None else dG_A.sum_to_size(mask_shape)
     return {"Q": dQ, "K": dK, "V": dV, "G_out": dG_out, "M": dM}
 
 

@@ -638,11 +638,6 @@ INPUTS = ("Q", "K", "V", "W_Q", "W_K", "W_V", "W_O", "b_Q", "b_K", "b_V", "b_O",
 COTANGENT = "G_out"
 
 
-def repeat_columns(a, times):
-    """(..., n, 1) -> (..., n, times): the column repeated (a view; a is evaluated once)."""
-    return a.expand(*a.shape[:-1], times)
-
-
 def sum_batch(a):
     """(..., p, q) -> (p, q): the sum over the leading batch dimensions."""
     return a.reshape(-1, *a.shape[-2:]).sum(dim=0)
@@ -853,7 +848,6 @@ def _forward2(
         _check_shape("b_O_v", b_O_v, (1, H * d_k))
     _nonempty({"d_k": d_k, "m": m}, {"Q": Q, "K": K})
     scale = 1 / d_k**0.5
-    c1 = -1 / d_k**0.5
     if Q_v is None:
         Q_v = torch.zeros_like(Q)
     if K_v is None:
@@ -884,27 +878,35 @@ def _forward2(
     del A_h
     O_h = P_h @ V_h
     C = merge_heads(O_h, H)
-    del O_h
     G_C = G_out @ W_O.mT
     G_O_h = split_heads(G_C, H)
     del G_C
+    G_D = (O_h * G_O_h).sum(dim=-1, keepdim=True)
     G_P_h = G_O_h @ V_h.mT
-    G_A_h = (G_P_h - ((G_P_h * P_h).sum(dim=-1, keepdim=True))) * P_h
+    G_A_h = (G_P_h - G_D) * P_h
     G_V_h = matmul_tn(P_h, G_O_h)
     G_K_h = matmul_tn(G_A_h, scale * Q_h)
     G_Q_h = G_A_h @ (scale * K_h)
-    G_Q = (merge_heads(G_Q_h, H)) @ W_Q.mT
-    G_K = (merge_heads(sum_groups(G_K_h, H_kv), H_kv)) @ W_K.mT
-    G_V = (merge_heads(sum_groups(G_V_h, H_kv), H_kv)) @ W_V.mT
-    G_W_Q = Q.mT @ (merge_heads(G_Q_h, H))
-    G_W_K = K.mT @ (merge_heads(sum_groups(G_K_h, H_kv), H_kv))
-    G_W_V = V.mT @ (merge_heads(sum_groups(G_V_h, H_kv), H_kv))
-    G_W_O = C.mT @ G_out
-    G_b_Q = (torch.ones(1, n, dtype=dtype, device=device)) @ (merge_heads(G_Q_h, H))
-    G_b_K = (torch.ones(1, m, dtype=dtype, device=device)) @ (merge_heads(sum_groups(G_K_h, H_kv), H_kv))
-    G_b_V = (torch.ones(1, m, dtype=dtype, device=device)) @ (merge_heads(sum_groups(G_V_h, H_kv), H_kv))
-    G_b_O = (torch.ones(1, n, dtype=dtype, device=device)) @ G_out
-    Y = (
+    G_W_O = rows(C).mT @ rows(G_out)
+    G_b_O = rows(G_out).sum(dim=0, keepdim=True)
+    G_M = G_A_h
+    del G_A_h
+    G_VW_V = merge_heads(sum_groups(G_V_h, H_kv), H_kv)
+    del G_V_h
+    G_V = G_VW_V @ W_V.mT
+    G_W_V = rows(V).mT @ rows(G_VW_V)
+    G_b_V = rows(G_VW_V).sum(dim=0, keepdim=True)
+    G_KW_K = merge_heads(sum_groups(G_K_h, H_kv), H_kv)
+    del G_K_h
+    G_K = G_KW_K @ W_K.mT
+    G_W_K = rows(K).mT @ rows(G_KW_K)
+    G_b_K = rows(G_KW_K).sum(dim=0, keepdim=True)
+    G_QW_Q = merge_heads(G_Q_h, H)
+    del G_Q_h
+    G_Q = G_QW_Q @ W_Q.mT
+    G_W_Q = rows(Q).mT @ rows(G_QW_Q)
+    G_b_Q = rows(G_QW_Q).sum(dim=0, keepdim=True)
+    f2 = (
         (b_K_v * G_b_K).sum(dim=-1, keepdim=True)
         + (b_O_v * G_b_O).sum(dim=-1, keepdim=True)
         + (b_Q_v * G_b_Q).sum(dim=-1, keepdim=True)
@@ -917,6 +919,7 @@ def _forward2(
         + (torch.ones(1, H * d_k, dtype=dtype, device=device)) @ (W_Q_v * G_W_Q).sum(dim=-1, keepdim=True)
         + (torch.ones(1, H * d_k, dtype=dtype, device=device)) @ (W_V_v * G_W_V).sum(dim=-1, keepdim=True)
     )
+    del G_K, G_Q, G_V, G_W_K, G_W_O, G_W_Q, G_W_V, G_b_K, G_b_O, G_b_Q, G_b_V
     saved = {
         "Q": Q,
         "K": K,
@@ -941,18 +944,17 @@ def _forward2(
         "K_h": K_h,
         "V_h": V_h,
         "P_h": P_h,
+        "O_h": O_h,
         "C": C,
         "G_O_h": G_O_h,
+        "G_D": G_D,
         "G_P_h": G_P_h,
-        "G_A_h": G_A_h,
-        "G_V_h": G_V_h,
-        "G_K_h": G_K_h,
-        "G_Q_h": G_Q_h,
+        "G_M": G_M,
+        "G_VW_V": G_VW_V,
+        "G_KW_K": G_KW_K,
+        "G_QW_Q": G_QW_Q,
         "H": H,
         "H_kv": H_kv,
-        "c1": c1,
-        "m": m,
-        "n": n,
         "scale": scale,
         "b_Q": b_Q,
         "b_K": b_K,
@@ -960,12 +962,11 @@ def _forward2(
         "b_O": b_O,
         "mask_shape": mask_shape,
     }
-    return Y, saved
+    return f2, saved
 
 
 def _backward2(saved, grad_out):
     """The second closed form: ∂f₂/∂x for every input x and ∂f₂/∂G_out, a dict keyed by name."""
-    dtype, device = grad_out.dtype, grad_out.device
     Q = saved["Q"]
     K = saved["K"]
     V = saved["V"]
@@ -989,90 +990,70 @@ def _backward2(saved, grad_out):
     K_h = saved["K_h"]
     V_h = saved["V_h"]
     P_h = saved["P_h"]
+    O_h = saved["O_h"]
     C = saved["C"]
     G_O_h = saved["G_O_h"]
+    G_D = saved["G_D"]
     G_P_h = saved["G_P_h"]
-    G_A_h = saved["G_A_h"]
-    G_V_h = saved["G_V_h"]
-    G_K_h = saved["G_K_h"]
-    G_Q_h = saved["G_Q_h"]
+    G_M = saved["G_M"]
+    G_VW_V = saved["G_VW_V"]
+    G_KW_K = saved["G_KW_K"]
+    G_QW_Q = saved["G_QW_Q"]
     H = saved["H"]
     H_kv = saved["H_kv"]
-    c1 = saved["c1"]
-    m = saved["m"]
-    n = saved["n"]
     scale = saved["scale"]
     b_Q = saved["b_Q"]
     b_K = saved["b_K"]
     b_V = saved["b_V"]
     b_O = saved["b_O"]
     mask_shape = saved["mask_shape"]
-    D1 = (G_P_h * P_h).sum(dim=-1, keepdim=True)
-    db_O = None if b_O is None else torch.zeros_like(b_O)
-    dC = G_out @ W_O_v.mT
-    dO_h = split_heads(dC, H)
-    del dC
-    dG_Q_h = (
-        split_heads(Q @ W_Q_v, H)
-        + split_heads(Q_v @ W_Q, H)
-        + split_heads((torch.ones(n, 1, dtype=dtype, device=device)) @ b_Q_v, H)
-    )
-    dG_K_h = (
-        repeat_heads(split_heads(K @ W_K_v, H_kv), H)
-        + repeat_heads(split_heads(K_v @ W_K, H_kv), H)
-        + repeat_heads(split_heads((torch.ones(m, 1, dtype=dtype, device=device)) @ b_K_v, H_kv), H)
-    )
-    dG_V_h = (
-        repeat_heads(split_heads(V @ W_V_v, H_kv), H)
-        + repeat_heads(split_heads(V_v @ W_V, H_kv), H)
-        + repeat_heads(split_heads((torch.ones(m, 1, dtype=dtype, device=device)) @ b_V_v, H_kv), H)
-    )
-    t7 = Q_h @ dG_K_h.mT + dG_Q_h @ K_h.mT
-    t4 = t7 * P_h
-    D3 = t4.sum(dim=-1, keepdim=True)
-    t1 = repeat_columns(D3, m)
-    del D3
-    dG_P_h = c1 * (t1 * P_h - t4)
-    del t4
-    dG_O_h = P_h @ dG_V_h + dG_P_h @ V_h
-    dG_C = merge_heads(dG_O_h, H)
-    del dG_O_h
-    dP_h = c1 * (t1 * G_P_h) + scale * (t7.mul_(G_P_h - D1)) + G_O_h @ dG_V_h.mT + dO_h @ V_h.mT
-    del D1, dG_V_h, t1, t7
-    D2 = (P_h * dP_h).sum(dim=-1, keepdim=True)
-    dA_h = dP_h.sub_(D2).mul_(P_h)
-    del D2, dP_h
-    dV_h = matmul_tn(P_h, dO_h) + matmul_tn(dG_P_h, G_O_h)
-    del dG_P_h, dO_h
-    dK_h = matmul_tn(G_A_h, scale * dG_Q_h) + matmul_tn(dA_h, scale * Q_h)
-    del dG_Q_h
-    dQ_h = G_A_h @ (scale * dG_K_h) + dA_h @ (scale * K_h)
-    del dG_K_h
-    dW_O = rows(dG_C).mT @ rows(G_out)
-    dG_out = add_optional(C @ W_O_v + dG_C @ W_O, b_O_v)
+    dQ_h = split_heads(add_optional(Q @ W_Q_v + Q_v @ W_Q, b_Q_v), H)
+    dK_h = repeat_heads(split_heads(add_optional(K @ W_K_v + K_v @ W_K, b_K_v), H_kv), H)
+    dV_h = repeat_heads(split_heads(add_optional(V @ W_V_v + V_v @ W_V, b_V_v), H_kv), H)
+    dA_h = (scale * Q_h) @ dK_h.mT + (scale * dQ_h) @ K_h.mT
+    D = (P_h * dA_h).sum(dim=-1, keepdim=True)
+    dP_h = dA_h.sub_(D).mul_(P_h)
+    del D, dA_h
+    dO_h = P_h @ dV_h + dP_h @ V_h
+    dC = merge_heads(dO_h, H)
+    dG_out = add_optional(C @ W_O_v + dC @ W_O, b_O_v)
+    dG_C = G_out @ W_O_v.mT
+    dG_O_h = split_heads(dG_C, H)
     del dG_C
-    dM = None if mask_shape is None else dA_h.sum_to_size(mask_shape)
-    dVW_V = merge_heads(sum_groups(dV_h, H_kv), H_kv)
+    dG_D = (dO_h.mul_(G_O_h).add_(O_h * dG_O_h)).sum(dim=-1, keepdim=True)
+    del dO_h
+    dG_P_h = G_O_h @ dV_h.mT + dG_O_h @ V_h.mT
     del dV_h
-    db_V = None if b_V is None else rows(dVW_V).sum(dim=0, keepdim=True)
-    dKW_K = merge_heads(sum_groups(dK_h, H_kv), H_kv)
-    del dK_h
-    db_K = None if b_K is None else rows(dKW_K).sum(dim=0, keepdim=True)
-    dQW_Q = merge_heads(dQ_h, H)
+    dG_A_h = dG_P_h.sub_(dG_D).mul_(P_h).add_((G_P_h - G_D) * dP_h)
+    del dG_D, dG_P_h
+    dG_V_h = matmul_tn(P_h, dG_O_h) + matmul_tn(dP_h, G_O_h)
+    del dG_O_h, dP_h
+    dG_K_h = scale * (matmul_tn(G_M, dQ_h) + matmul_tn(dG_A_h, Q_h))
     del dQ_h
-    db_Q = None if b_Q is None else rows(dQW_Q).sum(dim=0, keepdim=True)
-    t8 = merge_heads(sum_groups(G_V_h, H_kv), H_kv)
-    dV = t8 @ W_V_v.mT + dVW_V @ W_V.mT
-    dW_V = sum_batch(V.mT @ dVW_V + V_v.mT @ t8)
-    del dVW_V, t8
-    t9 = merge_heads(sum_groups(G_K_h, H_kv), H_kv)
-    dK = t9 @ W_K_v.mT + dKW_K @ W_K.mT
-    dW_K = sum_batch(K.mT @ dKW_K + K_v.mT @ t9)
-    del dKW_K, t9
-    t10 = merge_heads(G_Q_h, H)
-    dQ = t10 @ W_Q_v.mT + dQW_Q @ W_Q.mT
-    dW_Q = sum_batch(Q.mT @ dQW_Q + Q_v.mT @ t10)
-    del dQW_Q, t10
+    dG_Q_h = scale * (G_M @ dK_h + dG_A_h @ K_h)
+    del dK_h
+    dW_O = rows(dC).mT @ rows(G_out)
+    del dC
+    dM = None if mask_shape is None else dG_A_h.sum_to_size(mask_shape)
+    dG_VW_V = merge_heads(sum_groups(dG_V_h, H_kv), H_kv)
+    del dG_V_h
+    dV = G_VW_V @ W_V_v.mT + dG_VW_V @ W_V.mT
+    dW_V = sum_batch(V.mT @ dG_VW_V + V_v.mT @ G_VW_V)
+    db_V = None if b_V is None else rows(dG_VW_V).sum(dim=0, keepdim=True)
+    del dG_VW_V
+    dG_KW_K = merge_heads(sum_groups(dG_K_h, H_kv), H_kv)
+    del dG_K_h
+    dK = G_KW_K @ W_K_v.mT + dG_KW_K @ W_K.mT
+    dW_K = sum_batch(K.mT @ dG_KW_K + K_v.mT @ G_KW_K)
+    db_K = None if b_K is None else rows(dG_KW_K).sum(dim=0, keepdim=True)
+    del dG_KW_K
+    dG_QW_Q = merge_heads(dG_Q_h, H)
+    del dG_Q_h
+    dQ = G_QW_Q @ W_Q_v.mT + dG_QW_Q @ W_Q.mT
+    dW_Q = sum_batch(Q.mT @ dG_QW_Q + Q_v.mT @ G_QW_Q)
+    db_Q = None if b_Q is None else rows(dG_QW_Q).sum(dim=0, keepdim=True)
+    del dG_QW_Q
+    db_O = None if b_O is None else torch.zeros_like(b_O)
     return {
         "Q": dQ,
         "K": dK,

@@ -283,7 +283,6 @@ def _forward2(X, W_Q, W_K, W_V, G_out, X_v, W_Q_v, W_K_v, W_V_v):
         W_V_v = np.zeros((d_model, d_v), dtype=dtype)
     W_QKV = np.concatenate([W_Q, W_K, W_V], axis=-1)
     QKV = X @ W_QKV
-    del W_QKV
     Q = QKV[..., :, :d_k]
     K = QKV[..., :, d_k : 2 * d_k]
     V = QKV[..., :, 2 * d_k :]
@@ -291,95 +290,102 @@ def _forward2(X, W_Q, W_K, W_V, G_out, X_v, W_Q_v, W_K_v, W_V_v):
     A = (scale * Q) @ K.mT
     P = row_softmax(A, out=A)
     del A
+    O = P @ V
+    G_D = (np.multiply(O, G_out, out=O)).sum(axis=-1, keepdims=True)
+    del O
     G_P = G_out @ V.mT
-    G_A = (G_P - ((G_P * P).sum(axis=-1, keepdims=True))) * P
-    G_X = P.mT @ G_out @ W_V.mT + G_A @ (scale * K) @ W_Q.mT + G_A.mT @ (scale * Q) @ W_K.mT
-    G_W_Q = X.mT @ G_A @ (scale * K)
-    G_W_K = X.mT @ G_A.mT @ (scale * Q)
-    G_W_V = X.mT @ (P.mT @ G_out)
-    Y = (
+    G_A = (G_P - G_D) * P
+    G_V = P.mT @ G_out
+    G_K = G_A.mT @ (scale * Q)
+    G_Q = G_A @ (scale * K)
+    G_QKV = np.concatenate([G_Q, G_K, G_V], axis=-1)
+    del G_K, G_Q, G_V
+    G_X = G_QKV @ W_QKV.mT
+    G_W_QKV = rows(X).mT @ rows(G_QKV)
+    G_W_Q = G_W_QKV[..., :, :d_k]
+    G_W_K = G_W_QKV[..., :, d_k : 2 * d_k]
+    G_W_V = G_W_QKV[..., :, 2 * d_k :]
+    del G_W_QKV
+    f2 = (
         (np.ones((1, d_model), dtype=dtype)) @ (W_K_v * G_W_K).sum(axis=-1, keepdims=True)
         + (np.ones((1, d_model), dtype=dtype)) @ (W_Q_v * G_W_Q).sum(axis=-1, keepdims=True)
         + (np.ones((1, d_model), dtype=dtype)) @ (W_V_v * G_W_V).sum(axis=-1, keepdims=True)
         + (np.ones((1, n), dtype=dtype)) @ (X_v * G_X).sum(axis=-1, keepdims=True)
     )
+    del G_W_K, G_W_Q, G_W_V, G_X
     saved = {
         "X": X,
-        "W_Q": W_Q,
-        "W_K": W_K,
-        "W_V": W_V,
         "G_out": G_out,
         "X_v": X_v,
         "W_Q_v": W_Q_v,
         "W_K_v": W_K_v,
         "W_V_v": W_V_v,
+        "W_QKV": W_QKV,
         "Q": Q,
         "K": K,
         "V": V,
         "P": P,
+        "G_D": G_D,
         "G_P": G_P,
         "G_A": G_A,
-        "n": n,
+        "G_QKV": G_QKV,
+        "d_k": d_k,
         "scale": scale,
     }
-    return Y, saved
+    return f2, saved
 
 
 def _backward2(saved, grad_out):
     """The second closed form: ∂f₂/∂x for every input x and ∂f₂/∂G_out, a dict keyed by name."""
     X = saved["X"]
-    W_Q = saved["W_Q"]
-    W_K = saved["W_K"]
-    W_V = saved["W_V"]
     G_out = saved["G_out"]
     X_v = saved["X_v"]
     W_Q_v = saved["W_Q_v"]
     W_K_v = saved["W_K_v"]
     W_V_v = saved["W_V_v"]
+    W_QKV = saved["W_QKV"]
     Q = saved["Q"]
     K = saved["K"]
     V = saved["V"]
     P = saved["P"]
+    G_D = saved["G_D"]
     G_P = saved["G_P"]
     G_A = saved["G_A"]
-    n = saved["n"]
+    G_QKV = saved["G_QKV"]
+    d_k = saved["d_k"]
     scale = saved["scale"]
-    D1 = (G_P * P).sum(axis=-1, keepdims=True)
-    t6 = X @ W_Q_v + X_v @ W_Q
-    t7 = X @ W_K_v + X_v @ W_K
-    dG_A = scale * (t6 @ K.mT + Q @ t7.mT)
-    t8 = P * dG_A
-    D2 = t8.sum(axis=-1, keepdims=True)
-    dG_out = (t8 - (D2 * P)) @ V + P @ (X @ W_V_v + X_v @ W_V)
-    del D2
-    t5 = -(np.repeat(t8.sum(axis=-1, keepdims=True), n, axis=-1))
-    dG_P = np.add(t8, t5 * P, out=t8)
-    del t8
-    dP = G_out @ (W_V.mT @ X_v.mT) + G_out @ (W_V_v.mT @ X.mT) + t5 * G_P + (G_P - D1) * dG_A
-    del D1, dG_A, t5
-    D3 = (P * dP).sum(axis=-1, keepdims=True)
-    dV = dG_P.mT @ G_out
-    del dG_P
-    dW_V = sum_batch(X.mT @ dV + X_v.mT @ (P.mT @ G_out))
-    t1 = np.multiply(np.subtract(dP, D3, out=dP), P, out=dP)
-    del D3, dP
-    dK = scale * (t1.mT @ Q + G_A.mT @ t6)
-    del t6
-    dQ = scale * (t1 @ K + G_A @ t7)
-    del t1, t7
-    dX = (
-        dK @ W_K.mT
-        + dQ @ W_Q.mT
-        + dV @ W_V.mT
-        + P.mT @ G_out @ W_V_v.mT
-        + G_A @ (scale * K) @ W_Q_v.mT
-        + G_A.mT @ (scale * Q) @ W_K_v.mT
-    )
+    dW_QKV = np.concatenate([W_Q_v, W_K_v, W_V_v], axis=-1)
+    dQKV = X @ dW_QKV + X_v @ W_QKV
+    dQ = dQKV[..., :, :d_k]
+    dK = dQKV[..., :, d_k : 2 * d_k]
+    dV = dQKV[..., :, 2 * d_k :]
+    del dQKV
+    dA = (scale * Q) @ dK.mT + (scale * dQ) @ K.mT
+    D = (P * dA).sum(axis=-1, keepdims=True)
+    dP = np.multiply(np.subtract(dA, D, out=dA), P, out=dA)
+    del D, dA
+    dG_out = P @ dV + dP @ V
+    dG_D = (G_out * dG_out).sum(axis=-1, keepdims=True)
+    dG_P = G_out @ dV.mT
     del dV
-    dW_Q = sum_batch(X_v.mT @ G_A @ (scale * K) + X.mT @ dQ)
+    dG_A = np.add(np.multiply(np.subtract(dG_P, dG_D, out=dG_P), P, out=dG_P), (G_P - G_D) * dP, out=dG_P)
+    del dG_D, dG_P
+    dG_V = dP.mT @ G_out
+    del dP
+    dG_K = scale * (G_A.mT @ dQ + dG_A.mT @ Q)
     del dQ
-    dW_K = sum_batch(X_v.mT @ G_A.mT @ (scale * Q) + X.mT @ dK)
-    del dK
+    dG_Q = scale * (G_A @ dK + dG_A @ K)
+    del dG_A, dK
+    dG_QKV = np.concatenate([dG_Q, dG_K, dG_V], axis=-1)
+    del dG_K, dG_Q, dG_V
+    dX = G_QKV @ dW_QKV.mT + dG_QKV @ W_QKV.mT
+    del dW_QKV
+    dG_W_QKV = sum_batch(X.mT @ dG_QKV + X_v.mT @ G_QKV)
+    del dG_QKV
+    dW_Q = dG_W_QKV[..., :, :d_k]
+    dW_K = dG_W_QKV[..., :, d_k : 2 * d_k]
+    dW_V = dG_W_QKV[..., :, 2 * d_k :]
+    del dG_W_QKV
     return {"X": dX, "W_Q": dW_Q, "W_K": dW_K, "W_V": dW_V, "G_out": dG_out}
 
 

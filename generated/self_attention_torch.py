@@ -327,11 +327,6 @@ INPUTS = ("X", "W_Q", "W_K", "W_V")  # the Function's tensor inputs
 COTANGENT = "G_out"
 
 
-def repeat_columns(a, times):
-    """(..., n, 1) -> (..., n, times): the column repeated (a view; a is evaluated once)."""
-    return a.expand(*a.shape[:-1], times)
-
-
 def sum_batch(a):
     """(..., p, q) -> (p, q): the sum over the leading batch dimensions."""
     return a.reshape(-1, *a.shape[-2:]).sum(dim=0)
@@ -456,7 +451,6 @@ def _forward2(X, W_Q, W_K, W_V, G_out, X_v, W_Q_v, W_K_v, W_V_v):
         W_V_v = torch.zeros(d_model, d_v, dtype=dtype, device=device)
     W_QKV = torch.cat([W_Q, W_K, W_V], dim=-1)
     QKV = X @ W_QKV
-    del W_QKV
     Q = QKV[..., :, :d_k]
     K = QKV[..., :, d_k : 2 * d_k]
     V = QKV[..., :, 2 * d_k :]
@@ -464,95 +458,102 @@ def _forward2(X, W_Q, W_K, W_V, G_out, X_v, W_Q_v, W_K_v, W_V_v):
     A = (scale * Q) @ K.mT
     P = row_softmax(A, out=A)
     del A
+    O = P @ V
+    G_D = (O.mul_(G_out)).sum(dim=-1, keepdim=True)
+    del O
     G_P = G_out @ V.mT
-    G_A = (G_P - ((G_P * P).sum(dim=-1, keepdim=True))) * P
-    G_X = P.mT @ G_out @ W_V.mT + G_A @ (scale * K) @ W_Q.mT + G_A.mT @ (scale * Q) @ W_K.mT
-    G_W_Q = X.mT @ G_A @ (scale * K)
-    G_W_K = X.mT @ G_A.mT @ (scale * Q)
-    G_W_V = X.mT @ (matmul_tn(P, G_out))
-    Y = (
+    G_A = (G_P - G_D) * P
+    G_V = matmul_tn(P, G_out)
+    G_K = matmul_tn(G_A, scale * Q)
+    G_Q = G_A @ (scale * K)
+    G_QKV = torch.cat([G_Q, G_K, G_V], dim=-1)
+    del G_K, G_Q, G_V
+    G_X = G_QKV @ W_QKV.mT
+    G_W_QKV = rows(X).mT @ rows(G_QKV)
+    G_W_Q = G_W_QKV[..., :, :d_k]
+    G_W_K = G_W_QKV[..., :, d_k : 2 * d_k]
+    G_W_V = G_W_QKV[..., :, 2 * d_k :]
+    del G_W_QKV
+    f2 = (
         (torch.ones(1, d_model, dtype=dtype, device=device)) @ (W_K_v * G_W_K).sum(dim=-1, keepdim=True)
         + (torch.ones(1, d_model, dtype=dtype, device=device)) @ (W_Q_v * G_W_Q).sum(dim=-1, keepdim=True)
         + (torch.ones(1, d_model, dtype=dtype, device=device)) @ (W_V_v * G_W_V).sum(dim=-1, keepdim=True)
         + (torch.ones(1, n, dtype=dtype, device=device)) @ (X_v * G_X).sum(dim=-1, keepdim=True)
     )
+    del G_W_K, G_W_Q, G_W_V, G_X
     saved = {
         "X": X,
-        "W_Q": W_Q,
-        "W_K": W_K,
-        "W_V": W_V,
         "G_out": G_out,
         "X_v": X_v,
         "W_Q_v": W_Q_v,
         "W_K_v": W_K_v,
         "W_V_v": W_V_v,
+        "W_QKV": W_QKV,
         "Q": Q,
         "K": K,
         "V": V,
         "P": P,
+        "G_D": G_D,
         "G_P": G_P,
         "G_A": G_A,
-        "n": n,
+        "G_QKV": G_QKV,
+        "d_k": d_k,
         "scale": scale,
     }
-    return Y, saved
+    return f2, saved
 
 
 def _backward2(saved, grad_out):
     """The second closed form: ∂f₂/∂x for every input x and ∂f₂/∂G_out, a dict keyed by name."""
     X = saved["X"]
-    W_Q = saved["W_Q"]
-    W_K = saved["W_K"]
-    W_V = saved["W_V"]
     G_out = saved["G_out"]
     X_v = saved["X_v"]
     W_Q_v = saved["W_Q_v"]
     W_K_v = saved["W_K_v"]
     W_V_v = saved["W_V_v"]
+    W_QKV = saved["W_QKV"]
     Q = saved["Q"]
     K = saved["K"]
     V = saved["V"]
     P = saved["P"]
+    G_D = saved["G_D"]
     G_P = saved["G_P"]
     G_A = saved["G_A"]
-    n = saved["n"]
+    G_QKV = saved["G_QKV"]
+    d_k = saved["d_k"]
     scale = saved["scale"]
-    D1 = (G_P * P).sum(dim=-1, keepdim=True)
-    t6 = X @ W_Q_v + X_v @ W_Q
-    t7 = X @ W_K_v + X_v @ W_K
-    dG_A = scale * (t6 @ K.mT + Q @ t7.mT)
-    t8 = P * dG_A
-    D2 = t8.sum(dim=-1, keepdim=True)
-    dG_out = (t8 - (D2 * P)) @ V + P @ (X @ W_V_v + X_v @ W_V)
-    del D2
-    t5 = -(repeat_columns(t8.sum(dim=-1, keepdim=True), n))
-    dG_P = t8.add_(t5 * P)
-    del t8
-    dP = G_out @ (W_V.mT @ X_v.mT) + G_out @ (W_V_v.mT @ X.mT) + t5 * G_P + (G_P - D1) * dG_A
-    del D1, dG_A, t5
-    D3 = (P * dP).sum(dim=-1, keepdim=True)
-    dV = matmul_tn(dG_P, G_out)
-    del dG_P
-    dW_V = sum_batch(matmul_tn(X, dV) + X_v.mT @ (matmul_tn(P, G_out)))
-    t1 = dP.sub_(D3).mul_(P)
-    del D3, dP
-    dK = scale * (matmul_tn(t1, Q) + matmul_tn(G_A, t6))
-    del t6
-    dQ = scale * (t1 @ K + G_A @ t7)
-    del t1, t7
-    dX = (
-        dK @ W_K.mT
-        + dQ @ W_Q.mT
-        + dV @ W_V.mT
-        + P.mT @ G_out @ W_V_v.mT
-        + G_A @ (scale * K) @ W_Q_v.mT
-        + G_A.mT @ (scale * Q) @ W_K_v.mT
-    )
+    dW_QKV = torch.cat([W_Q_v, W_K_v, W_V_v], dim=-1)
+    dQKV = X @ dW_QKV + X_v @ W_QKV
+    dQ = dQKV[..., :, :d_k]
+    dK = dQKV[..., :, d_k : 2 * d_k]
+    dV = dQKV[..., :, 2 * d_k :]
+    del dQKV
+    dA = (scale * Q) @ dK.mT + (scale * dQ) @ K.mT
+    D = (P * dA).sum(dim=-1, keepdim=True)
+    dP = dA.sub_(D).mul_(P)
+    del D, dA
+    dG_out = P @ dV + dP @ V
+    dG_D = (G_out * dG_out).sum(dim=-1, keepdim=True)
+    dG_P = G_out @ dV.mT
     del dV
-    dW_Q = sum_batch(X_v.mT @ G_A @ (scale * K) + matmul_tn(X, dQ))
+    dG_A = dG_P.sub_(dG_D).mul_(P).add_((G_P - G_D) * dP)
+    del dG_D, dG_P
+    dG_V = matmul_tn(dP, G_out)
+    del dP
+    dG_K = scale * (matmul_tn(G_A, dQ) + matmul_tn(dG_A, Q))
     del dQ
-    dW_K = sum_batch(X_v.mT @ G_A.mT @ (scale * Q) + matmul_tn(X, dK))
-    del dK
+    dG_Q = scale * (G_A @ dK + dG_A @ K)
+    del dG_A, dK
+    dG_QKV = torch.cat([dG_Q, dG_K, dG_V], dim=-1)
+    del dG_K, dG_Q, dG_V
+    dX = G_QKV @ dW_QKV.mT + dG_QKV @ W_QKV.mT
+    del dW_QKV
+    dG_W_QKV = sum_batch(X.mT @ dG_QKV + X_v.mT @ G_QKV)
+    del dG_QKV
+    dW_Q = dG_W_QKV[..., :, :d_k]
+    dW_K = dG_W_QKV[..., :, d_k : 2 * d_k]
+    dW_V = dG_W_QKV[..., :, 2 * d_k :]
+    del dG_W_QKV
     return {"X": dX, "W_Q": dW_Q, "W_K": dW_K, "W_V": dW_V, "G_out": dG_out}
 
 

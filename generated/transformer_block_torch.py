@@ -1197,7 +1197,6 @@ def _forward2(
     eps = float(eps)
     scale = 1 / d_k**0.5
     c1 = -1 / (H * d_k)
-    c2 = -1 / d_k**0.5
     if X_v is None:
         X_v = torch.zeros_like(X)
     if W_Q_v is None:
@@ -1242,53 +1241,57 @@ def _forward2(
     del A_h
     O_h = P_h @ V_h
     C = merge_heads(O_h, H)
-    del O_h
     Y = add_optional(C @ W_O + X, b_O)
     N_2 = layer_norm(Y, eps)
     X_2 = beta_2 + gamma_2 * N_2
     U = add_optional(X_2 @ W_1, b_1)
     F = gelu(U)
     G_F = G_out @ W_2.mT
-    G_U = G_F * (gelu_grad(U))
+    G_U = (gelu_grad(U)) * G_F
     G_X_2 = G_U @ W_1.mT
-    G_N_2 = G_X_2 * gamma_2
-    G_Y = (row_inv_std(Y, eps)) * (
-        c1 * (((G_X_2 * gamma_2 * N_2).sum(dim=-1, keepdim=True)) * N_2)
-        + c1 * (G_N_2.sum(dim=-1, keepdim=True))
-        + G_N_2
-    ) + G_out
+    G_N_2 = gamma_2 * G_X_2
+    G_D1 = (N_2 * G_N_2).sum(dim=-1, keepdim=True)
+    G_D2 = G_N_2.sum(dim=-1, keepdim=True)
+    G_Y = (row_inv_std(Y, eps)) * (c1 * (G_D1 * N_2) + c1 * G_D2 + G_N_2) + G_out
     G_C = G_Y @ W_O.mT
     G_O_h = split_heads(G_C, H)
     del G_C
+    G_D3 = (O_h * G_O_h).sum(dim=-1, keepdim=True)
     G_P_h = G_O_h @ V_h.mT
-    G_A_h = (G_P_h - ((G_P_h * P_h).sum(dim=-1, keepdim=True))) * P_h
+    G_A_h = (G_P_h - G_D3) * P_h
     G_V_h = matmul_tn(P_h, G_O_h)
     G_K_h = matmul_tn(G_A_h, scale * Q_h)
     G_Q_h = G_A_h @ (scale * K_h)
-    G_X_1 = (merge_heads(G_V_h, H)) @ W_V.mT + (merge_heads(G_K_h, H)) @ W_K.mT + (merge_heads(G_Q_h, H)) @ W_Q.mT
+    G_W_O = rows(C).mT @ rows(G_Y)
+    G_b_O = rows(G_Y).sum(dim=0, keepdim=True)
+    G_gamma_2 = rows(N_2 * G_X_2).sum(dim=0, keepdim=True)
+    G_beta_2 = rows(G_X_2).sum(dim=0, keepdim=True)
+    G_W_1 = rows(X_2).mT @ rows(G_U)
+    G_b_1 = rows(G_U).sum(dim=0, keepdim=True)
+    G_W_2 = rows(F).mT @ rows(G_out)
+    G_b_2 = rows(G_out).sum(dim=0, keepdim=True)
+    G_M = G_A_h
+    del G_A_h
+    G_X_1W_V = merge_heads(G_V_h, H)
+    del G_V_h
+    G_W_V = rows(X_1).mT @ rows(G_X_1W_V)
+    G_b_V = rows(G_X_1W_V).sum(dim=0, keepdim=True)
+    G_X_1W_Q = merge_heads(G_Q_h, H)
+    del G_Q_h
+    G_W_Q = rows(X_1).mT @ rows(G_X_1W_Q)
+    G_b_Q = rows(G_X_1W_Q).sum(dim=0, keepdim=True)
+    G_X_1W_K = merge_heads(G_K_h, H)
+    del G_K_h
+    G_X_1 = G_X_1W_K @ W_K.mT + G_X_1W_Q @ W_Q.mT + G_X_1W_V @ W_V.mT
     G_N_1 = gamma_1 * G_X_1
-    G_X = (row_inv_std(X, eps)) * (
-        c1 * (((gamma_1 * G_X_1 * N_1).sum(dim=-1, keepdim=True)) * N_1)
-        + c1 * (G_N_1.sum(dim=-1, keepdim=True))
-        + G_N_1
-    ) + G_Y
-    G_W_Q = X_1.mT @ (merge_heads(G_Q_h, H))
-    G_W_K = X_1.mT @ (merge_heads(G_K_h, H))
-    G_W_V = X_1.mT @ (merge_heads(G_V_h, H))
-    G_W_O = C.mT @ G_Y
-    G_b_Q = (torch.ones(1, n, dtype=dtype, device=device)) @ (merge_heads(G_Q_h, H))
-    G_b_K = (torch.ones(1, n, dtype=dtype, device=device)) @ (merge_heads(G_K_h, H))
-    G_b_V = (torch.ones(1, n, dtype=dtype, device=device)) @ (merge_heads(G_V_h, H))
-    G_b_O = (torch.ones(1, n, dtype=dtype, device=device)) @ G_Y
-    G_gamma_1 = (torch.ones(1, n, dtype=dtype, device=device)) @ (G_X_1 * N_1)
-    G_beta_1 = (torch.ones(1, n, dtype=dtype, device=device)) @ G_X_1
-    G_gamma_2 = (torch.ones(1, n, dtype=dtype, device=device)) @ (G_X_2 * N_2)
-    G_beta_2 = (torch.ones(1, n, dtype=dtype, device=device)) @ G_X_2
-    G_W_1 = X_2.mT @ G_U
-    G_b_1 = (torch.ones(1, n, dtype=dtype, device=device)) @ G_U
-    G_W_2 = F.mT @ G_out
-    G_b_2 = (torch.ones(1, n, dtype=dtype, device=device)) @ G_out
-    Out = (
+    G_D4 = (N_1 * G_N_1).sum(dim=-1, keepdim=True)
+    G_D5 = G_N_1.sum(dim=-1, keepdim=True)
+    G_X = (row_inv_std(X, eps)) * (c1 * (G_D4 * N_1) + c1 * G_D5 + G_N_1) + G_Y
+    G_W_K = rows(X_1).mT @ rows(G_X_1W_K)
+    G_b_K = rows(G_X_1W_K).sum(dim=0, keepdim=True)
+    G_gamma_1 = rows(N_1 * G_X_1).sum(dim=0, keepdim=True)
+    G_beta_1 = rows(G_X_1).sum(dim=0, keepdim=True)
+    f2 = (
         (b_1_v * G_b_1).sum(dim=-1, keepdim=True)
         + (b_2_v * G_b_2).sum(dim=-1, keepdim=True)
         + (b_K_v * G_b_K).sum(dim=-1, keepdim=True)
@@ -1306,6 +1309,25 @@ def _forward2(
         + (torch.ones(1, H * d_k, dtype=dtype, device=device)) @ (W_O_v * G_W_O).sum(dim=-1, keepdim=True)
         + (torch.ones(1, H * d_k, dtype=dtype, device=device)) @ (W_Q_v * G_W_Q).sum(dim=-1, keepdim=True)
         + (torch.ones(1, H * d_k, dtype=dtype, device=device)) @ (W_V_v * G_W_V).sum(dim=-1, keepdim=True)
+    )
+    del (
+        G_W_1,
+        G_W_2,
+        G_W_K,
+        G_W_O,
+        G_W_Q,
+        G_W_V,
+        G_X,
+        G_b_1,
+        G_b_2,
+        G_b_K,
+        G_b_O,
+        G_b_Q,
+        G_b_V,
+        G_beta_1,
+        G_beta_2,
+        G_gamma_1,
+        G_gamma_2,
     )
     saved = {
         "X": X,
@@ -1341,6 +1363,7 @@ def _forward2(
         "K_h": K_h,
         "V_h": V_h,
         "P_h": P_h,
+        "O_h": O_h,
         "C": C,
         "Y": Y,
         "N_2": N_2,
@@ -1351,21 +1374,24 @@ def _forward2(
         "G_U": G_U,
         "G_X_2": G_X_2,
         "G_N_2": G_N_2,
+        "G_D1": G_D1,
+        "G_D2": G_D2,
         "G_Y": G_Y,
         "G_O_h": G_O_h,
+        "G_D3": G_D3,
         "G_P_h": G_P_h,
-        "G_A_h": G_A_h,
-        "G_V_h": G_V_h,
-        "G_K_h": G_K_h,
-        "G_Q_h": G_Q_h,
+        "G_M": G_M,
+        "G_X_1W_V": G_X_1W_V,
+        "G_X_1W_Q": G_X_1W_Q,
+        "G_X_1W_K": G_X_1W_K,
         "G_X_1": G_X_1,
         "G_N_1": G_N_1,
+        "G_D4": G_D4,
+        "G_D5": G_D5,
         "H": H,
         "c1": c1,
-        "c2": c2,
         "d_k": d_k,
         "eps": eps,
-        "n": n,
         "scale": scale,
         "b_Q": b_Q,
         "b_K": b_K,
@@ -1375,12 +1401,11 @@ def _forward2(
         "b_2": b_2,
         "mask_shape": mask_shape,
     }
-    return Out, saved
+    return f2, saved
 
 
 def _backward2(saved, grad_out):
     """The second closed form: ∂f₂/∂x for every input x and ∂f₂/∂G_out, a dict keyed by name."""
-    dtype, device = grad_out.dtype, grad_out.device
     X = saved["X"]
     W_Q = saved["W_Q"]
     W_K = saved["W_K"]
@@ -1414,6 +1439,7 @@ def _backward2(saved, grad_out):
     K_h = saved["K_h"]
     V_h = saved["V_h"]
     P_h = saved["P_h"]
+    O_h = saved["O_h"]
     C = saved["C"]
     Y = saved["Y"]
     N_2 = saved["N_2"]
@@ -1424,21 +1450,24 @@ def _backward2(saved, grad_out):
     G_U = saved["G_U"]
     G_X_2 = saved["G_X_2"]
     G_N_2 = saved["G_N_2"]
+    G_D1 = saved["G_D1"]
+    G_D2 = saved["G_D2"]
     G_Y = saved["G_Y"]
     G_O_h = saved["G_O_h"]
+    G_D3 = saved["G_D3"]
     G_P_h = saved["G_P_h"]
-    G_A_h = saved["G_A_h"]
-    G_V_h = saved["G_V_h"]
-    G_K_h = saved["G_K_h"]
-    G_Q_h = saved["G_Q_h"]
+    G_M = saved["G_M"]
+    G_X_1W_V = saved["G_X_1W_V"]
+    G_X_1W_Q = saved["G_X_1W_Q"]
+    G_X_1W_K = saved["G_X_1W_K"]
     G_X_1 = saved["G_X_1"]
     G_N_1 = saved["G_N_1"]
+    G_D4 = saved["G_D4"]
+    G_D5 = saved["G_D5"]
     H = saved["H"]
     c1 = saved["c1"]
-    c2 = saved["c2"]
     d_k = saved["d_k"]
     eps = saved["eps"]
-    n = saved["n"]
     scale = saved["scale"]
     b_Q = saved["b_Q"]
     b_K = saved["b_K"]
@@ -1447,154 +1476,115 @@ def _backward2(saved, grad_out):
     b_1 = saved["b_1"]
     b_2 = saved["b_2"]
     mask_shape = saved["mask_shape"]
-    D4 = (gamma_2 * G_X_2 * N_2).sum(dim=-1, keepdim=True)
-    D5 = G_N_2.sum(dim=-1, keepdim=True)
-    D6 = (G_P_h * P_h).sum(dim=-1, keepdim=True)
-    D10 = (gamma_1 * G_X_1 * N_1).sum(dim=-1, keepdim=True)
-    D11 = G_N_1.sum(dim=-1, keepdim=True)
-    D14 = (N_1 * X_v).sum(dim=-1, keepdim=True)
+    D1 = X_v.sum(dim=-1, keepdim=True)
+    dG_F = G_out @ W_2_v.mT
     db_2 = None if b_2 is None else torch.zeros_like(b_2)
-    dF = G_out @ W_2_v.mT
-    t17 = row_inv_std(Y, eps)
-    t15 = repeat_columns(t17, H * d_k)
-    t18 = row_inv_std(X, eps)
-    t4 = repeat_columns((D14 * t18), H * d_k)
-    del D14
-    t16 = repeat_columns(t18, H * d_k)
-    t10 = t16 * X_v
-    D13 = t10.sum(dim=-1, keepdim=True)
-    t2 = t10.add_(c1 * D13)
-    del D13, t10
-    dG_X_1 = c1 * (gamma_1 * N_1 * t4) + beta_1_v + gamma_1_v * N_1 + gamma_1 * t2
-    dG_Q_h = (
-        split_heads(X_1 @ W_Q_v, H)
-        + split_heads(dG_X_1 @ W_Q, H)
-        + split_heads((torch.ones(n, 1, dtype=dtype, device=device)) @ b_Q_v, H)
+    t4 = (N_1 * X_v).sum(dim=-1, keepdim=True)
+    t5 = row_inv_std(Y, eps)
+    t1 = repeat_columns(t5, H * d_k)
+    t6 = row_inv_std(X, eps)
+    t2 = repeat_columns(t6, H * d_k)
+    dN_1 = t2 * (c1 * (t4 * N_1) + c1 * D1 + X_v)
+    del D1
+    dX_1 = beta_1_v + gamma_1 * dN_1 + gamma_1_v * N_1
+    dQ_h = split_heads(add_optional(X_1 @ W_Q_v + dX_1 @ W_Q, b_Q_v), H)
+    dK_h = split_heads(add_optional(X_1 @ W_K_v + dX_1 @ W_K, b_K_v), H)
+    dV_h = split_heads(add_optional(X_1 @ W_V_v + dX_1 @ W_V, b_V_v), H)
+    dA_h = (scale * Q_h) @ dK_h.mT + (scale * dQ_h) @ K_h.mT
+    D2 = (P_h * dA_h).sum(dim=-1, keepdim=True)
+    dP_h = dA_h.sub_(D2).mul_(P_h)
+    del D2, dA_h
+    dO_h = P_h @ dV_h + dP_h @ V_h
+    dC = merge_heads(dO_h, H)
+    dY = add_optional(C @ W_O_v + dC @ W_O + X_v, b_O_v)
+    D3 = dY.sum(dim=-1, keepdim=True)
+    t3 = (N_2 * dY).sum(dim=-1, keepdim=True)
+    dN_2 = t1 * (c1 * (t3 * N_2) + c1 * D3 + dY)
+    del D3
+    dX_2 = beta_2_v + gamma_2 * dN_2 + gamma_2_v * N_2
+    dU = add_optional(X_2 @ W_1_v + dX_2 @ W_1, b_1_v)
+    t7 = U**2
+    t8 = gelu_grad(U)
+    dF = t8 * dU
+    dG_out = add_optional(dY.add_(F @ W_2_v).add_(dF @ W_2), b_2_v)
+    del dY
+    dG_U = t8 * dG_F + ((0.5) * 2**0.5 / (3.141592653589793) ** 0.5) * (
+        (torch.exp((-1 / 2) * t7)) * (2 - t7) * G_F * dU
     )
-    dG_K_h = (
-        split_heads(X_1 @ W_K_v, H)
-        + split_heads(dG_X_1 @ W_K, H)
-        + split_heads((torch.ones(n, 1, dtype=dtype, device=device)) @ b_K_v, H)
+    del dG_F, dU, t7, t8
+    dG_X_2 = G_U @ W_1_v.mT + dG_U @ W_1.mT
+    dG_N_2 = gamma_2 * dG_X_2 + gamma_2_v * G_X_2
+    dG_D1 = (G_N_2 * dN_2 + N_2 * dG_N_2).sum(dim=-1, keepdim=True)
+    dG_D2 = dG_N_2.sum(dim=-1, keepdim=True)
+    dG_Y = t1 * (c1 * (G_D1 * dN_2 + dG_D1 * N_2) + c1 * dG_D2 + dG_N_2) + (c1 * ((t5**2) * t3)) * (
+        c1 * (G_D1 * N_2) + c1 * G_D2 + G_N_2
     )
-    dG_V_h = (
-        split_heads(X_1 @ W_V_v, H)
-        + split_heads(dG_X_1 @ W_V, H)
-        + split_heads((torch.ones(n, 1, dtype=dtype, device=device)) @ b_V_v, H)
-    )
-    t14 = Q_h @ dG_K_h.mT + dG_Q_h @ K_h.mT
-    t8 = t14 * P_h
-    D15 = t8.sum(dim=-1, keepdim=True)
-    t5 = repeat_columns(D15, n)
-    del D15
-    dG_P_h = c2 * (t5 * P_h - t8)
-    del t8
-    dG_O_h = P_h @ dG_V_h + dG_P_h @ V_h
-    dG_C = merge_heads(dG_O_h, H)
-    del dG_O_h
-    dG_Y = add_optional(C @ W_O_v + dG_C @ W_O + X_v, b_O_v)
-    D16 = (N_2 * dG_Y).sum(dim=-1, keepdim=True)
-    t6 = repeat_columns((D16 * t17), H * d_k)
-    del D16
-    t9 = t15 * dG_Y
-    D12 = t9.sum(dim=-1, keepdim=True)
-    t1 = t9.add_(c1 * D12)
-    del D12, t9
-    dG_X_2 = c1 * (gamma_2 * N_2 * t6) + beta_2_v + gamma_2_v * N_2 + gamma_2 * t1
-    dG_U = add_optional(X_2 @ W_1_v + dG_X_2 @ W_1, b_1_v)
-    t19 = merge_heads(G_V_h, H)
-    t20 = merge_heads(G_Q_h, H)
-    t21 = merge_heads(G_K_h, H)
-    t22 = U**2
-    t23 = gelu_grad(U)
-    dG_F = t23 * dG_U
-    dU = t23 * dF + ((0.5) * 2**0.5 / (3.141592653589793) ** 0.5) * (
-        (2 - t22) * (torch.exp((-1 / 2) * t22)) * G_F * dG_U
-    )
-    del dF, dG_U, t22, t23
-    dX_2 = G_U @ W_1_v.mT + dU @ W_1.mT
-    dN_2 = (
-        c1 * (gamma_2 * G_X_2 * t6)
-        + c1 * (((G_X_2 * N_2) @ gamma_2.mT) * dG_Y * t15)
-        + gamma_2_v * G_X_2
-        + gamma_2 * dX_2
-    )
-    D2 = (N_2 * dN_2).sum(dim=-1, keepdim=True)
-    D3 = dN_2.sum(dim=-1, keepdim=True)
-    dY = (c1 * (D2 * N_2) + c1 * D3 + dN_2) * t15 + (
-        c1 * ((((c1 * (D4 * N_2) + c1 * D5 + G_N_2) * dG_Y).sum(dim=-1, keepdim=True)) * (t17**2))
-    ) * N_2
-    del D2, D3, D4, D5, dN_2, t15, t17
-    dC = G_Y @ W_O_v.mT + dY @ W_O.mT
-    dO_h = split_heads(dC, H)
-    del dC
-    dP_h = c2 * (t5 * G_P_h) + scale * (t14.mul_(G_P_h - D6)) + G_O_h @ dG_V_h.mT + dO_h @ V_h.mT
-    del D6, dG_V_h, t14, t5
-    D7 = (P_h * dP_h).sum(dim=-1, keepdim=True)
-    dA_h = dP_h.sub_(D7).mul_(P_h)
-    del D7, dP_h
-    dV_h = matmul_tn(P_h, dO_h) + matmul_tn(dG_P_h, G_O_h)
-    del dG_P_h, dO_h
-    dK_h = matmul_tn(G_A_h, scale * dG_Q_h) + matmul_tn(dA_h, scale * Q_h)
-    del dG_Q_h
-    dQ_h = G_A_h @ (scale * dG_K_h) + dA_h @ (scale * K_h)
-    del dG_K_h
-    dW_O = sum_batch(C.mT @ dY + dG_C.mT @ G_Y)
+    del dG_D1, dG_D2, dG_N_2, t1, t3, t5
+    dG_C = G_Y @ W_O_v.mT + dG_Y @ W_O.mT
+    dG_O_h = split_heads(dG_C, H)
     del dG_C
-    db_O = None if b_O is None else rows(dY).sum(dim=0, keepdim=True)
-    dgamma_2 = sum_batch(
-        (torch.ones(1, n, dtype=dtype, device=device)) @ (t1.mul_(G_X_2))
-        + (torch.ones(1, n, dtype=dtype, device=device)) @ (N_2 * dX_2)
-        + c1 * (torch.ones(1, n, dtype=dtype, device=device)) @ (t6 * G_X_2 * N_2)
-    )
-    del t1, t6
-    dbeta_2 = rows(dX_2).sum(dim=0, keepdim=True)
-    del dX_2
-    dW_1 = sum_batch(X_2.mT @ dU + dG_X_2.mT @ G_U)
-    del dG_X_2
-    db_1 = None if b_1 is None else rows(dU).sum(dim=0, keepdim=True)
-    del dU
-    dW_2 = rows(dG_F).mT @ rows(G_out)
-    dG_out = add_optional(dG_Y.add_(F @ W_2_v).add_(dG_F @ W_2), b_2_v)
-    del dG_F, dG_Y
-    dM = None if mask_shape is None else dA_h.sum_to_size(mask_shape)
-    dX_1W_V = merge_heads(dV_h, H)
+    dG_D3 = (dO_h.mul_(G_O_h).add_(O_h * dG_O_h)).sum(dim=-1, keepdim=True)
+    del dO_h
+    dG_P_h = G_O_h @ dV_h.mT + dG_O_h @ V_h.mT
     del dV_h
-    dW_V = sum_batch(X_1.mT @ dX_1W_V + dG_X_1.mT @ t19)
-    db_V = None if b_V is None else rows(dX_1W_V).sum(dim=0, keepdim=True)
-    dX_1W_Q = merge_heads(dQ_h, H)
+    dG_A_h = dG_P_h.sub_(dG_D3).mul_(P_h).add_((G_P_h - G_D3) * dP_h)
+    del dG_D3, dG_P_h
+    dG_V_h = matmul_tn(P_h, dG_O_h) + matmul_tn(dP_h, G_O_h)
+    del dG_O_h, dP_h
+    dG_K_h = scale * (matmul_tn(G_M, dQ_h) + matmul_tn(dG_A_h, Q_h))
     del dQ_h
-    dW_Q = sum_batch(X_1.mT @ dX_1W_Q + dG_X_1.mT @ t20)
-    db_Q = None if b_Q is None else rows(dX_1W_Q).sum(dim=0, keepdim=True)
-    dX_1W_K = merge_heads(dK_h, H)
+    dG_Q_h = scale * (G_M @ dK_h + dG_A_h @ K_h)
     del dK_h
-    dX_1 = t21 @ W_K_v.mT + t20 @ W_Q_v.mT + t19 @ W_V_v.mT + dX_1W_K @ W_K.mT + dX_1W_Q @ W_Q.mT + dX_1W_V @ W_V.mT
-    del dX_1W_Q, dX_1W_V, t19, t20
-    dN_1 = (
-        c1 * (gamma_1 * G_X_1 * t4)
-        + c1 * (((G_X_1 * N_1) @ gamma_1.mT) * X_v * t16)
-        + gamma_1_v * G_X_1
-        + gamma_1 * dX_1
+    dW_O = sum_batch(C.mT @ dG_Y + dC.mT @ G_Y)
+    del dC
+    db_O = None if b_O is None else rows(dG_Y).sum(dim=0, keepdim=True)
+    dgamma_2 = rows(dN_2.mul_(G_X_2).add_(N_2 * dG_X_2)).sum(dim=0, keepdim=True)
+    del dN_2
+    dbeta_2 = rows(dG_X_2).sum(dim=0, keepdim=True)
+    del dG_X_2
+    dW_1 = sum_batch(X_2.mT @ dG_U + dX_2.mT @ G_U)
+    del dX_2
+    db_1 = None if b_1 is None else rows(dG_U).sum(dim=0, keepdim=True)
+    del dG_U
+    dW_2 = rows(dF).mT @ rows(G_out)
+    del dF
+    dM = None if mask_shape is None else dG_A_h.sum_to_size(mask_shape)
+    dG_X_1W_V = merge_heads(dG_V_h, H)
+    del dG_V_h
+    dW_V = sum_batch(X_1.mT @ dG_X_1W_V + dX_1.mT @ G_X_1W_V)
+    db_V = None if b_V is None else rows(dG_X_1W_V).sum(dim=0, keepdim=True)
+    dG_X_1W_Q = merge_heads(dG_Q_h, H)
+    del dG_Q_h
+    dW_Q = sum_batch(X_1.mT @ dG_X_1W_Q + dX_1.mT @ G_X_1W_Q)
+    db_Q = None if b_Q is None else rows(dG_X_1W_Q).sum(dim=0, keepdim=True)
+    dG_X_1W_K = merge_heads(dG_K_h, H)
+    del dG_K_h
+    dG_X_1 = (
+        G_X_1W_K @ W_K_v.mT
+        + G_X_1W_Q @ W_Q_v.mT
+        + G_X_1W_V @ W_V_v.mT
+        + dG_X_1W_K @ W_K.mT
+        + dG_X_1W_Q @ W_Q.mT
+        + dG_X_1W_V @ W_V.mT
     )
-    D8 = (N_1 * dN_1).sum(dim=-1, keepdim=True)
-    D9 = dN_1.sum(dim=-1, keepdim=True)
+    del dG_X_1W_Q, dG_X_1W_V
+    dG_N_1 = gamma_1 * dG_X_1 + gamma_1_v * G_X_1
+    dG_D4 = (G_N_1 * dN_1 + N_1 * dG_N_1).sum(dim=-1, keepdim=True)
+    dG_D5 = dG_N_1.sum(dim=-1, keepdim=True)
     dX = (
-        (c1 * (D8 * N_1) + c1 * D9 + dN_1) * t16
-        + (c1 * ((((c1 * (D10 * N_1) + c1 * D11 + G_N_1) * X_v).sum(dim=-1, keepdim=True)) * (t18**2))) * N_1
-        + dY
+        t2 * (c1 * (G_D4 * dN_1 + dG_D4 * N_1) + c1 * dG_D5 + dG_N_1)
+        + (c1 * ((t6**2) * t4)) * (c1 * (G_D4 * N_1) + c1 * G_D5 + G_N_1)
+        + dG_Y
     )
-    del D10, D11, D8, D9, dN_1, dY, t16, t18
-    dW_K = sum_batch(X_1.mT @ dX_1W_K + dG_X_1.mT @ t21)
-    del dG_X_1, t21
-    db_K = None if b_K is None else rows(dX_1W_K).sum(dim=0, keepdim=True)
-    del dX_1W_K
-    dgamma_1 = sum_batch(
-        (torch.ones(1, n, dtype=dtype, device=device)) @ (t2.mul_(G_X_1))
-        + (torch.ones(1, n, dtype=dtype, device=device)) @ (N_1 * dX_1)
-        + c1 * (torch.ones(1, n, dtype=dtype, device=device)) @ (t4 * G_X_1 * N_1)
-    )
-    del t2, t4
-    dbeta_1 = rows(dX_1).sum(dim=0, keepdim=True)
+    del dG_D4, dG_D5, dG_N_1, dG_Y, t2, t4, t6
+    dW_K = sum_batch(X_1.mT @ dG_X_1W_K + dX_1.mT @ G_X_1W_K)
     del dX_1
+    db_K = None if b_K is None else rows(dG_X_1W_K).sum(dim=0, keepdim=True)
+    del dG_X_1W_K
+    dgamma_1 = rows(dN_1.mul_(G_X_1).add_(N_1 * dG_X_1)).sum(dim=0, keepdim=True)
+    del dN_1
+    dbeta_1 = rows(dG_X_1).sum(dim=0, keepdim=True)
+    del dG_X_1
     return {
         "X": dX,
         "W_Q": dW_Q,

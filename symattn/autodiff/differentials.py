@@ -15,14 +15,17 @@ from collections.abc import Callable, Mapping
 import sympy as sp
 from sympy import Basic, MatrixExpr, MatrixSymbol, sympify
 from sympy.matrices.expressions import (
+    BlockMatrix,
     HadamardPower,
     HadamardProduct,
     MatAdd,
     MatMul,
     MatPow,
+    MatrixSlice,
     OneMatrix,
     Trace,
     Transpose,
+    ZeroMatrix,
 )
 
 from symattn.autodiff.curvature import gelu_second, gelu_tanh_second
@@ -121,6 +124,25 @@ def product_jvp(node: MatMul, d: Tangent) -> Basic | None:
                 MatMul(coeff, *mats[:i], dm, *mats[i + 1 :]) if coeff != 1 else MatMul(*mats[:i], dm, *mats[i + 1 :])
             )
     return _total(terms)
+
+
+@defjvp(BlockMatrix)
+def block_jvp(node: BlockMatrix, d: Tangent) -> Basic | None:
+    """d[A | B] = [dA | dB]: placing blocks side by side is linear (a constant block moves by 0)."""
+    rows = node.blocks.tolist()
+    moved = [[d(b) for b in row] for row in rows]
+    if all(db is None for row in moved for db in row):
+        return None
+    return BlockMatrix(
+        [[ZeroMatrix(*b.shape) if db is None else db for b, db in zip(row, drow)] for row, drow in zip(rows, moved)]
+    )
+
+
+@defjvp(MatrixSlice)
+def slice_jvp(node: MatrixSlice, d: Tangent) -> Basic | None:
+    """d(A[r, c]) = dA[r, c]: taking a block is linear."""
+    da = d(node.parent)
+    return None if da is None else MatrixSlice(da, *node.args[1:])
 
 
 @defjvp(MatAdd)

@@ -7,6 +7,8 @@ indented line when they fit there, else one item a line with a trailing comma.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 WIDTH = 120
 
 
@@ -57,6 +59,15 @@ def assign_tuple(target: str, items: list[str], indent: int) -> str:
         return line
     body = "".join(f"{' ' * (indent + 4)}{item},\n" for item in items)  # a tuple literal that breaks: one a line
     return f"{target} = (\n{body}{' ' * indent})"
+
+
+def deleted(names: Sequence[str], indent: int) -> str:
+    """del names, broken over lines as ruff format would (in brackets, one a line)."""
+    line = f"del {', '.join(names)}"
+    if indent + len(line) <= WIDTH:
+        return line
+    body = "".join(f"{' ' * (indent + 4)}{name},\n" for name in names)
+    return f"del (\n{body}{' ' * indent})"
 
 
 def given_flags(names: list[str], indent: int) -> str:

@@ -408,7 +408,24 @@ def schedule_spec(s: Spec, options: tuple[Option, ...] = ()) -> Schedule:
     backward_values = _simplified(backward_values, forward)
     gradients = [(str(x.name), gradient_symbol(x)) for x in s.inputs]
     constant_gradients = [(str(c.name), MatrixSymbol("d" + str(c.name), *c.shape)) for c in s.constants]
+    return finished(s, options, forward, output, seed, backward_values, interior, gradients, constant_gradients)
 
+
+def finished(
+    s: Spec,
+    options: tuple[Option, ...],
+    forward: list[Assignment],
+    output: MatrixSymbol,
+    seed: MatrixSymbol,
+    backward_values: list[Assignment],
+    interior: dict[Basic, str],
+    gradients: list[tuple[str, MatrixSymbol]],
+    constant_gradients: list[tuple[str, MatrixSymbol]],
+) -> Schedule:
+    """The schedule of a forward pass and its backward values (each simplified): shared values named, row
+    sums and scalar constants named, projections fused, the values the gradients do not read dropped and what
+    the backward reads saved. ``interior``: labels of shared cotangents (dQW_Q)."""
+    trainable = frozenset(x for x in s.inputs if is_scalar_input(x))
     # Any other subexpression used twice gets a name and is computed once (products in their cheapest order first).
     backward_values = reassociate_products(backward_values)
     # sums and entrywise products in one order (SymPy's keys), so that A + B named in one value and B + A

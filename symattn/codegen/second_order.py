@@ -1,26 +1,26 @@
 """The second closed form of a generated module: f₂'s forward and backward, printed beside the first.
 
-``specs.second_order`` turns a spec into f₂ = Σ_i tr(V_iᵀ g_i(x, G)), g_i the first gradients;
-here f₂ is scheduled and printed by the same pipeline (``schedule_spec``, ``build_context``)
-and its pieces go into the module the first closed form is rendered in: ``_forward2`` and
-``_backward2`` (the double backward of the torch module, and ``hvp``, a Hessian-vector
-product, in both backends). A spec whose gradients use a node that has no rule of its own
-(GELU′) has no second closed form: ``second_order_context`` gives None and the torch module
-keeps raising on double backward.
+``specs.second_order`` states f₂ = Σ_i tr(V_iᵀ g_i(x, G)), g_i the first gradients (its inputs,
+the derivation ``derive --order 2`` prints); ``codegen.tangents`` schedules it as the first
+schedule run forward, then the tangents of its gradients along the directions V_i (forward over
+reverse), and ``build_context`` prints it. Its pieces go into the module the first closed form is
+rendered in: ``_forward2`` and ``_backward2`` (the double backward of the torch module, and
+``hvp``, a Hessian-vector product, in both backends). A spec whose schedule has a node with no
+differential rule has no second closed form: ``second_order_context`` gives None and the torch
+module keeps raising on double backward.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-from sympy import MatrixSymbol, OneMatrix
-from sympy.matrices.expressions import HadamardProduct, MatMul
+from sympy import MatrixSymbol
 
 from symattn.codegen import layout
 from symattn.codegen.context import MASK_KEYWORDS, build_context
-from symattn.codegen.passes import inline_aliases
-from symattn.codegen.schedule import Assignment, Schedule, _needed, schedule_spec
+from symattn.codegen.schedule import Schedule
 from symattn.codegen.sections import _uses
+from symattn.codegen.tangents import tangent_schedule
 from symattn.errors import SymattnError
 from symattn.specs.second_order import SecondOrder, second_order_spec
 
@@ -40,37 +40,11 @@ def second_order_schedule(first: Schedule) -> tuple[SecondOrder, Schedule] | Non
         return held[1]
     try:
         so = second_order_spec(first.spec)
+        found = so, tangent_schedule(first, so)
     except SymattnError:  # a node of the first gradients that has no rule itself: no second closed form
         found = None
-    else:
-        found = so, _without_direction_gradients(schedule_spec(so.spec, first.options), so)
     _CACHE[id(first)] = (first, found)  # the schedule is kept alive, so its id is not reused
     return found
-
-
-def _without_direction_gradients(sched: Schedule, so: SecondOrder) -> Schedule:
-    """f₂'s schedule without the gradients of the directions (∂f₂/∂V_i = g_i is never asked for), its seed
-    (∂f₂/∂f₂, always 1) written as 𝟏: no broadcast of a 1 × 1 seed is computed."""
-    gradients = tuple((name, t) for name, t in sched.gradients if name not in so.direction_names)
-    needed = _needed(list(sched.backward), {t for _, t in (*gradients, *sched.constant_gradients)})
-    backward = _unit_seed([a for a in sched.backward if a.target in needed], sched.seed)
-    outputs = {t for _, t in (*gradients, *sched.constant_gradients)}
-    return dataclasses.replace(sched, gradients=gradients, backward=tuple(inline_aliases(backward, outputs)))
-
-
-def _unit_seed(backward: list[Assignment], seed: MatrixSymbol) -> list[Assignment]:
-    """The assignments with the seed 𝟏: a value that becomes 𝟏𝟏ᵀ is inlined, 𝟏𝟏ᵀ ⊙ X is X."""
-    ones: dict = {seed: OneMatrix(1, 1), seed.T: OneMatrix(1, 1)}
-    out = []
-    for a in backward:
-        value = a.value.xreplace(ones).replace(
-            lambda e: isinstance(e, (MatMul, HadamardProduct)) and e.has(OneMatrix), lambda e: e.doit(deep=False)
-        )
-        if isinstance(value, OneMatrix):  # 𝟏 1 𝟏ᵀ: read where it is used, as the factor it is
-            ones[a.target], ones[a.target.T] = value, value.T
-            continue
-        out.append(Assignment(a.target, value, a.reduce_batch, a.comment))
-    return out
 
 
 def _no_module(sched, printer) -> tuple[list, list, list]:

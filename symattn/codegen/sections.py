@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import sympy as sp
 from sympy.matrices.expressions import HadamardPower, HadamardProduct, MatAdd, MatMul, MatrixSlice, Transpose
 
+from symattn.codegen import layout
 from symattn.codegen.printers import broadcast_column
 from symattn.codegen.schedule import Assignment, Schedule
 from symattn.lang.graph import matrix_symbols
@@ -33,6 +34,11 @@ class Statement:
     comment: str = ""
     guard: str = ""  # an optional input: the statement runs only when it was given (else the target is None)
     frees: tuple[str, ...] = ()  # values made earlier in this function and read here for the last time: del'd
+
+    @property
+    def deletion(self) -> str:
+        """del <frees>, laid out for the function body."""
+        return layout.deleted(self.frees, 4)
 
 
 def _dying(assignments: list[Assignment], protected: set) -> list[frozenset]:

@@ -27,7 +27,7 @@ from sympy.matrices.expressions import (
 from sympy.matrices.expressions.hadamard import canonicalize as hadamard_canonical
 from sympy.matrices.expressions.special import GenericIdentity
 
-from symattn.lang.graph import bottom_up, intern, sort_key, sort_keys_of
+from symattn.lang.graph import bottom_up, intern, memo_table, sort_key, sort_keys_of
 
 
 def factors(expr: Basic) -> tuple[Basic, list[Basic]]:
@@ -185,7 +185,7 @@ def hadamard_product(*parts: Basic) -> Basic:
         return intern(hadamard_canonical(HadamardProduct(*parts)))
 
 
-_TRANSPOSED: dict[Basic, Basic] = {}  # a shared (DAG) cotangent is transposed once per distinct subexpression
+_TRANSPOSED: dict[Basic, Basic] = memo_table({})  # a shared (DAG) cotangent: transposed once per distinct node
 _TRANSPOSED_MAX = 1 << 16
 
 

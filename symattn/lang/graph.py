@@ -19,6 +19,21 @@ from sympy.matrices.expressions import HadamardProduct, MatAdd, MatMul
 
 T = TypeVar("T")
 VISITS = {"nodes": 0}  # distinct nodes visited by the walks below (for tests that count work)
+_MEMOS: list[dict] = []  # the tables that keep a value per expression across calls (``memo_table``)
+
+
+def memo_table(table: dict) -> dict:
+    """table, registered as a memo that ``clear_memos`` empties."""
+    _MEMOS.append(table)
+    return table
+
+
+def clear_memos() -> None:
+    """Empty every memo kept across calls: what a fresh process would compute is computed again (a test that
+    counts the work of one spec is then not helped by another's)."""
+    for table in _MEMOS:
+        table.clear()
+    matrix_symbols.cache_clear()
 
 
 def children(node: Basic) -> tuple[Basic, ...]:
@@ -148,7 +163,7 @@ def rewrite(root: Basic, replace: Callable[[Basic], Basic | None]) -> Basic:
     return out[root]
 
 
-_SORT_KEYS: dict[Basic, tuple] = {}  # expression → sympy.default_sort_key(expression), kept across calls
+_SORT_KEYS: dict[Basic, tuple] = memo_table({})  # expression → sympy.default_sort_key(expression), kept across calls
 _SORT_KEYS_MAX = 1 << 19
 
 
@@ -215,7 +230,7 @@ def _warm(expr: Basic) -> None:
         stack.extend((a, False) for a in node.args if isinstance(a, Basic) and a not in _SORT_KEYS)
 
 
-_INTERNED: dict[Basic, Basic] = {}
+_INTERNED: dict[Basic, Basic] = memo_table({})
 
 
 def rebuilt(node: Basic, args) -> Basic:
@@ -274,12 +289,14 @@ def intern(expr: Basic) -> Basic:
 __all__ = [
     "VISITS",
     "children",
+    "clear_memos",
     "depends",
     "first",
     "fold",
     "hash_consed",
     "intern",
     "matrix_symbols",
+    "memo_table",
     "nodes",
     "postorder",
     "rebuilt",

@@ -36,7 +36,7 @@ from sympy.matrices.expressions import (
 )
 
 from symattn.lang.algebra import factors
-from symattn.lang.graph import VISITS, rebuilt
+from symattn.lang.graph import VISITS, memo_table, rebuilt
 from symattn.lang.ops import Elementwise, MergeHeads, RowSoftmax, RowSum, SplitHeads, SumEntries
 
 # Sizes for evaluating symbolic costs and choosing between equal forms (a BERT-base-like head:
@@ -280,7 +280,7 @@ def flops(exprs: Basic | Sequence[Basic], given: Sequence[Basic] = (), sizes: Ma
     return sp.Add(*total)
 
 
-_NODE_FLOPS: dict[tuple | None, dict[Basic, Basic]] = {}  # size table → {node: its FLOPs}
+_NODE_FLOPS: dict[tuple | None, dict[Basic, Basic]] = memo_table({})  # size table → {node: its FLOPs}
 
 
 def flops_value(exprs: Basic | Sequence[Basic], given: Sequence[Basic] = (), sizes: Mapping | None = None) -> float:

@@ -36,7 +36,7 @@ def _walks_into(e: Basic) -> bool:
 
 
 # rules → {node: its fixpoint}; the rules are pure functions of a node, so results hold across calls
-_FIXPOINTS: dict[tuple, dict[Basic, Basic]] = {}
+_FIXPOINTS: dict[tuple, dict[Basic, Basic]] = graph.memo_table({})
 MAX_CACHED = 200_000
 IMPROVE_MAX_NODES = 600  # the built-ins' joint forward and gradients: at most 138
 

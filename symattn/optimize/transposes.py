@@ -11,7 +11,7 @@ from sympy import Basic, MatrixExpr, MatrixSymbol
 from sympy.matrices.expressions import HadamardProduct, Identity, MatAdd, MatMul, OneMatrix, Transpose, ZeroMatrix
 
 from symattn.lang.algebra import factors, product
-from symattn.lang.graph import bottom_up, intern
+from symattn.lang.graph import bottom_up, intern, memo_table
 
 CONSTANTS = (OneMatrix, ZeroMatrix, Identity)
 
@@ -86,9 +86,9 @@ def _transposed_count(e: Basic, counts: dict[Basic, int]) -> int:
     return 1 + count_transposes(e)
 
 
-_TRANSPOSED: dict[Basic, Basic] = {}
-_TRANSPOSE_COUNTS: dict[Basic, int] = {}  # trees share subtrees: count each distinct one once
-_TRANSPOSED_COUNTS: dict[Basic, int] = {}
+_TRANSPOSED: dict[Basic, Basic] = memo_table({})
+_TRANSPOSE_COUNTS: dict[Basic, int] = memo_table({})  # trees share subtrees: count each distinct one once
+_TRANSPOSED_COUNTS: dict[Basic, int] = memo_table({})
 
 
 def is_column(e: Basic) -> bool:

@@ -9,7 +9,7 @@ import sympy as sp
 import symattn as sa
 from symattn.autodiff.grad import backward
 from symattn.lang.algebra import product, total
-from symattn.lang.graph import VISITS
+from symattn.lang.graph import VISITS, clear_memos
 from symattn.specs import dim
 
 
@@ -171,6 +171,7 @@ def schedule_work(depth: int, second_order: bool) -> int:
     from symattn.codegen.second_order import second_order_schedule
 
     first = schedule_spec(tanh_chain(depth, weight=f"W_{depth}{second_order:d}"))
+    clear_memos()  # the other depth's chain shares X, H1, H2, …: its memos would make whichever runs second cheaper
     VISITS["nodes"] = 0
     (second_order_schedule if second_order else schedule_spec)(first.spec if not second_order else first)
     return VISITS["nodes"]

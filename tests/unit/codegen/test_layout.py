@@ -76,6 +76,8 @@ def test_tuples_unpackings_and_flags_are_ruffs(count: int) -> None:
         layout.assign_tuple("gradients", [f'grads["{name}"]' for name in names], 4),
     ):
         assert in_function(text) == formatted(in_function(text))
+    text = layout.deleted(names, 4)
+    assert in_function(text) == formatted(in_function(text))
     flags = "def f():\n    if x:\n        " + layout.given_flags(names, 8) + "\n"
     assert flags == formatted(flags)
 

@@ -1,0 +1,135 @@
+"""f₂'s schedule by forward mode over the first schedule (forward over reverse).
+
+With L = tr(Gᵀ F(x)) and g_i = ∂L/∂x_i the first gradients, f₂ = Σ_i tr(V_iᵀ g_i) has
+
+    ∂f₂/∂x_j = Σ_i ∂²L/∂x_j ∂x_i [V_i]   (the Hessian of L is symmetric)
+    ∂f₂/∂G   = Σ_i ∂F/∂x_i [V_i]          (L is linear in G)
+
+and both are tangents along ẋ_i = V_i (Ġ = 0): of the first gradients g_j and of the output F.
+So the second closed form is the first schedule run forward (its forward and backward assignments,
+the *primal*), then one differential per primal assignment, each written with the tangents of the
+values it reads (``autodiff.differentials``): as many small values as the first schedule has, none
+of them written out in full. A constant (the additive mask M) does not move; the gradient the first
+schedule gives it (dM) moves, and its tangent is ∂f₂/∂M.
+
+Names: the first backward's values are renamed G_… (dQ → G_Q, t1 → G_t1, the seed grad_out → G_out,
+as f₂'s spec names them); the tangent of a primal value N is dN, except the tangent of G_x (x an input
+or a constant), which is f₂'s gradient dx, and the tangent of the first output, which is dG_out.
+"""
+
+from __future__ import annotations
+
+import sympy as sp
+from sympy import Basic, MatrixSymbol, OneMatrix
+
+from symattn.autodiff.differentials import differential
+from symattn.codegen.dag import Assignment
+from symattn.codegen.schedule import Schedule, _needed, finished, gradient_symbol, simplifier
+from symattn.lang.algebra import product, total
+from symattn.lang.graph import matrix_symbols
+from symattn.lang.names import Names
+from symattn.lang.ops import hadamard
+from symattn.optimize.cost import flops_value
+from symattn.specs.second_order import SecondOrder
+
+__all__ = ["tangent_schedule"]
+
+
+def tangent_schedule(first: Schedule, so: SecondOrder) -> Schedule:
+    """f₂'s schedule: the first schedule as its forward, the tangents of its gradients as its gradients."""
+    spec = so.spec
+    cotangent = next(x for x in spec.inputs if str(x.name) == so.cotangent)
+    primal, renamed = _primal(first, cotangent)
+    directions = {x: next(v for v in spec.inputs if str(v.name) == name) for x, name in _inputs(first, so)}
+    value = MatrixSymbol(_fresh("f2", {str(a.target.name) for a in primal}), 1, 1)
+    terms = [_inner(v, renamed[gradient_symbol(x)]) for x, v in directions.items()]
+    primal.append(Assignment(value, total(*terms) if len(terms) > 1 else terms[0]))
+
+    outputs = {
+        renamed[symbol]: gradient_symbol(x)
+        for x in (*first.spec.inputs, *first.spec.constants)
+        for symbol in [gradient_symbol(x)]
+        if symbol in renamed
+    }
+    outputs[renamed[first.output]] = gradient_symbol(cotangent)
+    tangents: dict[Basic, Basic] = dict(directions)
+    values = []
+    for a in primal[:-1]:
+        # the tangents of what this value reads, not all of them (SymPy's has() tries each one it is given)
+        reads = [*matrix_symbols(a.value), *(x for x in a.value.free_symbols if x in directions)]
+        d = differential(a.value, {x: tangents[x] for x in reads if x in tangents})
+        if d is None or getattr(d, "is_ZeroMatrix", False):
+            continue
+        target = outputs.get(a.target) or MatrixSymbol("d" + str(a.target.name), *a.target.shape)
+        tangents[a.target] = target
+        values.append(Assignment(target, d, a.reduce_batch))
+    values = _simplified(values, primal)
+    made = {a.target for a in values}
+    for x in (*first.spec.inputs, cotangent, *first.spec.constants):  # a gradient no tangent reaches is 0
+        symbol = gradient_symbol(x)
+        if symbol not in made:
+            values.append(Assignment(symbol, sp.ZeroMatrix(*symbol.shape)))
+    gradients = [(str(x.name), gradient_symbol(x)) for x in (*first.spec.inputs, cotangent)]
+    constant_gradients = [(str(c.name), gradient_symbol(c)) for c in first.spec.constants]
+    computed = {a.target for a in primal}
+    read = {x for a in values for x in matrix_symbols(a.value) if x in computed}
+    needed = _needed(primal, {value} | read)
+    forward = [a for a in primal if a.target in needed]
+    return finished(spec, first.options, forward, value, first.seed, values, {}, gradients, constant_gradients)
+
+
+def _inputs(first: Schedule, so: SecondOrder) -> list[tuple[Basic, str]]:
+    """(input, the name of its direction) for every input of the first spec."""
+    names = dict(so.directions)
+    return [(x, names[str(x.name)]) for x in first.spec.inputs]
+
+
+def _primal(first: Schedule, cotangent: MatrixSymbol) -> tuple[list[Assignment], dict[Basic, Basic]]:
+    """The first schedule's forward and backward assignments, its named scalar constants written out (f₂'s
+    schedule names its own), the backward's values renamed G_… and the seed G_out; and the renaming."""
+    constants = {symbol: value for symbol, value in first.constants}
+    taken = {str(a.target.name) for a in first.forward}
+    renamed: dict[Basic, Basic] = {first.seed: cotangent}
+    for a in first.backward:
+        name = str(a.target.name)
+        label = "G_" + (name[1:] if name.startswith("d") else name)
+        while label in taken:
+            label = "G_" + label
+        taken.add(label)
+        renamed[a.target] = MatrixSymbol(label, *a.target.shape)
+    table = constants | renamed
+    primal = [Assignment(a.target, a.value.xreplace(constants), a.reduce_batch) for a in first.forward]
+    primal += [Assignment(renamed[a.target], a.value.xreplace(table), a.reduce_batch) for a in first.backward]
+    renamed.update({a.target: a.target for a in first.forward})
+    return primal, renamed
+
+
+def _simplified(values: list[Assignment], primal: list[Assignment]) -> list[Assignment]:
+    """Each tangent simplified with the primal values it could reuse free, kept where cheaper."""
+    leaves = {a.value: matrix_symbols(a.value) for a in primal}
+    names = Names()
+    for a in primal:
+        names.add(a.value, a.target)
+    out = []
+    for b in values:
+        within = matrix_symbols(b.value)
+        simplify = simplifier([v for v, symbols in leaves.items() if symbols <= within])
+        candidate = names.substitute(simplify(b.value), skip=b.value)
+        if candidate != b.value and flops_value(candidate) < flops_value(b.value):
+            b = Assignment(b.target, candidate, b.reduce_batch, b.comment)
+        out.append(b)
+    return out
+
+
+def _inner(v: Basic, g: Basic) -> Basic:
+    """tr(vᵀ g) as a 1 × 1 matrix: 𝟏ᵀ (V ⊙ g) 𝟏, or v·g for a trainable scalar's direction v (g is 1 × 1)."""
+    if not isinstance(v, MatrixSymbol):
+        return product(v, g)
+    rows, cols = v.shape
+    return product(OneMatrix(1, rows), hadamard(v, g), OneMatrix(cols, 1))
+
+
+def _fresh(name: str, taken: set[str]) -> str:
+    while name in taken:
+        name += "_"
+    return name
