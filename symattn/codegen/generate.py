@@ -27,6 +27,7 @@ from symattn.codegen.second_order import second_order_context
 from symattn.errors import SymattnError
 from symattn.lang.dims import bind_dimensions
 from symattn.lang.graph import nodes
+from symattn.numeric.printers import runtime_functions
 from symattn.specs import Spec, family, specs
 
 __all__ = [
@@ -181,6 +182,8 @@ def render(
         )
     if isinstance(source, Spec):
         _require_bound_scalars(source)
+        _require_own_names(source)
+        _require_mask_constants(source)
         sched, class_name, dropins = _schedule_of(source), None, ()
     else:
         found = family(source)
@@ -213,6 +216,59 @@ def _require_bound_scalars(s: Spec) -> None:
         raise SymattnError(
             f"spec {s.name!r}: scalar symbol(s) {', '.join(loose)} are neither an input's dimension nor an input; "
             "list a trainable scalar in the inputs, or use a number"
+        )
+
+
+# names the generated code binds beside a spec's own: modules, the templates' variables and module constants
+CODE_NAMES = frozenset(
+    {
+        *("np", "torch", "jax", "jnp", "math", "annotations", "ctx", "self"),
+        *("grad_out", "saved", "grads", "gradients", "cotangents", "inputs", "tensors", "options", "direction"),
+        *("dtype", "device", "output_shape", "mask_shape", "forward", "backward", "hvp"),
+        *("attn_mask", "key_padding_mask", "causal", "SPEC", "SHAPES", "OPTIONAL", "DIRECTION_OF", "INPUTS"),
+        *("COTANGENT", "FUNCTION"),
+    }
+)
+RUNTIMES = (
+    "symattn.numeric.numpy_runtime",
+    *(f"symattn.codegen.{name}_runtime" for name in ("common", "numpy", "torch", "jax", "dropin")),
+)
+
+
+@functools.cache
+def reserved_names() -> frozenset[str]:
+    """Names a spec's inputs, constants and intermediates may not take: the generated code's own (its helpers
+    included), which such a name would shadow or be shadowed by."""
+    return CODE_NAMES | {name for module in RUNTIMES for name in runtime_functions(module)}
+
+
+def _require_own_names(s: Spec) -> None:
+    """A spec's names must not be the generated code's (an input called row_softmax or grad_out)."""
+    names = [str(x.name) for x in (*s.inputs, *s.constants)] + [label for label, _ in s.intermediates]
+    clash = sorted(set(names) & reserved_names())
+    if clash:
+        raise SymattnError(
+            f"spec {s.name!r}: {', '.join(map(repr, clash))} named in the spec is a name of the generated code "
+            "(a module, helper or variable of its own); rename it"
+        )
+
+
+def _require_mask_constants(s: Spec) -> None:
+    """The generated code takes a spec's constant as the additive attention mask M (built from attn_mask,
+    key_padding_mask, causal): one constant, added as a term, never scaled, multiplied or passed to a function."""
+    if not s.constants:
+        return
+    mask = s.constants[0]
+    misused = len(s.constants) > 1 or any(
+        isinstance(node, sp.MatrixExpr) and mask in node.args and not isinstance(node, sp.MatAdd)
+        for expr in (s.output, *(e for _, e in s.intermediates))
+        for node in nodes(expr)
+    )
+    if misused:
+        names = ", ".join(str(c.name) for c in s.constants)
+        raise SymattnError(
+            f"spec {s.name!r}: constants ({names}): generated code supports one constant, an additive mask "
+            "added to the scores as a term (it becomes attn_mask); list other fixed matrices as inputs"
         )
 
 

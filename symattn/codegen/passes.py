@@ -168,7 +168,8 @@ def name_row_sums(backward: list[Assignment], taken: frozenset[str] = frozenset(
 
 
 def name_constants(forward: list[Assignment], backward: list[Assignment], taken: set) -> tuple:
-    """Name each compound scalar factor (1/√d_k → scale) once, so it is computed once."""
+    """Name each compound scalar factor (1/√d_k → scale) once, so it is computed once; taken: the names (or
+    symbols) a label must not shadow (options, inputs, values)."""
     found: list[Basic] = []
     for a in forward + backward:
         for node in sp.preorder_traversal(a.value):

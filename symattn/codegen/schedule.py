@@ -442,7 +442,8 @@ def finished(
     # Keep what the gradients read; save what the backward reads.
     needed = _needed(backward_values, outputs)
     backward_values = [a for a in backward_values if a.target in needed]
-    constants, forward, backward_values = name_constants(forward, backward_values, {o.symbol for o in options})
+    names = {str(x.name) for x in (*s.inputs, *s.constants, *(a.target for a in (*forward, *backward_values)))}
+    constants, forward, backward_values = name_constants(forward, backward_values, {o.symbol for o in options} | names)
     forward, backward_values = fuse_projections(forward, backward_values)
     # dW_QKV after dQ, dK, dV whatever the order before; t = X read as X
     backward_values = _order(inline_aliases(backward_values, outputs))

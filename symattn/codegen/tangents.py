@@ -39,9 +39,11 @@ def tangent_schedule(first: Schedule, so: SecondOrder) -> Schedule:
     """f₂'s schedule: the first schedule as its forward, the tangents of its gradients as its gradients."""
     spec = so.spec
     cotangent = next(x for x in spec.inputs if str(x.name) == so.cotangent)
-    primal, renamed = _primal(first, cotangent)
+    results = {gradient_symbol(x) for x in (*first.spec.inputs, cotangent, *first.spec.constants)}
+    taken = {str(x.name) for x in (*spec.inputs, *spec.constants, *results)}  # every name f₂'s module knows
+    primal, renamed = _primal(first, cotangent, taken)
     directions = {x: next(v for v in spec.inputs if str(v.name) == name) for x, name in _inputs(first, so)}
-    value = MatrixSymbol(_fresh("f2", {str(a.target.name) for a in primal}), 1, 1)
+    value = MatrixSymbol(_fresh("f2", taken), 1, 1)
     terms = [_inner(v, renamed[gradient_symbol(x)]) for x, v in directions.items()]
     primal.append(Assignment(value, total(*terms) if len(terms) > 1 else terms[0]))
 
@@ -60,7 +62,7 @@ def tangent_schedule(first: Schedule, so: SecondOrder) -> Schedule:
         d = differential(a.value, {x: tangents[x] for x in reads if x in tangents})
         if d is None or getattr(d, "is_ZeroMatrix", False):
             continue
-        target = outputs.get(a.target) or MatrixSymbol("d" + str(a.target.name), *a.target.shape)
+        target = outputs.get(a.target) or MatrixSymbol(_fresh("d" + str(a.target.name), taken), *a.target.shape)
         tangents[a.target] = target
         values.append(Assignment(target, d, a.reduce_batch))
     values = _simplified(values, primal)
@@ -84,18 +86,17 @@ def _inputs(first: Schedule, so: SecondOrder) -> list[tuple[Basic, str]]:
     return [(x, names[str(x.name)]) for x in first.spec.inputs]
 
 
-def _primal(first: Schedule, cotangent: MatrixSymbol) -> tuple[list[Assignment], dict[Basic, Basic]]:
+def _primal(first: Schedule, cotangent: MatrixSymbol, taken: set[str]) -> tuple[list[Assignment], dict[Basic, Basic]]:
     """The first schedule's forward and backward assignments, its named scalar constants written out (f₂'s
-    schedule names its own), the backward's values renamed G_… and the seed G_out; and the renaming."""
+    schedule names its own), the backward's values renamed G_… and the seed G_out; and the renaming.
+
+    taken: the names in use, to which the forward's and the new ones are added (no value shadows another)."""
     constants = {symbol: value for symbol, value in first.constants}
-    taken = {str(a.target.name) for a in first.forward}
+    taken.update(str(a.target.name) for a in first.forward)
     renamed: dict[Basic, Basic] = {first.seed: cotangent}
     for a in first.backward:
         name = str(a.target.name)
-        label = "G_" + (name[1:] if name.startswith("d") else name)
-        while label in taken:
-            label = "G_" + label
-        taken.add(label)
+        label = _fresh("G_" + (name[1:] if name.startswith("d") else name), taken)
         renamed[a.target] = MatrixSymbol(label, *a.target.shape)
     table = constants | renamed
     primal = [Assignment(a.target, a.value.xreplace(constants), a.reduce_batch) for a in first.forward]
@@ -130,6 +131,10 @@ def _inner(v: Basic, g: Basic) -> Basic:
 
 
 def _fresh(name: str, taken: set[str]) -> str:
-    while name in taken:
-        name += "_"
-    return name
+    """name, or name_2, name_3, … when taken; the name returned is taken from then on."""
+    candidate, k = name, 1
+    while candidate in taken:
+        k += 1
+        candidate = f"{name}_{k}"
+    taken.add(candidate)
+    return candidate
