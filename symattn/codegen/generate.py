@@ -245,7 +245,8 @@ def reserved_names() -> frozenset[str]:
 def _require_own_names(s: Spec) -> None:
     """A spec's names must not be the generated code's (an input called row_softmax or grad_out)."""
     names = [str(x.name) for x in (*s.inputs, *s.constants)] + [label for label, _ in s.intermediates]
-    clash = sorted(set(names) & reserved_names())
+    dims = {str(d) for x in s.matrix_inputs for size in x.shape for d in sp.sympify(size).free_symbols}
+    clash = sorted(set(names) & (reserved_names() | dims))  # a dimension is a variable of the code too
     if clash:
         raise SymattnError(
             f"spec {s.name!r}: {', '.join(map(repr, clash))} named in the spec is a name of the generated code "

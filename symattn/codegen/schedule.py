@@ -102,8 +102,11 @@ class Schedule:
         return any(s.name not in self.weights for s in matrix_symbols(expr))
 
 
-def _share(values: list[Assignment], interior: dict[Basic, str]) -> list[Assignment]:
-    """Every subexpression used twice named (t1, t2, … or its interior label, dQW_Q) and computed once.
+def _share(
+    values: list[Assignment], interior: dict[Basic, str], taken: frozenset[str] = frozenset()
+) -> list[Assignment]:
+    """Every subexpression used twice named (t1, t2, … or its interior label, dQW_Q) and computed once; a label
+    in taken (the spec's names, the forward's values) is skipped.
 
     Largest first, so that the parts of a shared value are named only where used elsewhere too;
     a candidate whose uses the substitution does not all find (a transposed use written
@@ -125,7 +128,9 @@ def _share(values: list[Assignment], interior: dict[Basic, str]) -> list[Assignm
     candidates.update(count_uses(a.value for a in values))
     while (shared := candidates.pop(declined)) is not None:
         label = interior.get(shared, "")
-        if not label or label in targets:
+        if not label or label in targets or label in taken:
+            while f"t{serial + 1}" in taken:
+                serial += 1
             label = f"t{serial + 1}"
         target = MatrixSymbol(label, *shared.shape)
         local = Names()
@@ -433,8 +438,8 @@ def finished(
     backward_values = [
         Assignment(a.target, rewrite(a.value, SORTED), a.reduce_batch, a.comment) for a in backward_values
     ]
-    backward_values = _share(backward_values, interior)
     taken = frozenset(str(x.name) for x in (*s.inputs, *s.constants, *(a.target for a in forward)))
+    backward_values = _share(backward_values, interior, taken)
     backward_values = _order(name_row_sums(backward_values, taken))
     forward, backward_values = save_entrywise_outputs(forward, hoist_hadamard_scalars(backward_values))
     outputs = {t for _, t in (*gradients, *constant_gradients)}

@@ -112,7 +112,14 @@ def validate(spec) -> None:
         raise SpecError(f"spec {name!r}: inputs: {', '.join(map(repr, duplicates))} named more than once")
     seen: set[Basic] = set()
     check_expression(name, "output", spec.output, seen)
-    symbols = (m for m in nodes(spec.output) if isinstance(m, MatrixSymbol))  # atoms() walks the tree
+    symbols = {m for m in nodes(spec.output) if isinstance(m, MatrixSymbol)}  # atoms() walks the tree
+    for s in (*inputs, *constants):
+        other = next((m for m in symbols if m.name == s.name and m != s), None)
+        if other is not None:
+            raise SpecError(
+                f"spec {name!r}: {s.name} is two matrices, {s.shape[0]} × {s.shape[1]} and "
+                f"{other.shape[0]} × {other.shape[1]}; give them different names"
+            )
     missing = sorted({str(m.name) for m in symbols} - set(names))
     if missing:
         raise SpecError(f"spec {name!r}: output uses {', '.join(missing)}, which inputs and constants do not list")

@@ -76,3 +76,31 @@ def test_a_constant_that_is_not_an_additive_mask_is_refused():
         codegen.render(spec, "torch")
     masked = sa.Spec("masked", "", (X, W_Q), sa.softmax(X * W_Q * X.T + dist) * X, constants=(dist,))
     assert "def forward" in codegen.render(masked, "numpy")  # the additive mask itself is what it supports
+
+
+@pytest.mark.parametrize("labels", [("t1", "t2"), ("c1", "D1"), ("D", "t3")])
+def test_intermediates_named_like_generated_temporaries_keep_their_values(labels):
+    z, z2 = sp.MatrixSymbol("Z", n, n), sp.MatrixSymbol("Z2", n, d)
+    p = sa.softmax(X * W_Q * X.T / sp.sqrt(d) + z)
+    out = sa.hadamard(p * X, z2)
+    module = load(sa.Spec("temporaries", "", (X, W_Q, z, z2), out, ((labels[0], p), (labels[1], out))))
+    gen = torch.Generator().manual_seed(1)
+    args = [torch.randn(*shape, generator=gen, dtype=torch.float64) for shape in ((4, 3), (3, 3), (4, 4), (4, 3))]
+    assert torch.allclose(module.forward(*args), reference(*args), rtol=1e-12, atol=1e-12)
+    inputs = [a.clone().requires_grad_(True) for a in args]
+    assert torch.autograd.gradcheck(module.forward, inputs)
+    assert torch.autograd.gradgradcheck(module.forward, inputs)
+
+
+def test_an_input_named_like_a_dimension_is_refused():
+    k = sp.MatrixSymbol("d", n, n)
+    spec = sa.Spec("dim_named", "", (X, W_Q, k), sa.softmax(X * W_Q * X.T + k) * X)
+    with pytest.raises(SymattnError, match="'d' named in the spec is a name of the generated code"):
+        codegen.render(spec, "numpy")
+
+
+def test_one_name_for_two_shapes_is_a_spec_error():
+    m = dim("m")
+    x2 = sp.MatrixSymbol("X", m, d)
+    with pytest.raises(SymattnError, match="X is two matrices, n × d and m × d"):
+        sa.Spec("two_shapes", "", (X, W_Q), sa.softmax(X * W_Q * x2.T) * x2)
