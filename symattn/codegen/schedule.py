@@ -343,24 +343,27 @@ def gradient_symbol(x: Basic) -> MatrixSymbol:
     return MatrixSymbol("d" + str(x.name), *getattr(x, "shape", (1, 1)))
 
 
-def _simplified(backward_values: list[Assignment], forward: list[Assignment]) -> list[Assignment]:
+def _simplified(
+    backward_values: list[Assignment], forward: list[Assignment], write_out: bool = True
+) -> list[Assignment]:
     """Each value with the cotangents it reads written out, simplified, renamed: kept if cheaper.
 
     This is where rowsum(dP ⊙ P) becomes rowsum(dO ⊙ O): the simplifier sees
-    dP = dO Vᵀ and that O = P V is at hand.
+    dP = dO Vᵀ and that O = P V is at hand. ``write_out=False``: each value simplified as it is, with
+    the forward values at hand only (f₂'s tangents, each small).
     """
     leaves = {a.value: matrix_symbols(a.value) for a in forward}
     names = Names()
     for a in forward:
         names.add(a.value, a.target)
     definitions = {}
-    for b in backward_values:
+    for b in backward_values if write_out else ():
         names.add(b.value, b.target)
         definitions[b.target] = b.value
         definitions[b.target.T] = transpose(b.value)
     out = []
     for b in backward_values:
-        value = expand(b.value, definitions)
+        value = expand(b.value, definitions) if write_out else b.value
         # a forward value can be reused only if its leaves occur in the value (O = P V in rowsum(dO Vᵀ ⊙ P))
         within = matrix_symbols(value)
         simplify = simplifier([v for v, symbols in leaves.items() if symbols <= within])

@@ -20,17 +20,14 @@ or a constant), which is f₂'s gradient dx, and the tangent of the first output
 from __future__ import annotations
 
 import sympy as sp
-from sympy import Basic, MatrixSymbol, OneMatrix
+from sympy import Basic, MatrixSymbol
 
 from symattn.autodiff.differentials import differential
 from symattn.codegen.dag import Assignment
-from symattn.codegen.schedule import Schedule, _needed, finished, gradient_symbol, simplifier
-from symattn.lang.algebra import product, total
+from symattn.codegen.schedule import Schedule, _needed, _simplified, finished, gradient_symbol
+from symattn.lang.algebra import total
 from symattn.lang.graph import matrix_symbols
-from symattn.lang.names import Names
-from symattn.lang.ops import hadamard
-from symattn.optimize.cost import flops_value
-from symattn.specs.second_order import SecondOrder
+from symattn.specs.second_order import SecondOrder, inner
 
 __all__ = ["tangent_schedule"]
 
@@ -44,7 +41,7 @@ def tangent_schedule(first: Schedule, so: SecondOrder) -> Schedule:
     primal, renamed = _primal(first, cotangent, taken)
     directions = {x: next(v for v in spec.inputs if str(v.name) == name) for x, name in _inputs(first, so)}
     value = MatrixSymbol(_fresh("f2", taken), 1, 1)
-    terms = [_inner(v, renamed[gradient_symbol(x)]) for x, v in directions.items()]
+    terms = [inner(v, renamed[gradient_symbol(x)]) for x, v in directions.items()]
     primal.append(Assignment(value, total(*terms) if len(terms) > 1 else terms[0]))
 
     outputs = {
@@ -65,7 +62,7 @@ def tangent_schedule(first: Schedule, so: SecondOrder) -> Schedule:
         target = outputs.get(a.target) or MatrixSymbol(_fresh("d" + str(a.target.name), taken), *a.target.shape)
         tangents[a.target] = target
         values.append(Assignment(target, d, a.reduce_batch))
-    values = _simplified(values, primal)
+    values = _simplified(values, primal, write_out=False)
     made = {a.target for a in values}
     for x in (*first.spec.inputs, cotangent, *first.spec.constants):  # a gradient no tangent reaches is 0
         symbol = gradient_symbol(x)
@@ -103,31 +100,6 @@ def _primal(first: Schedule, cotangent: MatrixSymbol, taken: set[str]) -> tuple[
     primal += [Assignment(renamed[a.target], a.value.xreplace(table), a.reduce_batch) for a in first.backward]
     renamed.update({a.target: a.target for a in first.forward})
     return primal, renamed
-
-
-def _simplified(values: list[Assignment], primal: list[Assignment]) -> list[Assignment]:
-    """Each tangent simplified with the primal values it could reuse free, kept where cheaper."""
-    leaves = {a.value: matrix_symbols(a.value) for a in primal}
-    names = Names()
-    for a in primal:
-        names.add(a.value, a.target)
-    out = []
-    for b in values:
-        within = matrix_symbols(b.value)
-        simplify = simplifier([v for v, symbols in leaves.items() if symbols <= within])
-        candidate = names.substitute(simplify(b.value), skip=b.value)
-        if candidate != b.value and flops_value(candidate) < flops_value(b.value):
-            b = Assignment(b.target, candidate, b.reduce_batch, b.comment)
-        out.append(b)
-    return out
-
-
-def _inner(v: Basic, g: Basic) -> Basic:
-    """tr(vᵀ g) as a 1 × 1 matrix: 𝟏ᵀ (V ⊙ g) 𝟏, or v·g for a trainable scalar's direction v (g is 1 × 1)."""
-    if not isinstance(v, MatrixSymbol):
-        return product(v, g)
-    rows, cols = v.shape
-    return product(OneMatrix(1, rows), hadamard(v, g), OneMatrix(cols, 1))
 
 
 def _fresh(name: str, taken: set[str]) -> str:

@@ -33,7 +33,7 @@ from symattn.lang.ops import hadamard
 from symattn.specs.spec import Spec
 from symattn.specs.validate import is_identifier
 
-__all__ = ["SecondOrder", "second_order_spec"]
+__all__ = ["SecondOrder", "inner", "second_order_spec"]
 
 COTANGENT = "G_out"  # the first cotangent G, an input of f₂ (G itself is reserved)
 DIRECTION = "{}_v"  # the direction V_i of input x_i: W_Q_v (a weight's direction is a weight: no batch axes)
@@ -65,8 +65,10 @@ def _fresh(name: str, taken: set[str]) -> str:
     return candidate
 
 
-def _inner(v: MatrixSymbol, g) -> sp.MatrixExpr:
-    """tr(Vᵀ g) as a 1 × 1 matrix: 𝟏ᵀ (V ⊙ g) 𝟏."""
+def inner(v: Basic, g: Basic) -> sp.MatrixExpr:
+    """tr(Vᵀ g) as a 1 × 1 matrix: 𝟏ᵀ (V ⊙ g) 𝟏; v·g for a trainable scalar's direction v (g is 1 × 1)."""
+    if not isinstance(v, MatrixSymbol):
+        return product(v, g)
     rows, cols = v.shape
     return product(OneMatrix(1, rows), hadamard(v, g), OneMatrix(cols, 1))  # SymPy's * would re-walk g deep
 
@@ -160,7 +162,7 @@ def second_order_spec(s: Spec, wrt: Sequence[str] | None = None) -> SecondOrder:
         label = _fresh(f"G_{x.name}", labels | taken)
         intermediates.append((label, g))
         labels.add(label)
-        terms.append(_inner(v, g) if isinstance(x, MatrixSymbol) else product(v, g))
+        terms.append(inner(v, g))
     if not terms:
         raise SymattnError(f"spec {s.name!r}: the output depends on none of {', '.join(wrt)}")
     f2 = total(*terms) if len(terms) > 1 else terms[0]
