@@ -96,20 +96,19 @@ RESIDUAL_SPEC = '''"""{L} residual attention layers Y ← Y + softmax(Y W_Q (Y W
 import sympy as sp
 
 import symattn as sa
-from symattn.lang.algebra import product, total  # one node each: SymPy's * and + re-walk Y as a tree
 from symattn.specs import dim
 
 n, g = dim("n"), dim("g")
-X = sp.MatrixSymbol("X", n, g)
+X = sa.matrix("X", n, g)  # sa.matrix's operators build each node in constant time, at any depth
 Y, inputs, named = X, [X], []
 for i in range(1, {L} + 1):
-    W_Q, W_K, W_V = (sp.MatrixSymbol(f"W_{{p}}{{i}}", g, g) for p in "QKV")
+    W_Q, W_K, W_V = (sa.matrix(f"W_{{p}}{{i}}", g, g) for p in "QKV")
     inputs += [W_Q, W_K, W_V]
-    Q, K, V = product(Y, W_Q), product(Y, W_K), product(Y, W_V)
-    S = product(Q, sp.Transpose(K))
-    A = product(1 / sp.sqrt(g), S)
+    Q, K, V = Y * W_Q, Y * W_K, Y * W_V
+    S = Q * K.T
+    A = S / sp.sqrt(g)
     P = sa.softmax(A)
-    Y = total(Y, product(P, V))
+    Y = Y + P * V
     named += [(f"{{a}}_{{i}}", e) for a, e in zip("QKVSAPY", (Q, K, V, S, A, P, Y))]
 spec = sa.Spec(f"residual{L}", "{L} residual attention layers", tuple(inputs), Y, tuple(named))
 '''

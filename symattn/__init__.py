@@ -8,6 +8,7 @@ from symattn.autodiff.grad import backward, grad
 from symattn.derive.check import CheckResult, check
 from symattn.derive.derivation import Derivation, derive
 from symattn.errors import ShapeMismatchError, SymattnError, UnknownSpecError, UnsupportedNodeError
+from symattn.lang.lazy import Matrix, identity, matrix, ones, scalar
 from symattn.lang.ops import exp, hadamard, log, merge_heads, rowsum, sigmoid, softmax, split_heads, sum, tanh
 from symattn.numeric.lambdify import lambdify
 from symattn.optimize.simplify import simplify, simplify_all
@@ -18,6 +19,7 @@ __version__ = "0.1.0"
 __all__ = [
     "CheckResult",
     "Derivation",
+    "Matrix",
     "ShapeMismatchError",
     "Spec",
     "SymattnError",
@@ -30,10 +32,14 @@ __all__ = [
     "exp",
     "grad",
     "hadamard",
+    "identity",
     "lambdify",
     "log",
+    "matrix",
     "merge_heads",
+    "ones",
     "rowsum",
+    "scalar",
     "sigmoid",
     "simplify",
     "simplify_all",

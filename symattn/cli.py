@@ -179,7 +179,13 @@ def _figure(s) -> str | None:
     from symattn.codegen.picture import picture
     from symattn.derive.html import inline_svg
 
-    return inline_svg(picture(s, backward=True, fmt="svg").decode()) if shutil.which("dot") else None
+    if not shutil.which("dot"):
+        print(
+            "symattn: Graphviz's dot is not installed: the page has no dataflow picture (Debian: graphviz)",
+            file=sys.stderr,
+        )
+        return None
+    return inline_svg(picture(s, backward=True, fmt="svg").decode())
 
 
 def _add_derive(sub: argparse._SubParsersAction) -> None:

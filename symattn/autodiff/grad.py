@@ -19,6 +19,7 @@ from symattn.autodiff.vjp import VJP_RULES, merge_cotangents, zero_like
 from symattn.errors import ShapeMismatchError, SymattnError, UnsupportedNodeError
 from symattn.lang.algebra import total
 from symattn.lang.dims import same_dim
+from symattn.lang.lazy import Matrix, plain
 from symattn.lang.safe import expression
 from symattn.lang.shapes import check_shapes
 
@@ -123,7 +124,8 @@ def _sum(terms: list[Basic]) -> Basic:
 def backward(expr: Basic, wrt: Iterable[MatrixSymbol], cotangent: Basic | None = None) -> Tape:
     """Run reverse mode from expr, seeded with cotangent, down to the wrt symbols."""
     expr = expression(expr)
-    wrt = tuple(wrt)
+    wrt = tuple(plain(w) for w in wrt)
+    cotangent = plain(cotangent)
     for w in wrt:
         if isinstance(w, sp.Symbol) and w.is_integer:
             raise SymattnError(
@@ -161,7 +163,7 @@ def backward(expr: Basic, wrt: Iterable[MatrixSymbol], cotangent: Basic | None =
 
 def grad(expr: Basic, wrt: Sequence[MatrixSymbol] | MatrixSymbol, cotangent: Basic | None = None) -> dict:
     """Closed-form gradients of tr(cotangentᵀ expr) (or of a scalar expr) for each symbol in wrt."""
-    if isinstance(wrt, (MatrixSymbol, sp.Symbol)):
+    if isinstance(wrt, (MatrixSymbol, sp.Symbol, Matrix)):
         wrt = [wrt]
     return dict(backward(expr, wrt, cotangent).gradients)
 

@@ -58,7 +58,7 @@ def as_matrix(gradient: Basic) -> MatrixExpr:
         return total(*(as_matrix(t) for t in gradient.args))
     if isinstance(gradient, sp.Mul):
         traced = [a for a in gradient.args if a.has(Trace)]
-        if len(traced) == 1:
+        if traced:  # tr(A) tr(Ḡᵀ B): one trace as the matrix, the others (per-batch scalars) its coefficient
             rest = sp.Mul(*(a for a in gradient.args if a is not traced[0]))
             return product(rest, as_matrix(traced[0]))
     raise SymattnError(f"a scalar gradient that is not linear in traces of matrices: {gradient}")

@@ -197,10 +197,14 @@ def _function(
         "return_gradients": layout.wrapped(
             "return " if not (maybe or mask_grads) or backend != "numpy" else "grads = ",
             [
-                f'"{name}": None if {name} is None else {t.name}'
+                f'"{name}": None if {guard} is None else {t.name}'
                 if t in shared
                 else f'"{name}": {_returned(sched, name, t)}'
-                for name, t in (*sched.gradients, *mask_grads)
+                # a float attn_mask's gradient is computed when mask_shape (what backward has of it) is not None
+                for name, guard, t in (
+                    *((name, name, t) for name, t in sched.gradients),
+                    *((name, "mask_shape", t) for name, t in mask_grads),
+                )
             ],
             "",
             indent=4,

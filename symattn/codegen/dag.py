@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import sympy as sp
 from sympy import Basic, MatrixExpr, MatrixSymbol
-from sympy.matrices.expressions import MatMul, OneMatrix, Transpose
+from sympy.matrices.expressions import MatMul, OneMatrix, Transpose, ZeroMatrix
 
 from symattn.lang.algebra import factors, product
 from symattn.lang.graph import children, nodes, postorder, rebuilt
@@ -49,13 +49,14 @@ def expand(expr: Basic, definitions: dict[Basic, Basic]) -> Basic:
 
 
 def is_trivial(expr: Basic) -> bool:
-    """A name, a transposed name, ones, a name broadcast (𝟏 γ, u 𝟏ᵀ: printed as the name, which broadcasts),
-    or a scalar: nothing worth naming or sharing."""
+    """A name, a transposed name, ones, zeros, a name broadcast (𝟏 γ, u 𝟏ᵀ: printed as the name, which
+    broadcasts), or a scalar: nothing worth naming or sharing (a shared zero gradient would alias two inputs'
+    gradients, and lose the batch shape that each one's zeros_like gives)."""
     if isinstance(expr, Transpose):
         expr = expr.arg
     if isinstance(expr, MatMul) and len(expr.args) == 2 and any(isinstance(a, OneMatrix) for a in expr.args):
         return all(is_trivial(a) for a in expr.args)
-    return isinstance(expr, (MatrixSymbol, OneMatrix)) or not isinstance(expr, MatrixExpr)
+    return isinstance(expr, (MatrixSymbol, OneMatrix, ZeroMatrix)) or not isinstance(expr, MatrixExpr)
 
 
 def is_name(expr: Basic) -> bool:

@@ -146,6 +146,35 @@ def inline_aliases(backward: list[Assignment], keep: set) -> list[Assignment]:
     return out
 
 
+def unshared_constant_gradients(
+    backward: list[Assignment], gradients: set, taken: frozenset[str] = frozenset()
+) -> list[Assignment]:
+    """A constant's gradient that other values read (dM, the scores' cotangent, read by dX) computed under a
+    name of its own (dM_full), read there, and the gradient assigned from it (dM = dM_full).
+
+    Generated code sums a constant's gradient to the shape the constant was given in (a float attn_mask
+    broadcast along the batch), which the values that read the full cotangent must not see.
+    """
+    read = {x for a in backward for x in graph.matrix_symbols(a.value)}
+    names = set(taken) | {str(a.target.name) for a in backward}
+    renamed: dict[Basic, Basic] = {}
+    out = []
+    for a in backward:
+        value = a.value.xreplace(renamed) if renamed else a.value
+        if a.target in gradients and a.target in read:
+            label = next(
+                f"{a.target.name}_full{k or ''}"
+                for k in range(len(names) + 1)
+                if f"{a.target.name}_full{k or ''}" not in names
+            )
+            names.add(label)
+            full = renamed[a.target] = MatrixSymbol(label, *a.target.shape)
+            out += [Assignment(full, value, a.reduce_batch, a.comment), Assignment(a.target, full, a.reduce_batch)]
+            continue
+        out.append(a if value is a.value else Assignment(a.target, value, a.reduce_batch, a.comment))
+    return out
+
+
 def name_row_sums(backward: list[Assignment], taken: frozenset[str] = frozenset()) -> list[Assignment]:
     """Name each row sum inside a larger value: D = rowsum(dO ⊙ O), an n × 1 column (FlashAttention's D).
 
@@ -175,7 +204,9 @@ def name_constants(forward: list[Assignment], backward: list[Assignment], taken:
         for node in sp.preorder_traversal(a.value):
             if isinstance(node, MatMul):
                 coeff, _ = factors(node)
-                if coeff.free_symbols and not coeff.is_Symbol and coeff not in found:
+                # only a scalar of scalars: tr(A) or 𝟏ᵀA𝟏 is a per-batch value, printed where its matrix is
+                pure = not any(isinstance(x, MatrixSymbol) for x in coeff.free_symbols)
+                if coeff.free_symbols and pure and not coeff.is_Symbol and coeff not in found:
                     found.append(coeff)
     labels = iter(["scale", *(f"c{i}" for i in range(1, len(found) + 1))])
     constants = []
@@ -209,12 +240,17 @@ def save_entrywise_outputs(forward: list[Assignment], backward: list[Assignment]
                 if any(node in sp.preorder_traversal(f.value) and node != f.value for f in forward):
                     wanted.append(node)
     taken = {str(t.name) for t in targets} | {str(b.target.name) for b in backward}
+    names: dict[Basic, Basic] = {}  # the nodes named so far: σ(σ(X)) reads σ(Z) once σ(X) is Z
     for node in wanted:
+        node = node.xreplace(names)
+        first = next((i for i, f in enumerate(forward) if node in sp.preorder_traversal(f.value)), None)
+        if first is None:
+            continue
         label = next(name for name in _labels(node) if name not in taken)
         taken.add(label)
         symbol = MatrixSymbol(label, *node.shape)
-        first = next(i for i, f in enumerate(forward) if node in sp.preorder_traversal(f.value))
         rename = {node: symbol}
+        names[node] = symbol
         forward = [
             *forward[:first],
             Assignment(symbol, node),

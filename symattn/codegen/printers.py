@@ -28,6 +28,7 @@ from symattn.codegen.dag import typical_size as schedule_size
 from symattn.errors import SymattnError
 from symattn.lang.algebra import factors, product
 from symattn.lang.graph import matrix_symbols
+from symattn.lang.ops import RowSoftmax
 from symattn.numeric.printers import (
     NUMPY_RUNTIME,
     NumPyMatrixPrinter,
@@ -73,6 +74,11 @@ def broadcast_column(expr: Basic) -> Basic | None:
     if len(mats) >= 2 and isinstance(mats[0], OneMatrix) and mats[0].shape[1] == 1:
         return product(coeff, *mats[1:], canonical=False)
     return None
+
+
+# SymPy functions of a trainable scalar (exp(τ), log(τ), …): SymPy's printer names them numpy.exp, …, which the
+# torch and jax printers name by their own module (the scalar is a 0-d tensor or array there)
+SCALAR_FUNCTIONS = ("exp", "log", "tanh", "sqrt", "sin", "cos", "abs")
 
 
 class GeneratedCodeMixin:
@@ -238,6 +244,9 @@ class GeneratedCodeMixin:
         simple = all(isinstance(b, (sp.Symbol, sp.Integer)) for b in (start, stop))
         return f"{start_text}:{stop_text}" if simple else f"{start_text} : {stop_text}".strip()
 
+    def is_conditional(self, expr: Basic) -> bool:
+        return isinstance(expr, RowSoftmax) and self.mask is not None
+
     def _print_RowSoftmax(self, expr: Basic) -> str:
         arg = self._print(expr.arg)
         out = f", out={arg}" if isinstance(expr.arg, sp.MatrixSymbol) and arg in self.consumable else ""
@@ -327,6 +336,8 @@ class GeneratedCodeMixin:
         if isinstance(expr, MatMul):
             coeff = sp.Mul(*(a for a in expr.args if not isinstance(a, MatrixExpr)))
             mats = [a for a in expr.args if isinstance(a, MatrixExpr)]
+        if any(isinstance(a, MatrixExpr) for a in sp.preorder_traversal(coeff)):  # tr(A)·…: one scalar a batch
+            return f"{self.helper('sum_batch')}({self._print(expr)})"
         if len(mats) == 3 and isinstance(mats[0], OneMatrix) and isinstance(mats[2], OneMatrix):
             body = f"{self._atom(mats[1])}.sum()"  # 𝟏ᵀ M 𝟏 over the batch: a trainable scalar's gradient, 0-d
             return body if coeff == 1 else f"{self._atom(coeff)} * {body}"
@@ -394,6 +405,7 @@ class TorchMatrixPrinter(GeneratedCodeMixin, NumPyMatrixPrinter):
     numpy_functions = {
         "numpy.linalg.matrix_power": "torch.linalg.matrix_power",
         "numpy.linalg.inv": "torch.linalg.inv",
+        **{f"numpy.{f}": f"torch.{f}" for f in SCALAR_FUNCTIONS},
     }
     elementwise = {
         "exp": "torch.exp",

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from sympy import Basic
 
-from symattn.codegen.printers import GeneratedNumPyPrinter
+from symattn.codegen.printers import SCALAR_FUNCTIONS, GeneratedNumPyPrinter
 from symattn.errors import SymattnError
 from symattn.numeric.printers import runtime_functions
 
@@ -33,6 +33,7 @@ class JaxMatrixPrinter(GeneratedNumPyPrinter):
     numpy_functions = {
         "numpy.linalg.matrix_power": "jnp.linalg.matrix_power",
         "numpy.linalg.inv": "jnp.linalg.inv",
+        **{f"numpy.{f}": f"jnp.{f}" for f in SCALAR_FUNCTIONS},
     }
     elementwise = {
         "exp": "jnp.exp",

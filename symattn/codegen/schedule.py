@@ -22,7 +22,7 @@ import functools
 import heapq
 import itertools
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 import sympy as sp
@@ -41,11 +41,12 @@ from symattn.codegen.passes import (
     name_row_sums,
     reassociate_products,
     save_entrywise_outputs,
+    unshared_constant_gradients,
 )
 from symattn.lang.algebra import factors, product, total, transpose
 from symattn.lang.dims import Binding, bind_dimensions
 from symattn.lang.graph import bottom_up, children, matrix_symbols, sort_key
-from symattn.lang.names import Names
+from symattn.lang.names import Names, differential_name
 from symattn.optimize.cost import flops_value
 from symattn.optimize.rewrites import sort_commutative
 from symattn.optimize.simplify import rewrite, simplify
@@ -283,12 +284,15 @@ def _order(assignments: list[Assignment]) -> list[Assignment]:
     return placed
 
 
-def _sweep(forward: list[Assignment], inputs: tuple, seed: MatrixSymbol) -> tuple[list[Assignment], dict[Basic, str]]:
+def _sweep(
+    forward: list[Assignment], inputs: tuple, seed: MatrixSymbol, taken: frozenset[str]
+) -> tuple[list[Assignment], dict[Basic, str]]:
     """Reverse mode over the named forward assignments, one VJP per assignment.
 
     Returns the backward assignments (cotangent d<name> of each intermediate that
-    receives one, and the gradient of each input) and names for the cotangents of
-    unnamed interior products (dQW_Q for Q W_Q inside split_heads(Q W_Q)).
+    receives one, and the gradient of each input; ``gradient_symbol`` against the spec's
+    names, taken) and names for the cotangents of unnamed interior products (dQW_Q for
+    Q W_Q inside split_heads(Q W_Q)).
     """
     named = Names()
     for a in forward:
@@ -307,7 +311,7 @@ def _sweep(forward: list[Assignment], inputs: tuple, seed: MatrixSymbol) -> tupl
         # that reads it runs on dD, and −λ multiplies what it gives (below)
         if (is_trivial(value) or is_scaled_name(value)) and target not in inputs:
             return value
-        symbol = gradient_symbol(target)
+        symbol = gradient_symbol(target, taken)
         assignments.append(Assignment(symbol, value, reduce_batch=is_weight(target)))
         return symbol
 
@@ -333,14 +337,15 @@ def _sweep(forward: list[Assignment], inputs: tuple, seed: MatrixSymbol) -> tupl
         if contributions.get(x):
             collect(x)
         else:
-            symbol = gradient_symbol(x)
+            symbol = gradient_symbol(x, taken)
             assignments.append(Assignment(symbol, sp.ZeroMatrix(*symbol.shape)))
     return assignments, interior
 
 
-def gradient_symbol(x: Basic) -> MatrixSymbol:
-    """d<name>, of x's shape; a trainable scalar's gradient is computed as a 1 × 1 matrix."""
-    return MatrixSymbol("d" + str(x.name), *getattr(x, "shape", (1, 1)))
+def gradient_symbol(x: Basic, taken: Collection[str] = frozenset()) -> MatrixSymbol:
+    """d<name> (``names.differential_name`` against taken, the spec's names), of x's shape; a trainable
+    scalar's gradient is computed as a 1 × 1 matrix."""
+    return MatrixSymbol(differential_name(str(x.name), taken), *getattr(x, "shape", (1, 1)))
 
 
 def _simplified(
@@ -368,7 +373,9 @@ def _simplified(
         within = matrix_symbols(value)
         simplify = simplifier([v for v, symbols in leaves.items() if symbols <= within])
         candidate = names.substitute(simplify(value), skip=b.value)
-        if candidate != b.value and flops_value(candidate) < flops_value(b.value):
+        # a candidate that reads its own name (dT = dTᵀᵀ, its value's double transpose found) is no value
+        cheaper = candidate != b.value and flops_value(candidate) < flops_value(b.value)
+        if cheaper and b.target not in matrix_symbols(candidate):
             b = Assignment(b.target, candidate, b.reduce_batch, b.comment)
         out.append(b)
     return out
@@ -412,11 +419,17 @@ def schedule_spec(s: Spec, options: tuple[Option, ...] = ()) -> Schedule:
     forward = _needed_forward(fold_scalar_multiples(forward, {output}, trainable), output)
 
     # Backward: one VJP per forward assignment, then the simplifier's cheaper forms.
-    backward_values, interior = _sweep(forward, (*s.inputs, *s.constants), seed)
+    taken = spec_names(s) | {str(a.target.name) for a in forward}
+    backward_values, interior = _sweep(forward, (*s.inputs, *s.constants), seed, taken)
     backward_values = _simplified(backward_values, forward)
-    gradients = [(str(x.name), gradient_symbol(x)) for x in s.inputs]
-    constant_gradients = [(str(c.name), MatrixSymbol("d" + str(c.name), *c.shape)) for c in s.constants]
+    gradients = [(str(x.name), gradient_symbol(x, taken)) for x in s.inputs]
+    constant_gradients = [(str(c.name), gradient_symbol(c, taken)) for c in s.constants]
     return finished(s, options, forward, output, seed, backward_values, interior, gradients, constant_gradients)
+
+
+def spec_names(s: Spec) -> frozenset[str]:
+    """Every name the spec gives: its inputs, constants and intermediates."""
+    return frozenset(str(x.name) for x in (*s.inputs, *s.constants)) | {label for label, _ in s.intermediates}
 
 
 def finished(
@@ -455,6 +468,8 @@ def finished(
     forward, backward_values = fuse_projections(forward, backward_values)
     # dW_QKV after dQ, dK, dV whatever the order before; t = X read as X
     backward_values = _order(inline_aliases(backward_values, outputs))
+    constant_outputs = {t for _, t in constant_gradients}
+    backward_values = unshared_constant_gradients(backward_values, constant_outputs, frozenset(names))
     forward_targets = {a.target for a in forward}
     read_back = set().union(*(a.value.free_symbols for a in backward_values)) - {a.target for a in backward_values}
     saved_inputs = [x for x in s.inputs if x in read_back]

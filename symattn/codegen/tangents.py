@@ -36,21 +36,19 @@ def tangent_schedule(first: Schedule, so: SecondOrder) -> Schedule:
     """f₂'s schedule: the first schedule as its forward, the tangents of its gradients as its gradients."""
     spec = so.spec
     cotangent = next(x for x in spec.inputs if str(x.name) == so.cotangent)
-    results = {gradient_symbol(x) for x in (*first.spec.inputs, cotangent, *first.spec.constants)}
-    taken = {str(x.name) for x in (*spec.inputs, *spec.constants, *results)}  # every name f₂'s module knows
+    firsts = dict(first.gradients) | dict(first.constant_gradients)  # the first schedule's gradient names
+    first_gradient = {x: firsts[str(x.name)] for x in (*first.spec.inputs, *first.spec.constants)}
+    names = {str(x.name) for x in (*spec.inputs, *spec.constants)} | {str(a.target.name) for a in first.forward}
+    own = {x: gradient_symbol(x, names) for x in (*first.spec.inputs, cotangent, *first.spec.constants)}
+    taken = names | {str(g.name) for g in own.values()}  # every name f₂'s module knows
     primal, renamed = _primal(first, cotangent, taken)
     directions = {x: next(v for v in spec.inputs if str(v.name) == name) for x, name in _inputs(first, so)}
     value = MatrixSymbol(_fresh("f2", taken), 1, 1)
-    terms = [inner(v, renamed[gradient_symbol(x)]) for x, v in directions.items()]
+    terms = [inner(v, renamed[first_gradient[x]]) for x, v in directions.items()]
     primal.append(Assignment(value, total(*terms) if len(terms) > 1 else terms[0]))
 
-    outputs = {
-        renamed[symbol]: gradient_symbol(x)
-        for x in (*first.spec.inputs, *first.spec.constants)
-        for symbol in [gradient_symbol(x)]
-        if symbol in renamed
-    }
-    outputs[renamed[first.output]] = gradient_symbol(cotangent)
+    outputs = {renamed[g]: own[x] for x, g in first_gradient.items() if g in renamed}
+    outputs[renamed[first.output]] = own[cotangent]
     tangents: dict[Basic, Basic] = dict(directions)
     values = []
     for a in primal[:-1]:
@@ -64,12 +62,11 @@ def tangent_schedule(first: Schedule, so: SecondOrder) -> Schedule:
         values.append(Assignment(target, d, a.reduce_batch))
     values = _simplified(values, primal, write_out=False)
     made = {a.target for a in values}
-    for x in (*first.spec.inputs, cotangent, *first.spec.constants):  # a gradient no tangent reaches is 0
-        symbol = gradient_symbol(x)
+    for symbol in own.values():  # a gradient no tangent reaches is 0
         if symbol not in made:
             values.append(Assignment(symbol, sp.ZeroMatrix(*symbol.shape)))
-    gradients = [(str(x.name), gradient_symbol(x)) for x in (*first.spec.inputs, cotangent)]
-    constant_gradients = [(str(c.name), gradient_symbol(c)) for c in first.spec.constants]
+    gradients = [(str(x.name), own[x]) for x in (*first.spec.inputs, cotangent)]
+    constant_gradients = [(str(c.name), own[c]) for c in first.spec.constants]
     computed = {a.target for a in primal}
     read = {x for a in values for x in matrix_symbols(a.value) if x in computed}
     needed = _needed(primal, {value} | read)

@@ -37,8 +37,8 @@ from symattn.autodiff.scalars import entry_sums
 from symattn.autodiff.vjp import VJP_RULES, added, merge_cotangents
 from symattn.derive.folding import fold_scalars, scaled
 from symattn.derive.naming import named_intermediates
-from symattn.errors import UnsupportedNodeError
-from symattn.lang.graph import children, depends, first, postorder
+from symattn.lang.graph import children, depends, postorder
+from symattn.lang.names import differential_name
 from symattn.lang.ops import MergeHeads, SplitHeads
 from symattn.numeric.dag import DagValues
 from symattn.numeric.lambdify import lambdify
@@ -231,12 +231,6 @@ class _Replay:
     def __init__(self, spec: Spec, targets: tuple[Basic, ...], tape: Tape | None) -> None:
         root = spec.output
         moves = depends([root], list(targets))
-        # scalar nodes of trainable scalars (τ, 2τ, e^τ) step like matrices; a scalar of matrices (a trace) not
-        scalar = first(root, lambda n: not isinstance(n, MatrixExpr) and moves[n] and n.has(MatrixSymbol))
-        if scalar is not None:
-            raise UnsupportedNodeError(
-                scalar, "step-by-step derivations (scalar-valued nodes)", ["matrix-valued nodes"]
-            )
         tape = tape if tape is not None else backward(root, list(targets))
         seed = default_seed(root, None)
         self.forward = frozenset(postorder(root))
@@ -409,9 +403,11 @@ class Evaluator:
         fixed.update(dims or {})
         self.dims = random_dims(every, rng, low=2, high=4, fixed=fixed)
         self.fixed = {s.name: v for s, v in self.dims.items()}
+        taken = {str(x.name) for x in (*spec.inputs, *getattr(spec, "constants", ()), c.seed) if hasattr(x, "name")}
+        taken |= {label for label, _ in spec.intermediates}
+        names = {t: differential_name(str(t.name), taken) for t in c.targets}
         self.d_targets = {
-            t: MatrixSymbol(f"d{t.name}", *t.shape) if isinstance(t, MatrixExpr) else sp.Symbol(f"d{t.name}")
-            for t in c.targets
+            t: MatrixSymbol(names[t], *t.shape) if isinstance(t, MatrixExpr) else sp.Symbol(names[t]) for t in c.targets
         }
         self.args = [*spec.inputs, c.seed, *self.d_targets.values()]
         self.values = [

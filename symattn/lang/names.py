@@ -18,7 +18,7 @@ transpose, and puts the names back into an expression in one of two ways:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 
 from sympy import Basic, MatrixExpr, MatrixSymbol
 from sympy.matrices.expressions import MatAdd, MatMul, OneMatrix
@@ -26,6 +26,17 @@ from sympy.matrices.expressions import MatAdd, MatMul, OneMatrix
 from symattn.lang.algebra import factors, product, total, transpose, transposed_factors
 from symattn.lang.graph import rebuilt
 from symattn.lang.safe import expression
+
+
+def differential_name(name: str, taken: Collection[str]) -> str:
+    """d<name>: the name of name's gradient or differential; d<name>_2, d<name>_3, … when d<name> is in taken (an
+    input dX beside X, an intermediate labelled dQ beside an input Q), skipping the d<other> of every other name
+    in taken, so that distinct names in taken always get distinct names."""
+    candidate, k = "d" + name, 1
+    while candidate in taken or (k > 1 and candidate[1:] in taken):  # d(X_2) is X_2's own
+        k += 1
+        candidate = f"d{name}_{k}"
+    return candidate
 
 
 class Names:

@@ -14,6 +14,7 @@ from sympy import Basic, Expr, MatrixExpr
 from sympy.matrices.expressions import HadamardProduct
 
 from symattn.errors import ShapeMismatchError
+from symattn.lang.lazy import lifted
 from symattn.lang.node_base import Elementwise, require_matrix, shape_of
 from symattn.lang.ops_block import (  # noqa: F401  (the Transformer block's nodes, importable from here too)
     GELU_TANH_C,
@@ -178,41 +179,49 @@ def _block_width(cols: Expr, heads: Expr) -> Expr:
 # Public constructors (the names a spec is written with).
 
 
+@lifted
 def softmax(a: MatrixExpr) -> RowSoftmax:
     """Row-wise softmax."""
     return RowSoftmax(a)
 
 
+@lifted
 def exp(a: MatrixExpr) -> Exp:
     """Entrywise exp."""
     return Exp(a)
 
 
+@lifted
 def log(a: MatrixExpr) -> Log:
     """Entrywise natural logarithm."""
     return Log(a)
 
 
+@lifted
 def tanh(a: MatrixExpr) -> Tanh:
     """Entrywise tanh."""
     return Tanh(a)
 
 
+@lifted
 def sigmoid(a: MatrixExpr) -> Sigmoid:
     """Entrywise logistic sigmoid."""
     return Sigmoid(a)
 
 
+@lifted
 def rowsum(a: MatrixExpr) -> RowSum:
     """Row sums as an n × 1 column."""
     return RowSum(a)
 
 
+@lifted
 def sum(a: MatrixExpr) -> SumEntries:
     """Scalar sum of all entries."""
     return SumEntries(a)
 
 
+@lifted
 def hadamard(*factors: MatrixExpr) -> MatrixExpr:
     """Entrywise product A ⊙ B ⊙ …; the factors must share one shape."""
     factors = tuple(expression(f) for f in factors)
@@ -224,11 +233,13 @@ def hadamard(*factors: MatrixExpr) -> MatrixExpr:
     return HadamardProduct(*factors) if len(factors) > 1 else factors[0]
 
 
+@lifted
 def split_heads(a: MatrixExpr, heads) -> SplitHeads:
     """The per-head column blocks of a (heads as a batch)."""
     return SplitHeads(a, heads)
 
 
+@lifted
 def merge_heads(a: MatrixExpr, heads) -> MergeHeads:
     """Concatenate per-head blocks side by side."""
     return MergeHeads(a, heads)
@@ -284,11 +295,13 @@ class SumGroups(_HeadGroups):
     """
 
 
+@lifted
 def repeat_heads(a: MatrixExpr, kv_heads, heads) -> RepeatHeads:
     """kv_heads blocks repeated to serve heads query heads (grouped-query attention)."""
     return RepeatHeads(a, kv_heads, heads)
 
 
+@lifted
 def sum_groups(a: MatrixExpr, heads, kv_heads) -> SumGroups:
     """heads blocks summed over groups of consecutive heads into kv_heads blocks."""
     return SumGroups(a, kv_heads, heads)

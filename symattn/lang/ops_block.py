@@ -10,6 +10,7 @@ import sympy as sp
 from sympy import Basic, Expr, MatrixExpr
 
 from symattn.errors import SymattnError
+from symattn.lang.lazy import lifted
 from symattn.lang.node_base import Elementwise, require_matrix, shape_of
 from symattn.lang.safe import expression
 
@@ -109,6 +110,7 @@ class RowInvStd(_RowStatistic):
         return 1 / sp.sqrt(var + self.eps)
 
 
+@lifted
 def gelu(a: MatrixExpr, approximate: str = "none") -> Elementwise:
     """Entrywise GELU: exact (erf) for approximate="none", the tanh form for approximate="tanh" (as torch)."""
     if approximate == "none":
@@ -118,6 +120,7 @@ def gelu(a: MatrixExpr, approximate: str = "none") -> Elementwise:
     raise SymattnError(f"gelu approximate must be 'none' or 'tanh', got {approximate!r}")
 
 
+@lifted
 def layer_norm(a: MatrixExpr, eps) -> LayerNorm:
     """Each row of a standardised: (a − row mean) / √(row variance + eps)."""
     return LayerNorm(a, eps)

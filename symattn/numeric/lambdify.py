@@ -16,6 +16,7 @@ from sympy import Basic, MatrixSymbol
 
 from symattn.errors import ShapeMismatchError, SymattnError
 from symattn.lang.dims import LENGTH, Binding, bind_dimensions
+from symattn.lang.lazy import plain
 from symattn.lang.safe import expression
 from symattn.lang.shapes import check_shapes, dimension_symbols
 from symattn.numeric.printers import ExactPrinter, ExpAtom, NumPyMatrixPrinter
@@ -56,7 +57,7 @@ def lambdify(
     """
     if backend not in PRINTERS:
         raise SymattnError(f"unknown backend {backend!r}; choose from {', '.join(PRINTERS)}")
-    args = list(args)
+    args = [plain(a) for a in args]
     for a in args:
         if not isinstance(a, (MatrixSymbol, sp.Symbol)):
             kind = type(a).__name__

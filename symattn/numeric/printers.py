@@ -125,8 +125,17 @@ class NumPyMatrixPrinter(NumPyPrinter):
             if sign < 0:
                 text += ("-" if i == 0 else " - ") + self._atom(rest)
             else:
-                text += ("" if i == 0 else " + ") + self._print(rest)
+                text += ("" if i == 0 else " + ") + self._term(rest)
         return text
+
+    def _term(self, expr: Basic) -> str:
+        """expr printed as a term of a sum: bare, unless its text is a conditional expression (the lowest
+        precedence of all), which is parenthesised."""
+        return f"({self._print(expr)})" if self.is_conditional(expr) else self._print(expr)
+
+    def is_conditional(self, expr: Basic) -> bool:
+        """Does expr print as ``a if c else b``? (None here: the generated code's masked softmax does.)"""
+        return False
 
     def _print_MatMul(self, expr: Basic) -> str:
         scalars = [a for a in expr.args if not isinstance(a, MatrixExpr)]

@@ -13,7 +13,7 @@ import keyword
 from collections.abc import Mapping
 
 import sympy as sp
-from sympy import Basic, MatrixExpr, MatrixSymbol
+from sympy import Basic, MatrixExpr, MatrixSymbol, Symbol
 from sympy.matrices.expressions import Identity, OneMatrix, ZeroMatrix
 
 from symattn.autodiff.vjp import VJP_RULES
@@ -112,7 +112,10 @@ def validate(spec) -> None:
         raise SpecError(f"spec {name!r}: inputs: {', '.join(map(repr, duplicates))} named more than once")
     seen: set[Basic] = set()
     check_expression(name, "output", spec.output, seen)
-    symbols = {m for m in nodes(spec.output) if isinstance(m, MatrixSymbol)}  # atoms() walks the tree
+    leaves = {m for m in nodes(spec.output) if isinstance(m, (MatrixSymbol, Symbol))}  # atoms() walks the tree
+    if not leaves & set(inputs):  # X − X folded to 0, A + I − A to I: nothing to differentiate
+        raise SpecError(f"spec {name!r}: the output {spec.output} depends on no input (SymPy simplified them away)")
+    symbols = {m for m in leaves if isinstance(m, MatrixSymbol)}
     for s in (*inputs, *constants):
         other = next((m for m in symbols if m.name == s.name and m != s), None)
         if other is not None:

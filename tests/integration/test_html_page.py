@@ -31,6 +31,19 @@ def test_committed_html_page_is_what_the_tool_writes(name, derivations):
     assert FIGURE.sub(f"<figure>{PLACEHOLDER}</figure>", committed) == expected, f"{path} is stale; {regenerate}"
 
 
+@pytest.mark.skipif(shutil.which("dot") is None, reason="Graphviz's dot is not installed (Debian: graphviz)")
+@pytest.mark.parametrize("name", sa.specs())
+def test_committed_dataflow_picture_says_what_the_tool_draws(name):
+    """The picture's words (values, shapes, FLOPs) as Graphviz draws them now: its layout bytes vary by version."""
+    from symattn.cli import _figure
+
+    words = re.compile(r"<text[^>]*>(.*?)</text>", flags=re.S)
+    committed = FIGURE.search((DOCS / f"{name}.html").read_text(encoding="utf-8")).group(0)
+    fresh = _figure(sa.spec(name))
+    regenerate = f"symattn derive {name} --format html > docs/derivations/{name}.html"
+    assert sorted(words.findall(committed)) == sorted(words.findall(fresh)), f"the figure is stale; {regenerate}"
+
+
 def test_page_is_self_contained_with_contents_and_marks(derivations):
     page = derivations["attention"].html()
     assert "http://" not in page.replace("http://www.w3.org/", "") and "https://" not in page  # nothing fetched

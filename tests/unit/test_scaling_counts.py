@@ -14,18 +14,59 @@ from symattn.specs import dim
 
 
 def residual_stack(layers: int) -> sa.Spec:
-    """Y ← Y + softmax(Y W_Q (Y W_K)ᵀ/√g) Y W_V, layers times, every intermediate named."""
+    """Y ← Y + softmax(Y W_Q (Y W_K)ᵀ/√g) Y W_V, layers times, P and Y named: written as a user writes it,
+    with sa.matrix and its operators (each builds in constant time, whatever the depth)."""
+    n, g = dim("n"), dim("g")
+    y = x = sa.matrix("X", n, g)
+    inputs, named = [x], []
+    for i in range(1, layers + 1):
+        w_q, w_k, w_v = (sa.matrix(f"W_{p}{i}", g, g) for p in "QKV")
+        inputs += [w_q, w_k, w_v]
+        p = sa.softmax(y * w_q * (y * w_k).T / sp.sqrt(g))
+        y = y + p * y * w_v
+        named += [(f"P_{i}", p), (f"Y_{i}", y)]
+    return sa.Spec(f"residual{layers}", "residual attention stack", tuple(inputs), y, tuple(named))
+
+
+def internal_residual_stack(layers: int) -> sa.Spec:
+    """The same stack built with the internal one-node builders (lang.algebra.product, total)."""
     n, g = dim("n"), dim("g")
     y = x = sp.MatrixSymbol("X", n, g)
     inputs, named = [x], []
     for i in range(1, layers + 1):
         w_q, w_k, w_v = (sp.MatrixSymbol(f"W_{p}{i}", g, g) for p in "QKV")
         inputs += [w_q, w_k, w_v]
-        q, k, v = product(y, w_q), product(y, w_k), product(y, w_v)
-        p = sa.softmax(product(1 / sp.sqrt(g), product(q, sp.Transpose(k))))
-        y = total(y, product(p, v))
+        p = sa.softmax(product(1 / sp.sqrt(g), product(y, w_q, sp.Transpose(product(y, w_k)))))
+        y = total(y, product(p, y, w_v))
         named += [(f"P_{i}", p), (f"Y_{i}", y)]
     return sa.Spec(f"residual{layers}", "residual attention stack", tuple(inputs), y, tuple(named))
+
+
+def test_the_users_spelling_builds_the_internal_builders_expression():
+    """sa.matrix's operators give the very expression the one-node builders give (so every count below holds
+    for a spec written with * + .T /), at any depth."""
+    for layers in (1, 3, 12):
+        user, internal = residual_stack(layers), internal_residual_stack(layers)
+        assert user.output == internal.output and user.intermediates == internal.intermediates
+
+
+def test_sa_matrix_operators_with_sympy_operands():
+    """SymPy scalars and matrices on the right, scalars on the left, SymPy's own functions: one node each;
+    a SymPy matrix on the left is SymPy's product (its operators convert the operand), the same matrix."""
+    n = dim("n")
+    x, w = sa.matrix("X", n, n), sp.MatrixSymbol("W", n, n)
+    tau = sa.scalar("tau")
+    assert isinstance(x * w, sa.Matrix) and isinstance(tau * x, sa.Matrix) and isinstance(x - w, sa.Matrix)
+    assert (x * w).expr == product(x.expr, w) and (2 * x / tau).expr == product(2 / tau, x.expr)
+    assert (x + sa.identity(n) - sa.ones(n, 1) * sa.ones(1, n)).expr == total(
+        x.expr, sp.Identity(n), -sp.OneMatrix(n, n)
+    )
+    assert w * x == product(w, x.expr) and sp.Trace(x) == sp.Trace(x.expr)
+    assert isinstance(sa.softmax(x), sa.Matrix) and (x**2).expr == product(x.expr, x.expr)
+    with pytest.raises(sa.ShapeMismatchError):
+        x * sa.matrix("V", 3, n)
+    with pytest.raises(sa.SymattnError, match="positive integer"):
+        x**0
 
 
 def work(layers: int) -> tuple[int, int, int]:

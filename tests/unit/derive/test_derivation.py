@@ -195,10 +195,13 @@ def test_a_spec_of_every_entrywise_node_verifies():
     assert "Z\u0304 := " in derivation.text("W")
 
 
-def test_scalar_valued_nodes_are_refused_by_name():
-    n = sp.Symbol("n", positive=True, integer=True)
-    x = sp.MatrixSymbol("X", n, n)
-    derivation = sa.derive(sa.Spec("scalar", "X tr(X)", (x,), x * sp.Trace(x)))
-    assert set(derivation.gradients) == {"X"}  # the gradients do not need the printed steps
-    with pytest.raises(sa.UnsupportedNodeError, match="Trace"):
-        derivation.text()
+def test_scalar_factors_of_matrices_step_like_the_rest():
+    """tr(W_Q) and 𝟏ᵀA𝟏 as scalar factors: a step each (d tr(W) = tr(dW)), every equality verified."""
+    n, d = sp.Symbol("n", positive=True, integer=True), sp.Symbol("d", positive=True, integer=True)
+    x, w = sp.MatrixSymbol("X", n, d), sp.MatrixSymbol("W_Q", d, d)
+    out = sp.Trace(w) * sa.softmax(x * w * x.T) * x + sa.sum(sa.tanh(x)) * x
+    derivation = sa.derive(sa.Spec("scalar", "tr(W_Q) softmax(X W_Q Xᵀ) X + 𝟏ᵀtanh(X)𝟏 X", (x, w), out))
+    report = derivation.verify()
+    assert report.ok, report.text()
+    assert {"Trace", "SumEntries"} <= {c.node for c in report.checks}
+    assert "tr(dW_Q)" in derivation.text("W_Q")
