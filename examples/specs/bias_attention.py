@@ -8,9 +8,9 @@ import symattn as sa
 from symattn.specs import dim
 
 n, d_model, d_k, d_v = dim("n"), dim("d_model"), dim("d_k"), dim("d_v")
-X, B = sp.MatrixSymbol("X", n, d_model), sp.MatrixSymbol("B", n, n)
-W_Q, W_K = sp.MatrixSymbol("W_Q", d_model, d_k), sp.MatrixSymbol("W_K", d_model, d_k)
-W_V = sp.MatrixSymbol("W_V", d_model, d_v)
+X, B = sa.matrix("X", n, d_model), sa.matrix("B", n, n)
+W_Q, W_K = sa.matrix("W_Q", d_model, d_k), sa.matrix("W_K", d_model, d_k)
+W_V = sa.matrix("W_V", d_model, d_v)
 Q, K, V = X * W_Q, X * W_K, X * W_V
 S = Q * K.T
 A = S / sp.sqrt(d_k) + B

@@ -8,16 +8,16 @@ from symattn.specs import dim
 
 GAIN = 10
 n, d_model, d_k, d_v = dim("n"), dim("d_model"), dim("d_k"), dim("d_v")
-X = sp.MatrixSymbol("X", n, d_model)
-W_Q, W_K = sp.MatrixSymbol("W_Q", d_model, d_k), sp.MatrixSymbol("W_K", d_model, d_k)
-W_V = sp.MatrixSymbol("W_V", d_model, d_v)
+X = sa.matrix("X", n, d_model)
+W_Q, W_K = sa.matrix("W_Q", d_model, d_k), sa.matrix("W_K", d_model, d_k)
+W_V = sa.matrix("W_V", d_model, d_v)
 Q, K, V = X * W_Q, X * W_K, X * W_V
 
 
 def unit_rows(M):
     """M with each row divided by its Euclidean norm: M ⊙ (rowsum(M^∘2)^∘(−1/2) 𝟏ᵀ)."""
     norms = sp.HadamardPower(sa.rowsum(sp.HadamardPower(M, 2)), sp.Rational(-1, 2))
-    return sa.hadamard(M, norms * sp.OneMatrix(1, M.shape[1]))
+    return sa.hadamard(M, norms * sa.ones(1, M.shape[1]))
 
 
 Q_n, K_n = unit_rows(Q), unit_rows(K)

@@ -8,10 +8,10 @@ import symattn as sa
 from symattn.specs import dim
 
 n, d_model, d_k, d_v = dim("n"), dim("d_model"), dim("d_k"), dim("d_v")
-X = sp.MatrixSymbol("X", n, d_model)
-W_Q1, W_K1 = sp.MatrixSymbol("W_Q1", d_model, d_k), sp.MatrixSymbol("W_K1", d_model, d_k)
-W_Q2, W_K2 = sp.MatrixSymbol("W_Q2", d_model, d_k), sp.MatrixSymbol("W_K2", d_model, d_k)
-W_V = sp.MatrixSymbol("W_V", d_model, d_v)
+X = sa.matrix("X", n, d_model)
+W_Q1, W_K1 = sa.matrix("W_Q1", d_model, d_k), sa.matrix("W_K1", d_model, d_k)
+W_Q2, W_K2 = sa.matrix("W_Q2", d_model, d_k), sa.matrix("W_K2", d_model, d_k)
+W_V = sa.matrix("W_V", d_model, d_v)
 lam = sp.Symbol("lam", real=True)
 Q1, K1, Q2, K2, V = X * W_Q1, X * W_K1, X * W_Q2, X * W_K2, X * W_V
 P1 = sa.softmax(Q1 * K1.T / sp.sqrt(d_k))

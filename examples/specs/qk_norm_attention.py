@@ -9,12 +9,12 @@ from symattn.specs import dim
 
 EPS = sp.Rational(1, 10**5)
 n, d_model, d_k, d_v = dim("n"), dim("d_model"), dim("d_k"), dim("d_v")
-X = sp.MatrixSymbol("X", n, d_model)
-W_Q, W_K = sp.MatrixSymbol("W_Q", d_model, d_k), sp.MatrixSymbol("W_K", d_model, d_k)
-W_V = sp.MatrixSymbol("W_V", d_model, d_v)
-gamma_Q, beta_Q = sp.MatrixSymbol("gamma_Q", 1, d_k), sp.MatrixSymbol("beta_Q", 1, d_k)
-gamma_K, beta_K = sp.MatrixSymbol("gamma_K", 1, d_k), sp.MatrixSymbol("beta_K", 1, d_k)
-ones = sp.OneMatrix(n, 1)
+X = sa.matrix("X", n, d_model)
+W_Q, W_K = sa.matrix("W_Q", d_model, d_k), sa.matrix("W_K", d_model, d_k)
+W_V = sa.matrix("W_V", d_model, d_v)
+gamma_Q, beta_Q = sa.matrix("gamma_Q", 1, d_k), sa.matrix("beta_Q", 1, d_k)
+gamma_K, beta_K = sa.matrix("gamma_K", 1, d_k), sa.matrix("beta_K", 1, d_k)
+ones = sa.ones(n, 1)
 Q = sa.hadamard(layer_norm(X * W_Q, EPS), ones * gamma_Q) + ones * beta_Q
 K = sa.hadamard(layer_norm(X * W_K, EPS), ones * gamma_K) + ones * beta_K
 V = X * W_V

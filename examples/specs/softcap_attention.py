@@ -8,9 +8,9 @@ from symattn.specs import dim
 
 CAP = 50
 n, d_model, d_k, d_v = dim("n"), dim("d_model"), dim("d_k"), dim("d_v")
-X = sp.MatrixSymbol("X", n, d_model)
-W_Q, W_K = sp.MatrixSymbol("W_Q", d_model, d_k), sp.MatrixSymbol("W_K", d_model, d_k)
-W_V = sp.MatrixSymbol("W_V", d_model, d_v)
+X = sa.matrix("X", n, d_model)
+W_Q, W_K = sa.matrix("W_Q", d_model, d_k), sa.matrix("W_K", d_model, d_k)
+W_V = sa.matrix("W_V", d_model, d_v)
 Q, K, V = X * W_Q, X * W_K, X * W_V
 S = Q * K.T
 A = CAP * sa.tanh(S / (CAP * sp.sqrt(d_k)))

@@ -216,7 +216,9 @@ def _function(
         "function_gradients": layout.assign_tuple(
             "gradients",
             [
-                f'grads["{x.name}"] if ctx.needs_input_grad[{i}] else None'  # a number: no gradient
+                "None"  # a fixed constant: no gradient
+                if str(x.name) in sched.fixed
+                else f'grads["{x.name}"] if ctx.needs_input_grad[{i}] else None'  # a number: no gradient
                 if str(x.name) in sched.scalar_inputs
                 else f'grads["{x.name}"]'
                 for i, x in enumerate(s.inputs)
@@ -247,7 +249,7 @@ def _custom_vjp(sched: Schedule, options: list[Option], mask: str | None) -> dic
     arrays = [str(x.name) for x in sched.spec.inputs] + ([mask] if mask else [])
     positional = arrays + [o.name for o in options]
     static = ", ".join(str(i) for i in range(len(arrays), len(positional)))
-    cotangents = [f'grads["{name}"]' for name in arrays]
+    cotangents = ["None" if name in sched.fixed else f'grads["{name}"]' for name in arrays]  # None: a zero one
     return {
         "define_primal": layout.define("_primal", positional, indent=0),
         "define_primal_fwd": layout.define("_primal_fwd", positional, indent=0),
@@ -298,13 +300,13 @@ def _module(sched: Schedule, options: list[Option], mask: str | None, parameters
         ),
         "module_call": layout.call(
             "forward",
-            [str(x.name) if x.name not in sched.weights else f"self.{x.name}" for x in required]
+            [str(x.name) if x.name not in sched.weights - sched.fixed else f"self.{x.name}" for x in required]
             + [f"{o.name}=self.{o.name}" for o in options]
             + [f"{x.name}=self.{x.name}" for x in maybe]
             + [f"{k}={k}" for k in MASK_NAMES if mask],
             indent=8,
         ),
-        "module_inputs": [str(x.name) for x in required if str(x.name) not in sched.weights],
+        "module_inputs": [str(x.name) for x in required if str(x.name) not in sched.weights - sched.fixed],
         "mask_keywords": list(MASK_KEYWORDS) if mask else [],
         "mask_query": str(s.inputs[0].name),
         "mask_key": next((str(x.name) for x in s.inputs if mask and x.shape[0] == s.constants[0].shape[1]), ""),

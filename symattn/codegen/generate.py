@@ -19,6 +19,7 @@ from pathlib import Path
 
 import jinja2
 import sympy as sp
+from sympy import MatrixSymbol
 
 from symattn.codegen import dropins as dropin_source
 from symattn.codegen.context import PRINTERS, build_context
@@ -27,6 +28,7 @@ from symattn.codegen.second_order import second_order_context
 from symattn.errors import SymattnError
 from symattn.lang.dims import bind_dimensions
 from symattn.lang.graph import nodes
+from symattn.lang.ops import RowSoftmax
 from symattn.numeric.printers import runtime_functions
 from symattn.specs import Spec, family, specs
 
@@ -95,7 +97,8 @@ def _module_parameters(sched: Schedule, printer) -> tuple[list[str], list[dict],
     spec) the dimension itself (d_k), the weight's shape printed from it.
     """
     known: set = {o.symbol for o in sched.options}
-    weight_inputs = [x for x in sched.spec.matrix_inputs if str(x.name) in sched.weights]
+    # a fixed constant is unbatched like a weight, but the module's forward takes it: no parameter
+    weight_inputs = [x for x in sched.spec.matrix_inputs if str(x.name) in sched.weights - sched.fixed]
     plan = {(b.input, b.axis): b for b in bind_dimensions(weight_inputs, known)}
     params: list[str] = []
     bindings: list[dict] = []
@@ -183,7 +186,6 @@ def render(
     if isinstance(source, Spec):
         _require_bound_scalars(source)
         _require_own_names(source)
-        _require_mask_constants(source)
         sched, class_name, dropins = _schedule_of(source), None, ()
     else:
         found = family(source)
@@ -204,7 +206,13 @@ def _schedule_of(s: Spec) -> Schedule:
     if held is None or held[0] is not s:
         if len(_SCHEDULES) >= 16:
             _SCHEDULES.clear()
-        held = _SCHEDULES[id(s)] = (s, schedule_spec(s))
+        mask, fixed = split_constants(s)
+        if fixed:  # fixed constants: inputs of the generated code that receive no gradient
+            s_mask = (mask,) if mask is not None else ()
+            working = Spec(s.name, s.summary, (*s.inputs, *fixed), s.output, s.intermediates, s.options, s.dims, s_mask)
+            held = _SCHEDULES[id(s)] = (s, schedule_spec(working, fixed=frozenset(fixed)))
+        else:
+            held = _SCHEDULES[id(s)] = (s, schedule_spec(s))
     return held[1]
 
 
@@ -254,23 +262,36 @@ def _require_own_names(s: Spec) -> None:
         )
 
 
-def _require_mask_constants(s: Spec) -> None:
-    """The generated code takes a spec's constant as the additive attention mask M (built from attn_mask,
-    key_padding_mask, causal): one constant, added as a term, never scaled, multiplied or passed to a function."""
-    if not s.constants:
-        return
-    mask = s.constants[0]
-    misused = len(s.constants) > 1 or any(
-        isinstance(node, sp.MatrixExpr) and mask in node.args and not isinstance(node, sp.MatAdd)
-        for expr in (s.output, *(e for _, e in s.intermediates))
-        for node in nodes(expr)
-    )
-    if misused:
-        names = ", ".join(str(c.name) for c in s.constants)
-        raise SymattnError(
-            f"spec {s.name!r}: constants ({names}): generated code supports one constant, an additive mask "
-            "added to the scores as a term (it becomes attn_mask); list other fixed matrices as inputs"
-        )
+def split_constants(s: Spec) -> tuple[MatrixSymbol | None, tuple[MatrixSymbol, ...]]:
+    """(the additive mask, the fixed constants) of a spec.
+
+    The mask M is the first constant added as a term to the argument of a softmax, of the scores' shape, and
+    used nowhere else: generated code builds it from attn_mask, key_padding_mask and causal (a float
+    attn_mask receives its gradient). Every other constant (a positional table, a fixed matrix multiplied
+    in, ALiBi's distances) is a fixed argument: passed after the inputs, read as it is, no gradient.
+    """
+    uses: dict = {c: [] for c in s.constants}  # constant → the nodes that take it as an argument
+    scores: set = set()  # the sums a softmax takes, and the sums nested in them
+    for node in nodes(s.output, *(e for _, e in s.intermediates)):
+        if isinstance(node, RowSoftmax):
+            stack = [node.arg]
+            while stack:
+                e = stack.pop()
+                if isinstance(e, sp.MatAdd) and e not in scores:
+                    scores.add(e)
+                    stack.extend(e.args)
+        for a in getattr(node, "args", ()):
+            if a in uses:
+                uses[a].append(node)
+    # the mask is built n × m: n the first input's rows, m another input's (the keys')
+    rows = {x.shape[0] for x in s.matrix_inputs}
+
+    def is_mask(c: MatrixSymbol) -> bool:
+        fits = bool(s.matrix_inputs) and c.shape[0] == s.matrix_inputs[0].shape[0] and c.shape[1] in rows
+        return fits and bool(uses[c]) and all(u in scores and u.shape == c.shape for u in uses[c])
+
+    mask = next((c for c in s.constants if is_mask(c)), None)
+    return mask, tuple(c for c in s.constants if c is not mask)
 
 
 def _tidy(text: str) -> str:

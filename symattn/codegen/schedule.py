@@ -18,6 +18,7 @@ Printers turn each assignment into code; templates only lay the lines out.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import heapq
 import itertools
@@ -88,6 +89,8 @@ class Schedule:
     optional: frozenset[str] = frozenset()
     # the gradients of the constants (dM of the additive mask M): a float attn_mask receives its gradient
     constant_gradients: tuple[tuple[str, MatrixSymbol], ...] = ()
+    # inputs that receive no gradient: a user spec's fixed constants (a positional table), passed after the inputs
+    fixed: frozenset[str] = frozenset()
 
     @property
     def inputs(self) -> tuple[MatrixSymbol, ...]:
@@ -363,7 +366,8 @@ def _simplified(
         names.add(a.value, a.target)
     definitions = {}
     for b in backward_values if write_out else ():
-        names.add(b.value, b.target)
+        if not b.reduce_batch:  # a weight's gradient is summed over the batch: no name for its per-batch value
+            names.add(b.value, b.target)
         definitions[b.target] = b.value
         definitions[b.target.T] = transpose(b.value)
     out = []
@@ -391,8 +395,11 @@ def schedule(name: str, extended: bool = False) -> Schedule:
     return schedule_spec(*family(name).generated_spec(extended))
 
 
-def schedule_spec(s: Spec, options: tuple[Option, ...] = ()) -> Schedule:
+def schedule_spec(s: Spec, options: tuple[Option, ...] = (), fixed: frozenset = frozenset()) -> Schedule:
     """The forward and backward schedule of a spec; options are its symbolic keyword options.
+
+    fixed: inputs that receive no gradient (a user spec's fixed constants, passed as inputs): nothing is
+    differentiated with respect to them, and they have no gradient among the schedule's.
 
     The spec's constants (the additive mask M) and, when M is present, the inputs named b_…
     are optional: the generated code skips a term whose input is None.
@@ -420,11 +427,16 @@ def schedule_spec(s: Spec, options: tuple[Option, ...] = ()) -> Schedule:
 
     # Backward: one VJP per forward assignment, then the simplifier's cheaper forms.
     taken = spec_names(s) | {str(a.target.name) for a in forward}
-    backward_values, interior = _sweep(forward, (*s.inputs, *s.constants), seed, taken)
+    differentiated = tuple(x for x in s.inputs if x not in fixed)
+    backward_values, interior = _sweep(forward, (*differentiated, *s.constants), seed, taken)
     backward_values = _simplified(backward_values, forward)
-    gradients = [(str(x.name), gradient_symbol(x, taken)) for x in s.inputs]
+    gradients = [(str(x.name), gradient_symbol(x, taken)) for x in differentiated]
     constant_gradients = [(str(c.name), gradient_symbol(c, taken)) for c in s.constants]
-    return finished(s, options, forward, output, seed, backward_values, interior, gradients, constant_gradients)
+    sched = finished(s, options, forward, output, seed, backward_values, interior, gradients, constant_gradients)
+    if not fixed:
+        return sched
+    names = frozenset(str(x.name) for x in fixed)  # unbatched, like the weights (a positional table, (n, d))
+    return dataclasses.replace(sched, fixed=names, weights=sched.weights | names)
 
 
 def spec_names(s: Spec) -> frozenset[str]:

@@ -38,6 +38,8 @@ def second_order_schedule(first: Schedule) -> tuple[SecondOrder, Schedule] | Non
     held = _CACHE.get(id(first))
     if held is not None and held[0] is first:
         return held[1]
+    if first.fixed:  # fixed constants among the inputs: the second form's Function has no place for them yet
+        return None
     try:
         so = second_order_spec(first.spec)
         found = so, tangent_schedule(first, so)

@@ -36,6 +36,7 @@ from sympy.matrices.expressions import Identity, OneMatrix, Transpose, ZeroMatri
 from symattn.errors import ShapeMismatchError, SymattnError
 from symattn.lang.algebra import product, total, transpose
 from symattn.lang.dims import same_dim
+from symattn.lang.safe import expression
 
 
 class Matrix:
@@ -196,7 +197,7 @@ def _scalar(value: object, op: str) -> Basic:
             raise SymattnError(f"'{op}' by a matrix: a scalar was expected, got {value}")
         return value
     if isinstance(value, numbers.Number) and not isinstance(value, (bool, complex)):
-        return sp.nsimplify(value) if isinstance(value, numbers.Rational) else sp.sympify(value)
+        return expression(value, f"the scalar of '{op}'")
     raise SymattnError(f"'{op}' with {type(value).__name__} {value!r}: a matrix or a scalar was expected")
 
 

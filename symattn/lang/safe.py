@@ -19,10 +19,9 @@ def expression(value: object, what: str = "the expression") -> Basic:
     """value as a SymPy object: SymPy objects as they are, Python and NumPy numbers converted, text refused."""
     if isinstance(value, Basic):
         return value
-    from symattn.lang.lazy import Matrix  # lazy.py builds on the layers that import this one
-
-    if isinstance(value, Matrix):  # sa.matrix's expressions: their SymPy expression
-        return value.expr
+    converted = getattr(value, "_sympy_", lambda: None)()  # SymPy's protocol (sa.matrix's values): their expression
+    if isinstance(converted, Basic):
+        return converted
     if isinstance(value, (bool, str, bytes)) or not isinstance(value, numbers.Number):
         hint = " (text is never evaluated; formulas go through symattn.lang.parse)" if isinstance(value, str) else ""
         raise SymattnError(f"{what} must be a SymPy expression or a number, got {type(value).__name__} {value!r}{hint}")

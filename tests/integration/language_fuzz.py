@@ -32,6 +32,7 @@ DIMS = {name: dim(name) for name in SIZES}
 MATRIX_NAMES = ["X", "Y", "Z", "U", "dX", "dY", "dZ", "t1", "out", "Q", "K", "V", "P", "S", "x_in", "dQ"]
 PARAMETER_NAMES = ["W_Q", "W_K", "W_1", "W_O", "W_dX", "b_1", "b_Q"]
 SCALAR_NAMES = ["tau", "lam"]
+CONSTANTS = {"E_pos": ("n", "d"), "C": ("d", "d"), "Dist": ("n", "n")}  # fixed matrices, no batch dimensions
 # every node and form of the language (products thrice as likely: the shapes stay interesting)
 OPS = (
     "matmul matmul matmul transpose add sub scale neg softmax exp log tanh sigmoid hadamard rowsum sum_factor "
@@ -57,6 +58,7 @@ class Case:
     shapes: list[tuple[int, ...]]  # concrete shapes of the inputs, batch dimensions included ((), a scalar)
     description: str = ""
     kinds: list[str] = field(default_factory=list)
+    constants: list[tuple[str, tuple[int, ...]]] = field(default_factory=list)  # (name, concrete shape)
 
 
 def _concrete(shape: tuple[str, str], batched: bool) -> tuple[int, ...]:
@@ -98,6 +100,10 @@ def random_case(seed: int) -> Case:
     for name in scalars:
         symbols[name] = sp.Symbol(name, real=True)
         inputs.append((name, None))
+    constants = rng.sample(sorted(CONSTANTS), rng.choice([0, 0, 0, 1, 2]))
+    for name in constants:
+        symbols[name] = sp.MatrixSymbol(name, *map(_dim, CONSTANTS[name]))
+        leaves.append(Term(symbols[name], (lambda k: lambda env: env[k])(name), CONSTANTS[name]))
 
     def scalar_factor() -> tuple[sp.Basic, Callable, str]:
         choice = rng.choice(["number", "sqrt", *(["tau"] * 3 if scalars else [])])
@@ -219,8 +225,10 @@ def random_case(seed: int) -> Case:
         taken.add(label)
         intermediates.append((label, t.expr))
     spec_inputs = tuple(symbols[name] for name, _ in inputs)
-    spec = sa.Spec(f"fuzz{seed}", "", spec_inputs, output.expr, tuple(intermediates))
-    order = [name for name, _ in inputs]
+    used = [c for c in constants if symbols[c] in output.expr.free_symbols]  # SymPy may have folded one away
+    fixed = tuple(symbols[c] for c in used)
+    spec = sa.Spec(f"fuzz{seed}", "", spec_inputs, output.expr, tuple(intermediates), constants=fixed)
+    order = [name for name, _ in inputs] + used
 
     def reference(*values):
         return output.torch(dict(zip(order, values)))
@@ -229,7 +237,8 @@ def random_case(seed: int) -> Case:
         () if shape is None else _concrete(shape, not name.startswith(("W_", "b_", "gamma_", "beta_")))
         for name, shape in inputs
     ]
-    return Case(seed, spec, reference, shapes, str(output.expr), kinds)
+    concrete = [(c, _concrete(CONSTANTS[c], False)) for c in used]
+    return Case(seed, spec, reference, shapes, str(output.expr), kinds, concrete)
 
 
 BACKENDS = ("numpy", "torch", "jax")
@@ -268,15 +277,16 @@ def run_case(seed: int, backends: tuple[str, ...] = BACKENDS, verify: bool = Tru
         return "crash", f"{type(e).__name__}: {e}"
     g = torch.Generator().manual_seed(seed)
     args = [torch.randn(s, generator=g, dtype=torch.float64) for s in case.shapes]
+    fixed = {name: torch.randn(s, generator=g, dtype=torch.float64) for name, s in case.constants}
     targs = [a.clone().requires_grad_(True) for a in args]
-    expected = case.reference(*targs)
+    expected = case.reference(*targs, *fixed.values())
     go = torch.randn(expected.shape, generator=g, dtype=torch.float64)
     ref = torch.autograd.grad(expected, targs, go, allow_unused=True)
     ref = [torch.zeros_like(a) if r is None else r for a, r in zip(targs, ref)]
     names = [str(x.name) for x in spec.inputs]
     for backend, module in modules.items():
         try:
-            out, grads = _run(module, backend, args, go, names)
+            out, grads = _run(module, backend, args, go, names, _constants(spec, fixed))
         except Exception as e:
             return "crash", f"{backend} module: {type(e).__name__}: {e}"
         scale = max(1.0, float(expected.detach().abs().max()))
@@ -289,22 +299,39 @@ def run_case(seed: int, backends: tuple[str, ...] = BACKENDS, verify: bool = Tru
     return "ok", ""
 
 
-def _run(module, backend, args, go, names):
+def _constants(spec: sa.Spec, values: dict) -> tuple[list, dict]:
+    """The constants as generated forward takes them: the additive mask as attn_mask, the others after the inputs."""
+    from symattn.codegen.generate import split_constants
+
+    mask, fixed = split_constants(spec)
+    keywords = {"attn_mask": values[str(mask.name)]} if mask is not None else {}
+    return [values[str(c.name)] for c in fixed], keywords
+
+
+def _run(module, backend, args, go, names, constants):
     import torch
 
+    fixed, keywords = constants
     if backend == "numpy":
-        out, saved = module.forward(*[a.numpy() for a in args])
+        keywords = {k: v.numpy() for k, v in keywords.items()}
+        out, saved = module.forward(*[a.numpy() for a in args], *[c.numpy() for c in fixed], **keywords)
         gr = module.backward(saved, go.numpy())
         return torch.as_tensor(np.asarray(out)), [torch.as_tensor(np.asarray(gr[n])) for n in names]
     if backend == "torch":
         targs = [a.clone().requires_grad_(True) for a in args]
-        out = module.forward(*targs)
+        out = module.forward(*targs, *fixed, **keywords)
         grads = torch.autograd.grad(out, targs, go, allow_unused=True)
         return out.detach(), [torch.zeros_like(a) if r is None else r for a, r in zip(targs, grads)]
     import jax
     import jax.numpy as jnp
 
     jax.config.update("jax_enable_x64", True)
-    out, vjp = jax.vjp(module.forward, *[jnp.asarray(a.numpy()) for a in args])
+    constant_arrays = [jnp.asarray(c.numpy()) for c in fixed]
+    keywords = {k: jnp.asarray(v.numpy()) for k, v in keywords.items()}
+
+    def forward(*xs):  # the inputs differentiated, the constants held
+        return module.forward(*xs, *constant_arrays, **keywords)
+
+    out, vjp = jax.vjp(forward, *[jnp.asarray(a.numpy()) for a in args])
     grads = vjp(jnp.asarray(go.numpy()))
     return torch.as_tensor(np.asarray(out)), [torch.as_tensor(np.asarray(x)) for x in grads]

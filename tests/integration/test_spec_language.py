@@ -35,17 +35,19 @@ W_Q, W_K, W_V = (sp.MatrixSymbol(f"W_{k}", d, d) for k in "QKV")
 tau = sp.Symbol("tau", real=True)
 
 
-def _compare(spec: sa.Spec, reference, shapes, keywords=None, **torch_keywords) -> None:
-    """Every backend's output and gradients against torch autograd of reference, float64."""
+def _compare(spec: sa.Spec, reference, shapes, keywords=None, constants=()) -> None:
+    """Every backend's output and gradients against torch autograd of reference, float64; constants: the
+    shapes of the fixed constants, passed after the inputs; keywords: the shapes of keyword arrays."""
     import jax
     import numpy as np
 
     jax.config.update("jax_enable_x64", True)
     gen = torch.Generator().manual_seed(0)
     args = [torch.randn(s, generator=gen, dtype=torch.float64) for s in shapes]
+    fixed = [torch.randn(s, generator=gen, dtype=torch.float64) for s in constants]
     extra = {k: torch.randn(s, generator=gen, dtype=torch.float64) for k, s in (keywords or {}).items()}
     inputs = [a.clone().requires_grad_(True) for a in args]
-    expected = reference(*inputs, **extra)
+    expected = reference(*inputs, *fixed, **extra)
     g = torch.randn(expected.shape, generator=gen, dtype=torch.float64)
     want = [
         torch.zeros_like(a) if r is None else r
@@ -55,24 +57,31 @@ def _compare(spec: sa.Spec, reference, shapes, keywords=None, **torch_keywords) 
     for backend in BACKENDS:
         module = load(spec, backend)
         if backend == "numpy":
-            out, saved = module.forward(*(a.numpy() for a in args), **{k: v.numpy() for k, v in extra.items()})
+            arrays = [a.numpy() for a in (*args, *fixed)]
+            out, saved = module.forward(*arrays, **{k: v.numpy() for k, v in extra.items()})
             grads = module.backward(saved, g.numpy())
             got = [torch.as_tensor(np.asarray(grads[k])) for k in names]
         elif backend == "torch":
             leaves = [a.clone().requires_grad_(True) for a in args]
-            out = module.forward(*leaves, **extra)
+            out = module.forward(*leaves, *fixed, **extra)
             got = torch.autograd.grad(out, leaves, g, allow_unused=True)
             got = [torch.zeros_like(a) if r is None else r for a, r in zip(leaves, got)]
         else:
             import jax.numpy as jnp
 
             jextra = {k: jnp.asarray(v.numpy()) for k, v in extra.items()}
-            out, vjp = jax.vjp(functools.partial(module.forward, **jextra), *(jnp.asarray(a.numpy()) for a in args))
+            held = [jnp.asarray(c.numpy()) for c in fixed]
+            forward = functools.partial(_with_constants, module.forward, held, jextra)
+            out, vjp = jax.vjp(forward, *(jnp.asarray(a.numpy()) for a in args))
             got = [torch.as_tensor(np.asarray(x)) for x in vjp(jnp.asarray(g.numpy()))]
         out = torch.as_tensor(np.asarray(out.detach() if isinstance(out, torch.Tensor) else out))
         torch.testing.assert_close(out, expected.detach(), rtol=1e-10, atol=1e-12, msg=f"{backend} output")
         for name, a, b in zip(names, got, want):
             torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-11, msg=f"{backend} d{name}")
+
+
+def _with_constants(forward, constants, keywords, *inputs):
+    return forward(*inputs, *constants, **keywords)
 
 
 def test_an_intermediate_labelled_like_an_inputs_gradient_keeps_its_value():
@@ -111,6 +120,40 @@ def test_batched_inputs_beside_parameters():
         return v.sum((-2, -1), keepdim=True) * torch.softmax(x @ wq @ x.mT, -1) @ x @ wv
 
     _compare(spec, reference, [(2, 4, 3), (2, 5, 3), (2, 5, 3), (3, 3), (3, 3)])
+
+
+def test_a_weights_gradient_is_not_read_as_a_per_batch_value():
+    """dW = Σ_batch Y ⊙ G; dY's term Y ⊙ G (per batch) was read as dW (the batch's sum)."""
+    w = sp.MatrixSymbol("W_Q", d, n)
+    y = sa.sum(sp.MatrixSymbol("C", n, n)) * X.T
+    spec = sa.Spec(
+        "weight_reuse", "", (X, w), sa.hadamard(y, y + w), (("Y", y),), constants=(sp.MatrixSymbol("C", n, n),)
+    )
+
+    def reference(x, w, c):
+        y = c.sum() * x.mT
+        return y * (y + w)
+
+    _compare(spec, reference, [(2, 4, 3), (3, 4)], constants=[(4, 4)])
+
+
+def test_fixed_constants_are_arguments_without_a_gradient():
+    """A positional table added to X, a fixed matrix multiplied in, ALiBi's distances scaled by a trainable
+    slope: forward takes them after the inputs; the additive mask keeps attn_mask."""
+    e, c, dist, mask = (
+        sp.MatrixSymbol(k, *s) for k, s in (("E", (n, d)), ("C", (d, d)), ("Dist", (n, n)), ("M", (n, n)))
+    )
+    slope = sp.Symbol("slope", real=True)
+    h = X + e
+    out = sa.softmax(h * W_Q * c * h.T - slope * dist + mask) * X
+    spec = sa.Spec("fixed", "", (X, W_Q, slope), out, constants=(e, c, dist, mask))
+
+    def reference(x, w, s, e, c, dist, attn_mask):
+        h = x + e
+        return torch.softmax(h @ w @ c @ h.mT - s * dist + attn_mask, -1) @ x
+
+    shapes = [(2, 4, 3), (3, 3), ()]
+    _compare(spec, reference, shapes, constants=[(4, 3), (3, 3), (4, 4)], keywords={"attn_mask": (4, 4)})
 
 
 def test_trace_as_a_scalar_factor_derives_and_generates():

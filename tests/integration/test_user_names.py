@@ -5,8 +5,8 @@ refuses in one line, never with wrong numbers.
   in the first closed form or the second (a float64 gradgradcheck);
 - an input called like a helper or a variable of the generated code (``grad_out``, ``row_softmax``) is
   refused by name;
-- a constant used otherwise than as one additive mask (ALiBi's −slope·Dist) is refused: generated code
-  would have read it from attn_mask.
+- a constant used otherwise than as one additive mask (ALiBi's −slope·Dist) is a forward argument, never
+  read from attn_mask.
 """
 
 from __future__ import annotations
@@ -68,14 +68,15 @@ def test_an_input_named_like_the_generated_code_is_refused_by_name(name):
         codegen.render(spec, "numpy")
 
 
-def test_a_constant_that_is_not_an_additive_mask_is_refused():
+def test_a_constant_that_is_not_an_additive_mask_is_a_forward_argument():
+    """ALiBi's −slope·Dist: Dist is a fixed argument after the inputs (no gradient); an additive mask alone is
+    still attn_mask."""
     slope, dist = sp.Symbol("slope", real=True), sp.MatrixSymbol("Dist", n, n)
     out = sa.softmax(X * W_Q * X.T - slope * dist) * X
-    spec = sa.Spec("alibi", "", (X, W_Q, slope), out, constants=(dist,))
-    with pytest.raises(SymattnError, match=r"constants \(Dist\): generated code supports one constant"):
-        codegen.render(spec, "torch")
+    text = codegen.render(sa.Spec("alibi", "", (X, W_Q, slope), out, constants=(dist,)), "torch")
+    assert "def forward(X, W_Q, slope, Dist):" in text
     masked = sa.Spec("masked", "", (X, W_Q), sa.softmax(X * W_Q * X.T + dist) * X, constants=(dist,))
-    assert "def forward" in codegen.render(masked, "numpy")  # the additive mask itself is what it supports
+    assert "def forward(X, W_Q, *, attn_mask=None" in codegen.render(masked, "numpy")
 
 
 @pytest.mark.parametrize("labels", [("t1", "t2"), ("c1", "D1"), ("D", "t3")])
