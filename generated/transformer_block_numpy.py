@@ -913,7 +913,9 @@ def _forward2(
     G_N_2 = gamma_2 * G_X_2
     G_D1 = (N_2 * G_N_2).sum(axis=-1, keepdims=True)
     G_D2 = G_N_2.sum(axis=-1, keepdims=True)
-    G_Y = (row_inv_std(Y, eps)) * (c1 * (G_D1 * N_2) + c1 * G_D2 + G_N_2) + G_out
+    t5 = row_inv_std(Y, eps)
+    del Y
+    G_Y = t5 * (c1 * (G_D1 * N_2) + c1 * G_D2 + G_N_2) + G_out
     G_C = G_Y @ W_O.mT
     G_O_h = split_heads(G_C, H)
     del G_C
@@ -947,7 +949,8 @@ def _forward2(
     G_N_1 = gamma_1 * G_X_1
     G_D4 = (N_1 * G_N_1).sum(axis=-1, keepdims=True)
     G_D5 = G_N_1.sum(axis=-1, keepdims=True)
-    G_X = (row_inv_std(X, eps)) * (c1 * (G_D4 * N_1) + c1 * G_D5 + G_N_1) + G_Y
+    t6 = row_inv_std(X, eps)
+    G_X = t6 * (c1 * (G_D4 * N_1) + c1 * G_D5 + G_N_1) + G_Y
     G_W_K = rows(X_1).mT @ rows(G_X_1W_K)
     G_b_K = rows(G_X_1W_K).sum(axis=0, keepdims=True)
     G_gamma_1 = rows(N_1 * G_X_1).sum(axis=0, keepdims=True)
@@ -991,7 +994,6 @@ def _forward2(
         G_gamma_2,
     )
     saved = {
-        "X": X,
         "W_Q": W_Q,
         "W_K": W_K,
         "W_V": W_V,
@@ -1026,7 +1028,6 @@ def _forward2(
         "P_h": P_h,
         "O_h": O_h,
         "C": C,
-        "Y": Y,
         "N_2": N_2,
         "X_2": X_2,
         "U": U,
@@ -1037,6 +1038,7 @@ def _forward2(
         "G_N_2": G_N_2,
         "G_D1": G_D1,
         "G_D2": G_D2,
+        "t5": t5,
         "G_Y": G_Y,
         "G_O_h": G_O_h,
         "G_D3": G_D3,
@@ -1049,10 +1051,10 @@ def _forward2(
         "G_N_1": G_N_1,
         "G_D4": G_D4,
         "G_D5": G_D5,
+        "t6": t6,
         "H": H,
         "c1": c1,
         "d_k": d_k,
-        "eps": eps,
         "scale": scale,
         "b_Q": b_Q,
         "b_K": b_K,
@@ -1067,7 +1069,6 @@ def _forward2(
 
 def _backward2(saved, grad_out):
     """The second closed form: ∂f₂/∂x for every input x and ∂f₂/∂G_out, a dict keyed by name."""
-    X = saved["X"]
     W_Q = saved["W_Q"]
     W_K = saved["W_K"]
     W_V = saved["W_V"]
@@ -1102,7 +1103,6 @@ def _backward2(saved, grad_out):
     P_h = saved["P_h"]
     O_h = saved["O_h"]
     C = saved["C"]
-    Y = saved["Y"]
     N_2 = saved["N_2"]
     X_2 = saved["X_2"]
     U = saved["U"]
@@ -1113,6 +1113,7 @@ def _backward2(saved, grad_out):
     G_N_2 = saved["G_N_2"]
     G_D1 = saved["G_D1"]
     G_D2 = saved["G_D2"]
+    t5 = saved["t5"]
     G_Y = saved["G_Y"]
     G_O_h = saved["G_O_h"]
     G_D3 = saved["G_D3"]
@@ -1125,10 +1126,10 @@ def _backward2(saved, grad_out):
     G_N_1 = saved["G_N_1"]
     G_D4 = saved["G_D4"]
     G_D5 = saved["G_D5"]
+    t6 = saved["t6"]
     H = saved["H"]
     c1 = saved["c1"]
     d_k = saved["d_k"]
-    eps = saved["eps"]
     scale = saved["scale"]
     b_Q = saved["b_Q"]
     b_K = saved["b_K"]
@@ -1141,9 +1142,7 @@ def _backward2(saved, grad_out):
     dG_F = G_out @ W_2_v.mT
     db_2 = None if b_2 is None else np.zeros_like(b_2)
     t4 = (N_1 * X_v).sum(axis=-1, keepdims=True)
-    t5 = row_inv_std(Y, eps)
     t1 = np.repeat(t5, H * d_k, axis=-1)
-    t6 = row_inv_std(X, eps)
     t2 = np.repeat(t6, H * d_k, axis=-1)
     dN_1 = t2 * (c1 * (t4 * N_1) + c1 * D1 + X_v)
     del D1
@@ -1178,7 +1177,7 @@ def _backward2(saved, grad_out):
     dG_Y = t1 * (c1 * (G_D1 * dN_2 + dG_D1 * N_2) + c1 * dG_D2 + dG_N_2) + (c1 * ((t5**2) * t3)) * (
         c1 * (G_D1 * N_2) + c1 * G_D2 + G_N_2
     )
-    del dG_D1, dG_D2, dG_N_2, t1, t3, t5
+    del dG_D1, dG_D2, dG_N_2, t1, t3
     dG_C = G_Y @ W_O_v.mT + dG_Y @ W_O.mT
     dG_O_h = split_heads(dG_C, H)
     del dG_C
@@ -1235,7 +1234,7 @@ def _backward2(saved, grad_out):
         + (c1 * ((t6**2) * t4)) * (c1 * (G_D4 * N_1) + c1 * G_D5 + G_N_1)
         + dG_Y
     )
-    del dG_D4, dG_D5, dG_N_1, dG_Y, t2, t4, t6
+    del dG_D4, dG_D5, dG_N_1, dG_Y, t2, t4
     dW_K = sum_batch(X_1.mT @ dG_X_1W_K + dX_1.mT @ G_X_1W_K)
     del dX_1
     db_K = None if b_K is None else rows(dG_X_1W_K).sum(axis=0, keepdims=True)

@@ -12,10 +12,10 @@ from sympy import Basic, MatrixSymbol
 from sympy.matrices.expressions import BlockMatrix, HadamardProduct, MatMul, OneMatrix, Transpose
 
 from symattn.codegen.chains import left_to_right_flops, tree_flops
-from symattn.codegen.dag import Assignment, count_uses, is_name, is_weight
+from symattn.codegen.dag import Assignment, count_uses, is_name, is_trivial, is_weight
 from symattn.lang import graph
 from symattn.lang.algebra import factors, product, terms, transpose
-from symattn.lang.ops import Exp, RowSum, Sigmoid, Tanh
+from symattn.lang.ops import Exp, RowSoftmax, RowSum, Sigmoid, Tanh
 from symattn.optimize.cost import chain_order
 
 
@@ -258,6 +258,52 @@ def save_entrywise_outputs(forward: list[Assignment], backward: list[Assignment]
         ]
         backward = [Assignment(b.target, b.value.xreplace(rename), b.reduce_batch, b.comment) for b in backward]
     return forward, backward
+
+
+def save_forward_values(forward: list[Assignment], backward: list[Assignment], seed: Basic) -> tuple[list, list]:
+    """A backward value the forward computes anyway, named there and saved, never computed twice.
+
+    A backward value that reads no cotangent (neither the seed nor another backward value) and that is a
+    subexpression of a forward value — softmax(X W Xᵀ + M) inside Y = (B + softmax(…)) X, left unnamed by
+    the spec — is assigned in the forward, just before the first value that contains it, which reads it
+    by name; the backward reads the saved value (the standard variant saves what a GEMM made).
+    """
+    pending = {a.target for a in backward}
+    kept = []
+    for a in backward:
+        reads = graph.matrix_symbols(a.value)
+        where = None
+        if seed not in reads and not reads & pending and _costly(a.value):
+            where = next((i for i, f in enumerate(forward) if a.value in set(graph.nodes(f.value))), None)
+        if where is None:
+            kept.append(a)
+            continue
+        pending.discard(a.target)
+
+        def named(node: Basic, a: Assignment = a) -> Basic | None:
+            return a.target if node == a.value else None
+
+        rewritten = [
+            Assignment(f.target, graph.rewrite(f.value, named), f.reduce_batch, f.comment) for f in forward[where:]
+        ]
+        forward = [*forward[:where], Assignment(a.target, a.value), *rewritten]
+    return forward, kept
+
+
+def _costly(value: Basic) -> bool:
+    """Worth keeping rather than computing again: a value that takes a GEMM or a softmax (a row-wise pass over
+    an n × m array), or a row or column (a reduction, cheap to keep). An entrywise function of a saved value is
+    recomputed instead (its array would cost as much memory as its input's)."""
+    if is_trivial(value):
+        return False
+    if 1 in value.shape:
+        return True
+    for node in graph.nodes(value):
+        if isinstance(node, RowSoftmax):
+            return True
+        if isinstance(node, MatMul) and sum(not isinstance(m, OneMatrix) for m in factors(node)[1]) >= 2:
+            return True
+    return False
 
 
 def _forward_atoms(forward: list[Assignment]) -> set:

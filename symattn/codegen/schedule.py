@@ -42,6 +42,7 @@ from symattn.codegen.passes import (
     name_row_sums,
     reassociate_products,
     save_entrywise_outputs,
+    save_forward_values,
     unshared_constant_gradients,
 )
 from symattn.lang.algebra import factors, product, total, transpose
@@ -470,6 +471,7 @@ def finished(
     backward_values = _share(backward_values, interior, taken)
     backward_values = _order(name_row_sums(backward_values, taken))
     forward, backward_values = save_entrywise_outputs(forward, hoist_hadamard_scalars(backward_values))
+    forward, backward_values = save_forward_values(forward, backward_values, seed)
     outputs = {t for _, t in (*gradients, *constant_gradients)}
 
     # Keep what the gradients read; save what the backward reads.
