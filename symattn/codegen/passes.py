@@ -15,6 +15,7 @@ from symattn.codegen.chains import left_to_right_flops, tree_flops
 from symattn.codegen.dag import Assignment, count_uses, is_name, is_trivial, is_weight
 from symattn.lang import graph
 from symattn.lang.algebra import factors, product, terms, transpose
+from symattn.lang.names import Names
 from symattn.lang.ops import Exp, RowSoftmax, RowSum, Sigmoid, Tanh
 from symattn.optimize.cost import chain_order
 
@@ -62,9 +63,14 @@ def fuse_projections(forward: list[Assignment], backward: list[Assignment]) -> t
     dW_QKV = Xᵀ [dQ | dK | dV] holds dW_Q, dW_K, dW_V as column blocks.
     """
     groups: dict[Basic, list[Assignment]] = {}
+    values = {a.target for a in forward}  # an intermediate labelled W_h is no weight
+
+    def weight(m: Basic) -> bool:
+        return is_weight(m) and m not in values
+
     for a in forward:
         coeff, mats = factors(a.value)
-        if coeff == 1 and len(mats) == 2 and not is_weight(mats[0]) and is_weight(mats[1]):
+        if coeff == 1 and len(mats) == 2 and not weight(mats[0]) and weight(mats[1]):
             groups.setdefault(mats[0], []).append(a)
     for x, group in groups.items():
         if len(group) < 2:
@@ -173,6 +179,70 @@ def unshared_constant_gradients(
             continue
         out.append(a if value is a.value else Assignment(a.target, value, a.reduce_batch, a.comment))
     return out
+
+
+def name_product_runs(forward: list[Assignment], taken: set[str]) -> list[Assignment]:
+    """Each product of three or more matrices in a forward value split in its cheapest order (the matrix-chain
+    programme at typical sizes) and every inner product of it named, before the value that reads it.
+
+    P X W_V is P (X W_V) with XW_V named; X W_Q W_Kᵀ Xᵀ is (X W_Q)(W_Kᵀ Xᵀ): the forward computes in the
+    cheapest order whether the spec named Q, K, V or not, and the backward reads these values by name
+    instead of computing them again. taken: the names in use (a label never shadows one).
+    """
+    taken = set(taken) | {str(a.target.name) for a in forward}
+    out: list[Assignment] = []
+    for a in forward:
+        runs: list[Basic] = []
+        for node in graph.nodes(a.value):
+            _, mats = factors(node) if isinstance(node, MatMul) else (1, [])
+            if len(mats) >= 3 and not any(isinstance(m, OneMatrix) for m in mats):
+                _inner_runs(chain_order(mats, sp.sympify), runs)
+        if not runs:
+            out.append(a)
+            continue
+        names = Names()
+        for run in dict.fromkeys(runs):  # children before parents: each written with the names before it
+            label = _run_label(run, taken)
+            taken.add(label)
+            target = MatrixSymbol(label, *run.shape)
+            out.append(Assignment(target, names.substitute(run), a.reduce_batch))
+            names.add(run, target)
+        out.append(Assignment(a.target, names.substitute(a.value), a.reduce_batch, a.comment))
+    return out
+
+
+def _inner_runs(tree: Basic, runs: list[Basic]) -> None:
+    """The products below the root of a binary product tree (chain_order's), children first, as canonical
+    products of their factors."""
+    stack: list[tuple[Basic, bool]] = [(arg, False) for arg in reversed(tree.args)]
+    while stack:
+        node, expanded = stack.pop()
+        if not (isinstance(node, MatMul) and len(node.args) == 2):
+            continue
+        if expanded:
+            runs.append(product(*_leaves(node)))
+        else:
+            stack.append((node, True))
+            stack.extend((arg, False) for arg in reversed(node.args))
+
+
+def _leaves(tree: Basic) -> list[Basic]:
+    """The factors of a binary product tree, left to right."""
+    if isinstance(tree, MatMul) and len(tree.args) == 2:
+        return [*_leaves(tree.args[0]), *_leaves(tree.args[1])]
+    return [tree]
+
+
+def _run_label(run: Basic, taken: set[str]) -> str:
+    """XW_V for X W_V (the factors' names, a transposed one's with T: XTW_K), else F1, F2, …; never in taken, never
+    a weight's name."""
+    _, mats = factors(run)
+    inner = [m.arg if isinstance(m, Transpose) else m for m in mats]
+    if all(isinstance(m, MatrixSymbol) for m in inner):
+        label = "".join(str(m.name) + ("T" if isinstance(f, Transpose) else "") for m, f in zip(inner, mats))
+        if label.isidentifier() and label not in taken and not is_weight(MatrixSymbol(label, 1, 1)):
+            return label  # (W_VTXT would read as a weight: unbatched)
+    return next(f"F{k}" for k in range(1, len(taken) + 2) if f"F{k}" not in taken)
 
 
 def name_row_sums(backward: list[Assignment], taken: frozenset[str] = frozenset()) -> list[Assignment]:

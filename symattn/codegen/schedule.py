@@ -39,6 +39,7 @@ from symattn.codegen.passes import (
     hoist_hadamard_scalars,
     inline_aliases,
     name_constants,
+    name_product_runs,
     name_row_sums,
     reassociate_products,
     save_entrywise_outputs,
@@ -316,7 +317,8 @@ def _sweep(
         if (is_trivial(value) or is_scaled_name(value)) and target not in inputs:
             return value
         symbol = gradient_symbol(target, taken)
-        assignments.append(Assignment(symbol, value, reduce_batch=is_weight(target)))
+        # a weight's gradient is summed over the batch (an intermediate labelled W_h is no weight)
+        assignments.append(Assignment(symbol, value, reduce_batch=is_weight(target) and target in inputs))
         return symbol
 
     scalars = [x for x in inputs if is_scalar_input(x)]
@@ -425,6 +427,7 @@ def schedule_spec(s: Spec, options: tuple[Option, ...] = (), fixed: frozenset = 
     output = names.table[s.output]
     trainable = frozenset(x for x in s.inputs if is_scalar_input(x))
     forward = _needed_forward(fold_scalar_multiples(forward, {output}, trainable), output)
+    forward = name_product_runs(forward, spec_names(s))
 
     # Backward: one VJP per forward assignment, then the simplifier's cheaper forms.
     taken = spec_names(s) | {str(a.target.name) for a in forward}

@@ -9,7 +9,7 @@ node of a and b, as a tree): an L-layer stack written with them takes time expon
     A + B, A - B, -A    sums and differences
     A / c               a scalar multiple
     A ** k              a power of a square matrix, k a positive integer
-    A.T                 the transpose (of a product or sum: one Transpose node)
+    A.T                 the transpose, through a product's factors (one level), else one Transpose node
     A[i:j, k:l]         a block
 
 The node functions (``sa.softmax``, ``sa.exp``, …) return a ``Matrix`` when given one; ``sa.ones`` and
@@ -31,10 +31,10 @@ from collections.abc import Callable
 
 import sympy as sp
 from sympy import Basic, MatrixExpr, MatrixSymbol
-from sympy.matrices.expressions import Identity, OneMatrix, Transpose, ZeroMatrix
+from sympy.matrices.expressions import Identity, MatMul, OneMatrix, Transpose, ZeroMatrix
 
 from symattn.errors import ShapeMismatchError, SymattnError
-from symattn.lang.algebra import product, total, transpose
+from symattn.lang.algebra import factors, product, total, transpose
 from symattn.lang.dims import same_dim
 from symattn.lang.safe import expression
 
@@ -64,12 +64,14 @@ class Matrix:
 
     @property
     def T(self) -> Matrix:
-        """Xᵀ, (Aᵀ)ᵀ = A, a transposed product or sum kept as one node (Transpose(Y W_K)): pushed through a
-        deep operand it would be a second copy of it, which no name of the first one matches."""
+        """Xᵀ, (Aᵀ)ᵀ = A, (c F₁ ⋯ F_k)ᵀ = c F_kᵀ ⋯ F₁ᵀ one level deep (as SymPy writes (X W_K)ᵀ = W_Kᵀ Xᵀ), any
+        other node's transpose one Transpose node (Transpose(Y) for a sum Y): pushed through a deep operand it
+        would be a second copy of it, which no name of the first one matches."""
         e = self.expr
-        if isinstance(e, Transpose):
-            return Matrix(e.arg)
-        return Matrix(transpose(e) if isinstance(e, (MatrixSymbol, OneMatrix, ZeroMatrix, Identity)) else Transpose(e))
+        if isinstance(e, MatMul):
+            coeff, mats = factors(e)
+            return Matrix(product(coeff, *(_transposed(m) for m in reversed(mats))))
+        return Matrix(_transposed(e))
 
     def __getitem__(self, key) -> Matrix:
         return Matrix(self.expr[key])
@@ -132,6 +134,13 @@ class Matrix:
 
     def _repr_latex_(self) -> str:
         return f"${sp.latex(self.expr)}$"
+
+
+def _transposed(e: Basic) -> Basic:
+    """eᵀ without entering e: Xᵀ, (Aᵀ)ᵀ = A, 𝟏ᵀ, I, else Transpose(e)."""
+    if isinstance(e, Transpose):
+        return e.arg
+    return transpose(e) if isinstance(e, (MatrixSymbol, OneMatrix, ZeroMatrix, Identity)) else Transpose(e)
 
 
 def plain(value: object) -> object:

@@ -38,7 +38,28 @@ OPS = (
     "matmul matmul matmul transpose add sub scale neg softmax exp log tanh sigmoid hadamard rowsum sum_factor "
     "trace_factor identity bias"
 ).split()
-LABELS = ["S", "A", "P", "H", "T", "O", "D", "Y", "dX", "dY", "dQ", "dS", "t1", "t2", "c1", "f2", "Z2", "G_X"]
+LABELS = [
+    "S",
+    "A",
+    "P",
+    "H",
+    "T",
+    "O",
+    "D",
+    "Y",
+    "dX",
+    "dY",
+    "dQ",
+    "dS",
+    "t1",
+    "t2",
+    "c1",
+    "f2",
+    "Z2",
+    "G_X",
+    "W_h",
+    "b_x",
+]
 
 
 @dataclass

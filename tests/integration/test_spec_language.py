@@ -91,6 +91,14 @@ def test_an_intermediate_labelled_like_an_inputs_gradient_keeps_its_value():
     _compare(spec, lambda x, y, w: torch.softmax(x @ w @ y.mT, -1) @ y, [(2, 4, 3), (2, 4, 3), (3, 3)])
 
 
+def test_an_intermediate_labelled_like_a_parameter_keeps_its_batch():
+    """W_h = X W_Q, b_x = its softmax: values of the batch, not weights (their cotangents were summed over it)."""
+    h = X * W_Q
+    p = sa.softmax(h * X.T)
+    spec = sa.Spec("labels_w", "", (X, W_Q), p * h, (("W_h", h), ("b_x", p)))
+    _compare(spec, lambda x, w: torch.softmax(x @ w @ x.mT, -1) @ x @ w, [(2, 4, 3), (3, 3)])
+
+
 def test_an_input_named_like_another_inputs_gradient():
     dx = sp.MatrixSymbol("dX", n, d)
     spec = sa.Spec("inputs_d", "", (X, dx, W_Q), sa.softmax(X * W_Q * dx.T) * X)

@@ -36,7 +36,7 @@ def internal_residual_stack(layers: int) -> sa.Spec:
     for i in range(1, layers + 1):
         w_q, w_k, w_v = (sp.MatrixSymbol(f"W_{p}{i}", g, g) for p in "QKV")
         inputs += [w_q, w_k, w_v]
-        p = sa.softmax(product(1 / sp.sqrt(g), product(y, w_q, sp.Transpose(product(y, w_k)))))
+        p = sa.softmax(product(1 / sp.sqrt(g), product(y, w_q, sp.Transpose(w_k), sp.Transpose(y))))
         y = total(y, product(p, y, w_v))
         named += [(f"P_{i}", p), (f"Y_{i}", y)]
     return sa.Spec(f"residual{layers}", "residual attention stack", tuple(inputs), y, tuple(named))
