@@ -166,7 +166,7 @@ def unshared_constant_gradients(
     renamed: dict[Basic, Basic] = {}
     out = []
     for a in backward:
-        value = a.value.xreplace(renamed) if renamed else a.value
+        value = graph.rewrite(a.value, renamed.get) if renamed else a.value
         if a.target in gradients and a.target in read:
             label = next(
                 f"{a.target.name}_full{k or ''}"
@@ -338,26 +338,30 @@ def save_forward_values(forward: list[Assignment], backward: list[Assignment], s
     the spec — is assigned in the forward, just before the first value that contains it, which reads it
     by name; the backward reads the saved value (the standard variant saves what a GEMM made).
     """
+    first: dict[Basic, int] = {}  # each forward subexpression → the first forward value that holds it
+    for i, f in enumerate(forward):
+        for node in graph.nodes(f.value):
+            first.setdefault(node, i)
     pending = {a.target for a in backward}
+    moved: dict[int, list[Assignment]] = {}
+    names: dict[Basic, Basic] = {}
     kept = []
     for a in backward:
         reads = graph.matrix_symbols(a.value)
-        where = None
-        if seed not in reads and not reads & pending and _costly(a.value):
-            where = next((i for i, f in enumerate(forward) if a.value in set(graph.nodes(f.value))), None)
+        where = first.get(a.value) if seed not in reads and not reads & pending and _costly(a.value) else None
         if where is None:
             kept.append(a)
             continue
-        pending.discard(a.target)
-
-        def named(node: Basic, a: Assignment = a) -> Basic | None:
-            return a.target if node == a.value else None
-
-        rewritten = [
-            Assignment(f.target, graph.rewrite(f.value, named), f.reduce_batch, f.comment) for f in forward[where:]
-        ]
-        forward = [*forward[:where], Assignment(a.target, a.value), *rewritten]
-    return forward, kept
+        pending.discard(a.target)  # a value that reads it may move too
+        moved.setdefault(where, []).append(Assignment(a.target, a.value))
+        names[a.value] = a.target
+    if not names:
+        return forward, backward
+    out: list[Assignment] = []
+    for i, f in enumerate(forward):
+        out += moved.get(i, [])
+        out.append(Assignment(f.target, graph.rewrite(f.value, names.get), f.reduce_batch, f.comment))
+    return out, kept
 
 
 def _costly(value: Basic) -> bool:
