@@ -17,7 +17,7 @@ import sympy as sp
 from sympy import Basic
 from sympy.matrices.expressions import HadamardProduct, MatMul, MatrixSymbol
 
-from symattn.codegen.schedule import Schedule, schedule
+from symattn.codegen.schedule import Schedule, schedule, schedule_spec
 from symattn.lang.graph import rewrite
 from symattn.lang.ops import RowSoftmax, RowSum
 from symattn.lang.shapes import dimension_symbols
@@ -255,11 +255,9 @@ def schedule_values(s: Spec, sched: Schedule) -> tuple[list[Basic], list[Basic]]
 
 def schedule_of(s: Spec) -> Schedule:
     """The generated schedule of a spec: a built-in's as its modules compute it, else the spec's own."""
-    from symattn.codegen.generate import _schedule_of  # the schedule generate renders (constants split)
-
     if s.name in specs() and s == spec(s.name):
         return schedule(s.name)
-    return _schedule_of(s)
+    return schedule_spec(s)
 
 
 def node_costs(sched: Schedule, itemsize: int = 4) -> tuple[NodeCost, ...]:

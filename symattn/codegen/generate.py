@@ -19,7 +19,6 @@ from pathlib import Path
 
 import jinja2
 import sympy as sp
-from sympy import MatrixSymbol
 
 from symattn.codegen import dropins as dropin_source
 from symattn.codegen.context import PRINTERS, build_context
@@ -28,7 +27,6 @@ from symattn.codegen.second_order import second_order_context
 from symattn.errors import SymattnError
 from symattn.lang.dims import bind_dimensions
 from symattn.lang.graph import nodes
-from symattn.lang.ops import RowSoftmax
 from symattn.numeric.printers import runtime_functions
 from symattn.specs import Spec, family, specs
 
@@ -206,13 +204,7 @@ def _schedule_of(s: Spec) -> Schedule:
     if held is None or held[0] is not s:
         if len(_SCHEDULES) >= 16:
             _SCHEDULES.clear()
-        mask, fixed = split_constants(s)
-        if fixed:  # fixed constants: inputs of the generated code that receive no gradient
-            s_mask = (mask,) if mask is not None else ()
-            working = Spec(s.name, s.summary, (*s.inputs, *fixed), s.output, s.intermediates, s.options, s.dims, s_mask)
-            held = _SCHEDULES[id(s)] = (s, schedule_spec(working, fixed=frozenset(fixed)))
-        else:
-            held = _SCHEDULES[id(s)] = (s, schedule_spec(s))
+        held = _SCHEDULES[id(s)] = (s, schedule_spec(s))
     return held[1]
 
 
@@ -260,38 +252,6 @@ def _require_own_names(s: Spec) -> None:
             f"spec {s.name!r}: {', '.join(map(repr, clash))} named in the spec is a name of the generated code "
             "(a module, helper or variable of its own); rename it"
         )
-
-
-def split_constants(s: Spec) -> tuple[MatrixSymbol | None, tuple[MatrixSymbol, ...]]:
-    """(the additive mask, the fixed constants) of a spec.
-
-    The mask M is the first constant added as a term to the argument of a softmax, of the scores' shape, and
-    used nowhere else: generated code builds it from attn_mask, key_padding_mask and causal (a float
-    attn_mask receives its gradient). Every other constant (a positional table, a fixed matrix multiplied
-    in, ALiBi's distances) is a fixed argument: passed after the inputs, read as it is, no gradient.
-    """
-    uses: dict = {c: [] for c in s.constants}  # constant → the nodes that take it as an argument
-    scores: set = set()  # the sums a softmax takes, and the sums nested in them
-    for node in nodes(s.output, *(e for _, e in s.intermediates)):
-        if isinstance(node, RowSoftmax):
-            stack = [node.arg]
-            while stack:
-                e = stack.pop()
-                if isinstance(e, sp.MatAdd) and e not in scores:
-                    scores.add(e)
-                    stack.extend(e.args)
-        for a in getattr(node, "args", ()):
-            if a in uses:
-                uses[a].append(node)
-    # the mask is built n × m: n the first input's rows, m another input's (the keys')
-    rows = {x.shape[0] for x in s.matrix_inputs}
-
-    def is_mask(c: MatrixSymbol) -> bool:
-        fits = bool(s.matrix_inputs) and c.shape[0] == s.matrix_inputs[0].shape[0] and c.shape[1] in rows
-        return fits and bool(uses[c]) and all(u in scores and u.shape == c.shape for u in uses[c])
-
-    mask = next((c for c in s.constants if is_mask(c)), None)
-    return mask, tuple(c for c in s.constants if c is not mask)
 
 
 def _tidy(text: str) -> str:

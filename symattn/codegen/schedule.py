@@ -48,8 +48,9 @@ from symattn.codegen.passes import (
 )
 from symattn.lang.algebra import factors, product, total, transpose
 from symattn.lang.dims import Binding, bind_dimensions
-from symattn.lang.graph import bottom_up, children, matrix_symbols, sort_key
+from symattn.lang.graph import bottom_up, children, matrix_symbols, nodes, sort_key
 from symattn.lang.names import Names, differential_name
+from symattn.lang.ops import RowSoftmax
 from symattn.optimize.cost import flops_value
 from symattn.optimize.rewrites import sort_commutative
 from symattn.optimize.simplify import rewrite, simplify
@@ -398,15 +399,17 @@ def schedule(name: str, extended: bool = False) -> Schedule:
     return schedule_spec(*family(name).generated_spec(extended))
 
 
-def schedule_spec(s: Spec, options: tuple[Option, ...] = (), fixed: frozenset = frozenset()) -> Schedule:
+def schedule_spec(s: Spec, options: tuple[Option, ...] = ()) -> Schedule:
     """The forward and backward schedule of a spec; options are its symbolic keyword options.
 
-    fixed: inputs that receive no gradient (a user spec's fixed constants, passed as inputs): nothing is
-    differentiated with respect to them, and they have no gradient among the schedule's.
-
-    The spec's constants (the additive mask M) and, when M is present, the inputs named b_…
-    are optional: the generated code skips a term whose input is None.
+    The spec's additive mask M (``split_constants``) and, when M is present, the inputs named b_…
+    are optional: the generated code skips a term whose input is None. Its other constants are
+    inputs that receive no gradient (``Schedule.fixed``): nothing is differentiated with respect to them.
     """
+    mask, fixed = split_constants(s)
+    if fixed:
+        masks = (mask,) if mask is not None else ()
+        s = Spec(s.name, s.summary, (*s.inputs, *fixed), s.output, s.intermediates, s.options, s.dims, masks)
     s = named_layers(s)  # a deep spec written as one expression: its layers named H1, H2, …
     seed = MatrixSymbol(SEED, *s.output.shape)
 
@@ -441,6 +444,38 @@ def schedule_spec(s: Spec, options: tuple[Option, ...] = (), fixed: frozenset = 
         return sched
     names = frozenset(str(x.name) for x in fixed)  # unbatched, like the weights (a positional table, (n, d))
     return dataclasses.replace(sched, fixed=names, weights=sched.weights | names)
+
+
+def split_constants(s: Spec) -> tuple[MatrixSymbol | None, tuple[MatrixSymbol, ...]]:
+    """(the additive mask, the fixed constants) of a spec.
+
+    The mask M is the first constant added as a term to the argument of a softmax, of the scores' shape, and
+    used nowhere else: generated code builds it from attn_mask, key_padding_mask and causal (a float
+    attn_mask receives its gradient). Every other constant (a positional table, a fixed matrix multiplied
+    in, ALiBi's distances) is a fixed argument: passed after the inputs, read as it is, no gradient.
+    """
+    uses: dict = {c: [] for c in s.constants}  # constant → the nodes that take it as an argument
+    scores: set = set()  # the sums a softmax takes, and the sums nested in them
+    for node in nodes(s.output, *(e for _, e in s.intermediates)):
+        if isinstance(node, RowSoftmax):
+            stack = [node.arg]
+            while stack:
+                e = stack.pop()
+                if isinstance(e, sp.MatAdd) and e not in scores:
+                    scores.add(e)
+                    stack.extend(e.args)
+        for a in getattr(node, "args", ()):
+            if a in uses:
+                uses[a].append(node)
+    # the mask is built n × m: n the first input's rows, m another input's (the keys')
+    rows = {x.shape[0] for x in s.matrix_inputs}
+
+    def is_mask(c: MatrixSymbol) -> bool:
+        fits = bool(s.matrix_inputs) and c.shape[0] == s.matrix_inputs[0].shape[0] and c.shape[1] in rows
+        return fits and bool(uses[c]) and all(u in scores and u.shape == c.shape for u in uses[c])
+
+    mask = next((c for c in s.constants if is_mask(c)), None)
+    return mask, tuple(c for c in s.constants if c is not mask)
 
 
 def spec_names(s: Spec) -> frozenset[str]:

@@ -194,8 +194,6 @@ def _dimension(size: object, what: str) -> Basic:
         return sp.Integer(int(size))
     if isinstance(size, sp.Expr) and size.is_positive is not False and size.free_symbols:
         return size
-    if isinstance(size, sp.Integer) and size >= 1:
-        return size
     raise SymattnError(f"{what} must be a dimension symbol, a dim() name or a positive integer, got {size!r}")
 
 
