@@ -45,7 +45,8 @@ def interleaved(runs: dict, repeat: int) -> dict[str, float]:
     return best
 
 
-def bench(name: str, n: int, d: int, repeat: int) -> dict:
+def bench(name: str, n: int, d: int, repeat: int, spec=None) -> dict:
+    """Errors and times of the gallery spec called name (or of spec, a respelling of it: same inputs)."""
     shapes, reference = TESTS["REFERENCES"][name]
     table = sizes(n, d)
     rng = np.random.default_rng(0)
@@ -54,7 +55,7 @@ def bench(name: str, n: int, d: int, repeat: int) -> dict:
         shape = tuple(table[s] for s in shape if table[s] is not None)
         scale = 1.0 if k == "X" or k.startswith(("gamma", "beta")) else 0.5 / d**0.25
         values[k] = np.asarray(rng.standard_normal(shape) * scale + (0.8 if not shape else 0.0), dtype=np.float32)
-    spec = load_spec_file(ROOT / "examples" / "specs" / f"{name}.py")
+    spec = spec or load_spec_file(ROOT / "examples" / "specs" / f"{name}.py")
     modules = {}
     for backend in ("numpy", "torch"):
         made = types.ModuleType(f"{name}_{backend}")

@@ -26,9 +26,9 @@ Forward:
 
 Backward (grad_out = ∂f/∂O for a scalar f; a weight's gradient is summed over the batch):
     D = (O ⊙ grad_out) 𝟏
+    dV = Pᵀ grad_out
     dP = grad_out Vᵀ
     dA = P ⊙ (dP − D 𝟏ᵀ)
-    dV = Pᵀ grad_out
     dK = scale dAᵀ Q
     dQ = scale dA K
     dQKV = Matrix([[dQ, dK, dV]])
@@ -200,9 +200,9 @@ def _backward(saved, grad_out):
     d_k = saved["d_k"]
     scale = saved["scale"]
     D = (O * grad_out).sum(axis=-1, keepdims=True)
+    dV = P.mT @ grad_out
     dP = grad_out @ V.mT
     dA = (dP - D) * P
-    dV = P.mT @ grad_out
     dK = dA.mT @ (scale * Q)
     dQ = dA @ (scale * K)
     dQKV = jnp.concatenate([dQ, dK, dV], axis=-1)

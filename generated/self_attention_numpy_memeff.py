@@ -31,9 +31,9 @@ Forward:
 
 Backward (grad_out = ∂f/∂O for a scalar f; a weight's gradient is summed over the batch):
     D = (O ⊙ grad_out) 𝟏
+    dV = Pᵀ grad_out
     dP = grad_out Vᵀ
     dA = P ⊙ (dP − D 𝟏ᵀ)
-    dV = Pᵀ grad_out
     dK = scale dAᵀ Q
     dQ = scale dA K
     dQKV = Matrix([[dQ, dK, dV]])
@@ -335,9 +335,9 @@ def _forward2(X, W_Q, W_K, W_V, G_out, X_v, W_Q_v, W_K_v, W_V_v):
     O = P @ V
     G_D = (np.multiply(O, G_out, out=O)).sum(axis=-1, keepdims=True)
     del O
+    G_V = P.mT @ G_out
     G_P = G_out @ V.mT
     G_A = (G_P - G_D) * P
-    G_V = P.mT @ G_out
     G_K = G_A.mT @ (scale * Q)
     G_Q = G_A @ (scale * K)
     G_QKV = np.concatenate([G_Q, G_K, G_V], axis=-1)
@@ -408,12 +408,11 @@ def _backward2(saved, grad_out):
     del D, dA
     dG_out = P @ dV + dP @ V
     dG_D = (G_out * dG_out).sum(axis=-1, keepdims=True)
+    dG_V = dP.mT @ G_out
     dG_P = G_out @ dV.mT
     del dV
-    dG_A = np.add(np.multiply(np.subtract(dG_P, dG_D, out=dG_P), P, out=dG_P), (G_P - G_D) * dP, out=dG_P)
-    del dG_D, dG_P
-    dG_V = dP.mT @ G_out
-    del dP
+    dG_A = (G_P - G_D) * dP + (dG_P - dG_D) * P
+    del dG_D, dG_P, dP
     dG_K = scale * (G_A.mT @ dQ + dG_A.mT @ Q)
     del dQ
     dG_Q = scale * (G_A @ dK + dG_A @ K)

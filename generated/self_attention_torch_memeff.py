@@ -31,9 +31,9 @@ Forward:
 
 Backward (grad_out = ∂f/∂O for a scalar f; a weight's gradient is summed over the batch):
     D = (O ⊙ grad_out) 𝟏
+    dV = Pᵀ grad_out
     dP = grad_out Vᵀ
     dA = P ⊙ (dP − D 𝟏ᵀ)
-    dV = Pᵀ grad_out
     dK = scale dAᵀ Q
     dQ = scale dA K
     dQKV = Matrix([[dQ, dK, dV]])
@@ -505,9 +505,9 @@ def _forward2(X, W_Q, W_K, W_V, G_out, X_v, W_Q_v, W_K_v, W_V_v):
     O = P @ V
     G_D = (O.mul_(G_out)).sum(dim=-1, keepdim=True)
     del O
+    G_V = matmul_tn(P, G_out)
     G_P = G_out @ V.mT
     G_A = (G_P - G_D) * P
-    G_V = matmul_tn(P, G_out)
     G_K = matmul_tn(G_A, scale * Q)
     G_Q = G_A @ (scale * K)
     G_QKV = torch.cat([G_Q, G_K, G_V], dim=-1)
@@ -578,12 +578,11 @@ def _backward2(saved, grad_out):
     del D, dA
     dG_out = P @ dV + dP @ V
     dG_D = (G_out * dG_out).sum(dim=-1, keepdim=True)
+    dG_V = matmul_tn(dP, G_out)
     dG_P = G_out @ dV.mT
     del dV
-    dG_A = dG_P.sub_(dG_D).mul_(P).add_((G_P - G_D) * dP)
-    del dG_D, dG_P
-    dG_V = matmul_tn(dP, G_out)
-    del dP
+    dG_A = dP.mul_(G_P - G_D).add_(dG_P.sub_(dG_D).mul_(P))
+    del dG_D, dG_P, dP
     dG_K = scale * (matmul_tn(G_A, dQ) + matmul_tn(dG_A, Q))
     del dQ
     dG_Q = scale * (G_A @ dK + dG_A @ K)

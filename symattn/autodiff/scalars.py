@@ -36,14 +36,14 @@ def entry_sum(a: MatrixExpr, b: MatrixExpr) -> MatrixExpr:
 def trace_as_entry_sum(trace: Trace) -> MatrixExpr:
     """tr(c L₁ … L_k) as c 𝟏ᵀ (A ⊙ B) 𝟏 with A = L_iᵀ, B = L_{i+1} … L_k L₁ … L_{i−1} (a cyclic shift).
 
-    The factor split off is the first transposed one (Ȳᵀ in tr(Ȳᵀ S)); a trace with none is
-    𝟏ᵀ (M ⊙ I) 𝟏.
+    The factor split off is the first transposed one (Ȳᵀ in tr(Ȳᵀ S)), else the first (tr(G S) with G = (A ⊙ B)ᵀ
+    written out); the trace of one matrix is 𝟏ᵀ (M ⊙ I) 𝟏. Never the product's diagonal through the product.
     """
     coeff, mats = factors(trace.arg)
-    for i, m in enumerate(mats):
-        if isinstance(m, Transpose) and len(mats) > 1:
-            rest = product(*mats[i + 1 :], *mats[:i])
-            return product(coeff, entry_sum(transpose(m), rest))
+    if len(mats) > 1:
+        i = next((i for i, m in enumerate(mats) if isinstance(m, Transpose)), 0)
+        rest = product(*mats[i + 1 :], *mats[:i])
+        return product(coeff, entry_sum(transpose(mats[i]), rest))
     body = trace.arg
     return entry_sum(body, Identity(body.shape[0]))
 

@@ -24,6 +24,7 @@ from symattn.lang.shapes import dimension_symbols
 from symattn.optimize.cost import (
     TYPICAL_SIZES,
     flops,
+    is_view,
     node_bytes,
     node_flops,
     numel,
@@ -251,6 +252,20 @@ def schedule_values(s: Spec, sched: Schedule) -> tuple[list[Basic], list[Basic]]
     for a in (*sched.forward, *sched.backward):
         values[a.target] = rewrite(a.value, values.get)  # on the DAG: xreplace rebuilds a shared name per use
     return [values[a.target] for a in sched.forward], [values[a.target] for a in sched.backward]
+
+
+def schedule_counts(s: Spec, sizes: Mapping[str, int]) -> tuple[float, float, int]:
+    """(forward FLOPs, backward FLOPs, full arrays) of s's generated schedule at sizes: each named value counted
+    once, and how many values of n × m entries (n² for self-attention; per head) it computes, views not counted."""
+    forward, backward = schedule_values(s, schedule_of(s))
+    dim = size_function(sizes)
+    full = {sizes["n"] * sizes.get("m", sizes["n"]), sizes["n"] ** 2}
+    arrays = sum(
+        1
+        for node in subexpressions([*forward, *backward])
+        if not (isinstance(node, MatrixSymbol) or is_view(node)) and dim(node.shape[0]) * dim(node.shape[1]) in full
+    )
+    return float(flops(forward, sizes=sizes)), float(flops(backward, forward, sizes)), arrays
 
 
 def schedule_of(s: Spec) -> Schedule:

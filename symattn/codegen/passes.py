@@ -9,14 +9,16 @@ from __future__ import annotations
 
 import sympy as sp
 from sympy import Basic, MatrixSymbol
-from sympy.matrices.expressions import BlockMatrix, HadamardProduct, MatMul, OneMatrix, Transpose
+from sympy.matrices.expressions import BlockMatrix, HadamardPower, HadamardProduct, MatMul, OneMatrix, Transpose
 
 from symattn.codegen.chains import left_to_right_flops, tree_flops
-from symattn.codegen.dag import Assignment, count_uses, is_name, is_trivial, is_weight
+from symattn.codegen.dag import Assignment, count_uses, expand, is_name, is_trivial, is_weight
 from symattn.lang import graph
 from symattn.lang.algebra import factors, product, terms, transpose
 from symattn.lang.names import Names
+from symattn.lang.node_base import Elementwise
 from symattn.lang.ops import Exp, RowSoftmax, RowSum, Sigmoid, Tanh
+from symattn.lang.ops_block import _RowStatistic
 from symattn.optimize.cost import chain_order
 
 
@@ -181,15 +183,142 @@ def unshared_constant_gradients(
     return out
 
 
-def name_product_runs(forward: list[Assignment], taken: set[str]) -> list[Assignment]:
+def inline_products(forward: list[Assignment], keep: set) -> tuple[list[Assignment], dict[Basic, str]]:
+    """The forward with every named product (Q = X W_Q, S = Q Kᵀ, c·S) but those in keep written out where it is
+    read, and the spec's labels of the products: {X W_Q: "Q", …}.
+
+    Which products a schedule names is then its own choice (the operands the backward reads,
+    ``name_forward_values``; the cheapest order of a chain, ``name_product_runs``), whichever the spec named:
+    σ(X W_K)ᵀ X W_V is (σ(X W_K)ᵀ X) W_V although the spec named V = X W_V. A product it names takes the
+    spec's label.
+    """
+    definitions: dict[Basic, Basic] = {}
+    labels: dict[Basic, str] = {}
+    out: list[Assignment] = []
+    for a in forward:
+        value = expand(a.value, definitions) if definitions else a.value
+        if isinstance(value, MatMul) and a.target not in keep:
+            definitions[a.target] = value
+            definitions[a.target.T] = transpose(value)
+            labels.setdefault(value, str(a.target.name))
+            labels.setdefault(product(*factors(value)[1]), str(a.target.name))  # S in c·S
+            continue
+        out.append(Assignment(a.target, value, a.reduce_batch, a.comment))
+    return out, labels
+
+
+def name_forward_values(
+    forward: list[Assignment], taken: set[str], trainable: frozenset = frozenset(), labels: dict | None = None
+) -> list[Assignment]:
+    """Every value of the forward that its backward reads named, whether or not the spec named it.
+
+    A VJP reads the operands of a product (a GEMM's, an entrywise product's), the argument and value of a
+    row-wise or entrywise function (softmax, row sums and statistics, σ, tanh, exp, x^∘p), and the matrix a
+    trainable scalar multiplies (dτ = ⟨dA, S⟩ for A = τ·S); FlashAttention's D identity reads O = P V. Each is
+    named, with the earlier names in it, before the value that reads it: the schedule that follows depends on
+    the function, not on which parts the spec named (``fold_scalar_multiples`` folds a constant-scaled value
+    back where that is cheaper). labels: the spec's names for values (``inline_products``), taken where free.
+    """
+    taken = set(taken) | {str(a.target.name) for a in forward}
+    labels = labels or {}
+    names = Names()
+    softmaxes: set = set()
+    out: list[Assignment] = []
+    for a in forward:
+        wanted: list[Basic] = []
+        for node in graph.nodes(a.value):
+            wanted += _read_by_backward(node, trainable, softmaxes)
+        hints = dict(reversed([w for w in wanted if isinstance(w, tuple)]))  # a softmax's argument: A
+        for value in dict.fromkeys(w[0] if isinstance(w, tuple) else w for w in wanted):
+            if value == a.value or is_trivial(value) or value in names.table:
+                continue
+            label = _value_label(value, taken, labels, hints.get(value, ""))
+            taken.add(label)
+            target = MatrixSymbol(label, *value.shape)
+            out.append(Assignment(target, names.substitute(_broadcasts(value, names)), a.reduce_batch))
+            names.add(value, target)
+            softmaxes.update([target] if isinstance(value, RowSoftmax) else [])
+        value = names.substitute(_broadcasts(a.value, names)) if names.table else a.value
+        out.append(Assignment(a.target, value, a.reduce_batch, a.comment))
+        softmaxes.update([a.target] if isinstance(value, RowSoftmax) else [])
+    return out
+
+
+def _column(node: Basic) -> Basic | None:
+    """u for a column u broadcast across columns, u 𝟏ᵀ (SymPy writes F G 𝟏_{k×1} 𝟏_{1×c} as F G 𝟏_{k×c})."""
+    if not isinstance(node, MatMul):
+        return None
+    coeff, mats = factors(node)
+    last = mats[-1]
+    if len(mats) < 2 or not isinstance(last, OneMatrix) or last.shape[1] == 1:
+        return None
+    if last.shape[0] == 1:
+        return product(coeff, *mats[:-1])
+    return product(coeff, *mats[:-1], OneMatrix(last.shape[0], 1))
+
+
+def _broadcasts(value: Basic, names: Names) -> Basic:
+    """value with each broadcast of a named column written as the name broadcast: F G 𝟏_{k×c} → Z 𝟏_{1×c}."""
+
+    def named(node: Basic) -> Basic | None:
+        fused = isinstance(node, MatMul) and isinstance(node.args[-1], OneMatrix) and node.args[-1].shape[0] != 1
+        column = _column(node) if fused else None  # (u 𝟏ᵀ with u named: substitute finds u itself)
+        if column is None or column not in names.table:
+            return None
+        return MatMul(names.table[column], OneMatrix(1, node.shape[1]))
+
+    return graph.rewrite(value, named)
+
+
+ROW_AND_ENTRYWISE = (RowSoftmax, RowSum, Elementwise, _RowStatistic, HadamardPower)
+
+
+def _read_by_backward(node: Basic, trainable: frozenset, softmaxes: set) -> list[Basic]:
+    """The values node's VJP reads, other than broadcasts (u 𝟏ᵀ) and names, arguments first; softmaxes: the names
+    of row softmaxes."""
+    if isinstance(node, ROW_AND_ENTRYWISE):  # f(u 𝟏ᵀ) = f(u) 𝟏ᵀ: the column is the value, printed broadcast
+        column = _column(node.args[0])
+        return [column] if column is not None else [(node.args[0], "A" if isinstance(node, RowSoftmax) else ""), node]
+    if isinstance(node, HadamardProduct):  # (an entrywise function among them is named by the rule above)
+        operands = (_column(a) or a for a in node.args if not isinstance(a, ROW_AND_ENTRYWISE))
+        return [a for a in operands if not is_trivial(a)]
+    if not isinstance(node, MatMul):
+        return []
+    coeff, mats = factors(node)
+    if any(isinstance(m, OneMatrix) for m in mats):
+        return []
+    operands = [m.arg if isinstance(m, Transpose) else m for m in mats] if len(mats) > 1 else []
+    # O = P V: the D identity reads it; S in τ·S: dτ does
+    read = coeff.free_symbols & trainable or any(isinstance(m, RowSoftmax) or m in softmaxes for m in operands)
+    return [*operands, *([product(*mats)] if read else [])]
+
+
+def _value_label(value: Basic, taken: set[str], labels: dict, hint: str = "") -> str:
+    """The spec's label of value, else the hint (A for a softmax's argument), P for a softmax, XW_Q for a product of
+    two names (``_run_label``), else F1, F2, …; never in taken."""
+    if labels.get(value, "") not in ("", *taken):
+        return labels[value]
+    hint = hint or ("P" if isinstance(value, RowSoftmax) else "")
+    if hint:
+        return next(label for k in range(1, len(taken) + 3) if (label := f"{hint}{k if k > 1 else ''}") not in taken)
+    return _run_label(value, taken) if isinstance(value, MatMul) else _fresh("F", taken)
+
+
+def _fresh(prefix: str, taken: set[str]) -> str:
+    return next(f"{prefix}{k}" for k in range(1, len(taken) + 2) if f"{prefix}{k}" not in taken)
+
+
+def name_product_runs(forward: list[Assignment], taken: set[str], labels: dict | None = None) -> list[Assignment]:
     """Each product of three or more matrices in a forward value split in its cheapest order (the matrix-chain
     programme at typical sizes) and every inner product of it named, before the value that reads it.
 
     P X W_V is P (X W_V) with XW_V named; X W_Q W_Kᵀ Xᵀ is (X W_Q)(W_Kᵀ Xᵀ): the forward computes in the
     cheapest order whether the spec named Q, K, V or not, and the backward reads these values by name
-    instead of computing them again. taken: the names in use (a label never shadows one).
+    instead of computing them again. taken: the names in use (a label never shadows one); labels: the spec's
+    names for products (``inline_products``), taken where free.
     """
     taken = set(taken) | {str(a.target.name) for a in forward}
+    labels = labels or {}
     out: list[Assignment] = []
     for a in forward:
         runs: list[Basic] = []
@@ -202,13 +331,20 @@ def name_product_runs(forward: list[Assignment], taken: set[str]) -> list[Assign
             continue
         names = Names()
         for run in dict.fromkeys(runs):  # children before parents: each written with the names before it
-            label = _run_label(run, taken)
+            flipped = transpose(run)  # W_Kᵀ Xᵀ is named as X W_K, read as its transpose
+            run = flipped if _transposes(flipped) < _transposes(run) else run
+            label = _value_label(run, taken, labels)
             taken.add(label)
             target = MatrixSymbol(label, *run.shape)
             out.append(Assignment(target, names.substitute(run), a.reduce_batch))
             names.add(run, target)
         out.append(Assignment(a.target, names.substitute(a.value), a.reduce_batch, a.comment))
     return out
+
+
+def _transposes(run: Basic) -> int:
+    """How many of a product's factors are transposed."""
+    return sum(isinstance(m, Transpose) for m in factors(run)[1])
 
 
 def _inner_runs(tree: Basic, runs: list[Basic]) -> None:

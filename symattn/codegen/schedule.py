@@ -38,7 +38,9 @@ from symattn.codegen.passes import (
     fuse_projections,
     hoist_hadamard_scalars,
     inline_aliases,
+    inline_products,
     name_constants,
+    name_forward_values,
     name_product_runs,
     name_row_sums,
     reassociate_products,
@@ -317,6 +319,11 @@ def _sweep(
         # that reads it runs on dD, and −λ multiplies what it gives (below)
         if (is_trivial(value) or is_scaled_name(value)) and target not in inputs:
             return value
+        scale, mats = factors(value) if isinstance(value, MatMul) else (1, ())
+        if scale != 1 and len(mats) == 1 and target not in inputs:  # c·E: E is named, c multiplies its VJPs
+            unscaled = MatrixSymbol(differential_name(f"{target.name}_unscaled", taken), *target.shape)
+            assignments.append(Assignment(unscaled, mats[0]))
+            return product(scale, unscaled)
         symbol = gradient_symbol(target, taken)
         # a weight's gradient is summed over the batch (an intermediate labelled W_h is no weight)
         assignments.append(Assignment(symbol, value, reduce_batch=is_weight(target) and target in inputs))
@@ -429,8 +436,12 @@ def schedule_spec(s: Spec, options: tuple[Option, ...] = ()) -> Schedule:
         names.add(expr, target)
     output = names.table[s.output]
     trainable = frozenset(x for x in s.inputs if is_scalar_input(x))
+    forward, labels = inline_products(forward, {output})
+    free = spec_names(s) - {str(a.target.name) for a in forward} - {str(x.name) for x in (*s.inputs, *s.constants)}
+    taken = spec_names(s) - free  # an inlined product's label is free again: its value may take it
+    forward = name_forward_values(forward, taken, trainable, labels)
     forward = _needed_forward(fold_scalar_multiples(forward, {output}, trainable), output)
-    forward = name_product_runs(forward, spec_names(s))
+    forward = name_product_runs(forward, taken, labels)
 
     # Backward: one VJP per forward assignment, then the simplifier's cheaper forms.
     taken = spec_names(s) | {str(a.target.name) for a in forward}
