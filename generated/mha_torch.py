@@ -100,6 +100,8 @@ def masked_row_softmax(a, out=None):
         return row_softmax(a, out=out)
     empty = a.amax(dim=-1, keepdim=True) == float("-inf")  # before out (maybe a itself) is written
     out = row_softmax(a, out=out)
+    if torch.compiler.is_compiling():  # no branch on the data in a compiled graph: one pass to fill
+        return out.masked_fill_(empty, 0.0)
     return out.masked_fill_(empty, 0.0) if bool(empty.any()) else out
 
 
@@ -126,8 +128,8 @@ def repeat_heads(a, heads):
 
 def row_softmax(a, out=None):
     """softmax along the last axis (torch's one-pass kernel, the row max subtracted first); out may be a itself."""
-    if out is None:
-        return torch.softmax(a, dim=-1)
+    if out is None or torch.compiler.is_compiling():  # (a compiled graph plans its own buffers; export traces
+        return torch.softmax(a, dim=-1)  # with autograd on, which refuses out=)
     return torch._softmax(a, -1, False, out=out)
 
 
@@ -206,10 +208,10 @@ def _quotient(name, shape, divisor):
 
 def _positive_int(name, value):
     """value as a Python int >= 1: an int or a NumPy integer scalar, never a bool."""
-    index = getattr(type(value), "__index__", None)
-    if type(value).__name__ in ("bool", "bool_") or index is None or index(value) < 1:
+    # value.__index__(), not type(value).__index__: torch.compile traces the one, not the other
+    if type(value).__name__ in ("bool", "bool_") or not hasattr(value, "__index__") or value.__index__() < 1:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return index(value)
+    return value.__index__()
 
 
 def _nonempty(sizes, named):
@@ -235,6 +237,17 @@ class _NotTwice(torch.autograd.Function):
             "derivative and no second derivative is derived, so gradients made with create_graph=True cannot "
             "be differentiated again"
         )
+
+
+def _apply(function, *args):
+    """function.apply(*args), a tensor given a second time given as a view of itself (self-attention's Q = K = V):
+    torch.compile refuses an autograd.Function given one tensor twice; the gradients reach it through both."""
+    given = []
+    for arg in args:
+        if isinstance(arg, torch.Tensor) and any(arg is seen for seen in given):
+            arg = arg.view_as(arg)
+        given.append(arg)
+    return function.apply(*given)
 
 
 def _only_tensors(*values):
@@ -533,7 +546,9 @@ def forward(
     b_Q, b_K, b_V, b_O: optional biases (1 × columns, broadcast over the tokens), each left out when None.
     """
     M = _additive_mask(attn_mask, key_padding_mask, causal, Q, K, per_head=True)
-    return MultiHeadAttentionFunction.apply(Q, K, V, W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O, M, num_heads, num_kv_heads)
+    return _apply(
+        MultiHeadAttentionFunction, Q, K, V, W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O, M, num_heads, num_kv_heads
+    )
 
 
 class MultiHeadAttention(torch.nn.Module):
@@ -1143,10 +1158,10 @@ def _not_supported(option, value, why):
 
 def _size(name, value):
     """value as a Python int >= 1 (not a bool)."""
-    index = getattr(type(value), "__index__", None)
-    if type(value).__name__ in ("bool", "bool_") or index is None or index(value) < 1:
+    # value.__index__(), not type(value).__index__: torch.compile traces the one, not the other
+    if type(value).__name__ in ("bool", "bool_") or not hasattr(value, "__index__") or value.__index__() < 1:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return index(value)
+    return value.__index__()
 
 
 def _float_mask(name, mask, dtype):
@@ -1364,8 +1379,8 @@ class MultiheadAttention(torch.nn.Module):
         M = _torch_mask(attn_mask, key_padding_mask, query, key, self.num_heads)
         inputs = (query, key, value, W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O, M, self.num_heads)
         if need_weights:
-            out, weights = _AttentionWeights.apply(*inputs)
+            out, weights = _apply(_AttentionWeights, *inputs)
             weights = weights.mean(dim=-3) if average_attn_weights else weights
         else:
-            out, weights = FUNCTION.apply(*inputs, None), None
+            out, weights = _apply(FUNCTION, *inputs, None), None
         return (out.transpose(0, 1) if batched and not self.batch_first else out), weights

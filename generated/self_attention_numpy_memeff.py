@@ -117,10 +117,10 @@ def _check_shape(name, a, dims):
 
 def _positive_int(name, value):
     """value as a Python int >= 1: an int or a NumPy integer scalar, never a bool."""
-    index = getattr(type(value), "__index__", None)
-    if type(value).__name__ in ("bool", "bool_") or index is None or index(value) < 1:
+    # value.__index__(), not type(value).__index__: torch.compile traces the one, not the other
+    if type(value).__name__ in ("bool", "bool_") or not hasattr(value, "__index__") or value.__index__() < 1:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return index(value)
+    return value.__index__()
 
 
 def _nonempty(sizes, named):

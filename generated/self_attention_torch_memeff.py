@@ -135,10 +135,10 @@ def _check_shape(name, a, dims):
 
 def _positive_int(name, value):
     """value as a Python int >= 1: an int or a NumPy integer scalar, never a bool."""
-    index = getattr(type(value), "__index__", None)
-    if type(value).__name__ in ("bool", "bool_") or index is None or index(value) < 1:
+    # value.__index__(), not type(value).__index__: torch.compile traces the one, not the other
+    if type(value).__name__ in ("bool", "bool_") or not hasattr(value, "__index__") or value.__index__() < 1:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return index(value)
+    return value.__index__()
 
 
 def _nonempty(sizes, named):
@@ -164,6 +164,17 @@ class _NotTwice(torch.autograd.Function):
             "derivative and no second derivative is derived, so gradients made with create_graph=True cannot "
             "be differentiated again"
         )
+
+
+def _apply(function, *args):
+    """function.apply(*args), a tensor given a second time given as a view of itself (self-attention's Q = K = V):
+    torch.compile refuses an autograd.Function given one tensor twice; the gradients reach it through both."""
+    given = []
+    for arg in args:
+        if isinstance(arg, torch.Tensor) and any(arg is seen for seen in given):
+            arg = arg.view_as(arg)
+        given.append(arg)
+    return function.apply(*given)
 
 
 def _only_tensors(*values):
@@ -310,7 +321,7 @@ def forward(X, W_Q, W_K, W_V, *, block_size=None):
 
     Returns O of shape (..., n, d_v), differentiable by the closed-form backward.
     """
-    return SelfAttentionFunction.apply(X, W_Q, W_K, W_V, block_size)
+    return _apply(SelfAttentionFunction, X, W_Q, W_K, W_V, block_size)
 
 
 class SelfAttention(torch.nn.Module):
@@ -366,8 +377,8 @@ COTANGENT = "G_out"
 
 def row_softmax(a, out=None):
     """softmax along the last axis (torch's one-pass kernel, the row max subtracted first); out may be a itself."""
-    if out is None:
-        return torch.softmax(a, dim=-1)
+    if out is None or torch.compiler.is_compiling():  # (a compiled graph plans its own buffers; export traces
+        return torch.softmax(a, dim=-1)  # with autograd on, which refuses out=)
     return torch._softmax(a, -1, False, out=out)
 
 

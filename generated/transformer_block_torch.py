@@ -150,6 +150,8 @@ def masked_row_softmax(a, out=None):
         return row_softmax(a, out=out)
     empty = a.amax(dim=-1, keepdim=True) == float("-inf")  # before out (maybe a itself) is written
     out = row_softmax(a, out=out)
+    if torch.compiler.is_compiling():  # no branch on the data in a compiled graph: one pass to fill
+        return out.masked_fill_(empty, 0.0)
     return out.masked_fill_(empty, 0.0) if bool(empty.any()) else out
 
 
@@ -177,8 +179,8 @@ def row_inv_std(a, eps):
 
 def row_softmax(a, out=None):
     """softmax along the last axis (torch's one-pass kernel, the row max subtracted first); out may be a itself."""
-    if out is None:
-        return torch.softmax(a, dim=-1)
+    if out is None or torch.compiler.is_compiling():  # (a compiled graph plans its own buffers; export traces
+        return torch.softmax(a, dim=-1)  # with autograd on, which refuses out=)
     return torch._softmax(a, -1, False, out=out)
 
 
@@ -250,10 +252,10 @@ def _quotient(name, shape, divisor):
 
 def _positive_int(name, value):
     """value as a Python int >= 1: an int or a NumPy integer scalar, never a bool."""
-    index = getattr(type(value), "__index__", None)
-    if type(value).__name__ in ("bool", "bool_") or index is None or index(value) < 1:
+    # value.__index__(), not type(value).__index__: torch.compile traces the one, not the other
+    if type(value).__name__ in ("bool", "bool_") or not hasattr(value, "__index__") or value.__index__() < 1:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return index(value)
+    return value.__index__()
 
 
 def _nonempty(sizes, named):
@@ -279,6 +281,17 @@ class _NotTwice(torch.autograd.Function):
             "derivative and no second derivative is derived, so gradients made with create_graph=True cannot "
             "be differentiated again"
         )
+
+
+def _apply(function, *args):
+    """function.apply(*args), a tensor given a second time given as a view of itself (self-attention's Q = K = V):
+    torch.compile refuses an autograd.Function given one tensor twice; the gradients reach it through both."""
+    given = []
+    for arg in args:
+        if isinstance(arg, torch.Tensor) and any(arg is seen for seen in given):
+            arg = arg.view_as(arg)
+        given.append(arg)
+    return function.apply(*given)
 
 
 def _only_tensors(*values):
@@ -730,7 +743,8 @@ def forward(
     b_Q, b_K, b_V, b_O, b_1, b_2: optional biases (1 × columns, broadcast over the tokens), each left out when None.
     """
     M = _additive_mask(attn_mask, key_padding_mask, causal, X, X, per_head=True)
-    return TransformerBlockFunction.apply(
+    return _apply(
+        TransformerBlockFunction,
         X,
         W_Q,
         W_K,
@@ -1697,10 +1711,10 @@ def _not_supported(option, value, why):
 
 def _size(name, value):
     """value as a Python int >= 1 (not a bool)."""
-    index = getattr(type(value), "__index__", None)
-    if type(value).__name__ in ("bool", "bool_") or index is None or index(value) < 1:
+    # value.__index__(), not type(value).__index__: torch.compile traces the one, not the other
+    if type(value).__name__ in ("bool", "bool_") or not hasattr(value, "__index__") or value.__index__() < 1:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return index(value)
+    return value.__index__()
 
 
 def _float_mask(name, mask, dtype):
@@ -1859,8 +1873,8 @@ class TransformerEncoderLayer(torch.nn.Module):
         row = lambda v: None if v is None else v.unsqueeze(0)  # noqa: E731 - (E,) -> the spec's 1 × E row
         shift = lambda norm: row(norm.bias) if norm.bias is not None else x.new_zeros(1, x.shape[-1])  # noqa: E731
         M = _torch_mask(src_mask, src_key_padding_mask, x, x, attn.num_heads)
-        out = FUNCTION.apply(
-            x, W_Q, W_K, W_V, attn.out_proj.weight.mT, b_Q, b_K, b_V, row(attn.out_proj.bias),
+        out = _apply(
+            FUNCTION, x, W_Q, W_K, W_V, attn.out_proj.weight.mT, b_Q, b_K, b_V, row(attn.out_proj.bias),
             row(self.norm1.weight), shift(self.norm1), row(self.norm2.weight), shift(self.norm2),
             self.linear1.weight.mT, row(self.linear1.bias), self.linear2.weight.mT, row(self.linear2.bias),
             M, attn.num_heads, self.norm1.eps,

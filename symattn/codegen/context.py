@@ -33,7 +33,7 @@ CHECK_INPUTS = {"numpy": "_arrays", "torch": "_tensors", "jax": "_arrays"}
 MASK_SHAPE = {"numpy": "_float_mask_shape", "torch": "_grad_shape", "jax": "_mask_shape"}
 BACKEND_HELPERS = {
     "numpy": ("_cotangent",),
-    "torch": ("_NotTwice", "_only_tensors", "_first_order", "_tie"),
+    "torch": ("_NotTwice", "_apply", "_only_tensors", "_first_order", "_tie"),
     "jax": ("_Static", "_residuals", "_restore"),
 }
 
@@ -193,7 +193,7 @@ def _function(
     return {
         "input_names": [str(x.name) for x in s.inputs],
         "signature": layout.define("forward", signature, indent=0),
-        "apply_call": layout.call(f"{class_name}Function.apply", positional, indent=4),
+        "apply_call": layout.call("_apply", [f"{class_name}Function", *positional], indent=4),
         "return_gradients": layout.wrapped(
             "return " if not (maybe or mask_grads) or backend != "numpy" else "grads = ",
             [

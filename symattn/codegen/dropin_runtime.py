@@ -27,6 +27,7 @@ except ImportError:  # pragma: no cover - generating a torch module reads this s
 FUNCTION = None  # the generated module's autograd Function (its apply takes the spec's inputs, M, options)
 _forward = _backward = None  # the generated module's forward pass (out, saved) and closed-form backward
 SPEC = ""  # the spec's name, for error messages
+_apply = None  # torch_runtime._apply, as the generated module carries it: Function.apply, Q = K = V allowed
 
 
 def _not_supported(option, value, why):
@@ -36,10 +37,10 @@ def _not_supported(option, value, why):
 
 def _size(name, value):
     """value as a Python int >= 1 (not a bool)."""
-    index = getattr(type(value), "__index__", None)
-    if type(value).__name__ in ("bool", "bool_") or index is None or index(value) < 1:
+    # value.__index__(), not type(value).__index__: torch.compile traces the one, not the other
+    if type(value).__name__ in ("bool", "bool_") or not hasattr(value, "__index__") or value.__index__() < 1:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return index(value)
+    return value.__index__()
 
 
 def _float_mask(name, mask, dtype):
@@ -252,10 +253,10 @@ class MultiheadAttention(torch.nn.Module):
         M = _torch_mask(attn_mask, key_padding_mask, query, key, self.num_heads)
         inputs = (query, key, value, W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O, M, self.num_heads)
         if need_weights:
-            out, weights = _AttentionWeights.apply(*inputs)
+            out, weights = _apply(_AttentionWeights, *inputs)
             weights = weights.mean(dim=-3) if average_attn_weights else weights
         else:
-            out, weights = FUNCTION.apply(*inputs, None), None
+            out, weights = _apply(FUNCTION, *inputs, None), None
         return (out.transpose(0, 1) if batched and not self.batch_first else out), weights
 
 
@@ -357,8 +358,8 @@ class TransformerEncoderLayer(torch.nn.Module):
         row = lambda v: None if v is None else v.unsqueeze(0)  # noqa: E731 - (E,) -> the spec's 1 × E row
         shift = lambda norm: row(norm.bias) if norm.bias is not None else x.new_zeros(1, x.shape[-1])  # noqa: E731
         M = _torch_mask(src_mask, src_key_padding_mask, x, x, attn.num_heads)
-        out = FUNCTION.apply(
-            x, W_Q, W_K, W_V, attn.out_proj.weight.mT, b_Q, b_K, b_V, row(attn.out_proj.bias),
+        out = _apply(
+            FUNCTION, x, W_Q, W_K, W_V, attn.out_proj.weight.mT, b_Q, b_K, b_V, row(attn.out_proj.bias),
             row(self.norm1.weight), shift(self.norm1), row(self.norm2.weight), shift(self.norm2),
             self.linear1.weight.mT, row(self.linear1.bias), self.linear2.weight.mT, row(self.linear2.bias),
             M, attn.num_heads, self.norm1.eps,

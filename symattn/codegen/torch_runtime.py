@@ -55,13 +55,15 @@ def masked_row_softmax(a, out=None):
         return row_softmax(a, out=out)
     empty = a.amax(dim=-1, keepdim=True) == float("-inf")  # before out (maybe a itself) is written
     out = row_softmax(a, out=out)
+    if torch.compiler.is_compiling():  # no branch on the data in a compiled graph: one pass to fill
+        return out.masked_fill_(empty, 0.0)
     return out.masked_fill_(empty, 0.0) if bool(empty.any()) else out
 
 
 def row_softmax(a, out=None):
     """softmax along the last axis (torch's one-pass kernel, the row max subtracted first); out may be a itself."""
-    if out is None:
-        return torch.softmax(a, dim=-1)
+    if out is None or torch.compiler.is_compiling():  # (a compiled graph plans its own buffers; export traces
+        return torch.softmax(a, dim=-1)  # with autograd on, which refuses out=)
     return torch._softmax(a, -1, False, out=out)
 
 
@@ -216,6 +218,17 @@ class _NotTwice(torch.autograd.Function):
             "derivative and no second derivative is derived, so gradients made with create_graph=True cannot "
             "be differentiated again"
         )
+
+
+def _apply(function, *args):
+    """function.apply(*args), a tensor given a second time given as a view of itself (self-attention's Q = K = V):
+    torch.compile refuses an autograd.Function given one tensor twice; the gradients reach it through both."""
+    given = []
+    for arg in args:
+        if isinstance(arg, torch.Tensor) and any(arg is seen for seen in given):
+            arg = arg.view_as(arg)
+        given.append(arg)
+    return function.apply(*given)
 
 
 def _only_tensors(*values):

@@ -56,6 +56,89 @@ def test_torch_compile_inductor_cpu_matches_eager():
             assert (a - b).abs().max() < 1e-11
 
 
+def _cases() -> dict:
+    """name → (a function of float64 tensors, the tensors): every generated torch entry point with masks, heads,
+    biases, memeff and the drop-ins; self-attention passes one tensor as query, key and value."""
+    from symattn.generated import attention_torch, attention_torch_memeff, mha_torch_memeff
+
+    torch.manual_seed(2)
+    q, k, v = (torch.randn(2, L, 4, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    x = torch.randn(N, L, E, dtype=torch.float64, requires_grad=True)
+    bias = torch.randn(L, L, dtype=torch.float64, requires_grad=True)
+    padding = torch.zeros(2, L, dtype=torch.bool)
+    padding[1, -2:] = True
+    own, dropin = _modules()
+    gqa = mha_torch.MultiHeadAttention(E, num_heads=H, num_kv_heads=2, bias=True, dtype=torch.float64)
+    layer = transformer_block_torch.TransformerEncoderLayer(E, H, 8, dropout=0.0, dtype=torch.float64)
+    causal = torch.ones(L, L, dtype=torch.bool).triu(1)
+    return {
+        "attention": (attention_torch.forward, (q, k, v)),
+        "attention causal": (lambda a, b, c: attention_torch.forward(a, b, c, causal=True), (q, k, v)),
+        "attention float mask": (lambda a, b, c, m: attention_torch.forward(a, b, c, attn_mask=m), (q, k, v, bias)),
+        "attention key padding": (
+            lambda a, b, c: attention_torch.forward(a, b, c, key_padding_mask=padding),
+            (q, k, v),
+        ),
+        "attention memeff causal": (lambda a, b, c: attention_torch_memeff.forward(a, b, c, causal=True), (q, k, v)),
+        "mha Q = K = V": (lambda t: own(t, t, t, causal=True), (x,)),
+        "mha grouped heads": (lambda t: gqa(t, t, t), (x,)),
+        "mha memeff": (
+            lambda t: mha_torch_memeff.forward(t, t, t, own.W_Q, own.W_K, own.W_V, own.W_O, num_heads=H, causal=True),
+            (x,),
+        ),
+        "drop-in MultiheadAttention": (lambda t: dropin(t, t, t, attn_mask=causal)[0], (x,)),
+        "drop-in TransformerEncoderLayer": (layer, (x,)),
+    }
+
+
+CASES = _cases()
+
+
+def _leaves(args, function) -> list:
+    parameters = list(function.parameters()) if isinstance(function, torch.nn.Module) else []
+    owner = getattr(function, "__closure__", None) or ()
+    for cell in owner:  # a lambda over a module: its parameters too
+        if isinstance(cell.cell_contents, torch.nn.Module):
+            parameters += list(cell.cell_contents.parameters())
+    return [a for a in args if a.requires_grad] + parameters
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_torch_compile_fullgraph_traces_the_closed_form(name):
+    # fullgraph=True: one graph or an error (no silent eager fallback for the Function); no branch on the data
+    # (a fully masked row), no type.__index__, one tensor as Q, K and V; outputs and gradients as eager
+    function, args = CASES[name]
+    leaves = _leaves(args, function)
+    torch._dynamo.reset()
+    compiled = torch.compile(function, backend="aot_eager", fullgraph=True)
+    for run in (function, compiled):
+        out = run(*args)
+        weighted = out * torch.linspace(-1, 1, out.numel(), dtype=out.dtype).view_as(out)
+        grads = torch.autograd.grad(weighted.sum(), leaves, allow_unused=True)  # (mha memeff: no biases)
+        if run is function:
+            want = out.detach(), grads
+    assert (out - want[0]).abs().max() < 1e-12
+    for a, b in zip(grads, want[1], strict=True):
+        assert (a is None and b is None) or (a - b).abs().max() < 1e-11
+
+
+@pytest.mark.parametrize("name", ["attention causal", "mha Q = K = V", "drop-in MultiheadAttention"])
+def test_torch_export_traces_masks_and_heads(name):
+    function, args = CASES[name]
+
+    class Wrapped(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = function if isinstance(function, torch.nn.Module) else None
+
+        def forward(self, *xs):
+            return function(*xs)
+
+    exported = torch.export.export(Wrapped(), tuple(a.detach() for a in args))
+    got = exported.module()(*(a.detach() for a in args))
+    assert (got - function(*args).detach()).abs().max() < 1e-12
+
+
 def test_torch_func_transforms_raise_naming_what_is_unsupported():
     # the generated autograd.Function uses torch's classic forward(ctx, ...): functorch transforms need
     # setup_context (and a vmap rule); torch refuses them with an error naming that, never a wrong number
