@@ -15,7 +15,7 @@ from symattn.codegen.chains import left_to_right_flops, tree_flops
 from symattn.codegen.dag import Assignment, count_uses, expand, is_name, is_trivial, is_weight
 from symattn.lang import graph
 from symattn.lang.algebra import factors, product, terms, transpose
-from symattn.lang.names import Names
+from symattn.lang.names import Names, fresh_name
 from symattn.lang.node_base import Elementwise
 from symattn.lang.ops import Exp, RowSoftmax, RowSum, Sigmoid, Tanh
 from symattn.lang.ops_block import _RowStatistic
@@ -300,12 +300,8 @@ def _value_label(value: Basic, taken: set[str], labels: dict, hint: str = "") ->
         return labels[value]
     hint = hint or ("P" if isinstance(value, RowSoftmax) else "")
     if hint:
-        return next(label for k in range(1, len(taken) + 3) if (label := f"{hint}{k if k > 1 else ''}") not in taken)
-    return _run_label(value, taken) if isinstance(value, MatMul) else _fresh("F", taken)
-
-
-def _fresh(prefix: str, taken: set[str]) -> str:
-    return next(f"{prefix}{k}" for k in range(1, len(taken) + 2) if f"{prefix}{k}" not in taken)
+        return fresh_name(hint, taken, bare=True, first=2)
+    return _run_label(value, taken) if isinstance(value, MatMul) else fresh_name("F", taken)
 
 
 def name_product_runs(forward: list[Assignment], taken: set[str], labels: dict | None = None) -> list[Assignment]:
@@ -378,7 +374,7 @@ def _run_label(run: Basic, taken: set[str]) -> str:
         label = "".join(str(m.name) + ("T" if isinstance(f, Transpose) else "") for m, f in zip(inner, mats))
         if label.isidentifier() and label not in taken and not is_weight(MatrixSymbol(label, 1, 1)):
             return label  # (W_VTXT would read as a weight: unbatched)
-    return next(f"F{k}" for k in range(1, len(taken) + 2) if f"F{k}" not in taken)
+    return fresh_name("F", taken)
 
 
 def name_row_sums(backward: list[Assignment], taken: frozenset[str] = frozenset()) -> list[Assignment]:
@@ -392,11 +388,9 @@ def name_row_sums(backward: list[Assignment], taken: frozenset[str] = frozenset(
             if isinstance(node, RowSum) and node != a.value and node not in sums:
                 sums.append(node)
     taken = taken | {str(a.target.name) for a in backward}
-    free = (label for label in ("D", *(f"D{i}" for i in range(1, len(sums) + len(taken) + 2))) if label not in taken)
-    labels = [next(free) for _ in sums]
-    if len(sums) > 1 and labels[0] == "D":  # several: D1, D2, … as before
-        free = (f"D{i}" for i in range(1, len(sums) + len(taken) + 2) if f"D{i}" not in taken)
-        labels = [next(free) for _ in sums]
+    labels: list[str] = []
+    for _ in sums:  # one: D; several: D1, D2, …
+        labels.append(fresh_name("D", {*taken, *labels}, bare=len(sums) == 1))
     table = {node: MatrixSymbol(label, *node.shape) for node, label in zip(sums, labels)}
     renamed = [Assignment(a.target, a.value.xreplace(table), a.reduce_batch, a.comment) for a in backward]
     return [Assignment(symbol, node) for node, symbol in table.items()] + renamed

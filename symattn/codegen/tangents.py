@@ -27,6 +27,7 @@ from symattn.codegen.dag import Assignment
 from symattn.codegen.schedule import Schedule, _needed, _simplified, finished, gradient_symbol
 from symattn.lang.algebra import total
 from symattn.lang.graph import matrix_symbols
+from symattn.lang.names import fresh_name
 from symattn.specs.second_order import SecondOrder, inner
 
 __all__ = ["tangent_schedule"]
@@ -101,9 +102,6 @@ def _primal(first: Schedule, cotangent: MatrixSymbol, taken: set[str]) -> tuple[
 
 def _fresh(name: str, taken: set[str]) -> str:
     """name, or name_2, name_3, … when taken; the name returned is taken from then on."""
-    candidate, k = name, 1
-    while candidate in taken:
-        k += 1
-        candidate = f"{name}_{k}"
+    candidate = fresh_name(name, taken, bare=True, first=2, sep="_")
     taken.add(candidate)
     return candidate

@@ -39,6 +39,16 @@ def differential_name(name: str, taken: Collection[str]) -> str:
     return candidate
 
 
+def fresh_name(stem: str, taken: Collection[str], bare: bool = False, first: int = 1, sep: str = "") -> str:
+    """The first of stem (when bare), stem<sep><first>, stem<sep><first + 1>, … that is not in taken."""
+    if bare and stem not in taken:
+        return stem
+    k = first
+    while f"{stem}{sep}{k}" in taken:
+        k += 1
+    return f"{stem}{sep}{k}"
+
+
 class Names:
     """A table from subexpressions to the symbols that name them (``named``: display names, in forward order)."""
 

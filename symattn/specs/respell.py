@@ -17,6 +17,7 @@ from sympy.matrices.expressions import HadamardProduct, MatAdd, MatMul
 
 from symattn.lang.algebra import factors, product
 from symattn.lang.graph import children, postorder, rebuilt
+from symattn.lang.names import fresh_name
 from symattn.specs.spec import Spec
 
 
@@ -80,9 +81,10 @@ def _rebuilt(s: Spec, change, named: bool = False) -> Spec:
     output = product(new[s.output]) if isinstance(new[s.output], MatMul) else new[s.output]
     intermediates = [(label, new[e]) for label, e in s.intermediates if e in new]
     taken = {label for label, _ in intermediates} | {str(x.name) for x in (*s.inputs, *s.constants)}
-    labels = (f"c{k}" for k in range(1, len(extra) + len(taken) + 2) if f"c{k}" not in taken)
-    if named:
-        intermediates += [(next(labels), e) for e in dict.fromkeys(extra)]
+    for e in dict.fromkeys(extra) if named else ():
+        label = fresh_name("c", taken)
+        taken.add(label)
+        intermediates.append((label, e))
     # in the order of the DAG: an intermediate before those that read it
     order = {e: i for i, e in enumerate(postorder(output))}
     intermediates = sorted((p for p in intermediates if p[1] in order), key=lambda p: order[p[1]])

@@ -28,7 +28,7 @@ from symattn.autodiff.scalars import as_matrix
 from symattn.errors import SymattnError
 from symattn.lang.algebra import factors, product, total
 from symattn.lang.graph import children, intern, postorder, rebuilt
-from symattn.lang.names import Names
+from symattn.lang.names import Names, fresh_name
 from symattn.lang.ops import hadamard
 from symattn.specs.spec import Spec
 from symattn.specs.validate import is_identifier
@@ -54,15 +54,6 @@ class SecondOrder:
     @property
     def direction_names(self) -> frozenset[str]:
         return frozenset(v for _, v in self.directions)
-
-
-def _fresh(name: str, taken: set[str]) -> str:
-    """name, or name with a numeric suffix when taken."""
-    candidate, k = name, 1
-    while candidate in taken:
-        k += 1
-        candidate = f"{name}{k}"
-    return candidate
 
 
 def inner(v: Basic, g: Basic) -> sp.MatrixExpr:
@@ -132,7 +123,7 @@ def second_order_spec(s: Spec, wrt: Sequence[str] | None = None) -> SecondOrder:
     if unknown:
         raise SymattnError(f"spec {s.name!r} has no input {unknown[0]!r}; inputs: {', '.join(names)}")
     taken = set(names) | {str(c.name) for c in s.constants} | {label for label, _ in s.intermediates}
-    cotangent = MatrixSymbol(_fresh(COTANGENT, taken), *s.output.shape)
+    cotangent = MatrixSymbol(fresh_name(COTANGENT, taken, bare=True, first=2), *s.output.shape)
     taken.add(str(cotangent.name))
     intermediates, output = _nested(s)
     tape = backward(output, s.inputs, cotangent)
@@ -150,7 +141,7 @@ def second_order_spec(s: Spec, wrt: Sequence[str] | None = None) -> SecondOrder:
     for x in s.inputs:
         if str(x.name) not in wrt:
             continue
-        v_name = _fresh(DIRECTION.format(x.name), labels | taken)
+        v_name = fresh_name(DIRECTION.format(x.name), labels | taken, bare=True, first=2)
         v = MatrixSymbol(v_name, *x.shape) if isinstance(x, MatrixSymbol) else sp.Symbol(v_name, real=True)
         taken.add(v_name)
         directions.append((str(x.name), v))
@@ -159,7 +150,7 @@ def second_order_spec(s: Spec, wrt: Sequence[str] | None = None) -> SecondOrder:
             continue
         if not isinstance(x, MatrixSymbol):  # a trainable scalar τ: ∂f/∂τ as the 1 × 1 sum of entries it is
             g = as_matrix(g)
-        label = _fresh(f"G_{x.name}", labels | taken)
+        label = fresh_name(f"G_{x.name}", labels | taken, bare=True, first=2)
         intermediates.append((label, g))
         labels.add(label)
         terms.append(inner(v, g))
