@@ -1,0 +1,118 @@
+"""torch.compile of the generated torch modules against the same modules eager, and torch's SDPA, one thread.
+
+One step is forward + backward, loss = ⟨G, output⟩, float32: ``attention_torch.forward`` (B × H × n × d
+queries, keys and values, with and without ``causal``) and the own-layout ``mha_torch.MultiHeadAttention``
+(self-attention, one tensor as query, key and value). Each is run eager and as
+``torch.compile(fullgraph=True)`` (inductor; compiled once before timing), beside
+``F.scaled_dot_product_attention`` (attention) or ``nn.MultiheadAttention(need_weights=False)`` (mha),
+which call torch's fused SDPA kernel. Time: the best of ``--repeats`` rounds, the runs taking turns in each.
+Issue 28's target: compiled no slower than eager. Prints a Markdown table.
+
+    OMP_NUM_THREADS=1 python benchmarks/compiled.py [--repeats 15] [--quick]
+"""
+
+from __future__ import annotations
+
+import os
+
+for _variable in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+    os.environ[_variable] = "1"
+
+import argparse  # noqa: E402
+import time  # noqa: E402
+
+import torch  # noqa: E402
+from symattn.generated import attention_torch, mha_torch  # noqa: E402
+
+torch.set_num_threads(1)
+ATTENTION = ((1, 8, 1024, 64), (1, 2, 4096, 64), (4, 8, 512, 64))  # B, H, n, d
+MHA = ((4, 256, 512, 8), (1, 1024, 256, 4))  # B, n, d_model, H
+QUICK_ATTENTION, QUICK_MHA = ((1, 2, 64, 16),), ((2, 32, 32, 4),)
+
+
+def _best(runs: dict, repeats: int) -> dict[str, float]:
+    """Best seconds of each run over repeats rounds (after one warm-up round), the runs taking turns."""
+    best = {name: float("inf") for name in runs}
+    for round_ in range(repeats + 1):
+        for name, run in runs.items():
+            start = time.perf_counter()
+            run()
+            if round_:
+                best[name] = min(best[name], time.perf_counter() - start)
+    return best
+
+
+def _step(function, leaves, seed):
+    """A function of the leaves: one forward and backward, the gradients returned."""
+
+    def run():
+        out = function(*leaves)
+        return torch.autograd.grad(out, leaves, seed)
+
+    return run
+
+
+def attention_row(batch, heads, n, d, causal, repeats) -> dict:
+    torch.manual_seed(0)
+    leaves = [torch.randn(batch, heads, n, d, requires_grad=True) for _ in range(3)]
+    seed = torch.randn(batch, heads, n, d)
+
+    def ours(q, k, v):
+        return attention_torch.forward(q, k, v, causal=causal)
+
+    def sdpa(q, k, v):
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+    torch._dynamo.reset()
+    compiled = torch.compile(ours, fullgraph=True)
+    runs = {"eager": _step(ours, leaves, seed), "compiled": _step(compiled, leaves, seed)}
+    runs["sdpa"] = _step(sdpa, leaves, seed)
+    error = max(float((a - b).abs().max()) for a, b in zip(runs["eager"](), runs["compiled"]()))
+    times = _best(runs, repeats)
+    return {"case": f"attention {batch}×{heads}×{n}, d={d}" + (", causal" if causal else ""), "error": error} | times
+
+
+def mha_row(batch, n, d_model, heads, repeats) -> dict:
+    torch.manual_seed(0)
+    ours = mha_torch.MultiHeadAttention(d_model, num_heads=heads)
+    ref = torch.nn.MultiheadAttention(d_model, heads, batch_first=True, bias=False)
+    x = torch.randn(batch, n, d_model, requires_grad=True)
+    seed = torch.randn(batch, n, d_model)
+    leaves = [x, *ours.parameters()]
+
+    def eager(t, *_):
+        return ours(t, t, t)
+
+    def torch_mha(t, *_):
+        return ref(t, t, t, need_weights=False)[0]
+
+    torch._dynamo.reset()
+    compiled = torch.compile(eager, fullgraph=True)
+    runs = {"eager": _step(eager, leaves, seed), "compiled": _step(compiled, leaves, seed)}
+    runs["sdpa"] = _step(torch_mha, [x, *ref.parameters()], seed)
+    error = max(float((a - b).abs().max()) for a, b in zip(runs["eager"](), runs["compiled"]()))
+    times = _best(runs, repeats)
+    return {"case": f"mha B={batch} n={n} d_model={d_model} H={heads}", "error": error} | times
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--quick", action="store_true", help="tiny sizes, a smoke run")
+    args = parser.parse_args()
+    attention, mha = (QUICK_ATTENTION, QUICK_MHA) if args.quick else (ATTENTION, MHA)
+    print("| case | eager (ms) | compiled ÷ eager | SDPA ÷ eager | largest difference compiled vs eager |")
+    print("|---|---:|---:|---:|---:|")
+    rows = [attention_row(*case, causal, args.repeats) for case in attention for causal in (False, True)]
+    rows += [mha_row(*case, args.repeats) for case in mha]
+    for row in rows:
+        eager = row["eager"]
+        print(
+            f"| {row['case']} | {eager * 1e3:.1f} | {row['compiled'] / eager:.2f} | {row['sdpa'] / eager:.2f} | "
+            f"{row['error']:.1e} |",
+            flush=True,
+        )
+
+
+if __name__ == "__main__":
+    main()
