@@ -27,7 +27,6 @@ class Assignment:
     target: MatrixSymbol
     value: Basic
     reduce_batch: bool = False
-    comment: str = ""
 
 
 def expand(expr: Basic, definitions: dict[Basic, Basic]) -> Basic:

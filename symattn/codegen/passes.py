@@ -150,7 +150,7 @@ def inline_aliases(backward: list[Assignment], keep: set) -> list[Assignment]:
         if a.target not in keep and is_name(value):
             alias[a.target], alias[a.target.T] = value, transpose(value)
             continue
-        out.append(a if value is a.value else Assignment(a.target, value, a.reduce_batch, a.comment))
+        out.append(a if value is a.value else Assignment(a.target, value, a.reduce_batch))
     return out
 
 
@@ -177,9 +177,9 @@ def unshared_constant_gradients(
             )
             names.add(label)
             full = renamed[a.target] = MatrixSymbol(label, *a.target.shape)
-            out += [Assignment(full, value, a.reduce_batch, a.comment), Assignment(a.target, full, a.reduce_batch)]
+            out += [Assignment(full, value, a.reduce_batch), Assignment(a.target, full, a.reduce_batch)]
             continue
-        out.append(a if value is a.value else Assignment(a.target, value, a.reduce_batch, a.comment))
+        out.append(a if value is a.value else Assignment(a.target, value, a.reduce_batch))
     return out
 
 
@@ -203,7 +203,7 @@ def inline_products(forward: list[Assignment], keep: set) -> tuple[list[Assignme
             labels.setdefault(value, str(a.target.name))
             labels.setdefault(product(*factors(value)[1]), str(a.target.name))  # S in c·S
             continue
-        out.append(Assignment(a.target, value, a.reduce_batch, a.comment))
+        out.append(Assignment(a.target, value, a.reduce_batch))
     return out, labels
 
 
@@ -225,21 +225,21 @@ def name_forward_values(
     softmaxes: set = set()
     out: list[Assignment] = []
     for a in forward:
-        wanted: list[Basic] = []
+        wanted: dict[Basic, str] = {}  # value → its label's stem if the spec gives none (A for a softmax's argument)
         for node in graph.nodes(a.value):
-            wanted += _read_by_backward(node, trainable, softmaxes)
-        hints = dict(reversed([w for w in wanted if isinstance(w, tuple)]))  # a softmax's argument: A
-        for value in dict.fromkeys(w[0] if isinstance(w, tuple) else w for w in wanted):
+            for value, stem in _read_by_backward(node, trainable, softmaxes):
+                wanted[value] = wanted.get(value) or stem
+        for value, stem in wanted.items():
             if value == a.value or is_trivial(value) or value in names.table:
                 continue
-            label = _value_label(value, taken, labels, hints.get(value, ""))
+            label = _value_label(value, taken, labels, stem)
             taken.add(label)
             target = MatrixSymbol(label, *value.shape)
             out.append(Assignment(target, names.substitute(_broadcasts(value, names)), a.reduce_batch))
             names.add(value, target)
             softmaxes.update([target] if isinstance(value, RowSoftmax) else [])
         value = names.substitute(_broadcasts(a.value, names)) if names.table else a.value
-        out.append(Assignment(a.target, value, a.reduce_batch, a.comment))
+        out.append(Assignment(a.target, value, a.reduce_batch))
         softmaxes.update([a.target] if isinstance(value, RowSoftmax) else [])
     return out
 
@@ -273,15 +273,17 @@ def _broadcasts(value: Basic, names: Names) -> Basic:
 ROW_AND_ENTRYWISE = (RowSoftmax, RowSum, Elementwise, _RowStatistic, HadamardPower)
 
 
-def _read_by_backward(node: Basic, trainable: frozenset, softmaxes: set) -> list[Basic]:
-    """The values node's VJP reads, other than broadcasts (u 𝟏ᵀ) and names, arguments first; softmaxes: the names
-    of row softmaxes."""
+def _read_by_backward(node: Basic, trainable: frozenset, softmaxes: set) -> list[tuple[Basic, str]]:
+    """The values node's VJP reads, arguments first, each with a label stem ("" for the default); softmaxes: the
+    names of row softmaxes. Names and broadcasts (u 𝟏ᵀ) among them are left out later (``is_trivial``)."""
     if isinstance(node, ROW_AND_ENTRYWISE):  # f(u 𝟏ᵀ) = f(u) 𝟏ᵀ: the column is the value, printed broadcast
         column = _column(node.args[0])
-        return [column] if column is not None else [(node.args[0], "A" if isinstance(node, RowSoftmax) else ""), node]
+        if column is not None:
+            return [(column, "")]
+        softmax = isinstance(node, RowSoftmax)
+        return [(node.args[0], "A" if softmax else ""), (node, "P" if softmax else "")]
     if isinstance(node, HadamardProduct):  # (an entrywise function among them is named by the rule above)
-        operands = (_column(a) or a for a in node.args if not isinstance(a, ROW_AND_ENTRYWISE))
-        return [a for a in operands if not is_trivial(a)]
+        return [(_column(a) or a, "") for a in node.args if not isinstance(a, ROW_AND_ENTRYWISE)]
     if not isinstance(node, MatMul):
         return []
     coeff, mats = factors(node)
@@ -290,17 +292,16 @@ def _read_by_backward(node: Basic, trainable: frozenset, softmaxes: set) -> list
     operands = [m.arg if isinstance(m, Transpose) else m for m in mats] if len(mats) > 1 else []
     # O = P V: the D identity reads it; S in τ·S: dτ does
     read = coeff.free_symbols & trainable or any(isinstance(m, RowSoftmax) or m in softmaxes for m in operands)
-    return [*operands, *([product(*mats)] if read else [])]
+    return [(m, "") for m in [*operands, *([product(*mats)] if read else [])]]
 
 
-def _value_label(value: Basic, taken: set[str], labels: dict, hint: str = "") -> str:
-    """The spec's label of value, else the hint (A for a softmax's argument), P for a softmax, XW_Q for a product of
-    two names (``_run_label``), else F1, F2, …; never in taken."""
+def _value_label(value: Basic, taken: set[str], labels: dict, stem: str = "") -> str:
+    """The spec's label of value, else the stem (A, A2, … for a softmax's argument, P, P2, … for a softmax), XW_Q for
+    a product of two names (``_run_label``), else F1, F2, …; never in taken."""
     if labels.get(value, "") not in ("", *taken):
         return labels[value]
-    hint = hint or ("P" if isinstance(value, RowSoftmax) else "")
-    if hint:
-        return fresh_name(hint, taken, bare=True, first=2)
+    if stem:
+        return fresh_name(stem, taken, bare=True, first=2)
     return _run_label(value, taken) if isinstance(value, MatMul) else fresh_name("F", taken)
 
 
@@ -334,7 +335,7 @@ def name_product_runs(forward: list[Assignment], taken: set[str], labels: dict |
             target = MatrixSymbol(label, *run.shape)
             out.append(Assignment(target, names.substitute(run), a.reduce_batch))
             names.add(run, target)
-        out.append(Assignment(a.target, names.substitute(a.value), a.reduce_batch, a.comment))
+        out.append(Assignment(a.target, names.substitute(a.value), a.reduce_batch))
     return out
 
 
@@ -392,7 +393,7 @@ def name_row_sums(backward: list[Assignment], taken: frozenset[str] = frozenset(
     for _ in sums:  # one: D; several: D1, D2, …
         labels.append(fresh_name("D", {*taken, *labels}, bare=len(sums) == 1))
     table = {node: MatrixSymbol(label, *node.shape) for node, label in zip(sums, labels)}
-    renamed = [Assignment(a.target, a.value.xreplace(table), a.reduce_batch, a.comment) for a in backward]
+    renamed = [Assignment(a.target, a.value.xreplace(table), a.reduce_batch) for a in backward]
     return [Assignment(symbol, node) for node, symbol in table.items()] + renamed
 
 
@@ -416,7 +417,7 @@ def name_constants(forward: list[Assignment], backward: list[Assignment], taken:
     table = {c: s for s, c in constants}
 
     def rename(a: Assignment) -> Assignment:
-        return Assignment(a.target, a.value.xreplace(table), a.reduce_batch, a.comment)
+        return Assignment(a.target, a.value.xreplace(table), a.reduce_batch)
 
     return tuple(constants), [rename(a) for a in forward], [rename(a) for a in backward]
 
@@ -454,9 +455,9 @@ def save_entrywise_outputs(forward: list[Assignment], backward: list[Assignment]
         forward = [
             *forward[:first],
             Assignment(symbol, node),
-            *(Assignment(f.target, f.value.xreplace(rename), f.reduce_batch, f.comment) for f in forward[first:]),
+            *(Assignment(f.target, f.value.xreplace(rename), f.reduce_batch) for f in forward[first:]),
         ]
-        backward = [Assignment(b.target, b.value.xreplace(rename), b.reduce_batch, b.comment) for b in backward]
+        backward = [Assignment(b.target, b.value.xreplace(rename), b.reduce_batch) for b in backward]
     return forward, backward
 
 
@@ -490,7 +491,7 @@ def save_forward_values(forward: list[Assignment], backward: list[Assignment], s
     out: list[Assignment] = []
     for i, f in enumerate(forward):
         out += moved.get(i, [])
-        out.append(Assignment(f.target, graph.rewrite(f.value, names.get), f.reduce_batch, f.comment))
+        out.append(Assignment(f.target, graph.rewrite(f.value, names.get), f.reduce_batch))
     return out, kept
 
 
@@ -546,7 +547,7 @@ def hoist_hadamard_scalars(backward: list[Assignment]) -> list[Assignment]:
     def merged(expr: Basic) -> Basic:
         return expr.replace(lambda e: isinstance(e, HadamardProduct), hoisted).replace(nested, flattened)
 
-    return [Assignment(a.target, merged(a.value), a.reduce_batch, a.comment) for a in backward]
+    return [Assignment(a.target, merged(a.value), a.reduce_batch) for a in backward]
 
 
 def reassociate_products(values: list[Assignment]) -> list[Assignment]:
@@ -566,4 +567,4 @@ def reassociate_products(values: list[Assignment]) -> list[Assignment]:
     def rewrite(expr: Basic) -> Basic:
         return expr.replace(lambda e: isinstance(e, MatMul), cheaper)
 
-    return [Assignment(a.target, rewrite(a.value), a.reduce_batch, a.comment) for a in values]
+    return [Assignment(a.target, rewrite(a.value), a.reduce_batch) for a in values]

@@ -127,7 +127,7 @@ def _share(
     """
     serial, declined = 0, set()
     flat = Names()  # no names: products flattened, as every substitution below leaves them
-    values = [Assignment(a.target, flat.substitute(a.value), a.reduce_batch, a.comment) for a in values]
+    values = [Assignment(a.target, flat.substitute(a.value), a.reduce_batch) for a in values]
     holders: dict[Basic, set[int]] = {}  # symbol → the values that may read it (a superset: never removed)
     for i, a in enumerate(values):
         for x in matrix_symbols(a.value):
@@ -158,7 +158,7 @@ def _share(
             continue
         serial += label == f"t{serial + 1}"
         for i, value in changed.items():
-            values[i] = Assignment(values[i].target, value, values[i].reduce_batch, values[i].comment)
+            values[i] = Assignment(values[i].target, value, values[i].reduce_batch)
             for x in matrix_symbols(value):
                 holders.setdefault(x, set()).add(i)
         values.append(Assignment(target, shared))
@@ -391,7 +391,7 @@ def _simplified(
         # a candidate that reads its own name (dT = dTᵀᵀ, its value's double transpose found) is no value
         cheaper = candidate != b.value and flops_value(candidate) < flops_value(b.value)
         if cheaper and b.target not in matrix_symbols(candidate):
-            b = Assignment(b.target, candidate, b.reduce_batch, b.comment)
+            b = Assignment(b.target, candidate, b.reduce_batch)
         out.append(b)
     return out
 
@@ -437,8 +437,7 @@ def schedule_spec(s: Spec, options: tuple[Option, ...] = ()) -> Schedule:
     output = names.table[s.output]
     trainable = frozenset(x for x in s.inputs if is_scalar_input(x))
     forward, labels = inline_products(forward, {output})
-    free = spec_names(s) - {str(a.target.name) for a in forward} - {str(x.name) for x in (*s.inputs, *s.constants)}
-    taken = spec_names(s) - free  # an inlined product's label is free again: its value may take it
+    taken = {str(x.name) for x in (*s.inputs, *s.constants)}  # and the forward's (an inlined product's label is free)
     forward = name_forward_values(forward, taken, trainable, labels)
     forward = _needed_forward(fold_scalar_multiples(forward, {output}, trainable), output)
     forward = name_product_runs(forward, taken, labels)
@@ -513,9 +512,7 @@ def finished(
     backward_values = reassociate_products(backward_values)
     # sums and entrywise products in one order (SymPy's keys), so that A + B named in one value and B + A
     # in another are found equal: the order a value's terms had before names replaced them is no longer sorted
-    backward_values = [
-        Assignment(a.target, rewrite(a.value, SORTED), a.reduce_batch, a.comment) for a in backward_values
-    ]
+    backward_values = [Assignment(a.target, rewrite(a.value, SORTED), a.reduce_batch) for a in backward_values]
     taken = frozenset(str(x.name) for x in (*s.inputs, *s.constants, *(a.target for a in forward)))
     backward_values = _share(backward_values, interior, taken)
     backward_values = _order(name_row_sums(backward_values, taken))

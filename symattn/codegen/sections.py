@@ -31,7 +31,6 @@ class Statement:
 
     target: str
     value: str
-    comment: str = ""
     guard: str = ""  # an optional input: the statement runs only when it was given (else the target is None)
     frees: tuple[str, ...] = ()  # values made earlier in this function and read here for the last time: del'd
 
@@ -128,7 +127,7 @@ class Sections:
             value = printer.doprint(a.value)
         printer.consumable = frozenset()
         # the gradient of an optional input is computed only when the input was given
-        return Statement(str(a.target.name), value, a.comment, self.gradient_of.get(a.target, ""), frees)
+        return Statement(str(a.target.name), value, self.gradient_of.get(a.target, ""), frees)
 
     def fits(self, a: Assignment, dying: frozenset) -> frozenset:
         """The dying arrays a's value may be written into: not an unbatched one when the value is batched;

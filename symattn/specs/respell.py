@@ -62,7 +62,7 @@ def _scale_moved(node: Basic, args: tuple, named: list) -> Basic:
 def _scale_split(node: Basic, args: tuple, named: list) -> Basic:
     """c F₁ … F_k as (√c F₁) … (√c F_k), both scaled factors named (1/√d as d^(-1/4) on Q and on K)."""
     coeff, mats = factors(rebuilt(node, args)) if isinstance(node, MatMul) else (1, ())
-    if coeff in (1, -1) or len(mats) < 2 or not (coeff.is_positive or coeff.free_symbols):
+    if coeff in (1, -1) or len(mats) < 2 or not coeff.is_positive:  # (√τ of a trainable τ: no spelling)
         return rebuilt(node, args)
     root = sp.sqrt(coeff)
     first, last = MatMul(root, mats[0]), MatMul(root, mats[-1])
