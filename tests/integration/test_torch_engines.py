@@ -122,7 +122,7 @@ def test_torch_compile_fullgraph_traces_the_closed_form(name):
         assert (a is None and b is None) or (a - b).abs().max() < 1e-11
 
 
-@pytest.mark.parametrize("name", ["attention causal", "mha Q = K = V", "drop-in MultiheadAttention"])
+@pytest.mark.parametrize("name", sorted(CASES))
 def test_torch_export_traces_masks_and_heads(name):
     function, args = CASES[name]
 
