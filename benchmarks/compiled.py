@@ -19,27 +19,18 @@ for _variable in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
     os.environ[_variable] = "1"
 
 import argparse  # noqa: E402
-import time  # noqa: E402
+import runpy  # noqa: E402
+from pathlib import Path  # noqa: E402
 
 import torch  # noqa: E402
 from symattn.generated import attention_torch, mha_torch  # noqa: E402
 
 torch.set_num_threads(1)
+# best seconds of each run, the runs taking turns in every round: the gallery benchmark's harness
+interleaved = runpy.run_path(str(Path(__file__).resolve().parent / "gallery.py"))["interleaved"]
 ATTENTION = ((1, 8, 1024, 64), (1, 2, 4096, 64), (4, 8, 512, 64))  # B, H, n, d
 MHA = ((4, 256, 512, 8), (1, 1024, 256, 4))  # B, n, d_model, H
 QUICK_ATTENTION, QUICK_MHA = ((1, 2, 64, 16),), ((2, 32, 32, 4),)
-
-
-def _best(runs: dict, repeats: int) -> dict[str, float]:
-    """Best seconds of each run over repeats rounds (after one warm-up round), the runs taking turns."""
-    best = {name: float("inf") for name in runs}
-    for round_ in range(repeats + 1):
-        for name, run in runs.items():
-            start = time.perf_counter()
-            run()
-            if round_:
-                best[name] = min(best[name], time.perf_counter() - start)
-    return best
 
 
 def _step(function, leaves, seed):
@@ -68,7 +59,7 @@ def attention_row(batch, heads, n, d, causal, repeats) -> dict:
     runs = {"eager": _step(ours, leaves, seed), "compiled": _step(compiled, leaves, seed)}
     runs["sdpa"] = _step(sdpa, leaves, seed)
     error = max(float((a - b).abs().max()) for a, b in zip(runs["eager"](), runs["compiled"]()))
-    times = _best(runs, repeats)
+    times = interleaved(runs, repeats)
     return {"case": f"attention {batch}×{heads}×{n}, d={d}" + (", causal" if causal else ""), "error": error} | times
 
 
@@ -91,7 +82,7 @@ def mha_row(batch, n, d_model, heads, repeats) -> dict:
     runs = {"eager": _step(eager, leaves, seed), "compiled": _step(compiled, leaves, seed)}
     runs["sdpa"] = _step(torch_mha, [x, *ref.parameters()], seed)
     error = max(float((a - b).abs().max()) for a, b in zip(runs["eager"](), runs["compiled"]()))
-    times = _best(runs, repeats)
+    times = interleaved(runs, repeats)
     return {"case": f"mha B={batch} n={n} d_model={d_model} H={heads}", "error": error} | times
 
 
