@@ -9,7 +9,20 @@ from symattn.derive.check import CheckResult, check
 from symattn.derive.derivation import Derivation, derive
 from symattn.errors import ShapeMismatchError, SymattnError, UnknownSpecError, UnsupportedNodeError
 from symattn.lang.lazy import Matrix, identity, matrix, ones, scalar
-from symattn.lang.ops import exp, hadamard, log, merge_heads, rowsum, sigmoid, softmax, split_heads, sum, tanh
+from symattn.lang.ops import (
+    exp,
+    hadamard,
+    log,
+    log_softmax,
+    merge_heads,
+    rowsum,
+    sigmoid,
+    softmax,
+    softplus,
+    split_heads,
+    sum,
+    tanh,
+)
 from symattn.numeric.lambdify import lambdify
 from symattn.optimize.simplify import simplify, simplify_all
 from symattn.specs import Spec, spec, specs
@@ -35,6 +48,7 @@ __all__ = [
     "identity",
     "lambdify",
     "log",
+    "log_softmax",
     "matrix",
     "merge_heads",
     "ones",
@@ -44,6 +58,7 @@ __all__ = [
     "simplify",
     "simplify_all",
     "softmax",
+    "softplus",
     "spec",
     "specs",
     "split_heads",

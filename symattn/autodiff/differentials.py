@@ -3,7 +3,10 @@
 These rules (``JVP_RULES``) are written independently of the VJP rules of ``vjp``:
 the derivation printer uses them for the line tr(Ḡᵀ dY) = tr(Ḡᵀ (product rule …)),
 and the step verifier uses them to evaluate every dY at random differentials, so a
-wrong VJP rule shows up as a step whose two sides disagree.
+wrong VJP rule shows up as a step whose two sides disagree. The function nodes' rules
+both read the node's record (f′(A) for an entrywise f; the row-wise VJP and JVP, each
+written out); every record's f′ is checked against SymPy's derivative of its scalar
+function (tests/unit/test_function_records.py).
 ``Differential(A)`` is the node dA; ``differential(expr, tangents)`` expands d(expr)
 all the way down to the differentials of the symbols in ``tangents``.
 """
@@ -28,27 +31,21 @@ from sympy.matrices.expressions import (
     ZeroMatrix,
 )
 
-from symattn.autodiff.curvature import gelu_second, gelu_tanh_second
+from symattn.autodiff.vjp import supported
 from symattn.errors import UnsupportedNodeError
 from symattn.lang.algebra import hadamard_product, total
+from symattn.lang.functions import function_kind
 from symattn.lang.ops import (
-    Exp,
-    Gelu,
-    GeluGrad,
-    GeluTanh,
-    GeluTanhGrad,
+    Elementwise,
     LayerNorm,
-    Log,
     MergeHeads,
     RepeatHeads,
     RowInvStd,
-    RowSoftmax,
     RowSum,
-    Sigmoid,
+    RowWise,
     SplitHeads,
     SumEntries,
     SumGroups,
-    Tanh,
 )
 
 
@@ -192,46 +189,18 @@ def power_jvp(node: MatPow, d: Tangent) -> Basic | None:
     return product_jvp(MatMul(*([base] * int(k))), d)
 
 
-@defjvp(Exp)
-def exp_jvp(node: Exp, d: Tangent) -> Basic | None:
-    """d exp(A) = exp(A) ⊙ dA."""
+@defjvp(Elementwise)
+def entrywise_jvp(node: Elementwise, d: Tangent) -> Basic | None:
+    """d f(A) = f′(A) ⊙ dA, f′ from the node's record."""
     da = d(node.arg)
-    return None if da is None else hadamard_product(node, da)
+    return None if da is None else hadamard_product(node.derivative(), da)
 
 
-@defjvp(Log)
-def log_jvp(node: Log, d: Tangent) -> Basic | None:
-    """d log(A) = A^{∘−1} ⊙ dA."""
+@defjvp(RowWise)
+def row_wise_jvp(node: RowWise, d: Tangent) -> Basic | None:
+    """dY from dA by the node's record (softmax: dP = P ⊙ (dA − (P ⊙ dA) 𝟏𝟏ᵀ))."""
     da = d(node.arg)
-    return None if da is None else hadamard_product(HadamardPower(node.arg, -1), da)
-
-
-@defjvp(Tanh)
-def tanh_jvp(node: Tanh, d: Tangent) -> Basic | None:
-    """d tanh(A) = (𝟏𝟏ᵀ − tanh(A)^{∘2}) ⊙ dA."""
-    da = d(node.arg)
-    return (
-        None
-        if da is None
-        else hadamard_product(_total([OneMatrix(*node.shape), MatMul(-1, HadamardPower(node, 2))]), da)
-    )
-
-
-@defjvp(Sigmoid)
-def sigmoid_jvp(node: Sigmoid, d: Tangent) -> Basic | None:
-    """dσ(A) = σ(A) ⊙ (𝟏𝟏ᵀ − σ(A)) ⊙ dA."""
-    da = d(node.arg)
-    return None if da is None else hadamard_product(node, _total([OneMatrix(*node.shape), MatMul(-1, node)]), da)
-
-
-@defjvp(RowSoftmax)
-def row_softmax_jvp(node: RowSoftmax, d: Tangent) -> Basic | None:
-    """P = softmax(A): dP = P ⊙ (dA − (P ⊙ dA) 𝟏𝟏ᵀ)."""
-    da = d(node.arg)
-    if da is None:
-        return None
-    cols = node.shape[1]
-    return hadamard_product(node, _total([da, MatMul(-1, hadamard_product(node, da), OneMatrix(cols, cols))]))
+    return None if da is None else node.jvp(da)
 
 
 @defjvp(RowSum)
@@ -269,34 +238,6 @@ def merge_heads_jvp(node: MergeHeads, d: Tangent) -> Basic | None:
     return None if da is None else MergeHeads(da, node.heads)
 
 
-@defjvp(Gelu)
-def gelu_jvp(node: Gelu, d: Tangent) -> Basic | None:
-    """d GELU(A) = GELU′(A) ⊙ dA."""
-    da = d(node.arg)
-    return None if da is None else hadamard_product(GeluGrad(node.arg), da)
-
-
-@defjvp(GeluTanh)
-def gelu_tanh_jvp(node: GeluTanh, d: Tangent) -> Basic | None:
-    """d GELU_tanh(A) = GELU_tanh′(A) ⊙ dA."""
-    da = d(node.arg)
-    return None if da is None else hadamard_product(GeluTanhGrad(node.arg), da)
-
-
-@defjvp(GeluGrad)
-def gelu_grad_jvp(node: GeluGrad, d: Tangent) -> Basic | None:
-    """d GELU′(A) = GELU″(A) ⊙ dA, GELU″(x) = φ(x)(2 − x²)."""
-    da = d(node.arg)
-    return None if da is None else hadamard_product(gelu_second(node.arg), da)
-
-
-@defjvp(GeluTanhGrad)
-def gelu_tanh_grad_jvp(node: GeluTanhGrad, d: Tangent) -> Basic | None:
-    """d GELU_tanh′(A) = GELU_tanh″(A) ⊙ dA."""
-    da = d(node.arg)
-    return None if da is None else hadamard_product(gelu_tanh_second(node.arg), da)
-
-
 @defjvp(RowInvStd)
 def row_inv_std_jvp(node: RowInvStd, d: Tangent) -> Basic | None:
     """r = rstd(A) = (σ² + ε)^{−1/2}, k columns: dr = −½ r^{∘3} ⊙ dσ², dσ² = (2/k)(A − μ𝟏ᵀ ⊙ dA)𝟏 and
@@ -330,9 +271,9 @@ def layer_norm_jvp(node: LayerNorm, d: Tangent) -> Basic | None:
 
 
 def _rule(node: Basic) -> JvpRule:
-    rule = JVP_RULES.get(type(node))
+    rule = JVP_RULES.get(function_kind(node) or type(node))
     if rule is None:
-        raise UnsupportedNodeError(node, "differentials", [t.__name__ for t in JVP_RULES])
+        raise UnsupportedNodeError(node, "differentials", supported(JVP_RULES))
     return rule
 
 

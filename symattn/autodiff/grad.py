@@ -15,7 +15,7 @@ import sympy as sp
 from sympy import Basic, MatrixExpr, MatrixSymbol
 from sympy.matrices.expressions import Identity, ZeroMatrix
 
-from symattn.autodiff.vjp import VJP_RULES, merge_cotangents, zero_like
+from symattn.autodiff.vjp import VJP_RULES, merge_cotangents, supported, vjp_rule, zero_like
 from symattn.errors import ShapeMismatchError, SymattnError, UnsupportedNodeError
 from symattn.lang.algebra import total
 from symattn.lang.dims import same_dim
@@ -110,9 +110,9 @@ def _topological(expr: Basic, depends: dict[Basic, bool]) -> list[Basic]:
 
 
 def _rule_for(node: Basic):
-    rule = VJP_RULES.get(type(node))
+    rule = vjp_rule(node)
     if rule is None:
-        names = [t.__name__ for t in VJP_RULES]
+        names = supported(VJP_RULES)
         raise UnsupportedNodeError(node, "differentiation", names)
     return rule
 

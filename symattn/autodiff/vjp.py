@@ -25,32 +25,38 @@ from sympy.matrices.expressions import (
     ZeroMatrix,
 )
 
-from symattn.autodiff.curvature import gelu_second, gelu_tanh_second
 from symattn.lang.algebra import hadamard_product, product, total, transpose
+from symattn.lang.functions import FUNCTIONS, function_kind
 from symattn.lang.ops import (
-    Exp,
-    Gelu,
-    GeluGrad,
-    GeluTanh,
-    GeluTanhGrad,
+    Elementwise,
     LayerNorm,
-    Log,
     MergeHeads,
     RepeatHeads,
     RowInvStd,
-    RowSoftmax,
     RowSum,
-    Sigmoid,
+    RowWise,
     SplitHeads,
     SumEntries,
     SumGroups,
-    Tanh,
 )
 
 Cotangents = list[tuple[Basic, Basic]]
 VjpRule = Callable[[Basic, Basic], Cotangents]
 
 VJP_RULES: dict[type, VjpRule] = {}
+
+
+def supported(rules: dict) -> list[str]:
+    """The names of the nodes the rules differentiate: a function kind's rule stands for every record of it."""
+    kinds = [k for k in rules if k in (Elementwise, RowWise)]
+    records = [r.__name__ for r in FUNCTIONS.values() if issubclass(r, tuple(kinds))]
+    return [t.__name__ for t in rules if t not in kinds] + records
+
+
+def vjp_rule(node: Basic) -> VjpRule | None:
+    """The rule for node's type (a function node: its kind's, Elementwise or RowWise, which asks its record);
+    None if there is none (a subclass of a SymPy node is not that node: Inverse is no MatPow here)."""
+    return VJP_RULES.get(function_kind(node) or type(node))
 
 
 def defvjp(*node_types: type) -> Callable[[VjpRule], VjpRule]:
@@ -133,7 +139,19 @@ def power_vjp(node: MatPow, g: Basic) -> Cotangents:
     return product_vjp(MatMul(*([base] * int(k))), g)
 
 
-# Entrywise nodes.
+# Entrywise and row-wise nodes.
+
+
+@defvjp(Elementwise)
+def entrywise_vjp(node: Elementwise, g: Basic) -> Cotangents:
+    """tr(Gᵀ d f(A)) = tr(Gᵀ (f′(A) ⊙ dA)) = tr((G ⊙ f′(A))ᵀ dA), f′ from the node's record."""
+    return [(node.arg, hadamard_product(g, node.derivative()))]
+
+
+@defvjp(RowWise)
+def row_wise_vjp(node: RowWise, g: Basic) -> Cotangents:
+    """tr(Gᵀ dY) = tr(Āᵀ dA), Ā from the node's record (softmax: P ⊙ (G − rowsum(G ⊙ P) 𝟏ᵀ))."""
+    return [(node.arg, node.vjp(g))]
 
 
 @defvjp(HadamardProduct)
@@ -152,37 +170,6 @@ def hadamard_power_vjp(node: HadamardPower, g: Basic) -> Cotangents:
     if p == 2:
         return [(base, product(2, hadamard_product(g, base)))]
     return [(base, product(p, hadamard_product(g, HadamardPower(base, p - 1))))]
-
-
-@defvjp(Exp)
-def exp_vjp(node: Exp, g: Basic) -> Cotangents:
-    """tr(Gᵀ d exp(A)) = tr((G ⊙ exp(A))ᵀ dA)."""
-    return [(node.arg, hadamard_product(g, node))]
-
-
-@defvjp(Log)
-def log_vjp(node: Log, g: Basic) -> Cotangents:
-    """tr(Gᵀ d log(A)) = tr((G ⊙ A^{∘−1})ᵀ dA)."""
-    return [(node.arg, hadamard_product(g, HadamardPower(node.arg, -1)))]
-
-
-@defvjp(Tanh)
-def tanh_vjp(node: Tanh, g: Basic) -> Cotangents:
-    """tr(Gᵀ d tanh(A)) = tr((G ⊙ (𝟏𝟏ᵀ − tanh(A)^{∘2}))ᵀ dA)."""
-    return [(node.arg, hadamard_product(g, total(ones_like(node), product(-1, HadamardPower(node, 2)))))]
-
-
-@defvjp(Sigmoid)
-def sigmoid_vjp(node: Sigmoid, g: Basic) -> Cotangents:
-    """tr(Gᵀ dσ(A)) = tr((G ⊙ σ(A) ⊙ (𝟏𝟏ᵀ − σ(A)))ᵀ dA)."""
-    return [(node.arg, hadamard_product(g, node, total(ones_like(node), product(-1, node))))]
-
-
-@defvjp(RowSoftmax)
-def row_softmax_vjp(node: RowSoftmax, g: Basic) -> Cotangents:
-    """dP = P ⊙ (dA − (P ⊙ dA) 𝟏𝟏ᵀ), so tr(Gᵀ dP) = tr((P ⊙ (G − rowsum(G ⊙ P) 𝟏ᵀ))ᵀ dA)."""
-    ones_row = OneMatrix(1, node.shape[1])
-    return [(node.arg, hadamard_product(node, total(g, product(-1, RowSum(hadamard_product(g, node)), ones_row))))]
 
 
 @defvjp(RowSum)
@@ -255,30 +242,6 @@ def zero_like(a: Basic) -> Basic:
 
 
 # Transformer-block nodes.
-
-
-@defvjp(Gelu)
-def gelu_vjp(node: Gelu, g: Basic) -> Cotangents:
-    """tr(Gᵀ d GELU(A)) = tr((G ⊙ GELU′(A))ᵀ dA), GELU′(x) = Φ(x) + x φ(x)."""
-    return [(node.arg, hadamard_product(g, GeluGrad(node.arg)))]
-
-
-@defvjp(GeluTanh)
-def gelu_tanh_vjp(node: GeluTanh, g: Basic) -> Cotangents:
-    """tr(Gᵀ d GELU_tanh(A)) = tr((G ⊙ GELU_tanh′(A))ᵀ dA)."""
-    return [(node.arg, hadamard_product(g, GeluTanhGrad(node.arg)))]
-
-
-@defvjp(GeluGrad)
-def gelu_grad_vjp(node: GeluGrad, g: Basic) -> Cotangents:
-    """tr(Gᵀ d GELU′(A)) = tr((G ⊙ GELU″(A))ᵀ dA), GELU″(x) = φ(x)(2 − x²) (``curvature.gelu_second``)."""
-    return [(node.arg, hadamard_product(g, gelu_second(node.arg)))]
-
-
-@defvjp(GeluTanhGrad)
-def gelu_tanh_grad_vjp(node: GeluTanhGrad, g: Basic) -> Cotangents:
-    """tr(Gᵀ d GELU_tanh′(A)) = tr((G ⊙ GELU_tanh″(A))ᵀ dA) (``curvature.gelu_tanh_second``)."""
-    return [(node.arg, hadamard_product(g, gelu_tanh_second(node.arg)))]
 
 
 @defvjp(LayerNorm)

@@ -44,6 +44,14 @@ def masked_row_softmax(a):
     return e / jnp.where(total == 0, 1.0, total)  # not max(total, 1): its derivative at total = 1 is 1/2
 
 
+def masked_log_softmax(a):
+    """log_softmax for rows that may hold -inf: a row whose entries are all -inf gives -inf (the log of its zero
+    probabilities), not NaN."""
+    shifted = a - _row_max(a)
+    total = jnp.exp(shifted).sum(axis=-1, keepdims=True)
+    return shifted - jnp.log(jnp.where(total == 0, 1.0, total))
+
+
 def sigmoid(a):
     """1 / (1 + exp(-a)), entrywise."""
     return jax.nn.sigmoid(a)

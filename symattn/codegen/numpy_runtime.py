@@ -35,6 +35,16 @@ def masked_row_softmax(a, out=None):
     return out
 
 
+def masked_log_softmax(a):
+    """log_softmax for rows that may hold -inf: a row whose entries are all -inf gives -inf (the log of its zero
+    probabilities), not NaN."""
+    top = a.max(axis=-1, keepdims=True, initial=-np.inf)
+    top[top == -np.inf] = 0.0
+    shifted = a - top
+    total = np.exp(shifted).sum(axis=-1, keepdims=True)
+    return shifted - np.log(np.where(total == 0, 1.0, total))
+
+
 def row_softmax(a, out=None):
     """softmax along the last axis, the row max subtracted first; out may be a itself."""
     out = np.subtract(a, a.max(axis=-1, keepdims=True, initial=-np.inf), out=out)

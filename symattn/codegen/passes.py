@@ -16,8 +16,7 @@ from symattn.codegen.dag import Assignment, count_uses, expand, is_name, is_triv
 from symattn.lang import graph
 from symattn.lang.algebra import factors, product, terms, transpose
 from symattn.lang.names import Names, fresh_name
-from symattn.lang.node_base import Elementwise
-from symattn.lang.ops import Exp, RowSoftmax, RowSum, Sigmoid, Tanh
+from symattn.lang.ops import Elementwise, RowSoftmax, RowSum, RowWise
 from symattn.lang.ops_block import _RowStatistic
 from symattn.optimize.cost import chain_order
 
@@ -270,7 +269,7 @@ def _broadcasts(value: Basic, names: Names) -> Basic:
     return graph.rewrite(value, named)
 
 
-ROW_AND_ENTRYWISE = (RowSoftmax, RowSum, Elementwise, _RowStatistic, HadamardPower)
+ROW_AND_ENTRYWISE = (RowWise, RowSum, Elementwise, _RowStatistic, HadamardPower)
 
 
 def _read_by_backward(node: Basic, trainable: frozenset, softmaxes: set) -> list[tuple[Basic, str]]:
@@ -280,8 +279,9 @@ def _read_by_backward(node: Basic, trainable: frozenset, softmaxes: set) -> list
         column = _column(node.args[0])
         if column is not None:
             return [(column, "")]
-        softmax = isinstance(node, RowSoftmax)
-        return [(node.args[0], "A" if softmax else ""), (node, "P" if softmax else "")]
+        if isinstance(node, RowWise):  # A and P for a softmax, A and L for a log-softmax
+            return [(node.arg, node.arg_letter), (node, node.letter)]
+        return [(node.args[0], ""), (node, "")]
     if isinstance(node, HadamardProduct):  # (an entrywise function among them is named by the rule above)
         return [(_column(a) or a, "") for a in node.args if not isinstance(a, ROW_AND_ENTRYWISE)]
     if not isinstance(node, MatMul):
@@ -434,7 +434,8 @@ def save_entrywise_outputs(forward: list[Assignment], backward: list[Assignment]
     for a in backward:
         for node in sp.preorder_traversal(a.value):
             if (
-                isinstance(node, (Exp, Tanh, Sigmoid))
+                isinstance(node, Elementwise)
+                and node.reads_value()
                 and node not in wanted
                 and node.free_symbols <= _forward_atoms(forward)
             ):
@@ -504,7 +505,7 @@ def _costly(value: Basic) -> bool:
     if 1 in value.shape:
         return True
     for node in graph.nodes(value):
-        if isinstance(node, RowSoftmax):
+        if isinstance(node, RowWise):
             return True
         if isinstance(node, MatMul) and sum(not isinstance(m, OneMatrix) for m in factors(node)[1]) >= 2:
             return True
@@ -517,8 +518,8 @@ def _forward_atoms(forward: list[Assignment]) -> set:
 
 
 def _labels(node: Basic):
-    """Names for f(X): T (tanh), Sg (σ), E (exp), then numbered."""
-    base = {"tanh": "T", "sigmoid": "Sg", "exp": "E"}[node.function]
+    """Names for f(X): its record's letter (T for tanh, Z for σ, E for exp), then numbered."""
+    base = node.letter
     yield base
     yield from (f"{base}{i}" for i in range(1, 100))
 

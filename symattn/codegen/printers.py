@@ -28,7 +28,7 @@ from symattn.codegen.dag import typical_size as schedule_size
 from symattn.errors import SymattnError
 from symattn.lang.algebra import factors, product
 from symattn.lang.graph import matrix_symbols
-from symattn.lang.ops import RowSoftmax
+from symattn.lang.ops import RowWise
 from symattn.numeric.printers import (
     NUMPY_RUNTIME,
     NumPyMatrixPrinter,
@@ -184,11 +184,9 @@ class GeneratedCodeMixin:
 
     def _print_Elementwise(self, expr: Basic) -> str:
         buffer = self._buffer(expr.arg) if expr.arg.shape == expr.shape else None
-        if buffer is None or expr.function not in ("exp", "log", "tanh"):  # ufuncs with out= / in-place methods
+        if buffer is None or not expr.inplace:  # ufuncs with out= / in-place methods
             return super()._print_Elementwise(expr)
-        return self.inplace_function(self.elementwise[expr.function], self._print(expr.arg), buffer)
-
-    _print_Exp = _print_Log = _print_Tanh = _print_Sigmoid = _print_Elementwise
+        return self.inplace_function(expr.call(self.backend), self._print(expr.arg), buffer)
 
     def inplace_function(self, function: str, operand: str, buffer: str) -> str:
         """function(operand) written into buffer."""
@@ -245,15 +243,18 @@ class GeneratedCodeMixin:
         return f"{start_text}:{stop_text}" if simple else f"{start_text} : {stop_text}".strip()
 
     def is_conditional(self, expr: Basic) -> bool:
-        return isinstance(expr, RowSoftmax) and self.mask is not None
+        return isinstance(expr, RowWise) and self.mask is not None
 
-    def _print_RowSoftmax(self, expr: Basic) -> str:
+    def _print_RowWise(self, expr: Basic) -> str:
+        """f(A) row by row, into A when it dies here and the call takes out=; with a mask, the masked form
+        (rows of −inf) unless the mask is None at run time."""
         arg = self._print(expr.arg)
-        out = f", out={arg}" if isinstance(expr.arg, sp.MatrixSymbol) and arg in self.consumable else ""
+        if expr.inplace and isinstance(expr.arg, sp.MatrixSymbol) and arg in self.consumable:
+            arg = f"{arg}, out={arg}"
+        plain = self.function_call(expr.call(self.backend), arg)
         if self.mask is None:
-            return f"{self.helper('row_softmax')}({arg}{out})"
-        plain, masked = self.helper("row_softmax"), self.helper("masked_row_softmax")
-        return f"{plain}({arg}{out}) if {self.mask} is None else {masked}({arg}{out})"
+            return plain
+        return f"{plain} if {self.mask} is None else {self.function_call(expr.masked_call(self.backend), arg)}"
 
     def _print_MatMul(self, expr: Basic) -> str:
         scalars = [a for a in expr.args if not isinstance(a, MatrixExpr)]
@@ -400,22 +401,12 @@ class TorchMatrixPrinter(GeneratedCodeMixin, NumPyMatrixPrinter):
     keepdims_keyword = "keepdim"
     concatenate_function = "torch.cat"
     runtime = TORCH_RUNTIME
-    helper_needs: dict = {"masked_row_softmax": ("row_softmax",)}  # (erf is torch's own)
+    backend = "torch"
     # SymPy's NumPy printer names numpy functions (MatPow: numpy.linalg.matrix_power); their torch forms
     numpy_functions = {
         "numpy.linalg.matrix_power": "torch.linalg.matrix_power",
         "numpy.linalg.inv": "torch.linalg.inv",
         **{f"numpy.{f}": f"torch.{f}" for f in SCALAR_FUNCTIONS},
-    }
-    elementwise = {
-        "exp": "torch.exp",
-        "log": "torch.log",
-        "tanh": "torch.tanh",
-        "sigmoid": "torch.sigmoid",
-        "gelu": "gelu",
-        "gelu_tanh": "gelu_tanh",
-        "gelu_grad": "gelu_grad",
-        "gelu_tanh_grad": "gelu_tanh_grad",
     }
 
     def batch_scalar(self, text: str) -> str:

@@ -28,22 +28,12 @@ class JaxMatrixPrinter(GeneratedNumPyPrinter):
     concatenate_function = "jnp.concatenate"
     runtime = JAX_RUNTIME
     inplace = False  # immutable arrays: no out=, no in-place update
-    helper_needs = {"row_softmax": ("_row_max",), "masked_row_softmax": ("_row_max",)}
+    backend = "jax"
     # SymPy's NumPy printer names numpy functions (MatPow: numpy.linalg.matrix_power); their jax forms
     numpy_functions = {
         "numpy.linalg.matrix_power": "jnp.linalg.matrix_power",
         "numpy.linalg.inv": "jnp.linalg.inv",
         **{f"numpy.{f}": f"jnp.{f}" for f in SCALAR_FUNCTIONS},
-    }
-    elementwise = {
-        "exp": "jnp.exp",
-        "log": "jnp.log",
-        "tanh": "jnp.tanh",
-        "sigmoid": "sigmoid",
-        "gelu": "gelu",
-        "gelu_tanh": "gelu_tanh",
-        "gelu_grad": "gelu_grad",
-        "gelu_tanh_grad": "gelu_tanh_grad",
     }
 
     def _module_format(self, fqn: str, register: bool = True) -> str:

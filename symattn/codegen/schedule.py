@@ -52,7 +52,7 @@ from symattn.lang.algebra import factors, product, total, transpose
 from symattn.lang.dims import Binding, bind_dimensions
 from symattn.lang.graph import bottom_up, children, matrix_symbols, nodes, sort_key
 from symattn.lang.names import Names, differential_name
-from symattn.lang.ops import RowSoftmax
+from symattn.lang.ops import RowWise
 from symattn.optimize.cost import flops_value
 from symattn.optimize.rewrites import sort_commutative
 from symattn.optimize.simplify import rewrite, simplify
@@ -459,7 +459,8 @@ def schedule_spec(s: Spec, options: tuple[Option, ...] = ()) -> Schedule:
 def split_constants(s: Spec) -> tuple[MatrixSymbol | None, tuple[MatrixSymbol, ...]]:
     """(the additive mask, the fixed constants) of a spec.
 
-    The mask M is the first constant added as a term to the argument of a softmax, of the scores' shape, and
+    The mask M is the first constant added as a term to the argument of a softmax (or another row-wise function:
+    log-softmax), of the scores' shape, and
     used nowhere else: generated code builds it from attn_mask, key_padding_mask and causal (a float
     attn_mask receives its gradient). Every other constant (a positional table, a fixed matrix multiplied
     in, ALiBi's distances) is a fixed argument: passed after the inputs, read as it is, no gradient.
@@ -467,7 +468,7 @@ def split_constants(s: Spec) -> tuple[MatrixSymbol | None, tuple[MatrixSymbol, .
     uses: dict = {c: [] for c in s.constants}  # constant → the nodes that take it as an argument
     scores: set = set()  # the sums a softmax takes, and the sums nested in them
     for node in nodes(s.output, *(e for _, e in s.intermediates)):
-        if isinstance(node, RowSoftmax):
+        if isinstance(node, RowWise):
             stack = [node.arg]
             while stack:
                 e = stack.pop()

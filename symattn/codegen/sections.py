@@ -18,11 +18,11 @@ from symattn.codegen import layout
 from symattn.codegen.printers import broadcast_column
 from symattn.codegen.schedule import Assignment, Schedule
 from symattn.lang.graph import matrix_symbols
-from symattn.lang.ops import Elementwise, RowSoftmax, SplitHeads
+from symattn.lang.ops import Elementwise, RowWise, SplitHeads
 from symattn.specs import Option
 
 # Values that a statement writes into a new array (not a view): a later entrywise statement may overwrite it.
-FRESH = (MatMul, MatAdd, HadamardProduct, HadamardPower, RowSoftmax, Elementwise)
+FRESH = (MatMul, MatAdd, HadamardProduct, HadamardPower, RowWise, Elementwise)
 
 
 @dataclass(frozen=True)

@@ -67,9 +67,12 @@ def row_softmax(a, out=None):
     return torch._softmax(a, -1, False, out=out)
 
 
-def sigmoid(a):
-    """1 / (1 + exp(-a)), entrywise."""
-    return torch.sigmoid(a)
+def masked_log_softmax(a):
+    """log_softmax along the last axis for rows that may hold -inf: a row whose entries are all -inf gives -inf
+    (the log of its zero probabilities), not NaN."""
+    empty = a.amax(dim=-1, keepdim=True) == float("-inf") if a.shape[-1] else None
+    out = torch.log_softmax(a, dim=-1)
+    return out if empty is None else out.masked_fill(empty, float("-inf"))
 
 
 def split_heads(a, heads):

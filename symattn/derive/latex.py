@@ -38,8 +38,8 @@ from symattn.lang.ops import (
     MergeHeads,
     RepeatHeads,
     RowInvStd,
-    RowSoftmax,
     RowSum,
+    RowWise,
     SplitHeads,
     SumEntries,
     SumGroups,
@@ -57,12 +57,10 @@ class Notation:
     right: str
     one: str
     trace: str
-    softmax: str
     concat: str
     differential: str
     head: str
     sum_heads: str
-    functions: dict
     product: str = " "  # between the factors of a matrix product
 
 
@@ -74,21 +72,10 @@ LATEX = Notation(
     right=")",
     one=r"\mathbf{1}",
     trace=r"\operatorname{tr}",
-    softmax=r"\operatorname{softmax}",
     concat=r"\operatorname{Concat}_{h}",
     differential=r"\mathrm{d}",
     head="_{h}",
     sum_heads=r"\sum_{h} ",
-    functions={
-        "exp": r"\exp",
-        "log": r"\log",
-        "tanh": r"\tanh",
-        "sigmoid": r"\sigma",
-        "gelu": r"\operatorname{GELU}",
-        "gelu_tanh": r"\operatorname{GELU}_{\tanh}",
-        "gelu_grad": r"\operatorname{GELU}'",
-        "gelu_tanh_grad": r"\operatorname{GELU}_{\tanh}'",
-    },
     product=r"\,",  # P\,\mathrm{d}X\,W^{V}: a thin space, as textbooks set products of matrices
 )
 
@@ -100,21 +87,10 @@ TEXT = Notation(
     right=")",
     one="𝟏",
     trace="tr",
-    softmax="softmax",
     concat="Concat_h",
     differential="d",
     head="_h",
     sum_heads="Σ_h ",
-    functions={
-        "exp": "exp",
-        "log": "log",
-        "tanh": "tanh",
-        "sigmoid": "σ",
-        "gelu": "GELU",
-        "gelu_tanh": "GELU_tanh",
-        "gelu_grad": "GELU′",
-        "gelu_tanh_grad": "GELU_tanh′",
-    },
 )
 
 
@@ -223,7 +199,7 @@ class MathPrinter(Printer):
     def superscripted(self, expr: Basic) -> str:
         """expr ready to take a superscript: a plain symbol (or its differential) as is, else in parentheses."""
         text = self._print(expr)
-        if isinstance(expr, (Elementwise, RowSoftmax)):  # f(A)ᵀ: the call's parenthesis bounds it
+        if isinstance(expr, (Elementwise, RowWise)):  # f(A)ᵀ: the call's parenthesis bounds it
             return text
         plain = isinstance(expr, MatrixSymbol) or (
             isinstance(expr, Differential) and isinstance(expr.arg, MatrixSymbol)
@@ -295,7 +271,7 @@ class MathPrinter(Printer):
 
     def _print_HadamardProduct(self, expr: HadamardProduct) -> str:
         # plain factors first, as the seeds write them: P ⊙ (dA − …), not (dA − …) ⊙ P; then SymPy's order
-        plain = (MatrixSymbol, Transpose, RowSoftmax, Elementwise)
+        plain = (MatrixSymbol, Transpose, RowWise, Elementwise)
         args = sorted(expr.args, key=lambda a: (not isinstance(a, plain), sort_key(a)))
         return (self.brk + self.n.hadamard).join(self.operand(a, (MatAdd, MatMul, HadamardProduct)) for a in args)
 
@@ -304,11 +280,9 @@ class MathPrinter(Printer):
         text = self.superscripted(base)
         return f"{text}^{{\\circ {self.scalar(p)}}}" if self.n is LATEX else f"{text}^∘{self.scalar(p)}"
 
-    def _print_Elementwise(self, expr: Elementwise) -> str:
-        return self.n.functions[expr.function] + self.paren(self._print(expr.arg))
-
-    def _print_RowSoftmax(self, expr: RowSoftmax) -> str:
-        return self.n.softmax + self.paren(self._print(expr.arg))
+    def _print_FunctionRecord(self, expr: Elementwise | RowWise) -> str:
+        """f(A), f as its record writes it in this notation."""
+        return (expr.latex if self.n is LATEX else expr.text) + self.paren(self._print(expr.arg))
 
     def _print_RowSum(self, expr: RowSum) -> str:
         """rowsum(A) = A 𝟏."""

@@ -14,30 +14,21 @@ from __future__ import annotations
 from sympy import Basic, MatrixExpr, MatrixSymbol
 from sympy.matrices.expressions import MatMul, Transpose
 
-from symattn.autodiff.vjp import VJP_RULES
 from symattn.derive.folding import fold_product
 from symattn.lang.algebra import factors, product
 from symattn.lang.graph import postorder
 from symattn.lang.names import Names, _find
-from symattn.lang.ops import Elementwise, RowSoftmax
+from symattn.lang.ops import Elementwise, RowWise
 from symattn.specs import Spec
-
-# the letter a reused value is called by, per function (T = tanh(·), E = exp(·), …)
-LETTERS = {"tanh": "T", "sigmoid": "Z", "exp": "E", "softmax": "P"}
 
 
 def _reuses_its_value(node: Basic) -> bool:
-    """Does the node's VJP rule read the node's own value (tanh: 𝟏𝟏ᵀ − T^∘2)?"""
-    rule = VJP_RULES.get(type(node))
-    if rule is None:
-        return False
+    """Does the node's VJP read the node's own value (tanh: 𝟏𝟏ᵀ − T^∘2, softmax: P)? Asked of its record."""
+    if isinstance(node, Elementwise):
+        return node.reads_value()
     probe = MatrixSymbol("_probe", *node.shape)
     # a set: found by hash and identity (== on two deep trees recurses as deep as they are)
-    return any(node in set(postorder(c)) for _, c in rule(node, probe))
-
-
-def _letter(node: Basic) -> str:
-    return LETTERS.get("softmax" if isinstance(node, RowSoftmax) else getattr(node, "function", ""), "U")
+    return node in set(postorder(node.vjp(probe)))
 
 
 def named_intermediates(spec: Spec) -> list[tuple[str, MatrixExpr]]:
@@ -55,10 +46,10 @@ def named_intermediates(spec: Spec) -> list[tuple[str, MatrixExpr]]:
     for node in postorder(*roots):
         if node in named:
             out.append((named[node], node))
-        elif isinstance(node, (Elementwise, RowSoftmax)) and _reuses_its_value(node):
-            label, k = _letter(node), 1
+        elif isinstance(node, (Elementwise, RowWise)) and _reuses_its_value(node):
+            label, k = node.letter, 1
             while label in taken:
-                label, k = f"{_letter(node)}_{k}", k + 1
+                label, k = f"{node.letter}_{k}", k + 1
             taken.add(label)
             out.append((label, node))
     return out

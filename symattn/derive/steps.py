@@ -29,48 +29,54 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import sympy as sp
 from sympy import Basic, MatrixExpr, MatrixSymbol
-from sympy.matrices.expressions import MatMul, Transpose
+from sympy.matrices.expressions import HadamardPower, HadamardProduct, MatAdd, MatMul, MatPow, Trace, Transpose
 
 from symattn.autodiff.differentials import Differential, ScalarDifferential, differential, local_differential
 from symattn.autodiff.grad import Tape, backward, default_seed
 from symattn.autodiff.scalars import entry_sums
-from symattn.autodiff.vjp import VJP_RULES, added, merge_cotangents
+from symattn.autodiff.vjp import added, merge_cotangents, vjp_rule
 from symattn.derive.folding import fold_scalars, scaled
 from symattn.derive.naming import named_intermediates
+from symattn.errors import UnsupportedNodeError
+from symattn.lang.functions import HADAMARD_MOVE, FunctionRecord
 from symattn.lang.graph import children, depends, postorder
 from symattn.lang.names import differential_name
-from symattn.lang.ops import MergeHeads, SplitHeads
+from symattn.lang.ops import LayerNorm, MergeHeads, RepeatHeads, RowInvStd, RowSum, SplitHeads, SumEntries, SumGroups
 from symattn.numeric.dag import DagValues
 from symattn.numeric.lambdify import lambdify
 from symattn.numeric.verify import dimension_symbols, random_dims, random_matrix
 from symattn.specs import Spec
 
-# (differential of the node, reading off the cotangents), per node type name.
+# (differential of the node, reading off the cotangents), per node type; a function node's are in its record.
 # Words only: they are set as \text{…} in LaTeX.
-HADAMARD_MOVE = "Hadamard factor moved onto the cotangent"
-REASONS: dict[str, tuple[str, str]] = {
-    "MatMul": ("product rule", "cyclic property of the trace"),
-    "MatAdd": ("sum rule", "linearity of the trace"),
-    "Transpose": ("differential of a transpose", "a trace equals the trace of the transpose"),
-    "HadamardProduct": ("product rule for the Hadamard product", HADAMARD_MOVE),
-    "HadamardPower": ("power rule, entrywise", HADAMARD_MOVE),
-    "RowSoftmax": ("softmax differential", HADAMARD_MOVE + ", cyclic property"),
-    "Exp": ("chain rule, entrywise", HADAMARD_MOVE),
-    "Log": ("chain rule, entrywise", HADAMARD_MOVE),
-    "Tanh": ("chain rule, entrywise", HADAMARD_MOVE),
-    "Sigmoid": ("chain rule, entrywise", HADAMARD_MOVE),
-    "Gelu": ("chain rule, entrywise", HADAMARD_MOVE),
-    "GeluTanh": ("chain rule, entrywise", HADAMARD_MOVE),
-    "LayerNorm": ("LayerNorm differential", HADAMARD_MOVE + ", cyclic property"),
-    "RowSum": ("row sums are linear", "cyclic property of the trace"),
-    "SplitHeads": ("head blocks are linear", "sum over heads is the trace of the concatenation"),
-    "MergeHeads": ("concatenation is linear", "trace of a concatenation is the sum over heads"),
-    "RepeatHeads": ("repeating head blocks is linear", "a kv head collects the sum over its group of heads"),
-    "SumGroups": ("summing head blocks is linear", "each head of a group receives its group's cotangent"),
-    **dict.fromkeys(
-        ("Mul", "Add", "Pow", "exp", "log", "tanh"), ("chain rule for a scalar", "collecting the scalar differential")
-    ),
+SCALAR_CHAIN = ("chain rule for a scalar", "collecting the scalar differential")
+REASONS: dict[type, tuple[str, str]] = {
+    MatMul: ("product rule", "cyclic property of the trace"),
+    MatPow: ("product rule", "cyclic property of the trace"),
+    MatAdd: ("sum rule", "linearity of the trace"),
+    Transpose: ("differential of a transpose", "a trace equals the trace of the transpose"),
+    HadamardProduct: ("product rule for the Hadamard product", HADAMARD_MOVE),
+    HadamardPower: ("power rule, entrywise", HADAMARD_MOVE),
+    LayerNorm: ("LayerNorm differential", HADAMARD_MOVE + ", cyclic property"),
+    RowInvStd: ("differential of the row variance", HADAMARD_MOVE + ", cyclic property"),
+    RowSum: ("row sums are linear", "cyclic property of the trace"),
+    Trace: ("the trace is linear", "tr(dA) = tr(Iᵀ dA)"),
+    SumEntries: ("the sum of entries is linear", "sum(dA) = tr((𝟏𝟏ᵀ)ᵀ dA)"),
+    SplitHeads: ("head blocks are linear", "sum over heads is the trace of the concatenation"),
+    MergeHeads: ("concatenation is linear", "trace of a concatenation is the sum over heads"),
+    RepeatHeads: ("repeating head blocks is linear", "a kv head collects the sum over its group of heads"),
+    SumGroups: ("summing head blocks is linear", "each head of a group receives its group's cotangent"),
+    **dict.fromkeys((sp.Mul, sp.Add, sp.Pow, sp.exp, sp.log, sp.tanh), SCALAR_CHAIN),
 }
+
+
+def node_reasons(node: Basic) -> tuple[str, str]:
+    """The step's two reasons for differentiating node: its record's, else the table's."""
+    if isinstance(node, FunctionRecord):
+        return node.reason
+    if type(node) in REASONS:
+        return REASONS[type(node)]
+    raise UnsupportedNodeError(node, "derivation steps", [t.__name__ for t in REASONS])
 
 
 @dataclass(frozen=True)
@@ -304,7 +310,7 @@ class _Replay:
         bar = self.shown[node]
         passed = merge_cotangents(
             (a, c if isinstance(a, MatrixExpr) else entry_sums(c))  # tr(Āᵀ S) written as 𝟏ᵀ(Ā ⊙ S)𝟏
-            for a, c in VJP_RULES[type(node)](node, bar)
+            for a, c in vjp_rule(node)(node, bar)
             if a in varying
         )
         passed = tuple((a, fold_scalars(c, self.forward)) for a, c in passed)  # checked by the next equality
@@ -312,7 +318,7 @@ class _Replay:
         local = fold_scalars(local_differential(node, varying), self.forward)
         expanded = (Term(pairing(bar, local), self.heads(node)) if isinstance(node, MatrixExpr) else Term(bar * local),)
         read_off = tuple(self.term(c, a) for a, c in passed)
-        reasons = list(REASONS.get(type(node).__name__, ("differential", "cyclic property of the trace")))
+        reasons = list(node_reasons(node))
         sides: list[Side] = [first, expanded, read_off]
         if isinstance(node, Transpose):  # d(Aᵀ) = (dA)ᵀ reads the same as the line before
             sides, reasons = [first, read_off], reasons[1:]

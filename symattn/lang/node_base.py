@@ -1,4 +1,4 @@
-"""What every node of symattn's language shares: the argument check, and the entrywise base class."""
+"""What every node of symattn's language shares: the argument check and the shape of an argument."""
 
 from __future__ import annotations
 
@@ -6,7 +6,6 @@ import sympy as sp
 from sympy import Basic, MatrixExpr
 
 from symattn.errors import NotAMatrixError
-from symattn.lang.safe import expression
 
 # id(expression) → (expression, its shape), computed leaves first (SymPy recomputes it recursively). Keyed by
 # identity, the expression kept alive with its entry: a lookup never compares two expressions, which SymPy
@@ -49,26 +48,3 @@ def require_matrix(arg: Basic, what: str) -> None:
     """Refuse a scalar where a node takes a matrix expression."""
     if not isinstance(arg, MatrixExpr):
         raise NotAMatrixError(f"{what} takes a matrix expression, got {type(arg).__name__} {arg}")
-
-
-class Elementwise(MatrixExpr):
-    """f(A) applied entry by entry; subclasses name f."""
-
-    function: str = ""
-    scalar = staticmethod(sp.Function("f"))
-
-    def __new__(cls, arg: MatrixExpr) -> Elementwise:
-        arg = expression(arg)
-        require_matrix(arg, cls.function)
-        return Basic.__new__(cls, arg)
-
-    @property
-    def arg(self) -> MatrixExpr:
-        return self.args[0]
-
-    @property
-    def shape(self) -> tuple:
-        return shape_of(self.arg)
-
-    def _entry(self, i, j, **kwargs):
-        return self.scalar(self.arg._entry(i, j, **kwargs))

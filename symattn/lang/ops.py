@@ -1,8 +1,10 @@
 """The nodes symattn adds to SymPy's matrix expressions, and their constructors.
 
-Each node defines its shape and explicit entries (``_entry``), nothing else: how a
-node is differentiated, printed or evaluated lives in the modules of those
-operations (``vjp``, ``latex``, ``printers``).
+The structural nodes define their shape and explicit entries (``_entry``), nothing else: how
+they are differentiated, printed or evaluated lives in the modules of those operations
+(``vjp``, ``latex``, ``printers``). The function nodes (entrywise and row-wise) are records
+that state all of that themselves (``symattn.lang.functions``, ``symattn.lang.rowwise``); their
+constructors (``exp``, ``softmax``, …) are made here from the records.
 """
 
 from __future__ import annotations
@@ -14,93 +16,26 @@ from sympy import Basic, Expr, MatrixExpr
 from sympy.matrices.expressions import HadamardProduct
 
 from symattn.errors import ShapeMismatchError
-from symattn.lang.lazy import lifted
-from symattn.lang.node_base import Elementwise, require_matrix, shape_of
-from symattn.lang.ops_block import (  # noqa: F401  (the Transformer block's nodes, importable from here too)
+from symattn.lang.functions import (  # noqa: F401  (every node importable from here)
+    FUNCTIONS,
     GELU_TANH_C,
     GELU_TANH_K,
+    Elementwise,
+    Exp,
     Gelu,
     GeluGrad,
     GeluTanh,
     GeluTanhGrad,
-    LayerNorm,
-    RowInvStd,
-    gelu,
-    layer_norm,
+    Log,
+    Sigmoid,
+    Softplus,
+    Tanh,
 )
+from symattn.lang.lazy import lifted
+from symattn.lang.node_base import require_matrix, shape_of
+from symattn.lang.ops_block import LayerNorm, RowInvStd, gelu, layer_norm  # noqa: F401
+from symattn.lang.rowwise import LogSoftmax, RowSoftmax, RowSum, RowWise  # noqa: F401
 from symattn.lang.safe import expression
-
-
-class Exp(Elementwise):
-    """exp(A), entrywise."""
-
-    function = "exp"
-    scalar = staticmethod(sp.exp)
-
-
-class Log(Elementwise):
-    """log(A), entrywise."""
-
-    function = "log"
-    scalar = staticmethod(sp.log)
-
-
-class Tanh(Elementwise):
-    """tanh(A), entrywise."""
-
-    function = "tanh"
-    scalar = staticmethod(sp.tanh)
-
-
-class Sigmoid(Elementwise):
-    """σ(A) = 1 / (1 + exp(−A)), entrywise."""
-
-    function = "sigmoid"
-    scalar = staticmethod(lambda x: 1 / (1 + sp.exp(-x)))
-
-
-class RowSoftmax(MatrixExpr):
-    """softmax(A)_ij = exp(A_ij) / Σ_k exp(A_ik): each row normalised on its own."""
-
-    def __new__(cls, arg: MatrixExpr) -> RowSoftmax:
-        arg = expression(arg)
-        require_matrix(arg, "softmax")
-        return Basic.__new__(cls, arg)
-
-    @property
-    def arg(self) -> MatrixExpr:
-        return self.args[0]
-
-    @property
-    def shape(self) -> tuple:
-        return shape_of(self.arg)
-
-    def _entry(self, i, j, **kwargs):
-        cols = self.arg.shape[1]
-        k = sp.Dummy("k", integer=True)
-        total = sp.Sum(sp.exp(self.arg._entry(i, k)), (k, 0, cols - 1))
-        return sp.exp(self.arg._entry(i, j, **kwargs)) / total
-
-
-class RowSum(MatrixExpr):
-    """rowsum(A) = A 𝟏: the n × 1 column of row sums of an n × m matrix."""
-
-    def __new__(cls, arg: MatrixExpr) -> RowSum:
-        arg = expression(arg)
-        require_matrix(arg, "rowsum")
-        return Basic.__new__(cls, arg)
-
-    @property
-    def arg(self) -> MatrixExpr:
-        return self.args[0]
-
-    @property
-    def shape(self) -> tuple:
-        return (shape_of(self.arg)[0], sp.Integer(1))
-
-    def _entry(self, i, j, **kwargs):
-        k = sp.Dummy("k", integer=True)
-        return sp.Sum(self.arg._entry(i, k), (k, 0, self.arg.shape[1] - 1))
 
 
 class SumEntries(Expr):
@@ -179,34 +114,20 @@ def _block_width(cols: Expr, heads: Expr) -> Expr:
 # Public constructors (the names a spec is written with).
 
 
-@lifted
-def softmax(a: MatrixExpr) -> RowSoftmax:
-    """Row-wise softmax."""
-    return RowSoftmax(a)
+def _constructor(record: type) -> object:
+    """The public constructor of a function's record (sa.exp, sa.softmax, …): f(a) → record(a)."""
+
+    def construct(a: MatrixExpr) -> MatrixExpr:
+        return record(a)
+
+    construct.__name__ = construct.__qualname__ = record.function
+    construct.__doc__ = record.__doc__
+    return lifted(construct)
 
 
-@lifted
-def exp(a: MatrixExpr) -> Exp:
-    """Entrywise exp."""
-    return Exp(a)
-
-
-@lifted
-def log(a: MatrixExpr) -> Log:
-    """Entrywise natural logarithm."""
-    return Log(a)
-
-
-@lifted
-def tanh(a: MatrixExpr) -> Tanh:
-    """Entrywise tanh."""
-    return Tanh(a)
-
-
-@lifted
-def sigmoid(a: MatrixExpr) -> Sigmoid:
-    """Entrywise logistic sigmoid."""
-    return Sigmoid(a)
+# every exported function of the records (symattn.lang.functions, symattn.lang.rowwise) by its name
+CONSTRUCTORS = {name: _constructor(record) for name, record in FUNCTIONS.items() if record.exported}
+globals().update(CONSTRUCTORS)
 
 
 @lifted

@@ -1,7 +1,7 @@
-"""The Transformer block's nodes: GELU (exact and tanh forms), their derivatives, row-wise LayerNorm.
+"""The Transformer block's nodes: row-wise LayerNorm and its reciprocal standard deviation, and ``gelu``.
 
-Like the nodes of ``symattn.lang.ops`` (which re-exports these), each node defines its shape and
-explicit entries, nothing else.
+Like the structural nodes of ``symattn.lang.ops`` (which re-exports these), each node defines its
+shape and explicit entries, nothing else. GELU and its derivatives are records in ``functions``.
 """
 
 from __future__ import annotations
@@ -10,50 +10,10 @@ import sympy as sp
 from sympy import Basic, Expr, MatrixExpr
 
 from symattn.errors import SymattnError
+from symattn.lang.functions import Elementwise, Gelu, GeluTanh
 from symattn.lang.lazy import lifted
-from symattn.lang.node_base import Elementwise, require_matrix, shape_of
+from symattn.lang.node_base import require_matrix, shape_of
 from symattn.lang.safe import expression
-
-_INV_SQRT2 = 1 / sp.sqrt(2)
-GELU_TANH_K = sp.sqrt(2 / sp.pi)  # √(2/π) of the tanh approximation
-GELU_TANH_C = sp.Float("0.044715")
-
-
-class Gelu(Elementwise):
-    """GELU(x) = x Φ(x) = x (1 + erf(x/√2)) / 2, entrywise (the exact, erf form)."""
-
-    function = "gelu"
-    scalar = staticmethod(lambda x: x * (1 + sp.erf(x * _INV_SQRT2)) / 2)
-
-
-class GeluTanh(Elementwise):
-    """GELU's tanh approximation: x (1 + tanh(√(2/π) (x + 0.044715 x³))) / 2, entrywise."""
-
-    function = "gelu_tanh"
-    scalar = staticmethod(lambda x: x * (1 + sp.tanh(GELU_TANH_K * (x + GELU_TANH_C * x**3))) / 2)
-
-
-class GeluGrad(Elementwise):
-    """GELU′(x) = Φ(x) + x φ(x) = (1 + erf(x/√2)) / 2 + x exp(−x²/2) / √(2π), entrywise.
-
-    Appears in backward passes only; it is not differentiated itself.
-    """
-
-    function = "gelu_grad"
-    scalar = staticmethod(lambda x: (1 + sp.erf(x * _INV_SQRT2)) / 2 + x * sp.exp(-(x**2) / 2) / sp.sqrt(2 * sp.pi))
-
-
-def _gelu_tanh_grad(x):
-    t = sp.tanh(GELU_TANH_K * (x + GELU_TANH_C * x**3))
-    return (1 + t) / 2 + x * (1 - t**2) * GELU_TANH_K * (1 + 3 * GELU_TANH_C * x**2) / 2
-
-
-class GeluTanhGrad(Elementwise):
-    """The derivative of GELU's tanh approximation, entrywise: with t = tanh(k (x + c x³)), k = √(2/π),
-    c = 0.044715: (1 + t) / 2 + x (1 − t²) k (1 + 3 c x²) / 2. Backward passes only."""
-
-    function = "gelu_tanh_grad"
-    scalar = staticmethod(_gelu_tanh_grad)
 
 
 class _RowStatistic(MatrixExpr):
@@ -98,7 +58,7 @@ class LayerNorm(_RowStatistic):
 class RowInvStd(_RowStatistic):
     """rstd(A)_i = 1 / √(σ²_i + ε): the n × 1 column of reciprocal row standard deviations.
 
-    Appears in LayerNorm's backward pass; it is not differentiated itself.
+    Appears in LayerNorm's backward pass (and is differentiated again for second order).
     """
 
     @property

@@ -98,6 +98,11 @@ def _power_bits(base: Basic, exponent: Basic) -> float:
     return bits * float(abs(exponent))
 
 
+def _function(name: str, construct: Callable) -> Callable:
+    """The reader of a one-argument function call f(A) of the records (softmax, exp, …)."""
+    return lambda node, a: construct(_matrix(a, name, node))
+
+
 class _Reader:
     """Turns one whitelisted ``ast`` tree into a SymPy expression."""
 
@@ -106,11 +111,7 @@ class _Reader:
         self.names = names
         self.heads = heads
         self.functions: dict[str, Callable] = {
-            "softmax": lambda n, a: ops.softmax(_matrix(a, "softmax", n)),
-            "exp": lambda n, a: ops.exp(_matrix(a, "exp", n)),
-            "log": lambda n, a: ops.log(_matrix(a, "log", n)),
-            "tanh": lambda n, a: ops.tanh(_matrix(a, "tanh", n)),
-            "sigmoid": lambda n, a: ops.sigmoid(_matrix(a, "sigmoid", n)),
+            **{name: _function(name, f) for name, f in ops.CONSTRUCTORS.items()},
             "rowsum": lambda n, a: ops.rowsum(_matrix(a, "rowsum", n)),
             "sum": lambda n, a: ops.sum(_matrix(a, "sum", n)),
             "tr": self._trace,

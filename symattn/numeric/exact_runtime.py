@@ -17,20 +17,13 @@ class ExpAtom(sp.Function):
     def fdiff(self, argindex: int = 1) -> Basic:
         return self
 
+    def _eval_evalf(self, prec: int) -> Basic:
+        return sp.exp(self.args[0])._eval_evalf(prec)
+
 
 def exp(a):
     """exp(x), entrywise, as an opaque atom."""
     return np.vectorize(ExpAtom, otypes=[object])(a)
-
-
-def log(a):
-    """log(x), entrywise."""
-    return np.vectorize(sp.log, otypes=[object])(a)
-
-
-def tanh(a):
-    """tanh(x), entrywise."""
-    return np.vectorize(sp.tanh, otypes=[object])(a)
 
 
 def row_softmax(a):
@@ -39,43 +32,18 @@ def row_softmax(a):
     return e / e.sum(axis=-1, keepdims=True)
 
 
-def sigmoid(a):
-    """1 / (1 + exp(-x)), entrywise."""
-    return 1 / (1 + exp(-a))
+def entrywise(a, name):
+    """f(x) entrywise for the function record called name, from its scalar f (exp as an opaque atom)."""
+    from symattn.lang.functions import FUNCTIONS
+
+    x = sp.Dummy("x")
+    f = FUNCTIONS[name].scalar(x).replace(sp.exp, ExpAtom)
+    return np.vectorize(lambda v: f.xreplace({x: v}), otypes=[object])(a)
 
 
-def gelu(a):
-    """x (1 + erf(x / √2)) / 2, entrywise."""
-    return np.vectorize(lambda x: x * (1 + sp.erf(x / sp.sqrt(2))) / 2, otypes=[object])(a)
-
-
-def gelu_grad(a):
-    """GELU′(x) = (1 + erf(x / √2)) / 2 + x exp(−x² / 2) / √(2π), entrywise."""
-
-    def entry(x):
-        return (1 + sp.erf(x / sp.sqrt(2))) / 2 + x * sp.exp(-(x**2) / 2) / sp.sqrt(2 * sp.pi)
-
-    return np.vectorize(entry, otypes=[object])(a)
-
-
-def gelu_tanh(a):
-    """x (1 + tanh(√(2/π) (x + 0.044715 x³))) / 2, entrywise."""
-
-    def entry(x):
-        return x * (1 + sp.tanh(sp.sqrt(2 / sp.pi) * (x + sp.Float("0.044715") * x**3))) / 2
-
-    return np.vectorize(entry, otypes=[object])(a)
-
-
-def gelu_tanh_grad(a):
-    """The derivative of gelu_tanh: (1 + t) / 2 + x (1 − t²) k (1 + 3 c x²) / 2, t = tanh(k (x + c x³))."""
-
-    def entry(x):
-        k, c = sp.sqrt(2 / sp.pi), sp.Float("0.044715")
-        t = sp.tanh(k * (x + c * x**3))
-        return (1 + t) / 2 + x * (1 - t**2) * k * (1 + 3 * c * x**2) / 2
-
-    return np.vectorize(entry, otypes=[object])(a)
+def log_softmax(a):
+    """A − log(rowsum(exp(A))) 𝟏ᵀ, exactly (exp an opaque atom)."""
+    return a - np.vectorize(sp.log, otypes=[object])(exp(a).sum(axis=-1, keepdims=True))
 
 
 def layer_norm(a, eps):

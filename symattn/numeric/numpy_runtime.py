@@ -15,6 +15,12 @@ def row_softmax(a):
     return e / e.sum(axis=-1, keepdims=True)
 
 
+def log_softmax(a):
+    """log softmax along the last axis: A − max − log(rowsum(exp(A − max))), the row max subtracted first."""
+    shifted = a - a.max(axis=-1, keepdims=True, initial=-np.inf)
+    return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+
+
 def sigmoid(a):
     """1 / (1 + exp(-a)), entrywise."""
     return 1.0 / (1.0 + np.exp(-a))

@@ -47,8 +47,16 @@ def runtime_source(table: dict[str, str], names: Iterable[str]) -> str:
 
 NUMPY_RUNTIME = runtime_functions("symattn.numeric.numpy_runtime")  # helper name -> its source
 
-# helpers whose source calls other helpers
-HELPER_NEEDS = {"gelu": ("erf",), "gelu_grad": ("erf",)}
+
+def helper_needs(runtime: dict[str, str], name: str) -> set[str]:
+    """The helpers of runtime that the named helper's source calls, directly or through another one."""
+    needs, todo = set(), [name]
+    while todo:
+        names = {n.id for n in ast.walk(ast.parse(runtime[todo.pop()])) if isinstance(n, ast.Name)}
+        found = {n for n in names if n in runtime and n != name} - needs
+        needs |= found
+        todo += found
+    return needs
 
 
 # a name, an attribute chain or a number, maybe negated: an operand ruff format hugs ** to
@@ -70,18 +78,7 @@ class NumPyMatrixPrinter(NumPyPrinter):
     axis_keyword = "axis"
     keepdims_keyword = "keepdims"
     runtime = NUMPY_RUNTIME  # helper name -> its source in a runtime module
-    helper_needs = HELPER_NEEDS
-    # name of the call that evaluates each entrywise node
-    elementwise = {
-        "exp": "np.exp",
-        "log": "np.log",
-        "tanh": "np.tanh",
-        "sigmoid": "sigmoid",
-        "gelu": "gelu",
-        "gelu_tanh": "gelu_tanh",
-        "gelu_grad": "gelu_grad",
-        "gelu_tanh_grad": "gelu_tanh_grad",
-    }
+    backend = "numpy"  # the key of the function records' calls (``Elementwise.call``)
 
     def __init__(self, settings: dict | None = None) -> None:
         super().__init__(settings)
@@ -93,9 +90,17 @@ class NumPyMatrixPrinter(NumPyPrinter):
         return super()._module_format(fqn, register=False)
 
     def helper(self, name: str) -> str:
-        self.helpers_used.add(name)
-        self.helpers_used.update(self.helper_needs.get(name, ()))
+        if name not in self.helpers_used:
+            self.helpers_used.add(name)
+            self.helpers_used.update(helper_needs(self.runtime, name))
         return name
+
+    def function_call(self, call: str, operand: str) -> str:
+        """A function record's call (``Elementwise.call``) applied to operand: a template with {} filled in, a
+        library function (dotted) called, a runtime helper (a bare name) called and its source handed out."""
+        if "{}" in call:
+            return call.format(operand)
+        return f"{call if '.' in call else self.helper(call)}({operand})"
 
     def helper_source(self) -> str:
         """Source of every helper the printed expressions call, in a fixed order."""
@@ -184,15 +189,10 @@ class NumPyMatrixPrinter(NumPyPrinter):
         return power(self._atom(base), self._atom(p))
 
     def _print_Elementwise(self, expr: Basic) -> str:
-        name = self.elementwise[expr.function]
-        if "." not in name:
-            self.helper(name)
-        return f"{name}({self._print(expr.arg)})"
+        return self.function_call(expr.call(self.backend), self._print(expr.arg))
 
-    _print_Exp = _print_Log = _print_Tanh = _print_Sigmoid = _print_Elementwise
-
-    def _print_RowSoftmax(self, expr: Basic) -> str:
-        return f"{self.helper('row_softmax')}({self._print(expr.arg)})"
+    def _print_RowWise(self, expr: Basic) -> str:
+        return self.function_call(expr.call(self.backend), self._print(expr.arg))
 
     def reduce_sum(self, operand: str, axis: str, keepdims: bool = False) -> str:
         """operand (printed as an atom) summed along axis, by the backend's keyword names."""
@@ -243,9 +243,9 @@ def _split_sign(term: Basic) -> tuple[int, Basic]:
     return 1, term
 
 
-EXACT_RUNTIME = {
+EXACT_RUNTIME = {  # (ExpAtom is no helper: the evaluating namespace has it, so that exact values share one class)
     **{name: NUMPY_RUNTIME[name] for name in ("split_heads", "merge_heads", "repeat_heads", "sum_groups")},
-    **runtime_functions("symattn.numeric.exact_runtime"),
+    **{k: v for k, v in runtime_functions("symattn.numeric.exact_runtime").items() if k != "ExpAtom"},
 }
 
 
@@ -253,17 +253,11 @@ class ExactPrinter(NumPyMatrixPrinter):
     """The same language for object arrays of exact SymPy numbers."""
 
     runtime = EXACT_RUNTIME
-    helper_needs = {"row_softmax": ("exp",), "sigmoid": ("exp",)}  # the exact helpers call SymPy's erf themselves
-    elementwise = {
-        "exp": "exp",
-        "log": "log",
-        "tanh": "tanh",
-        "sigmoid": "sigmoid",
-        "gelu": "gelu",
-        "gelu_tanh": "gelu_tanh",
-        "gelu_grad": "gelu_grad",
-        "gelu_tanh_grad": "gelu_tanh_grad",
-    }
+    backend = "exact"
+
+    def _print_Elementwise(self, expr: Basic) -> str:
+        """f(A) from the record's scalar f, evaluated exactly entry by entry (exp an opaque atom)."""
+        return f"{self.helper('entrywise')}({self._print(expr.arg)}, {expr.function!r})"
 
     def _module_format(self, fqn: str, register: bool = True) -> str:
         if fqn.startswith("numpy."):  # scalar functions of dims, e.g. sqrt(d_k), stay exact

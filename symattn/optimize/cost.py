@@ -4,7 +4,7 @@ An expression set is costed as a hash-consed DAG: a subexpression shared by seve
 gradients (P, dP, dS) or already computed (``given``, e.g. the forward pass) is
 counted once, or not at all. Per node: a product of matrices costs 2·a·b·c per
 pairwise step (a product with a ones matrix is a row sum, a column times 𝟏ᵀ a
-broadcast), entrywise nodes one FLOP per entry (``ENTRY_FLOPS`` for softmax),
+broadcast), entrywise nodes one FLOP per entry (a function node: its record's ``flops``),
 transposes, head splits and slices are free views, block matrices and head merges
 copies. A flat ``MatMul`` is costed in its cheapest evaluation order, which
 ``order_products`` makes explicit by nesting. Nodes inside ``SplitHeads`` count once
@@ -36,8 +36,9 @@ from sympy.matrices.expressions import (
 )
 
 from symattn.lang.algebra import factors
+from symattn.lang.functions import FunctionRecord
 from symattn.lang.graph import VISITS, memo_table, rebuilt
-from symattn.lang.ops import Elementwise, MergeHeads, RowSoftmax, RowSum, SplitHeads, SumEntries
+from symattn.lang.ops import Elementwise, MergeHeads, RowSum, RowWise, SplitHeads, SumEntries
 
 # Sizes for evaluating symbolic costs and choosing between equal forms (a BERT-base-like head:
 # n = m = 512, d_k = d_v = 64); a dimension not in the table is TYPICAL_OTHER.
@@ -48,8 +49,6 @@ TYPICAL_SIZES: dict[str, int] = {
 }
 TYPICAL_OTHER = 64
 
-# FLOPs per entry of entrywise nodes: softmax = row max, subtract, exp, row sum, divide.
-ENTRY_FLOPS: dict[type, int] = {RowSoftmax: 5, Elementwise: 1, HadamardPower: 1}
 
 VIEWS = (Transpose, SplitHeads, MatrixSlice)  # nodes that allocate nothing (NumPy/torch views)
 COPIES = (BlockMatrix, MergeHeads)  # nodes that move entries without arithmetic
@@ -230,9 +229,8 @@ def node_flops(node: Basic, dim: Sizes) -> Basic:
     if isinstance(node, MatPow):  # A^k by k − 1 products
         rows = dim(node.shape[0])
         return (node.args[1] - 1) * 2 * rows**3 * heads
-    for kind, per_entry in ENTRY_FLOPS.items():
-        if isinstance(node, kind):
-            return per_entry * numel(node, dim)
+    if isinstance(node, FunctionRecord):  # entrywise and row-wise functions: their records' FLOPs per entry
+        return node.flops * numel(node, dim)
     return numel(node, dim)
 
 
@@ -257,7 +255,7 @@ def is_entrywise(node: Basic) -> bool:
     """A node that can write its value over an argument of its own shape (c X, X + Y, X ⊙ Y, f(X), softmax)."""
     if isinstance(node, MatMul):
         return len([a for a in node.args if isinstance(a, MatrixExpr)]) == 1
-    return isinstance(node, (MatAdd, HadamardProduct, HadamardPower, Elementwise, RowSoftmax))
+    return isinstance(node, (MatAdd, HadamardProduct, HadamardPower, Elementwise, RowWise))
 
 
 def flops(exprs: Basic | Sequence[Basic], given: Sequence[Basic] = (), sizes: Mapping | None = None) -> Basic:

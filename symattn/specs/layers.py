@@ -16,13 +16,12 @@ from sympy import Basic, MatrixSymbol
 
 from symattn.lang.graph import fold, postorder
 from symattn.lang.names import Names
-from symattn.lang.node_base import Elementwise
-from symattn.lang.ops import RowSoftmax
+from symattn.lang.ops import Elementwise, RowWise
 from symattn.lang.ops_block import _RowStatistic
 from symattn.specs.spec import Spec
 
 DEPTH_CAP = 12
-LAYERS = (Elementwise, RowSoftmax, _RowStatistic)  # the operators a layer ends with
+LAYERS = (Elementwise, RowWise, _RowStatistic)  # the operators a layer ends with
 
 
 def named_layers(s: Spec) -> Spec:

@@ -16,7 +16,7 @@ import sympy as sp
 from sympy import Basic, MatrixExpr, MatrixSymbol, Symbol
 from sympy.matrices.expressions import Identity, OneMatrix, ZeroMatrix
 
-from symattn.autodiff.vjp import VJP_RULES
+from symattn.autodiff.vjp import VJP_RULES, supported, vjp_rule
 from symattn.errors import SymattnError
 from symattn.lang.graph import nodes
 from symattn.lang.shapes import SHAPE_RULES
@@ -82,8 +82,8 @@ def check_expression(spec: str, field: str, expr: object, seen: set[Basic] | Non
         if not isinstance(node, Basic):
             raise SpecError(f"spec {spec!r}: {field} contains {type(node).__name__} {node!r}, not a SymPy object")
         if isinstance(node, MatrixExpr) or node.has(MatrixSymbol):
-            if type(node) not in VJP_RULES:
-                known = ", ".join(sorted(t.__name__ for t in VJP_RULES))
+            if vjp_rule(node) is None:
+                known = ", ".join(sorted(supported(VJP_RULES)))
                 raise SpecError(f"spec {spec!r}: {field}: {type(node).__name__} is not in the language ({known})")
             stack.extend(node.args)
         shape_rule = SHAPE_RULES.get(type(node))

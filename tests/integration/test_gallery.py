@@ -87,6 +87,19 @@ REFERENCES = {
             _layer_norm(X @ W_Q, gamma_Q, beta_Q), _layer_norm(X @ W_K, gamma_K, beta_K), X @ W_V
         ),
     ),
+    "softplus_attention": (
+        {"X": (B, N, D_MODEL), "W_Q": (D_MODEL, D_K), "W_K": (D_MODEL, D_K), "W_V": (D_MODEL, D_V)},
+        lambda X, W_Q, W_K, W_V: _attention(
+            X @ W_Q,
+            X @ W_K,
+            X @ W_V,
+            weights=lambda a: torch.nn.functional.softplus(a) / torch.nn.functional.softplus(a).sum(-1, keepdim=True),
+        ),
+    ),
+    "pointer_attention": (
+        {"X": (B, N, D_MODEL), "W_Q": (D_MODEL, D_K), "W_K": (D_MODEL, D_K)},
+        lambda X, W_Q, W_K: torch.log_softmax((X @ W_Q) @ (X @ W_K).mT / D_K**0.5, -1),
+    ),
 }
 NAMES = sorted(REFERENCES)
 

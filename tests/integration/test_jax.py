@@ -379,6 +379,16 @@ GALLERY_REFERENCES = {
             _layer_norm(X @ W_Q, gamma_Q, beta_Q, 1e-5), _layer_norm(X @ W_K, gamma_K, beta_K, 1e-5), X @ W_V
         ),
     ),
+    "softplus_attention": (
+        STANDARD,
+        lambda X, W_Q, W_K, W_V: _gallery_attention(
+            *_qkv(X, W_Q, W_K, W_V), weights=lambda a: jax.nn.softplus(a) / jax.nn.softplus(a).sum(-1, keepdims=True)
+        ),
+    ),
+    "pointer_attention": (
+        {"X": (B, N, D_MODEL), "W_Q": (D_MODEL, D_K), "W_K": (D_MODEL, D_K)},
+        lambda X, W_Q, W_K: jax.nn.log_softmax((X @ W_Q) @ jnp.swapaxes(X @ W_K, -1, -2) / D_K**0.5, axis=-1),
+    ),
 }
 GALLERY_NAMES = sorted(GALLERY_REFERENCES)
 

@@ -95,3 +95,38 @@ def test_code_generation_names_no_spec():
             if text in names or ident in names:
                 found.append(f"{path.name}:{node.lineno}: {text or ident}")
     assert not found, found
+
+
+# A string equal to a function's name that means something else there: (module, name) → what it means.
+OTHER_MEANINGS = {
+    ("symattn/codegen/printers.py", "exp"): "SymPy's scalar exp of a trainable scalar (numpy.exp → torch.exp)",
+    ("symattn/codegen/printers.py", "log"): "SymPy's scalar log of a trainable scalar",
+    ("symattn/codegen/printers.py", "tanh"): "SymPy's scalar tanh of a trainable scalar",
+    ("symattn/derive/layout.py", "exp"): r"the width of TeX's \exp",
+    ("symattn/derive/layout.py", "log"): r"the width of TeX's \log",
+    ("symattn/derive/layout.py", "tanh"): r"the width of TeX's \tanh",
+    ("symattn/lang/ops_block.py", "tanh"): "gelu's approximate='tanh' option",
+    ("symattn/specs/block.py", "tanh"): "gelu's approximate='tanh' option",
+    ("symattn/codegen/torch_runtime.py", "tanh"): "torch's gelu(approximate='tanh')",
+    ("symattn/codegen/dropin_runtime.py", "gelu"): "nn.TransformerEncoderLayer's activation='gelu'",
+}
+
+
+def test_a_function_is_named_only_by_its_record_and_its_export():
+    """Every fact about an entrywise or row-wise function lives in its record (symattn.lang.functions,
+    symattn.lang.rowwise); besides it, only the package's export may spell its name."""
+    from symattn.lang.functions import FUNCTIONS
+
+    found: dict[str, set[str]] = {}
+    for path in PACKAGE.rglob("*.py"):
+        module = str(path.relative_to(PACKAGE.parent))
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if (
+                isinstance(node, ast.Constant)
+                and node.value in FUNCTIONS
+                and (module, node.value) not in OTHER_MEANINGS
+            ):
+                found.setdefault(node.value, set()).add(module)
+    for name, modules in found.items():
+        others = modules - {"symattn/__init__.py", "symattn/lang/functions.py", "symattn/lang/rowwise.py"}
+        assert len(modules) <= 2 and not others, (name, sorted(modules))

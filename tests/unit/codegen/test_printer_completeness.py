@@ -1,6 +1,6 @@
 """Every node of the language (a type with a VJP rule) has a print method in every printer.
 
-The backends' printers (NumPy evaluation, exact evaluation, generated NumPy, generated torch)
+The backends' printers (NumPy evaluation, exact evaluation, generated NumPy, torch and JAX)
 and the notation printer dispatch by type (``_print_<Class>``); a node type or one of its own
 node classes (``Elementwise``, below the generic ``Expr``/``MatrixExpr``) must be printed.
 """
@@ -12,10 +12,11 @@ from sympy import Expr, MatrixExpr
 
 from symattn.autodiff.vjp import VJP_RULES
 from symattn.codegen.printers import GeneratedNumPyPrinter, TorchMatrixPrinter
+from symattn.codegen.printers_jax import JaxMatrixPrinter
 from symattn.derive.latex import MathPrinter
 from symattn.numeric.printers import ExactPrinter, NumPyMatrixPrinter
 
-PRINTERS = (NumPyMatrixPrinter, ExactPrinter, GeneratedNumPyPrinter, TorchMatrixPrinter, MathPrinter)
+PRINTERS = (NumPyMatrixPrinter, ExactPrinter, GeneratedNumPyPrinter, TorchMatrixPrinter, JaxMatrixPrinter, MathPrinter)
 
 
 def _own_classes(node: type) -> list[type]:

@@ -1,0 +1,260 @@
+"""Entrywise functions f(A), one record each: the node class is the record.
+
+A record states everything symattn knows about f, and every table (the parser, the printers,
+LaTeX and text, cost, naming, the scheduling passes, the derivation's reasons) is read from it:
+
+- ``function``: the name a spec calls it by (``sa.<function>``, the spec language); ``exported``
+  says whether specs may call it (GELU′ appears in backward passes only);
+- ``scalar``: f as a SymPy function of one scalar (explicit entries, exact evaluation);
+- ``derivative()``: f′(A) as a matrix expression of the node and its argument, written with nodes
+  that have records of their own, so that it is differentiated again (second order), printed,
+  costed and checked like anything else. The VJP G ⊙ f′(A) and the JVP f′(A) ⊙ dA both read it;
+  whether it reads f(A) or A decides what the forward saves (``reads_value``, ``reads_input``);
+- ``latex``, ``text``: how a derivation prints f;
+- ``calls``: per backend, the call that evaluates f — a library function (``np.exp``), a helper
+  of that backend's runtime (a bare name), or a template with ``{}`` for the argument;
+  ``inplace``: the calls are ufuncs with ``out=`` (NumPy) and tensor methods with a ``_`` form;
+- ``flops`` per entry (the cost model), ``letter`` (the name of a saved value), ``reason`` (the
+  derivation step's two reasons).
+
+Adding a function is one record here plus its export (``symattn/__init__.py``).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+
+import sympy as sp
+from sympy import Basic, MatrixExpr, MatrixSymbol, OneMatrix
+from sympy.matrices.expressions import HadamardPower
+
+from symattn.errors import UnsupportedNodeError
+from symattn.lang.algebra import hadamard_product, product, total
+from symattn.lang.graph import postorder
+from symattn.lang.node_base import require_matrix, shape_of
+from symattn.lang.safe import expression
+
+HADAMARD_MOVE = "Hadamard factor moved onto the cotangent"
+CHAIN_RULE = ("chain rule, entrywise", HADAMARD_MOVE)
+
+_INV_SQRT2 = 1 / sp.sqrt(2)
+GELU_TANH_K = sp.sqrt(2 / sp.pi)  # √(2/π) of the tanh approximation
+GELU_TANH_C = sp.Float("0.044715")
+
+FUNCTIONS: dict[str, type] = {}  # function name → its record (every subclass below, in definition order)
+
+
+class FunctionRecord:
+    """What a function node's record holds besides its structure (entrywise and row-wise alike)."""
+
+    function: str = ""
+    exported: bool = True
+    latex: str = ""
+    text: str = ""
+    calls: Mapping[str, str] = {}
+    inplace: bool = False
+    flops: int = 1
+    letter: str = "U"
+    reason: tuple[str, str] = CHAIN_RULE
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.function:
+            FUNCTIONS[cls.function] = cls
+
+    def call(self, backend: str) -> str:
+        """The call that evaluates this function in the backend; UnsupportedNodeError naming both if it has none."""
+        if backend not in self.calls:
+            raise UnsupportedNodeError(self, f"the {backend} backend", [f"{self.function} in {b}" for b in self.calls])
+        return self.calls[backend]
+
+
+def function_kind(node: Basic) -> type | None:
+    """The kind of a function node — Elementwise or RowWise, whose rules ask the record — else None."""
+    if not isinstance(node, FunctionRecord):
+        return None
+    return next(k for k in type(node).__mro__ if FunctionRecord in k.__bases__)
+
+
+class Elementwise(FunctionRecord, MatrixExpr):
+    """f(A) applied entry by entry; each subclass is the record of one f."""
+
+    scalar = staticmethod(sp.Function("f"))
+
+    def __new__(cls, arg: MatrixExpr) -> Elementwise:
+        arg = expression(arg)
+        require_matrix(arg, cls.function)
+        return Basic.__new__(cls, arg)
+
+    @property
+    def arg(self) -> MatrixExpr:
+        return self.args[0]
+
+    @property
+    def shape(self) -> tuple:
+        return shape_of(self.arg)
+
+    def _entry(self, i, j, **kwargs):
+        return self.scalar(self.arg._entry(i, j, **kwargs))
+
+    def derivative(self) -> MatrixExpr:
+        """f′(A), entrywise, as a matrix expression."""
+        raise NotImplementedError(f"{type(self).__name__} states no derivative")
+
+    @classmethod
+    @functools.cache
+    def reads_value(cls) -> bool:
+        """Does f′(A) read f(A) (tanh: 𝟏𝟏ᵀ − T^∘2)? Then the forward saves f(A) for the backward."""
+        probe = cls(MatrixSymbol("_probe", 2, 2))
+        return probe in set(postorder(probe.derivative()))
+
+    @classmethod
+    @functools.cache
+    def reads_input(cls) -> bool:
+        """Does f′(A) read A (log: A^∘−1, softplus: σ(A))? Then the forward saves A for the backward."""
+        probe = cls(MatrixSymbol("_probe", 2, 2))
+        value = MatrixSymbol("_value", 2, 2)  # f(A) itself read as a name: A inside it is not read
+        return probe.arg in set(postorder(probe.derivative().xreplace({probe: value})))
+
+
+def _ones_like(a: MatrixExpr) -> OneMatrix:
+    return OneMatrix(*a.shape)
+
+
+class Exp(Elementwise):
+    """exp(A), entrywise; exp′ = exp."""
+
+    function = "exp"
+    scalar = staticmethod(sp.exp)
+    latex, text = r"\exp", "exp"
+    calls = {"numpy": "np.exp", "torch": "torch.exp", "jax": "jnp.exp"}
+    inplace = True
+    letter = "E"
+
+    def derivative(self) -> MatrixExpr:
+        return self
+
+
+class Log(Elementwise):
+    """log(A), entrywise; log′(x) = 1/x."""
+
+    function = "log"
+    scalar = staticmethod(sp.log)
+    latex, text = r"\log", "log"
+    calls = {"numpy": "np.log", "torch": "torch.log", "jax": "jnp.log"}
+    inplace = True
+
+    def derivative(self) -> MatrixExpr:
+        return HadamardPower(self.arg, -1)
+
+
+class Tanh(Elementwise):
+    """tanh(A), entrywise; tanh′ = 1 − tanh²."""
+
+    function = "tanh"
+    scalar = staticmethod(sp.tanh)
+    latex, text = r"\tanh", "tanh"
+    calls = {"numpy": "np.tanh", "torch": "torch.tanh", "jax": "jnp.tanh"}
+    inplace = True
+    letter = "T"
+
+    def derivative(self) -> MatrixExpr:
+        return total(_ones_like(self), product(-1, HadamardPower(self, 2)))
+
+
+class Sigmoid(Elementwise):
+    """σ(A) = 1 / (1 + exp(−A)), entrywise; σ′ = σ (1 − σ)."""
+
+    function = "sigmoid"
+    scalar = staticmethod(lambda x: 1 / (1 + sp.exp(-x)))
+    latex, text = r"\sigma", "σ"
+    calls = {"numpy": "sigmoid", "torch": "torch.sigmoid", "jax": "sigmoid"}
+    letter = "Z"
+
+    def derivative(self) -> MatrixExpr:
+        return hadamard_product(self, total(_ones_like(self), product(-1, self)))
+
+
+class Softplus(Elementwise):
+    """softplus(A) = log(1 + exp(A)), entrywise (computed without overflow); softplus′ = σ."""
+
+    function = "softplus"
+    scalar = staticmethod(lambda x: sp.log(1 + sp.exp(x)))
+    latex, text = r"\operatorname{softplus}", "softplus"
+    calls = {"numpy": "np.logaddexp(0.0, {})", "torch": "torch.nn.functional.softplus", "jax": "jax.nn.softplus"}
+    flops = 3
+
+    def derivative(self) -> MatrixExpr:
+        return Sigmoid(self.arg)
+
+
+class Gelu(Elementwise):
+    """GELU(x) = x Φ(x) = x (1 + erf(x/√2)) / 2, entrywise (the exact, erf form); GELU′ is ``GeluGrad``."""
+
+    function = "gelu"
+    exported = False  # sa.gelu(a, approximate=…) chooses between the two forms
+    scalar = staticmethod(lambda x: x * (1 + sp.erf(x * _INV_SQRT2)) / 2)
+    latex, text = r"\operatorname{GELU}", "GELU"
+    calls = {"numpy": "gelu", "torch": "gelu", "jax": "gelu"}
+
+    def derivative(self) -> MatrixExpr:
+        return GeluGrad(self.arg)
+
+
+class GeluTanh(Elementwise):
+    """GELU's tanh approximation: x (1 + tanh(√(2/π) (x + 0.044715 x³))) / 2, entrywise."""
+
+    function = "gelu_tanh"
+    exported = False
+    scalar = staticmethod(lambda x: x * (1 + sp.tanh(GELU_TANH_K * (x + GELU_TANH_C * x**3))) / 2)
+    latex, text = r"\operatorname{GELU}_{\tanh}", "GELU_tanh"
+    calls = {"numpy": "gelu_tanh", "torch": "gelu_tanh", "jax": "gelu_tanh"}
+
+    def derivative(self) -> MatrixExpr:
+        return GeluTanhGrad(self.arg)
+
+
+class GeluGrad(Elementwise):
+    """GELU′(x) = Φ(x) + x φ(x) = (1 + erf(x/√2)) / 2 + x exp(−x²/2) / √(2π), entrywise (backward passes)."""
+
+    function = "gelu_grad"
+    exported = False
+    scalar = staticmethod(lambda x: (1 + sp.erf(x * _INV_SQRT2)) / 2 + x * sp.exp(-(x**2) / 2) / sp.sqrt(2 * sp.pi))
+    latex, text = r"\operatorname{GELU}'", "GELU′"
+    calls = {"numpy": "gelu_grad", "torch": "gelu_grad", "jax": "gelu_grad"}
+
+    def derivative(self) -> MatrixExpr:
+        """GELU″(A) = φ(A) ⊙ (2·𝟏𝟏ᵀ − A^{∘2}), φ(x) = exp(−x²/2)/√(2π) (the derivative of Φ + xφ)."""
+        square = HadamardPower(self.arg, 2)
+        density = product(1 / sp.sqrt(2 * sp.pi), Exp(product(sp.Rational(-1, 2), square)))
+        return hadamard_product(density, total(product(2, _ones_like(self)), product(-1, square)))
+
+
+def _gelu_tanh_grad(x):
+    t = sp.tanh(GELU_TANH_K * (x + GELU_TANH_C * x**3))
+    return (1 + t) / 2 + x * (1 - t**2) * GELU_TANH_K * (1 + 3 * GELU_TANH_C * x**2) / 2
+
+
+class GeluTanhGrad(Elementwise):
+    """The derivative of GELU's tanh approximation, entrywise: with t = tanh(k (x + c x³)), k = √(2/π),
+    c = 0.044715: (1 + t) / 2 + x (1 − t²) k (1 + 3 c x²) / 2 (backward passes)."""
+
+    function = "gelu_tanh_grad"
+    exported = False
+    scalar = staticmethod(_gelu_tanh_grad)
+    latex, text = r"\operatorname{GELU}_{\tanh}'", "GELU_tanh′"
+    calls = {"numpy": "gelu_tanh_grad", "torch": "gelu_tanh_grad", "jax": "gelu_tanh_grad"}
+
+    def derivative(self) -> MatrixExpr:
+        """With t = tanh(k (x + c x³)), s = 1 − t², w = k (1 + 3 c x²) (so t′ = s w, w′ = 6 k c x):
+        GELU_tanh″(x) = s w/2 + (s w + x (−2 t s w) w + x s 6 k c x)/2 = s ⊙ (w − x t w² + 3 k c x²)."""
+        a = self.arg
+        ones = _ones_like(a)
+        square = HadamardPower(a, 2)
+        t = Tanh(product(GELU_TANH_K, total(a, product(GELU_TANH_C, HadamardPower(a, 3)))))
+        s = total(ones, product(-1, HadamardPower(t, 2)))
+        w = product(GELU_TANH_K, total(ones, product(3 * GELU_TANH_C, square)))
+        bend = product(3 * GELU_TANH_K * GELU_TANH_C, square)
+        inner = total(w, product(-1, hadamard_product(a, t, HadamardPower(w, 2))), bend)
+        return hadamard_product(s, inner)

@@ -1,0 +1,165 @@
+"""Every function record (``symattn.lang.functions``, ``symattn.lang.rowwise``) against SymPy's calculus and
+against each backend's call: a record is the one source of truth for its function, so it is checked here
+once for all the tables built from it."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import sympy as sp
+
+import symattn as sa
+from symattn.autodiff.vjp import VJP_RULES
+from symattn.codegen.printers import GeneratedNumPyPrinter, TorchMatrixPrinter
+from symattn.codegen.printers_jax import JaxMatrixPrinter
+from symattn.derive.steps import REASONS
+from symattn.errors import UnsupportedNodeError
+from symattn.lang.functions import FUNCTIONS, Elementwise, FunctionRecord
+from symattn.lang.ops import Exp, Log, LogSoftmax, RowSoftmax, Sigmoid, Softplus, Tanh
+from symattn.lang.parse import parse
+from symattn.lang.rowwise import RowWise
+
+ENTRYWISE = sorted((r for r in FUNCTIONS.values() if issubclass(r, Elementwise)), key=lambda r: r.function)
+ROWWISE = sorted((r for r in FUNCTIONS.values() if issubclass(r, RowWise)), key=lambda r: r.function)
+X = sp.MatrixSymbol("X", 3, 4)
+RNG = np.random.default_rng(7)
+VALUES = RNG.uniform(0.2, 2.0, (3, 4))  # inside every function's domain (log needs x > 0)
+
+
+def _scalar(record: type, order: int = 0):
+    """f (or f′) of the record's scalar formula, evaluated by mpmath: independent of every printer."""
+    t = sp.Symbol("t")
+    return np.vectorize(lambda v: float(sp.lambdify(t, sp.diff(record.scalar(t), t, order), "mpmath")(v)))
+
+
+@pytest.mark.parametrize("record", ENTRYWISE, ids=lambda r: r.function)
+def test_the_derivative_is_sympys_derivative_of_the_scalar(record):
+    """f′(A) as the record writes it (a matrix expression of nodes), against d/dx of its scalar f."""
+    got = sa.lambdify([X], record(X).derivative())(VALUES)
+    assert np.max(np.abs(got - _scalar(record, 1)(VALUES))) < 1e-12
+
+
+def _evaluate(printer, expr, namespace: dict):
+    text = printer.doprint(expr)
+    exec(printer.helper_source() + f"\n\ndef _f(X):\n    return {text}\n", namespace)
+    return namespace["_f"]
+
+
+def _backends() -> dict:
+    """printer class → (its namespace, array maker, to-numpy); torch and JAX where installed."""
+    found = {GeneratedNumPyPrinter: ({"np": np}, np.asarray, np.asarray)}
+    try:
+        import torch
+
+        found[TorchMatrixPrinter] = ({"torch": torch}, torch.tensor, lambda t: t.numpy())
+    except ImportError:  # pragma: no cover - torch is installed in CI
+        pass
+    try:
+        import jax
+        import jax.numpy as jnp
+
+        jax.config.update("jax_enable_x64", True)
+        found[JaxMatrixPrinter] = ({"jax": jax, "jnp": jnp}, jnp.asarray, np.asarray)
+    except ImportError:  # pragma: no cover - JAX is installed in CI
+        pass
+    return found
+
+
+BACKENDS = _backends()
+
+
+@pytest.mark.parametrize("printer", list(BACKENDS), ids=lambda p: p.backend)
+@pytest.mark.parametrize("record", ENTRYWISE, ids=lambda r: r.function)
+def test_every_backend_call_computes_the_scalar_function(record, printer):
+    namespace, array, to_numpy = BACKENDS[printer]
+    got = to_numpy(_evaluate(printer(), record(X), dict(namespace))(array(VALUES)))
+    assert np.max(np.abs(got - _scalar(record)(VALUES))) < 1e-12
+
+
+@pytest.mark.parametrize("record", ENTRYWISE + ROWWISE, ids=lambda r: r.function)
+def test_exact_evaluation_agrees_with_numpy(record):
+    values = np.array([[sp.Rational(1, 3), sp.Rational(-2, 5), 2], [1, sp.Rational(1, 7), -1]], dtype=object)
+    if record is Log:
+        values = np.abs(values) + 1
+    x = sp.MatrixSymbol("X", 2, 3)
+    exact = np.array(sa.lambdify([x], record(x), backend="exact")(values), dtype=float)
+    assert np.max(np.abs(exact - sa.lambdify([x], record(x))(values.astype(float)))) < 1e-14
+
+
+def _row_reference(record: type, a: np.ndarray) -> np.ndarray:
+    """softmax or log-softmax of each row, rows of -inf allowed (zero probabilities), by numpy directly."""
+    finite = np.isfinite(a)
+    e = np.where(finite, np.exp(np.where(finite, a, 0.0)), 0.0)
+    total = e.sum(-1, keepdims=True)
+    p = e / np.where(total == 0, 1.0, total)
+    with np.errstate(divide="ignore"):
+        return {RowSoftmax: p, LogSoftmax: np.log(p)}[record]
+
+
+@pytest.mark.parametrize("masked", [False, True])
+@pytest.mark.parametrize("printer", list(BACKENDS), ids=lambda p: p.backend)
+@pytest.mark.parametrize("record", ROWWISE, ids=lambda r: r.function)
+def test_every_backend_call_computes_the_row_function(record, printer, masked):
+    """The plain call on finite rows; the masked call on rows holding -inf, a whole row of them included."""
+    namespace, array, to_numpy = BACKENDS[printer]
+    a = RNG.standard_normal((2, 3, 4))
+    p = printer()
+    if masked:
+        a[0, 1, [0, 2]] = -np.inf
+        a[1, 2, :] = -np.inf
+        p.mask = "M"
+    f = _evaluate(p, record(X), dict(namespace) | {"M": 0.0 if masked else None})
+    got = to_numpy(f(array(a)))
+    want = _row_reference(record, a)
+    assert np.array_equal(np.isneginf(got), np.isneginf(want)) and not np.isnan(got).any()
+    finite = np.isfinite(want)
+    assert np.max(np.abs(got[finite] - want[finite])) < 1e-12
+
+
+@pytest.mark.parametrize("record", ROWWISE, ids=lambda r: r.function)
+def test_the_row_vjp_is_the_adjoint_of_the_row_jvp_and_the_jvp_a_derivative(record):
+    """tr(Gᵀ J(dA)) = tr(J*(G)ᵀ dA), and J(dA) against a central difference of the value."""
+    g, da = sp.MatrixSymbol("G", 3, 4), sp.MatrixSymbol("dA", 3, 4)
+    node = record(X)
+    a, gv, dv = (RNG.standard_normal((3, 4)) for _ in range(3))
+    jvp = sa.lambdify([X, da], node.jvp(da))(a, dv)
+    vjp = sa.lambdify([X, g], node.vjp(g))(a, gv)
+    assert abs(np.sum(gv * jvp) - np.sum(vjp * dv)) < 1e-12
+    value, h = sa.lambdify([X], node), 1e-6
+    central = (value(a + h * dv) - value(a - h * dv)) / (2 * h)
+    assert np.max(np.abs(central - jvp)) < 1e-8
+
+
+def test_what_a_derivative_reads_decides_what_is_saved():
+    assert [r.reads_value() for r in (Exp, Tanh, Sigmoid, Softplus, Log)] == [True, True, True, False, False]
+    assert [r.reads_input() for r in (Exp, Tanh, Sigmoid, Softplus, Log)] == [False, False, False, True, True]
+
+
+def test_a_backend_without_the_function_is_named_with_the_node():
+    with pytest.raises(UnsupportedNodeError, match=r"Softplus.*the fused backend"):
+        Softplus(X).call("fused")
+    with pytest.raises(UnsupportedNodeError, match=r"LogSoftmax.*masks in the fused backend"):
+        LogSoftmax(X).masked_call("fused")
+
+
+def test_every_record_is_complete():
+    """A name, both notations, NumPy, torch and JAX calls (row-wise: masked too, and exact), a letter, a reason."""
+    for record in FUNCTIONS.values():
+        assert record.function and record.latex and record.text and record.letter, record
+        assert {"numpy", "torch", "jax"} <= set(record.calls), record
+        assert len(record.reason) == 2 and all(record.reason), record
+        if issubclass(record, RowWise):
+            assert {"numpy", "torch", "jax"} <= set(record.masked_calls) and "exact" in record.calls, record
+        assert record.exported == hasattr(sa, record.function), record
+
+
+def test_every_differentiated_node_has_its_reasons():
+    """The derivation prints two reasons for every node it differentiates: none falls back to a vaguer one."""
+    missing = [k.__name__ for k in VJP_RULES if k not in REASONS and not issubclass(k, FunctionRecord)]
+    assert not missing, missing
+
+
+def test_the_parser_reads_every_exported_function():
+    for record in FUNCTIONS.values():
+        if record.exported:
+            assert isinstance(parse(f"{record.function}(X)", {"X": X}), record)
