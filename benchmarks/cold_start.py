@@ -14,7 +14,7 @@ from pathlib import Path
 T0 = time.perf_counter()
 
 import symattn as sa  # noqa: E402  (the import is part of the cold start)
-from symattn.codegen.generate import BACKEND_VARIANTS, BACKENDS, render  # noqa: E402
+from symattn.codegen.generate import BACKENDS, render  # noqa: E402
 from symattn.specs import family  # noqa: E402
 from symattn.specs.files import load_spec_file  # noqa: E402
 
@@ -34,7 +34,7 @@ def main() -> None:
     for name in sa.specs():
         sa.derive(name).text()
         for backend in BACKENDS:
-            for variant in BACKEND_VARIANTS[backend]:
+            for variant in BACKENDS[backend].variants:
                 if variant == "memeff" and not family(name).row_blocks:
                     continue
                 render(name, backend, variant)

@@ -22,7 +22,7 @@ import dataclasses
 import runpy
 from pathlib import Path
 
-from symattn.codegen.cost_report import schedule_counts
+from symattn.codegen.report.cost_report import schedule_counts
 from symattn.specs import spec, specs
 from symattn.specs.files import load_spec_file
 from symattn.specs.respell import respellings

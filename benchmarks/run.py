@@ -112,7 +112,7 @@ def _timed(fn) -> float:
 
 def model_flops(case: Case) -> float:
     """Forward + backward FLOPs of the simplified schedule (symattn.optimize.cost), for the whole batch."""
-    from symattn.codegen.cost_report import cost_report
+    from symattn.codegen.report.cost_report import cost_report
 
     if case.spec not in _REPORTS:
         _REPORTS[case.spec] = cost_report(case.spec, sizes=())
@@ -180,7 +180,7 @@ def flop_counts() -> dict:
     """Forward + backward FLOPs of single-head attention: simplified, generated schedule, with n = m, d_k = d_v = d."""
     import sympy as sp
 
-    from symattn.codegen.cost_report import cost_report
+    from symattn.codegen.report.cost_report import cost_report
 
     r = cost_report("attention", sizes=())
     n, m, d_k, d_v, d = sp.symbols("n m d_k d_v d", positive=True, integer=True)

@@ -90,7 +90,7 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
 
     gen = sub.add_parser("generate", help="write the generated NumPy, PyTorch and JAX modules")
     gen.add_argument("--spec", action="append", choices=specs(), help="a spec to generate (repeatable; default all)")
-    gen.add_argument("--backend", action="append", choices=BACKENDS, help="numpy, torch or jax (repeatable; all)")
+    gen.add_argument("--backend", action="append", choices=list(BACKENDS), help="numpy, torch or jax (repeatable; all)")
     gen.add_argument(
         "--variant",
         action="append",
@@ -161,7 +161,7 @@ def cmd_derive(args: argparse.Namespace) -> int:
         sys.stdout.write(derivation.text(wrt, verification=report) + "\n" + report.text())
         return 0 if report.ok else 1
     if args.cost:
-        from symattn.codegen.cost_report import cost_report
+        from symattn.codegen.report.cost_report import cost_report
 
         sys.stdout.write(cost_report(derivation).text() + "\n")
         return 0
@@ -176,7 +176,7 @@ def _figure(s) -> str | None:
     """The spec's forward and backward dataflow as inline SVG, or None without Graphviz's dot."""
     import shutil
 
-    from symattn.codegen.picture import picture
+    from symattn.codegen.report.picture import picture
     from symattn.derive.html import inline_svg
 
     if not shutil.which("dot"):
@@ -216,7 +216,7 @@ def _add_derive(sub: argparse._SubParsersAction) -> None:
 
 def cmd_graph(args: argparse.Namespace) -> int:
     """Draw the spec's dataflow (forward, or with --backward both passes) as SVG, PNG or DOT, to stdout or --out."""
-    from symattn.codegen.picture import picture
+    from symattn.codegen.report.picture import picture
     from symattn.specs import spec
     from symattn.specs.files import load_spec_file
 
@@ -239,7 +239,7 @@ def cmd_graph(args: argparse.Namespace) -> int:
 
 
 def _add_graph(sub: argparse._SubParsersAction) -> None:
-    from symattn.codegen.picture import FORMATS
+    from symattn.codegen.report.picture import FORMATS
     from symattn.specs import specs
 
     gra = sub.add_parser("graph", help="draw the forward (and backward) dataflow with Graphviz")

@@ -1,4 +1,4 @@
-"""Code generation: render a spec's schedule into a NumPy or PyTorch module.
+"""Code generation: render a spec's schedule into a module of each backend (NumPy, PyTorch, JAX).
 
 Every expression string comes from a printer and every helper from a runtime module
 (``codegen.context`` gathers them); the Jinja templates in the ``symattn.templates``
@@ -20,10 +20,11 @@ from pathlib import Path
 import jinja2
 import sympy as sp
 
-from symattn.codegen import dropins as dropin_source
-from symattn.codegen.context import PRINTERS, build_context
-from symattn.codegen.schedule import Schedule, schedule, schedule_spec
-from symattn.codegen.second_order import second_order_context
+from symattn.codegen.backends import BACKENDS, Backend, backend_named
+from symattn.codegen.emit import dropins as dropin_source
+from symattn.codegen.emit.context import build_context
+from symattn.codegen.emit.second_order import second_order_context
+from symattn.codegen.schedule.build import Schedule, schedule, schedule_spec
 from symattn.errors import SymattnError
 from symattn.lang.dims import bind_dimensions
 from symattn.lang.graph import nodes
@@ -32,8 +33,6 @@ from symattn.specs import Spec, family, specs
 
 __all__ = [
     "BACKENDS",
-    "BACKEND_VARIANTS",
-    "PRINTERS",
     "VARIANTS",
     "context",
     "default_out_dir",
@@ -45,9 +44,6 @@ __all__ = [
     "write_atomically",
 ]
 
-BACKENDS = ("numpy", "torch", "jax")
-# The variants a backend is generated in; jax has no memory-efficient one (XLA decides what it keeps).
-BACKEND_VARIANTS = {"numpy": ("standard", "memeff"), "torch": ("standard", "memeff"), "jax": ("standard",)}
 VARIANTS = ("standard", "memeff")
 # A weight dimension that is a product of dimensions is passed under its CONTRACT.md name.
 DIMENSION_ALIASES = {"H*d_k": "d_model"}
@@ -142,7 +138,7 @@ def _module_parameters(sched: Schedule, printer) -> tuple[list[str], list[dict],
 
 def context(
     sched: Schedule,
-    backend: str,
+    backend: Backend,
     version: str,
     variant: str = "standard",
     class_name: str | None = None,
@@ -150,9 +146,7 @@ def context(
 ) -> dict:
     """Everything a module template needs, every expression already printed (see ``codegen.context``)."""
     ctx = build_context(sched, backend, version, variant, class_name, _module_parameters)
-    # JAX differentiates a custom_vjp's own rules (plain jax.numpy) again: no second form printed there
-    wanted = second_order and backend != "jax"
-    second = second_order_context(sched, ctx, backend, version) if wanted else None
+    second = second_order_context(sched, ctx, backend, version) if second_order else None
     return ctx | {"second_order": second}
 
 
@@ -172,14 +166,13 @@ def render(
     """
     from symattn import __version__
 
-    if backend not in BACKENDS:
-        raise SymattnError(f"unknown backend {backend!r}; choose from {', '.join(BACKENDS)}")
+    target = backend_named(backend)
     if variant not in VARIANTS:
         raise SymattnError(f"unknown variant {variant!r}; choose from {', '.join(VARIANTS)}")
-    if variant not in BACKEND_VARIANTS[backend]:
+    if variant not in target.variants:
         raise SymattnError(
-            f"the {backend} backend has no {variant} variant (only {', '.join(BACKEND_VARIANTS[backend])}); "
-            "jax.jit decides what XLA keeps in memory"
+            f"the {backend} backend has no {variant} variant (only {', '.join(target.variants)}); "
+            + target.missing_variant
         )
     if isinstance(source, Spec):
         _require_bound_scalars(source)
@@ -188,10 +181,10 @@ def render(
     else:
         found = family(source)
         sched, class_name = schedule(source, extended=found.masks), found.class_name
-        dropins = found.dropins if backend == "torch" and variant == "standard" else ()
-    ctx = context(sched, backend, __version__, variant, class_name, second_order) | {"regenerate": regenerate}
+        dropins = found.dropins if target.dropins and variant == "standard" else ()
+    ctx = context(sched, target, __version__, variant, class_name, second_order) | {"regenerate": regenerate}
     ctx |= {"dropin_names": list(dropins), "dropins": dropin_source.source(dropins)}
-    text = environment().get_template(f"{backend}_module.py.j2").render(**ctx)
+    text = environment().get_template(target.template).render(**ctx)
     return _tidy(text)
 
 
@@ -222,17 +215,14 @@ def _require_bound_scalars(s: Spec) -> None:
 # names the generated code binds beside a spec's own: modules, the templates' variables and module constants
 CODE_NAMES = frozenset(
     {
-        *("np", "torch", "jax", "jnp", "math", "annotations", "ctx", "self"),
+        *("np", "jnp", "math", "annotations", "ctx", "self", *BACKENDS),
         *("grad_out", "saved", "grads", "gradients", "cotangents", "inputs", "tensors", "options", "direction"),
         *("dtype", "device", "output_shape", "mask_shape", "forward", "backward", "hvp"),
         *("attn_mask", "key_padding_mask", "causal", "SPEC", "SHAPES", "OPTIONAL", "DIRECTION_OF", "INPUTS"),
         *("COTANGENT", "FUNCTION"),
     }
 )
-RUNTIMES = (
-    "symattn.numeric.numpy_runtime",
-    *(f"symattn.codegen.{name}_runtime" for name in ("common", "numpy", "torch", "jax", "dropin")),
-)
+RUNTIMES = tuple(dict.fromkeys(module for b in BACKENDS.values() for module in b.runtimes))
 
 
 @functools.cache
@@ -289,7 +279,7 @@ def generate(
             for variant in variants or (VARIANTS if builtin else ("standard",)):
                 if variant == "memeff" and builtin is not None and not builtin.row_blocks:
                     continue  # no memory-efficient cut for this spec
-                if variant not in BACKEND_VARIANTS[backend] and not (backends and variants):
+                if variant not in backend_named(backend).variants and not (backends and variants):
                     continue  # asked for every backend or every variant: the pairs that exist
                 path = out_dir / f"{module_name(name, backend, variant)}.py"
                 rendered[path] = render(source, backend, variant, regenerate, second_order=order == 2)

@@ -21,7 +21,8 @@ from sympy import Basic
 from symattn.autodiff.grad import Tape, backward
 from symattn.derive import document as render
 from symattn.derive.marks import chain_marks
-from symattn.derive.steps import Chain, Check, chain, replayed_steps, verify_chain
+from symattn.derive.step_check import Check, verify_chain
+from symattn.derive.steps import Chain, chain, replayed_steps
 from symattn.errors import SymattnError
 from symattn.specs import Spec, spec
 

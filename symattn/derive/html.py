@@ -21,7 +21,8 @@ from sympy import Basic
 
 from symattn.derive.document import NOT_WRITTEN_OUT, SWEEP_TITLE, Document, sections
 from symattn.derive.marks import mark, row_checks
-from symattn.derive.steps import Chain, Check
+from symattn.derive.step_check import Check
+from symattn.derive.steps import Chain
 from symattn.specs import Spec
 
 STYLE = """

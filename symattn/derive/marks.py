@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from symattn.derive.steps import Chain, Check, Definition
+from symattn.derive.step_check import Check
+from symattn.derive.steps import Chain, Definition
 
 PASS = "✓"
 

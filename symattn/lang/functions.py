@@ -35,6 +35,9 @@ from symattn.lang.graph import postorder
 from symattn.lang.node_base import require_matrix, shape_of
 from symattn.lang.safe import expression
 
+# The backends a record gives calls for (the code generator's, and exact evaluation for verification).
+NUMPY, TORCH, JAX, EXACT = "numpy", "torch", "jax", "exact"
+
 HADAMARD_MOVE = "Hadamard factor moved onto the cotangent"
 CHAIN_RULE = ("chain rule, entrywise", HADAMARD_MOVE)
 
@@ -128,7 +131,7 @@ class Exp(Elementwise):
     function = "exp"
     scalar = staticmethod(sp.exp)
     latex, text = r"\exp", "exp"
-    calls = {"numpy": "np.exp", "torch": "torch.exp", "jax": "jnp.exp"}
+    calls = {NUMPY: "np.exp", TORCH: "torch.exp", JAX: "jnp.exp"}
     inplace = True
     letter = "E"
 
@@ -142,7 +145,7 @@ class Log(Elementwise):
     function = "log"
     scalar = staticmethod(sp.log)
     latex, text = r"\log", "log"
-    calls = {"numpy": "np.log", "torch": "torch.log", "jax": "jnp.log"}
+    calls = {NUMPY: "np.log", TORCH: "torch.log", JAX: "jnp.log"}
     inplace = True
 
     def derivative(self) -> MatrixExpr:
@@ -155,7 +158,7 @@ class Tanh(Elementwise):
     function = "tanh"
     scalar = staticmethod(sp.tanh)
     latex, text = r"\tanh", "tanh"
-    calls = {"numpy": "np.tanh", "torch": "torch.tanh", "jax": "jnp.tanh"}
+    calls = {NUMPY: "np.tanh", TORCH: "torch.tanh", JAX: "jnp.tanh"}
     inplace = True
     letter = "T"
 
@@ -169,7 +172,7 @@ class Sigmoid(Elementwise):
     function = "sigmoid"
     scalar = staticmethod(lambda x: 1 / (1 + sp.exp(-x)))
     latex, text = r"\sigma", "σ"
-    calls = {"numpy": "sigmoid", "torch": "torch.sigmoid", "jax": "sigmoid"}
+    calls = {NUMPY: "sigmoid", TORCH: "torch.sigmoid", JAX: "sigmoid"}
     letter = "Z"
 
     def derivative(self) -> MatrixExpr:
@@ -182,7 +185,7 @@ class Softplus(Elementwise):
     function = "softplus"
     scalar = staticmethod(lambda x: sp.log(1 + sp.exp(x)))
     latex, text = r"\operatorname{softplus}", "softplus"
-    calls = {"numpy": "np.logaddexp(0.0, {})", "torch": "torch.nn.functional.softplus", "jax": "jax.nn.softplus"}
+    calls = {NUMPY: "np.logaddexp(0.0, {})", TORCH: "torch.nn.functional.softplus", JAX: "jax.nn.softplus"}
     flops = 3
 
     def derivative(self) -> MatrixExpr:
@@ -196,7 +199,7 @@ class Gelu(Elementwise):
     exported = False  # sa.gelu(a, approximate=…) chooses between the two forms
     scalar = staticmethod(lambda x: x * (1 + sp.erf(x * _INV_SQRT2)) / 2)
     latex, text = r"\operatorname{GELU}", "GELU"
-    calls = {"numpy": "gelu", "torch": "gelu", "jax": "gelu"}
+    calls = {NUMPY: "gelu", TORCH: "gelu", JAX: "gelu"}
 
     def derivative(self) -> MatrixExpr:
         return GeluGrad(self.arg)
@@ -209,7 +212,7 @@ class GeluTanh(Elementwise):
     exported = False
     scalar = staticmethod(lambda x: x * (1 + sp.tanh(GELU_TANH_K * (x + GELU_TANH_C * x**3))) / 2)
     latex, text = r"\operatorname{GELU}_{\tanh}", "GELU_tanh"
-    calls = {"numpy": "gelu_tanh", "torch": "gelu_tanh", "jax": "gelu_tanh"}
+    calls = {NUMPY: "gelu_tanh", TORCH: "gelu_tanh", JAX: "gelu_tanh"}
 
     def derivative(self) -> MatrixExpr:
         return GeluTanhGrad(self.arg)
@@ -222,7 +225,7 @@ class GeluGrad(Elementwise):
     exported = False
     scalar = staticmethod(lambda x: (1 + sp.erf(x * _INV_SQRT2)) / 2 + x * sp.exp(-(x**2) / 2) / sp.sqrt(2 * sp.pi))
     latex, text = r"\operatorname{GELU}'", "GELU′"
-    calls = {"numpy": "gelu_grad", "torch": "gelu_grad", "jax": "gelu_grad"}
+    calls = {NUMPY: "gelu_grad", TORCH: "gelu_grad", JAX: "gelu_grad"}
 
     def derivative(self) -> MatrixExpr:
         """GELU″(A) = φ(A) ⊙ (2·𝟏𝟏ᵀ − A^{∘2}), φ(x) = exp(−x²/2)/√(2π) (the derivative of Φ + xφ)."""
@@ -244,7 +247,7 @@ class GeluTanhGrad(Elementwise):
     exported = False
     scalar = staticmethod(_gelu_tanh_grad)
     latex, text = r"\operatorname{GELU}_{\tanh}'", "GELU_tanh′"
-    calls = {"numpy": "gelu_tanh_grad", "torch": "gelu_tanh_grad", "jax": "gelu_tanh_grad"}
+    calls = {NUMPY: "gelu_tanh_grad", TORCH: "gelu_tanh_grad", JAX: "gelu_tanh_grad"}
 
     def derivative(self) -> MatrixExpr:
         """With t = tanh(k (x + c x³)), s = 1 − t², w = k (1 + 3 c x²) (so t′ = s w, w′ = 6 k c x):

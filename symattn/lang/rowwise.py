@@ -16,7 +16,7 @@ from sympy import Basic, MatrixExpr, OneMatrix
 
 from symattn.errors import UnsupportedNodeError
 from symattn.lang.algebra import hadamard_product, product, total
-from symattn.lang.functions import HADAMARD_MOVE, Exp, FunctionRecord
+from symattn.lang.functions import EXACT, HADAMARD_MOVE, JAX, NUMPY, TORCH, Exp, FunctionRecord
 from symattn.lang.node_base import require_matrix, shape_of
 from symattn.lang.safe import expression
 
@@ -85,8 +85,8 @@ class RowSoftmax(RowWise):
 
     function = "softmax"
     latex, text = r"\operatorname{softmax}", "softmax"
-    calls = {"numpy": "row_softmax", "torch": "row_softmax", "jax": "row_softmax", "exact": "row_softmax"}
-    masked_calls = {"numpy": "masked_row_softmax", "torch": "masked_row_softmax", "jax": "masked_row_softmax"}
+    calls = {NUMPY: "row_softmax", TORCH: "row_softmax", JAX: "row_softmax", EXACT: "row_softmax"}
+    masked_calls = {NUMPY: "masked_row_softmax", TORCH: "masked_row_softmax", JAX: "masked_row_softmax"}
     inplace = True  # the helpers take out= (NumPy, torch)
     flops = 5  # row max, subtract, exp, row sum, divide
     letter = "P"
@@ -116,12 +116,12 @@ class LogSoftmax(RowWise):
     function = "log_softmax"
     latex, text = r"\operatorname{log\,softmax}", "log_softmax"
     calls = {
-        "numpy": "log_softmax",
-        "torch": "torch.log_softmax({}, dim=-1)",
-        "jax": "jax.nn.log_softmax",
-        "exact": "log_softmax",
+        NUMPY: "log_softmax",
+        TORCH: "torch.log_softmax({}, dim=-1)",
+        JAX: "jax.nn.log_softmax",
+        EXACT: "log_softmax",
     }
-    masked_calls = {"numpy": "masked_log_softmax", "torch": "masked_log_softmax", "jax": "masked_log_softmax"}
+    masked_calls = {NUMPY: "masked_log_softmax", TORCH: "masked_log_softmax", JAX: "masked_log_softmax"}
     flops = 5  # row max, subtract, exp, row sum, log and subtract
     letter = "L"
     reason = ("log-softmax differential", HADAMARD_MOVE + ", cyclic property")

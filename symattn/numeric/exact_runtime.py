@@ -1,7 +1,7 @@
 """Runtime helpers of code printed by ``ExactPrinter``: entrywise functions on object arrays of SymPy numbers.
 
 Real code, linted and tested; the printer copies the source of the ones an expression calls
-(``inspect.getsource``) into the code it prints, which runs with ``np``, ``sp`` and ``ExpAtom``.
+(read with ``ast``) into the code it prints, which runs with ``np``, ``sp`` and ``ExpAtom``.
 """
 
 from __future__ import annotations

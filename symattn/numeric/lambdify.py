@@ -16,12 +16,13 @@ from sympy import Basic, MatrixSymbol
 
 from symattn.errors import ShapeMismatchError, SymattnError
 from symattn.lang.dims import LENGTH, Binding, bind_dimensions
+from symattn.lang.functions import NUMPY
 from symattn.lang.lazy import plain
 from symattn.lang.safe import expression
 from symattn.lang.shapes import check_shapes, dimension_symbols
 from symattn.numeric.printers import ExactPrinter, ExpAtom, NumPyMatrixPrinter
 
-PRINTERS = {"numpy": NumPyMatrixPrinter, "exact": ExactPrinter}
+PRINTERS = {p.backend: p for p in (NumPyMatrixPrinter, ExactPrinter)}
 _serial = count()
 
 
@@ -43,7 +44,7 @@ def _bind_dimensions(args, values, plan: Sequence[Binding], fixed: Mapping) -> d
 def lambdify(
     args: Sequence[MatrixSymbol],
     expr: Basic,
-    backend: str = "numpy",
+    backend: str = NUMPY,
     sum_batch: bool = False,
     dims: Mapping | None = None,
 ) -> Callable:

@@ -1,7 +1,7 @@
 """Runtime helpers of NumPy code printed by ``NumPyMatrixPrinter``: the nodes NumPy has no function for.
 
 Real code, linted and tested; a printer copies the source of the ones an expression calls
-(``inspect.getsource``) into the code it prints, which then needs only ``numpy as np``.
+(read with ``ast``) into the code it prints, which then needs only ``numpy as np``.
 """
 
 from __future__ import annotations

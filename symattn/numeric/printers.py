@@ -23,6 +23,7 @@ from sympy.matrices.expressions import MatMul, OneMatrix
 from sympy.printing.numpy import NumPyPrinter
 
 from symattn.lang.algebra import product
+from symattn.lang.functions import EXACT, NUMPY
 from symattn.numeric.exact_runtime import ExpAtom  # noqa: F401 (re-exported: lambdify and tests import it here)
 
 
@@ -78,7 +79,7 @@ class NumPyMatrixPrinter(NumPyPrinter):
     axis_keyword = "axis"
     keepdims_keyword = "keepdims"
     runtime = NUMPY_RUNTIME  # helper name -> its source in a runtime module
-    backend = "numpy"  # the key of the function records' calls (``Elementwise.call``)
+    backend = NUMPY  # the key of the function records' calls (``Elementwise.call``)
 
     def __init__(self, settings: dict | None = None) -> None:
         super().__init__(settings)
@@ -86,7 +87,7 @@ class NumPyMatrixPrinter(NumPyPrinter):
 
     def _module_format(self, fqn: str, register: bool = True) -> str:
         if fqn.startswith("numpy."):
-            fqn = self.module_alias + fqn[len("numpy") :]
+            fqn = self.module_alias + "." + fqn.removeprefix("numpy.")
         return super()._module_format(fqn, register=False)
 
     def helper(self, name: str) -> str:
@@ -253,7 +254,7 @@ class ExactPrinter(NumPyMatrixPrinter):
     """The same language for object arrays of exact SymPy numbers."""
 
     runtime = EXACT_RUNTIME
-    backend = "exact"
+    backend = EXACT
 
     def _print_Elementwise(self, expr: Basic) -> str:
         """f(A) from the record's scalar f, evaluated exactly entry by entry (exp an opaque atom)."""
@@ -261,7 +262,7 @@ class ExactPrinter(NumPyMatrixPrinter):
 
     def _module_format(self, fqn: str, register: bool = True) -> str:
         if fqn.startswith("numpy."):  # scalar functions of dims, e.g. sqrt(d_k), stay exact
-            fqn = "sp" + fqn[len("numpy") :]
+            fqn = "sp." + fqn.removeprefix("numpy.")
         return super(NumPyMatrixPrinter, self)._module_format(fqn, register=False)
 
     def _print_Identity(self, expr: Basic) -> str:

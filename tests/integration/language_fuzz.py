@@ -322,7 +322,7 @@ def run_case(seed: int, backends: tuple[str, ...] = BACKENDS, verify: bool = Tru
 
 def _constants(spec: sa.Spec, values: dict) -> tuple[list, dict]:
     """The constants as generated forward takes them: the additive mask as attn_mask, the others after the inputs."""
-    from symattn.codegen.schedule import split_constants
+    from symattn.codegen.schedule.build import split_constants
 
     mask, fixed = split_constants(spec)
     keywords = {"attn_mask": values[str(mask.name)]} if mask is not None else {}

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from symattn.codegen import generate as codegen
-from symattn.codegen.cost_report import schedule_counts
+from symattn.codegen.report.cost_report import schedule_counts
 from symattn.specs import spec, specs
 from symattn.specs.files import load_spec_file
 from symattn.specs.respell import respellings

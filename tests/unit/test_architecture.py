@@ -99,16 +99,16 @@ def test_code_generation_names_no_spec():
 
 # A string equal to a function's name that means something else there: (module, name) → what it means.
 OTHER_MEANINGS = {
-    ("symattn/codegen/printers.py", "exp"): "SymPy's scalar exp of a trainable scalar (numpy.exp → torch.exp)",
-    ("symattn/codegen/printers.py", "log"): "SymPy's scalar log of a trainable scalar",
-    ("symattn/codegen/printers.py", "tanh"): "SymPy's scalar tanh of a trainable scalar",
+    ("symattn/codegen/backends/printing.py", "exp"): "SymPy's scalar exp of a trainable scalar (numpy.exp → torch.exp)",
+    ("symattn/codegen/backends/printing.py", "log"): "SymPy's scalar log of a trainable scalar",
+    ("symattn/codegen/backends/printing.py", "tanh"): "SymPy's scalar tanh of a trainable scalar",
     ("symattn/derive/layout.py", "exp"): r"the width of TeX's \exp",
     ("symattn/derive/layout.py", "log"): r"the width of TeX's \log",
     ("symattn/derive/layout.py", "tanh"): r"the width of TeX's \tanh",
     ("symattn/lang/ops_block.py", "tanh"): "gelu's approximate='tanh' option",
     ("symattn/specs/block.py", "tanh"): "gelu's approximate='tanh' option",
-    ("symattn/codegen/torch_runtime.py", "tanh"): "torch's gelu(approximate='tanh')",
-    ("symattn/codegen/dropin_runtime.py", "gelu"): "nn.TransformerEncoderLayer's activation='gelu'",
+    ("symattn/codegen/backends/torch_runtime.py", "tanh"): "torch's gelu(approximate='tanh')",
+    ("symattn/codegen/backends/dropin_runtime.py", "gelu"): "nn.TransformerEncoderLayer's activation='gelu'",
 }
 
 
@@ -130,3 +130,56 @@ def test_a_function_is_named_only_by_its_record_and_its_export():
     for name, modules in found.items():
         others = modules - {"symattn/__init__.py", "symattn/lang/functions.py", "symattn/lang/rowwise.py"}
         assert len(modules) <= 2 and not others, (name, sorted(modules))
+
+
+def test_a_backend_is_named_in_few_modules_and_branched_on_in_none():
+    """The backends' names are written in at most three modules, and no module compares a backend name (or its
+    constant) to choose what to do: code generation asks the Backend object (codegen/backends/)."""
+    from symattn.codegen.backends import BACKENDS
+
+    names = set(BACKENDS)
+    constants = {"NUMPY", "TORCH", "JAX"}
+    written, branches = set(), []
+    for path in PACKAGE.rglob("*.py"):
+        module = str(path.relative_to(PACKAGE.parent))
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Constant) and node.value in names:
+                written.add(module)
+            if isinstance(node, ast.Compare):
+                operands = [node.left, *node.comparators]
+                if any(
+                    (isinstance(o, ast.Constant) and o.value in names)
+                    or (isinstance(o, ast.Name) and o.id in constants)
+                    for o in operands
+                ):
+                    branches.append(f"{module}:{node.lineno}")
+    assert len(written) <= 3, sorted(written)
+    assert not branches, branches
+    templates = PACKAGE.parent / "templates"
+    for template in templates.glob("*.j2"):
+        assert not any(f'backend == "{n}"' in template.read_text(encoding="utf-8") for n in names), template
+
+
+def _sizes() -> tuple[dict[Path, int], dict[str, int], dict[str, int]]:
+    """Modules per folder (``__init__`` aside), lines per module, lines per function (over the whole package)."""
+    folders: dict[Path, int] = {}
+    lines: dict[str, int] = {}
+    functions: dict[str, int] = {}
+    for path in PACKAGE.rglob("*.py"):
+        if path.name != "__init__.py":
+            folders[path.parent] = folders.get(path.parent, 0) + 1
+        text = path.read_text(encoding="utf-8")
+        module = str(path.relative_to(PACKAGE.parent))
+        lines[module] = len(text.splitlines())
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                functions[f"{module}:{node.name}"] = node.end_lineno - node.lineno + 1
+    return folders, lines, functions
+
+
+def test_folders_modules_and_functions_stay_small():
+    """No folder of more than 13 modules, no module over 450 lines, no function over 80."""
+    folders, lines, functions = _sizes()
+    assert not {str(k): v for k, v in folders.items() if v > 13}
+    assert not {k: v for k, v in lines.items() if v > 450}
+    assert not {k: v for k, v in functions.items() if v > 80}

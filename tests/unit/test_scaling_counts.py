@@ -120,8 +120,8 @@ def test_a_deep_elementwise_chain_derives_and_verifies():
 
 def schedule_lengths(layers: int) -> tuple[int, int]:
     """(first, second closed form's backward assignments) of the generated modules of the stack."""
-    from symattn.codegen.schedule import schedule_spec
-    from symattn.codegen.second_order import second_order_schedule
+    from symattn.codegen.emit.second_order import second_order_schedule
+    from symattn.codegen.schedule.build import schedule_spec
 
     first = schedule_spec(residual_stack(layers))
     _, second = second_order_schedule(first)
@@ -184,7 +184,7 @@ def test_a_deep_elementwise_chain_generates_and_its_gradient_is_right(build):
 def test_the_cost_report_of_a_stack_prices_its_own_dimensions():
     """The residual stack's width g is in no size table: it is priced at OTHER_SIZE, not left symbolic
     (float() of a symbol was a TypeError); names are expanded on the DAG, not rebuilt per use."""
-    from symattn.codegen.cost_report import OTHER_SIZE, cost_report
+    from symattn.codegen.report.cost_report import OTHER_SIZE, cost_report
 
     report = cost_report(sa.derive(residual_stack(3)))
     assert all(row["forward"] > 0 and row["backward"] > 0 for row in report.rows)
@@ -208,8 +208,8 @@ def test_an_unnamed_deep_spec_is_scheduled_with_its_layers_named():
 def schedule_work(depth: int, second_order: bool) -> int:
     """Nodes walked to schedule the unnamed chain (or its second closed form); weights of its own, so that no
     memo of another depth's chain is found."""
-    from symattn.codegen.schedule import schedule_spec
-    from symattn.codegen.second_order import second_order_schedule
+    from symattn.codegen.emit.second_order import second_order_schedule
+    from symattn.codegen.schedule.build import schedule_spec
 
     first = schedule_spec(tanh_chain(depth, weight=f"W_{depth}{second_order:d}"))
     clear_memos()  # the other depth's chain shares X, H1, H2, …: its memos would make whichever runs second cheaper

@@ -19,8 +19,9 @@ import symattn as sa
 from symattn.autodiff.vjp import VJP_RULES
 from symattn.cli import main
 from symattn.codegen import generate as codegen
-from symattn.codegen.printers import GeneratedNumPyPrinter, TorchMatrixPrinter
-from symattn.codegen.schedule import schedule
+from symattn.codegen.backends.numpy_backend import GeneratedNumPyPrinter
+from symattn.codegen.backends.torch_backend import TorchMatrixPrinter
+from symattn.codegen.schedule.build import schedule
 from symattn.lang.ops import MergeHeads, RowSoftmax, SplitHeads
 
 ROOT = Path(__file__).resolve().parents[3]

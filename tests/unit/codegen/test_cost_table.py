@@ -5,7 +5,7 @@ from __future__ import annotations
 import sympy as sp
 
 from symattn.cli import main
-from symattn.codegen.cost_report import cost_report, formula
+from symattn.codegen.report.cost_report import cost_report, formula
 
 n, m, d_k, d_v = (sp.Symbol(s, positive=True, integer=True) for s in ("n", "m", "d_k", "d_v"))
 
@@ -33,8 +33,8 @@ def test_a_line_is_costed_down_to_the_values_it_reads_once_each():
     import sys
     from pathlib import Path
 
-    from symattn.codegen.cost_report import node_costs
-    from symattn.codegen.schedule import schedule_spec
+    from symattn.codegen.report.cost_report import node_costs
+    from symattn.codegen.schedule.build import schedule_spec
     from symattn.lang.graph import VISITS
 
     sys.path.insert(0, str(Path(__file__).parents[1]))

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import sympy as sp
 
-from symattn.codegen import layout
+from symattn.codegen.emit import layout
 
 ROOT = Path(__file__).resolve().parents[3]
 RUFF = shutil.which("ruff")

@@ -7,10 +7,11 @@ import sympy as sp
 from sympy import MatrixSymbol, OneMatrix
 
 import symattn as sa
-from symattn.codegen.dag import Assignment
-from symattn.codegen.passes import hoist_hadamard_scalars, name_row_sums, save_entrywise_outputs
-from symattn.codegen.printers import GeneratedNumPyPrinter
-from symattn.codegen.schedule import schedule_spec
+from symattn.codegen.backends.numpy_backend import GeneratedNumPyPrinter
+from symattn.codegen.schedule.build import schedule_spec
+from symattn.codegen.schedule.dag import Assignment
+from symattn.codegen.schedule.naming import name_row_sums, save_entrywise_outputs
+from symattn.codegen.schedule.passes import hoist_hadamard_scalars
 from symattn.lang.graph import nodes
 from symattn.specs import dim
 
@@ -87,7 +88,7 @@ def test_products_print_in_the_cheapest_order_and_ones_as_sums(rng):
 
 def test_reassociated_products_keep_their_value_and_take_the_cheap_order(rng):
     # A Bᵀ V = A (Bᵀ V) when n ≫ d: the nested product is what the value holds afterwards
-    from symattn.codegen.passes import reassociate_products
+    from symattn.codegen.schedule.passes import reassociate_products
 
     size, d = dim("n"), dim("d_k")
     a, b, v = MatrixSymbol("A", size, d), MatrixSymbol("B", size, d), MatrixSymbol("V", size, d)
@@ -148,9 +149,9 @@ def test_a_scaled_cotangent_runs_the_vjps_unscaled():
 def test_no_backward_line_only_renames_a_value():
     """t = X (a shared value renamed D₁, f₂'s cotangent of G_X that is the direction X_v) is read as X: the only
     lines of the form t = X left are outputs, returned under their own names (dB = dA)."""
-    from symattn.codegen.passes import inline_aliases
-    from symattn.codegen.schedule import schedule
-    from symattn.codegen.second_order import second_order_schedule
+    from symattn.codegen.emit.second_order import second_order_schedule
+    from symattn.codegen.schedule.build import schedule
+    from symattn.codegen.schedule.passes import inline_aliases
 
     for first in (schedule("attention"), schedule("mha", extended=True)):
         _, second = second_order_schedule(first)

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from symattn.cli import main
-from symattn.codegen import picture as pic
-from symattn.codegen.cost_report import node_costs, schedule_of
+from symattn.codegen.report import picture as pic
+from symattn.codegen.report.cost_report import node_costs, schedule_of
 from symattn.specs import spec
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "specs" / "sigmoid_attention.py"

@@ -11,8 +11,9 @@ import pytest
 from sympy import Expr, MatrixExpr
 
 from symattn.autodiff.vjp import VJP_RULES
-from symattn.codegen.printers import GeneratedNumPyPrinter, TorchMatrixPrinter
-from symattn.codegen.printers_jax import JaxMatrixPrinter
+from symattn.codegen.backends.jax_backend import JaxMatrixPrinter
+from symattn.codegen.backends.numpy_backend import GeneratedNumPyPrinter
+from symattn.codegen.backends.torch_backend import TorchMatrixPrinter
 from symattn.derive.latex import MathPrinter
 from symattn.numeric.printers import ExactPrinter, NumPyMatrixPrinter
 

@@ -7,8 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from symattn.codegen import common_runtime, numpy_runtime
-from symattn.codegen.printers import GENERATED_NUMPY_RUNTIME
+from symattn.codegen.backends import common_runtime, numpy_runtime
+from symattn.codegen.backends.numpy_backend import GENERATED_NUMPY_RUNTIME
 from symattn.numeric import numpy_runtime as eval_runtime
 
 

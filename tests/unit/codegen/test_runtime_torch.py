@@ -5,12 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from symattn.codegen import numpy_runtime
-from symattn.codegen.printers import TORCH_RUNTIME
+from symattn.codegen.backends import numpy_runtime
+from symattn.codegen.backends.torch_backend import TORCH_RUNTIME
 from symattn.numeric import numpy_runtime as eval_runtime
 
 torch = pytest.importorskip("torch")
-from symattn.codegen import torch_runtime  # noqa: E402 (after the skip: it needs torch to run)
+from symattn.codegen.backends import torch_runtime  # noqa: E402 (after the skip: it needs torch to run)
 
 
 @pytest.fixture

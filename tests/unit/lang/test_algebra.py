@@ -94,8 +94,8 @@ def test_canonical_products_built_directly_are_sympys():
     SymPy's ``doit`` gives, argument for argument; and the factor lists it refuses are the ones SymPy rewrites."""
     from sympy.matrices.expressions import OneMatrix as Ones
 
-    from symattn.codegen.schedule import schedule_spec
-    from symattn.codegen.second_order import second_order_schedule
+    from symattn.codegen.emit.second_order import second_order_schedule
+    from symattn.codegen.schedule.build import schedule_spec
     from symattn.lang import algebra
     from symattn.lang.graph import nodes
     from symattn.specs.files import load_spec_file

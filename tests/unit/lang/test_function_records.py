@@ -10,8 +10,9 @@ import sympy as sp
 
 import symattn as sa
 from symattn.autodiff.vjp import VJP_RULES
-from symattn.codegen.printers import GeneratedNumPyPrinter, TorchMatrixPrinter
-from symattn.codegen.printers_jax import JaxMatrixPrinter
+from symattn.codegen.backends.jax_backend import JaxMatrixPrinter
+from symattn.codegen.backends.numpy_backend import GeneratedNumPyPrinter
+from symattn.codegen.backends.torch_backend import TorchMatrixPrinter
 from symattn.derive.steps import REASONS
 from symattn.errors import UnsupportedNodeError
 from symattn.lang.functions import FUNCTIONS, Elementwise, FunctionRecord

@@ -23,8 +23,8 @@ import sympy as sp
 from sympy import Basic, MatrixSymbol
 
 from symattn.autodiff.differentials import differential
-from symattn.codegen.dag import Assignment
-from symattn.codegen.schedule import Schedule, _needed, _simplified, finished, gradient_symbol
+from symattn.codegen.schedule.build import Schedule, _needed, _simplified, finished, gradient_symbol
+from symattn.codegen.schedule.dag import Assignment
 from symattn.lang.algebra import total
 from symattn.lang.graph import matrix_symbols
 from symattn.lang.names import fresh_name

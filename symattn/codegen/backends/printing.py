@@ -1,8 +1,8 @@
-"""Printers for generated modules: NumPy and PyTorch source for every node of symattn's language.
+"""What every generated module's printer shares (``GeneratedCodeMixin``, on ``NumPyMatrixPrinter``).
 
-Both print batched code: transpose swaps the last two axes (``.mT``), reductions
-name negative axes, multi-head blocks are a reshape to (…, H, n, d_k). On top of
-``NumPyMatrixPrinter`` they print for speed:
+The backends' printers (``numpy_backend``, ``torch_backend``, ``jax_backend``) print batched code:
+transpose swaps the last two axes (``.mT``), reductions name negative axes, multi-head blocks are a
+reshape to (…, H, n, d_k). On top of ``NumPyMatrixPrinter`` they print for speed:
 
 - a broadcast u 𝟏ᵀ (or 𝟏 vᵀ) inside a sum or an entrywise product as u alone, so
   P ⊙ (dP − rowsum(dP ⊙ P) 𝟏ᵀ) makes no n × m array of row sums;
@@ -11,8 +11,7 @@ name negative axes, multi-head blocks are a reshape to (…, H, n, d_k). On top 
 - a weight's gradient Lᵀ R, summed over the batch, as one product of the
   flattened rows, rows(L)ᵀ rows(R).
 
-``TorchMatrixPrinter`` prints the same with ``torch`` calls and scalars as plain
-Python arithmetic (dimensions are ints), so a generated module imports only torch.
+Each backend's printer adds its module's names (``np``, ``torch``, ``jnp``) and in-place forms.
 """
 
 from __future__ import annotations
@@ -23,35 +22,18 @@ import sympy as sp
 from sympy import Basic, MatrixExpr
 from sympy.matrices.expressions import HadamardPower, HadamardProduct, MatAdd, MatMul, OneMatrix, Transpose
 
-from symattn.codegen.chains import left_to_right_flops, split_ones, tree_flops
-from symattn.codegen.dag import typical_size as schedule_size
+from symattn.codegen.schedule.chains import left_to_right_flops, split_ones, tree_flops
+from symattn.codegen.schedule.dag import typical_size as schedule_size
 from symattn.errors import SymattnError
 from symattn.lang.algebra import factors, product
 from symattn.lang.graph import matrix_symbols
 from symattn.lang.ops import RowWise
 from symattn.numeric.printers import (
-    NUMPY_RUNTIME,
-    NumPyMatrixPrinter,
     _split_sign,
     power,
-    runtime_functions,
     runtime_source,
 )
 from symattn.optimize.cost import chain_order
-
-# helper name -> its function in a runtime module: the expression helpers and the modules' input checks
-GENERATED_NUMPY_RUNTIME = {
-    **NUMPY_RUNTIME,
-    **runtime_functions("symattn.codegen.common_runtime"),
-    **runtime_functions("symattn.codegen.numpy_runtime"),
-}
-TORCH_RUNTIME = {
-    **runtime_functions("symattn.codegen.common_runtime"),
-    **runtime_functions("symattn.codegen.torch_runtime"),
-}
-
-
-FLIP_RATIO = 8  # torch prints Aᵀ B as matmul_tn(A, B) when A has this many times B's columns (typical sizes)
 
 
 def typical_size(expr: MatrixExpr) -> int:
@@ -355,18 +337,6 @@ class GeneratedCodeMixin:
         return f"{self.helper('sum_batch')}({self._print(expr)})"
 
 
-def _unwrapped(text: str) -> str:
-    """text without brackets around all of it ((c * Q) → c * Q): an argument needs none."""
-    if not (text.startswith("(") and text.endswith(")")):
-        return text
-    depth = 0
-    for i, ch in enumerate(text):
-        depth += (ch == "(") - (ch == ")")
-        if depth == 0 and i < len(text) - 1:
-            return text  # (a) @ (b): the first bracket closes early
-    return text[1:-1]
-
-
 def _is_ones(term: Basic, shape: tuple) -> bool:
     """Is term c 𝟏𝟏ᵀ (a scalar c) of the given shape?"""
     coeff, mats = factors(term)
@@ -375,89 +345,3 @@ def _is_ones(term: Basic, shape: tuple) -> bool:
 
 def _batched(expr: Basic, batched: set) -> bool:
     return any(str(s.name) in batched for s in matrix_symbols(expr))
-
-
-class GeneratedNumPyPrinter(GeneratedCodeMixin, NumPyMatrixPrinter):
-    """NumPy source for generated modules: constant arrays in the inputs' dtype."""
-
-    runtime = GENERATED_NUMPY_RUNTIME
-
-    def _print_OneMatrix(self, expr: Basic) -> str:
-        return f"np.ones(({self._print(expr.shape[0])}, {self._print(expr.shape[1])}), dtype=dtype)"
-
-    def _print_ZeroMatrix(self, expr: Basic) -> str:
-        return f"np.zeros(({self._print(expr.shape[0])}, {self._print(expr.shape[1])}), dtype=dtype)"
-
-    def _print_Identity(self, expr: Basic) -> str:
-        return f"np.eye({self._print(expr.shape[0])}, dtype=dtype)"
-
-
-class TorchMatrixPrinter(GeneratedCodeMixin, NumPyMatrixPrinter):
-    """PyTorch source for generated modules: tensors batched like the NumPy printer's arrays."""
-
-    printmethod = "_symattn_torch"
-    module_alias = "torch"
-    axis_keyword = "dim"
-    keepdims_keyword = "keepdim"
-    concatenate_function = "torch.cat"
-    runtime = TORCH_RUNTIME
-    backend = "torch"
-    # SymPy's NumPy printer names numpy functions (MatPow: numpy.linalg.matrix_power); their torch forms
-    numpy_functions = {
-        "numpy.linalg.matrix_power": "torch.linalg.matrix_power",
-        "numpy.linalg.inv": "torch.linalg.inv",
-        **{f"numpy.{f}": f"torch.{f}" for f in SCALAR_FUNCTIONS},
-    }
-
-    def batch_scalar(self, text: str) -> str:
-        return f"{text}[..., None, None]"
-
-    def mask_gradient(self, value: str, heads: bool) -> str:
-        """∂f/∂M of M's shape; autograd carries it on to attn_mask (summed where M was expanded)."""
-        return f"{value}.sum_to_size(mask_shape)"
-
-    def inplace_function(self, function: str, operand: str, buffer: str) -> str:
-        """function(operand) in place: A.sub_(L).exp_()."""
-        return f"{operand}.{function.removeprefix('torch.')}_()"
-
-    def inplace_operation(self, op: str, target: str, operand: str, buffer: str) -> str:
-        """target op operand, in place: dP.sub_(D).mul_(P)."""
-        method = {"add": "add_", "subtract": "sub_", "multiply": "mul_"}[op]
-        return f"{target}.{method}({operand})"
-
-    def _module_format(self, fqn: str, register: bool = True) -> str:
-        """The torch name of a numpy function SymPy's printer asks for; a module that imports only torch has no np."""
-        if fqn.startswith("numpy."):
-            if fqn not in self.numpy_functions:
-                raise SymattnError(f"the torch printer has no torch form of {fqn}")
-            return self.numpy_functions[fqn]
-        return super()._module_format(fqn, register)
-
-    def _print_Trace(self, expr: Basic) -> str:
-        return f"torch.diagonal({self._print(expr.arg)}, dim1=-2, dim2=-1).sum(dim=-1)"
-
-    def _repeat(self, column: str, times: Basic) -> str:
-        return f"{self.helper('repeat_columns')}({column}, {self._print(times)})"
-
-    def _print_Identity(self, expr: Basic) -> str:
-        return f"torch.eye({self._print(expr.shape[0])}, dtype=dtype, device=device)"
-
-    def _print_OneMatrix(self, expr: Basic) -> str:
-        rows, cols = (self._print(s) for s in expr.shape)
-        return f"torch.ones({rows}, {cols}, dtype=dtype, device=device)"
-
-    def _print_ZeroMatrix(self, expr: Basic) -> str:
-        rows, cols = (self._print(s) for s in expr.shape)
-        return f"torch.zeros({rows}, {cols}, dtype=dtype, device=device)"
-
-    def _join_product(self, mats: list[Basic], texts: list[str]) -> str:
-        """Aᵀ B with A's columns at least FLIP_RATIO times B's at typical sizes (Pᵀ dO, dAᵀ Q): the runtime's
-        matmul_tn, which multiplies a long product as (Bᵀ A)ᵀ where torch's GEMM is faster that way."""
-        if len(mats) == 2 and isinstance(mats[0], Transpose) and texts[0].endswith(".mT"):
-            if schedule_size(mats[0].shape[0]) >= FLIP_RATIO * schedule_size(mats[1].shape[1]):
-                left, right = (_unwrapped(t) for t in (texts[0].removesuffix(".mT"), texts[1]))
-                return f"{self.helper('matmul_tn')}({left}, {right})"
-        return " @ ".join(texts)
-
-    def _print_sqrt(self, expr: Basic) -> str:  # pragma: no cover - Pow handles sqrt
-        return power(self._atom(expr.args[0]), "0.5")

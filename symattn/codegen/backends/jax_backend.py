@@ -1,4 +1,5 @@
-"""The JAX printer for generated modules: the NumPy printer's batched code with ``jnp`` calls, never in place.
+"""The JAX backend: the NumPy printer's batched code with ``jnp`` calls, never in place, and what code
+generation asks of it.
 
 JAX arrays are immutable, so ``JaxMatrixPrinter`` prints no ``out=`` and no in-place update
 (``inplace = False``: the sections give it no dying array to overwrite). Everything else — the
@@ -10,14 +11,15 @@ from __future__ import annotations
 
 from sympy import Basic
 
-from symattn.codegen.printers import SCALAR_FUNCTIONS, GeneratedNumPyPrinter
+from symattn.codegen.backends.backend import Backend
+from symattn.codegen.backends.numpy_backend import GeneratedNumPyPrinter
+from symattn.codegen.backends.printing import SCALAR_FUNCTIONS
 from symattn.errors import SymattnError
+from symattn.lang.functions import JAX
 from symattn.numeric.printers import runtime_functions
 
-JAX_RUNTIME = {
-    **runtime_functions("symattn.codegen.common_runtime"),
-    **runtime_functions("symattn.codegen.jax_runtime"),
-}
+RUNTIMES = ("symattn.codegen.backends.common_runtime", "symattn.codegen.backends.jax_runtime")
+JAX_RUNTIME = {name: source for module in RUNTIMES for name, source in runtime_functions(module).items()}
 
 
 class JaxMatrixPrinter(GeneratedNumPyPrinter):
@@ -28,7 +30,7 @@ class JaxMatrixPrinter(GeneratedNumPyPrinter):
     concatenate_function = "jnp.concatenate"
     runtime = JAX_RUNTIME
     inplace = False  # immutable arrays: no out=, no in-place update
-    backend = "jax"
+    backend = JAX
     # SymPy's NumPy printer names numpy functions (MatPow: numpy.linalg.matrix_power); their jax forms
     numpy_functions = {
         "numpy.linalg.matrix_power": "jnp.linalg.matrix_power",
@@ -71,3 +73,17 @@ class JaxMatrixPrinter(GeneratedNumPyPrinter):
 
     def _print_ZeroMatrix(self, expr: Basic) -> str:
         return f"jnp.zeros(({self._print(expr.shape[0])}, {self._print(expr.shape[1])}), dtype=dtype)"
+
+
+JAX_BACKEND = Backend(
+    name=JAX,
+    printer=JaxMatrixPrinter,
+    variants=("standard",),
+    check_inputs="_arrays",
+    helpers=("_Static", "_residuals", "_restore"),
+    mask_shape="_mask_shape",
+    autodiff=True,
+    second_order_helpers=None,  # jax differentiates a custom_vjp's own rules (plain jax.numpy) again
+    runtimes=RUNTIMES,
+    missing_variant="jax.jit decides what XLA keeps in memory",
+)

@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 import sympy as sp
 from sympy.matrices.expressions import HadamardPower, HadamardProduct, MatAdd, MatMul, MatrixSlice, Transpose
 
-from symattn.codegen import layout
-from symattn.codegen.printers import broadcast_column
-from symattn.codegen.schedule import Assignment, Schedule
+from symattn.codegen.backends.printing import broadcast_column
+from symattn.codegen.emit import layout
+from symattn.codegen.schedule.build import Assignment, Schedule
 from symattn.lang.graph import matrix_symbols
 from symattn.lang.ops import Elementwise, RowWise, SplitHeads
 from symattn.specs import Option
@@ -196,7 +196,7 @@ def _sections(sched: Schedule, printer, mask: str | None, variant: str) -> dict:
     # what dM reads stays intact: dM may be that very array (no axis to sum over)
     protected |= {str(x.name) for a in sched.backward if a.target in mask_gradients for x in matrix_symbols(a.value)}
     if variant == "memeff":
-        from symattn.codegen.rowblocks import BLOCK_SIZE, plan
+        from symattn.codegen.schedule.rowblocks import BLOCK_SIZE, plan
 
         cut = plan(sched)
         backward_assignments = [*cut.backward[0], *cut.backward[1].body, *cut.backward[1].accumulate, *cut.backward[2]]

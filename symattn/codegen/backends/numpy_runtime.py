@@ -1,7 +1,7 @@
 """Runtime helpers only generated NumPy modules call: in-place and masked softmax, batch sums, input checks, masks.
 
 Real code, linted and tested; ``GeneratedNumPyPrinter`` copies the source of the ones a module
-calls (``inspect.getsource``) into it, so a generated NumPy module imports only numpy. The
+calls (read with ``ast``) into it, so a generated NumPy module imports only numpy. The
 module-level ``SHAPES`` and ``OPTIONAL`` stand for the generated module's own constants.
 """
 

@@ -2,7 +2,7 @@
 second order.
 
 Real code, linted and tested; ``TorchMatrixPrinter`` copies the source of the ones a module calls
-(``inspect.getsource``) into it, so a generated torch module imports only torch. ``SHAPES``,
+(read with ``ast``) into it, so a generated torch module imports only torch. ``SHAPES``,
 ``OPTIONAL`` and ``SPEC`` stand for the generated module's own constants. Generating code reads
 this module's source only, so it imports without torch.
 """

@@ -1,7 +1,7 @@
 """Runtime helpers every generated module calls, whatever its backend: plain Python, no imports.
 
 Real code, linted and tested; the generated-code printers copy the source of the ones a module
-calls (``inspect.getsource``). ``SHAPES`` stands for the generated module's own constant.
+calls (read with ``ast``). ``SHAPES`` stands for the generated module's own constant.
 """
 
 from __future__ import annotations

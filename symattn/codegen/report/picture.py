@@ -16,8 +16,8 @@ from collections.abc import Sequence
 
 from sympy import MatrixSymbol
 
-from symattn.codegen.cost_report import NodeCost, formula, node_costs, schedule_of
-from symattn.codegen.schedule import Schedule
+from symattn.codegen.report.cost_report import NodeCost, formula, node_costs, schedule_of
+from symattn.codegen.schedule.build import Schedule
 from symattn.errors import SymattnError
 from symattn.specs import Spec
 

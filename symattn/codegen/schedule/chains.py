@@ -10,7 +10,7 @@ import sympy as sp
 from sympy import Basic, MatrixExpr
 from sympy.matrices.expressions import MatMul, OneMatrix
 
-from symattn.codegen.dag import typical_size as schedule_size
+from symattn.codegen.schedule.dag import typical_size as schedule_size
 from symattn.optimize.cost import pair_flops
 
 

@@ -14,28 +14,17 @@ from collections.abc import Callable
 
 import sympy as sp
 
-from symattn.codegen import layout
-from symattn.codegen.printers import GeneratedNumPyPrinter, TorchMatrixPrinter
-from symattn.codegen.printers_jax import JaxMatrixPrinter
-from symattn.codegen.schedule import Assignment, Schedule
-from symattn.codegen.sections import Statement, _saved, _sections, _statements, _uses
+from symattn.codegen.backends import Backend
+from symattn.codegen.emit import layout
+from symattn.codegen.emit.sections import Statement, _saved, _sections, _statements, _uses
+from symattn.codegen.schedule.build import Assignment, Schedule
 from symattn.derive.latex import text
 from symattn.lang.ops import SplitHeads
 from symattn.specs import Option
 
-PRINTERS = {"numpy": GeneratedNumPyPrinter, "torch": TorchMatrixPrinter, "jax": JaxMatrixPrinter}
 # The keywords of a module whose spec has an additive mask M (built from them at run time).
 MASK_KEYWORDS = ("attn_mask=None", "key_padding_mask=None", "causal=False")
 MASK_NAMES = tuple(k.partition("=")[0] for k in MASK_KEYWORDS)
-# The function that checks a backend's inputs, and the runtime helpers that only its modules call.
-CHECK_INPUTS = {"numpy": "_arrays", "torch": "_tensors", "jax": "_arrays"}
-# the helper that gives mask_shape, the shape ∂f/∂M is summed to (None: no gradient wanted)
-MASK_SHAPE = {"numpy": "_float_mask_shape", "torch": "_grad_shape", "jax": "_mask_shape"}
-BACKEND_HELPERS = {
-    "numpy": ("_cotangent",),
-    "torch": ("_NotTwice", "_apply", "_only_tensors", "_first_order", "_tie"),
-    "jax": ("_Static", "_residuals", "_restore"),
-}
 
 ModuleParameters = Callable[[Schedule, object], tuple[list[str], list[dict], list[dict]]]
 
@@ -140,7 +129,7 @@ def _header(sched: Schedule, printer, options: list[Option], variant: str) -> di
     }
 
 
-def _checks(sched: Schedule, printer, backend: str, options: list[Option]) -> dict:
+def _checks(sched: Schedule, printer, backend: Backend, options: list[Option]) -> dict:
     """The inputs' checks and the dimensions and constants the body reads."""
     s = sched.spec
     return {
@@ -155,26 +144,26 @@ def _checks(sched: Schedule, printer, backend: str, options: list[Option]) -> di
         "bindings": _bindings(sched, printer),
         "constants": [Statement(c.name, printer.doprint(v)) for c, v in sched.constants],
         "nonempty": _nonempty_call(sched),
-        "checked_inputs": layout.checked_inputs(s.inputs, CHECK_INPUTS[backend]),
+        "checked_inputs": layout.checked_inputs(s.inputs, backend.check_inputs),
         "heads_axis": any(isinstance(n, SplitHeads) for a in sched.forward for n in sp.preorder_traversal(a.value)),
     }
 
 
 def _runtime_helpers(
-    printer, backend: str, checks: dict, options: list[Option], mask: str | None, mask_gradient: bool
+    printer, backend: Backend, checks: dict, options: list[Option], mask: str | None, mask_gradient: bool
 ) -> list[str]:
     """The runtime helpers the module calls: the expressions' (sorted), then the checks'."""
-    names = [*sorted(printer.helpers_used), CHECK_INPUTS[backend], "_check_shape"]
+    names = [*sorted(printer.helpers_used), backend.check_inputs, "_check_shape"]
     names += ["_quotient"] * any(b.value.startswith("_quotient(") for b in checks["bindings"])
     names += ["_positive_int"] * any(o.symbol.is_integer for o in options)
     names += ["_nonempty"] * bool(checks["nonempty"])
-    names += [*BACKEND_HELPERS[backend], *["_additive_mask"] * bool(mask)]
-    names += [MASK_SHAPE[backend]] * bool(mask_gradient)
+    names += [*backend.helpers, *["_additive_mask"] * bool(mask)]
+    names += [backend.mask_shape] * bool(mask_gradient)
     return names
 
 
 def _function(
-    sched: Schedule, options: list[Option], mask: str | None, class_name: str, backend: str, shared: set
+    sched: Schedule, options: list[Option], mask: str | None, class_name: str, backend: Backend, shared: set
 ) -> dict:
     """The signatures and calls of forward and backward; shared: gradients returned as None when their input was."""
     s = sched.spec
@@ -182,7 +171,7 @@ def _function(
     maybe = [x for x in s.inputs if str(x.name) in sched.optional]  # optional inputs, passed by keyword
     positional = [str(x.name) for x in s.inputs] + ([mask] if mask else []) + [o.name for o in options]
     # a float attn_mask's gradient: under "attn_mask" (NumPy), as M's (torch, whose autograd carries it on)
-    mask_grads = [("attn_mask" if backend == "numpy" else name, t) for name, t in sched.constant_gradients]
+    mask_grads = [(name if backend.autodiff else "attn_mask", t) for name, t in sched.constant_gradients]
     signature = (
         [str(x.name) for x in required]
         + ["*"] * bool(options or maybe or mask)
@@ -195,7 +184,7 @@ def _function(
         "signature": layout.define("forward", signature, indent=0),
         "apply_call": layout.call("_apply", [f"{class_name}Function", *positional], indent=4),
         "return_gradients": layout.wrapped(
-            "return " if not (maybe or mask_grads) or backend != "numpy" else "grads = ",
+            "return " if not (maybe or mask_grads) or backend.autodiff else "grads = ",
             [
                 f'"{name}": None if {guard} is None else {t.name}'
                 if t in shared
@@ -315,7 +304,7 @@ def _module(sched: Schedule, options: list[Option], mask: str | None, parameters
 
 def build_context(
     sched: Schedule,
-    backend: str,
+    backend: Backend,
     version: str,
     variant: str,
     class_name: str | None,
@@ -326,7 +315,7 @@ def build_context(
     module_parameters gives the nn.Module's constructor parameters, the dimensions they bind and the
     weights' shapes, from the schedule and a fresh printer of the backend.
     """
-    printer = PRINTERS[backend]()
+    printer = backend.printer()
     s = sched.spec
     mask_no_gradient = variant == "memeff" and bool(sched.constant_gradients)  # torch: a clear error instead
     if variant == "memeff" and sched.constant_gradients:  # blocks of rows: the mask gets no gradient there
@@ -342,7 +331,8 @@ def build_context(
     helpers = _runtime_helpers(printer, backend, checks, options, mask, bool(sched.constant_gradients))
     return {
         "version": version,
-        "backend": backend,
+        "backend": backend.name,
+        "target": backend,
         "class_name": class_name,
         "mask": mask,
         **_header(sched, printer, options, variant),
@@ -352,10 +342,10 @@ def build_context(
         "saved": _saved(sched, sections, mask, variant),
         "needs_dtype": _uses("dtype", [line.value for line in _statements(sections)]),
         **_function(sched, options, mask, class_name, backend, sections["shared"]),
-        **_module(sched, options, mask, module_parameters(sched, PRINTERS[backend]())),
+        **_module(sched, options, mask, module_parameters(sched, backend.printer())),
         **_custom_vjp(sched, options, mask),
         "helpers": helpers,
         "runtime": printer.runtime_source(helpers),
-        "mask_gradient": MASK_SHAPE[backend] if sched.constant_gradients else "",
+        "mask_gradient": backend.mask_shape if sched.constant_gradients else "",
         "mask_no_gradient": mask_no_gradient,
     }

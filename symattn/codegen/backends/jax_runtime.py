@@ -1,7 +1,7 @@
 """Runtime helpers of generated JAX modules: softmax, heads, GELU, LayerNorm, input checks, masks, residuals.
 
 Real code, linted and tested; ``JaxMatrixPrinter`` copies the source of the ones a module calls
-(``inspect.getsource``) into it, so a generated JAX module imports only jax. Every helper is a
+(read with ``ast``) into it, so a generated JAX module imports only jax. Every helper is a
 pure function of its arguments (no in-place writes): it runs under ``jax.jit`` and ``jax.vmap``
 and can be differentiated again. ``SHAPES`` and ``OPTIONAL`` stand for the generated module's own
 constants. Generating code reads this module's source only, so it imports without jax.

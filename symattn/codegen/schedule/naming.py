@@ -1,185 +1,26 @@
-"""Passes over a schedule's assignments that make the generated code cheaper and clearer.
+"""Naming passes of a schedule: which forward values get a name (and which name), whatever the spec named.
 
-Each pass takes assignments and returns equal ones: a scalar multiple folded into
-its only user, the three projections of self-attention fused into one product,
-row sums named (FlashAttention's D), compound scalars named (scale = 1/√d_k).
+``inline_products`` writes a spec's named products out where they are read (the schedule chooses which
+products to name); ``name_forward_values`` names what the backward reads (a product's operands, a function's
+argument and value, O = P V for the D identity, the S a trainable scalar multiplies); ``name_product_runs``
+names the inner products of a chain in its cheapest order; ``save_entrywise_outputs`` names f(X) where the
+backward reads it again (the record's ``reads_value``); ``name_row_sums`` and ``name_constants`` name the
+backward's row sums and scalar constants.
 """
 
 from __future__ import annotations
 
 import sympy as sp
 from sympy import Basic, MatrixSymbol
-from sympy.matrices.expressions import BlockMatrix, HadamardPower, HadamardProduct, MatMul, OneMatrix, Transpose
+from sympy.matrices.expressions import HadamardPower, HadamardProduct, MatMul, OneMatrix, Transpose
 
-from symattn.codegen.chains import left_to_right_flops, tree_flops
-from symattn.codegen.dag import Assignment, count_uses, expand, is_name, is_trivial, is_weight
+from symattn.codegen.schedule.dag import Assignment, expand, is_trivial, is_weight
 from symattn.lang import graph
-from symattn.lang.algebra import factors, product, terms, transpose
+from symattn.lang.algebra import factors, product, transpose
 from symattn.lang.names import Names, fresh_name
 from symattn.lang.ops import Elementwise, RowSoftmax, RowSum, RowWise
 from symattn.lang.ops_block import _RowStatistic
 from symattn.optimize.cost import chain_order
-
-
-def fold_scalar_multiples(forward: list[Assignment], keep: set, trainable: frozenset = frozenset()) -> list[Assignment]:
-    """Fold S into A when A = c·S (or c·S + M) and S is used nowhere else: one n × m pass fewer.
-
-    Not when c holds a trainable scalar τ: its gradient reads S, which A/τ gives only for τ ≠ 0.
-
-    (The printer then puts c on the smaller factor: A = (c·Q) Kᵀ.)
-    """
-    while True:
-        counts = count_uses([a.value for a in forward])
-        for a in forward:
-            if a.target in keep or counts[a.target] != 1:
-                continue
-            found = next(
-                ((b, t) for b in forward for t in terms(b.value) if _is_multiple_of(t, a.target, trainable)), None
-            )
-            if found is None:
-                continue
-            user, term = found
-            merged = product(factors(term)[0], a.value, canonical=False, flatten=True)
-            value = (
-                merged
-                if term is user.value
-                else user.value.func(*(merged if t is term else t for t in user.value.args))
-            )
-            forward = [Assignment(b.target, value) if b is user else b for b in forward if b is not a]
-            break
-        else:
-            return forward
-
-
-def _is_multiple_of(term: Basic, symbol: MatrixSymbol, trainable: frozenset = frozenset()) -> bool:
-    """Is term c·symbol for a scalar c free of trainable scalars (τ may be 0: S = A/τ is no way back)?"""
-    return isinstance(term, MatMul) and factors(term)[1] == [symbol] and not factors(term)[0].free_symbols & trainable
-
-
-def fuse_projections(forward: list[Assignment], backward: list[Assignment]) -> tuple[list, list]:
-    """One product of X with [W_Q | W_K | W_V] instead of three, forward and backward.
-
-    Forward: QKV = X W_QKV, W_QKV = [W_Q | W_K | W_V], and Q, K, V its column blocks.
-    Backward: dX = dQ W_Qᵀ + dK W_Kᵀ + dV W_Vᵀ = [dQ | dK | dV] W_QKVᵀ, and
-    dW_QKV = Xᵀ [dQ | dK | dV] holds dW_Q, dW_K, dW_V as column blocks.
-    """
-    groups: dict[Basic, list[Assignment]] = {}
-    values = {a.target for a in forward}  # an intermediate labelled W_h is no weight
-
-    def weight(m: Basic) -> bool:
-        return is_weight(m) and m not in values
-
-    for a in forward:
-        coeff, mats = factors(a.value)
-        if coeff == 1 and len(mats) == 2 and not weight(mats[0]) and weight(mats[1]):
-            groups.setdefault(mats[0], []).append(a)
-    for x, group in groups.items():
-        if len(group) < 2:
-            continue
-        label = "".join(str(a.target.name) for a in group)
-        weights = [factors(a.value)[1][1] for a in group]
-        w_all = MatrixSymbol("W_" + label, x.shape[1], sum(w.shape[1] for w in weights))
-        fused = MatrixSymbol(label, x.shape[0], w_all.shape[1])
-        columns, start = [], sp.Integer(0)
-        for w in weights:
-            columns.append((start, start + w.shape[1]))
-            start += w.shape[1]
-        made = [Assignment(w_all, BlockMatrix([weights])), Assignment(fused, x * w_all)]
-        made += [Assignment(a.target, fused[:, c0:c1]) for a, (c0, c1) in zip(group, columns)]
-        first = forward.index(group[0])
-        forward = [*forward[:first], *made, *(a for a in forward[first:] if a not in group)]
-        backward = _fuse_backward(backward, x, weights, w_all, label, columns)
-    return forward, backward
-
-
-def _fuse_backward(backward: list[Assignment], x, weights, w_all, label: str, columns) -> list[Assignment]:
-    """dX = Σ G_i W_iᵀ → [G_1 | … ] W_allᵀ, and dW_i = Xᵀ G_i → column blocks of Xᵀ [G_1 | … ]."""
-    d_fused = MatrixSymbol("d" + label, x.shape[0], w_all.shape[1])
-    cotangents: dict[Basic, Basic] = {}
-    for a in backward:
-        if isinstance(a.value, sp.MatAdd):
-            for term in a.value.args:
-                coeff, mats = factors(term)
-                if coeff == 1 and len(mats) == 2 and isinstance(mats[1], Transpose) and mats[1].arg in weights:
-                    cotangents[mats[1].arg] = mats[0]
-            if len(cotangents) == len(weights) and len(a.value.args) == len(weights):
-                total = a
-                break
-            cotangents = {}
-    else:
-        return backward
-    blocks = [cotangents[w] for w in weights]
-    d_weights = {}
-    for a in backward:
-        coeff, mats = factors(a.value)
-        if coeff == 1 and mats[:1] == [x.T] and len(mats) == 2 and mats[1] in blocks:
-            d_weights[mats[1]] = a
-    out: list[Assignment] = []
-    for a in backward:
-        if a is total:
-            out.append(Assignment(d_fused, BlockMatrix([blocks])))
-            out.append(Assignment(a.target, d_fused * w_all.T, a.reduce_batch))
-        elif a in d_weights.values() and len(d_weights) == len(blocks):
-            if a is next(iter(d_weights.values())):
-                d_all = MatrixSymbol("d" + str(w_all.name), *w_all.shape)
-                out.append(Assignment(d_all, x.T * d_fused, reduce_batch=True))
-            g = _cotangent_block(a.value)
-            c0, c1 = columns[blocks.index(g)]
-            out.append(Assignment(a.target, MatrixSymbol("d" + str(w_all.name), *w_all.shape)[:, c0:c1]))
-        else:
-            out.append(a)
-    return out
-
-
-def _cotangent_block(value: Basic) -> Basic:
-    """G in Xᵀ G."""
-    return factors(value)[1][1]
-
-
-def inline_aliases(backward: list[Assignment], keep: set) -> list[Assignment]:
-    """t = X or t = Xᵀ (X a name, t not among keep): X is read wherever t was, and t = X is no line of code.
-
-    Passes leave such lines behind (a shared value renamed D₁ by ``name_row_sums``, f₂'s cotangent of G_X that
-    is the direction X_v); an output (dB = dA, returned under its own name) stays.
-    """
-    alias: dict[Basic, Basic] = {}
-    out = []
-    for a in backward:
-        value = graph.rewrite(a.value, alias.get) if alias else a.value
-        if a.target not in keep and is_name(value):
-            alias[a.target], alias[a.target.T] = value, transpose(value)
-            continue
-        out.append(a if value is a.value else Assignment(a.target, value, a.reduce_batch))
-    return out
-
-
-def unshared_constant_gradients(
-    backward: list[Assignment], gradients: set, taken: frozenset[str] = frozenset()
-) -> list[Assignment]:
-    """A constant's gradient that other values read (dM, the scores' cotangent, read by dX) computed under a
-    name of its own (dM_full), read there, and the gradient assigned from it (dM = dM_full).
-
-    Generated code sums a constant's gradient to the shape the constant was given in (a float attn_mask
-    broadcast along the batch), which the values that read the full cotangent must not see.
-    """
-    read = {x for a in backward for x in graph.matrix_symbols(a.value)}
-    names = set(taken) | {str(a.target.name) for a in backward}
-    renamed: dict[Basic, Basic] = {}
-    out = []
-    for a in backward:
-        value = graph.rewrite(a.value, renamed.get) if renamed else a.value
-        if a.target in gradients and a.target in read:
-            label = next(
-                f"{a.target.name}_full{k or ''}"
-                for k in range(len(names) + 1)
-                if f"{a.target.name}_full{k or ''}" not in names
-            )
-            names.add(label)
-            full = renamed[a.target] = MatrixSymbol(label, *a.target.shape)
-            out += [Assignment(full, value, a.reduce_batch), Assignment(a.target, full, a.reduce_batch)]
-            continue
-        out.append(a if value is a.value else Assignment(a.target, value, a.reduce_batch))
-    return out
 
 
 def inline_products(forward: list[Assignment], keep: set) -> tuple[list[Assignment], dict[Basic, str]]:
@@ -462,56 +303,6 @@ def save_entrywise_outputs(forward: list[Assignment], backward: list[Assignment]
     return forward, backward
 
 
-def save_forward_values(forward: list[Assignment], backward: list[Assignment], seed: Basic) -> tuple[list, list]:
-    """A backward value the forward computes anyway, named there and saved, never computed twice.
-
-    A backward value that reads no cotangent (neither the seed nor another backward value) and that is a
-    subexpression of a forward value — softmax(X W Xᵀ + M) inside Y = (B + softmax(…)) X, left unnamed by
-    the spec — is assigned in the forward, just before the first value that contains it, which reads it
-    by name; the backward reads the saved value (the standard variant saves what a GEMM made).
-    """
-    first: dict[Basic, int] = {}  # each forward subexpression → the first forward value that holds it
-    for i, f in enumerate(forward):
-        for node in graph.nodes(f.value):
-            first.setdefault(node, i)
-    pending = {a.target for a in backward}
-    moved: dict[int, list[Assignment]] = {}
-    names: dict[Basic, Basic] = {}
-    kept = []
-    for a in backward:
-        reads = graph.matrix_symbols(a.value)
-        where = first.get(a.value) if seed not in reads and not reads & pending and _costly(a.value) else None
-        if where is None:
-            kept.append(a)
-            continue
-        pending.discard(a.target)  # a value that reads it may move too
-        moved.setdefault(where, []).append(Assignment(a.target, a.value))
-        names[a.value] = a.target
-    if not names:
-        return forward, backward
-    out: list[Assignment] = []
-    for i, f in enumerate(forward):
-        out += moved.get(i, [])
-        out.append(Assignment(f.target, graph.rewrite(f.value, names.get), f.reduce_batch))
-    return out, kept
-
-
-def _costly(value: Basic) -> bool:
-    """Worth keeping rather than computing again: a value that takes a GEMM or a softmax (a row-wise pass over
-    an n × m array), or a row or column (a reduction, cheap to keep). An entrywise function of a saved value is
-    recomputed instead (its array would cost as much memory as its input's)."""
-    if is_trivial(value):
-        return False
-    if 1 in value.shape:
-        return True
-    for node in graph.nodes(value):
-        if isinstance(node, RowWise):
-            return True
-        if isinstance(node, MatMul) and sum(not isinstance(m, OneMatrix) for m in factors(node)[1]) >= 2:
-            return True
-    return False
-
-
 def _forward_atoms(forward: list[Assignment]) -> set:
     """Every symbol the forward reads or writes."""
     return set().union(*(a.value.free_symbols | {a.target} for a in forward))
@@ -522,50 +313,3 @@ def _labels(node: Basic):
     base = node.letter
     yield base
     yield from (f"{base}{i}" for i in range(1, 100))
-
-
-def hoist_hadamard_scalars(backward: list[Assignment]) -> list[Assignment]:
-    """(a X) ⊙ (b Y) → (a b)(X ⊙ Y), products of scalars merged: one scalar multiple of an n × m array, not three."""
-
-    def hoisted(node: Basic) -> Basic:
-        if not isinstance(node, HadamardProduct):
-            return node
-        split = [factors(a) for a in node.args]
-        if all(c == 1 or len(mats) != 1 for c, mats in split):
-            return node
-        coeff = sp.Mul(*(c for c, mats in split if len(mats) == 1))
-        args = [mats[0] if len(mats) == 1 else a for (c, mats), a in zip(split, node.args)]
-        return product(coeff, HadamardProduct(*args), canonical=False)
-
-    def nested(node: Basic) -> bool:
-        return isinstance(node, MatMul) and len(factors(node)[1]) == 1 and isinstance(factors(node)[1][0], MatMul)
-
-    def flattened(node: Basic) -> Basic:  # a (b X Y) → (a b) X Y
-        outer, (inner,) = factors(node)
-        coeff, mats = factors(inner)
-        return product(outer * coeff, *mats, canonical=False)
-
-    def merged(expr: Basic) -> Basic:
-        return expr.replace(lambda e: isinstance(e, HadamardProduct), hoisted).replace(nested, flattened)
-
-    return [Assignment(a.target, merged(a.value), a.reduce_batch) for a in backward]
-
-
-def reassociate_products(values: list[Assignment]) -> list[Assignment]:
-    """c F₁ F₂ … F_k in its cheapest order (at typical sizes) when that is under half the cost of left to
-    right, as nested products: X (W_Kᵀ Xᵀ) instead of (X W_Kᵀ) Xᵀ. Run before sharing is found, so that
-    dS (X W_K), read by dX and dW_Q, is computed once."""
-
-    def cheaper(node: Basic) -> Basic:
-        coeff, mats = factors(node)
-        if len(mats) < 3 or any(isinstance(m, OneMatrix) for m in mats):
-            return node
-        tree = chain_order(mats, sp.sympify)
-        if tree_flops(tree) >= left_to_right_flops(mats):
-            return node
-        return tree if coeff == 1 else MatMul(coeff, tree)
-
-    def rewrite(expr: Basic) -> Basic:
-        return expr.replace(lambda e: isinstance(e, MatMul), cheaper)
-
-    return [Assignment(a.target, rewrite(a.value), a.reduce_batch) for a in values]

@@ -17,7 +17,7 @@ import sympy as sp
 from sympy import Basic
 from sympy.matrices.expressions import HadamardProduct, MatMul, MatrixSymbol
 
-from symattn.codegen.schedule import Schedule, schedule, schedule_spec
+from symattn.codegen.schedule.build import Schedule, schedule, schedule_spec
 from symattn.lang.graph import rewrite
 from symattn.lang.ops import RowSoftmax, RowSum
 from symattn.lang.shapes import dimension_symbols

@@ -16,18 +16,16 @@ import dataclasses
 
 from sympy import MatrixSymbol
 
-from symattn.codegen import layout
-from symattn.codegen.context import MASK_KEYWORDS, build_context
-from symattn.codegen.schedule import Schedule
-from symattn.codegen.sections import _uses
-from symattn.codegen.tangents import tangent_schedule
+from symattn.codegen.backends import Backend
+from symattn.codegen.emit import layout
+from symattn.codegen.emit.context import MASK_KEYWORDS, build_context
+from symattn.codegen.emit.sections import _uses
+from symattn.codegen.schedule.build import Schedule
+from symattn.codegen.schedule.tangents import tangent_schedule
 from symattn.errors import SymattnError
 from symattn.specs.second_order import SecondOrder, second_order_spec
 
 __all__ = ["second_order_context", "second_order_schedule"]
-
-# the runtime helpers only a module with a second closed form calls
-BACKEND_HELPERS = {"numpy": ("_direction",), "torch": ("_direction", "_NotThrice", "_Backward", "_second_order")}
 
 
 _CACHE: dict[int, tuple[Schedule, tuple[SecondOrder, Schedule] | None]] = {}  # by id: Specs hold dicts
@@ -63,16 +61,17 @@ def _hvp_signature(first: Schedule, mask: str | None) -> str:
     return layout.define("hvp", [*required, "grad_out", "direction", *["*"] * bool(keywords), *keywords], indent=0)
 
 
-def second_order_context(first: Schedule, first_context: dict, backend: str, version: str) -> dict | None:
-    """What the templates need to print the second closed form beside the first (None: there is none)."""
-    found = second_order_schedule(first)
+def second_order_context(first: Schedule, first_context: dict, backend: Backend, version: str) -> dict | None:
+    """What the templates need to print the second closed form beside the first (None: there is none, or the
+    backend's own autodiff differentiates the first closed form again: ``Backend.second_order_helpers``)."""
+    found = second_order_schedule(first) if backend.second_order_helpers is not None else None
     if found is None:
         return None
     so, sched = found
     ctx = build_context(sched, backend, version, "standard", first_context["class_name"], _no_module)
     mask = ctx["mask"]
-    printer = type_printer(backend)
-    extra = [h for h in ctx["helpers"] if h not in first_context["helpers"]] + list(BACKEND_HELPERS[backend])
+    printer = backend.printer()
+    extra = [h for h in ctx["helpers"] if h not in first_context["helpers"]] + list(backend.second_order_helpers)
     inputs = [str(x.name) for x in so.spec.inputs]
     options = [o.name for o in sched.options]
     positional = inputs + [mask] * bool(mask) + options
@@ -118,7 +117,7 @@ def second_order_context(first: Schedule, first_context: dict, backend: str, ver
         "cotangent": so.cotangent,
         "hvp_signature": _hvp_signature(first, mask),
         "input_names": first_names,
-        "mask_shape": "None" if backend == "numpy" else f"_grad_shape({mask})",
+        "mask_shape": f"{backend.mask_shape}({mask})" if backend.autodiff else "None",
         "ones_like": f"{printer.module_alias}.ones_like",
         "function_inputs": layout.wrapped("", [f'"{x}"' for x in [*first_names, *[mask] * bool(mask)]], ",", 0, "()")
         if len(first_names) + bool(mask) == 1
@@ -171,12 +170,6 @@ def _wrapped_section(section: dict, indent: int = 4) -> dict:
         for line in section["lines"]
     ]
     return section | {"lines": lines}
-
-
-def type_printer(backend: str):
-    from symattn.codegen.context import PRINTERS
-
-    return PRINTERS[backend]()
 
 
 def _zeros(so: SecondOrder, name: str):

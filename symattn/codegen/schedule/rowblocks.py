@@ -18,8 +18,8 @@ import sympy as sp
 from sympy import Basic, MatrixSymbol
 from sympy.matrices.expressions import MatMul, OneMatrix, Transpose
 
-from symattn.codegen.dag import Assignment
-from symattn.codegen.schedule import Schedule
+from symattn.codegen.schedule.build import Schedule
+from symattn.codegen.schedule.dag import Assignment
 from symattn.errors import SymattnError
 from symattn.lang.algebra import factors
 from symattn.lang.graph import matrix_symbols

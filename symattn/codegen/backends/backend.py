@@ -1,0 +1,32 @@
+"""A backend of code generation: one object holds everything generate, the module context and the second
+order ask of an array library (its printer, runtime helpers, variants, mask policy, whether its own autodiff
+calls the closed form). A new backend is a printer, a runtime module and a template, named by one of these."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Backend:
+    """An array library code generation writes modules for."""
+
+    name: str
+    printer: type  # prints expressions (a GeneratedCodeMixin printer); its runtime holds the helpers it copies
+    variants: tuple[str, ...]  # the variants its modules come in (standard, memeff)
+    check_inputs: str  # the runtime helper that checks and converts a module's inputs
+    helpers: tuple[str, ...]  # the runtime helpers every module of this backend calls
+    mask_shape: str  # the runtime helper that gives the shape ∂f/∂M is summed to
+    # its own autodiff calls the closed form (torch autograd, jax.custom_vjp) and carries ∂f/∂attn_mask on to the
+    # mask; False: the caller calls backward, which returns it under "attn_mask"
+    autodiff: bool
+    second_order_helpers: tuple[str, ...] | None  # the second closed form's helpers; None: none printed
+    runtimes: tuple[str, ...]  # the runtime modules whose names generated code may use
+    device: bool = False  # arrays carry a device beside their dtype
+    dropins: bool = False  # drop-in nn.Modules rendered beside a built-in family's standard module
+    missing_variant: str = ""  # why a variant is not made (shown when one is asked for)
+
+    @property
+    def template(self) -> str:
+        """The Jinja template of its modules."""
+        return f"{self.name}_module.py.j2"

@@ -1,0 +1,116 @@
+"""The PyTorch backend: its printer (``torch`` calls, scalars as plain Python arithmetic since dimensions are
+ints, so a generated module imports only torch) and what code generation asks of it."""
+
+from __future__ import annotations
+
+from sympy import Basic
+from sympy.matrices.expressions import Transpose
+
+from symattn.codegen.backends.backend import Backend
+from symattn.codegen.backends.printing import SCALAR_FUNCTIONS, GeneratedCodeMixin
+from symattn.codegen.schedule.dag import typical_size as schedule_size
+from symattn.errors import SymattnError
+from symattn.lang.functions import TORCH
+from symattn.numeric.printers import NumPyMatrixPrinter, power, runtime_functions
+
+RUNTIMES = ("symattn.codegen.backends.common_runtime", "symattn.codegen.backends.torch_runtime")
+TORCH_RUNTIME = {name: source for module in RUNTIMES for name, source in runtime_functions(module).items()}
+FLIP_RATIO = 8  # torch prints Aᵀ B as matmul_tn(A, B) when A has this many times B's columns (typical sizes)
+
+
+def _unwrapped(text: str) -> str:
+    """text without brackets around all of it ((c * Q) → c * Q): an argument needs none."""
+    if not (text.startswith("(") and text.endswith(")")):
+        return text
+    depth = 0
+    for i, ch in enumerate(text):
+        depth += (ch == "(") - (ch == ")")
+        if depth == 0 and i < len(text) - 1:
+            return text  # (a) @ (b): the first bracket closes early
+    return text[1:-1]
+
+
+class TorchMatrixPrinter(GeneratedCodeMixin, NumPyMatrixPrinter):
+    """PyTorch source for generated modules: tensors batched like the NumPy printer's arrays."""
+
+    printmethod = "_symattn_torch"
+    module_alias = "torch"
+    axis_keyword = "dim"
+    keepdims_keyword = "keepdim"
+    concatenate_function = "torch.cat"
+    runtime = TORCH_RUNTIME
+    backend = TORCH
+    # SymPy's NumPy printer names numpy functions (MatPow: numpy.linalg.matrix_power); their torch forms
+    numpy_functions = {
+        "numpy.linalg.matrix_power": "torch.linalg.matrix_power",
+        "numpy.linalg.inv": "torch.linalg.inv",
+        **{f"numpy.{f}": f"torch.{f}" for f in SCALAR_FUNCTIONS},
+    }
+
+    def batch_scalar(self, text: str) -> str:
+        return f"{text}[..., None, None]"
+
+    def mask_gradient(self, value: str, heads: bool) -> str:
+        """∂f/∂M of M's shape; autograd carries it on to attn_mask (summed where M was expanded)."""
+        return f"{value}.sum_to_size(mask_shape)"
+
+    def inplace_function(self, function: str, operand: str, buffer: str) -> str:
+        """function(operand) in place: A.sub_(L).exp_()."""
+        return f"{operand}.{function.removeprefix('torch.')}_()"
+
+    def inplace_operation(self, op: str, target: str, operand: str, buffer: str) -> str:
+        """target op operand, in place: dP.sub_(D).mul_(P)."""
+        method = {"add": "add_", "subtract": "sub_", "multiply": "mul_"}[op]
+        return f"{target}.{method}({operand})"
+
+    def _module_format(self, fqn: str, register: bool = True) -> str:
+        """The torch name of a numpy function SymPy's printer asks for; a module that imports only torch has no np."""
+        if fqn.startswith("numpy."):
+            if fqn not in self.numpy_functions:
+                raise SymattnError(f"the torch printer has no torch form of {fqn}")
+            return self.numpy_functions[fqn]
+        return super()._module_format(fqn, register)
+
+    def _print_Trace(self, expr: Basic) -> str:
+        return f"torch.diagonal({self._print(expr.arg)}, dim1=-2, dim2=-1).sum(dim=-1)"
+
+    def _repeat(self, column: str, times: Basic) -> str:
+        return f"{self.helper('repeat_columns')}({column}, {self._print(times)})"
+
+    def _print_Identity(self, expr: Basic) -> str:
+        return f"torch.eye({self._print(expr.shape[0])}, dtype=dtype, device=device)"
+
+    def _print_OneMatrix(self, expr: Basic) -> str:
+        rows, cols = (self._print(s) for s in expr.shape)
+        return f"torch.ones({rows}, {cols}, dtype=dtype, device=device)"
+
+    def _print_ZeroMatrix(self, expr: Basic) -> str:
+        rows, cols = (self._print(s) for s in expr.shape)
+        return f"torch.zeros({rows}, {cols}, dtype=dtype, device=device)"
+
+    def _join_product(self, mats: list[Basic], texts: list[str]) -> str:
+        """Aᵀ B with A's columns at least FLIP_RATIO times B's at typical sizes (Pᵀ dO, dAᵀ Q): the runtime's
+        matmul_tn, which multiplies a long product as (Bᵀ A)ᵀ where torch's GEMM is faster that way."""
+        if len(mats) == 2 and isinstance(mats[0], Transpose) and texts[0].endswith(".mT"):
+            if schedule_size(mats[0].shape[0]) >= FLIP_RATIO * schedule_size(mats[1].shape[1]):
+                left, right = (_unwrapped(t) for t in (texts[0].removesuffix(".mT"), texts[1]))
+                return f"{self.helper('matmul_tn')}({left}, {right})"
+        return " @ ".join(texts)
+
+    def _print_sqrt(self, expr: Basic) -> str:  # pragma: no cover - Pow handles sqrt
+        return power(self._atom(expr.args[0]), "0.5")
+
+
+TORCH_BACKEND = Backend(
+    name=TORCH,
+    printer=TorchMatrixPrinter,
+    variants=("standard", "memeff"),
+    check_inputs="_tensors",
+    helpers=("_NotTwice", "_apply", "_only_tensors", "_first_order", "_tie"),
+    mask_shape="_grad_shape",
+    autodiff=True,
+    second_order_helpers=("_direction", "_NotThrice", "_Backward", "_second_order"),
+    device=True,
+    dropins=True,
+    runtimes=(*RUNTIMES, "symattn.codegen.backends.dropin_runtime"),
+)

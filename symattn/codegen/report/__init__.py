@@ -1,0 +1,1 @@
+"""Reports on schedules: their cost (FLOPs, arrays, memory) and their dataflow picture."""
