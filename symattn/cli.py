@@ -90,7 +90,7 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
 
     gen = sub.add_parser("generate", help="write the generated NumPy, PyTorch and JAX modules")
     gen.add_argument("--spec", action="append", choices=specs(), help="a spec to generate (repeatable; default all)")
-    gen.add_argument("--backend", action="append", choices=list(BACKENDS), help="numpy, torch or jax (repeatable; all)")
+    gen.add_argument("--backend", action="append", choices=list(BACKENDS), help="one backend (repeatable; default all)")
     gen.add_argument(
         "--variant",
         action="append",
