@@ -31,15 +31,14 @@ from sympy.printing.printer import Printer
 from symattn.autodiff.differentials import Differential, ScalarDifferential
 from symattn.errors import UnsupportedNodeError
 from symattn.lang.algebra import product
+from symattn.lang.functions import FunctionRecord
 from symattn.lang.graph import sort_key
 from symattn.lang.ops import (
-    Elementwise,
     LayerNorm,
     MergeHeads,
     RepeatHeads,
     RowInvStd,
     RowSum,
-    RowWise,
     SplitHeads,
     SumEntries,
     SumGroups,
@@ -199,7 +198,7 @@ class MathPrinter(Printer):
     def superscripted(self, expr: Basic) -> str:
         """expr ready to take a superscript: a plain symbol (or its differential) as is, else in parentheses."""
         text = self._print(expr)
-        if isinstance(expr, (Elementwise, RowWise)):  # f(A)ᵀ: the call's parenthesis bounds it
+        if isinstance(expr, FunctionRecord):  # f(A)ᵀ: the call's parenthesis bounds it
             return text
         plain = isinstance(expr, MatrixSymbol) or (
             isinstance(expr, Differential) and isinstance(expr.arg, MatrixSymbol)
@@ -271,7 +270,7 @@ class MathPrinter(Printer):
 
     def _print_HadamardProduct(self, expr: HadamardProduct) -> str:
         # plain factors first, as the seeds write them: P ⊙ (dA − …), not (dA − …) ⊙ P; then SymPy's order
-        plain = (MatrixSymbol, Transpose, RowWise, Elementwise)
+        plain = (MatrixSymbol, Transpose, FunctionRecord)
         args = sorted(expr.args, key=lambda a: (not isinstance(a, plain), sort_key(a)))
         return (self.brk + self.n.hadamard).join(self.operand(a, (MatAdd, MatMul, HadamardProduct)) for a in args)
 
@@ -280,7 +279,7 @@ class MathPrinter(Printer):
         text = self.superscripted(base)
         return f"{text}^{{\\circ {self.scalar(p)}}}" if self.n is LATEX else f"{text}^∘{self.scalar(p)}"
 
-    def _print_FunctionRecord(self, expr: Elementwise | RowWise) -> str:
+    def _print_FunctionRecord(self, expr: FunctionRecord) -> str:
         """f(A), f as its record writes it in this notation."""
         return (expr.latex if self.n is LATEX else expr.text) + self.paren(self._print(expr.arg))
 

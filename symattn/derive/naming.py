@@ -16,9 +16,10 @@ from sympy.matrices.expressions import MatMul, Transpose
 
 from symattn.derive.folding import fold_product
 from symattn.lang.algebra import factors, product
+from symattn.lang.functions import FunctionRecord
 from symattn.lang.graph import postorder
 from symattn.lang.names import Names, _find
-from symattn.lang.ops import Elementwise, RowWise
+from symattn.lang.ops import Elementwise
 from symattn.specs import Spec
 
 
@@ -46,7 +47,7 @@ def named_intermediates(spec: Spec) -> list[tuple[str, MatrixExpr]]:
     for node in postorder(*roots):
         if node in named:
             out.append((named[node], node))
-        elif isinstance(node, (Elementwise, RowWise)) and _reuses_its_value(node):
+        elif isinstance(node, FunctionRecord) and _reuses_its_value(node):
             label, k = node.letter, 1
             while label in taken:
                 label, k = f"{node.letter}_{k}", k + 1

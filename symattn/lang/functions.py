@@ -48,8 +48,9 @@ GELU_TANH_C = sp.Float("0.044715")
 FUNCTIONS: dict[str, type] = {}  # function name → its record (every subclass below, in definition order)
 
 
-class FunctionRecord:
-    """What a function node's record holds besides its structure (entrywise and row-wise alike)."""
+class FunctionRecord(MatrixExpr):
+    """A function node f(A) of one matrix argument, of A's shape, and what its record holds besides its structure
+    (entrywise and row-wise alike)."""
 
     function: str = ""
     exported: bool = True
@@ -66,6 +67,19 @@ class FunctionRecord:
         if cls.function:
             FUNCTIONS[cls.function] = cls
 
+    def __new__(cls, arg: MatrixExpr) -> FunctionRecord:
+        arg = expression(arg)
+        require_matrix(arg, cls.function)
+        return Basic.__new__(cls, arg)
+
+    @property
+    def arg(self) -> MatrixExpr:
+        return self.args[0]
+
+    @property
+    def shape(self) -> tuple:
+        return shape_of(self.arg)
+
     def call(self, backend: str) -> str:
         """The call that evaluates this function in the backend; UnsupportedNodeError naming both if it has none."""
         if backend not in self.calls:
@@ -80,23 +94,10 @@ def function_kind(node: Basic) -> type | None:
     return next(k for k in type(node).__mro__ if FunctionRecord in k.__bases__)
 
 
-class Elementwise(FunctionRecord, MatrixExpr):
+class Elementwise(FunctionRecord):
     """f(A) applied entry by entry; each subclass is the record of one f."""
 
     scalar = staticmethod(sp.Function("f"))
-
-    def __new__(cls, arg: MatrixExpr) -> Elementwise:
-        arg = expression(arg)
-        require_matrix(arg, cls.function)
-        return Basic.__new__(cls, arg)
-
-    @property
-    def arg(self) -> MatrixExpr:
-        return self.args[0]
-
-    @property
-    def shape(self) -> tuple:
-        return shape_of(self.arg)
 
     def _entry(self, i, j, **kwargs):
         return self.scalar(self.arg._entry(i, j, **kwargs))

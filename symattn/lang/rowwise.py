@@ -42,24 +42,11 @@ class RowSum(MatrixExpr):
         return sp.Sum(self.arg._entry(i, k), (k, 0, self.arg.shape[1] - 1))
 
 
-class RowWise(FunctionRecord, MatrixExpr):
+class RowWise(FunctionRecord):
     """f applied to each row of A; each subclass is the record of one f."""
 
     masked_calls: Mapping[str, str] = {}  # per backend, the call for rows that may hold −inf
     arg_letter = "A"  # the name of its saved argument
-
-    def __new__(cls, arg: MatrixExpr) -> RowWise:
-        arg = expression(arg)
-        require_matrix(arg, cls.function)
-        return Basic.__new__(cls, arg)
-
-    @property
-    def arg(self) -> MatrixExpr:
-        return self.args[0]
-
-    @property
-    def shape(self) -> tuple:
-        return shape_of(self.arg)
 
     def masked_call(self, backend: str) -> str:
         """The masked form's call in the backend; UnsupportedNodeError naming both if it has none."""

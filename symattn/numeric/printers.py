@@ -49,12 +49,17 @@ def runtime_source(table: dict[str, str], names: Iterable[str]) -> str:
 NUMPY_RUNTIME = runtime_functions("symattn.numeric.numpy_runtime")  # helper name -> its source
 
 
+@cache
+def _names_in(source: str) -> frozenset[str]:
+    """The names a helper's source reads."""
+    return frozenset(n.id for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Name))
+
+
 def helper_needs(runtime: dict[str, str], name: str) -> set[str]:
     """The helpers of runtime that the named helper's source calls, directly or through another one."""
     needs, todo = set(), [name]
     while todo:
-        names = {n.id for n in ast.walk(ast.parse(runtime[todo.pop()])) if isinstance(n, ast.Name)}
-        found = {n for n in names if n in runtime and n != name} - needs
+        found = {n for n in _names_in(runtime[todo.pop()]) if n in runtime and n != name} - needs
         needs |= found
         todo += found
     return needs

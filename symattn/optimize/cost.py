@@ -38,7 +38,7 @@ from sympy.matrices.expressions import (
 from symattn.lang.algebra import factors
 from symattn.lang.functions import FunctionRecord
 from symattn.lang.graph import VISITS, memo_table, rebuilt
-from symattn.lang.ops import Elementwise, MergeHeads, RowSum, RowWise, SplitHeads, SumEntries
+from symattn.lang.ops import MergeHeads, RowSum, SplitHeads, SumEntries
 
 # Sizes for evaluating symbolic costs and choosing between equal forms (a BERT-base-like head:
 # n = m = 512, d_k = d_v = 64); a dimension not in the table is TYPICAL_OTHER.
@@ -255,7 +255,7 @@ def is_entrywise(node: Basic) -> bool:
     """A node that can write its value over an argument of its own shape (c X, X + Y, X ⊙ Y, f(X), softmax)."""
     if isinstance(node, MatMul):
         return len([a for a in node.args if isinstance(a, MatrixExpr)]) == 1
-    return isinstance(node, (MatAdd, HadamardProduct, HadamardPower, Elementwise, RowWise))
+    return isinstance(node, (MatAdd, HadamardProduct, HadamardPower, FunctionRecord))
 
 
 def flops(exprs: Basic | Sequence[Basic], given: Sequence[Basic] = (), sizes: Mapping | None = None) -> Basic:

@@ -14,14 +14,14 @@ import dataclasses
 
 from sympy import Basic, MatrixSymbol
 
+from symattn.lang.functions import FunctionRecord
 from symattn.lang.graph import fold, postorder
 from symattn.lang.names import Names
-from symattn.lang.ops import Elementwise, RowWise
 from symattn.lang.ops_block import _RowStatistic
 from symattn.specs.spec import Spec
 
 DEPTH_CAP = 12
-LAYERS = (Elementwise, RowWise, _RowStatistic)  # the operators a layer ends with
+LAYERS = (FunctionRecord, _RowStatistic)  # the operators a layer ends with
 
 
 def named_layers(s: Spec) -> Spec:

@@ -17,12 +17,13 @@ from sympy.matrices.expressions import HadamardPower, HadamardProduct, MatAdd, M
 from symattn.codegen.backends.printing import broadcast_column
 from symattn.codegen.emit import layout
 from symattn.codegen.schedule.build import Assignment, Schedule
+from symattn.lang.functions import FunctionRecord
 from symattn.lang.graph import matrix_symbols
-from symattn.lang.ops import Elementwise, RowWise, SplitHeads
+from symattn.lang.ops import SplitHeads
 from symattn.specs import Option
 
 # Values that a statement writes into a new array (not a view): a later entrywise statement may overwrite it.
-FRESH = (MatMul, MatAdd, HadamardProduct, HadamardPower, RowWise, Elementwise)
+FRESH = (MatMul, MatAdd, HadamardProduct, HadamardPower, FunctionRecord)
 
 
 @dataclass(frozen=True)

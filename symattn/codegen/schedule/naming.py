@@ -17,6 +17,7 @@ from sympy.matrices.expressions import HadamardPower, HadamardProduct, MatMul, O
 from symattn.codegen.schedule.dag import Assignment, expand, is_trivial, is_weight
 from symattn.lang import graph
 from symattn.lang.algebra import factors, product, transpose
+from symattn.lang.functions import FunctionRecord
 from symattn.lang.names import Names, fresh_name
 from symattn.lang.ops import Elementwise, RowSoftmax, RowSum, RowWise
 from symattn.lang.ops_block import _RowStatistic
@@ -110,7 +111,7 @@ def _broadcasts(value: Basic, names: Names) -> Basic:
     return graph.rewrite(value, named)
 
 
-ROW_AND_ENTRYWISE = (RowWise, RowSum, Elementwise, _RowStatistic, HadamardPower)
+ROW_AND_ENTRYWISE = (FunctionRecord, RowSum, _RowStatistic, HadamardPower)
 
 
 def _read_by_backward(node: Basic, trainable: frozenset, softmaxes: set) -> list[tuple[Basic, str]]:
