@@ -1,6 +1,5 @@
 """Generated torch modules where torch runs: torch.compile (CPU, inductor), torch.func, and
-DistributedDataParallel and FSDP2 (fully_shard) on two local processes (gloo), each against the eager
-single-process numbers."""
+DistributedDataParallel on two local processes (gloo), each against the eager single-process numbers."""
 
 from __future__ import annotations
 
@@ -168,15 +167,13 @@ def test_leading_batch_dimensions_stand_in_for_vmap():
     assert (own(x, x, x) - stacked).abs().max() < 1e-13
 
 
-DISTRIBUTED_SCRIPT = textwrap.dedent(
+DDP_SCRIPT = textwrap.dedent(
     """
     import sys
 
     import torch
     import torch.distributed as dist
     import torch.multiprocessing as mp
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
     from torch.nn.parallel import DistributedDataParallel
 
     from symattn.generated import mha_torch
@@ -202,26 +199,20 @@ DISTRIBUTED_SCRIPT = textwrap.dedent(
         return ((out - target) ** 2).mean()
 
 
-    def worker(rank, kind, how, init, out):
+    def worker(rank, kind, init, out):
         dist.init_process_group("gloo", init_method=init, rank=rank, world_size=WORLD)
         torch.set_num_threads(1)
-        if how == "ddp":
-            wrapped = DistributedDataParallel(model(kind))
-            params = wrapped.module.named_parameters()
-        else:  # FSDP2: every parameter sharded over the two ranks (a DTensor), gathered whole for the comparison
-            wrapped = fully_shard(model(kind), mesh=init_device_mesh("cpu", (WORLD,)))
-            params = wrapped.named_parameters()
+        ddp = DistributedDataParallel(model(kind))
         x, target = data()
         shard = slice(rank * N // WORLD, (rank + 1) * N // WORLD)
-        loss(wrapped, x[shard], target[shard]).backward()  # both average the gradients over the ranks
-        grads = {name: p.grad.full_tensor() if how == "fsdp2" else p.grad for name, p in params}
-        torch.save(grads, f"{out}.{rank}")
+        loss(ddp, x[shard], target[shard]).backward()  # DDP averages the gradients over the ranks
+        torch.save({name: p.grad for name, p in ddp.module.named_parameters()}, f"{out}.{rank}")
         dist.destroy_process_group()
 
 
     if __name__ == "__main__":
-        kind, how, init, out = sys.argv[1:]
-        mp.spawn(worker, args=(kind, how, init, out), nprocs=WORLD, join=True)
+        kind, init, out = sys.argv[1:]
+        mp.spawn(worker, args=(kind, init, out), nprocs=WORLD, join=True)
         single = model(kind)
         x, target = data()
         loss(single, x, target).backward()
@@ -231,20 +222,16 @@ DISTRIBUTED_SCRIPT = textwrap.dedent(
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("how", ["ddp", "fsdp2"])
 @pytest.mark.parametrize("kind", ["own", "dropin"])
-def test_distributed_training_step_gloo_matches_single_process(tmp_path, kind, how):
-    """One training step of the generated MultiHeadAttention (own) and its nn.MultiheadAttention drop-in, under
-    DistributedDataParallel and FSDP2's fully_shard, on two gloo processes: every parameter's gradient equals the
-    single process's."""
+def test_distributed_data_parallel_gloo_matches_single_process(tmp_path, kind):
     if not torch.distributed.is_available() or not torch.distributed.is_gloo_available():
         pytest.skip("torch.distributed with the gloo backend is not available in this torch build")
-    script = tmp_path / "distributed_step.py"
-    script.write_text(DISTRIBUTED_SCRIPT, encoding="utf-8")
+    script = tmp_path / "ddp_step.py"
+    script.write_text(DDP_SCRIPT, encoding="utf-8")
     out = tmp_path / "grads"
     init = f"file://{tmp_path / 'rendezvous'}"
     run = subprocess.run(
-        [sys.executable, str(script), kind, how, init, str(out)], capture_output=True, text=True, timeout=300
+        [sys.executable, str(script), kind, init, str(out)], capture_output=True, text=True, timeout=300
     )
     assert run.returncode == 0, run.stderr[-3000:]
     single = torch.load(f"{out}.single")
