@@ -31,18 +31,16 @@ from sympy.matrices.expressions import (
     ZeroMatrix,
 )
 
-from symattn.autodiff.vjp import supported
+from symattn.autodiff.vjp import rule_key, supported
 from symattn.errors import UnsupportedNodeError
 from symattn.lang.algebra import hadamard_product, total
-from symattn.lang.functions import function_kind
+from symattn.lang.functions import FunctionRecord
 from symattn.lang.ops import (
-    Elementwise,
     LayerNorm,
     MergeHeads,
     RepeatHeads,
     RowInvStd,
     RowSum,
-    RowWise,
     SplitHeads,
     SumEntries,
     SumGroups,
@@ -189,16 +187,9 @@ def power_jvp(node: MatPow, d: Tangent) -> Basic | None:
     return product_jvp(MatMul(*([base] * int(k))), d)
 
 
-@defjvp(Elementwise)
-def entrywise_jvp(node: Elementwise, d: Tangent) -> Basic | None:
-    """d f(A) = f′(A) ⊙ dA, f′ from the node's record."""
-    da = d(node.arg)
-    return None if da is None else hadamard_product(node.derivative(), da)
-
-
-@defjvp(RowWise)
-def row_wise_jvp(node: RowWise, d: Tangent) -> Basic | None:
-    """dY from dA by the node's record (softmax: dP = P ⊙ (dA − (P ⊙ dA) 𝟏𝟏ᵀ))."""
+@defjvp(FunctionRecord)
+def function_jvp(node: FunctionRecord, d: Tangent) -> Basic | None:
+    """dY from dA by the node's record (entrywise: f′(A) ⊙ dA; softmax: P ⊙ (dA − (P ⊙ dA) 𝟏𝟏ᵀ))."""
     da = d(node.arg)
     return None if da is None else node.jvp(da)
 
@@ -271,7 +262,7 @@ def layer_norm_jvp(node: LayerNorm, d: Tangent) -> Basic | None:
 
 
 def _rule(node: Basic) -> JvpRule:
-    rule = JVP_RULES.get(function_kind(node) or type(node))
+    rule = JVP_RULES.get(rule_key(node))
     if rule is None:
         raise UnsupportedNodeError(node, "differentials", supported(JVP_RULES))
     return rule

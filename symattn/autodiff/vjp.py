@@ -26,15 +26,13 @@ from sympy.matrices.expressions import (
 )
 
 from symattn.lang.algebra import hadamard_product, product, total, transpose
-from symattn.lang.functions import FUNCTIONS, function_kind
+from symattn.lang.functions import FUNCTIONS, FunctionRecord
 from symattn.lang.ops import (
-    Elementwise,
     LayerNorm,
     MergeHeads,
     RepeatHeads,
     RowInvStd,
     RowSum,
-    RowWise,
     SplitHeads,
     SumEntries,
     SumGroups,
@@ -47,16 +45,20 @@ VJP_RULES: dict[type, VjpRule] = {}
 
 
 def supported(rules: dict) -> list[str]:
-    """The names of the nodes the rules differentiate: a function kind's rule stands for every record of it."""
-    kinds = [k for k in rules if k in (Elementwise, RowWise)]
-    records = [r.__name__ for r in FUNCTIONS.values() if issubclass(r, tuple(kinds))]
-    return [t.__name__ for t in rules if t not in kinds] + records
+    """The names of the nodes the rules differentiate: the function records' rule stands for every record."""
+    records = [r.__name__ for r in FUNCTIONS.values()] if FunctionRecord in rules else []
+    return [t.__name__ for t in rules if t is not FunctionRecord] + records
+
+
+def rule_key(node: Basic) -> type:
+    """The key of node's rule: FunctionRecord for a function node (its record states its VJP and JVP), else its
+    own type (a subclass of a SymPy node is not that node: Inverse is no MatPow here)."""
+    return FunctionRecord if isinstance(node, FunctionRecord) else type(node)
 
 
 def vjp_rule(node: Basic) -> VjpRule | None:
-    """The rule for node's type (a function node: its kind's, Elementwise or RowWise, which asks its record);
-    None if there is none (a subclass of a SymPy node is not that node: Inverse is no MatPow here)."""
-    return VJP_RULES.get(function_kind(node) or type(node))
+    """The rule for node (``rule_key``), or None if there is none."""
+    return VJP_RULES.get(rule_key(node))
 
 
 def defvjp(*node_types: type) -> Callable[[VjpRule], VjpRule]:
@@ -142,15 +144,9 @@ def power_vjp(node: MatPow, g: Basic) -> Cotangents:
 # Entrywise and row-wise nodes.
 
 
-@defvjp(Elementwise)
-def entrywise_vjp(node: Elementwise, g: Basic) -> Cotangents:
-    """tr(Gᵀ d f(A)) = tr(Gᵀ (f′(A) ⊙ dA)) = tr((G ⊙ f′(A))ᵀ dA), f′ from the node's record."""
-    return [(node.arg, hadamard_product(g, node.derivative()))]
-
-
-@defvjp(RowWise)
-def row_wise_vjp(node: RowWise, g: Basic) -> Cotangents:
-    """tr(Gᵀ dY) = tr(Āᵀ dA), Ā from the node's record (softmax: P ⊙ (G − rowsum(G ⊙ P) 𝟏ᵀ))."""
+@defvjp(FunctionRecord)
+def function_vjp(node: FunctionRecord, g: Basic) -> Cotangents:
+    """tr(Gᵀ dY) = tr(Āᵀ dA), Ā from the node's record (entrywise: G ⊙ f′(A); softmax: P ⊙ (G − rowsum(G ⊙ P) 𝟏ᵀ))."""
     return [(node.arg, node.vjp(g))]
 
 

@@ -215,7 +215,8 @@ def _require_bound_scalars(s: Spec) -> None:
 # names the generated code binds beside a spec's own: modules, the templates' variables and module constants
 CODE_NAMES = frozenset(
     {
-        *("np", "jnp", "math", "annotations", "ctx", "self", *BACKENDS),
+        *(name for b in BACKENDS.values() for name in b.imports),
+        *("math", "annotations", "ctx", "self"),
         *("grad_out", "saved", "grads", "gradients", "cotangents", "inputs", "tensors", "options", "direction"),
         *("dtype", "device", "output_shape", "mask_shape", "forward", "backward", "hvp"),
         *("attn_mask", "key_padding_mask", "causal", "SPEC", "SHAPES", "OPTIONAL", "DIRECTION_OF", "INPUTS"),

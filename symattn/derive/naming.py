@@ -19,17 +19,7 @@ from symattn.lang.algebra import factors, product
 from symattn.lang.functions import FunctionRecord
 from symattn.lang.graph import postorder
 from symattn.lang.names import Names, _find
-from symattn.lang.ops import Elementwise
 from symattn.specs import Spec
-
-
-def _reuses_its_value(node: Basic) -> bool:
-    """Does the node's VJP read the node's own value (tanh: 𝟏𝟏ᵀ − T^∘2, softmax: P)? Asked of its record."""
-    if isinstance(node, Elementwise):
-        return node.reads_value()
-    probe = MatrixSymbol("_probe", *node.shape)
-    # a set: found by hash and identity (== on two deep trees recurses as deep as they are)
-    return node in set(postorder(node.vjp(probe)))
 
 
 def named_intermediates(spec: Spec) -> list[tuple[str, MatrixExpr]]:
@@ -47,7 +37,7 @@ def named_intermediates(spec: Spec) -> list[tuple[str, MatrixExpr]]:
     for node in postorder(*roots):
         if node in named:
             out.append((named[node], node))
-        elif isinstance(node, FunctionRecord) and _reuses_its_value(node):
+        elif isinstance(node, FunctionRecord) and node.reads_value():  # (tanh: 𝟏𝟏ᵀ − T^∘2, softmax: P)
             label, k = node.letter, 1
             while label in taken:
                 label, k = f"{node.letter}_{k}", k + 1

@@ -8,8 +8,9 @@ LaTeX and text, cost, naming, the scheduling passes, the derivation's reasons) i
 - ``scalar``: f as a SymPy function of one scalar (explicit entries, exact evaluation);
 - ``derivative()``: f′(A) as a matrix expression of the node and its argument, written with nodes
   that have records of their own, so that it is differentiated again (second order), printed,
-  costed and checked like anything else. The VJP G ⊙ f′(A) and the JVP f′(A) ⊙ dA both read it;
-  whether it reads f(A) or A decides what the forward saves (``reads_value``, ``reads_input``);
+  costed and checked like anything else. The VJP G ⊙ f′(A) and the JVP f′(A) ⊙ dA both read it
+  (``vjp``, ``jvp``: a row-wise record writes its own); whether the VJP reads f(A) or A decides what
+  the forward saves (``reads_value``, ``reads_input``);
 - ``latex``, ``text``: how a derivation prints f;
 - ``calls``: per backend, the call that evaluates f — a library function (``np.exp``), a helper
   of that backend's runtime (a bare name), or a template with ``{}`` for the argument;
@@ -80,18 +81,34 @@ class FunctionRecord(MatrixExpr):
     def shape(self) -> tuple:
         return shape_of(self.arg)
 
+    def vjp(self, g: MatrixExpr) -> MatrixExpr:
+        """The argument's cotangent Ā from the node's G (tr(Gᵀ dY) = tr(Āᵀ dA))."""
+        raise NotImplementedError(f"{type(self).__name__} states no VJP")
+
+    def jvp(self, da: MatrixExpr) -> MatrixExpr:
+        """dY from dA."""
+        raise NotImplementedError(f"{type(self).__name__} states no JVP")
+
+    @classmethod
+    @functools.cache
+    def reads_value(cls) -> bool:
+        """Does the VJP read f(A) (tanh: 𝟏𝟏ᵀ − T^∘2, softmax: P)? Then the forward saves f(A) for the backward."""
+        probe = cls(MatrixSymbol("_probe", 2, 2))
+        return probe in set(postorder(probe.vjp(MatrixSymbol("_G", 2, 2))))
+
+    @classmethod
+    @functools.cache
+    def reads_input(cls) -> bool:
+        """Does the VJP read A (log: A^∘−1, softplus: σ(A))? Then the forward saves A for the backward."""
+        probe = cls(MatrixSymbol("_probe", 2, 2))
+        value = MatrixSymbol("_value", 2, 2)  # f(A) itself read as a name: A inside it is not read
+        return probe.arg in set(postorder(probe.vjp(MatrixSymbol("_G", 2, 2)).xreplace({probe: value})))
+
     def call(self, backend: str) -> str:
         """The call that evaluates this function in the backend; UnsupportedNodeError naming both if it has none."""
         if backend not in self.calls:
             raise UnsupportedNodeError(self, f"the {backend} backend", [f"{self.function} in {b}" for b in self.calls])
         return self.calls[backend]
-
-
-def function_kind(node: Basic) -> type | None:
-    """The kind of a function node — Elementwise or RowWise, whose rules ask the record — else None."""
-    if not isinstance(node, FunctionRecord):
-        return None
-    return next(k for k in type(node).__mro__ if FunctionRecord in k.__bases__)
 
 
 class Elementwise(FunctionRecord):
@@ -106,20 +123,13 @@ class Elementwise(FunctionRecord):
         """f′(A), entrywise, as a matrix expression."""
         raise NotImplementedError(f"{type(self).__name__} states no derivative")
 
-    @classmethod
-    @functools.cache
-    def reads_value(cls) -> bool:
-        """Does f′(A) read f(A) (tanh: 𝟏𝟏ᵀ − T^∘2)? Then the forward saves f(A) for the backward."""
-        probe = cls(MatrixSymbol("_probe", 2, 2))
-        return probe in set(postorder(probe.derivative()))
+    def vjp(self, g: MatrixExpr) -> MatrixExpr:
+        """tr(Gᵀ d f(A)) = tr(Gᵀ (f′(A) ⊙ dA)) = tr((G ⊙ f′(A))ᵀ dA)."""
+        return hadamard_product(g, self.derivative())
 
-    @classmethod
-    @functools.cache
-    def reads_input(cls) -> bool:
-        """Does f′(A) read A (log: A^∘−1, softplus: σ(A))? Then the forward saves A for the backward."""
-        probe = cls(MatrixSymbol("_probe", 2, 2))
-        value = MatrixSymbol("_value", 2, 2)  # f(A) itself read as a name: A inside it is not read
-        return probe.arg in set(postorder(probe.derivative().xreplace({probe: value})))
+    def jvp(self, da: MatrixExpr) -> MatrixExpr:
+        """d f(A) = f′(A) ⊙ dA."""
+        return hadamard_product(self.derivative(), da)
 
 
 def _ones_like(a: MatrixExpr) -> OneMatrix:

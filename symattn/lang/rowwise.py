@@ -54,13 +54,10 @@ class RowWise(FunctionRecord):
             raise UnsupportedNodeError(self, f"masks in the {backend} backend", list(self.masked_calls))
         return self.masked_calls[backend]
 
-    def vjp(self, g: MatrixExpr) -> MatrixExpr:
-        """The argument's cotangent Ā from the node's G (tr(Gᵀ dY) = tr(Āᵀ dA))."""
-        raise NotImplementedError
-
-    def jvp(self, da: MatrixExpr) -> MatrixExpr:
-        """dY from dA."""
-        raise NotImplementedError
+    def _exp_total(self, i) -> Basic:
+        """Σ_k exp(A_ik), the normaliser of row i (explicit entries)."""
+        k = sp.Dummy("k", integer=True)
+        return sp.Sum(sp.exp(self.arg._entry(i, k)), (k, 0, self.arg.shape[1] - 1))
 
 
 def _row_ones(node: MatrixExpr) -> OneMatrix:
@@ -80,9 +77,7 @@ class RowSoftmax(RowWise):
     reason = ("softmax differential", HADAMARD_MOVE + ", cyclic property")
 
     def _entry(self, i, j, **kwargs):
-        k = sp.Dummy("k", integer=True)
-        total_ = sp.Sum(sp.exp(self.arg._entry(i, k)), (k, 0, self.arg.shape[1] - 1))
-        return sp.exp(self.arg._entry(i, j, **kwargs)) / total_
+        return sp.exp(self.arg._entry(i, j, **kwargs)) / self._exp_total(i)
 
     def vjp(self, g: MatrixExpr) -> MatrixExpr:
         """dP = P ⊙ (dA − (P ⊙ dA) 𝟏𝟏ᵀ), so tr(Gᵀ dP) = tr((P ⊙ (G − rowsum(G ⊙ P) 𝟏ᵀ))ᵀ dA)."""
@@ -114,9 +109,7 @@ class LogSoftmax(RowWise):
     reason = ("log-softmax differential", HADAMARD_MOVE + ", cyclic property")
 
     def _entry(self, i, j, **kwargs):
-        k = sp.Dummy("k", integer=True)
-        total_ = sp.Sum(sp.exp(self.arg._entry(i, k)), (k, 0, self.arg.shape[1] - 1))
-        return self.arg._entry(i, j, **kwargs) - sp.log(total_)
+        return self.arg._entry(i, j, **kwargs) - sp.log(self._exp_total(i))
 
     def vjp(self, g: MatrixExpr) -> MatrixExpr:
         """dL = dA − (exp(L) ⊙ dA) 𝟏𝟏ᵀ, so tr(Gᵀ dL) = tr((G − exp(L) ⊙ rowsum(G) 𝟏ᵀ)ᵀ dA)."""

@@ -194,10 +194,8 @@ class NumPyMatrixPrinter(NumPyPrinter):
         base, p = expr.args
         return power(self._atom(base), self._atom(p))
 
-    def _print_Elementwise(self, expr: Basic) -> str:
-        return self.function_call(expr.call(self.backend), self._print(expr.arg))
-
-    def _print_RowWise(self, expr: Basic) -> str:
+    def _print_FunctionRecord(self, expr: Basic) -> str:
+        """f(A), entrywise or row-wise, by the call its record gives this backend."""
         return self.function_call(expr.call(self.backend), self._print(expr.arg))
 
     def reduce_sum(self, operand: str, axis: str, keepdims: bool = False) -> str:

@@ -22,6 +22,7 @@ class Backend:
     autodiff: bool
     second_order_helpers: tuple[str, ...] | None  # the second closed form's helpers; None: none printed
     runtimes: tuple[str, ...]  # the runtime modules whose names generated code may use
+    imports: tuple[str, ...]  # the module names its generated modules bind (np; torch; jax, jnp)
     device: bool = False  # arrays carry a device beside their dtype
     dropins: bool = False  # drop-in nn.Modules rendered beside a built-in family's standard module
     missing_variant: str = ""  # why a variant is not made (shown when one is asked for)

@@ -85,5 +85,6 @@ JAX_BACKEND = Backend(
     autodiff=True,
     second_order_helpers=None,  # jax differentiates a custom_vjp's own rules (plain jax.numpy) again
     runtimes=RUNTIMES,
+    imports=("jax", "jnp"),
     missing_variant="jax.jit decides what XLA keeps in memory",
 )

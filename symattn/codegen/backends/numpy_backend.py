@@ -44,4 +44,5 @@ NUMPY_BACKEND = Backend(
     autodiff=False,
     second_order_helpers=("_direction",),
     runtimes=("symattn.numeric.numpy_runtime", *RUNTIMES),
+    imports=("np",),
 )

@@ -167,7 +167,7 @@ class GeneratedCodeMixin:
     def _print_Elementwise(self, expr: Basic) -> str:
         buffer = self._buffer(expr.arg) if expr.arg.shape == expr.shape else None
         if buffer is None or not expr.inplace:  # ufuncs with out= / in-place methods
-            return super()._print_Elementwise(expr)
+            return super()._print_FunctionRecord(expr)
         return self.inplace_function(expr.call(self.backend), self._print(expr.arg), buffer)
 
     def inplace_function(self, function: str, operand: str, buffer: str) -> str:

@@ -113,4 +113,5 @@ TORCH_BACKEND = Backend(
     device=True,
     dropins=True,
     runtimes=(*RUNTIMES, "symattn.codegen.backends.dropin_runtime"),
+    imports=("torch",),
 )
