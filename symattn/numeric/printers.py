@@ -132,7 +132,7 @@ class NumPyMatrixPrinter(NumPyPrinter):
         """t₁ + t₂ − t₃ …: a term with a negative coefficient printed as a subtraction."""
         text = ""
         for i, term in enumerate(terms):
-            sign, rest = _split_sign(term)
+            sign, rest = split_sign(term)
             if sign < 0:
                 text += ("-" if i == 0 else " - ") + self._atom(rest)
             else:
@@ -240,7 +240,7 @@ class NumPyMatrixPrinter(NumPyPrinter):
         return f"np.zeros(({self._print(expr.shape[0])}, {self._print(expr.shape[1])}))"
 
 
-def _split_sign(term: Basic) -> tuple[int, Basic]:
+def split_sign(term: Basic) -> tuple[int, Basic]:
     """(−1, t) for a term −t of a sum, else (1, term)."""
     if isinstance(term, MatMul) and term.args and term.args[0].is_number and term.args[0] < 0:
         return -1, product(-term.args[0], *term.args[1:])

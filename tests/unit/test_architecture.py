@@ -160,6 +160,18 @@ def test_a_backend_is_named_in_few_modules_and_branched_on_in_none():
         assert not any(f'backend == "{n}"' in template.read_text(encoding="utf-8") for n in names), template
 
 
+def test_the_printers_print_what_a_pass_decided():
+    """The backends' printers make no decision about buffers or products: they read the statement's plan
+    (``schedule.plan``) and hold no state about dying arrays, sizes or costs of their own."""
+    decisions = {"chain_order", "typical_size", "tree_flops", "left_to_right_flops", "consumable", "pair_flops"}
+    for path in (PACKAGE / "codegen" / "backends").glob("*.py"):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+        names |= {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+        names |= {a.asname or a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names}
+        assert not names & decisions, (path.name, sorted(names & decisions))
+
+
 def _sizes() -> tuple[dict[Path, int], dict[str, int], dict[str, int]]:
     """Modules per folder (``__init__`` aside), lines per module, lines per function (over the whole package)."""
     folders: dict[Path, int] = {}

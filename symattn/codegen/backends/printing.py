@@ -2,12 +2,12 @@
 
 The backends' printers (``numpy_backend``, ``torch_backend``, ``jax_backend``) print batched code:
 transpose swaps the last two axes (``.mT``), reductions name negative axes, multi-head blocks are a
-reshape to (…, H, n, d_k). On top of ``NumPyMatrixPrinter`` they print for speed:
+reshape to (…, H, n, d_k). On top of ``NumPyMatrixPrinter`` they print
 
 - a broadcast u 𝟏ᵀ (or 𝟏 vᵀ) inside a sum or an entrywise product as u alone, so
   P ⊙ (dP − rowsum(dP ⊙ P) 𝟏ᵀ) makes no n × m array of row sums;
-- the scalar of a product on its smallest factor (by typical sizes: sequence
-  lengths n, m long, feature sizes short), so scale·Q Kᵀ is (scale·Q) Kᵀ;
+- what the statement's plan (``schedule.plan``) decided: the dying array a value is computed into, the order
+  of a product and the factor its scalar multiplies (scale·Q Kᵀ is (scale·Q) Kᵀ);
 - a weight's gradient Lᵀ R, summed over the batch, as one product of the
   flattened rows, rows(L)ᵀ rows(R).
 
@@ -17,46 +17,24 @@ Each backend's printer adds its module's names (``np``, ``torch``, ``jnp``) and 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import sympy as sp
 from sympy import Basic, MatrixExpr
-from sympy.matrices.expressions import HadamardPower, HadamardProduct, MatAdd, MatMul, OneMatrix, Transpose
+from sympy.matrices.expressions import MatAdd, MatMul, OneMatrix, Transpose
 
-from symattn.codegen.schedule.chains import left_to_right_flops, split_ones, tree_flops
-from symattn.codegen.schedule.dag import typical_size as schedule_size
+from symattn.codegen.schedule.chains import split_ones
+from symattn.codegen.schedule.plan import NO_BUFFERS, Plan, broadcast_column, cheapest_tree, scaled_factor
 from symattn.errors import SymattnError
-from symattn.lang.algebra import factors, product
+from symattn.lang.algebra import factors
 from symattn.lang.graph import matrix_symbols
 from symattn.lang.ops import RowWise
 from symattn.numeric.printers import (
-    _split_sign,
     power,
     runtime_source,
+    split_sign,
 )
-from symattn.optimize.cost import chain_order
-
-
-def typical_size(expr: MatrixExpr) -> int:
-    """rows × columns of expr at typical sizes (symbolic dimensions made numbers)."""
-    return schedule_size(expr.shape[0]) * schedule_size(expr.shape[1])
-
-
-def broadcast_column(expr: Basic) -> Basic | None:
-    """A smaller value that broadcasts to expr, else None: u for u 𝟏ᵀ (u = F₁ ⋯ F_k a column), vᵀ for 𝟏 vᵀ
-    (vᵀ = F₁ ⋯ F_k a row), u^∘k for (u 𝟏ᵀ)^∘k."""
-    if isinstance(expr, HadamardPower):
-        base = broadcast_column(expr.base)
-        return None if base is None else HadamardPower(base, expr.exp)
-    if not isinstance(expr, MatMul):
-        return None
-    mats = [a for a in expr.args if isinstance(a, MatrixExpr)]
-    coeff = sp.Mul(*(a for a in expr.args if not isinstance(a, MatrixExpr)))
-    if len(mats) >= 2 and isinstance(mats[-1], OneMatrix) and mats[-1].shape[0] == 1:
-        return product(coeff, *mats[:-1], canonical=False)
-    if len(mats) >= 2 and isinstance(mats[0], OneMatrix) and mats[0].shape[1] == 1:
-        return product(coeff, *mats[1:], canonical=False)
-    return None
-
 
 # SymPy functions of a trainable scalar (exp(τ), log(τ), …): SymPy's printer names them numpy.exp, …, which the
 # torch and jax printers name by their own module (the scalar is a 0-d tensor or array there)
@@ -76,42 +54,25 @@ class GeneratedCodeMixin:
         text = super()._print_Mul(expr)
         return re.sub(r"\s*(?<!\*)([*/])(?![*/])\s*", r" \1 ", text)
 
-    # Names of arrays that die at the statement being printed: an entrywise result may overwrite one.
-    consumable: frozenset = frozenset()
     inplace = True  # the backend's arrays can be overwritten (JAX's cannot: the sections then offer none)
+    plan = NO_BUFFERS  # the statement's buffer decisions (schedule.plan), while it prints
 
-    def _buffer(self, expr: Basic) -> str | None:
-        """The consumable array an entrywise expr can be computed into (its root operand's), if any."""
-        if isinstance(expr, sp.MatrixSymbol):
-            return str(expr.name) if str(expr.name) in self.consumable else None
-        if isinstance(expr, (MatAdd, HadamardProduct)):
-            for term in expr.args:
-                sign, rest = _split_sign(term)
-                if sign > 0 and broadcast_column(term) is None and rest.shape == expr.shape:
-                    found = self._buffer(rest)
-                    if found is not None:
-                        return found
-        return None
-
-    # An in-place chain longer than this prints as plain arithmetic instead (a line ruff format keeps < 120).
-    inplace_width = 100
-
-    def doprint(self, expr: Basic, assign_to=None) -> str:
-        text = super().doprint(expr, assign_to)
-        if self.consumable and len(text) > self.inplace_width:
-            consumable, self.consumable = self.consumable, frozenset()
-            try:
-                text = super().doprint(expr, assign_to)
-            finally:
-                self.consumable = consumable
-        return text
+    @contextmanager
+    def planned(self, plan: Plan) -> Iterator[None]:
+        """Print by plan within the block."""
+        self.plan = plan
+        try:
+            yield
+        finally:
+            self.plan = NO_BUFFERS
 
     def _inplace(self, expr: Basic, operation: str, terms: list[tuple[str, Basic]]) -> str | None:
-        """expr computed into a dying array: the root term first, then each other term folded in."""
-        buffer = self._buffer(expr)
+        """expr computed into the dying array the plan gives it: the root term first, then each other term
+        folded in."""
+        buffer = self.plan.buffer(expr)
         if buffer is None:
             return None
-        root = next(t for s, t in terms if s == operation and t.shape == expr.shape and self._buffer(t) == buffer)
+        root = self.plan.root(expr, terms, operation)
         text = self._print(root)
         for op, term in terms:
             if term is root:
@@ -147,8 +108,8 @@ class GeneratedCodeMixin:
             scalar = sp.Add(*(factors(t)[0] for t in ones))
             return self._signed_sum([scalar, *(broadcast_column(t) or t for t in rest)])
         full = [t for t in expr.args if broadcast_column(t) is None]
-        terms = sorted(expr.args, key=lambda t: _split_sign(t)[0] < 0)  # dP - D, not -D + dP
-        signed = [("add" if _split_sign(t)[0] > 0 else "subtract", _split_sign(t)[1]) for t in terms]
+        terms = sorted(expr.args, key=lambda t: split_sign(t)[0] < 0)  # dP - D, not -D + dP
+        signed = [("add" if split_sign(t)[0] > 0 else "subtract", split_sign(t)[1]) for t in terms]
         inplace = self._inplace(expr, "add", signed) if full else None
         if inplace is not None:
             return inplace
@@ -165,7 +126,7 @@ class GeneratedCodeMixin:
         return " * ".join(self._atom(a) for a in args)
 
     def _print_Elementwise(self, expr: Basic) -> str:
-        buffer = self._buffer(expr.arg) if expr.arg.shape == expr.shape else None
+        buffer = self.plan.buffer(expr.arg) if expr.arg.shape == expr.shape else None
         if buffer is None or not expr.inplace:  # ufuncs with out= / in-place methods
             return super()._print_FunctionRecord(expr)
         return self.inplace_function(expr.call(self.backend), self._print(expr.arg), buffer)
@@ -231,7 +192,7 @@ class GeneratedCodeMixin:
         """f(A) row by row, into A when it dies here and the call takes out=; with a mask, the masked form
         (rows of −inf) unless the mask is None at run time."""
         arg = self._print(expr.arg)
-        if expr.inplace and isinstance(expr.arg, sp.MatrixSymbol) and arg in self.consumable:
+        if expr.inplace and isinstance(expr.arg, sp.MatrixSymbol) and self.plan.buffer(expr.arg) == arg:
             arg = f"{arg}, out={arg}"
         plain = self.function_call(expr.call(self.backend), arg)
         if self.mask is None:
@@ -252,8 +213,7 @@ class GeneratedCodeMixin:
             if coeff == -1:
                 return f"-{self._atom_text(body, len(mats))}"
             return f"{coeff_text} * {self._atom_text(body, len(mats))}"
-        # the scalar multiplies the smallest factor: (c·K) is m·d_k products, (c·dA) would be n·m
-        smallest = min(range(len(mats)), key=lambda i: (typical_size(mats[i]), i))
+        smallest = scaled_factor(mats)
         factor = mats[smallest]
         inner = factor.arg if isinstance(factor, Transpose) else factor
         scaled = f"{coeff_text} * {self._atom(inner)}" if coeff != -1 else f"-{self._atom(inner)}"
@@ -265,18 +225,13 @@ class GeneratedCodeMixin:
         return " @ ".join(texts)
 
     def _print_matrix_chain(self, mats: list[Basic]) -> str:
-        """F₁ @ F₂ @ …: left to right unless the cheapest order (at typical sizes) costs under half as much.
-
-        φ(Q) φ(K)ᵀ V is then φ(Q) @ (φ(K)ᵀ @ V), n·d² instead of n²·d. A k × c block of ones is
-        𝟏_k 𝟏_cᵀ (a row sum, then a broadcast): A B 𝟏𝟏ᵀ is A (B 𝟏) 𝟏ᵀ, no ones array and no n × n product.
-        """
+        """F₁ @ F₂ @ … in the order the plan gives (``cheapest_tree``). A k × c block of ones is 𝟏_k 𝟏_cᵀ (a row
+        sum, then a broadcast): A B 𝟏𝟏ᵀ is A (B 𝟏) 𝟏ᵀ, no ones array and no n × n product."""
         mats = [part for m in mats for part in split_ones(m)]
         if len(mats) == 2 and not any(isinstance(m, OneMatrix) for m in mats):
             return self._join_product(mats, [self._atom(m) for m in mats])
-        if len(mats) < 3:
-            return super()._print_matrix_chain(mats)
-        tree = chain_order(mats, sp.sympify)
-        if 2 * tree_flops(tree) >= left_to_right_flops(mats):
+        tree = cheapest_tree(mats)
+        if tree is None:
             return super()._print_matrix_chain(mats)
         return self._print_tree(tree)
 

@@ -4,18 +4,16 @@ ints, so a generated module imports only torch) and what code generation asks of
 from __future__ import annotations
 
 from sympy import Basic
-from sympy.matrices.expressions import Transpose
 
 from symattn.codegen.backends.backend import Backend
 from symattn.codegen.backends.printing import SCALAR_FUNCTIONS, GeneratedCodeMixin
-from symattn.codegen.schedule.dag import typical_size as schedule_size
+from symattn.codegen.schedule.plan import flipped
 from symattn.errors import SymattnError
 from symattn.lang.functions import TORCH
 from symattn.numeric.printers import NumPyMatrixPrinter, power, runtime_functions
 
 RUNTIMES = ("symattn.codegen.backends.common_runtime", "symattn.codegen.backends.torch_runtime")
 TORCH_RUNTIME = {name: source for module in RUNTIMES for name, source in runtime_functions(module).items()}
-FLIP_RATIO = 8  # torch prints Aᵀ B as matmul_tn(A, B) when A has this many times B's columns (typical sizes)
 
 
 def _unwrapped(text: str) -> str:
@@ -40,6 +38,7 @@ class TorchMatrixPrinter(GeneratedCodeMixin, NumPyMatrixPrinter):
     concatenate_function = "torch.cat"
     runtime = TORCH_RUNTIME
     backend = TORCH
+    flip_ratio = 8  # Aᵀ B as matmul_tn(A, B) when A has this many times B's columns (typical sizes)
     # SymPy's NumPy printer names numpy functions (MatPow: numpy.linalg.matrix_power); their torch forms
     numpy_functions = {
         "numpy.linalg.matrix_power": "torch.linalg.matrix_power",
@@ -89,12 +88,11 @@ class TorchMatrixPrinter(GeneratedCodeMixin, NumPyMatrixPrinter):
         return f"torch.zeros({rows}, {cols}, dtype=dtype, device=device)"
 
     def _join_product(self, mats: list[Basic], texts: list[str]) -> str:
-        """Aᵀ B with A's columns at least FLIP_RATIO times B's at typical sizes (Pᵀ dO, dAᵀ Q): the runtime's
-        matmul_tn, which multiplies a long product as (Bᵀ A)ᵀ where torch's GEMM is faster that way."""
-        if len(mats) == 2 and isinstance(mats[0], Transpose) and texts[0].endswith(".mT"):
-            if schedule_size(mats[0].shape[0]) >= FLIP_RATIO * schedule_size(mats[1].shape[1]):
-                left, right = (_unwrapped(t) for t in (texts[0].removesuffix(".mT"), texts[1]))
-                return f"{self.helper('matmul_tn')}({left}, {right})"
+        """Aᵀ B the plan flips (Pᵀ dO, dAᵀ Q: A's columns ``flip_ratio`` times B's): the runtime's matmul_tn,
+        which multiplies a long product as (Bᵀ A)ᵀ where torch's GEMM is faster that way."""
+        if len(mats) == 2 and texts[0].endswith(".mT") and flipped(*mats, self.flip_ratio):
+            left, right = (_unwrapped(t) for t in (texts[0].removesuffix(".mT"), texts[1]))
+            return f"{self.helper('matmul_tn')}({left}, {right})"
         return " @ ".join(texts)
 
     def _print_sqrt(self, expr: Basic) -> str:  # pragma: no cover - Pow handles sqrt

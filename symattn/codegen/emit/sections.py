@@ -12,15 +12,19 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 import sympy as sp
+from sympy import Basic
 from sympy.matrices.expressions import HadamardPower, HadamardProduct, MatAdd, MatMul, MatrixSlice, Transpose
 
-from symattn.codegen.backends.printing import broadcast_column
 from symattn.codegen.emit import layout
 from symattn.codegen.schedule.build import Assignment, Schedule
+from symattn.codegen.schedule.plan import Plan, broadcast_column
 from symattn.lang.functions import FunctionRecord
 from symattn.lang.graph import matrix_symbols
 from symattn.lang.ops import SplitHeads
 from symattn.specs import Option
+
+# An in-place chain printing longer than this prints as plain arithmetic instead (a line ruff format keeps < 120).
+INPLACE_WIDTH = 100
 
 # Values that a statement writes into a new array (not a view): a later entrywise statement may overwrite it.
 FRESH = (MatMul, MatAdd, HadamardProduct, HadamardPower, FunctionRecord)
@@ -116,19 +120,27 @@ class Sections:
     mask_gradients: dict = field(default_factory=dict)  # dM -> whether the scores have a heads axis
 
     def statement(self, a: Assignment, consumable: frozenset = frozenset(), frees: tuple[str, ...] = ()) -> Statement:
-        printer = self.printer
-        printer.consumable = consumable
+        printer, plan = self.printer, Plan(consumable)
         if a.target in self.unused:  # the output does not read this input: zeros of its full (batched) shape
             value = printer.zeros_like(self.unused[a.target])
         elif a.target in self.mask_gradients:  # summed to the mask's shape
-            value = printer.mask_gradient(printer.doprint(a.value), self.mask_gradients[a.target])
+            value = printer.mask_gradient(self.value(a.value, plan), self.mask_gradients[a.target])
         elif a.reduce_batch:
-            value = printer.weight_gradient(a.value, self.batched)
+            with printer.planned(plan):
+                value = printer.weight_gradient(a.value, self.batched)
         else:
-            value = printer.doprint(a.value)
-        printer.consumable = frozenset()
+            value = self.value(a.value, plan)
         # the gradient of an optional input is computed only when the input was given
         return Statement(str(a.target.name), value, self.gradient_of.get(a.target, ""), frees)
+
+    def value(self, expr: Basic, plan: Plan) -> str:
+        """expr printed by plan; an in-place chain too long for a line (ruff format keeps < 120) as plain
+        arithmetic instead."""
+        with self.printer.planned(plan):
+            text = self.printer.doprint(expr)
+        if plan.consumable and len(text) > INPLACE_WIDTH:
+            text = self.printer.doprint(expr)
+        return text
 
     def fits(self, a: Assignment, dying: frozenset) -> frozenset:
         """The dying arrays a's value may be written into: not an unbatched one when the value is batched;

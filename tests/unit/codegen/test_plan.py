@@ -1,0 +1,127 @@
+"""The print plan (``schedule.plan``): the decisions about buffers and products made before printing, and the
+printers printing exactly what it says.
+
+Every printed form is also checked by evaluating it on random arrays against the expression's value.
+"""
+
+from __future__ import annotations
+
+import ast
+
+import numpy as np
+import pytest
+import sympy as sp
+from sympy import HadamardProduct, MatAdd, MatMul, MatrixSymbol, OneMatrix, Transpose
+
+from symattn.codegen.backends.numpy_backend import GeneratedNumPyPrinter
+from symattn.codegen.backends.torch_backend import TorchMatrixPrinter
+from symattn.codegen.emit.sections import INPLACE_WIDTH, Sections
+from symattn.codegen.schedule.plan import NO_BUFFERS, Plan, broadcast_column, cheapest_tree, flipped, scaled_factor
+from symattn.lang.functions import Exp
+from symattn.numeric.lambdify import lambdify
+from symattn.specs import dim
+
+n, m, d = dim("n"), dim("m"), dim("d")
+A, B, C = (MatrixSymbol(s, n, m) for s in "ABC")
+Q, K = MatrixSymbol("Q", n, d), MatrixSymbol("K", m, d)
+V = MatrixSymbol("V", m, d)
+u = MatrixSymbol("u", n, 1)
+SIZES = {"n": 6, "m": 7, "d": 3}
+
+
+def _print(printer_class, expr, plan=NO_BUFFERS) -> str:
+    printer = printer_class()
+    with printer.planned(plan):
+        return printer.doprint(expr)
+
+
+def _evaluate(text: str, values: dict) -> np.ndarray:
+    """The printed NumPy text's value (the names of the plan's buffers are overwritten: copies are passed)."""
+    namespace = {"np": np, **{k: v.copy() for k, v in values.items()}}
+    return eval(compile(ast.parse(text, mode="eval"), "<plan>", "eval"), namespace)  # our own printed text
+
+
+def _values() -> dict:
+    rng = np.random.default_rng(0)
+    shapes = {"A": "nm", "B": "nm", "C": "nm", "Q": "nd", "K": "md", "V": "md", "u": "n1"}
+    return {k: rng.standard_normal([SIZES.get(c, 1) for c in s]) for k, s in shapes.items()}
+
+
+def _reference(expr) -> np.ndarray:
+    """expr's value by the evaluation printer (numeric.lambdify), independent of the generated-code printers."""
+    values = _values()
+    symbols = sorted(expr.atoms(MatrixSymbol), key=str)
+    return lambdify(symbols, expr)(*(values[str(s.name)] for s in symbols))
+
+
+@pytest.mark.parametrize(
+    ("expr", "consumable", "buffer"),
+    [
+        (MatAdd(A, B), {"A"}, "A"),
+        (MatAdd(A, B), {"B"}, "B"),
+        (MatAdd(A, MatMul(-1, B)), {"B"}, None),  # a subtracted term is never the root
+        (MatAdd(A, MatMul(u, OneMatrix(1, m))), {"u"}, None),  # nor a broadcast
+        (HadamardProduct(MatAdd(A, B), C), {"A"}, "A"),  # the root of the root
+        (MatAdd(A, B), set(), None),
+    ],
+)
+def test_buffer_is_the_first_positive_full_term_with_one(expr, consumable, buffer):
+    assert Plan(frozenset(consumable)).buffer(expr) == buffer
+
+
+def test_printers_print_what_the_plan_says():
+    expr = HadamardProduct(MatAdd(A, MatMul(-1, B)), C)
+    plan = Plan(frozenset({"A"}))
+    numpy_text = _print(GeneratedNumPyPrinter, expr, plan)
+    assert numpy_text == "np.multiply(np.subtract(A, B, out=A), C, out=A)"
+    assert _print(TorchMatrixPrinter, expr, plan) == "A.sub_(B).mul_(C)"
+    assert _print(GeneratedNumPyPrinter, expr) == "(A - B) * C"  # no plan: new arrays
+    np.testing.assert_allclose(_evaluate(numpy_text, _values()), _reference(expr))
+
+
+def test_an_entrywise_function_into_its_dying_argument():
+    expr = Exp(MatAdd(A, B))
+    plan = Plan(frozenset({"A"}))
+    assert _print(GeneratedNumPyPrinter, expr, plan) == "np.exp(np.add(A, B, out=A), out=A)"
+    assert _print(TorchMatrixPrinter, expr, plan) == "A.add_(B).exp_()"
+
+
+def test_a_long_inplace_chain_prints_as_plain_arithmetic():
+    names = [MatrixSymbol(f"value_with_a_long_name_{i}", n, m) for i in range(6)]
+    expr = MatAdd(*names)
+    sections = Sections(sched=None, printer=GeneratedNumPyPrinter(), mask=None, batched=set(), protected=set())
+    inplace = _print(GeneratedNumPyPrinter, expr, Plan(frozenset({"value_with_a_long_name_0"})))
+    assert len(inplace) > INPLACE_WIDTH
+    assert sections.value(expr, Plan(frozenset({"value_with_a_long_name_0"}))) == _print(GeneratedNumPyPrinter, expr)
+
+
+def test_cheapest_tree_only_when_it_halves_the_cost():
+    tree = cheapest_tree([Q, Transpose(K), V])  # n·m·d + n·m·d left to right; m·d² + n·d² right to left
+    assert tree is not None and tree.args[0] == Q and isinstance(tree.args[1], MatMul)
+    assert cheapest_tree([Q, Transpose(K)]) is None
+    assert cheapest_tree([A, Transpose(B), A]) is None  # all orders cost alike
+    text = _print(GeneratedNumPyPrinter, MatMul(Q, Transpose(K), V))
+    assert text == "Q @ (K.mT @ V)"
+    np.testing.assert_allclose(_evaluate(text, _values()), _reference(MatMul(Q, Transpose(K), V)))
+
+
+def test_the_scalar_multiplies_the_smallest_factor():
+    assert scaled_factor([Q, Transpose(K)]) == 0  # n × d and d × m alike: the first
+    assert scaled_factor([A, K]) == 1  # n × m against m × d
+    expr = MatMul(sp.Rational(1, 2), A, K)
+    text = _print(GeneratedNumPyPrinter, expr)
+    assert text == "A @ ((0.5) * K)"
+    np.testing.assert_allclose(_evaluate(text, _values()), _reference(expr))
+
+
+def test_a_long_transposed_product_is_flipped_where_the_backend_asks():
+    assert flipped(Transpose(A), Q, 8)  # Aᵀ Q: A's m columns against Q's d
+    assert not flipped(Transpose(A), Q, None)
+    assert not flipped(Transpose(Q), A, 8)
+    assert _print(TorchMatrixPrinter, MatMul(Transpose(A), Q)) == "matmul_tn(A, Q)"
+    assert _print(GeneratedNumPyPrinter, MatMul(Transpose(A), Q)) == "A.mT @ Q"
+
+
+def test_broadcast_column_is_the_smaller_value():
+    assert broadcast_column(MatMul(u, OneMatrix(1, m))) == u
+    assert broadcast_column(A) is None
