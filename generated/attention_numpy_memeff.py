@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["backward", "forward", "hvp"]
+__all__ = ["backward", "forward", "hvp", "jvp"]
 
 SHAPES = {
     "Q": "(..., n, d_k)",
@@ -450,3 +450,91 @@ def hvp(Q, K, V, grad_out, direction, *, scale=None, attn_mask=None, key_padding
     value, saved = _forward2(Q, K, V, grad_out, direction.get("Q"), direction.get("K"), direction.get("V"), M, scale)
     grads = _backward2(saved, np.ones_like(value))
     return {name: grads[name] for name in DIRECTION_OF if grads.get(name) is not None}
+
+
+# Forward mode: the output's derivative along tangents of the inputs, Σ_i ∂O/∂x_i [ẋ_i], in closed form.
+SHAPES.update(
+    {
+        "Q_t": SHAPES["Q"],
+        "K_t": SHAPES["K"],
+        "V_t": SHAPES["V"],
+    }
+)
+# a tangent that is None is zero
+OPTIONAL += ("Q_t", "K_t", "V_t")
+TANGENT_OF = {
+    "Q": "Q_t",
+    "K": "K_t",
+    "V": "V_t",
+}
+
+
+def _tangents(tangents):
+    """jvp's tangents: a dict from input names to arrays of their shapes (a name left out: zero there)."""
+    if not isinstance(tangents, dict):
+        raise TypeError(f"tangents: expected a dict from input names to arrays, got {type(tangents).__name__}")
+    unknown = [name for name in tangents if name not in TANGENT_OF]
+    if unknown:
+        raise ValueError(f"tangents: {unknown[0]!r} is no input; inputs: {', '.join(TANGENT_OF)}")
+    return tangents
+
+
+def _jvp(Q, K, V, Q_t, K_t, V_t, M, M_t, scale, block_size):
+    """(O, dO): the forward and its derivative along the tangents (a None tangent is zero)."""
+    Q, K, V, Q_t, K_t, V_t = _arrays({"Q": Q, "K": K, "V": V, "Q_t": Q_t, "K_t": K_t, "V_t": V_t})
+    if block_size is None:
+        block_size = 128
+    block_size = _positive_int("block_size", block_size)
+    n = Q.shape[-2]
+    d_k = Q.shape[-1]
+    m = K.shape[-2]
+    d_v = V.shape[-1]
+    _check_shape("Q", Q, (n, d_k))
+    _check_shape("K", K, (m, d_k))
+    _check_shape("V", V, (m, d_v))
+    if Q_t is not None:
+        _check_shape("Q_t", Q_t, (n, d_k))
+    if K_t is not None:
+        _check_shape("K_t", K_t, (m, d_k))
+    if V_t is not None:
+        _check_shape("V_t", V_t, (m, d_v))
+    _nonempty({"d_k": d_k, "m": m, "d_v": d_v}, {"Q": Q, "K": K, "V": V})
+    if scale is None:
+        scale = 1 / d_k**0.5
+    scale = float(scale)
+    if Q_t is None:
+        Q_t = np.zeros_like(Q)
+    if K_t is None:
+        K_t = np.zeros_like(K)
+    if V_t is None:
+        V_t = np.zeros_like(V)
+    O_blocks = []
+    dO_blocks = []
+    for start in range(0, max(Q.shape[-2], 1), block_size):  # one pass with no rows: results get their shapes
+        block = slice(start, start + block_size)
+        M_b = None if M is None else M[..., block, :]
+        Q_b = Q[..., block, :]
+        M_t_b = None if M_t is None else M_t[..., block, :]
+        Q_t_b = Q_t[..., block, :]
+        A_b = add_optional((scale * Q_b) @ K.mT, M_b)
+        P_b = row_softmax(A_b) if M is None else masked_row_softmax(A_b)
+        O_b = P_b @ V
+        dA_b = add_optional((scale * Q_b) @ K_t.mT + (scale * Q_t_b) @ K.mT, M_t_b)
+        dP_b = (dA_b - ((dA_b * P_b).sum(axis=-1, keepdims=True))) * P_b
+        dO_b = P_b @ V_t + dP_b @ V
+        O_blocks.append(O_b)
+        dO_blocks.append(dO_b)
+    O = np.concatenate(O_blocks, axis=-2)
+    dO = np.concatenate(dO_blocks, axis=-2)
+    return O, dO
+
+
+def jvp(Q, K, V, tangents, *, scale=None, block_size=None, attn_mask=None, key_padding_mask=None, causal=False):
+    """(O, its derivative along tangents): the forward and its closed-form Jacobian-vector product.
+
+    tangents: a dict from input names to arrays of their shapes (an input left out: zero there); the options
+    and masks as forward takes them (the mask does not move).
+    """
+    M = _additive_mask(attn_mask, key_padding_mask, causal, Q, K)
+    tangents = _tangents(tangents)
+    return _jvp(Q, K, V, tangents.get("Q"), tangents.get("K"), tangents.get("V"), M, None, scale, block_size)

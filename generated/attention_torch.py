@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["Attention", "AttentionFunction", "forward", "hvp"]
+__all__ = ["Attention", "AttentionFunction", "forward", "hvp", "jvp"]
 
 SHAPES = {
     "Q": "(..., n, d_k)",
@@ -45,6 +45,12 @@ SHAPES = {
 }
 OPTIONAL = ()  # inputs that may be None: their terms are left out
 SPEC = "attention"
+
+
+def _functional(a):
+    """Is a traced (torch.compile, torch.export) or transformed (torch.func's vmap, grad, jvp)? Then no out= and
+    no branch on its values: what eager code does in place or only where needed is done for every row."""
+    return torch.compiler.is_compiling() or torch._C._functorch.is_functorch_wrapped_tensor(a)
 
 
 def add_optional(a, b):
@@ -58,8 +64,8 @@ def masked_row_softmax(a, out=None):
         return row_softmax(a, out=out)
     empty = a.amax(dim=-1, keepdim=True) == float("-inf")  # before out (maybe a itself) is written
     out = row_softmax(a, out=out)
-    if torch.compiler.is_compiling():  # no branch on the data in a compiled graph: one pass to fill
-        return out.masked_fill_(empty, 0.0)
+    if _functional(a):  # no branch on the data in a traced or transformed function: one pass to fill
+        return out.masked_fill(empty, 0.0)
     return out.masked_fill_(empty, 0.0) if bool(empty.any()) else out
 
 
@@ -75,8 +81,8 @@ def matmul_tn(a, b):
 
 def row_softmax(a, out=None):
     """softmax along the last axis (torch's one-pass kernel, the row max subtracted first); out may be a itself."""
-    if out is None or torch.compiler.is_compiling():  # (a compiled graph plans its own buffers; export traces
-        return torch.softmax(a, dim=-1)  # with autograd on, which refuses out=)
+    if out is None or _functional(a):  # (a compiled graph plans its own buffers; export traces with autograd
+        return torch.softmax(a, dim=-1)  # on, which refuses out=; vmap batches no out=)
     return torch._softmax(a, -1, False, out=out)
 
 
@@ -154,15 +160,25 @@ class _NotTwice(torch.autograd.Function):
         )
 
 
-def _apply(function, *args):
+def _apply(function, *args, traced=None):
     """function.apply(*args), a tensor given a second time given as a view of itself (self-attention's Q = K = V):
-    torch.compile refuses an autograd.Function given one tensor twice; the gradients reach it through both."""
+    torch.compile refuses an autograd.Function given one tensor twice; the gradients reach it through both.
+    Compiling (torch.compile, torch.export), traced instead: the Function's twin without jvp, which dynamo
+    traces."""
+    if traced is not None and torch.compiler.is_compiling():
+        function = traced
     given = []
     for arg in args:
         if isinstance(arg, torch.Tensor) and any(arg is seen for seen in given):
             arg = arg.view_as(arg)
         given.append(arg)
     return function.apply(*given)
+
+
+def _distinct(output, *inputs):
+    """The output, or a view of it where it is one of the inputs returned as it is (Y = X): a Function in the
+    setup_context style may not save for backward an input that it returns."""
+    return output.view_as(output) if any(output is x for x in inputs) else output
 
 
 def _only_tensors(*values):
@@ -293,30 +309,50 @@ def _backward(saved, grad_out):
 
 
 class AttentionFunction(torch.autograd.Function):
-    """attention as an autograd Function whose backward is the generated closed form."""
+    """attention as an autograd Function whose backward and jvp are the generated closed forms;
+    torch.func.vmap batches them (generate_vmap_rule). apply returns (O, the saved values)."""
+
+    generate_vmap_rule = True
 
     @staticmethod
-    def forward(ctx, Q, K, V, M, scale):
+    def forward(Q, K, V, M, scale):
         O, saved = _forward(Q, K, V, M, scale)
+        return _distinct(O, Q, K, V, M), saved
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        Q, K, V, M, scale = inputs
+        saved = output[1]
         tensors = [name for name, value in saved.items() if isinstance(value, torch.Tensor)]
-        # the inputs too, which _first_order ties the gradients to under create_graph=True
+        # the inputs too, which _first_order ties the gradients to under create_graph=True and jvp reads
         inputs = _only_tensors(Q, K, V, M)
         ctx.save_for_backward(*(saved[name] for name in tensors), *inputs)
+        ctx.save_for_forward(*(saved[name] for name in tensors), *inputs)
         ctx.tensor_names = tensors
         ctx.constants = {name: value for name, value in saved.items() if name not in tensors}
         ctx.given = [x is not None for x in (Q, K, V, M)]
         ctx.options = (scale,)
-        return O
 
     @staticmethod
-    def backward(ctx, grad_out):
+    def backward(ctx, grad_out, _):
         saved = dict(zip(ctx.tensor_names, ctx.saved_tensors), **ctx.constants)
         if torch.is_grad_enabled():  # create_graph=True: gradients that the second closed form differentiates
-            return _second_order(ctx, saved, grad_out, 1)
+            return _second_order(ctx, saved, grad_out, 1, 1)
         with torch.no_grad():
             grads = _backward(saved, grad_out)
         gradients = (grads["Q"], grads["K"], grads["V"], grads["M"], None)
         return _first_order(ctx, grad_out, gradients)
+
+    @staticmethod
+    def jvp(ctx, *tangents):
+        """The output's tangent by the generated closed form (_jvp), from the inputs and theirs."""
+        return _tangent(_jvp, ctx, tangents), None
+
+
+class _AttentionTraced(AttentionFunction):
+    """The same Function without jvp: torch.compile and torch.export trace no custom jvp (_apply picks it)."""
+
+    jvp = torch.autograd.Function.jvp
 
 
 def forward(Q, K, V, *, scale=None, attn_mask=None, key_padding_mask=None, causal=False):
@@ -328,7 +364,7 @@ def forward(Q, K, V, *, scale=None, attn_mask=None, key_padding_mask=None, causa
     and zero gradients, never NaN.
     """
     M = _additive_mask(attn_mask, key_padding_mask, causal, Q, K)
-    return _apply(AttentionFunction, Q, K, V, M, scale)
+    return _apply(AttentionFunction, Q, K, V, M, scale, traced=_AttentionTraced)[0]
 
 
 class Attention(torch.nn.Module):
@@ -393,51 +429,110 @@ class _NotThrice(torch.autograd.Function):
         )
 
 
+class _Held:
+    """What _Backward is given besides tensors (the first closed form's value names and constants, the options, the
+    number of inputs): one argument torch.func's transforms pass along as it is, never looked into."""
+
+    def __init__(self, names, constants, options, count):
+        self.names, self.constants, self.options, self.count = names, constants, options, count
+
+
 class _Backward(torch.autograd.Function):
     """The first closed form as an autograd Function, used under create_graph=True: its backward is the
     second closed form. For the cotangents V_i of the gradients g_i(x, G), the gradients of the scalar
     f₂ = Σ_i tr(V_iᵀ g_i) with respect to every input x and to G (_forward2, _backward2) are exactly what
-    autograd asks of it. INPUTS names the tensors (the additive mask last, where there is one)."""
+    autograd asks of it; its jvp (torch.func.hessian, jacfwd over jacrev) is the same Hessian along the
+    inputs' tangents plus g(x, Ġ) (the gradients are linear in G). apply(held, G, *inputs, *saved values):
+    INPUTS names the inputs (the additive mask last, where there is one), held.names the saved values."""
+
+    generate_vmap_rule = True
 
     @staticmethod
-    def forward(ctx, saved, options, grad_out, *inputs):
-        ctx.set_materialize_grads(False)  # a gradient nobody differentiates has no cotangent: a zero direction
-        ctx.save_for_backward(grad_out, *inputs)
-        ctx.options = options
+    def forward(held, grad_out, *tensors):
+        inputs, saved = _split(held, tensors)
         grads = _backward(saved, grad_out)
         out = []
         for name, x in zip(INPUTS, inputs):
-            g = None if x is None else grads[name]
+            g = None if x is None else grads.get(name)  # (the memory-efficient variant gives M none)
             if g is not None and any(g is t for t in (grad_out, *inputs, *out)):  # an output is a new tensor
                 g = g.clone()
             out.append(g)
         return tuple(out)
 
     @staticmethod
+    def setup_context(ctx, inputs, output):
+        held, grad_out, *tensors = inputs
+        ctx.set_materialize_grads(False)  # a gradient nobody differentiates has no cotangent: a zero direction
+        ctx.save_for_backward(grad_out, *tensors)
+        ctx.save_for_forward(grad_out, *tensors)
+        ctx.held = held
+
+    @staticmethod
     def backward(ctx, *cotangents):
-        grad_out, *inputs = ctx.saved_tensors
-        count = len(DIRECTION_OF)
-        if len(inputs) > count and cotangents[count] is not None:
-            raise RuntimeError(
-                f"{SPEC}: the gradient of a float attn_mask cannot be differentiated again (no second derivative "
-                "through it is derived); the gradients of the other inputs can"
-            )
+        grad_out, *tensors = ctx.saved_tensors
+        inputs, _ = _split(ctx.held, tensors)
         with torch.no_grad():
-            value, saved = _forward2(*inputs[:count], grad_out, *cotangents[:count], *inputs[count:], *ctx.options)
-            grads = _backward2(saved, torch.ones_like(value))
+            grads = _hessian(ctx.held, grad_out, inputs, cotangents)
         gradients = [grads[COTANGENT], *(None if x is None else grads.get(name) for name, x in zip(INPUTS, inputs))]
-        for i, (g, x) in enumerate(zip(gradients, (grad_out, *inputs))):
-            if g is not None and g.shape != x.shape:  # made of unbatched values only: the same for every batch
-                gradients[i] = g.expand(x.shape) if g.dim() <= x.dim() else g.sum_to_size(x.shape)
-        return (None, None, *_tie(gradients, (grad_out, *inputs, *cotangents), _NotThrice))
+        gradients = _tie(_shaped(gradients, (grad_out, *inputs)), (grad_out, *inputs, *cotangents), _NotThrice)
+        return (None, *gradients, *[None] * (len(tensors) - len(inputs)))
+
+    @staticmethod
+    def jvp(ctx, _held, grad_out_t, *tangents):
+        grad_out, *tensors = ctx.saved_tensors
+        inputs, saved = _split(ctx.held, tensors)
+        out = [None] * len(inputs)
+        if any(t is not None for t in tangents[: len(inputs)]):
+            grads = _hessian(ctx.held, grad_out, inputs, tangents[: len(inputs)])
+            out = [None if x is None else grads.get(name) for name, x in zip(INPUTS, inputs)]
+        if grad_out_t is not None:  # the gradients are linear in G: their tangent along Ġ is g(x, Ġ)
+            linear = _backward(saved, grad_out_t)
+            out = [g if x is None else _plus(g, linear.get(name)) for name, x, g in zip(INPUTS, inputs, out)]
+        return tuple(_shaped(out, inputs))
 
 
-def _second_order(ctx, saved, grad_out, options):
+def _split(held, tensors):
+    """_Backward's tensors as (the inputs, the first closed form's saved values by name)."""
+    inputs, values = list(tensors[: held.count]), tensors[held.count :]
+    return inputs, dict(zip(held.names, values), **held.constants)
+
+
+def _hessian(held, grad_out, inputs, directions):
+    """The second closed form's gradients for the directions (a tangent or cotangent per input, None: zero):
+    Σ_j ∂²tr(Gᵀ F)/∂x ∂x_j [V_j] under each input's name, and ∂f₂/∂G under COTANGENT's."""
+    count = len(DIRECTION_OF)
+    if len(inputs) > count and directions[count] is not None:
+        raise RuntimeError(
+            f"{SPEC}: the gradient of a float attn_mask cannot be differentiated again (no second derivative "
+            "through it is derived); the gradients of the other inputs can"
+        )
+    value, saved = _forward2(*inputs[:count], grad_out, *directions[:count], *inputs[count:], *held.options)
+    return _backward2(saved, torch.ones_like(value))
+
+
+def _plus(a, b):
+    """a + b, where a None is zero."""
+    return b if a is None else a if b is None else a + b
+
+
+def _shaped(gradients, like):
+    """Each gradient in the shape of its tensor: one made of unbatched values only is the same for every batch."""
+    out = list(gradients)
+    for i, (g, x) in enumerate(zip(out, like)):
+        if g is not None and g.shape != x.shape:
+            out[i] = g.expand(x.shape) if g.dim() <= x.dim() else g.sum_to_size(x.shape)
+    return out
+
+
+def _second_order(ctx, saved, grad_out, options, spec_options):
     """A backward's gradients under create_graph=True, as outputs of _Backward (so that they are differentiable
-    by the second closed form), then None for each of the options."""
+    by the second closed form), then None for each of the options; the first spec_options of them are the
+    second closed form's (a memory-efficient Function's block_size is not)."""
     tensors = iter(ctx.saved_tensors[len(ctx.tensor_names) :])
     inputs = [next(tensors) if given else None for given in ctx.given]
-    return (*_Backward.apply(saved, ctx.options, grad_out, *inputs), *[None] * options)
+    held = _Held(ctx.tensor_names, ctx.constants, ctx.options[:spec_options], len(inputs))
+    values = [saved[name] for name in ctx.tensor_names]
+    return (*_Backward.apply(held, grad_out, *inputs, *values), *[None] * options)
 
 
 def _forward2(Q, K, V, G_out, Q_v, K_v, V_v, M, scale):
@@ -472,24 +567,20 @@ def _forward2(Q, K, V, G_out, Q_v, K_v, V_v, M, scale):
     if V_v is None:
         V_v = torch.zeros_like(V)
     A = add_optional((scale * Q) @ K.mT, M)
-    P = row_softmax(A, out=A) if M is None else masked_row_softmax(A, out=A)
-    del A
+    P = row_softmax(A) if M is None else masked_row_softmax(A)
     O = P @ V
-    G_D = (O.mul_(G_out)).sum(dim=-1, keepdim=True)
-    del O
+    G_D = (O * G_out).sum(dim=-1, keepdim=True)
     G_P = G_out @ V.mT
     G_A = (G_P - G_D) * P
     G_Q = G_A @ (scale * K)
     G_K = matmul_tn(G_A, scale * Q)
     G_V = matmul_tn(P, G_out)
     G_M = G_A
-    del G_A
     f2 = (
         (torch.ones(1, m, dtype=dtype, device=device)) @ (K_v * G_K).sum(dim=-1, keepdim=True)
         + (torch.ones(1, m, dtype=dtype, device=device)) @ (V_v * G_V).sum(dim=-1, keepdim=True)
         + (torch.ones(1, n, dtype=dtype, device=device)) @ (Q_v * G_Q).sum(dim=-1, keepdim=True)
     )
-    del G_K, G_Q, G_V
     saved = {
         "Q": Q,
         "K": K,
@@ -525,17 +616,14 @@ def _backward2(saved, grad_out):
     mask_shape = saved["mask_shape"]
     dA = (scale * Q) @ K_v.mT + (scale * Q_v) @ K.mT
     D = (P * dA).sum(dim=-1, keepdim=True)
-    dP = dA.sub_(D).mul_(P)
-    del D, dA
+    dP = (dA - D) * P
     dG_out = P @ V_v + dP @ V
     dG_D = (G_out * dG_out).sum(dim=-1, keepdim=True)
     dG_P = G_out @ V_v.mT
-    dG_A = dG_P.sub_(dG_D).mul_(P).add_((G_P - G_D) * dP)
-    del dG_D, dG_P
+    dG_A = (G_P - G_D) * dP + (dG_P - dG_D) * P
     dQ = scale * (G_M @ K_v + dG_A @ K)
     dK = scale * (matmul_tn(G_M, Q_v) + matmul_tn(dG_A, Q))
     dV = matmul_tn(dP, G_out)
-    del dP
     dM = None if mask_shape is None else dG_A.sum_to_size(mask_shape)
     return {"Q": dQ, "K": dK, "V": dV, "G_out": dG_out, "M": dM}
 
@@ -552,3 +640,85 @@ def hvp(Q, K, V, grad_out, direction, *, scale=None, attn_mask=None, key_padding
     value, saved = _forward2(Q, K, V, grad_out, direction.get("Q"), direction.get("K"), direction.get("V"), M, scale)
     grads = _backward2(saved, torch.ones_like(value))
     return {name: grads[name] for name in DIRECTION_OF if grads.get(name) is not None}
+
+
+# Forward mode: the output's derivative along tangents of the inputs, Σ_i ∂O/∂x_i [ẋ_i], in closed form.
+SHAPES.update(
+    {
+        "Q_t": SHAPES["Q"],
+        "K_t": SHAPES["K"],
+        "V_t": SHAPES["V"],
+    }
+)
+# a tangent that is None is zero
+OPTIONAL += ("Q_t", "K_t", "V_t")
+TANGENT_OF = {
+    "Q": "Q_t",
+    "K": "K_t",
+    "V": "V_t",
+}
+
+
+def _tangents(tangents):
+    """jvp's tangents: a dict from input names to arrays of their shapes (a name left out: zero there)."""
+    if not isinstance(tangents, dict):
+        raise TypeError(f"tangents: expected a dict from input names to arrays, got {type(tangents).__name__}")
+    unknown = [name for name in tangents if name not in TANGENT_OF]
+    if unknown:
+        raise ValueError(f"tangents: {unknown[0]!r} is no input; inputs: {', '.join(TANGENT_OF)}")
+    return tangents
+
+
+def _tangent(jvp, ctx, tangents):
+    """The output's tangent by jvp(<inputs>, <their tangents>, <M, Ṁ>, <options>) (a generated _jvp), the inputs
+    as setup_context saved them (an absent one None) and tangents one per argument of apply."""
+    saved = iter(ctx.saved_tensors[len(ctx.tensor_names) :])
+    inputs = [next(saved) if given else None for given in ctx.given]
+    count = len(TANGENT_OF)
+    return jvp(*inputs[:count], *tangents[:count], *inputs[count:], *tangents[count : len(inputs)], *ctx.options)[1]
+
+
+def _jvp(Q, K, V, Q_t, K_t, V_t, M, M_t, scale):
+    """(O, dO): the forward and its derivative along the tangents (a None tangent is zero)."""
+    Q, K, V, Q_t, K_t, V_t = _tensors({"Q": Q, "K": K, "V": V, "Q_t": Q_t, "K_t": K_t, "V_t": V_t})
+    n = Q.shape[-2]
+    d_k = Q.shape[-1]
+    m = K.shape[-2]
+    d_v = V.shape[-1]
+    _check_shape("Q", Q, (n, d_k))
+    _check_shape("K", K, (m, d_k))
+    _check_shape("V", V, (m, d_v))
+    if Q_t is not None:
+        _check_shape("Q_t", Q_t, (n, d_k))
+    if K_t is not None:
+        _check_shape("K_t", K_t, (m, d_k))
+    if V_t is not None:
+        _check_shape("V_t", V_t, (m, d_v))
+    _nonempty({"d_k": d_k, "m": m, "d_v": d_v}, {"Q": Q, "K": K, "V": V})
+    if scale is None:
+        scale = 1 / d_k**0.5
+    scale = float(scale)
+    if Q_t is None:
+        Q_t = torch.zeros_like(Q)
+    if K_t is None:
+        K_t = torch.zeros_like(K)
+    if V_t is None:
+        V_t = torch.zeros_like(V)
+    A = add_optional((scale * Q) @ K.mT, M)
+    P = row_softmax(A) if M is None else masked_row_softmax(A)
+    O = P @ V
+    dA = add_optional((scale * Q) @ K_t.mT + (scale * Q_t) @ K.mT, M_t)
+    dP = (dA - ((dA * P).sum(dim=-1, keepdim=True))) * P
+    dO = P @ V_t + dP @ V
+    return O, dO
+
+
+def jvp(Q, K, V, tangents, *, scale=None, attn_mask=None, key_padding_mask=None, causal=False):
+    """(O, its derivative along tangents): the forward and its closed-form Jacobian-vector product.
+
+    tangents: a dict from input names to arrays of their shapes (an input left out: zero there); the options
+    and masks as forward takes them (the mask does not move).
+    """
+    M = _additive_mask(attn_mask, key_padding_mask, causal, Q, K)
+    tangents = _tangents(tangents)
+    return _jvp(Q, K, V, tangents.get("Q"), tangents.get("K"), tangents.get("V"), M, None, scale)

@@ -71,7 +71,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-__all__ = ["forward"]
+__all__ = ["forward", "forward_jvp", "jvp"]
 
 SHAPES = {
     "Q": "(..., n, H * d_k)",
@@ -501,3 +501,329 @@ def forward(
     """
     M = _additive_mask(attn_mask, key_padding_mask, causal, Q, K, per_head=True)
     return _differentiable(Q, K, V, W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O, M, num_heads, num_kv_heads)
+
+
+# Forward mode: the output's derivative along tangents of the inputs, Σ_i ∂Y/∂x_i [ẋ_i], in closed form.
+SHAPES.update(
+    {
+        "Q_t": SHAPES["Q"],
+        "K_t": SHAPES["K"],
+        "V_t": SHAPES["V"],
+        "W_Q_t": SHAPES["W_Q"],
+        "W_K_t": SHAPES["W_K"],
+        "W_V_t": SHAPES["W_V"],
+        "W_O_t": SHAPES["W_O"],
+        "b_Q_t": SHAPES["b_Q"],
+        "b_K_t": SHAPES["b_K"],
+        "b_V_t": SHAPES["b_V"],
+        "b_O_t": SHAPES["b_O"],
+    }
+)
+# a tangent that is None is zero
+OPTIONAL += ("Q_t", "K_t", "V_t", "W_Q_t", "W_K_t", "W_V_t", "W_O_t", "b_Q_t", "b_K_t", "b_V_t", "b_O_t")
+TANGENT_OF = {
+    "Q": "Q_t",
+    "K": "K_t",
+    "V": "V_t",
+    "W_Q": "W_Q_t",
+    "W_K": "W_K_t",
+    "W_V": "W_V_t",
+    "W_O": "W_O_t",
+    "b_Q": "b_Q_t",
+    "b_K": "b_K_t",
+    "b_V": "b_V_t",
+    "b_O": "b_O_t",
+}
+
+
+def _tangents(tangents):
+    """jvp's tangents: a dict from input names to arrays of their shapes (a name left out: zero there)."""
+    if not isinstance(tangents, dict):
+        raise TypeError(f"tangents: expected a dict from input names to arrays, got {type(tangents).__name__}")
+    unknown = [name for name in tangents if name not in TANGENT_OF]
+    if unknown:
+        raise ValueError(f"tangents: {unknown[0]!r} is no input; inputs: {', '.join(TANGENT_OF)}")
+    return tangents
+
+
+def _jvp(
+    Q,
+    K,
+    V,
+    W_Q,
+    W_K,
+    W_V,
+    W_O,
+    b_Q,
+    b_K,
+    b_V,
+    b_O,
+    Q_t,
+    K_t,
+    V_t,
+    W_Q_t,
+    W_K_t,
+    W_V_t,
+    W_O_t,
+    b_Q_t,
+    b_K_t,
+    b_V_t,
+    b_O_t,
+    M,
+    M_t,
+    num_heads,
+    num_kv_heads,
+):
+    """(Y, dY): the forward and its derivative along the tangents (a None tangent is zero)."""
+    (
+        Q,
+        K,
+        V,
+        W_Q,
+        W_K,
+        W_V,
+        W_O,
+        b_Q,
+        b_K,
+        b_V,
+        b_O,
+        Q_t,
+        K_t,
+        V_t,
+        W_Q_t,
+        W_K_t,
+        W_V_t,
+        W_O_t,
+        b_Q_t,
+        b_K_t,
+        b_V_t,
+        b_O_t,
+    ) = _arrays(
+        {
+            "Q": Q,
+            "K": K,
+            "V": V,
+            "W_Q": W_Q,
+            "W_K": W_K,
+            "W_V": W_V,
+            "W_O": W_O,
+            "b_Q": b_Q,
+            "b_K": b_K,
+            "b_V": b_V,
+            "b_O": b_O,
+            "Q_t": Q_t,
+            "K_t": K_t,
+            "V_t": V_t,
+            "W_Q_t": W_Q_t,
+            "W_K_t": W_K_t,
+            "W_V_t": W_V_t,
+            "W_O_t": W_O_t,
+            "b_Q_t": b_Q_t,
+            "b_K_t": b_K_t,
+            "b_V_t": b_V_t,
+            "b_O_t": b_O_t,
+        }
+    )
+    H = _positive_int("num_heads", num_heads)
+    if num_kv_heads is None:
+        num_kv_heads = H
+    H_kv = _positive_int("num_kv_heads", num_kv_heads)
+    if H % H_kv:
+        raise ValueError(f"num_kv_heads = {H_kv} does not divide num_heads = {H}")
+    n = Q.shape[-2]
+    d_k = _quotient("Q", tuple(Q.shape), H)
+    m = K.shape[-2]
+    _check_shape("Q", Q, (n, H * d_k))
+    _check_shape("K", K, (m, H * d_k))
+    _check_shape("V", V, (m, H * d_k))
+    _check_shape("W_Q", W_Q, (H * d_k, H * d_k))
+    _check_shape("W_K", W_K, (H * d_k, H_kv * d_k))
+    _check_shape("W_V", W_V, (H * d_k, H_kv * d_k))
+    _check_shape("W_O", W_O, (H * d_k, H * d_k))
+    if b_Q is not None:
+        _check_shape("b_Q", b_Q, (1, H * d_k))
+    if b_K is not None:
+        _check_shape("b_K", b_K, (1, H_kv * d_k))
+    if b_V is not None:
+        _check_shape("b_V", b_V, (1, H_kv * d_k))
+    if b_O is not None:
+        _check_shape("b_O", b_O, (1, H * d_k))
+    if Q_t is not None:
+        _check_shape("Q_t", Q_t, (n, H * d_k))
+    if K_t is not None:
+        _check_shape("K_t", K_t, (m, H * d_k))
+    if V_t is not None:
+        _check_shape("V_t", V_t, (m, H * d_k))
+    if W_Q_t is not None:
+        _check_shape("W_Q_t", W_Q_t, (H * d_k, H * d_k))
+    if W_K_t is not None:
+        _check_shape("W_K_t", W_K_t, (H * d_k, H_kv * d_k))
+    if W_V_t is not None:
+        _check_shape("W_V_t", W_V_t, (H * d_k, H_kv * d_k))
+    if W_O_t is not None:
+        _check_shape("W_O_t", W_O_t, (H * d_k, H * d_k))
+    if b_Q_t is not None:
+        _check_shape("b_Q_t", b_Q_t, (1, H * d_k))
+    if b_K_t is not None:
+        _check_shape("b_K_t", b_K_t, (1, H_kv * d_k))
+    if b_V_t is not None:
+        _check_shape("b_V_t", b_V_t, (1, H_kv * d_k))
+    if b_O_t is not None:
+        _check_shape("b_O_t", b_O_t, (1, H * d_k))
+    _nonempty({"d_k": d_k, "m": m}, {"Q": Q, "K": K})
+    scale = 1 / d_k**0.5
+    if Q_t is None:
+        Q_t = jnp.zeros_like(Q)
+    if K_t is None:
+        K_t = jnp.zeros_like(K)
+    if V_t is None:
+        V_t = jnp.zeros_like(V)
+    if W_Q_t is None:
+        W_Q_t = jnp.zeros_like(W_Q)
+    if W_K_t is None:
+        W_K_t = jnp.zeros_like(W_K)
+    if W_V_t is None:
+        W_V_t = jnp.zeros_like(W_V)
+    if W_O_t is None:
+        W_O_t = jnp.zeros_like(W_O)
+    Q_h = split_heads(add_optional(Q @ W_Q, b_Q), H)
+    K_h = repeat_heads(split_heads(add_optional(K @ W_K, b_K), H_kv), H)
+    V_h = repeat_heads(split_heads(add_optional(V @ W_V, b_V), H_kv), H)
+    A_h = add_optional((scale * Q_h) @ K_h.mT, M)
+    P_h = row_softmax(A_h) if M is None else masked_row_softmax(A_h)
+    O_h = P_h @ V_h
+    C = merge_heads(O_h, H)
+    Y = add_optional(C @ W_O, b_O)
+    dQ_h = split_heads(add_optional(Q @ W_Q_t + Q_t @ W_Q, b_Q_t), H)
+    dK_h = repeat_heads(split_heads(add_optional(K @ W_K_t + K_t @ W_K, b_K_t), H_kv), H)
+    dV_h = repeat_heads(split_heads(add_optional(V @ W_V_t + V_t @ W_V, b_V_t), H_kv), H)
+    dA_h = add_optional((scale * Q_h) @ dK_h.mT + (scale * dQ_h) @ K_h.mT, M_t)
+    dP_h = (dA_h - ((dA_h * P_h).sum(axis=-1, keepdims=True))) * P_h
+    dO_h = P_h @ dV_h + dP_h @ V_h
+    dC = merge_heads(dO_h, H)
+    dY = add_optional(C @ W_O_t + dC @ W_O, b_O_t)
+    return Y, dY
+
+
+def jvp(
+    Q,
+    K,
+    V,
+    W_Q,
+    W_K,
+    W_V,
+    W_O,
+    tangents,
+    *,
+    num_heads,
+    num_kv_heads=None,
+    b_Q=None,
+    b_K=None,
+    b_V=None,
+    b_O=None,
+    attn_mask=None,
+    key_padding_mask=None,
+    causal=False,
+):
+    """(Y, its derivative along tangents): the forward and its closed-form Jacobian-vector product.
+
+    tangents: a dict from input names to arrays of their shapes (an input left out: zero there); the options
+    and masks as forward takes them (the mask does not move).
+    """
+    M = _additive_mask(attn_mask, key_padding_mask, causal, Q, K, per_head=True)
+    tangents = _tangents(tangents)
+    return _jvp(
+        Q,
+        K,
+        V,
+        W_Q,
+        W_K,
+        W_V,
+        W_O,
+        b_Q,
+        b_K,
+        b_V,
+        b_O,
+        tangents.get("Q"),
+        tangents.get("K"),
+        tangents.get("V"),
+        tangents.get("W_Q"),
+        tangents.get("W_K"),
+        tangents.get("W_V"),
+        tangents.get("W_O"),
+        tangents.get("b_Q"),
+        tangents.get("b_K"),
+        tangents.get("b_V"),
+        tangents.get("b_O"),
+        M,
+        None,
+        num_heads,
+        num_kv_heads,
+    )
+
+
+def _primal_jvp(num_heads, num_kv_heads, primals, tangents):
+    """The custom_jvp rule: the output and its tangent by the generated closed form (_jvp)."""
+    Q, K, V, W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O, M = primals
+    Q_t, K_t, V_t, W_Q_t, W_K_t, W_V_t, W_O_t, b_Q_t, b_K_t, b_V_t, b_O_t, M_t = tangents
+    return _jvp(
+        Q,
+        K,
+        V,
+        W_Q,
+        W_K,
+        W_V,
+        W_O,
+        b_Q,
+        b_K,
+        b_V,
+        b_O,
+        Q_t,
+        K_t,
+        V_t,
+        W_Q_t,
+        W_K_t,
+        W_V_t,
+        W_O_t,
+        b_Q_t,
+        b_K_t,
+        b_V_t,
+        b_O_t,
+        M,
+        M_t,
+        num_heads,
+        num_kv_heads,
+    )
+
+
+# the options are static (nondiff_argnums): Python values, the same under jit
+_forward_mode = jax.custom_jvp(_primal, nondiff_argnums=(12, 13))
+_forward_mode.defjvp(_primal_jvp)
+
+
+def forward_jvp(
+    Q,
+    K,
+    V,
+    W_Q,
+    W_K,
+    W_V,
+    W_O,
+    *,
+    num_heads,
+    num_kv_heads=None,
+    b_Q=None,
+    b_K=None,
+    b_V=None,
+    b_O=None,
+    attn_mask=None,
+    key_padding_mask=None,
+    causal=False,
+):
+    """Y as forward computes it, differentiated by the closed-form JVP (a jax.custom_jvp).
+
+    jax.jvp, jax.jacfwd and jax.linearize apply the generated forward mode; jax.grad, jax.vjp and jax.hessian
+    transpose it (the JVP is linear in the tangents); jax.jit and jax.vmap as for forward.
+    """
+    M = _additive_mask(attn_mask, key_padding_mask, causal, Q, K, per_head=True)
+    return _forward_mode(Q, K, V, W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O, M, num_heads, num_kv_heads)

@@ -70,7 +70,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["MultiHeadAttention", "MultiHeadAttentionFunction", "MultiheadAttention", "forward", "hvp"]
+__all__ = ["MultiHeadAttention", "MultiHeadAttentionFunction", "MultiheadAttention", "forward", "hvp", "jvp"]
 
 SHAPES = {
     "Q": "(..., n, H * d_k)",
@@ -89,6 +89,12 @@ OPTIONAL = ("b_Q", "b_K", "b_V", "b_O")  # inputs that may be None: their terms 
 SPEC = "mha"
 
 
+def _functional(a):
+    """Is a traced (torch.compile, torch.export) or transformed (torch.func's vmap, grad, jvp)? Then no out= and
+    no branch on its values: what eager code does in place or only where needed is done for every row."""
+    return torch.compiler.is_compiling() or torch._C._functorch.is_functorch_wrapped_tensor(a)
+
+
 def add_optional(a, b):
     """a + b, or a itself when b is None (an absent bias or mask)."""
     return a if b is None else a + b
@@ -100,8 +106,8 @@ def masked_row_softmax(a, out=None):
         return row_softmax(a, out=out)
     empty = a.amax(dim=-1, keepdim=True) == float("-inf")  # before out (maybe a itself) is written
     out = row_softmax(a, out=out)
-    if torch.compiler.is_compiling():  # no branch on the data in a compiled graph: one pass to fill
-        return out.masked_fill_(empty, 0.0)
+    if _functional(a):  # no branch on the data in a traced or transformed function: one pass to fill
+        return out.masked_fill(empty, 0.0)
     return out.masked_fill_(empty, 0.0) if bool(empty.any()) else out
 
 
@@ -128,8 +134,8 @@ def repeat_heads(a, heads):
 
 def row_softmax(a, out=None):
     """softmax along the last axis (torch's one-pass kernel, the row max subtracted first); out may be a itself."""
-    if out is None or torch.compiler.is_compiling():  # (a compiled graph plans its own buffers; export traces
-        return torch.softmax(a, dim=-1)  # with autograd on, which refuses out=)
+    if out is None or _functional(a):  # (a compiled graph plans its own buffers; export traces with autograd
+        return torch.softmax(a, dim=-1)  # on, which refuses out=; vmap batches no out=)
     return torch._softmax(a, -1, False, out=out)
 
 
@@ -239,15 +245,25 @@ class _NotTwice(torch.autograd.Function):
         )
 
 
-def _apply(function, *args):
+def _apply(function, *args, traced=None):
     """function.apply(*args), a tensor given a second time given as a view of itself (self-attention's Q = K = V):
-    torch.compile refuses an autograd.Function given one tensor twice; the gradients reach it through both."""
+    torch.compile refuses an autograd.Function given one tensor twice; the gradients reach it through both.
+    Compiling (torch.compile, torch.export), traced instead: the Function's twin without jvp, which dynamo
+    traces."""
+    if traced is not None and torch.compiler.is_compiling():
+        function = traced
     given = []
     for arg in args:
         if isinstance(arg, torch.Tensor) and any(arg is seen for seen in given):
             arg = arg.view_as(arg)
         given.append(arg)
     return function.apply(*given)
+
+
+def _distinct(output, *inputs):
+    """The output, or a view of it where it is one of the inputs returned as it is (Y = X): a Function in the
+    setup_context style may not save for backward an input that it returns."""
+    return output.view_as(output) if any(output is x for x in inputs) else output
 
 
 def _only_tensors(*values):
@@ -477,26 +493,35 @@ def _backward(saved, grad_out):
 
 
 class MultiHeadAttentionFunction(torch.autograd.Function):
-    """mha as an autograd Function whose backward is the generated closed form."""
+    """mha as an autograd Function whose backward and jvp are the generated closed forms;
+    torch.func.vmap batches them (generate_vmap_rule). apply returns (Y, the saved values)."""
+
+    generate_vmap_rule = True
 
     @staticmethod
-    def forward(ctx, Q, K, V, W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O, M, num_heads, num_kv_heads):
+    def forward(Q, K, V, W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O, M, num_heads, num_kv_heads):
         Y, saved = _forward(Q, K, V, W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O, M, num_heads, num_kv_heads)
+        return _distinct(Y, Q, K, V, W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O, M), saved
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        Q, K, V, W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O, M, num_heads, num_kv_heads = inputs
+        saved = output[1]
         tensors = [name for name, value in saved.items() if isinstance(value, torch.Tensor)]
-        # the inputs too, which _first_order ties the gradients to under create_graph=True
+        # the inputs too, which _first_order ties the gradients to under create_graph=True and jvp reads
         inputs = _only_tensors(Q, K, V, W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O, M)
         ctx.save_for_backward(*(saved[name] for name in tensors), *inputs)
+        ctx.save_for_forward(*(saved[name] for name in tensors), *inputs)
         ctx.tensor_names = tensors
         ctx.constants = {name: value for name, value in saved.items() if name not in tensors}
         ctx.given = [x is not None for x in (Q, K, V, W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O, M)]
         ctx.options = (num_heads, num_kv_heads)
-        return Y
 
     @staticmethod
-    def backward(ctx, grad_out):
+    def backward(ctx, grad_out, _):
         saved = dict(zip(ctx.tensor_names, ctx.saved_tensors), **ctx.constants)
         if torch.is_grad_enabled():  # create_graph=True: gradients that the second closed form differentiates
-            return _second_order(ctx, saved, grad_out, 2)
+            return _second_order(ctx, saved, grad_out, 2, 2)
         with torch.no_grad():
             grads = _backward(saved, grad_out)
         gradients = (
@@ -516,6 +541,17 @@ class MultiHeadAttentionFunction(torch.autograd.Function):
             None,
         )
         return _first_order(ctx, grad_out, gradients)
+
+    @staticmethod
+    def jvp(ctx, *tangents):
+        """The output's tangent by the generated closed form (_jvp), from the inputs and theirs."""
+        return _tangent(_jvp, ctx, tangents), None
+
+
+class _MultiHeadAttentionTraced(MultiHeadAttentionFunction):
+    """The same Function without jvp: torch.compile and torch.export trace no custom jvp (_apply picks it)."""
+
+    jvp = torch.autograd.Function.jvp
 
 
 def forward(
@@ -547,8 +583,23 @@ def forward(
     """
     M = _additive_mask(attn_mask, key_padding_mask, causal, Q, K, per_head=True)
     return _apply(
-        MultiHeadAttentionFunction, Q, K, V, W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O, M, num_heads, num_kv_heads
-    )
+        MultiHeadAttentionFunction,
+        Q,
+        K,
+        V,
+        W_Q,
+        W_K,
+        W_V,
+        W_O,
+        b_Q,
+        b_K,
+        b_V,
+        b_O,
+        M,
+        num_heads,
+        num_kv_heads,
+        traced=_MultiHeadAttentionTraced,
+    )[0]
 
 
 class MultiHeadAttention(torch.nn.Module):
@@ -685,51 +736,110 @@ class _NotThrice(torch.autograd.Function):
         )
 
 
+class _Held:
+    """What _Backward is given besides tensors (the first closed form's value names and constants, the options, the
+    number of inputs): one argument torch.func's transforms pass along as it is, never looked into."""
+
+    def __init__(self, names, constants, options, count):
+        self.names, self.constants, self.options, self.count = names, constants, options, count
+
+
 class _Backward(torch.autograd.Function):
     """The first closed form as an autograd Function, used under create_graph=True: its backward is the
     second closed form. For the cotangents V_i of the gradients g_i(x, G), the gradients of the scalar
     f₂ = Σ_i tr(V_iᵀ g_i) with respect to every input x and to G (_forward2, _backward2) are exactly what
-    autograd asks of it. INPUTS names the tensors (the additive mask last, where there is one)."""
+    autograd asks of it; its jvp (torch.func.hessian, jacfwd over jacrev) is the same Hessian along the
+    inputs' tangents plus g(x, Ġ) (the gradients are linear in G). apply(held, G, *inputs, *saved values):
+    INPUTS names the inputs (the additive mask last, where there is one), held.names the saved values."""
+
+    generate_vmap_rule = True
 
     @staticmethod
-    def forward(ctx, saved, options, grad_out, *inputs):
-        ctx.set_materialize_grads(False)  # a gradient nobody differentiates has no cotangent: a zero direction
-        ctx.save_for_backward(grad_out, *inputs)
-        ctx.options = options
+    def forward(held, grad_out, *tensors):
+        inputs, saved = _split(held, tensors)
         grads = _backward(saved, grad_out)
         out = []
         for name, x in zip(INPUTS, inputs):
-            g = None if x is None else grads[name]
+            g = None if x is None else grads.get(name)  # (the memory-efficient variant gives M none)
             if g is not None and any(g is t for t in (grad_out, *inputs, *out)):  # an output is a new tensor
                 g = g.clone()
             out.append(g)
         return tuple(out)
 
     @staticmethod
+    def setup_context(ctx, inputs, output):
+        held, grad_out, *tensors = inputs
+        ctx.set_materialize_grads(False)  # a gradient nobody differentiates has no cotangent: a zero direction
+        ctx.save_for_backward(grad_out, *tensors)
+        ctx.save_for_forward(grad_out, *tensors)
+        ctx.held = held
+
+    @staticmethod
     def backward(ctx, *cotangents):
-        grad_out, *inputs = ctx.saved_tensors
-        count = len(DIRECTION_OF)
-        if len(inputs) > count and cotangents[count] is not None:
-            raise RuntimeError(
-                f"{SPEC}: the gradient of a float attn_mask cannot be differentiated again (no second derivative "
-                "through it is derived); the gradients of the other inputs can"
-            )
+        grad_out, *tensors = ctx.saved_tensors
+        inputs, _ = _split(ctx.held, tensors)
         with torch.no_grad():
-            value, saved = _forward2(*inputs[:count], grad_out, *cotangents[:count], *inputs[count:], *ctx.options)
-            grads = _backward2(saved, torch.ones_like(value))
+            grads = _hessian(ctx.held, grad_out, inputs, cotangents)
         gradients = [grads[COTANGENT], *(None if x is None else grads.get(name) for name, x in zip(INPUTS, inputs))]
-        for i, (g, x) in enumerate(zip(gradients, (grad_out, *inputs))):
-            if g is not None and g.shape != x.shape:  # made of unbatched values only: the same for every batch
-                gradients[i] = g.expand(x.shape) if g.dim() <= x.dim() else g.sum_to_size(x.shape)
-        return (None, None, *_tie(gradients, (grad_out, *inputs, *cotangents), _NotThrice))
+        gradients = _tie(_shaped(gradients, (grad_out, *inputs)), (grad_out, *inputs, *cotangents), _NotThrice)
+        return (None, *gradients, *[None] * (len(tensors) - len(inputs)))
+
+    @staticmethod
+    def jvp(ctx, _held, grad_out_t, *tangents):
+        grad_out, *tensors = ctx.saved_tensors
+        inputs, saved = _split(ctx.held, tensors)
+        out = [None] * len(inputs)
+        if any(t is not None for t in tangents[: len(inputs)]):
+            grads = _hessian(ctx.held, grad_out, inputs, tangents[: len(inputs)])
+            out = [None if x is None else grads.get(name) for name, x in zip(INPUTS, inputs)]
+        if grad_out_t is not None:  # the gradients are linear in G: their tangent along Ġ is g(x, Ġ)
+            linear = _backward(saved, grad_out_t)
+            out = [g if x is None else _plus(g, linear.get(name)) for name, x, g in zip(INPUTS, inputs, out)]
+        return tuple(_shaped(out, inputs))
 
 
-def _second_order(ctx, saved, grad_out, options):
+def _split(held, tensors):
+    """_Backward's tensors as (the inputs, the first closed form's saved values by name)."""
+    inputs, values = list(tensors[: held.count]), tensors[held.count :]
+    return inputs, dict(zip(held.names, values), **held.constants)
+
+
+def _hessian(held, grad_out, inputs, directions):
+    """The second closed form's gradients for the directions (a tangent or cotangent per input, None: zero):
+    Σ_j ∂²tr(Gᵀ F)/∂x ∂x_j [V_j] under each input's name, and ∂f₂/∂G under COTANGENT's."""
+    count = len(DIRECTION_OF)
+    if len(inputs) > count and directions[count] is not None:
+        raise RuntimeError(
+            f"{SPEC}: the gradient of a float attn_mask cannot be differentiated again (no second derivative "
+            "through it is derived); the gradients of the other inputs can"
+        )
+    value, saved = _forward2(*inputs[:count], grad_out, *directions[:count], *inputs[count:], *held.options)
+    return _backward2(saved, torch.ones_like(value))
+
+
+def _plus(a, b):
+    """a + b, where a None is zero."""
+    return b if a is None else a if b is None else a + b
+
+
+def _shaped(gradients, like):
+    """Each gradient in the shape of its tensor: one made of unbatched values only is the same for every batch."""
+    out = list(gradients)
+    for i, (g, x) in enumerate(zip(out, like)):
+        if g is not None and g.shape != x.shape:
+            out[i] = g.expand(x.shape) if g.dim() <= x.dim() else g.sum_to_size(x.shape)
+    return out
+
+
+def _second_order(ctx, saved, grad_out, options, spec_options):
     """A backward's gradients under create_graph=True, as outputs of _Backward (so that they are differentiable
-    by the second closed form), then None for each of the options."""
+    by the second closed form), then None for each of the options; the first spec_options of them are the
+    second closed form's (a memory-efficient Function's block_size is not)."""
     tensors = iter(ctx.saved_tensors[len(ctx.tensor_names) :])
     inputs = [next(tensors) if given else None for given in ctx.given]
-    return (*_Backward.apply(saved, ctx.options, grad_out, *inputs), *[None] * options)
+    held = _Held(ctx.tensor_names, ctx.constants, ctx.options[:spec_options], len(inputs))
+    values = [saved[name] for name in ctx.tensor_names]
+    return (*_Backward.apply(held, grad_out, *inputs, *values), *[None] * options)
 
 
 def _forward2(
@@ -889,13 +999,11 @@ def _forward2(
     K_h = repeat_heads(split_heads(add_optional(K @ W_K, b_K), H_kv), H)
     V_h = repeat_heads(split_heads(add_optional(V @ W_V, b_V), H_kv), H)
     A_h = add_optional((scale * Q_h) @ K_h.mT, M)
-    P_h = row_softmax(A_h, out=A_h) if M is None else masked_row_softmax(A_h, out=A_h)
-    del A_h
+    P_h = row_softmax(A_h) if M is None else masked_row_softmax(A_h)
     O_h = P_h @ V_h
     C = merge_heads(O_h, H)
     G_C = G_out @ W_O.mT
     G_O_h = split_heads(G_C, H)
-    del G_C
     G_D = (O_h * G_O_h).sum(dim=-1, keepdim=True)
     G_P_h = G_O_h @ V_h.mT
     G_A_h = (G_P_h - G_D) * P_h
@@ -905,19 +1013,15 @@ def _forward2(
     G_W_O = rows(C).mT @ rows(G_out)
     G_b_O = rows(G_out).sum(dim=0, keepdim=True)
     G_M = G_A_h
-    del G_A_h
     G_VW_V = merge_heads(sum_groups(G_V_h, H_kv), H_kv)
-    del G_V_h
     G_V = G_VW_V @ W_V.mT
     G_W_V = rows(V).mT @ rows(G_VW_V)
     G_b_V = rows(G_VW_V).sum(dim=0, keepdim=True)
     G_KW_K = merge_heads(sum_groups(G_K_h, H_kv), H_kv)
-    del G_K_h
     G_K = G_KW_K @ W_K.mT
     G_W_K = rows(K).mT @ rows(G_KW_K)
     G_b_K = rows(G_KW_K).sum(dim=0, keepdim=True)
     G_QW_Q = merge_heads(G_Q_h, H)
-    del G_Q_h
     G_Q = G_QW_Q @ W_Q.mT
     G_W_Q = rows(Q).mT @ rows(G_QW_Q)
     G_b_Q = rows(G_QW_Q).sum(dim=0, keepdim=True)
@@ -934,7 +1038,6 @@ def _forward2(
         + (torch.ones(1, H * d_k, dtype=dtype, device=device)) @ (W_Q_v * G_W_Q).sum(dim=-1, keepdim=True)
         + (torch.ones(1, H * d_k, dtype=dtype, device=device)) @ (W_V_v * G_W_V).sum(dim=-1, keepdim=True)
     )
-    del G_K, G_Q, G_V, G_W_K, G_W_O, G_W_Q, G_W_V, G_b_K, G_b_O, G_b_Q, G_b_V
     saved = {
         "Q": Q,
         "K": K,
@@ -1027,47 +1130,32 @@ def _backward2(saved, grad_out):
     dV_h = repeat_heads(split_heads(add_optional(V @ W_V_v + V_v @ W_V, b_V_v), H_kv), H)
     dA_h = (scale * Q_h) @ dK_h.mT + (scale * dQ_h) @ K_h.mT
     D = (P_h * dA_h).sum(dim=-1, keepdim=True)
-    dP_h = dA_h.sub_(D).mul_(P_h)
-    del D, dA_h
+    dP_h = (dA_h - D) * P_h
     dO_h = P_h @ dV_h + dP_h @ V_h
     dC = merge_heads(dO_h, H)
     dG_out = add_optional(C @ W_O_v + dC @ W_O, b_O_v)
     dG_C = G_out @ W_O_v.mT
     dG_O_h = split_heads(dG_C, H)
-    del dG_C
-    dG_D = (dO_h.mul_(G_O_h).add_(O_h * dG_O_h)).sum(dim=-1, keepdim=True)
-    del dO_h
+    dG_D = (G_O_h * dO_h + O_h * dG_O_h).sum(dim=-1, keepdim=True)
     dG_P_h = G_O_h @ dV_h.mT + dG_O_h @ V_h.mT
-    del dV_h
-    dG_A_h = dG_P_h.sub_(dG_D).mul_(P_h).add_((G_P_h - G_D) * dP_h)
-    del dG_D, dG_P_h
+    dG_A_h = (G_P_h - G_D) * dP_h + (dG_P_h - dG_D) * P_h
     dG_V_h = matmul_tn(P_h, dG_O_h) + matmul_tn(dP_h, G_O_h)
-    del dG_O_h, dP_h
     dG_K_h = scale * (matmul_tn(G_M, dQ_h) + matmul_tn(dG_A_h, Q_h))
-    del dQ_h
     dG_Q_h = scale * (G_M @ dK_h + dG_A_h @ K_h)
-    del dK_h
     dW_O = rows(dC).mT @ rows(G_out)
-    del dC
     dM = None if mask_shape is None else dG_A_h.sum_to_size(mask_shape)
     dG_VW_V = merge_heads(sum_groups(dG_V_h, H_kv), H_kv)
-    del dG_V_h
     dV = G_VW_V @ W_V_v.mT + dG_VW_V @ W_V.mT
     dW_V = sum_batch(V.mT @ dG_VW_V + V_v.mT @ G_VW_V)
     db_V = None if b_V is None else rows(dG_VW_V).sum(dim=0, keepdim=True)
-    del dG_VW_V
     dG_KW_K = merge_heads(sum_groups(dG_K_h, H_kv), H_kv)
-    del dG_K_h
     dK = G_KW_K @ W_K_v.mT + dG_KW_K @ W_K.mT
     dW_K = sum_batch(K.mT @ dG_KW_K + K_v.mT @ G_KW_K)
     db_K = None if b_K is None else rows(dG_KW_K).sum(dim=0, keepdim=True)
-    del dG_KW_K
     dG_QW_Q = merge_heads(dG_Q_h, H)
-    del dG_Q_h
     dQ = G_QW_Q @ W_Q_v.mT + dG_QW_Q @ W_Q.mT
     dW_Q = sum_batch(Q.mT @ dG_QW_Q + Q_v.mT @ G_QW_Q)
     db_Q = None if b_Q is None else rows(dG_QW_Q).sum(dim=0, keepdim=True)
-    del dG_QW_Q
     db_O = None if b_O is None else torch.zeros_like(b_O)
     return {
         "Q": dQ,
@@ -1149,6 +1237,7 @@ def hvp(
 
 # torch's own modules, computed by the closed form above (drop-in replacements)
 FUNCTION = MultiHeadAttentionFunction
+TRACED = _MultiHeadAttentionTraced
 
 
 def _not_supported(option, value, why):
@@ -1382,5 +1471,273 @@ class MultiheadAttention(torch.nn.Module):
             out, weights = _apply(_AttentionWeights, *inputs)
             weights = weights.mean(dim=-3) if average_attn_weights else weights
         else:
-            out, weights = _apply(FUNCTION, *inputs, None), None
+            out, weights = _apply(FUNCTION, *inputs, None, traced=TRACED)[0], None
         return (out.transpose(0, 1) if batched and not self.batch_first else out), weights
+
+
+# Forward mode: the output's derivative along tangents of the inputs, Σ_i ∂Y/∂x_i [ẋ_i], in closed form.
+SHAPES.update(
+    {
+        "Q_t": SHAPES["Q"],
+        "K_t": SHAPES["K"],
+        "V_t": SHAPES["V"],
+        "W_Q_t": SHAPES["W_Q"],
+        "W_K_t": SHAPES["W_K"],
+        "W_V_t": SHAPES["W_V"],
+        "W_O_t": SHAPES["W_O"],
+        "b_Q_t": SHAPES["b_Q"],
+        "b_K_t": SHAPES["b_K"],
+        "b_V_t": SHAPES["b_V"],
+        "b_O_t": SHAPES["b_O"],
+    }
+)
+# a tangent that is None is zero
+OPTIONAL += ("Q_t", "K_t", "V_t", "W_Q_t", "W_K_t", "W_V_t", "W_O_t", "b_Q_t", "b_K_t", "b_V_t", "b_O_t")
+TANGENT_OF = {
+    "Q": "Q_t",
+    "K": "K_t",
+    "V": "V_t",
+    "W_Q": "W_Q_t",
+    "W_K": "W_K_t",
+    "W_V": "W_V_t",
+    "W_O": "W_O_t",
+    "b_Q": "b_Q_t",
+    "b_K": "b_K_t",
+    "b_V": "b_V_t",
+    "b_O": "b_O_t",
+}
+
+
+def _tangents(tangents):
+    """jvp's tangents: a dict from input names to arrays of their shapes (a name left out: zero there)."""
+    if not isinstance(tangents, dict):
+        raise TypeError(f"tangents: expected a dict from input names to arrays, got {type(tangents).__name__}")
+    unknown = [name for name in tangents if name not in TANGENT_OF]
+    if unknown:
+        raise ValueError(f"tangents: {unknown[0]!r} is no input; inputs: {', '.join(TANGENT_OF)}")
+    return tangents
+
+
+def _tangent(jvp, ctx, tangents):
+    """The output's tangent by jvp(<inputs>, <their tangents>, <M, Ṁ>, <options>) (a generated _jvp), the inputs
+    as setup_context saved them (an absent one None) and tangents one per argument of apply."""
+    saved = iter(ctx.saved_tensors[len(ctx.tensor_names) :])
+    inputs = [next(saved) if given else None for given in ctx.given]
+    count = len(TANGENT_OF)
+    return jvp(*inputs[:count], *tangents[:count], *inputs[count:], *tangents[count : len(inputs)], *ctx.options)[1]
+
+
+def _jvp(
+    Q,
+    K,
+    V,
+    W_Q,
+    W_K,
+    W_V,
+    W_O,
+    b_Q,
+    b_K,
+    b_V,
+    b_O,
+    Q_t,
+    K_t,
+    V_t,
+    W_Q_t,
+    W_K_t,
+    W_V_t,
+    W_O_t,
+    b_Q_t,
+    b_K_t,
+    b_V_t,
+    b_O_t,
+    M,
+    M_t,
+    num_heads,
+    num_kv_heads,
+):
+    """(Y, dY): the forward and its derivative along the tangents (a None tangent is zero)."""
+    (
+        Q,
+        K,
+        V,
+        W_Q,
+        W_K,
+        W_V,
+        W_O,
+        b_Q,
+        b_K,
+        b_V,
+        b_O,
+        Q_t,
+        K_t,
+        V_t,
+        W_Q_t,
+        W_K_t,
+        W_V_t,
+        W_O_t,
+        b_Q_t,
+        b_K_t,
+        b_V_t,
+        b_O_t,
+    ) = _tensors(
+        {
+            "Q": Q,
+            "K": K,
+            "V": V,
+            "W_Q": W_Q,
+            "W_K": W_K,
+            "W_V": W_V,
+            "W_O": W_O,
+            "b_Q": b_Q,
+            "b_K": b_K,
+            "b_V": b_V,
+            "b_O": b_O,
+            "Q_t": Q_t,
+            "K_t": K_t,
+            "V_t": V_t,
+            "W_Q_t": W_Q_t,
+            "W_K_t": W_K_t,
+            "W_V_t": W_V_t,
+            "W_O_t": W_O_t,
+            "b_Q_t": b_Q_t,
+            "b_K_t": b_K_t,
+            "b_V_t": b_V_t,
+            "b_O_t": b_O_t,
+        }
+    )
+    H = _positive_int("num_heads", num_heads)
+    if num_kv_heads is None:
+        num_kv_heads = H
+    H_kv = _positive_int("num_kv_heads", num_kv_heads)
+    if H % H_kv:
+        raise ValueError(f"num_kv_heads = {H_kv} does not divide num_heads = {H}")
+    n = Q.shape[-2]
+    d_k = _quotient("Q", tuple(Q.shape), H)
+    m = K.shape[-2]
+    _check_shape("Q", Q, (n, H * d_k))
+    _check_shape("K", K, (m, H * d_k))
+    _check_shape("V", V, (m, H * d_k))
+    _check_shape("W_Q", W_Q, (H * d_k, H * d_k))
+    _check_shape("W_K", W_K, (H * d_k, H_kv * d_k))
+    _check_shape("W_V", W_V, (H * d_k, H_kv * d_k))
+    _check_shape("W_O", W_O, (H * d_k, H * d_k))
+    if b_Q is not None:
+        _check_shape("b_Q", b_Q, (1, H * d_k))
+    if b_K is not None:
+        _check_shape("b_K", b_K, (1, H_kv * d_k))
+    if b_V is not None:
+        _check_shape("b_V", b_V, (1, H_kv * d_k))
+    if b_O is not None:
+        _check_shape("b_O", b_O, (1, H * d_k))
+    if Q_t is not None:
+        _check_shape("Q_t", Q_t, (n, H * d_k))
+    if K_t is not None:
+        _check_shape("K_t", K_t, (m, H * d_k))
+    if V_t is not None:
+        _check_shape("V_t", V_t, (m, H * d_k))
+    if W_Q_t is not None:
+        _check_shape("W_Q_t", W_Q_t, (H * d_k, H * d_k))
+    if W_K_t is not None:
+        _check_shape("W_K_t", W_K_t, (H * d_k, H_kv * d_k))
+    if W_V_t is not None:
+        _check_shape("W_V_t", W_V_t, (H * d_k, H_kv * d_k))
+    if W_O_t is not None:
+        _check_shape("W_O_t", W_O_t, (H * d_k, H * d_k))
+    if b_Q_t is not None:
+        _check_shape("b_Q_t", b_Q_t, (1, H * d_k))
+    if b_K_t is not None:
+        _check_shape("b_K_t", b_K_t, (1, H_kv * d_k))
+    if b_V_t is not None:
+        _check_shape("b_V_t", b_V_t, (1, H_kv * d_k))
+    if b_O_t is not None:
+        _check_shape("b_O_t", b_O_t, (1, H * d_k))
+    _nonempty({"d_k": d_k, "m": m}, {"Q": Q, "K": K})
+    scale = 1 / d_k**0.5
+    if Q_t is None:
+        Q_t = torch.zeros_like(Q)
+    if K_t is None:
+        K_t = torch.zeros_like(K)
+    if V_t is None:
+        V_t = torch.zeros_like(V)
+    if W_Q_t is None:
+        W_Q_t = torch.zeros_like(W_Q)
+    if W_K_t is None:
+        W_K_t = torch.zeros_like(W_K)
+    if W_V_t is None:
+        W_V_t = torch.zeros_like(W_V)
+    if W_O_t is None:
+        W_O_t = torch.zeros_like(W_O)
+    Q_h = split_heads(add_optional(Q @ W_Q, b_Q), H)
+    K_h = repeat_heads(split_heads(add_optional(K @ W_K, b_K), H_kv), H)
+    V_h = repeat_heads(split_heads(add_optional(V @ W_V, b_V), H_kv), H)
+    A_h = add_optional((scale * Q_h) @ K_h.mT, M)
+    P_h = row_softmax(A_h) if M is None else masked_row_softmax(A_h)
+    O_h = P_h @ V_h
+    C = merge_heads(O_h, H)
+    Y = add_optional(C @ W_O, b_O)
+    dQ_h = split_heads(add_optional(Q @ W_Q_t + Q_t @ W_Q, b_Q_t), H)
+    dK_h = repeat_heads(split_heads(add_optional(K @ W_K_t + K_t @ W_K, b_K_t), H_kv), H)
+    dV_h = repeat_heads(split_heads(add_optional(V @ W_V_t + V_t @ W_V, b_V_t), H_kv), H)
+    dA_h = add_optional((scale * Q_h) @ dK_h.mT + (scale * dQ_h) @ K_h.mT, M_t)
+    dP_h = (dA_h - ((dA_h * P_h).sum(dim=-1, keepdim=True))) * P_h
+    dO_h = P_h @ dV_h + dP_h @ V_h
+    dC = merge_heads(dO_h, H)
+    dY = add_optional(C @ W_O_t + dC @ W_O, b_O_t)
+    return Y, dY
+
+
+def jvp(
+    Q,
+    K,
+    V,
+    W_Q,
+    W_K,
+    W_V,
+    W_O,
+    tangents,
+    *,
+    num_heads,
+    num_kv_heads=None,
+    b_Q=None,
+    b_K=None,
+    b_V=None,
+    b_O=None,
+    attn_mask=None,
+    key_padding_mask=None,
+    causal=False,
+):
+    """(Y, its derivative along tangents): the forward and its closed-form Jacobian-vector product.
+
+    tangents: a dict from input names to arrays of their shapes (an input left out: zero there); the options
+    and masks as forward takes them (the mask does not move).
+    """
+    M = _additive_mask(attn_mask, key_padding_mask, causal, Q, K, per_head=True)
+    tangents = _tangents(tangents)
+    return _jvp(
+        Q,
+        K,
+        V,
+        W_Q,
+        W_K,
+        W_V,
+        W_O,
+        b_Q,
+        b_K,
+        b_V,
+        b_O,
+        tangents.get("Q"),
+        tangents.get("K"),
+        tangents.get("V"),
+        tangents.get("W_Q"),
+        tangents.get("W_K"),
+        tangents.get("W_V"),
+        tangents.get("W_O"),
+        tangents.get("b_Q"),
+        tangents.get("b_K"),
+        tangents.get("b_V"),
+        tangents.get("b_O"),
+        M,
+        None,
+        num_heads,
+        num_kv_heads,
+    )

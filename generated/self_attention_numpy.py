@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["backward", "forward", "hvp"]
+__all__ = ["backward", "forward", "hvp", "jvp"]
 
 SHAPES = {
     "X": "(..., n, d_model)",
@@ -401,3 +401,99 @@ def hvp(X, W_Q, W_K, W_V, grad_out, direction):
     )
     grads = _backward2(saved, np.ones_like(value))
     return {name: grads[name] for name in DIRECTION_OF if grads.get(name) is not None}
+
+
+# Forward mode: the output's derivative along tangents of the inputs, Σ_i ∂O/∂x_i [ẋ_i], in closed form.
+SHAPES.update(
+    {
+        "X_t": SHAPES["X"],
+        "W_Q_t": SHAPES["W_Q"],
+        "W_K_t": SHAPES["W_K"],
+        "W_V_t": SHAPES["W_V"],
+    }
+)
+# a tangent that is None is zero
+OPTIONAL += ("X_t", "W_Q_t", "W_K_t", "W_V_t")
+TANGENT_OF = {
+    "X": "X_t",
+    "W_Q": "W_Q_t",
+    "W_K": "W_K_t",
+    "W_V": "W_V_t",
+}
+
+
+def _tangents(tangents):
+    """jvp's tangents: a dict from input names to arrays of their shapes (a name left out: zero there)."""
+    if not isinstance(tangents, dict):
+        raise TypeError(f"tangents: expected a dict from input names to arrays, got {type(tangents).__name__}")
+    unknown = [name for name in tangents if name not in TANGENT_OF]
+    if unknown:
+        raise ValueError(f"tangents: {unknown[0]!r} is no input; inputs: {', '.join(TANGENT_OF)}")
+    return tangents
+
+
+def _jvp(X, W_Q, W_K, W_V, X_t, W_Q_t, W_K_t, W_V_t):
+    """(O, dO): the forward and its derivative along the tangents (a None tangent is zero)."""
+    X, W_Q, W_K, W_V, X_t, W_Q_t, W_K_t, W_V_t = _arrays(
+        {"X": X, "W_Q": W_Q, "W_K": W_K, "W_V": W_V, "X_t": X_t, "W_Q_t": W_Q_t, "W_K_t": W_K_t, "W_V_t": W_V_t}
+    )
+    n = X.shape[-2]
+    d_model = X.shape[-1]
+    d_k = W_Q.shape[-1]
+    d_v = W_V.shape[-1]
+    _check_shape("X", X, (n, d_model))
+    _check_shape("W_Q", W_Q, (d_model, d_k))
+    _check_shape("W_K", W_K, (d_model, d_k))
+    _check_shape("W_V", W_V, (d_model, d_v))
+    if X_t is not None:
+        _check_shape("X_t", X_t, (n, d_model))
+    if W_Q_t is not None:
+        _check_shape("W_Q_t", W_Q_t, (d_model, d_k))
+    if W_K_t is not None:
+        _check_shape("W_K_t", W_K_t, (d_model, d_k))
+    if W_V_t is not None:
+        _check_shape("W_V_t", W_V_t, (d_model, d_v))
+    _nonempty({"d_model": d_model, "d_k": d_k, "d_v": d_v}, {"X": X, "W_Q": W_Q, "W_V": W_V})
+    scale = 1 / d_k**0.5
+    if X_t is None:
+        X_t = np.zeros_like(X)
+    if W_Q_t is None:
+        W_Q_t = np.zeros_like(W_Q)
+    if W_K_t is None:
+        W_K_t = np.zeros_like(W_K)
+    if W_V_t is None:
+        W_V_t = np.zeros_like(W_V)
+    W_QKV = np.concatenate([W_Q, W_K, W_V], axis=-1)
+    QKV = X @ W_QKV
+    Q = QKV[..., :, :d_k]
+    K = QKV[..., :, d_k : 2 * d_k]
+    V = QKV[..., :, 2 * d_k :]
+    del QKV
+    A = (scale * Q) @ K.mT
+    P = row_softmax(A, out=A)
+    del A
+    O = P @ V
+    dW_QKV = np.concatenate([W_Q_t, W_K_t, W_V_t], axis=-1)
+    dQKV = X @ dW_QKV + X_t @ W_QKV
+    del W_QKV, dW_QKV
+    dQ = dQKV[..., :, :d_k]
+    dK = dQKV[..., :, d_k : 2 * d_k]
+    dV = dQKV[..., :, 2 * d_k :]
+    del dQKV
+    dA = (scale * Q) @ dK.mT + (scale * dQ) @ K.mT
+    del K, Q, dK, dQ
+    dP = (dA - ((dA * P).sum(axis=-1, keepdims=True))) * P
+    del dA
+    dO = P @ dV + dP @ V
+    del P, V, dP, dV
+    return O, dO
+
+
+def jvp(X, W_Q, W_K, W_V, tangents):
+    """(O, its derivative along tangents): the forward and its closed-form Jacobian-vector product.
+
+    tangents: a dict from input names to arrays of their shapes (an input left out: zero there); the options
+    and masks as forward takes them (the mask does not move).
+    """
+    tangents = _tangents(tangents)
+    return _jvp(X, W_Q, W_K, W_V, tangents.get("X"), tangents.get("W_Q"), tangents.get("W_K"), tangents.get("W_V"))

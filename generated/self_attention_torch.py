@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["SelfAttention", "SelfAttentionFunction", "forward", "hvp"]
+__all__ = ["SelfAttention", "SelfAttentionFunction", "forward", "hvp", "jvp"]
 
 SHAPES = {
     "X": "(..., n, d_model)",
@@ -53,6 +53,12 @@ SHAPES = {
 }
 OPTIONAL = ()  # inputs that may be None: their terms are left out
 SPEC = "self_attention"
+
+
+def _functional(a):
+    """Is a traced (torch.compile, torch.export) or transformed (torch.func's vmap, grad, jvp)? Then no out= and
+    no branch on its values: what eager code does in place or only where needed is done for every row."""
+    return torch.compiler.is_compiling() or torch._C._functorch.is_functorch_wrapped_tensor(a)
 
 
 def matmul_tn(a, b):
@@ -67,8 +73,8 @@ def matmul_tn(a, b):
 
 def row_softmax(a, out=None):
     """softmax along the last axis (torch's one-pass kernel, the row max subtracted first); out may be a itself."""
-    if out is None or torch.compiler.is_compiling():  # (a compiled graph plans its own buffers; export traces
-        return torch.softmax(a, dim=-1)  # with autograd on, which refuses out=)
+    if out is None or _functional(a):  # (a compiled graph plans its own buffers; export traces with autograd
+        return torch.softmax(a, dim=-1)  # on, which refuses out=; vmap batches no out=)
     return torch._softmax(a, -1, False, out=out)
 
 
@@ -151,15 +157,25 @@ class _NotTwice(torch.autograd.Function):
         )
 
 
-def _apply(function, *args):
+def _apply(function, *args, traced=None):
     """function.apply(*args), a tensor given a second time given as a view of itself (self-attention's Q = K = V):
-    torch.compile refuses an autograd.Function given one tensor twice; the gradients reach it through both."""
+    torch.compile refuses an autograd.Function given one tensor twice; the gradients reach it through both.
+    Compiling (torch.compile, torch.export), traced instead: the Function's twin without jvp, which dynamo
+    traces."""
+    if traced is not None and torch.compiler.is_compiling():
+        function = traced
     given = []
     for arg in args:
         if isinstance(arg, torch.Tensor) and any(arg is seen for seen in given):
             arg = arg.view_as(arg)
         given.append(arg)
     return function.apply(*given)
+
+
+def _distinct(output, *inputs):
+    """The output, or a view of it where it is one of the inputs returned as it is (Y = X): a Function in the
+    setup_context style may not save for backward an input that it returns."""
+    return output.view_as(output) if any(output is x for x in inputs) else output
 
 
 def _only_tensors(*values):
@@ -255,30 +271,50 @@ def _backward(saved, grad_out):
 
 
 class SelfAttentionFunction(torch.autograd.Function):
-    """self_attention as an autograd Function whose backward is the generated closed form."""
+    """self_attention as an autograd Function whose backward and jvp are the generated closed forms;
+    torch.func.vmap batches them (generate_vmap_rule). apply returns (O, the saved values)."""
+
+    generate_vmap_rule = True
 
     @staticmethod
-    def forward(ctx, X, W_Q, W_K, W_V):
+    def forward(X, W_Q, W_K, W_V):
         O, saved = _forward(X, W_Q, W_K, W_V)
+        return _distinct(O, X, W_Q, W_K, W_V), saved
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        X, W_Q, W_K, W_V = inputs
+        saved = output[1]
         tensors = [name for name, value in saved.items() if isinstance(value, torch.Tensor)]
-        # the inputs too, which _first_order ties the gradients to under create_graph=True
+        # the inputs too, which _first_order ties the gradients to under create_graph=True and jvp reads
         inputs = _only_tensors(X, W_Q, W_K, W_V)
         ctx.save_for_backward(*(saved[name] for name in tensors), *inputs)
+        ctx.save_for_forward(*(saved[name] for name in tensors), *inputs)
         ctx.tensor_names = tensors
         ctx.constants = {name: value for name, value in saved.items() if name not in tensors}
         ctx.given = [x is not None for x in (X, W_Q, W_K, W_V)]
         ctx.options = ()
-        return O
 
     @staticmethod
-    def backward(ctx, grad_out):
+    def backward(ctx, grad_out, _):
         saved = dict(zip(ctx.tensor_names, ctx.saved_tensors), **ctx.constants)
         if torch.is_grad_enabled():  # create_graph=True: gradients that the second closed form differentiates
-            return _second_order(ctx, saved, grad_out, 0)
+            return _second_order(ctx, saved, grad_out, 0, 0)
         with torch.no_grad():
             grads = _backward(saved, grad_out)
         gradients = (grads["X"], grads["W_Q"], grads["W_K"], grads["W_V"])
         return _first_order(ctx, grad_out, gradients)
+
+    @staticmethod
+    def jvp(ctx, *tangents):
+        """The output's tangent by the generated closed form (_jvp), from the inputs and theirs."""
+        return _tangent(_jvp, ctx, tangents), None
+
+
+class _SelfAttentionTraced(SelfAttentionFunction):
+    """The same Function without jvp: torch.compile and torch.export trace no custom jvp (_apply picks it)."""
+
+    jvp = torch.autograd.Function.jvp
 
 
 def forward(X, W_Q, W_K, W_V):
@@ -286,7 +322,7 @@ def forward(X, W_Q, W_K, W_V):
 
     Returns O of shape (..., n, d_v), differentiable by the closed-form backward.
     """
-    return _apply(SelfAttentionFunction, X, W_Q, W_K, W_V)
+    return _apply(SelfAttentionFunction, X, W_Q, W_K, W_V, traced=_SelfAttentionTraced)[0]
 
 
 class SelfAttention(torch.nn.Module):
@@ -370,51 +406,110 @@ class _NotThrice(torch.autograd.Function):
         )
 
 
+class _Held:
+    """What _Backward is given besides tensors (the first closed form's value names and constants, the options, the
+    number of inputs): one argument torch.func's transforms pass along as it is, never looked into."""
+
+    def __init__(self, names, constants, options, count):
+        self.names, self.constants, self.options, self.count = names, constants, options, count
+
+
 class _Backward(torch.autograd.Function):
     """The first closed form as an autograd Function, used under create_graph=True: its backward is the
     second closed form. For the cotangents V_i of the gradients g_i(x, G), the gradients of the scalar
     f₂ = Σ_i tr(V_iᵀ g_i) with respect to every input x and to G (_forward2, _backward2) are exactly what
-    autograd asks of it. INPUTS names the tensors (the additive mask last, where there is one)."""
+    autograd asks of it; its jvp (torch.func.hessian, jacfwd over jacrev) is the same Hessian along the
+    inputs' tangents plus g(x, Ġ) (the gradients are linear in G). apply(held, G, *inputs, *saved values):
+    INPUTS names the inputs (the additive mask last, where there is one), held.names the saved values."""
+
+    generate_vmap_rule = True
 
     @staticmethod
-    def forward(ctx, saved, options, grad_out, *inputs):
-        ctx.set_materialize_grads(False)  # a gradient nobody differentiates has no cotangent: a zero direction
-        ctx.save_for_backward(grad_out, *inputs)
-        ctx.options = options
+    def forward(held, grad_out, *tensors):
+        inputs, saved = _split(held, tensors)
         grads = _backward(saved, grad_out)
         out = []
         for name, x in zip(INPUTS, inputs):
-            g = None if x is None else grads[name]
+            g = None if x is None else grads.get(name)  # (the memory-efficient variant gives M none)
             if g is not None and any(g is t for t in (grad_out, *inputs, *out)):  # an output is a new tensor
                 g = g.clone()
             out.append(g)
         return tuple(out)
 
     @staticmethod
+    def setup_context(ctx, inputs, output):
+        held, grad_out, *tensors = inputs
+        ctx.set_materialize_grads(False)  # a gradient nobody differentiates has no cotangent: a zero direction
+        ctx.save_for_backward(grad_out, *tensors)
+        ctx.save_for_forward(grad_out, *tensors)
+        ctx.held = held
+
+    @staticmethod
     def backward(ctx, *cotangents):
-        grad_out, *inputs = ctx.saved_tensors
-        count = len(DIRECTION_OF)
-        if len(inputs) > count and cotangents[count] is not None:
-            raise RuntimeError(
-                f"{SPEC}: the gradient of a float attn_mask cannot be differentiated again (no second derivative "
-                "through it is derived); the gradients of the other inputs can"
-            )
+        grad_out, *tensors = ctx.saved_tensors
+        inputs, _ = _split(ctx.held, tensors)
         with torch.no_grad():
-            value, saved = _forward2(*inputs[:count], grad_out, *cotangents[:count], *inputs[count:], *ctx.options)
-            grads = _backward2(saved, torch.ones_like(value))
+            grads = _hessian(ctx.held, grad_out, inputs, cotangents)
         gradients = [grads[COTANGENT], *(None if x is None else grads.get(name) for name, x in zip(INPUTS, inputs))]
-        for i, (g, x) in enumerate(zip(gradients, (grad_out, *inputs))):
-            if g is not None and g.shape != x.shape:  # made of unbatched values only: the same for every batch
-                gradients[i] = g.expand(x.shape) if g.dim() <= x.dim() else g.sum_to_size(x.shape)
-        return (None, None, *_tie(gradients, (grad_out, *inputs, *cotangents), _NotThrice))
+        gradients = _tie(_shaped(gradients, (grad_out, *inputs)), (grad_out, *inputs, *cotangents), _NotThrice)
+        return (None, *gradients, *[None] * (len(tensors) - len(inputs)))
+
+    @staticmethod
+    def jvp(ctx, _held, grad_out_t, *tangents):
+        grad_out, *tensors = ctx.saved_tensors
+        inputs, saved = _split(ctx.held, tensors)
+        out = [None] * len(inputs)
+        if any(t is not None for t in tangents[: len(inputs)]):
+            grads = _hessian(ctx.held, grad_out, inputs, tangents[: len(inputs)])
+            out = [None if x is None else grads.get(name) for name, x in zip(INPUTS, inputs)]
+        if grad_out_t is not None:  # the gradients are linear in G: their tangent along Ġ is g(x, Ġ)
+            linear = _backward(saved, grad_out_t)
+            out = [g if x is None else _plus(g, linear.get(name)) for name, x, g in zip(INPUTS, inputs, out)]
+        return tuple(_shaped(out, inputs))
 
 
-def _second_order(ctx, saved, grad_out, options):
+def _split(held, tensors):
+    """_Backward's tensors as (the inputs, the first closed form's saved values by name)."""
+    inputs, values = list(tensors[: held.count]), tensors[held.count :]
+    return inputs, dict(zip(held.names, values), **held.constants)
+
+
+def _hessian(held, grad_out, inputs, directions):
+    """The second closed form's gradients for the directions (a tangent or cotangent per input, None: zero):
+    Σ_j ∂²tr(Gᵀ F)/∂x ∂x_j [V_j] under each input's name, and ∂f₂/∂G under COTANGENT's."""
+    count = len(DIRECTION_OF)
+    if len(inputs) > count and directions[count] is not None:
+        raise RuntimeError(
+            f"{SPEC}: the gradient of a float attn_mask cannot be differentiated again (no second derivative "
+            "through it is derived); the gradients of the other inputs can"
+        )
+    value, saved = _forward2(*inputs[:count], grad_out, *directions[:count], *inputs[count:], *held.options)
+    return _backward2(saved, torch.ones_like(value))
+
+
+def _plus(a, b):
+    """a + b, where a None is zero."""
+    return b if a is None else a if b is None else a + b
+
+
+def _shaped(gradients, like):
+    """Each gradient in the shape of its tensor: one made of unbatched values only is the same for every batch."""
+    out = list(gradients)
+    for i, (g, x) in enumerate(zip(out, like)):
+        if g is not None and g.shape != x.shape:
+            out[i] = g.expand(x.shape) if g.dim() <= x.dim() else g.sum_to_size(x.shape)
+    return out
+
+
+def _second_order(ctx, saved, grad_out, options, spec_options):
     """A backward's gradients under create_graph=True, as outputs of _Backward (so that they are differentiable
-    by the second closed form), then None for each of the options."""
+    by the second closed form), then None for each of the options; the first spec_options of them are the
+    second closed form's (a memory-efficient Function's block_size is not)."""
     tensors = iter(ctx.saved_tensors[len(ctx.tensor_names) :])
     inputs = [next(tensors) if given else None for given in ctx.given]
-    return (*_Backward.apply(saved, ctx.options, grad_out, *inputs), *[None] * options)
+    held = _Held(ctx.tensor_names, ctx.constants, ctx.options[:spec_options], len(inputs))
+    values = [saved[name] for name in ctx.tensor_names]
+    return (*_Backward.apply(held, grad_out, *inputs, *values), *[None] * options)
 
 
 def _forward2(X, W_Q, W_K, W_V, G_out, X_v, W_Q_v, W_K_v, W_V_v):
@@ -465,33 +560,27 @@ def _forward2(X, W_Q, W_K, W_V, G_out, X_v, W_Q_v, W_K_v, W_V_v):
     Q = QKV[..., :, :d_k]
     K = QKV[..., :, d_k : 2 * d_k]
     V = QKV[..., :, 2 * d_k :]
-    del QKV
     A = (scale * Q) @ K.mT
-    P = row_softmax(A, out=A)
-    del A
+    P = row_softmax(A)
     O = P @ V
-    G_D = (O.mul_(G_out)).sum(dim=-1, keepdim=True)
-    del O
+    G_D = (O * G_out).sum(dim=-1, keepdim=True)
     G_V = matmul_tn(P, G_out)
     G_P = G_out @ V.mT
     G_A = (G_P - G_D) * P
     G_K = matmul_tn(G_A, scale * Q)
     G_Q = G_A @ (scale * K)
     G_QKV = torch.cat([G_Q, G_K, G_V], dim=-1)
-    del G_K, G_Q, G_V
     G_X = G_QKV @ W_QKV.mT
     G_W_QKV = rows(X).mT @ rows(G_QKV)
     G_W_Q = G_W_QKV[..., :, :d_k]
     G_W_K = G_W_QKV[..., :, d_k : 2 * d_k]
     G_W_V = G_W_QKV[..., :, 2 * d_k :]
-    del G_W_QKV
     f2 = (
         (torch.ones(1, d_model, dtype=dtype, device=device)) @ (W_K_v * G_W_K).sum(dim=-1, keepdim=True)
         + (torch.ones(1, d_model, dtype=dtype, device=device)) @ (W_Q_v * G_W_Q).sum(dim=-1, keepdim=True)
         + (torch.ones(1, d_model, dtype=dtype, device=device)) @ (W_V_v * G_W_V).sum(dim=-1, keepdim=True)
         + (torch.ones(1, n, dtype=dtype, device=device)) @ (X_v * G_X).sum(dim=-1, keepdim=True)
     )
-    del G_W_K, G_W_Q, G_W_V, G_X
     saved = {
         "X": X,
         "G_out": G_out,
@@ -538,32 +627,22 @@ def _backward2(saved, grad_out):
     dQ = dQKV[..., :, :d_k]
     dK = dQKV[..., :, d_k : 2 * d_k]
     dV = dQKV[..., :, 2 * d_k :]
-    del dQKV
     dA = (scale * Q) @ dK.mT + (scale * dQ) @ K.mT
     D = (P * dA).sum(dim=-1, keepdim=True)
-    dP = dA.sub_(D).mul_(P)
-    del D, dA
+    dP = (dA - D) * P
     dG_out = P @ dV + dP @ V
     dG_D = (G_out * dG_out).sum(dim=-1, keepdim=True)
     dG_V = matmul_tn(dP, G_out)
     dG_P = G_out @ dV.mT
-    del dV
-    dG_A = dP.mul_(G_P - G_D).add_(dG_P.sub_(dG_D).mul_(P))
-    del dG_D, dG_P, dP
+    dG_A = (G_P - G_D) * dP + (dG_P - dG_D) * P
     dG_K = scale * (matmul_tn(G_A, dQ) + matmul_tn(dG_A, Q))
-    del dQ
     dG_Q = scale * (G_A @ dK + dG_A @ K)
-    del dG_A, dK
     dG_QKV = torch.cat([dG_Q, dG_K, dG_V], dim=-1)
-    del dG_K, dG_Q, dG_V
     dX = G_QKV @ dW_QKV.mT + dG_QKV @ W_QKV.mT
-    del dW_QKV
     dG_W_QKV = sum_batch(X.mT @ dG_QKV + X_v.mT @ G_QKV)
-    del dG_QKV
     dW_Q = dG_W_QKV[..., :, :d_k]
     dW_K = dG_W_QKV[..., :, d_k : 2 * d_k]
     dW_V = dG_W_QKV[..., :, 2 * d_k :]
-    del dG_W_QKV
     return {"X": dX, "W_Q": dW_Q, "W_K": dW_K, "W_V": dW_V, "G_out": dG_out}
 
 
@@ -580,3 +659,101 @@ def hvp(X, W_Q, W_K, W_V, grad_out, direction):
     )
     grads = _backward2(saved, torch.ones_like(value))
     return {name: grads[name] for name in DIRECTION_OF if grads.get(name) is not None}
+
+
+# Forward mode: the output's derivative along tangents of the inputs, Σ_i ∂O/∂x_i [ẋ_i], in closed form.
+SHAPES.update(
+    {
+        "X_t": SHAPES["X"],
+        "W_Q_t": SHAPES["W_Q"],
+        "W_K_t": SHAPES["W_K"],
+        "W_V_t": SHAPES["W_V"],
+    }
+)
+# a tangent that is None is zero
+OPTIONAL += ("X_t", "W_Q_t", "W_K_t", "W_V_t")
+TANGENT_OF = {
+    "X": "X_t",
+    "W_Q": "W_Q_t",
+    "W_K": "W_K_t",
+    "W_V": "W_V_t",
+}
+
+
+def _tangents(tangents):
+    """jvp's tangents: a dict from input names to arrays of their shapes (a name left out: zero there)."""
+    if not isinstance(tangents, dict):
+        raise TypeError(f"tangents: expected a dict from input names to arrays, got {type(tangents).__name__}")
+    unknown = [name for name in tangents if name not in TANGENT_OF]
+    if unknown:
+        raise ValueError(f"tangents: {unknown[0]!r} is no input; inputs: {', '.join(TANGENT_OF)}")
+    return tangents
+
+
+def _tangent(jvp, ctx, tangents):
+    """The output's tangent by jvp(<inputs>, <their tangents>, <M, Ṁ>, <options>) (a generated _jvp), the inputs
+    as setup_context saved them (an absent one None) and tangents one per argument of apply."""
+    saved = iter(ctx.saved_tensors[len(ctx.tensor_names) :])
+    inputs = [next(saved) if given else None for given in ctx.given]
+    count = len(TANGENT_OF)
+    return jvp(*inputs[:count], *tangents[:count], *inputs[count:], *tangents[count : len(inputs)], *ctx.options)[1]
+
+
+def _jvp(X, W_Q, W_K, W_V, X_t, W_Q_t, W_K_t, W_V_t):
+    """(O, dO): the forward and its derivative along the tangents (a None tangent is zero)."""
+    X, W_Q, W_K, W_V, X_t, W_Q_t, W_K_t, W_V_t = _tensors(
+        {"X": X, "W_Q": W_Q, "W_K": W_K, "W_V": W_V, "X_t": X_t, "W_Q_t": W_Q_t, "W_K_t": W_K_t, "W_V_t": W_V_t}
+    )
+    n = X.shape[-2]
+    d_model = X.shape[-1]
+    d_k = W_Q.shape[-1]
+    d_v = W_V.shape[-1]
+    _check_shape("X", X, (n, d_model))
+    _check_shape("W_Q", W_Q, (d_model, d_k))
+    _check_shape("W_K", W_K, (d_model, d_k))
+    _check_shape("W_V", W_V, (d_model, d_v))
+    if X_t is not None:
+        _check_shape("X_t", X_t, (n, d_model))
+    if W_Q_t is not None:
+        _check_shape("W_Q_t", W_Q_t, (d_model, d_k))
+    if W_K_t is not None:
+        _check_shape("W_K_t", W_K_t, (d_model, d_k))
+    if W_V_t is not None:
+        _check_shape("W_V_t", W_V_t, (d_model, d_v))
+    _nonempty({"d_model": d_model, "d_k": d_k, "d_v": d_v}, {"X": X, "W_Q": W_Q, "W_V": W_V})
+    scale = 1 / d_k**0.5
+    if X_t is None:
+        X_t = torch.zeros_like(X)
+    if W_Q_t is None:
+        W_Q_t = torch.zeros_like(W_Q)
+    if W_K_t is None:
+        W_K_t = torch.zeros_like(W_K)
+    if W_V_t is None:
+        W_V_t = torch.zeros_like(W_V)
+    W_QKV = torch.cat([W_Q, W_K, W_V], dim=-1)
+    QKV = X @ W_QKV
+    Q = QKV[..., :, :d_k]
+    K = QKV[..., :, d_k : 2 * d_k]
+    V = QKV[..., :, 2 * d_k :]
+    A = (scale * Q) @ K.mT
+    P = row_softmax(A)
+    O = P @ V
+    dW_QKV = torch.cat([W_Q_t, W_K_t, W_V_t], dim=-1)
+    dQKV = X @ dW_QKV + X_t @ W_QKV
+    dQ = dQKV[..., :, :d_k]
+    dK = dQKV[..., :, d_k : 2 * d_k]
+    dV = dQKV[..., :, 2 * d_k :]
+    dA = (scale * Q) @ dK.mT + (scale * dQ) @ K.mT
+    dP = (dA - ((dA * P).sum(dim=-1, keepdim=True))) * P
+    dO = P @ dV + dP @ V
+    return O, dO
+
+
+def jvp(X, W_Q, W_K, W_V, tangents):
+    """(O, its derivative along tangents): the forward and its closed-form Jacobian-vector product.
+
+    tangents: a dict from input names to arrays of their shapes (an input left out: zero there); the options
+    and masks as forward takes them (the mask does not move).
+    """
+    tangents = _tangents(tangents)
+    return _jvp(X, W_Q, W_K, W_V, tangents.get("X"), tangents.get("W_Q"), tangents.get("W_K"), tangents.get("W_V"))

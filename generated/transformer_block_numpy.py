@@ -99,7 +99,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["backward", "forward", "hvp"]
+__all__ = ["backward", "forward", "hvp", "jvp"]
 
 SHAPES = {
     "X": "(..., n, H * d_k)",
@@ -1344,3 +1344,408 @@ def hvp(
     )
     grads = _backward2(saved, np.ones_like(value))
     return {name: grads[name] for name in DIRECTION_OF if grads.get(name) is not None}
+
+
+# Forward mode: the output's derivative along tangents of the inputs, Σ_i ∂Z/∂x_i [ẋ_i], in closed form.
+SHAPES.update(
+    {
+        "X_t": SHAPES["X"],
+        "W_Q_t": SHAPES["W_Q"],
+        "W_K_t": SHAPES["W_K"],
+        "W_V_t": SHAPES["W_V"],
+        "W_O_t": SHAPES["W_O"],
+        "b_Q_t": SHAPES["b_Q"],
+        "b_K_t": SHAPES["b_K"],
+        "b_V_t": SHAPES["b_V"],
+        "b_O_t": SHAPES["b_O"],
+        "gamma_1_t": SHAPES["gamma_1"],
+        "beta_1_t": SHAPES["beta_1"],
+        "gamma_2_t": SHAPES["gamma_2"],
+        "beta_2_t": SHAPES["beta_2"],
+        "W_1_t": SHAPES["W_1"],
+        "b_1_t": SHAPES["b_1"],
+        "W_2_t": SHAPES["W_2"],
+        "b_2_t": SHAPES["b_2"],
+    }
+)
+# a tangent that is None is zero
+OPTIONAL += (
+    "X_t",
+    "W_Q_t",
+    "W_K_t",
+    "W_V_t",
+    "W_O_t",
+    "b_Q_t",
+    "b_K_t",
+    "b_V_t",
+    "b_O_t",
+    "gamma_1_t",
+    "beta_1_t",
+    "gamma_2_t",
+    "beta_2_t",
+    "W_1_t",
+    "b_1_t",
+    "W_2_t",
+    "b_2_t",
+)
+TANGENT_OF = {
+    "X": "X_t",
+    "W_Q": "W_Q_t",
+    "W_K": "W_K_t",
+    "W_V": "W_V_t",
+    "W_O": "W_O_t",
+    "b_Q": "b_Q_t",
+    "b_K": "b_K_t",
+    "b_V": "b_V_t",
+    "b_O": "b_O_t",
+    "gamma_1": "gamma_1_t",
+    "beta_1": "beta_1_t",
+    "gamma_2": "gamma_2_t",
+    "beta_2": "beta_2_t",
+    "W_1": "W_1_t",
+    "b_1": "b_1_t",
+    "W_2": "W_2_t",
+    "b_2": "b_2_t",
+}
+
+
+def _tangents(tangents):
+    """jvp's tangents: a dict from input names to arrays of their shapes (a name left out: zero there)."""
+    if not isinstance(tangents, dict):
+        raise TypeError(f"tangents: expected a dict from input names to arrays, got {type(tangents).__name__}")
+    unknown = [name for name in tangents if name not in TANGENT_OF]
+    if unknown:
+        raise ValueError(f"tangents: {unknown[0]!r} is no input; inputs: {', '.join(TANGENT_OF)}")
+    return tangents
+
+
+def _jvp(
+    X,
+    W_Q,
+    W_K,
+    W_V,
+    W_O,
+    b_Q,
+    b_K,
+    b_V,
+    b_O,
+    gamma_1,
+    beta_1,
+    gamma_2,
+    beta_2,
+    W_1,
+    b_1,
+    W_2,
+    b_2,
+    X_t,
+    W_Q_t,
+    W_K_t,
+    W_V_t,
+    W_O_t,
+    b_Q_t,
+    b_K_t,
+    b_V_t,
+    b_O_t,
+    gamma_1_t,
+    beta_1_t,
+    gamma_2_t,
+    beta_2_t,
+    W_1_t,
+    b_1_t,
+    W_2_t,
+    b_2_t,
+    M,
+    M_t,
+    num_heads,
+    eps,
+):
+    """(Z, dZ): the forward and its derivative along the tangents (a None tangent is zero)."""
+    (
+        X,
+        W_Q,
+        W_K,
+        W_V,
+        W_O,
+        b_Q,
+        b_K,
+        b_V,
+        b_O,
+        gamma_1,
+        beta_1,
+        gamma_2,
+        beta_2,
+        W_1,
+        b_1,
+        W_2,
+        b_2,
+        X_t,
+        W_Q_t,
+        W_K_t,
+        W_V_t,
+        W_O_t,
+        b_Q_t,
+        b_K_t,
+        b_V_t,
+        b_O_t,
+        gamma_1_t,
+        beta_1_t,
+        gamma_2_t,
+        beta_2_t,
+        W_1_t,
+        b_1_t,
+        W_2_t,
+        b_2_t,
+    ) = _arrays(
+        {
+            "X": X,
+            "W_Q": W_Q,
+            "W_K": W_K,
+            "W_V": W_V,
+            "W_O": W_O,
+            "b_Q": b_Q,
+            "b_K": b_K,
+            "b_V": b_V,
+            "b_O": b_O,
+            "gamma_1": gamma_1,
+            "beta_1": beta_1,
+            "gamma_2": gamma_2,
+            "beta_2": beta_2,
+            "W_1": W_1,
+            "b_1": b_1,
+            "W_2": W_2,
+            "b_2": b_2,
+            "X_t": X_t,
+            "W_Q_t": W_Q_t,
+            "W_K_t": W_K_t,
+            "W_V_t": W_V_t,
+            "W_O_t": W_O_t,
+            "b_Q_t": b_Q_t,
+            "b_K_t": b_K_t,
+            "b_V_t": b_V_t,
+            "b_O_t": b_O_t,
+            "gamma_1_t": gamma_1_t,
+            "beta_1_t": beta_1_t,
+            "gamma_2_t": gamma_2_t,
+            "beta_2_t": beta_2_t,
+            "W_1_t": W_1_t,
+            "b_1_t": b_1_t,
+            "W_2_t": W_2_t,
+            "b_2_t": b_2_t,
+        }
+    )
+    H = _positive_int("num_heads", num_heads)
+    n = X.shape[-2]
+    d_k = _quotient("X", tuple(X.shape), H)
+    d_ff = W_1.shape[-1]
+    _check_shape("X", X, (n, H * d_k))
+    _check_shape("W_Q", W_Q, (H * d_k, H * d_k))
+    _check_shape("W_K", W_K, (H * d_k, H * d_k))
+    _check_shape("W_V", W_V, (H * d_k, H * d_k))
+    _check_shape("W_O", W_O, (H * d_k, H * d_k))
+    if b_Q is not None:
+        _check_shape("b_Q", b_Q, (1, H * d_k))
+    if b_K is not None:
+        _check_shape("b_K", b_K, (1, H * d_k))
+    if b_V is not None:
+        _check_shape("b_V", b_V, (1, H * d_k))
+    if b_O is not None:
+        _check_shape("b_O", b_O, (1, H * d_k))
+    _check_shape("gamma_1", gamma_1, (1, H * d_k))
+    _check_shape("beta_1", beta_1, (1, H * d_k))
+    _check_shape("gamma_2", gamma_2, (1, H * d_k))
+    _check_shape("beta_2", beta_2, (1, H * d_k))
+    _check_shape("W_1", W_1, (H * d_k, d_ff))
+    if b_1 is not None:
+        _check_shape("b_1", b_1, (1, d_ff))
+    _check_shape("W_2", W_2, (d_ff, H * d_k))
+    if b_2 is not None:
+        _check_shape("b_2", b_2, (1, H * d_k))
+    if X_t is not None:
+        _check_shape("X_t", X_t, (n, H * d_k))
+    if W_Q_t is not None:
+        _check_shape("W_Q_t", W_Q_t, (H * d_k, H * d_k))
+    if W_K_t is not None:
+        _check_shape("W_K_t", W_K_t, (H * d_k, H * d_k))
+    if W_V_t is not None:
+        _check_shape("W_V_t", W_V_t, (H * d_k, H * d_k))
+    if W_O_t is not None:
+        _check_shape("W_O_t", W_O_t, (H * d_k, H * d_k))
+    if b_Q_t is not None:
+        _check_shape("b_Q_t", b_Q_t, (1, H * d_k))
+    if b_K_t is not None:
+        _check_shape("b_K_t", b_K_t, (1, H * d_k))
+    if b_V_t is not None:
+        _check_shape("b_V_t", b_V_t, (1, H * d_k))
+    if b_O_t is not None:
+        _check_shape("b_O_t", b_O_t, (1, H * d_k))
+    if gamma_1_t is not None:
+        _check_shape("gamma_1_t", gamma_1_t, (1, H * d_k))
+    if beta_1_t is not None:
+        _check_shape("beta_1_t", beta_1_t, (1, H * d_k))
+    if gamma_2_t is not None:
+        _check_shape("gamma_2_t", gamma_2_t, (1, H * d_k))
+    if beta_2_t is not None:
+        _check_shape("beta_2_t", beta_2_t, (1, H * d_k))
+    if W_1_t is not None:
+        _check_shape("W_1_t", W_1_t, (H * d_k, d_ff))
+    if b_1_t is not None:
+        _check_shape("b_1_t", b_1_t, (1, d_ff))
+    if W_2_t is not None:
+        _check_shape("W_2_t", W_2_t, (d_ff, H * d_k))
+    if b_2_t is not None:
+        _check_shape("b_2_t", b_2_t, (1, H * d_k))
+    _nonempty({"d_k": d_k, "d_ff": d_ff}, {"X": X, "W_1": W_1})
+    if eps is None:
+        eps = 1e-05
+    eps = float(eps)
+    scale = 1 / d_k**0.5
+    if X_t is None:
+        X_t = np.zeros_like(X)
+    if W_Q_t is None:
+        W_Q_t = np.zeros_like(W_Q)
+    if W_K_t is None:
+        W_K_t = np.zeros_like(W_K)
+    if W_V_t is None:
+        W_V_t = np.zeros_like(W_V)
+    if W_O_t is None:
+        W_O_t = np.zeros_like(W_O)
+    if gamma_1_t is None:
+        gamma_1_t = np.zeros_like(gamma_1)
+    if beta_1_t is None:
+        beta_1_t = np.zeros_like(beta_1)
+    if gamma_2_t is None:
+        gamma_2_t = np.zeros_like(gamma_2)
+    if beta_2_t is None:
+        beta_2_t = np.zeros_like(beta_2)
+    if W_1_t is None:
+        W_1_t = np.zeros_like(W_1)
+    if W_2_t is None:
+        W_2_t = np.zeros_like(W_2)
+    N_1 = layer_norm(X, eps)
+    X_1 = beta_1 + gamma_1 * N_1
+    Q_h = split_heads(add_optional(X_1 @ W_Q, b_Q), H)
+    K_h = split_heads(add_optional(X_1 @ W_K, b_K), H)
+    V_h = split_heads(add_optional(X_1 @ W_V, b_V), H)
+    A_h = add_optional((scale * Q_h) @ K_h.mT, M)
+    P_h = row_softmax(A_h, out=A_h) if M is None else masked_row_softmax(A_h, out=A_h)
+    del A_h
+    O_h = P_h @ V_h
+    C = merge_heads(O_h, H)
+    del O_h
+    Y = add_optional(C @ W_O + X, b_O)
+    N_2 = layer_norm(Y, eps)
+    X_2 = beta_2 + gamma_2 * N_2
+    U = add_optional(X_2 @ W_1, b_1)
+    F = gelu(U)
+    Z = Y + add_optional(F @ W_2, b_2)
+    dN_1 = (row_inv_std(X, eps)) * (
+        (-1 / (H * d_k)) * (((N_1 * X_t).sum(axis=-1, keepdims=True)) * N_1)
+        + (-1 / (H * d_k)) * (X_t.sum(axis=-1, keepdims=True))
+        + X_t
+    )
+    dX_1 = np.add(np.add(np.multiply(dN_1, gamma_1, out=dN_1), beta_1_t, out=dN_1), gamma_1_t * N_1, out=dN_1)
+    del N_1, dN_1
+    dQ_h = split_heads(add_optional(X_1 @ W_Q_t + dX_1 @ W_Q, b_Q_t), H)
+    dK_h = split_heads(add_optional(X_1 @ W_K_t + dX_1 @ W_K, b_K_t), H)
+    dV_h = split_heads(add_optional(X_1 @ W_V_t + dX_1 @ W_V, b_V_t), H)
+    del X_1, dX_1
+    dA_h = add_optional((scale * Q_h) @ dK_h.mT + (scale * dQ_h) @ K_h.mT, M_t)
+    del K_h, Q_h, dK_h, dQ_h
+    dP_h = (dA_h - ((dA_h * P_h).sum(axis=-1, keepdims=True))) * P_h
+    del dA_h
+    dO_h = P_h @ dV_h + dP_h @ V_h
+    del P_h, V_h, dP_h, dV_h
+    dC = merge_heads(dO_h, H)
+    del dO_h
+    dY = add_optional(C @ W_O_t + dC @ W_O + X_t, b_O_t)
+    del C, dC
+    dN_2 = (row_inv_std(Y, eps)) * (
+        (-1 / (H * d_k)) * (((N_2 * dY).sum(axis=-1, keepdims=True)) * N_2)
+        + (-1 / (H * d_k)) * (dY.sum(axis=-1, keepdims=True))
+        + dY
+    )
+    del Y
+    dX_2 = np.add(np.add(np.multiply(dN_2, gamma_2, out=dN_2), beta_2_t, out=dN_2), gamma_2_t * N_2, out=dN_2)
+    del N_2, dN_2
+    dU = add_optional(X_2 @ W_1_t + dX_2 @ W_1, b_1_t)
+    del X_2, dX_2
+    dF = np.multiply(dU, gelu_grad(U), out=dU)
+    del U, dU
+    dZ = add_optional(np.add(np.add(dY, F @ W_2_t, out=dY), dF @ W_2, out=dY), b_2_t)
+    del F, dF, dY
+    return Z, dZ
+
+
+def jvp(
+    X,
+    W_Q,
+    W_K,
+    W_V,
+    W_O,
+    gamma_1,
+    beta_1,
+    gamma_2,
+    beta_2,
+    W_1,
+    W_2,
+    tangents,
+    *,
+    num_heads,
+    eps=None,
+    b_Q=None,
+    b_K=None,
+    b_V=None,
+    b_O=None,
+    b_1=None,
+    b_2=None,
+    attn_mask=None,
+    key_padding_mask=None,
+    causal=False,
+):
+    """(Z, its derivative along tangents): the forward and its closed-form Jacobian-vector product.
+
+    tangents: a dict from input names to arrays of their shapes (an input left out: zero there); the options
+    and masks as forward takes them (the mask does not move).
+    """
+    M = _additive_mask(attn_mask, key_padding_mask, causal, X, X, per_head=True)
+    tangents = _tangents(tangents)
+    return _jvp(
+        X,
+        W_Q,
+        W_K,
+        W_V,
+        W_O,
+        b_Q,
+        b_K,
+        b_V,
+        b_O,
+        gamma_1,
+        beta_1,
+        gamma_2,
+        beta_2,
+        W_1,
+        b_1,
+        W_2,
+        b_2,
+        tangents.get("X"),
+        tangents.get("W_Q"),
+        tangents.get("W_K"),
+        tangents.get("W_V"),
+        tangents.get("W_O"),
+        tangents.get("b_Q"),
+        tangents.get("b_K"),
+        tangents.get("b_V"),
+        tangents.get("b_O"),
+        tangents.get("gamma_1"),
+        tangents.get("beta_1"),
+        tangents.get("gamma_2"),
+        tangents.get("beta_2"),
+        tangents.get("W_1"),
+        tangents.get("b_1"),
+        tangents.get("W_2"),
+        tangents.get("b_2"),
+        M,
+        None,
+        num_heads,
+        eps,
+    )

@@ -99,7 +99,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["TransformerBlock", "TransformerBlockFunction", "TransformerEncoderLayer", "forward", "hvp"]
+__all__ = ["TransformerBlock", "TransformerBlockFunction", "TransformerEncoderLayer", "forward", "hvp", "jvp"]
 
 SHAPES = {
     "X": "(..., n, H * d_k)",
@@ -122,6 +122,12 @@ SHAPES = {
 }
 OPTIONAL = ("b_Q", "b_K", "b_V", "b_O", "b_1", "b_2")  # inputs that may be None: their terms are left out
 SPEC = "transformer_block"
+
+
+def _functional(a):
+    """Is a traced (torch.compile, torch.export) or transformed (torch.func's vmap, grad, jvp)? Then no out= and
+    no branch on its values: what eager code does in place or only where needed is done for every row."""
+    return torch.compiler.is_compiling() or torch._C._functorch.is_functorch_wrapped_tensor(a)
 
 
 def add_optional(a, b):
@@ -150,8 +156,8 @@ def masked_row_softmax(a, out=None):
         return row_softmax(a, out=out)
     empty = a.amax(dim=-1, keepdim=True) == float("-inf")  # before out (maybe a itself) is written
     out = row_softmax(a, out=out)
-    if torch.compiler.is_compiling():  # no branch on the data in a compiled graph: one pass to fill
-        return out.masked_fill_(empty, 0.0)
+    if _functional(a):  # no branch on the data in a traced or transformed function: one pass to fill
+        return out.masked_fill(empty, 0.0)
     return out.masked_fill_(empty, 0.0) if bool(empty.any()) else out
 
 
@@ -179,8 +185,8 @@ def row_inv_std(a, eps):
 
 def row_softmax(a, out=None):
     """softmax along the last axis (torch's one-pass kernel, the row max subtracted first); out may be a itself."""
-    if out is None or torch.compiler.is_compiling():  # (a compiled graph plans its own buffers; export traces
-        return torch.softmax(a, dim=-1)  # with autograd on, which refuses out=)
+    if out is None or _functional(a):  # (a compiled graph plans its own buffers; export traces with autograd
+        return torch.softmax(a, dim=-1)  # on, which refuses out=; vmap batches no out=)
     return torch._softmax(a, -1, False, out=out)
 
 
@@ -283,15 +289,25 @@ class _NotTwice(torch.autograd.Function):
         )
 
 
-def _apply(function, *args):
+def _apply(function, *args, traced=None):
     """function.apply(*args), a tensor given a second time given as a view of itself (self-attention's Q = K = V):
-    torch.compile refuses an autograd.Function given one tensor twice; the gradients reach it through both."""
+    torch.compile refuses an autograd.Function given one tensor twice; the gradients reach it through both.
+    Compiling (torch.compile, torch.export), traced instead: the Function's twin without jvp, which dynamo
+    traces."""
+    if traced is not None and torch.compiler.is_compiling():
+        function = traced
     given = []
     for arg in args:
         if isinstance(arg, torch.Tensor) and any(arg is seen for seen in given):
             arg = arg.view_as(arg)
         given.append(arg)
     return function.apply(*given)
+
+
+def _distinct(output, *inputs):
+    """The output, or a view of it where it is one of the inputs returned as it is (Y = X): a Function in the
+    setup_context style may not save for backward an input that it returns."""
+    return output.view_as(output) if any(output is x for x in inputs) else output
 
 
 def _only_tensors(*values):
@@ -595,11 +611,13 @@ def _backward(saved, grad_out):
 
 
 class TransformerBlockFunction(torch.autograd.Function):
-    """transformer_block as an autograd Function whose backward is the generated closed form."""
+    """transformer_block as an autograd Function whose backward and jvp are the generated closed forms;
+    torch.func.vmap batches them (generate_vmap_rule). apply returns (Z, the saved values)."""
+
+    generate_vmap_rule = True
 
     @staticmethod
     def forward(
-        ctx,
         X,
         W_Q,
         W_K,
@@ -643,12 +661,42 @@ class TransformerBlockFunction(torch.autograd.Function):
             num_heads,
             eps,
         )
+        return _distinct(
+            Z, X, W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O, gamma_1, beta_1, gamma_2, beta_2, W_1, b_1, W_2, b_2, M
+        ), saved
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        (
+            X,
+            W_Q,
+            W_K,
+            W_V,
+            W_O,
+            b_Q,
+            b_K,
+            b_V,
+            b_O,
+            gamma_1,
+            beta_1,
+            gamma_2,
+            beta_2,
+            W_1,
+            b_1,
+            W_2,
+            b_2,
+            M,
+            num_heads,
+            eps,
+        ) = inputs
+        saved = output[1]
         tensors = [name for name, value in saved.items() if isinstance(value, torch.Tensor)]
-        # the inputs too, which _first_order ties the gradients to under create_graph=True
+        # the inputs too, which _first_order ties the gradients to under create_graph=True and jvp reads
         inputs = _only_tensors(
             X, W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O, gamma_1, beta_1, gamma_2, beta_2, W_1, b_1, W_2, b_2, M
         )
         ctx.save_for_backward(*(saved[name] for name in tensors), *inputs)
+        ctx.save_for_forward(*(saved[name] for name in tensors), *inputs)
         ctx.tensor_names = tensors
         ctx.constants = {name: value for name, value in saved.items() if name not in tensors}
         ctx.given = [
@@ -675,13 +723,12 @@ class TransformerBlockFunction(torch.autograd.Function):
             )
         ]
         ctx.options = (num_heads, eps)
-        return Z
 
     @staticmethod
-    def backward(ctx, grad_out):
+    def backward(ctx, grad_out, _):
         saved = dict(zip(ctx.tensor_names, ctx.saved_tensors), **ctx.constants)
         if torch.is_grad_enabled():  # create_graph=True: gradients that the second closed form differentiates
-            return _second_order(ctx, saved, grad_out, 2)
+            return _second_order(ctx, saved, grad_out, 2, 2)
         with torch.no_grad():
             grads = _backward(saved, grad_out)
         gradients = (
@@ -707,6 +754,17 @@ class TransformerBlockFunction(torch.autograd.Function):
             None,
         )
         return _first_order(ctx, grad_out, gradients)
+
+    @staticmethod
+    def jvp(ctx, *tangents):
+        """The output's tangent by the generated closed form (_jvp), from the inputs and theirs."""
+        return _tangent(_jvp, ctx, tangents), None
+
+
+class _TransformerBlockTraced(TransformerBlockFunction):
+    """The same Function without jvp: torch.compile and torch.export trace no custom jvp (_apply picks it)."""
+
+    jvp = torch.autograd.Function.jvp
 
 
 def forward(
@@ -765,7 +823,8 @@ def forward(
         M,
         num_heads,
         eps,
-    )
+        traced=_TransformerBlockTraced,
+    )[0]
 
 
 class TransformerBlock(torch.nn.Module):
@@ -978,51 +1037,110 @@ class _NotThrice(torch.autograd.Function):
         )
 
 
+class _Held:
+    """What _Backward is given besides tensors (the first closed form's value names and constants, the options, the
+    number of inputs): one argument torch.func's transforms pass along as it is, never looked into."""
+
+    def __init__(self, names, constants, options, count):
+        self.names, self.constants, self.options, self.count = names, constants, options, count
+
+
 class _Backward(torch.autograd.Function):
     """The first closed form as an autograd Function, used under create_graph=True: its backward is the
     second closed form. For the cotangents V_i of the gradients g_i(x, G), the gradients of the scalar
     f₂ = Σ_i tr(V_iᵀ g_i) with respect to every input x and to G (_forward2, _backward2) are exactly what
-    autograd asks of it. INPUTS names the tensors (the additive mask last, where there is one)."""
+    autograd asks of it; its jvp (torch.func.hessian, jacfwd over jacrev) is the same Hessian along the
+    inputs' tangents plus g(x, Ġ) (the gradients are linear in G). apply(held, G, *inputs, *saved values):
+    INPUTS names the inputs (the additive mask last, where there is one), held.names the saved values."""
+
+    generate_vmap_rule = True
 
     @staticmethod
-    def forward(ctx, saved, options, grad_out, *inputs):
-        ctx.set_materialize_grads(False)  # a gradient nobody differentiates has no cotangent: a zero direction
-        ctx.save_for_backward(grad_out, *inputs)
-        ctx.options = options
+    def forward(held, grad_out, *tensors):
+        inputs, saved = _split(held, tensors)
         grads = _backward(saved, grad_out)
         out = []
         for name, x in zip(INPUTS, inputs):
-            g = None if x is None else grads[name]
+            g = None if x is None else grads.get(name)  # (the memory-efficient variant gives M none)
             if g is not None and any(g is t for t in (grad_out, *inputs, *out)):  # an output is a new tensor
                 g = g.clone()
             out.append(g)
         return tuple(out)
 
     @staticmethod
+    def setup_context(ctx, inputs, output):
+        held, grad_out, *tensors = inputs
+        ctx.set_materialize_grads(False)  # a gradient nobody differentiates has no cotangent: a zero direction
+        ctx.save_for_backward(grad_out, *tensors)
+        ctx.save_for_forward(grad_out, *tensors)
+        ctx.held = held
+
+    @staticmethod
     def backward(ctx, *cotangents):
-        grad_out, *inputs = ctx.saved_tensors
-        count = len(DIRECTION_OF)
-        if len(inputs) > count and cotangents[count] is not None:
-            raise RuntimeError(
-                f"{SPEC}: the gradient of a float attn_mask cannot be differentiated again (no second derivative "
-                "through it is derived); the gradients of the other inputs can"
-            )
+        grad_out, *tensors = ctx.saved_tensors
+        inputs, _ = _split(ctx.held, tensors)
         with torch.no_grad():
-            value, saved = _forward2(*inputs[:count], grad_out, *cotangents[:count], *inputs[count:], *ctx.options)
-            grads = _backward2(saved, torch.ones_like(value))
+            grads = _hessian(ctx.held, grad_out, inputs, cotangents)
         gradients = [grads[COTANGENT], *(None if x is None else grads.get(name) for name, x in zip(INPUTS, inputs))]
-        for i, (g, x) in enumerate(zip(gradients, (grad_out, *inputs))):
-            if g is not None and g.shape != x.shape:  # made of unbatched values only: the same for every batch
-                gradients[i] = g.expand(x.shape) if g.dim() <= x.dim() else g.sum_to_size(x.shape)
-        return (None, None, *_tie(gradients, (grad_out, *inputs, *cotangents), _NotThrice))
+        gradients = _tie(_shaped(gradients, (grad_out, *inputs)), (grad_out, *inputs, *cotangents), _NotThrice)
+        return (None, *gradients, *[None] * (len(tensors) - len(inputs)))
+
+    @staticmethod
+    def jvp(ctx, _held, grad_out_t, *tangents):
+        grad_out, *tensors = ctx.saved_tensors
+        inputs, saved = _split(ctx.held, tensors)
+        out = [None] * len(inputs)
+        if any(t is not None for t in tangents[: len(inputs)]):
+            grads = _hessian(ctx.held, grad_out, inputs, tangents[: len(inputs)])
+            out = [None if x is None else grads.get(name) for name, x in zip(INPUTS, inputs)]
+        if grad_out_t is not None:  # the gradients are linear in G: their tangent along Ġ is g(x, Ġ)
+            linear = _backward(saved, grad_out_t)
+            out = [g if x is None else _plus(g, linear.get(name)) for name, x, g in zip(INPUTS, inputs, out)]
+        return tuple(_shaped(out, inputs))
 
 
-def _second_order(ctx, saved, grad_out, options):
+def _split(held, tensors):
+    """_Backward's tensors as (the inputs, the first closed form's saved values by name)."""
+    inputs, values = list(tensors[: held.count]), tensors[held.count :]
+    return inputs, dict(zip(held.names, values), **held.constants)
+
+
+def _hessian(held, grad_out, inputs, directions):
+    """The second closed form's gradients for the directions (a tangent or cotangent per input, None: zero):
+    Σ_j ∂²tr(Gᵀ F)/∂x ∂x_j [V_j] under each input's name, and ∂f₂/∂G under COTANGENT's."""
+    count = len(DIRECTION_OF)
+    if len(inputs) > count and directions[count] is not None:
+        raise RuntimeError(
+            f"{SPEC}: the gradient of a float attn_mask cannot be differentiated again (no second derivative "
+            "through it is derived); the gradients of the other inputs can"
+        )
+    value, saved = _forward2(*inputs[:count], grad_out, *directions[:count], *inputs[count:], *held.options)
+    return _backward2(saved, torch.ones_like(value))
+
+
+def _plus(a, b):
+    """a + b, where a None is zero."""
+    return b if a is None else a if b is None else a + b
+
+
+def _shaped(gradients, like):
+    """Each gradient in the shape of its tensor: one made of unbatched values only is the same for every batch."""
+    out = list(gradients)
+    for i, (g, x) in enumerate(zip(out, like)):
+        if g is not None and g.shape != x.shape:
+            out[i] = g.expand(x.shape) if g.dim() <= x.dim() else g.sum_to_size(x.shape)
+    return out
+
+
+def _second_order(ctx, saved, grad_out, options, spec_options):
     """A backward's gradients under create_graph=True, as outputs of _Backward (so that they are differentiable
-    by the second closed form), then None for each of the options."""
+    by the second closed form), then None for each of the options; the first spec_options of them are the
+    second closed form's (a memory-efficient Function's block_size is not)."""
     tensors = iter(ctx.saved_tensors[len(ctx.tensor_names) :])
     inputs = [next(tensors) if given else None for given in ctx.given]
-    return (*_Backward.apply(saved, ctx.options, grad_out, *inputs), *[None] * options)
+    held = _Held(ctx.tensor_names, ctx.constants, ctx.options[:spec_options], len(inputs))
+    values = [saved[name] for name in ctx.tensor_names]
+    return (*_Backward.apply(held, grad_out, *inputs, *values), *[None] * options)
 
 
 def _forward2(
@@ -1251,8 +1369,7 @@ def _forward2(
     K_h = split_heads(add_optional(X_1 @ W_K, b_K), H)
     V_h = split_heads(add_optional(X_1 @ W_V, b_V), H)
     A_h = add_optional((scale * Q_h) @ K_h.mT, M)
-    P_h = row_softmax(A_h, out=A_h) if M is None else masked_row_softmax(A_h, out=A_h)
-    del A_h
+    P_h = row_softmax(A_h) if M is None else masked_row_softmax(A_h)
     O_h = P_h @ V_h
     C = merge_heads(O_h, H)
     Y = add_optional(C @ W_O + X, b_O)
@@ -1267,11 +1384,9 @@ def _forward2(
     G_D1 = (N_2 * G_N_2).sum(dim=-1, keepdim=True)
     G_D2 = G_N_2.sum(dim=-1, keepdim=True)
     t5 = row_inv_std(Y, eps)
-    del Y
     G_Y = t5 * (c1 * (G_D1 * N_2) + c1 * G_D2 + G_N_2) + G_out
     G_C = G_Y @ W_O.mT
     G_O_h = split_heads(G_C, H)
-    del G_C
     G_D3 = (O_h * G_O_h).sum(dim=-1, keepdim=True)
     G_P_h = G_O_h @ V_h.mT
     G_A_h = (G_P_h - G_D3) * P_h
@@ -1287,17 +1402,13 @@ def _forward2(
     G_W_2 = rows(F).mT @ rows(G_out)
     G_b_2 = rows(G_out).sum(dim=0, keepdim=True)
     G_M = G_A_h
-    del G_A_h
     G_X_1W_V = merge_heads(G_V_h, H)
-    del G_V_h
     G_W_V = rows(X_1).mT @ rows(G_X_1W_V)
     G_b_V = rows(G_X_1W_V).sum(dim=0, keepdim=True)
     G_X_1W_Q = merge_heads(G_Q_h, H)
-    del G_Q_h
     G_W_Q = rows(X_1).mT @ rows(G_X_1W_Q)
     G_b_Q = rows(G_X_1W_Q).sum(dim=0, keepdim=True)
     G_X_1W_K = merge_heads(G_K_h, H)
-    del G_K_h
     G_X_1 = G_X_1W_K @ W_K.mT + G_X_1W_Q @ W_Q.mT + G_X_1W_V @ W_V.mT
     G_N_1 = gamma_1 * G_X_1
     G_D4 = (N_1 * G_N_1).sum(dim=-1, keepdim=True)
@@ -1326,25 +1437,6 @@ def _forward2(
         + (torch.ones(1, H * d_k, dtype=dtype, device=device)) @ (W_O_v * G_W_O).sum(dim=-1, keepdim=True)
         + (torch.ones(1, H * d_k, dtype=dtype, device=device)) @ (W_Q_v * G_W_Q).sum(dim=-1, keepdim=True)
         + (torch.ones(1, H * d_k, dtype=dtype, device=device)) @ (W_V_v * G_W_V).sum(dim=-1, keepdim=True)
-    )
-    del (
-        G_W_1,
-        G_W_2,
-        G_W_K,
-        G_W_O,
-        G_W_Q,
-        G_W_V,
-        G_X,
-        G_b_1,
-        G_b_2,
-        G_b_K,
-        G_b_O,
-        G_b_Q,
-        G_b_V,
-        G_beta_1,
-        G_beta_2,
-        G_gamma_1,
-        G_gamma_2,
     )
     saved = {
         "W_Q": W_Q,
@@ -1498,33 +1590,28 @@ def _backward2(saved, grad_out):
     t1 = repeat_columns(t5, H * d_k)
     t2 = repeat_columns(t6, H * d_k)
     dN_1 = t2 * (c1 * (t4 * N_1) + c1 * D1 + X_v)
-    del D1
     dX_1 = beta_1_v + gamma_1 * dN_1 + gamma_1_v * N_1
     dQ_h = split_heads(add_optional(X_1 @ W_Q_v + dX_1 @ W_Q, b_Q_v), H)
     dK_h = split_heads(add_optional(X_1 @ W_K_v + dX_1 @ W_K, b_K_v), H)
     dV_h = split_heads(add_optional(X_1 @ W_V_v + dX_1 @ W_V, b_V_v), H)
     dA_h = (scale * Q_h) @ dK_h.mT + (scale * dQ_h) @ K_h.mT
     D2 = (P_h * dA_h).sum(dim=-1, keepdim=True)
-    dP_h = dA_h.sub_(D2).mul_(P_h)
-    del D2, dA_h
+    dP_h = (dA_h - D2) * P_h
     dO_h = P_h @ dV_h + dP_h @ V_h
     dC = merge_heads(dO_h, H)
     dY = add_optional(C @ W_O_v + dC @ W_O + X_v, b_O_v)
     D3 = dY.sum(dim=-1, keepdim=True)
     t3 = (N_2 * dY).sum(dim=-1, keepdim=True)
     dN_2 = t1 * (c1 * (t3 * N_2) + c1 * D3 + dY)
-    del D3
     dX_2 = beta_2_v + gamma_2 * dN_2 + gamma_2_v * N_2
     dU = add_optional(X_2 @ W_1_v + dX_2 @ W_1, b_1_v)
     t7 = U**2
     t8 = gelu_grad(U)
     dF = t8 * dU
-    dG_out = add_optional(dY.add_(F @ W_2_v).add_(dF @ W_2), b_2_v)
-    del dY
+    dG_out = add_optional(F @ W_2_v + dF @ W_2 + dY, b_2_v)
     dG_U = t8 * dG_F + ((0.5) * 2**0.5 / (3.141592653589793) ** 0.5) * (
         (torch.exp((-1 / 2) * t7)) * (2 - t7) * G_F * dU
     )
-    del dG_F, dU, t7, t8
     dG_X_2 = G_U @ W_1_v.mT + dG_U @ W_1.mT
     dG_N_2 = gamma_2 * dG_X_2 + gamma_2_v * G_X_2
     dG_D1 = (G_N_2 * dN_2 + N_2 * dG_N_2).sum(dim=-1, keepdim=True)
@@ -1532,46 +1619,29 @@ def _backward2(saved, grad_out):
     dG_Y = t1 * (c1 * (G_D1 * dN_2 + dG_D1 * N_2) + c1 * dG_D2 + dG_N_2) + (c1 * ((t5**2) * t3)) * (
         c1 * (G_D1 * N_2) + c1 * G_D2 + G_N_2
     )
-    del dG_D1, dG_D2, dG_N_2, t1, t3
     dG_C = G_Y @ W_O_v.mT + dG_Y @ W_O.mT
     dG_O_h = split_heads(dG_C, H)
-    del dG_C
-    dG_D3 = (dO_h.mul_(G_O_h).add_(O_h * dG_O_h)).sum(dim=-1, keepdim=True)
-    del dO_h
+    dG_D3 = (G_O_h * dO_h + O_h * dG_O_h).sum(dim=-1, keepdim=True)
     dG_P_h = G_O_h @ dV_h.mT + dG_O_h @ V_h.mT
-    del dV_h
-    dG_A_h = dG_P_h.sub_(dG_D3).mul_(P_h).add_((G_P_h - G_D3) * dP_h)
-    del dG_D3, dG_P_h
+    dG_A_h = (G_P_h - G_D3) * dP_h + (dG_P_h - dG_D3) * P_h
     dG_V_h = matmul_tn(P_h, dG_O_h) + matmul_tn(dP_h, G_O_h)
-    del dG_O_h, dP_h
     dG_K_h = scale * (matmul_tn(G_M, dQ_h) + matmul_tn(dG_A_h, Q_h))
-    del dQ_h
     dG_Q_h = scale * (G_M @ dK_h + dG_A_h @ K_h)
-    del dK_h
     dW_O = sum_batch(C.mT @ dG_Y + dC.mT @ G_Y)
-    del dC
     db_O = None if b_O is None else rows(dG_Y).sum(dim=0, keepdim=True)
-    dgamma_2 = rows(dN_2.mul_(G_X_2).add_(N_2 * dG_X_2)).sum(dim=0, keepdim=True)
-    del dN_2
+    dgamma_2 = rows(G_X_2 * dN_2 + N_2 * dG_X_2).sum(dim=0, keepdim=True)
     dbeta_2 = rows(dG_X_2).sum(dim=0, keepdim=True)
-    del dG_X_2
     dW_1 = sum_batch(X_2.mT @ dG_U + dX_2.mT @ G_U)
-    del dX_2
     db_1 = None if b_1 is None else rows(dG_U).sum(dim=0, keepdim=True)
-    del dG_U
     dW_2 = rows(dF).mT @ rows(G_out)
-    del dF
     dM = None if mask_shape is None else dG_A_h.sum_to_size(mask_shape)
     dG_X_1W_V = merge_heads(dG_V_h, H)
-    del dG_V_h
     dW_V = sum_batch(X_1.mT @ dG_X_1W_V + dX_1.mT @ G_X_1W_V)
     db_V = None if b_V is None else rows(dG_X_1W_V).sum(dim=0, keepdim=True)
     dG_X_1W_Q = merge_heads(dG_Q_h, H)
-    del dG_Q_h
     dW_Q = sum_batch(X_1.mT @ dG_X_1W_Q + dX_1.mT @ G_X_1W_Q)
     db_Q = None if b_Q is None else rows(dG_X_1W_Q).sum(dim=0, keepdim=True)
     dG_X_1W_K = merge_heads(dG_K_h, H)
-    del dG_K_h
     dG_X_1 = (
         G_X_1W_K @ W_K_v.mT
         + G_X_1W_Q @ W_Q_v.mT
@@ -1580,7 +1650,6 @@ def _backward2(saved, grad_out):
         + dG_X_1W_Q @ W_Q.mT
         + dG_X_1W_V @ W_V.mT
     )
-    del dG_X_1W_Q, dG_X_1W_V
     dG_N_1 = gamma_1 * dG_X_1 + gamma_1_v * G_X_1
     dG_D4 = (G_N_1 * dN_1 + N_1 * dG_N_1).sum(dim=-1, keepdim=True)
     dG_D5 = dG_N_1.sum(dim=-1, keepdim=True)
@@ -1589,15 +1658,10 @@ def _backward2(saved, grad_out):
         + (c1 * ((t6**2) * t4)) * (c1 * (G_D4 * N_1) + c1 * G_D5 + G_N_1)
         + dG_Y
     )
-    del dG_D4, dG_D5, dG_N_1, dG_Y, t2, t4
     dW_K = sum_batch(X_1.mT @ dG_X_1W_K + dX_1.mT @ G_X_1W_K)
-    del dX_1
     db_K = None if b_K is None else rows(dG_X_1W_K).sum(dim=0, keepdim=True)
-    del dG_X_1W_K
-    dgamma_1 = rows(dN_1.mul_(G_X_1).add_(N_1 * dG_X_1)).sum(dim=0, keepdim=True)
-    del dN_1
+    dgamma_1 = rows(G_X_1 * dN_1 + N_1 * dG_X_1).sum(dim=0, keepdim=True)
     dbeta_1 = rows(dG_X_1).sum(dim=0, keepdim=True)
-    del dG_X_1
     return {
         "X": dX,
         "W_Q": dW_Q,
@@ -1702,6 +1766,7 @@ def hvp(
 
 # torch's own modules, computed by the closed form above (drop-in replacements)
 FUNCTION = TransformerBlockFunction
+TRACED = _TransformerBlockTraced
 
 
 def _not_supported(option, value, why):
@@ -1877,6 +1942,406 @@ class TransformerEncoderLayer(torch.nn.Module):
             FUNCTION, x, W_Q, W_K, W_V, attn.out_proj.weight.mT, b_Q, b_K, b_V, row(attn.out_proj.bias),
             row(self.norm1.weight), shift(self.norm1), row(self.norm2.weight), shift(self.norm2),
             self.linear1.weight.mT, row(self.linear1.bias), self.linear2.weight.mT, row(self.linear2.bias),
-            M, attn.num_heads, self.norm1.eps,
-        )  # fmt: skip
+            M, attn.num_heads, self.norm1.eps, traced=TRACED,
+        )[0]  # fmt: skip
         return out.transpose(0, 1) if batched and not self.batch_first else out
+
+
+# Forward mode: the output's derivative along tangents of the inputs, Σ_i ∂Z/∂x_i [ẋ_i], in closed form.
+SHAPES.update(
+    {
+        "X_t": SHAPES["X"],
+        "W_Q_t": SHAPES["W_Q"],
+        "W_K_t": SHAPES["W_K"],
+        "W_V_t": SHAPES["W_V"],
+        "W_O_t": SHAPES["W_O"],
+        "b_Q_t": SHAPES["b_Q"],
+        "b_K_t": SHAPES["b_K"],
+        "b_V_t": SHAPES["b_V"],
+        "b_O_t": SHAPES["b_O"],
+        "gamma_1_t": SHAPES["gamma_1"],
+        "beta_1_t": SHAPES["beta_1"],
+        "gamma_2_t": SHAPES["gamma_2"],
+        "beta_2_t": SHAPES["beta_2"],
+        "W_1_t": SHAPES["W_1"],
+        "b_1_t": SHAPES["b_1"],
+        "W_2_t": SHAPES["W_2"],
+        "b_2_t": SHAPES["b_2"],
+    }
+)
+# a tangent that is None is zero
+OPTIONAL += (
+    "X_t",
+    "W_Q_t",
+    "W_K_t",
+    "W_V_t",
+    "W_O_t",
+    "b_Q_t",
+    "b_K_t",
+    "b_V_t",
+    "b_O_t",
+    "gamma_1_t",
+    "beta_1_t",
+    "gamma_2_t",
+    "beta_2_t",
+    "W_1_t",
+    "b_1_t",
+    "W_2_t",
+    "b_2_t",
+)
+TANGENT_OF = {
+    "X": "X_t",
+    "W_Q": "W_Q_t",
+    "W_K": "W_K_t",
+    "W_V": "W_V_t",
+    "W_O": "W_O_t",
+    "b_Q": "b_Q_t",
+    "b_K": "b_K_t",
+    "b_V": "b_V_t",
+    "b_O": "b_O_t",
+    "gamma_1": "gamma_1_t",
+    "beta_1": "beta_1_t",
+    "gamma_2": "gamma_2_t",
+    "beta_2": "beta_2_t",
+    "W_1": "W_1_t",
+    "b_1": "b_1_t",
+    "W_2": "W_2_t",
+    "b_2": "b_2_t",
+}
+
+
+def _tangents(tangents):
+    """jvp's tangents: a dict from input names to arrays of their shapes (a name left out: zero there)."""
+    if not isinstance(tangents, dict):
+        raise TypeError(f"tangents: expected a dict from input names to arrays, got {type(tangents).__name__}")
+    unknown = [name for name in tangents if name not in TANGENT_OF]
+    if unknown:
+        raise ValueError(f"tangents: {unknown[0]!r} is no input; inputs: {', '.join(TANGENT_OF)}")
+    return tangents
+
+
+def _tangent(jvp, ctx, tangents):
+    """The output's tangent by jvp(<inputs>, <their tangents>, <M, Ṁ>, <options>) (a generated _jvp), the inputs
+    as setup_context saved them (an absent one None) and tangents one per argument of apply."""
+    saved = iter(ctx.saved_tensors[len(ctx.tensor_names) :])
+    inputs = [next(saved) if given else None for given in ctx.given]
+    count = len(TANGENT_OF)
+    return jvp(*inputs[:count], *tangents[:count], *inputs[count:], *tangents[count : len(inputs)], *ctx.options)[1]
+
+
+def _jvp(
+    X,
+    W_Q,
+    W_K,
+    W_V,
+    W_O,
+    b_Q,
+    b_K,
+    b_V,
+    b_O,
+    gamma_1,
+    beta_1,
+    gamma_2,
+    beta_2,
+    W_1,
+    b_1,
+    W_2,
+    b_2,
+    X_t,
+    W_Q_t,
+    W_K_t,
+    W_V_t,
+    W_O_t,
+    b_Q_t,
+    b_K_t,
+    b_V_t,
+    b_O_t,
+    gamma_1_t,
+    beta_1_t,
+    gamma_2_t,
+    beta_2_t,
+    W_1_t,
+    b_1_t,
+    W_2_t,
+    b_2_t,
+    M,
+    M_t,
+    num_heads,
+    eps,
+):
+    """(Z, dZ): the forward and its derivative along the tangents (a None tangent is zero)."""
+    (
+        X,
+        W_Q,
+        W_K,
+        W_V,
+        W_O,
+        b_Q,
+        b_K,
+        b_V,
+        b_O,
+        gamma_1,
+        beta_1,
+        gamma_2,
+        beta_2,
+        W_1,
+        b_1,
+        W_2,
+        b_2,
+        X_t,
+        W_Q_t,
+        W_K_t,
+        W_V_t,
+        W_O_t,
+        b_Q_t,
+        b_K_t,
+        b_V_t,
+        b_O_t,
+        gamma_1_t,
+        beta_1_t,
+        gamma_2_t,
+        beta_2_t,
+        W_1_t,
+        b_1_t,
+        W_2_t,
+        b_2_t,
+    ) = _tensors(
+        {
+            "X": X,
+            "W_Q": W_Q,
+            "W_K": W_K,
+            "W_V": W_V,
+            "W_O": W_O,
+            "b_Q": b_Q,
+            "b_K": b_K,
+            "b_V": b_V,
+            "b_O": b_O,
+            "gamma_1": gamma_1,
+            "beta_1": beta_1,
+            "gamma_2": gamma_2,
+            "beta_2": beta_2,
+            "W_1": W_1,
+            "b_1": b_1,
+            "W_2": W_2,
+            "b_2": b_2,
+            "X_t": X_t,
+            "W_Q_t": W_Q_t,
+            "W_K_t": W_K_t,
+            "W_V_t": W_V_t,
+            "W_O_t": W_O_t,
+            "b_Q_t": b_Q_t,
+            "b_K_t": b_K_t,
+            "b_V_t": b_V_t,
+            "b_O_t": b_O_t,
+            "gamma_1_t": gamma_1_t,
+            "beta_1_t": beta_1_t,
+            "gamma_2_t": gamma_2_t,
+            "beta_2_t": beta_2_t,
+            "W_1_t": W_1_t,
+            "b_1_t": b_1_t,
+            "W_2_t": W_2_t,
+            "b_2_t": b_2_t,
+        }
+    )
+    H = _positive_int("num_heads", num_heads)
+    n = X.shape[-2]
+    d_k = _quotient("X", tuple(X.shape), H)
+    d_ff = W_1.shape[-1]
+    _check_shape("X", X, (n, H * d_k))
+    _check_shape("W_Q", W_Q, (H * d_k, H * d_k))
+    _check_shape("W_K", W_K, (H * d_k, H * d_k))
+    _check_shape("W_V", W_V, (H * d_k, H * d_k))
+    _check_shape("W_O", W_O, (H * d_k, H * d_k))
+    if b_Q is not None:
+        _check_shape("b_Q", b_Q, (1, H * d_k))
+    if b_K is not None:
+        _check_shape("b_K", b_K, (1, H * d_k))
+    if b_V is not None:
+        _check_shape("b_V", b_V, (1, H * d_k))
+    if b_O is not None:
+        _check_shape("b_O", b_O, (1, H * d_k))
+    _check_shape("gamma_1", gamma_1, (1, H * d_k))
+    _check_shape("beta_1", beta_1, (1, H * d_k))
+    _check_shape("gamma_2", gamma_2, (1, H * d_k))
+    _check_shape("beta_2", beta_2, (1, H * d_k))
+    _check_shape("W_1", W_1, (H * d_k, d_ff))
+    if b_1 is not None:
+        _check_shape("b_1", b_1, (1, d_ff))
+    _check_shape("W_2", W_2, (d_ff, H * d_k))
+    if b_2 is not None:
+        _check_shape("b_2", b_2, (1, H * d_k))
+    if X_t is not None:
+        _check_shape("X_t", X_t, (n, H * d_k))
+    if W_Q_t is not None:
+        _check_shape("W_Q_t", W_Q_t, (H * d_k, H * d_k))
+    if W_K_t is not None:
+        _check_shape("W_K_t", W_K_t, (H * d_k, H * d_k))
+    if W_V_t is not None:
+        _check_shape("W_V_t", W_V_t, (H * d_k, H * d_k))
+    if W_O_t is not None:
+        _check_shape("W_O_t", W_O_t, (H * d_k, H * d_k))
+    if b_Q_t is not None:
+        _check_shape("b_Q_t", b_Q_t, (1, H * d_k))
+    if b_K_t is not None:
+        _check_shape("b_K_t", b_K_t, (1, H * d_k))
+    if b_V_t is not None:
+        _check_shape("b_V_t", b_V_t, (1, H * d_k))
+    if b_O_t is not None:
+        _check_shape("b_O_t", b_O_t, (1, H * d_k))
+    if gamma_1_t is not None:
+        _check_shape("gamma_1_t", gamma_1_t, (1, H * d_k))
+    if beta_1_t is not None:
+        _check_shape("beta_1_t", beta_1_t, (1, H * d_k))
+    if gamma_2_t is not None:
+        _check_shape("gamma_2_t", gamma_2_t, (1, H * d_k))
+    if beta_2_t is not None:
+        _check_shape("beta_2_t", beta_2_t, (1, H * d_k))
+    if W_1_t is not None:
+        _check_shape("W_1_t", W_1_t, (H * d_k, d_ff))
+    if b_1_t is not None:
+        _check_shape("b_1_t", b_1_t, (1, d_ff))
+    if W_2_t is not None:
+        _check_shape("W_2_t", W_2_t, (d_ff, H * d_k))
+    if b_2_t is not None:
+        _check_shape("b_2_t", b_2_t, (1, H * d_k))
+    _nonempty({"d_k": d_k, "d_ff": d_ff}, {"X": X, "W_1": W_1})
+    if eps is None:
+        eps = 1e-05
+    eps = float(eps)
+    scale = 1 / d_k**0.5
+    if X_t is None:
+        X_t = torch.zeros_like(X)
+    if W_Q_t is None:
+        W_Q_t = torch.zeros_like(W_Q)
+    if W_K_t is None:
+        W_K_t = torch.zeros_like(W_K)
+    if W_V_t is None:
+        W_V_t = torch.zeros_like(W_V)
+    if W_O_t is None:
+        W_O_t = torch.zeros_like(W_O)
+    if gamma_1_t is None:
+        gamma_1_t = torch.zeros_like(gamma_1)
+    if beta_1_t is None:
+        beta_1_t = torch.zeros_like(beta_1)
+    if gamma_2_t is None:
+        gamma_2_t = torch.zeros_like(gamma_2)
+    if beta_2_t is None:
+        beta_2_t = torch.zeros_like(beta_2)
+    if W_1_t is None:
+        W_1_t = torch.zeros_like(W_1)
+    if W_2_t is None:
+        W_2_t = torch.zeros_like(W_2)
+    N_1 = layer_norm(X, eps)
+    X_1 = beta_1 + gamma_1 * N_1
+    Q_h = split_heads(add_optional(X_1 @ W_Q, b_Q), H)
+    K_h = split_heads(add_optional(X_1 @ W_K, b_K), H)
+    V_h = split_heads(add_optional(X_1 @ W_V, b_V), H)
+    A_h = add_optional((scale * Q_h) @ K_h.mT, M)
+    P_h = row_softmax(A_h) if M is None else masked_row_softmax(A_h)
+    O_h = P_h @ V_h
+    C = merge_heads(O_h, H)
+    Y = add_optional(C @ W_O + X, b_O)
+    N_2 = layer_norm(Y, eps)
+    X_2 = beta_2 + gamma_2 * N_2
+    U = add_optional(X_2 @ W_1, b_1)
+    F = gelu(U)
+    Z = Y + add_optional(F @ W_2, b_2)
+    dN_1 = (row_inv_std(X, eps)) * (
+        (-1 / (H * d_k)) * (((N_1 * X_t).sum(dim=-1, keepdim=True)) * N_1)
+        + (-1 / (H * d_k)) * (X_t.sum(dim=-1, keepdim=True))
+        + X_t
+    )
+    dX_1 = beta_1_t + gamma_1 * dN_1 + gamma_1_t * N_1
+    dQ_h = split_heads(add_optional(X_1 @ W_Q_t + dX_1 @ W_Q, b_Q_t), H)
+    dK_h = split_heads(add_optional(X_1 @ W_K_t + dX_1 @ W_K, b_K_t), H)
+    dV_h = split_heads(add_optional(X_1 @ W_V_t + dX_1 @ W_V, b_V_t), H)
+    dA_h = add_optional((scale * Q_h) @ dK_h.mT + (scale * dQ_h) @ K_h.mT, M_t)
+    dP_h = (dA_h - ((dA_h * P_h).sum(dim=-1, keepdim=True))) * P_h
+    dO_h = P_h @ dV_h + dP_h @ V_h
+    dC = merge_heads(dO_h, H)
+    dY = add_optional(C @ W_O_t + dC @ W_O + X_t, b_O_t)
+    dN_2 = (row_inv_std(Y, eps)) * (
+        (-1 / (H * d_k)) * (((N_2 * dY).sum(dim=-1, keepdim=True)) * N_2)
+        + (-1 / (H * d_k)) * (dY.sum(dim=-1, keepdim=True))
+        + dY
+    )
+    dX_2 = beta_2_t + gamma_2 * dN_2 + gamma_2_t * N_2
+    dU = add_optional(X_2 @ W_1_t + dX_2 @ W_1, b_1_t)
+    dF = (gelu_grad(U)) * dU
+    dZ = add_optional(F @ W_2_t + dF @ W_2 + dY, b_2_t)
+    return Z, dZ
+
+
+def jvp(
+    X,
+    W_Q,
+    W_K,
+    W_V,
+    W_O,
+    gamma_1,
+    beta_1,
+    gamma_2,
+    beta_2,
+    W_1,
+    W_2,
+    tangents,
+    *,
+    num_heads,
+    eps=None,
+    b_Q=None,
+    b_K=None,
+    b_V=None,
+    b_O=None,
+    b_1=None,
+    b_2=None,
+    attn_mask=None,
+    key_padding_mask=None,
+    causal=False,
+):
+    """(Z, its derivative along tangents): the forward and its closed-form Jacobian-vector product.
+
+    tangents: a dict from input names to arrays of their shapes (an input left out: zero there); the options
+    and masks as forward takes them (the mask does not move).
+    """
+    M = _additive_mask(attn_mask, key_padding_mask, causal, X, X, per_head=True)
+    tangents = _tangents(tangents)
+    return _jvp(
+        X,
+        W_Q,
+        W_K,
+        W_V,
+        W_O,
+        b_Q,
+        b_K,
+        b_V,
+        b_O,
+        gamma_1,
+        beta_1,
+        gamma_2,
+        beta_2,
+        W_1,
+        b_1,
+        W_2,
+        b_2,
+        tangents.get("X"),
+        tangents.get("W_Q"),
+        tangents.get("W_K"),
+        tangents.get("W_V"),
+        tangents.get("W_O"),
+        tangents.get("b_Q"),
+        tangents.get("b_K"),
+        tangents.get("b_V"),
+        tangents.get("b_O"),
+        tangents.get("gamma_1"),
+        tangents.get("beta_1"),
+        tangents.get("gamma_2"),
+        tangents.get("beta_2"),
+        tangents.get("W_1"),
+        tangents.get("b_1"),
+        tangents.get("W_2"),
+        tangents.get("b_2"),
+        M,
+        None,
+        num_heads,
+        eps,
+    )

@@ -148,6 +148,8 @@ def cmd_derive(args: argparse.Namespace) -> int:
         derivation = derive(load_spec_file(args.spec_file, **_spec_options(args.option)))
     else:
         derivation = derive(args.spec, **_spec_options(args.option))
+    if args.mode == "forward":
+        return _derive_forward(derivation.spec, args, fmt)
     wrt = args.wrt
     if wrt is not None:
         derivation.spec.input(wrt)  # an unknown target is bad input (exit 2), before any work
@@ -169,6 +171,25 @@ def cmd_derive(args: argparse.Namespace) -> int:
         sys.stdout.write(derivation.html(wrt, figure=_figure(derivation.spec)))
         return 0
     sys.stdout.write(derivation.render(fmt, wrt, standalone=args.standalone))
+    return 0
+
+
+def _derive_forward(spec, args: argparse.Namespace, fmt: str) -> int:
+    """symattn derive --mode forward: the forward-mode derivation, or with --verify each step checked."""
+    from symattn.derive.forward_mode import ForwardDerivation
+
+    unused = [
+        flag for flag, given in (("--wrt", args.wrt), ("--order 2", args.order == 2), ("--cost", args.cost)) if given
+    ]
+    if unused or fmt == "html" or args.sweep != "auto":
+        what = unused[0] if unused else "--format html" if fmt == "html" else "--sweep"
+        raise UsageError(f"symattn derive: error: --mode forward takes no {what} (every input moves at once)")
+    derivation = ForwardDerivation(spec)
+    if args.verify:
+        checks = derivation.verify()
+        sys.stdout.write(derivation.text(checks) + "\n" + derivation.report(checks))
+        return 0 if all(c.ok for c in checks) else 1
+    sys.stdout.write(derivation.render(fmt, standalone=args.standalone))
     return 0
 
 
@@ -210,6 +231,13 @@ def _add_derive(sub: argparse._SubParsersAction) -> None:
     der.add_argument("--option", action="append", metavar="KEY=VALUE", help="a spec option, e.g. num_heads=2, scale=1")
     der.add_argument(
         "--order", type=int, choices=(1, 2), default=1, help="2: the Hessian-vector product H V along --wrt's V"
+    )
+    der.add_argument(
+        "--mode",
+        choices=("reverse", "forward"),
+        default="reverse",
+        help="reverse (default): the gradients; forward: each value's differential along the inputs' tangents "
+        "(the Jacobian-vector product the generated jvp computes)",
     )
     der.set_defaults(handler=cmd_derive)
 

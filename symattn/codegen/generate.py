@@ -23,6 +23,7 @@ import sympy as sp
 from symattn.codegen.backends import BACKENDS, Backend, backend_named
 from symattn.codegen.emit import dropins as dropin_source
 from symattn.codegen.emit.context import build_context
+from symattn.codegen.emit.forward_mode import forward_mode_context
 from symattn.codegen.emit.second_order import second_order_context
 from symattn.codegen.schedule.build import Schedule, schedule, schedule_spec
 from symattn.errors import SymattnError
@@ -147,7 +148,8 @@ def context(
     """Everything a module template needs, every expression already printed (see ``codegen.context``)."""
     ctx = build_context(sched, backend, version, variant, class_name, _module_parameters)
     second = second_order_context(sched, ctx, backend, version) if second_order else None
-    return ctx | {"second_order": second}
+    forward = forward_mode_context(sched, ctx, backend, version, variant, second["helpers"] if second else ())
+    return ctx | {"second_order": second, "forward_mode": forward}
 
 
 def render(

@@ -25,6 +25,11 @@ class Backend:
     imports: tuple[str, ...]  # the module names its generated modules bind (np; torch; jax, jnp)
     device: bool = False  # arrays carry a device beside their dtype
     dropins: bool = False  # drop-in nn.Modules rendered beside a built-in family's standard module
+    forward_mode_helpers: tuple[str, ...] = ()  # the runtime helpers its Function's jvp calls
+    # its second closed form and JVP run under vmap (torch.func) with some operands batched and others not,
+    # where an in-place update of an unbatched array by a batched one is refused: they write nothing in place
+    vmapped: bool = False
+    custom_jvp: bool = False  # forward_jvp: the forward as a custom_jvp whose rule is the generated JVP (JAX)
     missing_variant: str = ""  # why a variant is not made (shown when one is asked for)
 
     @property

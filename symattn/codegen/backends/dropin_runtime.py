@@ -24,10 +24,12 @@ except ImportError:  # pragma: no cover - generating a torch module reads this s
         nn=SimpleNamespace(Module=object),
     )
 
-FUNCTION = None  # the generated module's autograd Function (its apply takes the spec's inputs, M, options)
+FUNCTION = None  # the generated module's autograd Function (its apply takes the spec's inputs, M, options and
+# returns the output and the saved values)
+TRACED = None  # its twin without jvp, which _apply applies while compiling
 _forward = _backward = None  # the generated module's forward pass (out, saved) and closed-form backward
 SPEC = ""  # the spec's name, for error messages
-_apply = None  # torch_runtime._apply, as the generated module carries it: Function.apply, Q = K = V allowed
+_apply = None  # function_runtime._apply, as the generated module carries it: Function.apply, Q = K = V allowed
 
 
 def _not_supported(option, value, why):
@@ -256,7 +258,7 @@ class MultiheadAttention(torch.nn.Module):
             out, weights = _apply(_AttentionWeights, *inputs)
             weights = weights.mean(dim=-3) if average_attn_weights else weights
         else:
-            out, weights = _apply(FUNCTION, *inputs, None), None
+            out, weights = _apply(FUNCTION, *inputs, None, traced=TRACED)[0], None
         return (out.transpose(0, 1) if batched and not self.batch_first else out), weights
 
 
@@ -362,6 +364,6 @@ class TransformerEncoderLayer(torch.nn.Module):
             FUNCTION, x, W_Q, W_K, W_V, attn.out_proj.weight.mT, b_Q, b_K, b_V, row(attn.out_proj.bias),
             row(self.norm1.weight), shift(self.norm1), row(self.norm2.weight), shift(self.norm2),
             self.linear1.weight.mT, row(self.linear1.bias), self.linear2.weight.mT, row(self.linear2.bias),
-            M, attn.num_heads, self.norm1.eps,
-        )  # fmt: skip
+            M, attn.num_heads, self.norm1.eps, traced=TRACED,
+        )[0]  # fmt: skip
         return out.transpose(0, 1) if batched and not self.batch_first else out

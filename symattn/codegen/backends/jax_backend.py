@@ -86,5 +86,6 @@ JAX_BACKEND = Backend(
     second_order_helpers=None,  # jax differentiates a custom_vjp's own rules (plain jax.numpy) again
     runtimes=RUNTIMES,
     imports=("jax", "jnp"),
+    custom_jvp=True,
     missing_variant="jax.jit decides what XLA keeps in memory",
 )

@@ -12,7 +12,11 @@ from symattn.errors import SymattnError
 from symattn.lang.functions import TORCH
 from symattn.numeric.printers import NumPyMatrixPrinter, power, runtime_functions
 
-RUNTIMES = ("symattn.codegen.backends.common_runtime", "symattn.codegen.backends.torch_runtime")
+RUNTIMES = (
+    "symattn.codegen.backends.common_runtime",
+    "symattn.codegen.backends.torch_runtime",
+    "symattn.codegen.backends.function_runtime",
+)
 TORCH_RUNTIME = {name: source for module in RUNTIMES for name, source in runtime_functions(module).items()}
 
 
@@ -104,10 +108,22 @@ TORCH_BACKEND = Backend(
     printer=TorchMatrixPrinter,
     variants=("standard", "memeff"),
     check_inputs="_tensors",
-    helpers=("_NotTwice", "_apply", "_only_tensors", "_first_order", "_tie"),
+    helpers=("_NotTwice", "_apply", "_distinct", "_only_tensors", "_first_order", "_tie"),
     mask_shape="_grad_shape",
     autodiff=True,
-    second_order_helpers=("_direction", "_NotThrice", "_Backward", "_second_order"),
+    second_order_helpers=(
+        "_direction",
+        "_NotThrice",
+        "_Held",
+        "_Backward",
+        "_split",
+        "_hessian",
+        "_plus",
+        "_shaped",
+        "_second_order",
+    ),
+    forward_mode_helpers=("_tangent",),
+    vmapped=True,
     device=True,
     dropins=True,
     runtimes=(*RUNTIMES, "symattn.codegen.backends.dropin_runtime"),

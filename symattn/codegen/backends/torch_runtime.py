@@ -1,5 +1,5 @@
-"""Runtime helpers of generated PyTorch modules: softmax, heads, GELU, LayerNorm, input checks, masks, first and
-second order.
+"""Runtime helpers of generated PyTorch modules: softmax, heads, GELU, LayerNorm, input checks and masks (the
+autograd Functions' own helpers are in ``function_runtime``).
 
 Real code, linted and tested; ``TorchMatrixPrinter`` copies the source of the ones a module calls
 (read with ``ast``) into it, so a generated torch module imports only torch. ``SHAPES``,
@@ -19,23 +19,6 @@ except ImportError:  # pragma: no cover - generating a torch module reads this s
 SHAPES: dict[str, str] = {}  # input name -> its shape as the docstring writes it, e.g. "(..., n, d_k)"
 OPTIONAL: tuple[str, ...] = ()  # inputs that may be None (biases)
 SPEC = ""  # the spec's name, for error messages
-# A module with a second closed form: the Function's tensor inputs (the mask last), the directions of the
-# inputs and the name of the first cotangent in _forward2, and its two closed forms.
-INPUTS: tuple[str, ...] = ()
-DIRECTION_OF: dict[str, str] = {}
-COTANGENT = ""
-
-
-def _backward(saved, grad_out):  # pragma: no cover - stands for the generated module's own
-    raise NotImplementedError
-
-
-def _forward2(*inputs):  # pragma: no cover - stands for the generated module's own
-    raise NotImplementedError
-
-
-def _backward2(saved, grad_out):  # pragma: no cover - stands for the generated module's own
-    raise NotImplementedError
 
 
 def masked_row_softmax_lse(a):
@@ -55,16 +38,22 @@ def masked_row_softmax(a, out=None):
         return row_softmax(a, out=out)
     empty = a.amax(dim=-1, keepdim=True) == float("-inf")  # before out (maybe a itself) is written
     out = row_softmax(a, out=out)
-    if torch.compiler.is_compiling():  # no branch on the data in a compiled graph: one pass to fill
-        return out.masked_fill_(empty, 0.0)
+    if _functional(a):  # no branch on the data in a traced or transformed function: one pass to fill
+        return out.masked_fill(empty, 0.0)
     return out.masked_fill_(empty, 0.0) if bool(empty.any()) else out
 
 
 def row_softmax(a, out=None):
     """softmax along the last axis (torch's one-pass kernel, the row max subtracted first); out may be a itself."""
-    if out is None or torch.compiler.is_compiling():  # (a compiled graph plans its own buffers; export traces
-        return torch.softmax(a, dim=-1)  # with autograd on, which refuses out=)
+    if out is None or _functional(a):  # (a compiled graph plans its own buffers; export traces with autograd
+        return torch.softmax(a, dim=-1)  # on, which refuses out=; vmap batches no out=)
     return torch._softmax(a, -1, False, out=out)
+
+
+def _functional(a):
+    """Is a traced (torch.compile, torch.export) or transformed (torch.func's vmap, grad, jvp)? Then no out= and
+    no branch on its values: what eager code does in place or only where needed is done for every row."""
+    return torch.compiler.is_compiling() or torch._C._functorch.is_functorch_wrapped_tensor(a)
 
 
 def masked_log_softmax(a):
@@ -204,121 +193,6 @@ def _tensors(named):
         elif a.dtype != first[1].dtype:
             raise ValueError(f"mixed dtypes: {first[0]} is {first[1].dtype}, {name} is {a.dtype}")
     return tensors
-
-
-class _NotTwice(torch.autograd.Function):
-    """The identity on gradients made under create_graph=True, tied to what they depend on: differentiating
-    them again raises, since the generated backward is first order only."""
-
-    @staticmethod
-    def forward(ctx, count, *tensors):
-        return tuple(t.clone() for t in tensors[:count])
-
-    @staticmethod
-    def backward(ctx, *grads):
-        raise RuntimeError(
-            f"{SPEC}: double backward is not supported: the generated backward is the closed-form first "
-            "derivative and no second derivative is derived, so gradients made with create_graph=True cannot "
-            "be differentiated again"
-        )
-
-
-def _apply(function, *args):
-    """function.apply(*args), a tensor given a second time given as a view of itself (self-attention's Q = K = V):
-    torch.compile refuses an autograd.Function given one tensor twice; the gradients reach it through both."""
-    given = []
-    for arg in args:
-        if isinstance(arg, torch.Tensor) and any(arg is seen for seen in given):
-            arg = arg.view_as(arg)
-        given.append(arg)
-    return function.apply(*given)
-
-
-def _only_tensors(*values):
-    """The values that are tensors (an absent bias or mask is None)."""
-    return [value for value in values if isinstance(value, torch.Tensor)]
-
-
-def _first_order(ctx, grad_out, gradients):
-    """The gradients a backward returns; under create_graph=True each is tied to the inputs and grad_out,
-    so that a second derivative raises instead of silently being wrong (as torch's once_differentiable)."""
-    return _tie(gradients, (*ctx.saved_tensors[len(ctx.tensor_names) :], grad_out), _NotTwice)
-
-
-def _tie(gradients, sources, guard):
-    """gradients as they are, or under create_graph=True each tied by guard (an identity whose backward
-    raises) to the sources that require grad, so that differentiating them once more raises."""
-    if not torch.is_grad_enabled():
-        return gradients
-    sources = [t for t in sources if t is not None and t.requires_grad]
-    present = [g for g in gradients if g is not None]
-    if not sources or not present:
-        return gradients
-    tied = iter(guard.apply(len(present), *present, *sources))
-    return tuple(None if g is None else next(tied) for g in gradients)
-
-
-class _NotThrice(torch.autograd.Function):
-    """The identity on second derivatives made under create_graph=True: differentiating them again raises,
-    since the generated closed forms go to the second order only."""
-
-    @staticmethod
-    def forward(ctx, count, *tensors):
-        return tuple(t.clone() for t in tensors[:count])
-
-    @staticmethod
-    def backward(ctx, *grads):
-        raise RuntimeError(
-            f"{SPEC}: a third derivative is not supported: the generated closed forms are the first and second "
-            "derivatives, so second derivatives made with create_graph=True cannot be differentiated again"
-        )
-
-
-class _Backward(torch.autograd.Function):
-    """The first closed form as an autograd Function, used under create_graph=True: its backward is the
-    second closed form. For the cotangents V_i of the gradients g_i(x, G), the gradients of the scalar
-    f₂ = Σ_i tr(V_iᵀ g_i) with respect to every input x and to G (_forward2, _backward2) are exactly what
-    autograd asks of it. INPUTS names the tensors (the additive mask last, where there is one)."""
-
-    @staticmethod
-    def forward(ctx, saved, options, grad_out, *inputs):
-        ctx.set_materialize_grads(False)  # a gradient nobody differentiates has no cotangent: a zero direction
-        ctx.save_for_backward(grad_out, *inputs)
-        ctx.options = options
-        grads = _backward(saved, grad_out)
-        out = []
-        for name, x in zip(INPUTS, inputs):
-            g = None if x is None else grads[name]
-            if g is not None and any(g is t for t in (grad_out, *inputs, *out)):  # an output is a new tensor
-                g = g.clone()
-            out.append(g)
-        return tuple(out)
-
-    @staticmethod
-    def backward(ctx, *cotangents):
-        grad_out, *inputs = ctx.saved_tensors
-        count = len(DIRECTION_OF)
-        if len(inputs) > count and cotangents[count] is not None:
-            raise RuntimeError(
-                f"{SPEC}: the gradient of a float attn_mask cannot be differentiated again (no second derivative "
-                "through it is derived); the gradients of the other inputs can"
-            )
-        with torch.no_grad():
-            value, saved = _forward2(*inputs[:count], grad_out, *cotangents[:count], *inputs[count:], *ctx.options)
-            grads = _backward2(saved, torch.ones_like(value))
-        gradients = [grads[COTANGENT], *(None if x is None else grads.get(name) for name, x in zip(INPUTS, inputs))]
-        for i, (g, x) in enumerate(zip(gradients, (grad_out, *inputs))):
-            if g is not None and g.shape != x.shape:  # made of unbatched values only: the same for every batch
-                gradients[i] = g.expand(x.shape) if g.dim() <= x.dim() else g.sum_to_size(x.shape)
-        return (None, None, *_tie(gradients, (grad_out, *inputs, *cotangents), _NotThrice))
-
-
-def _second_order(ctx, saved, grad_out, options):
-    """A backward's gradients under create_graph=True, as outputs of _Backward (so that they are differentiable
-    by the second closed form), then None for each of the options."""
-    tensors = iter(ctx.saved_tensors[len(ctx.tensor_names) :])
-    inputs = [next(tensors) if given else None for given in ctx.given]
-    return (*_Backward.apply(saved, ctx.options, grad_out, *inputs), *[None] * options)
 
 
 def _grad_shape(mask):

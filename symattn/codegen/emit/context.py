@@ -179,10 +179,11 @@ def _function(
         + [f"{x.name}=None" for x in maybe]
         + (list(MASK_KEYWORDS) if mask else [])
     )
+    traced = [f"traced=_{class_name}Traced"]  # its twin without jvp, which _apply applies while compiling
     return {
         "input_names": [str(x.name) for x in s.inputs],
         "signature": layout.define("forward", signature, indent=0),
-        "apply_call": layout.call("_apply", [f"{class_name}Function", *positional], indent=4),
+        "apply_call": layout.wrapped("return _apply", [f"{class_name}Function", *positional, *traced], "[0]", 4, "()"),
         "return_gradients": layout.wrapped(
             "return " if not (maybe or mask_grads) or backend.autodiff else "grads = ",
             [
@@ -220,10 +221,22 @@ def _function(
             "inputs = _only_tensors", [str(x.name) for x in s.inputs] + [mask] * bool(mask), "", 8, brackets="()"
         ),
         "define_forward": layout.define("_forward", positional, indent=0),
-        "define_function_forward": layout.define("forward", ["ctx", *positional], indent=4),
-        "call_forward": layout.wrapped(
-            f"{sched.output.name}, saved = _forward", positional, "", indent=8, brackets="()"
+        "define_function_forward": layout.define("forward", positional, indent=4),
+        "call_forward": layout.wrapped(f"{sched.output.name}, saved = _forward", positional, "", 8, "()"),
+        # an input returned as it is (Y = X) is returned as a view: a setup_context Function may not save it
+        "return_distinct": layout.wrapped(
+            "return _distinct",
+            [str(sched.output.name), *(str(x.name) for x in s.inputs), *[mask] * bool(mask)],
+            ", saved",
+            8,
+            "()",
         ),
+        "define_setup_context": layout.define("setup_context", ["ctx", "inputs", "output"], indent=4),
+        "unpack_inputs": layout.unpacked(positional, "inputs", 8),
+        "remember": [
+            layout.given_flags([str(x.name) for x in s.inputs] + [mask] * bool(mask), 8),
+            layout.assign_tuple("ctx.options", [o.name for o in options], 8),
+        ],
     }
 
 
@@ -309,13 +322,16 @@ def build_context(
     variant: str,
     class_name: str | None,
     module_parameters: ModuleParameters,
+    inplace: bool = True,
 ) -> dict:
     """Everything a module template needs, every expression already printed.
 
     module_parameters gives the nn.Module's constructor parameters, the dimensions they bind and the
-    weights' shapes, from the schedule and a fresh printer of the backend.
+    weights' shapes, from the schedule and a fresh printer of the backend. ``inplace=False``: no value is
+    written into a dying array (code that torch.func's vmap runs with some operands batched and others not).
     """
     printer = backend.printer()
+    printer.inplace = printer.inplace and inplace
     s = sched.spec
     mask_no_gradient = variant == "memeff" and bool(sched.constant_gradients)  # torch: a clear error instead
     if variant == "memeff" and sched.constant_gradients:  # blocks of rows: the mask gets no gradient there

@@ -61,6 +61,15 @@ def assign_tuple(target: str, items: list[str], indent: int) -> str:
     return f"{target} = (\n{body}{' ' * indent})"
 
 
+def unpacked(names: list[str], value: str, indent: int) -> str:
+    """A, B, … = value (one name: (A,) = value), the targets in brackets one a line when too long."""
+    targets = f"({names[0]},)" if len(names) == 1 else ", ".join(names)
+    if indent + len(f"{targets} = {value}") <= WIDTH:
+        return f"{targets} = {value}"
+    body = "".join(f"{' ' * (indent + 4)}{name},\n" for name in names)
+    return f"(\n{body}{' ' * indent}) = {value}"
+
+
 def deleted(names: Sequence[str], indent: int) -> str:
     """del names, broken over lines as ruff format would (in brackets, one a line)."""
     line = f"del {', '.join(names)}"

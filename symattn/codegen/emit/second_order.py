@@ -68,7 +68,10 @@ def second_order_context(first: Schedule, first_context: dict, backend: Backend,
     if found is None:
         return None
     so, sched = found
-    ctx = build_context(sched, backend, version, "standard", first_context["class_name"], _no_module)
+    # torch.func's hessian (jacfwd over jacrev) runs it under vmap: nothing in place (Backend.vmapped)
+    ctx = build_context(
+        sched, backend, version, "standard", first_context["class_name"], _no_module, not backend.vmapped
+    )
     mask = ctx["mask"]
     printer = backend.printer()
     extra = [h for h in ctx["helpers"] if h not in first_context["helpers"]] + list(backend.second_order_helpers)
@@ -99,6 +102,7 @@ def second_order_context(first: Schedule, first_context: dict, backend: Backend,
             len("OPTIONAL + = ") :
         ],
         "runtime": printer.runtime_source(extra) if extra else "",
+        "helpers": extra,
         "define_forward": layout.define("_forward2", positional, indent=0),
         "forward_call": layout.wrapped(
             "value, saved = _forward2",
@@ -122,10 +126,6 @@ def second_order_context(first: Schedule, first_context: dict, backend: Backend,
         "function_inputs": layout.wrapped("", [f'"{x}"' for x in [*first_names, *[mask] * bool(mask)]], ",", 0, "()")
         if len(first_names) + bool(mask) == 1
         else layout.wrapped("", [f'"{x}"' for x in [*first_names, *[mask] * bool(mask)]], "", 0, "()"),
-        "remember": [
-            layout.given_flags([*first_names, *[mask] * bool(mask)], 8),
-            layout.assign_tuple("ctx.options", options, 8),
-        ],
         "first_options": len(first_context["options"]),
         **{key: ctx[key] for key in COPIED},
         "saved": list(dict.fromkeys(ctx["saved"])),  # an optional input saved once

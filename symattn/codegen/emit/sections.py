@@ -164,12 +164,16 @@ class Sections:
         everything = [*lp.body, *lp.accumulate]
         dying = [self.fits(a, d) for a, d in zip(everything, _dying(everything, kept))]
         body = [self.statement(a, d) for a, d in zip(lp.body, dying)]
-        if lp.softmax is not None:  # P_b, L_b = row_softmax_lse(A_b), right after A_b
+        if lp.softmax is not None:  # P_b, L_b = row_softmax_lse(A_b), right after A_b (P_b alone: L not kept)
             p_b, l_b, a_b = lp.softmax
-            call = f"{self.printer.helper('row_softmax_lse')}({a_b.name})"
+            kept = any(b == l_b for _, b in lp.collect)
+            plain, masked = (
+                ("row_softmax_lse", "masked_row_softmax_lse") if kept else ("row_softmax", "masked_row_softmax")
+            )
+            call = f"{self.printer.helper(plain)}({a_b.name})"
             if self.mask is not None:
-                call += f" if {self.mask} is None else {self.printer.helper('masked_row_softmax_lse')}({a_b.name})"
-            body.insert(1, Statement(f"{p_b.name}, {l_b.name}", call))
+                call += f" if {self.mask} is None else {self.printer.helper(masked)}({a_b.name})"
+            body.insert(1, Statement(f"{p_b.name}, {l_b.name}" if kept else str(p_b.name), call))
         optional = self.sched.optional
         return {
             "loop": True,

@@ -96,6 +96,8 @@ class Schedule:
     constant_gradients: tuple[tuple[str, MatrixSymbol], ...] = ()
     # inputs that receive no gradient: a user spec's fixed constants (a positional table), passed after the inputs
     fixed: frozenset[str] = frozenset()
+    # a forward mode's schedule (schedule.forward_mode): each input's and forward value's tangent
+    tangents: tuple[tuple[Basic, Basic], ...] = ()
 
     @property
     def inputs(self) -> tuple[MatrixSymbol, ...]:

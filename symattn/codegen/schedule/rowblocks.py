@@ -84,7 +84,8 @@ def plan(sched: Schedule) -> Plan:
     """
     forward = list(sched.forward)
     i, query, full = _attention_core(sched)
-    a_def, p_def, o_def = forward[i - 1], forward[i], forward[i + 1]
+    full |= {t for x, t in sched.tangents if x in full}  # K̇ and V̇ are read whole, as K and V
+    a_def, p_def = forward[i - 1], forward[i]
     n_rows = p_def.target.shape[0]
     lse = MatrixSymbol("L", n_rows, 1)
     blocks: dict[MatrixSymbol, MatrixSymbol] = {}
@@ -99,14 +100,7 @@ def plan(sched: Schedule) -> Plan:
         local = sorted((x for x in matrix_symbols(expr) if row_local(x)), key=str)  # a fixed order: same bytes
         return expr.xreplace({x: block(x) for x in local})
 
-    # Forward: A_b; P_b and L_b together; O_b. O and L are collected.
-    floop = Loop(rows_of=str(query.name), softmax=(block(p_def.target), block(lse), block(a_def.target)))
-    floop.body = [
-        Assignment(block(a_def.target), in_block(a_def.value)),
-        Assignment(block(o_def.target), in_block(o_def.value)),
-    ]
-    floop.collect = [(o_def.target, block(o_def.target)), (lse, block(lse))]
-    floop.slices = _slices(floop, blocks)
+    ahead, floop, after = _forward_cut(sched, i, query, lse, blocks, (row_local, block, in_block))
 
     # Backward: A_b and P_b = exp(A_b − L_b 𝟏ᵀ) again, then each value that reads P or a row-local value
     # made from it; a value that reads a sum over the blocks comes after the loop.
@@ -148,7 +142,57 @@ def plan(sched: Schedule) -> Plan:
     reads |= {full for _, full in bloop.slices}
     made = {a.target for a in (*pre, *inside, *post)}
     saved = tuple(x for x in sched.saved if x in reads and x not in made and x not in core)
-    return Plan((forward[: i - 1], floop, forward[i + 2 :]), (pre, bloop, post), lse, (*saved, lse))
+    return Plan((ahead, floop, after), (pre, bloop, post), lse, (*saved, lse))
+
+
+def _forward_cut(sched: Schedule, i: int, query: Basic, lse: MatrixSymbol, blocks: dict, local: tuple):
+    """The forward before, in and after the loop: A_b; P_b and L_b together; O_b; then each later value that reads
+    one of them or is n × m itself (a forward mode's tangents Ȧ_b, Ṗ_b, Ȯ_b). What the loop reads of the later
+    values (a forward mode's K̇_h, made from K̇) is made before it; O, L (for a backward) and the loop's values
+    read after it are collected. local: the plan's row_local, block and in_block."""
+    row_local, block, in_block = local
+    forward = list(sched.forward)
+    a_def, p_def, o_def = forward[i - 1], forward[i], forward[i + 1]
+    floop = Loop(rows_of=str(query.name), softmax=(block(p_def.target), block(lse), block(a_def.target)))
+    floop.body = [
+        Assignment(block(a_def.target), in_block(a_def.value)),
+        Assignment(block(o_def.target), in_block(o_def.value)),
+    ]
+    core = (a_def.target, p_def.target, o_def.target)
+    after = _after_the_loop(sched, forward[i + 2 :], floop, core, row_local, block, in_block)
+    sliced = [Assignment(b, whole) for b, whole in _slices(floop, blocks)]  # a block read: its whole value is
+    early = _reads([*floop.body, *sliced], tuple(after))
+    ahead = [*forward[: i - 1], *(a for a in after if a.target in early)]
+    after = [a for a in after if a.target not in early]
+    read_after = {x for a in after for x in matrix_symbols(a.value)} | {sched.output}
+    kept = {block(x) for x in read_after if x in blocks and x != o_def.target}
+    floop.collect = [(o_def.target, block(o_def.target))] + [(lse, block(lse))] * bool(sched.backward)
+    floop.collect += [(x, b) for x, b in blocks.items() if b in kept and b in {a.target for a in floop.body}]
+    floop.slices = _slices(floop, blocks)
+    return ahead, floop, after
+
+
+def _after_the_loop(
+    sched: Schedule, later: list[Assignment], floop: Loop, core: tuple, row_local, block, in_block
+) -> list[Assignment]:
+    """The forward values after O = P V (core: A, P, O), each put in the loop (appended to its body) when it
+    reads a value made there (A, P, or one put there before it) or is n × m itself, and nothing made from the
+    whole of O; the others, in order, are returned."""
+    a_target, p_target, o_target = core
+    local, late, after = {a_target, p_target}, {o_target}, []
+    for a in later:
+        reads = matrix_symbols(a.value)
+        if reads & late:
+            late.add(a.target)
+            after.append(a)
+        elif reads & local or a.target.shape == p_target.shape:
+            if not row_local(a.target):
+                raise SymattnError(f"spec {sched.spec.name}: {a.target} = {a.value} is not row-local")
+            floop.body.append(Assignment(block(a.target), in_block(a.value)))
+            local.add(a.target)
+        else:
+            after.append(a)
+    return after
 
 
 def _scores(value: Basic) -> Basic:

@@ -10,7 +10,7 @@ from symattn.codegen.backends.torch_backend import TORCH_RUNTIME
 from symattn.numeric import numpy_runtime as eval_runtime
 
 torch = pytest.importorskip("torch")
-from symattn.codegen.backends import torch_runtime  # noqa: E402 (after the skip: it needs torch to run)
+from symattn.codegen.backends import function_runtime, torch_runtime  # noqa: E402 (after the skip: it needs torch)
 
 
 @pytest.fixture
@@ -81,13 +81,13 @@ def test_input_checks_name_the_input(monkeypatch):
         torch_runtime._tensors({"Q": q.numpy()})
     with pytest.raises(ValueError, match="mixed dtypes"):
         torch_runtime._tensors({"Q": q, "b": torch.zeros(1, 4)})
-    assert torch_runtime._only_tensors(q, None, 3) == [q]
+    assert function_runtime._only_tensors(q, None, 3) == [q]
 
 
 def test_a_second_derivative_raises_naming_the_spec(monkeypatch):
-    monkeypatch.setattr(torch_runtime, "SPEC", "myspec")
+    monkeypatch.setattr(function_runtime, "SPEC", "myspec")
     x = torch.ones(2, dtype=torch.float64, requires_grad=True)
-    (y,) = torch_runtime._NotTwice.apply(1, x * 2, x)
+    (y,) = function_runtime._NotTwice.apply(1, x * 2, x)
     with pytest.raises(RuntimeError, match="myspec: double backward is not supported"):
         y.sum().backward()
 

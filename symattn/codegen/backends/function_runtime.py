@@ -1,0 +1,230 @@
+"""Runtime helpers of the generated PyTorch modules' autograd Functions: apply (with the twin dynamo traces), the
+first closed form's gradients guarded against a second derivative, the second closed form's Function
+(``_Backward``: its backward and its jvp), and the forward mode's tangent (``_tangent``).
+
+Real code, linted and tested; ``TorchMatrixPrinter`` copies the source of the ones a module calls (read with
+``ast``) into it. The names below stand for the generated module's own constants and closed forms. Generating
+code reads this module's source only, so it imports without torch.
+"""
+
+from __future__ import annotations
+
+try:
+    import torch
+except ImportError:  # pragma: no cover - generating a torch module reads this source, it needs no torch
+    from types import SimpleNamespace
+
+    torch = SimpleNamespace(autograd=SimpleNamespace(Function=object))
+
+SPEC = ""  # the spec's name, for error messages
+# A module with a second closed form: the Function's tensor inputs (the mask last), the directions of the
+# inputs and the name of the first cotangent in _forward2, and its two closed forms.
+INPUTS: tuple[str, ...] = ()
+DIRECTION_OF: dict[str, str] = {}
+TANGENT_OF: dict[str, str] = {}  # input name -> its tangent's (the forward mode's)
+COTANGENT = ""
+
+
+def _backward(saved, grad_out):  # pragma: no cover - stands for the generated module's own
+    raise NotImplementedError
+
+
+def _forward2(*inputs):  # pragma: no cover - stands for the generated module's own
+    raise NotImplementedError
+
+
+def _backward2(saved, grad_out):  # pragma: no cover - stands for the generated module's own
+    raise NotImplementedError
+
+
+class _NotTwice(torch.autograd.Function):
+    """The identity on gradients made under create_graph=True, tied to what they depend on: differentiating
+    them again raises, since the generated backward is first order only."""
+
+    @staticmethod
+    def forward(ctx, count, *tensors):
+        return tuple(t.clone() for t in tensors[:count])
+
+    @staticmethod
+    def backward(ctx, *grads):
+        raise RuntimeError(
+            f"{SPEC}: double backward is not supported: the generated backward is the closed-form first "
+            "derivative and no second derivative is derived, so gradients made with create_graph=True cannot "
+            "be differentiated again"
+        )
+
+
+def _apply(function, *args, traced=None):
+    """function.apply(*args), a tensor given a second time given as a view of itself (self-attention's Q = K = V):
+    torch.compile refuses an autograd.Function given one tensor twice; the gradients reach it through both.
+    Compiling (torch.compile, torch.export), traced instead: the Function's twin without jvp, which dynamo
+    traces."""
+    if traced is not None and torch.compiler.is_compiling():
+        function = traced
+    given = []
+    for arg in args:
+        if isinstance(arg, torch.Tensor) and any(arg is seen for seen in given):
+            arg = arg.view_as(arg)
+        given.append(arg)
+    return function.apply(*given)
+
+
+def _distinct(output, *inputs):
+    """The output, or a view of it where it is one of the inputs returned as it is (Y = X): a Function in the
+    setup_context style may not save for backward an input that it returns."""
+    return output.view_as(output) if any(output is x for x in inputs) else output
+
+
+def _only_tensors(*values):
+    """The values that are tensors (an absent bias or mask is None)."""
+    return [value for value in values if isinstance(value, torch.Tensor)]
+
+
+def _first_order(ctx, grad_out, gradients):
+    """The gradients a backward returns; under create_graph=True each is tied to the inputs and grad_out,
+    so that a second derivative raises instead of silently being wrong (as torch's once_differentiable)."""
+    return _tie(gradients, (*ctx.saved_tensors[len(ctx.tensor_names) :], grad_out), _NotTwice)
+
+
+def _tie(gradients, sources, guard):
+    """gradients as they are, or under create_graph=True each tied by guard (an identity whose backward
+    raises) to the sources that require grad, so that differentiating them once more raises."""
+    if not torch.is_grad_enabled():
+        return gradients
+    sources = [t for t in sources if t is not None and t.requires_grad]
+    present = [g for g in gradients if g is not None]
+    if not sources or not present:
+        return gradients
+    tied = iter(guard.apply(len(present), *present, *sources))
+    return tuple(None if g is None else next(tied) for g in gradients)
+
+
+class _NotThrice(torch.autograd.Function):
+    """The identity on second derivatives made under create_graph=True: differentiating them again raises,
+    since the generated closed forms go to the second order only."""
+
+    @staticmethod
+    def forward(ctx, count, *tensors):
+        return tuple(t.clone() for t in tensors[:count])
+
+    @staticmethod
+    def backward(ctx, *grads):
+        raise RuntimeError(
+            f"{SPEC}: a third derivative is not supported: the generated closed forms are the first and second "
+            "derivatives, so second derivatives made with create_graph=True cannot be differentiated again"
+        )
+
+
+class _Held:
+    """What _Backward is given besides tensors (the first closed form's value names and constants, the options, the
+    number of inputs): one argument torch.func's transforms pass along as it is, never looked into."""
+
+    def __init__(self, names, constants, options, count):
+        self.names, self.constants, self.options, self.count = names, constants, options, count
+
+
+class _Backward(torch.autograd.Function):
+    """The first closed form as an autograd Function, used under create_graph=True: its backward is the
+    second closed form. For the cotangents V_i of the gradients g_i(x, G), the gradients of the scalar
+    f₂ = Σ_i tr(V_iᵀ g_i) with respect to every input x and to G (_forward2, _backward2) are exactly what
+    autograd asks of it; its jvp (torch.func.hessian, jacfwd over jacrev) is the same Hessian along the
+    inputs' tangents plus g(x, Ġ) (the gradients are linear in G). apply(held, G, *inputs, *saved values):
+    INPUTS names the inputs (the additive mask last, where there is one), held.names the saved values."""
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(held, grad_out, *tensors):
+        inputs, saved = _split(held, tensors)
+        grads = _backward(saved, grad_out)
+        out = []
+        for name, x in zip(INPUTS, inputs):
+            g = None if x is None else grads.get(name)  # (the memory-efficient variant gives M none)
+            if g is not None and any(g is t for t in (grad_out, *inputs, *out)):  # an output is a new tensor
+                g = g.clone()
+            out.append(g)
+        return tuple(out)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        held, grad_out, *tensors = inputs
+        ctx.set_materialize_grads(False)  # a gradient nobody differentiates has no cotangent: a zero direction
+        ctx.save_for_backward(grad_out, *tensors)
+        ctx.save_for_forward(grad_out, *tensors)
+        ctx.held = held
+
+    @staticmethod
+    def backward(ctx, *cotangents):
+        grad_out, *tensors = ctx.saved_tensors
+        inputs, _ = _split(ctx.held, tensors)
+        with torch.no_grad():
+            grads = _hessian(ctx.held, grad_out, inputs, cotangents)
+        gradients = [grads[COTANGENT], *(None if x is None else grads.get(name) for name, x in zip(INPUTS, inputs))]
+        gradients = _tie(_shaped(gradients, (grad_out, *inputs)), (grad_out, *inputs, *cotangents), _NotThrice)
+        return (None, *gradients, *[None] * (len(tensors) - len(inputs)))
+
+    @staticmethod
+    def jvp(ctx, _held, grad_out_t, *tangents):
+        grad_out, *tensors = ctx.saved_tensors
+        inputs, saved = _split(ctx.held, tensors)
+        out = [None] * len(inputs)
+        if any(t is not None for t in tangents[: len(inputs)]):
+            grads = _hessian(ctx.held, grad_out, inputs, tangents[: len(inputs)])
+            out = [None if x is None else grads.get(name) for name, x in zip(INPUTS, inputs)]
+        if grad_out_t is not None:  # the gradients are linear in G: their tangent along Ġ is g(x, Ġ)
+            linear = _backward(saved, grad_out_t)
+            out = [g if x is None else _plus(g, linear.get(name)) for name, x, g in zip(INPUTS, inputs, out)]
+        return tuple(_shaped(out, inputs))
+
+
+def _split(held, tensors):
+    """_Backward's tensors as (the inputs, the first closed form's saved values by name)."""
+    inputs, values = list(tensors[: held.count]), tensors[held.count :]
+    return inputs, dict(zip(held.names, values), **held.constants)
+
+
+def _hessian(held, grad_out, inputs, directions):
+    """The second closed form's gradients for the directions (a tangent or cotangent per input, None: zero):
+    Σ_j ∂²tr(Gᵀ F)/∂x ∂x_j [V_j] under each input's name, and ∂f₂/∂G under COTANGENT's."""
+    count = len(DIRECTION_OF)
+    if len(inputs) > count and directions[count] is not None:
+        raise RuntimeError(
+            f"{SPEC}: the gradient of a float attn_mask cannot be differentiated again (no second derivative "
+            "through it is derived); the gradients of the other inputs can"
+        )
+    value, saved = _forward2(*inputs[:count], grad_out, *directions[:count], *inputs[count:], *held.options)
+    return _backward2(saved, torch.ones_like(value))
+
+
+def _plus(a, b):
+    """a + b, where a None is zero."""
+    return b if a is None else a if b is None else a + b
+
+
+def _shaped(gradients, like):
+    """Each gradient in the shape of its tensor: one made of unbatched values only is the same for every batch."""
+    out = list(gradients)
+    for i, (g, x) in enumerate(zip(out, like)):
+        if g is not None and g.shape != x.shape:
+            out[i] = g.expand(x.shape) if g.dim() <= x.dim() else g.sum_to_size(x.shape)
+    return out
+
+
+def _tangent(jvp, ctx, tangents):
+    """The output's tangent by jvp(<inputs>, <their tangents>, <M, Ṁ>, <options>) (a generated _jvp), the inputs
+    as setup_context saved them (an absent one None) and tangents one per argument of apply."""
+    saved = iter(ctx.saved_tensors[len(ctx.tensor_names) :])
+    inputs = [next(saved) if given else None for given in ctx.given]
+    count = len(TANGENT_OF)
+    return jvp(*inputs[:count], *tangents[:count], *inputs[count:], *tangents[count : len(inputs)], *ctx.options)[1]
+
+
+def _second_order(ctx, saved, grad_out, options, spec_options):
+    """A backward's gradients under create_graph=True, as outputs of _Backward (so that they are differentiable
+    by the second closed form), then None for each of the options; the first spec_options of them are the
+    second closed form's (a memory-efficient Function's block_size is not)."""
+    tensors = iter(ctx.saved_tensors[len(ctx.tensor_names) :])
+    inputs = [next(tensors) if given else None for given in ctx.given]
+    held = _Held(ctx.tensor_names, ctx.constants, ctx.options[:spec_options], len(inputs))
+    values = [saved[name] for name in ctx.tensor_names]
+    return (*_Backward.apply(held, grad_out, *inputs, *values), *[None] * options)
