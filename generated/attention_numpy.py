@@ -453,8 +453,9 @@ def _jvp(Q, K, V, Q_t, K_t, V_t, M, M_t, scale):
     del A
     O = P @ V
     dA = add_optional((scale * Q) @ K_t.mT + (scale * Q_t) @ K.mT, M_t)
-    dP = (dA - ((dA * P).sum(axis=-1, keepdims=True))) * P
-    del dA
+    D = (dA * P).sum(axis=-1, keepdims=True)
+    dP = np.multiply(np.subtract(dA, D, out=dA), P, out=dA)
+    del D, dA
     dO = P @ V_t + dP @ V
     del P, dP
     return O, dO

@@ -708,7 +708,8 @@ def _jvp(Q, K, V, Q_t, K_t, V_t, M, M_t, scale):
     P = row_softmax(A) if M is None else masked_row_softmax(A)
     O = P @ V
     dA = add_optional((scale * Q) @ K_t.mT + (scale * Q_t) @ K.mT, M_t)
-    dP = (dA - ((dA * P).sum(dim=-1, keepdim=True))) * P
+    D = (dA * P).sum(dim=-1, keepdim=True)
+    dP = (dA - D) * P
     dO = P @ V_t + dP @ V
     return O, dO
 

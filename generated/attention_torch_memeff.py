@@ -788,7 +788,8 @@ def _jvp(Q, K, V, Q_t, K_t, V_t, M, M_t, scale, block_size):
         P_b = row_softmax(A_b) if M is None else masked_row_softmax(A_b)
         O_b = P_b @ V
         dA_b = add_optional((scale * Q_b) @ K_t.mT + (scale * Q_t_b) @ K.mT, M_t_b)
-        dP_b = (dA_b - ((dA_b * P_b).sum(dim=-1, keepdim=True))) * P_b
+        D_b = (dA_b * P_b).sum(dim=-1, keepdim=True)
+        dP_b = (dA_b - D_b) * P_b
         dO_b = P_b @ V_t + dP_b @ V
         O_blocks.append(O_b)
         dO_blocks.append(dO_b)

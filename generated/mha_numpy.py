@@ -1118,8 +1118,9 @@ def _jvp(
     dV_h = repeat_heads(split_heads(add_optional(V @ W_V_t + V_t @ W_V, b_V_t), H_kv), H)
     dA_h = add_optional((scale * Q_h) @ dK_h.mT + (scale * dQ_h) @ K_h.mT, M_t)
     del K_h, Q_h, dK_h, dQ_h
-    dP_h = (dA_h - ((dA_h * P_h).sum(axis=-1, keepdims=True))) * P_h
-    del dA_h
+    D = (dA_h * P_h).sum(axis=-1, keepdims=True)
+    dP_h = np.multiply(np.subtract(dA_h, D, out=dA_h), P_h, out=dA_h)
+    del D, dA_h
     dO_h = P_h @ dV_h + dP_h @ V_h
     del P_h, V_h, dP_h, dV_h
     dC = merge_heads(dO_h, H)

@@ -1679,7 +1679,8 @@ def _jvp(
     dK_h = repeat_heads(split_heads(add_optional(K @ W_K_t + K_t @ W_K, b_K_t), H_kv), H)
     dV_h = repeat_heads(split_heads(add_optional(V @ W_V_t + V_t @ W_V, b_V_t), H_kv), H)
     dA_h = add_optional((scale * Q_h) @ dK_h.mT + (scale * dQ_h) @ K_h.mT, M_t)
-    dP_h = (dA_h - ((dA_h * P_h).sum(dim=-1, keepdim=True))) * P_h
+    D = (dA_h * P_h).sum(dim=-1, keepdim=True)
+    dP_h = (dA_h - D) * P_h
     dO_h = P_h @ dV_h + dP_h @ V_h
     dC = merge_heads(dO_h, H)
     dY = add_optional(C @ W_O_t + dC @ W_O, b_O_t)

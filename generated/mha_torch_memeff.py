@@ -1507,7 +1507,8 @@ def _jvp(
         P_h_b = row_softmax(A_h_b) if M is None else masked_row_softmax(A_h_b)
         O_h_b = P_h_b @ V_h
         dA_h_b = add_optional((scale * Q_h_b) @ dK_h.mT + (scale * dQ_h_b) @ K_h.mT, M_t_b)
-        dP_h_b = (dA_h_b - ((dA_h_b * P_h_b).sum(dim=-1, keepdim=True))) * P_h_b
+        D_b = (dA_h_b * P_h_b).sum(dim=-1, keepdim=True)
+        dP_h_b = (dA_h_b - D_b) * P_h_b
         dO_h_b = P_h_b @ dV_h + dP_h_b @ V_h
         dC_b = merge_heads(dO_h_b, H)
         O_h_blocks.append(O_h_b)

@@ -320,7 +320,8 @@ def _jvp(X, W_Q, W_K, W_V, X_t, W_Q_t, W_K_t, W_V_t):
     dK = dQKV[..., :, d_k : 2 * d_k]
     dV = dQKV[..., :, 2 * d_k :]
     dA = (scale * Q) @ dK.mT + (scale * dQ) @ K.mT
-    dP = (dA - ((dA * P).sum(axis=-1, keepdims=True))) * P
+    D = (dA * P).sum(axis=-1, keepdims=True)
+    dP = (dA - D) * P
     dO = P @ dV + dP @ V
     return O, dO
 

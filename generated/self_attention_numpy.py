@@ -482,8 +482,9 @@ def _jvp(X, W_Q, W_K, W_V, X_t, W_Q_t, W_K_t, W_V_t):
     del dQKV
     dA = (scale * Q) @ dK.mT + (scale * dQ) @ K.mT
     del K, Q, dK, dQ
-    dP = (dA - ((dA * P).sum(axis=-1, keepdims=True))) * P
-    del dA
+    D = (dA * P).sum(axis=-1, keepdims=True)
+    dP = np.multiply(np.subtract(dA, D, out=dA), P, out=dA)
+    del D, dA
     dO = P @ dV + dP @ V
     del P, V, dP, dV
     return O, dO

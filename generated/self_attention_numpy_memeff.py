@@ -528,7 +528,8 @@ def _jvp(X, W_Q, W_K, W_V, X_t, W_Q_t, W_K_t, W_V_t, block_size):
         P_b = row_softmax(A_b)
         O_b = P_b @ V
         dA_b = (scale * Q_b) @ dK.mT + (scale * dQ_b) @ K.mT
-        dP_b = (dA_b - ((dA_b * P_b).sum(axis=-1, keepdims=True))) * P_b
+        D_b = (dA_b * P_b).sum(axis=-1, keepdims=True)
+        dP_b = np.multiply(np.subtract(dA_b, D_b, out=dA_b), P_b, out=dA_b)
         dO_b = P_b @ dV + dP_b @ V
         O_blocks.append(O_b)
         dO_blocks.append(dO_b)

@@ -986,25 +986,22 @@ def _jvp(
     U = add_optional(X_2 @ W_1, b_1)
     F = gelu(U)
     Z = Y + add_optional(F @ W_2, b_2)
-    dN_1 = (row_inv_std(X, eps)) * (
-        (-1 / (H * d_k)) * (((N_1 * X_t).sum(axis=-1, keepdims=True)) * N_1)
-        + (-1 / (H * d_k)) * (X_t.sum(axis=-1, keepdims=True))
-        + X_t
-    )
+    D1 = (N_1 * X_t).sum(axis=-1, keepdims=True)
+    D2 = X_t.sum(axis=-1, keepdims=True)
+    dN_1 = (row_inv_std(X, eps)) * ((-1 / (H * d_k)) * (D1 * N_1) + (-1 / (H * d_k)) * D2 + X_t)
     dX_1 = beta_1_t + gamma_1 * dN_1 + gamma_1_t * N_1
     dQ_h = split_heads(add_optional(X_1 @ W_Q_t + dX_1 @ W_Q, b_Q_t), H)
     dK_h = split_heads(add_optional(X_1 @ W_K_t + dX_1 @ W_K, b_K_t), H)
     dV_h = split_heads(add_optional(X_1 @ W_V_t + dX_1 @ W_V, b_V_t), H)
     dA_h = add_optional((scale * Q_h) @ dK_h.mT + (scale * dQ_h) @ K_h.mT, M_t)
-    dP_h = (dA_h - ((dA_h * P_h).sum(axis=-1, keepdims=True))) * P_h
+    D3 = (dA_h * P_h).sum(axis=-1, keepdims=True)
+    dP_h = (dA_h - D3) * P_h
     dO_h = P_h @ dV_h + dP_h @ V_h
     dC = merge_heads(dO_h, H)
     dY = add_optional(C @ W_O_t + dC @ W_O + X_t, b_O_t)
-    dN_2 = (row_inv_std(Y, eps)) * (
-        (-1 / (H * d_k)) * (((N_2 * dY).sum(axis=-1, keepdims=True)) * N_2)
-        + (-1 / (H * d_k)) * (dY.sum(axis=-1, keepdims=True))
-        + dY
-    )
+    D4 = (N_2 * dY).sum(axis=-1, keepdims=True)
+    D5 = dY.sum(axis=-1, keepdims=True)
+    dN_2 = (row_inv_std(Y, eps)) * ((-1 / (H * d_k)) * (D4 * N_2) + (-1 / (H * d_k)) * D5 + dY)
     dX_2 = beta_2_t + gamma_2 * dN_2 + gamma_2_t * N_2
     dU = add_optional(X_2 @ W_1_t + dX_2 @ W_1, b_1_t)
     dF = (gelu_grad(U)) * dU

@@ -1638,11 +1638,10 @@ def _jvp(
     U = add_optional(X_2 @ W_1, b_1)
     F = gelu(U)
     Z = Y + add_optional(F @ W_2, b_2)
-    dN_1 = (row_inv_std(X, eps)) * (
-        (-1 / (H * d_k)) * (((N_1 * X_t).sum(axis=-1, keepdims=True)) * N_1)
-        + (-1 / (H * d_k)) * (X_t.sum(axis=-1, keepdims=True))
-        + X_t
-    )
+    D1 = (N_1 * X_t).sum(axis=-1, keepdims=True)
+    D2 = X_t.sum(axis=-1, keepdims=True)
+    dN_1 = (row_inv_std(X, eps)) * ((-1 / (H * d_k)) * (D1 * N_1) + (-1 / (H * d_k)) * D2 + X_t)
+    del D1, D2
     dX_1 = np.add(np.add(np.multiply(dN_1, gamma_1, out=dN_1), beta_1_t, out=dN_1), gamma_1_t * N_1, out=dN_1)
     del N_1, dN_1
     dQ_h = split_heads(add_optional(X_1 @ W_Q_t + dX_1 @ W_Q, b_Q_t), H)
@@ -1651,20 +1650,19 @@ def _jvp(
     del X_1, dX_1
     dA_h = add_optional((scale * Q_h) @ dK_h.mT + (scale * dQ_h) @ K_h.mT, M_t)
     del K_h, Q_h, dK_h, dQ_h
-    dP_h = (dA_h - ((dA_h * P_h).sum(axis=-1, keepdims=True))) * P_h
-    del dA_h
+    D3 = (dA_h * P_h).sum(axis=-1, keepdims=True)
+    dP_h = np.multiply(np.subtract(dA_h, D3, out=dA_h), P_h, out=dA_h)
+    del D3, dA_h
     dO_h = P_h @ dV_h + dP_h @ V_h
     del P_h, V_h, dP_h, dV_h
     dC = merge_heads(dO_h, H)
     del dO_h
     dY = add_optional(C @ W_O_t + dC @ W_O + X_t, b_O_t)
     del C, dC
-    dN_2 = (row_inv_std(Y, eps)) * (
-        (-1 / (H * d_k)) * (((N_2 * dY).sum(axis=-1, keepdims=True)) * N_2)
-        + (-1 / (H * d_k)) * (dY.sum(axis=-1, keepdims=True))
-        + dY
-    )
-    del Y
+    D4 = (N_2 * dY).sum(axis=-1, keepdims=True)
+    D5 = dY.sum(axis=-1, keepdims=True)
+    dN_2 = (row_inv_std(Y, eps)) * ((-1 / (H * d_k)) * (D4 * N_2) + (-1 / (H * d_k)) * D5 + dY)
+    del D4, D5, Y
     dX_2 = np.add(np.add(np.multiply(dN_2, gamma_2, out=dN_2), beta_2_t, out=dN_2), gamma_2_t * N_2, out=dN_2)
     del N_2, dN_2
     dU = add_optional(X_2 @ W_1_t + dX_2 @ W_1, b_1_t)

@@ -16,7 +16,9 @@ from sympy import Basic, HadamardProduct, MatrixSymbol
 from symattn.autodiff.differentials import differential
 from symattn.codegen.schedule.build import Schedule, _simplified
 from symattn.codegen.schedule.dag import Assignment
+from symattn.codegen.schedule.naming import name_row_sums
 from symattn.codegen.schedule.passes import hoist_hadamard_scalars
+from symattn.codegen.schedule.sharing import order
 from symattn.lang.dims import bind_dimensions
 from symattn.lang.graph import matrix_symbols
 from symattn.lang.names import fresh_name
@@ -46,6 +48,8 @@ def jvp_schedule(first: Schedule) -> tuple[ForwardMode, Schedule]:
         tangents[a.target] = MatrixSymbol(name, *a.target.shape)
         values.append(Assignment(tangents[a.target], d, a.reduce_batch))
     values = _flat_hadamards(hoist_hadamard_scalars(_simplified(values, list(first.forward), write_out=False)))
+    # the softmax's rowsum(Ȧ ⊙ P) named (D, an n × 1 column), so that Ṗ is computed into Ȧ, which dies there
+    values = order(name_row_sums(values, frozenset(taken)))
     output = tangents.get(first.output)
     if output is None:  # the output depends on no input (a spec of constants only): its tangent is zero
         output = MatrixSymbol(fresh_name("d" + str(first.output.name), taken, bare=True, first=2), *first.output.shape)
