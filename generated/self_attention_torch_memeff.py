@@ -149,21 +149,24 @@ def _nonempty(sizes, named):
         raise ValueError(f"{', '.join(empty)}: only the query rows may be empty; got {shapes}")
 
 
-class _NotTwice(torch.autograd.Function):
-    """The identity on gradients made under create_graph=True, tied to what they depend on: differentiating
-    them again raises, since the generated backward is first order only."""
+class _Last(torch.autograd.Function):
+    """The identity on derivatives made under create_graph=True, tied to what they depend on: differentiating them
+    again raises with its message, since the generated closed forms go no further (in the setup_context style,
+    so that torch.func's transforms apply it too)."""
+
+    generate_vmap_rule = True
 
     @staticmethod
-    def forward(ctx, count, *tensors):
+    def forward(message, count, *tensors):
         return tuple(t.clone() for t in tensors[:count])
 
     @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.message = inputs[0]
+
+    @staticmethod
     def backward(ctx, *grads):
-        raise RuntimeError(
-            f"{SPEC}: double backward is not supported: the generated backward is the closed-form first "
-            "derivative and no second derivative is derived, so gradients made with create_graph=True cannot "
-            "be differentiated again"
-        )
+        raise RuntimeError(ctx.message)
 
 
 def _apply(function, *args, traced=None):
@@ -195,19 +198,23 @@ def _only_tensors(*values):
 def _first_order(ctx, grad_out, gradients):
     """The gradients a backward returns; under create_graph=True each is tied to the inputs and grad_out,
     so that a second derivative raises instead of silently being wrong (as torch's once_differentiable)."""
-    return _tie(gradients, (*ctx.saved_tensors[len(ctx.tensor_names) :], grad_out), _NotTwice)
+    message = (
+        f"{SPEC}: double backward is not supported: the generated backward is the closed-form first derivative "
+        "and no second derivative is derived, so gradients made with create_graph=True cannot be differentiated again"
+    )
+    return _tie(gradients, (*ctx.saved_tensors[len(ctx.tensor_names) :], grad_out), message)
 
 
-def _tie(gradients, sources, guard):
-    """gradients as they are, or under create_graph=True each tied by guard (an identity whose backward
-    raises) to the sources that require grad, so that differentiating them once more raises."""
+def _tie(gradients, sources, message):
+    """gradients as they are, or under create_graph=True each tied by _Last (an identity whose backward raises
+    with message) to the sources that require grad, so that differentiating them once more raises."""
     if not torch.is_grad_enabled():
         return gradients
     sources = [t for t in sources if t is not None and t.requires_grad]
     present = [g for g in gradients if g is not None]
     if not sources or not present:
         return gradients
-    tied = iter(guard.apply(len(present), *present, *sources))
+    tied = iter(_Last.apply(message, len(present), *present, *sources))
     return tuple(None if g is None else next(tied) for g in gradients)
 
 
@@ -434,28 +441,26 @@ def _direction(direction):
     return direction
 
 
-class _NotThrice(torch.autograd.Function):
-    """The identity on second derivatives made under create_graph=True: differentiating them again raises,
-    since the generated closed forms go to the second order only."""
-
-    @staticmethod
-    def forward(ctx, count, *tensors):
-        return tuple(t.clone() for t in tensors[:count])
-
-    @staticmethod
-    def backward(ctx, *grads):
-        raise RuntimeError(
-            f"{SPEC}: a third derivative is not supported: the generated closed forms are the first and second "
-            "derivatives, so second derivatives made with create_graph=True cannot be differentiated again"
-        )
-
-
 class _Held:
     """What _Backward is given besides tensors (the first closed form's value names and constants, the options, the
     number of inputs): one argument torch.func's transforms pass along as it is, never looked into."""
 
     def __init__(self, names, constants, options, count):
         self.names, self.constants, self.options, self.count = names, constants, options, count
+
+
+def _first_forward_mode():
+    """Raise under forward mode over forward mode (torch.func.jvp of jvp, jacfwd of jacfwd): a jvp reads the
+    inputs saved for it, which carry no tangent of an outer forward level, so a nested one would be wrong."""
+    from torch._functorch.pyfunctorch import retrieve_all_functorch_interpreters
+
+    levels = [i for i in retrieve_all_functorch_interpreters() if i.key() == torch._C._functorch.TransformType.Jvp]
+    if len(levels) > 1:
+        raise RuntimeError(
+            f"{SPEC}: forward mode over forward mode (jvp of jvp, jacfwd of jacfwd) is not supported: the "
+            "generated jvp is a first derivative; for second derivatives use torch.func.hessian (jacfwd over "
+            "jacrev) or jacrev of jacrev, both closed form"
+        )
 
 
 class _Backward(torch.autograd.Function):
@@ -495,11 +500,16 @@ class _Backward(torch.autograd.Function):
         with torch.no_grad():
             grads = _hessian(ctx.held, grad_out, inputs, cotangents)
         gradients = [grads[COTANGENT], *(None if x is None else grads.get(name) for name, x in zip(INPUTS, inputs))]
-        gradients = _tie(_shaped(gradients, (grad_out, *inputs)), (grad_out, *inputs, *cotangents), _NotThrice)
+        third = (
+            f"{SPEC}: a third derivative is not supported: the generated closed forms are the first and second "
+            "derivatives, so second derivatives made with create_graph=True cannot be differentiated again"
+        )
+        gradients = _tie(_shaped(gradients, (grad_out, *inputs)), (grad_out, *inputs, *cotangents), third)
         return (None, *gradients, *[None] * (len(tensors) - len(inputs)))
 
     @staticmethod
     def jvp(ctx, _held, grad_out_t, *tangents):
+        _first_forward_mode()
         grad_out, *tensors = ctx.saved_tensors
         inputs, saved = _split(ctx.held, tensors)
         out = [None] * len(inputs)
@@ -734,9 +744,24 @@ def _tangents(tangents):
     return tangents
 
 
+def _first_forward_mode():
+    """Raise under forward mode over forward mode (torch.func.jvp of jvp, jacfwd of jacfwd): a jvp reads the
+    inputs saved for it, which carry no tangent of an outer forward level, so a nested one would be wrong."""
+    from torch._functorch.pyfunctorch import retrieve_all_functorch_interpreters
+
+    levels = [i for i in retrieve_all_functorch_interpreters() if i.key() == torch._C._functorch.TransformType.Jvp]
+    if len(levels) > 1:
+        raise RuntimeError(
+            f"{SPEC}: forward mode over forward mode (jvp of jvp, jacfwd of jacfwd) is not supported: the "
+            "generated jvp is a first derivative; for second derivatives use torch.func.hessian (jacfwd over "
+            "jacrev) or jacrev of jacrev, both closed form"
+        )
+
+
 def _tangent(jvp, ctx, tangents):
     """The output's tangent by jvp(<inputs>, <their tangents>, <M, Ṁ>, <options>) (a generated _jvp), the inputs
     as setup_context saved them (an absent one None) and tangents one per argument of apply."""
+    _first_forward_mode()
     saved = iter(ctx.saved_tensors[len(ctx.tensor_names) :])
     inputs = [next(saved) if given else None for given in ctx.given]
     count = len(TANGENT_OF)

@@ -142,6 +142,18 @@ def test_hessian(name):
     _close(torch.func.hessian(_loss(f, rest))(x), torch.func.hessian(_loss(ref, rest))(x))
 
 
+@pytest.mark.parametrize("name", NAMES)
+def test_jacrev_of_jacrev_and_no_forward_over_forward(name):
+    # reverse over reverse: the second closed form (_Backward's backward); forward over forward would read the
+    # jvp's saved inputs without the outer tangent, so it raises instead of giving a wrong number
+    f, ref, (x, *rest) = _case(name)
+    if x.dim() == 3:
+        x, rest = x[:1], [r[:1] if r.dim() == 3 else r for r in rest]
+    _close(torch.func.jacrev(torch.func.jacrev(_loss(f, rest)))(x), torch.func.hessian(_loss(ref, rest))(x))
+    with pytest.raises(RuntimeError, match="forward mode over forward mode"):
+        torch.func.jacfwd(torch.func.jacfwd(_loss(f, rest)))(x)
+
+
 @pytest.mark.parametrize("name", [n for n in NAMES if n != "temperature_attention"])
 def test_vmap_and_per_sample_gradients(name):
     f, ref, (x, *rest) = _case(name)
