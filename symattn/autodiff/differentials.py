@@ -35,6 +35,7 @@ from symattn.autodiff.vjp import rule_key, supported
 from symattn.errors import UnsupportedNodeError
 from symattn.lang.algebra import hadamard_product, total
 from symattn.lang.functions import FunctionRecord
+from symattn.lang.graph import children, postorder
 from symattn.lang.ops import (
     LayerNorm,
     MergeHeads,
@@ -297,22 +298,32 @@ def scalar_jvp(node: Basic, d: Tangent) -> Basic | None:
 
 
 def differential(expr: Basic, tangents: Mapping[MatrixSymbol, Basic]) -> Basic | None:
-    """d(expr) when each symbol s in tangents moves by tangents[s] (None: expr is constant)."""
+    """d(expr) when each symbol s in tangents moves by tangents[s] (None: expr is constant).
+
+    Which nodes move is found in one walk of the DAG (each node once, its arguments first), so the cost is
+    linear in the expression; a node a rule builds that the walk did not meet is asked with ``has``."""
+    expr = sympify(expr)
     memo: dict[Basic, Basic | None] = {}
+    walked: set[Basic] = set()
+    moving: set[Basic] = set(tangents)
+    for node in postorder(expr):
+        walked.add(node)
+        if node not in moving and any(a in moving for a in children(node)):
+            moving.add(node)
 
     def d(e: Basic) -> Basic | None:
         if e in memo:
             return memo[e]
         if e in tangents:
             out = tangents[e]
-        elif isinstance(e, MatrixSymbol) or not e.has(*tangents):
+        elif isinstance(e, MatrixSymbol) or (e not in moving if e in walked else not e.has(*tangents)):
             out = None
         else:
             out = _rule(e)(e, d)
         memo[e] = out
         return out
 
-    return d(sympify(expr))
+    return d(expr)
 
 
 # Grouped-query heads: H_kv key/value heads shared by H query heads.

@@ -25,6 +25,23 @@ __all__ = ["forward_mode_context"]
 COPIED = ("mask", "options", "divides_heads", "bindings", "constants", "nonempty", "checked_inputs", "output")
 
 
+_CACHE: dict[int, tuple[Schedule, tuple | None]] = {}  # by id: Specs hold dicts
+
+
+def _jvp_schedule(first: Schedule) -> tuple | None:
+    """The JVP's spec and schedule for a first schedule, made once for all its backends and variants (None: a
+    node without a forward rule)."""
+    held = _CACHE.get(id(first))
+    if held is not None and held[0] is first:
+        return held[1]
+    try:
+        found = jvp_schedule(first)
+    except SymattnError:
+        found = None
+    _CACHE[id(first)] = (first, found)  # the schedule is kept alive, so its id is not reused
+    return found
+
+
 def forward_mode_context(
     first: Schedule, first_context: dict, backend: Backend, version: str, variant: str = "standard", printed=()
 ) -> dict | None:
@@ -33,8 +50,11 @@ def forward_mode_context(
     through blocks of query rows like its forward (``rowblocks.plan``): Ȧ_b, Ṗ_b, Ȯ_b beside A_b, P_b, O_b."""
     if first.fixed:
         return None
-    try:  # (a node without a forward rule; a memory-efficient cut its tangents do not fit)
-        fm, sched = jvp_schedule(first)
+    found = _jvp_schedule(first)
+    if found is None:
+        return None
+    fm, sched = found
+    try:  # (a memory-efficient cut its tangents do not fit)
         # torch.func's jacfwd runs the torch Function's jvp under vmap: nothing in place (Backend.vmapped)
         ctx = build_context(
             sched, backend, version, variant, first_context["class_name"], _no_module, not backend.vmapped
