@@ -431,9 +431,8 @@ class _Held:
 def _first_forward_mode():
     """Raise under forward mode over forward mode (torch.func.jvp of jvp, jacfwd of jacfwd): a jvp reads the
     inputs saved for it, which carry no tangent of an outer forward level, so a nested one would be wrong."""
-    from torch._functorch.pyfunctorch import retrieve_all_functorch_interpreters
-
-    levels = [i for i in retrieve_all_functorch_interpreters() if i.key() == torch._C._functorch.TransformType.Jvp]
+    interpreters = torch._functorch.pyfunctorch.retrieve_all_functorch_interpreters()  # (import torch loads it)
+    levels = [i for i in interpreters if i.key() == torch._C._functorch.TransformType.Jvp]
     if len(levels) > 1:
         raise RuntimeError(
             f"{SPEC}: forward mode over forward mode (jvp of jvp, jacfwd of jacfwd) is not supported: the "
@@ -682,9 +681,8 @@ def _tangents(tangents):
 def _first_forward_mode():
     """Raise under forward mode over forward mode (torch.func.jvp of jvp, jacfwd of jacfwd): a jvp reads the
     inputs saved for it, which carry no tangent of an outer forward level, so a nested one would be wrong."""
-    from torch._functorch.pyfunctorch import retrieve_all_functorch_interpreters
-
-    levels = [i for i in retrieve_all_functorch_interpreters() if i.key() == torch._C._functorch.TransformType.Jvp]
+    interpreters = torch._functorch.pyfunctorch.retrieve_all_functorch_interpreters()  # (import torch loads it)
+    levels = [i for i in interpreters if i.key() == torch._C._functorch.TransformType.Jvp]
     if len(levels) > 1:
         raise RuntimeError(
             f"{SPEC}: forward mode over forward mode (jvp of jvp, jacfwd of jacfwd) is not supported: the "
