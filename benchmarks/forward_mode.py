@@ -19,12 +19,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
-import time
 import tracemalloc
 
 import numpy as np
 import torch
+from second_order import median_time  # (benchmarks/, this script's folder)
 from symattn.generated import attention_numpy, attention_numpy_memeff, attention_torch, mha_numpy, mha_torch
 
 
@@ -38,16 +37,6 @@ def _mha(Q, K, V, W_Q, W_K, W_V, W_O, heads):
 
     o = torch.softmax(split(Q @ W_Q) @ split(K @ W_K).mT / (W_Q.shape[1] // heads) ** 0.5, dim=-1) @ split(V @ W_V)
     return o.transpose(-3, -2).flatten(-2) @ W_O
-
-
-def median_time(fn, repeats: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def _cases(args):

@@ -26,7 +26,7 @@ from symattn.derive.steps import node_reasons
 from symattn.errors import SymattnError
 from symattn.lang.graph import matrix_symbols
 from symattn.numeric.lambdify import lambdify
-from symattn.numeric.verify import dimension_symbols, random_dims
+from symattn.numeric.verify import dimension_symbols, random_dims, random_matrix
 from symattn.specs import Spec
 
 __all__ = ["ForwardCheck", "ForwardDerivation"]
@@ -220,5 +220,4 @@ def _draw(read: Basic, dims: dict, rng: np.random.Generator) -> np.ndarray | flo
     """A random value of an input or constant (a trainable scalar away from zero)."""
     if not isinstance(read, MatrixExpr):
         return float(rng.uniform(0.5, 1.5))
-    shape = tuple(int(sp.sympify(d).xreplace(dims)) for d in read.shape)
-    return rng.standard_normal(shape)
+    return random_matrix(read, dims, rng)

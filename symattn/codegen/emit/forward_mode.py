@@ -83,18 +83,18 @@ def forward_mode_context(
     sections = ctx["forward_sections"]
     lines = [line.value for sec in sections for line in (*sec.get("lines", []), *sec.get("body", []))]
     arrays = [*inputs, *[mask] * bool(mask)]
-    custom_jvp = {
-        "define_rule": layout.define("_primal_jvp", [*options, "primals", "tangents"], indent=0),
-        "unpack_primals": layout.unpacked(arrays, "primals", 4),
-        "unpack_tangents": layout.unpacked([tangent_of[x] for x in arrays], "tangents", 4),
-        "call": layout.wrapped(
-            "return _jvp", [*inputs, *(tangent_of[x] for x in inputs), *mask_pair, *options], "", 4, "()"
-        ),
-        "signature": layout.define("forward_jvp", [*required, *["*"] * bool(keywords), *keywords], indent=0),
-        "entry_call": layout.call("_forward_mode", [*arrays, *options], indent=4),
-    }
+    custom_jvp = None
+    if backend.custom_jvp:  # JAX: forward_jvp, the forward whose custom_jvp rule is _jvp
+        custom_jvp = {
+            "define_rule": layout.define("_primal_jvp", [*options, "primals", "tangents"], indent=0),
+            "unpack_primals": layout.unpacked(arrays, "primals", 4),
+            "unpack_tangents": layout.unpacked([tangent_of[x] for x in arrays], "tangents", 4),
+            "call": layout.wrapped("return _jvp", positional, "", 4, "()"),
+            "signature": layout.define("forward_jvp", [*required, *["*"] * bool(keywords), *keywords], indent=0),
+            "entry_call": layout.call("_forward_mode", [*arrays, *options], indent=4),
+        }
     return {
-        "custom_jvp": custom_jvp if backend.custom_jvp else None,
+        "custom_jvp": custom_jvp,
         **{key: ctx[key] for key in COPIED},
         "runtime": printer.runtime_source(helpers) + "\n\n\n" if helpers else "",
         "needs_dtype": _uses("dtype", lines) or _uses("device", lines),
