@@ -26,8 +26,9 @@ from symattn.lang.ops import (
 from symattn.numeric.lambdify import lambdify
 from symattn.optimize.simplify import simplify, simplify_all
 from symattn.specs import Spec, spec, specs
-
-__version__ = "0.1.0"
+from symattn.trace.checking import check_backward
+from symattn.trace.source import from_torch
+from symattn.version import __version__
 
 __all__ = [
     "CheckResult",
@@ -41,8 +42,10 @@ __all__ = [
     "__version__",
     "backward",
     "check",
+    "check_backward",
     "derive",
     "exp",
+    "from_torch",
     "grad",
     "hadamard",
     "identity",

@@ -331,7 +331,7 @@ def _add_check(sub: argparse._SubParsersAction) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from symattn import __version__
+    from symattn.version import __version__
 
     parser = _Parser(prog="symattn", description="Derive, print and generate attention gradients.")
     parser.add_argument("--version", action="version", version=f"symattn {__version__}")

@@ -166,7 +166,7 @@ def render(
     ``second_order=False`` leaves the second closed form out: such a module raises on double backward
     and has no ``hvp`` (a first-order module, rendered in a fraction of the time).
     """
-    from symattn import __version__
+    from symattn.version import __version__
 
     target = backend_named(backend)
     if variant not in VARIANTS:

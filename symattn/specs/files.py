@@ -15,7 +15,8 @@ options as keywords)::
     spec = sa.Spec("my_attention", "one line of math", (X, W_Q, ...), output, intermediates)
 
 Inputs named ``W_…``, ``b_…``, ``gamma_…``, ``beta_…`` are parameters (no batch
-dimensions in the generated modules); the others are batched activations.
+dimensions in the generated modules); the others are batched activations. A spec that lists
+its parameters by name (``Spec.parameters``, as ``sa.from_torch`` does) decides for itself.
 """
 
 from __future__ import annotations

@@ -59,5 +59,13 @@ def forward_mode_spec(s: Spec) -> ForwardMode:
         s.options,
         s.dims,
         (*s.constants, *(tangents[c] for c in s.constants)),
+        _tangent_parameters(s, tangents),
     )
     return ForwardMode(spec, s, tuple((str(x.name), str(t.name)) for x, t in tangents.items()))
+
+
+def _tangent_parameters(s: Spec, tangents: dict) -> tuple[str, ...] | None:
+    """A spec's own parameters list, with each parameter's tangent (unbatched like it); None: by prefix."""
+    if s.parameters is None:
+        return None
+    return (*s.parameters, *(str(tangents[x].name) for x in s.inputs if str(x.name) in s.parameters))

@@ -166,5 +166,8 @@ def second_order_spec(s: Spec, wrt: Sequence[str] | None = None) -> SecondOrder:
         s.options,
         s.dims,
         s.constants,
+        None
+        if s.parameters is None
+        else (*s.parameters, *(str(v.name) for x, v in directions if str(x) in s.parameters)),
     )
     return SecondOrder(spec, s, str(cotangent.name), tuple((x, str(v.name)) for x, v in directions))

@@ -34,9 +34,12 @@ class Spec:
     options: Mapping[str, object] = field(default_factory=dict)
     dims: Mapping[str, int] = field(default_factory=dict)
     constants: tuple[MatrixSymbol, ...] = ()  # inputs that are not differentiated (the additive mask M)
+    # the inputs that are parameters (no batch dimensions, gradients summed over the batch), by name;
+    # None: those named W_…, b_…, gamma_…, beta_… (and the trainable scalars, always)
+    parameters: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
-        for name in ("inputs", "intermediates", "constants"):  # lists are welcome; stored as tuples
+        for name in ("inputs", "intermediates", "constants", "parameters"):  # lists are welcome; stored as tuples
             value = getattr(self, name)
             if isinstance(value, list):
                 object.__setattr__(self, name, tuple(tuple(v) if isinstance(v, list) else v for v in value))

@@ -110,6 +110,11 @@ def validate(spec) -> None:
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
         raise SpecError(f"spec {name!r}: inputs: {', '.join(map(repr, duplicates))} named more than once")
+    parameters = getattr(spec, "parameters", None)
+    if parameters is not None:
+        strangers = [p for p in parameters if not isinstance(p, str) or p not in names[: len(inputs)]]
+        if not isinstance(parameters, tuple) or strangers:
+            raise SpecError(f"spec {name!r}: parameters must be a tuple of input names, got {parameters!r}")
     seen: set[Basic] = set()
     check_expression(name, "output", spec.output, seen)
     leaves = {m for m in nodes(spec.output) if isinstance(m, (MatrixSymbol, Symbol))}  # atoms() walks the tree

@@ -108,13 +108,18 @@ class Schedule:
         """The names of the trainable scalars (0-d; their gradients are computed 1 × 1)."""
         return frozenset(str(x.name) for x in self.spec.inputs if not isinstance(x, MatrixSymbol))
 
+    @property
+    def mask(self) -> MatrixSymbol | None:
+        """The additive mask M (the constant that may be absent: built at run time from the mask keywords), or None."""
+        return next((c for c in self.spec.constants if str(c.name) in self.optional), None)
+
     def is_batched(self, expr: Basic) -> bool:
         """Does expr carry the leading batch dimensions (depends on a non-weight input or the seed)?"""
         return any(s.name not in self.weights for s in matrix_symbols(expr))
 
 
 def _sweep(
-    forward: list[Assignment], inputs: tuple, seed: MatrixSymbol, taken: frozenset[str]
+    forward: list[Assignment], inputs: tuple, seed: MatrixSymbol, taken: frozenset[str], parameters=None
 ) -> tuple[list[Assignment], dict[Basic, str]]:
     """Reverse mode over the named forward assignments, one VJP per assignment.
 
@@ -147,7 +152,7 @@ def _sweep(
             return product(scale, unscaled)
         symbol = gradient_symbol(target, taken)
         # a weight's gradient is summed over the batch (an intermediate labelled W_h is no weight)
-        assignments.append(Assignment(symbol, value, reduce_batch=is_weight(target) and target in inputs))
+        assignments.append(Assignment(symbol, value, reduce_batch=is_weight(target, parameters) and target in inputs))
         return symbol
 
     scalars = [x for x in inputs if is_scalar_input(x)]
@@ -237,7 +242,9 @@ def schedule_spec(s: Spec, options: tuple[Option, ...] = ()) -> Schedule:
     mask, fixed = split_constants(s)
     if fixed:
         masks = (mask,) if mask is not None else ()
-        s = Spec(s.name, s.summary, (*s.inputs, *fixed), s.output, s.intermediates, s.options, s.dims, masks)
+        s = Spec(
+            s.name, s.summary, (*s.inputs, *fixed), s.output, s.intermediates, s.options, s.dims, masks, s.parameters
+        )
     s = named_layers(s)  # a deep spec written as one expression: its layers named H1, H2, …
     seed = MatrixSymbol(SEED, *s.output.shape)
 
@@ -266,7 +273,7 @@ def schedule_spec(s: Spec, options: tuple[Option, ...] = ()) -> Schedule:
     # Backward: one VJP per forward assignment, then the simplifier's cheaper forms.
     taken = spec_names(s) | {str(a.target.name) for a in forward}
     differentiated = tuple(x for x in s.inputs if x not in fixed)
-    backward_values, interior = _sweep(forward, (*differentiated, *s.constants), seed, taken)
+    backward_values, interior = _sweep(forward, (*differentiated, *s.constants), seed, taken, s.parameters)
     backward_values = _simplified(backward_values, forward)
     gradients = [(str(x.name), gradient_symbol(x, taken)) for x in differentiated]
     constant_gradients = [(str(c.name), gradient_symbol(c, taken)) for c in s.constants]
@@ -347,7 +354,7 @@ def finished(
     backward_values = [a for a in backward_values if a.target in needed]
     names = {str(x.name) for x in (*s.inputs, *s.constants, *(a.target for a in (*forward, *backward_values)))}
     constants, forward, backward_values = name_constants(forward, backward_values, {o.symbol for o in options} | names)
-    forward, backward_values = fuse_projections(forward, backward_values)
+    forward, backward_values = fuse_projections(forward, backward_values, s.parameters)
     # dW_QKV after dQ, dK, dV whatever the order before; t = X read as X
     backward_values = order(inline_aliases(backward_values, outputs))
     constant_outputs = {t for _, t in constant_gradients}
@@ -361,7 +368,7 @@ def finished(
         spec=s,
         options=options,
         bindings=tuple(bind_dimensions(s.matrix_inputs, {o.symbol for o in options})),
-        weights=frozenset(str(x.name) for x in s.inputs if is_weight(x)),
+        weights=frozenset(str(x.name) for x in s.inputs if is_weight(x, s.parameters)),
         forward=tuple(forward),
         output=output,
         saved=(*saved_inputs, *saved_values, *scalars),
@@ -379,7 +386,8 @@ def _optional(s: Spec) -> frozenset[str]:
     constants = {str(c.name) for c in s.constants}
     if not constants:
         return frozenset()
-    return frozenset(constants | {str(x.name) for x in s.inputs if str(x.name).startswith("b_")})
+    biases = {str(x.name) for x in s.inputs if str(x.name).startswith("b_")} if s.parameters is None else set()
+    return frozenset(constants | biases)
 
 
 def _needed_forward(forward: list[Assignment], output: MatrixSymbol) -> list[Assignment]:

@@ -8,7 +8,7 @@ inputs are parameters. The table of names is ``symattn.lang.names.Names``.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 
 import sympy as sp
@@ -89,9 +89,11 @@ def count_uses(values: Iterable[Basic]) -> Counter:
 WEIGHT_PREFIXES = ("W_", "b_", "gamma_", "beta_")
 
 
-def is_weight(symbol: MatrixSymbol) -> bool:
-    """Parameters are the inputs named W_…, b_…, gamma_…, beta_…, and trainable scalars; they carry no batch
-    dimensions."""
+def is_weight(symbol: MatrixSymbol, parameters: Collection[str] | None = None) -> bool:
+    """Parameters are the inputs named W_…, b_…, gamma_…, beta_… (or, given, those named in ``parameters``:
+    a spec's own list), and trainable scalars; they carry no batch dimensions."""
     if isinstance(symbol, sp.Symbol):
         return not symbol.is_integer
+    if parameters is not None:
+        return isinstance(symbol, MatrixSymbol) and str(symbol.name) in parameters
     return isinstance(symbol, MatrixSymbol) and str(symbol.name).startswith(WEIGHT_PREFIXES)

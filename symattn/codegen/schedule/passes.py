@@ -54,7 +54,7 @@ def _is_multiple_of(term: Basic, symbol: MatrixSymbol, trainable: frozenset = fr
     return isinstance(term, MatMul) and factors(term)[1] == [symbol] and not factors(term)[0].free_symbols & trainable
 
 
-def fuse_projections(forward: list[Assignment], backward: list[Assignment]) -> tuple[list, list]:
+def fuse_projections(forward: list[Assignment], backward: list[Assignment], parameters=None) -> tuple[list, list]:
     """One product of X with [W_Q | W_K | W_V] instead of three, forward and backward.
 
     Forward: QKV = X W_QKV, W_QKV = [W_Q | W_K | W_V], and Q, K, V its column blocks.
@@ -65,7 +65,7 @@ def fuse_projections(forward: list[Assignment], backward: list[Assignment]) -> t
     values = {a.target for a in forward}  # an intermediate labelled W_h is no weight
 
     def weight(m: Basic) -> bool:
-        return is_weight(m) and m not in values
+        return is_weight(m, parameters) and m not in values
 
     for a in forward:
         coeff, mats = factors(a.value)

@@ -1,0 +1,132 @@
+"""The constant program: the torch calls of a trace that read no traced tensor, kept to be run again.
+
+Masks and fixed tensors are built from the forward's bool arguments, the module's buffers and tensors
+made inside the code (``torch.ones(n, n).triu(1)``). Each call on constants only is recorded with its
+tensor arguments as references (to a forward argument, a buffer, or an earlier call's result), so that
+``replay`` rebuilds every constant from new arguments without running the rest of the forward; ``FORMS``
+and ``fitted`` make a spec constant of the rebuilt tensor (the additive mask M from a bool mask).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import sympy as sp
+import torch
+
+from symattn.errors import SymattnError
+
+
+@dataclass(frozen=True)
+class Ref:
+    """A tensor of the program: ("arg", i) the forward's i-th argument, ("buffer", name), ("step", k) the
+    result of the k-th recorded call, ("literal", k) a tensor held as it is."""
+
+    kind: str
+    key: object
+
+
+@dataclass
+class Program:
+    """The recorded calls on constants, and where each constant tensor came from (by id)."""
+
+    steps: list[tuple[object, tuple, dict]] = field(default_factory=list)
+    sources: dict[int, Ref] = field(default_factory=dict)
+    literals: list[torch.Tensor] = field(default_factory=list)
+    kept: list[torch.Tensor] = field(default_factory=list)
+
+    def leaf(self, tensor: torch.Tensor, ref: Ref) -> None:
+        """A tensor the program starts from: a forward argument or a buffer."""
+        self.sources[id(tensor)] = ref
+        self.kept.append(tensor)
+
+    def ref(self, tensor: torch.Tensor) -> int:
+        """The reference to a constant tensor (one seen for the first time is held as a literal)."""
+        if id(tensor) not in self.sources:
+            self.literals.append(tensor.detach().clone())
+            self.leaf(tensor, Ref("literal", len(self.literals) - 1))
+        return id(tensor)
+
+    def record(self, func: object, args: tuple, kwargs: dict, result: torch.Tensor) -> None:
+        """One call on constants, its tensor arguments replaced by references."""
+        self.steps.append((func, self._refs(args), self._refs(kwargs)))
+        self.leaf(result, Ref("step", len(self.steps) - 1))
+
+    def _refs(self, obj: object) -> object:
+        if isinstance(obj, torch.Tensor):
+            self.ref(obj)
+            return self.sources[id(obj)]
+        if isinstance(obj, (tuple, list)):
+            return type(obj)(self._refs(x) for x in obj)
+        if isinstance(obj, dict):
+            return {k: self._refs(v) for k, v in obj.items()}
+        return obj
+
+    def replay(self, args: tuple, buffers: Mapping[str, torch.Tensor], wanted: list[int]) -> list[torch.Tensor]:
+        """The tensors with ids ``wanted`` (as seen at the trace), rebuilt from new arguments and buffers."""
+        results: list[torch.Tensor] = []
+
+        def value(obj: object) -> object:
+            if isinstance(obj, Ref):
+                if obj.kind == "arg":
+                    return args[obj.key]
+                if obj.kind == "buffer":
+                    return buffers[obj.key]
+                if obj.kind == "step":
+                    return results[obj.key]
+                return self.literals[obj.key]
+            if isinstance(obj, (tuple, list)):
+                return type(obj)(value(x) for x in obj)
+            if isinstance(obj, dict):
+                return {k: value(v) for k, v in obj.items()}
+            return obj
+
+        needed = {self.sources[i].key for i in wanted if self.sources[i].kind == "step"}
+        last = max(needed, default=-1)
+        for func, a, kw in self.steps[: last + 1]:
+            results.append(func(*value(a), **value(kw)))
+        return [value(self.sources[i]) for i in wanted]
+
+
+def spec_layout(tensor):
+    """A tensor as the spec holds it: a 1-D (d,) as the 1 × d row (a view), anything else as it is."""
+    return tensor.unsqueeze(0) if tensor.ndim == 1 else tensor
+
+
+def sizes_of(spec, tensors) -> dict:
+    """The dimensions' values, read off the inputs' shapes (a length c·s gives s = length / c)."""
+    found: dict = {}
+    for symbol, tensor in zip(spec.matrix_inputs, tensors):
+        shape = (1, *tensor.shape) if tensor.ndim == 1 else tuple(tensor.shape[-2:])
+        for length, size in zip(symbol.shape, shape):
+            coeff, rest = sp.sympify(length).as_coeff_Mul()
+            if rest.is_Symbol:
+                found[rest] = int(size) // int(coeff)
+    return found
+
+
+FORMS = {
+    "additive": lambda b, dtype: _zeros(b, dtype).masked_fill(b, float("-inf")),  # −∞ where True
+    "additive_false": lambda b, dtype: _zeros(b, dtype).masked_fill(~b, float("-inf")),  # −∞ where False
+    "keep": lambda b, dtype: (~b).to(dtype),  # 1 where False
+    "keep_false": lambda b, dtype: b.to(dtype),  # 1 where True
+    "as_is": lambda t, dtype: t.to(dtype),
+}
+
+
+def _zeros(b, dtype):
+    return torch.zeros(b.shape, dtype=dtype, device=b.device)
+
+
+def fitted(value, rows: int, cols: int, name: str):
+    """A constant at the spec's matrix shape: a head axis of size 1 dropped, size-1 rows or columns broadcast."""
+
+    while value.ndim > 2 and value.shape[-3] == 1:
+        value = value.squeeze(-3)
+    try:
+        return torch.broadcast_to(value, (*value.shape[:-2], rows, cols))
+    except RuntimeError:
+        raise SymattnError(
+            f"drop_in: the constant {name} of shape {tuple(value.shape)} is not {rows} × {cols}"
+        ) from None

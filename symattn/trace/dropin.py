@@ -1,0 +1,171 @@
+"""Dropping the generated closed form back into the user's nn.Module: ``drop_in(module, *examples)``.
+
+The module keeps its parameters, buffers, state_dict and optimizer; only its ``forward`` is replaced by a
+call of the generated torch code (``symattn.generated``'s interface: inputs in the spec's order, the additive
+mask as ``attn_mask``, other constants after the inputs), whose backward is the closed form. Arguments are
+passed in the spec's layouts (a 1-D bias as the 1 × d row it is in the spec, through a view: autograd hands
+its gradient back in the parameter's own layout). The constants (masks) are rebuilt at each call by the trace's
+constant program from the call's bool arguments and the module's buffers; a call at new shapes traces the
+original forward once more (without gradients) for the program of those shapes, kept per shape.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import types
+
+import sympy as sp
+
+from symattn.codegen.generate import render
+from symattn.codegen.schedule.build import split_constants
+from symattn.errors import SymattnError
+from symattn.lang.functions import TORCH
+from symattn.trace.constants import FORMS, fitted, sizes_of, spec_layout
+from symattn.trace.source import Traced, trace
+
+
+def generated_module(traced_spec, *, second_order: bool = True) -> types.ModuleType:
+    """The spec's generated torch module, rendered and imported in memory (``symattn generate --spec-file``
+    writes the same code to a file)."""
+    source = render(traced_spec, TORCH, second_order=second_order)
+    module = types.ModuleType(f"{traced_spec.name}_torch")
+    exec(compile(source, f"<symattn: {traced_spec.name}_torch>", "exec"), module.__dict__)
+    return module
+
+
+class ClosedForm:
+    """The traced function or module's forward computed by its generated code: called with the original
+    forward's arguments, it returns the same output, and its backward is the generated closed form."""
+
+    def __init__(self, fn, examples: tuple, *, second_order: bool = True, generated=None) -> None:
+        self.fn = fn
+        first = trace(fn, examples)
+        self.spec = first.spec
+        self.traced = {first.shapes: first}
+        self.generated = generated or generated_module(self.spec, second_order=second_order)
+        self.mask, self.fixed = split_constants(self.spec)
+
+    def _traced_at(self, args: tuple) -> Traced:
+        import torch
+
+        shapes = tuple(tuple(a.shape) if isinstance(a, torch.Tensor) else None for a in args)
+        if shapes not in self.traced:
+            with _original_forward(self.fn):
+                self.traced[shapes] = trace(self.fn, tuple(_detached(a) for a in args))
+        return self.traced[shapes]
+
+    def inputs(self, args: tuple) -> list:
+        """The spec's inputs for these arguments: the tensor arguments, then the module's parameters."""
+        traced = self._traced_at(args)
+        bound = dict(zip(_argument_names(self.fn), args))
+        tensors = [bound[n] for n in traced.arguments] + [self.fn.get_parameter(p) for p in traced.parameters]
+        return [spec_layout(t) for t in tensors]
+
+    def constants(self, args: tuple, inputs: list) -> dict:
+        """The spec's constants for these arguments, by name, at the spec's matrix shapes."""
+        traced = self._traced_at(args)
+        sizes = sizes_of(self.spec, inputs)
+        buffers = dict(self.fn.named_buffers()) if hasattr(self.fn, "named_buffers") else {}
+        values = traced.program.replay(args, buffers, [c.ref for c in traced.constants])
+        found = {}
+        for c, raw in zip(traced.constants, values):
+            rows, cols = (int(sp.sympify(x).xreplace(sizes)) for x in c.symbol.shape)
+            found[str(c.symbol.name)] = fitted(FORMS[c.form](raw, inputs[0].dtype), rows, cols, str(c.symbol.name))
+        return found
+
+    def __call__(self, *args):
+        import torch
+
+        inputs = self.inputs(args)
+        constants = self.constants(args, inputs)
+        fixed = [_unbatched(constants[str(c.name)], str(c.name)) for c in self.fixed]
+        if self.mask is None:
+            return self.generated.forward(*inputs, *fixed)
+        batch = tuple(inputs[0].shape[:-2])
+        mask = constants[str(self.mask.name)]
+        mask = torch.broadcast_to(mask, (*batch, *mask.shape[-2:])) if mask.ndim > 2 or batch else mask
+        return self.generated.forward(*inputs, *fixed, attn_mask=mask)
+
+
+def _unbatched(value, name: str):
+    while value.ndim > 2 and value.shape[0] == 1:
+        value = value.squeeze(0)
+    if value.ndim > 2:
+        raise SymattnError(f"drop_in: the constant {name} varies along batch axes {tuple(value.shape[:-2])}")
+    return value
+
+
+def _detached(a):
+    import torch
+
+    return a.detach() if isinstance(a, torch.Tensor) else a
+
+
+def _argument_names(fn) -> list[str]:
+    import inspect
+
+    import torch
+
+    if isinstance(fn, torch.nn.Module):
+        return list(inspect.signature(type(fn).forward).parameters)[1:]
+    return list(inspect.signature(fn).parameters)
+
+
+@contextlib.contextmanager
+def _original_forward(module):
+    """The module with its own forward while the block runs (a trace must not call the drop-in)."""
+    replaced = getattr(module, "__dict__", {}).pop("forward", None)
+    try:
+        yield
+    finally:
+        if replaced is not None:
+            module.forward = replaced
+
+
+def drop_in(module, *example_inputs, second_order: bool = True, generated=None) -> ClosedForm:
+    """Replace module.forward by the generated closed form of its traced spec; return the replacement.
+
+    ``generated``: a module written by ``symattn generate --spec-file`` (default: rendered in memory);
+    ``second_order=False`` leaves the second closed form out (renders faster; double backward then raises).
+    ``undo(module)`` puts the
+    original forward back.
+    """
+    replacement = ClosedForm(module, example_inputs, second_order=second_order, generated=generated)
+    module.forward = replacement
+    return replacement
+
+
+def state_dict_for(traced: Traced, state_dict: dict) -> dict:
+    """A traced module's state_dict as its generated nn.Module holds it: the parameters only (buffers are
+    constants), keys with "." → "_" (q_proj.weight → q_proj_weight), a 1-D tensor as the 1 × d row."""
+    wanted = set(traced.parameters)
+    return {key.replace(".", "_"): spec_layout(value) for key, value in state_dict.items() if key in wanted}
+
+
+def generated_instance(module, *example_inputs, second_order: bool = True):
+    """The generated nn.Module of module's traced spec, at module's sizes, dtype and device, holding a copy of
+    its parameters (``state_dict_for``). Its forward takes the spec's mask keywords (attn_mask, causal, …)
+    instead of the original's mask arguments; ``drop_in`` keeps the original's call instead."""
+    import inspect
+
+    import torch
+
+    traced = trace(module, example_inputs)
+    generated = generated_module(traced.spec, second_order=second_order)
+    cls = next(
+        v
+        for v in vars(generated).values()
+        if isinstance(v, type) and issubclass(v, torch.nn.Module) and v.__module__ == generated.__name__
+    )
+    params = [module.get_parameter(p) for p in traced.parameters]
+    tensors = [a for a in example_inputs if isinstance(a, torch.Tensor) and a.is_floating_point()] + params
+    sizes = {str(d): v for d, v in sizes_of(traced.spec, [spec_layout(t) for t in tensors]).items()}
+    wanted = [n for n in inspect.signature(cls.__init__).parameters if n not in ("self", "device", "dtype")]
+    instance = cls(**{n: sizes[n] for n in wanted}, device=params[0].device, dtype=params[0].dtype)
+    instance.load_state_dict(state_dict_for(traced, module.state_dict()))
+    return instance
+
+
+def undo(module) -> None:
+    """Give the module its own forward back."""
+    module.__dict__.pop("forward", None)

@@ -1,0 +1,201 @@
+"""``from_torch``: a PyTorch function, or an nn.Module's forward, traced into a symattn Spec.
+
+Naming (CONTRACT.md, "From PyTorch code"): function arguments are inputs by their parameter names; a
+module's parameters follow, by their state_dict names with "." → "_" (q_proj.weight → q_proj_weight,
+in torch's layout); a 0-d tensor is a trainable scalar; bool (and integer) tensor arguments, buffers and
+tensors made inside are constants; intermediates take the names of the user's local variables; dimensions
+are n (the first input's rows), m (another input's rows), d_head (a head's width) and d_<input> (the other
+axes, by the first input that has them).
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from sympy import Basic, MatrixExpr, MatrixSymbol
+
+from symattn.errors import SymattnError
+from symattn.lang.dims import dim
+from symattn.specs import Spec
+
+if TYPE_CHECKING:  # torch is imported when a trace runs, not with symattn
+    from symattn.trace.constants import Program
+    from symattn.trace.tracer import Constant, Trace
+
+
+@dataclass
+class Traced:
+    """A trace's spec and what the drop-in needs to call the generated code the way the original is called."""
+
+    spec: Spec
+    program: Program
+    constants: list[Constant]
+    arguments: tuple[str, ...]  # the forward's tensor arguments that are inputs, in order
+    parameters: tuple[str, ...]  # the module's parameters (state_dict names), in the spec's order
+    shapes: tuple  # the examples' shapes (a new shape rebuilds the constants by a new trace)
+
+
+def from_torch(fn, *example_inputs, name: str | None = None) -> Spec:
+    """The spec of a PyTorch function or nn.Module's forward, traced at the example inputs."""
+    return trace(fn, example_inputs, name).spec
+
+
+def trace(fn, examples: tuple, name: str | None = None) -> Traced:
+    """Run fn once on the examples under the tracer and build the spec (see the module docstring)."""
+    import torch
+
+    from symattn.trace.constants import Ref
+    from symattn.trace.table import OPS
+    from symattn.trace.tracer import Mode, NameTaker, Trace
+
+    module = fn if isinstance(fn, torch.nn.Module) else None
+    forward = module.forward if module is not None else fn
+    if not callable(forward):
+        raise SymattnError(f"from_torch takes a function or an nn.Module, got {type(fn).__name__}")
+    try:
+        bound = inspect.signature(forward).bind(*examples)
+    except TypeError as err:
+        raise SymattnError(f"from_torch: the examples do not fit {_qualname(fn)}: {err}") from None
+    t = Trace(ops=OPS)
+    arguments: list[str] = []
+    for i, (pname, value) in enumerate(bound.arguments.items()):
+        if isinstance(value, torch.Tensor):
+            if value.is_floating_point():
+                t.add_input(_own_name(pname), value)
+                arguments.append(pname)
+            else:
+                t.program.leaf(value, Ref("arg", i))
+    params = list(module.named_parameters()) if module is not None else []
+    for pname, p in params:
+        t.add_input(_own_name(pname.replace(".", "_")), p)
+    if module is not None:
+        for bname, b in module.named_buffers():
+            t.program.leaf(b, Ref("buffer", bname))
+    with torch.no_grad(), NameTaker(t), Mode(t):
+        out = fn(*examples)
+    if not isinstance(out, torch.Tensor):
+        raise SymattnError(f"from_torch: {_qualname(fn)} returns a {type(out).__name__}; trace one returning a tensor")
+    if not t.traced(out):
+        raise SymattnError(f"from_torch: the output of {_qualname(fn)} does not depend on its float inputs")
+    output = t.values[id(out)]
+    if output.pending or output.heads is not None or output.is_scalar:
+        raise SymattnError(
+            f"from_torch: {_qualname(fn)} returns per-head (or 0-d) values; merge the heads back (transpose(1, 2), "
+            "then view/reshape to (…, n, H·d))"
+        )
+    rename = _dimension_names(t, {_own_name(p) for p in arguments})
+    spec = _spec(
+        t,
+        output,
+        rename,
+        name or _snake(_qualname(fn)),
+        fn,
+        [_own_name(p.replace(".", "_")) for p, _ in params],
+        examples,
+    )
+    for c in t.constants:
+        c.symbol = c.symbol.xreplace(rename)
+    shapes = tuple(tuple(e.shape) if isinstance(e, torch.Tensor) else None for e in examples)
+    return Traced(spec, t.program, t.constants, tuple(arguments), tuple(p for p, _ in params), shapes)
+
+
+def _spec(t: Trace, output, rename: dict, name: str, fn, params: list[str], examples: tuple) -> Spec:
+    import torch
+
+    inputs = tuple(s.xreplace(rename) for _, s in t.inputs)
+    out = output.expr.xreplace(rename)
+    taken = (
+        {str(s.name) for s in inputs} | {str(c.symbol.name) for c in t.constants} | {str(d) for d in rename.values()}
+    )
+    taken |= _reserved()
+    named: list[tuple[str, Basic]] = []
+    seen: set[Basic] = set()
+    for v in t.order:
+        label = t.names.get(id(v))
+        expr = v.expr.xreplace(rename) if label else None
+        if label is None or not isinstance(expr, MatrixExpr) or isinstance(expr, MatrixSymbol) or expr in seen:
+            continue
+        seen.add(expr)
+        label = _unique(label, taken)
+        taken.add(label)
+        named.append((label, expr))
+    tensors = [e for e in examples if isinstance(e, torch.Tensor) and e.is_floating_point()]
+    batched = max((e.ndim for e in tensors), default=0)
+    unbatched = [str(s.name) for s, e in zip(inputs, tensors) if e.ndim <= 2 and e.ndim < batched]
+    forward = type(fn).forward if isinstance(fn, torch.nn.Module) else fn
+    code = getattr(inspect.unwrap(forward), "__code__", None)
+    source = Path(code.co_filename).name if code is not None else "?"
+    summary = f"{_qualname(fn)} traced from {source}"
+    try:
+        return Spec(
+            name,
+            summary,
+            inputs,
+            out,
+            tuple(named),
+            constants=tuple(c.symbol.xreplace(rename) for c in t.constants),
+            parameters=tuple(unbatched + params),
+        )
+    except SymattnError as err:
+        raise SymattnError(f"from_torch: the traced spec is refused: {err}") from None
+
+
+def _dimension_names(t: Trace, arguments: set[str]) -> dict:
+    """t_0, t_1, … renamed: n, m, d_head, d_<input> (see the module docstring), each name used once; the
+    rows of the forward's other tensor arguments are m (keys, values), a parameter's axes d_<parameter>."""
+    used = {str(s.name) for _, s in t.inputs} | _reserved()
+    first = t.inputs[0][0] if t.inputs else ""
+    rename: dict = {}
+    for symbol in sorted(t.dims.sizes, key=lambda s: int(str(s.name).split("_")[1])):
+        kind, owner = t.dims.hints[symbol]
+        if kind == "rows" and owner == first:
+            base = "n"
+        elif kind == "rows" and owner in arguments:
+            base = "m"
+        elif kind == "head":
+            base = "d_head"
+        else:
+            base = "d_" + re.sub(r"_(weight|bias)$", "", owner)
+        label = _unique(base, used)
+        used.add(label)
+        rename[symbol] = dim(label)
+    return rename
+
+
+def _unique(label: str, taken: set[str]) -> str:
+    """label, or label_2, label_3, … : the first not taken."""
+    if label not in taken:
+        return label
+    return next(f"{label}_{i}" for i in range(2, 10**6) if f"{label}_{i}" not in taken)
+
+
+def _own_name(name: str) -> str:
+    """A name the spec can take: G or a name of the generated code (inputs, ctx) gets a trailing underscore."""
+    return name + "_" if name in _reserved() else name
+
+
+def _reserved() -> set[str]:
+    """The names a spec may not give: G, and the generated code's own (ctx, grad_out, its helpers)."""
+    from symattn.codegen.generate import reserved_names  # (codegen loads only when a trace needs it)
+    from symattn.specs.validate import RESERVED
+
+    return set(RESERVED) | set(reserved_names())
+
+
+def _qualname(fn) -> str:
+    import torch
+
+    if isinstance(fn, torch.nn.Module):
+        return type(fn).__name__
+    return getattr(fn, "__qualname__", getattr(fn, "__name__", type(fn).__name__))
+
+
+def _snake(name: str) -> str:
+    """A spec name from a function's or class's name: MultiHeadAttention → multi_head_attention."""
+    name = re.sub(r"[^0-9A-Za-z_]", "_", name.rsplit(".", 1)[-1])
+    name = re.sub(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])", "_", name).lower()
+    return name if name.isidentifier() else f"traced_{name}"

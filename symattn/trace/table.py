@@ -1,0 +1,117 @@
+"""The op table: each torch operation ``from_torch`` reads, by the name torch calls it, and its rule.
+
+A rule takes the trace, the call's arguments and its result, and returns the result's ``Value``. An
+operation that is not here is refused with its name and the user's line. In-place forms (``add_``) are the
+same rules: the tensor keeps its identity and takes the new value.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from symattn.lang.functions import FUNCTIONS, TORCH, Elementwise, Gelu
+from symattn.lang.rowwise import LogSoftmax, RowSoftmax
+from symattn.trace import algebra, layers, layout
+
+Rule = Callable[..., object]
+
+OPS: dict[str, Rule] = {
+    # products: A B over the last two axes
+    "matmul": layout.matmul,  # A @ B
+    "__matmul__": layout.matmul,
+    "__rmatmul__": layout.rmatmul,
+    "bmm": layout.matmul,
+    "mm": layout.matmul,
+    "linear": layout.linear,  # x Wᵀ + 𝟏 b, W (out, in)
+    "einsum": layout.einsum,  # two operands: A B, A Bᵀ, Aᵀ B, … batched
+    # layouts
+    "transpose": layout.transpose,  # (−2, −1): Aᵀ; (1, 2) of (…, n, H, d): into heads and back
+    "swapaxes": layout.transpose,
+    "swapdims": layout.transpose,
+    "mT": layout.matrix_transpose,  # Aᵀ
+    "T": layout.full_transpose,  # Aᵀ of a 2-D tensor
+    "t": layout.full_transpose,
+    "permute": layout.permute,
+    "view": layout.reshape,  # (…, n, H·d) ↔ (…, n, H, d)
+    "reshape": layout.reshape,
+    "flatten": layout.reshape,
+    "unflatten": layout.reshape,
+    "contiguous": layout.same,  # identity
+    "clone": layout.same,
+    "float": layout.same,
+    "double": layout.same,
+    "to": layout.same,
+    "type_as": layout.same,
+    "dropout": layout.dropout,  # identity in eval()
+    # entrywise arithmetic, torch's broadcasting
+    "add": algebra.binary("add"),  # A + B
+    "add_": algebra.binary("add"),
+    "__add__": algebra.binary("add"),
+    "__radd__": algebra.binary("add", reverse=True),
+    "__iadd__": algebra.binary("add"),
+    "sub": algebra.binary("sub"),  # A − B
+    "sub_": algebra.binary("sub"),
+    "__sub__": algebra.binary("sub"),
+    "__rsub__": algebra.binary("sub", reverse=True),
+    "rsub": algebra.binary("sub", reverse=True),
+    "mul": algebra.binary("mul"),  # A ⊙ B, c A
+    "mul_": algebra.binary("mul"),
+    "__mul__": algebra.binary("mul"),
+    "__rmul__": algebra.binary("mul", reverse=True),
+    "div": algebra.binary("div"),  # A ⊙ B^∘(−1), A / c
+    "div_": algebra.binary("div"),
+    "true_divide": algebra.binary("div"),
+    "__truediv__": algebra.binary("div"),
+    "__rdiv__": algebra.binary("div", reverse=True),
+    "__rtruediv__": algebra.binary("div", reverse=True),
+    "pow": algebra.binary("pow"),  # A^∘k
+    "__pow__": algebra.binary("pow"),
+    "neg": algebra.negative,  # −A
+    "__neg__": algebra.negative,
+    # entrywise functions: the records' own (below); powers
+    "sqrt": algebra.power("sqrt"),  # A^∘½
+    "rsqrt": algebra.power("rsqrt"),
+    "reciprocal": algebra.power("reciprocal"),
+    "square": algebra.power("square"),
+    "clamp": algebra.clamp,  # identity where inactive (0-d only)
+    "clip": algebra.clamp,
+    "clamp_min": algebra.clamp,
+    "clamp_max": algebra.clamp,
+    Gelu.function: layers.gelu,  # F.gelu, exact and tanh forms
+    # row-wise
+    RowSoftmax.function: algebra.row_function(RowSoftmax),  # over dim=-1
+    LogSoftmax.function: algebra.row_function(LogSoftmax),
+    "sum": algebra.reduction("sum"),  # rowsum(A) (keepdim) or sum(A)
+    "mean": algebra.reduction("mean"),
+    "norm": algebra.norm,  # (rowsum(A^∘2))^∘½
+    "linalg_vector_norm": algebra.norm,
+    "normalize": algebra.normalize,  # each row / its norm
+    "layer_norm": layers.layer_norm,  # LN(A) ⊙ 𝟏γ + 𝟏β
+    # masks: the additive constant M
+    "masked_fill": algebra.masked_fill,  # A + M
+    "masked_fill_": algebra.masked_fill,
+    "where": algebra.where,
+    "scaled_dot_product_attention": layers.scaled_dot_product_attention,  # softmax(Q Kᵀ/√d + M) V
+    # refused with a reason of their own
+    **dict.fromkeys(("gt", "lt", "ge", "le", "eq", "ne", "__gt__", "__lt__", "__ge__", "__le__"), layout.comparison),
+    **dict.fromkeys(("__getitem__", "narrow", "select", "index_select", "gather"), layout.indexing),
+}
+
+
+def _torch_name(record: type) -> str | None:
+    """The torch function an entrywise record calls (torch.exp → exp), None for a helper of symattn's."""
+    call = record.calls.get(TORCH, "")
+    for prefix in ("torch.nn.functional.", "torch."):
+        if call.startswith(prefix) and call[len(prefix) :].isidentifier():
+            return call[len(prefix) :]
+    return None
+
+
+# every exported entrywise function record, by the torch function it calls: exp, log, tanh, sigmoid, softplus
+OPS.update(
+    {
+        _torch_name(r): algebra.function(r)
+        for r in FUNCTIONS.values()
+        if issubclass(r, Elementwise) and r.exported and _torch_name(r)
+    }
+)

@@ -1,0 +1,223 @@
+"""Running the user's PyTorch code once on its examples, each torch call seen through ``__torch_function__``.
+
+A ``TorchFunctionMode`` sees every call at the level the user wrote it (``F.linear``, ``Tensor.transpose``,
+``F.layer_norm``), on real tensors, so Python around the calls (``math.sqrt(q.size(-1))``, shape checks,
+branches on options) runs as usual. A call on a traced tensor is translated by its rule in ``table.OPS``;
+a call on constants only is kept in the constant program (``constants.Program``) that rebuilds masks; any
+other call is refused with symattn's one-line error naming the operation and the user's file:line.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+
+import torch
+from sympy import Basic, MatrixSymbol
+from torch.overrides import TorchFunctionMode
+
+from symattn.errors import SymattnError
+from symattn.lang.lazy import scalar
+from symattn.trace import frames
+from symattn.trace.constants import Program
+from symattn.trace.values import Dims, Refused, Value, literal, number
+
+
+def op_name(func: object) -> str:
+    """The name a torch call is known by in the table: ``matmul``, ``add_``, ``mT`` (a property), ``linear``."""
+    owner = getattr(func, "__self__", None)
+    if type(owner).__name__ == "getset_descriptor":  # Tensor.mT, Tensor.T, Tensor.shape
+        return owner.__name__
+    return getattr(func, "__name__", type(func).__name__)
+
+
+def tensors_in(obj: object) -> Iterator[torch.Tensor]:
+    """The tensors in a call's arguments (nested in tuples, lists and dicts)."""
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, (tuple, list)):
+        for item in obj:
+            yield from tensors_in(item)
+    elif isinstance(obj, dict):
+        for item in obj.values():
+            yield from tensors_in(item)
+
+
+@dataclass
+class Constant:
+    """A spec constant: its symbol, and how it is made from the constant program's tensor ``ref`` (an id).
+
+    ``form``: "additive" (−∞ where the bool is True, else 0: the additive mask M), "additive_false" (−∞ where
+    False), "keep" (1 where the bool is False, else 0), "keep_false" (1 where True), "as_is" (a float tensor).
+    """
+
+    symbol: MatrixSymbol
+    ref: int
+    form: str
+
+
+@dataclass
+class Trace:
+    """The state of one trace: the values of traced tensors, the dimensions, the constants, the names."""
+
+    dims: Dims = field(init=False)
+    values: dict[int, Value] = field(default_factory=dict)  # by id() of the tensor
+    order: list[Value] = field(default_factory=list)  # every value made, in order
+    names: dict[int, str] = field(default_factory=dict)  # by id() of the Value
+    inputs: list[tuple[str, Basic]] = field(default_factory=list)
+    constants: list[Constant] = field(default_factory=list)
+    program: Program = field(default_factory=Program)
+    ops: dict = field(default_factory=dict)  # the op table (table.OPS): torch operation name → rule
+    kept: list[object] = field(default_factory=list)  # every tensor seen, alive: ids stay unique
+    known: set[int] = field(default_factory=set)  # ids of the inputs' and constants' own values
+
+    def __post_init__(self) -> None:
+        self.dims = Dims(self._substitute)
+
+    def _substitute(self, mapping: dict) -> None:
+        for v in self.order:
+            v.substitute(mapping)
+        self.inputs = [(name, s.xreplace(mapping)) for name, s in self.inputs]
+        for c in self.constants:
+            c.symbol = c.symbol.xreplace(mapping)
+
+    # inputs
+
+    def add_input(self, name: str, tensor: torch.Tensor) -> None:
+        """A differentiated input: a 0-d tensor is a trainable scalar, a 1-D one a 1 × d row, else a matrix."""
+        if tensor.ndim == 0:
+            symbol = scalar(name)
+        else:
+            shape = (1, *tensor.shape) if tensor.ndim == 1 else tuple(tensor.shape[-2:])
+            rows = self.dims.fresh(shape[0], ("rows", name))
+            symbol = MatrixSymbol(name, rows, self.dims.fresh(shape[1], ("cols", name)))
+        self.inputs.append((name, symbol))
+        self.bind(tensor, Value(symbol, tuple(tensor.shape)))
+        self.known.add(id(self.values[id(tensor)]))
+
+    def bind(self, tensor: torch.Tensor, value: Value) -> Value:
+        self.kept.append(tensor)
+        self.values[id(tensor)] = value
+        self.order.append(value)
+        return value
+
+    def traced(self, obj: object) -> bool:
+        return isinstance(obj, torch.Tensor) and id(obj) in self.values
+
+    # operands
+
+    def value(self, obj: object, prefer: tuple = ()) -> Value:
+        """The value of an operand: a traced tensor's, a Python number's, or a constant tensor's (0-d: its number)."""
+        if isinstance(obj, torch.Tensor):
+            if id(obj) in self.values:
+                return self.values[id(obj)]
+            if obj.dtype == torch.bool:
+                raise Refused("a bool tensor is a mask: it enters through masked_fill(mask, -inf) or torch.where")
+            if obj.ndim == 0:
+                return Value(number(obj.item(), self.dims, prefer), ())
+            return self.constant(obj, "as_is")
+        return Value(number(obj, self.dims, prefer), ())
+
+    def constant(self, tensor: torch.Tensor, form: str, like: Value | None = None) -> Value:
+        """A spec constant made from a constant tensor: of like's matrix shape (a mask), else of its own."""
+        if like is not None:
+            rows, cols = like.rows, like.cols
+        else:
+            shape = (1, *tensor.shape) if tensor.ndim == 1 else tuple(tensor.shape[-2:])
+            rows, cols = (self.dims.fresh(size, ("rows" if i == 0 else "cols", "C")) for i, size in enumerate(shape))
+        label = "M" if form.startswith("additive") else "K" if form.startswith("keep") else "C"
+        taken = {c.symbol.name for c in self.constants}
+        name = next(n for n in (label, *(f"{label}_{i}" for i in range(2, 99))) if n not in taken)
+        symbol = MatrixSymbol(name, rows, cols)
+        self.constants.append(Constant(symbol, self.program.ref(tensor), form))
+        value = Value(symbol, tuple(tensor.shape) if like is None else like.shape)
+        self.known.add(id(value))
+        if form == "as_is":
+            self.bind(tensor, value)
+        else:
+            self.kept.append(tensor)
+        return value
+
+    def number(self, obj: object) -> Basic:
+        """A number operand that is no dimension's expression (eps, a fill value)."""
+        if isinstance(obj, torch.Tensor):
+            if self.traced(obj):
+                raise Refused("a traced tensor where a fixed number is expected")
+            obj = obj.item()
+        return literal(obj)
+
+    # names
+
+    def take_names(self, variables: Iterable[tuple[str, object]]) -> None:
+        """Name the values bound to these (name, object) local variables: the first name a value is seen under;
+        not the inputs' or constants' own values, nor numbers, nor a view halfway into heads."""
+        for name, obj in variables:
+            if isinstance(obj, torch.Tensor) and id(obj) in self.values and name.isidentifier():
+                v = self.values[id(obj)]
+                fresh = id(v) not in self.names and id(v) not in self.known and not name.startswith("_")
+                if fresh and v.pending is None and not v.is_scalar:
+                    self.names[id(v)] = name
+
+
+class Mode(TorchFunctionMode):
+    """Every torch call of the traced code: run it, then translate it (see the module docstring)."""
+
+    def __init__(self, trace: Trace) -> None:
+        super().__init__()
+        self.trace = trace
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        result = func(*args, **kwargs)
+        record(self.trace, func, args, kwargs, result)
+        return result
+
+
+def record(trace: Trace, func: object, args: tuple, kwargs: dict, result: object) -> None:
+    """Translate one call: by its rule when it reads a traced tensor, into the constant program when not."""
+    name = op_name(func)
+    operands = [t for t in (*tensors_in(args), *tensors_in(kwargs)) if trace.traced(t)]
+    if not operands:
+        if isinstance(result, torch.Tensor):
+            trace.program.record(func, args, kwargs, result)
+        return
+    trace.take_names(frames.local_names())
+    if not isinstance(result, torch.Tensor):
+        if any(True for _ in tensors_in(result)):
+            raise error(name, "it returns several tensors; symattn's language has no slicing of a matrix")
+        return  # a size, a shape, a dtype
+    rule = trace.ops.get(name)
+    if rule is None:
+        raise error(name, "this operation is not in symattn's language")
+    try:
+        value = rule(trace, args, kwargs, result)
+    except Refused as err:
+        raise error(name, str(err)) from None
+    trace.bind(result, value)
+
+
+def error(name: str, why: str) -> SymattnError:
+    """symattn's one-line error: the operation, why, and the user's file:line."""
+    where = frames.location()
+    return SymattnError(f"from_torch: cannot trace {name}: {why}" + (f" (at {where})" if where else ""))
+
+
+class NameTaker:
+    """A profile hook that names the values bound to a user frame's locals as the frame returns."""
+
+    def __init__(self, trace: Trace) -> None:
+        self.trace = trace
+        self.previous = None
+
+    def __enter__(self) -> NameTaker:
+        self.previous = sys.getprofile()
+        sys.setprofile(self.hook)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        sys.setprofile(self.previous)
+
+    def hook(self, frame, event, arg) -> None:
+        if event == "return" and frames.is_user(frame):
+            self.trace.take_names(list(frame.f_locals.items()))

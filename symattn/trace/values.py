@@ -1,0 +1,177 @@
+"""What a traced tensor is in symattn's language, and the dimensions the trace discovers.
+
+A tensor's last two axes are a matrix (tokens as rows): a ``Value`` holds that matrix expression, the
+example's shape, and where it stands in the multi-head pattern. A 1-D tensor (d,) is the 1 × d row that
+torch broadcasts it as; a 0-d tensor is a SymPy scalar. An axis of size 1 is the number 1 (a broadcast
+axis); every other axis is a dimension symbol, made fresh for each input's axis and merged (``Dims.equate``)
+where an operation needs two lengths equal, so coincidentally equal example sizes stay distinct dimensions.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import sympy as sp
+from sympy import Basic
+
+from symattn.errors import SymattnError
+from symattn.lang.dims import dim
+
+
+class Refused(SymattnError):
+    """An operation the trace cannot express; the tracer adds the operation's name and the user's line."""
+
+
+@dataclass(eq=False)
+class Value:
+    """A traced tensor: ``expr`` its last two axes (a SymPy scalar for a 0-d tensor), ``shape`` the example's.
+
+    ``heads``: H for a per-head tensor (…, H, rows, cols), the H blocks of ``split_heads``.
+    ``pending``: "split" for (…, n, H, d) right after the view into heads (a transpose(1, 2) must follow),
+    "merge" for (…, n, H, d) after the transpose back (a view/reshape to (…, n, H·d) must follow).
+    """
+
+    expr: Basic
+    shape: tuple[int, ...]
+    heads: int | None = None
+    pending: str | None = None
+    inner: Basic | None = None  # for a product's result, the length it contracted (a scale's √d_k is read by it)
+
+    @property
+    def is_scalar(self) -> bool:
+        return len(self.shape) == 0
+
+    @property
+    def rows(self) -> Basic:
+        return self.expr.shape[0]
+
+    @property
+    def cols(self) -> Basic:
+        return self.expr.shape[1]
+
+    def substitute(self, mapping: dict) -> None:
+        """Rewrite the expression in place after two dimensions were made one."""
+        self.expr = self.expr.xreplace(mapping)
+        if self.inner is not None:
+            self.inner = sp.sympify(self.inner).xreplace(mapping)
+
+
+class Dims:
+    """The dimension symbols of a trace, each with its size at the example.
+
+    ``equate(a, b)`` merges two lengths an operation needs equal (c₁·s₁ = c₂·s₂), and the substitution
+    it makes is handed to ``on_merge`` so that every value built so far is rewritten.
+    """
+
+    def __init__(self, on_merge: Callable[[dict], None]) -> None:
+        self.sizes: dict[sp.Symbol, int] = {}
+        self.hints: dict[sp.Symbol, tuple[str, str]] = {}  # the axis that made the symbol: its name, given at the end
+        self.on_merge = on_merge
+        self.contracted: list[Basic] = []  # inner lengths of the matrix products, most recent last
+
+    def fresh(self, size: int, hint: tuple[str, str]) -> Basic:
+        """A new dimension of this size (the number 1 for a size-1 axis)."""
+        if size == 1:
+            return sp.Integer(1)
+        symbol = dim(f"t_{len(self.hints)}")
+        self.sizes[symbol] = int(size)
+        self.hints[symbol] = hint
+        return symbol
+
+    def size(self, length: Basic) -> int:
+        return int(sp.sympify(length).xreplace(self.sizes))
+
+    def equate(self, a: Basic, b: Basic) -> None:
+        """Make lengths a and b one (their example sizes are equal: torch ran the operation)."""
+        a, b = sp.sympify(a), sp.sympify(b)
+        if a == b:
+            return
+        if self.size(a) != self.size(b):
+            raise Refused(f"lengths {a} and {b} differ")
+        if a.is_Symbol and b.is_Symbol:  # the later symbol goes: names come from the first axis seen
+            old, new = (a, b) if _index(a) > _index(b) else (b, a)
+            self._merge({old: new})
+            return
+        if a.is_Symbol or b.is_Symbol:
+            old, new = (a, b) if a.is_Symbol else (b, a)
+            self._merge({old: new})
+            return
+        (c_a, s_a), (c_b, s_b) = (_coefficient(a), _coefficient(b))
+        common = sp.ilcm(c_a, c_b)
+        t = self.fresh(self.size(a) // common, self.hints[s_a])
+        self._merge({s_a: (common // c_a) * t, s_b: (common // c_b) * t})
+
+    def divisible(self, length: Basic, by: int) -> Basic:
+        """length / by as a length: a symbol s of length c·s is rewritten (s = g·t) so that by divides it."""
+        length = sp.sympify(length)
+        c, s = _coefficient(length)
+        g = by // math.gcd(c, by)
+        if g > 1:
+            t = self.fresh(self.size(s) // g, ("head", ""))
+            self._merge({s: g * t})
+            length = length.xreplace({s: g * t})
+        return sp.expand(length / by)
+
+    def _merge(self, mapping: dict) -> None:
+        for old in mapping:
+            self.sizes.pop(old, None)
+        for new in mapping.values():
+            for s in sp.sympify(new).free_symbols:
+                self.sizes.setdefault(s, self.size(new))
+        self.contracted = [sp.sympify(c).xreplace(mapping) for c in self.contracted]
+        self.on_merge(mapping)
+
+    def lengths(self) -> Iterable[Basic]:
+        """The lengths to read a number as √d or 1/√d of: the latest contracted ones first, then every symbol."""
+        seen: list[Basic] = []
+        for length in (*reversed(self.contracted), *self.sizes):
+            if length not in seen and self.size(length) > 1:
+                seen.append(length)
+        return seen
+
+
+def _index(symbol: sp.Symbol) -> int:
+    return int(str(symbol.name).split("_")[1])
+
+
+def _coefficient(length: Basic) -> tuple[int, sp.Symbol]:
+    """(c, s) with length = c·s, s a dimension symbol."""
+    c, rest = sp.sympify(length).as_coeff_Mul()
+    if not rest.is_Symbol or not c.is_Integer:
+        raise Refused(f"the length {length} is not a whole multiple of one dimension")
+    return int(c), rest
+
+
+def number(x: float | int, dims: Dims, prefer: Iterable[Basic] = ()) -> Basic:
+    """A Python number as a SymPy number: an int exactly; a float equal to √d or 1/√d of a dimension d at the
+    example (the score scale, computed from a size) as that expression of d; any other float as its simplest
+    exact form (0.1 → 1/10, √(2/π) stays √2/√π) when that form rounds back to it, else as it is."""
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        raise Refused(f"the number {x!r} of type {type(x).__name__}")
+    if isinstance(x, int):
+        return sp.Integer(x)
+    if not math.isfinite(x):
+        raise Refused(f"the number {x}")
+    for length in (*prefer, *dims.lengths()):
+        size = dims.size(length)
+        if size > 1:
+            for form in (sp.sqrt(length), 1 / sp.sqrt(length)):
+                if math.isclose(x, float(form.xreplace(dims.sizes)), rel_tol=1e-13):
+                    return form
+    return literal(x)
+
+
+def literal(x: float | int) -> Basic:
+    """A number that is no dimension's expression (eps, a fill value, a cap) as its simplest exact form."""
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        raise Refused(f"the number {x!r} of type {type(x).__name__}")
+    if isinstance(x, int) or x.is_integer():
+        return sp.Integer(int(x))
+    if not math.isfinite(x):
+        raise Refused(f"the number {x}")
+    simple = sp.nsimplify(x, [sp.pi])
+    if math.isclose(float(simple), x, rel_tol=1e-15, abs_tol=0.0):
+        return simple
+    return sp.Float(x)
