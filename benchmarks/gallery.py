@@ -45,8 +45,9 @@ def interleaved(runs: dict, repeat: int) -> dict[str, float]:
     return best
 
 
-def bench(name: str, n: int, d: int, repeat: int, spec=None) -> dict:
-    """Errors and times of the gallery spec called name (or of spec, a respelling of it: same inputs)."""
+def bench(name: str, n: int, d: int, repeat: int, spec=None, compiled: bool = False) -> dict:
+    """Errors and times of the gallery spec called name (or of spec, a respelling of it: same inputs);
+    compiled: also torch.compile(fullgraph=True) of the same forward (compiled before timing)."""
     shapes, reference = TESTS["REFERENCES"][name]
     table = sizes(n, d)
     rng = np.random.default_rng(0)
@@ -88,13 +89,26 @@ def bench(name: str, n: int, d: int, repeat: int, spec=None) -> dict:
         error = max(error, float(np.abs(grads[k] - ref).max()) / top, float(np.abs(got_t[i].numpy() - ref).max()) / top)
     ref = want_out.detach().numpy()
     error = max(error, float(np.abs(y - ref).max()) / max(float(np.abs(ref).max()), 1.0))
-    times = interleaved({"autograd": autograd, "numpy": generated_numpy, "torch": generated_torch}, repeat)
+    runs = {"autograd": autograd, "numpy": generated_numpy, "torch": generated_torch}
+    if compiled:  # torch.compile of the same forward, compiled and checked before timing
+        torch._dynamo.reset()  # a fresh compile for this spec and size
+        fast = torch.compile(reference, fullgraph=True)
+
+        def compiled_forward():
+            out = fast(*leaves)
+            return out, torch.autograd.grad(out, leaves, g)
+
+        runs["compile"] = compiled_forward
+        out, got = compiled_forward()
+        for value, ref in zip((out, *got), (want_out, *want)):
+            value, ref = value.detach().numpy(), ref.detach().numpy()
+            error = max(error, float(np.abs(value - ref).max()) / max(float(np.abs(ref).max()), 1.0))
+    times = interleaved(runs, repeat)
     base = times["autograd"]
     return {
         "spec": name,
         "error": error,
-        "numpy": times["numpy"] / base,
-        "torch": times["torch"] / base,
+        **{k: times[k] / base for k in runs if k != "autograd"},
         "autograd_ms": base * 1e3,
     }
 

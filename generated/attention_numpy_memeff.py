@@ -55,6 +55,43 @@ def add_optional(a, b):
     return a if b is None else a + b
 
 
+def add_rows(total, keys, part, m):
+    """The sum over blocks of a value of m rows (…, m, k), part adding to its rows keys; total is 0 before the
+    first block. part is a product made for the sum (dAᵀ Q): the first one may become the sum itself."""
+    if isinstance(total, int) and part.shape[-2] == m and part.base is None:  # every key: part is the sum so far
+        return part
+    if isinstance(total, int):
+        total = np.zeros((*part.shape[:-2], m, part.shape[-1]), dtype=part.dtype)
+    total[..., keys, :] += part
+    return total
+
+
+def causal_fill(scores, rows, keys):
+    """A block of scores (..., b, k) of query rows rows.start … and keys keys.start …, with -inf written where the
+    key comes after the query (j > i: what the causal mask hides)."""
+    b, k = scores.shape[-2:]
+    if keys.start + k - 1 > rows.start:  # some key of the block comes after some query row
+        future = np.arange(keys.start, keys.start + k) > np.arange(rows.start, rows.start + b)[:, None]
+        np.copyto(scores, -np.inf, where=future)
+    return scores
+
+
+def key_range(mask, causal, rows, m):
+    """The keys a block of query rows (a slice) reads: slice(k0, k1), the smallest range holding every key that
+    a row of the block may see (causal: key j <= query i; mask: an additive mask whose -inf hide a key), never
+    empty. A loop over blocks of rows skips the keys outside it, whose probabilities are exactly zero."""
+    first, last = 0, m
+    if causal:  # row i sees keys 0 … i
+        last = max(1, min(m, rows.stop))
+    if mask is not None:
+        seen = np.flatnonzero((mask[..., rows, first:last] != -np.inf).reshape(-1, last - first).any(axis=0))
+        if seen.size:
+            first, last = first + int(seen[0]), first + int(seen[-1]) + 1
+        else:  # every key hidden: one read, its probability zero
+            last = first + 1
+    return slice(first, max(last, first + 1))
+
+
 def masked_row_softmax_lse(a):
     """row_softmax_lse for rows that may hold -inf: a row of -inf gives zeros and L = +inf (exp(A - L) = 0)."""
     top = a.max(axis=-1, keepdims=True, initial=-np.inf)
@@ -74,6 +111,11 @@ def row_softmax_lse(a):
     total = e.sum(axis=-1, keepdims=True)
     e /= total
     return e, top + np.log(total)
+
+
+def rows(a):
+    """(..., n, k) -> (N, k): every row of every batch element, stacked."""
+    return a.reshape(-1, a.shape[-1])
 
 
 def _arrays(named):
@@ -144,17 +186,19 @@ def _cotangent(grad_out, saved):
     return grad_out
 
 
-def _additive_mask(attn_mask, key_padding_mask, causal, query, key, per_head=False):
+def _additive_mask(attn_mask, key_padding_mask, causal, query, key, per_head=False, by_blocks=False):
     """The additive mask M (0 where a query may see a key, -inf where not), or None without a mask.
 
     attn_mask: (n, m) or (..., n, m), boolean (True: not allowed) or floating (added to the scores);
     key_padding_mask: (..., m) boolean (True: ignore that key); causal: query i sees keys j <= i.
     per_head: the scores have a heads axis, (..., H, n, m), so a batched mask gets one, (..., 1, n, m).
+    by_blocks: M leaves the causal part out (None when nothing else is left), for a loop over blocks of query
+    rows that writes it into each block of scores (causal_fill), so that no n × m array is made for it.
     """
     if not isinstance(causal, (bool, np.bool_)):
         raise ValueError(f"causal must be True or False, got {causal!r}")
     causal = bool(causal)
-    if attn_mask is None and key_padding_mask is None and not causal:
+    if attn_mask is None and key_padding_mask is None and (by_blocks or not causal):
         return None
     query, key = np.asarray(query), np.asarray(key)
     n, m, batch = query.shape[-2], key.shape[-2], query.shape[:-2]
@@ -170,9 +214,6 @@ def _additive_mask(attn_mask, key_padding_mask, causal, query, key, per_head=Fal
             mask = attn_mask.astype(query.dtype)
         else:
             raise ValueError(f"attn_mask: expected a bool or floating-point array, got {attn_mask.dtype}")
-    if causal:
-        future = np.where(np.triu(np.ones((n, m), dtype=bool), 1), -np.inf, 0.0).astype(query.dtype)
-        mask = future if mask is None else mask + future
     if key_padding_mask is not None:
         key_padding_mask = np.asarray(key_padding_mask)
         if key_padding_mask.shape != (*batch, m):
@@ -182,10 +223,21 @@ def _additive_mask(attn_mask, key_padding_mask, causal, query, key, per_head=Fal
             raise ValueError(f"key_padding_mask: expected a bool array (True: ignore a key), got {got}")
         padding = np.where(key_padding_mask, -np.inf, 0.0).astype(query.dtype)[..., None, :]
         mask = padding if mask is None else mask + padding
-    mask = np.broadcast_to(mask, (*mask.shape[:-2], n, m))  # a view: every query row, so that blocks of rows slice it
-    if per_head and mask.ndim > 2:  # one mask for every head: (..., 1, n, m)
-        mask = mask[..., None, :, :]
-    return mask
+    if mask is not None:
+        mask = np.broadcast_to(mask, (*mask.shape[:-2], n, m))  # a view: every query row, so that blocks slice it
+        if per_head and mask.ndim > 2:  # one mask for every head: (..., 1, n, m)
+            mask = mask[..., None, :, :]
+    return mask if by_blocks else with_causal(mask, causal, query, key)
+
+
+def with_causal(mask, causal, query, key):
+    """M with the causal part added (-inf where key j comes after query i) when causal, as a whole n × m array:
+    the additive mask for the closed forms that take it whole, from the mask a loop over blocks of rows takes."""
+    if not causal:
+        return mask
+    n, m = np.shape(query)[-2], np.shape(key)[-2]
+    future = np.where(np.triu(np.ones((n, m), dtype=bool), 1), -np.inf, 0.0).astype(np.asarray(query).dtype)
+    return future if mask is None else mask + future
 
 
 def forward(Q, K, V, *, scale=None, block_size=None, attn_mask=None, key_padding_mask=None, causal=False):
@@ -196,7 +248,7 @@ def forward(Q, K, V, *, scale=None, block_size=None, attn_mask=None, key_padding
     ignore the key) and causal add the mask M to the scores; a row whose keys are all masked gives zeros
     and zero gradients, never NaN.
     """
-    M = _additive_mask(attn_mask, key_padding_mask, causal, Q, K)
+    M = _additive_mask(attn_mask, key_padding_mask, causal, Q, K, by_blocks=True)
     Q, K, V = _arrays({"Q": Q, "K": K, "V": V})
     if block_size is None:
         block_size = 128
@@ -216,15 +268,19 @@ def forward(Q, K, V, *, scale=None, block_size=None, attn_mask=None, key_padding
     L_blocks = []
     for start in range(0, max(Q.shape[-2], 1), block_size):  # one pass with no rows: results get their shapes
         block = slice(start, start + block_size)
-        M_b = None if M is None else M[..., block, :]
+        keys = key_range(M, causal, block, K.shape[-2])
+        K_k = K[..., keys, :]
+        V_k = V[..., keys, :]
+        M_b = None if M is None else M[..., block, keys]
         Q_b = Q[..., block, :]
-        A_b = add_optional((scale * Q_b) @ K.mT, M_b)
+        A_b = add_optional((scale * Q_b) @ K_k.mT, M_b)
+        A_b = causal_fill(A_b, block, keys) if causal else A_b
         P_b, L_b = row_softmax_lse(A_b) if M is None else masked_row_softmax_lse(A_b)
-        O_b = P_b @ V
+        O_b = P_b @ V_k
         O_blocks.append(O_b)
         L_blocks.append(L_b)
-    O = np.concatenate(O_blocks, axis=-2)
-    L = np.concatenate(L_blocks, axis=-2)
+    O = O_blocks[0] if len(O_blocks) == 1 else np.concatenate(O_blocks, axis=-2)
+    L = L_blocks[0] if len(L_blocks) == 1 else np.concatenate(L_blocks, axis=-2)
     saved = {
         "Q": Q,
         "K": K,
@@ -233,6 +289,7 @@ def forward(Q, K, V, *, scale=None, block_size=None, attn_mask=None, key_padding
         "scale": scale,
         "L": L,
         "M": M,
+        "causal": causal,
         "block_size": block_size,
         "output_shape": O.shape,
         "dtype": O.dtype,
@@ -250,6 +307,7 @@ def backward(saved, grad_out):
     scale = saved["scale"]
     L = saved["L"]
     M = saved["M"]
+    causal = saved["causal"]
     block_size = saved["block_size"]
     D = (O * grad_out).sum(axis=-1, keepdims=True)
     dQ_blocks = []
@@ -257,20 +315,24 @@ def backward(saved, grad_out):
     dV = 0  # summed over the blocks of query rows
     for start in range(0, max(Q.shape[-2], 1), block_size):  # one pass with no rows: results get their shapes
         block = slice(start, start + block_size)
+        keys = key_range(M, causal, block, K.shape[-2])
+        K_k = K[..., keys, :]
+        V_k = V[..., keys, :]
         L_b = L[..., block, :]
-        M_b = None if M is None else M[..., block, :]
+        M_b = None if M is None else M[..., block, keys]
         Q_b = Q[..., block, :]
         grad_out_b = grad_out[..., block, :]
         D_b = D[..., block, :]
-        A_b = add_optional((scale * Q_b) @ K.mT, M_b)
+        A_b = add_optional((scale * Q_b) @ K_k.mT, M_b)
+        A_b = causal_fill(A_b, block, keys) if causal else A_b
         P_b = np.exp(np.subtract(A_b, L_b, out=A_b), out=A_b)
-        dP_b = grad_out_b @ V.mT
+        dP_b = grad_out_b @ V_k.mT
         dA_b = np.multiply(np.subtract(dP_b, D_b, out=dP_b), P_b, out=dP_b)
-        dQ_b = dA_b @ (scale * K)
+        dQ_b = dA_b @ (scale * K_k)
         dQ_blocks.append(dQ_b)
-        dK += dA_b.mT @ (scale * Q_b)
-        dV += P_b.mT @ grad_out_b
-    dQ = np.concatenate(dQ_blocks, axis=-2)
+        dK = add_rows(dK, keys, dA_b.mT @ (scale * Q_b), K.shape[-2])
+        dV = add_rows(dV, keys, P_b.mT @ grad_out_b, K.shape[-2])
+    dQ = dQ_blocks[0] if len(dQ_blocks) == 1 else np.concatenate(dQ_blocks, axis=-2)
     return {"Q": dQ, "K": dK, "V": dV}
 
 
@@ -337,12 +399,13 @@ def _direction(direction):
     return direction
 
 
-def _forward2(Q, K, V, G_out, Q_v, K_v, V_v, M, scale):
+def _forward2(Q, K, V, G_out, Q_v, K_v, V_v, M, causal, scale):
     """The second closed form's forward: (f₂, saved values for _backward2), a None direction zero."""
     mask_shape = None
     Q, K, V, G_out, Q_v, K_v, V_v = _arrays(
         {"Q": Q, "K": K, "V": V, "G_out": G_out, "Q_v": Q_v, "K_v": K_v, "V_v": V_v}
     )
+    M = with_causal(M, causal, Q, K)  # the closed form takes M whole
     dtype = Q.dtype
     n = Q.shape[-2]
     d_k = Q.shape[-1]
@@ -445,9 +508,11 @@ def hvp(Q, K, V, grad_out, direction, *, scale=None, attn_mask=None, key_padding
     Returns {name: Σ_j ∂²f/∂x_name ∂x_j [direction[x_j]]} for every input given, from the second
     closed form (the gradients of f₂ = Σ_j tr(direction[x_j]ᵀ ∂f/∂x_j)).
     """
-    M = _additive_mask(attn_mask, key_padding_mask, causal, Q, K)
+    M = _additive_mask(attn_mask, key_padding_mask, causal, Q, K, by_blocks=True)
     direction = _direction(direction)
-    value, saved = _forward2(Q, K, V, grad_out, direction.get("Q"), direction.get("K"), direction.get("V"), M, scale)
+    value, saved = _forward2(
+        Q, K, V, grad_out, direction.get("Q"), direction.get("K"), direction.get("V"), M, causal, scale
+    )
     grads = _backward2(saved, np.ones_like(value))
     return {name: grads[name] for name in DIRECTION_OF if grads.get(name) is not None}
 
@@ -479,7 +544,7 @@ def _tangents(tangents):
     return tangents
 
 
-def _jvp(Q, K, V, Q_t, K_t, V_t, M, M_t, scale, block_size):
+def _jvp(Q, K, V, Q_t, K_t, V_t, M, M_t, causal, scale, block_size):
     """(O, dO): the forward and its derivative along the tangents (a None tangent is zero)."""
     Q, K, V, Q_t, K_t, V_t = _arrays({"Q": Q, "K": K, "V": V, "Q_t": Q_t, "K_t": K_t, "V_t": V_t})
     if block_size is None:
@@ -512,21 +577,27 @@ def _jvp(Q, K, V, Q_t, K_t, V_t, M, M_t, scale, block_size):
     dO_blocks = []
     for start in range(0, max(Q.shape[-2], 1), block_size):  # one pass with no rows: results get their shapes
         block = slice(start, start + block_size)
-        M_b = None if M is None else M[..., block, :]
+        keys = key_range(M, causal, block, K.shape[-2])
+        K_k = K[..., keys, :]
+        K_t_k = K_t[..., keys, :]
+        V_k = V[..., keys, :]
+        V_t_k = V_t[..., keys, :]
+        M_b = None if M is None else M[..., block, keys]
         Q_b = Q[..., block, :]
-        M_t_b = None if M_t is None else M_t[..., block, :]
+        M_t_b = None if M_t is None else M_t[..., block, keys]
         Q_t_b = Q_t[..., block, :]
-        A_b = add_optional((scale * Q_b) @ K.mT, M_b)
-        P_b = row_softmax(A_b) if M is None else masked_row_softmax(A_b)
-        O_b = P_b @ V
-        dA_b = add_optional((scale * Q_b) @ K_t.mT + (scale * Q_t_b) @ K.mT, M_t_b)
+        A_b = add_optional((scale * Q_b) @ K_k.mT, M_b)
+        A_b = causal_fill(A_b, block, keys) if causal else A_b
+        P_b = row_softmax(A_b, out=A_b) if M is None else masked_row_softmax(A_b, out=A_b)
+        O_b = P_b @ V_k
+        dA_b = add_optional((scale * Q_b) @ K_t_k.mT + (scale * Q_t_b) @ K_k.mT, M_t_b)
         D_b = (dA_b * P_b).sum(axis=-1, keepdims=True)
         dP_b = np.multiply(np.subtract(dA_b, D_b, out=dA_b), P_b, out=dA_b)
-        dO_b = P_b @ V_t + dP_b @ V
+        dO_b = P_b @ V_t_k + dP_b @ V_k
         O_blocks.append(O_b)
         dO_blocks.append(dO_b)
-    O = np.concatenate(O_blocks, axis=-2)
-    dO = np.concatenate(dO_blocks, axis=-2)
+    O = O_blocks[0] if len(O_blocks) == 1 else np.concatenate(O_blocks, axis=-2)
+    dO = dO_blocks[0] if len(dO_blocks) == 1 else np.concatenate(dO_blocks, axis=-2)
     return O, dO
 
 
@@ -536,6 +607,6 @@ def jvp(Q, K, V, tangents, *, scale=None, block_size=None, attn_mask=None, key_p
     tangents: a dict from input names to arrays of their shapes (an input left out: zero there); the options
     and masks as forward takes them (the mask does not move).
     """
-    M = _additive_mask(attn_mask, key_padding_mask, causal, Q, K)
+    M = _additive_mask(attn_mask, key_padding_mask, causal, Q, K, by_blocks=True)
     tangents = _tangents(tangents)
-    return _jvp(Q, K, V, tangents.get("Q"), tangents.get("K"), tangents.get("V"), M, None, scale, block_size)
+    return _jvp(Q, K, V, tangents.get("Q"), tangents.get("K"), tangents.get("V"), M, None, causal, scale, block_size)

@@ -51,9 +51,64 @@ OPTIONAL = ()  # inputs that may be None: their terms are left out
 SPEC = "attention"
 
 
+def _functional(a):
+    """Is a traced (torch.compile, torch.export) or transformed (torch.func's vmap, grad, jvp)? Then no out= and
+    no branch on its values: what eager code does in place or only where needed is done for every row."""
+    return torch.compiler.is_compiling() or torch._C._functorch.is_functorch_wrapped_tensor(a)
+
+
 def add_optional(a, b):
     """a + b, or a itself when b is None (an absent bias or mask)."""
     return a if b is None else a + b
+
+
+def add_rows(total, keys, part, m):
+    """The sum over blocks of a value of m rows (…, m, k), part adding to its rows keys; total is 0 before the
+    first block. part is a product made for the sum (dAᵀ Q): the first one may become the sum itself."""
+    if _functional(part):  # no in-place update: part padded with zero rows to m
+        padded = torch.nn.functional.pad(part, (0, 0, keys.start, m - keys.stop))
+        return padded if isinstance(total, int) else total + padded
+    # every key: part (a product made for this sum, maybe transposed by matmul_tn) is the sum so far
+    if isinstance(total, int) and part.shape[-2] == m and (part.is_contiguous() or part.mT.is_contiguous()):
+        return part
+    if isinstance(total, int):  # laid out as part is (matmul_tn gives a transposed product): a cheap add
+        transposed = part.mT.is_contiguous() and not part.is_contiguous()
+        shape = (*part.shape[:-2], m, part.shape[-1])
+        total = part.new_zeros(shape[:-2] + shape[:-3:-1]).mT if transposed else part.new_zeros(shape)
+    total[..., keys, :] += part
+    return total
+
+
+def causal_fill(scores, rows, keys):
+    """A block of scores (..., b, k) of query rows rows.start … and keys keys.start …, with -inf written where the
+    key comes after the query (j > i: what the causal mask hides)."""
+    b, k = scores.shape[-2:]
+    if keys.start + k - 1 <= rows.start:  # no key of the block comes after a query row
+        return scores
+    device = scores.device
+    future = torch.arange(keys.start, keys.start + k, device=device) > torch.arange(
+        rows.start, rows.start + b, device=device
+    ).unsqueeze(-1)
+    if _functional(scores):
+        return scores.masked_fill(future, float("-inf"))
+    return scores.masked_fill_(future, float("-inf"))
+
+
+def key_range(mask, causal, rows, m):
+    """The keys a block of query rows (a slice) reads: slice(k0, k1), the smallest range holding every key that
+    a row of the block may see (causal: key j <= query i; mask: an additive mask whose -inf hide a key), never
+    empty. A loop over blocks of rows skips the keys outside it, whose probabilities are exactly zero. Traced or
+    transformed, only the causal range (no branch on the mask's values)."""
+    first, last = 0, m
+    if causal:  # row i sees keys 0 … i
+        last = max(1, min(m, rows.stop))
+    if mask is not None and not _functional(mask):
+        seen = (mask[..., rows, first:last] != float("-inf")).reshape(-1, last - first).any(dim=0).nonzero()
+        if len(seen):
+            first, last = first + int(seen[0]), first + int(seen[-1]) + 1
+        else:  # every key hidden: one read, its probability zero
+            last = first + 1
+    return slice(first, max(last, first + 1))
 
 
 def masked_row_softmax_lse(a):
@@ -84,6 +139,11 @@ def row_softmax_lse(a):
     total = e.sum(dim=-1, keepdim=True)
     e /= total
     return e, top + torch.log(total)
+
+
+def rows(a):
+    """(..., n, k) -> (N, k): every row of every batch element, stacked."""
+    return a.reshape(-1, a.shape[-1])
 
 
 def _tensors(named):
@@ -220,17 +280,19 @@ def _tie(gradients, sources, message):
     return tuple(None if g is None else next(tied) for g in gradients)
 
 
-def _additive_mask(attn_mask, key_padding_mask, causal, query, key, per_head=False):
+def _additive_mask(attn_mask, key_padding_mask, causal, query, key, per_head=False, by_blocks=False):
     """The additive mask M (0 where a query may see a key, -inf where not), or None without a mask.
 
     attn_mask: (n, m) or (..., n, m), boolean (True: not allowed) or floating (added to the scores);
     key_padding_mask: (..., m) boolean (True: ignore that key); causal: query i sees keys j <= i.
     per_head: the scores have a heads axis, (..., H, n, m), so a batched mask gets one, (..., 1, n, m).
+    by_blocks: M leaves the causal part out (None when nothing else is left), for a loop over blocks of query
+    rows that writes it into each block of scores (causal_fill), so that no n × m tensor is made for it.
     """
     if type(causal).__name__ not in ("bool", "bool_"):  # True or False, or NumPy's np.True_ or np.False_
         raise ValueError(f"causal must be True or False, got {causal!r}")
     causal = bool(causal)
-    if attn_mask is None and key_padding_mask is None and not causal:
+    if attn_mask is None and key_padding_mask is None and (by_blocks or not causal):
         return None
     n, m, batch = query.shape[-2], key.shape[-2], tuple(query.shape[:-2])
     dtype, device = query.dtype, query.device
@@ -246,10 +308,6 @@ def _additive_mask(attn_mask, key_padding_mask, causal, query, key, per_head=Fal
             mask = attn_mask.to(dtype)
         else:
             raise ValueError(f"attn_mask: expected a bool or floating-point tensor, got {attn_mask.dtype}")
-    if causal:
-        future = torch.ones(n, m, dtype=torch.bool, device=device).triu_(1)
-        future = torch.zeros(n, m, dtype=dtype, device=device).masked_fill_(future, float("-inf"))
-        mask = future if mask is None else mask + future
     if key_padding_mask is not None:
         if not isinstance(key_padding_mask, torch.Tensor) or tuple(key_padding_mask.shape) != (*batch, m):
             got = key_padding_mask
@@ -261,13 +319,25 @@ def _additive_mask(attn_mask, key_padding_mask, causal, query, key, per_head=Fal
         padding = torch.zeros(key_padding_mask.shape, dtype=dtype, device=device)
         padding = padding.masked_fill_(key_padding_mask, float("-inf")).unsqueeze(-2)
         mask = padding if mask is None else mask + padding
-    mask = mask.expand(*mask.shape[:-2], n, m)  # a view: every query row, so that blocks of rows slice it
-    if per_head and mask.ndim > 2:  # one mask for every head: (..., 1, n, m)
-        mask = mask.unsqueeze(-3)
-    return mask
+    if mask is not None:
+        mask = mask.expand(*mask.shape[:-2], n, m)  # a view: every query row, so that blocks of rows slice it
+        if per_head and mask.ndim > 2:  # one mask for every head: (..., 1, n, m)
+            mask = mask.unsqueeze(-3)
+    return mask if by_blocks else with_causal(mask, causal, query, key)
 
 
-def _forward(Q, K, V, M, scale, block_size):
+def with_causal(mask, causal, query, key):
+    """M with the causal part added (-inf where key j comes after query i) when causal, as a whole n × m tensor:
+    the additive mask for the closed forms that take it whole, from the mask a loop over blocks of rows takes."""
+    if not causal:
+        return mask
+    n, m, dtype, device = query.shape[-2], key.shape[-2], query.dtype, query.device
+    future = torch.ones(n, m, dtype=torch.bool, device=device).triu_(1)
+    future = torch.zeros(n, m, dtype=dtype, device=device).masked_fill_(future, float("-inf"))
+    return future if mask is None else mask + future
+
+
+def _forward(Q, K, V, M, causal, scale, block_size):
     """The forward pass: (O, saved values for _backward)."""
     Q, K, V = _tensors({"Q": Q, "K": K, "V": V})
     if block_size is None:
@@ -288,15 +358,19 @@ def _forward(Q, K, V, M, scale, block_size):
     L_blocks = []
     for start in range(0, max(Q.shape[-2], 1), block_size):  # one pass with no rows: results get their shapes
         block = slice(start, start + block_size)
-        M_b = None if M is None else M[..., block, :]
+        keys = key_range(M, causal, block, K.shape[-2])
+        K_k = K[..., keys, :]
+        V_k = V[..., keys, :]
+        M_b = None if M is None else M[..., block, keys]
         Q_b = Q[..., block, :]
-        A_b = add_optional((scale * Q_b) @ K.mT, M_b)
+        A_b = add_optional((scale * Q_b) @ K_k.mT, M_b)
+        A_b = causal_fill(A_b, block, keys) if causal else A_b
         P_b, L_b = row_softmax_lse(A_b) if M is None else masked_row_softmax_lse(A_b)
-        O_b = P_b @ V
+        O_b = P_b @ V_k
         O_blocks.append(O_b)
         L_blocks.append(L_b)
-    O = torch.cat(O_blocks, dim=-2)
-    L = torch.cat(L_blocks, dim=-2)
+    O = O_blocks[0] if len(O_blocks) == 1 else torch.cat(O_blocks, dim=-2)
+    L = L_blocks[0] if len(L_blocks) == 1 else torch.cat(L_blocks, dim=-2)
     saved = {
         "Q": Q,
         "K": K,
@@ -305,6 +379,7 @@ def _forward(Q, K, V, M, scale, block_size):
         "scale": scale,
         "L": L,
         "M": M,
+        "causal": causal,
         "block_size": block_size,
     }
     return O, saved
@@ -319,6 +394,7 @@ def _backward(saved, grad_out):
     scale = saved["scale"]
     L = saved["L"]
     M = saved["M"]
+    causal = saved["causal"]
     block_size = saved["block_size"]
     D = (O * grad_out).sum(dim=-1, keepdim=True)
     dQ_blocks = []
@@ -326,20 +402,24 @@ def _backward(saved, grad_out):
     dV = 0  # summed over the blocks of query rows
     for start in range(0, max(Q.shape[-2], 1), block_size):  # one pass with no rows: results get their shapes
         block = slice(start, start + block_size)
+        keys = key_range(M, causal, block, K.shape[-2])
+        K_k = K[..., keys, :]
+        V_k = V[..., keys, :]
         L_b = L[..., block, :]
-        M_b = None if M is None else M[..., block, :]
+        M_b = None if M is None else M[..., block, keys]
         Q_b = Q[..., block, :]
         grad_out_b = grad_out[..., block, :]
         D_b = D[..., block, :]
-        A_b = add_optional((scale * Q_b) @ K.mT, M_b)
+        A_b = add_optional((scale * Q_b) @ K_k.mT, M_b)
+        A_b = causal_fill(A_b, block, keys) if causal else A_b
         P_b = A_b.sub_(L_b).exp_()
-        dP_b = grad_out_b @ V.mT
+        dP_b = grad_out_b @ V_k.mT
         dA_b = dP_b.sub_(D_b).mul_(P_b)
-        dQ_b = dA_b @ (scale * K)
+        dQ_b = dA_b @ (scale * K_k)
         dQ_blocks.append(dQ_b)
-        dK += matmul_tn(dA_b, scale * Q_b)
-        dV += matmul_tn(P_b, grad_out_b)
-    dQ = torch.cat(dQ_blocks, dim=-2)
+        dK = add_rows(dK, keys, matmul_tn(dA_b, scale * Q_b), K.shape[-2])
+        dV = add_rows(dV, keys, matmul_tn(P_b, grad_out_b), K.shape[-2])
+    dQ = dQ_blocks[0] if len(dQ_blocks) == 1 else torch.cat(dQ_blocks, dim=-2)
     return {"Q": dQ, "K": dK, "V": dV}
 
 
@@ -350,13 +430,13 @@ class AttentionFunction(torch.autograd.Function):
     generate_vmap_rule = True
 
     @staticmethod
-    def forward(Q, K, V, M, scale, block_size):
-        O, saved = _forward(Q, K, V, M, scale, block_size)
+    def forward(Q, K, V, M, causal, scale, block_size):
+        O, saved = _forward(Q, K, V, M, causal, scale, block_size)
         return _distinct(O, Q, K, V, M), saved
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        Q, K, V, M, scale, block_size = inputs
+        Q, K, V, M, causal, scale, block_size = inputs
         saved = output[1]
         tensors = [name for name, value in saved.items() if isinstance(value, torch.Tensor)]
         # the inputs too, which _first_order ties the gradients to under create_graph=True and jvp reads
@@ -366,16 +446,16 @@ class AttentionFunction(torch.autograd.Function):
         ctx.tensor_names = tensors
         ctx.constants = {name: value for name, value in saved.items() if name not in tensors}
         ctx.given = [x is not None for x in (Q, K, V, M)]
-        ctx.options = (scale, block_size)
+        ctx.options = (causal, scale, block_size)
 
     @staticmethod
     def backward(ctx, grad_out, _):
         saved = dict(zip(ctx.tensor_names, ctx.saved_tensors), **ctx.constants)
         if torch.is_grad_enabled():  # create_graph=True: gradients that the second closed form differentiates
-            return _second_order(ctx, saved, grad_out, 2, 1)
+            return _second_order(ctx, saved, grad_out, 3, 2)
         with torch.no_grad():
             grads = _backward(saved, grad_out)
-        gradients = (grads["Q"], grads["K"], grads["V"], None, None, None)
+        gradients = (grads["Q"], grads["K"], grads["V"], None, None, None, None)
         return _first_order(ctx, grad_out, gradients)
 
     @staticmethod
@@ -400,8 +480,8 @@ def forward(Q, K, V, *, scale=None, block_size=None, attn_mask=None, key_padding
     """
     if isinstance(attn_mask, torch.Tensor) and attn_mask.requires_grad:
         raise ValueError("attn_mask requires grad: the memory-efficient variant gives it none; use the standard module")
-    M = _additive_mask(attn_mask, key_padding_mask, causal, Q, K)
-    return _apply(AttentionFunction, Q, K, V, M, scale, block_size, traced=_AttentionTraced)[0]
+    M = _additive_mask(attn_mask, key_padding_mask, causal, Q, K, by_blocks=True)
+    return _apply(AttentionFunction, Q, K, V, M, causal, scale, block_size, traced=_AttentionTraced)[0]
 
 
 class Attention(torch.nn.Module):
@@ -449,12 +529,6 @@ INPUTS = ("Q", "K", "V", "M")  # the Function's tensor inputs
 COTANGENT = "G_out"
 
 
-def _functional(a):
-    """Is a traced (torch.compile, torch.export) or transformed (torch.func's vmap, grad, jvp)? Then no out= and
-    no branch on its values: what eager code does in place or only where needed is done for every row."""
-    return torch.compiler.is_compiling() or torch._C._functorch.is_functorch_wrapped_tensor(a)
-
-
 def masked_row_softmax(a, out=None):
     """row_softmax for rows that may hold -inf: a row whose entries are all -inf gives zeros, not NaN."""
     if not a.shape[-1]:  # no keys
@@ -468,8 +542,10 @@ def masked_row_softmax(a, out=None):
 
 def row_softmax(a, out=None):
     """softmax along the last axis (torch's one-pass kernel, the row max subtracted first); out may be a itself."""
-    if out is None or _functional(a):  # (a compiled graph plans its own buffers; export traces with autograd
-        return torch.softmax(a, dim=-1)  # on, which refuses out=; vmap batches no out=)
+    # (a compiled graph plans its own buffers; export traces with autograd on, which refuses out=, as it does
+    # for a that requires grad, as jvp's may; vmap batches no out=)
+    if out is None or _functional(a) or a.requires_grad:
+        return torch.softmax(a, dim=-1)
     return torch._softmax(a, -1, False, out=out)
 
 
@@ -613,12 +689,13 @@ def _second_order(ctx, saved, grad_out, options, spec_options):
     return (*_Backward.apply(held, grad_out, *inputs, *values), *[None] * options)
 
 
-def _forward2(Q, K, V, G_out, Q_v, K_v, V_v, M, scale):
+def _forward2(Q, K, V, G_out, Q_v, K_v, V_v, M, causal, scale):
     """The second closed form's forward: (f₂, saved values for _backward2), a None direction zero."""
     mask_shape = _grad_shape(M)
     Q, K, V, G_out, Q_v, K_v, V_v = _tensors(
         {"Q": Q, "K": K, "V": V, "G_out": G_out, "Q_v": Q_v, "K_v": K_v, "V_v": V_v}
     )
+    M = with_causal(M, causal, Q, K)  # the closed form takes M whole
     dtype, device = Q.dtype, Q.device
     n = Q.shape[-2]
     d_k = Q.shape[-1]
@@ -713,9 +790,11 @@ def hvp(Q, K, V, grad_out, direction, *, scale=None, attn_mask=None, key_padding
     Returns {name: Σ_j ∂²f/∂x_name ∂x_j [direction[x_j]]} for every input given, from the second
     closed form (the gradients of f₂ = Σ_j tr(direction[x_j]ᵀ ∂f/∂x_j)).
     """
-    M = _additive_mask(attn_mask, key_padding_mask, causal, Q, K)
+    M = _additive_mask(attn_mask, key_padding_mask, causal, Q, K, by_blocks=True)
     direction = _direction(direction)
-    value, saved = _forward2(Q, K, V, grad_out, direction.get("Q"), direction.get("K"), direction.get("V"), M, scale)
+    value, saved = _forward2(
+        Q, K, V, grad_out, direction.get("Q"), direction.get("K"), direction.get("V"), M, causal, scale
+    )
     grads = _backward2(saved, torch.ones_like(value))
     return {name: grads[name] for name in DIRECTION_OF if grads.get(name) is not None}
 
@@ -770,7 +849,7 @@ def _tangent(jvp, ctx, tangents):
     return jvp(*inputs[:count], *tangents[:count], *inputs[count:], *tangents[count : len(inputs)], *ctx.options)[1]
 
 
-def _jvp(Q, K, V, Q_t, K_t, V_t, M, M_t, scale, block_size):
+def _jvp(Q, K, V, Q_t, K_t, V_t, M, M_t, causal, scale, block_size):
     """(O, dO): the forward and its derivative along the tangents (a None tangent is zero)."""
     Q, K, V, Q_t, K_t, V_t = _tensors({"Q": Q, "K": K, "V": V, "Q_t": Q_t, "K_t": K_t, "V_t": V_t})
     if block_size is None:
@@ -803,21 +882,27 @@ def _jvp(Q, K, V, Q_t, K_t, V_t, M, M_t, scale, block_size):
     dO_blocks = []
     for start in range(0, max(Q.shape[-2], 1), block_size):  # one pass with no rows: results get their shapes
         block = slice(start, start + block_size)
-        M_b = None if M is None else M[..., block, :]
+        keys = key_range(M, causal, block, K.shape[-2])
+        K_k = K[..., keys, :]
+        K_t_k = K_t[..., keys, :]
+        V_k = V[..., keys, :]
+        V_t_k = V_t[..., keys, :]
+        M_b = None if M is None else M[..., block, keys]
         Q_b = Q[..., block, :]
-        M_t_b = None if M_t is None else M_t[..., block, :]
+        M_t_b = None if M_t is None else M_t[..., block, keys]
         Q_t_b = Q_t[..., block, :]
-        A_b = add_optional((scale * Q_b) @ K.mT, M_b)
-        P_b = row_softmax(A_b) if M is None else masked_row_softmax(A_b)
-        O_b = P_b @ V
-        dA_b = add_optional((scale * Q_b) @ K_t.mT + (scale * Q_t_b) @ K.mT, M_t_b)
+        A_b = add_optional((scale * Q_b) @ K_k.mT, M_b)
+        A_b = causal_fill(A_b, block, keys) if causal else A_b
+        P_b = row_softmax(A_b, out=A_b) if M is None else masked_row_softmax(A_b, out=A_b)
+        O_b = P_b @ V_k
+        dA_b = add_optional((scale * Q_b) @ K_t_k.mT + (scale * Q_t_b) @ K_k.mT, M_t_b)
         D_b = (dA_b * P_b).sum(dim=-1, keepdim=True)
         dP_b = (dA_b - D_b) * P_b
-        dO_b = P_b @ V_t + dP_b @ V
+        dO_b = P_b @ V_t_k + dP_b @ V_k
         O_blocks.append(O_b)
         dO_blocks.append(dO_b)
-    O = torch.cat(O_blocks, dim=-2)
-    dO = torch.cat(dO_blocks, dim=-2)
+    O = O_blocks[0] if len(O_blocks) == 1 else torch.cat(O_blocks, dim=-2)
+    dO = dO_blocks[0] if len(dO_blocks) == 1 else torch.cat(dO_blocks, dim=-2)
     return O, dO
 
 
@@ -827,6 +912,6 @@ def jvp(Q, K, V, tangents, *, scale=None, block_size=None, attn_mask=None, key_p
     tangents: a dict from input names to arrays of their shapes (an input left out: zero there); the options
     and masks as forward takes them (the mask does not move).
     """
-    M = _additive_mask(attn_mask, key_padding_mask, causal, Q, K)
+    M = _additive_mask(attn_mask, key_padding_mask, causal, Q, K, by_blocks=True)
     tangents = _tangents(tangents)
-    return _jvp(Q, K, V, tangents.get("Q"), tangents.get("K"), tangents.get("V"), M, None, scale, block_size)
+    return _jvp(Q, K, V, tangents.get("Q"), tangents.get("K"), tangents.get("V"), M, None, causal, scale, block_size)

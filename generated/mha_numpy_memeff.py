@@ -97,6 +97,43 @@ def add_optional(a, b):
     return a if b is None else a + b
 
 
+def add_rows(total, keys, part, m):
+    """The sum over blocks of a value of m rows (…, m, k), part adding to its rows keys; total is 0 before the
+    first block. part is a product made for the sum (dAᵀ Q): the first one may become the sum itself."""
+    if isinstance(total, int) and part.shape[-2] == m and part.base is None:  # every key: part is the sum so far
+        return part
+    if isinstance(total, int):
+        total = np.zeros((*part.shape[:-2], m, part.shape[-1]), dtype=part.dtype)
+    total[..., keys, :] += part
+    return total
+
+
+def causal_fill(scores, rows, keys):
+    """A block of scores (..., b, k) of query rows rows.start … and keys keys.start …, with -inf written where the
+    key comes after the query (j > i: what the causal mask hides)."""
+    b, k = scores.shape[-2:]
+    if keys.start + k - 1 > rows.start:  # some key of the block comes after some query row
+        future = np.arange(keys.start, keys.start + k) > np.arange(rows.start, rows.start + b)[:, None]
+        np.copyto(scores, -np.inf, where=future)
+    return scores
+
+
+def key_range(mask, causal, rows, m):
+    """The keys a block of query rows (a slice) reads: slice(k0, k1), the smallest range holding every key that
+    a row of the block may see (causal: key j <= query i; mask: an additive mask whose -inf hide a key), never
+    empty. A loop over blocks of rows skips the keys outside it, whose probabilities are exactly zero."""
+    first, last = 0, m
+    if causal:  # row i sees keys 0 … i
+        last = max(1, min(m, rows.stop))
+    if mask is not None:
+        seen = np.flatnonzero((mask[..., rows, first:last] != -np.inf).reshape(-1, last - first).any(axis=0))
+        if seen.size:
+            first, last = first + int(seen[0]), first + int(seen[-1]) + 1
+        else:  # every key hidden: one read, its probability zero
+            last = first + 1
+    return slice(first, max(last, first + 1))
+
+
 def masked_row_softmax_lse(a):
     """row_softmax_lse for rows that may hold -inf: a row of -inf gives zeros and L = +inf (exp(A - L) = 0)."""
     top = a.max(axis=-1, keepdims=True, initial=-np.inf)
@@ -221,17 +258,19 @@ def _cotangent(grad_out, saved):
     return grad_out
 
 
-def _additive_mask(attn_mask, key_padding_mask, causal, query, key, per_head=False):
+def _additive_mask(attn_mask, key_padding_mask, causal, query, key, per_head=False, by_blocks=False):
     """The additive mask M (0 where a query may see a key, -inf where not), or None without a mask.
 
     attn_mask: (n, m) or (..., n, m), boolean (True: not allowed) or floating (added to the scores);
     key_padding_mask: (..., m) boolean (True: ignore that key); causal: query i sees keys j <= i.
     per_head: the scores have a heads axis, (..., H, n, m), so a batched mask gets one, (..., 1, n, m).
+    by_blocks: M leaves the causal part out (None when nothing else is left), for a loop over blocks of query
+    rows that writes it into each block of scores (causal_fill), so that no n × m array is made for it.
     """
     if not isinstance(causal, (bool, np.bool_)):
         raise ValueError(f"causal must be True or False, got {causal!r}")
     causal = bool(causal)
-    if attn_mask is None and key_padding_mask is None and not causal:
+    if attn_mask is None and key_padding_mask is None and (by_blocks or not causal):
         return None
     query, key = np.asarray(query), np.asarray(key)
     n, m, batch = query.shape[-2], key.shape[-2], query.shape[:-2]
@@ -247,9 +286,6 @@ def _additive_mask(attn_mask, key_padding_mask, causal, query, key, per_head=Fal
             mask = attn_mask.astype(query.dtype)
         else:
             raise ValueError(f"attn_mask: expected a bool or floating-point array, got {attn_mask.dtype}")
-    if causal:
-        future = np.where(np.triu(np.ones((n, m), dtype=bool), 1), -np.inf, 0.0).astype(query.dtype)
-        mask = future if mask is None else mask + future
     if key_padding_mask is not None:
         key_padding_mask = np.asarray(key_padding_mask)
         if key_padding_mask.shape != (*batch, m):
@@ -259,10 +295,21 @@ def _additive_mask(attn_mask, key_padding_mask, causal, query, key, per_head=Fal
             raise ValueError(f"key_padding_mask: expected a bool array (True: ignore a key), got {got}")
         padding = np.where(key_padding_mask, -np.inf, 0.0).astype(query.dtype)[..., None, :]
         mask = padding if mask is None else mask + padding
-    mask = np.broadcast_to(mask, (*mask.shape[:-2], n, m))  # a view: every query row, so that blocks of rows slice it
-    if per_head and mask.ndim > 2:  # one mask for every head: (..., 1, n, m)
-        mask = mask[..., None, :, :]
-    return mask
+    if mask is not None:
+        mask = np.broadcast_to(mask, (*mask.shape[:-2], n, m))  # a view: every query row, so that blocks slice it
+        if per_head and mask.ndim > 2:  # one mask for every head: (..., 1, n, m)
+            mask = mask[..., None, :, :]
+    return mask if by_blocks else with_causal(mask, causal, query, key)
+
+
+def with_causal(mask, causal, query, key):
+    """M with the causal part added (-inf where key j comes after query i) when causal, as a whole n × m array:
+    the additive mask for the closed forms that take it whole, from the mask a loop over blocks of rows takes."""
+    if not causal:
+        return mask
+    n, m = np.shape(query)[-2], np.shape(key)[-2]
+    future = np.where(np.triu(np.ones((n, m), dtype=bool), 1), -np.inf, 0.0).astype(np.asarray(query).dtype)
+    return future if mask is None else mask + future
 
 
 def forward(
@@ -293,7 +340,7 @@ def forward(
     and zero gradients, never NaN.
     b_Q, b_K, b_V, b_O: optional biases (1 × columns, broadcast over the tokens), each left out when None.
     """
-    M = _additive_mask(attn_mask, key_padding_mask, causal, Q, K, per_head=True)
+    M = _additive_mask(attn_mask, key_padding_mask, causal, Q, K, per_head=True, by_blocks=True)
     Q, K, V, W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O = _arrays(
         {
             "Q": Q,
@@ -345,15 +392,19 @@ def forward(
     L_blocks = []
     for start in range(0, max(Q_h.shape[-2], 1), block_size):  # one pass with no rows: results get their shapes
         block = slice(start, start + block_size)
-        M_b = None if M is None else M[..., block, :]
+        keys = key_range(M, causal, block, K_h.shape[-2])
+        K_h_k = K_h[..., keys, :]
+        V_h_k = V_h[..., keys, :]
+        M_b = None if M is None else M[..., block, keys]
         Q_h_b = Q_h[..., block, :]
-        A_h_b = add_optional((scale * Q_h_b) @ K_h.mT, M_b)
+        A_h_b = add_optional((scale * Q_h_b) @ K_h_k.mT, M_b)
+        A_h_b = causal_fill(A_h_b, block, keys) if causal else A_h_b
         P_h_b, L_b = row_softmax_lse(A_h_b) if M is None else masked_row_softmax_lse(A_h_b)
-        O_h_b = P_h_b @ V_h
+        O_h_b = P_h_b @ V_h_k
         O_h_blocks.append(O_h_b)
         L_blocks.append(L_b)
-    O_h = np.concatenate(O_h_blocks, axis=-2)
-    L = np.concatenate(L_blocks, axis=-2)
+    O_h = O_h_blocks[0] if len(O_h_blocks) == 1 else np.concatenate(O_h_blocks, axis=-2)
+    L = L_blocks[0] if len(L_blocks) == 1 else np.concatenate(L_blocks, axis=-2)
     C = merge_heads(O_h, H)
     Y = add_optional(C @ W_O, b_O)
     saved = {
@@ -378,6 +429,7 @@ def forward(
         "b_V": b_V,
         "b_O": b_O,
         "M": M,
+        "causal": causal,
         "block_size": block_size,
         "output_shape": Y.shape,
         "dtype": Y.dtype,
@@ -409,6 +461,7 @@ def backward(saved, grad_out):
     b_V = saved["b_V"]
     b_O = saved["b_O"]
     M = saved["M"]
+    causal = saved["causal"]
     block_size = saved["block_size"]
     dC = grad_out @ W_O.mT
     dO_h = split_heads(dC, H)
@@ -420,26 +473,30 @@ def backward(saved, grad_out):
     db_Q = None if b_Q is None else 0  # summed over the blocks of query rows
     for start in range(0, max(Q_h.shape[-2], 1), block_size):  # one pass with no rows: results get their shapes
         block = slice(start, start + block_size)
+        keys = key_range(M, causal, block, K_h.shape[-2])
+        K_h_k = K_h[..., keys, :]
+        V_h_k = V_h[..., keys, :]
         L_b = L[..., block, :]
-        M_b = None if M is None else M[..., block, :]
+        M_b = None if M is None else M[..., block, keys]
         Q_h_b = Q_h[..., block, :]
         dO_h_b = dO_h[..., block, :]
         D_b = D[..., block, :]
         Q_b = Q[..., block, :]
-        A_h_b = add_optional((scale * Q_h_b) @ K_h.mT, M_b)
+        A_h_b = add_optional((scale * Q_h_b) @ K_h_k.mT, M_b)
+        A_h_b = causal_fill(A_h_b, block, keys) if causal else A_h_b
         P_h_b = np.exp(np.subtract(A_h_b, L_b, out=A_h_b), out=A_h_b)
-        dP_h_b = dO_h_b @ V_h.mT
+        dP_h_b = dO_h_b @ V_h_k.mT
         dA_h_b = np.multiply(np.subtract(dP_h_b, D_b, out=dP_h_b), P_h_b, out=dP_h_b)
-        dQ_h_b = dA_h_b @ (scale * K_h)
+        dQ_h_b = dA_h_b @ (scale * K_h_k)
         dQW_Q_b = merge_heads(dQ_h_b, H)
         dQ_b = dQW_Q_b @ W_Q.mT
         dQ_blocks.append(dQ_b)
-        dV_h += P_h_b.mT @ dO_h_b
-        dK_h += dA_h_b.mT @ (scale * Q_h_b)
+        dV_h = add_rows(dV_h, keys, P_h_b.mT @ dO_h_b, K_h.shape[-2])
+        dK_h = add_rows(dK_h, keys, dA_h_b.mT @ (scale * Q_h_b), K_h.shape[-2])
         dW_Q += rows(Q_b).mT @ rows(dQW_Q_b)
         if b_Q is not None:
             db_Q += rows(dQW_Q_b).sum(axis=0, keepdims=True)
-    dQ = np.concatenate(dQ_blocks, axis=-2)
+    dQ = dQ_blocks[0] if len(dQ_blocks) == 1 else np.concatenate(dQ_blocks, axis=-2)
     dW_O = rows(C).mT @ rows(grad_out)
     db_O = None if b_O is None else rows(grad_out).sum(axis=0, keepdims=True)
     dVW_V = merge_heads(sum_groups(dV_h, H_kv), H_kv)
@@ -575,6 +632,7 @@ def _forward2(
     b_V_v,
     b_O_v,
     M,
+    causal,
     num_heads,
     num_kv_heads,
 ):
@@ -631,6 +689,7 @@ def _forward2(
             "b_O_v": b_O_v,
         }
     )
+    M = with_causal(M, causal, Q, K)  # the closed form takes M whole
     dtype = Q.dtype
     H = _positive_int("num_heads", num_heads)
     if num_kv_heads is None:
@@ -932,7 +991,7 @@ def hvp(
     Returns {name: Σ_j ∂²f/∂x_name ∂x_j [direction[x_j]]} for every input given, from the second
     closed form (the gradients of f₂ = Σ_j tr(direction[x_j]ᵀ ∂f/∂x_j)).
     """
-    M = _additive_mask(attn_mask, key_padding_mask, causal, Q, K, per_head=True)
+    M = _additive_mask(attn_mask, key_padding_mask, causal, Q, K, per_head=True, by_blocks=True)
     direction = _direction(direction)
     value, saved = _forward2(
         Q,
@@ -959,6 +1018,7 @@ def hvp(
         direction.get("b_V"),
         direction.get("b_O"),
         M,
+        causal,
         num_heads,
         num_kv_heads,
     )
@@ -1034,6 +1094,7 @@ def _jvp(
     b_O_t,
     M,
     M_t,
+    causal,
     num_heads,
     num_kv_heads,
     block_size,
@@ -1163,22 +1224,28 @@ def _jvp(
     dC_blocks = []
     for start in range(0, max(Q_h.shape[-2], 1), block_size):  # one pass with no rows: results get their shapes
         block = slice(start, start + block_size)
-        M_b = None if M is None else M[..., block, :]
+        keys = key_range(M, causal, block, K_h.shape[-2])
+        K_h_k = K_h[..., keys, :]
+        V_h_k = V_h[..., keys, :]
+        dK_h_k = dK_h[..., keys, :]
+        dV_h_k = dV_h[..., keys, :]
+        M_b = None if M is None else M[..., block, keys]
         Q_h_b = Q_h[..., block, :]
-        M_t_b = None if M_t is None else M_t[..., block, :]
+        M_t_b = None if M_t is None else M_t[..., block, keys]
         dQ_h_b = dQ_h[..., block, :]
-        A_h_b = add_optional((scale * Q_h_b) @ K_h.mT, M_b)
-        P_h_b = row_softmax(A_h_b) if M is None else masked_row_softmax(A_h_b)
-        O_h_b = P_h_b @ V_h
-        dA_h_b = add_optional((scale * Q_h_b) @ dK_h.mT + (scale * dQ_h_b) @ K_h.mT, M_t_b)
+        A_h_b = add_optional((scale * Q_h_b) @ K_h_k.mT, M_b)
+        A_h_b = causal_fill(A_h_b, block, keys) if causal else A_h_b
+        P_h_b = row_softmax(A_h_b, out=A_h_b) if M is None else masked_row_softmax(A_h_b, out=A_h_b)
+        O_h_b = P_h_b @ V_h_k
+        dA_h_b = add_optional((scale * Q_h_b) @ dK_h_k.mT + (scale * dQ_h_b) @ K_h_k.mT, M_t_b)
         D_b = (dA_h_b * P_h_b).sum(axis=-1, keepdims=True)
         dP_h_b = np.multiply(np.subtract(dA_h_b, D_b, out=dA_h_b), P_h_b, out=dA_h_b)
-        dO_h_b = P_h_b @ dV_h + dP_h_b @ V_h
+        dO_h_b = P_h_b @ dV_h_k + dP_h_b @ V_h_k
         dC_b = merge_heads(dO_h_b, H)
         O_h_blocks.append(O_h_b)
         dC_blocks.append(dC_b)
-    O_h = np.concatenate(O_h_blocks, axis=-2)
-    dC = np.concatenate(dC_blocks, axis=-2)
+    O_h = O_h_blocks[0] if len(O_h_blocks) == 1 else np.concatenate(O_h_blocks, axis=-2)
+    dC = dC_blocks[0] if len(dC_blocks) == 1 else np.concatenate(dC_blocks, axis=-2)
     C = merge_heads(O_h, H)
     Y = add_optional(C @ W_O, b_O)
     dY = add_optional(C @ W_O_t + dC @ W_O, b_O_t)
@@ -1211,7 +1278,7 @@ def jvp(
     tangents: a dict from input names to arrays of their shapes (an input left out: zero there); the options
     and masks as forward takes them (the mask does not move).
     """
-    M = _additive_mask(attn_mask, key_padding_mask, causal, Q, K, per_head=True)
+    M = _additive_mask(attn_mask, key_padding_mask, causal, Q, K, per_head=True, by_blocks=True)
     tangents = _tangents(tangents)
     return _jvp(
         Q,
@@ -1238,6 +1305,7 @@ def jvp(
         tangents.get("b_O"),
         M,
         None,
+        causal,
         num_heads,
         num_kv_heads,
         block_size,

@@ -100,6 +100,55 @@ def add_optional(a, b):
     return a if b is None else a + b
 
 
+def add_rows(total, keys, part, m):
+    """The sum over blocks of a value of m rows (…, m, k), part adding to its rows keys; total is 0 before the
+    first block. part is a product made for the sum (dAᵀ Q): the first one may become the sum itself."""
+    if _functional(part):  # no in-place update: part padded with zero rows to m
+        padded = torch.nn.functional.pad(part, (0, 0, keys.start, m - keys.stop))
+        return padded if isinstance(total, int) else total + padded
+    # every key: part (a product made for this sum, maybe transposed by matmul_tn) is the sum so far
+    if isinstance(total, int) and part.shape[-2] == m and (part.is_contiguous() or part.mT.is_contiguous()):
+        return part
+    if isinstance(total, int):  # laid out as part is (matmul_tn gives a transposed product): a cheap add
+        transposed = part.mT.is_contiguous() and not part.is_contiguous()
+        shape = (*part.shape[:-2], m, part.shape[-1])
+        total = part.new_zeros(shape[:-2] + shape[:-3:-1]).mT if transposed else part.new_zeros(shape)
+    total[..., keys, :] += part
+    return total
+
+
+def causal_fill(scores, rows, keys):
+    """A block of scores (..., b, k) of query rows rows.start … and keys keys.start …, with -inf written where the
+    key comes after the query (j > i: what the causal mask hides)."""
+    b, k = scores.shape[-2:]
+    if keys.start + k - 1 <= rows.start:  # no key of the block comes after a query row
+        return scores
+    device = scores.device
+    future = torch.arange(keys.start, keys.start + k, device=device) > torch.arange(
+        rows.start, rows.start + b, device=device
+    ).unsqueeze(-1)
+    if _functional(scores):
+        return scores.masked_fill(future, float("-inf"))
+    return scores.masked_fill_(future, float("-inf"))
+
+
+def key_range(mask, causal, rows, m):
+    """The keys a block of query rows (a slice) reads: slice(k0, k1), the smallest range holding every key that
+    a row of the block may see (causal: key j <= query i; mask: an additive mask whose -inf hide a key), never
+    empty. A loop over blocks of rows skips the keys outside it, whose probabilities are exactly zero. Traced or
+    transformed, only the causal range (no branch on the mask's values)."""
+    first, last = 0, m
+    if causal:  # row i sees keys 0 … i
+        last = max(1, min(m, rows.stop))
+    if mask is not None and not _functional(mask):
+        seen = (mask[..., rows, first:last] != float("-inf")).reshape(-1, last - first).any(dim=0).nonzero()
+        if len(seen):
+            first, last = first + int(seen[0]), first + int(seen[-1]) + 1
+        else:  # every key hidden: one read, its probability zero
+            last = first + 1
+    return slice(first, max(last, first + 1))
+
+
 def masked_row_softmax(a, out=None):
     """row_softmax for rows that may hold -inf: a row whose entries are all -inf gives zeros, not NaN."""
     if not a.shape[-1]:  # no keys
@@ -127,6 +176,22 @@ def merge_heads(a, heads):
     return a.reshape(*a.shape[:-2], a.shape[-2] * a.shape[-1])
 
 
+def put_rows(whole, rows, keys, part, n, m):
+    """An n × m value made block by block: part (..., b, k) placed at its rows and keys, zero on the other keys
+    of those rows (the ones the block skipped); whole is None before the first block."""
+    if _functional(part):  # no in-place update: part padded with zero keys, the rows concatenated
+        padded = torch.nn.functional.pad(part, (keys.start, m - keys.stop))
+        return padded if whole is None else torch.cat([whole, padded], dim=-2)
+    if whole is None and part.shape[-2:] == (n, m) and part._base is None:  # one block, every key: part is the whole
+        return part
+    if whole is None:
+        whole = part.new_empty((*part.shape[:-2], n, m))
+    whole[..., rows, : keys.start] = 0.0
+    whole[..., rows, keys] = part
+    whole[..., rows, keys.stop :] = 0.0
+    return whole
+
+
 def repeat_heads(a, heads):
     """(..., kv_heads, n, k) -> (..., heads, n, k): head h reads kv head h // (heads // kv_heads)."""
     return a if a.shape[-3] == heads else a.repeat_interleave(heads // a.shape[-3], dim=-3)
@@ -134,14 +199,23 @@ def repeat_heads(a, heads):
 
 def row_softmax(a, out=None):
     """softmax along the last axis (torch's one-pass kernel, the row max subtracted first); out may be a itself."""
-    if out is None or _functional(a):  # (a compiled graph plans its own buffers; export traces with autograd
-        return torch.softmax(a, dim=-1)  # on, which refuses out=; vmap batches no out=)
+    # (a compiled graph plans its own buffers; export traces with autograd on, which refuses out=, as it does
+    # for a that requires grad, as jvp's may; vmap batches no out=)
+    if out is None or _functional(a) or a.requires_grad:
+        return torch.softmax(a, dim=-1)
     return torch._softmax(a, -1, False, out=out)
 
 
 def rows(a):
     """(..., n, k) -> (N, k): every row of every batch element, stacked."""
     return a.reshape(-1, a.shape[-1])
+
+
+def rows_per_block(mask, causal, n):
+    """Query rows per block of a standard module's loop: 128 where the mask may let a block skip keys (causal,
+    or any mask: key_range finds the keys each block sees), else all n rows in one block (no mask: the whole
+    computation at once, nothing to skip)."""
+    return 128 if causal or mask is not None else max(n, 1)
 
 
 def split_heads(a, heads):
@@ -297,17 +371,19 @@ def _tie(gradients, sources, message):
     return tuple(None if g is None else next(tied) for g in gradients)
 
 
-def _additive_mask(attn_mask, key_padding_mask, causal, query, key, per_head=False):
+def _additive_mask(attn_mask, key_padding_mask, causal, query, key, per_head=False, by_blocks=False):
     """The additive mask M (0 where a query may see a key, -inf where not), or None without a mask.
 
     attn_mask: (n, m) or (..., n, m), boolean (True: not allowed) or floating (added to the scores);
     key_padding_mask: (..., m) boolean (True: ignore that key); causal: query i sees keys j <= i.
     per_head: the scores have a heads axis, (..., H, n, m), so a batched mask gets one, (..., 1, n, m).
+    by_blocks: M leaves the causal part out (None when nothing else is left), for a loop over blocks of query
+    rows that writes it into each block of scores (causal_fill), so that no n × m tensor is made for it.
     """
     if type(causal).__name__ not in ("bool", "bool_"):  # True or False, or NumPy's np.True_ or np.False_
         raise ValueError(f"causal must be True or False, got {causal!r}")
     causal = bool(causal)
-    if attn_mask is None and key_padding_mask is None and not causal:
+    if attn_mask is None and key_padding_mask is None and (by_blocks or not causal):
         return None
     n, m, batch = query.shape[-2], key.shape[-2], tuple(query.shape[:-2])
     dtype, device = query.dtype, query.device
@@ -323,10 +399,6 @@ def _additive_mask(attn_mask, key_padding_mask, causal, query, key, per_head=Fal
             mask = attn_mask.to(dtype)
         else:
             raise ValueError(f"attn_mask: expected a bool or floating-point tensor, got {attn_mask.dtype}")
-    if causal:
-        future = torch.ones(n, m, dtype=torch.bool, device=device).triu_(1)
-        future = torch.zeros(n, m, dtype=dtype, device=device).masked_fill_(future, float("-inf"))
-        mask = future if mask is None else mask + future
     if key_padding_mask is not None:
         if not isinstance(key_padding_mask, torch.Tensor) or tuple(key_padding_mask.shape) != (*batch, m):
             got = key_padding_mask
@@ -338,10 +410,11 @@ def _additive_mask(attn_mask, key_padding_mask, causal, query, key, per_head=Fal
         padding = torch.zeros(key_padding_mask.shape, dtype=dtype, device=device)
         padding = padding.masked_fill_(key_padding_mask, float("-inf")).unsqueeze(-2)
         mask = padding if mask is None else mask + padding
-    mask = mask.expand(*mask.shape[:-2], n, m)  # a view: every query row, so that blocks of rows slice it
-    if per_head and mask.ndim > 2:  # one mask for every head: (..., 1, n, m)
-        mask = mask.unsqueeze(-3)
-    return mask
+    if mask is not None:
+        mask = mask.expand(*mask.shape[:-2], n, m)  # a view: every query row, so that blocks of rows slice it
+        if per_head and mask.ndim > 2:  # one mask for every head: (..., 1, n, m)
+            mask = mask.unsqueeze(-3)
+    return mask if by_blocks else with_causal(mask, causal, query, key)
 
 
 def _grad_shape(mask):
@@ -349,7 +422,18 @@ def _grad_shape(mask):
     return None if mask is None or not mask.requires_grad else mask.shape
 
 
-def _forward(Q, K, V, W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O, M, num_heads, num_kv_heads):
+def with_causal(mask, causal, query, key):
+    """M with the causal part added (-inf where key j comes after query i) when causal, as a whole n × m tensor:
+    the additive mask for the closed forms that take it whole, from the mask a loop over blocks of rows takes."""
+    if not causal:
+        return mask
+    n, m, dtype, device = query.shape[-2], key.shape[-2], query.dtype, query.device
+    future = torch.ones(n, m, dtype=torch.bool, device=device).triu_(1)
+    future = torch.zeros(n, m, dtype=dtype, device=device).masked_fill_(future, float("-inf"))
+    return future if mask is None else mask + future
+
+
+def _forward(Q, K, V, W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O, M, causal, num_heads, num_kv_heads):
     """The forward pass: (Y, saved values for _backward)."""
     mask_shape = _grad_shape(M)  # a float attn_mask that requires grad receives its gradient
     Q, K, V, W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O = _tensors(
@@ -396,10 +480,23 @@ def _forward(Q, K, V, W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O, M, num_heads, num_
     Q_h = split_heads(add_optional(Q @ W_Q, b_Q), H)
     K_h = repeat_heads(split_heads(add_optional(K @ W_K, b_K), H_kv), H)
     V_h = repeat_heads(split_heads(add_optional(V @ W_V, b_V), H_kv), H)
-    A_h = add_optional((scale * Q_h) @ K_h.mT, M)
-    P_h = row_softmax(A_h, out=A_h) if M is None else masked_row_softmax(A_h, out=A_h)
-    del A_h
-    O_h = P_h @ V_h
+    O_h_blocks = []
+    P_h = None  # placed block by block
+    block_size = rows_per_block(M, causal, Q_h.shape[-2])
+    for start in range(0, max(Q_h.shape[-2], 1), block_size):  # one pass with no rows: results get their shapes
+        block = slice(start, start + block_size)
+        keys = key_range(M, causal, block, K_h.shape[-2])
+        K_h_k = K_h[..., keys, :]
+        V_h_k = V_h[..., keys, :]
+        M_b = None if M is None else M[..., block, keys]
+        Q_h_b = Q_h[..., block, :]
+        A_h_b = add_optional((scale * Q_h_b) @ K_h_k.mT, M_b)
+        A_h_b = causal_fill(A_h_b, block, keys) if causal else A_h_b
+        P_h_b = row_softmax(A_h_b, out=A_h_b) if M is None else masked_row_softmax(A_h_b, out=A_h_b)
+        O_h_b = P_h_b @ V_h_k
+        O_h_blocks.append(O_h_b)
+        P_h = put_rows(P_h, block, keys, P_h_b, Q_h.shape[-2], K_h.shape[-2])
+    O_h = O_h_blocks[0] if len(O_h_blocks) == 1 else torch.cat(O_h_blocks, dim=-2)
     C = merge_heads(O_h, H)
     Y = add_optional(C @ W_O, b_O)
     saved = {
@@ -413,17 +510,19 @@ def _forward(Q, K, V, W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O, M, num_heads, num_
         "Q_h": Q_h,
         "K_h": K_h,
         "V_h": V_h,
-        "P_h": P_h,
         "O_h": O_h,
         "C": C,
         "H": H,
         "H_kv": H_kv,
         "scale": scale,
+        "P_h": P_h,
         "b_Q": b_Q,
         "b_K": b_K,
         "b_V": b_V,
         "b_O": b_O,
+        "M": M,
         "mask_shape": mask_shape,
+        "causal": causal,
     }
     return Y, saved
 
@@ -440,49 +539,64 @@ def _backward(saved, grad_out):
     Q_h = saved["Q_h"]
     K_h = saved["K_h"]
     V_h = saved["V_h"]
-    P_h = saved["P_h"]
     O_h = saved["O_h"]
     C = saved["C"]
     H = saved["H"]
     H_kv = saved["H_kv"]
     scale = saved["scale"]
+    P_h = saved["P_h"]
     b_Q = saved["b_Q"]
     b_K = saved["b_K"]
     b_V = saved["b_V"]
     b_O = saved["b_O"]
+    M = saved["M"]
     mask_shape = saved["mask_shape"]
+    causal = saved["causal"]
     dC = grad_out @ W_O.mT
     dO_h = split_heads(dC, H)
-    del dC
     D = (O_h * dO_h).sum(dim=-1, keepdim=True)
-    dP_h = dO_h @ V_h.mT
-    dA_h = dP_h.sub_(D).mul_(P_h)
-    del D, dP_h
-    dV_h = matmul_tn(P_h, dO_h)
-    del dO_h
-    dK_h = matmul_tn(dA_h, scale * Q_h)
-    dQ_h = dA_h @ (scale * K_h)
+    dM = None  # placed block by block
+    dQ_blocks = []
+    dV_h = 0  # summed over the blocks of query rows
+    dK_h = 0  # summed over the blocks of query rows
+    dW_Q = 0  # summed over the blocks of query rows
+    db_Q = None if b_Q is None else 0  # summed over the blocks of query rows
+    block_size = rows_per_block(M, causal, Q_h.shape[-2])
+    for start in range(0, max(Q_h.shape[-2], 1), block_size):  # one pass with no rows: results get their shapes
+        block = slice(start, start + block_size)
+        keys = key_range(M, causal, block, K_h.shape[-2])
+        K_h_k = K_h[..., keys, :]
+        V_h_k = V_h[..., keys, :]
+        P_h_b = P_h[..., block, keys]
+        Q_h_b = Q_h[..., block, :]
+        dO_h_b = dO_h[..., block, :]
+        D_b = D[..., block, :]
+        Q_b = Q[..., block, :]
+        dP_h_b = dO_h_b @ V_h_k.mT
+        dA_h_b = dP_h_b.sub_(D_b).mul_(P_h_b)
+        dQ_h_b = dA_h_b @ (scale * K_h_k)
+        dM_b = dA_h_b
+        dQW_Q_b = merge_heads(dQ_h_b, H)
+        dQ_b = dQW_Q_b @ W_Q.mT
+        dM = None if mask_shape is None else put_rows(dM, block, keys, dM_b, Q_h.shape[-2], K_h.shape[-2])
+        dQ_blocks.append(dQ_b)
+        dV_h = add_rows(dV_h, keys, matmul_tn(P_h_b, dO_h_b), K_h.shape[-2])
+        dK_h = add_rows(dK_h, keys, matmul_tn(dA_h_b, scale * Q_h_b), K_h.shape[-2])
+        dW_Q += rows(Q_b).mT @ rows(dQW_Q_b)
+        if b_Q is not None:
+            db_Q += rows(dQW_Q_b).sum(dim=0, keepdim=True)
+    dQ = dQ_blocks[0] if len(dQ_blocks) == 1 else torch.cat(dQ_blocks, dim=-2)
     dW_O = rows(C).mT @ rows(grad_out)
     db_O = None if b_O is None else rows(grad_out).sum(dim=0, keepdim=True)
-    dM = None if mask_shape is None else dA_h.sum_to_size(mask_shape)
     dVW_V = merge_heads(sum_groups(dV_h, H_kv), H_kv)
-    del dV_h
     dV = dVW_V @ W_V.mT
     dW_V = rows(V).mT @ rows(dVW_V)
     db_V = None if b_V is None else rows(dVW_V).sum(dim=0, keepdim=True)
-    del dVW_V
     dKW_K = merge_heads(sum_groups(dK_h, H_kv), H_kv)
-    del dK_h
     dK = dKW_K @ W_K.mT
     dW_K = rows(K).mT @ rows(dKW_K)
     db_K = None if b_K is None else rows(dKW_K).sum(dim=0, keepdim=True)
-    del dKW_K
-    dQW_Q = merge_heads(dQ_h, H)
-    del dQ_h
-    dQ = dQW_Q @ W_Q.mT
-    dW_Q = rows(Q).mT @ rows(dQW_Q)
-    db_Q = None if b_Q is None else rows(dQW_Q).sum(dim=0, keepdim=True)
-    del dQW_Q
+    dM = None if mask_shape is None else dM.sum_to_size(mask_shape)
     return {
         "Q": dQ,
         "K": dK,
@@ -506,13 +620,13 @@ class MultiHeadAttentionFunction(torch.autograd.Function):
     generate_vmap_rule = True
 
     @staticmethod
-    def forward(Q, K, V, W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O, M, num_heads, num_kv_heads):
-        Y, saved = _forward(Q, K, V, W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O, M, num_heads, num_kv_heads)
+    def forward(Q, K, V, W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O, M, causal, num_heads, num_kv_heads):
+        Y, saved = _forward(Q, K, V, W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O, M, causal, num_heads, num_kv_heads)
         return _distinct(Y, Q, K, V, W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O, M), saved
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        Q, K, V, W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O, M, num_heads, num_kv_heads = inputs
+        Q, K, V, W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O, M, causal, num_heads, num_kv_heads = inputs
         saved = output[1]
         tensors = [name for name, value in saved.items() if isinstance(value, torch.Tensor)]
         # the inputs too, which _first_order ties the gradients to under create_graph=True and jvp reads
@@ -522,13 +636,13 @@ class MultiHeadAttentionFunction(torch.autograd.Function):
         ctx.tensor_names = tensors
         ctx.constants = {name: value for name, value in saved.items() if name not in tensors}
         ctx.given = [x is not None for x in (Q, K, V, W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O, M)]
-        ctx.options = (num_heads, num_kv_heads)
+        ctx.options = (causal, num_heads, num_kv_heads)
 
     @staticmethod
     def backward(ctx, grad_out, _):
         saved = dict(zip(ctx.tensor_names, ctx.saved_tensors), **ctx.constants)
         if torch.is_grad_enabled():  # create_graph=True: gradients that the second closed form differentiates
-            return _second_order(ctx, saved, grad_out, 2, 2)
+            return _second_order(ctx, saved, grad_out, 3, 3)
         with torch.no_grad():
             grads = _backward(saved, grad_out)
         gradients = (
@@ -544,6 +658,7 @@ class MultiHeadAttentionFunction(torch.autograd.Function):
             grads["b_V"],
             grads["b_O"],
             grads["M"],
+            None,
             None,
             None,
         )
@@ -588,7 +703,7 @@ def forward(
     and zero gradients, never NaN.
     b_Q, b_K, b_V, b_O: optional biases (1 × columns, broadcast over the tokens), each left out when None.
     """
-    M = _additive_mask(attn_mask, key_padding_mask, causal, Q, K, per_head=True)
+    M = _additive_mask(attn_mask, key_padding_mask, causal, Q, K, per_head=True, by_blocks=True)
     return _apply(
         MultiHeadAttentionFunction,
         Q,
@@ -603,6 +718,7 @@ def forward(
         b_V,
         b_O,
         M,
+        causal,
         num_heads,
         num_kv_heads,
         traced=_MultiHeadAttentionTraced,
@@ -876,6 +992,7 @@ def _forward2(
     b_V_v,
     b_O_v,
     M,
+    causal,
     num_heads,
     num_kv_heads,
 ):
@@ -932,6 +1049,7 @@ def _forward2(
             "b_O_v": b_O_v,
         }
     )
+    M = with_causal(M, causal, Q, K)  # the closed form takes M whole
     dtype, device = Q.dtype, Q.device
     H = _positive_int("num_heads", num_heads)
     if num_kv_heads is None:
@@ -1210,7 +1328,7 @@ def hvp(
     Returns {name: Σ_j ∂²f/∂x_name ∂x_j [direction[x_j]]} for every input given, from the second
     closed form (the gradients of f₂ = Σ_j tr(direction[x_j]ᵀ ∂f/∂x_j)).
     """
-    M = _additive_mask(attn_mask, key_padding_mask, causal, Q, K, per_head=True)
+    M = _additive_mask(attn_mask, key_padding_mask, causal, Q, K, per_head=True, by_blocks=True)
     direction = _direction(direction)
     value, saved = _forward2(
         Q,
@@ -1237,6 +1355,7 @@ def hvp(
         direction.get("b_V"),
         direction.get("b_O"),
         M,
+        causal,
         num_heads,
         num_kv_heads,
     )
@@ -1333,9 +1452,9 @@ class _AttentionWeights(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, Q, K, V, W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O, M, heads):
+    def forward(ctx, Q, K, V, W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O, M, causal, heads):
         ctx.set_materialize_grads(False)
-        Y, saved = _forward(Q, K, V, W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O, M, heads, None)
+        Y, saved = _forward(Q, K, V, W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O, M, causal, heads, None)
         tensors = [name for name, value in saved.items() if isinstance(value, torch.Tensor)]
         ctx.save_for_backward(*(saved[name] for name in tensors))
         ctx.tensor_names, ctx.shape = tensors, Y.shape
@@ -1352,7 +1471,7 @@ class _AttentionWeights(torch.autograd.Function):
         if grad_weights is not None:
             _add_weights_gradient(grads, saved, grad_weights)
         names = ("Q", "K", "V", "W_Q", "W_K", "W_V", "W_O", "b_Q", "b_K", "b_V", "b_O", "M")
-        return (*(grads[name] for name in names), None)
+        return (*(grads[name] for name in names), None, None)
 
 
 def _add_weights_gradient(grads, saved, grad_weights):
@@ -1475,7 +1594,8 @@ class MultiheadAttention(torch.nn.Module):
             value, W_V, b_V = torch.nn.functional.linear(value, self.v_proj_weight, b_V), _identity(W_Q), None
         W_O, b_O = self.out_proj.weight.mT, None if self.out_proj.bias is None else self.out_proj.bias.unsqueeze(0)
         M = _torch_mask(attn_mask, key_padding_mask, query, key, self.num_heads)
-        inputs = (query, key, value, W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O, M, self.num_heads)
+        # M whole (torch's masks, the causal one among them), so no causal flag beside it
+        inputs = (query, key, value, W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O, M, False, self.num_heads)
         if need_weights:
             out, weights = _apply(_AttentionWeights, *inputs)
             weights = weights.mean(dim=-3) if average_attn_weights else weights
@@ -1575,6 +1695,7 @@ def _jvp(
     b_O_t,
     M,
     M_t,
+    causal,
     num_heads,
     num_kv_heads,
 ):
@@ -1693,19 +1814,38 @@ def _jvp(
     Q_h = split_heads(add_optional(Q @ W_Q, b_Q), H)
     K_h = repeat_heads(split_heads(add_optional(K @ W_K, b_K), H_kv), H)
     V_h = repeat_heads(split_heads(add_optional(V @ W_V, b_V), H_kv), H)
-    A_h = add_optional((scale * Q_h) @ K_h.mT, M)
-    P_h = row_softmax(A_h) if M is None else masked_row_softmax(A_h)
-    O_h = P_h @ V_h
-    C = merge_heads(O_h, H)
-    Y = add_optional(C @ W_O, b_O)
     dQ_h = split_heads(add_optional(Q @ W_Q_t + Q_t @ W_Q, b_Q_t), H)
     dK_h = repeat_heads(split_heads(add_optional(K @ W_K_t + K_t @ W_K, b_K_t), H_kv), H)
     dV_h = repeat_heads(split_heads(add_optional(V @ W_V_t + V_t @ W_V, b_V_t), H_kv), H)
-    dA_h = add_optional((scale * Q_h) @ dK_h.mT + (scale * dQ_h) @ K_h.mT, M_t)
-    D = (dA_h * P_h).sum(dim=-1, keepdim=True)
-    dP_h = (dA_h - D) * P_h
-    dO_h = P_h @ dV_h + dP_h @ V_h
-    dC = merge_heads(dO_h, H)
+    O_h_blocks = []
+    dC_blocks = []
+    block_size = rows_per_block(M, causal, Q_h.shape[-2])
+    for start in range(0, max(Q_h.shape[-2], 1), block_size):  # one pass with no rows: results get their shapes
+        block = slice(start, start + block_size)
+        keys = key_range(M, causal, block, K_h.shape[-2])
+        K_h_k = K_h[..., keys, :]
+        V_h_k = V_h[..., keys, :]
+        dK_h_k = dK_h[..., keys, :]
+        dV_h_k = dV_h[..., keys, :]
+        M_b = None if M is None else M[..., block, keys]
+        Q_h_b = Q_h[..., block, :]
+        M_t_b = None if M_t is None else M_t[..., block, keys]
+        dQ_h_b = dQ_h[..., block, :]
+        A_h_b = add_optional((scale * Q_h_b) @ K_h_k.mT, M_b)
+        A_h_b = causal_fill(A_h_b, block, keys) if causal else A_h_b
+        P_h_b = row_softmax(A_h_b, out=A_h_b) if M is None else masked_row_softmax(A_h_b, out=A_h_b)
+        O_h_b = P_h_b @ V_h_k
+        dA_h_b = add_optional((scale * Q_h_b) @ dK_h_k.mT + (scale * dQ_h_b) @ K_h_k.mT, M_t_b)
+        D_b = (dA_h_b * P_h_b).sum(dim=-1, keepdim=True)
+        dP_h_b = (dA_h_b - D_b) * P_h_b
+        dO_h_b = P_h_b @ dV_h_k + dP_h_b @ V_h_k
+        dC_b = merge_heads(dO_h_b, H)
+        O_h_blocks.append(O_h_b)
+        dC_blocks.append(dC_b)
+    O_h = O_h_blocks[0] if len(O_h_blocks) == 1 else torch.cat(O_h_blocks, dim=-2)
+    dC = dC_blocks[0] if len(dC_blocks) == 1 else torch.cat(dC_blocks, dim=-2)
+    C = merge_heads(O_h, H)
+    Y = add_optional(C @ W_O, b_O)
     dY = add_optional(C @ W_O_t + dC @ W_O, b_O_t)
     return Y, dY
 
@@ -1735,7 +1875,7 @@ def jvp(
     tangents: a dict from input names to arrays of their shapes (an input left out: zero there); the options
     and masks as forward takes them (the mask does not move).
     """
-    M = _additive_mask(attn_mask, key_padding_mask, causal, Q, K, per_head=True)
+    M = _additive_mask(attn_mask, key_padding_mask, causal, Q, K, per_head=True, by_blocks=True)
     tangents = _tangents(tangents)
     return _jvp(
         Q,
@@ -1762,6 +1902,7 @@ def jvp(
         tangents.get("b_O"),
         M,
         None,
+        causal,
         num_heads,
         num_kv_heads,
     )

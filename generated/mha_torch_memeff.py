@@ -93,9 +93,64 @@ OPTIONAL = ("b_Q", "b_K", "b_V", "b_O")  # inputs that may be None: their terms 
 SPEC = "mha"
 
 
+def _functional(a):
+    """Is a traced (torch.compile, torch.export) or transformed (torch.func's vmap, grad, jvp)? Then no out= and
+    no branch on its values: what eager code does in place or only where needed is done for every row."""
+    return torch.compiler.is_compiling() or torch._C._functorch.is_functorch_wrapped_tensor(a)
+
+
 def add_optional(a, b):
     """a + b, or a itself when b is None (an absent bias or mask)."""
     return a if b is None else a + b
+
+
+def add_rows(total, keys, part, m):
+    """The sum over blocks of a value of m rows (…, m, k), part adding to its rows keys; total is 0 before the
+    first block. part is a product made for the sum (dAᵀ Q): the first one may become the sum itself."""
+    if _functional(part):  # no in-place update: part padded with zero rows to m
+        padded = torch.nn.functional.pad(part, (0, 0, keys.start, m - keys.stop))
+        return padded if isinstance(total, int) else total + padded
+    # every key: part (a product made for this sum, maybe transposed by matmul_tn) is the sum so far
+    if isinstance(total, int) and part.shape[-2] == m and (part.is_contiguous() or part.mT.is_contiguous()):
+        return part
+    if isinstance(total, int):  # laid out as part is (matmul_tn gives a transposed product): a cheap add
+        transposed = part.mT.is_contiguous() and not part.is_contiguous()
+        shape = (*part.shape[:-2], m, part.shape[-1])
+        total = part.new_zeros(shape[:-2] + shape[:-3:-1]).mT if transposed else part.new_zeros(shape)
+    total[..., keys, :] += part
+    return total
+
+
+def causal_fill(scores, rows, keys):
+    """A block of scores (..., b, k) of query rows rows.start … and keys keys.start …, with -inf written where the
+    key comes after the query (j > i: what the causal mask hides)."""
+    b, k = scores.shape[-2:]
+    if keys.start + k - 1 <= rows.start:  # no key of the block comes after a query row
+        return scores
+    device = scores.device
+    future = torch.arange(keys.start, keys.start + k, device=device) > torch.arange(
+        rows.start, rows.start + b, device=device
+    ).unsqueeze(-1)
+    if _functional(scores):
+        return scores.masked_fill(future, float("-inf"))
+    return scores.masked_fill_(future, float("-inf"))
+
+
+def key_range(mask, causal, rows, m):
+    """The keys a block of query rows (a slice) reads: slice(k0, k1), the smallest range holding every key that
+    a row of the block may see (causal: key j <= query i; mask: an additive mask whose -inf hide a key), never
+    empty. A loop over blocks of rows skips the keys outside it, whose probabilities are exactly zero. Traced or
+    transformed, only the causal range (no branch on the mask's values)."""
+    first, last = 0, m
+    if causal:  # row i sees keys 0 … i
+        last = max(1, min(m, rows.stop))
+    if mask is not None and not _functional(mask):
+        seen = (mask[..., rows, first:last] != float("-inf")).reshape(-1, last - first).any(dim=0).nonzero()
+        if len(seen):
+            first, last = first + int(seen[0]), first + int(seen[-1]) + 1
+        else:  # every key hidden: one read, its probability zero
+            last = first + 1
+    return slice(first, max(last, first + 1))
 
 
 def masked_row_softmax_lse(a):
@@ -297,17 +352,19 @@ def _tie(gradients, sources, message):
     return tuple(None if g is None else next(tied) for g in gradients)
 
 
-def _additive_mask(attn_mask, key_padding_mask, causal, query, key, per_head=False):
+def _additive_mask(attn_mask, key_padding_mask, causal, query, key, per_head=False, by_blocks=False):
     """The additive mask M (0 where a query may see a key, -inf where not), or None without a mask.
 
     attn_mask: (n, m) or (..., n, m), boolean (True: not allowed) or floating (added to the scores);
     key_padding_mask: (..., m) boolean (True: ignore that key); causal: query i sees keys j <= i.
     per_head: the scores have a heads axis, (..., H, n, m), so a batched mask gets one, (..., 1, n, m).
+    by_blocks: M leaves the causal part out (None when nothing else is left), for a loop over blocks of query
+    rows that writes it into each block of scores (causal_fill), so that no n × m tensor is made for it.
     """
     if type(causal).__name__ not in ("bool", "bool_"):  # True or False, or NumPy's np.True_ or np.False_
         raise ValueError(f"causal must be True or False, got {causal!r}")
     causal = bool(causal)
-    if attn_mask is None and key_padding_mask is None and not causal:
+    if attn_mask is None and key_padding_mask is None and (by_blocks or not causal):
         return None
     n, m, batch = query.shape[-2], key.shape[-2], tuple(query.shape[:-2])
     dtype, device = query.dtype, query.device
@@ -323,10 +380,6 @@ def _additive_mask(attn_mask, key_padding_mask, causal, query, key, per_head=Fal
             mask = attn_mask.to(dtype)
         else:
             raise ValueError(f"attn_mask: expected a bool or floating-point tensor, got {attn_mask.dtype}")
-    if causal:
-        future = torch.ones(n, m, dtype=torch.bool, device=device).triu_(1)
-        future = torch.zeros(n, m, dtype=dtype, device=device).masked_fill_(future, float("-inf"))
-        mask = future if mask is None else mask + future
     if key_padding_mask is not None:
         if not isinstance(key_padding_mask, torch.Tensor) or tuple(key_padding_mask.shape) != (*batch, m):
             got = key_padding_mask
@@ -338,13 +391,25 @@ def _additive_mask(attn_mask, key_padding_mask, causal, query, key, per_head=Fal
         padding = torch.zeros(key_padding_mask.shape, dtype=dtype, device=device)
         padding = padding.masked_fill_(key_padding_mask, float("-inf")).unsqueeze(-2)
         mask = padding if mask is None else mask + padding
-    mask = mask.expand(*mask.shape[:-2], n, m)  # a view: every query row, so that blocks of rows slice it
-    if per_head and mask.ndim > 2:  # one mask for every head: (..., 1, n, m)
-        mask = mask.unsqueeze(-3)
-    return mask
+    if mask is not None:
+        mask = mask.expand(*mask.shape[:-2], n, m)  # a view: every query row, so that blocks of rows slice it
+        if per_head and mask.ndim > 2:  # one mask for every head: (..., 1, n, m)
+            mask = mask.unsqueeze(-3)
+    return mask if by_blocks else with_causal(mask, causal, query, key)
 
 
-def _forward(Q, K, V, W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O, M, num_heads, num_kv_heads, block_size):
+def with_causal(mask, causal, query, key):
+    """M with the causal part added (-inf where key j comes after query i) when causal, as a whole n × m tensor:
+    the additive mask for the closed forms that take it whole, from the mask a loop over blocks of rows takes."""
+    if not causal:
+        return mask
+    n, m, dtype, device = query.shape[-2], key.shape[-2], query.dtype, query.device
+    future = torch.ones(n, m, dtype=torch.bool, device=device).triu_(1)
+    future = torch.zeros(n, m, dtype=dtype, device=device).masked_fill_(future, float("-inf"))
+    return future if mask is None else mask + future
+
+
+def _forward(Q, K, V, W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O, M, causal, num_heads, num_kv_heads, block_size):
     """The forward pass: (Y, saved values for _backward)."""
     Q, K, V, W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O = _tensors(
         {
@@ -397,15 +462,19 @@ def _forward(Q, K, V, W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O, M, num_heads, num_
     L_blocks = []
     for start in range(0, max(Q_h.shape[-2], 1), block_size):  # one pass with no rows: results get their shapes
         block = slice(start, start + block_size)
-        M_b = None if M is None else M[..., block, :]
+        keys = key_range(M, causal, block, K_h.shape[-2])
+        K_h_k = K_h[..., keys, :]
+        V_h_k = V_h[..., keys, :]
+        M_b = None if M is None else M[..., block, keys]
         Q_h_b = Q_h[..., block, :]
-        A_h_b = add_optional((scale * Q_h_b) @ K_h.mT, M_b)
+        A_h_b = add_optional((scale * Q_h_b) @ K_h_k.mT, M_b)
+        A_h_b = causal_fill(A_h_b, block, keys) if causal else A_h_b
         P_h_b, L_b = row_softmax_lse(A_h_b) if M is None else masked_row_softmax_lse(A_h_b)
-        O_h_b = P_h_b @ V_h
+        O_h_b = P_h_b @ V_h_k
         O_h_blocks.append(O_h_b)
         L_blocks.append(L_b)
-    O_h = torch.cat(O_h_blocks, dim=-2)
-    L = torch.cat(L_blocks, dim=-2)
+    O_h = O_h_blocks[0] if len(O_h_blocks) == 1 else torch.cat(O_h_blocks, dim=-2)
+    L = L_blocks[0] if len(L_blocks) == 1 else torch.cat(L_blocks, dim=-2)
     C = merge_heads(O_h, H)
     Y = add_optional(C @ W_O, b_O)
     saved = {
@@ -430,6 +499,7 @@ def _forward(Q, K, V, W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O, M, num_heads, num_
         "b_V": b_V,
         "b_O": b_O,
         "M": M,
+        "causal": causal,
         "block_size": block_size,
     }
     return Y, saved
@@ -458,6 +528,7 @@ def _backward(saved, grad_out):
     b_V = saved["b_V"]
     b_O = saved["b_O"]
     M = saved["M"]
+    causal = saved["causal"]
     block_size = saved["block_size"]
     dC = grad_out @ W_O.mT
     dO_h = split_heads(dC, H)
@@ -469,26 +540,30 @@ def _backward(saved, grad_out):
     db_Q = None if b_Q is None else 0  # summed over the blocks of query rows
     for start in range(0, max(Q_h.shape[-2], 1), block_size):  # one pass with no rows: results get their shapes
         block = slice(start, start + block_size)
+        keys = key_range(M, causal, block, K_h.shape[-2])
+        K_h_k = K_h[..., keys, :]
+        V_h_k = V_h[..., keys, :]
         L_b = L[..., block, :]
-        M_b = None if M is None else M[..., block, :]
+        M_b = None if M is None else M[..., block, keys]
         Q_h_b = Q_h[..., block, :]
         dO_h_b = dO_h[..., block, :]
         D_b = D[..., block, :]
         Q_b = Q[..., block, :]
-        A_h_b = add_optional((scale * Q_h_b) @ K_h.mT, M_b)
+        A_h_b = add_optional((scale * Q_h_b) @ K_h_k.mT, M_b)
+        A_h_b = causal_fill(A_h_b, block, keys) if causal else A_h_b
         P_h_b = A_h_b.sub_(L_b).exp_()
-        dP_h_b = dO_h_b @ V_h.mT
+        dP_h_b = dO_h_b @ V_h_k.mT
         dA_h_b = dP_h_b.sub_(D_b).mul_(P_h_b)
-        dQ_h_b = dA_h_b @ (scale * K_h)
+        dQ_h_b = dA_h_b @ (scale * K_h_k)
         dQW_Q_b = merge_heads(dQ_h_b, H)
         dQ_b = dQW_Q_b @ W_Q.mT
         dQ_blocks.append(dQ_b)
-        dV_h += matmul_tn(P_h_b, dO_h_b)
-        dK_h += matmul_tn(dA_h_b, scale * Q_h_b)
+        dV_h = add_rows(dV_h, keys, matmul_tn(P_h_b, dO_h_b), K_h.shape[-2])
+        dK_h = add_rows(dK_h, keys, matmul_tn(dA_h_b, scale * Q_h_b), K_h.shape[-2])
         dW_Q += rows(Q_b).mT @ rows(dQW_Q_b)
         if b_Q is not None:
             db_Q += rows(dQW_Q_b).sum(dim=0, keepdim=True)
-    dQ = torch.cat(dQ_blocks, dim=-2)
+    dQ = dQ_blocks[0] if len(dQ_blocks) == 1 else torch.cat(dQ_blocks, dim=-2)
     dW_O = rows(C).mT @ rows(grad_out)
     db_O = None if b_O is None else rows(grad_out).sum(dim=0, keepdim=True)
     dVW_V = merge_heads(sum_groups(dV_h, H_kv), H_kv)
@@ -521,13 +596,15 @@ class MultiHeadAttentionFunction(torch.autograd.Function):
     generate_vmap_rule = True
 
     @staticmethod
-    def forward(Q, K, V, W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O, M, num_heads, num_kv_heads, block_size):
-        Y, saved = _forward(Q, K, V, W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O, M, num_heads, num_kv_heads, block_size)
+    def forward(Q, K, V, W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O, M, causal, num_heads, num_kv_heads, block_size):
+        Y, saved = _forward(
+            Q, K, V, W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O, M, causal, num_heads, num_kv_heads, block_size
+        )
         return _distinct(Y, Q, K, V, W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O, M), saved
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        Q, K, V, W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O, M, num_heads, num_kv_heads, block_size = inputs
+        Q, K, V, W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O, M, causal, num_heads, num_kv_heads, block_size = inputs
         saved = output[1]
         tensors = [name for name, value in saved.items() if isinstance(value, torch.Tensor)]
         # the inputs too, which _first_order ties the gradients to under create_graph=True and jvp reads
@@ -537,13 +614,13 @@ class MultiHeadAttentionFunction(torch.autograd.Function):
         ctx.tensor_names = tensors
         ctx.constants = {name: value for name, value in saved.items() if name not in tensors}
         ctx.given = [x is not None for x in (Q, K, V, W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O, M)]
-        ctx.options = (num_heads, num_kv_heads, block_size)
+        ctx.options = (causal, num_heads, num_kv_heads, block_size)
 
     @staticmethod
     def backward(ctx, grad_out, _):
         saved = dict(zip(ctx.tensor_names, ctx.saved_tensors), **ctx.constants)
         if torch.is_grad_enabled():  # create_graph=True: gradients that the second closed form differentiates
-            return _second_order(ctx, saved, grad_out, 3, 2)
+            return _second_order(ctx, saved, grad_out, 4, 3)
         with torch.no_grad():
             grads = _backward(saved, grad_out)
         gradients = (
@@ -558,6 +635,7 @@ class MultiHeadAttentionFunction(torch.autograd.Function):
             grads["b_K"],
             grads["b_V"],
             grads["b_O"],
+            None,
             None,
             None,
             None,
@@ -607,7 +685,7 @@ def forward(
     """
     if isinstance(attn_mask, torch.Tensor) and attn_mask.requires_grad:
         raise ValueError("attn_mask requires grad: the memory-efficient variant gives it none; use the standard module")
-    M = _additive_mask(attn_mask, key_padding_mask, causal, Q, K, per_head=True)
+    M = _additive_mask(attn_mask, key_padding_mask, causal, Q, K, per_head=True, by_blocks=True)
     return _apply(
         MultiHeadAttentionFunction,
         Q,
@@ -622,6 +700,7 @@ def forward(
         b_V,
         b_O,
         M,
+        causal,
         num_heads,
         num_kv_heads,
         block_size,
@@ -740,12 +819,6 @@ INPUTS = ("Q", "K", "V", "W_Q", "W_K", "W_V", "W_O", "b_Q", "b_K", "b_V", "b_O",
 COTANGENT = "G_out"
 
 
-def _functional(a):
-    """Is a traced (torch.compile, torch.export) or transformed (torch.func's vmap, grad, jvp)? Then no out= and
-    no branch on its values: what eager code does in place or only where needed is done for every row."""
-    return torch.compiler.is_compiling() or torch._C._functorch.is_functorch_wrapped_tensor(a)
-
-
 def masked_row_softmax(a, out=None):
     """row_softmax for rows that may hold -inf: a row whose entries are all -inf gives zeros, not NaN."""
     if not a.shape[-1]:  # no keys
@@ -759,8 +832,10 @@ def masked_row_softmax(a, out=None):
 
 def row_softmax(a, out=None):
     """softmax along the last axis (torch's one-pass kernel, the row max subtracted first); out may be a itself."""
-    if out is None or _functional(a):  # (a compiled graph plans its own buffers; export traces with autograd
-        return torch.softmax(a, dim=-1)  # on, which refuses out=; vmap batches no out=)
+    # (a compiled graph plans its own buffers; export traces with autograd on, which refuses out=, as it does
+    # for a that requires grad, as jvp's may; vmap batches no out=)
+    if out is None or _functional(a) or a.requires_grad:
+        return torch.softmax(a, dim=-1)
     return torch._softmax(a, -1, False, out=out)
 
 
@@ -934,6 +1009,7 @@ def _forward2(
     b_V_v,
     b_O_v,
     M,
+    causal,
     num_heads,
     num_kv_heads,
 ):
@@ -990,6 +1066,7 @@ def _forward2(
             "b_O_v": b_O_v,
         }
     )
+    M = with_causal(M, causal, Q, K)  # the closed form takes M whole
     dtype, device = Q.dtype, Q.device
     H = _positive_int("num_heads", num_heads)
     if num_kv_heads is None:
@@ -1268,7 +1345,7 @@ def hvp(
     Returns {name: Σ_j ∂²f/∂x_name ∂x_j [direction[x_j]]} for every input given, from the second
     closed form (the gradients of f₂ = Σ_j tr(direction[x_j]ᵀ ∂f/∂x_j)).
     """
-    M = _additive_mask(attn_mask, key_padding_mask, causal, Q, K, per_head=True)
+    M = _additive_mask(attn_mask, key_padding_mask, causal, Q, K, per_head=True, by_blocks=True)
     direction = _direction(direction)
     value, saved = _forward2(
         Q,
@@ -1295,6 +1372,7 @@ def hvp(
         direction.get("b_V"),
         direction.get("b_O"),
         M,
+        causal,
         num_heads,
         num_kv_heads,
     )
@@ -1393,6 +1471,7 @@ def _jvp(
     b_O_t,
     M,
     M_t,
+    causal,
     num_heads,
     num_kv_heads,
     block_size,
@@ -1522,22 +1601,28 @@ def _jvp(
     dC_blocks = []
     for start in range(0, max(Q_h.shape[-2], 1), block_size):  # one pass with no rows: results get their shapes
         block = slice(start, start + block_size)
-        M_b = None if M is None else M[..., block, :]
+        keys = key_range(M, causal, block, K_h.shape[-2])
+        K_h_k = K_h[..., keys, :]
+        V_h_k = V_h[..., keys, :]
+        dK_h_k = dK_h[..., keys, :]
+        dV_h_k = dV_h[..., keys, :]
+        M_b = None if M is None else M[..., block, keys]
         Q_h_b = Q_h[..., block, :]
-        M_t_b = None if M_t is None else M_t[..., block, :]
+        M_t_b = None if M_t is None else M_t[..., block, keys]
         dQ_h_b = dQ_h[..., block, :]
-        A_h_b = add_optional((scale * Q_h_b) @ K_h.mT, M_b)
-        P_h_b = row_softmax(A_h_b) if M is None else masked_row_softmax(A_h_b)
-        O_h_b = P_h_b @ V_h
-        dA_h_b = add_optional((scale * Q_h_b) @ dK_h.mT + (scale * dQ_h_b) @ K_h.mT, M_t_b)
+        A_h_b = add_optional((scale * Q_h_b) @ K_h_k.mT, M_b)
+        A_h_b = causal_fill(A_h_b, block, keys) if causal else A_h_b
+        P_h_b = row_softmax(A_h_b, out=A_h_b) if M is None else masked_row_softmax(A_h_b, out=A_h_b)
+        O_h_b = P_h_b @ V_h_k
+        dA_h_b = add_optional((scale * Q_h_b) @ dK_h_k.mT + (scale * dQ_h_b) @ K_h_k.mT, M_t_b)
         D_b = (dA_h_b * P_h_b).sum(dim=-1, keepdim=True)
         dP_h_b = (dA_h_b - D_b) * P_h_b
-        dO_h_b = P_h_b @ dV_h + dP_h_b @ V_h
+        dO_h_b = P_h_b @ dV_h_k + dP_h_b @ V_h_k
         dC_b = merge_heads(dO_h_b, H)
         O_h_blocks.append(O_h_b)
         dC_blocks.append(dC_b)
-    O_h = torch.cat(O_h_blocks, dim=-2)
-    dC = torch.cat(dC_blocks, dim=-2)
+    O_h = O_h_blocks[0] if len(O_h_blocks) == 1 else torch.cat(O_h_blocks, dim=-2)
+    dC = dC_blocks[0] if len(dC_blocks) == 1 else torch.cat(dC_blocks, dim=-2)
     C = merge_heads(O_h, H)
     Y = add_optional(C @ W_O, b_O)
     dY = add_optional(C @ W_O_t + dC @ W_O, b_O_t)
@@ -1570,7 +1655,7 @@ def jvp(
     tangents: a dict from input names to arrays of their shapes (an input left out: zero there); the options
     and masks as forward takes them (the mask does not move).
     """
-    M = _additive_mask(attn_mask, key_padding_mask, causal, Q, K, per_head=True)
+    M = _additive_mask(attn_mask, key_padding_mask, causal, Q, K, per_head=True, by_blocks=True)
     tangents = _tangents(tangents)
     return _jvp(
         Q,
@@ -1597,6 +1682,7 @@ def jvp(
         tangents.get("b_O"),
         M,
         None,
+        causal,
         num_heads,
         num_kv_heads,
         block_size,

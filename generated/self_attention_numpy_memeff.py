@@ -175,8 +175,8 @@ def forward(X, W_Q, W_K, W_V, *, block_size=None):
         O_b = P_b @ V
         O_blocks.append(O_b)
         L_blocks.append(L_b)
-    O = np.concatenate(O_blocks, axis=-2)
-    L = np.concatenate(L_blocks, axis=-2)
+    O = O_blocks[0] if len(O_blocks) == 1 else np.concatenate(O_blocks, axis=-2)
+    L = L_blocks[0] if len(L_blocks) == 1 else np.concatenate(L_blocks, axis=-2)
     saved = {
         "X": X,
         "W_QKV": W_QKV,
@@ -225,7 +225,7 @@ def backward(saved, grad_out):
         dQ_blocks.append(dQ_b)
         dV += P_b.mT @ grad_out_b
         dK += dA_b.mT @ (scale * Q_b)
-    dQ = np.concatenate(dQ_blocks, axis=-2)
+    dQ = dQ_blocks[0] if len(dQ_blocks) == 1 else np.concatenate(dQ_blocks, axis=-2)
     dQKV = np.concatenate([dQ, dK, dV], axis=-1)
     dX = dQKV @ W_QKV.mT
     dW_QKV = rows(X).mT @ rows(dQKV)
@@ -525,7 +525,7 @@ def _jvp(X, W_Q, W_K, W_V, X_t, W_Q_t, W_K_t, W_V_t, block_size):
         Q_b = Q[..., block, :]
         dQ_b = dQ[..., block, :]
         A_b = (scale * Q_b) @ K.mT
-        P_b = row_softmax(A_b)
+        P_b = row_softmax(A_b, out=A_b)
         O_b = P_b @ V
         dA_b = (scale * Q_b) @ dK.mT + (scale * dQ_b) @ K.mT
         D_b = (dA_b * P_b).sum(axis=-1, keepdims=True)
@@ -533,8 +533,8 @@ def _jvp(X, W_Q, W_K, W_V, X_t, W_Q_t, W_K_t, W_V_t, block_size):
         dO_b = P_b @ dV + dP_b @ V
         O_blocks.append(O_b)
         dO_blocks.append(dO_b)
-    O = np.concatenate(O_blocks, axis=-2)
-    dO = np.concatenate(dO_blocks, axis=-2)
+    O = O_blocks[0] if len(O_blocks) == 1 else np.concatenate(O_blocks, axis=-2)
+    dO = dO_blocks[0] if len(dO_blocks) == 1 else np.concatenate(dO_blocks, axis=-2)
     return O, dO
 
 

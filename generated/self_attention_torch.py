@@ -73,8 +73,10 @@ def matmul_tn(a, b):
 
 def row_softmax(a, out=None):
     """softmax along the last axis (torch's one-pass kernel, the row max subtracted first); out may be a itself."""
-    if out is None or _functional(a):  # (a compiled graph plans its own buffers; export traces with autograd
-        return torch.softmax(a, dim=-1)  # on, which refuses out=; vmap batches no out=)
+    # (a compiled graph plans its own buffers; export traces with autograd on, which refuses out=, as it does
+    # for a that requires grad, as jvp's may; vmap batches no out=)
+    if out is None or _functional(a) or a.requires_grad:
+        return torch.softmax(a, dim=-1)
     return torch._softmax(a, -1, False, out=out)
 
 

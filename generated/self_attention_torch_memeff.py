@@ -249,8 +249,8 @@ def _forward(X, W_Q, W_K, W_V, block_size):
         O_b = P_b @ V
         O_blocks.append(O_b)
         L_blocks.append(L_b)
-    O = torch.cat(O_blocks, dim=-2)
-    L = torch.cat(L_blocks, dim=-2)
+    O = O_blocks[0] if len(O_blocks) == 1 else torch.cat(O_blocks, dim=-2)
+    L = L_blocks[0] if len(L_blocks) == 1 else torch.cat(L_blocks, dim=-2)
     saved = {
         "X": X,
         "W_QKV": W_QKV,
@@ -296,7 +296,7 @@ def _backward(saved, grad_out):
         dQ_blocks.append(dQ_b)
         dV += matmul_tn(P_b, grad_out_b)
         dK += matmul_tn(dA_b, scale * Q_b)
-    dQ = torch.cat(dQ_blocks, dim=-2)
+    dQ = dQ_blocks[0] if len(dQ_blocks) == 1 else torch.cat(dQ_blocks, dim=-2)
     dQKV = torch.cat([dQ, dK, dV], dim=-1)
     dX = dQKV @ W_QKV.mT
     dW_QKV = rows(X).mT @ rows(dQKV)
@@ -420,8 +420,10 @@ def _functional(a):
 
 def row_softmax(a, out=None):
     """softmax along the last axis (torch's one-pass kernel, the row max subtracted first); out may be a itself."""
-    if out is None or _functional(a):  # (a compiled graph plans its own buffers; export traces with autograd
-        return torch.softmax(a, dim=-1)  # on, which refuses out=; vmap batches no out=)
+    # (a compiled graph plans its own buffers; export traces with autograd on, which refuses out=, as it does
+    # for a that requires grad, as jvp's may; vmap batches no out=)
+    if out is None or _functional(a) or a.requires_grad:
+        return torch.softmax(a, dim=-1)
     return torch._softmax(a, -1, False, out=out)
 
 
@@ -817,7 +819,7 @@ def _jvp(X, W_Q, W_K, W_V, X_t, W_Q_t, W_K_t, W_V_t, block_size):
         Q_b = Q[..., block, :]
         dQ_b = dQ[..., block, :]
         A_b = (scale * Q_b) @ K.mT
-        P_b = row_softmax(A_b)
+        P_b = row_softmax(A_b, out=A_b)
         O_b = P_b @ V
         dA_b = (scale * Q_b) @ dK.mT + (scale * dQ_b) @ K.mT
         D_b = (dA_b * P_b).sum(dim=-1, keepdim=True)
@@ -825,8 +827,8 @@ def _jvp(X, W_Q, W_K, W_V, X_t, W_Q_t, W_K_t, W_V_t, block_size):
         dO_b = P_b @ dV + dP_b @ V
         O_blocks.append(O_b)
         dO_blocks.append(dO_b)
-    O = torch.cat(O_blocks, dim=-2)
-    dO = torch.cat(dO_blocks, dim=-2)
+    O = O_blocks[0] if len(O_blocks) == 1 else torch.cat(O_blocks, dim=-2)
+    dO = dO_blocks[0] if len(dO_blocks) == 1 else torch.cat(dO_blocks, dim=-2)
     return O, dO
 
 

@@ -128,6 +128,27 @@ def add_optional(a, b):
     return a if b is None else a + b
 
 
+def add_rows(total, keys, part, m):
+    """The sum over blocks of a value of m rows (…, m, k), part adding to its rows keys; total is 0 before the
+    first block. part is a product made for the sum (dAᵀ Q): the first one may become the sum itself."""
+    if isinstance(total, int) and part.shape[-2] == m and part.base is None:  # every key: part is the sum so far
+        return part
+    if isinstance(total, int):
+        total = np.zeros((*part.shape[:-2], m, part.shape[-1]), dtype=part.dtype)
+    total[..., keys, :] += part
+    return total
+
+
+def causal_fill(scores, rows, keys):
+    """A block of scores (..., b, k) of query rows rows.start … and keys keys.start …, with -inf written where the
+    key comes after the query (j > i: what the causal mask hides)."""
+    b, k = scores.shape[-2:]
+    if keys.start + k - 1 > rows.start:  # some key of the block comes after some query row
+        future = np.arange(keys.start, keys.start + k) > np.arange(rows.start, rows.start + b)[:, None]
+        np.copyto(scores, -np.inf, where=future)
+    return scores
+
+
 def erf(x):
     """erf(x) = 2/√π exp(−x²) Σ_k 2^k x^(2k+1) / (1·3·…·(2k+1)): positive terms, no cancellation;
     ±1 to double precision past |x| = 6."""
@@ -153,6 +174,22 @@ def gelu_grad(a):
     return 0.5 * (1.0 + erf(a * 0.7071067811865476)) + a * np.exp(-0.5 * a * a) * 0.3989422804014327
 
 
+def key_range(mask, causal, rows, m):
+    """The keys a block of query rows (a slice) reads: slice(k0, k1), the smallest range holding every key that
+    a row of the block may see (causal: key j <= query i; mask: an additive mask whose -inf hide a key), never
+    empty. A loop over blocks of rows skips the keys outside it, whose probabilities are exactly zero."""
+    first, last = 0, m
+    if causal:  # row i sees keys 0 … i
+        last = max(1, min(m, rows.stop))
+    if mask is not None:
+        seen = np.flatnonzero((mask[..., rows, first:last] != -np.inf).reshape(-1, last - first).any(axis=0))
+        if seen.size:
+            first, last = first + int(seen[0]), first + int(seen[-1]) + 1
+        else:  # every key hidden: one read, its probability zero
+            last = first + 1
+    return slice(first, max(last, first + 1))
+
+
 def layer_norm(a, eps):
     """Each row standardised: (a − mean) / √(biased variance + eps), along the last axis."""
     c = a - a.mean(axis=-1, keepdims=True)
@@ -175,6 +212,19 @@ def merge_heads(a, heads):
     return a.reshape(*a.shape[:-2], a.shape[-2] * a.shape[-1])
 
 
+def put_rows(whole, rows, keys, part, n, m):
+    """An n × m value made block by block: part (..., b, k) placed at its rows and keys, zero on the other keys
+    of those rows (the ones the block skipped); whole is None before the first block."""
+    if whole is None and part.shape[-2:] == (n, m) and part.base is None:  # one block, every key: part is the whole
+        return part
+    if whole is None:
+        whole = np.empty((*part.shape[:-2], n, m), dtype=part.dtype)
+    whole[..., rows, : keys.start] = 0.0
+    whole[..., rows, keys] = part
+    whole[..., rows, keys.stop :] = 0.0
+    return whole
+
+
 def row_inv_std(a, eps):
     """1 / √(biased variance + eps) of each row, as a column (..., n, 1)."""
     c = a - a.mean(axis=-1, keepdims=True)
@@ -192,6 +242,13 @@ def row_softmax(a, out=None):
 def rows(a):
     """(..., n, k) -> (N, k): every row of every batch element, stacked."""
     return a.reshape(-1, a.shape[-1])
+
+
+def rows_per_block(mask, causal, n):
+    """Query rows per block of a standard module's loop: 128 where the mask may let a block skip keys (causal,
+    or any mask: key_range finds the keys each block sees), else all n rows in one block (no mask: the whole
+    computation at once, nothing to skip)."""
+    return 128 if causal or mask is not None else max(n, 1)
 
 
 def split_heads(a, heads):
@@ -282,17 +339,19 @@ def _cotangent(grad_out, saved):
     return grad_out
 
 
-def _additive_mask(attn_mask, key_padding_mask, causal, query, key, per_head=False):
+def _additive_mask(attn_mask, key_padding_mask, causal, query, key, per_head=False, by_blocks=False):
     """The additive mask M (0 where a query may see a key, -inf where not), or None without a mask.
 
     attn_mask: (n, m) or (..., n, m), boolean (True: not allowed) or floating (added to the scores);
     key_padding_mask: (..., m) boolean (True: ignore that key); causal: query i sees keys j <= i.
     per_head: the scores have a heads axis, (..., H, n, m), so a batched mask gets one, (..., 1, n, m).
+    by_blocks: M leaves the causal part out (None when nothing else is left), for a loop over blocks of query
+    rows that writes it into each block of scores (causal_fill), so that no n × m array is made for it.
     """
     if not isinstance(causal, (bool, np.bool_)):
         raise ValueError(f"causal must be True or False, got {causal!r}")
     causal = bool(causal)
-    if attn_mask is None and key_padding_mask is None and not causal:
+    if attn_mask is None and key_padding_mask is None and (by_blocks or not causal):
         return None
     query, key = np.asarray(query), np.asarray(key)
     n, m, batch = query.shape[-2], key.shape[-2], query.shape[:-2]
@@ -308,9 +367,6 @@ def _additive_mask(attn_mask, key_padding_mask, causal, query, key, per_head=Fal
             mask = attn_mask.astype(query.dtype)
         else:
             raise ValueError(f"attn_mask: expected a bool or floating-point array, got {attn_mask.dtype}")
-    if causal:
-        future = np.where(np.triu(np.ones((n, m), dtype=bool), 1), -np.inf, 0.0).astype(query.dtype)
-        mask = future if mask is None else mask + future
     if key_padding_mask is not None:
         key_padding_mask = np.asarray(key_padding_mask)
         if key_padding_mask.shape != (*batch, m):
@@ -320,10 +376,11 @@ def _additive_mask(attn_mask, key_padding_mask, causal, query, key, per_head=Fal
             raise ValueError(f"key_padding_mask: expected a bool array (True: ignore a key), got {got}")
         padding = np.where(key_padding_mask, -np.inf, 0.0).astype(query.dtype)[..., None, :]
         mask = padding if mask is None else mask + padding
-    mask = np.broadcast_to(mask, (*mask.shape[:-2], n, m))  # a view: every query row, so that blocks of rows slice it
-    if per_head and mask.ndim > 2:  # one mask for every head: (..., 1, n, m)
-        mask = mask[..., None, :, :]
-    return mask
+    if mask is not None:
+        mask = np.broadcast_to(mask, (*mask.shape[:-2], n, m))  # a view: every query row, so that blocks slice it
+        if per_head and mask.ndim > 2:  # one mask for every head: (..., 1, n, m)
+            mask = mask[..., None, :, :]
+    return mask if by_blocks else with_causal(mask, causal, query, key)
 
 
 def _float_mask_shape(attn_mask):
@@ -331,6 +388,16 @@ def _float_mask_shape(attn_mask):
     if attn_mask is None or np.asarray(attn_mask).dtype == np.bool_:
         return None
     return np.shape(attn_mask)
+
+
+def with_causal(mask, causal, query, key):
+    """M with the causal part added (-inf where key j comes after query i) when causal, as a whole n × m array:
+    the additive mask for the closed forms that take it whole, from the mask a loop over blocks of rows takes."""
+    if not causal:
+        return mask
+    n, m = np.shape(query)[-2], np.shape(key)[-2]
+    future = np.where(np.triu(np.ones((n, m), dtype=bool), 1), -np.inf, 0.0).astype(np.asarray(query).dtype)
+    return future if mask is None else mask + future
 
 
 def forward(
@@ -366,7 +433,7 @@ def forward(
     and zero gradients, never NaN.
     b_Q, b_K, b_V, b_O, b_1, b_2: optional biases (1 × columns, broadcast over the tokens), each left out when None.
     """
-    M = _additive_mask(attn_mask, key_padding_mask, causal, X, X, per_head=True)
+    M = _additive_mask(attn_mask, key_padding_mask, causal, X, X, per_head=True, by_blocks=True)
     mask_shape = _float_mask_shape(attn_mask)  # a float attn_mask receives its gradient
     X, W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O, gamma_1, beta_1, gamma_2, beta_2, W_1, b_1, W_2, b_2 = _arrays(
         {
@@ -427,10 +494,23 @@ def forward(
     Q_h = split_heads(add_optional(X_1 @ W_Q, b_Q), H)
     K_h = split_heads(add_optional(X_1 @ W_K, b_K), H)
     V_h = split_heads(add_optional(X_1 @ W_V, b_V), H)
-    A_h = add_optional((scale * Q_h) @ K_h.mT, M)
-    P_h = row_softmax(A_h, out=A_h) if M is None else masked_row_softmax(A_h, out=A_h)
-    del A_h
-    O_h = P_h @ V_h
+    O_h_blocks = []
+    P_h = None  # placed block by block
+    block_size = rows_per_block(M, causal, Q_h.shape[-2])
+    for start in range(0, max(Q_h.shape[-2], 1), block_size):  # one pass with no rows: results get their shapes
+        block = slice(start, start + block_size)
+        keys = key_range(M, causal, block, K_h.shape[-2])
+        K_h_k = K_h[..., keys, :]
+        V_h_k = V_h[..., keys, :]
+        M_b = None if M is None else M[..., block, keys]
+        Q_h_b = Q_h[..., block, :]
+        A_h_b = add_optional((scale * Q_h_b) @ K_h_k.mT, M_b)
+        A_h_b = causal_fill(A_h_b, block, keys) if causal else A_h_b
+        P_h_b = row_softmax(A_h_b, out=A_h_b) if M is None else masked_row_softmax(A_h_b, out=A_h_b)
+        O_h_b = P_h_b @ V_h_k
+        O_h_blocks.append(O_h_b)
+        P_h = put_rows(P_h, block, keys, P_h_b, Q_h.shape[-2], K_h.shape[-2])
+    O_h = O_h_blocks[0] if len(O_h_blocks) == 1 else np.concatenate(O_h_blocks, axis=-2)
     C = merge_heads(O_h, H)
     Y = add_optional(C @ W_O + X, b_O)
     N_2 = layer_norm(Y, eps)
@@ -453,7 +533,6 @@ def forward(
         "Q_h": Q_h,
         "K_h": K_h,
         "V_h": V_h,
-        "P_h": P_h,
         "O_h": O_h,
         "C": C,
         "Y": Y,
@@ -465,13 +544,16 @@ def forward(
         "c1": c1,
         "eps": eps,
         "scale": scale,
+        "P_h": P_h,
         "b_Q": b_Q,
         "b_K": b_K,
         "b_V": b_V,
         "b_O": b_O,
         "b_1": b_1,
         "b_2": b_2,
+        "M": M,
         "mask_shape": mask_shape,
+        "causal": causal,
         "output_shape": Z.shape,
         "dtype": Z.dtype,
     }
@@ -495,7 +577,6 @@ def backward(saved, grad_out):
     Q_h = saved["Q_h"]
     K_h = saved["K_h"]
     V_h = saved["V_h"]
-    P_h = saved["P_h"]
     O_h = saved["O_h"]
     C = saved["C"]
     Y = saved["Y"]
@@ -507,67 +588,78 @@ def backward(saved, grad_out):
     c1 = saved["c1"]
     eps = saved["eps"]
     scale = saved["scale"]
+    P_h = saved["P_h"]
     b_Q = saved["b_Q"]
     b_K = saved["b_K"]
     b_V = saved["b_V"]
     b_O = saved["b_O"]
     b_1 = saved["b_1"]
     b_2 = saved["b_2"]
+    M = saved["M"]
     mask_shape = saved["mask_shape"]
+    causal = saved["causal"]
     dF = grad_out @ W_2.mT
     dU = np.multiply(dF, gelu_grad(U), out=dF)
-    del dF
     dX_2 = dU @ W_1.mT
     dN_2 = gamma_2 * dX_2
     D1 = (N_2 * dN_2).sum(axis=-1, keepdims=True)
     D2 = dN_2.sum(axis=-1, keepdims=True)
     dY = (row_inv_std(Y, eps)) * (c1 * (D1 * N_2) + c1 * D2 + dN_2) + grad_out
-    del D1, D2, dN_2
     dC = dY @ W_O.mT
     dO_h = split_heads(dC, H)
-    del dC
     D3 = (O_h * dO_h).sum(axis=-1, keepdims=True)
-    dP_h = dO_h @ V_h.mT
-    dA_h = np.multiply(np.subtract(dP_h, D3, out=dP_h), P_h, out=dP_h)
-    del D3, dP_h
-    dV_h = P_h.mT @ dO_h
-    del dO_h
-    dK_h = dA_h.mT @ (scale * Q_h)
-    dQ_h = dA_h @ (scale * K_h)
+    dM = None  # placed block by block
+    dX_1W_Q_blocks = []
+    dV_h = 0  # summed over the blocks of query rows
+    dK_h = 0  # summed over the blocks of query rows
+    dW_Q = 0  # summed over the blocks of query rows
+    db_Q = None if b_Q is None else 0  # summed over the blocks of query rows
+    block_size = rows_per_block(M, causal, Q_h.shape[-2])
+    for start in range(0, max(Q_h.shape[-2], 1), block_size):  # one pass with no rows: results get their shapes
+        block = slice(start, start + block_size)
+        keys = key_range(M, causal, block, K_h.shape[-2])
+        K_h_k = K_h[..., keys, :]
+        V_h_k = V_h[..., keys, :]
+        P_h_b = P_h[..., block, keys]
+        Q_h_b = Q_h[..., block, :]
+        dO_h_b = dO_h[..., block, :]
+        D3_b = D3[..., block, :]
+        X_1_b = X_1[..., block, :]
+        dP_h_b = dO_h_b @ V_h_k.mT
+        dA_h_b = np.multiply(np.subtract(dP_h_b, D3_b, out=dP_h_b), P_h_b, out=dP_h_b)
+        dQ_h_b = dA_h_b @ (scale * K_h_k)
+        dM_b = dA_h_b
+        dX_1W_Q_b = merge_heads(dQ_h_b, H)
+        dM = None if mask_shape is None else put_rows(dM, block, keys, dM_b, Q_h.shape[-2], K_h.shape[-2])
+        dX_1W_Q_blocks.append(dX_1W_Q_b)
+        dV_h = add_rows(dV_h, keys, P_h_b.mT @ dO_h_b, K_h.shape[-2])
+        dK_h = add_rows(dK_h, keys, dA_h_b.mT @ (scale * Q_h_b), K_h.shape[-2])
+        dW_Q += rows(X_1_b).mT @ rows(dX_1W_Q_b)
+        if b_Q is not None:
+            db_Q += rows(dX_1W_Q_b).sum(axis=0, keepdims=True)
+    dX_1W_Q = dX_1W_Q_blocks[0] if len(dX_1W_Q_blocks) == 1 else np.concatenate(dX_1W_Q_blocks, axis=-2)
     dW_O = rows(C).mT @ rows(dY)
     db_O = None if b_O is None else rows(dY).sum(axis=0, keepdims=True)
     dgamma_2 = rows(N_2 * dX_2).sum(axis=0, keepdims=True)
     dbeta_2 = rows(dX_2).sum(axis=0, keepdims=True)
-    del dX_2
     dW_1 = rows(X_2).mT @ rows(dU)
     db_1 = None if b_1 is None else rows(dU).sum(axis=0, keepdims=True)
-    del dU
     dW_2 = rows(F).mT @ rows(grad_out)
     db_2 = None if b_2 is None else rows(grad_out).sum(axis=0, keepdims=True)
-    dM = None if mask_shape is None else sum_to_mask(dA_h, mask_shape, heads=True)
     dX_1W_V = merge_heads(dV_h, H)
-    del dV_h
     dW_V = rows(X_1).mT @ rows(dX_1W_V)
     db_V = None if b_V is None else rows(dX_1W_V).sum(axis=0, keepdims=True)
-    dX_1W_Q = merge_heads(dQ_h, H)
-    del dQ_h
-    dW_Q = rows(X_1).mT @ rows(dX_1W_Q)
-    db_Q = None if b_Q is None else rows(dX_1W_Q).sum(axis=0, keepdims=True)
     dX_1W_K = merge_heads(dK_h, H)
-    del dK_h
     dX_1 = dX_1W_K @ W_K.mT + dX_1W_Q @ W_Q.mT + dX_1W_V @ W_V.mT
-    del dX_1W_Q, dX_1W_V
     dN_1 = gamma_1 * dX_1
     D4 = (N_1 * dN_1).sum(axis=-1, keepdims=True)
     D5 = dN_1.sum(axis=-1, keepdims=True)
     dX = (row_inv_std(X, eps)) * (c1 * (D4 * N_1) + c1 * D5 + dN_1) + dY
-    del D4, D5, dN_1, dY
     dW_K = rows(X_1).mT @ rows(dX_1W_K)
     db_K = None if b_K is None else rows(dX_1W_K).sum(axis=0, keepdims=True)
-    del dX_1W_K
     dgamma_1 = rows(N_1 * dX_1).sum(axis=0, keepdims=True)
     dbeta_1 = rows(dX_1).sum(axis=0, keepdims=True)
-    del dX_1
+    dM = None if mask_shape is None else sum_to_mask(dM, mask_shape, heads=True)
     grads = {
         "X": dX,
         "W_Q": dW_Q,
@@ -709,6 +801,7 @@ def _forward2(
     W_2_v,
     b_2_v,
     M,
+    causal,
     num_heads,
     eps,
 ):
@@ -789,6 +882,7 @@ def _forward2(
             "b_2_v": b_2_v,
         }
     )
+    M = with_causal(M, causal, X, X)  # the closed form takes M whole
     dtype = X.dtype
     H = _positive_int("num_heads", num_heads)
     n = X.shape[-2]
@@ -1300,7 +1394,7 @@ def hvp(
     Returns {name: Σ_j ∂²f/∂x_name ∂x_j [direction[x_j]]} for every input given, from the second
     closed form (the gradients of f₂ = Σ_j tr(direction[x_j]ᵀ ∂f/∂x_j)).
     """
-    M = _additive_mask(attn_mask, key_padding_mask, causal, X, X, per_head=True)
+    M = _additive_mask(attn_mask, key_padding_mask, causal, X, X, per_head=True, by_blocks=True)
     direction = _direction(direction)
     value, saved = _forward2(
         X,
@@ -1339,6 +1433,7 @@ def hvp(
         direction.get("W_2"),
         direction.get("b_2"),
         M,
+        causal,
         num_heads,
         eps,
     )
@@ -1456,6 +1551,7 @@ def _jvp(
     b_2_t,
     M,
     M_t,
+    causal,
     num_heads,
     eps,
 ):
@@ -1626,51 +1722,55 @@ def _jvp(
     Q_h = split_heads(add_optional(X_1 @ W_Q, b_Q), H)
     K_h = split_heads(add_optional(X_1 @ W_K, b_K), H)
     V_h = split_heads(add_optional(X_1 @ W_V, b_V), H)
-    A_h = add_optional((scale * Q_h) @ K_h.mT, M)
-    P_h = row_softmax(A_h, out=A_h) if M is None else masked_row_softmax(A_h, out=A_h)
-    del A_h
-    O_h = P_h @ V_h
+    D1 = (N_1 * X_t).sum(axis=-1, keepdims=True)
+    D2 = X_t.sum(axis=-1, keepdims=True)
+    dN_1 = (row_inv_std(X, eps)) * ((-1 / (H * d_k)) * (D1 * N_1) + (-1 / (H * d_k)) * D2 + X_t)
+    dX_1 = np.add(np.add(np.multiply(dN_1, gamma_1, out=dN_1), beta_1_t, out=dN_1), gamma_1_t * N_1, out=dN_1)
+    dQ_h = split_heads(add_optional(X_1 @ W_Q_t + dX_1 @ W_Q, b_Q_t), H)
+    dK_h = split_heads(add_optional(X_1 @ W_K_t + dX_1 @ W_K, b_K_t), H)
+    dV_h = split_heads(add_optional(X_1 @ W_V_t + dX_1 @ W_V, b_V_t), H)
+    O_h_blocks = []
+    dC_blocks = []
+    block_size = rows_per_block(M, causal, Q_h.shape[-2])
+    for start in range(0, max(Q_h.shape[-2], 1), block_size):  # one pass with no rows: results get their shapes
+        block = slice(start, start + block_size)
+        keys = key_range(M, causal, block, K_h.shape[-2])
+        K_h_k = K_h[..., keys, :]
+        V_h_k = V_h[..., keys, :]
+        dK_h_k = dK_h[..., keys, :]
+        dV_h_k = dV_h[..., keys, :]
+        M_b = None if M is None else M[..., block, keys]
+        Q_h_b = Q_h[..., block, :]
+        M_t_b = None if M_t is None else M_t[..., block, keys]
+        dQ_h_b = dQ_h[..., block, :]
+        A_h_b = add_optional((scale * Q_h_b) @ K_h_k.mT, M_b)
+        A_h_b = causal_fill(A_h_b, block, keys) if causal else A_h_b
+        P_h_b = row_softmax(A_h_b, out=A_h_b) if M is None else masked_row_softmax(A_h_b, out=A_h_b)
+        O_h_b = P_h_b @ V_h_k
+        dA_h_b = add_optional((scale * Q_h_b) @ dK_h_k.mT + (scale * dQ_h_b) @ K_h_k.mT, M_t_b)
+        D3_b = (dA_h_b * P_h_b).sum(axis=-1, keepdims=True)
+        dP_h_b = np.multiply(np.subtract(dA_h_b, D3_b, out=dA_h_b), P_h_b, out=dA_h_b)
+        dO_h_b = P_h_b @ dV_h_k + dP_h_b @ V_h_k
+        dC_b = merge_heads(dO_h_b, H)
+        O_h_blocks.append(O_h_b)
+        dC_blocks.append(dC_b)
+    O_h = O_h_blocks[0] if len(O_h_blocks) == 1 else np.concatenate(O_h_blocks, axis=-2)
+    dC = dC_blocks[0] if len(dC_blocks) == 1 else np.concatenate(dC_blocks, axis=-2)
     C = merge_heads(O_h, H)
-    del O_h
     Y = add_optional(C @ W_O + X, b_O)
     N_2 = layer_norm(Y, eps)
     X_2 = beta_2 + gamma_2 * N_2
     U = add_optional(X_2 @ W_1, b_1)
     F = gelu(U)
     Z = Y + add_optional(F @ W_2, b_2)
-    D1 = (N_1 * X_t).sum(axis=-1, keepdims=True)
-    D2 = X_t.sum(axis=-1, keepdims=True)
-    dN_1 = (row_inv_std(X, eps)) * ((-1 / (H * d_k)) * (D1 * N_1) + (-1 / (H * d_k)) * D2 + X_t)
-    del D1, D2
-    dX_1 = np.add(np.add(np.multiply(dN_1, gamma_1, out=dN_1), beta_1_t, out=dN_1), gamma_1_t * N_1, out=dN_1)
-    del N_1, dN_1
-    dQ_h = split_heads(add_optional(X_1 @ W_Q_t + dX_1 @ W_Q, b_Q_t), H)
-    dK_h = split_heads(add_optional(X_1 @ W_K_t + dX_1 @ W_K, b_K_t), H)
-    dV_h = split_heads(add_optional(X_1 @ W_V_t + dX_1 @ W_V, b_V_t), H)
-    del X_1, dX_1
-    dA_h = add_optional((scale * Q_h) @ dK_h.mT + (scale * dQ_h) @ K_h.mT, M_t)
-    del K_h, Q_h, dK_h, dQ_h
-    D3 = (dA_h * P_h).sum(axis=-1, keepdims=True)
-    dP_h = np.multiply(np.subtract(dA_h, D3, out=dA_h), P_h, out=dA_h)
-    del D3, dA_h
-    dO_h = P_h @ dV_h + dP_h @ V_h
-    del P_h, V_h, dP_h, dV_h
-    dC = merge_heads(dO_h, H)
-    del dO_h
     dY = add_optional(C @ W_O_t + dC @ W_O + X_t, b_O_t)
-    del C, dC
     D4 = (N_2 * dY).sum(axis=-1, keepdims=True)
     D5 = dY.sum(axis=-1, keepdims=True)
     dN_2 = (row_inv_std(Y, eps)) * ((-1 / (H * d_k)) * (D4 * N_2) + (-1 / (H * d_k)) * D5 + dY)
-    del D4, D5, Y
     dX_2 = np.add(np.add(np.multiply(dN_2, gamma_2, out=dN_2), beta_2_t, out=dN_2), gamma_2_t * N_2, out=dN_2)
-    del N_2, dN_2
     dU = add_optional(X_2 @ W_1_t + dX_2 @ W_1, b_1_t)
-    del X_2, dX_2
     dF = np.multiply(dU, gelu_grad(U), out=dU)
-    del U, dU
     dZ = add_optional(np.add(np.add(dY, F @ W_2_t, out=dY), dF @ W_2, out=dY), b_2_t)
-    del F, dF, dY
     return Z, dZ
 
 
@@ -1705,7 +1805,7 @@ def jvp(
     tangents: a dict from input names to arrays of their shapes (an input left out: zero there); the options
     and masks as forward takes them (the mask does not move).
     """
-    M = _additive_mask(attn_mask, key_padding_mask, causal, X, X, per_head=True)
+    M = _additive_mask(attn_mask, key_padding_mask, causal, X, X, per_head=True, by_blocks=True)
     tangents = _tangents(tangents)
     return _jvp(
         X,
@@ -1744,6 +1844,7 @@ def jvp(
         tangents.get("b_2"),
         M,
         None,
+        causal,
         num_heads,
         eps,
     )

@@ -135,6 +135,38 @@ def add_optional(a, b):
     return a if b is None else a + b
 
 
+def add_rows(total, keys, part, m):
+    """The sum over blocks of a value of m rows (…, m, k), part adding to its rows keys; total is 0 before the
+    first block. part is a product made for the sum (dAᵀ Q): the first one may become the sum itself."""
+    if _functional(part):  # no in-place update: part padded with zero rows to m
+        padded = torch.nn.functional.pad(part, (0, 0, keys.start, m - keys.stop))
+        return padded if isinstance(total, int) else total + padded
+    # every key: part (a product made for this sum, maybe transposed by matmul_tn) is the sum so far
+    if isinstance(total, int) and part.shape[-2] == m and (part.is_contiguous() or part.mT.is_contiguous()):
+        return part
+    if isinstance(total, int):  # laid out as part is (matmul_tn gives a transposed product): a cheap add
+        transposed = part.mT.is_contiguous() and not part.is_contiguous()
+        shape = (*part.shape[:-2], m, part.shape[-1])
+        total = part.new_zeros(shape[:-2] + shape[:-3:-1]).mT if transposed else part.new_zeros(shape)
+    total[..., keys, :] += part
+    return total
+
+
+def causal_fill(scores, rows, keys):
+    """A block of scores (..., b, k) of query rows rows.start … and keys keys.start …, with -inf written where the
+    key comes after the query (j > i: what the causal mask hides)."""
+    b, k = scores.shape[-2:]
+    if keys.start + k - 1 <= rows.start:  # no key of the block comes after a query row
+        return scores
+    device = scores.device
+    future = torch.arange(keys.start, keys.start + k, device=device) > torch.arange(
+        rows.start, rows.start + b, device=device
+    ).unsqueeze(-1)
+    if _functional(scores):
+        return scores.masked_fill(future, float("-inf"))
+    return scores.masked_fill_(future, float("-inf"))
+
+
 def gelu(a):
     """x Φ(x), entrywise (exact, erf form)."""
     return torch.nn.functional.gelu(a)
@@ -143,6 +175,23 @@ def gelu(a):
 def gelu_grad(a):
     """GELU′(x) = Φ(x) + x φ(x), entrywise."""
     return 0.5 * (1.0 + torch.erf(a * 0.7071067811865476)) + a * torch.exp(-0.5 * a * a) * 0.3989422804014327
+
+
+def key_range(mask, causal, rows, m):
+    """The keys a block of query rows (a slice) reads: slice(k0, k1), the smallest range holding every key that
+    a row of the block may see (causal: key j <= query i; mask: an additive mask whose -inf hide a key), never
+    empty. A loop over blocks of rows skips the keys outside it, whose probabilities are exactly zero. Traced or
+    transformed, only the causal range (no branch on the mask's values)."""
+    first, last = 0, m
+    if causal:  # row i sees keys 0 … i
+        last = max(1, min(m, rows.stop))
+    if mask is not None and not _functional(mask):
+        seen = (mask[..., rows, first:last] != float("-inf")).reshape(-1, last - first).any(dim=0).nonzero()
+        if len(seen):
+            first, last = first + int(seen[0]), first + int(seen[-1]) + 1
+        else:  # every key hidden: one read, its probability zero
+            last = first + 1
+    return slice(first, max(last, first + 1))
 
 
 def layer_norm(a, eps):
@@ -177,6 +226,22 @@ def merge_heads(a, heads):
     return a.reshape(*a.shape[:-2], a.shape[-2] * a.shape[-1])
 
 
+def put_rows(whole, rows, keys, part, n, m):
+    """An n × m value made block by block: part (..., b, k) placed at its rows and keys, zero on the other keys
+    of those rows (the ones the block skipped); whole is None before the first block."""
+    if _functional(part):  # no in-place update: part padded with zero keys, the rows concatenated
+        padded = torch.nn.functional.pad(part, (keys.start, m - keys.stop))
+        return padded if whole is None else torch.cat([whole, padded], dim=-2)
+    if whole is None and part.shape[-2:] == (n, m) and part._base is None:  # one block, every key: part is the whole
+        return part
+    if whole is None:
+        whole = part.new_empty((*part.shape[:-2], n, m))
+    whole[..., rows, : keys.start] = 0.0
+    whole[..., rows, keys] = part
+    whole[..., rows, keys.stop :] = 0.0
+    return whole
+
+
 def row_inv_std(a, eps):
     """1 / √(biased variance + eps) of each row, as a column (..., n, 1): LayerNorm's own rstd (one pass; a.var
     takes five times as long on CPU)."""
@@ -185,14 +250,23 @@ def row_inv_std(a, eps):
 
 def row_softmax(a, out=None):
     """softmax along the last axis (torch's one-pass kernel, the row max subtracted first); out may be a itself."""
-    if out is None or _functional(a):  # (a compiled graph plans its own buffers; export traces with autograd
-        return torch.softmax(a, dim=-1)  # on, which refuses out=; vmap batches no out=)
+    # (a compiled graph plans its own buffers; export traces with autograd on, which refuses out=, as it does
+    # for a that requires grad, as jvp's may; vmap batches no out=)
+    if out is None or _functional(a) or a.requires_grad:
+        return torch.softmax(a, dim=-1)
     return torch._softmax(a, -1, False, out=out)
 
 
 def rows(a):
     """(..., n, k) -> (N, k): every row of every batch element, stacked."""
     return a.reshape(-1, a.shape[-1])
+
+
+def rows_per_block(mask, causal, n):
+    """Query rows per block of a standard module's loop: 128 where the mask may let a block skip keys (causal,
+    or any mask: key_range finds the keys each block sees), else all n rows in one block (no mask: the whole
+    computation at once, nothing to skip)."""
+    return 128 if causal or mask is not None else max(n, 1)
 
 
 def split_heads(a, heads):
@@ -341,17 +415,19 @@ def _tie(gradients, sources, message):
     return tuple(None if g is None else next(tied) for g in gradients)
 
 
-def _additive_mask(attn_mask, key_padding_mask, causal, query, key, per_head=False):
+def _additive_mask(attn_mask, key_padding_mask, causal, query, key, per_head=False, by_blocks=False):
     """The additive mask M (0 where a query may see a key, -inf where not), or None without a mask.
 
     attn_mask: (n, m) or (..., n, m), boolean (True: not allowed) or floating (added to the scores);
     key_padding_mask: (..., m) boolean (True: ignore that key); causal: query i sees keys j <= i.
     per_head: the scores have a heads axis, (..., H, n, m), so a batched mask gets one, (..., 1, n, m).
+    by_blocks: M leaves the causal part out (None when nothing else is left), for a loop over blocks of query
+    rows that writes it into each block of scores (causal_fill), so that no n × m tensor is made for it.
     """
     if type(causal).__name__ not in ("bool", "bool_"):  # True or False, or NumPy's np.True_ or np.False_
         raise ValueError(f"causal must be True or False, got {causal!r}")
     causal = bool(causal)
-    if attn_mask is None and key_padding_mask is None and not causal:
+    if attn_mask is None and key_padding_mask is None and (by_blocks or not causal):
         return None
     n, m, batch = query.shape[-2], key.shape[-2], tuple(query.shape[:-2])
     dtype, device = query.dtype, query.device
@@ -367,10 +443,6 @@ def _additive_mask(attn_mask, key_padding_mask, causal, query, key, per_head=Fal
             mask = attn_mask.to(dtype)
         else:
             raise ValueError(f"attn_mask: expected a bool or floating-point tensor, got {attn_mask.dtype}")
-    if causal:
-        future = torch.ones(n, m, dtype=torch.bool, device=device).triu_(1)
-        future = torch.zeros(n, m, dtype=dtype, device=device).masked_fill_(future, float("-inf"))
-        mask = future if mask is None else mask + future
     if key_padding_mask is not None:
         if not isinstance(key_padding_mask, torch.Tensor) or tuple(key_padding_mask.shape) != (*batch, m):
             got = key_padding_mask
@@ -382,10 +454,11 @@ def _additive_mask(attn_mask, key_padding_mask, causal, query, key, per_head=Fal
         padding = torch.zeros(key_padding_mask.shape, dtype=dtype, device=device)
         padding = padding.masked_fill_(key_padding_mask, float("-inf")).unsqueeze(-2)
         mask = padding if mask is None else mask + padding
-    mask = mask.expand(*mask.shape[:-2], n, m)  # a view: every query row, so that blocks of rows slice it
-    if per_head and mask.ndim > 2:  # one mask for every head: (..., 1, n, m)
-        mask = mask.unsqueeze(-3)
-    return mask
+    if mask is not None:
+        mask = mask.expand(*mask.shape[:-2], n, m)  # a view: every query row, so that blocks of rows slice it
+        if per_head and mask.ndim > 2:  # one mask for every head: (..., 1, n, m)
+            mask = mask.unsqueeze(-3)
+    return mask if by_blocks else with_causal(mask, causal, query, key)
 
 
 def _grad_shape(mask):
@@ -393,8 +466,39 @@ def _grad_shape(mask):
     return None if mask is None or not mask.requires_grad else mask.shape
 
 
+def with_causal(mask, causal, query, key):
+    """M with the causal part added (-inf where key j comes after query i) when causal, as a whole n × m tensor:
+    the additive mask for the closed forms that take it whole, from the mask a loop over blocks of rows takes."""
+    if not causal:
+        return mask
+    n, m, dtype, device = query.shape[-2], key.shape[-2], query.dtype, query.device
+    future = torch.ones(n, m, dtype=torch.bool, device=device).triu_(1)
+    future = torch.zeros(n, m, dtype=dtype, device=device).masked_fill_(future, float("-inf"))
+    return future if mask is None else mask + future
+
+
 def _forward(
-    X, W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O, gamma_1, beta_1, gamma_2, beta_2, W_1, b_1, W_2, b_2, M, num_heads, eps
+    X,
+    W_Q,
+    W_K,
+    W_V,
+    W_O,
+    b_Q,
+    b_K,
+    b_V,
+    b_O,
+    gamma_1,
+    beta_1,
+    gamma_2,
+    beta_2,
+    W_1,
+    b_1,
+    W_2,
+    b_2,
+    M,
+    causal,
+    num_heads,
+    eps,
 ):
     """The forward pass: (Z, saved values for _backward)."""
     mask_shape = _grad_shape(M)  # a float attn_mask that requires grad receives its gradient
@@ -457,10 +561,23 @@ def _forward(
     Q_h = split_heads(add_optional(X_1 @ W_Q, b_Q), H)
     K_h = split_heads(add_optional(X_1 @ W_K, b_K), H)
     V_h = split_heads(add_optional(X_1 @ W_V, b_V), H)
-    A_h = add_optional((scale * Q_h) @ K_h.mT, M)
-    P_h = row_softmax(A_h, out=A_h) if M is None else masked_row_softmax(A_h, out=A_h)
-    del A_h
-    O_h = P_h @ V_h
+    O_h_blocks = []
+    P_h = None  # placed block by block
+    block_size = rows_per_block(M, causal, Q_h.shape[-2])
+    for start in range(0, max(Q_h.shape[-2], 1), block_size):  # one pass with no rows: results get their shapes
+        block = slice(start, start + block_size)
+        keys = key_range(M, causal, block, K_h.shape[-2])
+        K_h_k = K_h[..., keys, :]
+        V_h_k = V_h[..., keys, :]
+        M_b = None if M is None else M[..., block, keys]
+        Q_h_b = Q_h[..., block, :]
+        A_h_b = add_optional((scale * Q_h_b) @ K_h_k.mT, M_b)
+        A_h_b = causal_fill(A_h_b, block, keys) if causal else A_h_b
+        P_h_b = row_softmax(A_h_b, out=A_h_b) if M is None else masked_row_softmax(A_h_b, out=A_h_b)
+        O_h_b = P_h_b @ V_h_k
+        O_h_blocks.append(O_h_b)
+        P_h = put_rows(P_h, block, keys, P_h_b, Q_h.shape[-2], K_h.shape[-2])
+    O_h = O_h_blocks[0] if len(O_h_blocks) == 1 else torch.cat(O_h_blocks, dim=-2)
     C = merge_heads(O_h, H)
     Y = add_optional(C @ W_O + X, b_O)
     N_2 = layer_norm(Y, eps)
@@ -483,7 +600,6 @@ def _forward(
         "Q_h": Q_h,
         "K_h": K_h,
         "V_h": V_h,
-        "P_h": P_h,
         "O_h": O_h,
         "C": C,
         "Y": Y,
@@ -495,13 +611,16 @@ def _forward(
         "c1": c1,
         "eps": eps,
         "scale": scale,
+        "P_h": P_h,
         "b_Q": b_Q,
         "b_K": b_K,
         "b_V": b_V,
         "b_O": b_O,
         "b_1": b_1,
         "b_2": b_2,
+        "M": M,
         "mask_shape": mask_shape,
+        "causal": causal,
     }
     return Z, saved
 
@@ -522,7 +641,6 @@ def _backward(saved, grad_out):
     Q_h = saved["Q_h"]
     K_h = saved["K_h"]
     V_h = saved["V_h"]
-    P_h = saved["P_h"]
     O_h = saved["O_h"]
     C = saved["C"]
     Y = saved["Y"]
@@ -534,67 +652,78 @@ def _backward(saved, grad_out):
     c1 = saved["c1"]
     eps = saved["eps"]
     scale = saved["scale"]
+    P_h = saved["P_h"]
     b_Q = saved["b_Q"]
     b_K = saved["b_K"]
     b_V = saved["b_V"]
     b_O = saved["b_O"]
     b_1 = saved["b_1"]
     b_2 = saved["b_2"]
+    M = saved["M"]
     mask_shape = saved["mask_shape"]
+    causal = saved["causal"]
     dF = grad_out @ W_2.mT
     dU = dF.mul_(gelu_grad(U))
-    del dF
     dX_2 = dU @ W_1.mT
     dN_2 = gamma_2 * dX_2
     D1 = (N_2 * dN_2).sum(dim=-1, keepdim=True)
     D2 = dN_2.sum(dim=-1, keepdim=True)
     dY = dN_2.add_(c1 * (D1 * N_2)).add_(c1 * D2).mul_(row_inv_std(Y, eps)).add_(grad_out)
-    del D1, D2, dN_2
     dC = dY @ W_O.mT
     dO_h = split_heads(dC, H)
-    del dC
     D3 = (O_h * dO_h).sum(dim=-1, keepdim=True)
-    dP_h = dO_h @ V_h.mT
-    dA_h = dP_h.sub_(D3).mul_(P_h)
-    del D3, dP_h
-    dV_h = matmul_tn(P_h, dO_h)
-    del dO_h
-    dK_h = matmul_tn(dA_h, scale * Q_h)
-    dQ_h = dA_h @ (scale * K_h)
+    dM = None  # placed block by block
+    dX_1W_Q_blocks = []
+    dV_h = 0  # summed over the blocks of query rows
+    dK_h = 0  # summed over the blocks of query rows
+    dW_Q = 0  # summed over the blocks of query rows
+    db_Q = None if b_Q is None else 0  # summed over the blocks of query rows
+    block_size = rows_per_block(M, causal, Q_h.shape[-2])
+    for start in range(0, max(Q_h.shape[-2], 1), block_size):  # one pass with no rows: results get their shapes
+        block = slice(start, start + block_size)
+        keys = key_range(M, causal, block, K_h.shape[-2])
+        K_h_k = K_h[..., keys, :]
+        V_h_k = V_h[..., keys, :]
+        P_h_b = P_h[..., block, keys]
+        Q_h_b = Q_h[..., block, :]
+        dO_h_b = dO_h[..., block, :]
+        D3_b = D3[..., block, :]
+        X_1_b = X_1[..., block, :]
+        dP_h_b = dO_h_b @ V_h_k.mT
+        dA_h_b = dP_h_b.sub_(D3_b).mul_(P_h_b)
+        dQ_h_b = dA_h_b @ (scale * K_h_k)
+        dM_b = dA_h_b
+        dX_1W_Q_b = merge_heads(dQ_h_b, H)
+        dM = None if mask_shape is None else put_rows(dM, block, keys, dM_b, Q_h.shape[-2], K_h.shape[-2])
+        dX_1W_Q_blocks.append(dX_1W_Q_b)
+        dV_h = add_rows(dV_h, keys, matmul_tn(P_h_b, dO_h_b), K_h.shape[-2])
+        dK_h = add_rows(dK_h, keys, matmul_tn(dA_h_b, scale * Q_h_b), K_h.shape[-2])
+        dW_Q += rows(X_1_b).mT @ rows(dX_1W_Q_b)
+        if b_Q is not None:
+            db_Q += rows(dX_1W_Q_b).sum(dim=0, keepdim=True)
+    dX_1W_Q = dX_1W_Q_blocks[0] if len(dX_1W_Q_blocks) == 1 else torch.cat(dX_1W_Q_blocks, dim=-2)
     dW_O = rows(C).mT @ rows(dY)
     db_O = None if b_O is None else rows(dY).sum(dim=0, keepdim=True)
     dgamma_2 = rows(N_2 * dX_2).sum(dim=0, keepdim=True)
     dbeta_2 = rows(dX_2).sum(dim=0, keepdim=True)
-    del dX_2
     dW_1 = rows(X_2).mT @ rows(dU)
     db_1 = None if b_1 is None else rows(dU).sum(dim=0, keepdim=True)
-    del dU
     dW_2 = rows(F).mT @ rows(grad_out)
     db_2 = None if b_2 is None else rows(grad_out).sum(dim=0, keepdim=True)
-    dM = None if mask_shape is None else dA_h.sum_to_size(mask_shape)
     dX_1W_V = merge_heads(dV_h, H)
-    del dV_h
     dW_V = rows(X_1).mT @ rows(dX_1W_V)
     db_V = None if b_V is None else rows(dX_1W_V).sum(dim=0, keepdim=True)
-    dX_1W_Q = merge_heads(dQ_h, H)
-    del dQ_h
-    dW_Q = rows(X_1).mT @ rows(dX_1W_Q)
-    db_Q = None if b_Q is None else rows(dX_1W_Q).sum(dim=0, keepdim=True)
     dX_1W_K = merge_heads(dK_h, H)
-    del dK_h
     dX_1 = dX_1W_K @ W_K.mT + dX_1W_Q @ W_Q.mT + dX_1W_V @ W_V.mT
-    del dX_1W_Q, dX_1W_V
     dN_1 = gamma_1 * dX_1
     D4 = (N_1 * dN_1).sum(dim=-1, keepdim=True)
     D5 = dN_1.sum(dim=-1, keepdim=True)
     dX = dN_1.add_(c1 * (D4 * N_1)).add_(c1 * D5).mul_(row_inv_std(X, eps)).add_(dY)
-    del D4, D5, dN_1, dY
     dW_K = rows(X_1).mT @ rows(dX_1W_K)
     db_K = None if b_K is None else rows(dX_1W_K).sum(dim=0, keepdim=True)
-    del dX_1W_K
     dgamma_1 = rows(N_1 * dX_1).sum(dim=0, keepdim=True)
     dbeta_1 = rows(dX_1).sum(dim=0, keepdim=True)
-    del dX_1
+    dM = None if mask_shape is None else dM.sum_to_size(mask_shape)
     return {
         "X": dX,
         "W_Q": dW_Q,
@@ -643,6 +772,7 @@ class TransformerBlockFunction(torch.autograd.Function):
         W_2,
         b_2,
         M,
+        causal,
         num_heads,
         eps,
     ):
@@ -665,6 +795,7 @@ class TransformerBlockFunction(torch.autograd.Function):
             W_2,
             b_2,
             M,
+            causal,
             num_heads,
             eps,
         )
@@ -693,6 +824,7 @@ class TransformerBlockFunction(torch.autograd.Function):
             W_2,
             b_2,
             M,
+            causal,
             num_heads,
             eps,
         ) = inputs
@@ -729,13 +861,13 @@ class TransformerBlockFunction(torch.autograd.Function):
                 M,
             )
         ]
-        ctx.options = (num_heads, eps)
+        ctx.options = (causal, num_heads, eps)
 
     @staticmethod
     def backward(ctx, grad_out, _):
         saved = dict(zip(ctx.tensor_names, ctx.saved_tensors), **ctx.constants)
         if torch.is_grad_enabled():  # create_graph=True: gradients that the second closed form differentiates
-            return _second_order(ctx, saved, grad_out, 2, 2)
+            return _second_order(ctx, saved, grad_out, 3, 3)
         with torch.no_grad():
             grads = _backward(saved, grad_out)
         gradients = (
@@ -757,6 +889,7 @@ class TransformerBlockFunction(torch.autograd.Function):
             grads["W_2"],
             grads["b_2"],
             grads["M"],
+            None,
             None,
             None,
         )
@@ -807,7 +940,7 @@ def forward(
     and zero gradients, never NaN.
     b_Q, b_K, b_V, b_O, b_1, b_2: optional biases (1 × columns, broadcast over the tokens), each left out when None.
     """
-    M = _additive_mask(attn_mask, key_padding_mask, causal, X, X, per_head=True)
+    M = _additive_mask(attn_mask, key_padding_mask, causal, X, X, per_head=True, by_blocks=True)
     return _apply(
         TransformerBlockFunction,
         X,
@@ -828,6 +961,7 @@ def forward(
         W_2,
         b_2,
         M,
+        causal,
         num_heads,
         eps,
         traced=_TransformerBlockTraced,
@@ -1189,6 +1323,7 @@ def _forward2(
     W_2_v,
     b_2_v,
     M,
+    causal,
     num_heads,
     eps,
 ):
@@ -1269,6 +1404,7 @@ def _forward2(
             "b_2_v": b_2_v,
         }
     )
+    M = with_causal(M, causal, X, X)  # the closed form takes M whole
     dtype, device = X.dtype, X.device
     H = _positive_int("num_heads", num_heads)
     n = X.shape[-2]
@@ -1727,7 +1863,7 @@ def hvp(
     Returns {name: Σ_j ∂²f/∂x_name ∂x_j [direction[x_j]]} for every input given, from the second
     closed form (the gradients of f₂ = Σ_j tr(direction[x_j]ᵀ ∂f/∂x_j)).
     """
-    M = _additive_mask(attn_mask, key_padding_mask, causal, X, X, per_head=True)
+    M = _additive_mask(attn_mask, key_padding_mask, causal, X, X, per_head=True, by_blocks=True)
     direction = _direction(direction)
     value, saved = _forward2(
         X,
@@ -1766,6 +1902,7 @@ def hvp(
         direction.get("W_2"),
         direction.get("b_2"),
         M,
+        causal,
         num_heads,
         eps,
     )
@@ -1951,7 +2088,7 @@ class TransformerEncoderLayer(torch.nn.Module):
             FUNCTION, x, W_Q, W_K, W_V, attn.out_proj.weight.mT, b_Q, b_K, b_V, row(attn.out_proj.bias),
             row(self.norm1.weight), shift(self.norm1), row(self.norm2.weight), shift(self.norm2),
             self.linear1.weight.mT, row(self.linear1.bias), self.linear2.weight.mT, row(self.linear2.bias),
-            M, attn.num_heads, self.norm1.eps, traced=TRACED,
+            M, False, attn.num_heads, self.norm1.eps, traced=TRACED,
         )[0]  # fmt: skip
         return out.transpose(0, 1) if batched and not self.batch_first else out
 
@@ -2089,6 +2226,7 @@ def _jvp(
     b_2_t,
     M,
     M_t,
+    causal,
     num_heads,
     eps,
 ):
@@ -2259,16 +2397,6 @@ def _jvp(
     Q_h = split_heads(add_optional(X_1 @ W_Q, b_Q), H)
     K_h = split_heads(add_optional(X_1 @ W_K, b_K), H)
     V_h = split_heads(add_optional(X_1 @ W_V, b_V), H)
-    A_h = add_optional((scale * Q_h) @ K_h.mT, M)
-    P_h = row_softmax(A_h) if M is None else masked_row_softmax(A_h)
-    O_h = P_h @ V_h
-    C = merge_heads(O_h, H)
-    Y = add_optional(C @ W_O + X, b_O)
-    N_2 = layer_norm(Y, eps)
-    X_2 = beta_2 + gamma_2 * N_2
-    U = add_optional(X_2 @ W_1, b_1)
-    F = gelu(U)
-    Z = Y + add_optional(F @ W_2, b_2)
     D1 = (N_1 * X_t).sum(dim=-1, keepdim=True)
     D2 = X_t.sum(dim=-1, keepdim=True)
     dN_1 = (row_inv_std(X, eps)) * ((-1 / (H * d_k)) * (D1 * N_1) + (-1 / (H * d_k)) * D2 + X_t)
@@ -2276,11 +2404,40 @@ def _jvp(
     dQ_h = split_heads(add_optional(X_1 @ W_Q_t + dX_1 @ W_Q, b_Q_t), H)
     dK_h = split_heads(add_optional(X_1 @ W_K_t + dX_1 @ W_K, b_K_t), H)
     dV_h = split_heads(add_optional(X_1 @ W_V_t + dX_1 @ W_V, b_V_t), H)
-    dA_h = add_optional((scale * Q_h) @ dK_h.mT + (scale * dQ_h) @ K_h.mT, M_t)
-    D3 = (dA_h * P_h).sum(dim=-1, keepdim=True)
-    dP_h = (dA_h - D3) * P_h
-    dO_h = P_h @ dV_h + dP_h @ V_h
-    dC = merge_heads(dO_h, H)
+    O_h_blocks = []
+    dC_blocks = []
+    block_size = rows_per_block(M, causal, Q_h.shape[-2])
+    for start in range(0, max(Q_h.shape[-2], 1), block_size):  # one pass with no rows: results get their shapes
+        block = slice(start, start + block_size)
+        keys = key_range(M, causal, block, K_h.shape[-2])
+        K_h_k = K_h[..., keys, :]
+        V_h_k = V_h[..., keys, :]
+        dK_h_k = dK_h[..., keys, :]
+        dV_h_k = dV_h[..., keys, :]
+        M_b = None if M is None else M[..., block, keys]
+        Q_h_b = Q_h[..., block, :]
+        M_t_b = None if M_t is None else M_t[..., block, keys]
+        dQ_h_b = dQ_h[..., block, :]
+        A_h_b = add_optional((scale * Q_h_b) @ K_h_k.mT, M_b)
+        A_h_b = causal_fill(A_h_b, block, keys) if causal else A_h_b
+        P_h_b = row_softmax(A_h_b, out=A_h_b) if M is None else masked_row_softmax(A_h_b, out=A_h_b)
+        O_h_b = P_h_b @ V_h_k
+        dA_h_b = add_optional((scale * Q_h_b) @ dK_h_k.mT + (scale * dQ_h_b) @ K_h_k.mT, M_t_b)
+        D3_b = (dA_h_b * P_h_b).sum(dim=-1, keepdim=True)
+        dP_h_b = (dA_h_b - D3_b) * P_h_b
+        dO_h_b = P_h_b @ dV_h_k + dP_h_b @ V_h_k
+        dC_b = merge_heads(dO_h_b, H)
+        O_h_blocks.append(O_h_b)
+        dC_blocks.append(dC_b)
+    O_h = O_h_blocks[0] if len(O_h_blocks) == 1 else torch.cat(O_h_blocks, dim=-2)
+    dC = dC_blocks[0] if len(dC_blocks) == 1 else torch.cat(dC_blocks, dim=-2)
+    C = merge_heads(O_h, H)
+    Y = add_optional(C @ W_O + X, b_O)
+    N_2 = layer_norm(Y, eps)
+    X_2 = beta_2 + gamma_2 * N_2
+    U = add_optional(X_2 @ W_1, b_1)
+    F = gelu(U)
+    Z = Y + add_optional(F @ W_2, b_2)
     dY = add_optional(C @ W_O_t + dC @ W_O + X_t, b_O_t)
     D4 = (N_2 * dY).sum(dim=-1, keepdim=True)
     D5 = dY.sum(dim=-1, keepdim=True)
@@ -2323,7 +2480,7 @@ def jvp(
     tangents: a dict from input names to arrays of their shapes (an input left out: zero there); the options
     and masks as forward takes them (the mask does not move).
     """
-    M = _additive_mask(attn_mask, key_padding_mask, causal, X, X, per_head=True)
+    M = _additive_mask(attn_mask, key_padding_mask, causal, X, X, per_head=True, by_blocks=True)
     tangents = _tangents(tangents)
     return _jvp(
         X,
@@ -2362,6 +2519,7 @@ def jvp(
         tangents.get("b_2"),
         M,
         None,
+        causal,
         num_heads,
         eps,
     )

@@ -70,3 +70,17 @@ def test_without_write_nothing_is_written_and_out_needs_write(tmp_path):
     )
     assert refused.returncode == 2 and "add --write" in refused.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def test_attention_grid_quick_run_prints_the_table_and_passes_its_correctness_check():
+    # issue 27's side-by-side benchmark at tiny sizes: every implementation agrees with SDPA; no timing asserted
+    pytest.importorskip("torch", reason="SDPA is the yardstick")
+    grid = RUNNER.parent / "attention_grid.py"
+    done = subprocess.run(
+        [sys.executable, str(grid), "--quick"], capture_output=True, text=True, timeout=300, check=False
+    )
+    assert done.returncode == 0, (done.stdout + done.stderr)[-2000:]
+    assert "| B×H×n | causal | dtype | SDPA (ms) | compile |" in done.stdout
+    assert "every implementation within tolerance" in done.stdout
+    assert done.stdout.count("| 1×2×64 |") == 8  # causal and not, float32 and float64: times and memory
+    assert "nothing written" in done.stdout and "USDT" not in done.stdout + done.stderr

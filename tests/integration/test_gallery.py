@@ -98,7 +98,7 @@ REFERENCES = {
     ),
     "pointer_attention": (
         {"X": (B, N, D_MODEL), "W_Q": (D_MODEL, D_K), "W_K": (D_MODEL, D_K)},
-        lambda X, W_Q, W_K: torch.log_softmax((X @ W_Q) @ (X @ W_K).mT / D_K**0.5, -1),
+        lambda X, W_Q, W_K: torch.log_softmax((X @ W_Q) @ (X @ W_K).mT / W_Q.shape[-1] ** 0.5, -1),
     ),
 }
 NAMES = sorted(REFERENCES)

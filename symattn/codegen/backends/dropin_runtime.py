@@ -24,7 +24,7 @@ except ImportError:  # pragma: no cover - generating a torch module reads this s
         nn=SimpleNamespace(Module=object),
     )
 
-FUNCTION = None  # the generated module's autograd Function (its apply takes the spec's inputs, M, options and
+FUNCTION = None  # the generated module's autograd Function (its apply takes the spec's inputs, M, causal, options;
 # returns the output and the saved values)
 TRACED = None  # its twin without jvp, which _apply applies while compiling
 _forward = _backward = None  # the generated module's forward pass (out, saved) and closed-form backward
@@ -116,9 +116,9 @@ class _AttentionWeights(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, Q, K, V, W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O, M, heads):
+    def forward(ctx, Q, K, V, W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O, M, causal, heads):
         ctx.set_materialize_grads(False)
-        Y, saved = _forward(Q, K, V, W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O, M, heads, None)
+        Y, saved = _forward(Q, K, V, W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O, M, causal, heads, None)
         tensors = [name for name, value in saved.items() if isinstance(value, torch.Tensor)]
         ctx.save_for_backward(*(saved[name] for name in tensors))
         ctx.tensor_names, ctx.shape = tensors, Y.shape
@@ -135,7 +135,7 @@ class _AttentionWeights(torch.autograd.Function):
         if grad_weights is not None:
             _add_weights_gradient(grads, saved, grad_weights)
         names = ("Q", "K", "V", "W_Q", "W_K", "W_V", "W_O", "b_Q", "b_K", "b_V", "b_O", "M")
-        return (*(grads[name] for name in names), None)
+        return (*(grads[name] for name in names), None, None)
 
 
 def _add_weights_gradient(grads, saved, grad_weights):
@@ -253,7 +253,8 @@ class MultiheadAttention(torch.nn.Module):
             value, W_V, b_V = torch.nn.functional.linear(value, self.v_proj_weight, b_V), _identity(W_Q), None
         W_O, b_O = self.out_proj.weight.mT, None if self.out_proj.bias is None else self.out_proj.bias.unsqueeze(0)
         M = _torch_mask(attn_mask, key_padding_mask, query, key, self.num_heads)
-        inputs = (query, key, value, W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O, M, self.num_heads)
+        # M whole (torch's masks, the causal one among them), so no causal flag beside it
+        inputs = (query, key, value, W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O, M, False, self.num_heads)
         if need_weights:
             out, weights = _apply(_AttentionWeights, *inputs)
             weights = weights.mean(dim=-3) if average_attn_weights else weights
@@ -364,6 +365,6 @@ class TransformerEncoderLayer(torch.nn.Module):
             FUNCTION, x, W_Q, W_K, W_V, attn.out_proj.weight.mT, b_Q, b_K, b_V, row(attn.out_proj.bias),
             row(self.norm1.weight), shift(self.norm1), row(self.norm2.weight), shift(self.norm2),
             self.linear1.weight.mT, row(self.linear1.bias), self.linear2.weight.mT, row(self.linear2.bias),
-            M, attn.num_heads, self.norm1.eps, traced=TRACED,
+            M, False, attn.num_heads, self.norm1.eps, traced=TRACED,
         )[0]  # fmt: skip
         return out.transpose(0, 1) if batched and not self.batch_first else out

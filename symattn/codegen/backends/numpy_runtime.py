@@ -132,17 +132,19 @@ def sum_to_mask(a, shape, heads=False):
     return a.reshape(-1, *shape).sum(axis=0)
 
 
-def _additive_mask(attn_mask, key_padding_mask, causal, query, key, per_head=False):
+def _additive_mask(attn_mask, key_padding_mask, causal, query, key, per_head=False, by_blocks=False):
     """The additive mask M (0 where a query may see a key, -inf where not), or None without a mask.
 
     attn_mask: (n, m) or (..., n, m), boolean (True: not allowed) or floating (added to the scores);
     key_padding_mask: (..., m) boolean (True: ignore that key); causal: query i sees keys j <= i.
     per_head: the scores have a heads axis, (..., H, n, m), so a batched mask gets one, (..., 1, n, m).
+    by_blocks: M leaves the causal part out (None when nothing else is left), for a loop over blocks of query
+    rows that writes it into each block of scores (causal_fill), so that no n × m array is made for it.
     """
     if not isinstance(causal, (bool, np.bool_)):
         raise ValueError(f"causal must be True or False, got {causal!r}")
     causal = bool(causal)
-    if attn_mask is None and key_padding_mask is None and not causal:
+    if attn_mask is None and key_padding_mask is None and (by_blocks or not causal):
         return None
     query, key = np.asarray(query), np.asarray(key)
     n, m, batch = query.shape[-2], key.shape[-2], query.shape[:-2]
@@ -158,9 +160,6 @@ def _additive_mask(attn_mask, key_padding_mask, causal, query, key, per_head=Fal
             mask = attn_mask.astype(query.dtype)
         else:
             raise ValueError(f"attn_mask: expected a bool or floating-point array, got {attn_mask.dtype}")
-    if causal:
-        future = np.where(np.triu(np.ones((n, m), dtype=bool), 1), -np.inf, 0.0).astype(query.dtype)
-        mask = future if mask is None else mask + future
     if key_padding_mask is not None:
         key_padding_mask = np.asarray(key_padding_mask)
         if key_padding_mask.shape != (*batch, m):
@@ -170,7 +169,68 @@ def _additive_mask(attn_mask, key_padding_mask, causal, query, key, per_head=Fal
             raise ValueError(f"key_padding_mask: expected a bool array (True: ignore a key), got {got}")
         padding = np.where(key_padding_mask, -np.inf, 0.0).astype(query.dtype)[..., None, :]
         mask = padding if mask is None else mask + padding
-    mask = np.broadcast_to(mask, (*mask.shape[:-2], n, m))  # a view: every query row, so that blocks of rows slice it
-    if per_head and mask.ndim > 2:  # one mask for every head: (..., 1, n, m)
-        mask = mask[..., None, :, :]
-    return mask
+    if mask is not None:
+        mask = np.broadcast_to(mask, (*mask.shape[:-2], n, m))  # a view: every query row, so that blocks slice it
+        if per_head and mask.ndim > 2:  # one mask for every head: (..., 1, n, m)
+            mask = mask[..., None, :, :]
+    return mask if by_blocks else with_causal(mask, causal, query, key)
+
+
+def with_causal(mask, causal, query, key):
+    """M with the causal part added (-inf where key j comes after query i) when causal, as a whole n × m array:
+    the additive mask for the closed forms that take it whole, from the mask a loop over blocks of rows takes."""
+    if not causal:
+        return mask
+    n, m = np.shape(query)[-2], np.shape(key)[-2]
+    future = np.where(np.triu(np.ones((n, m), dtype=bool), 1), -np.inf, 0.0).astype(np.asarray(query).dtype)
+    return future if mask is None else mask + future
+
+
+def key_range(mask, causal, rows, m):
+    """The keys a block of query rows (a slice) reads: slice(k0, k1), the smallest range holding every key that
+    a row of the block may see (causal: key j <= query i; mask: an additive mask whose -inf hide a key), never
+    empty. A loop over blocks of rows skips the keys outside it, whose probabilities are exactly zero."""
+    first, last = 0, m
+    if causal:  # row i sees keys 0 … i
+        last = max(1, min(m, rows.stop))
+    if mask is not None:
+        seen = np.flatnonzero((mask[..., rows, first:last] != -np.inf).reshape(-1, last - first).any(axis=0))
+        if seen.size:
+            first, last = first + int(seen[0]), first + int(seen[-1]) + 1
+        else:  # every key hidden: one read, its probability zero
+            last = first + 1
+    return slice(first, max(last, first + 1))
+
+
+def causal_fill(scores, rows, keys):
+    """A block of scores (..., b, k) of query rows rows.start … and keys keys.start …, with -inf written where the
+    key comes after the query (j > i: what the causal mask hides)."""
+    b, k = scores.shape[-2:]
+    if keys.start + k - 1 > rows.start:  # some key of the block comes after some query row
+        future = np.arange(keys.start, keys.start + k) > np.arange(rows.start, rows.start + b)[:, None]
+        np.copyto(scores, -np.inf, where=future)
+    return scores
+
+
+def add_rows(total, keys, part, m):
+    """The sum over blocks of a value of m rows (…, m, k), part adding to its rows keys; total is 0 before the
+    first block. part is a product made for the sum (dAᵀ Q): the first one may become the sum itself."""
+    if isinstance(total, int) and part.shape[-2] == m and part.base is None:  # every key: part is the sum so far
+        return part
+    if isinstance(total, int):
+        total = np.zeros((*part.shape[:-2], m, part.shape[-1]), dtype=part.dtype)
+    total[..., keys, :] += part
+    return total
+
+
+def put_rows(whole, rows, keys, part, n, m):
+    """An n × m value made block by block: part (..., b, k) placed at its rows and keys, zero on the other keys
+    of those rows (the ones the block skipped); whole is None before the first block."""
+    if whole is None and part.shape[-2:] == (n, m) and part.base is None:  # one block, every key: part is the whole
+        return part
+    if whole is None:
+        whole = np.empty((*part.shape[:-2], n, m), dtype=part.dtype)
+    whole[..., rows, : keys.start] = 0.0
+    whole[..., rows, keys] = part
+    whole[..., rows, keys.stop :] = 0.0
+    return whole

@@ -152,8 +152,8 @@ class GeneratedCodeMixin:
         return f"{self.concatenate_function}([{', '.join(parts)}], {self.axis_keyword}={axis})"
 
     def concatenate_rows(self, blocks: str) -> str:
-        """The blocks of rows in the list called blocks, stacked back into one array."""
-        return f"{self.concatenate_function}({blocks}, {self.axis_keyword}=-2)"
+        """The blocks of rows in the list called blocks, stacked back into one array (one block: itself, no copy)."""
+        return f"{blocks}[0] if len({blocks}) == 1 else {self.concatenate_function}({blocks}, {self.axis_keyword}=-2)"
 
     def mask_gradient(self, value: str, heads: bool) -> str:
         """∂f/∂M from the scores' cotangent (value), summed over the axes M (mask_shape) was broadcast along."""

@@ -45,8 +45,10 @@ def masked_row_softmax(a, out=None):
 
 def row_softmax(a, out=None):
     """softmax along the last axis (torch's one-pass kernel, the row max subtracted first); out may be a itself."""
-    if out is None or _functional(a):  # (a compiled graph plans its own buffers; export traces with autograd
-        return torch.softmax(a, dim=-1)  # on, which refuses out=; vmap batches no out=)
+    # (a compiled graph plans its own buffers; export traces with autograd on, which refuses out=, as it does
+    # for a that requires grad, as jvp's may; vmap batches no out=)
+    if out is None or _functional(a) or a.requires_grad:
+        return torch.softmax(a, dim=-1)
     return torch._softmax(a, -1, False, out=out)
 
 
@@ -200,17 +202,19 @@ def _grad_shape(mask):
     return None if mask is None or not mask.requires_grad else mask.shape
 
 
-def _additive_mask(attn_mask, key_padding_mask, causal, query, key, per_head=False):
+def _additive_mask(attn_mask, key_padding_mask, causal, query, key, per_head=False, by_blocks=False):
     """The additive mask M (0 where a query may see a key, -inf where not), or None without a mask.
 
     attn_mask: (n, m) or (..., n, m), boolean (True: not allowed) or floating (added to the scores);
     key_padding_mask: (..., m) boolean (True: ignore that key); causal: query i sees keys j <= i.
     per_head: the scores have a heads axis, (..., H, n, m), so a batched mask gets one, (..., 1, n, m).
+    by_blocks: M leaves the causal part out (None when nothing else is left), for a loop over blocks of query
+    rows that writes it into each block of scores (causal_fill), so that no n × m tensor is made for it.
     """
     if type(causal).__name__ not in ("bool", "bool_"):  # True or False, or NumPy's np.True_ or np.False_
         raise ValueError(f"causal must be True or False, got {causal!r}")
     causal = bool(causal)
-    if attn_mask is None and key_padding_mask is None and not causal:
+    if attn_mask is None and key_padding_mask is None and (by_blocks or not causal):
         return None
     n, m, batch = query.shape[-2], key.shape[-2], tuple(query.shape[:-2])
     dtype, device = query.dtype, query.device
@@ -226,10 +230,6 @@ def _additive_mask(attn_mask, key_padding_mask, causal, query, key, per_head=Fal
             mask = attn_mask.to(dtype)
         else:
             raise ValueError(f"attn_mask: expected a bool or floating-point tensor, got {attn_mask.dtype}")
-    if causal:
-        future = torch.ones(n, m, dtype=torch.bool, device=device).triu_(1)
-        future = torch.zeros(n, m, dtype=dtype, device=device).masked_fill_(future, float("-inf"))
-        mask = future if mask is None else mask + future
     if key_padding_mask is not None:
         if not isinstance(key_padding_mask, torch.Tensor) or tuple(key_padding_mask.shape) != (*batch, m):
             got = key_padding_mask
@@ -241,7 +241,84 @@ def _additive_mask(attn_mask, key_padding_mask, causal, query, key, per_head=Fal
         padding = torch.zeros(key_padding_mask.shape, dtype=dtype, device=device)
         padding = padding.masked_fill_(key_padding_mask, float("-inf")).unsqueeze(-2)
         mask = padding if mask is None else mask + padding
-    mask = mask.expand(*mask.shape[:-2], n, m)  # a view: every query row, so that blocks of rows slice it
-    if per_head and mask.ndim > 2:  # one mask for every head: (..., 1, n, m)
-        mask = mask.unsqueeze(-3)
-    return mask
+    if mask is not None:
+        mask = mask.expand(*mask.shape[:-2], n, m)  # a view: every query row, so that blocks of rows slice it
+        if per_head and mask.ndim > 2:  # one mask for every head: (..., 1, n, m)
+            mask = mask.unsqueeze(-3)
+    return mask if by_blocks else with_causal(mask, causal, query, key)
+
+
+def with_causal(mask, causal, query, key):
+    """M with the causal part added (-inf where key j comes after query i) when causal, as a whole n × m tensor:
+    the additive mask for the closed forms that take it whole, from the mask a loop over blocks of rows takes."""
+    if not causal:
+        return mask
+    n, m, dtype, device = query.shape[-2], key.shape[-2], query.dtype, query.device
+    future = torch.ones(n, m, dtype=torch.bool, device=device).triu_(1)
+    future = torch.zeros(n, m, dtype=dtype, device=device).masked_fill_(future, float("-inf"))
+    return future if mask is None else mask + future
+
+
+def key_range(mask, causal, rows, m):
+    """The keys a block of query rows (a slice) reads: slice(k0, k1), the smallest range holding every key that
+    a row of the block may see (causal: key j <= query i; mask: an additive mask whose -inf hide a key), never
+    empty. A loop over blocks of rows skips the keys outside it, whose probabilities are exactly zero. Traced or
+    transformed, only the causal range (no branch on the mask's values)."""
+    first, last = 0, m
+    if causal:  # row i sees keys 0 … i
+        last = max(1, min(m, rows.stop))
+    if mask is not None and not _functional(mask):
+        seen = (mask[..., rows, first:last] != float("-inf")).reshape(-1, last - first).any(dim=0).nonzero()
+        if len(seen):
+            first, last = first + int(seen[0]), first + int(seen[-1]) + 1
+        else:  # every key hidden: one read, its probability zero
+            last = first + 1
+    return slice(first, max(last, first + 1))
+
+
+def causal_fill(scores, rows, keys):
+    """A block of scores (..., b, k) of query rows rows.start … and keys keys.start …, with -inf written where the
+    key comes after the query (j > i: what the causal mask hides)."""
+    b, k = scores.shape[-2:]
+    if keys.start + k - 1 <= rows.start:  # no key of the block comes after a query row
+        return scores
+    device = scores.device
+    future = torch.arange(keys.start, keys.start + k, device=device) > torch.arange(
+        rows.start, rows.start + b, device=device
+    ).unsqueeze(-1)
+    if _functional(scores):
+        return scores.masked_fill(future, float("-inf"))
+    return scores.masked_fill_(future, float("-inf"))
+
+
+def add_rows(total, keys, part, m):
+    """The sum over blocks of a value of m rows (…, m, k), part adding to its rows keys; total is 0 before the
+    first block. part is a product made for the sum (dAᵀ Q): the first one may become the sum itself."""
+    if _functional(part):  # no in-place update: part padded with zero rows to m
+        padded = torch.nn.functional.pad(part, (0, 0, keys.start, m - keys.stop))
+        return padded if isinstance(total, int) else total + padded
+    # every key: part (a product made for this sum, maybe transposed by matmul_tn) is the sum so far
+    if isinstance(total, int) and part.shape[-2] == m and (part.is_contiguous() or part.mT.is_contiguous()):
+        return part
+    if isinstance(total, int):  # laid out as part is (matmul_tn gives a transposed product): a cheap add
+        transposed = part.mT.is_contiguous() and not part.is_contiguous()
+        shape = (*part.shape[:-2], m, part.shape[-1])
+        total = part.new_zeros(shape[:-2] + shape[:-3:-1]).mT if transposed else part.new_zeros(shape)
+    total[..., keys, :] += part
+    return total
+
+
+def put_rows(whole, rows, keys, part, n, m):
+    """An n × m value made block by block: part (..., b, k) placed at its rows and keys, zero on the other keys
+    of those rows (the ones the block skipped); whole is None before the first block."""
+    if _functional(part):  # no in-place update: part padded with zero keys, the rows concatenated
+        padded = torch.nn.functional.pad(part, (keys.start, m - keys.stop))
+        return padded if whole is None else torch.cat([whole, padded], dim=-2)
+    if whole is None and part.shape[-2:] == (n, m) and part._base is None:  # one block, every key: part is the whole
+        return part
+    if whole is None:
+        whole = part.new_empty((*part.shape[:-2], n, m))
+    whole[..., rows, : keys.start] = 0.0
+    whole[..., rows, keys] = part
+    whole[..., rows, keys.stop :] = 0.0
+    return whole

@@ -20,6 +20,7 @@ from symattn.codegen.emit.sections import Statement, _saved, _sections, _stateme
 from symattn.codegen.schedule.build import Assignment, Schedule
 from symattn.derive.latex import text
 from symattn.lang.ops import SplitHeads
+from symattn.numeric.printers import helper_needs
 from symattn.specs import Option
 
 # The keywords of a module whose spec has an additive mask M (built from them at run time).
@@ -145,31 +146,39 @@ def _checks(sched: Schedule, printer, backend: Backend, options: list[Option]) -
         "constants": [Statement(c.name, printer.doprint(v)) for c, v in sched.constants],
         "nonempty": _nonempty_call(sched),
         "checked_inputs": layout.checked_inputs(s.inputs, backend.check_inputs),
-        "heads_axis": any(isinstance(n, SplitHeads) for a in sched.forward for n in sp.preorder_traversal(a.value)),
     }
 
 
 def _runtime_helpers(
     printer, backend: Backend, checks: dict, options: list[Option], mask: str | None, mask_gradient: bool
 ) -> list[str]:
-    """The runtime helpers the module calls: the expressions' (sorted), then the checks'."""
+    """The runtime helpers the module calls: the expressions' (sorted), then the checks', then (sorted) the ones
+    those call."""
     names = [*sorted(printer.helpers_used), backend.check_inputs, "_check_shape"]
     names += ["_quotient"] * any(b.value.startswith("_quotient(") for b in checks["bindings"])
     names += ["_positive_int"] * any(o.symbol.is_integer for o in options)
     names += ["_nonempty"] * bool(checks["nonempty"])
     names += [*backend.helpers, *["_additive_mask"] * bool(mask)]
     names += [backend.mask_shape] * bool(mask_gradient)
-    return names
+    needed = {need for name in names for need in helper_needs(printer.runtime, name)}  # what the helpers call
+    return names + sorted(needed - set(names))
 
 
 def _function(
-    sched: Schedule, options: list[Option], mask: str | None, class_name: str, backend: Backend, shared: set
+    sched: Schedule,
+    options: list[Option],
+    mask: str | None,
+    class_name: str,
+    backend: Backend,
+    shared: set,
+    block_causal: list[str],
 ) -> dict:
     """The signatures and calls of forward and backward; shared: gradients returned as None when their input was."""
     s = sched.spec
     required = [x for x in s.inputs if str(x.name) not in sched.optional]
     maybe = [x for x in s.inputs if str(x.name) in sched.optional]  # optional inputs, passed by keyword
-    positional = [str(x.name) for x in s.inputs] + ([mask] if mask else []) + [o.name for o in options]
+    trailing = block_causal + [o.name for o in options]  # after the inputs and M: no gradient
+    positional = [str(x.name) for x in s.inputs] + ([mask] if mask else []) + trailing
     # a float attn_mask's gradient: under "attn_mask" (NumPy), as M's (torch, whose autograd carries it on)
     mask_grads = [(name if backend.autodiff else "attn_mask", t) for name, t in sched.constant_gradients]
     signature = (
@@ -203,20 +212,7 @@ def _function(
         "optional_names": "(" + ", ".join(f'"{x.name}"' for x in maybe) + ("," if len(maybe) == 1 else "") + ")",
         "biases": [str(x.name) for x in maybe],
         "drop_none": bool(maybe or mask_grads),
-        "function_gradients": layout.assign_tuple(
-            "gradients",
-            [
-                "None"  # a fixed constant: no gradient
-                if str(x.name) in sched.fixed
-                else f'grads["{x.name}"] if ctx.needs_input_grad[{i}] else None'  # a number: no gradient
-                if str(x.name) in sched.scalar_inputs
-                else f'grads["{x.name}"]'
-                for i, x in enumerate(s.inputs)
-            ]
-            + ([f'grads["{mask}"]' if mask_grads else "None"] if mask else [])
-            + ["None"] * len(options),
-            indent=8,
-        ),
+        "function_gradients": _function_gradients(sched, mask, bool(mask_grads), len(trailing)),
         "tensor_inputs": layout.wrapped(
             "inputs = _only_tensors", [str(x.name) for x in s.inputs] + [mask] * bool(mask), "", 8, brackets="()"
         ),
@@ -235,9 +231,30 @@ def _function(
         "unpack_inputs": layout.unpacked(positional, "inputs", 8),
         "remember": [
             layout.given_flags([str(x.name) for x in s.inputs] + [mask] * bool(mask), 8),
-            layout.assign_tuple("ctx.options", [o.name for o in options], 8),
+            layout.assign_tuple("ctx.options", trailing, 8),
         ],
+        "trailing_count": len(trailing),
     }
+
+
+def _function_gradients(sched: Schedule, mask: str | None, mask_gradient: bool, trailing: int) -> str:
+    """The torch Function backward's tuple: one gradient per argument of apply (the inputs, M, then None for
+    causal and the options)."""
+    s = sched.spec
+    return layout.assign_tuple(
+        "gradients",
+        [
+            "None"  # a fixed constant: no gradient
+            if str(x.name) in sched.fixed
+            else f'grads["{x.name}"] if ctx.needs_input_grad[{i}] else None'  # a number: no gradient
+            if str(x.name) in sched.scalar_inputs
+            else f'grads["{x.name}"]'
+            for i, x in enumerate(s.inputs)
+        ]
+        + ([f'grads["{mask}"]' if mask_gradient else "None"] if mask else [])
+        + ["None"] * trailing,
+        indent=8,
+    )
 
 
 def _returned(sched: Schedule, name: str, target: sp.MatrixSymbol) -> str:
@@ -310,8 +327,25 @@ def _module(sched: Schedule, options: list[Option], mask: str | None, parameters
         ),
         "module_inputs": [str(x.name) for x in required if str(x.name) not in sched.weights - sched.fixed],
         "mask_keywords": list(MASK_KEYWORDS) if mask else [],
-        "mask_query": str(s.inputs[0].name),
-        "mask_key": next((str(x.name) for x in s.inputs if mask and x.shape[0] == s.constants[0].shape[1]), ""),
+    }
+
+
+def _mask_calls(sched: Schedule, backend: Backend, blocked: bool, heads_axis: bool) -> dict:
+    """How a function gets the additive mask M. ``mask_call`` builds it from the mask keywords. In a backend
+    with loops over blocks of rows (NumPy, torch) M leaves the causal part out (by_blocks) and the inner
+    functions (_forward, _jvp, _forward2) take ``causal`` beside it (``block_causal``): a loop writes it into each
+    block of scores and skips the keys no row of the block sees; a function that takes M whole adds it first
+    (``causal_call``)."""
+    if sched.mask is None:
+        return {"mask_call": "", "causal_call": "", "block_causal": []}
+    s, mask = sched.spec, str(sched.mask.name)
+    query, key = str(s.inputs[0].name), next(str(x.name) for x in s.inputs if x.shape[0] == sched.mask.shape[1])
+    arguments = ["attn_mask", "key_padding_mask", "causal", query, key, *["per_head=True"] * heads_axis]
+    blocks = "memeff" in backend.variants
+    return {
+        "mask_call": layout.wrapped(f"{mask} = _additive_mask", arguments + ["by_blocks=True"] * blocks, "", 4, "()"),
+        "causal_call": f"{mask} = with_causal({mask}, causal, {query}, {key})" if blocks and not blocked else "",
+        "block_causal": ["causal"] * blocks,
     }
 
 
@@ -338,13 +372,15 @@ def build_context(
         gradients = {t for _, t in sched.constant_gradients}
         backward = tuple(a for a in sched.backward if a.target not in gradients)
         sched = dataclasses.replace(sched, backward=backward, constant_gradients=())
-    mask = next((str(c.name) for c in s.constants if str(c.name) in sched.optional), None)
+    mask = None if sched.mask is None else str(sched.mask.name)
     printer.optional, printer.mask = sched.optional | {f"{name}_b" for name in sched.optional}, mask
-    sections = _sections(sched, printer, mask, variant)
+    sections = _sections(sched, printer, mask, variant, "memeff" in backend.variants)
     options = sections["options"]
     class_name = class_name or "".join(p.title() for p in s.name.split("_"))
     checks = _checks(sched, printer, backend, options)
     helpers = _runtime_helpers(printer, backend, checks, options, mask, bool(sched.constant_gradients))
+    heads_axis = any(isinstance(n, SplitHeads) for a in sched.forward for n in sp.preorder_traversal(a.value))
+    masks = _mask_calls(sched, backend, sections["blocked"], heads_axis)
     return {
         "version": version,
         "backend": backend.name,
@@ -357,11 +393,12 @@ def build_context(
         "backward_sections": sections["backward_sections"],
         "saved": _saved(sched, sections, mask, variant),
         "needs_dtype": _uses("dtype", [line.value for line in _statements(sections)]),
-        **_function(sched, options, mask, class_name, backend, sections["shared"]),
+        **_function(sched, options, mask, class_name, backend, sections["shared"], masks["block_causal"]),
         **_module(sched, options, mask, module_parameters(sched, backend.printer())),
         **_custom_vjp(sched, options, mask),
         "helpers": helpers,
         "runtime": printer.runtime_source(helpers),
         "mask_gradient": backend.mask_shape if sched.constant_gradients else "",
         "mask_no_gradient": mask_no_gradient,
+        **masks,
     }

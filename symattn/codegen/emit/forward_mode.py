@@ -22,7 +22,17 @@ from symattn.errors import SymattnError
 __all__ = ["forward_mode_context"]
 
 # the JVP context's entries the templates read as they are
-COPIED = ("mask", "options", "divides_heads", "bindings", "constants", "nonempty", "checked_inputs", "output")
+COPIED = (
+    "mask",
+    "causal_call",
+    "options",
+    "divides_heads",
+    "bindings",
+    "constants",
+    "nonempty",
+    "checked_inputs",
+    "output",
+)
 
 
 _CACHE: dict[int, tuple[Schedule, tuple | None]] = {}  # by id: Specs hold dicts
@@ -66,7 +76,8 @@ def forward_mode_context(
     inputs = [str(x.name) for x in first.spec.inputs]
     mask_tangent = [tangent_of[mask]] if mask else []
     mask_pair = [mask, *mask_tangent] if mask else []
-    options = [o["name"] for o in ctx["options"]]  # (the memory-efficient variant's block_size among them)
+    # (the memory-efficient variant's block_size among them, after causal, which its loop writes block by block)
+    options = ctx["block_causal"] + [o["name"] for o in ctx["options"]]
     positional = [*inputs, *(tangent_of[x] for x in inputs), *mask_pair, *options]
     required = [x for x in inputs if x not in first.optional]
     maybe = [f"{x}=None" for x in inputs if x in first.optional]
@@ -110,7 +121,12 @@ def forward_mode_context(
         "signature": layout.define("jvp", [*required, "tangents", *["*"] * bool(keywords), *keywords], indent=0),
         "call": layout.wrapped(
             "return _jvp",
-            [*inputs, *(f'tangents.get("{x}")' for x in inputs), *[mask, "None"] * bool(mask), *options],
+            [
+                *inputs,
+                *(f'tangents.get("{x}")' for x in inputs),
+                *[mask, "None"] * bool(mask),
+                *options,
+            ],
             "",
             indent=4,
             brackets="()",

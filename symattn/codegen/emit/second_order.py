@@ -69,14 +69,12 @@ def second_order_context(first: Schedule, first_context: dict, backend: Backend,
         return None
     so, sched = found
     # torch.func's hessian (jacfwd over jacrev) runs it under vmap: nothing in place (Backend.vmapped)
-    ctx = build_context(
-        sched, backend, version, "standard", first_context["class_name"], _no_module, not backend.vmapped
-    )
+    ctx = build_context(sched, backend, version, "whole", first_context["class_name"], _no_module, not backend.vmapped)
     mask = ctx["mask"]
     printer = backend.printer()
     extra = [h for h in ctx["helpers"] if h not in first_context["helpers"]] + list(backend.second_order_helpers)
     inputs = [str(x.name) for x in so.spec.inputs]
-    options = [o.name for o in sched.options]
+    options = ctx["block_causal"] + [o.name for o in sched.options]
     positional = inputs + [mask] * bool(mask) + options
     first_names = [str(x.name) for x in first.spec.inputs]
     shapes = {x["name"]: x["shape"] for x in ctx["inputs"] if x["name"] not in first_names}
@@ -126,7 +124,7 @@ def second_order_context(first: Schedule, first_context: dict, backend: Backend,
         "function_inputs": layout.wrapped("", [f'"{x}"' for x in [*first_names, *[mask] * bool(mask)]], ",", 0, "()")
         if len(first_names) + bool(mask) == 1
         else layout.wrapped("", [f'"{x}"' for x in [*first_names, *[mask] * bool(mask)]], "", 0, "()"),
-        "first_options": len(first_context["options"]),
+        "first_options": first_context["trailing_count"],
         **{key: ctx[key] for key in COPIED},
         "saved": list(dict.fromkeys(ctx["saved"])),  # an optional input saved once
         "forward_sections": [_wrapped_section(sec) for sec in ctx["forward_sections"]],
@@ -141,6 +139,7 @@ def second_order_context(first: Schedule, first_context: dict, backend: Backend,
 # the f₂ context's entries the templates read as they are
 COPIED = (
     "mask",
+    "causal_call",
     "options",
     "divides_heads",
     "bindings",

@@ -18,6 +18,8 @@ from sympy.matrices.expressions import HadamardPower, HadamardProduct, MatAdd, M
 from symattn.codegen.emit import layout
 from symattn.codegen.schedule.build import Assignment, Schedule
 from symattn.codegen.schedule.plan import Plan, broadcast_column
+from symattn.codegen.schedule.rowblocks import BLOCK_SIZE, plan
+from symattn.errors import SymattnError
 from symattn.lang.functions import FunctionRecord
 from symattn.lang.graph import matrix_symbols
 from symattn.lang.ops import SplitHeads
@@ -38,6 +40,7 @@ class Statement:
     value: str
     guard: str = ""  # an optional input: the statement runs only when it was given (else the target is None)
     frees: tuple[str, ...] = ()  # values made earlier in this function and read here for the last time: del'd
+    keyed: bool = False  # a sum over blocks of rows assigned whole (add_rows), not added to in place
 
     @property
     def deletion(self) -> str:
@@ -118,6 +121,9 @@ class Sections:
     gradient_of: dict = field(default_factory=dict)  # target -> the optional input whose gradient it is
     unused: dict = field(default_factory=dict)  # target -> the input the output does not read
     mask_gradients: dict = field(default_factory=dict)  # dM -> whether the scores have a heads axis
+    # the loops' rows per block: the memory-efficient variant's option block_size, else (a standard module with a
+    # mask) rows_per_block: blocks where the mask may let them skip keys, one block of every row where not
+    chosen_rows: bool = False
 
     def statement(self, a: Assignment, consumable: frozenset = frozenset(), frees: tuple[str, ...] = ()) -> Statement:
         printer, plan = self.printer, Plan(consumable)
@@ -151,16 +157,19 @@ class Sections:
             return dying
         return frozenset(name for name in dying if name in self.batched)
 
-    def lines(self, assignments, whole: bool = False) -> dict:
+    def lines(self, assignments, whole: bool = False, later: frozenset = frozenset()) -> dict:
         """The statements of one section; whole: the section is the function's only one, so a value read
-        for the last time here is deleted (mutable arrays only: JAX traces, its buffers are XLA's)."""
+        for the last time here is deleted (mutable arrays only: JAX traces, its buffers are XLA's); later:
+        the names the function's later sections read, which no statement here may overwrite."""
         assignments = list(assignments)
-        dying = [self.fits(a, d) for a, d in zip(assignments, _dying(assignments, self.protected))]
+        dying = [self.fits(a, d) for a, d in zip(assignments, _dying(assignments, self.protected | later))]
         frees = _freed(assignments, self.protected) if whole and self.printer.inplace else [()] * len(assignments)
         return {"loop": False, "lines": [self.statement(a, d, f) for a, d, f in zip(assignments, dying, frees)]}
 
     def loop(self, lp) -> dict:
         kept = self.protected | {str(b.name) for _, b in lp.collect}
+        collected = {b for _, b in lp.collect}  # a collected block that is another block's alias keeps that one
+        kept |= {str(a.value.name) for a in lp.body if a.target in collected and isinstance(a.value, sp.MatrixSymbol)}
         everything = [*lp.body, *lp.accumulate]
         dying = [self.fits(a, d) for a, d in zip(everything, _dying(everything, kept))]
         body = [self.statement(a, d) for a, d in zip(lp.body, dying)]
@@ -170,24 +179,74 @@ class Sections:
             plain, masked = (
                 ("row_softmax_lse", "masked_row_softmax_lse") if kept else ("row_softmax", "masked_row_softmax")
             )
-            call = f"{self.printer.helper(plain)}({a_b.name})"
+            # P_b written into A_b where A_b is read no more (L not kept: P alone)
+            later = {x for a in everything for x in matrix_symbols(a.value) if a.target != a_b}
+            operand = a_b.name if kept or a_b in later else f"{a_b.name}, out={a_b.name}"
+            call = f"{self.printer.helper(plain)}({operand})"
             if self.mask is not None:
-                call += f" if {self.mask} is None else {self.printer.helper(masked)}({a_b.name})"
+                call += f" if {self.mask} is None else {self.printer.helper(masked)}({operand})"
             body.insert(1, Statement(f"{p_b.name}, {l_b.name}" if kept else str(p_b.name), call))
-        optional = self.sched.optional
+        if lp.scores is not None:  # the causal part of the mask, written into the block's scores
+            scores = str(lp.scores.name)
+            fill = f"{self.printer.helper('causal_fill')}({scores}, block, keys) if causal else {scores}"
+            body.insert(1, Statement(scores, fill))
+        accumulate = [self.statement(a, d) for a, d in zip(lp.accumulate, dying[len(lp.body) :])]
         return {
             "loop": True,
             "rows": f"{lp.rows_of}.shape[-2]",
+            "block_rows": self._block_rows(lp),
+            "key_lines": self._keys(lp),
             "slices": [
-                {"block": str(b.name), "full": str(f.name), "optional": str(f.name) in optional} for b, f in lp.slices
+                {
+                    "block": str(b.name),
+                    "full": str(f.name),
+                    "optional": str(f.name) in self.sched.optional,
+                    "columns": "keys" if b in lp.keyed else ":",
+                }
+                for b, f in lp.slices
             ],
             "body": body,
-            "collect": [
-                {"full": str(f.name), "block": str(b.name), "concat": self.printer.concatenate_rows(f"{f.name}_blocks")}
-                for f, b in lp.collect
+            "collect": [self._collected(lp, f, b) for f, b in lp.collect],
+            "accumulate": [
+                _rows_added(line, self.printer.helper("add_rows"), self._key_count(lp))
+                if a.target in lp.keyed
+                else line
+                for a, line in zip(lp.accumulate, accumulate)
             ],
-            "accumulate": [self.statement(a, d) for a, d in zip(lp.accumulate, dying[len(lp.body) :])],
         }
+
+    def _collected(self, lp, whole, block) -> dict:
+        """A value the loop collects: its blocks of rows concatenated, or (an n × m value whose blocks take the
+        key range) each placed in the whole, zero on the keys the block skipped."""
+        name = str(whole.name)
+        if block not in lp.keyed:
+            concat = self.printer.concatenate_rows(f"{name}_blocks")
+            return {"full": name, "block": str(block.name), "concat": concat, "place": "", "guard": ""}
+        rows = f"{lp.rows_of}.shape[-2]"
+        place = f"{self.printer.helper('put_rows')}({name}, block, keys, {block.name}, {rows}, {self._key_count(lp)})"
+        # a float mask's gradient: made only when the mask was given
+        return {"full": name, "block": str(block.name), "place": place, "guard": self.gradient_of.get(whole, "")}
+
+    def _block_rows(self, lp) -> str:
+        """block_size = <this>, the rows per block, before the loop ("": the option block_size)."""
+        if not self.chosen_rows:
+            return ""
+        return f"{self.printer.helper('rows_per_block')}({self.mask}, causal, {lp.rows_of}.shape[-2])"
+
+    def _key_count(self, lp) -> str:
+        return f"{lp.keys[0][1].name}.shape[-2]"
+
+    def _keys(self, lp) -> list[Statement]:
+        """The block's key range and the rows of the whole values of m key rows in it (none without one)."""
+        if not lp.keys:
+            return []
+        call = f"{self.printer.helper('key_range')}({self.mask}, causal, block, {self._key_count(lp)})"
+        return [Statement("keys", call), *(Statement(str(k.name), f"{f.name}[..., keys, :]") for k, f in lp.keys)]
+
+
+def _rows_added(line: Statement, add_rows: str, count: str) -> Statement:
+    """A sum over the blocks of a value of m key rows: each block's part added to the rows of its key range."""
+    return Statement(line.target, f"{add_rows}({line.target}, keys, {line.value}, {count})", line.guard, keyed=True)
 
 
 def _batched(sched: Schedule) -> set:
@@ -198,7 +257,7 @@ def _batched(sched: Schedule) -> set:
     return batched | {f"{name}_b" for name in batched} | {"L", "L_b"}  # blocks of rows (memory-efficient variant)
 
 
-def _sections(sched: Schedule, printer, mask: str | None, variant: str) -> dict:
+def _sections(sched: Schedule, printer, mask: str | None, variant: str, loops: bool) -> dict:
     """The forward and backward sections, the values forward saves, the options and the shared gradients."""
     optional = sched.optional
     protected = {str(getattr(x, "name", x)) for x in sched.saved} | {str(sched.output.name), "L"}
@@ -212,10 +271,8 @@ def _sections(sched: Schedule, printer, mask: str | None, variant: str) -> dict:
     gradient_of |= {t: "mask_shape" for t in mask_gradients}
     # what dM reads stays intact: dM may be that very array (no axis to sum over)
     protected |= {str(x.name) for a in sched.backward if a.target in mask_gradients for x in matrix_symbols(a.value)}
-    if variant == "memeff":
-        from symattn.codegen.schedule.rowblocks import BLOCK_SIZE, plan
-
-        cut = plan(sched)
+    cut = _blocks(sched, variant, loops)
+    if cut is not None:
         backward_assignments = [*cut.backward[0], *cut.backward[1].body, *cut.backward[1].accumulate, *cut.backward[2]]
     else:
         backward_assignments = list(sched.backward)
@@ -224,15 +281,25 @@ def _sections(sched: Schedule, printer, mask: str | None, variant: str) -> dict:
     shared = _read_elsewhere(backward_assignments, set(gradient_of))
     gradient_of = {t: name for t, name in gradient_of.items() if t not in shared}
     p = Sections(sched, printer, mask, _batched(sched), protected, gradient_of, unused, mask_gradients)
-    if variant == "memeff":
-        forward = [p.lines(cut.forward[0]), p.loop(cut.forward[1]), p.lines(cut.forward[2])]
-        backward = [p.lines(cut.backward[0]), p.loop(cut.backward[1]), p.lines(cut.backward[2])]
+    if cut is not None:
+        p.chosen_rows = variant != "memeff"
+        forward = [
+            p.lines(cut.forward[0], later=_read(cut.forward[1:])),
+            p.loop(cut.forward[1]),
+            p.lines(cut.forward[2]),
+        ]
+        backward = [
+            p.lines(cut.backward[0], later=_read(cut.backward[1:])),
+            p.loop(cut.backward[1]),
+            p.lines(cut.backward[2]),
+        ]
         saved_symbols = cut.saved
-        block_size = sp.Symbol("block_size", positive=True, integer=True)
-        options.append(Option("block_size", block_size, sp.Integer(BLOCK_SIZE)))
     else:
         forward, backward = [p.lines(sched.forward, whole=True)], [p.lines(sched.backward, whole=True)]
         saved_symbols = sched.saved
+    if variant == "memeff":
+        block_size = sp.Symbol("block_size", positive=True, integer=True)
+        options.append(Option("block_size", block_size, sp.Integer(BLOCK_SIZE)))
     return {
         "forward_sections": forward,
         "backward_sections": backward,
@@ -240,7 +307,32 @@ def _sections(sched: Schedule, printer, mask: str | None, variant: str) -> dict:
         "options": options,
         "shared": shared,
         "unused": unused,
+        "blocked": cut is not None,
     }
+
+
+def _read(sections: tuple) -> frozenset:
+    """The names a cut's later sections read: a loop's (its body, sums and the whole values it slices) and the
+    assignments after it."""
+    loop, after = sections
+    values = [a.value for a in (*loop.body, *loop.accumulate, *after)]
+    names = {str(x.name) for v in values for x in matrix_symbols(v)}
+    return frozenset(names | {str(f.name) for _, f in (*loop.slices, *loop.keys)})
+
+
+def _blocks(sched: Schedule, variant: str, loops: bool):
+    """The cut of the schedule into loops over blocks of query rows (``rowblocks.plan``), or None: the
+    memory-efficient variant's (L kept, P recomputed); the standard variant's when the spec has a mask (P kept,
+    the blocks skipping the keys the mask hides) and the cut exists; none for "whole" (the closed forms that
+    take every array whole: the second closed form). loops: the backend has the loops' runtime (NumPy, torch)."""
+    if variant == "memeff":
+        return plan(sched)
+    if variant != "standard" or sched.mask is None or not loops:
+        return None
+    try:
+        return plan(sched, keep=True)
+    except SymattnError:
+        return None
 
 
 def _saved(sched: Schedule, sections: dict, mask: str | None, variant: str) -> list[str]:
@@ -255,10 +347,12 @@ def _saved(sched: Schedule, sections: dict, mask: str | None, variant: str) -> l
         [b.value for b in backward]
         + [b.guard for b in backward]
         + [sl["full"] for sec in sections["backward_sections"] for sl in sec.get("slices", [])]
+        + [line.value for sec in sections["backward_sections"] for line in sec.get("key_lines", [])]
         + [name for name, t in sched.gradients if t in sections["shared"]]  # returned as None when the input was
     )
     saved = [str(getattr(x, "name", x)) for x in sections["saved_symbols"]]
     saved += [str(x.name) for x in maybe] + [mask] * bool(mask) + ["mask_shape"] * bool(sched.constant_gradients)
+    saved += ["causal"] * bool(mask)  # (read where a loop writes the causal part block by block)
     saved += [name for name in sections["unused"].values() if name not in saved]  # zero gradients take their shapes
     return [name for name in saved if _uses(name, backward_text)] + (["block_size"] if variant == "memeff" else [])
 

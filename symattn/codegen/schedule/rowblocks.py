@@ -44,6 +44,14 @@ class Loop:
     collect: list[tuple[MatrixSymbol, MatrixSymbol]] = field(default_factory=list)
     accumulate: list[Assignment] = field(default_factory=list)
     softmax: tuple[MatrixSymbol, MatrixSymbol, MatrixSymbol] | None = None  # P_b, L_b from A_b
+    # Blocks of keys (a spec with a mask): the keys no row of the block sees are skipped. ``keys``: (slice, full)
+    # of the values of m key rows read whole (K, V), each read as its rows in the block's key range (none: the
+    # loop reads every key); ``scores``: A_b where the loop makes it, the causal part of the mask written into
+    # it; ``keyed``: the n × m slices (M_b, P_b), collected values (P, dM) and sums of m rows (dK, dV) that take
+    # the key range too.
+    keys: list[tuple[MatrixSymbol, MatrixSymbol]] = field(default_factory=list)
+    scores: MatrixSymbol | None = None
+    keyed: set = field(default_factory=set)
 
 
 @dataclass
@@ -77,10 +85,12 @@ def _attention_core(sched: Schedule) -> tuple[int, Basic, set]:
     return i, a_mats[0], {a_mats[1].arg, o_mats[1]}
 
 
-def plan(sched: Schedule) -> Plan:
+def plan(sched: Schedule, keep: bool = False) -> Plan:
     """Cut the schedule around its one row softmax: A = c·X Zᵀ (+ M), P = softmax(A), O = P V.
 
-    An additive n × m mask M is row-local: each block reads its rows M_b.
+    An additive n × m mask M is row-local: each block reads its rows M_b. keep: the forward keeps P (n × m,
+    written block by block, zero on the keys a block skips) and the backward reads its blocks instead of
+    recomputing them from L: the standard variant of a spec with a mask, whose blocks skip masked keys.
     """
     forward = list(sched.forward)
     i, query, full = _attention_core(sched)
@@ -110,6 +120,10 @@ def plan(sched: Schedule) -> Plan:
         Assignment(block(a_def.target), in_block(a_def.value)),
         Assignment(block(p_def.target), Exp(block(a_def.target) - block(lse) * ones)),
     ]
+    if keep:  # P_b read from the forward's P
+        if any(a_def.target in matrix_symbols(a.value) for a in sched.backward):
+            raise SymattnError(f"spec {sched.spec.name}: the backward reads the scores A, which no block keeps")
+        bloop.body = []
     propagating, summed, later = {a_def.target, p_def.target}, set(), set()
     inside: list[Assignment] = []
     for a in sched.backward:
@@ -135,6 +149,7 @@ def plan(sched: Schedule) -> Plan:
     pre = [a for a in sched.backward if a.target in before]
     post = [a for a in sched.backward if a.target not in core and a.target not in before]
     read_after = {x for a in post for x in matrix_symbols(a.value)} | {t for _, t in sched.gradients}
+    read_after |= {t for _, t in sched.constant_gradients}
     bloop.collect = [(a.target, block(a.target)) for a in inside if a.target in propagating and a.target in read_after]
     bloop.slices = _slices(bloop, blocks)
 
@@ -142,7 +157,23 @@ def plan(sched: Schedule) -> Plan:
     reads |= {full for _, full in bloop.slices}
     made = {a.target for a in (*pre, *inside, *post)}
     saved = tuple(x for x in sched.saved if x in reads and x not in made and x not in core)
+    if keep and sched.backward:  # the forward collects P (for the backward's blocks) instead of L
+        floop.collect = [(x, b) if x != lse else (p_def.target, block(p_def.target)) for x, b in floop.collect]
+        lse = p_def.target
+        # a mask's gradient (dM = dA, collected whole) summed to the mask's shape after the loop
+        post += [Assignment(t, t) for _, t in sched.constant_gradients if t in {x for x, _ in bloop.collect}]
+    _keys_of(sched, (floop, bloop), full, block(a_def.target), blocks, keep)
     return Plan((ahead, floop, after), (pre, bloop, post), lse, (*saved, lse))
+
+
+def _keys_of(sched: Schedule, loops: tuple[Loop, Loop], full: set, scores: MatrixSymbol, blocks: dict, keep: bool):
+    """Each loop's key range where the spec has a mask (``_by_keys``); a plan that keeps P must have one."""
+    if sched.mask is not None:
+        for loop in loops:
+            _by_keys(loop, full, scores, blocks.get(sched.mask))
+    floop, bloop = loops
+    if keep and not (floop.keys and (bloop.keys or not sched.backward)):
+        raise SymattnError(f"spec {sched.spec.name}: the blocks of rows cannot skip the keys the mask hides")
 
 
 def _forward_cut(sched: Schedule, i: int, query: Basic, lse: MatrixSymbol, blocks: dict, local: tuple):
@@ -193,6 +224,33 @@ def _after_the_loop(
         else:
             after.append(a)
     return after
+
+
+def _by_keys(loop: Loop, full: set, scores: MatrixSymbol, mask: MatrixSymbol | None) -> None:
+    """Let the loop read only the keys its block of rows may see (the mask's key range): the values of m key rows
+    read whole (K, V) become their rows in the range, the n × m slices and the sums of m rows (dK = Σ dA_bᵀ Q_b)
+    take it too, and an n × m value collected (P kept) is placed in its whole, zero on the keys skipped. Left as
+    it is when the mask is not read in the loop, or when a value the loop collects or sums has the key dimension
+    otherwise (a column sum 𝟏ᵀ P_b)."""
+    m = scores.shape[1]
+    if mask is None or not any(b == mask or b.shape == scores.shape for b, _ in loop.slices):
+        return
+    keyed = {b for b, whole in loop.slices if b.shape == scores.shape}
+    keyed |= {b for _, b in loop.collect if b.shape == scores.shape}  # placed in the whole, zero on skipped keys
+    for a in loop.accumulate:
+        if a.target.shape[0] == m and a.target.shape[1] != m and not a.reduce_batch:
+            keyed.add(a.target)
+        elif m in a.target.shape:
+            return
+    if any(m in b.shape for _, b in loop.collect if b not in keyed):
+        return
+    read = {x for a in (*loop.body, *loop.accumulate) for x in matrix_symbols(a.value)}
+    whole = sorted((x for x in full if x in read), key=str)
+    sub = {x: MatrixSymbol(f"{x.name}_k", *x.shape) for x in whole}
+    loop.body = [Assignment(a.target, a.value.xreplace(sub), a.reduce_batch) for a in loop.body]
+    loop.accumulate = [Assignment(a.target, a.value.xreplace(sub), a.reduce_batch) for a in loop.accumulate]
+    loop.keys, loop.keyed = [(sub[x], x) for x in whole], keyed
+    loop.scores = scores if any(a.target == scores for a in loop.body) or loop.softmax else None
 
 
 def _scores(value: Basic) -> Basic:
