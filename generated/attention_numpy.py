@@ -124,11 +124,11 @@ def rows(a):
     return a.reshape(-1, a.shape[-1])
 
 
-def rows_per_block(mask, causal, n):
+def rows_per_block(mask, causal, query):
     """Query rows per block of a standard module's loop: 128 where the mask may let a block skip keys (causal,
-    or any mask: key_range finds the keys each block sees), else all n rows in one block (no mask: the whole
+    or any mask: key_range finds the keys each block sees), else all rows in one block (no mask: the whole
     computation at once, nothing to skip)."""
-    return 128 if causal or mask is not None else max(n, 1)
+    return 128 if causal or mask is not None else max(query.shape[-2], 1)
 
 
 def sum_to_mask(a, shape, heads=False):
@@ -284,7 +284,7 @@ def forward(Q, K, V, *, scale=None, attn_mask=None, key_padding_mask=None, causa
     scale = float(scale)
     O_blocks = []
     P = None  # placed block by block
-    block_size = rows_per_block(M, causal, Q.shape[-2])
+    block_size = rows_per_block(M, causal, Q)
     for start in range(0, max(Q.shape[-2], 1), block_size):  # one pass with no rows: results get their shapes
         block = slice(start, start + block_size)
         keys = key_range(M, causal, block, K.shape[-2])
@@ -332,7 +332,7 @@ def backward(saved, grad_out):
     dM = None  # placed block by block
     dK = 0  # summed over the blocks of query rows
     dV = 0  # summed over the blocks of query rows
-    block_size = rows_per_block(M, causal, Q.shape[-2])
+    block_size = rows_per_block(M, causal, Q)
     for start in range(0, max(Q.shape[-2], 1), block_size):  # one pass with no rows: results get their shapes
         block = slice(start, start + block_size)
         keys = key_range(M, causal, block, K.shape[-2])
@@ -344,6 +344,7 @@ def backward(saved, grad_out):
         D_b = D[..., block, :]
         dP_b = grad_out_b @ V_k.mT
         dA_b = np.multiply(np.subtract(dP_b, D_b, out=dP_b), P_b, out=dP_b)
+        del dP_b
         dQ_b = dA_b @ (scale * K_k)
         dM_b = dA_b
         dQ_blocks.append(dQ_b)
@@ -559,7 +560,7 @@ def _jvp(Q, K, V, Q_t, K_t, V_t, M, M_t, causal, scale):
         V_t = np.zeros_like(V)
     O_blocks = []
     dO_blocks = []
-    block_size = rows_per_block(M, causal, Q.shape[-2])
+    block_size = rows_per_block(M, causal, Q)
     for start in range(0, max(Q.shape[-2], 1), block_size):  # one pass with no rows: results get their shapes
         block = slice(start, start + block_size)
         keys = key_range(M, causal, block, K.shape[-2])
@@ -578,7 +579,9 @@ def _jvp(Q, K, V, Q_t, K_t, V_t, M, M_t, causal, scale):
         dA_b = add_optional((scale * Q_b) @ K_t_k.mT + (scale * Q_t_b) @ K_k.mT, M_t_b)
         D_b = (dA_b * P_b).sum(axis=-1, keepdims=True)
         dP_b = np.multiply(np.subtract(dA_b, D_b, out=dA_b), P_b, out=dA_b)
+        del D_b, dA_b
         dO_b = P_b @ V_t_k + dP_b @ V_k
+        del dP_b
         O_blocks.append(O_b)
         dO_blocks.append(dO_b)
     O = O_blocks[0] if len(O_blocks) == 1 else np.concatenate(O_blocks, axis=-2)

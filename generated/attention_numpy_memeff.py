@@ -326,8 +326,10 @@ def backward(saved, grad_out):
         A_b = add_optional((scale * Q_b) @ K_k.mT, M_b)
         A_b = causal_fill(A_b, block, keys) if causal else A_b
         P_b = np.exp(np.subtract(A_b, L_b, out=A_b), out=A_b)
+        del A_b
         dP_b = grad_out_b @ V_k.mT
         dA_b = np.multiply(np.subtract(dP_b, D_b, out=dP_b), P_b, out=dP_b)
+        del dP_b
         dQ_b = dA_b @ (scale * K_k)
         dQ_blocks.append(dQ_b)
         dK = add_rows(dK, keys, dA_b.mT @ (scale * Q_b), K.shape[-2])
@@ -593,7 +595,9 @@ def _jvp(Q, K, V, Q_t, K_t, V_t, M, M_t, causal, scale, block_size):
         dA_b = add_optional((scale * Q_b) @ K_t_k.mT + (scale * Q_t_b) @ K_k.mT, M_t_b)
         D_b = (dA_b * P_b).sum(axis=-1, keepdims=True)
         dP_b = np.multiply(np.subtract(dA_b, D_b, out=dA_b), P_b, out=dA_b)
+        del D_b, dA_b
         dO_b = P_b @ V_t_k + dP_b @ V_k
+        del dP_b
         O_blocks.append(O_b)
         dO_blocks.append(dO_b)
     O = O_blocks[0] if len(O_blocks) == 1 else np.concatenate(O_blocks, axis=-2)

@@ -131,11 +131,11 @@ def matmul_tn(a, b):
 def put_rows(whole, rows, keys, part, n, m):
     """An n × m value made block by block: part (..., b, k) placed at its rows and keys, zero on the other keys
     of those rows (the ones the block skipped); whole is None before the first block."""
+    if whole is None and part.shape[-2:] == (n, m) and part._base is None:  # one block, every key: part is the whole
+        return part
     if _functional(part):  # no in-place update: part padded with zero keys, the rows concatenated
         padded = torch.nn.functional.pad(part, (keys.start, m - keys.stop))
         return padded if whole is None else torch.cat([whole, padded], dim=-2)
-    if whole is None and part.shape[-2:] == (n, m) and part._base is None:  # one block, every key: part is the whole
-        return part
     if whole is None:
         whole = part.new_empty((*part.shape[:-2], n, m))
     whole[..., rows, : keys.start] = 0.0
@@ -158,11 +158,14 @@ def rows(a):
     return a.reshape(-1, a.shape[-1])
 
 
-def rows_per_block(mask, causal, n):
+def rows_per_block(mask, causal, query):
     """Query rows per block of a standard module's loop: 128 where the mask may let a block skip keys (causal,
-    or any mask: key_range finds the keys each block sees), else all n rows in one block (no mask: the whole
-    computation at once, nothing to skip)."""
-    return 128 if causal or mask is not None else max(n, 1)
+    or any mask: key_range finds the keys each block sees), else all rows in one block (no mask: the whole
+    computation at once, nothing to skip). Traced or transformed, one block too: the blocks of an n × m value
+    would be concatenated rather than written in place, and a compiled graph fuses the whole."""
+    if _functional(query) or not (causal or mask is not None):
+        return max(query.shape[-2], 1)
+    return 128
 
 
 def _tensors(named):
@@ -370,7 +373,7 @@ def _forward(Q, K, V, M, causal, scale):
     scale = float(scale)
     O_blocks = []
     P = None  # placed block by block
-    block_size = rows_per_block(M, causal, Q.shape[-2])
+    block_size = rows_per_block(M, causal, Q)
     for start in range(0, max(Q.shape[-2], 1), block_size):  # one pass with no rows: results get their shapes
         block = slice(start, start + block_size)
         keys = key_range(M, causal, block, K.shape[-2])
@@ -415,7 +418,7 @@ def _backward(saved, grad_out):
     dM = None  # placed block by block
     dK = 0  # summed over the blocks of query rows
     dV = 0  # summed over the blocks of query rows
-    block_size = rows_per_block(M, causal, Q.shape[-2])
+    block_size = rows_per_block(M, causal, Q)
     for start in range(0, max(Q.shape[-2], 1), block_size):  # one pass with no rows: results get their shapes
         block = slice(start, start + block_size)
         keys = key_range(M, causal, block, K.shape[-2])
@@ -427,6 +430,7 @@ def _backward(saved, grad_out):
         D_b = D[..., block, :]
         dP_b = grad_out_b @ V_k.mT
         dA_b = dP_b.sub_(D_b).mul_(P_b)
+        del dP_b
         dQ_b = dA_b @ (scale * K_k)
         dM_b = dA_b
         dQ_blocks.append(dQ_b)
@@ -855,7 +859,7 @@ def _jvp(Q, K, V, Q_t, K_t, V_t, M, M_t, causal, scale):
         V_t = torch.zeros_like(V)
     O_blocks = []
     dO_blocks = []
-    block_size = rows_per_block(M, causal, Q.shape[-2])
+    block_size = rows_per_block(M, causal, Q)
     for start in range(0, max(Q.shape[-2], 1), block_size):  # one pass with no rows: results get their shapes
         block = slice(start, start + block_size)
         keys = key_range(M, causal, block, K.shape[-2])

@@ -413,8 +413,10 @@ def _backward(saved, grad_out):
         A_b = add_optional((scale * Q_b) @ K_k.mT, M_b)
         A_b = causal_fill(A_b, block, keys) if causal else A_b
         P_b = A_b.sub_(L_b).exp_()
+        del A_b
         dP_b = grad_out_b @ V_k.mT
         dA_b = dP_b.sub_(D_b).mul_(P_b)
+        del dP_b
         dQ_b = dA_b @ (scale * K_k)
         dQ_blocks.append(dQ_b)
         dK = add_rows(dK, keys, matmul_tn(dA_b, scale * Q_b), K.shape[-2])

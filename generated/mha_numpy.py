@@ -177,11 +177,11 @@ def rows(a):
     return a.reshape(-1, a.shape[-1])
 
 
-def rows_per_block(mask, causal, n):
+def rows_per_block(mask, causal, query):
     """Query rows per block of a standard module's loop: 128 where the mask may let a block skip keys (causal,
-    or any mask: key_range finds the keys each block sees), else all n rows in one block (no mask: the whole
+    or any mask: key_range finds the keys each block sees), else all rows in one block (no mask: the whole
     computation at once, nothing to skip)."""
-    return 128 if causal or mask is not None else max(n, 1)
+    return 128 if causal or mask is not None else max(query.shape[-2], 1)
 
 
 def split_heads(a, heads):
@@ -415,7 +415,7 @@ def forward(
     V_h = repeat_heads(split_heads(add_optional(V @ W_V, b_V), H_kv), H)
     O_h_blocks = []
     P_h = None  # placed block by block
-    block_size = rows_per_block(M, causal, Q_h.shape[-2])
+    block_size = rows_per_block(M, causal, Q_h)
     for start in range(0, max(Q_h.shape[-2], 1), block_size):  # one pass with no rows: results get their shapes
         block = slice(start, start + block_size)
         keys = key_range(M, causal, block, K_h.shape[-2])
@@ -497,7 +497,7 @@ def backward(saved, grad_out):
     dK_h = 0  # summed over the blocks of query rows
     dW_Q = 0  # summed over the blocks of query rows
     db_Q = None if b_Q is None else 0  # summed over the blocks of query rows
-    block_size = rows_per_block(M, causal, Q_h.shape[-2])
+    block_size = rows_per_block(M, causal, Q_h)
     for start in range(0, max(Q_h.shape[-2], 1), block_size):  # one pass with no rows: results get their shapes
         block = slice(start, start + block_size)
         keys = key_range(M, causal, block, K_h.shape[-2])
@@ -510,9 +510,11 @@ def backward(saved, grad_out):
         Q_b = Q[..., block, :]
         dP_h_b = dO_h_b @ V_h_k.mT
         dA_h_b = np.multiply(np.subtract(dP_h_b, D_b, out=dP_h_b), P_h_b, out=dP_h_b)
+        del dP_h_b
         dQ_h_b = dA_h_b @ (scale * K_h_k)
         dM_b = dA_h_b
         dQW_Q_b = merge_heads(dQ_h_b, H)
+        del dQ_h_b
         dQ_b = dQW_Q_b @ W_Q.mT
         dM = None if mask_shape is None else put_rows(dM, block, keys, dM_b, Q_h.shape[-2], K_h.shape[-2])
         dQ_blocks.append(dQ_b)
@@ -521,6 +523,7 @@ def backward(saved, grad_out):
         dW_Q += rows(Q_b).mT @ rows(dQW_Q_b)
         if b_Q is not None:
             db_Q += rows(dQW_Q_b).sum(axis=0, keepdims=True)
+        del dQW_Q_b
     dQ = dQ_blocks[0] if len(dQ_blocks) == 1 else np.concatenate(dQ_blocks, axis=-2)
     dW_O = rows(C).mT @ rows(grad_out)
     db_O = None if b_O is None else rows(grad_out).sum(axis=0, keepdims=True)
@@ -1212,7 +1215,7 @@ def _jvp(
     dV_h = repeat_heads(split_heads(add_optional(V @ W_V_t + V_t @ W_V, b_V_t), H_kv), H)
     O_h_blocks = []
     dC_blocks = []
-    block_size = rows_per_block(M, causal, Q_h.shape[-2])
+    block_size = rows_per_block(M, causal, Q_h)
     for start in range(0, max(Q_h.shape[-2], 1), block_size):  # one pass with no rows: results get their shapes
         block = slice(start, start + block_size)
         keys = key_range(M, causal, block, K_h.shape[-2])
@@ -1231,8 +1234,11 @@ def _jvp(
         dA_h_b = add_optional((scale * Q_h_b) @ dK_h_k.mT + (scale * dQ_h_b) @ K_h_k.mT, M_t_b)
         D_b = (dA_h_b * P_h_b).sum(axis=-1, keepdims=True)
         dP_h_b = np.multiply(np.subtract(dA_h_b, D_b, out=dA_h_b), P_h_b, out=dA_h_b)
+        del D_b, dA_h_b
         dO_h_b = P_h_b @ dV_h_k + dP_h_b @ V_h_k
+        del dP_h_b
         dC_b = merge_heads(dO_h_b, H)
+        del dO_h_b
         O_h_blocks.append(O_h_b)
         dC_blocks.append(dC_b)
     O_h = O_h_blocks[0] if len(O_h_blocks) == 1 else np.concatenate(O_h_blocks, axis=-2)

@@ -485,10 +485,13 @@ def backward(saved, grad_out):
         A_h_b = add_optional((scale * Q_h_b) @ K_h_k.mT, M_b)
         A_h_b = causal_fill(A_h_b, block, keys) if causal else A_h_b
         P_h_b = np.exp(np.subtract(A_h_b, L_b, out=A_h_b), out=A_h_b)
+        del A_h_b
         dP_h_b = dO_h_b @ V_h_k.mT
         dA_h_b = np.multiply(np.subtract(dP_h_b, D_b, out=dP_h_b), P_h_b, out=dP_h_b)
+        del dP_h_b
         dQ_h_b = dA_h_b @ (scale * K_h_k)
         dQW_Q_b = merge_heads(dQ_h_b, H)
+        del dQ_h_b
         dQ_b = dQW_Q_b @ W_Q.mT
         dQ_blocks.append(dQ_b)
         dV_h = add_rows(dV_h, keys, P_h_b.mT @ dO_h_b, K_h.shape[-2])
@@ -496,6 +499,7 @@ def backward(saved, grad_out):
         dW_Q += rows(Q_b).mT @ rows(dQW_Q_b)
         if b_Q is not None:
             db_Q += rows(dQW_Q_b).sum(axis=0, keepdims=True)
+        del dQW_Q_b
     dQ = dQ_blocks[0] if len(dQ_blocks) == 1 else np.concatenate(dQ_blocks, axis=-2)
     dW_O = rows(C).mT @ rows(grad_out)
     db_O = None if b_O is None else rows(grad_out).sum(axis=0, keepdims=True)
@@ -1240,8 +1244,11 @@ def _jvp(
         dA_h_b = add_optional((scale * Q_h_b) @ dK_h_k.mT + (scale * dQ_h_b) @ K_h_k.mT, M_t_b)
         D_b = (dA_h_b * P_h_b).sum(axis=-1, keepdims=True)
         dP_h_b = np.multiply(np.subtract(dA_h_b, D_b, out=dA_h_b), P_h_b, out=dA_h_b)
+        del D_b, dA_h_b
         dO_h_b = P_h_b @ dV_h_k + dP_h_b @ V_h_k
+        del dP_h_b
         dC_b = merge_heads(dO_h_b, H)
+        del dO_h_b
         O_h_blocks.append(O_h_b)
         dC_blocks.append(dC_b)
     O_h = O_h_blocks[0] if len(O_h_blocks) == 1 else np.concatenate(O_h_blocks, axis=-2)

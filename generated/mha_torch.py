@@ -179,11 +179,11 @@ def merge_heads(a, heads):
 def put_rows(whole, rows, keys, part, n, m):
     """An n × m value made block by block: part (..., b, k) placed at its rows and keys, zero on the other keys
     of those rows (the ones the block skipped); whole is None before the first block."""
+    if whole is None and part.shape[-2:] == (n, m) and part._base is None:  # one block, every key: part is the whole
+        return part
     if _functional(part):  # no in-place update: part padded with zero keys, the rows concatenated
         padded = torch.nn.functional.pad(part, (keys.start, m - keys.stop))
         return padded if whole is None else torch.cat([whole, padded], dim=-2)
-    if whole is None and part.shape[-2:] == (n, m) and part._base is None:  # one block, every key: part is the whole
-        return part
     if whole is None:
         whole = part.new_empty((*part.shape[:-2], n, m))
     whole[..., rows, : keys.start] = 0.0
@@ -211,11 +211,14 @@ def rows(a):
     return a.reshape(-1, a.shape[-1])
 
 
-def rows_per_block(mask, causal, n):
+def rows_per_block(mask, causal, query):
     """Query rows per block of a standard module's loop: 128 where the mask may let a block skip keys (causal,
-    or any mask: key_range finds the keys each block sees), else all n rows in one block (no mask: the whole
-    computation at once, nothing to skip)."""
-    return 128 if causal or mask is not None else max(n, 1)
+    or any mask: key_range finds the keys each block sees), else all rows in one block (no mask: the whole
+    computation at once, nothing to skip). Traced or transformed, one block too: the blocks of an n × m value
+    would be concatenated rather than written in place, and a compiled graph fuses the whole."""
+    if _functional(query) or not (causal or mask is not None):
+        return max(query.shape[-2], 1)
+    return 128
 
 
 def split_heads(a, heads):
@@ -482,7 +485,7 @@ def _forward(Q, K, V, W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O, M, causal, num_hea
     V_h = repeat_heads(split_heads(add_optional(V @ W_V, b_V), H_kv), H)
     O_h_blocks = []
     P_h = None  # placed block by block
-    block_size = rows_per_block(M, causal, Q_h.shape[-2])
+    block_size = rows_per_block(M, causal, Q_h)
     for start in range(0, max(Q_h.shape[-2], 1), block_size):  # one pass with no rows: results get their shapes
         block = slice(start, start + block_size)
         keys = key_range(M, causal, block, K_h.shape[-2])
@@ -561,7 +564,7 @@ def _backward(saved, grad_out):
     dK_h = 0  # summed over the blocks of query rows
     dW_Q = 0  # summed over the blocks of query rows
     db_Q = None if b_Q is None else 0  # summed over the blocks of query rows
-    block_size = rows_per_block(M, causal, Q_h.shape[-2])
+    block_size = rows_per_block(M, causal, Q_h)
     for start in range(0, max(Q_h.shape[-2], 1), block_size):  # one pass with no rows: results get their shapes
         block = slice(start, start + block_size)
         keys = key_range(M, causal, block, K_h.shape[-2])
@@ -574,9 +577,11 @@ def _backward(saved, grad_out):
         Q_b = Q[..., block, :]
         dP_h_b = dO_h_b @ V_h_k.mT
         dA_h_b = dP_h_b.sub_(D_b).mul_(P_h_b)
+        del dP_h_b
         dQ_h_b = dA_h_b @ (scale * K_h_k)
         dM_b = dA_h_b
         dQW_Q_b = merge_heads(dQ_h_b, H)
+        del dQ_h_b
         dQ_b = dQW_Q_b @ W_Q.mT
         dM = None if mask_shape is None else put_rows(dM, block, keys, dM_b, Q_h.shape[-2], K_h.shape[-2])
         dQ_blocks.append(dQ_b)
@@ -585,6 +590,7 @@ def _backward(saved, grad_out):
         dW_Q += rows(Q_b).mT @ rows(dQW_Q_b)
         if b_Q is not None:
             db_Q += rows(dQW_Q_b).sum(dim=0, keepdim=True)
+        del dQW_Q_b
     dQ = dQ_blocks[0] if len(dQ_blocks) == 1 else torch.cat(dQ_blocks, dim=-2)
     dW_O = rows(C).mT @ rows(grad_out)
     db_O = None if b_O is None else rows(grad_out).sum(dim=0, keepdim=True)
@@ -1819,7 +1825,7 @@ def _jvp(
     dV_h = repeat_heads(split_heads(add_optional(V @ W_V_t + V_t @ W_V, b_V_t), H_kv), H)
     O_h_blocks = []
     dC_blocks = []
-    block_size = rows_per_block(M, causal, Q_h.shape[-2])
+    block_size = rows_per_block(M, causal, Q_h)
     for start in range(0, max(Q_h.shape[-2], 1), block_size):  # one pass with no rows: results get their shapes
         block = slice(start, start + block_size)
         keys = key_range(M, causal, block, K_h.shape[-2])

@@ -552,10 +552,13 @@ def _backward(saved, grad_out):
         A_h_b = add_optional((scale * Q_h_b) @ K_h_k.mT, M_b)
         A_h_b = causal_fill(A_h_b, block, keys) if causal else A_h_b
         P_h_b = A_h_b.sub_(L_b).exp_()
+        del A_h_b
         dP_h_b = dO_h_b @ V_h_k.mT
         dA_h_b = dP_h_b.sub_(D_b).mul_(P_h_b)
+        del dP_h_b
         dQ_h_b = dA_h_b @ (scale * K_h_k)
         dQW_Q_b = merge_heads(dQ_h_b, H)
+        del dQ_h_b
         dQ_b = dQW_Q_b @ W_Q.mT
         dQ_blocks.append(dQ_b)
         dV_h = add_rows(dV_h, keys, matmul_tn(P_h_b, dO_h_b), K_h.shape[-2])
@@ -563,6 +566,7 @@ def _backward(saved, grad_out):
         dW_Q += rows(Q_b).mT @ rows(dQW_Q_b)
         if b_Q is not None:
             db_Q += rows(dQW_Q_b).sum(dim=0, keepdim=True)
+        del dQW_Q_b
     dQ = dQ_blocks[0] if len(dQ_blocks) == 1 else torch.cat(dQ_blocks, dim=-2)
     dW_O = rows(C).mT @ rows(grad_out)
     db_O = None if b_O is None else rows(grad_out).sum(dim=0, keepdim=True)

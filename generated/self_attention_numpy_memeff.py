@@ -219,12 +219,16 @@ def backward(saved, grad_out):
         D_b = D[..., block, :]
         A_b = (scale * Q_b) @ K.mT
         P_b = np.exp(np.subtract(A_b, L_b, out=A_b), out=A_b)
+        del A_b
         dP_b = grad_out_b @ V.mT
         dA_b = np.multiply(np.subtract(dP_b, D_b, out=dP_b), P_b, out=dP_b)
+        del dP_b
         dQ_b = dA_b @ (scale * K)
         dQ_blocks.append(dQ_b)
         dV += P_b.mT @ grad_out_b
+        del P_b
         dK += dA_b.mT @ (scale * Q_b)
+        del dA_b
     dQ = dQ_blocks[0] if len(dQ_blocks) == 1 else np.concatenate(dQ_blocks, axis=-2)
     dQKV = np.concatenate([dQ, dK, dV], axis=-1)
     dX = dQKV @ W_QKV.mT
@@ -530,7 +534,9 @@ def _jvp(X, W_Q, W_K, W_V, X_t, W_Q_t, W_K_t, W_V_t, block_size):
         dA_b = (scale * Q_b) @ dK.mT + (scale * dQ_b) @ K.mT
         D_b = (dA_b * P_b).sum(axis=-1, keepdims=True)
         dP_b = np.multiply(np.subtract(dA_b, D_b, out=dA_b), P_b, out=dA_b)
+        del D_b, dA_b
         dO_b = P_b @ dV + dP_b @ V
+        del dP_b
         O_blocks.append(O_b)
         dO_blocks.append(dO_b)
     O = O_blocks[0] if len(O_blocks) == 1 else np.concatenate(O_blocks, axis=-2)

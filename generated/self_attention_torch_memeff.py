@@ -290,12 +290,16 @@ def _backward(saved, grad_out):
         D_b = D[..., block, :]
         A_b = (scale * Q_b) @ K.mT
         P_b = A_b.sub_(L_b).exp_()
+        del A_b
         dP_b = grad_out_b @ V.mT
         dA_b = dP_b.sub_(D_b).mul_(P_b)
+        del dP_b
         dQ_b = dA_b @ (scale * K)
         dQ_blocks.append(dQ_b)
         dV += matmul_tn(P_b, grad_out_b)
+        del P_b
         dK += matmul_tn(dA_b, scale * Q_b)
+        del dA_b
     dQ = dQ_blocks[0] if len(dQ_blocks) == 1 else torch.cat(dQ_blocks, dim=-2)
     dQKV = torch.cat([dQ, dK, dV], dim=-1)
     dX = dQKV @ W_QKV.mT

@@ -229,11 +229,11 @@ def merge_heads(a, heads):
 def put_rows(whole, rows, keys, part, n, m):
     """An n × m value made block by block: part (..., b, k) placed at its rows and keys, zero on the other keys
     of those rows (the ones the block skipped); whole is None before the first block."""
+    if whole is None and part.shape[-2:] == (n, m) and part._base is None:  # one block, every key: part is the whole
+        return part
     if _functional(part):  # no in-place update: part padded with zero keys, the rows concatenated
         padded = torch.nn.functional.pad(part, (keys.start, m - keys.stop))
         return padded if whole is None else torch.cat([whole, padded], dim=-2)
-    if whole is None and part.shape[-2:] == (n, m) and part._base is None:  # one block, every key: part is the whole
-        return part
     if whole is None:
         whole = part.new_empty((*part.shape[:-2], n, m))
     whole[..., rows, : keys.start] = 0.0
@@ -262,11 +262,14 @@ def rows(a):
     return a.reshape(-1, a.shape[-1])
 
 
-def rows_per_block(mask, causal, n):
+def rows_per_block(mask, causal, query):
     """Query rows per block of a standard module's loop: 128 where the mask may let a block skip keys (causal,
-    or any mask: key_range finds the keys each block sees), else all n rows in one block (no mask: the whole
-    computation at once, nothing to skip)."""
-    return 128 if causal or mask is not None else max(n, 1)
+    or any mask: key_range finds the keys each block sees), else all rows in one block (no mask: the whole
+    computation at once, nothing to skip). Traced or transformed, one block too: the blocks of an n × m value
+    would be concatenated rather than written in place, and a compiled graph fuses the whole."""
+    if _functional(query) or not (causal or mask is not None):
+        return max(query.shape[-2], 1)
+    return 128
 
 
 def split_heads(a, heads):
@@ -563,7 +566,7 @@ def _forward(
     V_h = split_heads(add_optional(X_1 @ W_V, b_V), H)
     O_h_blocks = []
     P_h = None  # placed block by block
-    block_size = rows_per_block(M, causal, Q_h.shape[-2])
+    block_size = rows_per_block(M, causal, Q_h)
     for start in range(0, max(Q_h.shape[-2], 1), block_size):  # one pass with no rows: results get their shapes
         block = slice(start, start + block_size)
         keys = key_range(M, causal, block, K_h.shape[-2])
@@ -678,7 +681,7 @@ def _backward(saved, grad_out):
     dK_h = 0  # summed over the blocks of query rows
     dW_Q = 0  # summed over the blocks of query rows
     db_Q = None if b_Q is None else 0  # summed over the blocks of query rows
-    block_size = rows_per_block(M, causal, Q_h.shape[-2])
+    block_size = rows_per_block(M, causal, Q_h)
     for start in range(0, max(Q_h.shape[-2], 1), block_size):  # one pass with no rows: results get their shapes
         block = slice(start, start + block_size)
         keys = key_range(M, causal, block, K_h.shape[-2])
@@ -691,9 +694,11 @@ def _backward(saved, grad_out):
         X_1_b = X_1[..., block, :]
         dP_h_b = dO_h_b @ V_h_k.mT
         dA_h_b = dP_h_b.sub_(D3_b).mul_(P_h_b)
+        del dP_h_b
         dQ_h_b = dA_h_b @ (scale * K_h_k)
         dM_b = dA_h_b
         dX_1W_Q_b = merge_heads(dQ_h_b, H)
+        del dQ_h_b
         dM = None if mask_shape is None else put_rows(dM, block, keys, dM_b, Q_h.shape[-2], K_h.shape[-2])
         dX_1W_Q_blocks.append(dX_1W_Q_b)
         dV_h = add_rows(dV_h, keys, matmul_tn(P_h_b, dO_h_b), K_h.shape[-2])
@@ -2406,7 +2411,7 @@ def _jvp(
     dV_h = split_heads(add_optional(X_1 @ W_V_t + dX_1 @ W_V, b_V_t), H)
     O_h_blocks = []
     dC_blocks = []
-    block_size = rows_per_block(M, causal, Q_h.shape[-2])
+    block_size = rows_per_block(M, causal, Q_h)
     for start in range(0, max(Q_h.shape[-2], 1), block_size):  # one pass with no rows: results get their shapes
         block = slice(start, start + block_size)
         keys = key_range(M, causal, block, K_h.shape[-2])

@@ -15,13 +15,6 @@ def add_optional(a, b):
     return a if b is None else a + b
 
 
-def rows_per_block(mask, causal, n):
-    """Query rows per block of a standard module's loop: 128 where the mask may let a block skip keys (causal,
-    or any mask: key_range finds the keys each block sees), else all n rows in one block (no mask: the whole
-    computation at once, nothing to skip)."""
-    return 128 if causal or mask is not None else max(n, 1)
-
-
 def _check_shape(name, a, dims):
     """a's last two axes against the dimensions read off the inputs."""
     if tuple(a.shape[-2:]) != dims:

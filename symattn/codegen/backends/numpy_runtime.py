@@ -234,3 +234,10 @@ def put_rows(whole, rows, keys, part, n, m):
     whole[..., rows, keys] = part
     whole[..., rows, keys.stop :] = 0.0
     return whole
+
+
+def rows_per_block(mask, causal, query):
+    """Query rows per block of a standard module's loop: 128 where the mask may let a block skip keys (causal,
+    or any mask: key_range finds the keys each block sees), else all rows in one block (no mask: the whole
+    computation at once, nothing to skip)."""
+    return 128 if causal or mask is not None else max(query.shape[-2], 1)

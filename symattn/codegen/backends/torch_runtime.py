@@ -311,14 +311,24 @@ def add_rows(total, keys, part, m):
 def put_rows(whole, rows, keys, part, n, m):
     """An n × m value made block by block: part (..., b, k) placed at its rows and keys, zero on the other keys
     of those rows (the ones the block skipped); whole is None before the first block."""
+    if whole is None and part.shape[-2:] == (n, m) and part._base is None:  # one block, every key: part is the whole
+        return part
     if _functional(part):  # no in-place update: part padded with zero keys, the rows concatenated
         padded = torch.nn.functional.pad(part, (keys.start, m - keys.stop))
         return padded if whole is None else torch.cat([whole, padded], dim=-2)
-    if whole is None and part.shape[-2:] == (n, m) and part._base is None:  # one block, every key: part is the whole
-        return part
     if whole is None:
         whole = part.new_empty((*part.shape[:-2], n, m))
     whole[..., rows, : keys.start] = 0.0
     whole[..., rows, keys] = part
     whole[..., rows, keys.stop :] = 0.0
     return whole
+
+
+def rows_per_block(mask, causal, query):
+    """Query rows per block of a standard module's loop: 128 where the mask may let a block skip keys (causal,
+    or any mask: key_range finds the keys each block sees), else all rows in one block (no mask: the whole
+    computation at once, nothing to skip). Traced or transformed, one block too: the blocks of an n × m value
+    would be concatenated rather than written in place, and a compiled graph fuses the whole."""
+    if _functional(query) or not (causal or mask is not None):
+        return max(query.shape[-2], 1)
+    return 128

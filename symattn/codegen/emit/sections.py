@@ -47,6 +47,11 @@ class Statement:
         """del <frees>, laid out for the function body."""
         return layout.deleted(self.frees, 4)
 
+    @property
+    def loop_deletion(self) -> str:
+        """del <frees>, laid out for a loop's body."""
+        return layout.deleted(self.frees, 8)
+
 
 def _dying(assignments: list[Assignment], protected: set) -> list[frozenset]:
     """For each assignment, the arrays it may overwrite: made earlier in this scope as fresh arrays
@@ -172,7 +177,9 @@ class Sections:
         kept |= {str(a.value.name) for a in lp.body if a.target in collected and isinstance(a.value, sp.MatrixSymbol)}
         everything = [*lp.body, *lp.accumulate]
         dying = [self.fits(a, d) for a, d in zip(everything, _dying(everything, kept))]
-        body = [self.statement(a, d) for a, d in zip(lp.body, dying)]
+        # a block's value read for the last time is deleted there (its memory reused by the next one)
+        frees = _freed(everything, kept) if self.printer.inplace else [()] * len(everything)
+        body = [self.statement(a, d, f) for a, d, f in zip(lp.body, dying, frees)]
         if lp.softmax is not None:  # P_b, L_b = row_softmax_lse(A_b), right after A_b (P_b alone: L not kept)
             p_b, l_b, a_b = lp.softmax
             kept = any(b == l_b for _, b in lp.collect)
@@ -190,7 +197,9 @@ class Sections:
             scores = str(lp.scores.name)
             fill = f"{self.printer.helper('causal_fill')}({scores}, block, keys) if causal else {scores}"
             body.insert(1, Statement(scores, fill))
-        accumulate = [self.statement(a, d) for a, d in zip(lp.accumulate, dying[len(lp.body) :])]
+        accumulate = [
+            self.statement(a, d, f) for a, d, f in zip(lp.accumulate, dying[len(lp.body) :], frees[len(lp.body) :])
+        ]
         return {
             "loop": True,
             "rows": f"{lp.rows_of}.shape[-2]",
@@ -231,7 +240,7 @@ class Sections:
         """block_size = <this>, the rows per block, before the loop ("": the option block_size)."""
         if not self.chosen_rows:
             return ""
-        return f"{self.printer.helper('rows_per_block')}({self.mask}, causal, {lp.rows_of}.shape[-2])"
+        return f"{self.printer.helper('rows_per_block')}({self.mask}, causal, {lp.rows_of})"
 
     def _key_count(self, lp) -> str:
         return f"{lp.keys[0][1].name}.shape[-2]"
