@@ -221,7 +221,7 @@ def _forward(doc: Document, tags: bool) -> str:
 def latex_fragment(spec: Spec, chains: Sequence[Chain]) -> str:
     """LaTeX body: forward pass, notation and one align* block per target (needs amsmath)."""
     doc = Document(spec, latex=True, breaks=True)
-    title = rf"\section*{{Gradients of \texttt{{{_escape(spec.name)}}}}}"
+    title = rf"\section*{{Gradients of \texttt{{{escape_latex(spec.name)}}}}}"
     out = [title, "Forward pass:", r"\begin{align*}", _forward(doc, tags=True), r"\end{align*}", doc.notation(), ""]
     for c in chains:
         for target, steps, targets in sections(c):
@@ -317,7 +317,7 @@ def text(spec: Spec, chains: Sequence[Chain], marks: Mapping[str, Sequence[str]]
     return "\n".join(out) + "\n"
 
 
-def _escape(words: str) -> str:
+def escape_latex(words: str) -> str:
     """An identifier for LaTeX text mode."""
     return words.replace("_", r"\_")
 

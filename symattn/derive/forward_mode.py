@@ -21,7 +21,7 @@ import sympy as sp
 from sympy import Basic, MatrixExpr, MatrixSymbol
 
 from symattn.autodiff.differentials import differential, differential_of
-from symattn.derive.document import PAGE, Document, _escape
+from symattn.derive.document import PAGE, Document, escape_latex
 from symattn.derive.steps import node_reasons
 from symattn.errors import SymattnError
 from symattn.lang.graph import matrix_symbols
@@ -116,7 +116,7 @@ class ForwardDerivation:
         forward = " \\\\\n".join(rf"{doc.p.doprint(s)} &= {doc.p.doprint(v)}" for s, v in doc.short.definitions)
         notation = LATEX_NOTATION.format(out=doc.p.name(doc.output))
         body = [
-            rf"\section*{{Forward mode of \texttt{{{_escape(self.spec.name)}}}}}",
+            rf"\section*{{Forward mode of \texttt{{{escape_latex(self.spec.name)}}}}}",
             "Forward pass:",
             r"\begin{align*}",
             forward,

@@ -21,7 +21,7 @@ from sympy import MatrixSymbol
 from symattn.autodiff.differentials import differential
 from symattn.errors import SymattnError
 from symattn.lang.names import fresh_name
-from symattn.specs.second_order import _nested
+from symattn.specs.second_order import nested
 from symattn.specs.spec import Spec
 
 __all__ = ["ForwardMode", "forward_mode_spec"]
@@ -46,7 +46,7 @@ def forward_mode_spec(s: Spec) -> ForwardMode:
         name = fresh_name(TANGENT.format(x.name), taken, bare=True, first=2)
         taken.add(name)
         tangents[x] = MatrixSymbol(name, *x.shape) if isinstance(x, MatrixSymbol) else sp.Symbol(name, real=True)
-    _, output = _nested(s)  # the output as one DAG, each intermediate a node
+    _, output = nested(s)  # the output as one DAG, each intermediate a node
     jvp = differential(output, tangents)
     if jvp is None:
         raise SymattnError(f"spec {s.name!r}: the output depends on none of its inputs")

@@ -64,7 +64,7 @@ def inner(v: Basic, g: Basic) -> sp.MatrixExpr:
     return product(OneMatrix(1, rows), hadamard(v, g), OneMatrix(cols, 1))  # SymPy's * would re-walk g deep
 
 
-def _nested(s: Spec) -> tuple[list[tuple[str, Basic]], Basic]:
+def nested(s: Spec) -> tuple[list[tuple[str, Basic]], Basic]:
     """The intermediates and the output with every earlier intermediate kept as one node.
 
     SymPy's sums flatten Y₂ = Y₁ + P₂ Y₁ W into X + P₁ X W₁ + P₂ (…) W: the node Y₁ is then
@@ -125,7 +125,7 @@ def second_order_spec(s: Spec, wrt: Sequence[str] | None = None) -> SecondOrder:
     taken = set(names) | {str(c.name) for c in s.constants} | {label for label, _ in s.intermediates}
     cotangent = MatrixSymbol(fresh_name(COTANGENT, taken, bare=True, first=2), *s.output.shape)
     taken.add(str(cotangent.name))
-    intermediates, output = _nested(s)
+    intermediates, output = nested(s)
     tape = backward(output, s.inputs, cotangent)
     labels = set(taken)
     # the first sweep's cotangents, named as the first schedule names them, in the order the sweep computes

@@ -4,14 +4,12 @@ DistributedDataParallel on two local processes (gloo), each against the eager si
 from __future__ import annotations
 
 import shutil
-import subprocess
-import sys
-import textwrap
 
 import pytest
 
 torch = pytest.importorskip("torch")
 
+from gloo_step import run_step  # noqa: E402
 from symattn.generated import mha_torch, transformer_block_torch  # noqa: E402
 
 E, H, L, N = 16, 4, 6, 4
@@ -169,95 +167,32 @@ def test_leading_batch_dimensions_stand_in_for_vmap():
     assert (own(x, x, x) - stacked).abs().max() < 1e-13
 
 
-DDP_SCRIPT = textwrap.dedent(
-    """
-    import os
-    import sys
-    import traceback
-
-    import torch
-    import torch.distributed as dist
-    import torch.multiprocessing as mp
-    from torch.nn.parallel import DistributedDataParallel
-
-    from symattn.generated import mha_torch
-
-    E, H, L, N, WORLD = 16, 4, 6, 4, 2
+# DDP's step of the script gloo_step.py runs (its models, data, loss, exit and single-process reference)
+DDP_STEP = """
+from torch.nn.parallel import DistributedDataParallel
 
 
-    def model(kind):
-        torch.manual_seed(0)
-        if kind == "own":
-            return mha_torch.MultiHeadAttention(E, num_heads=H, bias=True, dtype=torch.float64)
-        return mha_torch.MultiheadAttention(E, H, batch_first=True, dtype=torch.float64)
-
-
-    def data():
-        torch.manual_seed(1)
-        return torch.randn(N, L, E, dtype=torch.float64), torch.randn(N, L, E, dtype=torch.float64)
-
-
-    def loss(module, x, target):
-        out = module(x, x, x)
-        out = out[0] if isinstance(out, tuple) else out
-        return ((out - target) ** 2).mean()
-
-
-    def step(rank, kind, init, out, keep):
-        dist.init_process_group("gloo", init_method=init, rank=rank, world_size=WORLD)
-        keep.append(dist.group.WORLD)
-        try:
-            torch.set_num_threads(1)
-            ddp = DistributedDataParallel(model(kind))
-            keep.append(ddp)
-            x, target = data()
-            shard = slice(rank * N // WORLD, (rank + 1) * N // WORLD)
-            loss(ddp, x[shard], target[shard]).backward()  # DDP averages the gradients over the ranks
-            torch.save({name: p.grad for name, p in ddp.module.named_parameters()}, f"{out}.{rank}")
-        finally:
-            dist.destroy_process_group()
-
-
-    def worker(rank, kind, init, out):
-        # torch 2.13: a gloo collective launched in backward holds a Python object that a gloo thread frees (it
-        # needs the GIL) while ProcessGroupGloo's destructor, GIL held, joins that thread: a rare deadlock at
-        # exit. The group and the model stay referenced (keep) and the rank leaves by os._exit instead.
-        keep, code = [], 1
-        try:
-            step(rank, kind, init, out, keep)
-            code = 0
-        except BaseException:
-            traceback.print_exc()
-        finally:
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(code)
-
-
-    if __name__ == "__main__":
-        kind, init, out = sys.argv[1:]
-        mp.spawn(worker, args=(kind, init, out), nprocs=WORLD, join=True)
-        single = model(kind)
+def step(rank, kind, init, out):
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=WORLD)
+    KEEP_ALIVE.append(dist.group.WORLD)
+    try:
+        torch.set_num_threads(1)
+        ddp = DistributedDataParallel(model(kind))
+        KEEP_ALIVE.append(ddp)
         x, target = data()
-        loss(single, x, target).backward()
-        torch.save({name: p.grad for name, p in single.named_parameters()}, f"{out}.single")
-    """
-)
+        shard = slice(rank * N // WORLD, (rank + 1) * N // WORLD)
+        loss(ddp, x[shard], target[shard]).backward()  # DDP averages the gradients over the ranks
+        torch.save({name: p.grad for name, p in ddp.module.named_parameters()}, f"{out}.{rank}")
+    finally:
+        dist.destroy_process_group()
+
+"""
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["own", "dropin"])
 def test_distributed_data_parallel_gloo_matches_single_process(tmp_path, kind):
-    if not torch.distributed.is_available() or not torch.distributed.is_gloo_available():
-        pytest.skip("torch.distributed with the gloo backend is not available in this torch build")
-    script = tmp_path / "ddp_step.py"
-    script.write_text(DDP_SCRIPT, encoding="utf-8")
-    out = tmp_path / "grads"
-    init = f"file://{tmp_path / 'rendezvous'}"
-    run = subprocess.run(
-        [sys.executable, str(script), kind, init, str(out)], capture_output=True, text=True, timeout=300
-    )
-    assert run.returncode == 0, run.stderr[-3000:]
+    out = run_step(tmp_path, "ddp_step", DDP_STEP, kind, timeout=300)
     single = torch.load(f"{out}.single")
     for rank in (0, 1):
         grads = torch.load(f"{out}.{rank}")

@@ -130,7 +130,7 @@ def schedule_lengths(layers: int) -> tuple[int, int]:
 
 def test_each_layer_adds_the_same_number_of_generated_lines():
     """SymPy's sums flatten Y₂ = Y₁ + P₂ Y₁ W into the terms of Y₁ and more; the schedules find Y₁ among
-    them (Names.substitute) and f₂ keeps it one node (specs.second_order._nested), so neither closed form
+    them (Names.substitute) and f₂ keeps it one node (specs.second_order.nested), so neither closed form
     gives a layer's cotangent every later layer's terms: the lines per layer do not grow with depth."""
     (f1_2, f2_2), (f1_3, f2_3), (f1_4, f2_4) = (schedule_lengths(k) for k in (2, 3, 4))
     assert f1_4 - f1_3 == f1_3 - f1_2  # measured 7 per layer

@@ -33,6 +33,12 @@ class Backend:
     missing_variant: str = ""  # why a variant is not made (shown when one is asked for)
 
     @property
+    def loops(self) -> bool:
+        """Has it the runtime of loops over blocks of query rows (key_range, causal_fill, put_rows, add_rows): the
+        backends with a memory-efficient variant, whose standard modules with a mask go through blocks too."""
+        return "memeff" in self.variants
+
+    @property
     def template(self) -> str:
         """The Jinja template of its modules."""
         return f"{self.name}_module.py.j2"

@@ -341,7 +341,7 @@ def _mask_calls(sched: Schedule, backend: Backend, blocked: bool, heads_axis: bo
     s, mask = sched.spec, str(sched.mask.name)
     query, key = str(s.inputs[0].name), next(str(x.name) for x in s.inputs if x.shape[0] == sched.mask.shape[1])
     arguments = ["attn_mask", "key_padding_mask", "causal", query, key, *["per_head=True"] * heads_axis]
-    blocks = "memeff" in backend.variants
+    blocks = backend.loops
     return {
         "mask_call": layout.wrapped(f"{mask} = _additive_mask", arguments + ["by_blocks=True"] * blocks, "", 4, "()"),
         "causal_call": f"{mask} = with_causal({mask}, causal, {query}, {key})" if blocks and not blocked else "",
@@ -374,7 +374,7 @@ def build_context(
         sched = dataclasses.replace(sched, backward=backward, constant_gradients=())
     mask = None if sched.mask is None else str(sched.mask.name)
     printer.optional, printer.mask = sched.optional | {f"{name}_b" for name in sched.optional}, mask
-    sections = _sections(sched, printer, mask, variant, "memeff" in backend.variants)
+    sections = _sections(sched, printer, mask, variant, backend.loops)
     options = sections["options"]
     class_name = class_name or "".join(p.title() for p in s.name.split("_"))
     checks = _checks(sched, printer, backend, options)
