@@ -19,7 +19,8 @@ relative error printed; the exit status is 1 when one is over the dtype's tolera
 
 ``--gallery`` adds a second table: every spec of examples/specs/ (benchmarks/gallery.py's inputs, forwards
 and ``bench``, one sequence, float32, n = 1024 and 4096) with its generated NumPy and torch modules and eager
-autograd as a ratio to ``torch.compile`` of its own forward. No causal rows: the gallery specs take no mask.
+autograd as a ratio to ``torch.compile`` of its own forward; each spec with a softmax also with the causal mask
+(``sa.with_mask``, the modules called with ``causal=True``).
 
     python benchmarks/attention_grid.py [--dtype float32|float64|both] [--only 1x8x1024] [--repeats 5]
                                         [--gallery] [--quick] [--write]
@@ -57,7 +58,12 @@ from symattn.generated import (  # noqa: E402
     attention_torch_memeff,
 )
 
+from symattn.errors import SymattnError  # noqa: E402
+from symattn.specs.files import load_spec_file  # noqa: E402
+from symattn.specs.masking import with_mask  # noqa: E402
+
 HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 import implementations as impl  # noqa: E402  (benchmarks/: the runners and how they measure memory)
 
@@ -246,8 +252,8 @@ def memory_lines(rows: list[dict], names) -> list[str]:
 
 
 GALLERY_HEADER = [
-    "| spec | n | compile (ms) | numpy | torch | autograd | largest error |",
-    "|---|---:|---:|---:|---:|---:|---:|",
+    "| spec | n | causal | compile (ms) | numpy | torch | autograd | largest error |",
+    "|---|---:|---|---:|---:|---:|---:|---:|",
 ]
 
 
@@ -255,16 +261,35 @@ def gallery_line(row: dict) -> str:
     """One gallery spec at one n: torch.compile's ms, the others' time as a ratio to it."""
     ratios = " | ".join(f"{row[k] / row['compile']:.2f}" for k in ("numpy", "torch"))
     compiled_ms = row["autograd_ms"] * row["compile"]
+    causal = "yes" if row["causal"] else "no"
     return (
-        f"| {row['spec']} | {row['n']} | {compiled_ms:.1f} | {ratios} | {1 / row['compile']:.2f} | {row['error']:.1e} |"
+        f"| {row['spec']} | {row['n']} | {causal} | {compiled_ms:.1f} | {ratios} | {1 / row['compile']:.2f} "
+        f"| {row['error']:.1e} |"
     )
 
 
-def gallery_cases(args: argparse.Namespace) -> list[tuple[str, int, int]]:
-    """(spec, n, d) for every gallery spec at every size whose name (e.g. 'sigmoid_attention n=1024') --only takes."""
+def gallery_cases(args: argparse.Namespace) -> list[tuple[str, int, int, bool]]:
+    """(spec, n, d, causal) for every gallery spec at every size, causal too where the spec has a softmax
+    (``sa.with_mask``), whose name (e.g. 'sigmoid_attention n=1024', 'softcap_attention n=4096 causal') --only
+    takes."""
     sizes = QUICK_GALLERY_SIZES if args.quick else GALLERY_SIZES
-    every = [(name, n, d) for n, d in sizes for name in sorted(GALLERY["TESTS"]["REFERENCES"])]
-    return [(name, n, d) for name, n, d in every if (args.only or "") in f"{name} n={n}"]
+    names = sorted(GALLERY["TESTS"]["REFERENCES"])
+    maskable = {name: _maskable(name) for name in names}
+    every = [(name, n, d, c) for n, d in sizes for name in names for c in (False, True) if maskable[name] or not c]
+    return [case for case in every if (args.only or "") in _gallery_name(*case)]
+
+
+def _gallery_name(name: str, n: int, d: int, causal: bool) -> str:
+    return f"{name} n={n}" + " causal" * causal
+
+
+def _maskable(name: str) -> bool:
+    """Does the gallery spec have a softmax for with_mask to add the mask to?"""
+    try:
+        with_mask(load_spec_file(ROOT / "examples" / "specs" / f"{name}.py"))
+    except SymattnError:
+        return False
+    return True
 
 
 def markdown(rows: list[dict], gallery_rows: list[dict], names, about: dict, args, seconds: float) -> str:
@@ -305,8 +330,9 @@ def markdown(rows: list[dict], gallery_rows: list[dict], names, about: dict, arg
             "Every spec of examples/specs/ (benchmarks/gallery.py's inputs and forwards: one sequence, float32,",
             f"d = d_model = d_k = d_v = {gallery_rows[0]['d']}): the generated NumPy and torch modules and eager "
             "torch autograd, as a",
-            "ratio to `torch.compile(fullgraph=True)` of the same forward. No causal rows: the gallery specs",
-            "take no mask. Largest error: every output and gradient against float64 autograd.",
+            "ratio to `torch.compile(fullgraph=True)` of the same forward. Causal rows: the spec with a mask",
+            "(`sa.with_mask`), the modules called with `causal=True`, the forward with the causal mask added to its",
+            "softmaxes' scores. Largest error: every output and gradient against float64 autograd.",
             "",
             *GALLERY_HEADER,
             *(gallery_line(row) for row in gallery_rows),
@@ -351,10 +377,11 @@ def main(argv: list[str] | None = None) -> int:
     if gallery:
         print("\nGallery, float32, one sequence: time as a ratio to torch.compile of the same forward", flush=True)
         print("\n".join(GALLERY_HEADER), flush=True)
-    for name, n, d in gallery:
-        gallery_rows.append({"n": n, "d": d, **GALLERY["bench"](name, n, d, args.repeats, compiled=True)})
+    for name, n, d, causal in gallery:
+        timed = GALLERY["bench"](name, n, d, args.repeats, compiled=True, causal=causal)
+        gallery_rows.append({"n": n, "d": d, "causal": causal, **timed})
         print(gallery_line(gallery_rows[-1]), flush=True)
-        failed += [] if gallery_rows[-1]["error"] <= GALLERY_TOLERANCE else [f"{name} n={n}"]
+        failed += [] if gallery_rows[-1]["error"] <= GALLERY_TOLERANCE else [_gallery_name(name, n, d, causal)]
     seconds = time.perf_counter() - start
     worst = max([row["max_rel_error"] for row in rows] + [row["error"] for row in gallery_rows])
     verdict = f"over tolerance: {', '.join(failed)}" if failed else "every implementation within tolerance"

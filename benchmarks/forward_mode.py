@@ -12,19 +12,39 @@ largest difference from the eager torch tangent. ``--memory`` prints instead the
 NumPy JVP of attention (standard and memory-efficient; inputs and tangents excluded, tracemalloc, which NumPy
 reports its buffers to), output and tangent included.
 
-    OMP_NUM_THREADS=1 python benchmarks/forward_mode.py [--n 1024] [--batch 1] [--dtype float32] [--memory]
+    python benchmarks/forward_mode.py [--n 1024] [--batch 1] [--dtype float32] [--memory]
+
+One thread throughout: it sets OMP_NUM_THREADS (and friends) and XLA_FLAGS itself before NumPy, torch and JAX
+load, and keeps the process on one core (on Linux): a jit otherwise runs on every core, flags or not.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
-import tracemalloc
 
-import numpy as np
-import torch
-from second_order import median_time  # (benchmarks/, this script's folder)
-from symattn.generated import attention_numpy, attention_numpy_memeff, attention_torch, mha_numpy, mha_torch
+for _variable in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+    os.environ[_variable] = "1"  # before NumPy, torch and JAX start their thread pools
+# JAX too: XLA's CPU runtime otherwise splits a jit's work across every core (its fusions' partitions); jax
+# 0.10 runs some of them on a second core even with these flags, so the process is also kept to one core
+os.environ["XLA_FLAGS"] = " ".join(
+    (os.environ.get("XLA_FLAGS", ""), "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1")
+).strip()
+if hasattr(os, "sched_setaffinity"):  # (Linux) every thread of the process on one core: one thread's time
+    os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+
+import argparse  # noqa: E402
+import tracemalloc  # noqa: E402
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from second_order import median_time  # noqa: E402  (benchmarks/, this script's folder)
+from symattn.generated import (  # noqa: E402
+    attention_numpy,
+    attention_numpy_memeff,
+    attention_torch,
+    mha_numpy,
+    mha_torch,
+)
 
 
 def _attention(Q, K, V, mask):
@@ -120,8 +140,6 @@ def main() -> None:
         memory(args)
         return
     torch.set_num_threads(1)
-    if os.environ.get("OMP_NUM_THREADS") != "1":
-        print("note: run with OMP_NUM_THREADS=1 (and friends) for one-thread NumPy and JAX figures")
     print(f"batch {args.batch}, heads {args.heads}, n {args.n}, d_k {args.d}, {args.dtype}, one thread")
     for case in _cases(args):
         _report(case, args)

@@ -12,7 +12,7 @@ each), and writes the table to benchmarks/GALLERY.md (not with --only, which tim
 from __future__ import annotations
 
 import argparse
-import runpy
+import sys
 import time
 import types
 from pathlib import Path
@@ -22,9 +22,15 @@ import torch
 
 from symattn.codegen.generate import render
 from symattn.specs.files import load_spec_file
+from symattn.specs.masking import with_mask
 
 ROOT = Path(__file__).resolve().parents[1]
-TESTS = runpy.run_path(str(ROOT / "tests" / "integration" / "test_gallery.py"))
+# the gallery's references and the masked forward: real modules, whose functions torch.compile traces
+sys.path.insert(0, str(ROOT / "tests" / "integration"))
+import test_gallery  # noqa: E402
+from masked_reference import causal_forward  # noqa: E402
+
+TESTS = vars(test_gallery)
 
 
 def sizes(n: int, d: int) -> dict[int, int]:
@@ -45,10 +51,23 @@ def interleaved(runs: dict, repeat: int) -> dict[str, float]:
     return best
 
 
-def bench(name: str, n: int, d: int, repeat: int, spec=None, compiled: bool = False) -> dict:
+def relative(got: np.ndarray, want: np.ndarray) -> float:
+    """Largest difference relative to the largest finite entry of want (at least 1); equal entries differ by 0
+    (−inf log-probabilities of keys a mask hides), and a NaN where want has none gives inf."""
+    difference = np.where(got == want, 0.0, np.abs(got.astype(np.float64) - want))
+    largest = float(np.max(difference, initial=0.0))
+    return (np.inf if np.isnan(largest) else largest) / max(float(np.abs(want[np.isfinite(want)]).max(initial=0)), 1.0)
+
+
+def bench(name: str, n: int, d: int, repeat: int, spec=None, compiled: bool = False, causal: bool = False) -> dict:
     """Errors and times of the gallery spec called name (or of spec, a respelling of it: same inputs);
-    compiled: also torch.compile(fullgraph=True) of the same forward (compiled before timing)."""
+    compiled: also torch.compile(fullgraph=True) of the same forward (compiled before timing); causal: the spec
+    with_mask, the generated modules called with causal=True, the reference with the causal mask added to its
+    softmaxes' scores (MaskedSoftmax)."""
     shapes, reference = TESTS["REFERENCES"][name]
+    options = {"causal": True} if causal else {}
+    if causal:
+        reference = causal_forward(reference, n)
     table = sizes(n, d)
     rng = np.random.default_rng(0)
     values = {}
@@ -57,6 +76,7 @@ def bench(name: str, n: int, d: int, repeat: int, spec=None, compiled: bool = Fa
         scale = 1.0 if k == "X" or k.startswith(("gamma", "beta")) else 0.5 / d**0.25
         values[k] = np.asarray(rng.standard_normal(shape) * scale + (0.8 if not shape else 0.0), dtype=np.float32)
     spec = spec or load_spec_file(ROOT / "examples" / "specs" / f"{name}.py")
+    spec = with_mask(spec) if causal else spec
     modules = {}
     for backend in ("numpy", "torch"):
         made = types.ModuleType(f"{name}_{backend}")
@@ -70,10 +90,10 @@ def bench(name: str, n: int, d: int, repeat: int, spec=None, compiled: bool = Fa
         return torch.autograd.grad(reference(*leaves), leaves, g)
 
     def generated_torch():
-        return torch.autograd.grad(modules["torch"].forward(*leaves), leaves, g)
+        return torch.autograd.grad(modules["torch"].forward(*leaves, **options), leaves, g)
 
     def generated_numpy():
-        y, saved = modules["numpy"].forward(*values.values())
+        y, saved = modules["numpy"].forward(*values.values(), **options)
         return y, modules["numpy"].backward(saved, g.numpy())
 
     # errors in float64 against float64 autograd
@@ -82,13 +102,9 @@ def bench(name: str, n: int, d: int, repeat: int, spec=None, compiled: bool = Fa
     want = torch.autograd.grad(want_out, wide, g.double())
     y, grads = generated_numpy()
     got_t = generated_torch()
-    error = 0.0
+    error = relative(y, want_out.detach().numpy())
     for i, k in enumerate(values):
-        ref = want[i].numpy()
-        top = max(float(np.abs(ref).max()), 1.0)
-        error = max(error, float(np.abs(grads[k] - ref).max()) / top, float(np.abs(got_t[i].numpy() - ref).max()) / top)
-    ref = want_out.detach().numpy()
-    error = max(error, float(np.abs(y - ref).max()) / max(float(np.abs(ref).max()), 1.0))
+        error = max(error, relative(grads[k], want[i].numpy()), relative(got_t[i].numpy(), want[i].numpy()))
     runs = {"autograd": autograd, "numpy": generated_numpy, "torch": generated_torch}
     if compiled:  # torch.compile of the same forward, compiled and checked before timing
         torch._dynamo.reset()  # a fresh compile for this spec and size
@@ -101,8 +117,7 @@ def bench(name: str, n: int, d: int, repeat: int, spec=None, compiled: bool = Fa
         runs["compile"] = compiled_forward
         out, got = compiled_forward()
         for value, ref in zip((out, *got), (want_out, *want)):
-            value, ref = value.detach().numpy(), ref.detach().numpy()
-            error = max(error, float(np.abs(value - ref).max()) / max(float(np.abs(ref).max()), 1.0))
+            error = max(error, relative(value.detach().numpy(), ref.detach().numpy()))
     times = interleaved(runs, repeat)
     base = times["autograd"]
     return {

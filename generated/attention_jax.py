@@ -351,7 +351,9 @@ def _jvp(Q, K, V, Q_t, K_t, V_t, M, M_t, scale):
     A = add_optional((scale * Q) @ K.mT, M)
     P = row_softmax(A) if M is None else masked_row_softmax(A)
     O = P @ V
-    dA = add_optional((scale * Q) @ K_t.mT + (scale * Q_t) @ K.mT, M_t)
+    Q_Q_t = jnp.concatenate([Q, Q_t], axis=-1)
+    K_t_K = jnp.concatenate([K_t, K], axis=-1)
+    dA = add_optional((scale * Q_Q_t) @ K_t_K.mT, M_t)
     D = (dA * P).sum(axis=-1, keepdims=True)
     dP = (dA - D) * P
     dO = P @ V_t + dP @ V

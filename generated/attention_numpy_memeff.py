@@ -309,7 +309,7 @@ def backward(saved, grad_out):
     M = saved["M"]
     causal = saved["causal"]
     block_size = saved["block_size"]
-    D = (O * grad_out).sum(axis=-1, keepdims=True)
+    D = np.vecdot(O, grad_out)[..., None]
     dQ_blocks = []
     dK = 0  # summed over the blocks of query rows
     dV = 0  # summed over the blocks of query rows
@@ -357,8 +357,122 @@ DIRECTION_OF = {
 }
 
 
+def _fused_kernels():
+    """The numba kernels of fused_row_softmax, compiled on first use (each dtype on its first call) and shared by
+    every generated module of the process (kept in sys.modules under a private name: one compilation, not one
+    per module); None without numba or with the environment variable SYMATTN_NUMBA=0 (the NumPy passes then)."""
+    made = _fused_kernels.__dict__.get("made", False)
+    if made is not False:
+        return made
+    import os
+    import sys
+    import types
+
+    shared = sys.modules.get("_symattn_fused_softmax_1")  # the version of these kernels: bump it on a change
+    if shared is not None and os.environ.get("SYMATTN_NUMBA", "1") != "0":
+        _fused_kernels.made = shared.made
+        return shared.made
+
+    try:
+        if os.environ.get("SYMATTN_NUMBA", "1") == "0":
+            raise ImportError("SYMATTN_NUMBA=0")
+        import numba
+        from numba.extending import intrinsic
+    except ImportError:
+        _fused_kernels.made = None
+        return None
+    made = _numba_softmax(numba, intrinsic)
+    _fused_kernels.made = made
+    shared = sys.modules["_symattn_fused_softmax_1"] = types.ModuleType("_symattn_fused_softmax_1")
+    shared.made = made
+    return made
+
+
+def _numba_softmax(numba, intrinsic):
+    """The row softmax kernels ({dtype name: kernel(a, top, one)}) compiled lazily by numba."""
+
+    @intrinsic
+    def as_float(typingctx, bits):  # int32 / int64 bits -> float32 / float64: 2^k from its exponent bits
+        def codegen(context, builder, signature, args):
+            return builder.bitcast(args[0], context.get_value_type(signature.return_type))
+
+        return {numba.int32: numba.float32, numba.int64: numba.float64}[bits](bits), codegen
+
+    # exp as a polynomial (Cephes): numba's np.exp is a scalar libm call, which does not vectorize (no SVML);
+    # no reassoc flag here: it would merge the two parts of ln 2 that keep the argument reduction exact
+    exact = {"nsz", "contract", "arcp"}
+
+    @numba.njit(fastmath=exact, inline="always")
+    def exp32(x):
+        """exp(x) for float32 x <= 0 (Cephes expf); x below -87.34 (-inf too) gives 0, NaN gives NaN."""
+        low = x < np.float32(-87.33654)
+        x = max(x, np.float32(-87.33654))
+        k = np.floor(x * np.float32(1.442695) + np.float32(0.5))
+        r = x - k * np.float32(0.693359375) - k * np.float32(-2.12194440e-4)
+        y = np.float32(1.9875691500e-4) * r + np.float32(1.3981999507e-3)
+        y = y * r + np.float32(8.3334519073e-3)
+        y = y * r + np.float32(4.1665795894e-2)
+        y = y * r + np.float32(1.6666665459e-1)
+        y = y * r + np.float32(5.0000001201e-1)
+        y = y * (r * r) + r + np.float32(1.0)
+        return np.float32(0.0) if low else y * as_float(np.int32((np.int64(k) + 127) << 23))
+
+    @numba.njit(fastmath=exact, inline="always")
+    def exp64(x):
+        """exp(x) for float64 x <= 0 (Cephes exp, a Padé form); x below -708.39 (-inf too) gives 0."""
+        low = x < -708.39
+        x = max(x, -708.39)
+        k = np.floor(x * 1.4426950408889634 + 0.5)
+        r = x - k * 6.93145751953125e-1 - k * 1.42860682030941723212e-6
+        rr = r * r
+        p = r * ((1.26177193074810590878e-4 * rr + 3.02994407707441961300e-2) * rr + 9.99999999999999999910e-1)
+        q = ((3.00198505138664455042e-6 * rr + 2.52448340349684104192e-3) * rr + 2.27265548208155028766e-1) * rr
+        y = 1.0 + 2.0 * (p / (q + 2.00000000000000000009e0 - p))
+        return 0.0 if low else y * as_float((np.int64(k) + 1023) << 52)
+
+    def kernel(exp):
+        @numba.njit(fastmath=exact | {"reassoc"})  # reassoc: the row sum vectorizes
+        def softmax(a, top, one):
+            """Row softmax of a (N, m) in place, given its row maxima top (0 for a row of -inf): exp(a - top)
+            and its sum in one sweep, then the scale (1 / the sum, at least 1 unless the row is all -inf)."""
+            for i in range(a.shape[0]):
+                total, shift = one - one, top[i]
+                for j in range(a.shape[1]):
+                    e = exp(a[i, j] - shift)
+                    a[i, j] = e
+                    total += e
+                scale = one / max(total, one)
+                for j in range(a.shape[1]):
+                    a[i, j] *= scale
+
+        return softmax
+
+    return {"float32": kernel(exp32), "float64": kernel(exp64)}
+
+
+def fused_row_softmax(a, out=None):
+    """row_softmax by a compiled kernel that sweeps each row once while it is in cache (exp(a - max) and its sum,
+    then the scale), in place: a row of -inf gives zeros. None (the caller's NumPy passes then) without numba,
+    for a dtype other than float32 / float64, an empty or a non-contiguous array."""
+    kernels = _fused_kernels() if a.size and a.dtype.name in ("float32", "float64") else None
+    if kernels is None or not a.flags.c_contiguous or not (out is None or out is a or out.flags.c_contiguous):
+        return None
+    if out is None:
+        out = a.copy()
+    elif out is not a:
+        np.copyto(out, a)
+    flat = out.reshape(-1, out.shape[-1])
+    top = flat.max(axis=-1)
+    top[top == -np.inf] = 0.0  # a row of -inf: exp(-inf) = 0 everywhere, its sum 0, the row zeros
+    kernels[a.dtype.name](flat, top, out.dtype.type(1.0))
+    return out
+
+
 def masked_row_softmax(a, out=None):
     """row_softmax for rows that may hold -inf: a row whose entries are all -inf gives zeros, not NaN."""
+    fused = fused_row_softmax(a, out)
+    if fused is not None:
+        return fused
     top = a.max(axis=-1, keepdims=True, initial=-np.inf)
     top[top == -np.inf] = 0.0
     out = np.subtract(a, top, out=out)
@@ -369,6 +483,9 @@ def masked_row_softmax(a, out=None):
 
 def row_softmax(a, out=None):
     """softmax along the last axis, the row max subtracted first; out may be a itself."""
+    fused = fused_row_softmax(a, out)
+    if fused is not None:
+        return fused
     out = np.subtract(a, a.max(axis=-1, keepdims=True, initial=-np.inf), out=out)
     np.exp(out, out=out)
     out /= out.sum(axis=-1, keepdims=True)
@@ -437,7 +554,7 @@ def _forward2(Q, K, V, G_out, Q_v, K_v, V_v, M, causal, scale):
     P = row_softmax(A, out=A) if M is None else masked_row_softmax(A, out=A)
     del A
     O = P @ V
-    G_D = (np.multiply(O, G_out, out=O)).sum(axis=-1, keepdims=True)
+    G_D = np.vecdot(O, G_out)[..., None]
     del O
     G_P = G_out @ V.mT
     G_A = (G_P - G_D) * P
@@ -485,12 +602,15 @@ def _backward2(saved, grad_out):
     G_M = saved["G_M"]
     scale = saved["scale"]
     mask_shape = saved["mask_shape"]
-    dA = (scale * Q) @ K_v.mT + (scale * Q_v) @ K.mT
-    D = (P * dA).sum(axis=-1, keepdims=True)
+    Q_Q_v = np.concatenate([Q, Q_v], axis=-1)
+    K_v_K = np.concatenate([K_v, K], axis=-1)
+    dA = (scale * Q_Q_v) @ K_v_K.mT
+    del K_v_K, Q_Q_v
+    D = np.vecdot(P, dA)[..., None]
     dP = np.multiply(np.subtract(dA, D, out=dA), P, out=dA)
     del D, dA
     dG_out = P @ V_v + dP @ V
-    dG_D = (G_out * dG_out).sum(axis=-1, keepdims=True)
+    dG_D = np.vecdot(G_out, dG_out)[..., None]
     dG_P = G_out @ V_v.mT
     dG_A = np.add(np.multiply(np.subtract(dG_P, dG_D, out=dG_P), P, out=dG_P), (G_P - G_D) * dP, out=dG_P)
     del dG_D, dG_P
@@ -575,25 +695,27 @@ def _jvp(Q, K, V, Q_t, K_t, V_t, M, M_t, causal, scale, block_size):
         K_t = np.zeros_like(K)
     if V_t is None:
         V_t = np.zeros_like(V)
+    Q_Q_t = np.concatenate([Q, Q_t], axis=-1)
+    K_t_K = np.concatenate([K_t, K], axis=-1)
     O_blocks = []
     dO_blocks = []
     for start in range(0, max(Q.shape[-2], 1), block_size):  # one pass with no rows: results get their shapes
         block = slice(start, start + block_size)
         keys = key_range(M, causal, block, K.shape[-2])
         K_k = K[..., keys, :]
-        K_t_k = K_t[..., keys, :]
+        K_t_K_k = K_t_K[..., keys, :]
         V_k = V[..., keys, :]
         V_t_k = V_t[..., keys, :]
         M_b = None if M is None else M[..., block, keys]
         Q_b = Q[..., block, :]
         M_t_b = None if M_t is None else M_t[..., block, keys]
-        Q_t_b = Q_t[..., block, :]
+        Q_Q_t_b = Q_Q_t[..., block, :]
         A_b = add_optional((scale * Q_b) @ K_k.mT, M_b)
         A_b = causal_fill(A_b, block, keys) if causal else A_b
         P_b = row_softmax(A_b, out=A_b) if M is None else masked_row_softmax(A_b, out=A_b)
         O_b = P_b @ V_k
-        dA_b = add_optional((scale * Q_b) @ K_t_k.mT + (scale * Q_t_b) @ K_k.mT, M_t_b)
-        D_b = (dA_b * P_b).sum(axis=-1, keepdims=True)
+        dA_b = add_optional((scale * Q_Q_t_b) @ K_t_K_k.mT, M_t_b)
+        D_b = np.vecdot(dA_b, P_b)[..., None]
         dP_b = np.multiply(np.subtract(dA_b, D_b, out=dA_b), P_b, out=dA_b)
         del D_b, dA_b
         dO_b = P_b @ V_t_k + dP_b @ V_k

@@ -53,6 +53,25 @@ def _functional(a):
     return torch.compiler.is_compiling() or torch._C._functorch.is_functorch_wrapped_tensor(a)
 
 
+def _madvise():
+    """libc's madvise (ctypes, loaded once), or None off Linux or where libc cannot be loaded."""
+    found = getattr(_madvise, "found", False)
+    if found is False:
+        found = None
+        import sys
+
+        if sys.platform.startswith("linux"):
+            import ctypes
+
+            try:
+                found = ctypes.CDLL(None, use_errno=True).madvise
+                found.argtypes, found.restype = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int], ctypes.c_int
+            except (OSError, AttributeError):  # pragma: no cover - a libc without madvise
+                found = None
+        _madvise.found = found
+    return found
+
+
 def add_optional(a, b):
     """a + b, or a itself when b is None (an absent bias or mask)."""
     return a if b is None else a + b
@@ -75,6 +94,20 @@ def add_rows(total, keys, part, m):
     return total
 
 
+def big_matmul(a, b):
+    """a @ b for a product much larger than its factors (the scores Q Kᵀ, dP = dO Vᵀ: n × m from n × d and
+    d × m). In eager CPU code the result is written into memory advised for transparent huge pages, as NumPy
+    advises its own large arrays: torch's allocator maps a fresh n × m tensor in 4 KiB pages, and the GEMM's first
+    touch of each one faults (1 × 8 × 1024², float32, one thread: 35 → 19 ms). Traced, transformed or under
+    autograd, plainly a @ b."""
+    if _functional(a) or _functional(b) or a.requires_grad or b.requires_grad or a.device.type != "cpu":
+        return a @ b
+    if a.dtype != b.dtype or a.dim() < 2 or b.dim() < 2:
+        return a @ b
+    shape = (*torch.broadcast_shapes(a.shape[:-2], b.shape[:-2]), a.shape[-2], b.shape[-1])
+    return torch.matmul(a, b, out=huge_empty(shape, a))
+
+
 def causal_fill(scores, rows, keys):
     """A block of scores (..., b, k) of query rows rows.start … and keys keys.start …, with -inf written where the
     key comes after the query (j > i: what the causal mask hides)."""
@@ -88,6 +121,21 @@ def causal_fill(scores, rows, keys):
     if _functional(scores):
         return scores.masked_fill(future, float("-inf"))
     return scores.masked_fill_(future, float("-inf"))
+
+
+def huge_empty(shape, like):
+    """An uninitialised tensor of like's dtype and device; on Linux, one of 4 MiB or more has its whole 2 MiB
+    pages advised for transparent huge pages (madvise MADV_HUGEPAGE, before anything touches them: NumPy's own
+    rule for its arrays). Where the advice is not available, a plain torch.empty."""
+    out = torch.empty(shape, dtype=like.dtype, device=like.device)
+    if out.device.type != "cpu" or out.numel() * out.element_size() < 4 << 20:
+        return out
+    madvise = _madvise()
+    start = -(-out.data_ptr() // (2 << 20)) * (2 << 20)  # the 2 MiB pages inside the tensor
+    stop = (out.data_ptr() + out.numel() * out.element_size()) // (2 << 20) * (2 << 20)
+    if madvise is not None and stop > start:
+        madvise(start, stop - start, 14)  # MADV_HUGEPAGE
+    return out
 
 
 def key_range(mask, causal, rows, m):
@@ -128,16 +176,20 @@ def matmul_tn(a, b):
     return a.mT @ b
 
 
+def placed_rows(whole):
+    """The value put_rows made, after the loop: traced or transformed, its blocks (a list) concatenated once."""
+    return torch.cat(whole, dim=-2) if isinstance(whole, list) else whole
+
+
 def put_rows(whole, rows, keys, part, n, m):
     """An n × m value made block by block: part (..., b, k) placed at its rows and keys, zero on the other keys
     of those rows (the ones the block skipped); whole is None before the first block."""
     if whole is None and part.shape[-2:] == (n, m) and part._base is None:  # one block, every key: part is the whole
         return part
-    if _functional(part):  # no in-place update: part padded with zero keys, the rows concatenated
-        padded = torch.nn.functional.pad(part, (keys.start, m - keys.stop))
-        return padded if whole is None else torch.cat([whole, padded], dim=-2)
+    if _functional(part):  # no in-place update: the blocks padded with zero keys, concatenated by placed_rows
+        return [*(whole or []), torch.nn.functional.pad(part, (keys.start, m - keys.stop))]
     if whole is None:
-        whole = part.new_empty((*part.shape[:-2], n, m))
+        whole = huge_empty((*part.shape[:-2], n, m), part)
     whole[..., rows, : keys.start] = 0.0
     whole[..., rows, keys] = part
     whole[..., rows, keys.stop :] = 0.0
@@ -161,9 +213,9 @@ def rows(a):
 def rows_per_block(mask, causal, query):
     """Query rows per block of a standard module's loop: 128 where the mask may let a block skip keys (causal,
     or any mask: key_range finds the keys each block sees), else all rows in one block (no mask: the whole
-    computation at once, nothing to skip). Traced or transformed, one block too: the blocks of an n × m value
-    would be concatenated rather than written in place, and a compiled graph fuses the whole."""
-    if _functional(query) or not (causal or mask is not None):
+    computation at once, nothing to skip). Traced or transformed, blocks only for causal: key_range knows no
+    other mask's keys there (no branch on its values), and a compiled graph fuses the whole."""
+    if not (causal or (mask is not None and not _functional(query))):
         return max(query.shape[-2], 1)
     return 128
 
@@ -381,13 +433,14 @@ def _forward(Q, K, V, M, causal, scale):
         V_k = V[..., keys, :]
         M_b = None if M is None else M[..., block, keys]
         Q_b = Q[..., block, :]
-        A_b = add_optional((scale * Q_b) @ K_k.mT, M_b)
+        A_b = add_optional(big_matmul(scale * Q_b, K_k.mT), M_b)
         A_b = causal_fill(A_b, block, keys) if causal else A_b
         P_b = row_softmax(A_b, out=A_b) if M is None else masked_row_softmax(A_b, out=A_b)
         O_b = P_b @ V_k
         O_blocks.append(O_b)
         P = put_rows(P, block, keys, P_b, Q.shape[-2], K.shape[-2])
     O = O_blocks[0] if len(O_blocks) == 1 else torch.cat(O_blocks, dim=-2)
+    P = placed_rows(P)
     saved = {
         "Q": Q,
         "K": K,
@@ -428,7 +481,7 @@ def _backward(saved, grad_out):
         Q_b = Q[..., block, :]
         grad_out_b = grad_out[..., block, :]
         D_b = D[..., block, :]
-        dP_b = grad_out_b @ V_k.mT
+        dP_b = big_matmul(grad_out_b, V_k.mT)
         dA_b = dP_b.sub_(D_b).mul_(P_b)
         del dP_b
         dQ_b = dA_b @ (scale * K_k)
@@ -438,6 +491,7 @@ def _backward(saved, grad_out):
         dK = add_rows(dK, keys, matmul_tn(dA_b, scale * Q_b), K.shape[-2])
         dV = add_rows(dV, keys, matmul_tn(P_b, grad_out_b), K.shape[-2])
     dQ = dQ_blocks[0] if len(dQ_blocks) == 1 else torch.cat(dQ_blocks, dim=-2)
+    dM = placed_rows(dM)
     dM = None if mask_shape is None else dM.sum_to_size(mask_shape)
     return {"Q": dQ, "K": dK, "V": dV, "M": dM}
 
@@ -703,11 +757,11 @@ def _forward2(Q, K, V, G_out, Q_v, K_v, V_v, M, causal, scale):
         K_v = torch.zeros_like(K)
     if V_v is None:
         V_v = torch.zeros_like(V)
-    A = add_optional((scale * Q) @ K.mT, M)
+    A = add_optional(big_matmul(scale * Q, K.mT), M)
     P = row_softmax(A) if M is None else masked_row_softmax(A)
     O = P @ V
     G_D = (O * G_out).sum(dim=-1, keepdim=True)
-    G_P = G_out @ V.mT
+    G_P = big_matmul(G_out, V.mT)
     G_A = (G_P - G_D) * P
     G_Q = G_A @ (scale * K)
     G_K = matmul_tn(G_A, scale * Q)
@@ -751,12 +805,14 @@ def _backward2(saved, grad_out):
     G_M = saved["G_M"]
     scale = saved["scale"]
     mask_shape = saved["mask_shape"]
-    dA = (scale * Q) @ K_v.mT + (scale * Q_v) @ K.mT
+    Q_Q_v = torch.cat([Q, Q_v], dim=-1)
+    K_v_K = torch.cat([K_v, K], dim=-1)
+    dA = big_matmul(scale * Q_Q_v, K_v_K.mT)
     D = (P * dA).sum(dim=-1, keepdim=True)
     dP = (dA - D) * P
     dG_out = P @ V_v + dP @ V
     dG_D = (G_out * dG_out).sum(dim=-1, keepdim=True)
-    dG_P = G_out @ V_v.mT
+    dG_P = big_matmul(G_out, V_v.mT)
     dG_A = (G_P - G_D) * dP + (dG_P - dG_D) * P
     dQ = scale * (G_M @ K_v + dG_A @ K)
     dK = scale * (matmul_tn(G_M, Q_v) + matmul_tn(dG_A, Q))
@@ -857,6 +913,8 @@ def _jvp(Q, K, V, Q_t, K_t, V_t, M, M_t, causal, scale):
         K_t = torch.zeros_like(K)
     if V_t is None:
         V_t = torch.zeros_like(V)
+    Q_Q_t = torch.cat([Q, Q_t], dim=-1)
+    K_t_K = torch.cat([K_t, K], dim=-1)
     O_blocks = []
     dO_blocks = []
     block_size = rows_per_block(M, causal, Q)
@@ -864,18 +922,18 @@ def _jvp(Q, K, V, Q_t, K_t, V_t, M, M_t, causal, scale):
         block = slice(start, start + block_size)
         keys = key_range(M, causal, block, K.shape[-2])
         K_k = K[..., keys, :]
-        K_t_k = K_t[..., keys, :]
+        K_t_K_k = K_t_K[..., keys, :]
         V_k = V[..., keys, :]
         V_t_k = V_t[..., keys, :]
         M_b = None if M is None else M[..., block, keys]
         Q_b = Q[..., block, :]
         M_t_b = None if M_t is None else M_t[..., block, keys]
-        Q_t_b = Q_t[..., block, :]
-        A_b = add_optional((scale * Q_b) @ K_k.mT, M_b)
+        Q_Q_t_b = Q_Q_t[..., block, :]
+        A_b = add_optional(big_matmul(scale * Q_b, K_k.mT), M_b)
         A_b = causal_fill(A_b, block, keys) if causal else A_b
         P_b = row_softmax(A_b, out=A_b) if M is None else masked_row_softmax(A_b, out=A_b)
         O_b = P_b @ V_k
-        dA_b = add_optional((scale * Q_b) @ K_t_k.mT + (scale * Q_t_b) @ K_k.mT, M_t_b)
+        dA_b = add_optional((scale * Q_Q_t_b) @ K_t_K_k.mT, M_t_b)
         D_b = (dA_b * P_b).sum(dim=-1, keepdim=True)
         dP_b = (dA_b - D_b) * P_b
         dO_b = P_b @ V_t_k + dP_b @ V_k

@@ -57,6 +57,25 @@ def _functional(a):
     return torch.compiler.is_compiling() or torch._C._functorch.is_functorch_wrapped_tensor(a)
 
 
+def _madvise():
+    """libc's madvise (ctypes, loaded once), or None off Linux or where libc cannot be loaded."""
+    found = getattr(_madvise, "found", False)
+    if found is False:
+        found = None
+        import sys
+
+        if sys.platform.startswith("linux"):
+            import ctypes
+
+            try:
+                found = ctypes.CDLL(None, use_errno=True).madvise
+                found.argtypes, found.restype = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int], ctypes.c_int
+            except (OSError, AttributeError):  # pragma: no cover - a libc without madvise
+                found = None
+        _madvise.found = found
+    return found
+
+
 def add_optional(a, b):
     """a + b, or a itself when b is None (an absent bias or mask)."""
     return a if b is None else a + b
@@ -79,6 +98,20 @@ def add_rows(total, keys, part, m):
     return total
 
 
+def big_matmul(a, b):
+    """a @ b for a product much larger than its factors (the scores Q Kᵀ, dP = dO Vᵀ: n × m from n × d and
+    d × m). In eager CPU code the result is written into memory advised for transparent huge pages, as NumPy
+    advises its own large arrays: torch's allocator maps a fresh n × m tensor in 4 KiB pages, and the GEMM's first
+    touch of each one faults (1 × 8 × 1024², float32, one thread: 35 → 19 ms). Traced, transformed or under
+    autograd, plainly a @ b."""
+    if _functional(a) or _functional(b) or a.requires_grad or b.requires_grad or a.device.type != "cpu":
+        return a @ b
+    if a.dtype != b.dtype or a.dim() < 2 or b.dim() < 2:
+        return a @ b
+    shape = (*torch.broadcast_shapes(a.shape[:-2], b.shape[:-2]), a.shape[-2], b.shape[-1])
+    return torch.matmul(a, b, out=huge_empty(shape, a))
+
+
 def causal_fill(scores, rows, keys):
     """A block of scores (..., b, k) of query rows rows.start … and keys keys.start …, with -inf written where the
     key comes after the query (j > i: what the causal mask hides)."""
@@ -92,6 +125,21 @@ def causal_fill(scores, rows, keys):
     if _functional(scores):
         return scores.masked_fill(future, float("-inf"))
     return scores.masked_fill_(future, float("-inf"))
+
+
+def huge_empty(shape, like):
+    """An uninitialised tensor of like's dtype and device; on Linux, one of 4 MiB or more has its whole 2 MiB
+    pages advised for transparent huge pages (madvise MADV_HUGEPAGE, before anything touches them: NumPy's own
+    rule for its arrays). Where the advice is not available, a plain torch.empty."""
+    out = torch.empty(shape, dtype=like.dtype, device=like.device)
+    if out.device.type != "cpu" or out.numel() * out.element_size() < 4 << 20:
+        return out
+    madvise = _madvise()
+    start = -(-out.data_ptr() // (2 << 20)) * (2 << 20)  # the 2 MiB pages inside the tensor
+    stop = (out.data_ptr() + out.numel() * out.element_size()) // (2 << 20) * (2 << 20)
+    if madvise is not None and stop > start:
+        madvise(start, stop - start, 14)  # MADV_HUGEPAGE
+    return out
 
 
 def key_range(mask, causal, rows, m):
@@ -363,7 +411,7 @@ def _forward(Q, K, V, M, causal, scale, block_size):
         V_k = V[..., keys, :]
         M_b = None if M is None else M[..., block, keys]
         Q_b = Q[..., block, :]
-        A_b = add_optional((scale * Q_b) @ K_k.mT, M_b)
+        A_b = add_optional(big_matmul(scale * Q_b, K_k.mT), M_b)
         A_b = causal_fill(A_b, block, keys) if causal else A_b
         P_b, L_b = row_softmax_lse(A_b) if M is None else masked_row_softmax_lse(A_b)
         O_b = P_b @ V_k
@@ -410,11 +458,11 @@ def _backward(saved, grad_out):
         Q_b = Q[..., block, :]
         grad_out_b = grad_out[..., block, :]
         D_b = D[..., block, :]
-        A_b = add_optional((scale * Q_b) @ K_k.mT, M_b)
+        A_b = add_optional(big_matmul(scale * Q_b, K_k.mT), M_b)
         A_b = causal_fill(A_b, block, keys) if causal else A_b
         P_b = A_b.sub_(L_b).exp_()
         del A_b
-        dP_b = grad_out_b @ V_k.mT
+        dP_b = big_matmul(grad_out_b, V_k.mT)
         dA_b = dP_b.sub_(D_b).mul_(P_b)
         del dP_b
         dQ_b = dA_b @ (scale * K_k)
@@ -723,11 +771,11 @@ def _forward2(Q, K, V, G_out, Q_v, K_v, V_v, M, causal, scale):
         K_v = torch.zeros_like(K)
     if V_v is None:
         V_v = torch.zeros_like(V)
-    A = add_optional((scale * Q) @ K.mT, M)
+    A = add_optional(big_matmul(scale * Q, K.mT), M)
     P = row_softmax(A) if M is None else masked_row_softmax(A)
     O = P @ V
     G_D = (O * G_out).sum(dim=-1, keepdim=True)
-    G_P = G_out @ V.mT
+    G_P = big_matmul(G_out, V.mT)
     G_A = (G_P - G_D) * P
     G_Q = G_A @ (scale * K)
     G_K = matmul_tn(G_A, scale * Q)
@@ -771,12 +819,14 @@ def _backward2(saved, grad_out):
     G_M = saved["G_M"]
     scale = saved["scale"]
     mask_shape = saved["mask_shape"]
-    dA = (scale * Q) @ K_v.mT + (scale * Q_v) @ K.mT
+    Q_Q_v = torch.cat([Q, Q_v], dim=-1)
+    K_v_K = torch.cat([K_v, K], dim=-1)
+    dA = big_matmul(scale * Q_Q_v, K_v_K.mT)
     D = (P * dA).sum(dim=-1, keepdim=True)
     dP = (dA - D) * P
     dG_out = P @ V_v + dP @ V
     dG_D = (G_out * dG_out).sum(dim=-1, keepdim=True)
-    dG_P = G_out @ V_v.mT
+    dG_P = big_matmul(G_out, V_v.mT)
     dG_A = (G_P - G_D) * dP + (dG_P - dG_D) * P
     dQ = scale * (G_M @ K_v + dG_A @ K)
     dK = scale * (matmul_tn(G_M, Q_v) + matmul_tn(dG_A, Q))
@@ -880,24 +930,26 @@ def _jvp(Q, K, V, Q_t, K_t, V_t, M, M_t, causal, scale, block_size):
         K_t = torch.zeros_like(K)
     if V_t is None:
         V_t = torch.zeros_like(V)
+    Q_Q_t = torch.cat([Q, Q_t], dim=-1)
+    K_t_K = torch.cat([K_t, K], dim=-1)
     O_blocks = []
     dO_blocks = []
     for start in range(0, max(Q.shape[-2], 1), block_size):  # one pass with no rows: results get their shapes
         block = slice(start, start + block_size)
         keys = key_range(M, causal, block, K.shape[-2])
         K_k = K[..., keys, :]
-        K_t_k = K_t[..., keys, :]
+        K_t_K_k = K_t_K[..., keys, :]
         V_k = V[..., keys, :]
         V_t_k = V_t[..., keys, :]
         M_b = None if M is None else M[..., block, keys]
         Q_b = Q[..., block, :]
         M_t_b = None if M_t is None else M_t[..., block, keys]
-        Q_t_b = Q_t[..., block, :]
-        A_b = add_optional((scale * Q_b) @ K_k.mT, M_b)
+        Q_Q_t_b = Q_Q_t[..., block, :]
+        A_b = add_optional(big_matmul(scale * Q_b, K_k.mT), M_b)
         A_b = causal_fill(A_b, block, keys) if causal else A_b
         P_b = row_softmax(A_b, out=A_b) if M is None else masked_row_softmax(A_b, out=A_b)
         O_b = P_b @ V_k
-        dA_b = add_optional((scale * Q_b) @ K_t_k.mT + (scale * Q_t_b) @ K_k.mT, M_t_b)
+        dA_b = add_optional((scale * Q_Q_t_b) @ K_t_K_k.mT, M_t_b)
         D_b = (dA_b * P_b).sum(dim=-1, keepdim=True)
         dP_b = (dA_b - D_b) * P_b
         dO_b = P_b @ V_t_k + dP_b @ V_k

@@ -697,7 +697,9 @@ def _jvp(
     dQ_h = split_heads(add_optional(Q @ W_Q_t + Q_t @ W_Q, b_Q_t), H)
     dK_h = repeat_heads(split_heads(add_optional(K @ W_K_t + K_t @ W_K, b_K_t), H_kv), H)
     dV_h = repeat_heads(split_heads(add_optional(V @ W_V_t + V_t @ W_V, b_V_t), H_kv), H)
-    dA_h = add_optional((scale * Q_h) @ dK_h.mT + (scale * dQ_h) @ K_h.mT, M_t)
+    Q_h_dQ_h = jnp.concatenate([Q_h, dQ_h], axis=-1)
+    dK_h_K_h = jnp.concatenate([dK_h, K_h], axis=-1)
+    dA_h = add_optional((scale * Q_h_dQ_h) @ dK_h_K_h.mT, M_t)
     D = (dA_h * P_h).sum(axis=-1, keepdims=True)
     dP_h = (dA_h - D) * P_h
     dO_h = P_h @ dV_h + dP_h @ V_h

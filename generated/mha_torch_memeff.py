@@ -99,6 +99,25 @@ def _functional(a):
     return torch.compiler.is_compiling() or torch._C._functorch.is_functorch_wrapped_tensor(a)
 
 
+def _madvise():
+    """libc's madvise (ctypes, loaded once), or None off Linux or where libc cannot be loaded."""
+    found = getattr(_madvise, "found", False)
+    if found is False:
+        found = None
+        import sys
+
+        if sys.platform.startswith("linux"):
+            import ctypes
+
+            try:
+                found = ctypes.CDLL(None, use_errno=True).madvise
+                found.argtypes, found.restype = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int], ctypes.c_int
+            except (OSError, AttributeError):  # pragma: no cover - a libc without madvise
+                found = None
+        _madvise.found = found
+    return found
+
+
 def add_optional(a, b):
     """a + b, or a itself when b is None (an absent bias or mask)."""
     return a if b is None else a + b
@@ -121,6 +140,20 @@ def add_rows(total, keys, part, m):
     return total
 
 
+def big_matmul(a, b):
+    """a @ b for a product much larger than its factors (the scores Q Kᵀ, dP = dO Vᵀ: n × m from n × d and
+    d × m). In eager CPU code the result is written into memory advised for transparent huge pages, as NumPy
+    advises its own large arrays: torch's allocator maps a fresh n × m tensor in 4 KiB pages, and the GEMM's first
+    touch of each one faults (1 × 8 × 1024², float32, one thread: 35 → 19 ms). Traced, transformed or under
+    autograd, plainly a @ b."""
+    if _functional(a) or _functional(b) or a.requires_grad or b.requires_grad or a.device.type != "cpu":
+        return a @ b
+    if a.dtype != b.dtype or a.dim() < 2 or b.dim() < 2:
+        return a @ b
+    shape = (*torch.broadcast_shapes(a.shape[:-2], b.shape[:-2]), a.shape[-2], b.shape[-1])
+    return torch.matmul(a, b, out=huge_empty(shape, a))
+
+
 def causal_fill(scores, rows, keys):
     """A block of scores (..., b, k) of query rows rows.start … and keys keys.start …, with -inf written where the
     key comes after the query (j > i: what the causal mask hides)."""
@@ -134,6 +167,21 @@ def causal_fill(scores, rows, keys):
     if _functional(scores):
         return scores.masked_fill(future, float("-inf"))
     return scores.masked_fill_(future, float("-inf"))
+
+
+def huge_empty(shape, like):
+    """An uninitialised tensor of like's dtype and device; on Linux, one of 4 MiB or more has its whole 2 MiB
+    pages advised for transparent huge pages (madvise MADV_HUGEPAGE, before anything touches them: NumPy's own
+    rule for its arrays). Where the advice is not available, a plain torch.empty."""
+    out = torch.empty(shape, dtype=like.dtype, device=like.device)
+    if out.device.type != "cpu" or out.numel() * out.element_size() < 4 << 20:
+        return out
+    madvise = _madvise()
+    start = -(-out.data_ptr() // (2 << 20)) * (2 << 20)  # the 2 MiB pages inside the tensor
+    stop = (out.data_ptr() + out.numel() * out.element_size()) // (2 << 20) * (2 << 20)
+    if madvise is not None and stop > start:
+        madvise(start, stop - start, 14)  # MADV_HUGEPAGE
+    return out
 
 
 def key_range(mask, causal, rows, m):
@@ -467,7 +515,7 @@ def _forward(Q, K, V, W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O, M, causal, num_hea
         V_h_k = V_h[..., keys, :]
         M_b = None if M is None else M[..., block, keys]
         Q_h_b = Q_h[..., block, :]
-        A_h_b = add_optional((scale * Q_h_b) @ K_h_k.mT, M_b)
+        A_h_b = add_optional(big_matmul(scale * Q_h_b, K_h_k.mT), M_b)
         A_h_b = causal_fill(A_h_b, block, keys) if causal else A_h_b
         P_h_b, L_b = row_softmax_lse(A_h_b) if M is None else masked_row_softmax_lse(A_h_b)
         O_h_b = P_h_b @ V_h_k
@@ -549,11 +597,11 @@ def _backward(saved, grad_out):
         dO_h_b = dO_h[..., block, :]
         D_b = D[..., block, :]
         Q_b = Q[..., block, :]
-        A_h_b = add_optional((scale * Q_h_b) @ K_h_k.mT, M_b)
+        A_h_b = add_optional(big_matmul(scale * Q_h_b, K_h_k.mT), M_b)
         A_h_b = causal_fill(A_h_b, block, keys) if causal else A_h_b
         P_h_b = A_h_b.sub_(L_b).exp_()
         del A_h_b
-        dP_h_b = dO_h_b @ V_h_k.mT
+        dP_h_b = big_matmul(dO_h_b, V_h_k.mT)
         dA_h_b = dP_h_b.sub_(D_b).mul_(P_h_b)
         del dP_h_b
         dQ_h_b = dA_h_b @ (scale * K_h_k)
@@ -1146,14 +1194,14 @@ def _forward2(
     Q_h = split_heads(add_optional(Q @ W_Q, b_Q), H)
     K_h = repeat_heads(split_heads(add_optional(K @ W_K, b_K), H_kv), H)
     V_h = repeat_heads(split_heads(add_optional(V @ W_V, b_V), H_kv), H)
-    A_h = add_optional((scale * Q_h) @ K_h.mT, M)
+    A_h = add_optional(big_matmul(scale * Q_h, K_h.mT), M)
     P_h = row_softmax(A_h) if M is None else masked_row_softmax(A_h)
     O_h = P_h @ V_h
     C = merge_heads(O_h, H)
     G_C = G_out @ W_O.mT
     G_O_h = split_heads(G_C, H)
     G_D = (O_h * G_O_h).sum(dim=-1, keepdim=True)
-    G_P_h = G_O_h @ V_h.mT
+    G_P_h = big_matmul(G_O_h, V_h.mT)
     G_A_h = (G_P_h - G_D) * P_h
     G_V_h = matmul_tn(P_h, G_O_h)
     G_K_h = matmul_tn(G_A_h, scale * Q_h)
@@ -1276,7 +1324,9 @@ def _backward2(saved, grad_out):
     dQ_h = split_heads(add_optional(Q @ W_Q_v + Q_v @ W_Q, b_Q_v), H)
     dK_h = repeat_heads(split_heads(add_optional(K @ W_K_v + K_v @ W_K, b_K_v), H_kv), H)
     dV_h = repeat_heads(split_heads(add_optional(V @ W_V_v + V_v @ W_V, b_V_v), H_kv), H)
-    dA_h = (scale * Q_h) @ dK_h.mT + (scale * dQ_h) @ K_h.mT
+    Q_h_dQ_h = torch.cat([Q_h, dQ_h], dim=-1)
+    dK_h_K_h = torch.cat([dK_h, K_h], dim=-1)
+    dA_h = big_matmul(scale * Q_h_dQ_h, dK_h_K_h.mT)
     D = (P_h * dA_h).sum(dim=-1, keepdim=True)
     dP_h = (dA_h - D) * P_h
     dO_h = P_h @ dV_h + dP_h @ V_h
@@ -1285,7 +1335,9 @@ def _backward2(saved, grad_out):
     dG_C = G_out @ W_O_v.mT
     dG_O_h = split_heads(dG_C, H)
     dG_D = (G_O_h * dO_h + O_h * dG_O_h).sum(dim=-1, keepdim=True)
-    dG_P_h = G_O_h @ dV_h.mT + dG_O_h @ V_h.mT
+    G_O_h_dG_O_h = torch.cat([G_O_h, dG_O_h], dim=-1)
+    dV_h_V_h = torch.cat([dV_h, V_h], dim=-1)
+    dG_P_h = big_matmul(G_O_h_dG_O_h, dV_h_V_h.mT)
     dG_A_h = (G_P_h - G_D) * dP_h + (dG_P_h - dG_D) * P_h
     dG_V_h = matmul_tn(P_h, dG_O_h) + matmul_tn(dP_h, G_O_h)
     dG_K_h = scale * (matmul_tn(G_M, dQ_h) + matmul_tn(dG_A_h, Q_h))
@@ -1601,6 +1653,8 @@ def _jvp(
     dQ_h = split_heads(add_optional(Q @ W_Q_t + Q_t @ W_Q, b_Q_t), H)
     dK_h = repeat_heads(split_heads(add_optional(K @ W_K_t + K_t @ W_K, b_K_t), H_kv), H)
     dV_h = repeat_heads(split_heads(add_optional(V @ W_V_t + V_t @ W_V, b_V_t), H_kv), H)
+    Q_h_dQ_h = torch.cat([Q_h, dQ_h], dim=-1)
+    dK_h_K_h = torch.cat([dK_h, K_h], dim=-1)
     O_h_blocks = []
     dC_blocks = []
     for start in range(0, max(Q_h.shape[-2], 1), block_size):  # one pass with no rows: results get their shapes
@@ -1608,17 +1662,17 @@ def _jvp(
         keys = key_range(M, causal, block, K_h.shape[-2])
         K_h_k = K_h[..., keys, :]
         V_h_k = V_h[..., keys, :]
-        dK_h_k = dK_h[..., keys, :]
+        dK_h_K_h_k = dK_h_K_h[..., keys, :]
         dV_h_k = dV_h[..., keys, :]
         M_b = None if M is None else M[..., block, keys]
         Q_h_b = Q_h[..., block, :]
         M_t_b = None if M_t is None else M_t[..., block, keys]
-        dQ_h_b = dQ_h[..., block, :]
-        A_h_b = add_optional((scale * Q_h_b) @ K_h_k.mT, M_b)
+        Q_h_dQ_h_b = Q_h_dQ_h[..., block, :]
+        A_h_b = add_optional(big_matmul(scale * Q_h_b, K_h_k.mT), M_b)
         A_h_b = causal_fill(A_h_b, block, keys) if causal else A_h_b
         P_h_b = row_softmax(A_h_b, out=A_h_b) if M is None else masked_row_softmax(A_h_b, out=A_h_b)
         O_h_b = P_h_b @ V_h_k
-        dA_h_b = add_optional((scale * Q_h_b) @ dK_h_k.mT + (scale * dQ_h_b) @ K_h_k.mT, M_t_b)
+        dA_h_b = add_optional((scale * Q_h_dQ_h_b) @ dK_h_K_h_k.mT, M_t_b)
         D_b = (dA_h_b * P_h_b).sum(dim=-1, keepdim=True)
         dP_h_b = (dA_h_b - D_b) * P_h_b
         dO_h_b = P_h_b @ dV_h_k + dP_h_b @ V_h_k

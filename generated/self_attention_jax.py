@@ -319,7 +319,9 @@ def _jvp(X, W_Q, W_K, W_V, X_t, W_Q_t, W_K_t, W_V_t):
     dQ = dQKV[..., :, :d_k]
     dK = dQKV[..., :, d_k : 2 * d_k]
     dV = dQKV[..., :, 2 * d_k :]
-    dA = (scale * Q) @ dK.mT + (scale * dQ) @ K.mT
+    Q_dQ = jnp.concatenate([Q, dQ], axis=-1)
+    dK_K = jnp.concatenate([dK, K], axis=-1)
+    dA = (scale * Q_dQ) @ dK_K.mT
     D = (dA * P).sum(axis=-1, keepdims=True)
     dP = (dA - D) * P
     dO = P @ dV + dP @ V

@@ -60,6 +60,60 @@ OPTIONAL = ()  # inputs that may be None: their terms are left out
 SPEC = "self_attention"
 
 
+def _functional(a):
+    """Is a traced (torch.compile, torch.export) or transformed (torch.func's vmap, grad, jvp)? Then no out= and
+    no branch on its values: what eager code does in place or only where needed is done for every row."""
+    return torch.compiler.is_compiling() or torch._C._functorch.is_functorch_wrapped_tensor(a)
+
+
+def _madvise():
+    """libc's madvise (ctypes, loaded once), or None off Linux or where libc cannot be loaded."""
+    found = getattr(_madvise, "found", False)
+    if found is False:
+        found = None
+        import sys
+
+        if sys.platform.startswith("linux"):
+            import ctypes
+
+            try:
+                found = ctypes.CDLL(None, use_errno=True).madvise
+                found.argtypes, found.restype = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int], ctypes.c_int
+            except (OSError, AttributeError):  # pragma: no cover - a libc without madvise
+                found = None
+        _madvise.found = found
+    return found
+
+
+def big_matmul(a, b):
+    """a @ b for a product much larger than its factors (the scores Q Kᵀ, dP = dO Vᵀ: n × m from n × d and
+    d × m). In eager CPU code the result is written into memory advised for transparent huge pages, as NumPy
+    advises its own large arrays: torch's allocator maps a fresh n × m tensor in 4 KiB pages, and the GEMM's first
+    touch of each one faults (1 × 8 × 1024², float32, one thread: 35 → 19 ms). Traced, transformed or under
+    autograd, plainly a @ b."""
+    if _functional(a) or _functional(b) or a.requires_grad or b.requires_grad or a.device.type != "cpu":
+        return a @ b
+    if a.dtype != b.dtype or a.dim() < 2 or b.dim() < 2:
+        return a @ b
+    shape = (*torch.broadcast_shapes(a.shape[:-2], b.shape[:-2]), a.shape[-2], b.shape[-1])
+    return torch.matmul(a, b, out=huge_empty(shape, a))
+
+
+def huge_empty(shape, like):
+    """An uninitialised tensor of like's dtype and device; on Linux, one of 4 MiB or more has its whole 2 MiB
+    pages advised for transparent huge pages (madvise MADV_HUGEPAGE, before anything touches them: NumPy's own
+    rule for its arrays). Where the advice is not available, a plain torch.empty."""
+    out = torch.empty(shape, dtype=like.dtype, device=like.device)
+    if out.device.type != "cpu" or out.numel() * out.element_size() < 4 << 20:
+        return out
+    madvise = _madvise()
+    start = -(-out.data_ptr() // (2 << 20)) * (2 << 20)  # the 2 MiB pages inside the tensor
+    stop = (out.data_ptr() + out.numel() * out.element_size()) // (2 << 20) * (2 << 20)
+    if madvise is not None and stop > start:
+        madvise(start, stop - start, 14)  # MADV_HUGEPAGE
+    return out
+
+
 def matmul_tn(a, b):
     """aᵀ b, for a (..., k, r) much wider than b (..., k, c). From r = 1024 rows on it is computed as (bᵀ a)ᵀ,
     the same values: torch's CPU GEMM (MKL) multiplies a long transposed left operand by a thin one at about
@@ -244,7 +298,7 @@ def _forward(X, W_Q, W_K, W_V, block_size):
     for start in range(0, max(Q.shape[-2], 1), block_size):  # one pass with no rows: results get their shapes
         block = slice(start, start + block_size)
         Q_b = Q[..., block, :]
-        A_b = (scale * Q_b) @ K.mT
+        A_b = big_matmul(scale * Q_b, K.mT)
         P_b, L_b = row_softmax_lse(A_b)
         O_b = P_b @ V
         O_blocks.append(O_b)
@@ -288,10 +342,10 @@ def _backward(saved, grad_out):
         Q_b = Q[..., block, :]
         grad_out_b = grad_out[..., block, :]
         D_b = D[..., block, :]
-        A_b = (scale * Q_b) @ K.mT
+        A_b = big_matmul(scale * Q_b, K.mT)
         P_b = A_b.sub_(L_b).exp_()
         del A_b
-        dP_b = grad_out_b @ V.mT
+        dP_b = big_matmul(grad_out_b, V.mT)
         dA_b = dP_b.sub_(D_b).mul_(P_b)
         del dP_b
         dQ_b = dA_b @ (scale * K)
@@ -302,7 +356,7 @@ def _backward(saved, grad_out):
         del dA_b
     dQ = dQ_blocks[0] if len(dQ_blocks) == 1 else torch.cat(dQ_blocks, dim=-2)
     dQKV = torch.cat([dQ, dK, dV], dim=-1)
-    dX = dQKV @ W_QKV.mT
+    dX = big_matmul(dQKV, W_QKV.mT)
     dW_QKV = rows(X).mT @ rows(dQKV)
     dW_Q = dW_QKV[..., :, :d_k]
     dW_K = dW_QKV[..., :, d_k : 2 * d_k]
@@ -414,12 +468,6 @@ DIRECTION_OF = {
 }
 INPUTS = ("X", "W_Q", "W_K", "W_V")  # the Function's tensor inputs
 COTANGENT = "G_out"
-
-
-def _functional(a):
-    """Is a traced (torch.compile, torch.export) or transformed (torch.func's vmap, grad, jvp)? Then no out= and
-    no branch on its values: what eager code does in place or only where needed is done for every row."""
-    return torch.compiler.is_compiling() or torch._C._functorch.is_functorch_wrapped_tensor(a)
 
 
 def row_softmax(a, out=None):
@@ -619,17 +667,17 @@ def _forward2(X, W_Q, W_K, W_V, G_out, X_v, W_Q_v, W_K_v, W_V_v):
     Q = QKV[..., :, :d_k]
     K = QKV[..., :, d_k : 2 * d_k]
     V = QKV[..., :, 2 * d_k :]
-    A = (scale * Q) @ K.mT
+    A = big_matmul(scale * Q, K.mT)
     P = row_softmax(A)
     O = P @ V
     G_D = (O * G_out).sum(dim=-1, keepdim=True)
     G_V = matmul_tn(P, G_out)
-    G_P = G_out @ V.mT
+    G_P = big_matmul(G_out, V.mT)
     G_A = (G_P - G_D) * P
     G_K = matmul_tn(G_A, scale * Q)
     G_Q = G_A @ (scale * K)
     G_QKV = torch.cat([G_Q, G_K, G_V], dim=-1)
-    G_X = G_QKV @ W_QKV.mT
+    G_X = big_matmul(G_QKV, W_QKV.mT)
     G_W_QKV = rows(X).mT @ rows(G_QKV)
     G_W_Q = G_W_QKV[..., :, :d_k]
     G_W_K = G_W_QKV[..., :, d_k : 2 * d_k]
@@ -686,18 +734,20 @@ def _backward2(saved, grad_out):
     dQ = dQKV[..., :, :d_k]
     dK = dQKV[..., :, d_k : 2 * d_k]
     dV = dQKV[..., :, 2 * d_k :]
-    dA = (scale * Q) @ dK.mT + (scale * dQ) @ K.mT
+    Q_dQ = torch.cat([Q, dQ], dim=-1)
+    dK_K = torch.cat([dK, K], dim=-1)
+    dA = big_matmul(scale * Q_dQ, dK_K.mT)
     D = (P * dA).sum(dim=-1, keepdim=True)
     dP = (dA - D) * P
     dG_out = P @ dV + dP @ V
     dG_D = (G_out * dG_out).sum(dim=-1, keepdim=True)
     dG_V = matmul_tn(dP, G_out)
-    dG_P = G_out @ dV.mT
+    dG_P = big_matmul(G_out, dV.mT)
     dG_A = (G_P - G_D) * dP + (dG_P - dG_D) * P
     dG_K = scale * (matmul_tn(G_A, dQ) + matmul_tn(dG_A, Q))
     dG_Q = scale * (G_A @ dK + dG_A @ K)
     dG_QKV = torch.cat([dG_Q, dG_K, dG_V], dim=-1)
-    dX = G_QKV @ dW_QKV.mT + dG_QKV @ W_QKV.mT
+    dX = big_matmul(G_QKV, dW_QKV.mT) + big_matmul(dG_QKV, W_QKV.mT)
     dG_W_QKV = sum_batch(X.mT @ dG_QKV + X_v.mT @ G_QKV)
     dW_Q = dG_W_QKV[..., :, :d_k]
     dW_K = dG_W_QKV[..., :, d_k : 2 * d_k]
@@ -816,16 +866,18 @@ def _jvp(X, W_Q, W_K, W_V, X_t, W_Q_t, W_K_t, W_V_t, block_size):
     dQ = dQKV[..., :, :d_k]
     dK = dQKV[..., :, d_k : 2 * d_k]
     dV = dQKV[..., :, 2 * d_k :]
+    Q_dQ = torch.cat([Q, dQ], dim=-1)
+    dK_K = torch.cat([dK, K], dim=-1)
     O_blocks = []
     dO_blocks = []
     for start in range(0, max(Q.shape[-2], 1), block_size):  # one pass with no rows: results get their shapes
         block = slice(start, start + block_size)
         Q_b = Q[..., block, :]
-        dQ_b = dQ[..., block, :]
-        A_b = (scale * Q_b) @ K.mT
+        Q_dQ_b = Q_dQ[..., block, :]
+        A_b = big_matmul(scale * Q_b, K.mT)
         P_b = row_softmax(A_b, out=A_b)
         O_b = P_b @ V
-        dA_b = (scale * Q_b) @ dK.mT + (scale * dQ_b) @ K.mT
+        dA_b = (scale * Q_dQ_b) @ dK_K.mT
         D_b = (dA_b * P_b).sum(dim=-1, keepdim=True)
         dP_b = (dA_b - D_b) * P_b
         dO_b = P_b @ dV + dP_b @ V

@@ -993,7 +993,9 @@ def _jvp(
     dQ_h = split_heads(add_optional(X_1 @ W_Q_t + dX_1 @ W_Q, b_Q_t), H)
     dK_h = split_heads(add_optional(X_1 @ W_K_t + dX_1 @ W_K, b_K_t), H)
     dV_h = split_heads(add_optional(X_1 @ W_V_t + dX_1 @ W_V, b_V_t), H)
-    dA_h = add_optional((scale * Q_h) @ dK_h.mT + (scale * dQ_h) @ K_h.mT, M_t)
+    Q_h_dQ_h = jnp.concatenate([Q_h, dQ_h], axis=-1)
+    dK_h_K_h = jnp.concatenate([dK_h, K_h], axis=-1)
+    dA_h = add_optional((scale * Q_h_dQ_h) @ dK_h_K_h.mT, M_t)
     D3 = (dA_h * P_h).sum(axis=-1, keepdims=True)
     dP_h = (dA_h - D3) * P_h
     dO_h = P_h @ dV_h + dP_h @ V_h

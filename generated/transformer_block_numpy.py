@@ -123,6 +123,99 @@ SHAPES = {
 OPTIONAL = ("b_Q", "b_K", "b_V", "b_O", "b_1", "b_2")  # inputs that may be None: their terms are left out
 
 
+def _fused_kernels():
+    """The numba kernels of fused_row_softmax, compiled on first use (each dtype on its first call) and shared by
+    every generated module of the process (kept in sys.modules under a private name: one compilation, not one
+    per module); None without numba or with the environment variable SYMATTN_NUMBA=0 (the NumPy passes then)."""
+    made = _fused_kernels.__dict__.get("made", False)
+    if made is not False:
+        return made
+    import os
+    import sys
+    import types
+
+    shared = sys.modules.get("_symattn_fused_softmax_1")  # the version of these kernels: bump it on a change
+    if shared is not None and os.environ.get("SYMATTN_NUMBA", "1") != "0":
+        _fused_kernels.made = shared.made
+        return shared.made
+
+    try:
+        if os.environ.get("SYMATTN_NUMBA", "1") == "0":
+            raise ImportError("SYMATTN_NUMBA=0")
+        import numba
+        from numba.extending import intrinsic
+    except ImportError:
+        _fused_kernels.made = None
+        return None
+    made = _numba_softmax(numba, intrinsic)
+    _fused_kernels.made = made
+    shared = sys.modules["_symattn_fused_softmax_1"] = types.ModuleType("_symattn_fused_softmax_1")
+    shared.made = made
+    return made
+
+
+def _numba_softmax(numba, intrinsic):
+    """The row softmax kernels ({dtype name: kernel(a, top, one)}) compiled lazily by numba."""
+
+    @intrinsic
+    def as_float(typingctx, bits):  # int32 / int64 bits -> float32 / float64: 2^k from its exponent bits
+        def codegen(context, builder, signature, args):
+            return builder.bitcast(args[0], context.get_value_type(signature.return_type))
+
+        return {numba.int32: numba.float32, numba.int64: numba.float64}[bits](bits), codegen
+
+    # exp as a polynomial (Cephes): numba's np.exp is a scalar libm call, which does not vectorize (no SVML);
+    # no reassoc flag here: it would merge the two parts of ln 2 that keep the argument reduction exact
+    exact = {"nsz", "contract", "arcp"}
+
+    @numba.njit(fastmath=exact, inline="always")
+    def exp32(x):
+        """exp(x) for float32 x <= 0 (Cephes expf); x below -87.34 (-inf too) gives 0, NaN gives NaN."""
+        low = x < np.float32(-87.33654)
+        x = max(x, np.float32(-87.33654))
+        k = np.floor(x * np.float32(1.442695) + np.float32(0.5))
+        r = x - k * np.float32(0.693359375) - k * np.float32(-2.12194440e-4)
+        y = np.float32(1.9875691500e-4) * r + np.float32(1.3981999507e-3)
+        y = y * r + np.float32(8.3334519073e-3)
+        y = y * r + np.float32(4.1665795894e-2)
+        y = y * r + np.float32(1.6666665459e-1)
+        y = y * r + np.float32(5.0000001201e-1)
+        y = y * (r * r) + r + np.float32(1.0)
+        return np.float32(0.0) if low else y * as_float(np.int32((np.int64(k) + 127) << 23))
+
+    @numba.njit(fastmath=exact, inline="always")
+    def exp64(x):
+        """exp(x) for float64 x <= 0 (Cephes exp, a Padé form); x below -708.39 (-inf too) gives 0."""
+        low = x < -708.39
+        x = max(x, -708.39)
+        k = np.floor(x * 1.4426950408889634 + 0.5)
+        r = x - k * 6.93145751953125e-1 - k * 1.42860682030941723212e-6
+        rr = r * r
+        p = r * ((1.26177193074810590878e-4 * rr + 3.02994407707441961300e-2) * rr + 9.99999999999999999910e-1)
+        q = ((3.00198505138664455042e-6 * rr + 2.52448340349684104192e-3) * rr + 2.27265548208155028766e-1) * rr
+        y = 1.0 + 2.0 * (p / (q + 2.00000000000000000009e0 - p))
+        return 0.0 if low else y * as_float((np.int64(k) + 1023) << 52)
+
+    def kernel(exp):
+        @numba.njit(fastmath=exact | {"reassoc"})  # reassoc: the row sum vectorizes
+        def softmax(a, top, one):
+            """Row softmax of a (N, m) in place, given its row maxima top (0 for a row of -inf): exp(a - top)
+            and its sum in one sweep, then the scale (1 / the sum, at least 1 unless the row is all -inf)."""
+            for i in range(a.shape[0]):
+                total, shift = one - one, top[i]
+                for j in range(a.shape[1]):
+                    e = exp(a[i, j] - shift)
+                    a[i, j] = e
+                    total += e
+                scale = one / max(total, one)
+                for j in range(a.shape[1]):
+                    a[i, j] *= scale
+
+        return softmax
+
+    return {"float32": kernel(exp32), "float64": kernel(exp64)}
+
+
 def add_optional(a, b):
     """a + b, or a itself when b is None (an absent bias or mask)."""
     return a if b is None else a + b
@@ -164,6 +257,24 @@ def erf(x):
     return 1.1283791670955126 * np.exp(-a2) * total
 
 
+def fused_row_softmax(a, out=None):
+    """row_softmax by a compiled kernel that sweeps each row once while it is in cache (exp(a - max) and its sum,
+    then the scale), in place: a row of -inf gives zeros. None (the caller's NumPy passes then) without numba,
+    for a dtype other than float32 / float64, an empty or a non-contiguous array."""
+    kernels = _fused_kernels() if a.size and a.dtype.name in ("float32", "float64") else None
+    if kernels is None or not a.flags.c_contiguous or not (out is None or out is a or out.flags.c_contiguous):
+        return None
+    if out is None:
+        out = a.copy()
+    elif out is not a:
+        np.copyto(out, a)
+    flat = out.reshape(-1, out.shape[-1])
+    top = flat.max(axis=-1)
+    top[top == -np.inf] = 0.0  # a row of -inf: exp(-inf) = 0 everywhere, its sum 0, the row zeros
+    kernels[a.dtype.name](flat, top, out.dtype.type(1.0))
+    return out
+
+
 def gelu(a):
     """x Φ(x) = x (1 + erf(x / √2)) / 2, entrywise."""
     return 0.5 * a * (1.0 + erf(a * 0.7071067811865476))
@@ -198,6 +309,9 @@ def layer_norm(a, eps):
 
 def masked_row_softmax(a, out=None):
     """row_softmax for rows that may hold -inf: a row whose entries are all -inf gives zeros, not NaN."""
+    fused = fused_row_softmax(a, out)
+    if fused is not None:
+        return fused
     top = a.max(axis=-1, keepdims=True, initial=-np.inf)
     top[top == -np.inf] = 0.0
     out = np.subtract(a, top, out=out)
@@ -233,6 +347,9 @@ def row_inv_std(a, eps):
 
 def row_softmax(a, out=None):
     """softmax along the last axis, the row max subtracted first; out may be a itself."""
+    fused = fused_row_softmax(a, out)
+    if fused is not None:
+        return fused
     out = np.subtract(a, a.max(axis=-1, keepdims=True, initial=-np.inf), out=out)
     np.exp(out, out=out)
     out /= out.sum(axis=-1, keepdims=True)
@@ -602,12 +719,12 @@ def backward(saved, grad_out):
     dU = np.multiply(dF, gelu_grad(U), out=dF)
     dX_2 = dU @ W_1.mT
     dN_2 = gamma_2 * dX_2
-    D1 = (N_2 * dN_2).sum(axis=-1, keepdims=True)
+    D1 = np.vecdot(N_2, dN_2)[..., None]
     D2 = dN_2.sum(axis=-1, keepdims=True)
     dY = (row_inv_std(Y, eps)) * (c1 * (D1 * N_2) + c1 * D2 + dN_2) + grad_out
     dC = dY @ W_O.mT
     dO_h = split_heads(dC, H)
-    D3 = (O_h * dO_h).sum(axis=-1, keepdims=True)
+    D3 = np.vecdot(O_h, dO_h)[..., None]
     dM = None  # placed block by block
     dX_1W_Q_blocks = []
     dV_h = 0  # summed over the blocks of query rows
@@ -654,7 +771,7 @@ def backward(saved, grad_out):
     dX_1W_K = merge_heads(dK_h, H)
     dX_1 = dX_1W_K @ W_K.mT + dX_1W_Q @ W_Q.mT + dX_1W_V @ W_V.mT
     dN_1 = gamma_1 * dX_1
-    D4 = (N_1 * dN_1).sum(axis=-1, keepdims=True)
+    D4 = np.vecdot(N_1, dN_1)[..., None]
     D5 = dN_1.sum(axis=-1, keepdims=True)
     dX = (row_inv_std(X, eps)) * (c1 * (D4 * N_1) + c1 * D5 + dN_1) + dY
     dW_K = rows(X_1).mT @ rows(dX_1W_K)
@@ -1007,7 +1124,7 @@ def _forward2(
     G_U = (gelu_grad(U)) * G_F
     G_X_2 = G_U @ W_1.mT
     G_N_2 = gamma_2 * G_X_2
-    G_D1 = (N_2 * G_N_2).sum(axis=-1, keepdims=True)
+    G_D1 = np.vecdot(N_2, G_N_2)[..., None]
     G_D2 = G_N_2.sum(axis=-1, keepdims=True)
     t5 = row_inv_std(Y, eps)
     del Y
@@ -1015,7 +1132,7 @@ def _forward2(
     G_C = G_Y @ W_O.mT
     G_O_h = split_heads(G_C, H)
     del G_C
-    G_D3 = (O_h * G_O_h).sum(axis=-1, keepdims=True)
+    G_D3 = np.vecdot(O_h, G_O_h)[..., None]
     G_P_h = G_O_h @ V_h.mT
     G_A_h = (G_P_h - G_D3) * P_h
     G_V_h = P_h.mT @ G_O_h
@@ -1043,7 +1160,7 @@ def _forward2(
     del G_K_h
     G_X_1 = G_X_1W_K @ W_K.mT + G_X_1W_Q @ W_Q.mT + G_X_1W_V @ W_V.mT
     G_N_1 = gamma_1 * G_X_1
-    G_D4 = (N_1 * G_N_1).sum(axis=-1, keepdims=True)
+    G_D4 = np.vecdot(N_1, G_N_1)[..., None]
     G_D5 = G_N_1.sum(axis=-1, keepdims=True)
     t6 = row_inv_std(X, eps)
     G_X = t6 * (c1 * (G_D4 * N_1) + c1 * G_D5 + G_N_1) + G_Y
@@ -1237,7 +1354,7 @@ def _backward2(saved, grad_out):
     D1 = X_v.sum(axis=-1, keepdims=True)
     dG_F = G_out @ W_2_v.mT
     db_2 = None if b_2 is None else np.zeros_like(b_2)
-    t4 = (N_1 * X_v).sum(axis=-1, keepdims=True)
+    t4 = np.vecdot(N_1, X_v)[..., None]
     t1 = np.repeat(t5, H * d_k, axis=-1)
     t2 = np.repeat(t6, H * d_k, axis=-1)
     dN_1 = t2 * (c1 * (t4 * N_1) + c1 * D1 + X_v)
@@ -1246,15 +1363,20 @@ def _backward2(saved, grad_out):
     dQ_h = split_heads(add_optional(X_1 @ W_Q_v + dX_1 @ W_Q, b_Q_v), H)
     dK_h = split_heads(add_optional(X_1 @ W_K_v + dX_1 @ W_K, b_K_v), H)
     dV_h = split_heads(add_optional(X_1 @ W_V_v + dX_1 @ W_V, b_V_v), H)
-    dA_h = (scale * Q_h) @ dK_h.mT + (scale * dQ_h) @ K_h.mT
-    D2 = (P_h * dA_h).sum(axis=-1, keepdims=True)
+    Q_h_dQ_h = np.concatenate([Q_h, dQ_h], axis=-1)
+    dK_h_K_h = np.concatenate([dK_h, K_h], axis=-1)
+    dA_h = (scale * Q_h_dQ_h) @ dK_h_K_h.mT
+    del Q_h_dQ_h, dK_h_K_h
+    D2 = np.vecdot(P_h, dA_h)[..., None]
     dP_h = np.multiply(np.subtract(dA_h, D2, out=dA_h), P_h, out=dA_h)
     del D2, dA_h
     dO_h = P_h @ dV_h + dP_h @ V_h
     dC = merge_heads(dO_h, H)
     dY = add_optional(C @ W_O_v + dC @ W_O + X_v, b_O_v)
     D3 = dY.sum(axis=-1, keepdims=True)
-    t3 = (N_2 * dY).sum(axis=-1, keepdims=True)
+    dV_h_V_h = np.concatenate([dV_h, V_h], axis=-1)
+    del dV_h
+    t3 = np.vecdot(N_2, dY)[..., None]
     dN_2 = t1 * (c1 * (t3 * N_2) + c1 * D3 + dY)
     del D3
     dX_2 = beta_2_v + gamma_2 * dN_2 + gamma_2_v * N_2
@@ -1279,8 +1401,9 @@ def _backward2(saved, grad_out):
     del dG_C
     dG_D3 = (np.add(np.multiply(dO_h, G_O_h, out=dO_h), O_h * dG_O_h, out=dO_h)).sum(axis=-1, keepdims=True)
     del dO_h
-    dG_P_h = G_O_h @ dV_h.mT + dG_O_h @ V_h.mT
-    del dV_h
+    G_O_h_dG_O_h = np.concatenate([G_O_h, dG_O_h], axis=-1)
+    dG_P_h = G_O_h_dG_O_h @ dV_h_V_h.mT
+    del G_O_h_dG_O_h, dV_h_V_h
     dG_A_h = (G_P_h - G_D3) * dP_h + (dG_P_h - dG_D3) * P_h
     del dG_D3, dG_P_h
     dG_V_h = P_h.mT @ dG_O_h + dP_h.mT @ G_O_h
@@ -1724,13 +1847,15 @@ def _jvp(
     Q_h = split_heads(add_optional(X_1 @ W_Q, b_Q), H)
     K_h = split_heads(add_optional(X_1 @ W_K, b_K), H)
     V_h = split_heads(add_optional(X_1 @ W_V, b_V), H)
-    D1 = (N_1 * X_t).sum(axis=-1, keepdims=True)
+    D1 = np.vecdot(N_1, X_t)[..., None]
     D2 = X_t.sum(axis=-1, keepdims=True)
     dN_1 = (row_inv_std(X, eps)) * ((-1 / (H * d_k)) * (D1 * N_1) + (-1 / (H * d_k)) * D2 + X_t)
     dX_1 = np.add(np.add(np.multiply(dN_1, gamma_1, out=dN_1), beta_1_t, out=dN_1), gamma_1_t * N_1, out=dN_1)
     dQ_h = split_heads(add_optional(X_1 @ W_Q_t + dX_1 @ W_Q, b_Q_t), H)
     dK_h = split_heads(add_optional(X_1 @ W_K_t + dX_1 @ W_K, b_K_t), H)
     dV_h = split_heads(add_optional(X_1 @ W_V_t + dX_1 @ W_V, b_V_t), H)
+    Q_h_dQ_h = np.concatenate([Q_h, dQ_h], axis=-1)
+    dK_h_K_h = np.concatenate([dK_h, K_h], axis=-1)
     O_h_blocks = []
     dC_blocks = []
     block_size = rows_per_block(M, causal, Q_h)
@@ -1739,18 +1864,18 @@ def _jvp(
         keys = key_range(M, causal, block, K_h.shape[-2])
         K_h_k = K_h[..., keys, :]
         V_h_k = V_h[..., keys, :]
-        dK_h_k = dK_h[..., keys, :]
+        dK_h_K_h_k = dK_h_K_h[..., keys, :]
         dV_h_k = dV_h[..., keys, :]
         M_b = None if M is None else M[..., block, keys]
         Q_h_b = Q_h[..., block, :]
         M_t_b = None if M_t is None else M_t[..., block, keys]
-        dQ_h_b = dQ_h[..., block, :]
+        Q_h_dQ_h_b = Q_h_dQ_h[..., block, :]
         A_h_b = add_optional((scale * Q_h_b) @ K_h_k.mT, M_b)
         A_h_b = causal_fill(A_h_b, block, keys) if causal else A_h_b
         P_h_b = row_softmax(A_h_b, out=A_h_b) if M is None else masked_row_softmax(A_h_b, out=A_h_b)
         O_h_b = P_h_b @ V_h_k
-        dA_h_b = add_optional((scale * Q_h_b) @ dK_h_k.mT + (scale * dQ_h_b) @ K_h_k.mT, M_t_b)
-        D3_b = (dA_h_b * P_h_b).sum(axis=-1, keepdims=True)
+        dA_h_b = add_optional((scale * Q_h_dQ_h_b) @ dK_h_K_h_k.mT, M_t_b)
+        D3_b = np.vecdot(dA_h_b, P_h_b)[..., None]
         dP_h_b = np.multiply(np.subtract(dA_h_b, D3_b, out=dA_h_b), P_h_b, out=dA_h_b)
         del D3_b, dA_h_b
         dO_h_b = P_h_b @ dV_h_k + dP_h_b @ V_h_k
@@ -1769,7 +1894,7 @@ def _jvp(
     F = gelu(U)
     Z = Y + add_optional(F @ W_2, b_2)
     dY = add_optional(C @ W_O_t + dC @ W_O + X_t, b_O_t)
-    D4 = (N_2 * dY).sum(axis=-1, keepdims=True)
+    D4 = np.vecdot(N_2, dY)[..., None]
     D5 = dY.sum(axis=-1, keepdims=True)
     dN_2 = (row_inv_std(Y, eps)) * ((-1 / (H * d_k)) * (D4 * N_2) + (-1 / (H * d_k)) * D5 + dY)
     dX_2 = np.add(np.add(np.multiply(dN_2, gamma_2, out=dN_2), beta_2_t, out=dN_2), gamma_2_t * N_2, out=dN_2)

@@ -130,6 +130,25 @@ def _functional(a):
     return torch.compiler.is_compiling() or torch._C._functorch.is_functorch_wrapped_tensor(a)
 
 
+def _madvise():
+    """libc's madvise (ctypes, loaded once), or None off Linux or where libc cannot be loaded."""
+    found = getattr(_madvise, "found", False)
+    if found is False:
+        found = None
+        import sys
+
+        if sys.platform.startswith("linux"):
+            import ctypes
+
+            try:
+                found = ctypes.CDLL(None, use_errno=True).madvise
+                found.argtypes, found.restype = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int], ctypes.c_int
+            except (OSError, AttributeError):  # pragma: no cover - a libc without madvise
+                found = None
+        _madvise.found = found
+    return found
+
+
 def add_optional(a, b):
     """a + b, or a itself when b is None (an absent bias or mask)."""
     return a if b is None else a + b
@@ -150,6 +169,20 @@ def add_rows(total, keys, part, m):
         total = part.new_zeros(shape[:-2] + shape[:-3:-1]).mT if transposed else part.new_zeros(shape)
     total[..., keys, :] += part
     return total
+
+
+def big_matmul(a, b):
+    """a @ b for a product much larger than its factors (the scores Q Kᵀ, dP = dO Vᵀ: n × m from n × d and
+    d × m). In eager CPU code the result is written into memory advised for transparent huge pages, as NumPy
+    advises its own large arrays: torch's allocator maps a fresh n × m tensor in 4 KiB pages, and the GEMM's first
+    touch of each one faults (1 × 8 × 1024², float32, one thread: 35 → 19 ms). Traced, transformed or under
+    autograd, plainly a @ b."""
+    if _functional(a) or _functional(b) or a.requires_grad or b.requires_grad or a.device.type != "cpu":
+        return a @ b
+    if a.dtype != b.dtype or a.dim() < 2 or b.dim() < 2:
+        return a @ b
+    shape = (*torch.broadcast_shapes(a.shape[:-2], b.shape[:-2]), a.shape[-2], b.shape[-1])
+    return torch.matmul(a, b, out=huge_empty(shape, a))
 
 
 def causal_fill(scores, rows, keys):
@@ -175,6 +208,21 @@ def gelu(a):
 def gelu_grad(a):
     """GELU′(x) = Φ(x) + x φ(x), entrywise."""
     return 0.5 * (1.0 + torch.erf(a * 0.7071067811865476)) + a * torch.exp(-0.5 * a * a) * 0.3989422804014327
+
+
+def huge_empty(shape, like):
+    """An uninitialised tensor of like's dtype and device; on Linux, one of 4 MiB or more has its whole 2 MiB
+    pages advised for transparent huge pages (madvise MADV_HUGEPAGE, before anything touches them: NumPy's own
+    rule for its arrays). Where the advice is not available, a plain torch.empty."""
+    out = torch.empty(shape, dtype=like.dtype, device=like.device)
+    if out.device.type != "cpu" or out.numel() * out.element_size() < 4 << 20:
+        return out
+    madvise = _madvise()
+    start = -(-out.data_ptr() // (2 << 20)) * (2 << 20)  # the 2 MiB pages inside the tensor
+    stop = (out.data_ptr() + out.numel() * out.element_size()) // (2 << 20) * (2 << 20)
+    if madvise is not None and stop > start:
+        madvise(start, stop - start, 14)  # MADV_HUGEPAGE
+    return out
 
 
 def key_range(mask, causal, rows, m):
@@ -226,16 +274,20 @@ def merge_heads(a, heads):
     return a.reshape(*a.shape[:-2], a.shape[-2] * a.shape[-1])
 
 
+def placed_rows(whole):
+    """The value put_rows made, after the loop: traced or transformed, its blocks (a list) concatenated once."""
+    return torch.cat(whole, dim=-2) if isinstance(whole, list) else whole
+
+
 def put_rows(whole, rows, keys, part, n, m):
     """An n × m value made block by block: part (..., b, k) placed at its rows and keys, zero on the other keys
     of those rows (the ones the block skipped); whole is None before the first block."""
     if whole is None and part.shape[-2:] == (n, m) and part._base is None:  # one block, every key: part is the whole
         return part
-    if _functional(part):  # no in-place update: part padded with zero keys, the rows concatenated
-        padded = torch.nn.functional.pad(part, (keys.start, m - keys.stop))
-        return padded if whole is None else torch.cat([whole, padded], dim=-2)
+    if _functional(part):  # no in-place update: the blocks padded with zero keys, concatenated by placed_rows
+        return [*(whole or []), torch.nn.functional.pad(part, (keys.start, m - keys.stop))]
     if whole is None:
-        whole = part.new_empty((*part.shape[:-2], n, m))
+        whole = huge_empty((*part.shape[:-2], n, m), part)
     whole[..., rows, : keys.start] = 0.0
     whole[..., rows, keys] = part
     whole[..., rows, keys.stop :] = 0.0
@@ -265,9 +317,9 @@ def rows(a):
 def rows_per_block(mask, causal, query):
     """Query rows per block of a standard module's loop: 128 where the mask may let a block skip keys (causal,
     or any mask: key_range finds the keys each block sees), else all rows in one block (no mask: the whole
-    computation at once, nothing to skip). Traced or transformed, one block too: the blocks of an n × m value
-    would be concatenated rather than written in place, and a compiled graph fuses the whole."""
-    if _functional(query) or not (causal or mask is not None):
+    computation at once, nothing to skip). Traced or transformed, blocks only for causal: key_range knows no
+    other mask's keys there (no branch on its values), and a compiled graph fuses the whole."""
+    if not (causal or (mask is not None and not _functional(query))):
         return max(query.shape[-2], 1)
     return 128
 
@@ -574,13 +626,14 @@ def _forward(
         V_h_k = V_h[..., keys, :]
         M_b = None if M is None else M[..., block, keys]
         Q_h_b = Q_h[..., block, :]
-        A_h_b = add_optional((scale * Q_h_b) @ K_h_k.mT, M_b)
+        A_h_b = add_optional(big_matmul(scale * Q_h_b, K_h_k.mT), M_b)
         A_h_b = causal_fill(A_h_b, block, keys) if causal else A_h_b
         P_h_b = row_softmax(A_h_b, out=A_h_b) if M is None else masked_row_softmax(A_h_b, out=A_h_b)
         O_h_b = P_h_b @ V_h_k
         O_h_blocks.append(O_h_b)
         P_h = put_rows(P_h, block, keys, P_h_b, Q_h.shape[-2], K_h.shape[-2])
     O_h = O_h_blocks[0] if len(O_h_blocks) == 1 else torch.cat(O_h_blocks, dim=-2)
+    P_h = placed_rows(P_h)
     C = merge_heads(O_h, H)
     Y = add_optional(C @ W_O + X, b_O)
     N_2 = layer_norm(Y, eps)
@@ -692,7 +745,7 @@ def _backward(saved, grad_out):
         dO_h_b = dO_h[..., block, :]
         D3_b = D3[..., block, :]
         X_1_b = X_1[..., block, :]
-        dP_h_b = dO_h_b @ V_h_k.mT
+        dP_h_b = big_matmul(dO_h_b, V_h_k.mT)
         dA_h_b = dP_h_b.sub_(D3_b).mul_(P_h_b)
         del dP_h_b
         dQ_h_b = dA_h_b @ (scale * K_h_k)
@@ -706,6 +759,7 @@ def _backward(saved, grad_out):
         dW_Q += rows(X_1_b).mT @ rows(dX_1W_Q_b)
         if b_Q is not None:
             db_Q += rows(dX_1W_Q_b).sum(dim=0, keepdim=True)
+    dM = placed_rows(dM)
     dX_1W_Q = dX_1W_Q_blocks[0] if len(dX_1W_Q_blocks) == 1 else torch.cat(dX_1W_Q_blocks, dim=-2)
     dW_O = rows(C).mT @ rows(dY)
     db_O = None if b_O is None else rows(dY).sum(dim=0, keepdim=True)
@@ -1518,7 +1572,7 @@ def _forward2(
     Q_h = split_heads(add_optional(X_1 @ W_Q, b_Q), H)
     K_h = split_heads(add_optional(X_1 @ W_K, b_K), H)
     V_h = split_heads(add_optional(X_1 @ W_V, b_V), H)
-    A_h = add_optional((scale * Q_h) @ K_h.mT, M)
+    A_h = add_optional(big_matmul(scale * Q_h, K_h.mT), M)
     P_h = row_softmax(A_h) if M is None else masked_row_softmax(A_h)
     O_h = P_h @ V_h
     C = merge_heads(O_h, H)
@@ -1538,7 +1592,7 @@ def _forward2(
     G_C = G_Y @ W_O.mT
     G_O_h = split_heads(G_C, H)
     G_D3 = (O_h * G_O_h).sum(dim=-1, keepdim=True)
-    G_P_h = G_O_h @ V_h.mT
+    G_P_h = big_matmul(G_O_h, V_h.mT)
     G_A_h = (G_P_h - G_D3) * P_h
     G_V_h = matmul_tn(P_h, G_O_h)
     G_K_h = matmul_tn(G_A_h, scale * Q_h)
@@ -1744,13 +1798,16 @@ def _backward2(saved, grad_out):
     dQ_h = split_heads(add_optional(X_1 @ W_Q_v + dX_1 @ W_Q, b_Q_v), H)
     dK_h = split_heads(add_optional(X_1 @ W_K_v + dX_1 @ W_K, b_K_v), H)
     dV_h = split_heads(add_optional(X_1 @ W_V_v + dX_1 @ W_V, b_V_v), H)
-    dA_h = (scale * Q_h) @ dK_h.mT + (scale * dQ_h) @ K_h.mT
+    Q_h_dQ_h = torch.cat([Q_h, dQ_h], dim=-1)
+    dK_h_K_h = torch.cat([dK_h, K_h], dim=-1)
+    dA_h = big_matmul(scale * Q_h_dQ_h, dK_h_K_h.mT)
     D2 = (P_h * dA_h).sum(dim=-1, keepdim=True)
     dP_h = (dA_h - D2) * P_h
     dO_h = P_h @ dV_h + dP_h @ V_h
     dC = merge_heads(dO_h, H)
     dY = add_optional(C @ W_O_v + dC @ W_O + X_v, b_O_v)
     D3 = dY.sum(dim=-1, keepdim=True)
+    dV_h_V_h = torch.cat([dV_h, V_h], dim=-1)
     t3 = (N_2 * dY).sum(dim=-1, keepdim=True)
     dN_2 = t1 * (c1 * (t3 * N_2) + c1 * D3 + dY)
     dX_2 = beta_2_v + gamma_2 * dN_2 + gamma_2_v * N_2
@@ -1772,7 +1829,8 @@ def _backward2(saved, grad_out):
     dG_C = G_Y @ W_O_v.mT + dG_Y @ W_O.mT
     dG_O_h = split_heads(dG_C, H)
     dG_D3 = (G_O_h * dO_h + O_h * dG_O_h).sum(dim=-1, keepdim=True)
-    dG_P_h = G_O_h @ dV_h.mT + dG_O_h @ V_h.mT
+    G_O_h_dG_O_h = torch.cat([G_O_h, dG_O_h], dim=-1)
+    dG_P_h = big_matmul(G_O_h_dG_O_h, dV_h_V_h.mT)
     dG_A_h = (G_P_h - G_D3) * dP_h + (dG_P_h - dG_D3) * P_h
     dG_V_h = matmul_tn(P_h, dG_O_h) + matmul_tn(dP_h, G_O_h)
     dG_K_h = scale * (matmul_tn(G_M, dQ_h) + matmul_tn(dG_A_h, Q_h))
@@ -2409,6 +2467,8 @@ def _jvp(
     dQ_h = split_heads(add_optional(X_1 @ W_Q_t + dX_1 @ W_Q, b_Q_t), H)
     dK_h = split_heads(add_optional(X_1 @ W_K_t + dX_1 @ W_K, b_K_t), H)
     dV_h = split_heads(add_optional(X_1 @ W_V_t + dX_1 @ W_V, b_V_t), H)
+    Q_h_dQ_h = torch.cat([Q_h, dQ_h], dim=-1)
+    dK_h_K_h = torch.cat([dK_h, K_h], dim=-1)
     O_h_blocks = []
     dC_blocks = []
     block_size = rows_per_block(M, causal, Q_h)
@@ -2417,17 +2477,17 @@ def _jvp(
         keys = key_range(M, causal, block, K_h.shape[-2])
         K_h_k = K_h[..., keys, :]
         V_h_k = V_h[..., keys, :]
-        dK_h_k = dK_h[..., keys, :]
+        dK_h_K_h_k = dK_h_K_h[..., keys, :]
         dV_h_k = dV_h[..., keys, :]
         M_b = None if M is None else M[..., block, keys]
         Q_h_b = Q_h[..., block, :]
         M_t_b = None if M_t is None else M_t[..., block, keys]
-        dQ_h_b = dQ_h[..., block, :]
-        A_h_b = add_optional((scale * Q_h_b) @ K_h_k.mT, M_b)
+        Q_h_dQ_h_b = Q_h_dQ_h[..., block, :]
+        A_h_b = add_optional(big_matmul(scale * Q_h_b, K_h_k.mT), M_b)
         A_h_b = causal_fill(A_h_b, block, keys) if causal else A_h_b
         P_h_b = row_softmax(A_h_b, out=A_h_b) if M is None else masked_row_softmax(A_h_b, out=A_h_b)
         O_h_b = P_h_b @ V_h_k
-        dA_h_b = add_optional((scale * Q_h_b) @ dK_h_k.mT + (scale * dQ_h_b) @ K_h_k.mT, M_t_b)
+        dA_h_b = add_optional((scale * Q_h_dQ_h_b) @ dK_h_K_h_k.mT, M_t_b)
         D3_b = (dA_h_b * P_h_b).sum(dim=-1, keepdim=True)
         dP_h_b = (dA_h_b - D3_b) * P_h_b
         dO_h_b = P_h_b @ dV_h_k + dP_h_b @ V_h_k

@@ -26,6 +26,7 @@ from symattn.lang.ops import (
 from symattn.numeric.lambdify import lambdify
 from symattn.optimize.simplify import simplify, simplify_all
 from symattn.specs import Spec, spec, specs
+from symattn.specs.masking import with_mask
 from symattn.trace.checking import check_backward
 from symattn.trace.source import from_torch
 from symattn.version import __version__
@@ -67,4 +68,5 @@ __all__ = [
     "split_heads",
     "sum",
     "tanh",
+    "with_mask",
 ]

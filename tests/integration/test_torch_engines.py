@@ -69,7 +69,15 @@ def _cases() -> dict:
     gqa = mha_torch.MultiHeadAttention(E, num_heads=H, num_kv_heads=2, bias=True, dtype=torch.float64)
     layer = transformer_block_torch.TransformerEncoderLayer(E, H, 8, dropout=0.0, dtype=torch.float64)
     causal = torch.ones(L, L, dtype=torch.bool).triu(1)
+    # 300 query rows: three blocks of rows (128, 128, 44), each reading its causal key range, traced too
+    long = tuple(torch.randn(2, 300, 4, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    long_padding = torch.zeros(2, 300, dtype=torch.bool)
+    long_padding[0, :5] = True
     return {
+        "attention causal, blocks of rows": (
+            lambda a, b, c: attention_torch.forward(a, b, c, causal=True, key_padding_mask=long_padding),
+            long,
+        ),
         "attention": (attention_torch.forward, (q, k, v)),
         "attention causal": (lambda a, b, c: attention_torch.forward(a, b, c, causal=True), (q, k, v)),
         "attention float mask": (lambda a, b, c, m: attention_torch.forward(a, b, c, attn_mask=m), (q, k, v, bias)),

@@ -178,3 +178,23 @@ def test_vmap_and_per_sample_gradients(name):
             torch.func.vmap(torch.func.grad(loss(f)), in_dims=(None, 0, *[0] * len(batched)))(w, x, *batched),
             torch.func.vmap(torch.func.grad(loss(ref)), in_dims=(None, 0, *[0] * len(batched)))(w, x, *batched),
         )
+
+
+def test_causal_blocks_of_rows_under_transforms():
+    # 200 query rows: two blocks (128, 72), each reading its causal key range; transformed, the blocks of P are
+    # collected in a list and concatenated once (put_rows, placed_rows)
+    f = CASES["attention-causal"][0]
+    x, k, v = _random((2, 200, 4), (2, 200, 4), (2, 200, 3), seed=3)
+    mask = _causal(200)
+
+    def ref(q, k, v):
+        return _attention(q, k, v, mask)
+
+    _close(torch.func.grad(_loss(f, (k, v)))(x), torch.func.grad(_loss(ref, (k, v)))(x))
+    per_sample = torch.func.vmap(torch.func.grad(lambda q, k, v: f(q, k, v).sin().sum()))
+    _close(per_sample(x, k, v), torch.func.vmap(torch.func.grad(lambda q, k, v: ref(q, k, v).sin().sum()))(x, k, v))
+    t = torch.randn_like(x)
+    for a, b in zip(
+        torch.func.jvp(lambda q: f(q, k, v), (x,), (t,)), torch.func.jvp(lambda q: ref(q, k, v), (x,), (t,))
+    ):
+        _close(a, b)

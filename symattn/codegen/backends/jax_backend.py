@@ -30,6 +30,7 @@ class JaxMatrixPrinter(GeneratedNumPyPrinter):
     concatenate_function = "jnp.concatenate"
     runtime = JAX_RUNTIME
     inplace = False  # immutable arrays: no out=, no in-place update
+    row_dot_function = None  # XLA fuses the product into the sum
     backend = JAX
     # SymPy's NumPy printer names numpy functions (MatPow: numpy.linalg.matrix_power); their jax forms
     numpy_functions = {

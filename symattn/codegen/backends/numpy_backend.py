@@ -23,6 +23,7 @@ class GeneratedNumPyPrinter(GeneratedCodeMixin, NumPyMatrixPrinter):
 
     runtime = GENERATED_NUMPY_RUNTIME
     backend = NUMPY
+    row_dot_function = "np.vecdot"  # rowsum(X ⊙ Y) without the X ⊙ Y temporary (NumPy ≥ 2.0)
 
     def _print_OneMatrix(self, expr: Basic) -> str:
         return f"np.ones(({self._print(expr.shape[0])}, {self._print(expr.shape[1])}), dtype=dtype)"

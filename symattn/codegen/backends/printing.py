@@ -9,7 +9,8 @@ reshape to (…, H, n, d_k). On top of ``NumPyMatrixPrinter`` they print
 - what the statement's plan (``schedule.plan``) decided: the dying array a value is computed into, the order
   of a product and the factor its scalar multiplies (scale·Q Kᵀ is (scale·Q) Kᵀ);
 - a weight's gradient Lᵀ R, summed over the batch, as one product of the
-  flattened rows, rows(L)ᵀ rows(R).
+  flattened rows, rows(L)ᵀ rows(R);
+- rowsum(X ⊙ Y) as one row-wise dot product where the backend has one (NumPy's vecdot: no X ⊙ Y array).
 
 Each backend's printer adds its module's names (``np``, ``torch``, ``jnp``) and in-place forms.
 """
@@ -22,7 +23,7 @@ from contextlib import contextmanager
 
 import sympy as sp
 from sympy import Basic, MatrixExpr
-from sympy.matrices.expressions import MatAdd, MatMul, OneMatrix, Transpose
+from sympy.matrices.expressions import HadamardProduct, MatAdd, MatMul, OneMatrix, Transpose
 
 from symattn.codegen.schedule.chains import split_ones
 from symattn.codegen.schedule.plan import NO_BUFFERS, Plan, broadcast_column, cheapest_tree, scaled_factor
@@ -125,6 +126,23 @@ class GeneratedCodeMixin:
         args = [broadcast_column(a) or a for a in expr.args] if full else expr.args
         return " * ".join(self._atom(a) for a in args)
 
+    # the function of two arrays that sums their entrywise product along the last axis, without making it (None:
+    # the product made, then summed; XLA fuses the two, and torch's vecdot makes the product anyway)
+    row_dot_function: str | None = None
+
+    def _print_RowSum(self, expr: Basic) -> str:
+        """rowsum(X ⊙ Y) of full-shape X, Y as one row-wise dot product: no temporary of X's size."""
+        arg = expr.arg
+        if (
+            self.row_dot_function is None
+            or not isinstance(arg, HadamardProduct)
+            or any(broadcast_column(a) is not None or a.shape != arg.shape for a in arg.args)
+        ):
+            return super()._print_RowSum(expr)
+        *rest, last = arg.args
+        first = self._print(rest[0]) if len(rest) == 1 else self._print(HadamardProduct(*rest))
+        return f"{self.row_dot_function}({first}, {self._print(last)})[..., None]"
+
     def _print_Elementwise(self, expr: Basic) -> str:
         buffer = self.plan.buffer(expr.arg) if expr.arg.shape == expr.shape else None
         if buffer is None or not expr.inplace:  # ufuncs with out= / in-place methods
@@ -154,6 +172,10 @@ class GeneratedCodeMixin:
     def concatenate_rows(self, blocks: str) -> str:
         """The blocks of rows in the list called blocks, stacked back into one array (one block: itself, no copy)."""
         return f"{blocks}[0] if len({blocks}) == 1 else {self.concatenate_function}({blocks}, {self.axis_keyword}=-2)"
+
+    def placed_rows(self, name: str) -> str:
+        """What a value put_rows placed block by block becomes after the loop ("": it is complete as it is)."""
+        return ""
 
     def mask_gradient(self, value: str, heads: bool) -> str:
         """∂f/∂M from the scores' cotangent (value), summed over the axes M (mask_shape) was broadcast along."""

@@ -7,7 +7,7 @@ from sympy import Basic
 
 from symattn.codegen.backends.backend import Backend
 from symattn.codegen.backends.printing import SCALAR_FUNCTIONS, GeneratedCodeMixin
-from symattn.codegen.schedule.plan import flipped
+from symattn.codegen.schedule.plan import flipped, widens
 from symattn.errors import SymattnError
 from symattn.lang.functions import TORCH
 from symattn.numeric.printers import NumPyMatrixPrinter, power, runtime_functions
@@ -53,6 +53,10 @@ class TorchMatrixPrinter(GeneratedCodeMixin, NumPyMatrixPrinter):
     def batch_scalar(self, text: str) -> str:
         return f"{text}[..., None, None]"
 
+    def placed_rows(self, name: str) -> str:
+        """Traced or transformed, put_rows collects the blocks in a list: one concatenation after the loop."""
+        return f"{self.helper('placed_rows')}({name})"
+
     def mask_gradient(self, value: str, heads: bool) -> str:
         """∂f/∂M of M's shape; autograd carries it on to attn_mask (summed where M was expanded)."""
         return f"{value}.sum_to_size(mask_shape)"
@@ -97,6 +101,8 @@ class TorchMatrixPrinter(GeneratedCodeMixin, NumPyMatrixPrinter):
         if len(mats) == 2 and texts[0].endswith(".mT") and flipped(*mats, self.flip_ratio):
             left, right = (_unwrapped(t) for t in (texts[0].removesuffix(".mT"), texts[1]))
             return f"{self.helper('matmul_tn')}({left}, {right})"
+        if len(mats) == 2 and widens(*mats):
+            return f"{self.helper('big_matmul')}({_unwrapped(texts[0])}, {_unwrapped(texts[1])})"
         return " @ ".join(texts)
 
     def _print_sqrt(self, expr: Basic) -> str:  # pragma: no cover - Pow handles sqrt

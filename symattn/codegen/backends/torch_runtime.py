@@ -99,6 +99,54 @@ def matmul_tn(a, b):
     return a.mT @ b
 
 
+def big_matmul(a, b):
+    """a @ b for a product much larger than its factors (the scores Q Kᵀ, dP = dO Vᵀ: n × m from n × d and
+    d × m). In eager CPU code the result is written into memory advised for transparent huge pages, as NumPy
+    advises its own large arrays: torch's allocator maps a fresh n × m tensor in 4 KiB pages, and the GEMM's first
+    touch of each one faults (1 × 8 × 1024², float32, one thread: 35 → 19 ms). Traced, transformed or under
+    autograd, plainly a @ b."""
+    if _functional(a) or _functional(b) or a.requires_grad or b.requires_grad or a.device.type != "cpu":
+        return a @ b
+    if a.dtype != b.dtype or a.dim() < 2 or b.dim() < 2:
+        return a @ b
+    shape = (*torch.broadcast_shapes(a.shape[:-2], b.shape[:-2]), a.shape[-2], b.shape[-1])
+    return torch.matmul(a, b, out=huge_empty(shape, a))
+
+
+def huge_empty(shape, like):
+    """An uninitialised tensor of like's dtype and device; on Linux, one of 4 MiB or more has its whole 2 MiB
+    pages advised for transparent huge pages (madvise MADV_HUGEPAGE, before anything touches them: NumPy's own
+    rule for its arrays). Where the advice is not available, a plain torch.empty."""
+    out = torch.empty(shape, dtype=like.dtype, device=like.device)
+    if out.device.type != "cpu" or out.numel() * out.element_size() < 4 << 20:
+        return out
+    madvise = _madvise()
+    start = -(-out.data_ptr() // (2 << 20)) * (2 << 20)  # the 2 MiB pages inside the tensor
+    stop = (out.data_ptr() + out.numel() * out.element_size()) // (2 << 20) * (2 << 20)
+    if madvise is not None and stop > start:
+        madvise(start, stop - start, 14)  # MADV_HUGEPAGE
+    return out
+
+
+def _madvise():
+    """libc's madvise (ctypes, loaded once), or None off Linux or where libc cannot be loaded."""
+    found = getattr(_madvise, "found", False)
+    if found is False:
+        found = None
+        import sys
+
+        if sys.platform.startswith("linux"):
+            import ctypes
+
+            try:
+                found = ctypes.CDLL(None, use_errno=True).madvise
+                found.argtypes, found.restype = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int], ctypes.c_int
+            except (OSError, AttributeError):  # pragma: no cover - a libc without madvise
+                found = None
+        _madvise.found = found
+    return found
+
+
 def repeat_columns(a, times):
     """(..., n, 1) -> (..., n, times): the column repeated (a view; a is evaluated once)."""
     return a.expand(*a.shape[:-1], times)
@@ -313,22 +361,26 @@ def put_rows(whole, rows, keys, part, n, m):
     of those rows (the ones the block skipped); whole is None before the first block."""
     if whole is None and part.shape[-2:] == (n, m) and part._base is None:  # one block, every key: part is the whole
         return part
-    if _functional(part):  # no in-place update: part padded with zero keys, the rows concatenated
-        padded = torch.nn.functional.pad(part, (keys.start, m - keys.stop))
-        return padded if whole is None else torch.cat([whole, padded], dim=-2)
+    if _functional(part):  # no in-place update: the blocks padded with zero keys, concatenated by placed_rows
+        return [*(whole or []), torch.nn.functional.pad(part, (keys.start, m - keys.stop))]
     if whole is None:
-        whole = part.new_empty((*part.shape[:-2], n, m))
+        whole = huge_empty((*part.shape[:-2], n, m), part)
     whole[..., rows, : keys.start] = 0.0
     whole[..., rows, keys] = part
     whole[..., rows, keys.stop :] = 0.0
     return whole
 
 
+def placed_rows(whole):
+    """The value put_rows made, after the loop: traced or transformed, its blocks (a list) concatenated once."""
+    return torch.cat(whole, dim=-2) if isinstance(whole, list) else whole
+
+
 def rows_per_block(mask, causal, query):
     """Query rows per block of a standard module's loop: 128 where the mask may let a block skip keys (causal,
     or any mask: key_range finds the keys each block sees), else all rows in one block (no mask: the whole
-    computation at once, nothing to skip). Traced or transformed, one block too: the blocks of an n × m value
-    would be concatenated rather than written in place, and a compiled graph fuses the whole."""
-    if _functional(query) or not (causal or mask is not None):
+    computation at once, nothing to skip). Traced or transformed, blocks only for causal: key_range knows no
+    other mask's keys there (no branch on its values), and a compiled graph fuses the whole."""
+    if not (causal or (mask is not None and not _functional(query))):
         return max(query.shape[-2], 1)
     return 128

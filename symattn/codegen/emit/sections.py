@@ -192,11 +192,11 @@ class Sections:
             call = f"{self.printer.helper(plain)}({operand})"
             if self.mask is not None:
                 call += f" if {self.mask} is None else {self.printer.helper(masked)}({operand})"
-            body.insert(1, Statement(f"{p_b.name}, {l_b.name}" if kept else str(p_b.name), call))
+            body.insert(_after(body, a_b), Statement(f"{p_b.name}, {l_b.name}" if kept else str(p_b.name), call))
         if lp.scores is not None:  # the causal part of the mask, written into the block's scores
             scores = str(lp.scores.name)
             fill = f"{self.printer.helper('causal_fill')}({scores}, block, keys) if causal else {scores}"
-            body.insert(1, Statement(scores, fill))
+            body.insert(_after(body, lp.scores), Statement(scores, fill))
         accumulate = [
             self.statement(a, d, f) for a, d, f in zip(lp.accumulate, dying[len(lp.body) :], frees[len(lp.body) :])
         ]
@@ -234,7 +234,14 @@ class Sections:
         rows = f"{lp.rows_of}.shape[-2]"
         place = f"{self.printer.helper('put_rows')}({name}, block, keys, {block.name}, {rows}, {self._key_count(lp)})"
         # a float mask's gradient: made only when the mask was given
-        return {"full": name, "block": str(block.name), "place": place, "guard": self.gradient_of.get(whole, "")}
+        finish = self.printer.placed_rows(name)
+        return {
+            "full": name,
+            "block": str(block.name),
+            "place": place,
+            "finish": finish,
+            "guard": self.gradient_of.get(whole, ""),
+        }
 
     def _block_rows(self, lp) -> str:
         """block_size = <this>, the rows per block, before the loop ("": the option block_size)."""
@@ -251,6 +258,11 @@ class Sections:
             return []
         call = f"{self.printer.helper('key_range')}({self.mask}, causal, block, {self._key_count(lp)})"
         return [Statement("keys", call), *(Statement(str(k.name), f"{f.name}[..., keys, :]") for k, f in lp.keys)]
+
+
+def _after(body: list[Statement], target: sp.MatrixSymbol) -> int:
+    """Where a statement right after the one assigning target goes (A_b: its softmax, its causal part)."""
+    return next(i for i, line in enumerate(body) if line.target == str(target.name)) + 1
 
 
 def _rows_added(line: Statement, add_rows: str, count: str) -> Statement:

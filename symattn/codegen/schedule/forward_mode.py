@@ -17,7 +17,7 @@ from symattn.autodiff.differentials import differential
 from symattn.codegen.schedule.build import Schedule, _simplified
 from symattn.codegen.schedule.dag import Assignment
 from symattn.codegen.schedule.naming import name_row_sums
-from symattn.codegen.schedule.passes import hoist_hadamard_scalars
+from symattn.codegen.schedule.passes import hoist_hadamard_scalars, stack_products
 from symattn.codegen.schedule.sharing import order
 from symattn.lang.dims import bind_dimensions
 from symattn.lang.graph import matrix_symbols
@@ -50,6 +50,10 @@ def jvp_schedule(first: Schedule) -> tuple[ForwardMode, Schedule]:
     values = _flat_hadamards(hoist_hadamard_scalars(_simplified(values, list(first.forward), write_out=False)))
     # the softmax's rowsum(Ȧ ⊙ P) named (D, an n × 1 column), so that Ṗ is computed into Ȧ, which dies there
     values = order(name_row_sums(values, frozenset(taken)))
+    # Ȧ = c·Q K̇ᵀ + c·Q̇ Kᵀ as one product c·[Q | Q̇] [K̇ | K]ᵀ: the n × m tangent written once
+    weights = set(first.weights) | {str(tangents[x].name) for x in fm.spec.inputs if str(x.name) in first.weights}
+    taken |= {str(a.target.name) for a in values}
+    values = stack_products(values, frozenset(weights), taken, first.forward)
     output = tangents.get(first.output)
     if output is None:  # the output depends on no input (a spec of constants only): its tangent is zero
         output = MatrixSymbol(fresh_name("d" + str(first.output.name), taken, bare=True, first=2), *first.output.shape)

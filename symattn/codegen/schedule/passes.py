@@ -8,14 +8,16 @@ row sums named (FlashAttention's D), compound scalars named (scale = 1/√d_k).
 from __future__ import annotations
 
 import sympy as sp
-from sympy import Basic, MatrixSymbol
+from sympy import Basic, MatrixExpr, MatrixSymbol
 from sympy.matrices.expressions import BlockMatrix, HadamardProduct, MatMul, OneMatrix, Transpose
 
 from symattn.codegen.schedule.chains import left_to_right_flops, tree_flops
 from symattn.codegen.schedule.dag import Assignment, count_uses, is_name, is_trivial, is_weight
+from symattn.codegen.schedule.dag import typical_size as schedule_size
 from symattn.lang import graph
 from symattn.lang.algebra import factors, product, terms, transpose
-from symattn.lang.ops import RowWise
+from symattn.lang.names import fresh_name
+from symattn.lang.ops import MergeHeads, RepeatHeads, RowWise, SplitHeads, SumGroups
 from symattn.optimize.cost import chain_order
 
 
@@ -275,3 +277,118 @@ def reassociate_products(values: list[Assignment]) -> list[Assignment]:
         return expr.replace(lambda e: isinstance(e, MatMul), cheaper)
 
     return [Assignment(a.target, rewrite(a.value), a.reduce_batch) for a in values]
+
+
+def stack_products(
+    values: list[Assignment], unbatched: frozenset[str], taken: set[str], earlier: tuple[Assignment, ...] = ()
+) -> list[Assignment]:
+    """Σ_i c_i L_i R_i (two or more products of one large result) as one product [c_1 L_1 | c_2 L_2 | …] [R_1; R_2; …]
+    where the operands are smaller than the result: one GEMM of inner dimension Σ k_i writes the result once,
+    instead of one array per product and a pass that adds them (Ȧ = c·Q K̇ᵀ + c·Q̇ Kᵀ = c·[Q | Q̇] [K̇ | K]ᵀ).
+
+    The concatenations are named (their names added to taken) just before the value that reads them. Operands
+    joined must have the same leading axes: all batched or all weights (unbatched: the names of the unbatched
+    inputs), with the same heads axis or none (``_layout``); earlier: the assignments before values (a forward
+    mode's forward), which they read.
+    """
+    definitions = {a.target: a.value for a in (*earlier, *values)}
+    layouts: dict[Basic, tuple] = {}
+    out: list[Assignment] = []
+    for a in values:
+        found = _stackable(a.value, lambda x: _layout(x, definitions, unbatched, layouts))
+        if found is None:
+            out.append(a)
+            continue
+        products, rest = found
+        coeffs = [c for c, _, _ in products]
+        common = coeffs[0] if len(set(coeffs)) == 1 else sp.Integer(1)
+        lefts = [left if common != 1 or c == 1 else c * left for c, left, _ in products]
+        rights = [right for _, _, right in products]
+        left, left_value = _stacked(lefts, taken, side=1)
+        right, right_value = _stacked(rights, taken, side=0)
+        out += [Assignment(_symbol(left), left_value), Assignment(_symbol(right), right_value)]
+        value = product(common, left, right, canonical=False)
+        out.append(Assignment(a.target, sp.MatAdd(value, *rest) if rest else value, a.reduce_batch))
+    return out
+
+
+def _stackable(value: Basic, layout) -> tuple[list, list] | None:
+    """([(c_i, L_i, R_i)], the other terms) of a sum worth one product of concatenations, else None."""
+    products, rest = [], []
+    for term in terms(value):
+        coeff, mats = factors(term)
+        named = all(isinstance(m, MatrixSymbol) or (isinstance(m, Transpose) and is_name(m.arg)) for m in mats)
+        if len(mats) == 2 and named and not any(isinstance(x, MatrixExpr) for x in sp.preorder_traversal(coeff)):
+            products.append((coeff, *mats))
+        else:
+            rest.append(term)
+    if len(products) < 2:
+        return None
+    operands = sum(schedule_size(m.shape[0]) * schedule_size(m.shape[1]) for _, *mats in products for m in mats)
+    if schedule_size(value.shape[0]) * schedule_size(value.shape[1]) <= operands:
+        return None
+    for side in (1, 2):
+        kinds = {layout(_bare(p[side])) for p in products}
+        if len(kinds) != 1 or None in kinds:  # a batch or heads axis on one operand and not another
+            return None
+    return products, rest
+
+
+def _stacked(parts: list[Basic], taken: set[str], side: int) -> tuple[Basic, Basic]:
+    """(the factor that stands for the parts side by side, the concatenation it names): the left factors of the
+    products joined along their columns (side 1), the right ones along their rows (side 0). Transposed parts are
+    joined untransposed, along the other axis, and the factor is the transpose of their concatenation."""
+    transposed = all(isinstance(p, Transpose) for p in parts)
+    blocks = [p.arg for p in parts] if transposed else parts
+    along = 1 - side if transposed else side
+    names = [str(_bare(p).name) for p in parts]
+    stem = "_".join(names) if len("".join(names)) <= 12 else "stacked"
+    name = fresh_name(stem, taken, bare=True, first=2, sep="_")
+    taken.add(name)
+    value = BlockMatrix([blocks]) if along == 1 else BlockMatrix([[b] for b in blocks])
+    symbol = MatrixSymbol(name, *value.shape)
+    return (symbol.T if transposed else symbol), value
+
+
+def _symbol(factor: Basic) -> MatrixSymbol:
+    return factor.arg if isinstance(factor, Transpose) else factor
+
+
+def _bare(m: Basic) -> Basic:
+    """The name under a scalar multiple or a transpose."""
+    m = factors(m)[1][0] if isinstance(m, MatMul) else m
+    return m.arg if isinstance(m, Transpose) else m
+
+
+def _layout(x: Basic, definitions: dict, unbatched: frozenset[str], memo: dict) -> tuple | None:
+    """(batched, heads) of a value's leading axes: whether it carries the batch, and its heads axis (H of
+    split_heads, none after merge_heads); None where its operands disagree on the heads. Walked iteratively
+    (post-order through the definitions), each value once."""
+    stack = [x]
+    while stack:
+        node = stack[-1]
+        if node in memo:
+            stack.pop()
+            continue
+        if isinstance(node, MatrixSymbol):
+            parts = [definitions[node]] if node in definitions else []
+        else:
+            parts = [a for a in node.args if isinstance(a, MatrixExpr)]
+        waiting = [p for p in parts if p not in memo]
+        if waiting:
+            stack += waiting
+            continue
+        stack.pop()
+        memo[node] = _layout_of(node, [memo[p] for p in parts], unbatched)
+    return memo[x]
+
+
+def _layout_of(node: Basic, parts: list, unbatched: frozenset[str]) -> tuple | None:
+    """A value's layout from its operands' (a name: its definition's, or an input's own)."""
+    if isinstance(node, MatrixSymbol):
+        return parts[0] if parts else (str(node.name) not in unbatched, None)
+    if isinstance(node, (SplitHeads, RepeatHeads, SumGroups, MergeHeads)):
+        heads = {SplitHeads: "heads", RepeatHeads: "heads", SumGroups: "kv_heads"}.get(type(node))
+        return None if parts[0] is None else (parts[0][0], getattr(node, heads) if heads else None)
+    heads = {p[1] for p in parts if p is not None and p[1] is not None}
+    return None if None in parts or len(heads) > 1 else (any(p[0] for p in parts), next(iter(heads), None))

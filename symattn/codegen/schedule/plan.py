@@ -106,3 +106,10 @@ def flipped(left: Basic, right: Basic, ratio: int | None) -> bool:
     if ratio is None or not isinstance(left, Transpose):
         return False
     return schedule_size(left.shape[0]) >= ratio * schedule_size(right.shape[1])
+
+
+def widens(left: Basic, right: Basic) -> bool:
+    """Is left·right at least twice as large as either factor (at ``TYPICAL_SIZES``): an n × m product of thin
+    factors, such as the scores Q Kᵀ, whose fresh result the torch runtime's big_matmul places in huge pages?"""
+    size = schedule_size(left.shape[0] * right.shape[1])
+    return size >= 2 * max(schedule_size(left.shape[0] * left.shape[1]), schedule_size(right.shape[0] * right.shape[1]))

@@ -16,12 +16,22 @@ from dataclasses import dataclass, field
 
 import sympy as sp
 from sympy import Basic, MatrixSymbol
-from sympy.matrices.expressions import MatMul, OneMatrix, Transpose
+from sympy.matrices.expressions import (
+    BlockMatrix,
+    HadamardPower,
+    HadamardProduct,
+    MatAdd,
+    MatMul,
+    MatrixExpr,
+    OneMatrix,
+    Transpose,
+)
 
 from symattn.codegen.schedule.build import Schedule
 from symattn.codegen.schedule.dag import Assignment
 from symattn.errors import SymattnError
 from symattn.lang.algebra import factors
+from symattn.lang.functions import Elementwise
 from symattn.lang.graph import matrix_symbols
 from symattn.lang.ops import Exp, RowSoftmax
 
@@ -64,25 +74,94 @@ class Plan:
     saved: tuple[Basic, ...]
 
 
-def _attention_core(sched: Schedule) -> tuple[int, Basic, set]:
-    """Where P = softmax(A) is among the forward assignments, X of A = c·X Zᵀ, and {Z, V} of O = P V."""
+@dataclass
+class Core:
+    """The attention core of a schedule: the scores chain S = c·X Zᵀ (+ n × m terms), … , A (+ M), each an n × m
+    value made entrywise from the ones before it; P = softmax(A) at ``softmax`` (an index into the forward);
+    O = P V at ``output``; ``query`` X (its rows the loop's) and ``full`` {Z, V} (read whole)."""
+
+    chain: list[Assignment]
+    softmax: int
+    output: int
+    query: Basic
+    full: set
+
+
+def _attention_core(sched: Schedule) -> Core:
+    """The schedule's attention core (``Core``), or SymattnError naming what it lacks."""
     forward = list(sched.forward)
     where = [i for i, a in enumerate(forward) if isinstance(a.value, RowSoftmax)]
     if len(where) != 1 or where[0] == 0 or where[0] + 1 >= len(forward):
         raise SymattnError(f"spec {sched.spec.name}: the memory-efficient variant needs one row softmax")
     i = where[0]
-    a_def, p_def, o_def = forward[i - 1], forward[i], forward[i + 1]
-    _, a_mats = factors(_scores(a_def.value))
-    _, o_mats = factors(o_def.value)
+    p_def = forward[i]
+    chain = _chain(forward[:i], p_def.value.arg)
+    outputs = [j for j in range(i + 1, len(forward)) if factors(forward[j].value)[1][:1] == [p_def.target]]
+    _, s_mats = factors(_scores(chain[0].value)) if chain else (None, [])
+    _, o_mats = factors(forward[outputs[0]].value) if outputs else (None, [])
     if (
-        p_def.value.arg != a_def.target
-        or len(a_mats) != 2
-        or not isinstance(a_mats[1], Transpose)
-        or o_mats[:1] != [p_def.target]
+        not chain
+        or len(s_mats) != 2
+        or not isinstance(s_mats[1], Transpose)
+        or not outputs
         or len(o_mats) != 2
+        or any(t in matrix_symbols(a.value) for a in forward[i + 1 :] for t in _targets(chain))
+        or (sched.mask is not None and any(sched.mask in matrix_symbols(a.value) for a in chain[:-1]))
     ):
         raise SymattnError(f"spec {sched.spec.name}: the memory-efficient variant needs A = c·X Zᵀ, P, O = P V")
-    return i, a_mats[0], {a_mats[1].arg, o_mats[1]}
+    return Core(chain, i, outputs[0], s_mats[0], {s_mats[1].arg, o_mats[1]})
+
+
+def _chain(before: list[Assignment], scores: Basic) -> list[Assignment]:
+    """The assignments from the scores product to the softmax's argument (in order): A, and the n × m values A is
+    made of entrywise (S = c·X Zᵀ, T = tanh(S), A = 50 T + M); [] when the argument is not such a value or a
+    later value of the chain reads anything but values of its shape and scalars."""
+    by_target = {a.target: a for a in before}
+    if scores not in by_target:
+        return []
+    found, todo = {}, [scores]
+    while todo:
+        a = by_target[todo.pop()]
+        if a.target in found:
+            continue
+        found[a.target] = a
+        if _product(a.value):  # the product: where the chain starts
+            continue
+        reads = matrix_symbols(a.value)
+        if any(x.shape != scores.shape for x in reads) or not _entrywise(a.value):
+            return []
+        todo += [x for x in reads if x in by_target]
+    chain = [a for a in before if a.target in found]
+    products = [a for a in chain if _product(a.value)]
+    return chain if products == chain[:1] else []
+
+
+def _product(value: Basic) -> bool:
+    """Is value a product of matrices (c·X Zᵀ), maybe plus n × m values, rather than a scalar times one?"""
+    return len(factors(_scores(value))[1]) >= 2
+
+
+def _entrywise(value: Basic) -> bool:
+    """Is each entry of value made from the same entry of the values it reads (sums, ⊙, powers, scalar
+    multiples, entrywise functions, ones of its shape), so that its block of rows and keys is made from theirs?
+    A transpose (Sᵀ, n × n like S), a product or a row-wise function (over every key) is not."""
+    for node in sp.preorder_traversal(value):
+        if not isinstance(node, MatrixExpr):
+            continue
+        if isinstance(node, MatMul):
+            if sum(isinstance(f, MatrixExpr) for f in node.args) > 1:
+                return False
+        elif isinstance(node, OneMatrix):
+            if node.shape != value.shape:
+                return False
+        elif not isinstance(node, (MatAdd, HadamardProduct, HadamardPower, MatrixSymbol, Elementwise)):
+            return False
+    return True
+
+
+def _targets(chain: list[Assignment]) -> set:
+    """The chain's values but the last (A, which the softmax reads)."""
+    return {a.target for a in chain[:-1]}
 
 
 def plan(sched: Schedule, keep: bool = False) -> Plan:
@@ -93,9 +172,12 @@ def plan(sched: Schedule, keep: bool = False) -> Plan:
     recomputing them from L: the standard variant of a spec with a mask, whose blocks skip masked keys.
     """
     forward = list(sched.forward)
-    i, query, full = _attention_core(sched)
-    full |= {t for x, t in sched.tangents if x in full}  # K̇ and V̇ are read whole, as K and V
-    a_def, p_def = forward[i - 1], forward[i]
+    core = _attention_core(sched)
+    full = core.full | {t for x, t in sched.tangents if x in core.full}  # K̇ and V̇ are read whole, as K and V
+    for a in forward:  # and what is made of them alone: a forward mode's [K̇ | K] (schedule.passes.stack_products)
+        if isinstance(a.value, BlockMatrix) and a.value.free_symbols and a.value.free_symbols <= full:
+            full.add(a.target)
+    a_def, p_def = core.chain[-1], forward[core.softmax]
     n_rows = p_def.target.shape[0]
     lse = MatrixSymbol("L", n_rows, 1)
     blocks: dict[MatrixSymbol, MatrixSymbol] = {}
@@ -107,47 +189,35 @@ def plan(sched: Schedule, keep: bool = False) -> Plan:
         return blocks.setdefault(x, MatrixSymbol(f"{x.name}_b", BLOCK_ROWS, x.shape[1]))
 
     def in_block(expr: Basic) -> Basic:
+        """expr for a block of rows: its row-local values' blocks, and a ones matrix of n rows (1 − T², 𝟏 b) b."""
         local = sorted((x for x in matrix_symbols(expr) if row_local(x)), key=str)  # a fixed order: same bytes
-        return expr.xreplace({x: block(x) for x in local})
+        ones = {o: OneMatrix(BLOCK_ROWS, o.shape[1]) for o in expr.atoms(OneMatrix) if o.shape[0] == n_rows}
+        return expr.xreplace({x: block(x) for x in local} | ones)
 
-    ahead, floop, after = _forward_cut(sched, i, query, lse, blocks, (row_local, block, in_block))
+    ahead, floop, after = _forward_cut(sched, core, lse, blocks, (row_local, block, in_block))
+    query = core.query
 
     # Backward: A_b and P_b = exp(A_b − L_b 𝟏ᵀ) again, then each value that reads P or a row-local value
     # made from it; a value that reads a sum over the blocks comes after the loop.
     bloop = Loop(rows_of=str(query.name))
     ones = OneMatrix(1, p_def.target.shape[1])
     bloop.body = [
-        Assignment(block(a_def.target), in_block(a_def.value)),
+        *(Assignment(block(a.target), in_block(a.value)) for a in core.chain),
         Assignment(block(p_def.target), Exp(block(a_def.target) - block(lse) * ones)),
     ]
-    if keep:  # P_b read from the forward's P
+    # keep: P_b read from the forward's P, and the chain's values the backward reads (S of dτ = 𝟏ᵀ(S ⊙ dA)𝟏) from
+    # theirs, each collected by the forward as P is
+    kept = [a.target for a in core.chain[:-1] if any(a.target in matrix_symbols(b.value) for b in sched.backward)]
+    if keep:
         if any(a_def.target in matrix_symbols(a.value) for a in sched.backward):
             raise SymattnError(f"spec {sched.spec.name}: the backward reads the scores A, which no block keeps")
         bloop.body = []
-    propagating, summed, later = {a_def.target, p_def.target}, set(), set()
-    inside: list[Assignment] = []
-    for a in sched.backward:
-        reads = matrix_symbols(a.value)
-        _, mats = factors(a.value)
-        # n × m values (dP = dO Vᵀ) are made block by block too, never whole
-        if reads & (summed | later) or not (reads & propagating or a.target.shape == p_def.target.shape):
-            if reads & (summed | later):
-                later.add(a.target)
-            continue
-        inside.append(a)
-        column_sums = len(mats) == 2 and isinstance(mats[0], OneMatrix) and mats[0].shape[0] == 1  # 𝟏ᵀ dQW_Q
-        if len(mats) == 2 and ((isinstance(mats[0], Transpose) and row_local(mats[0].arg)) or column_sums):
-            bloop.accumulate.append(Assignment(a.target, in_block(a.value), a.reduce_batch))
-            summed.add(a.target)
-        elif row_local(a.target):
-            bloop.body.append(Assignment(block(a.target), in_block(a.value)))
-            propagating.add(a.target)
-        else:
-            raise SymattnError(f"spec {sched.spec.name}: {a.target} = {a.value} is neither row-local nor a row sum")
-    core = {a.target for a in inside} | {a_def.target, p_def.target}
-    before = _reads(inside, sched.backward) - core
+    propagating = {*(a.target for a in core.chain), p_def.target}
+    inside = _backward_loop(sched, bloop, propagating, p_def.target.shape, (row_local, block, in_block))
+    made_in = {a.target for a in inside} | propagating
+    before = _reads(inside, sched.backward) - made_in
     pre = [a for a in sched.backward if a.target in before]
-    post = [a for a in sched.backward if a.target not in core and a.target not in before]
+    post = [a for a in sched.backward if a.target not in made_in and a.target not in before]
     read_after = {x for a in post for x in matrix_symbols(a.value)} | {t for _, t in sched.gradients}
     read_after |= {t for _, t in sched.constant_gradients}
     bloop.collect = [(a.target, block(a.target)) for a in inside if a.target in propagating and a.target in read_after]
@@ -156,14 +226,44 @@ def plan(sched: Schedule, keep: bool = False) -> Plan:
     reads = {x for a in (*pre, *bloop.body, *bloop.accumulate, *post) for x in a.value.free_symbols}
     reads |= {full for _, full in bloop.slices}
     made = {a.target for a in (*pre, *inside, *post)}
-    saved = tuple(x for x in sched.saved if x in reads and x not in made and x not in core)
+    saved = tuple(x for x in sched.saved if x in reads and x not in made and x not in made_in)
     if keep and sched.backward:  # the forward collects P (for the backward's blocks) instead of L
         floop.collect = [(x, b) if x != lse else (p_def.target, block(p_def.target)) for x, b in floop.collect]
+        floop.collect += [(x, block(x)) for x in kept if (x, block(x)) not in floop.collect]
+        saved += tuple(kept)
         lse = p_def.target
         # a mask's gradient (dM = dA, collected whole) summed to the mask's shape after the loop
         post += [Assignment(t, t) for _, t in sched.constant_gradients if t in {x for x, _ in bloop.collect}]
     _keys_of(sched, (floop, bloop), full, block(a_def.target), blocks, keep)
     return Plan((ahead, floop, after), (pre, bloop, post), lse, (*saved, lse))
+
+
+def _backward_loop(sched: Schedule, bloop: Loop, propagating: set, scores: tuple, local: tuple) -> list[Assignment]:
+    """The backward values the loop makes (returned in order): each that reads P, a value of the chain or a
+    row-local value made from them (propagating, which grows), or is n × m itself (dP = dO Vᵀ: made block by
+    block, never whole), put in the loop's body (row-local) or summed over its blocks (dK = dAᵀ Q, 𝟏ᵀ dQW_Q,
+    𝟏ᵀ (S ⊙ dA) 𝟏); a value that reads such a sum comes after the loop."""
+    row_local, block, in_block = local
+    summed, later, inside = set(), set(), []
+    for a in sched.backward:
+        reads = matrix_symbols(a.value)
+        _, mats = factors(a.value)
+        if reads & (summed | later) or not (reads & propagating or a.target.shape == scores):
+            if reads & (summed | later):
+                later.add(a.target)
+            continue
+        inside.append(a)
+        column_sums = len(mats) in (2, 3) and isinstance(mats[0], OneMatrix) and mats[0].shape[0] == 1
+        column_sums = column_sums and (len(mats) == 2 or (isinstance(mats[2], OneMatrix) and mats[2].shape[1] == 1))
+        if column_sums or (len(mats) == 2 and isinstance(mats[0], Transpose) and row_local(mats[0].arg)):
+            bloop.accumulate.append(Assignment(a.target, in_block(a.value), a.reduce_batch))
+            summed.add(a.target)
+        elif row_local(a.target):
+            bloop.body.append(Assignment(block(a.target), in_block(a.value)))
+            propagating.add(a.target)
+        else:
+            raise SymattnError(f"spec {sched.spec.name}: {a.target} = {a.value} is neither row-local nor a row sum")
+    return inside
 
 
 def _keys_of(sched: Schedule, loops: tuple[Loop, Loop], full: set, scores: MatrixSymbol, blocks: dict, keep: bool):
@@ -176,24 +276,26 @@ def _keys_of(sched: Schedule, loops: tuple[Loop, Loop], full: set, scores: Matri
         raise SymattnError(f"spec {sched.spec.name}: the blocks of rows cannot skip the keys the mask hides")
 
 
-def _forward_cut(sched: Schedule, i: int, query: Basic, lse: MatrixSymbol, blocks: dict, local: tuple):
-    """The forward before, in and after the loop: A_b; P_b and L_b together; O_b; then each later value that reads
-    one of them or is n × m itself (a forward mode's tangents Ȧ_b, Ṗ_b, Ȯ_b). What the loop reads of the later
-    values (a forward mode's K̇_h, made from K̇) is made before it; O, L (for a backward) and the loop's values
-    read after it are collected. local: the plan's row_local, block and in_block."""
+def _forward_cut(sched: Schedule, core: Core, lse: MatrixSymbol, blocks: dict, local: tuple):
+    """The forward before, in and after the loop: the scores chain (S_b … A_b); P_b and L_b together; O_b; then
+    each later value that reads one of them or is n × m itself (a forward mode's tangents Ȧ_b, Ṗ_b, Ȯ_b). What
+    the loop reads of the later values (a forward mode's K̇_h, made from K̇) is made before it; O, L (for a
+    backward) and the loop's values read after it are collected. local: the plan's row_local, block and
+    in_block."""
     row_local, block, in_block = local
     forward = list(sched.forward)
-    a_def, p_def, o_def = forward[i - 1], forward[i], forward[i + 1]
-    floop = Loop(rows_of=str(query.name), softmax=(block(p_def.target), block(lse), block(a_def.target)))
+    a_def, p_def, o_def = core.chain[-1], forward[core.softmax], forward[core.output]
+    floop = Loop(rows_of=str(core.query.name), softmax=(block(p_def.target), block(lse), block(a_def.target)))
     floop.body = [
-        Assignment(block(a_def.target), in_block(a_def.value)),
+        *(Assignment(block(a.target), in_block(a.value)) for a in core.chain),
         Assignment(block(o_def.target), in_block(o_def.value)),
     ]
-    core = (a_def.target, p_def.target, o_def.target)
-    after = _after_the_loop(sched, forward[i + 2 :], floop, core, row_local, block, in_block)
+    chain = {a.target for a in core.chain}
+    later = [a for a in forward[core.softmax + 1 :] if a is not o_def]
+    after = _after_the_loop(sched, later, floop, (chain, p_def.target, o_def.target), row_local, block, in_block)
     sliced = [Assignment(b, whole) for b, whole in _slices(floop, blocks)]  # a block read: its whole value is
     early = _reads([*floop.body, *sliced], tuple(after))
-    ahead = [*forward[: i - 1], *(a for a in after if a.target in early)]
+    ahead = [*(a for a in forward[: core.softmax] if a.target not in chain), *(a for a in after if a.target in early)]
     after = [a for a in after if a.target not in early]
     read_after = {x for a in after for x in matrix_symbols(a.value)} | {sched.output}
     kept = {block(x) for x in read_after if x in blocks and x != o_def.target}
@@ -206,11 +308,11 @@ def _forward_cut(sched: Schedule, i: int, query: Basic, lse: MatrixSymbol, block
 def _after_the_loop(
     sched: Schedule, later: list[Assignment], floop: Loop, core: tuple, row_local, block, in_block
 ) -> list[Assignment]:
-    """The forward values after O = P V (core: A, P, O), each put in the loop (appended to its body) when it
-    reads a value made there (A, P, or one put there before it) or is n × m itself, and nothing made from the
-    whole of O; the others, in order, are returned."""
-    a_target, p_target, o_target = core
-    local, late, after = {a_target, p_target}, {o_target}, []
+    """The forward values after P = softmax(A) but O = P V (core: the chain's values S … A, P, O), each put in
+    the loop (appended to its body) when it reads a value made there (the chain's, P, or one put there before
+    it) or is n × m itself, and nothing made from the whole of O; the others, in order, are returned."""
+    chain, p_target, o_target = core
+    local, late, after = {*chain, p_target}, {o_target}, []
     for a in later:
         reads = matrix_symbols(a.value)
         if reads & late:

@@ -25,6 +25,7 @@ from sympy import Basic, MatrixSymbol
 from symattn.autodiff.differentials import differential
 from symattn.codegen.schedule.build import Schedule, _needed, _simplified, finished, gradient_symbol
 from symattn.codegen.schedule.dag import Assignment
+from symattn.codegen.schedule.passes import stack_products
 from symattn.lang.algebra import total
 from symattn.lang.graph import matrix_symbols
 from symattn.lang.names import fresh_name
@@ -62,6 +63,9 @@ def tangent_schedule(first: Schedule, so: SecondOrder) -> Schedule:
         tangents[a.target] = target
         values.append(Assignment(target, d, a.reduce_batch))
     values = _simplified(values, primal, write_out=False)
+    # Ȧ = c·Q K_vᵀ + c·Q_v Kᵀ as one product c·[Q | Q_v] [K_v | K]ᵀ: the n × m tangent written once
+    weights = set(first.weights) | {str(v.name) for x, v in directions.items() if str(x.name) in first.weights}
+    values = stack_products(values, frozenset(weights), taken | {str(a.target.name) for a in values}, tuple(primal))
     made = {a.target for a in values}
     for symbol in own.values():  # a gradient no tangent reaches is 0
         if symbol not in made:

@@ -106,3 +106,36 @@ def test_matmul_tn_is_the_transposed_product_either_way(rows):
     a, b = rng.standard_normal((2, 5, rows)), rng.standard_normal((2, 5, 2))
     got = torch_runtime.matmul_tn(torch.tensor(a), torch.tensor(b)).numpy()
     assert got.shape == (2, rows, 2) and np.allclose(got, a.swapaxes(-1, -2) @ b, rtol=1e-13, atol=1e-13)
+
+
+def _huge_pages_in(start: int, size: int) -> int | None:
+    """The AnonHugePages (kB) of the mappings overlapping [start, start + size), from /proc/self/smaps (madvise
+    splits a mapping at the advised range); None where unreadable."""
+    try:
+        lines = open("/proc/self/smaps").read().splitlines()
+    except OSError:
+        return None
+    total, inside = 0, False
+    for line in lines:
+        head = line.split()[0]
+        if "-" in head and not head.endswith(":"):
+            low, high = (int(x, 16) for x in head.split("-"))
+            inside = low < start + size and start < high
+        elif inside and head == "AnonHugePages:":
+            total += int(line.split()[1])
+    return total
+
+
+def test_big_matmul_is_the_product_in_huge_pages_when_eager():
+    a, b = torch.randn(8, 1024, 16), torch.randn(16, 1024)
+    got = torch_runtime.big_matmul(a, b)
+    assert torch.equal(got, torch.matmul(a, b)) and got.shape == (8, 1024, 1024)
+    thp = open("/sys/kernel/mm/transparent_hugepage/enabled").read() if torch_runtime._madvise() else ""
+    if "[madvise]" in thp or "[always]" in thp:  # the advice was taken: the 32 MiB result sits in huge pages
+        assert (_huge_pages_in(got.data_ptr(), got.nbytes) or 0) >= 2048
+    # under autograd, or small: the plain product (no out=, which autograd refuses)
+    w = a.clone().requires_grad_()
+    product = torch_runtime.big_matmul(w, b)
+    assert product.requires_grad and torch.equal(product, a @ b)
+    small = torch_runtime.huge_empty((3, 4), a)
+    assert small.shape == (3, 4) and small.dtype == a.dtype
