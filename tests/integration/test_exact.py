@@ -135,7 +135,7 @@ def test_attention_exact_rectangular():
 
 
 def test_self_attention_exact():
-    shapes = {"X": (4, 3), "W_Q": (3, 2), "W_K": (3, 2), "W_V": (3, 2)}
+    shapes = {"X": (3, 2), "W_Q": (2, 2), "W_K": (2, 2), "W_V": (2, 2)}  # n = 3: exact exp sums stay small
     run_exact("self_attention", explicit_self_attention, shapes, seed=3)
 
 
