@@ -41,12 +41,9 @@ def with_mask(spec: Spec, name: str = "M") -> Spec:
     def add_mask(node: Basic) -> Basic | None:
         return node.func(total(node.arg, mask)) if isinstance(node, (RowSoftmax, LogSoftmax)) else None
 
-    def masked(e: Basic) -> Basic:
-        return rewrite(e, add_mask)
-
     return replace(
         spec,
-        output=masked(spec.output),
-        intermediates=tuple((label, masked(e)) for label, e in spec.intermediates),
+        output=rewrite(spec.output, add_mask),
+        intermediates=tuple((label, rewrite(e, add_mask)) for label, e in spec.intermediates),
         constants=(*spec.constants, mask),
     )

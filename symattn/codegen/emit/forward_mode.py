@@ -13,26 +13,13 @@ from __future__ import annotations
 from symattn.codegen.backends import Backend
 from symattn.codegen.emit import layout
 from symattn.codegen.emit.context import MASK_KEYWORDS, build_context
-from symattn.codegen.emit.second_order import _no_module, _wrapped_section
+from symattn.codegen.emit.second_order import COPIED_INPUTS, _no_module, _wrapped_section
 from symattn.codegen.emit.sections import _uses
 from symattn.codegen.schedule.build import Schedule
 from symattn.codegen.schedule.forward_mode import jvp_schedule
 from symattn.errors import SymattnError
 
 __all__ = ["forward_mode_context"]
-
-# the JVP context's entries the templates read as they are
-COPIED = (
-    "mask",
-    "causal_call",
-    "options",
-    "divides_heads",
-    "bindings",
-    "constants",
-    "nonempty",
-    "checked_inputs",
-    "output",
-)
 
 
 _CACHE: dict[int, tuple[Schedule, tuple | None]] = {}  # by id: Specs hold dicts
@@ -106,7 +93,7 @@ def forward_mode_context(
         }
     return {
         "custom_jvp": custom_jvp,
-        **{key: ctx[key] for key in COPIED},
+        **{key: ctx[key] for key in COPIED_INPUTS},
         "runtime": printer.runtime_source(helpers) + "\n\n\n" if helpers else "",
         "needs_dtype": _uses("dtype", lines) or _uses("device", lines),
         "primal": str(first.output.name),

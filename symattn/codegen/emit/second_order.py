@@ -136,8 +136,8 @@ def second_order_context(first: Schedule, first_context: dict, backend: Backend,
     }
 
 
-# the f₂ context's entries the templates read as they are
-COPIED = (
+# the entries of the first context that a derived one (f₂'s, the JVP's) hands its templates as they are
+COPIED_INPUTS = (
     "mask",
     "causal_call",
     "options",
@@ -146,12 +146,10 @@ COPIED = (
     "constants",
     "nonempty",
     "checked_inputs",
-    "return_gradients",
-    "drop_none",
-    "mask_gradient",
     "output",
-    "seed",
 )
+# f₂'s: and what returns its gradients
+COPIED = (*COPIED_INPUTS, "return_gradients", "drop_none", "mask_gradient", "seed")
 
 
 def _too_long(text: str, indent: int = 4) -> bool:

@@ -195,11 +195,10 @@ def plan(sched: Schedule, keep: bool = False) -> Plan:
         return expr.xreplace({x: block(x) for x in local} | ones)
 
     ahead, floop, after = _forward_cut(sched, core, lse, blocks, (row_local, block, in_block))
-    query = core.query
 
     # Backward: A_b and P_b = exp(A_b − L_b 𝟏ᵀ) again, then each value that reads P or a row-local value
     # made from it; a value that reads a sum over the blocks comes after the loop.
-    bloop = Loop(rows_of=str(query.name))
+    bloop = Loop(rows_of=str(core.query.name))
     ones = OneMatrix(1, p_def.target.shape[1])
     bloop.body = [
         *(Assignment(block(a.target), in_block(a.value)) for a in core.chain),
