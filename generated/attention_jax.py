@@ -61,6 +61,34 @@ def add_optional(a, b):
     return a if b is None else a + b
 
 
+def add_rows(total, keys, part, m):
+    """The sum over blocks of a value of m rows (…, m, k), part adding to its rows keys; total is 0 before the
+    first block. Functional: part padded with zero rows to m (no in-place update to trace)."""
+    if part.shape[-2] != m:
+        part = jnp.pad(part, [(0, 0)] * (part.ndim - 2) + [(keys.start, m - keys.stop), (0, 0)])
+    return part if isinstance(total, int) else total + part
+
+
+def causal_fill(scores, rows, keys):
+    """A block of scores (..., b, k) of query rows rows.start … and keys keys.start …, with -inf where the key
+    comes after the query (j > i: what the causal mask hides); a new array (jnp.where), the block itself where
+    no key of the block comes after a row."""
+    b, k = scores.shape[-2:]
+    if keys.start + k - 1 <= rows.start:
+        return scores
+    future = jnp.arange(keys.start, keys.start + k) > jnp.arange(rows.start, rows.start + b)[:, None]
+    return jnp.where(future, -jnp.inf, scores)
+
+
+def key_range(mask, causal, rows, m):
+    """The keys a block of query rows (a slice) reads: slice(0, k1), with causal the keys 0 … the block's last row
+    (row i sees keys j <= i), never empty; without, every key. From causal alone (no branch on the mask's values,
+    which jit traces); the loop skips the keys outside it, whose probabilities are exactly zero."""
+    if not causal:
+        return slice(0, m)
+    return slice(0, max(1, min(m, rows.stop)))
+
+
 def masked_row_softmax(a):
     """row_softmax for rows that may hold -inf: a row whose entries are all -inf gives zeros, not NaN."""
     e = jnp.exp(a - _row_max(a))
@@ -68,10 +96,46 @@ def masked_row_softmax(a):
     return e / jnp.where(total == 0, 1.0, total)  # not max(total, 1): its derivative at total = 1 is 1/2
 
 
+def placed_rows(whole):
+    """The value put_rows made, after the loop: its blocks (a list) concatenated once."""
+    return jnp.concatenate(whole, axis=-2) if isinstance(whole, list) else whole
+
+
+def put_rows(whole, rows, keys, part, n, m):
+    """An n × m value made block by block: part (..., b, k) of rows and keys, padded with zeros on the other
+    keys of its rows (the ones the block skipped) and collected in a list that placed_rows concatenates once;
+    whole is None before the first block. One block of every key: part is the whole."""
+    if whole is None and part.shape[-2:] == (n, m):
+        return part
+    padded = jnp.pad(part, [(0, 0)] * (part.ndim - 1) + [(keys.start, m - keys.stop)])
+    return [*(whole or []), padded]
+
+
 def row_softmax(a):
     """softmax along the last axis, the row max subtracted first."""
     e = jnp.exp(a - _row_max(a))
     return e / e.sum(axis=-1, keepdims=True)
+
+
+def rows(a):
+    """(..., n, k) -> (N, k): every row of every batch element, stacked."""
+    return a.reshape(-1, a.shape[-1])
+
+
+def rows_per_block(mask, causal, query, size=128, most=16):
+    """Query rows per block of a standard module's loop. With causal, each block reads only the keys 0 … its last
+    row: 128 rows (size) up to 8 blocks, 256 past them (n > 1024: as fast, and jax.jit, which compiles the Python
+    loop unrolled, one copy of the block's code per block, compiles half as many), and at most 16 blocks (most:
+    larger ones past n = 4096; the scores skipped, (b − 1)/2b of them at b blocks, hardly grow). Without causal,
+    every row in one block (the whole computation at once). Static under jax.jit: causal is a Python bool and
+    shapes are static; another mask's keys are never skipped (its values may be traced: the loop adds it to
+    each block's scores)."""
+    n = query.shape[-2]
+    if not causal:
+        return max(n, 1)
+    if n > 8 * size:
+        size *= 2
+    return size * max(1, -(-n // (size * most)))
 
 
 def sum_to_shape(a, shape):
@@ -159,17 +223,19 @@ def _restore(residuals):
     return {**arrays, **dict(static.items)}
 
 
-def _additive_mask(attn_mask, key_padding_mask, causal, query, key, per_head=False):
+def _additive_mask(attn_mask, key_padding_mask, causal, query, key, per_head=False, by_blocks=False):
     """The additive mask M (0 where a query may see a key, -inf where not), or None without a mask.
 
     attn_mask: (n, m) or (..., n, m), boolean (True: not allowed; a constant) or floating (added to the
     scores; differentiable); key_padding_mask: (..., m) boolean (True: ignore that key); causal: query i
     sees keys j <= i. per_head: the scores have a heads axis, (..., H, n, m), so a batched mask gets one.
+    by_blocks: M leaves the causal part out (None when nothing else is left), for a loop over blocks of query
+    rows that writes it into each block of scores (causal_fill), so that no n × m array is made for it.
     """
     if type(causal).__name__ not in ("bool", "bool_"):  # True or False, or NumPy's np.True_ or np.False_
         raise ValueError(f"causal must be True or False, got {causal!r}")
     causal = bool(causal)
-    if attn_mask is None and key_padding_mask is None and not causal:
+    if attn_mask is None and key_padding_mask is None and (by_blocks or not causal):
         return None
     query, key = jnp.asarray(query), jnp.asarray(key)
     n, m, batch, dtype = query.shape[-2], key.shape[-2], tuple(query.shape[:-2]), query.dtype
@@ -185,9 +251,6 @@ def _additive_mask(attn_mask, key_padding_mask, causal, query, key, per_head=Fal
             mask = attn_mask.astype(dtype)
         else:
             raise ValueError(f"attn_mask: expected a bool or floating-point array, got {attn_mask.dtype}")
-    if causal:
-        future = jnp.where(jnp.triu(jnp.ones((n, m), dtype=bool), 1), -jnp.inf, 0.0).astype(dtype)
-        mask = future if mask is None else mask + future
     if key_padding_mask is not None:
         key_padding_mask = jnp.asarray(key_padding_mask)
         if tuple(key_padding_mask.shape) != (*batch, m):
@@ -198,10 +261,11 @@ def _additive_mask(attn_mask, key_padding_mask, causal, query, key, per_head=Fal
             raise ValueError(f"key_padding_mask: expected a bool array (True: ignore a key), got {got}")
         padding = jnp.where(key_padding_mask, -jnp.inf, 0.0).astype(dtype)[..., None, :]
         mask = padding if mask is None else mask + padding
-    mask = jnp.broadcast_to(mask, (*mask.shape[:-2], n, m))  # every query row
-    if per_head and mask.ndim > 2:  # one mask for every head: (..., 1, n, m)
-        mask = mask[..., None, :, :]
-    return mask
+    if mask is not None:
+        mask = jnp.broadcast_to(mask, (*mask.shape[:-2], n, m))  # every query row
+        if per_head and mask.ndim > 2:  # one mask for every head: (..., 1, n, m)
+            mask = mask[..., None, :, :]
+    return mask if by_blocks else with_causal(mask, causal, query, key)
 
 
 def _mask_shape(mask):
@@ -209,7 +273,17 @@ def _mask_shape(mask):
     return None if mask is None else mask.shape
 
 
-def _forward(Q, K, V, M, scale):
+def with_causal(mask, causal, query, key):
+    """M with the causal part added (-inf where key j comes after query i) when causal, as a whole n × m array:
+    the additive mask for the closed forms that take it whole, from the mask a loop over blocks of rows takes."""
+    if not causal:
+        return mask
+    n, m, dtype = query.shape[-2], key.shape[-2], query.dtype
+    future = jnp.where(jnp.triu(jnp.ones((n, m), dtype=bool), 1), -jnp.inf, 0.0).astype(dtype)
+    return future if mask is None else mask + future
+
+
+def _forward(Q, K, V, M, causal, scale):
     """The forward pass: (O, saved values for _backward); pure, so that jit, vmap and grad trace it."""
     mask_shape = _mask_shape(M)  # the additive mask receives its gradient
     Q, K, V = _arrays({"Q": Q, "K": K, "V": V})
@@ -224,17 +298,34 @@ def _forward(Q, K, V, M, scale):
     if scale is None:
         scale = 1 / d_k**0.5
     scale = float(scale)
-    A = add_optional((scale * Q) @ K.mT, M)
-    P = row_softmax(A) if M is None else masked_row_softmax(A)
-    O = P @ V
+    O_blocks = []
+    P = None  # placed block by block
+    block_size = rows_per_block(M, causal, Q)
+    for start in range(0, max(Q.shape[-2], 1), block_size):  # one pass with no rows: results get their shapes
+        block = slice(start, start + block_size)
+        keys = key_range(M, causal, block, K.shape[-2])
+        K_k = K[..., keys, :]
+        V_k = V[..., keys, :]
+        M_b = None if M is None else M[..., block, keys]
+        Q_b = Q[..., block, :]
+        A_b = add_optional((scale * Q_b) @ K_k.mT, M_b)
+        A_b = causal_fill(A_b, block, keys) if causal else A_b
+        P_b = row_softmax(A_b) if M is None else masked_row_softmax(A_b)
+        O_b = P_b @ V_k
+        O_blocks.append(O_b)
+        P = put_rows(P, block, keys, P_b, Q.shape[-2], K.shape[-2])
+    O = O_blocks[0] if len(O_blocks) == 1 else jnp.concatenate(O_blocks, axis=-2)
+    P = placed_rows(P)
     saved = {
         "Q": Q,
         "K": K,
         "V": V,
-        "P": P,
         "O": O,
         "scale": scale,
+        "P": P,
+        "M": M,
         "mask_shape": mask_shape,
+        "causal": causal,
     }
     return O, saved
 
@@ -244,32 +335,53 @@ def _backward(saved, grad_out):
     Q = saved["Q"]
     K = saved["K"]
     V = saved["V"]
-    P = saved["P"]
     O = saved["O"]
     scale = saved["scale"]
+    P = saved["P"]
+    M = saved["M"]
     mask_shape = saved["mask_shape"]
+    causal = saved["causal"]
     D = (O * grad_out).sum(axis=-1, keepdims=True)
-    dP = grad_out @ V.mT
-    dA = (dP - D) * P
-    dQ = dA @ (scale * K)
-    dK = dA.mT @ (scale * Q)
-    dV = P.mT @ grad_out
-    dM = None if mask_shape is None else sum_to_shape(dA, mask_shape)
+    dQ_blocks = []
+    dM = None  # placed block by block
+    dK = 0  # summed over the blocks of query rows
+    dV = 0  # summed over the blocks of query rows
+    block_size = rows_per_block(M, causal, Q)
+    for start in range(0, max(Q.shape[-2], 1), block_size):  # one pass with no rows: results get their shapes
+        block = slice(start, start + block_size)
+        keys = key_range(M, causal, block, K.shape[-2])
+        K_k = K[..., keys, :]
+        V_k = V[..., keys, :]
+        P_b = P[..., block, keys]
+        Q_b = Q[..., block, :]
+        grad_out_b = grad_out[..., block, :]
+        D_b = D[..., block, :]
+        dP_b = grad_out_b @ V_k.mT
+        dA_b = (dP_b - D_b) * P_b
+        dQ_b = dA_b @ (scale * K_k)
+        dM_b = dA_b
+        dQ_blocks.append(dQ_b)
+        dM = None if mask_shape is None else put_rows(dM, block, keys, dM_b, Q.shape[-2], K.shape[-2])
+        dK = add_rows(dK, keys, dA_b.mT @ (scale * Q_b), K.shape[-2])
+        dV = add_rows(dV, keys, P_b.mT @ grad_out_b, K.shape[-2])
+    dQ = dQ_blocks[0] if len(dQ_blocks) == 1 else jnp.concatenate(dQ_blocks, axis=-2)
+    dM = placed_rows(dM)
+    dM = None if mask_shape is None else sum_to_shape(dM, mask_shape)
     return {"Q": dQ, "K": dK, "V": dV, "M": dM}
 
 
-def _primal(Q, K, V, M, scale):
+def _primal(Q, K, V, M, causal, scale):
     """O alone: the primal function of the custom_vjp below."""
-    return _forward(Q, K, V, M, scale)[0]
+    return _forward(Q, K, V, M, causal, scale)[0]
 
 
-def _primal_fwd(Q, K, V, M, scale):
+def _primal_fwd(Q, K, V, M, causal, scale):
     """The custom_vjp forward rule: O and the saved values as residuals (arrays; Python values static)."""
-    O, saved = _forward(Q, K, V, M, scale)
+    O, saved = _forward(Q, K, V, M, causal, scale)
     return O, _residuals(saved)
 
 
-def _primal_bwd(scale, residuals, grad_out):
+def _primal_bwd(causal, scale, residuals, grad_out):
     """The custom_vjp backward rule, the generated closed form: a cotangent per array input (None for None)."""
     grads = _backward(_restore(residuals), grad_out)
     cotangents = (grads["Q"], grads["K"], grads["V"], grads["M"])
@@ -277,7 +389,7 @@ def _primal_bwd(scale, residuals, grad_out):
 
 
 # the options are static (nondiff_argnums): Python values, the same under jit
-_differentiable = jax.custom_vjp(_primal, nondiff_argnums=(4,))
+_differentiable = jax.custom_vjp(_primal, nondiff_argnums=(4, 5))
 _differentiable.defvjp(_primal_fwd, _primal_bwd)
 
 
@@ -290,9 +402,11 @@ def forward(Q, K, V, *, scale=None, attn_mask=None, key_padding_mask=None, causa
     attn_mask (n × m, bool: True = not allowed, a constant, or float: added, and differentiated),
     key_padding_mask (..., m, bool: True = ignore the key) and causal add the mask M to the scores; a row
     whose keys are all masked gives zeros and zero gradients, never NaN.
+    With causal the query rows go through blocks (rows_per_block), each reading only the keys up to its
+    last row: causal is static (a Python bool, the key ranges fixed when jax.jit traces).
     """
-    M = _additive_mask(attn_mask, key_padding_mask, causal, Q, K)
-    return _differentiable(Q, K, V, M, scale)
+    M = _additive_mask(attn_mask, key_padding_mask, causal, Q, K, by_blocks=True)
+    return _differentiable(Q, K, V, M, causal, scale)
 
 
 # Forward mode: the output's derivative along tangents of the inputs, Σ_i ∂O/∂x_i [ẋ_i], in closed form.
@@ -322,7 +436,7 @@ def _tangents(tangents):
     return tangents
 
 
-def _jvp(Q, K, V, Q_t, K_t, V_t, M, M_t, scale):
+def _jvp(Q, K, V, Q_t, K_t, V_t, M, M_t, causal, scale):
     """(O, dO): the forward and its derivative along the tangents (a None tangent is zero)."""
     Q, K, V, Q_t, K_t, V_t = _arrays({"Q": Q, "K": K, "V": V, "Q_t": Q_t, "K_t": K_t, "V_t": V_t})
     n = Q.shape[-2]
@@ -348,15 +462,34 @@ def _jvp(Q, K, V, Q_t, K_t, V_t, M, M_t, scale):
         K_t = jnp.zeros_like(K)
     if V_t is None:
         V_t = jnp.zeros_like(V)
-    A = add_optional((scale * Q) @ K.mT, M)
-    P = row_softmax(A) if M is None else masked_row_softmax(A)
-    O = P @ V
     Q_Q_t = jnp.concatenate([Q, Q_t], axis=-1)
     K_t_K = jnp.concatenate([K_t, K], axis=-1)
-    dA = add_optional((scale * Q_Q_t) @ K_t_K.mT, M_t)
-    D = (dA * P).sum(axis=-1, keepdims=True)
-    dP = (dA - D) * P
-    dO = P @ V_t + dP @ V
+    O_blocks = []
+    dO_blocks = []
+    block_size = rows_per_block(M, causal, Q)
+    for start in range(0, max(Q.shape[-2], 1), block_size):  # one pass with no rows: results get their shapes
+        block = slice(start, start + block_size)
+        keys = key_range(M, causal, block, K.shape[-2])
+        K_k = K[..., keys, :]
+        K_t_K_k = K_t_K[..., keys, :]
+        V_k = V[..., keys, :]
+        V_t_k = V_t[..., keys, :]
+        M_b = None if M is None else M[..., block, keys]
+        Q_b = Q[..., block, :]
+        M_t_b = None if M_t is None else M_t[..., block, keys]
+        Q_Q_t_b = Q_Q_t[..., block, :]
+        A_b = add_optional((scale * Q_b) @ K_k.mT, M_b)
+        A_b = causal_fill(A_b, block, keys) if causal else A_b
+        P_b = row_softmax(A_b) if M is None else masked_row_softmax(A_b)
+        O_b = P_b @ V_k
+        dA_b = add_optional((scale * Q_Q_t_b) @ K_t_K_k.mT, M_t_b)
+        D_b = (dA_b * P_b).sum(axis=-1, keepdims=True)
+        dP_b = (dA_b - D_b) * P_b
+        dO_b = P_b @ V_t_k + dP_b @ V_k
+        O_blocks.append(O_b)
+        dO_blocks.append(dO_b)
+    O = O_blocks[0] if len(O_blocks) == 1 else jnp.concatenate(O_blocks, axis=-2)
+    dO = dO_blocks[0] if len(dO_blocks) == 1 else jnp.concatenate(dO_blocks, axis=-2)
     return O, dO
 
 
@@ -366,20 +499,20 @@ def jvp(Q, K, V, tangents, *, scale=None, attn_mask=None, key_padding_mask=None,
     tangents: a dict from input names to arrays of their shapes (an input left out: zero there); the options
     and masks as forward takes them (the mask does not move).
     """
-    M = _additive_mask(attn_mask, key_padding_mask, causal, Q, K)
+    M = _additive_mask(attn_mask, key_padding_mask, causal, Q, K, by_blocks=True)
     tangents = _tangents(tangents)
-    return _jvp(Q, K, V, tangents.get("Q"), tangents.get("K"), tangents.get("V"), M, None, scale)
+    return _jvp(Q, K, V, tangents.get("Q"), tangents.get("K"), tangents.get("V"), M, None, causal, scale)
 
 
-def _primal_jvp(scale, primals, tangents):
+def _primal_jvp(causal, scale, primals, tangents):
     """The custom_jvp rule: the output and its tangent by the generated closed form (_jvp)."""
     Q, K, V, M = primals
     Q_t, K_t, V_t, M_t = tangents
-    return _jvp(Q, K, V, Q_t, K_t, V_t, M, M_t, scale)
+    return _jvp(Q, K, V, Q_t, K_t, V_t, M, M_t, causal, scale)
 
 
 # the options are static (nondiff_argnums): Python values, the same under jit
-_forward_mode = jax.custom_jvp(_primal, nondiff_argnums=(4,))
+_forward_mode = jax.custom_jvp(_primal, nondiff_argnums=(4, 5))
 _forward_mode.defjvp(_primal_jvp)
 
 
@@ -389,5 +522,5 @@ def forward_jvp(Q, K, V, *, scale=None, attn_mask=None, key_padding_mask=None, c
     jax.jvp, jax.jacfwd and jax.linearize apply the generated forward mode; jax.grad, jax.vjp and jax.hessian
     transpose it (the JVP is linear in the tangents); jax.jit and jax.vmap as for forward.
     """
-    M = _additive_mask(attn_mask, key_padding_mask, causal, Q, K)
-    return _forward_mode(Q, K, V, M, scale)
+    M = _additive_mask(attn_mask, key_padding_mask, causal, Q, K, by_blocks=True)
+    return _forward_mode(Q, K, V, M, causal, scale)

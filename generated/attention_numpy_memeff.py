@@ -50,6 +50,154 @@ SHAPES = {
 OPTIONAL = ()  # inputs that may be None: their terms are left out
 
 
+def _fused_kernels():
+    """The numba kernels of fused_row_softmax, compiled on first use (each dtype on its first call) and shared by
+    every generated module of the process (kept in sys.modules under a private name: one compilation, not one
+    per module); None without numba or with the environment variable SYMATTN_NUMBA=0 (the NumPy passes then)."""
+    made = _fused_kernels.__dict__.get("made", False)
+    if made is not False:
+        return made
+    import os
+    import sys
+    import types
+
+    shared = sys.modules.get("_symattn_fused_softmax_4")  # the version of these kernels: bump it on a change
+    if shared is not None and os.environ.get("SYMATTN_NUMBA", "1") != "0":
+        _fused_kernels.made = shared.made
+        return shared.made
+
+    try:
+        if os.environ.get("SYMATTN_NUMBA", "1") == "0":
+            raise ImportError("SYMATTN_NUMBA=0")
+        import numba
+        from numba.extending import intrinsic
+    except ImportError:
+        _fused_kernels.made = None
+        return None
+    made = _numba_softmax(numba, intrinsic)
+    _fused_kernels.made = made
+    shared = sys.modules["_symattn_fused_softmax_4"] = types.ModuleType("_symattn_fused_softmax_4")
+    shared.made = made
+    return made
+
+
+def _numba_row_kernels(numba, exact, exp):
+    """The row kernels with the exp given ({kernel name: kernel}), compiled lazily by numba."""
+
+    @numba.njit(fastmath=exact | {"reassoc"})  # reassoc: the row sum vectorizes
+    def softmax(a, top, one, sums):
+        """Row softmax of a (N, m) in place, given its row maxima top (0 for a row of -inf): exp(a - top)
+        and its sum (into sums) in one sweep, then the scale (1 / the sum, at least 1 unless the row is all
+        -inf)."""
+        for i in range(a.shape[0]):
+            total, shift = one - one, top[i]
+            for j in range(a.shape[1]):
+                e = exp(a[i, j] - shift)
+                a[i, j] = e
+                total += e
+            sums[i] = total
+            scale = one / max(total, one)
+            for j in range(a.shape[1]):
+                a[i, j] *= scale
+
+    @numba.njit(fastmath=exact)
+    def exp_rows(a, shift):
+        """a = exp(a - shift) in place, a (N, k, m), one shift a row (N, k); +inf in shift gives 0. (One
+        array read and written: a kernel with a separate output would find it may alias a, and not vectorize.)"""
+        for b in range(a.shape[0]):
+            for i in range(a.shape[1]):
+                s = shift[b, i]
+                for j in range(a.shape[2]):
+                    a[b, i, j] = exp(a[b, i, j] - s)
+
+    @numba.njit(fastmath=exact)
+    def shifted_product(p, a, shift):
+        """a = p ⊙ (a - shift) in place, p and a (N, k, m), one shift a row (N, k)."""
+        for b in range(a.shape[0]):
+            for i in range(a.shape[1]):
+                s = shift[b, i]
+                for j in range(a.shape[2]):
+                    a[b, i, j] = p[b, i, j] * (a[b, i, j] - s)
+
+    return {"exp_normalize": softmax, "exp_rows": exp_rows, "shifted_product": shifted_product}
+
+
+def _numba_softmax(numba, intrinsic):
+    """The row kernels ({dtype name: {kernel name: kernel}}: softmax, exp_rows, shifted_product), compiled lazily
+    by numba."""
+
+    @intrinsic
+    def as_float(typingctx, bits):  # int32 / int64 bits -> float32 / float64: 2^k from its exponent bits
+        def codegen(context, builder, signature, args):
+            return builder.bitcast(args[0], context.get_value_type(signature.return_type))
+
+        return {numba.int32: numba.float32, numba.int64: numba.float64}[bits](bits), codegen
+
+    # exp as a polynomial (Cephes): numba's np.exp is a scalar libm call, which does not vectorize (no SVML);
+    # no reassoc flag here: it would merge the two parts of ln 2 that keep the argument reduction exact
+    exact = {"nsz", "contract", "arcp"}
+
+    @numba.njit(fastmath=exact, inline="always")
+    def exp32(x):
+        """exp(x) for float32 x (Cephes expf); x below -87.34 (-inf too) gives 0, above 88.72 inf, NaN NaN."""
+        low, high = x < np.float32(-87.33654), x > np.float32(88.72283)
+        x = min(max(x, np.float32(-87.33654)), np.float32(88.72283))
+        k = np.floor(x * np.float32(1.442695) + np.float32(0.5))
+        r = x - k * np.float32(0.693359375) - k * np.float32(-2.12194440e-4)
+        y = np.float32(1.9875691500e-4) * r + np.float32(1.3981999507e-3)
+        y = y * r + np.float32(8.3334519073e-3)
+        y = y * r + np.float32(4.1665795894e-2)
+        y = y * r + np.float32(1.6666665459e-1)
+        y = y * r + np.float32(5.0000001201e-1)
+        y = y * (r * r) + r + np.float32(1.0)
+        half = np.int64(k) >> 1  # 2^k as 2^half 2^(k - half): each a normal number for k up to 128
+        y = y * as_float(np.int32((half + 127) << 23)) * as_float(np.int32((np.int64(k) - half + 127) << 23))
+        return np.float32(0.0) if low else (np.float32(np.inf) if high else y)
+
+    @numba.njit(fastmath=exact, inline="always")
+    def exp64(x):
+        """exp(x) for float64 x (Cephes exp, a Padé form); x below -708.40 (-inf too) gives 0, above 709.78
+        inf."""
+        low, high = x < -708.3964185322641, x > 709.782712893384
+        x = min(max(x, -708.3964185322641), 709.782712893384)
+        k = np.floor(x * 1.4426950408889634 + 0.5)
+        r = x - k * 6.93145751953125e-1 - k * 1.42860682030941723212e-6
+        rr = r * r
+        p = r * ((1.26177193074810590878e-4 * rr + 3.02994407707441961300e-2) * rr + 9.99999999999999999910e-1)
+        q = ((3.00198505138664455042e-6 * rr + 2.52448340349684104192e-3) * rr + 2.27265548208155028766e-1) * rr
+        y = 1.0 + 2.0 * (p / (q + 2.00000000000000000009e0 - p))
+        half = np.int64(k) >> 1  # 2^k as 2^half 2^(k - half): each a normal number for k up to 1024
+        y = y * as_float((half + 1023) << 52) * as_float((np.int64(k) - half + 1023) << 52)
+        return 0.0 if low else (np.inf if high else y)
+
+    return {"float32": _numba_row_kernels(numba, exact, exp32), "float64": _numba_row_kernels(numba, exact, exp64)}
+
+
+def _row_kernel(a, shift, out):
+    """The compiled kernels for a (..., k, m) and one shift a row (..., k, 1) of its dtype, written into out (None
+    or a contiguous array of a's shape), or None (NumPy's passes): no numba, another dtype, empty, broadcast."""
+    if not a.size or a.dtype.name not in ("float32", "float64") or np.shape(shift) != (*a.shape[:-1], 1):
+        return None
+    if np.asarray(shift).dtype != a.dtype or not (out is None or (out.shape == a.shape and out.flags.c_contiguous)):
+        return None
+    kernels = _fused_kernels()
+    return None if kernels is None else kernels[a.dtype.name]
+
+
+def _stacked(a):
+    """(..., k, m) -> (N, k, m): the leading axes as one (a view of a contiguous array, else a copy)."""
+    return np.asarray(a).reshape(-1, *np.shape(a)[-2:])
+
+
+def _written(a, out):
+    """The array a kernel overwrites in place: out holding a copy of a (a new one when out is None)."""
+    if out is None:
+        return a.copy()
+    if out is not a:
+        np.copyto(out, a)
+    return out
+
+
 def add_optional(a, b):
     """a + b, or a itself when b is None (an absent bias or mask)."""
     return a if b is None else a + b
@@ -68,12 +216,47 @@ def add_rows(total, keys, part, m):
 
 def causal_fill(scores, rows, keys):
     """A block of scores (..., b, k) of query rows rows.start … and keys keys.start …, with -inf written where the
-    key comes after the query (j > i: what the causal mask hides)."""
+    key comes after the query (j > i: what the causal mask hides). Only the keys after the block's first row are
+    written: the ones before it every row sees."""
     b, k = scores.shape[-2:]
-    if keys.start + k - 1 > rows.start:  # some key of the block comes after some query row
-        future = np.arange(keys.start, keys.start + k) > np.arange(rows.start, rows.start + b)[:, None]
-        np.copyto(scores, -np.inf, where=future)
+    first = max(0, rows.start + 1 - keys.start)  # the first key of the block that some query row does not see
+    if first < k:
+        future = np.arange(keys.start + first, keys.start + k) > np.arange(rows.start, rows.start + b)[:, None]
+        np.copyto(scores[..., first:], -np.inf, where=future)
     return scores
+
+
+def exp_rows(a, shift, out=None):
+    """exp(a - shift), shift a column (..., k, 1) of one value a row (a row log-sum-exp: P from the scores and
+    L); a compiled sweep where fused_row_softmax has one, else NumPy's two passes. out may be a itself."""
+    kernel = _row_kernel(a, shift, out)
+    if kernel is None:
+        return np.exp(np.subtract(a, shift, out=out), out=out)
+    out = _written(a, out)
+    kernel["exp_rows"](_stacked(out), _stacked(shift)[..., 0])
+    return out
+
+
+def fused_row_softmax(a, out=None, lse=False):
+    """row_softmax by a compiled kernel that sweeps each row once while it is in cache (exp(a - max) and its sum,
+    then the scale), in place: a row of -inf gives zeros. lse: (softmax, row max, row sum of exp(a - max)), the
+    max 0 on a row of -inf (whose sum is 0). None (the caller's NumPy passes then) without numba, for a dtype
+    other than float32 / float64, an empty or a non-contiguous array."""
+    kernels = _fused_kernels() if a.size and a.dtype.name in ("float32", "float64") else None
+    if kernels is None or not a.flags.c_contiguous or not (out is None or out is a or out.flags.c_contiguous):
+        return None
+    if out is None:
+        out = a.copy()
+    elif out is not a:
+        np.copyto(out, a)
+    flat = out.reshape(-1, out.shape[-1])
+    top = flat.max(axis=-1)
+    top[top == -np.inf] = 0.0  # a row of -inf: exp(-inf) = 0 everywhere, its sum 0, the row zeros
+    total = np.empty_like(top)
+    kernels[a.dtype.name]["exp_normalize"](flat, top, out.dtype.type(1.0), total)
+    if lse:
+        return out, top.reshape(*out.shape[:-1], 1), total.reshape(*out.shape[:-1], 1)
+    return out
 
 
 def key_range(mask, causal, rows, m):
@@ -92,22 +275,29 @@ def key_range(mask, causal, rows, m):
     return slice(first, max(last, first + 1))
 
 
-def masked_row_softmax_lse(a):
+def masked_row_softmax_lse(a, out=None):
     """row_softmax_lse for rows that may hold -inf: a row of -inf gives zeros and L = +inf (exp(A - L) = 0)."""
-    top = a.max(axis=-1, keepdims=True, initial=-np.inf)
-    top[top == -np.inf] = 0.0
-    e = np.exp(a - top)
-    total = e.sum(axis=-1, keepdims=True)
-    empty = total == 0
-    e /= np.where(empty, 1.0, total)
+    fused = fused_row_softmax(a, out, lse=True)
+    if fused is not None:
+        e, top, total = fused
+    else:
+        top = a.max(axis=-1, keepdims=True, initial=-np.inf)
+        top[top == -np.inf] = 0.0
+        e = np.exp(np.subtract(a, top, out=out), out=out)
+        total = e.sum(axis=-1, keepdims=True)
+        e /= np.where(total == 0, 1.0, total)
     with np.errstate(divide="ignore"):
-        return e, np.where(empty, np.inf, top + np.log(total))
+        return e, np.where(total == 0, np.inf, top + np.log(total))
 
 
-def row_softmax_lse(a):
-    """softmax along the last axis and the row log-sum-exp, the row max subtracted first."""
+def row_softmax_lse(a, out=None):
+    """softmax along the last axis and the row log-sum-exp L = max + log Σ exp(a - max); out may be a itself."""
+    fused = fused_row_softmax(a, out, lse=True)
+    if fused is not None:
+        e, top, total = fused
+        return e, top + np.log(total)
     top = a.max(axis=-1, keepdims=True, initial=-np.inf)
-    e = np.exp(a - top)
+    e = np.exp(np.subtract(a, top, out=out), out=out)
     total = e.sum(axis=-1, keepdims=True)
     e /= total
     return e, top + np.log(total)
@@ -116,6 +306,19 @@ def row_softmax_lse(a):
 def rows(a):
     """(..., n, k) -> (N, k): every row of every batch element, stacked."""
     return a.reshape(-1, a.shape[-1])
+
+
+def shifted_product(p, a, shift, out=None):
+    """p ⊙ (a - shift), shift a column (..., k, 1) of one value a row (softmax's backward, dA = P ⊙ (dP - D));
+    one compiled sweep where fused_row_softmax has one, else NumPy's two passes. out may be a or p."""
+    kernel = _row_kernel(a, shift, out) if p.shape == a.shape and p.dtype == a.dtype else None
+    if out is not None and out is not a and np.may_share_memory(out, p):  # a - shift may not overwrite p
+        return np.multiply(p, np.subtract(a, shift), out=out)
+    if kernel is None:
+        return np.multiply(np.subtract(a, shift, out=out), p, out=out)
+    out = _written(a, out)
+    kernel["shifted_product"](_stacked(p), _stacked(out), _stacked(shift)[..., 0])
+    return out
 
 
 def _arrays(named):
@@ -275,7 +478,7 @@ def forward(Q, K, V, *, scale=None, block_size=None, attn_mask=None, key_padding
         Q_b = Q[..., block, :]
         A_b = add_optional((scale * Q_b) @ K_k.mT, M_b)
         A_b = causal_fill(A_b, block, keys) if causal else A_b
-        P_b, L_b = row_softmax_lse(A_b) if M is None else masked_row_softmax_lse(A_b)
+        P_b, L_b = row_softmax_lse(A_b, out=A_b) if M is None else masked_row_softmax_lse(A_b, out=A_b)
         O_b = P_b @ V_k
         O_blocks.append(O_b)
         L_blocks.append(L_b)
@@ -325,10 +528,10 @@ def backward(saved, grad_out):
         D_b = D[..., block, :]
         A_b = add_optional((scale * Q_b) @ K_k.mT, M_b)
         A_b = causal_fill(A_b, block, keys) if causal else A_b
-        P_b = np.exp(np.subtract(A_b, L_b, out=A_b), out=A_b)
+        P_b = exp_rows(A_b, L_b, out=A_b)
         del A_b
         dP_b = grad_out_b @ V_k.mT
-        dA_b = np.multiply(np.subtract(dP_b, D_b, out=dP_b), P_b, out=dP_b)
+        dA_b = shifted_product(P_b, dP_b, D_b, out=dP_b)
         del dP_b
         dQ_b = dA_b @ (scale * K_k)
         dQ_blocks.append(dQ_b)
@@ -355,117 +558,6 @@ DIRECTION_OF = {
     "K": "K_v",
     "V": "V_v",
 }
-
-
-def _fused_kernels():
-    """The numba kernels of fused_row_softmax, compiled on first use (each dtype on its first call) and shared by
-    every generated module of the process (kept in sys.modules under a private name: one compilation, not one
-    per module); None without numba or with the environment variable SYMATTN_NUMBA=0 (the NumPy passes then)."""
-    made = _fused_kernels.__dict__.get("made", False)
-    if made is not False:
-        return made
-    import os
-    import sys
-    import types
-
-    shared = sys.modules.get("_symattn_fused_softmax_1")  # the version of these kernels: bump it on a change
-    if shared is not None and os.environ.get("SYMATTN_NUMBA", "1") != "0":
-        _fused_kernels.made = shared.made
-        return shared.made
-
-    try:
-        if os.environ.get("SYMATTN_NUMBA", "1") == "0":
-            raise ImportError("SYMATTN_NUMBA=0")
-        import numba
-        from numba.extending import intrinsic
-    except ImportError:
-        _fused_kernels.made = None
-        return None
-    made = _numba_softmax(numba, intrinsic)
-    _fused_kernels.made = made
-    shared = sys.modules["_symattn_fused_softmax_1"] = types.ModuleType("_symattn_fused_softmax_1")
-    shared.made = made
-    return made
-
-
-def _numba_softmax(numba, intrinsic):
-    """The row softmax kernels ({dtype name: kernel(a, top, one)}) compiled lazily by numba."""
-
-    @intrinsic
-    def as_float(typingctx, bits):  # int32 / int64 bits -> float32 / float64: 2^k from its exponent bits
-        def codegen(context, builder, signature, args):
-            return builder.bitcast(args[0], context.get_value_type(signature.return_type))
-
-        return {numba.int32: numba.float32, numba.int64: numba.float64}[bits](bits), codegen
-
-    # exp as a polynomial (Cephes): numba's np.exp is a scalar libm call, which does not vectorize (no SVML);
-    # no reassoc flag here: it would merge the two parts of ln 2 that keep the argument reduction exact
-    exact = {"nsz", "contract", "arcp"}
-
-    @numba.njit(fastmath=exact, inline="always")
-    def exp32(x):
-        """exp(x) for float32 x <= 0 (Cephes expf); x below -87.34 (-inf too) gives 0, NaN gives NaN."""
-        low = x < np.float32(-87.33654)
-        x = max(x, np.float32(-87.33654))
-        k = np.floor(x * np.float32(1.442695) + np.float32(0.5))
-        r = x - k * np.float32(0.693359375) - k * np.float32(-2.12194440e-4)
-        y = np.float32(1.9875691500e-4) * r + np.float32(1.3981999507e-3)
-        y = y * r + np.float32(8.3334519073e-3)
-        y = y * r + np.float32(4.1665795894e-2)
-        y = y * r + np.float32(1.6666665459e-1)
-        y = y * r + np.float32(5.0000001201e-1)
-        y = y * (r * r) + r + np.float32(1.0)
-        return np.float32(0.0) if low else y * as_float(np.int32((np.int64(k) + 127) << 23))
-
-    @numba.njit(fastmath=exact, inline="always")
-    def exp64(x):
-        """exp(x) for float64 x <= 0 (Cephes exp, a Padé form); x below -708.39 (-inf too) gives 0."""
-        low = x < -708.39
-        x = max(x, -708.39)
-        k = np.floor(x * 1.4426950408889634 + 0.5)
-        r = x - k * 6.93145751953125e-1 - k * 1.42860682030941723212e-6
-        rr = r * r
-        p = r * ((1.26177193074810590878e-4 * rr + 3.02994407707441961300e-2) * rr + 9.99999999999999999910e-1)
-        q = ((3.00198505138664455042e-6 * rr + 2.52448340349684104192e-3) * rr + 2.27265548208155028766e-1) * rr
-        y = 1.0 + 2.0 * (p / (q + 2.00000000000000000009e0 - p))
-        return 0.0 if low else y * as_float((np.int64(k) + 1023) << 52)
-
-    def kernel(exp):
-        @numba.njit(fastmath=exact | {"reassoc"})  # reassoc: the row sum vectorizes
-        def softmax(a, top, one):
-            """Row softmax of a (N, m) in place, given its row maxima top (0 for a row of -inf): exp(a - top)
-            and its sum in one sweep, then the scale (1 / the sum, at least 1 unless the row is all -inf)."""
-            for i in range(a.shape[0]):
-                total, shift = one - one, top[i]
-                for j in range(a.shape[1]):
-                    e = exp(a[i, j] - shift)
-                    a[i, j] = e
-                    total += e
-                scale = one / max(total, one)
-                for j in range(a.shape[1]):
-                    a[i, j] *= scale
-
-        return softmax
-
-    return {"float32": kernel(exp32), "float64": kernel(exp64)}
-
-
-def fused_row_softmax(a, out=None):
-    """row_softmax by a compiled kernel that sweeps each row once while it is in cache (exp(a - max) and its sum,
-    then the scale), in place: a row of -inf gives zeros. None (the caller's NumPy passes then) without numba,
-    for a dtype other than float32 / float64, an empty or a non-contiguous array."""
-    kernels = _fused_kernels() if a.size and a.dtype.name in ("float32", "float64") else None
-    if kernels is None or not a.flags.c_contiguous or not (out is None or out is a or out.flags.c_contiguous):
-        return None
-    if out is None:
-        out = a.copy()
-    elif out is not a:
-        np.copyto(out, a)
-    flat = out.reshape(-1, out.shape[-1])
-    top = flat.max(axis=-1)
-    top[top == -np.inf] = 0.0  # a row of -inf: exp(-inf) = 0 everywhere, its sum 0, the row zeros
-    kernels[a.dtype.name](flat, top, out.dtype.type(1.0))
-    return out
 
 
 def masked_row_softmax(a, out=None):
@@ -557,7 +649,7 @@ def _forward2(Q, K, V, G_out, Q_v, K_v, V_v, M, causal, scale):
     G_D = np.vecdot(O, G_out)[..., None]
     del O
     G_P = G_out @ V.mT
-    G_A = (G_P - G_D) * P
+    G_A = shifted_product(P, G_P, G_D)
     G_Q = G_A @ (scale * K)
     G_K = G_A.mT @ (scale * Q)
     G_V = P.mT @ G_out
@@ -607,12 +699,12 @@ def _backward2(saved, grad_out):
     dA = (scale * Q_Q_v) @ K_v_K.mT
     del K_v_K, Q_Q_v
     D = np.vecdot(P, dA)[..., None]
-    dP = np.multiply(np.subtract(dA, D, out=dA), P, out=dA)
+    dP = shifted_product(P, dA, D, out=dA)
     del D, dA
     dG_out = P @ V_v + dP @ V
     dG_D = np.vecdot(G_out, dG_out)[..., None]
     dG_P = G_out @ V_v.mT
-    dG_A = np.add(np.multiply(np.subtract(dG_P, dG_D, out=dG_P), P, out=dG_P), (G_P - G_D) * dP, out=dG_P)
+    dG_A = np.add(shifted_product(P, dG_P, dG_D, out=dG_P), shifted_product(dP, G_P, G_D), out=dG_P)
     del dG_D, dG_P
     dQ = scale * (G_M @ K_v + dG_A @ K)
     dK = scale * (G_M.mT @ Q_v + dG_A.mT @ Q)
@@ -716,7 +808,7 @@ def _jvp(Q, K, V, Q_t, K_t, V_t, M, M_t, causal, scale, block_size):
         O_b = P_b @ V_k
         dA_b = add_optional((scale * Q_Q_t_b) @ K_t_K_k.mT, M_t_b)
         D_b = np.vecdot(dA_b, P_b)[..., None]
-        dP_b = np.multiply(np.subtract(dA_b, D_b, out=dA_b), P_b, out=dA_b)
+        dP_b = shifted_product(P_b, dA_b, D_b, out=dA_b)
         del D_b, dA_b
         dO_b = P_b @ V_t_k + dP_b @ V_k
         del dP_b

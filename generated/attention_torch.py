@@ -47,6 +47,61 @@ OPTIONAL = ()  # inputs that may be None: their terms are left out
 SPEC = "attention"
 
 
+def _assume_constant(function):
+    """function marked as torch._dynamo.assume_constant_result marks it: dynamo, tracing a call of it, calls it and
+    takes the result for a constant. Marked without importing dynamo, seconds that an eager run never needs."""
+    function._dynamo_marked_constant = True
+    return function
+
+
+@_assume_constant  # run, not traced, by dynamo: it registers ops, which no graph can hold
+def _compiled_ops():
+    """May a compiled graph call the custom ops symattn::big_matmul (huge_matmul, for factors of one batch shape)
+    and symattn::placed_rows (_place)? Not under a torch.func transform (vmap, grad, jvp), for which they have
+    no rule; else yes, the ops registered on the first compilation that needs them, once per process: every
+    generated module embedding this finds them."""
+    if torch._C._functorch.peek_interpreter_stack() is not None:
+        return False
+    if hasattr(torch.ops.symattn, "placed_rows"):
+        return True
+
+    @torch.library.custom_op("symattn::big_matmul", mutates_args=())
+    def product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return huge_matmul(a, b)
+
+    product.register_fake(lambda a, b: a.new_empty((*a.shape[:-1], b.shape[-1])))
+
+    def save_factors(ctx, inputs, output):
+        ctx.save_for_backward(*inputs)
+
+    def product_backward(ctx, grad):  # d(a b) = da b + a db
+        a, b = ctx.saved_tensors
+        return grad @ b.mT, a.mT @ grad
+
+    product.register_autograd(product_backward, setup_context=save_factors)
+
+    @torch.library.custom_op("symattn::placed_rows", mutates_args=())
+    def placed(parts: list[torch.Tensor], starts: list[int], m: int) -> torch.Tensor:
+        return _place(parts, starts, m)
+
+    placed.register_fake(
+        lambda parts, starts, m: parts[0].new_empty((*parts[0].shape[:-2], sum(p.shape[-2] for p in parts), m))
+    )
+
+    def save_blocks(ctx, inputs, output):
+        ctx.blocks = [(part.shape[-2], start, part.shape[-1]) for part, start in zip(inputs[0], inputs[1])]
+
+    def placed_backward(ctx, grad):  # each block's rows and keys of the cotangent
+        grads, row = [], 0
+        for rows, start, keys in ctx.blocks:
+            grads.append(grad[..., row : row + rows, start : start + keys])
+            row += rows
+        return grads, None, None
+
+    placed.register_autograd(placed_backward, setup_context=save_blocks)
+    return True
+
+
 def _functional(a):
     """Is a traced (torch.compile, torch.export) or transformed (torch.func's vmap, grad, jvp)? Then no out= and
     no branch on its values: what eager code does in place or only where needed is done for every row."""
@@ -70,6 +125,21 @@ def _madvise():
                 found = None
         _madvise.found = found
     return found
+
+
+def _place(parts, starts, m):
+    """The blocks of rows parts (..., b_i, k_i) stacked into one (..., Σ b_i, m) tensor in huge_empty memory, each
+    at its first key starts[i], zero on the other keys: the custom op symattn::placed_rows."""
+    first = parts[0]
+    out = huge_empty((*first.shape[:-2], sum(part.shape[-2] for part in parts), m), first)
+    row = 0
+    for part, start in zip(parts, starts):
+        rows, stop = slice(row, row + part.shape[-2]), start + part.shape[-1]
+        out[..., rows, :start] = 0.0
+        out[..., rows, start:stop] = part
+        out[..., rows, stop:] = 0.0
+        row = rows.stop
+    return out
 
 
 def add_optional(a, b):
@@ -96,31 +166,43 @@ def add_rows(total, keys, part, m):
 
 def big_matmul(a, b):
     """a @ b for a product much larger than its factors (the scores Q Kᵀ, dP = dO Vᵀ: n × m from n × d and
-    d × m). In eager CPU code the result is written into memory advised for transparent huge pages, as NumPy
-    advises its own large arrays: torch's allocator maps a fresh n × m tensor in 4 KiB pages, and the GEMM's first
-    touch of each one faults (1 × 8 × 1024², float32, one thread: 35 → 19 ms). Traced, transformed or under
-    autograd, plainly a @ b."""
-    if _functional(a) or _functional(b) or a.requires_grad or b.requires_grad or a.device.type != "cpu":
+    d × m). On CPU the result is written into memory advised for transparent huge pages, as NumPy advises its own
+    large arrays: torch's allocator maps a fresh n × m tensor in 4 KiB pages, and the GEMM's first touch of each
+    one faults (1 × 8 × 1024², float32, one thread: 35 → 19 ms). Compiled (torch.compile), a product of 32 MiB or
+    more goes through the custom op symattn::big_matmul, which inductor calls as it is: inductor's own buffer
+    would be a fresh mapping at every call (glibc's malloc maps a block of 32 MiB or more anew each time), a
+    smaller one malloc hands out again from its heap, its pages already touched. Transformed (torch.func),
+    exported or recorded by autograd in eager code, plainly a @ b."""
+    if a.device.type != "cpu" or a.dtype != b.dtype or a.dim() < 2 or b.dim() < 2:
         return a @ b
-    if a.dtype != b.dtype or a.dim() < 2 or b.dim() < 2:
-        return a @ b
-    shape = (*torch.broadcast_shapes(a.shape[:-2], b.shape[:-2]), a.shape[-2], b.shape[-1])
-    return torch.matmul(a, b, out=huge_empty(shape, a))
+    if torch.compiler.is_compiling():
+        size = a.shape[:-2].numel() * a.shape[-2] * b.shape[-1] * a.element_size()
+        if torch.compiler.is_exporting() or a.shape[:-2] != b.shape[:-2] or size < 32 << 20 or not _compiled_ops():
+            return a @ b
+        return torch.ops.symattn.big_matmul(a, b)
+    if _functional(a) or _functional(b) or (torch.is_grad_enabled() and (a.requires_grad or b.requires_grad)):
+        return a @ b  # (a Function's forward and backward run with grad off: its saved inputs still require grad)
+    return huge_matmul(a, b)
 
 
 def causal_fill(scores, rows, keys):
     """A block of scores (..., b, k) of query rows rows.start … and keys keys.start …, with -inf written where the
-    key comes after the query (j > i: what the causal mask hides)."""
+    key comes after the query (j > i: what the causal mask hides). In eager code only the keys after the block's
+    first row are written (in place): the ones before it every row sees."""
     b, k = scores.shape[-2:]
-    if keys.start + k - 1 <= rows.start:  # no key of the block comes after a query row
+    first = max(0, rows.start + 1 - keys.start)  # the first key of the block that some query row does not see
+    if first >= k:
         return scores
+    functional = _functional(scores)
+    first = 0 if functional else first  # (traced: one masked_fill of the whole block, a new tensor)
     device = scores.device
-    future = torch.arange(keys.start, keys.start + k, device=device) > torch.arange(
+    future = torch.arange(keys.start + first, keys.start + k, device=device) > torch.arange(
         rows.start, rows.start + b, device=device
     ).unsqueeze(-1)
-    if _functional(scores):
+    if functional:
         return scores.masked_fill(future, float("-inf"))
-    return scores.masked_fill_(future, float("-inf"))
+    scores[..., first:].masked_fill_(future, float("-inf"))
+    return scores
 
 
 def huge_empty(shape, like):
@@ -136,6 +218,12 @@ def huge_empty(shape, like):
     if madvise is not None and stop > start:
         madvise(start, stop - start, 14)  # MADV_HUGEPAGE
     return out
+
+
+def huge_matmul(a, b):
+    """a @ b written into huge_empty memory: the eager path of big_matmul and the custom op's implementation."""
+    shape = (*torch.broadcast_shapes(a.shape[:-2], b.shape[:-2]), a.shape[-2], b.shape[-1])
+    return torch.matmul(a, b, out=huge_empty(shape, a))
 
 
 def key_range(mask, causal, rows, m):
@@ -177,8 +265,19 @@ def matmul_tn(a, b):
 
 
 def placed_rows(whole):
-    """The value put_rows made, after the loop: traced or transformed, its blocks (a list) concatenated once."""
-    return torch.cat(whole, dim=-2) if isinstance(whole, list) else whole
+    """The value put_rows made, after the loop: traced or transformed, its blocks (a list of (part, first key, m))
+    padded with zero keys and concatenated once; compiled, a result of 32 MiB or more by the custom op
+    symattn::placed_rows, into huge pages (as big_matmul: inductor's own buffer would fault page by page)."""
+    if not isinstance(whole, list):
+        return whole
+    parts, starts, m = [part for part, _, _ in whole], [start for _, start, _ in whole], whole[0][2]
+    first = parts[0]
+    size = first.shape[:-2].numel() * sum(part.shape[-2] for part in parts) * m * first.element_size()
+    if torch.compiler.is_compiling() and first.device.type == "cpu" and size >= 32 << 20:
+        if not torch.compiler.is_exporting() and _compiled_ops():
+            return torch.ops.symattn.placed_rows(parts, starts, m)
+    padded = [torch.nn.functional.pad(part, (start, m - start - part.shape[-1])) for part, start in zip(parts, starts)]
+    return torch.cat(padded, dim=-2)
 
 
 def put_rows(whole, rows, keys, part, n, m):
@@ -186,8 +285,8 @@ def put_rows(whole, rows, keys, part, n, m):
     of those rows (the ones the block skipped); whole is None before the first block."""
     if whole is None and part.shape[-2:] == (n, m) and part._base is None:  # one block, every key: part is the whole
         return part
-    if _functional(part):  # no in-place update: the blocks padded with zero keys, concatenated by placed_rows
-        return [*(whole or []), torch.nn.functional.pad(part, (keys.start, m - keys.stop))]
+    if _functional(part):  # no in-place update: the blocks and their key ranges, placed by placed_rows
+        return [*(whole or []), (part, keys.start, m)]
     if whole is None:
         whole = huge_empty((*part.shape[:-2], n, m), part)
     whole[..., rows, : keys.start] = 0.0

@@ -103,6 +103,34 @@ def add_optional(a, b):
     return a if b is None else a + b
 
 
+def add_rows(total, keys, part, m):
+    """The sum over blocks of a value of m rows (…, m, k), part adding to its rows keys; total is 0 before the
+    first block. Functional: part padded with zero rows to m (no in-place update to trace)."""
+    if part.shape[-2] != m:
+        part = jnp.pad(part, [(0, 0)] * (part.ndim - 2) + [(keys.start, m - keys.stop), (0, 0)])
+    return part if isinstance(total, int) else total + part
+
+
+def causal_fill(scores, rows, keys):
+    """A block of scores (..., b, k) of query rows rows.start … and keys keys.start …, with -inf where the key
+    comes after the query (j > i: what the causal mask hides); a new array (jnp.where), the block itself where
+    no key of the block comes after a row."""
+    b, k = scores.shape[-2:]
+    if keys.start + k - 1 <= rows.start:
+        return scores
+    future = jnp.arange(keys.start, keys.start + k) > jnp.arange(rows.start, rows.start + b)[:, None]
+    return jnp.where(future, -jnp.inf, scores)
+
+
+def key_range(mask, causal, rows, m):
+    """The keys a block of query rows (a slice) reads: slice(0, k1), with causal the keys 0 … the block's last row
+    (row i sees keys j <= i), never empty; without, every key. From causal alone (no branch on the mask's values,
+    which jit traces); the loop skips the keys outside it, whose probabilities are exactly zero."""
+    if not causal:
+        return slice(0, m)
+    return slice(0, max(1, min(m, rows.stop)))
+
+
 def masked_row_softmax(a):
     """row_softmax for rows that may hold -inf: a row whose entries are all -inf gives zeros, not NaN."""
     e = jnp.exp(a - _row_max(a))
@@ -114,6 +142,21 @@ def merge_heads(a, heads):
     """(..., heads, n, k) -> (..., n, heads * k)."""
     a = jnp.swapaxes(a, -2, -3)
     return a.reshape(*a.shape[:-2], a.shape[-2] * a.shape[-1])
+
+
+def placed_rows(whole):
+    """The value put_rows made, after the loop: its blocks (a list) concatenated once."""
+    return jnp.concatenate(whole, axis=-2) if isinstance(whole, list) else whole
+
+
+def put_rows(whole, rows, keys, part, n, m):
+    """An n × m value made block by block: part (..., b, k) of rows and keys, padded with zeros on the other
+    keys of its rows (the ones the block skipped) and collected in a list that placed_rows concatenates once;
+    whole is None before the first block. One block of every key: part is the whole."""
+    if whole is None and part.shape[-2:] == (n, m):
+        return part
+    padded = jnp.pad(part, [(0, 0)] * (part.ndim - 1) + [(keys.start, m - keys.stop)])
+    return [*(whole or []), padded]
 
 
 def repeat_heads(a, heads):
@@ -130,6 +173,22 @@ def row_softmax(a):
 def rows(a):
     """(..., n, k) -> (N, k): every row of every batch element, stacked."""
     return a.reshape(-1, a.shape[-1])
+
+
+def rows_per_block(mask, causal, query, size=128, most=16):
+    """Query rows per block of a standard module's loop. With causal, each block reads only the keys 0 … its last
+    row: 128 rows (size) up to 8 blocks, 256 past them (n > 1024: as fast, and jax.jit, which compiles the Python
+    loop unrolled, one copy of the block's code per block, compiles half as many), and at most 16 blocks (most:
+    larger ones past n = 4096; the scores skipped, (b − 1)/2b of them at b blocks, hardly grow). Without causal,
+    every row in one block (the whole computation at once). Static under jax.jit: causal is a Python bool and
+    shapes are static; another mask's keys are never skipped (its values may be traced: the loop adds it to
+    each block's scores)."""
+    n = query.shape[-2]
+    if not causal:
+        return max(n, 1)
+    if n > 8 * size:
+        size *= 2
+    return size * max(1, -(-n // (size * most)))
 
 
 def split_heads(a, heads):
@@ -244,17 +303,19 @@ def _restore(residuals):
     return {**arrays, **dict(static.items)}
 
 
-def _additive_mask(attn_mask, key_padding_mask, causal, query, key, per_head=False):
+def _additive_mask(attn_mask, key_padding_mask, causal, query, key, per_head=False, by_blocks=False):
     """The additive mask M (0 where a query may see a key, -inf where not), or None without a mask.
 
     attn_mask: (n, m) or (..., n, m), boolean (True: not allowed; a constant) or floating (added to the
     scores; differentiable); key_padding_mask: (..., m) boolean (True: ignore that key); causal: query i
     sees keys j <= i. per_head: the scores have a heads axis, (..., H, n, m), so a batched mask gets one.
+    by_blocks: M leaves the causal part out (None when nothing else is left), for a loop over blocks of query
+    rows that writes it into each block of scores (causal_fill), so that no n × m array is made for it.
     """
     if type(causal).__name__ not in ("bool", "bool_"):  # True or False, or NumPy's np.True_ or np.False_
         raise ValueError(f"causal must be True or False, got {causal!r}")
     causal = bool(causal)
-    if attn_mask is None and key_padding_mask is None and not causal:
+    if attn_mask is None and key_padding_mask is None and (by_blocks or not causal):
         return None
     query, key = jnp.asarray(query), jnp.asarray(key)
     n, m, batch, dtype = query.shape[-2], key.shape[-2], tuple(query.shape[:-2]), query.dtype
@@ -270,9 +331,6 @@ def _additive_mask(attn_mask, key_padding_mask, causal, query, key, per_head=Fal
             mask = attn_mask.astype(dtype)
         else:
             raise ValueError(f"attn_mask: expected a bool or floating-point array, got {attn_mask.dtype}")
-    if causal:
-        future = jnp.where(jnp.triu(jnp.ones((n, m), dtype=bool), 1), -jnp.inf, 0.0).astype(dtype)
-        mask = future if mask is None else mask + future
     if key_padding_mask is not None:
         key_padding_mask = jnp.asarray(key_padding_mask)
         if tuple(key_padding_mask.shape) != (*batch, m):
@@ -283,10 +341,11 @@ def _additive_mask(attn_mask, key_padding_mask, causal, query, key, per_head=Fal
             raise ValueError(f"key_padding_mask: expected a bool array (True: ignore a key), got {got}")
         padding = jnp.where(key_padding_mask, -jnp.inf, 0.0).astype(dtype)[..., None, :]
         mask = padding if mask is None else mask + padding
-    mask = jnp.broadcast_to(mask, (*mask.shape[:-2], n, m))  # every query row
-    if per_head and mask.ndim > 2:  # one mask for every head: (..., 1, n, m)
-        mask = mask[..., None, :, :]
-    return mask
+    if mask is not None:
+        mask = jnp.broadcast_to(mask, (*mask.shape[:-2], n, m))  # every query row
+        if per_head and mask.ndim > 2:  # one mask for every head: (..., 1, n, m)
+            mask = mask[..., None, :, :]
+    return mask if by_blocks else with_causal(mask, causal, query, key)
 
 
 def _mask_shape(mask):
@@ -294,7 +353,17 @@ def _mask_shape(mask):
     return None if mask is None else mask.shape
 
 
-def _forward(Q, K, V, W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O, M, num_heads, num_kv_heads):
+def with_causal(mask, causal, query, key):
+    """M with the causal part added (-inf where key j comes after query i) when causal, as a whole n × m array:
+    the additive mask for the closed forms that take it whole, from the mask a loop over blocks of rows takes."""
+    if not causal:
+        return mask
+    n, m, dtype = query.shape[-2], key.shape[-2], query.dtype
+    future = jnp.where(jnp.triu(jnp.ones((n, m), dtype=bool), 1), -jnp.inf, 0.0).astype(dtype)
+    return future if mask is None else mask + future
+
+
+def _forward(Q, K, V, W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O, M, causal, num_heads, num_kv_heads):
     """The forward pass: (Y, saved values for _backward); pure, so that jit, vmap and grad trace it."""
     mask_shape = _mask_shape(M)  # the additive mask receives its gradient
     Q, K, V, W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O = _arrays(
@@ -341,9 +410,24 @@ def _forward(Q, K, V, W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O, M, num_heads, num_
     Q_h = split_heads(add_optional(Q @ W_Q, b_Q), H)
     K_h = repeat_heads(split_heads(add_optional(K @ W_K, b_K), H_kv), H)
     V_h = repeat_heads(split_heads(add_optional(V @ W_V, b_V), H_kv), H)
-    A_h = add_optional((scale * Q_h) @ K_h.mT, M)
-    P_h = row_softmax(A_h) if M is None else masked_row_softmax(A_h)
-    O_h = P_h @ V_h
+    O_h_blocks = []
+    P_h = None  # placed block by block
+    block_size = rows_per_block(M, causal, Q_h)
+    for start in range(0, max(Q_h.shape[-2], 1), block_size):  # one pass with no rows: results get their shapes
+        block = slice(start, start + block_size)
+        keys = key_range(M, causal, block, K_h.shape[-2])
+        K_h_k = K_h[..., keys, :]
+        V_h_k = V_h[..., keys, :]
+        M_b = None if M is None else M[..., block, keys]
+        Q_h_b = Q_h[..., block, :]
+        A_h_b = add_optional((scale * Q_h_b) @ K_h_k.mT, M_b)
+        A_h_b = causal_fill(A_h_b, block, keys) if causal else A_h_b
+        P_h_b = row_softmax(A_h_b) if M is None else masked_row_softmax(A_h_b)
+        O_h_b = P_h_b @ V_h_k
+        O_h_blocks.append(O_h_b)
+        P_h = put_rows(P_h, block, keys, P_h_b, Q_h.shape[-2], K_h.shape[-2])
+    O_h = O_h_blocks[0] if len(O_h_blocks) == 1 else jnp.concatenate(O_h_blocks, axis=-2)
+    P_h = placed_rows(P_h)
     C = merge_heads(O_h, H)
     Y = add_optional(C @ W_O, b_O)
     saved = {
@@ -357,17 +441,19 @@ def _forward(Q, K, V, W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O, M, num_heads, num_
         "Q_h": Q_h,
         "K_h": K_h,
         "V_h": V_h,
-        "P_h": P_h,
         "O_h": O_h,
         "C": C,
         "H": H,
         "H_kv": H_kv,
         "scale": scale,
+        "P_h": P_h,
         "b_Q": b_Q,
         "b_K": b_K,
         "b_V": b_V,
         "b_O": b_O,
+        "M": M,
         "mask_shape": mask_shape,
+        "causal": causal,
     }
     return Y, saved
 
@@ -384,28 +470,56 @@ def _backward(saved, grad_out):
     Q_h = saved["Q_h"]
     K_h = saved["K_h"]
     V_h = saved["V_h"]
-    P_h = saved["P_h"]
     O_h = saved["O_h"]
     C = saved["C"]
     H = saved["H"]
     H_kv = saved["H_kv"]
     scale = saved["scale"]
+    P_h = saved["P_h"]
     b_Q = saved["b_Q"]
     b_K = saved["b_K"]
     b_V = saved["b_V"]
     b_O = saved["b_O"]
+    M = saved["M"]
     mask_shape = saved["mask_shape"]
+    causal = saved["causal"]
     dC = grad_out @ W_O.mT
     dO_h = split_heads(dC, H)
     D = (O_h * dO_h).sum(axis=-1, keepdims=True)
-    dP_h = dO_h @ V_h.mT
-    dA_h = (dP_h - D) * P_h
-    dV_h = P_h.mT @ dO_h
-    dK_h = dA_h.mT @ (scale * Q_h)
-    dQ_h = dA_h @ (scale * K_h)
+    dM = None  # placed block by block
+    dQ_blocks = []
+    dV_h = 0  # summed over the blocks of query rows
+    dK_h = 0  # summed over the blocks of query rows
+    dW_Q = 0  # summed over the blocks of query rows
+    db_Q = None if b_Q is None else 0  # summed over the blocks of query rows
+    block_size = rows_per_block(M, causal, Q_h)
+    for start in range(0, max(Q_h.shape[-2], 1), block_size):  # one pass with no rows: results get their shapes
+        block = slice(start, start + block_size)
+        keys = key_range(M, causal, block, K_h.shape[-2])
+        K_h_k = K_h[..., keys, :]
+        V_h_k = V_h[..., keys, :]
+        P_h_b = P_h[..., block, keys]
+        Q_h_b = Q_h[..., block, :]
+        dO_h_b = dO_h[..., block, :]
+        D_b = D[..., block, :]
+        Q_b = Q[..., block, :]
+        dP_h_b = dO_h_b @ V_h_k.mT
+        dA_h_b = (dP_h_b - D_b) * P_h_b
+        dQ_h_b = dA_h_b @ (scale * K_h_k)
+        dM_b = dA_h_b
+        dQW_Q_b = merge_heads(dQ_h_b, H)
+        dQ_b = dQW_Q_b @ W_Q.mT
+        dM = None if mask_shape is None else put_rows(dM, block, keys, dM_b, Q_h.shape[-2], K_h.shape[-2])
+        dQ_blocks.append(dQ_b)
+        dV_h = add_rows(dV_h, keys, P_h_b.mT @ dO_h_b, K_h.shape[-2])
+        dK_h = add_rows(dK_h, keys, dA_h_b.mT @ (scale * Q_h_b), K_h.shape[-2])
+        dW_Q = dW_Q + rows(Q_b).mT @ rows(dQW_Q_b)
+        if b_Q is not None:
+            db_Q = db_Q + rows(dQW_Q_b).sum(axis=0, keepdims=True)
+    dM = placed_rows(dM)
+    dQ = dQ_blocks[0] if len(dQ_blocks) == 1 else jnp.concatenate(dQ_blocks, axis=-2)
     dW_O = rows(C).mT @ rows(grad_out)
     db_O = None if b_O is None else rows(grad_out).sum(axis=0, keepdims=True)
-    dM = None if mask_shape is None else sum_to_shape(dA_h, mask_shape)
     dVW_V = merge_heads(sum_groups(dV_h, H_kv), H_kv)
     dV = dVW_V @ W_V.mT
     dW_V = rows(V).mT @ rows(dVW_V)
@@ -414,10 +528,7 @@ def _backward(saved, grad_out):
     dK = dKW_K @ W_K.mT
     dW_K = rows(K).mT @ rows(dKW_K)
     db_K = None if b_K is None else rows(dKW_K).sum(axis=0, keepdims=True)
-    dQW_Q = merge_heads(dQ_h, H)
-    dQ = dQW_Q @ W_Q.mT
-    dW_Q = rows(Q).mT @ rows(dQW_Q)
-    db_Q = None if b_Q is None else rows(dQW_Q).sum(axis=0, keepdims=True)
+    dM = None if mask_shape is None else sum_to_shape(dM, mask_shape)
     return {
         "Q": dQ,
         "K": dK,
@@ -434,18 +545,18 @@ def _backward(saved, grad_out):
     }
 
 
-def _primal(Q, K, V, W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O, M, num_heads, num_kv_heads):
+def _primal(Q, K, V, W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O, M, causal, num_heads, num_kv_heads):
     """Y alone: the primal function of the custom_vjp below."""
-    return _forward(Q, K, V, W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O, M, num_heads, num_kv_heads)[0]
+    return _forward(Q, K, V, W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O, M, causal, num_heads, num_kv_heads)[0]
 
 
-def _primal_fwd(Q, K, V, W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O, M, num_heads, num_kv_heads):
+def _primal_fwd(Q, K, V, W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O, M, causal, num_heads, num_kv_heads):
     """The custom_vjp forward rule: Y and the saved values as residuals (arrays; Python values static)."""
-    Y, saved = _forward(Q, K, V, W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O, M, num_heads, num_kv_heads)
+    Y, saved = _forward(Q, K, V, W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O, M, causal, num_heads, num_kv_heads)
     return Y, _residuals(saved)
 
 
-def _primal_bwd(num_heads, num_kv_heads, residuals, grad_out):
+def _primal_bwd(causal, num_heads, num_kv_heads, residuals, grad_out):
     """The custom_vjp backward rule, the generated closed form: a cotangent per array input (None for None)."""
     grads = _backward(_restore(residuals), grad_out)
     cotangents = (
@@ -466,7 +577,7 @@ def _primal_bwd(num_heads, num_kv_heads, residuals, grad_out):
 
 
 # the options are static (nondiff_argnums): Python values, the same under jit
-_differentiable = jax.custom_vjp(_primal, nondiff_argnums=(12, 13))
+_differentiable = jax.custom_vjp(_primal, nondiff_argnums=(12, 13, 14))
 _differentiable.defvjp(_primal_fwd, _primal_bwd)
 
 
@@ -497,10 +608,12 @@ def forward(
     attn_mask (n × m, bool: True = not allowed, a constant, or float: added, and differentiated),
     key_padding_mask (..., m, bool: True = ignore the key) and causal add the mask M to the scores; a row
     whose keys are all masked gives zeros and zero gradients, never NaN.
+    With causal the query rows go through blocks (rows_per_block), each reading only the keys up to its
+    last row: causal is static (a Python bool, the key ranges fixed when jax.jit traces).
     b_Q, b_K, b_V, b_O: optional biases (1 × columns, broadcast over the tokens), each left out when None.
     """
-    M = _additive_mask(attn_mask, key_padding_mask, causal, Q, K, per_head=True)
-    return _differentiable(Q, K, V, W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O, M, num_heads, num_kv_heads)
+    M = _additive_mask(attn_mask, key_padding_mask, causal, Q, K, per_head=True, by_blocks=True)
+    return _differentiable(Q, K, V, W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O, M, causal, num_heads, num_kv_heads)
 
 
 # Forward mode: the output's derivative along tangents of the inputs, Σ_i ∂Y/∂x_i [ẋ_i], in closed form.
@@ -571,6 +684,7 @@ def _jvp(
     b_O_t,
     M,
     M_t,
+    causal,
     num_heads,
     num_kv_heads,
 ):
@@ -689,21 +803,40 @@ def _jvp(
     Q_h = split_heads(add_optional(Q @ W_Q, b_Q), H)
     K_h = repeat_heads(split_heads(add_optional(K @ W_K, b_K), H_kv), H)
     V_h = repeat_heads(split_heads(add_optional(V @ W_V, b_V), H_kv), H)
-    A_h = add_optional((scale * Q_h) @ K_h.mT, M)
-    P_h = row_softmax(A_h) if M is None else masked_row_softmax(A_h)
-    O_h = P_h @ V_h
-    C = merge_heads(O_h, H)
-    Y = add_optional(C @ W_O, b_O)
     dQ_h = split_heads(add_optional(Q @ W_Q_t + Q_t @ W_Q, b_Q_t), H)
     dK_h = repeat_heads(split_heads(add_optional(K @ W_K_t + K_t @ W_K, b_K_t), H_kv), H)
     dV_h = repeat_heads(split_heads(add_optional(V @ W_V_t + V_t @ W_V, b_V_t), H_kv), H)
     Q_h_dQ_h = jnp.concatenate([Q_h, dQ_h], axis=-1)
     dK_h_K_h = jnp.concatenate([dK_h, K_h], axis=-1)
-    dA_h = add_optional((scale * Q_h_dQ_h) @ dK_h_K_h.mT, M_t)
-    D = (dA_h * P_h).sum(axis=-1, keepdims=True)
-    dP_h = (dA_h - D) * P_h
-    dO_h = P_h @ dV_h + dP_h @ V_h
-    dC = merge_heads(dO_h, H)
+    O_h_blocks = []
+    dC_blocks = []
+    block_size = rows_per_block(M, causal, Q_h)
+    for start in range(0, max(Q_h.shape[-2], 1), block_size):  # one pass with no rows: results get their shapes
+        block = slice(start, start + block_size)
+        keys = key_range(M, causal, block, K_h.shape[-2])
+        K_h_k = K_h[..., keys, :]
+        V_h_k = V_h[..., keys, :]
+        dK_h_K_h_k = dK_h_K_h[..., keys, :]
+        dV_h_k = dV_h[..., keys, :]
+        M_b = None if M is None else M[..., block, keys]
+        Q_h_b = Q_h[..., block, :]
+        M_t_b = None if M_t is None else M_t[..., block, keys]
+        Q_h_dQ_h_b = Q_h_dQ_h[..., block, :]
+        A_h_b = add_optional((scale * Q_h_b) @ K_h_k.mT, M_b)
+        A_h_b = causal_fill(A_h_b, block, keys) if causal else A_h_b
+        P_h_b = row_softmax(A_h_b) if M is None else masked_row_softmax(A_h_b)
+        O_h_b = P_h_b @ V_h_k
+        dA_h_b = add_optional((scale * Q_h_dQ_h_b) @ dK_h_K_h_k.mT, M_t_b)
+        D_b = (dA_h_b * P_h_b).sum(axis=-1, keepdims=True)
+        dP_h_b = (dA_h_b - D_b) * P_h_b
+        dO_h_b = P_h_b @ dV_h_k + dP_h_b @ V_h_k
+        dC_b = merge_heads(dO_h_b, H)
+        O_h_blocks.append(O_h_b)
+        dC_blocks.append(dC_b)
+    O_h = O_h_blocks[0] if len(O_h_blocks) == 1 else jnp.concatenate(O_h_blocks, axis=-2)
+    dC = dC_blocks[0] if len(dC_blocks) == 1 else jnp.concatenate(dC_blocks, axis=-2)
+    C = merge_heads(O_h, H)
+    Y = add_optional(C @ W_O, b_O)
     dY = add_optional(C @ W_O_t + dC @ W_O, b_O_t)
     return Y, dY
 
@@ -733,7 +866,7 @@ def jvp(
     tangents: a dict from input names to arrays of their shapes (an input left out: zero there); the options
     and masks as forward takes them (the mask does not move).
     """
-    M = _additive_mask(attn_mask, key_padding_mask, causal, Q, K, per_head=True)
+    M = _additive_mask(attn_mask, key_padding_mask, causal, Q, K, per_head=True, by_blocks=True)
     tangents = _tangents(tangents)
     return _jvp(
         Q,
@@ -760,12 +893,13 @@ def jvp(
         tangents.get("b_O"),
         M,
         None,
+        causal,
         num_heads,
         num_kv_heads,
     )
 
 
-def _primal_jvp(num_heads, num_kv_heads, primals, tangents):
+def _primal_jvp(causal, num_heads, num_kv_heads, primals, tangents):
     """The custom_jvp rule: the output and its tangent by the generated closed form (_jvp)."""
     Q, K, V, W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O, M = primals
     Q_t, K_t, V_t, W_Q_t, W_K_t, W_V_t, W_O_t, b_Q_t, b_K_t, b_V_t, b_O_t, M_t = tangents
@@ -794,13 +928,14 @@ def _primal_jvp(num_heads, num_kv_heads, primals, tangents):
         b_O_t,
         M,
         M_t,
+        causal,
         num_heads,
         num_kv_heads,
     )
 
 
 # the options are static (nondiff_argnums): Python values, the same under jit
-_forward_mode = jax.custom_jvp(_primal, nondiff_argnums=(12, 13))
+_forward_mode = jax.custom_jvp(_primal, nondiff_argnums=(12, 13, 14))
 _forward_mode.defjvp(_primal_jvp)
 
 
@@ -828,5 +963,5 @@ def forward_jvp(
     jax.jvp, jax.jacfwd and jax.linearize apply the generated forward mode; jax.grad, jax.vjp and jax.hessian
     transpose it (the JVP is linear in the tangents); jax.jit and jax.vmap as for forward.
     """
-    M = _additive_mask(attn_mask, key_padding_mask, causal, Q, K, per_head=True)
-    return _forward_mode(Q, K, V, W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O, M, num_heads, num_kv_heads)
+    M = _additive_mask(attn_mask, key_padding_mask, causal, Q, K, per_head=True, by_blocks=True)
+    return _forward_mode(Q, K, V, W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O, M, causal, num_heads, num_kv_heads)

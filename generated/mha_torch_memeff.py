@@ -93,6 +93,61 @@ OPTIONAL = ("b_Q", "b_K", "b_V", "b_O")  # inputs that may be None: their terms 
 SPEC = "mha"
 
 
+def _assume_constant(function):
+    """function marked as torch._dynamo.assume_constant_result marks it: dynamo, tracing a call of it, calls it and
+    takes the result for a constant. Marked without importing dynamo, seconds that an eager run never needs."""
+    function._dynamo_marked_constant = True
+    return function
+
+
+@_assume_constant  # run, not traced, by dynamo: it registers ops, which no graph can hold
+def _compiled_ops():
+    """May a compiled graph call the custom ops symattn::big_matmul (huge_matmul, for factors of one batch shape)
+    and symattn::placed_rows (_place)? Not under a torch.func transform (vmap, grad, jvp), for which they have
+    no rule; else yes, the ops registered on the first compilation that needs them, once per process: every
+    generated module embedding this finds them."""
+    if torch._C._functorch.peek_interpreter_stack() is not None:
+        return False
+    if hasattr(torch.ops.symattn, "placed_rows"):
+        return True
+
+    @torch.library.custom_op("symattn::big_matmul", mutates_args=())
+    def product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return huge_matmul(a, b)
+
+    product.register_fake(lambda a, b: a.new_empty((*a.shape[:-1], b.shape[-1])))
+
+    def save_factors(ctx, inputs, output):
+        ctx.save_for_backward(*inputs)
+
+    def product_backward(ctx, grad):  # d(a b) = da b + a db
+        a, b = ctx.saved_tensors
+        return grad @ b.mT, a.mT @ grad
+
+    product.register_autograd(product_backward, setup_context=save_factors)
+
+    @torch.library.custom_op("symattn::placed_rows", mutates_args=())
+    def placed(parts: list[torch.Tensor], starts: list[int], m: int) -> torch.Tensor:
+        return _place(parts, starts, m)
+
+    placed.register_fake(
+        lambda parts, starts, m: parts[0].new_empty((*parts[0].shape[:-2], sum(p.shape[-2] for p in parts), m))
+    )
+
+    def save_blocks(ctx, inputs, output):
+        ctx.blocks = [(part.shape[-2], start, part.shape[-1]) for part, start in zip(inputs[0], inputs[1])]
+
+    def placed_backward(ctx, grad):  # each block's rows and keys of the cotangent
+        grads, row = [], 0
+        for rows, start, keys in ctx.blocks:
+            grads.append(grad[..., row : row + rows, start : start + keys])
+            row += rows
+        return grads, None, None
+
+    placed.register_autograd(placed_backward, setup_context=save_blocks)
+    return True
+
+
 def _functional(a):
     """Is a traced (torch.compile, torch.export) or transformed (torch.func's vmap, grad, jvp)? Then no out= and
     no branch on its values: what eager code does in place or only where needed is done for every row."""
@@ -116,6 +171,21 @@ def _madvise():
                 found = None
         _madvise.found = found
     return found
+
+
+def _place(parts, starts, m):
+    """The blocks of rows parts (..., b_i, k_i) stacked into one (..., Σ b_i, m) tensor in huge_empty memory, each
+    at its first key starts[i], zero on the other keys: the custom op symattn::placed_rows."""
+    first = parts[0]
+    out = huge_empty((*first.shape[:-2], sum(part.shape[-2] for part in parts), m), first)
+    row = 0
+    for part, start in zip(parts, starts):
+        rows, stop = slice(row, row + part.shape[-2]), start + part.shape[-1]
+        out[..., rows, :start] = 0.0
+        out[..., rows, start:stop] = part
+        out[..., rows, stop:] = 0.0
+        row = rows.stop
+    return out
 
 
 def add_optional(a, b):
@@ -142,31 +212,43 @@ def add_rows(total, keys, part, m):
 
 def big_matmul(a, b):
     """a @ b for a product much larger than its factors (the scores Q Kᵀ, dP = dO Vᵀ: n × m from n × d and
-    d × m). In eager CPU code the result is written into memory advised for transparent huge pages, as NumPy
-    advises its own large arrays: torch's allocator maps a fresh n × m tensor in 4 KiB pages, and the GEMM's first
-    touch of each one faults (1 × 8 × 1024², float32, one thread: 35 → 19 ms). Traced, transformed or under
-    autograd, plainly a @ b."""
-    if _functional(a) or _functional(b) or a.requires_grad or b.requires_grad or a.device.type != "cpu":
+    d × m). On CPU the result is written into memory advised for transparent huge pages, as NumPy advises its own
+    large arrays: torch's allocator maps a fresh n × m tensor in 4 KiB pages, and the GEMM's first touch of each
+    one faults (1 × 8 × 1024², float32, one thread: 35 → 19 ms). Compiled (torch.compile), a product of 32 MiB or
+    more goes through the custom op symattn::big_matmul, which inductor calls as it is: inductor's own buffer
+    would be a fresh mapping at every call (glibc's malloc maps a block of 32 MiB or more anew each time), a
+    smaller one malloc hands out again from its heap, its pages already touched. Transformed (torch.func),
+    exported or recorded by autograd in eager code, plainly a @ b."""
+    if a.device.type != "cpu" or a.dtype != b.dtype or a.dim() < 2 or b.dim() < 2:
         return a @ b
-    if a.dtype != b.dtype or a.dim() < 2 or b.dim() < 2:
-        return a @ b
-    shape = (*torch.broadcast_shapes(a.shape[:-2], b.shape[:-2]), a.shape[-2], b.shape[-1])
-    return torch.matmul(a, b, out=huge_empty(shape, a))
+    if torch.compiler.is_compiling():
+        size = a.shape[:-2].numel() * a.shape[-2] * b.shape[-1] * a.element_size()
+        if torch.compiler.is_exporting() or a.shape[:-2] != b.shape[:-2] or size < 32 << 20 or not _compiled_ops():
+            return a @ b
+        return torch.ops.symattn.big_matmul(a, b)
+    if _functional(a) or _functional(b) or (torch.is_grad_enabled() and (a.requires_grad or b.requires_grad)):
+        return a @ b  # (a Function's forward and backward run with grad off: its saved inputs still require grad)
+    return huge_matmul(a, b)
 
 
 def causal_fill(scores, rows, keys):
     """A block of scores (..., b, k) of query rows rows.start … and keys keys.start …, with -inf written where the
-    key comes after the query (j > i: what the causal mask hides)."""
+    key comes after the query (j > i: what the causal mask hides). In eager code only the keys after the block's
+    first row are written (in place): the ones before it every row sees."""
     b, k = scores.shape[-2:]
-    if keys.start + k - 1 <= rows.start:  # no key of the block comes after a query row
+    first = max(0, rows.start + 1 - keys.start)  # the first key of the block that some query row does not see
+    if first >= k:
         return scores
+    functional = _functional(scores)
+    first = 0 if functional else first  # (traced: one masked_fill of the whole block, a new tensor)
     device = scores.device
-    future = torch.arange(keys.start, keys.start + k, device=device) > torch.arange(
+    future = torch.arange(keys.start + first, keys.start + k, device=device) > torch.arange(
         rows.start, rows.start + b, device=device
     ).unsqueeze(-1)
-    if _functional(scores):
+    if functional:
         return scores.masked_fill(future, float("-inf"))
-    return scores.masked_fill_(future, float("-inf"))
+    scores[..., first:].masked_fill_(future, float("-inf"))
+    return scores
 
 
 def huge_empty(shape, like):
@@ -182,6 +264,12 @@ def huge_empty(shape, like):
     if madvise is not None and stop > start:
         madvise(start, stop - start, 14)  # MADV_HUGEPAGE
     return out
+
+
+def huge_matmul(a, b):
+    """a @ b written into huge_empty memory: the eager path of big_matmul and the custom op's implementation."""
+    shape = (*torch.broadcast_shapes(a.shape[:-2], b.shape[:-2]), a.shape[-2], b.shape[-1])
+    return torch.matmul(a, b, out=huge_empty(shape, a))
 
 
 def key_range(mask, causal, rows, m):
@@ -201,15 +289,22 @@ def key_range(mask, causal, rows, m):
     return slice(first, max(last, first + 1))
 
 
-def masked_row_softmax_lse(a):
+def masked_row_softmax(a, out=None):
+    """row_softmax for rows that may hold -inf: a row whose entries are all -inf gives zeros, not NaN."""
+    if not a.shape[-1]:  # no keys
+        return row_softmax(a, out=out)
+    empty = a.amax(dim=-1, keepdim=True) == float("-inf")  # before out (maybe a itself) is written
+    out = row_softmax(a, out=out)
+    if _functional(a):  # no branch on the data in a traced or transformed function: one pass to fill
+        return out.masked_fill(empty, 0.0)
+    return out.masked_fill_(empty, 0.0) if bool(empty.any()) else out
+
+
+def masked_row_softmax_lse(a, out=None):
     """row_softmax_lse for rows that may hold -inf: a row of -inf gives zeros and L = +inf (exp(A - L) = 0)."""
     top = a.amax(dim=-1, keepdim=True) if a.shape[-1] else a.new_zeros(*a.shape[:-1], 1)  # no keys
-    top.masked_fill_(top == float("-inf"), 0.0)
-    e = torch.exp(a - top)
-    total = e.sum(dim=-1, keepdim=True)
-    empty = total == 0
-    e /= total.masked_fill(empty, 1.0)
-    return e, (top + torch.log(total)).masked_fill_(empty, float("inf"))
+    e = masked_row_softmax(a, out=out)
+    return e, (top - torch.log(e.amax(dim=-1, keepdim=True))).masked_fill_(top == float("-inf"), float("inf"))
 
 
 def matmul_tn(a, b):
@@ -233,13 +328,24 @@ def repeat_heads(a, heads):
     return a if a.shape[-3] == heads else a.repeat_interleave(heads // a.shape[-3], dim=-3)
 
 
-def row_softmax_lse(a):
-    """softmax along the last axis and the row log-sum-exp, the row max subtracted first."""
-    top = a.amax(dim=-1, keepdim=True) if a.shape[-1] else a.new_zeros(*a.shape[:-1], 1)  # no keys
-    e = torch.exp(a - top)
-    total = e.sum(dim=-1, keepdim=True)
-    e /= total
-    return e, top + torch.log(total)
+def row_softmax(a, out=None):
+    """softmax along the last axis (torch's one-pass kernel, the row max subtracted first); out may be a itself."""
+    # (a compiled graph plans its own buffers; export traces with autograd on, which refuses out=, as it does
+    # for a that requires grad, as jvp's may; vmap batches no out=)
+    if out is None or _functional(a) or a.requires_grad:
+        return torch.softmax(a, dim=-1)
+    return torch._softmax(a, -1, False, out=out)
+
+
+def row_softmax_lse(a, out=None):
+    """softmax along the last axis and the row log-sum-exp L = max + log Σ exp(a - max), which is max - log(P's
+    largest entry, exp(0) / Σ): torch's one-pass softmax (into out, maybe a itself) and two row maxima, not the
+    four passes of exp(a - max), its sum and the division."""
+    if not a.shape[-1]:  # no keys
+        return row_softmax(a, out=out), a.new_zeros(*a.shape[:-1], 1)
+    top = a.amax(dim=-1, keepdim=True)  # before out, maybe a itself, is written
+    e = row_softmax(a, out=out)
+    return e, top - torch.log(e.amax(dim=-1, keepdim=True))
 
 
 def rows(a):
@@ -517,7 +623,7 @@ def _forward(Q, K, V, W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O, M, causal, num_hea
         Q_h_b = Q_h[..., block, :]
         A_h_b = add_optional(big_matmul(scale * Q_h_b, K_h_k.mT), M_b)
         A_h_b = causal_fill(A_h_b, block, keys) if causal else A_h_b
-        P_h_b, L_b = row_softmax_lse(A_h_b) if M is None else masked_row_softmax_lse(A_h_b)
+        P_h_b, L_b = row_softmax_lse(A_h_b, out=A_h_b) if M is None else masked_row_softmax_lse(A_h_b, out=A_h_b)
         O_h_b = P_h_b @ V_h_k
         O_h_blocks.append(O_h_b)
         L_blocks.append(L_b)
@@ -869,26 +975,6 @@ DIRECTION_OF = {
 }
 INPUTS = ("Q", "K", "V", "W_Q", "W_K", "W_V", "W_O", "b_Q", "b_K", "b_V", "b_O", "M")  # the Function's tensor inputs
 COTANGENT = "G_out"
-
-
-def masked_row_softmax(a, out=None):
-    """row_softmax for rows that may hold -inf: a row whose entries are all -inf gives zeros, not NaN."""
-    if not a.shape[-1]:  # no keys
-        return row_softmax(a, out=out)
-    empty = a.amax(dim=-1, keepdim=True) == float("-inf")  # before out (maybe a itself) is written
-    out = row_softmax(a, out=out)
-    if _functional(a):  # no branch on the data in a traced or transformed function: one pass to fill
-        return out.masked_fill(empty, 0.0)
-    return out.masked_fill_(empty, 0.0) if bool(empty.any()) else out
-
-
-def row_softmax(a, out=None):
-    """softmax along the last axis (torch's one-pass kernel, the row max subtracted first); out may be a itself."""
-    # (a compiled graph plans its own buffers; export traces with autograd on, which refuses out=, as it does
-    # for a that requires grad, as jvp's may; vmap batches no out=)
-    if out is None or _functional(a) or a.requires_grad:
-        return torch.softmax(a, dim=-1)
-    return torch._softmax(a, -1, False, out=out)
 
 
 def sum_batch(a):

@@ -138,6 +138,25 @@ def add_optional(a, b):
     return a if b is None else a + b
 
 
+def add_rows(total, keys, part, m):
+    """The sum over blocks of a value of m rows (…, m, k), part adding to its rows keys; total is 0 before the
+    first block. Functional: part padded with zero rows to m (no in-place update to trace)."""
+    if part.shape[-2] != m:
+        part = jnp.pad(part, [(0, 0)] * (part.ndim - 2) + [(keys.start, m - keys.stop), (0, 0)])
+    return part if isinstance(total, int) else total + part
+
+
+def causal_fill(scores, rows, keys):
+    """A block of scores (..., b, k) of query rows rows.start … and keys keys.start …, with -inf where the key
+    comes after the query (j > i: what the causal mask hides); a new array (jnp.where), the block itself where
+    no key of the block comes after a row."""
+    b, k = scores.shape[-2:]
+    if keys.start + k - 1 <= rows.start:
+        return scores
+    future = jnp.arange(keys.start, keys.start + k) > jnp.arange(rows.start, rows.start + b)[:, None]
+    return jnp.where(future, -jnp.inf, scores)
+
+
 def gelu(a):
     """x Φ(x), entrywise (exact, erf form)."""
     return jax.nn.gelu(a, approximate=False)
@@ -146,6 +165,15 @@ def gelu(a):
 def gelu_grad(a):
     """GELU′(x) = Φ(x) + x φ(x), entrywise."""
     return 0.5 * (1.0 + jax.scipy.special.erf(a * 0.7071067811865476)) + a * jnp.exp(-0.5 * a * a) * 0.3989422804014327
+
+
+def key_range(mask, causal, rows, m):
+    """The keys a block of query rows (a slice) reads: slice(0, k1), with causal the keys 0 … the block's last row
+    (row i sees keys j <= i), never empty; without, every key. From causal alone (no branch on the mask's values,
+    which jit traces); the loop skips the keys outside it, whose probabilities are exactly zero."""
+    if not causal:
+        return slice(0, m)
+    return slice(0, max(1, min(m, rows.stop)))
 
 
 def layer_norm(a, eps):
@@ -167,6 +195,21 @@ def merge_heads(a, heads):
     return a.reshape(*a.shape[:-2], a.shape[-2] * a.shape[-1])
 
 
+def placed_rows(whole):
+    """The value put_rows made, after the loop: its blocks (a list) concatenated once."""
+    return jnp.concatenate(whole, axis=-2) if isinstance(whole, list) else whole
+
+
+def put_rows(whole, rows, keys, part, n, m):
+    """An n × m value made block by block: part (..., b, k) of rows and keys, padded with zeros on the other
+    keys of its rows (the ones the block skipped) and collected in a list that placed_rows concatenates once;
+    whole is None before the first block. One block of every key: part is the whole."""
+    if whole is None and part.shape[-2:] == (n, m):
+        return part
+    padded = jnp.pad(part, [(0, 0)] * (part.ndim - 1) + [(keys.start, m - keys.stop)])
+    return [*(whole or []), padded]
+
+
 def row_inv_std(a, eps):
     """1 / √(biased variance + eps) of each row, as a column (..., n, 1)."""
     c = a - a.mean(axis=-1, keepdims=True)
@@ -182,6 +225,22 @@ def row_softmax(a):
 def rows(a):
     """(..., n, k) -> (N, k): every row of every batch element, stacked."""
     return a.reshape(-1, a.shape[-1])
+
+
+def rows_per_block(mask, causal, query, size=128, most=16):
+    """Query rows per block of a standard module's loop. With causal, each block reads only the keys 0 … its last
+    row: 128 rows (size) up to 8 blocks, 256 past them (n > 1024: as fast, and jax.jit, which compiles the Python
+    loop unrolled, one copy of the block's code per block, compiles half as many), and at most 16 blocks (most:
+    larger ones past n = 4096; the scores skipped, (b − 1)/2b of them at b blocks, hardly grow). Without causal,
+    every row in one block (the whole computation at once). Static under jax.jit: causal is a Python bool and
+    shapes are static; another mask's keys are never skipped (its values may be traced: the loop adds it to
+    each block's scores)."""
+    n = query.shape[-2]
+    if not causal:
+        return max(n, 1)
+    if n > 8 * size:
+        size *= 2
+    return size * max(1, -(-n // (size * most)))
 
 
 def split_heads(a, heads):
@@ -289,17 +348,19 @@ def _restore(residuals):
     return {**arrays, **dict(static.items)}
 
 
-def _additive_mask(attn_mask, key_padding_mask, causal, query, key, per_head=False):
+def _additive_mask(attn_mask, key_padding_mask, causal, query, key, per_head=False, by_blocks=False):
     """The additive mask M (0 where a query may see a key, -inf where not), or None without a mask.
 
     attn_mask: (n, m) or (..., n, m), boolean (True: not allowed; a constant) or floating (added to the
     scores; differentiable); key_padding_mask: (..., m) boolean (True: ignore that key); causal: query i
     sees keys j <= i. per_head: the scores have a heads axis, (..., H, n, m), so a batched mask gets one.
+    by_blocks: M leaves the causal part out (None when nothing else is left), for a loop over blocks of query
+    rows that writes it into each block of scores (causal_fill), so that no n × m array is made for it.
     """
     if type(causal).__name__ not in ("bool", "bool_"):  # True or False, or NumPy's np.True_ or np.False_
         raise ValueError(f"causal must be True or False, got {causal!r}")
     causal = bool(causal)
-    if attn_mask is None and key_padding_mask is None and not causal:
+    if attn_mask is None and key_padding_mask is None and (by_blocks or not causal):
         return None
     query, key = jnp.asarray(query), jnp.asarray(key)
     n, m, batch, dtype = query.shape[-2], key.shape[-2], tuple(query.shape[:-2]), query.dtype
@@ -315,9 +376,6 @@ def _additive_mask(attn_mask, key_padding_mask, causal, query, key, per_head=Fal
             mask = attn_mask.astype(dtype)
         else:
             raise ValueError(f"attn_mask: expected a bool or floating-point array, got {attn_mask.dtype}")
-    if causal:
-        future = jnp.where(jnp.triu(jnp.ones((n, m), dtype=bool), 1), -jnp.inf, 0.0).astype(dtype)
-        mask = future if mask is None else mask + future
     if key_padding_mask is not None:
         key_padding_mask = jnp.asarray(key_padding_mask)
         if tuple(key_padding_mask.shape) != (*batch, m):
@@ -328,10 +386,11 @@ def _additive_mask(attn_mask, key_padding_mask, causal, query, key, per_head=Fal
             raise ValueError(f"key_padding_mask: expected a bool array (True: ignore a key), got {got}")
         padding = jnp.where(key_padding_mask, -jnp.inf, 0.0).astype(dtype)[..., None, :]
         mask = padding if mask is None else mask + padding
-    mask = jnp.broadcast_to(mask, (*mask.shape[:-2], n, m))  # every query row
-    if per_head and mask.ndim > 2:  # one mask for every head: (..., 1, n, m)
-        mask = mask[..., None, :, :]
-    return mask
+    if mask is not None:
+        mask = jnp.broadcast_to(mask, (*mask.shape[:-2], n, m))  # every query row
+        if per_head and mask.ndim > 2:  # one mask for every head: (..., 1, n, m)
+            mask = mask[..., None, :, :]
+    return mask if by_blocks else with_causal(mask, causal, query, key)
 
 
 def _mask_shape(mask):
@@ -339,8 +398,38 @@ def _mask_shape(mask):
     return None if mask is None else mask.shape
 
 
+def with_causal(mask, causal, query, key):
+    """M with the causal part added (-inf where key j comes after query i) when causal, as a whole n × m array:
+    the additive mask for the closed forms that take it whole, from the mask a loop over blocks of rows takes."""
+    if not causal:
+        return mask
+    n, m, dtype = query.shape[-2], key.shape[-2], query.dtype
+    future = jnp.where(jnp.triu(jnp.ones((n, m), dtype=bool), 1), -jnp.inf, 0.0).astype(dtype)
+    return future if mask is None else mask + future
+
+
 def _forward(
-    X, W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O, gamma_1, beta_1, gamma_2, beta_2, W_1, b_1, W_2, b_2, M, num_heads, eps
+    X,
+    W_Q,
+    W_K,
+    W_V,
+    W_O,
+    b_Q,
+    b_K,
+    b_V,
+    b_O,
+    gamma_1,
+    beta_1,
+    gamma_2,
+    beta_2,
+    W_1,
+    b_1,
+    W_2,
+    b_2,
+    M,
+    causal,
+    num_heads,
+    eps,
 ):
     """The forward pass: (Z, saved values for _backward); pure, so that jit, vmap and grad trace it."""
     mask_shape = _mask_shape(M)  # the additive mask receives its gradient
@@ -403,9 +492,24 @@ def _forward(
     Q_h = split_heads(add_optional(X_1 @ W_Q, b_Q), H)
     K_h = split_heads(add_optional(X_1 @ W_K, b_K), H)
     V_h = split_heads(add_optional(X_1 @ W_V, b_V), H)
-    A_h = add_optional((scale * Q_h) @ K_h.mT, M)
-    P_h = row_softmax(A_h) if M is None else masked_row_softmax(A_h)
-    O_h = P_h @ V_h
+    O_h_blocks = []
+    P_h = None  # placed block by block
+    block_size = rows_per_block(M, causal, Q_h)
+    for start in range(0, max(Q_h.shape[-2], 1), block_size):  # one pass with no rows: results get their shapes
+        block = slice(start, start + block_size)
+        keys = key_range(M, causal, block, K_h.shape[-2])
+        K_h_k = K_h[..., keys, :]
+        V_h_k = V_h[..., keys, :]
+        M_b = None if M is None else M[..., block, keys]
+        Q_h_b = Q_h[..., block, :]
+        A_h_b = add_optional((scale * Q_h_b) @ K_h_k.mT, M_b)
+        A_h_b = causal_fill(A_h_b, block, keys) if causal else A_h_b
+        P_h_b = row_softmax(A_h_b) if M is None else masked_row_softmax(A_h_b)
+        O_h_b = P_h_b @ V_h_k
+        O_h_blocks.append(O_h_b)
+        P_h = put_rows(P_h, block, keys, P_h_b, Q_h.shape[-2], K_h.shape[-2])
+    O_h = O_h_blocks[0] if len(O_h_blocks) == 1 else jnp.concatenate(O_h_blocks, axis=-2)
+    P_h = placed_rows(P_h)
     C = merge_heads(O_h, H)
     Y = add_optional(C @ W_O + X, b_O)
     N_2 = layer_norm(Y, eps)
@@ -428,7 +532,6 @@ def _forward(
         "Q_h": Q_h,
         "K_h": K_h,
         "V_h": V_h,
-        "P_h": P_h,
         "O_h": O_h,
         "C": C,
         "Y": Y,
@@ -440,13 +543,16 @@ def _forward(
         "c1": c1,
         "eps": eps,
         "scale": scale,
+        "P_h": P_h,
         "b_Q": b_Q,
         "b_K": b_K,
         "b_V": b_V,
         "b_O": b_O,
         "b_1": b_1,
         "b_2": b_2,
+        "M": M,
         "mask_shape": mask_shape,
+        "causal": causal,
     }
     return Z, saved
 
@@ -467,7 +573,6 @@ def _backward(saved, grad_out):
     Q_h = saved["Q_h"]
     K_h = saved["K_h"]
     V_h = saved["V_h"]
-    P_h = saved["P_h"]
     O_h = saved["O_h"]
     C = saved["C"]
     Y = saved["Y"]
@@ -479,13 +584,16 @@ def _backward(saved, grad_out):
     c1 = saved["c1"]
     eps = saved["eps"]
     scale = saved["scale"]
+    P_h = saved["P_h"]
     b_Q = saved["b_Q"]
     b_K = saved["b_K"]
     b_V = saved["b_V"]
     b_O = saved["b_O"]
     b_1 = saved["b_1"]
     b_2 = saved["b_2"]
+    M = saved["M"]
     mask_shape = saved["mask_shape"]
+    causal = saved["causal"]
     dF = grad_out @ W_2.mT
     dU = (gelu_grad(U)) * dF
     dX_2 = dU @ W_1.mT
@@ -496,11 +604,37 @@ def _backward(saved, grad_out):
     dC = dY @ W_O.mT
     dO_h = split_heads(dC, H)
     D3 = (O_h * dO_h).sum(axis=-1, keepdims=True)
-    dP_h = dO_h @ V_h.mT
-    dA_h = (dP_h - D3) * P_h
-    dV_h = P_h.mT @ dO_h
-    dK_h = dA_h.mT @ (scale * Q_h)
-    dQ_h = dA_h @ (scale * K_h)
+    dM = None  # placed block by block
+    dX_1W_Q_blocks = []
+    dV_h = 0  # summed over the blocks of query rows
+    dK_h = 0  # summed over the blocks of query rows
+    dW_Q = 0  # summed over the blocks of query rows
+    db_Q = None if b_Q is None else 0  # summed over the blocks of query rows
+    block_size = rows_per_block(M, causal, Q_h)
+    for start in range(0, max(Q_h.shape[-2], 1), block_size):  # one pass with no rows: results get their shapes
+        block = slice(start, start + block_size)
+        keys = key_range(M, causal, block, K_h.shape[-2])
+        K_h_k = K_h[..., keys, :]
+        V_h_k = V_h[..., keys, :]
+        P_h_b = P_h[..., block, keys]
+        Q_h_b = Q_h[..., block, :]
+        dO_h_b = dO_h[..., block, :]
+        D3_b = D3[..., block, :]
+        X_1_b = X_1[..., block, :]
+        dP_h_b = dO_h_b @ V_h_k.mT
+        dA_h_b = (dP_h_b - D3_b) * P_h_b
+        dQ_h_b = dA_h_b @ (scale * K_h_k)
+        dM_b = dA_h_b
+        dX_1W_Q_b = merge_heads(dQ_h_b, H)
+        dM = None if mask_shape is None else put_rows(dM, block, keys, dM_b, Q_h.shape[-2], K_h.shape[-2])
+        dX_1W_Q_blocks.append(dX_1W_Q_b)
+        dV_h = add_rows(dV_h, keys, P_h_b.mT @ dO_h_b, K_h.shape[-2])
+        dK_h = add_rows(dK_h, keys, dA_h_b.mT @ (scale * Q_h_b), K_h.shape[-2])
+        dW_Q = dW_Q + rows(X_1_b).mT @ rows(dX_1W_Q_b)
+        if b_Q is not None:
+            db_Q = db_Q + rows(dX_1W_Q_b).sum(axis=0, keepdims=True)
+    dM = placed_rows(dM)
+    dX_1W_Q = dX_1W_Q_blocks[0] if len(dX_1W_Q_blocks) == 1 else jnp.concatenate(dX_1W_Q_blocks, axis=-2)
     dW_O = rows(C).mT @ rows(dY)
     db_O = None if b_O is None else rows(dY).sum(axis=0, keepdims=True)
     dgamma_2 = rows(N_2 * dX_2).sum(axis=0, keepdims=True)
@@ -509,13 +643,9 @@ def _backward(saved, grad_out):
     db_1 = None if b_1 is None else rows(dU).sum(axis=0, keepdims=True)
     dW_2 = rows(F).mT @ rows(grad_out)
     db_2 = None if b_2 is None else rows(grad_out).sum(axis=0, keepdims=True)
-    dM = None if mask_shape is None else sum_to_shape(dA_h, mask_shape)
     dX_1W_V = merge_heads(dV_h, H)
     dW_V = rows(X_1).mT @ rows(dX_1W_V)
     db_V = None if b_V is None else rows(dX_1W_V).sum(axis=0, keepdims=True)
-    dX_1W_Q = merge_heads(dQ_h, H)
-    dW_Q = rows(X_1).mT @ rows(dX_1W_Q)
-    db_Q = None if b_Q is None else rows(dX_1W_Q).sum(axis=0, keepdims=True)
     dX_1W_K = merge_heads(dK_h, H)
     dX_1 = dX_1W_K @ W_K.mT + dX_1W_Q @ W_Q.mT + dX_1W_V @ W_V.mT
     dN_1 = gamma_1 * dX_1
@@ -526,6 +656,7 @@ def _backward(saved, grad_out):
     db_K = None if b_K is None else rows(dX_1W_K).sum(axis=0, keepdims=True)
     dgamma_1 = rows(N_1 * dX_1).sum(axis=0, keepdims=True)
     dbeta_1 = rows(dX_1).sum(axis=0, keepdims=True)
+    dM = None if mask_shape is None else sum_to_shape(dM, mask_shape)
     return {
         "X": dX,
         "W_Q": dW_Q,
@@ -549,7 +680,27 @@ def _backward(saved, grad_out):
 
 
 def _primal(
-    X, W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O, gamma_1, beta_1, gamma_2, beta_2, W_1, b_1, W_2, b_2, M, num_heads, eps
+    X,
+    W_Q,
+    W_K,
+    W_V,
+    W_O,
+    b_Q,
+    b_K,
+    b_V,
+    b_O,
+    gamma_1,
+    beta_1,
+    gamma_2,
+    beta_2,
+    W_1,
+    b_1,
+    W_2,
+    b_2,
+    M,
+    causal,
+    num_heads,
+    eps,
 ):
     """Z alone: the primal function of the custom_vjp below."""
     return _forward(
@@ -571,13 +722,34 @@ def _primal(
         W_2,
         b_2,
         M,
+        causal,
         num_heads,
         eps,
     )[0]
 
 
 def _primal_fwd(
-    X, W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O, gamma_1, beta_1, gamma_2, beta_2, W_1, b_1, W_2, b_2, M, num_heads, eps
+    X,
+    W_Q,
+    W_K,
+    W_V,
+    W_O,
+    b_Q,
+    b_K,
+    b_V,
+    b_O,
+    gamma_1,
+    beta_1,
+    gamma_2,
+    beta_2,
+    W_1,
+    b_1,
+    W_2,
+    b_2,
+    M,
+    causal,
+    num_heads,
+    eps,
 ):
     """The custom_vjp forward rule: Z and the saved values as residuals (arrays; Python values static)."""
     Z, saved = _forward(
@@ -599,13 +771,14 @@ def _primal_fwd(
         W_2,
         b_2,
         M,
+        causal,
         num_heads,
         eps,
     )
     return Z, _residuals(saved)
 
 
-def _primal_bwd(num_heads, eps, residuals, grad_out):
+def _primal_bwd(causal, num_heads, eps, residuals, grad_out):
     """The custom_vjp backward rule, the generated closed form: a cotangent per array input (None for None)."""
     grads = _backward(_restore(residuals), grad_out)
     cotangents = (
@@ -632,7 +805,7 @@ def _primal_bwd(num_heads, eps, residuals, grad_out):
 
 
 # the options are static (nondiff_argnums): Python values, the same under jit
-_differentiable = jax.custom_vjp(_primal, nondiff_argnums=(18, 19))
+_differentiable = jax.custom_vjp(_primal, nondiff_argnums=(18, 19, 20))
 _differentiable.defvjp(_primal_fwd, _primal_bwd)
 
 
@@ -669,9 +842,11 @@ def forward(
     attn_mask (n × m, bool: True = not allowed, a constant, or float: added, and differentiated),
     key_padding_mask (..., m, bool: True = ignore the key) and causal add the mask M to the scores; a row
     whose keys are all masked gives zeros and zero gradients, never NaN.
+    With causal the query rows go through blocks (rows_per_block), each reading only the keys up to its
+    last row: causal is static (a Python bool, the key ranges fixed when jax.jit traces).
     b_Q, b_K, b_V, b_O, b_1, b_2: optional biases (1 × columns, broadcast over the tokens), each left out when None.
     """
-    M = _additive_mask(attn_mask, key_padding_mask, causal, X, X, per_head=True)
+    M = _additive_mask(attn_mask, key_padding_mask, causal, X, X, per_head=True, by_blocks=True)
     return _differentiable(
         X,
         W_Q,
@@ -691,6 +866,7 @@ def forward(
         W_2,
         b_2,
         M,
+        causal,
         num_heads,
         eps,
     )
@@ -806,6 +982,7 @@ def _jvp(
     b_2_t,
     M,
     M_t,
+    causal,
     num_heads,
     eps,
 ):
@@ -976,16 +1153,6 @@ def _jvp(
     Q_h = split_heads(add_optional(X_1 @ W_Q, b_Q), H)
     K_h = split_heads(add_optional(X_1 @ W_K, b_K), H)
     V_h = split_heads(add_optional(X_1 @ W_V, b_V), H)
-    A_h = add_optional((scale * Q_h) @ K_h.mT, M)
-    P_h = row_softmax(A_h) if M is None else masked_row_softmax(A_h)
-    O_h = P_h @ V_h
-    C = merge_heads(O_h, H)
-    Y = add_optional(C @ W_O + X, b_O)
-    N_2 = layer_norm(Y, eps)
-    X_2 = beta_2 + gamma_2 * N_2
-    U = add_optional(X_2 @ W_1, b_1)
-    F = gelu(U)
-    Z = Y + add_optional(F @ W_2, b_2)
     D1 = (N_1 * X_t).sum(axis=-1, keepdims=True)
     D2 = X_t.sum(axis=-1, keepdims=True)
     dN_1 = (row_inv_std(X, eps)) * ((-1 / (H * d_k)) * (D1 * N_1) + (-1 / (H * d_k)) * D2 + X_t)
@@ -995,11 +1162,40 @@ def _jvp(
     dV_h = split_heads(add_optional(X_1 @ W_V_t + dX_1 @ W_V, b_V_t), H)
     Q_h_dQ_h = jnp.concatenate([Q_h, dQ_h], axis=-1)
     dK_h_K_h = jnp.concatenate([dK_h, K_h], axis=-1)
-    dA_h = add_optional((scale * Q_h_dQ_h) @ dK_h_K_h.mT, M_t)
-    D3 = (dA_h * P_h).sum(axis=-1, keepdims=True)
-    dP_h = (dA_h - D3) * P_h
-    dO_h = P_h @ dV_h + dP_h @ V_h
-    dC = merge_heads(dO_h, H)
+    O_h_blocks = []
+    dC_blocks = []
+    block_size = rows_per_block(M, causal, Q_h)
+    for start in range(0, max(Q_h.shape[-2], 1), block_size):  # one pass with no rows: results get their shapes
+        block = slice(start, start + block_size)
+        keys = key_range(M, causal, block, K_h.shape[-2])
+        K_h_k = K_h[..., keys, :]
+        V_h_k = V_h[..., keys, :]
+        dK_h_K_h_k = dK_h_K_h[..., keys, :]
+        dV_h_k = dV_h[..., keys, :]
+        M_b = None if M is None else M[..., block, keys]
+        Q_h_b = Q_h[..., block, :]
+        M_t_b = None if M_t is None else M_t[..., block, keys]
+        Q_h_dQ_h_b = Q_h_dQ_h[..., block, :]
+        A_h_b = add_optional((scale * Q_h_b) @ K_h_k.mT, M_b)
+        A_h_b = causal_fill(A_h_b, block, keys) if causal else A_h_b
+        P_h_b = row_softmax(A_h_b) if M is None else masked_row_softmax(A_h_b)
+        O_h_b = P_h_b @ V_h_k
+        dA_h_b = add_optional((scale * Q_h_dQ_h_b) @ dK_h_K_h_k.mT, M_t_b)
+        D3_b = (dA_h_b * P_h_b).sum(axis=-1, keepdims=True)
+        dP_h_b = (dA_h_b - D3_b) * P_h_b
+        dO_h_b = P_h_b @ dV_h_k + dP_h_b @ V_h_k
+        dC_b = merge_heads(dO_h_b, H)
+        O_h_blocks.append(O_h_b)
+        dC_blocks.append(dC_b)
+    O_h = O_h_blocks[0] if len(O_h_blocks) == 1 else jnp.concatenate(O_h_blocks, axis=-2)
+    dC = dC_blocks[0] if len(dC_blocks) == 1 else jnp.concatenate(dC_blocks, axis=-2)
+    C = merge_heads(O_h, H)
+    Y = add_optional(C @ W_O + X, b_O)
+    N_2 = layer_norm(Y, eps)
+    X_2 = beta_2 + gamma_2 * N_2
+    U = add_optional(X_2 @ W_1, b_1)
+    F = gelu(U)
+    Z = Y + add_optional(F @ W_2, b_2)
     dY = add_optional(C @ W_O_t + dC @ W_O + X_t, b_O_t)
     D4 = (N_2 * dY).sum(axis=-1, keepdims=True)
     D5 = dY.sum(axis=-1, keepdims=True)
@@ -1042,7 +1238,7 @@ def jvp(
     tangents: a dict from input names to arrays of their shapes (an input left out: zero there); the options
     and masks as forward takes them (the mask does not move).
     """
-    M = _additive_mask(attn_mask, key_padding_mask, causal, X, X, per_head=True)
+    M = _additive_mask(attn_mask, key_padding_mask, causal, X, X, per_head=True, by_blocks=True)
     tangents = _tangents(tangents)
     return _jvp(
         X,
@@ -1081,12 +1277,13 @@ def jvp(
         tangents.get("b_2"),
         M,
         None,
+        causal,
         num_heads,
         eps,
     )
 
 
-def _primal_jvp(num_heads, eps, primals, tangents):
+def _primal_jvp(causal, num_heads, eps, primals, tangents):
     """The custom_jvp rule: the output and its tangent by the generated closed form (_jvp)."""
     X, W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O, gamma_1, beta_1, gamma_2, beta_2, W_1, b_1, W_2, b_2, M = primals
     (
@@ -1146,13 +1343,14 @@ def _primal_jvp(num_heads, eps, primals, tangents):
         b_2_t,
         M,
         M_t,
+        causal,
         num_heads,
         eps,
     )
 
 
 # the options are static (nondiff_argnums): Python values, the same under jit
-_forward_mode = jax.custom_jvp(_primal, nondiff_argnums=(18, 19))
+_forward_mode = jax.custom_jvp(_primal, nondiff_argnums=(18, 19, 20))
 _forward_mode.defjvp(_primal_jvp)
 
 
@@ -1186,7 +1384,7 @@ def forward_jvp(
     jax.jvp, jax.jacfwd and jax.linearize apply the generated forward mode; jax.grad, jax.vjp and jax.hessian
     transpose it (the JVP is linear in the tangents); jax.jit and jax.vmap as for forward.
     """
-    M = _additive_mask(attn_mask, key_padding_mask, causal, X, X, per_head=True)
+    M = _additive_mask(attn_mask, key_padding_mask, causal, X, X, per_head=True, by_blocks=True)
     return _forward_mode(
         X,
         W_Q,
@@ -1206,6 +1404,7 @@ def forward_jvp(
         W_2,
         b_2,
         M,
+        causal,
         num_heads,
         eps,
     )

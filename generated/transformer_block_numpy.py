@@ -134,7 +134,7 @@ def _fused_kernels():
     import sys
     import types
 
-    shared = sys.modules.get("_symattn_fused_softmax_1")  # the version of these kernels: bump it on a change
+    shared = sys.modules.get("_symattn_fused_softmax_4")  # the version of these kernels: bump it on a change
     if shared is not None and os.environ.get("SYMATTN_NUMBA", "1") != "0":
         _fused_kernels.made = shared.made
         return shared.made
@@ -149,13 +149,55 @@ def _fused_kernels():
         return None
     made = _numba_softmax(numba, intrinsic)
     _fused_kernels.made = made
-    shared = sys.modules["_symattn_fused_softmax_1"] = types.ModuleType("_symattn_fused_softmax_1")
+    shared = sys.modules["_symattn_fused_softmax_4"] = types.ModuleType("_symattn_fused_softmax_4")
     shared.made = made
     return made
 
 
+def _numba_row_kernels(numba, exact, exp):
+    """The row kernels with the exp given ({kernel name: kernel}), compiled lazily by numba."""
+
+    @numba.njit(fastmath=exact | {"reassoc"})  # reassoc: the row sum vectorizes
+    def softmax(a, top, one, sums):
+        """Row softmax of a (N, m) in place, given its row maxima top (0 for a row of -inf): exp(a - top)
+        and its sum (into sums) in one sweep, then the scale (1 / the sum, at least 1 unless the row is all
+        -inf)."""
+        for i in range(a.shape[0]):
+            total, shift = one - one, top[i]
+            for j in range(a.shape[1]):
+                e = exp(a[i, j] - shift)
+                a[i, j] = e
+                total += e
+            sums[i] = total
+            scale = one / max(total, one)
+            for j in range(a.shape[1]):
+                a[i, j] *= scale
+
+    @numba.njit(fastmath=exact)
+    def exp_rows(a, shift):
+        """a = exp(a - shift) in place, a (N, k, m), one shift a row (N, k); +inf in shift gives 0. (One
+        array read and written: a kernel with a separate output would find it may alias a, and not vectorize.)"""
+        for b in range(a.shape[0]):
+            for i in range(a.shape[1]):
+                s = shift[b, i]
+                for j in range(a.shape[2]):
+                    a[b, i, j] = exp(a[b, i, j] - s)
+
+    @numba.njit(fastmath=exact)
+    def shifted_product(p, a, shift):
+        """a = p ⊙ (a - shift) in place, p and a (N, k, m), one shift a row (N, k)."""
+        for b in range(a.shape[0]):
+            for i in range(a.shape[1]):
+                s = shift[b, i]
+                for j in range(a.shape[2]):
+                    a[b, i, j] = p[b, i, j] * (a[b, i, j] - s)
+
+    return {"exp_normalize": softmax, "exp_rows": exp_rows, "shifted_product": shifted_product}
+
+
 def _numba_softmax(numba, intrinsic):
-    """The row softmax kernels ({dtype name: kernel(a, top, one)}) compiled lazily by numba."""
+    """The row kernels ({dtype name: {kernel name: kernel}}: softmax, exp_rows, shifted_product), compiled lazily
+    by numba."""
 
     @intrinsic
     def as_float(typingctx, bits):  # int32 / int64 bits -> float32 / float64: 2^k from its exponent bits
@@ -170,9 +212,9 @@ def _numba_softmax(numba, intrinsic):
 
     @numba.njit(fastmath=exact, inline="always")
     def exp32(x):
-        """exp(x) for float32 x <= 0 (Cephes expf); x below -87.34 (-inf too) gives 0, NaN gives NaN."""
-        low = x < np.float32(-87.33654)
-        x = max(x, np.float32(-87.33654))
+        """exp(x) for float32 x (Cephes expf); x below -87.34 (-inf too) gives 0, above 88.72 inf, NaN NaN."""
+        low, high = x < np.float32(-87.33654), x > np.float32(88.72283)
+        x = min(max(x, np.float32(-87.33654)), np.float32(88.72283))
         k = np.floor(x * np.float32(1.442695) + np.float32(0.5))
         r = x - k * np.float32(0.693359375) - k * np.float32(-2.12194440e-4)
         y = np.float32(1.9875691500e-4) * r + np.float32(1.3981999507e-3)
@@ -181,39 +223,52 @@ def _numba_softmax(numba, intrinsic):
         y = y * r + np.float32(1.6666665459e-1)
         y = y * r + np.float32(5.0000001201e-1)
         y = y * (r * r) + r + np.float32(1.0)
-        return np.float32(0.0) if low else y * as_float(np.int32((np.int64(k) + 127) << 23))
+        half = np.int64(k) >> 1  # 2^k as 2^half 2^(k - half): each a normal number for k up to 128
+        y = y * as_float(np.int32((half + 127) << 23)) * as_float(np.int32((np.int64(k) - half + 127) << 23))
+        return np.float32(0.0) if low else (np.float32(np.inf) if high else y)
 
     @numba.njit(fastmath=exact, inline="always")
     def exp64(x):
-        """exp(x) for float64 x <= 0 (Cephes exp, a Padé form); x below -708.39 (-inf too) gives 0."""
-        low = x < -708.39
-        x = max(x, -708.39)
+        """exp(x) for float64 x (Cephes exp, a Padé form); x below -708.40 (-inf too) gives 0, above 709.78
+        inf."""
+        low, high = x < -708.3964185322641, x > 709.782712893384
+        x = min(max(x, -708.3964185322641), 709.782712893384)
         k = np.floor(x * 1.4426950408889634 + 0.5)
         r = x - k * 6.93145751953125e-1 - k * 1.42860682030941723212e-6
         rr = r * r
         p = r * ((1.26177193074810590878e-4 * rr + 3.02994407707441961300e-2) * rr + 9.99999999999999999910e-1)
         q = ((3.00198505138664455042e-6 * rr + 2.52448340349684104192e-3) * rr + 2.27265548208155028766e-1) * rr
         y = 1.0 + 2.0 * (p / (q + 2.00000000000000000009e0 - p))
-        return 0.0 if low else y * as_float((np.int64(k) + 1023) << 52)
+        half = np.int64(k) >> 1  # 2^k as 2^half 2^(k - half): each a normal number for k up to 1024
+        y = y * as_float((half + 1023) << 52) * as_float((np.int64(k) - half + 1023) << 52)
+        return 0.0 if low else (np.inf if high else y)
 
-    def kernel(exp):
-        @numba.njit(fastmath=exact | {"reassoc"})  # reassoc: the row sum vectorizes
-        def softmax(a, top, one):
-            """Row softmax of a (N, m) in place, given its row maxima top (0 for a row of -inf): exp(a - top)
-            and its sum in one sweep, then the scale (1 / the sum, at least 1 unless the row is all -inf)."""
-            for i in range(a.shape[0]):
-                total, shift = one - one, top[i]
-                for j in range(a.shape[1]):
-                    e = exp(a[i, j] - shift)
-                    a[i, j] = e
-                    total += e
-                scale = one / max(total, one)
-                for j in range(a.shape[1]):
-                    a[i, j] *= scale
+    return {"float32": _numba_row_kernels(numba, exact, exp32), "float64": _numba_row_kernels(numba, exact, exp64)}
 
-        return softmax
 
-    return {"float32": kernel(exp32), "float64": kernel(exp64)}
+def _row_kernel(a, shift, out):
+    """The compiled kernels for a (..., k, m) and one shift a row (..., k, 1) of its dtype, written into out (None
+    or a contiguous array of a's shape), or None (NumPy's passes): no numba, another dtype, empty, broadcast."""
+    if not a.size or a.dtype.name not in ("float32", "float64") or np.shape(shift) != (*a.shape[:-1], 1):
+        return None
+    if np.asarray(shift).dtype != a.dtype or not (out is None or (out.shape == a.shape and out.flags.c_contiguous)):
+        return None
+    kernels = _fused_kernels()
+    return None if kernels is None else kernels[a.dtype.name]
+
+
+def _stacked(a):
+    """(..., k, m) -> (N, k, m): the leading axes as one (a view of a contiguous array, else a copy)."""
+    return np.asarray(a).reshape(-1, *np.shape(a)[-2:])
+
+
+def _written(a, out):
+    """The array a kernel overwrites in place: out holding a copy of a (a new one when out is None)."""
+    if out is None:
+        return a.copy()
+    if out is not a:
+        np.copyto(out, a)
+    return out
 
 
 def add_optional(a, b):
@@ -234,11 +289,13 @@ def add_rows(total, keys, part, m):
 
 def causal_fill(scores, rows, keys):
     """A block of scores (..., b, k) of query rows rows.start … and keys keys.start …, with -inf written where the
-    key comes after the query (j > i: what the causal mask hides)."""
+    key comes after the query (j > i: what the causal mask hides). Only the keys after the block's first row are
+    written: the ones before it every row sees."""
     b, k = scores.shape[-2:]
-    if keys.start + k - 1 > rows.start:  # some key of the block comes after some query row
-        future = np.arange(keys.start, keys.start + k) > np.arange(rows.start, rows.start + b)[:, None]
-        np.copyto(scores, -np.inf, where=future)
+    first = max(0, rows.start + 1 - keys.start)  # the first key of the block that some query row does not see
+    if first < k:
+        future = np.arange(keys.start + first, keys.start + k) > np.arange(rows.start, rows.start + b)[:, None]
+        np.copyto(scores[..., first:], -np.inf, where=future)
     return scores
 
 
@@ -257,10 +314,22 @@ def erf(x):
     return 1.1283791670955126 * np.exp(-a2) * total
 
 
-def fused_row_softmax(a, out=None):
+def exp_rows(a, shift, out=None):
+    """exp(a - shift), shift a column (..., k, 1) of one value a row (a row log-sum-exp: P from the scores and
+    L); a compiled sweep where fused_row_softmax has one, else NumPy's two passes. out may be a itself."""
+    kernel = _row_kernel(a, shift, out)
+    if kernel is None:
+        return np.exp(np.subtract(a, shift, out=out), out=out)
+    out = _written(a, out)
+    kernel["exp_rows"](_stacked(out), _stacked(shift)[..., 0])
+    return out
+
+
+def fused_row_softmax(a, out=None, lse=False):
     """row_softmax by a compiled kernel that sweeps each row once while it is in cache (exp(a - max) and its sum,
-    then the scale), in place: a row of -inf gives zeros. None (the caller's NumPy passes then) without numba,
-    for a dtype other than float32 / float64, an empty or a non-contiguous array."""
+    then the scale), in place: a row of -inf gives zeros. lse: (softmax, row max, row sum of exp(a - max)), the
+    max 0 on a row of -inf (whose sum is 0). None (the caller's NumPy passes then) without numba, for a dtype
+    other than float32 / float64, an empty or a non-contiguous array."""
     kernels = _fused_kernels() if a.size and a.dtype.name in ("float32", "float64") else None
     if kernels is None or not a.flags.c_contiguous or not (out is None or out is a or out.flags.c_contiguous):
         return None
@@ -271,7 +340,10 @@ def fused_row_softmax(a, out=None):
     flat = out.reshape(-1, out.shape[-1])
     top = flat.max(axis=-1)
     top[top == -np.inf] = 0.0  # a row of -inf: exp(-inf) = 0 everywhere, its sum 0, the row zeros
-    kernels[a.dtype.name](flat, top, out.dtype.type(1.0))
+    total = np.empty_like(top)
+    kernels[a.dtype.name]["exp_normalize"](flat, top, out.dtype.type(1.0), total)
+    if lse:
+        return out, top.reshape(*out.shape[:-1], 1), total.reshape(*out.shape[:-1], 1)
     return out
 
 
@@ -366,6 +438,19 @@ def rows_per_block(mask, causal, query):
     or any mask: key_range finds the keys each block sees), else all rows in one block (no mask: the whole
     computation at once, nothing to skip)."""
     return 128 if causal or mask is not None else max(query.shape[-2], 1)
+
+
+def shifted_product(p, a, shift, out=None):
+    """p ⊙ (a - shift), shift a column (..., k, 1) of one value a row (softmax's backward, dA = P ⊙ (dP - D));
+    one compiled sweep where fused_row_softmax has one, else NumPy's two passes. out may be a or p."""
+    kernel = _row_kernel(a, shift, out) if p.shape == a.shape and p.dtype == a.dtype else None
+    if out is not None and out is not a and np.may_share_memory(out, p):  # a - shift may not overwrite p
+        return np.multiply(p, np.subtract(a, shift), out=out)
+    if kernel is None:
+        return np.multiply(np.subtract(a, shift, out=out), p, out=out)
+    out = _written(a, out)
+    kernel["shifted_product"](_stacked(p), _stacked(out), _stacked(shift)[..., 0])
+    return out
 
 
 def split_heads(a, heads):
@@ -743,7 +828,7 @@ def backward(saved, grad_out):
         D3_b = D3[..., block, :]
         X_1_b = X_1[..., block, :]
         dP_h_b = dO_h_b @ V_h_k.mT
-        dA_h_b = np.multiply(np.subtract(dP_h_b, D3_b, out=dP_h_b), P_h_b, out=dP_h_b)
+        dA_h_b = shifted_product(P_h_b, dP_h_b, D3_b, out=dP_h_b)
         del dP_h_b
         dQ_h_b = dA_h_b @ (scale * K_h_k)
         dM_b = dA_h_b
@@ -1134,7 +1219,7 @@ def _forward2(
     del G_C
     G_D3 = np.vecdot(O_h, G_O_h)[..., None]
     G_P_h = G_O_h @ V_h.mT
-    G_A_h = (G_P_h - G_D3) * P_h
+    G_A_h = shifted_product(P_h, G_P_h, G_D3)
     G_V_h = P_h.mT @ G_O_h
     G_K_h = G_A_h.mT @ (scale * Q_h)
     G_Q_h = G_A_h @ (scale * K_h)
@@ -1368,7 +1453,7 @@ def _backward2(saved, grad_out):
     dA_h = (scale * Q_h_dQ_h) @ dK_h_K_h.mT
     del Q_h_dQ_h, dK_h_K_h
     D2 = np.vecdot(P_h, dA_h)[..., None]
-    dP_h = np.multiply(np.subtract(dA_h, D2, out=dA_h), P_h, out=dA_h)
+    dP_h = shifted_product(P_h, dA_h, D2, out=dA_h)
     del D2, dA_h
     dO_h = P_h @ dV_h + dP_h @ V_h
     dC = merge_heads(dO_h, H)
@@ -1404,7 +1489,7 @@ def _backward2(saved, grad_out):
     G_O_h_dG_O_h = np.concatenate([G_O_h, dG_O_h], axis=-1)
     dG_P_h = G_O_h_dG_O_h @ dV_h_V_h.mT
     del G_O_h_dG_O_h, dV_h_V_h
-    dG_A_h = (G_P_h - G_D3) * dP_h + (dG_P_h - dG_D3) * P_h
+    dG_A_h = shifted_product(dP_h, G_P_h, G_D3) + shifted_product(P_h, dG_P_h, dG_D3)
     del dG_D3, dG_P_h
     dG_V_h = P_h.mT @ dG_O_h + dP_h.mT @ G_O_h
     del dG_O_h, dP_h
@@ -1876,7 +1961,7 @@ def _jvp(
         O_h_b = P_h_b @ V_h_k
         dA_h_b = add_optional((scale * Q_h_dQ_h_b) @ dK_h_K_h_k.mT, M_t_b)
         D3_b = np.vecdot(dA_h_b, P_h_b)[..., None]
-        dP_h_b = np.multiply(np.subtract(dA_h_b, D3_b, out=dA_h_b), P_h_b, out=dA_h_b)
+        dP_h_b = shifted_product(P_h_b, dA_h_b, D3_b, out=dA_h_b)
         del D3_b, dA_h_b
         dO_h_b = P_h_b @ dV_h_k + dP_h_b @ V_h_k
         del dP_h_b

@@ -31,12 +31,16 @@ class Backend:
     vmapped: bool = False
     custom_jvp: bool = False  # forward_jvp: the forward as a custom_jvp whose rule is the generated JVP (JAX)
     missing_variant: str = ""  # why a variant is not made (shown when one is asked for)
+    # its standard modules with a mask go through blocks of query rows without a memory-efficient variant (JAX:
+    # causal blocks whose key ranges are static under jit)
+    masked_blocks: bool = False
 
     @property
     def loops(self) -> bool:
         """Has it the runtime of loops over blocks of query rows (key_range, causal_fill, put_rows, add_rows): the
-        backends with a memory-efficient variant, whose standard modules with a mask go through blocks too."""
-        return "memeff" in self.variants
+        backends with a memory-efficient variant, whose standard modules with a mask go through blocks too, and
+        those that say so (masked_blocks)."""
+        return "memeff" in self.variants or self.masked_blocks
 
     @property
     def template(self) -> str:

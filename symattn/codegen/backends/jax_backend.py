@@ -31,6 +31,7 @@ class JaxMatrixPrinter(GeneratedNumPyPrinter):
     runtime = JAX_RUNTIME
     inplace = False  # immutable arrays: no out=, no in-place update
     row_dot_function = None  # XLA fuses the product into the sum
+    fused_rows = False  # and exp(X − u 𝟏ᵀ), F ⊙ (X − u 𝟏ᵀ) into one loop
     backend = JAX
     # SymPy's NumPy printer names numpy functions (MatPow: numpy.linalg.matrix_power); their jax forms
     numpy_functions = {
@@ -55,6 +56,10 @@ class JaxMatrixPrinter(GeneratedNumPyPrinter):
 
     def batch_scalar(self, text: str) -> str:
         return f"jnp.expand_dims({text}, (-2, -1))"
+
+    def placed_rows(self, name: str) -> str:
+        """put_rows collects the padded blocks in a list (no in-place update): one concatenation after the loop."""
+        return f"{self.helper('placed_rows')}({name})"
 
     def mask_gradient(self, value: str, heads: bool) -> str:
         """∂f/∂M of M's shape (mask_shape), summed where M was broadcast; jax carries it on to attn_mask."""
@@ -89,4 +94,5 @@ JAX_BACKEND = Backend(
     imports=("jax", "jnp"),
     custom_jvp=True,
     missing_variant="jax.jit decides what XLA keeps in memory",
+    masked_blocks=True,
 )

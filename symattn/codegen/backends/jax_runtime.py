@@ -198,17 +198,19 @@ def _restore(residuals):
     return {**arrays, **dict(static.items)}
 
 
-def _additive_mask(attn_mask, key_padding_mask, causal, query, key, per_head=False):
+def _additive_mask(attn_mask, key_padding_mask, causal, query, key, per_head=False, by_blocks=False):
     """The additive mask M (0 where a query may see a key, -inf where not), or None without a mask.
 
     attn_mask: (n, m) or (..., n, m), boolean (True: not allowed; a constant) or floating (added to the
     scores; differentiable); key_padding_mask: (..., m) boolean (True: ignore that key); causal: query i
     sees keys j <= i. per_head: the scores have a heads axis, (..., H, n, m), so a batched mask gets one.
+    by_blocks: M leaves the causal part out (None when nothing else is left), for a loop over blocks of query
+    rows that writes it into each block of scores (causal_fill), so that no n × m array is made for it.
     """
     if type(causal).__name__ not in ("bool", "bool_"):  # True or False, or NumPy's np.True_ or np.False_
         raise ValueError(f"causal must be True or False, got {causal!r}")
     causal = bool(causal)
-    if attn_mask is None and key_padding_mask is None and not causal:
+    if attn_mask is None and key_padding_mask is None and (by_blocks or not causal):
         return None
     query, key = jnp.asarray(query), jnp.asarray(key)
     n, m, batch, dtype = query.shape[-2], key.shape[-2], tuple(query.shape[:-2]), query.dtype
@@ -224,9 +226,6 @@ def _additive_mask(attn_mask, key_padding_mask, causal, query, key, per_head=Fal
             mask = attn_mask.astype(dtype)
         else:
             raise ValueError(f"attn_mask: expected a bool or floating-point array, got {attn_mask.dtype}")
-    if causal:
-        future = jnp.where(jnp.triu(jnp.ones((n, m), dtype=bool), 1), -jnp.inf, 0.0).astype(dtype)
-        mask = future if mask is None else mask + future
     if key_padding_mask is not None:
         key_padding_mask = jnp.asarray(key_padding_mask)
         if tuple(key_padding_mask.shape) != (*batch, m):
@@ -237,7 +236,77 @@ def _additive_mask(attn_mask, key_padding_mask, causal, query, key, per_head=Fal
             raise ValueError(f"key_padding_mask: expected a bool array (True: ignore a key), got {got}")
         padding = jnp.where(key_padding_mask, -jnp.inf, 0.0).astype(dtype)[..., None, :]
         mask = padding if mask is None else mask + padding
-    mask = jnp.broadcast_to(mask, (*mask.shape[:-2], n, m))  # every query row
-    if per_head and mask.ndim > 2:  # one mask for every head: (..., 1, n, m)
-        mask = mask[..., None, :, :]
-    return mask
+    if mask is not None:
+        mask = jnp.broadcast_to(mask, (*mask.shape[:-2], n, m))  # every query row
+        if per_head and mask.ndim > 2:  # one mask for every head: (..., 1, n, m)
+            mask = mask[..., None, :, :]
+    return mask if by_blocks else with_causal(mask, causal, query, key)
+
+
+def with_causal(mask, causal, query, key):
+    """M with the causal part added (-inf where key j comes after query i) when causal, as a whole n × m array:
+    the additive mask for the closed forms that take it whole, from the mask a loop over blocks of rows takes."""
+    if not causal:
+        return mask
+    n, m, dtype = query.shape[-2], key.shape[-2], query.dtype
+    future = jnp.where(jnp.triu(jnp.ones((n, m), dtype=bool), 1), -jnp.inf, 0.0).astype(dtype)
+    return future if mask is None else mask + future
+
+
+def rows_per_block(mask, causal, query, size=128, most=16):
+    """Query rows per block of a standard module's loop. With causal, each block reads only the keys 0 … its last
+    row: 128 rows (size) up to 8 blocks, 256 past them (n > 1024: as fast, and jax.jit, which compiles the Python
+    loop unrolled, one copy of the block's code per block, compiles half as many), and at most 16 blocks (most:
+    larger ones past n = 4096; the scores skipped, (b − 1)/2b of them at b blocks, hardly grow). Without causal,
+    every row in one block (the whole computation at once). Static under jax.jit: causal is a Python bool and
+    shapes are static; another mask's keys are never skipped (its values may be traced: the loop adds it to
+    each block's scores)."""
+    n = query.shape[-2]
+    if not causal:
+        return max(n, 1)
+    if n > 8 * size:
+        size *= 2
+    return size * max(1, -(-n // (size * most)))
+
+
+def key_range(mask, causal, rows, m):
+    """The keys a block of query rows (a slice) reads: slice(0, k1), with causal the keys 0 … the block's last row
+    (row i sees keys j <= i), never empty; without, every key. From causal alone (no branch on the mask's values,
+    which jit traces); the loop skips the keys outside it, whose probabilities are exactly zero."""
+    if not causal:
+        return slice(0, m)
+    return slice(0, max(1, min(m, rows.stop)))
+
+
+def causal_fill(scores, rows, keys):
+    """A block of scores (..., b, k) of query rows rows.start … and keys keys.start …, with -inf where the key
+    comes after the query (j > i: what the causal mask hides); a new array (jnp.where), the block itself where
+    no key of the block comes after a row."""
+    b, k = scores.shape[-2:]
+    if keys.start + k - 1 <= rows.start:
+        return scores
+    future = jnp.arange(keys.start, keys.start + k) > jnp.arange(rows.start, rows.start + b)[:, None]
+    return jnp.where(future, -jnp.inf, scores)
+
+
+def add_rows(total, keys, part, m):
+    """The sum over blocks of a value of m rows (…, m, k), part adding to its rows keys; total is 0 before the
+    first block. Functional: part padded with zero rows to m (no in-place update to trace)."""
+    if part.shape[-2] != m:
+        part = jnp.pad(part, [(0, 0)] * (part.ndim - 2) + [(keys.start, m - keys.stop), (0, 0)])
+    return part if isinstance(total, int) else total + part
+
+
+def put_rows(whole, rows, keys, part, n, m):
+    """An n × m value made block by block: part (..., b, k) of rows and keys, padded with zeros on the other
+    keys of its rows (the ones the block skipped) and collected in a list that placed_rows concatenates once;
+    whole is None before the first block. One block of every key: part is the whole."""
+    if whole is None and part.shape[-2:] == (n, m):
+        return part
+    padded = jnp.pad(part, [(0, 0)] * (part.ndim - 1) + [(keys.start, m - keys.stop)])
+    return [*(whole or []), padded]
+
+
+def placed_rows(whole):
+    """The value put_rows made, after the loop: its blocks (a list) concatenated once."""
+    return jnp.concatenate(whole, axis=-2) if isinstance(whole, list) else whole

@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 from sympy import Basic
+from sympy.matrices.expressions import MatAdd
 
 from symattn.codegen.backends.backend import Backend
 from symattn.codegen.backends.printing import GeneratedCodeMixin
-from symattn.lang.functions import NUMPY
-from symattn.numeric.printers import NUMPY_RUNTIME, NumPyMatrixPrinter, runtime_functions
+from symattn.codegen.schedule.plan import broadcast_column
+from symattn.lang.functions import NUMPY, Exp
+from symattn.numeric.printers import NUMPY_RUNTIME, NumPyMatrixPrinter, runtime_functions, split_sign
 
-RUNTIMES = ("symattn.codegen.backends.common_runtime", "symattn.codegen.backends.numpy_runtime")
+RUNTIMES = (
+    "symattn.codegen.backends.common_runtime",
+    "symattn.codegen.backends.numpy_runtime",
+    "symattn.codegen.backends.numba_kernels",
+)
 OWN = {name: source for module in RUNTIMES for name, source in runtime_functions(module).items()}
 REPLACED = {"row_softmax"}  # the generated modules' own form (out=: written into a dying array)
 if set(OWN) & set(NUMPY_RUNTIME) != REPLACED:  # pragma: no cover - a helper named twice must be meant
@@ -25,6 +31,30 @@ class GeneratedNumPyPrinter(GeneratedCodeMixin, NumPyMatrixPrinter):
     backend = NUMPY
     row_dot_function = "np.vecdot"  # rowsum(X ⊙ Y) without the X ⊙ Y temporary (NumPy ≥ 2.0)
 
+    # Entrywise forms over a full array X and a column u broadcast along its rows, each one sweep (a compiled
+    # kernel where numba is installed: numpy_runtime.exp_rows, shifted_product) instead of NumPy's two passes:
+    #   exp(X − u 𝟏ᵀ)     -> exp_rows(X, u)              (P from the scores and the row log-sum-exp)
+    #   F ⊙ (X − u 𝟏ᵀ)    -> shifted_product(F, X, u)    (softmax's backward, P ⊙ (dP − D 𝟏ᵀ))
+    fused_rows = True  # (JAX's printer, a subclass: False, XLA fuses them itself)
+
+    def _print_Elementwise(self, expr: Basic) -> str:
+        shifted = _row_shifted(expr.arg) if self.fused_rows and isinstance(expr, Exp) else None
+        if shifted is None:
+            return super()._print_Elementwise(expr)
+        return self._fused("exp_rows", [*shifted], self.plan.buffer(expr.arg))
+
+    def _print_HadamardProduct(self, expr: Basic) -> str:
+        if self.fused_rows and len(expr.args) == 2:
+            for factor, other in (expr.args, expr.args[::-1]):
+                shifted = _row_shifted(other)
+                if shifted is not None and broadcast_column(factor) is None and factor.shape == expr.shape:
+                    return self._fused("shifted_product", [factor, *shifted], self.plan.buffer(expr))
+        return super()._print_HadamardProduct(expr)
+
+    def _fused(self, helper: str, operands: list[Basic], buffer: str | None) -> str:
+        out = "" if buffer is None else f", out={buffer}"
+        return f"{self.helper(helper)}({', '.join(self._print(a) for a in operands)}{out})"
+
     def _print_OneMatrix(self, expr: Basic) -> str:
         return f"np.ones(({self._print(expr.shape[0])}, {self._print(expr.shape[1])}), dtype=dtype)"
 
@@ -33,6 +63,19 @@ class GeneratedNumPyPrinter(GeneratedCodeMixin, NumPyMatrixPrinter):
 
     def _print_Identity(self, expr: Basic) -> str:
         return f"np.eye({self._print(expr.shape[0])}, dtype=dtype)"
+
+
+def _row_shifted(expr: Basic) -> tuple[Basic, Basic] | None:
+    """(X, u) when expr is X − u 𝟏ᵀ: X of expr's shape, u a column (a value per row), else None."""
+    if not isinstance(expr, MatAdd) or len(expr.args) != 2:
+        return None
+    for full, shift in (expr.args, expr.args[::-1]):
+        sign, rest = split_sign(shift)
+        column = broadcast_column(rest) if sign < 0 else None
+        if column is not None and column.shape[1] == 1 and expr.shape[1] != 1 and split_sign(full)[0] > 0:
+            if broadcast_column(full) is None and full.shape == expr.shape:
+                return full, column
+    return None
 
 
 NUMPY_BACKEND = Backend(

@@ -262,22 +262,21 @@ def _returned(sched: Schedule, name: str, target: sp.MatrixSymbol) -> str:
     return f"{target.name}.reshape(())" if name in sched.scalar_inputs else str(target.name)
 
 
-def _custom_vjp(sched: Schedule, options: list[Option], mask: str | None) -> dict:
-    """The JAX module's jax.custom_vjp: its primal, forward and backward rules (the options static, by
-    nondiff_argnums) and the public forward's call."""
+def _custom_vjp(sched: Schedule, options: list[Option], mask: str | None, block_causal: list[str]) -> dict:
+    """The JAX module's jax.custom_vjp: its primal, forward and backward rules (causal, beside M where loops over
+    blocks of rows write it, and the options static, by nondiff_argnums) and the public forward's call."""
     arrays = [str(x.name) for x in sched.spec.inputs] + ([mask] if mask else [])
-    positional = arrays + [o.name for o in options]
+    static_names = block_causal + [o.name for o in options]
+    positional = arrays + static_names
     static = ", ".join(str(i) for i in range(len(arrays), len(positional)))
     cotangents = ["None" if name in sched.fixed else f'grads["{name}"]' for name in arrays]  # None: a zero one
     return {
         "define_primal": layout.define("_primal", positional, indent=0),
         "define_primal_fwd": layout.define("_primal_fwd", positional, indent=0),
-        "define_primal_bwd": layout.define(
-            "_primal_bwd", [o.name for o in options] + ["residuals", str(sched.seed.name)], indent=0
-        ),
+        "define_primal_bwd": layout.define("_primal_bwd", static_names + ["residuals", str(sched.seed.name)], indent=0),
         "primal_value": layout.wrapped("return _forward", positional, "[0]", indent=4, brackets="()"),
         "primal_call": layout.wrapped(f"{sched.output.name}, saved = _forward", positional, "", 4, brackets="()"),
-        "nondiff_argnums": f"({static},)" if len(options) == 1 else f"({static})",
+        "nondiff_argnums": f"({static},)" if len(static_names) == 1 else f"({static})",
         "vjp_cotangents": layout.assign_tuple("cotangents", cotangents, indent=4),
         "vjp_call": layout.call("_differentiable", positional, indent=4),
     }
@@ -395,7 +394,7 @@ def build_context(
         "needs_dtype": _uses("dtype", [line.value for line in _statements(sections)]),
         **_function(sched, options, mask, class_name, backend, sections["shared"], masks["block_causal"]),
         **_module(sched, options, mask, module_parameters(sched, backend.printer())),
-        **_custom_vjp(sched, options, mask),
+        **_custom_vjp(sched, options, mask, masks["block_causal"]),
         "helpers": helpers,
         "runtime": printer.runtime_source(helpers),
         "mask_gradient": backend.mask_shape if sched.constant_gradients else "",

@@ -186,9 +186,11 @@ class Sections:
             plain, masked = (
                 ("row_softmax_lse", "masked_row_softmax_lse") if kept else ("row_softmax", "masked_row_softmax")
             )
-            # P_b written into A_b where A_b is read no more (L not kept: P alone)
+            # P_b written into A_b where A_b is read no more; an immutable array library's helper (the printer
+            # class's inplace: JAX) takes no out= (a torch printer told to write nothing in place still passes it)
             later = {x for a in everything for x in matrix_symbols(a.value) if a.target != a_b}
-            operand = a_b.name if kept or a_b in later else f"{a_b.name}, out={a_b.name}"
+            writable = type(self.printer).inplace
+            operand = a_b.name if a_b in later or not writable else f"{a_b.name}, out={a_b.name}"
             call = f"{self.printer.helper(plain)}({operand})"
             if self.mask is not None:
                 call += f" if {self.mask} is None else {self.printer.helper(masked)}({operand})"
@@ -220,6 +222,8 @@ class Sections:
                 _rows_added(line, self.printer.helper("add_rows"), self._key_count(lp))
                 if a.target in lp.keyed
                 else line
+                if type(self.printer).inplace
+                else _added(line)  # immutable arrays (JAX): a new sum, not +=
                 for a, line in zip(lp.accumulate, accumulate)
             ],
         }
@@ -268,6 +272,12 @@ def _after(body: list[Statement], target: sp.MatrixSymbol) -> int:
 def _rows_added(line: Statement, add_rows: str, count: str) -> Statement:
     """A sum over the blocks of a value of m key rows: each block's part added to the rows of its key range."""
     return Statement(line.target, f"{add_rows}({line.target}, keys, {line.value}, {count})", line.guard, keyed=True)
+
+
+def _added(line: Statement) -> Statement:
+    """A sum over the blocks as a new value, target = target + part, for arrays that cannot be added to in place."""
+    part = f"({line.value})" if " if " in line.value else line.value  # a conditional binds looser than +
+    return Statement(line.target, f"{line.target} + {part}", line.guard, keyed=True)
 
 
 def _batched(sched: Schedule) -> set:

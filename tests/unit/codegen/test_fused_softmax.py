@@ -6,10 +6,13 @@ import os
 
 import numpy as np
 import pytest
-from symattn.generated import attention_numpy, mha_numpy
+from symattn.generated import attention_numpy, attention_numpy_memeff, mha_numpy
+from sympy import HadamardProduct, MatrixSymbol, OneMatrix
 
 from symattn.codegen.backends import numpy_runtime
-from symattn.codegen.backends.numpy_backend import GENERATED_NUMPY_RUNTIME
+from symattn.codegen.backends.jax_backend import JaxMatrixPrinter
+from symattn.codegen.backends.numpy_backend import GENERATED_NUMPY_RUNTIME, GeneratedNumPyPrinter
+from symattn.lang.functions import Exp
 
 # float rounding: a few ulps of each entry (the fused kernel's exp is a polynomial, its scale a reciprocal)
 RTOL = {np.float32: 1e-5, np.float64: 1e-13}
@@ -18,7 +21,7 @@ RTOL = {np.float32: 1e-5, np.float64: 1e-13}
 @pytest.fixture
 def no_numba(monkeypatch):
     """The pure NumPy path: _fused_kernels answers None, as without numba."""
-    for module in (numpy_runtime, attention_numpy, mha_numpy):
+    for module in (numpy_runtime, attention_numpy, attention_numpy_memeff, mha_numpy):
         monkeypatch.setattr(module._fused_kernels, "made", None, raising=False)
 
 
@@ -29,12 +32,12 @@ def fused_or_skip():
         pytest.skip("SYMATTN_NUMBA=0: the NumPy passes")
 
 
-def numpy_path(helper, a):
-    """helper(a) by the NumPy passes alone."""
+def numpy_path(helper, a, *rest):
+    """helper(a, *rest) by the NumPy passes alone."""
     made = numpy_runtime._fused_kernels.__dict__.get("made", False)
     numpy_runtime._fused_kernels.made = None
     try:
-        return helper(a.copy())
+        return helper(a.copy(), *rest)
     finally:
         numpy_runtime._fused_kernels.made = made
 
@@ -106,8 +109,93 @@ def test_other_dtypes_and_layouts_take_the_numpy_passes(rng):
     np.testing.assert_allclose(numpy_runtime.row_softmax(a), numpy_path(numpy_runtime.row_softmax, a), rtol=1e-14)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("masked", [False, True])
+def test_softmax_and_log_sum_exp_match_the_numpy_passes(rng, dtype, masked):
+    fused_or_skip()
+    helper = numpy_runtime.masked_row_softmax_lse if masked else numpy_runtime.row_softmax_lse
+    a = scores(rng, dtype)
+    if masked:
+        a[0, 1, 4] = -np.inf  # a row of -inf: zeros and L = +inf
+        a[1, 2, :5, 10:40] = -np.inf
+    expected, expected_lse = numpy_path(helper, a)
+    for out in (None, "a", "other"):
+        b = a.copy()
+        target = {None: None, "a": b, "other": np.empty_like(a)}[out]
+        got, lse = helper(b, out=target)
+        assert out is None or got is target
+        np.testing.assert_allclose(got, expected, rtol=RTOL[dtype], atol=0)
+        np.testing.assert_allclose(lse, expected_lse, rtol=RTOL[dtype], atol=0)
+    if masked:
+        assert (got[0, 1, 4] == 0).all() and (lse[0, 1, 4] == np.inf).all()
+    np.testing.assert_allclose(np.exp(a - lse), expected, rtol=10 * RTOL[dtype], atol=0)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("fused", [True, False])
+def test_row_shifted_forms_match_the_numpy_passes(rng, request, dtype, fused):
+    # exp(X − u 𝟏ᵀ) and F ⊙ (X − u 𝟏ᵀ), u a strided view (one block of a row log-sum-exp), into a new array,
+    # into X, into F and into another array; u = +inf gives 0, NaN stays NaN; the kernels and NumPy's passes
+    if fused:
+        fused_or_skip()
+    else:
+        request.getfixturevalue("no_numba")
+    a = scores(rng, dtype)
+    shift = (a.max(axis=-1, keepdims=True) + rng.random((2, 3, 37, 1)))[:, :, 5:25].astype(dtype)
+    a = a[:, :, 5:25].copy()
+    shift[0, 0, 3] = np.inf
+    a[1, 1, 2, 7] = np.nan
+    p = rng.random(a.shape).astype(dtype)
+    cases = {
+        "exp_rows": (numpy_runtime.exp_rows, (a, shift), lambda: np.exp(a - shift)),
+        "shifted_product": (numpy_runtime.shifted_product, (p, a, shift), lambda: p * (a - shift)),
+    }
+    for name, (helper, operands, expected) in cases.items():
+        want = expected()
+        for into in (None, "a", "p", "other"):
+            if into == "p" and name == "exp_rows":
+                continue
+            args = [x.copy() for x in operands]
+            out = {None: None, "a": args[-2], "p": args[0], "other": np.empty_like(a)}[into]
+            got = helper(*args, out=out)
+            assert into is None or got is out
+            np.testing.assert_allclose(got, want, rtol=RTOL[dtype], atol=0, err_msg=f"{name} into {into}")
+        assert (got[0, 0, 3] == (0 if name == "exp_rows" else -np.inf)).all() and np.isnan(got[1, 1, 2, 7])
+    # a broadcast shift, another dtype: NumPy's passes, the same values
+    np.testing.assert_allclose(numpy_runtime.exp_rows(a, shift[0]), np.exp(a - shift[0]), rtol=RTOL[dtype])
+    np.testing.assert_allclose(
+        numpy_runtime.exp_rows(a, shift.astype(np.float16)), np.exp(a - shift.astype(np.float16)), rtol=1e-3
+    )
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_the_polynomial_exp_over_the_whole_range(dtype):
+    # exp_rows' exp where NumPy's is a normal number (to within 2 ulps), inf above the largest float's log, 0
+    # below the smallest normal's (NumPy gives subnormals there)
+    fused_or_skip()
+    tiny, big = np.log(np.finfo(dtype).tiny), np.log(np.finfo(dtype).max)
+    x = np.linspace(tiny + 1e-3, big - 1e-3, 300_001).astype(dtype)[None, None, :]
+    got = numpy_runtime.exp_rows(x, np.zeros((1, 1, 1), dtype))
+    np.testing.assert_allclose(got, np.exp(x), rtol=2 * np.finfo(dtype).eps, atol=0)
+    edges = np.array([[[big + 0.5, 1e30, np.inf, tiny - 1, -np.inf, 0.0]]], dtype=dtype)
+    got = numpy_runtime.exp_rows(edges, np.zeros((1, 1, 1), dtype))
+    np.testing.assert_array_equal(got, np.array([[[np.inf, np.inf, np.inf, 0.0, 0.0, 1.0]]], dtype=dtype))
+
+
+def test_the_numpy_printer_prints_the_row_shifted_forms():
+    X, F, u, v = MatrixSymbol("X", 4, 5), MatrixSymbol("F", 4, 5), MatrixSymbol("u", 4, 1), MatrixSymbol("v", 1, 5)
+    shifted = X - u * OneMatrix(1, 5)
+    printer = GeneratedNumPyPrinter()
+    assert printer.doprint(Exp(shifted)) == "exp_rows(X, u)"
+    assert printer.doprint(HadamardProduct(F, shifted)) == "shifted_product(F, X, u)"
+    assert printer.doprint(HadamardProduct(X - 2 * u * OneMatrix(1, 5), F)) == "shifted_product(F, X, 2 * u)"
+    assert printer.doprint(Exp(X - OneMatrix(4, 1) * v)) == "np.exp(X - v)"  # a row broadcast down the columns
+    assert printer.doprint(Exp(X + u * OneMatrix(1, 5))) == "np.exp(u + X)"
+    assert JaxMatrixPrinter().doprint(Exp(shifted)) == "jnp.exp(X - u)"  # XLA fuses it
+
+
 def run_modules(rng, dtype, causal):
-    """forward + backward of the generated attention and mha modules."""
+    """forward + backward of the generated attention (standard and memory-efficient) and mha modules."""
     B, H, n, m, d = 2, 2, 70, 45, 8
     Q, K, V, G = (
         rng.standard_normal(s).astype(dtype) for s in [(B, H, n, d), (B, H, m, d), (B, H, m, d), (B, H, n, d)]
@@ -115,8 +203,11 @@ def run_modules(rng, dtype, causal):
     padding = np.zeros((B, H, m), dtype=bool)
     padding[0, 1, 20:] = True
     padding[1, 0, :] = True  # every key hidden: zero rows
-    out, saved = attention_numpy.forward(Q, K, V, causal=causal, key_padding_mask=padding)
-    results = {"attention O": out, **{f"attention d{k}": v for k, v in attention_numpy.backward(saved, G).items()}}
+    results = {}
+    for module in (attention_numpy, attention_numpy_memeff):
+        out, saved = module.forward(Q, K, V, causal=causal, key_padding_mask=padding, **block(module))
+        results[f"{module.__name__} O"] = out
+        results |= {f"{module.__name__} d{k}": v for k, v in module.backward(saved, G).items()}
     X = rng.standard_normal((B, n, 16)).astype(dtype)
     W = [rng.standard_normal((16, 16)).astype(dtype) / 4 for _ in range(4)]
     out, saved = mha_numpy.forward(X, X, X, *W, num_heads=4, causal=causal)
@@ -134,13 +225,18 @@ def test_generated_modules_give_the_same_gradients_with_and_without_numba(rng, m
     assert attention_numpy._fused_kernels() is not None and mha_numpy._fused_kernels() is not None
     seed = int(rng.integers(1 << 31))
     fused = run_modules(np.random.default_rng(seed), dtype, causal)
-    for module in (attention_numpy, mha_numpy):
+    for module in (attention_numpy, attention_numpy_memeff, mha_numpy):
         monkeypatch.setattr(module._fused_kernels, "made", None)
     plain = run_modules(np.random.default_rng(seed), dtype, causal)
     for name, value in plain.items():
         assert not np.isnan(fused[name]).any(), name
         scale = np.abs(value).max()
         np.testing.assert_allclose(fused[name], value, rtol=0, atol=50 * np.finfo(dtype).eps * scale, err_msg=name)
+
+
+def block(module):
+    """Blocks of 32 rows for the memory-efficient module (its loop), nothing for the others."""
+    return {"block_size": 32} if module.__name__.endswith("memeff") else {}
 
 
 def test_every_generated_module_shares_one_compilation():

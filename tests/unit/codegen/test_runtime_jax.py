@@ -57,3 +57,39 @@ def test_sum_to_shape_and_residuals():
     arrays, static = jax_runtime._residuals(saved)
     assert set(arrays) == {"P", "b"} and jax.tree_util.tree_leaves(static) == []
     assert jax_runtime._restore((arrays, static)) == saved
+
+
+def test_block_helpers_agree_with_numpy_and_write_nothing_in_place():
+    # the blocks of a causal loop: the causal part written into a block of scores, the sums over blocks of key
+    # rows, the n × m value placed block by block (zero on the keys a block skipped), as NumPy's helpers make them
+    rng = np.random.default_rng(1)
+    n, m = 7, 6
+    scores = rng.normal(size=(2, 3, 4))
+    got = jax_runtime.causal_fill(jax.numpy.asarray(scores), slice(2, 5), slice(0, 4))
+    np.testing.assert_array_equal(np.asarray(got), numpy_runtime.causal_fill(scores.copy(), slice(2, 5), slice(0, 4)))
+    total, placed, want_total, want_placed = 0, None, 0, None
+    for start in range(0, n, 3):
+        rows = slice(start, start + 3)
+        keys = jax_runtime.key_range(None, True, rows, m)
+        assert keys == numpy_runtime.key_range(None, True, rows, m)
+        part = rng.normal(size=(2, keys.stop - keys.start, 5))
+        total = jax_runtime.add_rows(total, keys, jax.numpy.asarray(part), m)
+        want_total = numpy_runtime.add_rows(want_total, keys, part.copy(), m)
+        block = rng.normal(size=(2, min(rows.stop, n) - start, keys.stop - keys.start))
+        placed = jax_runtime.put_rows(placed, rows, keys, jax.numpy.asarray(block), n, m)
+        want_placed = numpy_runtime.put_rows(want_placed, rows, keys, block, n, m)
+    np.testing.assert_allclose(np.asarray(total), want_total, rtol=1e-15)
+    np.testing.assert_array_equal(np.asarray(jax_runtime.placed_rows(placed)), want_placed)
+    # without causal: every key, in one block of every row
+    assert jax_runtime.key_range(jax.numpy.zeros((n, m)), False, slice(0, n), m) == slice(0, m)
+    assert jax_runtime.rows_per_block(None, False, jax.numpy.zeros((n, 4))) == n
+
+
+def test_the_mask_by_blocks_leaves_the_causal_part_to_the_loop():
+    q, k = jax.numpy.zeros((2, 5, 3)), jax.numpy.zeros((2, 4, 3))
+    padding = np.array([[False, False, False, True], [True, False, False, False]])
+    whole = jax_runtime._additive_mask(None, padding, True, q, k)
+    by_blocks = jax_runtime._additive_mask(None, padding, True, q, k, by_blocks=True)
+    assert not np.isneginf(np.asarray(by_blocks)[:, :, 1:3]).any()  # no causal -inf: padding alone
+    np.testing.assert_array_equal(np.asarray(jax_runtime.with_causal(by_blocks, True, q, k)), np.asarray(whole))
+    assert jax_runtime._additive_mask(None, None, True, q, k, by_blocks=True) is None
