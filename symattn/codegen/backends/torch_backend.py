@@ -15,6 +15,7 @@ from symattn.numeric.printers import NumPyMatrixPrinter, power, runtime_function
 RUNTIMES = (
     "symattn.codegen.backends.common_runtime",
     "symattn.codegen.backends.torch_runtime",
+    "symattn.codegen.backends.torch_pages",
     "symattn.codegen.backends.function_runtime",
 )
 TORCH_RUNTIME = {name: source for module in RUNTIMES for name, source in runtime_functions(module).items()}

@@ -20,6 +20,8 @@ SHAPES: dict[str, str] = {}  # input name -> its shape as the docstring writes i
 OPTIONAL: tuple[str, ...] = ()  # inputs that may be None (biases)
 SPEC = ""  # the spec's name, for error messages
 
+from symattn.codegen.backends.torch_pages import _compiled_ops, huge_empty, huge_matmul  # noqa: E402
+
 
 def masked_row_softmax_lse(a, out=None):
     """row_softmax_lse for rows that may hold -inf: a row of -inf gives zeros and L = +inf (exp(A - L) = 0)."""
@@ -114,101 +116,6 @@ def big_matmul(a, b):
     if _functional(a) or _functional(b) or (torch.is_grad_enabled() and (a.requires_grad or b.requires_grad)):
         return a @ b  # (a Function's forward and backward run with grad off: its saved inputs still require grad)
     return huge_matmul(a, b)
-
-
-def _assume_constant(function):
-    """function marked as torch._dynamo.assume_constant_result marks it: dynamo, tracing a call of it, calls it and
-    takes the result for a constant. Marked without importing dynamo, seconds that an eager run never needs."""
-    function._dynamo_marked_constant = True
-    return function
-
-
-def huge_matmul(a, b):
-    """a @ b written into huge_empty memory: the eager path of big_matmul and the custom op's implementation."""
-    shape = (*torch.broadcast_shapes(a.shape[:-2], b.shape[:-2]), a.shape[-2], b.shape[-1])
-    return torch.matmul(a, b, out=huge_empty(shape, a))
-
-
-@_assume_constant  # run, not traced, by dynamo: it registers ops, which no graph can hold
-def _compiled_ops():
-    """May a compiled graph call the custom ops symattn::big_matmul (huge_matmul, for factors of one batch shape)
-    and symattn::placed_rows (_place)? Not under a torch.func transform (vmap, grad, jvp), for which they have
-    no rule; else yes, the ops registered on the first compilation that needs them, once per process: every
-    generated module embedding this finds them."""
-    if torch._C._functorch.peek_interpreter_stack() is not None:
-        return False
-    if hasattr(torch.ops.symattn, "placed_rows"):
-        return True
-
-    @torch.library.custom_op("symattn::big_matmul", mutates_args=())
-    def product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        return huge_matmul(a, b)
-
-    product.register_fake(lambda a, b: a.new_empty((*a.shape[:-1], b.shape[-1])))
-
-    def save_factors(ctx, inputs, output):
-        ctx.save_for_backward(*inputs)
-
-    def product_backward(ctx, grad):  # d(a b) = da b + a db
-        a, b = ctx.saved_tensors
-        return grad @ b.mT, a.mT @ grad
-
-    product.register_autograd(product_backward, setup_context=save_factors)
-
-    @torch.library.custom_op("symattn::placed_rows", mutates_args=())
-    def placed(parts: list[torch.Tensor], starts: list[int], m: int) -> torch.Tensor:
-        return _place(parts, starts, m)
-
-    placed.register_fake(
-        lambda parts, starts, m: parts[0].new_empty((*parts[0].shape[:-2], sum(p.shape[-2] for p in parts), m))
-    )
-
-    def save_blocks(ctx, inputs, output):
-        ctx.blocks = [(part.shape[-2], start, part.shape[-1]) for part, start in zip(inputs[0], inputs[1])]
-
-    def placed_backward(ctx, grad):  # each block's rows and keys of the cotangent
-        grads, row = [], 0
-        for rows, start, keys in ctx.blocks:
-            grads.append(grad[..., row : row + rows, start : start + keys])
-            row += rows
-        return grads, None, None
-
-    placed.register_autograd(placed_backward, setup_context=save_blocks)
-    return True
-
-
-def huge_empty(shape, like):
-    """An uninitialised tensor of like's dtype and device; on Linux, one of 4 MiB or more has its whole 2 MiB
-    pages advised for transparent huge pages (madvise MADV_HUGEPAGE, before anything touches them: NumPy's own
-    rule for its arrays). Where the advice is not available, a plain torch.empty."""
-    out = torch.empty(shape, dtype=like.dtype, device=like.device)
-    if out.device.type != "cpu" or out.numel() * out.element_size() < 4 << 20:
-        return out
-    madvise = _madvise()
-    start = -(-out.data_ptr() // (2 << 20)) * (2 << 20)  # the 2 MiB pages inside the tensor
-    stop = (out.data_ptr() + out.numel() * out.element_size()) // (2 << 20) * (2 << 20)
-    if madvise is not None and stop > start:
-        madvise(start, stop - start, 14)  # MADV_HUGEPAGE
-    return out
-
-
-def _madvise():
-    """libc's madvise (ctypes, loaded once), or None off Linux or where libc cannot be loaded."""
-    found = getattr(_madvise, "found", False)
-    if found is False:
-        found = None
-        import sys
-
-        if sys.platform.startswith("linux"):
-            import ctypes
-
-            try:
-                found = ctypes.CDLL(None, use_errno=True).madvise
-                found.argtypes, found.restype = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int], ctypes.c_int
-            except (OSError, AttributeError):  # pragma: no cover - a libc without madvise
-                found = None
-        _madvise.found = found
-    return found
 
 
 def repeat_columns(a, times):
@@ -456,21 +363,6 @@ def placed_rows(whole):
             return torch.ops.symattn.placed_rows(parts, starts, m)
     padded = [torch.nn.functional.pad(part, (start, m - start - part.shape[-1])) for part, start in zip(parts, starts)]
     return torch.cat(padded, dim=-2)
-
-
-def _place(parts, starts, m):
-    """The blocks of rows parts (..., b_i, k_i) stacked into one (..., Σ b_i, m) tensor in huge_empty memory, each
-    at its first key starts[i], zero on the other keys: the custom op symattn::placed_rows."""
-    first = parts[0]
-    out = huge_empty((*first.shape[:-2], sum(part.shape[-2] for part in parts), m), first)
-    row = 0
-    for part, start in zip(parts, starts):
-        rows, stop = slice(row, row + part.shape[-2]), start + part.shape[-1]
-        out[..., rows, :start] = 0.0
-        out[..., rows, start:stop] = part
-        out[..., rows, stop:] = 0.0
-        row = rows.stop
-    return out
 
 
 def rows_per_block(mask, causal, query):

@@ -10,7 +10,7 @@ from symattn.codegen.backends.torch_backend import TORCH_RUNTIME
 from symattn.numeric import numpy_runtime as eval_runtime
 
 torch = pytest.importorskip("torch")
-from symattn.codegen.backends import function_runtime, torch_runtime  # noqa: E402 (after the skip: it needs torch)
+from symattn.codegen.backends import function_runtime, torch_pages, torch_runtime  # noqa: E402 (needs torch)
 
 
 @pytest.fixture
@@ -130,7 +130,7 @@ def test_big_matmul_is_the_product_in_huge_pages_when_eager():
     a, b = torch.randn(8, 1024, 16), torch.randn(16, 1024)
     got = torch_runtime.big_matmul(a, b)
     assert torch.equal(got, torch.matmul(a, b)) and got.shape == (8, 1024, 1024)
-    thp = open("/sys/kernel/mm/transparent_hugepage/enabled").read() if torch_runtime._madvise() else ""
+    thp = open("/sys/kernel/mm/transparent_hugepage/enabled").read() if torch_pages._madvise() else ""
     if "[madvise]" in thp or "[always]" in thp:  # the advice was taken: the 32 MiB result sits in huge pages
         assert (_huge_pages_in(got.data_ptr(), got.nbytes) or 0) >= 2048
     # under autograd, or small: the plain product (no out=, which autograd refuses)
