@@ -58,9 +58,7 @@ from symattn.generated import (  # noqa: E402
     attention_torch_memeff,
 )
 
-from symattn.errors import SymattnError  # noqa: E402
 from symattn.specs.files import load_spec_file  # noqa: E402
-from symattn.specs.masking import with_mask  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -274,22 +272,13 @@ def gallery_cases(args: argparse.Namespace) -> list[tuple[str, int, int, bool]]:
     takes."""
     sizes = QUICK_GALLERY_SIZES if args.quick else GALLERY_SIZES
     names = sorted(GALLERY["TESTS"]["REFERENCES"])
-    maskable = {name: _maskable(name) for name in names}
+    maskable = {name: GALLERY["maskable"](load_spec_file(ROOT / "examples" / "specs" / f"{name}.py")) for name in names}
     every = [(name, n, d, c) for n, d in sizes for name in names for c in (False, True) if maskable[name] or not c]
     return [case for case in every if (args.only or "") in _gallery_name(*case)]
 
 
 def _gallery_name(name: str, n: int, d: int, causal: bool) -> str:
     return f"{name} n={n}" + " causal" * causal
-
-
-def _maskable(name: str) -> bool:
-    """Does the gallery spec have a softmax for with_mask to add the mask to?"""
-    try:
-        with_mask(load_spec_file(ROOT / "examples" / "specs" / f"{name}.py"))
-    except SymattnError:
-        return False
-    return True
 
 
 def markdown(rows: list[dict], gallery_rows: list[dict], names, about: dict, args, seconds: float) -> str:

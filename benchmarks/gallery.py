@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # the gallery's references and the masked forward: real modules, whose functions torch.compile traces
 sys.path.insert(0, str(ROOT / "tests" / "integration"))
 import test_gallery  # noqa: E402
-from masked_reference import causal_forward  # noqa: E402
+from masked_reference import causal_forward, maskable  # noqa: E402, F401 (maskable: attention_grid reads it here)
 
 TESTS = vars(test_gallery)
 

@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import torch
 
+from symattn.errors import SymattnError
+from symattn.specs.masking import with_mask
+
 
 class MaskedSoftmax(torch.overrides.TorchFunctionMode):
     """torch.softmax / log_softmax along the last axis with the additive mask added to their scores first."""
@@ -31,3 +34,12 @@ def causal_forward(forward, n: int):
             return forward(*xs)
 
     return masked
+
+
+def maskable(spec) -> bool:
+    """Has the spec a softmax for with_mask to add the mask to (not sigmoid, softplus or linear attention)?"""
+    try:
+        with_mask(spec)
+    except SymattnError:
+        return False
+    return True

@@ -16,20 +16,13 @@ from symattn.errors import SymattnError
 
 torch = pytest.importorskip("torch", reason="torch autograd is the reference")
 sys.path.insert(0, str(Path(__file__).parent))
-from masked_reference import MaskedSoftmax  # noqa: E402
+from masked_reference import MaskedSoftmax, maskable  # noqa: E402
 from test_gallery import NAMES, REFERENCES, N, gallery_spec, module  # noqa: E402
 
 ROWS = 300  # three blocks of query rows (128, 128, 44)
 
 
-def _maskable(name: str) -> bool:
-    try:
-        return bool(sa.with_mask(gallery_spec(name)))
-    except SymattnError:  # no softmax (sigmoid, softplus, linear attention)
-        return False
-
-
-MASKED = [name for name in NAMES if _maskable(name)]
+MASKED = [name for name in NAMES if maskable(gallery_spec(name))]
 
 
 def _values(name: str, seed: int = 0) -> dict:
