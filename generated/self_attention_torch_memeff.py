@@ -67,15 +67,27 @@ def _assume_constant(function):
     return function
 
 
+def _by_custom_op(like, size):
+    """Should a compiled graph make a result of size bytes (of like's device) by a symattn custom op, into huge
+    pages as the eager module does? On CPU, compiled and not exported (an exported program must load without
+    symattn), from huge_empty's 4 MiB on. Inductor's own buffers are in 4 KiB pages: one of 32 MiB or more is a
+    fresh mapping at every call (glibc's malloc maps it anew), whose pages fault at first touch; a smaller one
+    comes from malloc's heap and costs TLB misses (mha, B = 1, n = 1024, 16 MiB scores: compiled ÷ eager 1.09 →
+    0.92–0.94)."""
+    if not torch.compiler.is_compiling() or torch.compiler.is_exporting():
+        return False
+    return like.device.type == "cpu" and size >= 4 << 20 and _compiled_ops()
+
+
 @_assume_constant  # run, not traced, by dynamo: it registers ops, which no graph can hold
 def _compiled_ops():
-    """May a compiled graph call the custom ops symattn::big_matmul (huge_matmul, for factors of one batch shape)
-    and symattn::placed_rows (_place)? Not under a torch.func transform (vmap, grad, jvp), for which they have
-    no rule; else yes, the ops registered on the first compilation that needs them, once per process: every
-    generated module embedding this finds them."""
+    """May a compiled graph call the custom ops symattn::big_matmul (huge_matmul, for factors of one batch shape),
+    symattn::placed_rows (_place) and symattn::row_softmax_ (softmax in place)? Not under a torch.func transform
+    (vmap, grad, jvp), for which they have no rule; else yes, the ops registered on the first compilation that
+    needs them, once per process: every generated module embedding this finds them."""
     if torch._C._functorch.peek_interpreter_stack() is not None:
         return False
-    if hasattr(torch.ops.symattn, "placed_rows"):
+    if hasattr(torch.ops.symattn, "row_softmax_"):
         return True
 
     @torch.library.custom_op("symattn::big_matmul", mutates_args=())
@@ -112,6 +124,15 @@ def _compiled_ops():
         return grads, None, None
 
     placed.register_autograd(placed_backward, setup_context=save_blocks)
+
+    # softmax along the last axis written over a: functionalized, inductor calls it on the buffer of a (the
+    # scores, in huge pages) when nothing reads a after it, where its own softmax would write a fresh buffer.
+    # No autograd rule: called only on a tensor that requires no grad (the Function's forward and backward)
+    @torch.library.custom_op("symattn::row_softmax_", mutates_args=("a",))
+    def softmax_in_place(a: torch.Tensor) -> None:
+        torch._softmax(a, -1, False, out=a)
+
+    softmax_in_place.register_fake(lambda a: None)
     return True
 
 
@@ -159,18 +180,16 @@ def big_matmul(a, b):
     """a @ b for a product much larger than its factors (the scores Q Kᵀ, dP = dO Vᵀ: n × m from n × d and
     d × m). On CPU the result is written into memory advised for transparent huge pages, as NumPy advises its own
     large arrays: torch's allocator maps a fresh n × m tensor in 4 KiB pages, and the GEMM's first touch of each
-    one faults (1 × 8 × 1024², float32, one thread: 35 → 19 ms). Compiled (torch.compile), a product of 32 MiB or
-    more goes through the custom op symattn::big_matmul, which inductor calls as it is: inductor's own buffer
-    would be a fresh mapping at every call (glibc's malloc maps a block of 32 MiB or more anew each time), a
-    smaller one malloc hands out again from its heap, its pages already touched. Transformed (torch.func),
-    exported or recorded by autograd in eager code, plainly a @ b."""
+    one faults (1 × 8 × 1024², float32, one thread: 35 → 19 ms). Compiled (torch.compile), a large product of
+    factors of one batch shape is the custom op symattn::big_matmul (_by_custom_op), which inductor calls as it
+    is. Transformed (torch.func), exported or recorded by autograd in eager code, plainly a @ b."""
     if a.device.type != "cpu" or a.dtype != b.dtype or a.dim() < 2 or b.dim() < 2:
         return a @ b
     if torch.compiler.is_compiling():
         size = a.shape[:-2].numel() * a.shape[-2] * b.shape[-1] * a.element_size()
-        if torch.compiler.is_exporting() or a.shape[:-2] != b.shape[:-2] or size < 32 << 20 or not _compiled_ops():
-            return a @ b
-        return torch.ops.symattn.big_matmul(a, b)
+        if a.shape[:-2] == b.shape[:-2] and _by_custom_op(a, size):
+            return torch.ops.symattn.big_matmul(a, b)
+        return a @ b
     if _functional(a) or _functional(b) or (torch.is_grad_enabled() and (a.requires_grad or b.requires_grad)):
         return a @ b  # (a Function's forward and backward run with grad off: its saved inputs still require grad)
     return huge_matmul(a, b)
@@ -208,9 +227,14 @@ def matmul_tn(a, b):
 
 
 def row_softmax(a, out=None):
-    """softmax along the last axis (torch's one-pass kernel, the row max subtracted first); out may be a itself."""
-    # (a compiled graph plans its own buffers; export traces with autograd on, which refuses out=, as it does
-    # for a that requires grad, as jvp's may; vmap batches no out=)
+    """softmax along the last axis (torch's one-pass kernel, the row max subtracted first); out may be a itself.
+    Compiled, softmax over a large a (out=a) is the custom op symattn::row_softmax_, written over a's buffer (the
+    scores', in huge pages) as in eager code: inductor's softmax would write a fresh buffer (_by_custom_op)."""
+    # (else a compiled graph plans its own buffers; export traces with autograd on, which refuses out=, as it
+    # does for a that requires grad, as jvp's may; vmap batches no out=)
+    if out is a and not a.requires_grad and _by_custom_op(a, a.numel() * a.element_size()):
+        torch.ops.symattn.row_softmax_(a)
+        return a
     if out is None or _functional(a) or a.requires_grad:
         return torch.softmax(a, dim=-1)
     return torch._softmax(a, -1, False, out=out)

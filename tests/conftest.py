@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import os
+
+if os.environ.get("PYTEST_XDIST_WORKER"):  # one process per core (-n auto): each one thread, before BLAS loads
+    for _variable in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(_variable, "1")
+
 import numpy as np
 import pytest
 

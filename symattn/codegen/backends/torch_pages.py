@@ -1,6 +1,7 @@
 """Runtime helpers of generated PyTorch modules for memory in transparent huge pages: a fresh n × m tensor
 (the scores Q Kᵀ, dP, P) written into memory advised for them (``huge_empty``, ``huge_matmul``), and, compiled,
-the custom ops symattn::big_matmul and symattn::placed_rows that let inductor's graphs do the same.
+the custom ops symattn::big_matmul, symattn::placed_rows and symattn::row_softmax_ that let inductor's graphs do
+the same.
 
 Real code, linted and tested; ``TorchMatrixPrinter`` copies the source of the ones a module calls into it
 (see ``torch_runtime``). Generating code reads this module's source only, so it imports without torch.
@@ -31,13 +32,13 @@ def huge_matmul(a, b):
 
 @_assume_constant  # run, not traced, by dynamo: it registers ops, which no graph can hold
 def _compiled_ops():
-    """May a compiled graph call the custom ops symattn::big_matmul (huge_matmul, for factors of one batch shape)
-    and symattn::placed_rows (_place)? Not under a torch.func transform (vmap, grad, jvp), for which they have
-    no rule; else yes, the ops registered on the first compilation that needs them, once per process: every
-    generated module embedding this finds them."""
+    """May a compiled graph call the custom ops symattn::big_matmul (huge_matmul, for factors of one batch shape),
+    symattn::placed_rows (_place) and symattn::row_softmax_ (softmax in place)? Not under a torch.func transform
+    (vmap, grad, jvp), for which they have no rule; else yes, the ops registered on the first compilation that
+    needs them, once per process: every generated module embedding this finds them."""
     if torch._C._functorch.peek_interpreter_stack() is not None:
         return False
-    if hasattr(torch.ops.symattn, "placed_rows"):
+    if hasattr(torch.ops.symattn, "row_softmax_"):
         return True
 
     @torch.library.custom_op("symattn::big_matmul", mutates_args=())
@@ -74,7 +75,28 @@ def _compiled_ops():
         return grads, None, None
 
     placed.register_autograd(placed_backward, setup_context=save_blocks)
+
+    # softmax along the last axis written over a: functionalized, inductor calls it on the buffer of a (the
+    # scores, in huge pages) when nothing reads a after it, where its own softmax would write a fresh buffer.
+    # No autograd rule: called only on a tensor that requires no grad (the Function's forward and backward)
+    @torch.library.custom_op("symattn::row_softmax_", mutates_args=("a",))
+    def softmax_in_place(a: torch.Tensor) -> None:
+        torch._softmax(a, -1, False, out=a)
+
+    softmax_in_place.register_fake(lambda a: None)
     return True
+
+
+def _by_custom_op(like, size):
+    """Should a compiled graph make a result of size bytes (of like's device) by a symattn custom op, into huge
+    pages as the eager module does? On CPU, compiled and not exported (an exported program must load without
+    symattn), from huge_empty's 4 MiB on. Inductor's own buffers are in 4 KiB pages: one of 32 MiB or more is a
+    fresh mapping at every call (glibc's malloc maps it anew), whose pages fault at first touch; a smaller one
+    comes from malloc's heap and costs TLB misses (mha, B = 1, n = 1024, 16 MiB scores: compiled ÷ eager 1.09 →
+    0.92–0.94)."""
+    if not torch.compiler.is_compiling() or torch.compiler.is_exporting():
+        return False
+    return like.device.type == "cpu" and size >= 4 << 20 and _compiled_ops()
 
 
 def huge_empty(shape, like):

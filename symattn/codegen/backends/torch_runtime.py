@@ -20,7 +20,7 @@ SHAPES: dict[str, str] = {}  # input name -> its shape as the docstring writes i
 OPTIONAL: tuple[str, ...] = ()  # inputs that may be None (biases)
 SPEC = ""  # the spec's name, for error messages
 
-from symattn.codegen.backends.torch_pages import _compiled_ops, huge_empty, huge_matmul  # noqa: E402
+from symattn.codegen.backends.torch_pages import _by_custom_op, huge_empty, huge_matmul  # noqa: E402
 
 
 def masked_row_softmax_lse(a, out=None):
@@ -42,9 +42,14 @@ def masked_row_softmax(a, out=None):
 
 
 def row_softmax(a, out=None):
-    """softmax along the last axis (torch's one-pass kernel, the row max subtracted first); out may be a itself."""
-    # (a compiled graph plans its own buffers; export traces with autograd on, which refuses out=, as it does
-    # for a that requires grad, as jvp's may; vmap batches no out=)
+    """softmax along the last axis (torch's one-pass kernel, the row max subtracted first); out may be a itself.
+    Compiled, softmax over a large a (out=a) is the custom op symattn::row_softmax_, written over a's buffer (the
+    scores', in huge pages) as in eager code: inductor's softmax would write a fresh buffer (_by_custom_op)."""
+    # (else a compiled graph plans its own buffers; export traces with autograd on, which refuses out=, as it
+    # does for a that requires grad, as jvp's may; vmap batches no out=)
+    if out is a and not a.requires_grad and _by_custom_op(a, a.numel() * a.element_size()):
+        torch.ops.symattn.row_softmax_(a)
+        return a
     if out is None or _functional(a) or a.requires_grad:
         return torch.softmax(a, dim=-1)
     return torch._softmax(a, -1, False, out=out)
@@ -101,18 +106,16 @@ def big_matmul(a, b):
     """a @ b for a product much larger than its factors (the scores Q Kᵀ, dP = dO Vᵀ: n × m from n × d and
     d × m). On CPU the result is written into memory advised for transparent huge pages, as NumPy advises its own
     large arrays: torch's allocator maps a fresh n × m tensor in 4 KiB pages, and the GEMM's first touch of each
-    one faults (1 × 8 × 1024², float32, one thread: 35 → 19 ms). Compiled (torch.compile), a product of 32 MiB or
-    more goes through the custom op symattn::big_matmul, which inductor calls as it is: inductor's own buffer
-    would be a fresh mapping at every call (glibc's malloc maps a block of 32 MiB or more anew each time), a
-    smaller one malloc hands out again from its heap, its pages already touched. Transformed (torch.func),
-    exported or recorded by autograd in eager code, plainly a @ b."""
+    one faults (1 × 8 × 1024², float32, one thread: 35 → 19 ms). Compiled (torch.compile), a large product of
+    factors of one batch shape is the custom op symattn::big_matmul (_by_custom_op), which inductor calls as it
+    is. Transformed (torch.func), exported or recorded by autograd in eager code, plainly a @ b."""
     if a.device.type != "cpu" or a.dtype != b.dtype or a.dim() < 2 or b.dim() < 2:
         return a @ b
     if torch.compiler.is_compiling():
         size = a.shape[:-2].numel() * a.shape[-2] * b.shape[-1] * a.element_size()
-        if torch.compiler.is_exporting() or a.shape[:-2] != b.shape[:-2] or size < 32 << 20 or not _compiled_ops():
-            return a @ b
-        return torch.ops.symattn.big_matmul(a, b)
+        if a.shape[:-2] == b.shape[:-2] and _by_custom_op(a, size):
+            return torch.ops.symattn.big_matmul(a, b)
+        return a @ b
     if _functional(a) or _functional(b) or (torch.is_grad_enabled() and (a.requires_grad or b.requires_grad)):
         return a @ b  # (a Function's forward and backward run with grad off: its saved inputs still require grad)
     return huge_matmul(a, b)
@@ -351,16 +354,15 @@ def put_rows(whole, rows, keys, part, n, m):
 
 def placed_rows(whole):
     """The value put_rows made, after the loop: traced or transformed, its blocks (a list of (part, first key, m))
-    padded with zero keys and concatenated once; compiled, a result of 32 MiB or more by the custom op
-    symattn::placed_rows, into huge pages (as big_matmul: inductor's own buffer would fault page by page)."""
+    padded with zero keys and concatenated once; compiled, a large one by the custom op symattn::placed_rows, into
+    huge pages (_by_custom_op: inductor's own buffer would fault page by page)."""
     if not isinstance(whole, list):
         return whole
     parts, starts, m = [part for part, _, _ in whole], [start for _, start, _ in whole], whole[0][2]
     first = parts[0]
     size = first.shape[:-2].numel() * sum(part.shape[-2] for part in parts) * m * first.element_size()
-    if torch.compiler.is_compiling() and first.device.type == "cpu" and size >= 32 << 20:
-        if not torch.compiler.is_exporting() and _compiled_ops():
-            return torch.ops.symattn.placed_rows(parts, starts, m)
+    if _by_custom_op(first, size):
+        return torch.ops.symattn.placed_rows(parts, starts, m)
     padded = [torch.nn.functional.pad(part, (start, m - start - part.shape[-1])) for part, start in zip(parts, starts)]
     return torch.cat(padded, dim=-2)
 

@@ -1,6 +1,7 @@
-"""big_matmul and placed_rows compiled: the custom ops symattn::big_matmul (the eager huge-page product) and
-symattn::placed_rows (P's blocks joined into huge pages) in torch.compile's graphs, registered lazily, once per
-process, by whichever generated module is compiled first."""
+"""big_matmul, placed_rows and row_softmax compiled: the custom ops symattn::big_matmul (the eager huge-page
+product), symattn::placed_rows (P's blocks joined into huge pages) and symattn::row_softmax_ (softmax written over
+the scores) in torch.compile's graphs, from 4 MiB on, registered lazily, once per process, by whichever generated
+module is compiled first."""
 
 from __future__ import annotations
 
@@ -37,35 +38,35 @@ def _step(function, leaves):
     return out.detach(), torch.autograd.grad(weighted.sum(), leaves)
 
 
-def _qkv(heads=16, n=512, d=4):
-    """Queries, keys and values (float64) whose scores reach the 32 MiB from which a compiled big_matmul calls the
-    op: 16 heads of 512 × 512 (32 MiB), 64 heads for the last block of 128 causal rows."""
+def _qkv(heads=2, n=512, d=4):
+    """Queries, keys and values (float64) whose scores reach the 4 MiB from which a compiled big_matmul calls the
+    op: 2 heads of 512 × 512 (4 MiB), 8 heads for the last block of 128 causal rows."""
     torch.manual_seed(0)
     return [torch.randn(1, heads, n, d, dtype=torch.float64, requires_grad=True) for _ in range(3)]
 
 
 def _mha():
-    """4 heads over a batch of 4, 512 tokens: scores of 32 MiB (float64), causal blocks of 4 MiB."""
+    """4 heads, 512 tokens: scores of 8 MiB (float64), causal blocks of 2 MiB."""
     torch.manual_seed(0)
     module = mha_torch.MultiHeadAttention(16, num_heads=4, dtype=torch.float64)
-    x = torch.randn(4, 512, 16, dtype=torch.float64, requires_grad=True)
+    x = torch.randn(1, 512, 16, dtype=torch.float64, requires_grad=True)
     return module, [x, *module.parameters()]
 
 
 def _cases() -> dict:
-    """name → (a function of the leaves, the leaves, whether its products reach 32 MiB: the op in its graphs)."""
+    """name → (a function of the leaves, the leaves, whether its products reach 4 MiB: the ops in its graphs)."""
     module, leaves = _mha()
     return {
         "attention": (attention_torch.forward, _qkv(), True),
-        "attention causal": (lambda q, k, v: attention_torch.forward(q, k, v, causal=True), _qkv(heads=64), True),
+        "attention causal": (lambda q, k, v: attention_torch.forward(q, k, v, causal=True), _qkv(heads=8), True),
         "attention memeff causal": (
             lambda q, k, v: attention_torch_memeff.forward(q, k, v, causal=True, block_size=256),
-            _qkv(heads=32),
+            _qkv(heads=4),
             True,
         ),
         "attention memeff causal, small blocks": (
             lambda q, k, v: attention_torch_memeff.forward(q, k, v, causal=True),
-            _qkv(),
+            _qkv(heads=4),
             False,
         ),
         "mha": (lambda x, *_: module(x, x, x), leaves, True),
@@ -75,15 +76,16 @@ def _cases() -> dict:
 
 @pytest.mark.parametrize("name", sorted(_cases()))
 def test_compiled_graphs_call_the_op_and_match_eager(name):
-    # the scores Q Kᵀ in the forward graph, dP = dO Vᵀ in the backward's, from 32 MiB on (below, inductor's own
-    # buffers cost no page faults); fullgraph=True: no break around it
+    # the scores Q Kᵀ in the forward graph, dP = dO Vᵀ in the backward's, and the forward's softmax over the
+    # scores, from 4 MiB on (below, inductor's own buffers); fullgraph=True: no break around them
     function, leaves, op = _cases()[name]
     graphs: list[str] = []
     torch._dynamo.reset()
     compiled = torch.compile(function, backend=_recording_backend(graphs), fullgraph=True)
     want, got = _step(function, leaves), _step(compiled, leaves)
     assert len(graphs) == 2 and [("torch.ops.symattn.big_matmul.default" in code) for code in graphs] == [op, op]
-    # causal: P's blocks joined into huge pages by the second op (P of 32 MiB or more: 128 MiB, mha's 32 MiB), in the
+    assert ("torch.ops.symattn.row_softmax_.default" in graphs[0]) == op
+    # causal: P's blocks joined into huge pages by the second op (P of 4 MiB or more: 16 MiB, mha's 8 MiB), in the
     # forward graph
     assert ("torch.ops.symattn.placed_rows.default" in graphs[0]) == (name in ("attention causal", "mha causal"))
     assert (got[0] - want[0]).abs().max() < 1e-9
@@ -97,7 +99,8 @@ def test_compiled_graphs_call_the_op_and_match_eager(name):
     reason="torch.compile's CPU backend (inductor) compiles C++: no C++ compiler on PATH",
 )
 def test_inductor_calls_the_op_and_matches_eager():
-    # inductor calls the op as an extern kernel (its result not copied into a buffer of inductor's own)
+    # inductor calls the ops as extern kernels: the scores' buffer is the product's own, softmax written over it
+    # (the mutation put back in place: no buffer of inductor's own the scores' size, as in eager code)
     from torch._inductor.utils import run_and_get_code
 
     leaves = _qkv()
@@ -106,6 +109,8 @@ def test_inductor_calls_the_op_and_matches_eager():
     got, codes = run_and_get_code(_step, compiled, leaves)
     want = _step(attention_torch.forward, leaves)
     assert len(codes) == 2 and all("torch.ops.symattn.big_matmul.default(" in code for code in codes)
+    assert "torch.ops.symattn.row_softmax_.default(buf" in codes[0]
+    assert "empty_strided_cpu((1, 2, 512, 512)" not in codes[0]
     assert (got[0] - want[0]).abs().max() < 1e-9
     for a, b in zip(got[1], want[1], strict=True):
         assert (a - b).abs().max() < 1e-9
@@ -133,6 +138,16 @@ def test_placed_rows_joins_blocks_with_their_gradients():
     assert torch.autograd.gradcheck(lambda *p: torch.ops.symattn.placed_rows(list(p), starts, m), tuple(parts))
 
 
+def test_row_softmax_in_place_is_softmax():
+    # softmax along the last axis written over its argument: the op's fake and schema (it mutates a) checked by
+    # torch's opcheck; no autograd (called only on tensors that require no grad)
+    assert attention_torch._compiled_ops()
+    a = torch.randn(2, 5, 7, dtype=torch.float64)
+    want = torch.softmax(a, dim=-1)
+    assert torch.ops.symattn.row_softmax_(a) is None and torch.equal(a, want)
+    torch.library.opcheck(torch.ops.symattn.row_softmax_.default, (a,), test_utils=("test_schema", "test_faketensor"))
+
+
 def test_two_generated_modules_share_one_registration():
     # the generated file executed again as a second module (its own copy of the helpers) compiles: the op is
     # registered once, by whichever module is compiled first, and found by the others
@@ -158,7 +173,7 @@ def test_two_generated_modules_share_one_registration():
 
 def test_transforms_inside_a_compiled_function_take_the_plain_product():
     # the op has no vmap or functorch-grad rule: under torch.func, compiled or not, big_matmul is a @ b
-    q, k, v = (x.detach() for x in _qkv())  # scores of 32 MiB: the op, were it not for the transforms
+    q, k, v = (x.detach() for x in _qkv(heads=4))  # 2 MiB per sample: the op, were it not for the transforms
 
     def per_sample(q, k, v):
         return torch.func.grad(lambda *t: attention_torch.forward(*t).sin().sum())(q, k, v)
