@@ -14,7 +14,9 @@ in ms, B × H × n × n = 1 × 8 × 1024 × 1024 and 4 × 8 × 512 × 512 (the s
 3. the forward's GEMMs with the softmax between them, block by block of rows (the softmax while the block is
    in cache) against the whole array at once;
 4. forward + backward of the generated attention_numpy, with the fused kernel and without (SYMATTN_NUMBA=0's
-   path), and torch's scaled_dot_product_attention forward + backward (when torch is installed), in one process.
+   path), and torch's scaled_dot_product_attention forward + backward (when torch is installed), in one process;
+5. the entrywise σ and softplus of the generated NumPy modules (numpy_runtime.sigmoid, softplus) over the same
+   array, float32 and float64: their compiled kernels against NumPy's passes (1 / (1 + exp(−x)), np.logaddexp).
 
 Without numba installed, the rows that need it are left out.
 """
@@ -241,6 +243,31 @@ def generated(shapes, repeat):
     return table
 
 
+def entrywise(shape, repeat):
+    """ms of σ and softplus over an array of shape (scores-like values), kernel and NumPy's passes, per dtype."""
+    from symattn.codegen.backends import numpy_runtime
+
+    table = {}
+    for dtype in (np.float32, np.float64):
+        a = (4 * np.random.default_rng(0).standard_normal(shape)).astype(dtype)
+        for helper in (numpy_runtime.sigmoid, numpy_runtime.softplus):
+            row = {"numpy": best(lambda helper=helper, a=a: numpy_runtime_passes(numpy_runtime, helper, a), repeat)}
+            if numba is not None:
+                row["kernel"] = best(lambda helper=helper, a=a: helper(a), repeat)
+            table[f"{helper.__name__} {np.dtype(dtype).name}"] = row
+    return table
+
+
+def numpy_runtime_passes(runtime, helper, a):
+    """helper(a) with the compiled kernels off: NumPy's passes."""
+    made = runtime._fused_kernels.__dict__.get("made", False)
+    runtime._fused_kernels.made = None
+    try:
+        return helper(a)
+    finally:
+        runtime._fused_kernels.made = made
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small arrays, one run each (a smoke test)")
@@ -261,6 +288,9 @@ def main() -> None:
     print("\n4. Generated attention_numpy, forward + backward, float32, d = 64, ms")
     for size, row in generated(shapes, repeat).items():
         print(f"  {size:<12}" + "".join(f"  {k}: {t:7.1f}" for k, t in row.items()))
+    print("\n5. Entrywise σ and softplus of the generated NumPy modules, the whole array, ms")
+    for name, row in entrywise(shape, repeat).items():
+        print(f"  {name:<18}" + "".join(f"  {k}: {t:7.1f}" for k, t in row.items()))
 
 
 if __name__ == "__main__":

@@ -26,6 +26,11 @@ def sigmoid(a):
     return 1.0 / (1.0 + np.exp(-a))
 
 
+def softplus(a):
+    """log(1 + exp(a)), entrywise, without overflow."""
+    return np.logaddexp(0.0, a)
+
+
 def split_heads(a, heads):
     """(..., n, heads * k) -> (..., heads, n, k)."""
     return np.swapaxes(a.reshape(*a.shape[:-1], heads, a.shape[-1] // heads), -2, -3)

@@ -132,6 +132,12 @@ def test_a_function_is_named_only_by_its_record_and_its_export():
         assert len(modules) <= 2 and not others, (name, sorted(modules))
 
 
+# A string equal to a backend's name that means something else there: (module, name) → what it means.
+NOT_A_BACKEND = {
+    ("symattn/codegen/backends/numba_kernels.py", "numpy"): "numba's error_model (no check of a zero divisor)",
+}
+
+
 def test_a_backend_is_named_in_few_modules_and_branched_on_in_none():
     """The backends' names are written in at most three modules, and no module compares a backend name (or its
     constant) to choose what to do: code generation asks the Backend object (codegen/backends/)."""
@@ -143,7 +149,7 @@ def test_a_backend_is_named_in_few_modules_and_branched_on_in_none():
     for path in PACKAGE.rglob("*.py"):
         module = str(path.relative_to(PACKAGE.parent))
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            if isinstance(node, ast.Constant) and node.value in names:
+            if isinstance(node, ast.Constant) and node.value in names and (module, node.value) not in NOT_A_BACKEND:
                 written.add(module)
             if isinstance(node, ast.Compare):
                 operands = [node.left, *node.comparators]

@@ -34,6 +34,9 @@ class Backend:
     # its standard modules with a mask go through blocks of query rows without a memory-efficient variant (JAX:
     # causal blocks whose key ranges are static under jit)
     masked_blocks: bool = False
+    # its arrays can be written: helpers take out=, sums over blocks are +=, dying arrays are overwritten (JAX's are
+    # immutable: nothing in place anywhere)
+    mutable: bool = True
 
     @property
     def loops(self) -> bool:

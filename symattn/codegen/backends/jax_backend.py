@@ -2,7 +2,7 @@
 generation asks of it.
 
 JAX arrays are immutable, so ``JaxMatrixPrinter`` prints no ``out=`` and no in-place update
-(``inplace = False``: the sections give it no dying array to overwrite). Everything else — the
+(``Backend.mutable`` False: the sections give it no dying array to overwrite). Everything else — the
 broadcasts, the scalar on the smallest factor, the weight gradients as one product of flattened
 rows — is ``GeneratedCodeMixin``'s, with a module name and a table of function names.
 """
@@ -29,7 +29,6 @@ class JaxMatrixPrinter(GeneratedNumPyPrinter):
     module_alias = "jnp"
     concatenate_function = "jnp.concatenate"
     runtime = JAX_RUNTIME
-    inplace = False  # immutable arrays: no out=, no in-place update
     row_dot_function = None  # XLA fuses the product into the sum
     fused_rows = False  # and exp(X − u 𝟏ᵀ), F ⊙ (X − u 𝟏ᵀ) into one loop
     backend = JAX
@@ -95,4 +94,5 @@ JAX_BACKEND = Backend(
     custom_jvp=True,
     missing_variant="jax.jit decides what XLA keeps in memory",
     masked_blocks=True,
+    mutable=False,
 )

@@ -1,5 +1,6 @@
-"""The compiled row kernels behind the NumPy modules' fused softmax, exp(X − u 𝟏ᵀ) and P ⊙ (dP − D 𝟏ᵀ)
-(numpy_runtime.fused_row_softmax, exp_rows, shifted_product): numba, optional, compiled on first use.
+"""The compiled kernels behind the NumPy modules' fused softmax, exp(X − u 𝟏ᵀ), P ⊙ (dP − D 𝟏ᵀ), σ and softplus
+(numpy_runtime.fused_row_softmax, exp_rows, shifted_product, sigmoid, softplus): numba, optional, compiled on
+first use.
 
 Real code, linted and tested; ``GeneratedNumPyPrinter`` copies these functions' source into the generated
 NumPy modules that call them (numba imported inside, where it may be absent: the NumPy passes then).
@@ -21,7 +22,7 @@ def _fused_kernels():
     import sys
     import types
 
-    shared = sys.modules.get("_symattn_fused_softmax_4")  # the version of these kernels: bump it on a change
+    shared = sys.modules.get("_symattn_fused_softmax_5")  # the version of these kernels: bump it on a change
     if shared is not None and os.environ.get("SYMATTN_NUMBA", "1") != "0":
         _fused_kernels.made = shared.made
         return shared.made
@@ -36,14 +37,14 @@ def _fused_kernels():
         return None
     made = _numba_softmax(numba, intrinsic)
     _fused_kernels.made = made
-    shared = sys.modules["_symattn_fused_softmax_4"] = types.ModuleType("_symattn_fused_softmax_4")
+    shared = sys.modules["_symattn_fused_softmax_5"] = types.ModuleType("_symattn_fused_softmax_5")
     shared.made = made
     return made
 
 
 def _numba_softmax(numba, intrinsic):
-    """The row kernels ({dtype name: {kernel name: kernel}}: softmax, exp_rows, shifted_product), compiled lazily
-    by numba."""
+    """The kernels ({dtype name: {kernel name: kernel}}: softmax, exp_rows, shifted_product, sigmoid, softplus),
+    compiled lazily by numba."""
 
     @intrinsic
     def as_float(typingctx, bits):  # int32 / int64 bits -> float32 / float64: 2^k from its exponent bits
@@ -89,7 +90,57 @@ def _numba_softmax(numba, intrinsic):
         y = y * as_float((half + 1023) << 52) * as_float((np.int64(k) - half + 1023) << 52)
         return 0.0 if low else (np.inf if high else y)
 
-    return {"float32": _numba_row_kernels(numba, exact, exp32), "float64": _numba_row_kernels(numba, exact, exp64)}
+    # log(1 + u) for u in [0, 1] as 2 atanh(s), s = u / (2 + u) in [0, 1/3]: no cancellation for small u, and the
+    # series Σ s^(2j+1) / (2j+1) past its last term below half an ulp ((1/9)^j / (2j + 1): j = 8, 18)
+    atanh32 = tuple(np.float32(1 / (2 * j + 1)) for j in range(8))[::-1]
+    atanh64 = tuple(1 / (2 * j + 1) for j in range(18))[::-1]
+
+    @numba.njit(fastmath=exact, inline="always", error_model="numpy")
+    def log1p32(u):
+        s = u / (np.float32(2.0) + u)
+        z, y = s * s, np.float32(0.0)
+        for c in atanh32:
+            y = y * z + c
+        return np.float32(2.0) * s * y
+
+    @numba.njit(fastmath=exact, inline="always", error_model="numpy")
+    def log1p64(u):
+        s = u / (2.0 + u)
+        z, y = s * s, 0.0
+        for c in atanh64[:6]:  # (loops of six terms: LLVM unrolls them, and the loop over entries vectorizes)
+            y = y * z + c
+        for c in atanh64[6:12]:
+            y = y * z + c
+        for c in atanh64[12:]:
+            y = y * z + c
+        return 2.0 * s * y
+
+    return {
+        "float32": _numba_row_kernels(numba, exact, exp32) | _numba_entry_kernels(numba, exact, exp32, log1p32),
+        "float64": _numba_row_kernels(numba, exact, exp64) | _numba_entry_kernels(numba, exact, exp64, log1p64),
+    }
+
+
+def _numba_entry_kernels(numba, exact, exp, log1p):
+    """The entrywise kernels with the exp and log1p (on [0, 1]) given, in place on a flat array, compiled lazily.
+    NumPy's error model: a division is not checked for a zero divisor (numba's Python model raises, and its
+    test on every entry keeps the loop from vectorizing)."""
+
+    @numba.njit(fastmath=exact, error_model="numpy")
+    def sigmoid(a, one):
+        """a = 1 / (1 + exp(−a)) in place (exp(−a) = inf gives 0)."""
+        for j in range(a.shape[0]):
+            a[j] = one / (one + exp(-a[j]))
+
+    @numba.njit(fastmath=exact, error_model="numpy")
+    def softplus(a, one):
+        """a = log(1 + exp(a)) = max(a, 0) + log1p(exp(−|a|)) in place: no overflow, and to a few ulps for a far
+        below 0 too (where it is about exp(a)), down to the smallest normal number (0 below it)."""
+        for j in range(a.shape[0]):
+            x = a[j]
+            a[j] = max(x, one - one) + log1p(exp(-abs(x)))
+
+    return dict(sigmoid=sigmoid, softplus=softplus)  # (by the names of numpy_runtime's helpers)
 
 
 def _numba_row_kernels(numba, exact, exp):

@@ -6,6 +6,7 @@ from sympy import Basic
 from sympy.matrices.expressions import MatAdd
 
 from symattn.codegen.backends.backend import Backend
+from symattn.codegen.backends.numpy_runtime import REPLACING
 from symattn.codegen.backends.printing import GeneratedCodeMixin
 from symattn.codegen.schedule.plan import broadcast_column
 from symattn.lang.functions import NUMPY, Exp
@@ -17,7 +18,7 @@ RUNTIMES = (
     "symattn.codegen.backends.numba_kernels",
 )
 OWN = {name: source for module in RUNTIMES for name, source in runtime_functions(module).items()}
-REPLACED = {"row_softmax"}  # the generated modules' own form (out=: written into a dying array)
+REPLACED = {helper.__name__ for helper in REPLACING}  # the generated modules' own forms
 if set(OWN) & set(NUMPY_RUNTIME) != REPLACED:  # pragma: no cover - a helper named twice must be meant
     raise RuntimeError(f"helpers in both NumPy runtimes: {sorted(set(OWN) & set(NUMPY_RUNTIME))}")
 # helper name -> its source: the evaluation printer's helpers (erf, gelu, layer_norm, …) and the modules' own

@@ -69,18 +69,15 @@ def fused_row_softmax(a, out=None, lse=False):
     then the scale), in place: a row of -inf gives zeros. lse: (softmax, row max, row sum of exp(a - max)), the
     max 0 on a row of -inf (whose sum is 0). None (the caller's NumPy passes then) without numba, for a dtype
     other than float32 / float64, an empty or a non-contiguous array."""
-    kernels = _fused_kernels() if a.size and a.dtype.name in ("float32", "float64") else None
-    if kernels is None or not a.flags.c_contiguous or not (out is None or out is a or out.flags.c_contiguous):
+    kernels = _row_kernels(a, out) if a.flags.c_contiguous else None
+    if kernels is None:
         return None
-    if out is None:
-        out = a.copy()
-    elif out is not a:
-        np.copyto(out, a)
+    out = _written(a, out)
     flat = out.reshape(-1, out.shape[-1])
     top = flat.max(axis=-1)
     top[top == -np.inf] = 0.0  # a row of -inf: exp(-inf) = 0 everywhere, its sum 0, the row zeros
     total = np.empty_like(top)
-    kernels[a.dtype.name]["exp_normalize"](flat, top, out.dtype.type(1.0), total)
+    kernels["exp_normalize"](flat, top, out.dtype.type(1.0), total)
     if lse:
         return out, top.reshape(*out.shape[:-1], 1), total.reshape(*out.shape[:-1], 1)
     return out
@@ -119,12 +116,45 @@ def _written(a, out):
     return out
 
 
-def _row_kernel(a, shift, out):
-    """The compiled kernels for a (..., k, m) and one shift a row (..., k, 1) of its dtype, written into out (None
-    or a contiguous array of a's shape), or None (NumPy's passes): no numba, another dtype, empty, broadcast."""
-    if not a.size or a.dtype.name not in ("float32", "float64") or np.shape(shift) != (*a.shape[:-1], 1):
+def sigmoid(a):
+    """σ(a) = 1 / (1 + exp(-a)), entrywise: one compiled sweep where numba is (_entrywise), else NumPy's passes."""
+    out = _entrywise(sigmoid, a)
+    return 1.0 / (1.0 + np.exp(-a)) if out is None else out
+
+
+def softplus(a):
+    """log(1 + exp(a)) = max(a, 0) + log1p(exp(-|a|)), entrywise, without overflow: one compiled sweep where numba
+    is (_entrywise), else np.logaddexp (25 ns an entry: 4096², float32, 405 ms against 41)."""
+    out = _entrywise(softplus, a)
+    return np.logaddexp(0.0, a) if out is None else out
+
+
+def _entrywise(helper, a):
+    """The compiled kernel of the entrywise helper (the one of its name) applied to a copy of a, or None (NumPy's
+    passes): not an array, or _row_kernels has none for it."""
+    kernels = _row_kernels(a, None) if isinstance(a, np.ndarray) else None
+    if kernels is None:
         return None
-    if np.asarray(shift).dtype != a.dtype or not (out is None or (out.shape == a.shape and out.flags.c_contiguous)):
+    out = a.copy()  # (C order: its entries one flat run)
+    kernels[helper.__name__](out.reshape(-1), out.dtype.type(1.0))
+    return out
+
+
+def _row_kernel(a, shift, out):
+    """_row_kernels for a (..., k, m) and one shift a row (..., k, 1) of its dtype, or None (NumPy's passes):
+    also for a broadcast shift or one of another dtype."""
+    if np.shape(shift) != (*a.shape[:-1], 1) or np.asarray(shift).dtype != a.dtype:
+        return None
+    return _row_kernels(a, out)
+
+
+def _row_kernels(a, out):
+    """The compiled row kernels of a's dtype for a result written into out (None: a new array; else a contiguous
+    array of a's shape, maybe a itself), or None (NumPy's passes): no numba, a dtype other than float32 and
+    float64, an empty array."""
+    if not a.size or a.dtype.name not in ("float32", "float64"):
+        return None
+    if out is not None and not (out.shape == a.shape and out.flags.c_contiguous):
         return None
     kernels = _fused_kernels()
     return None if kernels is None else kernels[a.dtype.name]
@@ -329,3 +359,8 @@ def rows_per_block(mask, causal, query):
     or any mask: key_range finds the keys each block sees), else all rows in one block (no mask: the whole
     computation at once, nothing to skip)."""
     return 128 if causal or mask is not None else max(query.shape[-2], 1)
+
+
+# the helpers that the evaluation runtime (symattn.numeric.numpy_runtime) has too and the generated modules replace:
+# row_softmax with out= (written into a dying array), σ and softplus by their compiled kernels
+REPLACING = (row_softmax, sigmoid, softplus)

@@ -55,7 +55,7 @@ class GeneratedCodeMixin:
         text = super()._print_Mul(expr)
         return re.sub(r"\s*(?<!\*)([*/])(?![*/])\s*", r" \1 ", text)
 
-    inplace = True  # the backend's arrays can be overwritten (JAX's cannot: the sections then offer none)
+    inplace = True  # values may be written into dying arrays (build_context: Backend.mutable, unless told not to)
     plan = NO_BUFFERS  # the statement's buffer decisions (schedule.plan), while it prints
 
     @contextmanager

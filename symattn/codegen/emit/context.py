@@ -364,7 +364,7 @@ def build_context(
     written into a dying array (code that torch.func's vmap runs with some operands batched and others not).
     """
     printer = backend.printer()
-    printer.inplace = printer.inplace and inplace
+    printer.inplace = backend.mutable and inplace
     s = sched.spec
     mask_no_gradient = variant == "memeff" and bool(sched.constant_gradients)  # torch: a clear error instead
     if variant == "memeff" and sched.constant_gradients:  # blocks of rows: the mask gets no gradient there
@@ -373,7 +373,7 @@ def build_context(
         sched = dataclasses.replace(sched, backward=backward, constant_gradients=())
     mask = None if sched.mask is None else str(sched.mask.name)
     printer.optional, printer.mask = sched.optional | {f"{name}_b" for name in sched.optional}, mask
-    sections = _sections(sched, printer, mask, variant, backend.loops)
+    sections = _sections(sched, printer, mask, variant, backend)
     options = sections["options"]
     class_name = class_name or "".join(p.title() for p in s.name.split("_"))
     checks = _checks(sched, printer, backend, options)

@@ -15,6 +15,7 @@ import sympy as sp
 from sympy import Basic
 from sympy.matrices.expressions import HadamardPower, HadamardProduct, MatAdd, MatMul, MatrixSlice, Transpose
 
+from symattn.codegen.backends import Backend
 from symattn.codegen.emit import layout
 from symattn.codegen.schedule.build import Assignment, Schedule
 from symattn.codegen.schedule.plan import Plan, broadcast_column
@@ -126,6 +127,7 @@ class Sections:
     gradient_of: dict = field(default_factory=dict)  # target -> the optional input whose gradient it is
     unused: dict = field(default_factory=dict)  # target -> the input the output does not read
     mask_gradients: dict = field(default_factory=dict)  # dM -> whether the scores have a heads axis
+    mutable: bool = True  # the backend's arrays can be written (Backend.mutable; JAX's cannot)
     # the loops' rows per block: the memory-efficient variant's option block_size, else (a standard module with a
     # mask) rows_per_block: blocks where the mask may let them skip keys, one block of every row where not
     chosen_rows: bool = False
@@ -186,11 +188,10 @@ class Sections:
             plain, masked = (
                 ("row_softmax_lse", "masked_row_softmax_lse") if kept else ("row_softmax", "masked_row_softmax")
             )
-            # P_b written into A_b where A_b is read no more; an immutable array library's helper (the printer
-            # class's inplace: JAX) takes no out= (a torch printer told to write nothing in place still passes it)
+            # P_b written into A_b where A_b is read no more; an immutable array library's helper (JAX) takes no
+            # out= (a torch printer told to write nothing in place still passes it: the helper decides)
             later = {x for a in everything for x in matrix_symbols(a.value) if a.target != a_b}
-            writable = type(self.printer).inplace
-            operand = a_b.name if a_b in later or not writable else f"{a_b.name}, out={a_b.name}"
+            operand = a_b.name if a_b in later or not self.mutable else f"{a_b.name}, out={a_b.name}"
             call = f"{self.printer.helper(plain)}({operand})"
             if self.mask is not None:
                 call += f" if {self.mask} is None else {self.printer.helper(masked)}({operand})"
@@ -222,7 +223,7 @@ class Sections:
                 _rows_added(line, self.printer.helper("add_rows"), self._key_count(lp))
                 if a.target in lp.keyed
                 else line
-                if type(self.printer).inplace
+                if self.mutable
                 else _added(line)  # immutable arrays (JAX): a new sum, not +=
                 for a, line in zip(lp.accumulate, accumulate)
             ],
@@ -288,7 +289,7 @@ def _batched(sched: Schedule) -> set:
     return batched | {f"{name}_b" for name in batched} | {"L", "L_b"}  # blocks of rows (memory-efficient variant)
 
 
-def _sections(sched: Schedule, printer, mask: str | None, variant: str, loops: bool) -> dict:
+def _sections(sched: Schedule, printer, mask: str | None, variant: str, backend: Backend) -> dict:
     """The forward and backward sections, the values forward saves, the options and the shared gradients."""
     optional = sched.optional
     protected = {str(getattr(x, "name", x)) for x in sched.saved} | {str(sched.output.name), "L"}
@@ -302,7 +303,7 @@ def _sections(sched: Schedule, printer, mask: str | None, variant: str, loops: b
     gradient_of |= {t: "mask_shape" for t in mask_gradients}
     # what dM reads stays intact: dM may be that very array (no axis to sum over)
     protected |= {str(x.name) for a in sched.backward if a.target in mask_gradients for x in matrix_symbols(a.value)}
-    cut = _blocks(sched, variant, loops)
+    cut = _blocks(sched, variant, backend.loops)
     if cut is not None:
         backward_assignments = [*cut.backward[0], *cut.backward[1].body, *cut.backward[1].accumulate, *cut.backward[2]]
     else:
@@ -311,7 +312,7 @@ def _sections(sched: Schedule, printer, mask: str | None, variant: str, loops: b
     # input; only the value returned for it is None when the input was.
     shared = _read_elsewhere(backward_assignments, set(gradient_of))
     gradient_of = {t: name for t, name in gradient_of.items() if t not in shared}
-    p = Sections(sched, printer, mask, _batched(sched), protected, gradient_of, unused, mask_gradients)
+    p = Sections(sched, printer, mask, _batched(sched), protected, gradient_of, unused, mask_gradients, backend.mutable)
     if cut is not None:
         p.chosen_rows = variant != "memeff"
         forward = [

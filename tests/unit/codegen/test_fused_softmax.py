@@ -182,6 +182,50 @@ def test_the_polynomial_exp_over_the_whole_range(dtype):
     np.testing.assert_array_equal(got, np.array([[[np.inf, np.inf, np.inf, 0.0, 0.0, 1.0]]], dtype=dtype))
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_sigmoid_and_softplus_kernels_over_the_whole_range(dtype):
+    # σ(x) = 1 / (1 + exp(−x)) and softplus(x) = max(x, 0) + log1p(exp(−|x|)) (its log1p 2 atanh(u / (2 + u)), a
+    # series) against long-double references: within 4 ulps where the value is a normal number, below the
+    # smallest normal where it is not (the polynomial exp gives 0 there), inf, 0 and NaN at the edges
+    fused_or_skip()
+    big = float(np.log(np.finfo(dtype).max))
+    x = np.concatenate([np.linspace(-big, big, 400_001), np.geomspace(1e-30, 30, 20_001) * -1]).astype(dtype)
+    wide = x.astype(np.longdouble)
+    references = {
+        numpy_runtime.sigmoid: 1 / (1 + np.exp(-wide)),
+        numpy_runtime.softplus: np.logaddexp(np.longdouble(0), wide),
+    }
+    tiny = np.finfo(dtype).tiny
+    for helper, reference in references.items():
+        got, want = helper(x), reference.astype(dtype)
+        assert got.dtype == dtype and got is not x
+        normal = want >= tiny
+        np.testing.assert_allclose(got[normal], want[normal], rtol=4 * np.finfo(dtype).eps, atol=0)
+        assert np.all(got[~normal] < tiny) and np.all(got[~normal] >= 0)
+    edges = np.array([np.inf, -np.inf, np.nan, 0.0, -0.0], dtype=dtype)
+    ulps = {"rtol": 4 * np.finfo(dtype).eps, "atol": 0}
+    np.testing.assert_allclose(numpy_runtime.sigmoid(edges), np.array([1, 0, np.nan, 0.5, 0.5], dtype=dtype), **ulps)
+    np.testing.assert_allclose(
+        numpy_runtime.softplus(edges), np.array([np.inf, 0, np.nan, np.log(2), np.log(2)], dtype=dtype), **ulps
+    )
+
+
+def test_sigmoid_and_softplus_without_the_kernels_are_numpys(rng):
+    # no numba, another dtype, a strided array or a scalar: NumPy's passes (np.logaddexp for softplus), the same
+    # values; the kernel leaves its argument as it was
+    a = scores(rng, np.float64)
+    np.testing.assert_array_equal(numpy_path(numpy_runtime.softplus, a), np.logaddexp(0.0, a))
+    np.testing.assert_array_equal(numpy_path(numpy_runtime.sigmoid, a), 1.0 / (1.0 + np.exp(-a)))
+    half = a.astype(np.float16)
+    np.testing.assert_array_equal(numpy_runtime.softplus(half), np.logaddexp(0.0, half))
+    assert numpy_runtime.softplus(2.0) == np.logaddexp(0.0, 2.0)
+    before = a.copy()
+    strided = a[..., ::2]
+    np.testing.assert_allclose(numpy_runtime.softplus(strided), np.logaddexp(0.0, strided), rtol=RTOL[np.float64])
+    np.testing.assert_allclose(numpy_runtime.sigmoid(a), 1.0 / (1.0 + np.exp(-a)), rtol=RTOL[np.float64])
+    np.testing.assert_array_equal(a, before)
+
+
 def test_the_numpy_printer_prints_the_row_shifted_forms():
     X, F, u, v = MatrixSymbol("X", 4, 5), MatrixSymbol("F", 4, 5), MatrixSymbol("u", 4, 1), MatrixSymbol("v", 1, 5)
     shifted = X - u * OneMatrix(1, 5)
