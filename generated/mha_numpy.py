@@ -88,10 +88,22 @@ SHAPES = {
 OPTIONAL = ("b_Q", "b_K", "b_V", "b_O")  # inputs that may be None: their terms are left out
 
 
+def _compiled_kernels(a, out):
+    """The compiled kernels (numba_kernels: row-wise and entrywise) of a's dtype, for a result written into out
+    (None: a new array; else a contiguous array of a's shape, maybe a itself), or None (NumPy's passes): no
+    numba, a dtype other than float32 and float64, an empty array."""
+    if not a.size or a.dtype.name not in ("float32", "float64"):
+        return None
+    if out is not None and not (out.shape == a.shape and out.flags.c_contiguous):
+        return None
+    kernels = _fused_kernels()
+    return None if kernels is None else kernels[a.dtype.name]
+
+
 def _entrywise(helper, a):
     """The compiled kernel of the entrywise helper (the one of its name) applied to a copy of a, or None (NumPy's
-    passes): not an array, or _row_kernels has none for it."""
-    kernels = _row_kernels(a, None) if isinstance(a, np.ndarray) else None
+    passes): not an array, or _compiled_kernels has none for it."""
+    kernels = _compiled_kernels(a, None) if isinstance(a, np.ndarray) else None
     if kernels is None:
         return None
     out = a.copy()  # (C order: its entries one flat run)
@@ -272,24 +284,12 @@ def _numba_softmax(numba, intrinsic):
     }
 
 
-def _row_kernel(a, shift, out):
-    """_row_kernels for a (..., k, m) and one shift a row (..., k, 1) of its dtype, or None (NumPy's passes):
-    also for a broadcast shift or one of another dtype."""
+def _shifted_kernels(a, shift, out):
+    """_compiled_kernels for a (..., k, m) and one shift a row (..., k, 1) of its dtype, or None (NumPy's
+    passes): also for a broadcast shift or one of another dtype."""
     if np.shape(shift) != (*a.shape[:-1], 1) or np.asarray(shift).dtype != a.dtype:
         return None
-    return _row_kernels(a, out)
-
-
-def _row_kernels(a, out):
-    """The compiled row kernels of a's dtype for a result written into out (None: a new array; else a contiguous
-    array of a's shape, maybe a itself), or None (NumPy's passes): no numba, a dtype other than float32 and
-    float64, an empty array."""
-    if not a.size or a.dtype.name not in ("float32", "float64"):
-        return None
-    if out is not None and not (out.shape == a.shape and out.flags.c_contiguous):
-        return None
-    kernels = _fused_kernels()
-    return None if kernels is None else kernels[a.dtype.name]
+    return _compiled_kernels(a, out)
 
 
 def _stacked(a):
@@ -337,7 +337,7 @@ def causal_fill(scores, rows, keys):
 def exp_rows(a, shift, out=None):
     """exp(a - shift), shift a column (..., k, 1) of one value a row (a row log-sum-exp: P from the scores and
     L); a compiled sweep where fused_row_softmax has one, else NumPy's two passes. out may be a itself."""
-    kernel = _row_kernel(a, shift, out)
+    kernel = _shifted_kernels(a, shift, out)
     if kernel is None:
         return np.exp(np.subtract(a, shift, out=out), out=out)
     out = _written(a, out)
@@ -350,7 +350,7 @@ def fused_row_softmax(a, out=None, lse=False):
     then the scale), in place: a row of -inf gives zeros. lse: (softmax, row max, row sum of exp(a - max)), the
     max 0 on a row of -inf (whose sum is 0). None (the caller's NumPy passes then) without numba, for a dtype
     other than float32 / float64, an empty or a non-contiguous array."""
-    kernels = _row_kernels(a, out) if a.flags.c_contiguous else None
+    kernels = _compiled_kernels(a, out) if a.flags.c_contiguous else None
     if kernels is None:
         return None
     out = _written(a, out)
@@ -443,7 +443,7 @@ def rows_per_block(mask, causal, query):
 def shifted_product(p, a, shift, out=None):
     """p ⊙ (a - shift), shift a column (..., k, 1) of one value a row (softmax's backward, dA = P ⊙ (dP - D));
     one compiled sweep where fused_row_softmax has one, else NumPy's two passes. out may be a or p."""
-    kernel = _row_kernel(a, shift, out) if p.shape == a.shape and p.dtype == a.dtype else None
+    kernel = _shifted_kernels(a, shift, out) if p.shape == a.shape and p.dtype == a.dtype else None
     if out is not None and out is not a and np.may_share_memory(out, p):  # a - shift may not overwrite p
         return np.multiply(p, np.subtract(a, shift), out=out)
     if kernel is None:

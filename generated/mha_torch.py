@@ -197,10 +197,8 @@ def _place(parts, starts, m):
     out = huge_empty((*first.shape[:-2], sum(part.shape[-2] for part in parts), m), first)
     row = 0
     for part, start in zip(parts, starts):
-        rows, stop = slice(row, row + part.shape[-2]), start + part.shape[-1]
-        out[..., rows, :start] = 0.0
-        out[..., rows, start:stop] = part
-        out[..., rows, stop:] = 0.0
+        rows = slice(row, row + part.shape[-2])
+        write_rows(out, rows, start, part)
         row = rows.stop
     return out
 
@@ -355,9 +353,7 @@ def put_rows(whole, rows, keys, part, n, m):
         return [*(whole or []), (part, keys.start, m)]
     if whole is None:
         whole = huge_empty((*part.shape[:-2], n, m), part)
-    whole[..., rows, : keys.start] = 0.0
-    whole[..., rows, keys] = part
-    whole[..., rows, keys.stop :] = 0.0
+    write_rows(whole, rows, keys.start, part)
     return whole
 
 
@@ -405,6 +401,14 @@ def sum_groups(a, heads):
     if a.shape[-3] == heads:
         return a
     return a.reshape(*a.shape[:-3], heads, a.shape[-3] // heads, *a.shape[-2:]).sum(dim=-3)
+
+
+def write_rows(whole, rows, start, part):
+    """part (..., b, k) written into whole's rows at keys start … start + k, zeros on whole's other keys there."""
+    stop = start + part.shape[-1]
+    whole[..., rows, :start] = 0.0
+    whole[..., rows, start:stop] = part
+    whole[..., rows, stop:] = 0.0
 
 
 def _tensors(named):

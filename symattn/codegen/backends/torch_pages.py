@@ -140,9 +140,15 @@ def _place(parts, starts, m):
     out = huge_empty((*first.shape[:-2], sum(part.shape[-2] for part in parts), m), first)
     row = 0
     for part, start in zip(parts, starts):
-        rows, stop = slice(row, row + part.shape[-2]), start + part.shape[-1]
-        out[..., rows, :start] = 0.0
-        out[..., rows, start:stop] = part
-        out[..., rows, stop:] = 0.0
+        rows = slice(row, row + part.shape[-2])
+        write_rows(out, rows, start, part)
         row = rows.stop
     return out
+
+
+def write_rows(whole, rows, start, part):
+    """part (..., b, k) written into whole's rows at keys start … start + k, zeros on whole's other keys there."""
+    stop = start + part.shape[-1]
+    whole[..., rows, :start] = 0.0
+    whole[..., rows, start:stop] = part
+    whole[..., rows, stop:] = 0.0

@@ -20,7 +20,7 @@ SHAPES: dict[str, str] = {}  # input name -> its shape as the docstring writes i
 OPTIONAL: tuple[str, ...] = ()  # inputs that may be None (biases)
 SPEC = ""  # the spec's name, for error messages
 
-from symattn.codegen.backends.torch_pages import _by_custom_op, huge_empty, huge_matmul  # noqa: E402
+from symattn.codegen.backends.torch_pages import _by_custom_op, huge_empty, huge_matmul, write_rows  # noqa: E402
 
 
 def masked_row_softmax_lse(a, out=None):
@@ -346,9 +346,7 @@ def put_rows(whole, rows, keys, part, n, m):
         return [*(whole or []), (part, keys.start, m)]
     if whole is None:
         whole = huge_empty((*part.shape[:-2], n, m), part)
-    whole[..., rows, : keys.start] = 0.0
-    whole[..., rows, keys] = part
-    whole[..., rows, keys.stop :] = 0.0
+    write_rows(whole, rows, keys.start, part)
     return whole
 
 
