@@ -43,7 +43,7 @@ HERE = Path(__file__).resolve().parent
 HEADS = 4
 EPS = 1e-5
 # a block's inputs after X, in the spec's order; the stack's layer i renames them (scaling.layer_name)
-BLOCK = "W_Q W_K W_V W_O b_Q b_K b_V b_O gamma_1 beta_1 gamma_2 beta_2 W_1 b_1 W_2 b_2".split()
+BLOCK = "W_Q W_K W_V W_O gamma_1 beta_1 gamma_2 beta_2 W_1 W_2 b_Q b_K b_V b_O b_1 b_2".split()
 BIASES = ("b_Q", "b_K", "b_V", "b_O", "b_1", "b_2")
 
 

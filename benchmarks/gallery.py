@@ -1,7 +1,8 @@
 """Gallery benchmark: every spec of examples/specs, generated (NumPy and torch), against torch autograd
 of the independently written forward of tests/integration/test_gallery.py, in the same run.
 
-    OMP_NUM_THREADS=1 python benchmarks/gallery.py [--n 1024] [--d 64] [--repeat 25] [--only NAME]
+    OMP_NUM_THREADS=1 python benchmarks/gallery.py [--n 1024] [--d 64] [--d-model 256] [--compile] [--repeat 25]
+        [--only NAME]
 
 One thread, float32, one sequence (no batch), n tokens, d = d_model = d_k = d_v. For each spec it
 prints the largest error of output and gradients against autograd (relative to the largest entry)
@@ -33,9 +34,11 @@ from masked_reference import causal_forward, maskable  # noqa: E402, F401 (maska
 TESTS = vars(test_gallery)
 
 
-def sizes(n: int, d: int) -> dict[int, int]:
-    """The test's small sizes (B, N, D_MODEL, D_K, D_V) mapped to the benchmark's (no batch)."""
-    return {TESTS["B"]: None, TESTS["N"]: n, TESTS["D_MODEL"]: d, TESTS["D_K"]: d, TESTS["D_V"]: d, 1: 1}
+def sizes(n: int, d: int, d_model: int | None = None) -> dict[int, int]:
+    """The test's small sizes (B, N, D_MODEL, D_K, D_V) mapped to the benchmark's (no batch); the model width
+    d_model is d unless given."""
+    width = d if d_model is None else d_model
+    return {TESTS["B"]: None, TESTS["N"]: n, TESTS["D_MODEL"]: width, TESTS["D_K"]: d, TESTS["D_V"]: d, 1: 1}
 
 
 def interleaved(runs: dict, repeat: int) -> dict[str, float]:
@@ -59,7 +62,16 @@ def relative(got: np.ndarray, want: np.ndarray) -> float:
     return (np.inf if np.isnan(largest) else largest) / max(float(np.abs(want[np.isfinite(want)]).max(initial=0)), 1.0)
 
 
-def bench(name: str, n: int, d: int, repeat: int, spec=None, compiled: bool = False, causal: bool = False) -> dict:
+def bench(
+    name: str,
+    n: int,
+    d: int,
+    repeat: int,
+    spec=None,
+    compiled: bool = False,
+    causal: bool = False,
+    d_model: int | None = None,
+) -> dict:
     """Errors and times of the gallery spec called name (or of spec, a respelling of it: same inputs);
     compiled: also torch.compile(fullgraph=True) of the same forward (compiled before timing); causal: the spec
     with_mask, the generated modules called with causal=True, the reference with the causal mask added to its
@@ -68,7 +80,7 @@ def bench(name: str, n: int, d: int, repeat: int, spec=None, compiled: bool = Fa
     options = {"causal": True} if causal else {}
     if causal:
         reference = causal_forward(reference, n)
-    table = sizes(n, d)
+    table = sizes(n, d, d_model)
     rng = np.random.default_rng(0)
     values = {}
     for k, shape in shapes.items():
@@ -133,13 +145,16 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=1024)
     parser.add_argument("--d", type=int, default=64)
     parser.add_argument("--repeat", type=int, default=25)
+    parser.add_argument("--d-model", type=int, help="the model width (default: d); with it, no table is written")
+    parser.add_argument("--compile", action="store_true", help="also torch.compile(fullgraph=True) of the forward")
     parser.add_argument("--only", action="append", help="time only this spec (repeatable); writes no table")
     args = parser.parse_args()
     torch.set_num_threads(1)
     names = args.only or sorted(TESTS["REFERENCES"])
-    rows = [bench(name, args.n, args.d, args.repeat) for name in names]
+    rows = [bench(name, args.n, args.d, args.repeat, compiled=args.compile, d_model=args.d_model) for name in names]
     lines = [
-        f"# Gallery: generated vs torch autograd (n={args.n}, d={args.d}, float32, one thread)",
+        f"# Gallery: generated vs torch autograd (n={args.n}, d={args.d}, d_model={args.d_model or args.d}, float32,"
+        " one thread)",
         "",
         "Written by `OMP_NUM_THREADS=1 python benchmarks/gallery.py`. Error: largest difference of output and",
         "gradients (both backends, float32) from float64 autograd, relative to the largest entry. Time: forward +",
@@ -153,9 +168,12 @@ def main() -> None:
         lines.append(
             f"| {r['spec']} | {r['error']:.1e} | {r['numpy']:.2f} | {r['torch']:.2f} | {r['autograd_ms']:.0f} |"
         )
+    if args.compile:
+        lines += ["", "| spec | numpy / compile | torch / compile |", "|---|---|---|"]
+        lines += [f"| {r['spec']} | {r['numpy'] / r['compile']:.2f} | {r['torch'] / r['compile']:.2f} |" for r in rows]
     text = "\n".join(lines) + "\n"
     print(text)
-    if not args.only:
+    if not (args.only or args.d_model or args.compile):
         (ROOT / "benchmarks" / "GALLERY.md").write_text(text)
 
 

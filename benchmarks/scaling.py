@@ -7,7 +7,8 @@ For every stack, each in a fresh interpreter (cold start, OMP_NUM_THREADS=1), it
 
 - ``derive``: ``symattn derive --spec-file F`` (every gradient, printed as text),
 - ``verify``: ``symattn derive --spec-file F --verify``,
-- ``generate``: ``symattn generate --spec-file F --out DIR`` (NumPy and PyTorch),
+- ``generate``: ``symattn generate --spec-file F --out DIR`` (NumPy, PyTorch and JAX, each with the second
+  closed form and the forward mode's JVP),
 - ``import``: the first import of the generated modules,
 
 each stopped at ``--cap`` seconds. It writes scaling.json, SCALING.md (tables and the
@@ -187,7 +188,8 @@ def markdown(results: dict) -> str:
     lines += [
         "Seconds per command in a fresh interpreter (cold start, one thread), for stacks of L layers:",
         "pre-LN Transformer blocks (H = 4) and residual attention layers. `derive` prints every gradient,",
-        "`verify` checks every printed equality, `generate` writes the NumPy and PyTorch modules, `import`",
+        "`verify` checks every printed equality, `generate` writes the NumPy, PyTorch and JAX modules (second",
+        "closed form and forward-mode JVP included), `import`",
         "is their first import. Slope: least squares of log t against log L over L = 2…16 (finished runs).",
         "",
     ]

@@ -12,10 +12,10 @@ Shapes:
     V: (..., m, d_v)
     -> O: (..., n, d_v)
 Option scale (default 1/sqrt(d_k)).
-Masks (keywords): attn_mask (n × m or (..., n, m); bool, True = not allowed, or float, added to the
-scores), key_padding_mask ((..., m) bool, True = ignore that key) and causal (query i sees keys j <= i)
-build the additive mask M (0 or -inf), A = scale Q Kᵀ + M. A row whose keys are all masked gives
-zeros (P = 0) and zero gradients, never NaN (torch.nn.MultiheadAttention gives NaN there).
+Masks: M in its position, or the keyword attn_mask (n × m or (..., n, m); bool, True = not allowed,
+or float, added to the scores), with key_padding_mask ((..., m) bool, True = ignore that key) and causal
+(query i sees keys j <= i), build the additive mask M (0 or -inf) added to the scores. A row whose keys
+are all masked gives zeros (P = 0) and zero gradients, never NaN (torch.nn.MultiheadAttention gives NaN there).
 
 Forward:
     A = scale Q Kᵀ + M
@@ -185,6 +185,25 @@ def _check_shape(name, a, dims):
     if tuple(a.shape[-2:]) != dims:
         batch = "..., " if a.ndim > 2 or SHAPES[name].startswith("(...") else ""
         raise ValueError(f"{name}: expected shape {SHAPES[name]} = ({batch}{dims[0]}, {dims[1]}), got {tuple(a.shape)}")
+
+
+def _one_mask(name, value, attn_mask, query, key, allowed=False):
+    """The mask the spec's additive constant `name` is made from: value, given in its position, or attn_mask,
+    given by keyword; both given is a TypeError naming them. value (n × m or (..., n, m), n the query's rows, m
+    the key's) is a constant (stop_gradient: no gradient): a float one is added as it is, a bool is read as
+    attn_mask's, True = not allowed, or with allowed, True = allowed (as torch's scaled_dot_product_attention
+    reads a bool attn_mask)."""
+    if value is None:
+        return attn_mask
+    if attn_mask is not None:
+        raise TypeError(f"forward() got the mask {name} both in its position and as attn_mask; give it once")
+    value = jax.lax.stop_gradient(jnp.asarray(value))
+    n, m, batch = jnp.shape(query)[-2], jnp.shape(key)[-2], tuple(jnp.shape(query)[:-2])
+    if tuple(value.shape) not in ((n, m), (*batch, n, m)):
+        raise ValueError(f"{name}: expected shape (n, m) = ({n}, {m}) or {(*batch, n, m)}, got {tuple(value.shape)}")
+    if value.dtype != jnp.bool_ and not jnp.issubdtype(value.dtype, jnp.floating):
+        raise ValueError(f"{name}: expected a bool or floating-point array, got {value.dtype}")
+    return jnp.logical_not(value) if allowed and value.dtype == jnp.bool_ else value
 
 
 def _nonempty(sizes, named):
@@ -393,19 +412,22 @@ _differentiable = jax.custom_vjp(_primal, nondiff_argnums=(4, 5))
 _differentiable.defvjp(_primal_fwd, _primal_bwd)
 
 
-def forward(Q, K, V, *, scale=None, attn_mask=None, key_padding_mask=None, causal=False):
+def forward(Q, K, V, M=None, *, scale=None, attn_mask=None, key_padding_mask=None, causal=False):
     """softmax(scale · Q Kᵀ + M) V, M the additive mask.
 
     Returns O of shape (..., n, d_v), differentiable by the closed-form backward (a
     jax.custom_vjp) under jax.grad, jax.vjp, jax.jit and jax.vmap.
     The options (scale) are static: Python values, not traced arrays.
-    attn_mask (n × m, bool: True = not allowed, a constant, or float: added, and differentiated),
-    key_padding_mask (..., m, bool: True = ignore the key) and causal add the mask M to the scores; a row
-    whose keys are all masked gives zeros and zero gradients, never NaN.
+    Arguments: Q, K, V, M, in this order (the spec's inputs, then its constants), or by name.
+    M, the additive mask, in its position (a constant, no gradient): None (no mask), a float n × m or batched
+    (..., n, m) array added to the scores, or a bool (True = not allowed). attn_mask is the same mask by
+    keyword (bool: True = not allowed; a float one is differentiated); giving both is a TypeError.
+    key_padding_mask ((..., m) bool: True = ignore the key) and causal add to it; a row whose keys are all
+    masked gives zeros and zero gradients, never NaN.
     With causal the query rows go through blocks (rows_per_block), each reading only the keys up to its
     last row: causal is static (a Python bool, the key ranges fixed when jax.jit traces).
     """
-    M = _additive_mask(attn_mask, key_padding_mask, causal, Q, K, by_blocks=True)
+    M = _additive_mask(_one_mask("M", M, attn_mask, Q, K), key_padding_mask, causal, Q, K, by_blocks=True)
     return _differentiable(Q, K, V, M, causal, scale)
 
 

@@ -13,10 +13,10 @@ Shapes:
     -> O: (..., n, d_v)
 Option scale (default 1/sqrt(d_k)).
 Option block_size (default 128).
-Masks (keywords): attn_mask (n × m or (..., n, m); bool, True = not allowed, or float, added to the
-scores), key_padding_mask ((..., m) bool, True = ignore that key) and causal (query i sees keys j <= i)
-build the additive mask M (0 or -inf), A = scale Q Kᵀ + M. A row whose keys are all masked gives
-zeros (P = 0) and zero gradients, never NaN (torch.nn.MultiheadAttention gives NaN there).
+Masks: M in its position, or the keyword attn_mask (n × m or (..., n, m); bool, True = not allowed,
+or float, added to the scores), with key_padding_mask ((..., m) bool, True = ignore that key) and causal
+(query i sees keys j <= i), build the additive mask M (0 or -inf) added to the scores. A row whose keys
+are all masked gives zeros (P = 0) and zero gradients, never NaN (torch.nn.MultiheadAttention gives NaN there).
 
 Memory-efficient variant: the forward goes through blocks of block_size query rows and
 keeps L, the row log-sum-exp of A, instead of P; the backward recomputes P from A and L
@@ -443,6 +443,25 @@ def _check_shape(name, a, dims):
         raise ValueError(f"{name}: expected shape {SHAPES[name]} = ({batch}{dims[0]}, {dims[1]}), got {tuple(a.shape)}")
 
 
+def _one_mask(name, value, attn_mask, query, key, allowed=False):
+    """The mask the spec's additive constant `name` is made from: value, given in its position, or attn_mask,
+    given by keyword; both given is a TypeError naming them. value (n × m or (..., n, m), n the query's rows, m
+    the key's) is a constant (backward gives it no gradient): a float one is added as it is, a bool is read as
+    attn_mask's, True = not allowed, or with allowed, True = allowed (as torch's scaled_dot_product_attention
+    reads a bool attn_mask)."""
+    if value is None:
+        return attn_mask
+    if attn_mask is not None:
+        raise TypeError(f"forward() got the mask {name} both in its position and as attn_mask; give it once")
+    value, query, key = np.asarray(value), np.asarray(query), np.asarray(key)
+    n, m, batch = query.shape[-2], key.shape[-2], query.shape[:-2]
+    if value.shape not in ((n, m), (*batch, n, m)):
+        raise ValueError(f"{name}: expected shape (n, m) = ({n}, {m}) or {(*batch, n, m)}, got {value.shape}")
+    if value.dtype != np.bool_ and not np.issubdtype(value.dtype, np.floating):
+        raise ValueError(f"{name}: expected a bool or floating-point array, got {value.dtype}")
+    return ~value if allowed and value.dtype == np.bool_ else value
+
+
 def _positive_int(name, value):
     """value as a Python int >= 1: an int or a NumPy integer scalar, never a bool."""
     # value.__index__(), not type(value).__index__: torch.compile traces the one, not the other
@@ -523,15 +542,18 @@ def with_causal(mask, causal, query, key):
     return future if mask is None else mask + future
 
 
-def forward(Q, K, V, *, scale=None, block_size=None, attn_mask=None, key_padding_mask=None, causal=False):
+def forward(Q, K, V, M=None, *, scale=None, block_size=None, attn_mask=None, key_padding_mask=None, causal=False):
     """softmax(scale · Q Kᵀ + M) V, M the additive mask.
 
     Returns (O, saved): O of shape (..., n, d_v) and the values backward needs.
-    attn_mask (n × m, bool: True = not allowed, or float: added), key_padding_mask (..., m, bool: True =
-    ignore the key) and causal add the mask M to the scores; a row whose keys are all masked gives zeros
-    and zero gradients, never NaN.
+    Arguments: Q, K, V, M, in this order (the spec's inputs, then its constants), or by name.
+    M, the additive mask, in its position (a constant, no gradient): None (no mask), a float n × m or batched
+    (..., n, m) array added to the scores, or a bool (True = not allowed). attn_mask is the same mask by
+    keyword (bool: True = not allowed); giving both is a TypeError. key_padding_mask ((..., m) bool: True =
+    ignore the key) and causal add to it; a row whose keys are all masked gives zeros and zero gradients,
+    never NaN.
     """
-    M = _additive_mask(attn_mask, key_padding_mask, causal, Q, K, by_blocks=True)
+    M = _additive_mask(_one_mask("M", M, attn_mask, Q, K), key_padding_mask, causal, Q, K, by_blocks=True)
     Q, K, V = _arrays({"Q": Q, "K": K, "V": V})
     if block_size is None:
         block_size = 128

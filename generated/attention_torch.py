@@ -12,10 +12,10 @@ Shapes:
     V: (..., m, d_v)
     -> O: (..., n, d_v)
 Option scale (default 1/sqrt(d_k)).
-Masks (keywords): attn_mask (n × m or (..., n, m); bool, True = not allowed, or float, added to the
-scores), key_padding_mask ((..., m) bool, True = ignore that key) and causal (query i sees keys j <= i)
-build the additive mask M (0 or -inf), A = scale Q Kᵀ + M. A row whose keys are all masked gives
-zeros (P = 0) and zero gradients, never NaN (torch.nn.MultiheadAttention gives NaN there).
+Masks: M in its position, or the keyword attn_mask (n × m or (..., n, m); bool, True = not allowed,
+or float, added to the scores), with key_padding_mask ((..., m) bool, True = ignore that key) and causal
+(query i sees keys j <= i), build the additive mask M (0 or -inf) added to the scores. A row whose keys
+are all masked gives zeros (P = 0) and zero gradients, never NaN (torch.nn.MultiheadAttention gives NaN there).
 
 Forward:
     A = scale Q Kᵀ + M
@@ -315,6 +315,8 @@ def row_softmax(a, out=None):
     scores', in huge pages) as in eager code: inductor's softmax would write a fresh buffer (_by_custom_op)."""
     # (else a compiled graph plans its own buffers; export traces with autograd on, which refuses out=, as it
     # does for a that requires grad, as jvp's may; vmap batches no out=)
+    if out is not None and not out.is_contiguous():  # torch's softmax into strided memory (−Aᵀ's) is wrong
+        out = None
     if out is a and not a.requires_grad and _by_custom_op(a, a.numel() * a.element_size()):
         torch.ops.symattn.row_softmax_(a)
         return a
@@ -332,8 +334,9 @@ def rows_per_block(mask, causal, query):
     """Query rows per block of a standard module's loop: 128 where the mask may let a block skip keys (causal,
     or any mask: key_range finds the keys each block sees), else all rows in one block (no mask: the whole
     computation at once, nothing to skip). Traced or transformed, blocks only for causal: key_range knows no
-    other mask's keys there (no branch on its values), and a compiled graph fuses the whole."""
-    if not (causal or (mask is not None and not _functional(query))):
+    other mask's keys there (no branch on its values), and a compiled graph fuses the whole. Off the CPU
+    (CUDA), one block: a loop of small kernels costs more there than the masked keys it skips."""
+    if query.device.type != "cpu" or not (causal or (mask is not None and not _functional(query))):
         return max(query.shape[-2], 1)
     return 128
 
@@ -395,6 +398,27 @@ def _check_shape(name, a, dims):
         raise ValueError(f"{name}: expected shape {SHAPES[name]} = ({batch}{dims[0]}, {dims[1]}), got {tuple(a.shape)}")
 
 
+def _one_mask(name, value, attn_mask, query, key, allowed=False):
+    """The mask the spec's additive constant `name` is made from: value, given in its position, or attn_mask,
+    given by keyword; both given is a TypeError naming them. value (n × m or (..., n, m), n the query's rows, m
+    the key's) is a constant (detached: no gradient): a float one is added as it is, a bool is read as
+    attn_mask's, True = not allowed, or with allowed, True = allowed (as torch's scaled_dot_product_attention
+    reads a bool attn_mask)."""
+    if value is None:
+        return attn_mask
+    if attn_mask is not None:
+        raise TypeError(f"forward() got the mask {name} both in its position and as attn_mask; give it once")
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor (bool or float) or None, got {type(value).__name__}")
+    n, m, batch = query.shape[-2], key.shape[-2], tuple(query.shape[:-2])
+    if tuple(value.shape) not in ((n, m), (*batch, n, m)):
+        raise ValueError(f"{name}: expected shape (n, m) = ({n}, {m}) or {(*batch, n, m)}, got {tuple(value.shape)}")
+    if value.dtype != torch.bool and not value.is_floating_point():
+        raise ValueError(f"{name}: expected a bool or floating-point tensor, got {value.dtype}")
+    value = value.detach()
+    return ~value if allowed and value.dtype == torch.bool else value
+
+
 def _nonempty(sizes, named):
     """Every size but the query rows at least 1: with no keys or no features softmax and the norms have no value."""
     empty = [f"{size} = 0" for size, value in sizes.items() if value == 0]
@@ -427,15 +451,19 @@ def _apply(function, *args, traced=None):
     """function.apply(*args), a tensor given a second time given as a view of itself (self-attention's Q = K = V):
     torch.compile refuses an autograd.Function given one tensor twice; the gradients reach it through both.
     Compiling (torch.compile, torch.export), traced instead: the Function's twin without jvp, which dynamo
-    traces."""
+    traces. Under torch.autocast the arguments are cast as autocast casts a product's (``_autocast``)."""
     if traced is not None and torch.compiler.is_compiling():
         function = traced
+    args, autocast = _autocast(args)
     given = []
     for arg in args:
         if isinstance(arg, torch.Tensor) and any(arg is seen for seen in given):
             arg = arg.view_as(arg)
         given.append(arg)
-    return function.apply(*given)
+    if autocast is None:
+        return function.apply(*given)
+    with torch.autocast(autocast, enabled=False):
+        return function.apply(*given)
 
 
 def _distinct(output, *inputs):
@@ -521,6 +549,19 @@ def _additive_mask(attn_mask, key_padding_mask, causal, query, key, per_head=Fal
 def _grad_shape(mask):
     """The shape of the additive mask when it requires a gradient (a float attn_mask that does), else None."""
     return None if mask is None or not mask.requires_grad else mask.shape
+
+
+def _autocast(args):
+    """(args, device type) under torch.autocast on the arguments' device: each float32 tensor cast to autocast's
+    dtype (float64 and integer, bool tensors as they are), as autocast casts the operands of a product, outside
+    the Function (autograd carries each gradient back to its input's dtype through the cast); the Function then
+    runs with autocast off, in that dtype. Not under autocast: (args, None)."""
+    device = next((a.device.type for a in args if isinstance(a, torch.Tensor)), None)
+    if device is None or not torch.is_autocast_enabled(device):
+        return args, None
+    low = torch.get_autocast_dtype(device)
+    cast = [a.to(low) if isinstance(a, torch.Tensor) and a.dtype == torch.float32 else a for a in args]
+    return cast, device
 
 
 def with_causal(mask, causal, query, key):
@@ -669,15 +710,18 @@ class _AttentionTraced(AttentionFunction):
     jvp = torch.autograd.Function.jvp
 
 
-def forward(Q, K, V, *, scale=None, attn_mask=None, key_padding_mask=None, causal=False):
+def forward(Q, K, V, M=None, *, scale=None, attn_mask=None, key_padding_mask=None, causal=False):
     """softmax(scale · Q Kᵀ + M) V, M the additive mask.
 
     Returns O of shape (..., n, d_v), differentiable by the closed-form backward.
-    attn_mask (n × m, bool: True = not allowed, or float: added), key_padding_mask (..., m, bool: True =
-    ignore the key) and causal add the mask M to the scores; a row whose keys are all masked gives zeros
-    and zero gradients, never NaN.
+    Arguments: Q, K, V, M, in this order (the spec's inputs, then its constants), or by name.
+    M, the additive mask, in its position (a constant, no gradient): None (no mask), a float n × m or batched
+    (..., n, m) array added to the scores, or a bool (True = not allowed). attn_mask is the same mask by
+    keyword (bool: True = not allowed; a float one is differentiated); giving both is a TypeError.
+    key_padding_mask ((..., m) bool: True = ignore the key) and causal add to it; a row whose keys are all
+    masked gives zeros and zero gradients, never NaN.
     """
-    M = _additive_mask(attn_mask, key_padding_mask, causal, Q, K, by_blocks=True)
+    M = _additive_mask(_one_mask("M", M, attn_mask, Q, K), key_padding_mask, causal, Q, K, by_blocks=True)
     return _apply(AttentionFunction, Q, K, V, M, causal, scale, traced=_AttentionTraced)[0]
 
 
@@ -691,8 +735,10 @@ class Attention(torch.nn.Module):
     def extra_repr(self):
         return f"scale={self.scale}"
 
-    def forward(self, Q, K, V, *, attn_mask=None, key_padding_mask=None, causal=False):
-        return forward(Q, K, V, scale=self.scale, attn_mask=attn_mask, key_padding_mask=key_padding_mask, causal=causal)
+    def forward(self, Q, K, V, M=None, *, attn_mask=None, key_padding_mask=None, causal=False):
+        return forward(
+            Q, K, V, M, scale=self.scale, attn_mask=attn_mask, key_padding_mask=key_padding_mask, causal=causal
+        )
 
 
 # The second closed form: f₂ = Σ_i tr(V_iᵀ g_i(x, G_out)), g_i the gradients above; its gradients are the

@@ -23,12 +23,12 @@ Option num_kv_heads (default H).
 Option block_size (default 128).
 Grouped-query heads: num_kv_heads = H_kv must divide H; K and V have H_kv heads and query head h
 reads kv head h // (H / H_kv), as scaled_dot_product_attention(..., enable_gqa=True).
-Biases (keywords, default None: no bias): b_Q, b_K, b_V, b_O, rows of 1 × columns broadcast over the
-tokens (Q W_Q + 𝟏 b_Q), as torch.nn.MultiheadAttention(bias=True); their gradients are column sums.
-Masks (keywords): attn_mask (n × m or (..., n, m); bool, True = not allowed, or float, added to the
-scores), key_padding_mask ((..., m) bool, True = ignore that key) and causal (query i sees keys j <= i)
-build the additive mask M (0 or -inf), A = scale Q Kᵀ + M. A row whose keys are all masked gives
-zeros (P = 0) and zero gradients, never NaN (torch.nn.MultiheadAttention gives NaN there).
+Biases (in their positions or by name; None: no bias): b_Q, b_K, b_V, b_O, rows of 1 × columns broadcast
+over the tokens (Q W_Q + 𝟏 b_Q), as torch.nn.MultiheadAttention(bias=True); their gradients are column sums.
+Masks: M in its position, or the keyword attn_mask (n × m or (..., n, m); bool, True = not allowed,
+or float, added to the scores), with key_padding_mask ((..., m) bool, True = ignore that key) and causal
+(query i sees keys j <= i), build the additive mask M (0 or -inf) added to the scores. A row whose keys
+are all masked gives zeros (P = 0) and zero gradients, never NaN (torch.nn.MultiheadAttention gives NaN there).
 
 Memory-efficient variant: the forward goes through blocks of block_size query rows and
 keeps L, the row log-sum-exp of A, instead of P; the backward recomputes P from A and L
@@ -508,6 +508,42 @@ def _check_shape(name, a, dims):
         raise ValueError(f"{name}: expected shape {SHAPES[name]} = ({batch}{dims[0]}, {dims[1]}), got {tuple(a.shape)}")
 
 
+def _rows(named):
+    """Each parameter of shape (1, k) given 1-D, (k,) as torch holds a bias, as the 1 × k row (a view); the others
+    as they are (the inputs' checks read them)."""
+    return [np.asarray(v)[None, :] if v is not None and np.ndim(v) == 1 else v for v in named.values()]
+
+
+def _vectors(named):
+    """The names of the (1, k) parameters given 1-D: backward returns their gradients 1-D (``_as_given``)."""
+    return tuple(name for name, v in named.items() if v is not None and np.ndim(v) == 1)
+
+
+def _as_given(grads, vectors):
+    """The gradients of the inputs given (None: an absent input's, left out), each of a parameter given 1-D as a
+    vector of its length, the layout it was given in."""
+    return {name: g.reshape(-1) if name in vectors else g for name, g in grads.items() if g is not None}
+
+
+def _one_mask(name, value, attn_mask, query, key, allowed=False):
+    """The mask the spec's additive constant `name` is made from: value, given in its position, or attn_mask,
+    given by keyword; both given is a TypeError naming them. value (n × m or (..., n, m), n the query's rows, m
+    the key's) is a constant (backward gives it no gradient): a float one is added as it is, a bool is read as
+    attn_mask's, True = not allowed, or with allowed, True = allowed (as torch's scaled_dot_product_attention
+    reads a bool attn_mask)."""
+    if value is None:
+        return attn_mask
+    if attn_mask is not None:
+        raise TypeError(f"forward() got the mask {name} both in its position and as attn_mask; give it once")
+    value, query, key = np.asarray(value), np.asarray(query), np.asarray(key)
+    n, m, batch = query.shape[-2], key.shape[-2], query.shape[:-2]
+    if value.shape not in ((n, m), (*batch, n, m)):
+        raise ValueError(f"{name}: expected shape (n, m) = ({n}, {m}) or {(*batch, n, m)}, got {value.shape}")
+    if value.dtype != np.bool_ and not np.issubdtype(value.dtype, np.floating):
+        raise ValueError(f"{name}: expected a bool or floating-point array, got {value.dtype}")
+    return ~value if allowed and value.dtype == np.bool_ else value
+
+
 def _quotient(name, shape, divisor):
     """shape[-1] // divisor, which must divide it."""
     if shape[-1] % divisor:
@@ -603,14 +639,15 @@ def forward(
     W_K,
     W_V,
     W_O,
-    *,
-    num_heads,
-    num_kv_heads=None,
-    block_size=None,
     b_Q=None,
     b_K=None,
     b_V=None,
     b_O=None,
+    M=None,
+    *,
+    num_heads,
+    num_kv_heads=None,
+    block_size=None,
     attn_mask=None,
     key_padding_mask=None,
     causal=False,
@@ -618,12 +655,22 @@ def forward(
     """Concat(head_1, …, head_H) W_O + 𝟏 b_O, head_h = attention((Q W_Q + 𝟏 b_Q)_h, …); H_kv K, V heads; scores + M.
 
     Returns (Y, saved): Y of shape (..., n, H * d_k) and the values backward needs.
-    attn_mask (n × m, bool: True = not allowed, or float: added), key_padding_mask (..., m, bool: True =
-    ignore the key) and causal add the mask M to the scores; a row whose keys are all masked gives zeros
-    and zero gradients, never NaN.
-    b_Q, b_K, b_V, b_O: optional biases (1 × columns, broadcast over the tokens), each left out when None.
+    Arguments: Q, K, V, W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O, M, in this order (the spec's inputs, then its
+    constants), or by name.
+    M, the additive mask, in its position (a constant, no gradient): None (no mask), a float n × m or batched
+    (..., n, m) array added to the scores, or a bool (True = not allowed). attn_mask is the same mask by
+    keyword (bool: True = not allowed); giving both is a TypeError. key_padding_mask ((..., m) bool: True =
+    ignore the key) and causal add to it; a row whose keys are all masked gives zeros and zero gradients,
+    never NaN.
+    b_Q, b_K, b_V, b_O: optional biases (1 × columns, broadcast over the tokens), None: left out.
+    b_Q, b_K, b_V, b_O: 1 × k, or 1-D (k,) as torch holds a bias (viewed as the row; its gradient comes back
+    (k,)).
     """
-    M = _additive_mask(attn_mask, key_padding_mask, causal, Q, K, per_head=True, by_blocks=True)
+    vector_inputs = _vectors({"b_Q": b_Q, "b_K": b_K, "b_V": b_V, "b_O": b_O})
+    b_Q, b_K, b_V, b_O = _rows({"b_Q": b_Q, "b_K": b_K, "b_V": b_V, "b_O": b_O})
+    M = _additive_mask(
+        _one_mask("M", M, attn_mask, Q, K), key_padding_mask, causal, Q, K, per_head=True, by_blocks=True
+    )
     Q, K, V, W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O = _arrays(
         {
             "Q": Q,
@@ -716,6 +763,7 @@ def forward(
         "block_size": block_size,
         "output_shape": Y.shape,
         "dtype": Y.dtype,
+        "vector_inputs": vector_inputs,
     }
     return Y, saved
 
@@ -807,7 +855,7 @@ def backward(saved, grad_out):
         "b_V": db_V,
         "b_O": db_O,
     }
-    return {name: g for name, g in grads.items() if g is not None}
+    return _as_given(grads, saved["vector_inputs"])
 
 
 # The second closed form: f₂ = Σ_i tr(V_iᵀ g_i(x, G_out)), g_i the gradients above; its gradients are the

@@ -23,12 +23,12 @@ Option num_kv_heads (default H).
 Option block_size (default 128).
 Grouped-query heads: num_kv_heads = H_kv must divide H; K and V have H_kv heads and query head h
 reads kv head h // (H / H_kv), as scaled_dot_product_attention(..., enable_gqa=True).
-Biases (keywords, default None: no bias): b_Q, b_K, b_V, b_O, rows of 1 × columns broadcast over the
-tokens (Q W_Q + 𝟏 b_Q), as torch.nn.MultiheadAttention(bias=True); their gradients are column sums.
-Masks (keywords): attn_mask (n × m or (..., n, m); bool, True = not allowed, or float, added to the
-scores), key_padding_mask ((..., m) bool, True = ignore that key) and causal (query i sees keys j <= i)
-build the additive mask M (0 or -inf), A = scale Q Kᵀ + M. A row whose keys are all masked gives
-zeros (P = 0) and zero gradients, never NaN (torch.nn.MultiheadAttention gives NaN there).
+Biases (in their positions or by name; None: no bias): b_Q, b_K, b_V, b_O, rows of 1 × columns broadcast
+over the tokens (Q W_Q + 𝟏 b_Q), as torch.nn.MultiheadAttention(bias=True); their gradients are column sums.
+Masks: M in its position, or the keyword attn_mask (n × m or (..., n, m); bool, True = not allowed,
+or float, added to the scores), with key_padding_mask ((..., m) bool, True = ignore that key) and causal
+(query i sees keys j <= i), build the additive mask M (0 or -inf) added to the scores. A row whose keys
+are all masked gives zeros (P = 0) and zero gradients, never NaN (torch.nn.MultiheadAttention gives NaN there).
 
 Memory-efficient variant: the forward goes through blocks of block_size query rows and
 keeps L, the row log-sum-exp of A, instead of P; the backward recomputes P from A and L
@@ -351,6 +351,8 @@ def row_softmax(a, out=None):
     scores', in huge pages) as in eager code: inductor's softmax would write a fresh buffer (_by_custom_op)."""
     # (else a compiled graph plans its own buffers; export traces with autograd on, which refuses out=, as it
     # does for a that requires grad, as jvp's may; vmap batches no out=)
+    if out is not None and not out.is_contiguous():  # torch's softmax into strided memory (−Aᵀ's) is wrong
+        out = None
     if out is a and not a.requires_grad and _by_custom_op(a, a.numel() * a.element_size()):
         torch.ops.symattn.row_softmax_(a)
         return a
@@ -444,6 +446,33 @@ def _check_shape(name, a, dims):
         raise ValueError(f"{name}: expected shape {SHAPES[name]} = ({batch}{dims[0]}, {dims[1]}), got {tuple(a.shape)}")
 
 
+def _rows(named):
+    """Each parameter of shape (1, k) given 1-D, (k,) as torch holds a bias, as the 1 × k row (a view, so that
+    autograd returns its gradient (k,)); the others as they are (the inputs' checks read them)."""
+    return [v.unsqueeze(0) if isinstance(v, torch.Tensor) and v.dim() == 1 else v for v in named.values()]
+
+
+def _one_mask(name, value, attn_mask, query, key, allowed=False):
+    """The mask the spec's additive constant `name` is made from: value, given in its position, or attn_mask,
+    given by keyword; both given is a TypeError naming them. value (n × m or (..., n, m), n the query's rows, m
+    the key's) is a constant (detached: no gradient): a float one is added as it is, a bool is read as
+    attn_mask's, True = not allowed, or with allowed, True = allowed (as torch's scaled_dot_product_attention
+    reads a bool attn_mask)."""
+    if value is None:
+        return attn_mask
+    if attn_mask is not None:
+        raise TypeError(f"forward() got the mask {name} both in its position and as attn_mask; give it once")
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor (bool or float) or None, got {type(value).__name__}")
+    n, m, batch = query.shape[-2], key.shape[-2], tuple(query.shape[:-2])
+    if tuple(value.shape) not in ((n, m), (*batch, n, m)):
+        raise ValueError(f"{name}: expected shape (n, m) = ({n}, {m}) or {(*batch, n, m)}, got {tuple(value.shape)}")
+    if value.dtype != torch.bool and not value.is_floating_point():
+        raise ValueError(f"{name}: expected a bool or floating-point tensor, got {value.dtype}")
+    value = value.detach()
+    return ~value if allowed and value.dtype == torch.bool else value
+
+
 def _quotient(name, shape, divisor):
     """shape[-1] // divisor, which must divide it."""
     if shape[-1] % divisor:
@@ -491,15 +520,19 @@ def _apply(function, *args, traced=None):
     """function.apply(*args), a tensor given a second time given as a view of itself (self-attention's Q = K = V):
     torch.compile refuses an autograd.Function given one tensor twice; the gradients reach it through both.
     Compiling (torch.compile, torch.export), traced instead: the Function's twin without jvp, which dynamo
-    traces."""
+    traces. Under torch.autocast the arguments are cast as autocast casts a product's (``_autocast``)."""
     if traced is not None and torch.compiler.is_compiling():
         function = traced
+    args, autocast = _autocast(args)
     given = []
     for arg in args:
         if isinstance(arg, torch.Tensor) and any(arg is seen for seen in given):
             arg = arg.view_as(arg)
         given.append(arg)
-    return function.apply(*given)
+    if autocast is None:
+        return function.apply(*given)
+    with torch.autocast(autocast, enabled=False):
+        return function.apply(*given)
 
 
 def _distinct(output, *inputs):
@@ -580,6 +613,19 @@ def _additive_mask(attn_mask, key_padding_mask, causal, query, key, per_head=Fal
         if per_head and mask.ndim > 2:  # one mask for every head: (..., 1, n, m)
             mask = mask.unsqueeze(-3)
     return mask if by_blocks else with_causal(mask, causal, query, key)
+
+
+def _autocast(args):
+    """(args, device type) under torch.autocast on the arguments' device: each float32 tensor cast to autocast's
+    dtype (float64 and integer, bool tensors as they are), as autocast casts the operands of a product, outside
+    the Function (autograd carries each gradient back to its input's dtype through the cast); the Function then
+    runs with autocast off, in that dtype. Not under autocast: (args, None)."""
+    device = next((a.device.type for a in args if isinstance(a, torch.Tensor)), None)
+    if device is None or not torch.is_autocast_enabled(device):
+        return args, None
+    low = torch.get_autocast_dtype(device)
+    cast = [a.to(low) if isinstance(a, torch.Tensor) and a.dtype == torch.float32 else a for a in args]
+    return cast, device
 
 
 def with_causal(mask, causal, query, key):
@@ -851,14 +897,15 @@ def forward(
     W_K,
     W_V,
     W_O,
-    *,
-    num_heads,
-    num_kv_heads=None,
-    block_size=None,
     b_Q=None,
     b_K=None,
     b_V=None,
     b_O=None,
+    M=None,
+    *,
+    num_heads,
+    num_kv_heads=None,
+    block_size=None,
     attn_mask=None,
     key_padding_mask=None,
     causal=False,
@@ -866,14 +913,23 @@ def forward(
     """Concat(head_1, …, head_H) W_O + 𝟏 b_O, head_h = attention((Q W_Q + 𝟏 b_Q)_h, …); H_kv K, V heads; scores + M.
 
     Returns Y of shape (..., n, H * d_k), differentiable by the closed-form backward.
-    attn_mask (n × m, bool: True = not allowed, or float: added), key_padding_mask (..., m, bool: True =
-    ignore the key) and causal add the mask M to the scores; a row whose keys are all masked gives zeros
-    and zero gradients, never NaN.
-    b_Q, b_K, b_V, b_O: optional biases (1 × columns, broadcast over the tokens), each left out when None.
+    Arguments: Q, K, V, W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O, M, in this order (the spec's inputs, then its
+    constants), or by name.
+    M, the additive mask, in its position (a constant, no gradient): None (no mask), a float n × m or batched
+    (..., n, m) array added to the scores, or a bool (True = not allowed). attn_mask is the same mask by
+    keyword (bool: True = not allowed); giving both is a TypeError. key_padding_mask ((..., m) bool: True =
+    ignore the key) and causal add to it; a row whose keys are all masked gives zeros and zero gradients,
+    never NaN.
+    b_Q, b_K, b_V, b_O: optional biases (1 × columns, broadcast over the tokens), None: left out.
+    b_Q, b_K, b_V, b_O: 1 × k, or 1-D (k,) as torch holds a bias (viewed as the row; its gradient comes back
+    (k,)).
     """
     if isinstance(attn_mask, torch.Tensor) and attn_mask.requires_grad:
         raise ValueError("attn_mask requires grad: the memory-efficient variant gives it none; use the standard module")
-    M = _additive_mask(attn_mask, key_padding_mask, causal, Q, K, per_head=True, by_blocks=True)
+    b_Q, b_K, b_V, b_O = _rows({"b_Q": b_Q, "b_K": b_K, "b_V": b_V, "b_O": b_O})
+    M = _additive_mask(
+        _one_mask("M", M, attn_mask, Q, K), key_padding_mask, causal, Q, K, per_head=True, by_blocks=True
+    )
     return _apply(
         MultiHeadAttentionFunction,
         Q,
@@ -948,7 +1004,7 @@ class MultiHeadAttention(torch.nn.Module):
             f"bias={self.bias}"
         )
 
-    def forward(self, Q, K, V, *, attn_mask=None, key_padding_mask=None, causal=False):
+    def forward(self, Q, K, V, M=None, *, attn_mask=None, key_padding_mask=None, causal=False):
         return forward(
             Q,
             K,
@@ -957,13 +1013,14 @@ class MultiHeadAttention(torch.nn.Module):
             self.W_K,
             self.W_V,
             self.W_O,
+            self.b_Q,
+            self.b_K,
+            self.b_V,
+            self.b_O,
+            M,
             num_heads=self.num_heads,
             num_kv_heads=self.num_kv_heads,
             block_size=self.block_size,
-            b_Q=self.b_Q,
-            b_K=self.b_K,
-            b_V=self.b_V,
-            b_O=self.b_O,
             attn_mask=attn_mask,
             key_padding_mask=key_padding_mask,
             causal=causal,

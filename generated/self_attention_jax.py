@@ -242,6 +242,7 @@ def forward(X, W_Q, W_K, W_V):
 
     Returns O of shape (..., n, d_v), differentiable by the closed-form backward (a
     jax.custom_vjp) under jax.grad, jax.vjp, jax.jit and jax.vmap.
+    Arguments: X, W_Q, W_K, W_V, in this order (the spec's inputs, then its constants), or by name.
     """
     return _differentiable(X, W_Q, W_K, W_V)
 

@@ -408,6 +408,7 @@ def forward(X, W_Q, W_K, W_V):
     """softmax(X W_Q (X W_K)ᵀ / √d_k) X W_V.
 
     Returns (O, saved): O of shape (..., n, d_v) and the values backward needs.
+    Arguments: X, W_Q, W_K, W_V, in this order (the spec's inputs, then its constants), or by name.
     """
     X, W_Q, W_K, W_V = _arrays({"X": X, "W_Q": W_Q, "W_K": W_K, "W_V": W_V})
     n = X.shape[-2]

@@ -230,6 +230,8 @@ def row_softmax(a, out=None):
     scores', in huge pages) as in eager code: inductor's softmax would write a fresh buffer (_by_custom_op)."""
     # (else a compiled graph plans its own buffers; export traces with autograd on, which refuses out=, as it
     # does for a that requires grad, as jvp's may; vmap batches no out=)
+    if out is not None and not out.is_contiguous():  # torch's softmax into strided memory (−Aᵀ's) is wrong
+        out = None
     if out is a and not a.requires_grad and _by_custom_op(a, a.numel() * a.element_size()):
         torch.ops.symattn.row_softmax_(a)
         return a
@@ -351,15 +353,19 @@ def _apply(function, *args, traced=None):
     """function.apply(*args), a tensor given a second time given as a view of itself (self-attention's Q = K = V):
     torch.compile refuses an autograd.Function given one tensor twice; the gradients reach it through both.
     Compiling (torch.compile, torch.export), traced instead: the Function's twin without jvp, which dynamo
-    traces."""
+    traces. Under torch.autocast the arguments are cast as autocast casts a product's (``_autocast``)."""
     if traced is not None and torch.compiler.is_compiling():
         function = traced
+    args, autocast = _autocast(args)
     given = []
     for arg in args:
         if isinstance(arg, torch.Tensor) and any(arg is seen for seen in given):
             arg = arg.view_as(arg)
         given.append(arg)
-    return function.apply(*given)
+    if autocast is None:
+        return function.apply(*given)
+    with torch.autocast(autocast, enabled=False):
+        return function.apply(*given)
 
 
 def _distinct(output, *inputs):
@@ -394,6 +400,19 @@ def _tie(gradients, sources, message):
         return gradients
     tied = iter(_Last.apply(message, len(present), *present, *sources))
     return tuple(None if g is None else next(tied) for g in gradients)
+
+
+def _autocast(args):
+    """(args, device type) under torch.autocast on the arguments' device: each float32 tensor cast to autocast's
+    dtype (float64 and integer, bool tensors as they are), as autocast casts the operands of a product, outside
+    the Function (autograd carries each gradient back to its input's dtype through the cast); the Function then
+    runs with autocast off, in that dtype. Not under autocast: (args, None)."""
+    device = next((a.device.type for a in args if isinstance(a, torch.Tensor)), None)
+    if device is None or not torch.is_autocast_enabled(device):
+        return args, None
+    low = torch.get_autocast_dtype(device)
+    cast = [a.to(low) if isinstance(a, torch.Tensor) and a.dtype == torch.float32 else a for a in args]
+    return cast, device
 
 
 def _forward(X, W_Q, W_K, W_V, block_size):
@@ -539,6 +558,7 @@ def forward(X, W_Q, W_K, W_V, *, block_size=None):
     """softmax(X W_Q (X W_K)ᵀ / √d_k) X W_V.
 
     Returns O of shape (..., n, d_v), differentiable by the closed-form backward.
+    Arguments: X, W_Q, W_K, W_V, in this order (the spec's inputs, then its constants), or by name.
     """
     return _apply(SelfAttentionFunction, X, W_Q, W_K, W_V, block_size, traced=_SelfAttentionTraced)[0]
 

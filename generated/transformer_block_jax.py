@@ -11,27 +11,27 @@ Shapes:
     W_K: (H * d_k, H * d_k)
     W_V: (H * d_k, H * d_k)
     W_O: (H * d_k, H * d_k)
-    b_Q: (1, H * d_k)
-    b_K: (1, H * d_k)
-    b_V: (1, H * d_k)
-    b_O: (1, H * d_k)
     gamma_1: (1, H * d_k)
     beta_1: (1, H * d_k)
     gamma_2: (1, H * d_k)
     beta_2: (1, H * d_k)
     W_1: (H * d_k, d_ff)
-    b_1: (1, d_ff)
     W_2: (d_ff, H * d_k)
+    b_Q: (1, H * d_k)
+    b_K: (1, H * d_k)
+    b_V: (1, H * d_k)
+    b_O: (1, H * d_k)
+    b_1: (1, d_ff)
     b_2: (1, H * d_k)
     -> Z: (..., n, H * d_k)
 Option num_heads (required).
 Option eps (default 1.00000000000000e-5).
-Biases (keywords, default None: no bias): b_Q, b_K, b_V, b_O, b_1, b_2, rows of 1 × columns broadcast over the
-tokens (Q W_Q + 𝟏 b_Q), as torch.nn.MultiheadAttention(bias=True); their gradients are column sums.
-Masks (keywords): attn_mask (n × m or (..., n, m); bool, True = not allowed, or float, added to the
-scores), key_padding_mask ((..., m) bool, True = ignore that key) and causal (query i sees keys j <= i)
-build the additive mask M (0 or -inf), A = scale Q Kᵀ + M. A row whose keys are all masked gives
-zeros (P = 0) and zero gradients, never NaN (torch.nn.MultiheadAttention gives NaN there).
+Biases (in their positions or by name; None: no bias): b_Q, b_K, b_V, b_O, b_1, b_2, rows of 1 × columns broadcast
+over the tokens (Q W_Q + 𝟏 b_Q), as torch.nn.MultiheadAttention(bias=True); their gradients are column sums.
+Masks: M in its position, or the keyword attn_mask (n × m or (..., n, m); bool, True = not allowed,
+or float, added to the scores), with key_padding_mask ((..., m) bool, True = ignore that key) and causal
+(query i sees keys j <= i), build the additive mask M (0 or -inf) added to the scores. A row whose keys
+are all masked gives zeros (P = 0) and zero gradients, never NaN (torch.nn.MultiheadAttention gives NaN there).
 
 Forward:
     scale = 1/sqrt(d_k)
@@ -69,12 +69,12 @@ Backward (grad_out = ∂f/∂Z for a scalar f; a weight's gradient is summed ove
     dK_h = scale dA_hᵀ Q_h
     dQ_h = scale dA_h K_h
     dW_O = Cᵀ dY
-    db_O = 𝟏ᵀ dY
     dgamma_2 = 𝟏ᵀ (N_2 ⊙ dX_2)
     dbeta_2 = 𝟏ᵀ dX_2
     dW_1 = X_2ᵀ dU
-    db_1 = 𝟏ᵀ dU
     dW_2 = Fᵀ grad_out
+    db_O = 𝟏ᵀ dY
+    db_1 = 𝟏ᵀ dU
     db_2 = 𝟏ᵀ grad_out
     dM = dA_h
     dX_1W_V = Concat_h(dV_h)
@@ -90,9 +90,9 @@ Backward (grad_out = ∂f/∂Z for a scalar f; a weight's gradient is summed ove
     D5 = dN_1 𝟏
     dX = (rstd(X) 𝟏ᵀ) ⊙ (c1 (N_1 ⊙ (D4 𝟏ᵀ)) + c1 D5 𝟏ᵀ + dN_1) + dY
     dW_K = X_1ᵀ dX_1W_K
-    db_K = 𝟏ᵀ dX_1W_K
     dgamma_1 = 𝟏ᵀ (N_1 ⊙ dX_1)
     dbeta_1 = 𝟏ᵀ dX_1
+    db_K = 𝟏ᵀ dX_1W_K
 """
 
 from __future__ import annotations
@@ -108,17 +108,17 @@ SHAPES = {
     "W_K": "(H * d_k, H * d_k)",
     "W_V": "(H * d_k, H * d_k)",
     "W_O": "(H * d_k, H * d_k)",
-    "b_Q": "(1, H * d_k)",
-    "b_K": "(1, H * d_k)",
-    "b_V": "(1, H * d_k)",
-    "b_O": "(1, H * d_k)",
     "gamma_1": "(1, H * d_k)",
     "beta_1": "(1, H * d_k)",
     "gamma_2": "(1, H * d_k)",
     "beta_2": "(1, H * d_k)",
     "W_1": "(H * d_k, d_ff)",
-    "b_1": "(1, d_ff)",
     "W_2": "(d_ff, H * d_k)",
+    "b_Q": "(1, H * d_k)",
+    "b_K": "(1, H * d_k)",
+    "b_V": "(1, H * d_k)",
+    "b_O": "(1, H * d_k)",
+    "b_1": "(1, d_ff)",
     "b_2": "(1, H * d_k)",
 }
 OPTIONAL = ("b_Q", "b_K", "b_V", "b_O", "b_1", "b_2")  # inputs that may be None: their terms are left out
@@ -297,6 +297,31 @@ def _check_shape(name, a, dims):
         raise ValueError(f"{name}: expected shape {SHAPES[name]} = ({batch}{dims[0]}, {dims[1]}), got {tuple(a.shape)}")
 
 
+def _rows(named):
+    """Each parameter of shape (1, k) given 1-D, (k,) as torch holds a bias, as the 1 × k row (jax differentiates
+    the reshape: its gradient comes back (k,)); the others as they are (the inputs' checks read them)."""
+    return [jnp.asarray(v)[None, :] if v is not None and jnp.ndim(v) == 1 else v for v in named.values()]
+
+
+def _one_mask(name, value, attn_mask, query, key, allowed=False):
+    """The mask the spec's additive constant `name` is made from: value, given in its position, or attn_mask,
+    given by keyword; both given is a TypeError naming them. value (n × m or (..., n, m), n the query's rows, m
+    the key's) is a constant (stop_gradient: no gradient): a float one is added as it is, a bool is read as
+    attn_mask's, True = not allowed, or with allowed, True = allowed (as torch's scaled_dot_product_attention
+    reads a bool attn_mask)."""
+    if value is None:
+        return attn_mask
+    if attn_mask is not None:
+        raise TypeError(f"forward() got the mask {name} both in its position and as attn_mask; give it once")
+    value = jax.lax.stop_gradient(jnp.asarray(value))
+    n, m, batch = jnp.shape(query)[-2], jnp.shape(key)[-2], tuple(jnp.shape(query)[:-2])
+    if tuple(value.shape) not in ((n, m), (*batch, n, m)):
+        raise ValueError(f"{name}: expected shape (n, m) = ({n}, {m}) or {(*batch, n, m)}, got {tuple(value.shape)}")
+    if value.dtype != jnp.bool_ and not jnp.issubdtype(value.dtype, jnp.floating):
+        raise ValueError(f"{name}: expected a bool or floating-point array, got {value.dtype}")
+    return jnp.logical_not(value) if allowed and value.dtype == jnp.bool_ else value
+
+
 def _quotient(name, shape, divisor):
     """shape[-1] // divisor, which must divide it."""
     if shape[-1] % divisor:
@@ -414,17 +439,17 @@ def _forward(
     W_K,
     W_V,
     W_O,
-    b_Q,
-    b_K,
-    b_V,
-    b_O,
     gamma_1,
     beta_1,
     gamma_2,
     beta_2,
     W_1,
-    b_1,
     W_2,
+    b_Q,
+    b_K,
+    b_V,
+    b_O,
+    b_1,
     b_2,
     M,
     causal,
@@ -433,24 +458,24 @@ def _forward(
 ):
     """The forward pass: (Z, saved values for _backward); pure, so that jit, vmap and grad trace it."""
     mask_shape = _mask_shape(M)  # the additive mask receives its gradient
-    X, W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O, gamma_1, beta_1, gamma_2, beta_2, W_1, b_1, W_2, b_2 = _arrays(
+    X, W_Q, W_K, W_V, W_O, gamma_1, beta_1, gamma_2, beta_2, W_1, W_2, b_Q, b_K, b_V, b_O, b_1, b_2 = _arrays(
         {
             "X": X,
             "W_Q": W_Q,
             "W_K": W_K,
             "W_V": W_V,
             "W_O": W_O,
-            "b_Q": b_Q,
-            "b_K": b_K,
-            "b_V": b_V,
-            "b_O": b_O,
             "gamma_1": gamma_1,
             "beta_1": beta_1,
             "gamma_2": gamma_2,
             "beta_2": beta_2,
             "W_1": W_1,
-            "b_1": b_1,
             "W_2": W_2,
+            "b_Q": b_Q,
+            "b_K": b_K,
+            "b_V": b_V,
+            "b_O": b_O,
+            "b_1": b_1,
             "b_2": b_2,
         }
     )
@@ -463,6 +488,12 @@ def _forward(
     _check_shape("W_K", W_K, (H * d_k, H * d_k))
     _check_shape("W_V", W_V, (H * d_k, H * d_k))
     _check_shape("W_O", W_O, (H * d_k, H * d_k))
+    _check_shape("gamma_1", gamma_1, (1, H * d_k))
+    _check_shape("beta_1", beta_1, (1, H * d_k))
+    _check_shape("gamma_2", gamma_2, (1, H * d_k))
+    _check_shape("beta_2", beta_2, (1, H * d_k))
+    _check_shape("W_1", W_1, (H * d_k, d_ff))
+    _check_shape("W_2", W_2, (d_ff, H * d_k))
     if b_Q is not None:
         _check_shape("b_Q", b_Q, (1, H * d_k))
     if b_K is not None:
@@ -471,14 +502,8 @@ def _forward(
         _check_shape("b_V", b_V, (1, H * d_k))
     if b_O is not None:
         _check_shape("b_O", b_O, (1, H * d_k))
-    _check_shape("gamma_1", gamma_1, (1, H * d_k))
-    _check_shape("beta_1", beta_1, (1, H * d_k))
-    _check_shape("gamma_2", gamma_2, (1, H * d_k))
-    _check_shape("beta_2", beta_2, (1, H * d_k))
-    _check_shape("W_1", W_1, (H * d_k, d_ff))
     if b_1 is not None:
         _check_shape("b_1", b_1, (1, d_ff))
-    _check_shape("W_2", W_2, (d_ff, H * d_k))
     if b_2 is not None:
         _check_shape("b_2", b_2, (1, H * d_k))
     _nonempty({"d_k": d_k, "d_ff": d_ff}, {"X": X, "W_1": W_1})
@@ -636,12 +661,12 @@ def _backward(saved, grad_out):
     dM = placed_rows(dM)
     dX_1W_Q = dX_1W_Q_blocks[0] if len(dX_1W_Q_blocks) == 1 else jnp.concatenate(dX_1W_Q_blocks, axis=-2)
     dW_O = rows(C).mT @ rows(dY)
-    db_O = None if b_O is None else rows(dY).sum(axis=0, keepdims=True)
     dgamma_2 = rows(N_2 * dX_2).sum(axis=0, keepdims=True)
     dbeta_2 = rows(dX_2).sum(axis=0, keepdims=True)
     dW_1 = rows(X_2).mT @ rows(dU)
-    db_1 = None if b_1 is None else rows(dU).sum(axis=0, keepdims=True)
     dW_2 = rows(F).mT @ rows(grad_out)
+    db_O = None if b_O is None else rows(dY).sum(axis=0, keepdims=True)
+    db_1 = None if b_1 is None else rows(dU).sum(axis=0, keepdims=True)
     db_2 = None if b_2 is None else rows(grad_out).sum(axis=0, keepdims=True)
     dX_1W_V = merge_heads(dV_h, H)
     dW_V = rows(X_1).mT @ rows(dX_1W_V)
@@ -653,9 +678,9 @@ def _backward(saved, grad_out):
     D5 = dN_1.sum(axis=-1, keepdims=True)
     dX = (row_inv_std(X, eps)) * (c1 * (D4 * N_1) + c1 * D5 + dN_1) + dY
     dW_K = rows(X_1).mT @ rows(dX_1W_K)
-    db_K = None if b_K is None else rows(dX_1W_K).sum(axis=0, keepdims=True)
     dgamma_1 = rows(N_1 * dX_1).sum(axis=0, keepdims=True)
     dbeta_1 = rows(dX_1).sum(axis=0, keepdims=True)
+    db_K = None if b_K is None else rows(dX_1W_K).sum(axis=0, keepdims=True)
     dM = None if mask_shape is None else sum_to_shape(dM, mask_shape)
     return {
         "X": dX,
@@ -663,17 +688,17 @@ def _backward(saved, grad_out):
         "W_K": dW_K,
         "W_V": dW_V,
         "W_O": dW_O,
-        "b_Q": db_Q,
-        "b_K": db_K,
-        "b_V": db_V,
-        "b_O": db_O,
         "gamma_1": dgamma_1,
         "beta_1": dbeta_1,
         "gamma_2": dgamma_2,
         "beta_2": dbeta_2,
         "W_1": dW_1,
-        "b_1": db_1,
         "W_2": dW_2,
+        "b_Q": db_Q,
+        "b_K": db_K,
+        "b_V": db_V,
+        "b_O": db_O,
+        "b_1": db_1,
         "b_2": db_2,
         "M": dM,
     }
@@ -685,17 +710,17 @@ def _primal(
     W_K,
     W_V,
     W_O,
-    b_Q,
-    b_K,
-    b_V,
-    b_O,
     gamma_1,
     beta_1,
     gamma_2,
     beta_2,
     W_1,
-    b_1,
     W_2,
+    b_Q,
+    b_K,
+    b_V,
+    b_O,
+    b_1,
     b_2,
     M,
     causal,
@@ -709,17 +734,17 @@ def _primal(
         W_K,
         W_V,
         W_O,
-        b_Q,
-        b_K,
-        b_V,
-        b_O,
         gamma_1,
         beta_1,
         gamma_2,
         beta_2,
         W_1,
-        b_1,
         W_2,
+        b_Q,
+        b_K,
+        b_V,
+        b_O,
+        b_1,
         b_2,
         M,
         causal,
@@ -734,17 +759,17 @@ def _primal_fwd(
     W_K,
     W_V,
     W_O,
-    b_Q,
-    b_K,
-    b_V,
-    b_O,
     gamma_1,
     beta_1,
     gamma_2,
     beta_2,
     W_1,
-    b_1,
     W_2,
+    b_Q,
+    b_K,
+    b_V,
+    b_O,
+    b_1,
     b_2,
     M,
     causal,
@@ -758,17 +783,17 @@ def _primal_fwd(
         W_K,
         W_V,
         W_O,
-        b_Q,
-        b_K,
-        b_V,
-        b_O,
         gamma_1,
         beta_1,
         gamma_2,
         beta_2,
         W_1,
-        b_1,
         W_2,
+        b_Q,
+        b_K,
+        b_V,
+        b_O,
+        b_1,
         b_2,
         M,
         causal,
@@ -787,17 +812,17 @@ def _primal_bwd(causal, num_heads, eps, residuals, grad_out):
         grads["W_K"],
         grads["W_V"],
         grads["W_O"],
-        grads["b_Q"],
-        grads["b_K"],
-        grads["b_V"],
-        grads["b_O"],
         grads["gamma_1"],
         grads["beta_1"],
         grads["gamma_2"],
         grads["beta_2"],
         grads["W_1"],
-        grads["b_1"],
         grads["W_2"],
+        grads["b_Q"],
+        grads["b_K"],
+        grads["b_V"],
+        grads["b_O"],
+        grads["b_1"],
         grads["b_2"],
         grads["M"],
     )
@@ -821,15 +846,16 @@ def forward(
     beta_2,
     W_1,
     W_2,
-    *,
-    num_heads,
-    eps=None,
     b_Q=None,
     b_K=None,
     b_V=None,
     b_O=None,
     b_1=None,
     b_2=None,
+    M=None,
+    *,
+    num_heads,
+    eps=None,
     attn_mask=None,
     key_padding_mask=None,
     causal=False,
@@ -839,31 +865,53 @@ def forward(
     Returns Z of shape (..., n, H * d_k), differentiable by the closed-form backward (a
     jax.custom_vjp) under jax.grad, jax.vjp, jax.jit and jax.vmap.
     The options (num_heads, eps) are static: Python values, not traced arrays.
-    attn_mask (n × m, bool: True = not allowed, a constant, or float: added, and differentiated),
-    key_padding_mask (..., m, bool: True = ignore the key) and causal add the mask M to the scores; a row
-    whose keys are all masked gives zeros and zero gradients, never NaN.
+    Arguments: X, W_Q, W_K, W_V, W_O, gamma_1, beta_1, gamma_2, beta_2, W_1, W_2, b_Q, b_K, b_V, b_O, b_1,
+    b_2, M, in this order (the spec's inputs, then its constants), or by name.
+    M, the additive mask, in its position (a constant, no gradient): None (no mask), a float n × m or batched
+    (..., n, m) array added to the scores, or a bool (True = not allowed). attn_mask is the same mask by
+    keyword (bool: True = not allowed; a float one is differentiated); giving both is a TypeError.
+    key_padding_mask ((..., m) bool: True = ignore the key) and causal add to it; a row whose keys are all
+    masked gives zeros and zero gradients, never NaN.
+    b_Q, b_K, b_V, b_O, b_1, b_2: optional biases (1 × columns, broadcast over the tokens), None: left out.
+    gamma_1, beta_1, gamma_2, beta_2, b_Q, b_K, b_V, b_O, b_1, b_2: 1 × k, or 1-D (k,) as torch holds a bias
+    (viewed as the row; its gradient comes back (k,)).
     With causal the query rows go through blocks (rows_per_block), each reading only the keys up to its
     last row: causal is static (a Python bool, the key ranges fixed when jax.jit traces).
-    b_Q, b_K, b_V, b_O, b_1, b_2: optional biases (1 × columns, broadcast over the tokens), each left out when None.
     """
-    M = _additive_mask(attn_mask, key_padding_mask, causal, X, X, per_head=True, by_blocks=True)
+    gamma_1, beta_1, gamma_2, beta_2, b_Q, b_K, b_V, b_O, b_1, b_2 = _rows(
+        {
+            "gamma_1": gamma_1,
+            "beta_1": beta_1,
+            "gamma_2": gamma_2,
+            "beta_2": beta_2,
+            "b_Q": b_Q,
+            "b_K": b_K,
+            "b_V": b_V,
+            "b_O": b_O,
+            "b_1": b_1,
+            "b_2": b_2,
+        }
+    )
+    M = _additive_mask(
+        _one_mask("M", M, attn_mask, X, X), key_padding_mask, causal, X, X, per_head=True, by_blocks=True
+    )
     return _differentiable(
         X,
         W_Q,
         W_K,
         W_V,
         W_O,
-        b_Q,
-        b_K,
-        b_V,
-        b_O,
         gamma_1,
         beta_1,
         gamma_2,
         beta_2,
         W_1,
-        b_1,
         W_2,
+        b_Q,
+        b_K,
+        b_V,
+        b_O,
+        b_1,
         b_2,
         M,
         causal,
@@ -880,17 +928,17 @@ SHAPES.update(
         "W_K_t": SHAPES["W_K"],
         "W_V_t": SHAPES["W_V"],
         "W_O_t": SHAPES["W_O"],
-        "b_Q_t": SHAPES["b_Q"],
-        "b_K_t": SHAPES["b_K"],
-        "b_V_t": SHAPES["b_V"],
-        "b_O_t": SHAPES["b_O"],
         "gamma_1_t": SHAPES["gamma_1"],
         "beta_1_t": SHAPES["beta_1"],
         "gamma_2_t": SHAPES["gamma_2"],
         "beta_2_t": SHAPES["beta_2"],
         "W_1_t": SHAPES["W_1"],
-        "b_1_t": SHAPES["b_1"],
         "W_2_t": SHAPES["W_2"],
+        "b_Q_t": SHAPES["b_Q"],
+        "b_K_t": SHAPES["b_K"],
+        "b_V_t": SHAPES["b_V"],
+        "b_O_t": SHAPES["b_O"],
+        "b_1_t": SHAPES["b_1"],
         "b_2_t": SHAPES["b_2"],
     }
 )
@@ -901,17 +949,17 @@ OPTIONAL += (
     "W_K_t",
     "W_V_t",
     "W_O_t",
-    "b_Q_t",
-    "b_K_t",
-    "b_V_t",
-    "b_O_t",
     "gamma_1_t",
     "beta_1_t",
     "gamma_2_t",
     "beta_2_t",
     "W_1_t",
-    "b_1_t",
     "W_2_t",
+    "b_Q_t",
+    "b_K_t",
+    "b_V_t",
+    "b_O_t",
+    "b_1_t",
     "b_2_t",
 )
 TANGENT_OF = {
@@ -920,17 +968,17 @@ TANGENT_OF = {
     "W_K": "W_K_t",
     "W_V": "W_V_t",
     "W_O": "W_O_t",
-    "b_Q": "b_Q_t",
-    "b_K": "b_K_t",
-    "b_V": "b_V_t",
-    "b_O": "b_O_t",
     "gamma_1": "gamma_1_t",
     "beta_1": "beta_1_t",
     "gamma_2": "gamma_2_t",
     "beta_2": "beta_2_t",
     "W_1": "W_1_t",
-    "b_1": "b_1_t",
     "W_2": "W_2_t",
+    "b_Q": "b_Q_t",
+    "b_K": "b_K_t",
+    "b_V": "b_V_t",
+    "b_O": "b_O_t",
+    "b_1": "b_1_t",
     "b_2": "b_2_t",
 }
 
@@ -951,34 +999,34 @@ def _jvp(
     W_K,
     W_V,
     W_O,
-    b_Q,
-    b_K,
-    b_V,
-    b_O,
     gamma_1,
     beta_1,
     gamma_2,
     beta_2,
     W_1,
-    b_1,
     W_2,
+    b_Q,
+    b_K,
+    b_V,
+    b_O,
+    b_1,
     b_2,
     X_t,
     W_Q_t,
     W_K_t,
     W_V_t,
     W_O_t,
-    b_Q_t,
-    b_K_t,
-    b_V_t,
-    b_O_t,
     gamma_1_t,
     beta_1_t,
     gamma_2_t,
     beta_2_t,
     W_1_t,
-    b_1_t,
     W_2_t,
+    b_Q_t,
+    b_K_t,
+    b_V_t,
+    b_O_t,
+    b_1_t,
     b_2_t,
     M,
     M_t,
@@ -993,34 +1041,34 @@ def _jvp(
         W_K,
         W_V,
         W_O,
-        b_Q,
-        b_K,
-        b_V,
-        b_O,
         gamma_1,
         beta_1,
         gamma_2,
         beta_2,
         W_1,
-        b_1,
         W_2,
+        b_Q,
+        b_K,
+        b_V,
+        b_O,
+        b_1,
         b_2,
         X_t,
         W_Q_t,
         W_K_t,
         W_V_t,
         W_O_t,
-        b_Q_t,
-        b_K_t,
-        b_V_t,
-        b_O_t,
         gamma_1_t,
         beta_1_t,
         gamma_2_t,
         beta_2_t,
         W_1_t,
-        b_1_t,
         W_2_t,
+        b_Q_t,
+        b_K_t,
+        b_V_t,
+        b_O_t,
+        b_1_t,
         b_2_t,
     ) = _arrays(
         {
@@ -1029,34 +1077,34 @@ def _jvp(
             "W_K": W_K,
             "W_V": W_V,
             "W_O": W_O,
-            "b_Q": b_Q,
-            "b_K": b_K,
-            "b_V": b_V,
-            "b_O": b_O,
             "gamma_1": gamma_1,
             "beta_1": beta_1,
             "gamma_2": gamma_2,
             "beta_2": beta_2,
             "W_1": W_1,
-            "b_1": b_1,
             "W_2": W_2,
+            "b_Q": b_Q,
+            "b_K": b_K,
+            "b_V": b_V,
+            "b_O": b_O,
+            "b_1": b_1,
             "b_2": b_2,
             "X_t": X_t,
             "W_Q_t": W_Q_t,
             "W_K_t": W_K_t,
             "W_V_t": W_V_t,
             "W_O_t": W_O_t,
-            "b_Q_t": b_Q_t,
-            "b_K_t": b_K_t,
-            "b_V_t": b_V_t,
-            "b_O_t": b_O_t,
             "gamma_1_t": gamma_1_t,
             "beta_1_t": beta_1_t,
             "gamma_2_t": gamma_2_t,
             "beta_2_t": beta_2_t,
             "W_1_t": W_1_t,
-            "b_1_t": b_1_t,
             "W_2_t": W_2_t,
+            "b_Q_t": b_Q_t,
+            "b_K_t": b_K_t,
+            "b_V_t": b_V_t,
+            "b_O_t": b_O_t,
+            "b_1_t": b_1_t,
             "b_2_t": b_2_t,
         }
     )
@@ -1069,6 +1117,12 @@ def _jvp(
     _check_shape("W_K", W_K, (H * d_k, H * d_k))
     _check_shape("W_V", W_V, (H * d_k, H * d_k))
     _check_shape("W_O", W_O, (H * d_k, H * d_k))
+    _check_shape("gamma_1", gamma_1, (1, H * d_k))
+    _check_shape("beta_1", beta_1, (1, H * d_k))
+    _check_shape("gamma_2", gamma_2, (1, H * d_k))
+    _check_shape("beta_2", beta_2, (1, H * d_k))
+    _check_shape("W_1", W_1, (H * d_k, d_ff))
+    _check_shape("W_2", W_2, (d_ff, H * d_k))
     if b_Q is not None:
         _check_shape("b_Q", b_Q, (1, H * d_k))
     if b_K is not None:
@@ -1077,14 +1131,8 @@ def _jvp(
         _check_shape("b_V", b_V, (1, H * d_k))
     if b_O is not None:
         _check_shape("b_O", b_O, (1, H * d_k))
-    _check_shape("gamma_1", gamma_1, (1, H * d_k))
-    _check_shape("beta_1", beta_1, (1, H * d_k))
-    _check_shape("gamma_2", gamma_2, (1, H * d_k))
-    _check_shape("beta_2", beta_2, (1, H * d_k))
-    _check_shape("W_1", W_1, (H * d_k, d_ff))
     if b_1 is not None:
         _check_shape("b_1", b_1, (1, d_ff))
-    _check_shape("W_2", W_2, (d_ff, H * d_k))
     if b_2 is not None:
         _check_shape("b_2", b_2, (1, H * d_k))
     if X_t is not None:
@@ -1097,14 +1145,6 @@ def _jvp(
         _check_shape("W_V_t", W_V_t, (H * d_k, H * d_k))
     if W_O_t is not None:
         _check_shape("W_O_t", W_O_t, (H * d_k, H * d_k))
-    if b_Q_t is not None:
-        _check_shape("b_Q_t", b_Q_t, (1, H * d_k))
-    if b_K_t is not None:
-        _check_shape("b_K_t", b_K_t, (1, H * d_k))
-    if b_V_t is not None:
-        _check_shape("b_V_t", b_V_t, (1, H * d_k))
-    if b_O_t is not None:
-        _check_shape("b_O_t", b_O_t, (1, H * d_k))
     if gamma_1_t is not None:
         _check_shape("gamma_1_t", gamma_1_t, (1, H * d_k))
     if beta_1_t is not None:
@@ -1115,10 +1155,18 @@ def _jvp(
         _check_shape("beta_2_t", beta_2_t, (1, H * d_k))
     if W_1_t is not None:
         _check_shape("W_1_t", W_1_t, (H * d_k, d_ff))
-    if b_1_t is not None:
-        _check_shape("b_1_t", b_1_t, (1, d_ff))
     if W_2_t is not None:
         _check_shape("W_2_t", W_2_t, (d_ff, H * d_k))
+    if b_Q_t is not None:
+        _check_shape("b_Q_t", b_Q_t, (1, H * d_k))
+    if b_K_t is not None:
+        _check_shape("b_K_t", b_K_t, (1, H * d_k))
+    if b_V_t is not None:
+        _check_shape("b_V_t", b_V_t, (1, H * d_k))
+    if b_O_t is not None:
+        _check_shape("b_O_t", b_O_t, (1, H * d_k))
+    if b_1_t is not None:
+        _check_shape("b_1_t", b_1_t, (1, d_ff))
     if b_2_t is not None:
         _check_shape("b_2_t", b_2_t, (1, H * d_k))
     _nonempty({"d_k": d_k, "d_ff": d_ff}, {"X": X, "W_1": W_1})
@@ -1246,34 +1294,34 @@ def jvp(
         W_K,
         W_V,
         W_O,
-        b_Q,
-        b_K,
-        b_V,
-        b_O,
         gamma_1,
         beta_1,
         gamma_2,
         beta_2,
         W_1,
-        b_1,
         W_2,
+        b_Q,
+        b_K,
+        b_V,
+        b_O,
+        b_1,
         b_2,
         tangents.get("X"),
         tangents.get("W_Q"),
         tangents.get("W_K"),
         tangents.get("W_V"),
         tangents.get("W_O"),
-        tangents.get("b_Q"),
-        tangents.get("b_K"),
-        tangents.get("b_V"),
-        tangents.get("b_O"),
         tangents.get("gamma_1"),
         tangents.get("beta_1"),
         tangents.get("gamma_2"),
         tangents.get("beta_2"),
         tangents.get("W_1"),
-        tangents.get("b_1"),
         tangents.get("W_2"),
+        tangents.get("b_Q"),
+        tangents.get("b_K"),
+        tangents.get("b_V"),
+        tangents.get("b_O"),
+        tangents.get("b_1"),
         tangents.get("b_2"),
         M,
         None,
@@ -1285,24 +1333,24 @@ def jvp(
 
 def _primal_jvp(causal, num_heads, eps, primals, tangents):
     """The custom_jvp rule: the output and its tangent by the generated closed form (_jvp)."""
-    X, W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O, gamma_1, beta_1, gamma_2, beta_2, W_1, b_1, W_2, b_2, M = primals
+    X, W_Q, W_K, W_V, W_O, gamma_1, beta_1, gamma_2, beta_2, W_1, W_2, b_Q, b_K, b_V, b_O, b_1, b_2, M = primals
     (
         X_t,
         W_Q_t,
         W_K_t,
         W_V_t,
         W_O_t,
-        b_Q_t,
-        b_K_t,
-        b_V_t,
-        b_O_t,
         gamma_1_t,
         beta_1_t,
         gamma_2_t,
         beta_2_t,
         W_1_t,
-        b_1_t,
         W_2_t,
+        b_Q_t,
+        b_K_t,
+        b_V_t,
+        b_O_t,
+        b_1_t,
         b_2_t,
         M_t,
     ) = tangents
@@ -1312,34 +1360,34 @@ def _primal_jvp(causal, num_heads, eps, primals, tangents):
         W_K,
         W_V,
         W_O,
-        b_Q,
-        b_K,
-        b_V,
-        b_O,
         gamma_1,
         beta_1,
         gamma_2,
         beta_2,
         W_1,
-        b_1,
         W_2,
+        b_Q,
+        b_K,
+        b_V,
+        b_O,
+        b_1,
         b_2,
         X_t,
         W_Q_t,
         W_K_t,
         W_V_t,
         W_O_t,
-        b_Q_t,
-        b_K_t,
-        b_V_t,
-        b_O_t,
         gamma_1_t,
         beta_1_t,
         gamma_2_t,
         beta_2_t,
         W_1_t,
-        b_1_t,
         W_2_t,
+        b_Q_t,
+        b_K_t,
+        b_V_t,
+        b_O_t,
+        b_1_t,
         b_2_t,
         M,
         M_t,
@@ -1391,17 +1439,17 @@ def forward_jvp(
         W_K,
         W_V,
         W_O,
-        b_Q,
-        b_K,
-        b_V,
-        b_O,
         gamma_1,
         beta_1,
         gamma_2,
         beta_2,
         W_1,
-        b_1,
         W_2,
+        b_Q,
+        b_K,
+        b_V,
+        b_O,
+        b_1,
         b_2,
         M,
         causal,

@@ -11,27 +11,27 @@ Shapes:
     W_K: (H * d_k, H * d_k)
     W_V: (H * d_k, H * d_k)
     W_O: (H * d_k, H * d_k)
-    b_Q: (1, H * d_k)
-    b_K: (1, H * d_k)
-    b_V: (1, H * d_k)
-    b_O: (1, H * d_k)
     gamma_1: (1, H * d_k)
     beta_1: (1, H * d_k)
     gamma_2: (1, H * d_k)
     beta_2: (1, H * d_k)
     W_1: (H * d_k, d_ff)
-    b_1: (1, d_ff)
     W_2: (d_ff, H * d_k)
+    b_Q: (1, H * d_k)
+    b_K: (1, H * d_k)
+    b_V: (1, H * d_k)
+    b_O: (1, H * d_k)
+    b_1: (1, d_ff)
     b_2: (1, H * d_k)
     -> Z: (..., n, H * d_k)
 Option num_heads (required).
 Option eps (default 1.00000000000000e-5).
-Biases (keywords, default None: no bias): b_Q, b_K, b_V, b_O, b_1, b_2, rows of 1 × columns broadcast over the
-tokens (Q W_Q + 𝟏 b_Q), as torch.nn.MultiheadAttention(bias=True); their gradients are column sums.
-Masks (keywords): attn_mask (n × m or (..., n, m); bool, True = not allowed, or float, added to the
-scores), key_padding_mask ((..., m) bool, True = ignore that key) and causal (query i sees keys j <= i)
-build the additive mask M (0 or -inf), A = scale Q Kᵀ + M. A row whose keys are all masked gives
-zeros (P = 0) and zero gradients, never NaN (torch.nn.MultiheadAttention gives NaN there).
+Biases (in their positions or by name; None: no bias): b_Q, b_K, b_V, b_O, b_1, b_2, rows of 1 × columns broadcast
+over the tokens (Q W_Q + 𝟏 b_Q), as torch.nn.MultiheadAttention(bias=True); their gradients are column sums.
+Masks: M in its position, or the keyword attn_mask (n × m or (..., n, m); bool, True = not allowed,
+or float, added to the scores), with key_padding_mask ((..., m) bool, True = ignore that key) and causal
+(query i sees keys j <= i), build the additive mask M (0 or -inf) added to the scores. A row whose keys
+are all masked gives zeros (P = 0) and zero gradients, never NaN (torch.nn.MultiheadAttention gives NaN there).
 
 Forward:
     scale = 1/sqrt(d_k)
@@ -69,12 +69,12 @@ Backward (grad_out = ∂f/∂Z for a scalar f; a weight's gradient is summed ove
     dK_h = scale dA_hᵀ Q_h
     dQ_h = scale dA_h K_h
     dW_O = Cᵀ dY
-    db_O = 𝟏ᵀ dY
     dgamma_2 = 𝟏ᵀ (N_2 ⊙ dX_2)
     dbeta_2 = 𝟏ᵀ dX_2
     dW_1 = X_2ᵀ dU
-    db_1 = 𝟏ᵀ dU
     dW_2 = Fᵀ grad_out
+    db_O = 𝟏ᵀ dY
+    db_1 = 𝟏ᵀ dU
     db_2 = 𝟏ᵀ grad_out
     dM = dA_h
     dX_1W_V = Concat_h(dV_h)
@@ -90,9 +90,9 @@ Backward (grad_out = ∂f/∂Z for a scalar f; a weight's gradient is summed ove
     D5 = dN_1 𝟏
     dX = (rstd(X) 𝟏ᵀ) ⊙ (c1 (N_1 ⊙ (D4 𝟏ᵀ)) + c1 D5 𝟏ᵀ + dN_1) + dY
     dW_K = X_1ᵀ dX_1W_K
-    db_K = 𝟏ᵀ dX_1W_K
     dgamma_1 = 𝟏ᵀ (N_1 ⊙ dX_1)
     dbeta_1 = 𝟏ᵀ dX_1
+    db_K = 𝟏ᵀ dX_1W_K
 """
 
 from __future__ import annotations
@@ -107,17 +107,17 @@ SHAPES = {
     "W_K": "(H * d_k, H * d_k)",
     "W_V": "(H * d_k, H * d_k)",
     "W_O": "(H * d_k, H * d_k)",
-    "b_Q": "(1, H * d_k)",
-    "b_K": "(1, H * d_k)",
-    "b_V": "(1, H * d_k)",
-    "b_O": "(1, H * d_k)",
     "gamma_1": "(1, H * d_k)",
     "beta_1": "(1, H * d_k)",
     "gamma_2": "(1, H * d_k)",
     "beta_2": "(1, H * d_k)",
     "W_1": "(H * d_k, d_ff)",
-    "b_1": "(1, d_ff)",
     "W_2": "(d_ff, H * d_k)",
+    "b_Q": "(1, H * d_k)",
+    "b_K": "(1, H * d_k)",
+    "b_V": "(1, H * d_k)",
+    "b_O": "(1, H * d_k)",
+    "b_1": "(1, d_ff)",
     "b_2": "(1, H * d_k)",
 }
 OPTIONAL = ("b_Q", "b_K", "b_V", "b_O", "b_1", "b_2")  # inputs that may be None: their terms are left out
@@ -588,6 +588,42 @@ def _check_shape(name, a, dims):
         raise ValueError(f"{name}: expected shape {SHAPES[name]} = ({batch}{dims[0]}, {dims[1]}), got {tuple(a.shape)}")
 
 
+def _rows(named):
+    """Each parameter of shape (1, k) given 1-D, (k,) as torch holds a bias, as the 1 × k row (a view); the others
+    as they are (the inputs' checks read them)."""
+    return [np.asarray(v)[None, :] if v is not None and np.ndim(v) == 1 else v for v in named.values()]
+
+
+def _vectors(named):
+    """The names of the (1, k) parameters given 1-D: backward returns their gradients 1-D (``_as_given``)."""
+    return tuple(name for name, v in named.items() if v is not None and np.ndim(v) == 1)
+
+
+def _as_given(grads, vectors):
+    """The gradients of the inputs given (None: an absent input's, left out), each of a parameter given 1-D as a
+    vector of its length, the layout it was given in."""
+    return {name: g.reshape(-1) if name in vectors else g for name, g in grads.items() if g is not None}
+
+
+def _one_mask(name, value, attn_mask, query, key, allowed=False):
+    """The mask the spec's additive constant `name` is made from: value, given in its position, or attn_mask,
+    given by keyword; both given is a TypeError naming them. value (n × m or (..., n, m), n the query's rows, m
+    the key's) is a constant (backward gives it no gradient): a float one is added as it is, a bool is read as
+    attn_mask's, True = not allowed, or with allowed, True = allowed (as torch's scaled_dot_product_attention
+    reads a bool attn_mask)."""
+    if value is None:
+        return attn_mask
+    if attn_mask is not None:
+        raise TypeError(f"forward() got the mask {name} both in its position and as attn_mask; give it once")
+    value, query, key = np.asarray(value), np.asarray(query), np.asarray(key)
+    n, m, batch = query.shape[-2], key.shape[-2], query.shape[:-2]
+    if value.shape not in ((n, m), (*batch, n, m)):
+        raise ValueError(f"{name}: expected shape (n, m) = ({n}, {m}) or {(*batch, n, m)}, got {value.shape}")
+    if value.dtype != np.bool_ and not np.issubdtype(value.dtype, np.floating):
+        raise ValueError(f"{name}: expected a bool or floating-point array, got {value.dtype}")
+    return ~value if allowed and value.dtype == np.bool_ else value
+
+
 def _quotient(name, shape, divisor):
     """shape[-1] // divisor, which must divide it."""
     if shape[-1] % divisor:
@@ -694,15 +730,16 @@ def forward(
     beta_2,
     W_1,
     W_2,
-    *,
-    num_heads,
-    eps=None,
     b_Q=None,
     b_K=None,
     b_V=None,
     b_O=None,
     b_1=None,
     b_2=None,
+    M=None,
+    *,
+    num_heads,
+    eps=None,
     attn_mask=None,
     key_padding_mask=None,
     causal=False,
@@ -710,31 +747,67 @@ def forward(
     """pre-LN encoder layer: Y = X + MHA(LN₁(X)), Z = Y + GELU(LN₂(Y) W_1 + b_1) W_2 + b_2.
 
     Returns (Z, saved): Z of shape (..., n, H * d_k) and the values backward needs.
-    attn_mask (n × m, bool: True = not allowed, or float: added), key_padding_mask (..., m, bool: True =
-    ignore the key) and causal add the mask M to the scores; a row whose keys are all masked gives zeros
-    and zero gradients, never NaN.
-    b_Q, b_K, b_V, b_O, b_1, b_2: optional biases (1 × columns, broadcast over the tokens), each left out when None.
+    Arguments: X, W_Q, W_K, W_V, W_O, gamma_1, beta_1, gamma_2, beta_2, W_1, W_2, b_Q, b_K, b_V, b_O, b_1,
+    b_2, M, in this order (the spec's inputs, then its constants), or by name.
+    M, the additive mask, in its position (a constant, no gradient): None (no mask), a float n × m or batched
+    (..., n, m) array added to the scores, or a bool (True = not allowed). attn_mask is the same mask by
+    keyword (bool: True = not allowed; a float one is differentiated); giving both is a TypeError.
+    key_padding_mask ((..., m) bool: True = ignore the key) and causal add to it; a row whose keys are all
+    masked gives zeros and zero gradients, never NaN.
+    b_Q, b_K, b_V, b_O, b_1, b_2: optional biases (1 × columns, broadcast over the tokens), None: left out.
+    gamma_1, beta_1, gamma_2, beta_2, b_Q, b_K, b_V, b_O, b_1, b_2: 1 × k, or 1-D (k,) as torch holds a bias
+    (viewed as the row; its gradient comes back (k,)).
     """
-    M = _additive_mask(attn_mask, key_padding_mask, causal, X, X, per_head=True, by_blocks=True)
+    vector_inputs = _vectors(
+        {
+            "gamma_1": gamma_1,
+            "beta_1": beta_1,
+            "gamma_2": gamma_2,
+            "beta_2": beta_2,
+            "b_Q": b_Q,
+            "b_K": b_K,
+            "b_V": b_V,
+            "b_O": b_O,
+            "b_1": b_1,
+            "b_2": b_2,
+        }
+    )
+    gamma_1, beta_1, gamma_2, beta_2, b_Q, b_K, b_V, b_O, b_1, b_2 = _rows(
+        {
+            "gamma_1": gamma_1,
+            "beta_1": beta_1,
+            "gamma_2": gamma_2,
+            "beta_2": beta_2,
+            "b_Q": b_Q,
+            "b_K": b_K,
+            "b_V": b_V,
+            "b_O": b_O,
+            "b_1": b_1,
+            "b_2": b_2,
+        }
+    )
+    M = _additive_mask(
+        _one_mask("M", M, attn_mask, X, X), key_padding_mask, causal, X, X, per_head=True, by_blocks=True
+    )
     mask_shape = _float_mask_shape(attn_mask)  # a float attn_mask receives its gradient
-    X, W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O, gamma_1, beta_1, gamma_2, beta_2, W_1, b_1, W_2, b_2 = _arrays(
+    X, W_Q, W_K, W_V, W_O, gamma_1, beta_1, gamma_2, beta_2, W_1, W_2, b_Q, b_K, b_V, b_O, b_1, b_2 = _arrays(
         {
             "X": X,
             "W_Q": W_Q,
             "W_K": W_K,
             "W_V": W_V,
             "W_O": W_O,
-            "b_Q": b_Q,
-            "b_K": b_K,
-            "b_V": b_V,
-            "b_O": b_O,
             "gamma_1": gamma_1,
             "beta_1": beta_1,
             "gamma_2": gamma_2,
             "beta_2": beta_2,
             "W_1": W_1,
-            "b_1": b_1,
             "W_2": W_2,
+            "b_Q": b_Q,
+            "b_K": b_K,
+            "b_V": b_V,
+            "b_O": b_O,
+            "b_1": b_1,
             "b_2": b_2,
         }
     )
@@ -747,6 +820,12 @@ def forward(
     _check_shape("W_K", W_K, (H * d_k, H * d_k))
     _check_shape("W_V", W_V, (H * d_k, H * d_k))
     _check_shape("W_O", W_O, (H * d_k, H * d_k))
+    _check_shape("gamma_1", gamma_1, (1, H * d_k))
+    _check_shape("beta_1", beta_1, (1, H * d_k))
+    _check_shape("gamma_2", gamma_2, (1, H * d_k))
+    _check_shape("beta_2", beta_2, (1, H * d_k))
+    _check_shape("W_1", W_1, (H * d_k, d_ff))
+    _check_shape("W_2", W_2, (d_ff, H * d_k))
     if b_Q is not None:
         _check_shape("b_Q", b_Q, (1, H * d_k))
     if b_K is not None:
@@ -755,14 +834,8 @@ def forward(
         _check_shape("b_V", b_V, (1, H * d_k))
     if b_O is not None:
         _check_shape("b_O", b_O, (1, H * d_k))
-    _check_shape("gamma_1", gamma_1, (1, H * d_k))
-    _check_shape("beta_1", beta_1, (1, H * d_k))
-    _check_shape("gamma_2", gamma_2, (1, H * d_k))
-    _check_shape("beta_2", beta_2, (1, H * d_k))
-    _check_shape("W_1", W_1, (H * d_k, d_ff))
     if b_1 is not None:
         _check_shape("b_1", b_1, (1, d_ff))
-    _check_shape("W_2", W_2, (d_ff, H * d_k))
     if b_2 is not None:
         _check_shape("b_2", b_2, (1, H * d_k))
     _nonempty({"d_k": d_k, "d_ff": d_ff}, {"X": X, "W_1": W_1})
@@ -838,6 +911,7 @@ def forward(
         "causal": causal,
         "output_shape": Z.shape,
         "dtype": Z.dtype,
+        "vector_inputs": vector_inputs,
     }
     return Z, saved
 
@@ -923,12 +997,12 @@ def backward(saved, grad_out):
             db_Q += rows(dX_1W_Q_b).sum(axis=0, keepdims=True)
     dX_1W_Q = dX_1W_Q_blocks[0] if len(dX_1W_Q_blocks) == 1 else np.concatenate(dX_1W_Q_blocks, axis=-2)
     dW_O = rows(C).mT @ rows(dY)
-    db_O = None if b_O is None else rows(dY).sum(axis=0, keepdims=True)
     dgamma_2 = rows(N_2 * dX_2).sum(axis=0, keepdims=True)
     dbeta_2 = rows(dX_2).sum(axis=0, keepdims=True)
     dW_1 = rows(X_2).mT @ rows(dU)
-    db_1 = None if b_1 is None else rows(dU).sum(axis=0, keepdims=True)
     dW_2 = rows(F).mT @ rows(grad_out)
+    db_O = None if b_O is None else rows(dY).sum(axis=0, keepdims=True)
+    db_1 = None if b_1 is None else rows(dU).sum(axis=0, keepdims=True)
     db_2 = None if b_2 is None else rows(grad_out).sum(axis=0, keepdims=True)
     dX_1W_V = merge_heads(dV_h, H)
     dW_V = rows(X_1).mT @ rows(dX_1W_V)
@@ -940,9 +1014,9 @@ def backward(saved, grad_out):
     D5 = dN_1.sum(axis=-1, keepdims=True)
     dX = (row_inv_std(X, eps)) * (c1 * (D4 * N_1) + c1 * D5 + dN_1) + dY
     dW_K = rows(X_1).mT @ rows(dX_1W_K)
-    db_K = None if b_K is None else rows(dX_1W_K).sum(axis=0, keepdims=True)
     dgamma_1 = rows(N_1 * dX_1).sum(axis=0, keepdims=True)
     dbeta_1 = rows(dX_1).sum(axis=0, keepdims=True)
+    db_K = None if b_K is None else rows(dX_1W_K).sum(axis=0, keepdims=True)
     dM = None if mask_shape is None else sum_to_mask(dM, mask_shape, heads=True)
     grads = {
         "X": dX,
@@ -950,21 +1024,21 @@ def backward(saved, grad_out):
         "W_K": dW_K,
         "W_V": dW_V,
         "W_O": dW_O,
-        "b_Q": db_Q,
-        "b_K": db_K,
-        "b_V": db_V,
-        "b_O": db_O,
         "gamma_1": dgamma_1,
         "beta_1": dbeta_1,
         "gamma_2": dgamma_2,
         "beta_2": dbeta_2,
         "W_1": dW_1,
-        "b_1": db_1,
         "W_2": dW_2,
+        "b_Q": db_Q,
+        "b_K": db_K,
+        "b_V": db_V,
+        "b_O": db_O,
+        "b_1": db_1,
         "b_2": db_2,
         "attn_mask": dM,
     }
-    return {name: g for name, g in grads.items() if g is not None}
+    return _as_given(grads, saved["vector_inputs"])
 
 
 # The second closed form: f₂ = Σ_i tr(V_iᵀ g_i(x, G_out)), g_i the gradients above; its gradients are the
@@ -977,17 +1051,17 @@ SHAPES.update(
         "W_K_v": "(H * d_k, H * d_k)",
         "W_V_v": "(H * d_k, H * d_k)",
         "W_O_v": "(H * d_k, H * d_k)",
-        "b_Q_v": "(1, H * d_k)",
-        "b_K_v": "(1, H * d_k)",
-        "b_V_v": "(1, H * d_k)",
-        "b_O_v": "(1, H * d_k)",
         "gamma_1_v": "(1, H * d_k)",
         "beta_1_v": "(1, H * d_k)",
         "gamma_2_v": "(1, H * d_k)",
         "beta_2_v": "(1, H * d_k)",
         "W_1_v": "(H * d_k, d_ff)",
-        "b_1_v": "(1, d_ff)",
         "W_2_v": "(d_ff, H * d_k)",
+        "b_Q_v": "(1, H * d_k)",
+        "b_K_v": "(1, H * d_k)",
+        "b_V_v": "(1, H * d_k)",
+        "b_O_v": "(1, H * d_k)",
+        "b_1_v": "(1, d_ff)",
         "b_2_v": "(1, H * d_k)",
     }
 )
@@ -998,17 +1072,17 @@ OPTIONAL += (
     "W_K_v",
     "W_V_v",
     "W_O_v",
-    "b_Q_v",
-    "b_K_v",
-    "b_V_v",
-    "b_O_v",
     "gamma_1_v",
     "beta_1_v",
     "gamma_2_v",
     "beta_2_v",
     "W_1_v",
-    "b_1_v",
     "W_2_v",
+    "b_Q_v",
+    "b_K_v",
+    "b_V_v",
+    "b_O_v",
+    "b_1_v",
     "b_2_v",
 )
 DIRECTION_OF = {
@@ -1017,17 +1091,17 @@ DIRECTION_OF = {
     "W_K": "W_K_v",
     "W_V": "W_V_v",
     "W_O": "W_O_v",
-    "b_Q": "b_Q_v",
-    "b_K": "b_K_v",
-    "b_V": "b_V_v",
-    "b_O": "b_O_v",
     "gamma_1": "gamma_1_v",
     "beta_1": "beta_1_v",
     "gamma_2": "gamma_2_v",
     "beta_2": "beta_2_v",
     "W_1": "W_1_v",
-    "b_1": "b_1_v",
     "W_2": "W_2_v",
+    "b_Q": "b_Q_v",
+    "b_K": "b_K_v",
+    "b_V": "b_V_v",
+    "b_O": "b_O_v",
+    "b_1": "b_1_v",
     "b_2": "b_2_v",
 }
 
@@ -1054,17 +1128,17 @@ def _forward2(
     W_K,
     W_V,
     W_O,
-    b_Q,
-    b_K,
-    b_V,
-    b_O,
     gamma_1,
     beta_1,
     gamma_2,
     beta_2,
     W_1,
-    b_1,
     W_2,
+    b_Q,
+    b_K,
+    b_V,
+    b_O,
+    b_1,
     b_2,
     G_out,
     X_v,
@@ -1072,17 +1146,17 @@ def _forward2(
     W_K_v,
     W_V_v,
     W_O_v,
-    b_Q_v,
-    b_K_v,
-    b_V_v,
-    b_O_v,
     gamma_1_v,
     beta_1_v,
     gamma_2_v,
     beta_2_v,
     W_1_v,
-    b_1_v,
     W_2_v,
+    b_Q_v,
+    b_K_v,
+    b_V_v,
+    b_O_v,
+    b_1_v,
     b_2_v,
     M,
     causal,
@@ -1097,17 +1171,17 @@ def _forward2(
         W_K,
         W_V,
         W_O,
-        b_Q,
-        b_K,
-        b_V,
-        b_O,
         gamma_1,
         beta_1,
         gamma_2,
         beta_2,
         W_1,
-        b_1,
         W_2,
+        b_Q,
+        b_K,
+        b_V,
+        b_O,
+        b_1,
         b_2,
         G_out,
         X_v,
@@ -1115,17 +1189,17 @@ def _forward2(
         W_K_v,
         W_V_v,
         W_O_v,
-        b_Q_v,
-        b_K_v,
-        b_V_v,
-        b_O_v,
         gamma_1_v,
         beta_1_v,
         gamma_2_v,
         beta_2_v,
         W_1_v,
-        b_1_v,
         W_2_v,
+        b_Q_v,
+        b_K_v,
+        b_V_v,
+        b_O_v,
+        b_1_v,
         b_2_v,
     ) = _arrays(
         {
@@ -1134,17 +1208,17 @@ def _forward2(
             "W_K": W_K,
             "W_V": W_V,
             "W_O": W_O,
-            "b_Q": b_Q,
-            "b_K": b_K,
-            "b_V": b_V,
-            "b_O": b_O,
             "gamma_1": gamma_1,
             "beta_1": beta_1,
             "gamma_2": gamma_2,
             "beta_2": beta_2,
             "W_1": W_1,
-            "b_1": b_1,
             "W_2": W_2,
+            "b_Q": b_Q,
+            "b_K": b_K,
+            "b_V": b_V,
+            "b_O": b_O,
+            "b_1": b_1,
             "b_2": b_2,
             "G_out": G_out,
             "X_v": X_v,
@@ -1152,17 +1226,17 @@ def _forward2(
             "W_K_v": W_K_v,
             "W_V_v": W_V_v,
             "W_O_v": W_O_v,
-            "b_Q_v": b_Q_v,
-            "b_K_v": b_K_v,
-            "b_V_v": b_V_v,
-            "b_O_v": b_O_v,
             "gamma_1_v": gamma_1_v,
             "beta_1_v": beta_1_v,
             "gamma_2_v": gamma_2_v,
             "beta_2_v": beta_2_v,
             "W_1_v": W_1_v,
-            "b_1_v": b_1_v,
             "W_2_v": W_2_v,
+            "b_Q_v": b_Q_v,
+            "b_K_v": b_K_v,
+            "b_V_v": b_V_v,
+            "b_O_v": b_O_v,
+            "b_1_v": b_1_v,
             "b_2_v": b_2_v,
         }
     )
@@ -1177,6 +1251,12 @@ def _forward2(
     _check_shape("W_K", W_K, (H * d_k, H * d_k))
     _check_shape("W_V", W_V, (H * d_k, H * d_k))
     _check_shape("W_O", W_O, (H * d_k, H * d_k))
+    _check_shape("gamma_1", gamma_1, (1, H * d_k))
+    _check_shape("beta_1", beta_1, (1, H * d_k))
+    _check_shape("gamma_2", gamma_2, (1, H * d_k))
+    _check_shape("beta_2", beta_2, (1, H * d_k))
+    _check_shape("W_1", W_1, (H * d_k, d_ff))
+    _check_shape("W_2", W_2, (d_ff, H * d_k))
     if b_Q is not None:
         _check_shape("b_Q", b_Q, (1, H * d_k))
     if b_K is not None:
@@ -1185,14 +1265,8 @@ def _forward2(
         _check_shape("b_V", b_V, (1, H * d_k))
     if b_O is not None:
         _check_shape("b_O", b_O, (1, H * d_k))
-    _check_shape("gamma_1", gamma_1, (1, H * d_k))
-    _check_shape("beta_1", beta_1, (1, H * d_k))
-    _check_shape("gamma_2", gamma_2, (1, H * d_k))
-    _check_shape("beta_2", beta_2, (1, H * d_k))
-    _check_shape("W_1", W_1, (H * d_k, d_ff))
     if b_1 is not None:
         _check_shape("b_1", b_1, (1, d_ff))
-    _check_shape("W_2", W_2, (d_ff, H * d_k))
     if b_2 is not None:
         _check_shape("b_2", b_2, (1, H * d_k))
     _check_shape("G_out", G_out, (n, H * d_k))
@@ -1206,14 +1280,6 @@ def _forward2(
         _check_shape("W_V_v", W_V_v, (H * d_k, H * d_k))
     if W_O_v is not None:
         _check_shape("W_O_v", W_O_v, (H * d_k, H * d_k))
-    if b_Q_v is not None:
-        _check_shape("b_Q_v", b_Q_v, (1, H * d_k))
-    if b_K_v is not None:
-        _check_shape("b_K_v", b_K_v, (1, H * d_k))
-    if b_V_v is not None:
-        _check_shape("b_V_v", b_V_v, (1, H * d_k))
-    if b_O_v is not None:
-        _check_shape("b_O_v", b_O_v, (1, H * d_k))
     if gamma_1_v is not None:
         _check_shape("gamma_1_v", gamma_1_v, (1, H * d_k))
     if beta_1_v is not None:
@@ -1224,10 +1290,18 @@ def _forward2(
         _check_shape("beta_2_v", beta_2_v, (1, H * d_k))
     if W_1_v is not None:
         _check_shape("W_1_v", W_1_v, (H * d_k, d_ff))
-    if b_1_v is not None:
-        _check_shape("b_1_v", b_1_v, (1, d_ff))
     if W_2_v is not None:
         _check_shape("W_2_v", W_2_v, (d_ff, H * d_k))
+    if b_Q_v is not None:
+        _check_shape("b_Q_v", b_Q_v, (1, H * d_k))
+    if b_K_v is not None:
+        _check_shape("b_K_v", b_K_v, (1, H * d_k))
+    if b_V_v is not None:
+        _check_shape("b_V_v", b_V_v, (1, H * d_k))
+    if b_O_v is not None:
+        _check_shape("b_O_v", b_O_v, (1, H * d_k))
+    if b_1_v is not None:
+        _check_shape("b_1_v", b_1_v, (1, d_ff))
     if b_2_v is not None:
         _check_shape("b_2_v", b_2_v, (1, H * d_k))
     _nonempty({"d_k": d_k, "d_ff": d_ff}, {"X": X, "W_1": W_1})
@@ -1246,14 +1320,6 @@ def _forward2(
         W_V_v = np.zeros((H * d_k, H * d_k), dtype=dtype)
     if W_O_v is None:
         W_O_v = np.zeros((H * d_k, H * d_k), dtype=dtype)
-    if b_Q_v is None:
-        b_Q_v = np.zeros((1, H * d_k), dtype=dtype)
-    if b_K_v is None:
-        b_K_v = np.zeros((1, H * d_k), dtype=dtype)
-    if b_V_v is None:
-        b_V_v = np.zeros((1, H * d_k), dtype=dtype)
-    if b_O_v is None:
-        b_O_v = np.zeros((1, H * d_k), dtype=dtype)
     if gamma_1_v is None:
         gamma_1_v = np.zeros((1, H * d_k), dtype=dtype)
     if beta_1_v is None:
@@ -1264,10 +1330,18 @@ def _forward2(
         beta_2_v = np.zeros((1, H * d_k), dtype=dtype)
     if W_1_v is None:
         W_1_v = np.zeros((H * d_k, d_ff), dtype=dtype)
-    if b_1_v is None:
-        b_1_v = np.zeros((1, d_ff), dtype=dtype)
     if W_2_v is None:
         W_2_v = np.zeros((d_ff, H * d_k), dtype=dtype)
+    if b_Q_v is None:
+        b_Q_v = np.zeros((1, H * d_k), dtype=dtype)
+    if b_K_v is None:
+        b_K_v = np.zeros((1, H * d_k), dtype=dtype)
+    if b_V_v is None:
+        b_V_v = np.zeros((1, H * d_k), dtype=dtype)
+    if b_O_v is None:
+        b_O_v = np.zeros((1, H * d_k), dtype=dtype)
+    if b_1_v is None:
+        b_1_v = np.zeros((1, d_ff), dtype=dtype)
     if b_2_v is None:
         b_2_v = np.zeros((1, H * d_k), dtype=dtype)
     N_1 = layer_norm(X, eps)
@@ -1304,12 +1378,12 @@ def _forward2(
     G_K_h = G_A_h.mT @ (scale * Q_h)
     G_Q_h = G_A_h @ (scale * K_h)
     G_W_O = rows(C).mT @ rows(G_Y)
-    G_b_O = rows(G_Y).sum(axis=0, keepdims=True)
     G_gamma_2 = rows(N_2 * G_X_2).sum(axis=0, keepdims=True)
     G_beta_2 = rows(G_X_2).sum(axis=0, keepdims=True)
     G_W_1 = rows(X_2).mT @ rows(G_U)
-    G_b_1 = rows(G_U).sum(axis=0, keepdims=True)
     G_W_2 = rows(F).mT @ rows(G_out)
+    G_b_O = rows(G_Y).sum(axis=0, keepdims=True)
+    G_b_1 = rows(G_U).sum(axis=0, keepdims=True)
     G_b_2 = rows(G_out).sum(axis=0, keepdims=True)
     G_M = G_A_h
     del G_A_h
@@ -1330,9 +1404,9 @@ def _forward2(
     t6 = row_inv_std(X, eps)
     G_X = t6 * (c1 * (G_D4 * N_1) + c1 * G_D5 + G_N_1) + G_Y
     G_W_K = rows(X_1).mT @ rows(G_X_1W_K)
-    G_b_K = rows(G_X_1W_K).sum(axis=0, keepdims=True)
     G_gamma_1 = rows(N_1 * G_X_1).sum(axis=0, keepdims=True)
     G_beta_1 = rows(G_X_1).sum(axis=0, keepdims=True)
+    G_b_K = rows(G_X_1W_K).sum(axis=0, keepdims=True)
     f2 = (
         (b_1_v * G_b_1).sum(axis=-1, keepdims=True)
         + (b_2_v * G_b_2).sum(axis=-1, keepdims=True)
@@ -1386,17 +1460,17 @@ def _forward2(
         "W_K_v": W_K_v,
         "W_V_v": W_V_v,
         "W_O_v": W_O_v,
-        "b_Q_v": b_Q_v,
-        "b_K_v": b_K_v,
-        "b_V_v": b_V_v,
-        "b_O_v": b_O_v,
         "gamma_1_v": gamma_1_v,
         "beta_1_v": beta_1_v,
         "gamma_2_v": gamma_2_v,
         "beta_2_v": beta_2_v,
         "W_1_v": W_1_v,
-        "b_1_v": b_1_v,
         "W_2_v": W_2_v,
+        "b_Q_v": b_Q_v,
+        "b_K_v": b_K_v,
+        "b_V_v": b_V_v,
+        "b_O_v": b_O_v,
+        "b_1_v": b_1_v,
         "b_2_v": b_2_v,
         "N_1": N_1,
         "X_1": X_1,
@@ -1461,17 +1535,17 @@ def _backward2(saved, grad_out):
     W_K_v = saved["W_K_v"]
     W_V_v = saved["W_V_v"]
     W_O_v = saved["W_O_v"]
-    b_Q_v = saved["b_Q_v"]
-    b_K_v = saved["b_K_v"]
-    b_V_v = saved["b_V_v"]
-    b_O_v = saved["b_O_v"]
     gamma_1_v = saved["gamma_1_v"]
     beta_1_v = saved["beta_1_v"]
     gamma_2_v = saved["gamma_2_v"]
     beta_2_v = saved["beta_2_v"]
     W_1_v = saved["W_1_v"]
-    b_1_v = saved["b_1_v"]
     W_2_v = saved["W_2_v"]
+    b_Q_v = saved["b_Q_v"]
+    b_K_v = saved["b_K_v"]
+    b_V_v = saved["b_V_v"]
+    b_O_v = saved["b_O_v"]
+    b_1_v = saved["b_1_v"]
     b_2_v = saved["b_2_v"]
     N_1 = saved["N_1"]
     X_1 = saved["X_1"]
@@ -1579,17 +1653,17 @@ def _backward2(saved, grad_out):
     del dK_h
     dW_O = sum_batch(C.mT @ dG_Y + dC.mT @ G_Y)
     del dC
-    db_O = None if b_O is None else rows(dG_Y).sum(axis=0, keepdims=True)
     dgamma_2 = rows(np.add(np.multiply(dN_2, G_X_2, out=dN_2), N_2 * dG_X_2, out=dN_2)).sum(axis=0, keepdims=True)
     del dN_2
     dbeta_2 = rows(dG_X_2).sum(axis=0, keepdims=True)
     del dG_X_2
     dW_1 = sum_batch(X_2.mT @ dG_U + dX_2.mT @ G_U)
     del dX_2
-    db_1 = None if b_1 is None else rows(dG_U).sum(axis=0, keepdims=True)
-    del dG_U
     dW_2 = rows(dF).mT @ rows(G_out)
     del dF
+    db_O = None if b_O is None else rows(dG_Y).sum(axis=0, keepdims=True)
+    db_1 = None if b_1 is None else rows(dG_U).sum(axis=0, keepdims=True)
+    del dG_U
     dM = None if mask_shape is None else sum_to_mask(dG_A_h, mask_shape, heads=True)
     dG_X_1W_V = merge_heads(dG_V_h, H)
     del dG_V_h
@@ -1621,29 +1695,29 @@ def _backward2(saved, grad_out):
     del dG_D4, dG_D5, dG_N_1, dG_Y, t2, t4
     dW_K = sum_batch(X_1.mT @ dG_X_1W_K + dX_1.mT @ G_X_1W_K)
     del dX_1
-    db_K = None if b_K is None else rows(dG_X_1W_K).sum(axis=0, keepdims=True)
-    del dG_X_1W_K
     dgamma_1 = rows(np.add(np.multiply(dN_1, G_X_1, out=dN_1), N_1 * dG_X_1, out=dN_1)).sum(axis=0, keepdims=True)
     del dN_1
     dbeta_1 = rows(dG_X_1).sum(axis=0, keepdims=True)
     del dG_X_1
+    db_K = None if b_K is None else rows(dG_X_1W_K).sum(axis=0, keepdims=True)
+    del dG_X_1W_K
     grads = {
         "X": dX,
         "W_Q": dW_Q,
         "W_K": dW_K,
         "W_V": dW_V,
         "W_O": dW_O,
-        "b_Q": db_Q,
-        "b_K": db_K,
-        "b_V": db_V,
-        "b_O": db_O,
         "gamma_1": dgamma_1,
         "beta_1": dbeta_1,
         "gamma_2": dgamma_2,
         "beta_2": dbeta_2,
         "W_1": dW_1,
-        "b_1": db_1,
         "W_2": dW_2,
+        "b_Q": db_Q,
+        "b_K": db_K,
+        "b_V": db_V,
+        "b_O": db_O,
+        "b_1": db_1,
         "b_2": db_2,
         "G_out": dG_out,
         "attn_mask": dM,
@@ -1692,17 +1766,17 @@ def hvp(
         W_K,
         W_V,
         W_O,
-        b_Q,
-        b_K,
-        b_V,
-        b_O,
         gamma_1,
         beta_1,
         gamma_2,
         beta_2,
         W_1,
-        b_1,
         W_2,
+        b_Q,
+        b_K,
+        b_V,
+        b_O,
+        b_1,
         b_2,
         grad_out,
         direction.get("X"),
@@ -1710,17 +1784,17 @@ def hvp(
         direction.get("W_K"),
         direction.get("W_V"),
         direction.get("W_O"),
-        direction.get("b_Q"),
-        direction.get("b_K"),
-        direction.get("b_V"),
-        direction.get("b_O"),
         direction.get("gamma_1"),
         direction.get("beta_1"),
         direction.get("gamma_2"),
         direction.get("beta_2"),
         direction.get("W_1"),
-        direction.get("b_1"),
         direction.get("W_2"),
+        direction.get("b_Q"),
+        direction.get("b_K"),
+        direction.get("b_V"),
+        direction.get("b_O"),
+        direction.get("b_1"),
         direction.get("b_2"),
         M,
         causal,
@@ -1739,17 +1813,17 @@ SHAPES.update(
         "W_K_t": SHAPES["W_K"],
         "W_V_t": SHAPES["W_V"],
         "W_O_t": SHAPES["W_O"],
-        "b_Q_t": SHAPES["b_Q"],
-        "b_K_t": SHAPES["b_K"],
-        "b_V_t": SHAPES["b_V"],
-        "b_O_t": SHAPES["b_O"],
         "gamma_1_t": SHAPES["gamma_1"],
         "beta_1_t": SHAPES["beta_1"],
         "gamma_2_t": SHAPES["gamma_2"],
         "beta_2_t": SHAPES["beta_2"],
         "W_1_t": SHAPES["W_1"],
-        "b_1_t": SHAPES["b_1"],
         "W_2_t": SHAPES["W_2"],
+        "b_Q_t": SHAPES["b_Q"],
+        "b_K_t": SHAPES["b_K"],
+        "b_V_t": SHAPES["b_V"],
+        "b_O_t": SHAPES["b_O"],
+        "b_1_t": SHAPES["b_1"],
         "b_2_t": SHAPES["b_2"],
     }
 )
@@ -1760,17 +1834,17 @@ OPTIONAL += (
     "W_K_t",
     "W_V_t",
     "W_O_t",
-    "b_Q_t",
-    "b_K_t",
-    "b_V_t",
-    "b_O_t",
     "gamma_1_t",
     "beta_1_t",
     "gamma_2_t",
     "beta_2_t",
     "W_1_t",
-    "b_1_t",
     "W_2_t",
+    "b_Q_t",
+    "b_K_t",
+    "b_V_t",
+    "b_O_t",
+    "b_1_t",
     "b_2_t",
 )
 TANGENT_OF = {
@@ -1779,17 +1853,17 @@ TANGENT_OF = {
     "W_K": "W_K_t",
     "W_V": "W_V_t",
     "W_O": "W_O_t",
-    "b_Q": "b_Q_t",
-    "b_K": "b_K_t",
-    "b_V": "b_V_t",
-    "b_O": "b_O_t",
     "gamma_1": "gamma_1_t",
     "beta_1": "beta_1_t",
     "gamma_2": "gamma_2_t",
     "beta_2": "beta_2_t",
     "W_1": "W_1_t",
-    "b_1": "b_1_t",
     "W_2": "W_2_t",
+    "b_Q": "b_Q_t",
+    "b_K": "b_K_t",
+    "b_V": "b_V_t",
+    "b_O": "b_O_t",
+    "b_1": "b_1_t",
     "b_2": "b_2_t",
 }
 
@@ -1810,34 +1884,34 @@ def _jvp(
     W_K,
     W_V,
     W_O,
-    b_Q,
-    b_K,
-    b_V,
-    b_O,
     gamma_1,
     beta_1,
     gamma_2,
     beta_2,
     W_1,
-    b_1,
     W_2,
+    b_Q,
+    b_K,
+    b_V,
+    b_O,
+    b_1,
     b_2,
     X_t,
     W_Q_t,
     W_K_t,
     W_V_t,
     W_O_t,
-    b_Q_t,
-    b_K_t,
-    b_V_t,
-    b_O_t,
     gamma_1_t,
     beta_1_t,
     gamma_2_t,
     beta_2_t,
     W_1_t,
-    b_1_t,
     W_2_t,
+    b_Q_t,
+    b_K_t,
+    b_V_t,
+    b_O_t,
+    b_1_t,
     b_2_t,
     M,
     M_t,
@@ -1852,34 +1926,34 @@ def _jvp(
         W_K,
         W_V,
         W_O,
-        b_Q,
-        b_K,
-        b_V,
-        b_O,
         gamma_1,
         beta_1,
         gamma_2,
         beta_2,
         W_1,
-        b_1,
         W_2,
+        b_Q,
+        b_K,
+        b_V,
+        b_O,
+        b_1,
         b_2,
         X_t,
         W_Q_t,
         W_K_t,
         W_V_t,
         W_O_t,
-        b_Q_t,
-        b_K_t,
-        b_V_t,
-        b_O_t,
         gamma_1_t,
         beta_1_t,
         gamma_2_t,
         beta_2_t,
         W_1_t,
-        b_1_t,
         W_2_t,
+        b_Q_t,
+        b_K_t,
+        b_V_t,
+        b_O_t,
+        b_1_t,
         b_2_t,
     ) = _arrays(
         {
@@ -1888,34 +1962,34 @@ def _jvp(
             "W_K": W_K,
             "W_V": W_V,
             "W_O": W_O,
-            "b_Q": b_Q,
-            "b_K": b_K,
-            "b_V": b_V,
-            "b_O": b_O,
             "gamma_1": gamma_1,
             "beta_1": beta_1,
             "gamma_2": gamma_2,
             "beta_2": beta_2,
             "W_1": W_1,
-            "b_1": b_1,
             "W_2": W_2,
+            "b_Q": b_Q,
+            "b_K": b_K,
+            "b_V": b_V,
+            "b_O": b_O,
+            "b_1": b_1,
             "b_2": b_2,
             "X_t": X_t,
             "W_Q_t": W_Q_t,
             "W_K_t": W_K_t,
             "W_V_t": W_V_t,
             "W_O_t": W_O_t,
-            "b_Q_t": b_Q_t,
-            "b_K_t": b_K_t,
-            "b_V_t": b_V_t,
-            "b_O_t": b_O_t,
             "gamma_1_t": gamma_1_t,
             "beta_1_t": beta_1_t,
             "gamma_2_t": gamma_2_t,
             "beta_2_t": beta_2_t,
             "W_1_t": W_1_t,
-            "b_1_t": b_1_t,
             "W_2_t": W_2_t,
+            "b_Q_t": b_Q_t,
+            "b_K_t": b_K_t,
+            "b_V_t": b_V_t,
+            "b_O_t": b_O_t,
+            "b_1_t": b_1_t,
             "b_2_t": b_2_t,
         }
     )
@@ -1928,6 +2002,12 @@ def _jvp(
     _check_shape("W_K", W_K, (H * d_k, H * d_k))
     _check_shape("W_V", W_V, (H * d_k, H * d_k))
     _check_shape("W_O", W_O, (H * d_k, H * d_k))
+    _check_shape("gamma_1", gamma_1, (1, H * d_k))
+    _check_shape("beta_1", beta_1, (1, H * d_k))
+    _check_shape("gamma_2", gamma_2, (1, H * d_k))
+    _check_shape("beta_2", beta_2, (1, H * d_k))
+    _check_shape("W_1", W_1, (H * d_k, d_ff))
+    _check_shape("W_2", W_2, (d_ff, H * d_k))
     if b_Q is not None:
         _check_shape("b_Q", b_Q, (1, H * d_k))
     if b_K is not None:
@@ -1936,14 +2016,8 @@ def _jvp(
         _check_shape("b_V", b_V, (1, H * d_k))
     if b_O is not None:
         _check_shape("b_O", b_O, (1, H * d_k))
-    _check_shape("gamma_1", gamma_1, (1, H * d_k))
-    _check_shape("beta_1", beta_1, (1, H * d_k))
-    _check_shape("gamma_2", gamma_2, (1, H * d_k))
-    _check_shape("beta_2", beta_2, (1, H * d_k))
-    _check_shape("W_1", W_1, (H * d_k, d_ff))
     if b_1 is not None:
         _check_shape("b_1", b_1, (1, d_ff))
-    _check_shape("W_2", W_2, (d_ff, H * d_k))
     if b_2 is not None:
         _check_shape("b_2", b_2, (1, H * d_k))
     if X_t is not None:
@@ -1956,14 +2030,6 @@ def _jvp(
         _check_shape("W_V_t", W_V_t, (H * d_k, H * d_k))
     if W_O_t is not None:
         _check_shape("W_O_t", W_O_t, (H * d_k, H * d_k))
-    if b_Q_t is not None:
-        _check_shape("b_Q_t", b_Q_t, (1, H * d_k))
-    if b_K_t is not None:
-        _check_shape("b_K_t", b_K_t, (1, H * d_k))
-    if b_V_t is not None:
-        _check_shape("b_V_t", b_V_t, (1, H * d_k))
-    if b_O_t is not None:
-        _check_shape("b_O_t", b_O_t, (1, H * d_k))
     if gamma_1_t is not None:
         _check_shape("gamma_1_t", gamma_1_t, (1, H * d_k))
     if beta_1_t is not None:
@@ -1974,10 +2040,18 @@ def _jvp(
         _check_shape("beta_2_t", beta_2_t, (1, H * d_k))
     if W_1_t is not None:
         _check_shape("W_1_t", W_1_t, (H * d_k, d_ff))
-    if b_1_t is not None:
-        _check_shape("b_1_t", b_1_t, (1, d_ff))
     if W_2_t is not None:
         _check_shape("W_2_t", W_2_t, (d_ff, H * d_k))
+    if b_Q_t is not None:
+        _check_shape("b_Q_t", b_Q_t, (1, H * d_k))
+    if b_K_t is not None:
+        _check_shape("b_K_t", b_K_t, (1, H * d_k))
+    if b_V_t is not None:
+        _check_shape("b_V_t", b_V_t, (1, H * d_k))
+    if b_O_t is not None:
+        _check_shape("b_O_t", b_O_t, (1, H * d_k))
+    if b_1_t is not None:
+        _check_shape("b_1_t", b_1_t, (1, d_ff))
     if b_2_t is not None:
         _check_shape("b_2_t", b_2_t, (1, H * d_k))
     _nonempty({"d_k": d_k, "d_ff": d_ff}, {"X": X, "W_1": W_1})
@@ -2108,34 +2182,34 @@ def jvp(
         W_K,
         W_V,
         W_O,
-        b_Q,
-        b_K,
-        b_V,
-        b_O,
         gamma_1,
         beta_1,
         gamma_2,
         beta_2,
         W_1,
-        b_1,
         W_2,
+        b_Q,
+        b_K,
+        b_V,
+        b_O,
+        b_1,
         b_2,
         tangents.get("X"),
         tangents.get("W_Q"),
         tangents.get("W_K"),
         tangents.get("W_V"),
         tangents.get("W_O"),
-        tangents.get("b_Q"),
-        tangents.get("b_K"),
-        tangents.get("b_V"),
-        tangents.get("b_O"),
         tangents.get("gamma_1"),
         tangents.get("beta_1"),
         tangents.get("gamma_2"),
         tangents.get("beta_2"),
         tangents.get("W_1"),
-        tangents.get("b_1"),
         tangents.get("W_2"),
+        tangents.get("b_Q"),
+        tangents.get("b_K"),
+        tangents.get("b_V"),
+        tangents.get("b_O"),
+        tangents.get("b_1"),
         tangents.get("b_2"),
         M,
         None,

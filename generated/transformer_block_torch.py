@@ -11,27 +11,27 @@ Shapes:
     W_K: (H * d_k, H * d_k)
     W_V: (H * d_k, H * d_k)
     W_O: (H * d_k, H * d_k)
-    b_Q: (1, H * d_k)
-    b_K: (1, H * d_k)
-    b_V: (1, H * d_k)
-    b_O: (1, H * d_k)
     gamma_1: (1, H * d_k)
     beta_1: (1, H * d_k)
     gamma_2: (1, H * d_k)
     beta_2: (1, H * d_k)
     W_1: (H * d_k, d_ff)
-    b_1: (1, d_ff)
     W_2: (d_ff, H * d_k)
+    b_Q: (1, H * d_k)
+    b_K: (1, H * d_k)
+    b_V: (1, H * d_k)
+    b_O: (1, H * d_k)
+    b_1: (1, d_ff)
     b_2: (1, H * d_k)
     -> Z: (..., n, H * d_k)
 Option num_heads (required).
 Option eps (default 1.00000000000000e-5).
-Biases (keywords, default None: no bias): b_Q, b_K, b_V, b_O, b_1, b_2, rows of 1 × columns broadcast over the
-tokens (Q W_Q + 𝟏 b_Q), as torch.nn.MultiheadAttention(bias=True); their gradients are column sums.
-Masks (keywords): attn_mask (n × m or (..., n, m); bool, True = not allowed, or float, added to the
-scores), key_padding_mask ((..., m) bool, True = ignore that key) and causal (query i sees keys j <= i)
-build the additive mask M (0 or -inf), A = scale Q Kᵀ + M. A row whose keys are all masked gives
-zeros (P = 0) and zero gradients, never NaN (torch.nn.MultiheadAttention gives NaN there).
+Biases (in their positions or by name; None: no bias): b_Q, b_K, b_V, b_O, b_1, b_2, rows of 1 × columns broadcast
+over the tokens (Q W_Q + 𝟏 b_Q), as torch.nn.MultiheadAttention(bias=True); their gradients are column sums.
+Masks: M in its position, or the keyword attn_mask (n × m or (..., n, m); bool, True = not allowed,
+or float, added to the scores), with key_padding_mask ((..., m) bool, True = ignore that key) and causal
+(query i sees keys j <= i), build the additive mask M (0 or -inf) added to the scores. A row whose keys
+are all masked gives zeros (P = 0) and zero gradients, never NaN (torch.nn.MultiheadAttention gives NaN there).
 
 Forward:
     scale = 1/sqrt(d_k)
@@ -69,12 +69,12 @@ Backward (grad_out = ∂f/∂Z for a scalar f; a weight's gradient is summed ove
     dK_h = scale dA_hᵀ Q_h
     dQ_h = scale dA_h K_h
     dW_O = Cᵀ dY
-    db_O = 𝟏ᵀ dY
     dgamma_2 = 𝟏ᵀ (N_2 ⊙ dX_2)
     dbeta_2 = 𝟏ᵀ dX_2
     dW_1 = X_2ᵀ dU
-    db_1 = 𝟏ᵀ dU
     dW_2 = Fᵀ grad_out
+    db_O = 𝟏ᵀ dY
+    db_1 = 𝟏ᵀ dU
     db_2 = 𝟏ᵀ grad_out
     dM = dA_h
     dX_1W_V = Concat_h(dV_h)
@@ -90,9 +90,9 @@ Backward (grad_out = ∂f/∂Z for a scalar f; a weight's gradient is summed ove
     D5 = dN_1 𝟏
     dX = (rstd(X) 𝟏ᵀ) ⊙ (c1 (N_1 ⊙ (D4 𝟏ᵀ)) + c1 D5 𝟏ᵀ + dN_1) + dY
     dW_K = X_1ᵀ dX_1W_K
-    db_K = 𝟏ᵀ dX_1W_K
     dgamma_1 = 𝟏ᵀ (N_1 ⊙ dX_1)
     dbeta_1 = 𝟏ᵀ dX_1
+    db_K = 𝟏ᵀ dX_1W_K
 """
 
 from __future__ import annotations
@@ -107,17 +107,17 @@ SHAPES = {
     "W_K": "(H * d_k, H * d_k)",
     "W_V": "(H * d_k, H * d_k)",
     "W_O": "(H * d_k, H * d_k)",
-    "b_Q": "(1, H * d_k)",
-    "b_K": "(1, H * d_k)",
-    "b_V": "(1, H * d_k)",
-    "b_O": "(1, H * d_k)",
     "gamma_1": "(1, H * d_k)",
     "beta_1": "(1, H * d_k)",
     "gamma_2": "(1, H * d_k)",
     "beta_2": "(1, H * d_k)",
     "W_1": "(H * d_k, d_ff)",
-    "b_1": "(1, d_ff)",
     "W_2": "(d_ff, H * d_k)",
+    "b_Q": "(1, H * d_k)",
+    "b_K": "(1, H * d_k)",
+    "b_V": "(1, H * d_k)",
+    "b_O": "(1, H * d_k)",
+    "b_1": "(1, d_ff)",
     "b_2": "(1, H * d_k)",
 }
 OPTIONAL = ("b_Q", "b_K", "b_V", "b_O", "b_1", "b_2")  # inputs that may be None: their terms are left out
@@ -419,6 +419,8 @@ def row_softmax(a, out=None):
     scores', in huge pages) as in eager code: inductor's softmax would write a fresh buffer (_by_custom_op)."""
     # (else a compiled graph plans its own buffers; export traces with autograd on, which refuses out=, as it
     # does for a that requires grad, as jvp's may; vmap batches no out=)
+    if out is not None and not out.is_contiguous():  # torch's softmax into strided memory (−Aᵀ's) is wrong
+        out = None
     if out is a and not a.requires_grad and _by_custom_op(a, a.numel() * a.element_size()):
         torch.ops.symattn.row_softmax_(a)
         return a
@@ -436,8 +438,9 @@ def rows_per_block(mask, causal, query):
     """Query rows per block of a standard module's loop: 128 where the mask may let a block skip keys (causal,
     or any mask: key_range finds the keys each block sees), else all rows in one block (no mask: the whole
     computation at once, nothing to skip). Traced or transformed, blocks only for causal: key_range knows no
-    other mask's keys there (no branch on its values), and a compiled graph fuses the whole."""
-    if not (causal or (mask is not None and not _functional(query))):
+    other mask's keys there (no branch on its values), and a compiled graph fuses the whole. Off the CPU
+    (CUDA), one block: a loop of small kernels costs more there than the masked keys it skips."""
+    if query.device.type != "cpu" or not (causal or (mask is not None and not _functional(query))):
         return max(query.shape[-2], 1)
     return 128
 
@@ -504,6 +507,33 @@ def _check_shape(name, a, dims):
         raise ValueError(f"{name}: expected shape {SHAPES[name]} = ({batch}{dims[0]}, {dims[1]}), got {tuple(a.shape)}")
 
 
+def _rows(named):
+    """Each parameter of shape (1, k) given 1-D, (k,) as torch holds a bias, as the 1 × k row (a view, so that
+    autograd returns its gradient (k,)); the others as they are (the inputs' checks read them)."""
+    return [v.unsqueeze(0) if isinstance(v, torch.Tensor) and v.dim() == 1 else v for v in named.values()]
+
+
+def _one_mask(name, value, attn_mask, query, key, allowed=False):
+    """The mask the spec's additive constant `name` is made from: value, given in its position, or attn_mask,
+    given by keyword; both given is a TypeError naming them. value (n × m or (..., n, m), n the query's rows, m
+    the key's) is a constant (detached: no gradient): a float one is added as it is, a bool is read as
+    attn_mask's, True = not allowed, or with allowed, True = allowed (as torch's scaled_dot_product_attention
+    reads a bool attn_mask)."""
+    if value is None:
+        return attn_mask
+    if attn_mask is not None:
+        raise TypeError(f"forward() got the mask {name} both in its position and as attn_mask; give it once")
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor (bool or float) or None, got {type(value).__name__}")
+    n, m, batch = query.shape[-2], key.shape[-2], tuple(query.shape[:-2])
+    if tuple(value.shape) not in ((n, m), (*batch, n, m)):
+        raise ValueError(f"{name}: expected shape (n, m) = ({n}, {m}) or {(*batch, n, m)}, got {tuple(value.shape)}")
+    if value.dtype != torch.bool and not value.is_floating_point():
+        raise ValueError(f"{name}: expected a bool or floating-point tensor, got {value.dtype}")
+    value = value.detach()
+    return ~value if allowed and value.dtype == torch.bool else value
+
+
 def _quotient(name, shape, divisor):
     """shape[-1] // divisor, which must divide it."""
     if shape[-1] % divisor:
@@ -551,15 +581,19 @@ def _apply(function, *args, traced=None):
     """function.apply(*args), a tensor given a second time given as a view of itself (self-attention's Q = K = V):
     torch.compile refuses an autograd.Function given one tensor twice; the gradients reach it through both.
     Compiling (torch.compile, torch.export), traced instead: the Function's twin without jvp, which dynamo
-    traces."""
+    traces. Under torch.autocast the arguments are cast as autocast casts a product's (``_autocast``)."""
     if traced is not None and torch.compiler.is_compiling():
         function = traced
+    args, autocast = _autocast(args)
     given = []
     for arg in args:
         if isinstance(arg, torch.Tensor) and any(arg is seen for seen in given):
             arg = arg.view_as(arg)
         given.append(arg)
-    return function.apply(*given)
+    if autocast is None:
+        return function.apply(*given)
+    with torch.autocast(autocast, enabled=False):
+        return function.apply(*given)
 
 
 def _distinct(output, *inputs):
@@ -647,6 +681,19 @@ def _grad_shape(mask):
     return None if mask is None or not mask.requires_grad else mask.shape
 
 
+def _autocast(args):
+    """(args, device type) under torch.autocast on the arguments' device: each float32 tensor cast to autocast's
+    dtype (float64 and integer, bool tensors as they are), as autocast casts the operands of a product, outside
+    the Function (autograd carries each gradient back to its input's dtype through the cast); the Function then
+    runs with autocast off, in that dtype. Not under autocast: (args, None)."""
+    device = next((a.device.type for a in args if isinstance(a, torch.Tensor)), None)
+    if device is None or not torch.is_autocast_enabled(device):
+        return args, None
+    low = torch.get_autocast_dtype(device)
+    cast = [a.to(low) if isinstance(a, torch.Tensor) and a.dtype == torch.float32 else a for a in args]
+    return cast, device
+
+
 def with_causal(mask, causal, query, key):
     """M with the causal part added (-inf where key j comes after query i) when causal, as a whole n × m tensor:
     the additive mask for the closed forms that take it whole, from the mask a loop over blocks of rows takes."""
@@ -664,17 +711,17 @@ def _forward(
     W_K,
     W_V,
     W_O,
-    b_Q,
-    b_K,
-    b_V,
-    b_O,
     gamma_1,
     beta_1,
     gamma_2,
     beta_2,
     W_1,
-    b_1,
     W_2,
+    b_Q,
+    b_K,
+    b_V,
+    b_O,
+    b_1,
     b_2,
     M,
     causal,
@@ -683,24 +730,24 @@ def _forward(
 ):
     """The forward pass: (Z, saved values for _backward)."""
     mask_shape = _grad_shape(M)  # a float attn_mask that requires grad receives its gradient
-    X, W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O, gamma_1, beta_1, gamma_2, beta_2, W_1, b_1, W_2, b_2 = _tensors(
+    X, W_Q, W_K, W_V, W_O, gamma_1, beta_1, gamma_2, beta_2, W_1, W_2, b_Q, b_K, b_V, b_O, b_1, b_2 = _tensors(
         {
             "X": X,
             "W_Q": W_Q,
             "W_K": W_K,
             "W_V": W_V,
             "W_O": W_O,
-            "b_Q": b_Q,
-            "b_K": b_K,
-            "b_V": b_V,
-            "b_O": b_O,
             "gamma_1": gamma_1,
             "beta_1": beta_1,
             "gamma_2": gamma_2,
             "beta_2": beta_2,
             "W_1": W_1,
-            "b_1": b_1,
             "W_2": W_2,
+            "b_Q": b_Q,
+            "b_K": b_K,
+            "b_V": b_V,
+            "b_O": b_O,
+            "b_1": b_1,
             "b_2": b_2,
         }
     )
@@ -713,6 +760,12 @@ def _forward(
     _check_shape("W_K", W_K, (H * d_k, H * d_k))
     _check_shape("W_V", W_V, (H * d_k, H * d_k))
     _check_shape("W_O", W_O, (H * d_k, H * d_k))
+    _check_shape("gamma_1", gamma_1, (1, H * d_k))
+    _check_shape("beta_1", beta_1, (1, H * d_k))
+    _check_shape("gamma_2", gamma_2, (1, H * d_k))
+    _check_shape("beta_2", beta_2, (1, H * d_k))
+    _check_shape("W_1", W_1, (H * d_k, d_ff))
+    _check_shape("W_2", W_2, (d_ff, H * d_k))
     if b_Q is not None:
         _check_shape("b_Q", b_Q, (1, H * d_k))
     if b_K is not None:
@@ -721,14 +774,8 @@ def _forward(
         _check_shape("b_V", b_V, (1, H * d_k))
     if b_O is not None:
         _check_shape("b_O", b_O, (1, H * d_k))
-    _check_shape("gamma_1", gamma_1, (1, H * d_k))
-    _check_shape("beta_1", beta_1, (1, H * d_k))
-    _check_shape("gamma_2", gamma_2, (1, H * d_k))
-    _check_shape("beta_2", beta_2, (1, H * d_k))
-    _check_shape("W_1", W_1, (H * d_k, d_ff))
     if b_1 is not None:
         _check_shape("b_1", b_1, (1, d_ff))
-    _check_shape("W_2", W_2, (d_ff, H * d_k))
     if b_2 is not None:
         _check_shape("b_2", b_2, (1, H * d_k))
     _nonempty({"d_k": d_k, "d_ff": d_ff}, {"X": X, "W_1": W_1})
@@ -888,12 +935,12 @@ def _backward(saved, grad_out):
     dM = placed_rows(dM)
     dX_1W_Q = dX_1W_Q_blocks[0] if len(dX_1W_Q_blocks) == 1 else torch.cat(dX_1W_Q_blocks, dim=-2)
     dW_O = rows(C).mT @ rows(dY)
-    db_O = None if b_O is None else rows(dY).sum(dim=0, keepdim=True)
     dgamma_2 = rows(N_2 * dX_2).sum(dim=0, keepdim=True)
     dbeta_2 = rows(dX_2).sum(dim=0, keepdim=True)
     dW_1 = rows(X_2).mT @ rows(dU)
-    db_1 = None if b_1 is None else rows(dU).sum(dim=0, keepdim=True)
     dW_2 = rows(F).mT @ rows(grad_out)
+    db_O = None if b_O is None else rows(dY).sum(dim=0, keepdim=True)
+    db_1 = None if b_1 is None else rows(dU).sum(dim=0, keepdim=True)
     db_2 = None if b_2 is None else rows(grad_out).sum(dim=0, keepdim=True)
     dX_1W_V = merge_heads(dV_h, H)
     dW_V = rows(X_1).mT @ rows(dX_1W_V)
@@ -905,9 +952,9 @@ def _backward(saved, grad_out):
     D5 = dN_1.sum(dim=-1, keepdim=True)
     dX = dN_1.add_(c1 * (D4 * N_1)).add_(c1 * D5).mul_(row_inv_std(X, eps)).add_(dY)
     dW_K = rows(X_1).mT @ rows(dX_1W_K)
-    db_K = None if b_K is None else rows(dX_1W_K).sum(dim=0, keepdim=True)
     dgamma_1 = rows(N_1 * dX_1).sum(dim=0, keepdim=True)
     dbeta_1 = rows(dX_1).sum(dim=0, keepdim=True)
+    db_K = None if b_K is None else rows(dX_1W_K).sum(dim=0, keepdim=True)
     dM = None if mask_shape is None else dM.sum_to_size(mask_shape)
     return {
         "X": dX,
@@ -915,17 +962,17 @@ def _backward(saved, grad_out):
         "W_K": dW_K,
         "W_V": dW_V,
         "W_O": dW_O,
-        "b_Q": db_Q,
-        "b_K": db_K,
-        "b_V": db_V,
-        "b_O": db_O,
         "gamma_1": dgamma_1,
         "beta_1": dbeta_1,
         "gamma_2": dgamma_2,
         "beta_2": dbeta_2,
         "W_1": dW_1,
-        "b_1": db_1,
         "W_2": dW_2,
+        "b_Q": db_Q,
+        "b_K": db_K,
+        "b_V": db_V,
+        "b_O": db_O,
+        "b_1": db_1,
         "b_2": db_2,
         "M": dM,
     }
@@ -944,17 +991,17 @@ class TransformerBlockFunction(torch.autograd.Function):
         W_K,
         W_V,
         W_O,
-        b_Q,
-        b_K,
-        b_V,
-        b_O,
         gamma_1,
         beta_1,
         gamma_2,
         beta_2,
         W_1,
-        b_1,
         W_2,
+        b_Q,
+        b_K,
+        b_V,
+        b_O,
+        b_1,
         b_2,
         M,
         causal,
@@ -967,17 +1014,17 @@ class TransformerBlockFunction(torch.autograd.Function):
             W_K,
             W_V,
             W_O,
-            b_Q,
-            b_K,
-            b_V,
-            b_O,
             gamma_1,
             beta_1,
             gamma_2,
             beta_2,
             W_1,
-            b_1,
             W_2,
+            b_Q,
+            b_K,
+            b_V,
+            b_O,
+            b_1,
             b_2,
             M,
             causal,
@@ -985,7 +1032,7 @@ class TransformerBlockFunction(torch.autograd.Function):
             eps,
         )
         return _distinct(
-            Z, X, W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O, gamma_1, beta_1, gamma_2, beta_2, W_1, b_1, W_2, b_2, M
+            Z, X, W_Q, W_K, W_V, W_O, gamma_1, beta_1, gamma_2, beta_2, W_1, W_2, b_Q, b_K, b_V, b_O, b_1, b_2, M
         ), saved
 
     @staticmethod
@@ -996,17 +1043,17 @@ class TransformerBlockFunction(torch.autograd.Function):
             W_K,
             W_V,
             W_O,
-            b_Q,
-            b_K,
-            b_V,
-            b_O,
             gamma_1,
             beta_1,
             gamma_2,
             beta_2,
             W_1,
-            b_1,
             W_2,
+            b_Q,
+            b_K,
+            b_V,
+            b_O,
+            b_1,
             b_2,
             M,
             causal,
@@ -1017,7 +1064,7 @@ class TransformerBlockFunction(torch.autograd.Function):
         tensors = [name for name, value in saved.items() if isinstance(value, torch.Tensor)]
         # the inputs too, which _first_order ties the gradients to under create_graph=True and jvp reads
         inputs = _only_tensors(
-            X, W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O, gamma_1, beta_1, gamma_2, beta_2, W_1, b_1, W_2, b_2, M
+            X, W_Q, W_K, W_V, W_O, gamma_1, beta_1, gamma_2, beta_2, W_1, W_2, b_Q, b_K, b_V, b_O, b_1, b_2, M
         )
         ctx.save_for_backward(*(saved[name] for name in tensors), *inputs)
         ctx.save_for_forward(*(saved[name] for name in tensors), *inputs)
@@ -1031,17 +1078,17 @@ class TransformerBlockFunction(torch.autograd.Function):
                 W_K,
                 W_V,
                 W_O,
-                b_Q,
-                b_K,
-                b_V,
-                b_O,
                 gamma_1,
                 beta_1,
                 gamma_2,
                 beta_2,
                 W_1,
-                b_1,
                 W_2,
+                b_Q,
+                b_K,
+                b_V,
+                b_O,
+                b_1,
                 b_2,
                 M,
             )
@@ -1061,17 +1108,17 @@ class TransformerBlockFunction(torch.autograd.Function):
             grads["W_K"],
             grads["W_V"],
             grads["W_O"],
-            grads["b_Q"],
-            grads["b_K"],
-            grads["b_V"],
-            grads["b_O"],
             grads["gamma_1"],
             grads["beta_1"],
             grads["gamma_2"],
             grads["beta_2"],
             grads["W_1"],
-            grads["b_1"],
             grads["W_2"],
+            grads["b_Q"],
+            grads["b_K"],
+            grads["b_V"],
+            grads["b_O"],
+            grads["b_1"],
             grads["b_2"],
             grads["M"],
             None,
@@ -1104,15 +1151,16 @@ def forward(
     beta_2,
     W_1,
     W_2,
-    *,
-    num_heads,
-    eps=None,
     b_Q=None,
     b_K=None,
     b_V=None,
     b_O=None,
     b_1=None,
     b_2=None,
+    M=None,
+    *,
+    num_heads,
+    eps=None,
     attn_mask=None,
     key_padding_mask=None,
     causal=False,
@@ -1120,12 +1168,34 @@ def forward(
     """pre-LN encoder layer: Y = X + MHA(LN₁(X)), Z = Y + GELU(LN₂(Y) W_1 + b_1) W_2 + b_2.
 
     Returns Z of shape (..., n, H * d_k), differentiable by the closed-form backward.
-    attn_mask (n × m, bool: True = not allowed, or float: added), key_padding_mask (..., m, bool: True =
-    ignore the key) and causal add the mask M to the scores; a row whose keys are all masked gives zeros
-    and zero gradients, never NaN.
-    b_Q, b_K, b_V, b_O, b_1, b_2: optional biases (1 × columns, broadcast over the tokens), each left out when None.
+    Arguments: X, W_Q, W_K, W_V, W_O, gamma_1, beta_1, gamma_2, beta_2, W_1, W_2, b_Q, b_K, b_V, b_O, b_1,
+    b_2, M, in this order (the spec's inputs, then its constants), or by name.
+    M, the additive mask, in its position (a constant, no gradient): None (no mask), a float n × m or batched
+    (..., n, m) array added to the scores, or a bool (True = not allowed). attn_mask is the same mask by
+    keyword (bool: True = not allowed; a float one is differentiated); giving both is a TypeError.
+    key_padding_mask ((..., m) bool: True = ignore the key) and causal add to it; a row whose keys are all
+    masked gives zeros and zero gradients, never NaN.
+    b_Q, b_K, b_V, b_O, b_1, b_2: optional biases (1 × columns, broadcast over the tokens), None: left out.
+    gamma_1, beta_1, gamma_2, beta_2, b_Q, b_K, b_V, b_O, b_1, b_2: 1 × k, or 1-D (k,) as torch holds a bias
+    (viewed as the row; its gradient comes back (k,)).
     """
-    M = _additive_mask(attn_mask, key_padding_mask, causal, X, X, per_head=True, by_blocks=True)
+    gamma_1, beta_1, gamma_2, beta_2, b_Q, b_K, b_V, b_O, b_1, b_2 = _rows(
+        {
+            "gamma_1": gamma_1,
+            "beta_1": beta_1,
+            "gamma_2": gamma_2,
+            "beta_2": beta_2,
+            "b_Q": b_Q,
+            "b_K": b_K,
+            "b_V": b_V,
+            "b_O": b_O,
+            "b_1": b_1,
+            "b_2": b_2,
+        }
+    )
+    M = _additive_mask(
+        _one_mask("M", M, attn_mask, X, X), key_padding_mask, causal, X, X, per_head=True, by_blocks=True
+    )
     return _apply(
         TransformerBlockFunction,
         X,
@@ -1133,17 +1203,17 @@ def forward(
         W_K,
         W_V,
         W_O,
-        b_Q,
-        b_K,
-        b_V,
-        b_O,
         gamma_1,
         beta_1,
         gamma_2,
         beta_2,
         W_1,
-        b_1,
         W_2,
+        b_Q,
+        b_K,
+        b_V,
+        b_O,
+        b_1,
         b_2,
         M,
         causal,
@@ -1171,17 +1241,17 @@ class TransformerBlock(torch.nn.Module):
         self.W_K = torch.nn.Parameter(torch.empty(H * d_k, H * d_k, device=device, dtype=dtype))
         self.W_V = torch.nn.Parameter(torch.empty(H * d_k, H * d_k, device=device, dtype=dtype))
         self.W_O = torch.nn.Parameter(torch.empty(H * d_k, H * d_k, device=device, dtype=dtype))
-        self.b_Q = torch.nn.Parameter(torch.empty(1, H * d_k, device=device, dtype=dtype)) if bias else None
-        self.b_K = torch.nn.Parameter(torch.empty(1, H * d_k, device=device, dtype=dtype)) if bias else None
-        self.b_V = torch.nn.Parameter(torch.empty(1, H * d_k, device=device, dtype=dtype)) if bias else None
-        self.b_O = torch.nn.Parameter(torch.empty(1, H * d_k, device=device, dtype=dtype)) if bias else None
         self.gamma_1 = torch.nn.Parameter(torch.empty(1, H * d_k, device=device, dtype=dtype))
         self.beta_1 = torch.nn.Parameter(torch.empty(1, H * d_k, device=device, dtype=dtype))
         self.gamma_2 = torch.nn.Parameter(torch.empty(1, H * d_k, device=device, dtype=dtype))
         self.beta_2 = torch.nn.Parameter(torch.empty(1, H * d_k, device=device, dtype=dtype))
         self.W_1 = torch.nn.Parameter(torch.empty(H * d_k, d_ff, device=device, dtype=dtype))
-        self.b_1 = torch.nn.Parameter(torch.empty(1, d_ff, device=device, dtype=dtype)) if bias else None
         self.W_2 = torch.nn.Parameter(torch.empty(d_ff, H * d_k, device=device, dtype=dtype))
+        self.b_Q = torch.nn.Parameter(torch.empty(1, H * d_k, device=device, dtype=dtype)) if bias else None
+        self.b_K = torch.nn.Parameter(torch.empty(1, H * d_k, device=device, dtype=dtype)) if bias else None
+        self.b_V = torch.nn.Parameter(torch.empty(1, H * d_k, device=device, dtype=dtype)) if bias else None
+        self.b_O = torch.nn.Parameter(torch.empty(1, H * d_k, device=device, dtype=dtype)) if bias else None
+        self.b_1 = torch.nn.Parameter(torch.empty(1, d_ff, device=device, dtype=dtype)) if bias else None
         self.b_2 = torch.nn.Parameter(torch.empty(1, H * d_k, device=device, dtype=dtype)) if bias else None
         self.reset_parameters()
 
@@ -1213,7 +1283,7 @@ class TransformerBlock(torch.nn.Module):
     def extra_repr(self):
         return f"d_model={self.d_model}, d_ff={self.d_ff}, num_heads={self.num_heads}, eps={self.eps}, bias={self.bias}"
 
-    def forward(self, X, *, attn_mask=None, key_padding_mask=None, causal=False):
+    def forward(self, X, M=None, *, attn_mask=None, key_padding_mask=None, causal=False):
         return forward(
             X,
             self.W_Q,
@@ -1226,14 +1296,15 @@ class TransformerBlock(torch.nn.Module):
             self.beta_2,
             self.W_1,
             self.W_2,
+            self.b_Q,
+            self.b_K,
+            self.b_V,
+            self.b_O,
+            self.b_1,
+            self.b_2,
+            M,
             num_heads=self.num_heads,
             eps=self.eps,
-            b_Q=self.b_Q,
-            b_K=self.b_K,
-            b_V=self.b_V,
-            b_O=self.b_O,
-            b_1=self.b_1,
-            b_2=self.b_2,
             attn_mask=attn_mask,
             key_padding_mask=key_padding_mask,
             causal=causal,
@@ -1250,17 +1321,17 @@ SHAPES.update(
         "W_K_v": "(H * d_k, H * d_k)",
         "W_V_v": "(H * d_k, H * d_k)",
         "W_O_v": "(H * d_k, H * d_k)",
-        "b_Q_v": "(1, H * d_k)",
-        "b_K_v": "(1, H * d_k)",
-        "b_V_v": "(1, H * d_k)",
-        "b_O_v": "(1, H * d_k)",
         "gamma_1_v": "(1, H * d_k)",
         "beta_1_v": "(1, H * d_k)",
         "gamma_2_v": "(1, H * d_k)",
         "beta_2_v": "(1, H * d_k)",
         "W_1_v": "(H * d_k, d_ff)",
-        "b_1_v": "(1, d_ff)",
         "W_2_v": "(d_ff, H * d_k)",
+        "b_Q_v": "(1, H * d_k)",
+        "b_K_v": "(1, H * d_k)",
+        "b_V_v": "(1, H * d_k)",
+        "b_O_v": "(1, H * d_k)",
+        "b_1_v": "(1, d_ff)",
         "b_2_v": "(1, H * d_k)",
     }
 )
@@ -1271,17 +1342,17 @@ OPTIONAL += (
     "W_K_v",
     "W_V_v",
     "W_O_v",
-    "b_Q_v",
-    "b_K_v",
-    "b_V_v",
-    "b_O_v",
     "gamma_1_v",
     "beta_1_v",
     "gamma_2_v",
     "beta_2_v",
     "W_1_v",
-    "b_1_v",
     "W_2_v",
+    "b_Q_v",
+    "b_K_v",
+    "b_V_v",
+    "b_O_v",
+    "b_1_v",
     "b_2_v",
 )
 DIRECTION_OF = {
@@ -1290,17 +1361,17 @@ DIRECTION_OF = {
     "W_K": "W_K_v",
     "W_V": "W_V_v",
     "W_O": "W_O_v",
-    "b_Q": "b_Q_v",
-    "b_K": "b_K_v",
-    "b_V": "b_V_v",
-    "b_O": "b_O_v",
     "gamma_1": "gamma_1_v",
     "beta_1": "beta_1_v",
     "gamma_2": "gamma_2_v",
     "beta_2": "beta_2_v",
     "W_1": "W_1_v",
-    "b_1": "b_1_v",
     "W_2": "W_2_v",
+    "b_Q": "b_Q_v",
+    "b_K": "b_K_v",
+    "b_V": "b_V_v",
+    "b_O": "b_O_v",
+    "b_1": "b_1_v",
     "b_2": "b_2_v",
 }
 INPUTS = (
@@ -1309,17 +1380,17 @@ INPUTS = (
     "W_K",
     "W_V",
     "W_O",
-    "b_Q",
-    "b_K",
-    "b_V",
-    "b_O",
     "gamma_1",
     "beta_1",
     "gamma_2",
     "beta_2",
     "W_1",
-    "b_1",
     "W_2",
+    "b_Q",
+    "b_K",
+    "b_V",
+    "b_O",
+    "b_1",
     "b_2",
     "M",
 )  # the Function's tensor inputs
@@ -1477,17 +1548,17 @@ def _forward2(
     W_K,
     W_V,
     W_O,
-    b_Q,
-    b_K,
-    b_V,
-    b_O,
     gamma_1,
     beta_1,
     gamma_2,
     beta_2,
     W_1,
-    b_1,
     W_2,
+    b_Q,
+    b_K,
+    b_V,
+    b_O,
+    b_1,
     b_2,
     G_out,
     X_v,
@@ -1495,17 +1566,17 @@ def _forward2(
     W_K_v,
     W_V_v,
     W_O_v,
-    b_Q_v,
-    b_K_v,
-    b_V_v,
-    b_O_v,
     gamma_1_v,
     beta_1_v,
     gamma_2_v,
     beta_2_v,
     W_1_v,
-    b_1_v,
     W_2_v,
+    b_Q_v,
+    b_K_v,
+    b_V_v,
+    b_O_v,
+    b_1_v,
     b_2_v,
     M,
     causal,
@@ -1520,17 +1591,17 @@ def _forward2(
         W_K,
         W_V,
         W_O,
-        b_Q,
-        b_K,
-        b_V,
-        b_O,
         gamma_1,
         beta_1,
         gamma_2,
         beta_2,
         W_1,
-        b_1,
         W_2,
+        b_Q,
+        b_K,
+        b_V,
+        b_O,
+        b_1,
         b_2,
         G_out,
         X_v,
@@ -1538,17 +1609,17 @@ def _forward2(
         W_K_v,
         W_V_v,
         W_O_v,
-        b_Q_v,
-        b_K_v,
-        b_V_v,
-        b_O_v,
         gamma_1_v,
         beta_1_v,
         gamma_2_v,
         beta_2_v,
         W_1_v,
-        b_1_v,
         W_2_v,
+        b_Q_v,
+        b_K_v,
+        b_V_v,
+        b_O_v,
+        b_1_v,
         b_2_v,
     ) = _tensors(
         {
@@ -1557,17 +1628,17 @@ def _forward2(
             "W_K": W_K,
             "W_V": W_V,
             "W_O": W_O,
-            "b_Q": b_Q,
-            "b_K": b_K,
-            "b_V": b_V,
-            "b_O": b_O,
             "gamma_1": gamma_1,
             "beta_1": beta_1,
             "gamma_2": gamma_2,
             "beta_2": beta_2,
             "W_1": W_1,
-            "b_1": b_1,
             "W_2": W_2,
+            "b_Q": b_Q,
+            "b_K": b_K,
+            "b_V": b_V,
+            "b_O": b_O,
+            "b_1": b_1,
             "b_2": b_2,
             "G_out": G_out,
             "X_v": X_v,
@@ -1575,17 +1646,17 @@ def _forward2(
             "W_K_v": W_K_v,
             "W_V_v": W_V_v,
             "W_O_v": W_O_v,
-            "b_Q_v": b_Q_v,
-            "b_K_v": b_K_v,
-            "b_V_v": b_V_v,
-            "b_O_v": b_O_v,
             "gamma_1_v": gamma_1_v,
             "beta_1_v": beta_1_v,
             "gamma_2_v": gamma_2_v,
             "beta_2_v": beta_2_v,
             "W_1_v": W_1_v,
-            "b_1_v": b_1_v,
             "W_2_v": W_2_v,
+            "b_Q_v": b_Q_v,
+            "b_K_v": b_K_v,
+            "b_V_v": b_V_v,
+            "b_O_v": b_O_v,
+            "b_1_v": b_1_v,
             "b_2_v": b_2_v,
         }
     )
@@ -1600,6 +1671,12 @@ def _forward2(
     _check_shape("W_K", W_K, (H * d_k, H * d_k))
     _check_shape("W_V", W_V, (H * d_k, H * d_k))
     _check_shape("W_O", W_O, (H * d_k, H * d_k))
+    _check_shape("gamma_1", gamma_1, (1, H * d_k))
+    _check_shape("beta_1", beta_1, (1, H * d_k))
+    _check_shape("gamma_2", gamma_2, (1, H * d_k))
+    _check_shape("beta_2", beta_2, (1, H * d_k))
+    _check_shape("W_1", W_1, (H * d_k, d_ff))
+    _check_shape("W_2", W_2, (d_ff, H * d_k))
     if b_Q is not None:
         _check_shape("b_Q", b_Q, (1, H * d_k))
     if b_K is not None:
@@ -1608,14 +1685,8 @@ def _forward2(
         _check_shape("b_V", b_V, (1, H * d_k))
     if b_O is not None:
         _check_shape("b_O", b_O, (1, H * d_k))
-    _check_shape("gamma_1", gamma_1, (1, H * d_k))
-    _check_shape("beta_1", beta_1, (1, H * d_k))
-    _check_shape("gamma_2", gamma_2, (1, H * d_k))
-    _check_shape("beta_2", beta_2, (1, H * d_k))
-    _check_shape("W_1", W_1, (H * d_k, d_ff))
     if b_1 is not None:
         _check_shape("b_1", b_1, (1, d_ff))
-    _check_shape("W_2", W_2, (d_ff, H * d_k))
     if b_2 is not None:
         _check_shape("b_2", b_2, (1, H * d_k))
     _check_shape("G_out", G_out, (n, H * d_k))
@@ -1629,14 +1700,6 @@ def _forward2(
         _check_shape("W_V_v", W_V_v, (H * d_k, H * d_k))
     if W_O_v is not None:
         _check_shape("W_O_v", W_O_v, (H * d_k, H * d_k))
-    if b_Q_v is not None:
-        _check_shape("b_Q_v", b_Q_v, (1, H * d_k))
-    if b_K_v is not None:
-        _check_shape("b_K_v", b_K_v, (1, H * d_k))
-    if b_V_v is not None:
-        _check_shape("b_V_v", b_V_v, (1, H * d_k))
-    if b_O_v is not None:
-        _check_shape("b_O_v", b_O_v, (1, H * d_k))
     if gamma_1_v is not None:
         _check_shape("gamma_1_v", gamma_1_v, (1, H * d_k))
     if beta_1_v is not None:
@@ -1647,10 +1710,18 @@ def _forward2(
         _check_shape("beta_2_v", beta_2_v, (1, H * d_k))
     if W_1_v is not None:
         _check_shape("W_1_v", W_1_v, (H * d_k, d_ff))
-    if b_1_v is not None:
-        _check_shape("b_1_v", b_1_v, (1, d_ff))
     if W_2_v is not None:
         _check_shape("W_2_v", W_2_v, (d_ff, H * d_k))
+    if b_Q_v is not None:
+        _check_shape("b_Q_v", b_Q_v, (1, H * d_k))
+    if b_K_v is not None:
+        _check_shape("b_K_v", b_K_v, (1, H * d_k))
+    if b_V_v is not None:
+        _check_shape("b_V_v", b_V_v, (1, H * d_k))
+    if b_O_v is not None:
+        _check_shape("b_O_v", b_O_v, (1, H * d_k))
+    if b_1_v is not None:
+        _check_shape("b_1_v", b_1_v, (1, d_ff))
     if b_2_v is not None:
         _check_shape("b_2_v", b_2_v, (1, H * d_k))
     _nonempty({"d_k": d_k, "d_ff": d_ff}, {"X": X, "W_1": W_1})
@@ -1669,14 +1740,6 @@ def _forward2(
         W_V_v = torch.zeros(H * d_k, H * d_k, dtype=dtype, device=device)
     if W_O_v is None:
         W_O_v = torch.zeros(H * d_k, H * d_k, dtype=dtype, device=device)
-    if b_Q_v is None:
-        b_Q_v = torch.zeros(1, H * d_k, dtype=dtype, device=device)
-    if b_K_v is None:
-        b_K_v = torch.zeros(1, H * d_k, dtype=dtype, device=device)
-    if b_V_v is None:
-        b_V_v = torch.zeros(1, H * d_k, dtype=dtype, device=device)
-    if b_O_v is None:
-        b_O_v = torch.zeros(1, H * d_k, dtype=dtype, device=device)
     if gamma_1_v is None:
         gamma_1_v = torch.zeros(1, H * d_k, dtype=dtype, device=device)
     if beta_1_v is None:
@@ -1687,10 +1750,18 @@ def _forward2(
         beta_2_v = torch.zeros(1, H * d_k, dtype=dtype, device=device)
     if W_1_v is None:
         W_1_v = torch.zeros(H * d_k, d_ff, dtype=dtype, device=device)
-    if b_1_v is None:
-        b_1_v = torch.zeros(1, d_ff, dtype=dtype, device=device)
     if W_2_v is None:
         W_2_v = torch.zeros(d_ff, H * d_k, dtype=dtype, device=device)
+    if b_Q_v is None:
+        b_Q_v = torch.zeros(1, H * d_k, dtype=dtype, device=device)
+    if b_K_v is None:
+        b_K_v = torch.zeros(1, H * d_k, dtype=dtype, device=device)
+    if b_V_v is None:
+        b_V_v = torch.zeros(1, H * d_k, dtype=dtype, device=device)
+    if b_O_v is None:
+        b_O_v = torch.zeros(1, H * d_k, dtype=dtype, device=device)
+    if b_1_v is None:
+        b_1_v = torch.zeros(1, d_ff, dtype=dtype, device=device)
     if b_2_v is None:
         b_2_v = torch.zeros(1, H * d_k, dtype=dtype, device=device)
     N_1 = layer_norm(X, eps)
@@ -1724,12 +1795,12 @@ def _forward2(
     G_K_h = matmul_tn(G_A_h, scale * Q_h)
     G_Q_h = G_A_h @ (scale * K_h)
     G_W_O = rows(C).mT @ rows(G_Y)
-    G_b_O = rows(G_Y).sum(dim=0, keepdim=True)
     G_gamma_2 = rows(N_2 * G_X_2).sum(dim=0, keepdim=True)
     G_beta_2 = rows(G_X_2).sum(dim=0, keepdim=True)
     G_W_1 = rows(X_2).mT @ rows(G_U)
-    G_b_1 = rows(G_U).sum(dim=0, keepdim=True)
     G_W_2 = rows(F).mT @ rows(G_out)
+    G_b_O = rows(G_Y).sum(dim=0, keepdim=True)
+    G_b_1 = rows(G_U).sum(dim=0, keepdim=True)
     G_b_2 = rows(G_out).sum(dim=0, keepdim=True)
     G_M = G_A_h
     G_X_1W_V = merge_heads(G_V_h, H)
@@ -1746,9 +1817,9 @@ def _forward2(
     t6 = row_inv_std(X, eps)
     G_X = t6 * (c1 * (G_D4 * N_1) + c1 * G_D5 + G_N_1) + G_Y
     G_W_K = rows(X_1).mT @ rows(G_X_1W_K)
-    G_b_K = rows(G_X_1W_K).sum(dim=0, keepdim=True)
     G_gamma_1 = rows(N_1 * G_X_1).sum(dim=0, keepdim=True)
     G_beta_1 = rows(G_X_1).sum(dim=0, keepdim=True)
+    G_b_K = rows(G_X_1W_K).sum(dim=0, keepdim=True)
     f2 = (
         (b_1_v * G_b_1).sum(dim=-1, keepdim=True)
         + (b_2_v * G_b_2).sum(dim=-1, keepdim=True)
@@ -1783,17 +1854,17 @@ def _forward2(
         "W_K_v": W_K_v,
         "W_V_v": W_V_v,
         "W_O_v": W_O_v,
-        "b_Q_v": b_Q_v,
-        "b_K_v": b_K_v,
-        "b_V_v": b_V_v,
-        "b_O_v": b_O_v,
         "gamma_1_v": gamma_1_v,
         "beta_1_v": beta_1_v,
         "gamma_2_v": gamma_2_v,
         "beta_2_v": beta_2_v,
         "W_1_v": W_1_v,
-        "b_1_v": b_1_v,
         "W_2_v": W_2_v,
+        "b_Q_v": b_Q_v,
+        "b_K_v": b_K_v,
+        "b_V_v": b_V_v,
+        "b_O_v": b_O_v,
+        "b_1_v": b_1_v,
         "b_2_v": b_2_v,
         "N_1": N_1,
         "X_1": X_1,
@@ -1858,17 +1929,17 @@ def _backward2(saved, grad_out):
     W_K_v = saved["W_K_v"]
     W_V_v = saved["W_V_v"]
     W_O_v = saved["W_O_v"]
-    b_Q_v = saved["b_Q_v"]
-    b_K_v = saved["b_K_v"]
-    b_V_v = saved["b_V_v"]
-    b_O_v = saved["b_O_v"]
     gamma_1_v = saved["gamma_1_v"]
     beta_1_v = saved["beta_1_v"]
     gamma_2_v = saved["gamma_2_v"]
     beta_2_v = saved["beta_2_v"]
     W_1_v = saved["W_1_v"]
-    b_1_v = saved["b_1_v"]
     W_2_v = saved["W_2_v"]
+    b_Q_v = saved["b_Q_v"]
+    b_K_v = saved["b_K_v"]
+    b_V_v = saved["b_V_v"]
+    b_O_v = saved["b_O_v"]
+    b_1_v = saved["b_1_v"]
     b_2_v = saved["b_2_v"]
     N_1 = saved["N_1"]
     X_1 = saved["X_1"]
@@ -1962,12 +2033,12 @@ def _backward2(saved, grad_out):
     dG_K_h = scale * (matmul_tn(G_M, dQ_h) + matmul_tn(dG_A_h, Q_h))
     dG_Q_h = scale * (G_M @ dK_h + dG_A_h @ K_h)
     dW_O = sum_batch(C.mT @ dG_Y + dC.mT @ G_Y)
-    db_O = None if b_O is None else rows(dG_Y).sum(dim=0, keepdim=True)
     dgamma_2 = rows(G_X_2 * dN_2 + N_2 * dG_X_2).sum(dim=0, keepdim=True)
     dbeta_2 = rows(dG_X_2).sum(dim=0, keepdim=True)
     dW_1 = sum_batch(X_2.mT @ dG_U + dX_2.mT @ G_U)
-    db_1 = None if b_1 is None else rows(dG_U).sum(dim=0, keepdim=True)
     dW_2 = rows(dF).mT @ rows(G_out)
+    db_O = None if b_O is None else rows(dG_Y).sum(dim=0, keepdim=True)
+    db_1 = None if b_1 is None else rows(dG_U).sum(dim=0, keepdim=True)
     dM = None if mask_shape is None else dG_A_h.sum_to_size(mask_shape)
     dG_X_1W_V = merge_heads(dG_V_h, H)
     dW_V = sum_batch(X_1.mT @ dG_X_1W_V + dX_1.mT @ G_X_1W_V)
@@ -1993,26 +2064,26 @@ def _backward2(saved, grad_out):
         + dG_Y
     )
     dW_K = sum_batch(X_1.mT @ dG_X_1W_K + dX_1.mT @ G_X_1W_K)
-    db_K = None if b_K is None else rows(dG_X_1W_K).sum(dim=0, keepdim=True)
     dgamma_1 = rows(G_X_1 * dN_1 + N_1 * dG_X_1).sum(dim=0, keepdim=True)
     dbeta_1 = rows(dG_X_1).sum(dim=0, keepdim=True)
+    db_K = None if b_K is None else rows(dG_X_1W_K).sum(dim=0, keepdim=True)
     return {
         "X": dX,
         "W_Q": dW_Q,
         "W_K": dW_K,
         "W_V": dW_V,
         "W_O": dW_O,
-        "b_Q": db_Q,
-        "b_K": db_K,
-        "b_V": db_V,
-        "b_O": db_O,
         "gamma_1": dgamma_1,
         "beta_1": dbeta_1,
         "gamma_2": dgamma_2,
         "beta_2": dbeta_2,
         "W_1": dW_1,
-        "b_1": db_1,
         "W_2": dW_2,
+        "b_Q": db_Q,
+        "b_K": db_K,
+        "b_V": db_V,
+        "b_O": db_O,
+        "b_1": db_1,
         "b_2": db_2,
         "G_out": dG_out,
         "M": dM,
@@ -2060,17 +2131,17 @@ def hvp(
         W_K,
         W_V,
         W_O,
-        b_Q,
-        b_K,
-        b_V,
-        b_O,
         gamma_1,
         beta_1,
         gamma_2,
         beta_2,
         W_1,
-        b_1,
         W_2,
+        b_Q,
+        b_K,
+        b_V,
+        b_O,
+        b_1,
         b_2,
         grad_out,
         direction.get("X"),
@@ -2078,17 +2149,17 @@ def hvp(
         direction.get("W_K"),
         direction.get("W_V"),
         direction.get("W_O"),
-        direction.get("b_Q"),
-        direction.get("b_K"),
-        direction.get("b_V"),
-        direction.get("b_O"),
         direction.get("gamma_1"),
         direction.get("beta_1"),
         direction.get("gamma_2"),
         direction.get("beta_2"),
         direction.get("W_1"),
-        direction.get("b_1"),
         direction.get("W_2"),
+        direction.get("b_Q"),
+        direction.get("b_K"),
+        direction.get("b_V"),
+        direction.get("b_O"),
+        direction.get("b_1"),
         direction.get("b_2"),
         M,
         causal,
@@ -2273,10 +2344,11 @@ class TransformerEncoderLayer(torch.nn.Module):
         row = lambda v: None if v is None else v.unsqueeze(0)  # noqa: E731 - (E,) -> the spec's 1 × E row
         shift = lambda norm: row(norm.bias) if norm.bias is not None else x.new_zeros(1, x.shape[-1])  # noqa: E731
         M = _torch_mask(src_mask, src_key_padding_mask, x, x, attn.num_heads)
-        out = _apply(
-            FUNCTION, x, W_Q, W_K, W_V, attn.out_proj.weight.mT, b_Q, b_K, b_V, row(attn.out_proj.bias),
+        out = _apply(  # the spec's order: X, the weights and norms, then the biases
+            FUNCTION, x, W_Q, W_K, W_V, attn.out_proj.weight.mT,
             row(self.norm1.weight), shift(self.norm1), row(self.norm2.weight), shift(self.norm2),
-            self.linear1.weight.mT, row(self.linear1.bias), self.linear2.weight.mT, row(self.linear2.bias),
+            self.linear1.weight.mT, self.linear2.weight.mT,
+            b_Q, b_K, b_V, row(attn.out_proj.bias), row(self.linear1.bias), row(self.linear2.bias),
             M, False, attn.num_heads, self.norm1.eps, traced=TRACED,
         )[0]  # fmt: skip
         return out.transpose(0, 1) if batched and not self.batch_first else out
@@ -2290,17 +2362,17 @@ SHAPES.update(
         "W_K_t": SHAPES["W_K"],
         "W_V_t": SHAPES["W_V"],
         "W_O_t": SHAPES["W_O"],
-        "b_Q_t": SHAPES["b_Q"],
-        "b_K_t": SHAPES["b_K"],
-        "b_V_t": SHAPES["b_V"],
-        "b_O_t": SHAPES["b_O"],
         "gamma_1_t": SHAPES["gamma_1"],
         "beta_1_t": SHAPES["beta_1"],
         "gamma_2_t": SHAPES["gamma_2"],
         "beta_2_t": SHAPES["beta_2"],
         "W_1_t": SHAPES["W_1"],
-        "b_1_t": SHAPES["b_1"],
         "W_2_t": SHAPES["W_2"],
+        "b_Q_t": SHAPES["b_Q"],
+        "b_K_t": SHAPES["b_K"],
+        "b_V_t": SHAPES["b_V"],
+        "b_O_t": SHAPES["b_O"],
+        "b_1_t": SHAPES["b_1"],
         "b_2_t": SHAPES["b_2"],
     }
 )
@@ -2311,17 +2383,17 @@ OPTIONAL += (
     "W_K_t",
     "W_V_t",
     "W_O_t",
-    "b_Q_t",
-    "b_K_t",
-    "b_V_t",
-    "b_O_t",
     "gamma_1_t",
     "beta_1_t",
     "gamma_2_t",
     "beta_2_t",
     "W_1_t",
-    "b_1_t",
     "W_2_t",
+    "b_Q_t",
+    "b_K_t",
+    "b_V_t",
+    "b_O_t",
+    "b_1_t",
     "b_2_t",
 )
 TANGENT_OF = {
@@ -2330,17 +2402,17 @@ TANGENT_OF = {
     "W_K": "W_K_t",
     "W_V": "W_V_t",
     "W_O": "W_O_t",
-    "b_Q": "b_Q_t",
-    "b_K": "b_K_t",
-    "b_V": "b_V_t",
-    "b_O": "b_O_t",
     "gamma_1": "gamma_1_t",
     "beta_1": "beta_1_t",
     "gamma_2": "gamma_2_t",
     "beta_2": "beta_2_t",
     "W_1": "W_1_t",
-    "b_1": "b_1_t",
     "W_2": "W_2_t",
+    "b_Q": "b_Q_t",
+    "b_K": "b_K_t",
+    "b_V": "b_V_t",
+    "b_O": "b_O_t",
+    "b_1": "b_1_t",
     "b_2": "b_2_t",
 }
 
@@ -2384,34 +2456,34 @@ def _jvp(
     W_K,
     W_V,
     W_O,
-    b_Q,
-    b_K,
-    b_V,
-    b_O,
     gamma_1,
     beta_1,
     gamma_2,
     beta_2,
     W_1,
-    b_1,
     W_2,
+    b_Q,
+    b_K,
+    b_V,
+    b_O,
+    b_1,
     b_2,
     X_t,
     W_Q_t,
     W_K_t,
     W_V_t,
     W_O_t,
-    b_Q_t,
-    b_K_t,
-    b_V_t,
-    b_O_t,
     gamma_1_t,
     beta_1_t,
     gamma_2_t,
     beta_2_t,
     W_1_t,
-    b_1_t,
     W_2_t,
+    b_Q_t,
+    b_K_t,
+    b_V_t,
+    b_O_t,
+    b_1_t,
     b_2_t,
     M,
     M_t,
@@ -2426,34 +2498,34 @@ def _jvp(
         W_K,
         W_V,
         W_O,
-        b_Q,
-        b_K,
-        b_V,
-        b_O,
         gamma_1,
         beta_1,
         gamma_2,
         beta_2,
         W_1,
-        b_1,
         W_2,
+        b_Q,
+        b_K,
+        b_V,
+        b_O,
+        b_1,
         b_2,
         X_t,
         W_Q_t,
         W_K_t,
         W_V_t,
         W_O_t,
-        b_Q_t,
-        b_K_t,
-        b_V_t,
-        b_O_t,
         gamma_1_t,
         beta_1_t,
         gamma_2_t,
         beta_2_t,
         W_1_t,
-        b_1_t,
         W_2_t,
+        b_Q_t,
+        b_K_t,
+        b_V_t,
+        b_O_t,
+        b_1_t,
         b_2_t,
     ) = _tensors(
         {
@@ -2462,34 +2534,34 @@ def _jvp(
             "W_K": W_K,
             "W_V": W_V,
             "W_O": W_O,
-            "b_Q": b_Q,
-            "b_K": b_K,
-            "b_V": b_V,
-            "b_O": b_O,
             "gamma_1": gamma_1,
             "beta_1": beta_1,
             "gamma_2": gamma_2,
             "beta_2": beta_2,
             "W_1": W_1,
-            "b_1": b_1,
             "W_2": W_2,
+            "b_Q": b_Q,
+            "b_K": b_K,
+            "b_V": b_V,
+            "b_O": b_O,
+            "b_1": b_1,
             "b_2": b_2,
             "X_t": X_t,
             "W_Q_t": W_Q_t,
             "W_K_t": W_K_t,
             "W_V_t": W_V_t,
             "W_O_t": W_O_t,
-            "b_Q_t": b_Q_t,
-            "b_K_t": b_K_t,
-            "b_V_t": b_V_t,
-            "b_O_t": b_O_t,
             "gamma_1_t": gamma_1_t,
             "beta_1_t": beta_1_t,
             "gamma_2_t": gamma_2_t,
             "beta_2_t": beta_2_t,
             "W_1_t": W_1_t,
-            "b_1_t": b_1_t,
             "W_2_t": W_2_t,
+            "b_Q_t": b_Q_t,
+            "b_K_t": b_K_t,
+            "b_V_t": b_V_t,
+            "b_O_t": b_O_t,
+            "b_1_t": b_1_t,
             "b_2_t": b_2_t,
         }
     )
@@ -2502,6 +2574,12 @@ def _jvp(
     _check_shape("W_K", W_K, (H * d_k, H * d_k))
     _check_shape("W_V", W_V, (H * d_k, H * d_k))
     _check_shape("W_O", W_O, (H * d_k, H * d_k))
+    _check_shape("gamma_1", gamma_1, (1, H * d_k))
+    _check_shape("beta_1", beta_1, (1, H * d_k))
+    _check_shape("gamma_2", gamma_2, (1, H * d_k))
+    _check_shape("beta_2", beta_2, (1, H * d_k))
+    _check_shape("W_1", W_1, (H * d_k, d_ff))
+    _check_shape("W_2", W_2, (d_ff, H * d_k))
     if b_Q is not None:
         _check_shape("b_Q", b_Q, (1, H * d_k))
     if b_K is not None:
@@ -2510,14 +2588,8 @@ def _jvp(
         _check_shape("b_V", b_V, (1, H * d_k))
     if b_O is not None:
         _check_shape("b_O", b_O, (1, H * d_k))
-    _check_shape("gamma_1", gamma_1, (1, H * d_k))
-    _check_shape("beta_1", beta_1, (1, H * d_k))
-    _check_shape("gamma_2", gamma_2, (1, H * d_k))
-    _check_shape("beta_2", beta_2, (1, H * d_k))
-    _check_shape("W_1", W_1, (H * d_k, d_ff))
     if b_1 is not None:
         _check_shape("b_1", b_1, (1, d_ff))
-    _check_shape("W_2", W_2, (d_ff, H * d_k))
     if b_2 is not None:
         _check_shape("b_2", b_2, (1, H * d_k))
     if X_t is not None:
@@ -2530,14 +2602,6 @@ def _jvp(
         _check_shape("W_V_t", W_V_t, (H * d_k, H * d_k))
     if W_O_t is not None:
         _check_shape("W_O_t", W_O_t, (H * d_k, H * d_k))
-    if b_Q_t is not None:
-        _check_shape("b_Q_t", b_Q_t, (1, H * d_k))
-    if b_K_t is not None:
-        _check_shape("b_K_t", b_K_t, (1, H * d_k))
-    if b_V_t is not None:
-        _check_shape("b_V_t", b_V_t, (1, H * d_k))
-    if b_O_t is not None:
-        _check_shape("b_O_t", b_O_t, (1, H * d_k))
     if gamma_1_t is not None:
         _check_shape("gamma_1_t", gamma_1_t, (1, H * d_k))
     if beta_1_t is not None:
@@ -2548,10 +2612,18 @@ def _jvp(
         _check_shape("beta_2_t", beta_2_t, (1, H * d_k))
     if W_1_t is not None:
         _check_shape("W_1_t", W_1_t, (H * d_k, d_ff))
-    if b_1_t is not None:
-        _check_shape("b_1_t", b_1_t, (1, d_ff))
     if W_2_t is not None:
         _check_shape("W_2_t", W_2_t, (d_ff, H * d_k))
+    if b_Q_t is not None:
+        _check_shape("b_Q_t", b_Q_t, (1, H * d_k))
+    if b_K_t is not None:
+        _check_shape("b_K_t", b_K_t, (1, H * d_k))
+    if b_V_t is not None:
+        _check_shape("b_V_t", b_V_t, (1, H * d_k))
+    if b_O_t is not None:
+        _check_shape("b_O_t", b_O_t, (1, H * d_k))
+    if b_1_t is not None:
+        _check_shape("b_1_t", b_1_t, (1, d_ff))
     if b_2_t is not None:
         _check_shape("b_2_t", b_2_t, (1, H * d_k))
     _nonempty({"d_k": d_k, "d_ff": d_ff}, {"X": X, "W_1": W_1})
@@ -2679,34 +2751,34 @@ def jvp(
         W_K,
         W_V,
         W_O,
-        b_Q,
-        b_K,
-        b_V,
-        b_O,
         gamma_1,
         beta_1,
         gamma_2,
         beta_2,
         W_1,
-        b_1,
         W_2,
+        b_Q,
+        b_K,
+        b_V,
+        b_O,
+        b_1,
         b_2,
         tangents.get("X"),
         tangents.get("W_Q"),
         tangents.get("W_K"),
         tangents.get("W_V"),
         tangents.get("W_O"),
-        tangents.get("b_Q"),
-        tangents.get("b_K"),
-        tangents.get("b_V"),
-        tangents.get("b_O"),
         tangents.get("gamma_1"),
         tangents.get("beta_1"),
         tangents.get("gamma_2"),
         tangents.get("beta_2"),
         tangents.get("W_1"),
-        tangents.get("b_1"),
         tangents.get("W_2"),
+        tangents.get("b_Q"),
+        tangents.get("b_K"),
+        tangents.get("b_V"),
+        tangents.get("b_O"),
+        tangents.get("b_1"),
         tangents.get("b_2"),
         M,
         None,

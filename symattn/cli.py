@@ -40,6 +40,11 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from symattn.codegen.generate import default_out_dir, generate
 
     out = args.out if args.out is not None else default_out_dir()
+    if args.size and args.spec_file is None:
+        raise UsageError(
+            "symattn generate: error: --size applies to --spec-file only; the built-in modules are generated at "
+            "typical sizes"
+        )
     if args.option and args.spec_file is None:
         raise UsageError(
             "symattn generate: error: --option applies to --spec-file only; the built-in modules take "
@@ -68,6 +73,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
 def _generate_spec_file(args: argparse.Namespace) -> list:
     """generate --spec-file FILE --out DIR: the user's spec's modules (standard variant unless asked)."""
     from symattn.codegen.generate import generate
+    from symattn.codegen.report.size_notes import size_notes
+    from symattn.optimize.orders import recording
     from symattn.specs.files import load_spec_file
 
     if args.spec:
@@ -79,9 +86,39 @@ def _generate_spec_file(args: argparse.Namespace) -> list:
     command += [f"--option={pair}" for pair in args.option or []]
     command += [f"--backend={b}" for b in args.backend or []] + [f"--variant={v}" for v in args.variant or []]
     command += ["--order=1"] if args.order == 1 else []
-    return generate(
-        [s], args.backend, args.variant, args.out, check=args.check, regenerate=shlex.join(command), order=args.order
-    )
+    sizes = _sizes(s, args.size)
+    command += [f"--size={name}={size}" for name, size in sizes.items()]
+    with recording() as guessed:
+        stale = generate(
+            [s],
+            args.backend,
+            args.variant,
+            args.out,
+            check=args.check,
+            regenerate=shlex.join(command),
+            order=args.order,
+            sizes=sizes,
+        )
+    for line in size_notes(guessed, sizes):
+        print(line, file=sys.stderr)
+    return stale
+
+
+def _sizes(s, pairs: Sequence[str] | None) -> dict[str, int]:
+    """DIM=SIZE pairs: each a dimension of the spec's inputs and a positive integer (else one line, exit 2)."""
+    import sympy as sp
+
+    dims = sorted({str(d) for x in s.matrix_inputs for size in x.shape for d in sp.sympify(size).free_symbols})
+    sizes: dict[str, int] = {}
+    for pair in pairs or []:
+        name, sep, value = pair.partition("=")
+        if not sep or not value.strip().isdigit() or int(value) < 1:
+            raise UsageError(f"symattn: error: --size takes DIM=SIZE with a positive integer SIZE, got {pair!r}")
+        if name not in dims:
+            known = ", ".join(dims)
+            raise UsageError(f"symattn: error: --size {name}: spec {s.name!r} has no dimension {name!r} ({known})")
+        sizes[name] = int(value)
+    return sizes
 
 
 def _add_generate(sub: argparse._SubParsersAction) -> None:
@@ -111,6 +148,13 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
         default=2,
         help="2 (default): also the second closed form (double backward, hvp); 1: the first only, rendered in a "
         "fraction of the time (the torch module raises on double backward)",
+    )
+    gen.add_argument(
+        "--size",
+        action="append",
+        metavar="DIM=SIZE",
+        help="the size a dimension of the --spec-file spec runs at (repeatable): product orders and the other "
+        "decisions of the schedule are priced there, not at typical sizes (a model width g: --size g=256)",
     )
     gen.set_defaults(handler=cmd_generate)
 

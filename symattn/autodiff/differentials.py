@@ -33,7 +33,7 @@ from sympy.matrices.expressions import (
 
 from symattn.autodiff.vjp import rule_key, supported
 from symattn.errors import UnsupportedNodeError
-from symattn.lang.algebra import hadamard_product, total
+from symattn.lang.algebra import hadamard_product, total, transpose
 from symattn.lang.functions import FunctionRecord
 from symattn.lang.graph import children, postorder
 from symattn.lang.ops import (
@@ -149,9 +149,9 @@ def sum_jvp(node: MatAdd, d: Tangent) -> Basic | None:
 
 @defjvp(Transpose)
 def transpose_jvp(node: Transpose, d: Tangent) -> Basic | None:
-    """d(Aᵀ) = (dA)ᵀ."""
+    """d(Aᵀ) = (dA)ᵀ, pushed through dA's products and sums once per distinct node (never SymPy's re-walking .T)."""
     da = d(node.arg)
-    return None if da is None else da.T
+    return None if da is None else transpose(da)
 
 
 @defjvp(HadamardProduct)

@@ -57,7 +57,8 @@ def as_matrix(gradient: Basic) -> MatrixExpr:
     if isinstance(gradient, sp.Add):
         return total(*(as_matrix(t) for t in gradient.args))
     if isinstance(gradient, sp.Mul):
-        traced = [a for a in gradient.args if a.has(Trace)]
+        # a trace itself first: (2d + 2 tr(C)) tr(Ḡᵀ B) is tr(Ḡᵀ B) times a coefficient, not a sum with a term 2d
+        traced = sorted((a for a in gradient.args if a.has(Trace)), key=lambda a: not isinstance(a, Trace))
         if traced:  # tr(A) tr(Ḡᵀ B): one trace as the matrix, the others (per-batch scalars) its coefficient
             rest = sp.Mul(*(a for a in gradient.args if a is not traced[0]))
             return product(rest, as_matrix(traced[0]))

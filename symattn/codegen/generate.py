@@ -14,6 +14,7 @@ import glob
 import os
 import re
 import tempfile
+from collections.abc import Mapping
 from importlib import resources
 from pathlib import Path
 
@@ -30,6 +31,7 @@ from symattn.errors import SymattnError
 from symattn.lang.dims import bind_dimensions
 from symattn.lang.graph import nodes
 from symattn.numeric.printers import runtime_functions
+from symattn.optimize.cost import sizes_at
 from symattn.specs import Spec, family, specs
 
 __all__ = [
@@ -159,13 +161,27 @@ def render(
     regenerate: str = "symattn generate",
     *,
     second_order: bool = True,
+    sizes: Mapping[str, int] | None = None,
 ) -> str:
     """The source of one generated module: of the built-in spec called source, or of a user's Spec.
 
     ``regenerate`` is the command its header names to write it again (a spec file's own command).
     ``second_order=False`` leaves the second closed form out: such a module raises on double backward
-    and has no ``hvp`` (a first-order module, rendered in a fraction of the time).
+    and has no ``hvp`` (a first-order module, rendered in a fraction of the time). ``sizes`` (dimension name →
+    size) prices the schedule's decisions at the sizes the user's model runs at (``cost.sizes_at``).
     """
+    with sizes_at(sizes):
+        return _render(source, backend, variant, regenerate, second_order, sizes)
+
+
+def _render(
+    source: str | Spec,
+    backend: str,
+    variant: str,
+    regenerate: str,
+    second_order: bool,
+    sizes: Mapping[str, int] | None,
+) -> str:
     from symattn.version import __version__
 
     target = backend_named(backend)
@@ -179,10 +195,11 @@ def render(
     if isinstance(source, Spec):
         _require_bound_scalars(source)
         _require_own_names(source)
-        sched, class_name, dropins = _schedule_of(source), None, ()
+        sched, class_name, dropins = _schedule_of(source, sizes), None, ()
     else:
         found = family(source)
-        sched, class_name = schedule(source, extended=found.masks), found.class_name
+        build = schedule.__wrapped__ if sizes else schedule  # the cached schedule is the typical sizes' one
+        sched, class_name = build(source, extended=found.masks), found.class_name
         dropins = found.dropins if target.dropins and variant == "standard" else ()
     ctx = context(sched, target, __version__, variant, class_name, second_order) | {"regenerate": regenerate}
     ctx |= {"dropin_names": list(dropins), "dropins": dropin_source.source(dropins)}
@@ -190,16 +207,18 @@ def render(
     return _tidy(text)
 
 
-_SCHEDULES: dict[int, tuple[Spec, Schedule]] = {}  # by id (Specs hold dicts), the Spec kept so its id stays its own
+# by id (Specs hold dicts) and size table, the Spec kept so its id stays its own
+_SCHEDULES: dict[tuple, tuple[Spec, Schedule]] = {}
 
 
-def _schedule_of(s: Spec) -> Schedule:
-    """A user's Spec's schedule, computed once for all its backends (and its second form with it)."""
-    held = _SCHEDULES.get(id(s))
+def _schedule_of(s: Spec, sizes: Mapping[str, int] | None = None) -> Schedule:
+    """A user's Spec's schedule at the size table, computed once for all its backends (and its second form)."""
+    key = (id(s), tuple(sorted((sizes or {}).items())))
+    held = _SCHEDULES.get(key)
     if held is None or held[0] is not s:
         if len(_SCHEDULES) >= 16:
             _SCHEDULES.clear()
-        held = _SCHEDULES[id(s)] = (s, schedule_spec(s))
+        held = _SCHEDULES[key] = (s, schedule_spec(s))
     return held[1]
 
 
@@ -220,7 +239,7 @@ CODE_NAMES = frozenset(
         *(name for b in BACKENDS.values() for name in b.imports),
         *("math", "annotations", "ctx", "self"),
         *("grad_out", "saved", "grads", "gradients", "cotangents", "inputs", "tensors", "options", "direction"),
-        *("dtype", "device", "output_shape", "mask_shape", "forward", "backward", "hvp"),
+        *("dtype", "device", "output_shape", "mask_shape", "vector_inputs", "forward", "backward", "hvp"),
         *("attn_mask", "key_padding_mask", "causal", "SPEC", "SHAPES", "OPTIONAL", "DIRECTION_OF", "INPUTS"),
         *("COTANGENT", "FUNCTION"),
     }
@@ -265,12 +284,14 @@ def generate(
     check: bool = False,
     regenerate: str = "symattn generate",
     order: int = 2,
+    sizes: Mapping[str, int] | None = None,
 ) -> list[Path]:
     """Render the modules of built-in specs (by name) or users' Specs; write them (atomically) or, with check,
     write nothing.
 
     Variants default to every one a built-in family has, and to the standard one for a user's Spec;
-    ``order=1`` leaves the second closed form out (see ``render``). Returns the files that were stale:
+    ``order=1`` leaves the second closed form out, ``sizes`` prices decisions at a user's sizes (see ``render``).
+    Returns the files that were stale:
     missing or different from what renders now (after a write, the ones that were rewritten).
     """
     out_dir = Path(out) if out is not None else default_out_dir()
@@ -285,7 +306,7 @@ def generate(
                 if variant not in backend_named(backend).variants and not (backends and variants):
                     continue  # asked for every backend or every variant: the pairs that exist
                 path = out_dir / f"{module_name(name, backend, variant)}.py"
-                rendered[path] = render(source, backend, variant, regenerate, second_order=order == 2)
+                rendered[path] = render(source, backend, variant, regenerate, second_order=order == 2, sizes=sizes)
     stale = [path for path, text in rendered.items() if not path.is_file() or path.read_bytes() != text.encode()]
     if not check:
         remove_leftovers(rendered)  # a run killed mid-write (kill -9) leaves its temporary files behind

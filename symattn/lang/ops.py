@@ -39,13 +39,16 @@ from symattn.lang.safe import expression
 
 
 class SumEntries(Expr):
-    """sum(A) = 𝟏ᵀ A 𝟏: the scalar sum of all entries of A."""
+    """sum(A) = 𝟏ᵀ A 𝟏: the scalar sum of all entries of A; sum(0) = 0 (X − X folded by SymPy: the value it
+    scales is zero, and a spec whose output that makes zero depends on no input)."""
 
     is_commutative = True
 
-    def __new__(cls, arg: MatrixExpr) -> SumEntries:
+    def __new__(cls, arg: MatrixExpr) -> SumEntries | sp.Integer:
         arg = expression(arg)
         require_matrix(arg, "sum")
+        if arg.is_ZeroMatrix:
+            return sp.Integer(0)
         return Basic.__new__(cls, arg)
 
     @property

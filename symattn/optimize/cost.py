@@ -15,7 +15,8 @@ and letting an entrywise node overwrite an argument that dies there.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from functools import cache
 
 import sympy as sp
@@ -48,6 +49,21 @@ TYPICAL_SIZES: dict[str, int] = {
     "b": 128,  # query rows per block of the generated memory-efficient variant
 }
 TYPICAL_OTHER = 64
+
+
+@contextmanager
+def sizes_at(sizes: Mapping[str, int] | None) -> Iterator[None]:
+    """Within the block, every decision priced at typical sizes (the schedule's product orders, where a scalar
+    goes, which form of a gradient is cheaper) prices the named dimensions at the sizes given: a user's own
+    dimensions (a model width g) at the sizes their model runs at, not at ``TYPICAL_OTHER``. (The memos kept
+    across calls hold structure, or FLOPs by size table: none holds a decision priced at another table.)"""
+    saved = dict(TYPICAL_SIZES)
+    TYPICAL_SIZES.update(sizes or {})
+    try:
+        yield
+    finally:
+        TYPICAL_SIZES.clear()
+        TYPICAL_SIZES.update(saved)
 
 
 VIEWS = (Transpose, SplitHeads, MatrixSlice)  # nodes that allocate nothing (NumPy/torch views)

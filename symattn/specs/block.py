@@ -111,8 +111,9 @@ def transformer_block(num_heads=None, eps=DEFAULT_EPS, causal: bool = False, app
     return Spec(
         "transformer_block",
         f"pre-LN encoder layer: Y = X + MHA(LN₁(X)), Z = Y + {gelu_name}(LN₂(Y) W_1 + b_1) W_2 + b_2",
-        (x, w["W_Q"], w["W_K"], w["W_V"], w["W_O"], b["b_Q"], b["b_K"], b["b_V"], b["b_O"])
-        + (norms["gamma_1"], norms["beta_1"], norms["gamma_2"], norms["beta_2"], w_1, b_1, w_2, b_2),
+        # the order the generated forward takes them (CONTRACT's table): the biases, optional there, last
+        (x, w["W_Q"], w["W_K"], w["W_V"], w["W_O"], norms["gamma_1"], norms["beta_1"], norms["gamma_2"])
+        + (norms["beta_2"], w_1, w_2, b["b_Q"], b["b_K"], b["b_V"], b["b_O"], b_1, b_2),
         z,
         tuple(named),
         {"num_heads": num_heads, "eps": eps, "causal": causal, "approximate": approximate},

@@ -37,6 +37,12 @@ class Spec:
     # the inputs that are parameters (no batch dimensions, gradients summed over the batch), by name;
     # None: those named W_…, b_…, gamma_…, beta_… (and the trainable scalars, always)
     parameters: tuple[str, ...] | None = None
+    # constants a bool array may be passed for in the generated modules, by name: how the bool becomes the
+    # constant — "additive" (−∞ where True, else 0), "additive_false" (−∞ where False), "keep" (1 where False,
+    # else 0) or "keep_false" (1 where True). The additive mask (the constant added to a softmax's argument)
+    # takes a bool without an entry too, read "additive" as attn_mask is. from_torch fills it for the bool
+    # arguments of the traced function.
+    bool_forms: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for name in ("inputs", "intermediates", "constants", "parameters"):  # lists are welcome; stored as tuples

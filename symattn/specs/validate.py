@@ -23,6 +23,9 @@ from symattn.lang.shapes import SHAPE_RULES
 
 LEAVES = (MatrixSymbol, Identity, OneMatrix, ZeroMatrix)
 RESERVED = {"G": "the cotangent of the output"}  # names the derivation and check give a meaning of their own
+# how a bool array passed for a constant becomes it (Spec.bool_forms): −∞ where True / where False (an additive
+# mask), 1 where False / where True (a mask multiplied in)
+BOOL_FORMS = ("additive", "additive_false", "keep", "keep_false")
 
 
 class SpecError(SymattnError, ValueError):
@@ -115,6 +118,14 @@ def validate(spec) -> None:
         strangers = [p for p in parameters if not isinstance(p, str) or p not in names[: len(inputs)]]
         if not isinstance(parameters, tuple) or strangers:
             raise SpecError(f"spec {name!r}: parameters must be a tuple of input names, got {parameters!r}")
+    forms = getattr(spec, "bool_forms", {})
+    if not isinstance(forms, Mapping):
+        raise SpecError(f"spec {name!r}: bool_forms must be a dict from constant names to forms, got {forms!r}")
+    for key, form in forms.items():
+        if key not in names[len(inputs) :]:
+            raise SpecError(f"spec {name!r}: bool_forms: {key!r} is not the name of a constant")
+        if form not in BOOL_FORMS:
+            raise SpecError(f"spec {name!r}: bool_forms: {key!r}: form {form!r} is not one of {', '.join(BOOL_FORMS)}")
     seen: set[Basic] = set()
     check_expression(name, "output", spec.output, seen)
     leaves = {m for m in nodes(spec.output) if isinstance(m, (MatrixSymbol, Symbol))}  # atoms() walks the tree

@@ -1,10 +1,10 @@
 """Dropping the generated closed form back into the user's nn.Module: ``drop_in(module, *examples)``.
 
 The module keeps its parameters, buffers, state_dict and optimizer; only its ``forward`` is replaced by a
-call of the generated torch code (``symattn.generated``'s interface: inputs in the spec's order, the additive
-mask as ``attn_mask``, other constants after the inputs), whose backward is the closed form. Arguments are
-passed in the spec's layouts (a 1-D bias as the 1 × d row it is in the spec, through a view: autograd hands
-its gradient back in the parameter's own layout). The constants (masks) are rebuilt at each call by the trace's
+call of the generated torch code (``symattn.generated``'s interface: the inputs, then the constants, in the
+spec's order, the additive mask among them in its position), whose backward is the closed form. Parameters
+are passed as they are: generated forward takes a 1-D bias in torch's layout (viewing it as the spec's 1 × d
+row, so autograd hands its gradient back (d,)). The constants (masks) are rebuilt at each call by the trace's
 constant program from the call's bool arguments and the module's buffers; a call at new shapes traces the
 original forward once more (without gradients) for the program of those shapes, kept per shape.
 """
@@ -55,11 +55,11 @@ class ClosedForm:
         return self.traced[shapes]
 
     def inputs(self, args: tuple) -> list:
-        """The spec's inputs for these arguments: the tensor arguments, then the module's parameters."""
+        """The spec's inputs for these arguments: the tensor arguments, then the module's parameters, each in its
+        own layout (generated forward takes a bias (d,) as it is)."""
         traced = self._traced_at(args)
         bound = dict(zip(_argument_names(self.fn), args))
-        tensors = [bound[n] for n in traced.arguments] + [self.fn.get_parameter(p) for p in traced.parameters]
-        return [spec_layout(t) for t in tensors]
+        return [bound[n] for n in traced.arguments] + [self.fn.get_parameter(p) for p in traced.parameters]
 
     def constants(self, args: tuple, inputs: list) -> dict:
         """The spec's constants for these arguments, by name, at the spec's matrix shapes."""
@@ -78,13 +78,16 @@ class ClosedForm:
 
         inputs = self.inputs(args)
         constants = self.constants(args, inputs)
-        fixed = [_unbatched(constants[str(c.name)], str(c.name)) for c in self.fixed]
-        if self.mask is None:
-            return self.generated.forward(*inputs, *fixed)
         batch = tuple(inputs[0].shape[:-2])
-        mask = constants[str(self.mask.name)]
-        mask = torch.broadcast_to(mask, (*batch, *mask.shape[-2:])) if mask.ndim > 2 or batch else mask
-        return self.generated.forward(*inputs, *fixed, attn_mask=mask)
+        given = []  # the constants in the spec's order, after the inputs: the additive mask batched, the rest not
+        for c in self.spec.constants:
+            name = str(c.name)
+            if self.mask is not None and name == str(self.mask.name):
+                mask = constants[name]
+                given.append(torch.broadcast_to(mask, (*batch, *mask.shape[-2:])) if mask.ndim > 2 or batch else mask)
+            else:
+                given.append(_unbatched(constants[name], name))
+        return self.generated.forward(*inputs, *given)
 
 
 def _unbatched(value, name: str):
@@ -144,8 +147,9 @@ def state_dict_for(traced: Traced, state_dict: dict) -> dict:
 
 def generated_instance(module, *example_inputs, second_order: bool = True):
     """The generated nn.Module of module's traced spec, at module's sizes, dtype and device, holding a copy of
-    its parameters (``state_dict_for``). Its forward takes the spec's mask keywords (attn_mask, causal, …)
-    instead of the original's mask arguments; ``drop_in`` keeps the original's call instead."""
+    its parameters (``state_dict_for``). Its forward takes the spec's inputs and constants in the spec's order
+    (a bool mask argument in its position) and the mask keywords (attn_mask, causal, …), not the original's
+    other mask arguments; ``drop_in`` keeps the original's call instead."""
     import inspect
 
     import torch

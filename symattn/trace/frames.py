@@ -16,25 +16,44 @@ from pathlib import Path
 from types import FrameType
 
 
-def _library_folders() -> tuple[str, ...]:
+def _folders(paths: list[Path]) -> tuple[str, ...]:
+    return tuple(str(p.resolve()) + os.sep for p in paths)
+
+
+def _library_folders() -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
+    """(torch's and symattn's folders, the standard library's, the installed packages')."""
     import torch
 
-    folders = [Path(torch.__file__).parent, Path(__file__).resolve().parents[1]]  # torch's, symattn's
-    folders += [Path(sysconfig.get_paths()[key]) for key in ("stdlib", "platstdlib")]
-    return tuple(str(f.resolve()) + os.sep for f in folders)
+    paths = sysconfig.get_paths()
+    return (
+        _folders([Path(torch.__file__).parent, Path(__file__).resolve().parents[1]]),
+        _folders([Path(paths[key]) for key in ("stdlib", "platstdlib")]),
+        _folders([Path(paths[key]) for key in ("purelib", "platlib")]),
+    )
 
 
-_LIBRARIES: tuple[str, ...] = ()
+_LIBRARIES: tuple[tuple[str, ...], ...] = ()
 
 
-def is_user(frame: FrameType) -> bool:
-    """Is the frame's code the user's (not torch's, symattn's or the standard library's)?"""
+def is_user_file(file: str) -> bool:
+    """Is the file the user's: not torch's or symattn's, and not the standard library's? An installed package
+    (transformers' modeling_bert.py) is the user's code: its site-packages folder lies inside the standard
+    library's (a system install) or beside it in a virtual environment, whose platstdlib is the venv's lib/."""
     global _LIBRARIES
     if not _LIBRARIES:
         _LIBRARIES = _library_folders()
+    ours, standard, installed = _LIBRARIES
+    path = os.path.realpath(file)
+    if file.startswith("<frozen") or path.startswith(ours):
+        return False
+    return path.startswith(installed) or not path.startswith(standard)
+
+
+def is_user(frame: FrameType) -> bool:
+    """Is the frame's code the user's (``is_user_file``)?"""
     file = frame.f_code.co_filename
     if file not in _USER:
-        _USER[file] = not file.startswith("<frozen") and not os.path.realpath(file).startswith(_LIBRARIES)
+        _USER[file] = is_user_file(file)
     return _USER[file]
 
 

@@ -2,10 +2,13 @@
 
 Naming (CONTRACT.md, "From PyTorch code"): function arguments are inputs by their parameter names; a
 module's parameters follow, by their state_dict names with "." → "_" (q_proj.weight → q_proj_weight,
-in torch's layout); a 0-d tensor is a trainable scalar; bool (and integer) tensor arguments, buffers and
-tensors made inside are constants; intermediates take the names of the user's local variables; dimensions
-are n (the first input's rows), m (another input's rows), d_head (a head's width) and d_<input> (the other
-axes, by the first input that has them).
+in torch's layout; a bias (d,) is the spec's 1 × d row, which generated forward takes 1-D as it is); a 0-d
+tensor is a trainable scalar; bool (and integer) tensor arguments, buffers and tensors made inside are
+constants. A bool argument used as it is as a mask (``masked_fill(mask, -inf)``, ``torch.where``, a bool
+``attn_mask``) is the constant named by its parameter, first among the constants in the arguments' order,
+its form (Spec.bool_forms) telling generated forward how to read the bool; intermediates take the names of
+the user's local variables; dimensions are n (the first input's rows), m (another input's rows), d_head (a
+head's width) and d_<input> (the other axes, by the first input that has them).
 """
 
 from __future__ import annotations
@@ -65,10 +68,13 @@ def trace(fn, examples: tuple, name: str | None = None) -> Traced:
     for i, (pname, value) in enumerate(bound.arguments.items()):
         if isinstance(value, torch.Tensor):
             if value.is_floating_point():
+                t.batch = t.batch if arguments else tuple(value.shape[:-2])
                 t.add_input(_own_name(pname), value)
                 arguments.append(pname)
             else:
                 t.program.leaf(value, Ref("arg", i))
+                if value.dtype == torch.bool:  # a mask: the constant it is (Trace.mask_argument) takes its name
+                    t.masks[id(value)] = _own_name(pname)
     params = list(module.named_parameters()) if module is not None else []
     for pname, p in params:
         t.add_input(_own_name(pname.replace(".", "_")), p)
@@ -87,6 +93,10 @@ def trace(fn, examples: tuple, name: str | None = None) -> Traced:
             f"from_torch: {_qualname(fn)} returns per-head (or 0-d) values; merge the heads back (transpose(1, 2), "
             "then view/reshape to (…, n, H·d))"
         )
+    # the bool arguments' constants first, in the arguments' order (the generated forward takes them there), then
+    # the constants made from buffers and inside the code, in the order the trace made them (spec and Traced alike)
+    order = {name: i for i, name in enumerate(t.masks.values())}
+    t.constants.sort(key=lambda c: order.get(str(c.symbol.name), len(order)))
     rename = _dimension_names(t, {_own_name(p) for p in arguments})
     spec = _spec(
         t,
@@ -130,6 +140,7 @@ def _spec(t: Trace, output, rename: dict, name: str, fn, params: list[str], exam
     code = getattr(inspect.unwrap(forward), "__code__", None)
     source = Path(code.co_filename).name if code is not None else "?"
     summary = f"{_qualname(fn)} traced from {source}"
+    masks = set(t.masks.values())  # the constants that are bool arguments, in the order ``trace`` put them
     try:
         return Spec(
             name,
@@ -139,6 +150,7 @@ def _spec(t: Trace, output, rename: dict, name: str, fn, params: list[str], exam
             tuple(named),
             constants=tuple(c.symbol.xreplace(rename) for c in t.constants),
             parameters=tuple(unbatched + params),
+            bool_forms={str(c.symbol.name): c.form for c in t.constants if str(c.symbol.name) in masks},
         )
     except SymattnError as err:
         raise SymattnError(f"from_torch: the traced spec is refused: {err}") from None
@@ -147,7 +159,7 @@ def _spec(t: Trace, output, rename: dict, name: str, fn, params: list[str], exam
 def _dimension_names(t: Trace, arguments: set[str]) -> dict:
     """t_0, t_1, … renamed: n, m, d_head, d_<input> (see the module docstring), each name used once; the
     rows of the forward's other tensor arguments are m (keys, values), a parameter's axes d_<parameter>."""
-    used = {str(s.name) for _, s in t.inputs} | _reserved()
+    used = {str(s.name) for _, s in t.inputs} | {str(c.symbol.name) for c in t.constants} | _reserved()
     first = t.inputs[0][0] if t.inputs else ""
     rename: dict = {}
     for symbol in sorted(t.dims.sizes, key=lambda s: int(str(s.name).split("_")[1])):

@@ -71,6 +71,9 @@ class Trace:
     ops: dict = field(default_factory=dict)  # the op table (table.OPS): torch operation name → rule
     kept: list[object] = field(default_factory=list)  # every tensor seen, alive: ids stay unique
     known: set[int] = field(default_factory=set)  # ids of the inputs' and constants' own values
+    # the forward's bool tensor arguments (by id): their names, in argument order, and the first input's batch axes
+    masks: dict[int, str] = field(default_factory=dict)
+    batch: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         self.dims = Dims(self._substitute)
@@ -126,9 +129,13 @@ class Trace:
         else:
             shape = (1, *tensor.shape) if tensor.ndim == 1 else tuple(tensor.shape[-2:])
             rows, cols = (self.dims.fresh(size, ("rows" if i == 0 else "cols", "C")) for i, size in enumerate(shape))
+        argument = self.mask_argument(tensor, form, like)
+        if isinstance(argument, Constant):  # the same bool argument, the same way again: the same constant
+            self.kept.append(tensor)
+            return Value(argument.symbol, like.shape)
         label = "M" if form.startswith("additive") else "K" if form.startswith("keep") else "C"
-        taken = {c.symbol.name for c in self.constants}
-        name = next(n for n in (label, *(f"{label}_{i}" for i in range(2, 99))) if n not in taken)
+        taken = {c.symbol.name for c in self.constants} | set(self.masks.values())
+        name = argument or next(n for n in (label, *(f"{label}_{i}" for i in range(2, 99))) if n not in taken)
         symbol = MatrixSymbol(name, rows, cols)
         self.constants.append(Constant(symbol, self.program.ref(tensor), form))
         value = Value(symbol, tuple(tensor.shape) if like is None else like.shape)
@@ -138,6 +145,25 @@ class Trace:
         else:
             self.kept.append(tensor)
         return value
+
+    def mask_argument(self, tensor: torch.Tensor, form: str, like: Value | None) -> str | Constant | None:
+        """A bool argument of the forward used as it is as a mask: the constant is the argument, named by its
+        parameter (or, met again in the same form, the constant it already is). Only where the generated modules
+        take the argument as it is: of the masked values' last two sizes, with no batch axes or (an additive mask,
+        which generated forward takes batched) the first input's; otherwise (and for a tensor made from it:
+        ``mask == 0``, ``mask[:, None, :]``) a constant M, K, … as before, which the generated modules take as
+        its additive (or 0/1) matrix."""
+        name = self.masks.get(id(tensor))
+        if name is None or like is None or form == "as_is" or name in {n for n, _ in self.inputs}:
+            return None
+        shape, batches = tuple(tensor.shape), ((), self.batch) if form.startswith("additive") else ((),)
+        if shape[-2:] != tuple(like.shape[-2:]) or shape[:-2] not in batches:
+            return None
+        held = next((c for c in self.constants if c.symbol.name == name), None)
+        if held is None:
+            return name
+        same = held.form == form and held.symbol.shape == (like.rows, like.cols)
+        return held if same else None
 
     def number(self, obj: object) -> Basic:
         """A number operand that is no dimension's expression (eps, a fill value)."""

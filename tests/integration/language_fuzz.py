@@ -228,7 +228,10 @@ def random_case(seed: int) -> Case:
             else (lambda env, o=output: torch.tanh(o.torch(env))),
             ("1", "n") if output.shape == ("1", "1") else output.shape,
         )
-    if not output.expr.free_symbols & set(symbols.values()):  # SymPy folded it to a constant (X − X, A + I − A)
+    batched = {symbols[name] for name in names}
+    # SymPy folded away every batched input (X − X, A + I − A, (X + 𝟏b) − X): the spec's output is a constant or a
+    # function of the parameters alone, without the batch axes that the torch forward's X − X keeps
+    if not output.expr.free_symbols & batched:
         x = leaves[0]
         output = Term(sa.tanh(x.expr), lambda env, x=x: torch.tanh(x.torch(env)), x.shape)
     if rng.random() < 0.2 and output.shape[0] != "1":
@@ -251,8 +254,10 @@ def random_case(seed: int) -> Case:
     spec = sa.Spec(f"fuzz{seed}", "", spec_inputs, output.expr, tuple(intermediates), constants=fixed)
     order = [name for name, _ in inputs] + used
 
-    def reference(*values):
-        return output.torch(dict(zip(order, values)))
+    folded = {c: torch.zeros(_concrete(CONSTANTS[c], False), dtype=torch.float64) for c in constants if c not in used}
+
+    def reference(*values):  # a constant SymPy folded away (E − E) is read by the torch forward: any value
+        return output.torch({**folded, **dict(zip(order, values))})
 
     shapes = [
         () if shape is None else _concrete(shape, not name.startswith(("W_", "b_", "gamma_", "beta_")))
@@ -321,12 +326,9 @@ def run_case(seed: int, backends: tuple[str, ...] = BACKENDS, verify: bool = Tru
 
 
 def _constants(spec: sa.Spec, values: dict) -> tuple[list, dict]:
-    """The constants as generated forward takes them: the additive mask as attn_mask, the others after the inputs."""
-    from symattn.codegen.schedule.build import split_constants
-
-    mask, fixed = split_constants(spec)
-    keywords = {"attn_mask": values[str(mask.name)]} if mask is not None else {}
-    return [values[str(c.name)] for c in fixed], keywords
+    """The constants as generated forward takes them: after the inputs, in the spec's order (the additive mask
+    among them, in its position), no keywords."""
+    return [values[str(c.name)] for c in spec.constants], {}
 
 
 def _run(module, backend, args, go, names, constants):

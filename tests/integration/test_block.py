@@ -14,9 +14,7 @@ from symattn.lang.ops import GeluGrad, GeluTanhGrad, RowInvStd, gelu, layer_norm
 from symattn.numeric.printers import NUMPY_RUNTIME
 from symattn.numeric.verify import vjp_error
 
-NAMES = (
-    "X W_Q W_K W_V W_O b_Q b_K b_V b_O gamma_1 beta_1 gamma_2 beta_2 W_1 b_1 W_2 b_2".split()  # the spec's order
-)
+NAMES = sa.spec("transformer_block").input_names  # the spec's order: X, the weights and norms, then the biases
 n, d = sp.symbols("n d", positive=True, integer=True)
 
 

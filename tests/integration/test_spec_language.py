@@ -5,6 +5,10 @@
   parameters (an unused batched input, a per-batch scalar factor in a weight's gradient), Trace and
   sa.sum as scalar factors (derived step by step too), transposed outputs, exp(τ) of a trainable
   scalar, a value whose double transpose named itself ("cyclic schedule").
+- Regression cases (issue 39), each found by the fuzz over thousands of seeds: σ(Z)'s saved output named Z over
+  an input Z, a batched value written into a value of the weights alone, torch's in-place chain written into
+  its last operand, softmax into strided memory, a bias's gradient through a row sum, two gradients each
+  written as the other's negation, sum(X − X) as a factor, τ times a sum with a trace.
 - The language fuzz (``language_fuzz``): random specs over every node and form, derive --verify,
   generated NumPy, torch and JAX modules against torch autograd of an independently written forward.
   Every outcome must be success.
@@ -27,7 +31,7 @@ pytest.importorskip("jax", reason="the fuzz generates the JAX backend too")
 from language_fuzz import BACKENDS, load, run_case  # noqa: E402
 
 QUICK_SEEDS = 60
-SLOW_SEEDS = 300
+SLOW_SEEDS = 500  # seeds QUICK_SEEDS … SLOW_SEEDS − 1 are slow-marked: 500 in all, about 0.15 s each
 
 n, d, m = dim("n"), dim("d"), dim("m")
 X, Y, V = sp.MatrixSymbol("X", n, d), sp.MatrixSymbol("Y", n, d), sp.MatrixSymbol("V", m, d)
@@ -208,7 +212,68 @@ def test_a_value_whose_double_transpose_is_its_own_name():
     _compare(spec, lambda q: torch.sigmoid(torch.exp(torch.tanh(q @ q.mT)) / 2).mT, [(2, 4, 3)])
 
 
-@pytest.mark.parametrize("output", [X - X, X * X.T + sp.Identity(n) - X * X.T])
+def test_an_entrywise_functions_saved_output_never_takes_an_inputs_name():
+    """σ(Z) saved for the backward is named by σ's letter, Z, unless taken: it overwrote the input Z that
+    sum(Z) reads after it (a wrong output), and with σ(W_Q) of a weight the unbatched σ(W_Q) stood where the
+    batched input was expected (the output and the arrays written into lost their batch axes)."""
+    z, w = sp.MatrixSymbol("Z", n, d), sp.MatrixSymbol("W_Q", d, n)
+    spec = sa.Spec("sigmoid_of_z", "", (z,), sa.sum(z) * sa.sigmoid(z))
+    _compare(spec, lambda z: z.sum((-2, -1), keepdim=True) * torch.sigmoid(z), [(2, 4, 3)])
+    spec = sa.Spec("sigmoid_of_w", "", (z, w), sa.sum(z) * sa.sigmoid(sa.sigmoid(w)))
+    _compare(spec, lambda z, w: z.sum((-2, -1), keepdim=True) * torch.sigmoid(torch.sigmoid(w)), [(2, 4, 3), (3, 4)])
+
+
+def test_a_batched_value_is_never_written_into_a_value_of_the_weights():
+    """sum(X)·σ(W Wᵀ): dW reads (𝟏𝟏ᵀ − F) ⊙ F ⊙ dF with F = σ(W Wᵀ) of the weights alone (d × d) and dF = sum(X)·G
+    per batch; F, a name but no input, counted as batched, so the product was written into 𝟏𝟏ᵀ − F (NumPy:
+    non-broadcastable output operand with shape (3,3) doesn't match the broadcast shape (2,3,3))."""
+    w = sp.MatrixSymbol("W_K", d, m)
+    spec = sa.Spec("weights_alone", "", (X, w), sa.sum(X) * sa.sigmoid(w * w.T))
+    _compare(spec, lambda x, w: x.sum((-2, -1), keepdim=True) * torch.sigmoid(w @ w.mT), [(2, 4, 3), (3, 5)])
+
+
+def test_an_in_place_chain_writes_into_the_whole_value():
+    """dW = s·((𝟏𝟏ᵀ + T₁ − D 𝟏ᵀ) ⊙ P), P = softmax(W): torch's chain called mul_ on its last operand (1 + T₁ −
+    D.mul_(P)), writing the d × d product into D, a d × 1 column; the method is called on the bracketed sum."""
+    spec = sa.Spec("tanh_softmax", "", (X, W_Q), sa.sum(sa.tanh(sa.softmax(W_Q))) * X)
+    _compare(spec, lambda x, w: torch.tanh(torch.softmax(w, -1)).sum() * x, [(2, 4, 3), (3, 3)])
+
+
+def test_a_softmax_of_a_transposed_value():
+    """softmax(−Xᵀ): −Xᵀ keeps Xᵀ's strides, and torch's softmax written into strided memory is wrong."""
+    spec = sa.Spec("softmax_transposed", "", (X,), sa.softmax(-X.T))
+    _compare(spec, lambda x: torch.softmax(-x.mT, -1), [(2, 4, 3)])
+
+
+def test_a_bias_gradient_through_a_row_sum_keeps_its_shape():
+    """d/db rowsum(X + 𝟏b) = 𝟏ᵀ G 𝟏_{1×d}, a row (1 × d): it was summed to a 0-d scalar like 𝟏ᵀ G 𝟏 (a trainable
+    scalar's gradient)."""
+    b = sp.MatrixSymbol("b_1", 1, d)
+    spec = sa.Spec("rowsum_bias", "", (X, b), sa.rowsum(X + sp.OneMatrix(n, 1) * b))
+    _compare(spec, lambda x, b: (x + b).sum(-1, keepdim=True), [(2, 4, 3), (1, 3)])
+
+
+def test_gradients_equal_up_to_sign_are_not_written_by_each_other():
+    """dX = 3 G 𝟏ᵀ and d(dX) = −3 G 𝟏ᵀ: each was found as the other's negation (dX = −ddX, ddX = −dX), a cycle
+    ("cyclic schedule"); a value may read another only where that one does not read it back."""
+    dx = sp.MatrixSymbol("dX", n, d)
+    spec = sa.Spec("negations", "", (X, dx), sa.rowsum(3 * X - 3 * dx))
+    _compare(spec, lambda x, dx: (3 * x - 3 * dx).sum(-1, keepdim=True), [(2, 4, 3), (2, 4, 3)])
+
+
+def test_a_trainable_scalar_times_a_sum_with_a_trace():
+    """τ tr(I + C) X = τ (d + tr C) X: dτ = (d + tr C) tr(Gᵀ X), whose first traced factor, d + tr C, was taken
+    for the trace (refused: "a scalar gradient that is not linear in traces of matrices: d")."""
+    c = sp.MatrixSymbol("C", d, d)
+    spec = sa.Spec("trace_sum", "", (X, tau), tau * sp.Trace(sp.Identity(d) + c) * X, constants=(c,))
+
+    def reference(x, t, c):
+        return t * (3 + torch.diagonal(c).sum()) * x
+
+    _compare(spec, reference, [(2, 4, 3), ()], constants=[(3, 3)])
+
+
+@pytest.mark.parametrize("output", [X - X, X * X.T + sp.Identity(n) - X * X.T, sa.sum(X - X) * X])
 def test_an_output_that_depends_on_no_input_is_refused(output):
     with pytest.raises(SymattnError, match="depends on no input"):
         sa.Spec("constant", "", (X,), output)

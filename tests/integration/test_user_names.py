@@ -69,14 +69,14 @@ def test_an_input_named_like_the_generated_code_is_refused_by_name(name):
 
 
 def test_a_constant_that_is_not_an_additive_mask_is_a_forward_argument():
-    """ALiBi's −slope·Dist: Dist is a fixed argument after the inputs (no gradient); an additive mask alone is
-    still attn_mask."""
+    """ALiBi's −slope·Dist: Dist is a fixed argument after the inputs (no gradient); an additive mask is in its
+    position too (None: no mask), attn_mask and the other mask keywords beside it."""
     slope, dist = sp.Symbol("slope", real=True), sp.MatrixSymbol("Dist", n, n)
     out = sa.softmax(X * W_Q * X.T - slope * dist) * X
     text = codegen.render(sa.Spec("alibi", "", (X, W_Q, slope), out, constants=(dist,)), "torch")
     assert "def forward(X, W_Q, slope, Dist):" in text
     masked = sa.Spec("masked", "", (X, W_Q), sa.softmax(X * W_Q * X.T + dist) * X, constants=(dist,))
-    assert "def forward(X, W_Q, *, attn_mask=None" in codegen.render(masked, "numpy")
+    assert "def forward(X, W_Q, Dist=None, *, attn_mask=None" in codegen.render(masked, "numpy")
 
 
 @pytest.mark.parametrize("labels", [("t1", "t2"), ("c1", "D1"), ("D", "t3")])

@@ -54,3 +54,37 @@ def _direction(direction):
     if unknown:
         raise ValueError(f"direction: {unknown[0]!r} is no input; inputs: {', '.join(DIRECTION_OF)}")
     return direction
+
+
+def chain(*factors):
+    """F₁ @ F₂ @ … @ F_k in the order that costs the fewest multiply-adds at the factors' shapes: the matrix-chain
+    programme of ``numpy.linalg.multi_dot``, run at call time (microseconds for a few factors), where the best
+    order depends on sizes the spec leaves open. A product's count is its two operands' broadcast batch entries
+    (an unbatched weight times a weight is paid once) times a·b·c; ties go left to right."""
+    k = len(factors)
+    dims = [f.shape[-2] for f in factors] + [factors[-1].shape[-1]]
+    batch = []
+    for f in factors:
+        entries = 1
+        for size in f.shape[:-2]:
+            entries *= size
+        batch.append(entries)
+    best = {(i, i): (0, i) for i in range(k)}  # (i, j) -> (cost, split after which the product is cut)
+    for length in range(2, k + 1):
+        for i in range(k - length + 1):
+            j = i + length - 1
+            entries = max(batch[i : j + 1])
+            options = [
+                (best[(i, s)][0] + best[(s + 1, j)][0] + entries * dims[i] * dims[s + 1] * dims[j + 1], -s)
+                for s in range(i, j)
+            ]
+            cost, split = min(options)
+            best[(i, j)] = (cost, -split)
+
+    def product(i, j):
+        if i == j:
+            return factors[i]
+        s = best[(i, j)][1]
+        return product(i, s) @ product(s + 1, j)
+
+    return product(0, k - 1)

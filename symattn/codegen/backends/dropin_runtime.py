@@ -361,10 +361,11 @@ class TransformerEncoderLayer(torch.nn.Module):
         row = lambda v: None if v is None else v.unsqueeze(0)  # noqa: E731 - (E,) -> the spec's 1 × E row
         shift = lambda norm: row(norm.bias) if norm.bias is not None else x.new_zeros(1, x.shape[-1])  # noqa: E731
         M = _torch_mask(src_mask, src_key_padding_mask, x, x, attn.num_heads)
-        out = _apply(
-            FUNCTION, x, W_Q, W_K, W_V, attn.out_proj.weight.mT, b_Q, b_K, b_V, row(attn.out_proj.bias),
+        out = _apply(  # the spec's order: X, the weights and norms, then the biases
+            FUNCTION, x, W_Q, W_K, W_V, attn.out_proj.weight.mT,
             row(self.norm1.weight), shift(self.norm1), row(self.norm2.weight), shift(self.norm2),
-            self.linear1.weight.mT, row(self.linear1.bias), self.linear2.weight.mT, row(self.linear2.bias),
+            self.linear1.weight.mT, self.linear2.weight.mT,
+            b_Q, b_K, b_V, row(attn.out_proj.bias), row(self.linear1.bias), row(self.linear2.bias),
             M, False, attn.num_heads, self.norm1.eps, traced=TRACED,
         )[0]  # fmt: skip
         return out.transpose(0, 1) if batched and not self.batch_first else out

@@ -61,15 +61,32 @@ def _apply(function, *args, traced=None):
     """function.apply(*args), a tensor given a second time given as a view of itself (self-attention's Q = K = V):
     torch.compile refuses an autograd.Function given one tensor twice; the gradients reach it through both.
     Compiling (torch.compile, torch.export), traced instead: the Function's twin without jvp, which dynamo
-    traces."""
+    traces. Under torch.autocast the arguments are cast as autocast casts a product's (``_autocast``)."""
     if traced is not None and torch.compiler.is_compiling():
         function = traced
+    args, autocast = _autocast(args)
     given = []
     for arg in args:
         if isinstance(arg, torch.Tensor) and any(arg is seen for seen in given):
             arg = arg.view_as(arg)
         given.append(arg)
-    return function.apply(*given)
+    if autocast is None:
+        return function.apply(*given)
+    with torch.autocast(autocast, enabled=False):
+        return function.apply(*given)
+
+
+def _autocast(args):
+    """(args, device type) under torch.autocast on the arguments' device: each float32 tensor cast to autocast's
+    dtype (float64 and integer, bool tensors as they are), as autocast casts the operands of a product, outside
+    the Function (autograd carries each gradient back to its input's dtype through the cast); the Function then
+    runs with autocast off, in that dtype. Not under autocast: (args, None)."""
+    device = next((a.device.type for a in args if isinstance(a, torch.Tensor)), None)
+    if device is None or not torch.is_autocast_enabled(device):
+        return args, None
+    low = torch.get_autocast_dtype(device)
+    cast = [a.to(low) if isinstance(a, torch.Tensor) and a.dtype == torch.float32 else a for a in args]
+    return cast, device
 
 
 def _distinct(output, *inputs):

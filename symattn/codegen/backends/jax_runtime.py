@@ -165,6 +165,44 @@ def _arrays(named):
     return arrays
 
 
+def _one_mask(name, value, attn_mask, query, key, allowed=False):
+    """The mask the spec's additive constant `name` is made from: value, given in its position, or attn_mask,
+    given by keyword; both given is a TypeError naming them. value (n × m or (..., n, m), n the query's rows, m
+    the key's) is a constant (stop_gradient: no gradient): a float one is added as it is, a bool is read as
+    attn_mask's, True = not allowed, or with allowed, True = allowed (as torch's scaled_dot_product_attention
+    reads a bool attn_mask)."""
+    if value is None:
+        return attn_mask
+    if attn_mask is not None:
+        raise TypeError(f"forward() got the mask {name} both in its position and as attn_mask; give it once")
+    value = jax.lax.stop_gradient(jnp.asarray(value))
+    n, m, batch = jnp.shape(query)[-2], jnp.shape(key)[-2], tuple(jnp.shape(query)[:-2])
+    if tuple(value.shape) not in ((n, m), (*batch, n, m)):
+        raise ValueError(f"{name}: expected shape (n, m) = ({n}, {m}) or {(*batch, n, m)}, got {tuple(value.shape)}")
+    if value.dtype != jnp.bool_ and not jnp.issubdtype(value.dtype, jnp.floating):
+        raise ValueError(f"{name}: expected a bool or floating-point array, got {value.dtype}")
+    return jnp.logical_not(value) if allowed and value.dtype == jnp.bool_ else value
+
+
+def _bool_constant(value, form, like):
+    """A constant given as a bool array, made the matrix the spec holds, in like's dtype: form "additive": -inf
+    where True, else 0; "additive_false": -inf where False; "keep": 1 where False, else 0; "keep_false": 1 where
+    True. Any other value is returned as it is (the inputs' checks read it)."""
+    if value is None or jnp.asarray(value).dtype != jnp.bool_:
+        return value
+    value, dtype = jnp.asarray(value), jnp.asarray(like).dtype
+    masked = value if form in ("additive", "keep") else jnp.logical_not(value)  # True where the constant masks
+    if form.startswith("additive"):
+        return jnp.where(masked, -jnp.inf, 0.0).astype(dtype)
+    return jnp.logical_not(masked).astype(dtype)
+
+
+def _rows(named):
+    """Each parameter of shape (1, k) given 1-D, (k,) as torch holds a bias, as the 1 × k row (jax differentiates
+    the reshape: its gradient comes back (k,)); the others as they are (the inputs' checks read them)."""
+    return [jnp.asarray(v)[None, :] if v is not None and jnp.ndim(v) == 1 else v for v in named.values()]
+
+
 def _mask_shape(mask):
     """The shape of the additive mask, which receives a gradient (summed to it), or None without a mask."""
     return None if mask is None else mask.shape

@@ -233,6 +233,55 @@ def _cotangent(grad_out, saved):
     return grad_out
 
 
+def _one_mask(name, value, attn_mask, query, key, allowed=False):
+    """The mask the spec's additive constant `name` is made from: value, given in its position, or attn_mask,
+    given by keyword; both given is a TypeError naming them. value (n × m or (..., n, m), n the query's rows, m
+    the key's) is a constant (backward gives it no gradient): a float one is added as it is, a bool is read as
+    attn_mask's, True = not allowed, or with allowed, True = allowed (as torch's scaled_dot_product_attention
+    reads a bool attn_mask)."""
+    if value is None:
+        return attn_mask
+    if attn_mask is not None:
+        raise TypeError(f"forward() got the mask {name} both in its position and as attn_mask; give it once")
+    value, query, key = np.asarray(value), np.asarray(query), np.asarray(key)
+    n, m, batch = query.shape[-2], key.shape[-2], query.shape[:-2]
+    if value.shape not in ((n, m), (*batch, n, m)):
+        raise ValueError(f"{name}: expected shape (n, m) = ({n}, {m}) or {(*batch, n, m)}, got {value.shape}")
+    if value.dtype != np.bool_ and not np.issubdtype(value.dtype, np.floating):
+        raise ValueError(f"{name}: expected a bool or floating-point array, got {value.dtype}")
+    return ~value if allowed and value.dtype == np.bool_ else value
+
+
+def _bool_constant(value, form, like):
+    """A constant given as a bool array, made the matrix the spec holds, in like's dtype: form "additive": -inf
+    where True, else 0; "additive_false": -inf where False; "keep": 1 where False, else 0; "keep_false": 1 where
+    True. Any other value is returned as it is (the inputs' checks read it)."""
+    if value is None or np.asarray(value).dtype != np.bool_:
+        return value
+    value, dtype = np.asarray(value), np.asarray(like).dtype
+    masked = value if form in ("additive", "keep") else ~value  # True where the constant masks
+    if form.startswith("additive"):
+        return np.where(masked, -np.inf, 0.0).astype(dtype)
+    return (~masked).astype(dtype)
+
+
+def _rows(named):
+    """Each parameter of shape (1, k) given 1-D, (k,) as torch holds a bias, as the 1 × k row (a view); the others
+    as they are (the inputs' checks read them)."""
+    return [np.asarray(v)[None, :] if v is not None and np.ndim(v) == 1 else v for v in named.values()]
+
+
+def _vectors(named):
+    """The names of the (1, k) parameters given 1-D: backward returns their gradients 1-D (``_as_given``)."""
+    return tuple(name for name, v in named.items() if v is not None and np.ndim(v) == 1)
+
+
+def _as_given(grads, vectors):
+    """The gradients of the inputs given (None: an absent input's, left out), each of a parameter given 1-D as a
+    vector of its length, the layout it was given in."""
+    return {name: g.reshape(-1) if name in vectors else g for name, g in grads.items() if g is not None}
+
+
 def _float_mask_shape(attn_mask):
     """The shape of a floating attn_mask (an additive bias, which receives a gradient), else None."""
     if attn_mask is None or np.asarray(attn_mask).dtype == np.bool_:

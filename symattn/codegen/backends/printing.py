@@ -26,7 +26,7 @@ from sympy import Basic, MatrixExpr
 from sympy.matrices.expressions import HadamardProduct, MatAdd, MatMul, OneMatrix, Transpose
 
 from symattn.codegen.schedule.chains import split_ones
-from symattn.codegen.schedule.plan import NO_BUFFERS, Plan, broadcast_column, cheapest_tree, scaled_factor
+from symattn.codegen.schedule.plan import AT_CALL, NO_BUFFERS, Plan, broadcast_column, cheapest_tree, scaled_factor
 from symattn.errors import SymattnError
 from symattn.lang.algebra import factors
 from symattn.lang.graph import matrix_symbols
@@ -240,6 +240,8 @@ class GeneratedCodeMixin:
         inner = factor.arg if isinstance(factor, Transpose) else factor
         scaled = f"{coeff_text} * {self._atom(inner)}" if coeff != -1 else f"-{self._atom(inner)}"
         scaled = f"({scaled}).mT" if isinstance(factor, Transpose) else f"({scaled})"
+        if cheapest_tree(mats) == AT_CALL:
+            return self.chain([scaled if i == smallest else self._print(m) for i, m in enumerate(mats)])
         return self._join_product(mats, [scaled if i == smallest else self._atom(m) for i, m in enumerate(mats)])
 
     def _join_product(self, mats: list[Basic], texts: list[str]) -> str:
@@ -255,7 +257,13 @@ class GeneratedCodeMixin:
         tree = cheapest_tree(mats)
         if tree is None:
             return super()._print_matrix_chain(mats)
+        if tree == AT_CALL:
+            return self.chain([self._print(m) for m in mats])
         return self._print_tree(tree)
+
+    def chain(self, texts: list[str]) -> str:
+        """The product of the factors printed as texts, ordered at call time from their shapes (runtime chain)."""
+        return f"{self.helper('chain')}({', '.join(texts)})"
 
     def _print_tree(self, tree: Basic) -> str:
         """A binary tree of products: each node a product of two operands (subtrees print themselves)."""
@@ -298,7 +306,8 @@ class GeneratedCodeMixin:
             mats = [a for a in expr.args if isinstance(a, MatrixExpr)]
         if any(isinstance(a, MatrixExpr) for a in sp.preorder_traversal(coeff)):  # tr(A)·…: one scalar a batch
             return f"{self.helper('sum_batch')}({self._print(expr)})"
-        if len(mats) == 3 and isinstance(mats[0], OneMatrix) and isinstance(mats[2], OneMatrix):
+        ones_around = len(mats) == 3 and isinstance(mats[0], OneMatrix) and isinstance(mats[2], OneMatrix)
+        if ones_around and expr.shape == (1, 1):  # (𝟏ᵀ M 𝟏_{1×d}, M a column, is a row: summed as any value below)
             body = f"{self._atom(mats[1])}.sum()"  # 𝟏ᵀ M 𝟏 over the batch: a trainable scalar's gradient, 0-d
             return body if coeff == 1 else f"{self._atom(coeff)} * {body}"
         if len(mats) == 2 and isinstance(mats[0], OneMatrix) and mats[0].shape[0] == 1 and coeff == 1:

@@ -3,6 +3,8 @@ ints, so a generated module imports only torch) and what code generation asks of
 
 from __future__ import annotations
 
+import ast
+
 from sympy import Basic
 
 from symattn.codegen.backends.backend import Backend
@@ -31,6 +33,14 @@ def _unwrapped(text: str) -> str:
         if depth == 0 and i < len(text) - 1:
             return text  # (a) @ (b): the first bracket closes early
     return text[1:-1]
+
+
+def _receiver(text: str) -> str:
+    """text as the tensor an in-place method is called on: bracketed unless it is one primary expression (a name,
+    a call, an attribute, a subscript). ``1 + T - D.mul_(P)`` would multiply D, the last operand, in place (D a
+    column, the product n × m: a write into an array smaller than the value), not the sum."""
+    body = ast.parse(text, mode="eval").body
+    return text if isinstance(body, (ast.Name, ast.Call, ast.Attribute, ast.Subscript)) else f"({text})"
 
 
 class TorchMatrixPrinter(GeneratedCodeMixin, NumPyMatrixPrinter):
@@ -64,12 +74,12 @@ class TorchMatrixPrinter(GeneratedCodeMixin, NumPyMatrixPrinter):
 
     def inplace_function(self, function: str, operand: str, buffer: str) -> str:
         """function(operand) in place: A.sub_(L).exp_()."""
-        return f"{operand}.{function.removeprefix('torch.')}_()"
+        return f"{_receiver(operand)}.{function.removeprefix('torch.')}_()"
 
     def inplace_operation(self, op: str, target: str, operand: str, buffer: str) -> str:
         """target op operand, in place: dP.sub_(D).mul_(P)."""
         method = {"add": "add_", "subtract": "sub_", "multiply": "mul_"}[op]
-        return f"{target}.{method}({operand})"
+        return f"{_receiver(target)}.{method}({operand})"
 
     def _module_format(self, fqn: str, register: bool = True) -> str:
         """The torch name of a numpy function SymPy's printer asks for; a module that imports only torch has no np."""

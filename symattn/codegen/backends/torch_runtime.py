@@ -47,6 +47,8 @@ def row_softmax(a, out=None):
     scores', in huge pages) as in eager code: inductor's softmax would write a fresh buffer (_by_custom_op)."""
     # (else a compiled graph plans its own buffers; export traces with autograd on, which refuses out=, as it
     # does for a that requires grad, as jvp's may; vmap batches no out=)
+    if out is not None and not out.is_contiguous():  # torch's softmax into strided memory (−Aᵀ's) is wrong
+        out = None
     if out is a and not a.requires_grad and _by_custom_op(a, a.numel() * a.element_size()):
         torch.ops.symattn.row_softmax_(a)
         return a
@@ -221,6 +223,45 @@ def _tensors(named):
     return tensors
 
 
+def _one_mask(name, value, attn_mask, query, key, allowed=False):
+    """The mask the spec's additive constant `name` is made from: value, given in its position, or attn_mask,
+    given by keyword; both given is a TypeError naming them. value (n × m or (..., n, m), n the query's rows, m
+    the key's) is a constant (detached: no gradient): a float one is added as it is, a bool is read as
+    attn_mask's, True = not allowed, or with allowed, True = allowed (as torch's scaled_dot_product_attention
+    reads a bool attn_mask)."""
+    if value is None:
+        return attn_mask
+    if attn_mask is not None:
+        raise TypeError(f"forward() got the mask {name} both in its position and as attn_mask; give it once")
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor (bool or float) or None, got {type(value).__name__}")
+    n, m, batch = query.shape[-2], key.shape[-2], tuple(query.shape[:-2])
+    if tuple(value.shape) not in ((n, m), (*batch, n, m)):
+        raise ValueError(f"{name}: expected shape (n, m) = ({n}, {m}) or {(*batch, n, m)}, got {tuple(value.shape)}")
+    if value.dtype != torch.bool and not value.is_floating_point():
+        raise ValueError(f"{name}: expected a bool or floating-point tensor, got {value.dtype}")
+    value = value.detach()
+    return ~value if allowed and value.dtype == torch.bool else value
+
+
+def _bool_constant(value, form, like):
+    """A constant given as a bool tensor, made the matrix the spec holds, in like's dtype: form "additive": -inf
+    where True, else 0; "additive_false": -inf where False; "keep": 1 where False, else 0; "keep_false": 1 where
+    True. Any other value is returned as it is (the inputs' checks read it)."""
+    if not isinstance(value, torch.Tensor) or value.dtype != torch.bool:
+        return value
+    masked = value if form in ("additive", "keep") else ~value  # True where the constant masks
+    if form.startswith("additive"):
+        return torch.zeros(value.shape, dtype=like.dtype, device=value.device).masked_fill(masked, float("-inf"))
+    return (~masked).to(like.dtype)
+
+
+def _rows(named):
+    """Each parameter of shape (1, k) given 1-D, (k,) as torch holds a bias, as the 1 × k row (a view, so that
+    autograd returns its gradient (k,)); the others as they are (the inputs' checks read them)."""
+    return [v.unsqueeze(0) if isinstance(v, torch.Tensor) and v.dim() == 1 else v for v in named.values()]
+
+
 def _grad_shape(mask):
     """The shape of the additive mask when it requires a gradient (a float attn_mask that does), else None."""
     return None if mask is None or not mask.requires_grad else mask.shape
@@ -369,7 +410,8 @@ def rows_per_block(mask, causal, query):
     """Query rows per block of a standard module's loop: 128 where the mask may let a block skip keys (causal,
     or any mask: key_range finds the keys each block sees), else all rows in one block (no mask: the whole
     computation at once, nothing to skip). Traced or transformed, blocks only for causal: key_range knows no
-    other mask's keys there (no branch on its values), and a compiled graph fuses the whole."""
-    if not (causal or (mask is not None and not _functional(query))):
+    other mask's keys there (no branch on its values), and a compiled graph fuses the whole. Off the CPU
+    (CUDA), one block: a loop of small kernels costs more there than the masked keys it skips."""
+    if query.device.type != "cpu" or not (causal or (mask is not None and not _functional(query))):
         return max(query.shape[-2], 1)
     return 128

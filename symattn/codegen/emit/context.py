@@ -15,7 +15,13 @@ from collections.abc import Callable
 import sympy as sp
 
 from symattn.codegen.backends import Backend
-from symattn.codegen.emit import layout
+from symattn.codegen.emit import arguments, layout
+from symattn.codegen.emit.arguments import (
+    ALLOWED_FORM,
+    arguments_doc,
+    positional_parameters,
+    spec_order,
+)
 from symattn.codegen.emit.sections import Statement, _saved, _sections, _statements, _uses
 from symattn.codegen.schedule.build import Assignment, Schedule
 from symattn.derive.latex import text
@@ -150,11 +156,20 @@ def _checks(sched: Schedule, printer, backend: Backend, options: list[Option]) -
 
 
 def _runtime_helpers(
-    printer, backend: Backend, checks: dict, options: list[Option], mask: str | None, mask_gradient: bool
+    printer,
+    backend: Backend,
+    checks: dict,
+    options: list[Option],
+    mask: str | None,
+    mask_gradient: bool,
+    entry: dict,
+    public: bool,
 ) -> list[str]:
     """The runtime helpers the module calls: the expressions' (sorted), then the checks', then (sorted) the ones
-    those call."""
+    those call. public: the module's forward (not f₂'s), which reads its arguments (``_entry``, ``_one_mask``)."""
     names = [*sorted(printer.helpers_used), backend.check_inputs, "_check_shape"]
+    names += ["_bool_constant"] * bool(entry["bool_constants"]) + ["_rows"] * bool(entry["rows_call"])
+    names += ["_vectors", "_as_given"] * entry["vectors"] + ["_one_mask"] * bool(mask and public)
     names += ["_quotient"] * any(b.value.startswith("_quotient(") for b in checks["bindings"])
     names += ["_positive_int"] * any(o.symbol.is_integer for o in options)
     names += ["_nonempty"] * bool(checks["nonempty"])
@@ -172,29 +187,30 @@ def _function(
     backend: Backend,
     shared: set,
     block_causal: list[str],
+    vectors: bool,
 ) -> dict:
-    """The signatures and calls of forward and backward; shared: gradients returned as None when their input was."""
+    """The signatures and calls of forward and backward; shared: gradients returned as None when their input was.
+
+    Generated forward takes the spec's inputs, then its constants, positionally in the user's Spec order (each by
+    name too; ``positional_parameters``), then its options and the mask keywords, keyword-only.
+    vectors: NumPy's backward returns the gradients of parameters given 1-D as vectors (``_as_given``)."""
     s = sched.spec
-    required = [x for x in s.inputs if str(x.name) not in sched.optional]
-    maybe = [x for x in s.inputs if str(x.name) in sched.optional]  # optional inputs, passed by keyword
+    maybe = [x for x in s.inputs if str(x.name) in sched.optional]  # optional inputs: None leaves their terms out
     trailing = block_causal + [o.name for o in options]  # after the inputs and M: no gradient
     positional = [str(x.name) for x in s.inputs] + ([mask] if mask else []) + trailing
     # a float attn_mask's gradient: under "attn_mask" (NumPy), as M's (torch, whose autograd carries it on)
     mask_grads = [(name if backend.autodiff else "attn_mask", t) for name, t in sched.constant_gradients]
-    signature = (
-        [str(x.name) for x in required]
-        + ["*"] * bool(options or maybe or mask)
-        + [o.name + ("=None" if o.default is not None else "") for o in options]
-        + [f"{x.name}=None" for x in maybe]
-        + (list(MASK_KEYWORDS) if mask else [])
+    keywords = [o.name + ("=None" if o.default is not None else "") for o in options] + (
+        list(MASK_KEYWORDS) if mask else []
     )
+    signature = positional_parameters(spec_order(sched), sched.optional) + ["*"] * bool(keywords) + keywords
     traced = [f"traced=_{class_name}Traced"]  # its twin without jvp, which _apply applies while compiling
     return {
         "input_names": [str(x.name) for x in s.inputs],
         "signature": layout.define("forward", signature, indent=0),
         "apply_call": layout.wrapped("return _apply", [f"{class_name}Function", *positional, *traced], "[0]", 4, "()"),
         "return_gradients": layout.wrapped(
-            "return " if not (maybe or mask_grads) or backend.autodiff else "grads = ",
+            "return " if not (maybe or mask_grads or vectors) or backend.autodiff else "grads = ",
             [
                 f'"{name}": None if {guard} is None else {t.name}'
                 if t in shared
@@ -296,8 +312,9 @@ def _module(sched: Schedule, options: list[Option], mask: str | None, parameters
     """The torch.nn.Module: constructor parameters, weights, the forward call, the mask's keywords."""
     s = sched.spec
     params, module_bindings, weights = parameters
-    required = [x for x in s.inputs if str(x.name) not in sched.optional]
     maybe = [x for x in s.inputs if str(x.name) in sched.optional]
+    held = sched.weights - sched.fixed  # the module's own parameters; its forward takes the rest in Spec order
+    taken = [name for name in spec_order(sched) if name not in held]
     stored = [*params, *["bias"] * bool(maybe)]  # kept on the module for its repr (options are kept anyway)
     shown = [*params, *(o.name for o in options), *stored[len(params) :]]
     return {
@@ -318,14 +335,16 @@ def _module(sched: Schedule, options: list[Option], mask: str | None, parameters
         ),
         "module_call": layout.call(
             "forward",
-            [str(x.name) if x.name not in sched.weights - sched.fixed else f"self.{x.name}" for x in required]
+            [f"self.{name}" if name in held else name for name in spec_order(sched)]
             + [f"{o.name}=self.{o.name}" for o in options]
-            + [f"{x.name}=self.{x.name}" for x in maybe]
             + [f"{k}={k}" for k in MASK_NAMES if mask],
             indent=8,
         ),
-        "module_inputs": [str(x.name) for x in required if str(x.name) not in sched.weights - sched.fixed],
-        "mask_keywords": list(MASK_KEYWORDS) if mask else [],
+        "module_signature": layout.define(
+            "forward",
+            ["self", *positional_parameters(taken, sched.optional)] + (["*", *MASK_KEYWORDS] if mask else []),
+            indent=4,
+        ),
     }
 
 
@@ -336,13 +355,21 @@ def _mask_calls(sched: Schedule, backend: Backend, blocked: bool, heads_axis: bo
     block of scores and skips the keys no row of the block sees; a function that takes M whole adds it first
     (``causal_call``)."""
     if sched.mask is None:
-        return {"mask_call": "", "causal_call": "", "block_causal": []}
+        return {"mask_call": "", "forward_mask_call": "", "causal_call": "", "block_causal": []}
     s, mask = sched.spec, str(sched.mask.name)
     query, key = str(s.inputs[0].name), next(str(x.name) for x in s.inputs if x.shape[0] == sched.mask.shape[1])
-    arguments = ["attn_mask", "key_padding_mask", "causal", query, key, *["per_head=True"] * heads_axis]
+    rest = ["key_padding_mask", "causal", query, key, *["per_head=True"] * heads_axis]
     blocks = backend.loops
+    allowed = ", allowed=True" if dict(sched.bool_forms).get(mask) == ALLOWED_FORM else ""  # a bool True = allowed
+    # forward's: the mask in its position, or attn_mask (never both: _one_mask), then the other keywords
+    given = f'_one_mask("{mask}", {mask}, attn_mask, {query}, {key}{allowed})'
     return {
-        "mask_call": layout.wrapped(f"{mask} = _additive_mask", arguments + ["by_blocks=True"] * blocks, "", 4, "()"),
+        "mask_call": layout.wrapped(
+            f"{mask} = _additive_mask", ["attn_mask", *rest] + ["by_blocks=True"] * blocks, "", 4, "()"
+        ),
+        "forward_mask_call": layout.wrapped(
+            f"{mask} = _additive_mask", [given, *rest] + ["by_blocks=True"] * blocks, "", 4, "()"
+        ),
         "causal_call": f"{mask} = with_causal({mask}, causal, {query}, {key})" if blocks and not blocked else "",
         "block_causal": ["causal"] * blocks,
     }
@@ -377,7 +404,9 @@ def build_context(
     options = sections["options"]
     class_name = class_name or "".join(p.title() for p in s.name.split("_"))
     checks = _checks(sched, printer, backend, options)
-    helpers = _runtime_helpers(printer, backend, checks, options, mask, bool(sched.constant_gradients))
+    public = variant in ("standard", "memeff")  # the module's own forward (not f₂'s, variant "whole")
+    entry = arguments.entry(sched, backend, public)
+    helpers = _runtime_helpers(printer, backend, checks, options, mask, bool(sched.constant_gradients), entry, public)
     heads_axis = any(isinstance(n, SplitHeads) for a in sched.forward for n in sp.preorder_traversal(a.value))
     masks = _mask_calls(sched, backend, sections["blocked"], heads_axis)
     return {
@@ -392,7 +421,11 @@ def build_context(
         "backward_sections": sections["backward_sections"],
         "saved": _saved(sched, sections, mask, variant),
         "needs_dtype": _uses("dtype", [line.value for line in _statements(sections)]),
-        **_function(sched, options, mask, class_name, backend, sections["shared"], masks["block_causal"]),
+        **_function(
+            sched, options, mask, class_name, backend, sections["shared"], masks["block_causal"], entry["vectors"]
+        ),
+        **entry,
+        "arguments_doc": arguments_doc(sched, mask, variant, entry),
         **_module(sched, options, mask, module_parameters(sched, backend.printer())),
         **_custom_vjp(sched, options, mask, masks["block_causal"]),
         "helpers": helpers,

@@ -157,9 +157,14 @@ def assigned(target: str, value: str, indent: int) -> str:
     if indent + len(target) + 3 + len(value) <= WIDTH or "\n" in value:
         return value
     pad, terms, groups = " " * indent, top_level_terms(value), _groups(value)
-    if len(terms) == 1 and groups and groups[-1][1] == len(value) - 1 and groups[-1][0] > 0:  # f(args)
-        opening = groups[-1][0]
-        return f"{value[: opening + 1]}\n{_inside(value[opening + 1 : -1], indent + 4)}\n{pad})"
+    if len(terms) == 1 and groups and groups[-1][1] == len(value) - 1 and groups[-1][0] > 0:  # f(args), f(…)[…]
+        # the last bracket pair broken, or, as ruff omits a trailer, the call before a subscript (f(…)[..., None])
+        # when breaking the subscript would leave the first line too long
+        k, head = len(groups) - 1, indent + len(target) + 3
+        while k > 0 and head + groups[k][0] + 1 > WIDTH and groups[k - 1][1] == groups[k][0] - 1:
+            k -= 1
+        opening, closing = groups[k]
+        return f"{value[: opening + 1]}\n{_inside(value[opening + 1 : closing], indent + 4)}\n{pad}{value[closing:]}"
     if len(terms) == 2 and groups and (groups[0][0] == 0 or groups[-1][1] == len(value) - 1):
         out, column, position = [], indent + len(target) + 3, 0
         for k, (opening, closing) in enumerate(groups):

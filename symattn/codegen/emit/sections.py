@@ -156,13 +156,14 @@ class Sections:
         return text
 
     def fits(self, a: Assignment, dying: frozenset) -> frozenset:
-        """The dying arrays a's value may be written into: not an unbatched one when the value is batched;
-        none for a printer of immutable arrays (JAX)."""
+        """The dying arrays a's value may be written into: those batched if and only if the value is (an array
+        without the batch axes cannot hold a value that broadcasts along them, one with them would give an
+        unbatched value batch axes; the plan checks the shapes, ``Plan.buffer``); none for a printer of
+        immutable arrays (JAX)."""
         if not self.printer.inplace:
             return frozenset()
-        if not any(str(x.name) in self.batched for x in matrix_symbols(a.value)):
-            return dying
-        return frozenset(name for name in dying if name in self.batched)
+        batched = any(str(x.name) in self.batched for x in matrix_symbols(a.value))
+        return frozenset(name for name in dying if (name in self.batched) == batched)
 
     def lines(self, assignments, whole: bool = False, later: frozenset = frozenset()) -> dict:
         """The statements of one section; whole: the section is the function's only one, so a value read
@@ -282,10 +283,16 @@ def _added(line: Statement) -> Statement:
 
 
 def _batched(sched: Schedule) -> set:
-    """The names of the values that carry leading batch dimensions (blocks of rows included)."""
+    """The names of the values that carry leading batch dimensions (blocks of rows included): the inputs and
+    constants that are no weights (the mask among them), the seed, and, in order, each value that reads one of
+    them, but for a weight's gradient (summed over the batch). A value of the weights alone is unbatched whatever
+    its name (F₂ = σ(W₁W₁ᵀ), t = 𝟏𝟏ᵀ − F₂): it cannot hold in place a value that broadcasts along the batch."""
     s = sched.spec
-    batched = {str(x.name) for x in s.inputs if str(x.name) not in sched.weights} | {str(sched.seed.name)}
-    batched |= {str(a.target.name) for a in (*sched.forward, *sched.backward) if sched.is_batched(a.value)}
+    batched = {str(x.name) for x in (*s.inputs, *s.constants) if str(x.name) not in sched.weights}
+    batched.add(str(sched.seed.name))
+    for a in (*sched.forward, *sched.backward):
+        if not a.reduce_batch and any(str(x.name) in batched for x in matrix_symbols(a.value)):
+            batched.add(str(a.target.name))
     return batched | {f"{name}_b" for name in batched} | {"L", "L_b"}  # blocks of rows (memory-efficient variant)
 
 

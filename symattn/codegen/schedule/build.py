@@ -29,6 +29,7 @@ from sympy.matrices.expressions import MatMul
 
 from symattn.autodiff.grad import backward
 from symattn.autodiff.scalars import as_matrix, is_scalar_input
+from symattn.codegen.schedule.consistency import check_products
 from symattn.codegen.schedule.dag import Assignment, expand, is_scaled_name, is_trivial, is_weight
 from symattn.codegen.schedule.naming import (
     inline_products,
@@ -98,6 +99,12 @@ class Schedule:
     fixed: frozenset[str] = frozenset()
     # a forward mode's schedule (schedule.forward_mode): each input's and forward value's tangent
     tangents: tuple[tuple[Basic, Basic], ...] = ()
+    # the names of the user's spec's inputs, then its constants, in the order Spec lists them: the order the
+    # generated forward takes them in (the fixed constants are among ``inputs`` here, the mask among constants);
+    # () for a derived schedule (second order, forward mode), whose order is its spec's
+    order: tuple[str, ...] = ()
+    # the user's spec's ``bool_forms``: how a bool array passed for a constant becomes it (by constant name)
+    bool_forms: tuple[tuple[str, str], ...] = ()
 
     @property
     def inputs(self) -> tuple[MatrixSymbol, ...]:
@@ -112,10 +119,6 @@ class Schedule:
     def mask(self) -> MatrixSymbol | None:
         """The additive mask M (the constant that may be absent: built at run time from the mask keywords), or None."""
         return next((c for c in self.spec.constants if str(c.name) in self.optional), None)
-
-    def is_batched(self, expr: Basic) -> bool:
-        """Does expr carry the leading batch dimensions (depends on a non-weight input or the seed)?"""
-        return any(s.name not in self.weights for s in matrix_symbols(expr))
 
 
 def _sweep(
@@ -207,6 +210,8 @@ def _simplified(
             names.add(b.value, b.target)
         definitions[b.target] = b.value
         definitions[b.target.T] = transpose(b.value)
+    targets = {b.target for b in backward_values}
+    reads = {b.target: matrix_symbols(b.value) & targets for b in backward_values}  # the values as they stand
     out = []
     for b in backward_values:
         value = expand(b.value, definitions) if write_out else b.value
@@ -214,12 +219,28 @@ def _simplified(
         within = matrix_symbols(value)
         simplify = simplifier([v for v, symbols in leaves.items() if symbols <= within])
         candidate = names.substitute(simplify(value), skip=b.value)
-        # a candidate that reads its own name (dT = dTᵀᵀ, its value's double transpose found) is no value
+        # a candidate that reads its own name, directly (dT = dTᵀᵀ, its value's double transpose found) or through
+        # another value that reads it (dU₂ = −ddU where ddU = −dU₂: each found as the other's negation), is no value
         cheaper = candidate != b.value and flops_value(candidate) < flops_value(b.value)
-        if cheaper and b.target not in matrix_symbols(candidate):
+        if cheaper and not _reaches(matrix_symbols(candidate) & targets, b.target, reads):
             b = Assignment(b.target, candidate, b.reduce_batch)
+            reads[b.target] = matrix_symbols(candidate) & targets
         out.append(b)
     return out
+
+
+def _reaches(start: set, target: Basic, reads: dict) -> bool:
+    """Does target occur among the names start, or among the names they read (reads: name → the names its value
+    reads), transitively?"""
+    seen, stack = set(), list(start)
+    while stack:
+        name = stack.pop()
+        if name == target:
+            return True
+        if name not in seen:
+            seen.add(name)
+            stack += reads.get(name, ())
+    return False
 
 
 @functools.cache
@@ -239,6 +260,8 @@ def schedule_spec(s: Spec, options: tuple[Option, ...] = ()) -> Schedule:
     are optional: the generated code skips a term whose input is None. Its other constants are
     inputs that receive no gradient (``Schedule.fixed``): nothing is differentiated with respect to them.
     """
+    order = tuple(str(x.name) for x in (*s.inputs, *s.constants))
+    bool_forms = tuple(s.bool_forms.items())
     mask, fixed = split_constants(s)
     if fixed:
         masks = (mask,) if mask is not None else ()
@@ -279,9 +302,9 @@ def schedule_spec(s: Spec, options: tuple[Option, ...] = ()) -> Schedule:
     constant_gradients = [(str(c.name), gradient_symbol(c, taken)) for c in s.constants]
     sched = finished(s, options, forward, output, seed, backward_values, interior, gradients, constant_gradients)
     if not fixed:
-        return sched
+        return dataclasses.replace(sched, order=order, bool_forms=bool_forms)
     names = frozenset(str(x.name) for x in fixed)  # unbatched, like the weights (a positional table, (n, d))
-    return dataclasses.replace(sched, fixed=names, weights=sched.weights | names)
+    return dataclasses.replace(sched, fixed=names, weights=sched.weights | names, order=order, bool_forms=bool_forms)
 
 
 def split_constants(s: Spec) -> tuple[MatrixSymbol | None, tuple[MatrixSymbol, ...]]:
@@ -345,7 +368,7 @@ def finished(
     taken = frozenset(str(x.name) for x in (*s.inputs, *s.constants, *(a.target for a in forward)))
     backward_values = share(backward_values, interior, taken)
     backward_values = order(name_row_sums(backward_values, taken))
-    forward, backward_values = save_entrywise_outputs(forward, hoist_hadamard_scalars(backward_values))
+    forward, backward_values = save_entrywise_outputs(forward, hoist_hadamard_scalars(backward_values), taken)
     forward, backward_values = save_forward_values(forward, backward_values, seed)
     outputs = {t for _, t in (*gradients, *constant_gradients)}
 
@@ -364,6 +387,8 @@ def finished(
     saved_inputs = [x for x in s.inputs if x in read_back]
     saved_values = [a.target for a in forward if a.target in read_back and a.target in forward_targets]
     scalars = sorted((x for x in read_back if isinstance(x, sp.Symbol) and x not in trainable), key=str)
+    check_products(forward, "forward")
+    check_products(backward_values, "backward")
     return Schedule(
         spec=s,
         options=options,

@@ -1,7 +1,8 @@
-"""Products of several matrices: their cost in a given order, and blocks of ones split into a column and a row.
+"""Products of several matrices: their cost in a given order, whether an order is left to right, and blocks of ones
+split into a column and a row.
 
-The printers and the schedule's reassociation compare a chain's cheapest order (``chain_order``) with
-left to right by these costs, at typical sizes.
+The schedule's reassociation compares a chain's cheapest order (``chain_order``) with left to right by these
+costs, at typical sizes.
 """
 
 from __future__ import annotations
@@ -28,6 +29,15 @@ def left_to_right_flops(mats: list[Basic]) -> int:
     for m in mats[2:]:
         tree = MatMul(tree, m)
     return tree_flops(tree)
+
+
+def left_to_right(tree: Basic) -> bool:
+    """Is a binary product tree ((F₁ F₂) F₃) …: every right operand a factor, not a product?"""
+    while isinstance(tree, MatMul) and len(tree.args) == 2:
+        if isinstance(tree.args[1], MatMul) and len(tree.args[1].args) == 2:
+            return False
+        tree = tree.args[0]
+    return True
 
 
 def split_ones(m: Basic) -> list[Basic]:

@@ -10,6 +10,8 @@ backward's row sums and scalar constants.
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 import sympy as sp
 from sympy import Basic, MatrixSymbol
 from sympy.matrices.expressions import HadamardPower, HadamardProduct, MatMul, OneMatrix, Transpose
@@ -22,6 +24,7 @@ from symattn.lang.names import Names, fresh_name
 from symattn.lang.ops import Elementwise, RowSoftmax, RowSum, RowWise
 from symattn.lang.ops_block import _RowStatistic
 from symattn.optimize.cost import chain_order
+from symattn.optimize.orders import priced_at_typical_sizes
 
 
 def inline_products(forward: list[Assignment], keep: set) -> tuple[list[Assignment], dict[Basic, str]]:
@@ -164,6 +167,7 @@ def name_product_runs(forward: list[Assignment], taken: set[str], labels: dict |
         for node in graph.nodes(a.value):
             _, mats = factors(node) if isinstance(node, MatMul) else (1, [])
             if len(mats) >= 3 and not any(isinstance(m, OneMatrix) for m in mats):
+                priced_at_typical_sizes(mats)
                 _inner_runs(chain_order(mats, sp.sympify), runs)
         if not runs:
             out.append(a)
@@ -264,8 +268,12 @@ def name_constants(forward: list[Assignment], backward: list[Assignment], taken:
     return tuple(constants), [rename(a) for a in forward], [rename(a) for a in backward]
 
 
-def save_entrywise_outputs(forward: list[Assignment], backward: list[Assignment]) -> tuple[list, list]:
-    """Name T = f(X) in the forward when the backward reads f(X) again: the backward reads T, not X.
+def save_entrywise_outputs(
+    forward: list[Assignment], backward: list[Assignment], taken: Collection[str] = frozenset()
+) -> tuple[list, list]:
+    """Name T = f(X) in the forward when the backward reads f(X) again: the backward reads T, not X. The name is
+    new: none of taken (the spec's inputs and constants), nor a value's or a symbol's that a statement reads or
+    writes (σ(Z) of an input Z is Z1, never Z: Z = σ(Z) would overwrite the input the backward reads).
 
     The rules with an output form (tanh: 𝟏𝟏ᵀ − T^∘2, σ: T ⊙ (𝟏𝟏ᵀ − T), exp: T) then read the forward's
     output instead of recomputing f; saving T costs what saving X did (X, read only there, is not kept),
@@ -283,7 +291,8 @@ def save_entrywise_outputs(forward: list[Assignment], backward: list[Assignment]
             ):
                 if any(node in sp.preorder_traversal(f.value) and node != f.value for f in forward):
                     wanted.append(node)
-    taken = {str(t.name) for t in targets} | {str(b.target.name) for b in backward}
+    taken = {*taken, *(str(t.name) for t in targets), *(str(b.target.name) for b in backward)}
+    taken |= {str(x.name) for a in (*forward, *backward) for x in a.value.free_symbols if hasattr(x, "name")}
     names: dict[Basic, Basic] = {}  # the nodes named so far: σ(σ(X)) reads σ(Z) once σ(X) is Z
     for node in wanted:
         node = node.xreplace(names)

@@ -19,6 +19,7 @@ from symattn.lang.algebra import factors, product, terms, transpose
 from symattn.lang.names import fresh_name
 from symattn.lang.ops import MergeHeads, RepeatHeads, RowWise, SplitHeads, SumGroups
 from symattn.optimize.cost import chain_order
+from symattn.optimize.orders import priced_at_typical_sizes
 
 
 def fold_scalar_multiples(forward: list[Assignment], keep: set, trainable: frozenset = frozenset()) -> list[Assignment]:
@@ -268,6 +269,7 @@ def reassociate_products(values: list[Assignment]) -> list[Assignment]:
         coeff, mats = factors(node)
         if len(mats) < 3 or any(isinstance(m, OneMatrix) for m in mats):
             return node
+        priced_at_typical_sizes(mats)
         tree = chain_order(mats, sp.sympify)
         if tree_flops(tree) >= left_to_right_flops(mats):
             return node

@@ -4,9 +4,12 @@
   operand is an array that dies at this statement (``consumable``, from the sections' liveness) is computed
   into that array (NumPy ``out=``, torch's in-place methods): no new temporary of its size. The root of a sum
   or a Hadamard product is its first positive term of the full shape (not a broadcast u 𝟏ᵀ) that has a buffer.
-- **Products**: F₁ ⋯ F_k left to right unless the cheapest order at typical sizes costs under half as much
-  (φ(Q) (φ(K)ᵀ V): n·d² instead of n²·d); a scalar multiplies the smallest factor ((c·K) is m·d_k
-  products, (c·dA) would be n·m).
+- **Products**: F₁ ⋯ F_k in the order that is cheapest at every size (``optimize.orders``), left to right where
+  that is one; where the cheapest order depends on sizes the spec leaves open (φ(Q) (φ(K)ᵀ V) costs n·d²,
+  (φ(Q) φ(K)ᵀ) V n²·d: which is less depends on n and d), the runtime's ``chain`` orders it from the arrays'
+  shapes at call time. A chain with a block of ones (row sums and broadcasts: A (B 𝟏) 𝟏ᵀ, never an n × n
+  product of ones) takes its cheapest order at typical sizes when that halves the cost. A scalar multiplies
+  the smallest factor ((c·K) is m·d_k products, (c·dA) would be n·m).
 - **Transposed products**: Aᵀ B as (Bᵀ A)ᵀ where a backend's GEMM is faster that way (``flip_ratio``) and A
   has that many times B's columns.
 
@@ -21,11 +24,12 @@ import sympy as sp
 from sympy import Basic, MatrixExpr
 from sympy.matrices.expressions import HadamardPower, HadamardProduct, MatAdd, MatMul, OneMatrix, Transpose
 
-from symattn.codegen.schedule.chains import left_to_right_flops, tree_flops
+from symattn.codegen.schedule.chains import left_to_right, left_to_right_flops, tree_flops
 from symattn.codegen.schedule.dag import typical_size as schedule_size
 from symattn.lang.algebra import product
 from symattn.numeric.printers import split_sign
 from symattn.optimize.cost import chain_order
+from symattn.optimize.orders import order_at_every_size
 
 
 def typical_size(expr: MatrixExpr) -> int:
@@ -87,13 +91,24 @@ class Plan:
 NO_BUFFERS = Plan()
 
 
-def cheapest_tree(mats: list[Basic]) -> Basic | None:
-    """F₁ ⋯ F_k (k ≥ 3) as a binary tree of products in the cheapest order, when that costs under half of
-    left to right; else None (print left to right)."""
+AT_CALL = "at call"  # a chain whose cheapest order depends on the sizes: ordered at call time (runtime ``chain``)
+
+
+def cheapest_tree(mats: list[Basic]) -> Basic | str | None:
+    """F₁ ⋯ F_k (k ≥ 3) as a binary tree of products in the order that is cheapest at every size
+    (``optimize.orders``); None when that is left to right (print it so), ``AT_CALL`` when no order is
+    cheapest at every size (the module orders the chain from its arrays' shapes). A chain with a block of
+    ones is sums and broadcasts, whose orders differ by O(entries): its cheapest order at typical sizes
+    when that halves the cost, else left to right."""
     if len(mats) < 3:
         return None
-    tree = chain_order(mats, sp.sympify)
-    return tree if 2 * tree_flops(tree) < left_to_right_flops(mats) else None
+    if any(isinstance(m, OneMatrix) for m in mats):
+        tree = chain_order(mats, sp.sympify)
+        return tree if 2 * tree_flops(tree) < left_to_right_flops(mats) else None
+    tree = order_at_every_size(mats)
+    if tree is None:
+        return AT_CALL
+    return None if left_to_right(tree) else tree
 
 
 def scaled_factor(mats: list[Basic]) -> int:

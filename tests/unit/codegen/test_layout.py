@@ -46,6 +46,7 @@ SUMS = [
     f"t23 * dF + (a * b) * ({' + '.join(term(k, 40) for k in range(3))})",  # ends in a bracket
     f"sum_batch({' + '.join(term(k, 50) for k in range(3))})",  # a call: its argument broken
     f"sum_batch({' + '.join(term(k, 35) for k in range(3))})",  # a call: its argument on one line
+    f"vecdot({' + '.join(term(k, 40) for k in range(3))}, t3)[..., None]",  # a call, then a subscript (ruff: the call)
 ]
 
 
@@ -57,6 +58,7 @@ def test_the_sums_reach_each_layout() -> None:
     assert laid_out[3].endswith(") + G_out") and laid_out[3].startswith(f"({term(0, 20)}) * (\n")
     assert laid_out[4].startswith("t23 * dF + (a * b) * (\n")
     assert laid_out[5].count("\n") == 4 and laid_out[6].count("\n") == 2
+    assert laid_out[7].startswith("vecdot(\n") and laid_out[7].endswith("\n    )[..., None]")
 
 
 @needs_ruff

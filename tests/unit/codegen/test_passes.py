@@ -74,11 +74,12 @@ def test_softcapped_schedule_saves_the_tanh_output_not_the_scores():
 
 
 def test_products_print_in_the_cheapest_order_and_ones_as_sums(rng):
-    # φ(Q) φ(K)ᵀ V = φ(Q) (φ(K)ᵀ V): n·d² instead of n²·d; A Bᵀ 𝟏𝟏ᵀ = A (Bᵀ 𝟏) 𝟏ᵀ, no n × d ones array
+    # φ(Q) φ(K)ᵀ V: φ(Q) (φ(K)ᵀ V) costs n·d², (φ(Q) φ(K)ᵀ) V n²·d, which is less depends on n and d: ordered at
+    # call time; A Bᵀ 𝟏𝟏ᵀ = A (Bᵀ 𝟏) 𝟏ᵀ, no n × d ones array
     size, d = dim("n"), dim("d_k")
     a, b, v = MatrixSymbol("A", size, d), MatrixSymbol("B", size, d), MatrixSymbol("V", size, d)
     printer = GeneratedNumPyPrinter()
-    assert printer.doprint(a * b.T * v) == "A @ (B.mT @ V)"
+    assert printer.doprint(a * b.T * v) == "chain(A, B.mT, V)"
     text = printer.doprint(a * b.T * OneMatrix(size, d))
     assert "ones" not in text and "B.mT.sum(axis=-1, keepdims=True)" in text
     x, y = rng.standard_normal((5, 3)), rng.standard_normal((5, 3))

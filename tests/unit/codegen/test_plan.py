@@ -13,10 +13,19 @@ import pytest
 import sympy as sp
 from sympy import HadamardProduct, MatAdd, MatMul, MatrixSymbol, OneMatrix, Transpose
 
+from symattn.codegen.backends.common_runtime import chain
 from symattn.codegen.backends.numpy_backend import GeneratedNumPyPrinter
 from symattn.codegen.backends.torch_backend import TorchMatrixPrinter
 from symattn.codegen.emit.sections import INPLACE_WIDTH, Sections
-from symattn.codegen.schedule.plan import NO_BUFFERS, Plan, broadcast_column, cheapest_tree, flipped, scaled_factor
+from symattn.codegen.schedule.plan import (
+    AT_CALL,
+    NO_BUFFERS,
+    Plan,
+    broadcast_column,
+    cheapest_tree,
+    flipped,
+    scaled_factor,
+)
 from symattn.lang.functions import Exp
 from symattn.numeric.lambdify import lambdify
 from symattn.specs import dim
@@ -36,8 +45,9 @@ def _print(printer_class, expr, plan=NO_BUFFERS) -> str:
 
 
 def _evaluate(text: str, values: dict) -> np.ndarray:
-    """The printed NumPy text's value (the names of the plan's buffers are overwritten: copies are passed)."""
-    namespace = {"np": np, **{k: v.copy() for k, v in values.items()}}
+    """The printed NumPy text's value (the names of the plan's buffers are overwritten: copies are passed; the
+    runtime's chain is at hand)."""
+    namespace = {"np": np, "chain": chain, **{k: v.copy() for k, v in values.items()}}
     return eval(compile(ast.parse(text, mode="eval"), "<plan>", "eval"), namespace)  # our own printed text
 
 
@@ -95,14 +105,69 @@ def test_a_long_inplace_chain_prints_as_plain_arithmetic():
     assert sections.value(expr, Plan(frozenset({"value_with_a_long_name_0"}))) == _print(GeneratedNumPyPrinter, expr)
 
 
-def test_cheapest_tree_only_when_it_halves_the_cost():
-    tree = cheapest_tree([Q, Transpose(K), V])  # n·m·d + n·m·d left to right; m·d² + n·d² right to left
-    assert tree is not None and tree.args[0] == Q and isinstance(tree.args[1], MatMul)
+def test_a_chain_whose_best_order_depends_on_the_sizes_is_ordered_at_call_time():
+    """Q Kᵀ V costs 4·n·m·d left to right and 2·m·d² + 2·n·d² right to left: which is less depends on n, m
+    against d, which the spec leaves open, so no order is printed; the runtime ``chain`` picks it from the
+    arrays' shapes (and computes the same product)."""
+    assert cheapest_tree([Q, Transpose(K), V]) == AT_CALL
     assert cheapest_tree([Q, Transpose(K)]) is None
-    assert cheapest_tree([A, Transpose(B), A]) is None  # all orders cost alike
+    assert cheapest_tree([A, Transpose(B), A]) == AT_CALL  # 4·n²·m against 4·n·m²: alike only where n = m
     text = _print(GeneratedNumPyPrinter, MatMul(Q, Transpose(K), V))
-    assert text == "Q @ (K.mT @ V)"
-    np.testing.assert_allclose(_evaluate(text, _values()), _reference(MatMul(Q, Transpose(K), V)))
+    assert text == "chain(Q, K.mT, V)"
+    namespace = _values()
+    np.testing.assert_allclose(_evaluate(text, namespace), _reference(MatMul(Q, Transpose(K), V)))
+    scaled = _print(GeneratedNumPyPrinter, MatMul(2, Q, Transpose(K), V))
+    assert scaled.startswith("chain(") and "2 * " in scaled
+    np.testing.assert_allclose(_evaluate(scaled, namespace), 2 * _reference(MatMul(Q, Transpose(K), V)))
+
+
+def test_an_order_cheapest_at_every_size_is_printed():
+    """u vᵀ Aᵀ (a column, a row, an m × n matrix): (u vᵀ) Aᵀ costs 2·n·m + 2·n²·m, u (vᵀ Aᵀ) 2·m·n + 2·n²,
+    less at every size: printed in that order, no call-time choice."""
+    v = MatrixSymbol("v", m, 1)
+    tree = cheapest_tree([u, Transpose(v), Transpose(A)])  # u vᵀ Aᵀ: (vᵀ Aᵀ) first, a row, at every size
+    assert tree is not None and tree != AT_CALL and tree.args[0] == u
+    assert _print(GeneratedNumPyPrinter, MatMul(u, Transpose(v), Transpose(A))) == "u @ (v.mT @ A.mT)"
+
+
+class _Recorder(np.ndarray):
+    """An array that counts the multiply-adds of the products it takes part in (for the runtime chain)."""
+
+    spent = [0]
+
+    def __matmul__(self, other):
+        _Recorder.spent[0] += self.shape[-2] * self.shape[-1] * other.shape[-1]
+        return np.matmul(np.asarray(self), np.asarray(other)).view(_Recorder)
+
+
+@pytest.mark.parametrize(("sizes", "best"), [((2, 512, 8, 512), "left"), ((512, 8, 512, 8), "right")])
+def test_the_runtime_chain_takes_the_cheapest_order_at_the_shapes(sizes, best):
+    """chain(A, B, C) for (a × b)(b × c)(c × e): (A B) C costs a·b·c + a·c·e, A (B C) b·c·e + a·b·e; the runtime
+    takes the cheaper one at the shapes it is given, and its value is the product."""
+    a, b, c, e = sizes
+    rng = np.random.default_rng(1)
+    mats = [rng.standard_normal(s).view(_Recorder) for s in ((a, b), (b, c), (c, e))]
+    _Recorder.spent[0] = 0
+    value = chain(*mats)
+    left, right = a * b * c + a * c * e, b * c * e + a * b * e
+    assert _Recorder.spent[0] == (left if best == "left" else right) == min(left, right)
+    np.testing.assert_allclose(np.asarray(value), np.asarray(mats[0]) @ np.asarray(mats[1]) @ np.asarray(mats[2]))
+
+
+def test_the_runtime_chain_pays_an_unbatched_product_once():
+    """Two weights multiplied once for the batch (g × g), then the batched rows: at a batch of 64 that is the
+    cheaper order, although without the batch X (W_1 W_2) and (X W_1) W_2 cost alike."""
+    rng = np.random.default_rng(2)
+    x, w1, w2 = rng.standard_normal((64, 16, 16)), rng.standard_normal((16, 16)), rng.standard_normal((16, 16))
+    spent = []
+
+    class Counted(np.ndarray):
+        def __matmul__(self, other):
+            spent.append((self.shape, other.shape))
+            return np.matmul(np.asarray(self), np.asarray(other)).view(Counted)
+
+    chain(x.view(Counted), w1.view(Counted), w2.view(Counted))
+    assert spent[0] == ((16, 16), (16, 16))  # W_1 W_2 first
 
 
 def test_the_scalar_multiplies_the_smallest_factor():

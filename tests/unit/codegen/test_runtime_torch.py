@@ -139,3 +139,14 @@ def test_big_matmul_is_the_product_in_huge_pages_when_eager():
     assert product.requires_grad and torch.equal(product, a @ b)
     small = torch_runtime.huge_empty((3, 4), a)
     assert small.shape == (3, 4) and small.dtype == a.dtype
+
+
+def test_blocks_of_query_rows_are_the_cpus_path():
+    """A causal mask: blocks of 128 query rows on the CPU (each skips the keys after its last row); on any other
+    device one block (a Python loop of small kernels costs more on a GPU than the keys it skips). A tensor on
+    the meta device stands for one off the CPU."""
+    for device in ("cpu", "meta"):
+        query = torch.zeros(1000, 8, device=device)
+        want = 128 if device == "cpu" else 1000
+        assert torch_runtime.rows_per_block(None, True, query) == want
+        assert torch_runtime.rows_per_block(None, False, query) == 1000
