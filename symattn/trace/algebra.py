@@ -19,7 +19,7 @@ from symattn.lang import ops
 from symattn.lang.algebra import hadamard_product, product, total
 from symattn.lang.functions import Softplus
 from symattn.trace.layout import argument, matrix, same_heads
-from symattn.trace.tracer import Trace
+from symattn.trace.tracer import MaskArgument, Trace
 from symattn.trace.values import Refused, Value
 
 FILL_AS_MINUS_INFINITY = -1e9  # a fill value at or below this is read as −∞ (see masked_fill)
@@ -103,6 +103,10 @@ def binary(kind: str, reverse: bool = False):
             raise Refused("alpha ≠ 1; write the multiple out")
         if reverse:
             x, y = y, x
+        if kind == "add":
+            mask = _additive_mask(t, x, y, result) or _additive_mask(t, y, x, result)
+            if mask is not None:
+                return mask
         # a number is read with the length a product operand contracted first (Q Kᵀ / √d_k), then the operand's
         # columns (q * d_k ** -0.5)
         operands = [t.value(z) for z in (x, y) if t.traced(z) and not t.value(z).is_scalar]
@@ -114,6 +118,32 @@ def binary(kind: str, reverse: bool = False):
         return Value(expr, tuple(result.shape), heads)
 
     return rule
+
+
+def _additive_mask(t: Trace, x: object, mask: object, result) -> Value | None:
+    """x + mask, x per-head values and mask a float tensor with batch axes: x + M, M the additive mask (a constant).
+
+    A float argument of the forward met here as it is signals a trace again with it a constant (``MaskArgument``);
+    a constant (such an argument, or a tensor made from it) is M of x's matrix shape, which generated forward takes
+    (n, m) or batched (B, n, m), the same for every head: it must have size 1 on the heads' axis (a (B, 1, 1, m)
+    padding or (B, 1, n, m) causal mask; torch broadcasts it)."""
+    if not (isinstance(mask, torch.Tensor) and mask.is_floating_point() and mask.ndim > 2) or not t.traced(x):
+        return None
+    v = t.value(x)
+    if v.heads is None or v.is_scalar:
+        return None
+    if t.traced(mask):
+        if id(mask) in t.floats:
+            raise MaskArgument(t.floats[id(mask)])
+        return None
+    if mask.shape[-3] != 1:
+        raise Refused(
+            f"a constant of shape {tuple(mask.shape)} added to per-head values varies over the heads: generated "
+            "forward takes the additive mask M as (n, m) or (B, n, m), one for every head (size 1 on the heads' axis)"
+        )
+    v = matrix(v)
+    m = t.constant(mask, "as_is", like=v)
+    return Value(total(v.expr, m.expr), tuple(result.shape), v.heads)
 
 
 def negative(t: Trace, args: tuple, kwargs: dict, result) -> Value:

@@ -63,6 +63,23 @@ class Program:
             return {k: self._refs(v) for k, v in obj.items()}
         return obj
 
+    def arguments(self, ref: int) -> set[int]:
+        """The forward arguments (by position) that the constant tensor with id ``ref`` is made from."""
+        found: set[int] = set()
+        stack = [self.sources[ref]]
+        while stack:
+            obj = stack.pop()
+            if isinstance(obj, Ref) and obj.kind == "arg":
+                found.add(obj.key)
+            elif isinstance(obj, Ref) and obj.kind == "step":
+                _, a, kw = self.steps[obj.key]
+                stack.extend((a, kw))
+            elif isinstance(obj, (tuple, list)):
+                stack.extend(obj)
+            elif isinstance(obj, dict):
+                stack.extend(obj.values())
+        return found
+
     def replay(self, args: tuple, buffers: Mapping[str, torch.Tensor], wanted: list[int]) -> list[torch.Tensor]:
         """The tensors with ids ``wanted`` (as seen at the trace), rebuilt from new arguments and buffers."""
         results: list[torch.Tensor] = []

@@ -57,8 +57,15 @@ class ClosedForm:
     def inputs(self, args: tuple) -> list:
         """The spec's inputs for these arguments: the tensor arguments, then the module's parameters, each in its
         own layout (generated forward takes a bias (d,) as it is)."""
+        import torch
+
         traced = self._traced_at(args)
         bound = dict(zip(_argument_names(self.fn), args))
+        for name in traced.masks:  # the generated code gives the additive mask no gradient: never silently
+            if torch.is_grad_enabled() and getattr(bound.get(name), "requires_grad", False):
+                raise SymattnError(
+                    f"drop_in: {name} requires grad, but is read as the additive mask M, a constant (no gradient)"
+                )
         return [bound[n] for n in traced.arguments] + [self.fn.get_parameter(p) for p in traced.parameters]
 
     def constants(self, args: tuple, inputs: list) -> dict:

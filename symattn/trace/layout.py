@@ -11,7 +11,7 @@ from sympy.matrices.expressions import OneMatrix, Transpose
 
 from symattn.lang.algebra import product, total
 from symattn.lang.ops import merge_heads, split_heads
-from symattn.trace.tracer import Trace
+from symattn.trace.tracer import MaskArgument, Trace
 from symattn.trace.values import Refused, Value
 
 
@@ -249,5 +249,10 @@ def comparison(t: Trace, args: tuple, kwargs: dict, result) -> Value:
 
 
 def indexing(t: Trace, args: tuple, kwargs: dict, result) -> Value:
-    """Indexing a traced tensor: a slice of a matrix is not in symattn's language."""
-    raise Refused("indexing or slicing a traced tensor is not in symattn's language (slice constants only)")
+    """Indexing a traced tensor: a slice of a matrix is not in symattn's language. A float argument with batch
+    axes sliced as it is (``attention_mask[:, :, :, :m]`` in eager attention) is traced again as a constant, the
+    slice kept in the constant program (``MaskArgument``)."""
+    why = "indexing or slicing a traced tensor is not in symattn's language (slice constants only)"
+    if id(args[0]) in t.floats:
+        raise MaskArgument(t.floats[id(args[0])], why)
+    raise Refused(why)

@@ -40,6 +40,7 @@ class Traced:
     arguments: tuple[str, ...]  # the forward's tensor arguments that are inputs, in order
     parameters: tuple[str, ...]  # the module's parameters (state_dict names), in the spec's order
     shapes: tuple  # the examples' shapes (a new shape rebuilds the constants by a new trace)
+    masks: tuple[str, ...] = ()  # the float arguments read as additive masks (constants: no gradient)
 
 
 def from_torch(fn, *example_inputs, name: str | None = None) -> Spec:
@@ -48,7 +49,29 @@ def from_torch(fn, *example_inputs, name: str | None = None) -> Spec:
 
 
 def trace(fn, examples: tuple, name: str | None = None) -> Traced:
-    """Run fn once on the examples under the tracer and build the spec (see the module docstring)."""
+    """Run fn on the examples under the tracer and build the spec (see the module docstring); again, with a float
+    argument a constant, when the code adds that argument as it is to per-head values (or slices it): an additive
+    mask (``tracer.MaskArgument``)."""
+    from symattn.trace.tracer import MaskArgument
+
+    masks: set[str] = set()
+    refusals: list[SymattnError] = []  # a slice's: the error to give if the sliced argument is no mask after all
+    while True:
+        try:
+            return _trace(fn, examples, name, masks)
+        except MaskArgument as signal:
+            if signal.name in masks:  # (a constant is never traced: it cannot signal twice)
+                raise SymattnError(f"from_torch: the mask argument {signal.name} is traced") from None
+            masks.add(signal.name)
+            refusals += [signal.refusal] if signal.refusal is not None else []
+        except SymattnError:
+            if refusals:
+                raise refusals[0] from None
+            raise
+
+
+def _trace(fn, examples: tuple, name: str | None, masks: set[str]) -> Traced:
+    """One trace, the float arguments named in masks constants (additive masks), the others inputs."""
     import torch
 
     from symattn.trace.constants import Ref
@@ -65,9 +88,17 @@ def trace(fn, examples: tuple, name: str | None = None) -> Traced:
         raise SymattnError(f"from_torch: the examples do not fit {_qualname(fn)}: {err}") from None
     t = Trace(ops=OPS)
     arguments: list[str] = []
+    demoted: list[str] = []
     for i, (pname, value) in enumerate(bound.arguments.items()):
         if isinstance(value, torch.Tensor):
-            if value.is_floating_point():
+            if value.is_floating_point() and _own_name(pname) in masks:  # an additive mask: a constant, named by it
+                t.program.leaf(value, Ref("arg", i))
+                t.masks[id(value)] = _own_name(pname)
+                demoted.append(pname)
+            elif value.is_floating_point():
+                # with batch axes, after the first, not asking for a gradient: perhaps an additive mask (a constant)
+                if arguments and value.ndim > 2 and not value.requires_grad:
+                    t.floats[id(value)] = _own_name(pname)
                 t.batch = t.batch if arguments else tuple(value.shape[:-2])
                 t.add_input(_own_name(pname), value)
                 arguments.append(pname)
@@ -88,6 +119,14 @@ def trace(fn, examples: tuple, name: str | None = None) -> Traced:
     if not t.traced(out):
         raise SymattnError(f"from_torch: the output of {_qualname(fn)} does not depend on its float inputs")
     output = t.values[id(out)]
+    mask_positions = {i for i, pname in enumerate(bound.arguments) if pname in demoted}
+    for c in t.constants:  # a float argument read as an additive mask is nothing else (it would lose its gradient)
+        if c.form == "as_is" and not c.added and c.ref in t.program.sources:
+            if t.program.arguments(c.ref) & mask_positions:
+                raise SymattnError(
+                    f"from_torch: {_qualname(fn)} adds its float argument {', '.join(demoted)} to per-head scores "
+                    "as an additive mask (or slices it) and uses it otherwise too: an additive mask is a constant"
+                )
     if output.pending or output.heads is not None or output.is_scalar:
         raise SymattnError(
             f"from_torch: {_qualname(fn)} returns per-head (or 0-d) values; merge the heads back (transpose(1, 2), "
@@ -110,7 +149,7 @@ def trace(fn, examples: tuple, name: str | None = None) -> Traced:
     for c in t.constants:
         c.symbol = c.symbol.xreplace(rename)
     shapes = tuple(tuple(e.shape) if isinstance(e, torch.Tensor) else None for e in examples)
-    return Traced(spec, t.program, t.constants, tuple(arguments), tuple(p for p, _ in params), shapes)
+    return Traced(spec, t.program, t.constants, tuple(arguments), tuple(p for p, _ in params), shapes, tuple(demoted))
 
 
 def _spec(t: Trace, output, rename: dict, name: str, fn, params: list[str], examples: tuple) -> Spec:
@@ -150,7 +189,9 @@ def _spec(t: Trace, output, rename: dict, name: str, fn, params: list[str], exam
             tuple(named),
             constants=tuple(c.symbol.xreplace(rename) for c in t.constants),
             parameters=tuple(unbatched + params),
-            bool_forms={str(c.symbol.name): c.form for c in t.constants if str(c.symbol.name) in masks},
+            bool_forms={
+                str(c.symbol.name): c.form for c in t.constants if str(c.symbol.name) in masks and c.form != "as_is"
+            },
         )
     except SymattnError as err:
         raise SymattnError(f"from_torch: the traced spec is refused: {err}") from None

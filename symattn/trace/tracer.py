@@ -55,6 +55,7 @@ class Constant:
     symbol: MatrixSymbol
     ref: int
     form: str
+    added: bool = False  # a float constant added to values of its shape (an additive mask M), not a fixed one
 
 
 @dataclass
@@ -71,9 +72,13 @@ class Trace:
     ops: dict = field(default_factory=dict)  # the op table (table.OPS): torch operation name → rule
     kept: list[object] = field(default_factory=list)  # every tensor seen, alive: ids stay unique
     known: set[int] = field(default_factory=set)  # ids of the inputs' and constants' own values
-    # the forward's bool tensor arguments (by id): their names, in argument order, and the first input's batch axes
+    # the forward's bool tensor arguments (by id): their names, in argument order, and the first input's batch axes;
+    # float arguments read as additive masks (``MaskArgument``) are among them
     masks: dict[int, str] = field(default_factory=dict)
     batch: tuple[int, ...] = ()
+    # the forward's float tensor arguments with batch axes after the first (by id): their names; one added as it is
+    # to per-head values, or sliced, is an additive mask (``MaskArgument``)
+    floats: dict[int, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.dims = Dims(self._substitute)
@@ -133,14 +138,17 @@ class Trace:
         if isinstance(argument, Constant):  # the same bool argument, the same way again: the same constant
             self.kept.append(tensor)
             return Value(argument.symbol, like.shape)
-        label = "M" if form.startswith("additive") else "K" if form.startswith("keep") else "C"
+        additive = form.startswith("additive") or (form == "as_is" and like is not None)  # a float M added to like
+        label = "M" if additive else "K" if form.startswith("keep") else "C"
         taken = {c.symbol.name for c in self.constants} | set(self.masks.values())
         name = argument or next(n for n in (label, *(f"{label}_{i}" for i in range(2, 99))) if n not in taken)
         symbol = MatrixSymbol(name, rows, cols)
-        self.constants.append(Constant(symbol, self.program.ref(tensor), form))
+        self.constants.append(
+            Constant(symbol, self.program.ref(tensor), form, added=form == "as_is" and like is not None)
+        )
         value = Value(symbol, tuple(tensor.shape) if like is None else like.shape)
         self.known.add(id(value))
-        if form == "as_is":
+        if form == "as_is" and like is None:
             self.bind(tensor, value)
         else:
             self.kept.append(tensor)
@@ -154,9 +162,12 @@ class Trace:
         ``mask == 0``, ``mask[:, None, :]``) a constant M, K, … as before, which the generated modules take as
         its additive (or 0/1) matrix."""
         name = self.masks.get(id(tensor))
-        if name is None or like is None or form == "as_is" or name in {n for n, _ in self.inputs}:
+        if name is None or like is None or name in {n for n, _ in self.inputs}:
             return None
-        shape, batches = tuple(tensor.shape), ((), self.batch) if form.startswith("additive") else ((),)
+        if (form == "as_is") != tensor.is_floating_point():  # a float mask argument is added as it is, a bool read
+            return None
+        additive = form.startswith("additive") or form == "as_is"
+        shape, batches = tuple(tensor.shape), ((), self.batch) if additive else ((),)
         if shape[-2:] != tuple(like.shape[-2:]) or shape[:-2] not in batches:
             return None
         held = next((c for c in self.constants if c.symbol.name == name), None)
@@ -184,6 +195,18 @@ class Trace:
                 fresh = id(v) not in self.names and id(v) not in self.known and not name.startswith("_")
                 if fresh and v.pending is None and not v.is_scalar:
                     self.names[id(v)] = name
+
+
+class MaskArgument(Exception):  # a signal to trace again, not an error
+    """A float argument with batch axes is added as it is to per-head values (or sliced): an additive mask, as
+    eager attention adds a float (B, 1, 1, m) or (B, 1, n, m) attention_mask to its scores. The trace starts
+    again with the argument a constant (``source.trace``), so that what the code does with it is kept in the
+    constant program and the sum is scores + M."""
+
+    def __init__(self, name: str, why: str = "") -> None:
+        super().__init__(name)
+        self.name, self.why = name, why
+        self.refusal: SymattnError | None = None  # with why: the error if the argument is no additive mask after all
 
 
 class Mode(TorchFunctionMode):
@@ -220,6 +243,9 @@ def record(trace: Trace, func: object, args: tuple, kwargs: dict, result: object
         value = rule(trace, args, kwargs, result)
     except Refused as err:
         raise error(name, str(err)) from None
+    except MaskArgument as signal:
+        signal.refusal = error(name, signal.why) if signal.why else None
+        raise
     trace.bind(result, value)
 
 
