@@ -190,19 +190,19 @@ def _check_shape(name, a, dims):
 def _one_mask(name, value, attn_mask, query, key, allowed=False):
     """The mask the spec's additive constant `name` is made from: value, given in its position, or attn_mask,
     given by keyword; both given is a TypeError naming them. value (n × m or (..., n, m), n the query's rows, m
-    the key's) is a constant (stop_gradient: no gradient): a float one is added as it is, a bool is read as
-    attn_mask's, True = not allowed, or with allowed, True = allowed (as torch's scaled_dot_product_attention
-    reads a bool attn_mask)."""
+    the key's; torch's (B, 1, n, m) and any shape broadcasting to them: ``_mask_layout``) is a constant
+    (stop_gradient: no gradient): a float one is added as it is, a bool is read as attn_mask's, True = not allowed,
+    or with allowed, True = allowed (as torch's scaled_dot_product_attention reads a bool attn_mask)."""
     if value is None:
         return attn_mask
     if attn_mask is not None:
         raise TypeError(f"forward() got the mask {name} both in its position and as attn_mask; give it once")
     value = jax.lax.stop_gradient(jnp.asarray(value))
-    n, m, batch = jnp.shape(query)[-2], jnp.shape(key)[-2], tuple(jnp.shape(query)[:-2])
-    if tuple(value.shape) not in ((n, m), (*batch, n, m)):
-        raise ValueError(f"{name}: expected shape (n, m) = ({n}, {m}) or {(*batch, n, m)}, got {tuple(value.shape)}")
+    shapes = (jnp.shape(query)[-2], jnp.shape(key)[-2], tuple(jnp.shape(query)[:-2]))
+    viewed, read = _mask_layout(name, value.shape, *shapes)
     if value.dtype != jnp.bool_ and not jnp.issubdtype(value.dtype, jnp.floating):
         raise ValueError(f"{name}: expected a bool or floating-point array, got {value.dtype}")
+    value = jnp.broadcast_to(value.reshape(viewed), read)
     return jnp.logical_not(value) if allowed and value.dtype == jnp.bool_ else value
 
 
@@ -290,6 +290,21 @@ def _additive_mask(attn_mask, key_padding_mask, causal, query, key, per_head=Fal
 def _mask_shape(mask):
     """The shape of the additive mask, which receives a gradient (summed to it), or None without a mask."""
     return None if mask is None else mask.shape
+
+
+def _mask_layout(name, shape, n, m, batch):
+    """(the shape a mask given in its position is viewed at, the shape it is read at): (n, m) and (*batch, n, m) as
+    given; torch's layout with a heads axis of size 1, one axis more than the query's batch ((B, 1, n, m), a padding
+    row (B, 1, 1, m)), viewed without it; a shape that broadcasts to (*batch, n, m) read broadcast to it. Any other
+    shape is a ValueError naming the mask."""
+    shape = tuple(shape)
+    full = (*batch, n, m)
+    viewed = shape[:-3] + shape[-2:] if len(shape) == len(batch) + 3 and shape[-3] == 1 else shape
+    if viewed in ((n, m), full) or (
+        len(viewed) <= len(full) and all(a in (1, b) for a, b in zip(reversed(viewed), reversed(full)))
+    ):
+        return viewed, viewed if viewed in ((n, m), full) else full
+    raise ValueError(f"{name}: expected shape (n, m) = ({n}, {m}) or {full}, or one broadcasting to it, got {shape}")
 
 
 def with_causal(mask, causal, query, key):

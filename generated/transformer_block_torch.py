@@ -516,21 +516,20 @@ def _rows(named):
 def _one_mask(name, value, attn_mask, query, key, allowed=False):
     """The mask the spec's additive constant `name` is made from: value, given in its position, or attn_mask,
     given by keyword; both given is a TypeError naming them. value (n × m or (..., n, m), n the query's rows, m
-    the key's) is a constant (detached: no gradient): a float one is added as it is, a bool is read as
-    attn_mask's, True = not allowed, or with allowed, True = allowed (as torch's scaled_dot_product_attention
-    reads a bool attn_mask)."""
+    the key's; torch's (B, 1, n, m) and any shape broadcasting to them: ``_mask_layout``) is a constant (detached:
+    no gradient): a float one is added as it is, a bool is read as attn_mask's, True = not allowed, or with allowed,
+    True = allowed (as torch's scaled_dot_product_attention reads a bool attn_mask)."""
     if value is None:
         return attn_mask
     if attn_mask is not None:
         raise TypeError(f"forward() got the mask {name} both in its position and as attn_mask; give it once")
     if not isinstance(value, torch.Tensor):
         raise TypeError(f"{name}: expected a torch.Tensor (bool or float) or None, got {type(value).__name__}")
-    n, m, batch = query.shape[-2], key.shape[-2], tuple(query.shape[:-2])
-    if tuple(value.shape) not in ((n, m), (*batch, n, m)):
-        raise ValueError(f"{name}: expected shape (n, m) = ({n}, {m}) or {(*batch, n, m)}, got {tuple(value.shape)}")
+    viewed, read = _mask_layout(name, value.shape, query.shape[-2], key.shape[-2], tuple(query.shape[:-2]))
     if value.dtype != torch.bool and not value.is_floating_point():
         raise ValueError(f"{name}: expected a bool or floating-point tensor, got {value.dtype}")
-    value = value.detach()
+    value = value.detach().reshape(viewed)
+    value = value if viewed == read else value.expand(read).contiguous()
     return ~value if allowed and value.dtype == torch.bool else value
 
 
@@ -692,6 +691,21 @@ def _autocast(args):
     low = torch.get_autocast_dtype(device)
     cast = [a.to(low) if isinstance(a, torch.Tensor) and a.dtype == torch.float32 else a for a in args]
     return cast, device
+
+
+def _mask_layout(name, shape, n, m, batch):
+    """(the shape a mask given in its position is viewed at, the shape it is read at): (n, m) and (*batch, n, m) as
+    given; torch's layout with a heads axis of size 1, one axis more than the query's batch ((B, 1, n, m), a padding
+    row (B, 1, 1, m)), viewed without it; a shape that broadcasts to (*batch, n, m) read broadcast to it. Any other
+    shape is a ValueError naming the mask."""
+    shape = tuple(shape)
+    full = (*batch, n, m)
+    viewed = shape[:-3] + shape[-2:] if len(shape) == len(batch) + 3 and shape[-3] == 1 else shape
+    if viewed in ((n, m), full) or (
+        len(viewed) <= len(full) and all(a in (1, b) for a, b in zip(reversed(viewed), reversed(full)))
+    ):
+        return viewed, viewed if viewed in ((n, m), full) else full
+    raise ValueError(f"{name}: expected shape (n, m) = ({n}, {m}) or {full}, or one broadcasting to it, got {shape}")
 
 
 def with_causal(mask, causal, query, key):

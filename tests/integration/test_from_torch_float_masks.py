@@ -112,7 +112,7 @@ def test_a_float_mask_added_to_per_head_scores_is_the_additive_mask(kind, make, 
         x, mask = torch.randn(batch, n, D, dtype=torch.float64, generator=g), make(lengths, n)
         cotangent = torch.randn(batch, n, D, dtype=torch.float64, generator=g)
         want_out, want = _want(model, x, mask, cotangent)
-        M = torch.broadcast_to(mask[..., :n].squeeze(1), (batch, n, n))  # generated forward's M: (B, n, m)
+        M = mask[..., :n]  # in torch's layout, (B, 1, 1, m) or (B, 1, n, m), as the model's own code gets it
         params = [p.detach().clone() for p in model.parameters()]
         if backend == "numpy":
             out, saved = module.forward(x.numpy(), *(p.numpy() for p in params), M.numpy())
@@ -203,3 +203,26 @@ def test_a_float_argument_that_asks_for_a_gradient_stays_an_input():
     bias = padding([5, 3], 5).clone().requires_grad_()
     with pytest.raises(sa.SymattnError, match="per-head values"):
         sa.from_torch(_model(False), x, bias)
+
+
+@pytest.mark.parametrize("backend", ["torch", "numpy"])
+def test_the_mask_is_taken_in_any_shape_that_broadcasts_and_a_wrong_one_is_named(backend):
+    """M as (B, 1, 1, m), (B, 1, n, m), (B, n, m), (B, 1, m) or (n, m) gives the same output; a shape that broadcasts
+    to none of (n, m) and (B, n, m) is a ValueError naming M."""
+    model = _model(False)
+    x = torch.randn(2, 5, D, dtype=torch.float64)
+    module = _load(sa.from_torch(model, x, padding([5, 4], 5)), backend)
+    mask = padding([5, 3], 5)
+    params = [p.detach() for p in model.parameters()]
+    shapes = [mask, mask.expand(2, 1, 5, 5), mask[:, 0].expand(2, 5, 5), mask[:, 0], mask[0, 0].expand(5, 5)]
+
+    def run(m):
+        if backend == "numpy":
+            return module.forward(x.numpy(), *(p.numpy() for p in params), m.numpy())[0]
+        return module.forward(x, *params, m).detach()
+
+    want = model(x, mask).detach()
+    for m in shapes:
+        _close(run(m), want if m.ndim != 2 else model(x, m).detach(), f"M {tuple(m.shape)}")
+    with pytest.raises(ValueError, match=r"M: expected shape .* got \(2, 2, 1, 5\)"):
+        run(mask.expand(2, 2, 1, 5))

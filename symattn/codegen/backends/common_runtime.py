@@ -29,6 +29,21 @@ def _quotient(name, shape, divisor):
     return shape[-1] // divisor
 
 
+def _mask_layout(name, shape, n, m, batch):
+    """(the shape a mask given in its position is viewed at, the shape it is read at): (n, m) and (*batch, n, m) as
+    given; torch's layout with a heads axis of size 1, one axis more than the query's batch ((B, 1, n, m), a padding
+    row (B, 1, 1, m)), viewed without it; a shape that broadcasts to (*batch, n, m) read broadcast to it. Any other
+    shape is a ValueError naming the mask."""
+    shape = tuple(shape)
+    full = (*batch, n, m)
+    viewed = shape[:-3] + shape[-2:] if len(shape) == len(batch) + 3 and shape[-3] == 1 else shape
+    if viewed in ((n, m), full) or (
+        len(viewed) <= len(full) and all(a in (1, b) for a, b in zip(reversed(viewed), reversed(full)))
+    ):
+        return viewed, viewed if viewed in ((n, m), full) else full
+    raise ValueError(f"{name}: expected shape (n, m) = ({n}, {m}) or {full}, or one broadcasting to it, got {shape}")
+
+
 def _positive_int(name, value):
     """value as a Python int >= 1: an int or a NumPy integer scalar, never a bool."""
     # value.__index__(), not type(value).__index__: torch.compile traces the one, not the other

@@ -21,6 +21,8 @@ except ImportError:  # pragma: no cover - generating a JAX module reads this sou
 SHAPES: dict[str, str] = {}  # input name -> its shape as the docstring writes it, e.g. "(..., n, d_k)"
 OPTIONAL: tuple[str, ...] = ()  # inputs that may be None (biases)
 
+from symattn.codegen.backends.common_runtime import _mask_layout  # noqa: E402
+
 
 def _row_max(a):
     """The row max of a as a column, 0 where the row is all -inf; a constant to differentiation (softmax
@@ -168,19 +170,19 @@ def _arrays(named):
 def _one_mask(name, value, attn_mask, query, key, allowed=False):
     """The mask the spec's additive constant `name` is made from: value, given in its position, or attn_mask,
     given by keyword; both given is a TypeError naming them. value (n × m or (..., n, m), n the query's rows, m
-    the key's) is a constant (stop_gradient: no gradient): a float one is added as it is, a bool is read as
-    attn_mask's, True = not allowed, or with allowed, True = allowed (as torch's scaled_dot_product_attention
-    reads a bool attn_mask)."""
+    the key's; torch's (B, 1, n, m) and any shape broadcasting to them: ``_mask_layout``) is a constant
+    (stop_gradient: no gradient): a float one is added as it is, a bool is read as attn_mask's, True = not allowed,
+    or with allowed, True = allowed (as torch's scaled_dot_product_attention reads a bool attn_mask)."""
     if value is None:
         return attn_mask
     if attn_mask is not None:
         raise TypeError(f"forward() got the mask {name} both in its position and as attn_mask; give it once")
     value = jax.lax.stop_gradient(jnp.asarray(value))
-    n, m, batch = jnp.shape(query)[-2], jnp.shape(key)[-2], tuple(jnp.shape(query)[:-2])
-    if tuple(value.shape) not in ((n, m), (*batch, n, m)):
-        raise ValueError(f"{name}: expected shape (n, m) = ({n}, {m}) or {(*batch, n, m)}, got {tuple(value.shape)}")
+    shapes = (jnp.shape(query)[-2], jnp.shape(key)[-2], tuple(jnp.shape(query)[:-2]))
+    viewed, read = _mask_layout(name, value.shape, *shapes)
     if value.dtype != jnp.bool_ and not jnp.issubdtype(value.dtype, jnp.floating):
         raise ValueError(f"{name}: expected a bool or floating-point array, got {value.dtype}")
+    value = jnp.broadcast_to(value.reshape(viewed), read)
     return jnp.logical_not(value) if allowed and value.dtype == jnp.bool_ else value
 
 

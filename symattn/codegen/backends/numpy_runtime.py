@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from symattn.codegen.backends.common_runtime import _mask_layout
 from symattn.codegen.backends.numba_kernels import _fused_kernels
 
 SHAPES: dict[str, str] = {}  # input name -> its shape as the docstring writes it, e.g. "(..., n, d_k)"
@@ -236,19 +237,19 @@ def _cotangent(grad_out, saved):
 def _one_mask(name, value, attn_mask, query, key, allowed=False):
     """The mask the spec's additive constant `name` is made from: value, given in its position, or attn_mask,
     given by keyword; both given is a TypeError naming them. value (n × m or (..., n, m), n the query's rows, m
-    the key's) is a constant (backward gives it no gradient): a float one is added as it is, a bool is read as
-    attn_mask's, True = not allowed, or with allowed, True = allowed (as torch's scaled_dot_product_attention
-    reads a bool attn_mask)."""
+    the key's; torch's (B, 1, n, m) and any shape broadcasting to them: ``_mask_layout``) is a constant (backward
+    gives it no gradient): a float one is added as it is, a bool is read as attn_mask's, True = not allowed, or
+    with allowed, True = allowed (as torch's scaled_dot_product_attention reads a bool attn_mask)."""
     if value is None:
         return attn_mask
     if attn_mask is not None:
         raise TypeError(f"forward() got the mask {name} both in its position and as attn_mask; give it once")
     value, query, key = np.asarray(value), np.asarray(query), np.asarray(key)
-    n, m, batch = query.shape[-2], key.shape[-2], query.shape[:-2]
-    if value.shape not in ((n, m), (*batch, n, m)):
-        raise ValueError(f"{name}: expected shape (n, m) = ({n}, {m}) or {(*batch, n, m)}, got {value.shape}")
+    viewed, read = _mask_layout(name, value.shape, query.shape[-2], key.shape[-2], tuple(query.shape[:-2]))
     if value.dtype != np.bool_ and not np.issubdtype(value.dtype, np.floating):
         raise ValueError(f"{name}: expected a bool or floating-point array, got {value.dtype}")
+    value = value.reshape(viewed)
+    value = value if viewed == read else np.broadcast_to(value, read).copy()
     return ~value if allowed and value.dtype == np.bool_ else value
 
 

@@ -20,6 +20,7 @@ SHAPES: dict[str, str] = {}  # input name -> its shape as the docstring writes i
 OPTIONAL: tuple[str, ...] = ()  # inputs that may be None (biases)
 SPEC = ""  # the spec's name, for error messages
 
+from symattn.codegen.backends.common_runtime import _mask_layout  # noqa: E402
 from symattn.codegen.backends.torch_pages import _by_custom_op, huge_empty, huge_matmul, write_rows  # noqa: E402
 
 
@@ -226,21 +227,20 @@ def _tensors(named):
 def _one_mask(name, value, attn_mask, query, key, allowed=False):
     """The mask the spec's additive constant `name` is made from: value, given in its position, or attn_mask,
     given by keyword; both given is a TypeError naming them. value (n × m or (..., n, m), n the query's rows, m
-    the key's) is a constant (detached: no gradient): a float one is added as it is, a bool is read as
-    attn_mask's, True = not allowed, or with allowed, True = allowed (as torch's scaled_dot_product_attention
-    reads a bool attn_mask)."""
+    the key's; torch's (B, 1, n, m) and any shape broadcasting to them: ``_mask_layout``) is a constant (detached:
+    no gradient): a float one is added as it is, a bool is read as attn_mask's, True = not allowed, or with allowed,
+    True = allowed (as torch's scaled_dot_product_attention reads a bool attn_mask)."""
     if value is None:
         return attn_mask
     if attn_mask is not None:
         raise TypeError(f"forward() got the mask {name} both in its position and as attn_mask; give it once")
     if not isinstance(value, torch.Tensor):
         raise TypeError(f"{name}: expected a torch.Tensor (bool or float) or None, got {type(value).__name__}")
-    n, m, batch = query.shape[-2], key.shape[-2], tuple(query.shape[:-2])
-    if tuple(value.shape) not in ((n, m), (*batch, n, m)):
-        raise ValueError(f"{name}: expected shape (n, m) = ({n}, {m}) or {(*batch, n, m)}, got {tuple(value.shape)}")
+    viewed, read = _mask_layout(name, value.shape, query.shape[-2], key.shape[-2], tuple(query.shape[:-2]))
     if value.dtype != torch.bool and not value.is_floating_point():
         raise ValueError(f"{name}: expected a bool or floating-point tensor, got {value.dtype}")
-    value = value.detach()
+    value = value.detach().reshape(viewed)
+    value = value if viewed == read else value.expand(read).contiguous()
     return ~value if allowed and value.dtype == torch.bool else value
 
 

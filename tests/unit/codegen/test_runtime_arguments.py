@@ -53,7 +53,10 @@ def test_the_mask_in_its_position_is_checked_and_named(backend):
     np.testing.assert_array_equal(np.asarray(runtime._one_mask("M", mask, None, query, key, allowed=True)), True)
     with pytest.raises(TypeError, match="M both in its position and as attn_mask"):
         runtime._one_mask("M", mask, mask, query, key)
-    with pytest.raises(ValueError, match=r"M: expected shape \(n, m\) = \(3, 5\) or \(2, 3, 5\), got \(5, 3\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"M: expected shape \(n, m\) = \(3, 5\) or \(2, 3, 5\), or one broadcasting to it, got \(5, 3\)",
+    ):
         runtime._one_mask("M", array(np.zeros((5, 3))), None, query, key)
     with pytest.raises(ValueError, match="M: expected a bool or floating-point"):
         runtime._one_mask("M", array(np.zeros((3, 5), dtype=np.int32)), None, query, key)
