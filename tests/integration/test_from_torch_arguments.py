@@ -6,7 +6,6 @@ name, their gradients coming back in that layout. Each is checked against torch 
 from __future__ import annotations
 
 import math
-import types
 
 import numpy as np
 import pytest
@@ -14,8 +13,9 @@ import pytest
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
 
+from rendered import close, load  # noqa: E402
+
 import symattn as sa  # noqa: E402
-from symattn.codegen import generate as codegen  # noqa: E402
 
 N, M, D, D_V, BATCH = 5, 6, 4, 3, (2,)
 
@@ -44,18 +44,6 @@ MASKED = [
     (sdpa_attention, "allowed", "additive_false", True, ()),
     (dropped_weights, "drop", "keep", False, ()),
 ]
-
-
-def load(spec: sa.Spec, backend: str) -> types.ModuleType:
-    module = types.ModuleType(f"{spec.name}_{backend}")
-    exec(compile(codegen.render(spec, backend, second_order=False), module.__name__, "exec"), module.__dict__)
-    return module
-
-
-def close(got, want, what: str) -> None:
-    got, want = np.asarray(got), np.asarray(want)
-    assert got.shape == want.shape, f"{what}: shape {got.shape}, expected {want.shape}"
-    np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12, err_msg=what)
 
 
 def tensors(seed: int, allowed: bool, mask_batch: tuple[int, ...]) -> list:

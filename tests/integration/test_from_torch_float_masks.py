@@ -7,15 +7,14 @@ original at new inputs, a new batch size, a new length and a new padding."""
 from __future__ import annotations
 
 import math
-import types
 
-import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
 
+from rendered import close, load  # noqa: E402
+
 import symattn as sa  # noqa: E402
-from symattn.codegen import generate as codegen  # noqa: E402
 from symattn.trace.dropin import ClosedForm  # noqa: E402
 
 D, H = 8, 2
@@ -75,18 +74,6 @@ def _model(sliced: bool) -> EagerSelfAttention:
     return EagerSelfAttention(sliced).double()
 
 
-def _load(spec: sa.Spec, backend: str) -> types.ModuleType:
-    module = types.ModuleType(f"{spec.name}_{backend}")
-    exec(compile(codegen.render(spec, backend, second_order=False), module.__name__, "exec"), module.__dict__)
-    return module
-
-
-def _close(got, want, what: str) -> None:
-    got, want = np.asarray(got), np.asarray(want)
-    assert got.shape == want.shape, f"{what}: shape {got.shape}, expected {want.shape}"
-    np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12, err_msg=what)
-
-
 def _want(model, x, mask, cotangent):
     leaves = [x.clone().requires_grad_(), *model.parameters()]
     out = model(leaves[0], mask)
@@ -105,7 +92,7 @@ def test_a_float_mask_added_to_per_head_scores_is_the_additive_mask(kind, make, 
     names = [key.replace(".", "_") for key, _ in model.named_parameters()]
     assert spec.input_names == ("hidden_states", *names)  # the mask is no input: it has no gradient
     assert [str(c.name) for c in spec.constants] == ["M"] and not spec.bool_forms
-    module = _load(spec, backend) if backend != "drop_in" else None
+    module = load(spec, backend) if backend != "drop_in" else None
     closed = ClosedForm(model, example) if backend == "drop_in" else None
     for seed, (batch, n, lengths) in enumerate(NEW):
         g = torch.Generator().manual_seed(seed + 1)
@@ -125,9 +112,9 @@ def test_a_float_mask_added_to_per_head_scores_is_the_additive_mask(kind, make, 
                 out, leaves if backend == "torch" else [leaves[0], *model.parameters()], cotangent
             )
             out = out.detach()
-        _close(out, want_out, f"output at {batch} × {n}")
+        close(out, want_out, f"output at {batch} × {n}")
         for name, a, b in zip(spec.input_names, got, want):
-            _close(a, b, f"∂f/∂{name} at {batch} × {n}")
+            close(a, b, f"∂f/∂{name} at {batch} × {n}")
 
 
 def test_a_float_mask_that_varies_over_the_heads_is_refused_in_one_line():
@@ -156,9 +143,9 @@ def test_traced_at_batch_one_the_drop_in_takes_a_larger_batch():
     want_out, want = _want(model, x, mask, cotangent)
     leaves = [x.clone().requires_grad_(), *model.parameters()]
     out = closed(leaves[0], mask)
-    _close(out.detach(), want_out, "output")
+    close(out.detach(), want_out, "output")
     for a, b in zip(torch.autograd.grad(out, leaves, cotangent), want):
-        _close(a, b, "gradient")
+        close(a, b, "gradient")
 
 
 def test_the_drop_in_refuses_a_float_mask_that_requires_grad():
@@ -211,7 +198,7 @@ def test_the_mask_is_taken_in_any_shape_that_broadcasts_and_a_wrong_one_is_named
     to none of (n, m) and (B, n, m) is a ValueError naming M."""
     model = _model(False)
     x = torch.randn(2, 5, D, dtype=torch.float64)
-    module = _load(sa.from_torch(model, x, padding([5, 4], 5)), backend)
+    module = load(sa.from_torch(model, x, padding([5, 4], 5)), backend)
     mask = padding([5, 3], 5)
     params = [p.detach() for p in model.parameters()]
     shapes = [mask, mask.expand(2, 1, 5, 5), mask[:, 0].expand(2, 5, 5), mask[:, 0], mask[0, 0].expand(5, 5)]
@@ -223,6 +210,6 @@ def test_the_mask_is_taken_in_any_shape_that_broadcasts_and_a_wrong_one_is_named
 
     want = model(x, mask).detach()
     for m in shapes:
-        _close(run(m), want if m.ndim != 2 else model(x, m).detach(), f"M {tuple(m.shape)}")
+        close(run(m), want if m.ndim != 2 else model(x, m).detach(), f"M {tuple(m.shape)}")
     with pytest.raises(ValueError, match=r"M: expected shape .* got \(2, 2, 1, 5\)"):
         run(mask.expand(2, 2, 1, 5))

@@ -130,14 +130,20 @@ def test_an_order_cheapest_at_every_size_is_printed():
     assert _print(GeneratedNumPyPrinter, MatMul(u, Transpose(v), Transpose(A))) == "u @ (v.mT @ A.mT)"
 
 
-class _Recorder(np.ndarray):
-    """An array that counts the multiply-adds of the products it takes part in (for the runtime chain)."""
+class _Recorded(np.ndarray):
+    """An array that records the operands' shapes of each product it takes part in (for the runtime chain)."""
 
-    spent = [0]
+    products: list = []
 
     def __matmul__(self, other):
-        _Recorder.spent[0] += self.shape[-2] * self.shape[-1] * other.shape[-1]
-        return np.matmul(np.asarray(self), np.asarray(other)).view(_Recorder)
+        _Recorded.products.append((self.shape, other.shape))
+        return np.matmul(np.asarray(self), np.asarray(other)).view(_Recorded)
+
+
+def _recorded_chain(*arrays: np.ndarray) -> np.ndarray:
+    """chain(*arrays) with every product it takes recorded in _Recorded.products."""
+    _Recorded.products = []
+    return np.asarray(chain(*(a.view(_Recorded) for a in arrays)))
 
 
 @pytest.mark.parametrize(("sizes", "best"), [((2, 512, 8, 512), "left"), ((512, 8, 512, 8), "right")])
@@ -146,28 +152,20 @@ def test_the_runtime_chain_takes_the_cheapest_order_at_the_shapes(sizes, best):
     takes the cheaper one at the shapes it is given, and its value is the product."""
     a, b, c, e = sizes
     rng = np.random.default_rng(1)
-    mats = [rng.standard_normal(s).view(_Recorder) for s in ((a, b), (b, c), (c, e))]
-    _Recorder.spent[0] = 0
-    value = chain(*mats)
+    mats = [rng.standard_normal(s) for s in ((a, b), (b, c), (c, e))]
+    value = _recorded_chain(*mats)
+    spent = sum(p[-2] * p[-1] * q[-1] for p, q in _Recorded.products)
     left, right = a * b * c + a * c * e, b * c * e + a * b * e
-    assert _Recorder.spent[0] == (left if best == "left" else right) == min(left, right)
-    np.testing.assert_allclose(np.asarray(value), np.asarray(mats[0]) @ np.asarray(mats[1]) @ np.asarray(mats[2]))
+    assert spent == (left if best == "left" else right) == min(left, right)
+    np.testing.assert_allclose(value, mats[0] @ mats[1] @ mats[2])
 
 
 def test_the_runtime_chain_pays_an_unbatched_product_once():
     """Two weights multiplied once for the batch (g × g), then the batched rows: at a batch of 64 that is the
     cheaper order, although without the batch X (W_1 W_2) and (X W_1) W_2 cost alike."""
     rng = np.random.default_rng(2)
-    x, w1, w2 = rng.standard_normal((64, 16, 16)), rng.standard_normal((16, 16)), rng.standard_normal((16, 16))
-    spent = []
-
-    class Counted(np.ndarray):
-        def __matmul__(self, other):
-            spent.append((self.shape, other.shape))
-            return np.matmul(np.asarray(self), np.asarray(other)).view(Counted)
-
-    chain(x.view(Counted), w1.view(Counted), w2.view(Counted))
-    assert spent[0] == ((16, 16), (16, 16))  # W_1 W_2 first
+    _recorded_chain(rng.standard_normal((64, 16, 16)), rng.standard_normal((16, 16)), rng.standard_normal((16, 16)))
+    assert _Recorded.products[0] == ((16, 16), (16, 16))  # W_1 W_2 first
 
 
 def test_the_scalar_multiplies_the_smallest_factor():
