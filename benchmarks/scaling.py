@@ -14,15 +14,16 @@ For every stack, each in a fresh interpreter (cold start, OMP_NUM_THREADS=1), it
 each stopped at ``--cap`` seconds. It writes scaling.json, SCALING.md (tables and the
 log-log slope of time against L over L = 2…16) and scaling.svg (a log-log plot, drawn
 here) next to itself; ``--quick`` (L = 1, 2, 4) writes to a temporary folder instead.
-``--label`` names the run in the JSON (runs of other labels are kept, so "before" and
-"after" share one file), ``--src`` puts another checkout of symattn first on the path.
+``--label`` names the run in the JSON (default: the date; runs of other labels are kept, so two checkouts
+compared with ``--src`` share one file), ``--src`` puts another checkout of symattn first on the path.
 
-    python benchmarks/scaling.py [--quick] [--cap 120] [--label after] [--src DIR]
+    python benchmarks/scaling.py [--quick] [--cap 120] [--label NAME] [--src DIR]
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import math
 import os
@@ -250,8 +251,9 @@ def svg(results: dict) -> str:
         out.append(f'<line x1="{left}" y1="{y:.1f}" x2="{width - right}" y2="{y:.1f}" stroke="#ddd"/>')
         out.append(f'<text x="{left - 6}" y="{y + 4:.1f}" text-anchor="end">{10.0**e:g} s</text>')
     out.append(f'<text x="{(left + width - right) / 2}" y="{height - 12}" text-anchor="middle">layers L</text>')
+    newest = list(results["runs"])[-1]  # the last run drawn solid, any other (a checkout compared with --src) dashed
     for k, (label, family, phase, pts) in enumerate(lines):
-        dash = "" if label == "after" else ' stroke-dasharray="5,3"'
+        dash = "" if label == newest else ' stroke-dasharray="5,3"'
         marker = "circle" if family == "prenorm" else "rect"
         path = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in pts)
         colour = COLOURS[phase]
@@ -275,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="L = 1, 2, 4 only, written to a temporary folder")
     parser.add_argument("--cap", type=float, default=120.0, help="seconds before a command is stopped")
-    parser.add_argument("--label", default="after", help="the run's name in the results (default: after)")
+    parser.add_argument("--label", default=str(datetime.date.today()), help="the run's name (default: today's date)")
     parser.add_argument("--src", help="a symattn checkout to put first on the path (e.g. the code before a change)")
     parser.add_argument("--families", default=",".join(FAMILIES), help="comma-separated: prenorm, residual")
     parser.add_argument("--depths", help="comma-separated layer counts (default 1,2,4,8,16)")

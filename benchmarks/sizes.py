@@ -1,11 +1,12 @@
 """Product orders at the sizes a model runs at: specs written with a dimension symattn has no size for.
 
 Gated attention softmax(X W_Q (X W_K)ᵀ/√d) X W_V ⊙ σ(X W_G) and a residual layer X + softmax(…) (X W_V)/2, with
-the model width a user's own dimension g. At typical sizes g is priced at 64, where the orders (X W_Q W_Kᵀ) Xᵀ
-and (P X) W_V cost what their alternatives cost; at g = 256 they cost up to 4× as much. Each spec is generated
-twice, at typical sizes and with ``--size`` (the sizes timed here), and its NumPy and torch modules' forward +
-backward are timed against torch eager autograd and torch.compile of the same forward, written in torch
-(one thread, float32, best of --repeat rounds taking turns: ``benchmarks/gallery.py``'s harness).
+the model width a user's own dimension g. Whether (X W_Q W_Kᵀ) Xᵀ and (P X) W_V or (X W_Q)(X W_K)ᵀ and P (X W_V)
+cost less depends on g against d; at g = 256, d = 64 the first orders cost up to 4× as much. Each spec is
+generated twice: without sizes (one schedule per size regime, the module choosing from the arrays' shapes) and
+with ``--size`` (the sizes timed here: one schedule), and its NumPy and torch modules' forward + backward are
+timed against torch eager autograd and torch.compile of the same forward, written in torch (one thread, float32,
+best of --repeat rounds taking turns: ``benchmarks/gallery.py``'s harness).
 
     OMP_NUM_THREADS=1 python benchmarks/sizes.py [--n 1024] [--g 256] [--d 64] [--repeat 10]
 """
@@ -60,7 +61,7 @@ def module(spec: sa.Spec, backend: str, sizes: dict | None) -> types.ModuleType:
 
 def timed(spec: sa.Spec, forward, sizes: dict, repeat: int, interleaved) -> dict[str, float]:
     """Best seconds of forward + backward: eager autograd and torch.compile of forward, and the generated NumPy
-    and torch modules at typical sizes and at sizes (each checked against eager first)."""
+    and torch modules without sizes and with them (each checked against eager first)."""
     rng = np.random.default_rng(0)
     shapes = [tuple(sizes[str(s)] for s in x.shape) for x in spec.inputs]
     values = [
@@ -74,7 +75,7 @@ def timed(spec: sa.Spec, forward, sizes: dict, repeat: int, interleaved) -> dict
         "compile": lambda: torch.autograd.grad(compiled(*leaves), leaves, g),
     }
     want = runs["eager"]()
-    for label, table in (("typical sizes", None), ("--size", sizes)):
+    for label, table in (("no sizes", None), ("--size", sizes)):
         numpy_module, torch_module = module(spec, "numpy", table), module(spec, "torch", table)
         got = torch.autograd.grad(torch_module.forward(*leaves), leaves, g)
         assert all(torch.allclose(a, b, rtol=1e-3, atol=1e-3) for a, b in zip(got, want)), spec.name
@@ -103,7 +104,7 @@ def main() -> None:
     print("|---|---|---:|---:|---:|---:|---:|")
     for name, (spec, forward) in specs().items():
         best = timed(spec, forward, sizes, args.repeat, interleaved)
-        for label in ("typical sizes", "--size"):
+        for label in ("no sizes", "--size"):
             print(
                 f"| {name} | {label} | {best[f'numpy {label}'] / best['eager']:.2f} | "
                 f"{best[f'torch {label}'] / best['eager']:.2f} | {best[f'torch {label}'] / best['compile']:.2f} | "

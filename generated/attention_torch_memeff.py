@@ -51,6 +51,19 @@ OPTIONAL = ()  # inputs that may be None: their terms are left out
 SPEC = "attention"
 
 
+def _alike(a, b):
+    """(a, b, the product's dtype) for factors of two dtypes, a float32 array of a 16-bit run beside a 16-bit one:
+    on the CPU both float32 (a float32 GEMM is as fast as a bfloat16 one there, ten times a float16 one, and the
+    float32 array is never rounded: the product is, once), elsewhere the float32 one rounded to the 16-bit dtype
+    right before the product (its one rounding; the GEMM accumulates in float32). Of one dtype: as they are."""
+    if a.dtype == b.dtype:
+        return a, b, a.dtype
+    low = a.dtype if a.element_size() < b.element_size() else b.dtype
+    if a.device.type == "cpu":
+        return a.float(), b.float(), low
+    return a.to(low), b.to(low), low
+
+
 def _assume_constant(function):
     """function marked as torch._dynamo.assume_constant_result marks it: dynamo, tracing a call of it, calls it and
     takes the result for a constant. Marked without importing dynamo, seconds that an eager run never needs."""
@@ -165,6 +178,19 @@ def _place(parts, starts, m):
     return out
 
 
+def _wide_matmul(a, b):
+    """a @ b of 16-bit factors as float32: the n × m scores Q Kᵀ, dP = dO Vᵀ and what is made of them (P, L, dS)
+    stay float32 as SDPA keeps them (products round them: ``narrow_matmul``). On CUDA by bmm's out_dtype; else of
+    the thin factors widened (the same values: 16-bit products are exact in float32, sums are float32)."""
+    if a.device.type == "cuda" and a.shape[:-2] == b.shape[:-2] and not (_functional(a) or _functional(b)):
+        try:
+            out = torch.bmm(a.reshape(-1, *a.shape[-2:]), b.reshape(-1, *b.shape[-2:]), out_dtype=torch.float32)
+            return out.reshape(*a.shape[:-2], *out.shape[-2:])
+        except (RuntimeError, TypeError):  # a torch without bmm's out_dtype
+            pass
+    return big_matmul(a.float(), b.float())
+
+
 def add_optional(a, b):
     """a + b, or a itself when b is None (an absent bias or mask)."""
     return a if b is None else a + b
@@ -172,18 +198,29 @@ def add_optional(a, b):
 
 def add_rows(total, keys, part, m):
     """The sum over blocks of a value of m rows (…, m, k), part adding to its rows keys; total is 0 before the
-    first block. part is a product made for the sum (dAᵀ Q): the first one may become the sum itself."""
+    first block. part is a product made for the sum (dAᵀ Q): the first one may become the sum itself. 16-bit parts
+    are summed in float32 (an accumulation): the total is the float32 sum (its attribute float32_sum) rounded."""
     if _functional(part):  # no in-place update: part padded with zero rows to m
         padded = torch.nn.functional.pad(part, (0, 0, keys.start, m - keys.stop))
         return padded if isinstance(total, int) else total + padded
+    low = part.dtype in (torch.bfloat16, torch.float16)
     # every key: part (a product made for this sum, maybe transposed by matmul_tn) is the sum so far
-    if isinstance(total, int) and part.shape[-2] == m and (part.is_contiguous() or part.mT.is_contiguous()):
+    if isinstance(total, int) and not low and part.shape[-2] == m and (part.is_contiguous() or part.mT.is_contiguous()):
         return part
-    if isinstance(total, int):  # laid out as part is (matmul_tn gives a transposed product): a cheap add
+    into = total.float32_sum if low and not isinstance(total, int) else total
+    if isinstance(into, int):  # laid out as part is (matmul_tn gives a transposed product): a cheap add
         transposed = part.mT.is_contiguous() and not part.is_contiguous()
-        shape = (*part.shape[:-2], m, part.shape[-1])
-        total = part.new_zeros(shape[:-2] + shape[:-3:-1]).mT if transposed else part.new_zeros(shape)
-    total[..., keys, :] += part
+        shape, dtype = (*part.shape[:-2], m, part.shape[-1]), torch.float32 if low else part.dtype
+        into = (
+            part.new_zeros(shape[:-2] + shape[:-3:-1], dtype=dtype).mT
+            if transposed
+            else part.new_zeros(shape, dtype=dtype)
+        )
+    into[..., keys, :] += getattr(part, "float32_value", part) if low else part
+    if not low:
+        return into
+    total = into.to(part.dtype)
+    total.float32_sum = into
     return total
 
 
@@ -193,8 +230,12 @@ def big_matmul(a, b):
     large arrays: torch's allocator maps a fresh n × m tensor in 4 KiB pages, and the GEMM's first touch of each
     one faults (1 × 8 × 1024², float32, one thread: 35 → 19 ms). Compiled (torch.compile), a large product of
     factors of one batch shape is the custom op symattn::big_matmul (_by_custom_op), which inductor calls as it
-    is. Transformed (torch.func), exported or recorded by autograd in eager code, plainly a @ b."""
-    if a.device.type != "cpu" or a.dtype != b.dtype or a.dim() < 2 or b.dim() < 2:
+    is. Transformed (torch.func), exported or recorded by autograd in eager code, plainly a @ b. Of 16-bit
+    factors (bfloat16, float16) the product is float32 (``_wide_matmul``)."""
+    a, b, _ = _alike(a, b)
+    if a.dtype in (torch.bfloat16, torch.float16):
+        return _wide_matmul(a, b)
+    if a.device.type != "cpu" or a.dim() < 2 or b.dim() < 2:
         return a @ b
     if torch.compiler.is_compiling():
         size = a.shape[:-2].numel() * a.shape[-2] * b.shape[-1] * a.element_size()
@@ -250,12 +291,12 @@ def huge_matmul(a, b):
 def key_range(mask, causal, rows, m):
     """The keys a block of query rows (a slice) reads: slice(k0, k1), the smallest range holding every key that
     a row of the block may see (causal: key j <= query i; mask: an additive mask whose -inf hide a key), never
-    empty. A loop over blocks of rows skips the keys outside it, whose probabilities are exactly zero. Traced or
-    transformed, only the causal range (no branch on the mask's values)."""
+    empty. A loop over blocks of rows skips the keys outside it, whose probabilities are exactly zero. Traced,
+    transformed or off the CPU, only the causal range (no branch on the mask's values: no wait for a GPU)."""
     first, last = 0, m
     if causal:  # row i sees keys 0 … i
         last = max(1, min(m, rows.stop))
-    if mask is not None and not _functional(mask):
+    if mask is not None and mask.device.type == "cpu" and not _functional(mask):
         seen = (mask[..., rows, first:last] != float("-inf")).reshape(-1, last - first).any(dim=0).nonzero()
         if len(seen):
             first, last = first + int(seen[0]), first + int(seen[-1]) + 1
@@ -272,7 +313,7 @@ def masked_row_softmax(a, out=None):
     out = row_softmax(a, out=out)
     if _functional(a):  # no branch on the data in a traced or transformed function: one pass to fill
         return out.masked_fill(empty, 0.0)
-    return out.masked_fill_(empty, 0.0) if bool(empty.any()) else out
+    return out.masked_fill_(empty, 0.0) if a.device.type != "cpu" or bool(empty.any()) else out  # GPU: no wait
 
 
 def masked_row_softmax_lse(a, out=None):
@@ -286,10 +327,30 @@ def matmul_tn(a, b):
     """aᵀ b, for a (..., k, r) much wider than b (..., k, c). From r = 1024 rows on it is computed as (bᵀ a)ᵀ,
     the same values: torch's CPU GEMM (MKL) multiplies a long transposed left operand by a thin one at about
     half the speed in float64 (Pᵀ dO, 4 heads, n = 1024, d = 64: 33 → 17 ms). Shorter products stay aᵀ b,
-    whose result is contiguous."""
-    if a.shape[-1] >= 1024 and a.shape[-1] >= 8 * b.shape[-1]:
-        return (b.mT @ a).mT
-    return a.mT @ b
+    whose result is contiguous. Factors of two dtypes are made one first (``_alike``); a float32 product of a
+    16-bit run is rounded, and in eager code kept as the result's float32_value, which add_rows sums instead."""
+    a, b, dtype = _alike(a, b)
+    product = (b.mT @ a).mT if a.shape[-1] >= 1024 and a.shape[-1] >= 8 * b.shape[-1] else a.mT @ b
+    rounded = product if product.dtype == dtype else product.to(dtype)
+    if rounded is not product and not _functional(product):
+        rounded.float32_value = product
+    return rounded
+
+
+def narrow_matmul(a, b):
+    """a @ b, where a factor may be a float32 n × m array of a 16-bit run (P, dS of ``_wide_matmul``): the product
+    of ``_alike``'s factors, rounded to the 16-bit dtype. Factors of one dtype (float32, float64 runs): a @ b."""
+    a, b, dtype = _alike(a, b)
+    product = a @ b
+    return product if product.dtype == dtype else product.to(dtype)
+
+
+def row_dot(a, b):
+    """rowsum(a ⊙ b) as a column (..., n, 1), such as D = rowsum(dO ⊙ O): in float32 for 16-bit a or b (a
+    statistic, kept as SDPA keeps it), else in their dtype."""
+    if a.dtype in (torch.bfloat16, torch.float16) or b.dtype in (torch.bfloat16, torch.float16):
+        a, b = a.float(), b.float()
+    return (a * b).sum(dim=-1, keepdim=True)
 
 
 def row_softmax(a, out=None):
@@ -542,7 +603,7 @@ def _autocast(args):
     the Function (autograd carries each gradient back to its input's dtype through the cast); the Function then
     runs with autocast off, in that dtype. Not under autocast: (args, None)."""
     device = next((a.device.type for a in args if isinstance(a, torch.Tensor)), None)
-    if device is None or not torch.is_autocast_enabled(device):
+    if device in (None, "meta") or not torch.is_autocast_enabled(device):  # meta: shapes only, no autocast
         return args, None
     low = torch.get_autocast_dtype(device)
     cast = [a.to(low) if isinstance(a, torch.Tensor) and a.dtype == torch.float32 else a for a in args]
@@ -604,7 +665,7 @@ def _forward(Q, K, V, M, causal, scale, block_size):
         A_b = add_optional(big_matmul(scale * Q_b, K_k.mT), M_b)
         A_b = causal_fill(A_b, block, keys) if causal else A_b
         P_b, L_b = row_softmax_lse(A_b, out=A_b) if M is None else masked_row_softmax_lse(A_b, out=A_b)
-        O_b = P_b @ V_k
+        O_b = narrow_matmul(P_b, V_k)
         O_blocks.append(O_b)
         L_blocks.append(L_b)
     O = O_blocks[0] if len(O_blocks) == 1 else torch.cat(O_blocks, dim=-2)
@@ -634,7 +695,7 @@ def _backward(saved, grad_out):
     M = saved["M"]
     causal = saved["causal"]
     block_size = saved["block_size"]
-    D = (O * grad_out).sum(dim=-1, keepdim=True)
+    D = row_dot(O, grad_out)
     dQ_blocks = []
     dK = 0  # summed over the blocks of query rows
     dV = 0  # summed over the blocks of query rows
@@ -655,7 +716,7 @@ def _backward(saved, grad_out):
         dP_b = big_matmul(grad_out_b, V_k.mT)
         dA_b = dP_b.sub_(D_b).mul_(P_b)
         del dP_b
-        dQ_b = dA_b @ (scale * K_k)
+        dQ_b = narrow_matmul(dA_b, scale * K_k)
         dQ_blocks.append(dQ_b)
         dK = add_rows(dK, keys, matmul_tn(dA_b, scale * Q_b), K.shape[-2])
         dV = add_rows(dV, keys, matmul_tn(P_b, grad_out_b), K.shape[-2])
@@ -947,11 +1008,11 @@ def _forward2(Q, K, V, G_out, Q_v, K_v, V_v, M, causal, scale):
         V_v = torch.zeros_like(V)
     A = add_optional(big_matmul(scale * Q, K.mT), M)
     P = row_softmax(A) if M is None else masked_row_softmax(A)
-    O = P @ V
-    G_D = (O * G_out).sum(dim=-1, keepdim=True)
+    O = narrow_matmul(P, V)
+    G_D = row_dot(O, G_out)
     G_P = big_matmul(G_out, V.mT)
     G_A = (G_P - G_D) * P
-    G_Q = G_A @ (scale * K)
+    G_Q = narrow_matmul(G_A, scale * K)
     G_K = matmul_tn(G_A, scale * Q)
     G_V = matmul_tn(P, G_out)
     G_M = G_A
@@ -996,13 +1057,13 @@ def _backward2(saved, grad_out):
     Q_Q_v = torch.cat([Q, Q_v], dim=-1)
     K_v_K = torch.cat([K_v, K], dim=-1)
     dA = big_matmul(scale * Q_Q_v, K_v_K.mT)
-    D = (P * dA).sum(dim=-1, keepdim=True)
+    D = row_dot(P, dA)
     dP = (dA - D) * P
-    dG_out = P @ V_v + dP @ V
-    dG_D = (G_out * dG_out).sum(dim=-1, keepdim=True)
+    dG_out = narrow_matmul(P, V_v) + narrow_matmul(dP, V)
+    dG_D = row_dot(G_out, dG_out)
     dG_P = big_matmul(G_out, V_v.mT)
     dG_A = (G_P - G_D) * dP + (dG_P - dG_D) * P
-    dQ = scale * (G_M @ K_v + dG_A @ K)
+    dQ = scale * (narrow_matmul(G_M, K_v) + narrow_matmul(dG_A, K))
     dK = scale * (matmul_tn(G_M, Q_v) + matmul_tn(dG_A, Q))
     dV = matmul_tn(dP, G_out)
     dM = None if mask_shape is None else dG_A.sum_to_size(mask_shape)
@@ -1122,11 +1183,11 @@ def _jvp(Q, K, V, Q_t, K_t, V_t, M, M_t, causal, scale, block_size):
         A_b = add_optional(big_matmul(scale * Q_b, K_k.mT), M_b)
         A_b = causal_fill(A_b, block, keys) if causal else A_b
         P_b = row_softmax(A_b, out=A_b) if M is None else masked_row_softmax(A_b, out=A_b)
-        O_b = P_b @ V_k
+        O_b = narrow_matmul(P_b, V_k)
         dA_b = add_optional((scale * Q_Q_t_b) @ K_t_K_k.mT, M_t_b)
-        D_b = (dA_b * P_b).sum(dim=-1, keepdim=True)
+        D_b = row_dot(dA_b, P_b)
         dP_b = (dA_b - D_b) * P_b
-        dO_b = P_b @ V_t_k + dP_b @ V_k
+        dO_b = narrow_matmul(P_b, V_t_k) + narrow_matmul(dP_b, V_k)
         O_blocks.append(O_b)
         dO_blocks.append(dO_b)
     O = O_blocks[0] if len(O_blocks) == 1 else torch.cat(O_blocks, dim=-2)

@@ -485,7 +485,6 @@ def _forward(Q, K, V, W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O, M, causal, num_hea
         "C": C,
         "H": H,
         "H_kv": H_kv,
-        "scale": scale,
         "P_h": P_h,
         "b_Q": b_Q,
         "b_K": b_K,
@@ -494,6 +493,7 @@ def _forward(Q, K, V, W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O, M, causal, num_hea
         "M": M,
         "mask_shape": mask_shape,
         "causal": causal,
+        "d_k": d_k,
     }
     return Y, saved
 
@@ -514,7 +514,6 @@ def _backward(saved, grad_out):
     C = saved["C"]
     H = saved["H"]
     H_kv = saved["H_kv"]
-    scale = saved["scale"]
     P_h = saved["P_h"]
     b_Q = saved["b_Q"]
     b_K = saved["b_K"]
@@ -523,6 +522,8 @@ def _backward(saved, grad_out):
     M = saved["M"]
     mask_shape = saved["mask_shape"]
     causal = saved["causal"]
+    d_k = saved["d_k"]
+    scale = 1 / d_k**0.5
     dC = grad_out @ W_O.mT
     dO_h = split_heads(dC, H)
     D = (O_h * dO_h).sum(axis=-1, keepdims=True)

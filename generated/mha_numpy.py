@@ -791,7 +791,6 @@ def forward(
         "C": C,
         "H": H,
         "H_kv": H_kv,
-        "scale": scale,
         "P_h": P_h,
         "b_Q": b_Q,
         "b_K": b_K,
@@ -800,6 +799,7 @@ def forward(
         "M": M,
         "mask_shape": mask_shape,
         "causal": causal,
+        "d_k": d_k,
         "output_shape": Y.shape,
         "dtype": Y.dtype,
         "vector_inputs": vector_inputs,
@@ -824,7 +824,6 @@ def backward(saved, grad_out):
     C = saved["C"]
     H = saved["H"]
     H_kv = saved["H_kv"]
-    scale = saved["scale"]
     P_h = saved["P_h"]
     b_Q = saved["b_Q"]
     b_K = saved["b_K"]
@@ -833,6 +832,8 @@ def backward(saved, grad_out):
     M = saved["M"]
     mask_shape = saved["mask_shape"]
     causal = saved["causal"]
+    d_k = saved["d_k"]
+    scale = 1 / d_k**0.5
     dC = grad_out @ W_O.mT
     dO_h = split_heads(dC, H)
     D = np.vecdot(O_h, dO_h)[..., None]
@@ -1189,12 +1190,12 @@ def _forward2(
         "G_QW_Q": G_QW_Q,
         "H": H,
         "H_kv": H_kv,
-        "scale": scale,
         "b_Q": b_Q,
         "b_K": b_K,
         "b_V": b_V,
         "b_O": b_O,
         "mask_shape": mask_shape,
+        "d_k": d_k,
     }
     return f2, saved
 
@@ -1235,12 +1236,13 @@ def _backward2(saved, grad_out):
     G_QW_Q = saved["G_QW_Q"]
     H = saved["H"]
     H_kv = saved["H_kv"]
-    scale = saved["scale"]
     b_Q = saved["b_Q"]
     b_K = saved["b_K"]
     b_V = saved["b_V"]
     b_O = saved["b_O"]
     mask_shape = saved["mask_shape"]
+    d_k = saved["d_k"]
+    scale = 1 / d_k**0.5
     dQ_h = split_heads(add_optional(Q @ W_Q_v + Q_v @ W_Q, b_Q_v), H)
     dK_h = repeat_heads(split_heads(add_optional(K @ W_K_v + K_v @ W_K, b_K_v), H_kv), H)
     dV_h = repeat_heads(split_heads(add_optional(V @ W_V_v + V_v @ W_V, b_V_v), H_kv), H)

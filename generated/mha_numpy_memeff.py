@@ -767,7 +767,6 @@ def forward(
         "C": C,
         "H": H,
         "H_kv": H_kv,
-        "scale": scale,
         "L": L,
         "b_Q": b_Q,
         "b_K": b_K,
@@ -776,6 +775,7 @@ def forward(
         "M": M,
         "causal": causal,
         "block_size": block_size,
+        "d_k": d_k,
         "output_shape": Y.shape,
         "dtype": Y.dtype,
         "vector_inputs": vector_inputs,
@@ -800,7 +800,6 @@ def backward(saved, grad_out):
     C = saved["C"]
     H = saved["H"]
     H_kv = saved["H_kv"]
-    scale = saved["scale"]
     L = saved["L"]
     b_Q = saved["b_Q"]
     b_K = saved["b_K"]
@@ -809,6 +808,8 @@ def backward(saved, grad_out):
     M = saved["M"]
     causal = saved["causal"]
     block_size = saved["block_size"]
+    d_k = saved["d_k"]
+    scale = 1 / d_k**0.5
     dC = grad_out @ W_O.mT
     dO_h = split_heads(dC, H)
     D = np.vecdot(O_h, dO_h)[..., None]
@@ -1203,12 +1204,12 @@ def _forward2(
         "G_QW_Q": G_QW_Q,
         "H": H,
         "H_kv": H_kv,
-        "scale": scale,
         "b_Q": b_Q,
         "b_K": b_K,
         "b_V": b_V,
         "b_O": b_O,
         "mask_shape": mask_shape,
+        "d_k": d_k,
     }
     return f2, saved
 
@@ -1249,12 +1250,13 @@ def _backward2(saved, grad_out):
     G_QW_Q = saved["G_QW_Q"]
     H = saved["H"]
     H_kv = saved["H_kv"]
-    scale = saved["scale"]
     b_Q = saved["b_Q"]
     b_K = saved["b_K"]
     b_V = saved["b_V"]
     b_O = saved["b_O"]
     mask_shape = saved["mask_shape"]
+    d_k = saved["d_k"]
+    scale = 1 / d_k**0.5
     dQ_h = split_heads(add_optional(Q @ W_Q_v + Q_v @ W_Q, b_Q_v), H)
     dK_h = repeat_heads(split_heads(add_optional(K @ W_K_v + K_v @ W_K, b_K_v), H_kv), H)
     dV_h = repeat_heads(split_heads(add_optional(V @ W_V_v + V_v @ W_V, b_V_v), H_kv), H)

@@ -89,6 +89,19 @@ OPTIONAL = ("b_Q", "b_K", "b_V", "b_O")  # inputs that may be None: their terms 
 SPEC = "mha"
 
 
+def _alike(a, b):
+    """(a, b, the product's dtype) for factors of two dtypes, a float32 array of a 16-bit run beside a 16-bit one:
+    on the CPU both float32 (a float32 GEMM is as fast as a bfloat16 one there, ten times a float16 one, and the
+    float32 array is never rounded: the product is, once), elsewhere the float32 one rounded to the 16-bit dtype
+    right before the product (its one rounding; the GEMM accumulates in float32). Of one dtype: as they are."""
+    if a.dtype == b.dtype:
+        return a, b, a.dtype
+    low = a.dtype if a.element_size() < b.element_size() else b.dtype
+    if a.device.type == "cpu":
+        return a.float(), b.float(), low
+    return a.to(low), b.to(low), low
+
+
 def _assume_constant(function):
     """function marked as torch._dynamo.assume_constant_result marks it: dynamo, tracing a call of it, calls it and
     takes the result for a constant. Marked without importing dynamo, seconds that an eager run never needs."""
@@ -203,6 +216,19 @@ def _place(parts, starts, m):
     return out
 
 
+def _wide_matmul(a, b):
+    """a @ b of 16-bit factors as float32: the n × m scores Q Kᵀ, dP = dO Vᵀ and what is made of them (P, L, dS)
+    stay float32 as SDPA keeps them (products round them: ``narrow_matmul``). On CUDA by bmm's out_dtype; else of
+    the thin factors widened (the same values: 16-bit products are exact in float32, sums are float32)."""
+    if a.device.type == "cuda" and a.shape[:-2] == b.shape[:-2] and not (_functional(a) or _functional(b)):
+        try:
+            out = torch.bmm(a.reshape(-1, *a.shape[-2:]), b.reshape(-1, *b.shape[-2:]), out_dtype=torch.float32)
+            return out.reshape(*a.shape[:-2], *out.shape[-2:])
+        except (RuntimeError, TypeError):  # a torch without bmm's out_dtype
+            pass
+    return big_matmul(a.float(), b.float())
+
+
 def add_optional(a, b):
     """a + b, or a itself when b is None (an absent bias or mask)."""
     return a if b is None else a + b
@@ -210,18 +236,29 @@ def add_optional(a, b):
 
 def add_rows(total, keys, part, m):
     """The sum over blocks of a value of m rows (…, m, k), part adding to its rows keys; total is 0 before the
-    first block. part is a product made for the sum (dAᵀ Q): the first one may become the sum itself."""
+    first block. part is a product made for the sum (dAᵀ Q): the first one may become the sum itself. 16-bit parts
+    are summed in float32 (an accumulation): the total is the float32 sum (its attribute float32_sum) rounded."""
     if _functional(part):  # no in-place update: part padded with zero rows to m
         padded = torch.nn.functional.pad(part, (0, 0, keys.start, m - keys.stop))
         return padded if isinstance(total, int) else total + padded
+    low = part.dtype in (torch.bfloat16, torch.float16)
     # every key: part (a product made for this sum, maybe transposed by matmul_tn) is the sum so far
-    if isinstance(total, int) and part.shape[-2] == m and (part.is_contiguous() or part.mT.is_contiguous()):
+    if isinstance(total, int) and not low and part.shape[-2] == m and (part.is_contiguous() or part.mT.is_contiguous()):
         return part
-    if isinstance(total, int):  # laid out as part is (matmul_tn gives a transposed product): a cheap add
+    into = total.float32_sum if low and not isinstance(total, int) else total
+    if isinstance(into, int):  # laid out as part is (matmul_tn gives a transposed product): a cheap add
         transposed = part.mT.is_contiguous() and not part.is_contiguous()
-        shape = (*part.shape[:-2], m, part.shape[-1])
-        total = part.new_zeros(shape[:-2] + shape[:-3:-1]).mT if transposed else part.new_zeros(shape)
-    total[..., keys, :] += part
+        shape, dtype = (*part.shape[:-2], m, part.shape[-1]), torch.float32 if low else part.dtype
+        into = (
+            part.new_zeros(shape[:-2] + shape[:-3:-1], dtype=dtype).mT
+            if transposed
+            else part.new_zeros(shape, dtype=dtype)
+        )
+    into[..., keys, :] += getattr(part, "float32_value", part) if low else part
+    if not low:
+        return into
+    total = into.to(part.dtype)
+    total.float32_sum = into
     return total
 
 
@@ -231,8 +268,12 @@ def big_matmul(a, b):
     large arrays: torch's allocator maps a fresh n × m tensor in 4 KiB pages, and the GEMM's first touch of each
     one faults (1 × 8 × 1024², float32, one thread: 35 → 19 ms). Compiled (torch.compile), a large product of
     factors of one batch shape is the custom op symattn::big_matmul (_by_custom_op), which inductor calls as it
-    is. Transformed (torch.func), exported or recorded by autograd in eager code, plainly a @ b."""
-    if a.device.type != "cpu" or a.dtype != b.dtype or a.dim() < 2 or b.dim() < 2:
+    is. Transformed (torch.func), exported or recorded by autograd in eager code, plainly a @ b. Of 16-bit
+    factors (bfloat16, float16) the product is float32 (``_wide_matmul``)."""
+    a, b, _ = _alike(a, b)
+    if a.dtype in (torch.bfloat16, torch.float16):
+        return _wide_matmul(a, b)
+    if a.device.type != "cpu" or a.dim() < 2 or b.dim() < 2:
         return a @ b
     if torch.compiler.is_compiling():
         size = a.shape[:-2].numel() * a.shape[-2] * b.shape[-1] * a.element_size()
@@ -288,12 +329,12 @@ def huge_matmul(a, b):
 def key_range(mask, causal, rows, m):
     """The keys a block of query rows (a slice) reads: slice(k0, k1), the smallest range holding every key that
     a row of the block may see (causal: key j <= query i; mask: an additive mask whose -inf hide a key), never
-    empty. A loop over blocks of rows skips the keys outside it, whose probabilities are exactly zero. Traced or
-    transformed, only the causal range (no branch on the mask's values)."""
+    empty. A loop over blocks of rows skips the keys outside it, whose probabilities are exactly zero. Traced,
+    transformed or off the CPU, only the causal range (no branch on the mask's values: no wait for a GPU)."""
     first, last = 0, m
     if causal:  # row i sees keys 0 … i
         last = max(1, min(m, rows.stop))
-    if mask is not None and not _functional(mask):
+    if mask is not None and mask.device.type == "cpu" and not _functional(mask):
         seen = (mask[..., rows, first:last] != float("-inf")).reshape(-1, last - first).any(dim=0).nonzero()
         if len(seen):
             first, last = first + int(seen[0]), first + int(seen[-1]) + 1
@@ -310,23 +351,35 @@ def masked_row_softmax(a, out=None):
     out = row_softmax(a, out=out)
     if _functional(a):  # no branch on the data in a traced or transformed function: one pass to fill
         return out.masked_fill(empty, 0.0)
-    return out.masked_fill_(empty, 0.0) if bool(empty.any()) else out
+    return out.masked_fill_(empty, 0.0) if a.device.type != "cpu" or bool(empty.any()) else out  # GPU: no wait
 
 
 def matmul_tn(a, b):
     """aᵀ b, for a (..., k, r) much wider than b (..., k, c). From r = 1024 rows on it is computed as (bᵀ a)ᵀ,
     the same values: torch's CPU GEMM (MKL) multiplies a long transposed left operand by a thin one at about
     half the speed in float64 (Pᵀ dO, 4 heads, n = 1024, d = 64: 33 → 17 ms). Shorter products stay aᵀ b,
-    whose result is contiguous."""
-    if a.shape[-1] >= 1024 and a.shape[-1] >= 8 * b.shape[-1]:
-        return (b.mT @ a).mT
-    return a.mT @ b
+    whose result is contiguous. Factors of two dtypes are made one first (``_alike``); a float32 product of a
+    16-bit run is rounded, and in eager code kept as the result's float32_value, which add_rows sums instead."""
+    a, b, dtype = _alike(a, b)
+    product = (b.mT @ a).mT if a.shape[-1] >= 1024 and a.shape[-1] >= 8 * b.shape[-1] else a.mT @ b
+    rounded = product if product.dtype == dtype else product.to(dtype)
+    if rounded is not product and not _functional(product):
+        rounded.float32_value = product
+    return rounded
 
 
 def merge_heads(a, heads):
     """(..., heads, n, k) -> (..., n, heads * k)."""
     a = a.transpose(-2, -3)
     return a.reshape(*a.shape[:-2], a.shape[-2] * a.shape[-1])
+
+
+def narrow_matmul(a, b):
+    """a @ b, where a factor may be a float32 n × m array of a 16-bit run (P, dS of ``_wide_matmul``): the product
+    of ``_alike``'s factors, rounded to the 16-bit dtype. Factors of one dtype (float32, float64 runs): a @ b."""
+    a, b, dtype = _alike(a, b)
+    product = a @ b
+    return product if product.dtype == dtype else product.to(dtype)
 
 
 def placed_rows(whole):
@@ -360,6 +413,14 @@ def put_rows(whole, rows, keys, part, n, m):
 def repeat_heads(a, heads):
     """(..., kv_heads, n, k) -> (..., heads, n, k): head h reads kv head h // (heads // kv_heads)."""
     return a if a.shape[-3] == heads else a.repeat_interleave(heads // a.shape[-3], dim=-3)
+
+
+def row_dot(a, b):
+    """rowsum(a ⊙ b) as a column (..., n, 1), such as D = rowsum(dO ⊙ O): in float32 for 16-bit a or b (a
+    statistic, kept as SDPA keeps it), else in their dtype."""
+    if a.dtype in (torch.bfloat16, torch.float16) or b.dtype in (torch.bfloat16, torch.float16):
+        a, b = a.float(), b.float()
+    return (a * b).sum(dim=-1, keepdim=True)
 
 
 def row_softmax(a, out=None):
@@ -642,7 +703,7 @@ def _autocast(args):
     the Function (autograd carries each gradient back to its input's dtype through the cast); the Function then
     runs with autocast off, in that dtype. Not under autocast: (args, None)."""
     device = next((a.device.type for a in args if isinstance(a, torch.Tensor)), None)
-    if device is None or not torch.is_autocast_enabled(device):
+    if device in (None, "meta") or not torch.is_autocast_enabled(device):  # meta: shapes only, no autocast
         return args, None
     low = torch.get_autocast_dtype(device)
     cast = [a.to(low) if isinstance(a, torch.Tensor) and a.dtype == torch.float32 else a for a in args]
@@ -735,7 +796,7 @@ def _forward(Q, K, V, W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O, M, causal, num_hea
         A_h_b = add_optional(big_matmul(scale * Q_h_b, K_h_k.mT), M_b)
         A_h_b = causal_fill(A_h_b, block, keys) if causal else A_h_b
         P_h_b = row_softmax(A_h_b, out=A_h_b) if M is None else masked_row_softmax(A_h_b, out=A_h_b)
-        O_h_b = P_h_b @ V_h_k
+        O_h_b = narrow_matmul(P_h_b, V_h_k)
         O_h_blocks.append(O_h_b)
         P_h = put_rows(P_h, block, keys, P_h_b, Q_h.shape[-2], K_h.shape[-2])
     O_h = O_h_blocks[0] if len(O_h_blocks) == 1 else torch.cat(O_h_blocks, dim=-2)
@@ -757,7 +818,6 @@ def _forward(Q, K, V, W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O, M, causal, num_hea
         "C": C,
         "H": H,
         "H_kv": H_kv,
-        "scale": scale,
         "P_h": P_h,
         "b_Q": b_Q,
         "b_K": b_K,
@@ -766,6 +826,7 @@ def _forward(Q, K, V, W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O, M, causal, num_hea
         "M": M,
         "mask_shape": mask_shape,
         "causal": causal,
+        "d_k": d_k,
     }
     return Y, saved
 
@@ -786,7 +847,6 @@ def _backward(saved, grad_out):
     C = saved["C"]
     H = saved["H"]
     H_kv = saved["H_kv"]
-    scale = saved["scale"]
     P_h = saved["P_h"]
     b_Q = saved["b_Q"]
     b_K = saved["b_K"]
@@ -795,9 +855,11 @@ def _backward(saved, grad_out):
     M = saved["M"]
     mask_shape = saved["mask_shape"]
     causal = saved["causal"]
+    d_k = saved["d_k"]
+    scale = 1 / d_k**0.5
     dC = grad_out @ W_O.mT
     dO_h = split_heads(dC, H)
-    D = (O_h * dO_h).sum(dim=-1, keepdim=True)
+    D = row_dot(O_h, dO_h)
     dM = None  # placed block by block
     dQ_blocks = []
     dV_h = 0  # summed over the blocks of query rows
@@ -818,11 +880,11 @@ def _backward(saved, grad_out):
         dP_h_b = big_matmul(dO_h_b, V_h_k.mT)
         dA_h_b = dP_h_b.sub_(D_b).mul_(P_h_b)
         del dP_h_b
-        dQ_h_b = dA_h_b @ (scale * K_h_k)
+        dQ_h_b = narrow_matmul(dA_h_b, scale * K_h_k)
         dM_b = dA_h_b
         dQW_Q_b = merge_heads(dQ_h_b, H)
         del dQ_h_b
-        dQ_b = dQW_Q_b @ W_Q.mT
+        dQ_b = narrow_matmul(dQW_Q_b, W_Q.mT)
         dM = None if mask_shape is None else put_rows(dM, block, keys, dM_b, Q_h.shape[-2], K_h.shape[-2])
         dQ_blocks.append(dQ_b)
         dV_h = add_rows(dV_h, keys, matmul_tn(P_h_b, dO_h_b), K_h.shape[-2])
@@ -1385,16 +1447,16 @@ def _forward2(
     V_h = repeat_heads(split_heads(add_optional(V @ W_V, b_V), H_kv), H)
     A_h = add_optional(big_matmul(scale * Q_h, K_h.mT), M)
     P_h = row_softmax(A_h) if M is None else masked_row_softmax(A_h)
-    O_h = P_h @ V_h
+    O_h = narrow_matmul(P_h, V_h)
     C = merge_heads(O_h, H)
     G_C = G_out @ W_O.mT
     G_O_h = split_heads(G_C, H)
-    G_D = (O_h * G_O_h).sum(dim=-1, keepdim=True)
+    G_D = row_dot(O_h, G_O_h)
     G_P_h = big_matmul(G_O_h, V_h.mT)
     G_A_h = (G_P_h - G_D) * P_h
     G_V_h = matmul_tn(P_h, G_O_h)
     G_K_h = matmul_tn(G_A_h, scale * Q_h)
-    G_Q_h = G_A_h @ (scale * K_h)
+    G_Q_h = narrow_matmul(G_A_h, scale * K_h)
     G_W_O = rows(C).mT @ rows(G_out)
     G_b_O = rows(G_out).sum(dim=0, keepdim=True)
     G_M = G_A_h
@@ -1411,10 +1473,10 @@ def _forward2(
     G_W_Q = rows(Q).mT @ rows(G_QW_Q)
     G_b_Q = rows(G_QW_Q).sum(dim=0, keepdim=True)
     f2 = (
-        (b_K_v * G_b_K).sum(dim=-1, keepdim=True)
-        + (b_O_v * G_b_O).sum(dim=-1, keepdim=True)
-        + (b_Q_v * G_b_Q).sum(dim=-1, keepdim=True)
-        + (b_V_v * G_b_V).sum(dim=-1, keepdim=True)
+        row_dot(b_K_v, G_b_K)
+        + row_dot(b_O_v, G_b_O)
+        + row_dot(b_Q_v, G_b_Q)
+        + row_dot(b_V_v, G_b_V)
         + (torch.ones(1, m, dtype=dtype, device=device)) @ (K_v * G_K).sum(dim=-1, keepdim=True)
         + (torch.ones(1, m, dtype=dtype, device=device)) @ (V_v * G_V).sum(dim=-1, keepdim=True)
         + (torch.ones(1, n, dtype=dtype, device=device)) @ (Q_v * G_Q).sum(dim=-1, keepdim=True)
@@ -1458,12 +1520,12 @@ def _forward2(
         "G_QW_Q": G_QW_Q,
         "H": H,
         "H_kv": H_kv,
-        "scale": scale,
         "b_Q": b_Q,
         "b_K": b_K,
         "b_V": b_V,
         "b_O": b_O,
         "mask_shape": mask_shape,
+        "d_k": d_k,
     }
     return f2, saved
 
@@ -1504,21 +1566,22 @@ def _backward2(saved, grad_out):
     G_QW_Q = saved["G_QW_Q"]
     H = saved["H"]
     H_kv = saved["H_kv"]
-    scale = saved["scale"]
     b_Q = saved["b_Q"]
     b_K = saved["b_K"]
     b_V = saved["b_V"]
     b_O = saved["b_O"]
     mask_shape = saved["mask_shape"]
+    d_k = saved["d_k"]
+    scale = 1 / d_k**0.5
     dQ_h = split_heads(add_optional(Q @ W_Q_v + Q_v @ W_Q, b_Q_v), H)
     dK_h = repeat_heads(split_heads(add_optional(K @ W_K_v + K_v @ W_K, b_K_v), H_kv), H)
     dV_h = repeat_heads(split_heads(add_optional(V @ W_V_v + V_v @ W_V, b_V_v), H_kv), H)
     Q_h_dQ_h = torch.cat([Q_h, dQ_h], dim=-1)
     dK_h_K_h = torch.cat([dK_h, K_h], dim=-1)
     dA_h = big_matmul(scale * Q_h_dQ_h, dK_h_K_h.mT)
-    D = (P_h * dA_h).sum(dim=-1, keepdim=True)
+    D = row_dot(P_h, dA_h)
     dP_h = (dA_h - D) * P_h
-    dO_h = P_h @ dV_h + dP_h @ V_h
+    dO_h = narrow_matmul(P_h, dV_h) + narrow_matmul(dP_h, V_h)
     dC = merge_heads(dO_h, H)
     dG_out = add_optional(C @ W_O_v + dC @ W_O, b_O_v)
     dG_C = G_out @ W_O_v.mT
@@ -1530,7 +1593,7 @@ def _backward2(saved, grad_out):
     dG_A_h = (G_P_h - G_D) * dP_h + (dG_P_h - dG_D) * P_h
     dG_V_h = matmul_tn(P_h, dG_O_h) + matmul_tn(dP_h, G_O_h)
     dG_K_h = scale * (matmul_tn(G_M, dQ_h) + matmul_tn(dG_A_h, Q_h))
-    dG_Q_h = scale * (G_M @ dK_h + dG_A_h @ K_h)
+    dG_Q_h = scale * (narrow_matmul(G_M, dK_h) + narrow_matmul(dG_A_h, K_h))
     dW_O = rows(dC).mT @ rows(G_out)
     dM = None if mask_shape is None else dG_A_h.sum_to_size(mask_shape)
     dG_VW_V = merge_heads(sum_groups(dG_V_h, H_kv), H_kv)
@@ -1721,7 +1784,7 @@ class _AttentionWeights(torch.autograd.Function):
         ctx.save_for_backward(*(saved[name] for name in tensors))
         ctx.tensor_names, ctx.shape = tensors, Y.shape
         ctx.constants = {name: value for name, value in saved.items() if name not in tensors}
-        return Y, saved["P_h"]
+        return Y, saved["P_h"].to(Y.dtype)  # (a 16-bit run keeps P_h in float32: the weights in Y's dtype)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
@@ -1738,9 +1801,13 @@ class _AttentionWeights(torch.autograd.Function):
 
 def _add_weights_gradient(grads, saved, grad_weights):
     """grads (the closed form's, keyed by input) plus the terms of a gradient G_P on the weights P_h."""
-    P, scale = saved["P_h"], saved["scale"]
+    P, scale = saved["P_h"], 1 / saved["d_k"] ** 0.5  # the closed form's scale, made again as its backward does
     dA = P * (grad_weights - (P * grad_weights).sum(dim=-1, keepdim=True))
-    for x, w, b, d in (("Q", "W_Q", "b_Q", dA @ saved["K_h"]), ("K", "W_K", "b_K", dA.mT @ saved["Q_h"])):
+    products = (
+        ("Q", "W_Q", "b_Q", narrow_matmul(dA, saved["K_h"])),
+        ("K", "W_K", "b_K", narrow_matmul(dA.mT, saved["Q_h"])),
+    )
+    for x, w, b, d in products:  # (narrow_matmul: dA of a 16-bit run is float32, rounded before its products)
         d = scale * d.transpose(-2, -3).flatten(-2)  # the heads merged: (..., rows, H · d_k)
         grads[x] = grads[x] + d @ saved[w].mT
         grads[w] = grads[w] + saved[x].reshape(-1, saved[x].shape[-1]).mT @ d.reshape(-1, d.shape[-1])
@@ -2098,11 +2165,11 @@ def _jvp(
         A_h_b = add_optional(big_matmul(scale * Q_h_b, K_h_k.mT), M_b)
         A_h_b = causal_fill(A_h_b, block, keys) if causal else A_h_b
         P_h_b = row_softmax(A_h_b, out=A_h_b) if M is None else masked_row_softmax(A_h_b, out=A_h_b)
-        O_h_b = P_h_b @ V_h_k
+        O_h_b = narrow_matmul(P_h_b, V_h_k)
         dA_h_b = add_optional((scale * Q_h_dQ_h_b) @ dK_h_K_h_k.mT, M_t_b)
-        D_b = (dA_h_b * P_h_b).sum(dim=-1, keepdim=True)
+        D_b = row_dot(dA_h_b, P_h_b)
         dP_h_b = (dA_h_b - D_b) * P_h_b
-        dO_h_b = P_h_b @ dV_h_k + dP_h_b @ V_h_k
+        dO_h_b = narrow_matmul(P_h_b, dV_h_k) + narrow_matmul(dP_h_b, V_h_k)
         dC_b = merge_heads(dO_h_b, H)
         O_h_blocks.append(O_h_b)
         dC_blocks.append(dC_b)

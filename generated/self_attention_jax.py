@@ -153,6 +153,48 @@ def _restore(residuals):
     return {**arrays, **dict(static.items)}
 
 
+def sum_batch(a):
+    """(..., p, q) -> (p, q): the sum over the leading batch dimensions."""
+    return a.reshape(-1, *a.shape[-2:]).sum(axis=0)
+
+
+def _schedule_at(d_k, d_model, d_v, n):
+    """The cheapest of the module's schedules at these sizes: FLOPs of one forward and backward of each."""
+    cost_0 = (
+        12 * d_k * d_model * n
+        + 6 * d_k * n**2
+        + 3 * d_k * n
+        + 6 * d_model * d_v * n
+        + 6 * d_v * n**2
+        + 2 * d_v * n
+        + 7 * n**2
+    )
+    cost_1 = (
+        6 * d_k * d_model**2
+        + 6 * d_model**2 * n
+        + 6 * d_model * d_v * n
+        + 12 * d_model * n**2
+        + 5 * d_model * n
+        + 9 * n**2
+    )
+    cost_2 = (
+        12 * d_k * d_model * n
+        + 6 * d_k * n**2
+        + 3 * d_k * n
+        + 6 * d_model * d_v * n
+        + 6 * d_model * n**2
+        + 2 * d_model * n
+        + 9 * n**2
+    )
+    cost_3 = 12 * d_k * d_model * n + 6 * d_model * d_v * n + 12 * d_model * n**2 + 3 * d_model * n + 11 * n**2
+    costs = (cost_0, cost_1, cost_2, cost_3)
+    best = 0
+    for i, cost in enumerate(costs):
+        if cost < costs[best]:
+            best = i
+    return best
+
+
 def _forward(X, W_Q, W_K, W_V):
     """The forward pass: (O, saved values for _backward); pure, so that jit, vmap and grad trace it."""
     X, W_Q, W_K, W_V = _arrays({"X": X, "W_Q": W_Q, "W_K": W_K, "W_V": W_V})
@@ -166,52 +208,184 @@ def _forward(X, W_Q, W_K, W_V):
     _check_shape("W_V", W_V, (d_model, d_v))
     _nonempty({"d_model": d_model, "d_k": d_k, "d_v": d_v}, {"X": X, "W_Q": W_Q, "W_V": W_V})
     scale = 1 / d_k**0.5
-    W_QKV = jnp.concatenate([W_Q, W_K, W_V], axis=-1)
-    QKV = X @ W_QKV
-    Q = QKV[..., :, :d_k]
-    K = QKV[..., :, d_k : 2 * d_k]
-    V = QKV[..., :, 2 * d_k :]
-    A = (scale * Q) @ K.mT
-    P = row_softmax(A)
-    O = P @ V
-    saved = {
-        "X": X,
-        "W_QKV": W_QKV,
-        "Q": Q,
-        "K": K,
-        "V": V,
-        "P": P,
-        "O": O,
-        "d_k": d_k,
-        "scale": scale,
-    }
-    return O, saved
+    schedule = _schedule_at(d_k, d_model, d_v, n)
+    if schedule == 0:
+        W_QKV = jnp.concatenate([W_Q, W_K, W_V], axis=-1)
+        QKV = X @ W_QKV
+        Q = QKV[..., :, :d_k]
+        K = QKV[..., :, d_k : 2 * d_k]
+        V = QKV[..., :, 2 * d_k :]
+        A = (scale * Q) @ K.mT
+        P = row_softmax(A)
+        O = P @ V
+        saved = {
+            "X": X,
+            "W_QKV": W_QKV,
+            "Q": Q,
+            "K": K,
+            "V": V,
+            "P": P,
+            "O": O,
+            "d_k": d_k,
+            "schedule": schedule,
+        }
+        return O, saved
+    elif schedule == 1:
+        F1 = W_Q @ W_K.mT
+        XW_QW_KT = X @ F1
+        A = (scale * XW_QW_KT) @ X.mT
+        P = row_softmax(A)
+        PX = P @ X
+        O = PX @ W_V
+        saved = {
+            "X": X,
+            "W_Q": W_Q,
+            "W_K": W_K,
+            "W_V": W_V,
+            "F1": F1,
+            "XW_QW_KT": XW_QW_KT,
+            "P": P,
+            "PX": PX,
+            "d_k": d_k,
+            "schedule": schedule,
+        }
+        return O, saved
+    elif schedule == 2:
+        W_QK = jnp.concatenate([W_Q, W_K], axis=-1)
+        QK = X @ W_QK
+        Q = QK[..., :, :d_k]
+        K = QK[..., :, d_k:]
+        A = (scale * Q) @ K.mT
+        P = row_softmax(A)
+        PX = P @ X
+        O = PX @ W_V
+        saved = {
+            "X": X,
+            "W_Q": W_Q,
+            "W_K": W_K,
+            "W_V": W_V,
+            "Q": Q,
+            "K": K,
+            "P": P,
+            "PX": PX,
+            "d_k": d_k,
+            "schedule": schedule,
+        }
+        return O, saved
+    else:
+        Q = X @ W_Q
+        XW_QW_KT = Q @ W_K.mT
+        A = (scale * XW_QW_KT) @ X.mT
+        P = row_softmax(A)
+        PX = P @ X
+        O = PX @ W_V
+        saved = {
+            "X": X,
+            "W_Q": W_Q,
+            "W_K": W_K,
+            "W_V": W_V,
+            "Q": Q,
+            "XW_QW_KT": XW_QW_KT,
+            "P": P,
+            "PX": PX,
+            "d_k": d_k,
+            "schedule": schedule,
+        }
+        return O, saved
 
 
 def _backward(saved, grad_out):
     """The closed-form backward pass: a dict of gradients keyed by input name."""
-    X = saved["X"]
-    W_QKV = saved["W_QKV"]
-    Q = saved["Q"]
-    K = saved["K"]
-    V = saved["V"]
-    P = saved["P"]
-    O = saved["O"]
-    d_k = saved["d_k"]
-    scale = saved["scale"]
-    D = (O * grad_out).sum(axis=-1, keepdims=True)
-    dV = P.mT @ grad_out
-    dP = grad_out @ V.mT
-    dA = (dP - D) * P
-    dK = dA.mT @ (scale * Q)
-    dQ = dA @ (scale * K)
-    dQKV = jnp.concatenate([dQ, dK, dV], axis=-1)
-    dX = dQKV @ W_QKV.mT
-    dW_QKV = rows(X).mT @ rows(dQKV)
-    dW_Q = dW_QKV[..., :, :d_k]
-    dW_K = dW_QKV[..., :, d_k : 2 * d_k]
-    dW_V = dW_QKV[..., :, 2 * d_k :]
-    return {"X": dX, "W_Q": dW_Q, "W_K": dW_K, "W_V": dW_V}
+    schedule = saved["schedule"]
+    if schedule == 0:
+        X = saved["X"]
+        W_QKV = saved["W_QKV"]
+        Q = saved["Q"]
+        K = saved["K"]
+        V = saved["V"]
+        P = saved["P"]
+        O = saved["O"]
+        d_k = saved["d_k"]
+        scale = 1 / d_k**0.5
+        D = (O * grad_out).sum(axis=-1, keepdims=True)
+        dV = P.mT @ grad_out
+        dP = grad_out @ V.mT
+        dA = (dP - D) * P
+        dK = dA.mT @ (scale * Q)
+        dQ = dA @ (scale * K)
+        dQKV = jnp.concatenate([dQ, dK, dV], axis=-1)
+        dX = dQKV @ W_QKV.mT
+        dW_QKV = rows(X).mT @ rows(dQKV)
+        dW_Q = dW_QKV[..., :, :d_k]
+        dW_K = dW_QKV[..., :, d_k : 2 * d_k]
+        dW_V = dW_QKV[..., :, 2 * d_k :]
+        return {"X": dX, "W_Q": dW_Q, "W_K": dW_K, "W_V": dW_V}
+    elif schedule == 1:
+        X = saved["X"]
+        W_Q = saved["W_Q"]
+        W_K = saved["W_K"]
+        W_V = saved["W_V"]
+        F1 = saved["F1"]
+        XW_QW_KT = saved["XW_QW_KT"]
+        P = saved["P"]
+        PX = saved["PX"]
+        d_k = saved["d_k"]
+        scale = 1 / d_k**0.5
+        dPX = grad_out @ W_V.mT
+        D = (PX * dPX).sum(axis=-1, keepdims=True)
+        dP = dPX @ X.mT
+        dA = (dP - D) * P
+        dXW_QW_KT = (scale * dA) @ X
+        dF1 = X.mT @ dXW_QW_KT
+        dX = dXW_QW_KT @ F1.mT + P.mT @ dPX + (scale * dA).mT @ XW_QW_KT
+        dW_Q = sum_batch(dF1 @ W_K)
+        dW_K = sum_batch(dF1.mT @ W_Q)
+        dW_V = rows(PX).mT @ rows(grad_out)
+        return {"X": dX, "W_Q": dW_Q, "W_K": dW_K, "W_V": dW_V}
+    elif schedule == 2:
+        X = saved["X"]
+        W_Q = saved["W_Q"]
+        W_K = saved["W_K"]
+        W_V = saved["W_V"]
+        Q = saved["Q"]
+        K = saved["K"]
+        P = saved["P"]
+        PX = saved["PX"]
+        d_k = saved["d_k"]
+        scale = 1 / d_k**0.5
+        dPX = grad_out @ W_V.mT
+        dP = dPX @ X.mT
+        D = (P * dP).sum(axis=-1, keepdims=True)
+        dA = (dP - D) * P
+        dK = dA.mT @ (scale * Q)
+        dQ = dA @ (scale * K)
+        dX = dK @ W_K.mT + dQ @ W_Q.mT + P.mT @ dPX
+        dW_Q = rows(X).mT @ rows(dQ)
+        dW_K = rows(X).mT @ rows(dK)
+        dW_V = rows(PX).mT @ rows(grad_out)
+        return {"X": dX, "W_Q": dW_Q, "W_K": dW_K, "W_V": dW_V}
+    else:
+        X = saved["X"]
+        W_Q = saved["W_Q"]
+        W_K = saved["W_K"]
+        W_V = saved["W_V"]
+        Q = saved["Q"]
+        XW_QW_KT = saved["XW_QW_KT"]
+        P = saved["P"]
+        PX = saved["PX"]
+        d_k = saved["d_k"]
+        scale = 1 / d_k**0.5
+        dPX = grad_out @ W_V.mT
+        dP = dPX @ X.mT
+        D = (P * dP).sum(axis=-1, keepdims=True)
+        dA = (dP - D) * P
+        dXW_QW_KT = (scale * dA) @ X
+        dQ = dXW_QW_KT @ W_K
+        dX = dQ @ W_Q.mT + P.mT @ dPX + (scale * dA).mT @ XW_QW_KT
+        dW_Q = rows(X).mT @ rows(dQ)
+        dW_K = rows(dXW_QW_KT).mT @ rows(Q)
+        dW_V = rows(PX).mT @ rows(grad_out)
+        return {"X": dX, "W_Q": dW_Q, "W_K": dW_K, "W_V": dW_V}
 
 
 def _primal(X, W_Q, W_K, W_V):
@@ -307,26 +481,83 @@ def _jvp(X, W_Q, W_K, W_V, X_t, W_Q_t, W_K_t, W_V_t):
         W_K_t = jnp.zeros_like(W_K)
     if W_V_t is None:
         W_V_t = jnp.zeros_like(W_V)
-    W_QKV = jnp.concatenate([W_Q, W_K, W_V], axis=-1)
-    QKV = X @ W_QKV
-    Q = QKV[..., :, :d_k]
-    K = QKV[..., :, d_k : 2 * d_k]
-    V = QKV[..., :, 2 * d_k :]
-    A = (scale * Q) @ K.mT
-    P = row_softmax(A)
-    O = P @ V
-    dW_QKV = jnp.concatenate([W_Q_t, W_K_t, W_V_t], axis=-1)
-    dQKV = X @ dW_QKV + X_t @ W_QKV
-    dQ = dQKV[..., :, :d_k]
-    dK = dQKV[..., :, d_k : 2 * d_k]
-    dV = dQKV[..., :, 2 * d_k :]
-    Q_dQ = jnp.concatenate([Q, dQ], axis=-1)
-    dK_K = jnp.concatenate([dK, K], axis=-1)
-    dA = (scale * Q_dQ) @ dK_K.mT
-    D = (dA * P).sum(axis=-1, keepdims=True)
-    dP = (dA - D) * P
-    dO = P @ dV + dP @ V
-    return O, dO
+    schedule = _schedule_at(d_k, d_model, d_v, n)
+    if schedule == 0:
+        W_QKV = jnp.concatenate([W_Q, W_K, W_V], axis=-1)
+        QKV = X @ W_QKV
+        Q = QKV[..., :, :d_k]
+        K = QKV[..., :, d_k : 2 * d_k]
+        V = QKV[..., :, 2 * d_k :]
+        A = (scale * Q) @ K.mT
+        P = row_softmax(A)
+        O = P @ V
+        dW_QKV = jnp.concatenate([W_Q_t, W_K_t, W_V_t], axis=-1)
+        dQKV = X @ dW_QKV + X_t @ W_QKV
+        dQ = dQKV[..., :, :d_k]
+        dK = dQKV[..., :, d_k : 2 * d_k]
+        dV = dQKV[..., :, 2 * d_k :]
+        Q_dQ = jnp.concatenate([Q, dQ], axis=-1)
+        dK_K = jnp.concatenate([dK, K], axis=-1)
+        dA = (scale * Q_dQ) @ dK_K.mT
+        D = (dA * P).sum(axis=-1, keepdims=True)
+        dP = (dA - D) * P
+        dO = P @ dV + dP @ V
+        return O, dO
+    elif schedule == 1:
+        F1 = W_Q @ W_K.mT
+        XW_QW_KT = X @ F1
+        A = (scale * XW_QW_KT) @ X.mT
+        P = row_softmax(A)
+        PX = P @ X
+        O = PX @ W_V
+        W_Q_W_Q_t = jnp.concatenate([W_Q, W_Q_t], axis=-1)
+        W_K_t_W_K = jnp.concatenate([W_K_t, W_K], axis=-1)
+        dF1 = W_Q_W_Q_t @ W_K_t_W_K.mT
+        dXW_QW_KT = X @ dF1 + X_t @ F1
+        dA = scale * (XW_QW_KT @ X_t.mT + dXW_QW_KT @ X.mT)
+        D = (dA * P).sum(axis=-1, keepdims=True)
+        dP = (dA - D) * P
+        dPX = P @ X_t + dP @ X
+        dO = PX @ W_V_t + dPX @ W_V
+        return O, dO
+    elif schedule == 2:
+        W_QK = jnp.concatenate([W_Q, W_K], axis=-1)
+        QK = X @ W_QK
+        Q = QK[..., :, :d_k]
+        K = QK[..., :, d_k:]
+        A = (scale * Q) @ K.mT
+        P = row_softmax(A)
+        PX = P @ X
+        O = PX @ W_V
+        dW_QK = jnp.concatenate([W_Q_t, W_K_t], axis=-1)
+        dQK = X @ dW_QK + X_t @ W_QK
+        dQ = dQK[..., :, :d_k]
+        dK = dQK[..., :, d_k:]
+        Q_dQ = jnp.concatenate([Q, dQ], axis=-1)
+        dK_K = jnp.concatenate([dK, K], axis=-1)
+        dA = (scale * Q_dQ) @ dK_K.mT
+        D = (dA * P).sum(axis=-1, keepdims=True)
+        dP = (dA - D) * P
+        dPX = P @ X_t + dP @ X
+        dO = PX @ W_V_t + dPX @ W_V
+        return O, dO
+    else:
+        Q = X @ W_Q
+        XW_QW_KT = Q @ W_K.mT
+        A = (scale * XW_QW_KT) @ X.mT
+        P = row_softmax(A)
+        PX = P @ X
+        O = PX @ W_V
+        dQ = X @ W_Q_t + X_t @ W_Q
+        Q_dQ = jnp.concatenate([Q, dQ], axis=-1)
+        W_K_t_W_K = jnp.concatenate([W_K_t, W_K], axis=-1)
+        dXW_QW_KT = Q_dQ @ W_K_t_W_K.mT
+        dA = scale * (XW_QW_KT @ X_t.mT + dXW_QW_KT @ X.mT)
+        D = (dA * P).sum(axis=-1, keepdims=True)
+        dP = (dA - D) * P
+        dPX = P @ X_t + dP @ X
+        dO = PX @ W_V_t + dPX @ W_V
+        return O, dO
 
 
 def jvp(X, W_Q, W_K, W_V, tangents):

@@ -404,6 +404,48 @@ def _cotangent(grad_out, saved):
     return grad_out
 
 
+def sum_batch(a):
+    """(..., p, q) -> (p, q): the sum over the leading batch dimensions."""
+    return a.reshape(-1, *a.shape[-2:]).sum(axis=0)
+
+
+def _schedule_at(d_k, d_model, d_v, n):
+    """The cheapest of the module's schedules at these sizes: FLOPs of one forward and backward of each."""
+    cost_0 = (
+        12 * d_k * d_model * n
+        + 6 * d_k * n**2
+        + 3 * d_k * n
+        + 6 * d_model * d_v * n
+        + 6 * d_v * n**2
+        + 2 * d_v * n
+        + 7 * n**2
+    )
+    cost_1 = (
+        6 * d_k * d_model**2
+        + 6 * d_model**2 * n
+        + 6 * d_model * d_v * n
+        + 12 * d_model * n**2
+        + 5 * d_model * n
+        + 9 * n**2
+    )
+    cost_2 = (
+        12 * d_k * d_model * n
+        + 6 * d_k * n**2
+        + 3 * d_k * n
+        + 6 * d_model * d_v * n
+        + 6 * d_model * n**2
+        + 2 * d_model * n
+        + 9 * n**2
+    )
+    cost_3 = 12 * d_k * d_model * n + 6 * d_model * d_v * n + 12 * d_model * n**2 + 3 * d_model * n + 11 * n**2
+    costs = (cost_0, cost_1, cost_2, cost_3)
+    best = 0
+    for i, cost in enumerate(costs):
+        if cost < costs[best]:
+            best = i
+    return best
+
+
 def forward(X, W_Q, W_K, W_V):
     """softmax(X W_Q (X W_K)ᵀ / √d_k) X W_V.
 
@@ -421,62 +463,217 @@ def forward(X, W_Q, W_K, W_V):
     _check_shape("W_V", W_V, (d_model, d_v))
     _nonempty({"d_model": d_model, "d_k": d_k, "d_v": d_v}, {"X": X, "W_Q": W_Q, "W_V": W_V})
     scale = 1 / d_k**0.5
-    W_QKV = np.concatenate([W_Q, W_K, W_V], axis=-1)
-    QKV = X @ W_QKV
-    Q = QKV[..., :, :d_k]
-    K = QKV[..., :, d_k : 2 * d_k]
-    V = QKV[..., :, 2 * d_k :]
-    del QKV
-    A = (scale * Q) @ K.mT
-    P = row_softmax(A, out=A)
-    del A
-    O = P @ V
-    saved = {
-        "X": X,
-        "W_QKV": W_QKV,
-        "Q": Q,
-        "K": K,
-        "V": V,
-        "P": P,
-        "O": O,
-        "d_k": d_k,
-        "scale": scale,
-        "output_shape": O.shape,
-        "dtype": O.dtype,
-    }
-    return O, saved
+    schedule = _schedule_at(d_k, d_model, d_v, n)
+    if schedule == 0:
+        W_QKV = np.concatenate([W_Q, W_K, W_V], axis=-1)
+        QKV = X @ W_QKV
+        Q = QKV[..., :, :d_k]
+        K = QKV[..., :, d_k : 2 * d_k]
+        V = QKV[..., :, 2 * d_k :]
+        del QKV
+        A = (scale * Q) @ K.mT
+        P = row_softmax(A, out=A)
+        del A
+        O = P @ V
+        saved = {
+            "X": X,
+            "W_QKV": W_QKV,
+            "Q": Q,
+            "K": K,
+            "V": V,
+            "P": P,
+            "O": O,
+            "d_k": d_k,
+            "output_shape": O.shape,
+            "dtype": O.dtype,
+            "schedule": schedule,
+        }
+        return O, saved
+    elif schedule == 1:
+        F1 = W_Q @ W_K.mT
+        XW_QW_KT = X @ F1
+        A = (scale * XW_QW_KT) @ X.mT
+        P = row_softmax(A, out=A)
+        del A
+        PX = P @ X
+        O = PX @ W_V
+        saved = {
+            "X": X,
+            "W_Q": W_Q,
+            "W_K": W_K,
+            "W_V": W_V,
+            "F1": F1,
+            "XW_QW_KT": XW_QW_KT,
+            "P": P,
+            "PX": PX,
+            "d_k": d_k,
+            "output_shape": O.shape,
+            "dtype": O.dtype,
+            "schedule": schedule,
+        }
+        return O, saved
+    elif schedule == 2:
+        W_QK = np.concatenate([W_Q, W_K], axis=-1)
+        QK = X @ W_QK
+        del W_QK
+        Q = QK[..., :, :d_k]
+        K = QK[..., :, d_k:]
+        del QK
+        A = (scale * Q) @ K.mT
+        P = row_softmax(A, out=A)
+        del A
+        PX = P @ X
+        O = PX @ W_V
+        saved = {
+            "X": X,
+            "W_Q": W_Q,
+            "W_K": W_K,
+            "W_V": W_V,
+            "Q": Q,
+            "K": K,
+            "P": P,
+            "PX": PX,
+            "d_k": d_k,
+            "output_shape": O.shape,
+            "dtype": O.dtype,
+            "schedule": schedule,
+        }
+        return O, saved
+    else:
+        Q = X @ W_Q
+        XW_QW_KT = Q @ W_K.mT
+        A = (scale * XW_QW_KT) @ X.mT
+        P = row_softmax(A, out=A)
+        del A
+        PX = P @ X
+        O = PX @ W_V
+        saved = {
+            "X": X,
+            "W_Q": W_Q,
+            "W_K": W_K,
+            "W_V": W_V,
+            "Q": Q,
+            "XW_QW_KT": XW_QW_KT,
+            "P": P,
+            "PX": PX,
+            "d_k": d_k,
+            "output_shape": O.shape,
+            "dtype": O.dtype,
+            "schedule": schedule,
+        }
+        return O, saved
 
 
 def backward(saved, grad_out):
     """Gradients for every input, given grad_out = ∂f/∂O; returns a dict keyed by input name."""
     grad_out = _cotangent(grad_out, saved)
-    X = saved["X"]
-    W_QKV = saved["W_QKV"]
-    Q = saved["Q"]
-    K = saved["K"]
-    V = saved["V"]
-    P = saved["P"]
-    O = saved["O"]
-    d_k = saved["d_k"]
-    scale = saved["scale"]
-    D = np.vecdot(O, grad_out)[..., None]
-    dV = P.mT @ grad_out
-    dP = grad_out @ V.mT
-    dA = shifted_product(P, dP, D, out=dP)
-    del D, dP
-    dK = dA.mT @ (scale * Q)
-    dQ = dA @ (scale * K)
-    del dA
-    dQKV = np.concatenate([dQ, dK, dV], axis=-1)
-    del dK, dQ, dV
-    dX = dQKV @ W_QKV.mT
-    dW_QKV = rows(X).mT @ rows(dQKV)
-    del dQKV
-    dW_Q = dW_QKV[..., :, :d_k]
-    dW_K = dW_QKV[..., :, d_k : 2 * d_k]
-    dW_V = dW_QKV[..., :, 2 * d_k :]
-    del dW_QKV
-    return {"X": dX, "W_Q": dW_Q, "W_K": dW_K, "W_V": dW_V}
+    schedule = saved["schedule"]
+    if schedule == 0:
+        X = saved["X"]
+        W_QKV = saved["W_QKV"]
+        Q = saved["Q"]
+        K = saved["K"]
+        V = saved["V"]
+        P = saved["P"]
+        O = saved["O"]
+        d_k = saved["d_k"]
+        scale = 1 / d_k**0.5
+        D = np.vecdot(O, grad_out)[..., None]
+        dV = P.mT @ grad_out
+        dP = grad_out @ V.mT
+        dA = shifted_product(P, dP, D, out=dP)
+        del D, dP
+        dK = dA.mT @ (scale * Q)
+        dQ = dA @ (scale * K)
+        del dA
+        dQKV = np.concatenate([dQ, dK, dV], axis=-1)
+        del dK, dQ, dV
+        dX = dQKV @ W_QKV.mT
+        dW_QKV = rows(X).mT @ rows(dQKV)
+        del dQKV
+        dW_Q = dW_QKV[..., :, :d_k]
+        dW_K = dW_QKV[..., :, d_k : 2 * d_k]
+        dW_V = dW_QKV[..., :, 2 * d_k :]
+        del dW_QKV
+        return {"X": dX, "W_Q": dW_Q, "W_K": dW_K, "W_V": dW_V}
+    elif schedule == 1:
+        X = saved["X"]
+        W_Q = saved["W_Q"]
+        W_K = saved["W_K"]
+        W_V = saved["W_V"]
+        F1 = saved["F1"]
+        XW_QW_KT = saved["XW_QW_KT"]
+        P = saved["P"]
+        PX = saved["PX"]
+        d_k = saved["d_k"]
+        scale = 1 / d_k**0.5
+        dPX = grad_out @ W_V.mT
+        D = np.vecdot(PX, dPX)[..., None]
+        dP = dPX @ X.mT
+        dA = shifted_product(P, dP, D, out=dP)
+        del D, dP
+        dXW_QW_KT = (scale * dA) @ X
+        dF1 = X.mT @ dXW_QW_KT
+        dX = dXW_QW_KT @ F1.mT + P.mT @ dPX + (scale * dA).mT @ XW_QW_KT
+        del dA, dPX, dXW_QW_KT
+        dW_Q = sum_batch(dF1 @ W_K)
+        dW_K = sum_batch(dF1.mT @ W_Q)
+        del dF1
+        dW_V = rows(PX).mT @ rows(grad_out)
+        return {"X": dX, "W_Q": dW_Q, "W_K": dW_K, "W_V": dW_V}
+    elif schedule == 2:
+        X = saved["X"]
+        W_Q = saved["W_Q"]
+        W_K = saved["W_K"]
+        W_V = saved["W_V"]
+        Q = saved["Q"]
+        K = saved["K"]
+        P = saved["P"]
+        PX = saved["PX"]
+        d_k = saved["d_k"]
+        scale = 1 / d_k**0.5
+        dPX = grad_out @ W_V.mT
+        dP = dPX @ X.mT
+        D = np.vecdot(P, dP)[..., None]
+        dA = shifted_product(P, dP, D, out=dP)
+        del D, dP
+        dK = dA.mT @ (scale * Q)
+        dQ = dA @ (scale * K)
+        del dA
+        dX = dK @ W_K.mT + dQ @ W_Q.mT + P.mT @ dPX
+        del dPX
+        dW_Q = rows(X).mT @ rows(dQ)
+        del dQ
+        dW_K = rows(X).mT @ rows(dK)
+        del dK
+        dW_V = rows(PX).mT @ rows(grad_out)
+        return {"X": dX, "W_Q": dW_Q, "W_K": dW_K, "W_V": dW_V}
+    else:
+        X = saved["X"]
+        W_Q = saved["W_Q"]
+        W_K = saved["W_K"]
+        W_V = saved["W_V"]
+        Q = saved["Q"]
+        XW_QW_KT = saved["XW_QW_KT"]
+        P = saved["P"]
+        PX = saved["PX"]
+        d_k = saved["d_k"]
+        scale = 1 / d_k**0.5
+        dPX = grad_out @ W_V.mT
+        dP = dPX @ X.mT
+        D = np.vecdot(P, dP)[..., None]
+        dA = shifted_product(P, dP, D, out=dP)
+        del D, dP
+        dXW_QW_KT = (scale * dA) @ X
+        dQ = dXW_QW_KT @ W_K
+        dX = dQ @ W_Q.mT + P.mT @ dPX + (scale * dA).mT @ XW_QW_KT
+        del dA, dPX
+        dW_Q = rows(X).mT @ rows(dQ)
+        del dQ
+        dW_K = rows(dXW_QW_KT).mT @ rows(Q)
+        del dXW_QW_KT
+        dW_V = rows(PX).mT @ rows(grad_out)
+        return {"X": dX, "W_Q": dW_Q, "W_K": dW_K, "W_V": dW_V}
 
 
 # The second closed form: f₂ = Σ_i tr(V_iᵀ g_i(x, G_out)), g_i the gradients above; its gradients are the
@@ -498,11 +695,6 @@ DIRECTION_OF = {
     "W_K": "W_K_v",
     "W_V": "W_V_v",
 }
-
-
-def sum_batch(a):
-    """(..., p, q) -> (p, q): the sum over the leading batch dimensions."""
-    return a.reshape(-1, *a.shape[-2:]).sum(axis=0)
 
 
 def _direction(direction):
@@ -559,114 +751,433 @@ def _forward2(X, W_Q, W_K, W_V, G_out, X_v, W_Q_v, W_K_v, W_V_v):
         W_K_v = np.zeros((d_model, d_k), dtype=dtype)
     if W_V_v is None:
         W_V_v = np.zeros((d_model, d_v), dtype=dtype)
-    W_QKV = np.concatenate([W_Q, W_K, W_V], axis=-1)
-    QKV = X @ W_QKV
-    Q = QKV[..., :, :d_k]
-    K = QKV[..., :, d_k : 2 * d_k]
-    V = QKV[..., :, 2 * d_k :]
-    del QKV
-    A = (scale * Q) @ K.mT
-    P = row_softmax(A, out=A)
-    del A
-    O = P @ V
-    G_D = np.vecdot(O, G_out)[..., None]
-    del O
-    G_V = P.mT @ G_out
-    G_P = G_out @ V.mT
-    G_A = shifted_product(P, G_P, G_D)
-    G_K = G_A.mT @ (scale * Q)
-    G_Q = G_A @ (scale * K)
-    G_QKV = np.concatenate([G_Q, G_K, G_V], axis=-1)
-    del G_K, G_Q, G_V
-    G_X = G_QKV @ W_QKV.mT
-    G_W_QKV = rows(X).mT @ rows(G_QKV)
-    G_W_Q = G_W_QKV[..., :, :d_k]
-    G_W_K = G_W_QKV[..., :, d_k : 2 * d_k]
-    G_W_V = G_W_QKV[..., :, 2 * d_k :]
-    del G_W_QKV
-    f2 = (
-        (np.ones((1, d_model), dtype=dtype)) @ (W_K_v * G_W_K).sum(axis=-1, keepdims=True)
-        + (np.ones((1, d_model), dtype=dtype)) @ (W_Q_v * G_W_Q).sum(axis=-1, keepdims=True)
-        + (np.ones((1, d_model), dtype=dtype)) @ (W_V_v * G_W_V).sum(axis=-1, keepdims=True)
-        + (np.ones((1, n), dtype=dtype)) @ (X_v * G_X).sum(axis=-1, keepdims=True)
-    )
-    del G_W_K, G_W_Q, G_W_V, G_X
-    saved = {
-        "X": X,
-        "G_out": G_out,
-        "X_v": X_v,
-        "W_Q_v": W_Q_v,
-        "W_K_v": W_K_v,
-        "W_V_v": W_V_v,
-        "W_QKV": W_QKV,
-        "Q": Q,
-        "K": K,
-        "V": V,
-        "P": P,
-        "G_D": G_D,
-        "G_P": G_P,
-        "G_A": G_A,
-        "G_QKV": G_QKV,
-        "d_k": d_k,
-        "scale": scale,
-    }
-    return f2, saved
+    schedule = _schedule_at(d_k, d_model, d_v, n)
+    if schedule == 0:
+        W_QKV = np.concatenate([W_Q, W_K, W_V], axis=-1)
+        QKV = X @ W_QKV
+        Q = QKV[..., :, :d_k]
+        K = QKV[..., :, d_k : 2 * d_k]
+        V = QKV[..., :, 2 * d_k :]
+        del QKV
+        A = (scale * Q) @ K.mT
+        P = row_softmax(A, out=A)
+        del A
+        O = P @ V
+        G_D = np.vecdot(O, G_out)[..., None]
+        del O
+        G_V = P.mT @ G_out
+        G_P = G_out @ V.mT
+        G_A = shifted_product(P, G_P, G_D)
+        G_K = G_A.mT @ (scale * Q)
+        G_Q = G_A @ (scale * K)
+        G_QKV = np.concatenate([G_Q, G_K, G_V], axis=-1)
+        del G_K, G_Q, G_V
+        G_X = G_QKV @ W_QKV.mT
+        G_W_QKV = rows(X).mT @ rows(G_QKV)
+        G_W_Q = G_W_QKV[..., :, :d_k]
+        G_W_K = G_W_QKV[..., :, d_k : 2 * d_k]
+        G_W_V = G_W_QKV[..., :, 2 * d_k :]
+        del G_W_QKV
+        f2 = (
+            (np.ones((1, d_model), dtype=dtype)) @ (W_K_v * G_W_K).sum(axis=-1, keepdims=True)
+            + (np.ones((1, d_model), dtype=dtype)) @ (W_Q_v * G_W_Q).sum(axis=-1, keepdims=True)
+            + (np.ones((1, d_model), dtype=dtype)) @ (W_V_v * G_W_V).sum(axis=-1, keepdims=True)
+            + (np.ones((1, n), dtype=dtype)) @ (X_v * G_X).sum(axis=-1, keepdims=True)
+        )
+        del G_W_K, G_W_Q, G_W_V, G_X
+        saved = {
+            "X": X,
+            "G_out": G_out,
+            "X_v": X_v,
+            "W_Q_v": W_Q_v,
+            "W_K_v": W_K_v,
+            "W_V_v": W_V_v,
+            "W_QKV": W_QKV,
+            "Q": Q,
+            "K": K,
+            "V": V,
+            "P": P,
+            "G_D": G_D,
+            "G_P": G_P,
+            "G_A": G_A,
+            "G_QKV": G_QKV,
+            "d_k": d_k,
+            "schedule": schedule,
+        }
+        return f2, saved
+    elif schedule == 1:
+        F1 = W_Q @ W_K.mT
+        XW_QW_KT = X @ F1
+        A = (scale * XW_QW_KT) @ X.mT
+        P = row_softmax(A, out=A)
+        del A
+        PX = P @ X
+        G_PX = G_out @ W_V.mT
+        G_D = np.vecdot(PX, G_PX)[..., None]
+        G_P = G_PX @ X.mT
+        G_A = shifted_product(P, G_P, G_D)
+        G_XW_QW_KT = (scale * G_A) @ X
+        G_F1 = X.mT @ G_XW_QW_KT
+        G_X = G_XW_QW_KT @ F1.mT + P.mT @ G_PX + (scale * G_A).mT @ XW_QW_KT
+        G_W_Q = sum_batch(G_F1 @ W_K)
+        G_W_K = sum_batch(G_F1.mT @ W_Q)
+        G_W_V = rows(PX).mT @ rows(G_out)
+        f2 = (
+            (np.ones((1, d_model), dtype=dtype)) @ (W_K_v * G_W_K).sum(axis=-1, keepdims=True)
+            + (np.ones((1, d_model), dtype=dtype)) @ (W_Q_v * G_W_Q).sum(axis=-1, keepdims=True)
+            + (np.ones((1, d_model), dtype=dtype)) @ (W_V_v * G_W_V).sum(axis=-1, keepdims=True)
+            + (np.ones((1, n), dtype=dtype)) @ (X_v * G_X).sum(axis=-1, keepdims=True)
+        )
+        del G_W_K, G_W_Q, G_W_V, G_X
+        saved = {
+            "X": X,
+            "W_Q": W_Q,
+            "W_K": W_K,
+            "W_V": W_V,
+            "G_out": G_out,
+            "X_v": X_v,
+            "W_Q_v": W_Q_v,
+            "W_K_v": W_K_v,
+            "W_V_v": W_V_v,
+            "F1": F1,
+            "XW_QW_KT": XW_QW_KT,
+            "P": P,
+            "PX": PX,
+            "G_PX": G_PX,
+            "G_D": G_D,
+            "G_P": G_P,
+            "G_A": G_A,
+            "G_XW_QW_KT": G_XW_QW_KT,
+            "G_F1": G_F1,
+            "d_k": d_k,
+            "schedule": schedule,
+        }
+        return f2, saved
+    elif schedule == 2:
+        W_QK = np.concatenate([W_Q, W_K], axis=-1)
+        QK = X @ W_QK
+        Q = QK[..., :, :d_k]
+        K = QK[..., :, d_k:]
+        del QK
+        A = (scale * Q) @ K.mT
+        P = row_softmax(A, out=A)
+        del A
+        PX = P @ X
+        G_PX = G_out @ W_V.mT
+        G_P = G_PX @ X.mT
+        G_D = np.vecdot(P, G_P)[..., None]
+        G_A = shifted_product(P, G_P, G_D)
+        G_K = G_A.mT @ (scale * Q)
+        G_Q = G_A @ (scale * K)
+        G_X = G_K @ W_K.mT + G_Q @ W_Q.mT + P.mT @ G_PX
+        G_W_Q = rows(X).mT @ rows(G_Q)
+        G_W_K = rows(X).mT @ rows(G_K)
+        G_W_V = rows(PX).mT @ rows(G_out)
+        f2 = (
+            (np.ones((1, d_model), dtype=dtype)) @ (W_K_v * G_W_K).sum(axis=-1, keepdims=True)
+            + (np.ones((1, d_model), dtype=dtype)) @ (W_Q_v * G_W_Q).sum(axis=-1, keepdims=True)
+            + (np.ones((1, d_model), dtype=dtype)) @ (W_V_v * G_W_V).sum(axis=-1, keepdims=True)
+            + (np.ones((1, n), dtype=dtype)) @ (X_v * G_X).sum(axis=-1, keepdims=True)
+        )
+        del G_W_K, G_W_Q, G_W_V, G_X
+        saved = {
+            "X": X,
+            "W_Q": W_Q,
+            "W_K": W_K,
+            "W_V": W_V,
+            "G_out": G_out,
+            "X_v": X_v,
+            "W_Q_v": W_Q_v,
+            "W_K_v": W_K_v,
+            "W_V_v": W_V_v,
+            "W_QK": W_QK,
+            "Q": Q,
+            "K": K,
+            "P": P,
+            "PX": PX,
+            "G_PX": G_PX,
+            "G_P": G_P,
+            "G_D": G_D,
+            "G_A": G_A,
+            "G_K": G_K,
+            "G_Q": G_Q,
+            "d_k": d_k,
+            "schedule": schedule,
+        }
+        return f2, saved
+    else:
+        Q = X @ W_Q
+        XW_QW_KT = Q @ W_K.mT
+        A = (scale * XW_QW_KT) @ X.mT
+        P = row_softmax(A, out=A)
+        del A
+        PX = P @ X
+        G_PX = G_out @ W_V.mT
+        G_P = G_PX @ X.mT
+        G_D = np.vecdot(P, G_P)[..., None]
+        G_A = shifted_product(P, G_P, G_D)
+        G_XW_QW_KT = (scale * G_A) @ X
+        G_Q = G_XW_QW_KT @ W_K
+        G_X = G_Q @ W_Q.mT + P.mT @ G_PX + (scale * G_A).mT @ XW_QW_KT
+        G_W_Q = rows(X).mT @ rows(G_Q)
+        G_W_K = rows(G_XW_QW_KT).mT @ rows(Q)
+        G_W_V = rows(PX).mT @ rows(G_out)
+        f2 = (
+            (np.ones((1, d_model), dtype=dtype)) @ (W_K_v * G_W_K).sum(axis=-1, keepdims=True)
+            + (np.ones((1, d_model), dtype=dtype)) @ (W_Q_v * G_W_Q).sum(axis=-1, keepdims=True)
+            + (np.ones((1, d_model), dtype=dtype)) @ (W_V_v * G_W_V).sum(axis=-1, keepdims=True)
+            + (np.ones((1, n), dtype=dtype)) @ (X_v * G_X).sum(axis=-1, keepdims=True)
+        )
+        del G_W_K, G_W_Q, G_W_V, G_X
+        saved = {
+            "X": X,
+            "W_Q": W_Q,
+            "W_K": W_K,
+            "W_V": W_V,
+            "G_out": G_out,
+            "X_v": X_v,
+            "W_Q_v": W_Q_v,
+            "W_K_v": W_K_v,
+            "W_V_v": W_V_v,
+            "Q": Q,
+            "XW_QW_KT": XW_QW_KT,
+            "P": P,
+            "PX": PX,
+            "G_PX": G_PX,
+            "G_P": G_P,
+            "G_D": G_D,
+            "G_A": G_A,
+            "G_XW_QW_KT": G_XW_QW_KT,
+            "G_Q": G_Q,
+            "d_k": d_k,
+            "schedule": schedule,
+        }
+        return f2, saved
 
 
 def _backward2(saved, grad_out):
     """The second closed form: ∂f₂/∂x for every input x and ∂f₂/∂G_out, a dict keyed by name."""
-    X = saved["X"]
-    G_out = saved["G_out"]
-    X_v = saved["X_v"]
-    W_Q_v = saved["W_Q_v"]
-    W_K_v = saved["W_K_v"]
-    W_V_v = saved["W_V_v"]
-    W_QKV = saved["W_QKV"]
-    Q = saved["Q"]
-    K = saved["K"]
-    V = saved["V"]
-    P = saved["P"]
-    G_D = saved["G_D"]
-    G_P = saved["G_P"]
-    G_A = saved["G_A"]
-    G_QKV = saved["G_QKV"]
-    d_k = saved["d_k"]
-    scale = saved["scale"]
-    dW_QKV = np.concatenate([W_Q_v, W_K_v, W_V_v], axis=-1)
-    dQKV = X @ dW_QKV + X_v @ W_QKV
-    dQ = dQKV[..., :, :d_k]
-    dK = dQKV[..., :, d_k : 2 * d_k]
-    dV = dQKV[..., :, 2 * d_k :]
-    del dQKV
-    Q_dQ = np.concatenate([Q, dQ], axis=-1)
-    dK_K = np.concatenate([dK, K], axis=-1)
-    dA = (scale * Q_dQ) @ dK_K.mT
-    del Q_dQ, dK_K
-    D = np.vecdot(P, dA)[..., None]
-    dP = shifted_product(P, dA, D, out=dA)
-    del D, dA
-    dG_out = P @ dV + dP @ V
-    dG_D = np.vecdot(G_out, dG_out)[..., None]
-    dG_V = dP.mT @ G_out
-    dG_P = G_out @ dV.mT
-    del dV
-    dG_A = np.add(shifted_product(dP, G_P, G_D, out=dP), shifted_product(P, dG_P, dG_D, out=dG_P), out=dP)
-    del dG_D, dG_P, dP
-    dG_K = scale * (G_A.mT @ dQ + dG_A.mT @ Q)
-    del dQ
-    dG_Q = scale * (G_A @ dK + dG_A @ K)
-    del dG_A, dK
-    dG_QKV = np.concatenate([dG_Q, dG_K, dG_V], axis=-1)
-    del dG_K, dG_Q, dG_V
-    dX = G_QKV @ dW_QKV.mT + dG_QKV @ W_QKV.mT
-    del dW_QKV
-    dG_W_QKV = sum_batch(X.mT @ dG_QKV + X_v.mT @ G_QKV)
-    del dG_QKV
-    dW_Q = dG_W_QKV[..., :, :d_k]
-    dW_K = dG_W_QKV[..., :, d_k : 2 * d_k]
-    dW_V = dG_W_QKV[..., :, 2 * d_k :]
-    del dG_W_QKV
-    return {"X": dX, "W_Q": dW_Q, "W_K": dW_K, "W_V": dW_V, "G_out": dG_out}
+    schedule = saved["schedule"]
+    if schedule == 0:
+        X = saved["X"]
+        G_out = saved["G_out"]
+        X_v = saved["X_v"]
+        W_Q_v = saved["W_Q_v"]
+        W_K_v = saved["W_K_v"]
+        W_V_v = saved["W_V_v"]
+        W_QKV = saved["W_QKV"]
+        Q = saved["Q"]
+        K = saved["K"]
+        V = saved["V"]
+        P = saved["P"]
+        G_D = saved["G_D"]
+        G_P = saved["G_P"]
+        G_A = saved["G_A"]
+        G_QKV = saved["G_QKV"]
+        d_k = saved["d_k"]
+        scale = 1 / d_k**0.5
+        dW_QKV = np.concatenate([W_Q_v, W_K_v, W_V_v], axis=-1)
+        dQKV = X @ dW_QKV + X_v @ W_QKV
+        dQ = dQKV[..., :, :d_k]
+        dK = dQKV[..., :, d_k : 2 * d_k]
+        dV = dQKV[..., :, 2 * d_k :]
+        del dQKV
+        Q_dQ = np.concatenate([Q, dQ], axis=-1)
+        dK_K = np.concatenate([dK, K], axis=-1)
+        dA = (scale * Q_dQ) @ dK_K.mT
+        del Q_dQ, dK_K
+        D = np.vecdot(P, dA)[..., None]
+        dP = shifted_product(P, dA, D, out=dA)
+        del D, dA
+        dG_out = P @ dV + dP @ V
+        dG_D = np.vecdot(G_out, dG_out)[..., None]
+        dG_V = dP.mT @ G_out
+        dG_P = G_out @ dV.mT
+        del dV
+        dG_A = np.add(shifted_product(dP, G_P, G_D, out=dP), shifted_product(P, dG_P, dG_D, out=dG_P), out=dP)
+        del dG_D, dG_P, dP
+        dG_K = scale * (G_A.mT @ dQ + dG_A.mT @ Q)
+        del dQ
+        dG_Q = scale * (G_A @ dK + dG_A @ K)
+        del dG_A, dK
+        dG_QKV = np.concatenate([dG_Q, dG_K, dG_V], axis=-1)
+        del dG_K, dG_Q, dG_V
+        dX = G_QKV @ dW_QKV.mT + dG_QKV @ W_QKV.mT
+        del dW_QKV
+        dG_W_QKV = sum_batch(X.mT @ dG_QKV + X_v.mT @ G_QKV)
+        del dG_QKV
+        dW_Q = dG_W_QKV[..., :, :d_k]
+        dW_K = dG_W_QKV[..., :, d_k : 2 * d_k]
+        dW_V = dG_W_QKV[..., :, 2 * d_k :]
+        del dG_W_QKV
+        return {"X": dX, "W_Q": dW_Q, "W_K": dW_K, "W_V": dW_V, "G_out": dG_out}
+    elif schedule == 1:
+        X = saved["X"]
+        W_Q = saved["W_Q"]
+        W_K = saved["W_K"]
+        W_V = saved["W_V"]
+        G_out = saved["G_out"]
+        X_v = saved["X_v"]
+        W_Q_v = saved["W_Q_v"]
+        W_K_v = saved["W_K_v"]
+        W_V_v = saved["W_V_v"]
+        F1 = saved["F1"]
+        XW_QW_KT = saved["XW_QW_KT"]
+        P = saved["P"]
+        PX = saved["PX"]
+        G_PX = saved["G_PX"]
+        G_D = saved["G_D"]
+        G_P = saved["G_P"]
+        G_A = saved["G_A"]
+        G_XW_QW_KT = saved["G_XW_QW_KT"]
+        G_F1 = saved["G_F1"]
+        d_k = saved["d_k"]
+        scale = 1 / d_k**0.5
+        W_Q_W_Q_v = np.concatenate([W_Q, W_Q_v], axis=-1)
+        W_K_v_W_K = np.concatenate([W_K_v, W_K], axis=-1)
+        dF1 = W_Q_W_Q_v @ W_K_v_W_K.mT
+        del W_K_v_W_K, W_Q_W_Q_v
+        dXW_QW_KT = X @ dF1 + X_v @ F1
+        dA = scale * (XW_QW_KT @ X_v.mT + dXW_QW_KT @ X.mT)
+        D = np.vecdot(P, dA)[..., None]
+        dP = shifted_product(P, dA, D, out=dA)
+        del D, dA
+        dPX = P @ X_v + dP @ X
+        dG_out = PX @ W_V_v + dPX @ W_V
+        dG_PX = G_out @ W_V_v.mT
+        dG_D = (G_PX * dPX + PX * dG_PX).sum(axis=-1, keepdims=True)
+        dG_P = G_PX @ X_v.mT + dG_PX @ X.mT
+        dG_A = np.add(shifted_product(P, dG_P, dG_D, out=dG_P), shifted_product(dP, G_P, G_D), out=dG_P)
+        del dG_D, dG_P
+        dG_XW_QW_KT = scale * (G_A @ X_v + dG_A @ X)
+        dG_F1 = X.mT @ dG_XW_QW_KT + X_v.mT @ G_XW_QW_KT
+        dX = (
+            G_XW_QW_KT @ dF1.mT
+            + dG_XW_QW_KT @ F1.mT
+            + P.mT @ dG_PX
+            + dP.mT @ G_PX
+            + (scale * G_A).mT @ dXW_QW_KT
+            + (scale * dG_A).mT @ XW_QW_KT
+        )
+        del dF1, dG_A, dG_PX, dG_XW_QW_KT, dP, dXW_QW_KT
+        dW_Q = sum_batch(G_F1 @ W_K_v + dG_F1 @ W_K)
+        dW_K = sum_batch(G_F1.mT @ W_Q_v + dG_F1.mT @ W_Q)
+        del dG_F1
+        dW_V = rows(dPX).mT @ rows(G_out)
+        del dPX
+        return {"X": dX, "W_Q": dW_Q, "W_K": dW_K, "W_V": dW_V, "G_out": dG_out}
+    elif schedule == 2:
+        X = saved["X"]
+        W_Q = saved["W_Q"]
+        W_K = saved["W_K"]
+        W_V = saved["W_V"]
+        G_out = saved["G_out"]
+        X_v = saved["X_v"]
+        W_Q_v = saved["W_Q_v"]
+        W_K_v = saved["W_K_v"]
+        W_V_v = saved["W_V_v"]
+        W_QK = saved["W_QK"]
+        Q = saved["Q"]
+        K = saved["K"]
+        P = saved["P"]
+        PX = saved["PX"]
+        G_PX = saved["G_PX"]
+        G_P = saved["G_P"]
+        G_D = saved["G_D"]
+        G_A = saved["G_A"]
+        G_K = saved["G_K"]
+        G_Q = saved["G_Q"]
+        d_k = saved["d_k"]
+        scale = 1 / d_k**0.5
+        dW_QK = np.concatenate([W_Q_v, W_K_v], axis=-1)
+        dQK = X @ dW_QK + X_v @ W_QK
+        del dW_QK
+        dQ = dQK[..., :, :d_k]
+        dK = dQK[..., :, d_k:]
+        del dQK
+        Q_dQ = np.concatenate([Q, dQ], axis=-1)
+        dK_K = np.concatenate([dK, K], axis=-1)
+        dA = (scale * Q_dQ) @ dK_K.mT
+        del Q_dQ, dK_K
+        D = np.vecdot(P, dA)[..., None]
+        dP = shifted_product(P, dA, D, out=dA)
+        del D, dA
+        dPX = P @ X_v + dP @ X
+        dG_out = PX @ W_V_v + dPX @ W_V
+        dG_PX = G_out @ W_V_v.mT
+        dG_P = G_PX @ X_v.mT + dG_PX @ X.mT
+        dG_D = (G_P * dP + P * dG_P).sum(axis=-1, keepdims=True)
+        dG_A = np.add(shifted_product(P, dG_P, dG_D, out=dG_P), shifted_product(dP, G_P, G_D), out=dG_P)
+        del dG_D, dG_P
+        dG_K = scale * (G_A.mT @ dQ + dG_A.mT @ Q)
+        del dQ
+        dG_Q = scale * (G_A @ dK + dG_A @ K)
+        del dG_A, dK
+        dX = G_K @ W_K_v.mT + G_Q @ W_Q_v.mT + dG_K @ W_K.mT + dG_Q @ W_Q.mT + P.mT @ dG_PX + dP.mT @ G_PX
+        del dG_PX, dP
+        dW_Q = sum_batch(X.mT @ dG_Q + X_v.mT @ G_Q)
+        del dG_Q
+        dW_K = sum_batch(X.mT @ dG_K + X_v.mT @ G_K)
+        del dG_K
+        dW_V = rows(dPX).mT @ rows(G_out)
+        del dPX
+        return {"X": dX, "W_Q": dW_Q, "W_K": dW_K, "W_V": dW_V, "G_out": dG_out}
+    else:
+        X = saved["X"]
+        W_Q = saved["W_Q"]
+        W_K = saved["W_K"]
+        W_V = saved["W_V"]
+        G_out = saved["G_out"]
+        X_v = saved["X_v"]
+        W_Q_v = saved["W_Q_v"]
+        W_K_v = saved["W_K_v"]
+        W_V_v = saved["W_V_v"]
+        Q = saved["Q"]
+        XW_QW_KT = saved["XW_QW_KT"]
+        P = saved["P"]
+        PX = saved["PX"]
+        G_PX = saved["G_PX"]
+        G_P = saved["G_P"]
+        G_D = saved["G_D"]
+        G_A = saved["G_A"]
+        G_XW_QW_KT = saved["G_XW_QW_KT"]
+        G_Q = saved["G_Q"]
+        d_k = saved["d_k"]
+        scale = 1 / d_k**0.5
+        dQ = X @ W_Q_v + X_v @ W_Q
+        Q_dQ = np.concatenate([Q, dQ], axis=-1)
+        W_K_v_W_K = np.concatenate([W_K_v, W_K], axis=-1)
+        dXW_QW_KT = Q_dQ @ W_K_v_W_K.mT
+        del Q_dQ, W_K_v_W_K
+        dA = scale * (XW_QW_KT @ X_v.mT + dXW_QW_KT @ X.mT)
+        D = np.vecdot(P, dA)[..., None]
+        dP = shifted_product(P, dA, D, out=dA)
+        del D, dA
+        dPX = P @ X_v + dP @ X
+        dG_out = PX @ W_V_v + dPX @ W_V
+        dG_PX = G_out @ W_V_v.mT
+        dG_P = G_PX @ X_v.mT + dG_PX @ X.mT
+        dG_D = (G_P * dP + P * dG_P).sum(axis=-1, keepdims=True)
+        dG_A = np.add(shifted_product(P, dG_P, dG_D, out=dG_P), shifted_product(dP, G_P, G_D), out=dG_P)
+        del dG_D, dG_P
+        dG_XW_QW_KT = scale * (G_A @ X_v + dG_A @ X)
+        dG_Q = G_XW_QW_KT @ W_K_v + dG_XW_QW_KT @ W_K
+        dX = (
+            G_Q @ W_Q_v.mT
+            + dG_Q @ W_Q.mT
+            + P.mT @ dG_PX
+            + dP.mT @ G_PX
+            + (scale * G_A).mT @ dXW_QW_KT
+            + (scale * dG_A).mT @ XW_QW_KT
+        )
+        del dG_A, dG_PX, dP, dXW_QW_KT
+        dW_Q = sum_batch(X.mT @ dG_Q + X_v.mT @ G_Q)
+        del dG_Q
+        dW_K = sum_batch(G_XW_QW_KT.mT @ dQ + dG_XW_QW_KT.mT @ Q)
+        del dG_XW_QW_KT, dQ
+        dW_V = rows(dPX).mT @ rows(G_out)
+        del dPX
+        return {"X": dX, "W_Q": dW_Q, "W_K": dW_K, "W_V": dW_V, "G_out": dG_out}
 
 
 def hvp(X, W_Q, W_K, W_V, grad_out, direction):
@@ -744,35 +1255,116 @@ def _jvp(X, W_Q, W_K, W_V, X_t, W_Q_t, W_K_t, W_V_t):
         W_K_t = np.zeros_like(W_K)
     if W_V_t is None:
         W_V_t = np.zeros_like(W_V)
-    W_QKV = np.concatenate([W_Q, W_K, W_V], axis=-1)
-    QKV = X @ W_QKV
-    Q = QKV[..., :, :d_k]
-    K = QKV[..., :, d_k : 2 * d_k]
-    V = QKV[..., :, 2 * d_k :]
-    del QKV
-    A = (scale * Q) @ K.mT
-    P = row_softmax(A, out=A)
-    del A
-    O = P @ V
-    dW_QKV = np.concatenate([W_Q_t, W_K_t, W_V_t], axis=-1)
-    dQKV = X @ dW_QKV + X_t @ W_QKV
-    del W_QKV, dW_QKV
-    dQ = dQKV[..., :, :d_k]
-    dK = dQKV[..., :, d_k : 2 * d_k]
-    dV = dQKV[..., :, 2 * d_k :]
-    del dQKV
-    Q_dQ = np.concatenate([Q, dQ], axis=-1)
-    del Q, dQ
-    dK_K = np.concatenate([dK, K], axis=-1)
-    del K, dK
-    dA = (scale * Q_dQ) @ dK_K.mT
-    del Q_dQ, dK_K
-    D = np.vecdot(dA, P)[..., None]
-    dP = shifted_product(P, dA, D, out=dA)
-    del D, dA
-    dO = P @ dV + dP @ V
-    del P, V, dP, dV
-    return O, dO
+    schedule = _schedule_at(d_k, d_model, d_v, n)
+    if schedule == 0:
+        W_QKV = np.concatenate([W_Q, W_K, W_V], axis=-1)
+        QKV = X @ W_QKV
+        Q = QKV[..., :, :d_k]
+        K = QKV[..., :, d_k : 2 * d_k]
+        V = QKV[..., :, 2 * d_k :]
+        del QKV
+        A = (scale * Q) @ K.mT
+        P = row_softmax(A, out=A)
+        del A
+        O = P @ V
+        dW_QKV = np.concatenate([W_Q_t, W_K_t, W_V_t], axis=-1)
+        dQKV = X @ dW_QKV + X_t @ W_QKV
+        del W_QKV, dW_QKV
+        dQ = dQKV[..., :, :d_k]
+        dK = dQKV[..., :, d_k : 2 * d_k]
+        dV = dQKV[..., :, 2 * d_k :]
+        del dQKV
+        Q_dQ = np.concatenate([Q, dQ], axis=-1)
+        del Q, dQ
+        dK_K = np.concatenate([dK, K], axis=-1)
+        del K, dK
+        dA = (scale * Q_dQ) @ dK_K.mT
+        del Q_dQ, dK_K
+        D = np.vecdot(dA, P)[..., None]
+        dP = shifted_product(P, dA, D, out=dA)
+        del D, dA
+        dO = P @ dV + dP @ V
+        del P, V, dP, dV
+        return O, dO
+    elif schedule == 1:
+        F1 = W_Q @ W_K.mT
+        XW_QW_KT = X @ F1
+        A = (scale * XW_QW_KT) @ X.mT
+        P = row_softmax(A, out=A)
+        del A
+        PX = P @ X
+        O = PX @ W_V
+        W_Q_W_Q_t = np.concatenate([W_Q, W_Q_t], axis=-1)
+        W_K_t_W_K = np.concatenate([W_K_t, W_K], axis=-1)
+        dF1 = W_Q_W_Q_t @ W_K_t_W_K.mT
+        del W_K_t_W_K, W_Q_W_Q_t
+        dXW_QW_KT = X @ dF1 + X_t @ F1
+        del F1, dF1
+        dA = scale * (XW_QW_KT @ X_t.mT + dXW_QW_KT @ X.mT)
+        del XW_QW_KT, dXW_QW_KT
+        D = np.vecdot(dA, P)[..., None]
+        dP = shifted_product(P, dA, D, out=dA)
+        del D, dA
+        dPX = P @ X_t + dP @ X
+        del P, dP
+        dO = PX @ W_V_t + dPX @ W_V
+        del PX, dPX
+        return O, dO
+    elif schedule == 2:
+        W_QK = np.concatenate([W_Q, W_K], axis=-1)
+        QK = X @ W_QK
+        Q = QK[..., :, :d_k]
+        K = QK[..., :, d_k:]
+        del QK
+        A = (scale * Q) @ K.mT
+        P = row_softmax(A, out=A)
+        del A
+        PX = P @ X
+        O = PX @ W_V
+        dW_QK = np.concatenate([W_Q_t, W_K_t], axis=-1)
+        dQK = X @ dW_QK + X_t @ W_QK
+        del W_QK, dW_QK
+        dQ = dQK[..., :, :d_k]
+        dK = dQK[..., :, d_k:]
+        del dQK
+        Q_dQ = np.concatenate([Q, dQ], axis=-1)
+        del Q, dQ
+        dK_K = np.concatenate([dK, K], axis=-1)
+        del K, dK
+        dA = (scale * Q_dQ) @ dK_K.mT
+        del Q_dQ, dK_K
+        D = np.vecdot(dA, P)[..., None]
+        dP = shifted_product(P, dA, D, out=dA)
+        del D, dA
+        dPX = P @ X_t + dP @ X
+        del P, dP
+        dO = PX @ W_V_t + dPX @ W_V
+        del PX, dPX
+        return O, dO
+    else:
+        Q = X @ W_Q
+        XW_QW_KT = Q @ W_K.mT
+        A = (scale * XW_QW_KT) @ X.mT
+        P = row_softmax(A, out=A)
+        del A
+        PX = P @ X
+        O = PX @ W_V
+        dQ = X @ W_Q_t + X_t @ W_Q
+        Q_dQ = np.concatenate([Q, dQ], axis=-1)
+        del Q, dQ
+        W_K_t_W_K = np.concatenate([W_K_t, W_K], axis=-1)
+        dXW_QW_KT = Q_dQ @ W_K_t_W_K.mT
+        del Q_dQ, W_K_t_W_K
+        dA = scale * (XW_QW_KT @ X_t.mT + dXW_QW_KT @ X.mT)
+        del XW_QW_KT, dXW_QW_KT
+        D = np.vecdot(dA, P)[..., None]
+        dP = shifted_product(P, dA, D, out=dA)
+        del D, dA
+        dPX = P @ X_t + dP @ X
+        del P, dP
+        dO = PX @ W_V_t + dPX @ W_V
+        del PX, dPX
+        return O, dO
 
 
 def jvp(X, W_Q, W_K, W_V, tangents):

@@ -464,7 +464,6 @@ def forward(X, W_Q, W_K, W_V, *, block_size=None):
         "V": V,
         "O": O,
         "d_k": d_k,
-        "scale": scale,
         "L": L,
         "block_size": block_size,
         "output_shape": O.shape,
@@ -483,9 +482,9 @@ def backward(saved, grad_out):
     V = saved["V"]
     O = saved["O"]
     d_k = saved["d_k"]
-    scale = saved["scale"]
     L = saved["L"]
     block_size = saved["block_size"]
+    scale = 1 / d_k**0.5
     D = np.vecdot(O, grad_out)[..., None]
     dQ_blocks = []
     dV = 0  # summed over the blocks of query rows
@@ -658,7 +657,6 @@ def _forward2(X, W_Q, W_K, W_V, G_out, X_v, W_Q_v, W_K_v, W_V_v):
         "G_A": G_A,
         "G_QKV": G_QKV,
         "d_k": d_k,
-        "scale": scale,
     }
     return f2, saved
 
@@ -681,7 +679,7 @@ def _backward2(saved, grad_out):
     G_A = saved["G_A"]
     G_QKV = saved["G_QKV"]
     d_k = saved["d_k"]
-    scale = saved["scale"]
+    scale = 1 / d_k**0.5
     dW_QKV = np.concatenate([W_Q_v, W_K_v, W_V_v], axis=-1)
     dQKV = X @ dW_QKV + X_v @ W_QKV
     dQ = dQKV[..., :, :d_k]

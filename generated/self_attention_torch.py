@@ -55,6 +55,19 @@ OPTIONAL = ()  # inputs that may be None: their terms are left out
 SPEC = "self_attention"
 
 
+def _alike(a, b):
+    """(a, b, the product's dtype) for factors of two dtypes, a float32 array of a 16-bit run beside a 16-bit one:
+    on the CPU both float32 (a float32 GEMM is as fast as a bfloat16 one there, ten times a float16 one, and the
+    float32 array is never rounded: the product is, once), elsewhere the float32 one rounded to the 16-bit dtype
+    right before the product (its one rounding; the GEMM accumulates in float32). Of one dtype: as they are."""
+    if a.dtype == b.dtype:
+        return a, b, a.dtype
+    low = a.dtype if a.element_size() < b.element_size() else b.dtype
+    if a.device.type == "cpu":
+        return a.float(), b.float(), low
+    return a.to(low), b.to(low), low
+
+
 def _assume_constant(function):
     """function marked as torch._dynamo.assume_constant_result marks it: dynamo, tracing a call of it, calls it and
     takes the result for a constant. Marked without importing dynamo, seconds that an eager run never needs."""
@@ -169,14 +182,31 @@ def _place(parts, starts, m):
     return out
 
 
+def _wide_matmul(a, b):
+    """a @ b of 16-bit factors as float32: the n × m scores Q Kᵀ, dP = dO Vᵀ and what is made of them (P, L, dS)
+    stay float32 as SDPA keeps them (products round them: ``narrow_matmul``). On CUDA by bmm's out_dtype; else of
+    the thin factors widened (the same values: 16-bit products are exact in float32, sums are float32)."""
+    if a.device.type == "cuda" and a.shape[:-2] == b.shape[:-2] and not (_functional(a) or _functional(b)):
+        try:
+            out = torch.bmm(a.reshape(-1, *a.shape[-2:]), b.reshape(-1, *b.shape[-2:]), out_dtype=torch.float32)
+            return out.reshape(*a.shape[:-2], *out.shape[-2:])
+        except (RuntimeError, TypeError):  # a torch without bmm's out_dtype
+            pass
+    return big_matmul(a.float(), b.float())
+
+
 def big_matmul(a, b):
     """a @ b for a product much larger than its factors (the scores Q Kᵀ, dP = dO Vᵀ: n × m from n × d and
     d × m). On CPU the result is written into memory advised for transparent huge pages, as NumPy advises its own
     large arrays: torch's allocator maps a fresh n × m tensor in 4 KiB pages, and the GEMM's first touch of each
     one faults (1 × 8 × 1024², float32, one thread: 35 → 19 ms). Compiled (torch.compile), a large product of
     factors of one batch shape is the custom op symattn::big_matmul (_by_custom_op), which inductor calls as it
-    is. Transformed (torch.func), exported or recorded by autograd in eager code, plainly a @ b."""
-    if a.device.type != "cpu" or a.dtype != b.dtype or a.dim() < 2 or b.dim() < 2:
+    is. Transformed (torch.func), exported or recorded by autograd in eager code, plainly a @ b. Of 16-bit
+    factors (bfloat16, float16) the product is float32 (``_wide_matmul``)."""
+    a, b, _ = _alike(a, b)
+    if a.dtype in (torch.bfloat16, torch.float16):
+        return _wide_matmul(a, b)
+    if a.device.type != "cpu" or a.dim() < 2 or b.dim() < 2:
         return a @ b
     if torch.compiler.is_compiling():
         size = a.shape[:-2].numel() * a.shape[-2] * b.shape[-1] * a.element_size()
@@ -213,10 +243,30 @@ def matmul_tn(a, b):
     """aᵀ b, for a (..., k, r) much wider than b (..., k, c). From r = 1024 rows on it is computed as (bᵀ a)ᵀ,
     the same values: torch's CPU GEMM (MKL) multiplies a long transposed left operand by a thin one at about
     half the speed in float64 (Pᵀ dO, 4 heads, n = 1024, d = 64: 33 → 17 ms). Shorter products stay aᵀ b,
-    whose result is contiguous."""
-    if a.shape[-1] >= 1024 and a.shape[-1] >= 8 * b.shape[-1]:
-        return (b.mT @ a).mT
-    return a.mT @ b
+    whose result is contiguous. Factors of two dtypes are made one first (``_alike``); a float32 product of a
+    16-bit run is rounded, and in eager code kept as the result's float32_value, which add_rows sums instead."""
+    a, b, dtype = _alike(a, b)
+    product = (b.mT @ a).mT if a.shape[-1] >= 1024 and a.shape[-1] >= 8 * b.shape[-1] else a.mT @ b
+    rounded = product if product.dtype == dtype else product.to(dtype)
+    if rounded is not product and not _functional(product):
+        rounded.float32_value = product
+    return rounded
+
+
+def narrow_matmul(a, b):
+    """a @ b, where a factor may be a float32 n × m array of a 16-bit run (P, dS of ``_wide_matmul``): the product
+    of ``_alike``'s factors, rounded to the 16-bit dtype. Factors of one dtype (float32, float64 runs): a @ b."""
+    a, b, dtype = _alike(a, b)
+    product = a @ b
+    return product if product.dtype == dtype else product.to(dtype)
+
+
+def row_dot(a, b):
+    """rowsum(a ⊙ b) as a column (..., n, 1), such as D = rowsum(dO ⊙ O): in float32 for 16-bit a or b (a
+    statistic, kept as SDPA keeps it), else in their dtype."""
+    if a.dtype in (torch.bfloat16, torch.float16) or b.dtype in (torch.bfloat16, torch.float16):
+        a, b = a.float(), b.float()
+    return (a * b).sum(dim=-1, keepdim=True)
 
 
 def row_softmax(a, out=None):
@@ -384,11 +434,53 @@ def _autocast(args):
     the Function (autograd carries each gradient back to its input's dtype through the cast); the Function then
     runs with autocast off, in that dtype. Not under autocast: (args, None)."""
     device = next((a.device.type for a in args if isinstance(a, torch.Tensor)), None)
-    if device is None or not torch.is_autocast_enabled(device):
+    if device in (None, "meta") or not torch.is_autocast_enabled(device):  # meta: shapes only, no autocast
         return args, None
     low = torch.get_autocast_dtype(device)
     cast = [a.to(low) if isinstance(a, torch.Tensor) and a.dtype == torch.float32 else a for a in args]
     return cast, device
+
+
+def sum_batch(a):
+    """(..., p, q) -> (p, q): the sum over the leading batch dimensions."""
+    return a.reshape(-1, *a.shape[-2:]).sum(dim=0)
+
+
+def _schedule_at(d_k, d_model, d_v, n):
+    """The cheapest of the module's schedules at these sizes: FLOPs of one forward and backward of each."""
+    cost_0 = (
+        12 * d_k * d_model * n
+        + 6 * d_k * n**2
+        + 3 * d_k * n
+        + 6 * d_model * d_v * n
+        + 6 * d_v * n**2
+        + 2 * d_v * n
+        + 7 * n**2
+    )
+    cost_1 = (
+        6 * d_k * d_model**2
+        + 6 * d_model**2 * n
+        + 6 * d_model * d_v * n
+        + 12 * d_model * n**2
+        + 5 * d_model * n
+        + 9 * n**2
+    )
+    cost_2 = (
+        12 * d_k * d_model * n
+        + 6 * d_k * n**2
+        + 3 * d_k * n
+        + 6 * d_model * d_v * n
+        + 6 * d_model * n**2
+        + 2 * d_model * n
+        + 9 * n**2
+    )
+    cost_3 = 12 * d_k * d_model * n + 6 * d_model * d_v * n + 12 * d_model * n**2 + 3 * d_model * n + 11 * n**2
+    costs = (cost_0, cost_1, cost_2, cost_3)
+    best = 0
+    for i, cost in enumerate(costs):
+        if cost < costs[best]:
+            best = i
+    return best
 
 
 def _forward(X, W_Q, W_K, W_V):
@@ -404,59 +496,208 @@ def _forward(X, W_Q, W_K, W_V):
     _check_shape("W_V", W_V, (d_model, d_v))
     _nonempty({"d_model": d_model, "d_k": d_k, "d_v": d_v}, {"X": X, "W_Q": W_Q, "W_V": W_V})
     scale = 1 / d_k**0.5
-    W_QKV = torch.cat([W_Q, W_K, W_V], dim=-1)
-    QKV = X @ W_QKV
-    Q = QKV[..., :, :d_k]
-    K = QKV[..., :, d_k : 2 * d_k]
-    V = QKV[..., :, 2 * d_k :]
-    del QKV
-    A = big_matmul(scale * Q, K.mT)
-    P = row_softmax(A, out=A)
-    del A
-    O = P @ V
-    saved = {
-        "X": X,
-        "W_QKV": W_QKV,
-        "Q": Q,
-        "K": K,
-        "V": V,
-        "P": P,
-        "O": O,
-        "d_k": d_k,
-        "scale": scale,
-    }
-    return O, saved
+    schedule = _schedule_at(d_k, d_model, d_v, n)
+    if schedule == 0:
+        W_QKV = torch.cat([W_Q, W_K, W_V], dim=-1)
+        QKV = narrow_matmul(X, W_QKV)
+        Q = QKV[..., :, :d_k]
+        K = QKV[..., :, d_k : 2 * d_k]
+        V = QKV[..., :, 2 * d_k :]
+        del QKV
+        A = big_matmul(scale * Q, K.mT)
+        P = row_softmax(A, out=A)
+        del A
+        O = narrow_matmul(P, V)
+        saved = {
+            "X": X,
+            "W_QKV": W_QKV,
+            "Q": Q,
+            "K": K,
+            "V": V,
+            "P": P,
+            "O": O,
+            "d_k": d_k,
+            "schedule": schedule,
+        }
+        return O, saved
+    elif schedule == 1:
+        F1 = big_matmul(W_Q, W_K.mT)
+        XW_QW_KT = X @ F1
+        A = (scale * XW_QW_KT) @ X.mT
+        P = row_softmax(A, out=A)
+        del A
+        PX = P @ X
+        O = narrow_matmul(PX, W_V)
+        saved = {
+            "X": X,
+            "W_Q": W_Q,
+            "W_K": W_K,
+            "W_V": W_V,
+            "F1": F1,
+            "XW_QW_KT": XW_QW_KT,
+            "P": P,
+            "PX": PX,
+            "d_k": d_k,
+            "schedule": schedule,
+        }
+        return O, saved
+    elif schedule == 2:
+        W_QK = torch.cat([W_Q, W_K], dim=-1)
+        QK = narrow_matmul(X, W_QK)
+        del W_QK
+        Q = QK[..., :, :d_k]
+        K = QK[..., :, d_k:]
+        del QK
+        A = big_matmul(scale * Q, K.mT)
+        P = row_softmax(A, out=A)
+        del A
+        PX = P @ X
+        O = narrow_matmul(PX, W_V)
+        saved = {
+            "X": X,
+            "W_Q": W_Q,
+            "W_K": W_K,
+            "W_V": W_V,
+            "Q": Q,
+            "K": K,
+            "P": P,
+            "PX": PX,
+            "d_k": d_k,
+            "schedule": schedule,
+        }
+        return O, saved
+    else:
+        Q = narrow_matmul(X, W_Q)
+        XW_QW_KT = big_matmul(Q, W_K.mT)
+        A = (scale * XW_QW_KT) @ X.mT
+        P = row_softmax(A, out=A)
+        del A
+        PX = P @ X
+        O = narrow_matmul(PX, W_V)
+        saved = {
+            "X": X,
+            "W_Q": W_Q,
+            "W_K": W_K,
+            "W_V": W_V,
+            "Q": Q,
+            "XW_QW_KT": XW_QW_KT,
+            "P": P,
+            "PX": PX,
+            "d_k": d_k,
+            "schedule": schedule,
+        }
+        return O, saved
 
 
 def _backward(saved, grad_out):
     """The closed-form backward pass: a dict of gradients keyed by input name."""
-    X = saved["X"]
-    W_QKV = saved["W_QKV"]
-    Q = saved["Q"]
-    K = saved["K"]
-    V = saved["V"]
-    P = saved["P"]
-    O = saved["O"]
-    d_k = saved["d_k"]
-    scale = saved["scale"]
-    D = (O * grad_out).sum(dim=-1, keepdim=True)
-    dV = matmul_tn(P, grad_out)
-    dP = big_matmul(grad_out, V.mT)
-    dA = dP.sub_(D).mul_(P)
-    del D, dP
-    dK = matmul_tn(dA, scale * Q)
-    dQ = dA @ (scale * K)
-    del dA
-    dQKV = torch.cat([dQ, dK, dV], dim=-1)
-    del dK, dQ, dV
-    dX = big_matmul(dQKV, W_QKV.mT)
-    dW_QKV = rows(X).mT @ rows(dQKV)
-    del dQKV
-    dW_Q = dW_QKV[..., :, :d_k]
-    dW_K = dW_QKV[..., :, d_k : 2 * d_k]
-    dW_V = dW_QKV[..., :, 2 * d_k :]
-    del dW_QKV
-    return {"X": dX, "W_Q": dW_Q, "W_K": dW_K, "W_V": dW_V}
+    schedule = saved["schedule"]
+    if schedule == 0:
+        X = saved["X"]
+        W_QKV = saved["W_QKV"]
+        Q = saved["Q"]
+        K = saved["K"]
+        V = saved["V"]
+        P = saved["P"]
+        O = saved["O"]
+        d_k = saved["d_k"]
+        scale = 1 / d_k**0.5
+        D = row_dot(O, grad_out)
+        dV = matmul_tn(P, grad_out)
+        dP = big_matmul(grad_out, V.mT)
+        dA = dP.sub_(D).mul_(P)
+        del D, dP
+        dK = matmul_tn(dA, scale * Q)
+        dQ = narrow_matmul(dA, scale * K)
+        del dA
+        dQKV = torch.cat([dQ, dK, dV], dim=-1)
+        del dK, dQ, dV
+        dX = big_matmul(dQKV, W_QKV.mT)
+        dW_QKV = rows(X).mT @ rows(dQKV)
+        del dQKV
+        dW_Q = dW_QKV[..., :, :d_k]
+        dW_K = dW_QKV[..., :, d_k : 2 * d_k]
+        dW_V = dW_QKV[..., :, 2 * d_k :]
+        del dW_QKV
+        return {"X": dX, "W_Q": dW_Q, "W_K": dW_K, "W_V": dW_V}
+    elif schedule == 1:
+        X = saved["X"]
+        W_Q = saved["W_Q"]
+        W_K = saved["W_K"]
+        W_V = saved["W_V"]
+        F1 = saved["F1"]
+        XW_QW_KT = saved["XW_QW_KT"]
+        P = saved["P"]
+        PX = saved["PX"]
+        d_k = saved["d_k"]
+        scale = 1 / d_k**0.5
+        dPX = big_matmul(grad_out, W_V.mT)
+        D = row_dot(PX, dPX)
+        dP = dPX @ X.mT
+        dA = dP.sub_(D).mul_(P)
+        del D, dP
+        dXW_QW_KT = (scale * dA) @ X
+        dF1 = X.mT @ dXW_QW_KT
+        dX = dXW_QW_KT @ F1.mT + P.mT @ dPX + (scale * dA).mT @ XW_QW_KT
+        del dA, dPX, dXW_QW_KT
+        dW_Q = sum_batch(narrow_matmul(dF1, W_K))
+        dW_K = sum_batch(matmul_tn(dF1, W_Q))
+        del dF1
+        dW_V = rows(PX).mT @ rows(grad_out)
+        return {"X": dX, "W_Q": dW_Q, "W_K": dW_K, "W_V": dW_V}
+    elif schedule == 2:
+        X = saved["X"]
+        W_Q = saved["W_Q"]
+        W_K = saved["W_K"]
+        W_V = saved["W_V"]
+        Q = saved["Q"]
+        K = saved["K"]
+        P = saved["P"]
+        PX = saved["PX"]
+        d_k = saved["d_k"]
+        scale = 1 / d_k**0.5
+        dPX = big_matmul(grad_out, W_V.mT)
+        dP = dPX @ X.mT
+        D = row_dot(P, dP)
+        dA = dP.sub_(D).mul_(P)
+        del D, dP
+        dK = matmul_tn(dA, scale * Q)
+        dQ = narrow_matmul(dA, scale * K)
+        del dA
+        dX = big_matmul(dK, W_K.mT) + big_matmul(dQ, W_Q.mT) + P.mT @ dPX
+        del dPX
+        dW_Q = rows(X).mT @ rows(dQ)
+        del dQ
+        dW_K = rows(X).mT @ rows(dK)
+        del dK
+        dW_V = rows(PX).mT @ rows(grad_out)
+        return {"X": dX, "W_Q": dW_Q, "W_K": dW_K, "W_V": dW_V}
+    else:
+        X = saved["X"]
+        W_Q = saved["W_Q"]
+        W_K = saved["W_K"]
+        W_V = saved["W_V"]
+        Q = saved["Q"]
+        XW_QW_KT = saved["XW_QW_KT"]
+        P = saved["P"]
+        PX = saved["PX"]
+        d_k = saved["d_k"]
+        scale = 1 / d_k**0.5
+        dPX = big_matmul(grad_out, W_V.mT)
+        dP = dPX @ X.mT
+        D = row_dot(P, dP)
+        dA = dP.sub_(D).mul_(P)
+        del D, dP
+        dXW_QW_KT = (scale * dA) @ X
+        dQ = narrow_matmul(dXW_QW_KT, W_K)
+        dX = big_matmul(dQ, W_Q.mT) + P.mT @ dPX + (scale * dA).mT @ XW_QW_KT
+        del dA, dPX
+        dW_Q = rows(X).mT @ rows(dQ)
+        del dQ
+        dW_K = rows(dXW_QW_KT).mT @ rows(Q)
+        del dXW_QW_KT
+        dW_V = rows(PX).mT @ rows(grad_out)
+        return {"X": dX, "W_Q": dW_Q, "W_K": dW_K, "W_V": dW_V}
 
 
 class SelfAttentionFunction(torch.autograd.Function):
@@ -562,11 +803,6 @@ DIRECTION_OF = {
 }
 INPUTS = ("X", "W_Q", "W_K", "W_V")  # the Function's tensor inputs
 COTANGENT = "G_out"
-
-
-def sum_batch(a):
-    """(..., p, q) -> (p, q): the sum over the leading batch dimensions."""
-    return a.reshape(-1, *a.shape[-2:]).sum(dim=0)
 
 
 def _direction(direction):
@@ -747,97 +983,392 @@ def _forward2(X, W_Q, W_K, W_V, G_out, X_v, W_Q_v, W_K_v, W_V_v):
         W_K_v = torch.zeros(d_model, d_k, dtype=dtype, device=device)
     if W_V_v is None:
         W_V_v = torch.zeros(d_model, d_v, dtype=dtype, device=device)
-    W_QKV = torch.cat([W_Q, W_K, W_V], dim=-1)
-    QKV = X @ W_QKV
-    Q = QKV[..., :, :d_k]
-    K = QKV[..., :, d_k : 2 * d_k]
-    V = QKV[..., :, 2 * d_k :]
-    A = big_matmul(scale * Q, K.mT)
-    P = row_softmax(A)
-    O = P @ V
-    G_D = (O * G_out).sum(dim=-1, keepdim=True)
-    G_V = matmul_tn(P, G_out)
-    G_P = big_matmul(G_out, V.mT)
-    G_A = (G_P - G_D) * P
-    G_K = matmul_tn(G_A, scale * Q)
-    G_Q = G_A @ (scale * K)
-    G_QKV = torch.cat([G_Q, G_K, G_V], dim=-1)
-    G_X = big_matmul(G_QKV, W_QKV.mT)
-    G_W_QKV = rows(X).mT @ rows(G_QKV)
-    G_W_Q = G_W_QKV[..., :, :d_k]
-    G_W_K = G_W_QKV[..., :, d_k : 2 * d_k]
-    G_W_V = G_W_QKV[..., :, 2 * d_k :]
-    f2 = (
-        (torch.ones(1, d_model, dtype=dtype, device=device)) @ (W_K_v * G_W_K).sum(dim=-1, keepdim=True)
-        + (torch.ones(1, d_model, dtype=dtype, device=device)) @ (W_Q_v * G_W_Q).sum(dim=-1, keepdim=True)
-        + (torch.ones(1, d_model, dtype=dtype, device=device)) @ (W_V_v * G_W_V).sum(dim=-1, keepdim=True)
-        + (torch.ones(1, n, dtype=dtype, device=device)) @ (X_v * G_X).sum(dim=-1, keepdim=True)
-    )
-    saved = {
-        "X": X,
-        "G_out": G_out,
-        "X_v": X_v,
-        "W_Q_v": W_Q_v,
-        "W_K_v": W_K_v,
-        "W_V_v": W_V_v,
-        "W_QKV": W_QKV,
-        "Q": Q,
-        "K": K,
-        "V": V,
-        "P": P,
-        "G_D": G_D,
-        "G_P": G_P,
-        "G_A": G_A,
-        "G_QKV": G_QKV,
-        "d_k": d_k,
-        "scale": scale,
-    }
-    return f2, saved
+    schedule = _schedule_at(d_k, d_model, d_v, n)
+    if schedule == 0:
+        W_QKV = torch.cat([W_Q, W_K, W_V], dim=-1)
+        QKV = narrow_matmul(X, W_QKV)
+        Q = QKV[..., :, :d_k]
+        K = QKV[..., :, d_k : 2 * d_k]
+        V = QKV[..., :, 2 * d_k :]
+        A = big_matmul(scale * Q, K.mT)
+        P = row_softmax(A)
+        O = narrow_matmul(P, V)
+        G_D = row_dot(O, G_out)
+        G_V = matmul_tn(P, G_out)
+        G_P = big_matmul(G_out, V.mT)
+        G_A = (G_P - G_D) * P
+        G_K = matmul_tn(G_A, scale * Q)
+        G_Q = narrow_matmul(G_A, scale * K)
+        G_QKV = torch.cat([G_Q, G_K, G_V], dim=-1)
+        G_X = big_matmul(G_QKV, W_QKV.mT)
+        G_W_QKV = rows(X).mT @ rows(G_QKV)
+        G_W_Q = G_W_QKV[..., :, :d_k]
+        G_W_K = G_W_QKV[..., :, d_k : 2 * d_k]
+        G_W_V = G_W_QKV[..., :, 2 * d_k :]
+        f2 = (
+            (torch.ones(1, d_model, dtype=dtype, device=device)) @ (W_K_v * G_W_K).sum(dim=-1, keepdim=True)
+            + (torch.ones(1, d_model, dtype=dtype, device=device)) @ (W_Q_v * G_W_Q).sum(dim=-1, keepdim=True)
+            + (torch.ones(1, d_model, dtype=dtype, device=device)) @ (W_V_v * G_W_V).sum(dim=-1, keepdim=True)
+            + (torch.ones(1, n, dtype=dtype, device=device)) @ (X_v * G_X).sum(dim=-1, keepdim=True)
+        )
+        saved = {
+            "X": X,
+            "G_out": G_out,
+            "X_v": X_v,
+            "W_Q_v": W_Q_v,
+            "W_K_v": W_K_v,
+            "W_V_v": W_V_v,
+            "W_QKV": W_QKV,
+            "Q": Q,
+            "K": K,
+            "V": V,
+            "P": P,
+            "G_D": G_D,
+            "G_P": G_P,
+            "G_A": G_A,
+            "G_QKV": G_QKV,
+            "d_k": d_k,
+            "schedule": schedule,
+        }
+        return f2, saved
+    elif schedule == 1:
+        F1 = big_matmul(W_Q, W_K.mT)
+        XW_QW_KT = X @ F1
+        A = (scale * XW_QW_KT) @ X.mT
+        P = row_softmax(A)
+        PX = P @ X
+        G_PX = big_matmul(G_out, W_V.mT)
+        G_D = row_dot(PX, G_PX)
+        G_P = G_PX @ X.mT
+        G_A = (G_P - G_D) * P
+        G_XW_QW_KT = (scale * G_A) @ X
+        G_F1 = X.mT @ G_XW_QW_KT
+        G_X = G_XW_QW_KT @ F1.mT + P.mT @ G_PX + (scale * G_A).mT @ XW_QW_KT
+        G_W_Q = sum_batch(narrow_matmul(G_F1, W_K))
+        G_W_K = sum_batch(matmul_tn(G_F1, W_Q))
+        G_W_V = rows(PX).mT @ rows(G_out)
+        f2 = (
+            (torch.ones(1, d_model, dtype=dtype, device=device)) @ (W_K_v * G_W_K).sum(dim=-1, keepdim=True)
+            + (torch.ones(1, d_model, dtype=dtype, device=device)) @ (W_Q_v * G_W_Q).sum(dim=-1, keepdim=True)
+            + (torch.ones(1, d_model, dtype=dtype, device=device)) @ (W_V_v * G_W_V).sum(dim=-1, keepdim=True)
+            + (torch.ones(1, n, dtype=dtype, device=device)) @ (X_v * G_X).sum(dim=-1, keepdim=True)
+        )
+        saved = {
+            "X": X,
+            "W_Q": W_Q,
+            "W_K": W_K,
+            "W_V": W_V,
+            "G_out": G_out,
+            "X_v": X_v,
+            "W_Q_v": W_Q_v,
+            "W_K_v": W_K_v,
+            "W_V_v": W_V_v,
+            "F1": F1,
+            "XW_QW_KT": XW_QW_KT,
+            "P": P,
+            "PX": PX,
+            "G_PX": G_PX,
+            "G_D": G_D,
+            "G_P": G_P,
+            "G_A": G_A,
+            "G_XW_QW_KT": G_XW_QW_KT,
+            "G_F1": G_F1,
+            "d_k": d_k,
+            "schedule": schedule,
+        }
+        return f2, saved
+    elif schedule == 2:
+        W_QK = torch.cat([W_Q, W_K], dim=-1)
+        QK = narrow_matmul(X, W_QK)
+        Q = QK[..., :, :d_k]
+        K = QK[..., :, d_k:]
+        A = big_matmul(scale * Q, K.mT)
+        P = row_softmax(A)
+        PX = P @ X
+        G_PX = big_matmul(G_out, W_V.mT)
+        G_P = G_PX @ X.mT
+        G_D = row_dot(P, G_P)
+        G_A = (G_P - G_D) * P
+        G_K = matmul_tn(G_A, scale * Q)
+        G_Q = narrow_matmul(G_A, scale * K)
+        G_X = big_matmul(G_K, W_K.mT) + big_matmul(G_Q, W_Q.mT) + P.mT @ G_PX
+        G_W_Q = rows(X).mT @ rows(G_Q)
+        G_W_K = rows(X).mT @ rows(G_K)
+        G_W_V = rows(PX).mT @ rows(G_out)
+        f2 = (
+            (torch.ones(1, d_model, dtype=dtype, device=device)) @ (W_K_v * G_W_K).sum(dim=-1, keepdim=True)
+            + (torch.ones(1, d_model, dtype=dtype, device=device)) @ (W_Q_v * G_W_Q).sum(dim=-1, keepdim=True)
+            + (torch.ones(1, d_model, dtype=dtype, device=device)) @ (W_V_v * G_W_V).sum(dim=-1, keepdim=True)
+            + (torch.ones(1, n, dtype=dtype, device=device)) @ (X_v * G_X).sum(dim=-1, keepdim=True)
+        )
+        saved = {
+            "X": X,
+            "W_Q": W_Q,
+            "W_K": W_K,
+            "W_V": W_V,
+            "G_out": G_out,
+            "X_v": X_v,
+            "W_Q_v": W_Q_v,
+            "W_K_v": W_K_v,
+            "W_V_v": W_V_v,
+            "W_QK": W_QK,
+            "Q": Q,
+            "K": K,
+            "P": P,
+            "PX": PX,
+            "G_PX": G_PX,
+            "G_P": G_P,
+            "G_D": G_D,
+            "G_A": G_A,
+            "G_K": G_K,
+            "G_Q": G_Q,
+            "d_k": d_k,
+            "schedule": schedule,
+        }
+        return f2, saved
+    else:
+        Q = narrow_matmul(X, W_Q)
+        XW_QW_KT = big_matmul(Q, W_K.mT)
+        A = (scale * XW_QW_KT) @ X.mT
+        P = row_softmax(A)
+        PX = P @ X
+        G_PX = big_matmul(G_out, W_V.mT)
+        G_P = G_PX @ X.mT
+        G_D = row_dot(P, G_P)
+        G_A = (G_P - G_D) * P
+        G_XW_QW_KT = (scale * G_A) @ X
+        G_Q = narrow_matmul(G_XW_QW_KT, W_K)
+        G_X = big_matmul(G_Q, W_Q.mT) + P.mT @ G_PX + (scale * G_A).mT @ XW_QW_KT
+        G_W_Q = rows(X).mT @ rows(G_Q)
+        G_W_K = rows(G_XW_QW_KT).mT @ rows(Q)
+        G_W_V = rows(PX).mT @ rows(G_out)
+        f2 = (
+            (torch.ones(1, d_model, dtype=dtype, device=device)) @ (W_K_v * G_W_K).sum(dim=-1, keepdim=True)
+            + (torch.ones(1, d_model, dtype=dtype, device=device)) @ (W_Q_v * G_W_Q).sum(dim=-1, keepdim=True)
+            + (torch.ones(1, d_model, dtype=dtype, device=device)) @ (W_V_v * G_W_V).sum(dim=-1, keepdim=True)
+            + (torch.ones(1, n, dtype=dtype, device=device)) @ (X_v * G_X).sum(dim=-1, keepdim=True)
+        )
+        saved = {
+            "X": X,
+            "W_Q": W_Q,
+            "W_K": W_K,
+            "W_V": W_V,
+            "G_out": G_out,
+            "X_v": X_v,
+            "W_Q_v": W_Q_v,
+            "W_K_v": W_K_v,
+            "W_V_v": W_V_v,
+            "Q": Q,
+            "XW_QW_KT": XW_QW_KT,
+            "P": P,
+            "PX": PX,
+            "G_PX": G_PX,
+            "G_P": G_P,
+            "G_D": G_D,
+            "G_A": G_A,
+            "G_XW_QW_KT": G_XW_QW_KT,
+            "G_Q": G_Q,
+            "d_k": d_k,
+            "schedule": schedule,
+        }
+        return f2, saved
 
 
 def _backward2(saved, grad_out):
     """The second closed form: ∂f₂/∂x for every input x and ∂f₂/∂G_out, a dict keyed by name."""
-    X = saved["X"]
-    G_out = saved["G_out"]
-    X_v = saved["X_v"]
-    W_Q_v = saved["W_Q_v"]
-    W_K_v = saved["W_K_v"]
-    W_V_v = saved["W_V_v"]
-    W_QKV = saved["W_QKV"]
-    Q = saved["Q"]
-    K = saved["K"]
-    V = saved["V"]
-    P = saved["P"]
-    G_D = saved["G_D"]
-    G_P = saved["G_P"]
-    G_A = saved["G_A"]
-    G_QKV = saved["G_QKV"]
-    d_k = saved["d_k"]
-    scale = saved["scale"]
-    dW_QKV = torch.cat([W_Q_v, W_K_v, W_V_v], dim=-1)
-    dQKV = X @ dW_QKV + X_v @ W_QKV
-    dQ = dQKV[..., :, :d_k]
-    dK = dQKV[..., :, d_k : 2 * d_k]
-    dV = dQKV[..., :, 2 * d_k :]
-    Q_dQ = torch.cat([Q, dQ], dim=-1)
-    dK_K = torch.cat([dK, K], dim=-1)
-    dA = big_matmul(scale * Q_dQ, dK_K.mT)
-    D = (P * dA).sum(dim=-1, keepdim=True)
-    dP = (dA - D) * P
-    dG_out = P @ dV + dP @ V
-    dG_D = (G_out * dG_out).sum(dim=-1, keepdim=True)
-    dG_V = matmul_tn(dP, G_out)
-    dG_P = big_matmul(G_out, dV.mT)
-    dG_A = (G_P - G_D) * dP + (dG_P - dG_D) * P
-    dG_K = scale * (matmul_tn(G_A, dQ) + matmul_tn(dG_A, Q))
-    dG_Q = scale * (G_A @ dK + dG_A @ K)
-    dG_QKV = torch.cat([dG_Q, dG_K, dG_V], dim=-1)
-    dX = big_matmul(G_QKV, dW_QKV.mT) + big_matmul(dG_QKV, W_QKV.mT)
-    dG_W_QKV = sum_batch(X.mT @ dG_QKV + X_v.mT @ G_QKV)
-    dW_Q = dG_W_QKV[..., :, :d_k]
-    dW_K = dG_W_QKV[..., :, d_k : 2 * d_k]
-    dW_V = dG_W_QKV[..., :, 2 * d_k :]
-    return {"X": dX, "W_Q": dW_Q, "W_K": dW_K, "W_V": dW_V, "G_out": dG_out}
+    schedule = saved["schedule"]
+    if schedule == 0:
+        X = saved["X"]
+        G_out = saved["G_out"]
+        X_v = saved["X_v"]
+        W_Q_v = saved["W_Q_v"]
+        W_K_v = saved["W_K_v"]
+        W_V_v = saved["W_V_v"]
+        W_QKV = saved["W_QKV"]
+        Q = saved["Q"]
+        K = saved["K"]
+        V = saved["V"]
+        P = saved["P"]
+        G_D = saved["G_D"]
+        G_P = saved["G_P"]
+        G_A = saved["G_A"]
+        G_QKV = saved["G_QKV"]
+        d_k = saved["d_k"]
+        scale = 1 / d_k**0.5
+        dW_QKV = torch.cat([W_Q_v, W_K_v, W_V_v], dim=-1)
+        dQKV = narrow_matmul(X, dW_QKV) + narrow_matmul(X_v, W_QKV)
+        dQ = dQKV[..., :, :d_k]
+        dK = dQKV[..., :, d_k : 2 * d_k]
+        dV = dQKV[..., :, 2 * d_k :]
+        Q_dQ = torch.cat([Q, dQ], dim=-1)
+        dK_K = torch.cat([dK, K], dim=-1)
+        dA = big_matmul(scale * Q_dQ, dK_K.mT)
+        D = row_dot(P, dA)
+        dP = (dA - D) * P
+        dG_out = narrow_matmul(P, dV) + narrow_matmul(dP, V)
+        dG_D = row_dot(G_out, dG_out)
+        dG_V = matmul_tn(dP, G_out)
+        dG_P = big_matmul(G_out, dV.mT)
+        dG_A = (G_P - G_D) * dP + (dG_P - dG_D) * P
+        dG_K = scale * (matmul_tn(G_A, dQ) + matmul_tn(dG_A, Q))
+        dG_Q = scale * (narrow_matmul(G_A, dK) + narrow_matmul(dG_A, K))
+        dG_QKV = torch.cat([dG_Q, dG_K, dG_V], dim=-1)
+        dX = big_matmul(G_QKV, dW_QKV.mT) + big_matmul(dG_QKV, W_QKV.mT)
+        dG_W_QKV = sum_batch(narrow_matmul(X.mT, dG_QKV) + narrow_matmul(X_v.mT, G_QKV))
+        dW_Q = dG_W_QKV[..., :, :d_k]
+        dW_K = dG_W_QKV[..., :, d_k : 2 * d_k]
+        dW_V = dG_W_QKV[..., :, 2 * d_k :]
+        return {"X": dX, "W_Q": dW_Q, "W_K": dW_K, "W_V": dW_V, "G_out": dG_out}
+    elif schedule == 1:
+        X = saved["X"]
+        W_Q = saved["W_Q"]
+        W_K = saved["W_K"]
+        W_V = saved["W_V"]
+        G_out = saved["G_out"]
+        X_v = saved["X_v"]
+        W_Q_v = saved["W_Q_v"]
+        W_K_v = saved["W_K_v"]
+        W_V_v = saved["W_V_v"]
+        F1 = saved["F1"]
+        XW_QW_KT = saved["XW_QW_KT"]
+        P = saved["P"]
+        PX = saved["PX"]
+        G_PX = saved["G_PX"]
+        G_D = saved["G_D"]
+        G_P = saved["G_P"]
+        G_A = saved["G_A"]
+        G_XW_QW_KT = saved["G_XW_QW_KT"]
+        G_F1 = saved["G_F1"]
+        d_k = saved["d_k"]
+        scale = 1 / d_k**0.5
+        W_Q_W_Q_v = torch.cat([W_Q, W_Q_v], dim=-1)
+        W_K_v_W_K = torch.cat([W_K_v, W_K], dim=-1)
+        dF1 = big_matmul(W_Q_W_Q_v, W_K_v_W_K.mT)
+        dXW_QW_KT = X @ dF1 + X_v @ F1
+        dA = scale * (XW_QW_KT @ X_v.mT + dXW_QW_KT @ X.mT)
+        D = row_dot(P, dA)
+        dP = (dA - D) * P
+        dPX = P @ X_v + dP @ X
+        dG_out = narrow_matmul(PX, W_V_v) + narrow_matmul(dPX, W_V)
+        dG_PX = big_matmul(G_out, W_V_v.mT)
+        dG_D = (G_PX * dPX + PX * dG_PX).sum(dim=-1, keepdim=True)
+        dG_P = G_PX @ X_v.mT + dG_PX @ X.mT
+        dG_A = (G_P - G_D) * dP + (dG_P - dG_D) * P
+        dG_XW_QW_KT = scale * (G_A @ X_v + dG_A @ X)
+        dG_F1 = X.mT @ dG_XW_QW_KT + X_v.mT @ G_XW_QW_KT
+        dX = (
+            G_XW_QW_KT @ dF1.mT
+            + dG_XW_QW_KT @ F1.mT
+            + P.mT @ dG_PX
+            + dP.mT @ G_PX
+            + (scale * G_A).mT @ dXW_QW_KT
+            + (scale * dG_A).mT @ XW_QW_KT
+        )
+        dW_Q = sum_batch(narrow_matmul(G_F1, W_K_v) + narrow_matmul(dG_F1, W_K))
+        dW_K = sum_batch(matmul_tn(G_F1, W_Q_v) + matmul_tn(dG_F1, W_Q))
+        dW_V = rows(dPX).mT @ rows(G_out)
+        return {"X": dX, "W_Q": dW_Q, "W_K": dW_K, "W_V": dW_V, "G_out": dG_out}
+    elif schedule == 2:
+        X = saved["X"]
+        W_Q = saved["W_Q"]
+        W_K = saved["W_K"]
+        W_V = saved["W_V"]
+        G_out = saved["G_out"]
+        X_v = saved["X_v"]
+        W_Q_v = saved["W_Q_v"]
+        W_K_v = saved["W_K_v"]
+        W_V_v = saved["W_V_v"]
+        W_QK = saved["W_QK"]
+        Q = saved["Q"]
+        K = saved["K"]
+        P = saved["P"]
+        PX = saved["PX"]
+        G_PX = saved["G_PX"]
+        G_P = saved["G_P"]
+        G_D = saved["G_D"]
+        G_A = saved["G_A"]
+        G_K = saved["G_K"]
+        G_Q = saved["G_Q"]
+        d_k = saved["d_k"]
+        scale = 1 / d_k**0.5
+        dW_QK = torch.cat([W_Q_v, W_K_v], dim=-1)
+        dQK = narrow_matmul(X, dW_QK) + narrow_matmul(X_v, W_QK)
+        dQ = dQK[..., :, :d_k]
+        dK = dQK[..., :, d_k:]
+        Q_dQ = torch.cat([Q, dQ], dim=-1)
+        dK_K = torch.cat([dK, K], dim=-1)
+        dA = big_matmul(scale * Q_dQ, dK_K.mT)
+        D = row_dot(P, dA)
+        dP = (dA - D) * P
+        dPX = P @ X_v + dP @ X
+        dG_out = narrow_matmul(PX, W_V_v) + narrow_matmul(dPX, W_V)
+        dG_PX = big_matmul(G_out, W_V_v.mT)
+        dG_P = G_PX @ X_v.mT + dG_PX @ X.mT
+        dG_D = (G_P * dP + P * dG_P).sum(dim=-1, keepdim=True)
+        dG_A = (G_P - G_D) * dP + (dG_P - dG_D) * P
+        dG_K = scale * (matmul_tn(G_A, dQ) + matmul_tn(dG_A, Q))
+        dG_Q = scale * (narrow_matmul(G_A, dK) + narrow_matmul(dG_A, K))
+        dX = (
+            big_matmul(G_K, W_K_v.mT)
+            + big_matmul(G_Q, W_Q_v.mT)
+            + big_matmul(dG_K, W_K.mT)
+            + big_matmul(dG_Q, W_Q.mT)
+            + P.mT @ dG_PX
+            + dP.mT @ G_PX
+        )
+        dW_Q = sum_batch(matmul_tn(X, dG_Q) + matmul_tn(X_v, G_Q))
+        dW_K = sum_batch(matmul_tn(X, dG_K) + matmul_tn(X_v, G_K))
+        dW_V = rows(dPX).mT @ rows(G_out)
+        return {"X": dX, "W_Q": dW_Q, "W_K": dW_K, "W_V": dW_V, "G_out": dG_out}
+    else:
+        X = saved["X"]
+        W_Q = saved["W_Q"]
+        W_K = saved["W_K"]
+        W_V = saved["W_V"]
+        G_out = saved["G_out"]
+        X_v = saved["X_v"]
+        W_Q_v = saved["W_Q_v"]
+        W_K_v = saved["W_K_v"]
+        W_V_v = saved["W_V_v"]
+        Q = saved["Q"]
+        XW_QW_KT = saved["XW_QW_KT"]
+        P = saved["P"]
+        PX = saved["PX"]
+        G_PX = saved["G_PX"]
+        G_P = saved["G_P"]
+        G_D = saved["G_D"]
+        G_A = saved["G_A"]
+        G_XW_QW_KT = saved["G_XW_QW_KT"]
+        G_Q = saved["G_Q"]
+        d_k = saved["d_k"]
+        scale = 1 / d_k**0.5
+        dQ = narrow_matmul(X, W_Q_v) + narrow_matmul(X_v, W_Q)
+        Q_dQ = torch.cat([Q, dQ], dim=-1)
+        W_K_v_W_K = torch.cat([W_K_v, W_K], dim=-1)
+        dXW_QW_KT = big_matmul(Q_dQ, W_K_v_W_K.mT)
+        dA = scale * (XW_QW_KT @ X_v.mT + dXW_QW_KT @ X.mT)
+        D = row_dot(P, dA)
+        dP = (dA - D) * P
+        dPX = P @ X_v + dP @ X
+        dG_out = narrow_matmul(PX, W_V_v) + narrow_matmul(dPX, W_V)
+        dG_PX = big_matmul(G_out, W_V_v.mT)
+        dG_P = G_PX @ X_v.mT + dG_PX @ X.mT
+        dG_D = (G_P * dP + P * dG_P).sum(dim=-1, keepdim=True)
+        dG_A = (G_P - G_D) * dP + (dG_P - dG_D) * P
+        dG_XW_QW_KT = scale * (G_A @ X_v + dG_A @ X)
+        dG_Q = narrow_matmul(G_XW_QW_KT, W_K_v) + narrow_matmul(dG_XW_QW_KT, W_K)
+        dX = (
+            big_matmul(G_Q, W_Q_v.mT)
+            + big_matmul(dG_Q, W_Q.mT)
+            + P.mT @ dG_PX
+            + dP.mT @ G_PX
+            + (scale * G_A).mT @ dXW_QW_KT
+            + (scale * dG_A).mT @ XW_QW_KT
+        )
+        dW_Q = sum_batch(matmul_tn(X, dG_Q) + matmul_tn(X_v, G_Q))
+        dW_K = sum_batch(matmul_tn(G_XW_QW_KT, dQ) + matmul_tn(dG_XW_QW_KT, Q))
+        dW_V = rows(dPX).mT @ rows(G_out)
+        return {"X": dX, "W_Q": dW_Q, "W_K": dW_K, "W_V": dW_V, "G_out": dG_out}
 
 
 def hvp(X, W_Q, W_K, W_V, grad_out, direction):
@@ -884,19 +1415,6 @@ def _tangents(tangents):
     return tangents
 
 
-def _first_forward_mode():
-    """Raise under forward mode over forward mode (torch.func.jvp of jvp, jacfwd of jacfwd): a jvp reads the
-    inputs saved for it, which carry no tangent of an outer forward level, so a nested one would be wrong."""
-    interpreters = torch._functorch.pyfunctorch.retrieve_all_functorch_interpreters()  # (import torch loads it)
-    levels = [i for i in interpreters if i.key() == torch._C._functorch.TransformType.Jvp]
-    if len(levels) > 1:
-        raise RuntimeError(
-            f"{SPEC}: forward mode over forward mode (jvp of jvp, jacfwd of jacfwd) is not supported: the "
-            "generated jvp is a first derivative; for second derivatives use torch.func.hessian (jacfwd over "
-            "jacrev) or jacrev of jacrev, both closed form"
-        )
-
-
 def _tangent(jvp, ctx, tangents):
     """The output's tangent by jvp(<inputs>, <their tangents>, <M, Ṁ>, <options>) (a generated _jvp), the inputs
     as setup_context saved them (an absent one None) and tangents one per argument of apply."""
@@ -938,26 +1456,83 @@ def _jvp(X, W_Q, W_K, W_V, X_t, W_Q_t, W_K_t, W_V_t):
         W_K_t = torch.zeros_like(W_K)
     if W_V_t is None:
         W_V_t = torch.zeros_like(W_V)
-    W_QKV = torch.cat([W_Q, W_K, W_V], dim=-1)
-    QKV = X @ W_QKV
-    Q = QKV[..., :, :d_k]
-    K = QKV[..., :, d_k : 2 * d_k]
-    V = QKV[..., :, 2 * d_k :]
-    A = big_matmul(scale * Q, K.mT)
-    P = row_softmax(A)
-    O = P @ V
-    dW_QKV = torch.cat([W_Q_t, W_K_t, W_V_t], dim=-1)
-    dQKV = X @ dW_QKV + X_t @ W_QKV
-    dQ = dQKV[..., :, :d_k]
-    dK = dQKV[..., :, d_k : 2 * d_k]
-    dV = dQKV[..., :, 2 * d_k :]
-    Q_dQ = torch.cat([Q, dQ], dim=-1)
-    dK_K = torch.cat([dK, K], dim=-1)
-    dA = big_matmul(scale * Q_dQ, dK_K.mT)
-    D = (dA * P).sum(dim=-1, keepdim=True)
-    dP = (dA - D) * P
-    dO = P @ dV + dP @ V
-    return O, dO
+    schedule = _schedule_at(d_k, d_model, d_v, n)
+    if schedule == 0:
+        W_QKV = torch.cat([W_Q, W_K, W_V], dim=-1)
+        QKV = narrow_matmul(X, W_QKV)
+        Q = QKV[..., :, :d_k]
+        K = QKV[..., :, d_k : 2 * d_k]
+        V = QKV[..., :, 2 * d_k :]
+        A = big_matmul(scale * Q, K.mT)
+        P = row_softmax(A)
+        O = narrow_matmul(P, V)
+        dW_QKV = torch.cat([W_Q_t, W_K_t, W_V_t], dim=-1)
+        dQKV = narrow_matmul(X, dW_QKV) + narrow_matmul(X_t, W_QKV)
+        dQ = dQKV[..., :, :d_k]
+        dK = dQKV[..., :, d_k : 2 * d_k]
+        dV = dQKV[..., :, 2 * d_k :]
+        Q_dQ = torch.cat([Q, dQ], dim=-1)
+        dK_K = torch.cat([dK, K], dim=-1)
+        dA = big_matmul(scale * Q_dQ, dK_K.mT)
+        D = row_dot(dA, P)
+        dP = (dA - D) * P
+        dO = narrow_matmul(P, dV) + narrow_matmul(dP, V)
+        return O, dO
+    elif schedule == 1:
+        F1 = big_matmul(W_Q, W_K.mT)
+        XW_QW_KT = X @ F1
+        A = (scale * XW_QW_KT) @ X.mT
+        P = row_softmax(A)
+        PX = P @ X
+        O = narrow_matmul(PX, W_V)
+        W_Q_W_Q_t = torch.cat([W_Q, W_Q_t], dim=-1)
+        W_K_t_W_K = torch.cat([W_K_t, W_K], dim=-1)
+        dF1 = big_matmul(W_Q_W_Q_t, W_K_t_W_K.mT)
+        dXW_QW_KT = X @ dF1 + X_t @ F1
+        dA = scale * (XW_QW_KT @ X_t.mT + dXW_QW_KT @ X.mT)
+        D = row_dot(dA, P)
+        dP = (dA - D) * P
+        dPX = P @ X_t + dP @ X
+        dO = narrow_matmul(PX, W_V_t) + narrow_matmul(dPX, W_V)
+        return O, dO
+    elif schedule == 2:
+        W_QK = torch.cat([W_Q, W_K], dim=-1)
+        QK = narrow_matmul(X, W_QK)
+        Q = QK[..., :, :d_k]
+        K = QK[..., :, d_k:]
+        A = big_matmul(scale * Q, K.mT)
+        P = row_softmax(A)
+        PX = P @ X
+        O = narrow_matmul(PX, W_V)
+        dW_QK = torch.cat([W_Q_t, W_K_t], dim=-1)
+        dQK = narrow_matmul(X, dW_QK) + narrow_matmul(X_t, W_QK)
+        dQ = dQK[..., :, :d_k]
+        dK = dQK[..., :, d_k:]
+        Q_dQ = torch.cat([Q, dQ], dim=-1)
+        dK_K = torch.cat([dK, K], dim=-1)
+        dA = big_matmul(scale * Q_dQ, dK_K.mT)
+        D = row_dot(dA, P)
+        dP = (dA - D) * P
+        dPX = P @ X_t + dP @ X
+        dO = narrow_matmul(PX, W_V_t) + narrow_matmul(dPX, W_V)
+        return O, dO
+    else:
+        Q = narrow_matmul(X, W_Q)
+        XW_QW_KT = big_matmul(Q, W_K.mT)
+        A = (scale * XW_QW_KT) @ X.mT
+        P = row_softmax(A)
+        PX = P @ X
+        O = narrow_matmul(PX, W_V)
+        dQ = narrow_matmul(X, W_Q_t) + narrow_matmul(X_t, W_Q)
+        Q_dQ = torch.cat([Q, dQ], dim=-1)
+        W_K_t_W_K = torch.cat([W_K_t, W_K], dim=-1)
+        dXW_QW_KT = big_matmul(Q_dQ, W_K_t_W_K.mT)
+        dA = scale * (XW_QW_KT @ X_t.mT + dXW_QW_KT @ X.mT)
+        D = row_dot(dA, P)
+        dP = (dA - D) * P
+        dPX = P @ X_t + dP @ X
+        dO = narrow_matmul(PX, W_V_t) + narrow_matmul(dPX, W_V)
+        return O, dO
 
 
 def jvp(X, W_Q, W_K, W_V, tangents):

@@ -60,6 +60,19 @@ OPTIONAL = ()  # inputs that may be None: their terms are left out
 SPEC = "self_attention"
 
 
+def _alike(a, b):
+    """(a, b, the product's dtype) for factors of two dtypes, a float32 array of a 16-bit run beside a 16-bit one:
+    on the CPU both float32 (a float32 GEMM is as fast as a bfloat16 one there, ten times a float16 one, and the
+    float32 array is never rounded: the product is, once), elsewhere the float32 one rounded to the 16-bit dtype
+    right before the product (its one rounding; the GEMM accumulates in float32). Of one dtype: as they are."""
+    if a.dtype == b.dtype:
+        return a, b, a.dtype
+    low = a.dtype if a.element_size() < b.element_size() else b.dtype
+    if a.device.type == "cpu":
+        return a.float(), b.float(), low
+    return a.to(low), b.to(low), low
+
+
 def _assume_constant(function):
     """function marked as torch._dynamo.assume_constant_result marks it: dynamo, tracing a call of it, calls it and
     takes the result for a constant. Marked without importing dynamo, seconds that an eager run never needs."""
@@ -174,14 +187,31 @@ def _place(parts, starts, m):
     return out
 
 
+def _wide_matmul(a, b):
+    """a @ b of 16-bit factors as float32: the n × m scores Q Kᵀ, dP = dO Vᵀ and what is made of them (P, L, dS)
+    stay float32 as SDPA keeps them (products round them: ``narrow_matmul``). On CUDA by bmm's out_dtype; else of
+    the thin factors widened (the same values: 16-bit products are exact in float32, sums are float32)."""
+    if a.device.type == "cuda" and a.shape[:-2] == b.shape[:-2] and not (_functional(a) or _functional(b)):
+        try:
+            out = torch.bmm(a.reshape(-1, *a.shape[-2:]), b.reshape(-1, *b.shape[-2:]), out_dtype=torch.float32)
+            return out.reshape(*a.shape[:-2], *out.shape[-2:])
+        except (RuntimeError, TypeError):  # a torch without bmm's out_dtype
+            pass
+    return big_matmul(a.float(), b.float())
+
+
 def big_matmul(a, b):
     """a @ b for a product much larger than its factors (the scores Q Kᵀ, dP = dO Vᵀ: n × m from n × d and
     d × m). On CPU the result is written into memory advised for transparent huge pages, as NumPy advises its own
     large arrays: torch's allocator maps a fresh n × m tensor in 4 KiB pages, and the GEMM's first touch of each
     one faults (1 × 8 × 1024², float32, one thread: 35 → 19 ms). Compiled (torch.compile), a large product of
     factors of one batch shape is the custom op symattn::big_matmul (_by_custom_op), which inductor calls as it
-    is. Transformed (torch.func), exported or recorded by autograd in eager code, plainly a @ b."""
-    if a.device.type != "cpu" or a.dtype != b.dtype or a.dim() < 2 or b.dim() < 2:
+    is. Transformed (torch.func), exported or recorded by autograd in eager code, plainly a @ b. Of 16-bit
+    factors (bfloat16, float16) the product is float32 (``_wide_matmul``)."""
+    a, b, _ = _alike(a, b)
+    if a.dtype in (torch.bfloat16, torch.float16):
+        return _wide_matmul(a, b)
+    if a.device.type != "cpu" or a.dim() < 2 or b.dim() < 2:
         return a @ b
     if torch.compiler.is_compiling():
         size = a.shape[:-2].numel() * a.shape[-2] * b.shape[-1] * a.element_size()
@@ -218,10 +248,30 @@ def matmul_tn(a, b):
     """aᵀ b, for a (..., k, r) much wider than b (..., k, c). From r = 1024 rows on it is computed as (bᵀ a)ᵀ,
     the same values: torch's CPU GEMM (MKL) multiplies a long transposed left operand by a thin one at about
     half the speed in float64 (Pᵀ dO, 4 heads, n = 1024, d = 64: 33 → 17 ms). Shorter products stay aᵀ b,
-    whose result is contiguous."""
-    if a.shape[-1] >= 1024 and a.shape[-1] >= 8 * b.shape[-1]:
-        return (b.mT @ a).mT
-    return a.mT @ b
+    whose result is contiguous. Factors of two dtypes are made one first (``_alike``); a float32 product of a
+    16-bit run is rounded, and in eager code kept as the result's float32_value, which add_rows sums instead."""
+    a, b, dtype = _alike(a, b)
+    product = (b.mT @ a).mT if a.shape[-1] >= 1024 and a.shape[-1] >= 8 * b.shape[-1] else a.mT @ b
+    rounded = product if product.dtype == dtype else product.to(dtype)
+    if rounded is not product and not _functional(product):
+        rounded.float32_value = product
+    return rounded
+
+
+def narrow_matmul(a, b):
+    """a @ b, where a factor may be a float32 n × m array of a 16-bit run (P, dS of ``_wide_matmul``): the product
+    of ``_alike``'s factors, rounded to the 16-bit dtype. Factors of one dtype (float32, float64 runs): a @ b."""
+    a, b, dtype = _alike(a, b)
+    product = a @ b
+    return product if product.dtype == dtype else product.to(dtype)
+
+
+def row_dot(a, b):
+    """rowsum(a ⊙ b) as a column (..., n, 1), such as D = rowsum(dO ⊙ O): in float32 for 16-bit a or b (a
+    statistic, kept as SDPA keeps it), else in their dtype."""
+    if a.dtype in (torch.bfloat16, torch.float16) or b.dtype in (torch.bfloat16, torch.float16):
+        a, b = a.float(), b.float()
+    return (a * b).sum(dim=-1, keepdim=True)
 
 
 def row_softmax(a, out=None):
@@ -408,7 +458,7 @@ def _autocast(args):
     the Function (autograd carries each gradient back to its input's dtype through the cast); the Function then
     runs with autocast off, in that dtype. Not under autocast: (args, None)."""
     device = next((a.device.type for a in args if isinstance(a, torch.Tensor)), None)
-    if device is None or not torch.is_autocast_enabled(device):
+    if device in (None, "meta") or not torch.is_autocast_enabled(device):  # meta: shapes only, no autocast
         return args, None
     low = torch.get_autocast_dtype(device)
     cast = [a.to(low) if isinstance(a, torch.Tensor) and a.dtype == torch.float32 else a for a in args]
@@ -432,7 +482,7 @@ def _forward(X, W_Q, W_K, W_V, block_size):
     _nonempty({"d_model": d_model, "d_k": d_k, "d_v": d_v}, {"X": X, "W_Q": W_Q, "W_V": W_V})
     scale = 1 / d_k**0.5
     W_QKV = torch.cat([W_Q, W_K, W_V], dim=-1)
-    QKV = X @ W_QKV
+    QKV = narrow_matmul(X, W_QKV)
     Q = QKV[..., :, :d_k]
     K = QKV[..., :, d_k : 2 * d_k]
     V = QKV[..., :, 2 * d_k :]
@@ -443,7 +493,7 @@ def _forward(X, W_Q, W_K, W_V, block_size):
         Q_b = Q[..., block, :]
         A_b = big_matmul(scale * Q_b, K.mT)
         P_b, L_b = row_softmax_lse(A_b, out=A_b)
-        O_b = P_b @ V
+        O_b = narrow_matmul(P_b, V)
         O_blocks.append(O_b)
         L_blocks.append(L_b)
     O = O_blocks[0] if len(O_blocks) == 1 else torch.cat(O_blocks, dim=-2)
@@ -456,7 +506,6 @@ def _forward(X, W_Q, W_K, W_V, block_size):
         "V": V,
         "O": O,
         "d_k": d_k,
-        "scale": scale,
         "L": L,
         "block_size": block_size,
     }
@@ -472,10 +521,10 @@ def _backward(saved, grad_out):
     V = saved["V"]
     O = saved["O"]
     d_k = saved["d_k"]
-    scale = saved["scale"]
     L = saved["L"]
     block_size = saved["block_size"]
-    D = (O * grad_out).sum(dim=-1, keepdim=True)
+    scale = 1 / d_k**0.5
+    D = row_dot(O, grad_out)
     dQ_blocks = []
     dV = 0  # summed over the blocks of query rows
     dK = 0  # summed over the blocks of query rows
@@ -491,7 +540,7 @@ def _backward(saved, grad_out):
         dP_b = big_matmul(grad_out_b, V.mT)
         dA_b = dP_b.sub_(D_b).mul_(P_b)
         del dP_b
-        dQ_b = dA_b @ (scale * K)
+        dQ_b = narrow_matmul(dA_b, scale * K)
         dQ_blocks.append(dQ_b)
         dV += matmul_tn(P_b, grad_out_b)
         del P_b
@@ -798,19 +847,19 @@ def _forward2(X, W_Q, W_K, W_V, G_out, X_v, W_Q_v, W_K_v, W_V_v):
     if W_V_v is None:
         W_V_v = torch.zeros(d_model, d_v, dtype=dtype, device=device)
     W_QKV = torch.cat([W_Q, W_K, W_V], dim=-1)
-    QKV = X @ W_QKV
+    QKV = narrow_matmul(X, W_QKV)
     Q = QKV[..., :, :d_k]
     K = QKV[..., :, d_k : 2 * d_k]
     V = QKV[..., :, 2 * d_k :]
     A = big_matmul(scale * Q, K.mT)
     P = row_softmax(A)
-    O = P @ V
-    G_D = (O * G_out).sum(dim=-1, keepdim=True)
+    O = narrow_matmul(P, V)
+    G_D = row_dot(O, G_out)
     G_V = matmul_tn(P, G_out)
     G_P = big_matmul(G_out, V.mT)
     G_A = (G_P - G_D) * P
     G_K = matmul_tn(G_A, scale * Q)
-    G_Q = G_A @ (scale * K)
+    G_Q = narrow_matmul(G_A, scale * K)
     G_QKV = torch.cat([G_Q, G_K, G_V], dim=-1)
     G_X = big_matmul(G_QKV, W_QKV.mT)
     G_W_QKV = rows(X).mT @ rows(G_QKV)
@@ -840,7 +889,6 @@ def _forward2(X, W_Q, W_K, W_V, G_out, X_v, W_Q_v, W_K_v, W_V_v):
         "G_A": G_A,
         "G_QKV": G_QKV,
         "d_k": d_k,
-        "scale": scale,
     }
     return f2, saved
 
@@ -863,27 +911,27 @@ def _backward2(saved, grad_out):
     G_A = saved["G_A"]
     G_QKV = saved["G_QKV"]
     d_k = saved["d_k"]
-    scale = saved["scale"]
+    scale = 1 / d_k**0.5
     dW_QKV = torch.cat([W_Q_v, W_K_v, W_V_v], dim=-1)
-    dQKV = X @ dW_QKV + X_v @ W_QKV
+    dQKV = narrow_matmul(X, dW_QKV) + narrow_matmul(X_v, W_QKV)
     dQ = dQKV[..., :, :d_k]
     dK = dQKV[..., :, d_k : 2 * d_k]
     dV = dQKV[..., :, 2 * d_k :]
     Q_dQ = torch.cat([Q, dQ], dim=-1)
     dK_K = torch.cat([dK, K], dim=-1)
     dA = big_matmul(scale * Q_dQ, dK_K.mT)
-    D = (P * dA).sum(dim=-1, keepdim=True)
+    D = row_dot(P, dA)
     dP = (dA - D) * P
-    dG_out = P @ dV + dP @ V
-    dG_D = (G_out * dG_out).sum(dim=-1, keepdim=True)
+    dG_out = narrow_matmul(P, dV) + narrow_matmul(dP, V)
+    dG_D = row_dot(G_out, dG_out)
     dG_V = matmul_tn(dP, G_out)
     dG_P = big_matmul(G_out, dV.mT)
     dG_A = (G_P - G_D) * dP + (dG_P - dG_D) * P
     dG_K = scale * (matmul_tn(G_A, dQ) + matmul_tn(dG_A, Q))
-    dG_Q = scale * (G_A @ dK + dG_A @ K)
+    dG_Q = scale * (narrow_matmul(G_A, dK) + narrow_matmul(dG_A, K))
     dG_QKV = torch.cat([dG_Q, dG_K, dG_V], dim=-1)
     dX = big_matmul(G_QKV, dW_QKV.mT) + big_matmul(dG_QKV, W_QKV.mT)
-    dG_W_QKV = sum_batch(X.mT @ dG_QKV + X_v.mT @ G_QKV)
+    dG_W_QKV = sum_batch(narrow_matmul(X.mT, dG_QKV) + narrow_matmul(X_v.mT, G_QKV))
     dW_Q = dG_W_QKV[..., :, :d_k]
     dW_K = dG_W_QKV[..., :, d_k : 2 * d_k]
     dW_V = dG_W_QKV[..., :, 2 * d_k :]
@@ -992,12 +1040,12 @@ def _jvp(X, W_Q, W_K, W_V, X_t, W_Q_t, W_K_t, W_V_t, block_size):
     if W_V_t is None:
         W_V_t = torch.zeros_like(W_V)
     W_QKV = torch.cat([W_Q, W_K, W_V], dim=-1)
-    QKV = X @ W_QKV
+    QKV = narrow_matmul(X, W_QKV)
     Q = QKV[..., :, :d_k]
     K = QKV[..., :, d_k : 2 * d_k]
     V = QKV[..., :, 2 * d_k :]
     dW_QKV = torch.cat([W_Q_t, W_K_t, W_V_t], dim=-1)
-    dQKV = X @ dW_QKV + X_t @ W_QKV
+    dQKV = narrow_matmul(X, dW_QKV) + narrow_matmul(X_t, W_QKV)
     dQ = dQKV[..., :, :d_k]
     dK = dQKV[..., :, d_k : 2 * d_k]
     dV = dQKV[..., :, 2 * d_k :]
@@ -1011,11 +1059,11 @@ def _jvp(X, W_Q, W_K, W_V, X_t, W_Q_t, W_K_t, W_V_t, block_size):
         Q_dQ_b = Q_dQ[..., block, :]
         A_b = big_matmul(scale * Q_b, K.mT)
         P_b = row_softmax(A_b, out=A_b)
-        O_b = P_b @ V
+        O_b = narrow_matmul(P_b, V)
         dA_b = (scale * Q_dQ_b) @ dK_K.mT
-        D_b = (dA_b * P_b).sum(dim=-1, keepdim=True)
+        D_b = row_dot(dA_b, P_b)
         dP_b = (dA_b - D_b) * P_b
-        dO_b = P_b @ dV + dP_b @ V
+        dO_b = narrow_matmul(P_b, dV) + narrow_matmul(dP_b, V)
         O_blocks.append(O_b)
         dO_blocks.append(dO_b)
     O = O_blocks[0] if len(O_blocks) == 1 else torch.cat(O_blocks, dim=-2)

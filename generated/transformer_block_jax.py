@@ -580,9 +580,7 @@ def _forward(
         "U": U,
         "F": F,
         "H": H,
-        "c1": c1,
         "eps": eps,
-        "scale": scale,
         "P_h": P_h,
         "b_Q": b_Q,
         "b_K": b_K,
@@ -593,6 +591,7 @@ def _forward(
         "M": M,
         "mask_shape": mask_shape,
         "causal": causal,
+        "d_k": d_k,
     }
     return Z, saved
 
@@ -621,9 +620,7 @@ def _backward(saved, grad_out):
     U = saved["U"]
     F = saved["F"]
     H = saved["H"]
-    c1 = saved["c1"]
     eps = saved["eps"]
-    scale = saved["scale"]
     P_h = saved["P_h"]
     b_Q = saved["b_Q"]
     b_K = saved["b_K"]
@@ -634,6 +631,9 @@ def _backward(saved, grad_out):
     M = saved["M"]
     mask_shape = saved["mask_shape"]
     causal = saved["causal"]
+    d_k = saved["d_k"]
+    scale = 1 / d_k**0.5
+    c1 = -1 / (H * d_k)
     dF = grad_out @ W_2.mT
     dU = (gelu_grad(U)) * dF
     dX_2 = dU @ W_1.mT

@@ -911,9 +911,7 @@ def forward(
         "U": U,
         "F": F,
         "H": H,
-        "c1": c1,
         "eps": eps,
-        "scale": scale,
         "P_h": P_h,
         "b_Q": b_Q,
         "b_K": b_K,
@@ -924,6 +922,7 @@ def forward(
         "M": M,
         "mask_shape": mask_shape,
         "causal": causal,
+        "d_k": d_k,
         "output_shape": Z.shape,
         "dtype": Z.dtype,
         "vector_inputs": vector_inputs,
@@ -956,9 +955,7 @@ def backward(saved, grad_out):
     U = saved["U"]
     F = saved["F"]
     H = saved["H"]
-    c1 = saved["c1"]
     eps = saved["eps"]
-    scale = saved["scale"]
     P_h = saved["P_h"]
     b_Q = saved["b_Q"]
     b_K = saved["b_K"]
@@ -969,6 +966,9 @@ def backward(saved, grad_out):
     M = saved["M"]
     mask_shape = saved["mask_shape"]
     causal = saved["causal"]
+    d_k = saved["d_k"]
+    scale = 1 / d_k**0.5
+    c1 = -1 / (H * d_k)
     dF = grad_out @ W_2.mT
     dU = np.multiply(dF, gelu_grad(U), out=dF)
     dX_2 = dU @ W_1.mT
@@ -1520,9 +1520,7 @@ def _forward2(
         "G_D5": G_D5,
         "t6": t6,
         "H": H,
-        "c1": c1,
         "d_k": d_k,
-        "scale": scale,
         "b_Q": b_Q,
         "b_K": b_K,
         "b_V": b_V,
@@ -1595,9 +1593,7 @@ def _backward2(saved, grad_out):
     G_D5 = saved["G_D5"]
     t6 = saved["t6"]
     H = saved["H"]
-    c1 = saved["c1"]
     d_k = saved["d_k"]
-    scale = saved["scale"]
     b_Q = saved["b_Q"]
     b_K = saved["b_K"]
     b_V = saved["b_V"]
@@ -1605,6 +1601,8 @@ def _backward2(saved, grad_out):
     b_1 = saved["b_1"]
     b_2 = saved["b_2"]
     mask_shape = saved["mask_shape"]
+    scale = 1 / d_k**0.5
+    c1 = -1 / (H * d_k)
     D1 = X_v.sum(axis=-1, keepdims=True)
     dG_F = G_out @ W_2_v.mT
     db_2 = None if b_2 is None else np.zeros_like(b_2)

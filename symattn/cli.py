@@ -42,8 +42,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     out = args.out if args.out is not None else default_out_dir()
     if args.size and args.spec_file is None:
         raise UsageError(
-            "symattn generate: error: --size applies to --spec-file only; the built-in modules are generated at "
-            "typical sizes"
+            "symattn generate: error: --size applies to --spec-file only; the built-in modules choose their "
+            "schedule from the arrays' shapes when called"
         )
     if args.option and args.spec_file is None:
         raise UsageError(
@@ -73,8 +73,6 @@ def cmd_generate(args: argparse.Namespace) -> int:
 def _generate_spec_file(args: argparse.Namespace) -> list:
     """generate --spec-file FILE --out DIR: the user's spec's modules (standard variant unless asked)."""
     from symattn.codegen.generate import generate
-    from symattn.codegen.report.size_notes import size_notes
-    from symattn.optimize.orders import recording
     from symattn.specs.files import load_spec_file
 
     if args.spec:
@@ -88,20 +86,16 @@ def _generate_spec_file(args: argparse.Namespace) -> list:
     command += ["--order=1"] if args.order == 1 else []
     sizes = _sizes(s, args.size)
     command += [f"--size={name}={size}" for name, size in sizes.items()]
-    with recording() as guessed:
-        stale = generate(
-            [s],
-            args.backend,
-            args.variant,
-            args.out,
-            check=args.check,
-            regenerate=shlex.join(command),
-            order=args.order,
-            sizes=sizes,
-        )
-    for line in size_notes(guessed, sizes):
-        print(line, file=sys.stderr)
-    return stale
+    return generate(
+        [s],
+        args.backend,
+        args.variant,
+        args.out,
+        check=args.check,
+        regenerate=shlex.join(command),
+        order=args.order,
+        sizes=sizes,
+    )
 
 
 def _sizes(s, pairs: Sequence[str] | None) -> dict[str, int]:
@@ -127,7 +121,14 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
 
     gen = sub.add_parser("generate", help="write the generated NumPy, PyTorch and JAX modules")
     gen.add_argument("--spec", action="append", choices=specs(), help="a spec to generate (repeatable; default all)")
-    gen.add_argument("--backend", action="append", choices=list(BACKENDS), help="one backend (repeatable; default all)")
+    from symattn.codegen.backends import OPTIONAL_BACKENDS
+
+    gen.add_argument(
+        "--backend",
+        action="append",
+        choices=[*BACKENDS, *OPTIONAL_BACKENDS],
+        help=f"one backend (repeatable; default all, {', '.join(OPTIONAL_BACKENDS)} for the built-ins only)",
+    )
     gen.add_argument(
         "--variant",
         action="append",
@@ -154,7 +155,8 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
         action="append",
         metavar="DIM=SIZE",
         help="the size a dimension of the --spec-file spec runs at (repeatable): product orders and the other "
-        "decisions of the schedule are priced there, not at typical sizes (a model width g: --size g=256)",
+        "decisions of the schedule are priced there (a model width g: --size g=256); without it, a module whose "
+        "best schedule depends on the sizes holds one per size regime and picks one from the arrays' shapes",
     )
     gen.set_defaults(handler=cmd_generate)
 

@@ -21,12 +21,14 @@ from pathlib import Path
 import jinja2
 import sympy as sp
 
-from symattn.codegen.backends import BACKENDS, Backend, backend_named
+from symattn.codegen.backends import BACKENDS, OPTIONAL_BACKENDS, Backend, backend_named
 from symattn.codegen.emit import dropins as dropin_source
 from symattn.codegen.emit.context import build_context
 from symattn.codegen.emit.forward_mode import forward_mode_context
+from symattn.codegen.emit.regimes import merged
 from symattn.codegen.emit.second_order import second_order_context
 from symattn.codegen.schedule.build import Schedule, schedule, schedule_spec
+from symattn.codegen.schedule.regimes import Regime, regimes
 from symattn.errors import SymattnError
 from symattn.lang.dims import bind_dimensions
 from symattn.lang.graph import nodes
@@ -140,17 +142,33 @@ def _module_parameters(sched: Schedule, printer) -> tuple[list[str], list[dict],
 
 
 def context(
-    sched: Schedule,
+    sched: Schedule | list[Regime],
     backend: Backend,
     version: str,
     variant: str = "standard",
     class_name: str | None = None,
     second_order: bool = True,
 ) -> dict:
-    """Everything a module template needs, every expression already printed (see ``codegen.context``)."""
-    ctx = build_context(sched, backend, version, variant, class_name, _module_parameters)
-    second = second_order_context(sched, ctx, backend, version) if second_order else None
-    forward = forward_mode_context(sched, ctx, backend, version, variant, second["helpers"] if second else ())
+    """Everything a module template needs, every expression already printed (see ``codegen.context``); of a
+    schedule, or of one schedule per size regime (``schedule.regimes``: each function runs the cheapest one's
+    statements at the sizes it is called with, ``emit.regimes``)."""
+    found = sched if isinstance(sched, list) else [Regime(sched, sp.Integer(0))]
+    firsts, seconds, forwards, kept, refused = [], [], [], [], []
+    for r in found:
+        try:
+            ctx = build_context(r.schedule, backend, version, variant, class_name, _module_parameters)
+        except SymattnError as e:  # a regime the variant cannot take (the memory-efficient cut of its orders)
+            refused.append(e)
+            continue
+        kept.append(r)
+        second = second_order_context(r.schedule, ctx, backend, version) if second_order else None
+        printed = second["helpers"] if second else ()
+        firsts.append(ctx)
+        seconds.append(second)
+        forwards.append(forward_mode_context(r.schedule, ctx, backend, version, variant, printed))
+    if not kept:
+        raise refused[0]
+    ctx, second, forward = merged(firsts, seconds, forwards, kept, backend.printer())
     return ctx | {"second_order": second, "forward_mode": forward}
 
 
@@ -192,14 +210,16 @@ def _render(
             f"the {backend} backend has no {variant} variant (only {', '.join(target.variants)}); "
             + target.missing_variant
         )
+    if target.renders is not None:  # a backend with a renderer of its own (Triton: the kernels of the spec's core)
+        return _tidy(target.renders(source, regenerate, environment()))
     if isinstance(source, Spec):
         _require_bound_scalars(source)
         _require_own_names(source)
-        sched, class_name, dropins = _schedule_of(source, sizes), None, ()
+        sched, class_name, dropins = _regimes_of(source, lambda: schedule_spec(source), sizes), None, ()
     else:
         found = family(source)
-        build = schedule.__wrapped__ if sizes else schedule  # the cached schedule is the typical sizes' one
-        sched, class_name = build(source, extended=found.masks), found.class_name
+        build = functools.partial(schedule.__wrapped__, source, extended=found.masks)
+        sched, class_name = _regimes_of((source, found.masks), build, sizes), found.class_name
         dropins = found.dropins if target.dropins and variant == "standard" else ()
     ctx = context(sched, target, __version__, variant, class_name, second_order) | {"regenerate": regenerate}
     ctx |= {"dropin_names": list(dropins), "dropins": dropin_source.source(dropins)}
@@ -207,18 +227,19 @@ def _render(
     return _tidy(text)
 
 
-# by id (Specs hold dicts) and size table, the Spec kept so its id stays its own
-_SCHEDULES: dict[tuple, tuple[Spec, Schedule]] = {}
+# by the spec (a user's Spec by id: Specs hold dicts) and size table, a user's Spec kept so its id stays its own
+_REGIMES: dict[tuple, tuple[object, list[Regime]]] = {}
 
 
-def _schedule_of(s: Spec, sizes: Mapping[str, int] | None = None) -> Schedule:
-    """A user's Spec's schedule at the size table, computed once for all its backends (and its second form)."""
-    key = (id(s), tuple(sorted((sizes or {}).items())))
-    held = _SCHEDULES.get(key)
-    if held is None or held[0] is not s:
-        if len(_SCHEDULES) >= 16:
-            _SCHEDULES.clear()
-        held = _SCHEDULES[key] = (s, schedule_spec(s))
+def _regimes_of(source: object, build, sizes: Mapping[str, int] | None = None) -> list[Regime]:
+    """The schedules of a spec (a user's Spec, or a built-in's (name, extended)), one per size regime at the size
+    table, made once for all its backends and variants."""
+    key = (id(source) if isinstance(source, Spec) else source, tuple(sorted((sizes or {}).items())))
+    held = _REGIMES.get(key)
+    if held is None or (held[0] is not source and isinstance(source, Spec)):
+        if len(_REGIMES) >= 16:
+            _REGIMES.clear()
+        held = _REGIMES[key] = (source, regimes(build, sizes))
     return held[1]
 
 
@@ -241,7 +262,7 @@ CODE_NAMES = frozenset(
         *("grad_out", "saved", "grads", "gradients", "cotangents", "inputs", "tensors", "options", "direction"),
         *("dtype", "device", "output_shape", "mask_shape", "vector_inputs", "forward", "backward", "hvp"),
         *("attn_mask", "key_padding_mask", "causal", "SPEC", "SHAPES", "OPTIONAL", "DIRECTION_OF", "INPUTS"),
-        *("COTANGENT", "FUNCTION"),
+        *("COTANGENT", "FUNCTION", "schedule", "costs"),
     }
 )
 RUNTIMES = tuple(dict.fromkeys(module for b in BACKENDS.values() for module in b.runtimes))
@@ -289,7 +310,9 @@ def generate(
     """Render the modules of built-in specs (by name) or users' Specs; write them (atomically) or, with check,
     write nothing.
 
-    Variants default to every one a built-in family has, and to the standard one for a user's Spec;
+    Backends default to BACKENDS, and for a built-in the OPTIONAL_BACKENDS too (Triton: every built-in has the n × m
+    core its kernels compute); variants default to every one a built-in family has, and to the standard one for a
+    user's Spec;
     ``order=1`` leaves the second closed form out, ``sizes`` prices decisions at a user's sizes (see ``render``).
     Returns the files that were stale:
     missing or different from what renders now (after a write, the ones that were rewritten).
@@ -299,7 +322,7 @@ def generate(
     for source in sources or specs():
         builtin = None if isinstance(source, Spec) else family(source)
         name = source.name if isinstance(source, Spec) else source
-        for backend in backends or BACKENDS:
+        for backend in backends or [*BACKENDS, *(OPTIONAL_BACKENDS if builtin else ())]:
             for variant in variants or (VARIANTS if builtin else ("standard",)):
                 if variant == "memeff" and builtin is not None and not builtin.row_blocks:
                     continue  # no memory-efficient cut for this spec

@@ -36,8 +36,9 @@ from symattn.lang.graph import postorder
 from symattn.lang.node_base import require_matrix, shape_of
 from symattn.lang.safe import expression
 
-# The backends a record gives calls for (the code generator's, and exact evaluation for verification).
-NUMPY, TORCH, JAX, EXACT = "numpy", "torch", "jax", "exact"
+# The backends a record gives calls for (the code generator's, and exact evaluation for verification); TRITON's
+# calls are expressions of a tile inside a kernel (triton.language as tl), where a record has one.
+NUMPY, TORCH, JAX, EXACT, TRITON = "numpy", "torch", "jax", "exact", "triton"
 
 HADAMARD_MOVE = "Hadamard factor moved onto the cotangent"
 CHAIN_RULE = ("chain rule, entrywise", HADAMARD_MOVE)
@@ -142,7 +143,7 @@ class Exp(Elementwise):
     function = "exp"
     scalar = staticmethod(sp.exp)
     latex, text = r"\exp", "exp"
-    calls = {NUMPY: "np.exp", TORCH: "torch.exp", JAX: "jnp.exp"}
+    calls = {NUMPY: "np.exp", TORCH: "torch.exp", JAX: "jnp.exp", TRITON: "tl.exp"}
     inplace = True
     letter = "E"
 
@@ -156,7 +157,7 @@ class Log(Elementwise):
     function = "log"
     scalar = staticmethod(sp.log)
     latex, text = r"\log", "log"
-    calls = {NUMPY: "np.log", TORCH: "torch.log", JAX: "jnp.log"}
+    calls = {NUMPY: "np.log", TORCH: "torch.log", JAX: "jnp.log", TRITON: "tl.log"}
     inplace = True
 
     def derivative(self) -> MatrixExpr:
@@ -169,7 +170,12 @@ class Tanh(Elementwise):
     function = "tanh"
     scalar = staticmethod(sp.tanh)
     latex, text = r"\tanh", "tanh"
-    calls = {NUMPY: "np.tanh", TORCH: "torch.tanh", JAX: "jnp.tanh"}
+    calls = {
+        NUMPY: "np.tanh",
+        TORCH: "torch.tanh",
+        JAX: "jnp.tanh",
+        TRITON: "(2.0 * tl.sigmoid(2.0 * {0}) - 1.0)",  # core Triton has no tanh: 2σ(2x) − 1
+    }
     inplace = True
     letter = "T"
 
@@ -183,7 +189,7 @@ class Sigmoid(Elementwise):
     function = "sigmoid"
     scalar = staticmethod(lambda x: 1 / (1 + sp.exp(-x)))
     latex, text = r"\sigma", "σ"
-    calls = {NUMPY: "sigmoid", TORCH: "torch.sigmoid", JAX: "sigmoid"}
+    calls = {NUMPY: "sigmoid", TORCH: "torch.sigmoid", JAX: "sigmoid", TRITON: "tl.sigmoid"}
     letter = "Z"
 
     def derivative(self) -> MatrixExpr:
@@ -196,7 +202,12 @@ class Softplus(Elementwise):
     function = "softplus"
     scalar = staticmethod(lambda x: sp.log(1 + sp.exp(x)))
     latex, text = r"\operatorname{softplus}", "softplus"
-    calls = {NUMPY: "softplus", TORCH: "torch.nn.functional.softplus", JAX: "jax.nn.softplus"}
+    calls = {
+        NUMPY: "softplus",
+        TORCH: "torch.nn.functional.softplus",
+        JAX: "jax.nn.softplus",
+        TRITON: "(tl.maximum({0}, 0.0) + tl.log(1.0 + tl.exp(-tl.abs({0}))))",  # max(x, 0) + log(1 + e^−|x|)
+    }
     flops = 3
 
     def derivative(self) -> MatrixExpr:

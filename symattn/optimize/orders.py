@@ -12,7 +12,7 @@ at call time from the arrays' shapes (the generated modules' runtime ``chain``).
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from functools import cache
 
@@ -21,7 +21,7 @@ import sympy as sp
 from sympy import Basic
 from sympy.matrices.expressions import MatMul, OneMatrix
 
-__all__ = ["GRID", "order_at_every_size", "priced_at_typical_sizes", "recording"]
+__all__ = ["GRID", "cheapest_orders", "order_at_every_size", "priced_at_typical_sizes", "recording"]
 
 GRID = (8, 64, 512, 4096)  # the sizes each dimension symbol takes (every combination)
 MOST_FACTORS = 8  # Catalan(7) = 429 orders; a longer chain is ordered at call time
@@ -60,6 +60,22 @@ def order_at_every_size(mats: Sequence[Basic]) -> Basic | None:
     ones = tuple(isinstance(m, OneMatrix) for m in mats)
     tree = _winner(shapes, ones)
     return None if tree is None else _built(tree, list(mats))
+
+
+def cheapest_orders(mats: Sequence[Basic], at: Mapping[Basic, np.ndarray]) -> np.ndarray:
+    """At each point of a grid (at: every dimension symbol of mats → its sizes, one per point), the index of the
+    cheapest parenthesisation of mats among ``_trees``' (ties: the earlier one, left to right first)."""
+    count = len(next(iter(at.values())))
+    if not 2 <= len(mats) <= MOST_FACTORS:
+        return np.zeros(count, dtype=int)
+    dims = [sp.sympify(r) for r, _ in (m.shape for m in mats)] + [sp.sympify(mats[-1].shape[1])]
+    symbols = sorted(set().union(*(d.free_symbols for d in dims)), key=str)
+    values = sp.lambdify(symbols, dims)(*(at[s] for s in symbols))
+    sizes = [np.broadcast_to(np.asarray(v, dtype=float), (count,)) for v in values]
+    ones = tuple(isinstance(m, OneMatrix) for m in mats)
+    trees = _trees(0, len(mats) - 1)
+    costs = np.array([np.broadcast_to(_tree_cost(t, sizes, dims, ones)[0], (count,)) for t in trees])
+    return costs.argmin(axis=0)
 
 
 def _built(tree: Tree, mats: list[Basic]) -> Basic:

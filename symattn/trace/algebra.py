@@ -18,6 +18,8 @@ from sympy.matrices.expressions import HadamardPower, OneMatrix
 from symattn.lang import ops
 from symattn.lang.algebra import hadamard_product, product, total
 from symattn.lang.functions import Softplus
+from symattn.trace import frames
+from symattn.trace.forms.heads import across_heads, fixed
 from symattn.trace.layout import argument, matrix, same_heads
 from symattn.trace.tracer import MaskArgument, Trace
 from symattn.trace.values import Refused, Value
@@ -104,9 +106,13 @@ def binary(kind: str, reverse: bool = False):
         if reverse:
             x, y = y, x
         if kind == "add":
+            _masks_added(t, x, y)
             mask = _additive_mask(t, x, y, result) or _additive_mask(t, y, x, result)
             if mask is not None:
                 return mask
+        for z, other in ((x, y), (y, x)):  # a float constant with batch or head axes (cos, sin, a bias table)
+            if isinstance(z, torch.Tensor) and z.is_floating_point() and not t.traced(z) and t.traced(other):
+                fixed(t, z, t.value(other))
         # a number is read with the length a product operand contracted first (Q Kᵀ / √d_k), then the operand's
         # columns (q * d_k ** -0.5)
         operands = [t.value(z) for z in (x, y) if t.traced(z) and not t.value(z).is_scalar]
@@ -120,13 +126,24 @@ def binary(kind: str, reverse: bool = False):
     return rule
 
 
+def _masks_added(t: Trace, x: object, y: object) -> None:
+    """A float argument with batch axes added to another such argument or to a constant with batch axes (CLIP's
+    attention_mask + causal_attention_mask, T5's zero position_bias + mask): masks combined, traced again as
+    constants (``MaskArgument``), tentatively: where their sum is used otherwise than as a mask, they are inputs again
+    (``source.trace``)."""
+    for a, b in ((x, y), (y, x)):
+        if t.traced(a) and id(a) in t.floats and isinstance(b, torch.Tensor) and b.is_floating_point() and b.ndim > 2:
+            if not t.traced(b) or id(b) in t.floats:
+                raise MaskArgument(t.floats[id(a)], tentative=True)
+
+
 def _additive_mask(t: Trace, x: object, mask: object, result) -> Value | None:
     """x + mask, x per-head values and mask a float tensor with batch axes: x + M, M the additive mask (a constant).
 
     A float argument of the forward met here as it is signals a trace again with it a constant (``MaskArgument``);
     a constant (such an argument, or a tensor made from it) is M of x's matrix shape, which generated forward takes
-    (n, m) or batched (B, n, m), the same for every head: it must have size 1 on the heads' axis (a (B, 1, 1, m)
-    padding or (B, 1, n, m) causal mask; torch broadcasts it)."""
+    (n, m) or batched (B, n, m), where it is the same for every head (a (B, 1, 1, m) padding or (B, 1, n, m) causal
+    mask; torch broadcasts it); one that varies over the heads is a per-head constant (``forms.heads``)."""
     if not (isinstance(mask, torch.Tensor) and mask.is_floating_point() and mask.ndim > 2) or not t.traced(x):
         return None
     v = t.value(x)
@@ -136,12 +153,10 @@ def _additive_mask(t: Trace, x: object, mask: object, result) -> Value | None:
         if id(mask) in t.floats:
             raise MaskArgument(t.floats[id(mask)])
         return None
-    if mask.shape[-3] != 1:
-        raise Refused(
-            f"a constant of shape {tuple(mask.shape)} added to per-head values varies over the heads: generated "
-            "forward takes the additive mask M as (n, m) or (B, n, m), one for every head (size 1 on the heads' axis)"
-        )
     v = matrix(v)
+    per_head, mask = across_heads(t, mask, "as_is", v)
+    if per_head is not None:
+        return Value(total(v.expr, per_head), tuple(result.shape), v.heads)
     m = t.constant(mask, "as_is", like=v)
     return Value(total(v.expr, m.expr), tuple(result.shape), v.heads)
 
@@ -206,9 +221,20 @@ def row_function(record: type):
         axis = argument(args, kwargs, 1, "dim")
         if axis is None or axis not in (-1, len(v.shape) - 1):
             raise Refused(f"{record.function} over dim={axis}; symattn's is over the last axis (dim=-1, each row)")
+        _precision(t, kwargs.get("dtype", next((a for a in args[2:] if isinstance(a, torch.dtype)), None)))
         return Value(record(v.expr), tuple(result.shape), v.heads)
 
     return rule
+
+
+def _precision(t: Trace, dtype: torch.dtype | None) -> None:
+    """softmax(…, dtype=torch.float32): the same function, computed in float32; the spec is the exact function, so
+    it is right, and the call's line is kept (``Trace.upcast``). A narrower dtype would round the probabilities."""
+    if dtype is None:
+        return
+    if not dtype.is_floating_point or torch.finfo(dtype).bits < 32:
+        raise Refused(f"dtype={dtype} rounds the result below float32; read: dtype=torch.float32 or wider, or none")
+    t.upcast.append(frames.location() or "?")
 
 
 def reduction(kind: str):
@@ -268,13 +294,16 @@ def _masked(t: Trace, x: object, mask: torch.Tensor, fill: object, masked_when: 
         raise Refused("a fill value computed from traced values")
     value = float(value)
     t.program.ref(mask)
-    if value == -math.inf or value <= FILL_AS_MINUS_INFINITY:
-        m = t.constant(mask, "additive" if masked_when else "additive_false", like=v)
-        return Value(total(v.expr, m.expr), tuple(result.shape), v.heads)
-    k = t.constant(mask, "keep" if masked_when else "keep_false", like=v)
-    expr = hadamard_product(v.expr, k.expr)
+    additive = value == -math.inf or value <= FILL_AS_MINUS_INFINITY
+    form = ("additive" if additive else "keep") + ("" if masked_when else "_false")
+    per_head, mask = across_heads(t, mask, form, v)  # a (…, H, n, m) mask that varies over the heads: per head
+    if additive:
+        m = per_head if per_head is not None else t.constant(mask, form, like=v).expr
+        return Value(total(v.expr, m), tuple(result.shape), v.heads)
+    k = per_head if per_head is not None else t.constant(mask, form, like=v).expr
+    expr = hadamard_product(v.expr, k)
     if value != 0:
-        expr = total(expr, product(t.number(value), total(OneMatrix(*k.expr.shape), product(-1, k.expr))))
+        expr = total(expr, product(t.number(value), total(OneMatrix(*k.shape), product(-1, k))))
     return Value(expr, tuple(result.shape), v.heads)
 
 

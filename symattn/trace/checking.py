@@ -32,9 +32,10 @@ def check_backward(fn, backward, *example_inputs, trials: int = 5, seed: int = 0
     """Each input's verdict on ``backward`` (see the module docstring), by the spec's input names."""
     import torch
 
-    from symattn.trace.source import trace
+    from symattn.trace.source import block_sources, trace
 
     first = trace(fn, example_inputs)
+    blocks = block_sources(first)
     s = first.spec
     module = fn if isinstance(fn, torch.nn.Module) else None
     fixed = _fixed_sizes(first, fn, module, example_inputs)
@@ -47,6 +48,9 @@ def check_backward(fn, backward, *example_inputs, trials: int = 5, seed: int = 0
         traced = trace(target, args)  # the constants (masks) at these sizes
         values = _values(traced, target, args, rng, s)
         claimed, failure = _claimed(backward, target, module, args, values, s)
+        for name, (parent, axis, a, b) in blocks.items():  # a fused parameter's gradient given whole: its blocks
+            if name not in claimed and parent in claimed and np.ndim(claimed[parent]) == 2:
+                claimed[name] = claimed[parent][:, a:b] if axis == -1 else claimed[parent][a:b, :]
         dims = {str(d): v for d, v in sizes.items()}
         for name in (n for n in s.input_names if n not in refuted):
             truth, problem = evaluate_finite(DagValues(values, dims).value, [truths[name]])
@@ -84,10 +88,12 @@ def _label(backward) -> str:
 def _fixed_sizes(first, fn, module, examples) -> dict:
     """The dimensions that stay the example's: a module's parameters fix theirs; a mask argument its own."""
     from symattn.trace.constants import sizes_of, spec_layout
+    from symattn.trace.source import spec_tensors
 
     fixed: dict = {}
     if module is not None:
-        params = [spec_layout(module.get_parameter(p)) for p in first.parameters]
+        params = spec_tensors(first, [module.get_parameter(p) for p in first.parameters], len(first.arguments))
+        params = [spec_layout(p) for p in params]
         symbols = first.spec.matrix_inputs[len(first.spec.matrix_inputs) - len(params) :]
         fixed = sizes_of(_Inputs(symbols), params)
     if first.constants:  # a mask's dimensions: the example's (a mask argument is not resized)
@@ -140,7 +146,7 @@ def _point(fn, module, examples, first, fixed, rng, small: bool):
 
 def _values(traced, target, args, rng, s) -> dict:
     """The spec's leaves at this point: inputs (2-D, batch axes of length 1 dropped), constants, G."""
-    from symattn.trace.constants import FORMS, fitted, sizes_of, spec_layout
+    from symattn.trace.constants import sizes_of, spec_layout, spec_value
 
     tensors = _tensors(traced, target, args)
     layouts = [spec_layout(t) for t in tensors]
@@ -152,8 +158,7 @@ def _values(traced, target, args, rng, s) -> dict:
     buffers = dict(target.named_buffers()) if hasattr(target, "named_buffers") else {}
     raw = traced.program.replay(args, buffers, [c.ref for c in traced.constants])
     for mine, c, tensor in zip(s.constants, traced.constants, raw):
-        rows, cols = (int(sp.sympify(n).xreplace(sizes)) for n in c.symbol.shape)
-        value = fitted(FORMS[c.form](tensor, layouts[0].dtype), rows, cols, str(c.symbol.name)).numpy()
+        value = spec_value(c, tensor, layouts[0].dtype, sizes).numpy()
         values[mine] = value.reshape(value.shape[-2:])
     seed = default_seed(s.output, None)
     rows, cols = (int(sp.sympify(n).xreplace(sizes)) for n in seed.shape)
@@ -162,9 +167,11 @@ def _values(traced, target, args, rng, s) -> dict:
 
 
 def _tensors(traced, target, args) -> list:
+    from symattn.trace.source import spec_tensors
+
     bound = dict(zip(_names(target), args))
     found = [bound[n] for n in traced.arguments]
-    return found + [target.get_parameter(p) for p in traced.parameters]
+    return spec_tensors(traced, found + [target.get_parameter(p) for p in traced.parameters])
 
 
 def _names(fn) -> list[str]:

@@ -20,8 +20,9 @@ from symattn.errors import SymattnError
 
 @dataclass(frozen=True)
 class Ref:
-    """A tensor of the program: ("arg", i) the forward's i-th argument, ("buffer", name), ("step", k) the
-    result of the k-th recorded call, ("literal", k) a tensor held as it is."""
+    """A tensor of the program: ("arg", i) the forward's i-th argument, ("item", (i, j)) the j-th tensor of a tuple
+    argument, ("buffer", name), ("step", k) the result of the k-th recorded call, ("literal", k) a tensor held as
+    it is."""
 
     kind: str
     key: object
@@ -69,8 +70,8 @@ class Program:
         stack = [self.sources[ref]]
         while stack:
             obj = stack.pop()
-            if isinstance(obj, Ref) and obj.kind == "arg":
-                found.add(obj.key)
+            if isinstance(obj, Ref) and obj.kind in ("arg", "item"):
+                found.add(obj.key if obj.kind == "arg" else obj.key[0])
             elif isinstance(obj, Ref) and obj.kind == "step":
                 _, a, kw = self.steps[obj.key]
                 stack.extend((a, kw))
@@ -88,6 +89,8 @@ class Program:
             if isinstance(obj, Ref):
                 if obj.kind == "arg":
                     return args[obj.key]
+                if obj.kind == "item":  # a tensor in a tuple argument: args[i][j]
+                    return args[obj.key[0]][obj.key[1]]
                 if obj.kind == "buffer":
                     return buffers[obj.key]
                 if obj.kind == "step":
@@ -130,6 +133,27 @@ FORMS = {
     "keep_false": lambda b, dtype: b.to(dtype),  # 1 where True
     "as_is": lambda t, dtype: t.to(dtype),
 }
+
+
+def spec_value(constant, raw, dtype, sizes: dict, checked: bool = True):
+    """A constant of the trace (``tracer.Constant``) made from its rebuilt tensor: the form applied (a bool as M or
+    K), at the spec's matrix shape; a per-head one (``heads`` H, of shape (…, H, n, m) or broadcasting to it) laid
+    out as the spec holds it, n × (H·m) with head h in columns h·m … (h+1)·m − 1."""
+    rows, cols = (int(sp.sympify(x).xreplace(sizes)) for x in constant.symbol.shape)
+    value = FORMS[constant.form](raw, dtype)
+    name = str(constant.symbol.name)
+    if constant.heads is None:
+        return fitted(value, rows, cols, name)
+    heads = constant.heads
+    value = value.reshape((1,) * max(3 - value.ndim, 0) + tuple(value.shape))
+    try:
+        value = torch.broadcast_to(value, (*value.shape[:-3], heads, rows, cols // heads))
+    except RuntimeError:
+        raise SymattnError(
+            f"drop_in: the per-head constant {name} of shape {tuple(value.shape)} is not {heads} × {rows} × "
+            f"{cols // heads}"
+        ) from None
+    return value.transpose(-3, -2).reshape(*value.shape[:-3], rows, cols)
 
 
 def _zeros(b, dtype):

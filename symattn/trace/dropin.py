@@ -14,14 +14,12 @@ from __future__ import annotations
 import contextlib
 import types
 
-import sympy as sp
-
 from symattn.codegen.generate import render
 from symattn.codegen.schedule.build import split_constants
 from symattn.errors import SymattnError
 from symattn.lang.functions import TORCH
-from symattn.trace.constants import FORMS, fitted, sizes_of, spec_layout
-from symattn.trace.source import Traced, trace
+from symattn.trace.constants import sizes_of, spec_layout, spec_value
+from symattn.trace.source import Traced, spec_tensors, trace
 
 
 def generated_module(traced_spec, *, second_order: bool = True) -> types.ModuleType:
@@ -66,7 +64,8 @@ class ClosedForm:
                 raise SymattnError(
                     f"drop_in: {name} requires grad, but is read as the additive mask M, a constant (no gradient)"
                 )
-        return [bound[n] for n in traced.arguments] + [self.fn.get_parameter(p) for p in traced.parameters]
+        params = [self.fn.get_parameter(p) for p in traced.parameters]
+        return spec_tensors(traced, [bound[n] for n in traced.arguments] + params)
 
     def constants(self, args: tuple, inputs: list) -> dict:
         """The spec's constants for these arguments, by name, at the spec's matrix shapes."""
@@ -74,11 +73,8 @@ class ClosedForm:
         sizes = sizes_of(self.spec, inputs)
         buffers = dict(self.fn.named_buffers()) if hasattr(self.fn, "named_buffers") else {}
         values = traced.program.replay(args, buffers, [c.ref for c in traced.constants])
-        found = {}
-        for c, raw in zip(traced.constants, values):
-            rows, cols = (int(sp.sympify(x).xreplace(sizes)) for x in c.symbol.shape)
-            found[str(c.symbol.name)] = fitted(FORMS[c.form](raw, inputs[0].dtype), rows, cols, str(c.symbol.name))
-        return found
+        dtype = inputs[0].dtype
+        return {str(c.symbol.name): spec_value(c, raw, dtype, sizes) for c, raw in zip(traced.constants, values)}
 
     def __call__(self, *args):
         import torch
@@ -147,9 +143,11 @@ def drop_in(module, *example_inputs, second_order: bool = True, generated=None) 
 
 def state_dict_for(traced: Traced, state_dict: dict) -> dict:
     """A traced module's state_dict as its generated nn.Module holds it: the parameters only (buffers are
-    constants), keys with "." → "_" (q_proj.weight → q_proj_weight), a 1-D tensor as the 1 × d row."""
-    wanted = set(traced.parameters)
-    return {key.replace(".", "_"): spec_layout(value) for key, value in state_dict.items() if key in wanted}
+    constants), keys with "." → "_" (q_proj.weight → q_proj_weight), a 1-D tensor as the 1 × d row; a parameter
+    read in blocks (a fused projection) as its blocks, by the spec's names (c_attn_weight_0, …)."""
+    values = spec_tensors(traced, [state_dict[p] for p in traced.parameters], len(traced.arguments))
+    names = traced.spec.input_names[len(traced.spec.input_names) - len(values) :]
+    return {name: spec_layout(value) for name, value in zip(names, values)}
 
 
 def generated_instance(module, *example_inputs, second_order: bool = True):
@@ -169,7 +167,8 @@ def generated_instance(module, *example_inputs, second_order: bool = True):
         if isinstance(v, type) and issubclass(v, torch.nn.Module) and v.__module__ == generated.__name__
     )
     params = [module.get_parameter(p) for p in traced.parameters]
-    tensors = [a for a in example_inputs if isinstance(a, torch.Tensor) and a.is_floating_point()] + params
+    bound = dict(zip(_argument_names(module), example_inputs))
+    tensors = spec_tensors(traced, [bound[n] for n in traced.arguments] + params)
     sizes = {str(d): v for d, v in sizes_of(traced.spec, [spec_layout(t) for t in tensors]).items()}
     wanted = [n for n in inspect.signature(cls.__init__).parameters if n not in ("self", "device", "dtype")]
     instance = cls(**{n: sizes[n] for n in wanted}, device=params[0].device, dtype=params[0].dtype)

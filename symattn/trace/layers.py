@@ -13,6 +13,7 @@ from sympy.matrices.expressions import OneMatrix, Transpose
 
 from symattn.lang import ops
 from symattn.lang.algebra import hadamard_product, product, total
+from symattn.trace.forms.heads import across_heads
 from symattn.trace.layout import argument, matrix, same_heads
 from symattn.trace.tracer import Trace
 from symattn.trace.values import Refused, Value
@@ -47,8 +48,22 @@ def gelu(t: Trace, args: tuple, kwargs: dict, result) -> Value:
     return Value(ops.gelu(v.expr, approximate), tuple(result.shape), v.heads)
 
 
+def _grouped(t: Trace, qkv: tuple, gqa: bool) -> tuple[Value, Value, Value]:
+    """The values of q, k, v; with enable_gqa, key and value heads repeated to the query's (repeat_heads)."""
+    qv, kv, vv = (matrix(t.value(z)) for z in qkv)
+    if gqa and (kv.heads is None or qv.heads is None) and len(qv.shape) > 2 and qv.shape[-3] != kv.shape[-3]:
+        raise Refused("enable_gqa of tensors not split into heads by a view (…, n, H, d) and transpose(1, 2)")
+    if not gqa or kv.heads is None or qv.heads is None or kv.heads == qv.heads:
+        return qv, kv, vv
+    if qv.heads % kv.heads or vv.heads != kv.heads:
+        raise Refused(f"enable_gqa with {qv.heads} query heads and {kv.heads} key heads (read: a divisor)")
+    kv, vv = (Value(ops.repeat_heads(x.expr, x.heads, qv.heads), x.shape, qv.heads) for x in (kv, vv))
+    return qv, kv, vv
+
+
 def scaled_dot_product_attention(t: Trace, args: tuple, kwargs: dict, result) -> Value:
-    """F.scaled_dot_product_attention(q, k, v, attn_mask, 0.0, is_causal, scale) = softmax(s Q Kᵀ + M) V.
+    """F.scaled_dot_product_attention(q, k, v, attn_mask, 0.0, is_causal, scale) = softmax(s Q Kᵀ + M) V; enable_gqa
+    repeats the key and value heads to the query's (``repeat_heads``).
 
     A bool attn_mask is True where attention is allowed (torch's convention), a float one is added; is_causal
     adds the causal mask (a constant made here, −∞ above the diagonal).
@@ -59,13 +74,11 @@ def scaled_dot_product_attention(t: Trace, args: tuple, kwargs: dict, result) ->
     scale = argument(args, kwargs, 6, "scale")
     if dropout:
         raise Refused(f"dropout_p = {dropout} is random; trace with dropout_p=0")
-    if kwargs.get("enable_gqa"):
-        raise Refused("enable_gqa (grouped-query heads)")
-    qv, kv, vv = (matrix(t.value(z)) for z in (q, k, v))
+    qv, kv, vv = _grouped(t, (q, k, v), kwargs.get("enable_gqa", False))
     heads = same_heads(qv, kv, vv)
     t.dims.equate(qv.cols, kv.cols)
     t.dims.equate(t.value(k).rows, t.value(v).rows)
-    qv, kv, vv = (t.value(z) for z in (q, k, v))
+    qv, kv, vv = _grouped(t, (q, k, v), kwargs.get("enable_gqa", False))
     t.dims.contracted.append(qv.cols)
     s = product(qv.expr, Transpose(kv.expr))
     factor = 1 / sp.sqrt(qv.cols) if scale is None else t.value(scale, (qv.cols,)).expr
@@ -76,8 +89,10 @@ def scaled_dot_product_attention(t: Trace, args: tuple, kwargs: dict, result) ->
         built = torch.ones(rows, cols, dtype=torch.bool).triu(1)
         a = total(a, t.constant(built, "additive", like=like).expr)
     if mask is not None:
-        if isinstance(mask, torch.Tensor) and mask.dtype == torch.bool:
-            a = total(a, t.constant(mask, "additive_false", like=like).expr)
+        if isinstance(mask, torch.Tensor) and not t.traced(mask):  # bool: True where allowed; float: added
+            form = "additive_false" if mask.dtype == torch.bool else "as_is"
+            per_head, mask = across_heads(t, mask, form, like)  # (…, H, n, m) varying over the heads: per head
+            a = total(a, per_head if per_head is not None else t.constant(mask, form, like=like).expr)
         else:
             m = t.value(mask)
             a = total(a, m.expr if m.rows != 1 else product(OneMatrix(qv.rows, 1), m.expr))

@@ -22,14 +22,25 @@ def argument(args: tuple, kwargs: dict, index: int, name: str, default: object =
     return kwargs.get(name, default)
 
 
-def matrix(v: Value, what: str = "operand") -> Value:
-    """v, which must be a whole matrix (not a 0-d number, nor halfway through the split into heads)."""
+def matrix(v: Value, what: str = "operand", flat: bool = False) -> Value:
+    """v, which must be a whole matrix (not a 0-d number, nor halfway through the split into heads; flattened rows
+    (B·n, c) where ``flat``: a product's left factor)."""
     if v.is_scalar:
         raise Refused(f"the {what} is a 0-d tensor; a matrix was expected")
+    if v.pending == "flat" and not flat:
+        raise Refused(f"the {what} is a view of the rows of every sequence as one matrix (B·n, c); read: a product")
+    if v.pending in ("fused", "fused_view"):
+        raise Refused(f"the {what} is a fused projection's view; read: its pieces by unbind(0) or [i]")
     if v.pending == "split":
         raise Refused("right after a view into heads (…, n, H, d) only transpose(1, 2) is in symattn's language")
     if v.pending == "merge":
         raise Refused("after transposing heads back (…, n, H, d) only a view or reshape to (…, n, H·d) is supported")
+    if v.pending == "repeat":
+        raise Refused("key/value heads with an axis added (repeat_kv): read are expand, then reshape to (B, H, n, d)")
+    if v.pending == "stacked":
+        raise Refused("a stack along a new last axis: read is flatten(-2) of it (an interleaved rotary embedding)")
+    if v.pending not in (None, "flat"):
+        raise Refused(f"the {what} is halfway through a reshape ({v.pending})")
     return v
 
 
@@ -72,14 +83,14 @@ def rmatmul(t: Trace, args: tuple, kwargs: dict, result) -> Value:
 
 
 def _product(t: Trace, x: object, y: object, result) -> Value:
-    a, b = matrix(t.value(x), "left factor"), matrix(t.value(y), "right factor")
+    a, b = matrix(t.value(x), "left factor", flat=True), matrix(t.value(y), "right factor")
     if len(a.shape) < 2 or len(b.shape) < 2:
         raise Refused("a product with a 1-D tensor (a vector) is not a matrix product of symattn's language")
     heads = same_heads(a, b)
     t.dims.equate(a.cols, b.rows)
     a, b = t.value(x), t.value(y)
     t.dims.contracted.append(a.cols)
-    return Value(product(a.expr, b.expr), tuple(result.shape), heads, inner=a.cols)
+    return Value(product(a.expr, b.expr), tuple(result.shape), heads, a.pending, inner=a.cols, layout=a.layout)
 
 
 def _subscripts(text: str) -> list[str]:
@@ -127,7 +138,7 @@ def einsum(t: Trace, args: tuple, kwargs: dict, result) -> Value:
 def linear(t: Trace, args: tuple, kwargs: dict, result) -> Value:
     """F.linear(x, W, b) = x Wᵀ + 𝟏 b, W in torch's (out, in) layout (nn.Linear's weight)."""
     x, w, b = args[0], argument(args, kwargs, 1, "weight"), argument(args, kwargs, 2, "bias")
-    xv, wv = matrix(t.value(x), "input"), matrix(t.value(w), "weight")
+    xv, wv = matrix(t.value(x), "input", flat=True), matrix(t.value(w), "weight")
     if len(wv.shape) != 2:
         raise Refused(f"a weight of shape {tuple(wv.shape)}; linear takes a 2-D (out, in) weight")
     t.dims.equate(xv.cols, wv.cols)
@@ -138,7 +149,7 @@ def linear(t: Trace, args: tuple, kwargs: dict, result) -> Value:
     out = product(xv.expr, transposed(wv.expr))
     if b is not None:
         out = total(out, product(OneMatrix(xv.rows, 1), t.value(b).expr))
-    return Value(out, tuple(result.shape), xv.heads, inner=xv.cols)
+    return Value(out, tuple(result.shape), xv.heads, xv.pending, inner=xv.cols, layout=xv.layout)
 
 
 def _axis(a: int, ndim: int) -> int:
@@ -232,7 +243,7 @@ def reshape(t: Trace, args: tuple, kwargs: dict, result) -> Value:
 def same(t: Trace, args: tuple, kwargs: dict, result) -> Value:
     """contiguous, clone, float, to, type_as: the same values."""
     v = t.value(args[0])
-    return Value(v.expr, tuple(result.shape), v.heads, v.pending)
+    return Value(v.expr, tuple(result.shape), v.heads, v.pending, layout=v.layout)
 
 
 def dropout(t: Trace, args: tuple, kwargs: dict, result) -> Value:

@@ -6,16 +6,18 @@ in torch's layout; a bias (d,) is the spec's 1 × d row, which generated forward
 tensor is a trainable scalar; bool (and integer) tensor arguments, buffers and tensors made inside are
 constants. A bool argument used as it is as a mask (``masked_fill(mask, -inf)``, ``torch.where``, a bool
 ``attn_mask``) is the constant named by its parameter, first among the constants in the arguments' order,
-its form (Spec.bool_forms) telling generated forward how to read the bool; intermediates take the names of
-the user's local variables; dimensions are n (the first input's rows), m (another input's rows), d_head (a
-head's width) and d_<input> (the other axes, by the first input that has them).
+its form (Spec.bool_forms) telling generated forward how to read the bool; the tensors of a tuple argument
+((cos, sin) tables) are constants; an input read in blocks (a fused projection split along its features) is
+its blocks, each an input of its own (``forms.blocks``); intermediates take the names of the user's local
+variables; dimensions are n (the first input's rows), m (another input's rows), d_head (a head's width) and
+d_<input> (the other axes, by the first input that has them).
 """
 
 from __future__ import annotations
 
 import inspect
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -30,6 +32,10 @@ if TYPE_CHECKING:  # torch is imported when a trace runs, not with symattn
     from symattn.trace.tracer import Constant, Trace
 
 
+class MisreadMask(SymattnError):
+    """A float argument read as an additive mask is used otherwise too (it would lose its gradient)."""
+
+
 @dataclass
 class Traced:
     """A trace's spec and what the drop-in needs to call the generated code the way the original is called."""
@@ -41,6 +47,34 @@ class Traced:
     parameters: tuple[str, ...]  # the module's parameters (state_dict names), in the spec's order
     shapes: tuple  # the examples' shapes (a new shape rebuilds the constants by a new trace)
     masks: tuple[str, ...] = ()  # the float arguments read as additive masks (constants: no gradient)
+    upcast: tuple[str, ...] = ()  # file:line of each softmax the code computes in float32 (softmax(…, dtype=…))
+    # the inputs read in blocks (a split fused projection), by position in arguments + parameters: each block's torch
+    # axis and range, in the order the spec's inputs hold them (``forms.blocks``; ``spec_tensors`` makes them)
+    views: dict[int, tuple[tuple[int, int, int], ...]] = field(default_factory=dict)
+
+
+def block_sources(traced: Traced) -> dict[str, tuple[str, int, int, int]]:
+    """The spec's inputs that are blocks, by name: (the input they are a block of, its torch axis, start, stop)."""
+    parents = [_own_name(a) for a in traced.arguments] + [_own_name(p.replace(".", "_")) for p in traced.parameters]
+    names = iter(traced.spec.input_names)
+    found: dict[str, tuple[str, int, int, int]] = {}
+    for i, parent in enumerate(parents):
+        if i not in traced.views:
+            next(names)
+            continue
+        for axis, a, b in traced.views[i]:
+            found[next(names)] = (parent, axis, a, b)
+    return found
+
+
+def spec_tensors(traced: Traced, tensors: list, offset: int = 0) -> list:
+    """The spec's input tensors from the traced inputs' (the arguments', then the parameters', in order; the first
+    given at position offset): one read in blocks as its blocks, views of it (``narrow``), so that autograd hands
+    its gradient back whole."""
+    out: list = []
+    for i, x in enumerate(tensors, offset):
+        out.extend([x.narrow(axis, a, b - a) for axis, a, b in traced.views[i]] if i in traced.views else [x])
+    return out
 
 
 def from_torch(fn, *example_inputs, name: str | None = None) -> Spec:
@@ -56,22 +90,30 @@ def trace(fn, examples: tuple, name: str | None = None) -> Traced:
 
     masks: set[str] = set()
     refusals: list[SymattnError] = []  # a slice's: the error to give if the sliced argument is no mask after all
+    tentative: set[str] = set()  # added to another such argument: masks unless their sum is used otherwise
+    inputs: set[str] = set()  # tried as masks and used otherwise: inputs, never again masks
     while True:
         try:
-            return _trace(fn, examples, name, masks)
+            return _trace(fn, examples, name, masks, inputs)
         except MaskArgument as signal:
             if signal.name in masks:  # (a constant is never traced: it cannot signal twice)
                 raise SymattnError(f"from_torch: the mask argument {signal.name} is traced") from None
             masks.add(signal.name)
+            tentative |= {signal.name} if signal.tentative else set()
             refusals += [signal.refusal] if signal.refusal is not None else []
-        except SymattnError:
-            if refusals:
+        except MisreadMask:
+            if tentative & masks:  # float arguments added together but no mask: inputs again, as they were
+                masks -= tentative
+                inputs |= tentative
+                continue
+            if refusals:  # a sliced argument that is no additive mask after all: the slice's refusal
                 raise refusals[0] from None
             raise
 
 
-def _trace(fn, examples: tuple, name: str | None, masks: set[str]) -> Traced:
-    """One trace, the float arguments named in masks constants (additive masks), the others inputs."""
+def _trace(fn, examples: tuple, name: str | None, masks: set[str], inputs: set[str] = frozenset()) -> Traced:
+    """One trace, the float arguments named in masks constants (additive masks), the others inputs (those named in
+    inputs never tried as masks)."""
     import torch
 
     from symattn.trace.constants import Ref
@@ -87,25 +129,7 @@ def _trace(fn, examples: tuple, name: str | None, masks: set[str]) -> Traced:
     except TypeError as err:
         raise SymattnError(f"from_torch: the examples do not fit {_qualname(fn)}: {err}") from None
     t = Trace(ops=OPS)
-    arguments: list[str] = []
-    demoted: list[str] = []
-    for i, (pname, value) in enumerate(bound.arguments.items()):
-        if isinstance(value, torch.Tensor):
-            if value.is_floating_point() and _own_name(pname) in masks:  # an additive mask: a constant, named by it
-                t.program.leaf(value, Ref("arg", i))
-                t.masks[id(value)] = _own_name(pname)
-                demoted.append(pname)
-            elif value.is_floating_point():
-                # with batch axes, after the first, not asking for a gradient: perhaps an additive mask (a constant)
-                if arguments and value.ndim > 2 and not value.requires_grad:
-                    t.floats[id(value)] = _own_name(pname)
-                t.batch = t.batch if arguments else tuple(value.shape[:-2])
-                t.add_input(_own_name(pname), value)
-                arguments.append(pname)
-            else:
-                t.program.leaf(value, Ref("arg", i))
-                if value.dtype == torch.bool:  # a mask: the constant it is (Trace.mask_argument) takes its name
-                    t.masks[id(value)] = _own_name(pname)
+    arguments, demoted = _arguments(t, bound.arguments, masks, inputs)
     params = list(module.named_parameters()) if module is not None else []
     for pname, p in params:
         t.add_input(_own_name(pname.replace(".", "_")), p)
@@ -119,11 +143,15 @@ def _trace(fn, examples: tuple, name: str | None, masks: set[str]) -> Traced:
     if not t.traced(out):
         raise SymattnError(f"from_torch: the output of {_qualname(fn)} does not depend on its float inputs")
     output = t.values[id(out)]
+    used = output.expr.free_symbols if hasattr(output.expr, "free_symbols") else set()
+    t.constants = [c for c in t.constants if c.symbol in used]  # (a slice's S merged into a rotation R: gone)
+    first = t.inputs[0][0] if t.inputs else ""
+    views = _blocked(t, output.expr)
     mask_positions = {i for i, pname in enumerate(bound.arguments) if pname in demoted}
     for c in t.constants:  # a float argument read as an additive mask is nothing else (it would lose its gradient)
         if c.form == "as_is" and not c.added and c.ref in t.program.sources:
             if t.program.arguments(c.ref) & mask_positions:
-                raise SymattnError(
+                raise MisreadMask(
                     f"from_torch: {_qualname(fn)} adds its float argument {', '.join(demoted)} to per-head scores "
                     "as an additive mask (or slices it) and uses it otherwise too: an additive mask is a constant"
                 )
@@ -136,7 +164,7 @@ def _trace(fn, examples: tuple, name: str | None, masks: set[str]) -> Traced:
     # the constants made from buffers and inside the code, in the order the trace made them (spec and Traced alike)
     order = {name: i for i, name in enumerate(t.masks.values())}
     t.constants.sort(key=lambda c: order.get(str(c.symbol.name), len(order)))
-    rename = _dimension_names(t, {_own_name(p) for p in arguments})
+    rename = _dimension_names(t, {_own_name(p) for p in arguments}, first)
     spec = _spec(
         t,
         output,
@@ -145,17 +173,76 @@ def _trace(fn, examples: tuple, name: str | None, masks: set[str]) -> Traced:
         fn,
         [_own_name(p.replace(".", "_")) for p, _ in params],
         examples,
+        views,
     )
     for c in t.constants:
         c.symbol = c.symbol.xreplace(rename)
     shapes = tuple(tuple(e.shape) if isinstance(e, torch.Tensor) else None for e in examples)
-    return Traced(spec, t.program, t.constants, tuple(arguments), tuple(p for p, _ in params), shapes, tuple(demoted))
+    names = [n for n, _ in t.inputs]
+    ranges = {names.index(n): tuple((b.axis, b.start, b.stop) for b in blocks) for n, blocks in views.items()}
+    params_ = tuple(p for p, _ in params)
+    traced = Traced(spec, t.program, t.constants, tuple(arguments), params_, shapes, tuple(demoted), tuple(t.upcast))
+    traced.views = ranges
+    return traced
 
 
-def _spec(t: Trace, output, rename: dict, name: str, fn, params: list[str], examples: tuple) -> Spec:
+def _blocked(t: Trace, output: Basic) -> dict[str, list]:
+    """The inputs read in blocks, by name: their blocks in the order the spec's inputs hold them (rows, then columns,
+    each by its start). An input read both whole and in blocks is refused (its blocks would not be all of it)."""
+    views: dict[str, list] = {}
+    for b in sorted(t.blocks, key=lambda b: (b.axis, b.start)):
+        views.setdefault(b.parent, []).append(b)
+    whole = {str(s.name) for s in output.free_symbols if getattr(s, "name", None) in views}
+    if whole:
+        raise SymattnError(f"from_torch: {', '.join(sorted(whole))} is read both whole and in blocks (a split)")
+    return views
+
+
+def _arguments(t: Trace, bound: dict, masks: set[str], inputs: set[str]) -> tuple[list[str], list[str]]:
+    """The forward's tensor arguments entered into the trace: (the inputs', the additive masks' parameter names)."""
     import torch
 
-    inputs = tuple(s.xreplace(rename) for _, s in t.inputs)
+    from symattn.trace.constants import Ref
+
+    arguments: list[str] = []
+    demoted: list[str] = []
+    for i, (pname, value) in enumerate(bound.items()):
+        if isinstance(value, (tuple, list)):  # (cos, sin) tables: constants, rebuilt from the call's own
+            for j, item in enumerate(value):
+                if isinstance(item, torch.Tensor):
+                    t.program.leaf(item, Ref("item", (i, j)))
+        if not isinstance(value, torch.Tensor):
+            continue
+        if value.is_floating_point() and _own_name(pname) in masks:  # an additive mask: a constant, named by it
+            t.program.leaf(value, Ref("arg", i))
+            t.masks[id(value)] = _own_name(pname)
+            t.demoted.add(i)
+            demoted.append(pname)
+        elif value.is_floating_point():
+            # with batch axes, after the first, not asking for a gradient: perhaps an additive mask (a constant)
+            if arguments and value.ndim > 2 and not value.requires_grad and _own_name(pname) not in inputs:
+                t.floats[id(value)] = _own_name(pname)
+            t.batch = t.batch if arguments else tuple(value.shape[:-2])
+            t.add_input(_own_name(pname), value)
+            arguments.append(pname)
+        else:
+            t.program.leaf(value, Ref("arg", i))
+            if value.dtype == torch.bool:  # a mask: the constant it is (Trace.mask_argument) takes its name
+                t.masks[id(value)] = _own_name(pname)
+    return arguments, demoted
+
+
+def _spec(t: Trace, output, rename: dict, name: str, fn, params: list[str], examples: tuple, views: dict) -> Spec:
+    import torch
+
+    def expanded(pairs: list) -> list:
+        """(name, symbol) pairs, an input read in blocks replaced by its blocks."""
+        out: list = []
+        for n, s in pairs:
+            out.extend([(str(b.symbol.name), b.symbol) for b in views[n]] if n in views else [(n, s)])
+        return out
+
+    inputs = tuple(s.xreplace(rename) for _, s in expanded(t.inputs))
     out = output.expr.xreplace(rename)
     taken = (
         {str(s.name) for s in inputs} | {str(c.symbol.name) for c in t.constants} | {str(d) for d in rename.values()}
@@ -163,10 +250,15 @@ def _spec(t: Trace, output, rename: dict, name: str, fn, params: list[str], exam
     taken |= _reserved()
     named: list[tuple[str, Basic]] = []
     seen: set[Basic] = set()
+    known = {*inputs, *(c.symbol.xreplace(rename) for c in t.constants), *rename.values()}
     for v in t.order:
         label = t.names.get(id(v))
         expr = v.expr.xreplace(rename) if label else None
         if label is None or not isinstance(expr, MatrixExpr) or isinstance(expr, MatrixSymbol) or expr in seen:
+            continue
+        if any(str(getattr(x, "name", "")) in views for x in expr.free_symbols):  # a fused value, before its split
+            continue
+        if not expr.free_symbols <= known:  # a slice merged into a rotation (its S is no constant of the spec)
             continue
         seen.add(expr)
         label = _unique(label, taken)
@@ -174,7 +266,9 @@ def _spec(t: Trace, output, rename: dict, name: str, fn, params: list[str], exam
         named.append((label, expr))
     tensors = [e for e in examples if isinstance(e, torch.Tensor) and e.is_floating_point()]
     batched = max((e.ndim for e in tensors), default=0)
-    unbatched = [str(s.name) for s, e in zip(inputs, tensors) if e.ndim <= 2 and e.ndim < batched]
+    unbatched = [n for (n, _), e in zip(t.inputs, tensors) if e.ndim <= 2 and e.ndim < batched]
+    unbatched = [n for n, _ in expanded([(n, None) for n in unbatched])]
+    params = [n for n, _ in expanded([(n, None) for n in params])]
     forward = type(fn).forward if isinstance(fn, torch.nn.Module) else fn
     code = getattr(inspect.unwrap(forward), "__code__", None)
     source = Path(code.co_filename).name if code is not None else "?"
@@ -197,11 +291,11 @@ def _spec(t: Trace, output, rename: dict, name: str, fn, params: list[str], exam
         raise SymattnError(f"from_torch: the traced spec is refused: {err}") from None
 
 
-def _dimension_names(t: Trace, arguments: set[str]) -> dict:
+def _dimension_names(t: Trace, arguments: set[str], first: str) -> dict:
     """t_0, t_1, … renamed: n, m, d_head, d_<input> (see the module docstring), each name used once; the
     rows of the forward's other tensor arguments are m (keys, values), a parameter's axes d_<parameter>."""
     used = {str(s.name) for _, s in t.inputs} | {str(c.symbol.name) for c in t.constants} | _reserved()
-    first = t.inputs[0][0] if t.inputs else ""
+    used |= {str(b.symbol.name) for b in t.blocks}
     rename: dict = {}
     for symbol in sorted(t.dims.sizes, key=lambda s: int(str(s.name).split("_")[1])):
         kind, owner = t.dims.hints[symbol]

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from symattn.lang.functions import FUNCTIONS, TORCH, Elementwise, Gelu
 from symattn.lang.rowwise import LogSoftmax, RowSoftmax
 from symattn.trace import algebra, layers, layout
+from symattn.trace.forms import blocks, rotary
 
 Rule = Callable[..., object]
 
@@ -23,6 +24,7 @@ OPS: dict[str, Rule] = {
     "bmm": layout.matmul,
     "mm": layout.matmul,
     "linear": layout.linear,  # x Wᵀ + 𝟏 b, W (out, in)
+    "addmm": blocks.addmm,  # 𝟏 b + X W: GPT-2's Conv1D, on flattened rows
     "einsum": layout.einsum,  # two operands: A B, A Bᵀ, Aᵀ B, … batched
     # layouts
     "transpose": layout.transpose,  # (−2, −1): Aᵀ; (1, 2) of (…, n, H, d): into heads and back
@@ -31,17 +33,18 @@ OPS: dict[str, Rule] = {
     "mT": layout.matrix_transpose,  # Aᵀ
     "T": layout.full_transpose,  # Aᵀ of a 2-D tensor
     "t": layout.full_transpose,
-    "permute": layout.permute,
-    "view": layout.reshape,  # (…, n, H·d) ↔ (…, n, H, d)
-    "reshape": layout.reshape,
-    "flatten": layout.reshape,
-    "unflatten": layout.reshape,
+    "permute": blocks.permute,  # and a fused projection's (2, 0, 3, 1, 4)
+    "view": blocks.reshape,  # (…, n, H·d) ↔ (…, n, H, d); (…, n, c) ↔ (B·n, c); (…, n, k·H·d) → (…, n, k, H, d)
+    "reshape": blocks.reshape,
+    "flatten": blocks.reshape,
+    "unflatten": blocks.reshape,
     "contiguous": layout.same,  # identity
     "clone": layout.same,
     "float": layout.same,
     "double": layout.same,
     "to": layout.same,
     "type_as": layout.same,
+    "type": layout.same,  # .type(dtype)
     "dropout": layout.dropout,  # identity in eval()
     # entrywise arithmetic, torch's broadcasting
     "add": algebra.binary("add"),  # A + B
@@ -92,9 +95,21 @@ OPS: dict[str, Rule] = {
     "masked_fill_": algebra.masked_fill,
     "where": algebra.where,
     "scaled_dot_product_attention": layers.scaled_dot_product_attention,  # softmax(Q Kᵀ/√d + M) V
+    # blocks of a fused projection: the pieces' column blocks, W[:, a:b] (forms.blocks)
+    "split": blocks.split,
+    "chunk": blocks.split,
+    "unbind": blocks.unbind,
+    "__getitem__": blocks.getitem,  # qkv[i] of the fused view; x[..., a:b] = x S; x[:, :, None] of kv heads
+    # rotary embeddings and grouped key/value heads (forms.rotary)
+    "cat": rotary.cat,  # Σ A_i E_i; cat((−x₂, x₁), -1) = x R
+    "concat": rotary.cat,
+    "concatenate": rotary.cat,
+    "stack": rotary.stack,  # then flatten(-2): interleaved
+    "expand": rotary.expand,  # repeat_kv's
+    "expand_as": rotary.expand_as,  # of a constant (a mask to the scores' shape): a constant
     # refused with a reason of their own
     **dict.fromkeys(("gt", "lt", "ge", "le", "eq", "ne", "__gt__", "__lt__", "__ge__", "__le__"), layout.comparison),
-    **dict.fromkeys(("__getitem__", "narrow", "select", "index_select", "gather"), layout.indexing),
+    **dict.fromkeys(("narrow", "select", "index_select", "gather"), layout.indexing),
 }
 
 

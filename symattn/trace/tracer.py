@@ -56,6 +56,7 @@ class Constant:
     ref: int
     form: str
     added: bool = False  # a float constant added to values of its shape (an additive mask M), not a fixed one
+    heads: int | None = None  # H for a per-head constant: the spec's n × (H·m), split into the H blocks (…, H, n, m)
 
 
 @dataclass
@@ -79,6 +80,11 @@ class Trace:
     # the forward's float tensor arguments with batch axes after the first (by id): their names; one added as it is
     # to per-head values, or sliced, is an additive mask (``MaskArgument``)
     floats: dict[int, str] = field(default_factory=dict)
+    demoted: set[int] = field(default_factory=set)  # the positions of the float arguments read as additive masks
+    blocks: list = field(default_factory=list)  # the inputs' blocks read by a split (``forms.blocks.Block``)
+    widths: dict[tuple, Basic] = field(default_factory=dict)  # the blocks' lengths, by (start, stop, heads)
+    selections: dict[str, torch.Tensor] = field(default_factory=dict)  # a slice's constant S by name: its values
+    upcast: list[str] = field(default_factory=list)  # file:line of each softmax computed in float32 (dtype=…)
 
     def __post_init__(self) -> None:
         self.dims = Dims(self._substitute)
@@ -89,6 +95,9 @@ class Trace:
         self.inputs = [(name, s.xreplace(mapping)) for name, s in self.inputs]
         for c in self.constants:
             c.symbol = c.symbol.xreplace(mapping)
+        for b in self.blocks:
+            b.symbol = b.symbol.xreplace(mapping)
+        self.widths = {k: w.xreplace(mapping) for k, w in self.widths.items()}
 
     # inputs
 
@@ -203,9 +212,9 @@ class MaskArgument(Exception):  # a signal to trace again, not an error
     again with the argument a constant (``source.trace``), so that what the code does with it is kept in the
     constant program and the sum is scores + M."""
 
-    def __init__(self, name: str, why: str = "") -> None:
+    def __init__(self, name: str, why: str = "", tentative: bool = False) -> None:
         super().__init__(name)
-        self.name, self.why = name, why
+        self.name, self.why, self.tentative = name, why, tentative  # tentative: added to another mask, not yet used
         self.refusal: SymattnError | None = None  # with why: the error if the argument is no additive mask after all
 
 
@@ -232,11 +241,12 @@ def record(trace: Trace, func: object, args: tuple, kwargs: dict, result: object
             trace.program.record(func, args, kwargs, result)
         return
     trace.take_names(frames.local_names())
-    if not isinstance(result, torch.Tensor):
-        if any(True for _ in tensors_in(result)):
-            raise error(name, "it returns several tensors; symattn's language has no slicing of a matrix")
-        return  # a size, a shape, a dtype
     rule = trace.ops.get(name)
+    several = isinstance(result, (tuple, list)) and any(True for _ in tensors_in(result))
+    if not isinstance(result, torch.Tensor) and not several:
+        return  # a size, a shape, a dtype
+    if several and not getattr(rule, "several", False):
+        raise error(name, "it returns several tensors; read are the pieces of a fused projection's features")
     if rule is None:
         raise error(name, "this operation is not in symattn's language")
     try:
@@ -246,7 +256,11 @@ def record(trace: Trace, func: object, args: tuple, kwargs: dict, result: object
     except MaskArgument as signal:
         signal.refusal = error(name, signal.why) if signal.why else None
         raise
-    trace.bind(result, value)
+    if several:
+        for piece, v in zip(result, value):
+            trace.bind(piece, v)
+    elif value is not None:
+        trace.bind(result, value)
 
 
 def error(name: str, why: str) -> SymattnError:

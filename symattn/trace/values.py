@@ -30,7 +30,9 @@ class Value:
 
     ``heads``: H for a per-head tensor (…, H, rows, cols), the H blocks of ``split_heads``.
     ``pending``: "split" for (…, n, H, d) right after the view into heads (a transpose(1, 2) must follow),
-    "merge" for (…, n, H, d) after the transpose back (a view/reshape to (…, n, H·d) must follow).
+    "merge" for (…, n, H, d) after the transpose back (a view/reshape to (…, n, H·d) must follow);
+    "flat" for rows flattened (B·n, c), "fused_view" and "fused" for a fused projection's view (…, n, k, H, d) and
+    its permutation (k, …, H, n, d) (``forms.blocks``).
     """
 
     expr: Basic
@@ -38,6 +40,7 @@ class Value:
     heads: int | None = None
     pending: str | None = None
     inner: Basic | None = None  # for a product's result, the length it contracted (a scale's √d_k is read by it)
+    layout: tuple | None = None  # a pending form's sizes: "flat" its leading axes (…, n), "fused…" its (k, H)
 
     @property
     def is_scalar(self) -> bool:

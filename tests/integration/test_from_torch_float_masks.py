@@ -117,10 +117,11 @@ def test_a_float_mask_added_to_per_head_scores_is_the_additive_mask(kind, make, 
             close(a, b, f"∂f/∂{name} at {batch} × {n}")
 
 
-def test_a_float_mask_that_varies_over_the_heads_is_refused_in_one_line():
+def test_a_float_mask_that_varies_over_the_batch_and_the_heads_is_refused_in_one_line():
     model = _model(False)
-    per_head = torch.zeros(1, H, 5, 5, dtype=torch.float64)
-    with pytest.raises(sa.SymattnError, match=r"cannot trace add: .*varies over the heads"):
+    per_head = padding([5, 4], 5).expand(2, H, 5, 5).clone()
+    per_head[0, 1, :, 0] = -math.inf
+    with pytest.raises(sa.SymattnError, match=r"cannot trace add: .*varies along both the batch and the heads"):
         sa.from_torch(model, torch.randn(2, 5, D, dtype=torch.float64), per_head)
 
 
@@ -213,3 +214,15 @@ def test_the_mask_is_taken_in_any_shape_that_broadcasts_and_a_wrong_one_is_named
         close(run(m), want if m.ndim != 2 else model(x, m).detach(), f"M {tuple(m.shape)}")
     with pytest.raises(ValueError, match=r"M: expected shape .* got \(2, 2, 1, 5\)"):
         run(mask.expand(2, 2, 1, 5))
+
+
+def test_two_float_arguments_added_together_are_masks_only_where_their_sum_is_one():
+    """CLIP adds its padding and causal masks before the scores do (test_from_torch_hf_corpus.py); two position
+    tables added together and used as values stay inputs, with their gradients."""
+
+    def tables(x, pos1, pos2):
+        h = x + (pos1 + pos2)
+        return torch.softmax(h @ h.mT, -1) @ h
+
+    spec = sa.from_torch(tables, *(torch.randn(2, 5, 4, dtype=torch.float64) for _ in range(3)))
+    assert spec.input_names == ("x", "pos1", "pos2") and not spec.constants

@@ -1,8 +1,10 @@
-"""Product orders at a user's sizes: ``symattn generate --size`` (``render(..., sizes=)``) and the notes that name
-the products whose order was fixed at typical sizes although it depends on them (issue 39, item 2)."""
+"""Product orders at a user's sizes: one schedule per size regime, chosen at call time from the arrays' shapes
+(``schedule.regimes``), or the one schedule of the sizes stated with ``symattn generate --size``
+(``render(..., sizes=)``)."""
 
 from __future__ import annotations
 
+import itertools
 import types
 
 import numpy as np
@@ -13,6 +15,8 @@ import symattn as sa
 from symattn.cli import main
 from symattn.codegen.generate import render
 from symattn.codegen.report.cost_report import schedule_counts
+from symattn.codegen.schedule.build import schedule_spec
+from symattn.codegen.schedule.regimes import regimes
 from symattn.optimize.cost import TYPICAL_SIZES, sizes_at
 from symattn.specs import dim
 
@@ -81,22 +85,103 @@ def test_a_module_generated_at_the_users_sizes_matches_autograd(backend):
         np.testing.assert_allclose(a, b.numpy(), rtol=1e-10, atol=1e-12)
 
 
-def test_generate_names_the_products_ordered_at_typical_sizes_and_takes_the_users(tmp_path, capsys):
-    """Without --size: one note per product whose cheapest order depends on sizes (priced at g = 64), and how to
-    state them; with every dimension stated: no note, the header's command repeats the sizes, --check agrees."""
+def test_generate_takes_the_users_sizes_and_dispatches_without_them(tmp_path, capsys):
+    """Without --size the module holds one schedule per size regime and says nothing; with every dimension stated,
+    one schedule: the header's command repeats the sizes, --check agrees."""
     spec_file = tmp_path / "gated_g.py"
     spec_file.write_text(SPEC_FILE)
     out = tmp_path / "out"
     argv = ["generate", "--spec-file", str(spec_file), "--out", str(out), "--backend", "numpy", "--order", "1"]
     assert main(argv) == 0
-    notes = capsys.readouterr().err.splitlines()
-    assert any("P X W_V is ordered for d=64, g=64, n=512" in line for line in notes), notes
-    assert notes[-1].endswith("state your model's sizes with --size DIM=SIZE")
+    assert capsys.readouterr().err == ""
+    assert "def _schedule_at(d, g, n):" in (out / "gated_g_numpy.py").read_text()
     sized = [*argv, "--size", "g=256", "--size", "n=1024", "--size", "d=64"]
     assert main(sized) == 0
     assert capsys.readouterr().err == ""
-    assert "--size=g=256 --size=n=1024 --size=d=64" in (out / "gated_g_numpy.py").read_text()
+    text = (out / "gated_g_numpy.py").read_text()
+    assert "--size=g=256 --size=n=1024 --size=d=64" in text and "_schedule_at" not in text
     assert main([*sized, "--check"]) == 0
+
+
+def test_the_schedule_dispatched_at_call_time_costs_what_the_stated_sizes_cost():
+    """At g = 256, n = 1024, d = 64 the cheapest regime's FLOPs (what ``_schedule_at`` picks) are the FLOPs of the
+    schedule made with those sizes stated, a third of the typical-size schedule's."""
+    sizes = {sp.Symbol(k, positive=True, integer=True): v for k, v in SIZES.items()}
+    found = regimes(lambda: schedule_spec(gated()))
+    assert len(found) == 3
+    at = [float(r.flops.subs({s: sizes[s] for s in r.flops.free_symbols})) for r in found]
+    with sizes_at(SIZES):
+        forward, backward, _ = schedule_counts(gated(), SIZES)
+    assert min(at) == forward + backward
+    assert min(at) < 0.4 * at[0]
+
+
+def _reference(x, w_q, w_k, w_v, w_g):
+    return (torch_module().softmax((x @ w_q) @ (x @ w_k).mT / w_q.shape[-1] ** 0.5, -1) @ (x @ w_v)) * (
+        torch_module().sigmoid(x @ w_g)
+    )
+
+
+def torch_module():
+    return pytest.importorskip("torch")
+
+
+@pytest.mark.parametrize(
+    ("backend", "variant"),
+    [("numpy", "standard"), ("torch", "standard"), ("jax", "standard"), ("numpy", "memeff"), ("torch", "memeff")],
+)
+def test_every_regime_of_the_dispatching_module_matches_autograd(backend, variant):
+    """The module generated without sizes runs each of its schedules at sizes where that one is cheapest, and each
+    gives the output and every gradient of torch autograd of an independent forward (float64); torch's second
+    order (hvp) and forward mode (jvp) too. The memory-efficient variant's loops over blocks of rows take every
+    regime's orders (Xᵀ dF = Σ_b X_bᵀ dF_b with X read whole as keys too)."""
+    torch = torch_module()
+    if backend == "jax":
+        pytest.importorskip("jax")
+        import jax
+
+        jax.config.update("jax_enable_x64", True)
+    spec = gated()
+    made = types.ModuleType(f"gated_g_{backend}")
+    second = backend == "torch" and variant == "standard"
+    exec(compile(render(spec, backend, variant, second_order=second), made.__name__, "exec"), made.__dict__)
+    at = {0: (5, 7, 3)}  # the memory-efficient variant: the regimes whose orders its blocks of rows can take
+    for n, g, d in itertools.product(range(3, 10), repeat=3) if hasattr(made, "_schedule_at") else ():
+        at.setdefault(made._schedule_at(d, g, n), (n, g, d))
+    assert variant == "memeff" or sorted(at) == [0, 1, 2], at
+    rng = np.random.default_rng(0)
+    for n, g, d in at.values():
+        values = [rng.standard_normal((2, n, g))] + [rng.standard_normal((g, d)) / 2 for _ in range(4)]
+        leaves = [torch.tensor(v, requires_grad=True) for v in values]
+        want_out = _reference(*leaves)
+        cotangent = torch.tensor(rng.standard_normal((2, n, d)))
+        want = torch.autograd.grad(want_out, leaves, cotangent, create_graph=True)
+        blocks = {"block_size": 2} if variant == "memeff" else {}  # n ≥ 3: two blocks or more
+        if backend == "torch":
+            out = made.forward(*leaves, **blocks)
+            got = [t.numpy() for t in torch.autograd.grad(out, leaves, cotangent)]
+            out = out.detach().numpy()
+        elif backend == "numpy":
+            out, saved = made.forward(*values, **blocks)
+            grads = made.backward(saved, cotangent.numpy())
+            got = [grads[str(x.name)] for x in spec.inputs]
+        else:
+            out, pullback = jax.vjp(made.forward, *values)
+            got = pullback(cotangent.numpy())
+        if second:
+            direction = {str(x.name): torch.tensor(rng.standard_normal(v.shape)) for x, v in zip(spec.inputs, values)}
+            hvp = made.hvp(*[t.detach() for t in leaves], cotangent, direction)
+            inner = sum((w * direction[str(x.name)]).sum() for w, x in zip(want, spec.inputs))
+            want_hvp = torch.autograd.grad(inner, leaves, retain_graph=True)
+            for x, h in zip(spec.inputs, want_hvp):
+                np.testing.assert_allclose(hvp[str(x.name)].numpy(), h.numpy(), rtol=1e-9, atol=1e-11)
+            tangents = tuple(direction[str(x.name)] for x in spec.inputs)
+            _, tangent = made.jvp(*[t.detach() for t in leaves], direction)
+            _, want_tangent = torch.func.jvp(_reference, tuple(t.detach() for t in leaves), tangents)
+            np.testing.assert_allclose(tangent.numpy(), want_tangent.numpy(), rtol=1e-9, atol=1e-11)
+        np.testing.assert_allclose(np.asarray(out), want_out.detach().numpy(), rtol=1e-10, atol=1e-12)
+        for a, b in zip(got, want):
+            np.testing.assert_allclose(np.asarray(a), b.detach().numpy(), rtol=1e-10, atol=1e-12)
 
 
 @pytest.mark.parametrize(
@@ -119,3 +204,25 @@ def test_a_bad_size_is_one_line_and_exit_2(tmp_path, capsys, extra, says):
 def test_size_applies_to_a_spec_file_only(capsys):
     assert main(["generate", "--size", "n=4"]) == 2
     assert "--spec-file only" in capsys.readouterr().err
+
+
+def test_the_dispatching_module_compiles_whole_at_new_sizes():
+    """torch.compile(fullgraph=True) of the module: the second call, at sizes of another regime, recompiles with
+    symbolic shapes (the choice guarded, the scale 1/√d made again in the backward from the saved d, not saved as a
+    float) and gives autograd's output and gradients."""
+    torch = torch_module()
+    made = types.ModuleType("gated_g_torch")
+    exec(compile(render(gated(), "torch", second_order=False), made.__name__, "exec"), made.__dict__)
+    compiled = torch.compile(made.forward, fullgraph=True)
+    chosen = []
+    for n, g, d in ((6, 5, 3), (9, 4, 7)):
+        chosen.append(made._schedule_at(d, g, n))
+        leaves = [torch.randn(2, n, g, dtype=torch.float64, requires_grad=True)]
+        leaves += [torch.randn(g, d, dtype=torch.float64, requires_grad=True) for _ in range(4)]
+        out = compiled(*leaves)
+        want = _reference(*leaves)
+        got, expected = torch.autograd.grad(out.sum(), leaves), torch.autograd.grad(want.sum(), leaves)
+        np.testing.assert_allclose(out.detach().numpy(), want.detach().numpy(), rtol=1e-10, atol=1e-12)
+        for a, b in zip(got, expected):
+            np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-10, atol=1e-12)
+    assert len(set(chosen)) == 2, chosen

@@ -124,13 +124,13 @@ def test_a_masked_softmax_inside_a_sum_keeps_every_term():
 def test_a_softmax_the_forward_computes_is_saved_not_recomputed():
     """softmax(X W Xᵀ + M), unnamed inside (B + softmax(…)) X: the backward reads it saved (it recomputed the
     GEMM and the softmax)."""
-    from symattn.codegen.generate import _schedule_of
+    from symattn.codegen.schedule.build import schedule_spec
     from symattn.lang.graph import nodes
     from symattn.lang.ops import RowSoftmax
 
     mask, b = sp.MatrixSymbol("M", n, n), sp.MatrixSymbol("B", n, n)
     spec = sa.Spec("saved_softmax", "", (X, W_Q, b), (b + sa.softmax(X * W_Q * X.T + mask)) * X, constants=(mask,))
-    sched = _schedule_of(spec)
+    sched = schedule_spec(spec)
     assert not any(isinstance(node, RowSoftmax) for a in sched.backward for node in nodes(a.value))
     assert any(isinstance(a.value, RowSoftmax) for a in sched.forward)
 

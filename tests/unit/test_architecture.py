@@ -142,9 +142,10 @@ def test_a_backend_is_named_in_few_modules_and_branched_on_in_none():
     """The backends' names are written in at most three modules, and no module compares a backend name (or its
     constant) to choose what to do: code generation asks the Backend object (codegen/backends/)."""
     from symattn.codegen.backends import BACKENDS
+    from symattn.lang.functions import TRITON
 
-    names = set(BACKENDS)
-    constants = {"NUMPY", "TORCH", "JAX"}
+    names = set(BACKENDS) | {TRITON}
+    constants = {"NUMPY", "TORCH", "JAX", "TRITON"}
     written, branches = set(), []
     for path in PACKAGE.rglob("*.py"):
         module = str(path.relative_to(PACKAGE.parent))

@@ -4,6 +4,7 @@ calls the closed form). A new backend is a printer, a runtime module and a templ
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 
@@ -37,6 +38,9 @@ class Backend:
     # its arrays can be written: helpers take out=, sums over blocks are +=, dying arrays are overwritten (JAX's are
     # immutable: nothing in place anywhere)
     mutable: bool = True
+    # its modules are rendered by this function (source, regenerate command, Jinja environment) → text, not from the
+    # schedule's sections (Triton: the kernels of the spec's n × m core, the torch code around them)
+    renders: Callable | None = None
 
     @property
     def loops(self) -> bool:

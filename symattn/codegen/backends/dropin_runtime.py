@@ -30,6 +30,7 @@ TRACED = None  # its twin without jvp, which _apply applies while compiling
 _forward = _backward = None  # the generated module's forward pass (out, saved) and closed-form backward
 SPEC = ""  # the spec's name, for error messages
 _apply = None  # function_runtime._apply, as the generated module carries it: Function.apply, Q = K = V allowed
+narrow_matmul = None  # function_runtime.narrow_matmul, as the generated module carries it
 
 
 def _not_supported(option, value, why):
@@ -123,7 +124,7 @@ class _AttentionWeights(torch.autograd.Function):
         ctx.save_for_backward(*(saved[name] for name in tensors))
         ctx.tensor_names, ctx.shape = tensors, Y.shape
         ctx.constants = {name: value for name, value in saved.items() if name not in tensors}
-        return Y, saved["P_h"]
+        return Y, saved["P_h"].to(Y.dtype)  # (a 16-bit run keeps P_h in float32: the weights in Y's dtype)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
@@ -140,9 +141,13 @@ class _AttentionWeights(torch.autograd.Function):
 
 def _add_weights_gradient(grads, saved, grad_weights):
     """grads (the closed form's, keyed by input) plus the terms of a gradient G_P on the weights P_h."""
-    P, scale = saved["P_h"], saved["scale"]
+    P, scale = saved["P_h"], 1 / saved["d_k"] ** 0.5  # the closed form's scale, made again as its backward does
     dA = P * (grad_weights - (P * grad_weights).sum(dim=-1, keepdim=True))
-    for x, w, b, d in (("Q", "W_Q", "b_Q", dA @ saved["K_h"]), ("K", "W_K", "b_K", dA.mT @ saved["Q_h"])):
+    products = (
+        ("Q", "W_Q", "b_Q", narrow_matmul(dA, saved["K_h"])),
+        ("K", "W_K", "b_K", narrow_matmul(dA.mT, saved["Q_h"])),
+    )
+    for x, w, b, d in products:  # (narrow_matmul: dA of a 16-bit run is float32, rounded before its products)
         d = scale * d.transpose(-2, -3).flatten(-2)  # the heads merged: (..., rows, H · d_k)
         grads[x] = grads[x] + d @ saved[w].mT
         grads[w] = grads[w] + saved[x].reshape(-1, saved[x].shape[-1]).mT @ d.reshape(-1, d.shape[-1])

@@ -1,6 +1,7 @@
-"""Runtime helpers of the generated PyTorch modules' autograd Functions: apply (with the twin dynamo traces), the
-first closed form's gradients guarded against a second derivative, the second closed form's Function
-(``_Backward``: its backward and its jvp), and the forward mode's tangent (``_tangent``).
+"""Runtime helpers of the generated PyTorch modules' autograd Functions: apply (with the twin dynamo traces and
+autocast), the precision of a 16-bit run (statistics and n × m arrays in float32, each rounded once, right before
+a product), the first closed form's gradients guarded against a second derivative, the second closed form's
+Function (``_Backward``: its backward and its jvp), and the forward mode's tangent (``_tangent``).
 
 Real code, linted and tested; ``TorchMatrixPrinter`` copies the source of the ones a module calls (read with
 ``ast``) into it. The names below stand for the generated module's own constants and closed forms. Generating
@@ -82,11 +83,40 @@ def _autocast(args):
     the Function (autograd carries each gradient back to its input's dtype through the cast); the Function then
     runs with autocast off, in that dtype. Not under autocast: (args, None)."""
     device = next((a.device.type for a in args if isinstance(a, torch.Tensor)), None)
-    if device is None or not torch.is_autocast_enabled(device):
+    if device in (None, "meta") or not torch.is_autocast_enabled(device):  # meta: shapes only, no autocast
         return args, None
     low = torch.get_autocast_dtype(device)
     cast = [a.to(low) if isinstance(a, torch.Tensor) and a.dtype == torch.float32 else a for a in args]
     return cast, device
+
+
+def narrow_matmul(a, b):
+    """a @ b, where a factor may be a float32 n × m array of a 16-bit run (P, dS of ``_wide_matmul``): the product
+    of ``_alike``'s factors, rounded to the 16-bit dtype. Factors of one dtype (float32, float64 runs): a @ b."""
+    a, b, dtype = _alike(a, b)
+    product = a @ b
+    return product if product.dtype == dtype else product.to(dtype)
+
+
+def _alike(a, b):
+    """(a, b, the product's dtype) for factors of two dtypes, a float32 array of a 16-bit run beside a 16-bit one:
+    on the CPU both float32 (a float32 GEMM is as fast as a bfloat16 one there, ten times a float16 one, and the
+    float32 array is never rounded: the product is, once), elsewhere the float32 one rounded to the 16-bit dtype
+    right before the product (its one rounding; the GEMM accumulates in float32). Of one dtype: as they are."""
+    if a.dtype == b.dtype:
+        return a, b, a.dtype
+    low = a.dtype if a.element_size() < b.element_size() else b.dtype
+    if a.device.type == "cpu":
+        return a.float(), b.float(), low
+    return a.to(low), b.to(low), low
+
+
+def row_dot(a, b):
+    """rowsum(a ⊙ b) as a column (..., n, 1), such as D = rowsum(dO ⊙ O): in float32 for 16-bit a or b (a
+    statistic, kept as SDPA keeps it), else in their dtype."""
+    if a.dtype in (torch.bfloat16, torch.float16) or b.dtype in (torch.bfloat16, torch.float16):
+        a, b = a.float(), b.float()
+    return (a * b).sum(dim=-1, keepdim=True)
 
 
 def _distinct(output, *inputs):

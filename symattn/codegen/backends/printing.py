@@ -132,16 +132,24 @@ class GeneratedCodeMixin:
 
     def _print_RowSum(self, expr: Basic) -> str:
         """rowsum(X ⊙ Y) of full-shape X, Y as one row-wise dot product: no temporary of X's size."""
-        arg = expr.arg
+        text = self._row_dot(expr.arg)
+        return super()._print_RowSum(expr) if text is None else text
+
+    def _row_dot(self, arg: Basic) -> str | None:
+        """rowsum(arg) as one row dot, arg = X ⊙ Y of full-shape X, Y (None: not such an arg, or no row dot)."""
         if (
             self.row_dot_function is None
             or not isinstance(arg, HadamardProduct)
             or any(broadcast_column(a) is not None or a.shape != arg.shape for a in arg.args)
         ):
-            return super()._print_RowSum(expr)
+            return None
         *rest, last = arg.args
         first = self._print(rest[0]) if len(rest) == 1 else self._print(HadamardProduct(*rest))
-        return f"{self.row_dot_function}({first}, {self._print(last)})[..., None]"
+        return self.row_dot(first, self._print(last))
+
+    def row_dot(self, first: str, last: str) -> str:
+        """The row dot of the arrays printed as first and last, as a column."""
+        return f"{self.row_dot_function}({first}, {last})[..., None]"
 
     def _print_Elementwise(self, expr: Basic) -> str:
         buffer = self.plan.buffer(expr.arg) if expr.arg.shape == expr.shape else None
@@ -204,7 +212,7 @@ class GeneratedCodeMixin:
             raise SymattnError(f"cannot print a strided slice {bounds}")
         start_text = "" if start == 0 else self._print(start)
         stop_text = "" if sp.expand(stop - size) == 0 else self._print(stop)
-        simple = all(isinstance(b, (sp.Symbol, sp.Integer)) for b in (start, stop))
+        simple = all(isinstance(b, (sp.Symbol, sp.Integer)) for b, t in ((start, start_text), (stop, stop_text)) if t)
         return f"{start_text}:{stop_text}" if simple else f"{start_text} : {stop_text}".strip()
 
     def is_conditional(self, expr: Basic) -> bool:

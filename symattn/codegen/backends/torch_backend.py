@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import ast
 
-from sympy import Basic
+from sympy import Basic, MatrixSymbol
+from sympy.matrices.expressions import OneMatrix
 
 from symattn.codegen.backends.backend import Backend
 from symattn.codegen.backends.printing import SCALAR_FUNCTIONS, GeneratedCodeMixin
@@ -43,6 +44,15 @@ def _receiver(text: str) -> str:
     return text if isinstance(body, (ast.Name, ast.Call, ast.Attribute, ast.Subscript)) else f"({text})"
 
 
+def narrows(left: Basic, right: Basic) -> bool:
+    """Is a factor of left·right as large as a widening product makes (``widens``: r × k from r × c and c × k, c
+    the product's other side), such as P in P V or dS in dS K: an n × m array that a 16-bit run keeps in float32
+    (the runtime's ``_wide_matmul``) and rounds right before this product?"""
+    rows, inner, cols = left.shape[0], left.shape[1], right.shape[1]
+    made = (MatrixSymbol("_", rows, cols), MatrixSymbol("_", cols, inner))
+    return widens(*made) or widens(MatrixSymbol("_", inner, rows), MatrixSymbol("_", rows, cols))
+
+
 class TorchMatrixPrinter(GeneratedCodeMixin, NumPyMatrixPrinter):
     """PyTorch source for generated modules: tensors batched like the NumPy printer's arrays."""
 
@@ -63,6 +73,26 @@ class TorchMatrixPrinter(GeneratedCodeMixin, NumPyMatrixPrinter):
 
     def batch_scalar(self, text: str) -> str:
         return f"{text}[..., None, None]"
+
+    # rowsum(X ⊙ Y), D = rowsum(dO ⊙ O): the runtime's row_dot, in float32 for 16-bit arrays (a statistic)
+    row_dot_function = "row_dot"
+
+    def row_dot(self, first: str, last: str) -> str:
+        return f"{self.helper('row_dot')}({first}, {last})"
+
+    def _print_matrix_chain(self, mats: list[Basic]) -> str:
+        """(X ⊙ Y) 𝟏, the derivation's D = (O ⊙ dO) 𝟏, as the row dot rowsum(X ⊙ Y)."""
+        if len(mats) == 2 and isinstance(mats[1], OneMatrix) and mats[1].shape[1] == 1:
+            text = self._row_dot(mats[0])
+            if text is not None:
+                return text
+        return super()._print_matrix_chain(mats)
+
+    def _print_tree(self, tree: Basic) -> str:
+        """A product of two operands one of which may be a float32 n × m array of a 16-bit run: narrow_matmul."""
+        if len(tree.args) == 2 and narrows(*tree.args):
+            return self._join_product(list(tree.args), [self._atom(a) for a in tree.args])
+        return super()._print_tree(tree)
 
     def placed_rows(self, name: str) -> str:
         """Traced or transformed, put_rows collects the blocks in a list: one concatenation after the loop."""
@@ -114,6 +144,8 @@ class TorchMatrixPrinter(GeneratedCodeMixin, NumPyMatrixPrinter):
             return f"{self.helper('matmul_tn')}({left}, {right})"
         if len(mats) == 2 and widens(*mats):
             return f"{self.helper('big_matmul')}({_unwrapped(texts[0])}, {_unwrapped(texts[1])})"
+        if len(mats) == 2 and narrows(*mats):
+            return f"{self.helper('narrow_matmul')}({_unwrapped(texts[0])}, {_unwrapped(texts[1])})"
         return " @ ".join(texts)
 
     def _print_sqrt(self, expr: Basic) -> str:  # pragma: no cover - Pow handles sqrt

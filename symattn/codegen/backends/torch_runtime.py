@@ -21,6 +21,7 @@ OPTIONAL: tuple[str, ...] = ()  # inputs that may be None (biases)
 SPEC = ""  # the spec's name, for error messages
 
 from symattn.codegen.backends.common_runtime import _mask_layout  # noqa: E402
+from symattn.codegen.backends.function_runtime import _alike  # noqa: E402
 from symattn.codegen.backends.torch_pages import _by_custom_op, huge_empty, huge_matmul, write_rows  # noqa: E402
 
 
@@ -39,7 +40,7 @@ def masked_row_softmax(a, out=None):
     out = row_softmax(a, out=out)
     if _functional(a):  # no branch on the data in a traced or transformed function: one pass to fill
         return out.masked_fill(empty, 0.0)
-    return out.masked_fill_(empty, 0.0) if bool(empty.any()) else out
+    return out.masked_fill_(empty, 0.0) if a.device.type != "cpu" or bool(empty.any()) else out  # GPU: no wait
 
 
 def row_softmax(a, out=None):
@@ -99,10 +100,14 @@ def matmul_tn(a, b):
     """aᵀ b, for a (..., k, r) much wider than b (..., k, c). From r = 1024 rows on it is computed as (bᵀ a)ᵀ,
     the same values: torch's CPU GEMM (MKL) multiplies a long transposed left operand by a thin one at about
     half the speed in float64 (Pᵀ dO, 4 heads, n = 1024, d = 64: 33 → 17 ms). Shorter products stay aᵀ b,
-    whose result is contiguous."""
-    if a.shape[-1] >= 1024 and a.shape[-1] >= 8 * b.shape[-1]:
-        return (b.mT @ a).mT
-    return a.mT @ b
+    whose result is contiguous. Factors of two dtypes are made one first (``_alike``); a float32 product of a
+    16-bit run is rounded, and in eager code kept as the result's float32_value, which add_rows sums instead."""
+    a, b, dtype = _alike(a, b)
+    product = (b.mT @ a).mT if a.shape[-1] >= 1024 and a.shape[-1] >= 8 * b.shape[-1] else a.mT @ b
+    rounded = product if product.dtype == dtype else product.to(dtype)
+    if rounded is not product and not _functional(product):
+        rounded.float32_value = product
+    return rounded
 
 
 def big_matmul(a, b):
@@ -111,8 +116,12 @@ def big_matmul(a, b):
     large arrays: torch's allocator maps a fresh n × m tensor in 4 KiB pages, and the GEMM's first touch of each
     one faults (1 × 8 × 1024², float32, one thread: 35 → 19 ms). Compiled (torch.compile), a large product of
     factors of one batch shape is the custom op symattn::big_matmul (_by_custom_op), which inductor calls as it
-    is. Transformed (torch.func), exported or recorded by autograd in eager code, plainly a @ b."""
-    if a.device.type != "cpu" or a.dtype != b.dtype or a.dim() < 2 or b.dim() < 2:
+    is. Transformed (torch.func), exported or recorded by autograd in eager code, plainly a @ b. Of 16-bit
+    factors (bfloat16, float16) the product is float32 (``_wide_matmul``)."""
+    a, b, _ = _alike(a, b)
+    if a.dtype in (torch.bfloat16, torch.float16):
+        return _wide_matmul(a, b)
+    if a.device.type != "cpu" or a.dim() < 2 or b.dim() < 2:
         return a @ b
     if torch.compiler.is_compiling():
         size = a.shape[:-2].numel() * a.shape[-2] * b.shape[-1] * a.element_size()
@@ -122,6 +131,19 @@ def big_matmul(a, b):
     if _functional(a) or _functional(b) or (torch.is_grad_enabled() and (a.requires_grad or b.requires_grad)):
         return a @ b  # (a Function's forward and backward run with grad off: its saved inputs still require grad)
     return huge_matmul(a, b)
+
+
+def _wide_matmul(a, b):
+    """a @ b of 16-bit factors as float32: the n × m scores Q Kᵀ, dP = dO Vᵀ and what is made of them (P, L, dS)
+    stay float32 as SDPA keeps them (products round them: ``narrow_matmul``). On CUDA by bmm's out_dtype; else of
+    the thin factors widened (the same values: 16-bit products are exact in float32, sums are float32)."""
+    if a.device.type == "cuda" and a.shape[:-2] == b.shape[:-2] and not (_functional(a) or _functional(b)):
+        try:
+            out = torch.bmm(a.reshape(-1, *a.shape[-2:]), b.reshape(-1, *b.shape[-2:]), out_dtype=torch.float32)
+            return out.reshape(*a.shape[:-2], *out.shape[-2:])
+        except (RuntimeError, TypeError):  # a torch without bmm's out_dtype
+            pass
+    return big_matmul(a.float(), b.float())
 
 
 def repeat_columns(a, times):
@@ -327,12 +349,12 @@ def with_causal(mask, causal, query, key):
 def key_range(mask, causal, rows, m):
     """The keys a block of query rows (a slice) reads: slice(k0, k1), the smallest range holding every key that
     a row of the block may see (causal: key j <= query i; mask: an additive mask whose -inf hide a key), never
-    empty. A loop over blocks of rows skips the keys outside it, whose probabilities are exactly zero. Traced or
-    transformed, only the causal range (no branch on the mask's values)."""
+    empty. A loop over blocks of rows skips the keys outside it, whose probabilities are exactly zero. Traced,
+    transformed or off the CPU, only the causal range (no branch on the mask's values: no wait for a GPU)."""
     first, last = 0, m
     if causal:  # row i sees keys 0 … i
         last = max(1, min(m, rows.stop))
-    if mask is not None and not _functional(mask):
+    if mask is not None and mask.device.type == "cpu" and not _functional(mask):
         seen = (mask[..., rows, first:last] != float("-inf")).reshape(-1, last - first).any(dim=0).nonzero()
         if len(seen):
             first, last = first + int(seen[0]), first + int(seen[-1]) + 1
@@ -363,18 +385,29 @@ def causal_fill(scores, rows, keys):
 
 def add_rows(total, keys, part, m):
     """The sum over blocks of a value of m rows (…, m, k), part adding to its rows keys; total is 0 before the
-    first block. part is a product made for the sum (dAᵀ Q): the first one may become the sum itself."""
+    first block. part is a product made for the sum (dAᵀ Q): the first one may become the sum itself. 16-bit parts
+    are summed in float32 (an accumulation): the total is the float32 sum (its attribute float32_sum) rounded."""
     if _functional(part):  # no in-place update: part padded with zero rows to m
         padded = torch.nn.functional.pad(part, (0, 0, keys.start, m - keys.stop))
         return padded if isinstance(total, int) else total + padded
+    low = part.dtype in (torch.bfloat16, torch.float16)
     # every key: part (a product made for this sum, maybe transposed by matmul_tn) is the sum so far
-    if isinstance(total, int) and part.shape[-2] == m and (part.is_contiguous() or part.mT.is_contiguous()):
+    if isinstance(total, int) and not low and part.shape[-2] == m and (part.is_contiguous() or part.mT.is_contiguous()):
         return part
-    if isinstance(total, int):  # laid out as part is (matmul_tn gives a transposed product): a cheap add
+    into = total.float32_sum if low and not isinstance(total, int) else total
+    if isinstance(into, int):  # laid out as part is (matmul_tn gives a transposed product): a cheap add
         transposed = part.mT.is_contiguous() and not part.is_contiguous()
-        shape = (*part.shape[:-2], m, part.shape[-1])
-        total = part.new_zeros(shape[:-2] + shape[:-3:-1]).mT if transposed else part.new_zeros(shape)
-    total[..., keys, :] += part
+        shape, dtype = (*part.shape[:-2], m, part.shape[-1]), torch.float32 if low else part.dtype
+        into = (
+            part.new_zeros(shape[:-2] + shape[:-3:-1], dtype=dtype).mT
+            if transposed
+            else part.new_zeros(shape, dtype=dtype)
+        )
+    into[..., keys, :] += getattr(part, "float32_value", part) if low else part
+    if not low:
+        return into
+    total = into.to(part.dtype)
+    total.float32_sum = into
     return total
 
 

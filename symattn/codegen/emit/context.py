@@ -22,7 +22,7 @@ from symattn.codegen.emit.arguments import (
     positional_parameters,
     spec_order,
 )
-from symattn.codegen.emit.sections import Statement, _saved, _sections, _statements, _uses
+from symattn.codegen.emit.sections import Statement, _saved, _sections, _statements, _uses, saved_and_remade
 from symattn.codegen.schedule.build import Assignment, Schedule
 from symattn.derive.latex import text
 from symattn.lang.ops import SplitHeads
@@ -89,7 +89,9 @@ def _bindings(sched: Schedule, printer) -> list[Statement]:
             bindings.append(Statement(b.symbol.name, read))
         else:
             divisor = printer.doprint(b.divisor)
-            bindings.append(Statement(b.symbol.name, f'_quotient("{b.input}", tuple({b.input}.shape), {divisor})'))
+            upto = "" if b.axis == -1 else f"[:{b.axis + 1}]"  # _quotient divides the last axis of what it is given
+            read = f'_quotient("{b.input}", tuple({b.input}.shape{upto}), {divisor})'
+            bindings.append(Statement(b.symbol.name, read))
     return bindings
 
 
@@ -205,26 +207,25 @@ def _function(
     )
     signature = positional_parameters(spec_order(sched), sched.optional) + ["*"] * bool(keywords) + keywords
     traced = [f"traced=_{class_name}Traced"]  # its twin without jvp, which _apply applies while compiling
+    returned = (
+        "return " if not (maybe or mask_grads or vectors) or backend.autodiff else "grads = ",
+        [
+            f'"{name}": None if {guard} is None else {t.name}'
+            if t in shared
+            else f'"{name}": {_returned(sched, name, t)}'
+            # a float attn_mask's gradient is computed when mask_shape (what backward has of it) is not None
+            for name, guard, t in (
+                *((name, name, t) for name, t in sched.gradients),
+                *((name, "mask_shape", t) for name, t in mask_grads),
+            )
+        ],
+    )
     return {
         "input_names": [str(x.name) for x in s.inputs],
         "signature": layout.define("forward", signature, indent=0),
         "apply_call": layout.wrapped("return _apply", [f"{class_name}Function", *positional, *traced], "[0]", 4, "()"),
-        "return_gradients": layout.wrapped(
-            "return " if not (maybe or mask_grads or vectors) or backend.autodiff else "grads = ",
-            [
-                f'"{name}": None if {guard} is None else {t.name}'
-                if t in shared
-                else f'"{name}": {_returned(sched, name, t)}'
-                # a float attn_mask's gradient is computed when mask_shape (what backward has of it) is not None
-                for name, guard, t in (
-                    *((name, name, t) for name, t in sched.gradients),
-                    *((name, "mask_shape", t) for name, t in mask_grads),
-                )
-            ],
-            "",
-            indent=4,
-            brackets="{}",
-        ),
+        "return_gradients": layout.wrapped(*returned, "", indent=4, brackets="{}"),
+        "returned_gradients": returned,  # (prefix, items): laid out again a level deeper (``emit.regimes``)
         "optional_names": "(" + ", ".join(f'"{x.name}"' for x in maybe) + ("," if len(maybe) == 1 else "") + ")",
         "biases": [str(x.name) for x in maybe],
         "drop_none": bool(maybe or mask_grads),
@@ -419,7 +420,7 @@ def build_context(
         **checks,
         "forward_sections": sections["forward_sections"],
         "backward_sections": sections["backward_sections"],
-        "saved": _saved(sched, sections, mask, variant),
+        **saved_and_remade(sched, _saved(sched, sections, mask, variant), checks["constants"]),
         "needs_dtype": _uses("dtype", [line.value for line in _statements(sections)]),
         **_function(
             sched, options, mask, class_name, backend, sections["shared"], masks["block_causal"], entry["vectors"]

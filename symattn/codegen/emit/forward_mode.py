@@ -78,8 +78,7 @@ def forward_mode_context(
     ]
     printed = {*first_context["helpers"], *printed}  # the runtime helpers the module has already (printed: f₂'s)
     helpers = [h for h in ctx["helpers"] if h not in printed] + list(backend.forward_mode_helpers)
-    sections = ctx["forward_sections"]
-    lines = [line.value for sec in sections for line in (*sec.get("lines", []), *sec.get("body", []))]
+    lines = [line.value for sec in ctx["forward_sections"] for line in (*sec.get("lines", []), *sec.get("body", []))]
     arrays = [*inputs, *[mask] * bool(mask)]
     custom_jvp = None
     if backend.custom_jvp:  # JAX: forward_jvp, the forward whose custom_jvp rule is _jvp
@@ -95,6 +94,7 @@ def forward_mode_context(
         "custom_jvp": custom_jvp,
         **{key: ctx[key] for key in COPIED_INPUTS},
         "runtime": printer.runtime_source(helpers) + "\n\n\n" if helpers else "",
+        "helpers": helpers,
         "needs_dtype": _uses("dtype", lines) or _uses("device", lines),
         "primal": str(first.output.name),
         "tangent_names": {x: tangent_of[x] for x in inputs},

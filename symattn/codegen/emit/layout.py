@@ -179,6 +179,13 @@ def assigned(target: str, value: str, indent: int) -> str:
     return f"(\n{_inside(value, indent + 4)}\n{pad})"
 
 
+def shifted(text: str, by: int) -> str:
+    """text with its continuation lines by columns to the left: a statement broken for a column a block deeper than
+    the template writes it, whose lines the template then indents (Jinja's indent filter)."""
+    first, *rest = text.split("\n")
+    return "\n".join([first, *(line[by:] if line[:by].isspace() else line for line in rest)])
+
+
 def module_doc(spec_name: str, weights: list[str]) -> str:
     """The nn.Module's one-line docstring, naming its weights where the line has room."""
     if not weights:

@@ -149,7 +149,10 @@ COPIED_INPUTS = (
     "output",
 )
 # f₂'s: and what returns its gradients
-COPIED = (*COPIED_INPUTS, "return_gradients", "drop_none", "mask_gradient", "seed")
+COPIED = (
+    *COPIED_INPUTS,
+    *("return_gradients", "returned_gradients", "backward_constants", "drop_none", "mask_gradient", "seed"),
+)
 
 
 def _too_long(text: str, indent: int = 4) -> bool:

@@ -42,16 +42,19 @@ class Statement:
     guard: str = ""  # an optional input: the statement runs only when it was given (else the target is None)
     frees: tuple[str, ...] = ()  # values made earlier in this function and read here for the last time: del'd
     keyed: bool = False  # a sum over blocks of rows assigned whole (add_rows), not added to in place
+    # how much deeper than its template puts it the statement stands (4 in a branch of ``emit.regimes``, which
+    # indents the template's lines): its lines are broken for that column, continuation lines written as if not
+    deeper: int = 0
 
     @property
     def deletion(self) -> str:
         """del <frees>, laid out for the function body."""
-        return layout.deleted(self.frees, 4)
+        return layout.shifted(layout.deleted(self.frees, 4 + self.deeper), self.deeper)
 
     @property
     def loop_deletion(self) -> str:
         """del <frees>, laid out for a loop's body."""
-        return layout.deleted(self.frees, 8)
+        return layout.shifted(layout.deleted(self.frees, 8 + self.deeper), self.deeper)
 
 
 def _dying(assignments: list[Assignment], protected: set) -> list[frozenset]:
@@ -394,6 +397,27 @@ def _saved(sched: Schedule, sections: dict, mask: str | None, variant: str) -> l
     saved += ["causal"] * bool(mask)  # (read where a loop writes the causal part block by block)
     saved += [name for name in sections["unused"].values() if name not in saved]  # zero gradients take their shapes
     return [name for name in saved if _uses(name, backward_text)] + (["block_size"] if variant == "memeff" else [])
+
+
+def saved_and_remade(sched: Schedule, saved: list[str], constants: list[Statement]) -> dict:
+    """The names the forward saves, each scalar constant among them (scale = 1/√d_k) replaced by what it is made
+    of (dimensions, trainable scalars), and the constants' statements the backward runs again: a torch Function
+    may save ints and tensors, not floats (torch.compile's rule; under dynamic shapes such a float is symbolic)."""
+    values = {str(c.name): v for c, v in sched.constants}
+    remade: set[str] = set()
+    reads: list[str] = []
+    stack = [name for name in saved if name in values]
+    while stack:
+        name = stack.pop()
+        if name not in remade:
+            remade.add(name)
+            for x in sorted(values[name].free_symbols, key=str):
+                (stack if str(x) in values else reads).append(str(x))
+    kept = [name for name in saved if name not in values]
+    return {
+        "saved": kept + [name for name in dict.fromkeys(reads) if name not in kept],
+        "backward_constants": [c for c in constants if c.target in remade],
+    }
 
 
 def _statements(sections: dict) -> list[Statement]:

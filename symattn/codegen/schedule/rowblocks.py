@@ -32,7 +32,7 @@ from symattn.codegen.schedule.dag import Assignment
 from symattn.errors import SymattnError
 from symattn.lang.algebra import factors
 from symattn.lang.functions import Elementwise
-from symattn.lang.graph import matrix_symbols
+from symattn.lang.graph import matrix_symbols, nodes
 from symattn.lang.ops import Exp, RowSoftmax
 
 BLOCK_SIZE = 128  # default query rows per block: 128 × m temporaries (2 MiB each at m = 4096, float32)
@@ -182,8 +182,11 @@ def plan(sched: Schedule, keep: bool = False) -> Plan:
     lse = MatrixSymbol("L", n_rows, 1)
     blocks: dict[MatrixSymbol, MatrixSymbol] = {}
 
+    def rows(x: Basic) -> bool:  # a value with a row per query, which a block can slice (X, read whole as keys too)
+        return isinstance(x, MatrixSymbol) and x.shape[0] == n_rows and x.name not in sched.weights
+
     def row_local(x: Basic) -> bool:
-        return isinstance(x, MatrixSymbol) and x not in full and x.shape[0] == n_rows and x.name not in sched.weights
+        return rows(x) and x not in full
 
     def block(x: MatrixSymbol) -> MatrixSymbol:
         return blocks.setdefault(x, MatrixSymbol(f"{x.name}_b", BLOCK_ROWS, x.shape[1]))
@@ -212,7 +215,7 @@ def plan(sched: Schedule, keep: bool = False) -> Plan:
             raise SymattnError(f"spec {sched.spec.name}: the backward reads the scores A, which no block keeps")
         bloop.body = []
     propagating = {*(a.target for a in core.chain), p_def.target}
-    inside = _backward_loop(sched, bloop, propagating, p_def.target.shape, (row_local, block, in_block))
+    inside = _backward_loop(sched, bloop, propagating, p_def.target.shape, (row_local, block, in_block, rows))
     made_in = {a.target for a in inside} | propagating
     before = _reads(inside, sched.backward) - made_in
     pre = [a for a in sched.backward if a.target in before]
@@ -233,6 +236,10 @@ def plan(sched: Schedule, keep: bool = False) -> Plan:
         lse = p_def.target
         # a mask's gradient (dM = dA, collected whole) summed to the mask's shape after the loop
         post += [Assignment(t, t) for _, t in sched.constant_gradients if t in {x for x, _ in bloop.collect}]
+    kept_after = {*saved, lse, *(x for x, _ in bloop.collect)}
+    lost = sorted(str(x) for a in post for x in matrix_symbols(a.value) if x in propagating and x not in kept_after)
+    if lost:  # (Pᵀ dF summed after the loop, in an order of products whose cut reads P whole)
+        raise SymattnError(f"spec {sched.spec.name}: after the blocks of rows the backward reads {', '.join(lost)}")
     _keys_of(sched, (floop, bloop), full, block(a_def.target), blocks, keep)
     return Plan((ahead, floop, after), (pre, bloop, post), lse, (*saved, lse))
 
@@ -242,7 +249,7 @@ def _backward_loop(sched: Schedule, bloop: Loop, propagating: set, scores: tuple
     row-local value made from them (propagating, which grows), or is n × m itself (dP = dO Vᵀ: made block by
     block, never whole), put in the loop's body (row-local) or summed over its blocks (dK = dAᵀ Q, 𝟏ᵀ dQW_Q,
     𝟏ᵀ (S ⊙ dA) 𝟏); a value that reads such a sum comes after the loop."""
-    row_local, block, in_block = local
+    row_local, block, in_block, rows = local
     summed, later, inside = set(), set(), []
     for a in sched.backward:
         reads = matrix_symbols(a.value)
@@ -254,15 +261,24 @@ def _backward_loop(sched: Schedule, bloop: Loop, propagating: set, scores: tuple
         inside.append(a)
         column_sums = len(mats) in (2, 3) and isinstance(mats[0], OneMatrix) and mats[0].shape[0] == 1
         column_sums = column_sums and (len(mats) == 2 or (isinstance(mats[2], OneMatrix) and mats[2].shape[1] == 1))
-        if column_sums or (len(mats) == 2 and isinstance(mats[0], Transpose) and row_local(mats[0].arg)):
-            bloop.accumulate.append(Assignment(a.target, in_block(a.value), a.reduce_batch))
+        transposed_rows = len(mats) == 2 and isinstance(mats[0], Transpose) and rows(mats[0].arg)
+        if column_sums or transposed_rows:  # Xᵀ B = Σ_b X_bᵀ B_b, X sliced by the block even where read whole
+            sliced = {mats[0].arg: block(mats[0].arg)} if transposed_rows else {}
+            bloop.accumulate.append(Assignment(a.target, in_block(a.value).xreplace(sliced), a.reduce_batch))
             summed.add(a.target)
-        elif row_local(a.target):
+        elif row_local(a.target) and not _sums_rows(a.value, rows):
             bloop.body.append(Assignment(block(a.target), in_block(a.value)))
             propagating.add(a.target)
         else:
             raise SymattnError(f"spec {sched.spec.name}: {a.target} = {a.value} is neither row-local nor a row sum")
     return inside
+
+
+def _sums_rows(expr: Basic, rows) -> bool:
+    """Does a term of expr sum over the query rows (Pᵀ dPX: a product whose left factor is a transposed value with a
+    row per query)? Such a value is no block's own: dX = dF W + Pᵀ dPX is not row-local although dX is."""
+    firsts = [factors(node)[1][0] for node in nodes(expr) if isinstance(node, MatMul)]
+    return any(isinstance(f, Transpose) and any(rows(x) for x in matrix_symbols(f.arg)) for f in firsts)
 
 
 def _keys_of(sched: Schedule, loops: tuple[Loop, Loop], full: set, scores: MatrixSymbol, blocks: dict, keep: bool):

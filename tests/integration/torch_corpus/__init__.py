@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import torch
 
 from torch_corpus import functions as fn
+from torch_corpus import hf
 from torch_corpus import modules as mod
 
 HEADS = 2  # a module's head count is part of its spec (a number): the same at every size
@@ -124,6 +125,24 @@ ENTRIES = [
     Entry(
         "timm_attention",
         lambda s, g: (_module(mod.TimmAttention(_width(s), HEADS), g), (_randn(g, s["B"], s["n"], _width(s)),)),
+    ),
+    Entry(  # one fused projection split in three: products with blocks of its weight
+        "fused_causal_self_attention",
+        lambda s, g: (
+            _module(mod.FusedCausalSelfAttention(_width(s), HEADS), g),
+            (_randn(g, s["B"], s["n"], _width(s)),),
+        ),
+    ),
+    Entry(
+        "timm_fused_attention",
+        lambda s, g: (_module(mod.TimmFusedAttention(_width(s), HEADS), g), (_randn(g, s["B"], s["n"], _width(s)),)),
+    ),
+    Entry(  # GPT-2's Conv1D: addmm on the flattened rows, the weight (in, out)
+        "gpt2_attention",
+        lambda s, g: (
+            _module(hf.First(hf.GPT2Attention(_width(s), HEADS)), g),
+            (_randn(g, s["B"], s["n"], _width(s)),),
+        ),
     ),
     Entry(
         "temperature_alibi_attention",

@@ -262,3 +262,47 @@ class PreLNBlock(nn.Module):
         x = x + self.attention(self.ln_1(x))
         hidden = F.gelu(self.fc_in(self.ln_2(x)), approximate=self.approximate)
         return x + self.fc_out(hidden)
+
+
+class FusedCausalSelfAttention(nn.Module):
+    """nanoGPT's own: one fused projection c_attn split in three along the features, sdpa (causal)."""
+
+    def __init__(self, n_embd: int, n_head: int) -> None:
+        super().__init__()
+        self.c_attn = nn.Linear(n_embd, 3 * n_embd)
+        self.c_proj = nn.Linear(n_embd, n_embd)
+        self.n_head, self.n_embd = n_head, n_embd
+
+    def forward(self, x):
+        B, T, C = x.size()
+        q, k, v = self.c_attn(x).split(self.n_embd, dim=2)
+        k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+        q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+        v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=True)
+        y = y.transpose(1, 2).contiguous().view(B, T, C)
+        return self.c_proj(y)
+
+
+class TimmFusedAttention(nn.Module):
+    """timm's Attention as it is: one qkv projection reshaped to (B, N, 3, H, d), permuted, unbound."""
+
+    def __init__(self, dim: int, num_heads: int, index: bool = False) -> None:
+        super().__init__()
+        self.num_heads = num_heads
+        self.head_dim = dim // num_heads
+        self.scale = self.head_dim**-0.5
+        self.qkv = nn.Linear(dim, dim * 3)
+        self.proj = nn.Linear(dim, dim)
+        self.index = index  # older timm: q, k, v = qkv[0], qkv[1], qkv[2]
+
+    def forward(self, x):
+        B, N, C = x.shape
+        qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        q, k, v = (qkv[0], qkv[1], qkv[2]) if self.index else qkv.unbind(0)
+        q = q * self.scale
+        attn = q @ k.transpose(-2, -1)
+        attn = attn.softmax(dim=-1)
+        x = attn @ v
+        x = x.transpose(1, 2).reshape(B, N, C)
+        return self.proj(x)

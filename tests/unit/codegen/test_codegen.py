@@ -19,6 +19,7 @@ import symattn as sa
 from symattn.autodiff.vjp import VJP_RULES
 from symattn.cli import main
 from symattn.codegen import generate as codegen
+from symattn.codegen.backends import OPTIONAL_BACKENDS
 from symattn.codegen.backends.numpy_backend import GeneratedNumPyPrinter
 from symattn.codegen.backends.torch_backend import TorchMatrixPrinter
 from symattn.codegen.schedule.build import schedule
@@ -144,11 +145,12 @@ def test_generated_modules_import_only_numpy_or_only_torch():
     # at the top, the backend alone; inside a helper, the standard library (ctypes' madvise, os.environ) and, for
     # NumPy, numba where an ImportError falls back to the NumPy passes (the fused softmax: optional)
     for path in sorted(p for p in (ROOT / "generated").glob("*.py") if p.name != "__init__.py"):
-        backend = next(b for b in ("numpy", "torch", "jax") if f"_{b}" in path.name)
+        backend = next(b for b in ("numpy", "torch", "jax", "triton") if f"_{b}" in path.name)
         tree = ast.parse(path.read_text())
         top = {a.name.split(".")[0] for node in tree.body if isinstance(node, ast.Import) for a in node.names}
-        top |= {node.module for node in tree.body if isinstance(node, ast.ImportFrom)}
-        assert top == {"__future__", backend}, path.name
+        top |= {node.module.split(".")[0] for node in tree.body if isinstance(node, ast.ImportFrom)}
+        # a Triton module: torch and triton (its kernels and the torch code around them)
+        assert top == ({"__future__", "torch", "triton"} if backend == "triton" else {"__future__", backend}), path.name
         inner = {_imported(node) for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom))}
         optional = {_imported(node) for node in ast.walk(tree) if isinstance(node, ast.Try) for node in node.body}
         guarded = {"numba"} & optional if backend == "numpy" else set()
@@ -199,7 +201,8 @@ def test_generate_writes_identical_bytes_and_check_names_stale_files(tmp_path, c
 def test_check_on_an_empty_folder_names_every_missing_module_and_writes_nothing(tmp_path, capsys):
     assert main(["generate", "--check", "--out", str(tmp_path), "--variant", "standard"]) == 1
     out = capsys.readouterr().out
-    assert out.count("stale:") == len(sa.specs()) * len(codegen.BACKENDS)
+    # every built-in: its module of each backend, the optional ones (Triton) included
+    assert out.count("stale:") == len(sa.specs()) * (len(codegen.BACKENDS) + len(OPTIONAL_BACKENDS))
     assert list(tmp_path.iterdir()) == []
 
 

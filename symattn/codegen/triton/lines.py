@@ -1,0 +1,116 @@
+"""The Triton module's lines whose length depends on the spec, laid out as ruff format lays them out (``emit.layout``):
+signatures, calls, tuples and dicts, so that a rendered module is ruff-format clean without running ruff."""
+
+from __future__ import annotations
+
+import textwrap
+
+from symattn.codegen.emit import layout
+
+WRAP = 110  # docstring lines
+
+
+def wrapped_text(text: str, indent: int = 0) -> list[str]:
+    """text as docstring lines of at most WRAP columns at indent."""
+    return textwrap.wrap(text, WRAP - indent, break_long_words=False, break_on_hyphens=False)
+
+
+def docs(ctx: dict) -> dict:
+    """The docstrings' lines that hold the spec's math and names, wrapped."""
+    tiles = ctx["gradient_tiles"]
+    core = (
+        f"The kernels compute the n × m core O = {ctx['normaliser_math']} V, A = {ctx['logits_math']}, S = Q Kᵀ, "
+        "block by block: no n × m array is made"
+        + (f" but the gradients of the n × m inputs {', '.join(tiles)}." if tiles else ".")
+    )
+    if ctx["rest_outside"]:
+        around = (
+            f"Q = {ctx['query_math']}, K = {ctx['key_math']}, V = {ctx['value_math']} and what the output makes of O "
+            f"({ctx['output']} = {ctx['rest_math']}) are torch code, differentiated by autograd."
+        )
+    else:
+        around = (
+            f"Q = {ctx['query_math']}, K = {ctx['key_math']} and V = {ctx['value_math']} are torch code, "
+            "differentiated by autograd."
+        )
+    order = "the spec's inputs, then its constants" if ctx["constants"] else "the spec's inputs"
+    returns = (
+        f"Returns {ctx['output']} of shape (..., {ctx['output_shape']}); the core by the Triton kernels, "
+        "differentiable (their backward; forward mode by the JVP kernel: torch.func.jvp). "
+        f"Arguments: {', '.join(ctx['input_names'])}, in this order ({order}), or by name."
+    )
+    given = ("the masks (they do not move), " if ctx["constants"] else "") + ("the options " if ctx["options"] else "")
+    tangents = (
+        "tangents: a dict from input names to tensors of their shapes (an input left out: zero there); "
+        f"{given}and causal as forward takes them."
+    )
+    return {
+        "about": [*wrapped_text(core), *wrapped_text(around)],
+        "returns_doc": wrapped_text(returns, 4),
+        "tangents_doc": wrapped_text(tangents, 4),
+    }
+
+
+def bare(code: str) -> str:
+    """code without one pair of brackets around the whole of it (ruff drops them on an assignment's right side)."""
+    if not (code.startswith("(") and code.endswith(")")):
+        return code
+    depth = 0
+    for i, ch in enumerate(code):
+        depth += {"(": 1, ")": -1}.get(ch, 0)
+        if depth == 0 and i < len(code) - 1:
+            return code  # the first bracket closes before the end: (a) + (b)
+    return code[1:-1]
+
+
+def returned_tuple(items: list[str], indent: int) -> str:
+    """return (items): () for none, (x,) for one, else as ruff format breaks a tuple."""
+    if not items:
+        return "return ()"
+    if len(items) == 1:
+        return f"return ({items[0]},)"
+    return layout.wrapped("return ", items, "", indent, "()")
+
+
+def returned_dict(pairs: list[tuple[str, str]], indent: int) -> str:
+    """return {key: value, …} ({} for none), broken over lines as ruff format would."""
+    return layout.wrapped("return ", [f"{k}: {v}" for k, v in pairs], "", indent, "{}")
+
+
+def laid_out(ctx: dict) -> dict:
+    """The context's spec-dependent lines, laid out: the signatures, the calls between forward, jvp and _compute, the
+    inputs' axes, the core's factors and its call, and the tuples of names."""
+    call = ctx["call"].split(", ")
+    keywords = [f"{k}={k}" for k in ["causal", *(["attn_mask", "key_padding_mask"] if ctx["mask_keywords"] else [])]]
+    constants = [c for c in ctx["constant_call"].split(", ") if c]
+    tensors = ["core_q", "core_k", "core_v", "causal", "symbols", *ctx["tensor_names"]]
+    moving = [t for t in ctx["tiles"] if t["tangent"]]
+    return {
+        "define_forward": layout.define("forward", ctx["signature"].split(", "), 0),
+        "define_jvp": layout.define("jvp", ctx["jvp_signature"].split(", "), 0),
+        "define_compute": layout.define("_compute", ["_kernels", *call, *(k.split("=")[0] for k in keywords)], 0),
+        "forward_call": layout.call("_compute", ["_core", *call, *keywords], 4),
+        "jvp_call": layout.wrapped("out = _compute", ["_core_dual", "*duals", *constants, *keywords], "", 8, "()"),
+        "duals": layout.wrapped("duals = _duals", ["tangents", *ctx["tangent_inputs"]], "", 8, "()"),
+        "dimensions": layout.wrapped("dims = _dimensions", [x["name"] for x in ctx["matrices"]], "", 4, "()"),
+        "core_call": layout.wrapped(f"{ctx['core_output']} = _kernels", tensors, "", 4, "()"),
+        "factors": [
+            f"{name} = {layout.assigned(name, code, 4)}"
+            for name, code in (("core_q", ctx["query"]), ("core_k", ctx["key"]), ("core_v", ctx["value"]))
+        ],
+        "rest_line": f"return {layout.assigned('return', ctx['rest'], 4)}",
+        "define_coefficients": layout.define("_coefficients", ctx["coefficient_parameters"], 0),
+        "define_tangent_coefficients": layout.define("_tangent_coefficients", ctx["tangent_parameters"], 0),
+        "coefficients_return": returned_tuple([f"float({c['code']})" for c in ctx["coefficients"]], 4),
+        "tangent_coefficients_return": returned_tuple([f"float({c['code']})" for c in ctx["tangent_coefficients"]], 4),
+        "symbols_line": layout.wrapped("symbols = ", [f'"{s}": {s}' for s in ctx["symbols"]], "", 4, "{}"),
+        "flags_return": returned_dict(
+            [(f'"HAS_{t["name"]}"', f"tiles[{t['index']}] is not None") for t in ctx["tiles"] if t["optional"]], 4
+        ),
+        "tangent_flags_return": returned_dict(
+            [(f'"TANGENT_{t["name"]}"', f"moving[{i}] is not None") for i, t in enumerate(moving)], 4
+        ),
+        "tangent_of": layout.assign_tuple("TANGENT_OF", [f'"{name}"' for name in ctx["tangent_inputs"]], 0),
+        "axes": [f'"{x["name"]}": {x["axes"]},' for x in ctx["matrices"]],
+        "bare_logits": bare(ctx["logits"]),
+    } | docs(ctx)

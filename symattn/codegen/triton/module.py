@@ -1,0 +1,197 @@
+"""The Triton module of a spec: its core's kernels (``templates/_triton_kernels.j2``, the entrywise lines printed by
+``printer``) and the torch code around them (``templates/triton_module.py.j2``).
+
+Q, K, V and what the spec's output makes of O are printed by the torch backend's printer and differentiated by
+autograd; the core O = N(A) V is a ``torch.autograd.Function`` whose forward and backward launch the kernels.
+"""
+
+from __future__ import annotations
+
+import re
+
+import jinja2
+import sympy as sp
+from sympy import Basic, MatrixSymbol
+
+from symattn.codegen.backends.torch_backend import TorchMatrixPrinter
+from symattn.codegen.triton.bindings import axis_sizes, binding_lines, counts, lines_of
+from symattn.codegen.triton.core import find_core
+from symattn.codegen.triton.lines import laid_out
+from symattn.codegen.triton.printer import print_core, tangent_symbol, tangent_tile_name, tile_name
+from symattn.derive.latex import text as plain_text
+from symattn.errors import SymattnError
+from symattn.lang.functions import TRITON, Exp, Log
+from symattn.lang.graph import postorder
+from symattn.lang.ops import RowSoftmax, SplitHeads
+from symattn.specs import Option, Spec, family
+
+TEMPLATE = "triton_module.py.j2"
+
+
+def triton_spec(source: str | Spec) -> tuple[Spec, tuple[Option, ...]]:
+    """The spec of a built-in (by name, every optional part on: its mask) or a user's Spec, and its options."""
+    if isinstance(source, Spec):
+        return source, ()
+    found = family(source)
+    return found.generated_spec(found.masks)
+
+
+def triton_context(spec: Spec, options: tuple[Option, ...], version: str) -> dict:
+    """Everything ``triton_module.py.j2`` needs, every expression already printed."""
+    core = find_core(spec)
+    constants = frozenset(str(x.name) for x in spec.constants)
+    printed = print_core(core, constants)
+    torch_printer = TorchMatrixPrinter()
+    scalars = [str(x) for x in core.scalars]
+    scalar_tangents = [str(tangent_symbol(x)) for x in core.scalars]
+    every = (*printed.coefficients, *printed.tangent_coefficients)
+    coefficient_symbols = {str(s) for c in every for s in sp.sympify(c).free_symbols}
+    symbols = sorted(coefficient_symbols - set(scalars) - set(scalar_tangents))
+    bound = {line.binds for line in lines_of(spec, options, torch_printer.doprint)}
+    missing = [s for s in symbols if s not in bound and s not in {o.name for o in options}]
+    if missing:
+        raise SymattnError(f"{spec.name}: the Triton module has no value for {', '.join(sorted(set(missing)))}")
+    tiles = [
+        {
+            "name": str(t.name),
+            "tile": tile_name(t),
+            "index": i,
+            "optional": str(t.name) in constants,
+            "gradient": printed.tile_gradients.get(str(t.name)),
+            "tangent": None if str(t.name) in constants else tangent_tile_name(t),
+        }
+        for i, t in enumerate(core.tiles)
+    ]
+    partials = printed.scalar_partials
+    logits = MatrixSymbol("A", *core.scores.shape)
+    code = {e: torch_printer.doprint(e) for e in (core.query, core.key, core.value, core.rest)}
+    read = {name for name in bound if name in symbols or any(re.search(rf"\b{name}\b", c) for c in code.values())}
+    coefficient_code, tangent_code = (
+        [{"name": name, "code": torch_printer.doprint(e), "math": plain_text(e)} for e, name in found.items()]
+        for found in (printed.coefficients, printed.tangent_coefficients)
+    )
+    return {
+        "version": version,
+        "spec": spec.name,
+        "summary": spec.summary,
+        "normalised": core.softmax,
+        "normaliser_math": plain_text(RowSoftmax(logits) if core.softmax else logits),  # softmax(A) or A
+        "exp_call": Exp.calls[TRITON],  # the online softmax's exponentials and the log-sum-exp: the records' calls
+        "log_call": Log.calls[TRITON],
+        "logits_math": plain_text(core.logits),
+        "query_math": plain_text(core.query),
+        "key_math": plain_text(core.key),
+        "value_math": plain_text(core.value),
+        "rest_math": plain_text(core.rest),
+        "rest_outside": core.rest != core.output,
+        "gradient_tiles": [t["name"] for t in tiles if t["gradient"]],
+        "output": next((name for name, e in spec.intermediates if e == spec.output), "the output"),
+        "core_output": str(core.output.name),
+        "output_shape": ", ".join(map(str, spec.output.shape)),
+        "inputs": _inputs(spec),
+        "matrices": [{"name": str(x.name), "axes": _axes(x)} for x in spec.matrix_inputs],
+        "bindings": binding_lines(spec, options, torch_printer.doprint, read),
+        "counted": bool(counts(spec, options)) or any(not s.is_Symbol and not s.is_Integer for s in axis_sizes(spec)),
+        "scalars": [{"name": name, "partial": partials[name]} for name in scalars],
+        "symbols": symbols,
+        "coefficient_parameters": symbols + scalars,
+        "coefficients": coefficient_code,
+        "tangent_coefficients": tangent_code,
+        "tangent_parameters": symbols + scalars + scalar_tangents,
+        "scalar_tangents": scalar_tangents,
+        "logits_tangent": printed.logits_tangent,
+        "tiles": tiles,
+        "tensor_names": [t["name"] for t in tiles] + scalars,
+        "logits": printed.logits,
+        "scores_gradient": printed.scores_gradient,
+        "constants": [str(x.name) for x in spec.constants],
+        "options": [
+            {"name": o.name, "default_math": "required" if o.default is None else f"default {plain_text(o.default)}"}
+            for o in options
+        ],
+        "per_head": any(isinstance(x, SplitHeads) for x in postorder(core.query)),
+        "query": code[core.query],
+        "key": code[core.key],
+        "value": code[core.value],
+        "rest": code[core.rest],
+        "helpers": torch_printer.helper_source() if torch_printer.helpers_used else "",
+    } | _calls(spec, options)
+
+
+def _calls(spec: Spec, options: tuple[Option, ...]) -> dict:
+    """The module's signatures and the calls between its functions: forward's and jvp's parameters, the bias rows that
+    may be left out, the mask keywords (a spec with one constant, the additive mask) and how they are passed on."""
+    rows, masks = _rows(spec), len(spec.constants) == 1
+    given = [str(x.name) for x in (*spec.inputs, *spec.constants)]
+    return {
+        "signature": _signature(spec, options, rows),
+        "jvp_signature": _jvp_signature(spec, options, rows),
+        "rows": rows,
+        "mask_keywords": masks,
+        "mask_call": ", attn_mask=attn_mask, key_padding_mask=key_padding_mask" if masks else "",
+        "tangent_inputs": [str(x.name) for x in spec.inputs],
+        "constant_call": "".join(f"{name}={name}, " for name in given[len(spec.inputs) :] + [o.name for o in options]),
+        "call": ", ".join([*given, *(o.name for o in options)]),
+        "input_names": given,
+    }
+
+
+def _axes(x: Basic) -> str:
+    """The Python tuple of x's two axes: a dimension's name (a string) or an int."""
+    sizes = [sp.sympify(s) for s in x.shape]
+    return "(" + ", ".join(str(int(s)) if s.is_Integer else f'"{s}"' for s in sizes) + ")"
+
+
+def _inputs(spec: Spec) -> list[dict]:
+    """Each input and constant with its shape as the module's docstring writes it."""
+    out = []
+    for x in (*spec.inputs, *spec.constants):
+        if isinstance(x, sp.Symbol):
+            out.append({"name": str(x), "shape_text": "() (a trainable scalar)"})
+        else:
+            out.append({"name": str(x.name), "shape_text": f"(..., {', '.join(map(str, x.shape))})"})
+    return out
+
+
+def _rows(spec: Spec) -> list[str]:
+    """The trailing bias rows (1 × k) that may be left out (None adds nothing): the built-ins' b_… inputs beside a
+    mask, as the torch modules have them optional (``schedule.build``'s rule); a user's spec has none."""
+    if not spec.constants or spec.parameters is not None:
+        return []
+    rows = []
+    for x in reversed(spec.inputs):
+        if not isinstance(x, MatrixSymbol) or x.shape[0] != 1 or not str(x.name).startswith("b_"):
+            break
+        rows.insert(0, str(x.name))
+    return rows
+
+
+def _signature(spec: Spec, options: tuple[Option, ...], rows: list[str]) -> str:
+    """The inputs positionally (a bias row None by default), the constants after them (None: absent), then the options,
+    the mask keywords where there is one mask, and causal by keyword."""
+    names = [f"{x.name}=None" if str(x.name) in rows else str(x.name) for x in spec.inputs]
+    names += [f"{x.name}=None" for x in spec.constants]
+    return ", ".join([*names, "*", *_keywords(spec, options), "causal=False"])
+
+
+def _keywords(spec: Spec, options: tuple[Option, ...]) -> list[str]:
+    """The options as keyword parameters (a required one, a head count, without a default), then the mask's."""
+    masks = ["attn_mask=None", "key_padding_mask=None"] if len(spec.constants) == 1 else []
+    return [o.name if o.default is None else f"{o.name}=None" for o in options] + masks
+
+
+def _jvp_signature(spec: Spec, options: tuple[Option, ...], rows: list[str]) -> str:
+    """The inputs positionally, then the tangents; the biases, constants, options and causal by keyword."""
+    names = [str(x.name) for x in spec.inputs if str(x.name) not in rows] + ["tangents", "*"]
+    names += [f"{name}=None" for name in rows] + [f"{x.name}=None" for x in spec.constants]
+    return ", ".join([*names, *_keywords(spec, options), "causal=False"])
+
+
+def render_triton(source: str | Spec, regenerate: str, environment: jinja2.Environment) -> str:
+    """The source of the Triton module of a built-in spec (by name) or a user's Spec, by environment's templates."""
+    from symattn.version import __version__
+
+    spec, options = triton_spec(source)
+    ctx = triton_context(spec, options, __version__) | {"regenerate": regenerate}
+    ctx |= laid_out(ctx)
+    return environment.get_template(TEMPLATE).render(**ctx)

@@ -1,0 +1,135 @@
+"""Triton code of the core's entrywise steps: A = E(S) (forward), and from the library's own differentials the
+backward's dS = G ⊙ ∂A/∂S, each n × m input's dB = G ⊙ ∂A/∂B and each trainable scalar's ∂A/∂τ.
+
+For an entrywise A the Jacobian with respect to S (or B) is diagonal, so the VJP of a cotangent G equals the
+forward differential along G: dS = d A[S ↦ G] (``autodiff.differentials.differential``), printed entry by entry.
+A tile is a name in the kernel (``s``, ``g``, ``tile_B``); each function is its record's Triton call
+(``calls[TRITON]``); a scalar that is not a number (1/√d_k, τ, scale) is a kernel argument ``c0``, ``c1``, …
+whose value the module computes before the launch (``Printed.coefficients``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import sympy as sp
+from sympy import Basic, MatrixExpr, MatrixSymbol
+from sympy.matrices.expressions import HadamardPower, HadamardProduct, MatAdd, MatMul, OneMatrix, ZeroMatrix
+
+from symattn.autodiff.differentials import differential
+from symattn.codegen.triton.core import Core
+from symattn.errors import SymattnError
+from symattn.lang.functions import TRITON, Elementwise
+
+GRADIENT = "g"  # the kernels' name of the cotangent tile G = ∂f/∂A
+SCORES = "s"  # … and of the raw scores tile S = Q Kᵀ
+SCORES_TANGENT = "st"  # … and of its tangent Ṡ = Q̇ Kᵀ + Q K̇ᵀ (the JVP kernel)
+
+
+def tile_name(x: MatrixSymbol) -> str:
+    """The kernels' name of the tile of an n × m input (B → tile_B)."""
+    return f"tile_{x.name}"
+
+
+def tangent_symbol(x: sp.Symbol) -> sp.Symbol:
+    """The tangent τ̇ of a trainable scalar τ, a scalar argument of the JVP kernel (τ → tau_t)."""
+    return sp.Symbol(f"{x}_t", real=True)
+
+
+@dataclass
+class TilePrinter:
+    """Prints an entrywise n × m expression as one Triton expression of tiles and scalar arguments."""
+
+    names: dict[Basic, str]
+    coefficients: dict[Basic, str] = field(default_factory=dict)  # scalar expression → its argument's name
+
+    def doprint(self, expr: Basic) -> str:
+        if expr in self.names:
+            return self.names[expr]
+        if not isinstance(expr, MatrixExpr):
+            return self._scalar(expr)
+        if isinstance(expr, OneMatrix):
+            return "1.0"
+        if isinstance(expr, ZeroMatrix):
+            return "0.0"
+        if isinstance(expr, MatAdd):
+            return "(" + " + ".join(self.doprint(a) for a in expr.args) + ")"
+        if isinstance(expr, HadamardProduct):
+            return "(" + " * ".join(self.doprint(a) for a in expr.args) + ")"
+        if isinstance(expr, MatMul):
+            coeff, mats = expr.as_coeff_matrices()
+            if len(mats) != 1:
+                raise SymattnError(f"the Triton kernels print no matrix product inside the scores' steps: {expr}")
+            return f"({self._scalar(coeff)} * {self.doprint(mats[0])})"
+        if isinstance(expr, HadamardPower):
+            return self._power(self.doprint(expr.base), sp.sympify(expr.exp))
+        if isinstance(expr, Elementwise):
+            call = expr.call(TRITON)
+            arg = self.doprint(expr.arg)
+            return call.format(arg) if "{" in call else f"{call}({arg})"
+        raise SymattnError(f"the Triton kernels print no {type(expr).__name__} inside the scores' steps: {expr}")
+
+    def _scalar(self, c: Basic) -> str:
+        """A number as a float literal; any other scalar as a kernel argument (its value computed outside)."""
+        c = sp.sympify(c)
+        if c.is_number:
+            return repr(float(c))
+        return self.coefficients.setdefault(c, f"c{len(self.coefficients)}")
+
+    def _power(self, base: str, k: Basic) -> str:
+        """base^∘k for an integer k (a product or its inverse) or k = ±1/2 (a square root)."""
+        if k.is_Integer and k != 0:
+            body = " * ".join([base] * abs(int(k)))
+            return f"({body})" if k > 0 else f"(1.0 / ({body}))"
+        if k in (sp.Rational(1, 2), sp.Rational(-1, 2)):
+            return f"tl.sqrt({base})" if k > 0 else f"(1.0 / tl.sqrt({base}))"
+        raise SymattnError(f"the Triton kernels print no entrywise power {k} inside the scores' steps")
+
+
+@dataclass(frozen=True)
+class Printed:
+    """The core's entrywise code: A, dS, each n × m input's gradient, each trainable scalar's ∂A/∂τ, and the
+    scalar arguments they read (expression → name, in order)."""
+
+    logits: str
+    scores_gradient: str
+    tile_gradients: dict[str, str]  # input name → G ⊙ ∂A/∂B (the constants, as the mask M, have none)
+    scalar_partials: dict[str, str]  # trainable scalar name → ∂A/∂τ
+    coefficients: dict[Basic, str]
+    logits_tangent: str  # Ȧ = dA along Ṡ, each n × m input's tangent tile and each scalar's τ̇
+    tangent_coefficients: dict[Basic, str]  # the scalar arguments Ȧ reads besides ``coefficients``
+
+
+def print_core(core: Core, constants: frozenset[str]) -> Printed:
+    """The Triton expressions of the core's steps, the tile names ``s``, ``g`` and ``tile_<name>``."""
+    g = MatrixSymbol("_G", *core.scores.shape)
+    names = {core.scores: SCORES, g: GRADIENT, **{t: tile_name(t) for t in core.tiles}}
+    printer = TilePrinter(names)
+    logits = printer.doprint(core.logits)
+    scores_gradient = _printed(printer, differential(core.logits, {core.scores: g}))
+    tiles = {
+        str(t.name): _printed(printer, differential(core.logits, {t: g}))
+        for t in core.tiles
+        if str(t.name) not in constants
+    }
+    scalars = {str(x): _printed(printer, differential(core.logits, {x: sp.Integer(1)})) for x in core.scalars}
+    forward = dict(printer.coefficients)
+    moving = [t for t in core.tiles if str(t.name) not in constants]
+    tangents = {t: MatrixSymbol(f"_{t.name}_t", *t.shape) for t in moving}
+    s_t = MatrixSymbol("_S_t", *core.scores.shape)
+    tangent_names = {**names, s_t: SCORES_TANGENT, **{d: tangent_tile_name(t) for t, d in tangents.items()}}
+    tangent_printer = TilePrinter(tangent_names, dict(forward))
+    directions = {core.scores: s_t, **tangents, **{x: tangent_symbol(x) for x in core.scalars}}
+    logits_tangent = _printed(tangent_printer, differential(core.logits, directions))
+    extra = {c: name for c, name in tangent_printer.coefficients.items() if c not in forward}
+    return Printed(logits, scores_gradient, tiles, scalars, forward, logits_tangent, extra)
+
+
+def tangent_tile_name(x: MatrixSymbol) -> str:
+    """The kernels' name of the tangent tile of an n × m input (B → tile_B_t)."""
+    return f"tile_{x.name}_t"
+
+
+def _printed(printer: TilePrinter, expr: Basic | None) -> str:
+    """expr printed; 0.0 where the differential is None (A does not move)."""
+    return "0.0" if expr is None else printer.doprint(expr)

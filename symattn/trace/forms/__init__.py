@@ -1,0 +1,2 @@
+"""Rules for the forms library attention code takes beyond the core table: constants with batch and head axes,
+fused projections read in blocks, rotary embeddings and grouped key/value heads."""

@@ -1,0 +1,139 @@
+"""Constants with batch and head axes meeting per-head values: masks, biases and tables of torch's layouts.
+
+A constant of shape (…, h, r, c) meets per-head values (…, H, n, m) by torch's broadcasting. Along an axis where
+it does not vary (an ``expand``, position tables equal for every sequence) it is one constant there: the trace
+keeps its first entry (a step of the constant program, ``first_along``, which checks again at every rebuild).
+What is left is, in symattn's language:
+
+- one n × m constant for every head (h = 1): the additive mask M (batched where it varies along the batch,
+  which generated forward takes as (B, n, m)), K for a kept mask, or a fixed constant C;
+- a per-head constant (h = H, no batch axis left): the spec's constant C of shape r × (H·c), split into the H
+  blocks C_h = ``split_heads(C, H)``; generated forward takes it in that layout, (n, H·m), head h's block in
+  columns h·m … (h+1)·m − 1 (``constants.spec_value`` lays out the model's (…, H, n, m) tensor so).
+
+A constant varying along both the batch and the heads is refused: generated forward takes a per-head constant
+without batch axes, and one mask M for every head.
+"""
+
+from __future__ import annotations
+
+import torch
+from sympy import Basic, MatrixSymbol
+
+from symattn.errors import SymattnError
+from symattn.lang.ops import split_heads
+from symattn.trace.tracer import Constant, Trace
+from symattn.trace.values import Refused, Value
+
+
+def first_along(tensor: torch.Tensor, axes: tuple[int, ...]) -> torch.Tensor:
+    """The constant program's step: tensor's first entry along the axes (kept with size 1); it must be the same
+    along them (a tensor that varies there is another function, which the traced spec does not compute)."""
+    first = tensor
+    for axis in axes:
+        first = first.narrow(axis, 0, 1)
+    if not torch.equal(torch.broadcast_to(first, tensor.shape), tensor):
+        raise SymattnError(
+            f"drop_in: a constant of shape {tuple(tensor.shape)} now varies along axes {axes}, where the traced one "
+            "did not (trace the module with examples like these)"
+        )
+    return first
+
+
+def _reduced(t: Trace, tensor: torch.Tensor, axes: tuple[int, ...]) -> torch.Tensor | None:
+    """tensor with the axes (of size > 1) reduced to their first entry, a recorded program step; None where it
+    varies along them."""
+    axes = tuple(a for a in axes if tensor.shape[a] != 1)
+    if not axes:
+        return tensor
+    try:
+        first = first_along(tensor, axes)
+    except SymattnError:
+        return None
+    t.program.record(first_along, (tensor, axes), {}, first)
+    return first
+
+
+def _leading(tensor: torch.Tensor) -> tuple[int, ...]:
+    """The batch axes of a (…, h, r, c) tensor: those before the heads' axis."""
+    return tuple(range(tensor.ndim - 3))
+
+
+def named_constant(
+    t: Trace, tensor: torch.Tensor, label: str, shape: tuple, form: str = "as_is", **how
+) -> MatrixSymbol:
+    """A new spec constant of this matrix shape made from the constant tensor, named label (label_2, … if taken)."""
+    taken = {str(c.symbol.name) for c in t.constants} | set(t.masks.values())
+    name = next(n for n in (label, *(f"{label}_{i}" for i in range(2, 999))) if n not in taken)
+    symbol = MatrixSymbol(name, *shape)
+    t.constants.append(Constant(symbol, t.program.ref(tensor), form, **how))
+    t.kept.append(tensor)
+    return symbol
+
+
+def _per_head(t: Trace, tensor: torch.Tensor, form: str, heads: int, like: Value | None = None) -> Value:
+    """The per-head constant C (r × H·c in the spec), as the value split_heads(C, H); of like's matrix shape (a mask,
+    broadcast to it: an additive one is added), else of its own."""
+    if like is not None:
+        rows, cols = like.rows, like.cols
+    else:
+        rows, cols = (t.dims.fresh(size, ("cols" if i else "rows", "C")) for i, size in enumerate(tensor.shape[-2:]))
+    added = like is not None and form == "as_is"
+    label = "M" if form.startswith("additive") else "K" if form.startswith("keep") else "C"
+    symbol = named_constant(t, tensor, label, (rows, heads * cols), form, added=added, heads=heads)
+    return Value(split_heads(symbol, heads), tuple(tensor.shape), heads)
+
+
+def _refuse(tensor: torch.Tensor) -> Refused:
+    return Refused(
+        f"a constant of shape {tuple(tensor.shape)} varies along both the batch and the heads: generated forward "
+        "takes a per-head constant without batch axes (1, H, n, m), or one mask for every head (B, 1, n, m)"
+    )
+
+
+def across_heads(t: Trace, tensor: torch.Tensor, form: str, like: Value) -> tuple[Basic | None, torch.Tensor]:
+    """A mask or bias of shape (…, h, n, m) at per-head values like: (the expression of the per-head constant, None)
+    where it varies over the H heads, else (None, the tensor as (…, 1, n, m)), of which the caller makes M or K."""
+    if like.heads is None or tensor.ndim < 3 or tensor.shape[-3] == 1:
+        return None, tensor
+    if tensor.shape[-3] != like.heads:
+        raise Refused(f"a constant of shape {tuple(tensor.shape)} meets {like.heads} heads")
+    once = _reduced(t, tensor, (tensor.ndim - 3,))
+    if once is not None:
+        return None, once
+    unbatched = _reduced(t, tensor, _leading(tensor))
+    if unbatched is None:
+        raise _refuse(tensor)
+    return _per_head(t, unbatched, form, like.heads, like).expr, tensor
+
+
+def fixed(t: Trace, tensor: torch.Tensor, other: Value) -> Value | None:
+    """A float constant with batch (or head) axes meeting the traced value other in an entrywise operation (cos and
+    sin tables, a bias, a scale): a fixed constant without batch axes, per head where it varies over them; None
+    for a constant without such axes (the usual constant, ``Trace.value``)."""
+    if tensor.ndim < 3 or other.is_scalar:
+        return None
+    heads = other.heads if other.heads is not None and tensor.shape[-3] != 1 else None
+    batch = _leading(tensor) if heads is not None else tuple(range(tensor.ndim - 2))
+    unbatched = _reduced(t, tensor, batch)
+    if unbatched is None and id(tensor) in t.program.sources and t.program.arguments(id(tensor)) & t.demoted:
+        return None  # made from an additive mask argument: refused as used otherwise too (``source``)
+    if unbatched is None and heads is not None:
+        raise _refuse(tensor)
+    if unbatched is None:
+        raise Refused(
+            f"a constant of shape {tuple(tensor.shape)} varies along its batch axes: generated forward takes fixed "
+            "constants without batch axes (the additive mask M aside)"
+        )
+    if heads is not None:
+        if tensor.shape[-3] != heads:
+            raise Refused(f"a constant of shape {tuple(tensor.shape)} meets {heads} heads")
+        once = _reduced(t, unbatched, (unbatched.ndim - 3,))
+        if once is None:
+            value = _per_head(t, unbatched, "as_is", heads)
+            t.bind(tensor, value)
+            return value
+        unbatched = once
+    value = t.constant(unbatched, "as_is")
+    t.bind(tensor, value)
+    return value

@@ -1,0 +1,151 @@
+"""Hugging Face's own attention classes (the installed ``transformers``, tiny random configs built in code, nothing
+downloaded) traced, verified, dropped in and compared with torch autograd of the original at a new batch and
+length, masks made as the models make them (padding, causal, a sliding window): output and every gradient.
+The plain-torch copies in ``torch_corpus/hf.py`` test the same forms without ``transformers``."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from transformers.models.bart.modeling_bart import BartAttention, BartConfig  # noqa: E402
+from transformers.models.bert.modeling_bert import BertConfig, BertSelfAttention  # noqa: E402
+from transformers.models.clip.modeling_clip import CLIPAttention, CLIPTextConfig  # noqa: E402
+from transformers.models.distilbert.modeling_distilbert import DistilBertConfig, DistilBertSelfAttention  # noqa: E402
+from transformers.models.gpt2.modeling_gpt2 import GPT2Attention, GPT2Config  # noqa: E402
+from transformers.models.llama.modeling_llama import LlamaAttention, LlamaConfig, LlamaRotaryEmbedding  # noqa: E402
+from transformers.models.mistral.modeling_mistral import (  # noqa: E402
+    MistralAttention,
+    MistralConfig,
+    MistralRotaryEmbedding,
+)
+from transformers.models.opt.modeling_opt import OPTAttention, OPTConfig  # noqa: E402
+from transformers.models.roberta.modeling_roberta import RobertaAttention, RobertaConfig  # noqa: E402
+from transformers.models.t5.modeling_t5 import T5Attention, T5Config  # noqa: E402
+from transformers.models.vit.modeling_vit import ViTAttention, ViTConfig  # noqa: E402
+from transformers.models.whisper.modeling_whisper import WhisperAttention, WhisperConfig  # noqa: E402
+
+import symattn as sa  # noqa: E402
+from symattn.trace.dropin import ClosedForm  # noqa: E402
+
+MIN = torch.finfo(torch.float64).min
+F32 = 1e-6  # softmax(…, dtype=torch.float32) in the model: its rounding, whatever the inputs' dtype
+
+
+def mask(lengths: list[int], n: int, causal: bool, window: int | None = None):
+    """The additive (B, 1, n, n) mask transformers builds: padding after each length, causal, a sliding window."""
+    keep = (torch.arange(n)[None, :] < torch.tensor(lengths)[:, None])[:, None, None, :]
+    rows, cols = torch.arange(n)[:, None], torch.arange(n)[None, :]
+    keep = keep & (cols <= rows) if causal else keep
+    keep = keep & (rows - cols < window) if window else keep
+    return torch.zeros(len(lengths), 1, n, n, dtype=torch.float64).masked_fill(~keep.expand(-1, 1, n, n), MIN)
+
+
+def config(cls, **options):
+    made = cls(**options)
+    made._attn_implementation = "eager"
+    return made
+
+
+class First(torch.nn.Module):
+    """The attention module called as its model calls it, its first output (the attention output)."""
+
+    def __init__(self, attention, keyword: str | None = "attention_mask") -> None:
+        super().__init__()
+        self.attention, self.keyword = attention, keyword
+
+    def forward(self, x, m=None):
+        out = self.attention(x) if self.keyword is None else self.attention(x, **{self.keyword: m})
+        return out if isinstance(out, torch.Tensor) else out[0]
+
+
+class Rotary(torch.nn.Module):
+    """Llama and Mistral attention with the model's rotary embedding, made from positions 0 … n − 1."""
+
+    def __init__(self, attention, rotary) -> None:
+        super().__init__()
+        self.attention, self.rotary = attention, rotary
+
+    def forward(self, x, m):
+        positions = torch.arange(x.shape[1]).unsqueeze(0).expand(x.shape[0], -1)
+        return self.attention(x, self.rotary(x, positions), m)[0]
+
+
+def llama(cls, rotary, config_cls, **options):
+    made = config(config_cls, hidden_size=16, num_attention_heads=4, num_key_value_heads=2, **options)
+    return Rotary(cls(made, 0), rotary(made))
+
+
+CASES = {  # name (causal, sliding: the masks its model makes): (module, tolerance)
+    "bert_padding": (lambda: First(BertSelfAttention(config(BertConfig, hidden_size=16, num_attention_heads=2))), 0),
+    "roberta_padding": (
+        lambda: First(RobertaAttention(config(RobertaConfig, hidden_size=16, num_attention_heads=2))),
+        0,
+    ),
+    "distilbert_padding": (lambda: First(DistilBertSelfAttention(config(DistilBertConfig, dim=16, n_heads=2))), 0),
+    "vit": (lambda: First(ViTAttention(config(ViTConfig, hidden_size=16, num_attention_heads=2)), None), F32),
+    "gpt2_causal": (lambda: First(GPT2Attention(config(GPT2Config, n_embd=16, n_head=2), layer_idx=0)), 0),
+    "opt_causal": (
+        lambda: First(OPTAttention(config(OPTConfig, hidden_size=16, num_attention_heads=2), layer_idx=0)),
+        F32,
+    ),
+    "clip_text_causal": (
+        lambda: First(CLIPAttention(config(CLIPTextConfig, hidden_size=16, num_attention_heads=2))),
+        F32,
+    ),
+    "bart_padding": (lambda: First(BartAttention(16, 2, config=config(BartConfig, d_model=16))), 0),
+    "whisper_causal": (
+        lambda: First(WhisperAttention(16, 2, config=config(WhisperConfig, d_model=16), layer_idx=0)),
+        0,
+    ),
+    "t5_no_relative_bias_causal": (
+        lambda: First(
+            T5Attention(config(T5Config, d_model=16, d_kv=8, num_heads=2), has_relative_attention_bias=False), "mask"
+        ),
+        F32,
+    ),
+    "llama_gqa_causal": (lambda: llama(LlamaAttention, LlamaRotaryEmbedding, LlamaConfig), F32),
+    "mistral_gqa_sliding": (lambda: llama(MistralAttention, MistralRotaryEmbedding, MistralConfig, head_dim=4), F32),
+}
+
+
+def _masks(name: str, lengths: list[int], n: int) -> tuple:
+    if name == "vit":
+        return ()
+    return (mask(lengths, n, "causal" in name or "gqa" in name, 3 if "sliding" in name else None),)
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_a_transformers_attention_traces_verifies_and_drops_in(name):
+    build, tolerance = CASES[name]
+    torch.manual_seed(0)
+    model = build().double().eval()
+    example = (torch.randn(2, 5, 16, dtype=torch.float64), *_masks(name, [5, 4] if "sliding" in name else [5, 3], 5))
+    spec = sa.from_torch(model, *example)
+    assert sa.derive(spec).verify().ok
+    assert spec.intermediates  # the model's own variable names
+    closed = ClosedForm(model, example, second_order=False)
+    x = torch.randn(3, 7, 16, dtype=torch.float64, requires_grad=True)
+    masks = _masks(name, [7, 5, 6] if "sliding" in name else [7, 2, 5], 7)
+    leaves = [x, *model.parameters()]
+    want = model(x, *masks)
+    cotangent = torch.randn_like(want)
+    expected = torch.autograd.grad(want, leaves, cotangent)
+    got = closed(x, *masks)
+    grads = torch.autograd.grad(got, leaves, cotangent)
+    assert (got - want).abs().max() <= tolerance + 1e-12
+    for a, b in zip(grads, expected):
+        assert (a - b).abs().max() <= (tolerance + 1e-12) * max(1.0, float(b.abs().max()))
+
+
+def test_t5s_relative_bias_is_refused_in_one_line_at_the_models_line():
+    """A learned lookup table (an embedding of relative-position buckets) is outside the attention language."""
+    model = First(
+        T5Attention(config(T5Config, d_model=16, d_kv=8, num_heads=2), has_relative_attention_bias=True), "mask"
+    ).double()
+    with pytest.raises(sa.SymattnError) as refused:
+        sa.from_torch(model, torch.randn(2, 5, 16, dtype=torch.float64), mask([5, 3], 5, True))
+    message = str(refused.value)
+    assert "\n" not in message and "embedding" in message and "modeling_t5.py:" in message

@@ -1,0 +1,299 @@
+"""The Triton modules under Triton's interpreter (TRITON_INTERPRET=1, CPU float32 tensors), at sizes with partial
+blocks (n = 37, m = 45, d = 24, 2 × 2 batch·heads): forward and every gradient against torch autograd of an
+independent eager forward in float64, with and without causal, and against the generated torch module."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton's first import (tests/conftest.py sets it too)
+if os.environ["TRITON_INTERPRET"] != "1":
+    pytest.skip("TRITON_INTERPRET is set off: these tests run the kernels on CPU tensors", allow_module_level=True)
+torch = pytest.importorskip("torch")
+pytest.importorskip("triton", reason="the Triton backend's tests need triton (the main CI leg installs it)")
+
+from triton_rendered import (  # noqa: E402
+    DV,
+    REFERENCES,
+    D,
+    M,
+    N,
+    attend,
+    compare,
+    features_spec,
+    gallery,
+    interpreted,
+    random_inputs,
+    triton_module,
+)
+
+import symattn as sa  # noqa: E402
+from symattn.codegen.generate import render  # noqa: E402
+from symattn.errors import SymattnError  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("triton_modules")
+
+
+def _check(module, reference, inputs: dict, causal: bool, what: str, generator) -> None:
+    """Forward and every input's gradient of the module against autograd of the float64 reference."""
+    out = module.forward(*inputs.values(), causal=causal)
+    cotangent = torch.randn(out.shape, generator=generator)
+    grads = torch.autograd.grad(out, list(inputs.values()), cotangent)
+    double = {k: v.detach().double().requires_grad_() for k, v in inputs.items()}
+    want = reference(double, causal)
+    want_grads = torch.autograd.grad(want, list(double.values()), cotangent.double())
+    compare(out, want, f"{what} forward")
+    for name, got, expected in zip(inputs, grads, want_grads):
+        compare(got, expected, f"{what} d{name}", rtol=5e-5)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("name", sorted(REFERENCES))
+def test_a_gallery_core_matches_autograd(name, causal, folder):
+    generator = torch.Generator().manual_seed(7)
+    spec = sa.spec(name) if name in sa.specs() else gallery(name)
+    inputs = random_inputs(spec, generator)
+    _check(triton_module(spec, folder), REFERENCES[name], inputs, causal, f"{name} causal={causal}", generator)
+
+
+def _attention_reference(mask):
+    def reference(x, causal):
+        a = x["Q"] @ x["K"].mT / math.sqrt(D)
+        if mask is not None:
+            a = a + (
+                torch.zeros(mask.shape, dtype=a.dtype).masked_fill(mask, -math.inf)
+                if mask.dtype == torch.bool
+                else mask
+            )
+        return attend(a, x["V"], causal)
+
+    return reference
+
+
+@pytest.mark.parametrize(
+    "mask, causal",
+    [(None, False), (None, True), ("float", False), ("bool", True)],
+    ids=["plain", "causal", "float-mask", "bool-mask-causal"],
+)
+def test_attention_matches_autograd_and_the_torch_module(mask, causal, folder):
+    from symattn.generated import attention_torch
+
+    generator = torch.Generator().manual_seed(3)
+    shapes = {"Q": (2, 2, N, D), "K": (2, 2, M, D), "V": (2, 2, M, DV)}
+    inputs = {name: torch.randn(shape, generator=generator).requires_grad_() for name, shape in shapes.items()}
+    if mask == "float":
+        m = torch.randn((N, M), generator=generator)
+    elif mask == "bool":
+        m = torch.rand((2, 1, N, M), generator=generator) < 0.3
+    else:
+        m = None
+    module = triton_module("attention", folder)
+
+    def masked(x, c):
+        return _attention_reference(m)(x, c)
+
+    out = module.forward(*inputs.values(), m, causal=causal)
+    cotangent = torch.randn(out.shape, generator=generator)
+    grads = torch.autograd.grad(out, list(inputs.values()), cotangent)
+    double = {k: v.detach().double().requires_grad_() for k, v in inputs.items()}
+    want = masked(double, causal)
+    compare(out, want, "attention forward")
+    for name, got, expected in zip(inputs, grads, torch.autograd.grad(want, list(double.values()), cotangent.double())):
+        compare(got, expected, f"attention d{name}", rtol=5e-5)
+    theirs = attention_torch.forward(*inputs.values(), m, causal=causal)
+    their_grads = torch.autograd.grad(theirs, list(inputs.values()), cotangent)
+    assert (out - theirs).abs().max().item() < 1e-5
+    assert all((a - b).abs().max().item() < 1e-4 for a, b in zip(grads, their_grads))
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_float16_is_as_close_as_torchs_own_float16_attention(causal, folder):
+    """float16 Q, K, V (float32 statistics and accumulators in the kernels): the error against float64 at most
+    that of torch's eager float16 attention (its softmax in float32), forward and gradients."""
+    generator = torch.Generator().manual_seed(5)
+    inputs = [torch.randn(2, 2, size, D, generator=generator).half().requires_grad_() for size in (N, M, M)]
+    module = triton_module("attention", folder)
+    hidden = torch.ones(N, M, dtype=torch.bool).triu(1) if causal else torch.zeros(N, M, dtype=torch.bool)
+
+    def eager(q, k, v):
+        a = (q @ k.mT / math.sqrt(D)).masked_fill(hidden, -math.inf)
+        return torch.softmax(a.float(), -1).to(v.dtype) @ v
+
+    out = module.forward(*inputs, causal=causal)
+    cotangent = torch.randn(out.shape, generator=generator).half()
+    double = [x.detach().double().requires_grad_() for x in inputs]
+    want = eager(*double)
+    want_grads = torch.autograd.grad(want, double, cotangent.double())
+    theirs = eager(*inputs)
+    for got, mine, ref in zip(
+        (out, *torch.autograd.grad(out, inputs, cotangent)),
+        (theirs, *torch.autograd.grad(theirs, inputs, cotangent)),
+        (want, *want_grads),
+    ):
+        assert got.dtype == torch.float16
+        assert (got.double() - ref).abs().max() <= 1.5 * (mine.double() - ref).abs().max() + 1e-4
+
+
+def test_a_row_with_every_key_masked_gives_zeros_not_nan(folder):
+    module = triton_module("attention", folder)
+    q, k, v = (torch.randn(1, size, D).requires_grad_() for size in (N, M, M))
+    mask = torch.zeros(N, M, dtype=torch.bool)
+    mask[5] = True
+    out = module.forward(q, k, v, mask)
+    out.sum().backward()
+    assert torch.equal(out[0, 5], torch.zeros(D)) and torch.equal(q.grad[0, 5], torch.zeros(D))
+    assert all(torch.isfinite(x.grad).all() for x in (q, k, v))
+
+
+def test_the_bias_gradient_is_the_same_bits_on_every_run(folder):
+    spec = gallery("bias")
+    module = triton_module(spec, folder)
+    inputs = random_inputs(spec, torch.Generator().manual_seed(11))
+    runs = [torch.autograd.grad(module.forward(*inputs.values(), causal=True).sum(), inputs["B"])[0] for _ in range(2)]
+    assert torch.equal(runs[0], runs[1])
+
+
+def test_shapes_that_disagree_are_a_value_error_naming_them(folder):
+    module = triton_module("attention", folder)
+    with pytest.raises(ValueError, match="M requires grad"):
+        module.forward(torch.randn(N, D), torch.randn(M, D), torch.randn(M, DV), torch.zeros(N, M, requires_grad=True))
+    with pytest.raises(ValueError, match=r"K has shape \(45, 23\)"):
+        module.forward(torch.randn(N, D), torch.randn(M, D - 1), torch.randn(M, DV))
+
+
+@pytest.mark.parametrize("name", ["differential", "linear", "pointer", "softplus"])
+def test_a_spec_without_a_core_is_refused_in_one_line(name):
+    with pytest.raises(SymattnError, match="no n × m core the Triton kernels cover") as err:
+        render(gallery(name), "triton")
+    assert "\n" not in str(err.value)
+
+
+def test_each_records_triton_call_computes_its_function(tmp_path):
+    """Each entrywise record's Triton call, in a one-tile kernel, against torch's call of the same record."""
+    import symattn.lang.functions as functions
+
+    for record in functions.FUNCTIONS.values():
+        if functions.TRITON not in record.calls or not issubclass(record, functions.Elementwise):
+            continue
+        call = record.calls[functions.TRITON]
+        body = call.format("x") if "{" in call else f"{call}(x)"
+        source = (
+            "import triton\nimport triton.language as tl\n\n\n@triton.jit\ndef kernel(X, Y, n, B: tl.constexpr):\n"
+            f"    i = tl.arange(0, B)\n    x = tl.load(X + i, mask=i < n, other=1.0)\n"
+            f"    tl.store(Y + i, {body}, mask=i < n)\n"
+        )
+        x = torch.linspace(-30, 30, 61) if record.function != "log" else torch.linspace(0.01, 30, 61)
+        y = torch.empty_like(x)
+        kernel = _kernel_from(source, tmp_path / f"record_{record.function}.py")
+        kernel[(1,)](x, y, x.numel(), B=64)
+        torch_call = record.calls[functions.TORCH]
+        want = eval(torch_call.format("x") if "{" in torch_call else f"{torch_call}(x)", {"torch": torch, "x": x})
+        assert torch.allclose(y, want, rtol=1e-5, atol=1e-6), record.function
+
+
+def _kernel_from(source: str, path: Path):
+    """The kernel of source, written to path and loaded under the interpreter."""
+    path.write_text(source, encoding="utf-8")
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    with interpreted():
+        spec.loader.exec_module(module)
+    return module.kernel
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_every_kind_of_step_at_once_matches_autograd(causal, folder):
+    generator = torch.Generator().manual_seed(13)
+    shapes = {"Q": (2, 2, N, D), "K": (2, 2, M, D), "V": (2, 2, M, DV), "B": (2, 2, N, M)}
+    inputs = {name: torch.randn(shape, generator=generator).requires_grad_() for name, shape in shapes.items()}
+    inputs["tau"] = torch.tensor(1.5, requires_grad=True)
+    mask = (torch.rand((N, M), generator=generator) < 0.2) & ~torch.eye(N, M, dtype=torch.bool)  # a key per row
+    module = triton_module(features_spec(), folder)
+
+    def reference(x, c):
+        a = x["tau"] * torch.tanh(x["Q"] @ x["K"].mT / math.sqrt(D)) + x["B"]
+        return attend(a.masked_fill(mask, -math.inf), x["V"], c)
+
+    out = module.forward(*inputs.values(), mask, causal=causal)
+    cotangent = torch.randn(out.shape, generator=generator)
+    grads = torch.autograd.grad(out, list(inputs.values()), cotangent)
+    double = {k: v.detach().double().requires_grad_() for k, v in inputs.items()}
+    want = reference(double, causal)
+    compare(out, want, "features forward")
+    for name, got, expected in zip(inputs, grads, torch.autograd.grad(want, list(double.values()), cotangent.double())):
+        compare(got, expected, f"features d{name}", rtol=5e-5)
+
+
+# Each kernel of a module compiled for an H100 (sm_90: TTIR, TTGIR, LLVM IR, PTX, cubin by the wheel's ptxas) in a
+# process without the interpreter: no GPU needed. Pointers float16 (L, D and the gradient tiles float32).
+COMPILE = """
+import importlib.util, inspect, re, sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+spec = importlib.util.spec_from_file_location("module", sys.argv[1])
+module = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(module)
+KERNELS = ("_forward_kernel", "_delta_kernel", "_key_kernel", "_query_kernel", "_jvp_kernel")
+for name, dtype in [(k, "fp16") for k in KERNELS] + [("_forward_kernel", "fp32")]:  # fp32: PRECISION "ieee"
+    fn = getattr(module, name)
+    names = list(inspect.signature(fn.fn).parameters)
+    signature, constants = {}, {}
+    for i, p in enumerate(names):
+        if p in ("CAUSAL", "PRECISION") or p.startswith(("HAS_", "TANGENT_", "BLOCK")):
+            signature[p] = "constexpr"
+            precision = "tf32" if dtype == "fp16" else "ieee"
+            constants[(i,)] = 64 if p.startswith("BLOCK") else precision if p == "PRECISION" else True
+        elif p in ("L", "D") or p[:2] in ("T_", "G_", "R_", "TT"):
+            signature[p] = "*fp32"
+        elif p in ("Q", "K", "V", "O", "DO", "DK", "DV", "DQ", "QT", "KT", "VT", "OT"):
+            signature[p] = f"*{dtype}"
+        else:
+            signature[p] = "fp32" if p[0] == "c" and p[1:].isdigit() else "i32"
+    compiled = triton.compile(ASTSource(fn, signature, constants), target=GPUTarget("cuda", 90, 32))
+    assert compiled.asm["ptx"] and compiled.asm["cubin"], name
+    # the batch·head index widened to int64 before it multiplies a stride (offsets past 2**31 elements)
+    wide = re.search(r"(%\\w+) = tt.get_program_id y : i32.*arith.extsi \\1 : i32 to i64", compiled.asm["ttir"], re.S)
+    # float32 products in IEEE precision (PRECISION "ieee": no TF32 tensor-core instruction in the PTX)
+    print(name, dtype, "int64" if wide else "int32", "tf32" if "tf32" in compiled.asm["ptx"] else "no-tf32")
+"""
+
+
+@pytest.mark.slow  # a subprocess compiling six kernels (about 20 s)
+def test_the_kernels_compile_for_a_gpu_without_one(tmp_path):
+    path = tmp_path / "kernel_features_triton.py"
+    path.write_text(render(features_spec(), "triton"), encoding="utf-8")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"} | {"TRITON_CACHE_DIR": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-c", COMPILE, str(path)], capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    kernels = ["_forward_kernel", "_delta_kernel", "_key_kernel", "_query_kernel", "_jvp_kernel"]
+    expected = [f"{k} fp16 int64 no-tf32" for k in kernels] + ["_forward_kernel fp32 int64 no-tf32"]
+    assert done.stdout.splitlines() == expected
+
+
+def test_under_autocast_the_kernels_run_in_its_dtype_as_close_as_torchs_attention(folder):
+    """torch.autocast (CPU, float16, as the interpreter runs it): float32 Q, K, V cast as autocast casts a product's
+    operands; the output float16 and its error against float64 at most that of torch's attention under the same
+    autocast; the gradients float32 (the inputs' dtype)."""
+    generator = torch.Generator().manual_seed(43)
+    inputs = [torch.randn(2, size, D, generator=generator).requires_grad_() for size in (N, M, M)]
+    module = triton_module("attention", folder)
+    with torch.autocast("cpu", dtype=torch.float16):
+        out = module.forward(*inputs, causal=True)
+        theirs = torch.nn.functional.scaled_dot_product_attention(*inputs, is_causal=True)
+    want = torch.nn.functional.scaled_dot_product_attention(*(x.double() for x in inputs), is_causal=True)
+    assert out.dtype == torch.float16
+    assert (out.double() - want).abs().max() <= 1.5 * (theirs.double() - want).abs().max() + 1e-4
+    grads = torch.autograd.grad(out.float().sum(), inputs)
+    assert all(g.dtype == torch.float32 and torch.isfinite(g).all() for g in grads)

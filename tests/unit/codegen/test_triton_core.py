@@ -1,0 +1,168 @@
+"""The Triton backend's core detection (O = N(E(Q Kᵀ)) V in a spec) and its printer of the entrywise steps."""
+
+from __future__ import annotations
+
+import runpy
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import sympy as sp
+
+import symattn as sa
+from symattn.codegen.backends import BACKENDS, backend_named
+from symattn.codegen.triton.core import find_core
+from symattn.codegen.triton.printer import TilePrinter, print_core
+from symattn.errors import SymattnError
+from symattn.lang.functions import TRITON
+from symattn.lang.lazy import plain
+from symattn.specs import family
+
+GALLERY = Path(__file__).resolve().parents[3] / "examples" / "specs"
+
+
+def gallery(name: str) -> sa.Spec:
+    return runpy.run_path(str(GALLERY / f"{name}_attention.py"))["spec"]
+
+
+def builtin(name: str) -> sa.Spec:
+    found = family(name)
+    return found.generated_spec(found.masks)[0]
+
+
+@pytest.mark.parametrize(
+    "name, softmax, tiles, scalars",
+    [
+        ("softcap", True, (), ()),
+        ("temperature", True, (), ("tau",)),
+        ("bias", True, ("B",), ()),
+        ("sigmoid", False, (), ()),
+        ("gated", True, (), ()),
+        ("cosine", True, (), ()),
+        ("qk_norm", True, (), ()),
+    ],
+)
+def test_a_gallery_core_is_found_with_its_normaliser_tiles_and_scalars(name, softmax, tiles, scalars):
+    core = find_core(gallery(name))
+    assert core.softmax is softmax
+    assert tuple(str(t.name) for t in core.tiles) == tiles
+    assert tuple(map(str, core.scalars)) == scalars
+    assert core.scores in core.logits.free_symbols
+    assert core.query.shape[0] == core.scores.shape[0] and core.key.shape[0] == core.scores.shape[1]
+
+
+def test_the_scores_product_is_cut_between_its_thin_factors():
+    core = find_core(builtin("self_attention"))  # 1/√d_k · X W_Q W_Kᵀ Xᵀ, one flattened product
+    x, w_q, w_k = (sp.MatrixSymbol(name, *shape) for name, shape in _shapes(builtin("self_attention")).items())
+    assert core.query == x * w_q and core.key == x * w_k
+    assert str(core.logits) == "1/sqrt(d_k)*S"
+
+
+def _shapes(spec: sa.Spec) -> dict:
+    return {str(x.name): x.shape for x in spec.matrix_inputs[:3]}
+
+
+def test_what_the_output_makes_of_o_stays_outside_the_core():
+    core = find_core(gallery("gated"))
+    assert core.output in core.rest.free_symbols and "Sigmoid" in str(core.rest)
+
+
+@pytest.mark.parametrize("name", ["differential", "linear", "pointer", "softplus"])
+def test_a_spec_without_a_core_is_refused_in_one_line_naming_it(name):
+    with pytest.raises(SymattnError, match=rf"^{name}_attention: no n × m core the Triton kernels cover \(.+\)$"):
+        find_core(gallery(name))
+
+
+def test_the_printed_backward_is_the_librarys_differential():
+    printed = print_core(find_core(gallery("softcap")), frozenset())
+    t = "(2.0 * tl.sigmoid(2.0 * (c0 * s)) - 1.0)"  # tanh's Triton call, on c0·S
+    assert printed.logits == f"(50.0 * {t})"
+    assert printed.scores_gradient == f"(50.0 * ((c0 * g) * ((-1.0 * ({t} * {t})) + 1.0)))"  # 50·c·G ⊙ (1 − T²)
+    assert [str(c) for c in printed.coefficients] == ["1/(50*sqrt(d_k))"]
+
+
+def test_an_n_by_m_input_gets_its_gradient_tile_and_a_constant_none():
+    bias = print_core(find_core(gallery("bias")), frozenset())
+    assert bias.tile_gradients == {"B": "g"} and bias.logits == "((c0 * s) + tile_B)"
+    attention = print_core(find_core(builtin("attention")), frozenset({"M"}))
+    assert attention.tile_gradients == {} and attention.logits == "((c0 * s) + tile_M)"
+
+
+def test_a_trainable_scalar_gets_its_partial():
+    printed = print_core(find_core(gallery("temperature")), frozenset())
+    assert printed.scalar_partials == {"tau": "(1.0 * s)"}
+
+
+def test_the_printed_tangent_is_the_librarys_differential_along_every_input():
+    """Ȧ along Ṡ (st), an n × m input's tangent tile and a trainable scalar's τ̇ (a new scalar argument)."""
+    temperature = print_core(find_core(gallery("temperature")), frozenset())
+    assert temperature.logits_tangent == "((c0 * st) + (c1 * s))"  # d(τ S) = τ Ṡ + τ̇ S
+    assert [str(c) for c in temperature.tangent_coefficients] == ["tau_t"]
+    bias = print_core(find_core(gallery("bias")), frozenset())
+    assert bias.logits_tangent == "((c0 * st) + tile_B_t)" and bias.tangent_coefficients == {}
+    attention = print_core(find_core(builtin("attention")), frozenset({"M"}))
+    assert attention.logits_tangent == "(c0 * st)"  # the mask does not move
+
+
+def test_powers_print_as_products_or_roots_and_others_are_refused():
+    s = sp.MatrixSymbol("S", 3, 4)
+    printer = TilePrinter({s: "s"})
+    assert printer.doprint(plain(sp.HadamardPower(s, 2))) == "(s * s)"
+    assert printer.doprint(plain(sp.HadamardPower(s, -1))) == "(1.0 / (s))"
+    assert printer.doprint(plain(sp.HadamardPower(s, sp.Rational(1, 2)))) == "tl.sqrt(s)"
+    with pytest.raises(SymattnError, match="no entrywise power 1/3"):
+        printer.doprint(plain(sp.HadamardPower(s, sp.Rational(1, 3))))
+
+
+def test_triton_is_optional_and_written_for_the_builtins(tmp_path):
+    """A plain generate writes a built-in's Triton module beside its others (a user's spec: numpy, torch, jax only)."""
+    from symattn.codegen.generate import generate, render
+
+    assert TRITON not in BACKENDS and backend_named(TRITON).variants == ("standard",)
+    assert tmp_path / "attention_triton.py" in generate(["attention"], out=tmp_path)
+    with pytest.raises(SymattnError, match="no memeff variant"):
+        render("attention", TRITON, "memeff")
+
+
+@pytest.mark.skipif(shutil.which("ruff") is None, reason="ruff (the formatter of generated code) is not installed")
+def test_the_builtins_triton_modules_are_ruff_clean(tmp_path):
+    """Laid out as ruff format lays them out and lint-clean, as the committed generated modules are."""
+    from symattn.codegen.generate import generate
+
+    written = [p for p in generate(out=tmp_path, backends=[TRITON]) if p.name.endswith("_triton.py")]
+    assert len(written) == len(sa.specs())
+    for command in (["format", "--check"], ["check"]):
+        done = subprocess.run([shutil.which("ruff"), *command, *map(str, written)], capture_output=True, text=True)
+        assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_a_multi_head_spec_binds_its_head_counts_then_d_k():
+    """mha's sizes are H·d_k and H_kv·d_k: H and H_kv are its options (checked, H_kv dividing H), d_k the axis over H,
+    and H_kv·d_k checked against its axis; the mask and the biases are keywords as in the torch module."""
+    from symattn.codegen.backends.torch_backend import TorchMatrixPrinter
+    from symattn.codegen.triton.bindings import binding_lines
+    from symattn.codegen.triton.module import triton_spec
+
+    spec, options = triton_spec("mha")
+    lines = binding_lines(spec, options, TorchMatrixPrinter().doprint, {"H", "H_kv", "d_k"})
+    assert lines == [
+        'H = _count("num_heads", num_heads)',
+        'H_kv = _count("num_kv_heads", H if num_kv_heads is None else num_kv_heads)',
+        '_divides("num_kv_heads", H_kv, "num_heads", H)',
+        'd_k = _share(dims, "H*d_k", H)',
+        '_product(dims, "H_kv*d_k", H_kv * d_k)',
+    ]
+    assert binding_lines(spec, options, TorchMatrixPrinter().doprint, set())[:1] == [lines[0]]  # checks stay
+
+
+def test_only_the_dimensions_the_code_reads_are_bound():
+    from symattn.codegen.backends.torch_backend import TorchMatrixPrinter
+    from symattn.codegen.triton.bindings import binding_lines
+    from symattn.codegen.triton.module import triton_spec
+
+    spec, options = triton_spec("attention")
+    assert binding_lines(spec, options, TorchMatrixPrinter().doprint, {"scale"}) == [
+        'd_k = dims["d_k"]',
+        "scale = 1 / d_k**0.5 if scale is None else scale",
+    ]
