@@ -15,7 +15,7 @@ from symattn.lang import ops
 from symattn.lang.algebra import hadamard_product, product, total
 from symattn.trace.forms.heads import across_heads
 from symattn.trace.layout import argument, matrix, same_heads
-from symattn.trace.tracer import Trace
+from symattn.trace.tracer import MaskArgument, Trace
 from symattn.trace.values import Refused, Value
 
 
@@ -89,6 +89,8 @@ def scaled_dot_product_attention(t: Trace, args: tuple, kwargs: dict, result) ->
         built = torch.ones(rows, cols, dtype=torch.bool).triu(1)
         a = total(a, t.constant(built, "additive", like=like).expr)
     if mask is not None:
+        if isinstance(mask, torch.Tensor) and mask.ndim > 2 and id(mask) in t.floats:  # a float argument: M (again)
+            raise MaskArgument(t.floats[id(mask)])
         if isinstance(mask, torch.Tensor) and not t.traced(mask):  # bool: True where allowed; float: added
             form = "additive_false" if mask.dtype == torch.bool else "as_is"
             per_head, mask = across_heads(t, mask, form, like)  # (…, H, n, m) varying over the heads: per head

@@ -43,9 +43,12 @@ def mask(lengths: list[int], n: int, causal: bool, window: int | None = None):
     return torch.zeros(len(lengths), 1, n, n, dtype=torch.float64).masked_fill(~keep.expand(-1, 1, n, n), MIN)
 
 
+IMPLEMENTATION = {"name": "eager"}  # transformers' attention function: its eager math, or torch's sdpa
+
+
 def config(cls, **options):
     made = cls(**options)
-    made._attn_implementation = "eager"
+    made._attn_implementation = IMPLEMENTATION["name"]
     return made
 
 
@@ -117,9 +120,11 @@ def _masks(name: str, lengths: list[int], n: int) -> tuple:
     return (mask(lengths, n, "causal" in name or "gqa" in name, 3 if "sliding" in name else None),)
 
 
+@pytest.mark.parametrize("implementation", ["eager", "sdpa"])
 @pytest.mark.parametrize("name", list(CASES))
-def test_a_transformers_attention_traces_verifies_and_drops_in(name):
+def test_a_transformers_attention_traces_verifies_and_drops_in(name, implementation, monkeypatch):
     build, tolerance = CASES[name]
+    monkeypatch.setitem(IMPLEMENTATION, "name", implementation)
     torch.manual_seed(0)
     model = build().double().eval()
     example = (torch.randn(2, 5, 16, dtype=torch.float64), *_masks(name, [5, 4] if "sliding" in name else [5, 3], 5))
