@@ -14,6 +14,10 @@ With CUDA (``python benchmarks/gpu.py``, a few minutes on one GPU), on ``cuda``:
    and 8×16×1024×128, causal and not: the standard and memory-efficient modules beside SDPA, eager math and
    ``torch.compile`` of the math; best of ``--repeats`` (CUDA synchronised), peak memory above the inputs.
 
+5. the Triton modules (``benchmarks/gpu_triton.py``): plain, causal, softcap, learned bias (its gradient bitwise
+   across two runs) and sigmoid attention beside SDPA, FlexAttention, torch.compile and eager math; their JVP
+   against ``torch.func.jvp`` of the math.
+
 It writes the tables to ``benchmarks/GPU.md`` (``--out``). Without CUDA, ``--cpu-smoke`` runs the same code on the
 CPU at tiny sizes (torch.compile with its eager backend), so that the script itself is tested anywhere.
 
@@ -25,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import importlib.util
 import platform
 import runpy
 import sys
@@ -47,6 +52,17 @@ from generated import (  # noqa: E402
 F = torch.nn.functional
 HERE = Path(__file__).resolve().parent
 PRECISION = runpy.run_path(str(HERE / "precision.py"))
+
+
+def _imported(name: str):
+    """benchmarks/<name>.py imported as the module <name> (not runpy's: dynamo imports a traced function's module)."""
+    found = importlib.util.spec_from_file_location(name, HERE / f"{name}.py")
+    module = sys.modules[name] = importlib.util.module_from_spec(found)
+    found.loader.exec_module(module)
+    return module
+
+
+TRITON = _imported("gpu_triton")  # the Triton modules' section (issue 41, item 5)
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 ATTENTION = {"standard": attention_torch, "memeff": attention_torch_memeff}
 MHA = {"standard": mha_torch, "memeff": mha_torch_memeff}
@@ -247,6 +263,11 @@ def main(argv: list[str] | None = None) -> str:
             "Forward + backward, bfloat16",
             timings(device, SMOKE_SIZES if smoke else SIZES, 2 if smoke else args.repeats, not args.no_compile, smoke),
         ),
+    ]
+    triton_rows, jvp_rows = TRITON.variants(device, smoke, 1 if smoke else args.repeats, not args.no_compile)
+    sections += [
+        ("Triton modules, forward + backward (bfloat16; float32 under --cpu-smoke)", triton_rows),
+        ("Triton JVP (output and tangent) against torch.func.jvp of the math", jvp_rows),
     ]
     command = " ".join(["python benchmarks/gpu.py", *(argv or [])])
     text = (

@@ -24,6 +24,7 @@ import types
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from symattn.codegen import generate as codegen
@@ -34,17 +35,28 @@ ATTENTION = ((2, 4, 256, 64), (1, 2, 1024, 64))  # B, H, n, d
 MHA = ((2, 128, 256, 4),)  # B, n, d_model, H
 QUICK_ATTENTION, QUICK_MHA = ((2, 2, 64, 16),), ((2, 32, 64, 4),)
 HERE = Path(__file__).resolve().parent
+NUMPY_NOTE = (
+    "The NumPy modules of attention given float16 arrays (forward, then backward with the same cotangent) on the "
+    "same rounded inputs, against the same float64 reference, as a multiple of SDPA's error. They compute a float16 "
+    "run in float16 throughout (products, softmax, D), unlike the torch and JAX modules."
+)
+JAX_NOTE = (
+    "The JAX module of attention on the same rounded inputs (``jax.vjp`` with the same cotangent), and JAX's own "
+    '``jax.nn.dot_product_attention`` (implementation="xla": float32 logits and softmax, P rounded before P V), '
+    "against the same float64 reference, each as a multiple of SDPA's error."
+)
 
 
-def load(spec: str, variant: str, generated: bool = False) -> types.ModuleType:
-    """The first-order torch module of a built-in spec as the current code generates it, made in memory (generated:
-    the module committed in ``generated/`` instead)."""
+def load(spec: str, variant: str, generated: bool = False, backend: str = "torch") -> types.ModuleType:
+    """The first-order module (torch, or jax) of a built-in spec as the current code generates it, made in memory
+    (generated: the module committed in ``generated/`` instead)."""
     if generated:
         import importlib
 
-        return importlib.import_module(f"symattn.generated.{spec}_torch{'_memeff' if variant == 'memeff' else ''}")
-    module = types.ModuleType(f"{spec}_torch_{variant}")
-    source = codegen.render(spec, "torch", variant, second_order=False)
+        suffix = "_memeff" if variant == "memeff" else ""
+        return importlib.import_module(f"symattn.generated.{spec}_{backend}{suffix}")
+    module = types.ModuleType(f"{spec}_{backend}_{variant}")
+    source = codegen.render(spec, backend, variant, second_order=False)
     exec(compile(source, module.__name__, "exec"), module.__dict__)
     return module
 
@@ -100,6 +112,37 @@ def attention_case(
         return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
 
     return errors(ours, sdpa, inputs, cotangent)
+
+
+def jax_case(module: types.ModuleType, shape: tuple[int, ...], causal: bool, dtype: torch.dtype, seed: int = 0) -> dict:
+    """attention(Q, K, V) of the JAX module (``jax.vjp``) and of ``jax.nn.dot_product_attention`` (its XLA
+    implementation) on the inputs attention_case draws, against the same float64 reference; SDPA's error beside."""
+    import jax
+    import jax.numpy as jnp
+
+    *inputs, cotangent = _drawn([shape] * 4, dtype, seed)
+    low = {torch.bfloat16: jnp.bfloat16, torch.float16: jnp.float16}[dtype]
+
+    def as_jax(x, order=(0, 1, 2, 3)):
+        return jnp.asarray(x.float().permute(*order).numpy()).astype(low)  # exact: x holds 16-bit values
+
+    def sdpa(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+    def values(function, order):
+        out, pullback = jax.vjp(function, *(as_jax(x, order) for x in inputs))
+        found = [out, *pullback(as_jax(cotangent, order).astype(out.dtype))]
+        return [torch.from_numpy(np.array(x.astype(jnp.float32))).permute(*order) for x in found]
+
+    def own(q, k, v):  # B × n × H × d, as jax.nn lays attention out
+        return jax.nn.dot_product_attention(q, k, v, is_causal=causal, implementation="xla")
+
+    reference = run(sdpa, [x.double() for x in inputs], cotangent.double())
+    return {
+        "ours": error(values(lambda q, k, v: module.forward(q, k, v, causal=causal), (0, 1, 2, 3)), reference),
+        "jax": error(values(own, (0, 2, 1, 3)), reference),
+        "sdpa": error(run(sdpa, inputs, cotangent), reference),
+    }
 
 
 def mha_case(
@@ -169,6 +212,64 @@ def markdown(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def numpy_case(module: types.ModuleType, shape: tuple[int, ...], causal: bool, seed: int = 0) -> dict[str, float]:
+    """attention(Q, K, V) of a NumPy module (forward, then backward) in float16 on the inputs attention_case draws,
+    against the same float64 reference; SDPA's error beside (its float16 CPU kernel)."""
+    *inputs, cotangent = _drawn([shape] * 4, torch.float16, seed)
+
+    def sdpa(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+    out, saved = module.forward(*(x.numpy() for x in inputs), causal=causal)
+    grads = module.backward(saved, cotangent.numpy())
+    ours = [torch.from_numpy(np.asarray(x, dtype=np.float32)) for x in (out, grads["Q"], grads["K"], grads["V"])]
+    reference = run(sdpa, [x.double() for x in inputs], cotangent.double())
+    return {"ours": error(ours, reference), "sdpa": error(run(sdpa, inputs, cotangent), reference)}
+
+
+def numpy_table(quick: bool = False, generated: bool = False) -> str:
+    """The NumPy modules of attention (standard, memory-efficient) in float16, as a markdown table: each error as a
+    multiple of SDPA's on the same inputs."""
+    lines = [
+        "| module | variant | mask | size | dtype | NumPy module ÷ SDPA | SDPA's error |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for variant in ("standard", "memeff"):
+        module = load("attention", variant, generated, "numpy")
+        for causal in (False, True):
+            for size in QUICK_ATTENTION if quick else ATTENTION:
+                found = numpy_case(module, size, causal)
+                lines.append(
+                    f"| attention | {variant} | {'causal' if causal else 'none'} | {'×'.join(map(str, size))} | fp16 "
+                    f"| {found['ours'] / found['sdpa']:.2f} | {found['sdpa']:.2e} |"
+                )
+    return "\n".join(lines)
+
+
+def jax_table(quick: bool = False, generated: bool = False) -> str:
+    """The JAX module of attention (its one variant) beside jax.nn.dot_product_attention, as a markdown table: each
+    error as a multiple of SDPA's on the same inputs ("" where jax is not installed)."""
+    try:
+        import jax  # noqa: F401
+    except ImportError:
+        return ""
+    module = load("attention", "standard", generated, "jax")
+    lines = [
+        "| module | mask | size | dtype | JAX module ÷ SDPA | jax.nn.dot_product_attention ÷ SDPA | SDPA's error |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for causal in (False, True):
+        for size in QUICK_ATTENTION if quick else ATTENTION:
+            for name, dtype in LOW.items():
+                found = jax_case(module, size, causal, dtype)
+                ours, own, sdpa = found["ours"], found["jax"], found["sdpa"]
+                lines.append(
+                    f"| attention | {'causal' if causal else 'none'} | {'×'.join(map(str, size))} | {name} "
+                    f"| {ours / sdpa:.2f} | {own / sdpa:.2f} | {sdpa:.2e} |"
+                )
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> str:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small sizes only (seconds)")
@@ -176,6 +277,10 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("--generated", action="store_true", help="the modules in generated/, not rendered now")
     args = parser.parse_args(argv)
     text = markdown(table(args.quick, args.generated))
+    text += "\n\n## NumPy (float16)\n\n" + NUMPY_NOTE + "\n\n" + numpy_table(args.quick, args.generated)
+    jax_text = jax_table(args.quick, args.generated)
+    if jax_text:
+        text += "\n\n## JAX (bfloat16, float16)\n\n" + JAX_NOTE + "\n\n" + jax_text
     print(text)
     if not args.no_write:
         command = " ".join(["python benchmarks/precision.py", *(argv or [])])

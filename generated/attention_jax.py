@@ -47,6 +47,15 @@ SHAPES = {
 OPTIONAL = ()  # inputs that may be None: their terms are left out
 
 
+def _alike(a, b):
+    """(a, b, the narrower dtype): factors of two dtypes, a float32 array of a 16-bit run beside a 16-bit one, made
+    the 16-bit one; of one dtype, as they are."""
+    if a.dtype == b.dtype:
+        return a, b, a.dtype
+    low = a.dtype if a.dtype.itemsize < b.dtype.itemsize else b.dtype
+    return a.astype(low), b.astype(low), low
+
+
 def _row_max(a):
     """The row max of a as a column, 0 where the row is all -inf; a constant to differentiation (softmax
     does not change when a row is shifted, so a second derivative needs no term through the max)."""
@@ -63,7 +72,10 @@ def add_optional(a, b):
 
 def add_rows(total, keys, part, m):
     """The sum over blocks of a value of m rows (…, m, k), part adding to its rows keys; total is 0 before the
-    first block. Functional: part padded with zero rows to m (no in-place update to trace)."""
+    first block. Functional: part padded with zero rows to m (no in-place update to trace). 16-bit parts are
+    summed in float32 (an accumulation): the sum is float32, rounded once by the custom_vjp's rule (``_narrowed``)."""
+    if part.dtype in (jnp.bfloat16, jnp.float16):
+        part = part.astype(jnp.float32)
     if part.shape[-2] != m:
         part = jnp.pad(part, [(0, 0)] * (part.ndim - 2) + [(keys.start, m - keys.stop), (0, 0)])
     return part if isinstance(total, int) else total + part
@@ -96,6 +108,16 @@ def masked_row_softmax(a):
     return e / jnp.where(total == 0, 1.0, total)  # not max(total, 1): its derivative at total = 1 is 1/2
 
 
+def narrow_matmul(a, b):
+    """a @ b, where a factor may be a float32 n × m array of a 16-bit run (P, dS of ``wide_matmul``): rounded to
+    the 16-bit dtype right before the product (its one rounding), which accumulates in float32 and is rounded to
+    the 16-bit dtype. Factors of one wider dtype (float32, float64 runs): a @ b."""
+    a, b, low = _alike(a, b)
+    if low in (jnp.bfloat16, jnp.float16):
+        return jnp.matmul(a, b, preferred_element_type=jnp.float32).astype(low)
+    return a @ b
+
+
 def placed_rows(whole):
     """The value put_rows made, after the loop: its blocks (a list) concatenated once."""
     return jnp.concatenate(whole, axis=-2) if isinstance(whole, list) else whole
@@ -109,6 +131,14 @@ def put_rows(whole, rows, keys, part, n, m):
         return part
     padded = jnp.pad(part, [(0, 0)] * (part.ndim - 1) + [(keys.start, m - keys.stop)])
     return [*(whole or []), padded]
+
+
+def row_dot(a, b):
+    """rowsum(a ⊙ b) as a column (..., n, 1), such as D = rowsum(dO ⊙ O): in float32 for 16-bit a or b (a
+    statistic, as SDPA keeps it), else in their dtype (XLA fuses the product into the sum)."""
+    if a.dtype in (jnp.bfloat16, jnp.float16) or b.dtype in (jnp.bfloat16, jnp.float16):
+        a, b = a.astype(jnp.float32), b.astype(jnp.float32)
+    return (a * b).sum(axis=-1, keepdims=True)
 
 
 def row_softmax(a):
@@ -143,6 +173,17 @@ def sum_to_shape(a, shape):
     a = a.reshape(-1, *a.shape[a.ndim - len(shape) :]).sum(axis=0)
     axes = tuple(i for i, (size, full) in enumerate(zip(shape, a.shape)) if size == 1 and full != 1)
     return a.sum(axis=axes, keepdims=True) if axes else a
+
+
+def wide_matmul(a, b):
+    """a @ b, a product much larger than its factors (the scores Q Kᵀ, dP = dO Vᵀ: n × m from n × d and d × m).
+    Of 16-bit factors (bfloat16, float16) the product is float32 (preferred_element_type): the n × m arrays and
+    what is made of them (P, dS) stay float32, as jax.nn.dot_product_attention keeps its logits; the products
+    that read them round them once (``narrow_matmul``)."""
+    a, b, low = _alike(a, b)
+    if low in (jnp.bfloat16, jnp.float16):
+        return jnp.matmul(a, b, preferred_element_type=jnp.float32)
+    return a @ b
 
 
 def _arrays(named):
@@ -240,6 +281,14 @@ def _restore(residuals):
     """The saved values from _residuals' pair."""
     arrays, static = residuals
     return {**arrays, **dict(static.items)}
+
+
+def _narrowed(grads, dtype):
+    """The gradients of a 16-bit run (dtype, the cotangent's) in that dtype: a float32 sum over blocks of rows
+    (add_rows) rounded once; of a wider run, as they are."""
+    if dtype not in (jnp.bfloat16, jnp.float16):
+        return grads
+    return {name: g if g is None or g.dtype == dtype else g.astype(dtype) for name, g in grads.items()}
 
 
 def _additive_mask(attn_mask, key_padding_mask, causal, query, key, per_head=False, by_blocks=False):
@@ -342,10 +391,10 @@ def _forward(Q, K, V, M, causal, scale):
         V_k = V[..., keys, :]
         M_b = None if M is None else M[..., block, keys]
         Q_b = Q[..., block, :]
-        A_b = add_optional((scale * Q_b) @ K_k.mT, M_b)
+        A_b = add_optional(wide_matmul(scale * Q_b, K_k.mT), M_b)
         A_b = causal_fill(A_b, block, keys) if causal else A_b
         P_b = row_softmax(A_b) if M is None else masked_row_softmax(A_b)
-        O_b = P_b @ V_k
+        O_b = narrow_matmul(P_b, V_k)
         O_blocks.append(O_b)
         P = put_rows(P, block, keys, P_b, Q.shape[-2], K.shape[-2])
     O = O_blocks[0] if len(O_blocks) == 1 else jnp.concatenate(O_blocks, axis=-2)
@@ -360,6 +409,7 @@ def _forward(Q, K, V, M, causal, scale):
         "M": M,
         "mask_shape": mask_shape,
         "causal": causal,
+        "d_k": d_k,
     }
     return O, saved
 
@@ -375,7 +425,9 @@ def _backward(saved, grad_out):
     M = saved["M"]
     mask_shape = saved["mask_shape"]
     causal = saved["causal"]
-    D = (O * grad_out).sum(axis=-1, keepdims=True)
+    d_k = saved["d_k"]
+    scale = float(1 / d_k**0.5 if scale is None else scale)
+    D = row_dot(O, grad_out)
     dQ_blocks = []
     dM = None  # placed block by block
     dK = 0  # summed over the blocks of query rows
@@ -390,14 +442,14 @@ def _backward(saved, grad_out):
         Q_b = Q[..., block, :]
         grad_out_b = grad_out[..., block, :]
         D_b = D[..., block, :]
-        dP_b = grad_out_b @ V_k.mT
+        dP_b = wide_matmul(grad_out_b, V_k.mT)
         dA_b = (dP_b - D_b) * P_b
-        dQ_b = dA_b @ (scale * K_k)
+        dQ_b = narrow_matmul(dA_b, scale * K_k)
         dM_b = dA_b
         dQ_blocks.append(dQ_b)
         dM = None if mask_shape is None else put_rows(dM, block, keys, dM_b, Q.shape[-2], K.shape[-2])
-        dK = add_rows(dK, keys, dA_b.mT @ (scale * Q_b), K.shape[-2])
-        dV = add_rows(dV, keys, P_b.mT @ grad_out_b, K.shape[-2])
+        dK = add_rows(dK, keys, narrow_matmul(dA_b.mT, scale * Q_b), K.shape[-2])
+        dV = add_rows(dV, keys, narrow_matmul(P_b.mT, grad_out_b), K.shape[-2])
     dQ = dQ_blocks[0] if len(dQ_blocks) == 1 else jnp.concatenate(dQ_blocks, axis=-2)
     dM = placed_rows(dM)
     dM = None if mask_shape is None else sum_to_shape(dM, mask_shape)
@@ -417,7 +469,7 @@ def _primal_fwd(Q, K, V, M, causal, scale):
 
 def _primal_bwd(causal, scale, residuals, grad_out):
     """The custom_vjp backward rule, the generated closed form: a cotangent per array input (None for None)."""
-    grads = _backward(_restore(residuals), grad_out)
+    grads = _narrowed(_backward(_restore(residuals), grad_out), grad_out.dtype)  # (16-bit: one rounding)
     cotangents = (grads["Q"], grads["K"], grads["V"], grads["M"])
     return cotangents
 
@@ -515,14 +567,14 @@ def _jvp(Q, K, V, Q_t, K_t, V_t, M, M_t, causal, scale):
         Q_b = Q[..., block, :]
         M_t_b = None if M_t is None else M_t[..., block, keys]
         Q_Q_t_b = Q_Q_t[..., block, :]
-        A_b = add_optional((scale * Q_b) @ K_k.mT, M_b)
+        A_b = add_optional(wide_matmul(scale * Q_b, K_k.mT), M_b)
         A_b = causal_fill(A_b, block, keys) if causal else A_b
         P_b = row_softmax(A_b) if M is None else masked_row_softmax(A_b)
-        O_b = P_b @ V_k
+        O_b = narrow_matmul(P_b, V_k)
         dA_b = add_optional((scale * Q_Q_t_b) @ K_t_K_k.mT, M_t_b)
-        D_b = (dA_b * P_b).sum(axis=-1, keepdims=True)
+        D_b = row_dot(dA_b, P_b)
         dP_b = (dA_b - D_b) * P_b
-        dO_b = P_b @ V_t_k + dP_b @ V_k
+        dO_b = narrow_matmul(P_b, V_t_k) + narrow_matmul(dP_b, V_k)
         O_blocks.append(O_b)
         dO_blocks.append(dO_b)
     O = O_blocks[0] if len(O_blocks) == 1 else jnp.concatenate(O_blocks, axis=-2)

@@ -628,6 +628,7 @@ def forward(Q, K, V, M=None, *, scale=None, attn_mask=None, key_padding_mask=Non
         "M": M,
         "mask_shape": mask_shape,
         "causal": causal,
+        "d_k": d_k,
         "output_shape": O.shape,
         "dtype": O.dtype,
     }
@@ -646,6 +647,8 @@ def backward(saved, grad_out):
     M = saved["M"]
     mask_shape = saved["mask_shape"]
     causal = saved["causal"]
+    d_k = saved["d_k"]
+    scale = float(1 / d_k**0.5 if scale is None else scale)
     D = np.vecdot(O, grad_out)[..., None]
     dQ_blocks = []
     dM = None  # placed block by block
@@ -771,6 +774,7 @@ def _forward2(Q, K, V, G_out, Q_v, K_v, V_v, M, causal, scale):
         "G_M": G_M,
         "scale": scale,
         "mask_shape": mask_shape,
+        "d_k": d_k,
     }
     return f2, saved
 
@@ -790,6 +794,8 @@ def _backward2(saved, grad_out):
     G_M = saved["G_M"]
     scale = saved["scale"]
     mask_shape = saved["mask_shape"]
+    d_k = saved["d_k"]
+    scale = float(1 / d_k**0.5 if scale is None else scale)
     Q_Q_v = np.concatenate([Q, Q_v], axis=-1)
     K_v_K = np.concatenate([K_v, K], axis=-1)
     dA = (scale * Q_Q_v) @ K_v_K.mT

@@ -611,6 +611,7 @@ def forward(Q, K, V, M=None, *, scale=None, block_size=None, attn_mask=None, key
         "M": M,
         "causal": causal,
         "block_size": block_size,
+        "d_k": d_k,
         "output_shape": O.shape,
         "dtype": O.dtype,
     }
@@ -629,6 +630,8 @@ def backward(saved, grad_out):
     M = saved["M"]
     causal = saved["causal"]
     block_size = saved["block_size"]
+    d_k = saved["d_k"]
+    scale = float(1 / d_k**0.5 if scale is None else scale)
     D = np.vecdot(O, grad_out)[..., None]
     dQ_blocks = []
     dK = 0  # summed over the blocks of query rows
@@ -792,6 +795,7 @@ def _forward2(Q, K, V, G_out, Q_v, K_v, V_v, M, causal, scale):
         "G_M": G_M,
         "scale": scale,
         "mask_shape": mask_shape,
+        "d_k": d_k,
     }
     return f2, saved
 
@@ -811,6 +815,8 @@ def _backward2(saved, grad_out):
     G_M = saved["G_M"]
     scale = saved["scale"]
     mask_shape = saved["mask_shape"]
+    d_k = saved["d_k"]
+    scale = float(1 / d_k**0.5 if scale is None else scale)
     Q_Q_v = np.concatenate([Q, Q_v], axis=-1)
     K_v_K = np.concatenate([K_v, K], axis=-1)
     dA = (scale * Q_Q_v) @ K_v_K.mT

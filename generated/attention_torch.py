@@ -688,11 +688,11 @@ def _forward(Q, K, V, M, causal, scale):
         "K": K,
         "V": V,
         "O": O,
-        "scale": scale,
         "P": P,
         "M": M,
         "mask_shape": mask_shape,
         "causal": causal,
+        "d_k": d_k,
     }
     return O, saved
 
@@ -708,6 +708,8 @@ def _backward(saved, grad_out):
     M = saved["M"]
     mask_shape = saved["mask_shape"]
     causal = saved["causal"]
+    d_k = saved["d_k"]
+    scale = float(1 / d_k**0.5 if scale is None else scale)
     D = row_dot(O, grad_out)
     dQ_blocks = []
     dM = None  # placed block by block
@@ -760,6 +762,7 @@ class AttentionFunction(torch.autograd.Function):
         ctx.save_for_forward(*(saved[name] for name in tensors), *inputs)
         ctx.tensor_names = tensors
         ctx.constants = {name: value for name, value in saved.items() if name not in tensors}
+        ctx.constants["scale"] = scale  # as given (None: its default): the backward resolves it
         ctx.given = [x is not None for x in (Q, K, V, M)]
         ctx.options = (causal, scale)
 
@@ -1033,6 +1036,7 @@ def _forward2(Q, K, V, G_out, Q_v, K_v, V_v, M, causal, scale):
         "G_M": G_M,
         "scale": scale,
         "mask_shape": mask_shape,
+        "d_k": d_k,
     }
     return f2, saved
 
@@ -1052,6 +1056,8 @@ def _backward2(saved, grad_out):
     G_M = saved["G_M"]
     scale = saved["scale"]
     mask_shape = saved["mask_shape"]
+    d_k = saved["d_k"]
+    scale = float(1 / d_k**0.5 if scale is None else scale)
     Q_Q_v = torch.cat([Q, Q_v], dim=-1)
     K_v_K = torch.cat([K_v, K], dim=-1)
     dA = big_matmul(scale * Q_Q_v, K_v_K.mT)

@@ -675,11 +675,11 @@ def _forward(Q, K, V, M, causal, scale, block_size):
         "K": K,
         "V": V,
         "O": O,
-        "scale": scale,
         "L": L,
         "M": M,
         "causal": causal,
         "block_size": block_size,
+        "d_k": d_k,
     }
     return O, saved
 
@@ -695,6 +695,8 @@ def _backward(saved, grad_out):
     M = saved["M"]
     causal = saved["causal"]
     block_size = saved["block_size"]
+    d_k = saved["d_k"]
+    scale = float(1 / d_k**0.5 if scale is None else scale)
     D = row_dot(O, grad_out)
     dQ_blocks = []
     dK = 0  # summed over the blocks of query rows
@@ -746,6 +748,7 @@ class AttentionFunction(torch.autograd.Function):
         ctx.save_for_forward(*(saved[name] for name in tensors), *inputs)
         ctx.tensor_names = tensors
         ctx.constants = {name: value for name, value in saved.items() if name not in tensors}
+        ctx.constants["scale"] = scale  # as given (None: its default): the backward resolves it
         ctx.given = [x is not None for x in (Q, K, V, M)]
         ctx.options = (causal, scale, block_size)
 
@@ -1035,6 +1038,7 @@ def _forward2(Q, K, V, G_out, Q_v, K_v, V_v, M, causal, scale):
         "G_M": G_M,
         "scale": scale,
         "mask_shape": mask_shape,
+        "d_k": d_k,
     }
     return f2, saved
 
@@ -1054,6 +1058,8 @@ def _backward2(saved, grad_out):
     G_M = saved["G_M"]
     scale = saved["scale"]
     mask_shape = saved["mask_shape"]
+    d_k = saved["d_k"]
+    scale = float(1 / d_k**0.5 if scale is None else scale)
     Q_Q_v = torch.cat([Q, Q_v], dim=-1)
     K_v_K = torch.cat([K_v, K], dim=-1)
     dA = big_matmul(scale * Q_Q_v, K_v_K.mT)

@@ -6,7 +6,7 @@
 attention = softmax(scale · Q Kᵀ + M) V, M the additive mask.
 
 The kernels compute the n × m core O = softmax(A) V, A = scale S + M, S = Q Kᵀ, block by block: no n × m array
-is made.
+is made but the gradients of M (where they require grad).
 Q = Q, K = K and V = V are torch code, differentiated by autograd.
 Every input may carry leading batch dimensions (broadcast as torch broadcasts them). Shapes:
     Q: (..., n, d_k)
@@ -24,7 +24,7 @@ import triton
 import triton.language as tl
 from torch.autograd import forward_ad
 
-__all__ = ["forward", "jvp"]
+__all__ = ["Attention", "forward", "jvp"]
 
 SHAPES = {
     "Q": "(..., n, d_k)",
@@ -38,6 +38,11 @@ AXES = {  # the last two axes of each matrix input: a dimension's name or a size
     "V": ("m", "d_v"),
 }
 SPEC = "attention"
+GRADIENT_TILES = 1  # the n × m inputs and constants with a gradient (made where wanted)
+# their places among the tiles, and their kernel flags
+GRADIENT_INDEX = (0,)
+GRADIENT_FLAGS = ("GRAD_M",)
+SCALARS = 0  # the trainable scalars the core reads
 
 
 @triton.jit
@@ -52,7 +57,7 @@ def _forward_kernel(
     M_sh,
     M_sn,
     M_sm,
-    c0,
+    C,
     sqb,
     sqn,
     skb,
@@ -78,6 +83,7 @@ def _forward_kernel(
     max m_i and sum l_i, float32), O = P V / l and L = m_i + log l_i saved."""
     pid = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)  # int64 offsets: bh · stride may pass 2³¹ elements
+    c0 = tl.load(C + 0)  # scale
     rows = pid * BLOCK_M + tl.arange(0, BLOCK_M)
     dd = tl.arange(0, BLOCK_D)
     de = tl.arange(0, BLOCK_DV)
@@ -157,7 +163,7 @@ def _key_kernel(
     M_sh,
     M_sn,
     M_sm,
-    c0,
+    C,
     sqb,
     sqn,
     skb,
@@ -183,6 +189,7 @@ def _key_kernel(
     dK = Σ dSᵀ Q (dK and dV written once each: no atomics). DK, DV are contiguous (BH, m, d) and (BH, m, d_v)."""
     pid = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)  # int64 offsets: bh · stride may pass 2³¹ elements
+    c0 = tl.load(C + 0)  # scale
     cols = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     dd = tl.arange(0, BLOCK_D)
     de = tl.arange(0, BLOCK_DV)
@@ -244,7 +251,8 @@ def _query_kernel(
     M_sh,
     M_sn,
     M_sm,
-    c0,
+    G_M,
+    C,
     sqb,
     sqn,
     skb,
@@ -261,6 +269,7 @@ def _query_kernel(
     CAUSAL: tl.constexpr,
     PRECISION: tl.constexpr,
     HAS_M: tl.constexpr,
+    GRAD_M: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -271,6 +280,7 @@ def _query_kernel(
     block's tiles written to its slot (BH × row blocks), summed after in a fixed order: no atomics anywhere."""
     pid = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)  # int64 offsets: bh · stride may pass 2³¹ elements
+    c0 = tl.load(C + 0)  # scale
     rows = pid * BLOCK_M + tl.arange(0, BLOCK_M)
     dd = tl.arange(0, BLOCK_D)
     de = tl.arange(0, BLOCK_DV)
@@ -312,6 +322,9 @@ def _query_kernel(
         ds = tl.where(valid, (c0 * g), 0.0)
 
         dq += tl.dot(ds.to(k.dtype), k, input_precision=PRECISION)
+        if GRAD_M:  # M requires grad
+            at_M = G_M + bh * n * m + rows[:, None] * m + cols[None, :]
+            tl.store(at_M, tl.where(valid, g, 0.0), mask=inside)
     tl.store(DQ + bh * n * d + rows[:, None] * d + dd[None, :], dq.to(DQ.dtype.element_ty), mask=q_rows)
 
 
@@ -330,7 +343,7 @@ def _jvp_kernel(
     M_sh,
     M_sn,
     M_sm,
-    c0,
+    C,
     sqb,
     sqn,
     skb,
@@ -365,6 +378,7 @@ def _jvp_kernel(
     the running row max together, float32. O(n·d) memory: no n × m array."""
     pid = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)  # int64 offsets: bh · stride may pass 2³¹ elements
+    c0 = tl.load(C + 0)  # scale
     rows = pid * BLOCK_M + tl.arange(0, BLOCK_M)
     dd = tl.arange(0, BLOCK_D)
     de = tl.arange(0, BLOCK_DV)
@@ -426,7 +440,7 @@ def _jvp_kernel(
 
 def _coefficients(scale):
     """The kernels' scalar arguments: c0 = scale."""
-    return (float(scale),)
+    return (scale,)
 
 
 def _blocks(x):
@@ -437,7 +451,13 @@ def _blocks(x):
 def _precision(x):
     """tl.dot's input precision for float32 as torch's float32 matmul has it: "ieee" (no TF32) at torch's default
     float32 matmul precision ("highest"), "tf32" where it is set lower; float16 and bfloat16 ignore it."""
-    return "ieee" if x.dtype == torch.float32 and torch.get_float32_matmul_precision() == "highest" else "tf32"
+    return "ieee" if x.dtype == torch.float32 and _highest() else "tf32"
+
+
+@torch.compiler.assume_constant_result  # torch.compile reads the setting once, as a constant of the graph
+def _highest():
+    """Whether torch's float32 matmul precision is "highest" (no TF32)."""
+    return torch.get_float32_matmul_precision() == "highest"
 
 
 def _width(size):
@@ -447,11 +467,7 @@ def _width(size):
 
 def _flat(x, batch, rows, cols):
     """x broadcast to (*batch, rows, cols), its batch axes as one (a view where the strides allow)."""
-    x = x.expand(*batch, rows, cols)
-    try:
-        return x.view(-1, rows, cols)
-    except RuntimeError:
-        return x.reshape(-1, rows, cols)
+    return x.expand(*batch, rows, cols).reshape(-1, rows, cols)  # reshape: a view where the strides allow
 
 
 def _rows(x):
@@ -462,12 +478,7 @@ def _rows(x):
 def _tile(x, batch, rows, cols):
     """x broadcast to (*batch, rows, cols) as (outer, inner, rows, cols), inner the last batch axis (the heads): a mask
     broadcast over it keeps its stride 0 there (a view; a copy only where the outer axes do not merge)."""
-    x = x.expand(*batch, rows, cols)
-    shape = (-1, batch[-1] if batch else 1, rows, cols)
-    try:
-        return x.view(shape)
-    except RuntimeError:
-        return x.reshape(shape)
+    return x.expand(*batch, rows, cols).reshape(-1, batch[-1] if batch else 1, rows, cols)
 
 
 def _tile_arguments(tiles, dummy):
@@ -515,49 +526,179 @@ def _batch(*shapes):
         raise ValueError(f"batch axes do not broadcast: {', '.join(str(tuple(s)) for s in shapes)}") from None
 
 
+_TOKEN = object()  # its id names this module object's ops: two copies of the module never share one (the ops hold
+# the module's globals, _TOKEN among them, so the id is never reused while they are registered)
+_OPS = f"symattn_triton::{SPEC}_{id(_TOKEN):x}"
+
+
+def _scalar_tensor(values, like):
+    """The kernels' scalar arguments as one float32 tensor on like's device, read by pointer in the kernels: a
+    trainable scalar's value stays on the device and torch.compile traces it (no float() of a tensor)."""
+    if not values:
+        return torch.zeros(1, dtype=torch.float32, device=like.device)
+    return torch.stack([torch.as_tensor(x, dtype=torch.float32, device=like.device).reshape(()) for x in values])
+
+
+@torch.library.custom_op(f"{_OPS}_forward", mutates_args=())
+def _forward_op(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    tiles: list[torch.Tensor | None],
+    coefficients: torch.Tensor,
+    inner: int,
+    causal: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(O, L) by the forward kernel: q (BH, n, d), k (BH, m, d), v (BH, m, d_v) with rows contiguous, the tiles
+    (outer, inner, n, m) views; O (BH, n, d_v), L the rows' log-sum-exp (BH, n), float32. A custom op: torch.compile
+    holds the launch as one node (its shapes from _forward_fake)."""
+    n, d, m, dv = q.shape[-2], q.shape[-1], k.shape[-2], v.shape[-1]
+    block_m, block_n = _blocks(q)
+    o = torch.empty((q.shape[0], n, dv), dtype=v.dtype, device=q.device)
+    lse = torch.empty((q.shape[0], n), dtype=torch.float32, device=q.device)
+    _forward_kernel[(triton.cdiv(n, block_m), q.shape[0])](
+        q,
+        k,
+        v,
+        o,
+        lse,
+        *_tile_arguments(tiles, q),
+        coefficients,
+        q.stride(0),
+        q.stride(1),
+        k.stride(0),
+        k.stride(1),
+        v.stride(0),
+        v.stride(1),
+        o.stride(0),
+        o.stride(1),
+        n,
+        m,
+        d,
+        dv,
+        inner,
+        CAUSAL=causal,
+        PRECISION=_precision(q),
+        **_flags(tiles),
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        BLOCK_D=_width(d),
+        BLOCK_DV=_width(dv),
+    )
+    return o, lse
+
+
+@_forward_op.register_fake
+def _forward_fake(q, k, v, tiles, coefficients, inner, causal):
+    return q.new_empty((q.shape[0], q.shape[1], v.shape[-1]), dtype=v.dtype), q.new_empty(
+        (q.shape[0], q.shape[1]), dtype=torch.float32
+    )
+
+
+@torch.library.custom_op(f"{_OPS}_backward", mutates_args=())
+def _backward_op(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    o: torch.Tensor,
+    do: torch.Tensor,
+    lse: torch.Tensor,
+    tiles: list[torch.Tensor | None],
+    coefficients: torch.Tensor,
+    inner: int,
+    causal: bool,
+    wanted: list[bool],
+) -> list[torch.Tensor]:
+    """[dQ, dK, dV, the n × m inputs' gradients (BH, n, m), the trainable scalars' partial sums (BH · row blocks)]
+    by the backward kernels, flat as _forward_op's, an n × m gradient made where wanted (else empty); a custom op as
+    it is."""
+    n, d, m, dv = q.shape[-2], q.shape[-1], k.shape[-2], v.shape[-1]
+    bh, (block_m, block_n) = q.shape[0], _blocks(q)
+    widths = {"BLOCK_D": _width(d), "BLOCK_DV": _width(dv)}
+    strides = (q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), do.stride(0), do.stride(1))
+    delta = torch.empty((bh, n), dtype=torch.float32, device=q.device)
+    _delta_kernel[(triton.cdiv(n, block_m), bh)](
+        o,
+        do,
+        delta,
+        o.stride(0),
+        o.stride(1),
+        do.stride(0),
+        do.stride(1),
+        n,
+        dv,
+        BLOCK_M=block_m,
+        BLOCK_DV=widths["BLOCK_DV"],
+    )
+    dq = torch.empty((bh, n, d), dtype=q.dtype, device=q.device)
+    dk = torch.empty((bh, m, d), dtype=k.dtype, device=q.device)
+    dv_ = torch.empty((bh, m, dv), dtype=v.dtype, device=q.device)
+    launch = dict(CAUSAL=causal, PRECISION=_precision(q), **_flags(tiles), BLOCK_M=block_m, BLOCK_N=block_n, **widths)
+    _key_kernel[(triton.cdiv(m, block_n), bh)](
+        q,
+        k,
+        v,
+        do,
+        lse,
+        delta,
+        dk,
+        dv_,
+        *_tile_arguments(tiles, q),
+        coefficients,
+        *strides,
+        n,
+        m,
+        d,
+        dv,
+        inner,
+        **launch,
+    )
+    tile_grads = [torch.zeros((bh, n, m) if w else (0,), dtype=torch.float32, device=q.device) for w in wanted]
+    sums = [torch.empty((bh * triton.cdiv(n, block_m),), dtype=torch.float32, device=q.device) for _ in range(SCALARS)]
+    _query_kernel[(triton.cdiv(n, block_m), bh)](
+        q,
+        k,
+        v,
+        do,
+        lse,
+        delta,
+        dq,
+        *_tile_arguments(tiles, q),
+        *tile_grads,
+        *sums,
+        coefficients,
+        *strides,
+        n,
+        m,
+        d,
+        dv,
+        inner,
+        **launch,
+        **dict(zip(GRADIENT_FLAGS, wanted)),
+    )
+    return [dq, dk, dv_, *tile_grads, *sums]
+
+
+@_backward_op.register_fake
+def _backward_fake(q, k, v, o, do, lse, tiles, coefficients, inner, causal, wanted):
+    bh, n, m = q.shape[0], q.shape[1], k.shape[1]
+    grads = [torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)]
+    grads += [q.new_empty((bh, n, m) if w else (0,), dtype=torch.float32) for w in wanted]
+    return grads + [q.new_empty((bh * triton.cdiv(n, _blocks(q)[0]),), dtype=torch.float32) for _ in range(SCALARS)]
+
+
 class _CoreFunction(torch.autograd.Function):
     """O = softmax(A) V of the kernels; apply(Q, K, V, causal, symbols, M) returns (O, L)."""
 
     @staticmethod
     def forward(Q, K, V, causal, symbols, *tensors):
         tiles = tensors[:1]
-        coefficients = _coefficients(**symbols)
+        coefficients = _scalar_tensor(_coefficients(**symbols), Q)
         n, d, m, dv = Q.shape[-2], Q.shape[-1], K.shape[-2], V.shape[-1]
         batch = _batch(Q.shape, K.shape, V.shape, *(t.shape for t in tiles if t is not None))
         q, k, v = (_rows(_flat(x, batch, r, c)) for x, r, c in ((Q, n, d), (K, m, d), (V, m, dv)))
         tiles = [None if t is None else _tile(t, batch, n, m) for t in tiles]
-        block_m, block_n = _blocks(q)
-        o = torch.empty((q.shape[0], n, dv), dtype=v.dtype, device=q.device)
-        lse = torch.empty((q.shape[0], n), dtype=torch.float32, device=q.device)
-        _forward_kernel[(triton.cdiv(n, block_m), q.shape[0])](
-            q,
-            k,
-            v,
-            o,
-            lse,
-            *_tile_arguments(tiles, q),
-            *coefficients,
-            q.stride(0),
-            q.stride(1),
-            k.stride(0),
-            k.stride(1),
-            v.stride(0),
-            v.stride(1),
-            o.stride(0),
-            o.stride(1),
-            n,
-            m,
-            d,
-            dv,
-            _inner(batch),
-            CAUSAL=causal,
-            PRECISION=_precision(q),
-            **_flags(tiles),
-            BLOCK_M=block_m,
-            BLOCK_N=block_n,
-            BLOCK_D=_width(d),
-            BLOCK_DV=_width(dv),
-        )
+        o, lse = _forward_op(q, k, v, tiles, coefficients, _inner(batch), causal)
         return o.view(*batch, n, dv), lse
 
     @staticmethod
@@ -582,97 +723,50 @@ class _CoreFunction(torch.autograd.Function):
     @staticmethod
     @torch.autograd.function.once_differentiable  # no second derivative through the kernels: differentiating raises
     def backward(ctx, grad, _):
-        Q, K, V, O, lse, *present = (_plain(x) for x in ctx.saved_tensors)
-        grad = _plain(grad)
+        saved = [_plain(x) for x in ctx.saved_tensors]
         with torch._C._DisableFuncTorch():  # torch.func.grad's level: the kernels read and make plain tensors
-            present = iter(present)
-            tensors = [None if absent else next(present) for absent in ctx.absent]
-            tiles, scalars = tensors[:1], tensors[1:]
-            coefficients = _coefficients(**ctx.symbols)
-            n, d, m, dv = Q.shape[-2], Q.shape[-1], K.shape[-2], V.shape[-1]
-            batch = O.shape[:-2]
-            q, k, v = (_rows(_flat(x, batch, r, c)) for x, r, c in ((Q, n, d), (K, m, d), (V, m, dv)))
-            o, do = _rows(O.reshape(-1, n, dv)), _rows(_flat(grad, batch, n, dv))
-            flat = [None if t is None else _tile(t, batch, n, m) for t in tiles]
-            bh, (block_m, block_n) = q.shape[0], _blocks(q)
-            widths = {"BLOCK_D": _width(d), "BLOCK_DV": _width(dv)}
-            strides = (
-                q.stride(0),
-                q.stride(1),
-                k.stride(0),
-                k.stride(1),
-                v.stride(0),
-                v.stride(1),
-                do.stride(0),
-                do.stride(1),
-            )
-            delta = torch.empty((bh, n), dtype=torch.float32, device=q.device)
-            _delta_kernel[(triton.cdiv(n, block_m), bh)](
-                o,
-                do,
-                delta,
-                o.stride(0),
-                o.stride(1),
-                do.stride(0),
-                do.stride(1),
-                n,
-                dv,
-                BLOCK_M=block_m,
-                BLOCK_DV=widths["BLOCK_DV"],
-            )
-            dq = torch.empty((bh, n, d), dtype=q.dtype, device=q.device)
-            dk = torch.empty((bh, m, d), dtype=k.dtype, device=q.device)
-            dv_ = torch.empty((bh, m, dv), dtype=v.dtype, device=q.device)
-            launch = dict(
-                CAUSAL=ctx.causal, PRECISION=_precision(q), **_flags(flat), BLOCK_M=block_m, BLOCK_N=block_n, **widths
-            )
-            _key_kernel[(triton.cdiv(m, block_n), bh)](
-                q,
-                k,
-                v,
-                do,
-                lse,
-                delta,
-                dk,
-                dv_,
-                *_tile_arguments(flat, q),
-                *coefficients,
-                *strides,
-                n,
-                m,
-                d,
-                dv,
-                _inner(batch),
-                **launch,
-            )
-            tile_grads = []
-            sums = [torch.empty((bh * triton.cdiv(n, block_m),), dtype=torch.float32, device=q.device) for _ in scalars]
-            _query_kernel[(triton.cdiv(n, block_m), bh)](
-                q,
-                k,
-                v,
-                do,
-                lse,
-                delta,
-                dq,
-                *_tile_arguments(flat, q),
-                *tile_grads,
-                *sums,
-                *coefficients,
-                *strides,
-                n,
-                m,
-                d,
-                dv,
-                _inner(batch),
-                **launch,
-            )
-            grads = [dq.view(*batch, n, d).sum_to_size(Q.shape), dk.view(*batch, m, d).sum_to_size(K.shape)]
-            grads += [dv_.view(*batch, m, dv).sum_to_size(V.shape), None, None]
-            tile_grads = iter(tile_grads)
-            grads.append(None)
-            grads += [total.sum().reshape(x.shape).to(x.dtype) for total, x in zip(sums, scalars)]
-            return tuple(grads)
+            return _backward(ctx, _plain(grad), saved)
+
+
+class _CoreTraced(_CoreFunction):
+    """The same Function without jvp, for torch.compile (dynamo traces no custom jvp; _core picks it there)."""
+
+    jvp = torch.autograd.Function.jvp
+
+    @staticmethod
+    def backward(ctx, grad, _):
+        return _backward(ctx, grad, ctx.saved_tensors)
+
+
+def _backward(ctx, grad, saved):
+    """The gradients of _CoreFunction's inputs from dO (grad) and what it saved, by the backward kernels."""
+    Q, K, V, O, lse, *present = saved
+    present = iter(present)
+    tensors = [None if absent else next(present) for absent in ctx.absent]
+    tiles, scalars = tensors[:1], tensors[1:]
+    coefficients = _scalar_tensor(_coefficients(**ctx.symbols), Q)
+    n, d, m, dv = Q.shape[-2], Q.shape[-1], K.shape[-2], V.shape[-1]
+    batch = O.shape[:-2]
+    q, k, v = (_rows(_flat(x, batch, r, c)) for x, r, c in ((Q, n, d), (K, m, d), (V, m, dv)))
+    o, do = _rows(O.reshape(-1, n, dv)), _rows(_flat(grad, batch, n, dv))
+    flat = [None if t is None else _tile(t, batch, n, m) for t in tiles]
+    wanted = [ctx.needs_input_grad[5 + i] for i in GRADIENT_INDEX]
+    dq, dk, dv_, *rest = _backward_op(q, k, v, o, do, lse, flat, coefficients, _inner(batch), ctx.causal, wanted)
+    made = iter(zip(rest[:GRADIENT_TILES], wanted))
+    sums = rest[GRADIENT_TILES:]
+    grads = [dq.view(*batch, n, d).sum_to_size(Q.shape), dk.view(*batch, m, d).sum_to_size(K.shape)]
+    grads += [dv_.view(*batch, m, dv).sum_to_size(V.shape), None, None]
+    grads.append(_tile_gradient(*next(made), batch, tiles[0]))
+    grads += [total.sum().reshape(x.shape).to(x.dtype) for total, x in zip(sums, scalars)]
+    return tuple(grads)
+
+
+def _tile_gradient(grad, wanted, batch, like):
+    """An n × m tile's gradient (BH, n, m) summed to like's shape (its broadcast axes), in like's dtype; None where
+    it was not wanted (like does not require grad, or is absent)."""
+    if not wanted or like is None:
+        return None
+    return grad.view(*batch, *grad.shape[-2:]).sum_to_size(like.shape).to(like.dtype)
 
 
 def _first_forward_mode():
@@ -696,6 +790,7 @@ def _core_jvp(Q, K, V, thin_tangents, causal, symbols, tensors, tangents):
     tiles, tile_tangents = tensors[:1], tangents[:1]
     named = dict(symbols)
     coefficients = _coefficients(**named) + _tangent_coefficients(**named)
+    coefficients = _scalar_tensor(coefficients, Q)
     n, d, m, dv = Q.shape[-2], Q.shape[-1], K.shape[-2], V.shape[-1]
     batch = _batch(Q.shape, K.shape, V.shape, *(t.shape for t in tiles if t is not None))
     thin = [(x, t, r, c) for x, t, r, c in zip((Q, K, V), thin_tangents, (n, m, m), (d, d, dv))]
@@ -720,7 +815,7 @@ def _core_jvp(Q, K, V, thin_tangents, causal, symbols, tensors, tangents):
         o_t,
         *_tile_arguments(tiles, q),
         *_tile_arguments(moving, q),
-        *coefficients,
+        coefficients,
         q.stride(0),
         q.stride(1),
         k.stride(0),
@@ -763,9 +858,8 @@ def _tangent_flags(moving):
 
 
 def _additive(name, mask, like):
-    """A bool mask (True = not allowed) as the additive mask (−inf where True, else 0); a float one as it is."""
-    if mask is not None and mask.requires_grad:
-        raise ValueError(f"{name} requires grad: the mask is a constant of the Triton kernels (no gradient)")
+    """A bool mask (True = not allowed) as the additive mask (−inf where True, else 0); a float one as it is (one that
+    requires grad gets its gradient, written tile by tile by the kernels as a learned bias's)."""
     if mask is None or mask.dtype != torch.bool:
         return mask
     return torch.zeros(mask.shape, dtype=like.dtype, device=like.device).masked_fill(mask, float("-inf"))
@@ -799,11 +893,30 @@ def forward(Q, K, V, M=None, *, scale=None, attn_mask=None, key_padding_mask=Non
     M: an additive n × m mask (or batched (..., n, m)), float (added to the scores) or bool (True = not
     allowed); None: no mask.
     attn_mask: the same mask by keyword (giving both is a TypeError); key_padding_mask: (..., m) bool, True = ignore
-    the key; both constants of the kernels (no gradient). A row whose keys are all masked gives zeros, never NaN.
+    the key. A float mask that requires grad gets its gradient (written tile by tile, as a learned bias's). A row
+    whose keys are all masked gives zeros, never NaN.
     scale: default 1/√d_k.
     causal: query i sees keys j <= i.
     """
     return _compute(_core, Q, K, V, M, scale, causal=causal, attn_mask=attn_mask, key_padding_mask=key_padding_mask)
+
+
+class Attention(torch.nn.Module):
+    """attention as a module.
+
+    The torch module's constructor, parameters and forward; the core computed by the Triton kernels."""
+
+    def __init__(self, *, scale=None):
+        super().__init__()
+        self.scale = scale
+
+    def extra_repr(self):
+        return f"scale={self.scale}"
+
+    def forward(self, Q, K, V, M=None, *, attn_mask=None, key_padding_mask=None, causal=False):
+        return forward(
+            Q, K, V, M, scale=self.scale, attn_mask=attn_mask, key_padding_mask=key_padding_mask, causal=causal
+        )
 
 
 def jvp(Q, K, V, tangents, *, M=None, scale=None, attn_mask=None, key_padding_mask=None, causal=False):
@@ -841,7 +954,8 @@ def _compute(_kernels, Q, K, V, M, scale, causal, attn_mask, key_padding_mask):
 
 def _core(Q, K, V, *arguments):
     """O by the forward kernel (its backward by the backward kernels, its tangent by the JVP kernel)."""
-    return _CoreFunction.apply(*_autocast(Q, K, V), *arguments)[0]
+    function = _CoreTraced if torch.compiler.is_compiling() else _CoreFunction
+    return function.apply(*_autocast(Q, K, V), *arguments)[0]
 
 
 def _autocast(Q, K, V):

@@ -233,6 +233,20 @@ def _wide_matmul(a, b):
     return big_matmul(a.float(), b.float())
 
 
+def add_blocks(total, part):
+    """total + part, a sum over the blocks of rows (a weight's gradient, dW_Q += rows(Q_b)ᵀ rows(dQ_b)); total is 0
+    before the first block. 16-bit parts are summed in float32 (an accumulation) and the sum rounded once: the
+    total is the float32 sum (its attribute float32_sum) rounded. Traced or transformed, or wider: total + part."""
+    if part.dtype not in (torch.bfloat16, torch.float16) or torch.compiler.is_compiling():
+        return part if isinstance(total, int) else total + part
+    if torch._C._functorch.is_functorch_wrapped_tensor(part):
+        return part if isinstance(total, int) else total + part
+    into = part.float() if isinstance(total, int) else total.float32_sum.add_(part)
+    total = into.to(part.dtype)
+    total.float32_sum = into
+    return total
+
+
 def add_optional(a, b):
     """a + b, or a itself when b is None (an absent bias or mask)."""
     return a if b is None else a + b
@@ -869,10 +883,9 @@ def _backward(saved, grad_out):
         dQ_blocks.append(dQ_b)
         dV_h = add_rows(dV_h, keys, matmul_tn(P_h_b, dO_h_b), K_h.shape[-2])
         dK_h = add_rows(dK_h, keys, matmul_tn(dA_h_b, scale * Q_h_b), K_h.shape[-2])
-        dW_Q += rows(Q_b).mT @ rows(dQW_Q_b)
+        dW_Q = add_blocks(dW_Q, rows(Q_b).mT @ rows(dQW_Q_b))
         if b_Q is not None:
-            db_Q += rows(dQW_Q_b).sum(dim=0, keepdim=True)
-        del dQW_Q_b
+            db_Q = add_blocks(db_Q, rows(dQW_Q_b).sum(dim=0, keepdim=True))
     dQ = dQ_blocks[0] if len(dQ_blocks) == 1 else torch.cat(dQ_blocks, dim=-2)
     dW_O = rows(C).mT @ rows(grad_out)
     db_O = None if b_O is None else rows(grad_out).sum(dim=0, keepdim=True)

@@ -55,6 +55,15 @@ SHAPES = {
 OPTIONAL = ()  # inputs that may be None: their terms are left out
 
 
+def _alike(a, b):
+    """(a, b, the narrower dtype): factors of two dtypes, a float32 array of a 16-bit run beside a 16-bit one, made
+    the 16-bit one; of one dtype, as they are."""
+    if a.dtype == b.dtype:
+        return a, b, a.dtype
+    low = a.dtype if a.dtype.itemsize < b.dtype.itemsize else b.dtype
+    return a.astype(low), b.astype(low), low
+
+
 def _row_max(a):
     """The row max of a as a column, 0 where the row is all -inf; a constant to differentiation (softmax
     does not change when a row is shifted, so a second derivative needs no term through the max)."""
@@ -62,6 +71,24 @@ def _row_max(a):
         return jnp.zeros((*a.shape[:-1], 1), a.dtype)
     top = jax.lax.stop_gradient(a.max(axis=-1, keepdims=True))
     return jnp.where(jnp.isneginf(top), 0.0, top)
+
+
+def narrow_matmul(a, b):
+    """a @ b, where a factor may be a float32 n × m array of a 16-bit run (P, dS of ``wide_matmul``): rounded to
+    the 16-bit dtype right before the product (its one rounding), which accumulates in float32 and is rounded to
+    the 16-bit dtype. Factors of one wider dtype (float32, float64 runs): a @ b."""
+    a, b, low = _alike(a, b)
+    if low in (jnp.bfloat16, jnp.float16):
+        return jnp.matmul(a, b, preferred_element_type=jnp.float32).astype(low)
+    return a @ b
+
+
+def row_dot(a, b):
+    """rowsum(a ⊙ b) as a column (..., n, 1), such as D = rowsum(dO ⊙ O): in float32 for 16-bit a or b (a
+    statistic, as SDPA keeps it), else in their dtype (XLA fuses the product into the sum)."""
+    if a.dtype in (jnp.bfloat16, jnp.float16) or b.dtype in (jnp.bfloat16, jnp.float16):
+        a, b = a.astype(jnp.float32), b.astype(jnp.float32)
+    return (a * b).sum(axis=-1, keepdims=True)
 
 
 def row_softmax(a):
@@ -73,6 +100,17 @@ def row_softmax(a):
 def rows(a):
     """(..., n, k) -> (N, k): every row of every batch element, stacked."""
     return a.reshape(-1, a.shape[-1])
+
+
+def wide_matmul(a, b):
+    """a @ b, a product much larger than its factors (the scores Q Kᵀ, dP = dO Vᵀ: n × m from n × d and d × m).
+    Of 16-bit factors (bfloat16, float16) the product is float32 (preferred_element_type): the n × m arrays and
+    what is made of them (P, dS) stay float32, as jax.nn.dot_product_attention keeps its logits; the products
+    that read them round them once (``narrow_matmul``)."""
+    a, b, low = _alike(a, b)
+    if low in (jnp.bfloat16, jnp.float16):
+        return jnp.matmul(a, b, preferred_element_type=jnp.float32)
+    return a @ b
 
 
 def _arrays(named):
@@ -153,6 +191,14 @@ def _restore(residuals):
     return {**arrays, **dict(static.items)}
 
 
+def _narrowed(grads, dtype):
+    """The gradients of a 16-bit run (dtype, the cotangent's) in that dtype: a float32 sum over blocks of rows
+    (add_rows) rounded once; of a wider run, as they are."""
+    if dtype not in (jnp.bfloat16, jnp.float16):
+        return grads
+    return {name: g if g is None or g.dtype == dtype else g.astype(dtype) for name, g in grads.items()}
+
+
 def sum_batch(a):
     """(..., p, q) -> (p, q): the sum over the leading batch dimensions."""
     return a.reshape(-1, *a.shape[-2:]).sum(axis=0)
@@ -211,13 +257,13 @@ def _forward(X, W_Q, W_K, W_V):
     schedule = _schedule_at(d_k, d_model, d_v, n)
     if schedule == 0:
         W_QKV = jnp.concatenate([W_Q, W_K, W_V], axis=-1)
-        QKV = X @ W_QKV
+        QKV = narrow_matmul(X, W_QKV)
         Q = QKV[..., :, :d_k]
         K = QKV[..., :, d_k : 2 * d_k]
         V = QKV[..., :, 2 * d_k :]
-        A = (scale * Q) @ K.mT
+        A = wide_matmul(scale * Q, K.mT)
         P = row_softmax(A)
-        O = P @ V
+        O = narrow_matmul(P, V)
         saved = {
             "X": X,
             "W_QKV": W_QKV,
@@ -231,12 +277,12 @@ def _forward(X, W_Q, W_K, W_V):
         }
         return O, saved
     elif schedule == 1:
-        F1 = W_Q @ W_K.mT
+        F1 = wide_matmul(W_Q, W_K.mT)
         XW_QW_KT = X @ F1
         A = (scale * XW_QW_KT) @ X.mT
         P = row_softmax(A)
         PX = P @ X
-        O = PX @ W_V
+        O = narrow_matmul(PX, W_V)
         saved = {
             "X": X,
             "W_Q": W_Q,
@@ -252,13 +298,13 @@ def _forward(X, W_Q, W_K, W_V):
         return O, saved
     elif schedule == 2:
         W_QK = jnp.concatenate([W_Q, W_K], axis=-1)
-        QK = X @ W_QK
+        QK = narrow_matmul(X, W_QK)
         Q = QK[..., :, :d_k]
         K = QK[..., :, d_k:]
-        A = (scale * Q) @ K.mT
+        A = wide_matmul(scale * Q, K.mT)
         P = row_softmax(A)
         PX = P @ X
-        O = PX @ W_V
+        O = narrow_matmul(PX, W_V)
         saved = {
             "X": X,
             "W_Q": W_Q,
@@ -273,12 +319,12 @@ def _forward(X, W_Q, W_K, W_V):
         }
         return O, saved
     else:
-        Q = X @ W_Q
-        XW_QW_KT = Q @ W_K.mT
+        Q = narrow_matmul(X, W_Q)
+        XW_QW_KT = wide_matmul(Q, W_K.mT)
         A = (scale * XW_QW_KT) @ X.mT
         P = row_softmax(A)
         PX = P @ X
-        O = PX @ W_V
+        O = narrow_matmul(PX, W_V)
         saved = {
             "X": X,
             "W_Q": W_Q,
@@ -307,14 +353,14 @@ def _backward(saved, grad_out):
         O = saved["O"]
         d_k = saved["d_k"]
         scale = 1 / d_k**0.5
-        D = (O * grad_out).sum(axis=-1, keepdims=True)
-        dV = P.mT @ grad_out
-        dP = grad_out @ V.mT
+        D = row_dot(O, grad_out)
+        dV = narrow_matmul(P.mT, grad_out)
+        dP = wide_matmul(grad_out, V.mT)
         dA = (dP - D) * P
-        dK = dA.mT @ (scale * Q)
-        dQ = dA @ (scale * K)
+        dK = narrow_matmul(dA.mT, scale * Q)
+        dQ = narrow_matmul(dA, scale * K)
         dQKV = jnp.concatenate([dQ, dK, dV], axis=-1)
-        dX = dQKV @ W_QKV.mT
+        dX = wide_matmul(dQKV, W_QKV.mT)
         dW_QKV = rows(X).mT @ rows(dQKV)
         dW_Q = dW_QKV[..., :, :d_k]
         dW_K = dW_QKV[..., :, d_k : 2 * d_k]
@@ -331,15 +377,15 @@ def _backward(saved, grad_out):
         PX = saved["PX"]
         d_k = saved["d_k"]
         scale = 1 / d_k**0.5
-        dPX = grad_out @ W_V.mT
-        D = (PX * dPX).sum(axis=-1, keepdims=True)
+        dPX = wide_matmul(grad_out, W_V.mT)
+        D = row_dot(PX, dPX)
         dP = dPX @ X.mT
         dA = (dP - D) * P
         dXW_QW_KT = (scale * dA) @ X
         dF1 = X.mT @ dXW_QW_KT
         dX = dXW_QW_KT @ F1.mT + P.mT @ dPX + (scale * dA).mT @ XW_QW_KT
-        dW_Q = sum_batch(dF1 @ W_K)
-        dW_K = sum_batch(dF1.mT @ W_Q)
+        dW_Q = sum_batch(narrow_matmul(dF1, W_K))
+        dW_K = sum_batch(narrow_matmul(dF1.mT, W_Q))
         dW_V = rows(PX).mT @ rows(grad_out)
         return {"X": dX, "W_Q": dW_Q, "W_K": dW_K, "W_V": dW_V}
     elif schedule == 2:
@@ -353,13 +399,13 @@ def _backward(saved, grad_out):
         PX = saved["PX"]
         d_k = saved["d_k"]
         scale = 1 / d_k**0.5
-        dPX = grad_out @ W_V.mT
+        dPX = wide_matmul(grad_out, W_V.mT)
         dP = dPX @ X.mT
-        D = (P * dP).sum(axis=-1, keepdims=True)
+        D = row_dot(P, dP)
         dA = (dP - D) * P
-        dK = dA.mT @ (scale * Q)
-        dQ = dA @ (scale * K)
-        dX = dK @ W_K.mT + dQ @ W_Q.mT + P.mT @ dPX
+        dK = narrow_matmul(dA.mT, scale * Q)
+        dQ = narrow_matmul(dA, scale * K)
+        dX = wide_matmul(dK, W_K.mT) + wide_matmul(dQ, W_Q.mT) + P.mT @ dPX
         dW_Q = rows(X).mT @ rows(dQ)
         dW_K = rows(X).mT @ rows(dK)
         dW_V = rows(PX).mT @ rows(grad_out)
@@ -375,13 +421,13 @@ def _backward(saved, grad_out):
         PX = saved["PX"]
         d_k = saved["d_k"]
         scale = 1 / d_k**0.5
-        dPX = grad_out @ W_V.mT
+        dPX = wide_matmul(grad_out, W_V.mT)
         dP = dPX @ X.mT
-        D = (P * dP).sum(axis=-1, keepdims=True)
+        D = row_dot(P, dP)
         dA = (dP - D) * P
         dXW_QW_KT = (scale * dA) @ X
-        dQ = dXW_QW_KT @ W_K
-        dX = dQ @ W_Q.mT + P.mT @ dPX + (scale * dA).mT @ XW_QW_KT
+        dQ = narrow_matmul(dXW_QW_KT, W_K)
+        dX = wide_matmul(dQ, W_Q.mT) + P.mT @ dPX + (scale * dA).mT @ XW_QW_KT
         dW_Q = rows(X).mT @ rows(dQ)
         dW_K = rows(dXW_QW_KT).mT @ rows(Q)
         dW_V = rows(PX).mT @ rows(grad_out)
@@ -401,7 +447,7 @@ def _primal_fwd(X, W_Q, W_K, W_V):
 
 def _primal_bwd(residuals, grad_out):
     """The custom_vjp backward rule, the generated closed form: a cotangent per array input (None for None)."""
-    grads = _backward(_restore(residuals), grad_out)
+    grads = _narrowed(_backward(_restore(residuals), grad_out), grad_out.dtype)  # (16-bit: one rounding)
     cotangents = (grads["X"], grads["W_Q"], grads["W_K"], grads["W_V"])
     return cotangents
 
@@ -484,79 +530,79 @@ def _jvp(X, W_Q, W_K, W_V, X_t, W_Q_t, W_K_t, W_V_t):
     schedule = _schedule_at(d_k, d_model, d_v, n)
     if schedule == 0:
         W_QKV = jnp.concatenate([W_Q, W_K, W_V], axis=-1)
-        QKV = X @ W_QKV
+        QKV = narrow_matmul(X, W_QKV)
         Q = QKV[..., :, :d_k]
         K = QKV[..., :, d_k : 2 * d_k]
         V = QKV[..., :, 2 * d_k :]
-        A = (scale * Q) @ K.mT
+        A = wide_matmul(scale * Q, K.mT)
         P = row_softmax(A)
-        O = P @ V
+        O = narrow_matmul(P, V)
         dW_QKV = jnp.concatenate([W_Q_t, W_K_t, W_V_t], axis=-1)
-        dQKV = X @ dW_QKV + X_t @ W_QKV
+        dQKV = narrow_matmul(X, dW_QKV) + narrow_matmul(X_t, W_QKV)
         dQ = dQKV[..., :, :d_k]
         dK = dQKV[..., :, d_k : 2 * d_k]
         dV = dQKV[..., :, 2 * d_k :]
         Q_dQ = jnp.concatenate([Q, dQ], axis=-1)
         dK_K = jnp.concatenate([dK, K], axis=-1)
-        dA = (scale * Q_dQ) @ dK_K.mT
-        D = (dA * P).sum(axis=-1, keepdims=True)
+        dA = wide_matmul(scale * Q_dQ, dK_K.mT)
+        D = row_dot(dA, P)
         dP = (dA - D) * P
-        dO = P @ dV + dP @ V
+        dO = narrow_matmul(P, dV) + narrow_matmul(dP, V)
         return O, dO
     elif schedule == 1:
-        F1 = W_Q @ W_K.mT
+        F1 = wide_matmul(W_Q, W_K.mT)
         XW_QW_KT = X @ F1
         A = (scale * XW_QW_KT) @ X.mT
         P = row_softmax(A)
         PX = P @ X
-        O = PX @ W_V
+        O = narrow_matmul(PX, W_V)
         W_Q_W_Q_t = jnp.concatenate([W_Q, W_Q_t], axis=-1)
         W_K_t_W_K = jnp.concatenate([W_K_t, W_K], axis=-1)
-        dF1 = W_Q_W_Q_t @ W_K_t_W_K.mT
+        dF1 = wide_matmul(W_Q_W_Q_t, W_K_t_W_K.mT)
         dXW_QW_KT = X @ dF1 + X_t @ F1
         dA = scale * (XW_QW_KT @ X_t.mT + dXW_QW_KT @ X.mT)
-        D = (dA * P).sum(axis=-1, keepdims=True)
+        D = row_dot(dA, P)
         dP = (dA - D) * P
         dPX = P @ X_t + dP @ X
-        dO = PX @ W_V_t + dPX @ W_V
+        dO = narrow_matmul(PX, W_V_t) + narrow_matmul(dPX, W_V)
         return O, dO
     elif schedule == 2:
         W_QK = jnp.concatenate([W_Q, W_K], axis=-1)
-        QK = X @ W_QK
+        QK = narrow_matmul(X, W_QK)
         Q = QK[..., :, :d_k]
         K = QK[..., :, d_k:]
-        A = (scale * Q) @ K.mT
+        A = wide_matmul(scale * Q, K.mT)
         P = row_softmax(A)
         PX = P @ X
-        O = PX @ W_V
+        O = narrow_matmul(PX, W_V)
         dW_QK = jnp.concatenate([W_Q_t, W_K_t], axis=-1)
-        dQK = X @ dW_QK + X_t @ W_QK
+        dQK = narrow_matmul(X, dW_QK) + narrow_matmul(X_t, W_QK)
         dQ = dQK[..., :, :d_k]
         dK = dQK[..., :, d_k:]
         Q_dQ = jnp.concatenate([Q, dQ], axis=-1)
         dK_K = jnp.concatenate([dK, K], axis=-1)
-        dA = (scale * Q_dQ) @ dK_K.mT
-        D = (dA * P).sum(axis=-1, keepdims=True)
+        dA = wide_matmul(scale * Q_dQ, dK_K.mT)
+        D = row_dot(dA, P)
         dP = (dA - D) * P
         dPX = P @ X_t + dP @ X
-        dO = PX @ W_V_t + dPX @ W_V
+        dO = narrow_matmul(PX, W_V_t) + narrow_matmul(dPX, W_V)
         return O, dO
     else:
-        Q = X @ W_Q
-        XW_QW_KT = Q @ W_K.mT
+        Q = narrow_matmul(X, W_Q)
+        XW_QW_KT = wide_matmul(Q, W_K.mT)
         A = (scale * XW_QW_KT) @ X.mT
         P = row_softmax(A)
         PX = P @ X
-        O = PX @ W_V
-        dQ = X @ W_Q_t + X_t @ W_Q
+        O = narrow_matmul(PX, W_V)
+        dQ = narrow_matmul(X, W_Q_t) + narrow_matmul(X_t, W_Q)
         Q_dQ = jnp.concatenate([Q, dQ], axis=-1)
         W_K_t_W_K = jnp.concatenate([W_K_t, W_K], axis=-1)
-        dXW_QW_KT = Q_dQ @ W_K_t_W_K.mT
+        dXW_QW_KT = wide_matmul(Q_dQ, W_K_t_W_K.mT)
         dA = scale * (XW_QW_KT @ X_t.mT + dXW_QW_KT @ X.mT)
-        D = (dA * P).sum(axis=-1, keepdims=True)
+        D = row_dot(dA, P)
         dP = (dA - D) * P
         dPX = P @ X_t + dP @ X
-        dO = PX @ W_V_t + dPX @ W_V
+        dO = narrow_matmul(PX, W_V_t) + narrow_matmul(dPX, W_V)
         return O, dO
 
 

@@ -200,6 +200,20 @@ def _wide_matmul(a, b):
     return big_matmul(a.float(), b.float())
 
 
+def add_blocks(total, part):
+    """total + part, a sum over the blocks of rows (a weight's gradient, dW_Q += rows(Q_b)ᵀ rows(dQ_b)); total is 0
+    before the first block. 16-bit parts are summed in float32 (an accumulation) and the sum rounded once: the
+    total is the float32 sum (its attribute float32_sum) rounded. Traced or transformed, or wider: total + part."""
+    if part.dtype not in (torch.bfloat16, torch.float16) or torch.compiler.is_compiling():
+        return part if isinstance(total, int) else total + part
+    if torch._C._functorch.is_functorch_wrapped_tensor(part):
+        return part if isinstance(total, int) else total + part
+    into = part.float() if isinstance(total, int) else total.float32_sum.add_(part)
+    total = into.to(part.dtype)
+    total.float32_sum = into
+    return total
+
+
 def big_matmul(a, b):
     """a @ b for a product much larger than its factors (the scores Q Kᵀ, dP = dO Vᵀ: n × m from n × d and
     d × m). On CPU the result is written into memory advised for transparent huge pages, as NumPy advises its own
@@ -542,10 +556,8 @@ def _backward(saved, grad_out):
         del dP_b
         dQ_b = narrow_matmul(dA_b, scale * K)
         dQ_blocks.append(dQ_b)
-        dV += matmul_tn(P_b, grad_out_b)
-        del P_b
-        dK += matmul_tn(dA_b, scale * Q_b)
-        del dA_b
+        dV = add_blocks(dV, matmul_tn(P_b, grad_out_b))
+        dK = add_blocks(dK, matmul_tn(dA_b, scale * Q_b))
     dQ = dQ_blocks[0] if len(dQ_blocks) == 1 else torch.cat(dQ_blocks, dim=-2)
     dQKV = torch.cat([dQ, dK, dV], dim=-1)
     dX = big_matmul(dQKV, W_QKV.mT)

@@ -124,6 +124,15 @@ SHAPES = {
 OPTIONAL = ("b_Q", "b_K", "b_V", "b_O", "b_1", "b_2")  # inputs that may be None: their terms are left out
 
 
+def _alike(a, b):
+    """(a, b, the narrower dtype): factors of two dtypes, a float32 array of a 16-bit run beside a 16-bit one, made
+    the 16-bit one; of one dtype, as they are."""
+    if a.dtype == b.dtype:
+        return a, b, a.dtype
+    low = a.dtype if a.dtype.itemsize < b.dtype.itemsize else b.dtype
+    return a.astype(low), b.astype(low), low
+
+
 def _row_max(a):
     """The row max of a as a column, 0 where the row is all -inf; a constant to differentiation (softmax
     does not change when a row is shifted, so a second derivative needs no term through the max)."""
@@ -140,7 +149,10 @@ def add_optional(a, b):
 
 def add_rows(total, keys, part, m):
     """The sum over blocks of a value of m rows (…, m, k), part adding to its rows keys; total is 0 before the
-    first block. Functional: part padded with zero rows to m (no in-place update to trace)."""
+    first block. Functional: part padded with zero rows to m (no in-place update to trace). 16-bit parts are
+    summed in float32 (an accumulation): the sum is float32, rounded once by the custom_vjp's rule (``_narrowed``)."""
+    if part.dtype in (jnp.bfloat16, jnp.float16):
+        part = part.astype(jnp.float32)
     if part.shape[-2] != m:
         part = jnp.pad(part, [(0, 0)] * (part.ndim - 2) + [(keys.start, m - keys.stop), (0, 0)])
     return part if isinstance(total, int) else total + part
@@ -195,6 +207,16 @@ def merge_heads(a, heads):
     return a.reshape(*a.shape[:-2], a.shape[-2] * a.shape[-1])
 
 
+def narrow_matmul(a, b):
+    """a @ b, where a factor may be a float32 n × m array of a 16-bit run (P, dS of ``wide_matmul``): rounded to
+    the 16-bit dtype right before the product (its one rounding), which accumulates in float32 and is rounded to
+    the 16-bit dtype. Factors of one wider dtype (float32, float64 runs): a @ b."""
+    a, b, low = _alike(a, b)
+    if low in (jnp.bfloat16, jnp.float16):
+        return jnp.matmul(a, b, preferred_element_type=jnp.float32).astype(low)
+    return a @ b
+
+
 def placed_rows(whole):
     """The value put_rows made, after the loop: its blocks (a list) concatenated once."""
     return jnp.concatenate(whole, axis=-2) if isinstance(whole, list) else whole
@@ -208,6 +230,14 @@ def put_rows(whole, rows, keys, part, n, m):
         return part
     padded = jnp.pad(part, [(0, 0)] * (part.ndim - 1) + [(keys.start, m - keys.stop)])
     return [*(whole or []), padded]
+
+
+def row_dot(a, b):
+    """rowsum(a ⊙ b) as a column (..., n, 1), such as D = rowsum(dO ⊙ O): in float32 for 16-bit a or b (a
+    statistic, as SDPA keeps it), else in their dtype (XLA fuses the product into the sum)."""
+    if a.dtype in (jnp.bfloat16, jnp.float16) or b.dtype in (jnp.bfloat16, jnp.float16):
+        a, b = a.astype(jnp.float32), b.astype(jnp.float32)
+    return (a * b).sum(axis=-1, keepdims=True)
 
 
 def row_inv_std(a, eps):
@@ -253,6 +283,17 @@ def sum_to_shape(a, shape):
     a = a.reshape(-1, *a.shape[a.ndim - len(shape) :]).sum(axis=0)
     axes = tuple(i for i, (size, full) in enumerate(zip(shape, a.shape)) if size == 1 and full != 1)
     return a.sum(axis=axes, keepdims=True) if axes else a
+
+
+def wide_matmul(a, b):
+    """a @ b, a product much larger than its factors (the scores Q Kᵀ, dP = dO Vᵀ: n × m from n × d and d × m).
+    Of 16-bit factors (bfloat16, float16) the product is float32 (preferred_element_type): the n × m arrays and
+    what is made of them (P, dS) stay float32, as jax.nn.dot_product_attention keeps its logits; the products
+    that read them round them once (``narrow_matmul``)."""
+    a, b, low = _alike(a, b)
+    if low in (jnp.bfloat16, jnp.float16):
+        return jnp.matmul(a, b, preferred_element_type=jnp.float32)
+    return a @ b
 
 
 def _arrays(named):
@@ -371,6 +412,14 @@ def _restore(residuals):
     """The saved values from _residuals' pair."""
     arrays, static = residuals
     return {**arrays, **dict(static.items)}
+
+
+def _narrowed(grads, dtype):
+    """The gradients of a 16-bit run (dtype, the cotangent's) in that dtype: a float32 sum over blocks of rows
+    (add_rows) rounded once; of a wider run, as they are."""
+    if dtype not in (jnp.bfloat16, jnp.float16):
+        return grads
+    return {name: g if g is None or g.dtype == dtype else g.astype(dtype) for name, g in grads.items()}
 
 
 def _additive_mask(attn_mask, key_padding_mask, causal, query, key, per_head=False, by_blocks=False):
@@ -542,10 +591,10 @@ def _forward(
         V_h_k = V_h[..., keys, :]
         M_b = None if M is None else M[..., block, keys]
         Q_h_b = Q_h[..., block, :]
-        A_h_b = add_optional((scale * Q_h_b) @ K_h_k.mT, M_b)
+        A_h_b = add_optional(wide_matmul(scale * Q_h_b, K_h_k.mT), M_b)
         A_h_b = causal_fill(A_h_b, block, keys) if causal else A_h_b
         P_h_b = row_softmax(A_h_b) if M is None else masked_row_softmax(A_h_b)
-        O_h_b = P_h_b @ V_h_k
+        O_h_b = narrow_matmul(P_h_b, V_h_k)
         O_h_blocks.append(O_h_b)
         P_h = put_rows(P_h, block, keys, P_h_b, Q_h.shape[-2], K_h.shape[-2])
     O_h = O_h_blocks[0] if len(O_h_blocks) == 1 else jnp.concatenate(O_h_blocks, axis=-2)
@@ -632,18 +681,19 @@ def _backward(saved, grad_out):
     mask_shape = saved["mask_shape"]
     causal = saved["causal"]
     d_k = saved["d_k"]
+    eps = float(1e-05 if eps is None else eps)
     scale = 1 / d_k**0.5
     c1 = -1 / (H * d_k)
     dF = grad_out @ W_2.mT
     dU = (gelu_grad(U)) * dF
     dX_2 = dU @ W_1.mT
     dN_2 = gamma_2 * dX_2
-    D1 = (N_2 * dN_2).sum(axis=-1, keepdims=True)
+    D1 = row_dot(N_2, dN_2)
     D2 = dN_2.sum(axis=-1, keepdims=True)
     dY = (row_inv_std(Y, eps)) * (c1 * (D1 * N_2) + c1 * D2 + dN_2) + grad_out
     dC = dY @ W_O.mT
     dO_h = split_heads(dC, H)
-    D3 = (O_h * dO_h).sum(axis=-1, keepdims=True)
+    D3 = row_dot(O_h, dO_h)
     dM = None  # placed block by block
     dX_1W_Q_blocks = []
     dV_h = 0  # summed over the blocks of query rows
@@ -661,15 +711,15 @@ def _backward(saved, grad_out):
         dO_h_b = dO_h[..., block, :]
         D3_b = D3[..., block, :]
         X_1_b = X_1[..., block, :]
-        dP_h_b = dO_h_b @ V_h_k.mT
+        dP_h_b = wide_matmul(dO_h_b, V_h_k.mT)
         dA_h_b = (dP_h_b - D3_b) * P_h_b
-        dQ_h_b = dA_h_b @ (scale * K_h_k)
+        dQ_h_b = narrow_matmul(dA_h_b, scale * K_h_k)
         dM_b = dA_h_b
         dX_1W_Q_b = merge_heads(dQ_h_b, H)
         dM = None if mask_shape is None else put_rows(dM, block, keys, dM_b, Q_h.shape[-2], K_h.shape[-2])
         dX_1W_Q_blocks.append(dX_1W_Q_b)
-        dV_h = add_rows(dV_h, keys, P_h_b.mT @ dO_h_b, K_h.shape[-2])
-        dK_h = add_rows(dK_h, keys, dA_h_b.mT @ (scale * Q_h_b), K_h.shape[-2])
+        dV_h = add_rows(dV_h, keys, narrow_matmul(P_h_b.mT, dO_h_b), K_h.shape[-2])
+        dK_h = add_rows(dK_h, keys, narrow_matmul(dA_h_b.mT, scale * Q_h_b), K_h.shape[-2])
         dW_Q = dW_Q + rows(X_1_b).mT @ rows(dX_1W_Q_b)
         if b_Q is not None:
             db_Q = db_Q + rows(dX_1W_Q_b).sum(axis=0, keepdims=True)
@@ -689,7 +739,7 @@ def _backward(saved, grad_out):
     dX_1W_K = merge_heads(dK_h, H)
     dX_1 = dX_1W_K @ W_K.mT + dX_1W_Q @ W_Q.mT + dX_1W_V @ W_V.mT
     dN_1 = gamma_1 * dX_1
-    D4 = (N_1 * dN_1).sum(axis=-1, keepdims=True)
+    D4 = row_dot(N_1, dN_1)
     D5 = dN_1.sum(axis=-1, keepdims=True)
     dX = (row_inv_std(X, eps)) * (c1 * (D4 * N_1) + c1 * D5 + dN_1) + dY
     dW_K = rows(X_1).mT @ rows(dX_1W_K)
@@ -820,7 +870,7 @@ def _primal_fwd(
 
 def _primal_bwd(causal, num_heads, eps, residuals, grad_out):
     """The custom_vjp backward rule, the generated closed form: a cotangent per array input (None for None)."""
-    grads = _backward(_restore(residuals), grad_out)
+    grads = _narrowed(_backward(_restore(residuals), grad_out), grad_out.dtype)  # (16-bit: one rounding)
     cotangents = (
         grads["X"],
         grads["W_Q"],
@@ -1216,7 +1266,7 @@ def _jvp(
     Q_h = split_heads(add_optional(X_1 @ W_Q, b_Q), H)
     K_h = split_heads(add_optional(X_1 @ W_K, b_K), H)
     V_h = split_heads(add_optional(X_1 @ W_V, b_V), H)
-    D1 = (N_1 * X_t).sum(axis=-1, keepdims=True)
+    D1 = row_dot(N_1, X_t)
     D2 = X_t.sum(axis=-1, keepdims=True)
     dN_1 = (row_inv_std(X, eps)) * ((-1 / (H * d_k)) * (D1 * N_1) + (-1 / (H * d_k)) * D2 + X_t)
     dX_1 = beta_1_t + gamma_1 * dN_1 + gamma_1_t * N_1
@@ -1239,14 +1289,14 @@ def _jvp(
         Q_h_b = Q_h[..., block, :]
         M_t_b = None if M_t is None else M_t[..., block, keys]
         Q_h_dQ_h_b = Q_h_dQ_h[..., block, :]
-        A_h_b = add_optional((scale * Q_h_b) @ K_h_k.mT, M_b)
+        A_h_b = add_optional(wide_matmul(scale * Q_h_b, K_h_k.mT), M_b)
         A_h_b = causal_fill(A_h_b, block, keys) if causal else A_h_b
         P_h_b = row_softmax(A_h_b) if M is None else masked_row_softmax(A_h_b)
-        O_h_b = P_h_b @ V_h_k
+        O_h_b = narrow_matmul(P_h_b, V_h_k)
         dA_h_b = add_optional((scale * Q_h_dQ_h_b) @ dK_h_K_h_k.mT, M_t_b)
-        D3_b = (dA_h_b * P_h_b).sum(axis=-1, keepdims=True)
+        D3_b = row_dot(dA_h_b, P_h_b)
         dP_h_b = (dA_h_b - D3_b) * P_h_b
-        dO_h_b = P_h_b @ dV_h_k + dP_h_b @ V_h_k
+        dO_h_b = narrow_matmul(P_h_b, dV_h_k) + narrow_matmul(dP_h_b, V_h_k)
         dC_b = merge_heads(dO_h_b, H)
         O_h_blocks.append(O_h_b)
         dC_blocks.append(dC_b)
@@ -1260,7 +1310,7 @@ def _jvp(
     F = gelu(U)
     Z = Y + add_optional(F @ W_2, b_2)
     dY = add_optional(C @ W_O_t + dC @ W_O + X_t, b_O_t)
-    D4 = (N_2 * dY).sum(axis=-1, keepdims=True)
+    D4 = row_dot(N_2, dY)
     D5 = dY.sum(axis=-1, keepdims=True)
     dN_2 = (row_inv_std(Y, eps)) * ((-1 / (H * d_k)) * (D4 * N_2) + (-1 / (H * d_k)) * D5 + dY)
     dX_2 = beta_2_t + gamma_2 * dN_2 + gamma_2_t * N_2

@@ -967,6 +967,7 @@ def backward(saved, grad_out):
     mask_shape = saved["mask_shape"]
     causal = saved["causal"]
     d_k = saved["d_k"]
+    eps = float(1e-05 if eps is None else eps)
     scale = 1 / d_k**0.5
     c1 = -1 / (H * d_k)
     dF = grad_out @ W_2.mT

@@ -264,6 +264,20 @@ def _wide_matmul(a, b):
     return big_matmul(a.float(), b.float())
 
 
+def add_blocks(total, part):
+    """total + part, a sum over the blocks of rows (a weight's gradient, dW_Q += rows(Q_b)ᵀ rows(dQ_b)); total is 0
+    before the first block. 16-bit parts are summed in float32 (an accumulation) and the sum rounded once: the
+    total is the float32 sum (its attribute float32_sum) rounded. Traced or transformed, or wider: total + part."""
+    if part.dtype not in (torch.bfloat16, torch.float16) or torch.compiler.is_compiling():
+        return part if isinstance(total, int) else total + part
+    if torch._C._functorch.is_functorch_wrapped_tensor(part):
+        return part if isinstance(total, int) else total + part
+    into = part.float() if isinstance(total, int) else total.float32_sum.add_(part)
+    total = into.to(part.dtype)
+    total.float32_sum = into
+    return total
+
+
 def add_optional(a, b):
     """a + b, or a itself when b is None (an absent bias or mask)."""
     return a if b is None else a + b
@@ -912,7 +926,6 @@ def _forward(
         "U": U,
         "F": F,
         "H": H,
-        "eps": eps,
         "P_h": P_h,
         "b_Q": b_Q,
         "b_K": b_K,
@@ -964,6 +977,7 @@ def _backward(saved, grad_out):
     mask_shape = saved["mask_shape"]
     causal = saved["causal"]
     d_k = saved["d_k"]
+    eps = float(1e-05 if eps is None else eps)
     scale = 1 / d_k**0.5
     c1 = -1 / (H * d_k)
     dF = grad_out @ W_2.mT
@@ -1004,9 +1018,9 @@ def _backward(saved, grad_out):
         dX_1W_Q_blocks.append(dX_1W_Q_b)
         dV_h = add_rows(dV_h, keys, matmul_tn(P_h_b, dO_h_b), K_h.shape[-2])
         dK_h = add_rows(dK_h, keys, matmul_tn(dA_h_b, scale * Q_h_b), K_h.shape[-2])
-        dW_Q += rows(X_1_b).mT @ rows(dX_1W_Q_b)
+        dW_Q = add_blocks(dW_Q, rows(X_1_b).mT @ rows(dX_1W_Q_b))
         if b_Q is not None:
-            db_Q += rows(dX_1W_Q_b).sum(dim=0, keepdim=True)
+            db_Q = add_blocks(db_Q, rows(dX_1W_Q_b).sum(dim=0, keepdim=True))
     dM = placed_rows(dM)
     dX_1W_Q = dX_1W_Q_blocks[0] if len(dX_1W_Q_blocks) == 1 else torch.cat(dX_1W_Q_blocks, dim=-2)
     dW_O = rows(C).mT @ rows(dY)
@@ -1145,6 +1159,7 @@ class TransformerBlockFunction(torch.autograd.Function):
         ctx.save_for_forward(*(saved[name] for name in tensors), *inputs)
         ctx.tensor_names = tensors
         ctx.constants = {name: value for name, value in saved.items() if name not in tensors}
+        ctx.constants["eps"] = eps  # as given (None: its default): the backward resolves it
         ctx.given = [
             x is not None
             for x in (

@@ -6,7 +6,7 @@
 transformer_block = pre-LN encoder layer: Y = X + MHA(LN₁(X)), Z = Y + GELU(LN₂(Y) W_1 + b_1) W_2 + b_2.
 
 The kernels compute the n × m core O = softmax(A) V, A = (1/√d_k) S + M, S = Q Kᵀ, block by block: no n × m
-array is made.
+array is made but the gradients of M (where they require grad).
 Q = ((𝟏 beta_1 + (𝟏 gamma_1) ⊙ LN(X)) W_Q + 𝟏 b_Q)_h, K = ((𝟏 beta_1 + (𝟏 gamma_1) ⊙ LN(X)) W_K + 𝟏 b_K)_h, V
 = ((𝟏 beta_1 + (𝟏 gamma_1) ⊙ LN(X)) W_V + 𝟏 b_V)_h and what the output makes of O (Z = Concat_h(O) W_O + 𝟏 b_O
 + X + GELU((𝟏 beta_2 + (𝟏 gamma_2) ⊙ LN(Concat_h(O) W_O + 𝟏 b_O + X)) W_1 + 𝟏 b_1) W_2 + 𝟏 b_2) are torch
@@ -41,7 +41,7 @@ import triton
 import triton.language as tl
 from torch.autograd import forward_ad
 
-__all__ = ["forward", "jvp"]
+__all__ = ["TransformerBlock", "forward", "jvp"]
 
 SHAPES = {
     "X": "(..., n, H*d_k)",
@@ -83,6 +83,11 @@ AXES = {  # the last two axes of each matrix input: a dimension's name or a size
     "b_2": (1, "H*d_k"),
 }
 SPEC = "transformer_block"
+GRADIENT_TILES = 1  # the n × m inputs and constants with a gradient (made where wanted)
+# their places among the tiles, and their kernel flags
+GRADIENT_INDEX = (0,)
+GRADIENT_FLAGS = ("GRAD_M",)
+SCALARS = 0  # the trainable scalars the core reads
 
 
 @triton.jit
@@ -97,7 +102,7 @@ def _forward_kernel(
     M_sh,
     M_sn,
     M_sm,
-    c0,
+    C,
     sqb,
     sqn,
     skb,
@@ -123,6 +128,7 @@ def _forward_kernel(
     max m_i and sum l_i, float32), O = P V / l and L = m_i + log l_i saved."""
     pid = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)  # int64 offsets: bh · stride may pass 2³¹ elements
+    c0 = tl.load(C + 0)  # 1/√d_k
     rows = pid * BLOCK_M + tl.arange(0, BLOCK_M)
     dd = tl.arange(0, BLOCK_D)
     de = tl.arange(0, BLOCK_DV)
@@ -202,7 +208,7 @@ def _key_kernel(
     M_sh,
     M_sn,
     M_sm,
-    c0,
+    C,
     sqb,
     sqn,
     skb,
@@ -228,6 +234,7 @@ def _key_kernel(
     dK = Σ dSᵀ Q (dK and dV written once each: no atomics). DK, DV are contiguous (BH, m, d) and (BH, m, d_v)."""
     pid = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)  # int64 offsets: bh · stride may pass 2³¹ elements
+    c0 = tl.load(C + 0)  # 1/√d_k
     cols = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     dd = tl.arange(0, BLOCK_D)
     de = tl.arange(0, BLOCK_DV)
@@ -289,7 +296,8 @@ def _query_kernel(
     M_sh,
     M_sn,
     M_sm,
-    c0,
+    G_M,
+    C,
     sqb,
     sqn,
     skb,
@@ -306,6 +314,7 @@ def _query_kernel(
     CAUSAL: tl.constexpr,
     PRECISION: tl.constexpr,
     HAS_M: tl.constexpr,
+    GRAD_M: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -316,6 +325,7 @@ def _query_kernel(
     block's tiles written to its slot (BH × row blocks), summed after in a fixed order: no atomics anywhere."""
     pid = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)  # int64 offsets: bh · stride may pass 2³¹ elements
+    c0 = tl.load(C + 0)  # 1/√d_k
     rows = pid * BLOCK_M + tl.arange(0, BLOCK_M)
     dd = tl.arange(0, BLOCK_D)
     de = tl.arange(0, BLOCK_DV)
@@ -357,6 +367,9 @@ def _query_kernel(
         ds = tl.where(valid, (c0 * g), 0.0)
 
         dq += tl.dot(ds.to(k.dtype), k, input_precision=PRECISION)
+        if GRAD_M:  # M requires grad
+            at_M = G_M + bh * n * m + rows[:, None] * m + cols[None, :]
+            tl.store(at_M, tl.where(valid, g, 0.0), mask=inside)
     tl.store(DQ + bh * n * d + rows[:, None] * d + dd[None, :], dq.to(DQ.dtype.element_ty), mask=q_rows)
 
 
@@ -375,7 +388,7 @@ def _jvp_kernel(
     M_sh,
     M_sn,
     M_sm,
-    c0,
+    C,
     sqb,
     sqn,
     skb,
@@ -410,6 +423,7 @@ def _jvp_kernel(
     the running row max together, float32. O(n·d) memory: no n × m array."""
     pid = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)  # int64 offsets: bh · stride may pass 2³¹ elements
+    c0 = tl.load(C + 0)  # 1/√d_k
     rows = pid * BLOCK_M + tl.arange(0, BLOCK_M)
     dd = tl.arange(0, BLOCK_D)
     de = tl.arange(0, BLOCK_DV)
@@ -471,7 +485,7 @@ def _jvp_kernel(
 
 def _coefficients(d_k):
     """The kernels' scalar arguments: c0 = 1/√d_k."""
-    return (float(1 / d_k**0.5),)
+    return (1 / d_k**0.5,)
 
 
 def _blocks(x):
@@ -482,7 +496,13 @@ def _blocks(x):
 def _precision(x):
     """tl.dot's input precision for float32 as torch's float32 matmul has it: "ieee" (no TF32) at torch's default
     float32 matmul precision ("highest"), "tf32" where it is set lower; float16 and bfloat16 ignore it."""
-    return "ieee" if x.dtype == torch.float32 and torch.get_float32_matmul_precision() == "highest" else "tf32"
+    return "ieee" if x.dtype == torch.float32 and _highest() else "tf32"
+
+
+@torch.compiler.assume_constant_result  # torch.compile reads the setting once, as a constant of the graph
+def _highest():
+    """Whether torch's float32 matmul precision is "highest" (no TF32)."""
+    return torch.get_float32_matmul_precision() == "highest"
 
 
 def _width(size):
@@ -492,11 +512,7 @@ def _width(size):
 
 def _flat(x, batch, rows, cols):
     """x broadcast to (*batch, rows, cols), its batch axes as one (a view where the strides allow)."""
-    x = x.expand(*batch, rows, cols)
-    try:
-        return x.view(-1, rows, cols)
-    except RuntimeError:
-        return x.reshape(-1, rows, cols)
+    return x.expand(*batch, rows, cols).reshape(-1, rows, cols)  # reshape: a view where the strides allow
 
 
 def _rows(x):
@@ -507,12 +523,7 @@ def _rows(x):
 def _tile(x, batch, rows, cols):
     """x broadcast to (*batch, rows, cols) as (outer, inner, rows, cols), inner the last batch axis (the heads): a mask
     broadcast over it keeps its stride 0 there (a view; a copy only where the outer axes do not merge)."""
-    x = x.expand(*batch, rows, cols)
-    shape = (-1, batch[-1] if batch else 1, rows, cols)
-    try:
-        return x.view(shape)
-    except RuntimeError:
-        return x.reshape(shape)
+    return x.expand(*batch, rows, cols).reshape(-1, batch[-1] if batch else 1, rows, cols)
 
 
 def _tile_arguments(tiles, dummy):
@@ -586,49 +597,179 @@ def _batch(*shapes):
         raise ValueError(f"batch axes do not broadcast: {', '.join(str(tuple(s)) for s in shapes)}") from None
 
 
+_TOKEN = object()  # its id names this module object's ops: two copies of the module never share one (the ops hold
+# the module's globals, _TOKEN among them, so the id is never reused while they are registered)
+_OPS = f"symattn_triton::{SPEC}_{id(_TOKEN):x}"
+
+
+def _scalar_tensor(values, like):
+    """The kernels' scalar arguments as one float32 tensor on like's device, read by pointer in the kernels: a
+    trainable scalar's value stays on the device and torch.compile traces it (no float() of a tensor)."""
+    if not values:
+        return torch.zeros(1, dtype=torch.float32, device=like.device)
+    return torch.stack([torch.as_tensor(x, dtype=torch.float32, device=like.device).reshape(()) for x in values])
+
+
+@torch.library.custom_op(f"{_OPS}_forward", mutates_args=())
+def _forward_op(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    tiles: list[torch.Tensor | None],
+    coefficients: torch.Tensor,
+    inner: int,
+    causal: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(O, L) by the forward kernel: q (BH, n, d), k (BH, m, d), v (BH, m, d_v) with rows contiguous, the tiles
+    (outer, inner, n, m) views; O (BH, n, d_v), L the rows' log-sum-exp (BH, n), float32. A custom op: torch.compile
+    holds the launch as one node (its shapes from _forward_fake)."""
+    n, d, m, dv = q.shape[-2], q.shape[-1], k.shape[-2], v.shape[-1]
+    block_m, block_n = _blocks(q)
+    o = torch.empty((q.shape[0], n, dv), dtype=v.dtype, device=q.device)
+    lse = torch.empty((q.shape[0], n), dtype=torch.float32, device=q.device)
+    _forward_kernel[(triton.cdiv(n, block_m), q.shape[0])](
+        q,
+        k,
+        v,
+        o,
+        lse,
+        *_tile_arguments(tiles, q),
+        coefficients,
+        q.stride(0),
+        q.stride(1),
+        k.stride(0),
+        k.stride(1),
+        v.stride(0),
+        v.stride(1),
+        o.stride(0),
+        o.stride(1),
+        n,
+        m,
+        d,
+        dv,
+        inner,
+        CAUSAL=causal,
+        PRECISION=_precision(q),
+        **_flags(tiles),
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        BLOCK_D=_width(d),
+        BLOCK_DV=_width(dv),
+    )
+    return o, lse
+
+
+@_forward_op.register_fake
+def _forward_fake(q, k, v, tiles, coefficients, inner, causal):
+    return q.new_empty((q.shape[0], q.shape[1], v.shape[-1]), dtype=v.dtype), q.new_empty(
+        (q.shape[0], q.shape[1]), dtype=torch.float32
+    )
+
+
+@torch.library.custom_op(f"{_OPS}_backward", mutates_args=())
+def _backward_op(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    o: torch.Tensor,
+    do: torch.Tensor,
+    lse: torch.Tensor,
+    tiles: list[torch.Tensor | None],
+    coefficients: torch.Tensor,
+    inner: int,
+    causal: bool,
+    wanted: list[bool],
+) -> list[torch.Tensor]:
+    """[dQ, dK, dV, the n × m inputs' gradients (BH, n, m), the trainable scalars' partial sums (BH · row blocks)]
+    by the backward kernels, flat as _forward_op's, an n × m gradient made where wanted (else empty); a custom op as
+    it is."""
+    n, d, m, dv = q.shape[-2], q.shape[-1], k.shape[-2], v.shape[-1]
+    bh, (block_m, block_n) = q.shape[0], _blocks(q)
+    widths = {"BLOCK_D": _width(d), "BLOCK_DV": _width(dv)}
+    strides = (q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), do.stride(0), do.stride(1))
+    delta = torch.empty((bh, n), dtype=torch.float32, device=q.device)
+    _delta_kernel[(triton.cdiv(n, block_m), bh)](
+        o,
+        do,
+        delta,
+        o.stride(0),
+        o.stride(1),
+        do.stride(0),
+        do.stride(1),
+        n,
+        dv,
+        BLOCK_M=block_m,
+        BLOCK_DV=widths["BLOCK_DV"],
+    )
+    dq = torch.empty((bh, n, d), dtype=q.dtype, device=q.device)
+    dk = torch.empty((bh, m, d), dtype=k.dtype, device=q.device)
+    dv_ = torch.empty((bh, m, dv), dtype=v.dtype, device=q.device)
+    launch = dict(CAUSAL=causal, PRECISION=_precision(q), **_flags(tiles), BLOCK_M=block_m, BLOCK_N=block_n, **widths)
+    _key_kernel[(triton.cdiv(m, block_n), bh)](
+        q,
+        k,
+        v,
+        do,
+        lse,
+        delta,
+        dk,
+        dv_,
+        *_tile_arguments(tiles, q),
+        coefficients,
+        *strides,
+        n,
+        m,
+        d,
+        dv,
+        inner,
+        **launch,
+    )
+    tile_grads = [torch.zeros((bh, n, m) if w else (0,), dtype=torch.float32, device=q.device) for w in wanted]
+    sums = [torch.empty((bh * triton.cdiv(n, block_m),), dtype=torch.float32, device=q.device) for _ in range(SCALARS)]
+    _query_kernel[(triton.cdiv(n, block_m), bh)](
+        q,
+        k,
+        v,
+        do,
+        lse,
+        delta,
+        dq,
+        *_tile_arguments(tiles, q),
+        *tile_grads,
+        *sums,
+        coefficients,
+        *strides,
+        n,
+        m,
+        d,
+        dv,
+        inner,
+        **launch,
+        **dict(zip(GRADIENT_FLAGS, wanted)),
+    )
+    return [dq, dk, dv_, *tile_grads, *sums]
+
+
+@_backward_op.register_fake
+def _backward_fake(q, k, v, o, do, lse, tiles, coefficients, inner, causal, wanted):
+    bh, n, m = q.shape[0], q.shape[1], k.shape[1]
+    grads = [torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)]
+    grads += [q.new_empty((bh, n, m) if w else (0,), dtype=torch.float32) for w in wanted]
+    return grads + [q.new_empty((bh * triton.cdiv(n, _blocks(q)[0]),), dtype=torch.float32) for _ in range(SCALARS)]
+
+
 class _CoreFunction(torch.autograd.Function):
     """O = softmax(A) V of the kernels; apply(Q, K, V, causal, symbols, M) returns (O, L)."""
 
     @staticmethod
     def forward(Q, K, V, causal, symbols, *tensors):
         tiles = tensors[:1]
-        coefficients = _coefficients(**symbols)
+        coefficients = _scalar_tensor(_coefficients(**symbols), Q)
         n, d, m, dv = Q.shape[-2], Q.shape[-1], K.shape[-2], V.shape[-1]
         batch = _batch(Q.shape, K.shape, V.shape, *(t.shape for t in tiles if t is not None))
         q, k, v = (_rows(_flat(x, batch, r, c)) for x, r, c in ((Q, n, d), (K, m, d), (V, m, dv)))
         tiles = [None if t is None else _tile(t, batch, n, m) for t in tiles]
-        block_m, block_n = _blocks(q)
-        o = torch.empty((q.shape[0], n, dv), dtype=v.dtype, device=q.device)
-        lse = torch.empty((q.shape[0], n), dtype=torch.float32, device=q.device)
-        _forward_kernel[(triton.cdiv(n, block_m), q.shape[0])](
-            q,
-            k,
-            v,
-            o,
-            lse,
-            *_tile_arguments(tiles, q),
-            *coefficients,
-            q.stride(0),
-            q.stride(1),
-            k.stride(0),
-            k.stride(1),
-            v.stride(0),
-            v.stride(1),
-            o.stride(0),
-            o.stride(1),
-            n,
-            m,
-            d,
-            dv,
-            _inner(batch),
-            CAUSAL=causal,
-            PRECISION=_precision(q),
-            **_flags(tiles),
-            BLOCK_M=block_m,
-            BLOCK_N=block_n,
-            BLOCK_D=_width(d),
-            BLOCK_DV=_width(dv),
-        )
+        o, lse = _forward_op(q, k, v, tiles, coefficients, _inner(batch), causal)
         return o.view(*batch, n, dv), lse
 
     @staticmethod
@@ -653,97 +794,50 @@ class _CoreFunction(torch.autograd.Function):
     @staticmethod
     @torch.autograd.function.once_differentiable  # no second derivative through the kernels: differentiating raises
     def backward(ctx, grad, _):
-        Q, K, V, O, lse, *present = (_plain(x) for x in ctx.saved_tensors)
-        grad = _plain(grad)
+        saved = [_plain(x) for x in ctx.saved_tensors]
         with torch._C._DisableFuncTorch():  # torch.func.grad's level: the kernels read and make plain tensors
-            present = iter(present)
-            tensors = [None if absent else next(present) for absent in ctx.absent]
-            tiles, scalars = tensors[:1], tensors[1:]
-            coefficients = _coefficients(**ctx.symbols)
-            n, d, m, dv = Q.shape[-2], Q.shape[-1], K.shape[-2], V.shape[-1]
-            batch = O.shape[:-2]
-            q, k, v = (_rows(_flat(x, batch, r, c)) for x, r, c in ((Q, n, d), (K, m, d), (V, m, dv)))
-            o, do = _rows(O.reshape(-1, n, dv)), _rows(_flat(grad, batch, n, dv))
-            flat = [None if t is None else _tile(t, batch, n, m) for t in tiles]
-            bh, (block_m, block_n) = q.shape[0], _blocks(q)
-            widths = {"BLOCK_D": _width(d), "BLOCK_DV": _width(dv)}
-            strides = (
-                q.stride(0),
-                q.stride(1),
-                k.stride(0),
-                k.stride(1),
-                v.stride(0),
-                v.stride(1),
-                do.stride(0),
-                do.stride(1),
-            )
-            delta = torch.empty((bh, n), dtype=torch.float32, device=q.device)
-            _delta_kernel[(triton.cdiv(n, block_m), bh)](
-                o,
-                do,
-                delta,
-                o.stride(0),
-                o.stride(1),
-                do.stride(0),
-                do.stride(1),
-                n,
-                dv,
-                BLOCK_M=block_m,
-                BLOCK_DV=widths["BLOCK_DV"],
-            )
-            dq = torch.empty((bh, n, d), dtype=q.dtype, device=q.device)
-            dk = torch.empty((bh, m, d), dtype=k.dtype, device=q.device)
-            dv_ = torch.empty((bh, m, dv), dtype=v.dtype, device=q.device)
-            launch = dict(
-                CAUSAL=ctx.causal, PRECISION=_precision(q), **_flags(flat), BLOCK_M=block_m, BLOCK_N=block_n, **widths
-            )
-            _key_kernel[(triton.cdiv(m, block_n), bh)](
-                q,
-                k,
-                v,
-                do,
-                lse,
-                delta,
-                dk,
-                dv_,
-                *_tile_arguments(flat, q),
-                *coefficients,
-                *strides,
-                n,
-                m,
-                d,
-                dv,
-                _inner(batch),
-                **launch,
-            )
-            tile_grads = []
-            sums = [torch.empty((bh * triton.cdiv(n, block_m),), dtype=torch.float32, device=q.device) for _ in scalars]
-            _query_kernel[(triton.cdiv(n, block_m), bh)](
-                q,
-                k,
-                v,
-                do,
-                lse,
-                delta,
-                dq,
-                *_tile_arguments(flat, q),
-                *tile_grads,
-                *sums,
-                *coefficients,
-                *strides,
-                n,
-                m,
-                d,
-                dv,
-                _inner(batch),
-                **launch,
-            )
-            grads = [dq.view(*batch, n, d).sum_to_size(Q.shape), dk.view(*batch, m, d).sum_to_size(K.shape)]
-            grads += [dv_.view(*batch, m, dv).sum_to_size(V.shape), None, None]
-            tile_grads = iter(tile_grads)
-            grads.append(None)
-            grads += [total.sum().reshape(x.shape).to(x.dtype) for total, x in zip(sums, scalars)]
-            return tuple(grads)
+            return _backward(ctx, _plain(grad), saved)
+
+
+class _CoreTraced(_CoreFunction):
+    """The same Function without jvp, for torch.compile (dynamo traces no custom jvp; _core picks it there)."""
+
+    jvp = torch.autograd.Function.jvp
+
+    @staticmethod
+    def backward(ctx, grad, _):
+        return _backward(ctx, grad, ctx.saved_tensors)
+
+
+def _backward(ctx, grad, saved):
+    """The gradients of _CoreFunction's inputs from dO (grad) and what it saved, by the backward kernels."""
+    Q, K, V, O, lse, *present = saved
+    present = iter(present)
+    tensors = [None if absent else next(present) for absent in ctx.absent]
+    tiles, scalars = tensors[:1], tensors[1:]
+    coefficients = _scalar_tensor(_coefficients(**ctx.symbols), Q)
+    n, d, m, dv = Q.shape[-2], Q.shape[-1], K.shape[-2], V.shape[-1]
+    batch = O.shape[:-2]
+    q, k, v = (_rows(_flat(x, batch, r, c)) for x, r, c in ((Q, n, d), (K, m, d), (V, m, dv)))
+    o, do = _rows(O.reshape(-1, n, dv)), _rows(_flat(grad, batch, n, dv))
+    flat = [None if t is None else _tile(t, batch, n, m) for t in tiles]
+    wanted = [ctx.needs_input_grad[5 + i] for i in GRADIENT_INDEX]
+    dq, dk, dv_, *rest = _backward_op(q, k, v, o, do, lse, flat, coefficients, _inner(batch), ctx.causal, wanted)
+    made = iter(zip(rest[:GRADIENT_TILES], wanted))
+    sums = rest[GRADIENT_TILES:]
+    grads = [dq.view(*batch, n, d).sum_to_size(Q.shape), dk.view(*batch, m, d).sum_to_size(K.shape)]
+    grads += [dv_.view(*batch, m, dv).sum_to_size(V.shape), None, None]
+    grads.append(_tile_gradient(*next(made), batch, tiles[0]))
+    grads += [total.sum().reshape(x.shape).to(x.dtype) for total, x in zip(sums, scalars)]
+    return tuple(grads)
+
+
+def _tile_gradient(grad, wanted, batch, like):
+    """An n × m tile's gradient (BH, n, m) summed to like's shape (its broadcast axes), in like's dtype; None where
+    it was not wanted (like does not require grad, or is absent)."""
+    if not wanted or like is None:
+        return None
+    return grad.view(*batch, *grad.shape[-2:]).sum_to_size(like.shape).to(like.dtype)
 
 
 def _first_forward_mode():
@@ -767,6 +861,7 @@ def _core_jvp(Q, K, V, thin_tangents, causal, symbols, tensors, tangents):
     tiles, tile_tangents = tensors[:1], tangents[:1]
     named = dict(symbols)
     coefficients = _coefficients(**named) + _tangent_coefficients(**named)
+    coefficients = _scalar_tensor(coefficients, Q)
     n, d, m, dv = Q.shape[-2], Q.shape[-1], K.shape[-2], V.shape[-1]
     batch = _batch(Q.shape, K.shape, V.shape, *(t.shape for t in tiles if t is not None))
     thin = [(x, t, r, c) for x, t, r, c in zip((Q, K, V), thin_tangents, (n, m, m), (d, d, dv))]
@@ -791,7 +886,7 @@ def _core_jvp(Q, K, V, thin_tangents, causal, symbols, tensors, tangents):
         o_t,
         *_tile_arguments(tiles, q),
         *_tile_arguments(moving, q),
-        *coefficients,
+        coefficients,
         q.stride(0),
         q.stride(1),
         k.stride(0),
@@ -855,9 +950,8 @@ def split_heads(a, heads):
 
 
 def _additive(name, mask, like):
-    """A bool mask (True = not allowed) as the additive mask (−inf where True, else 0); a float one as it is."""
-    if mask is not None and mask.requires_grad:
-        raise ValueError(f"{name} requires grad: the mask is a constant of the Triton kernels (no gradient)")
+    """A bool mask (True = not allowed) as the additive mask (−inf where True, else 0); a float one as it is (one that
+    requires grad gets its gradient, written tile by tile by the kernels as a learned bias's)."""
     if mask is None or mask.dtype != torch.bool:
         return mask
     return torch.zeros(mask.shape, dtype=like.dtype, device=like.device).masked_fill(mask, float("-inf"))
@@ -927,7 +1021,8 @@ def forward(
     M: an additive n × m mask (or batched (..., n, m)), float (added to the scores) or bool (True = not
     allowed); None: no mask.
     attn_mask: the same mask by keyword (giving both is a TypeError); key_padding_mask: (..., m) bool, True = ignore
-    the key; both constants of the kernels (no gradient). A row whose keys are all masked gives zeros, never NaN.
+    the key. A float mask that requires grad gets its gradient (written tile by tile, as a learned bias's). A row
+    whose keys are all masked gives zeros, never NaN.
     b_Q: a bias row, (1, k) or 1-D (k,); None: left out.
     b_K: a bias row, (1, k) or 1-D (k,); None: left out.
     b_V: a bias row, (1, k) or 1-D (k,); None: left out.
@@ -964,6 +1059,96 @@ def forward(
         attn_mask=attn_mask,
         key_padding_mask=key_padding_mask,
     )
+
+
+class TransformerBlock(torch.nn.Module):
+    """transformer_block as a module holding its 16 weights and biases.
+
+    The torch module's constructor, parameters and forward; the core computed by the Triton kernels."""
+
+    def __init__(self, d_model, d_ff, *, num_heads, eps=None, bias=False, device=None, dtype=None):
+        super().__init__()
+        self.num_heads = num_heads
+        self.eps = eps
+        self.d_model = d_model
+        self.d_ff = d_ff
+        self.bias = bias
+        H = _count("num_heads", num_heads)
+        if d_model % H:
+            raise ValueError(f"d_model = {d_model} is not a multiple of H = {H}")
+        d_k = d_model // H
+        self.W_Q = torch.nn.Parameter(torch.empty(H * d_k, H * d_k, device=device, dtype=dtype))
+        self.W_K = torch.nn.Parameter(torch.empty(H * d_k, H * d_k, device=device, dtype=dtype))
+        self.W_V = torch.nn.Parameter(torch.empty(H * d_k, H * d_k, device=device, dtype=dtype))
+        self.W_O = torch.nn.Parameter(torch.empty(H * d_k, H * d_k, device=device, dtype=dtype))
+        self.gamma_1 = torch.nn.Parameter(torch.empty(1, H * d_k, device=device, dtype=dtype))
+        self.beta_1 = torch.nn.Parameter(torch.empty(1, H * d_k, device=device, dtype=dtype))
+        self.gamma_2 = torch.nn.Parameter(torch.empty(1, H * d_k, device=device, dtype=dtype))
+        self.beta_2 = torch.nn.Parameter(torch.empty(1, H * d_k, device=device, dtype=dtype))
+        self.W_1 = torch.nn.Parameter(torch.empty(H * d_k, d_ff, device=device, dtype=dtype))
+        self.W_2 = torch.nn.Parameter(torch.empty(d_ff, H * d_k, device=device, dtype=dtype))
+        self.b_Q = torch.nn.Parameter(torch.empty(1, H * d_k, device=device, dtype=dtype)) if bias else None
+        self.b_K = torch.nn.Parameter(torch.empty(1, H * d_k, device=device, dtype=dtype)) if bias else None
+        self.b_V = torch.nn.Parameter(torch.empty(1, H * d_k, device=device, dtype=dtype)) if bias else None
+        self.b_O = torch.nn.Parameter(torch.empty(1, H * d_k, device=device, dtype=dtype)) if bias else None
+        self.b_1 = torch.nn.Parameter(torch.empty(1, d_ff, device=device, dtype=dtype)) if bias else None
+        self.b_2 = torch.nn.Parameter(torch.empty(1, H * d_k, device=device, dtype=dtype)) if bias else None
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        """Xavier-uniform weights and zero biases, as torch.nn.MultiheadAttention initialises its projections."""
+        torch.nn.init.xavier_uniform_(self.W_Q)
+        torch.nn.init.xavier_uniform_(self.W_K)
+        torch.nn.init.xavier_uniform_(self.W_V)
+        torch.nn.init.xavier_uniform_(self.W_O)
+        torch.nn.init.ones_(self.gamma_1)
+        torch.nn.init.zeros_(self.beta_1)
+        torch.nn.init.ones_(self.gamma_2)
+        torch.nn.init.zeros_(self.beta_2)
+        torch.nn.init.xavier_uniform_(self.W_1)
+        torch.nn.init.xavier_uniform_(self.W_2)
+        if self.b_Q is not None:
+            torch.nn.init.zeros_(self.b_Q)
+        if self.b_K is not None:
+            torch.nn.init.zeros_(self.b_K)
+        if self.b_V is not None:
+            torch.nn.init.zeros_(self.b_V)
+        if self.b_O is not None:
+            torch.nn.init.zeros_(self.b_O)
+        if self.b_1 is not None:
+            torch.nn.init.zeros_(self.b_1)
+        if self.b_2 is not None:
+            torch.nn.init.zeros_(self.b_2)
+
+    def extra_repr(self):
+        return f"d_model={self.d_model}, d_ff={self.d_ff}, num_heads={self.num_heads}, eps={self.eps}, bias={self.bias}"
+
+    def forward(self, X, M=None, *, attn_mask=None, key_padding_mask=None, causal=False):
+        return forward(
+            X,
+            self.W_Q,
+            self.W_K,
+            self.W_V,
+            self.W_O,
+            self.gamma_1,
+            self.beta_1,
+            self.gamma_2,
+            self.beta_2,
+            self.W_1,
+            self.W_2,
+            self.b_Q,
+            self.b_K,
+            self.b_V,
+            self.b_O,
+            self.b_1,
+            self.b_2,
+            M,
+            num_heads=self.num_heads,
+            eps=self.eps,
+            attn_mask=attn_mask,
+            key_padding_mask=key_padding_mask,
+            causal=causal,
+        )
 
 
 def jvp(
@@ -1080,7 +1265,8 @@ def _compute(
 
 def _core(Q, K, V, *arguments):
     """O by the forward kernel (its backward by the backward kernels, its tangent by the JVP kernel)."""
-    return _CoreFunction.apply(*_autocast(Q, K, V), *arguments)[0]
+    function = _CoreTraced if torch.compiler.is_compiling() else _CoreFunction
+    return function.apply(*_autocast(Q, K, V), *arguments)[0]
 
 
 def _autocast(Q, K, V):

@@ -31,6 +31,7 @@ from symattn.codegen.schedule.build import Schedule, schedule, schedule_spec
 from symattn.codegen.schedule.regimes import Regime, regimes
 from symattn.errors import SymattnError
 from symattn.lang.dims import bind_dimensions
+from symattn.lang.functions import TORCH
 from symattn.lang.graph import nodes
 from symattn.numeric.printers import runtime_functions
 from symattn.optimize.cost import sizes_at
@@ -211,7 +212,7 @@ def _render(
             + target.missing_variant
         )
     if target.renders is not None:  # a backend with a renderer of its own (Triton: the kernels of the spec's core)
-        return _tidy(target.renders(source, regenerate, environment()))
+        return _tidy(target.renders(source, regenerate, environment(), functools.partial(module_class, source)))
     if isinstance(source, Spec):
         _require_bound_scalars(source)
         _require_own_names(source)
@@ -225,6 +226,23 @@ def _render(
     ctx |= {"dropin_names": list(dropins), "dropins": dropin_source.source(dropins)}
     text = environment().get_template(target.template).render(**ctx)
     return _tidy(text)
+
+
+# the torch module's nn.Module, as its template reads it: a backend rendering its own modules gives them the same class
+MODULE_CLASS = ("class_name", "module_doc", "init_signature", "options", "stored_parameters", "weight_names", "biases")
+MODULE_CLASS += ("divides_heads", "module_bindings", "weights", "extra_repr", "module_signature", "module_call")
+
+
+def module_class(source: str | Spec) -> dict:
+    """The torch module's nn.Module of a built-in (by name) or a user's Spec: constructor, weights (from
+    ``_module_parameters``), extra_repr and the forward call, for a backend with a renderer of its own (Triton)."""
+    if isinstance(source, Spec):
+        sched, class_name = schedule_spec(source), None
+    else:
+        found = family(source)
+        sched, class_name = schedule(source, extended=found.masks), found.class_name
+    ctx = build_context(sched, backend_named(TORCH), "", "standard", class_name, _module_parameters)
+    return {key: ctx[key] for key in MODULE_CLASS}
 
 
 # by the spec (a user's Spec by id: Specs hold dicts) and size table, a user's Spec kept so its id stays its own

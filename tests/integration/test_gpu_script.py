@@ -57,3 +57,18 @@ def test_every_timed_run_ran(report):
     rows = _section(report, "Forward + backward")
     assert len(rows) == 2 and all("failed" not in row for row in rows), rows
     assert all(len(re.findall(r"\d+\.\d\d", row)) == 5 for row in rows), rows  # five implementations timed
+
+
+def test_the_triton_section_times_every_variant_and_the_bias_gradient_is_the_same_bits(report):
+    """Under the interpreter (tests/conftest.py sets TRITON_INTERPRET=1): every variant timed for the Triton module,
+    torch.compile and eager math (SDPA where it expresses the variant), the bias gradient equal across two runs, and
+    the Triton JVP's tangent equal to torch.func.jvp's of the math."""
+    rows = _section(report, "Triton modules")
+    cells = [[c.strip() for c in row.split("|")[1:-1]] for row in rows]
+    assert [c[0] for c in cells] == ["plain", "causal", "softcap", "bias", "sigmoid"], rows
+    for c in cells:
+        assert all(re.fullmatch(r"\d+\.\d\d", x) for x in (c[2], c[5], c[6])), c  # Triton, compiled, eager
+        assert re.fullmatch(r"\d+\.\d\d", c[3]) if c[0] in ("plain", "causal") else c[3] == "—", c  # SDPA
+    assert cells[3][7].startswith("True"), cells[3]
+    jvp = _section(report, "Triton JVP")
+    assert len(jvp) == 2 and all(float(row.split("|")[-2]) < 1e-5 for row in jvp), jvp

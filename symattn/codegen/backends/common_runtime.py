@@ -100,6 +100,17 @@ def chain(*factors):
         if i == j:
             return factors[i]
         s = best[(i, j)][1]
-        return product(i, s) @ product(s + 1, j)
+        return _times(product(i, s), product(s + 1, j))
 
     return product(0, k - 1)
+
+
+def _times(a, b):
+    """a @ b; of factors of two dtypes (a float32 n × m array of a 16-bit run beside a 16-bit factor), the wider
+    one rounded to the narrower, once, right before the product (torch multiplies no two dtypes), as the
+    backends' narrow_matmul does."""
+    if a.dtype == b.dtype:
+        return a @ b
+    low = a.dtype if a.dtype.itemsize < b.dtype.itemsize else b.dtype
+    a, b = ((x.astype(low) if hasattr(x, "astype") else x.to(low)) for x in (a, b))
+    return a @ b

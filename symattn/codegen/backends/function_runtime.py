@@ -119,6 +119,20 @@ def row_dot(a, b):
     return (a * b).sum(dim=-1, keepdim=True)
 
 
+def add_blocks(total, part):
+    """total + part, a sum over the blocks of rows (a weight's gradient, dW_Q += rows(Q_b)ᵀ rows(dQ_b)); total is 0
+    before the first block. 16-bit parts are summed in float32 (an accumulation) and the sum rounded once: the
+    total is the float32 sum (its attribute float32_sum) rounded. Traced or transformed, or wider: total + part."""
+    if part.dtype not in (torch.bfloat16, torch.float16) or torch.compiler.is_compiling():
+        return part if isinstance(total, int) else total + part
+    if torch._C._functorch.is_functorch_wrapped_tensor(part):
+        return part if isinstance(total, int) else total + part
+    into = part.float() if isinstance(total, int) else total.float32_sum.add_(part)
+    total = into.to(part.dtype)
+    total.float32_sum = into
+    return total
+
+
 def _distinct(output, *inputs):
     """The output, or a view of it where it is one of the inputs returned as it is (Y = X): a Function in the
     setup_context style may not save for backward an input that it returns."""

@@ -29,7 +29,8 @@ class JaxMatrixPrinter(GeneratedNumPyPrinter):
     module_alias = "jnp"
     concatenate_function = "jnp.concatenate"
     runtime = JAX_RUNTIME
-    row_dot_function = None  # XLA fuses the product into the sum
+    row_dot_function = "row_dot"  # the runtime's: float32 for 16-bit arrays (XLA fuses the product into the sum)
+    wide_product, narrow_product = "wide_matmul", "narrow_matmul"  # (16-bit runs: n × m arrays in float32)
     fused_rows = False  # and exp(X − u 𝟏ᵀ), F ⊙ (X − u 𝟏ᵀ) into one loop
     backend = JAX
     # SymPy's NumPy printer names numpy functions (MatPow: numpy.linalg.matrix_power); their jax forms
@@ -85,7 +86,7 @@ JAX_BACKEND = Backend(
     printer=JaxMatrixPrinter,
     variants=("standard",),
     check_inputs="_arrays",
-    helpers=("_Static", "_residuals", "_restore"),
+    helpers=("_Static", "_residuals", "_restore", "_narrowed"),
     mask_shape="_mask_shape",
     autodiff=True,
     second_order_helpers=None,  # jax differentiates a custom_vjp's own rules (plain jax.numpy) again

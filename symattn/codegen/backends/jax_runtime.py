@@ -54,6 +54,44 @@ def masked_log_softmax(a):
     return shifted - jnp.log(jnp.where(total == 0, 1.0, total))
 
 
+def wide_matmul(a, b):
+    """a @ b, a product much larger than its factors (the scores Q Kᵀ, dP = dO Vᵀ: n × m from n × d and d × m).
+    Of 16-bit factors (bfloat16, float16) the product is float32 (preferred_element_type): the n × m arrays and
+    what is made of them (P, dS) stay float32, as jax.nn.dot_product_attention keeps its logits; the products
+    that read them round them once (``narrow_matmul``)."""
+    a, b, low = _alike(a, b)
+    if low in (jnp.bfloat16, jnp.float16):
+        return jnp.matmul(a, b, preferred_element_type=jnp.float32)
+    return a @ b
+
+
+def narrow_matmul(a, b):
+    """a @ b, where a factor may be a float32 n × m array of a 16-bit run (P, dS of ``wide_matmul``): rounded to
+    the 16-bit dtype right before the product (its one rounding), which accumulates in float32 and is rounded to
+    the 16-bit dtype. Factors of one wider dtype (float32, float64 runs): a @ b."""
+    a, b, low = _alike(a, b)
+    if low in (jnp.bfloat16, jnp.float16):
+        return jnp.matmul(a, b, preferred_element_type=jnp.float32).astype(low)
+    return a @ b
+
+
+def _alike(a, b):
+    """(a, b, the narrower dtype): factors of two dtypes, a float32 array of a 16-bit run beside a 16-bit one, made
+    the 16-bit one; of one dtype, as they are."""
+    if a.dtype == b.dtype:
+        return a, b, a.dtype
+    low = a.dtype if a.dtype.itemsize < b.dtype.itemsize else b.dtype
+    return a.astype(low), b.astype(low), low
+
+
+def row_dot(a, b):
+    """rowsum(a ⊙ b) as a column (..., n, 1), such as D = rowsum(dO ⊙ O): in float32 for 16-bit a or b (a
+    statistic, as SDPA keeps it), else in their dtype (XLA fuses the product into the sum)."""
+    if a.dtype in (jnp.bfloat16, jnp.float16) or b.dtype in (jnp.bfloat16, jnp.float16):
+        a, b = a.astype(jnp.float32), b.astype(jnp.float32)
+    return (a * b).sum(axis=-1, keepdims=True)
+
+
 def sigmoid(a):
     """1 / (1 + exp(-a)), entrywise."""
     return jax.nn.sigmoid(a)
@@ -331,10 +369,21 @@ def causal_fill(scores, rows, keys):
 
 def add_rows(total, keys, part, m):
     """The sum over blocks of a value of m rows (…, m, k), part adding to its rows keys; total is 0 before the
-    first block. Functional: part padded with zero rows to m (no in-place update to trace)."""
+    first block. Functional: part padded with zero rows to m (no in-place update to trace). 16-bit parts are
+    summed in float32 (an accumulation): the sum is float32, rounded once by the custom_vjp's rule (``_narrowed``)."""
+    if part.dtype in (jnp.bfloat16, jnp.float16):
+        part = part.astype(jnp.float32)
     if part.shape[-2] != m:
         part = jnp.pad(part, [(0, 0)] * (part.ndim - 2) + [(keys.start, m - keys.stop), (0, 0)])
     return part if isinstance(total, int) else total + part
+
+
+def _narrowed(grads, dtype):
+    """The gradients of a 16-bit run (dtype, the cotangent's) in that dtype: a float32 sum over blocks of rows
+    (add_rows) rounded once; of a wider run, as they are."""
+    if dtype not in (jnp.bfloat16, jnp.float16):
+        return grads
+    return {name: g if g is None or g.dtype == dtype else g.astype(dtype) for name, g in grads.items()}
 
 
 def put_rows(whole, rows, keys, part, n, m):

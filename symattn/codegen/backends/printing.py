@@ -22,11 +22,19 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import sympy as sp
-from sympy import Basic, MatrixExpr
+from sympy import Basic, MatrixExpr, MatrixSymbol
 from sympy.matrices.expressions import HadamardProduct, MatAdd, MatMul, OneMatrix, Transpose
 
 from symattn.codegen.schedule.chains import split_ones
-from symattn.codegen.schedule.plan import AT_CALL, NO_BUFFERS, Plan, broadcast_column, cheapest_tree, scaled_factor
+from symattn.codegen.schedule.plan import (
+    AT_CALL,
+    NO_BUFFERS,
+    Plan,
+    broadcast_column,
+    cheapest_tree,
+    scaled_factor,
+    widens,
+)
 from symattn.errors import SymattnError
 from symattn.lang.algebra import factors
 from symattn.lang.graph import matrix_symbols
@@ -148,7 +156,9 @@ class GeneratedCodeMixin:
         return self.row_dot(first, self._print(last))
 
     def row_dot(self, first: str, last: str) -> str:
-        """The row dot of the arrays printed as first and last, as a column."""
+        """The row dot of the arrays printed as first and last, as a column (a runtime helper's own: a column)."""
+        if self.row_dot_function in self.runtime:
+            return f"{self.helper(self.row_dot_function)}({first}, {last})"
         return f"{self.row_dot_function}({first}, {last})[..., None]"
 
     def _print_Elementwise(self, expr: Basic) -> str:
@@ -252,13 +262,31 @@ class GeneratedCodeMixin:
             return self.chain([scaled if i == smallest else self._print(m) for i, m in enumerate(mats)])
         return self._join_product(mats, [scaled if i == smallest else self._atom(m) for i, m in enumerate(mats)])
 
+    # The runtime helpers of 16-bit precision (None: plain a @ b): a product that makes an n × m array of thin
+    # factors (``widens``: Q Kᵀ, dP = dO Vᵀ), float32 in a bfloat16 or float16 run as SDPA keeps the scores, and
+    # one that reads such an array (``narrows``: P V, dS K), which it rounds once, right before the product.
+    wide_product: str | None = None
+    narrow_product: str | None = None
+    # the runtime helper of a sum over blocks of rows, total = block_sum(total, part), that sums 16-bit parts in
+    # float32 and rounds the sum once (None: total += part, or total = total + part for immutable arrays)
+    block_sum: str | None = None
+
     def _join_product(self, mats: list[Basic], texts: list[str]) -> str:
-        """The product of the factors mats, printed as texts: left to right."""
+        """The product of the factors mats, printed as texts: left to right (two factors of an n × m array, by
+        the precision helpers)."""
+        for helper, test in ((self.wide_product, widens), (self.narrow_product, narrows)):
+            if helper is not None and len(mats) == 2 and test(*mats):
+                return f"{self.helper(helper)}({_unwrapped(texts[0])}, {_unwrapped(texts[1])})"
         return " @ ".join(texts)
 
     def _print_matrix_chain(self, mats: list[Basic]) -> str:
         """F₁ @ F₂ @ … in the order the plan gives (``cheapest_tree``). A k × c block of ones is 𝟏_k 𝟏_cᵀ (a row
-        sum, then a broadcast): A B 𝟏𝟏ᵀ is A (B 𝟏) 𝟏ᵀ, no ones array and no n × n product."""
+        sum, then a broadcast): A B 𝟏𝟏ᵀ is A (B 𝟏) 𝟏ᵀ, no ones array and no n × n product. With the precision
+        helpers, (X ⊙ Y) 𝟏, the derivation's D = (O ⊙ dO) 𝟏, is the row dot rowsum(X ⊙ Y) (a float32 statistic)."""
+        if self.narrow_product is not None and len(mats) == 2 and isinstance(mats[1], OneMatrix):
+            text = self._row_dot(mats[0]) if mats[1].shape[1] == 1 else None
+            if text is not None:
+                return text
         mats = [part for m in mats for part in split_ones(m)]
         if len(mats) == 2 and not any(isinstance(m, OneMatrix) for m in mats):
             return self._join_product(mats, [self._atom(m) for m in mats])
@@ -274,7 +302,10 @@ class GeneratedCodeMixin:
         return f"{self.helper('chain')}({', '.join(texts)})"
 
     def _print_tree(self, tree: Basic) -> str:
-        """A binary tree of products: each node a product of two operands (subtrees print themselves)."""
+        """A binary tree of products: each node a product of two operands (subtrees print themselves); one that
+        reads an n × m array by the narrowing helper."""
+        if self.narrow_product is not None and len(tree.args) == 2 and narrows(*tree.args):
+            return self._join_product(list(tree.args), [self._atom(a) for a in tree.args])
         return super()._print_matrix_chain(list(tree.args))
 
     def batch_scalar(self, text: str) -> str:
@@ -329,6 +360,27 @@ class GeneratedCodeMixin:
         if not _batched(expr, batched):
             return self._print(expr)
         return f"{self.helper('sum_batch')}({self._print(expr)})"
+
+
+def narrows(left: Basic, right: Basic) -> bool:
+    """Is a factor of left·right as large as a widening product makes (``widens``: r × k from r × c and c × k, c
+    the product's other side), such as P in P V or dS in dS K: an n × m array that a 16-bit run keeps in float32
+    and rounds right before this product?"""
+    rows, inner, cols = left.shape[0], left.shape[1], right.shape[1]
+    made = (MatrixSymbol("_", rows, cols), MatrixSymbol("_", cols, inner))
+    return widens(*made) or widens(MatrixSymbol("_", inner, rows), MatrixSymbol("_", rows, cols))
+
+
+def _unwrapped(text: str) -> str:
+    """text without brackets around all of it ((c * Q) → c * Q): an argument needs none."""
+    if not (text.startswith("(") and text.endswith(")")):
+        return text
+    depth = 0
+    for i, ch in enumerate(text):
+        depth += (ch == "(") - (ch == ")")
+        if depth == 0 and i < len(text) - 1:
+            return text  # (a) @ (b): the first bracket closes early
+    return text[1:-1]
 
 
 def _is_ones(term: Basic, shape: tuple) -> bool:

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import ast
 
-from sympy import Basic, MatrixSymbol
-from sympy.matrices.expressions import OneMatrix
+from sympy import Basic
 
 from symattn.codegen.backends.backend import Backend
-from symattn.codegen.backends.printing import SCALAR_FUNCTIONS, GeneratedCodeMixin
-from symattn.codegen.schedule.plan import flipped, widens
+from symattn.codegen.backends.printing import SCALAR_FUNCTIONS, GeneratedCodeMixin, _unwrapped
+from symattn.codegen.schedule.plan import flipped
 from symattn.errors import SymattnError
 from symattn.lang.functions import TORCH
 from symattn.numeric.printers import NumPyMatrixPrinter, power, runtime_functions
@@ -24,33 +23,12 @@ RUNTIMES = (
 TORCH_RUNTIME = {name: source for module in RUNTIMES for name, source in runtime_functions(module).items()}
 
 
-def _unwrapped(text: str) -> str:
-    """text without brackets around all of it ((c * Q) → c * Q): an argument needs none."""
-    if not (text.startswith("(") and text.endswith(")")):
-        return text
-    depth = 0
-    for i, ch in enumerate(text):
-        depth += (ch == "(") - (ch == ")")
-        if depth == 0 and i < len(text) - 1:
-            return text  # (a) @ (b): the first bracket closes early
-    return text[1:-1]
-
-
 def _receiver(text: str) -> str:
     """text as the tensor an in-place method is called on: bracketed unless it is one primary expression (a name,
     a call, an attribute, a subscript). ``1 + T - D.mul_(P)`` would multiply D, the last operand, in place (D a
     column, the product n × m: a write into an array smaller than the value), not the sum."""
     body = ast.parse(text, mode="eval").body
     return text if isinstance(body, (ast.Name, ast.Call, ast.Attribute, ast.Subscript)) else f"({text})"
-
-
-def narrows(left: Basic, right: Basic) -> bool:
-    """Is a factor of left·right as large as a widening product makes (``widens``: r × k from r × c and c × k, c
-    the product's other side), such as P in P V or dS in dS K: an n × m array that a 16-bit run keeps in float32
-    (the runtime's ``_wide_matmul``) and rounds right before this product?"""
-    rows, inner, cols = left.shape[0], left.shape[1], right.shape[1]
-    made = (MatrixSymbol("_", rows, cols), MatrixSymbol("_", cols, inner))
-    return widens(*made) or widens(MatrixSymbol("_", inner, rows), MatrixSymbol("_", rows, cols))
 
 
 class TorchMatrixPrinter(GeneratedCodeMixin, NumPyMatrixPrinter):
@@ -76,23 +54,8 @@ class TorchMatrixPrinter(GeneratedCodeMixin, NumPyMatrixPrinter):
 
     # rowsum(X ⊙ Y), D = rowsum(dO ⊙ O): the runtime's row_dot, in float32 for 16-bit arrays (a statistic)
     row_dot_function = "row_dot"
-
-    def row_dot(self, first: str, last: str) -> str:
-        return f"{self.helper('row_dot')}({first}, {last})"
-
-    def _print_matrix_chain(self, mats: list[Basic]) -> str:
-        """(X ⊙ Y) 𝟏, the derivation's D = (O ⊙ dO) 𝟏, as the row dot rowsum(X ⊙ Y)."""
-        if len(mats) == 2 and isinstance(mats[1], OneMatrix) and mats[1].shape[1] == 1:
-            text = self._row_dot(mats[0])
-            if text is not None:
-                return text
-        return super()._print_matrix_chain(mats)
-
-    def _print_tree(self, tree: Basic) -> str:
-        """A product of two operands one of which may be a float32 n × m array of a 16-bit run: narrow_matmul."""
-        if len(tree.args) == 2 and narrows(*tree.args):
-            return self._join_product(list(tree.args), [self._atom(a) for a in tree.args])
-        return super()._print_tree(tree)
+    wide_product, narrow_product = "big_matmul", "narrow_matmul"  # (16-bit runs: n × m arrays in float32)
+    block_sum = "add_blocks"  # (16-bit runs: a weight's gradient summed over blocks in float32)
 
     def placed_rows(self, name: str) -> str:
         """Traced or transformed, put_rows collects the blocks in a list: one concatenation after the loop."""
@@ -142,11 +105,7 @@ class TorchMatrixPrinter(GeneratedCodeMixin, NumPyMatrixPrinter):
         if len(mats) == 2 and texts[0].endswith(".mT") and flipped(*mats, self.flip_ratio):
             left, right = (_unwrapped(t) for t in (texts[0].removesuffix(".mT"), texts[1]))
             return f"{self.helper('matmul_tn')}({left}, {right})"
-        if len(mats) == 2 and widens(*mats):
-            return f"{self.helper('big_matmul')}({_unwrapped(texts[0])}, {_unwrapped(texts[1])})"
-        if len(mats) == 2 and narrows(*mats):
-            return f"{self.helper('narrow_matmul')}({_unwrapped(texts[0])}, {_unwrapped(texts[1])})"
-        return " @ ".join(texts)
+        return super()._join_product(mats, texts)
 
     def _print_sqrt(self, expr: Basic) -> str:  # pragma: no cover - Pow handles sqrt
         return power(self._atom(expr.args[0]), "0.5")

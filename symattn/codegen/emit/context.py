@@ -420,7 +420,7 @@ def build_context(
         **checks,
         "forward_sections": sections["forward_sections"],
         "backward_sections": sections["backward_sections"],
-        **saved_and_remade(sched, _saved(sched, sections, mask, variant), checks["constants"]),
+        **saved_and_remade(sched, _saved(sched, sections, mask, variant), checks["constants"], printer),
         "needs_dtype": _uses("dtype", [line.value for line in _statements(sections)]),
         **_function(
             sched, options, mask, class_name, backend, sections["shared"], masks["block_causal"], entry["vectors"]

@@ -226,6 +226,8 @@ class Sections:
             "accumulate": [
                 _rows_added(line, self.printer.helper("add_rows"), self._key_count(lp))
                 if a.target in lp.keyed
+                else _added(line, self.printer.helper(self.printer.block_sum))
+                if self.printer.block_sum  # (torch: 16-bit parts summed in float32)
                 else line
                 if self.mutable
                 else _added(line)  # immutable arrays (JAX): a new sum, not +=
@@ -279,8 +281,10 @@ def _rows_added(line: Statement, add_rows: str, count: str) -> Statement:
     return Statement(line.target, f"{add_rows}({line.target}, keys, {line.value}, {count})", line.guard, keyed=True)
 
 
-def _added(line: Statement) -> Statement:
-    """A sum over the blocks as a new value, target = target + part, for arrays that cannot be added to in place."""
+def _added(line: Statement, helper: str = "") -> Statement:
+    """A sum over the blocks as a new value: target + part (immutable arrays), or helper(target, part)."""
+    if helper:
+        return Statement(line.target, f"{helper}({line.target}, {line.value})", line.guard, keyed=True)
     part = f"({line.value})" if " if " in line.value else line.value  # a conditional binds looser than +
     return Statement(line.target, f"{line.target} + {part}", line.guard, keyed=True)
 
@@ -399,25 +403,42 @@ def _saved(sched: Schedule, sections: dict, mask: str | None, variant: str) -> l
     return [name for name in saved if _uses(name, backward_text)] + (["block_size"] if variant == "memeff" else [])
 
 
-def saved_and_remade(sched: Schedule, saved: list[str], constants: list[Statement]) -> dict:
+def saved_and_remade(sched: Schedule, saved: list[str], constants: list[Statement], printer) -> dict:
     """The names the forward saves, each scalar constant among them (scale = 1/√d_k) replaced by what it is made
     of (dimensions, trainable scalars), and the constants' statements the backward runs again: a torch Function
-    may save ints and tensors, not floats (torch.compile's rule; under dynamic shapes such a float is symbolic)."""
+    may save ints and tensors, not floats (torch.compile's rule; under dynamic shapes such a float is symbolic).
+    A float option the backward reads (scale, eps) stays saved, with what its default is made of: the backward
+    resolves it again, float(<default> if scale is None else scale), first among the constants, so that a torch
+    Function's forward need not save it (its setup_context keeps it as given); resolving the float a NumPy or JAX
+    forward saved gives the same float."""
     values = {str(c.name): v for c, v in sched.constants}
+    floats = {str(o.symbol): o for o in sched.options if not o.symbol.is_integer}  # (scale, eps)
     remade: set[str] = set()
     reads: list[str] = []
-    stack = [name for name in saved if name in values]
+    stack = [name for name in saved if name in values or name in floats]
     while stack:
         name = stack.pop()
         if name not in remade:
             remade.add(name)
-            for x in sorted(values[name].free_symbols, key=str):
-                (stack if str(x) in values else reads).append(str(x))
-    kept = [name for name in saved if name not in values]
+            made_of = values[name] if name in values else floats[name].default
+            for x in sorted(getattr(made_of, "free_symbols", ()), key=str):
+                (stack if str(x) in values or str(x) in floats else reads).append(str(x))
+    kept = [name for name in saved if name not in values] + [name for name in floats if name in remade]
+    kept = list(dict.fromkeys(kept))
+    options = [o for symbol, o in floats.items() if symbol in remade]
     return {
         "saved": kept + [name for name in dict.fromkeys(reads) if name not in kept],
-        "backward_constants": [c for c in constants if c.target in remade],
+        "backward_constants": [_resolved(o, printer) for o in options] + [c for c in constants if c.target in remade],
     }
+
+
+def _resolved(option: Option, printer) -> Statement:
+    """symbol = float(<default> if symbol is None else symbol): a float option, read as saved (as given, or the
+    float it was resolved to), resolved as the forward resolves it."""
+    symbol = str(option.symbol)
+    if option.default is None:
+        return Statement(symbol, f"float({symbol})")
+    return Statement(symbol, f"float({printer.doprint(option.default)} if {symbol} is None else {symbol})")
 
 
 def _statements(sections: dict) -> list[Statement]:

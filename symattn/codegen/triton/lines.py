@@ -21,7 +21,7 @@ def docs(ctx: dict) -> dict:
     core = (
         f"The kernels compute the n × m core O = {ctx['normaliser_math']} V, A = {ctx['logits_math']}, S = Q Kᵀ, "
         "block by block: no n × m array is made"
-        + (f" but the gradients of the n × m inputs {', '.join(tiles)}." if tiles else ".")
+        + (f" but the gradients of {', '.join(tiles)} (where they require grad)." if tiles else ".")
     )
     if ctx["rest_outside"]:
         around = (
@@ -101,8 +101,8 @@ def laid_out(ctx: dict) -> dict:
         "rest_line": f"return {layout.assigned('return', ctx['rest'], 4)}",
         "define_coefficients": layout.define("_coefficients", ctx["coefficient_parameters"], 0),
         "define_tangent_coefficients": layout.define("_tangent_coefficients", ctx["tangent_parameters"], 0),
-        "coefficients_return": returned_tuple([f"float({c['code']})" for c in ctx["coefficients"]], 4),
-        "tangent_coefficients_return": returned_tuple([f"float({c['code']})" for c in ctx["tangent_coefficients"]], 4),
+        "coefficients_return": returned_tuple([c["code"] for c in ctx["coefficients"]], 4),
+        "tangent_coefficients_return": returned_tuple([c["code"] for c in ctx["tangent_coefficients"]], 4),
         "symbols_line": layout.wrapped("symbols = ", [f'"{s}": {s}' for s in ctx["symbols"]], "", 4, "{}"),
         "flags_return": returned_dict(
             [(f'"HAS_{t["name"]}"', f"tiles[{t['index']}] is not None") for t in ctx["tiles"] if t["optional"]], 4
@@ -111,6 +111,12 @@ def laid_out(ctx: dict) -> dict:
             [(f'"TANGENT_{t["name"]}"', f"moving[{i}] is not None") for i, t in enumerate(moving)], 4
         ),
         "tangent_of": layout.assign_tuple("TANGENT_OF", [f'"{name}"' for name in ctx["tangent_inputs"]], 0),
+        "gradient_index": layout.assign_tuple(
+            "GRADIENT_INDEX", [str(t["index"]) for t in ctx["tiles"] if t["gradient"]], 0
+        ),
+        "gradient_flags": layout.assign_tuple(
+            "GRADIENT_FLAGS", [f'"GRAD_{t["name"]}"' for t in ctx["tiles"] if t["gradient"]], 0
+        ),
         "axes": [f'"{x["name"]}": {x["axes"]},' for x in ctx["matrices"]],
         "bare_logits": bare(ctx["logits"]),
     } | docs(ctx)

@@ -187,11 +187,13 @@ def _jvp_signature(spec: Spec, options: tuple[Option, ...], rows: list[str]) -> 
     return ", ".join([*names, *_keywords(spec, options), "causal=False"])
 
 
-def render_triton(source: str | Spec, regenerate: str, environment: jinja2.Environment) -> str:
-    """The source of the Triton module of a built-in spec (by name) or a user's Spec, by environment's templates."""
+def render_triton(source: str | Spec, regenerate: str, environment: jinja2.Environment, module_class) -> str:
+    """The source of the Triton module of a built-in spec (by name) or a user's Spec, by environment's templates;
+    module_class() is the torch module's nn.Module (``generate.module_class``), the Triton module's the same."""
     from symattn.version import __version__
 
     spec, options = triton_spec(source)
-    ctx = triton_context(spec, options, __version__) | {"regenerate": regenerate}
+    ctx = triton_context(spec, options, __version__) | {"regenerate": regenerate, "module": module_class()}
+    ctx["counted"] = ctx["counted"] or any(o["integer"] for o in ctx["module"]["options"])
     ctx |= laid_out(ctx)
     return environment.get_template(TEMPLATE).render(**ctx)

@@ -93,7 +93,8 @@ class Printed:
 
     logits: str
     scores_gradient: str
-    tile_gradients: dict[str, str]  # input name → G ⊙ ∂A/∂B (the constants, as the mask M, have none)
+    tile_gradients: dict[str, str]  # input or constant name → G ⊙ ∂A/∂B (a constant's, the mask M's, made where it
+    # requires grad)
     scalar_partials: dict[str, str]  # trainable scalar name → ∂A/∂τ
     coefficients: dict[Basic, str]
     logits_tangent: str  # Ȧ = dA along Ṡ, each n × m input's tangent tile and each scalar's τ̇
@@ -107,11 +108,7 @@ def print_core(core: Core, constants: frozenset[str]) -> Printed:
     printer = TilePrinter(names)
     logits = printer.doprint(core.logits)
     scores_gradient = _printed(printer, differential(core.logits, {core.scores: g}))
-    tiles = {
-        str(t.name): _printed(printer, differential(core.logits, {t: g}))
-        for t in core.tiles
-        if str(t.name) not in constants
-    }
+    tiles = {str(t.name): _printed(printer, differential(core.logits, {t: g})) for t in core.tiles}
     scalars = {str(x): _printed(printer, differential(core.logits, {x: sp.Integer(1)})) for x in core.scalars}
     forward = dict(printer.coefficients)
     moving = [t for t in core.tiles if str(t.name) not in constants]

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import jinja2
 
 from symattn.codegen.backends.backend import Backend
@@ -11,12 +13,12 @@ from symattn.lang.functions import TORCH, TRITON
 from symattn.specs import Spec
 
 
-def _render(source: str | Spec, regenerate: str, environment: jinja2.Environment) -> str:
+def _render(source: str | Spec, regenerate: str, environment: jinja2.Environment, module_class: Callable) -> str:
     """``module.render_triton``, imported when called: the module prints with the torch backend's printer, whose
-    package imports this one."""
+    package imports this one. module_class() gives the torch module's nn.Module (its constructor and weights)."""
     from symattn.codegen.triton.module import render_triton
 
-    return render_triton(source, regenerate, environment)
+    return render_triton(source, regenerate, environment, module_class)
 
 
 TRITON_BACKEND = Backend(

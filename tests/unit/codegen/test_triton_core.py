@@ -82,11 +82,11 @@ def test_the_printed_backward_is_the_librarys_differential():
     assert [str(c) for c in printed.coefficients] == ["1/(50*sqrt(d_k))"]
 
 
-def test_an_n_by_m_input_gets_its_gradient_tile_and_a_constant_none():
+def test_an_n_by_m_input_and_the_mask_get_their_gradient_tiles():
     bias = print_core(find_core(gallery("bias")), frozenset())
     assert bias.tile_gradients == {"B": "g"} and bias.logits == "((c0 * s) + tile_B)"
-    attention = print_core(find_core(builtin("attention")), frozenset({"M"}))
-    assert attention.tile_gradients == {} and attention.logits == "((c0 * s) + tile_M)"
+    attention = print_core(find_core(builtin("attention")), frozenset({"M"}))  # made where M requires grad
+    assert attention.tile_gradients == {"M": "g"} and attention.logits == "((c0 * s) + tile_M)"
 
 
 def test_a_trainable_scalar_gets_its_partial():
