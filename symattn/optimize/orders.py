@@ -69,13 +69,18 @@ def cheapest_orders(mats: Sequence[Basic], at: Mapping[Basic, np.ndarray]) -> np
     if not 2 <= len(mats) <= MOST_FACTORS:
         return np.zeros(count, dtype=int)
     dims = [sp.sympify(r) for r, _ in (m.shape for m in mats)] + [sp.sympify(mats[-1].shape[1])]
-    symbols = sorted(set().union(*(d.free_symbols for d in dims)), key=str)
+    _, costs = _costs(dims, tuple(isinstance(m, OneMatrix) for m in mats), at, count)
+    return costs.argmin(axis=0)
+
+
+def _costs(dims: list, ones: tuple, at: Mapping[Basic, np.ndarray], count: int) -> tuple[list[Tree], np.ndarray]:
+    """Every parenthesisation of the chain whose dimensions are dims (``_trees``' order) and its cost at each of
+    count points (at: each dimension symbol → its sizes there)."""
+    symbols = sorted(set().union(*(sp.sympify(d).free_symbols for d in dims)), key=str)
     values = sp.lambdify(symbols, dims)(*(at[s] for s in symbols))
     sizes = [np.broadcast_to(np.asarray(v, dtype=float), (count,)) for v in values]
-    ones = tuple(isinstance(m, OneMatrix) for m in mats)
-    trees = _trees(0, len(mats) - 1)
-    costs = np.array([np.broadcast_to(_tree_cost(t, sizes, dims, ones)[0], (count,)) for t in trees])
-    return costs.argmin(axis=0)
+    trees = _trees(0, len(dims) - 2)
+    return trees, np.array([np.broadcast_to(_tree_cost(t, sizes, dims, ones)[0], (count,)) for t in trees])
 
 
 def _built(tree: Tree, mats: list[Basic]) -> Basic:
@@ -95,14 +100,9 @@ def _winner(shapes: tuple[tuple[Basic, Basic], ...], ones: tuple[bool, ...]) -> 
     symbols = sorted(set().union(*(d.free_symbols for d in dims)), key=str)
     if len(symbols) > MOST_SYMBOLS:
         return None
-    trees = _trees(0, k - 1)
-    if symbols:
-        points = np.array(list(itertools.product(GRID, repeat=len(symbols))), dtype=float)
-        values = sp.lambdify(symbols, dims)(*points.T)
-        sizes = [np.broadcast_to(np.asarray(v, dtype=float), (len(points),)) for v in values]
-    else:
-        sizes = [np.full(1, float(d)) for d in dims]
-    costs = np.array([_tree_cost(t, sizes, dims, ones)[0] for t in trees])
+    grid = list(itertools.product(GRID, repeat=len(symbols)))
+    points = np.array(grid, dtype=float).reshape(len(grid), len(symbols))
+    trees, costs = _costs(dims, ones, {s: points[:, i] for i, s in enumerate(symbols)}, len(points))
     cheapest = costs.min(axis=0)
     winners = [t for t, c in zip(trees, costs) if np.all(c <= cheapest * (1 + 1e-12))]
     return winners[0] if winners else None

@@ -12,14 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-
-os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton's first import (tests/conftest.py sets it too)
-if os.environ["TRITON_INTERPRET"] != "1":
-    pytest.skip("TRITON_INTERPRET is set off: these tests run the kernels on CPU tensors", allow_module_level=True)
-torch = pytest.importorskip("torch")
-pytest.importorskip("triton", reason="the Triton backend's tests need triton (the main CI leg installs it)")
-
-from triton_rendered import (  # noqa: E402
+from triton_rendered import (
     DV,
     REFERENCES,
     D,
@@ -31,12 +24,13 @@ from triton_rendered import (  # noqa: E402
     gallery,
     interpreted,
     random_inputs,
+    torch,
     triton_module,
 )
 
-import symattn as sa  # noqa: E402
-from symattn.codegen.generate import render  # noqa: E402
-from symattn.errors import SymattnError  # noqa: E402
+import symattn as sa
+from symattn.codegen.generate import render
+from symattn.errors import SymattnError
 
 
 @pytest.fixture(scope="module")

@@ -5,17 +5,9 @@ independent eager forward in float64, with and without causal."""
 from __future__ import annotations
 
 import math
-import os
 
 import pytest
-
-os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton's first import (tests/conftest.py sets it too)
-if os.environ["TRITON_INTERPRET"] != "1":
-    pytest.skip("TRITON_INTERPRET is set off: these tests run the kernels on CPU tensors", allow_module_level=True)
-torch = pytest.importorskip("torch")
-pytest.importorskip("triton", reason="the Triton backend's tests need triton (the main CI leg installs it)")
-
-from triton_rendered import (  # noqa: E402
+from triton_rendered import (
     DV,
     REFERENCES,
     D,
@@ -26,10 +18,11 @@ from triton_rendered import (  # noqa: E402
     features_spec,
     gallery,
     random_inputs,
+    torch,
     triton_module,
 )
 
-import symattn as sa  # noqa: E402
+import symattn as sa
 
 
 @pytest.fixture(scope="module")

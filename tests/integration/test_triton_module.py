@@ -4,17 +4,8 @@ both give the same output and parameter gradients."""
 
 from __future__ import annotations
 
-import os
-
 import pytest
-
-os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton's first import (tests/conftest.py sets it too)
-if os.environ["TRITON_INTERPRET"] != "1":
-    pytest.skip("TRITON_INTERPRET is set off: these tests run the kernels on CPU tensors", allow_module_level=True)
-torch = pytest.importorskip("torch")
-pytest.importorskip("triton", reason="the Triton backend's tests need triton (the main CI leg installs it)")
-
-from triton_rendered import M, N, features_spec, gallery, random_inputs, triton_module  # noqa: E402
+from triton_rendered import M, N, features_spec, gallery, random_inputs, torch, triton_module
 
 
 @pytest.fixture(scope="module")

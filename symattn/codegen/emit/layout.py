@@ -7,6 +7,7 @@ indented line when they fit there, else one item a line with a trailing comma.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 WIDTH = 120
@@ -177,6 +178,18 @@ def assigned(target: str, value: str, indent: int) -> str:
     if len(terms) == 1:
         return value
     return f"(\n{_inside(value, indent + 4)}\n{pad})"
+
+
+def flattened(value: str) -> str:
+    """A value ``assigned`` broke over lines, on one line again (the brackets it put around a broken sum dropped)."""
+    if "\n" not in value:
+        return value
+    groups = _groups(value)
+    whole = value.startswith("(\n") and bool(groups) and groups[0] == (0, len(value.rstrip()) - 1)
+    text = re.sub(r"\(\n\s*", "(", value)
+    text = re.sub(r"\n\s*\)", ")", text)
+    text = re.sub(r"\n\s*", " ", text)
+    return text[1:-1] if whole else text
 
 
 def shifted(text: str, by: int) -> str:

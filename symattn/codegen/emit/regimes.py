@@ -11,7 +11,6 @@ format lays them out; the runtime helpers are the union of the regimes'.
 from __future__ import annotations
 
 import dataclasses
-import re
 
 import sympy as sp
 
@@ -110,27 +109,5 @@ def _deeper(section: dict) -> dict:
 
 def _statement(line: Statement, column: int) -> Statement:
     """A statement the template writes at column, broken for a branch's column (DEEPER more)."""
-    value = layout.assigned(line.target, flattened(line.value), column + DEEPER)
+    value = layout.assigned(line.target, layout.flattened(line.value), column + DEEPER)
     return dataclasses.replace(line, value=layout.shifted(value, DEEPER), deeper=DEEPER)
-
-
-def flattened(value: str) -> str:
-    """A value ``layout.assigned`` broke over lines, on one line again (its brackets of a broken sum dropped)."""
-    if "\n" not in value:
-        return value
-    whole = value.startswith("(\n") and value.rstrip().endswith(")") and _closes_at_end(value)
-    text = re.sub(r"\(\n\s*", "(", value)
-    text = re.sub(r"\n\s*\)", ")", text)
-    text = re.sub(r"\n\s*", " ", text)
-    return text[1:-1] if whole else text
-
-
-def _closes_at_end(value: str) -> bool:
-    """Does the bracket opened by value's first character close at its last?"""
-    depth = 0
-    for i, ch in enumerate(value):
-        depth += ch in "([{"
-        depth -= ch in ")]}"
-        if depth == 0:
-            return i == len(value.rstrip()) - 1
-    return False
