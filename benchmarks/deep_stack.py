@@ -270,7 +270,14 @@ def main(argv: list[str] | None = None) -> int:
     runs = setup(args.layers, args.batch, args.n, args.d_model, torch.float32, modules)
     timed = seconds({name: getattr(runs, name) for name in ("torch_autograd", *IMPLEMENTATIONS)}, args.repeats)
     result = {
-        "machine": {"python": platform.python_version(), "numpy": np.__version__, "torch": torch.__version__},
+        "machine": {
+            "cpu": platform.processor() or platform.machine(),
+            "logical_cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "numpy": np.__version__,
+            "torch": torch.__version__,
+        },
+        "date": time.strftime("%Y-%m-%d"),
         "sizes": {"layers": args.layers, "batch": args.batch, "n": args.n, "d_model": args.d_model, "heads": HEADS},
         "generate_s": generate_s,
         "float64_max_rel_error": checked,
@@ -293,6 +300,13 @@ def markdown(r: dict) -> str:
     s = r["sizes"]
     lines = [
         "# A deep stack, generated (benchmarks/deep_stack.py)",
+        "",
+        "Written by `python benchmarks/deep_stack.py`"
+        + (
+            f" ({r['date']}; {r['machine']['cpu']}, {r['machine']['logical_cpus']} logical CPUs)."
+            if "date" in r
+            else "."
+        ),
         "",
         f"{s['layers']} pre-LN Transformer blocks, H = {s['heads']}, batch {s['batch']}, n = {s['n']}, "
         f"d_model = {s['d_model']}, d_ff = 4·d_model; one thread; Python {r['machine']['python']}, "

@@ -13,6 +13,7 @@ each), and writes the table to benchmarks/GALLERY.md (not with --only, which tim
 from __future__ import annotations
 
 import argparse
+import platform
 import sys
 import time
 import types
@@ -156,7 +157,11 @@ def main() -> None:
         f"# Gallery: generated vs torch autograd (n={args.n}, d={args.d}, d_model={args.d_model or args.d}, float32,"
         " one thread)",
         "",
-        "Written by `OMP_NUM_THREADS=1 python benchmarks/gallery.py`. Error: largest difference of output and",
+        f"Written by `OMP_NUM_THREADS=1 python benchmarks/gallery.py` ({time.strftime('%Y-%m-%d')}; "
+        f"{platform.processor() or platform.machine()}; Python {platform.python_version()}, NumPy {np.__version__}, "
+        f"torch {torch.__version__}).",
+        "",
+        "Error: largest difference of output and",
         "gradients (both backends, float32) from float64 autograd, relative to the largest entry. Time: forward +",
         f"backward, best of {args.repeat} rounds (autograd, NumPy and torch taking turns), as a ratio to torch",
         "autograd's in the same run (< 1: faster).",

@@ -14,9 +14,10 @@ With CUDA (``python benchmarks/gpu.py``, a few minutes on one GPU), on ``cuda``:
    and 8×16×1024×128, causal and not: the standard and memory-efficient modules beside SDPA, eager math and
    ``torch.compile`` of the math; best of ``--repeats`` (CUDA synchronised), peak memory above the inputs.
 
-5. the Triton modules (``benchmarks/gpu_triton.py``): plain, causal, softcap, learned bias (its gradient bitwise
-   across two runs) and sigmoid attention beside SDPA, FlexAttention, torch.compile and eager math; their JVP
-   against ``torch.func.jvp`` of the math.
+5. the Triton modules (``benchmarks/gpu_triton.py``): plain, causal, softcap, ALiBi, learned bias (its gradient
+   bitwise across two runs), sigmoid, softplus-normalised and differential attention beside SDPA, FlexAttention,
+   torch.compile and eager math, with the Triton time (memory) ÷ its peer's (FlexAttention, or SDPA's plain
+   attention for the variants FlexAttention cannot express); their JVP against ``torch.func.jvp`` of the math.
 
 It writes the tables to ``benchmarks/GPU.md`` (``--out``). Without CUDA, ``--cpu-smoke`` runs the same code on the
 CPU at tiny sizes (torch.compile with its eager backend), so that the script itself is tested anywhere.

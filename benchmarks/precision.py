@@ -37,8 +37,9 @@ QUICK_ATTENTION, QUICK_MHA = ((2, 2, 64, 16),), ((2, 32, 64, 4),)
 HERE = Path(__file__).resolve().parent
 NUMPY_NOTE = (
     "The NumPy modules of attention given float16 arrays (forward, then backward with the same cotangent) on the "
-    "same rounded inputs, against the same float64 reference, as a multiple of SDPA's error. They compute a float16 "
-    "run in float16 throughout (products, softmax, D), unlike the torch and JAX modules."
+    "same rounded inputs, against the same float64 reference, as a multiple of SDPA's error. As the torch and JAX "
+    "modules, they keep a float16 run's n × m arrays (scores, P, dS) and row statistics (max, log-sum-exp, D) in "
+    "float32, accumulate every product and sum over blocks of rows in float32, and round each result to float16 once."
 )
 JAX_NOTE = (
     "The JAX module of attention on the same rounded inputs (``jax.vjp`` with the same cotangent), and JAX's own "
@@ -212,15 +213,18 @@ def markdown(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def numpy_case(module: types.ModuleType, shape: tuple[int, ...], causal: bool, seed: int = 0) -> dict[str, float]:
-    """attention(Q, K, V) of a NumPy module (forward, then backward) in float16 on the inputs attention_case draws,
-    against the same float64 reference; SDPA's error beside (its float16 CPU kernel)."""
+def numpy_case(
+    module: types.ModuleType, shape: tuple[int, ...], causal: bool, seed: int = 0, **options
+) -> dict[str, float]:
+    """attention(Q, K, V) of a NumPy module (forward with the options, such as block_size, then backward) in float16
+    on the inputs attention_case draws, against the same float64 reference; SDPA's error beside (its float16 CPU
+    kernel)."""
     *inputs, cotangent = _drawn([shape] * 4, torch.float16, seed)
 
     def sdpa(q, k, v):
         return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
 
-    out, saved = module.forward(*(x.numpy() for x in inputs), causal=causal)
+    out, saved = module.forward(*(x.numpy() for x in inputs), causal=causal, **options)
     grads = module.backward(saved, cotangent.numpy())
     ours = [torch.from_numpy(np.asarray(x, dtype=np.float32)) for x in (out, grads["Q"], grads["K"], grads["V"])]
     reference = run(sdpa, [x.double() for x in inputs], cotangent.double())
@@ -285,7 +289,7 @@ def main(argv: list[str] | None = None) -> str:
     if not args.no_write:
         command = " ".join(["python benchmarks/precision.py", *(argv or [])])
         header = (
-            "# Low precision beside SDPA (issue 40, item 2)\n\n"
+            "# Low precision beside SDPA\n\n"
             f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, "
             f"{platform.processor() or platform.machine()} ({platform.platform()}), torch {torch.__version__}, "
             f"CPU, {torch.get_num_threads()} threads.\n"

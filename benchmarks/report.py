@@ -116,6 +116,8 @@ def markdown(results: dict) -> str:
     lines = [
         "# Benchmark results" + (" (quick smoke run: tiny sizes, not representative)" if results["quick"] else ""),
         "",
+        "Written by `python benchmarks/run.py --write`" + (f" ({results['date']})." if "date" in results else "."),
+        "",
         f"Machine: {m['cpu']}, {m['logical_cpus']} logical CPUs, 1 thread; Python {m['python']}, "
         f"NumPy {m['numpy']}, torch {m['torch']}; {m['platform']}.",
         "",

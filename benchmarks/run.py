@@ -260,6 +260,7 @@ def main(argv: list[str] | None = None) -> int:
     attach_gemm_fractions(cases, peaks)
     results = {
         "machine": machine(),
+        "date": time.strftime("%Y-%m-%d"),
         "quick": args.quick,
         "gemm_peak_gflops": peaks,
         "cold_start_s": None if args.no_cold_start else cold_start_seconds(),

@@ -13,7 +13,7 @@ For every stack, each in a fresh interpreter (cold start, OMP_NUM_THREADS=1), it
 
 each stopped at ``--cap`` seconds. It writes scaling.json, SCALING.md (tables and the
 log-log slope of time against L over L = 2…16) and scaling.svg (a log-log plot, drawn
-here) next to itself; ``--quick`` (L = 1, 2, 4) writes to a temporary folder instead.
+by plot.py) next to itself; ``--quick`` (L = 1, 2, 4) writes to a temporary folder instead.
 ``--label`` names the run in the JSON (default: the date; runs of other labels are kept, so two checkouts
 compared with ``--src`` share one file), ``--src`` puts another checkout of symattn first on the path.
 
@@ -196,7 +196,13 @@ def markdown(results: dict) -> str:
     ]
     for label, run in results["runs"].items():
         meta = run.get("meta", {})
-        lines += [f"## {label}", "", f"{meta.get('machine', '')}, cap {meta.get('cap', '?')} s per command.", ""]
+        command = f"`python benchmarks/scaling.py --cap {meta.get('cap', 120):g}`"
+        lines += [
+            f"## {label}",
+            "",
+            f"{meta.get('machine', '')}, cap {meta.get('cap', '?')} s per command; {command}.",
+            "",
+        ]
         for family in FAMILIES:
             if family not in run:
                 continue
@@ -211,66 +217,12 @@ def markdown(results: dict) -> str:
     return "\n".join(lines)
 
 
-COLOURS = {"derive": "#1f77b4", "verify": "#2ca02c", "generate": "#d62728", "import": "#9467bd"}
-
-
 def svg(results: dict) -> str:
-    """A log-log plot of seconds against L, one line per (run, family, phase), drawn by hand."""
-    width, height, left, bottom, top, right = 720, 480, 70, 50, 20, 230
-    lines, points = [], []
-    for label, run in results["runs"].items():
-        for family in FAMILIES:
-            for phase in PHASES:
-                pts = [(x, y) for x, y in series(run, family, phase) if y] if family in run else []
-                if pts:
-                    lines.append((label, family, phase, pts))
-                    points += pts
-    if not points:
-        return f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}"></svg>\n'
-    x_lo, x_hi = 0.0, math.log2(max(DEPTHS))
-    y_lo = math.floor(math.log10(min(y for _, y in points)))
-    y_hi = math.ceil(math.log10(max(y for _, y in points)))
-    y_hi = max(y_hi, y_lo + 1)
+    """The log-log plot of seconds against L, by benchmarks/plot.py (which draws every benchmark's plot)."""
+    sys.path.insert(0, str(HERE))
+    import plot  # benchmarks/plot.py, beside this script
 
-    def px(x: float) -> float:
-        return left + (math.log2(x) - x_lo) / (x_hi - x_lo) * (width - left - right)
-
-    def py(y: float) -> float:
-        return height - bottom - (math.log10(y) - y_lo) / (y_hi - y_lo) * (height - bottom - top)
-
-    out = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif" '
-        'font-size="11">',
-        f'<rect width="{width}" height="{height}" fill="white"/>',
-    ]
-    for d in DEPTHS:
-        out.append(f'<line x1="{px(d):.1f}" y1="{top}" x2="{px(d):.1f}" y2="{height - bottom}" stroke="#ddd"/>')
-        out.append(f'<text x="{px(d):.1f}" y="{height - bottom + 15}" text-anchor="middle">{d}</text>')
-    for e in range(y_lo, y_hi + 1):
-        y = py(10.0**e)
-        out.append(f'<line x1="{left}" y1="{y:.1f}" x2="{width - right}" y2="{y:.1f}" stroke="#ddd"/>')
-        out.append(f'<text x="{left - 6}" y="{y + 4:.1f}" text-anchor="end">{10.0**e:g} s</text>')
-    out.append(f'<text x="{(left + width - right) / 2}" y="{height - 12}" text-anchor="middle">layers L</text>')
-    newest = list(results["runs"])[-1]  # the last run drawn solid, any other (a checkout compared with --src) dashed
-    for k, (label, family, phase, pts) in enumerate(lines):
-        dash = "" if label == newest else ' stroke-dasharray="5,3"'
-        marker = "circle" if family == "prenorm" else "rect"
-        path = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in pts)
-        colour = COLOURS[phase]
-        out.append(f'<polyline points="{path}" fill="none" stroke="{colour}" stroke-width="1.5"{dash}/>')
-        for x, y in pts:
-            if marker == "circle":
-                out.append(f'<circle cx="{px(x):.1f}" cy="{py(y):.1f}" r="3" fill="{colour}"/>')
-            else:
-                out.append(f'<rect x="{px(x) - 3:.1f}" y="{py(y) - 3:.1f}" width="6" height="6" fill="{colour}"/>')
-        ty = top + 12 + 14 * k
-        out.append(
-            f'<line x1="{width - right + 10}" y1="{ty - 4}" x2="{width - right + 30}" y2="{ty - 4}" '
-            f'stroke="{colour}" stroke-width="1.5"{dash}/>'
-        )
-        out.append(f'<text x="{width - right + 35}" y="{ty}">{label} {family} {phase}</text>')
-    out.append("</svg>")
-    return "\n".join(out) + "\n"
+    return plot.scaling(results)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -100,6 +100,12 @@ def _fused_kernels():
     return made
 
 
+def _half(a):
+    """Is a a 16-bit floating array (float16: a run the precision helpers compute in float32)?"""
+    dtype = np.asarray(a).dtype
+    return dtype.kind == "f" and dtype.itemsize == 2
+
+
 def _numba_entry_kernels(numba, exact, exp, log1p):
     """The entrywise kernels with the exp and log1p (on [0, 1]) given, in place on a flat array, compiled lazily.
     NumPy's error model: a division is not checked for a zero divisor (numba's Python model raises, and its
@@ -271,7 +277,11 @@ def add_optional(a, b):
 
 def add_rows(total, keys, part, m):
     """The sum over blocks of a value of m rows (…, m, k), part adding to its rows keys; total is 0 before the
-    first block. part is a product made for the sum (dAᵀ Q): the first one may become the sum itself."""
+    first block. part is a product made for the sum (dAᵀ Q): the first one may become the sum itself. 16-bit parts
+    are summed in float32 (an accumulation): the sum is float32, rounded once by the public function
+    (``_in_run_dtype``; matmul_tn's parts are float32 already)."""
+    if _half(part):
+        part = part.astype(np.float32)
     if isinstance(total, int) and part.shape[-2] == m and part.base is None:  # every key: part is the sum so far
         return part
     if isinstance(total, int):
@@ -351,6 +361,25 @@ def masked_row_softmax(a, out=None):
     return out
 
 
+def matmul_tn(a, b):
+    """aᵀ b of an n × m a (dSᵀ Q, Pᵀ dO: the part of dK, dV that a block of rows adds, add_rows). Of a float16 run,
+    the product of float32 factors, left float32 (as torch's matmul_tn keeps its float32_value): add_rows sums the
+    parts in float32, and the public function rounds the sum once (``_in_run_dtype``). Else a.mT @ b."""
+    if _half(a) or _half(b):
+        return np.matmul(a.astype(np.float32, copy=False).mT, b.astype(np.float32, copy=False))
+    return a.mT @ b
+
+
+def narrow_matmul(a, b):
+    """a @ b, where a factor may be a float32 n × m array of a float16 run (P, dS of ``wide_matmul``): both
+    factors float32 (the float32 array never rounded, the 16-bit one widened exactly), the product accumulated in
+    float32 and rounded to the 16-bit dtype once. Factors of one wider dtype (float32, float64 runs): a @ b."""
+    low = next((x.dtype for x in (a, b) if _half(x)), None)
+    if low is None:
+        return a @ b
+    return np.matmul(a.astype(np.float32, copy=False), b.astype(np.float32, copy=False)).astype(low)
+
+
 def put_rows(whole, rows, keys, part, n, m):
     """An n × m value made block by block: part (..., b, k) placed at its rows and keys, zero on the other keys
     of those rows (the ones the block skipped); whole is None before the first block."""
@@ -362,6 +391,14 @@ def put_rows(whole, rows, keys, part, n, m):
     whole[..., rows, keys] = part
     whole[..., rows, keys.stop :] = 0.0
     return whole
+
+
+def row_dot(a, b):
+    """rowsum(a ⊙ b) as a column (..., n, 1), such as D = rowsum(dO ⊙ O), by np.vecdot (no a ⊙ b temporary): in
+    float32 for 16-bit a or b (a statistic, kept as SDPA keeps it), else in their dtype."""
+    if _half(a) or _half(b):
+        a, b = a.astype(np.float32, copy=False), b.astype(np.float32, copy=False)
+    return np.vecdot(a, b)[..., None]
 
 
 def row_softmax(a, out=None):
@@ -415,10 +452,29 @@ def softplus(a):
 
 def sum_to_mask(a, shape, heads=False):
     """∂f/∂B for a bias B of the given shape, (n, m) or (..., n, m), added to scores whose cotangent is a,
-    (..., n, m) or with heads (..., H, n, m): a summed over the axes B was broadcast along."""
+    (..., n, m) or with heads (..., H, n, m): a summed over the axes B was broadcast along (``wide_sum``)."""
     if heads:
-        a = a.sum(axis=-3)
-    return a.reshape(-1, *shape).sum(axis=0)
+        a = wide_sum(a, -3)
+    return wide_sum(a.reshape(-1, *shape), 0)
+
+
+def wide_matmul(a, b):
+    """a @ b, a product much larger than its factors (the scores Q Kᵀ, dP = dO Vᵀ: n × m from n × d and d × m).
+    Of 16-bit factors (float16) the product is float32, of the factors widened (the same values: 16-bit products
+    are exact in float32; BLAS sums in float32, where NumPy's own float16 loop is some sixty times slower): the
+    n × m arrays and what is made of them (P, L, dS) stay float32, as SDPA keeps them; the products that read them
+    round once (``narrow_matmul``). Factors of a wider dtype (float32, float64 runs): a @ b."""
+    if _half(a) or _half(b):
+        return np.matmul(a.astype(np.float32), b.astype(np.float32))
+    return a @ b
+
+
+def wide_sum(a, axis, keepdims=False):
+    """a summed along axis; of a 16-bit a, accumulated in float32 and rounded once (NumPy sums a float16 array along
+    an axis other than the last in float16, rounding at every addition)."""
+    if _half(a):
+        return a.sum(axis=axis, keepdims=keepdims, dtype=np.float32).astype(a.dtype)
+    return a.sum(axis=axis, keepdims=keepdims)
 
 
 def _arrays(named):
@@ -500,6 +556,21 @@ def _cotangent(grad_out, saved):
     return grad_out
 
 
+def _in_run_dtype(function):
+    """function (backward, hvp, jvp) with its results in the dtype of its first array argument (the cotangent, the
+    first input): a float16 run's float32 values (a product left wide, a sum over blocks of rows, dS summed to the
+    mask's shape) rounded once to float16. A float32 or float64 run's results as they are."""
+
+    def in_run_dtype(*args, **kwargs):
+        results = function(*args, **kwargs)
+        dtype = next((a.dtype for a in (*args, *kwargs.values()) if isinstance(a, np.ndarray)), None)
+        return results if dtype is None or dtype.kind != "f" or dtype.itemsize != 2 else _narrowed(results, dtype)
+
+    in_run_dtype.__name__, in_run_dtype.__qualname__ = function.__name__, function.__qualname__
+    in_run_dtype.__doc__, in_run_dtype.__wrapped__ = function.__doc__, function
+    return in_run_dtype
+
+
 def _additive_mask(attn_mask, key_padding_mask, causal, query, key, per_head=False, by_blocks=False):
     """The additive mask M (0 where a query may see a key, -inf where not), or None without a mask.
 
@@ -566,6 +637,17 @@ def _mask_layout(name, shape, n, m, batch):
     raise ValueError(f"{name}: expected shape (n, m) = ({n}, {m}) or {full}, or one broadcasting to it, got {shape}")
 
 
+def _narrowed(value, dtype):
+    """value (an array, or a dict or tuple of them and None) with each floating array of another dtype in dtype."""
+    if isinstance(value, dict):
+        return {name: _narrowed(v, dtype) for name, v in value.items()}
+    if isinstance(value, tuple):
+        return tuple(_narrowed(v, dtype) for v in value)
+    if isinstance(value, np.ndarray) and value.dtype.kind == "f" and value.dtype != dtype:
+        return value.astype(dtype)
+    return value
+
+
 def with_causal(mask, causal, query, key):
     """M with the causal part added (-inf where key j comes after query i) when causal, as a whole n × m array:
     the additive mask for the closed forms that take it whole, from the mask a loop over blocks of rows takes."""
@@ -611,10 +693,10 @@ def forward(Q, K, V, M=None, *, scale=None, attn_mask=None, key_padding_mask=Non
         V_k = V[..., keys, :]
         M_b = None if M is None else M[..., block, keys]
         Q_b = Q[..., block, :]
-        A_b = add_optional((scale * Q_b) @ K_k.mT, M_b)
+        A_b = add_optional(wide_matmul(scale * Q_b, K_k.mT), M_b)
         A_b = causal_fill(A_b, block, keys) if causal else A_b
         P_b = row_softmax(A_b, out=A_b) if M is None else masked_row_softmax(A_b, out=A_b)
-        O_b = P_b @ V_k
+        O_b = narrow_matmul(P_b, V_k)
         O_blocks.append(O_b)
         P = put_rows(P, block, keys, P_b, Q.shape[-2], K.shape[-2])
     O = O_blocks[0] if len(O_blocks) == 1 else np.concatenate(O_blocks, axis=-2)
@@ -635,6 +717,7 @@ def forward(Q, K, V, M=None, *, scale=None, attn_mask=None, key_padding_mask=Non
     return O, saved
 
 
+@_in_run_dtype
 def backward(saved, grad_out):
     """Gradients for every input, given grad_out = ∂f/∂O; returns a dict keyed by input name."""
     grad_out = _cotangent(grad_out, saved)
@@ -649,7 +732,7 @@ def backward(saved, grad_out):
     causal = saved["causal"]
     d_k = saved["d_k"]
     scale = float(1 / d_k**0.5 if scale is None else scale)
-    D = np.vecdot(O, grad_out)[..., None]
+    D = row_dot(O, grad_out)
     dQ_blocks = []
     dM = None  # placed block by block
     dK = 0  # summed over the blocks of query rows
@@ -664,15 +747,15 @@ def backward(saved, grad_out):
         Q_b = Q[..., block, :]
         grad_out_b = grad_out[..., block, :]
         D_b = D[..., block, :]
-        dP_b = grad_out_b @ V_k.mT
+        dP_b = wide_matmul(grad_out_b, V_k.mT)
         dA_b = shifted_product(P_b, dP_b, D_b, out=dP_b)
         del dP_b
-        dQ_b = dA_b @ (scale * K_k)
+        dQ_b = narrow_matmul(dA_b, scale * K_k)
         dM_b = dA_b
         dQ_blocks.append(dQ_b)
         dM = None if mask_shape is None else put_rows(dM, block, keys, dM_b, Q.shape[-2], K.shape[-2])
-        dK = add_rows(dK, keys, dA_b.mT @ (scale * Q_b), K.shape[-2])
-        dV = add_rows(dV, keys, P_b.mT @ grad_out_b, K.shape[-2])
+        dK = add_rows(dK, keys, matmul_tn(dA_b, scale * Q_b), K.shape[-2])
+        dV = add_rows(dV, keys, matmul_tn(P_b, grad_out_b), K.shape[-2])
     dQ = dQ_blocks[0] if len(dQ_blocks) == 1 else np.concatenate(dQ_blocks, axis=-2)
     dM = None if mask_shape is None else sum_to_mask(dM, mask_shape)
     grads = {"Q": dQ, "K": dK, "V": dV, "attn_mask": dM}
@@ -741,17 +824,17 @@ def _forward2(Q, K, V, G_out, Q_v, K_v, V_v, M, causal, scale):
         K_v = np.zeros_like(K)
     if V_v is None:
         V_v = np.zeros_like(V)
-    A = add_optional((scale * Q) @ K.mT, M)
+    A = add_optional(wide_matmul(scale * Q, K.mT), M)
     P = row_softmax(A, out=A) if M is None else masked_row_softmax(A, out=A)
     del A
-    O = P @ V
-    G_D = np.vecdot(O, G_out)[..., None]
+    O = narrow_matmul(P, V)
+    G_D = row_dot(O, G_out)
     del O
-    G_P = G_out @ V.mT
+    G_P = wide_matmul(G_out, V.mT)
     G_A = shifted_product(P, G_P, G_D)
-    G_Q = G_A @ (scale * K)
-    G_K = G_A.mT @ (scale * Q)
-    G_V = P.mT @ G_out
+    G_Q = narrow_matmul(G_A, scale * K)
+    G_K = matmul_tn(G_A, scale * Q)
+    G_V = matmul_tn(P, G_out)
     G_M = G_A
     del G_A
     f2 = (
@@ -798,25 +881,26 @@ def _backward2(saved, grad_out):
     scale = float(1 / d_k**0.5 if scale is None else scale)
     Q_Q_v = np.concatenate([Q, Q_v], axis=-1)
     K_v_K = np.concatenate([K_v, K], axis=-1)
-    dA = (scale * Q_Q_v) @ K_v_K.mT
+    dA = wide_matmul(scale * Q_Q_v, K_v_K.mT)
     del K_v_K, Q_Q_v
-    D = np.vecdot(P, dA)[..., None]
+    D = row_dot(P, dA)
     dP = shifted_product(P, dA, D, out=dA)
     del D, dA
-    dG_out = P @ V_v + dP @ V
-    dG_D = np.vecdot(G_out, dG_out)[..., None]
-    dG_P = G_out @ V_v.mT
+    dG_out = narrow_matmul(P, V_v) + narrow_matmul(dP, V)
+    dG_D = row_dot(G_out, dG_out)
+    dG_P = wide_matmul(G_out, V_v.mT)
     dG_A = np.add(shifted_product(P, dG_P, dG_D, out=dG_P), shifted_product(dP, G_P, G_D), out=dG_P)
     del dG_D, dG_P
-    dQ = scale * (G_M @ K_v + dG_A @ K)
-    dK = scale * (G_M.mT @ Q_v + dG_A.mT @ Q)
-    dV = dP.mT @ G_out
+    dQ = scale * (narrow_matmul(G_M, K_v) + narrow_matmul(dG_A, K))
+    dK = scale * (matmul_tn(G_M, Q_v) + matmul_tn(dG_A, Q))
+    dV = matmul_tn(dP, G_out)
     del dP
     dM = None if mask_shape is None else sum_to_mask(dG_A, mask_shape)
     grads = {"Q": dQ, "K": dK, "V": dV, "G_out": dG_out, "attn_mask": dM}
     return {name: g for name, g in grads.items() if g is not None}
 
 
+@_in_run_dtype
 def hvp(Q, K, V, grad_out, direction, *, scale=None, attn_mask=None, key_padding_mask=None, causal=False):
     """The Hessian of f = tr(grad_outᵀ O) with respect to the inputs, applied to direction.
 
@@ -902,15 +986,15 @@ def _jvp(Q, K, V, Q_t, K_t, V_t, M, M_t, causal, scale):
         Q_b = Q[..., block, :]
         M_t_b = None if M_t is None else M_t[..., block, keys]
         Q_Q_t_b = Q_Q_t[..., block, :]
-        A_b = add_optional((scale * Q_b) @ K_k.mT, M_b)
+        A_b = add_optional(wide_matmul(scale * Q_b, K_k.mT), M_b)
         A_b = causal_fill(A_b, block, keys) if causal else A_b
         P_b = row_softmax(A_b, out=A_b) if M is None else masked_row_softmax(A_b, out=A_b)
-        O_b = P_b @ V_k
+        O_b = narrow_matmul(P_b, V_k)
         dA_b = add_optional((scale * Q_Q_t_b) @ K_t_K_k.mT, M_t_b)
-        D_b = np.vecdot(dA_b, P_b)[..., None]
+        D_b = row_dot(dA_b, P_b)
         dP_b = shifted_product(P_b, dA_b, D_b, out=dA_b)
         del D_b, dA_b
-        dO_b = P_b @ V_t_k + dP_b @ V_k
+        dO_b = narrow_matmul(P_b, V_t_k) + narrow_matmul(dP_b, V_k)
         del dP_b
         O_blocks.append(O_b)
         dO_blocks.append(dO_b)
@@ -919,6 +1003,7 @@ def _jvp(Q, K, V, Q_t, K_t, V_t, M, M_t, causal, scale):
     return O, dO
 
 
+@_in_run_dtype
 def jvp(Q, K, V, tangents, *, scale=None, attn_mask=None, key_padding_mask=None, causal=False):
     """(O, its derivative along tangents): the forward and its closed-form Jacobian-vector product.
 

@@ -146,6 +146,12 @@ def _fused_kernels():
     return made
 
 
+def _half(a):
+    """Is a a 16-bit floating array (float16: a run the precision helpers compute in float32)?"""
+    dtype = np.asarray(a).dtype
+    return dtype.kind == "f" and dtype.itemsize == 2
+
+
 def _numba_entry_kernels(numba, exact, exp, log1p):
     """The entrywise kernels with the exp and log1p (on [0, 1]) given, in place on a flat array, compiled lazily.
     NumPy's error model: a division is not checked for a zero divisor (numba's Python model raises, and its
@@ -310,6 +316,18 @@ def _written(a, out):
     return out
 
 
+def add_blocks(total, part):
+    """total + part, a sum over the blocks of rows (a weight's gradient, dW_Q += rows(Q_b)ᵀ rows(dQ_b)); total is 0
+    before the first block. 16-bit parts are summed in float32 (an accumulation): the sum is float32, rounded once
+    by the public function (``_in_run_dtype``). Wider parts: total += part, as before."""
+    if _half(part):
+        part = part.astype(np.float32)
+    if isinstance(total, int):
+        return total + part
+    total += part
+    return total
+
+
 def add_optional(a, b):
     """a + b, or a itself when b is None (an absent bias or mask)."""
     return a if b is None else a + b
@@ -317,7 +335,11 @@ def add_optional(a, b):
 
 def add_rows(total, keys, part, m):
     """The sum over blocks of a value of m rows (…, m, k), part adding to its rows keys; total is 0 before the
-    first block. part is a product made for the sum (dAᵀ Q): the first one may become the sum itself."""
+    first block. part is a product made for the sum (dAᵀ Q): the first one may become the sum itself. 16-bit parts
+    are summed in float32 (an accumulation): the sum is float32, rounded once by the public function
+    (``_in_run_dtype``; matmul_tn's parts are float32 already)."""
+    if _half(part):
+        part = part.astype(np.float32)
     if isinstance(total, int) and part.shape[-2] == m and part.base is None:  # every key: part is the sum so far
         return part
     if isinstance(total, int):
@@ -336,6 +358,11 @@ def causal_fill(scores, rows, keys):
         future = np.arange(keys.start + first, keys.start + k) > np.arange(rows.start, rows.start + b)[:, None]
         np.copyto(scores[..., first:], -np.inf, where=future)
     return scores
+
+
+def column_sums(a):
+    """𝟏ᵀ a: the sums of a's columns, as a row (``wide_sum``)."""
+    return wide_sum(a, 0, keepdims=True)
 
 
 def exp_rows(a, shift, out=None):
@@ -399,15 +426,42 @@ def masked_row_softmax_lse(a, out=None):
         return e, np.where(total == 0, np.inf, top + np.log(total))
 
 
+def matmul_tn(a, b):
+    """aᵀ b of an n × m a (dSᵀ Q, Pᵀ dO: the part of dK, dV that a block of rows adds, add_rows). Of a float16 run,
+    the product of float32 factors, left float32 (as torch's matmul_tn keeps its float32_value): add_rows sums the
+    parts in float32, and the public function rounds the sum once (``_in_run_dtype``). Else a.mT @ b."""
+    if _half(a) or _half(b):
+        return np.matmul(a.astype(np.float32, copy=False).mT, b.astype(np.float32, copy=False))
+    return a.mT @ b
+
+
 def merge_heads(a, heads):
     """(..., heads, n, k) -> (..., n, heads * k)."""
     a = np.swapaxes(a, -2, -3)
     return a.reshape(*a.shape[:-2], a.shape[-2] * a.shape[-1])
 
 
+def narrow_matmul(a, b):
+    """a @ b, where a factor may be a float32 n × m array of a float16 run (P, dS of ``wide_matmul``): both
+    factors float32 (the float32 array never rounded, the 16-bit one widened exactly), the product accumulated in
+    float32 and rounded to the 16-bit dtype once. Factors of one wider dtype (float32, float64 runs): a @ b."""
+    low = next((x.dtype for x in (a, b) if _half(x)), None)
+    if low is None:
+        return a @ b
+    return np.matmul(a.astype(np.float32, copy=False), b.astype(np.float32, copy=False)).astype(low)
+
+
 def repeat_heads(a, heads):
     """(..., kv_heads, n, k) -> (..., heads, n, k): head h reads kv head h // (heads // kv_heads)."""
     return a if a.shape[-3] == heads else np.repeat(a, heads // a.shape[-3], axis=-3)
+
+
+def row_dot(a, b):
+    """rowsum(a ⊙ b) as a column (..., n, 1), such as D = rowsum(dO ⊙ O), by np.vecdot (no a ⊙ b temporary): in
+    float32 for 16-bit a or b (a statistic, kept as SDPA keeps it), else in their dtype."""
+    if _half(a) or _half(b):
+        a, b = a.astype(np.float32, copy=False), b.astype(np.float32, copy=False)
+    return np.vecdot(a, b)[..., None]
 
 
 def row_softmax_lse(a, out=None):
@@ -464,6 +518,25 @@ def sum_groups(a, heads):
     if a.shape[-3] == heads:
         return a
     return a.reshape(*a.shape[:-3], heads, a.shape[-3] // heads, *a.shape[-2:]).sum(axis=-3)
+
+
+def wide_matmul(a, b):
+    """a @ b, a product much larger than its factors (the scores Q Kᵀ, dP = dO Vᵀ: n × m from n × d and d × m).
+    Of 16-bit factors (float16) the product is float32, of the factors widened (the same values: 16-bit products
+    are exact in float32; BLAS sums in float32, where NumPy's own float16 loop is some sixty times slower): the
+    n × m arrays and what is made of them (P, L, dS) stay float32, as SDPA keeps them; the products that read them
+    round once (``narrow_matmul``). Factors of a wider dtype (float32, float64 runs): a @ b."""
+    if _half(a) or _half(b):
+        return np.matmul(a.astype(np.float32), b.astype(np.float32))
+    return a @ b
+
+
+def wide_sum(a, axis, keepdims=False):
+    """a summed along axis; of a 16-bit a, accumulated in float32 and rounded once (NumPy sums a float16 array along
+    an axis other than the last in float16, rounding at every addition)."""
+    if _half(a):
+        return a.sum(axis=axis, keepdims=keepdims, dtype=np.float32).astype(a.dtype)
+    return a.sum(axis=axis, keepdims=keepdims)
 
 
 def _arrays(named):
@@ -577,6 +650,21 @@ def _cotangent(grad_out, saved):
     return grad_out
 
 
+def _in_run_dtype(function):
+    """function (backward, hvp, jvp) with its results in the dtype of its first array argument (the cotangent, the
+    first input): a float16 run's float32 values (a product left wide, a sum over blocks of rows, dS summed to the
+    mask's shape) rounded once to float16. A float32 or float64 run's results as they are."""
+
+    def in_run_dtype(*args, **kwargs):
+        results = function(*args, **kwargs)
+        dtype = next((a.dtype for a in (*args, *kwargs.values()) if isinstance(a, np.ndarray)), None)
+        return results if dtype is None or dtype.kind != "f" or dtype.itemsize != 2 else _narrowed(results, dtype)
+
+    in_run_dtype.__name__, in_run_dtype.__qualname__ = function.__name__, function.__qualname__
+    in_run_dtype.__doc__, in_run_dtype.__wrapped__ = function.__doc__, function
+    return in_run_dtype
+
+
 def _additive_mask(attn_mask, key_padding_mask, causal, query, key, per_head=False, by_blocks=False):
     """The additive mask M (0 where a query may see a key, -inf where not), or None without a mask.
 
@@ -634,6 +722,17 @@ def _mask_layout(name, shape, n, m, batch):
     ):
         return viewed, viewed if viewed in ((n, m), full) else full
     raise ValueError(f"{name}: expected shape (n, m) = ({n}, {m}) or {full}, or one broadcasting to it, got {shape}")
+
+
+def _narrowed(value, dtype):
+    """value (an array, or a dict or tuple of them and None) with each floating array of another dtype in dtype."""
+    if isinstance(value, dict):
+        return {name: _narrowed(v, dtype) for name, v in value.items()}
+    if isinstance(value, tuple):
+        return tuple(_narrowed(v, dtype) for v in value)
+    if isinstance(value, np.ndarray) and value.dtype.kind == "f" and value.dtype != dtype:
+        return value.astype(dtype)
+    return value
 
 
 def with_causal(mask, causal, query, key):
@@ -742,10 +841,10 @@ def forward(
         V_h_k = V_h[..., keys, :]
         M_b = None if M is None else M[..., block, keys]
         Q_h_b = Q_h[..., block, :]
-        A_h_b = add_optional((scale * Q_h_b) @ K_h_k.mT, M_b)
+        A_h_b = add_optional(wide_matmul(scale * Q_h_b, K_h_k.mT), M_b)
         A_h_b = causal_fill(A_h_b, block, keys) if causal else A_h_b
         P_h_b, L_b = row_softmax_lse(A_h_b, out=A_h_b) if M is None else masked_row_softmax_lse(A_h_b, out=A_h_b)
-        O_h_b = P_h_b @ V_h_k
+        O_h_b = narrow_matmul(P_h_b, V_h_k)
         O_h_blocks.append(O_h_b)
         L_blocks.append(L_b)
     O_h = O_h_blocks[0] if len(O_h_blocks) == 1 else np.concatenate(O_h_blocks, axis=-2)
@@ -783,6 +882,7 @@ def forward(
     return Y, saved
 
 
+@_in_run_dtype
 def backward(saved, grad_out):
     """Gradients for every input, given grad_out = ∂f/∂Y; returns a dict keyed by input name."""
     grad_out = _cotangent(grad_out, saved)
@@ -812,7 +912,7 @@ def backward(saved, grad_out):
     scale = 1 / d_k**0.5
     dC = grad_out @ W_O.mT
     dO_h = split_heads(dC, H)
-    D = np.vecdot(O_h, dO_h)[..., None]
+    D = row_dot(O_h, dO_h)
     dQ_blocks = []
     dV_h = 0  # summed over the blocks of query rows
     dK_h = 0  # summed over the blocks of query rows
@@ -829,35 +929,34 @@ def backward(saved, grad_out):
         dO_h_b = dO_h[..., block, :]
         D_b = D[..., block, :]
         Q_b = Q[..., block, :]
-        A_h_b = add_optional((scale * Q_h_b) @ K_h_k.mT, M_b)
+        A_h_b = add_optional(wide_matmul(scale * Q_h_b, K_h_k.mT), M_b)
         A_h_b = causal_fill(A_h_b, block, keys) if causal else A_h_b
         P_h_b = exp_rows(A_h_b, L_b, out=A_h_b)
         del A_h_b
-        dP_h_b = dO_h_b @ V_h_k.mT
+        dP_h_b = wide_matmul(dO_h_b, V_h_k.mT)
         dA_h_b = shifted_product(P_h_b, dP_h_b, D_b, out=dP_h_b)
         del dP_h_b
-        dQ_h_b = dA_h_b @ (scale * K_h_k)
+        dQ_h_b = narrow_matmul(dA_h_b, scale * K_h_k)
         dQW_Q_b = merge_heads(dQ_h_b, H)
         del dQ_h_b
-        dQ_b = dQW_Q_b @ W_Q.mT
+        dQ_b = narrow_matmul(dQW_Q_b, W_Q.mT)
         dQ_blocks.append(dQ_b)
-        dV_h = add_rows(dV_h, keys, P_h_b.mT @ dO_h_b, K_h.shape[-2])
-        dK_h = add_rows(dK_h, keys, dA_h_b.mT @ (scale * Q_h_b), K_h.shape[-2])
-        dW_Q += rows(Q_b).mT @ rows(dQW_Q_b)
+        dV_h = add_rows(dV_h, keys, matmul_tn(P_h_b, dO_h_b), K_h.shape[-2])
+        dK_h = add_rows(dK_h, keys, matmul_tn(dA_h_b, scale * Q_h_b), K_h.shape[-2])
+        dW_Q = add_blocks(dW_Q, rows(Q_b).mT @ rows(dQW_Q_b))
         if b_Q is not None:
-            db_Q += rows(dQW_Q_b).sum(axis=0, keepdims=True)
-        del dQW_Q_b
+            db_Q = add_blocks(db_Q, column_sums(rows(dQW_Q_b)))
     dQ = dQ_blocks[0] if len(dQ_blocks) == 1 else np.concatenate(dQ_blocks, axis=-2)
     dW_O = rows(C).mT @ rows(grad_out)
-    db_O = None if b_O is None else rows(grad_out).sum(axis=0, keepdims=True)
+    db_O = None if b_O is None else column_sums(rows(grad_out))
     dVW_V = merge_heads(sum_groups(dV_h, H_kv), H_kv)
     dV = dVW_V @ W_V.mT
     dW_V = rows(V).mT @ rows(dVW_V)
-    db_V = None if b_V is None else rows(dVW_V).sum(axis=0, keepdims=True)
+    db_V = None if b_V is None else column_sums(rows(dVW_V))
     dKW_K = merge_heads(sum_groups(dK_h, H_kv), H_kv)
     dK = dKW_K @ W_K.mT
     dW_K = rows(K).mT @ rows(dKW_K)
-    db_K = None if b_K is None else rows(dKW_K).sum(axis=0, keepdims=True)
+    db_K = None if b_K is None else column_sums(rows(dKW_K))
     grads = {
         "Q": dQ,
         "K": dK,
@@ -934,16 +1033,16 @@ def row_softmax(a, out=None):
 
 
 def sum_batch(a):
-    """(..., p, q) -> (p, q): the sum over the leading batch dimensions."""
-    return a.reshape(-1, *a.shape[-2:]).sum(axis=0)
+    """(..., p, q) -> (p, q): the sum over the leading batch dimensions (``wide_sum``)."""
+    return wide_sum(a.reshape(-1, *a.shape[-2:]), 0)
 
 
 def sum_to_mask(a, shape, heads=False):
     """∂f/∂B for a bias B of the given shape, (n, m) or (..., n, m), added to scores whose cotangent is a,
-    (..., n, m) or with heads (..., H, n, m): a summed over the axes B was broadcast along."""
+    (..., n, m) or with heads (..., H, n, m): a summed over the axes B was broadcast along (``wide_sum``)."""
     if heads:
-        a = a.sum(axis=-3)
-    return a.reshape(-1, *shape).sum(axis=0)
+        a = wide_sum(a, -3)
+    return wide_sum(a.reshape(-1, *shape), 0)
 
 
 def _float_mask_shape(attn_mask):
@@ -1122,44 +1221,44 @@ def _forward2(
     Q_h = split_heads(add_optional(Q @ W_Q, b_Q), H)
     K_h = repeat_heads(split_heads(add_optional(K @ W_K, b_K), H_kv), H)
     V_h = repeat_heads(split_heads(add_optional(V @ W_V, b_V), H_kv), H)
-    A_h = add_optional((scale * Q_h) @ K_h.mT, M)
+    A_h = add_optional(wide_matmul(scale * Q_h, K_h.mT), M)
     P_h = row_softmax(A_h, out=A_h) if M is None else masked_row_softmax(A_h, out=A_h)
     del A_h
-    O_h = P_h @ V_h
+    O_h = narrow_matmul(P_h, V_h)
     C = merge_heads(O_h, H)
     G_C = G_out @ W_O.mT
     G_O_h = split_heads(G_C, H)
     del G_C
-    G_D = np.vecdot(O_h, G_O_h)[..., None]
-    G_P_h = G_O_h @ V_h.mT
+    G_D = row_dot(O_h, G_O_h)
+    G_P_h = wide_matmul(G_O_h, V_h.mT)
     G_A_h = shifted_product(P_h, G_P_h, G_D)
-    G_V_h = P_h.mT @ G_O_h
-    G_K_h = G_A_h.mT @ (scale * Q_h)
-    G_Q_h = G_A_h @ (scale * K_h)
+    G_V_h = matmul_tn(P_h, G_O_h)
+    G_K_h = matmul_tn(G_A_h, scale * Q_h)
+    G_Q_h = narrow_matmul(G_A_h, scale * K_h)
     G_W_O = rows(C).mT @ rows(G_out)
-    G_b_O = rows(G_out).sum(axis=0, keepdims=True)
+    G_b_O = column_sums(rows(G_out))
     G_M = G_A_h
     del G_A_h
     G_VW_V = merge_heads(sum_groups(G_V_h, H_kv), H_kv)
     del G_V_h
     G_V = G_VW_V @ W_V.mT
     G_W_V = rows(V).mT @ rows(G_VW_V)
-    G_b_V = rows(G_VW_V).sum(axis=0, keepdims=True)
+    G_b_V = column_sums(rows(G_VW_V))
     G_KW_K = merge_heads(sum_groups(G_K_h, H_kv), H_kv)
     del G_K_h
     G_K = G_KW_K @ W_K.mT
     G_W_K = rows(K).mT @ rows(G_KW_K)
-    G_b_K = rows(G_KW_K).sum(axis=0, keepdims=True)
+    G_b_K = column_sums(rows(G_KW_K))
     G_QW_Q = merge_heads(G_Q_h, H)
     del G_Q_h
     G_Q = G_QW_Q @ W_Q.mT
     G_W_Q = rows(Q).mT @ rows(G_QW_Q)
-    G_b_Q = rows(G_QW_Q).sum(axis=0, keepdims=True)
+    G_b_Q = column_sums(rows(G_QW_Q))
     f2 = (
-        (b_K_v * G_b_K).sum(axis=-1, keepdims=True)
-        + (b_O_v * G_b_O).sum(axis=-1, keepdims=True)
-        + (b_Q_v * G_b_Q).sum(axis=-1, keepdims=True)
-        + (b_V_v * G_b_V).sum(axis=-1, keepdims=True)
+        row_dot(b_K_v, G_b_K)
+        + row_dot(b_O_v, G_b_O)
+        + row_dot(b_Q_v, G_b_Q)
+        + row_dot(b_V_v, G_b_V)
         + (np.ones((1, m), dtype=dtype)) @ (K_v * G_K).sum(axis=-1, keepdims=True)
         + (np.ones((1, m), dtype=dtype)) @ (V_v * G_V).sum(axis=-1, keepdims=True)
         + (np.ones((1, n), dtype=dtype)) @ (Q_v * G_Q).sum(axis=-1, keepdims=True)
@@ -1262,12 +1361,12 @@ def _backward2(saved, grad_out):
     dV_h = repeat_heads(split_heads(add_optional(V @ W_V_v + V_v @ W_V, b_V_v), H_kv), H)
     Q_h_dQ_h = np.concatenate([Q_h, dQ_h], axis=-1)
     dK_h_K_h = np.concatenate([dK_h, K_h], axis=-1)
-    dA_h = (scale * Q_h_dQ_h) @ dK_h_K_h.mT
+    dA_h = wide_matmul(scale * Q_h_dQ_h, dK_h_K_h.mT)
     del Q_h_dQ_h, dK_h_K_h
-    D = np.vecdot(P_h, dA_h)[..., None]
+    D = row_dot(P_h, dA_h)
     dP_h = shifted_product(P_h, dA_h, D, out=dA_h)
     del D, dA_h
-    dO_h = P_h @ dV_h + dP_h @ V_h
+    dO_h = narrow_matmul(P_h, dV_h) + narrow_matmul(dP_h, V_h)
     dC = merge_heads(dO_h, H)
     dG_out = add_optional(C @ W_O_v + dC @ W_O, b_O_v)
     dG_C = G_out @ W_O_v.mT
@@ -1278,15 +1377,15 @@ def _backward2(saved, grad_out):
     G_O_h_dG_O_h = np.concatenate([G_O_h, dG_O_h], axis=-1)
     dV_h_V_h = np.concatenate([dV_h, V_h], axis=-1)
     del dV_h
-    dG_P_h = G_O_h_dG_O_h @ dV_h_V_h.mT
+    dG_P_h = wide_matmul(G_O_h_dG_O_h, dV_h_V_h.mT)
     del G_O_h_dG_O_h, dV_h_V_h
     dG_A_h = shifted_product(dP_h, G_P_h, G_D) + shifted_product(P_h, dG_P_h, dG_D)
     del dG_D, dG_P_h
-    dG_V_h = P_h.mT @ dG_O_h + dP_h.mT @ G_O_h
+    dG_V_h = matmul_tn(P_h, dG_O_h) + matmul_tn(dP_h, G_O_h)
     del dG_O_h, dP_h
-    dG_K_h = scale * (G_M.mT @ dQ_h + dG_A_h.mT @ Q_h)
+    dG_K_h = scale * (matmul_tn(G_M, dQ_h) + matmul_tn(dG_A_h, Q_h))
     del dQ_h
-    dG_Q_h = scale * (G_M @ dK_h + dG_A_h @ K_h)
+    dG_Q_h = scale * (narrow_matmul(G_M, dK_h) + narrow_matmul(dG_A_h, K_h))
     del dK_h
     dW_O = rows(dC).mT @ rows(G_out)
     del dC
@@ -1295,19 +1394,19 @@ def _backward2(saved, grad_out):
     del dG_V_h
     dV = G_VW_V @ W_V_v.mT + dG_VW_V @ W_V.mT
     dW_V = sum_batch(V.mT @ dG_VW_V + V_v.mT @ G_VW_V)
-    db_V = None if b_V is None else rows(dG_VW_V).sum(axis=0, keepdims=True)
+    db_V = None if b_V is None else column_sums(rows(dG_VW_V))
     del dG_VW_V
     dG_KW_K = merge_heads(sum_groups(dG_K_h, H_kv), H_kv)
     del dG_K_h
     dK = G_KW_K @ W_K_v.mT + dG_KW_K @ W_K.mT
     dW_K = sum_batch(K.mT @ dG_KW_K + K_v.mT @ G_KW_K)
-    db_K = None if b_K is None else rows(dG_KW_K).sum(axis=0, keepdims=True)
+    db_K = None if b_K is None else column_sums(rows(dG_KW_K))
     del dG_KW_K
     dG_QW_Q = merge_heads(dG_Q_h, H)
     del dG_Q_h
     dQ = G_QW_Q @ W_Q_v.mT + dG_QW_Q @ W_Q.mT
     dW_Q = sum_batch(Q.mT @ dG_QW_Q + Q_v.mT @ G_QW_Q)
-    db_Q = None if b_Q is None else rows(dG_QW_Q).sum(axis=0, keepdims=True)
+    db_Q = None if b_Q is None else column_sums(rows(dG_QW_Q))
     del dG_QW_Q
     db_O = None if b_O is None else np.zeros_like(b_O)
     grads = {
@@ -1328,6 +1427,7 @@ def _backward2(saved, grad_out):
     return {name: g for name, g in grads.items() if g is not None}
 
 
+@_in_run_dtype
 def hvp(
     Q,
     K,
@@ -1599,15 +1699,15 @@ def _jvp(
         Q_h_b = Q_h[..., block, :]
         M_t_b = None if M_t is None else M_t[..., block, keys]
         Q_h_dQ_h_b = Q_h_dQ_h[..., block, :]
-        A_h_b = add_optional((scale * Q_h_b) @ K_h_k.mT, M_b)
+        A_h_b = add_optional(wide_matmul(scale * Q_h_b, K_h_k.mT), M_b)
         A_h_b = causal_fill(A_h_b, block, keys) if causal else A_h_b
         P_h_b = row_softmax(A_h_b, out=A_h_b) if M is None else masked_row_softmax(A_h_b, out=A_h_b)
-        O_h_b = P_h_b @ V_h_k
+        O_h_b = narrow_matmul(P_h_b, V_h_k)
         dA_h_b = add_optional((scale * Q_h_dQ_h_b) @ dK_h_K_h_k.mT, M_t_b)
-        D_b = np.vecdot(dA_h_b, P_h_b)[..., None]
+        D_b = row_dot(dA_h_b, P_h_b)
         dP_h_b = shifted_product(P_h_b, dA_h_b, D_b, out=dA_h_b)
         del D_b, dA_h_b
-        dO_h_b = P_h_b @ dV_h_k + dP_h_b @ V_h_k
+        dO_h_b = narrow_matmul(P_h_b, dV_h_k) + narrow_matmul(dP_h_b, V_h_k)
         del dP_h_b
         dC_b = merge_heads(dO_h_b, H)
         del dO_h_b
@@ -1621,6 +1721,7 @@ def _jvp(
     return Y, dY
 
 
+@_in_run_dtype
 def jvp(
     Q,
     K,

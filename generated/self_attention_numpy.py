@@ -108,6 +108,12 @@ def _fused_kernels():
     return made
 
 
+def _half(a):
+    """Is a a 16-bit floating array (float16: a run the precision helpers compute in float32)?"""
+    dtype = np.asarray(a).dtype
+    return dtype.kind == "f" and dtype.itemsize == 2
+
+
 def _numba_entry_kernels(numba, exact, exp, log1p):
     """The entrywise kernels with the exp and log1p (on [0, 1]) given, in place on a flat array, compiled lazily.
     NumPy's error model: a division is not checked for a zero divisor (numba's Python model raises, and its
@@ -302,6 +308,33 @@ def fused_row_softmax(a, out=None, lse=False):
     return out
 
 
+def matmul_tn(a, b):
+    """aᵀ b of an n × m a (dSᵀ Q, Pᵀ dO: the part of dK, dV that a block of rows adds, add_rows). Of a float16 run,
+    the product of float32 factors, left float32 (as torch's matmul_tn keeps its float32_value): add_rows sums the
+    parts in float32, and the public function rounds the sum once (``_in_run_dtype``). Else a.mT @ b."""
+    if _half(a) or _half(b):
+        return np.matmul(a.astype(np.float32, copy=False).mT, b.astype(np.float32, copy=False))
+    return a.mT @ b
+
+
+def narrow_matmul(a, b):
+    """a @ b, where a factor may be a float32 n × m array of a float16 run (P, dS of ``wide_matmul``): both
+    factors float32 (the float32 array never rounded, the 16-bit one widened exactly), the product accumulated in
+    float32 and rounded to the 16-bit dtype once. Factors of one wider dtype (float32, float64 runs): a @ b."""
+    low = next((x.dtype for x in (a, b) if _half(x)), None)
+    if low is None:
+        return a @ b
+    return np.matmul(a.astype(np.float32, copy=False), b.astype(np.float32, copy=False)).astype(low)
+
+
+def row_dot(a, b):
+    """rowsum(a ⊙ b) as a column (..., n, 1), such as D = rowsum(dO ⊙ O), by np.vecdot (no a ⊙ b temporary): in
+    float32 for 16-bit a or b (a statistic, kept as SDPA keeps it), else in their dtype."""
+    if _half(a) or _half(b):
+        a, b = a.astype(np.float32, copy=False), b.astype(np.float32, copy=False)
+    return np.vecdot(a, b)[..., None]
+
+
 def row_softmax(a, out=None):
     """softmax along the last axis, the row max subtracted first; out may be a itself."""
     fused = fused_row_softmax(a, out)
@@ -342,6 +375,17 @@ def softplus(a):
     is (_entrywise), else np.logaddexp (25 ns an entry: 4096², float32, 405 ms against 41)."""
     out = _entrywise(softplus, a)
     return np.logaddexp(0.0, a) if out is None else out
+
+
+def wide_matmul(a, b):
+    """a @ b, a product much larger than its factors (the scores Q Kᵀ, dP = dO Vᵀ: n × m from n × d and d × m).
+    Of 16-bit factors (float16) the product is float32, of the factors widened (the same values: 16-bit products
+    are exact in float32; BLAS sums in float32, where NumPy's own float16 loop is some sixty times slower): the
+    n × m arrays and what is made of them (P, L, dS) stay float32, as SDPA keeps them; the products that read them
+    round once (``narrow_matmul``). Factors of a wider dtype (float32, float64 runs): a @ b."""
+    if _half(a) or _half(b):
+        return np.matmul(a.astype(np.float32), b.astype(np.float32))
+    return a @ b
 
 
 def _arrays(named):
@@ -404,9 +448,43 @@ def _cotangent(grad_out, saved):
     return grad_out
 
 
+def _in_run_dtype(function):
+    """function (backward, hvp, jvp) with its results in the dtype of its first array argument (the cotangent, the
+    first input): a float16 run's float32 values (a product left wide, a sum over blocks of rows, dS summed to the
+    mask's shape) rounded once to float16. A float32 or float64 run's results as they are."""
+
+    def in_run_dtype(*args, **kwargs):
+        results = function(*args, **kwargs)
+        dtype = next((a.dtype for a in (*args, *kwargs.values()) if isinstance(a, np.ndarray)), None)
+        return results if dtype is None or dtype.kind != "f" or dtype.itemsize != 2 else _narrowed(results, dtype)
+
+    in_run_dtype.__name__, in_run_dtype.__qualname__ = function.__name__, function.__qualname__
+    in_run_dtype.__doc__, in_run_dtype.__wrapped__ = function.__doc__, function
+    return in_run_dtype
+
+
+def _narrowed(value, dtype):
+    """value (an array, or a dict or tuple of them and None) with each floating array of another dtype in dtype."""
+    if isinstance(value, dict):
+        return {name: _narrowed(v, dtype) for name, v in value.items()}
+    if isinstance(value, tuple):
+        return tuple(_narrowed(v, dtype) for v in value)
+    if isinstance(value, np.ndarray) and value.dtype.kind == "f" and value.dtype != dtype:
+        return value.astype(dtype)
+    return value
+
+
 def sum_batch(a):
-    """(..., p, q) -> (p, q): the sum over the leading batch dimensions."""
-    return a.reshape(-1, *a.shape[-2:]).sum(axis=0)
+    """(..., p, q) -> (p, q): the sum over the leading batch dimensions (``wide_sum``)."""
+    return wide_sum(a.reshape(-1, *a.shape[-2:]), 0)
+
+
+def wide_sum(a, axis, keepdims=False):
+    """a summed along axis; of a 16-bit a, accumulated in float32 and rounded once (NumPy sums a float16 array along
+    an axis other than the last in float16, rounding at every addition)."""
+    if _half(a):
+        return a.sum(axis=axis, keepdims=keepdims, dtype=np.float32).astype(a.dtype)
+    return a.sum(axis=axis, keepdims=keepdims)
 
 
 def _schedule_at(d_k, d_model, d_v, n):
@@ -466,15 +544,15 @@ def forward(X, W_Q, W_K, W_V):
     schedule = _schedule_at(d_k, d_model, d_v, n)
     if schedule == 0:
         W_QKV = np.concatenate([W_Q, W_K, W_V], axis=-1)
-        QKV = X @ W_QKV
+        QKV = narrow_matmul(X, W_QKV)
         Q = QKV[..., :, :d_k]
         K = QKV[..., :, d_k : 2 * d_k]
         V = QKV[..., :, 2 * d_k :]
         del QKV
-        A = (scale * Q) @ K.mT
+        A = wide_matmul(scale * Q, K.mT)
         P = row_softmax(A, out=A)
         del A
-        O = P @ V
+        O = narrow_matmul(P, V)
         saved = {
             "X": X,
             "W_QKV": W_QKV,
@@ -490,13 +568,13 @@ def forward(X, W_Q, W_K, W_V):
         }
         return O, saved
     elif schedule == 1:
-        F1 = W_Q @ W_K.mT
+        F1 = wide_matmul(W_Q, W_K.mT)
         XW_QW_KT = X @ F1
         A = (scale * XW_QW_KT) @ X.mT
         P = row_softmax(A, out=A)
         del A
         PX = P @ X
-        O = PX @ W_V
+        O = narrow_matmul(PX, W_V)
         saved = {
             "X": X,
             "W_Q": W_Q,
@@ -514,16 +592,16 @@ def forward(X, W_Q, W_K, W_V):
         return O, saved
     elif schedule == 2:
         W_QK = np.concatenate([W_Q, W_K], axis=-1)
-        QK = X @ W_QK
+        QK = narrow_matmul(X, W_QK)
         del W_QK
         Q = QK[..., :, :d_k]
         K = QK[..., :, d_k:]
         del QK
-        A = (scale * Q) @ K.mT
+        A = wide_matmul(scale * Q, K.mT)
         P = row_softmax(A, out=A)
         del A
         PX = P @ X
-        O = PX @ W_V
+        O = narrow_matmul(PX, W_V)
         saved = {
             "X": X,
             "W_Q": W_Q,
@@ -540,13 +618,13 @@ def forward(X, W_Q, W_K, W_V):
         }
         return O, saved
     else:
-        Q = X @ W_Q
-        XW_QW_KT = Q @ W_K.mT
+        Q = narrow_matmul(X, W_Q)
+        XW_QW_KT = wide_matmul(Q, W_K.mT)
         A = (scale * XW_QW_KT) @ X.mT
         P = row_softmax(A, out=A)
         del A
         PX = P @ X
-        O = PX @ W_V
+        O = narrow_matmul(PX, W_V)
         saved = {
             "X": X,
             "W_Q": W_Q,
@@ -564,6 +642,7 @@ def forward(X, W_Q, W_K, W_V):
         return O, saved
 
 
+@_in_run_dtype
 def backward(saved, grad_out):
     """Gradients for every input, given grad_out = ∂f/∂O; returns a dict keyed by input name."""
     grad_out = _cotangent(grad_out, saved)
@@ -578,17 +657,17 @@ def backward(saved, grad_out):
         O = saved["O"]
         d_k = saved["d_k"]
         scale = 1 / d_k**0.5
-        D = np.vecdot(O, grad_out)[..., None]
-        dV = P.mT @ grad_out
-        dP = grad_out @ V.mT
+        D = row_dot(O, grad_out)
+        dV = matmul_tn(P, grad_out)
+        dP = wide_matmul(grad_out, V.mT)
         dA = shifted_product(P, dP, D, out=dP)
         del D, dP
-        dK = dA.mT @ (scale * Q)
-        dQ = dA @ (scale * K)
+        dK = matmul_tn(dA, scale * Q)
+        dQ = narrow_matmul(dA, scale * K)
         del dA
         dQKV = np.concatenate([dQ, dK, dV], axis=-1)
         del dK, dQ, dV
-        dX = dQKV @ W_QKV.mT
+        dX = wide_matmul(dQKV, W_QKV.mT)
         dW_QKV = rows(X).mT @ rows(dQKV)
         del dQKV
         dW_Q = dW_QKV[..., :, :d_k]
@@ -607,8 +686,8 @@ def backward(saved, grad_out):
         PX = saved["PX"]
         d_k = saved["d_k"]
         scale = 1 / d_k**0.5
-        dPX = grad_out @ W_V.mT
-        D = np.vecdot(PX, dPX)[..., None]
+        dPX = wide_matmul(grad_out, W_V.mT)
+        D = row_dot(PX, dPX)
         dP = dPX @ X.mT
         dA = shifted_product(P, dP, D, out=dP)
         del D, dP
@@ -616,8 +695,8 @@ def backward(saved, grad_out):
         dF1 = X.mT @ dXW_QW_KT
         dX = dXW_QW_KT @ F1.mT + P.mT @ dPX + (scale * dA).mT @ XW_QW_KT
         del dA, dPX, dXW_QW_KT
-        dW_Q = sum_batch(dF1 @ W_K)
-        dW_K = sum_batch(dF1.mT @ W_Q)
+        dW_Q = sum_batch(narrow_matmul(dF1, W_K))
+        dW_K = sum_batch(matmul_tn(dF1, W_Q))
         del dF1
         dW_V = rows(PX).mT @ rows(grad_out)
         return {"X": dX, "W_Q": dW_Q, "W_K": dW_K, "W_V": dW_V}
@@ -632,15 +711,15 @@ def backward(saved, grad_out):
         PX = saved["PX"]
         d_k = saved["d_k"]
         scale = 1 / d_k**0.5
-        dPX = grad_out @ W_V.mT
+        dPX = wide_matmul(grad_out, W_V.mT)
         dP = dPX @ X.mT
-        D = np.vecdot(P, dP)[..., None]
+        D = row_dot(P, dP)
         dA = shifted_product(P, dP, D, out=dP)
         del D, dP
-        dK = dA.mT @ (scale * Q)
-        dQ = dA @ (scale * K)
+        dK = matmul_tn(dA, scale * Q)
+        dQ = narrow_matmul(dA, scale * K)
         del dA
-        dX = dK @ W_K.mT + dQ @ W_Q.mT + P.mT @ dPX
+        dX = wide_matmul(dK, W_K.mT) + wide_matmul(dQ, W_Q.mT) + P.mT @ dPX
         del dPX
         dW_Q = rows(X).mT @ rows(dQ)
         del dQ
@@ -659,14 +738,14 @@ def backward(saved, grad_out):
         PX = saved["PX"]
         d_k = saved["d_k"]
         scale = 1 / d_k**0.5
-        dPX = grad_out @ W_V.mT
+        dPX = wide_matmul(grad_out, W_V.mT)
         dP = dPX @ X.mT
-        D = np.vecdot(P, dP)[..., None]
+        D = row_dot(P, dP)
         dA = shifted_product(P, dP, D, out=dP)
         del D, dP
         dXW_QW_KT = (scale * dA) @ X
-        dQ = dXW_QW_KT @ W_K
-        dX = dQ @ W_Q.mT + P.mT @ dPX + (scale * dA).mT @ XW_QW_KT
+        dQ = narrow_matmul(dXW_QW_KT, W_K)
+        dX = wide_matmul(dQ, W_Q.mT) + P.mT @ dPX + (scale * dA).mT @ XW_QW_KT
         del dA, dPX
         dW_Q = rows(X).mT @ rows(dQ)
         del dQ
@@ -754,25 +833,25 @@ def _forward2(X, W_Q, W_K, W_V, G_out, X_v, W_Q_v, W_K_v, W_V_v):
     schedule = _schedule_at(d_k, d_model, d_v, n)
     if schedule == 0:
         W_QKV = np.concatenate([W_Q, W_K, W_V], axis=-1)
-        QKV = X @ W_QKV
+        QKV = narrow_matmul(X, W_QKV)
         Q = QKV[..., :, :d_k]
         K = QKV[..., :, d_k : 2 * d_k]
         V = QKV[..., :, 2 * d_k :]
         del QKV
-        A = (scale * Q) @ K.mT
+        A = wide_matmul(scale * Q, K.mT)
         P = row_softmax(A, out=A)
         del A
-        O = P @ V
-        G_D = np.vecdot(O, G_out)[..., None]
+        O = narrow_matmul(P, V)
+        G_D = row_dot(O, G_out)
         del O
-        G_V = P.mT @ G_out
-        G_P = G_out @ V.mT
+        G_V = matmul_tn(P, G_out)
+        G_P = wide_matmul(G_out, V.mT)
         G_A = shifted_product(P, G_P, G_D)
-        G_K = G_A.mT @ (scale * Q)
-        G_Q = G_A @ (scale * K)
+        G_K = matmul_tn(G_A, scale * Q)
+        G_Q = narrow_matmul(G_A, scale * K)
         G_QKV = np.concatenate([G_Q, G_K, G_V], axis=-1)
         del G_K, G_Q, G_V
-        G_X = G_QKV @ W_QKV.mT
+        G_X = wide_matmul(G_QKV, W_QKV.mT)
         G_W_QKV = rows(X).mT @ rows(G_QKV)
         G_W_Q = G_W_QKV[..., :, :d_k]
         G_W_K = G_W_QKV[..., :, d_k : 2 * d_k]
@@ -806,21 +885,21 @@ def _forward2(X, W_Q, W_K, W_V, G_out, X_v, W_Q_v, W_K_v, W_V_v):
         }
         return f2, saved
     elif schedule == 1:
-        F1 = W_Q @ W_K.mT
+        F1 = wide_matmul(W_Q, W_K.mT)
         XW_QW_KT = X @ F1
         A = (scale * XW_QW_KT) @ X.mT
         P = row_softmax(A, out=A)
         del A
         PX = P @ X
-        G_PX = G_out @ W_V.mT
-        G_D = np.vecdot(PX, G_PX)[..., None]
+        G_PX = wide_matmul(G_out, W_V.mT)
+        G_D = row_dot(PX, G_PX)
         G_P = G_PX @ X.mT
         G_A = shifted_product(P, G_P, G_D)
         G_XW_QW_KT = (scale * G_A) @ X
         G_F1 = X.mT @ G_XW_QW_KT
         G_X = G_XW_QW_KT @ F1.mT + P.mT @ G_PX + (scale * G_A).mT @ XW_QW_KT
-        G_W_Q = sum_batch(G_F1 @ W_K)
-        G_W_K = sum_batch(G_F1.mT @ W_Q)
+        G_W_Q = sum_batch(narrow_matmul(G_F1, W_K))
+        G_W_K = sum_batch(matmul_tn(G_F1, W_Q))
         G_W_V = rows(PX).mT @ rows(G_out)
         f2 = (
             (np.ones((1, d_model), dtype=dtype)) @ (W_K_v * G_W_K).sum(axis=-1, keepdims=True)
@@ -855,21 +934,21 @@ def _forward2(X, W_Q, W_K, W_V, G_out, X_v, W_Q_v, W_K_v, W_V_v):
         return f2, saved
     elif schedule == 2:
         W_QK = np.concatenate([W_Q, W_K], axis=-1)
-        QK = X @ W_QK
+        QK = narrow_matmul(X, W_QK)
         Q = QK[..., :, :d_k]
         K = QK[..., :, d_k:]
         del QK
-        A = (scale * Q) @ K.mT
+        A = wide_matmul(scale * Q, K.mT)
         P = row_softmax(A, out=A)
         del A
         PX = P @ X
-        G_PX = G_out @ W_V.mT
+        G_PX = wide_matmul(G_out, W_V.mT)
         G_P = G_PX @ X.mT
-        G_D = np.vecdot(P, G_P)[..., None]
+        G_D = row_dot(P, G_P)
         G_A = shifted_product(P, G_P, G_D)
-        G_K = G_A.mT @ (scale * Q)
-        G_Q = G_A @ (scale * K)
-        G_X = G_K @ W_K.mT + G_Q @ W_Q.mT + P.mT @ G_PX
+        G_K = matmul_tn(G_A, scale * Q)
+        G_Q = narrow_matmul(G_A, scale * K)
+        G_X = wide_matmul(G_K, W_K.mT) + wide_matmul(G_Q, W_Q.mT) + P.mT @ G_PX
         G_W_Q = rows(X).mT @ rows(G_Q)
         G_W_K = rows(X).mT @ rows(G_K)
         G_W_V = rows(PX).mT @ rows(G_out)
@@ -906,19 +985,19 @@ def _forward2(X, W_Q, W_K, W_V, G_out, X_v, W_Q_v, W_K_v, W_V_v):
         }
         return f2, saved
     else:
-        Q = X @ W_Q
-        XW_QW_KT = Q @ W_K.mT
+        Q = narrow_matmul(X, W_Q)
+        XW_QW_KT = wide_matmul(Q, W_K.mT)
         A = (scale * XW_QW_KT) @ X.mT
         P = row_softmax(A, out=A)
         del A
         PX = P @ X
-        G_PX = G_out @ W_V.mT
+        G_PX = wide_matmul(G_out, W_V.mT)
         G_P = G_PX @ X.mT
-        G_D = np.vecdot(P, G_P)[..., None]
+        G_D = row_dot(P, G_P)
         G_A = shifted_product(P, G_P, G_D)
         G_XW_QW_KT = (scale * G_A) @ X
-        G_Q = G_XW_QW_KT @ W_K
-        G_X = G_Q @ W_Q.mT + P.mT @ G_PX + (scale * G_A).mT @ XW_QW_KT
+        G_Q = narrow_matmul(G_XW_QW_KT, W_K)
+        G_X = wide_matmul(G_Q, W_Q.mT) + P.mT @ G_PX + (scale * G_A).mT @ XW_QW_KT
         G_W_Q = rows(X).mT @ rows(G_Q)
         G_W_K = rows(G_XW_QW_KT).mT @ rows(Q)
         G_W_V = rows(PX).mT @ rows(G_out)
@@ -977,34 +1056,34 @@ def _backward2(saved, grad_out):
         d_k = saved["d_k"]
         scale = 1 / d_k**0.5
         dW_QKV = np.concatenate([W_Q_v, W_K_v, W_V_v], axis=-1)
-        dQKV = X @ dW_QKV + X_v @ W_QKV
+        dQKV = narrow_matmul(X, dW_QKV) + narrow_matmul(X_v, W_QKV)
         dQ = dQKV[..., :, :d_k]
         dK = dQKV[..., :, d_k : 2 * d_k]
         dV = dQKV[..., :, 2 * d_k :]
         del dQKV
         Q_dQ = np.concatenate([Q, dQ], axis=-1)
         dK_K = np.concatenate([dK, K], axis=-1)
-        dA = (scale * Q_dQ) @ dK_K.mT
+        dA = wide_matmul(scale * Q_dQ, dK_K.mT)
         del Q_dQ, dK_K
-        D = np.vecdot(P, dA)[..., None]
+        D = row_dot(P, dA)
         dP = shifted_product(P, dA, D, out=dA)
         del D, dA
-        dG_out = P @ dV + dP @ V
-        dG_D = np.vecdot(G_out, dG_out)[..., None]
-        dG_V = dP.mT @ G_out
-        dG_P = G_out @ dV.mT
+        dG_out = narrow_matmul(P, dV) + narrow_matmul(dP, V)
+        dG_D = row_dot(G_out, dG_out)
+        dG_V = matmul_tn(dP, G_out)
+        dG_P = wide_matmul(G_out, dV.mT)
         del dV
         dG_A = np.add(shifted_product(dP, G_P, G_D, out=dP), shifted_product(P, dG_P, dG_D, out=dG_P), out=dP)
         del dG_D, dG_P, dP
-        dG_K = scale * (G_A.mT @ dQ + dG_A.mT @ Q)
+        dG_K = scale * (matmul_tn(G_A, dQ) + matmul_tn(dG_A, Q))
         del dQ
-        dG_Q = scale * (G_A @ dK + dG_A @ K)
+        dG_Q = scale * (narrow_matmul(G_A, dK) + narrow_matmul(dG_A, K))
         del dG_A, dK
         dG_QKV = np.concatenate([dG_Q, dG_K, dG_V], axis=-1)
         del dG_K, dG_Q, dG_V
-        dX = G_QKV @ dW_QKV.mT + dG_QKV @ W_QKV.mT
+        dX = wide_matmul(G_QKV, dW_QKV.mT) + wide_matmul(dG_QKV, W_QKV.mT)
         del dW_QKV
-        dG_W_QKV = sum_batch(X.mT @ dG_QKV + X_v.mT @ G_QKV)
+        dG_W_QKV = sum_batch(narrow_matmul(X.mT, dG_QKV) + narrow_matmul(X_v.mT, G_QKV))
         del dG_QKV
         dW_Q = dG_W_QKV[..., :, :d_k]
         dW_K = dG_W_QKV[..., :, d_k : 2 * d_k]
@@ -1035,16 +1114,16 @@ def _backward2(saved, grad_out):
         scale = 1 / d_k**0.5
         W_Q_W_Q_v = np.concatenate([W_Q, W_Q_v], axis=-1)
         W_K_v_W_K = np.concatenate([W_K_v, W_K], axis=-1)
-        dF1 = W_Q_W_Q_v @ W_K_v_W_K.mT
+        dF1 = wide_matmul(W_Q_W_Q_v, W_K_v_W_K.mT)
         del W_K_v_W_K, W_Q_W_Q_v
         dXW_QW_KT = X @ dF1 + X_v @ F1
         dA = scale * (XW_QW_KT @ X_v.mT + dXW_QW_KT @ X.mT)
-        D = np.vecdot(P, dA)[..., None]
+        D = row_dot(P, dA)
         dP = shifted_product(P, dA, D, out=dA)
         del D, dA
         dPX = P @ X_v + dP @ X
-        dG_out = PX @ W_V_v + dPX @ W_V
-        dG_PX = G_out @ W_V_v.mT
+        dG_out = narrow_matmul(PX, W_V_v) + narrow_matmul(dPX, W_V)
+        dG_PX = wide_matmul(G_out, W_V_v.mT)
         dG_D = (G_PX * dPX + PX * dG_PX).sum(axis=-1, keepdims=True)
         dG_P = G_PX @ X_v.mT + dG_PX @ X.mT
         dG_A = np.add(shifted_product(P, dG_P, dG_D, out=dG_P), shifted_product(dP, G_P, G_D), out=dG_P)
@@ -1060,8 +1139,8 @@ def _backward2(saved, grad_out):
             + (scale * dG_A).mT @ XW_QW_KT
         )
         del dF1, dG_A, dG_PX, dG_XW_QW_KT, dP, dXW_QW_KT
-        dW_Q = sum_batch(G_F1 @ W_K_v + dG_F1 @ W_K)
-        dW_K = sum_batch(G_F1.mT @ W_Q_v + dG_F1.mT @ W_Q)
+        dW_Q = sum_batch(narrow_matmul(G_F1, W_K_v) + narrow_matmul(dG_F1, W_K))
+        dW_K = sum_batch(matmul_tn(G_F1, W_Q_v) + matmul_tn(dG_F1, W_Q))
         del dG_F1
         dW_V = rows(dPX).mT @ rows(G_out)
         del dPX
@@ -1090,34 +1169,41 @@ def _backward2(saved, grad_out):
         d_k = saved["d_k"]
         scale = 1 / d_k**0.5
         dW_QK = np.concatenate([W_Q_v, W_K_v], axis=-1)
-        dQK = X @ dW_QK + X_v @ W_QK
+        dQK = narrow_matmul(X, dW_QK) + narrow_matmul(X_v, W_QK)
         del dW_QK
         dQ = dQK[..., :, :d_k]
         dK = dQK[..., :, d_k:]
         del dQK
         Q_dQ = np.concatenate([Q, dQ], axis=-1)
         dK_K = np.concatenate([dK, K], axis=-1)
-        dA = (scale * Q_dQ) @ dK_K.mT
+        dA = wide_matmul(scale * Q_dQ, dK_K.mT)
         del Q_dQ, dK_K
-        D = np.vecdot(P, dA)[..., None]
+        D = row_dot(P, dA)
         dP = shifted_product(P, dA, D, out=dA)
         del D, dA
         dPX = P @ X_v + dP @ X
-        dG_out = PX @ W_V_v + dPX @ W_V
-        dG_PX = G_out @ W_V_v.mT
+        dG_out = narrow_matmul(PX, W_V_v) + narrow_matmul(dPX, W_V)
+        dG_PX = wide_matmul(G_out, W_V_v.mT)
         dG_P = G_PX @ X_v.mT + dG_PX @ X.mT
         dG_D = (G_P * dP + P * dG_P).sum(axis=-1, keepdims=True)
         dG_A = np.add(shifted_product(P, dG_P, dG_D, out=dG_P), shifted_product(dP, G_P, G_D), out=dG_P)
         del dG_D, dG_P
-        dG_K = scale * (G_A.mT @ dQ + dG_A.mT @ Q)
+        dG_K = scale * (matmul_tn(G_A, dQ) + matmul_tn(dG_A, Q))
         del dQ
-        dG_Q = scale * (G_A @ dK + dG_A @ K)
+        dG_Q = scale * (narrow_matmul(G_A, dK) + narrow_matmul(dG_A, K))
         del dG_A, dK
-        dX = G_K @ W_K_v.mT + G_Q @ W_Q_v.mT + dG_K @ W_K.mT + dG_Q @ W_Q.mT + P.mT @ dG_PX + dP.mT @ G_PX
+        dX = (
+            wide_matmul(G_K, W_K_v.mT)
+            + wide_matmul(G_Q, W_Q_v.mT)
+            + wide_matmul(dG_K, W_K.mT)
+            + wide_matmul(dG_Q, W_Q.mT)
+            + P.mT @ dG_PX
+            + dP.mT @ G_PX
+        )
         del dG_PX, dP
-        dW_Q = sum_batch(X.mT @ dG_Q + X_v.mT @ G_Q)
+        dW_Q = sum_batch(matmul_tn(X, dG_Q) + matmul_tn(X_v, G_Q))
         del dG_Q
-        dW_K = sum_batch(X.mT @ dG_K + X_v.mT @ G_K)
+        dW_K = sum_batch(matmul_tn(X, dG_K) + matmul_tn(X_v, G_K))
         del dG_K
         dW_V = rows(dPX).mT @ rows(G_out)
         del dPX
@@ -1144,42 +1230,43 @@ def _backward2(saved, grad_out):
         G_Q = saved["G_Q"]
         d_k = saved["d_k"]
         scale = 1 / d_k**0.5
-        dQ = X @ W_Q_v + X_v @ W_Q
+        dQ = narrow_matmul(X, W_Q_v) + narrow_matmul(X_v, W_Q)
         Q_dQ = np.concatenate([Q, dQ], axis=-1)
         W_K_v_W_K = np.concatenate([W_K_v, W_K], axis=-1)
-        dXW_QW_KT = Q_dQ @ W_K_v_W_K.mT
+        dXW_QW_KT = wide_matmul(Q_dQ, W_K_v_W_K.mT)
         del Q_dQ, W_K_v_W_K
         dA = scale * (XW_QW_KT @ X_v.mT + dXW_QW_KT @ X.mT)
-        D = np.vecdot(P, dA)[..., None]
+        D = row_dot(P, dA)
         dP = shifted_product(P, dA, D, out=dA)
         del D, dA
         dPX = P @ X_v + dP @ X
-        dG_out = PX @ W_V_v + dPX @ W_V
-        dG_PX = G_out @ W_V_v.mT
+        dG_out = narrow_matmul(PX, W_V_v) + narrow_matmul(dPX, W_V)
+        dG_PX = wide_matmul(G_out, W_V_v.mT)
         dG_P = G_PX @ X_v.mT + dG_PX @ X.mT
         dG_D = (G_P * dP + P * dG_P).sum(axis=-1, keepdims=True)
         dG_A = np.add(shifted_product(P, dG_P, dG_D, out=dG_P), shifted_product(dP, G_P, G_D), out=dG_P)
         del dG_D, dG_P
         dG_XW_QW_KT = scale * (G_A @ X_v + dG_A @ X)
-        dG_Q = G_XW_QW_KT @ W_K_v + dG_XW_QW_KT @ W_K
+        dG_Q = narrow_matmul(G_XW_QW_KT, W_K_v) + narrow_matmul(dG_XW_QW_KT, W_K)
         dX = (
-            G_Q @ W_Q_v.mT
-            + dG_Q @ W_Q.mT
+            wide_matmul(G_Q, W_Q_v.mT)
+            + wide_matmul(dG_Q, W_Q.mT)
             + P.mT @ dG_PX
             + dP.mT @ G_PX
             + (scale * G_A).mT @ dXW_QW_KT
             + (scale * dG_A).mT @ XW_QW_KT
         )
         del dG_A, dG_PX, dP, dXW_QW_KT
-        dW_Q = sum_batch(X.mT @ dG_Q + X_v.mT @ G_Q)
+        dW_Q = sum_batch(matmul_tn(X, dG_Q) + matmul_tn(X_v, G_Q))
         del dG_Q
-        dW_K = sum_batch(G_XW_QW_KT.mT @ dQ + dG_XW_QW_KT.mT @ Q)
+        dW_K = sum_batch(matmul_tn(G_XW_QW_KT, dQ) + matmul_tn(dG_XW_QW_KT, Q))
         del dG_XW_QW_KT, dQ
         dW_V = rows(dPX).mT @ rows(G_out)
         del dPX
         return {"X": dX, "W_Q": dW_Q, "W_K": dW_K, "W_V": dW_V, "G_out": dG_out}
 
 
+@_in_run_dtype
 def hvp(X, W_Q, W_K, W_V, grad_out, direction):
     """The Hessian of f = tr(grad_outᵀ O) with respect to the inputs, applied to direction.
 
@@ -1258,17 +1345,17 @@ def _jvp(X, W_Q, W_K, W_V, X_t, W_Q_t, W_K_t, W_V_t):
     schedule = _schedule_at(d_k, d_model, d_v, n)
     if schedule == 0:
         W_QKV = np.concatenate([W_Q, W_K, W_V], axis=-1)
-        QKV = X @ W_QKV
+        QKV = narrow_matmul(X, W_QKV)
         Q = QKV[..., :, :d_k]
         K = QKV[..., :, d_k : 2 * d_k]
         V = QKV[..., :, 2 * d_k :]
         del QKV
-        A = (scale * Q) @ K.mT
+        A = wide_matmul(scale * Q, K.mT)
         P = row_softmax(A, out=A)
         del A
-        O = P @ V
+        O = narrow_matmul(P, V)
         dW_QKV = np.concatenate([W_Q_t, W_K_t, W_V_t], axis=-1)
-        dQKV = X @ dW_QKV + X_t @ W_QKV
+        dQKV = narrow_matmul(X, dW_QKV) + narrow_matmul(X_t, W_QKV)
         del W_QKV, dW_QKV
         dQ = dQKV[..., :, :d_k]
         dK = dQKV[..., :, d_k : 2 * d_k]
@@ -1278,51 +1365,51 @@ def _jvp(X, W_Q, W_K, W_V, X_t, W_Q_t, W_K_t, W_V_t):
         del Q, dQ
         dK_K = np.concatenate([dK, K], axis=-1)
         del K, dK
-        dA = (scale * Q_dQ) @ dK_K.mT
+        dA = wide_matmul(scale * Q_dQ, dK_K.mT)
         del Q_dQ, dK_K
-        D = np.vecdot(dA, P)[..., None]
+        D = row_dot(dA, P)
         dP = shifted_product(P, dA, D, out=dA)
         del D, dA
-        dO = P @ dV + dP @ V
+        dO = narrow_matmul(P, dV) + narrow_matmul(dP, V)
         del P, V, dP, dV
         return O, dO
     elif schedule == 1:
-        F1 = W_Q @ W_K.mT
+        F1 = wide_matmul(W_Q, W_K.mT)
         XW_QW_KT = X @ F1
         A = (scale * XW_QW_KT) @ X.mT
         P = row_softmax(A, out=A)
         del A
         PX = P @ X
-        O = PX @ W_V
+        O = narrow_matmul(PX, W_V)
         W_Q_W_Q_t = np.concatenate([W_Q, W_Q_t], axis=-1)
         W_K_t_W_K = np.concatenate([W_K_t, W_K], axis=-1)
-        dF1 = W_Q_W_Q_t @ W_K_t_W_K.mT
+        dF1 = wide_matmul(W_Q_W_Q_t, W_K_t_W_K.mT)
         del W_K_t_W_K, W_Q_W_Q_t
         dXW_QW_KT = X @ dF1 + X_t @ F1
         del F1, dF1
         dA = scale * (XW_QW_KT @ X_t.mT + dXW_QW_KT @ X.mT)
         del XW_QW_KT, dXW_QW_KT
-        D = np.vecdot(dA, P)[..., None]
+        D = row_dot(dA, P)
         dP = shifted_product(P, dA, D, out=dA)
         del D, dA
         dPX = P @ X_t + dP @ X
         del P, dP
-        dO = PX @ W_V_t + dPX @ W_V
+        dO = narrow_matmul(PX, W_V_t) + narrow_matmul(dPX, W_V)
         del PX, dPX
         return O, dO
     elif schedule == 2:
         W_QK = np.concatenate([W_Q, W_K], axis=-1)
-        QK = X @ W_QK
+        QK = narrow_matmul(X, W_QK)
         Q = QK[..., :, :d_k]
         K = QK[..., :, d_k:]
         del QK
-        A = (scale * Q) @ K.mT
+        A = wide_matmul(scale * Q, K.mT)
         P = row_softmax(A, out=A)
         del A
         PX = P @ X
-        O = PX @ W_V
+        O = narrow_matmul(PX, W_V)
         dW_QK = np.concatenate([W_Q_t, W_K_t], axis=-1)
-        dQK = X @ dW_QK + X_t @ W_QK
+        dQK = narrow_matmul(X, dW_QK) + narrow_matmul(X_t, W_QK)
         del W_QK, dW_QK
         dQ = dQK[..., :, :d_k]
         dK = dQK[..., :, d_k:]
@@ -1331,42 +1418,43 @@ def _jvp(X, W_Q, W_K, W_V, X_t, W_Q_t, W_K_t, W_V_t):
         del Q, dQ
         dK_K = np.concatenate([dK, K], axis=-1)
         del K, dK
-        dA = (scale * Q_dQ) @ dK_K.mT
+        dA = wide_matmul(scale * Q_dQ, dK_K.mT)
         del Q_dQ, dK_K
-        D = np.vecdot(dA, P)[..., None]
+        D = row_dot(dA, P)
         dP = shifted_product(P, dA, D, out=dA)
         del D, dA
         dPX = P @ X_t + dP @ X
         del P, dP
-        dO = PX @ W_V_t + dPX @ W_V
+        dO = narrow_matmul(PX, W_V_t) + narrow_matmul(dPX, W_V)
         del PX, dPX
         return O, dO
     else:
-        Q = X @ W_Q
-        XW_QW_KT = Q @ W_K.mT
+        Q = narrow_matmul(X, W_Q)
+        XW_QW_KT = wide_matmul(Q, W_K.mT)
         A = (scale * XW_QW_KT) @ X.mT
         P = row_softmax(A, out=A)
         del A
         PX = P @ X
-        O = PX @ W_V
-        dQ = X @ W_Q_t + X_t @ W_Q
+        O = narrow_matmul(PX, W_V)
+        dQ = narrow_matmul(X, W_Q_t) + narrow_matmul(X_t, W_Q)
         Q_dQ = np.concatenate([Q, dQ], axis=-1)
         del Q, dQ
         W_K_t_W_K = np.concatenate([W_K_t, W_K], axis=-1)
-        dXW_QW_KT = Q_dQ @ W_K_t_W_K.mT
+        dXW_QW_KT = wide_matmul(Q_dQ, W_K_t_W_K.mT)
         del Q_dQ, W_K_t_W_K
         dA = scale * (XW_QW_KT @ X_t.mT + dXW_QW_KT @ X.mT)
         del XW_QW_KT, dXW_QW_KT
-        D = np.vecdot(dA, P)[..., None]
+        D = row_dot(dA, P)
         dP = shifted_product(P, dA, D, out=dA)
         del D, dA
         dPX = P @ X_t + dP @ X
         del P, dP
-        dO = PX @ W_V_t + dPX @ W_V
+        dO = narrow_matmul(PX, W_V_t) + narrow_matmul(dPX, W_V)
         del PX, dPX
         return O, dO
 
 
+@_in_run_dtype
 def jvp(X, W_Q, W_K, W_V, tangents):
     """(O, its derivative along tangents): the forward and its closed-form Jacobian-vector product.
 

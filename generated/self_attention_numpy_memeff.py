@@ -113,6 +113,12 @@ def _fused_kernels():
     return made
 
 
+def _half(a):
+    """Is a a 16-bit floating array (float16: a run the precision helpers compute in float32)?"""
+    dtype = np.asarray(a).dtype
+    return dtype.kind == "f" and dtype.itemsize == 2
+
+
 def _numba_entry_kernels(numba, exact, exp, log1p):
     """The entrywise kernels with the exp and log1p (on [0, 1]) given, in place on a flat array, compiled lazily.
     NumPy's error model: a division is not checked for a zero divisor (numba's Python model raises, and its
@@ -277,6 +283,18 @@ def _written(a, out):
     return out
 
 
+def add_blocks(total, part):
+    """total + part, a sum over the blocks of rows (a weight's gradient, dW_Q += rows(Q_b)ᵀ rows(dQ_b)); total is 0
+    before the first block. 16-bit parts are summed in float32 (an accumulation): the sum is float32, rounded once
+    by the public function (``_in_run_dtype``). Wider parts: total += part, as before."""
+    if _half(part):
+        part = part.astype(np.float32)
+    if isinstance(total, int):
+        return total + part
+    total += part
+    return total
+
+
 def exp_rows(a, shift, out=None):
     """exp(a - shift), shift a column (..., k, 1) of one value a row (a row log-sum-exp: P from the scores and
     L); a compiled sweep where fused_row_softmax has one, else NumPy's two passes. out may be a itself."""
@@ -305,6 +323,33 @@ def fused_row_softmax(a, out=None, lse=False):
     if lse:
         return out, top.reshape(*out.shape[:-1], 1), total.reshape(*out.shape[:-1], 1)
     return out
+
+
+def matmul_tn(a, b):
+    """aᵀ b of an n × m a (dSᵀ Q, Pᵀ dO: the part of dK, dV that a block of rows adds, add_rows). Of a float16 run,
+    the product of float32 factors, left float32 (as torch's matmul_tn keeps its float32_value): add_rows sums the
+    parts in float32, and the public function rounds the sum once (``_in_run_dtype``). Else a.mT @ b."""
+    if _half(a) or _half(b):
+        return np.matmul(a.astype(np.float32, copy=False).mT, b.astype(np.float32, copy=False))
+    return a.mT @ b
+
+
+def narrow_matmul(a, b):
+    """a @ b, where a factor may be a float32 n × m array of a float16 run (P, dS of ``wide_matmul``): both
+    factors float32 (the float32 array never rounded, the 16-bit one widened exactly), the product accumulated in
+    float32 and rounded to the 16-bit dtype once. Factors of one wider dtype (float32, float64 runs): a @ b."""
+    low = next((x.dtype for x in (a, b) if _half(x)), None)
+    if low is None:
+        return a @ b
+    return np.matmul(a.astype(np.float32, copy=False), b.astype(np.float32, copy=False)).astype(low)
+
+
+def row_dot(a, b):
+    """rowsum(a ⊙ b) as a column (..., n, 1), such as D = rowsum(dO ⊙ O), by np.vecdot (no a ⊙ b temporary): in
+    float32 for 16-bit a or b (a statistic, kept as SDPA keeps it), else in their dtype."""
+    if _half(a) or _half(b):
+        a, b = a.astype(np.float32, copy=False), b.astype(np.float32, copy=False)
+    return np.vecdot(a, b)[..., None]
 
 
 def row_softmax_lse(a, out=None):
@@ -349,6 +394,17 @@ def softplus(a):
     is (_entrywise), else np.logaddexp (25 ns an entry: 4096², float32, 405 ms against 41)."""
     out = _entrywise(softplus, a)
     return np.logaddexp(0.0, a) if out is None else out
+
+
+def wide_matmul(a, b):
+    """a @ b, a product much larger than its factors (the scores Q Kᵀ, dP = dO Vᵀ: n × m from n × d and d × m).
+    Of 16-bit factors (float16) the product is float32, of the factors widened (the same values: 16-bit products
+    are exact in float32; BLAS sums in float32, where NumPy's own float16 loop is some sixty times slower): the
+    n × m arrays and what is made of them (P, L, dS) stay float32, as SDPA keeps them; the products that read them
+    round once (``narrow_matmul``). Factors of a wider dtype (float32, float64 runs): a @ b."""
+    if _half(a) or _half(b):
+        return np.matmul(a.astype(np.float32), b.astype(np.float32))
+    return a @ b
 
 
 def _arrays(named):
@@ -419,6 +475,32 @@ def _cotangent(grad_out, saved):
     return grad_out
 
 
+def _in_run_dtype(function):
+    """function (backward, hvp, jvp) with its results in the dtype of its first array argument (the cotangent, the
+    first input): a float16 run's float32 values (a product left wide, a sum over blocks of rows, dS summed to the
+    mask's shape) rounded once to float16. A float32 or float64 run's results as they are."""
+
+    def in_run_dtype(*args, **kwargs):
+        results = function(*args, **kwargs)
+        dtype = next((a.dtype for a in (*args, *kwargs.values()) if isinstance(a, np.ndarray)), None)
+        return results if dtype is None or dtype.kind != "f" or dtype.itemsize != 2 else _narrowed(results, dtype)
+
+    in_run_dtype.__name__, in_run_dtype.__qualname__ = function.__name__, function.__qualname__
+    in_run_dtype.__doc__, in_run_dtype.__wrapped__ = function.__doc__, function
+    return in_run_dtype
+
+
+def _narrowed(value, dtype):
+    """value (an array, or a dict or tuple of them and None) with each floating array of another dtype in dtype."""
+    if isinstance(value, dict):
+        return {name: _narrowed(v, dtype) for name, v in value.items()}
+    if isinstance(value, tuple):
+        return tuple(_narrowed(v, dtype) for v in value)
+    if isinstance(value, np.ndarray) and value.dtype.kind == "f" and value.dtype != dtype:
+        return value.astype(dtype)
+    return value
+
+
 def forward(X, W_Q, W_K, W_V, *, block_size=None):
     """softmax(X W_Q (X W_K)ᵀ / √d_k) X W_V.
 
@@ -440,7 +522,7 @@ def forward(X, W_Q, W_K, W_V, *, block_size=None):
     _nonempty({"d_model": d_model, "d_k": d_k, "d_v": d_v}, {"X": X, "W_Q": W_Q, "W_V": W_V})
     scale = 1 / d_k**0.5
     W_QKV = np.concatenate([W_Q, W_K, W_V], axis=-1)
-    QKV = X @ W_QKV
+    QKV = narrow_matmul(X, W_QKV)
     Q = QKV[..., :, :d_k]
     K = QKV[..., :, d_k : 2 * d_k]
     V = QKV[..., :, 2 * d_k :]
@@ -449,9 +531,9 @@ def forward(X, W_Q, W_K, W_V, *, block_size=None):
     for start in range(0, max(Q.shape[-2], 1), block_size):  # one pass with no rows: results get their shapes
         block = slice(start, start + block_size)
         Q_b = Q[..., block, :]
-        A_b = (scale * Q_b) @ K.mT
+        A_b = wide_matmul(scale * Q_b, K.mT)
         P_b, L_b = row_softmax_lse(A_b, out=A_b)
-        O_b = P_b @ V
+        O_b = narrow_matmul(P_b, V)
         O_blocks.append(O_b)
         L_blocks.append(L_b)
     O = O_blocks[0] if len(O_blocks) == 1 else np.concatenate(O_blocks, axis=-2)
@@ -472,6 +554,7 @@ def forward(X, W_Q, W_K, W_V, *, block_size=None):
     return O, saved
 
 
+@_in_run_dtype
 def backward(saved, grad_out):
     """Gradients for every input, given grad_out = ∂f/∂O; returns a dict keyed by input name."""
     grad_out = _cotangent(grad_out, saved)
@@ -485,7 +568,7 @@ def backward(saved, grad_out):
     L = saved["L"]
     block_size = saved["block_size"]
     scale = 1 / d_k**0.5
-    D = np.vecdot(O, grad_out)[..., None]
+    D = row_dot(O, grad_out)
     dQ_blocks = []
     dV = 0  # summed over the blocks of query rows
     dK = 0  # summed over the blocks of query rows
@@ -495,21 +578,19 @@ def backward(saved, grad_out):
         Q_b = Q[..., block, :]
         grad_out_b = grad_out[..., block, :]
         D_b = D[..., block, :]
-        A_b = (scale * Q_b) @ K.mT
+        A_b = wide_matmul(scale * Q_b, K.mT)
         P_b = exp_rows(A_b, L_b, out=A_b)
         del A_b
-        dP_b = grad_out_b @ V.mT
+        dP_b = wide_matmul(grad_out_b, V.mT)
         dA_b = shifted_product(P_b, dP_b, D_b, out=dP_b)
         del dP_b
-        dQ_b = dA_b @ (scale * K)
+        dQ_b = narrow_matmul(dA_b, scale * K)
         dQ_blocks.append(dQ_b)
-        dV += P_b.mT @ grad_out_b
-        del P_b
-        dK += dA_b.mT @ (scale * Q_b)
-        del dA_b
+        dV = add_blocks(dV, matmul_tn(P_b, grad_out_b))
+        dK = add_blocks(dK, matmul_tn(dA_b, scale * Q_b))
     dQ = dQ_blocks[0] if len(dQ_blocks) == 1 else np.concatenate(dQ_blocks, axis=-2)
     dQKV = np.concatenate([dQ, dK, dV], axis=-1)
-    dX = dQKV @ W_QKV.mT
+    dX = wide_matmul(dQKV, W_QKV.mT)
     dW_QKV = rows(X).mT @ rows(dQKV)
     dW_Q = dW_QKV[..., :, :d_k]
     dW_K = dW_QKV[..., :, d_k : 2 * d_k]
@@ -550,8 +631,16 @@ def row_softmax(a, out=None):
 
 
 def sum_batch(a):
-    """(..., p, q) -> (p, q): the sum over the leading batch dimensions."""
-    return a.reshape(-1, *a.shape[-2:]).sum(axis=0)
+    """(..., p, q) -> (p, q): the sum over the leading batch dimensions (``wide_sum``)."""
+    return wide_sum(a.reshape(-1, *a.shape[-2:]), 0)
+
+
+def wide_sum(a, axis, keepdims=False):
+    """a summed along axis; of a 16-bit a, accumulated in float32 and rounded once (NumPy sums a float16 array along
+    an axis other than the last in float16, rounding at every addition)."""
+    if _half(a):
+        return a.sum(axis=axis, keepdims=keepdims, dtype=np.float32).astype(a.dtype)
+    return a.sum(axis=axis, keepdims=keepdims)
 
 
 def _direction(direction):
@@ -609,25 +698,25 @@ def _forward2(X, W_Q, W_K, W_V, G_out, X_v, W_Q_v, W_K_v, W_V_v):
     if W_V_v is None:
         W_V_v = np.zeros((d_model, d_v), dtype=dtype)
     W_QKV = np.concatenate([W_Q, W_K, W_V], axis=-1)
-    QKV = X @ W_QKV
+    QKV = narrow_matmul(X, W_QKV)
     Q = QKV[..., :, :d_k]
     K = QKV[..., :, d_k : 2 * d_k]
     V = QKV[..., :, 2 * d_k :]
     del QKV
-    A = (scale * Q) @ K.mT
+    A = wide_matmul(scale * Q, K.mT)
     P = row_softmax(A, out=A)
     del A
-    O = P @ V
-    G_D = np.vecdot(O, G_out)[..., None]
+    O = narrow_matmul(P, V)
+    G_D = row_dot(O, G_out)
     del O
-    G_V = P.mT @ G_out
-    G_P = G_out @ V.mT
+    G_V = matmul_tn(P, G_out)
+    G_P = wide_matmul(G_out, V.mT)
     G_A = shifted_product(P, G_P, G_D)
-    G_K = G_A.mT @ (scale * Q)
-    G_Q = G_A @ (scale * K)
+    G_K = matmul_tn(G_A, scale * Q)
+    G_Q = narrow_matmul(G_A, scale * K)
     G_QKV = np.concatenate([G_Q, G_K, G_V], axis=-1)
     del G_K, G_Q, G_V
-    G_X = G_QKV @ W_QKV.mT
+    G_X = wide_matmul(G_QKV, W_QKV.mT)
     G_W_QKV = rows(X).mT @ rows(G_QKV)
     G_W_Q = G_W_QKV[..., :, :d_k]
     G_W_K = G_W_QKV[..., :, d_k : 2 * d_k]
@@ -681,34 +770,34 @@ def _backward2(saved, grad_out):
     d_k = saved["d_k"]
     scale = 1 / d_k**0.5
     dW_QKV = np.concatenate([W_Q_v, W_K_v, W_V_v], axis=-1)
-    dQKV = X @ dW_QKV + X_v @ W_QKV
+    dQKV = narrow_matmul(X, dW_QKV) + narrow_matmul(X_v, W_QKV)
     dQ = dQKV[..., :, :d_k]
     dK = dQKV[..., :, d_k : 2 * d_k]
     dV = dQKV[..., :, 2 * d_k :]
     del dQKV
     Q_dQ = np.concatenate([Q, dQ], axis=-1)
     dK_K = np.concatenate([dK, K], axis=-1)
-    dA = (scale * Q_dQ) @ dK_K.mT
+    dA = wide_matmul(scale * Q_dQ, dK_K.mT)
     del Q_dQ, dK_K
-    D = np.vecdot(P, dA)[..., None]
+    D = row_dot(P, dA)
     dP = shifted_product(P, dA, D, out=dA)
     del D, dA
-    dG_out = P @ dV + dP @ V
-    dG_D = np.vecdot(G_out, dG_out)[..., None]
-    dG_V = dP.mT @ G_out
-    dG_P = G_out @ dV.mT
+    dG_out = narrow_matmul(P, dV) + narrow_matmul(dP, V)
+    dG_D = row_dot(G_out, dG_out)
+    dG_V = matmul_tn(dP, G_out)
+    dG_P = wide_matmul(G_out, dV.mT)
     del dV
     dG_A = np.add(shifted_product(dP, G_P, G_D, out=dP), shifted_product(P, dG_P, dG_D, out=dG_P), out=dP)
     del dG_D, dG_P, dP
-    dG_K = scale * (G_A.mT @ dQ + dG_A.mT @ Q)
+    dG_K = scale * (matmul_tn(G_A, dQ) + matmul_tn(dG_A, Q))
     del dQ
-    dG_Q = scale * (G_A @ dK + dG_A @ K)
+    dG_Q = scale * (narrow_matmul(G_A, dK) + narrow_matmul(dG_A, K))
     del dG_A, dK
     dG_QKV = np.concatenate([dG_Q, dG_K, dG_V], axis=-1)
     del dG_K, dG_Q, dG_V
-    dX = G_QKV @ dW_QKV.mT + dG_QKV @ W_QKV.mT
+    dX = wide_matmul(G_QKV, dW_QKV.mT) + wide_matmul(dG_QKV, W_QKV.mT)
     del dW_QKV
-    dG_W_QKV = sum_batch(X.mT @ dG_QKV + X_v.mT @ G_QKV)
+    dG_W_QKV = sum_batch(narrow_matmul(X.mT, dG_QKV) + narrow_matmul(X_v.mT, G_QKV))
     del dG_QKV
     dW_Q = dG_W_QKV[..., :, :d_k]
     dW_K = dG_W_QKV[..., :, d_k : 2 * d_k]
@@ -717,6 +806,7 @@ def _backward2(saved, grad_out):
     return {"X": dX, "W_Q": dW_Q, "W_K": dW_K, "W_V": dW_V, "G_out": dG_out}
 
 
+@_in_run_dtype
 def hvp(X, W_Q, W_K, W_V, grad_out, direction):
     """The Hessian of f = tr(grad_outᵀ O) with respect to the inputs, applied to direction.
 
@@ -796,12 +886,12 @@ def _jvp(X, W_Q, W_K, W_V, X_t, W_Q_t, W_K_t, W_V_t, block_size):
     if W_V_t is None:
         W_V_t = np.zeros_like(W_V)
     W_QKV = np.concatenate([W_Q, W_K, W_V], axis=-1)
-    QKV = X @ W_QKV
+    QKV = narrow_matmul(X, W_QKV)
     Q = QKV[..., :, :d_k]
     K = QKV[..., :, d_k : 2 * d_k]
     V = QKV[..., :, 2 * d_k :]
     dW_QKV = np.concatenate([W_Q_t, W_K_t, W_V_t], axis=-1)
-    dQKV = X @ dW_QKV + X_t @ W_QKV
+    dQKV = narrow_matmul(X, dW_QKV) + narrow_matmul(X_t, W_QKV)
     dQ = dQKV[..., :, :d_k]
     dK = dQKV[..., :, d_k : 2 * d_k]
     dV = dQKV[..., :, 2 * d_k :]
@@ -813,14 +903,14 @@ def _jvp(X, W_Q, W_K, W_V, X_t, W_Q_t, W_K_t, W_V_t, block_size):
         block = slice(start, start + block_size)
         Q_b = Q[..., block, :]
         Q_dQ_b = Q_dQ[..., block, :]
-        A_b = (scale * Q_b) @ K.mT
+        A_b = wide_matmul(scale * Q_b, K.mT)
         P_b = row_softmax(A_b, out=A_b)
-        O_b = P_b @ V
+        O_b = narrow_matmul(P_b, V)
         dA_b = (scale * Q_dQ_b) @ dK_K.mT
-        D_b = np.vecdot(dA_b, P_b)[..., None]
+        D_b = row_dot(dA_b, P_b)
         dP_b = shifted_product(P_b, dA_b, D_b, out=dA_b)
         del D_b, dA_b
-        dO_b = P_b @ dV + dP_b @ V
+        dO_b = narrow_matmul(P_b, dV) + narrow_matmul(dP_b, V)
         del dP_b
         O_blocks.append(O_b)
         dO_blocks.append(dO_b)
@@ -829,6 +919,7 @@ def _jvp(X, W_Q, W_K, W_V, X_t, W_Q_t, W_K_t, W_V_t, block_size):
     return O, dO
 
 
+@_in_run_dtype
 def jvp(X, W_Q, W_K, W_V, tangents, *, block_size=None):
     """(O, its derivative along tangents): the forward and its closed-form Jacobian-vector product.
 

@@ -177,6 +177,12 @@ def _fused_kernels():
     return made
 
 
+def _half(a):
+    """Is a a 16-bit floating array (float16: a run the precision helpers compute in float32)?"""
+    dtype = np.asarray(a).dtype
+    return dtype.kind == "f" and dtype.itemsize == 2
+
+
 def _numba_entry_kernels(numba, exact, exp, log1p):
     """The entrywise kernels with the exp and log1p (on [0, 1]) given, in place on a flat array, compiled lazily.
     NumPy's error model: a division is not checked for a zero divisor (numba's Python model raises, and its
@@ -341,6 +347,18 @@ def _written(a, out):
     return out
 
 
+def add_blocks(total, part):
+    """total + part, a sum over the blocks of rows (a weight's gradient, dW_Q += rows(Q_b)ᵀ rows(dQ_b)); total is 0
+    before the first block. 16-bit parts are summed in float32 (an accumulation): the sum is float32, rounded once
+    by the public function (``_in_run_dtype``). Wider parts: total += part, as before."""
+    if _half(part):
+        part = part.astype(np.float32)
+    if isinstance(total, int):
+        return total + part
+    total += part
+    return total
+
+
 def add_optional(a, b):
     """a + b, or a itself when b is None (an absent bias or mask)."""
     return a if b is None else a + b
@@ -348,7 +366,11 @@ def add_optional(a, b):
 
 def add_rows(total, keys, part, m):
     """The sum over blocks of a value of m rows (…, m, k), part adding to its rows keys; total is 0 before the
-    first block. part is a product made for the sum (dAᵀ Q): the first one may become the sum itself."""
+    first block. part is a product made for the sum (dAᵀ Q): the first one may become the sum itself. 16-bit parts
+    are summed in float32 (an accumulation): the sum is float32, rounded once by the public function
+    (``_in_run_dtype``; matmul_tn's parts are float32 already)."""
+    if _half(part):
+        part = part.astype(np.float32)
     if isinstance(total, int) and part.shape[-2] == m and part.base is None:  # every key: part is the sum so far
         return part
     if isinstance(total, int):
@@ -367,6 +389,11 @@ def causal_fill(scores, rows, keys):
         future = np.arange(keys.start + first, keys.start + k) > np.arange(rows.start, rows.start + b)[:, None]
         np.copyto(scores[..., first:], -np.inf, where=future)
     return scores
+
+
+def column_sums(a):
+    """𝟏ᵀ a: the sums of a's columns, as a row (``wide_sum``)."""
+    return wide_sum(a, 0, keepdims=True)
 
 
 def erf(x):
@@ -459,10 +486,29 @@ def masked_row_softmax(a, out=None):
     return out
 
 
+def matmul_tn(a, b):
+    """aᵀ b of an n × m a (dSᵀ Q, Pᵀ dO: the part of dK, dV that a block of rows adds, add_rows). Of a float16 run,
+    the product of float32 factors, left float32 (as torch's matmul_tn keeps its float32_value): add_rows sums the
+    parts in float32, and the public function rounds the sum once (``_in_run_dtype``). Else a.mT @ b."""
+    if _half(a) or _half(b):
+        return np.matmul(a.astype(np.float32, copy=False).mT, b.astype(np.float32, copy=False))
+    return a.mT @ b
+
+
 def merge_heads(a, heads):
     """(..., heads, n, k) -> (..., n, heads * k)."""
     a = np.swapaxes(a, -2, -3)
     return a.reshape(*a.shape[:-2], a.shape[-2] * a.shape[-1])
+
+
+def narrow_matmul(a, b):
+    """a @ b, where a factor may be a float32 n × m array of a float16 run (P, dS of ``wide_matmul``): both
+    factors float32 (the float32 array never rounded, the 16-bit one widened exactly), the product accumulated in
+    float32 and rounded to the 16-bit dtype once. Factors of one wider dtype (float32, float64 runs): a @ b."""
+    low = next((x.dtype for x in (a, b) if _half(x)), None)
+    if low is None:
+        return a @ b
+    return np.matmul(a.astype(np.float32, copy=False), b.astype(np.float32, copy=False)).astype(low)
 
 
 def put_rows(whole, rows, keys, part, n, m):
@@ -476,6 +522,14 @@ def put_rows(whole, rows, keys, part, n, m):
     whole[..., rows, keys] = part
     whole[..., rows, keys.stop :] = 0.0
     return whole
+
+
+def row_dot(a, b):
+    """rowsum(a ⊙ b) as a column (..., n, 1), such as D = rowsum(dO ⊙ O), by np.vecdot (no a ⊙ b temporary): in
+    float32 for 16-bit a or b (a statistic, kept as SDPA keeps it), else in their dtype."""
+    if _half(a) or _half(b):
+        a, b = a.astype(np.float32, copy=False), b.astype(np.float32, copy=False)
+    return np.vecdot(a, b)[..., None]
 
 
 def row_inv_std(a, eps):
@@ -540,10 +594,29 @@ def split_heads(a, heads):
 
 def sum_to_mask(a, shape, heads=False):
     """∂f/∂B for a bias B of the given shape, (n, m) or (..., n, m), added to scores whose cotangent is a,
-    (..., n, m) or with heads (..., H, n, m): a summed over the axes B was broadcast along."""
+    (..., n, m) or with heads (..., H, n, m): a summed over the axes B was broadcast along (``wide_sum``)."""
     if heads:
-        a = a.sum(axis=-3)
-    return a.reshape(-1, *shape).sum(axis=0)
+        a = wide_sum(a, -3)
+    return wide_sum(a.reshape(-1, *shape), 0)
+
+
+def wide_matmul(a, b):
+    """a @ b, a product much larger than its factors (the scores Q Kᵀ, dP = dO Vᵀ: n × m from n × d and d × m).
+    Of 16-bit factors (float16) the product is float32, of the factors widened (the same values: 16-bit products
+    are exact in float32; BLAS sums in float32, where NumPy's own float16 loop is some sixty times slower): the
+    n × m arrays and what is made of them (P, L, dS) stay float32, as SDPA keeps them; the products that read them
+    round once (``narrow_matmul``). Factors of a wider dtype (float32, float64 runs): a @ b."""
+    if _half(a) or _half(b):
+        return np.matmul(a.astype(np.float32), b.astype(np.float32))
+    return a @ b
+
+
+def wide_sum(a, axis, keepdims=False):
+    """a summed along axis; of a 16-bit a, accumulated in float32 and rounded once (NumPy sums a float16 array along
+    an axis other than the last in float16, rounding at every addition)."""
+    if _half(a):
+        return a.sum(axis=axis, keepdims=keepdims, dtype=np.float32).astype(a.dtype)
+    return a.sum(axis=axis, keepdims=keepdims)
 
 
 def _arrays(named):
@@ -657,6 +730,21 @@ def _cotangent(grad_out, saved):
     return grad_out
 
 
+def _in_run_dtype(function):
+    """function (backward, hvp, jvp) with its results in the dtype of its first array argument (the cotangent, the
+    first input): a float16 run's float32 values (a product left wide, a sum over blocks of rows, dS summed to the
+    mask's shape) rounded once to float16. A float32 or float64 run's results as they are."""
+
+    def in_run_dtype(*args, **kwargs):
+        results = function(*args, **kwargs)
+        dtype = next((a.dtype for a in (*args, *kwargs.values()) if isinstance(a, np.ndarray)), None)
+        return results if dtype is None or dtype.kind != "f" or dtype.itemsize != 2 else _narrowed(results, dtype)
+
+    in_run_dtype.__name__, in_run_dtype.__qualname__ = function.__name__, function.__qualname__
+    in_run_dtype.__doc__, in_run_dtype.__wrapped__ = function.__doc__, function
+    return in_run_dtype
+
+
 def _additive_mask(attn_mask, key_padding_mask, causal, query, key, per_head=False, by_blocks=False):
     """The additive mask M (0 where a query may see a key, -inf where not), or None without a mask.
 
@@ -721,6 +809,17 @@ def _mask_layout(name, shape, n, m, batch):
     ):
         return viewed, viewed if viewed in ((n, m), full) else full
     raise ValueError(f"{name}: expected shape (n, m) = ({n}, {m}) or {full}, or one broadcasting to it, got {shape}")
+
+
+def _narrowed(value, dtype):
+    """value (an array, or a dict or tuple of them and None) with each floating array of another dtype in dtype."""
+    if isinstance(value, dict):
+        return {name: _narrowed(v, dtype) for name, v in value.items()}
+    if isinstance(value, tuple):
+        return tuple(_narrowed(v, dtype) for v in value)
+    if isinstance(value, np.ndarray) and value.dtype.kind == "f" and value.dtype != dtype:
+        return value.astype(dtype)
+    return value
 
 
 def with_causal(mask, causal, query, key):
@@ -858,7 +957,6 @@ def forward(
         eps = 1e-05
     eps = float(eps)
     scale = 1 / d_k**0.5
-    c1 = -1 / (H * d_k)
     N_1 = layer_norm(X, eps)
     X_1 = beta_1 + gamma_1 * N_1
     Q_h = split_heads(add_optional(X_1 @ W_Q, b_Q), H)
@@ -874,10 +972,10 @@ def forward(
         V_h_k = V_h[..., keys, :]
         M_b = None if M is None else M[..., block, keys]
         Q_h_b = Q_h[..., block, :]
-        A_h_b = add_optional((scale * Q_h_b) @ K_h_k.mT, M_b)
+        A_h_b = add_optional(wide_matmul(scale * Q_h_b, K_h_k.mT), M_b)
         A_h_b = causal_fill(A_h_b, block, keys) if causal else A_h_b
         P_h_b = row_softmax(A_h_b, out=A_h_b) if M is None else masked_row_softmax(A_h_b, out=A_h_b)
-        O_h_b = P_h_b @ V_h_k
+        O_h_b = narrow_matmul(P_h_b, V_h_k)
         O_h_blocks.append(O_h_b)
         P_h = put_rows(P_h, block, keys, P_h_b, Q_h.shape[-2], K_h.shape[-2])
     O_h = O_h_blocks[0] if len(O_h_blocks) == 1 else np.concatenate(O_h_blocks, axis=-2)
@@ -930,6 +1028,7 @@ def forward(
     return Z, saved
 
 
+@_in_run_dtype
 def backward(saved, grad_out):
     """Gradients for every input, given grad_out = ∂f/∂Z; returns a dict keyed by input name."""
     grad_out = _cotangent(grad_out, saved)
@@ -974,12 +1073,12 @@ def backward(saved, grad_out):
     dU = np.multiply(dF, gelu_grad(U), out=dF)
     dX_2 = dU @ W_1.mT
     dN_2 = gamma_2 * dX_2
-    D1 = np.vecdot(N_2, dN_2)[..., None]
+    D1 = row_dot(N_2, dN_2)
     D2 = dN_2.sum(axis=-1, keepdims=True)
     dY = (row_inv_std(Y, eps)) * (c1 * (D1 * N_2) + c1 * D2 + dN_2) + grad_out
     dC = dY @ W_O.mT
     dO_h = split_heads(dC, H)
-    D3 = np.vecdot(O_h, dO_h)[..., None]
+    D3 = row_dot(O_h, dO_h)
     dM = None  # placed block by block
     dX_1W_Q_blocks = []
     dV_h = 0  # summed over the blocks of query rows
@@ -997,42 +1096,42 @@ def backward(saved, grad_out):
         dO_h_b = dO_h[..., block, :]
         D3_b = D3[..., block, :]
         X_1_b = X_1[..., block, :]
-        dP_h_b = dO_h_b @ V_h_k.mT
+        dP_h_b = wide_matmul(dO_h_b, V_h_k.mT)
         dA_h_b = shifted_product(P_h_b, dP_h_b, D3_b, out=dP_h_b)
         del dP_h_b
-        dQ_h_b = dA_h_b @ (scale * K_h_k)
+        dQ_h_b = narrow_matmul(dA_h_b, scale * K_h_k)
         dM_b = dA_h_b
         dX_1W_Q_b = merge_heads(dQ_h_b, H)
         del dQ_h_b
         dM = None if mask_shape is None else put_rows(dM, block, keys, dM_b, Q_h.shape[-2], K_h.shape[-2])
         dX_1W_Q_blocks.append(dX_1W_Q_b)
-        dV_h = add_rows(dV_h, keys, P_h_b.mT @ dO_h_b, K_h.shape[-2])
-        dK_h = add_rows(dK_h, keys, dA_h_b.mT @ (scale * Q_h_b), K_h.shape[-2])
-        dW_Q += rows(X_1_b).mT @ rows(dX_1W_Q_b)
+        dV_h = add_rows(dV_h, keys, matmul_tn(P_h_b, dO_h_b), K_h.shape[-2])
+        dK_h = add_rows(dK_h, keys, matmul_tn(dA_h_b, scale * Q_h_b), K_h.shape[-2])
+        dW_Q = add_blocks(dW_Q, rows(X_1_b).mT @ rows(dX_1W_Q_b))
         if b_Q is not None:
-            db_Q += rows(dX_1W_Q_b).sum(axis=0, keepdims=True)
+            db_Q = add_blocks(db_Q, column_sums(rows(dX_1W_Q_b)))
     dX_1W_Q = dX_1W_Q_blocks[0] if len(dX_1W_Q_blocks) == 1 else np.concatenate(dX_1W_Q_blocks, axis=-2)
     dW_O = rows(C).mT @ rows(dY)
-    dgamma_2 = rows(N_2 * dX_2).sum(axis=0, keepdims=True)
-    dbeta_2 = rows(dX_2).sum(axis=0, keepdims=True)
+    dgamma_2 = column_sums(rows(N_2 * dX_2))
+    dbeta_2 = column_sums(rows(dX_2))
     dW_1 = rows(X_2).mT @ rows(dU)
     dW_2 = rows(F).mT @ rows(grad_out)
-    db_O = None if b_O is None else rows(dY).sum(axis=0, keepdims=True)
-    db_1 = None if b_1 is None else rows(dU).sum(axis=0, keepdims=True)
-    db_2 = None if b_2 is None else rows(grad_out).sum(axis=0, keepdims=True)
+    db_O = None if b_O is None else column_sums(rows(dY))
+    db_1 = None if b_1 is None else column_sums(rows(dU))
+    db_2 = None if b_2 is None else column_sums(rows(grad_out))
     dX_1W_V = merge_heads(dV_h, H)
     dW_V = rows(X_1).mT @ rows(dX_1W_V)
-    db_V = None if b_V is None else rows(dX_1W_V).sum(axis=0, keepdims=True)
+    db_V = None if b_V is None else column_sums(rows(dX_1W_V))
     dX_1W_K = merge_heads(dK_h, H)
     dX_1 = dX_1W_K @ W_K.mT + dX_1W_Q @ W_Q.mT + dX_1W_V @ W_V.mT
     dN_1 = gamma_1 * dX_1
-    D4 = np.vecdot(N_1, dN_1)[..., None]
+    D4 = row_dot(N_1, dN_1)
     D5 = dN_1.sum(axis=-1, keepdims=True)
     dX = (row_inv_std(X, eps)) * (c1 * (D4 * N_1) + c1 * D5 + dN_1) + dY
     dW_K = rows(X_1).mT @ rows(dX_1W_K)
-    dgamma_1 = rows(N_1 * dX_1).sum(axis=0, keepdims=True)
-    dbeta_1 = rows(dX_1).sum(axis=0, keepdims=True)
-    db_K = None if b_K is None else rows(dX_1W_K).sum(axis=0, keepdims=True)
+    dgamma_1 = column_sums(rows(N_1 * dX_1))
+    dbeta_1 = column_sums(rows(dX_1))
+    db_K = None if b_K is None else column_sums(rows(dX_1W_K))
     dM = None if mask_shape is None else sum_to_mask(dM, mask_shape, heads=True)
     grads = {
         "X": dX,
@@ -1123,8 +1222,8 @@ DIRECTION_OF = {
 
 
 def sum_batch(a):
-    """(..., p, q) -> (p, q): the sum over the leading batch dimensions."""
-    return a.reshape(-1, *a.shape[-2:]).sum(axis=0)
+    """(..., p, q) -> (p, q): the sum over the leading batch dimensions (``wide_sum``)."""
+    return wide_sum(a.reshape(-1, *a.shape[-2:]), 0)
 
 
 def _direction(direction):
@@ -1365,10 +1464,10 @@ def _forward2(
     Q_h = split_heads(add_optional(X_1 @ W_Q, b_Q), H)
     K_h = split_heads(add_optional(X_1 @ W_K, b_K), H)
     V_h = split_heads(add_optional(X_1 @ W_V, b_V), H)
-    A_h = add_optional((scale * Q_h) @ K_h.mT, M)
+    A_h = add_optional(wide_matmul(scale * Q_h, K_h.mT), M)
     P_h = row_softmax(A_h, out=A_h) if M is None else masked_row_softmax(A_h, out=A_h)
     del A_h
-    O_h = P_h @ V_h
+    O_h = narrow_matmul(P_h, V_h)
     C = merge_heads(O_h, H)
     Y = add_optional(C @ W_O + X, b_O)
     N_2 = layer_norm(Y, eps)
@@ -1379,7 +1478,7 @@ def _forward2(
     G_U = (gelu_grad(U)) * G_F
     G_X_2 = G_U @ W_1.mT
     G_N_2 = gamma_2 * G_X_2
-    G_D1 = np.vecdot(N_2, G_N_2)[..., None]
+    G_D1 = row_dot(N_2, G_N_2)
     G_D2 = G_N_2.sum(axis=-1, keepdims=True)
     t5 = row_inv_std(Y, eps)
     del Y
@@ -1387,53 +1486,53 @@ def _forward2(
     G_C = G_Y @ W_O.mT
     G_O_h = split_heads(G_C, H)
     del G_C
-    G_D3 = np.vecdot(O_h, G_O_h)[..., None]
-    G_P_h = G_O_h @ V_h.mT
+    G_D3 = row_dot(O_h, G_O_h)
+    G_P_h = wide_matmul(G_O_h, V_h.mT)
     G_A_h = shifted_product(P_h, G_P_h, G_D3)
-    G_V_h = P_h.mT @ G_O_h
-    G_K_h = G_A_h.mT @ (scale * Q_h)
-    G_Q_h = G_A_h @ (scale * K_h)
+    G_V_h = matmul_tn(P_h, G_O_h)
+    G_K_h = matmul_tn(G_A_h, scale * Q_h)
+    G_Q_h = narrow_matmul(G_A_h, scale * K_h)
     G_W_O = rows(C).mT @ rows(G_Y)
-    G_gamma_2 = rows(N_2 * G_X_2).sum(axis=0, keepdims=True)
-    G_beta_2 = rows(G_X_2).sum(axis=0, keepdims=True)
+    G_gamma_2 = column_sums(rows(N_2 * G_X_2))
+    G_beta_2 = column_sums(rows(G_X_2))
     G_W_1 = rows(X_2).mT @ rows(G_U)
     G_W_2 = rows(F).mT @ rows(G_out)
-    G_b_O = rows(G_Y).sum(axis=0, keepdims=True)
-    G_b_1 = rows(G_U).sum(axis=0, keepdims=True)
-    G_b_2 = rows(G_out).sum(axis=0, keepdims=True)
+    G_b_O = column_sums(rows(G_Y))
+    G_b_1 = column_sums(rows(G_U))
+    G_b_2 = column_sums(rows(G_out))
     G_M = G_A_h
     del G_A_h
     G_X_1W_V = merge_heads(G_V_h, H)
     del G_V_h
     G_W_V = rows(X_1).mT @ rows(G_X_1W_V)
-    G_b_V = rows(G_X_1W_V).sum(axis=0, keepdims=True)
+    G_b_V = column_sums(rows(G_X_1W_V))
     G_X_1W_Q = merge_heads(G_Q_h, H)
     del G_Q_h
     G_W_Q = rows(X_1).mT @ rows(G_X_1W_Q)
-    G_b_Q = rows(G_X_1W_Q).sum(axis=0, keepdims=True)
+    G_b_Q = column_sums(rows(G_X_1W_Q))
     G_X_1W_K = merge_heads(G_K_h, H)
     del G_K_h
     G_X_1 = G_X_1W_K @ W_K.mT + G_X_1W_Q @ W_Q.mT + G_X_1W_V @ W_V.mT
     G_N_1 = gamma_1 * G_X_1
-    G_D4 = np.vecdot(N_1, G_N_1)[..., None]
+    G_D4 = row_dot(N_1, G_N_1)
     G_D5 = G_N_1.sum(axis=-1, keepdims=True)
     t6 = row_inv_std(X, eps)
     G_X = t6 * (c1 * (G_D4 * N_1) + c1 * G_D5 + G_N_1) + G_Y
     G_W_K = rows(X_1).mT @ rows(G_X_1W_K)
-    G_gamma_1 = rows(N_1 * G_X_1).sum(axis=0, keepdims=True)
-    G_beta_1 = rows(G_X_1).sum(axis=0, keepdims=True)
-    G_b_K = rows(G_X_1W_K).sum(axis=0, keepdims=True)
+    G_gamma_1 = column_sums(rows(N_1 * G_X_1))
+    G_beta_1 = column_sums(rows(G_X_1))
+    G_b_K = column_sums(rows(G_X_1W_K))
     f2 = (
-        (b_1_v * G_b_1).sum(axis=-1, keepdims=True)
-        + (b_2_v * G_b_2).sum(axis=-1, keepdims=True)
-        + (b_K_v * G_b_K).sum(axis=-1, keepdims=True)
-        + (b_O_v * G_b_O).sum(axis=-1, keepdims=True)
-        + (b_Q_v * G_b_Q).sum(axis=-1, keepdims=True)
-        + (b_V_v * G_b_V).sum(axis=-1, keepdims=True)
-        + (beta_1_v * G_beta_1).sum(axis=-1, keepdims=True)
-        + (beta_2_v * G_beta_2).sum(axis=-1, keepdims=True)
-        + (gamma_1_v * G_gamma_1).sum(axis=-1, keepdims=True)
-        + (gamma_2_v * G_gamma_2).sum(axis=-1, keepdims=True)
+        row_dot(b_1_v, G_b_1)
+        + row_dot(b_2_v, G_b_2)
+        + row_dot(b_K_v, G_b_K)
+        + row_dot(b_O_v, G_b_O)
+        + row_dot(b_Q_v, G_b_Q)
+        + row_dot(b_V_v, G_b_V)
+        + row_dot(beta_1_v, G_beta_1)
+        + row_dot(beta_2_v, G_beta_2)
+        + row_dot(gamma_1_v, G_gamma_1)
+        + row_dot(gamma_2_v, G_gamma_2)
         + (np.ones((1, d_ff), dtype=dtype)) @ (W_2_v * G_W_2).sum(axis=-1, keepdims=True)
         + (np.ones((1, n), dtype=dtype)) @ (X_v * G_X).sum(axis=-1, keepdims=True)
         + (np.ones((1, H * d_k), dtype=dtype)) @ (W_1_v * G_W_1).sum(axis=-1, keepdims=True)
@@ -1607,7 +1706,7 @@ def _backward2(saved, grad_out):
     D1 = X_v.sum(axis=-1, keepdims=True)
     dG_F = G_out @ W_2_v.mT
     db_2 = None if b_2 is None else np.zeros_like(b_2)
-    t4 = np.vecdot(N_1, X_v)[..., None]
+    t4 = row_dot(N_1, X_v)
     t1 = np.repeat(t5, H * d_k, axis=-1)
     t2 = np.repeat(t6, H * d_k, axis=-1)
     dN_1 = t2 * (c1 * (t4 * N_1) + c1 * D1 + X_v)
@@ -1618,18 +1717,18 @@ def _backward2(saved, grad_out):
     dV_h = split_heads(add_optional(X_1 @ W_V_v + dX_1 @ W_V, b_V_v), H)
     Q_h_dQ_h = np.concatenate([Q_h, dQ_h], axis=-1)
     dK_h_K_h = np.concatenate([dK_h, K_h], axis=-1)
-    dA_h = (scale * Q_h_dQ_h) @ dK_h_K_h.mT
+    dA_h = wide_matmul(scale * Q_h_dQ_h, dK_h_K_h.mT)
     del Q_h_dQ_h, dK_h_K_h
-    D2 = np.vecdot(P_h, dA_h)[..., None]
+    D2 = row_dot(P_h, dA_h)
     dP_h = shifted_product(P_h, dA_h, D2, out=dA_h)
     del D2, dA_h
-    dO_h = P_h @ dV_h + dP_h @ V_h
+    dO_h = narrow_matmul(P_h, dV_h) + narrow_matmul(dP_h, V_h)
     dC = merge_heads(dO_h, H)
     dY = add_optional(C @ W_O_v + dC @ W_O + X_v, b_O_v)
     D3 = dY.sum(axis=-1, keepdims=True)
     dV_h_V_h = np.concatenate([dV_h, V_h], axis=-1)
     del dV_h
-    t3 = np.vecdot(N_2, dY)[..., None]
+    t3 = row_dot(N_2, dY)
     dN_2 = t1 * (c1 * (t3 * N_2) + c1 * D3 + dY)
     del D3
     dX_2 = beta_2_v + gamma_2 * dN_2 + gamma_2_v * N_2
@@ -1655,38 +1754,38 @@ def _backward2(saved, grad_out):
     dG_D3 = (np.add(np.multiply(dO_h, G_O_h, out=dO_h), O_h * dG_O_h, out=dO_h)).sum(axis=-1, keepdims=True)
     del dO_h
     G_O_h_dG_O_h = np.concatenate([G_O_h, dG_O_h], axis=-1)
-    dG_P_h = G_O_h_dG_O_h @ dV_h_V_h.mT
+    dG_P_h = wide_matmul(G_O_h_dG_O_h, dV_h_V_h.mT)
     del G_O_h_dG_O_h, dV_h_V_h
     dG_A_h = shifted_product(dP_h, G_P_h, G_D3) + shifted_product(P_h, dG_P_h, dG_D3)
     del dG_D3, dG_P_h
-    dG_V_h = P_h.mT @ dG_O_h + dP_h.mT @ G_O_h
+    dG_V_h = matmul_tn(P_h, dG_O_h) + matmul_tn(dP_h, G_O_h)
     del dG_O_h, dP_h
-    dG_K_h = scale * (G_M.mT @ dQ_h + dG_A_h.mT @ Q_h)
+    dG_K_h = scale * (matmul_tn(G_M, dQ_h) + matmul_tn(dG_A_h, Q_h))
     del dQ_h
-    dG_Q_h = scale * (G_M @ dK_h + dG_A_h @ K_h)
+    dG_Q_h = scale * (narrow_matmul(G_M, dK_h) + narrow_matmul(dG_A_h, K_h))
     del dK_h
     dW_O = sum_batch(C.mT @ dG_Y + dC.mT @ G_Y)
     del dC
-    dgamma_2 = rows(np.add(np.multiply(dN_2, G_X_2, out=dN_2), N_2 * dG_X_2, out=dN_2)).sum(axis=0, keepdims=True)
+    dgamma_2 = column_sums(rows(np.add(np.multiply(dN_2, G_X_2, out=dN_2), N_2 * dG_X_2, out=dN_2)))
     del dN_2
-    dbeta_2 = rows(dG_X_2).sum(axis=0, keepdims=True)
+    dbeta_2 = column_sums(rows(dG_X_2))
     del dG_X_2
     dW_1 = sum_batch(X_2.mT @ dG_U + dX_2.mT @ G_U)
     del dX_2
     dW_2 = rows(dF).mT @ rows(G_out)
     del dF
-    db_O = None if b_O is None else rows(dG_Y).sum(axis=0, keepdims=True)
-    db_1 = None if b_1 is None else rows(dG_U).sum(axis=0, keepdims=True)
+    db_O = None if b_O is None else column_sums(rows(dG_Y))
+    db_1 = None if b_1 is None else column_sums(rows(dG_U))
     del dG_U
     dM = None if mask_shape is None else sum_to_mask(dG_A_h, mask_shape, heads=True)
     dG_X_1W_V = merge_heads(dG_V_h, H)
     del dG_V_h
     dW_V = sum_batch(X_1.mT @ dG_X_1W_V + dX_1.mT @ G_X_1W_V)
-    db_V = None if b_V is None else rows(dG_X_1W_V).sum(axis=0, keepdims=True)
+    db_V = None if b_V is None else column_sums(rows(dG_X_1W_V))
     dG_X_1W_Q = merge_heads(dG_Q_h, H)
     del dG_Q_h
     dW_Q = sum_batch(X_1.mT @ dG_X_1W_Q + dX_1.mT @ G_X_1W_Q)
-    db_Q = None if b_Q is None else rows(dG_X_1W_Q).sum(axis=0, keepdims=True)
+    db_Q = None if b_Q is None else column_sums(rows(dG_X_1W_Q))
     dG_X_1W_K = merge_heads(dG_K_h, H)
     del dG_K_h
     dG_X_1 = (
@@ -1709,11 +1808,11 @@ def _backward2(saved, grad_out):
     del dG_D4, dG_D5, dG_N_1, dG_Y, t2, t4
     dW_K = sum_batch(X_1.mT @ dG_X_1W_K + dX_1.mT @ G_X_1W_K)
     del dX_1
-    dgamma_1 = rows(np.add(np.multiply(dN_1, G_X_1, out=dN_1), N_1 * dG_X_1, out=dN_1)).sum(axis=0, keepdims=True)
+    dgamma_1 = column_sums(rows(np.add(np.multiply(dN_1, G_X_1, out=dN_1), N_1 * dG_X_1, out=dN_1)))
     del dN_1
-    dbeta_1 = rows(dG_X_1).sum(axis=0, keepdims=True)
+    dbeta_1 = column_sums(rows(dG_X_1))
     del dG_X_1
-    db_K = None if b_K is None else rows(dG_X_1W_K).sum(axis=0, keepdims=True)
+    db_K = None if b_K is None else column_sums(rows(dG_X_1W_K))
     del dG_X_1W_K
     grads = {
         "X": dX,
@@ -1739,6 +1838,7 @@ def _backward2(saved, grad_out):
     return {name: g for name, g in grads.items() if g is not None}
 
 
+@_in_run_dtype
 def hvp(
     X,
     W_Q,
@@ -2100,7 +2200,7 @@ def _jvp(
     Q_h = split_heads(add_optional(X_1 @ W_Q, b_Q), H)
     K_h = split_heads(add_optional(X_1 @ W_K, b_K), H)
     V_h = split_heads(add_optional(X_1 @ W_V, b_V), H)
-    D1 = np.vecdot(N_1, X_t)[..., None]
+    D1 = row_dot(N_1, X_t)
     D2 = X_t.sum(axis=-1, keepdims=True)
     dN_1 = (row_inv_std(X, eps)) * ((-1 / (H * d_k)) * (D1 * N_1) + (-1 / (H * d_k)) * D2 + X_t)
     dX_1 = np.add(np.add(np.multiply(dN_1, gamma_1, out=dN_1), beta_1_t, out=dN_1), gamma_1_t * N_1, out=dN_1)
@@ -2123,15 +2223,15 @@ def _jvp(
         Q_h_b = Q_h[..., block, :]
         M_t_b = None if M_t is None else M_t[..., block, keys]
         Q_h_dQ_h_b = Q_h_dQ_h[..., block, :]
-        A_h_b = add_optional((scale * Q_h_b) @ K_h_k.mT, M_b)
+        A_h_b = add_optional(wide_matmul(scale * Q_h_b, K_h_k.mT), M_b)
         A_h_b = causal_fill(A_h_b, block, keys) if causal else A_h_b
         P_h_b = row_softmax(A_h_b, out=A_h_b) if M is None else masked_row_softmax(A_h_b, out=A_h_b)
-        O_h_b = P_h_b @ V_h_k
+        O_h_b = narrow_matmul(P_h_b, V_h_k)
         dA_h_b = add_optional((scale * Q_h_dQ_h_b) @ dK_h_K_h_k.mT, M_t_b)
-        D3_b = np.vecdot(dA_h_b, P_h_b)[..., None]
+        D3_b = row_dot(dA_h_b, P_h_b)
         dP_h_b = shifted_product(P_h_b, dA_h_b, D3_b, out=dA_h_b)
         del D3_b, dA_h_b
-        dO_h_b = P_h_b @ dV_h_k + dP_h_b @ V_h_k
+        dO_h_b = narrow_matmul(P_h_b, dV_h_k) + narrow_matmul(dP_h_b, V_h_k)
         del dP_h_b
         dC_b = merge_heads(dO_h_b, H)
         del dO_h_b
@@ -2147,7 +2247,7 @@ def _jvp(
     F = gelu(U)
     Z = Y + add_optional(F @ W_2, b_2)
     dY = add_optional(C @ W_O_t + dC @ W_O + X_t, b_O_t)
-    D4 = np.vecdot(N_2, dY)[..., None]
+    D4 = row_dot(N_2, dY)
     D5 = dY.sum(axis=-1, keepdims=True)
     dN_2 = (row_inv_std(Y, eps)) * ((-1 / (H * d_k)) * (D4 * N_2) + (-1 / (H * d_k)) * D5 + dY)
     dX_2 = np.add(np.add(np.multiply(dN_2, gamma_2, out=dN_2), beta_2_t, out=dN_2), gamma_2_t * N_2, out=dN_2)
@@ -2157,6 +2257,7 @@ def _jvp(
     return Z, dZ
 
 
+@_in_run_dtype
 def jvp(
     X,
     W_Q,

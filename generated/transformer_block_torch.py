@@ -872,7 +872,6 @@ def _forward(
         eps = 1e-05
     eps = float(eps)
     scale = 1 / d_k**0.5
-    c1 = -1 / (H * d_k)
     N_1 = layer_norm(X, eps)
     X_1 = beta_1 + gamma_1 * N_1
     Q_h = split_heads(add_optional(X_1 @ W_Q, b_Q), H)

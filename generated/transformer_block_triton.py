@@ -8,9 +8,9 @@ transformer_block = pre-LN encoder layer: Y = X + MHA(LN₁(X)), Z = Y + GELU(LN
 The kernels compute the n × m core O = softmax(A) V, A = (1/√d_k) S + M, S = Q Kᵀ, block by block: no n × m
 array is made but the gradients of M (where they require grad).
 Q = ((𝟏 beta_1 + (𝟏 gamma_1) ⊙ LN(X)) W_Q + 𝟏 b_Q)_h, K = ((𝟏 beta_1 + (𝟏 gamma_1) ⊙ LN(X)) W_K + 𝟏 b_K)_h, V
-= ((𝟏 beta_1 + (𝟏 gamma_1) ⊙ LN(X)) W_V + 𝟏 b_V)_h and what the output makes of O (Z = Concat_h(O) W_O + 𝟏 b_O
-+ X + GELU((𝟏 beta_2 + (𝟏 gamma_2) ⊙ LN(Concat_h(O) W_O + 𝟏 b_O + X)) W_1 + 𝟏 b_1) W_2 + 𝟏 b_2) are torch
-code, differentiated by autograd.
+= ((𝟏 beta_1 + (𝟏 gamma_1) ⊙ LN(X)) W_V + 𝟏 b_V)_h and what the output makes of the cores (Z = Concat_h(O) W_O
++ 𝟏 b_O + X + GELU((𝟏 beta_2 + (𝟏 gamma_2) ⊙ LN(Concat_h(O) W_O + 𝟏 b_O + X)) W_1 + 𝟏 b_1) W_2 + 𝟏 b_2) are
+torch code, differentiated by autograd.
 Every input may carry leading batch dimensions (broadcast as torch broadcasts them). Shapes:
     X: (..., n, H*d_k)
     W_Q: (..., H*d_k, H*d_k)
@@ -83,6 +83,151 @@ AXES = {  # the last two axes of each matrix input: a dimension's name or a size
     "b_2": (1, "H*d_k"),
 }
 SPEC = "transformer_block"
+SHARED = 160 * 1024  # the shared-memory budget of one program's tiles (an H100 has 227 KiB; the rest for tl.dot's)
+
+
+def _blocks(x, width):
+    """(BLOCK_M, BLOCK_N): 16 × 16 under the interpreter (CPU tensors, one program at a time); on a GPU 64 × 64 (the
+    best launch of a plain Triton attention forward on an H100/H200), BLOCK_N then BLOCK_M halved (down to 16) while
+    one query block and three key blocks (triton's default pipeline of num_stages = 3), each row width entries (d + d_v)
+    padded to a power of two, pass SHARED bytes: a wide head in float32 fits a GPU's shared memory."""
+    if not x.is_cuda:
+        return 16, 16
+    row = _width(width) * x.element_size()
+    block_m, block_n = 64, 64
+    while (block_m + 3 * block_n) * row > SHARED and max(block_m, block_n) > 16:
+        block_m, block_n = (block_m, block_n // 2) if block_n >= block_m else (block_m // 2, block_n)
+    return block_m, block_n
+
+
+def _precision(x):
+    """tl.dot's input precision for float32 as torch's float32 matmul has it: "ieee" (no TF32) at torch's default
+    float32 matmul precision ("highest"), "tf32" where it is set lower; float16 and bfloat16 ignore it."""
+    return "ieee" if x.dtype == torch.float32 and _highest() else "tf32"
+
+
+@torch.compiler.assume_constant_result  # torch.compile reads the setting once, as a constant of the graph
+def _highest():
+    """Whether torch's float32 matmul precision is "highest" (no TF32)."""
+    return torch.get_float32_matmul_precision() == "highest"
+
+
+def _width(size):
+    """A tile's width for a dimension of size entries: a power of two, at least 16 (tl.dot's least)."""
+    return max(16, triton.next_power_of_2(size))
+
+
+def _flat(x, batch, rows, cols):
+    """x broadcast to (*batch, rows, cols), its batch axes as one (a view where the strides allow)."""
+    return x.expand(*batch, rows, cols).reshape(-1, rows, cols)  # reshape: a view where the strides allow
+
+
+def _rows(x):
+    """x with its last axis contiguous (the kernels step the last axis by 1)."""
+    return x if x.stride(-1) == 1 else x.contiguous()
+
+
+def _tile(x, batch, rows, cols):
+    """x broadcast to (*batch, rows, cols) as (outer, inner, rows, cols), inner the last batch axis (the heads): a mask
+    broadcast over it keeps its stride 0 there (a view; a copy only where the outer axes do not merge)."""
+    return x.expand(*batch, rows, cols).reshape(-1, batch[-1] if batch else 1, rows, cols)
+
+
+def _tile_arguments(tiles, dummy):
+    """Each n × m tile's pointer and strides (outer batch, inner batch, row, key); an absent one (None): nothing."""
+    arguments = []
+    for t in tiles:
+        arguments += [dummy, 0, 0, 0, 0] if t is None else [t, *t.stride()]
+    return arguments
+
+
+def _inner(batch):
+    """The size of the last batch axis (the heads; 1 without batch axes): how a tile's batch·head index splits."""
+    return batch[-1] if batch else 1
+
+
+def _dimensions(*arrays):
+    """The dimensions read off the arrays' last two axes (AXES's, in its order); a ValueError naming the input and
+    shapes otherwise."""
+    dims = {}
+    for (name, axes), x in zip(AXES.items(), arrays):
+        if x is None:  # a bias left out
+            continue
+        if x.dim() < 2:
+            raise ValueError(f"{name} has shape {tuple(x.shape)}; expected (..., {', '.join(map(str, axes))})")
+        for size, axis in zip(x.shape[-2:], axes):
+            known = axis if isinstance(axis, int) else dims.setdefault(axis, size)
+            if known != size:
+                raise ValueError(
+                    f"{name} has shape {tuple(x.shape)}; expected (..., {', '.join(map(str, axes))}) "
+                    f"with {axis} = {known}"
+                )
+    return dims
+
+
+def _count(name, value):
+    """A head count as a Python int >= 1 (an int or a NumPy integer, never a bool); a ValueError otherwise."""
+    if type(value).__name__ in ("bool", "bool_") or not hasattr(value, "__index__") or value.__index__() < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return value.__index__()
+
+
+def _divides(name, value, of, total):
+    """A ValueError unless value (name) divides total (of)."""
+    if total % value:
+        raise ValueError(f"{name} = {value} does not divide {of} = {total}")
+
+
+def _share(dims, size, rest):
+    """The factor of the axis size (a product, H*d_k) left by rest (H); a ValueError where rest does not divide it."""
+    if dims[size] % rest:
+        raise ValueError(f"{size} = {dims[size]} is not a multiple of {rest}")
+    return dims[size] // rest
+
+
+def _product(dims, size, value):
+    """A ValueError unless the axis of the product size (H_kv*d_k) is value."""
+    if dims[size] != value:
+        raise ValueError(f"{size} = {dims[size]}, expected {value}")
+
+
+def _batches(Q, K, V, tiles, grouped):
+    """(the queries' batch shape, the keys' and values'): the operands' broadcast batch axes. grouped: K and V have
+    H_kv heads (the axis before their last two) shared by the queries' H, H_kv dividing H; theirs is the batch with
+    H_kv there (the kernels read key/value head h // (H / H_kv) for query head h: K and V are never repeated)."""
+    shapes = [t.shape for t in tiles if t is not None]
+    if not grouped:
+        batch = _batch(Q.shape, K.shape, V.shape, *shapes)
+        return batch, batch
+    heads = Q.shape[-3]
+    if heads % K.shape[-3] or K.shape[-3] != V.shape[-3]:
+        raise ValueError(f"{K.shape[-3]} key/value heads (K {tuple(K.shape)}, V {tuple(V.shape)}) do not share {heads}")
+    seen = [(*x.shape[:-3], heads, *x.shape[-2:]) for x in (K, V)]
+    batch = _batch(Q.shape, *seen, *shapes)
+    return batch, (*batch[:-1], K.shape[-3])
+
+
+def _batch(*shapes):
+    """The broadcast batch shape of the operands' leading axes; a ValueError naming the shapes otherwise."""
+    try:
+        return torch.broadcast_shapes(*(s[:-2] for s in shapes))
+    except RuntimeError:
+        raise ValueError(f"batch axes do not broadcast: {', '.join(str(tuple(s)) for s in shapes)}") from None
+
+
+_TOKEN = object()  # its id names this module object's ops: two copies of the module never share one (the ops hold
+# the module's globals, _TOKEN among them, so the id is never reused while they are registered)
+_OPS = f"symattn_triton::{SPEC}_{id(_TOKEN):x}"
+
+
+def _scalar_tensor(values, like):
+    """The kernels' scalar arguments as one float32 tensor on like's device, read by pointer in the kernels: a
+    trainable scalar's value stays on the device and torch.compile traces it (no float() of a tensor)."""
+    if not values:
+        return torch.zeros(1, dtype=torch.float32, device=like.device)
+    return torch.stack([torch.as_tensor(x, dtype=torch.float32, device=like.device).reshape(()) for x in values])
+
+
 GRADIENT_TILES = 1  # the n × m inputs and constants with a gradient (made where wanted)
 # their places among the tiles, and their kernel flags
 GRADIENT_INDEX = (0,)
@@ -116,6 +261,7 @@ def _forward_kernel(
     d,
     dv,
     inner,
+    group,
     CAUSAL: tl.constexpr,
     PRECISION: tl.constexpr,
     HAS_M: tl.constexpr,
@@ -128,6 +274,7 @@ def _forward_kernel(
     max m_i and sum l_i, float32), O = P V / l and L = m_i + log l_i saved."""
     pid = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)  # int64 offsets: bh · stride may pass 2³¹ elements
+    kv = (bh // inner) * (inner // group) + (bh % inner) // group  # its key/value head: group query heads share one
     c0 = tl.load(C + 0)  # 1/√d_k
     rows = pid * BLOCK_M + tl.arange(0, BLOCK_M)
     dd = tl.arange(0, BLOCK_D)
@@ -144,8 +291,8 @@ def _forward_kernel(
         cols = start + tl.arange(0, BLOCK_N)
         k_rows = (cols[:, None] < m) & (dd[None, :] < d)
         v_rows = (cols[:, None] < m) & (de[None, :] < dv)
-        k = tl.load(K + bh * skb + cols[:, None] * skn + dd[None, :], mask=k_rows, other=0.0)
-        v = tl.load(V + bh * svb + cols[:, None] * svn + de[None, :], mask=v_rows, other=0.0)
+        k = tl.load(K + kv * skb + cols[:, None] * skn + dd[None, :], mask=k_rows, other=0.0)
+        v = tl.load(V + kv * svb + cols[:, None] * svn + de[None, :], mask=v_rows, other=0.0)
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
         inside = (rows[:, None] < n) & (cols[None, :] < m)
         valid = inside
@@ -222,6 +369,7 @@ def _key_kernel(
     d,
     dv,
     inner,
+    group,
     CAUSAL: tl.constexpr,
     PRECISION: tl.constexpr,
     HAS_M: tl.constexpr,
@@ -230,31 +378,36 @@ def _key_kernel(
     BLOCK_D: tl.constexpr,
     BLOCK_DV: tl.constexpr,
 ):
-    """One block of BLOCK_N keys of one batch·head: the query blocks in turn, P recomputed from L, dV = Σ Pᵀ dO and
-    dK = Σ dSᵀ Q (dK and dV written once each: no atomics). DK, DV are contiguous (BH, m, d) and (BH, m, d_v)."""
+    """One block of BLOCK_N keys of one key/value batch·head: the query blocks of each query head sharing it in turn,
+    P recomputed from L, dV = Σ Pᵀ dO and dK = Σ dSᵀ Q (dK and dV written once each: no atomics). DK, DV are
+    contiguous (BH_kv, m, d) and (BH_kv, m, d_v)."""
     pid = tl.program_id(0)
-    bh = tl.program_id(1).to(tl.int64)  # int64 offsets: bh · stride may pass 2³¹ elements
+    kv = tl.program_id(1).to(tl.int64)  # the key/value batch·head; int64 offsets: kv · stride may pass 2³¹
     c0 = tl.load(C + 0)  # 1/√d_k
     cols = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     dd = tl.arange(0, BLOCK_D)
     de = tl.arange(0, BLOCK_DV)
     k_rows = (cols[:, None] < m) & (dd[None, :] < d)
     v_rows = (cols[:, None] < m) & (de[None, :] < dv)
-    k = tl.load(K + bh * skb + cols[:, None] * skn + dd[None, :], mask=k_rows, other=0.0)
-    v = tl.load(V + bh * svb + cols[:, None] * svn + de[None, :], mask=v_rows, other=0.0)
+    k = tl.load(K + kv * skb + cols[:, None] * skn + dd[None, :], mask=k_rows, other=0.0)
+    v = tl.load(V + kv * svb + cols[:, None] * svn + de[None, :], mask=v_rows, other=0.0)
     dk = tl.zeros((BLOCK_N, BLOCK_D), tl.float32)
     dv_acc = tl.zeros((BLOCK_N, BLOCK_DV), tl.float32)
     begin = 0
     if CAUSAL:
         begin = (pid * BLOCK_N // BLOCK_M) * BLOCK_M
-    for start in range(begin, n, BLOCK_M):
-        rows = start + tl.arange(0, BLOCK_M)
+    blocks = tl.cdiv(n - begin, BLOCK_M)
+    first = (kv // (inner // group)) * inner + (kv % (inner // group)) * group  # its group's first query head
+    for step in range(0, group * blocks):  # the group's query heads in turn, each one's query blocks
+        bh = first + step // blocks
+        rows = begin + (step % blocks) * BLOCK_M + tl.arange(0, BLOCK_M)
         q_rows = (rows[:, None] < n) & (dd[None, :] < d)
         o_rows = (rows[:, None] < n) & (de[None, :] < dv)
         q = tl.load(Q + bh * sqb + rows[:, None] * sqn + dd[None, :], mask=q_rows, other=0.0)
         do = tl.load(DO + bh * sdb + rows[:, None] * sdn + de[None, :], mask=o_rows, other=0.0)
         lse = tl.load(L + bh * n + rows, mask=rows < n, other=0.0)
         delta = tl.load(D + bh * n + rows, mask=rows < n, other=0.0)
+
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
         inside = (rows[:, None] < n) & (cols[None, :] < m)
         valid = inside
@@ -278,8 +431,8 @@ def _key_kernel(
         ds = tl.where(valid, (c0 * g), 0.0)
 
         dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=PRECISION)
-    tl.store(DK + bh * m * d + cols[:, None] * d + dd[None, :], dk.to(DK.dtype.element_ty), mask=k_rows)
-    tl.store(DV + bh * m * dv + cols[:, None] * dv + de[None, :], dv_acc.to(DV.dtype.element_ty), mask=v_rows)
+    tl.store(DK + kv * m * d + cols[:, None] * d + dd[None, :], dk.to(DK.dtype.element_ty), mask=k_rows)
+    tl.store(DV + kv * m * dv + cols[:, None] * dv + de[None, :], dv_acc.to(DV.dtype.element_ty), mask=v_rows)
 
 
 @triton.jit
@@ -311,6 +464,7 @@ def _query_kernel(
     d,
     dv,
     inner,
+    group,
     CAUSAL: tl.constexpr,
     PRECISION: tl.constexpr,
     HAS_M: tl.constexpr,
@@ -325,6 +479,7 @@ def _query_kernel(
     block's tiles written to its slot (BH × row blocks), summed after in a fixed order: no atomics anywhere."""
     pid = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)  # int64 offsets: bh · stride may pass 2³¹ elements
+    kv = (bh // inner) * (inner // group) + (bh % inner) // group  # its key/value head: group query heads share one
     c0 = tl.load(C + 0)  # 1/√d_k
     rows = pid * BLOCK_M + tl.arange(0, BLOCK_M)
     dd = tl.arange(0, BLOCK_D)
@@ -335,6 +490,7 @@ def _query_kernel(
     do = tl.load(DO + bh * sdb + rows[:, None] * sdn + de[None, :], mask=o_rows, other=0.0)
     lse = tl.load(L + bh * n + rows, mask=rows < n, other=0.0)
     delta = tl.load(D + bh * n + rows, mask=rows < n, other=0.0)
+
     dq = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
     end = m
     if CAUSAL:
@@ -343,8 +499,8 @@ def _query_kernel(
         cols = start + tl.arange(0, BLOCK_N)
         k_rows = (cols[:, None] < m) & (dd[None, :] < d)
         v_rows = (cols[:, None] < m) & (de[None, :] < dv)
-        k = tl.load(K + bh * skb + cols[:, None] * skn + dd[None, :], mask=k_rows, other=0.0)
-        v = tl.load(V + bh * svb + cols[:, None] * svn + de[None, :], mask=v_rows, other=0.0)
+        k = tl.load(K + kv * skb + cols[:, None] * skn + dd[None, :], mask=k_rows, other=0.0)
+        v = tl.load(V + kv * svb + cols[:, None] * svn + de[None, :], mask=v_rows, other=0.0)
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
         inside = (rows[:, None] < n) & (cols[None, :] < m)
         valid = inside
@@ -408,6 +564,7 @@ def _jvp_kernel(
     d,
     dv,
     inner,
+    group,
     CAUSAL: tl.constexpr,
     PRECISION: tl.constexpr,
     HAS_M: tl.constexpr,
@@ -423,6 +580,7 @@ def _jvp_kernel(
     the running row max together, float32. O(n·d) memory: no n × m array."""
     pid = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)  # int64 offsets: bh · stride may pass 2³¹ elements
+    kv = (bh // inner) * (inner // group) + (bh % inner) // group  # its key/value head: group query heads share one
     c0 = tl.load(C + 0)  # 1/√d_k
     rows = pid * BLOCK_M + tl.arange(0, BLOCK_M)
     dd = tl.arange(0, BLOCK_D)
@@ -442,10 +600,10 @@ def _jvp_kernel(
         cols = start + tl.arange(0, BLOCK_N)
         k_rows = (cols[:, None] < m) & (dd[None, :] < d)
         v_rows = (cols[:, None] < m) & (de[None, :] < dv)
-        k = tl.load(K + bh * skb + cols[:, None] * skn + dd[None, :], mask=k_rows, other=0.0)
-        v = tl.load(V + bh * svb + cols[:, None] * svn + de[None, :], mask=v_rows, other=0.0)
-        kt = tl.load(KT + bh * tkb + cols[:, None] * tkn + dd[None, :], mask=k_rows, other=0.0)
-        vt = tl.load(VT + bh * tvb + cols[:, None] * tvn + de[None, :], mask=v_rows, other=0.0)
+        k = tl.load(K + kv * skb + cols[:, None] * skn + dd[None, :], mask=k_rows, other=0.0)
+        v = tl.load(V + kv * svb + cols[:, None] * svn + de[None, :], mask=v_rows, other=0.0)
+        kt = tl.load(KT + kv * tkb + cols[:, None] * tkn + dd[None, :], mask=k_rows, other=0.0)
+        vt = tl.load(VT + kv * tvb + cols[:, None] * tvn + de[None, :], mask=v_rows, other=0.0)
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
         inside = (rows[:, None] < n) & (cols[None, :] < m)
         valid = inside
@@ -488,126 +646,9 @@ def _coefficients(d_k):
     return (1 / d_k**0.5,)
 
 
-def _blocks(x):
-    """(BLOCK_M, BLOCK_N): 64 × 64 on a GPU; 16 × 16 under the interpreter (CPU tensors, one program at a time)."""
-    return (64, 64) if x.is_cuda else (16, 16)
-
-
-def _precision(x):
-    """tl.dot's input precision for float32 as torch's float32 matmul has it: "ieee" (no TF32) at torch's default
-    float32 matmul precision ("highest"), "tf32" where it is set lower; float16 and bfloat16 ignore it."""
-    return "ieee" if x.dtype == torch.float32 and _highest() else "tf32"
-
-
-@torch.compiler.assume_constant_result  # torch.compile reads the setting once, as a constant of the graph
-def _highest():
-    """Whether torch's float32 matmul precision is "highest" (no TF32)."""
-    return torch.get_float32_matmul_precision() == "highest"
-
-
-def _width(size):
-    """A tile's width for a dimension of size entries: a power of two, at least 16 (tl.dot's least)."""
-    return max(16, triton.next_power_of_2(size))
-
-
-def _flat(x, batch, rows, cols):
-    """x broadcast to (*batch, rows, cols), its batch axes as one (a view where the strides allow)."""
-    return x.expand(*batch, rows, cols).reshape(-1, rows, cols)  # reshape: a view where the strides allow
-
-
-def _rows(x):
-    """x with its last axis contiguous (the kernels step the last axis by 1)."""
-    return x if x.stride(-1) == 1 else x.contiguous()
-
-
-def _tile(x, batch, rows, cols):
-    """x broadcast to (*batch, rows, cols) as (outer, inner, rows, cols), inner the last batch axis (the heads): a mask
-    broadcast over it keeps its stride 0 there (a view; a copy only where the outer axes do not merge)."""
-    return x.expand(*batch, rows, cols).reshape(-1, batch[-1] if batch else 1, rows, cols)
-
-
-def _tile_arguments(tiles, dummy):
-    """Each n × m tile's pointer and strides (outer batch, inner batch, row, key); an absent one (None): nothing."""
-    arguments = []
-    for t in tiles:
-        arguments += [dummy, 0, 0, 0, 0] if t is None else [t, *t.stride()]
-    return arguments
-
-
-def _inner(batch):
-    """The size of the last batch axis (the heads; 1 without batch axes): how a tile's batch·head index splits."""
-    return batch[-1] if batch else 1
-
-
 def _flags(tiles):
     """The constexpr flags of the optional tiles: present or not."""
     return {"HAS_M": tiles[0] is not None}
-
-
-def _dimensions(*arrays):
-    """The dimensions read off the arrays' last two axes (AXES's, in its order); a ValueError naming the input and
-    shapes otherwise."""
-    dims = {}
-    for (name, axes), x in zip(AXES.items(), arrays):
-        if x is None:  # a bias left out
-            continue
-        if x.dim() < 2:
-            raise ValueError(f"{name} has shape {tuple(x.shape)}; expected (..., {', '.join(map(str, axes))})")
-        for size, axis in zip(x.shape[-2:], axes):
-            known = axis if isinstance(axis, int) else dims.setdefault(axis, size)
-            if known != size:
-                raise ValueError(
-                    f"{name} has shape {tuple(x.shape)}; expected (..., {', '.join(map(str, axes))}) "
-                    f"with {axis} = {known}"
-                )
-    return dims
-
-
-def _count(name, value):
-    """A head count as a Python int >= 1 (an int or a NumPy integer, never a bool); a ValueError otherwise."""
-    if type(value).__name__ in ("bool", "bool_") or not hasattr(value, "__index__") or value.__index__() < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return value.__index__()
-
-
-def _divides(name, value, of, total):
-    """A ValueError unless value (name) divides total (of)."""
-    if total % value:
-        raise ValueError(f"{name} = {value} does not divide {of} = {total}")
-
-
-def _share(dims, size, rest):
-    """The factor of the axis size (a product, H*d_k) left by rest (H); a ValueError where rest does not divide it."""
-    if dims[size] % rest:
-        raise ValueError(f"{size} = {dims[size]} is not a multiple of {rest}")
-    return dims[size] // rest
-
-
-def _product(dims, size, value):
-    """A ValueError unless the axis of the product size (H_kv*d_k) is value."""
-    if dims[size] != value:
-        raise ValueError(f"{size} = {dims[size]}, expected {value}")
-
-
-def _batch(*shapes):
-    """The broadcast batch shape of the operands' leading axes; a ValueError naming the shapes otherwise."""
-    try:
-        return torch.broadcast_shapes(*(s[:-2] for s in shapes))
-    except RuntimeError:
-        raise ValueError(f"batch axes do not broadcast: {', '.join(str(tuple(s)) for s in shapes)}") from None
-
-
-_TOKEN = object()  # its id names this module object's ops: two copies of the module never share one (the ops hold
-# the module's globals, _TOKEN among them, so the id is never reused while they are registered)
-_OPS = f"symattn_triton::{SPEC}_{id(_TOKEN):x}"
-
-
-def _scalar_tensor(values, like):
-    """The kernels' scalar arguments as one float32 tensor on like's device, read by pointer in the kernels: a
-    trainable scalar's value stays on the device and torch.compile traces it (no float() of a tensor)."""
-    if not values:
-        return torch.zeros(1, dtype=torch.float32, device=like.device)
-    return torch.stack([torch.as_tensor(x, dtype=torch.float32, device=like.device).reshape(()) for x in values])
 
 
 @torch.library.custom_op(f"{_OPS}_forward", mutates_args=())
@@ -624,7 +665,7 @@ def _forward_op(
     (outer, inner, n, m) views; O (BH, n, d_v), L the rows' log-sum-exp (BH, n), float32. A custom op: torch.compile
     holds the launch as one node (its shapes from _forward_fake)."""
     n, d, m, dv = q.shape[-2], q.shape[-1], k.shape[-2], v.shape[-1]
-    block_m, block_n = _blocks(q)
+    block_m, block_n = _blocks(q, d + dv)
     o = torch.empty((q.shape[0], n, dv), dtype=v.dtype, device=q.device)
     lse = torch.empty((q.shape[0], n), dtype=torch.float32, device=q.device)
     _forward_kernel[(triton.cdiv(n, block_m), q.shape[0])](
@@ -648,6 +689,7 @@ def _forward_op(
         d,
         dv,
         inner,
+        q.shape[0] // k.shape[0],
         CAUSAL=causal,
         PRECISION=_precision(q),
         **_flags(tiles),
@@ -684,7 +726,8 @@ def _backward_op(
     by the backward kernels, flat as _forward_op's, an n × m gradient made where wanted (else empty); a custom op as
     it is."""
     n, d, m, dv = q.shape[-2], q.shape[-1], k.shape[-2], v.shape[-1]
-    bh, (block_m, block_n) = q.shape[0], _blocks(q)
+    bh, (block_m, block_n) = q.shape[0], _blocks(q, d + dv)
+    group = bh // k.shape[0]  # query heads per key/value head (1 but for grouped-query heads)
     widths = {"BLOCK_D": _width(d), "BLOCK_DV": _width(dv)}
     strides = (q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), do.stride(0), do.stride(1))
     delta = torch.empty((bh, n), dtype=torch.float32, device=q.device)
@@ -702,10 +745,10 @@ def _backward_op(
         BLOCK_DV=widths["BLOCK_DV"],
     )
     dq = torch.empty((bh, n, d), dtype=q.dtype, device=q.device)
-    dk = torch.empty((bh, m, d), dtype=k.dtype, device=q.device)
-    dv_ = torch.empty((bh, m, dv), dtype=v.dtype, device=q.device)
+    dk = torch.empty((k.shape[0], m, d), dtype=k.dtype, device=q.device)
+    dv_ = torch.empty((k.shape[0], m, dv), dtype=v.dtype, device=q.device)
     launch = dict(CAUSAL=causal, PRECISION=_precision(q), **_flags(tiles), BLOCK_M=block_m, BLOCK_N=block_n, **widths)
-    _key_kernel[(triton.cdiv(m, block_n), bh)](
+    _key_kernel[(triton.cdiv(m, block_n), k.shape[0])](
         q,
         k,
         v,
@@ -722,6 +765,7 @@ def _backward_op(
         d,
         dv,
         inner,
+        group,
         **launch,
     )
     tile_grads = [torch.zeros((bh, n, m) if w else (0,), dtype=torch.float32, device=q.device) for w in wanted]
@@ -744,6 +788,7 @@ def _backward_op(
         d,
         dv,
         inner,
+        group,
         **launch,
         **dict(zip(GRADIENT_FLAGS, wanted)),
     )
@@ -755,7 +800,110 @@ def _backward_fake(q, k, v, o, do, lse, tiles, coefficients, inner, causal, want
     bh, n, m = q.shape[0], q.shape[1], k.shape[1]
     grads = [torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)]
     grads += [q.new_empty((bh, n, m) if w else (0,), dtype=torch.float32) for w in wanted]
-    return grads + [q.new_empty((bh * triton.cdiv(n, _blocks(q)[0]),), dtype=torch.float32) for _ in range(SCALARS)]
+    blocks = triton.cdiv(n, _blocks(q, q.shape[-1] + v.shape[-1])[0])  # a scalar's sums: one per query block
+    return grads + [q.new_empty((bh * blocks,), dtype=torch.float32) for _ in range(SCALARS)]
+
+
+def _forward(Q, K, V, causal, symbols, tensors):
+    """(O, L) of _CoreFunction: Q, K, V broadcast to one batch shape and flattened, the forward kernel."""
+    tiles = tensors[:1]
+    coefficients = _scalar_tensor(_coefficients(**symbols), Q)
+    n, d, m, dv = Q.shape[-2], Q.shape[-1], K.shape[-2], V.shape[-1]
+    batch, kv = _batches(Q, K, V, tiles, False)
+    q = _rows(_flat(Q, batch, n, d))
+    k, v = (_rows(_flat(x, kv, m, c)) for x, c in ((K, d), (V, dv)))
+    tiles = [None if t is None else _tile(t, batch, n, m) for t in tiles]
+    o, lse = _forward_op(q, k, v, tiles, coefficients, _inner(batch), causal)
+    return o.view(*batch, n, dv), lse
+
+
+def _backward(ctx, grad, saved):
+    """The gradients of _CoreFunction's inputs from dO (grad) and what it saved, by the backward kernels."""
+    Q, K, V, O, lse, *present = saved
+    present = iter(present)
+    tensors = [None if absent else next(present) for absent in ctx.absent]
+    tiles, scalars = tensors[:1], tensors[1:]
+    coefficients = _scalar_tensor(_coefficients(**ctx.symbols), Q)
+    n, d, m, dv = Q.shape[-2], Q.shape[-1], K.shape[-2], V.shape[-1]
+    batch = O.shape[:-2]
+    kv = batch
+    q = _rows(_flat(Q, batch, n, d))
+    k, v = (_rows(_flat(x, kv, m, c)) for x, c in ((K, d), (V, dv)))
+    o, do = _rows(O.reshape(-1, n, dv)), _rows(_flat(grad, batch, n, dv))
+    flat = [None if t is None else _tile(t, batch, n, m) for t in tiles]
+    wanted = [ctx.needs_input_grad[5 + i] for i in GRADIENT_INDEX]
+    dq, dk, dv_, *rest = _backward_op(q, k, v, o, do, lse, flat, coefficients, _inner(batch), ctx.causal, wanted)
+    made = iter(zip(rest[:GRADIENT_TILES], wanted))
+    sums = rest[GRADIENT_TILES:]
+    grads = [dq.view(*batch, n, d).sum_to_size(Q.shape), dk.view(*kv, m, d).sum_to_size(K.shape)]
+    grads += [dv_.view(*kv, m, dv).sum_to_size(V.shape), None, None]
+    grads.append(_tile_gradient(*next(made), batch, tiles[0]))
+    grads += [total.sum().reshape(x.shape).to(x.dtype) for total, x in zip(sums, scalars)]
+    return tuple(grads)
+
+
+def _core_jvp(Q, K, V, thin_tangents, causal, symbols, tensors, tangents):
+    """(O, Ȯ) by the JVP kernel: Q, K, V, their tangents (None: zero), the tiles and trainable scalars (tensors) and
+    theirs (tangents, None: zero)."""
+    tiles, tile_tangents = tensors[:1], tangents[:1]
+    named = dict(symbols)
+    coefficients = _coefficients(**named) + _tangent_coefficients(**named)
+    coefficients = _scalar_tensor(coefficients, Q)
+    n, d, m, dv = Q.shape[-2], Q.shape[-1], K.shape[-2], V.shape[-1]
+    batch, kv = _batches(Q, K, V, tiles, False)
+    thin = [(x, t, b, r, c) for x, t, b, r, c in zip((Q, K, V), thin_tangents, (batch, kv, kv), (n, m, m), (d, d, dv))]
+    q, k, v = (_rows(_flat(x, b, r, c)) for x, _, b, r, c in thin)
+    q_t, k_t, v_t = (
+        torch.zeros_like(y) if t is None else _rows(_flat(t, b, r, c)) for y, (_, t, b, r, c) in zip((q, k, v), thin)
+    )
+    tiles = [None if t is None else _tile(t, batch, n, m) for t in tiles]
+    moving = [None if x is None else _tile(x, batch, n, m) for x in tile_tangents[:1]]
+    moving = [moving[i] for i in ()]  # the inputs' (the constants do not move)
+    block_m, block_n = _blocks(q, d + dv)
+    o = torch.empty((q.shape[0], n, dv), dtype=v.dtype, device=q.device)
+    o_t = torch.empty_like(o)
+    _jvp_kernel[(triton.cdiv(n, block_m), q.shape[0])](
+        q,
+        k,
+        v,
+        q_t,
+        k_t,
+        v_t,
+        o,
+        o_t,
+        *_tile_arguments(tiles, q),
+        *_tile_arguments(moving, q),
+        coefficients,
+        q.stride(0),
+        q.stride(1),
+        k.stride(0),
+        k.stride(1),
+        v.stride(0),
+        v.stride(1),
+        o.stride(0),
+        o.stride(1),
+        q_t.stride(0),
+        q_t.stride(1),
+        k_t.stride(0),
+        k_t.stride(1),
+        v_t.stride(0),
+        v_t.stride(1),
+        n,
+        m,
+        d,
+        dv,
+        _inner(batch),
+        q.shape[0] // k.shape[0],
+        CAUSAL=causal,
+        PRECISION=_precision(q),
+        **_flags(tiles),
+        **_tangent_flags(moving),
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        BLOCK_D=_width(d),
+        BLOCK_DV=_width(dv),
+    )
+    return o.view(*batch, n, dv), o_t.view(*batch, n, dv)
 
 
 class _CoreFunction(torch.autograd.Function):
@@ -763,14 +911,7 @@ class _CoreFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(Q, K, V, causal, symbols, *tensors):
-        tiles = tensors[:1]
-        coefficients = _scalar_tensor(_coefficients(**symbols), Q)
-        n, d, m, dv = Q.shape[-2], Q.shape[-1], K.shape[-2], V.shape[-1]
-        batch = _batch(Q.shape, K.shape, V.shape, *(t.shape for t in tiles if t is not None))
-        q, k, v = (_rows(_flat(x, batch, r, c)) for x, r, c in ((Q, n, d), (K, m, d), (V, m, dv)))
-        tiles = [None if t is None else _tile(t, batch, n, m) for t in tiles]
-        o, lse = _forward_op(q, k, v, tiles, coefficients, _inner(batch), causal)
-        return o.view(*batch, n, dv), lse
+        return _forward(Q, K, V, causal, symbols, tensors)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
@@ -809,27 +950,17 @@ class _CoreTraced(_CoreFunction):
         return _backward(ctx, grad, ctx.saved_tensors)
 
 
-def _backward(ctx, grad, saved):
-    """The gradients of _CoreFunction's inputs from dO (grad) and what it saved, by the backward kernels."""
-    Q, K, V, O, lse, *present = saved
-    present = iter(present)
-    tensors = [None if absent else next(present) for absent in ctx.absent]
-    tiles, scalars = tensors[:1], tensors[1:]
-    coefficients = _scalar_tensor(_coefficients(**ctx.symbols), Q)
-    n, d, m, dv = Q.shape[-2], Q.shape[-1], K.shape[-2], V.shape[-1]
-    batch = O.shape[:-2]
-    q, k, v = (_rows(_flat(x, batch, r, c)) for x, r, c in ((Q, n, d), (K, m, d), (V, m, dv)))
-    o, do = _rows(O.reshape(-1, n, dv)), _rows(_flat(grad, batch, n, dv))
-    flat = [None if t is None else _tile(t, batch, n, m) for t in tiles]
-    wanted = [ctx.needs_input_grad[5 + i] for i in GRADIENT_INDEX]
-    dq, dk, dv_, *rest = _backward_op(q, k, v, o, do, lse, flat, coefficients, _inner(batch), ctx.causal, wanted)
-    made = iter(zip(rest[:GRADIENT_TILES], wanted))
-    sums = rest[GRADIENT_TILES:]
-    grads = [dq.view(*batch, n, d).sum_to_size(Q.shape), dk.view(*batch, m, d).sum_to_size(K.shape)]
-    grads += [dv_.view(*batch, m, dv).sum_to_size(V.shape), None, None]
-    grads.append(_tile_gradient(*next(made), batch, tiles[0]))
-    grads += [total.sum().reshape(x.shape).to(x.dtype) for total, x in zip(sums, scalars)]
-    return tuple(grads)
+def _tangent_coefficients(d_k):
+    """The JVP kernel's scalar arguments besides _coefficients': none."""
+    return ()
+
+
+def _tangent_flags(moving):
+    """The constexpr flags of the n × m inputs' tangent tiles: given or zero."""
+    return {}
+
+
+_CORE = (_CoreFunction, _CoreTraced, _core_jvp)  # how _core and _core_dual run this core
 
 
 def _tile_gradient(grad, wanted, batch, like):
@@ -853,79 +984,6 @@ def _plain(x):
     while x is not None and torch._C._functorch.is_functorch_wrapped_tensor(x):
         x = torch._C._functorch.get_unwrapped(x)
     return x
-
-
-def _core_jvp(Q, K, V, thin_tangents, causal, symbols, tensors, tangents):
-    """(O, Ȯ) by the JVP kernel: Q, K, V, their tangents (None: zero), the tiles and trainable scalars (tensors) and
-    theirs (tangents, None: zero)."""
-    tiles, tile_tangents = tensors[:1], tangents[:1]
-    named = dict(symbols)
-    coefficients = _coefficients(**named) + _tangent_coefficients(**named)
-    coefficients = _scalar_tensor(coefficients, Q)
-    n, d, m, dv = Q.shape[-2], Q.shape[-1], K.shape[-2], V.shape[-1]
-    batch = _batch(Q.shape, K.shape, V.shape, *(t.shape for t in tiles if t is not None))
-    thin = [(x, t, r, c) for x, t, r, c in zip((Q, K, V), thin_tangents, (n, m, m), (d, d, dv))]
-    q, k, v = (_rows(_flat(x, batch, r, c)) for x, _, r, c in thin)
-    q_t, k_t, v_t = (
-        torch.zeros_like(y) if t is None else _rows(_flat(t, batch, r, c)) for y, (_, t, r, c) in zip((q, k, v), thin)
-    )
-    tiles = [None if t is None else _tile(t, batch, n, m) for t in tiles]
-    moving = [None if x is None else _tile(x, batch, n, m) for x in tile_tangents[:1]]
-    moving = [moving[i] for i in ()]  # the inputs' (the constants do not move)
-    block_m, block_n = _blocks(q)
-    o = torch.empty((q.shape[0], n, dv), dtype=v.dtype, device=q.device)
-    o_t = torch.empty_like(o)
-    _jvp_kernel[(triton.cdiv(n, block_m), q.shape[0])](
-        q,
-        k,
-        v,
-        q_t,
-        k_t,
-        v_t,
-        o,
-        o_t,
-        *_tile_arguments(tiles, q),
-        *_tile_arguments(moving, q),
-        coefficients,
-        q.stride(0),
-        q.stride(1),
-        k.stride(0),
-        k.stride(1),
-        v.stride(0),
-        v.stride(1),
-        o.stride(0),
-        o.stride(1),
-        q_t.stride(0),
-        q_t.stride(1),
-        k_t.stride(0),
-        k_t.stride(1),
-        v_t.stride(0),
-        v_t.stride(1),
-        n,
-        m,
-        d,
-        dv,
-        _inner(batch),
-        CAUSAL=causal,
-        PRECISION=_precision(q),
-        **_flags(tiles),
-        **_tangent_flags(moving),
-        BLOCK_M=block_m,
-        BLOCK_N=block_n,
-        BLOCK_D=_width(d),
-        BLOCK_DV=_width(dv),
-    )
-    return o.view(*batch, n, dv), o_t.view(*batch, n, dv)
-
-
-def _tangent_coefficients(d_k):
-    """The JVP kernel's scalar arguments besides _coefficients': none."""
-    return ()
-
-
-def _tangent_flags(moving):
-    """The constexpr flags of the n × m inputs' tangent tiles: given or zero."""
-    return {}
 
 
 def gelu(a):
@@ -1229,7 +1287,7 @@ def _compute(
     attn_mask,
     key_padding_mask,
 ):
-    """forward's output, the core O by _kernels(core_q, core_k, core_v, causal, symbols, M)."""
+    """forward's output, the core O by _kernels(its _CORE, its Q, K, V, causal, symbols, its tiles)."""
     b_Q = _row(b_Q)
     b_K = _row(b_K)
     b_V = _row(b_V)
@@ -1253,7 +1311,7 @@ def _compute(
     core_k = split_heads((beta_1 + gamma_1 * (layer_norm(X, eps))) @ W_K + b_K, H)
     core_v = split_heads((beta_1 + gamma_1 * (layer_norm(X, eps))) @ W_V + b_V, H)
     symbols = {"d_k": d_k}
-    O = _kernels(core_q, core_k, core_v, causal, symbols, M)
+    O = _kernels(_CORE, core_q, core_k, core_v, causal, symbols, M)
     return (
         (merge_heads(O, H)) @ W_O
         + b_O
@@ -1263,9 +1321,10 @@ def _compute(
     )
 
 
-def _core(Q, K, V, *arguments):
-    """O by the forward kernel (its backward by the backward kernels, its tangent by the JVP kernel)."""
-    function = _CoreTraced if torch.compiler.is_compiling() else _CoreFunction
+def _core(kernels, Q, K, V, *arguments):
+    """O of a core (kernels: its _CORE) by the forward kernel (its backward by the backward kernels, its tangent by
+    the JVP kernel)."""
+    function = kernels[1] if torch.compiler.is_compiling() else kernels[0]
     return function.apply(*_autocast(Q, K, V), *arguments)[0]
 
 
@@ -1277,15 +1336,16 @@ def _autocast(Q, K, V):
     if device == "meta" or not torch.is_autocast_enabled(device):
         return Q, K, V
     low = torch.get_autocast_dtype(device)
-    return tuple(x.to(low) if x.dtype == torch.float32 else x for x in (Q, K, V))
+    return tuple(x.to(low) if x is not None and x.dtype == torch.float32 else x for x in (Q, K, V))
 
 
-def _core_dual(Q, K, V, causal, symbols, *tensors):
+def _core_dual(kernels, Q, K, V, causal, symbols, *tensors):
     """O as a dual tensor (O, Ȯ) of forward-mode autograd from the dual Q, K, V and tensors: one JVP kernel launch."""
-    (Q, Q_t), (K, K_t), (V, V_t) = (forward_ad.unpack_dual(x) for x in _autocast(Q, K, V))
+    pairs = [(None, None) if x is None else forward_ad.unpack_dual(x) for x in _autocast(Q, K, V)]  # V None: a map
+    (Q, Q_t), (K, K_t), (V, V_t) = pairs
     primals = [None if x is None else forward_ad.unpack_dual(x) for x in tensors]
     tensors, tangents = [None if x is None else x[0] for x in primals], [None if x is None else x[1] for x in primals]
-    O, O_t = _core_jvp(Q, K, V, (Q_t, K_t, V_t), causal, symbols, tensors, tangents)
+    O, O_t = kernels[2](Q, K, V, (Q_t, K_t, V_t), causal, symbols, tensors, tangents)
     return forward_ad.make_dual(O, O_t)
 
 

@@ -176,7 +176,7 @@ def test_gallery_module_matches_torch_autograd_and_keeps_the_dtype(name, backend
 def test_linear_attention_keeps_its_normaliser_a_column():
     """Z = φ(Q) φ(K)ᵀ 𝟏 is computed once, n × 1, and broadcast: no n × d_v array of it in either pass."""
     text = codegen.render(gallery_spec("linear_attention"), "numpy", second_order=False)
-    assert "    Z = F_Q @ (F_K.mT.sum(axis=-1, keepdims=True))" in text
+    assert "    Z = narrow_matmul(F_Q, F_K.mT.sum(axis=-1, keepdims=True))" in text
     assert "repeat" not in text and "np.ones((n, 1)" not in text
 
 

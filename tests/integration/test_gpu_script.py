@@ -61,14 +61,22 @@ def test_every_timed_run_ran(report):
 
 def test_the_triton_section_times_every_variant_and_the_bias_gradient_is_the_same_bits(report):
     """Under the interpreter (tests/conftest.py sets TRITON_INTERPRET=1): every variant timed for the Triton module,
-    torch.compile and eager math (SDPA where it expresses the variant), the bias gradient equal across two runs, and
-    the Triton JVP's tangent equal to torch.func.jvp's of the math."""
+    torch.compile and eager math (SDPA where it expresses the variant), the bias gradient equal across two runs, the
+    Triton time ÷ its peer's (SDPA without FlexAttention on the CPU; SDPA's plain attention for the variants
+    FlexAttention cannot express), and every variant's Triton JVP tangent equal to torch.func.jvp's of the math."""
     rows = _section(report, "Triton modules")
     cells = [[c.strip() for c in row.split("|")[1:-1]] for row in rows]
-    assert [c[0] for c in cells] == ["plain", "causal", "softcap", "bias", "sigmoid"], rows
-    for c in cells:
+    variants = ["plain", "causal", "softcap", "alibi", "bias", "sigmoid", "softplus", "differential", "pointer"]
+    assert [c[0] for c in cells] == variants, rows
+    by = dict(zip(variants, cells))
+    for name, c in by.items():
         assert all(re.fullmatch(r"\d+\.\d\d", x) for x in (c[2], c[5], c[6])), c  # Triton, compiled, eager
-        assert re.fullmatch(r"\d+\.\d\d", c[3]) if c[0] in ("plain", "causal") else c[3] == "—", c  # SDPA
-    assert cells[3][7].startswith("True"), cells[3]
+        sdpa = name in ("plain", "causal", "alibi", "differential")
+        assert re.fullmatch(r"\d+\.\d\d", c[3]) if sdpa else c[3] == "—", c
+        assert c[4] == "—", c  # FlexAttention has no backward on the CPU
+        peer = "SDPA" if sdpa else "SDPA plain" if name in ("sigmoid", "softplus", "pointer") else None
+        assert re.fullmatch(rf"\d+\.\d\d ÷ {peer}", c[8]) if peer else c[8] == "—", c
+    assert by["bias"][7].startswith("True"), by["bias"]
     jvp = _section(report, "Triton JVP")
-    assert len(jvp) == 2 and all(float(row.split("|")[-2]) < 1e-5 for row in jvp), jvp
+    assert [row.split("|")[1].strip() for row in jvp] == variants, jvp
+    assert all(float(row.split("|")[-2]) < 1e-5 for row in jvp), jvp

@@ -48,10 +48,21 @@ def _tangents(inputs: dict, generator, left_out: str) -> dict:
 
 
 # softcap: a function's tangent; temperature: a trainable scalar's (τ̇ S); bias: an n × m input's tangent tile;
-# sigmoid: no normaliser; gated: torch code after the core; qk_norm: Q and K of LayerNorms
+# sigmoid: no normaliser; gated: torch code after the core; qk_norm: Q and K of LayerNorms; softplus: the rows
+# divided by their sums; differential: two cores; pointer: O = log_softmax(A), n × m
 @pytest.mark.parametrize(
     "name, causal",
-    [("softcap", True), ("temperature", False), ("bias", True), ("sigmoid", True), ("gated", False), ("qk_norm", True)],
+    [
+        ("softcap", True),
+        ("temperature", False),
+        ("bias", True),
+        ("sigmoid", True),
+        ("gated", False),
+        ("qk_norm", True),
+        ("softplus", True),
+        ("differential", False),
+        ("pointer", True),
+    ],
 )
 def test_jvp_matches_torch_func_jvp_of_the_eager_forward(name, causal, folder):
     generator = torch.Generator().manual_seed(17)
@@ -152,3 +163,27 @@ def test_second_derivatives_raise_instead_of_being_wrong(folder):
 
     with pytest.raises(RuntimeError, match="forward mode over forward mode"):
         torch.func.jvp(tangent, (q.detach(),), (torch.ones_like(q),))
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_grouped_query_heads_jvp_matches_torch_func_jvp_of_the_torch_module(causal, folder):
+    """mha with 4 query heads sharing 2 key/value heads (K and V never repeated: the kernels read head h // 2): jvp
+    against torch.func.jvp of the generated torch module's forward, every input moving."""
+    from symattn.generated import mha_torch
+
+    generator = torch.Generator().manual_seed(29)
+    shapes = {"Q": (2, N, 32), "K": (2, M, 32), "V": (2, M, 32), "W_Q": (32, 32), "W_K": (32, 16), "W_V": (32, 16)}
+    shapes["W_O"] = (32, 32)
+    inputs = {k: torch.randn(shape, generator=generator) / 3 for k, shape in shapes.items()}
+    tangents = {k: torch.randn(x.shape, generator=generator) for k, x in inputs.items()}
+    module = triton_module("mha", folder)
+    assert "repeat_heads" not in module._compute.__code__.co_names
+    heads = {"num_heads": 4, "num_kv_heads": 2, "causal": causal}
+    out, tangent = module.jvp(*inputs.values(), tangents, **heads)
+    want, want_tangent = torch.func.jvp(
+        lambda *xs: mha_torch.forward(*(x.double() for x in xs), **heads),
+        tuple(inputs.values()),
+        tuple(tangents.values()),
+    )
+    compare(out, want, "grouped mha jvp output")
+    compare(tangent, want_tangent, "grouped mha jvp tangent", rtol=5e-5)

@@ -62,12 +62,20 @@ def gallery(name: str) -> sa.Spec:
     return runpy.run_path(str(GALLERY / f"{name}_attention.py"))["spec"]
 
 
-def attend(a, v, causal: bool, softmax: bool = True):
-    """N(A) V in float64, causal: query i sees keys j <= i (−inf before a softmax, zero otherwise)."""
+def attend(a, v, causal: bool, softmax: bool = True, summed: bool = False):
+    """N(A) V in float64, causal: query i sees keys j <= i (−inf before a softmax, zero otherwise); summed: each
+    row of A divided by its sum."""
     if causal:
         hidden = torch.ones(a.shape[-2:], dtype=torch.bool).triu(1)
         a = a.masked_fill(hidden, -math.inf) if softmax else a.masked_fill(hidden, 0.0)
+    if summed:
+        return (a / a.sum(-1, keepdim=True)) @ v
     return (torch.softmax(a, -1) if softmax else a) @ v
+
+
+def _hidden(a, causal: bool):
+    """a with −inf where causal hides a key (j > i)."""
+    return a.masked_fill(torch.ones(a.shape[-2:], dtype=torch.bool).triu(1), -math.inf) if causal else a
 
 
 def _unit_rows(x):
@@ -85,6 +93,14 @@ REFERENCES = {
     "temperature": lambda x, c: attend(x["tau"] * _qk(x), x["X"] @ x["W_V"], c),
     "bias": lambda x, c: attend(_qk(x) / math.sqrt(D) + x["B"], x["X"] @ x["W_V"], c),
     "sigmoid": lambda x, c: attend(torch.sigmoid(_qk(x) / math.sqrt(D)), x["X"] @ x["W_V"], c, softmax=False),
+    "softplus": lambda x, c: attend(
+        torch.nn.functional.softplus(_qk(x) / math.sqrt(D)), x["X"] @ x["W_V"], c, softmax=False, summed=True
+    ),
+    "differential": lambda x, c: (
+        attend(_qk(x, "1") / math.sqrt(D), x["X"] @ x["W_V"], c)
+        - x["lam"] * attend(_qk(x, "2") / math.sqrt(D), x["X"] @ x["W_V"], c)
+    ),
+    "pointer": lambda x, c: torch.log_softmax(_hidden(_qk(x) / math.sqrt(D), c), -1),
     "gated": lambda x, c: attend(_qk(x) / math.sqrt(D), x["X"] @ x["W_V"], c) * torch.sigmoid(x["X"] @ x["W_G"]),
     "cosine": lambda x, c: attend(
         10 * _unit_rows(x["X"] @ x["W_Q"]) @ _unit_rows(x["X"] @ x["W_K"]).mT, x["X"] @ x["W_V"], c
@@ -100,20 +116,20 @@ REFERENCES = {
 }
 
 
-def _qk(x):
-    return (x["X"] @ x["W_Q"]) @ (x["X"] @ x["W_K"]).mT
+def _qk(x, which: str = ""):
+    return (x["X"] @ x[f"W_Q{which}"]) @ (x["X"] @ x[f"W_K{which}"]).mT
 
 
 def random_inputs(spec: sa.Spec, generator) -> dict:
     """Random float32 inputs of the spec: X batched (2, 2, n, d_model), weights unbatched, B per batch·head."""
     shapes = {"X": (2, 2, N, D_MODEL), "W_V": (D_MODEL, DV), "W_G": (D_MODEL, DV), "B": (2, 2, N, N)}
-    shapes |= {name: (D_MODEL, D) for name in ("W_Q", "W_K")}
+    shapes |= {name: (D_MODEL, D) for name in ("W_Q", "W_K", "W_Q1", "W_K1", "W_Q2", "W_K2")}
     shapes |= {name: (1, D) for name in ("gamma_Q", "beta_Q", "gamma_K", "beta_K")}
     out = {}
     for name in spec.input_names:
         value = torch.randn(shapes.get(name, ()), generator=generator) / (2 if name.startswith("W") else 1)
         out[name] = (
-            value + 1 if name.startswith("gamma") else value.abs() if name == "tau" else value
+            value + 1 if name.startswith("gamma") else value.abs() if name in ("tau", "lam") else value
         ).requires_grad_()
     return out
 
@@ -121,8 +137,9 @@ def random_inputs(spec: sa.Spec, generator) -> dict:
 def compare(got, want, what: str, rtol: float = 1e-5) -> float:
     """got (float32) against want (float64) to rtol of want's largest entry, or absolutely where that is below 1
     (an identically zero gradient: dβ_K, the softmax being shift-invariant); the error, relative to that."""
-    scale = max(want.abs().max().item(), 1.0)
-    error = (got.double() - want).abs().max().item() / scale
+    finite = want[want.isfinite()]  # a log-probability is −inf where a key is hidden: got must be so too
+    scale = max(finite.abs().max().item() if finite.numel() else 0.0, 1.0)
+    error = torch.where(got.double() == want, 0.0, got.double() - want).abs().max().item() / scale
     assert error <= rtol, f"{what}: error {error:.2e} of {scale:.2e}"
     return error
 

@@ -38,6 +38,10 @@ class Backend:
     # its arrays can be written: helpers take out=, sums over blocks are +=, dying arrays are overwritten (JAX's are
     # immutable: nothing in place anywhere)
     mutable: bool = True
+    # the runtime helper that decorates its public backward, hvp and jvp ("": none): NumPy's rounds a float16 run's
+    # float32 values (products left wide, sums over blocks of rows) to float16 once, as torch's autograd and the
+    # JAX module's _narrowed do
+    results_helper: str = ""
     # its modules are rendered by this function (source, regenerate command, Jinja environment) → text, not from the
     # schedule's sections (Triton: the kernels of the spec's n × m core, the torch code around them)
     renders: Callable | None = None

@@ -32,6 +32,8 @@ class JaxMatrixPrinter(GeneratedNumPyPrinter):
     row_dot_function = "row_dot"  # the runtime's: float32 for 16-bit arrays (XLA fuses the product into the sum)
     wide_product, narrow_product = "wide_matmul", "narrow_matmul"  # (16-bit runs: n × m arrays in float32)
     fused_rows = False  # and exp(X − u 𝟏ᵀ), F ⊙ (X − u 𝟏ᵀ) into one loop
+    block_sum = None  # a sum over blocks is a new array, total + part (add_rows sums 16-bit parts in float32)
+    transposed_product = None  # Pᵀ dO, dSᵀ Q by narrow_matmul (add_rows sums the parts in float32)
     backend = JAX
     # SymPy's NumPy printer names numpy functions (MatPow: numpy.linalg.matrix_power); their jax forms
     numpy_functions = {
@@ -53,6 +55,10 @@ class JaxMatrixPrinter(GeneratedNumPyPrinter):
 
     def inplace_operation(self, op: str, target: str, operand: str, buffer: str) -> str:  # pragma: no cover
         raise SymattnError("the jax printer writes nothing in place")
+
+    def column_sums(self, text: str) -> str:
+        """𝟏ᵀ X: the sums of X's columns, as a row (jnp's sum: XLA accumulates 16-bit sums in float32)."""
+        return self.reduce_sum(text, "0", keepdims=True)
 
     def batch_scalar(self, text: str) -> str:
         return f"jnp.expand_dims({text}, (-2, -1))"

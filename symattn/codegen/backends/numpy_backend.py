@@ -7,8 +7,8 @@ from sympy.matrices.expressions import MatAdd
 
 from symattn.codegen.backends.backend import Backend
 from symattn.codegen.backends.numpy_runtime import REPLACING
-from symattn.codegen.backends.printing import GeneratedCodeMixin
-from symattn.codegen.schedule.plan import broadcast_column
+from symattn.codegen.backends.printing import GeneratedCodeMixin, _unwrapped, narrows
+from symattn.codegen.schedule.plan import broadcast_column, flipped
 from symattn.lang.functions import NUMPY, Exp
 from symattn.numeric.printers import NUMPY_RUNTIME, NumPyMatrixPrinter, runtime_functions, split_sign
 
@@ -16,6 +16,7 @@ RUNTIMES = (
     "symattn.codegen.backends.common_runtime",
     "symattn.codegen.backends.numpy_runtime",
     "symattn.codegen.backends.numba_kernels",
+    "symattn.numeric.low_precision",
 )
 OWN = {name: source for module in RUNTIMES for name, source in runtime_functions(module).items()}
 REPLACED = {helper.__name__ for helper in REPLACING}  # the generated modules' own forms
@@ -30,7 +31,13 @@ class GeneratedNumPyPrinter(GeneratedCodeMixin, NumPyMatrixPrinter):
 
     runtime = GENERATED_NUMPY_RUNTIME
     backend = NUMPY
-    row_dot_function = "np.vecdot"  # rowsum(X ⊙ Y) without the X ⊙ Y temporary (NumPy ≥ 2.0)
+    # rowsum(X ⊙ Y), D = rowsum(dO ⊙ O): the runtime's row_dot, np.vecdot (no X ⊙ Y temporary), in float32 for
+    # float16 arrays (a statistic)
+    row_dot_function = "row_dot"
+    # float16 runs as the torch and JAX modules: the n × m arrays in float32, each product accumulated in float32
+    # and an n × m factor never rounded (the product is, once), sums over blocks of rows in float32
+    wide_product, narrow_product = "wide_matmul", "narrow_matmul"
+    block_sum = "add_blocks"  # (a weight's gradient summed over blocks of rows in float32)
 
     # Entrywise forms over a full array X and a column u broadcast along its rows, each one sweep (a compiled
     # kernel where numba is installed: numpy_runtime.exp_rows, shifted_product) instead of NumPy's two passes:
@@ -52,9 +59,31 @@ class GeneratedNumPyPrinter(GeneratedCodeMixin, NumPyMatrixPrinter):
                     return self._fused("shifted_product", [factor, *shifted], self.plan.buffer(expr))
         return super()._print_HadamardProduct(expr)
 
+    # Aᵀ B of an n × m A with flip_ratio times B's columns (dSᵀ Q, Pᵀ dO: a block's part of dK, dV, as torch's
+    # printer flips them) by the runtime's matmul_tn, whose product of a float16 run stays float32 for add_rows to
+    # sum (None: the narrowing product; JAX's printer)
+    transposed_product: str | None = "matmul_tn"
+    flip_ratio = 8
+
+    def _join_product(self, mats: list[Basic], texts: list[str]) -> str:
+        if (
+            self.transposed_product
+            and len(mats) == 2
+            and texts[0].endswith(".mT")
+            and narrows(*mats)
+            and flipped(*mats, self.flip_ratio)
+        ):
+            left, right = (_unwrapped(t) for t in (texts[0].removesuffix(".mT"), texts[1]))
+            return f"{self.helper(self.transposed_product)}({left}, {right})"
+        return super()._join_product(mats, texts)
+
     def _fused(self, helper: str, operands: list[Basic], buffer: str | None) -> str:
         out = "" if buffer is None else f", out={buffer}"
         return f"{self.helper(helper)}({', '.join(self._print(a) for a in operands)}{out})"
+
+    def column_sums(self, text: str) -> str:
+        """𝟏ᵀ X: the sums of X's columns, as a row (the runtime's: in float32 for a float16 X)."""
+        return f"{self.helper('column_sums')}({text})"
 
     def _print_OneMatrix(self, expr: Basic) -> str:
         return f"np.ones(({self._print(expr.shape[0])}, {self._print(expr.shape[1])}), dtype=dtype)"
@@ -84,10 +113,11 @@ NUMPY_BACKEND = Backend(
     printer=GeneratedNumPyPrinter,
     variants=("standard", "memeff"),
     check_inputs="_arrays",
-    helpers=("_cotangent",),
+    helpers=("_cotangent", "_in_run_dtype"),
     mask_shape="_float_mask_shape",
     autodiff=False,
     second_order_helpers=("_direction",),
     runtimes=("symattn.numeric.numpy_runtime", *RUNTIMES),
     imports=("np",),
+    results_helper="_in_run_dtype",
 )

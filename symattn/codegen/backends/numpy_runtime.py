@@ -1,4 +1,5 @@
-"""Runtime helpers only generated NumPy modules call: in-place and masked softmax, batch sums, input checks, masks.
+"""Runtime helpers only generated NumPy modules call: in-place and masked softmax, batch sums, input checks, masks
+(a float16 run's products, statistics and sums: ``symattn.numeric.low_precision``).
 
 Real code, linted and tested; ``GeneratedNumPyPrinter`` copies the source of the ones a module
 calls (read with ``ast``) into it, so a generated NumPy module imports only numpy. The
@@ -11,6 +12,7 @@ import numpy as np
 
 from symattn.codegen.backends.common_runtime import _mask_layout
 from symattn.codegen.backends.numba_kernels import _fused_kernels
+from symattn.numeric.low_precision import _half, wide_sum
 
 SHAPES: dict[str, str] = {}  # input name -> its shape as the docstring writes it, e.g. "(..., n, d_k)"
 OPTIONAL: tuple[str, ...] = ()  # inputs that may be None (biases)
@@ -172,8 +174,8 @@ def rows(a):
 
 
 def sum_batch(a):
-    """(..., p, q) -> (p, q): the sum over the leading batch dimensions."""
-    return a.reshape(-1, *a.shape[-2:]).sum(axis=0)
+    """(..., p, q) -> (p, q): the sum over the leading batch dimensions (``wide_sum``)."""
+    return wide_sum(a.reshape(-1, *a.shape[-2:]), 0)
 
 
 def row_softmax_lse(a, out=None):
@@ -292,10 +294,10 @@ def _float_mask_shape(attn_mask):
 
 def sum_to_mask(a, shape, heads=False):
     """∂f/∂B for a bias B of the given shape, (n, m) or (..., n, m), added to scores whose cotangent is a,
-    (..., n, m) or with heads (..., H, n, m): a summed over the axes B was broadcast along."""
+    (..., n, m) or with heads (..., H, n, m): a summed over the axes B was broadcast along (``wide_sum``)."""
     if heads:
-        a = a.sum(axis=-3)
-    return a.reshape(-1, *shape).sum(axis=0)
+        a = wide_sum(a, -3)
+    return wide_sum(a.reshape(-1, *shape), 0)
 
 
 def _additive_mask(attn_mask, key_padding_mask, causal, query, key, per_head=False, by_blocks=False):
@@ -382,7 +384,11 @@ def causal_fill(scores, rows, keys):
 
 def add_rows(total, keys, part, m):
     """The sum over blocks of a value of m rows (…, m, k), part adding to its rows keys; total is 0 before the
-    first block. part is a product made for the sum (dAᵀ Q): the first one may become the sum itself."""
+    first block. part is a product made for the sum (dAᵀ Q): the first one may become the sum itself. 16-bit parts
+    are summed in float32 (an accumulation): the sum is float32, rounded once by the public function
+    (``_in_run_dtype``; matmul_tn's parts are float32 already)."""
+    if _half(part):
+        part = part.astype(np.float32)
     if isinstance(total, int) and part.shape[-2] == m and part.base is None:  # every key: part is the sum so far
         return part
     if isinstance(total, int):

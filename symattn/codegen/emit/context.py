@@ -22,7 +22,8 @@ from symattn.codegen.emit.arguments import (
     positional_parameters,
     spec_order,
 )
-from symattn.codegen.emit.sections import Statement, _saved, _sections, _statements, _uses, saved_and_remade
+from symattn.codegen.emit.saving import read_constants, saved_and_remade, saved_names
+from symattn.codegen.emit.sections import Statement, _sections, _statements, _uses
 from symattn.codegen.schedule.build import Assignment, Schedule
 from symattn.derive.latex import text
 from symattn.lang.ops import SplitHeads
@@ -420,7 +421,9 @@ def build_context(
         **checks,
         "forward_sections": sections["forward_sections"],
         "backward_sections": sections["backward_sections"],
-        **saved_and_remade(sched, _saved(sched, sections, mask, variant), checks["constants"], printer),
+        **saved_and_remade(sched, saved_names(sched, sections, mask, variant), checks["constants"], printer),
+        "constants": read_constants(checks["constants"], sections["forward_sections"]),
+        "every_constant": checks["constants"],
         "needs_dtype": _uses("dtype", [line.value for line in _statements(sections)]),
         **_function(
             sched, options, mask, class_name, backend, sections["shared"], masks["block_causal"], entry["vectors"]

@@ -38,6 +38,7 @@ def merged(
         "regimes": [_deeper_functions(c) for c in firsts],
         "choose": choose,
         "needs_dtype": any(c["needs_dtype"] for c in firsts),
+        "constants": [c for c in first["every_constant"] if any(c in r["constants"] for r in firsts)],
         "helpers": runtime,
         "runtime": printer.runtime_source(runtime) + "\n\n\n" + _choosing_function(found, symbols, printer),
     }

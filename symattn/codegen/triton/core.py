@@ -2,10 +2,13 @@
 
 Q (n × d), K (m × d) and V (m × d_v) are thin factors, themselves any expressions of the inputs (X W_Q); E is
 a chain of entrywise steps on the raw scores S (a scalar times S, n × m inputs and constants added or multiplied
-in, trainable scalars, the language's entrywise functions); N is the row softmax, or none (P = A, as sigmoid
-attention's σ(c·S)). A scalar c multiplying the scores product goes into E (A = E(c·S)), one multiplying the
-product with V into V. What lies outside the core (the factors' expressions, what the spec makes of O) stays
-torch: ``rest`` is the spec's output with the core's value replaced by the symbol ``output``.
+in, trainable scalars, the language's entrywise functions); N is a row normaliser of ``NORMALISERS``: the row softmax,
+the division of each row by its sum (A ⊘ rowsum(A) 𝟏ᵀ, as softplus attention's), or none (P = A, as sigmoid
+attention's σ(c·S)); or the core is a map with no V, O = log-softmax(A) (n × m: pointer attention's output). A
+scalar c multiplying the scores product goes into E (A = E(c·S)), one multiplying the product with V stays outside
+(c · O). What lies outside the core (the factors' expressions, what the spec makes of O) stays torch: ``Cores.rest``
+is the spec's output with each core's value replaced by its symbol ``output``. A spec may have several cores
+(differential attention's two), each computed by its own kernels.
 """
 
 from __future__ import annotations
@@ -19,10 +22,12 @@ from sympy.matrices.expressions import HadamardPower, HadamardProduct, MatAdd, M
 from symattn.errors import SymattnError
 from symattn.lang.functions import Elementwise
 from symattn.lang.graph import matrix_symbols, postorder
-from symattn.lang.ops import RowSoftmax
+from symattn.lang.ops import LogSoftmax, RepeatHeads, RowSoftmax, RowSum
 from symattn.specs import Spec
 
 WHAT = "no n × m core the Triton kernels cover"
+# N of a core: P = softmax(A), A ⊘ rowsum(A) 𝟏ᵀ, A; or O = log-softmax(A), a map with no V
+NORMALISERS = ("row softmax", "row sum", "none", "log-softmax")
 
 
 @dataclass(frozen=True)
@@ -31,48 +36,109 @@ class Core:
 
     query: MatrixExpr  # Q, n × d
     key: MatrixExpr  # K, m × d
-    value: MatrixExpr  # V, m × d_v (a scalar multiplying P V included)
+    value: MatrixExpr | None  # V, m × d_v (a scalar multiplying P V stays outside, in ``Cores.rest``); None: O = N(A)
     scores: MatrixSymbol  # S = Q Kᵀ, n × m
     logits: MatrixExpr  # A = E(S, tiles, scalars), entrywise
-    softmax: bool  # N: the row softmax (True) or none (P = A)
+    normaliser: str  # N, one of NORMALISERS
     output: MatrixSymbol  # O = N(A) V, n × d_v
-    rest: MatrixExpr  # the spec's output, O written as ``output``
     tiles: tuple[MatrixSymbol, ...]  # the n × m inputs and constants A reads, loaded tile by tile
     scalars: tuple[sp.Symbol, ...]  # the trainable scalars A reads
+    grouped: bool = False  # K and V have H_kv heads shared by H query heads (their RepeatHeads left to the kernels)
 
 
-def find_core(spec: Spec) -> Core:
-    """The spec's one core O = N(E(Q Kᵀ)) V; a SymattnError of one line naming what is missing otherwise."""
-    found = {c for c in (_core_at(spec, node) for node in postorder(spec.output)) if c is not None}
-    if len(found) != 1:
-        raise SymattnError(f"{spec.name}: {WHAT} ({_why_not(spec, len(found))})")
-    return found.pop()
+@dataclass(frozen=True)
+class Cores:
+    """The cores of a spec, each its own kernels, and what the spec's output makes of their outputs."""
+
+    cores: tuple[Core, ...]
+    rest: MatrixExpr  # the spec's output, each core's value written as its ``output`` symbol
 
 
-def _why_not(spec: Spec, count: int) -> str:
-    """Why no single core was found (count of them)."""
-    if count > 1:
-        return f"{count} products N(E(Q Kᵀ)) V; one kernel computes one"
-    softmaxes = [x for x in postorder(spec.output) if isinstance(x, RowSoftmax)]
-    if not softmaxes and not any(isinstance(x, MatMul) and _scores_product(x) for x in postorder(spec.output)):
+def find_cores(spec: Spec) -> Cores:
+    """The spec's cores O = N(E(Q Kᵀ)) V, a product of a sum of normalised maps with V taken as the sum of the
+    products ((P₁ − λ P₂) V = P₁ V − λ P₂ V, differential attention's); a SymattnError of one line naming what is
+    missing where there is none, or where the output reads a core's P or scores besides P V."""
+    output = _distributed(spec.output)
+    nodes = list(dict.fromkeys(x for x in postorder(output) if _core_at(spec, x, MatrixSymbol("O", 1, 1))))
+    nodes = [x for x in nodes if not any(x in postorder(y) and x != y for y in nodes)]  # the outermost
+    nodes.sort(key=lambda x: str(_factors(x)[1]))  # as the spec names them (P₁ V before P₂ V)
+    taken = {str(x.name) for x in (*spec.inputs, *spec.constants)}
+    names = ["O"] if len(nodes) == 1 else [f"O{i}" for i in range(1, len(nodes) + 1)]
+    names = [name if name not in taken else f"core_{name.lower()}" for name in names]
+    cores = tuple(_core_at(spec, x, MatrixSymbol(name, *x.shape)) for x, name in zip(nodes, names))
+    rest = output.xreplace({x: _factors(x)[0] * c.output for x, c in zip(nodes, cores)})
+    read = set(postorder(rest))
+    if not cores or any(x in read for c, node in zip(cores, nodes) for x in _inside(node)):
+        raise SymattnError(f"{spec.name}: {WHAT} ({_why_not(spec, output, cores)})")
+    return Cores(cores, rest)
+
+
+def _why_not(spec: Spec, output: Basic, cores: tuple[Core, ...]) -> str:
+    """Why no core was found, or why the cores found cannot be kernels."""
+    if cores:
+        return "the output reads P or the scores besides P V: they are never made whole"
+    if not any(isinstance(x, MatMul) and _scores_product(x) for x in postorder(output)):
         return "no n × m scores product Q Kᵀ of thin factors"
-    return "no product N(A) V with A entrywise in one scores product Q Kᵀ and N a row softmax or none"
+    return (
+        "no product N(A) V with A entrywise in one scores product Q Kᵀ and N a row softmax, a division by the "
+        "row sums or none"
+    )
 
 
-def _core_at(spec: Spec, node: Basic) -> Core | None:
-    """The core whose O is node (a product N(A) V₁ … V_k), or None."""
-    if not isinstance(node, MatMul):
+def _inside(node: MatrixExpr) -> tuple[Basic, ...]:
+    """What a core's kernels never make whole: its P (a core with V) and its scores product."""
+    if isinstance(node, LogSoftmax):
+        return tuple(x for x in postorder(node.arg) if isinstance(x, MatMul) and _scores_product(x))
+    first = node.as_coeff_matrices()[1][0]
+    _, logits = _normalised(first)
+    return (first, *(x for x in postorder(logits) if isinstance(x, MatMul) and _scores_product(x)))
+
+
+def _factors(node: MatrixExpr) -> tuple[Basic, list[MatrixExpr]]:
+    """(c, [N(A), V₁, …]) of a core's node c · N(A) V₁ …; (1, [L]) of a log-softmax map L."""
+    return node.as_coeff_matrices() if isinstance(node, MatMul) else (sp.Integer(1), [node])
+
+
+def _distributed(output: MatrixExpr) -> MatrixExpr:
+    """output with each product (Σ cᵢ Nᵢ) V of a sum of normalised maps Nᵢ (n × m, a row softmax or a division by
+    the row sums) written Σ cᵢ (Nᵢ V)."""
+    replaced = {}
+    for node in postorder(output):
+        if not isinstance(node, MatMul):
+            continue
+        coeff, mats = node.as_coeff_matrices()
+        if len(mats) < 2 or not isinstance(mats[0], MatAdd):
+            continue
+        terms = [_scaled(t) for t in mats[0].args]
+        if all(m is not None and _normalised(m)[0] != "none" for _, m in terms):
+            replaced[node] = MatAdd(*(coeff * c * MatMul(m, *mats[1:]) for c, m in terms))
+    return output.xreplace(replaced) if replaced else output
+
+
+def _scaled(term: MatrixExpr) -> tuple[Basic, MatrixExpr | None]:
+    """(c, M) with term = c · M for one matrix M; (1, None) for a product of several."""
+    if not isinstance(term, MatMul):
+        return sp.Integer(1), term
+    coeff, mats = term.as_coeff_matrices()
+    return (coeff, mats[0]) if len(mats) == 1 else (sp.Integer(1), None)
+
+
+def _core_at(spec: Spec, node: Basic, output: MatrixSymbol) -> Core | None:
+    """The core whose O is node (a product N(A) V₁ … V_k, or a map log-softmax(A) with no V), its output symbol
+    ``output``, or None."""
+    if isinstance(node, LogSoftmax):
+        normaliser, logits, thin = "log-softmax", node.arg, []
+    elif isinstance(node, MatMul):
+        _, mats = node.as_coeff_matrices()
+        if len(mats) < 2 or not isinstance(mats[0], MatrixExpr):
+            return None
+        (normaliser, logits), thin = _normalised(mats[0]), mats[1:]
+    else:
         return None
-    coeff, mats = node.as_coeff_matrices()
-    if len(mats) < 2 or not isinstance(mats[0], MatrixExpr):
-        return None
-    first = mats[0]
-    softmax = isinstance(first, RowSoftmax)
-    logits = first.arg if softmax else first
     products = [x for x in postorder(logits) if isinstance(x, MatMul) and _scores_product(x)]
     if len(set(products)) != 1 or not _entrywise(logits, products[0]):
         return None
-    if not softmax and not any(isinstance(x, Elementwise) for x in postorder(logits)):
+    if normaliser == "none" and not any(isinstance(x, Elementwise) for x in postorder(logits)):
         return None  # P = c·Q Kᵀ + B with no function: a product of products, not a kernel's core
     split = _split(products[0])
     if split is None:
@@ -81,19 +147,43 @@ def _core_at(spec: Spec, node: Basic) -> Core | None:
     n, m = logits.shape
     scores = MatrixSymbol("S", n, m)
     a = logits.xreplace({products[0]: c * scores if c != 1 else scores})
-    value = MatMul(*mats[1:]).doit() if len(mats) > 2 else mats[1]
-    value = coeff * value if coeff != 1 else value
-    taken = {str(x.name) for x in (*spec.inputs, *spec.constants)}
-    output = MatrixSymbol("O" if "O" not in taken else "core_o", n, value.shape[1])
+    value = None if not thin else MatMul(*thin).doit() if len(thin) > 1 else thin[0]
     tiles = tuple(sorted((x for x in matrix_symbols(a) if x != scores), key=str))
     allowed = {*spec.inputs, *spec.constants}
     if any(t not in allowed or t.shape != (n, m) for t in tiles):
         return None
     scalars = tuple(x for x in spec.inputs if isinstance(x, sp.Symbol) and x in a.free_symbols)
-    rest = spec.output.xreplace({node: output})
-    if any(x in (first, products[0]) for x in postorder(rest)):
-        return None  # the output reads P or the scores besides P V: they are never made whole
-    return Core(query, key, value, scores, a, softmax, output, rest, tiles, scalars)
+    grouped = value is not None and None not in (_repeated(key), _repeated(value))
+    grouped = grouped and _repeated(key)[1:] == _repeated(value)[1:]
+    if grouped:
+        key, value = _repeated(key)[0], _repeated(value)[0]
+    return Core(query, key, value, scores, a, normaliser, output, tiles, scalars, grouped)
+
+
+def _repeated(x: MatrixExpr) -> tuple[MatrixExpr, Basic, Basic] | None:
+    """(A, H_kv, H) where x = RepeatHeads(A, H_kv, H): H_kv heads read by H query heads; else None."""
+    return (x.arg, x.kv_heads, x.heads) if isinstance(x, RepeatHeads) else None
+
+
+def _normalised(p: MatrixExpr) -> tuple[str, MatrixExpr]:
+    """(N, A) with p = N(A): softmax(A); A ⊙ (rowsum(A) 𝟏ᵀ)^∘−1, the row sums' division; else ("none", p)."""
+    if isinstance(p, RowSoftmax):
+        return "row softmax", p.arg
+    if isinstance(p, HadamardProduct) and len(p.args) == 2:
+        for a, inverse in (p.args, p.args[::-1]):
+            if isinstance(inverse, HadamardPower) and inverse.exp == -1 and _row_sums(inverse.base) == a:
+                return "row sum", a
+    return "none", p
+
+
+def _row_sums(x: Basic) -> Basic | None:
+    """A where x = rowsum(A) 𝟏ᵀ (the row sums broadcast along the rows), else None."""
+    if not isinstance(x, MatMul):
+        return None
+    coeff, mats = x.as_coeff_matrices()
+    if coeff != 1 or len(mats) != 2 or not isinstance(mats[0], RowSum) or not isinstance(mats[1], OneMatrix):
+        return None
+    return mats[0].arg
 
 
 def _scores_product(node: MatMul) -> bool:

@@ -17,22 +17,27 @@ def wrapped_text(text: str, indent: int = 0) -> list[str]:
 
 def docs(ctx: dict) -> dict:
     """The docstrings' lines that hold the spec's math and names, wrapped."""
-    tiles = ctx["gradient_tiles"]
-    core = (
-        f"The kernels compute the n × m core O = {ctx['normaliser_math']} V, A = {ctx['logits_math']}, S = Q Kᵀ, "
-        "block by block: no n × m array is made"
-        + (f" but the gradients of {', '.join(tiles)} (where they require grad)." if tiles else ".")
+    cores = ctx["cores"]
+    tiles = [t for c in cores for t in c["gradient_tiles"]]
+    computed = "; ".join(
+        f"{c['core_output']} = {c['normaliser_math']}{' V' if c['value'] else ''}, A = {c['logits_math']}, S = Q Kᵀ"
+        + ("" if len(cores) == 1 else f" (Q = {c['query_math']}, K = {c['key_math']}, V = {c['value_math']})")
+        for c in cores
     )
+    core = (
+        f"The kernels compute the n × m core{'s' if len(cores) > 1 else ''} {computed}, block by block: no n × m "
+        "array is made" + (f" but the gradients of {', '.join(tiles)} (where they require grad)." if tiles else ".")
+    )
+    factors = "Q, K, V" if len(cores) > 1 else f"Q = {cores[0]['query_math']}, K = {cores[0]['key_math']}"
+    if len(cores) == 1:
+        factors += f", V = {cores[0]['value_math']}" if cores[0]["value"] else ""
     if ctx["rest_outside"]:
         around = (
-            f"Q = {ctx['query_math']}, K = {ctx['key_math']}, V = {ctx['value_math']} and what the output makes of O "
-            f"({ctx['output']} = {ctx['rest_math']}) are torch code, differentiated by autograd."
+            f"{factors} and what the output makes of the cores ({ctx['output']} = {ctx['rest_math']}) are torch "
+            "code, differentiated by autograd."
         )
     else:
-        around = (
-            f"Q = {ctx['query_math']}, K = {ctx['key_math']} and V = {ctx['value_math']} are torch code, "
-            "differentiated by autograd."
-        )
+        around = f"{factors} are torch code, differentiated by autograd."
     order = "the spec's inputs, then its constants" if ctx["constants"] else "the spec's inputs"
     returns = (
         f"Returns {ctx['output']} of shape (..., {ctx['output_shape']}); the core by the Triton kernels, "
@@ -79,12 +84,18 @@ def returned_dict(pairs: list[tuple[str, str]], indent: int) -> str:
 
 def laid_out(ctx: dict) -> dict:
     """The context's spec-dependent lines, laid out: the signatures, the calls between forward, jvp and _compute, the
-    inputs' axes, the core's factors and its call, and the tuples of names."""
+    inputs' axes, each core's factors and call, and the tuples of names."""
     call = ctx["call"].split(", ")
     keywords = [f"{k}={k}" for k in ["causal", *(["attn_mask", "key_padding_mask"] if ctx["mask_keywords"] else [])]]
     constants = [c for c in ctx["constant_call"].split(", ") if c]
-    tensors = ["core_q", "core_k", "core_v", "causal", "symbols", *ctx["tensor_names"]]
-    moving = [t for t in ctx["tiles"] if t["tangent"]]
+    factors, calls = [], []
+    for core in ctx["cores"]:
+        c = core["c"]
+        named = (("core_q" + c, core["query"]), ("core_k" + c, core["key"]), ("core_v" + c, core["value"]))
+        factors += [f"{name} = {layout.assigned(name, code, 4)}" for name, code in named if code is not None]
+        value = "None" if core["value"] is None else "core_v" + c  # a map core has no V
+        tensors = ["_CORE" + c, "core_q" + c, "core_k" + c, value, "causal", "symbols", *core["tensor_names"]]
+        calls.append(layout.wrapped(f"{core['core_output']} = _kernels", tensors, "", 4, "()"))
     return {
         "define_forward": layout.define("forward", ctx["signature"].split(", "), 0),
         "define_jvp": layout.define("jvp", ctx["jvp_signature"].split(", "), 0),
@@ -93,30 +104,35 @@ def laid_out(ctx: dict) -> dict:
         "jvp_call": layout.wrapped("out = _compute", ["_core_dual", "*duals", *constants, *keywords], "", 8, "()"),
         "duals": layout.wrapped("duals = _duals", ["tangents", *ctx["tangent_inputs"]], "", 8, "()"),
         "dimensions": layout.wrapped("dims = _dimensions", [x["name"] for x in ctx["matrices"]], "", 4, "()"),
-        "core_call": layout.wrapped(f"{ctx['core_output']} = _kernels", tensors, "", 4, "()"),
-        "factors": [
-            f"{name} = {layout.assigned(name, code, 4)}"
-            for name, code in (("core_q", ctx["query"]), ("core_k", ctx["key"]), ("core_v", ctx["value"]))
-        ],
+        "factors": factors,
+        "core_calls": calls,
         "rest_line": f"return {layout.assigned('return', ctx['rest'], 4)}",
-        "define_coefficients": layout.define("_coefficients", ctx["coefficient_parameters"], 0),
-        "define_tangent_coefficients": layout.define("_tangent_coefficients", ctx["tangent_parameters"], 0),
-        "coefficients_return": returned_tuple([c["code"] for c in ctx["coefficients"]], 4),
-        "tangent_coefficients_return": returned_tuple([c["code"] for c in ctx["tangent_coefficients"]], 4),
         "symbols_line": layout.wrapped("symbols = ", [f'"{s}": {s}' for s in ctx["symbols"]], "", 4, "{}"),
+        "tangent_of": layout.assign_tuple("TANGENT_OF", [f'"{name}"' for name in ctx["tangent_inputs"]], 0),
+        "axes": [f'"{x["name"]}": {x["axes"]},' for x in ctx["matrices"]],
+    } | docs(ctx)
+
+
+def core_lines(ctx: dict, core: dict) -> dict:
+    """One core's spec-dependent lines (``_triton_core.j2``), its names suffixed by core["c"]."""
+    c, tiles = core["c"], core["tiles"]
+    moving = [t for t in tiles if t["tangent"]]
+    return {
+        "define_coefficients": layout.define("_coefficients" + c, core["coefficient_parameters"], 0),
+        "define_tangent_coefficients": layout.define("_tangent_coefficients" + c, core["tangent_parameters"], 0),
+        "coefficients_return": returned_tuple([x["code"] for x in core["coefficients"]], 4),
+        "tangent_coefficients_return": returned_tuple([x["code"] for x in core["tangent_coefficients"]], 4),
         "flags_return": returned_dict(
-            [(f'"HAS_{t["name"]}"', f"tiles[{t['index']}] is not None") for t in ctx["tiles"] if t["optional"]], 4
+            [(f'"HAS_{t["name"]}"', f"tiles[{t['index']}] is not None") for t in tiles if t["optional"]], 4
         ),
         "tangent_flags_return": returned_dict(
             [(f'"TANGENT_{t["name"]}"', f"moving[{i}] is not None") for i, t in enumerate(moving)], 4
         ),
-        "tangent_of": layout.assign_tuple("TANGENT_OF", [f'"{name}"' for name in ctx["tangent_inputs"]], 0),
         "gradient_index": layout.assign_tuple(
-            "GRADIENT_INDEX", [str(t["index"]) for t in ctx["tiles"] if t["gradient"]], 0
+            "GRADIENT_INDEX" + c, [str(t["index"]) for t in tiles if t["gradient"]], 0
         ),
         "gradient_flags": layout.assign_tuple(
-            "GRADIENT_FLAGS", [f'"GRAD_{t["name"]}"' for t in ctx["tiles"] if t["gradient"]], 0
+            "GRADIENT_FLAGS" + c, [f'"GRAD_{t["name"]}"' for t in tiles if t["gradient"]], 0
         ),
-        "axes": [f'"{x["name"]}": {x["axes"]},' for x in ctx["matrices"]],
-        "bare_logits": bare(ctx["logits"]),
-    } | docs(ctx)
+        "bare_logits": bare(core["logits"]),
+    }

@@ -15,17 +15,25 @@ from sympy import Basic, MatrixSymbol
 
 from symattn.codegen.backends.torch_backend import TorchMatrixPrinter
 from symattn.codegen.triton.bindings import axis_sizes, binding_lines, counts, lines_of
-from symattn.codegen.triton.core import find_core
-from symattn.codegen.triton.lines import laid_out
-from symattn.codegen.triton.printer import print_core, tangent_symbol, tangent_tile_name, tile_name
+from symattn.codegen.triton.core import Core, find_cores
+from symattn.codegen.triton.lines import core_lines, laid_out
+from symattn.codegen.triton.printer import Printed, print_core, tangent_symbol, tangent_tile_name, tile_name
 from symattn.derive.latex import text as plain_text
 from symattn.errors import SymattnError
 from symattn.lang.functions import TRITON, Exp, Log
 from symattn.lang.graph import postorder
-from symattn.lang.ops import RowSoftmax, SplitHeads
+from symattn.lang.ops import LogSoftmax, RowSoftmax, SplitHeads
 from symattn.specs import Option, Spec, family
 
 TEMPLATE = "triton_module.py.j2"
+CORE_TEMPLATE = "_triton_core.j2"  # one core's kernels and Function, rendered once per core
+# P = N(A) of each normaliser
+NORMALISED = {
+    "row softmax": f"{RowSoftmax.text}(A)",
+    "row sum": "A ⊘ rowsum(A) 𝟏ᵀ",
+    "none": "A",
+    "log-softmax": f"{LogSoftmax.text}(A)",
+}
 
 
 def triton_spec(source: str | Spec) -> tuple[Spec, tuple[Option, ...]]:
@@ -37,20 +45,61 @@ def triton_spec(source: str | Spec) -> tuple[Spec, tuple[Option, ...]]:
 
 
 def triton_context(spec: Spec, options: tuple[Option, ...], version: str) -> dict:
-    """Everything ``triton_module.py.j2`` needs, every expression already printed."""
-    core = find_core(spec)
+    """Everything ``triton_module.py.j2`` needs, every expression already printed; ``cores``: each core's context
+    for ``_triton_core.j2`` (its kernels and Function, its names suffixed by its number where there are several)."""
+    found = find_cores(spec)
     constants = frozenset(str(x.name) for x in spec.constants)
-    printed = print_core(core, constants)
     torch_printer = TorchMatrixPrinter()
-    scalars = [str(x) for x in core.scalars]
-    scalar_tangents = [str(tangent_symbol(x)) for x in core.scalars]
-    every = (*printed.coefficients, *printed.tangent_coefficients)
-    coefficient_symbols = {str(s) for c in every for s in sp.sympify(c).free_symbols}
-    symbols = sorted(coefficient_symbols - set(scalars) - set(scalar_tangents))
+    printed = [print_core(core, constants) for core in found.cores]
+    every = [c for p in printed for c in (*p.coefficients, *p.tangent_coefficients)]
+    scalars = {str(x) for core in found.cores for x in core.scalars}
+    scalars |= {str(tangent_symbol(x)) for core in found.cores for x in core.scalars}
+    symbols = sorted({str(s) for c in every for s in sp.sympify(c).free_symbols} - scalars)
     bound = {line.binds for line in lines_of(spec, options, torch_printer.doprint)}
     missing = [s for s in symbols if s not in bound and s not in {o.name for o in options}]
     if missing:
         raise SymattnError(f"{spec.name}: the Triton module has no value for {', '.join(sorted(set(missing)))}")
+    several = len(found.cores) > 1
+    cores = [
+        _core_context(core, p, str(i + 1) if several else "", constants, symbols, torch_printer)
+        for i, (core, p) in enumerate(zip(found.cores, printed))
+    ]
+    rest = torch_printer.doprint(found.rest)
+    code = [rest, *(c[k] for c in cores for k in ("query", "key", "value") if c[k] is not None)]
+    read = {name for name in bound if name in symbols or any(re.search(rf"\b{name}\b", c) for c in code)}
+    return {
+        "version": version,
+        "spec": spec.name,
+        "summary": spec.summary,
+        "cores": cores,
+        "exp_call": Exp.calls[TRITON],  # the online softmax's exponentials and the log-sum-exp: the records' calls
+        "log_call": Log.calls[TRITON],
+        "rest_math": plain_text(found.rest),
+        "rest_outside": several or found.rest != found.cores[0].output,
+        "output": next((name for name, e in spec.intermediates if e == spec.output), "the output"),
+        "output_shape": ", ".join(map(str, spec.output.shape)),
+        "inputs": _inputs(spec),
+        "matrices": [{"name": str(x.name), "axes": _axes(x)} for x in spec.matrix_inputs],
+        "bindings": binding_lines(spec, options, torch_printer.doprint, read),
+        "counted": bool(counts(spec, options)) or any(not s.is_Symbol and not s.is_Integer for s in axis_sizes(spec)),
+        "spec_scalars": [str(x) for x in spec.inputs if isinstance(x, sp.Symbol)],
+        "symbols": symbols,
+        "constants": [str(x.name) for x in spec.constants],
+        "options": [
+            {"name": o.name, "default_math": "required" if o.default is None else f"default {plain_text(o.default)}"}
+            for o in options
+        ],
+        "per_head": any(c["per_head"] for c in cores),
+        "rest": rest,
+        "helpers": torch_printer.helper_source() if torch_printer.helpers_used else "",
+    } | _calls(spec, options)
+
+
+def _core_context(core: Core, printed: Printed, c: str, constants: frozenset[str], symbols: list[str], printer) -> dict:
+    """One core's part of the context: its kernels' printed steps, its tiles and scalars, Q, K and V printed by the
+    torch printer; c, the suffix of its names ("" for a spec's one core)."""
+    scalars = [str(x) for x in core.scalars]
+    scalar_tangents = [str(tangent_symbol(x)) for x in core.scalars]
     tiles = [
         {
             "name": str(t.name),
@@ -62,38 +111,23 @@ def triton_context(spec: Spec, options: tuple[Option, ...], version: str) -> dic
         }
         for i, t in enumerate(core.tiles)
     ]
-    partials = printed.scalar_partials
-    logits = MatrixSymbol("A", *core.scores.shape)
-    code = {e: torch_printer.doprint(e) for e in (core.query, core.key, core.value, core.rest)}
-    read = {name for name in bound if name in symbols or any(re.search(rf"\b{name}\b", c) for c in code.values())}
     coefficient_code, tangent_code = (
-        [{"name": name, "code": torch_printer.doprint(e), "math": plain_text(e)} for e, name in found.items()]
+        [{"name": name, "code": printer.doprint(e), "math": plain_text(e)} for e, name in found.items()]
         for found in (printed.coefficients, printed.tangent_coefficients)
     )
     return {
-        "version": version,
-        "spec": spec.name,
-        "summary": spec.summary,
-        "normalised": core.softmax,
-        "normaliser_math": plain_text(RowSoftmax(logits) if core.softmax else logits),  # softmax(A) or A
-        "exp_call": Exp.calls[TRITON],  # the online softmax's exponentials and the log-sum-exp: the records' calls
-        "log_call": Log.calls[TRITON],
+        "c": c,
+        "normaliser": core.normaliser,
+        "grouped": core.grouped,
+        "normalised": core.normaliser == "row softmax",
+        "normaliser_math": NORMALISED[core.normaliser],
         "logits_math": plain_text(core.logits),
         "query_math": plain_text(core.query),
         "key_math": plain_text(core.key),
-        "value_math": plain_text(core.value),
-        "rest_math": plain_text(core.rest),
-        "rest_outside": core.rest != core.output,
+        "value_math": "" if core.value is None else plain_text(core.value),
         "gradient_tiles": [t["name"] for t in tiles if t["gradient"]],
-        "output": next((name for name, e in spec.intermediates if e == spec.output), "the output"),
         "core_output": str(core.output.name),
-        "output_shape": ", ".join(map(str, spec.output.shape)),
-        "inputs": _inputs(spec),
-        "matrices": [{"name": str(x.name), "axes": _axes(x)} for x in spec.matrix_inputs],
-        "bindings": binding_lines(spec, options, torch_printer.doprint, read),
-        "counted": bool(counts(spec, options)) or any(not s.is_Symbol and not s.is_Integer for s in axis_sizes(spec)),
-        "scalars": [{"name": name, "partial": partials[name]} for name in scalars],
-        "symbols": symbols,
+        "scalars": [{"name": name, "partial": printed.scalar_partials[name]} for name in scalars],
         "coefficient_parameters": symbols + scalars,
         "coefficients": coefficient_code,
         "tangent_coefficients": tangent_code,
@@ -104,18 +138,11 @@ def triton_context(spec: Spec, options: tuple[Option, ...], version: str) -> dic
         "tensor_names": [t["name"] for t in tiles] + scalars,
         "logits": printed.logits,
         "scores_gradient": printed.scores_gradient,
-        "constants": [str(x.name) for x in spec.constants],
-        "options": [
-            {"name": o.name, "default_math": "required" if o.default is None else f"default {plain_text(o.default)}"}
-            for o in options
-        ],
         "per_head": any(isinstance(x, SplitHeads) for x in postorder(core.query)),
-        "query": code[core.query],
-        "key": code[core.key],
-        "value": code[core.value],
-        "rest": code[core.rest],
-        "helpers": torch_printer.helper_source() if torch_printer.helpers_used else "",
-    } | _calls(spec, options)
+        "query": printer.doprint(core.query),
+        "key": printer.doprint(core.key),
+        "value": None if core.value is None else printer.doprint(core.value),  # None: a map, O = N(A)
+    }
 
 
 def _calls(spec: Spec, options: tuple[Option, ...]) -> dict:
@@ -196,4 +223,6 @@ def render_triton(source: str | Spec, regenerate: str, environment: jinja2.Envir
     ctx = triton_context(spec, options, __version__) | {"regenerate": regenerate, "module": module_class()}
     ctx["counted"] = ctx["counted"] or any(o["integer"] for o in ctx["module"]["options"])
     ctx |= laid_out(ctx)
-    return environment.get_template(TEMPLATE).render(**ctx)
+    core = environment.get_template(CORE_TEMPLATE)
+    sections = [core.render(**(ctx | each | core_lines(ctx, each))) for each in ctx["cores"]]
+    return environment.get_template(TEMPLATE).render(**ctx, core_sections=sections)

@@ -75,12 +75,13 @@ def test_torch_printer_prints_every_node_as_working_torch():
 def test_printers_put_scalars_on_the_smallest_factor_and_broadcast_row_sums():
     q, k = MatrixSymbol("Q", sp.Symbol("n"), sp.Symbol("d_k")), MatrixSymbol("K", sp.Symbol("m"), sp.Symbol("d_k"))
     p = RowSoftmax(q * k.T)
-    assert GeneratedNumPyPrinter().doprint(sp.Symbol("scale") * q * k.T) == "(scale * Q) @ K.mT"
+    # (the scores by the runtime's wide_matmul: float32 of float16 factors, a @ b of wider ones)
+    assert GeneratedNumPyPrinter().doprint(sp.Symbol("scale") * q * k.T) == "wide_matmul(scale * Q, K.mT)"
     text = GeneratedNumPyPrinter().doprint(sa.hadamard(p, p - sa.rowsum(p) * OneMatrix(1, sp.Symbol("m"))))
     assert "repeat" not in text and "ones" not in text  # u 𝟏ᵀ broadcasts: no n × m array of row sums
     z, m = MatrixSymbol("Z", sp.Symbol("n"), 1), sp.Symbol("m")
     text = GeneratedNumPyPrinter().doprint(sa.hadamard(q * k.T, HadamardPower(z * OneMatrix(1, m), -1)))
-    assert text == "(Q @ K.mT) * (Z**-1)"  # (Z 𝟏ᵀ)^∘-1 = Z^∘-1 𝟏ᵀ: a power of the column, broadcast
+    assert text == "(wide_matmul(Q, K.mT)) * (Z**-1)"  # (Z 𝟏ᵀ)^∘-1 = Z^∘-1 𝟏ᵀ: a power of the column, broadcast
     text = GeneratedNumPyPrinter().doprint(q * k.T + OneMatrix(sp.Symbol("n"), 1) * z.T * q * k.T)
     assert "ones" not in text  # 𝟏 (Zᵀ Q Kᵀ): the row, broadcast in the sum
 

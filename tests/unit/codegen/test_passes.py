@@ -13,6 +13,7 @@ from symattn.codegen.schedule.dag import Assignment
 from symattn.codegen.schedule.naming import name_row_sums, save_entrywise_outputs
 from symattn.codegen.schedule.passes import hoist_hadamard_scalars
 from symattn.lang.graph import nodes
+from symattn.numeric.low_precision import narrow_matmul
 from symattn.specs import dim
 
 n, m = 4, 3
@@ -83,7 +84,7 @@ def test_products_print_in_the_cheapest_order_and_ones_as_sums(rng):
     text = printer.doprint(a * b.T * OneMatrix(size, d))
     assert "ones" not in text and "B.mT.sum(axis=-1, keepdims=True)" in text
     x, y = rng.standard_normal((5, 3)), rng.standard_normal((5, 3))
-    namespace = {"np": np, "A": x, "B": y, "d_k": 3}
+    namespace = {"np": np, "narrow_matmul": narrow_matmul, "A": x, "B": y, "d_k": 3}
     np.testing.assert_allclose(eval(text, namespace), x @ y.T @ np.ones((5, 3)), rtol=1e-13)
 
 

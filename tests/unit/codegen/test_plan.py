@@ -27,6 +27,7 @@ from symattn.codegen.schedule.plan import (
     scaled_factor,
 )
 from symattn.lang.functions import Exp
+from symattn.numeric import low_precision
 from symattn.numeric.lambdify import lambdify
 from symattn.specs import dim
 
@@ -36,6 +37,7 @@ Q, K = MatrixSymbol("Q", n, d), MatrixSymbol("K", m, d)
 V = MatrixSymbol("V", m, d)
 u = MatrixSymbol("u", n, 1)
 SIZES = {"n": 6, "m": 7, "d": 3}
+PRECISION = {name: getattr(low_precision, name) for name in ("wide_matmul", "narrow_matmul", "matmul_tn")}
 
 
 def _print(printer_class, expr, plan=NO_BUFFERS) -> str:
@@ -46,8 +48,8 @@ def _print(printer_class, expr, plan=NO_BUFFERS) -> str:
 
 def _evaluate(text: str, values: dict) -> np.ndarray:
     """The printed NumPy text's value (the names of the plan's buffers are overwritten: copies are passed; the
-    runtime's chain is at hand)."""
-    namespace = {"np": np, "chain": chain, **{k: v.copy() for k, v in values.items()}}
+    runtime's chain and its products of a float16 run's precision are at hand)."""
+    namespace = {"np": np, "chain": chain, **PRECISION, **{k: v.copy() for k, v in values.items()}}
     return eval(compile(ast.parse(text, mode="eval"), "<plan>", "eval"), namespace)  # our own printed text
 
 
@@ -127,7 +129,8 @@ def test_an_order_cheapest_at_every_size_is_printed():
     v = MatrixSymbol("v", m, 1)
     tree = cheapest_tree([u, Transpose(v), Transpose(A)])  # u vᵀ Aᵀ: (vᵀ Aᵀ) first, a row, at every size
     assert tree is not None and tree != AT_CALL and tree.args[0] == u
-    assert _print(GeneratedNumPyPrinter, MatMul(u, Transpose(v), Transpose(A))) == "u @ (v.mT @ A.mT)"
+    # (vᵀ Aᵀ reads the n × m A: the runtime's narrow_matmul, a @ b but for a float16 run's float32 A)
+    assert _print(GeneratedNumPyPrinter, MatMul(u, Transpose(v), Transpose(A))) == "u @ (narrow_matmul(v.mT, A.mT))"
 
 
 class _Recorded(np.ndarray):
@@ -173,7 +176,7 @@ def test_the_scalar_multiplies_the_smallest_factor():
     assert scaled_factor([A, K]) == 1  # n × m against m × d
     expr = MatMul(sp.Rational(1, 2), A, K)
     text = _print(GeneratedNumPyPrinter, expr)
-    assert text == "A @ ((0.5) * K)"
+    assert text == "narrow_matmul(A, (0.5) * K)"  # (A is n × m: a float16 run's float32 A is rounded once)
     np.testing.assert_allclose(_evaluate(text, _values()), _reference(expr))
 
 
@@ -182,7 +185,9 @@ def test_a_long_transposed_product_is_flipped_where_the_backend_asks():
     assert not flipped(Transpose(A), Q, None)
     assert not flipped(Transpose(Q), A, 8)
     assert _print(TorchMatrixPrinter, MatMul(Transpose(A), Q)) == "matmul_tn(A, Q)"
-    assert _print(GeneratedNumPyPrinter, MatMul(Transpose(A), Q)) == "A.mT @ Q"
+    # NumPy's matmul_tn is A.mT @ Q (a float16 run's product left float32, a part add_rows sums before one rounding)
+    assert _print(GeneratedNumPyPrinter, MatMul(Transpose(A), Q)) == "matmul_tn(A, Q)"
+    np.testing.assert_allclose(_evaluate("matmul_tn(A, Q)", _values()), _reference(MatMul(Transpose(A), Q)))
 
 
 def test_broadcast_column_is_the_smaller_value():

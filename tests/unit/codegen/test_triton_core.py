@@ -12,12 +12,12 @@ import sympy as sp
 
 import symattn as sa
 from symattn.codegen.backends import BACKENDS, backend_named
-from symattn.codegen.triton.core import find_core
+from symattn.codegen.triton.core import find_cores
 from symattn.codegen.triton.printer import TilePrinter, print_core
 from symattn.errors import SymattnError
 from symattn.lang.functions import TRITON
 from symattn.lang.lazy import plain
-from symattn.specs import family
+from symattn.specs import dim, family
 
 GALLERY = Path(__file__).resolve().parents[3] / "examples" / "specs"
 
@@ -31,21 +31,29 @@ def builtin(name: str) -> sa.Spec:
     return found.generated_spec(found.masks)[0]
 
 
+def find_core(spec: sa.Spec):
+    """The spec's one core."""
+    (core,) = find_cores(spec).cores
+    return core
+
+
 @pytest.mark.parametrize(
-    "name, softmax, tiles, scalars",
+    "name, normaliser, tiles, scalars",
     [
-        ("softcap", True, (), ()),
-        ("temperature", True, (), ("tau",)),
-        ("bias", True, ("B",), ()),
-        ("sigmoid", False, (), ()),
-        ("gated", True, (), ()),
-        ("cosine", True, (), ()),
-        ("qk_norm", True, (), ()),
+        ("softcap", "row softmax", (), ()),
+        ("temperature", "row softmax", (), ("tau",)),
+        ("bias", "row softmax", ("B",), ()),
+        ("sigmoid", "none", (), ()),
+        ("gated", "row softmax", (), ()),
+        ("cosine", "row softmax", (), ()),
+        ("qk_norm", "row softmax", (), ()),
+        ("softplus", "row sum", (), ()),
+        ("pointer", "log-softmax", (), ()),
     ],
 )
-def test_a_gallery_core_is_found_with_its_normaliser_tiles_and_scalars(name, softmax, tiles, scalars):
+def test_a_gallery_core_is_found_with_its_normaliser_tiles_and_scalars(name, normaliser, tiles, scalars):
     core = find_core(gallery(name))
-    assert core.softmax is softmax
+    assert core.normaliser == normaliser
     assert tuple(str(t.name) for t in core.tiles) == tiles
     assert tuple(map(str, core.scalars)) == scalars
     assert core.scores in core.logits.free_symbols
@@ -64,14 +72,32 @@ def _shapes(spec: sa.Spec) -> dict:
 
 
 def test_what_the_output_makes_of_o_stays_outside_the_core():
-    core = find_core(gallery("gated"))
-    assert core.output in core.rest.free_symbols and "Sigmoid" in str(core.rest)
+    found = find_cores(gallery("gated"))
+    assert found.cores[0].output in found.rest.free_symbols and "Sigmoid" in str(found.rest)
 
 
-@pytest.mark.parametrize("name", ["differential", "linear", "pointer", "softplus"])
+def test_a_sum_of_normalised_maps_times_v_is_one_core_per_map():
+    """(P₁ − λ P₂) V = P₁ V − λ P₂ V: two cores, λ outside them, in the order the spec names them."""
+    found = find_cores(gallery("differential"))
+    assert [str(c.output) for c in found.cores] == ["O1", "O2"]
+    assert [str(c.query) for c in found.cores] == ["X*W_Q1", "X*W_Q2"]
+    assert all(c.normaliser == "row softmax" and str(c.value) == "X*W_V" for c in found.cores)
+    assert str(found.rest) == "(-lam)*O2 + O1"
+
+
+def test_the_output_reading_p_besides_p_v_is_refused():
+    n, d = dim("n"), dim("d")
+    q, k, v = sa.matrix("Q", n, d), sa.matrix("K", n, d), sa.matrix("V", n, d)
+    p = sa.softmax(q * k.T)
+    spec = sa.Spec("reads_p", "P V + rowsum(P) 𝟏ᵀ", (q, k, v), p * v + sa.rowsum(p) * sa.ones(1, d))
+    with pytest.raises(SymattnError, match="reads P or the scores besides P V"):
+        find_cores(spec)
+
+
+@pytest.mark.parametrize("name", ["linear"])
 def test_a_spec_without_a_core_is_refused_in_one_line_naming_it(name):
     with pytest.raises(SymattnError, match=rf"^{name}_attention: no n × m core the Triton kernels cover \(.+\)$"):
-        find_core(gallery(name))
+        find_cores(gallery(name))
 
 
 def test_the_printed_backward_is_the_librarys_differential():
