@@ -288,6 +288,17 @@ def huge_matmul(a, b):
     return torch.matmul(a, b, out=huge_empty(shape, a))
 
 
+def joined_rows(blocks):
+    """The blocks of rows in the list stacked back into one tensor (one block: itself, no copy), their float32
+    values (``narrow_matmul``) joined alike where every block has one."""
+    if len(blocks) == 1:
+        return blocks[0]
+    whole = torch.cat(blocks, dim=-2)
+    if all(hasattr(b, "float32_value") for b in blocks):
+        whole.float32_value = torch.cat([b.float32_value for b in blocks], dim=-2)
+    return whole
+
+
 def key_range(mask, causal, rows, m):
     """The keys a block of query rows (a slice) reads: slice(k0, k1), the smallest range holding every key that
     a row of the block may see (causal: key j <= query i; mask: an additive mask whose -inf hide a key), never
@@ -339,17 +350,24 @@ def matmul_tn(a, b):
 
 def narrow_matmul(a, b):
     """a @ b, where a factor may be a float32 n × m array of a 16-bit run (P, dS of ``_wide_matmul``): the product
-    of ``_alike``'s factors, rounded to the 16-bit dtype. Factors of one dtype (float32, float64 runs): a @ b."""
+    of ``_alike``'s factors, rounded to the 16-bit dtype; in eager code the float32 product is kept as the result's
+    float32_value, which a statistic of it reads (D = rowsum(dO ⊙ O), ``row_dot``: O = P V before its rounding, as
+    autograd's rowsum(P ⊙ dP) in float32 is). Factors of one dtype (float32, float64 runs): a @ b."""
     a, b, dtype = _alike(a, b)
     product = a @ b
-    return product if product.dtype == dtype else product.to(dtype)
+    if product.dtype == dtype:
+        return product
+    rounded = product.to(dtype)
+    if not (torch.compiler.is_compiling() or torch._C._functorch.is_functorch_wrapped_tensor(product)):
+        rounded.float32_value = product  # (eager code: traced or transformed, a tensor holds no attribute)
+    return rounded
 
 
 def row_dot(a, b):
     """rowsum(a ⊙ b) as a column (..., n, 1), such as D = rowsum(dO ⊙ O): in float32 for 16-bit a or b (a
-    statistic, kept as SDPA keeps it), else in their dtype."""
+    statistic, kept as SDPA keeps it), of a product's float32 value where it has one, else in their dtype."""
     if a.dtype in (torch.bfloat16, torch.float16) or b.dtype in (torch.bfloat16, torch.float16):
-        a, b = a.float(), b.float()
+        a, b = (getattr(x, "float32_value", x).float() for x in (a, b))  # a product before its rounding
     return (a * b).sum(dim=-1, keepdim=True)
 
 
@@ -668,8 +686,8 @@ def _forward(Q, K, V, M, causal, scale, block_size):
         O_b = narrow_matmul(P_b, V_k)
         O_blocks.append(O_b)
         L_blocks.append(L_b)
-    O = O_blocks[0] if len(O_blocks) == 1 else torch.cat(O_blocks, dim=-2)
-    L = L_blocks[0] if len(L_blocks) == 1 else torch.cat(L_blocks, dim=-2)
+    O = joined_rows(O_blocks)
+    L = joined_rows(L_blocks)
     saved = {
         "Q": Q,
         "K": K,
@@ -722,7 +740,7 @@ def _backward(saved, grad_out):
         dQ_blocks.append(dQ_b)
         dK = add_rows(dK, keys, matmul_tn(dA_b, scale * Q_b), K.shape[-2])
         dV = add_rows(dV, keys, matmul_tn(P_b, grad_out_b), K.shape[-2])
-    dQ = dQ_blocks[0] if len(dQ_blocks) == 1 else torch.cat(dQ_blocks, dim=-2)
+    dQ = joined_rows(dQ_blocks)
     return {"Q": dQ, "K": dK, "V": dV}
 
 
@@ -1196,8 +1214,8 @@ def _jvp(Q, K, V, Q_t, K_t, V_t, M, M_t, causal, scale, block_size):
         dO_b = narrow_matmul(P_b, V_t_k) + narrow_matmul(dP_b, V_k)
         O_blocks.append(O_b)
         dO_blocks.append(dO_b)
-    O = O_blocks[0] if len(O_blocks) == 1 else torch.cat(O_blocks, dim=-2)
-    dO = dO_blocks[0] if len(dO_blocks) == 1 else torch.cat(dO_blocks, dim=-2)
+    O = joined_rows(O_blocks)
+    dO = joined_rows(dO_blocks)
     return O, dO
 
 

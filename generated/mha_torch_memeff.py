@@ -344,6 +344,17 @@ def huge_matmul(a, b):
     return torch.matmul(a, b, out=huge_empty(shape, a))
 
 
+def joined_rows(blocks):
+    """The blocks of rows in the list stacked back into one tensor (one block: itself, no copy), their float32
+    values (``narrow_matmul``) joined alike where every block has one."""
+    if len(blocks) == 1:
+        return blocks[0]
+    whole = torch.cat(blocks, dim=-2)
+    if all(hasattr(b, "float32_value") for b in blocks):
+        whole.float32_value = torch.cat([b.float32_value for b in blocks], dim=-2)
+    return whole
+
+
 def key_range(mask, causal, rows, m):
     """The keys a block of query rows (a slice) reads: slice(k0, k1), the smallest range holding every key that
     a row of the block may see (causal: key j <= query i; mask: an additive mask whose -inf hide a key), never
@@ -401,10 +412,17 @@ def merge_heads(a, heads):
 
 def narrow_matmul(a, b):
     """a @ b, where a factor may be a float32 n × m array of a 16-bit run (P, dS of ``_wide_matmul``): the product
-    of ``_alike``'s factors, rounded to the 16-bit dtype. Factors of one dtype (float32, float64 runs): a @ b."""
+    of ``_alike``'s factors, rounded to the 16-bit dtype; in eager code the float32 product is kept as the result's
+    float32_value, which a statistic of it reads (D = rowsum(dO ⊙ O), ``row_dot``: O = P V before its rounding, as
+    autograd's rowsum(P ⊙ dP) in float32 is). Factors of one dtype (float32, float64 runs): a @ b."""
     a, b, dtype = _alike(a, b)
     product = a @ b
-    return product if product.dtype == dtype else product.to(dtype)
+    if product.dtype == dtype:
+        return product
+    rounded = product.to(dtype)
+    if not (torch.compiler.is_compiling() or torch._C._functorch.is_functorch_wrapped_tensor(product)):
+        rounded.float32_value = product  # (eager code: traced or transformed, a tensor holds no attribute)
+    return rounded
 
 
 def repeat_heads(a, heads):
@@ -414,9 +432,9 @@ def repeat_heads(a, heads):
 
 def row_dot(a, b):
     """rowsum(a ⊙ b) as a column (..., n, 1), such as D = rowsum(dO ⊙ O): in float32 for 16-bit a or b (a
-    statistic, kept as SDPA keeps it), else in their dtype."""
+    statistic, kept as SDPA keeps it), of a product's float32 value where it has one, else in their dtype."""
     if a.dtype in (torch.bfloat16, torch.float16) or b.dtype in (torch.bfloat16, torch.float16):
-        a, b = a.float(), b.float()
+        a, b = (getattr(x, "float32_value", x).float() for x in (a, b))  # a product before its rounding
     return (a * b).sum(dim=-1, keepdim=True)
 
 
@@ -792,8 +810,8 @@ def _forward(Q, K, V, W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O, M, causal, num_hea
         O_h_b = narrow_matmul(P_h_b, V_h_k)
         O_h_blocks.append(O_h_b)
         L_blocks.append(L_b)
-    O_h = O_h_blocks[0] if len(O_h_blocks) == 1 else torch.cat(O_h_blocks, dim=-2)
-    L = L_blocks[0] if len(L_blocks) == 1 else torch.cat(L_blocks, dim=-2)
+    O_h = joined_rows(O_h_blocks)
+    L = joined_rows(L_blocks)
     C = merge_heads(O_h, H)
     Y = add_optional(C @ W_O, b_O)
     saved = {
@@ -886,7 +904,7 @@ def _backward(saved, grad_out):
         dW_Q = add_blocks(dW_Q, rows(Q_b).mT @ rows(dQW_Q_b))
         if b_Q is not None:
             db_Q = add_blocks(db_Q, rows(dQW_Q_b).sum(dim=0, keepdim=True))
-    dQ = dQ_blocks[0] if len(dQ_blocks) == 1 else torch.cat(dQ_blocks, dim=-2)
+    dQ = joined_rows(dQ_blocks)
     dW_O = rows(C).mT @ rows(grad_out)
     db_O = None if b_O is None else rows(grad_out).sum(dim=0, keepdim=True)
     dVW_V = merge_heads(sum_groups(dV_h, H_kv), H_kv)
@@ -1942,8 +1960,8 @@ def _jvp(
         dC_b = merge_heads(dO_h_b, H)
         O_h_blocks.append(O_h_b)
         dC_blocks.append(dC_b)
-    O_h = O_h_blocks[0] if len(O_h_blocks) == 1 else torch.cat(O_h_blocks, dim=-2)
-    dC = dC_blocks[0] if len(dC_blocks) == 1 else torch.cat(dC_blocks, dim=-2)
+    O_h = joined_rows(O_h_blocks)
+    dC = joined_rows(dC_blocks)
     C = merge_heads(O_h, H)
     Y = add_optional(C @ W_O, b_O)
     dY = add_optional(C @ W_O_t + dC @ W_O, b_O_t)

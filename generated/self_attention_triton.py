@@ -868,10 +868,17 @@ def _alike(a, b):
 
 def narrow_matmul(a, b):
     """a @ b, where a factor may be a float32 n × m array of a 16-bit run (P, dS of ``_wide_matmul``): the product
-    of ``_alike``'s factors, rounded to the 16-bit dtype. Factors of one dtype (float32, float64 runs): a @ b."""
+    of ``_alike``'s factors, rounded to the 16-bit dtype; in eager code the float32 product is kept as the result's
+    float32_value, which a statistic of it reads (D = rowsum(dO ⊙ O), ``row_dot``: O = P V before its rounding, as
+    autograd's rowsum(P ⊙ dP) in float32 is). Factors of one dtype (float32, float64 runs): a @ b."""
     a, b, dtype = _alike(a, b)
     product = a @ b
-    return product if product.dtype == dtype else product.to(dtype)
+    if product.dtype == dtype:
+        return product
+    rounded = product.to(dtype)
+    if not (torch.compiler.is_compiling() or torch._C._functorch.is_functorch_wrapped_tensor(product)):
+        rounded.float32_value = product  # (eager code: traced or transformed, a tensor holds no attribute)
+    return rounded
 
 
 def _additive(name, mask, like):

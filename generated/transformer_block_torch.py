@@ -385,6 +385,17 @@ def huge_matmul(a, b):
     return torch.matmul(a, b, out=huge_empty(shape, a))
 
 
+def joined_rows(blocks):
+    """The blocks of rows in the list stacked back into one tensor (one block: itself, no copy), their float32
+    values (``narrow_matmul``) joined alike where every block has one."""
+    if len(blocks) == 1:
+        return blocks[0]
+    whole = torch.cat(blocks, dim=-2)
+    if all(hasattr(b, "float32_value") for b in blocks):
+        whole.float32_value = torch.cat([b.float32_value for b in blocks], dim=-2)
+    return whole
+
+
 def key_range(mask, causal, rows, m):
     """The keys a block of query rows (a slice) reads: slice(k0, k1), the smallest range holding every key that
     a row of the block may see (causal: key j <= query i; mask: an additive mask whose -inf hide a key), never
@@ -440,10 +451,17 @@ def merge_heads(a, heads):
 
 def narrow_matmul(a, b):
     """a @ b, where a factor may be a float32 n × m array of a 16-bit run (P, dS of ``_wide_matmul``): the product
-    of ``_alike``'s factors, rounded to the 16-bit dtype. Factors of one dtype (float32, float64 runs): a @ b."""
+    of ``_alike``'s factors, rounded to the 16-bit dtype; in eager code the float32 product is kept as the result's
+    float32_value, which a statistic of it reads (D = rowsum(dO ⊙ O), ``row_dot``: O = P V before its rounding, as
+    autograd's rowsum(P ⊙ dP) in float32 is). Factors of one dtype (float32, float64 runs): a @ b."""
     a, b, dtype = _alike(a, b)
     product = a @ b
-    return product if product.dtype == dtype else product.to(dtype)
+    if product.dtype == dtype:
+        return product
+    rounded = product.to(dtype)
+    if not (torch.compiler.is_compiling() or torch._C._functorch.is_functorch_wrapped_tensor(product)):
+        rounded.float32_value = product  # (eager code: traced or transformed, a tensor holds no attribute)
+    return rounded
 
 
 def placed_rows(whole):
@@ -476,9 +494,9 @@ def put_rows(whole, rows, keys, part, n, m):
 
 def row_dot(a, b):
     """rowsum(a ⊙ b) as a column (..., n, 1), such as D = rowsum(dO ⊙ O): in float32 for 16-bit a or b (a
-    statistic, kept as SDPA keeps it), else in their dtype."""
+    statistic, kept as SDPA keeps it), of a product's float32 value where it has one, else in their dtype."""
     if a.dtype in (torch.bfloat16, torch.float16) or b.dtype in (torch.bfloat16, torch.float16):
-        a, b = a.float(), b.float()
+        a, b = (getattr(x, "float32_value", x).float() for x in (a, b))  # a product before its rounding
     return (a * b).sum(dim=-1, keepdim=True)
 
 
@@ -893,7 +911,7 @@ def _forward(
         O_h_b = narrow_matmul(P_h_b, V_h_k)
         O_h_blocks.append(O_h_b)
         P_h = put_rows(P_h, block, keys, P_h_b, Q_h.shape[-2], K_h.shape[-2])
-    O_h = O_h_blocks[0] if len(O_h_blocks) == 1 else torch.cat(O_h_blocks, dim=-2)
+    O_h = joined_rows(O_h_blocks)
     P_h = placed_rows(P_h)
     C = merge_heads(O_h, H)
     Y = add_optional(C @ W_O + X, b_O)
@@ -1021,7 +1039,7 @@ def _backward(saved, grad_out):
         if b_Q is not None:
             db_Q = add_blocks(db_Q, rows(dX_1W_Q_b).sum(dim=0, keepdim=True))
     dM = placed_rows(dM)
-    dX_1W_Q = dX_1W_Q_blocks[0] if len(dX_1W_Q_blocks) == 1 else torch.cat(dX_1W_Q_blocks, dim=-2)
+    dX_1W_Q = joined_rows(dX_1W_Q_blocks)
     dW_O = rows(C).mT @ rows(dY)
     dgamma_2 = rows(N_2 * dX_2).sum(dim=0, keepdim=True)
     dbeta_2 = rows(dX_2).sum(dim=0, keepdim=True)
@@ -2779,8 +2797,8 @@ def _jvp(
         dC_b = merge_heads(dO_h_b, H)
         O_h_blocks.append(O_h_b)
         dC_blocks.append(dC_b)
-    O_h = O_h_blocks[0] if len(O_h_blocks) == 1 else torch.cat(O_h_blocks, dim=-2)
-    dC = dC_blocks[0] if len(dC_blocks) == 1 else torch.cat(dC_blocks, dim=-2)
+    O_h = joined_rows(O_h_blocks)
+    dC = joined_rows(dC_blocks)
     C = merge_heads(O_h, H)
     Y = add_optional(C @ W_O + X, b_O)
     N_2 = layer_norm(Y, eps)

@@ -26,7 +26,7 @@ SCRIPTS = sorted(
     for path in [*ROOT.glob("examples/*.py"), *ROOT.glob("examples/from_torch/*.py")]
     if path.name not in RUN_ELSEWHERE
 )
-OPTIONAL = ("jax", "torch")  # extras an example may import
+OPTIONAL = ("jax", "torch", "triton")  # extras an example may import
 
 
 def command(script: str, source: str) -> list[str]:

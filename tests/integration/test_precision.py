@@ -51,14 +51,17 @@ def _blocks_case(module, causal, dtype):
 
 
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
-def test_mha_in_low_precision_is_within_half_of_sdpa(dtype):
-    """mha (projections, heads, attention, output projection) against the same projections around SDPA: within
-    1.5× SDPA's error (measured 0.75–1.40× over three draws at this size, 0.82–1.21× at 2 × 128 × 256, on both
-    sides of 1: the worst is b_Q's or W_Q's gradient, sums of dQ with much cancellation; before, up to 3.7×)."""
+def test_mha_in_low_precision_is_as_accurate_as_sdpa(dtype):
+    """mha (projections, heads, attention, output projection) against the same projections around SDPA, over three
+    draws, causal and not: within 1.1× SDPA's error at this small size, where a draw's worst gradient is a sum of
+    a few dQ with much cancellation (0.72–0.84× SDPA's at 2 × 128 × 256, benchmarks/PRECISION.md). D = rowsum(dO ⊙ O) reads O = P V before its
+    rounding (the float32 product narrow_matmul keeps); from the rounded O, as the fused kernel reads it, the worst
+    gradient (W_Q's, b_Q's: sums of dQ with much cancellation) was 0.82–1.21× the fused kernel's there."""
     module = BENCHMARK["load"]("mha", "standard")
     for causal in (False, True):
-        found = BENCHMARK["mha_case"](module, (2, 32, 64, 4), causal, LOW[dtype])
-        assert found["ours"] <= 1.5 * found["sdpa"], (causal, found)
+        for seed in range(3):
+            found = BENCHMARK["mha_case"](module, (2, 32, 64, 4), causal, LOW[dtype], seed)
+            assert found["ours"] <= 1.1 * found["sdpa"], (causal, seed, found)
 
 
 def test_16_bit_runs_keep_the_dtype_and_float32_runs_are_unchanged():

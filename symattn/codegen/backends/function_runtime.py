@@ -92,10 +92,28 @@ def _autocast(args):
 
 def narrow_matmul(a, b):
     """a @ b, where a factor may be a float32 n × m array of a 16-bit run (P, dS of ``_wide_matmul``): the product
-    of ``_alike``'s factors, rounded to the 16-bit dtype. Factors of one dtype (float32, float64 runs): a @ b."""
+    of ``_alike``'s factors, rounded to the 16-bit dtype; in eager code the float32 product is kept as the result's
+    float32_value, which a statistic of it reads (D = rowsum(dO ⊙ O), ``row_dot``: O = P V before its rounding, as
+    autograd's rowsum(P ⊙ dP) in float32 is). Factors of one dtype (float32, float64 runs): a @ b."""
     a, b, dtype = _alike(a, b)
     product = a @ b
-    return product if product.dtype == dtype else product.to(dtype)
+    if product.dtype == dtype:
+        return product
+    rounded = product.to(dtype)
+    if not (torch.compiler.is_compiling() or torch._C._functorch.is_functorch_wrapped_tensor(product)):
+        rounded.float32_value = product  # (eager code: traced or transformed, a tensor holds no attribute)
+    return rounded
+
+
+def joined_rows(blocks):
+    """The blocks of rows in the list stacked back into one tensor (one block: itself, no copy), their float32
+    values (``narrow_matmul``) joined alike where every block has one."""
+    if len(blocks) == 1:
+        return blocks[0]
+    whole = torch.cat(blocks, dim=-2)
+    if all(hasattr(b, "float32_value") for b in blocks):
+        whole.float32_value = torch.cat([b.float32_value for b in blocks], dim=-2)
+    return whole
 
 
 def _alike(a, b):
@@ -113,9 +131,9 @@ def _alike(a, b):
 
 def row_dot(a, b):
     """rowsum(a ⊙ b) as a column (..., n, 1), such as D = rowsum(dO ⊙ O): in float32 for 16-bit a or b (a
-    statistic, kept as SDPA keeps it), else in their dtype."""
+    statistic, kept as SDPA keeps it), of a product's float32 value where it has one, else in their dtype."""
     if a.dtype in (torch.bfloat16, torch.float16) or b.dtype in (torch.bfloat16, torch.float16):
-        a, b = a.float(), b.float()
+        a, b = (getattr(x, "float32_value", x).float() for x in (a, b))  # a product before its rounding
     return (a * b).sum(dim=-1, keepdim=True)
 
 

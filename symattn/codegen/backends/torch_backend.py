@@ -57,6 +57,10 @@ class TorchMatrixPrinter(GeneratedCodeMixin, NumPyMatrixPrinter):
     wide_product, narrow_product = "big_matmul", "narrow_matmul"  # (16-bit runs: n × m arrays in float32)
     block_sum = "add_blocks"  # (16-bit runs: a weight's gradient summed over blocks in float32)
 
+    def concatenate_rows(self, blocks: str) -> str:
+        """The blocks of rows stacked back, their float32 values (a 16-bit run's) with them: ``joined_rows``."""
+        return f"{self.helper('joined_rows')}({blocks})"
+
     def placed_rows(self, name: str) -> str:
         """Traced or transformed, put_rows collects the blocks in a list: one concatenation after the loop."""
         return f"{self.helper('placed_rows')}({name})"
