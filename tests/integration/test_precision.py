@@ -54,9 +54,9 @@ def _blocks_case(module, causal, dtype):
 def test_mha_in_low_precision_is_as_accurate_as_sdpa(dtype):
     """mha (projections, heads, attention, output projection) against the same projections around SDPA, over three
     draws, causal and not: within 1.1× SDPA's error at this small size, where a draw's worst gradient is a sum of
-    a few dQ with much cancellation (0.72–0.84× SDPA's at 2 × 128 × 256, benchmarks/PRECISION.md). D = rowsum(dO ⊙ O) reads O = P V before its
-    rounding (the float32 product narrow_matmul keeps); from the rounded O, as the fused kernel reads it, the worst
-    gradient (W_Q's, b_Q's: sums of dQ with much cancellation) was 0.82–1.21× the fused kernel's there."""
+    a few dQ with much cancellation (0.72–0.84× SDPA's at 2 × 128 × 256, benchmarks/PRECISION.md). D = rowsum(dO ⊙
+    O) reads O = P V before its rounding (the float32 product narrow_matmul keeps); from the rounded O, as the
+    fused kernel reads it, the worst gradient (W_Q's, b_Q's) was 0.82–1.21× the fused kernel's there."""
     module = BENCHMARK["load"]("mha", "standard")
     for causal in (False, True):
         for seed in range(3):
