@@ -100,6 +100,11 @@ def _blocks(x, width):
     return block_m, block_n
 
 
+def _residual(o):
+    """Does a core keep O's rounding beside a 16-bit O (bfloat16, float16), for its backward's D?"""
+    return o.dtype in (torch.bfloat16, torch.float16)
+
+
 def _precision(x):
     """tl.dot's input precision for float32 as torch's float32 matmul has it: "ieee" (no TF32) at torch's default
     float32 matmul precision ("highest"), "tf32" where it is set lower; float16 and bfloat16 ignore it."""
@@ -233,6 +238,7 @@ GRADIENT_TILES = 1  # the n × m inputs and constants with a gradient (made wher
 GRADIENT_INDEX = (0,)
 GRADIENT_FLAGS = ("GRAD_M",)
 SCALARS = 0  # the trainable scalars the core reads
+KEPT = (None,) * 2  # the tangents of the Function's outputs besides O (statistics: none)
 
 
 @triton.jit
@@ -242,6 +248,7 @@ def _forward_kernel(
     V,
     O,
     L,
+    R,
     T_M,
     M_sb,
     M_sh,
@@ -264,6 +271,7 @@ def _forward_kernel(
     group,
     CAUSAL: tl.constexpr,
     PRECISION: tl.constexpr,
+    RESIDUAL: tl.constexpr,
     HAS_M: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -324,18 +332,27 @@ def _forward_kernel(
     tl.store(L + bh * n + rows, lse, mask=rows < n)
     out = O + bh * sob + rows[:, None] * son + de[None, :]
     o_rows = (rows[:, None] < n) & (de[None, :] < dv)
-    tl.store(out, acc.to(O.dtype.element_ty), mask=o_rows)
+    rounded = acc.to(O.dtype.element_ty)
+    tl.store(out, rounded, mask=o_rows)
+    if RESIDUAL:  # a 16-bit O: its rounding, R = O₃₂ − O (contiguous (BH, n, d_v)), for D = rowsum(dO ⊙ (O + R))
+        at = R + bh * n * dv + rows[:, None] * dv + de[None, :]
+        tl.store(at, (acc - rounded.to(tl.float32)).to(O.dtype.element_ty), mask=o_rows)
 
 
 @triton.jit
-def _delta_kernel(O, DO, D, sob, son, sdb, sdn, n, dv, BLOCK_M: tl.constexpr, BLOCK_DV: tl.constexpr):
-    """D = rowsum(dO ⊙ O), float32, for one block of rows of one batch·head."""
+def _delta_kernel(
+    O, R, DO, D, sob, son, sdb, sdn, n, dv, RESIDUAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_DV: tl.constexpr
+):
+    """D = rowsum(dO ⊙ O), float32, for one block of rows of one batch·head; O + R, O before its rounding, where O
+    is 16-bit (RESIDUAL)."""
     pid = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)  # int64 offsets: bh · stride may pass 2³¹ elements
     rows = pid * BLOCK_M + tl.arange(0, BLOCK_M)
     de = tl.arange(0, BLOCK_DV)
     mask = (rows[:, None] < n) & (de[None, :] < dv)
     o = tl.load(O + bh * sob + rows[:, None] * son + de[None, :], mask=mask, other=0.0).to(tl.float32)
+    if RESIDUAL:
+        o += tl.load(R + bh * n * dv + rows[:, None] * dv + de[None, :], mask=mask, other=0.0).to(tl.float32)
     do = tl.load(DO + bh * sdb + rows[:, None] * sdn + de[None, :], mask=mask, other=0.0).to(tl.float32)
     tl.store(D + bh * n + rows, tl.sum(o * do, 1), mask=rows < n)
 
@@ -660,20 +677,23 @@ def _forward_op(
     coefficients: torch.Tensor,
     inner: int,
     causal: bool,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(O, L) by the forward kernel: q (BH, n, d), k (BH, m, d), v (BH, m, d_v) with rows contiguous, the tiles
-    (outer, inner, n, m) views; O (BH, n, d_v), L the rows' log-sum-exp (BH, n), float32. A custom op: torch.compile
-    holds the launch as one node (its shapes from _forward_fake)."""
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(O, L, R) by the forward kernel: q (BH, n, d), k (BH, m, d), v (BH, m, d_v) with rows contiguous, the tiles
+    (outer, inner, n, m) views; O (BH, n, d_v), L the rows' statistic (BH, n), float32, and R = O₃₂ − O, O's
+    rounding in O's 16-bit dtype (empty for float32: O is exact), so that D = rowsum(dO ⊙ (O + R)) reads O before its
+    rounding. A custom op: torch.compile holds the launch as one node (its shapes from _forward_fake)."""
     n, d, m, dv = q.shape[-2], q.shape[-1], k.shape[-2], v.shape[-1]
     block_m, block_n = _blocks(q, d + dv)
     o = torch.empty((q.shape[0], n, dv), dtype=v.dtype, device=q.device)
     lse = torch.empty((q.shape[0], n), dtype=torch.float32, device=q.device)
+    residual = torch.empty(o.shape if _residual(o) else (0,), dtype=o.dtype, device=q.device)
     _forward_kernel[(triton.cdiv(n, block_m), q.shape[0])](
         q,
         k,
         v,
         o,
         lse,
+        residual if residual.numel() else o,
         *_tile_arguments(tiles, q),
         coefficients,
         q.stride(0),
@@ -692,20 +712,21 @@ def _forward_op(
         q.shape[0] // k.shape[0],
         CAUSAL=causal,
         PRECISION=_precision(q),
+        RESIDUAL=residual.numel() > 0,
         **_flags(tiles),
         BLOCK_M=block_m,
         BLOCK_N=block_n,
         BLOCK_D=_width(d),
         BLOCK_DV=_width(dv),
     )
-    return o, lse
+    return o, lse, residual
 
 
 @_forward_op.register_fake
 def _forward_fake(q, k, v, tiles, coefficients, inner, causal):
-    return q.new_empty((q.shape[0], q.shape[1], v.shape[-1]), dtype=v.dtype), q.new_empty(
-        (q.shape[0], q.shape[1]), dtype=torch.float32
-    )
+    o = q.new_empty((q.shape[0], q.shape[1], v.shape[-1]), dtype=v.dtype)
+    residual = o.new_empty(o.shape if _residual(o) else (0,))
+    return o, q.new_empty((q.shape[0], q.shape[1]), dtype=torch.float32), residual
 
 
 @torch.library.custom_op(f"{_OPS}_backward", mutates_args=())
@@ -716,6 +737,7 @@ def _backward_op(
     o: torch.Tensor,
     do: torch.Tensor,
     lse: torch.Tensor,
+    residual: torch.Tensor,
     tiles: list[torch.Tensor | None],
     coefficients: torch.Tensor,
     inner: int,
@@ -733,6 +755,7 @@ def _backward_op(
     delta = torch.empty((bh, n), dtype=torch.float32, device=q.device)
     _delta_kernel[(triton.cdiv(n, block_m), bh)](
         o,
+        residual if residual.numel() else o,
         do,
         delta,
         o.stride(0),
@@ -741,6 +764,7 @@ def _backward_op(
         do.stride(1),
         n,
         dv,
+        RESIDUAL=residual.numel() > 0,
         BLOCK_M=block_m,
         BLOCK_DV=widths["BLOCK_DV"],
     )
@@ -796,7 +820,7 @@ def _backward_op(
 
 
 @_backward_op.register_fake
-def _backward_fake(q, k, v, o, do, lse, tiles, coefficients, inner, causal, wanted):
+def _backward_fake(q, k, v, o, do, lse, residual, tiles, coefficients, inner, causal, wanted):
     bh, n, m = q.shape[0], q.shape[1], k.shape[1]
     grads = [torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)]
     grads += [q.new_empty((bh, n, m) if w else (0,), dtype=torch.float32) for w in wanted]
@@ -813,13 +837,13 @@ def _forward(Q, K, V, causal, symbols, tensors):
     q = _rows(_flat(Q, batch, n, d))
     k, v = (_rows(_flat(x, kv, m, c)) for x, c in ((K, d), (V, dv)))
     tiles = [None if t is None else _tile(t, batch, n, m) for t in tiles]
-    o, lse = _forward_op(q, k, v, tiles, coefficients, _inner(batch), causal)
-    return o.view(*batch, n, dv), lse
+    o, lse, residual = _forward_op(q, k, v, tiles, coefficients, _inner(batch), causal)
+    return o.view(*batch, n, dv), lse, residual
 
 
 def _backward(ctx, grad, saved):
     """The gradients of _CoreFunction's inputs from dO (grad) and what it saved, by the backward kernels."""
-    Q, K, V, O, lse, *present = saved
+    Q, K, V, O, lse, residual, *present = saved
     present = iter(present)
     tensors = [None if absent else next(present) for absent in ctx.absent]
     tiles, scalars = tensors[:1], tensors[1:]
@@ -832,7 +856,8 @@ def _backward(ctx, grad, saved):
     o, do = _rows(O.reshape(-1, n, dv)), _rows(_flat(grad, batch, n, dv))
     flat = [None if t is None else _tile(t, batch, n, m) for t in tiles]
     wanted = [ctx.needs_input_grad[5 + i] for i in GRADIENT_INDEX]
-    dq, dk, dv_, *rest = _backward_op(q, k, v, o, do, lse, flat, coefficients, _inner(batch), ctx.causal, wanted)
+    inner = _inner(batch)
+    dq, dk, dv_, *rest = _backward_op(q, k, v, o, do, lse, residual, flat, coefficients, inner, ctx.causal, wanted)
     made = iter(zip(rest[:GRADIENT_TILES], wanted))
     sums = rest[GRADIENT_TILES:]
     grads = [dq.view(*batch, n, d).sum_to_size(Q.shape), dk.view(*kv, m, d).sum_to_size(K.shape)]
@@ -907,7 +932,7 @@ def _core_jvp(Q, K, V, thin_tangents, causal, symbols, tensors, tangents):
 
 
 class _CoreFunction(torch.autograd.Function):
-    """O = softmax(A) V of the kernels; apply(Q, K, V, causal, symbols, M) returns (O, L)."""
+    """O = softmax(A) V of the kernels; apply(Q, K, V, causal, symbols, M) returns (O, L, R)."""
 
     @staticmethod
     def forward(Q, K, V, causal, symbols, *tensors):
@@ -917,9 +942,10 @@ class _CoreFunction(torch.autograd.Function):
     def setup_context(ctx, inputs, output):
         Q, K, V, causal, symbols, *tensors = inputs
         ctx.causal, ctx.symbols, ctx.absent = causal, symbols, [t is None for t in tensors]
-        ctx.save_for_backward(Q, K, V, output[0], output[1], *(t for t in tensors if t is not None))
+        O, *kept = output  # the statistics the backward reads (not differentiable)
+        ctx.save_for_backward(Q, K, V, O, *kept, *(t for t in tensors if t is not None))
         ctx.save_for_forward(Q, K, V, *(t for t in tensors if t is not None))
-        ctx.mark_non_differentiable(output[1])
+        ctx.mark_non_differentiable(*kept)
 
     @staticmethod
     def jvp(ctx, Q_t, K_t, V_t, _causal, _symbols, *tangents):
@@ -930,11 +956,11 @@ class _CoreFunction(torch.autograd.Function):
         tensors = [None if absent else next(present) for absent in ctx.absent]
         thin, tangents = [_plain(x) for x in (Q_t, K_t, V_t)], [_plain(x) for x in tangents]
         with torch._C._DisableFuncTorch():  # torch.func.jvp's level: the kernel reads and makes plain tensors
-            return _core_jvp(Q, K, V, thin, ctx.causal, ctx.symbols, tensors, tangents)[1], None
+            return _core_jvp(Q, K, V, thin, ctx.causal, ctx.symbols, tensors, tangents)[1], *KEPT
 
     @staticmethod
     @torch.autograd.function.once_differentiable  # no second derivative through the kernels: differentiating raises
-    def backward(ctx, grad, _):
+    def backward(ctx, grad, *_):
         saved = [_plain(x) for x in ctx.saved_tensors]
         with torch._C._DisableFuncTorch():  # torch.func.grad's level: the kernels read and make plain tensors
             return _backward(ctx, _plain(grad), saved)
@@ -946,7 +972,7 @@ class _CoreTraced(_CoreFunction):
     jvp = torch.autograd.Function.jvp
 
     @staticmethod
-    def backward(ctx, grad, _):
+    def backward(ctx, grad, *_):
         return _backward(ctx, grad, ctx.saved_tensors)
 
 
