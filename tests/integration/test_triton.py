@@ -39,9 +39,10 @@ def folder(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("triton_modules")
 
 
-def _check(module, reference, inputs: dict, causal: bool, what: str, generator) -> None:
-    """Forward and every input's gradient of the module against autograd of the float64 reference."""
-    out = module.forward(*inputs.values(), causal=causal)
+def _check(module, reference, inputs: dict, causal: bool, what: str, generator, *constants) -> tuple:
+    """Forward and every input's gradient of the module (the constants after the inputs) against autograd of the
+    float64 reference; (output, gradients, cotangent)."""
+    out = module.forward(*inputs.values(), *constants, causal=causal)
     cotangent = torch.randn(out.shape, generator=generator)
     grads = torch.autograd.grad(out, list(inputs.values()), cotangent)
     double = {k: v.detach().double().requires_grad_() for k, v in inputs.items()}
@@ -50,6 +51,7 @@ def _check(module, reference, inputs: dict, causal: bool, what: str, generator) 
     compare(out, want, f"{what} forward")
     for name, got, expected in zip(inputs, grads, want_grads):
         compare(got, expected, f"{what} d{name}", rtol=5e-5)
+    return out, grads, cotangent
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
@@ -93,18 +95,7 @@ def test_attention_matches_autograd_and_the_torch_module(mask, causal, folder):
     else:
         m = None
     module = triton_module("attention", folder)
-
-    def masked(x, c):
-        return _attention_reference(m)(x, c)
-
-    out = module.forward(*inputs.values(), m, causal=causal)
-    cotangent = torch.randn(out.shape, generator=generator)
-    grads = torch.autograd.grad(out, list(inputs.values()), cotangent)
-    double = {k: v.detach().double().requires_grad_() for k, v in inputs.items()}
-    want = masked(double, causal)
-    compare(out, want, "attention forward")
-    for name, got, expected in zip(inputs, grads, torch.autograd.grad(want, list(double.values()), cotangent.double())):
-        compare(got, expected, f"attention d{name}", rtol=5e-5)
+    out, grads, cotangent = _check(module, _attention_reference(m), inputs, causal, "attention", generator, m)
     theirs = attention_torch.forward(*inputs.values(), m, causal=causal)
     their_grads = torch.autograd.grad(theirs, list(inputs.values()), cotangent)
     assert (out - theirs).abs().max().item() < 1e-5
@@ -274,14 +265,7 @@ def test_every_kind_of_step_at_once_matches_autograd(causal, folder):
         a = x["tau"] * torch.tanh(x["Q"] @ x["K"].mT / math.sqrt(D)) + x["B"]
         return attend(a.masked_fill(mask, -math.inf), x["V"], c)
 
-    out = module.forward(*inputs.values(), mask, causal=causal)
-    cotangent = torch.randn(out.shape, generator=generator)
-    grads = torch.autograd.grad(out, list(inputs.values()), cotangent)
-    double = {k: v.detach().double().requires_grad_() for k, v in inputs.items()}
-    want = reference(double, causal)
-    compare(out, want, "features forward")
-    for name, got, expected in zip(inputs, grads, torch.autograd.grad(want, list(double.values()), cotangent.double())):
-        compare(got, expected, f"features d{name}", rtol=5e-5)
+    _check(module, reference, inputs, causal, "features", generator, mask)
 
 
 # Each kernel of a module compiled for an H100 (sm_90: TTIR, TTGIR, LLVM IR, PTX, cubin by the wheel's ptxas) in a

@@ -77,7 +77,7 @@ def _why_not(spec: Spec, output: Basic, cores: tuple[Core, ...]) -> str:
     """Why no core was found, or why the cores found cannot be kernels."""
     if cores:
         return "the output reads P or the scores besides P V: they are never made whole"
-    if not any(isinstance(x, MatMul) and _scores_product(x) for x in postorder(output)):
+    if not _products(output):
         return "no n × m scores product Q Kᵀ of thin factors"
     return (
         "no product N(A) V with A entrywise in one scores product Q Kᵀ and N a row softmax, a division by the "
@@ -88,10 +88,10 @@ def _why_not(spec: Spec, output: Basic, cores: tuple[Core, ...]) -> str:
 def _inside(node: MatrixExpr) -> tuple[Basic, ...]:
     """What a core's kernels never make whole: its P (a core with V) and its scores product."""
     if isinstance(node, LogSoftmax):
-        return tuple(x for x in postorder(node.arg) if isinstance(x, MatMul) and _scores_product(x))
+        return tuple(_products(node.arg))
     first = node.as_coeff_matrices()[1][0]
     _, logits = _normalised(first)
-    return (first, *(x for x in postorder(logits) if isinstance(x, MatMul) and _scores_product(x)))
+    return (first, *_products(logits))
 
 
 def _factors(node: MatrixExpr) -> tuple[Basic, list[MatrixExpr]]:
@@ -135,7 +135,7 @@ def _core_at(spec: Spec, node: Basic, output: MatrixSymbol) -> Core | None:
         (normaliser, logits), thin = _normalised(mats[0]), mats[1:]
     else:
         return None
-    products = [x for x in postorder(logits) if isinstance(x, MatMul) and _scores_product(x)]
+    products = _products(logits)
     if len(set(products)) != 1 or not _entrywise(logits, products[0]):
         return None
     if normaliser == "none" and not any(isinstance(x, Elementwise) for x in postorder(logits)):
@@ -153,16 +153,10 @@ def _core_at(spec: Spec, node: Basic, output: MatrixSymbol) -> Core | None:
     if any(t not in allowed or t.shape != (n, m) for t in tiles):
         return None
     scalars = tuple(x for x in spec.inputs if isinstance(x, sp.Symbol) and x in a.free_symbols)
-    grouped = value is not None and None not in (_repeated(key), _repeated(value))
-    grouped = grouped and _repeated(key)[1:] == _repeated(value)[1:]
-    if grouped:
-        key, value = _repeated(key)[0], _repeated(value)[0]
+    grouped = all(isinstance(x, RepeatHeads) for x in (key, value)) and key.args[1:] == value.args[1:]
+    if grouped:  # RepeatHeads(A, H_kv, H): H_kv heads read by H query heads, in place by the kernels
+        key, value = key.arg, value.arg
     return Core(query, key, value, scores, a, normaliser, output, tiles, scalars, grouped)
-
-
-def _repeated(x: MatrixExpr) -> tuple[MatrixExpr, Basic, Basic] | None:
-    """(A, H_kv, H) where x = RepeatHeads(A, H_kv, H): H_kv heads read by H query heads; else None."""
-    return (x.arg, x.kv_heads, x.heads) if isinstance(x, RepeatHeads) else None
 
 
 def _normalised(p: MatrixExpr) -> tuple[str, MatrixExpr]:
@@ -184,6 +178,11 @@ def _row_sums(x: Basic) -> Basic | None:
     if coeff != 1 or len(mats) != 2 or not isinstance(mats[0], RowSum) or not isinstance(mats[1], OneMatrix):
         return None
     return mats[0].arg
+
+
+def _products(e: Basic) -> list[MatMul]:
+    """The scores products Q Kᵀ of thin factors in e."""
+    return [x for x in postorder(e) if isinstance(x, MatMul) and _scores_product(x)]
 
 
 def _scores_product(node: MatMul) -> bool:
