@@ -35,6 +35,7 @@ import platform
 import runpy
 import sys
 import time
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 
@@ -63,7 +64,8 @@ def _imported(name: str):
     return module
 
 
-TRITON = _imported("gpu_triton")  # the Triton modules' section (issue 41, item 5)
+TRITON = _imported("gpu_triton")  # the Triton modules' sections (issue 41, item 5)
+KERNELS = _imported("gpu_kernels")  # the Triton kernels' correctness and launch settings
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 ATTENTION = {"standard": attention_torch, "memeff": attention_torch_memeff}
 MHA = {"standard": mha_torch, "memeff": mha_torch_memeff}
@@ -256,31 +258,59 @@ def main(argv: list[str] | None = None) -> str:
     device = "cpu" if smoke else "cuda"
     started = time.perf_counter()
     machine = torch.cuda.get_device_name() if device == "cuda" else platform.processor() or platform.machine()
-    sections = [
-        ("Precision (error against float64, worst of output and gradients)", precision(device, smoke)),
-        ("Autocast (float32 leaves)", autocast(device, smoke)),
-        ("Drop-ins and JVP (float32 unless stated)", dropins(device)),
+    repeats, compiled = 2 if smoke else args.repeats, not args.no_compile
+    modules = {}  # the Triton modules, made by the first Triton section
+    if not (why := TRITON.skipped(smoke)):
+        modules |= TRITON.modules()
+    sections: list[tuple[str, Callable[[], list[str]]]] = [  # the Triton kernels first: right before timed
+        (
+            "Triton kernels against float64 (worst of output and gradients)",
+            lambda: KERNELS.correctness(device, smoke, modules),
+        ),
+        (
+            "Triton modules, forward + backward (bfloat16; float32 under --cpu-smoke)",
+            lambda: TRITON.variants(device, smoke, 1 if smoke else repeats, modules, compiled),
+        ),
+        (
+            "Triton launch settings, attention_triton (bfloat16; float32 under --cpu-smoke)",
+            lambda: KERNELS.sweep(device, smoke, repeats),
+        ),
+        ("Triton forward + backward by kernel (torch.profiler)", lambda: KERNELS.profile(device, smoke)),
+        (
+            "Triton JVP (output and tangent) against torch.func.jvp of the math",
+            lambda: TRITON.jvp(modules, device, smoke, 1 if smoke else repeats),
+        ),
+        ("Precision (error against float64, worst of output and gradients)", lambda: precision(device, smoke)),
+        ("Autocast (float32 leaves)", lambda: autocast(device, smoke)),
+        ("Drop-ins and JVP (float32 unless stated)", lambda: dropins(device)),
         (
             "Forward + backward, bfloat16",
-            timings(device, SMOKE_SIZES if smoke else SIZES, 2 if smoke else args.repeats, not args.no_compile, smoke),
+            lambda: timings(device, SMOKE_SIZES if smoke else SIZES, repeats, compiled, smoke),
         ),
     ]
-    triton_rows, jvp_rows = TRITON.variants(device, smoke, 1 if smoke else args.repeats, not args.no_compile)
-    sections += [
-        ("Triton modules, forward + backward (bfloat16; float32 under --cpu-smoke)", triton_rows),
-        ("Triton JVP (output and tangent) against torch.func.jvp of the math", jvp_rows),
-    ]
-    command = " ".join(["python benchmarks/gpu.py", *(argv or [])])
-    text = (
+    flags = {"--cpu-smoke": smoke, f"--repeats {args.repeats}": args.repeats != 10, "--no-compile": args.no_compile}
+    command = " ".join(["python benchmarks/gpu.py", *(flag for flag, given in flags.items() if given)])  # not --out
+    head = (
         f"# symattn on {device}: {machine}\n\n"
         f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, torch {torch.__version__}, "
-        f"{platform.platform()}. Command: `{command}` ({time.perf_counter() - started:.0f} s).\n"
+        f"{platform.platform()}. Command: `{command}`"
     )
-    for title, rows in sections:
+    text = ""
+    for title, section in sections:
+        begun = time.perf_counter()
+        if why and title.startswith("Triton"):
+            rows = [why]
+        else:
+            try:
+                rows = section()
+            except Exception:  # a section that breaks is reported whole; the next one runs
+                rows = ["```", traceback.format_exc().rstrip(), "```"]
         text += f"\n## {title}\n\n" + "\n".join(rows) + "\n"
-    print(text)
-    args.out.write_text(text, encoding="utf-8")
-    return text
+        print(f"{title}: {time.perf_counter() - begun:.0f} s", flush=True)
+        whole = f"{head} ({time.perf_counter() - started:.0f} s).\n{text}"
+        args.out.write_text(whole, encoding="utf-8")  # written after every section: a run cut short keeps what it did
+    print(whole)
+    return whole
 
 
 if __name__ == "__main__":

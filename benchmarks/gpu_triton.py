@@ -276,20 +276,27 @@ def _ratio(ours: tuple | None, peers: list[tuple[str, tuple | None]]) -> str:
     return "—"
 
 
-def variants(device: str, smoke: bool, repeats: int, compiled: bool = True) -> tuple[list[str], list[str]]:
-    """(timing rows, JVP rows); rows saying why where the section cannot run. compiled=False (gpu.py's --no-compile):
-    no torch.compile of the math (FlexAttention is compiled all the same)."""
+def skipped(smoke: bool) -> str | None:
+    """Why the Triton sections cannot run here (None where they can)."""
     if smoke and os.environ.get("TRITON_INTERPRET") != "1":
-        reason = "skipped: --cpu-smoke without TRITON_INTERPRET=1 (set it before triton is imported)"
-        print(f"Triton section {reason}")
-        return [reason], [reason]
-    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)  # one score_mod each
-    dtype = torch.float32 if smoke else torch.bfloat16
+        return "skipped: --cpu-smoke without TRITON_INTERPRET=1 (set it before triton is imported)"
+    return None
+
+
+def modules() -> dict:
+    """The variants' Triton modules by variant, rendered from their specs, and the built-in attention_triton."""
     folder = Path(tempfile.mkdtemp(prefix="symattn_triton_"))
-    modules = {name: _loaded(spec, folder) for name, spec in _specs().items()}
+    made = {name: _loaded(spec, folder) for name, spec in _specs().items()}
     from generated import attention_triton
 
-    modules["attention"] = attention_triton
+    return made | {"attention": attention_triton}
+
+
+def variants(device: str, smoke: bool, repeats: int, modules: dict, compiled: bool = True) -> list[str]:
+    """The timing rows. compiled=False (gpu.py's --no-compile): no torch.compile of the math (FlexAttention is
+    compiled all the same)."""
+    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)  # one score_mod each
+    dtype = torch.float32 if smoke else torch.bfloat16
     names = ["symattn Triton", "SDPA", "FlexAttention", "compiled math", "eager math"]
     rows = [
         "| variant | size | "
@@ -332,10 +339,10 @@ def variants(device: str, smoke: bool, repeats: int, compiled: bool = True) -> t
                 + " | ".join(cells)
                 + f" | {bitwise} | {_ratio(times[0], peers)} |"
             )
-    return rows, _jvp(modules, device, smoke, repeats)
+    return rows
 
 
-def _jvp(modules: dict, device: str, smoke: bool, repeats: int) -> list[str]:
+def jvp(modules: dict, device: str, smoke: bool, repeats: int) -> list[str]:
     """Every variant's Triton JVP (output and tangent, Q moving) against torch.func.jvp of the eager math: ms, and the
     tangent's error."""
     rows = [

@@ -28,6 +28,8 @@ On CUDA tensors the kernels run compiled; on CPU tensors under TRITON_INTERPRET=
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 import triton
 import triton.language as tl
@@ -99,7 +101,24 @@ def _highest():
 
 def _width(size):
     """A tile's width for a dimension of size entries: a power of two, at least 16 (tl.dot's least)."""
-    return max(16, triton.next_power_of_2(size))
+    width = 16
+    while width < size:
+        width *= 2
+    return width
+
+
+def _cdiv(a, b):
+    """⌈a / b⌉ (triton.cdiv's, without its per-call cost on the host)."""
+    return -(-a // b)
+
+
+def _run(op, launch, *args):
+    """op(*args), op the custom op of launch: in an eager run on real tensors launch is called directly (the
+    dispatcher's bookkeeping costs host time on every call, time a GPU waits for); under torch.compile and on fake
+    or meta tensors through the op (its fake gives the shapes)."""
+    if torch.compiler.is_compiling() or isinstance(args[0], torch._subclasses.FakeTensor) or args[0].is_meta:
+        return op(*args)
+    return launch(*args)
 
 
 def _flat(x, batch, rows, cols):
@@ -194,6 +213,9 @@ def _batches(Q, K, V, tiles, grouped):
 
 def _batch(*shapes):
     """The broadcast batch shape of the operands' leading axes; a ValueError naming the shapes otherwise."""
+    batches = {s[:-2] for s in shapes}
+    if len(batches) == 1:  # the common case, without broadcast_shapes' cost
+        return batches.pop()
     try:
         return torch.broadcast_shapes(*(s[:-2] for s in shapes))
     except RuntimeError:
@@ -207,10 +229,22 @@ _OPS = f"symattn_triton::{SPEC}_{id(_TOKEN):x}"
 
 def _scalar_tensor(values, like):
     """The kernels' scalar arguments as one float32 tensor on like's device, read by pointer in the kernels: a
-    trainable scalar's value stays on the device and torch.compile traces it (no float() of a tensor)."""
+    trainable scalar's value stays on the device and torch.compile traces it (no float() of a tensor). A number is
+    filled in on the device: a copy from the host would wait for the device's queue to empty (torch copies pageable
+    memory synchronously), leaving the host's launch work unhidden on every call."""
     if not values:
         return torch.zeros(1, dtype=torch.float32, device=like.device)
-    return torch.stack([torch.as_tensor(x, dtype=torch.float32, device=like.device).reshape(()) for x in values])
+    if torch.compiler.is_compiling():
+        return torch.stack([torch.as_tensor(x, dtype=torch.float32, device=like.device).reshape(()) for x in values])
+    parts = [_scalar(x, like.device) for x in values]
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+
+def _scalar(x, device):
+    """x, a number or a one-entry tensor, as a float32 tensor of shape (1,) on device."""
+    if isinstance(x, torch.Tensor):
+        return x.to(device=device, dtype=torch.float32).reshape(1)
+    return torch.full((1,), float(x), dtype=torch.float32, device=device)
 
 
 GRADIENT_TILES = 1  # the n × m inputs and constants with a gradient (made where wanted)
@@ -273,9 +307,36 @@ def _forward_kernel(
     l_i = tl.zeros((BLOCK_M,), tl.float32)
     acc = tl.zeros((BLOCK_M, BLOCK_DV), tl.float32)
     end = m
+    full = (m // BLOCK_N) * BLOCK_N  # the key blocks before full lie wholly inside m: printed unmasked
     if CAUSAL:
         end = tl.minimum(m, (pid + 1) * BLOCK_M)
-    for start in range(0, end, BLOCK_N):
+        full = tl.minimum(full, (pid * BLOCK_M + 1) // BLOCK_N * BLOCK_N)  # ... and wholly before the block's first row
+    for start in range(0, full, BLOCK_N):
+        cols = start + tl.arange(0, BLOCK_N)
+        k_rows = (cols[:, None] < m) & (dd[None, :] < d)
+        v_rows = (cols[:, None] < m) & (de[None, :] < dv)
+        k = tl.load(K + kv * skb + cols[:, None] * skn + dd[None, :], mask=k_rows, other=0.0)
+        v = tl.load(V + kv * svb + cols[:, None] * svn + de[None, :], mask=v_rows, other=0.0)
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
+        inside = (rows[:, None] < n) & (cols[None, :] < m)
+        if HAS_M:
+            tile_M = tl.load(
+                T_M + (bh // inner) * M_sb + (bh % inner) * M_sh + rows[:, None] * M_sn + cols[None, :] * M_sm,
+                mask=inside,
+                other=0.0,
+            ).to(tl.float32)
+        else:
+            tile_M = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+        a = (c0 * s) + tile_M
+
+        m_new = tl.maximum(m_i, tl.max(a, 1))
+        shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp(a - shift[:, None])
+        alpha = tl.exp(m_i - shift)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+        m_i = m_new
+    for start in range(full, end, BLOCK_N):
         cols = start + tl.arange(0, BLOCK_N)
         k_rows = (cols[:, None] < m) & (dd[None, :] < d)
         v_rows = (cols[:, None] < m) & (de[None, :] < dv)
@@ -390,14 +451,85 @@ def _key_kernel(
     v = tl.load(V + kv * svb + cols[:, None] * svn + de[None, :], mask=v_rows, other=0.0)
     dk = tl.zeros((BLOCK_N, BLOCK_D), tl.float32)
     dv_acc = tl.zeros((BLOCK_N, BLOCK_DV), tl.float32)
-    begin = 0
+    begin = 0  # the first query block any of these keys is visible to
+    diagonal = 0  # the first query block wholly after the keys (causal)
     if CAUSAL:
         begin = (pid * BLOCK_N // BLOCK_M) * BLOCK_M
-    blocks = tl.cdiv(n - begin, BLOCK_M)
+        diagonal = tl.cdiv(pid * BLOCK_N + BLOCK_N - 1, BLOCK_M) * BLOCK_M
+    full = (n // BLOCK_M) * BLOCK_M  # the query blocks before full lie wholly inside n
+    tail = tl.maximum(diagonal, full)
     first = (kv // (inner // group)) * inner + (kv % (inner // group)) * group  # its group's first query head
-    for step in range(0, group * blocks):  # the group's query heads in turn, each one's query blocks
+    # the group's query heads in turn, each one's query blocks: those the causal mask cuts, the whole ones unmasked,
+    # the partial last one
+    blocks = tl.cdiv(tl.minimum(diagonal, n) - begin, BLOCK_M)
+    for step in range(0, group * blocks):
         bh = first + step // blocks
         rows = begin + (step % blocks) * BLOCK_M + tl.arange(0, BLOCK_M)
+        q_rows = (rows[:, None] < n) & (dd[None, :] < d)
+        o_rows = (rows[:, None] < n) & (de[None, :] < dv)
+        q = tl.load(Q + bh * sqb + rows[:, None] * sqn + dd[None, :], mask=q_rows, other=0.0)
+        do = tl.load(DO + bh * sdb + rows[:, None] * sdn + de[None, :], mask=o_rows, other=0.0)
+        lse = tl.load(L + bh * n + rows, mask=rows < n, other=0.0)
+        delta = tl.load(D + bh * n + rows, mask=rows < n, other=0.0)
+
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
+        inside = (rows[:, None] < n) & (cols[None, :] < m)
+        valid = inside
+        if CAUSAL:
+            valid = valid & (cols[None, :] <= rows[:, None])
+        if HAS_M:
+            tile_M = tl.load(
+                T_M + (bh // inner) * M_sb + (bh % inner) * M_sh + rows[:, None] * M_sn + cols[None, :] * M_sm,
+                mask=inside,
+                other=0.0,
+            ).to(tl.float32)
+        else:
+            tile_M = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+        a = (c0 * s) + tile_M
+
+        p = tl.where(valid, tl.exp(a - lse[:, None]), 0.0)
+
+        dv_acc += tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=PRECISION)
+        dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
+        g = tl.where(valid, p * (dp - delta[:, None]), 0.0)
+        ds = tl.where(valid, (c0 * g), 0.0)
+
+        dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=PRECISION)
+    blocks = tl.maximum(full - diagonal, 0) // BLOCK_M
+    for step in range(0, group * blocks):
+        bh = first + step // blocks
+        rows = diagonal + (step % blocks) * BLOCK_M + tl.arange(0, BLOCK_M)
+        q_rows = (rows[:, None] < n) & (dd[None, :] < d)
+        o_rows = (rows[:, None] < n) & (de[None, :] < dv)
+        q = tl.load(Q + bh * sqb + rows[:, None] * sqn + dd[None, :], mask=q_rows, other=0.0)
+        do = tl.load(DO + bh * sdb + rows[:, None] * sdn + de[None, :], mask=o_rows, other=0.0)
+        lse = tl.load(L + bh * n + rows, mask=rows < n, other=0.0)
+        delta = tl.load(D + bh * n + rows, mask=rows < n, other=0.0)
+
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
+        inside = (rows[:, None] < n) & (cols[None, :] < m)
+        if HAS_M:
+            tile_M = tl.load(
+                T_M + (bh // inner) * M_sb + (bh % inner) * M_sh + rows[:, None] * M_sn + cols[None, :] * M_sm,
+                mask=inside,
+                other=0.0,
+            ).to(tl.float32)
+        else:
+            tile_M = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+        a = (c0 * s) + tile_M
+
+        p = tl.exp(a - lse[:, None])
+
+        dv_acc += tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=PRECISION)
+        dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
+        g = p * (dp - delta[:, None])
+        ds = c0 * g
+
+        dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=PRECISION)
+    blocks = tl.cdiv(n - tail, BLOCK_M)
+    for step in range(0, group * blocks):
+        bh = first + step // blocks
+        rows = tail + (step % blocks) * BLOCK_M + tl.arange(0, BLOCK_M)
         q_rows = (rows[:, None] < n) & (dd[None, :] < d)
         o_rows = (rows[:, None] < n) & (de[None, :] < dv)
         q = tl.load(Q + bh * sqb + rows[:, None] * sqn + dd[None, :], mask=q_rows, other=0.0)
@@ -490,9 +622,39 @@ def _query_kernel(
 
     dq = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
     end = m
+    full = (m // BLOCK_N) * BLOCK_N  # the key blocks before full lie wholly inside m: printed unmasked
     if CAUSAL:
         end = tl.minimum(m, (pid + 1) * BLOCK_M)
-    for start in range(0, end, BLOCK_N):
+        full = tl.minimum(full, (pid * BLOCK_M + 1) // BLOCK_N * BLOCK_N)  # ... and wholly before the block's first row
+    for start in range(0, full, BLOCK_N):
+        cols = start + tl.arange(0, BLOCK_N)
+        k_rows = (cols[:, None] < m) & (dd[None, :] < d)
+        v_rows = (cols[:, None] < m) & (de[None, :] < dv)
+        k = tl.load(K + kv * skb + cols[:, None] * skn + dd[None, :], mask=k_rows, other=0.0)
+        v = tl.load(V + kv * svb + cols[:, None] * svn + de[None, :], mask=v_rows, other=0.0)
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
+        inside = (rows[:, None] < n) & (cols[None, :] < m)
+        if HAS_M:
+            tile_M = tl.load(
+                T_M + (bh // inner) * M_sb + (bh % inner) * M_sh + rows[:, None] * M_sn + cols[None, :] * M_sm,
+                mask=inside,
+                other=0.0,
+            ).to(tl.float32)
+        else:
+            tile_M = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+        a = (c0 * s) + tile_M
+
+        p = tl.exp(a - lse[:, None])
+
+        dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
+        g = p * (dp - delta[:, None])
+        ds = c0 * g
+
+        dq += tl.dot(ds.to(k.dtype), k, input_precision=PRECISION)
+        if GRAD_M:  # M requires grad
+            at_M = G_M + bh * n * m + rows[:, None] * m + cols[None, :]
+            tl.store(at_M, g, mask=inside)
+    for start in range(full, end, BLOCK_N):
         cols = start + tl.arange(0, BLOCK_N)
         k_rows = (cols[:, None] < m) & (dd[None, :] < d)
         v_rows = (cols[:, None] < m) & (de[None, :] < dv)
@@ -591,9 +753,44 @@ def _jvp_kernel(
     acc = tl.zeros((BLOCK_M, BLOCK_DV), tl.float32)
     acc_t = tl.zeros((BLOCK_M, BLOCK_DV), tl.float32)
     end = m
+    full = (m // BLOCK_N) * BLOCK_N  # the key blocks before full lie wholly inside m: printed unmasked
     if CAUSAL:
         end = tl.minimum(m, (pid + 1) * BLOCK_M)
-    for start in range(0, end, BLOCK_N):
+        full = tl.minimum(full, (pid * BLOCK_M + 1) // BLOCK_N * BLOCK_N)  # ... and wholly before the block's first row
+    for start in range(0, full, BLOCK_N):
+        cols = start + tl.arange(0, BLOCK_N)
+        k_rows = (cols[:, None] < m) & (dd[None, :] < d)
+        v_rows = (cols[:, None] < m) & (de[None, :] < dv)
+        k = tl.load(K + kv * skb + cols[:, None] * skn + dd[None, :], mask=k_rows, other=0.0)
+        v = tl.load(V + kv * svb + cols[:, None] * svn + de[None, :], mask=v_rows, other=0.0)
+        kt = tl.load(KT + kv * tkb + cols[:, None] * tkn + dd[None, :], mask=k_rows, other=0.0)
+        vt = tl.load(VT + kv * tvb + cols[:, None] * tvn + de[None, :], mask=v_rows, other=0.0)
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
+        inside = (rows[:, None] < n) & (cols[None, :] < m)
+        if HAS_M:
+            tile_M = tl.load(
+                T_M + (bh // inner) * M_sb + (bh % inner) * M_sh + rows[:, None] * M_sn + cols[None, :] * M_sm,
+                mask=inside,
+                other=0.0,
+            ).to(tl.float32)
+        else:
+            tile_M = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+        a = (c0 * s) + tile_M
+
+        st = tl.dot(qt, tl.trans(k), input_precision=PRECISION) + tl.dot(q, tl.trans(kt), input_precision=PRECISION)
+        at = c0 * st
+        m_new = tl.maximum(m_i, tl.max(a, 1))
+        shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp(a - shift[:, None])
+        alpha = tl.exp(m_i - shift)
+        pa = p * at
+        l_i = l_i * alpha + tl.sum(p, 1)
+        r_i = r_i * alpha + tl.sum(pa, 1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+        acc_t = acc_t * alpha[:, None] + tl.dot(pa.to(v.dtype), v, input_precision=PRECISION)
+        acc_t += tl.dot(p.to(v.dtype), vt, input_precision=PRECISION)
+        m_i = m_new
+    for start in range(full, end, BLOCK_N):
         cols = start + tl.arange(0, BLOCK_N)
         k_rows = (cols[:, None] < m) & (dd[None, :] < d)
         v_rows = (cols[:, None] < m) & (de[None, :] < dv)
@@ -648,8 +845,7 @@ def _flags(tiles):
     return {"HAS_M": tiles[0] is not None}
 
 
-@torch.library.custom_op(f"{_OPS}_forward", mutates_args=())
-def _forward_op(
+def _forward_launch(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
@@ -667,7 +863,7 @@ def _forward_op(
     o = torch.empty((q.shape[0], n, dv), dtype=v.dtype, device=q.device)
     lse = torch.empty((q.shape[0], n), dtype=torch.float32, device=q.device)
     residual = torch.empty(o.shape if _residual(o) else (0,), dtype=o.dtype, device=q.device)
-    _forward_kernel[(triton.cdiv(n, block_m), q.shape[0])](
+    _forward_kernel[(_cdiv(n, block_m), q.shape[0])](
         q,
         k,
         v,
@@ -702,6 +898,9 @@ def _forward_op(
     return o, lse, residual
 
 
+_forward_op = torch.library.custom_op(f"{_OPS}_forward", _forward_launch, mutates_args=())
+
+
 @_forward_op.register_fake
 def _forward_fake(q, k, v, tiles, coefficients, inner, causal):
     o = q.new_empty((q.shape[0], q.shape[1], v.shape[-1]), dtype=v.dtype)
@@ -709,8 +908,7 @@ def _forward_fake(q, k, v, tiles, coefficients, inner, causal):
     return o, q.new_empty((q.shape[0], q.shape[1]), dtype=torch.float32), residual
 
 
-@torch.library.custom_op(f"{_OPS}_backward", mutates_args=())
-def _backward_op(
+def _backward_launch(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
@@ -733,7 +931,7 @@ def _backward_op(
     widths = {"BLOCK_D": _width(d), "BLOCK_DV": _width(dv)}
     strides = (q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), do.stride(0), do.stride(1))
     delta = torch.empty((bh, n), dtype=torch.float32, device=q.device)
-    _delta_kernel[(triton.cdiv(n, block_m), bh)](
+    _delta_kernel[(_cdiv(n, block_m), bh)](
         o,
         residual if residual.numel() else o,
         do,
@@ -752,7 +950,7 @@ def _backward_op(
     dk = torch.empty((k.shape[0], m, d), dtype=k.dtype, device=q.device)
     dv_ = torch.empty((k.shape[0], m, dv), dtype=v.dtype, device=q.device)
     launch = dict(CAUSAL=causal, PRECISION=_precision(q), **_flags(tiles), BLOCK_M=block_m, BLOCK_N=block_n, **widths)
-    _key_kernel[(triton.cdiv(m, block_n), k.shape[0])](
+    _key_kernel[(_cdiv(m, block_n), k.shape[0])](
         q,
         k,
         v,
@@ -773,8 +971,8 @@ def _backward_op(
         **launch,
     )
     tile_grads = [torch.zeros((bh, n, m) if w else (0,), dtype=torch.float32, device=q.device) for w in wanted]
-    sums = [torch.empty((bh * triton.cdiv(n, block_m),), dtype=torch.float32, device=q.device) for _ in range(SCALARS)]
-    _query_kernel[(triton.cdiv(n, block_m), bh)](
+    sums = [torch.empty((bh * _cdiv(n, block_m),), dtype=torch.float32, device=q.device) for _ in range(SCALARS)]
+    _query_kernel[(_cdiv(n, block_m), bh)](
         q,
         k,
         v,
@@ -799,12 +997,15 @@ def _backward_op(
     return [dq, dk, dv_, *tile_grads, *sums]
 
 
+_backward_op = torch.library.custom_op(f"{_OPS}_backward", _backward_launch, mutates_args=())
+
+
 @_backward_op.register_fake
 def _backward_fake(q, k, v, o, do, lse, residual, tiles, coefficients, inner, causal, wanted):
     bh, n, m = q.shape[0], q.shape[1], k.shape[1]
     grads = [torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)]
     grads += [q.new_empty((bh, n, m) if w else (0,), dtype=torch.float32) for w in wanted]
-    blocks = triton.cdiv(n, _blocks(q, q.shape[-1] + v.shape[-1])[0])  # a scalar's sums: one per query block
+    blocks = _cdiv(n, _blocks(q, q.shape[-1] + v.shape[-1])[0])  # a scalar's sums: one per query block
     return grads + [q.new_empty((bh * blocks,), dtype=torch.float32) for _ in range(SCALARS)]
 
 
@@ -817,7 +1018,7 @@ def _forward(Q, K, V, causal, symbols, tensors):
     q = _rows(_flat(Q, batch, n, d))
     k, v = (_rows(_flat(x, kv, m, c)) for x, c in ((K, d), (V, dv)))
     tiles = [None if t is None else _tile(t, batch, n, m) for t in tiles]
-    o, lse, residual = _forward_op(q, k, v, tiles, coefficients, _inner(batch), causal)
+    o, lse, residual = _run(_forward_op, _forward_launch, q, k, v, tiles, coefficients, _inner(batch), causal)
     return o.view(*batch, n, dv), lse, residual
 
 
@@ -837,7 +1038,8 @@ def _backward(ctx, grad, saved):
     flat = [None if t is None else _tile(t, batch, n, m) for t in tiles]
     wanted = [ctx.needs_input_grad[5 + i] for i in GRADIENT_INDEX]
     inner = _inner(batch)
-    dq, dk, dv_, *rest = _backward_op(q, k, v, o, do, lse, residual, flat, coefficients, inner, ctx.causal, wanted)
+    arguments = (q, k, v, o, do, lse, residual, flat, coefficients, inner, ctx.causal, wanted)
+    dq, dk, dv_, *rest = _run(_backward_op, _backward_launch, *arguments)
     made = iter(zip(rest[:GRADIENT_TILES], wanted))
     sums = rest[GRADIENT_TILES:]
     grads = [dq.view(*batch, n, d).sum_to_size(Q.shape), dk.view(*kv, m, d).sum_to_size(K.shape)]
@@ -867,7 +1069,7 @@ def _core_jvp(Q, K, V, thin_tangents, causal, symbols, tensors, tangents):
     block_m, block_n = _blocks(q, d + dv)
     o = torch.empty((q.shape[0], n, dv), dtype=v.dtype, device=q.device)
     o_t = torch.empty_like(o)
-    _jvp_kernel[(triton.cdiv(n, block_m), q.shape[0])](
+    _jvp_kernel[(_cdiv(n, block_m), q.shape[0])](
         q,
         k,
         v,
@@ -954,6 +1156,10 @@ class _CoreTraced(_CoreFunction):
     @staticmethod
     def backward(ctx, grad, *_):
         return _backward(ctx, grad, ctx.saved_tensors)
+
+
+# Function.apply binds its arguments by forward's signature on every call: computed here once, not every call
+_CoreFunction.forward.__signature__ = inspect.signature(_CoreFunction.forward)
 
 
 def _tangent_coefficients(d_k):

@@ -111,3 +111,15 @@ def test_the_compiled_module_gives_the_eager_modules_bits_a_learned_mask_include
         out = run(x, x, x, mask, causal=True)
         runs.append([out, *torch.autograd.grad(out.square().sum(), [mask, module.W_Q, module.b_K])])
     assert all(torch.equal(a, b) for a, b in zip(*runs))
+
+
+def test_an_eager_step_launches_the_kernels_without_the_dispatcher(folder):
+    """The host's work per call is what a GPU waits for: an eager forward + backward calls the launches directly (no
+    custom op dispatched), while torch.compile still sees the ops (the tests above)."""
+    module = triton_module("attention", folder)
+    generator = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(1, 2, N, 16, generator=generator, requires_grad=True) for _ in range(3))
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as run:
+        torch.autograd.grad(module.forward(q, k, v, causal=True).sum(), (q, k, v))
+    names = {event.key for event in run.key_averages()}
+    assert "_CoreFunction" in names and not {name for name in names if name.startswith("symattn_triton::")}, names

@@ -16,7 +16,7 @@ from sympy import Basic, MatrixSymbol
 from symattn.codegen.backends.torch_backend import TorchMatrixPrinter
 from symattn.codegen.triton.bindings import axis_sizes, binding_lines, counts, lines_of
 from symattn.codegen.triton.core import Core, find_cores
-from symattn.codegen.triton.lines import core_lines, laid_out
+from symattn.codegen.triton.lines import bare, core_lines, laid_out
 from symattn.codegen.triton.printer import Printed, print_core, tangent_symbol, tangent_tile_name, tile_name
 from symattn.derive.latex import text as plain_text
 from symattn.errors import SymattnError
@@ -222,7 +222,7 @@ def render_triton(source: str | Spec, regenerate: str, environment: jinja2.Envir
     spec, options = triton_spec(source)
     ctx = triton_context(spec, options, __version__) | {"regenerate": regenerate, "module": module_class()}
     ctx["counted"] = ctx["counted"] or any(o["integer"] for o in ctx["module"]["options"])
-    ctx |= laid_out(ctx)
+    ctx |= laid_out(ctx) | {"bare": bare}  # bare: an unmasked tile's value, printed as ruff prints it
     core = environment.get_template(CORE_TEMPLATE)
     sections = [core.render(**(ctx | each | core_lines(ctx, each))) for each in ctx["cores"]]
     return environment.get_template(TEMPLATE).render(**ctx, core_sections=sections)
