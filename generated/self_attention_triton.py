@@ -985,8 +985,10 @@ class _CoreFunction(torch.autograd.Function):
             return _core_jvp(Q, K, V, thin, ctx.causal, ctx.symbols, tensors, tangents)[1], *KEPT
 
     @staticmethod
-    @torch.autograd.function.once_differentiable  # no second derivative through the kernels: differentiating raises
     def backward(ctx, grad, *_):
+        _unbatched(grad)
+        if _second_derivative(grad):  # create_graph: the eager core differentiated, differentiable in its turn
+            return _recomputed(ctx, grad, _core_eager, len(KEPT))
         saved = [_plain(x) for x in ctx.saved_tensors]
         with torch._C._DisableFuncTorch():  # torch.func.grad's level: the kernels read and make plain tensors
             return _backward(ctx, _plain(grad), saved)
@@ -1016,6 +1018,20 @@ def _tangent_flags(moving):
     return {}
 
 
+def _core_eager(Q, K, V, causal, symbols, tensors):
+    """O = softmax(A) V by torch ops (n × m arrays in memory), differentiable: what the Function's backward
+    differentiates where a second derivative is asked for."""
+    wide = torch.promote_types(Q.dtype, torch.float32)  # a 16-bit run's n × m arrays float32, as the kernels'
+    (c0,) = _coefficients(**symbols)
+    s = Q.to(wide) @ K.to(wide).mT
+    a = c0 * s
+    if causal:  # query i sees keys j <= i
+        a = a.masked_fill(torch.ones(a.shape[-2:], dtype=torch.bool, device=a.device).triu(1), -float("inf"))
+    seen = a.amax(-1, keepdim=True) > -float("inf")  # a row with a key to see
+    p = torch.softmax(torch.where(seen, a, 0.0), -1) * seen
+    return (p @ V.to(wide)).to(V.dtype)
+
+
 _CORE = (_CoreFunction, _CoreTraced, _core_jvp)  # how _core and _core_dual run this core
 
 
@@ -1033,6 +1049,40 @@ def _first_forward_mode():
     interpreters = torch._functorch.pyfunctorch.retrieve_all_functorch_interpreters()
     if sum(i.key() == torch._C._functorch.TransformType.Jvp for i in interpreters) > 1:
         raise RuntimeError(f"{SPEC}: forward mode over forward mode (jvp of jvp) is not supported by the kernels")
+
+
+def _second_derivative(grad):
+    """Is a backward asked to be differentiable (create_graph=True: double backward, reverse over reverse)? Not under
+    torch.func's grad, which asks it of every backward (its levels unwrapped, the kernels run)."""
+    return torch.is_grad_enabled() and not torch._C._functorch.is_functorch_wrapped_tensor(grad)
+
+
+def _recomputed(ctx, grad, eager, kept):
+    """A Function's gradients as differentiable torch ops: its core recomputed by eager (the n × m arrays in memory)
+    from the saved inputs and differentiated by autograd with create_graph, so a second derivative flows through."""
+    Q, K, V, _, *rest = ctx.saved_tensors
+    present = iter(rest[kept:])
+    tensors = [None if absent else next(present) for absent in ctx.absent]
+    inputs = [Q, K, V, None, None, *tensors]  # the Function's: causal and symbols have no gradient
+    wanted = [i for i, x in enumerate(inputs) if x is not None and ctx.needs_input_grad[i]]
+    out = eager(Q, K, V, ctx.causal, ctx.symbols, tensors)
+    found = torch.autograd.grad(out, [inputs[i] for i in wanted], grad, create_graph=True, allow_unused=True)
+    grads = [None] * len(inputs)
+    for i, value in zip(wanted, found):
+        grads[i] = value
+    return tuple(grads)
+
+
+def _unbatched(grad):
+    """A RuntimeError where the backward's cotangent is batched by torch.func.vmap (jacrev, hessian): the kernels
+    take one cotangent, so unwrapping the batch would be wrong."""
+    while torch._C._functorch.is_functorch_wrapped_tensor(grad):
+        if torch._C._functorch.is_batchedtensor(grad):
+            raise RuntimeError(
+                f"{SPEC}: the Triton kernels' backward does not run under torch.func.vmap (jacrev, hessian); the torch "
+                "module's does"
+            )
+        grad = torch._C._functorch.get_unwrapped(grad)
 
 
 def _plain(x):

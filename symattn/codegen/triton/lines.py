@@ -6,6 +6,7 @@ from __future__ import annotations
 import textwrap
 
 from symattn.codegen.emit import layout
+from symattn.codegen.triton.eager import eager_body
 
 WRAP = 110  # docstring lines
 
@@ -135,4 +136,5 @@ def core_lines(ctx: dict, core: dict) -> dict:
             "GRADIENT_FLAGS" + c, [f'"GRAD_{t["name"]}"' for t in tiles if t["gradient"]], 0
         ),
         "bare_logits": bare(core["logits"]),
+        "eager_body": eager_body(core),
     }

@@ -137,6 +137,7 @@ def _core_context(core: Core, printed: Printed, c: str, constants: frozenset[str
         "tiles": tiles,
         "tensor_names": [t["name"] for t in tiles] + scalars,
         "logits": printed.logits,
+        "eager_logits": bare(printed.eager_logits),
         "scores_gradient": printed.scores_gradient,
         "per_head": any(isinstance(x, SplitHeads) for x in postorder(core.query)),
         "query": printer.doprint(core.query),

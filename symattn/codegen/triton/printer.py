@@ -19,11 +19,12 @@ from sympy.matrices.expressions import HadamardPower, HadamardProduct, MatAdd, M
 from symattn.autodiff.differentials import differential
 from symattn.codegen.triton.core import Core
 from symattn.errors import SymattnError
-from symattn.lang.functions import TRITON, Elementwise
+from symattn.lang.functions import TORCH, TRITON, Elementwise
 
 GRADIENT = "g"  # the kernels' name of the cotangent tile G = ∂f/∂A
 SCORES = "s"  # … and of the raw scores tile S = Q Kᵀ
 SCORES_TANGENT = "st"  # … and of its tangent Ṡ = Q̇ Kᵀ + Q K̇ᵀ (the JVP kernel)
+SQUARE_ROOT = {TRITON: "tl.sqrt", TORCH: "torch.sqrt"}  # the backends a tile prints in: the kernels, the eager core
 
 
 def tile_name(x: MatrixSymbol) -> str:
@@ -38,10 +39,12 @@ def tangent_symbol(x: sp.Symbol) -> sp.Symbol:
 
 @dataclass
 class TilePrinter:
-    """Prints an entrywise n × m expression as one Triton expression of tiles and scalar arguments."""
+    """Prints an entrywise n × m expression as one Triton expression of tiles and scalar arguments (or, backend
+    TORCH, one torch expression of the same names: the eager core's)."""
 
     names: dict[Basic, str]
     coefficients: dict[Basic, str] = field(default_factory=dict)  # scalar expression → its argument's name
+    backend: str = TRITON
 
     def doprint(self, expr: Basic) -> str:
         if expr in self.names:
@@ -64,7 +67,7 @@ class TilePrinter:
         if isinstance(expr, HadamardPower):
             return self._power(self.doprint(expr.base), sp.sympify(expr.exp))
         if isinstance(expr, Elementwise):
-            call = expr.call(TRITON)
+            call = expr.call(self.backend)
             arg = self.doprint(expr.arg)
             return call.format(arg) if "{" in call else f"{call}({arg})"
         raise SymattnError(f"the Triton kernels print no {type(expr).__name__} inside the scores' steps: {expr}")
@@ -82,7 +85,8 @@ class TilePrinter:
             body = " * ".join([base] * abs(int(k)))
             return f"({body})" if k > 0 else f"(1.0 / ({body}))"
         if k in (sp.Rational(1, 2), sp.Rational(-1, 2)):
-            return f"tl.sqrt({base})" if k > 0 else f"(1.0 / tl.sqrt({base}))"
+            root = f"{SQUARE_ROOT[self.backend]}({base})"
+            return root if k > 0 else f"(1.0 / {root})"
         raise SymattnError(f"the Triton kernels print no entrywise power {k} inside the scores' steps")
 
 
@@ -99,6 +103,7 @@ class Printed:
     coefficients: dict[Basic, str]
     logits_tangent: str  # Ȧ = dA along Ṡ, each n × m input's tangent tile and each scalar's τ̇
     tangent_coefficients: dict[Basic, str]  # the scalar arguments Ȧ reads besides ``coefficients``
+    eager_logits: str  # A in torch, of the same names: the eager core's (a second derivative's recomputation)
 
 
 def print_core(core: Core, constants: frozenset[str]) -> Printed:
@@ -119,7 +124,8 @@ def print_core(core: Core, constants: frozenset[str]) -> Printed:
     directions = {core.scores: s_t, **tangents, **{x: tangent_symbol(x) for x in core.scalars}}
     logits_tangent = _printed(tangent_printer, differential(core.logits, directions))
     extra = {c: name for c, name in tangent_printer.coefficients.items() if c not in forward}
-    return Printed(logits, scores_gradient, tiles, scalars, forward, logits_tangent, extra)
+    eager = TilePrinter(names, dict(forward), TORCH).doprint(core.logits)
+    return Printed(logits, scores_gradient, tiles, scalars, forward, logits_tangent, extra, eager)
 
 
 def tangent_tile_name(x: MatrixSymbol) -> str:

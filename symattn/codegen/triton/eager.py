@@ -1,0 +1,60 @@
+"""The body of a core's eager torch function (``_core_eager`` in the Triton module): O recomputed by torch ops in at
+least float32, the n × m arrays in memory, differentiable. The kernels' Function differentiates it where a second
+derivative is asked for (its backward under create_graph: double backward, reverse over reverse), as autograd's
+double backward reads the eager math. A = E(S) prints from the same function records as the kernels' (TORCH).
+
+A causal key j > i is hidden before the normaliser: −∞ before a (log-)softmax, 0 before a row sum or none. A row
+whose every key is hidden gives O = 0 (−∞ for a log-softmax map), as the kernels do, with finite gradients.
+"""
+
+from __future__ import annotations
+
+NORMALISERS = {  # normaliser → (what a hidden key is filled with, the lines making p, or the map's O, from a)
+    "row softmax": (
+        '-float("inf")',
+        [
+            'seen = a.amax(-1, keepdim=True) > -float("inf")  # a row with a key to see',
+            "p = torch.softmax(torch.where(seen, a, 0.0), -1) * seen",
+        ],
+    ),
+    "row sum": ("0.0", ["total = a.sum(-1, keepdim=True)", "p = a / torch.where(total == 0.0, 1.0, total)"]),
+    "none": ("0.0", ["p = a"]),
+    "log-softmax": (
+        '-float("inf")',
+        [
+            'seen = a.amax(-1, keepdim=True) > -float("inf")  # a row with a key to see',
+            'p = torch.where(seen, torch.log_softmax(torch.where(seen, a, 0.0), -1), -float("inf"))',
+        ],
+    ),
+}
+
+
+def eager_body(core: dict) -> str:
+    """The lines of ``_core_eager{c}(Q, K, V, causal, symbols, tensors)`` for a core's context (``_core_context``)."""
+    c, tiles, scalars = core["c"], core["tiles"], [x["name"] for x in core["scalars"]]
+    names = [t["tile"] for t in tiles] + scalars
+    lines = [
+        "wide = torch.promote_types(Q.dtype, torch.float32)  # a 16-bit run's n × m arrays float32, as the kernels'"
+    ]
+    if names:
+        lines.append(f"{_unpacked(names)} = (None if x is None else x.to(wide) for x in tensors)")
+    lines += [f"{t['tile']} = 0.0 if {t['tile']} is None else {t['tile']}" for t in tiles if t["optional"]]
+    if core["coefficients"]:
+        keywords = "".join(f", {x}={x}" for x in scalars)
+        lines.append(f"{_unpacked([x['name'] for x in core['coefficients']])} = _coefficients{c}(**symbols{keywords})")
+    repeat = ".repeat_interleave(Q.shape[-3] // K.shape[-3], dim=-3)" if core["grouped"] else ""
+    lines += [f"s = Q.to(wide) @ K.to(wide){repeat}.mT", f"a = {core['eager_logits']}"]
+    fill, normalised = NORMALISERS[core["normaliser"]]
+    lines += [
+        "if causal:  # query i sees keys j <= i",
+        f"    a = a.masked_fill(torch.ones(a.shape[-2:], dtype=torch.bool, device=a.device).triu(1), {fill})",
+        *normalised,
+    ]
+    out = f"p @ V.to(wide){repeat}" if core["value"] else "p"
+    lines.append(f"return ({out}).to({'V' if core['value'] else 'Q'}.dtype)")
+    return "\n".join("    " + line for line in lines)
+
+
+def _unpacked(names: list[str]) -> str:
+    """The target of an assignment unpacking names: `a, b` (one name: `(a,)`)."""
+    return f"({names[0]},)" if len(names) == 1 else ", ".join(names)
