@@ -19,14 +19,12 @@ On CUDA tensors the kernels run compiled; on CPU tensors under TRITON_INTERPRET=
 
 from __future__ import annotations
 
-import inspect
-
 import torch
 import triton
 import triton.language as tl
 from torch.autograd import forward_ad
 
-__all__ = ["Attention", "forward", "jvp"]
+__all__ = ["Attention", "forward", "hvp", "jvp"]
 
 SHAPES = {
     "Q": "(..., n, d_k)",
@@ -194,6 +192,15 @@ def _scalar(x, device):
     if isinstance(x, torch.Tensor):
         return x.to(device=device, dtype=torch.float32).reshape(1)
     return torch.full((1,), float(x), dtype=torch.float32, device=device)
+
+
+def _signature_kept(function):
+    """function (an autograd.Function) with its forward's signature computed once: Function.apply binds its
+    arguments by it on every call, which would otherwise compute it again each time (host time a GPU waits for)."""
+    import inspect
+
+    function.forward.__signature__ = inspect.signature(function.forward)
+    return function
 
 
 GRADIENT_TILES = 1  # the n × m inputs and constants with a gradient (made where wanted)
@@ -1062,6 +1069,7 @@ def _core_jvp(Q, K, V, thin_tangents, causal, symbols, tensors, tangents):
     return o.view(*batch, n, dv), o_t.view(*batch, n, dv)
 
 
+@_signature_kept
 class _CoreFunction(torch.autograd.Function):
     """O = softmax(A) V of the kernels; apply(Q, K, V, causal, symbols, M) returns (O, L, R)."""
 
@@ -1107,10 +1115,6 @@ class _CoreTraced(_CoreFunction):
     @staticmethod
     def backward(ctx, grad, *_):
         return _backward(ctx, grad, ctx.saved_tensors)
-
-
-# Function.apply binds its arguments by forward's signature on every call: computed here once, not every call
-_CoreFunction.forward.__signature__ = inspect.signature(_CoreFunction.forward)
 
 
 def _tangent_coefficients(scale):
@@ -1190,6 +1194,34 @@ def _unbatched(grad):
                 "module's does"
             )
         grad = torch._C._functorch.get_unwrapped(grad)
+
+
+def _leaves(*inputs):
+    """The inputs as new leaves that require grad (None, or a tensor that is not floating, as it is)."""
+    return [x.detach().requires_grad_() if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in inputs]
+
+
+def _direction(direction):
+    """An hvp's direction: a dict from input names to tensors of their shapes (a name left out: zero there)."""
+    if not isinstance(direction, dict):
+        raise TypeError(f"direction: expected a dict from input names to tensors, got {type(direction).__name__}")
+    unknown = [name for name in direction if name not in TANGENT_OF]
+    if unknown:
+        raise ValueError(f"direction: {unknown[0]!r} is no input; inputs: {', '.join(TANGENT_OF)}")
+    return direction
+
+
+def _along(out, grad_out, leaves, direction):
+    """{name: the derivative of ∂⟨grad_out, out⟩/∂x_name along direction} over the leaves given: the gradients with
+    create_graph, then the gradient of Σ ⟨direction[x], ∂f/∂x⟩ (zero where nothing moves)."""
+    named = {name: x for name, x in leaves.items() if isinstance(x, torch.Tensor) and x.requires_grad}
+    grads = torch.autograd.grad(out, list(named.values()), grad_out, create_graph=True, allow_unused=True)
+    terms = [(g * direction[k]).sum() for k, g in zip(named, grads) if g is not None and direction.get(k) is not None]
+    total = sum(terms, out.new_zeros(()))
+    found = [None] * len(named)
+    if total.requires_grad:
+        found = torch.autograd.grad(total, list(named.values()), allow_unused=True)
+    return {name: torch.zeros_like(x) if h is None else h for (name, x), h in zip(named.items(), found)}
 
 
 def _plain(x):
@@ -1276,6 +1308,23 @@ def jvp(Q, K, V, tangents, *, M=None, scale=None, attn_mask=None, key_padding_ma
         )
         primal, tangent = forward_ad.unpack_dual(out)
     return primal, torch.zeros_like(primal) if tangent is None else tangent
+
+
+def hvp(Q, K, V, grad_out, direction, *, M=None, scale=None, attn_mask=None, key_padding_mask=None, causal=False):
+    """The Hessian of f = ⟨grad_out, O⟩ with respect to the inputs, applied to direction, by reverse over
+    reverse: the gradients made differentiable (each core's backward under create_graph differentiates its eager form,
+    the n × m arrays in memory), then differentiated along direction.
+
+    direction: a dict from input names to tensors of their shapes (a name left out: zero there).
+    Returns {name: Σ_j ∂²f/∂x_name ∂x_j [direction[x_j]]} for every input given.
+    """
+    direction = _direction(direction)
+    with torch.enable_grad():
+        leaves = _leaves(Q, K, V)
+        out = _compute(
+            _core, *leaves, M=M, scale=scale, causal=causal, attn_mask=attn_mask, key_padding_mask=key_padding_mask
+        )
+        return _along(out, grad_out, dict(zip(TANGENT_OF, leaves)), direction)
 
 
 def _compute(_kernels, Q, K, V, M, scale, causal, attn_mask, key_padding_mask):

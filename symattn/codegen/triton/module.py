@@ -154,6 +154,7 @@ def _calls(spec: Spec, options: tuple[Option, ...]) -> dict:
     return {
         "signature": _signature(spec, options, rows),
         "jvp_signature": _jvp_signature(spec, options, rows),
+        "hvp_signature": _jvp_signature(spec, options, rows).replace("tangents, *", "grad_out, direction, *", 1),
         "rows": rows,
         "mask_keywords": masks,
         "mask_call": ", attn_mask=attn_mask, key_padding_mask=key_padding_mask" if masks else "",
