@@ -1,23 +1,27 @@
-"""The GPU check in one command (issue 40, item 5): correctness, autocast, drop-ins, then time and memory.
+"""The GPU check in one command (issues 40 and 41): the Triton kernels first, then the torch modules.
 
-With CUDA (``python benchmarks/gpu.py``, a few minutes on one GPU), on ``cuda``:
+With CUDA (``python benchmarks/gpu.py``, a few minutes on one GPU), on ``cuda``, in this order (the file is
+written after each section, so a run stopped at a time limit keeps what it did):
 
-1. precision: the torch entry points ``attention_torch`` and ``attention_torch_memeff`` (with and without a
+1. the Triton kernels (``benchmarks/gpu_kernels.py``): every variant's output and gradients against float64 beside
+   the eager math's error; ``mha_triton`` against ``mha_torch``;
+2. the Triton modules (``benchmarks/gpu_triton.py``): plain, causal, softcap, ALiBi, learned bias (its gradient
+   bitwise across two runs), sigmoid, softplus-normalised, differential and pointer attention beside SDPA,
+   FlexAttention, torch.compile and eager math, with the Triton time (memory) ÷ its peer's (FlexAttention, or SDPA's
+   plain attention for the variants FlexAttention cannot express);
+3. launch settings (BLOCK_M, BLOCK_N, warps, stages) of ``attention_triton``, and a torch.profiler breakdown of its
+   forward + backward by kernel (``gpu_kernels.py``); then every variant's JVP against ``torch.func.jvp`` of the math;
+4. precision: the torch entry points ``attention_torch`` and ``attention_torch_memeff`` (with and without a
    causal mask), ``mha_torch`` and ``mha_torch_memeff`` in float32, bfloat16 and float16: the worst error of output
    and gradients against float64 on the same rounded inputs, SDPA's beside it (``benchmarks/precision.py``);
-2. autocast: the same modules and the drop-in ``MultiheadAttention`` under ``torch.autocast`` with float32 leaves
+5. autocast: the same modules and the drop-in ``MultiheadAttention`` under ``torch.autocast`` with float32 leaves
    (bfloat16 and float16): the output's and gradients' dtypes as SDPA's, the errors beside SDPA's;
-3. drop-ins: ``mha_torch.MultiheadAttention`` and ``transformer_block_torch.TransformerEncoderLayer`` against
+6. drop-ins: ``mha_torch.MultiheadAttention`` and ``transformer_block_torch.TransformerEncoderLayer`` against
    torch's modules with the same state dict (float32: output and parameter gradients), and the generated JVP
    against ``torch.func.jvp`` of the math forward;
-4. time and memory of one forward + backward (bfloat16, a random output cotangent) at 4×16×2048×64, 1×16×8192×64
+7. time and memory of one forward + backward (bfloat16, a random output cotangent) at 4×16×2048×64, 1×16×8192×64
    and 8×16×1024×128, causal and not: the standard and memory-efficient modules beside SDPA, eager math and
    ``torch.compile`` of the math; best of ``--repeats`` (CUDA synchronised), peak memory above the inputs.
-
-5. the Triton modules (``benchmarks/gpu_triton.py``): plain, causal, softcap, ALiBi, learned bias (its gradient
-   bitwise across two runs), sigmoid, softplus-normalised and differential attention beside SDPA, FlexAttention,
-   torch.compile and eager math, with the Triton time (memory) ÷ its peer's (FlexAttention, or SDPA's plain
-   attention for the variants FlexAttention cannot express); their JVP against ``torch.func.jvp`` of the math.
 
 It writes the tables to ``benchmarks/GPU.md`` (``--out``). Without CUDA, ``--cpu-smoke`` runs the same code on the
 CPU at tiny sizes (torch.compile with its eager backend), so that the script itself is tested anywhere.
