@@ -1286,6 +1286,57 @@ def forward(
     gamma_1, beta_1, gamma_2, beta_2, b_Q, b_K, b_V, b_O, b_1, b_2: 1 × k, or 1-D (k,) as torch holds a bias
     (viewed as the row; its gradient comes back (k,)).
     """
+    kernels = _kernels_for(
+        X,
+        W_Q,
+        W_K,
+        W_V,
+        W_O,
+        gamma_1,
+        beta_1,
+        gamma_2,
+        beta_2,
+        W_1,
+        W_2,
+        b_Q,
+        b_K,
+        b_V,
+        b_O,
+        b_1,
+        b_2,
+        M,
+        num_heads,
+        eps,
+        attn_mask,
+        key_padding_mask,
+        causal,
+    )
+    if kernels is not None:  # CUDA tensors: the fused kernels of transformer_block_triton (path())
+        return kernels.forward(
+            X,
+            W_Q,
+            W_K,
+            W_V,
+            W_O,
+            gamma_1,
+            beta_1,
+            gamma_2,
+            beta_2,
+            W_1,
+            W_2,
+            b_Q,
+            b_K,
+            b_V,
+            b_O,
+            b_1,
+            b_2,
+            _constant(M),
+            num_heads=num_heads,
+            eps=eps,
+            attn_mask=attn_mask,
+            key_padding_mask=key_padding_mask,
+            causal=causal,
+        )
     gamma_1, beta_1, gamma_2, beta_2, b_Q, b_K, b_V, b_O, b_1, b_2 = _rows(
         {
             "gamma_1": gamma_1,
@@ -1328,6 +1379,72 @@ def forward(
         eps,
         traced=_TransformerBlockTraced,
     )[0]
+
+
+# forward on CUDA runs the fused kernels of the spec's Triton module where they apply (path()); False: the torch ops
+KERNELS = True
+
+
+def path(*args, **kwargs):
+    """Which code forward(*args, **kwargs) runs: "triton", the fused kernels of the spec's Triton module beside this
+    one (SPEC + "_triton"), or "torch: <why not>". The kernels run where KERNELS is True, every tensor argument is on
+    CUDA, a plain tensor (or parameter) of float16, bfloat16 or float32, the call is eager (not traced by torch.compile
+    or export, nor under a torch.func transform) and the Triton module imports (triton installed; generated with
+    --backend triton)."""
+    return _route([*args, *kwargs.values()])[1]
+
+
+def _kernels_for(*arguments):
+    """The Triton module forward hands the call to, or None: the torch ops run (path)."""
+    return _route(arguments)[0]
+
+
+def _route(arguments):
+    """(the Triton module or None, the path's name and why)."""
+    if torch.compiler.is_compiling():
+        return None, "torch: traced by torch.compile or export"
+    tensors = [x for x in arguments if isinstance(x, torch.Tensor)]
+    if not KERNELS:
+        return None, "torch: KERNELS is False"
+    if not tensors or not all(_kernel_device(x) for x in tensors):
+        return None, "torch: not every tensor is on CUDA"
+    if any(torch._C._functorch.is_functorch_wrapped_tensor(x) for x in tensors):
+        return None, "torch: under a torch.func transform"
+    if any(type(x) not in (torch.Tensor, torch.nn.Parameter) for x in tensors):
+        return None, "torch: a tensor subclass (DTensor, fake tensors)"
+    if any(x.is_floating_point() and x.dtype not in (torch.float16, torch.bfloat16, torch.float32) for x in tensors):
+        return None, "torch: a float64 tensor"
+    module = _kernels_module()
+    if module is None:
+        return None, f"torch: no {SPEC}_triton module imports beside this one"
+    return module, "triton"
+
+
+def _kernel_device(x):
+    """Is x on the device the kernels run on (CUDA)?"""
+    return x.is_cuda
+
+
+_KERNELS_MODULE = []  # the Triton module, once looked for (None where it does not import)
+
+
+def _kernels_module():
+    """The spec's Triton module beside this one (same package), or None."""
+    if not _KERNELS_MODULE:
+        import importlib
+
+        package = __name__.rpartition(".")[0]
+        try:
+            found = importlib.import_module(f"{package}.{SPEC}_triton" if package else f"{SPEC}_triton")
+        except Exception:  # not generated, triton not installed or failing to load: the torch ops run
+            found = None
+        _KERNELS_MODULE.append(found)
+    return _KERNELS_MODULE[0]
+
+
+def _constant(x):
+    """A constant handed to the kernels as this module takes one in its position: without a gradient."""
+    return x.detach() if isinstance(x, torch.Tensor) else x
 
 
 class TransformerBlock(torch.nn.Module):

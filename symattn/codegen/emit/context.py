@@ -221,9 +221,15 @@ def _function(
             )
         ],
     )
+    passed = [p.partition("=")[0] for p in signature]  # forward's parameters, handed on as given (kernels_call)
+    star, constant = passed.index("*") if "*" in passed else len(passed), {str(c.name) for c in s.constants}
+    handed = [f"_constant({n})" if n in constant else n for n in passed[:star]]
+    handed += [f"{n}={n}" for n in passed[star + 1 :] if n != "block_size"]  # memeff's own: the kernels have blocks
     return {
         "input_names": [str(x.name) for x in s.inputs],
         "signature": layout.define("forward", signature, indent=0),
+        "route_call": layout.wrapped("kernels = _kernels_for", [n for n in passed if n != "*"], "", 4, "()"),
+        "kernels_call": layout.wrapped("return kernels.forward", handed, "", 8, "()"),
         "apply_call": layout.wrapped("return _apply", [f"{class_name}Function", *positional, *traced], "[0]", 4, "()"),
         "return_gradients": layout.wrapped(*returned, "", indent=4, brackets="{}"),
         "returned_gradients": returned,  # (prefix, items): laid out again a level deeper (``emit.regimes``)
