@@ -36,7 +36,6 @@ import argparse
 import datetime
 import importlib.util
 import platform
-import runpy
 import sys
 import time
 import traceback
@@ -57,7 +56,6 @@ from generated import (  # noqa: E402
 
 F = torch.nn.functional
 HERE = Path(__file__).resolve().parent
-PRECISION = runpy.run_path(str(HERE / "precision.py"))
 
 
 def _imported(name: str):
@@ -68,6 +66,7 @@ def _imported(name: str):
     return module
 
 
+PRECISION = _imported("precision")  # its cases, run and error
 TRITON = _imported("gpu_triton")  # the Triton modules' sections (issue 41, item 5)
 KERNELS = _imported("gpu_kernels")  # the Triton kernels' correctness and launch settings
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -82,8 +81,8 @@ def precision(device: str, smoke: bool) -> list[str]:
     shape, size = ((1, 2, 32, 8), (1, 16, 32, 4)) if smoke else ((2, 4, 256, 64), (2, 128, 256, 4))
     rows = ["| module | variant | mask | dtype | error | SDPA's error | ÷ SDPA |", "|---|---|---|---|---|---|---|"]
     for spec, modules, case, at in (
-        ("attention", ATTENTION, PRECISION["attention_case"], shape),
-        ("mha", MHA, PRECISION["mha_case"], size),
+        ("attention", ATTENTION, PRECISION.attention_case, shape),
+        ("mha", MHA, PRECISION.mha_case, size),
     ):
         for variant, module in modules.items():
             for causal in (False, True):
@@ -101,23 +100,23 @@ def autocast(device: str, smoke: bool) -> list[str]:
     shape = (1, 2, 32, 8) if smoke else (2, 4, 256, 64)
     generator = torch.Generator().manual_seed(0)
     *leaves, cotangent = (torch.randn(*shape, generator=generator).to(device) for _ in range(4))
-    reference = PRECISION["run"](F.scaled_dot_product_attention, [x.double() for x in leaves], cotangent.double())
+    reference = PRECISION.run(F.scaled_dot_product_attention, [x.double() for x in leaves], cotangent.double())
     rows = [
         "| entry point | autocast | output, gradients | SDPA's | error | SDPA's error |",
         "|---|---|---|---|---|---|",
     ]
     for low in ("bf16", "fp16"):
         with torch.autocast(device, dtype=DTYPES[low]):
-            sdpa = PRECISION["run"](F.scaled_dot_product_attention, leaves, cotangent)
+            sdpa = PRECISION.run(F.scaled_dot_product_attention, leaves, cotangent)
         for name, function in (
             ("attention_torch.forward", attention_torch.forward),
             ("attention_torch_memeff.forward", attention_torch_memeff.forward),
         ):
             with torch.autocast(device, dtype=DTYPES[low]):
-                ours = PRECISION["run"](function, leaves, cotangent)
+                ours = PRECISION.run(function, leaves, cotangent)
             rows.append(
-                f"| {name} | {low} | {_dtypes(ours)} | {_dtypes(sdpa)} | {PRECISION['error'](ours, reference):.2e} "
-                f"| {PRECISION['error'](sdpa, reference):.2e} |"
+                f"| {name} | {low} | {_dtypes(ours)} | {_dtypes(sdpa)} | {PRECISION.error(ours, reference):.2e} "
+                f"| {PRECISION.error(sdpa, reference):.2e} |"
             )
         rows.append(f"| mha_torch.MultiheadAttention (AMP step) | {low} | {_amp_step(device, DTYPES[low])} | | | |")
     return rows

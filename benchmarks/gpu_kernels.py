@@ -19,7 +19,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-import gpu_triton as TRITON  # benchmarks/gpu.py imports it first, as gpu_triton
+import gpu_triton as TRITON  # benchmarks/gpu.py imports both first, by these names
+import precision
 import torch
 
 EXTRA = ("plain", "causal")  # also float16 and float32
@@ -35,11 +36,6 @@ SETTINGS = (  # BLOCK_M, BLOCK_N, warps, stages; None: the module's own
     (128, 128, 8, 3),
 )
 KERNELS = ("_forward_kernel", "_delta_kernel", "_key_kernel", "_query_kernel", "_jvp_kernel")
-
-
-def _gap(got: list, want: list) -> float:
-    """The worst of max |got − want| / max |want| over the values (the output and each gradient)."""
-    return max(float((g.double() - w).abs().max() / w.abs().max().clamp_min(1e-30)) for g, w in zip(got, want))
 
 
 def _values(run: Callable, leaves: list, cotangent: torch.Tensor) -> list:
@@ -72,8 +68,8 @@ def correctness(device: str, smoke: bool, modules: dict) -> list[str]:
             ).to(dtype)
             math_run = TRITON._math("plain" if causal else variant)
             want = _values(math_run, _widened(leaves), cotangent.double())
-            ours = _gap(_values(TRITON._triton(variant, modules), leaves, cotangent), want)
-            eager = _gap(_values(math_run, leaves, cotangent), want)
+            ours = precision.error(_values(TRITON._triton(variant, modules), leaves, cotangent), want)
+            eager = precision.error(_values(math_run, leaves, cotangent), want)
             cells = f"{ours:.2e} | {eager:.2e} | {ours / eager:.2f}"
         except Exception as failure:  # a failing case is reported, the others run
             cells = f"failed: {type(failure).__name__}: {str(failure).splitlines()[0][:80]} | | "
@@ -109,7 +105,7 @@ def _builtin(device: str, smoke: bool) -> list[str]:
             )
 
         got.append(_values(run, leaves, cotangent))
-    gap = _gap(got[0], [w.double() for w in got[1]])
+    gap = precision.error(got[0], [w.double() for w in got[1]])
     return [
         f"| mha_triton ÷ mha_torch (GQA {heads}/{groups}, padding, causal) | 2×{n}×{width} | float32 | {gap:.2e} | | |"
     ]
@@ -161,8 +157,8 @@ def sweep(device: str, smoke: bool, repeats: int) -> list[str]:
                     return module.forward(*leaves, causal=causal)
 
                 with torch.no_grad():
-                    forward = _best(step, repeats, device)
-                both = _best(lambda step=step: torch.autograd.grad(step(), leaves, cotangent), repeats, device)
+                    forward = TRITON.best_ms(step, repeats, device)
+                both = TRITON.best_ms(lambda step=step: torch.autograd.grad(step(), leaves, cotangent), repeats, device)
                 cells += [f"{forward:.3f}", f"{both - forward:.3f}"]
         except Exception as failure:  # a setting that does not launch is reported, the others run
             cells = [f"failed: {type(failure).__name__}: {str(failure).splitlines()[0][:60]}"]
@@ -170,21 +166,6 @@ def sweep(device: str, smoke: bool, repeats: int) -> list[str]:
             restore()
         rows.append(f"| {name} | " + " | ".join(cells) + " |")
     return rows
-
-
-def _best(run: Callable, repeats: int, device: str) -> float:
-    """Best milliseconds of run() over repeats calls after one warm-up (CUDA synchronised)."""
-    run()
-    best = float("inf")
-    for _ in range(repeats):
-        if device == "cuda":
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        run()
-        if device == "cuda":
-            torch.cuda.synchronize()
-        best = min(best, time.perf_counter() - start)
-    return best * 1e3
 
 
 def profile(device: str, smoke: bool) -> list[str]:

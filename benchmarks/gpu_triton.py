@@ -353,17 +353,7 @@ def jvp(modules: dict, device: str, smoke: bool, repeats: int) -> list[str]:
         size = SMOKE if smoke else SIZES["plain" if variant in ("plain", "causal") else "variant"][0]
         module = modules["attention" if variant in ("plain", "causal") else variant]
         ours, theirs = _jvp_runs(variant, module, size, device, torch.float32 if smoke else torch.bfloat16)
-        times = []
-        for run in (ours, theirs):
-            run()
-            best = float("inf")
-            for _ in range(repeats):
-                start = time.perf_counter()
-                run()
-                if device == "cuda":
-                    torch.cuda.synchronize()
-                best = min(best, time.perf_counter() - start)
-            times.append(best * 1e3)
+        times = [best_ms(run, repeats, device) for run in (ours, theirs)]
         got, want = ours()[1].double(), theirs()[1].double()
         error = float((got - want).abs().max() / want.abs().max())
         rows.append(f"| {variant} | {'×'.join(map(str, size))} | {times[0]:.2f} | {times[1]:.2f} | {error:.1e} |")
@@ -389,3 +379,18 @@ def _jvp_runs(variant: str, module, size: tuple, device: str, dtype: torch.dtype
         return torch.func.jvp(lambda a: math_run(a, k, v, causal, *extra), (q,), (tangent,))
 
     return ours, theirs
+
+
+def best_ms(run: Callable, repeats: int, device: str) -> float:
+    """Best milliseconds of run() over repeats calls after one warm-up (CUDA synchronised)."""
+    run()
+    best = float("inf")
+    for _ in range(repeats):
+        if device == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        run()
+        if device == "cuda":
+            torch.cuda.synchronize()
+        best = min(best, time.perf_counter() - start)
+    return best * 1e3

@@ -1032,8 +1032,7 @@ def _forward(Q, K, V, causal, symbols, tensors):
 def _backward(ctx, grad, saved):
     """The gradients of _CoreFunction's inputs from dO (grad) and what it saved, by the backward kernels."""
     Q, K, V, O, lse, residual, *present = saved
-    present = iter(present)
-    tensors = [None if absent else next(present) for absent in ctx.absent]
+    tensors = _tensors(ctx, present)
     tiles, scalars = tensors[:1], tensors[1:]
     coefficients = _scalar_tensor(_coefficients(**ctx.symbols), Q)
     n, d, m, dv = Q.shape[-2], Q.shape[-1], K.shape[-2], V.shape[-1]
@@ -1142,8 +1141,7 @@ class _CoreFunction(torch.autograd.Function):
         """Ȯ by the JVP kernel (torch.func.jvp, jacfwd, forward_ad), from the inputs saved for it and their tangents."""
         _first_forward_mode()
         Q, K, V, *present = (_plain(x) for x in ctx.saved_tensors)
-        present = iter(present)
-        tensors = [None if absent else next(present) for absent in ctx.absent]
+        tensors = _tensors(ctx, present)
         thin, tangents = [_plain(x) for x in (Q_t, K_t, V_t)], [_plain(x) for x in tangents]
         with torch._C._DisableFuncTorch():  # torch.func.jvp's level: the kernel reads and makes plain tensors
             return _core_jvp(Q, K, V, thin, ctx.causal, ctx.symbols, tensors, tangents)[1], *KEPT
@@ -1223,8 +1221,7 @@ def _recomputed(ctx, grad, eager, kept):
     """A Function's gradients as differentiable torch ops: its core recomputed by eager (the n × m arrays in memory)
     from the saved inputs and differentiated by autograd with create_graph, so a second derivative flows through."""
     Q, K, V, _, *rest = ctx.saved_tensors
-    present = iter(rest[kept:])
-    tensors = [None if absent else next(present) for absent in ctx.absent]
+    tensors = _tensors(ctx, rest[kept:])
     inputs = [Q, K, V, None, None, *tensors]  # the Function's: causal and symbols have no gradient
     wanted = [i for i, x in enumerate(inputs) if x is not None and ctx.needs_input_grad[i]]
     out = eager(Q, K, V, ctx.causal, ctx.symbols, tensors)
@@ -1245,6 +1242,12 @@ def _unbatched(grad):
                 "module's does"
             )
         grad = torch._C._functorch.get_unwrapped(grad)
+
+
+def _tensors(ctx, present):
+    """A core Function's tiles and trainable scalars (its *tensors) from the saved ones present: None where absent."""
+    present = iter(present)
+    return [None if absent else next(present) for absent in ctx.absent]
 
 
 def _leaves(*inputs):
