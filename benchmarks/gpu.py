@@ -3,14 +3,16 @@
 With CUDA (``python benchmarks/gpu.py``, a few minutes on one GPU), on ``cuda``, in this order (the file is
 written after each section, so a run stopped at a time limit keeps what it did):
 
-1. the Triton kernels (``benchmarks/gpu_kernels.py``): every variant's output and gradients against float64 beside
-   the eager math's error; ``mha_triton`` against ``mha_torch``;
+1. the Triton kernels' launch settings (``benchmarks/gpu_kernels.py``): each kernel of ``attention_triton`` timed
+   at every setting (BLOCK_M, BLOCK_N, warps, stages), each kernel's fastest chosen for every Triton module of the
+   run; then, at the chosen settings, every variant's output and gradients against float64 beside the eager math's
+   error, and ``mha_triton`` against ``mha_torch``;
 2. the Triton modules (``benchmarks/gpu_triton.py``): plain, causal, softcap, ALiBi, learned bias (its gradient
    bitwise across two runs), sigmoid, softplus-normalised, differential and pointer attention beside SDPA,
    FlexAttention, torch.compile and eager math, with the Triton time (memory) ÷ its peer's (FlexAttention, or SDPA's
    plain attention for the variants FlexAttention cannot express);
-3. launch settings (BLOCK_M, BLOCK_N, warps, stages) of ``attention_triton``, and a torch.profiler breakdown of its
-   forward + backward by kernel (``gpu_kernels.py``); then every variant's JVP against ``torch.func.jvp`` of the math;
+3. a torch.profiler breakdown of ``attention_triton``'s forward + backward by kernel (``gpu_kernels.py``); then
+   every variant's JVP against ``torch.func.jvp`` of the math;
 4. precision: the torch entry points ``attention_torch`` and ``attention_torch_memeff`` (with and without a
    causal mask), ``mha_torch`` and ``mha_torch_memeff`` in float32, bfloat16 and float16: the worst error of output
    and gradients against float64 on the same rounded inputs, SDPA's beside it (``benchmarks/precision.py``);
@@ -26,7 +28,7 @@ written after each section, so a run stopped at a time limit keeps what it did):
 It writes the tables to ``benchmarks/GPU.md`` (``--out``). Without CUDA, ``--cpu-smoke`` runs the same code on the
 CPU at tiny sizes (torch.compile with its eager backend), so that the script itself is tested anywhere.
 
-    python benchmarks/gpu.py [--repeats 10] [--no-compile] [--out benchmarks/GPU.md]
+    python benchmarks/gpu.py [--repeats 10] [--no-compile] [--only Triton,Precision] [--out benchmarks/GPU.md]
     python benchmarks/gpu.py --cpu-smoke --out /tmp/GPU.md
 """
 
@@ -254,6 +256,8 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--no-compile", action="store_true", help="leave torch.compile of the math out")
     parser.add_argument("--out", type=Path, default=HERE / "GPU.md")
+    parser.add_argument("--only", help="the sections whose titles start with one of these words, comma-separated")
+    parser.add_argument("--sweep-seconds", type=float, default=150.0, help="no launch setting begun after these")
     args = parser.parse_args(argv)
     smoke = args.cpu_smoke
     if not smoke and not torch.cuda.is_available():
@@ -262,26 +266,32 @@ def main(argv: list[str] | None = None) -> str:
     started = time.perf_counter()
     machine = torch.cuda.get_device_name() if device == "cuda" else platform.processor() or platform.machine()
     repeats, compiled = 2 if smoke else args.repeats, not args.no_compile
-    modules = {}  # the Triton modules, made by the first Triton section
-    if not (why := TRITON.skipped(smoke)):
-        modules |= TRITON.modules()
+    modules = {}  # the Triton modules, made by the first section that needs them
+    why = TRITON.skipped(smoke)
+
+    def made() -> dict:
+        if not modules:
+            modules.update(TRITON.modules())
+            KERNELS.chose(modules)  # at the sweep's settings where it ran
+        return modules
+
     sections: list[tuple[str, Callable[[], list[str]]]] = [  # the Triton kernels first: right before timed
         (
+            "Triton launch settings, attention_triton (bfloat16; float32 under --cpu-smoke)",
+            lambda: KERNELS.sweep(device, smoke, args.sweep_seconds),
+        ),
+        (
             "Triton kernels against float64 (worst of output and gradients)",
-            lambda: KERNELS.correctness(device, smoke, modules),
+            lambda: KERNELS.correctness(device, smoke, made()),
         ),
         (
             "Triton modules, forward + backward (bfloat16; float32 under --cpu-smoke)",
-            lambda: TRITON.variants(device, smoke, 1 if smoke else repeats, modules, compiled),
-        ),
-        (
-            "Triton launch settings, attention_triton (bfloat16; float32 under --cpu-smoke)",
-            lambda: KERNELS.sweep(device, smoke, repeats),
+            lambda: TRITON.variants(device, smoke, 1 if smoke else repeats, made(), compiled),
         ),
         ("Triton forward + backward by kernel (torch.profiler)", lambda: KERNELS.profile(device, smoke)),
         (
             "Triton JVP (output and tangent) against torch.func.jvp of the math",
-            lambda: TRITON.jvp(modules, device, smoke, 1 if smoke else repeats),
+            lambda: TRITON.jvp(made(), device, smoke, 1 if smoke else repeats),
         ),
         ("Precision (error against float64, worst of output and gradients)", lambda: precision(device, smoke)),
         ("Autocast (float32 leaves)", lambda: autocast(device, smoke)),
@@ -291,7 +301,10 @@ def main(argv: list[str] | None = None) -> str:
             lambda: timings(device, SMOKE_SIZES if smoke else SIZES, repeats, compiled, smoke),
         ),
     ]
+    if args.only:
+        sections = [(title, run) for title, run in sections if title.startswith(tuple(args.only.split(",")))]
     flags = {"--cpu-smoke": smoke, f"--repeats {args.repeats}": args.repeats != 10, "--no-compile": args.no_compile}
+    flags[f"--only {args.only}"] = bool(args.only)
     command = " ".join(["python benchmarks/gpu.py", *(flag for flag, given in flags.items() if given)])  # not --out
     head = (
         f"# symattn on {device}: {machine}\n\n"

@@ -1,41 +1,47 @@
 """The Triton kernels' own checks in benchmarks/gpu.py (issue 41): right on the device before they are timed, and
 the launch settings they are timed at.
 
-1. ``correctness``: every variant of ``benchmarks/gpu_triton.py`` (bfloat16; plain and causal also float16 and
-   float32) at 2×3×304×64 (304 rows: a partial last block of 64) and plain attention with wide
-   heads (d = 128, 256: the smaller blocks of the shared-memory rule), the worst error of output and gradients
-   against float64 eager math on the same rounded inputs, the eager math's own error in that dtype beside it; and
-   ``mha_triton`` against ``mha_torch`` (grouped heads, a key padding mask, causal) in float32.
-2. ``sweep``: forward, and forward + backward, of ``attention_triton`` in bfloat16 at 4×16×2048×64, causal and not,
-   for each launch setting (BLOCK_M, BLOCK_N, warps, stages) set on every kernel; the backward's time is the
-   difference. The module's own setting is the first row.
+1. ``sweep``: ``attention_triton``'s forward + backward and JVP in bfloat16 at 4×16×2048×64, causal and not, for
+   each launch setting (BLOCK_M, BLOCK_N, warps, stages) set on every kernel: each kernel's device time
+   (torch.profiler). The module's own setting is the first row. Each kernel's setting of least time is chosen, and
+   every Triton module of the run launches at it from then on (the module's LAUNCH table; the sections after it
+   measure the chosen settings, and the table's rows are what LAUNCH's defaults are read from).
+2. ``correctness``: every variant of ``benchmarks/gpu_triton.py`` (bfloat16; plain and causal also float16 and
+   float32) at 2×3×304×64 (304 rows: a partial last block) and plain attention with wide heads (d = 128, 256: the
+   smaller blocks of the shared-memory rule), the worst error of output and gradients against float64 eager math on
+   the same rounded inputs, the eager math's own error in that dtype beside it; and ``mha_triton`` against
+   ``mha_torch`` (grouped heads, a key padding mask, causal) in float32.
+3. ``profile``: where one forward + backward of ``attention_triton`` spends its time, by kernel.
 
 Under ``--cpu-smoke`` both run under Triton's interpreter at tiny sizes (float32 and float16; the interpreter's
-bfloat16 products are wrong), the sweep over two settings.
+bfloat16 products are wrong), the sweep over two settings (the interpreter's blocks are its own: nothing is chosen).
 """
 
 from __future__ import annotations
 
+import importlib
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import gpu_triton as TRITON  # benchmarks/gpu.py imports both first, by these names
 import precision
 import torch
 
 EXTRA = ("plain", "causal")  # also float16 and float32
-SETTINGS = (  # BLOCK_M, BLOCK_N, warps, stages; None: the module's own
-    None,
+SETTINGS = (  # BLOCK_M, BLOCK_N, warps, stages: Triton's tutorial's and FlashAttention-2's launches for d = 64
     (128, 64, 4, 3),
     (128, 64, 8, 3),
-    (64, 64, 4, 2),
-    (64, 32, 4, 2),
-    (64, 32, 4, 3),
-    (128, 32, 4, 3),
-    (128, 64, 8, 2),
+    (64, 128, 4, 3),
     (128, 128, 8, 3),
-)
-KERNELS = ("_forward_kernel", "_delta_kernel", "_key_kernel", "_query_kernel", "_jvp_kernel")
+    (128, 32, 4, 3),
+    (32, 128, 4, 3),
+    (64, 64, 4, 2),
+    (64, 32, 4, 3),
+)  # no num_stages = 4: with triton 3.6 on an H200 the sweep did not get past its first such setting (GPU.md)
+GENERATED = Path(__file__).resolve().parents[1] / "generated"
+CHOSEN: dict = {}  # each kernel's setting chosen by the sweep (on CUDA): every Triton module of the run launches at it
+SWEPT = ("forward", "key", "query")  # the JVP kernel keeps its own (its target met at 64 × 64)
 
 
 def _values(run: Callable, leaves: list, cotangent: torch.Tensor) -> list:
@@ -111,61 +117,111 @@ def _builtin(device: str, smoke: bool) -> list[str]:
     ]
 
 
-def _launched(kernel, warps: int, stages: int):
-    """The kernel, launched with num_warps and num_stages set."""
+def _labelled(kernel, label: str):
+    """The kernel, each launch inside torch.profiler.record_function(label): under the interpreter its CPU time
+    under that label (on CUDA the profiler names each kernel's own device time by it)."""
 
     class Launch:
         def __getitem__(self, grid):
-            return lambda *args, **kwargs: kernel[grid](*args, **kwargs, num_warps=warps, num_stages=stages)
+            def launch(*args, **kwargs):
+                with torch.profiler.record_function(label):
+                    return kernel[grid](*args, **kwargs)
+
+            return launch
 
     return Launch()
 
 
-def _set(module, setting) -> Callable[[], None]:
-    """Every kernel of the module launched at the setting; returns the function that puts the module's own back."""
-    kept = {name: getattr(module, name) for name in ("_blocks", *KERNELS) if hasattr(module, name)}
-    if setting is not None:
-        block_m, block_n, warps, stages = setting
-        module._blocks = lambda x, width: (block_m, block_n)
-        for name in KERNELS:
-            if name in kept:
-                setattr(module, name, _launched(kept[name], warps, stages))
-    return lambda: [setattr(module, name, value) for name, value in kept.items()]
+def _kernel_us(module, leaves: list, cotangent: torch.Tensor, device: str, steps: int = 3) -> dict[tuple, float]:
+    """{(kernel, causal): µs per call} of the module's forward + backward, each kernel's device time by
+    torch.profiler (its CPU time under the interpreter), and {("step", causal): ms}, the step's best wall time
+    (CUDA synchronised), after one call (compiles) timed as ("compile", causal): s."""
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if device == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    spent = {}
+    for causal in (False, True):
+
+        def step(causal=causal):
+            torch.autograd.grad(module.forward(*leaves, causal=causal), leaves, cotangent)
+
+        began = time.perf_counter()
+        step()
+        spent["compile", causal] = time.perf_counter() - began
+        spent["step", causal] = TRITON.best_ms(step, 5, device)
+        with torch.profiler.profile(activities=activities) as run:
+            for _ in range(steps):
+                step()
+            if device == "cuda":
+                torch.cuda.synchronize()
+        for e in run.key_averages():
+            kernel = e.key.removeprefix("_").removesuffix("_kernel")
+            if kernel in SWEPT and e.key == f"_{kernel}_kernel":
+                total = e.device_time_total if device == "cuda" else e.cpu_time_total
+                spent[kernel, causal] = total / steps
+    return spent
 
 
-def sweep(device: str, smoke: bool, repeats: int) -> list[str]:
-    """Rows: setting, then forward and backward ms, causal and not, of attention_triton at each launch setting."""
+def sweep(device: str, smoke: bool, budget: float) -> list[str]:
+    """Rows: each launch setting of SETTINGS set on the forward, key and query kernels of attention_triton (no
+    setting begun after budget seconds), its compile time, forward + backward wall time and each kernel's device µs
+    (no mask / causal); then each kernel's setting of least time (no mask + causal), which every Triton module of
+    this run launches at from here on (CHOSEN; on CUDA: the interpreter's blocks are its own). Each row is printed as
+    it is measured."""
     from generated import attention_triton as module
 
     size, dtype = ((1, 2, 64, 16), torch.float32) if smoke else ((4, 16, 2048, 64), torch.bfloat16)
-    settings = SETTINGS[:2] if smoke else SETTINGS
     generator = torch.Generator(device=device).manual_seed(0)
     leaves = [torch.randn(*size, generator=generator, device=device, dtype=dtype).requires_grad_() for _ in range(3)]
     cotangent = torch.randn(*size, generator=generator, device=device, dtype=dtype)
-    rows = [
-        "| BLOCK_M × BLOCK_N, warps, stages | forward ms | backward ms | causal forward ms | causal backward ms |",
-        "|---|---|---|---|---|",
-    ]
-    for setting in settings:
-        name = "the module's own" if setting is None else f"{setting[0]} × {setting[1]}, {setting[2]}, {setting[3]}"
-        restore = _set(module, setting)
-        cells = []
-        try:
-            for causal in (False, True):
+    own = {k: module.LAUNCH[k] for k in SWEPT}
+    kernels = {f"_{kernel}_kernel": getattr(module, f"_{kernel}_kernel") for kernel in SWEPT}
+    settings = [None, *(SETTINGS[:1] if smoke else SETTINGS)]
+    columns = ["compile s", "step ms", *(f"{k} µs" for k in SWEPT)]
+    rows = ["| BLOCK_M × BLOCK_N, warps, stages | " + " | ".join(columns) + " |", "|---" * (1 + len(columns)) + "|"]
+    times, began = {}, time.perf_counter()
+    try:
+        for name, kernel in kernels.items():
+            if device != "cuda":
+                setattr(module, name, _labelled(kernel, name))
+        for setting in settings:
+            named = "the module's own" if setting is None else "{} × {}, {}, {}".format(*setting)
+            if time.perf_counter() - began > budget:
+                rows.append(f"| {named} | not tried: the sweep's {budget:.0f} s were spent |")
+                continue
+            module.LAUNCH.update(own if setting is None else dict.fromkeys(own, setting))
+            try:
+                spent = _kernel_us(module, leaves, cotangent, device)
+            except Exception as failure:  # a setting that does not launch is reported, the others run
+                rows.append(f"| {named} | failed: {type(failure).__name__}: {str(failure).splitlines()[0][:80]} |")
+                print(rows[-1], flush=True)
+                continue
+            for kernel in SWEPT:
+                times.setdefault(kernel, []).append((spent[kernel, False] + spent[kernel, True], setting))
+            cells = [f"{spent[k, False]:.1f} / {spent[k, True]:.1f}" for k in ("compile",)]
+            cells += [f"{spent[k, False]:.3f} / {spent[k, True]:.3f}" for k in ("step",)]
+            cells += [f"{spent[k, False]:.1f} / {spent[k, True]:.1f}" for k in SWEPT]
+            rows.append(f"| {named} | " + " | ".join(cells) + " |")
+            print(rows[-1], f"({time.perf_counter() - began:.0f} s)", flush=True)
+    finally:
+        module.LAUNCH.update(own)
+        for name, kernel in kernels.items():
+            setattr(module, name, kernel)
+    best = {k: min(spent, key=lambda pair: pair[0])[1] for k, spent in times.items()}
+    chosen = {k: own[k] if setting is None else setting for k, setting in best.items()}
+    if device == "cuda":
+        CHOSEN.update(chosen)
+        chose({})
+    used = "every Triton module launches at it from here on" if device == "cuda" else "the interpreter's blocks stay"
+    return rows + ["", f"Chosen (least time, no mask + causal): {chosen}; {used}."]
 
-                def step(causal=causal):
-                    return module.forward(*leaves, causal=causal)
 
-                with torch.no_grad():
-                    forward = TRITON.best_ms(step, repeats, device)
-                both = TRITON.best_ms(lambda step=step: torch.autograd.grad(step(), leaves, cotangent), repeats, device)
-                cells += [f"{forward:.3f}", f"{both - forward:.3f}"]
-        except Exception as failure:  # a setting that does not launch is reported, the others run
-            cells = [f"failed: {type(failure).__name__}: {str(failure).splitlines()[0][:60]}"]
-        finally:
-            restore()
-        rows.append(f"| {name} | " + " | ".join(cells) + " |")
-    return rows
+def chose(modules: dict) -> None:
+    """The modules given and every Triton module of generated/ (imported here: the torch modules route to them)
+    launch each kernel at CHOSEN's setting (none chosen yet: their own)."""
+    built = [importlib.import_module(f"generated.{path.stem}") for path in GENERATED.glob("*_triton.py")]
+    for module in [*modules.values(), *built]:
+        module.LAUNCH.update(CHOSEN)
 
 
 def profile(device: str, smoke: bool) -> list[str]:

@@ -1294,8 +1294,16 @@ def jvp(Q, K, V, tangents, *, scale=None, block_size=None, attn_mask=None, key_p
     """(O, its derivative along tangents): the forward and its closed-form Jacobian-vector product.
 
     tangents: a dict from input names to arrays of their shapes (an input left out: zero there); the options
-    and masks as forward takes them (the mask does not move).
+    and masks as forward takes them (the mask does not move). On CUDA the fused JVP kernel of attention_triton
+    where forward's kernels apply (path()).
     """
+    kernels = _kernels_for(
+        Q, K, V, scale, block_size, attn_mask, key_padding_mask, causal, *_tangents(tangents).values()
+    )
+    if kernels is not None:  # CUDA tensors: the JVP kernel of attention_triton
+        return kernels.jvp(
+            Q, K, V, tangents, scale=scale, attn_mask=attn_mask, key_padding_mask=key_padding_mask, causal=causal
+        )
     M = _additive_mask(attn_mask, key_padding_mask, causal, Q, K, by_blocks=True)
     tangents = _tangents(tangents)
     return _jvp(Q, K, V, tangents.get("Q"), tangents.get("K"), tangents.get("V"), M, None, causal, scale, block_size)

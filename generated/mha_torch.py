@@ -2029,7 +2029,8 @@ class MultiheadAttention(torch.nn.Module):
         is_causal=False,
     ):
         """(output, weights): output as the inputs' layout; weights (N, L, S) averaged over the heads, or
-        (N, H, L, S) per head (unbatched: no N), or None without need_weights."""
+        (N, H, L, S) per head (unbatched: no N), or None without need_weights (then, on CUDA, by the spec's Triton
+        module where its kernels apply: path())."""
         if self.training and self.dropout > 0:
             why = "no dropout on the attention weights in training mode; use dropout=0.0 or eval()"
             raise _not_supported("dropout", self.dropout, why)
@@ -2045,9 +2046,12 @@ class MultiheadAttention(torch.nn.Module):
         M = _torch_mask(attn_mask, key_padding_mask, query, key, self.num_heads)
         # M whole (torch's masks, the causal one among them), so no causal flag beside it
         inputs = (query, key, value, W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O, M, False, self.num_heads)
+        kernels = None if need_weights else _kernels_for(*inputs[:12])
         if need_weights:
             out, weights = _apply(_AttentionWeights, *inputs)
             weights = weights.mean(dim=-3) if average_attn_weights else weights
+        elif kernels is not None:  # CUDA: the spec's Triton module, its inputs and M in the spec's order (no weights)
+            out, weights = kernels.forward(*inputs[:12], num_heads=self.num_heads), None
         else:
             out, weights = _apply(FUNCTION, *inputs, None, traced=TRACED)[0], None
         return (out.transpose(0, 1) if batched and not self.batch_first else out), weights
@@ -2324,8 +2328,48 @@ def jvp(
     """(Y, its derivative along tangents): the forward and its closed-form Jacobian-vector product.
 
     tangents: a dict from input names to arrays of their shapes (an input left out: zero there); the options
-    and masks as forward takes them (the mask does not move).
+    and masks as forward takes them (the mask does not move). On CUDA the fused JVP kernel of mha_triton
+    where forward's kernels apply (path()).
     """
+    kernels = _kernels_for(
+        Q,
+        K,
+        V,
+        W_Q,
+        W_K,
+        W_V,
+        W_O,
+        num_heads,
+        num_kv_heads,
+        b_Q,
+        b_K,
+        b_V,
+        b_O,
+        attn_mask,
+        key_padding_mask,
+        causal,
+        *_tangents(tangents).values(),
+    )
+    if kernels is not None:  # CUDA tensors: the JVP kernel of mha_triton
+        return kernels.jvp(
+            Q,
+            K,
+            V,
+            W_Q,
+            W_K,
+            W_V,
+            W_O,
+            tangents,
+            num_heads=num_heads,
+            num_kv_heads=num_kv_heads,
+            b_Q=b_Q,
+            b_K=b_K,
+            b_V=b_V,
+            b_O=b_O,
+            attn_mask=attn_mask,
+            key_padding_mask=key_padding_mask,
+            causal=causal,
+        )
     M = _additive_mask(attn_mask, key_padding_mask, causal, Q, K, per_head=True, by_blocks=True)
     tangents = _tangents(tangents)
     return _jvp(

@@ -2098,8 +2098,49 @@ def jvp(
     """(Y, its derivative along tangents): the forward and its closed-form Jacobian-vector product.
 
     tangents: a dict from input names to arrays of their shapes (an input left out: zero there); the options
-    and masks as forward takes them (the mask does not move).
+    and masks as forward takes them (the mask does not move). On CUDA the fused JVP kernel of mha_triton
+    where forward's kernels apply (path()).
     """
+    kernels = _kernels_for(
+        Q,
+        K,
+        V,
+        W_Q,
+        W_K,
+        W_V,
+        W_O,
+        num_heads,
+        num_kv_heads,
+        block_size,
+        b_Q,
+        b_K,
+        b_V,
+        b_O,
+        attn_mask,
+        key_padding_mask,
+        causal,
+        *_tangents(tangents).values(),
+    )
+    if kernels is not None:  # CUDA tensors: the JVP kernel of mha_triton
+        return kernels.jvp(
+            Q,
+            K,
+            V,
+            W_Q,
+            W_K,
+            W_V,
+            W_O,
+            tangents,
+            num_heads=num_heads,
+            num_kv_heads=num_kv_heads,
+            b_Q=b_Q,
+            b_K=b_K,
+            b_V=b_V,
+            b_O=b_O,
+            attn_mask=attn_mask,
+            key_padding_mask=key_padding_mask,
+            causal=causal,
+        )
     M = _additive_mask(attn_mask, key_padding_mask, causal, Q, K, per_head=True, by_blocks=True)
     tangents = _tangents(tangents)
     return _jvp(

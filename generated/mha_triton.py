@@ -64,20 +64,28 @@ AXES = {  # the last two axes of each matrix input: a dimension's name or a size
 }
 SPEC = "mha"
 SHARED = 160 * 1024  # the shared-memory budget of one program's tiles (an H100 has 227 KiB; the rest for tl.dot's)
+LAUNCH = {  # per kernel on a GPU: BLOCK_M (query rows), BLOCK_N (keys), warps, pipeline stages (benchmarks/GPU.md)
+    "forward": (64, 64, 4, 3),
+    "key": (64, 64, 4, 3),
+    "query": (64, 64, 4, 3),
+    "jvp": (64, 64, 4, 3),
+}
+STREAMED = {"forward": 1, "key": 0, "query": 1, "jvp": 1}  # the block a kernel's loop steps through (0: M, 1: N)
 
 
-def _blocks(x, width):
-    """(BLOCK_M, BLOCK_N): 16 × 16 under the interpreter (CPU tensors, one program at a time); on a GPU 64 × 64 (the
-    best launch of a plain Triton attention forward on an H100/H200), BLOCK_N then BLOCK_M halved (down to 16) while
-    one query block and three key blocks (triton's default pipeline of num_stages = 3), each row width entries (d + d_v)
-    padded to a power of two, pass SHARED bytes: a wide head in float32 fits a GPU's shared memory."""
+def _launch(x, width, kernel):
+    """The kernel's launch settings for inputs like x, each row width entries (d + d_v): BLOCK_M × BLOCK_N = 16 × 16
+    under the interpreter (CPU tensors, one program at a time); on a GPU LAUNCH's, the larger block (the streamed one
+    of a tie) halved, down to 16, while one held block and num_stages streamed ones (triton's software pipeline), each
+    row padded to a power of two, pass SHARED bytes: a wide head in float32 fits a GPU's shared memory."""
     if not x.is_cuda:
-        return 16, 16
-    row = _width(width) * x.element_size()
-    block_m, block_n = 64, 64
-    while (block_m + 3 * block_n) * row > SHARED and max(block_m, block_n) > 16:
-        block_m, block_n = (block_m, block_n // 2) if block_n >= block_m else (block_m // 2, block_n)
-    return block_m, block_n
+        return {"BLOCK_M": 16, "BLOCK_N": 16}
+    *blocks, warps, stages = LAUNCH[kernel]
+    streamed, row = STREAMED[kernel], _width(width) * x.element_size()
+    while (blocks[1 - streamed] + stages * blocks[streamed]) * row > SHARED and max(blocks) > 16:
+        larger = streamed if blocks[streamed] >= blocks[1 - streamed] else 1 - streamed
+        blocks[larger] //= 2
+    return {"BLOCK_M": blocks[0], "BLOCK_N": blocks[1], "num_warps": warps, "num_stages": stages}
 
 
 def _residual(o):
@@ -866,11 +874,11 @@ def _forward_launch(
     rounding in O's 16-bit dtype (empty for float32: O is exact), so that D = rowsum(dO ⊙ (O + R)) reads O before its
     rounding. A custom op: torch.compile holds the launch as one node (its shapes from _forward_fake)."""
     n, d, m, dv = q.shape[-2], q.shape[-1], k.shape[-2], v.shape[-1]
-    block_m, block_n = _blocks(q, d + dv)
+    blocks = _launch(q, d + dv, "forward")
     o = torch.empty((q.shape[0], n, dv), dtype=v.dtype, device=q.device)
     lse = torch.empty((q.shape[0], n), dtype=torch.float32, device=q.device)
     residual = torch.empty(o.shape if _residual(o) else (0,), dtype=o.dtype, device=q.device)
-    _forward_kernel[(_cdiv(n, block_m), q.shape[0])](
+    _forward_kernel[(_cdiv(n, blocks["BLOCK_M"]), q.shape[0])](
         q,
         k,
         v,
@@ -897,10 +905,9 @@ def _forward_launch(
         PRECISION=_precision(q),
         RESIDUAL=residual.numel() > 0,
         **_flags(tiles),
-        BLOCK_M=block_m,
-        BLOCK_N=block_n,
         BLOCK_D=_width(d),
         BLOCK_DV=_width(dv),
+        **blocks,
     )
     return o, lse, residual
 
@@ -933,12 +940,12 @@ def _backward_launch(
     by the backward kernels, flat as _forward_op's, an n × m gradient made where wanted (else empty); a custom op as
     it is."""
     n, d, m, dv = q.shape[-2], q.shape[-1], k.shape[-2], v.shape[-1]
-    bh, (block_m, block_n) = q.shape[0], _blocks(q, d + dv)
+    bh, keys, queries = q.shape[0], _launch(q, d + dv, "key"), _launch(q, d + dv, "query")
     group = bh // k.shape[0]  # query heads per key/value head (1 but for grouped-query heads)
     widths = {"BLOCK_D": _width(d), "BLOCK_DV": _width(dv)}
     strides = (q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), do.stride(0), do.stride(1))
     delta = torch.empty((bh, n), dtype=torch.float32, device=q.device)
-    _delta_kernel[(_cdiv(n, block_m), bh)](
+    _delta_kernel[(_cdiv(n, queries["BLOCK_M"]), bh)](
         o,
         residual if residual.numel() else o,
         do,
@@ -950,14 +957,14 @@ def _backward_launch(
         n,
         dv,
         RESIDUAL=residual.numel() > 0,
-        BLOCK_M=block_m,
+        BLOCK_M=queries["BLOCK_M"],
         BLOCK_DV=widths["BLOCK_DV"],
     )
     dq = torch.empty((bh, n, d), dtype=q.dtype, device=q.device)
     dk = torch.empty((k.shape[0], m, d), dtype=k.dtype, device=q.device)
     dv_ = torch.empty((k.shape[0], m, dv), dtype=v.dtype, device=q.device)
-    launch = dict(CAUSAL=causal, PRECISION=_precision(q), **_flags(tiles), BLOCK_M=block_m, BLOCK_N=block_n, **widths)
-    _key_kernel[(_cdiv(m, block_n), k.shape[0])](
+    launch = dict(CAUSAL=causal, PRECISION=_precision(q), **_flags(tiles), **widths)
+    _key_kernel[(_cdiv(m, keys["BLOCK_N"]), k.shape[0])](
         q,
         k,
         v,
@@ -976,10 +983,12 @@ def _backward_launch(
         inner,
         group,
         **launch,
+        **keys,
     )
     tile_grads = [torch.zeros((bh, n, m) if w else (0,), dtype=torch.float32, device=q.device) for w in wanted]
-    sums = [torch.empty((bh * _cdiv(n, block_m),), dtype=torch.float32, device=q.device) for _ in range(SCALARS)]
-    _query_kernel[(_cdiv(n, block_m), bh)](
+    rows = _cdiv(n, queries["BLOCK_M"])  # a scalar's sums: one per query block
+    sums = [torch.empty((bh * rows,), dtype=torch.float32, device=q.device) for _ in range(SCALARS)]
+    _query_kernel[(_cdiv(n, queries["BLOCK_M"]), bh)](
         q,
         k,
         v,
@@ -999,6 +1008,7 @@ def _backward_launch(
         inner,
         group,
         **launch,
+        **queries,
         **dict(zip(GRADIENT_FLAGS, wanted)),
     )
     return [dq, dk, dv_, *tile_grads, *sums]
@@ -1012,7 +1022,7 @@ def _backward_fake(q, k, v, o, do, lse, residual, tiles, coefficients, inner, ca
     bh, n, m = q.shape[0], q.shape[1], k.shape[1]
     grads = [torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)]
     grads += [q.new_empty((bh, n, m) if w else (0,), dtype=torch.float32) for w in wanted]
-    blocks = _cdiv(n, _blocks(q, q.shape[-1] + v.shape[-1])[0])  # a scalar's sums: one per query block
+    blocks = _cdiv(n, _launch(q, q.shape[-1] + v.shape[-1], "query")["BLOCK_M"])  # a scalar's sums: one per query block
     return grads + [q.new_empty((bh * blocks,), dtype=torch.float32) for _ in range(SCALARS)]
 
 
@@ -1072,10 +1082,10 @@ def _core_jvp(Q, K, V, thin_tangents, causal, symbols, tensors, tangents):
     tiles = [None if t is None else _tile(t, batch, n, m) for t in tiles]
     moving = [None if x is None else _tile(x, batch, n, m) for x in tile_tangents[:1]]
     moving = [moving[i] for i in ()]  # the inputs' (the constants do not move)
-    block_m, block_n = _blocks(q, d + dv)
+    blocks = _launch(q, d + dv, "jvp")
     o = torch.empty((q.shape[0], n, dv), dtype=v.dtype, device=q.device)
     o_t = torch.empty_like(o)
-    _jvp_kernel[(_cdiv(n, block_m), q.shape[0])](
+    _jvp_kernel[(_cdiv(n, blocks["BLOCK_M"]), q.shape[0])](
         q,
         k,
         v,
@@ -1111,10 +1121,9 @@ def _core_jvp(Q, K, V, thin_tangents, causal, symbols, tensors, tangents):
         PRECISION=_precision(q),
         **_flags(tiles),
         **_tangent_flags(moving),
-        BLOCK_M=block_m,
-        BLOCK_N=block_n,
         BLOCK_D=_width(d),
         BLOCK_DV=_width(dv),
+        **blocks,
     )
     return o.view(*batch, n, dv), o_t.view(*batch, n, dv)
 
@@ -1304,6 +1313,12 @@ def _additive(name, mask, like):
     return torch.zeros(mask.shape, dtype=like.dtype, device=like.device).masked_fill(mask, float("-inf"))
 
 
+def _constant(x):
+    """A constant of the spec (Spec.constants, given in its position or by its name) as the kernels take it: without
+    a gradient, as the torch module takes it."""
+    return x.detach() if isinstance(x, torch.Tensor) else x
+
+
 def _mask(name, mask, attn_mask, key_padding_mask, query, per_head):
     """The additive mask the kernels read, or None: mask in its position or attn_mask by keyword (giving both is a
     TypeError), plus key_padding_mask ((..., m) bool, True = ignore the key). per_head: the scores have a heads axis
@@ -1359,10 +1374,10 @@ def forward(
     backward; forward mode by the JVP kernel: torch.func.jvp). Arguments: Q, K, V, W_Q, W_K, W_V, W_O, b_Q,
     b_K, b_V, b_O, M, in this order (the spec's inputs, then its constants), or by name.
     M: an additive n × m mask (or batched (..., n, m)), float (added to the scores) or bool (True = not
-    allowed); None: no mask.
+    allowed); None: no mask. A constant: no gradient, as in the torch module.
     attn_mask: the same mask by keyword (giving both is a TypeError); key_padding_mask: (..., m) bool, True = ignore
-    the key. A float mask that requires grad gets its gradient (written tile by tile, as a learned bias's). A row
-    whose keys are all masked gives zeros, never NaN.
+    the key. A float attn_mask that requires grad gets its gradient (written tile by tile, as a learned bias's). A
+    row whose keys are all masked gives zeros, never NaN.
     b_Q: a bias row, (1, k) or 1-D (k,); None: left out.
     b_K: a bias row, (1, k) or 1-D (k,); None: left out.
     b_V: a bias row, (1, k) or 1-D (k,); None: left out.
@@ -1584,7 +1599,7 @@ def _compute(
     b_K = _or_zero(b_K, Q)
     b_V = _or_zero(b_V, Q)
     b_O = _or_zero(b_O, Q)
-    M = _mask("M", M, attn_mask, key_padding_mask, Q, True)
+    M = _mask("M", _constant(M), attn_mask, key_padding_mask, Q, True)
     if type(causal) is not bool:
         raise ValueError(f"causal must be True or False, got {causal!r}")
     core_q = split_heads(Q @ W_Q + b_Q, H)

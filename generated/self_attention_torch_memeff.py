@@ -1174,8 +1174,12 @@ def jvp(X, W_Q, W_K, W_V, tangents, *, block_size=None):
     """(O, its derivative along tangents): the forward and its closed-form Jacobian-vector product.
 
     tangents: a dict from input names to arrays of their shapes (an input left out: zero there); the options
-    and masks as forward takes them (the mask does not move).
+    and masks as forward takes them (the mask does not move). On CUDA the fused JVP kernel of self_attention_triton
+    where forward's kernels apply (path()).
     """
+    kernels = _kernels_for(X, W_Q, W_K, W_V, block_size, *_tangents(tangents).values())
+    if kernels is not None:  # CUDA tensors: the JVP kernel of self_attention_triton
+        return kernels.jvp(X, W_Q, W_K, W_V, tangents)
     tangents = _tangents(tangents)
     return _jvp(
         X, W_Q, W_K, W_V, tangents.get("X"), tangents.get("W_Q"), tangents.get("W_K"), tangents.get("W_V"), block_size

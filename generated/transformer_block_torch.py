@@ -2552,7 +2552,8 @@ class TransformerEncoderLayer(torch.nn.Module):
         )
 
     def forward(self, src, src_mask=None, src_key_padding_mask=None, is_causal=False):
-        """The layer's output, of src's shape and layout: Y = X + MHA(LN₁(X)), Z = Y + FFN(LN₂(Y))."""
+        """The layer's output, of src's shape and layout: Y = X + MHA(LN₁(X)), Z = Y + FFN(LN₂(Y)) (on CUDA by the
+        spec's Triton module where its kernels apply: path())."""
         if self.training and self.dropout > 0:
             raise _not_supported("dropout", self.dropout, "no dropout in training mode; use dropout=0.0 or eval()")
         if is_causal and src_mask is None:
@@ -2566,13 +2567,17 @@ class TransformerEncoderLayer(torch.nn.Module):
         row = lambda v: None if v is None else v.unsqueeze(0)  # noqa: E731 - (E,) -> the spec's 1 × E row
         shift = lambda norm: row(norm.bias) if norm.bias is not None else x.new_zeros(1, x.shape[-1])  # noqa: E731
         M = _torch_mask(src_mask, src_key_padding_mask, x, x, attn.num_heads)
-        out = _apply(  # the spec's order: X, the weights and norms, then the biases
-            FUNCTION, x, W_Q, W_K, W_V, attn.out_proj.weight.mT,
+        inputs = (  # the spec's order: X, the weights and norms, then the biases and M
+            x, W_Q, W_K, W_V, attn.out_proj.weight.mT,
             row(self.norm1.weight), shift(self.norm1), row(self.norm2.weight), shift(self.norm2),
             self.linear1.weight.mT, self.linear2.weight.mT,
-            b_Q, b_K, b_V, row(attn.out_proj.bias), row(self.linear1.bias), row(self.linear2.bias),
-            M, False, attn.num_heads, self.norm1.eps, traced=TRACED,
-        )[0]  # fmt: skip
+            b_Q, b_K, b_V, row(attn.out_proj.bias), row(self.linear1.bias), row(self.linear2.bias), M,
+        )  # fmt: skip
+        kernels = _kernels_for(*inputs)
+        if kernels is not None:  # CUDA: the spec's Triton module
+            out = kernels.forward(*inputs, num_heads=attn.num_heads, eps=self.norm1.eps)
+        else:
+            out = _apply(FUNCTION, *inputs, False, attn.num_heads, self.norm1.eps, traced=TRACED)[0]
         return out.transpose(0, 1) if batched and not self.batch_first else out
 
 
@@ -2963,8 +2968,60 @@ def jvp(
     """(Z, its derivative along tangents): the forward and its closed-form Jacobian-vector product.
 
     tangents: a dict from input names to arrays of their shapes (an input left out: zero there); the options
-    and masks as forward takes them (the mask does not move).
+    and masks as forward takes them (the mask does not move). On CUDA the fused JVP kernel of transformer_block_triton
+    where forward's kernels apply (path()).
     """
+    kernels = _kernels_for(
+        X,
+        W_Q,
+        W_K,
+        W_V,
+        W_O,
+        gamma_1,
+        beta_1,
+        gamma_2,
+        beta_2,
+        W_1,
+        W_2,
+        num_heads,
+        eps,
+        b_Q,
+        b_K,
+        b_V,
+        b_O,
+        b_1,
+        b_2,
+        attn_mask,
+        key_padding_mask,
+        causal,
+        *_tangents(tangents).values(),
+    )
+    if kernels is not None:  # CUDA tensors: the JVP kernel of transformer_block_triton
+        return kernels.jvp(
+            X,
+            W_Q,
+            W_K,
+            W_V,
+            W_O,
+            gamma_1,
+            beta_1,
+            gamma_2,
+            beta_2,
+            W_1,
+            W_2,
+            tangents,
+            num_heads=num_heads,
+            eps=eps,
+            b_Q=b_Q,
+            b_K=b_K,
+            b_V=b_V,
+            b_O=b_O,
+            b_1=b_1,
+            b_2=b_2,
+            attn_mask=attn_mask,
+            key_padding_mask=key_padding_mask,
+            causal=causal,
+        )
     M = _additive_mask(attn_mask, key_padding_mask, causal, X, X, per_head=True, by_blocks=True)
     tangents = _tangents(tangents)
     return _jvp(

@@ -84,7 +84,8 @@ def test_the_triton_section_times_every_variant_and_the_bias_gradient_is_the_sam
 
 def test_the_triton_kernel_checks_sweep_and_profile_report(report):
     """The kernels' own checks: every case's error against float64 beside the eager math's (float32 and float16
-    under the interpreter), mha_triton against mha_torch; each launch setting timed; the profile names the kernels."""
+    under the interpreter), mha_triton against mha_torch; each kernel timed at each launch setting, one chosen; the
+    profile names the kernels."""
     rows = _section(report, "Triton kernels against float64")
     cells = [[c.strip() for c in row.split("|")[1:-1]] for row in rows]
     assert len(cells) == 2 * 2 + 2 + 1, rows  # plain and causal in two dtypes, two wide heads, mha
@@ -92,6 +93,7 @@ def test_the_triton_kernel_checks_sweep_and_profile_report(report):
         assert float(c[3]) < (1e-5 if c[2] == "float32" else 5e-3) and float(c[4]) > 0, c
     assert float(cells[-1][3]) < 1e-5, cells[-1]
     sweep = _section(report, "Triton launch settings")
-    assert len(sweep) == 2 and all(len(re.findall(r"\d+\.\d{3}", row)) == 4 for row in sweep), sweep
+    assert len(sweep) == 2 and all(len(re.findall(r"\d+\.\d+ / \d+\.\d+", row)) == 5 for row in sweep), sweep
+    assert "Chosen (least time, no mask + causal): {'forward': " in report, sweep
     profile = " ".join(_section(report, "Triton forward + backward by kernel"))
     assert "_CoreFunctionBackward" in profile and "wall time" in profile, profile

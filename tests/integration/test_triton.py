@@ -102,27 +102,67 @@ def test_attention_matches_autograd_and_the_torch_module(mask, causal, folder):
     assert all((a - b).abs().max().item() < 1e-4 for a, b in zip(grads, their_grads))
 
 
-@pytest.mark.parametrize("blocks", [(32, 16), (16, 32)], ids=["tall", "wide"])
-def test_query_and_key_blocks_of_different_heights_give_the_same_result(blocks, folder, monkeypatch):
-    """BLOCK_M ≠ BLOCK_N, as a GPU's shared-memory rule (_blocks) may choose: causal forward, every gradient and the
-    JVP of grouped-query mha against the module at 16 × 16."""
-    module = triton_module("mha", folder)
+LAUNCHES = {  # each kernel's BLOCK_M × BLOCK_N, as a GPU's LAUNCH table and shared-memory rule may choose
+    "tall": dict.fromkeys(("forward", "key", "query", "jvp"), (32, 16)),
+    "wide": dict.fromkeys(("forward", "key", "query", "jvp"), (16, 32)),
+    "mixed": {"forward": (32, 16), "key": (16, 32), "query": (32, 32), "jvp": (16, 32)},
+}
+
+
+@pytest.mark.parametrize("launch", sorted(LAUNCHES))
+def test_blocks_of_any_heights_per_kernel_give_the_same_result(launch, folder, monkeypatch):
+    """BLOCK_M ≠ BLOCK_N, and each kernel its own: causal forward, every gradient and the JVP of grouped-query mha,
+    and of a trainable scalar's core (its sums one per query kernel's block), against the modules at 16 × 16."""
     generator = torch.Generator().manual_seed(31)
     shapes = {"Q": (2, N, 32), "K": (2, M, 32), "V": (2, M, 32), "W_Q": (32, 32), "W_K": (32, 16), "W_V": (32, 16)}
-    inputs = {k: (torch.randn(shape, generator=generator) / 3).requires_grad_() for k, shape in shapes.items()}
-    inputs["W_O"] = (torch.randn((32, 32), generator=generator) / 3).requires_grad_()
-    heads = {"num_heads": 4, "num_kv_heads": 2, "causal": True}
-    tangents = {k: torch.randn(x.shape, generator=generator) for k, x in inputs.items()}
+    mha = {k: (torch.randn(shape, generator=generator) / 3).requires_grad_() for k, shape in shapes.items()}
+    mha["W_O"] = (torch.randn((32, 32), generator=generator) / 3).requires_grad_()
+    cases = [
+        (triton_module("mha", folder), mha, {"num_heads": 4, "num_kv_heads": 2, "causal": True}),
+        (triton_module(gallery("temperature"), folder), random_inputs(gallery("temperature"), generator), {}),
+    ]
+    blocks = LAUNCHES[launch]
 
-    def run():
-        out = module.forward(*inputs.values(), **heads)
-        grads = torch.autograd.grad(out, list(inputs.values()), torch.ones_like(out))
-        return [out, *grads, *module.jvp(*(x.detach() for x in inputs.values()), tangents, **heads)]
+    def chosen(x, width, kernel):
+        return dict(zip(("BLOCK_M", "BLOCK_N"), blocks[kernel]))
 
-    want = run()
-    monkeypatch.setattr(module, "_blocks", lambda x, width: blocks)
-    for got, expected in zip(run(), want):
-        compare(got, expected.double(), f"blocks {blocks}", rtol=1e-5)
+    for module, inputs, options in cases:
+        tangents = {k: torch.randn(x.shape, generator=generator) for k, x in inputs.items()}
+        want = _stepped(module, inputs, tangents, options)
+        with monkeypatch.context() as patched:
+            patched.setattr(module, "_launch", chosen)
+            got = _stepped(module, inputs, tangents, options)
+        for value, expected in zip(got, want):
+            compare(value, expected.double(), f"{module.SPEC} at {launch} blocks", rtol=5e-5)
+
+
+@pytest.mark.parametrize("size", [2, 4], ids=["16-bit", "float32"])
+def test_a_gpu_launch_is_the_tables_setting_shrunk_to_fit_shared_memory(size, folder):
+    """On a GPU (a CUDA tensor's is_cuda and element size are all _launch reads): LAUNCH's blocks, warps and stages;
+    the blocks halved, down to 16, until one held block and num_stages streamed ones of padded rows fit SHARED."""
+    from types import SimpleNamespace
+
+    module = triton_module("attention", folder)
+    cuda = SimpleNamespace(is_cuda=True, element_size=lambda: size)
+    for kernel, (block_m, block_n, warps, stages) in module.LAUNCH.items():
+        for width in (40, 128, 256, 512):
+            got = module._launch(cuda, width, kernel)
+            blocks = [got["BLOCK_M"], got["BLOCK_N"]]
+            held, streamed = (blocks[1], blocks[0]) if module.STREAMED[kernel] == 0 else blocks
+            row = module._width(width) * size
+            assert (got["num_warps"], got["num_stages"]) == (warps, stages)
+            assert all(b in (16, 32, 64, 128, 256) for b in blocks) and blocks[0] <= block_m and blocks[1] <= block_n
+            assert (held + stages * streamed) * row <= module.SHARED or max(blocks) == 16, (kernel, width, got)
+            if (block_m + block_n) * (1 + stages) * row <= module.SHARED:  # room for the table's blocks: kept
+                assert blocks == [block_m, block_n], (kernel, width, got)
+    assert module._launch(torch.zeros(1), 128, "forward") == {"BLOCK_M": 16, "BLOCK_N": 16}  # the interpreter's
+
+
+def _stepped(module, inputs: dict, tangents: dict, options: dict) -> list:
+    """The module's output, every input's gradient (a cotangent of ones) and its JVP along tangents."""
+    out = module.forward(*inputs.values(), **options)
+    grads = torch.autograd.grad(out, list(inputs.values()), torch.ones_like(out))
+    return [out, *grads, *module.jvp(*(x.detach() for x in inputs.values()), tangents, **options)]
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])

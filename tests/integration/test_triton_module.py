@@ -108,7 +108,7 @@ def test_the_compiled_module_gives_the_eager_modules_bits_a_learned_mask_include
     torch._dynamo.reset()
     runs = []
     for run in (module, torch.compile(module, fullgraph=True, backend="aot_eager")):
-        out = run(x, x, x, mask, causal=True)
+        out = run(x, x, x, attn_mask=mask, causal=True)  # by keyword: a learned mask (in its position, a constant)
         runs.append([out, *torch.autograd.grad(out.square().sum(), [mask, module.W_Q, module.b_K])])
     assert all(torch.equal(a, b) for a, b in zip(*runs))
 

@@ -16,13 +16,14 @@ def _torch_module(name: str):
     return importlib.import_module(f"symattn.generated.{name}")
 
 
-def _routed(module, monkeypatch) -> list:
-    """module's forward routed to its Triton module for CPU tensors; the list the Triton forward's calls go into."""
+def _routed(module, monkeypatch, entry: str = "forward") -> list:
+    """module's entry (forward, jvp) routed to its Triton module's for CPU tensors; the list the Triton entry's calls
+    go into."""
     monkeypatch.setattr(module, "_kernel_device", lambda x: True)
     kernels = module._kernels_module()
     calls = []
-    forward = kernels.forward
-    monkeypatch.setattr(kernels, "forward", lambda *a, **k: calls.append(1) or forward(*a, **k))
+    routed = getattr(kernels, entry)
+    monkeypatch.setattr(kernels, entry, lambda *a, **k: calls.append(1) or routed(*a, **k))
     return calls
 
 
@@ -76,6 +77,78 @@ def test_self_attention_and_the_transformer_block_routed(monkeypatch):
     _same(lambda: layer(x), [x, *layer.parameters()], self_attention_torch, monkeypatch)
     block = transformer_block_torch.TransformerBlock(24, 48, num_heads=4, bias=True)
     _same(lambda: block(x, causal=True), [x, *block.parameters()], transformer_block_torch, monkeypatch)
+
+
+def test_the_drop_ins_without_weights_routed(monkeypatch):
+    """nn.MultiheadAttention's drop-in (need_weights=False: no n × m weights to return; torch's masks) and the
+    TransformerEncoderLayer drop-in (a causal src_mask, key padding) hand the call to the Triton module: the same
+    output and parameter gradients; asked for the weights, the drop-in keeps the torch ops."""
+    mha_torch, transformer_block_torch = map(_torch_module, ["mha_torch", "transformer_block_torch"])
+    torch.manual_seed(2)
+    x = torch.randn(2, N, 32, requires_grad=True)
+    padding = torch.zeros(2, N, dtype=torch.bool)
+    padding[1, -5:] = True
+    causal = torch.ones(N, N, dtype=torch.bool).triu(1)
+    layer = mha_torch.MultiheadAttention(32, 4, batch_first=True)
+    masks = {"attn_mask": causal, "key_padding_mask": padding}
+    run = lambda: layer(x, x, x, need_weights=False, **masks)[0]  # noqa: E731
+    _same(run, [x, *layer.parameters()], mha_torch, monkeypatch)
+    calls = _routed(mha_torch, monkeypatch)
+    layer(x, x, x, **masks)
+    assert calls == []  # the weights asked for: the torch ops
+    block = transformer_block_torch.TransformerEncoderLayer(32, 4, 48, dropout=0.0, batch_first=True)
+    step = lambda: block(x, src_mask=causal, src_key_padding_mask=padding)  # noqa: E731
+    _same(step, [x, *block.parameters()], transformer_block_torch, monkeypatch)
+
+
+@pytest.mark.parametrize("name", ["attention_torch", "attention_torch_memeff", "mha_torch_memeff"])
+def test_jvp_routed_to_the_jvp_kernel_gives_the_torch_modules_tangent(name, monkeypatch):
+    """jvp on CUDA hands the call to the Triton module's JVP kernel: the same output and tangent as the closed form
+    (masks by keyword, causal; mha with grouped heads and biases; memeff's block_size not handed on); float64
+    keeps the torch ops."""
+    module = _torch_module(name)
+    generator = torch.Generator().manual_seed(5)
+    padding = torch.zeros(2, M, dtype=torch.bool)
+    padding[1, -4:] = True
+    if name.startswith("mha"):
+        shapes = {"Q": (2, N, 32), "K": (2, M, 32), "V": (2, M, 32), "W_Q": (32, 32), "W_K": (32, 16)}
+        shapes |= {"W_V": (32, 16), "W_O": (32, 32)}
+        options = {"num_heads": 4, "num_kv_heads": 2, "b_Q": torch.randn(1, 32, generator=generator)}
+        options |= {"block_size": 16, "key_padding_mask": padding, "causal": True}
+    else:
+        shapes = {"Q": (2, 2, N, 16), "K": (2, 2, M, 16), "V": (2, 2, M, 16)}
+        options = {
+            "attn_mask": torch.randn(N, M, generator=generator),
+            "key_padding_mask": padding[:, None].expand(2, 2, M),
+        }
+        options |= {"causal": True} | ({"block_size": 16} if "memeff" in name else {})
+    inputs = {k: torch.randn(shape, generator=generator) / 3 for k, shape in shapes.items()}
+    tangents = {k: torch.randn(x.shape, generator=generator) for k, x in inputs.items() if k != "K"}
+    want = module.jvp(*inputs.values(), tangents, **options)
+    calls = _routed(module, monkeypatch, "jvp")
+    got = module.jvp(*inputs.values(), tangents, **options)
+    assert calls == [1]
+    for a, b in zip(got, want):
+        assert (a - b).abs().max() <= 2e-5 * max(b.abs().max(), 1.0)
+    wide = {k: x.double() if torch.is_tensor(x) and x.is_floating_point() else x for k, x in options.items()}
+    module.jvp(*(x.double() for x in inputs.values()), {k: t.double() for k, t in tangents.items()}, **wide)
+    assert calls == [1]  # float64: the torch ops
+
+
+def test_a_constant_in_its_position_has_no_gradient_in_either_module_and_attn_mask_has_one():
+    """Spec.constants receive no gradient: attention's M given in its position, requiring grad, gets none from the
+    Triton module as from the torch module; the same mask by keyword (attn_mask) gets its gradient from both."""
+    attention_torch, attention_triton = map(_torch_module, ["attention_torch", "attention_triton"])
+    generator = torch.Generator().manual_seed(8)
+    q, k, v = (torch.randn(1, 2, size, 16, generator=generator, requires_grad=True) for size in (N, M, M))
+    mask = torch.randn(N, M, generator=generator, requires_grad=True)
+    by_keyword = []
+    for module in (attention_torch, attention_triton):
+        positional = module.forward(q, k, v, mask, causal=True)
+        assert torch.autograd.grad(positional.sum(), [mask, q], allow_unused=True)[0] is None, module.__name__
+        keyword = module.forward(q, k, v, attn_mask=mask, causal=True)
+        by_keyword.append(torch.autograd.grad(keyword.sum(), mask)[0])
+    assert (by_keyword[0] - by_keyword[1]).abs().max() <= 1e-5 * by_keyword[0].abs().max()
 
 
 def test_path_names_why_the_torch_ops_run(monkeypatch):

@@ -45,6 +45,9 @@ class Backend:
     # its modules are rendered by this function (source, regenerate command, Jinja environment) → text, not from the
     # schedule's sections (Triton: the kernels of the spec's n × m core, the torch code around them)
     renders: Callable | None = None
+    # its modules hand a call on CUDA to the spec's Triton module beside them where the kernels apply (path()):
+    # forward and jvp
+    routes: bool = False
 
     @property
     def loops(self) -> bool:

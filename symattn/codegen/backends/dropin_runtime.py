@@ -31,6 +31,7 @@ _forward = _backward = None  # the generated module's forward pass (out, saved) 
 SPEC = ""  # the spec's name, for error messages
 _apply = None  # function_runtime._apply, as the generated module carries it: Function.apply, Q = K = V allowed
 narrow_matmul = None  # function_runtime.narrow_matmul, as the generated module carries it
+_kernels_for = None  # the generated module's: the spec's Triton module where its kernels take a call (path())
 
 
 def _not_supported(option, value, why):
@@ -244,7 +245,8 @@ class MultiheadAttention(torch.nn.Module):
         is_causal=False,
     ):
         """(output, weights): output as the inputs' layout; weights (N, L, S) averaged over the heads, or
-        (N, H, L, S) per head (unbatched: no N), or None without need_weights."""
+        (N, H, L, S) per head (unbatched: no N), or None without need_weights (then, on CUDA, by the spec's Triton
+        module where its kernels apply: path())."""
         if self.training and self.dropout > 0:
             why = "no dropout on the attention weights in training mode; use dropout=0.0 or eval()"
             raise _not_supported("dropout", self.dropout, why)
@@ -260,9 +262,12 @@ class MultiheadAttention(torch.nn.Module):
         M = _torch_mask(attn_mask, key_padding_mask, query, key, self.num_heads)
         # M whole (torch's masks, the causal one among them), so no causal flag beside it
         inputs = (query, key, value, W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O, M, False, self.num_heads)
+        kernels = None if need_weights else _kernels_for(*inputs[:12])
         if need_weights:
             out, weights = _apply(_AttentionWeights, *inputs)
             weights = weights.mean(dim=-3) if average_attn_weights else weights
+        elif kernels is not None:  # CUDA: the spec's Triton module, its inputs and M in the spec's order (no weights)
+            out, weights = kernels.forward(*inputs[:12], num_heads=self.num_heads), None
         else:
             out, weights = _apply(FUNCTION, *inputs, None, traced=TRACED)[0], None
         return (out.transpose(0, 1) if batched and not self.batch_first else out), weights
@@ -352,7 +357,8 @@ class TransformerEncoderLayer(torch.nn.Module):
         )
 
     def forward(self, src, src_mask=None, src_key_padding_mask=None, is_causal=False):
-        """The layer's output, of src's shape and layout: Y = X + MHA(LN₁(X)), Z = Y + FFN(LN₂(Y))."""
+        """The layer's output, of src's shape and layout: Y = X + MHA(LN₁(X)), Z = Y + FFN(LN₂(Y)) (on CUDA by the
+        spec's Triton module where its kernels apply: path())."""
         if self.training and self.dropout > 0:
             raise _not_supported("dropout", self.dropout, "no dropout in training mode; use dropout=0.0 or eval()")
         if is_causal and src_mask is None:
@@ -366,11 +372,15 @@ class TransformerEncoderLayer(torch.nn.Module):
         row = lambda v: None if v is None else v.unsqueeze(0)  # noqa: E731 - (E,) -> the spec's 1 × E row
         shift = lambda norm: row(norm.bias) if norm.bias is not None else x.new_zeros(1, x.shape[-1])  # noqa: E731
         M = _torch_mask(src_mask, src_key_padding_mask, x, x, attn.num_heads)
-        out = _apply(  # the spec's order: X, the weights and norms, then the biases
-            FUNCTION, x, W_Q, W_K, W_V, attn.out_proj.weight.mT,
+        inputs = (  # the spec's order: X, the weights and norms, then the biases and M
+            x, W_Q, W_K, W_V, attn.out_proj.weight.mT,
             row(self.norm1.weight), shift(self.norm1), row(self.norm2.weight), shift(self.norm2),
             self.linear1.weight.mT, self.linear2.weight.mT,
-            b_Q, b_K, b_V, row(attn.out_proj.bias), row(self.linear1.bias), row(self.linear2.bias),
-            M, False, attn.num_heads, self.norm1.eps, traced=TRACED,
-        )[0]  # fmt: skip
+            b_Q, b_K, b_V, row(attn.out_proj.bias), row(self.linear1.bias), row(self.linear2.bias), M,
+        )  # fmt: skip
+        kernels = _kernels_for(*inputs)
+        if kernels is not None:  # CUDA: the spec's Triton module
+            out = kernels.forward(*inputs, num_heads=attn.num_heads, eps=self.norm1.eps)
+        else:
+            out = _apply(FUNCTION, *inputs, False, attn.num_heads, self.norm1.eps, traced=TRACED)[0]
         return out.transpose(0, 1) if batched and not self.batch_first else out

@@ -138,6 +138,7 @@ TORCH_BACKEND = Backend(
     vmapped=True,
     device=True,
     dropins=True,
+    routes=True,
     runtimes=(*RUNTIMES, "symattn.codegen.backends.dropin_runtime"),
     imports=("torch",),
 )

@@ -61,8 +61,7 @@ def forward_mode_context(
     mask = ctx["mask"]
     tangent_of = dict(fm.tangents)
     inputs = [str(x.name) for x in first.spec.inputs]
-    mask_tangent = [tangent_of[mask]] if mask else []
-    mask_pair = [mask, *mask_tangent] if mask else []
+    mask_pair = [mask, tangent_of[mask]] if mask else []
     # (the memory-efficient variant's block_size among them, after causal, which its loop writes block by block)
     options = ctx["block_causal"] + [o["name"] for o in ctx["options"]]
     positional = [*inputs, *(tangent_of[x] for x in inputs), *mask_pair, *options]
@@ -91,6 +90,7 @@ def forward_mode_context(
             "entry_call": layout.call("_forward_mode", [*arrays, *options], indent=4),
         }
     return {
+        "route": _route(required, keywords) if backend.routes else None,
         "custom_jvp": custom_jvp,
         **{key: ctx[key] for key in COPIED_INPUTS},
         "runtime": printer.runtime_source(helpers) + "\n\n\n" if helpers else "",
@@ -118,4 +118,17 @@ def forward_mode_context(
             indent=4,
             brackets="()",
         ),
+    }
+
+
+def _route(required: list[str], keywords: list[str]) -> dict:
+    """jvp's hand-over on CUDA to the JVP kernel of the spec's Triton module (whose jvp takes the same arguments, and
+    blocks of its own: block_size is not handed on): the call that decides (every tensor argument and tangent) and
+    the call that hands over."""
+    names = [k.partition("=")[0] for k in keywords]
+    checked = [*required, *names, "*_tangents(tangents).values()"]
+    handed = [*required, "tangents", *(f"{n}={n}" for n in names if n != "block_size")]
+    return {
+        "call": layout.wrapped("kernels = _kernels_for", checked, "", 4, "()"),
+        "kernels_call": layout.wrapped("return kernels.jvp", handed, "", 8, "()"),
     }
