@@ -100,6 +100,8 @@ def _run(op, launch, *args):
     or meta tensors through the op (its fake gives the shapes)."""
     if torch.compiler.is_compiling() or isinstance(args[0], torch._subclasses.FakeTensor) or args[0].is_meta:
         return op(*args)
+    if any(_batched(x) for x in args):  # under torch.func.vmap: the op's vmap rule
+        return op(*args)
     return launch(*args)
 
 
@@ -110,7 +112,7 @@ def _flat(x, batch, rows, cols):
 
 def _rows(x):
     """x with its last axis contiguous (the kernels step the last axis by 1)."""
-    return x if x.stride(-1) == 1 else x.contiguous()
+    return x if _batched(x) or x.stride(-1) == 1 else x.contiguous()  # batched: laid out by the op's vmap rule
 
 
 def _tile(x, batch, rows, cols):
@@ -863,6 +865,17 @@ def _backward_launch(
 _backward_op = torch.library.custom_op(f"{_OPS}_backward", _backward_launch, mutates_args=())
 
 
+@_backward_op.register_vmap
+def _backward_vmap(info, in_dims, q, k, v, o, do, lse, residual, tiles, coefficients, inner, causal, wanted):
+    """The backward op under torch.func.vmap (jacrev, per-sample gradients): vmap's axis of every argument merged into
+    the batch·head axis the kernels step through (_merged), every result split back (_split)."""
+    size = info.batch_size
+    _scalars_unbatched(in_dims[8])
+    q, k, v, o, do, lse, residual = (_merged(x, dim, size) for x, dim in zip((q, k, v, o, do, lse, residual), in_dims))
+    tiles = [_merged(t, dim, size) for t, dim in zip(tiles, in_dims[7])]
+    return _split(_backward_launch(q, k, v, o, do, lse, residual, tiles, coefficients, inner, causal, wanted), size)
+
+
 @_backward_op.register_fake
 def _backward_fake(q, k, v, o, do, lse, residual, tiles, coefficients, inner, causal, wanted):
     bh, n, m = q.shape[0], q.shape[1], k.shape[1]
@@ -990,19 +1003,27 @@ class _CoreFunction(torch.autograd.Function):
         ctx.mark_non_differentiable(*kept)
 
     @staticmethod
+    def vmap(info, in_dims, Q, K, V, causal, symbols, *tensors):
+        """Under torch.func.vmap: the core with vmap's axis as one more leading batch axis (_vmapped_core)."""
+        return _vmapped_core(_CoreFunction, info, in_dims, (Q, K, V, causal, symbols, *tensors))
+
+    @staticmethod
     def jvp(ctx, Q_t, K_t, V_t, _causal, _symbols, *tangents):
-        """Ȯ by the JVP kernel (torch.func.jvp, jacfwd, forward_ad), from the inputs saved for it and their tangents."""
+        """Ȯ by the JVP kernel (torch.func.jvp, jacfwd, forward_ad), from the inputs saved for it and their tangents;
+        under vmap (jacfwd) with its axis as one more leading batch axis (_jvp_operands)."""
         _first_forward_mode()
-        Q, K, V, *present = (_plain(x) for x in ctx.saved_tensors)
-        tensors = _tensors(ctx, present)
-        thin, tangents = [_plain(x) for x in (Q_t, K_t, V_t)], [_plain(x) for x in tangents]
         with torch._C._DisableFuncTorch():  # torch.func.jvp's level: the kernel reads and makes plain tensors
-            return _core_jvp(Q, K, V, thin, ctx.causal, ctx.symbols, tensors, tangents)[1], *KEPT
+            (Q, K, V, *present), moving, level = _jvp_operands(ctx.saved_tensors, (Q_t, K_t, V_t, *tangents))
+            O_t = _core_jvp(Q, K, V, moving[:3], ctx.causal, ctx.symbols, _tensors(ctx, present), moving[3:])[1]
+        return _rebatched(O_t, level), *KEPT
 
     @staticmethod
     def backward(ctx, grad, *_):
-        _unbatched(grad)
-        if _second_derivative(grad):  # create_graph: the eager core differentiated, differentiable in its turn
+        _reverse_only()
+        batched = _to_batch(grad)
+        if _batched(batched):  # under vmap (jacrev, per-sample gradients): the launch by the backward op's vmap rule
+            return _backward(ctx, batched, [_to_batch(x) for x in ctx.saved_tensors])
+        if _second_derivative(grad, ctx.saved_tensors):  # create_graph: the eager core differentiated (differentiable)
             return _recomputed(ctx, grad, _core_eager, len(KEPT))
         saved = [_plain(x) for x in ctx.saved_tensors]
         with torch._C._DisableFuncTorch():  # torch.func.grad's level: the kernels read and make plain tensors
@@ -1062,10 +1083,23 @@ def _first_forward_mode():
         raise RuntimeError(f"{SPEC}: forward mode over forward mode (jvp of jvp) is not supported by the kernels")
 
 
-def _second_derivative(grad):
+def _second_derivative(grad, saved):
     """Is a backward asked to be differentiable (create_graph=True: double backward, reverse over reverse)? Not under
-    torch.func's grad, which asks it of every backward (its levels unwrapped, the kernels run)."""
-    return torch.is_grad_enabled() and not torch._C._functorch.is_functorch_wrapped_tensor(grad)
+    torch.func's grad or vjp, which ask it of every backward (their levels unwrapped, the kernels run), also where
+    vjp's function is called after the transform (its saved inputs still wrapped)."""
+    wrapped = torch._C._functorch.is_functorch_wrapped_tensor
+    return torch.is_grad_enabled() and not any(wrapped(x) for x in (grad, *saved) if x is not None)
+
+
+def _reverse_only():
+    """A RuntimeError where a backward runs under forward mode (torch.func.hessian, jacfwd of jacrev, jvp of grad):
+    the kernels' backward has no tangent of its own; hvp (reverse over reverse) gives second derivatives."""
+    interpreters = torch._functorch.pyfunctorch.retrieve_all_functorch_interpreters()
+    if any(i.key() == torch._C._functorch.TransformType.Jvp for i in interpreters):
+        raise RuntimeError(
+            f"{SPEC}: forward mode over the kernels' backward (hessian, jacfwd of jacrev) is not "
+            "supported; hvp gives second derivatives (reverse over reverse)"
+        )
 
 
 def _recomputed(ctx, grad, eager, kept):
@@ -1081,18 +1115,6 @@ def _recomputed(ctx, grad, eager, kept):
     for i, value in zip(wanted, found):
         grads[i] = value
     return tuple(grads)
-
-
-def _unbatched(grad):
-    """A RuntimeError where the backward's cotangent is batched by torch.func.vmap (jacrev, hessian): the kernels
-    take one cotangent, so unwrapping the batch would be wrong."""
-    while torch._C._functorch.is_functorch_wrapped_tensor(grad):
-        if torch._C._functorch.is_batchedtensor(grad):
-            raise RuntimeError(
-                f"{SPEC}: the Triton kernels' backward does not run under torch.func.vmap (jacrev, hessian); the torch "
-                "module's does"
-            )
-        grad = torch._C._functorch.get_unwrapped(grad)
 
 
 def _tensors(ctx, present):
@@ -1127,6 +1149,95 @@ def _along(out, grad_out, leaves, direction):
     if total.requires_grad:
         found = torch.autograd.grad(total, list(named.values()), allow_unused=True)
     return {name: torch.zeros_like(x) if h is None else h for (name, x), h in zip(named.items(), found)}
+
+
+def _batched(x):
+    """Is x a tensor batched by torch.func.vmap at its outermost level?"""
+    return isinstance(x, torch.Tensor) and torch._C._functorch.is_batchedtensor(x)
+
+
+def _to_batch(x):
+    """x without torch.func's grad and jvp wrappers down to a tensor batched by vmap, or to the plain tensor."""
+    while isinstance(x, torch.Tensor) and torch._C._functorch.is_functorch_wrapped_tensor(x) and not _batched(x):
+        x = torch._C._functorch.get_unwrapped(x)
+    return x
+
+
+def _physical(x):
+    """A batched tensor's values with vmap's axis first (a plain tensor: as it is)."""
+    if not _batched(x):
+        return x
+    return torch._C._functorch.get_unwrapped(x).movedim(torch._C._functorch.maybe_get_bdim(x), 0)
+
+
+def _vmapped_core(function, info, in_dims, arguments):
+    """function.apply(Q, K, V, causal, symbols, *tensors) under torch.func.vmap: vmap's axis of each tensor moved first
+    (a size-1 axis where it has none: the kernels broadcast batch axes) as one more leading batch axis of the core;
+    O and the statistics returned with it first. A batched trainable scalar is refused (the kernels read one value)."""
+    moved = []
+    for x, dim in zip(arguments, in_dims):
+        if isinstance(x, torch.Tensor) and dim is not None:
+            _scalars_unbatched(dim if x.dim() == 1 else None)  # a trainable scalar (0-d) batched: (size,)
+            x = x.movedim(dim, 0)
+        elif isinstance(x, torch.Tensor) and x.dim():
+            x = x.unsqueeze(0)
+        moved.append(x)
+    O, *kept = function.apply(*moved)
+    kept = [x.reshape(info.batch_size, -1, *x.shape[1:]) for x in kept]  # the statistics: (batch·heads, …) flat
+    return (O, *kept), (0,) * (1 + len(kept))
+
+
+def _scalars_unbatched(dim):
+    """A RuntimeError where vmap batches a trainable scalar (the kernels take one value of each)."""
+    if dim is not None:
+        raise RuntimeError(f"{SPEC}: a trainable scalar batched by torch.func.vmap is not supported by the kernels")
+
+
+def _merged(x, dim, size):
+    """An op argument with vmap's axis (dim; None: none, the argument expanded) merged into its first axis, the
+    batch·head axis the kernels step through; contiguous where they read it so."""
+    if x is None or (dim is None and x.numel() == 0):
+        return x
+    x = x.expand(size, *x.shape) if dim is None else x.movedim(dim, 0)
+    return x.reshape(size * x.shape[1], *x.shape[2:]).contiguous()
+
+
+def _split(results, size):
+    """An op's results (their first axis batch·head, flat) with vmap's axis split off first; an empty one as it is."""
+    return [x.reshape(size, -1, *x.shape[1:]) if x.numel() else x for x in results], [
+        0 if x.numel() else None for x in results
+    ]
+
+
+def _jvp_operands(saved, tangents):
+    """The JVP kernel's operands: the saved inputs and the tangents as plain tensors, and vmap's level (None: none).
+    Under vmap (jacfwd; one level) its axis is one more leading batch axis: first where a tensor is batched, else a
+    size-1 axis (Q, K, V expanded to the batch: their tangents are)."""
+    saved, moving = [_to_batch(x) for x in saved], [_to_batch(x) for x in tangents]
+    batched = [x for x in (*saved, *moving) if _batched(x)]
+    if not batched:
+        return [_plain(x) for x in saved], [_plain(x) for x in moving], None
+    if len({torch._C._functorch.maybe_get_level(x) for x in batched}) > 1 or any(
+        torch._C._functorch.is_functorch_wrapped_tensor(_physical(x)) for x in batched
+    ):
+        raise RuntimeError(f"{SPEC}: the JVP kernel runs under one torch.func.vmap (jacfwd), not nested ones")
+    size, level = _physical(batched[0]).shape[0], torch._C._functorch.maybe_get_level(batched[0])
+
+    def leading(x, expand):
+        if x is None:
+            return None
+        if _batched(x):
+            _scalars_unbatched(0 if x.dim() == 0 else None)  # a trainable scalar's value or tangent
+            return _physical(x)
+        x = _plain(x)
+        return x if x.dim() == 0 else x.expand(size, *x.shape) if expand else x.unsqueeze(0)
+
+    return [leading(x, i < 3) for i, x in enumerate(saved)], [leading(x, False) for x in moving], level
+
+
+def _rebatched(x, level):
+    """x (vmap's axis first) as a tensor batched at level; None: x as it is."""
+    return x if level is None else torch._C._functorch._add_batch_dim(x, 0, level)
 
 
 def _plain(x):

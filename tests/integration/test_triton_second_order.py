@@ -51,16 +51,6 @@ def test_a_plain_backward_still_runs_the_kernels(folder, monkeypatch):
     assert calls == [1]
 
 
-def test_a_batched_cotangent_is_refused_in_one_line(folder):
-    """torch.func.jacrev runs the backward under vmap: the kernels take one cotangent, so it is refused, clearly."""
-    module = triton_module("attention", folder)
-    q, k, v = (torch.randn(1, 1, 5, 16) for _ in range(3))
-    with pytest.raises(
-        RuntimeError, match=r"attention: the Triton kernels' backward does not run under torch.func.vmap"
-    ):
-        torch.func.jacrev(lambda x: module.forward(x, k, v))(q)
-
-
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_hvp_matches_the_torch_modules_closed_form(causal, folder):
     """mha_triton.hvp (reverse over reverse through the eager cores) against mha_torch.hvp (the second closed form):
