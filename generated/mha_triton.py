@@ -120,13 +120,11 @@ def _cdiv(a, b):
 
 def _run(op, launch, *args):
     """op(*args), op the custom op of launch: in an eager run on real tensors launch is called directly (the
-    dispatcher's bookkeeping costs host time on every call, time a GPU waits for); under torch.compile and on fake
-    or meta tensors through the op (its fake gives the shapes)."""
+    dispatcher's bookkeeping costs host time on every call, time a GPU waits for); under torch.compile, on fake or
+    meta tensors (its fake gives the shapes) and under torch.func's transforms (vmap: its vmap rule) through the op."""
     if torch.compiler.is_compiling() or isinstance(args[0], torch._subclasses.FakeTensor) or args[0].is_meta:
         return op(*args)
-    if any(_batched(x) for x in args):  # under torch.func.vmap: the op's vmap rule
-        return op(*args)
-    return launch(*args)
+    return op(*args) if torch._C._are_functorch_transforms_active() else launch(*args)
 
 
 def _flat(x, batch, rows, cols):
