@@ -1,11 +1,11 @@
 """The Triton kernels' own checks in benchmarks/gpu.py (issue 41): right on the device before they are timed, and
 the launch settings they are timed at.
 
-1. ``sweep``: ``attention_triton``'s forward + backward and JVP in bfloat16 at 4×16×2048×64, causal and not, for
-   each launch setting (BLOCK_M, BLOCK_N, warps, stages) set on every kernel: each kernel's device time
-   (torch.profiler). The module's own setting is the first row. Each kernel's setting of least time is chosen, and
-   every Triton module of the run launches at it from then on (the module's LAUNCH table; the sections after it
-   measure the chosen settings, and the table's rows are what LAUNCH's defaults are read from).
+1. ``sweep``: ``attention_triton``'s forward + backward in bfloat16 at 4×16×2048×64, causal and not, for each
+   launch setting (BLOCK_M, BLOCK_N, warps, stages) set on the forward, key and query kernels: each kernel's device
+   time (torch.profiler), the step's wall time. The module's own setting is the first row. Each kernel's setting
+   of least time is chosen, and every Triton module of the run launches at it from then on (the module's LAUNCH
+   table; the sections after it measure the chosen settings, and LAUNCH's defaults are read from its rows).
 2. ``correctness``: every variant of ``benchmarks/gpu_triton.py`` (bfloat16; plain and causal also float16 and
    float32) at 2×3×304×64 (304 rows: a partial last block) and plain attention with wide heads (d = 128, 256: the
    smaller blocks of the shared-memory rule), the worst error of output and gradients against float64 eager math on

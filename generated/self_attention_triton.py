@@ -834,7 +834,7 @@ def _backward_launch(
     tile_grads = [torch.zeros((bh, n, m) if w else (0,), dtype=torch.float32, device=q.device) for w in wanted]
     rows = _cdiv(n, queries["BLOCK_M"])  # a scalar's sums: one per query block
     sums = [torch.empty((bh * rows,), dtype=torch.float32, device=q.device) for _ in range(SCALARS)]
-    _query_kernel[(_cdiv(n, queries["BLOCK_M"]), bh)](
+    _query_kernel[(rows, bh)](
         q,
         k,
         v,
@@ -868,7 +868,7 @@ def _backward_vmap(info, in_dims, q, k, v, o, do, lse, residual, tiles, coeffici
     """The backward op under torch.func.vmap (jacrev, per-sample gradients): vmap's axis of every argument merged into
     the batch·head axis the kernels step through (_merged), every result split back (_split)."""
     size = info.batch_size
-    _scalars_unbatched(in_dims[8])
+    _no_batched_scalar(in_dims[8] is not None)  # coefficients: the trainable scalars' values
     q, k, v, o, do, lse, residual = (_merged(x, dim, size) for x, dim in zip((q, k, v, o, do, lse, residual), in_dims))
     tiles = [_merged(t, dim, size) for t, dim in zip(tiles, in_dims[7])]
     return _split(_backward_launch(q, k, v, o, do, lse, residual, tiles, coefficients, inner, causal, wanted), size)
@@ -1175,7 +1175,7 @@ def _vmapped_core(function, info, in_dims, arguments):
     moved = []
     for x, dim in zip(arguments, in_dims):
         if isinstance(x, torch.Tensor) and dim is not None:
-            _scalars_unbatched(dim if x.dim() == 1 else None)  # a trainable scalar (0-d) batched: (size,)
+            _no_batched_scalar(x.dim() == 1)  # a trainable scalar (0-d), batched: (size,)
             x = x.movedim(dim, 0)
         elif isinstance(x, torch.Tensor) and x.dim():
             x = x.unsqueeze(0)
@@ -1185,9 +1185,9 @@ def _vmapped_core(function, info, in_dims, arguments):
     return (O, *kept), (0,) * (1 + len(kept))
 
 
-def _scalars_unbatched(dim):
-    """A RuntimeError where vmap batches a trainable scalar (the kernels take one value of each)."""
-    if dim is not None:
+def _no_batched_scalar(batched):
+    """A RuntimeError where vmap batches a trainable scalar (batched: the kernels take one value of each)."""
+    if batched:
         raise RuntimeError(f"{SPEC}: a trainable scalar batched by torch.func.vmap is not supported by the kernels")
 
 
@@ -1202,9 +1202,8 @@ def _merged(x, dim, size):
 
 def _split(results, size):
     """An op's results (their first axis batch·head, flat) with vmap's axis split off first; an empty one as it is."""
-    return [x.reshape(size, -1, *x.shape[1:]) if x.numel() else x for x in results], [
-        0 if x.numel() else None for x in results
-    ]
+    dims = [0 if x.numel() else None for x in results]
+    return [x if dim is None else x.reshape(size, -1, *x.shape[1:]) for x, dim in zip(results, dims)], dims
 
 
 def _jvp_operands(saved, tangents):
@@ -1225,7 +1224,7 @@ def _jvp_operands(saved, tangents):
         if x is None:
             return None
         if _batched(x):
-            _scalars_unbatched(0 if x.dim() == 0 else None)  # a trainable scalar's value or tangent
+            _no_batched_scalar(x.dim() == 0)  # a trainable scalar's value or tangent
             return _physical(x)
         x = _plain(x)
         return x if x.dim() == 0 else x.expand(size, *x.shape) if expand else x.unsqueeze(0)
