@@ -132,10 +132,10 @@ def _labelled(kernel, label: str):
     return Launch()
 
 
-def _kernel_us(module, leaves: list, cotangent: torch.Tensor, device: str, steps: int = 3) -> dict[tuple, float]:
-    """{(kernel, causal): µs per call} of the module's forward + backward, each kernel's device time by
-    torch.profiler (its CPU time under the interpreter), and {("step", causal): ms}, the step's best wall time
-    (CUDA synchronised), after one call (compiles) timed as ("compile", causal): s."""
+def _kernel_us(module, leaves: list, cotangent: torch.Tensor, device: str, steps: int) -> dict[tuple, float]:
+    """{(kernel, causal): µs per call} of the module's forward + backward over steps calls, each kernel's device time
+    by torch.profiler (its CPU time under the interpreter), and {("step", causal): ms}, the step's best wall time of
+    steps + 2 calls (CUDA synchronised), after one call (compiles) timed as ("compile", causal): s."""
     activities = [torch.profiler.ProfilerActivity.CPU]
     if device == "cuda":
         activities.append(torch.profiler.ProfilerActivity.CUDA)
@@ -148,7 +148,7 @@ def _kernel_us(module, leaves: list, cotangent: torch.Tensor, device: str, steps
         began = time.perf_counter()
         step()
         spent["compile", causal] = time.perf_counter() - began
-        spent["step", causal] = TRITON.best_ms(step, 5, device)
+        spent["step", causal] = TRITON.best_ms(step, steps + 2, device)
         with torch.profiler.profile(activities=activities) as run:
             for _ in range(steps):
                 step()
@@ -191,7 +191,7 @@ def sweep(device: str, smoke: bool, budget: float) -> list[str]:
                 continue
             module.LAUNCH.update(own if setting is None else dict.fromkeys(own, setting))
             try:
-                spent = _kernel_us(module, leaves, cotangent, device)
+                spent = _kernel_us(module, leaves, cotangent, device, 1 if smoke else 3)
             except Exception as failure:  # a setting that does not launch is reported, the others run
                 rows.append(f"| {named} | failed: {type(failure).__name__}: {str(failure).splitlines()[0][:80]} |")
                 print(rows[-1], flush=True)
