@@ -289,6 +289,7 @@ def main(argv: list[str] | None = None) -> str:
             lambda: TRITON.variants(device, smoke, 1 if smoke else repeats, made(), compiled),
         ),
         ("Triton forward + backward by kernel (torch.profiler)", lambda: KERNELS.profile(device, smoke)),
+        ("Triton host time per call, and as a CUDA graph", lambda: KERNELS.host(device, smoke)),
         (
             "Triton JVP (output and tangent) against torch.func.jvp of the math",
             lambda: TRITON.jvp(made(), device, smoke, 1 if smoke else repeats),

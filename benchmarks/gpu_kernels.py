@@ -2,7 +2,7 @@
 the launch settings they are timed at.
 
 1. ``sweep``: ``attention_triton``'s forward + backward in bfloat16 at 4×16×2048×64, causal and not, for each
-   launch setting (BLOCK_M, BLOCK_N, warps, stages) set on the forward, key and query kernels: each kernel's device
+   launch setting (BLOCK_M, BLOCK_N, warps, stages) set on the forward and backward kernels: each kernel's device
    time (torch.profiler), the step's wall time. The module's own setting is the first row. Each kernel's setting
    of least time is chosen, and every Triton module of the run launches at it from then on (the module's LAUNCH
    table; the sections after it measure the chosen settings, and LAUNCH's defaults are read from its rows).
@@ -12,6 +12,10 @@ the launch settings they are timed at.
    the same rounded inputs, the eager math's own error in that dtype beside it; and ``mha_triton`` against
    ``mha_torch`` (grouped heads, a key padding mask, causal) in float32.
 3. ``profile``: where one forward + backward of ``attention_triton`` spends its time, by kernel.
+4. ``host``: the host's time per forward + backward call of ``attention_triton`` and SDPA, the device kept busy so
+   that every launch queues (its Python and torch ops alone, the kernels' launches stubbed; the Triton launchers
+   are the difference), the synchronised step, and the step replayed as a CUDA graph (no host work per call: the
+   kernels' own time).
 
 Under ``--cpu-smoke`` both run under Triton's interpreter at tiny sizes (float32 and float16; the interpreter's
 bfloat16 products are wrong), the sweep over two settings (the interpreter's blocks are its own: nothing is chosen).
@@ -41,7 +45,7 @@ SETTINGS = (  # BLOCK_M, BLOCK_N, warps, stages: Triton's tutorial's and FlashAt
 )  # no num_stages = 4: with triton 3.6 on an H200 the sweep did not get past its first such setting (GPU.md)
 GENERATED = Path(__file__).resolve().parents[1] / "generated"
 CHOSEN: dict = {}  # each kernel's setting chosen by the sweep (on CUDA): every Triton module of the run launches at it
-SWEPT = ("forward", "key", "query")  # the JVP kernel keeps its own (its target met at 64 × 64)
+SWEPT = ("forward", "backward")  # the JVP kernel keeps its own (its target met at 64 × 64)
 
 
 def _values(run: Callable, leaves: list, cotangent: torch.Tensor) -> list:
@@ -163,7 +167,7 @@ def _kernel_us(module, leaves: list, cotangent: torch.Tensor, device: str, steps
 
 
 def sweep(device: str, smoke: bool, budget: float) -> list[str]:
-    """Rows: each launch setting of SETTINGS set on the forward, key and query kernels of attention_triton (no
+    """Rows: each launch setting of SETTINGS set on the forward and backward kernels of attention_triton (no
     setting begun after budget seconds), its compile time, forward + backward wall time and each kernel's device µs
     (no mask / causal); then each kernel's setting of least time (no mask + causal), which every Triton module of
     this run launches at from here on (CHOSEN; on CUDA: the interpreter's blocks are its own). Each row is printed as
@@ -261,3 +265,87 @@ def profile(device: str, smoke: bool) -> list[str]:
             rows.append(f"| {mask} | {e.key[:70]} | {e.count / steps:g} | {spent / steps:.1f} |")
         rows.append(f"| {mask} | one step's wall time (profiled) | | {wall * 1e6:.1f} |")
     return rows
+
+
+def host(device: str, smoke: bool) -> list[str]:
+    """Rows: attention_triton and SDPA, no mask and causal: the host's µs in the forward call and in the backward
+    call (CUDA kept busy by a sleep kernel queued first, so the calls' time is the host's alone), the same with
+    attention_triton's launches stubbed, the synchronised step's ms, and the step's ms as a CUDA graph
+    (torch.cuda.make_graphed_callables: its forward and backward replayed, no host work per call)."""
+    from generated import attention_triton as module
+
+    size, dtype = ((1, 2, 64, 16), torch.float32) if smoke else ((4, 16, 2048, 64), torch.bfloat16)
+    generator = torch.Generator(device=device).manual_seed(0)
+    leaves = [torch.randn(*size, generator=generator, device=device, dtype=dtype).requires_grad_() for _ in range(3)]
+    cotangent = torch.randn(*size, generator=generator, device=device, dtype=dtype)
+    repeats = 1 if smoke else 20
+    columns = "host µs: forward / backward | launches stubbed | step ms | step ms, CUDA graph"
+    rows = [f"| call | mask | {columns} |", "|---|---|---|---|---|---|"]
+    for name, attend in (
+        ("attention_triton", module.forward),
+        ("SDPA", torch.nn.functional.scaled_dot_product_attention),
+    ):
+        for causal in (False, True):
+
+            def call(q, k, v, attend=attend, causal=causal):
+                return (
+                    attend(q, k, v, is_causal=causal)
+                    if attend is not module.forward
+                    else attend(q, k, v, causal=causal)
+                )
+
+            cells = [_host_us(call, leaves, cotangent, device, repeats)]
+            cells.append(_stubbed(module, call, leaves, cotangent, device, repeats) if name != "SDPA" else "")
+            cells.append(f"{TRITON.best_ms(lambda: _step(call, leaves, cotangent), repeats, device):.3f}")
+            cells.append(_graphed_ms(call, leaves, cotangent, repeats) if device == "cuda" else "CUDA only")
+            rows.append(f"| {name} | {'causal' if causal else 'none'} | " + " | ".join(cells) + " |")
+    return rows
+
+
+def _step(call: Callable, leaves: list, cotangent: torch.Tensor) -> None:
+    torch.autograd.grad(call(*leaves), leaves, cotangent)
+
+
+def _host_us(call: Callable, leaves: list, cotangent: torch.Tensor, device: str, repeats: int) -> str:
+    """ "forward / backward": the best host µs of each call over repeats steps, the device busy before them."""
+    _step(call, leaves, cotangent)
+    best = [float("inf")] * 2
+    for _ in range(repeats):
+        if device == "cuda":
+            torch.cuda.synchronize()
+            torch.cuda._sleep(20_000_000)  # about 10 ms of device work: the step's launches queue behind it
+        began = time.perf_counter()
+        out = call(*leaves)
+        middle = time.perf_counter()
+        torch.autograd.grad(out, leaves, cotangent)
+        ended = time.perf_counter()
+        best = [min(best[0], middle - began), min(best[1], ended - middle)]
+    if device == "cuda":
+        torch.cuda.synchronize()
+    return f"{best[0] * 1e6:.0f} / {best[1] * 1e6:.0f}"
+
+
+def _stubbed(module, call: Callable, leaves: list, cotangent: torch.Tensor, device: str, repeats: int) -> str:
+    """_host_us with each of the module's kernels launching nothing: its Python and torch ops alone."""
+
+    class Stub:
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: None
+
+    kernels = {name: getattr(module, name) for name in dir(module) if name.endswith("_kernel")}
+    try:
+        for name in kernels:
+            setattr(module, name, Stub())
+        return _host_us(call, leaves, cotangent, device, repeats)
+    finally:
+        for name, kernel in kernels.items():
+            setattr(module, name, kernel)
+
+
+def _graphed_ms(call: Callable, leaves: list, cotangent: torch.Tensor, repeats: int) -> str:
+    """The best ms of a step whose forward and backward replay CUDA graphs (torch.cuda.make_graphed_callables)."""
+    try:
+        graphed = torch.cuda.make_graphed_callables(call, tuple(leaves))
+        return f"{TRITON.best_ms(lambda: _step(graphed, leaves, cotangent), repeats, 'cuda'):.3f}"
+    except Exception as failure:  # a call that cannot be captured is reported, the others run
+        return f"failed: {type(failure).__name__}: {str(failure).splitlines()[0][:80]}"

@@ -86,25 +86,30 @@ SPEC = "transformer_block"
 SHARED = 160 * 1024  # the shared-memory budget of one program's tiles (an H100 has 227 KiB; the rest for tl.dot's)
 LAUNCH = {  # per kernel on a GPU: BLOCK_M (query rows), BLOCK_N (keys), warps, pipeline stages (benchmarks/GPU.md)
     "forward": (64, 64, 4, 3),
-    "key": (64, 64, 4, 3),
-    "query": (64, 64, 4, 3),
+    "backward": (64, 64, 4, 3),
     "jvp": (64, 64, 4, 3),
 }
-STREAMED = {"forward": 1, "key": 0, "query": 1, "jvp": 1}  # the block a kernel's loop steps through (0: M, 1: N)
+STREAMED = {"forward": 1, "backward": None, "jvp": 1}  # the block a kernel's loop steps through (0: M, 1: N; None:
+# both, the backward's key part through M and its query part through N)
 
 
 def _launch(x, width, kernel):
     """The kernel's launch settings for inputs like x, each row width entries (d + d_v): BLOCK_M × BLOCK_N = 16 × 16
     under the interpreter (CPU tensors, one program at a time); on a GPU LAUNCH's, the larger block (the streamed one
     of a tie) halved, down to 16, while one held block and num_stages streamed ones (triton's software pipeline), each
-    row padded to a power of two, pass SHARED bytes: a wide head in float32 fits a GPU's shared memory."""
+    row padded to a power of two, pass SHARED bytes: a wide head in float32 fits a GPU's shared memory. A kernel
+    whose parts stream both blocks counts the larger one streamed, its worse part."""
     if not x.is_cuda:
         return {"BLOCK_M": 16, "BLOCK_N": 16}
     *blocks, warps, stages = LAUNCH[kernel]
-    streamed, row = STREAMED[kernel], _width(width) * x.element_size()
-    while (blocks[1 - streamed] + stages * blocks[streamed]) * row > SHARED and max(blocks) > 16:
-        larger = streamed if blocks[streamed] >= blocks[1 - streamed] else 1 - streamed
-        blocks[larger] //= 2
+    row = _width(width) * x.element_size()
+    while max(blocks) > 16:
+        streamed = STREAMED[kernel]
+        if streamed is None:
+            streamed = 1 if blocks[1] >= blocks[0] else 0
+        if (blocks[1 - streamed] + stages * blocks[streamed]) * row <= SHARED:
+            break
+        blocks[streamed if blocks[streamed] >= blocks[1 - streamed] else 1 - streamed] //= 2
     return {"BLOCK_M": blocks[0], "BLOCK_N": blocks[1], "num_warps": warps, "num_stages": stages}
 
 
@@ -149,7 +154,9 @@ def _run(op, launch, *args):
 
 def _flat(x, batch, rows, cols):
     """x broadcast to (*batch, rows, cols), its batch axes as one (a view where the strides allow)."""
-    return x.expand(*batch, rows, cols).reshape(-1, rows, cols)  # reshape: a view where the strides allow
+    if x.shape[:-2] != batch:  # broadcast (the common case, x already of the batch shape, skips expand's call)
+        x = x.expand(*batch, rows, cols)
+    return x.reshape(-1, rows, cols)  # reshape: a view where the strides allow
 
 
 def _rows(x):
@@ -434,7 +441,140 @@ def _delta_kernel(
 
 
 @triton.jit
-def _key_kernel(
+def _backward_kernel(
+    Q,
+    K,
+    V,
+    DO,
+    L,
+    D,
+    DK,
+    DV,
+    T_M,
+    M_sb,
+    M_sh,
+    M_sn,
+    M_sm,
+    C,
+    sqb,
+    sqn,
+    skb,
+    skn,
+    svb,
+    svn,
+    sdb,
+    sdn,
+    n,
+    m,
+    d,
+    dv,
+    inner,
+    group,
+    DQ,
+    G_M,
+    CAUSAL: tl.constexpr,
+    PRECISION: tl.constexpr,
+    HAS_M: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+    GRAD_M: tl.constexpr,
+):
+    """The backward in one launch, as two programs' kinds that read nothing the other writes: along axis 0 the first
+    ⌈m / BLOCK_N⌉ programs each one block of keys (_key_part), the rest each one block of query rows
+    (_query_part); axis 1 the batch·head (a key part's the key/value batch·head: the programs past them
+    return)."""
+    pid = tl.program_id(0)
+    keys = tl.cdiv(m, BLOCK_N)
+    if pid < keys:
+        if tl.program_id(1) < tl.num_programs(1) // group:
+            _key_part(
+                pid,
+                tl.program_id(1).to(tl.int64),
+                Q,
+                K,
+                V,
+                DO,
+                L,
+                D,
+                DK,
+                DV,
+                T_M,
+                M_sb,
+                M_sh,
+                M_sn,
+                M_sm,
+                C,
+                sqb,
+                sqn,
+                skb,
+                skn,
+                svb,
+                svn,
+                sdb,
+                sdn,
+                n,
+                m,
+                d,
+                dv,
+                inner,
+                group,
+                CAUSAL,
+                PRECISION,
+                HAS_M,
+                BLOCK_M,
+                BLOCK_N,
+                BLOCK_D,
+                BLOCK_DV,
+            )
+    else:
+        _query_part(
+            pid - keys,
+            tl.program_id(1).to(tl.int64),
+            Q,
+            K,
+            V,
+            DO,
+            L,
+            D,
+            DQ,
+            T_M,
+            M_sb,
+            M_sh,
+            M_sn,
+            M_sm,
+            G_M,
+            C,
+            sqb,
+            sqn,
+            skb,
+            skn,
+            svb,
+            svn,
+            sdb,
+            sdn,
+            n,
+            m,
+            d,
+            dv,
+            inner,
+            group,
+            CAUSAL,
+            PRECISION,
+            HAS_M,
+            GRAD_M,
+            BLOCK_M,
+            BLOCK_N,
+            BLOCK_D,
+            BLOCK_DV,
+        )
+
+
+@triton.jit
+def _key_part(
+    pid,
+    kv,
     Q,
     K,
     V,
@@ -472,10 +612,10 @@ def _key_kernel(
     BLOCK_DV: tl.constexpr,
 ):
     """One block of BLOCK_N keys of one key/value batch·head: the query blocks of each query head sharing it in turn,
-    P recomputed from L, dV = Σ Pᵀ dO and dK = Σ dSᵀ Q (dK and dV written once each: no atomics). DK, DV are
-    contiguous (BH_kv, m, d) and (BH_kv, m, d_v)."""
-    pid = tl.program_id(0)
-    kv = tl.program_id(1).to(tl.int64)  # the key/value batch·head; int64 offsets: kv · stride may pass 2³¹
+    each tile transposed (keys × queries: Sᵀ = K Qᵀ, Pᵀ recomputed from L, dPᵀ = V dOᵀ, dSᵀ), so dV = Σ Pᵀ dO and
+    dK = Σ dSᵀ Q take the tiles as they are made (dK and dV written once each: no atomics). DK, DV are contiguous
+    (BH_kv, m, d) and (BH_kv, m, d_v). pid: the key block; kv: the key/value batch·head (int64: kv · stride may pass
+    2³¹)."""
     c0 = tl.load(C + 0)  # 1/√d_k
     cols = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     dd = tl.arange(0, BLOCK_D)
@@ -500,107 +640,109 @@ def _key_kernel(
     for step in range(0, group * blocks):
         bh = first + step // blocks
         rows = begin + (step % blocks) * BLOCK_M + tl.arange(0, BLOCK_M)
-        q_rows = (rows[:, None] < n) & (dd[None, :] < d)
+        qt_rows = (dd[:, None] < d) & (rows[None, :] < n)
         o_rows = (rows[:, None] < n) & (de[None, :] < dv)
-        q = tl.load(Q + bh * sqb + rows[:, None] * sqn + dd[None, :], mask=q_rows, other=0.0)
+        qt = tl.load(Q + bh * sqb + dd[:, None] + rows[None, :] * sqn, mask=qt_rows, other=0.0)  # Qᵀ, d × BLOCK_M
         do = tl.load(DO + bh * sdb + rows[:, None] * sdn + de[None, :], mask=o_rows, other=0.0)
         lse = tl.load(L + bh * n + rows, mask=rows < n, other=0.0)
         delta = tl.load(D + bh * n + rows, mask=rows < n, other=0.0)
 
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
-        inside = (rows[:, None] < n) & (cols[None, :] < m)
+        s = tl.dot(k, qt, input_precision=PRECISION)  # Sᵀ, keys × queries: every tile below transposed
+        inside = (cols[:, None] < m) & (rows[None, :] < n)
         valid = inside
         if CAUSAL:
-            valid = valid & (cols[None, :] <= rows[:, None])
+            valid = valid & (cols[:, None] <= rows[None, :])
         if HAS_M:
             tile_M = tl.load(
-                T_M + (bh // inner) * M_sb + (bh % inner) * M_sh + rows[:, None] * M_sn + cols[None, :] * M_sm,
+                T_M + (bh // inner) * M_sb + (bh % inner) * M_sh + rows[None, :] * M_sn + cols[:, None] * M_sm,
                 mask=inside,
                 other=0.0,
             ).to(tl.float32)
         else:
-            tile_M = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+            tile_M = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
         a = (c0 * s) + tile_M
 
-        p = tl.where(valid, tl.exp(a - lse[:, None]), 0.0)
+        p = tl.where(valid, tl.exp(a - lse[None, :]), 0.0)
 
-        dv_acc += tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=PRECISION)
-        dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
-        g = tl.where(valid, p * (dp - delta[:, None]), 0.0)
+        dv_acc += tl.dot(p.to(do.dtype), do, input_precision=PRECISION)
+        dp = tl.dot(v, tl.trans(do), input_precision=PRECISION)
+        g = tl.where(valid, p * (dp - delta[None, :]), 0.0)
         ds = tl.where(valid, (c0 * g), 0.0)
 
-        dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=PRECISION)
+        dk += tl.dot(ds.to(qt.dtype), tl.trans(qt), input_precision=PRECISION)
     blocks = tl.maximum(full - diagonal, 0) // BLOCK_M
     for step in range(0, group * blocks):
         bh = first + step // blocks
         rows = diagonal + (step % blocks) * BLOCK_M + tl.arange(0, BLOCK_M)
-        q_rows = (rows[:, None] < n) & (dd[None, :] < d)
+        qt_rows = (dd[:, None] < d) & (rows[None, :] < n)
         o_rows = (rows[:, None] < n) & (de[None, :] < dv)
-        q = tl.load(Q + bh * sqb + rows[:, None] * sqn + dd[None, :], mask=q_rows, other=0.0)
+        qt = tl.load(Q + bh * sqb + dd[:, None] + rows[None, :] * sqn, mask=qt_rows, other=0.0)  # Qᵀ, d × BLOCK_M
         do = tl.load(DO + bh * sdb + rows[:, None] * sdn + de[None, :], mask=o_rows, other=0.0)
         lse = tl.load(L + bh * n + rows, mask=rows < n, other=0.0)
         delta = tl.load(D + bh * n + rows, mask=rows < n, other=0.0)
 
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
-        inside = (rows[:, None] < n) & (cols[None, :] < m)
+        s = tl.dot(k, qt, input_precision=PRECISION)  # Sᵀ, keys × queries: every tile below transposed
+        inside = (cols[:, None] < m) & (rows[None, :] < n)
         if HAS_M:
             tile_M = tl.load(
-                T_M + (bh // inner) * M_sb + (bh % inner) * M_sh + rows[:, None] * M_sn + cols[None, :] * M_sm,
+                T_M + (bh // inner) * M_sb + (bh % inner) * M_sh + rows[None, :] * M_sn + cols[:, None] * M_sm,
                 mask=inside,
                 other=0.0,
             ).to(tl.float32)
         else:
-            tile_M = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+            tile_M = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
         a = (c0 * s) + tile_M
 
-        p = tl.exp(a - lse[:, None])
+        p = tl.exp(a - lse[None, :])
 
-        dv_acc += tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=PRECISION)
-        dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
-        g = p * (dp - delta[:, None])
+        dv_acc += tl.dot(p.to(do.dtype), do, input_precision=PRECISION)
+        dp = tl.dot(v, tl.trans(do), input_precision=PRECISION)
+        g = p * (dp - delta[None, :])
         ds = c0 * g
 
-        dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=PRECISION)
+        dk += tl.dot(ds.to(qt.dtype), tl.trans(qt), input_precision=PRECISION)
     blocks = tl.cdiv(n - tail, BLOCK_M)
     for step in range(0, group * blocks):
         bh = first + step // blocks
         rows = tail + (step % blocks) * BLOCK_M + tl.arange(0, BLOCK_M)
-        q_rows = (rows[:, None] < n) & (dd[None, :] < d)
+        qt_rows = (dd[:, None] < d) & (rows[None, :] < n)
         o_rows = (rows[:, None] < n) & (de[None, :] < dv)
-        q = tl.load(Q + bh * sqb + rows[:, None] * sqn + dd[None, :], mask=q_rows, other=0.0)
+        qt = tl.load(Q + bh * sqb + dd[:, None] + rows[None, :] * sqn, mask=qt_rows, other=0.0)  # Qᵀ, d × BLOCK_M
         do = tl.load(DO + bh * sdb + rows[:, None] * sdn + de[None, :], mask=o_rows, other=0.0)
         lse = tl.load(L + bh * n + rows, mask=rows < n, other=0.0)
         delta = tl.load(D + bh * n + rows, mask=rows < n, other=0.0)
 
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
-        inside = (rows[:, None] < n) & (cols[None, :] < m)
+        s = tl.dot(k, qt, input_precision=PRECISION)  # Sᵀ, keys × queries: every tile below transposed
+        inside = (cols[:, None] < m) & (rows[None, :] < n)
         valid = inside
         if CAUSAL:
-            valid = valid & (cols[None, :] <= rows[:, None])
+            valid = valid & (cols[:, None] <= rows[None, :])
         if HAS_M:
             tile_M = tl.load(
-                T_M + (bh // inner) * M_sb + (bh % inner) * M_sh + rows[:, None] * M_sn + cols[None, :] * M_sm,
+                T_M + (bh // inner) * M_sb + (bh % inner) * M_sh + rows[None, :] * M_sn + cols[:, None] * M_sm,
                 mask=inside,
                 other=0.0,
             ).to(tl.float32)
         else:
-            tile_M = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+            tile_M = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
         a = (c0 * s) + tile_M
 
-        p = tl.where(valid, tl.exp(a - lse[:, None]), 0.0)
+        p = tl.where(valid, tl.exp(a - lse[None, :]), 0.0)
 
-        dv_acc += tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=PRECISION)
-        dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
-        g = tl.where(valid, p * (dp - delta[:, None]), 0.0)
+        dv_acc += tl.dot(p.to(do.dtype), do, input_precision=PRECISION)
+        dp = tl.dot(v, tl.trans(do), input_precision=PRECISION)
+        g = tl.where(valid, p * (dp - delta[None, :]), 0.0)
         ds = tl.where(valid, (c0 * g), 0.0)
 
-        dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=PRECISION)
+        dk += tl.dot(ds.to(qt.dtype), tl.trans(qt), input_precision=PRECISION)
     tl.store(DK + kv * m * d + cols[:, None] * d + dd[None, :], dk.to(DK.dtype.element_ty), mask=k_rows)
     tl.store(DV + kv * m * dv + cols[:, None] * dv + de[None, :], dv_acc.to(DV.dtype.element_ty), mask=v_rows)
 
 
 @triton.jit
-def _query_kernel(
+def _query_part(
+    pid,
+    bh,
     Q,
     K,
     V,
@@ -640,9 +782,8 @@ def _query_kernel(
 ):
     """One block of BLOCK_M query rows of one batch·head: the key blocks in turn, dQ = Σ dS K; each n × m input's
     gradient tile written where it is made (contiguous (BH, n, m), once each), each trainable scalar's sum over the
-    block's tiles written to its slot (BH × row blocks), summed after in a fixed order: no atomics anywhere."""
-    pid = tl.program_id(0)
-    bh = tl.program_id(1).to(tl.int64)  # int64 offsets: bh · stride may pass 2³¹ elements
+    block's tiles written to its slot (BH × row blocks), summed after in a fixed order: no atomics anywhere. pid: the
+    query block; bh: the batch·head (int64: bh · stride may pass 2³¹)."""
     kv = (bh // inner) * (inner // group) + (bh % inner) // group  # its key/value head: group query heads share one
     c0 = tl.load(C + 0)  # 1/√d_k
     rows = pid * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -957,15 +1098,16 @@ def _backward_launch(
     wanted: list[bool],
 ) -> list[torch.Tensor]:
     """[dQ, dK, dV, the n × m inputs' gradients (BH, n, m), the trainable scalars' partial sums (BH · row blocks)]
-    by the backward kernels, flat as _forward_op's, an n × m gradient made where wanted (else empty); a custom op as
-    it is."""
+    by the delta and backward kernels, flat as _forward_op's, an n × m gradient made where wanted (else empty); a
+    custom op as it is."""
     n, d, m, dv = q.shape[-2], q.shape[-1], k.shape[-2], v.shape[-1]
-    bh, keys, queries = q.shape[0], _launch(q, d + dv, "key"), _launch(q, d + dv, "query")
+    bh, blocks = q.shape[0], _launch(q, d + dv, "backward")
     group = bh // k.shape[0]  # query heads per key/value head (1 but for grouped-query heads)
     widths = {"BLOCK_D": _width(d), "BLOCK_DV": _width(dv)}
     strides = (q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), do.stride(0), do.stride(1))
+    rows = _cdiv(n, blocks["BLOCK_M"])  # the query blocks (a scalar's sums: one per query block)
     delta = torch.empty((bh, n), dtype=torch.float32, device=q.device)
-    _delta_kernel[(_cdiv(n, queries["BLOCK_M"]), bh)](
+    _delta_kernel[(rows, bh)](
         o,
         residual if residual.numel() else o,
         do,
@@ -977,14 +1119,15 @@ def _backward_launch(
         n,
         dv,
         RESIDUAL=residual.numel() > 0,
-        BLOCK_M=queries["BLOCK_M"],
+        BLOCK_M=blocks["BLOCK_M"],
         BLOCK_DV=widths["BLOCK_DV"],
     )
     dq = torch.empty((bh, n, d), dtype=q.dtype, device=q.device)
     dk = torch.empty((k.shape[0], m, d), dtype=k.dtype, device=q.device)
     dv_ = torch.empty((k.shape[0], m, dv), dtype=v.dtype, device=q.device)
-    launch = dict(CAUSAL=causal, PRECISION=_precision(q), **_flags(tiles), **widths)
-    _key_kernel[(_cdiv(m, keys["BLOCK_N"]), k.shape[0])](
+    tile_grads = [torch.zeros((bh, n, m) if w else (0,), dtype=torch.float32, device=q.device) for w in wanted]
+    sums = [torch.empty((bh * rows,), dtype=torch.float32, device=q.device) for _ in range(SCALARS)]
+    _backward_kernel[(_cdiv(m, blocks["BLOCK_N"]) + rows, bh)](  # the key blocks' programs, then the query blocks'
         q,
         k,
         v,
@@ -1002,33 +1145,14 @@ def _backward_launch(
         dv,
         inner,
         group,
-        **launch,
-        **keys,
-    )
-    tile_grads = [torch.zeros((bh, n, m) if w else (0,), dtype=torch.float32, device=q.device) for w in wanted]
-    rows = _cdiv(n, queries["BLOCK_M"])  # a scalar's sums: one per query block
-    sums = [torch.empty((bh * rows,), dtype=torch.float32, device=q.device) for _ in range(SCALARS)]
-    _query_kernel[(rows, bh)](
-        q,
-        k,
-        v,
-        do,
-        lse,
-        delta,
         dq,
-        *_tile_arguments(tiles, q),
         *tile_grads,
         *sums,
-        coefficients,
-        *strides,
-        n,
-        m,
-        d,
-        dv,
-        inner,
-        group,
-        **launch,
-        **queries,
+        CAUSAL=causal,
+        PRECISION=_precision(q),
+        **_flags(tiles),
+        **widths,
+        **blocks,
         **dict(zip(GRADIENT_FLAGS, wanted)),
     )
     return [dq, dk, dv_, *tile_grads, *sums]
@@ -1053,8 +1177,8 @@ def _backward_fake(q, k, v, o, do, lse, residual, tiles, coefficients, inner, ca
     bh, n, m = q.shape[0], q.shape[1], k.shape[1]
     grads = [torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)]
     grads += [q.new_empty((bh, n, m) if w else (0,), dtype=torch.float32) for w in wanted]
-    blocks = _cdiv(n, _launch(q, q.shape[-1] + v.shape[-1], "query")["BLOCK_M"])  # a scalar's sums: one per query block
-    return grads + [q.new_empty((bh * blocks,), dtype=torch.float32) for _ in range(SCALARS)]
+    rows = _cdiv(n, _launch(q, q.shape[-1] + v.shape[-1], "backward")["BLOCK_M"])  # a scalar's sums: one per row block
+    return grads + [q.new_empty((bh * rows,), dtype=torch.float32) for _ in range(SCALARS)]
 
 
 def _forward(Q, K, V, causal, symbols, tensors):

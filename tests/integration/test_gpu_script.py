@@ -93,7 +93,17 @@ def test_the_triton_kernel_checks_sweep_and_profile_report(report):
         assert float(c[3]) < (1e-5 if c[2] == "float32" else 5e-3) and float(c[4]) > 0, c
     assert float(cells[-1][3]) < 1e-5, cells[-1]
     sweep = _section(report, "Triton launch settings")
-    assert len(sweep) == 2 and all(len(re.findall(r"\d+\.\d+ / \d+\.\d+", row)) == 5 for row in sweep), sweep
+    assert len(sweep) == 2 and all(len(re.findall(r"\d+\.\d+ / \d+\.\d+", row)) == 4 for row in sweep), sweep
     assert "Chosen (least time, no mask + causal): {'forward': " in report, sweep
     profile = " ".join(_section(report, "Triton forward + backward by kernel"))
     assert "_CoreFunctionBackward" in profile and "wall time" in profile, profile
+
+
+def test_the_host_section_times_each_call_with_and_without_its_launches(report):
+    """The host's µs per forward and backward call of attention_triton (also with its launches stubbed) and SDPA,
+    the synchronised step; the CUDA graph's column says it needs CUDA."""
+    rows = [[c.strip() for c in row.split("|")[1:-1]] for row in _section(report, "Triton host time")]
+    assert [(c[0], c[1]) for c in rows] == [(a, m) for a in ("attention_triton", "SDPA") for m in ("none", "causal")]
+    for c in rows:
+        assert re.fullmatch(r"\d+ / \d+", c[2]) and re.fullmatch(r"\d+\.\d{3}", c[4]) and c[5] == "CUDA only", c
+        assert re.fullmatch(r"\d+ / \d+", c[3]) if c[0] != "SDPA" else c[3] == "", c

@@ -103,15 +103,15 @@ def test_attention_matches_autograd_and_the_torch_module(mask, causal, folder):
 
 
 LAUNCHES = {  # each kernel's BLOCK_M × BLOCK_N, as a GPU's LAUNCH table and shared-memory rule may choose
-    "tall": dict.fromkeys(("forward", "key", "query", "jvp"), (32, 16)),
-    "mixed": {"forward": (16, 32), "key": (16, 32), "query": (32, 32), "jvp": (16, 32)},  # and wide
+    "tall": dict.fromkeys(("forward", "backward", "jvp"), (32, 16)),
+    "mixed": {"forward": (16, 32), "backward": (16, 32), "jvp": (32, 32)},  # and wide
 }
 
 
 @pytest.mark.parametrize("launch", sorted(LAUNCHES))
 def test_blocks_of_any_heights_per_kernel_give_the_same_result(launch, folder, monkeypatch):
     """BLOCK_M ≠ BLOCK_N, and each kernel its own: causal forward, every gradient and the JVP of grouped-query mha,
-    and of a trainable scalar's core (its sums one per query kernel's block), against the modules at 16 × 16."""
+    and of a trainable scalar's core (its sums one per query block), against the modules at 16 × 16."""
     generator = torch.Generator().manual_seed(31)
     shapes = {"Q": (2, N, 32), "K": (2, M, 32), "V": (2, M, 32), "W_Q": (32, 32), "W_K": (32, 16), "W_V": (32, 16)}
     mha = {k: (torch.randn(shape, generator=generator) / 3).requires_grad_() for k, shape in shapes.items()}
@@ -138,7 +138,8 @@ def test_blocks_of_any_heights_per_kernel_give_the_same_result(launch, folder, m
 @pytest.mark.parametrize("size", [2, 4], ids=["16-bit", "float32"])
 def test_a_gpu_launch_is_the_tables_setting_shrunk_to_fit_shared_memory(size, folder):
     """On a GPU (a CUDA tensor's is_cuda and element size are all _launch reads): LAUNCH's blocks, warps and stages;
-    the blocks halved, down to 16, until one held block and num_stages streamed ones of padded rows fit SHARED."""
+    the blocks halved, down to 16, until one held block and num_stages streamed ones of padded rows fit SHARED (the
+    backward's both ways: its key part streams query blocks, its query part key blocks)."""
     from types import SimpleNamespace
 
     module = triton_module("attention", folder)
@@ -147,11 +148,13 @@ def test_a_gpu_launch_is_the_tables_setting_shrunk_to_fit_shared_memory(size, fo
         for width in (40, 128, 256, 512):
             got = module._launch(cuda, width, kernel)
             blocks = [got["BLOCK_M"], got["BLOCK_N"]]
-            held, streamed = (blocks[1], blocks[0]) if module.STREAMED[kernel] == 0 else blocks
+            parts = (0, 1) if module.STREAMED[kernel] is None else (module.STREAMED[kernel],)  # None: both streamed
             row = module._width(width) * size
             assert (got["num_warps"], got["num_stages"]) == (warps, stages)
             assert all(b in (16, 32, 64, 128, 256) for b in blocks) and blocks[0] <= block_m and blocks[1] <= block_n
-            assert (held + stages * streamed) * row <= module.SHARED or max(blocks) == 16, (kernel, width, got)
+            for streamed in parts:
+                needed = (blocks[1 - streamed] + stages * blocks[streamed]) * row
+                assert needed <= module.SHARED or max(blocks) == 16, (kernel, width, got)
             if (block_m + block_n) * (1 + stages) * row <= module.SHARED:  # room for the table's blocks: kept
                 assert blocks == [block_m, block_n], (kernel, width, got)
     assert module._launch(torch.zeros(1), 128, "forward") == {"BLOCK_M": 16, "BLOCK_N": 16}  # the interpreter's
@@ -351,11 +354,11 @@ for name, dtype in [(k, "fp16") for k in KERNELS] + [(KERNELS[0], "fp32")]:  # f
 @pytest.mark.parametrize(
     "name, kernels",
     [
-        ("features", ["_forward_kernel", "_delta_kernel", "_key_kernel", "_query_kernel", "_jvp_kernel"]),
-        ("softplus", ["_forward_kernel", "_delta_kernel", "_key_kernel", "_query_kernel", "_jvp_kernel"]),
-        ("sigmoid", ["_forward_kernel", "_query_kernel", "_jvp_kernel"]),
-        ("differential", ["_forward_kernel1", "_delta_kernel1", "_key_kernel2"]),
-        ("pointer", ["_forward_kernel", "_key_kernel", "_jvp_kernel"]),
+        ("features", ["_forward_kernel", "_delta_kernel", "_backward_kernel", "_jvp_kernel"]),
+        ("softplus", ["_forward_kernel", "_delta_kernel", "_backward_kernel", "_jvp_kernel"]),
+        ("sigmoid", ["_forward_kernel", "_backward_kernel", "_jvp_kernel"]),
+        ("differential", ["_forward_kernel1", "_delta_kernel1", "_backward_kernel2"]),
+        ("pointer", ["_forward_kernel", "_backward_kernel", "_jvp_kernel"]),
     ],
 )
 def test_the_kernels_compile_for_a_gpu_without_one(name, kernels, tmp_path):
