@@ -194,12 +194,31 @@ def _scalar_tensor(values, like):
     """The kernels' scalar arguments as one float32 tensor on like's device, read by pointer in the kernels: a
     trainable scalar's value stays on the device and torch.compile traces it (no float() of a tensor). A number is
     filled in on the device: a copy from the host would wait for the device's queue to empty (torch copies pageable
-    memory synchronously), leaving the host's launch work unhidden on every call."""
-    if not values:
-        return torch.zeros(1, dtype=torch.float32, device=like.device)
+    memory synchronously), leaving the host's launch work unhidden on every call. Numbers only (1/√d, a scale): the
+    tensor filled once per device and values (_NUMBERS), not once per call; never while a CUDA graph is captured
+    (its fill would only run on the graph's replay)."""
     if torch.compiler.is_compiling():
+        values = values or (0,)  # none: one entry 0
         return torch.stack([torch.as_tensor(x, dtype=torch.float32, device=like.device).reshape(()) for x in values])
-    parts = [_scalar(x, like.device) for x in values]
+    if any(isinstance(x, torch.Tensor) for x in values) or (like.is_cuda and torch.cuda.is_current_stream_capturing()):
+        return _filled(values, like.device)
+    key = (values, like.device)
+    found = _NUMBERS.get(key)
+    if found is None:
+        if len(_NUMBERS) >= 64:  # values that change call by call: the cache stays small
+            _NUMBERS.clear()
+        found = _NUMBERS[key] = _filled(values, like.device)
+    return found
+
+
+_NUMBERS = {}  # (the numbers, a device) → their float32 tensor there, read only by the kernels
+
+
+def _filled(values, device):
+    """values (numbers and one-entry tensors) as one float32 tensor on device; one entry 0 where there are none."""
+    if not values:
+        return torch.zeros(1, dtype=torch.float32, device=device)
+    parts = [_scalar(x, device) for x in values]
     return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 

@@ -160,6 +160,24 @@ def test_a_gpu_launch_is_the_tables_setting_shrunk_to_fit_shared_memory(size, fo
     assert module._launch(torch.zeros(1), 128, "forward") == {"BLOCK_M": 16, "BLOCK_N": 16}  # the interpreter's
 
 
+def test_numeric_scalar_arguments_are_filled_once_and_a_trainable_scalar_every_call(folder):
+    """The kernels' scalar arguments: numbers (1/√d, a scale) filled into a device tensor once per values and device,
+    the same tensor on the next call (no fill launched per call), the cache kept small; a trainable scalar's tensor
+    read every call (never a stale value); none: one entry 0."""
+    module = triton_module("attention", folder)
+    like = torch.zeros(2)
+    first = module._scalar_tensor((0.5, 2), like)
+    assert first is module._scalar_tensor((0.5, 2), like) and first.tolist() == [0.5, 2.0]
+    assert first.dtype == torch.float32 and module._scalar_tensor((), like).tolist() == [0.0]
+    tau = torch.tensor(1.5)
+    assert module._scalar_tensor((tau, 0.5), like).tolist() == [1.5, 0.5]
+    tau.fill_(3.0)
+    assert module._scalar_tensor((tau, 0.5), like).tolist() == [3.0, 0.5]
+    for i in range(100):
+        assert module._scalar_tensor((i / 7,), like).item() == pytest.approx(i / 7)
+    assert len(module._NUMBERS) <= 64
+
+
 def _stepped(module, inputs: dict, tangents: dict, options: dict) -> list:
     """The module's output, every input's gradient (a cotangent of ones) and its JVP along tangents."""
     out = module.forward(*inputs.values(), **options)
