@@ -285,6 +285,8 @@ def _forward_kernel(
     """One block of BLOCK_M query rows of one batch·head: the key blocks in turn, the online softmax (running row
     max m_i and sum l_i, float32), O = P V / l and L = m_i + log l_i saved."""
     pid = tl.program_id(0)
+    if CAUSAL:  # the query blocks in reverse order: a later one sees more keys, so the heaviest start first
+        pid = tl.num_programs(0) - 1 - pid  # (a shorter tail)
     bh = tl.program_id(1).to(tl.int64)  # int64 offsets: bh · stride may pass 2³¹ elements
     kv = (bh // inner) * (inner // group) + (bh % inner) // group  # its key/value head: group query heads share one
     c0 = tl.load(C + 0)  # scale
@@ -430,9 +432,9 @@ def _backward_kernel(
     GRAD_M: tl.constexpr,
 ):
     """The backward in one launch, as two programs' kinds that read nothing the other writes: along axis 0 the first
-    ⌈m / BLOCK_N⌉ programs each one block of keys (_key_part), the rest each one block of query rows
-    (_query_part); axis 1 the batch·head (a key part's the key/value batch·head: the programs past them
-    return)."""
+    ⌈m / BLOCK_N⌉ programs each one block of keys (_key_part), the rest each one block of query rows, the last
+    first under the causal mask (_query_part); axis 1 the batch·head (a key part's the key/value
+    batch·head: the programs past them return)."""
     pid = tl.program_id(0)
     keys = tl.cdiv(m, BLOCK_N)
     if pid < keys:
@@ -477,8 +479,11 @@ def _backward_kernel(
                 BLOCK_DV,
             )
     else:
+        query = pid - keys
+        if CAUSAL:  # the query blocks in reverse order: a later one sees more keys, so the heaviest start first
+            query = tl.num_programs(0) - 1 - pid  # (a shorter tail)
         _query_part(
-            pid - keys,
+            query,
             tl.program_id(1).to(tl.int64),
             Q,
             K,
@@ -862,6 +867,8 @@ def _jvp_kernel(
     Ȯ = (P ⊙ Ȧ) V + P V̇ − r O, r = rowsum(P ⊙ Ȧ): the running sums of P, P ⊙ Ȧ and the accumulators rescaled by
     the running row max together, float32. O(n·d) memory: no n × m array."""
     pid = tl.program_id(0)
+    if CAUSAL:  # the query blocks in reverse order: a later one sees more keys, so the heaviest start first
+        pid = tl.num_programs(0) - 1 - pid  # (a shorter tail)
     bh = tl.program_id(1).to(tl.int64)  # int64 offsets: bh · stride may pass 2³¹ elements
     kv = (bh // inner) * (inner // group) + (bh % inner) // group  # its key/value head: group query heads share one
     c0 = tl.load(C + 0)  # scale
