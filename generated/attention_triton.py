@@ -98,6 +98,16 @@ def _cdiv(a, b):
     return -(-a // b)
 
 
+GRID_Y = 65535  # a CUDA grid's most programs along its axes 1 and 2 (axis 0: 2³¹ − 1)
+
+
+def _grid(blocks, bh):
+    """A kernel's grid and its WIDE flag: (blocks, batch·heads), the axes swapped where the batch·heads pass GRID_Y
+    (batch 4096 of 16 heads: 65536)."""
+    wide = bh > GRID_Y
+    return ((bh, blocks) if wide else (blocks, bh)), wide
+
+
 def _run(op, launch, *args):
     """op(*args), op the custom op of launch: in an eager run on real tensors launch is called directly (the
     dispatcher's bookkeeping costs host time on every call, time a GPU waits for); under torch.compile, on fake or
@@ -275,6 +285,7 @@ def _forward_kernel(
     group,
     CAUSAL: tl.constexpr,
     PRECISION: tl.constexpr,
+    WIDE: tl.constexpr,
     RESIDUAL: tl.constexpr,
     HAS_M: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -284,10 +295,12 @@ def _forward_kernel(
 ):
     """One block of BLOCK_M query rows of one batch·head: the key blocks in turn, the online softmax (running row
     max m_i and sum l_i, float32), O = P V / l and L = m_i + log l_i saved."""
-    pid = tl.program_id(0)
+    pid, bh = tl.program_id(0), tl.program_id(1)
+    if WIDE:  # more batch·heads than a grid's axis 1 holds: its axes swapped (_grid)
+        pid, bh = tl.program_id(1), tl.program_id(0)
+    bh = bh.to(tl.int64)  # int64 offsets: bh · stride may pass 2³¹ elements
     if CAUSAL:  # the query blocks in reverse order: a later one sees more keys, so the heaviest start first
-        pid = tl.num_programs(0) - 1 - pid  # (a shorter tail)
-    bh = tl.program_id(1).to(tl.int64)  # int64 offsets: bh · stride may pass 2³¹ elements
+        pid = tl.num_programs(1 if WIDE else 0) - 1 - pid  # (a shorter tail)
     kv = (bh // inner) * (inner // group) + (bh % inner) // group  # its key/value head: group query heads share one
     c0 = tl.load(C + 0)  # scale
     rows = pid * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -374,12 +387,27 @@ def _forward_kernel(
 
 @triton.jit
 def _delta_kernel(
-    O, R, DO, D, sob, son, sdb, sdn, n, dv, RESIDUAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_DV: tl.constexpr
+    O,
+    R,
+    DO,
+    D,
+    sob,
+    son,
+    sdb,
+    sdn,
+    n,
+    dv,
+    RESIDUAL: tl.constexpr,
+    WIDE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
 ):
     """D = rowsum(dO ⊙ O), float32, for one block of rows of one batch·head; O + R, O before its rounding, where O
     is 16-bit (RESIDUAL)."""
-    pid = tl.program_id(0)
-    bh = tl.program_id(1).to(tl.int64)  # int64 offsets: bh · stride may pass 2³¹ elements
+    pid, bh = tl.program_id(0), tl.program_id(1)
+    if WIDE:  # more batch·heads than a grid's axis 1 holds: its axes swapped (_grid)
+        pid, bh = tl.program_id(1), tl.program_id(0)
+    bh = bh.to(tl.int64)  # int64 offsets: bh · stride may pass 2³¹ elements
     rows = pid * BLOCK_M + tl.arange(0, BLOCK_M)
     de = tl.arange(0, BLOCK_DV)
     mask = (rows[:, None] < n) & (de[None, :] < dv)
@@ -424,6 +452,7 @@ def _backward_kernel(
     G_M,
     CAUSAL: tl.constexpr,
     PRECISION: tl.constexpr,
+    WIDE: tl.constexpr,
     HAS_M: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -431,17 +460,20 @@ def _backward_kernel(
     BLOCK_DV: tl.constexpr,
     GRAD_M: tl.constexpr,
 ):
-    """The backward in one launch, as two programs' kinds that read nothing the other writes: along axis 0 the first
-    ⌈m / BLOCK_N⌉ programs each one block of keys (_key_part), the rest each one block of query rows, the last
-    first under the causal mask (_query_part); axis 1 the batch·head (a key part's the key/value
-    batch·head: the programs past them return)."""
-    pid = tl.program_id(0)
+    """The backward in one launch, as two programs' kinds that read nothing the other writes: along axis 0 (axis 1
+    where WIDE) the first ⌈m / BLOCK_N⌉ programs each one block of keys (_key_part), the rest each one block of
+    query rows, the last first under the causal mask (_query_part); along the other axis the batch·head (a key
+    part's the key/value batch·head: the programs past them return)."""
+    pid, bh = tl.program_id(0), tl.program_id(1)
+    if WIDE:  # more batch·heads than a grid's axis 1 holds: its axes swapped (_grid)
+        pid, bh = tl.program_id(1), tl.program_id(0)
+    bh = bh.to(tl.int64)  # int64 offsets: bh · stride may pass 2³¹ elements
     keys = tl.cdiv(m, BLOCK_N)
     if pid < keys:
-        if tl.program_id(1) < tl.num_programs(1) // group:
+        if bh < tl.num_programs(0 if WIDE else 1) // group:
             _key_part(
                 pid,
-                tl.program_id(1).to(tl.int64),
+                bh,
                 Q,
                 K,
                 V,
@@ -472,6 +504,7 @@ def _backward_kernel(
                 group,
                 CAUSAL,
                 PRECISION,
+                WIDE,
                 HAS_M,
                 BLOCK_M,
                 BLOCK_N,
@@ -481,10 +514,10 @@ def _backward_kernel(
     else:
         query = pid - keys
         if CAUSAL:  # the query blocks in reverse order: a later one sees more keys, so the heaviest start first
-            query = tl.num_programs(0) - 1 - pid  # (a shorter tail)
+            query = tl.num_programs(1 if WIDE else 0) - 1 - pid  # (a shorter tail)
         _query_part(
             query,
-            tl.program_id(1).to(tl.int64),
+            bh,
             Q,
             K,
             V,
@@ -515,6 +548,7 @@ def _backward_kernel(
             group,
             CAUSAL,
             PRECISION,
+            WIDE,
             HAS_M,
             GRAD_M,
             BLOCK_M,
@@ -558,6 +592,7 @@ def _key_part(
     group,
     CAUSAL: tl.constexpr,
     PRECISION: tl.constexpr,
+    WIDE: tl.constexpr,
     HAS_M: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -726,6 +761,7 @@ def _query_part(
     group,
     CAUSAL: tl.constexpr,
     PRECISION: tl.constexpr,
+    WIDE: tl.constexpr,
     HAS_M: tl.constexpr,
     GRAD_M: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -855,6 +891,7 @@ def _jvp_kernel(
     group,
     CAUSAL: tl.constexpr,
     PRECISION: tl.constexpr,
+    WIDE: tl.constexpr,
     HAS_M: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -866,10 +903,12 @@ def _jvp_kernel(
     Ṡ = Q̇ Kᵀ + Q K̇ᵀ and Ȧ = dA along it (and the inputs' tangents) per tile; with P the row softmax of A,
     Ȯ = (P ⊙ Ȧ) V + P V̇ − r O, r = rowsum(P ⊙ Ȧ): the running sums of P, P ⊙ Ȧ and the accumulators rescaled by
     the running row max together, float32. O(n·d) memory: no n × m array."""
-    pid = tl.program_id(0)
+    pid, bh = tl.program_id(0), tl.program_id(1)
+    if WIDE:  # more batch·heads than a grid's axis 1 holds: its axes swapped (_grid)
+        pid, bh = tl.program_id(1), tl.program_id(0)
+    bh = bh.to(tl.int64)  # int64 offsets: bh · stride may pass 2³¹ elements
     if CAUSAL:  # the query blocks in reverse order: a later one sees more keys, so the heaviest start first
-        pid = tl.num_programs(0) - 1 - pid  # (a shorter tail)
-    bh = tl.program_id(1).to(tl.int64)  # int64 offsets: bh · stride may pass 2³¹ elements
+        pid = tl.num_programs(1 if WIDE else 0) - 1 - pid  # (a shorter tail)
     kv = (bh // inner) * (inner // group) + (bh % inner) // group  # its key/value head: group query heads share one
     c0 = tl.load(C + 0)  # scale
     rows = pid * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -994,7 +1033,8 @@ def _forward_launch(
     o = torch.empty((q.shape[0], n, dv), dtype=v.dtype, device=q.device)
     lse = torch.empty((q.shape[0], n), dtype=torch.float32, device=q.device)
     residual = torch.empty(o.shape if _residual(o) else (0,), dtype=o.dtype, device=q.device)
-    _forward_kernel[(_cdiv(n, blocks["BLOCK_M"]), q.shape[0])](
+    grid, wide = _grid(_cdiv(n, blocks["BLOCK_M"]), q.shape[0])
+    _forward_kernel[grid](
         q,
         k,
         v,
@@ -1019,6 +1059,7 @@ def _forward_launch(
         q.shape[0] // k.shape[0],
         CAUSAL=causal,
         PRECISION=_precision(q),
+        WIDE=wide,
         RESIDUAL=residual.numel() > 0,
         **_flags(tiles),
         BLOCK_D=_width(d),
@@ -1062,7 +1103,7 @@ def _backward_launch(
     strides = (q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), do.stride(0), do.stride(1))
     rows = _cdiv(n, blocks["BLOCK_M"])  # the query blocks (a scalar's sums: one per query block)
     delta = torch.empty((bh, n), dtype=torch.float32, device=q.device)
-    _delta_kernel[(rows, bh)](
+    _delta_kernel[_grid(rows, bh)[0]](
         o,
         residual if residual.numel() else o,
         do,
@@ -1074,6 +1115,7 @@ def _backward_launch(
         n,
         dv,
         RESIDUAL=residual.numel() > 0,
+        WIDE=bh > GRID_Y,
         BLOCK_M=blocks["BLOCK_M"],
         BLOCK_DV=widths["BLOCK_DV"],
     )
@@ -1082,7 +1124,8 @@ def _backward_launch(
     dv_ = torch.empty((k.shape[0], m, dv), dtype=v.dtype, device=q.device)
     tile_grads = [torch.zeros((bh, n, m) if w else (0,), dtype=torch.float32, device=q.device) for w in wanted]
     sums = [torch.empty((bh * rows,), dtype=torch.float32, device=q.device) for _ in range(SCALARS)]
-    _backward_kernel[(_cdiv(m, blocks["BLOCK_N"]) + rows, bh)](  # the key blocks' programs, then the query blocks'
+    grid, wide = _grid(_cdiv(m, blocks["BLOCK_N"]) + rows, bh)  # the key blocks' programs, then the query blocks'
+    _backward_kernel[grid](
         q,
         k,
         v,
@@ -1105,6 +1148,7 @@ def _backward_launch(
         *sums,
         CAUSAL=causal,
         PRECISION=_precision(q),
+        WIDE=wide,
         **_flags(tiles),
         **widths,
         **blocks,
@@ -1195,7 +1239,8 @@ def _core_jvp(Q, K, V, thin_tangents, causal, symbols, tensors, tangents):
     blocks = _launch(q, d + dv, "jvp")
     o = torch.empty((q.shape[0], n, dv), dtype=v.dtype, device=q.device)
     o_t = torch.empty_like(o)
-    _jvp_kernel[(_cdiv(n, blocks["BLOCK_M"]), q.shape[0])](
+    grid, wide = _grid(_cdiv(n, blocks["BLOCK_M"]), q.shape[0])
+    _jvp_kernel[grid](
         q,
         k,
         v,
@@ -1229,6 +1274,7 @@ def _core_jvp(Q, K, V, thin_tangents, causal, symbols, tensors, tangents):
         q.shape[0] // k.shape[0],
         CAUSAL=causal,
         PRECISION=_precision(q),
+        WIDE=wide,
         **_flags(tiles),
         **_tangent_flags(moving),
         BLOCK_D=_width(d),

@@ -110,29 +110,41 @@ LAUNCHES = {  # each kernel's BLOCK_M × BLOCK_N, as a GPU's LAUNCH table and sh
 
 @pytest.mark.parametrize("launch", sorted(LAUNCHES))
 def test_blocks_of_any_heights_per_kernel_give_the_same_result(launch, folder, monkeypatch):
-    """BLOCK_M ≠ BLOCK_N, and each kernel its own: causal forward, every gradient and the JVP of grouped-query mha,
+    """BLOCK_M ≠ BLOCK_N, and each kernel its own: causal output, every gradient and the JVP of grouped-query mha,
     and of a trainable scalar's core (its sums one per query block), against the modules at 16 × 16."""
-    generator = torch.Generator().manual_seed(31)
-    shapes = {"Q": (2, N, 32), "K": (2, M, 32), "V": (2, M, 32), "W_Q": (32, 32), "W_K": (32, 16), "W_V": (32, 16)}
-    mha = {k: (torch.randn(shape, generator=generator) / 3).requires_grad_() for k, shape in shapes.items()}
-    mha["W_O"] = (torch.randn((32, 32), generator=generator) / 3).requires_grad_()
-    cases = [
-        (triton_module("mha", folder), mha, {"num_heads": 4, "num_kv_heads": 2, "causal": True}),
-        (triton_module(gallery("temperature"), folder), random_inputs(gallery("temperature"), generator), {}),
-    ]
     blocks = LAUNCHES[launch]
 
     def chosen(x, width, kernel):
         return dict(zip(("BLOCK_M", "BLOCK_N"), blocks[kernel]))
 
-    for module, inputs, options in cases:
+    _same_when_patched(folder, monkeypatch, ["mha", gallery("temperature")], "_launch", chosen, f"{launch} blocks")
+
+
+def test_a_grid_with_more_batch_heads_than_its_axis_holds_swaps_its_axes(folder, monkeypatch):
+    """Past GRID_Y batch·heads (65535 on CUDA; 1 here) each kernel's grid has its axes swapped (WIDE): the same
+    causal output, gradients and JVP for grouped-query mha, a trainable scalar's core and a log-softmax map."""
+    specs = ["mha", gallery("temperature"), gallery("pointer")]
+    _same_when_patched(folder, monkeypatch, specs, "GRID_Y", 1, "swapped axes")
+
+
+def _same_when_patched(folder, monkeypatch, specs: list, name: str, value, label: str) -> None:
+    """Each spec's Triton module, causal: output, gradients and JVP with the module's name set to value, against the
+    same without."""
+    generator = torch.Generator().manual_seed(31)
+    shapes = {"Q": (2, N, 32), "K": (2, M, 32), "V": (2, M, 32), "W_Q": (32, 32), "W_K": (32, 16), "W_V": (32, 16)}
+    mha = {k: (torch.randn(shape, generator=generator) / 3).requires_grad_() for k, shape in shapes.items()}
+    mha["W_O"] = (torch.randn((32, 32), generator=generator) / 3).requires_grad_()
+    for spec in specs:
+        module = triton_module(spec, folder)
+        inputs = mha if spec == "mha" else random_inputs(spec, generator)
+        options = {"num_heads": 4, "num_kv_heads": 2, "causal": True} if spec == "mha" else {"causal": True}
         tangents = {k: torch.randn(x.shape, generator=generator) for k, x in inputs.items()}
         want = _stepped(module, inputs, tangents, options)
         with monkeypatch.context() as patched:
-            patched.setattr(module, "_launch", chosen)
+            patched.setattr(module, name, value)
             got = _stepped(module, inputs, tangents, options)
-        for value, expected in zip(got, want):
-            compare(value, expected.double(), f"{module.SPEC} at {launch} blocks", rtol=5e-5)
+        for value_got, expected in zip(got, want):
+            compare(value_got, expected.double(), f"{module.SPEC} at {label}", rtol=5e-5)
 
 
 @pytest.mark.parametrize("size", [2, 4], ids=["16-bit", "float32"])
@@ -345,10 +357,10 @@ for name, dtype in [(k, "fp16") for k in KERNELS] + [(KERNELS[0], "fp32")]:  # f
     names = list(inspect.signature(fn.fn).parameters)
     signature, constants = {}, {}
     for i, p in enumerate(names):
-        if p in ("CAUSAL", "PRECISION", "RESIDUAL") or p.startswith(("HAS_", "TANGENT_", "GRAD_", "BLOCK")):
+        if p in ("CAUSAL", "PRECISION", "RESIDUAL", "WIDE") or p.startswith(("HAS_", "TANGENT_", "GRAD_", "BLOCK")):
             signature[p] = "constexpr"
             precision = "tf32" if dtype == "fp16" else "ieee"
-            constants[(i,)] = 64 if p.startswith("BLOCK") else precision if p == "PRECISION" else True
+            constants[(i,)] = 64 if p.startswith("BLOCK") else precision if p == "PRECISION" else p != "WIDE"
         elif p == "R" and "RESIDUAL" in names:  # O's rounding, in O's dtype
             signature[p] = f"*{dtype}"
         elif p in ("L", "D", "C", "R") or p[:2] in ("T_", "G_", "R_", "TT"):  # C: the scalar arguments, float32
