@@ -978,7 +978,8 @@ def _backward_launch(
     strides = (q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), do.stride(0), do.stride(1))
     rows = _cdiv(n, blocks["BLOCK_M"])  # the query blocks (a scalar's sums: one per query block)
     delta = torch.empty((bh, n), dtype=torch.float32, device=q.device)
-    _delta_kernel[_grid(rows, bh)[0]](
+    grid, wide = _grid(rows, bh)
+    _delta_kernel[grid](
         o,
         residual if residual.numel() else o,
         do,
@@ -990,7 +991,7 @@ def _backward_launch(
         n,
         dv,
         RESIDUAL=residual.numel() > 0,
-        WIDE=bh > GRID_Y,
+        WIDE=wide,
         BLOCK_M=blocks["BLOCK_M"],
         BLOCK_DV=widths["BLOCK_DV"],
     )
