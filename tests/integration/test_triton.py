@@ -341,7 +341,8 @@ def test_every_kind_of_step_at_once_matches_autograd(causal, folder):
 
 
 # Each kernel of a module compiled for an H100 (sm_90: TTIR, TTGIR, LLVM IR, PTX, cubin by the wheel's ptxas) in a
-# process without the interpreter: no GPU needed. Pointers float16 (L, D and the gradient tiles float32).
+# process without the interpreter: no GPU needed. Pointers float16 (L, D and the gradient tiles float32); a kernel
+# named NAME:fp32 also with float32 pointers (PRECISION "ieee": the longest compile, so one kernel per template).
 COMPILE = """
 import importlib.util, inspect, re, sys
 import triton
@@ -351,8 +352,9 @@ from triton.compiler import ASTSource
 spec = importlib.util.spec_from_file_location("module", sys.argv[1])
 module = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(module)
-KERNELS = sys.argv[2:]
-for name, dtype in [(k, "fp16") for k in KERNELS] + [(KERNELS[0], "fp32")]:  # fp32: PRECISION "ieee"
+KERNELS = [k.split(":")[0] for k in sys.argv[2:]]
+FLOAT32 = [k.split(":")[0] for k in sys.argv[2:] if k.endswith(":fp32")]  # also compiled with float32 pointers
+for name, dtype in [(k, "fp16") for k in KERNELS] + [(k, "fp32") for k in FLOAT32]:
     fn = getattr(module, name)
     names = list(inspect.signature(fn.fn).parameters)
     signature, constants = {}, {}
@@ -380,15 +382,15 @@ for name, dtype in [(k, "fp16") for k in KERNELS] + [(KERNELS[0], "fp32")]:  # f
 
 # every kind of step at once; a division by the row sums and no normaliser; two cores (their kernels numbered); a
 # log-softmax map (O n × m, no V)
-@pytest.mark.slow  # a subprocess compiling three to six kernels (10 to 20 s)
+@pytest.mark.slow  # a subprocess compiling three to five kernels (10 to 25 s)
 @pytest.mark.parametrize(
     "name, kernels",
     [
-        ("features", ["_forward_kernel", "_delta_kernel", "_backward_kernel", "_jvp_kernel"]),
+        ("features", ["_forward_kernel:fp32", "_delta_kernel", "_backward_kernel", "_jvp_kernel"]),
         ("softplus", ["_forward_kernel", "_delta_kernel", "_backward_kernel", "_jvp_kernel"]),
         ("sigmoid", ["_forward_kernel", "_backward_kernel", "_jvp_kernel"]),
         ("differential", ["_forward_kernel1", "_delta_kernel1", "_backward_kernel2"]),
-        ("pointer", ["_forward_kernel", "_backward_kernel", "_jvp_kernel"]),
+        ("pointer", ["_forward_kernel:fp32", "_backward_kernel", "_jvp_kernel"]),
     ],
 )
 def test_the_kernels_compile_for_a_gpu_without_one(name, kernels, tmp_path):
@@ -398,7 +400,9 @@ def test_the_kernels_compile_for_a_gpu_without_one(name, kernels, tmp_path):
     command = [sys.executable, "-c", COMPILE, str(path), *kernels]
     done = subprocess.run(command, capture_output=True, text=True, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
-    expected = [f"{k} fp16 int64 no-tf32" for k in kernels] + [f"{kernels[0]} fp32 int64 no-tf32"]
+    names = [k.split(":")[0] for k in kernels]
+    expected = [f"{k} fp16 int64 no-tf32" for k in names]
+    expected += [f"{k.split(':')[0]} fp32 int64 no-tf32" for k in kernels if k.endswith(":fp32")]
     assert done.stdout.splitlines() == expected
 
 
