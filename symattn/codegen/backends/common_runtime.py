@@ -1,4 +1,4 @@
-"""Runtime helpers every generated module calls, whatever its backend: plain Python, no imports.
+"""Runtime helpers every generated module calls, whatever its backend: plain Python (``math`` its one import).
 
 Real code, linted and tested; the generated-code printers copy the source of the ones a module
 calls (read with ``ast``). ``SHAPES`` stands for the generated module's own constant.
@@ -13,6 +13,13 @@ DIRECTION_OF: dict[str, str] = {}  # a module with a second closed form: input n
 def add_optional(a, b):
     """a + b, or a itself when b is None (an absent bias or mask)."""
     return a if b is None else a + b
+
+
+def size_math(function, x):
+    """function (exp, log, tanh, sin, cos) of x, a number made of sizes (log n), by Python's math: a Python float."""
+    import math
+
+    return getattr(math, function)(x)
 
 
 def _check_shape(name, a, dims):

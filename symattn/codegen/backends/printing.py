@@ -48,6 +48,10 @@ from symattn.numeric.printers import (
 # SymPy functions of a trainable scalar (exp(τ), log(τ), …): SymPy's printer names them numpy.exp, …, which the
 # torch and jax printers name by their own module (the scalar is a 0-d tensor or array there)
 SCALAR_FUNCTIONS = ("exp", "log", "tanh", "sqrt", "sin", "cos", "abs")
+# ... and those of a number made of the sizes alone (log n: its symbols integers, Python ints in the generated code):
+# Python's math by the runtime helper size_math, since the array libraries' functions take arrays (torch.log of an
+# int raises) and their scalars carry a dtype (NumPy's float64 would widen a float32 run)
+SIZE_FUNCTIONS = ("exp", "log", "tanh", "sin", "cos")
 
 
 class GeneratedCodeMixin:
@@ -57,6 +61,12 @@ class GeneratedCodeMixin:
         if isinstance(expr, Transpose) and isinstance(expr.arg, sp.MatrixSymbol):
             return self._print(expr)
         return super()._atom(expr)
+
+    def _size_function(self, expr: Basic, name: str) -> str:
+        """name(x) (SIZE_FUNCTIONS): by Python's math where x is made of sizes and numbers, else the library's."""
+        if all(symbol.is_integer for symbol in expr.free_symbols):
+            return f'{self.helper("size_math")}("{name}", {self._print(expr.args[0])})'
+        return getattr(super(), f"_print_{name}")(expr)
 
     def _print_Mul(self, expr: Basic) -> str:
         # spaces around scalar operators, as ruff format writes them: H * d_k
@@ -360,6 +370,10 @@ class GeneratedCodeMixin:
         if not _batched(expr, batched):
             return self._print(expr)
         return f"{self.helper('sum_batch')}({self._print(expr)})"
+
+
+for _name in SIZE_FUNCTIONS:  # _print_log, …: SymPy's printer dispatches on the function's class name
+    setattr(GeneratedCodeMixin, f"_print_{_name}", lambda self, expr, _name=_name: self._size_function(expr, _name))
 
 
 def narrows(left: Basic, right: Basic) -> bool:
