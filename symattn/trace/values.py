@@ -148,9 +148,10 @@ def _coefficient(length: Basic) -> tuple[int, sp.Symbol]:
 
 
 def number(x: float | int, dims: Dims, prefer: Iterable[Basic] = ()) -> Basic:
-    """A Python number as a SymPy number: an int exactly; a float equal to √d or 1/√d of a dimension d at the
-    example (the score scale, computed from a size) as that expression of d; any other float as its simplest
-    exact form (0.1 → 1/10, √(2/π) stays √2/√π) when that form rounds back to it, else as it is."""
+    """A Python number as a SymPy number: an int exactly; a float equal to √d, 1/√d or ±log d of a dimension d at
+    the example (the score scale, sigmoid attention's bias −log m: computed from a size) as that expression of d;
+    any other float as its simplest exact form (0.1 → 1/10, √(2/π) stays √2/√π) when that form rounds back to it,
+    else as it is."""
     if isinstance(x, bool) or not isinstance(x, (int, float)):
         raise Refused(f"the number {x!r} of type {type(x).__name__}")
     if isinstance(x, int):
@@ -160,7 +161,7 @@ def number(x: float | int, dims: Dims, prefer: Iterable[Basic] = ()) -> Basic:
     for length in (*prefer, *dims.lengths()):
         size = dims.size(length)
         if size > 1:
-            for form in (sp.sqrt(length), 1 / sp.sqrt(length)):
+            for form in (sp.sqrt(length), 1 / sp.sqrt(length), sp.log(length), -sp.log(length)):
                 if math.isclose(x, float(form.xreplace(dims.sizes)), rel_tol=1e-13):
                     return form
     return literal(x)

@@ -280,6 +280,27 @@ def test_a_scale_computed_from_a_size_is_read_as_that_dimension():
     assert "sqrt(d_head)" in str(spec.output)  # not the number 1/√3: the spec is right at every head width
 
 
+def sigmoid_attention(q, k, v):
+    """Sigmoid attention with its bias −log m (Ramapuram et al., 2024), computed from the keys' length."""
+    return torch.sigmoid(q @ k.mT / math.sqrt(q.shape[-1]) - math.log(k.shape[-2])) @ v
+
+
+def test_a_bias_computed_from_a_length_is_read_as_that_dimension():
+    """−math.log(m) at m = 6 is −log m, not the number −1.79…: the drop-in is right at another length."""
+    generator = torch.Generator().manual_seed(3)
+    args = [torch.randn(2, rows, 4, generator=generator, dtype=torch.float64) for rows in (5, 6, 6)]
+    spec = sa.from_torch(sigmoid_attention, *args)
+    assert "log(m)" in str(spec.output), spec.output
+    closed = ClosedForm(sigmoid_attention, args)
+    new = [torch.randn(3, rows, 4, generator=generator, dtype=torch.float64) for rows in (7, 9, 9)]
+    cotangent = torch.randn(3, 7, 4, generator=generator, dtype=torch.float64)
+    want_out, want = _gradients(sigmoid_attention, sigmoid_attention, new, cotangent)
+    got_out, got = _gradients(closed, sigmoid_attention, new, cotangent)
+    _close(got_out, want_out, "output")
+    for g, w in zip(got, want):
+        _close(g, w, "gradient")
+
+
 def test_the_generated_module_holds_the_original_state_dict():
     """nanoGPT style (a causal buffer): the generated nn.Module with the module's weights, called with
     causal=True, gives the original's output."""
