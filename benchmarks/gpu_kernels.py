@@ -174,7 +174,7 @@ def sweep(device: str, smoke: bool, budget: float) -> list[str]:
     it is measured."""
     from generated import attention_triton as module
 
-    size, dtype = ((1, 2, 64, 16), torch.float32) if smoke else ((4, 16, 2048, 64), torch.bfloat16)
+    size, dtype = ((1, 1, 32, 16), torch.float32) if smoke else ((4, 16, 2048, 64), torch.bfloat16)
     generator = torch.Generator(device=device).manual_seed(0)
     leaves = [torch.randn(*size, generator=generator, device=device, dtype=dtype).requires_grad_() for _ in range(3)]
     cotangent = torch.randn(*size, generator=generator, device=device, dtype=dtype)
@@ -233,7 +233,7 @@ def profile(device: str, smoke: bool) -> list[str]:
     call of each kernel and op, and the host's wall time per step), causal and not."""
     from generated import attention_triton as module
 
-    size, dtype = ((1, 2, 64, 16), torch.float32) if smoke else ((4, 16, 2048, 64), torch.bfloat16)
+    size, dtype = ((1, 1, 32, 16), torch.float32) if smoke else ((4, 16, 2048, 64), torch.bfloat16)
     generator = torch.Generator(device=device).manual_seed(0)
     leaves = [torch.randn(*size, generator=generator, device=device, dtype=dtype).requires_grad_() for _ in range(3)]
     cotangent = torch.randn(*size, generator=generator, device=device, dtype=dtype)
@@ -274,7 +274,7 @@ def host(device: str, smoke: bool) -> list[str]:
     (torch.cuda.make_graphed_callables: its forward and backward replayed, no host work per call)."""
     from generated import attention_triton as module
 
-    size, dtype = ((1, 2, 64, 16), torch.float32) if smoke else ((4, 16, 2048, 64), torch.bfloat16)
+    size, dtype = ((1, 1, 32, 16), torch.float32) if smoke else ((4, 16, 2048, 64), torch.bfloat16)
     generator = torch.Generator(device=device).manual_seed(0)
     leaves = [torch.randn(*size, generator=generator, device=device, dtype=dtype).requires_grad_() for _ in range(3)]
     cotangent = torch.randn(*size, generator=generator, device=device, dtype=dtype)

@@ -342,7 +342,8 @@ def test_every_kind_of_step_at_once_matches_autograd(causal, folder):
 
 # Each kernel of a module compiled for an H100 (sm_90: TTIR, TTGIR, LLVM IR, PTX, cubin by the wheel's ptxas) in a
 # process without the interpreter: no GPU needed. Pointers float16 (L, D and the gradient tiles float32); a kernel
-# named NAME:fp32 also with float32 pointers (PRECISION "ieee": the longest compile, so one kernel per template).
+# named NAME:fp32 also with float32 pointers (PRECISION "ieee", blocks of 32: the longest compile, so one kernel per
+# template).
 COMPILE = """
 import importlib.util, inspect, re, sys
 import triton
@@ -362,7 +363,8 @@ for name, dtype in [(k, "fp16") for k in KERNELS] + [(k, "fp32") for k in FLOAT3
         if p in ("CAUSAL", "PRECISION", "RESIDUAL", "WIDE") or p.startswith(("HAS_", "TANGENT_", "GRAD_", "BLOCK")):
             signature[p] = "constexpr"
             precision = "tf32" if dtype == "fp16" else "ieee"
-            constants[(i,)] = 64 if p.startswith("BLOCK") else precision if p == "PRECISION" else p != "WIDE"
+            block = 64 if dtype == "fp16" else 32  # IEEE float32 products are FMA loops: 64 compiles 3× longer
+            constants[(i,)] = block if p.startswith("BLOCK") else precision if p == "PRECISION" else p != "WIDE"
         elif p == "R" and "RESIDUAL" in names:  # O's rounding, in O's dtype
             signature[p] = f"*{dtype}"
         elif p in ("L", "D", "C", "R") or p[:2] in ("T_", "G_", "R_", "TT"):  # C: the scalar arguments, float32
