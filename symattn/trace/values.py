@@ -10,7 +10,7 @@ where an operation needs two lengths equal, so coincidentally equal example size
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 import sympy as sp
@@ -148,23 +148,31 @@ def _coefficient(length: Basic) -> tuple[int, sp.Symbol]:
 
 
 def number(x: float | int, dims: Dims, prefer: Iterable[Basic] = ()) -> Basic:
-    """A Python number as a SymPy number: an int exactly; a float equal to √d, 1/√d or ±log d of a dimension d at
-    the example (the score scale, sigmoid attention's bias −log m: computed from a size) as that expression of d;
-    any other float as its simplest exact form (0.1 → 1/10, √(2/π) stays √2/√π) when that form rounds back to it,
-    else as it is."""
+    """A Python number as a SymPy number: an int exactly; a float equal at the example to one of the forms of
+    the dimensions (``_forms``: √d, 1/√d, ±log d, and a root times a log, log n/√d: a score scale or sigmoid
+    attention's bias −log m, computed from sizes) as that expression; any other float as its simplest exact form
+    (0.1 → 1/10, √(2/π) stays √2/√π) when that form rounds back to it, else as it is."""
     if isinstance(x, bool) or not isinstance(x, (int, float)):
         raise Refused(f"the number {x!r} of type {type(x).__name__}")
     if isinstance(x, int):
         return sp.Integer(x)
     if not math.isfinite(x):
         raise Refused(f"the number {x}")
-    for length in (*prefer, *dims.lengths()):
-        size = dims.size(length)
-        if size > 1:
-            for form in (sp.sqrt(length), 1 / sp.sqrt(length), sp.log(length), -sp.log(length)):
-                if math.isclose(x, float(form.xreplace(dims.sizes)), rel_tol=1e-13):
-                    return form
+    lengths = [length for length in dict.fromkeys((*prefer, *dims.lengths())) if dims.size(length) > 1]
+    for form in _forms(lengths):
+        if math.isclose(x, float(form.xreplace(dims.sizes)), rel_tol=1e-13):
+            return form
     return literal(x)
+
+
+def _forms(lengths: list[Basic]) -> Iterator[Basic]:
+    """The expressions of the lengths a float is tried against, the preferred lengths first: each length's √d, 1/√d,
+    log d and −log d, then each root times another length's ±log (log n/√d)."""
+    roots = [form for length in lengths for form in (sp.sqrt(length), 1 / sp.sqrt(length))]
+    logs = [form for length in lengths for form in (sp.log(length), -sp.log(length))]
+    for length in lengths:
+        yield from (sp.sqrt(length), 1 / sp.sqrt(length), sp.log(length), -sp.log(length))
+    yield from (root * log for root in roots for log in logs)
 
 
 def literal(x: float | int) -> Basic:

@@ -285,17 +285,26 @@ def sigmoid_attention(q, k, v):
     return torch.sigmoid(q @ k.mT / math.sqrt(q.shape[-1]) - math.log(k.shape[-2])) @ v
 
 
-def test_a_bias_computed_from_a_length_is_read_as_that_dimension():
-    """−math.log(m) at m = 6 is −log m, not the number −1.79…: the drop-in is right at another length."""
+def length_scaled_attention(q, k, v):
+    """Attention scaled by log m / √d, one float computed from two sizes."""
+    return torch.softmax(q @ k.mT * (math.log(k.shape[-2]) / math.sqrt(q.shape[-1])), dim=-1) @ v
+
+
+@pytest.mark.parametrize(
+    "fn, form", [(sigmoid_attention, "log(m)"), (length_scaled_attention, "log(m)/sqrt(d_q)")], ids=["bias", "scale"]
+)
+def test_a_number_computed_from_sizes_is_read_as_their_expression(fn, form):
+    """−math.log(m) at m = 6 is −log m, log(m)/√d at d = 4 is log m/√d, not the numbers −1.79…, 0.895…: the drop-in
+    is right at other sizes."""
     generator = torch.Generator().manual_seed(3)
     args = [torch.randn(2, rows, 4, generator=generator, dtype=torch.float64) for rows in (5, 6, 6)]
-    spec = sa.from_torch(sigmoid_attention, *args)
-    assert "log(m)" in str(spec.output), spec.output
-    closed = ClosedForm(sigmoid_attention, args)
-    new = [torch.randn(3, rows, 4, generator=generator, dtype=torch.float64) for rows in (7, 9, 9)]
-    cotangent = torch.randn(3, 7, 4, generator=generator, dtype=torch.float64)
-    want_out, want = _gradients(sigmoid_attention, sigmoid_attention, new, cotangent)
-    got_out, got = _gradients(closed, sigmoid_attention, new, cotangent)
+    spec = sa.from_torch(fn, *args)
+    assert form in str(spec.output), spec.output
+    closed = ClosedForm(fn, args)
+    new = [torch.randn(3, rows, 3, generator=generator, dtype=torch.float64) for rows in (7, 9, 9)]
+    cotangent = torch.randn(3, 7, 3, generator=generator, dtype=torch.float64)
+    want_out, want = _gradients(fn, fn, new, cotangent)
+    got_out, got = _gradients(closed, fn, new, cotangent)
     _close(got_out, want_out, "output")
     for g, w in zip(got, want):
         _close(g, w, "gradient")
