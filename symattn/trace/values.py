@@ -9,6 +9,7 @@ where an operation needs two lengths equal, so coincidentally equal example size
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -158,21 +159,28 @@ def number(x: float | int, dims: Dims, prefer: Iterable[Basic] = ()) -> Basic:
         return sp.Integer(x)
     if not math.isfinite(x):
         raise Refused(f"the number {x}")
-    lengths = [length for length in dict.fromkeys((*prefer, *dims.lengths())) if dims.size(length) > 1]
-    for form in _forms(lengths):
-        if math.isclose(x, float(form.xreplace(dims.sizes)), rel_tol=1e-13):
-            return form
+    sizes = {length: dims.size(length) for length in (*prefer, *dims.lengths())}  # the preferred lengths first
+    for value, form in _forms({length: size for length, size in sizes.items() if size > 1}):
+        if math.isclose(x, value, rel_tol=1e-13):
+            return form()
     return literal(x)
 
 
-def _forms(lengths: list[Basic]) -> Iterator[Basic]:
-    """The expressions of the lengths a float is tried against, the preferred lengths first: each length's √d, 1/√d,
-    log d and −log d, then each root times another length's ±log (log n/√d)."""
-    roots = [form for length in lengths for form in (sp.sqrt(length), 1 / sp.sqrt(length))]
-    logs = [form for length in lengths for form in (sp.log(length), -sp.log(length))]
-    for length in lengths:
-        yield from (sp.sqrt(length), 1 / sp.sqrt(length), sp.log(length), -sp.log(length))
-    yield from (root * log for root in roots for log in logs)
+# a length's expressions a float is read as: (the expression of the length d, its value at d's size s)
+ROOTS = ((sp.sqrt, math.sqrt), (lambda d: 1 / sp.sqrt(d), lambda s: 1 / math.sqrt(s)))
+LOGS = ((sp.log, math.log), (lambda d: -sp.log(d), lambda s: -math.log(s)))
+
+
+def _forms(sizes: dict[Basic, int]) -> Iterator[tuple[float, Callable[[], Basic]]]:
+    """(value, its expression made on demand) of each form a float is tried against, the preferred lengths first:
+    each length's √d, 1/√d, log d and −log d, then each root times a length's ±log (log n/√d). Values by math on
+    the sizes: a float of no form costs no SymPy expression."""
+    for length, size in sizes.items():
+        for make, value in (*ROOTS, *LOGS):
+            yield value(size), lambda make=make, length=length: make(length)
+    for (a, r), (b, s) in itertools.product(sizes.items(), repeat=2):
+        for (root, root_value), (log, log_value) in itertools.product(ROOTS, LOGS):
+            yield root_value(r) * log_value(s), lambda root=root, log=log, a=a, b=b: root(a) * log(b)
 
 
 def literal(x: float | int) -> Basic:
