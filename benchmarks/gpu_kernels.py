@@ -121,6 +121,15 @@ def _builtin(device: str, smoke: bool) -> list[str]:
     ]
 
 
+def _operands(device: str, smoke: bool) -> tuple[list, torch.Tensor]:
+    """attention_triton's Q, K, V (requiring grad) and a cotangent of O, seeded: bfloat16 4×16×2048×64 on CUDA,
+    float32 1×1×32×16 under --cpu-smoke (two query blocks of the interpreter's 16)."""
+    size, dtype = ((1, 1, 32, 16), torch.float32) if smoke else ((4, 16, 2048, 64), torch.bfloat16)
+    generator = torch.Generator(device=device).manual_seed(0)
+    leaves = [torch.randn(*size, generator=generator, device=device, dtype=dtype).requires_grad_() for _ in range(3)]
+    return leaves, torch.randn(*size, generator=generator, device=device, dtype=dtype)
+
+
 def _labelled(kernel, label: str):
     """The kernel, each launch inside torch.profiler.record_function(label): under the interpreter its CPU time
     under that label (on CUDA the profiler names each kernel's own device time by it)."""
@@ -174,10 +183,7 @@ def sweep(device: str, smoke: bool, budget: float) -> list[str]:
     it is measured."""
     from generated import attention_triton as module
 
-    size, dtype = ((1, 1, 32, 16), torch.float32) if smoke else ((4, 16, 2048, 64), torch.bfloat16)
-    generator = torch.Generator(device=device).manual_seed(0)
-    leaves = [torch.randn(*size, generator=generator, device=device, dtype=dtype).requires_grad_() for _ in range(3)]
-    cotangent = torch.randn(*size, generator=generator, device=device, dtype=dtype)
+    leaves, cotangent = _operands(device, smoke)
     own = {k: module.LAUNCH[k] for k in SWEPT}
     kernels = {f"_{kernel}_kernel": getattr(module, f"_{kernel}_kernel") for kernel in SWEPT}
     settings = [None, *(SETTINGS[:1] if smoke else SETTINGS)]
@@ -233,10 +239,7 @@ def profile(device: str, smoke: bool) -> list[str]:
     call of each kernel and op, and the host's wall time per step), causal and not."""
     from generated import attention_triton as module
 
-    size, dtype = ((1, 1, 32, 16), torch.float32) if smoke else ((4, 16, 2048, 64), torch.bfloat16)
-    generator = torch.Generator(device=device).manual_seed(0)
-    leaves = [torch.randn(*size, generator=generator, device=device, dtype=dtype).requires_grad_() for _ in range(3)]
-    cotangent = torch.randn(*size, generator=generator, device=device, dtype=dtype)
+    leaves, cotangent = _operands(device, smoke)
     activities = [torch.profiler.ProfilerActivity.CPU]
     if device == "cuda":
         activities.append(torch.profiler.ProfilerActivity.CUDA)
@@ -274,10 +277,7 @@ def host(device: str, smoke: bool) -> list[str]:
     (torch.cuda.make_graphed_callables: its forward and backward replayed, no host work per call)."""
     from generated import attention_triton as module
 
-    size, dtype = ((1, 1, 32, 16), torch.float32) if smoke else ((4, 16, 2048, 64), torch.bfloat16)
-    generator = torch.Generator(device=device).manual_seed(0)
-    leaves = [torch.randn(*size, generator=generator, device=device, dtype=dtype).requires_grad_() for _ in range(3)]
-    cotangent = torch.randn(*size, generator=generator, device=device, dtype=dtype)
+    leaves, cotangent = _operands(device, smoke)
     repeats = 1 if smoke else 20
     columns = "host µs: forward / backward | launches stubbed | step ms | step ms, CUDA graph"
     rows = [f"| call | mask | {columns} |", "|---|---|---|---|---|---|"]

@@ -159,8 +159,8 @@ def number(x: float | int, dims: Dims, prefer: Iterable[Basic] = ()) -> Basic:
         return sp.Integer(x)
     if not math.isfinite(x):
         raise Refused(f"the number {x}")
-    sizes = {length: dims.size(length) for length in (*prefer, *dims.lengths())}  # the preferred lengths first
-    for value, form in _forms({length: size for length, size in sizes.items() if size > 1}):
+    lengths = dict.fromkeys((*prefer, *dims.lengths()))  # the preferred lengths first
+    for value, form in _forms({length: size for length in lengths if (size := dims.size(length)) > 1}):
         if math.isclose(x, value, rel_tol=1e-13):
             return form()
     return literal(x)
