@@ -245,7 +245,7 @@ def generated(shapes, repeat):
 
 def entrywise(shape, repeat):
     """ms of σ and softplus over an array of shape (scores-like values), kernel and NumPy's passes, per dtype."""
-    from symattn.codegen.backends import numpy_runtime
+    from symattn.codegen.backends.numpy import runtime as numpy_runtime
 
     table = {}
     for dtype in (np.float32, np.float64):

@@ -244,7 +244,7 @@ def _figure(s) -> str | None:
     import shutil
 
     from symattn.codegen.report.picture import picture
-    from symattn.derive.html import inline_svg
+    from symattn.derive.formats.html import inline_svg
 
     if not shutil.which("dot"):
         print(

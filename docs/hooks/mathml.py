@@ -26,7 +26,7 @@ TOKEN = re.compile(r"SYMATTNMATH\d{5}X")
 
 
 def _inner(latex: str) -> str:
-    """One formula's MathML without its <math> element (upright names as identifiers, as symattn.derive.html)."""
+    """One formula's MathML without its <math> element (upright names as identifiers, as derive.formats.html)."""
     latex = latex.replace(r"\mathrm{d}", r"\operatorname{d}")
     out = UPRIGHT_OPERATOR.sub(r'<mi mathvariant="normal">\1</mi>', convert(latex))
     return MATH_TAG.match(out).group(1)

@@ -20,7 +20,7 @@ from symattn.errors import ShapeMismatchError, SymattnError, UnsupportedNodeErro
 from symattn.lang.algebra import total
 from symattn.lang.dims import same_dim
 from symattn.lang.lazy import Matrix, plain
-from symattn.lang.safe import expression
+from symattn.lang.naming.safe import expression
 from symattn.lang.shapes import check_shapes
 
 

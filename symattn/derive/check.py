@@ -47,14 +47,14 @@ import sympy as sp
 from sympy import Basic, MatrixExpr, MatrixSymbol
 
 from symattn.autodiff.grad import backward, default_seed
-from symattn.derive.latex import text as text_of
+from symattn.derive.formats.latex import text as text_of
 from symattn.derive.steps import CLOSED_FORM_LEAVES
 from symattn.errors import SymattnError
 from symattn.lang.dims import same_dim
 from symattn.lang.graph import nodes, rewrite, tree_size
-from symattn.lang.names import Names
+from symattn.lang.naming.names import Names
+from symattn.lang.naming.parse import parse
 from symattn.lang.ops import MergeHeads, SplitHeads
-from symattn.lang.parse import parse
 from symattn.numeric.dag import DagValues
 from symattn.numeric.verify import concrete_shape, dimension_symbols, evaluate_finite
 from symattn.specs import Spec, spec

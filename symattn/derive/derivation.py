@@ -19,8 +19,8 @@ import numpy as np
 from sympy import Basic
 
 from symattn.autodiff.grad import Tape, backward
-from symattn.derive import document as render
-from symattn.derive.marks import chain_marks
+from symattn.derive.formats import document as render
+from symattn.derive.formats.marks import chain_marks
 from symattn.derive.step_check import Check, verify_chain
 from symattn.derive.steps import Chain, chain, replayed_steps
 from symattn.errors import SymattnError
@@ -120,7 +120,7 @@ class Derivation:
 
     def html(self, wrt: str | Sequence[str] | None = None, figure: str | None = None) -> str:
         """One self-contained HTML page (MathML), each line verified and marked; figure: inline SVG to show."""
-        from symattn.derive.html import page
+        from symattn.derive.formats.html import page
 
         return page(self.spec, self.chains(wrt), self.verify(wrt).checks, figure)
 

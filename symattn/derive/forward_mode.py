@@ -21,7 +21,7 @@ import sympy as sp
 from sympy import Basic, MatrixExpr, MatrixSymbol
 
 from symattn.autodiff.differentials import differential, differential_of
-from symattn.derive.document import PAGE, Document, escape_latex
+from symattn.derive.formats.document import PAGE, Document, escape_latex
 from symattn.derive.steps import node_reasons
 from symattn.errors import SymattnError
 from symattn.lang.graph import matrix_symbols

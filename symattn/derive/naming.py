@@ -18,7 +18,7 @@ from symattn.derive.folding import fold_product
 from symattn.lang.algebra import factors, product
 from symattn.lang.functions import FunctionRecord
 from symattn.lang.graph import postorder
-from symattn.lang.names import Names, _find
+from symattn.lang.naming.names import Names, _find
 from symattn.specs import Spec
 
 

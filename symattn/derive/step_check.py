@@ -20,7 +20,7 @@ from sympy import Basic, MatrixExpr, MatrixSymbol
 from symattn.autodiff.differentials import Differential, ScalarDifferential, differential
 from symattn.derive.steps import DF, Chain, Definition, Equation, Side, Term, pairing
 from symattn.lang.graph import children, postorder
-from symattn.lang.names import differential_name
+from symattn.lang.naming.names import differential_name
 from symattn.numeric.dag import DagValues
 from symattn.numeric.lambdify import lambdify
 from symattn.numeric.verify import dimension_symbols, random_dims, random_matrix

@@ -33,8 +33,8 @@ from sympy.matrices.expressions import HadamardPower
 from symattn.errors import UnsupportedNodeError
 from symattn.lang.algebra import hadamard_product, product, total
 from symattn.lang.graph import postorder
+from symattn.lang.naming.safe import expression
 from symattn.lang.node_base import require_matrix, shape_of
-from symattn.lang.safe import expression
 
 # The backends a record gives calls for (the code generator's, and exact evaluation for verification); TRITON's
 # calls are expressions of a tile inside a kernel (triton.language as tl), where a record has one.

@@ -36,7 +36,7 @@ from sympy.matrices.expressions import Identity, MatMul, OneMatrix, Transpose, Z
 from symattn.errors import ShapeMismatchError, SymattnError
 from symattn.lang.algebra import factors, product, total, transpose
 from symattn.lang.dims import same_dim
-from symattn.lang.safe import expression
+from symattn.lang.naming.safe import expression
 
 
 class Matrix:

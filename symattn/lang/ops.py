@@ -32,10 +32,10 @@ from symattn.lang.functions import (  # noqa: F401  (every node importable from 
     Tanh,
 )
 from symattn.lang.lazy import lifted
+from symattn.lang.naming.safe import expression
 from symattn.lang.node_base import require_matrix, shape_of
 from symattn.lang.ops_block import LayerNorm, RowInvStd, gelu, layer_norm  # noqa: F401
 from symattn.lang.rowwise import LogSoftmax, RowSoftmax, RowSum, RowWise  # noqa: F401
-from symattn.lang.safe import expression
 
 
 class SumEntries(Expr):

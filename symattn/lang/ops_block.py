@@ -12,8 +12,8 @@ from sympy import Basic, Expr, MatrixExpr
 from symattn.errors import SymattnError
 from symattn.lang.functions import Elementwise, Gelu, GeluTanh
 from symattn.lang.lazy import lifted
+from symattn.lang.naming.safe import expression
 from symattn.lang.node_base import require_matrix, shape_of
-from symattn.lang.safe import expression
 
 
 class _RowStatistic(MatrixExpr):

@@ -17,8 +17,8 @@ from sympy import Basic, MatrixExpr, OneMatrix
 from symattn.errors import UnsupportedNodeError
 from symattn.lang.algebra import hadamard_product, product, total
 from symattn.lang.functions import EXACT, HADAMARD_MOVE, JAX, NUMPY, TORCH, Exp, FunctionRecord
+from symattn.lang.naming.safe import expression
 from symattn.lang.node_base import require_matrix, shape_of
-from symattn.lang.safe import expression
 
 
 class RowSum(MatrixExpr):

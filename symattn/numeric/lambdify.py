@@ -18,7 +18,7 @@ from symattn.errors import ShapeMismatchError, SymattnError
 from symattn.lang.dims import LENGTH, Binding, bind_dimensions
 from symattn.lang.functions import NUMPY
 from symattn.lang.lazy import plain
-from symattn.lang.safe import expression
+from symattn.lang.naming.safe import expression
 from symattn.lang.shapes import check_shapes, dimension_symbols
 from symattn.numeric.printers import ExactPrinter, ExpAtom, NumPyMatrixPrinter
 

@@ -16,8 +16,8 @@ from sympy import Basic, MatrixExpr, MatrixSymbol
 from sympy.matrices.expressions import HadamardProduct, MatAdd, MatMul, Trace, Transpose
 
 from symattn.lang import graph
+from symattn.lang.naming.safe import expression
 from symattn.lang.ops import SumEntries
-from symattn.lang.safe import expression
 from symattn.optimize.cost import TYPICAL_SIZES, contains_matrices, flops_value, order_products, subexpressions
 from symattn.optimize.rewrites import COST_REWRITES, REWRITES, Rule, flatten_product
 from symattn.optimize.transposes import CONSTANTS, count_transposes, transposed

@@ -14,9 +14,9 @@ from sympy import Basic, MatrixExpr, MatrixSymbol
 
 from symattn.errors import SymattnError
 from symattn.lang.dims import dim
+from symattn.lang.naming.parse import parse
+from symattn.lang.naming.safe import expression
 from symattn.lang.ops import merge_heads, repeat_heads, softmax, split_heads
-from symattn.lang.parse import parse
-from symattn.lang.safe import expression
 from symattn.specs.spec import Option, Spec, flag, head_count
 
 

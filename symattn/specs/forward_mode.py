@@ -20,7 +20,7 @@ from sympy import MatrixSymbol
 
 from symattn.autodiff.differentials import differential
 from symattn.errors import SymattnError
-from symattn.lang.names import fresh_name
+from symattn.lang.naming.names import fresh_name
 from symattn.specs.second_order import nested
 from symattn.specs.spec import Spec
 

@@ -16,7 +16,7 @@ from sympy import Basic, MatrixSymbol
 
 from symattn.lang.functions import FunctionRecord
 from symattn.lang.graph import fold, postorder
-from symattn.lang.names import Names
+from symattn.lang.naming.names import Names
 from symattn.lang.ops_block import _RowStatistic
 from symattn.specs.spec import Spec
 

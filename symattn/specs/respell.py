@@ -17,7 +17,7 @@ from sympy.matrices.expressions import HadamardProduct, MatAdd, MatMul
 
 from symattn.lang.algebra import factors, product
 from symattn.lang.graph import children, postorder, rebuilt
-from symattn.lang.names import fresh_name
+from symattn.lang.naming.names import fresh_name
 from symattn.specs.spec import Spec
 
 

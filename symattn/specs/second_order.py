@@ -28,7 +28,7 @@ from symattn.autodiff.scalars import as_matrix
 from symattn.errors import SymattnError
 from symattn.lang.algebra import factors, product, total
 from symattn.lang.graph import children, intern, postorder, rebuilt
-from symattn.lang.names import Names, fresh_name
+from symattn.lang.naming.names import Names, fresh_name
 from symattn.lang.ops import hadamard
 from symattn.specs.spec import Spec
 from symattn.specs.validate import is_identifier

@@ -21,7 +21,7 @@ import sympy as sp
 
 from symattn.autodiff.grad import default_seed
 from symattn.derive.check import RIGHT, TOLERANCE, UNDECIDED, WRONG, CheckResult, Counterexample, true_gradient
-from symattn.lang.names import Names
+from symattn.lang.naming.names import Names
 from symattn.numeric.dag import DagValues
 from symattn.numeric.verify import evaluate_finite
 

@@ -11,7 +11,7 @@ import pytest
 
 import symattn as sa
 from symattn.cli import main
-from symattn.derive.html import mathml, prose
+from symattn.derive.formats.html import mathml, prose
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "derivations"
 FIGURE = re.compile(r"<figure>.*?</figure>", flags=re.S)

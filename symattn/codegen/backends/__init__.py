@@ -7,10 +7,10 @@ built-ins, and for a user's spec when named (``--backend triton``): ``backend_na
 from __future__ import annotations
 
 from symattn.codegen.backends.backend import Backend
-from symattn.codegen.backends.jax_backend import JAX_BACKEND
-from symattn.codegen.backends.numpy_backend import NUMPY_BACKEND
-from symattn.codegen.backends.torch_backend import TORCH_BACKEND
-from symattn.codegen.triton.triton_backend import TRITON_BACKEND
+from symattn.codegen.backends.jax.backend import JAX_BACKEND
+from symattn.codegen.backends.numpy.backend import NUMPY_BACKEND
+from symattn.codegen.backends.torch.backend import TORCH_BACKEND
+from symattn.codegen.backends.triton.backend import TRITON_BACKEND
 from symattn.errors import SymattnError
 
 BACKENDS: dict[str, Backend] = {b.name: b for b in (NUMPY_BACKEND, TORCH_BACKEND, JAX_BACKEND)}

@@ -25,7 +25,7 @@ from symattn.codegen.emit.arguments import (
 from symattn.codegen.emit.saving import read_constants, saved_and_remade, saved_names
 from symattn.codegen.emit.sections import Statement, _sections, _statements, _uses
 from symattn.codegen.schedule.build import Assignment, Schedule
-from symattn.derive.latex import text
+from symattn.derive.formats.latex import text
 from symattn.lang.ops import SplitHeads
 from symattn.numeric.printers import helper_needs
 from symattn.specs import Option

@@ -33,7 +33,7 @@ NEEDS: dict[str, tuple[str, ...]] = {
 
 def source(names: tuple[str, ...] | list[str]) -> str:
     """The source of the named drop-in classes and the helpers they call, each once, two blank lines apart."""
-    definitions = runtime_functions("symattn.codegen.backends.dropin_runtime")
+    definitions = runtime_functions("symattn.codegen.backends.torch.dropin_runtime")
     return "\n\n".join(definitions[name] for name in dict.fromkeys(n for name in names for n in NEEDS[name]))
 
 

@@ -52,7 +52,7 @@ from symattn.codegen.schedule.sharing import order, product_name, share
 from symattn.lang.algebra import factors, product, total, transpose
 from symattn.lang.dims import Binding, bind_dimensions
 from symattn.lang.graph import matrix_symbols, nodes
-from symattn.lang.names import Names, differential_name
+from symattn.lang.naming.names import Names, differential_name
 from symattn.lang.ops import RowWise
 from symattn.optimize.cost import flops_value
 from symattn.optimize.rewrites import sort_commutative

@@ -2,7 +2,7 @@
 
 An ``Assignment`` is one named value; ``expand`` writes names out again, ``count_uses``
 finds what is shared, ``is_trivial`` what is not worth naming, ``is_weight`` which
-inputs are parameters. The table of names is ``symattn.lang.names.Names``.
+inputs are parameters. The table of names is ``symattn.lang.naming.names.Names``.
 """
 
 from __future__ import annotations

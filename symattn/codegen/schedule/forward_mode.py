@@ -21,7 +21,7 @@ from symattn.codegen.schedule.passes import hoist_hadamard_scalars, stack_produc
 from symattn.codegen.schedule.sharing import order
 from symattn.lang.dims import bind_dimensions
 from symattn.lang.graph import matrix_symbols
-from symattn.lang.names import fresh_name
+from symattn.lang.naming.names import fresh_name
 from symattn.specs.forward_mode import ForwardMode, forward_mode_spec
 
 __all__ = ["jvp_schedule"]

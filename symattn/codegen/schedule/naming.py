@@ -20,7 +20,7 @@ from symattn.codegen.schedule.dag import Assignment, expand, is_trivial, is_weig
 from symattn.lang import graph
 from symattn.lang.algebra import factors, product, transpose
 from symattn.lang.functions import FunctionRecord
-from symattn.lang.names import Names, fresh_name
+from symattn.lang.naming.names import Names, fresh_name
 from symattn.lang.ops import Elementwise, RowSoftmax, RowSum, RowWise
 from symattn.lang.ops_block import _RowStatistic
 from symattn.optimize.cost import chain_order

@@ -16,7 +16,7 @@ from symattn.codegen.schedule.dag import Assignment, count_uses, is_name, is_tri
 from symattn.codegen.schedule.dag import typical_size as schedule_size
 from symattn.lang import graph
 from symattn.lang.algebra import factors, product, terms, transpose
-from symattn.lang.names import fresh_name
+from symattn.lang.naming.names import fresh_name
 from symattn.lang.ops import MergeHeads, RepeatHeads, RowWise, SplitHeads, SumGroups
 from symattn.optimize.cost import chain_order
 from symattn.optimize.orders import priced_at_typical_sizes

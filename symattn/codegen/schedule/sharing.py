@@ -19,7 +19,7 @@ from sympy.matrices.expressions import MatMul
 from symattn.codegen.schedule.dag import Assignment, count_uses, is_trivial
 from symattn.lang.algebra import factors, transpose
 from symattn.lang.graph import bottom_up, children, matrix_symbols, sort_key
-from symattn.lang.names import Names
+from symattn.lang.naming.names import Names
 
 
 def share(

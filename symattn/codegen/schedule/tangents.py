@@ -28,7 +28,7 @@ from symattn.codegen.schedule.dag import Assignment
 from symattn.codegen.schedule.passes import stack_products
 from symattn.lang.algebra import total
 from symattn.lang.graph import matrix_symbols
-from symattn.lang.names import fresh_name
+from symattn.lang.naming.names import fresh_name
 from symattn.specs.second_order import SecondOrder, inner
 
 __all__ = ["tangent_schedule"]

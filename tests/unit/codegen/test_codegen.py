@@ -20,8 +20,8 @@ from symattn.autodiff.vjp import VJP_RULES
 from symattn.cli import main
 from symattn.codegen import generate as codegen
 from symattn.codegen.backends import OPTIONAL_BACKENDS
-from symattn.codegen.backends.numpy_backend import GeneratedNumPyPrinter
-from symattn.codegen.backends.torch_backend import TorchMatrixPrinter
+from symattn.codegen.backends.numpy.backend import GeneratedNumPyPrinter
+from symattn.codegen.backends.torch.backend import TorchMatrixPrinter
 from symattn.codegen.schedule.build import schedule
 from symattn.lang.ops import MergeHeads, RowSoftmax, SplitHeads
 

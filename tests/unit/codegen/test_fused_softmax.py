@@ -9,9 +9,9 @@ import pytest
 from symattn.generated import attention_numpy, attention_numpy_memeff, mha_numpy
 from sympy import HadamardProduct, MatrixSymbol, OneMatrix
 
-from symattn.codegen.backends import numpy_runtime
-from symattn.codegen.backends.jax_backend import JaxMatrixPrinter
-from symattn.codegen.backends.numpy_backend import GENERATED_NUMPY_RUNTIME, GeneratedNumPyPrinter
+from symattn.codegen.backends.jax.backend import JaxMatrixPrinter
+from symattn.codegen.backends.numpy import runtime as numpy_runtime
+from symattn.codegen.backends.numpy.backend import GENERATED_NUMPY_RUNTIME, GeneratedNumPyPrinter
 from symattn.lang.functions import Exp
 
 # float rounding: a few ulps of each entry (the fused kernel's exp is a polynomial, its scale a reciprocal)

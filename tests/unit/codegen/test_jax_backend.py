@@ -17,7 +17,7 @@ BLOCK_JAX = "import sys; sys.modules['jax'] = None; sys.modules['jax.numpy'] = N
 
 def test_generated_package_and_runtime_import_without_jax():
     code = BLOCK_JAX + (
-        "import symattn.generated, symattn.codegen.backends.jax_runtime\n"
+        "import symattn.generated, symattn.codegen.backends.jax.runtime\n"
         "from symattn.generated import mha_numpy\n"
         "from symattn.codegen import generate as g\n"
         "assert 'import jax' in g.render('attention', 'jax')\n"

@@ -7,7 +7,7 @@ import sympy as sp
 from sympy import MatrixSymbol, OneMatrix
 
 import symattn as sa
-from symattn.codegen.backends.numpy_backend import GeneratedNumPyPrinter
+from symattn.codegen.backends.numpy.backend import GeneratedNumPyPrinter
 from symattn.codegen.schedule.build import schedule_spec
 from symattn.codegen.schedule.dag import Assignment
 from symattn.codegen.schedule.naming import name_row_sums, save_entrywise_outputs

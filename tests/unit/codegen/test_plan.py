@@ -14,8 +14,8 @@ import sympy as sp
 from sympy import HadamardProduct, MatAdd, MatMul, MatrixSymbol, OneMatrix, Transpose
 
 from symattn.codegen.backends.common_runtime import chain
-from symattn.codegen.backends.numpy_backend import GeneratedNumPyPrinter
-from symattn.codegen.backends.torch_backend import TorchMatrixPrinter
+from symattn.codegen.backends.numpy.backend import GeneratedNumPyPrinter
+from symattn.codegen.backends.torch.backend import TorchMatrixPrinter
 from symattn.codegen.emit.sections import INPLACE_WIDTH, Sections
 from symattn.codegen.schedule.plan import (
     AT_CALL,

@@ -11,10 +11,10 @@ import pytest
 from sympy import Expr, MatrixExpr
 
 from symattn.autodiff.vjp import VJP_RULES
-from symattn.codegen.backends.jax_backend import JaxMatrixPrinter
-from symattn.codegen.backends.numpy_backend import GeneratedNumPyPrinter
-from symattn.codegen.backends.torch_backend import TorchMatrixPrinter
-from symattn.derive.latex import MathPrinter
+from symattn.codegen.backends.jax.backend import JaxMatrixPrinter
+from symattn.codegen.backends.numpy.backend import GeneratedNumPyPrinter
+from symattn.codegen.backends.torch.backend import TorchMatrixPrinter
+from symattn.derive.formats.latex import MathPrinter
 from symattn.numeric.printers import ExactPrinter, NumPyMatrixPrinter
 
 PRINTERS = (NumPyMatrixPrinter, ExactPrinter, GeneratedNumPyPrinter, TorchMatrixPrinter, JaxMatrixPrinter, MathPrinter)

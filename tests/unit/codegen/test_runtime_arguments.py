@@ -9,7 +9,7 @@ import importlib
 import numpy as np
 import pytest
 
-from symattn.codegen.backends import numpy_runtime
+from symattn.codegen.backends.numpy import runtime as numpy_runtime
 
 BOOL = np.array([[True, False, True]])
 # each form of a bool [[True, False, True]]: the matrix the spec holds
@@ -27,9 +27,9 @@ def _library(backend: str):
         return numpy_runtime, np.asarray
     if backend == "torch":
         torch = pytest.importorskip("torch")
-        return importlib.import_module("symattn.codegen.backends.torch_runtime"), torch.as_tensor
+        return importlib.import_module("symattn.codegen.backends.torch.runtime"), torch.as_tensor
     jnp = pytest.importorskip("jax.numpy")
-    return importlib.import_module("symattn.codegen.backends.jax_runtime"), jnp.asarray
+    return importlib.import_module("symattn.codegen.backends.jax.runtime"), jnp.asarray
 
 
 @pytest.mark.parametrize("backend", ["numpy", "torch", "jax"])

@@ -5,13 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from symattn.codegen.backends import numpy_runtime
-from symattn.codegen.backends.jax_backend import JAX_RUNTIME
+from symattn.codegen.backends.jax.backend import JAX_RUNTIME
+from symattn.codegen.backends.numpy import runtime as numpy_runtime
 from symattn.numeric import numpy_runtime as eval_runtime
 
 jax = pytest.importorskip("jax", reason="jax is an optional extra: pip install -e '.[jax]'")
 jax.config.update("jax_enable_x64", True)
-from symattn.codegen.backends import jax_runtime  # noqa: E402 (after the skip: it needs jax to run)
+from symattn.codegen.backends.jax import runtime as jax_runtime  # noqa: E402 (after the skip: it needs jax to run)
 
 
 def test_every_helper_runs_from_its_copied_source_with_only_jax():

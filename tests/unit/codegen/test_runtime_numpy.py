@@ -7,8 +7,9 @@ import math
 import numpy as np
 import pytest
 
-from symattn.codegen.backends import common_runtime, numpy_runtime
-from symattn.codegen.backends.numpy_backend import GENERATED_NUMPY_RUNTIME
+from symattn.codegen.backends import common_runtime
+from symattn.codegen.backends.numpy import runtime as numpy_runtime
+from symattn.codegen.backends.numpy.backend import GENERATED_NUMPY_RUNTIME
 from symattn.numeric import numpy_runtime as eval_runtime
 
 

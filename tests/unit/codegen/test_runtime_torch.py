@@ -5,12 +5,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from symattn.codegen.backends import numpy_runtime
-from symattn.codegen.backends.torch_backend import TORCH_RUNTIME
+from symattn.codegen.backends.numpy import runtime as numpy_runtime
+from symattn.codegen.backends.torch.backend import TORCH_RUNTIME
 from symattn.numeric import numpy_runtime as eval_runtime
 
 torch = pytest.importorskip("torch")
-from symattn.codegen.backends import function_runtime, torch_pages, torch_runtime  # noqa: E402 (needs torch)
+from symattn.codegen.backends.torch import function_runtime  # noqa: E402 (needs torch)
+from symattn.codegen.backends.torch import pages as torch_pages  # noqa: E402
+from symattn.codegen.backends.torch import runtime as torch_runtime  # noqa: E402
 
 
 @pytest.fixture

@@ -8,8 +8,8 @@ import sympy as sp
 from sympy import MatrixSymbol
 
 import symattn as sa
-from symattn.codegen.backends.jax_backend import JaxMatrixPrinter
-from symattn.codegen.backends.numpy_backend import GeneratedNumPyPrinter
+from symattn.codegen.backends.jax.backend import JaxMatrixPrinter
+from symattn.codegen.backends.numpy.backend import GeneratedNumPyPrinter
 from symattn.codegen.schedule.dag import Assignment
 from symattn.codegen.schedule.passes import stack_products
 from symattn.lang.ops import RowSum, SplitHeads

@@ -12,8 +12,8 @@ import sympy as sp
 
 import symattn as sa
 from symattn.codegen.backends import BACKENDS, backend_named
-from symattn.codegen.triton.core import find_cores
-from symattn.codegen.triton.printer import TilePrinter, print_core
+from symattn.codegen.backends.triton.core import find_cores
+from symattn.codegen.backends.triton.printer import TilePrinter, print_core
 from symattn.errors import SymattnError
 from symattn.lang.functions import TRITON
 from symattn.lang.lazy import plain
@@ -166,9 +166,9 @@ def test_the_builtins_triton_modules_are_ruff_clean(tmp_path):
 def test_a_multi_head_spec_binds_its_head_counts_then_d_k():
     """mha's sizes are H·d_k and H_kv·d_k: H and H_kv are its options (checked, H_kv dividing H), d_k the axis over H,
     and H_kv·d_k checked against its axis; the mask and the biases are keywords as in the torch module."""
-    from symattn.codegen.backends.torch_backend import TorchMatrixPrinter
-    from symattn.codegen.triton.bindings import binding_lines
-    from symattn.codegen.triton.module import triton_spec
+    from symattn.codegen.backends.torch.backend import TorchMatrixPrinter
+    from symattn.codegen.backends.triton.bindings import binding_lines
+    from symattn.codegen.backends.triton.module import triton_spec
 
     spec, options = triton_spec("mha")
     lines = binding_lines(spec, options, TorchMatrixPrinter().doprint, {"H", "H_kv", "d_k"})
@@ -183,9 +183,9 @@ def test_a_multi_head_spec_binds_its_head_counts_then_d_k():
 
 
 def test_only_the_dimensions_the_code_reads_are_bound():
-    from symattn.codegen.backends.torch_backend import TorchMatrixPrinter
-    from symattn.codegen.triton.bindings import binding_lines
-    from symattn.codegen.triton.module import triton_spec
+    from symattn.codegen.backends.torch.backend import TorchMatrixPrinter
+    from symattn.codegen.backends.triton.bindings import binding_lines
+    from symattn.codegen.backends.triton.module import triton_spec
 
     spec, options = triton_spec("attention")
     assert binding_lines(spec, options, TorchMatrixPrinter().doprint, {"scale"}) == [

@@ -11,8 +11,8 @@ from symattn.cli import main
 from symattn.derive.check import true_gradient
 from symattn.lang.algebra import product, total, transpose
 from symattn.lang.graph import nodes
-from symattn.lang.names import Names
-from symattn.lang.parse import ParseError, parse
+from symattn.lang.naming.names import Names
+from symattn.lang.naming.parse import ParseError, parse
 from symattn.numeric.lambdify import lambdify
 from symattn.numeric.verify import random_dims, random_matrix
 from symattn.specs import dim

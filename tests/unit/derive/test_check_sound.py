@@ -26,7 +26,7 @@ from symattn.derive.check import (
     spec_entries,
 )
 from symattn.errors import SymattnError
-from symattn.lang.parse import ParseError, parse
+from symattn.lang.naming.parse import ParseError, parse
 from symattn.numeric.verify import NonFiniteError, evaluate_finite, vjp_error
 
 RIGHT_W_V = "X.T * P.T * G"  # ∂f/∂W_V = Xᵀ Pᵀ G for self_attention

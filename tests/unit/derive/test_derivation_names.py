@@ -1,12 +1,12 @@
-"""Intermediates put back by name (symattn.lang.names): display only, so the forms must be exact."""
+"""Intermediates put back by name (symattn.lang.naming.names): display only, so the forms must be exact."""
 
 from __future__ import annotations
 
 import sympy as sp
 
 import symattn as sa
-from symattn.derive.latex import text
-from symattn.lang.names import Names
+from symattn.derive.formats.latex import text
+from symattn.lang.naming.names import Names
 
 SPEC = sa.spec("self_attention")
 SHORT = Names(SPEC.intermediates)

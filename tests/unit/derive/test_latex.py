@@ -1,4 +1,4 @@
-"""The LaTeX and text printers of the expression language (symattn.derive.latex)."""
+"""The LaTeX and text printers of the expression language (symattn.derive.formats.latex)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from sympy.matrices.expressions import Identity, OneMatrix, Trace
 
 import symattn as sa
 from symattn.autodiff.differentials import Differential
-from symattn.derive.latex import latex, latex_name, text, text_name
+from symattn.derive.formats.latex import latex, latex_name, text, text_name
 
 n, m, d = sp.symbols("n m d", positive=True, integer=True)
 X = MatrixSymbol("X", n, d)

@@ -6,8 +6,8 @@ from sympy.matrices.expressions import hadamard_product
 
 import symattn as sa
 from symattn.cli import main
-from symattn.derive.document import Document
-from symattn.derive.marks import PASS, row_checks
+from symattn.derive.formats.document import Document
+from symattn.derive.formats.marks import PASS, row_checks
 from symattn.lang.ops import RowSoftmax
 
 

@@ -15,9 +15,9 @@ from sympy import Basic, MatrixExpr, MatrixSymbol
 from sympy.matrices.expressions import HadamardPower, HadamardProduct, MatMul, Transpose
 
 import symattn as sa
-from symattn.derive.document import Document
 from symattn.derive.folding import fold_scalars, scaled
-from symattn.derive.latex import text as text_of
+from symattn.derive.formats.document import Document
+from symattn.derive.formats.latex import text as text_of
 from symattn.derive.steps import DF, Definition
 from symattn.lang.algebra import factors
 from symattn.lang.graph import postorder

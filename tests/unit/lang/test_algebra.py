@@ -6,7 +6,7 @@ from sympy import Identity, MatAdd, MatMul, MatrixSymbol, ZeroMatrix
 
 from symattn.lang.algebra import factors, product, terms, total
 from symattn.lang.dims import LENGTH, bind_dimensions, dim
-from symattn.lang.names import Names
+from symattn.lang.naming.names import Names
 from symattn.numeric.lambdify import lambdify
 
 n, d, h = dim("n"), dim("d"), dim("H")

@@ -10,14 +10,14 @@ import sympy as sp
 
 import symattn as sa
 from symattn.autodiff.vjp import VJP_RULES
-from symattn.codegen.backends.jax_backend import JaxMatrixPrinter
-from symattn.codegen.backends.numpy_backend import GeneratedNumPyPrinter
-from symattn.codegen.backends.torch_backend import TorchMatrixPrinter
+from symattn.codegen.backends.jax.backend import JaxMatrixPrinter
+from symattn.codegen.backends.numpy.backend import GeneratedNumPyPrinter
+from symattn.codegen.backends.torch.backend import TorchMatrixPrinter
 from symattn.derive.steps import REASONS
 from symattn.errors import UnsupportedNodeError
 from symattn.lang.functions import FUNCTIONS, Elementwise, FunctionRecord
+from symattn.lang.naming.parse import parse
 from symattn.lang.ops import Exp, Log, LogSoftmax, RowSoftmax, Sigmoid, Softplus, Tanh
-from symattn.lang.parse import parse
 from symattn.lang.rowwise import RowWise
 
 ENTRYWISE = sorted((r for r in FUNCTIONS.values() if issubclass(r, Elementwise)), key=lambda r: r.function)

@@ -12,13 +12,13 @@ from __future__ import annotations
 from sympy import Basic
 
 from symattn.codegen.backends.backend import Backend
-from symattn.codegen.backends.numpy_backend import GeneratedNumPyPrinter
+from symattn.codegen.backends.numpy.backend import GeneratedNumPyPrinter
 from symattn.codegen.backends.printing import SCALAR_FUNCTIONS
 from symattn.errors import SymattnError
 from symattn.lang.functions import JAX
 from symattn.numeric.printers import runtime_functions
 
-RUNTIMES = ("symattn.codegen.backends.common_runtime", "symattn.codegen.backends.jax_runtime")
+RUNTIMES = ("symattn.codegen.backends.common_runtime", "symattn.codegen.backends.jax.runtime")
 JAX_RUNTIME = {name: source for module in RUNTIMES for name, source in runtime_functions(module).items()}
 
 

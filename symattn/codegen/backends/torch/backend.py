@@ -16,9 +16,9 @@ from symattn.numeric.printers import NumPyMatrixPrinter, power, runtime_function
 
 RUNTIMES = (
     "symattn.codegen.backends.common_runtime",
-    "symattn.codegen.backends.torch_runtime",
-    "symattn.codegen.backends.torch_pages",
-    "symattn.codegen.backends.function_runtime",
+    "symattn.codegen.backends.torch.runtime",
+    "symattn.codegen.backends.torch.pages",
+    "symattn.codegen.backends.torch.function_runtime",
 )
 TORCH_RUNTIME = {name: source for module in RUNTIMES for name, source in runtime_functions(module).items()}
 
@@ -139,6 +139,6 @@ TORCH_BACKEND = Backend(
     device=True,
     dropins=True,
     routes=True,
-    runtimes=(*RUNTIMES, "symattn.codegen.backends.dropin_runtime"),
+    runtimes=(*RUNTIMES, "symattn.codegen.backends.torch.dropin_runtime"),
     imports=("torch",),
 )

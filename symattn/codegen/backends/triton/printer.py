@@ -17,7 +17,7 @@ from sympy import Basic, MatrixExpr, MatrixSymbol
 from sympy.matrices.expressions import HadamardPower, HadamardProduct, MatAdd, MatMul, OneMatrix, ZeroMatrix
 
 from symattn.autodiff.differentials import differential
-from symattn.codegen.triton.core import Core
+from symattn.codegen.backends.triton.core import Core
 from symattn.errors import SymattnError
 from symattn.lang.functions import TORCH, TRITON, Elementwise
 

@@ -16,8 +16,8 @@ from collections.abc import Mapping, Sequence
 
 from sympy import Basic
 
-from symattn.derive.latex import BREAK, LATEX, TEXT, MathPrinter, latex_name
-from symattn.derive.layout import RELATION, break_lines, width
+from symattn.derive.formats.latex import BREAK, LATEX, TEXT, MathPrinter, latex_name
+from symattn.derive.formats.layout import RELATION, break_lines, width
 from symattn.derive.naming import DisplayNames, named_intermediates
 from symattn.derive.steps import DF, Chain, Definition, Side
 from symattn.specs import Spec
@@ -279,7 +279,7 @@ TEXT_RESULT_MAX = 120  # columns; a longer ∂f/∂W = … line gets one form pe
 def text(spec: Spec, chains: Sequence[Chain], marks: Mapping[str, Sequence[str]] | None = None) -> str:
     """Plain unicode text, one equality per line, reasons in brackets.
 
-    marks: target name → a mark per printed row and one for the result line (``symattn.derive.marks``),
+    marks: target name → a mark per printed row and one for the result line (``symattn.derive.formats.marks``),
     printed in a column before the rows.
     """
     doc = Document(spec, latex=False)

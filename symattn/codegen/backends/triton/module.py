@@ -13,12 +13,12 @@ import jinja2
 import sympy as sp
 from sympy import Basic, MatrixSymbol
 
-from symattn.codegen.backends.torch_backend import TorchMatrixPrinter
-from symattn.codegen.triton.bindings import axis_sizes, binding_lines, counts, lines_of
-from symattn.codegen.triton.core import Core, find_cores
-from symattn.codegen.triton.lines import bare, core_lines, laid_out
-from symattn.codegen.triton.printer import Printed, print_core, tangent_symbol, tangent_tile_name, tile_name
-from symattn.derive.latex import text as plain_text
+from symattn.codegen.backends.torch.backend import TorchMatrixPrinter
+from symattn.codegen.backends.triton.bindings import axis_sizes, binding_lines, counts, lines_of
+from symattn.codegen.backends.triton.core import Core, find_cores
+from symattn.codegen.backends.triton.lines import bare, core_lines, laid_out
+from symattn.codegen.backends.triton.printer import Printed, print_core, tangent_symbol, tangent_tile_name, tile_name
+from symattn.derive.formats.latex import text as plain_text
 from symattn.errors import SymattnError
 from symattn.lang.functions import TRITON, Exp, Log
 from symattn.lang.graph import postorder

@@ -8,7 +8,7 @@ from collections.abc import Callable
 import jinja2
 
 from symattn.codegen.backends.backend import Backend
-from symattn.codegen.triton.printer import TilePrinter
+from symattn.codegen.backends.triton.printer import TilePrinter
 from symattn.lang.functions import TORCH, TRITON
 from symattn.specs import Spec
 
@@ -16,7 +16,7 @@ from symattn.specs import Spec
 def _render(source: str | Spec, regenerate: str, environment: jinja2.Environment, module_class: Callable) -> str:
     """``module.render_triton``, imported when called: the module prints with the torch backend's printer, whose
     package imports this one. module_class() gives the torch module's nn.Module (its constructor and weights)."""
-    from symattn.codegen.triton.module import render_triton
+    from symattn.codegen.backends.triton.module import render_triton
 
     return render_triton(source, regenerate, environment, module_class)
 

@@ -25,7 +25,7 @@ from sympy.matrices.expressions import MatAdd, MatMul, OneMatrix
 
 from symattn.lang.algebra import factors, product, total, transpose, transposed_factors
 from symattn.lang.graph import rebuilt
-from symattn.lang.safe import expression
+from symattn.lang.naming.safe import expression
 
 
 def differential_name(name: str, taken: Collection[str]) -> str:

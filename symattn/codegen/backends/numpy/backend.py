@@ -6,7 +6,7 @@ from sympy import Basic
 from sympy.matrices.expressions import MatAdd
 
 from symattn.codegen.backends.backend import Backend
-from symattn.codegen.backends.numpy_runtime import REPLACING
+from symattn.codegen.backends.numpy.runtime import REPLACING
 from symattn.codegen.backends.printing import GeneratedCodeMixin, _unwrapped, narrows
 from symattn.codegen.schedule.plan import broadcast_column, flipped
 from symattn.lang.functions import NUMPY, Exp
@@ -14,8 +14,8 @@ from symattn.numeric.printers import NUMPY_RUNTIME, NumPyMatrixPrinter, runtime_
 
 RUNTIMES = (
     "symattn.codegen.backends.common_runtime",
-    "symattn.codegen.backends.numpy_runtime",
-    "symattn.codegen.backends.numba_kernels",
+    "symattn.codegen.backends.numpy.runtime",
+    "symattn.codegen.backends.numpy.numba_kernels",
     "symattn.numeric.low_precision",
 )
 OWN = {name: source for module in RUNTIMES for name, source in runtime_functions(module).items()}

@@ -9,7 +9,7 @@ starts the next before the operator where the budget would be passed.
 
 from __future__ import annotations
 
-from symattn.derive.latex import BREAK
+from symattn.derive.formats.latex import BREAK
 
 # points at 10 pt; binary operators and relations include the spaces TeX puts around them
 CHAR = 5.6  # a lower-case letter, a digit

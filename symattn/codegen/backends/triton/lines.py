@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import textwrap
 
+from symattn.codegen.backends.triton.eager import eager_body
 from symattn.codegen.emit import layout
-from symattn.codegen.triton.eager import eager_body
 
 WRAP = 110  # docstring lines
 

@@ -23,7 +23,8 @@ def expression(value: object, what: str = "the expression") -> Basic:
     if isinstance(converted, Basic):
         return converted
     if isinstance(value, (bool, str, bytes)) or not isinstance(value, numbers.Number):
-        hint = " (text is never evaluated; formulas go through symattn.lang.parse)" if isinstance(value, str) else ""
+        hint = " (text is never evaluated; formulas go through symattn.lang.naming.parse)"
+        hint = hint if isinstance(value, str) else ""
         raise SymattnError(f"{what} must be a SymPy expression or a number, got {type(value).__name__} {value!r}{hint}")
     if isinstance(value, numbers.Integral):
         return sp.Integer(int(value))

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from symattn.codegen.backends.common_runtime import _mask_layout
-from symattn.codegen.backends.numba_kernels import _fused_kernels
+from symattn.codegen.backends.numpy.numba_kernels import _fused_kernels
 from symattn.numeric.low_precision import _half, wide_sum
 
 SHAPES: dict[str, str] = {}  # input name -> its shape as the docstring writes it, e.g. "(..., n, d_k)"

@@ -3,8 +3,8 @@
 The page holds everything it shows (no script, font or style sheet from the network):
 the forward pass, the notation, then for each target its rows ``Document.lines`` (left
 side, = or :=, right side, the rule) each marked ✓ or with its discrepancy
-(``symattn.derive.marks``), and ∂f/∂W named and in closed form. The LaTeX of
-``symattn.derive.latex`` becomes MathML through ``latex2mathml``; browsers lay MathML
+(``symattn.derive.formats.marks``), and ∂f/∂W named and in closed form. The LaTeX of
+``symattn.derive.formats.latex`` becomes MathML through ``latex2mathml``; browsers lay MathML
 out themselves. A caller may pass a figure (inline SVG, the dataflow picture of
 ``symattn graph``). A short inline script sets ``data-render`` on the page to ``ok: N
 math elements`` once every formula has a size, or to the error it met.
@@ -19,8 +19,8 @@ from collections.abc import Sequence
 from latex2mathml.converter import convert
 from sympy import Basic
 
-from symattn.derive.document import NOT_WRITTEN_OUT, SWEEP_TITLE, Document, sections
-from symattn.derive.marks import mark, row_checks
+from symattn.derive.formats.document import NOT_WRITTEN_OUT, SWEEP_TITLE, Document, sections
+from symattn.derive.formats.marks import mark, row_checks
 from symattn.derive.step_check import Check
 from symattn.derive.steps import Chain
 from symattn.specs import Spec

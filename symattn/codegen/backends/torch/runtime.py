@@ -21,8 +21,8 @@ OPTIONAL: tuple[str, ...] = ()  # inputs that may be None (biases)
 SPEC = ""  # the spec's name, for error messages
 
 from symattn.codegen.backends.common_runtime import _mask_layout  # noqa: E402
-from symattn.codegen.backends.function_runtime import _alike  # noqa: E402
-from symattn.codegen.backends.torch_pages import _by_custom_op, huge_empty, huge_matmul, write_rows  # noqa: E402
+from symattn.codegen.backends.torch.function_runtime import _alike  # noqa: E402
+from symattn.codegen.backends.torch.pages import _by_custom_op, huge_empty, huge_matmul, write_rows  # noqa: E402
 
 
 def masked_row_softmax_lse(a, out=None):
