@@ -25,6 +25,7 @@ from symattn.codegen.backends import BACKENDS, OPTIONAL_BACKENDS, Backend, backe
 from symattn.codegen.emit import dropins as dropin_source
 from symattn.codegen.emit.context import build_context
 from symattn.codegen.emit.forward_mode import forward_mode_context
+from symattn.codegen.emit.nn_module import module_fields
 from symattn.codegen.emit.regimes import merged
 from symattn.codegen.emit.second_order import second_order_context
 from symattn.codegen.schedule.build import Schedule, schedule, schedule_spec
@@ -229,20 +230,16 @@ def _render(
 
 
 # the torch module's nn.Module, as its template reads it: a backend rendering its own modules gives them the same class
-MODULE_CLASS = ("class_name", "module_doc", "init_signature", "options", "stored_parameters", "weight_names", "biases")
-MODULE_CLASS += ("divides_heads", "module_bindings", "weights", "extra_repr", "module_signature", "module_call")
-
-
 def module_class(source: str | Spec) -> dict:
-    """The torch module's nn.Module of a built-in (by name) or a user's Spec: constructor, weights (from
-    ``_module_parameters``), extra_repr and the forward call, for a backend with a renderer of its own (Triton)."""
+    """The torch module's nn.Module of a built-in (by name) or a user's Spec (``emit.context.module_fields``:
+    constructor, weights from ``_module_parameters``, extra_repr and the forward call), for a backend with a renderer
+    of its own (Triton)."""
     if isinstance(source, Spec):
         sched, class_name = schedule_spec(source), None
     else:
         found = family(source)
         sched, class_name = schedule(source, extended=found.masks), found.class_name
-    ctx = build_context(sched, backend_named(TORCH), "", "standard", class_name, _module_parameters)
-    return {key: ctx[key] for key in MODULE_CLASS}
+    return module_fields(sched, backend_named(TORCH), class_name, _module_parameters)
 
 
 # by the spec (a user's Spec by id: Specs hold dicts) and size table, a user's Spec kept so its id stays its own

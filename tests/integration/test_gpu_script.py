@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import runpy
+from importlib.util import find_spec
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu.py"
+# the Triton sections run the kernels under triton's interpreter; without triton the script leaves them out
+needs_triton = pytest.mark.skipif(find_spec("triton") is None, reason="the Triton sections need triton (.[triton])")
 
 
 @pytest.fixture(scope="module")
@@ -59,6 +62,7 @@ def test_every_timed_run_ran(report):
     assert all(len(re.findall(r"\d+\.\d\d", row)) == 5 for row in rows), rows  # five implementations timed
 
 
+@needs_triton
 def test_the_triton_section_times_every_variant_and_the_bias_gradient_is_the_same_bits(report):
     """Under the interpreter (tests/conftest.py sets TRITON_INTERPRET=1): every variant timed for the Triton module,
     torch.compile and eager math (SDPA where it expresses the variant), the bias gradient equal across two runs, the
@@ -82,6 +86,7 @@ def test_the_triton_section_times_every_variant_and_the_bias_gradient_is_the_sam
     assert all(float(row.split("|")[-2]) < 1e-5 for row in jvp), jvp
 
 
+@needs_triton
 def test_the_triton_kernel_checks_sweep_and_profile_report(report):
     """The kernels' own checks: every case's error against float64 beside the eager math's (float32 and float16
     under the interpreter), mha_triton against mha_torch; each kernel timed at each launch setting, one chosen; the
@@ -99,6 +104,7 @@ def test_the_triton_kernel_checks_sweep_and_profile_report(report):
     assert "_CoreFunctionBackward" in profile and "wall time" in profile, profile
 
 
+@needs_triton
 def test_the_host_section_times_each_call_with_and_without_its_launches(report):
     """The host's µs per forward and backward call of attention_triton (also with its launches stubbed) and SDPA,
     the synchronised step; the CUDA graph's column says it needs CUDA."""

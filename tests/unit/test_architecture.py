@@ -171,6 +171,7 @@ def test_the_printers_print_what_a_pass_decided():
     """The backends' printers make no decision about buffers or products: they read the statement's plan
     (``schedule.plan``) and hold no state about dying arrays, sizes or costs of their own."""
     decisions = {"chain_order", "typical_size", "tree_flops", "left_to_right_flops", "consumable", "pair_flops"}
+    decisions |= {"widens", "narrows"}  # a product's 16-bit precision: the plan's ``precision``
     for path in (PACKAGE / "codegen" / "backends").rglob("*.py"):
         tree = ast.parse(path.read_text(encoding="utf-8"))
         names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}

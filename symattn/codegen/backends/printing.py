@@ -22,18 +22,20 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import sympy as sp
-from sympy import Basic, MatrixExpr, MatrixSymbol
+from sympy import Basic, MatrixExpr
 from sympy.matrices.expressions import HadamardProduct, MatAdd, MatMul, OneMatrix, Transpose
 
 from symattn.codegen.schedule.chains import split_ones
 from symattn.codegen.schedule.plan import (
     AT_CALL,
+    NARROW,
     NO_BUFFERS,
+    WIDE,
     Plan,
     broadcast_column,
     cheapest_tree,
+    precision,
     scaled_factor,
-    widens,
 )
 from symattn.errors import SymattnError
 from symattn.lang.algebra import factors
@@ -272,9 +274,8 @@ class GeneratedCodeMixin:
             return self.chain([scaled if i == smallest else self._print(m) for i, m in enumerate(mats)])
         return self._join_product(mats, [scaled if i == smallest else self._atom(m) for i, m in enumerate(mats)])
 
-    # The runtime helpers of 16-bit precision (None: plain a @ b): a product that makes an n × m array of thin
-    # factors (``widens``: Q Kᵀ, dP = dO Vᵀ), float32 in a bfloat16 or float16 run as SDPA keeps the scores, and
-    # one that reads such an array (``narrows``: P V, dS K), which it rounds once, right before the product.
+    # The runtime helpers of 16-bit precision (None: plain a @ b), by the product's ``precision`` (schedule.plan):
+    # WIDE's float32 result (Q Kᵀ, dP = dO Vᵀ), NARROW's n × m operand rounded once, right before (P V, dS K).
     wide_product: str | None = None
     narrow_product: str | None = None
     # the runtime helper of a sum over blocks of rows, total = block_sum(total, part), that sums 16-bit parts in
@@ -284,9 +285,10 @@ class GeneratedCodeMixin:
     def _join_product(self, mats: list[Basic], texts: list[str]) -> str:
         """The product of the factors mats, printed as texts: left to right (two factors of an n × m array, by
         the precision helpers)."""
-        for helper, test in ((self.wide_product, widens), (self.narrow_product, narrows)):
-            if helper is not None and len(mats) == 2 and test(*mats):
-                return f"{self.helper(helper)}({_unwrapped(texts[0])}, {_unwrapped(texts[1])})"
+        helpers = {WIDE: self.wide_product, NARROW: self.narrow_product}
+        helper = helpers.get(precision(*mats)) if len(mats) == 2 else None
+        if helper is not None:
+            return f"{self.helper(helper)}({_unwrapped(texts[0])}, {_unwrapped(texts[1])})"
         return " @ ".join(texts)
 
     def _print_matrix_chain(self, mats: list[Basic]) -> str:
@@ -314,7 +316,7 @@ class GeneratedCodeMixin:
     def _print_tree(self, tree: Basic) -> str:
         """A binary tree of products: each node a product of two operands (subtrees print themselves); one that
         reads an n × m array by the narrowing helper."""
-        if self.narrow_product is not None and len(tree.args) == 2 and narrows(*tree.args):
+        if self.narrow_product is not None and len(tree.args) == 2 and precision(*tree.args) == NARROW:
             return self._join_product(list(tree.args), [self._atom(a) for a in tree.args])
         return super()._print_matrix_chain(list(tree.args))
 
@@ -374,15 +376,6 @@ class GeneratedCodeMixin:
 
 for _name in SIZE_FUNCTIONS:  # _print_log, …: SymPy's printer dispatches on the function's class name
     setattr(GeneratedCodeMixin, f"_print_{_name}", lambda self, expr, _name=_name: self._size_function(expr, _name))
-
-
-def narrows(left: Basic, right: Basic) -> bool:
-    """Is a factor of left·right as large as a widening product makes (``widens``: r × k from r × c and c × k, c
-    the product's other side), such as P in P V or dS in dS K: an n × m array that a 16-bit run keeps in float32
-    and rounds right before this product?"""
-    rows, inner, cols = left.shape[0], left.shape[1], right.shape[1]
-    made = (MatrixSymbol("_", rows, cols), MatrixSymbol("_", cols, inner))
-    return widens(*made) or widens(MatrixSymbol("_", inner, rows), MatrixSymbol("_", rows, cols))
 
 
 def _unwrapped(text: str) -> str:

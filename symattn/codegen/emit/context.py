@@ -22,6 +22,7 @@ from symattn.codegen.emit.arguments import (
     positional_parameters,
     spec_order,
 )
+from symattn.codegen.emit.nn_module import MASK_KEYWORDS, class_name_of, option_fields, torch_module
 from symattn.codegen.emit.saving import read_constants, saved_and_remade, saved_names
 from symattn.codegen.emit.sections import Statement, _sections, _statements, _uses
 from symattn.codegen.schedule.build import Assignment, Schedule
@@ -31,8 +32,6 @@ from symattn.numeric.printers import helper_needs
 from symattn.specs import Option
 
 # The keywords of a module whose spec has an additive mask M (built from them at run time).
-MASK_KEYWORDS = ("attn_mask=None", "key_padding_mask=None", "causal=False")
-MASK_NAMES = tuple(k.partition("=")[0] for k in MASK_KEYWORDS)
 
 ModuleParameters = Callable[[Schedule, object], tuple[list[str], list[dict], list[dict]]]
 
@@ -99,7 +98,6 @@ def _bindings(sched: Schedule, printer) -> list[Statement]:
 def _header(sched: Schedule, printer, options: list[Option], variant: str) -> dict:
     """The module docstring's facts: inputs and shapes, options, the math of both passes."""
     s = sched.spec
-    by_name = {o.name: o for o in options}
     return {
         "spec": s.name,
         "summary": docstring_text(s.summary),
@@ -112,21 +110,7 @@ def _header(sched: Schedule, printer, options: list[Option], variant: str) -> di
             }
             for x in s.inputs
         ],
-        "divides_heads": [
-            {"name": o.name, "symbol": o.symbol.name, "of": o.divides, "of_symbol": by_name[o.divides].symbol.name}
-            for o in options
-            if o.divides is not None
-        ],
-        "options": [
-            {
-                "name": o.name,
-                "symbol": o.symbol.name,
-                "integer": bool(o.symbol.is_integer),
-                "default": None if o.default is None else printer.doprint(o.default),
-                "default_math": None if o.default is None else sp.sstr(o.default),
-            }
-            for o in options
-        ],
+        **option_fields(printer, options),
         "variant_note": ", memory-efficient variant" if variant == "memeff" else "",
         "output": str(sched.output.name),
         "output_shape": ", ".join(printer.doprint(d) for d in sched.output.shape),
@@ -306,56 +290,6 @@ def _custom_vjp(sched: Schedule, options: list[Option], mask: str | None, block_
     }
 
 
-def _extra_repr(names: list[str]) -> str:
-    """extra_repr's return statement: "d_model=512, num_heads=8, …" from the module's attributes ("": none)."""
-    fields = [f"{name}={{self.{name}}}" for name in names]
-    line = 'return f"' + ", ".join(fields) + '"'
-    if not names or 8 + len(line) <= layout.WIDTH:
-        return line if names else ""
-    body = "".join(f'{" " * 12}f"{field}{", " * (i < len(fields) - 1)}"\n' for i, field in enumerate(fields))
-    return f"return (\n{body}{' ' * 8})"
-
-
-def _module(sched: Schedule, options: list[Option], mask: str | None, parameters: tuple) -> dict:
-    """The torch.nn.Module: constructor parameters, weights, the forward call, the mask's keywords."""
-    s = sched.spec
-    params, module_bindings, weights = parameters
-    maybe = [x for x in s.inputs if str(x.name) in sched.optional]
-    held = sched.weights - sched.fixed  # the module's own parameters; its forward takes the rest in Spec order
-    taken = [name for name in spec_order(sched) if name not in held]
-    stored = [*params, *["bias"] * bool(maybe)]  # kept on the module for its repr (options are kept anyway)
-    shown = [*params, *(o.name for o in options), *stored[len(params) :]]
-    return {
-        "stored_parameters": stored,
-        "extra_repr": _extra_repr(shown),
-        "module_bindings": module_bindings,
-        "weights": weights,
-        "weight_names": [w["name"] for w in weights],
-        "module_doc": layout.module_doc(s.name, [w["name"] for w in weights]),
-        "init_signature": layout.define(
-            "__init__",
-            ["self", *params]
-            + ["*"] * bool(options)
-            + [o.name + ("=None" if o.default is not None else "") for o in options]
-            + ["bias=False"] * bool(maybe)
-            + ["device=None", "dtype=None"] * bool(weights),
-            indent=4,
-        ),
-        "module_call": layout.call(
-            "forward",
-            [f"self.{name}" if name in held else name for name in spec_order(sched)]
-            + [f"{o.name}=self.{o.name}" for o in options]
-            + [f"{k}={k}" for k in MASK_NAMES if mask],
-            indent=8,
-        ),
-        "module_signature": layout.define(
-            "forward",
-            ["self", *positional_parameters(taken, sched.optional)] + (["*", *MASK_KEYWORDS] if mask else []),
-            indent=4,
-        ),
-    }
-
-
 def _mask_calls(sched: Schedule, backend: Backend, blocked: bool, heads_axis: bool) -> dict:
     """How a function gets the additive mask M. ``mask_call`` builds it from the mask keywords. In a backend
     with loops over blocks of rows (NumPy, torch) M leaves the causal part out (by_blocks) and the inner
@@ -400,7 +334,6 @@ def build_context(
     """
     printer = backend.printer()
     printer.inplace = backend.mutable and inplace
-    s = sched.spec
     mask_no_gradient = variant == "memeff" and bool(sched.constant_gradients)  # torch: a clear error instead
     if variant == "memeff" and sched.constant_gradients:  # blocks of rows: the mask gets no gradient there
         gradients = {t for _, t in sched.constant_gradients}
@@ -410,7 +343,7 @@ def build_context(
     printer.optional, printer.mask = sched.optional | {f"{name}_b" for name in sched.optional}, mask
     sections = _sections(sched, printer, mask, variant, backend)
     options = sections["options"]
-    class_name = class_name or "".join(p.title() for p in s.name.split("_"))
+    class_name = class_name_of(sched, class_name)
     checks = _checks(sched, printer, backend, options)
     public = variant in ("standard", "memeff")  # the module's own forward (not f₂'s, variant "whole")
     entry = arguments.entry(sched, backend, public)
@@ -436,7 +369,7 @@ def build_context(
         ),
         **entry,
         "arguments_doc": arguments_doc(sched, mask, variant, entry),
-        **_module(sched, options, mask, module_parameters(sched, backend.printer())),
+        **torch_module(sched, options, mask, module_parameters(sched, backend.printer())),
         **_custom_vjp(sched, options, mask, masks["block_causal"]),
         "helpers": helpers,
         "runtime": printer.runtime_source(helpers),

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from symattn.codegen.backends import Backend
 from symattn.codegen.emit import layout
-from symattn.codegen.emit.context import MASK_KEYWORDS, build_context
+from symattn.codegen.emit.context import build_context
+from symattn.codegen.emit.nn_module import MASK_KEYWORDS
 from symattn.codegen.emit.second_order import COPIED_INPUTS, _no_module, _wrapped_section
 from symattn.codegen.emit.sections import _uses
 from symattn.codegen.schedule.build import Schedule

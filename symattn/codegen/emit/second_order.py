@@ -18,7 +18,8 @@ from sympy import MatrixSymbol
 
 from symattn.codegen.backends import Backend
 from symattn.codegen.emit import layout
-from symattn.codegen.emit.context import MASK_KEYWORDS, build_context
+from symattn.codegen.emit.context import build_context
+from symattn.codegen.emit.nn_module import MASK_KEYWORDS
 from symattn.codegen.emit.sections import _uses
 from symattn.codegen.schedule.build import Schedule
 from symattn.codegen.schedule.tangents import tangent_schedule

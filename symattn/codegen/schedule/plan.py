@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import sympy as sp
-from sympy import Basic, MatrixExpr
+from sympy import Basic, MatrixExpr, MatrixSymbol
 from sympy.matrices.expressions import HadamardPower, HadamardProduct, MatAdd, MatMul, OneMatrix, Transpose
 
 from symattn.codegen.schedule.chains import left_to_right, left_to_right_flops, tree_flops
@@ -128,3 +128,22 @@ def widens(left: Basic, right: Basic) -> bool:
     factors, such as the scores Q Kᵀ, whose fresh result the torch runtime's big_matmul places in huge pages?"""
     size = schedule_size(left.shape[0] * right.shape[1])
     return size >= 2 * max(schedule_size(left.shape[0] * left.shape[1]), schedule_size(right.shape[0] * right.shape[1]))
+
+
+def narrows(left: Basic, right: Basic) -> bool:
+    """Is a factor of left·right as large as a widening product makes (``widens``: r × k from r × c and c × k, c
+    the product's other side), such as P in P V or dS in dS K: an n × m array that a 16-bit run keeps in float32
+    and rounds right before this product?"""
+    rows, inner, cols = left.shape[0], left.shape[1], right.shape[1]
+    made = (MatrixSymbol("_", rows, cols), MatrixSymbol("_", cols, inner))
+    return widens(*made) or widens(MatrixSymbol("_", inner, rows), MatrixSymbol("_", rows, cols))
+
+
+WIDE, NARROW = "wide", "narrow"  # how a 16-bit run computes a product of two factors (``precision``)
+
+
+def precision(left: Basic, right: Basic) -> str | None:
+    """How a bfloat16 or float16 run computes left·right: WIDE, an n × m product of thin factors (Q Kᵀ, dP = dO Vᵀ)
+    whose result stays float32 as SDPA keeps the scores; NARROW, a product that reads such an array (P V, dS K),
+    rounded once, right before it; None: in the run's dtype."""
+    return WIDE if widens(left, right) else NARROW if narrows(left, right) else None

@@ -7,8 +7,8 @@ from sympy.matrices.expressions import MatAdd
 
 from symattn.codegen.backends.backend import Backend
 from symattn.codegen.backends.numpy.runtime import REPLACING
-from symattn.codegen.backends.printing import GeneratedCodeMixin, _unwrapped, narrows
-from symattn.codegen.schedule.plan import broadcast_column, flipped
+from symattn.codegen.backends.printing import GeneratedCodeMixin, _unwrapped
+from symattn.codegen.schedule.plan import NARROW, broadcast_column, flipped, precision
 from symattn.lang.functions import NUMPY, Exp
 from symattn.numeric.printers import NUMPY_RUNTIME, NumPyMatrixPrinter, runtime_functions, split_sign
 
@@ -70,7 +70,7 @@ class GeneratedNumPyPrinter(GeneratedCodeMixin, NumPyMatrixPrinter):
             self.transposed_product
             and len(mats) == 2
             and texts[0].endswith(".mT")
-            and narrows(*mats)
+            and precision(*mats) == NARROW
             and flipped(*mats, self.flip_ratio)
         ):
             left, right = (_unwrapped(t) for t in (texts[0].removesuffix(".mT"), texts[1]))
