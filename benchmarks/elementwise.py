@@ -30,6 +30,8 @@ for _v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_
 
 import argparse  # noqa: E402
 import time  # noqa: E402
+import timeit  # noqa: E402
+from collections.abc import Callable  # noqa: E402
 
 import numpy as np  # noqa: E402
 from symattn.generated import attention_numpy  # noqa: E402
@@ -42,15 +44,10 @@ except ImportError:  # the rows that need it are left out
 BLOCKS = (32, 64, 128, 256)
 
 
-def best(f, repeat=5):
-    """The best of repeat runs of f(), in ms, after one warm-up."""
+def best(f: Callable[[], object], repeat: int = 5) -> float:
+    """The best of repeat runs of f(), in ms, after one warm-up (timeit: the garbage collector off)."""
     f()
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        f()
-        times.append(time.perf_counter() - start)
-    return 1e3 * min(times)
+    return 1e3 * min(timeit.repeat(f, number=1, repeat=repeat))
 
 
 def by_blocks(step, n, b):

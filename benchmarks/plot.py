@@ -1,4 +1,4 @@
-"""The benchmark plots, drawn from the committed JSON results as SVG by hand (no plotting library).
+"""The benchmark plots, drawn from the committed JSON results as SVG by matplotlib (the ``bench`` extra).
 
 - ``attention_grid.svg`` (attention_grid.json): forward + backward time of B × H × n × 64 attention as a ratio
   to torch's fused SDPA against n, without a mask and causal, for torch.compile, jax.jit and the generated
@@ -8,7 +8,8 @@
 - ``scaling.svg`` (scaling.json): seconds per command against the number of layers L, log-log, for the
   pre-LN and the residual stacks (benchmarks/scaling.py draws it with this module after a run).
 
-Each title states the machine and the date the JSON records. The output depends on the JSON alone, so the
+Each title states the machine and the date the JSON records. The SVG depends on the JSON and the matplotlib
+version alone (no date or version in its metadata, a fixed hash salt for its ids, text kept as text), so the
 committed SVGs are checked byte for byte (tests/unit/test_benchmark_plots.py): after a benchmark run,
 
     python benchmarks/plot.py            # rewrites the three SVGs next to this file
@@ -18,11 +19,20 @@ committed SVGs are checked byte for byte (tests/unit/test_benchmark_plots.py): a
 from __future__ import annotations
 
 import argparse
+import io
 import json
-import math
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+
+import matplotlib
+import matplotlib.style
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+from matplotlib.ticker import LogLocator, NullLocator
+
+matplotlib.use("Agg")  # files only, no display (a Figure made without pyplot needs none; a later pyplot gets none)
 
 HERE = Path(__file__).resolve().parent
 COLOURS = {  # one colour per implementation on every plot; a phase of scaling.svg by its position
@@ -35,27 +45,18 @@ COLOURS = {  # one colour per implementation on every plot; a phase of scaling.s
     "symattn torch memeff": "#8c564b",
 }
 PHASE_COLOURS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd")
-PANEL_WIDTH, PANEL_HEIGHT, LEFT, GAP, BOTTOM, LEGEND = 330, 260, 62, 80, 46, 200
-
-
-@dataclass(frozen=True)
-class Axis:
-    """One axis: its label, log scale or not, the tick values (the range runs from the first to the last)."""
-
-    label: str
-    ticks: tuple[float, ...]
-    log: bool = False
-    unit: str = ""
-
-    def fraction(self, value: float) -> float:
-        """Where a value lies between the first and the last tick, 0 to 1."""
-        lo, hi = self.ticks[0], self.ticks[-1]
-        if self.log:
-            return (math.log(value) - math.log(lo)) / (math.log(hi) - math.log(lo))
-        return (value - lo) / (hi - lo)
-
-    def text(self, value: float) -> str:
-        return f"{value:g}{self.unit}"
+STYLE = {  # the same bytes for the same JSON: ids from a fixed salt, text as <text> (no glyph paths)
+    "svg.hashsalt": "symattn-benchmarks",
+    "svg.fonttype": "none",
+    "font.family": "DejaVu Sans",  # shipped with matplotlib: the same metrics, so the same layout, everywhere
+    "font.size": 9,
+    "text.parse_math": False,  # a machine name with a $ is text
+    "axes.grid": True,
+    "grid.color": "#e5e5e5",
+}
+METADATA = {"Date": None, "Creator": None}  # no clock and no matplotlib version in the file
+DRAWN_BY = "3.11.2"  # the matplotlib that drew the committed SVGs (the test extra pins it): another draws other bytes
+PANEL_SIZE, LEGEND_WIDTH, TITLE_HEIGHT, LINE_HEIGHT = (4.0, 3.3), 1.9, 0.35, 0.2  # inches
 
 
 @dataclass(frozen=True)
@@ -70,111 +71,82 @@ class Series:
 
 @dataclass(frozen=True)
 class Panel:
+    """One plotting area: its title, its lines and a labelled horizontal reference line (SDPA = 1)."""
+
     title: str
-    x: Axis
-    y: Axis
     series: tuple[Series, ...]
-    reference: tuple[float, str] | None = None  # a horizontal line and its label (SDPA = 1)
+    reference: tuple[float, str] | None = None
 
 
-def chart(title: str, subtitle: tuple[str, ...], panels: list[Panel]) -> str:
-    """Panels side by side under a title and lines of subtitle, one legend (every distinct label) on the right."""
-    top = 44 + 15 * len(subtitle)
-    width = LEFT + len(panels) * PANEL_WIDTH + (len(panels) - 1) * GAP + 20 + LEGEND
-    height = top + PANEL_HEIGHT + BOTTOM
-    out = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" viewBox="0 0 {width} {height}" '
-        'font-family="sans-serif" font-size="11">',
-        f'<rect width="{width}" height="{height}" fill="white"/>',
-        f'<text x="{LEFT}" y="18" font-size="14" font-weight="bold">{escape(title)}</text>',
-    ]
-    out += [f'<text x="{LEFT}" y="{34 + 15 * k}" fill="#555">{escape(line)}</text>' for k, line in enumerate(subtitle)]
-    legend: dict[str, Series] = {}
-    for k, panel in enumerate(panels):
-        out += draw_panel(panel, LEFT + k * (PANEL_WIDTH + GAP), top)
-        if panel.reference:
-            legend.setdefault(panel.reference[1], Series(panel.reference[1], (), "black"))
-        for s in panel.series:
-            legend.setdefault(s.label, s)
-    x0 = LEFT + len(panels) * PANEL_WIDTH + (len(panels) - 1) * GAP + 20
-    for k, s in enumerate(legend.values()):
-        y = top + 10 + 16 * k
-        out.append(f'<line x1="{x0}" y1="{y - 4}" x2="{x0 + 22}" y2="{y - 4}" {stroke(s)}/>')
-        out.append(f'<circle cx="{x0 + 11}" cy="{y - 4}" r="2.5" fill="{s.colour}"/>')
-        out.append(f'<text x="{x0 + 28}" y="{y}">{escape(s.label)}</text>')
-    out.append("</svg>")
-    return "\n".join(out) + "\n"
+@dataclass(frozen=True)
+class Chart:
+    """Panels side by side sharing both axes (x log base 2; y linear, or log with ticks at 1, 2 and 5 × 10^k)."""
+
+    title: str
+    subtitle: tuple[str, ...]
+    xlabel: str
+    ylabel: str
+    panels: tuple[Panel, ...]
+    ylog: bool = False
+    yunit: str = ""
 
 
-def draw_panel(panel: Panel, left: int, top: int) -> list[str]:
-    """A panel's frame, grid, ticks, reference line and series, its plotting area's corner at (left, top)."""
+def svg(chart: Chart) -> str:
+    """The chart as SVG text: a bold title and grey subtitle lines, the panels, one legend on the right."""
+    with matplotlib.style.context(["default", STYLE]):  # from matplotlib's defaults: no matplotlibrc of the caller's
+        figure = draw(chart)
+        buffer = io.BytesIO()
+        figure.savefig(buffer, format="svg", metadata=METADATA)
+    return buffer.getvalue().decode("utf-8")
 
-    def px(x: float) -> str:
-        return f"{left + panel.x.fraction(x) * PANEL_WIDTH:.1f}"
 
-    def py(y: float) -> str:
-        return f"{top + (1 - panel.y.fraction(y)) * PANEL_HEIGHT:.1f}"
+def draw(chart: Chart) -> Figure:
+    """The figure: a heading band of fixed height above constrained-layout panels and an outside legend."""
+    width = PANEL_SIZE[0] * len(chart.panels) + LEGEND_WIDTH
+    heading = TITLE_HEIGHT + LINE_HEIGHT * len(chart.subtitle)
+    height = PANEL_SIZE[1] + heading
+    figure = Figure(figsize=(width, height), layout="constrained")
+    figure.get_layout_engine().set(rect=(0, 0, 1, 1 - heading / height))  # the band above is the heading's
+    figure.text(0.01, 1 - 0.1 / height, chart.title, va="top", size=11, weight="bold")
+    figure.text(0.01, 1 - TITLE_HEIGHT / height, "\n".join(chart.subtitle), va="top", color="#555555")
+    axes = figure.subplots(1, len(chart.panels), sharex=True, sharey=True, squeeze=False)[0]
+    for ax, panel in zip(axes, chart.panels):
+        draw_panel(ax, panel)
+        ax.set_xlabel(chart.xlabel)
+    axes[0].set_ylabel(chart.ylabel)
+    scale_axes(axes[0], chart)
+    legend = {}  # every distinct label once, in the order drawn
+    for ax in axes:
+        legend.update((label, handle) for handle, label in zip(*ax.get_legend_handles_labels()))
+    figure.legend(legend.values(), legend.keys(), loc="outside right center", frameon=False)
+    return figure
 
-    bottom = top + PANEL_HEIGHT
-    out = [f'<text x="{left + PANEL_WIDTH / 2:.1f}" y="{top - 8}" text-anchor="middle">{escape(panel.title)}</text>']
-    for x in panel.x.ticks:
-        out.append(f'<line x1="{px(x)}" y1="{top}" x2="{px(x)}" y2="{bottom}" stroke="#e5e5e5"/>')
-        out.append(f'<text x="{px(x)}" y="{bottom + 15}" text-anchor="middle">{panel.x.text(x)}</text>')
-    for y in panel.y.ticks:
-        out.append(f'<line x1="{left}" y1="{py(y)}" x2="{left + PANEL_WIDTH}" y2="{py(y)}" stroke="#e5e5e5"/>')
-        out.append(f'<text x="{left - 5}" y="{float(py(y)) + 4:.1f}" text-anchor="end">{panel.y.text(y)}</text>')
-    out.append(f'<rect x="{left}" y="{top}" width="{PANEL_WIDTH}" height="{PANEL_HEIGHT}" fill="none" stroke="#999"/>')
-    out.append(
-        f'<text x="{left + PANEL_WIDTH / 2:.1f}" y="{bottom + 34}" text-anchor="middle">{escape(panel.x.label)}</text>'
-    )
-    middle = top + PANEL_HEIGHT / 2
-    out.append(
-        f'<text x="{left - 44}" y="{middle:.1f}" text-anchor="middle" transform="rotate(-90 {left - 44} {middle:.1f})">'
-        f"{escape(panel.y.label)}</text>"
-    )
+
+def draw_panel(ax: Axes, panel: Panel) -> None:
+    """A panel's reference line and series, dots at the points, dashed where the series says so."""
+    ax.set_title(panel.title)
     if panel.reference:
-        value = panel.reference[0]  # its label is in the legend
-        out.append(
-            f'<line x1="{left}" y1="{py(value)}" x2="{left + PANEL_WIDTH}" y2="{py(value)}" stroke="black" '
-            'stroke-width="1.5"/>'
-        )
+        value, label = panel.reference
+        ax.axhline(value, color="black", linewidth=1.5, label=label)
     for s in panel.series:
-        path = " ".join(f"{px(x)},{py(y)}" for x, y in s.points)
-        out.append(f'<polyline points="{path}" fill="none" {stroke(s)}/>')
-        out += [f'<circle cx="{px(x)}" cy="{py(y)}" r="2.5" fill="{s.colour}"/>' for x, y in s.points]
-    return out
+        xs, ys = zip(*s.points)
+        ax.plot(xs, ys, color=s.colour, linestyle="--" if s.dashed else "-", marker="o", markersize=3, label=s.label)
 
 
-def stroke(s: Series) -> str:
-    return f'stroke="{s.colour}" stroke-width="1.5"' + (' stroke-dasharray="5,3"' if s.dashed else "")
-
-
-def escape(text: str) -> str:
-    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
-
-
-def linear_ticks(values: list[float], step: float) -> tuple[float, ...]:
-    """Multiples of step from the last one at or below the smallest value to the first one at or above the largest."""
-    lo, hi = math.floor(min(values) / step + 1e-9), math.ceil(max(values) / step - 1e-9)
-    return tuple(round(k * step, 6) for k in range(lo, hi + 1))
-
-
-def log_ticks(values: list[float]) -> tuple[float, ...]:
-    """1, 2, 5 times powers of ten (powers of ten alone over more than two decades), from the one at or below the
-    smallest value to the one at or above the largest."""
-    wide = max(values) / min(values) > 100
-    grid = [m * 10.0**e for e in range(-4, 7) for m in ((1,) if wide else (1, 2, 5))]
-    lo = max(t for t in grid if t <= min(values) * (1 + 1e-9))
-    hi = min(t for t in grid if t >= max(values) * (1 - 1e-9))
-    return tuple(t for t in grid if lo <= t <= hi)
-
-
-def powers_of_two(values: list[float]) -> tuple[float, ...]:
-    lo, hi = math.floor(math.log2(min(values))), math.ceil(math.log2(max(values)))
-    return tuple(2.0**e for e in range(lo, hi + 1))
+def scale_axes(ax: Axes, chart: Chart) -> None:
+    """x log base 2 with its powers of two written out; y log (1, 2, 5 × 10^k, the unit after) or linear."""
+    ax.set_xscale("log", base=2)
+    ax.xaxis.set_major_formatter("{x:g}")
+    ax.xaxis.set_minor_locator(NullLocator())
+    if chart.ylog:
+        ax.set_yscale("log")
+        ax.yaxis.set_major_locator(LogLocator(subs=(1, 2, 5)))
+        ax.yaxis.set_minor_locator(NullLocator())
+    ax.yaxis.set_major_formatter("{x:g}" + chart.yunit)
 
 
 def machine_text(machine: dict) -> str:
+    """The CPU, its logical CPUs, the thread count and the torch and NumPy versions, in one line."""
     return (
         f"{machine.get('cpu', 'CPU')}, {machine.get('logical_cpus', '?')} logical CPUs, "
         f"{machine.get('threads', 1)} thread; torch {machine['torch']}, NumPy {machine['numpy']}"
@@ -194,9 +166,6 @@ GRID_RUNS = {  # attention_grid.json's runs: label, dashed
 def attention_grid(record: dict) -> str:
     """Time ÷ SDPA's against n (B × H × n in the subtitle), without a mask and causal, float32."""
     cases = sorted((c for c in record["cases"] if c["dtype"] == "float32"), key=lambda c: c["n"])
-    ratios = [r["ratio"] for c in cases for name, r in c["results"].items() if name in GRID_RUNS]
-    x = Axis("n", powers_of_two([c["n"] for c in cases]), log=True)
-    y = Axis("time ÷ SDPA's", linear_ticks([*ratios, 1.0], 0.5))
     panels = []
     for causal in (False, True):
         series = tuple(
@@ -208,14 +177,15 @@ def attention_grid(record: dict) -> str:
             )
             for name, (label, dash) in GRID_RUNS.items()
         )
-        panels.append(Panel("causal" if causal else "no mask", x, y, series, (1.0, "torch SDPA = 1")))
+        panels.append(Panel("causal" if causal else "no mask", series, (1.0, "torch SDPA = 1")))
     shapes = ", ".join(f"{c['batch']}×{c['heads']}×{c['n']}" for c in cases if not c["causal"])
     sdpa = ", ".join(f"{c['results']['sdpa']['time_s'] * 1e3:.0f}" for c in cases if not c["causal"])
     subtitle = (
         f"{record['date']}, {machine_text(record['machine'])}, JAX {record['jax']}",
         f"B×H×n: {shapes} (SDPA without a mask: {sdpa} ms); python benchmarks/attention_grid.py --write",
     )
-    return chart("Attention forward + backward, float32, d = 64: time ÷ torch SDPA's (< 1: faster)", subtitle, panels)
+    title = "Attention forward + backward, float32, d = 64: time ÷ torch SDPA's (< 1: faster)"
+    return svg(Chart(title, subtitle, "n", "time ÷ SDPA's", tuple(panels)))
 
 
 RESULT_RUNS = {  # results.json's implementations besides the baseline (torch autograd): label, dashed
@@ -230,9 +200,6 @@ RESULT_RUNS = {  # results.json's implementations besides the baseline (torch au
 def results(record: dict) -> str:
     """Single-head forward + backward, time ÷ torch autograd's against n, one panel per dtype."""
     single = [c for c in record["cases"] if c["heads"] == 0]
-    ratios = [r["ratio"] for c in single for name, r in c["results"].items() if name in RESULT_RUNS]
-    x = Axis("n (single head, d = 64)", powers_of_two([c["n"] for c in single]), log=True)
-    y = Axis("time ÷ torch autograd's", linear_ticks([*ratios, 1.0], 0.25))
     panels = []
     for dtype in sorted({c["dtype"] for c in single}, key=lambda d: d != "float32"):
         cases = sorted((c for c in single if c["dtype"] == dtype), key=lambda c: c["n"])
@@ -241,10 +208,11 @@ def results(record: dict) -> str:
             for name, (label, dash) in RESULT_RUNS.items()
         )
         autograd = ", ".join(f"{c['results']['torch_autograd']['time_s'] * 1e3:.1f}" for c in cases)
-        panels.append(Panel(f"{dtype} (autograd: {autograd} ms)", x, y, series, (1.0, "torch autograd = 1")))
+        panels.append(Panel(f"{dtype} (autograd: {autograd} ms)", series, (1.0, "torch autograd = 1")))
     date = f"{record['date']}, " if "date" in record else ""
     subtitle = (date + machine_text(record["machine"]), "python benchmarks/run.py --write")
-    return chart("Single-head attention, forward + backward: time ÷ torch autograd's (< 1: faster)", subtitle, panels)
+    title = "Single-head attention, forward + backward: time ÷ torch autograd's (< 1: faster)"
+    return svg(Chart(title, subtitle, "n (single head, d = 64)", "time ÷ torch autograd's", tuple(panels)))
 
 
 PHASES = ("derive", "verify", "generate", "import")
@@ -262,9 +230,6 @@ def scaling(record: dict) -> str:
         if family in run
         for phase in PHASES
     ]
-    seconds = [s for *_, pts in finished for _, s in pts]
-    x = Axis("layers L", powers_of_two([d for *_, pts in finished for d, _ in pts]), log=True)
-    y = Axis("seconds (cold start)", log_ticks(seconds), log=True, unit=" s")
     panels = []
     for family, title in FAMILIES.items():
         series = tuple(
@@ -277,25 +242,33 @@ def scaling(record: dict) -> str:
             for label, fam, phase, pts in finished
             if fam == family and pts
         )
-        panels.append(Panel(title, x, y, series))
+        panels.append(Panel(title, series))
     meta = runs[newest].get("meta", {})
     subtitle = (
         f"{newest}, {meta.get('machine', '')}, one thread, each command capped at {meta.get('cap', '?')} s",
         "python benchmarks/scaling.py",
     )
-    return chart("Seconds per command against the depth of a spec", subtitle, panels)
+    title = "Seconds per command against the depth of a spec"
+    return svg(Chart(title, subtitle, "layers L", "seconds (cold start)", tuple(panels), ylog=True, yunit=" s"))
 
 
-PLOTS = {"attention_grid.svg": ("attention_grid.json", attention_grid), "results.svg": ("results.json", results)}
-PLOTS["scaling.svg"] = ("scaling.json", scaling)
+PLOTS: dict[str, tuple[str, Callable[[dict], str]]] = {
+    "attention_grid.svg": ("attention_grid.json", attention_grid),
+    "results.svg": ("results.json", results),
+    "scaling.svg": ("scaling.json", scaling),
+}
 
 
 def drawn(folder: Path = HERE) -> dict[str, str]:
     """Each plot's SVG text from the JSON in folder, by file name."""
-    return {name: draw(json.loads((folder / source).read_text())) for name, (source, draw) in PLOTS.items()}
+    return {
+        name: draw_plot(json.loads((folder / source).read_text(encoding="utf-8")))
+        for name, (source, draw_plot) in PLOTS.items()
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Write the SVGs beside their JSON, or with --check write nothing and name each stale one (exit 1)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="write nothing; exit 1 naming each stale SVG")
     parser.add_argument("--dir", default=str(HERE), help="the folder of the JSON results and the SVGs")
@@ -305,10 +278,10 @@ def main(argv: list[str] | None = None) -> int:
     for name, text in drawn(folder).items():
         path = folder / name
         if args.check:
-            if not path.exists() or path.read_text() != text:
+            if not path.exists() or path.read_text(encoding="utf-8") != text:
                 stale.append(name)
         else:
-            path.write_text(text)
+            path.write_text(text, encoding="utf-8")
             print(f"wrote {path}")
     for name in stale:
         print(f"stale: {folder / name} (python benchmarks/plot.py rewrites it)", file=sys.stderr)

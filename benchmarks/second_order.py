@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
+import timeit
+from collections.abc import Callable
 
 import torch
 from symattn.generated import mha_torch
@@ -32,14 +33,10 @@ def reference(Q, K, V, W_Q, W_K, W_V, W_O, heads):
     return (p @ v).transpose(-3, -2).flatten(-2) @ W_O
 
 
-def median_time(fn, repeats: int) -> float:
+def median_time(fn: Callable[[], object], repeats: int) -> float:
+    """The median seconds of repeats calls of fn, after one warm-up (timeit: the garbage collector off)."""
     fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return statistics.median(timeit.repeat(fn, number=1, repeat=repeats))
 
 
 def main() -> None:
