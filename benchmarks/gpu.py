@@ -158,7 +158,7 @@ def dropins(device: str) -> list[str]:
         32, 4, 64, dropout=0.0, activation="gelu", batch_first=True, norm_first=True, device=device
     )
     ours = transformer_block_torch.TransformerEncoderLayer(
-        32, 4, 64, dropout=0.0, batch_first=True, norm_first=True, device=device
+        32, 4, 64, dropout=0.0, activation="gelu", batch_first=True, norm_first=True, device=device
     )
     ours.load_state_dict(peer.state_dict())
     rows.append("| TransformerEncoderLayer vs nn.TransformerEncoderLayer | " + _compare(peer, ours, x, False) + " |")

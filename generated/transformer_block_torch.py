@@ -2507,9 +2507,11 @@ class TransformerEncoderLayer(torch.nn.Module):
     closed form: the same constructor, submodules (``self_attn``, ``linear1``, ``linear2``, ``norm1``,
     ``norm2``), state dict and ``forward(src, src_mask, src_key_padding_mask, is_causal)``.
 
-    Defaults differ from torch's where the block computes only one choice: dropout=0.0, activation="gelu",
-    norm_first=True. Not computed (a clear error): dropout > 0 in training mode, another activation
-    (ReLU, tanh-GELU), post-LN (norm_first=False), a LayerNorm without elementwise_affine.
+    The constructor's signature and defaults are torch's (dropout=0.1, activation=F.relu, norm_first=False), so
+    arguments given as to torch's layer build torch's layer or are refused, never a different one. Computed: pre-LN
+    (norm_first=True) with exact GELU ("gelu", F.gelu, nn.GELU()), dropout in eval mode or 0.0. Not computed (a
+    clear error): another activation (torch's default ReLU, tanh-GELU), post-LN (torch's default), dropout > 0 in
+    training mode, a LayerNorm without elementwise_affine.
     """
 
     def __init__(
@@ -2517,20 +2519,21 @@ class TransformerEncoderLayer(torch.nn.Module):
         d_model,
         nhead,
         dim_feedforward=2048,
-        dropout=0.0,
-        activation="gelu",
+        dropout=0.1,
+        activation=torch.nn.functional.relu,
         layer_norm_eps=1e-5,
         batch_first=False,
-        norm_first=True,
+        norm_first=False,
         bias=True,
         device=None,
         dtype=None,
     ):
         super().__init__()
         if not _is_exact_gelu(activation):
-            raise _not_supported("activation", activation, 'the block computes exact GELU only ("gelu")')
+            shown = getattr(activation, "__name__", activation)
+            raise _not_supported("activation", shown, 'the block computes exact GELU only: pass activation="gelu"')
         if not norm_first:
-            raise _not_supported("norm_first", norm_first, "the block is pre-LN (norm_first=True)")
+            raise _not_supported("norm_first", norm_first, "the block is pre-LN only: pass norm_first=True")
         d_model, nhead = _size("d_model", d_model), _size("nhead", nhead)
         if d_model % nhead:
             raise ValueError(f"d_model = {d_model} must be divisible by nhead = {nhead}")

@@ -65,7 +65,9 @@ def test_the_drop_ins_stay_on_the_device():
     x = tensor(2, 5, 8)
     attn = mha.MultiheadAttention(8, 2, device=META, batch_first=True)
     out, _ = attn(x, x, x, need_weights=False, attn_mask=causal(5), is_causal=True)
-    layer = block.TransformerEncoderLayer(8, 2, 16, dropout=0.0, device=META, batch_first=True)
+    layer = block.TransformerEncoderLayer(
+        8, 2, 16, dropout=0.0, activation="gelu", norm_first=True, device=META, batch_first=True
+    )
     (out + layer(x, src_mask=causal(5), is_causal=True)).sum().backward()
     assert x.grad.device.type == META and attn.in_proj_weight.grad.device.type == META
 

@@ -4,6 +4,8 @@ state dicts both ways, outputs, attention weights and every gradient (inputs, pa
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -239,24 +241,37 @@ def test_encoder_layer_matches_torch(dtype, batch_first, case):
 def test_encoder_layer_state_dict_repr_and_unsupported_options():
     for bias in (True, False):
         ref = torch.nn.TransformerEncoderLayer(E, H, 20, norm_first=True, bias=bias)
-        ours = transformer_block_torch.TransformerEncoderLayer(E, H, 20, bias=bias)
+        ours = transformer_block_torch.TransformerEncoderLayer(E, H, 20, activation="gelu", norm_first=True, bias=bias)
         assert {k: v.shape for k, v in ours.state_dict().items()} == {k: v.shape for k, v in ref.state_dict().items()}
         ref.load_state_dict(ours.state_dict())
     text = repr(ours)
     for part in (f"d_model={E}", f"nhead={H}", "dim_feedforward=20", "activation=gelu", "norm_first=True"):
         assert part in text
-    layer = transformer_block_torch.TransformerEncoderLayer
+    layer = functools.partial(transformer_block_torch.TransformerEncoderLayer, norm_first=True)
     for kwargs, name in (({"activation": "relu"}, "activation"), ({"norm_first": False}, "norm_first")):
         with pytest.raises(NotImplementedError, match=name):
-            layer(E, H, **kwargs)
-    for gelu in (torch.nn.GELU(), torch.nn.functional.gelu):
+            layer(E, H, **{"activation": "gelu"} | kwargs)
+    for gelu in ("gelu", torch.nn.GELU(), torch.nn.functional.gelu):
         layer(E, H, activation=gelu)  # exact GELU in torch's other spellings
     with pytest.raises(NotImplementedError, match="activation"):
         layer(E, H, activation=torch.nn.GELU(approximate="tanh"))
     x = torch.randn(L, N, E)
     with pytest.raises(NotImplementedError, match=r"dropout=0\.1"):
-        layer(E, H, dropout=0.1)(x)
-    assert layer(E, H, dropout=0.1).eval()(x).shape == x.shape
+        layer(E, H, activation="gelu")(x)  # torch's default dropout, 0.1, in training mode
+    assert layer(E, H, activation="gelu").eval()(x).shape == x.shape
+
+
+def test_torchs_arguments_build_torchs_layer_or_are_refused():
+    """The drop-in's defaults are torch's: the arguments of torch's default layer (post-LN, ReLU) or of BERT's
+    (post-LN, GELU) are refused naming what the block does not compute, never built into a different layer."""
+    layer = transformer_block_torch.TransformerEncoderLayer
+    with pytest.raises(NotImplementedError, match=r"activation='relu'.*pass activation=\"gelu\""):
+        layer(E, H, 20, batch_first=True)
+    with pytest.raises(NotImplementedError, match=r"norm_first=False.*pass norm_first=True"):
+        layer(E, H, 20, activation="gelu", batch_first=True)
+    ours = layer(E, H, 20, activation="gelu", norm_first=True, batch_first=True)
+    ref = torch.nn.TransformerEncoderLayer(E, H, 20, activation="gelu", norm_first=True, batch_first=True)
+    assert (ours.dropout, ref.dropout.p) == (0.1, 0.1)  # torch's default dropout, as torch's layer has it
 
 
 @pytest.mark.slow

@@ -13,6 +13,7 @@ from gloo_step import run_step  # noqa: E402
 from symattn.generated import mha_torch, transformer_block_torch  # noqa: E402
 
 E, H, L, N = 16, 4, 6, 4
+PRE_LN_GELU = {"dropout": 0.0, "activation": "gelu", "norm_first": True}  # the drop-in block computes
 
 
 def _modules(dtype=torch.float64):
@@ -67,7 +68,7 @@ def _cases() -> dict:
     padding[1, -2:] = True
     own, dropin = _modules()
     gqa = mha_torch.MultiHeadAttention(E, num_heads=H, num_kv_heads=2, bias=True, dtype=torch.float64)
-    layer = transformer_block_torch.TransformerEncoderLayer(E, H, 8, dropout=0.0, dtype=torch.float64)
+    layer = transformer_block_torch.TransformerEncoderLayer(E, H, 8, **PRE_LN_GELU, dtype=torch.float64)
     causal = torch.ones(L, L, dtype=torch.bool).triu(1)
     # 300 query rows: three blocks of rows (128, 128, 44), each reading its causal key range, traced too
     long = tuple(torch.randn(2, 300, 4, dtype=torch.float64, requires_grad=True) for _ in range(3))
@@ -161,7 +162,7 @@ def test_torch_func_reaches_the_modules_and_drop_ins():
         assert (torch.func.vmap(lambda xs: own(xs, xs, xs))(x) - own(x, x, x)).abs().max() < 1e-12
         mapped = torch.func.vmap(lambda xs: dropin(xs, xs, xs, need_weights=False)[0])(x)
         assert (mapped - dropin(x, x, x, need_weights=False)[0]).abs().max() < 1e-12
-    layer = transformer_block_torch.TransformerEncoderLayer(E, H, 8, dtype=torch.float64)
+    layer = transformer_block_torch.TransformerEncoderLayer(E, H, 8, **PRE_LN_GELU, dtype=torch.float64)
     xg = x.clone().requires_grad_()
     (eager,) = torch.autograd.grad(layer(xg).sum(), xg)
     assert (torch.func.grad(lambda xs: layer(xs).sum())(x) - eager).abs().max() < 1e-12

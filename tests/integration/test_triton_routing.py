@@ -96,7 +96,9 @@ def test_the_drop_ins_without_weights_routed(monkeypatch):
     calls = _routed(mha_torch, monkeypatch)
     layer(x, x, x, **masks)
     assert calls == []  # the weights asked for: the torch ops
-    block = transformer_block_torch.TransformerEncoderLayer(32, 4, 48, dropout=0.0, batch_first=True)
+    block = transformer_block_torch.TransformerEncoderLayer(
+        32, 4, 48, dropout=0.0, activation="gelu", norm_first=True, batch_first=True
+    )
     step = lambda: block(x, src_mask=causal, src_key_padding_mask=padding)  # noqa: E731
     _same(step, [x, *block.parameters()], transformer_block_torch, monkeypatch)
 
