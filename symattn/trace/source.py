@@ -136,7 +136,7 @@ def _trace(fn, examples: tuple, name: str | None, masks: set[str], inputs: set[s
     if module is not None:
         for bname, b in module.named_buffers():
             t.program.leaf(b, Ref("buffer", bname))
-    with torch.no_grad(), NameTaker(t), Mode(t):
+    with torch.enable_grad(), NameTaker(t), Mode(t):  # each call runs without gradients (Mode); the code's no_grad seen
         out = fn(*examples)
     if not isinstance(out, torch.Tensor):
         raise SymattnError(f"from_torch: {_qualname(fn)} returns a {type(out).__name__}; trace one returning a tensor")

@@ -227,14 +227,23 @@ class Mode(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        result = func(*args, **kwargs)
-        record(self.trace, func, args, kwargs, result)
+        if func is torch._C._set_grad_enabled:  # the code's torch.no_grad() entered or left: as it says
+            return func(*args, **kwargs)
+        # the trace runs with gradients on (source.trace), each call without: the code's own torch.no_grad() is seen
+        stopped = not torch.is_grad_enabled()
+        with torch.no_grad():
+            result = func(*args, **kwargs)
+        record(self.trace, func, args, kwargs, result, stopped)
         return result
 
 
-def record(trace: Trace, func: object, args: tuple, kwargs: dict, result: object) -> None:
-    """Translate one call: by its rule when it reads a traced tensor, into the constant program when not."""
+def record(trace: Trace, func: object, args: tuple, kwargs: dict, result: object, stopped: bool = False) -> None:
+    """Translate one call: by its rule when it reads a traced tensor, into the constant program when not. A random
+    call, and a call on traced tensors under the code's torch.no_grad() (stopped: a stop-gradient), are refused: the
+    closed form would differentiate through the one and freeze or redraw the other, a wrong result without a word."""
     name = op_name(func)
+    if name in RANDOM:
+        raise error(name, "it is random; a closed form of a random function is not the function")
     operands = [t for t in (*tensors_in(args), *tensors_in(kwargs)) if trace.traced(t)]
     if not operands:
         if isinstance(result, torch.Tensor):
@@ -245,6 +254,8 @@ def record(trace: Trace, func: object, args: tuple, kwargs: dict, result: object
     several = isinstance(result, (tuple, list)) and any(True for _ in tensors_in(result))
     if not isinstance(result, torch.Tensor) and not several:
         return  # a size, a shape, a dtype
+    if stopped:
+        raise error(name, "it runs under torch.no_grad() on traced values (a stop-gradient, not in the language)")
     if several and not getattr(rule, "several", False):
         raise error(name, "it returns several tensors; read are the pieces of a fused projection's features")
     if rule is None:
@@ -261,6 +272,15 @@ def record(trace: Trace, func: object, args: tuple, kwargs: dict, result: object
             trace.bind(piece, v)
     elif value is not None:
         trace.bind(result, value)
+
+
+# the random torch calls (by op_name): a fresh draw on every call, which no closed form computes (dropout while
+# training has its rule, layout.dropout)
+RANDOM = frozenset(
+    {"rand", "rand_like", "randn", "randn_like", "randint", "randint_like", "randperm", "normal", "bernoulli"}
+    | {"multinomial", "poisson", "normal_", "uniform_", "bernoulli_", "exponential_", "geometric_", "cauchy_"}
+    | {"log_normal_", "random_", "rrelu", "rrelu_", "binomial", "native_dropout"}
+)
 
 
 def error(name: str, why: str) -> SymattnError:
