@@ -117,6 +117,7 @@ def _trace(fn, examples: tuple, name: str | None, masks: set[str], inputs: set[s
     import torch
 
     from symattn.trace.constants import Ref
+    from symattn.trace.state import state_kept
     from symattn.trace.table import OPS
     from symattn.trace.tracer import Mode, NameTaker, Trace
 
@@ -136,7 +137,8 @@ def _trace(fn, examples: tuple, name: str | None, masks: set[str], inputs: set[s
     if module is not None:
         for bname, b in module.named_buffers():
             t.program.leaf(b, Ref("buffer", bname))
-    with torch.enable_grad(), NameTaker(t), Mode(t):  # each call runs without gradients (Mode); the code's no_grad seen
+    # each call runs without gradients (Mode): the code's own no_grad is seen; the module's state is left as it was
+    with state_kept(module), torch.enable_grad(), NameTaker(t), Mode(t):
         out = fn(*examples)
     if not isinstance(out, torch.Tensor):
         raise SymattnError(f"from_torch: {_qualname(fn)} returns a {type(out).__name__}; trace one returning a tensor")

@@ -1,7 +1,8 @@
-"""from_torch never differentiates what the code stopped, nor freezes what it draws: a call on traced values under the
-code's own torch.no_grad() (a stop-gradient) and a random call are one-line errors naming them and the line, where
-the drop-in was silently wrong (dq 22 % off; output 4 %, gradients 9 % off). A no_grad block that computes constants
-only (a mask, a rotary table) traces as before, and the same code without the block is right."""
+"""from_torch never differentiates what the code stopped, freezes what it draws, or changes the module it reads: a
+call on traced values under the code's own torch.no_grad() (a stop-gradient) and a random call are one-line errors
+naming them and the line, where the drop-in was silently wrong (dq 22 % off; output 4 %, gradients 9 % off); a
+forward that updates the module's state is refused naming what it changed, and the state is left as it was. A
+no_grad block that computes constants only (a mask, a rotary table) traces as before."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ torch = pytest.importorskip("torch")
 
 import symattn as sa  # noqa: E402
 from symattn.errors import SymattnError  # noqa: E402
+from symattn.trace import drop_in  # noqa: E402
 from symattn.trace.dropin import ClosedForm  # noqa: E402
 
 
@@ -74,3 +76,41 @@ def test_constants_made_under_no_grad_trace_and_the_drop_in_matches_autograd():
     assert (got - want).abs().max() < 1e-12
     for a, b in zip(torch.autograd.grad(got, (q, k, v), cotangent), grads, strict=True):
         assert (a - b).abs().max() < 1e-12
+
+
+class _Counting(torch.nn.Module):
+    """Attention whose forward counts its calls in a buffer: in place, by reassignment, or not at all."""
+
+    def __init__(self, how):
+        super().__init__()
+        self.how = how
+        self.w = torch.nn.Parameter(torch.randn(4, 4, dtype=torch.float64))
+        self.register_buffer("step", torch.zeros((), dtype=torch.long))
+
+    def forward(self, x):
+        if self.how == "written in place":
+            self.step += 1
+        elif self.how == "reassigned":
+            self.step = self.step + 1
+        elif self.how == "registered":
+            self.register_buffer("cache", torch.ones(2))
+        q = x @ self.w
+        return torch.softmax(q @ x.transpose(-2, -1), dim=-1) @ x
+
+
+@pytest.mark.parametrize("how", ["written in place", "reassigned", "registered"])
+def test_a_forward_that_changes_the_modules_state_is_refused_and_the_state_left_as_it_was(how):
+    module = _Counting(how)
+    before = {k: v.clone() for k, v in module.state_dict().items()}
+    with pytest.raises(SymattnError, match=rf"_Counting.forward changes its state \(buffer '(step|cache)' \({how}\)"):
+        drop_in(module, _qkv()[0])
+    after = module.state_dict()
+    assert after.keys() == before.keys() and all(torch.equal(after[k], before[k]) for k in before)
+    assert module.forward.__func__ is _Counting.forward  # not replaced
+
+
+def test_a_forward_without_side_effects_traces_and_leaves_the_state_untouched():
+    module = _Counting("none")
+    versions = {k: v._version for k, v in module.state_dict(keep_vars=True).items()}
+    drop_in(module, _qkv()[0])
+    assert {k: v._version for k, v in module.state_dict(keep_vars=True).items()} == versions
