@@ -231,7 +231,7 @@ def _render(
 
 # the torch module's nn.Module, as its template reads it: a backend rendering its own modules gives them the same class
 def module_class(source: str | Spec) -> dict:
-    """The torch module's nn.Module of a built-in (by name) or a user's Spec (``emit.context.module_fields``:
+    """The torch module's nn.Module of a built-in (by name) or a user's Spec (``emit.nn_module.module_fields``:
     constructor, weights from ``_module_parameters``, extra_repr and the forward call), for a backend with a renderer
     of its own (Triton)."""
     if isinstance(source, Spec):
