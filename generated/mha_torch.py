@@ -87,6 +87,9 @@ SHAPES = {
 }
 OPTIONAL = ("b_Q", "b_K", "b_V", "b_O")  # inputs that may be None: their terms are left out
 SPEC = "mha"
+# forward on CUDA runs the fused kernels of the spec's Triton module where they apply (path()); False: the torch ops
+KERNELS = True
+_KERNELS_MODULE = []  # the Triton module, once looked for (None where it does not import)
 
 
 def _alike(a, b):
@@ -729,6 +732,25 @@ def _grad_shape(mask):
     return None if mask is None or not mask.requires_grad else mask.shape
 
 
+def path(*args, **kwargs):
+    """Which code forward(*args, **kwargs) runs: "triton", the fused kernels of the spec's Triton module beside this
+    one (SPEC + "_triton"), or "torch: <why not>". The kernels run where KERNELS is True, every tensor argument is on
+    CUDA, a plain tensor (or parameter) of float16, bfloat16 or float32, the call is eager (not traced by torch.compile
+    or export, nor under a torch.func transform) and the Triton module imports (triton installed; generated with
+    --backend triton)."""
+    return _route([*args, *kwargs.values()])[1]
+
+
+def _kernels_for(*arguments):
+    """The Triton module forward hands the call to, or None: the torch ops run (path)."""
+    return _route(arguments)[0]
+
+
+def _constant(x):
+    """A constant handed to the kernels as this module takes one in its position: without a gradient."""
+    return x.detach() if isinstance(x, torch.Tensor) else x
+
+
 def _autocast(args):
     """(args, device type) under torch.autocast on the arguments' device: each float32 tensor cast to autocast's
     dtype (float64 and integer, bool tensors as they are), as autocast casts the operands of a product, outside
@@ -740,6 +762,25 @@ def _autocast(args):
     low = torch.get_autocast_dtype(device)
     cast = [a.to(low) if isinstance(a, torch.Tensor) and a.dtype == torch.float32 else a for a in args]
     return cast, device
+
+
+def _kernel_device(x):
+    """Is x on the device the kernels run on (CUDA)?"""
+    return x.is_cuda
+
+
+def _kernels_module():
+    """The spec's Triton module beside this one (same package), or None."""
+    if not _KERNELS_MODULE:
+        import importlib
+
+        package = __name__.rpartition(".")[0]
+        try:
+            found = importlib.import_module(f"{package}.{SPEC}_triton" if package else f"{SPEC}_triton")
+        except Exception:  # not generated, triton not installed or failing to load: the torch ops run
+            found = None
+        _KERNELS_MODULE.append(found)
+    return _KERNELS_MODULE[0]
 
 
 def _mask_layout(name, shape, n, m, batch):
@@ -755,6 +796,27 @@ def _mask_layout(name, shape, n, m, batch):
     ):
         return viewed, viewed if viewed in ((n, m), full) else full
     raise ValueError(f"{name}: expected shape (n, m) = ({n}, {m}) or {full}, or one broadcasting to it, got {shape}")
+
+
+def _route(arguments):
+    """(the Triton module or None, the path's name and why)."""
+    if torch.compiler.is_compiling():
+        return None, "torch: traced by torch.compile or export"
+    tensors = [x for x in arguments if isinstance(x, torch.Tensor)]
+    if not KERNELS:
+        return None, "torch: KERNELS is False"
+    if not tensors or not all(_kernel_device(x) for x in tensors):
+        return None, "torch: not every tensor is on CUDA"
+    if any(torch._C._functorch.is_functorch_wrapped_tensor(x) for x in tensors):
+        return None, "torch: under a torch.func transform"
+    if any(type(x) not in (torch.Tensor, torch.nn.Parameter) for x in tensors):
+        return None, "torch: a tensor subclass (DTensor, fake tensors)"
+    if any(x.is_floating_point() and x.dtype not in (torch.float16, torch.bfloat16, torch.float32) for x in tensors):
+        return None, "torch: a float64 tensor"
+    module = _kernels_module()
+    if module is None:
+        return None, f"torch: no {SPEC}_triton module imports beside this one"
+    return module, "triton"
 
 
 def with_causal(mask, causal, query, key):
@@ -1096,72 +1158,6 @@ def forward(
         num_kv_heads,
         traced=_MultiHeadAttentionTraced,
     )[0]
-
-
-# forward on CUDA runs the fused kernels of the spec's Triton module where they apply (path()); False: the torch ops
-KERNELS = True
-
-
-def path(*args, **kwargs):
-    """Which code forward(*args, **kwargs) runs: "triton", the fused kernels of the spec's Triton module beside this
-    one (SPEC + "_triton"), or "torch: <why not>". The kernels run where KERNELS is True, every tensor argument is on
-    CUDA, a plain tensor (or parameter) of float16, bfloat16 or float32, the call is eager (not traced by torch.compile
-    or export, nor under a torch.func transform) and the Triton module imports (triton installed; generated with
-    --backend triton)."""
-    return _route([*args, *kwargs.values()])[1]
-
-
-def _kernels_for(*arguments):
-    """The Triton module forward hands the call to, or None: the torch ops run (path)."""
-    return _route(arguments)[0]
-
-
-def _route(arguments):
-    """(the Triton module or None, the path's name and why)."""
-    if torch.compiler.is_compiling():
-        return None, "torch: traced by torch.compile or export"
-    tensors = [x for x in arguments if isinstance(x, torch.Tensor)]
-    if not KERNELS:
-        return None, "torch: KERNELS is False"
-    if not tensors or not all(_kernel_device(x) for x in tensors):
-        return None, "torch: not every tensor is on CUDA"
-    if any(torch._C._functorch.is_functorch_wrapped_tensor(x) for x in tensors):
-        return None, "torch: under a torch.func transform"
-    if any(type(x) not in (torch.Tensor, torch.nn.Parameter) for x in tensors):
-        return None, "torch: a tensor subclass (DTensor, fake tensors)"
-    if any(x.is_floating_point() and x.dtype not in (torch.float16, torch.bfloat16, torch.float32) for x in tensors):
-        return None, "torch: a float64 tensor"
-    module = _kernels_module()
-    if module is None:
-        return None, f"torch: no {SPEC}_triton module imports beside this one"
-    return module, "triton"
-
-
-def _kernel_device(x):
-    """Is x on the device the kernels run on (CUDA)?"""
-    return x.is_cuda
-
-
-_KERNELS_MODULE = []  # the Triton module, once looked for (None where it does not import)
-
-
-def _kernels_module():
-    """The spec's Triton module beside this one (same package), or None."""
-    if not _KERNELS_MODULE:
-        import importlib
-
-        package = __name__.rpartition(".")[0]
-        try:
-            found = importlib.import_module(f"{package}.{SPEC}_triton" if package else f"{SPEC}_triton")
-        except Exception:  # not generated, triton not installed or failing to load: the torch ops run
-            found = None
-        _KERNELS_MODULE.append(found)
-    return _KERNELS_MODULE[0]
-
-
-def _constant(x):
-    """A constant handed to the kernels as this module takes one in its position: without a gradient."""
-    return x.detach() if isinstance(x, torch.Tensor) else x
 
 
 class MultiHeadAttention(torch.nn.Module):

@@ -91,6 +91,31 @@ LAUNCH = {  # per kernel on a GPU: BLOCK_M (query rows), BLOCK_N (keys), warps, 
 }
 STREAMED = {"forward": 1, "backward": None, "jvp": 1}  # the block a kernel's loop steps through (0: M, 1: N; None:
 # both, the backward's key part through M and its query part through N)
+GRID_Y = 65535  # a CUDA grid's most programs along its axes 1 and 2 (axis 0: 2³¹ − 1)
+_TOKEN = object()  # its id names this module object's ops: two copies of the module never share one (the ops hold
+# the module's globals, _TOKEN among them, so the id is never reused while they are registered)
+_OPS = f"symattn_triton::{SPEC}_{id(_TOKEN):x}"
+_NUMBERS = {}  # (the numbers, a device) → their float32 tensor there, read only by the kernels
+# the inputs jvp takes tangents of
+TANGENT_OF = (
+    "X",
+    "W_Q",
+    "W_K",
+    "W_V",
+    "W_O",
+    "gamma_1",
+    "beta_1",
+    "gamma_2",
+    "beta_2",
+    "W_1",
+    "W_2",
+    "b_Q",
+    "b_K",
+    "b_V",
+    "b_O",
+    "b_1",
+    "b_2",
+)
 
 
 def _launch(x, width, kernel):
@@ -143,9 +168,6 @@ def _cdiv(a, b):
     return -(-a // b)
 
 
-GRID_Y = 65535  # a CUDA grid's most programs along its axes 1 and 2 (axis 0: 2³¹ − 1)
-
-
 def _grid(blocks, bh):
     """A kernel's grid and its WIDE flag: (blocks, batch·heads), the axes swapped where the batch·heads pass GRID_Y
     (batch 4096 of 16 heads: 65536)."""
@@ -193,51 +215,6 @@ def _inner(batch):
     return batch[-1] if batch else 1
 
 
-def _dimensions(*arrays):
-    """The dimensions read off the arrays' last two axes (AXES's, in its order); a ValueError naming the input and
-    shapes otherwise."""
-    dims = {}
-    for (name, axes), x in zip(AXES.items(), arrays):
-        if x is None:  # a bias left out
-            continue
-        if x.dim() < 2:
-            raise ValueError(f"{name} has shape {tuple(x.shape)}; expected (..., {', '.join(map(str, axes))})")
-        for size, axis in zip(x.shape[-2:], axes):
-            known = axis if isinstance(axis, int) else dims.setdefault(axis, size)
-            if known != size:
-                raise ValueError(
-                    f"{name} has shape {tuple(x.shape)}; expected (..., {', '.join(map(str, axes))}) "
-                    f"with {axis} = {known}"
-                )
-    return dims
-
-
-def _count(name, value):
-    """A head count as a Python int >= 1 (an int or a NumPy integer, never a bool); a ValueError otherwise."""
-    if type(value).__name__ in ("bool", "bool_") or not hasattr(value, "__index__") or value.__index__() < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return value.__index__()
-
-
-def _divides(name, value, of, total):
-    """A ValueError unless value (name) divides total (of)."""
-    if total % value:
-        raise ValueError(f"{name} = {value} does not divide {of} = {total}")
-
-
-def _share(dims, size, rest):
-    """The factor of the axis size (a product, H*d_k) left by rest (H); a ValueError where rest does not divide it."""
-    if dims[size] % rest:
-        raise ValueError(f"{size} = {dims[size]} is not a multiple of {rest}")
-    return dims[size] // rest
-
-
-def _product(dims, size, value):
-    """A ValueError unless the axis of the product size (H_kv*d_k) is value."""
-    if dims[size] != value:
-        raise ValueError(f"{size} = {dims[size]}, expected {value}")
-
-
 def _batches(Q, K, V, tiles, grouped):
     """(the queries' batch shape, the keys' and values'): the operands' broadcast batch axes. grouped: K and V have
     H_kv heads (the axis before their last two) shared by the queries' H, H_kv dividing H; theirs is the batch with
@@ -265,11 +242,6 @@ def _batch(*shapes):
         raise ValueError(f"batch axes do not broadcast: {', '.join(str(tuple(s)) for s in shapes)}") from None
 
 
-_TOKEN = object()  # its id names this module object's ops: two copies of the module never share one (the ops hold
-# the module's globals, _TOKEN among them, so the id is never reused while they are registered)
-_OPS = f"symattn_triton::{SPEC}_{id(_TOKEN):x}"
-
-
 def _scalar_tensor(values, like):
     """The kernels' scalar arguments as one float32 tensor on like's device, read by pointer in the kernels: a
     trainable scalar's value stays on the device and torch.compile traces it (no float() of a tensor). A number is
@@ -291,9 +263,6 @@ def _scalar_tensor(values, like):
     return found
 
 
-_NUMBERS = {}  # (the numbers, a device) → their float32 tensor there, read only by the kernels
-
-
 def _filled(values, device):
     """values (numbers and one-entry tensors) as one float32 tensor on device; one entry 0 where there are none."""
     if not values:
@@ -309,6 +278,14 @@ def _scalar(x, device):
     return torch.full((1,), float(x), dtype=torch.float32, device=device)
 
 
+def _tile_gradient(grad, wanted, batch, like):
+    """An n × m tile's gradient (BH, n, m) summed to like's shape (its broadcast axes), in like's dtype; None where
+    it was not wanted (like does not require grad, or is absent)."""
+    if not wanted or like is None:
+        return None
+    return grad.view(*batch, *grad.shape[-2:]).sum_to_size(like.shape).to(like.dtype)
+
+
 def _signature_kept(function):
     """function (an autograd.Function) with its forward's signature computed once: Function.apply binds its
     arguments by it on every call, which would otherwise compute it again each time (host time a GPU waits for)."""
@@ -316,6 +293,322 @@ def _signature_kept(function):
 
     function.forward.__signature__ = inspect.signature(function.forward)
     return function
+
+
+def _first_forward_mode():
+    """A RuntimeError under forward mode over forward mode (torch.func.jvp of jvp): the kernel's tangent is a first
+    derivative, carrying no tangent of an outer level, so a nested one would be silently wrong."""
+    interpreters = torch._functorch.pyfunctorch.retrieve_all_functorch_interpreters()
+    if sum(i.key() == torch._C._functorch.TransformType.Jvp for i in interpreters) > 1:
+        raise RuntimeError(f"{SPEC}: forward mode over forward mode (jvp of jvp) is not supported by the kernels")
+
+
+def _second_derivative(grad, saved):
+    """Is a backward asked to be differentiable (create_graph=True: double backward, reverse over reverse)? Not under
+    torch.func's grad or vjp, which ask it of every backward (their levels unwrapped, the kernels run), also where
+    vjp's function is called after the transform (its saved inputs still wrapped)."""
+    wrapped = torch._C._functorch.is_functorch_wrapped_tensor
+    return torch.is_grad_enabled() and not any(wrapped(x) for x in (grad, *saved) if x is not None)
+
+
+def _reverse_only():
+    """A RuntimeError where a backward runs under forward mode (torch.func.hessian, jacfwd of jacrev, jvp of grad):
+    the kernels' backward has no tangent of its own; hvp (reverse over reverse) gives second derivatives."""
+    interpreters = torch._functorch.pyfunctorch.retrieve_all_functorch_interpreters()
+    if any(i.key() == torch._C._functorch.TransformType.Jvp for i in interpreters):
+        raise RuntimeError(
+            f"{SPEC}: forward mode over the kernels' backward (hessian, jacfwd of jacrev) is not "
+            "supported; hvp gives second derivatives (reverse over reverse)"
+        )
+
+
+def _recomputed(ctx, grad, eager, kept):
+    """A Function's gradients as differentiable torch ops: its core recomputed by eager (the n × m arrays in memory)
+    from the saved inputs and differentiated by autograd with create_graph, so a second derivative flows through."""
+    Q, K, V, _, *rest = ctx.saved_tensors
+    tensors = _tensors(ctx, rest[kept:])
+    inputs = [Q, K, V, None, None, *tensors]  # the Function's: causal and symbols have no gradient
+    wanted = [i for i, x in enumerate(inputs) if x is not None and ctx.needs_input_grad[i]]
+    out = eager(Q, K, V, ctx.causal, ctx.symbols, tensors)
+    found = torch.autograd.grad(out, [inputs[i] for i in wanted], grad, create_graph=True, allow_unused=True)
+    grads = [None] * len(inputs)
+    for i, value in zip(wanted, found):
+        grads[i] = value
+    return tuple(grads)
+
+
+def _tensors(ctx, present):
+    """A core Function's tiles and trainable scalars (its *tensors) from the saved ones present: None where absent."""
+    present = iter(present)
+    return [None if absent else next(present) for absent in ctx.absent]
+
+
+def _batched(x):
+    """Is x a tensor batched by torch.func.vmap at its outermost level?"""
+    return isinstance(x, torch.Tensor) and torch._C._functorch.is_batchedtensor(x)
+
+
+def _to_batch(x):
+    """x without torch.func's grad and jvp wrappers down to a tensor batched by vmap, or to the plain tensor."""
+    while isinstance(x, torch.Tensor) and torch._C._functorch.is_functorch_wrapped_tensor(x) and not _batched(x):
+        x = torch._C._functorch.get_unwrapped(x)
+    return x
+
+
+def _physical(x):
+    """A batched tensor's values with vmap's axis first (a plain tensor: as it is)."""
+    if not _batched(x):
+        return x
+    return torch._C._functorch.get_unwrapped(x).movedim(torch._C._functorch.maybe_get_bdim(x), 0)
+
+
+def _vmapped_core(function, info, in_dims, arguments):
+    """function.apply(Q, K, V, causal, symbols, *tensors) under torch.func.vmap: vmap's axis of each tensor moved first
+    (a size-1 axis where it has none: the kernels broadcast batch axes) as one more leading batch axis of the core;
+    O and the statistics returned with it first. A batched trainable scalar is refused (the kernels read one value)."""
+    moved = []
+    for x, dim in zip(arguments, in_dims):
+        if isinstance(x, torch.Tensor) and dim is not None:
+            _no_batched_scalar(x.dim() == 1)  # a trainable scalar (0-d), batched: (size,)
+            x = x.movedim(dim, 0)
+        elif isinstance(x, torch.Tensor) and x.dim():
+            x = x.unsqueeze(0)
+        moved.append(x)
+    O, *kept = function.apply(*moved)
+    kept = [x.reshape(info.batch_size, -1, *x.shape[1:]) for x in kept]  # the statistics: (batch·heads, …) flat
+    return (O, *kept), (0,) * (1 + len(kept))
+
+
+def _no_batched_scalar(batched):
+    """A RuntimeError where vmap batches a trainable scalar (batched: the kernels take one value of each)."""
+    if batched:
+        raise RuntimeError(f"{SPEC}: a trainable scalar batched by torch.func.vmap is not supported by the kernels")
+
+
+def _merged(x, dim, size):
+    """An op argument with vmap's axis (dim; None: none, the argument expanded) merged into its first axis, the
+    batch·head axis the kernels step through; contiguous where they read it so."""
+    if x is None or (dim is None and x.numel() == 0):
+        return x
+    x = x.expand(size, *x.shape) if dim is None else x.movedim(dim, 0)
+    return x.reshape(size * x.shape[1], *x.shape[2:]).contiguous()
+
+
+def _split(results, size):
+    """An op's results (their first axis batch·head, flat) with vmap's axis split off first; an empty one as it is."""
+    dims = [0 if x.numel() else None for x in results]
+    return [x if dim is None else x.reshape(size, -1, *x.shape[1:]) for x, dim in zip(results, dims)], dims
+
+
+def _jvp_operands(saved, tangents):
+    """The JVP kernel's operands: the saved inputs and the tangents as plain tensors, and vmap's level (None: none).
+    Under vmap (jacfwd; one level) its axis is one more leading batch axis: first where a tensor is batched, else a
+    size-1 axis (Q, K, V expanded to the batch: their tangents are)."""
+    saved, moving = [_to_batch(x) for x in saved], [_to_batch(x) for x in tangents]
+    batched = [x for x in (*saved, *moving) if _batched(x)]
+    if not batched:
+        return [_plain(x) for x in saved], [_plain(x) for x in moving], None
+    if len({torch._C._functorch.maybe_get_level(x) for x in batched}) > 1 or any(
+        torch._C._functorch.is_functorch_wrapped_tensor(_physical(x)) for x in batched
+    ):
+        raise RuntimeError(f"{SPEC}: the JVP kernel runs under one torch.func.vmap (jacfwd), not nested ones")
+    size, level = _physical(batched[0]).shape[0], torch._C._functorch.maybe_get_level(batched[0])
+
+    def leading(x, expand):
+        if x is None:
+            return None
+        if _batched(x):
+            _no_batched_scalar(x.dim() == 0)  # a trainable scalar's value or tangent
+            return _physical(x)
+        x = _plain(x)
+        return x if x.dim() == 0 else x.expand(size, *x.shape) if expand else x.unsqueeze(0)
+
+    return [leading(x, i < 3) for i, x in enumerate(saved)], [leading(x, False) for x in moving], level
+
+
+def _rebatched(x, level):
+    """x (vmap's axis first) as a tensor batched at level; None: x as it is."""
+    return x if level is None else torch._C._functorch._add_batch_dim(x, 0, level)
+
+
+def _plain(x):
+    """x without torch.func's wrappers (a jvp or grad level: the kernels read its storage); None stays None."""
+    while x is not None and torch._C._functorch.is_functorch_wrapped_tensor(x):
+        x = torch._C._functorch.get_unwrapped(x)
+    return x
+
+
+def _core(kernels, Q, K, V, *arguments):
+    """O of a core (kernels: its _CORE) by the forward kernel (its backward by the backward kernels, its tangent by
+    the JVP kernel)."""
+    function = kernels[1] if torch.compiler.is_compiling() else kernels[0]
+    return function.apply(*_autocast(Q, K, V), *arguments)[0]
+
+
+def _autocast(Q, K, V):
+    """Q, K, V as the kernels take them: under torch.autocast on their device each float32 one cast to autocast's
+    dtype, as autocast casts a product's operands (autograd carries the gradients back through the cast; the n × m
+    tiles and the statistics stay float32 in the kernels); else as given."""
+    device = Q.device.type
+    if device == "meta" or not torch.is_autocast_enabled(device):
+        return Q, K, V
+    low = torch.get_autocast_dtype(device)
+    return tuple(x.to(low) if x is not None and x.dtype == torch.float32 else x for x in (Q, K, V))
+
+
+def _core_dual(kernels, Q, K, V, causal, symbols, *tensors):
+    """O as a dual tensor (O, Ȯ) of forward-mode autograd from the dual Q, K, V and tensors: one JVP kernel launch."""
+    pairs = [(None, None) if x is None else forward_ad.unpack_dual(x) for x in _autocast(Q, K, V)]  # V None: a map
+    (Q, Q_t), (K, K_t), (V, V_t) = pairs
+    primals = [None if x is None else forward_ad.unpack_dual(x) for x in tensors]
+    tensors, tangents = [None if x is None else x[0] for x in primals], [None if x is None else x[1] for x in primals]
+    O, O_t = kernels[2](Q, K, V, (Q_t, K_t, V_t), causal, symbols, tensors, tangents)
+    return forward_ad.make_dual(O, O_t)
+
+
+def _dimensions(*arrays):
+    """The dimensions read off the arrays' last two axes (AXES's, in its order); a ValueError naming the input and
+    shapes otherwise."""
+    dims = {}
+    for (name, axes), x in zip(AXES.items(), arrays):
+        if x is None:  # a bias left out
+            continue
+        if x.dim() < 2:
+            raise ValueError(f"{name} has shape {tuple(x.shape)}; expected (..., {', '.join(map(str, axes))})")
+        for size, axis in zip(x.shape[-2:], axes):
+            known = axis if isinstance(axis, int) else dims.setdefault(axis, size)
+            if known != size:
+                raise ValueError(
+                    f"{name} has shape {tuple(x.shape)}; expected (..., {', '.join(map(str, axes))}) "
+                    f"with {axis} = {known}"
+                )
+    return dims
+
+
+def _count(name, value):
+    """A head count as a Python int >= 1 (an int or a NumPy integer, never a bool); a ValueError otherwise."""
+    if type(value).__name__ in ("bool", "bool_") or not hasattr(value, "__index__") or value.__index__() < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return value.__index__()
+
+
+def _share(dims, size, rest):
+    """The factor of the axis size (a product, H*d_k) left by rest (H); a ValueError where rest does not divide it."""
+    if dims[size] % rest:
+        raise ValueError(f"{size} = {dims[size]} is not a multiple of {rest}")
+    return dims[size] // rest
+
+
+def _leaves(*inputs):
+    """The inputs as new leaves that require grad (None, or a tensor that is not floating, as it is)."""
+    return [x.detach().requires_grad_() if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in inputs]
+
+
+def _direction(direction):
+    """An hvp's direction: a dict from input names to tensors of their shapes (a name left out: zero there)."""
+    if not isinstance(direction, dict):
+        raise TypeError(f"direction: expected a dict from input names to tensors, got {type(direction).__name__}")
+    unknown = [name for name in direction if name not in TANGENT_OF]
+    if unknown:
+        raise ValueError(f"direction: {unknown[0]!r} is no input; inputs: {', '.join(TANGENT_OF)}")
+    return direction
+
+
+def _along(out, grad_out, leaves, direction):
+    """{name: the derivative of ∂⟨grad_out, out⟩/∂x_name along direction} over the leaves given: the gradients with
+    create_graph, then the gradient of Σ ⟨direction[x], ∂f/∂x⟩ (zero where nothing moves)."""
+    named = {name: x for name, x in leaves.items() if isinstance(x, torch.Tensor) and x.requires_grad}
+    grads = torch.autograd.grad(out, list(named.values()), grad_out, create_graph=True, allow_unused=True)
+    terms = [(g * direction[k]).sum() for k, g in zip(named, grads) if g is not None and direction.get(k) is not None]
+    total = sum(terms, out.new_zeros(()))
+    found = [None] * len(named)
+    if total.requires_grad:
+        found = torch.autograd.grad(total, list(named.values()), allow_unused=True)
+    return {name: torch.zeros_like(x) if h is None else h for (name, x), h in zip(named.items(), found)}
+
+
+def _additive(name, mask, like):
+    """A bool mask (True = not allowed) as the additive mask (−inf where True, else 0); a float one as it is (one that
+    requires grad gets its gradient, written tile by tile by the kernels as a learned bias's)."""
+    if mask is None or mask.dtype != torch.bool:
+        return mask
+    return torch.zeros(mask.shape, dtype=like.dtype, device=like.device).masked_fill(mask, float("-inf"))
+
+
+def _constant(x):
+    """A constant of the spec (Spec.constants, given in its position or by its name) as the kernels take it: without
+    a gradient, as the torch module takes it."""
+    return x.detach() if isinstance(x, torch.Tensor) else x
+
+
+def _mask(name, mask, attn_mask, key_padding_mask, query, per_head):
+    """The additive mask the kernels read, or None: mask in its position or attn_mask by keyword (giving both is a
+    TypeError), plus key_padding_mask ((..., m) bool, True = ignore the key). per_head: the scores have a heads axis
+    (..., H, n, m), so a mask batched as the query is gets one of size 1 (torch's (B, 1, n, m) is taken as it is)."""
+    if mask is not None and attn_mask is not None:
+        raise TypeError(f"{name} and attn_mask are the same mask: give one of them")
+    mask = _additive(name, mask, query) if attn_mask is None else _additive("attn_mask", attn_mask, query)
+    if per_head and mask is not None and 2 < mask.dim() == query.dim():
+        mask = mask.unsqueeze(-3)
+    if key_padding_mask is None:
+        return mask
+    if not isinstance(key_padding_mask, torch.Tensor) or key_padding_mask.dtype != torch.bool:
+        raise ValueError(f"key_padding_mask: expected a bool tensor (True: ignore a key), got {key_padding_mask!r}")
+    padding = _additive("key_padding_mask", key_padding_mask, query).unsqueeze(-2)  # (..., 1, m)
+    if per_head and padding.dim() > 2:
+        padding = padding.unsqueeze(-3)  # (..., 1, 1, m)
+    return padding if mask is None else mask + padding
+
+
+def _row(x):
+    """A bias row: (1, k), or 1-D (k,) as torch holds one (viewed as the row); None (left out) stays None."""
+    return x.unsqueeze(0) if x is not None and x.dim() == 1 else x
+
+
+def _or_zero(x, like):
+    """x, or a 0-d zero (adding nothing) where a bias is left out."""
+    return torch.zeros((), dtype=like.dtype, device=like.device) if x is None else x
+
+
+def _tangents(tangents):
+    """jvp's tangents: a dict from input names to tensors (a name left out: zero there)."""
+    if not isinstance(tangents, dict):
+        raise TypeError(f"tangents: expected a dict from input names to tensors, got {type(tangents).__name__}")
+    unknown = [name for name in tangents if name not in TANGENT_OF]
+    if unknown:
+        raise ValueError(f"tangents: {unknown[0]!r} is no input; inputs: {', '.join(TANGENT_OF)}")
+    return tangents
+
+
+def _duals(tangents, *inputs):
+    """The inputs (TANGENT_OF's order) as forward-mode dual tensors with their tangents (None: zero)."""
+    return [_dual(x, tangents.get(name)) for name, x in zip(TANGENT_OF, inputs)]
+
+
+def _dual(x, tangent):
+    """x with its tangent (forward mode); x itself where the tangent is None."""
+    return x if tangent is None or x is None else forward_ad.make_dual(x, tangent)
+
+
+def gelu(a):
+    """x Φ(x), entrywise (exact, erf form)."""
+    return torch.nn.functional.gelu(a)
+
+
+def layer_norm(a, eps):
+    """Each row standardised: (a − mean) / √(biased variance + eps), along the last axis."""
+    return torch.nn.functional.layer_norm(a, a.shape[-1:], eps=eps)
+
+
+def merge_heads(a, heads):
+    """(..., heads, n, k) -> (..., n, heads * k)."""
+    a = a.transpose(-2, -3)
+    return a.reshape(*a.shape[:-2], a.shape[-2] * a.shape[-1])
+
+
+def split_heads(a, heads):
+    """(..., n, heads * k) -> (..., heads, n, k)."""
+    return a.reshape(*a.shape[:-1], heads, a.shape[-1] // heads).transpose(-2, -3)
 
 
 GRADIENT_TILES = 1  # the n × m inputs and constants with a gradient (made where wanted)
@@ -1436,249 +1729,6 @@ def _core_eager(Q, K, V, causal, symbols, tensors):
 _CORE = (_CoreFunction, _CoreTraced, _core_jvp)  # how _core and _core_dual run this core
 
 
-def _tile_gradient(grad, wanted, batch, like):
-    """An n × m tile's gradient (BH, n, m) summed to like's shape (its broadcast axes), in like's dtype; None where
-    it was not wanted (like does not require grad, or is absent)."""
-    if not wanted or like is None:
-        return None
-    return grad.view(*batch, *grad.shape[-2:]).sum_to_size(like.shape).to(like.dtype)
-
-
-def _first_forward_mode():
-    """A RuntimeError under forward mode over forward mode (torch.func.jvp of jvp): the kernel's tangent is a first
-    derivative, carrying no tangent of an outer level, so a nested one would be silently wrong."""
-    interpreters = torch._functorch.pyfunctorch.retrieve_all_functorch_interpreters()
-    if sum(i.key() == torch._C._functorch.TransformType.Jvp for i in interpreters) > 1:
-        raise RuntimeError(f"{SPEC}: forward mode over forward mode (jvp of jvp) is not supported by the kernels")
-
-
-def _second_derivative(grad, saved):
-    """Is a backward asked to be differentiable (create_graph=True: double backward, reverse over reverse)? Not under
-    torch.func's grad or vjp, which ask it of every backward (their levels unwrapped, the kernels run), also where
-    vjp's function is called after the transform (its saved inputs still wrapped)."""
-    wrapped = torch._C._functorch.is_functorch_wrapped_tensor
-    return torch.is_grad_enabled() and not any(wrapped(x) for x in (grad, *saved) if x is not None)
-
-
-def _reverse_only():
-    """A RuntimeError where a backward runs under forward mode (torch.func.hessian, jacfwd of jacrev, jvp of grad):
-    the kernels' backward has no tangent of its own; hvp (reverse over reverse) gives second derivatives."""
-    interpreters = torch._functorch.pyfunctorch.retrieve_all_functorch_interpreters()
-    if any(i.key() == torch._C._functorch.TransformType.Jvp for i in interpreters):
-        raise RuntimeError(
-            f"{SPEC}: forward mode over the kernels' backward (hessian, jacfwd of jacrev) is not "
-            "supported; hvp gives second derivatives (reverse over reverse)"
-        )
-
-
-def _recomputed(ctx, grad, eager, kept):
-    """A Function's gradients as differentiable torch ops: its core recomputed by eager (the n × m arrays in memory)
-    from the saved inputs and differentiated by autograd with create_graph, so a second derivative flows through."""
-    Q, K, V, _, *rest = ctx.saved_tensors
-    tensors = _tensors(ctx, rest[kept:])
-    inputs = [Q, K, V, None, None, *tensors]  # the Function's: causal and symbols have no gradient
-    wanted = [i for i, x in enumerate(inputs) if x is not None and ctx.needs_input_grad[i]]
-    out = eager(Q, K, V, ctx.causal, ctx.symbols, tensors)
-    found = torch.autograd.grad(out, [inputs[i] for i in wanted], grad, create_graph=True, allow_unused=True)
-    grads = [None] * len(inputs)
-    for i, value in zip(wanted, found):
-        grads[i] = value
-    return tuple(grads)
-
-
-def _tensors(ctx, present):
-    """A core Function's tiles and trainable scalars (its *tensors) from the saved ones present: None where absent."""
-    present = iter(present)
-    return [None if absent else next(present) for absent in ctx.absent]
-
-
-def _leaves(*inputs):
-    """The inputs as new leaves that require grad (None, or a tensor that is not floating, as it is)."""
-    return [x.detach().requires_grad_() if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in inputs]
-
-
-def _direction(direction):
-    """An hvp's direction: a dict from input names to tensors of their shapes (a name left out: zero there)."""
-    if not isinstance(direction, dict):
-        raise TypeError(f"direction: expected a dict from input names to tensors, got {type(direction).__name__}")
-    unknown = [name for name in direction if name not in TANGENT_OF]
-    if unknown:
-        raise ValueError(f"direction: {unknown[0]!r} is no input; inputs: {', '.join(TANGENT_OF)}")
-    return direction
-
-
-def _along(out, grad_out, leaves, direction):
-    """{name: the derivative of ∂⟨grad_out, out⟩/∂x_name along direction} over the leaves given: the gradients with
-    create_graph, then the gradient of Σ ⟨direction[x], ∂f/∂x⟩ (zero where nothing moves)."""
-    named = {name: x for name, x in leaves.items() if isinstance(x, torch.Tensor) and x.requires_grad}
-    grads = torch.autograd.grad(out, list(named.values()), grad_out, create_graph=True, allow_unused=True)
-    terms = [(g * direction[k]).sum() for k, g in zip(named, grads) if g is not None and direction.get(k) is not None]
-    total = sum(terms, out.new_zeros(()))
-    found = [None] * len(named)
-    if total.requires_grad:
-        found = torch.autograd.grad(total, list(named.values()), allow_unused=True)
-    return {name: torch.zeros_like(x) if h is None else h for (name, x), h in zip(named.items(), found)}
-
-
-def _batched(x):
-    """Is x a tensor batched by torch.func.vmap at its outermost level?"""
-    return isinstance(x, torch.Tensor) and torch._C._functorch.is_batchedtensor(x)
-
-
-def _to_batch(x):
-    """x without torch.func's grad and jvp wrappers down to a tensor batched by vmap, or to the plain tensor."""
-    while isinstance(x, torch.Tensor) and torch._C._functorch.is_functorch_wrapped_tensor(x) and not _batched(x):
-        x = torch._C._functorch.get_unwrapped(x)
-    return x
-
-
-def _physical(x):
-    """A batched tensor's values with vmap's axis first (a plain tensor: as it is)."""
-    if not _batched(x):
-        return x
-    return torch._C._functorch.get_unwrapped(x).movedim(torch._C._functorch.maybe_get_bdim(x), 0)
-
-
-def _vmapped_core(function, info, in_dims, arguments):
-    """function.apply(Q, K, V, causal, symbols, *tensors) under torch.func.vmap: vmap's axis of each tensor moved first
-    (a size-1 axis where it has none: the kernels broadcast batch axes) as one more leading batch axis of the core;
-    O and the statistics returned with it first. A batched trainable scalar is refused (the kernels read one value)."""
-    moved = []
-    for x, dim in zip(arguments, in_dims):
-        if isinstance(x, torch.Tensor) and dim is not None:
-            _no_batched_scalar(x.dim() == 1)  # a trainable scalar (0-d), batched: (size,)
-            x = x.movedim(dim, 0)
-        elif isinstance(x, torch.Tensor) and x.dim():
-            x = x.unsqueeze(0)
-        moved.append(x)
-    O, *kept = function.apply(*moved)
-    kept = [x.reshape(info.batch_size, -1, *x.shape[1:]) for x in kept]  # the statistics: (batch·heads, …) flat
-    return (O, *kept), (0,) * (1 + len(kept))
-
-
-def _no_batched_scalar(batched):
-    """A RuntimeError where vmap batches a trainable scalar (batched: the kernels take one value of each)."""
-    if batched:
-        raise RuntimeError(f"{SPEC}: a trainable scalar batched by torch.func.vmap is not supported by the kernels")
-
-
-def _merged(x, dim, size):
-    """An op argument with vmap's axis (dim; None: none, the argument expanded) merged into its first axis, the
-    batch·head axis the kernels step through; contiguous where they read it so."""
-    if x is None or (dim is None and x.numel() == 0):
-        return x
-    x = x.expand(size, *x.shape) if dim is None else x.movedim(dim, 0)
-    return x.reshape(size * x.shape[1], *x.shape[2:]).contiguous()
-
-
-def _split(results, size):
-    """An op's results (their first axis batch·head, flat) with vmap's axis split off first; an empty one as it is."""
-    dims = [0 if x.numel() else None for x in results]
-    return [x if dim is None else x.reshape(size, -1, *x.shape[1:]) for x, dim in zip(results, dims)], dims
-
-
-def _jvp_operands(saved, tangents):
-    """The JVP kernel's operands: the saved inputs and the tangents as plain tensors, and vmap's level (None: none).
-    Under vmap (jacfwd; one level) its axis is one more leading batch axis: first where a tensor is batched, else a
-    size-1 axis (Q, K, V expanded to the batch: their tangents are)."""
-    saved, moving = [_to_batch(x) for x in saved], [_to_batch(x) for x in tangents]
-    batched = [x for x in (*saved, *moving) if _batched(x)]
-    if not batched:
-        return [_plain(x) for x in saved], [_plain(x) for x in moving], None
-    if len({torch._C._functorch.maybe_get_level(x) for x in batched}) > 1 or any(
-        torch._C._functorch.is_functorch_wrapped_tensor(_physical(x)) for x in batched
-    ):
-        raise RuntimeError(f"{SPEC}: the JVP kernel runs under one torch.func.vmap (jacfwd), not nested ones")
-    size, level = _physical(batched[0]).shape[0], torch._C._functorch.maybe_get_level(batched[0])
-
-    def leading(x, expand):
-        if x is None:
-            return None
-        if _batched(x):
-            _no_batched_scalar(x.dim() == 0)  # a trainable scalar's value or tangent
-            return _physical(x)
-        x = _plain(x)
-        return x if x.dim() == 0 else x.expand(size, *x.shape) if expand else x.unsqueeze(0)
-
-    return [leading(x, i < 3) for i, x in enumerate(saved)], [leading(x, False) for x in moving], level
-
-
-def _rebatched(x, level):
-    """x (vmap's axis first) as a tensor batched at level; None: x as it is."""
-    return x if level is None else torch._C._functorch._add_batch_dim(x, 0, level)
-
-
-def _plain(x):
-    """x without torch.func's wrappers (a jvp or grad level: the kernels read its storage); None stays None."""
-    while x is not None and torch._C._functorch.is_functorch_wrapped_tensor(x):
-        x = torch._C._functorch.get_unwrapped(x)
-    return x
-
-
-def gelu(a):
-    """x Φ(x), entrywise (exact, erf form)."""
-    return torch.nn.functional.gelu(a)
-
-
-def layer_norm(a, eps):
-    """Each row standardised: (a − mean) / √(biased variance + eps), along the last axis."""
-    return torch.nn.functional.layer_norm(a, a.shape[-1:], eps=eps)
-
-
-def merge_heads(a, heads):
-    """(..., heads, n, k) -> (..., n, heads * k)."""
-    a = a.transpose(-2, -3)
-    return a.reshape(*a.shape[:-2], a.shape[-2] * a.shape[-1])
-
-
-def split_heads(a, heads):
-    """(..., n, heads * k) -> (..., heads, n, k)."""
-    return a.reshape(*a.shape[:-1], heads, a.shape[-1] // heads).transpose(-2, -3)
-
-
-def _additive(name, mask, like):
-    """A bool mask (True = not allowed) as the additive mask (−inf where True, else 0); a float one as it is (one that
-    requires grad gets its gradient, written tile by tile by the kernels as a learned bias's)."""
-    if mask is None or mask.dtype != torch.bool:
-        return mask
-    return torch.zeros(mask.shape, dtype=like.dtype, device=like.device).masked_fill(mask, float("-inf"))
-
-
-def _constant(x):
-    """A constant of the spec (Spec.constants, given in its position or by its name) as the kernels take it: without
-    a gradient, as the torch module takes it."""
-    return x.detach() if isinstance(x, torch.Tensor) else x
-
-
-def _mask(name, mask, attn_mask, key_padding_mask, query, per_head):
-    """The additive mask the kernels read, or None: mask in its position or attn_mask by keyword (giving both is a
-    TypeError), plus key_padding_mask ((..., m) bool, True = ignore the key). per_head: the scores have a heads axis
-    (..., H, n, m), so a mask batched as the query is gets one of size 1 (torch's (B, 1, n, m) is taken as it is)."""
-    if mask is not None and attn_mask is not None:
-        raise TypeError(f"{name} and attn_mask are the same mask: give one of them")
-    mask = _additive(name, mask, query) if attn_mask is None else _additive("attn_mask", attn_mask, query)
-    if per_head and mask is not None and 2 < mask.dim() == query.dim():
-        mask = mask.unsqueeze(-3)
-    if key_padding_mask is None:
-        return mask
-    if not isinstance(key_padding_mask, torch.Tensor) or key_padding_mask.dtype != torch.bool:
-        raise ValueError(f"key_padding_mask: expected a bool tensor (True: ignore a key), got {key_padding_mask!r}")
-    padding = _additive("key_padding_mask", key_padding_mask, query).unsqueeze(-2)  # (..., 1, m)
-    if per_head and padding.dim() > 2:
-        padding = padding.unsqueeze(-3)  # (..., 1, 1, m)
-    return padding if mask is None else mask + padding
-
-
-def _row(x):
-    """A bias row: (1, k), or 1-D (k,) as torch holds one (viewed as the row); None (left out) stays None."""
-    return x.unsqueeze(0) if x is not None and x.dim() == 1 else x
-
-
-def _or_zero(x, like):
-    """x, or a 0-d zero (adding nothing) where a bias is left out."""
-    return torch.zeros((), dtype=like.dtype, device=like.device) if x is None else x
-
-
 def forward(
     X,
     W_Q,
@@ -2007,73 +2057,3 @@ def _compute(
         + (gelu((beta_2 + gamma_2 * (layer_norm((merge_heads(O, H)) @ W_O + b_O + X, eps))) @ W_1 + b_1)) @ W_2
         + b_2
     )
-
-
-def _core(kernels, Q, K, V, *arguments):
-    """O of a core (kernels: its _CORE) by the forward kernel (its backward by the backward kernels, its tangent by
-    the JVP kernel)."""
-    function = kernels[1] if torch.compiler.is_compiling() else kernels[0]
-    return function.apply(*_autocast(Q, K, V), *arguments)[0]
-
-
-def _autocast(Q, K, V):
-    """Q, K, V as the kernels take them: under torch.autocast on their device each float32 one cast to autocast's
-    dtype, as autocast casts a product's operands (autograd carries the gradients back through the cast; the n × m
-    tiles and the statistics stay float32 in the kernels); else as given."""
-    device = Q.device.type
-    if device == "meta" or not torch.is_autocast_enabled(device):
-        return Q, K, V
-    low = torch.get_autocast_dtype(device)
-    return tuple(x.to(low) if x is not None and x.dtype == torch.float32 else x for x in (Q, K, V))
-
-
-def _core_dual(kernels, Q, K, V, causal, symbols, *tensors):
-    """O as a dual tensor (O, Ȯ) of forward-mode autograd from the dual Q, K, V and tensors: one JVP kernel launch."""
-    pairs = [(None, None) if x is None else forward_ad.unpack_dual(x) for x in _autocast(Q, K, V)]  # V None: a map
-    (Q, Q_t), (K, K_t), (V, V_t) = pairs
-    primals = [None if x is None else forward_ad.unpack_dual(x) for x in tensors]
-    tensors, tangents = [None if x is None else x[0] for x in primals], [None if x is None else x[1] for x in primals]
-    O, O_t = kernels[2](Q, K, V, (Q_t, K_t, V_t), causal, symbols, tensors, tangents)
-    return forward_ad.make_dual(O, O_t)
-
-
-# the inputs jvp takes tangents of
-TANGENT_OF = (
-    "X",
-    "W_Q",
-    "W_K",
-    "W_V",
-    "W_O",
-    "gamma_1",
-    "beta_1",
-    "gamma_2",
-    "beta_2",
-    "W_1",
-    "W_2",
-    "b_Q",
-    "b_K",
-    "b_V",
-    "b_O",
-    "b_1",
-    "b_2",
-)
-
-
-def _tangents(tangents):
-    """jvp's tangents: a dict from input names to tensors (a name left out: zero there)."""
-    if not isinstance(tangents, dict):
-        raise TypeError(f"tangents: expected a dict from input names to tensors, got {type(tangents).__name__}")
-    unknown = [name for name in tangents if name not in TANGENT_OF]
-    if unknown:
-        raise ValueError(f"tangents: {unknown[0]!r} is no input; inputs: {', '.join(TANGENT_OF)}")
-    return tangents
-
-
-def _duals(tangents, *inputs):
-    """The inputs (TANGENT_OF's order) as forward-mode dual tensors with their tangents (None: zero)."""
-    return [_dual(x, tangents.get(name)) for name, x in zip(TANGENT_OF, inputs)]
-
-
-def _dual(x, tangent):
-    """x with its tangent (forward mode); x itself where the tangent is None."""
-    return x if tangent is None or x is None else forward_ad.make_dual(x, tangent)

@@ -135,6 +135,11 @@ def test_a_function_is_named_only_by_its_record_and_its_export():
 # A string equal to a backend's name that means something else there: (module, name) → what it means.
 NOT_A_BACKEND = {
     ("symattn/codegen/backends/numpy/numba_kernels.py", "numpy"): "numba's error_model (no check of a zero divisor)",
+    # a generated torch module's runtime (its source copied there): the route path() names to a user, no branch
+    (
+        "symattn/codegen/backends/torch/function_runtime.py",
+        "triton",
+    ): "path()'s answer: the call runs the Triton kernels",
 }
 
 

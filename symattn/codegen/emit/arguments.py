@@ -54,11 +54,12 @@ def named_call(target: str, function: str, names: list[str]) -> str:
 
 
 def entry(sched: Schedule, backend: Backend, public: bool) -> dict:
-    """What the public forward does to its arguments before the closed form: a fixed constant given as a bool
-    made the matrix the spec holds, parameters given 1-D viewed as rows (NumPy: remembered, so that backward
-    returns their gradients 1-D)."""
+    """What the public forward does to its arguments before the closed form: a call on CUDA handed to the spec's
+    Triton module where the backend routes (``routed``: the runtime helpers that decide and hand over, ``_constant``
+    where the spec has constants), a fixed constant given as a bool made the matrix the spec holds, parameters given
+    1-D viewed as rows (NumPy: remembered, so that backward returns their gradients 1-D)."""
     if not public:
-        return {"bool_constants": [], "rows_call": "", "vectors_call": "", "vectors": False}
+        return {"routed": [], "bool_constants": [], "rows_call": "", "vectors_call": "", "vectors": False}
     first = str(sched.spec.matrix_inputs[0].name)
     converted = [
         layout.wrapped(f"{name} = _bool_constant", [name, f'"{form}"', first], "", 4, "()")
@@ -67,6 +68,7 @@ def entry(sched: Schedule, backend: Backend, public: bool) -> dict:
     rows = row_parameters(sched)
     named = [sp.Symbol(name) for name in rows]
     return {
+        "routed": ["path", "_kernels_for", *["_constant"] * bool(sched.spec.constants)] if backend.routes else [],
         "bool_constants": converted,
         "rows_call": layout.checked_inputs(named, "_rows") if rows else "",
         # NumPy, whose backward is called by hand: the parameters given 1-D, their gradients returned 1-D

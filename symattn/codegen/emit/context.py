@@ -152,8 +152,9 @@ def _runtime_helpers(
     entry: dict,
     public: bool,
 ) -> list[str]:
-    """The runtime helpers the module calls: the expressions' (sorted), then the checks', then (sorted) the ones
-    those call. public: the module's forward (not f₂'s), which reads its arguments (``_entry``, ``_one_mask``)."""
+    """The runtime helpers the module calls: the expressions' (sorted), then the checks' and the routing's, then
+    (sorted) the ones those call. public: the module's forward (not f₂'s), which reads its arguments (``_entry``,
+    ``_one_mask``)."""
     names = [*sorted(printer.helpers_used), backend.check_inputs, "_check_shape"]
     names += ["_bool_constant"] * bool(entry["bool_constants"]) + ["_rows"] * bool(entry["rows_call"])
     names += ["_vectors", "_as_given"] * entry["vectors"] + ["_one_mask"] * bool(mask and public)
@@ -161,7 +162,7 @@ def _runtime_helpers(
     names += ["_positive_int"] * any(o.symbol.is_integer for o in options)
     names += ["_nonempty"] * bool(checks["nonempty"])
     names += [*backend.helpers, *["_additive_mask"] * bool(mask)]
-    names += [backend.mask_shape] * bool(mask_gradient)
+    names += [backend.mask_shape] * bool(mask_gradient) + entry["routed"]
     needed = {need for name in names for need in helper_needs(printer.runtime, name)}  # what the helpers call
     return names + sorted(needed - set(names))
 

@@ -152,3 +152,25 @@ def test_blocks_of_query_rows_are_the_cpus_path():
         want = 128 if device == "cpu" else 1000
         assert torch_runtime.rows_per_block(None, True, query) == want
         assert torch_runtime.rows_per_block(None, False, query) == 1000
+
+
+def test_a_call_routes_to_the_triton_module_only_where_the_kernels_apply(monkeypatch):
+    """path() names the route and why: the torch ops off CUDA, with KERNELS False, under torch.func, for float64 or
+    where no Triton module imports beside the module (here: none beside the runtime)."""
+    monkeypatch.setattr(function_runtime, "SPEC", "spec")
+    monkeypatch.setattr(function_runtime, "_KERNELS_MODULE", [])
+    x = torch.zeros(2, 3)
+    assert function_runtime.path(x, scale=1.0) == "torch: not every tensor is on CUDA"
+    assert function_runtime._kernels_for(x) is None
+    monkeypatch.setattr(function_runtime, "_kernel_device", lambda x: True)
+    assert function_runtime.path(x.double()) == "torch: a float64 tensor"
+    assert function_runtime.path(x) == "torch: no spec_triton module imports beside this one"
+    assert function_runtime._KERNELS_MODULE == [None]  # looked for once
+    seen = []
+    torch.func.vmap(lambda row: seen.append(function_runtime.path(row)) or row)(x)
+    assert seen == ["torch: under a torch.func transform"]
+    monkeypatch.setattr(function_runtime, "_KERNELS_MODULE", [function_runtime])  # a module found
+    assert function_runtime.path(x) == "triton" and function_runtime._kernels_for(x) is function_runtime
+    monkeypatch.setattr(function_runtime, "KERNELS", False)
+    assert function_runtime.path(x) == "torch: KERNELS is False"
+    assert not function_runtime._constant(torch.zeros(1, requires_grad=True)).requires_grad

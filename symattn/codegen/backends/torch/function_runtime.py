@@ -1,7 +1,8 @@
 """Runtime helpers of the generated PyTorch modules' autograd Functions: apply (with the twin dynamo traces and
 autocast), the precision of a 16-bit run (statistics and n × m arrays in float32, each rounded once, right before
 a product), the first closed form's gradients guarded against a second derivative, the second closed form's
-Function (``_Backward``: its backward and its jvp), and the forward mode's tangent (``_tangent``).
+Function (``_Backward``: its backward and its jvp), the forward mode's tangent (``_tangent``), and the route of a
+call on CUDA to the fused kernels of the spec's Triton module beside the generated one (``path``, ``_kernels_for``).
 
 Real code, linted and tested; ``TorchMatrixPrinter`` copies the source of the ones a module calls (read with
 ``ast``) into it. The names below stand for the generated module's own constants and closed forms. Generating
@@ -24,6 +25,8 @@ INPUTS: tuple[str, ...] = ()
 DIRECTION_OF: dict[str, str] = {}
 TANGENT_OF: dict[str, str] = {}  # input name -> its tangent's (the forward mode's)
 COTANGENT = ""
+KERNELS = True  # the generated module's switch: forward on CUDA runs the fused kernels where they apply (path())
+_KERNELS_MODULE: list = []  # the generated module's cache of its Triton module, once looked for (None: none imports)
 
 
 def _backward(saved, grad_out):  # pragma: no cover - stands for the generated module's own
@@ -317,3 +320,62 @@ def _second_order(ctx, saved, grad_out, options, spec_options):
     held = _Held(ctx.tensor_names, ctx.constants, ctx.options[:spec_options], len(inputs))
     values = [saved[name] for name in ctx.tensor_names]
     return (*_Backward.apply(held, grad_out, *inputs, *values), *[None] * options)
+
+
+def path(*args, **kwargs):
+    """Which code forward(*args, **kwargs) runs: "triton", the fused kernels of the spec's Triton module beside this
+    one (SPEC + "_triton"), or "torch: <why not>". The kernels run where KERNELS is True, every tensor argument is on
+    CUDA, a plain tensor (or parameter) of float16, bfloat16 or float32, the call is eager (not traced by torch.compile
+    or export, nor under a torch.func transform) and the Triton module imports (triton installed; generated with
+    --backend triton)."""
+    return _route([*args, *kwargs.values()])[1]
+
+
+def _kernels_for(*arguments):
+    """The Triton module forward hands the call to, or None: the torch ops run (path)."""
+    return _route(arguments)[0]
+
+
+def _route(arguments):
+    """(the Triton module or None, the path's name and why)."""
+    if torch.compiler.is_compiling():
+        return None, "torch: traced by torch.compile or export"
+    tensors = [x for x in arguments if isinstance(x, torch.Tensor)]
+    if not KERNELS:
+        return None, "torch: KERNELS is False"
+    if not tensors or not all(_kernel_device(x) for x in tensors):
+        return None, "torch: not every tensor is on CUDA"
+    if any(torch._C._functorch.is_functorch_wrapped_tensor(x) for x in tensors):
+        return None, "torch: under a torch.func transform"
+    if any(type(x) not in (torch.Tensor, torch.nn.Parameter) for x in tensors):
+        return None, "torch: a tensor subclass (DTensor, fake tensors)"
+    if any(x.is_floating_point() and x.dtype not in (torch.float16, torch.bfloat16, torch.float32) for x in tensors):
+        return None, "torch: a float64 tensor"
+    module = _kernels_module()
+    if module is None:
+        return None, f"torch: no {SPEC}_triton module imports beside this one"
+    return module, "triton"
+
+
+def _kernel_device(x):
+    """Is x on the device the kernels run on (CUDA)?"""
+    return x.is_cuda
+
+
+def _kernels_module():
+    """The spec's Triton module beside this one (same package), or None."""
+    if not _KERNELS_MODULE:
+        import importlib
+
+        package = __name__.rpartition(".")[0]
+        try:
+            found = importlib.import_module(f"{package}.{SPEC}_triton" if package else f"{SPEC}_triton")
+        except Exception:  # not generated, triton not installed or failing to load: the torch ops run
+            found = None
+        _KERNELS_MODULE.append(found)
+    return _KERNELS_MODULE[0]
+
+
+def _constant(x):
+    """A constant handed to the kernels as this module takes one in its position: without a gradient."""
+    return x.detach() if isinstance(x, torch.Tensor) else x

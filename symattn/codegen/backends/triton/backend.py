@@ -9,6 +9,7 @@ import jinja2
 
 from symattn.codegen.backends.backend import Backend
 from symattn.codegen.backends.triton.printer import TilePrinter
+from symattn.codegen.backends.triton.runtime import RUNTIMES
 from symattn.lang.functions import TORCH, TRITON
 from symattn.specs import Spec
 
@@ -30,7 +31,7 @@ TRITON_BACKEND = Backend(
     mask_shape="",
     autodiff=True,
     second_order_helpers=None,
-    runtimes=(),
+    runtimes=RUNTIMES,
     imports=(TORCH, TRITON),
     device=True,
     missing_variant="its kernels recompute P from the row log-sum-exp: the standard module never makes P whole",

@@ -1,5 +1,6 @@
-"""The Triton module of a spec: its core's kernels (``templates/_triton_kernels.j2``, the entrywise lines printed by
-``printer``) and the torch code around them (``templates/triton_module.py.j2``).
+"""The Triton module of a spec: its cores' kernels, launches and autograd Functions (``templates/_triton_core.j2``,
+once per core, the entrywise lines printed by ``printer``), the torch code around them
+(``templates/triton_module.py.j2``) and the runtime helpers both call, copied from their modules (``runtime_*.py``).
 
 Q, K, V and what the spec's output makes of O are printed by the torch backend's printer and differentiated by
 autograd; the core O = N(A) V is a ``torch.autograd.Function`` whose forward and backward launch the kernels.
@@ -14,15 +15,17 @@ import sympy as sp
 from sympy import Basic, MatrixSymbol
 
 from symattn.codegen.backends.torch.backend import TorchMatrixPrinter
-from symattn.codegen.backends.triton.bindings import axis_sizes, binding_lines, counts, lines_of
+from symattn.codegen.backends.triton.bindings import binding_lines, lines_of
 from symattn.codegen.backends.triton.core import Core, find_cores
 from symattn.codegen.backends.triton.lines import bare, core_lines, laid_out
 from symattn.codegen.backends.triton.printer import Printed, print_core, tangent_symbol, tangent_tile_name, tile_name
+from symattn.codegen.backends.triton.runtime import TRITON_RUNTIME, called_helpers
 from symattn.derive.formats.latex import text as plain_text
 from symattn.errors import SymattnError
 from symattn.lang.functions import TRITON, Exp, Log
 from symattn.lang.graph import postorder
 from symattn.lang.ops import LogSoftmax, RowSoftmax, SplitHeads
+from symattn.numeric.printers import runtime_source
 from symattn.specs import Option, Spec, family
 
 TEMPLATE = "triton_module.py.j2"
@@ -81,7 +84,6 @@ def triton_context(spec: Spec, options: tuple[Option, ...], version: str) -> dic
         "inputs": _inputs(spec),
         "matrices": [{"name": str(x.name), "axes": _axes(x)} for x in spec.matrix_inputs],
         "bindings": binding_lines(spec, options, torch_printer.doprint, read),
-        "counted": bool(counts(spec, options)) or any(not s.is_Symbol and not s.is_Integer for s in axis_sizes(spec)),
         "spec_scalars": [str(x) for x in spec.inputs if isinstance(x, sp.Symbol)],
         "symbols": symbols,
         "constants": [str(x.name) for x in spec.constants],
@@ -92,6 +94,7 @@ def triton_context(spec: Spec, options: tuple[Option, ...], version: str) -> dic
         "per_head": any(c["per_head"] for c in cores),
         "rest": rest,
         "helpers": torch_printer.helper_source() if torch_printer.helpers_used else "",
+        "torch_helpers": sorted(torch_printer.helpers_used),
     } | _calls(spec, options)
 
 
@@ -218,13 +221,19 @@ def _jvp_signature(spec: Spec, options: tuple[Option, ...], rows: list[str]) -> 
 
 def render_triton(source: str | Spec, regenerate: str, environment: jinja2.Environment, module_class) -> str:
     """The source of the Triton module of a built-in spec (by name) or a user's Spec, by environment's templates;
-    module_class() is the torch module's nn.Module (``generate.module_class``), the Triton module's the same."""
+    module_class() is the torch module's nn.Module (``generate.module_class``), the Triton module's the same. The
+    module is rendered once without its runtime helpers, to read which it calls, then with their source."""
     from symattn.version import __version__
 
     spec, options = triton_spec(source)
     ctx = triton_context(spec, options, __version__) | {"regenerate": regenerate, "module": module_class()}
-    ctx["counted"] = ctx["counted"] or any(o["integer"] for o in ctx["module"]["options"])
     ctx |= laid_out(ctx) | {"bare": bare}  # bare: an unmasked tile's value, printed as ruff prints it
     core = environment.get_template(CORE_TEMPLATE)
     sections = [core.render(**(ctx | each | core_lines(ctx, each))) for each in ctx["cores"]]
-    return environment.get_template(TEMPLATE).render(**ctx, core_sections=sections)
+    template = environment.get_template(TEMPLATE)
+    helpers = called_helpers(template.render(**ctx, core_sections=sections, runtime=ctx["helpers"]))
+    clash = set(helpers) & set(ctx["torch_helpers"])
+    if clash:  # two definitions of one name: the later would replace the other's
+        raise RuntimeError(f"{spec.name}: helpers in the torch and Triton runtimes: {', '.join(sorted(clash))}")
+    runtime = "\n\n\n".join(part for part in (runtime_source(TRITON_RUNTIME, helpers), ctx["helpers"]) if part)
+    return template.render(**ctx, core_sections=sections, runtime=runtime)

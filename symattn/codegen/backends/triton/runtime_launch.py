@@ -1,0 +1,196 @@
+"""Runtime helpers of the generated Triton modules' launches: each kernel's launch settings (blocks that fit shared
+memory, warps, stages, tl.dot's precision), its grid, the eager or custom-op call, the operands broadcast and
+flattened to the kernels' (batch·heads, rows, columns) layout, the n × m tiles' views and strides, the scalar
+arguments as one float32 tensor, and an n × m tile's gradient summed back to its input's shape.
+
+Real code, linted and tested; ``module.render_triton`` copies the source of the ones a module calls (read with
+``ast``, ``runtime_functions``) into it. ``LAUNCH``, ``SHARED``, ``STREAMED``, ``GRID_Y`` and ``_NUMBERS`` stand for
+the generated module's own (``templates/triton_module.py.j2``). Generating code reads this module's source only, so
+it imports without torch.
+"""
+
+from __future__ import annotations
+
+try:
+    import torch
+except ImportError:  # pragma: no cover - generating a Triton module reads this source, it needs no torch
+    from types import SimpleNamespace
+
+    torch = SimpleNamespace(compiler=SimpleNamespace(assume_constant_result=lambda f: f))
+
+from symattn.codegen.backends.triton.runtime_autograd import _batched  # (the generated module has its copy)
+
+# per kernel: BLOCK_M (query rows), BLOCK_N (keys), warps, pipeline stages; the generated module's table
+LAUNCH: dict[str, tuple[int, int, int, int]] = {}
+SHARED = 0  # the shared-memory budget of one program's tiles, in bytes
+STREAMED: dict[str, int | None] = {}  # the block a kernel's loop steps through (0: M, 1: N; None: both)
+GRID_Y = 65535  # a CUDA grid's most programs along its axes 1 and 2
+_NUMBERS: dict = {}  # (the numbers, a device) → their float32 tensor there
+
+
+def _launch(x, width, kernel):
+    """The kernel's launch settings for inputs like x, each row width entries (d + d_v): BLOCK_M × BLOCK_N = 16 × 16
+    under the interpreter (CPU tensors, one program at a time); on a GPU LAUNCH's, the larger block (the streamed one
+    of a tie) halved, down to 16, while one held block and num_stages streamed ones (triton's software pipeline), each
+    row padded to a power of two, pass SHARED bytes: a wide head in float32 fits a GPU's shared memory. A kernel
+    whose parts stream both blocks counts the larger one streamed, its worse part."""
+    if not x.is_cuda:
+        return {"BLOCK_M": 16, "BLOCK_N": 16}
+    *blocks, warps, stages = LAUNCH[kernel]
+    row = _width(width) * x.element_size()
+    while max(blocks) > 16:
+        streamed = STREAMED[kernel]
+        if streamed is None:
+            streamed = 1 if blocks[1] >= blocks[0] else 0
+        if (blocks[1 - streamed] + stages * blocks[streamed]) * row <= SHARED:
+            break
+        blocks[streamed if blocks[streamed] >= blocks[1 - streamed] else 1 - streamed] //= 2
+    return {"BLOCK_M": blocks[0], "BLOCK_N": blocks[1], "num_warps": warps, "num_stages": stages}
+
+
+def _residual(o):
+    """Does a core keep O's rounding beside a 16-bit O (bfloat16, float16), for its backward's D?"""
+    return o.dtype in (torch.bfloat16, torch.float16)
+
+
+def _precision(x):
+    """tl.dot's input precision for float32 as torch's float32 matmul has it: "ieee" (no TF32) at torch's default
+    float32 matmul precision ("highest"), "tf32" where it is set lower; float16 and bfloat16 ignore it."""
+    return "ieee" if x.dtype == torch.float32 and _highest() else "tf32"
+
+
+@torch.compiler.assume_constant_result  # torch.compile reads the setting once, as a constant of the graph
+def _highest():
+    """Whether torch's float32 matmul precision is "highest" (no TF32)."""
+    return torch.get_float32_matmul_precision() == "highest"
+
+
+def _width(size):
+    """A tile's width for a dimension of size entries: a power of two, at least 16 (tl.dot's least)."""
+    width = 16
+    while width < size:
+        width *= 2
+    return width
+
+
+def _cdiv(a, b):
+    """⌈a / b⌉ (triton.cdiv's, without its per-call cost on the host)."""
+    return -(-a // b)
+
+
+def _grid(blocks, bh):
+    """A kernel's grid and its WIDE flag: (blocks, batch·heads), the axes swapped where the batch·heads pass GRID_Y
+    (batch 4096 of 16 heads: 65536)."""
+    wide = bh > GRID_Y
+    return ((bh, blocks) if wide else (blocks, bh)), wide
+
+
+def _run(op, launch, *args):
+    """op(*args), op the custom op of launch: in an eager run on real tensors launch is called directly (the
+    dispatcher's bookkeeping costs host time on every call, time a GPU waits for); under torch.compile, on fake or
+    meta tensors (its fake gives the shapes) and under torch.func's transforms (vmap: its vmap rule) through the op."""
+    if torch.compiler.is_compiling() or isinstance(args[0], torch._subclasses.FakeTensor) or args[0].is_meta:
+        return op(*args)
+    return op(*args) if torch._C._are_functorch_transforms_active() else launch(*args)
+
+
+def _flat(x, batch, rows, cols):
+    """x broadcast to (*batch, rows, cols), its batch axes as one (a view where the strides allow)."""
+    if x.shape[:-2] != batch:  # broadcast (the common case, x already of the batch shape, skips expand's call)
+        x = x.expand(*batch, rows, cols)
+    return x.reshape(-1, rows, cols)  # reshape: a view where the strides allow
+
+
+def _rows(x):
+    """x with its last axis contiguous (the kernels step the last axis by 1)."""
+    return x if _batched(x) or x.stride(-1) == 1 else x.contiguous()  # batched: laid out by the op's vmap rule
+
+
+def _tile(x, batch, rows, cols):
+    """x broadcast to (*batch, rows, cols) as (outer, inner, rows, cols), inner the last batch axis (the heads): a mask
+    broadcast over it keeps its stride 0 there (a view; a copy only where the outer axes do not merge)."""
+    return x.expand(*batch, rows, cols).reshape(-1, batch[-1] if batch else 1, rows, cols)
+
+
+def _tile_arguments(tiles, dummy):
+    """Each n × m tile's pointer and strides (outer batch, inner batch, row, key); an absent one (None): nothing."""
+    arguments = []
+    for t in tiles:
+        arguments += [dummy, 0, 0, 0, 0] if t is None else [t, *t.stride()]
+    return arguments
+
+
+def _inner(batch):
+    """The size of the last batch axis (the heads; 1 without batch axes): how a tile's batch·head index splits."""
+    return batch[-1] if batch else 1
+
+
+def _batches(Q, K, V, tiles, grouped):
+    """(the queries' batch shape, the keys' and values'): the operands' broadcast batch axes. grouped: K and V have
+    H_kv heads (the axis before their last two) shared by the queries' H, H_kv dividing H; theirs is the batch with
+    H_kv there (the kernels read key/value head h // (H / H_kv) for query head h: K and V are never repeated)."""
+    shapes = [t.shape for t in tiles if t is not None]
+    if not grouped:
+        batch = _batch(Q.shape, K.shape, V.shape, *shapes)
+        return batch, batch
+    heads = Q.shape[-3]
+    if heads % K.shape[-3] or K.shape[-3] != V.shape[-3]:
+        raise ValueError(f"{K.shape[-3]} key/value heads (K {tuple(K.shape)}, V {tuple(V.shape)}) do not share {heads}")
+    seen = [(*x.shape[:-3], heads, *x.shape[-2:]) for x in (K, V)]
+    batch = _batch(Q.shape, *seen, *shapes)
+    return batch, (*batch[:-1], K.shape[-3])
+
+
+def _batch(*shapes):
+    """The broadcast batch shape of the operands' leading axes; a ValueError naming the shapes otherwise."""
+    batches = {s[:-2] for s in shapes}
+    if len(batches) == 1:  # the common case, without broadcast_shapes' cost
+        return batches.pop()
+    try:
+        return torch.broadcast_shapes(*(s[:-2] for s in shapes))
+    except RuntimeError:
+        raise ValueError(f"batch axes do not broadcast: {', '.join(str(tuple(s)) for s in shapes)}") from None
+
+
+def _scalar_tensor(values, like):
+    """The kernels' scalar arguments as one float32 tensor on like's device, read by pointer in the kernels: a
+    trainable scalar's value stays on the device and torch.compile traces it (no float() of a tensor). A number is
+    filled in on the device: a copy from the host would wait for the device's queue to empty (torch copies pageable
+    memory synchronously), leaving the host's launch work unhidden on every call. Numbers only (1/√d, a scale): the
+    tensor filled once per device and values (_NUMBERS), not once per call; never while a CUDA graph is captured
+    (its fill would only run on the graph's replay)."""
+    if torch.compiler.is_compiling():
+        values = values or (0,)  # none: one entry 0
+        return torch.stack([torch.as_tensor(x, dtype=torch.float32, device=like.device).reshape(()) for x in values])
+    if any(isinstance(x, torch.Tensor) for x in values) or (like.is_cuda and torch.cuda.is_current_stream_capturing()):
+        return _filled(values, like.device)
+    key = (values, like.device)
+    found = _NUMBERS.get(key)
+    if found is None:
+        if len(_NUMBERS) >= 64:  # values that change call by call: the cache stays small
+            _NUMBERS.clear()
+        found = _NUMBERS[key] = _filled(values, like.device)
+    return found
+
+
+def _filled(values, device):
+    """values (numbers and one-entry tensors) as one float32 tensor on device; one entry 0 where there are none."""
+    if not values:
+        return torch.zeros(1, dtype=torch.float32, device=device)
+    parts = [_scalar(x, device) for x in values]
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+
+def _scalar(x, device):
+    """x, a number or a one-entry tensor, as a float32 tensor of shape (1,) on device."""
+    if isinstance(x, torch.Tensor):
+        return x.to(device=device, dtype=torch.float32).reshape(1)
+    return torch.full((1,), float(x), dtype=torch.float32, device=device)
+
+
+def _tile_gradient(grad, wanted, batch, like):
+    """An n × m tile's gradient (BH, n, m) summed to like's shape (its broadcast axes), in like's dtype; None where
+    it was not wanted (like does not require grad, or is absent)."""
+    if not wanted or like is None:
+        return None
+    return grad.view(*batch, *grad.shape[-2:]).sum_to_size(like.shape).to(like.dtype)
