@@ -280,7 +280,7 @@ def _forward_kernel(
     n,
     m,
     d,
-    dv,
+    d_v,
     inner,
     group,
     CAUSAL: tl.constexpr,
@@ -319,7 +319,7 @@ def _forward_kernel(
     for start in range(0, full, BLOCK_N):
         cols = start + tl.arange(0, BLOCK_N)
         k_rows = (cols[:, None] < m) & (dd[None, :] < d)
-        v_rows = (cols[:, None] < m) & (de[None, :] < dv)
+        v_rows = (cols[:, None] < m) & (de[None, :] < d_v)
         k = tl.load(K + kv * skb + cols[:, None] * skn + dd[None, :], mask=k_rows, other=0.0)
         v = tl.load(V + kv * svb + cols[:, None] * svn + de[None, :], mask=v_rows, other=0.0)
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
@@ -344,7 +344,7 @@ def _forward_kernel(
     for start in range(full, end, BLOCK_N):
         cols = start + tl.arange(0, BLOCK_N)
         k_rows = (cols[:, None] < m) & (dd[None, :] < d)
-        v_rows = (cols[:, None] < m) & (de[None, :] < dv)
+        v_rows = (cols[:, None] < m) & (de[None, :] < d_v)
         k = tl.load(K + kv * skb + cols[:, None] * skn + dd[None, :], mask=k_rows, other=0.0)
         v = tl.load(V + kv * svb + cols[:, None] * svn + de[None, :], mask=v_rows, other=0.0)
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
@@ -376,13 +376,13 @@ def _forward_kernel(
     acc = acc / safe[:, None]
     lse = tl.where(l_i == 0.0, float("inf"), shift + tl.log(safe))  # a row with every key masked: P = 0
     tl.store(L + bh * n + rows, lse, mask=rows < n)
-    out = O + bh * sob + rows[:, None] * son + de[None, :]
-    o_rows = (rows[:, None] < n) & (de[None, :] < dv)
+    at_o = O + bh * sob + rows[:, None] * son + de[None, :]
+    o_rows = (rows[:, None] < n) & (de[None, :] < d_v)
     rounded = acc.to(O.dtype.element_ty)
-    tl.store(out, rounded, mask=o_rows)
+    tl.store(at_o, rounded, mask=o_rows)
     if RESIDUAL:  # a 16-bit O: its rounding, R = O₃₂ − O (contiguous (BH, n, d_v)), for D = rowsum(dO ⊙ (O + R))
-        at = R + bh * n * dv + rows[:, None] * dv + de[None, :]
-        tl.store(at, (acc - rounded.to(tl.float32)).to(O.dtype.element_ty), mask=o_rows)
+        at_r = R + bh * n * d_v + rows[:, None] * d_v + de[None, :]
+        tl.store(at_r, (acc - rounded.to(tl.float32)).to(O.dtype.element_ty), mask=o_rows)
 
 
 @triton.jit
@@ -396,7 +396,7 @@ def _delta_kernel(
     sdb,
     sdn,
     n,
-    dv,
+    d_v,
     RESIDUAL: tl.constexpr,
     WIDE: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -410,11 +410,11 @@ def _delta_kernel(
     bh = bh.to(tl.int64)  # int64 offsets: bh · stride may pass 2³¹ elements
     rows = pid * BLOCK_M + tl.arange(0, BLOCK_M)
     de = tl.arange(0, BLOCK_DV)
-    mask = (rows[:, None] < n) & (de[None, :] < dv)
-    o = tl.load(O + bh * sob + rows[:, None] * son + de[None, :], mask=mask, other=0.0).to(tl.float32)
+    o_rows = (rows[:, None] < n) & (de[None, :] < d_v)
+    o = tl.load(O + bh * sob + rows[:, None] * son + de[None, :], mask=o_rows, other=0.0).to(tl.float32)
     if RESIDUAL:
-        o += tl.load(R + bh * n * dv + rows[:, None] * dv + de[None, :], mask=mask, other=0.0).to(tl.float32)
-    do = tl.load(DO + bh * sdb + rows[:, None] * sdn + de[None, :], mask=mask, other=0.0).to(tl.float32)
+        o += tl.load(R + bh * n * d_v + rows[:, None] * d_v + de[None, :], mask=o_rows, other=0.0).to(tl.float32)
+    do = tl.load(DO + bh * sdb + rows[:, None] * sdn + de[None, :], mask=o_rows, other=0.0).to(tl.float32)
     tl.store(D + bh * n + rows, tl.sum(o * do, 1), mask=rows < n)
 
 
@@ -445,7 +445,7 @@ def _backward_kernel(
     n,
     m,
     d,
-    dv,
+    d_v,
     inner,
     group,
     DQ,
@@ -499,7 +499,7 @@ def _backward_kernel(
                 n,
                 m,
                 d,
-                dv,
+                d_v,
                 inner,
                 group,
                 CAUSAL,
@@ -542,7 +542,7 @@ def _backward_kernel(
             n,
             m,
             d,
-            dv,
+            d_v,
             inner,
             group,
             CAUSAL,
@@ -585,7 +585,7 @@ def _key_part(
     n,
     m,
     d,
-    dv,
+    d_v,
     inner,
     group,
     CAUSAL: tl.constexpr,
@@ -606,11 +606,11 @@ def _key_part(
     dd = tl.arange(0, BLOCK_D)
     de = tl.arange(0, BLOCK_DV)
     k_rows = (cols[:, None] < m) & (dd[None, :] < d)
-    v_rows = (cols[:, None] < m) & (de[None, :] < dv)
+    v_rows = (cols[:, None] < m) & (de[None, :] < d_v)
     k = tl.load(K + kv * skb + cols[:, None] * skn + dd[None, :], mask=k_rows, other=0.0)
     v = tl.load(V + kv * svb + cols[:, None] * svn + de[None, :], mask=v_rows, other=0.0)
     dk = tl.zeros((BLOCK_N, BLOCK_D), tl.float32)
-    dv_acc = tl.zeros((BLOCK_N, BLOCK_DV), tl.float32)
+    dv = tl.zeros((BLOCK_N, BLOCK_DV), tl.float32)
     begin = 0  # the first query block any of these keys is visible to
     diagonal = 0  # the first query block wholly after the keys (causal)
     if CAUSAL:
@@ -625,14 +625,14 @@ def _key_part(
     for step in range(0, group * blocks):
         bh = first + step // blocks
         rows = begin + (step % blocks) * BLOCK_M + tl.arange(0, BLOCK_M)
-        qt_rows = (dd[:, None] < d) & (rows[None, :] < n)
-        o_rows = (rows[:, None] < n) & (de[None, :] < dv)
-        qt = tl.load(Q + bh * sqb + dd[:, None] + rows[None, :] * sqn, mask=qt_rows, other=0.0)  # Qᵀ, d × BLOCK_M
+        qT_rows = (dd[:, None] < d) & (rows[None, :] < n)  # Qᵀ, d × BLOCK_M
+        o_rows = (rows[:, None] < n) & (de[None, :] < d_v)
+        qT = tl.load(Q + bh * sqb + dd[:, None] + rows[None, :] * sqn, mask=qT_rows, other=0.0)
         do = tl.load(DO + bh * sdb + rows[:, None] * sdn + de[None, :], mask=o_rows, other=0.0)
         lse = tl.load(L + bh * n + rows, mask=rows < n, other=0.0)
         delta = tl.load(D + bh * n + rows, mask=rows < n, other=0.0)
 
-        s = tl.dot(k, qt, input_precision=PRECISION)  # Sᵀ, keys × queries: every tile below transposed
+        s = tl.dot(k, qT, input_precision=PRECISION)  # Sᵀ, keys × queries: every tile below transposed
         inside = (cols[:, None] < m) & (rows[None, :] < n)
         valid = inside
         if CAUSAL:
@@ -649,24 +649,24 @@ def _key_part(
 
         p = tl.where(valid, tl.exp(a - lse[None, :]), 0.0)
 
-        dv_acc += tl.dot(p.to(do.dtype), do, input_precision=PRECISION)
+        dv += tl.dot(p.to(do.dtype), do, input_precision=PRECISION)
         dp = tl.dot(v, tl.trans(do), input_precision=PRECISION)
         g = tl.where(valid, p * (dp - delta[None, :]), 0.0)
         ds = tl.where(valid, (c0 * g), 0.0)
 
-        dk += tl.dot(ds.to(qt.dtype), tl.trans(qt), input_precision=PRECISION)
+        dk += tl.dot(ds.to(qT.dtype), tl.trans(qT), input_precision=PRECISION)
     blocks = tl.maximum(full - diagonal, 0) // BLOCK_M
     for step in range(0, group * blocks):
         bh = first + step // blocks
         rows = diagonal + (step % blocks) * BLOCK_M + tl.arange(0, BLOCK_M)
-        qt_rows = (dd[:, None] < d) & (rows[None, :] < n)
-        o_rows = (rows[:, None] < n) & (de[None, :] < dv)
-        qt = tl.load(Q + bh * sqb + dd[:, None] + rows[None, :] * sqn, mask=qt_rows, other=0.0)  # Qᵀ, d × BLOCK_M
+        qT_rows = (dd[:, None] < d) & (rows[None, :] < n)  # Qᵀ, d × BLOCK_M
+        o_rows = (rows[:, None] < n) & (de[None, :] < d_v)
+        qT = tl.load(Q + bh * sqb + dd[:, None] + rows[None, :] * sqn, mask=qT_rows, other=0.0)
         do = tl.load(DO + bh * sdb + rows[:, None] * sdn + de[None, :], mask=o_rows, other=0.0)
         lse = tl.load(L + bh * n + rows, mask=rows < n, other=0.0)
         delta = tl.load(D + bh * n + rows, mask=rows < n, other=0.0)
 
-        s = tl.dot(k, qt, input_precision=PRECISION)  # Sᵀ, keys × queries: every tile below transposed
+        s = tl.dot(k, qT, input_precision=PRECISION)  # Sᵀ, keys × queries: every tile below transposed
         inside = (cols[:, None] < m) & (rows[None, :] < n)
         if HAS_M:
             tile_M = tl.load(
@@ -680,24 +680,24 @@ def _key_part(
 
         p = tl.exp(a - lse[None, :])
 
-        dv_acc += tl.dot(p.to(do.dtype), do, input_precision=PRECISION)
+        dv += tl.dot(p.to(do.dtype), do, input_precision=PRECISION)
         dp = tl.dot(v, tl.trans(do), input_precision=PRECISION)
         g = p * (dp - delta[None, :])
         ds = c0 * g
 
-        dk += tl.dot(ds.to(qt.dtype), tl.trans(qt), input_precision=PRECISION)
+        dk += tl.dot(ds.to(qT.dtype), tl.trans(qT), input_precision=PRECISION)
     blocks = tl.cdiv(n - tail, BLOCK_M)
     for step in range(0, group * blocks):
         bh = first + step // blocks
         rows = tail + (step % blocks) * BLOCK_M + tl.arange(0, BLOCK_M)
-        qt_rows = (dd[:, None] < d) & (rows[None, :] < n)
-        o_rows = (rows[:, None] < n) & (de[None, :] < dv)
-        qt = tl.load(Q + bh * sqb + dd[:, None] + rows[None, :] * sqn, mask=qt_rows, other=0.0)  # Qᵀ, d × BLOCK_M
+        qT_rows = (dd[:, None] < d) & (rows[None, :] < n)  # Qᵀ, d × BLOCK_M
+        o_rows = (rows[:, None] < n) & (de[None, :] < d_v)
+        qT = tl.load(Q + bh * sqb + dd[:, None] + rows[None, :] * sqn, mask=qT_rows, other=0.0)
         do = tl.load(DO + bh * sdb + rows[:, None] * sdn + de[None, :], mask=o_rows, other=0.0)
         lse = tl.load(L + bh * n + rows, mask=rows < n, other=0.0)
         delta = tl.load(D + bh * n + rows, mask=rows < n, other=0.0)
 
-        s = tl.dot(k, qt, input_precision=PRECISION)  # Sᵀ, keys × queries: every tile below transposed
+        s = tl.dot(k, qT, input_precision=PRECISION)  # Sᵀ, keys × queries: every tile below transposed
         inside = (cols[:, None] < m) & (rows[None, :] < n)
         valid = inside
         if CAUSAL:
@@ -714,14 +714,14 @@ def _key_part(
 
         p = tl.where(valid, tl.exp(a - lse[None, :]), 0.0)
 
-        dv_acc += tl.dot(p.to(do.dtype), do, input_precision=PRECISION)
+        dv += tl.dot(p.to(do.dtype), do, input_precision=PRECISION)
         dp = tl.dot(v, tl.trans(do), input_precision=PRECISION)
         g = tl.where(valid, p * (dp - delta[None, :]), 0.0)
         ds = tl.where(valid, (c0 * g), 0.0)
 
-        dk += tl.dot(ds.to(qt.dtype), tl.trans(qt), input_precision=PRECISION)
+        dk += tl.dot(ds.to(qT.dtype), tl.trans(qT), input_precision=PRECISION)
     tl.store(DK + kv * m * d + cols[:, None] * d + dd[None, :], dk.to(DK.dtype.element_ty), mask=k_rows)
-    tl.store(DV + kv * m * dv + cols[:, None] * dv + de[None, :], dv_acc.to(DV.dtype.element_ty), mask=v_rows)
+    tl.store(DV + kv * m * d_v + cols[:, None] * d_v + de[None, :], dv.to(DV.dtype.element_ty), mask=v_rows)
 
 
 @triton.jit
@@ -753,7 +753,7 @@ def _query_part(
     n,
     m,
     d,
-    dv,
+    d_v,
     inner,
     group,
     CAUSAL: tl.constexpr,
@@ -775,7 +775,7 @@ def _query_part(
     dd = tl.arange(0, BLOCK_D)
     de = tl.arange(0, BLOCK_DV)
     q_rows = (rows[:, None] < n) & (dd[None, :] < d)
-    o_rows = (rows[:, None] < n) & (de[None, :] < dv)
+    o_rows = (rows[:, None] < n) & (de[None, :] < d_v)
     q = tl.load(Q + bh * sqb + rows[:, None] * sqn + dd[None, :], mask=q_rows, other=0.0)
     do = tl.load(DO + bh * sdb + rows[:, None] * sdn + de[None, :], mask=o_rows, other=0.0)
     lse = tl.load(L + bh * n + rows, mask=rows < n, other=0.0)
@@ -790,7 +790,7 @@ def _query_part(
     for start in range(0, full, BLOCK_N):
         cols = start + tl.arange(0, BLOCK_N)
         k_rows = (cols[:, None] < m) & (dd[None, :] < d)
-        v_rows = (cols[:, None] < m) & (de[None, :] < dv)
+        v_rows = (cols[:, None] < m) & (de[None, :] < d_v)
         k = tl.load(K + kv * skb + cols[:, None] * skn + dd[None, :], mask=k_rows, other=0.0)
         v = tl.load(V + kv * svb + cols[:, None] * svn + de[None, :], mask=v_rows, other=0.0)
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
@@ -818,7 +818,7 @@ def _query_part(
     for start in range(full, end, BLOCK_N):
         cols = start + tl.arange(0, BLOCK_N)
         k_rows = (cols[:, None] < m) & (dd[None, :] < d)
-        v_rows = (cols[:, None] < m) & (de[None, :] < dv)
+        v_rows = (cols[:, None] < m) & (de[None, :] < d_v)
         k = tl.load(K + kv * skb + cols[:, None] * skn + dd[None, :], mask=k_rows, other=0.0)
         v = tl.load(V + kv * svb + cols[:, None] * svn + de[None, :], mask=v_rows, other=0.0)
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
@@ -854,11 +854,11 @@ def _jvp_kernel(
     Q,
     K,
     V,
-    QT,
-    KT,
-    VT,
+    Q_DOT,
+    K_DOT,
+    V_DOT,
     O,
-    OT,
+    O_DOT,
     T_M,
     M_sb,
     M_sh,
@@ -882,7 +882,7 @@ def _jvp_kernel(
     n,
     m,
     d,
-    dv,
+    d_v,
     inner,
     group,
     CAUSAL: tl.constexpr,
@@ -912,12 +912,12 @@ def _jvp_kernel(
     de = tl.arange(0, BLOCK_DV)
     q_rows = (rows[:, None] < n) & (dd[None, :] < d)
     q = tl.load(Q + bh * sqb + rows[:, None] * sqn + dd[None, :], mask=q_rows, other=0.0)
-    qt = tl.load(QT + bh * tqb + rows[:, None] * tqn + dd[None, :], mask=q_rows, other=0.0)
+    q_dot = tl.load(Q_DOT + bh * tqb + rows[:, None] * tqn + dd[None, :], mask=q_rows, other=0.0)
     m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
     l_i = tl.zeros((BLOCK_M,), tl.float32)
     r_i = tl.zeros((BLOCK_M,), tl.float32)
     acc = tl.zeros((BLOCK_M, BLOCK_DV), tl.float32)
-    acc_t = tl.zeros((BLOCK_M, BLOCK_DV), tl.float32)
+    acc_dot = tl.zeros((BLOCK_M, BLOCK_DV), tl.float32)
     end = m
     full = (m // BLOCK_N) * BLOCK_N  # the key blocks before full lie wholly inside m: printed unmasked
     if CAUSAL:
@@ -926,11 +926,11 @@ def _jvp_kernel(
     for start in range(0, full, BLOCK_N):
         cols = start + tl.arange(0, BLOCK_N)
         k_rows = (cols[:, None] < m) & (dd[None, :] < d)
-        v_rows = (cols[:, None] < m) & (de[None, :] < dv)
+        v_rows = (cols[:, None] < m) & (de[None, :] < d_v)
         k = tl.load(K + kv * skb + cols[:, None] * skn + dd[None, :], mask=k_rows, other=0.0)
         v = tl.load(V + kv * svb + cols[:, None] * svn + de[None, :], mask=v_rows, other=0.0)
-        kt = tl.load(KT + kv * tkb + cols[:, None] * tkn + dd[None, :], mask=k_rows, other=0.0)
-        vt = tl.load(VT + kv * tvb + cols[:, None] * tvn + de[None, :], mask=v_rows, other=0.0)
+        k_dot = tl.load(K_DOT + kv * tkb + cols[:, None] * tkn + dd[None, :], mask=k_rows, other=0.0)
+        v_dot = tl.load(V_DOT + kv * tvb + cols[:, None] * tvn + de[None, :], mask=v_rows, other=0.0)
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
         inside = (rows[:, None] < n) & (cols[None, :] < m)
         if HAS_M:
@@ -943,27 +943,28 @@ def _jvp_kernel(
             tile_M = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
         a = (c0 * s) + tile_M
 
-        st = tl.dot(qt, tl.trans(k), input_precision=PRECISION) + tl.dot(q, tl.trans(kt), input_precision=PRECISION)
-        at = c0 * st
+        s_dot = tl.dot(q_dot, tl.trans(k), input_precision=PRECISION)  # Ṡ = Q̇ Kᵀ + Q K̇ᵀ
+        s_dot += tl.dot(q, tl.trans(k_dot), input_precision=PRECISION)
+        a_dot = c0 * s_dot
         m_new = tl.maximum(m_i, tl.max(a, 1))
         shift = tl.where(m_new == float("-inf"), 0.0, m_new)
         p = tl.exp(a - shift[:, None])
         alpha = tl.exp(m_i - shift)
-        pa = p * at
+        pa = p * a_dot
         l_i = l_i * alpha + tl.sum(p, 1)
         r_i = r_i * alpha + tl.sum(pa, 1)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-        acc_t = acc_t * alpha[:, None] + tl.dot(pa.to(v.dtype), v, input_precision=PRECISION)
-        acc_t += tl.dot(p.to(v.dtype), vt, input_precision=PRECISION)
+        acc_dot = acc_dot * alpha[:, None] + tl.dot(pa.to(v.dtype), v, input_precision=PRECISION)
+        acc_dot += tl.dot(p.to(v.dtype), v_dot, input_precision=PRECISION)
         m_i = m_new
     for start in range(full, end, BLOCK_N):
         cols = start + tl.arange(0, BLOCK_N)
         k_rows = (cols[:, None] < m) & (dd[None, :] < d)
-        v_rows = (cols[:, None] < m) & (de[None, :] < dv)
+        v_rows = (cols[:, None] < m) & (de[None, :] < d_v)
         k = tl.load(K + kv * skb + cols[:, None] * skn + dd[None, :], mask=k_rows, other=0.0)
         v = tl.load(V + kv * svb + cols[:, None] * svn + de[None, :], mask=v_rows, other=0.0)
-        kt = tl.load(KT + kv * tkb + cols[:, None] * tkn + dd[None, :], mask=k_rows, other=0.0)
-        vt = tl.load(VT + kv * tvb + cols[:, None] * tvn + de[None, :], mask=v_rows, other=0.0)
+        k_dot = tl.load(K_DOT + kv * tkb + cols[:, None] * tkn + dd[None, :], mask=k_rows, other=0.0)
+        v_dot = tl.load(V_DOT + kv * tvb + cols[:, None] * tvn + de[None, :], mask=v_rows, other=0.0)
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
         inside = (rows[:, None] < n) & (cols[None, :] < m)
         valid = inside
@@ -979,26 +980,27 @@ def _jvp_kernel(
             tile_M = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
         a = (c0 * s) + tile_M
 
-        st = tl.dot(qt, tl.trans(k), input_precision=PRECISION) + tl.dot(q, tl.trans(kt), input_precision=PRECISION)
-        at = tl.where(valid, (c0 * st), 0.0)
+        s_dot = tl.dot(q_dot, tl.trans(k), input_precision=PRECISION)  # Ṡ = Q̇ Kᵀ + Q K̇ᵀ
+        s_dot += tl.dot(q, tl.trans(k_dot), input_precision=PRECISION)
+        a_dot = tl.where(valid, (c0 * s_dot), 0.0)
         a = tl.where(valid, a, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(a, 1))
         shift = tl.where(m_new == float("-inf"), 0.0, m_new)
         p = tl.exp(a - shift[:, None])
         alpha = tl.exp(m_i - shift)
-        pa = p * at
+        pa = p * a_dot
         l_i = l_i * alpha + tl.sum(p, 1)
         r_i = r_i * alpha + tl.sum(pa, 1)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-        acc_t = acc_t * alpha[:, None] + tl.dot(pa.to(v.dtype), v, input_precision=PRECISION)
-        acc_t += tl.dot(p.to(v.dtype), vt, input_precision=PRECISION)
+        acc_dot = acc_dot * alpha[:, None] + tl.dot(pa.to(v.dtype), v, input_precision=PRECISION)
+        acc_dot += tl.dot(p.to(v.dtype), v_dot, input_precision=PRECISION)
         m_i = m_new
     safe = tl.where(l_i == 0.0, 1.0, l_i)  # a row with every key masked: O = Ȯ = 0
     acc = acc / safe[:, None]
-    acc_t = acc_t / safe[:, None] - (r_i / safe)[:, None] * acc
-    out = (rows[:, None] < n) & (de[None, :] < dv)
-    tl.store(O + bh * sob + rows[:, None] * son + de[None, :], acc.to(O.dtype.element_ty), mask=out)
-    tl.store(OT + bh * sob + rows[:, None] * son + de[None, :], acc_t.to(OT.dtype.element_ty), mask=out)
+    acc_dot = acc_dot / safe[:, None] - (r_i / safe)[:, None] * acc
+    o_rows = (rows[:, None] < n) & (de[None, :] < d_v)
+    tl.store(O + bh * sob + rows[:, None] * son + de[None, :], acc.to(O.dtype.element_ty), mask=o_rows)
+    tl.store(O_DOT + bh * sob + rows[:, None] * son + de[None, :], acc_dot.to(O_DOT.dtype.element_ty), mask=o_rows)
 
 
 def _coefficients(scale):
