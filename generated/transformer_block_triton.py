@@ -327,6 +327,15 @@ KEPT = (None,) * 2  # the tangents of the Function's outputs besides O (statisti
 
 
 @triton.jit
+def _kept(value, valid, fill, MASKED: tl.constexpr):
+    """value where valid, fill elsewhere, on a block the mask may cut (MASKED); value as it is on a block wholly
+    inside n × m and visible to the causal mask: its specialisation (MASKED false) carries no mask op."""
+    if MASKED:
+        value = tl.where(valid, value, fill)
+    return value
+
+
+@triton.jit
 def _forward_kernel(
     Q,
     K,
@@ -383,66 +392,40 @@ def _forward_kernel(
     l_i = tl.zeros((BLOCK_M,), tl.float32)
     acc = tl.zeros((BLOCK_M, BLOCK_DV), tl.float32)
     end = m
-    full = (m // BLOCK_N) * BLOCK_N  # the key blocks before full lie wholly inside m: printed unmasked
-    if CAUSAL:
+    full = (m // BLOCK_N) * BLOCK_N  # the key blocks before full lie wholly inside m: unmasked
+    if CAUSAL:  # the last key visible to the block's last row; full, also wholly before its first row
         end = tl.minimum(m, (pid + 1) * BLOCK_M)
-        full = tl.minimum(full, (pid * BLOCK_M + 1) // BLOCK_N * BLOCK_N)  # ... and wholly before the block's first row
-    for start in range(0, full, BLOCK_N):
-        cols = start + tl.arange(0, BLOCK_N)
-        k_rows = (cols[:, None] < m) & (dd[None, :] < d)
-        v_rows = (cols[:, None] < m) & (de[None, :] < d_v)
-        k = tl.load(K + kv * skb + cols[:, None] * skn + dd[None, :], mask=k_rows, other=0.0)
-        v = tl.load(V + kv * svb + cols[:, None] * svn + de[None, :], mask=v_rows, other=0.0)
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
-        inside = (rows[:, None] < n) & (cols[None, :] < m)
-        if HAS_M:
-            tile_M = tl.load(
-                T_M + (bh // inner) * M_sb + (bh % inner) * M_sh + rows[:, None] * M_sn + cols[None, :] * M_sm,
-                mask=inside,
-                other=0.0,
-            ).to(tl.float32)
-        else:
-            tile_M = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
-        a = (c0 * s) + tile_M
-
-        m_new = tl.maximum(m_i, tl.max(a, 1))
-        shift = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.exp(a - shift[:, None])
-        alpha = tl.exp(m_i - shift)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-        m_i = m_new
-    for start in range(full, end, BLOCK_N):
-        cols = start + tl.arange(0, BLOCK_N)
-        k_rows = (cols[:, None] < m) & (dd[None, :] < d)
-        v_rows = (cols[:, None] < m) & (de[None, :] < d_v)
-        k = tl.load(K + kv * skb + cols[:, None] * skn + dd[None, :], mask=k_rows, other=0.0)
-        v = tl.load(V + kv * svb + cols[:, None] * svn + de[None, :], mask=v_rows, other=0.0)
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
-        inside = (rows[:, None] < n) & (cols[None, :] < m)
-        valid = inside
-        if CAUSAL:
-            valid = valid & (cols[None, :] <= rows[:, None])
-        if HAS_M:
-            tile_M = tl.load(
-                T_M + (bh // inner) * M_sb + (bh % inner) * M_sh + rows[:, None] * M_sn + cols[None, :] * M_sm,
-                mask=inside,
-                other=0.0,
-            ).to(tl.float32)
-        else:
-            tile_M = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
-        a = (c0 * s) + tile_M
-
-        a = tl.where(valid, a, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(a, 1))
-        shift = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.exp(a - shift[:, None])
-        alpha = tl.exp(m_i - shift)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-        m_i = m_new
+        full = tl.minimum(full, (pid * BLOCK_M + 1) // BLOCK_N * BLOCK_N)
+    for MASKED in tl.static_range(2):  # the blocks before full (MASKED false), then the rest
+        for start in range(full if MASKED else 0, end if MASKED else full, BLOCK_N):
+            cols = start + tl.arange(0, BLOCK_N)
+            k_rows = (cols[:, None] < m) & (dd[None, :] < d)
+            v_rows = (cols[:, None] < m) & (de[None, :] < d_v)
+            k = tl.load(K + kv * skb + cols[:, None] * skn + dd[None, :], mask=k_rows, other=0.0)
+            v = tl.load(V + kv * svb + cols[:, None] * svn + de[None, :], mask=v_rows, other=0.0)
+            s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
+            inside = (rows[:, None] < n) & (cols[None, :] < m)
+            valid = inside
+            if CAUSAL:
+                valid = valid & (cols[None, :] <= rows[:, None])
+            if HAS_M:
+                tile_M = tl.load(
+                    T_M + (bh // inner) * M_sb + (bh % inner) * M_sh + rows[:, None] * M_sn + cols[None, :] * M_sm,
+                    mask=inside,
+                    other=0.0,
+                ).to(tl.float32)
+            else:
+                tile_M = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+            a = (c0 * s) + tile_M
+            a = _kept(a, valid, float("-inf"), MASKED)
+            m_new = tl.maximum(m_i, tl.max(a, 1))
+            shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+            p = tl.exp(a - shift[:, None])
+            alpha = tl.exp(m_i - shift)
+            l_i = l_i * alpha + tl.sum(p, 1)
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+            m_i = m_new
     shift = tl.where(m_i == float("-inf"), 0.0, m_i)
-
     safe = tl.where(l_i == 0.0, 1.0, l_i)
     acc = acc / safe[:, None]
     lse = tl.where(l_i == 0.0, float("inf"), shift + tl.log(safe))  # a row with every key masked: P = 0
@@ -690,107 +673,45 @@ def _key_part(
     full = (n // BLOCK_M) * BLOCK_M  # the query blocks before full lie wholly inside n
     tail = tl.maximum(diagonal, full)
     first = (kv // (inner // group)) * inner + (kv % (inner // group)) * group  # its group's first query head
-    # the group's query heads in turn, each one's query blocks: those the causal mask cuts, the whole ones unmasked,
-    # the partial last one
-    blocks = tl.cdiv(tl.minimum(diagonal, n) - begin, BLOCK_M)
-    for step in range(0, group * blocks):
-        bh = first + step // blocks
-        rows = begin + (step % blocks) * BLOCK_M + tl.arange(0, BLOCK_M)
-        qT_rows = (dd[:, None] < d) & (rows[None, :] < n)  # Qᵀ, d × BLOCK_M
-        o_rows = (rows[:, None] < n) & (de[None, :] < d_v)
-        qT = tl.load(Q + bh * sqb + dd[:, None] + rows[None, :] * sqn, mask=qT_rows, other=0.0)
-        do = tl.load(DO + bh * sdb + rows[:, None] * sdn + de[None, :], mask=o_rows, other=0.0)
-        lse = tl.load(L + bh * n + rows, mask=rows < n, other=0.0)
-        delta = tl.load(D + bh * n + rows, mask=rows < n, other=0.0)
-
-        s = tl.dot(k, qT, input_precision=PRECISION)  # Sᵀ, keys × queries: every tile below transposed
-        inside = (cols[:, None] < m) & (rows[None, :] < n)
-        valid = inside
-        if CAUSAL:
-            valid = valid & (cols[:, None] <= rows[None, :])
-        if HAS_M:
-            tile_M = tl.load(
-                T_M + (bh // inner) * M_sb + (bh % inner) * M_sh + rows[None, :] * M_sn + cols[:, None] * M_sm,
-                mask=inside,
-                other=0.0,
-            ).to(tl.float32)
-        else:
-            tile_M = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
-        a = (c0 * s) + tile_M
-
-        p = tl.where(valid, tl.exp(a - lse[None, :]), 0.0)
-
-        dv += tl.dot(p.to(do.dtype), do, input_precision=PRECISION)
-        dp = tl.dot(v, tl.trans(do), input_precision=PRECISION)
-        g = tl.where(valid, p * (dp - delta[None, :]), 0.0)
-        ds = tl.where(valid, (c0 * g), 0.0)
-
-        dk += tl.dot(ds.to(qT.dtype), tl.trans(qT), input_precision=PRECISION)
-    blocks = tl.maximum(full - diagonal, 0) // BLOCK_M
-    for step in range(0, group * blocks):
-        bh = first + step // blocks
-        rows = diagonal + (step % blocks) * BLOCK_M + tl.arange(0, BLOCK_M)
-        qT_rows = (dd[:, None] < d) & (rows[None, :] < n)  # Qᵀ, d × BLOCK_M
-        o_rows = (rows[:, None] < n) & (de[None, :] < d_v)
-        qT = tl.load(Q + bh * sqb + dd[:, None] + rows[None, :] * sqn, mask=qT_rows, other=0.0)
-        do = tl.load(DO + bh * sdb + rows[:, None] * sdn + de[None, :], mask=o_rows, other=0.0)
-        lse = tl.load(L + bh * n + rows, mask=rows < n, other=0.0)
-        delta = tl.load(D + bh * n + rows, mask=rows < n, other=0.0)
-
-        s = tl.dot(k, qT, input_precision=PRECISION)  # Sᵀ, keys × queries: every tile below transposed
-        inside = (cols[:, None] < m) & (rows[None, :] < n)
-        if HAS_M:
-            tile_M = tl.load(
-                T_M + (bh // inner) * M_sb + (bh % inner) * M_sh + rows[None, :] * M_sn + cols[:, None] * M_sm,
-                mask=inside,
-                other=0.0,
-            ).to(tl.float32)
-        else:
-            tile_M = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
-        a = (c0 * s) + tile_M
-
-        p = tl.exp(a - lse[None, :])
-
-        dv += tl.dot(p.to(do.dtype), do, input_precision=PRECISION)
-        dp = tl.dot(v, tl.trans(do), input_precision=PRECISION)
-        g = p * (dp - delta[None, :])
-        ds = c0 * g
-
-        dk += tl.dot(ds.to(qT.dtype), tl.trans(qT), input_precision=PRECISION)
-    blocks = tl.cdiv(n - tail, BLOCK_M)
-    for step in range(0, group * blocks):
-        bh = first + step // blocks
-        rows = tail + (step % blocks) * BLOCK_M + tl.arange(0, BLOCK_M)
-        qT_rows = (dd[:, None] < d) & (rows[None, :] < n)  # Qᵀ, d × BLOCK_M
-        o_rows = (rows[:, None] < n) & (de[None, :] < d_v)
-        qT = tl.load(Q + bh * sqb + dd[:, None] + rows[None, :] * sqn, mask=qT_rows, other=0.0)
-        do = tl.load(DO + bh * sdb + rows[:, None] * sdn + de[None, :], mask=o_rows, other=0.0)
-        lse = tl.load(L + bh * n + rows, mask=rows < n, other=0.0)
-        delta = tl.load(D + bh * n + rows, mask=rows < n, other=0.0)
-
-        s = tl.dot(k, qT, input_precision=PRECISION)  # Sᵀ, keys × queries: every tile below transposed
-        inside = (cols[:, None] < m) & (rows[None, :] < n)
-        valid = inside
-        if CAUSAL:
-            valid = valid & (cols[:, None] <= rows[None, :])
-        if HAS_M:
-            tile_M = tl.load(
-                T_M + (bh // inner) * M_sb + (bh % inner) * M_sh + rows[None, :] * M_sn + cols[:, None] * M_sm,
-                mask=inside,
-                other=0.0,
-            ).to(tl.float32)
-        else:
-            tile_M = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
-        a = (c0 * s) + tile_M
-
-        p = tl.where(valid, tl.exp(a - lse[None, :]), 0.0)
-
-        dv += tl.dot(p.to(do.dtype), do, input_precision=PRECISION)
-        dp = tl.dot(v, tl.trans(do), input_precision=PRECISION)
-        g = tl.where(valid, p * (dp - delta[None, :]), 0.0)
-        ds = tl.where(valid, (c0 * g), 0.0)
-
-        dk += tl.dot(ds.to(qT.dtype), tl.trans(qT), input_precision=PRECISION)
+    # the group's query heads in turn, each one's query blocks in three parts: those the causal mask cuts, the whole
+    # ones (part 1, unmasked), the partial last one
+    origins = (begin, diagonal, tail)
+    counts = (
+        tl.cdiv(tl.minimum(diagonal, n) - begin, BLOCK_M),
+        tl.maximum(full - diagonal, 0) // BLOCK_M,
+        tl.cdiv(n - tail, BLOCK_M),
+    )
+    for part in tl.static_range(3):
+        for step in range(0, group * counts[part]):
+            bh = first + step // counts[part]
+            rows = origins[part] + (step % counts[part]) * BLOCK_M + tl.arange(0, BLOCK_M)
+            qT_rows = (dd[:, None] < d) & (rows[None, :] < n)  # Qᵀ, d × BLOCK_M
+            o_rows = (rows[:, None] < n) & (de[None, :] < d_v)
+            qT = tl.load(Q + bh * sqb + dd[:, None] + rows[None, :] * sqn, mask=qT_rows, other=0.0)
+            do = tl.load(DO + bh * sdb + rows[:, None] * sdn + de[None, :], mask=o_rows, other=0.0)
+            lse = tl.load(L + bh * n + rows, mask=rows < n, other=0.0)
+            delta = tl.load(D + bh * n + rows, mask=rows < n, other=0.0)
+            s = tl.dot(k, qT, input_precision=PRECISION)  # Sᵀ, keys × queries: every tile below transposed
+            inside = (cols[:, None] < m) & (rows[None, :] < n)
+            valid = inside
+            if CAUSAL:
+                valid = valid & (cols[:, None] <= rows[None, :])
+            if HAS_M:
+                tile_M = tl.load(
+                    T_M + (bh // inner) * M_sb + (bh % inner) * M_sh + rows[None, :] * M_sn + cols[:, None] * M_sm,
+                    mask=inside,
+                    other=0.0,
+                ).to(tl.float32)
+            else:
+                tile_M = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
+            a = (c0 * s) + tile_M
+            p = _kept(tl.exp(a - lse[None, :]), valid, 0.0, part != 1)
+            dv += tl.dot(p.to(do.dtype), do, input_precision=PRECISION)
+            dp = tl.dot(v, tl.trans(do), input_precision=PRECISION)
+            g = _kept(p * (dp - delta[None, :]), valid, 0.0, part != 1)
+            ds = c0 * g
+            ds = _kept(ds, valid, 0.0, part != 1)
+            dk += tl.dot(ds.to(qT.dtype), tl.trans(qT), input_precision=PRECISION)
     tl.store(DK + kv * m * d + cols[:, None] * d + dd[None, :], dk.to(DK.dtype.element_ty), mask=k_rows)
     tl.store(DV + kv * m * d_v + cols[:, None] * d_v + de[None, :], dv.to(DV.dtype.element_ty), mask=v_rows)
 
@@ -851,72 +772,42 @@ def _query_part(
     do = tl.load(DO + bh * sdb + rows[:, None] * sdn + de[None, :], mask=o_rows, other=0.0)
     lse = tl.load(L + bh * n + rows, mask=rows < n, other=0.0)
     delta = tl.load(D + bh * n + rows, mask=rows < n, other=0.0)
-
     dq = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
     end = m
-    full = (m // BLOCK_N) * BLOCK_N  # the key blocks before full lie wholly inside m: printed unmasked
-    if CAUSAL:
+    full = (m // BLOCK_N) * BLOCK_N  # the key blocks before full lie wholly inside m: unmasked
+    if CAUSAL:  # the last key visible to the block's last row; full, also wholly before its first row
         end = tl.minimum(m, (pid + 1) * BLOCK_M)
-        full = tl.minimum(full, (pid * BLOCK_M + 1) // BLOCK_N * BLOCK_N)  # ... and wholly before the block's first row
-    for start in range(0, full, BLOCK_N):
-        cols = start + tl.arange(0, BLOCK_N)
-        k_rows = (cols[:, None] < m) & (dd[None, :] < d)
-        v_rows = (cols[:, None] < m) & (de[None, :] < d_v)
-        k = tl.load(K + kv * skb + cols[:, None] * skn + dd[None, :], mask=k_rows, other=0.0)
-        v = tl.load(V + kv * svb + cols[:, None] * svn + de[None, :], mask=v_rows, other=0.0)
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
-        inside = (rows[:, None] < n) & (cols[None, :] < m)
-        if HAS_M:
-            tile_M = tl.load(
-                T_M + (bh // inner) * M_sb + (bh % inner) * M_sh + rows[:, None] * M_sn + cols[None, :] * M_sm,
-                mask=inside,
-                other=0.0,
-            ).to(tl.float32)
-        else:
-            tile_M = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
-        a = (c0 * s) + tile_M
-
-        p = tl.exp(a - lse[:, None])
-
-        dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
-        g = p * (dp - delta[:, None])
-        ds = c0 * g
-
-        dq += tl.dot(ds.to(k.dtype), k, input_precision=PRECISION)
-        if GRAD_M:  # M requires grad
-            at_M = G_M + bh * n * m + rows[:, None] * m + cols[None, :]
-            tl.store(at_M, g, mask=inside)
-    for start in range(full, end, BLOCK_N):
-        cols = start + tl.arange(0, BLOCK_N)
-        k_rows = (cols[:, None] < m) & (dd[None, :] < d)
-        v_rows = (cols[:, None] < m) & (de[None, :] < d_v)
-        k = tl.load(K + kv * skb + cols[:, None] * skn + dd[None, :], mask=k_rows, other=0.0)
-        v = tl.load(V + kv * svb + cols[:, None] * svn + de[None, :], mask=v_rows, other=0.0)
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
-        inside = (rows[:, None] < n) & (cols[None, :] < m)
-        valid = inside
-        if CAUSAL:
-            valid = valid & (cols[None, :] <= rows[:, None])
-        if HAS_M:
-            tile_M = tl.load(
-                T_M + (bh // inner) * M_sb + (bh % inner) * M_sh + rows[:, None] * M_sn + cols[None, :] * M_sm,
-                mask=inside,
-                other=0.0,
-            ).to(tl.float32)
-        else:
-            tile_M = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
-        a = (c0 * s) + tile_M
-
-        p = tl.where(valid, tl.exp(a - lse[:, None]), 0.0)
-
-        dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
-        g = tl.where(valid, p * (dp - delta[:, None]), 0.0)
-        ds = tl.where(valid, (c0 * g), 0.0)
-
-        dq += tl.dot(ds.to(k.dtype), k, input_precision=PRECISION)
-        if GRAD_M:  # M requires grad
-            at_M = G_M + bh * n * m + rows[:, None] * m + cols[None, :]
-            tl.store(at_M, tl.where(valid, g, 0.0), mask=inside)
+        full = tl.minimum(full, (pid * BLOCK_M + 1) // BLOCK_N * BLOCK_N)
+    for MASKED in tl.static_range(2):  # the blocks before full (MASKED false), then the rest
+        for start in range(full if MASKED else 0, end if MASKED else full, BLOCK_N):
+            cols = start + tl.arange(0, BLOCK_N)
+            k_rows = (cols[:, None] < m) & (dd[None, :] < d)
+            v_rows = (cols[:, None] < m) & (de[None, :] < d_v)
+            k = tl.load(K + kv * skb + cols[:, None] * skn + dd[None, :], mask=k_rows, other=0.0)
+            v = tl.load(V + kv * svb + cols[:, None] * svn + de[None, :], mask=v_rows, other=0.0)
+            s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
+            inside = (rows[:, None] < n) & (cols[None, :] < m)
+            valid = inside
+            if CAUSAL:
+                valid = valid & (cols[None, :] <= rows[:, None])
+            if HAS_M:
+                tile_M = tl.load(
+                    T_M + (bh // inner) * M_sb + (bh % inner) * M_sh + rows[:, None] * M_sn + cols[None, :] * M_sm,
+                    mask=inside,
+                    other=0.0,
+                ).to(tl.float32)
+            else:
+                tile_M = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+            a = (c0 * s) + tile_M
+            p = _kept(tl.exp(a - lse[:, None]), valid, 0.0, MASKED)
+            dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
+            g = _kept(p * (dp - delta[:, None]), valid, 0.0, MASKED)
+            ds = c0 * g
+            ds = _kept(ds, valid, 0.0, MASKED)
+            dq += tl.dot(ds.to(k.dtype), k, input_precision=PRECISION)
+            if GRAD_M:  # M requires grad
+                at_M = G_M + bh * n * m + rows[:, None] * m + cols[None, :]
+                tl.store(at_M, _kept(g, valid, 0.0, MASKED), mask=inside)
     tl.store(DQ + bh * n * d + rows[:, None] * d + dd[None, :], dq.to(DQ.dtype.element_ty), mask=q_rows)
 
 
@@ -990,82 +881,49 @@ def _jvp_kernel(
     acc = tl.zeros((BLOCK_M, BLOCK_DV), tl.float32)
     acc_dot = tl.zeros((BLOCK_M, BLOCK_DV), tl.float32)
     end = m
-    full = (m // BLOCK_N) * BLOCK_N  # the key blocks before full lie wholly inside m: printed unmasked
-    if CAUSAL:
+    full = (m // BLOCK_N) * BLOCK_N  # the key blocks before full lie wholly inside m: unmasked
+    if CAUSAL:  # the last key visible to the block's last row; full, also wholly before its first row
         end = tl.minimum(m, (pid + 1) * BLOCK_M)
-        full = tl.minimum(full, (pid * BLOCK_M + 1) // BLOCK_N * BLOCK_N)  # ... and wholly before the block's first row
-    for start in range(0, full, BLOCK_N):
-        cols = start + tl.arange(0, BLOCK_N)
-        k_rows = (cols[:, None] < m) & (dd[None, :] < d)
-        v_rows = (cols[:, None] < m) & (de[None, :] < d_v)
-        k = tl.load(K + kv * skb + cols[:, None] * skn + dd[None, :], mask=k_rows, other=0.0)
-        v = tl.load(V + kv * svb + cols[:, None] * svn + de[None, :], mask=v_rows, other=0.0)
-        k_dot = tl.load(K_DOT + kv * tkb + cols[:, None] * tkn + dd[None, :], mask=k_rows, other=0.0)
-        v_dot = tl.load(V_DOT + kv * tvb + cols[:, None] * tvn + de[None, :], mask=v_rows, other=0.0)
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
-        inside = (rows[:, None] < n) & (cols[None, :] < m)
-        if HAS_M:
-            tile_M = tl.load(
-                T_M + (bh // inner) * M_sb + (bh % inner) * M_sh + rows[:, None] * M_sn + cols[None, :] * M_sm,
-                mask=inside,
-                other=0.0,
-            ).to(tl.float32)
-        else:
-            tile_M = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
-        a = (c0 * s) + tile_M
-
-        s_dot = tl.dot(q_dot, tl.trans(k), input_precision=PRECISION)  # Ṡ = Q̇ Kᵀ + Q K̇ᵀ
-        s_dot += tl.dot(q, tl.trans(k_dot), input_precision=PRECISION)
-        a_dot = c0 * s_dot
-        m_new = tl.maximum(m_i, tl.max(a, 1))
-        shift = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.exp(a - shift[:, None])
-        alpha = tl.exp(m_i - shift)
-        pa = p * a_dot
-        l_i = l_i * alpha + tl.sum(p, 1)
-        r_i = r_i * alpha + tl.sum(pa, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-        acc_dot = acc_dot * alpha[:, None] + tl.dot(pa.to(v.dtype), v, input_precision=PRECISION)
-        acc_dot += tl.dot(p.to(v.dtype), v_dot, input_precision=PRECISION)
-        m_i = m_new
-    for start in range(full, end, BLOCK_N):
-        cols = start + tl.arange(0, BLOCK_N)
-        k_rows = (cols[:, None] < m) & (dd[None, :] < d)
-        v_rows = (cols[:, None] < m) & (de[None, :] < d_v)
-        k = tl.load(K + kv * skb + cols[:, None] * skn + dd[None, :], mask=k_rows, other=0.0)
-        v = tl.load(V + kv * svb + cols[:, None] * svn + de[None, :], mask=v_rows, other=0.0)
-        k_dot = tl.load(K_DOT + kv * tkb + cols[:, None] * tkn + dd[None, :], mask=k_rows, other=0.0)
-        v_dot = tl.load(V_DOT + kv * tvb + cols[:, None] * tvn + de[None, :], mask=v_rows, other=0.0)
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
-        inside = (rows[:, None] < n) & (cols[None, :] < m)
-        valid = inside
-        if CAUSAL:
-            valid = valid & (cols[None, :] <= rows[:, None])
-        if HAS_M:
-            tile_M = tl.load(
-                T_M + (bh // inner) * M_sb + (bh % inner) * M_sh + rows[:, None] * M_sn + cols[None, :] * M_sm,
-                mask=inside,
-                other=0.0,
-            ).to(tl.float32)
-        else:
-            tile_M = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
-        a = (c0 * s) + tile_M
-
-        s_dot = tl.dot(q_dot, tl.trans(k), input_precision=PRECISION)  # Ṡ = Q̇ Kᵀ + Q K̇ᵀ
-        s_dot += tl.dot(q, tl.trans(k_dot), input_precision=PRECISION)
-        a_dot = tl.where(valid, (c0 * s_dot), 0.0)
-        a = tl.where(valid, a, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(a, 1))
-        shift = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.exp(a - shift[:, None])
-        alpha = tl.exp(m_i - shift)
-        pa = p * a_dot
-        l_i = l_i * alpha + tl.sum(p, 1)
-        r_i = r_i * alpha + tl.sum(pa, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-        acc_dot = acc_dot * alpha[:, None] + tl.dot(pa.to(v.dtype), v, input_precision=PRECISION)
-        acc_dot += tl.dot(p.to(v.dtype), v_dot, input_precision=PRECISION)
-        m_i = m_new
+        full = tl.minimum(full, (pid * BLOCK_M + 1) // BLOCK_N * BLOCK_N)
+    for MASKED in tl.static_range(2):  # the blocks before full (MASKED false), then the rest
+        for start in range(full if MASKED else 0, end if MASKED else full, BLOCK_N):
+            cols = start + tl.arange(0, BLOCK_N)
+            k_rows = (cols[:, None] < m) & (dd[None, :] < d)
+            v_rows = (cols[:, None] < m) & (de[None, :] < d_v)
+            k = tl.load(K + kv * skb + cols[:, None] * skn + dd[None, :], mask=k_rows, other=0.0)
+            v = tl.load(V + kv * svb + cols[:, None] * svn + de[None, :], mask=v_rows, other=0.0)
+            k_dot = tl.load(K_DOT + kv * tkb + cols[:, None] * tkn + dd[None, :], mask=k_rows, other=0.0)
+            v_dot = tl.load(V_DOT + kv * tvb + cols[:, None] * tvn + de[None, :], mask=v_rows, other=0.0)
+            s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
+            inside = (rows[:, None] < n) & (cols[None, :] < m)
+            valid = inside
+            if CAUSAL:
+                valid = valid & (cols[None, :] <= rows[:, None])
+            if HAS_M:
+                tile_M = tl.load(
+                    T_M + (bh // inner) * M_sb + (bh % inner) * M_sh + rows[:, None] * M_sn + cols[None, :] * M_sm,
+                    mask=inside,
+                    other=0.0,
+                ).to(tl.float32)
+            else:
+                tile_M = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+            a = (c0 * s) + tile_M
+            s_dot = tl.dot(q_dot, tl.trans(k), input_precision=PRECISION)  # Ṡ = Q̇ Kᵀ + Q K̇ᵀ
+            s_dot += tl.dot(q, tl.trans(k_dot), input_precision=PRECISION)
+            a_dot = c0 * s_dot
+            a_dot = _kept(a_dot, valid, 0.0, MASKED)
+            a = _kept(a, valid, float("-inf"), MASKED)
+            m_new = tl.maximum(m_i, tl.max(a, 1))
+            shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+            p = tl.exp(a - shift[:, None])
+            alpha = tl.exp(m_i - shift)
+            pa = p * a_dot
+            l_i = l_i * alpha + tl.sum(p, 1)
+            r_i = r_i * alpha + tl.sum(pa, 1)
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+            acc_dot = acc_dot * alpha[:, None] + tl.dot(pa.to(v.dtype), v, input_precision=PRECISION)
+            acc_dot += tl.dot(p.to(v.dtype), v_dot, input_precision=PRECISION)
+            m_i = m_new
     safe = tl.where(l_i == 0.0, 1.0, l_i)  # a row with every key masked: O = Ȯ = 0
     acc = acc / safe[:, None]
     acc_dot = acc_dot / safe[:, None] - (r_i / safe)[:, None] * acc
