@@ -500,6 +500,15 @@ KEPT = (None,) * 2  # the tangents of the Function's outputs besides O (statisti
 
 
 @triton.jit
+def _kept(value, valid, fill, MASKED: tl.constexpr):
+    """value where valid, fill elsewhere, on a block the mask may cut (MASKED); value as it is on a block wholly
+    inside n × m and visible to the causal mask: its specialisation (MASKED false) carries no mask op."""
+    if MASKED:
+        value = tl.where(valid, value, fill)
+    return value
+
+
+@triton.jit
 def _forward_kernel(
     Q,
     K,
@@ -519,7 +528,7 @@ def _forward_kernel(
     n,
     m,
     d,
-    dv,
+    d_v,
     inner,
     group,
     CAUSAL: tl.constexpr,
@@ -550,61 +559,43 @@ def _forward_kernel(
     l_i = tl.zeros((BLOCK_M,), tl.float32)
     acc = tl.zeros((BLOCK_M, BLOCK_DV), tl.float32)
     end = m
-    full = (m // BLOCK_N) * BLOCK_N  # the key blocks before full lie wholly inside m: printed unmasked
-    if CAUSAL:
+    full = (m // BLOCK_N) * BLOCK_N  # the key blocks before full lie wholly inside m: unmasked
+    if CAUSAL:  # the last key visible to the block's last row; full, also wholly before its first row
         end = tl.minimum(m, (pid + 1) * BLOCK_M)
-        full = tl.minimum(full, (pid * BLOCK_M + 1) // BLOCK_N * BLOCK_N)  # ... and wholly before the block's first row
-    for start in range(0, full, BLOCK_N):
-        cols = start + tl.arange(0, BLOCK_N)
-        k_rows = (cols[:, None] < m) & (dd[None, :] < d)
-        v_rows = (cols[:, None] < m) & (de[None, :] < dv)
-        k = tl.load(K + kv * skb + cols[:, None] * skn + dd[None, :], mask=k_rows, other=0.0)
-        v = tl.load(V + kv * svb + cols[:, None] * svn + de[None, :], mask=v_rows, other=0.0)
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
-        inside = (rows[:, None] < n) & (cols[None, :] < m)
-        a = c0 * s
-
-        m_new = tl.maximum(m_i, tl.max(a, 1))
-        shift = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.exp(a - shift[:, None])
-        alpha = tl.exp(m_i - shift)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-        m_i = m_new
-    for start in range(full, end, BLOCK_N):
-        cols = start + tl.arange(0, BLOCK_N)
-        k_rows = (cols[:, None] < m) & (dd[None, :] < d)
-        v_rows = (cols[:, None] < m) & (de[None, :] < dv)
-        k = tl.load(K + kv * skb + cols[:, None] * skn + dd[None, :], mask=k_rows, other=0.0)
-        v = tl.load(V + kv * svb + cols[:, None] * svn + de[None, :], mask=v_rows, other=0.0)
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
-        inside = (rows[:, None] < n) & (cols[None, :] < m)
-        valid = inside
-        if CAUSAL:
-            valid = valid & (cols[None, :] <= rows[:, None])
-        a = c0 * s
-
-        a = tl.where(valid, a, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(a, 1))
-        shift = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.exp(a - shift[:, None])
-        alpha = tl.exp(m_i - shift)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-        m_i = m_new
+        full = tl.minimum(full, (pid * BLOCK_M + 1) // BLOCK_N * BLOCK_N)
+    for MASKED in tl.static_range(2):  # the blocks before full (MASKED false), then the rest
+        for start in range(full if MASKED else 0, end if MASKED else full, BLOCK_N):
+            cols = start + tl.arange(0, BLOCK_N)
+            k_rows = (cols[:, None] < m) & (dd[None, :] < d)
+            v_rows = (cols[:, None] < m) & (de[None, :] < d_v)
+            k = tl.load(K + kv * skb + cols[:, None] * skn + dd[None, :], mask=k_rows, other=0.0)
+            v = tl.load(V + kv * svb + cols[:, None] * svn + de[None, :], mask=v_rows, other=0.0)
+            s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
+            inside = (rows[:, None] < n) & (cols[None, :] < m)
+            valid = inside
+            if CAUSAL:
+                valid = valid & (cols[None, :] <= rows[:, None])
+            a = c0 * s
+            a = _kept(a, valid, float("-inf"), MASKED)
+            m_new = tl.maximum(m_i, tl.max(a, 1))
+            shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+            p = tl.exp(a - shift[:, None])
+            alpha = tl.exp(m_i - shift)
+            l_i = l_i * alpha + tl.sum(p, 1)
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+            m_i = m_new
     shift = tl.where(m_i == float("-inf"), 0.0, m_i)
-
     safe = tl.where(l_i == 0.0, 1.0, l_i)
     acc = acc / safe[:, None]
     lse = tl.where(l_i == 0.0, float("inf"), shift + tl.log(safe))  # a row with every key masked: P = 0
     tl.store(L + bh * n + rows, lse, mask=rows < n)
-    out = O + bh * sob + rows[:, None] * son + de[None, :]
-    o_rows = (rows[:, None] < n) & (de[None, :] < dv)
+    at_o = O + bh * sob + rows[:, None] * son + de[None, :]
+    o_rows = (rows[:, None] < n) & (de[None, :] < d_v)
     rounded = acc.to(O.dtype.element_ty)
-    tl.store(out, rounded, mask=o_rows)
+    tl.store(at_o, rounded, mask=o_rows)
     if RESIDUAL:  # a 16-bit O: its rounding, R = O₃₂ − O (contiguous (BH, n, d_v)), for D = rowsum(dO ⊙ (O + R))
-        at = R + bh * n * dv + rows[:, None] * dv + de[None, :]
-        tl.store(at, (acc - rounded.to(tl.float32)).to(O.dtype.element_ty), mask=o_rows)
+        at_r = R + bh * n * d_v + rows[:, None] * d_v + de[None, :]
+        tl.store(at_r, (acc - rounded.to(tl.float32)).to(O.dtype.element_ty), mask=o_rows)
 
 
 @triton.jit
@@ -618,7 +609,7 @@ def _delta_kernel(
     sdb,
     sdn,
     n,
-    dv,
+    d_v,
     RESIDUAL: tl.constexpr,
     WIDE: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -632,11 +623,11 @@ def _delta_kernel(
     bh = bh.to(tl.int64)  # int64 offsets: bh · stride may pass 2³¹ elements
     rows = pid * BLOCK_M + tl.arange(0, BLOCK_M)
     de = tl.arange(0, BLOCK_DV)
-    mask = (rows[:, None] < n) & (de[None, :] < dv)
-    o = tl.load(O + bh * sob + rows[:, None] * son + de[None, :], mask=mask, other=0.0).to(tl.float32)
+    o_rows = (rows[:, None] < n) & (de[None, :] < d_v)
+    o = tl.load(O + bh * sob + rows[:, None] * son + de[None, :], mask=o_rows, other=0.0).to(tl.float32)
     if RESIDUAL:
-        o += tl.load(R + bh * n * dv + rows[:, None] * dv + de[None, :], mask=mask, other=0.0).to(tl.float32)
-    do = tl.load(DO + bh * sdb + rows[:, None] * sdn + de[None, :], mask=mask, other=0.0).to(tl.float32)
+        o += tl.load(R + bh * n * d_v + rows[:, None] * d_v + de[None, :], mask=o_rows, other=0.0).to(tl.float32)
+    do = tl.load(DO + bh * sdb + rows[:, None] * sdn + de[None, :], mask=o_rows, other=0.0).to(tl.float32)
     tl.store(D + bh * n + rows, tl.sum(o * do, 1), mask=rows < n)
 
 
@@ -662,7 +653,7 @@ def _backward_kernel(
     n,
     m,
     d,
-    dv,
+    d_v,
     inner,
     group,
     DQ,
@@ -675,318 +666,117 @@ def _backward_kernel(
     WIDE: tl.constexpr,
 ):
     """The backward in one launch, as two programs' kinds that read nothing the other writes: along axis 0 (axis 1
-    where WIDE) the first ⌈m / BLOCK_N⌉ programs each one block of keys (_key_part), the rest each one block of
-    query rows, the last first under the causal mask (_query_part); along the other axis the batch·head (a key
-    part's the key/value batch·head: the programs past them return)."""
-    pid, bh = tl.program_id(0), tl.program_id(1)
+    where WIDE) the first ⌈m / BLOCK_N⌉ programs each one block of keys, the rest each one block of query rows, the
+    last first under the causal mask; along the other axis the batch·head, head (a key block's: the key/value
+    batch·head, the programs past them returning).
+
+    A block of BLOCK_M query rows of batch·head bh: the key blocks in turn, dQ = Σ dS K; each n × m input's gradient
+    tile written where it is made (contiguous (BH, n, m), once each), each trainable scalar's sum over the block's
+    tiles written to its slot (BH × row blocks), summed after in a fixed order.
+
+    A block of BLOCK_N keys of key/value batch·head kv: the query blocks of each query head sharing it in turn, each
+    tile transposed (keys × queries: Sᵀ = K Qᵀ, Pᵀ recomputed from L, dPᵀ = V dOᵀ, dSᵀ), so dV = Σ Pᵀ dO and
+    dK = Σ dSᵀ Q take the tiles as they are made; DK, DV contiguous (BH_kv, m, d) and (BH_kv, m, d_v), each written
+    once. No atomics anywhere."""
+    pid, head = tl.program_id(0), tl.program_id(1)
     if WIDE:  # more batch·heads than a grid's axis 1 holds: its axes swapped (_grid)
-        pid, bh = tl.program_id(1), tl.program_id(0)
-    bh = bh.to(tl.int64)  # int64 offsets: bh · stride may pass 2³¹ elements
+        pid, head = tl.program_id(1), tl.program_id(0)
+    head = head.to(tl.int64)  # int64 offsets: head · stride may pass 2³¹ elements
+    c0 = tl.load(C + 0)  # 1/√d_k
     keys = tl.cdiv(m, BLOCK_N)
-    if pid < keys:
-        if bh < tl.num_programs(0 if WIDE else 1) // group:
-            _key_part(
-                pid,
-                bh,
-                Q,
-                K,
-                V,
-                DO,
-                L,
-                D,
-                DK,
-                DV,
-                C,
-                sqb,
-                sqn,
-                skb,
-                skn,
-                svb,
-                svn,
-                sdb,
-                sdn,
-                n,
-                m,
-                d,
-                dv,
-                inner,
-                group,
-                CAUSAL,
-                PRECISION,
-                BLOCK_M,
-                BLOCK_N,
-                BLOCK_D,
-                BLOCK_DV,
-            )
-    else:
+    if pid >= keys:  # a block of query rows
         query = pid - keys
         if CAUSAL:  # the query blocks in reverse order: a later one sees more keys, so the heaviest start first
             query = tl.num_programs(1 if WIDE else 0) - 1 - pid  # (a shorter tail)
-        _query_part(
-            query,
-            bh,
-            Q,
-            K,
-            V,
-            DO,
-            L,
-            D,
-            DQ,
-            C,
-            sqb,
-            sqn,
-            skb,
-            skn,
-            svb,
-            svn,
-            sdb,
-            sdn,
-            n,
-            m,
-            d,
-            dv,
-            inner,
-            group,
-            CAUSAL,
-            PRECISION,
-            BLOCK_M,
-            BLOCK_N,
-            BLOCK_D,
-            BLOCK_DV,
+        bh = head
+        kv = (bh // inner) * (inner // group) + (bh % inner) // group  # its key/value head: group query heads share one
+        rows = query * BLOCK_M + tl.arange(0, BLOCK_M)
+        dd = tl.arange(0, BLOCK_D)
+        de = tl.arange(0, BLOCK_DV)
+        q_rows = (rows[:, None] < n) & (dd[None, :] < d)
+        o_rows = (rows[:, None] < n) & (de[None, :] < d_v)
+        q = tl.load(Q + bh * sqb + rows[:, None] * sqn + dd[None, :], mask=q_rows, other=0.0)
+        do = tl.load(DO + bh * sdb + rows[:, None] * sdn + de[None, :], mask=o_rows, other=0.0)
+        lse = tl.load(L + bh * n + rows, mask=rows < n, other=0.0)
+        delta = tl.load(D + bh * n + rows, mask=rows < n, other=0.0)
+        dq = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
+        end = m
+        full = (m // BLOCK_N) * BLOCK_N  # the key blocks before full lie wholly inside m: unmasked
+        if CAUSAL:  # the last key visible to the block's last row; full, also wholly before its first row
+            end = tl.minimum(m, (query + 1) * BLOCK_M)
+            full = tl.minimum(full, (query * BLOCK_M + 1) // BLOCK_N * BLOCK_N)
+        for MASKED in tl.static_range(2):  # the blocks before full (MASKED false), then the rest
+            for start in range(full if MASKED else 0, end if MASKED else full, BLOCK_N):
+                cols = start + tl.arange(0, BLOCK_N)
+                k_rows = (cols[:, None] < m) & (dd[None, :] < d)
+                v_rows = (cols[:, None] < m) & (de[None, :] < d_v)
+                k = tl.load(K + kv * skb + cols[:, None] * skn + dd[None, :], mask=k_rows, other=0.0)
+                v = tl.load(V + kv * svb + cols[:, None] * svn + de[None, :], mask=v_rows, other=0.0)
+                s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
+                inside = (rows[:, None] < n) & (cols[None, :] < m)
+                valid = inside
+                if CAUSAL:
+                    valid = valid & (cols[None, :] <= rows[:, None])
+                a = c0 * s
+                p = _kept(tl.exp(a - lse[:, None]), valid, 0.0, MASKED)
+                dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
+                g = _kept(p * (dp - delta[:, None]), valid, 0.0, MASKED)
+                ds = c0 * g
+                ds = _kept(ds, valid, 0.0, MASKED)
+                dq += tl.dot(ds.to(k.dtype), k, input_precision=PRECISION)
+        tl.store(DQ + bh * n * d + rows[:, None] * d + dd[None, :], dq.to(DQ.dtype.element_ty), mask=q_rows)
+    elif head < tl.num_programs(0 if WIDE else 1) // group:  # a block of keys (the programs past the kv heads: none)
+        kv = head
+        cols = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+        dd = tl.arange(0, BLOCK_D)
+        de = tl.arange(0, BLOCK_DV)
+        k_rows = (cols[:, None] < m) & (dd[None, :] < d)
+        v_rows = (cols[:, None] < m) & (de[None, :] < d_v)
+        k = tl.load(K + kv * skb + cols[:, None] * skn + dd[None, :], mask=k_rows, other=0.0)
+        v = tl.load(V + kv * svb + cols[:, None] * svn + de[None, :], mask=v_rows, other=0.0)
+        dk = tl.zeros((BLOCK_N, BLOCK_D), tl.float32)
+        dv = tl.zeros((BLOCK_N, BLOCK_DV), tl.float32)
+        begin = 0  # the first query block any of these keys is visible to
+        diagonal = 0  # the first query block wholly after the keys (causal)
+        if CAUSAL:
+            begin = (pid * BLOCK_N // BLOCK_M) * BLOCK_M
+            diagonal = tl.cdiv(pid * BLOCK_N + BLOCK_N - 1, BLOCK_M) * BLOCK_M
+        full = (n // BLOCK_M) * BLOCK_M  # the query blocks before full lie wholly inside n
+        tail = tl.maximum(diagonal, full)
+        first = (kv // (inner // group)) * inner + (kv % (inner // group)) * group  # its group's first query head
+        # the group's query heads in turn, each one's query blocks in three parts: those the causal mask cuts, the
+        # whole ones (part 1, unmasked), the partial last one
+        origins = (begin, diagonal, tail)
+        counts = (
+            tl.cdiv(tl.minimum(diagonal, n) - begin, BLOCK_M),
+            tl.maximum(full - diagonal, 0) // BLOCK_M,
+            tl.cdiv(n - tail, BLOCK_M),
         )
-
-
-@triton.jit
-def _key_part(
-    pid,
-    kv,
-    Q,
-    K,
-    V,
-    DO,
-    L,
-    D,
-    DK,
-    DV,
-    C,
-    sqb,
-    sqn,
-    skb,
-    skn,
-    svb,
-    svn,
-    sdb,
-    sdn,
-    n,
-    m,
-    d,
-    dv,
-    inner,
-    group,
-    CAUSAL: tl.constexpr,
-    PRECISION: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    BLOCK_DV: tl.constexpr,
-):
-    """One block of BLOCK_N keys of one key/value batch·head: the query blocks of each query head sharing it in turn,
-    each tile transposed (keys × queries: Sᵀ = K Qᵀ, Pᵀ recomputed from L, dPᵀ = V dOᵀ, dSᵀ), so dV = Σ Pᵀ dO and
-    dK = Σ dSᵀ Q take the tiles as they are made (dK and dV written once each: no atomics). DK, DV are contiguous
-    (BH_kv, m, d) and (BH_kv, m, d_v). pid: the key block; kv: the key/value batch·head (int64: kv · stride may pass
-    2³¹)."""
-    c0 = tl.load(C + 0)  # 1/√d_k
-    cols = pid * BLOCK_N + tl.arange(0, BLOCK_N)
-    dd = tl.arange(0, BLOCK_D)
-    de = tl.arange(0, BLOCK_DV)
-    k_rows = (cols[:, None] < m) & (dd[None, :] < d)
-    v_rows = (cols[:, None] < m) & (de[None, :] < dv)
-    k = tl.load(K + kv * skb + cols[:, None] * skn + dd[None, :], mask=k_rows, other=0.0)
-    v = tl.load(V + kv * svb + cols[:, None] * svn + de[None, :], mask=v_rows, other=0.0)
-    dk = tl.zeros((BLOCK_N, BLOCK_D), tl.float32)
-    dv_acc = tl.zeros((BLOCK_N, BLOCK_DV), tl.float32)
-    begin = 0  # the first query block any of these keys is visible to
-    diagonal = 0  # the first query block wholly after the keys (causal)
-    if CAUSAL:
-        begin = (pid * BLOCK_N // BLOCK_M) * BLOCK_M
-        diagonal = tl.cdiv(pid * BLOCK_N + BLOCK_N - 1, BLOCK_M) * BLOCK_M
-    full = (n // BLOCK_M) * BLOCK_M  # the query blocks before full lie wholly inside n
-    tail = tl.maximum(diagonal, full)
-    first = (kv // (inner // group)) * inner + (kv % (inner // group)) * group  # its group's first query head
-    # the group's query heads in turn, each one's query blocks: those the causal mask cuts, the whole ones unmasked,
-    # the partial last one
-    blocks = tl.cdiv(tl.minimum(diagonal, n) - begin, BLOCK_M)
-    for step in range(0, group * blocks):
-        bh = first + step // blocks
-        rows = begin + (step % blocks) * BLOCK_M + tl.arange(0, BLOCK_M)
-        qt_rows = (dd[:, None] < d) & (rows[None, :] < n)
-        o_rows = (rows[:, None] < n) & (de[None, :] < dv)
-        qt = tl.load(Q + bh * sqb + dd[:, None] + rows[None, :] * sqn, mask=qt_rows, other=0.0)  # Qᵀ, d × BLOCK_M
-        do = tl.load(DO + bh * sdb + rows[:, None] * sdn + de[None, :], mask=o_rows, other=0.0)
-        lse = tl.load(L + bh * n + rows, mask=rows < n, other=0.0)
-        delta = tl.load(D + bh * n + rows, mask=rows < n, other=0.0)
-
-        s = tl.dot(k, qt, input_precision=PRECISION)  # Sᵀ, keys × queries: every tile below transposed
-        inside = (cols[:, None] < m) & (rows[None, :] < n)
-        valid = inside
-        if CAUSAL:
-            valid = valid & (cols[:, None] <= rows[None, :])
-        a = c0 * s
-
-        p = tl.where(valid, tl.exp(a - lse[None, :]), 0.0)
-
-        dv_acc += tl.dot(p.to(do.dtype), do, input_precision=PRECISION)
-        dp = tl.dot(v, tl.trans(do), input_precision=PRECISION)
-        g = tl.where(valid, p * (dp - delta[None, :]), 0.0)
-        ds = tl.where(valid, (c0 * g), 0.0)
-
-        dk += tl.dot(ds.to(qt.dtype), tl.trans(qt), input_precision=PRECISION)
-    blocks = tl.maximum(full - diagonal, 0) // BLOCK_M
-    for step in range(0, group * blocks):
-        bh = first + step // blocks
-        rows = diagonal + (step % blocks) * BLOCK_M + tl.arange(0, BLOCK_M)
-        qt_rows = (dd[:, None] < d) & (rows[None, :] < n)
-        o_rows = (rows[:, None] < n) & (de[None, :] < dv)
-        qt = tl.load(Q + bh * sqb + dd[:, None] + rows[None, :] * sqn, mask=qt_rows, other=0.0)  # Qᵀ, d × BLOCK_M
-        do = tl.load(DO + bh * sdb + rows[:, None] * sdn + de[None, :], mask=o_rows, other=0.0)
-        lse = tl.load(L + bh * n + rows, mask=rows < n, other=0.0)
-        delta = tl.load(D + bh * n + rows, mask=rows < n, other=0.0)
-
-        s = tl.dot(k, qt, input_precision=PRECISION)  # Sᵀ, keys × queries: every tile below transposed
-        inside = (cols[:, None] < m) & (rows[None, :] < n)
-        a = c0 * s
-
-        p = tl.exp(a - lse[None, :])
-
-        dv_acc += tl.dot(p.to(do.dtype), do, input_precision=PRECISION)
-        dp = tl.dot(v, tl.trans(do), input_precision=PRECISION)
-        g = p * (dp - delta[None, :])
-        ds = c0 * g
-
-        dk += tl.dot(ds.to(qt.dtype), tl.trans(qt), input_precision=PRECISION)
-    blocks = tl.cdiv(n - tail, BLOCK_M)
-    for step in range(0, group * blocks):
-        bh = first + step // blocks
-        rows = tail + (step % blocks) * BLOCK_M + tl.arange(0, BLOCK_M)
-        qt_rows = (dd[:, None] < d) & (rows[None, :] < n)
-        o_rows = (rows[:, None] < n) & (de[None, :] < dv)
-        qt = tl.load(Q + bh * sqb + dd[:, None] + rows[None, :] * sqn, mask=qt_rows, other=0.0)  # Qᵀ, d × BLOCK_M
-        do = tl.load(DO + bh * sdb + rows[:, None] * sdn + de[None, :], mask=o_rows, other=0.0)
-        lse = tl.load(L + bh * n + rows, mask=rows < n, other=0.0)
-        delta = tl.load(D + bh * n + rows, mask=rows < n, other=0.0)
-
-        s = tl.dot(k, qt, input_precision=PRECISION)  # Sᵀ, keys × queries: every tile below transposed
-        inside = (cols[:, None] < m) & (rows[None, :] < n)
-        valid = inside
-        if CAUSAL:
-            valid = valid & (cols[:, None] <= rows[None, :])
-        a = c0 * s
-
-        p = tl.where(valid, tl.exp(a - lse[None, :]), 0.0)
-
-        dv_acc += tl.dot(p.to(do.dtype), do, input_precision=PRECISION)
-        dp = tl.dot(v, tl.trans(do), input_precision=PRECISION)
-        g = tl.where(valid, p * (dp - delta[None, :]), 0.0)
-        ds = tl.where(valid, (c0 * g), 0.0)
-
-        dk += tl.dot(ds.to(qt.dtype), tl.trans(qt), input_precision=PRECISION)
-    tl.store(DK + kv * m * d + cols[:, None] * d + dd[None, :], dk.to(DK.dtype.element_ty), mask=k_rows)
-    tl.store(DV + kv * m * dv + cols[:, None] * dv + de[None, :], dv_acc.to(DV.dtype.element_ty), mask=v_rows)
-
-
-@triton.jit
-def _query_part(
-    pid,
-    bh,
-    Q,
-    K,
-    V,
-    DO,
-    L,
-    D,
-    DQ,
-    C,
-    sqb,
-    sqn,
-    skb,
-    skn,
-    svb,
-    svn,
-    sdb,
-    sdn,
-    n,
-    m,
-    d,
-    dv,
-    inner,
-    group,
-    CAUSAL: tl.constexpr,
-    PRECISION: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    BLOCK_DV: tl.constexpr,
-):
-    """One block of BLOCK_M query rows of one batch·head: the key blocks in turn, dQ = Σ dS K; each n × m input's
-    gradient tile written where it is made (contiguous (BH, n, m), once each), each trainable scalar's sum over the
-    block's tiles written to its slot (BH × row blocks), summed after in a fixed order: no atomics anywhere. pid: the
-    query block; bh: the batch·head (int64: bh · stride may pass 2³¹)."""
-    kv = (bh // inner) * (inner // group) + (bh % inner) // group  # its key/value head: group query heads share one
-    c0 = tl.load(C + 0)  # 1/√d_k
-    rows = pid * BLOCK_M + tl.arange(0, BLOCK_M)
-    dd = tl.arange(0, BLOCK_D)
-    de = tl.arange(0, BLOCK_DV)
-    q_rows = (rows[:, None] < n) & (dd[None, :] < d)
-    o_rows = (rows[:, None] < n) & (de[None, :] < dv)
-    q = tl.load(Q + bh * sqb + rows[:, None] * sqn + dd[None, :], mask=q_rows, other=0.0)
-    do = tl.load(DO + bh * sdb + rows[:, None] * sdn + de[None, :], mask=o_rows, other=0.0)
-    lse = tl.load(L + bh * n + rows, mask=rows < n, other=0.0)
-    delta = tl.load(D + bh * n + rows, mask=rows < n, other=0.0)
-
-    dq = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
-    end = m
-    full = (m // BLOCK_N) * BLOCK_N  # the key blocks before full lie wholly inside m: printed unmasked
-    if CAUSAL:
-        end = tl.minimum(m, (pid + 1) * BLOCK_M)
-        full = tl.minimum(full, (pid * BLOCK_M + 1) // BLOCK_N * BLOCK_N)  # ... and wholly before the block's first row
-    for start in range(0, full, BLOCK_N):
-        cols = start + tl.arange(0, BLOCK_N)
-        k_rows = (cols[:, None] < m) & (dd[None, :] < d)
-        v_rows = (cols[:, None] < m) & (de[None, :] < dv)
-        k = tl.load(K + kv * skb + cols[:, None] * skn + dd[None, :], mask=k_rows, other=0.0)
-        v = tl.load(V + kv * svb + cols[:, None] * svn + de[None, :], mask=v_rows, other=0.0)
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
-        inside = (rows[:, None] < n) & (cols[None, :] < m)
-        a = c0 * s
-
-        p = tl.exp(a - lse[:, None])
-
-        dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
-        g = p * (dp - delta[:, None])
-        ds = c0 * g
-
-        dq += tl.dot(ds.to(k.dtype), k, input_precision=PRECISION)
-    for start in range(full, end, BLOCK_N):
-        cols = start + tl.arange(0, BLOCK_N)
-        k_rows = (cols[:, None] < m) & (dd[None, :] < d)
-        v_rows = (cols[:, None] < m) & (de[None, :] < dv)
-        k = tl.load(K + kv * skb + cols[:, None] * skn + dd[None, :], mask=k_rows, other=0.0)
-        v = tl.load(V + kv * svb + cols[:, None] * svn + de[None, :], mask=v_rows, other=0.0)
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
-        inside = (rows[:, None] < n) & (cols[None, :] < m)
-        valid = inside
-        if CAUSAL:
-            valid = valid & (cols[None, :] <= rows[:, None])
-        a = c0 * s
-
-        p = tl.where(valid, tl.exp(a - lse[:, None]), 0.0)
-
-        dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
-        g = tl.where(valid, p * (dp - delta[:, None]), 0.0)
-        ds = tl.where(valid, (c0 * g), 0.0)
-
-        dq += tl.dot(ds.to(k.dtype), k, input_precision=PRECISION)
-    tl.store(DQ + bh * n * d + rows[:, None] * d + dd[None, :], dq.to(DQ.dtype.element_ty), mask=q_rows)
+        for part in tl.static_range(3):
+            for step in range(0, group * counts[part]):
+                bh = first + step // counts[part]
+                rows = origins[part] + (step % counts[part]) * BLOCK_M + tl.arange(0, BLOCK_M)
+                qT_rows = (dd[:, None] < d) & (rows[None, :] < n)  # Qᵀ, d × BLOCK_M
+                o_rows = (rows[:, None] < n) & (de[None, :] < d_v)
+                qT = tl.load(Q + bh * sqb + dd[:, None] + rows[None, :] * sqn, mask=qT_rows, other=0.0)
+                do = tl.load(DO + bh * sdb + rows[:, None] * sdn + de[None, :], mask=o_rows, other=0.0)
+                lse = tl.load(L + bh * n + rows, mask=rows < n, other=0.0)
+                delta = tl.load(D + bh * n + rows, mask=rows < n, other=0.0)
+                s = tl.dot(k, qT, input_precision=PRECISION)  # Sᵀ, keys × queries: every tile below transposed
+                inside = (cols[:, None] < m) & (rows[None, :] < n)
+                valid = inside
+                if CAUSAL:
+                    valid = valid & (cols[:, None] <= rows[None, :])
+                a = c0 * s
+                p = _kept(tl.exp(a - lse[None, :]), valid, 0.0, part != 1)
+                dv += tl.dot(p.to(do.dtype), do, input_precision=PRECISION)
+                dp = tl.dot(v, tl.trans(do), input_precision=PRECISION)
+                g = _kept(p * (dp - delta[None, :]), valid, 0.0, part != 1)
+                ds = c0 * g
+                ds = _kept(ds, valid, 0.0, part != 1)
+                dk += tl.dot(ds.to(qT.dtype), tl.trans(qT), input_precision=PRECISION)
+        tl.store(DK + kv * m * d + cols[:, None] * d + dd[None, :], dk.to(DK.dtype.element_ty), mask=k_rows)
+        tl.store(DV + kv * m * d_v + cols[:, None] * d_v + de[None, :], dv.to(DV.dtype.element_ty), mask=v_rows)
 
 
 @triton.jit
@@ -994,11 +784,11 @@ def _jvp_kernel(
     Q,
     K,
     V,
-    QT,
-    KT,
-    VT,
+    Q_DOT,
+    K_DOT,
+    V_DOT,
     O,
-    OT,
+    O_DOT,
     C,
     sqb,
     sqn,
@@ -1017,7 +807,7 @@ def _jvp_kernel(
     n,
     m,
     d,
-    dv,
+    d_v,
     inner,
     group,
     CAUSAL: tl.constexpr,
@@ -1046,77 +836,54 @@ def _jvp_kernel(
     de = tl.arange(0, BLOCK_DV)
     q_rows = (rows[:, None] < n) & (dd[None, :] < d)
     q = tl.load(Q + bh * sqb + rows[:, None] * sqn + dd[None, :], mask=q_rows, other=0.0)
-    qt = tl.load(QT + bh * tqb + rows[:, None] * tqn + dd[None, :], mask=q_rows, other=0.0)
+    q_dot = tl.load(Q_DOT + bh * tqb + rows[:, None] * tqn + dd[None, :], mask=q_rows, other=0.0)
     m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
     l_i = tl.zeros((BLOCK_M,), tl.float32)
     r_i = tl.zeros((BLOCK_M,), tl.float32)
     acc = tl.zeros((BLOCK_M, BLOCK_DV), tl.float32)
-    acc_t = tl.zeros((BLOCK_M, BLOCK_DV), tl.float32)
+    acc_dot = tl.zeros((BLOCK_M, BLOCK_DV), tl.float32)
     end = m
-    full = (m // BLOCK_N) * BLOCK_N  # the key blocks before full lie wholly inside m: printed unmasked
-    if CAUSAL:
+    full = (m // BLOCK_N) * BLOCK_N  # the key blocks before full lie wholly inside m: unmasked
+    if CAUSAL:  # the last key visible to the block's last row; full, also wholly before its first row
         end = tl.minimum(m, (pid + 1) * BLOCK_M)
-        full = tl.minimum(full, (pid * BLOCK_M + 1) // BLOCK_N * BLOCK_N)  # ... and wholly before the block's first row
-    for start in range(0, full, BLOCK_N):
-        cols = start + tl.arange(0, BLOCK_N)
-        k_rows = (cols[:, None] < m) & (dd[None, :] < d)
-        v_rows = (cols[:, None] < m) & (de[None, :] < dv)
-        k = tl.load(K + kv * skb + cols[:, None] * skn + dd[None, :], mask=k_rows, other=0.0)
-        v = tl.load(V + kv * svb + cols[:, None] * svn + de[None, :], mask=v_rows, other=0.0)
-        kt = tl.load(KT + kv * tkb + cols[:, None] * tkn + dd[None, :], mask=k_rows, other=0.0)
-        vt = tl.load(VT + kv * tvb + cols[:, None] * tvn + de[None, :], mask=v_rows, other=0.0)
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
-        inside = (rows[:, None] < n) & (cols[None, :] < m)
-        a = c0 * s
-
-        st = tl.dot(qt, tl.trans(k), input_precision=PRECISION) + tl.dot(q, tl.trans(kt), input_precision=PRECISION)
-        at = c0 * st
-        m_new = tl.maximum(m_i, tl.max(a, 1))
-        shift = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.exp(a - shift[:, None])
-        alpha = tl.exp(m_i - shift)
-        pa = p * at
-        l_i = l_i * alpha + tl.sum(p, 1)
-        r_i = r_i * alpha + tl.sum(pa, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-        acc_t = acc_t * alpha[:, None] + tl.dot(pa.to(v.dtype), v, input_precision=PRECISION)
-        acc_t += tl.dot(p.to(v.dtype), vt, input_precision=PRECISION)
-        m_i = m_new
-    for start in range(full, end, BLOCK_N):
-        cols = start + tl.arange(0, BLOCK_N)
-        k_rows = (cols[:, None] < m) & (dd[None, :] < d)
-        v_rows = (cols[:, None] < m) & (de[None, :] < dv)
-        k = tl.load(K + kv * skb + cols[:, None] * skn + dd[None, :], mask=k_rows, other=0.0)
-        v = tl.load(V + kv * svb + cols[:, None] * svn + de[None, :], mask=v_rows, other=0.0)
-        kt = tl.load(KT + kv * tkb + cols[:, None] * tkn + dd[None, :], mask=k_rows, other=0.0)
-        vt = tl.load(VT + kv * tvb + cols[:, None] * tvn + de[None, :], mask=v_rows, other=0.0)
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
-        inside = (rows[:, None] < n) & (cols[None, :] < m)
-        valid = inside
-        if CAUSAL:
-            valid = valid & (cols[None, :] <= rows[:, None])
-        a = c0 * s
-
-        st = tl.dot(qt, tl.trans(k), input_precision=PRECISION) + tl.dot(q, tl.trans(kt), input_precision=PRECISION)
-        at = tl.where(valid, (c0 * st), 0.0)
-        a = tl.where(valid, a, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(a, 1))
-        shift = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.exp(a - shift[:, None])
-        alpha = tl.exp(m_i - shift)
-        pa = p * at
-        l_i = l_i * alpha + tl.sum(p, 1)
-        r_i = r_i * alpha + tl.sum(pa, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-        acc_t = acc_t * alpha[:, None] + tl.dot(pa.to(v.dtype), v, input_precision=PRECISION)
-        acc_t += tl.dot(p.to(v.dtype), vt, input_precision=PRECISION)
-        m_i = m_new
+        full = tl.minimum(full, (pid * BLOCK_M + 1) // BLOCK_N * BLOCK_N)
+    for MASKED in tl.static_range(2):  # the blocks before full (MASKED false), then the rest
+        for start in range(full if MASKED else 0, end if MASKED else full, BLOCK_N):
+            cols = start + tl.arange(0, BLOCK_N)
+            k_rows = (cols[:, None] < m) & (dd[None, :] < d)
+            v_rows = (cols[:, None] < m) & (de[None, :] < d_v)
+            k = tl.load(K + kv * skb + cols[:, None] * skn + dd[None, :], mask=k_rows, other=0.0)
+            v = tl.load(V + kv * svb + cols[:, None] * svn + de[None, :], mask=v_rows, other=0.0)
+            k_dot = tl.load(K_DOT + kv * tkb + cols[:, None] * tkn + dd[None, :], mask=k_rows, other=0.0)
+            v_dot = tl.load(V_DOT + kv * tvb + cols[:, None] * tvn + de[None, :], mask=v_rows, other=0.0)
+            s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
+            inside = (rows[:, None] < n) & (cols[None, :] < m)
+            valid = inside
+            if CAUSAL:
+                valid = valid & (cols[None, :] <= rows[:, None])
+            a = c0 * s
+            s_dot = tl.dot(q_dot, tl.trans(k), input_precision=PRECISION)  # Ṡ = Q̇ Kᵀ + Q K̇ᵀ
+            s_dot += tl.dot(q, tl.trans(k_dot), input_precision=PRECISION)
+            a_dot = c0 * s_dot
+            a_dot = _kept(a_dot, valid, 0.0, MASKED)
+            a = _kept(a, valid, float("-inf"), MASKED)
+            m_new = tl.maximum(m_i, tl.max(a, 1))
+            shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+            p = tl.exp(a - shift[:, None])
+            alpha = tl.exp(m_i - shift)
+            pa = p * a_dot
+            l_i = l_i * alpha + tl.sum(p, 1)
+            r_i = r_i * alpha + tl.sum(pa, 1)
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+            acc_dot = acc_dot * alpha[:, None] + tl.dot(pa.to(v.dtype), v, input_precision=PRECISION)
+            acc_dot += tl.dot(p.to(v.dtype), v_dot, input_precision=PRECISION)
+            m_i = m_new
     safe = tl.where(l_i == 0.0, 1.0, l_i)  # a row with every key masked: O = Ȯ = 0
     acc = acc / safe[:, None]
-    acc_t = acc_t / safe[:, None] - (r_i / safe)[:, None] * acc
-    out = (rows[:, None] < n) & (de[None, :] < dv)
-    tl.store(O + bh * sob + rows[:, None] * son + de[None, :], acc.to(O.dtype.element_ty), mask=out)
-    tl.store(OT + bh * sob + rows[:, None] * son + de[None, :], acc_t.to(OT.dtype.element_ty), mask=out)
+    acc_dot = acc_dot / safe[:, None] - (r_i / safe)[:, None] * acc
+    o_rows = (rows[:, None] < n) & (de[None, :] < d_v)
+    tl.store(O + bh * sob + rows[:, None] * son + de[None, :], acc.to(O.dtype.element_ty), mask=o_rows)
+    tl.store(O_DOT + bh * sob + rows[:, None] * son + de[None, :], acc_dot.to(O_DOT.dtype.element_ty), mask=o_rows)
 
 
 def _coefficients(d_k):

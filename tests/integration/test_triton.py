@@ -369,7 +369,7 @@ for name, dtype in [(k, "fp16") for k in KERNELS] + [(k, "fp32") for k in FLOAT3
             signature[p] = f"*{dtype}"
         elif p in ("L", "D", "C", "R") or p[:2] in ("T_", "G_", "R_", "TT"):  # C: the scalar arguments, float32
             signature[p] = "*fp32"
-        elif p in ("Q", "K", "V", "O", "DO", "DL", "DK", "DV", "DQ", "QT", "KT", "VT", "OT"):
+        elif p in ("Q", "K", "V", "O", "DO", "DL", "DK", "DV", "DQ", "Q_DOT", "K_DOT", "V_DOT", "O_DOT"):
             signature[p] = f"*{dtype}"
         else:
             signature[p] = "i32"

@@ -121,14 +121,14 @@ def test_a_trainable_scalar_gets_its_partial():
 
 
 def test_the_printed_tangent_is_the_librarys_differential_along_every_input():
-    """Ȧ along Ṡ (st), an n × m input's tangent tile and a trainable scalar's τ̇ (a new scalar argument)."""
+    """Ȧ along Ṡ (s_dot), an n × m input's tangent tile and a trainable scalar's τ̇ (a new scalar argument)."""
     temperature = print_core(find_core(gallery("temperature")), frozenset())
-    assert temperature.logits_tangent == "((c0 * st) + (c1 * s))"  # d(τ S) = τ Ṡ + τ̇ S
+    assert temperature.logits_tangent == "((c0 * s_dot) + (c1 * s))"  # d(τ S) = τ Ṡ + τ̇ S
     assert [str(c) for c in temperature.tangent_coefficients] == ["tau_t"]
     bias = print_core(find_core(gallery("bias")), frozenset())
-    assert bias.logits_tangent == "((c0 * st) + tile_B_t)" and bias.tangent_coefficients == {}
+    assert bias.logits_tangent == "((c0 * s_dot) + tile_B_dot)" and bias.tangent_coefficients == {}
     attention = print_core(find_core(builtin("attention")), frozenset({"M"}))
-    assert attention.logits_tangent == "(c0 * st)"  # the mask does not move
+    assert attention.logits_tangent == "(c0 * s_dot)"  # the mask does not move
 
 
 def test_powers_print_as_products_or_roots_and_others_are_refused():

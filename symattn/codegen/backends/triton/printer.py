@@ -23,7 +23,7 @@ from symattn.lang.functions import TORCH, TRITON, Elementwise
 
 GRADIENT = "g"  # the kernels' name of the cotangent tile G = ∂f/∂A
 SCORES = "s"  # … and of the raw scores tile S = Q Kᵀ
-SCORES_TANGENT = "st"  # … and of its tangent Ṡ = Q̇ Kᵀ + Q K̇ᵀ (the JVP kernel)
+SCORES_TANGENT = "s_dot"  # … and of its tangent Ṡ = Q̇ Kᵀ + Q K̇ᵀ (the JVP kernel)
 SQUARE_ROOT = {TRITON: "tl.sqrt", TORCH: "torch.sqrt"}  # the backends a tile prints in: the kernels, the eager core
 
 
@@ -129,8 +129,8 @@ def print_core(core: Core, constants: frozenset[str]) -> Printed:
 
 
 def tangent_tile_name(x: MatrixSymbol) -> str:
-    """The kernels' name of the tangent tile of an n × m input (B → tile_B_t)."""
-    return f"tile_{x.name}_t"
+    """The kernels' name of the tangent tile of an n × m input (B → tile_B_dot)."""
+    return f"tile_{x.name}_dot"
 
 
 def _printed(printer: TilePrinter, expr: Basic | None) -> str:
