@@ -28,14 +28,14 @@ class _Held:
 def _held(module) -> list[_Held]:
     """Every parameter and buffer entry of the module and its submodules (an entry None, a bias left out: as it is)."""
     found = []
-    for prefix, sub in module.named_modules(remove_duplicate=False):
+    for prefix, sub in module.named_modules():
         for table in ("_parameters", "_buffers"):
             for key, tensor in getattr(sub, table).items():
+                name = f"{prefix}.{key}" if prefix else key
                 if tensor is None:
-                    found.append(_Held(sub, table, key, key, None, 0, None))
+                    found.append(_Held(sub, table, key, name, None, 0, None))
                     continue
                 values = tensor.detach().clone() if table == "_buffers" else None
-                name = f"{prefix}.{key}" if prefix else key
                 found.append(_Held(sub, table, key, name, tensor, tensor._version, values))
     return found
 
@@ -57,11 +57,12 @@ def _restored(module, held: list[_Held]) -> list[str]:
                 with torch.no_grad():
                     h.tensor.copy_(h.values)
             changed.append(f"{h.table[1:-1]} {h.name!r} (written in place)")
-    for prefix, sub in module.named_modules(remove_duplicate=False):
+    for prefix, sub in module.named_modules():
         for table in ("_parameters", "_buffers"):
             for key in [k for k in getattr(sub, table) if (id(sub), table, k) not in known]:
                 del getattr(sub, table)[key]
-                changed.append(f"{table[1:-1]} {f'{prefix}.{key}' if prefix else key!r} (registered)")
+                name = f"{prefix}.{key}" if prefix else key
+                changed.append(f"{table[1:-1]} {name!r} (registered)")
     return changed
 
 

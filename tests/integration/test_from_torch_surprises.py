@@ -114,3 +114,10 @@ def test_a_forward_without_side_effects_traces_and_leaves_the_state_untouched():
     versions = {k: v._version for k, v in module.state_dict(keep_vars=True).items()}
     drop_in(module, _qkv()[0])
     assert {k: v._version for k, v in module.state_dict(keep_vars=True).items()} == versions
+
+
+def test_a_submodules_state_change_is_named_by_its_path():
+    outer = torch.nn.Sequential(_Counting("registered"))
+    with pytest.raises(SymattnError, match=r"Sequential.forward changes its state \(buffer '0.cache' \(registered\)"):
+        drop_in(outer, _qkv()[0])
+    assert "cache" not in dict(outer.named_buffers()) and outer[0].step.item() == 0
