@@ -169,6 +169,8 @@ def _total(*parts: Basic, canonical: bool = True) -> Basic:
 def hadamard_product(*parts: Basic) -> Basic:
     """Entrywise product, canonical (a c𝟏𝟏ᵀ factor taken out as c, flattened, sorted, X ⊙ X becomes X^{∘2});
     the factors' sort keys computed leaves first (SymPy's own recurse as deep as the factors are)."""
+    if any(isinstance(part, ZeroMatrix) for part in parts):  # X ⊙ 0 = 0 (step′, ReLU″)
+        return ZeroMatrix(*parts[0].shape)
     coeff, rest = sp.Integer(1), []
     for part in parts:  # X ⊙ c𝟏𝟏ᵀ = c X
         c, mats = factors(part)

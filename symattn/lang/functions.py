@@ -214,6 +214,36 @@ class Softplus(Elementwise):
         return Sigmoid(self.arg)
 
 
+class Relu(Elementwise):
+    """ReLU(A) = max(A, 0), entrywise; ReLU′ = step (0 at 0, as torch's relu has it)."""
+
+    function = "relu"
+    scalar = staticmethod(lambda x: sp.Piecewise((x, x > 0), (0, True)))
+    latex, text = r"\operatorname{ReLU}", "ReLU"
+    calls = {NUMPY: "np.maximum({0}, 0.0)", TORCH: "torch.relu", JAX: "jax.nn.relu", TRITON: "tl.maximum({0}, 0.0)"}
+
+    def derivative(self) -> MatrixExpr:
+        return Step(self.arg)
+
+
+class Step(Elementwise):
+    """step(A) = 1 where A > 0, else 0, entrywise (ReLU′; backward passes); step′ = 0 (almost everywhere)."""
+
+    function = "step"
+    exported = False
+    scalar = staticmethod(lambda x: sp.Piecewise((1, x > 0), (0, True)))
+    latex, text = r"\operatorname{step}", "step"
+    calls = {
+        NUMPY: "np.heaviside({0}, 0.0)",
+        TORCH: "({0} > 0).to({0}.dtype)",
+        JAX: "({0} > 0).astype({0}.dtype)",
+        TRITON: "tl.where({0} > 0, 1.0, 0.0)",
+    }
+
+    def derivative(self) -> MatrixExpr:
+        return product(0, _ones_like(self))
+
+
 class Gelu(Elementwise):
     """GELU(x) = x Φ(x) = x (1 + erf(x/√2)) / 2, entrywise (the exact, erf form); GELU′ is ``GeluGrad``."""
 

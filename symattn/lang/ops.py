@@ -27,8 +27,10 @@ from symattn.lang.functions import (  # noqa: F401  (every node importable from 
     GeluTanh,
     GeluTanhGrad,
     Log,
+    Relu,
     Sigmoid,
     Softplus,
+    Step,
     Tanh,
 )
 from symattn.lang.lazy import lifted

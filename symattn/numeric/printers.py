@@ -102,9 +102,10 @@ class NumPyMatrixPrinter(NumPyPrinter):
         return name
 
     def function_call(self, call: str, operand: str) -> str:
-        """A function record's call (``Elementwise.call``) applied to operand: a template with {} filled in, a
-        library function (dotted) called, a runtime helper (a bare name) called and its source handed out."""
-        if "{}" in call:
+        """A function record's call (``Elementwise.call``) applied to operand: a template with {} (or {0}, the
+        operand read twice) filled in, a library function (dotted) called, a runtime helper (a bare name) called and
+        its source handed out."""
+        if "{" in call:
             return call.format(operand)
         return f"{call if '.' in call else self.helper(call)}({operand})"
 

@@ -13,6 +13,7 @@ import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
+import sympy as sp
 import torch
 from sympy import Basic, MatrixSymbol
 from torch.overrides import TorchFunctionMode
@@ -85,6 +86,7 @@ class Trace:
     widths: dict[tuple, Basic] = field(default_factory=dict)  # the blocks' lengths, by (start, stop, heads)
     selections: dict[str, torch.Tensor] = field(default_factory=dict)  # a slice's constant S by name: its values
     upcast: list[str] = field(default_factory=list)  # file:line of each softmax computed in float32 (dtype=…)
+    read: dict[int, Basic] = field(default_factory=dict)  # the matrix lengths the code read (size, shape), by value
 
     def __post_init__(self) -> None:
         self.dims = Dims(self._substitute)
@@ -98,6 +100,7 @@ class Trace:
         for b in self.blocks:
             b.symbol = b.symbol.xreplace(mapping)
         self.widths = {k: w.xreplace(mapping) for k, w in self.widths.items()}
+        self.read = {k: sp.sympify(w).xreplace(mapping) for k, w in self.read.items()}
 
     # inputs
 
@@ -132,9 +135,28 @@ class Trace:
             if obj.dtype == torch.bool:
                 raise Refused("a bool tensor is a mask: it enters through masked_fill(mask, -inf) or torch.where")
             if obj.ndim == 0:
-                return Value(number(obj.item(), self.dims, prefer), ())
+                return Value(number(obj.item(), self.dims, prefer, self.read), ())
             return self.constant(obj, "as_is")
-        return Value(number(obj, self.dims, prefer), ())
+        return Value(number(obj, self.dims, prefer, self.read), ())
+
+    def note_sizes(self, tensor: torch.Tensor, args: tuple, kwargs: dict, result: object) -> None:
+        """A size the code read off a traced tensor (``size``, ``shape``): of its last two axes, a length of the
+        matrix (not a batch or head axis, nor 1), kept by its example value (``read``) so that a number equal to it
+        in arithmetic is that length (x / k.size(-2): 1/m, right at every length)."""
+        value = self.values[id(tensor)]
+        if value.pending is not None or value.is_scalar:
+            return
+        ndim = len(value.shape)
+        lengths = {ndim - 2: value.rows, ndim - 1: value.cols} if ndim > 1 else {0: value.cols}
+        if isinstance(result, int):  # size(dim)
+            axis = args[1] if len(args) > 1 else kwargs.get("dim")
+            found = {} if axis is None else {axis % ndim: result}
+        else:
+            found = dict(enumerate(result))
+        for axis, size in found.items():
+            length = lengths.get(axis)
+            if size > 1 and length is not None and not sp.sympify(length).is_number:
+                self.read[int(size)] = length
 
     def constant(self, tensor: torch.Tensor, form: str, like: Value | None = None) -> Value:
         """A spec constant made from a constant tensor: of like's matrix shape (a mask), else of its own."""
@@ -253,6 +275,8 @@ def record(trace: Trace, func: object, args: tuple, kwargs: dict, result: object
     rule = trace.ops.get(name)
     several = isinstance(result, (tuple, list)) and any(True for _ in tensors_in(result))
     if not isinstance(result, torch.Tensor) and not several:
+        if name in ("size", "shape") and isinstance(result, int | tuple):
+            trace.note_sizes(operands[0], args, kwargs, result)
         return  # a size, a shape, a dtype
     if stopped:
         raise error(name, "it runs under torch.no_grad() on traced values (a stop-gradient, not in the language)")

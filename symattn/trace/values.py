@@ -148,13 +148,18 @@ def _coefficient(length: Basic) -> tuple[int, sp.Symbol]:
     return int(c), rest
 
 
-def number(x: float | int, dims: Dims, prefer: Iterable[Basic] = ()) -> Basic:
-    """A Python number as a SymPy number: an int exactly; a float equal at the example to one of the forms of
-    the dimensions (``_forms``: √d, 1/√d, ±log d, and a root times a log, log n/√d: a score scale or sigmoid
+def number(x: float | int, dims: Dims, prefer: Iterable[Basic] = (), read: dict[int, Basic] | None = None) -> Basic:
+    """A Python number as a SymPy number: an int equal to a length the code read off a traced tensor (``read``:
+    ``k.size(-2)``, ``q.shape``) as that length, and a float equal to one or its reciprocal (a mean over the keys,
+    ReLU attention's 1/m) as that expression; any other int exactly; a float equal at the example to one of the
+    forms of the dimensions (``_forms``: √d, 1/√d, ±log d, and a root times a log, log n/√d: a score scale or sigmoid
     attention's bias −log m, computed from sizes) as that expression; any other float as its simplest exact form
     (0.1 → 1/10, √(2/π) stays √2/√π) when that form rounds back to it, else as it is."""
     if isinstance(x, bool) or not isinstance(x, (int, float)):
         raise Refused(f"the number {x!r} of type {type(x).__name__}")
+    for size, length in (read or {}).items():
+        if x == size or (isinstance(x, float) and math.isclose(x * size, 1.0, rel_tol=1e-13)):
+            return length if x == size else 1 / length
     if isinstance(x, int):
         return sp.Integer(x)
     if not math.isfinite(x):

@@ -137,8 +137,8 @@ def softmax_over_rows(q, k):
     return torch.softmax(q @ k.mT, dim=-2)
 
 
-def relu_attention(q, k, v):
-    return torch.relu(q @ k.mT) @ v
+def erf_attention(q, k, v):
+    return torch.erf(q @ k.mT) @ v
 
 
 def clamped_scale(q, k, s):
@@ -165,7 +165,7 @@ UNSUPPORTED = [
     (chunked, ("chunk", "dim=-2"), lambda: (torch.randn(2, 3, 4), torch.randn(4, 6))),
     (einsum_rowwise_dot, ("einsum", "leading axes"), lambda: (torch.randn(2, 3, 4), torch.randn(2, 3, 4))),
     (softmax_over_rows, ("softmax", "dim=-2"), lambda: (torch.randn(3, 4), torch.randn(5, 4))),
-    (relu_attention, ("relu", "torch.relu("), lambda: (torch.randn(3, 4), torch.randn(5, 4), torch.randn(5, 2))),
+    (erf_attention, ("erf", "torch.erf("), lambda: (torch.randn(3, 4), torch.randn(5, 4), torch.randn(5, 2))),
     (clamped_scale, ("clamp", "active"), lambda: (torch.randn(3, 4), torch.randn(5, 4), torch.tensor(2.0))),
     (data_mask, ("gt", "comparison"), lambda: (torch.randn(3, 4), torch.randn(5, 4))),
     (indexing, ("__getitem__", "slicing"), lambda: (torch.randn(3, 4), torch.randn(5, 4))),

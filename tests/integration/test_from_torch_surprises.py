@@ -121,3 +121,32 @@ def test_a_submodules_state_change_is_named_by_its_path():
     with pytest.raises(SymattnError, match=r"Sequential.forward changes its state \(buffer '0.cache' \(registered\)"):
         drop_in(outer, _qkv()[0])
     assert "cache" not in dict(outer.named_buffers()) and outer[0].step.item() == 0
+
+
+def _mean_over_keys(q, k, v):
+    n, m = q.shape[-2], k.size(-2)
+    s = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
+    return torch.relu(s) @ v / m + (1.0 / n) * (torch.sigmoid(s) @ v)
+
+
+def _literal_six(q, k, v):
+    return torch.relu(q @ k.transpose(-2, -1)) @ v / 6  # a number, whatever the sizes
+
+
+@pytest.mark.parametrize("function", [_mean_over_keys, _literal_six], ids=["sizes read", "a literal"])
+def test_a_number_read_off_a_size_is_that_length_and_a_literal_stays_a_number(function):
+    """A length read off a traced tensor (k.size(-2), q.shape) and used in arithmetic (÷ m, × 1/n) is that length at
+    every size, where it was the example's number, silently wrong at another length; a literal equal to no size the
+    code read stays a number."""
+    g = torch.Generator().manual_seed(3)
+    example = [torch.randn(2, rows, 4, generator=g, dtype=torch.float64) for rows in (5, 6, 6)]  # n = 5, m = 6
+    closed = ClosedForm(function, example)
+    q, k, v = (torch.randn(2, rows, 3, generator=g, dtype=torch.float64).requires_grad_() for rows in (7, 9, 9))
+    want = function(q, k, v)
+    cotangent = torch.randn(want.shape, generator=g, dtype=torch.float64)
+    got = closed(q, k, v)
+    assert (got - want).abs().max() < 1e-12
+    for a, b in zip(
+        torch.autograd.grad(got, (q, k, v), cotangent), torch.autograd.grad(want, (q, k, v), cotangent), strict=True
+    ):
+        assert (a - b).abs().max() < 1e-12

@@ -96,6 +96,10 @@ REFERENCES = {
             weights=lambda a: torch.nn.functional.softplus(a) / torch.nn.functional.softplus(a).sum(-1, keepdim=True),
         ),
     ),
+    "relu_attention": (
+        {"X": (B, N, D_MODEL), "W_Q": (D_MODEL, D_K), "W_K": (D_MODEL, D_K), "W_V": (D_MODEL, D_V)},
+        lambda X, W_Q, W_K, W_V: _attention(X @ W_Q, X @ W_K, X @ W_V, weights=lambda a: torch.relu(a) / a.shape[-2]),
+    ),
     "pointer_attention": (
         {"X": (B, N, D_MODEL), "W_Q": (D_MODEL, D_K), "W_K": (D_MODEL, D_K)},
         lambda X, W_Q, W_K: torch.log_softmax((X @ W_Q) @ (X @ W_K).mT / W_Q.shape[-1] ** 0.5, -1),

@@ -379,6 +379,12 @@ GALLERY_REFERENCES = {
             _layer_norm(X @ W_Q, gamma_Q, beta_Q, 1e-5), _layer_norm(X @ W_K, gamma_K, beta_K, 1e-5), X @ W_V
         ),
     ),
+    "relu_attention": (
+        STANDARD,
+        lambda X, W_Q, W_K, W_V: _gallery_attention(
+            *_qkv(X, W_Q, W_K, W_V), weights=lambda a: jax.nn.relu(a) / a.shape[-2]
+        ),
+    ),
     "softplus_attention": (
         STANDARD,
         lambda X, W_Q, W_K, W_V: _gallery_attention(

@@ -93,6 +93,7 @@ REFERENCES = {
     "temperature": lambda x, c: attend(x["tau"] * _qk(x), x["X"] @ x["W_V"], c),
     "bias": lambda x, c: attend(_qk(x) / math.sqrt(D) + x["B"], x["X"] @ x["W_V"], c),
     "sigmoid": lambda x, c: attend(torch.sigmoid(_qk(x) / math.sqrt(D)), x["X"] @ x["W_V"], c, softmax=False),
+    "relu": lambda x, c: attend(torch.relu(_qk(x) / math.sqrt(D)), x["X"] @ x["W_V"], c, softmax=False) / N,
     "softplus": lambda x, c: attend(
         torch.nn.functional.softplus(_qk(x) / math.sqrt(D)), x["X"] @ x["W_V"], c, softmax=False, summed=True
     ),

@@ -86,6 +86,7 @@ ENTRIES = [
         "sigmoid_attention",
         lambda s, g: (fn.sigmoid_attention, (*_qkv(s, g), torch.tensor(-math.log(s["m"]), dtype=torch.float64))),
     ),
+    Entry("relu_attention", lambda s, g: (fn.relu_attention, _qkv(s, g))),
     Entry("pointer_log_attention", _pointer),
     Entry("padded_attention", _padded),
     Entry("no_self_attention", _no_self),

@@ -44,6 +44,12 @@ def sigmoid_attention(q, k, v, b):
     return attn @ v
 
 
+def relu_attention(q, k, v):
+    """ReLU attention (Wortsman et al. 2023): F.relu of the scaled scores, the keys' sum divided by the length."""
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
+    return torch.nn.functional.relu(scores) @ v / k.size(-2)
+
+
 def pointer_log_attention(x, w_q, w_k):
     """Pointer-network style: log-probabilities over positions, log(softmax(Q Kᵀ/√d))."""
     q, k = x @ w_q, x @ w_k

@@ -164,3 +164,17 @@ def test_the_parser_reads_every_exported_function():
     for record in FUNCTIONS.values():
         if record.exported:
             assert isinstance(parse(f"{record.function}(X)", {"X": X}), record)
+
+
+@pytest.mark.parametrize("printer", list(BACKENDS), ids=lambda p: p.backend)
+def test_relu_and_its_step_on_both_sides_of_zero_and_at_it(printer):
+    """ReLU and step (ReLU′) where the records' fixture never goes (negative entries), and at 0 itself, where torch
+    defines relu′(0) = 0; step′ = 0, so ReLU has no second derivative but zero."""
+    from symattn.lang.functions import Relu, Step
+
+    namespace, array, to_numpy = BACKENDS[printer]
+    values = np.array([[-1.5, -0.25, 0.0, 0.5], [2.0, -3.0, 0.0, 1e-3], [-1e-3, 0.7, -0.7, 4.0]])
+    for record, want in ((Relu, np.maximum(values, 0.0)), (Step, (values > 0).astype(float))):
+        got = to_numpy(_evaluate(printer(), record(X), dict(namespace))(array(values)))
+        assert np.array_equal(got, want), (record.function, got)
+    assert Relu(X).derivative() == Step(X) and Step(X).derivative() == sp.ZeroMatrix(3, 4)
