@@ -21,6 +21,7 @@ from symattn.lang.ops import (
     softmax,
     softplus,
     split_heads,
+    stop_gradient,
     sum,
     tanh,
 )
@@ -68,6 +69,7 @@ __all__ = [
     "spec",
     "specs",
     "split_heads",
+    "stop_gradient",
     "sum",
     "tanh",
     "with_mask",

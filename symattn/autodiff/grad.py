@@ -19,6 +19,8 @@ from symattn.autodiff.vjp import VJP_RULES, merge_cotangents, supported, vjp_rul
 from symattn.errors import ShapeMismatchError, SymattnError, UnsupportedNodeError
 from symattn.lang.algebra import total
 from symattn.lang.dims import same_dim
+from symattn.lang.functions import StopGradient, sg
+from symattn.lang.graph import children, postorder
 from symattn.lang.lazy import Matrix, plain
 from symattn.lang.naming.safe import expression
 from symattn.lang.shapes import check_shapes
@@ -71,6 +73,19 @@ def default_seed(expr: Basic, cotangent: Basic | None) -> Basic:
     return MatrixSymbol("G", *expr.shape)
 
 
+STOPPED = (StopGradient, sg)  # the nodes no cotangent passes: sg(A) of a matrix, sg(x) of a scalar
+
+
+def varies(roots: Iterable[Basic], targets: Iterable[Basic]) -> dict[Basic, bool]:
+    """For every subexpression of the roots: does it move with one of targets? (as ``lang.graph.depends``, but a
+    stop-gradient never moves: what differentiation replays)"""
+    wanted = set(targets)
+    out: dict[Basic, bool] = {}
+    for node in postorder(*roots):
+        out[node] = node in wanted or (not isinstance(node, STOPPED) and any(out[a] for a in children(node)))
+    return out
+
+
 def _dependency(expr: Basic, wrt: frozenset) -> dict[Basic, bool]:
     """For every subexpression: does it contain one of the wrt symbols?"""
     depends: dict[Basic, bool] = {}
@@ -81,8 +96,8 @@ def _dependency(expr: Basic, wrt: frozenset) -> dict[Basic, bool]:
             continue
         if node in wrt:
             depends[node] = True
-        elif not node.args or isinstance(node, MatrixSymbol):
-            depends[node] = False
+        elif not node.args or isinstance(node, MatrixSymbol) or isinstance(node, STOPPED):
+            depends[node] = False  # a stop-gradient is a constant of the differential: nothing flows through it
         elif expanded:
             depends[node] = any(depends[a] for a in node.args)
         else:
@@ -168,4 +183,4 @@ def grad(expr: Basic, wrt: Sequence[MatrixSymbol] | MatrixSymbol, cotangent: Bas
     return dict(backward(expr, wrt, cotangent).gradients)
 
 
-__all__ = ["Step", "Tape", "ZeroMatrix", "backward", "grad", "is_scalar"]
+__all__ = ["Step", "Tape", "ZeroMatrix", "backward", "grad", "is_scalar", "varies"]

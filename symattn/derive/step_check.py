@@ -19,6 +19,7 @@ from sympy import Basic, MatrixExpr, MatrixSymbol
 
 from symattn.autodiff.differentials import Differential, ScalarDifferential, differential
 from symattn.derive.steps import DF, Chain, Definition, Equation, Side, Term, pairing
+from symattn.lang.functions import StopGradient
 from symattn.lang.graph import children, postorder
 from symattn.lang.naming.names import differential_name
 from symattn.numeric.dag import DagValues
@@ -153,16 +154,18 @@ class Evaluator:
         return self.side((Term(pairing(self.chain.seed, Differential(self.chain.spec.output))),))
 
     def central_difference(self, eps: float = 1e-6) -> float:
-        """(f(W + ε dW) − f(W − ε dW)) / 2ε for f = tr(Gᵀ Y), every target W moved at once."""
+        """(f(W + ε dW) − f(W − ε dW)) / 2ε for f = tr(Gᵀ Y), every target W moved at once; each stop-gradient
+        sg(A) held at its value at W (a constant of the differential, as the derivation has it)."""
         spec, c = self.chain.spec, self.chain
         g = self.matrix(c.seed)  # the seed's value: G, or 1 for a 1 × 1 output
+        frozen = {n: self.dag.value(n) for n in postorder(spec.output) if isinstance(n, StopGradient)}
 
         def f(sign: float) -> float:
             moved: dict = dict(zip(spec.inputs, self.values))
             for t, d in self.d_targets.items():
                 moved[t] = moved[t] + sign * eps * self.known[d]
             moved.update(self.constants)
-            return float(np.sum(g * DagValues(moved, self.fixed).value(spec.output)))
+            return float(np.sum(g * DagValues(moved, self.fixed, frozen=frozen).value(spec.output)))
 
         return (f(1.0) - f(-1.0)) / (2 * eps)
 

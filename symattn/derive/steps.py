@@ -26,14 +26,14 @@ from sympy import Basic, MatrixExpr, MatrixSymbol
 from sympy.matrices.expressions import HadamardPower, HadamardProduct, MatAdd, MatMul, MatPow, Trace, Transpose
 
 from symattn.autodiff.differentials import Differential, ScalarDifferential, local_differential
-from symattn.autodiff.grad import Tape, backward, default_seed
+from symattn.autodiff.grad import Tape, backward, default_seed, varies
 from symattn.autodiff.scalars import entry_sums
 from symattn.autodiff.vjp import added, merge_cotangents, vjp_rule
 from symattn.derive.folding import fold_scalars, scaled
 from symattn.derive.naming import named_intermediates
 from symattn.errors import UnsupportedNodeError
 from symattn.lang.functions import HADAMARD_MOVE, FunctionRecord
-from symattn.lang.graph import children, depends, postorder
+from symattn.lang.graph import children, postorder
 from symattn.lang.ops import LayerNorm, MergeHeads, RepeatHeads, RowInvStd, RowSum, SplitHeads, SumEntries, SumGroups
 from symattn.specs import Spec
 
@@ -226,7 +226,7 @@ class _Replay:
 
     def __init__(self, spec: Spec, targets: tuple[Basic, ...], tape: Tape | None) -> None:
         root = spec.output
-        moves = depends([root], list(targets))
+        moves = varies([root], list(targets))
         tape = tape if tape is not None else backward(root, list(targets))
         seed = default_seed(root, None)
         self.forward = frozenset(postorder(root))
@@ -333,7 +333,7 @@ def replayed_steps(spec: Spec, tape: Tape, targets: Sequence[Basic], cap: int) -
     """How many steps one chain per target replays in all, counted up to just past cap."""
     total = 0
     for target in targets:
-        moves = depends([spec.output], [target])
+        moves = varies([spec.output], [target])
         total += sum(1 for step in tape.steps if moves.get(step.node))
         if total > cap:
             break

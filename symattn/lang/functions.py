@@ -244,6 +244,36 @@ class Step(Elementwise):
         return product(0, _ones_like(self))
 
 
+class sg(sp.Function):
+    """The stop-gradient of a scalar: x's value, derivative 0 (a trainable scalar's, or a 0-d traced value's)."""
+
+    _imp_ = staticmethod(lambda x: x)  # lambdify (mpmath, NumPy): the value itself
+
+    @classmethod
+    def eval(cls, x):
+        if x.is_Number:
+            return x
+        return None
+
+    def fdiff(self, argindex: int = 1) -> Basic:
+        return sp.S.Zero
+
+
+class StopGradient(Elementwise):
+    """sg(A) = A, entrywise, differentiated as a constant: sg′ = 0 (torch's detach() and values computed under
+    torch.no_grad(), JAX's lax.stop_gradient)."""
+
+    function = "stop_gradient"
+    scalar = staticmethod(sg)
+    latex, text = r"\operatorname{sg}", "sg"
+    calls = {NUMPY: "{}", TORCH: "({}).detach()", JAX: "jax.lax.stop_gradient", TRITON: "{0}"}
+    flops = 0
+    letter = "C"
+
+    def derivative(self) -> MatrixExpr:
+        return product(0, _ones_like(self))
+
+
 class Gelu(Elementwise):
     """GELU(x) = x Φ(x) = x (1 + erf(x/√2)) / 2, entrywise (the exact, erf form); GELU′ is ``GeluGrad``."""
 

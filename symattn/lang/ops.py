@@ -31,6 +31,7 @@ from symattn.lang.functions import (  # noqa: F401  (every node importable from 
     Sigmoid,
     Softplus,
     Step,
+    StopGradient,
     Tanh,
 )
 from symattn.lang.lazy import lifted

@@ -58,16 +58,23 @@ class DagValues:
     """Values (and differentials) of expressions over known leaves, each distinct node computed once.
 
     known: the value of every MatrixSymbol (and scalar Symbol) the expressions use; it may
-    grow between calls (names defined in order). dims: every dimension's size, by name.
+    grow between calls (names defined in order). dims: every dimension's size, by name. frozen: subexpressions
+    held at given values whatever the leaves (a stop-gradient at the point a difference moves away from).
     tangents: dS, an expression over known symbols, for each symbol S that moves (the others
     are constant).
     """
 
-    def __init__(self, known: Mapping[Basic, object], dims: Mapping[str, int], tangents: Mapping | None = None):
+    def __init__(
+        self,
+        known: Mapping[Basic, object],
+        dims: Mapping[str, int],
+        tangents: Mapping | None = None,
+        frozen: Mapping[Basic, object] | None = None,
+    ):
         self.known = known
         self.dims = dict(dims)
         self.tangents = dict(tangents or {})
-        self.values: dict[Basic, object] = {}
+        self.values: dict[Basic, object] = dict(frozen or {})  # frozen: nodes held at given values (stop-gradients)
         self.moving: dict[Basic, object] = {}  # node → dY (None: constant)
         self.matrices: dict[Basic, bool] = {}  # node → does it contain a matrix (is it evaluated by value)?
         self.scalars = frozenset(k for k in known if isinstance(k, sp.Symbol))  # known scalars are values too

@@ -12,7 +12,7 @@ from sympy.matrices.expressions import OneMatrix, Transpose
 from symattn.lang.algebra import product, total
 from symattn.lang.ops import merge_heads, split_heads
 from symattn.trace.tracer import MaskArgument, Trace
-from symattn.trace.values import Refused, Value
+from symattn.trace.values import Refused, Value, stopped
 
 
 def argument(args: tuple, kwargs: dict, index: int, name: str, default: object = None) -> object:
@@ -244,6 +244,11 @@ def same(t: Trace, args: tuple, kwargs: dict, result) -> Value:
     """contiguous, clone, float, to, type_as: the same values."""
     v = t.value(args[0])
     return Value(v.expr, tuple(result.shape), v.heads, v.pending, layout=v.layout)
+
+
+def detach(t: Trace, args: tuple, kwargs: dict, result) -> Value:
+    """detach(), .data: the value as a stop-gradient."""
+    return stopped(t.value(args[0]))
 
 
 def dropout(t: Trace, args: tuple, kwargs: dict, result) -> Value:

@@ -40,6 +40,8 @@ OPS: dict[str, Rule] = {
     "unflatten": blocks.reshape,
     "contiguous": layout.same,  # identity
     "clone": layout.same,
+    "detach": layout.detach,  # sg(A): the value, differentiated as a constant
+    "data": layout.detach,
     "float": layout.same,
     "double": layout.same,
     "to": layout.same,

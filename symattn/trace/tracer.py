@@ -22,7 +22,7 @@ from symattn.errors import SymattnError
 from symattn.lang.lazy import scalar
 from symattn.trace import frames
 from symattn.trace.constants import Program
-from symattn.trace.values import Dims, Refused, Value, literal, number
+from symattn.trace.values import Dims, Refused, Value, literal, number, stopped
 
 
 def op_name(func: object) -> str:
@@ -252,17 +252,17 @@ class Mode(TorchFunctionMode):
         if func is torch._C._set_grad_enabled:  # the code's torch.no_grad() entered or left: as it says
             return func(*args, **kwargs)
         # the trace runs with gradients on (source.trace), each call without: the code's own torch.no_grad() is seen
-        stopped = not torch.is_grad_enabled()
+        no_grad = not torch.is_grad_enabled()
         with torch.no_grad():
             result = func(*args, **kwargs)
-        record(self.trace, func, args, kwargs, result, stopped)
+        record(self.trace, func, args, kwargs, result, no_grad)
         return result
 
 
-def record(trace: Trace, func: object, args: tuple, kwargs: dict, result: object, stopped: bool = False) -> None:
-    """Translate one call: by its rule when it reads a traced tensor, into the constant program when not. A random
-    call, and a call on traced tensors under the code's torch.no_grad() (stopped: a stop-gradient), are refused: the
-    closed form would differentiate through the one and freeze or redraw the other, a wrong result without a word."""
+def record(trace: Trace, func: object, args: tuple, kwargs: dict, result: object, no_grad: bool = False) -> None:
+    """Translate one call: by its rule when it reads a traced tensor, into the constant program when not. A call on
+    traced tensors under the code's torch.no_grad() makes a stop-gradient, sg(A); a random call is refused
+    (a closed form would freeze or redraw the draw: a wrong result without a word)."""
     name = op_name(func)
     if name in RANDOM:
         raise error(name, "it is random; a closed form of a random function is not the function")
@@ -278,8 +278,8 @@ def record(trace: Trace, func: object, args: tuple, kwargs: dict, result: object
         if name in ("size", "shape") and isinstance(result, int | tuple):
             trace.note_sizes(operands[0], args, kwargs, result)
         return  # a size, a shape, a dtype
-    if stopped:
-        raise error(name, "it runs under torch.no_grad() on traced values (a stop-gradient, not in the language)")
+    if no_grad and several:
+        raise error(name, "it returns several tensors under torch.no_grad()")
     if several and not getattr(rule, "several", False):
         raise error(name, "it returns several tensors; read are the pieces of a fused projection's features")
     if rule is None:
@@ -291,6 +291,11 @@ def record(trace: Trace, func: object, args: tuple, kwargs: dict, result: object
     except MaskArgument as signal:
         signal.refusal = error(name, signal.why) if signal.why else None
         raise
+    if no_grad and value is not None:  # made under the code's torch.no_grad(): a stop-gradient
+        try:
+            value = stopped(value)
+        except Refused as err:
+            raise error(name, str(err)) from None
     if several:
         for piece, v in zip(result, value):
             trace.bind(piece, v)

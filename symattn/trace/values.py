@@ -19,6 +19,7 @@ from sympy import Basic
 
 from symattn.errors import SymattnError
 from symattn.lang.dims import dim
+from symattn.lang.functions import StopGradient, sg
 
 
 class Refused(SymattnError):
@@ -60,6 +61,15 @@ class Value:
         self.expr = self.expr.xreplace(mapping)
         if self.inner is not None:
             self.inner = sp.sympify(self.inner).xreplace(mapping)
+
+
+def stopped(value: Value) -> Value:
+    """value as a stop-gradient: sg(A) of a matrix, sg(x) of a number (detach(), .data, a call under the code's
+    torch.no_grad()): its value, differentiated as a constant."""
+    if value.pending is not None:
+        raise Refused("a stop-gradient (detach, torch.no_grad()) of a view halfway into heads")
+    expr = sg(value.expr) if value.is_scalar else StopGradient(value.expr)
+    return Value(expr, value.shape, value.heads, inner=value.inner, layout=value.layout)
 
 
 class Dims:
