@@ -131,3 +131,24 @@ def test_the_triton_kernels_match_autograd_with_detach(name, tmp_path):
     for (k, v), t in zip(values.items(), found):
         got = np.zeros(v.shape) if t is None else t.numpy()
         assert np.max(np.abs(got - want[k])) < 1e-4, k
+
+
+@pytest.mark.parametrize("name", sorted(SPECS))
+def test_forward_mode_and_the_hessian_vector_product_match_torch_func(name):
+    """The torch module's jvp (the tangent through sg is zero) and hvp (reverse over reverse, sg a constant of both
+    differentials) against torch.func of the forward written with detach()."""
+    made = _module(SPECS[name], "torch")
+    values = {k: torch.tensor(v) for k, v in _inputs(name, 4).items()}
+    generator = torch.Generator().manual_seed(5)
+    tangents = {k: torch.randn(v.shape, generator=generator, dtype=v.dtype) for k, v in values.items()}
+    out, tangent = made.jvp(*values.values(), tangents)
+    want_out, want_tangent = torch.func.jvp(
+        lambda *xs: _reference(name, *xs), tuple(values.values()), tuple(tangents.values())
+    )
+    assert (out - want_out).abs().max() < 1e-12 and (tangent - want_tangent).abs().max() < 1e-12
+    g = torch.randn(out.shape, generator=generator, dtype=out.dtype)
+    found = made.hvp(*values.values(), g, tangents)
+    gradient = torch.func.grad(lambda *xs: (_reference(name, *xs) * g).sum(), argnums=tuple(range(len(values))))
+    _, want = torch.func.jvp(gradient, tuple(values.values()), tuple(tangents.values()))
+    for k, w in zip(values, want):
+        assert (found[k] - w).abs().max() < 1e-12, k
