@@ -117,6 +117,7 @@ def _trace(fn, examples: tuple, name: str | None, masks: set[str], inputs: set[s
     import torch
 
     from symattn.trace.constants import Ref
+    from symattn.trace.forms import shift
     from symattn.trace.state import state_kept
     from symattn.trace.table import OPS
     from symattn.trace.tracer import Mode, NameTaker, Trace
@@ -129,7 +130,7 @@ def _trace(fn, examples: tuple, name: str | None, masks: set[str], inputs: set[s
         bound = inspect.signature(forward).bind(*examples)
     except TypeError as err:
         raise SymattnError(f"from_torch: the examples do not fit {_qualname(fn)}: {err}") from None
-    t = Trace(ops=OPS)
+    t = Trace(ops=OPS, follow=shift.follow)
     arguments, demoted = _arguments(t, bound.arguments, masks, inputs)
     params = list(module.named_parameters()) if module is not None else []
     for pname, p in params:
@@ -145,6 +146,8 @@ def _trace(fn, examples: tuple, name: str | None, masks: set[str], inputs: set[s
     if not t.traced(out):
         raise SymattnError(f"from_torch: the output of {_qualname(fn)} does not depend on its float inputs")
     output = t.values[id(out)]
+    if output.shift is not None:
+        raise SymattnError(f"from_torch: the output of {_qualname(fn)} holds a row max; {shift.WHY}")
     used = output.expr.free_symbols if hasattr(output.expr, "free_symbols") else set()
     t.constants = [c for c in t.constants if c.symbol in used]  # (a slice's S merged into a rotation R: gone)
     first = t.inputs[0][0] if t.inputs else ""

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from symattn.lang.functions import FUNCTIONS, TORCH, Elementwise, Gelu
 from symattn.lang.rowwise import LogSoftmax, RowSoftmax
 from symattn.trace import algebra, layers, layout
-from symattn.trace.forms import blocks, rotary
+from symattn.trace.forms import blocks, rotary, shift
 
 Rule = Callable[..., object]
 
@@ -86,6 +86,8 @@ OPS: dict[str, Rule] = {
     # row-wise
     RowSoftmax.function: algebra.row_function(RowSoftmax),  # over dim=-1
     LogSoftmax.function: algebra.row_function(LogSoftmax),
+    "max": shift.row_max,  # the row max, read only as a softmax's shift (forms.shift)
+    "amax": shift.row_max,
     "sum": algebra.reduction("sum"),  # rowsum(A) (keepdim) or sum(A)
     "mean": algebra.reduction("mean"),
     "norm": algebra.norm,  # (rowsum(A^∘2))^∘½

@@ -10,7 +10,7 @@ other call is refused with symattn's one-line error naming the operation and the
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 import sympy as sp
@@ -72,6 +72,8 @@ class Trace:
     constants: list[Constant] = field(default_factory=list)
     program: Program = field(default_factory=Program)
     ops: dict = field(default_factory=dict)  # the op table (table.OPS): torch operation name → rule
+    # the rule of a call on values that hold a row max (forms.shift.follow): (trace, name, rule, args, kwargs, result)
+    follow: Callable | None = None
     kept: list[object] = field(default_factory=list)  # every tensor seen, alive: ids stay unique
     known: set[int] = field(default_factory=set)  # ids of the inputs' and constants' own values
     # the forward's bool tensor arguments (by id): their names, in argument order, and the first input's batch axes;
@@ -284,8 +286,9 @@ def record(trace: Trace, func: object, args: tuple, kwargs: dict, result: object
         raise error(name, "it returns several tensors; read are the pieces of a fused projection's features")
     if rule is None:
         raise error(name, "this operation is not in symattn's language")
+    shifted = any(trace.values[id(x)].shift is not None for x in operands)
     try:
-        value = rule(trace, args, kwargs, result)
+        value = trace.follow(trace, name, rule, args, kwargs, result) if shifted else rule(trace, args, kwargs, result)
     except Refused as err:
         raise error(name, str(err)) from None
     except MaskArgument as signal:

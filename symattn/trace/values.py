@@ -43,6 +43,7 @@ class Value:
     pending: str | None = None
     inner: Basic | None = None  # for a product's result, the length it contracted (a scale's √d_k is read by it)
     layout: tuple | None = None  # a pending form's sizes: "flat" its leading axes (…, n), "fused…" its (k, H)
+    shift: object = None  # the row max it holds, as a softmax's shift (``forms.shift.Shift``); None: none
 
     @property
     def is_scalar(self) -> bool:
