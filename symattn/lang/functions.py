@@ -226,6 +226,21 @@ class Relu(Elementwise):
         return Step(self.arg)
 
 
+class Silu(Elementwise):
+    """SiLU(A) = A ⊙ σ(A), entrywise (swish); SiLU′ = σ ⊙ (1 + A ⊙ (1 − σ))."""
+
+    function = "silu"
+    scalar = staticmethod(lambda x: x / (1 + sp.exp(-x)))
+    latex, text = r"\operatorname{SiLU}", "SiLU"
+    calls = {NUMPY: "silu", TORCH: "torch.nn.functional.silu", JAX: "jax.nn.silu", TRITON: "({0} * tl.sigmoid({0}))"}
+    flops = 2
+
+    def derivative(self) -> MatrixExpr:
+        sigma = Sigmoid(self.arg)
+        ones = _ones_like(self)
+        return hadamard_product(sigma, total(ones, hadamard_product(self.arg, total(ones, product(-1, sigma)))))
+
+
 class Step(Elementwise):
     """step(A) = 1 where A > 0, else 0, entrywise (ReLU′; backward passes); step′ = 0 (almost everywhere)."""
 

@@ -29,6 +29,7 @@ from symattn.lang.functions import (  # noqa: F401  (every node importable from 
     Log,
     Relu,
     Sigmoid,
+    Silu,
     Softplus,
     Step,
     StopGradient,

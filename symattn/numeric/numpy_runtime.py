@@ -26,6 +26,11 @@ def sigmoid(a):
     return 1.0 / (1.0 + np.exp(-a))
 
 
+def silu(a):
+    """a σ(a), entrywise."""
+    return a / (1.0 + np.exp(-a))
+
+
 def softplus(a):
     """log(1 + exp(a)), entrywise, without overflow."""
     return np.logaddexp(0.0, a)

@@ -125,3 +125,24 @@ def test_a_row_max_read_another_way_is_refused_in_one_line(form, words):
         sa.from_torch(form, *_qkv((5, 6, 6), 4, 0))
     message = str(caught.value)
     assert words in message and "\n" not in message, message
+
+
+def gated(q, k, v):
+    """Attention gated by SiLU of the queries, its scores through ReLU first: F.silu and F.relu as the language's."""
+    s = torch.nn.functional.relu(_scores(q, k))
+    return (s / k.size(-2)) @ v * torch.nn.functional.silu(q)
+
+
+def test_silu_and_relu_are_read_as_the_languages_functions():
+    from symattn.lang.functions import Relu, Silu
+
+    spec = sa.from_torch(gated, *_qkv((5, 6, 6), 4, 0))
+    assert {Relu, Silu} <= {type(node) for node in postorder(spec.output)}
+    closed = ClosedForm(gated, _qkv((5, 6, 6), 4, 0))
+    inputs = [x.requires_grad_() for x in _qkv((7, 9, 9), 4, 1)]
+    want = gated(*inputs)
+    cotangent = torch.randn_like(want)
+    got = closed(*inputs)
+    assert (got - want).abs().max() < 1e-12
+    for a, b in zip(torch.autograd.grad(got, inputs, cotangent), torch.autograd.grad(want, inputs, cotangent)):
+        assert (a - b).abs().max() < 1e-12
