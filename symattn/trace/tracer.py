@@ -280,8 +280,6 @@ def record(trace: Trace, func: object, args: tuple, kwargs: dict, result: object
         if name in ("size", "shape") and isinstance(result, int | tuple):
             trace.note_sizes(operands[0], args, kwargs, result)
         return  # a size, a shape, a dtype
-    if no_grad and several:
-        raise error(name, "it returns several tensors under torch.no_grad()")
     if several and not getattr(rule, "several", False):
         raise error(name, "it returns several tensors; read are the pieces of a fused projection's features")
     if rule is None:
@@ -296,7 +294,7 @@ def record(trace: Trace, func: object, args: tuple, kwargs: dict, result: object
         raise
     if no_grad and value is not None:  # made under the code's torch.no_grad(): a stop-gradient
         try:
-            value = stopped(value)
+            value = tuple(stopped(v) for v in value) if several else stopped(value)
         except Refused as err:
             raise error(name, str(err)) from None
     if several:

@@ -67,6 +67,8 @@ class Value:
 def stopped(value: Value) -> Value:
     """value as a stop-gradient: sg(A) of a matrix, sg(x) of a number (detach(), .data, a call under the code's
     torch.no_grad()): its value, differentiated as a constant."""
+    if value.shift is not None:  # a row max as a softmax's shift: the shift cancels, stopped or not
+        return value
     if value.pending is not None:
         raise Refused("a stop-gradient (detach, torch.no_grad()) of a view halfway into heads")
     expr = sg(value.expr) if value.is_scalar else StopGradient(value.expr)
