@@ -128,8 +128,10 @@ def _softmax(numerator: Value, denominator: Value, result, count: int) -> Value:
     top = numerator.expr
     if top == sums.arg:
         return Value(RowSoftmax(scores), tuple(result.shape), numerator.heads)
-    if isinstance(top, MatMul) and top.args[0] == sums.arg:
-        return Value(product(RowSoftmax(scores), *top.args[1:]), tuple(result.shape), numerator.heads)
+    if isinstance(top, MatMul):
+        coeff, mats = top.as_coeff_matrices()
+        if mats[0] == sums.arg:
+            return Value(product(coeff, RowSoftmax(scores), *mats[1:]), tuple(result.shape), numerator.heads)
     raise Refused(WHY)
 
 
