@@ -78,32 +78,12 @@ STOPPED = (StopGradient, sg)  # the nodes no cotangent passes: sg(A) of a matrix
 
 def varies(roots: Iterable[Basic], targets: Iterable[Basic]) -> dict[Basic, bool]:
     """For every subexpression of the roots: does it move with one of targets? (as ``lang.graph.depends``, but a
-    stop-gradient never moves: what differentiation replays)"""
+    stop-gradient never moves: what the backward sweep and the derivation's replay both read)"""
     wanted = set(targets)
     out: dict[Basic, bool] = {}
     for node in postorder(*roots):
         out[node] = node in wanted or (not isinstance(node, STOPPED) and any(out[a] for a in children(node)))
     return out
-
-
-def _dependency(expr: Basic, wrt: frozenset) -> dict[Basic, bool]:
-    """For every subexpression: does it contain one of the wrt symbols?"""
-    depends: dict[Basic, bool] = {}
-    stack: list[tuple[Basic, bool]] = [(expr, False)]
-    while stack:
-        node, expanded = stack.pop()
-        if node in depends:
-            continue
-        if node in wrt:
-            depends[node] = True
-        elif not node.args or isinstance(node, MatrixSymbol) or isinstance(node, STOPPED):
-            depends[node] = False  # a stop-gradient is a constant of the differential: nothing flows through it
-        elif expanded:
-            depends[node] = any(depends[a] for a in node.args)
-        else:
-            stack.append((node, True))
-            stack.extend((a, False) for a in node.args if a not in depends)
-    return depends
 
 
 def _topological(expr: Basic, depends: dict[Basic, bool]) -> list[Basic]:
@@ -153,7 +133,7 @@ def backward(expr: Basic, wrt: Iterable[MatrixSymbol], cotangent: Basic | None =
     check_shapes(expr)
     seed = default_seed(expr, cotangent)
     tape = Tape(expr=expr, seed=seed, wrt=wrt)
-    depends = _dependency(expr, frozenset(wrt))
+    depends = varies([expr], wrt)
     pending: dict[Basic, list[Basic]] = {expr: [seed]} if depends[expr] else {}
     for node in _topological(expr, depends):
         terms = pending.pop(node, [])

@@ -99,15 +99,7 @@ def test_random_calls_are_refused_naming_them(draw):
 
 
 def test_constants_made_under_no_grad_trace_and_the_drop_in_matches_autograd():
-    closed = ClosedForm(_masked_under_no_grad, _qkv())
-    q, k, v = (x.requires_grad_() for x in _qkv(n=9, seed=1))  # another length than the example's
-    want = _masked_under_no_grad(q, k, v)
-    cotangent = torch.randn_like(want)
-    grads = torch.autograd.grad(want, (q, k, v), cotangent)
-    got = closed(q, k, v)
-    assert (got - want).abs().max() < 1e-12
-    for a, b in zip(torch.autograd.grad(got, (q, k, v), cotangent), grads, strict=True):
-        assert (a - b).abs().max() < 1e-12
+    _matches_autograd(_masked_under_no_grad, _qkv(), _qkv(n=9, seed=1))  # another length than the example's
 
 
 class _Counting(torch.nn.Module):
@@ -172,13 +164,6 @@ def test_a_number_read_off_a_size_is_that_length_and_a_literal_stays_a_number(fu
     code read stays a number."""
     g = torch.Generator().manual_seed(3)
     example = [torch.randn(2, rows, 4, generator=g, dtype=torch.float64) for rows in (5, 6, 6)]  # n = 5, m = 6
-    closed = ClosedForm(function, example)
-    q, k, v = (torch.randn(2, rows, 3, generator=g, dtype=torch.float64).requires_grad_() for rows in (7, 9, 9))
-    want = function(q, k, v)
-    cotangent = torch.randn(want.shape, generator=g, dtype=torch.float64)
-    got = closed(q, k, v)
-    assert (got - want).abs().max() < 1e-12
-    for a, b in zip(
-        torch.autograd.grad(got, (q, k, v), cotangent), torch.autograd.grad(want, (q, k, v), cotangent), strict=True
-    ):
-        assert (a - b).abs().max() < 1e-12
+    _matches_autograd(
+        function, example, [torch.randn(2, rows, 3, generator=g, dtype=torch.float64) for rows in (7, 9, 9)]
+    )
