@@ -5,10 +5,16 @@ made inside the code (``torch.ones(n, n).triu(1)``). Each call on constants only
 tensor arguments as references (to a forward argument, a buffer, or an earlier call's result), so that
 ``replay`` rebuilds every constant from new arguments without running the rest of the forward; ``FORMS``
 and ``fitted`` make a spec constant of the rebuilt tensor (the additive mask M from a bool mask).
+
+A constant written in place (``allowed[b, :, :p] = True``, ``mask.fill_(…)``) is a step too, and the tensor
+written is that step's result from then on. A Python value read off a constant (``prefix.tolist()``,
+``lengths[b].item()``, ``if mask.any():``) shaped the rest of the trace: it is a guard, and ``holds`` says
+whether new arguments and buffers give the same values (else the trace is not theirs: ``drop_in`` traces again).
 """
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -36,6 +42,9 @@ class Program:
     sources: dict[int, Ref] = field(default_factory=dict)
     literals: list[torch.Tensor] = field(default_factory=list)
     kept: list[torch.Tensor] = field(default_factory=list)
+    writes: list[int] = field(default_factory=list)  # the steps that write a tensor in place
+    # the Python values read off constants: (the step the value is read after, the read as a step, the value)
+    guards: list[tuple[int, tuple[object, tuple, dict], object]] = field(default_factory=list)
 
     def leaf(self, tensor: torch.Tensor, ref: Ref) -> None:
         """A tensor the program starts from: a forward argument or a buffer."""
@@ -49,10 +58,28 @@ class Program:
             self.leaf(tensor, Ref("literal", len(self.literals) - 1))
         return id(tensor)
 
-    def record(self, func: object, args: tuple, kwargs: dict, result: torch.Tensor) -> None:
-        """One call on constants, its tensor arguments replaced by references."""
+    def record(self, func: object, args: tuple, kwargs: dict, result: object, name: str = "") -> None:
+        """One call on constants, its tensor arguments replaced by references: a tensor made, the pieces of a
+        tuple (``unbind``, ``split``, iterating a tensor) each a step of their own, or a tensor written in place
+        (``__setitem__``, ``fill_``, ``masked_fill_``), which is the step's result from then on."""
+        written = name == "__setitem__" or (name.endswith("_") and not name.startswith("_"))
+        if name == "__setitem__":
+            func, result = _set_item, args[0]
         self.steps.append((func, self._refs(args), self._refs(kwargs)))
-        self.leaf(result, Ref("step", len(self.steps) - 1))
+        step = len(self.steps) - 1
+        if written:
+            self.writes.append(step)
+        if isinstance(result, torch.Tensor):
+            self.leaf(result, Ref("step", step))
+            return
+        for j, piece in enumerate(result):
+            self.steps.append((operator.getitem, (Ref("step", step), j), {}))
+            self.leaf(piece, Ref("step", len(self.steps) - 1))
+
+    def guard(self, func: object, args: tuple, kwargs: dict, value: object) -> None:
+        """A Python value read off constants (``item``, ``tolist``, ``__bool__``, ``__index__``): the trace holds
+        for other arguments only where they give the same value."""
+        self.guards.append((len(self.steps) - 1, (func, self._refs(args), self._refs(kwargs)), value))
 
     def _refs(self, obj: object) -> object:
         if isinstance(obj, torch.Tensor):
@@ -83,7 +110,29 @@ class Program:
 
     def replay(self, args: tuple, buffers: Mapping[str, torch.Tensor], wanted: list[int]) -> list[torch.Tensor]:
         """The tensors with ids ``wanted`` (as seen at the trace), rebuilt from new arguments and buffers."""
-        results: list[torch.Tensor] = []
+        needed = {self.sources[i].key for i in wanted if self.sources[i].kind == "step"}
+        value = self._run(args, buffers, max(needed | set(self.writes), default=-1))
+        return [value(self.sources[i]) for i in wanted]
+
+    def holds(self, args: tuple, buffers: Mapping[str, torch.Tensor]) -> bool:
+        """Whether these arguments and buffers give every value the trace read off constants (its guards)."""
+        if not self.guards:
+            return True
+        value = self._run(args, buffers, max(after for after, _, _ in self.guards))
+        for _, (func, a, kw), seen in self.guards:
+            try:
+                now = func(*value(a), **value(kw))
+            except (RuntimeError, ValueError, IndexError, TypeError):
+                return False
+            if not _same(now, seen):
+                return False
+        return True
+
+    def _run(self, args: tuple, buffers: Mapping[str, torch.Tensor], last: int):
+        """Run the steps up to ``last``; the resolver of references to their values. A literal is copied when the
+        program writes in place (a write must not reach the next replay)."""
+        results: list[object] = []
+        literals = [t.clone() for t in self.literals] if self.writes else self.literals
 
         def value(obj: object) -> object:
             if isinstance(obj, Ref):
@@ -95,18 +144,32 @@ class Program:
                     return buffers[obj.key]
                 if obj.kind == "step":
                     return results[obj.key]
-                return self.literals[obj.key]
+                return literals[obj.key]
             if isinstance(obj, (tuple, list)):
                 return type(obj)(value(x) for x in obj)
             if isinstance(obj, dict):
                 return {k: value(v) for k, v in obj.items()}
             return obj
 
-        needed = {self.sources[i].key for i in wanted if self.sources[i].kind == "step"}
-        last = max(needed, default=-1)
         for func, a, kw in self.steps[: last + 1]:
             results.append(func(*value(a), **value(kw)))
-        return [value(self.sources[i]) for i in wanted]
+        return value
+
+
+def _set_item(tensor: torch.Tensor, index: object, item: object) -> torch.Tensor:
+    """``tensor[index] = item`` as a step: the tensor written."""
+    tensor[index] = item
+    return tensor
+
+
+def _same(now: object, seen: object) -> bool:
+    """Whether a value read off constants is the one read at the trace (a NumPy array compared entry by entry)."""
+    if hasattr(seen, "shape") and hasattr(seen, "dtype"):
+        return getattr(now, "shape", None) == seen.shape and bool((now == seen).all())
+    try:
+        return bool(now == seen)
+    except (TypeError, ValueError, RuntimeError):
+        return False
 
 
 def spec_layout(tensor):

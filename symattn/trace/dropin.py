@@ -5,8 +5,11 @@ call of the generated torch code (``symattn.generated``'s interface: the inputs,
 spec's order, the additive mask among them in its position), whose backward is the closed form. Parameters
 are passed as they are: generated forward takes a 1-D bias in torch's layout (viewing it as the spec's 1 × d
 row, so autograd hands its gradient back (d,)). The constants (masks) are rebuilt at each call by the trace's
-constant program from the call's bool arguments and the module's buffers; a call at new shapes traces the
-original forward once more (without gradients) for the program of those shapes, kept per shape.
+constant program from the call's bool arguments and the module's buffers; a call at new shapes, or whose
+arguments and buffers give another value where the code read one off a constant (``prefix.tolist()``: the
+program's guards), traces the original forward once more (without gradients), kept per shape. A trace whose spec
+is not the first's (a number read as a size's expression at one size, 0.5 = 1/√n at n = 4, and as itself at
+another) gets generated code of its own: every call computes the spec of its own trace.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from symattn.codegen.generate import render
 from symattn.codegen.schedule.build import split_constants
 from symattn.errors import SymattnError
 from symattn.lang.functions import TORCH
+from symattn.specs.spec import Spec
 from symattn.trace.constants import sizes_of, spec_layout, spec_value
 from symattn.trace.source import Traced, spec_tensors, trace
 
@@ -37,27 +41,44 @@ class ClosedForm:
 
     def __init__(self, fn, examples: tuple, *, second_order: bool = True, generated=None) -> None:
         self.fn = fn
+        self.second_order = second_order
         first = trace(fn, examples)
         self.spec = first.spec
-        self.traced = {first.shapes: first}
+        self.traced: dict[tuple, list[Traced]] = {first.shapes: [first]}
         self.generated = generated or generated_module(self.spec, second_order=second_order)
-        self.mask, self.fixed = split_constants(self.spec)
+        self.codes: list[tuple[Spec, types.ModuleType]] = [(self.spec, self.generated)]
 
     def _traced_at(self, args: tuple) -> Traced:
+        """The trace of these arguments: one at their shapes whose guards they pass, else a new one."""
         import torch
 
         shapes = tuple(tuple(a.shape) if isinstance(a, torch.Tensor) else None for a in args)
-        if shapes not in self.traced:
-            with _original_forward(self.fn):
-                self.traced[shapes] = trace(self.fn, tuple(_detached(a) for a in args))
-        return self.traced[shapes]
+        held = self.traced.setdefault(shapes, [])
+        buffers = _buffers(self.fn)
+        for traced in held:
+            if traced.program.holds(args, buffers):
+                return traced
+        with _original_forward(self.fn):
+            traced = trace(self.fn, tuple(_detached(a) for a in args))
+        held.insert(0, traced)
+        del held[GUARDED_TRACES:]
+        return traced
 
-    def inputs(self, args: tuple) -> list:
+    def code(self, spec: Spec) -> types.ModuleType:
+        """The generated module of a trace's spec: the first's when the spec is the same function."""
+        for held, module in self.codes:
+            if same_function(held, spec):
+                return module
+        module = generated_module(spec, second_order=self.second_order)
+        self.codes.append((spec, module))
+        return module
+
+    def inputs(self, args: tuple, traced: Traced | None = None) -> list:
         """The spec's inputs for these arguments: the tensor arguments, then the module's parameters, each in its
         own layout (generated forward takes a bias (d,) as it is)."""
         import torch
 
-        traced = self._traced_at(args)
+        traced = traced or self._traced_at(args)
         bound = dict(zip(_argument_names(self.fn), args))
         for name in traced.masks:  # the generated code gives the additive mask no gradient: never silently
             if torch.is_grad_enabled() and getattr(bound.get(name), "requires_grad", False):
@@ -67,30 +88,45 @@ class ClosedForm:
         params = [self.fn.get_parameter(p) for p in traced.parameters]
         return spec_tensors(traced, [bound[n] for n in traced.arguments] + params)
 
-    def constants(self, args: tuple, inputs: list) -> dict:
+    def constants(self, args: tuple, inputs: list, traced: Traced | None = None) -> dict:
         """The spec's constants for these arguments, by name, at the spec's matrix shapes."""
-        traced = self._traced_at(args)
-        sizes = sizes_of(self.spec, inputs)
-        buffers = dict(self.fn.named_buffers()) if hasattr(self.fn, "named_buffers") else {}
-        values = traced.program.replay(args, buffers, [c.ref for c in traced.constants])
+        traced = traced or self._traced_at(args)
+        sizes = sizes_of(traced.spec, inputs)
+        values = traced.program.replay(args, _buffers(self.fn), [c.ref for c in traced.constants])
         dtype = inputs[0].dtype
         return {str(c.symbol.name): spec_value(c, raw, dtype, sizes) for c, raw in zip(traced.constants, values)}
 
     def __call__(self, *args):
         import torch
 
-        inputs = self.inputs(args)
-        constants = self.constants(args, inputs)
+        traced = self._traced_at(args)
+        inputs = self.inputs(args, traced)
+        constants = self.constants(args, inputs, traced)
+        mask, _ = split_constants(traced.spec)
         batch = tuple(inputs[0].shape[:-2])
         given = []  # the constants in the spec's order, after the inputs: the additive mask batched, the rest not
-        for c in self.spec.constants:
+        for c in traced.spec.constants:
             name = str(c.name)
-            if self.mask is not None and name == str(self.mask.name):
-                mask = constants[name]
-                given.append(torch.broadcast_to(mask, (*batch, *mask.shape[-2:])) if mask.ndim > 2 or batch else mask)
+            if mask is not None and name == str(mask.name):
+                value = constants[name]
+                batched = value.ndim > 2 or batch
+                given.append(torch.broadcast_to(value, (*batch, *value.shape[-2:])) if batched else value)
             else:
                 given.append(_unbatched(constants[name], name))
-        return self.generated.forward(*inputs, *given)
+        return self.code(traced.spec).forward(*inputs, *given)
+
+
+GUARDED_TRACES = 8  # the traces kept per shape for arguments whose guards differ (the latest first)
+
+
+def same_function(a: Spec, b: Spec) -> bool:
+    """Whether two traces' specs are the same function (the example's sizes aside)."""
+    fields = ("inputs", "output", "options", "constants", "parameters", "bool_forms")  # intermediates: names
+    return all(getattr(a, f) == getattr(b, f) for f in fields)
+
+
+def _buffers(fn) -> dict:
+    return dict(fn.named_buffers()) if hasattr(fn, "named_buffers") else {}
 
 
 def _unbatched(value, name: str):

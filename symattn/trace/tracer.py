@@ -75,7 +75,7 @@ class Trace:
     # the rule of a call on values that hold a row max (forms.shift.follow): (trace, name, rule, args, kwargs, result)
     follow: Callable | None = None
     kept: list[object] = field(default_factory=list)  # every tensor seen, alive: ids stay unique
-    known: set[int] = field(default_factory=set)  # ids of the inputs' and constants' own values
+    known: dict[int, Value] = field(default_factory=dict)  # the inputs' and constants' own values (alive), by id
     # the forward's bool tensor arguments (by id): their names, in argument order, and the first input's batch axes;
     # float arguments read as additive masks (``MaskArgument``) are among them
     masks: dict[int, str] = field(default_factory=dict)
@@ -116,7 +116,8 @@ class Trace:
             symbol = MatrixSymbol(name, rows, self.dims.fresh(shape[1], ("cols", name)))
         self.inputs.append((name, symbol))
         self.bind(tensor, Value(symbol, tuple(tensor.shape)))
-        self.known.add(id(self.values[id(tensor)]))
+        value = self.values[id(tensor)]
+        self.known[id(value)] = value
 
     def bind(self, tensor: torch.Tensor, value: Value) -> Value:
         self.kept.append(tensor)
@@ -180,7 +181,7 @@ class Trace:
             Constant(symbol, self.program.ref(tensor), form, added=form == "as_is" and like is not None)
         )
         value = Value(symbol, tuple(tensor.shape) if like is None else like.shape)
-        self.known.add(id(value))
+        self.known[id(value)] = value
         if form == "as_is" and like is None:
             self.bind(tensor, value)
         else:
@@ -270,8 +271,11 @@ def record(trace: Trace, func: object, args: tuple, kwargs: dict, result: object
         raise error(name, "it is random; a closed form of a random function is not the function")
     operands = [t for t in (*tensors_in(args), *tensors_in(kwargs)) if trace.traced(t)]
     if not operands:
-        if isinstance(result, torch.Tensor):
-            trace.program.record(func, args, kwargs, result)
+        pieces = isinstance(result, (tuple, list)) and result and all(isinstance(x, torch.Tensor) for x in result)
+        if isinstance(result, torch.Tensor) or pieces or (result is None and name == "__setitem__"):
+            trace.program.record(func, args, kwargs, result, name)
+        elif result is not None and name not in UNREAD and any(True for _ in tensors_in(args)):
+            trace.program.guard(func, args, kwargs, result)
         return
     trace.take_names(frames.local_names())
     rule = trace.ops.get(name)
@@ -311,6 +315,10 @@ RANDOM = frozenset(
     | {"multinomial", "poisson", "normal_", "uniform_", "bernoulli_", "exponential_", "geometric_", "cauchy_"}
     | {"log_normal_", "random_", "rrelu", "rrelu_", "binomial", "native_dropout"}
 )
+
+
+# Python values of a constant that say nothing of its entries' values (a guard on them would trace every call)
+UNREAD = frozenset({"data_ptr", "untyped_storage", "storage", "__repr__", "__str__", "__format__", "__hash__"})
 
 
 def error(name: str, why: str) -> SymattnError:
