@@ -26,6 +26,7 @@ from symattn.lang.ops import (
     sum,
     tanh,
 )
+from symattn.lang.positions import entries
 from symattn.numeric.lambdify import lambdify
 from symattn.optimize.simplify import simplify, simplify_all
 from symattn.specs import Spec, spec, specs
@@ -48,6 +49,7 @@ __all__ = [
     "check",
     "check_backward",
     "derive",
+    "entries",
     "exp",
     "from_torch",
     "grad",

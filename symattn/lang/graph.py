@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from typing import TypeVar
 
 from sympy import Basic, Expr, MatrixExpr, MatrixSymbol, default_sort_key
-from sympy.matrices.expressions import HadamardProduct, MatAdd, MatMul
+from sympy.matrices.expressions import FunctionMatrix, HadamardProduct, MatAdd, MatMul
 
 T = TypeVar("T")
 VISITS = {"nodes": 0}  # distinct nodes visited by the walks below (for tests that count work)
@@ -37,7 +37,9 @@ def clear_memos() -> None:
 
 
 def children(node: Basic) -> tuple[Basic, ...]:
-    return () if isinstance(node, MatrixSymbol) else node.args
+    """The arguments a walk descends into: none of a matrix symbol, nor of a matrix of positions (its formula is
+    scalars of its own, ``lang.positions``)."""
+    return () if isinstance(node, (MatrixSymbol, FunctionMatrix)) else node.args
 
 
 def postorder(*roots: Basic, seen: Container[Basic] = ()) -> Iterator[Basic]:

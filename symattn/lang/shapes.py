@@ -79,6 +79,9 @@ def dimension_symbols(*exprs: Basic) -> list[sp.Symbol]:
                 found |= sp.sympify(d).free_symbols
         elif isinstance(node, sp.Symbol):
             found.add(node)
+        elif isinstance(node, sp.Lambda):  # a matrix of positions' formula: its dimensions, not its i and j
+            found |= node.free_symbols
+            continue
         stack.extend(node.args)
     return sorted(found, key=lambda s: s.name)
 

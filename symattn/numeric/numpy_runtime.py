@@ -105,3 +105,11 @@ def row_inv_std(a, eps):
     """1 / √(biased variance + eps) of each row, as a column (..., n, 1)."""
     c = a - a.mean(axis=-1, keepdims=True)
     return 1.0 / np.sqrt((c * c).mean(axis=-1, keepdims=True) + eps)
+
+
+def entries(f, rows, cols, dtype=np.float64):
+    """[f(i, j)], rows × cols: f of the row positions i (a column) and the column positions j (a row), on grids of
+    at least float32 (positions exact), cast to dtype."""
+    wide = np.promote_types(dtype, np.float32)
+    i, j = np.arange(rows, dtype=wide)[:, None], np.arange(cols, dtype=wide)[None, :]
+    return np.broadcast_to(np.asarray(f(i, j), dtype=dtype), (rows, cols))

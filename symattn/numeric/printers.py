@@ -24,6 +24,7 @@ from sympy.printing.numpy import NumPyPrinter
 
 from symattn.lang.algebra import product
 from symattn.lang.functions import EXACT, NUMPY
+from symattn.numeric import positions
 from symattn.numeric.exact_runtime import ExpAtom  # noqa: F401 (re-exported: lambdify and tests import it here)
 
 
@@ -237,6 +238,15 @@ class NumPyMatrixPrinter(NumPyPrinter):
     def _print_OneMatrix(self, expr: Basic) -> str:
         return f"np.ones(({self._print(expr.shape[0])}, {self._print(expr.shape[1])}))"
 
+    def _print_Entries(self, expr: Basic) -> str:
+        """[f(i, j)] by the runtime's entries: f a lambda of the position grids (``numeric.positions``)."""
+        body = positions.array_code(expr, self.module_alias, self._print, self.position_number)
+        rows, cols = self._print(expr.rows), self._print(expr.cols)
+        return f"{self.helper('entries')}(lambda i, j: {body}, {rows}, {cols}{self.position_dtype})"
+
+    position_dtype = ""  # the entries call's dtype (and device) arguments after rows and cols
+    position_number = "i.dtype.type({})".format  # a number as a scalar of the grids' dtype (a where's branch)
+
     def _print_ZeroMatrix(self, expr: Basic) -> str:
         return f"np.zeros(({self._print(expr.shape[0])}, {self._print(expr.shape[1])}))"
 
@@ -277,3 +287,6 @@ class ExactPrinter(NumPyMatrixPrinter):
 
     def _print_ZeroMatrix(self, expr: Basic) -> str:
         return f"np.zeros(({self._print(expr.shape[0])}, {self._print(expr.shape[1])}), dtype=int).astype(object)"
+
+    def _print_Entries(self, expr: Basic) -> str:
+        return positions.exact_code(expr, self._print)

@@ -17,6 +17,7 @@ from symattn.errors import SymattnError
 from symattn.lang.dims import dim
 from symattn.lang.graph import hash_consed
 from symattn.lang.lazy import plain
+from symattn.lang.positions import canonical
 from symattn.specs.validate import validate
 
 __all__ = ["Option", "Spec", "dim", "flag", "head_count"]
@@ -49,13 +50,16 @@ class Spec:
             value = getattr(self, name)
             if isinstance(value, list):
                 object.__setattr__(self, name, tuple(tuple(v) if isinstance(v, list) else v for v in value))
-        # sa.matrix's expressions: their SymPy expressions
-        object.__setattr__(self, "output", plain(self.output))
+        # sa.matrix's expressions: their SymPy expressions (SymPy's FunctionMatrix: the language's positions)
+        object.__setattr__(self, "output", canonical(plain(self.output)))
         for name in ("inputs", "constants"):
             if isinstance(getattr(self, name), tuple):
                 object.__setattr__(self, name, tuple(plain(v) for v in getattr(self, name)))
         if isinstance(self.intermediates, tuple):
-            pairs = ((v[0], plain(v[1])) if isinstance(v, tuple) and len(v) == 2 else v for v in self.intermediates)
+            pairs = (
+                (v[0], canonical(plain(v[1]))) if isinstance(v, tuple) and len(v) == 2 else v
+                for v in self.intermediates
+            )
             object.__setattr__(self, "intermediates", tuple(pairs))
         validate(self)
         # one object per distinct subexpression: every later lookup compares arguments by identity

@@ -19,9 +19,10 @@ from sympy.matrices.expressions import Identity, OneMatrix, ZeroMatrix
 from symattn.autodiff.vjp import VJP_RULES, supported, vjp_rule
 from symattn.errors import SymattnError
 from symattn.lang.graph import nodes
+from symattn.lang.positions import Entries
 from symattn.lang.shapes import SHAPE_RULES
 
-LEAVES = (MatrixSymbol, Identity, OneMatrix, ZeroMatrix)
+LEAVES = (MatrixSymbol, Identity, OneMatrix, ZeroMatrix, Entries)  # Entries: positions, no matrix read
 RESERVED = {"G": "the cotangent of the output"}  # names the derivation and check give a meaning of their own
 # how a bool array passed for a constant becomes it (Spec.bool_forms): −∞ where True / where False (an additive
 # mask), 1 where False / where True (a mask multiplied in)

@@ -34,6 +34,7 @@ from symattn.lang.algebra import factors
 from symattn.lang.functions import Elementwise
 from symattn.lang.graph import matrix_symbols, nodes
 from symattn.lang.ops import Exp, RowSoftmax
+from symattn.lang.positions import Entries
 
 BLOCK_SIZE = 128  # default query rows per block: 128 × m temporaries (2 MiB each at m = 4096, float32)
 BLOCK_ROWS = sp.Symbol("b", positive=True, integer=True)
@@ -90,6 +91,8 @@ class Core:
 def _attention_core(sched: Schedule) -> Core:
     """The schedule's attention core (``Core``), or SymattnError naming what it lacks."""
     forward = list(sched.forward)
+    if any(isinstance(x, Entries) for a in forward for x in nodes(a.value)):
+        raise SymattnError(f"spec {sched.spec.name}: the memory-efficient variant cuts no positions (sa.entries) yet")
     where = [i for i, a in enumerate(forward) if isinstance(a.value, RowSoftmax)]
     if len(where) != 1 or where[0] == 0 or where[0] + 1 >= len(forward):
         raise SymattnError(f"spec {sched.spec.name}: the memory-efficient variant needs one row softmax")

@@ -43,6 +43,7 @@ from symattn.lang.ops import (
     SumEntries,
     SumGroups,
 )
+from symattn.lang.positions import Entries
 
 
 @dataclass(frozen=True)
@@ -178,6 +179,13 @@ class MathPrinter(Printer):
 
     def _print_MatrixSymbol(self, expr: MatrixSymbol) -> str:
         return self.name(str(expr.name))
+
+    def _print_Entries(self, expr: Entries) -> str:
+        """A matrix of positions as its entry formula: [−|i − j|/2]ᵢⱼ, \\left[…\\right]_{ij} in LaTeX."""
+        formula = self.scalar(expr.formula)
+        if self.n is LATEX:
+            return rf"\left[{formula}\right]_{{i j}}"
+        return f"[{formula}]ᵢⱼ"
 
     def _print_OneMatrix(self, expr: OneMatrix) -> str:
         rows, cols = expr.shape

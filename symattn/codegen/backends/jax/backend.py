@@ -80,6 +80,9 @@ class JaxMatrixPrinter(GeneratedNumPyPrinter):
     def _print_Identity(self, expr: Basic) -> str:
         return f"jnp.eye({self._print(expr.shape[0])}, dtype=dtype)"
 
+    position_dtype = ", dtype"
+    position_number = "jnp.asarray({}, i.dtype)".format
+
     def _print_OneMatrix(self, expr: Basic) -> str:
         return f"jnp.ones(({self._print(expr.shape[0])}, {self._print(expr.shape[1])}), dtype=dtype)"
 

@@ -399,3 +399,11 @@ def put_rows(whole, rows, keys, part, n, m):
 def placed_rows(whole):
     """The value put_rows made, after the loop: its blocks (a list) concatenated once."""
     return jnp.concatenate(whole, axis=-2) if isinstance(whole, list) else whole
+
+
+def entries(f, rows, cols, dtype):
+    """[f(i, j)], rows × cols: f of the row positions i (a column) and the column positions j (a row), on grids of
+    at least float32 (positions exact), cast to dtype."""
+    wide = jnp.promote_types(dtype, jnp.float32)
+    i, j = jnp.arange(rows, dtype=wide)[:, None], jnp.arange(cols, dtype=wide)[None, :]
+    return jnp.broadcast_to(jnp.asarray(f(i, j), dtype=dtype), (rows, cols))

@@ -85,6 +85,8 @@ class GeneratedNumPyPrinter(GeneratedCodeMixin, NumPyMatrixPrinter):
         """𝟏ᵀ X: the sums of X's columns, as a row (the runtime's: in float32 for a float16 X)."""
         return f"{self.helper('column_sums')}({text})"
 
+    position_dtype = ", dtype"
+
     def _print_OneMatrix(self, expr: Basic) -> str:
         return f"np.ones(({self._print(expr.shape[0])}, {self._print(expr.shape[1])}), dtype=dtype)"
 

@@ -95,6 +95,9 @@ class TorchMatrixPrinter(GeneratedCodeMixin, NumPyMatrixPrinter):
     def _print_Identity(self, expr: Basic) -> str:
         return f"torch.eye({self._print(expr.shape[0])}, dtype=dtype, device=device)"
 
+    position_dtype = ", dtype, device"
+    position_number = "i.new_tensor({})".format
+
     def _print_OneMatrix(self, expr: Basic) -> str:
         rows, cols = (self._print(s) for s in expr.shape)
         return f"torch.ones({rows}, {cols}, dtype=dtype, device=device)"

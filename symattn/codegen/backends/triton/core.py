@@ -23,6 +23,7 @@ from symattn.errors import SymattnError
 from symattn.lang.functions import Elementwise
 from symattn.lang.graph import matrix_symbols, postorder
 from symattn.lang.ops import LogSoftmax, RepeatHeads, RowSoftmax, RowSum
+from symattn.lang.positions import Entries
 from symattn.specs import Spec
 
 WHAT = "no n × m core the Triton kernels cover"
@@ -58,6 +59,10 @@ def find_cores(spec: Spec) -> Cores:
     """The spec's cores O = N(E(Q Kᵀ)) V, a product of a sum of normalised maps with V taken as the sum of the
     products ((P₁ − λ P₂) V = P₁ V − λ P₂ V, differential attention's); a SymattnError of one line naming what is
     missing where there is none, or where the output reads a core's P or scores besides P V."""
+    if any(isinstance(x, Entries) for x in postorder(spec.output)):
+        raise SymattnError(
+            f"{spec.name}: positions (sa.entries) are not in the Triton kernels yet; use the torch backend"
+        )
     output = _distributed(spec.output)
     nodes = list(dict.fromkeys(x for x in postorder(output) if _core_at(spec, x, MatrixSymbol("O", 1, 1))))
     nodes = [x for x in nodes if not any(x in postorder(y) and x != y for y in nodes)]  # the outermost

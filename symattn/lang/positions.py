@@ -1,0 +1,135 @@
+"""Positions: the rows × cols matrix whose (i, j) entry is a formula of the query position i and the key position j.
+
+``sa.entries(rows, cols, f)`` is ``Entries(rows, cols, Lambda((i, j), f(i, j)))``: SymPy's ``FunctionMatrix``
+under its own name, so that every table of the language (shapes, differentiation, printers, the code
+generators) knows it apart from a matrix SymPy might build itself. A position is an index, not an array: the
+node holds the formula, and each backend computes the entries from the positions (``i`` a column of
+0 … rows − 1, ``j`` a row of 0 … cols − 1) where they are used; no n × m array of them is an argument.
+
+The formula may use i, j, dimensions, numbers, ``Abs``, ``Min``, ``Max``, ``floor``, ``ceiling``, ``log``,
+``exp``, ``sqrt``, ``sign``, and ``Piecewise`` with relational conditions (``&``, ``|``, ``~``) and −∞ among
+its values (a mask added to the scores: ALiBi's −slope·|i − j|, a distance decay, a causal or sliding window).
+Its entries do not move with any input, so the node is a constant of the derivation: no cotangent reaches it.
+Trainable scalars and entries of matrices read at positions (a learned relative table ``b[|i − j|, 0]``) are
+refused in one line naming them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import sympy as sp
+from sympy import Basic, Expr
+from sympy.logic.boolalg import BooleanFunction
+from sympy.matrices.expressions import FunctionMatrix
+from sympy.matrices.expressions.matexpr import MatrixElement
+
+from symattn.errors import SymattnError
+from symattn.lang.lazy import Matrix
+
+I = sp.Symbol("i", integer=True, nonnegative=True)  # noqa: E741  (the query position, a row index)
+J = sp.Symbol("j", integer=True, nonnegative=True)  # the key position, a column index
+
+# the scalar nodes a position formula may hold (besides numbers, i, j and dimensions)
+FORMULA_NODES: tuple[type, ...] = (
+    sp.Add,
+    sp.Mul,
+    sp.Pow,
+    sp.Abs,
+    sp.Min,
+    sp.Max,
+    sp.floor,
+    sp.ceiling,
+    sp.log,
+    sp.exp,
+    sp.sign,
+    sp.Piecewise,
+    sp.functions.elementary.piecewise.ExprCondPair,
+    sp.core.relational.Relational,
+    sp.And,
+    sp.Or,
+    sp.Not,
+)
+
+
+class Entries(FunctionMatrix):
+    """The rows × cols matrix [f(i, j)]: args (rows, cols, Lambda((i, j), f)), i and j the canonical ``I``, ``J``."""
+
+    @property
+    def formula(self) -> Expr:
+        """f(i, j), a SymPy expression of ``I`` and ``J``."""
+        return self.lamda.expr
+
+    @property
+    def masks(self) -> bool:
+        """Whether some entry may be −∞ (a mask, added to the scores)."""
+        return self.formula.has(-sp.oo)
+
+
+def _dimension(size: object, what: str) -> Expr:
+    if isinstance(size, bool) or not isinstance(size, (int, Basic)):
+        raise SymattnError(f"sa.entries: {what} must be a dimension or a positive int, got {size!r}")
+    size = sp.sympify(size)
+    if not (size.is_integer and size.is_positive):
+        raise SymattnError(f"sa.entries: {what} must be a dimension or a positive int, got {size}")
+    return size
+
+
+def check_formula(formula: Expr) -> Expr:
+    """formula, if it is a position formula (see the module docstring); else one line naming what is not."""
+    if not isinstance(formula, Basic):
+        raise SymattnError(f"sa.entries: f(i, j) must be a SymPy expression, got {type(formula).__name__}")
+    for node in sp.preorder_traversal(formula):
+        if isinstance(node, MatrixElement):
+            raise SymattnError(
+                f"sa.entries: {node} reads an entry of {node.parent} at positions; tables read at positions are "
+                "not in the language yet"
+            )
+        if isinstance(node, sp.Symbol):
+            if node in (I, J) or (node.is_integer and node.is_positive):
+                continue
+            kind = "a trainable scalar" if node.is_real else "a symbol that is no position or dimension"
+            raise SymattnError(f"sa.entries: {node} is {kind}; f(i, j) reads positions, dimensions and numbers")
+        if node.is_Number or node in (sp.oo, -sp.oo, sp.true, sp.false) or isinstance(node, (sp.Tuple,)):
+            continue
+        if not isinstance(node, FORMULA_NODES) and not isinstance(node, BooleanFunction):
+            raise SymattnError(f"sa.entries: {type(node).__name__} ({node}) is not in a position formula")
+    if formula.is_Boolean or isinstance(formula, sp.core.relational.Relational):
+        raise SymattnError(
+            "sa.entries: f(i, j) is a condition; write a Piecewise of values, e.g. Piecewise((0, i >= j), (-oo, True))"
+        )
+    return formula
+
+
+def make(rows: object, cols: object, f: Callable | sp.Lambda | Expr) -> Entries:
+    """The Entries node of f: a function of (i, j), a Lambda of two variables, or an expression of ``I``, ``J``."""
+    rows, cols = _dimension(rows, "rows"), _dimension(cols, "cols")
+    if isinstance(f, sp.Lambda):
+        if len(f.variables) != 2:
+            raise SymattnError(f"sa.entries: the Lambda takes {len(f.variables)} variables; f takes (i, j)")
+        formula = f(I, J)
+    elif callable(f) and not isinstance(f, Basic):
+        formula = sp.sympify(f(I, J))
+    else:
+        formula = sp.sympify(f)
+    return Entries(rows, cols, sp.Lambda((I, J), check_formula(formula)))
+
+
+def entries(rows: object, cols: object, f: Callable | sp.Lambda | Expr) -> Matrix:
+    """sa.entries(rows, cols, f): the rows × cols matrix whose (i, j) entry is f(i, j), i the 0-based row (query)
+    position and j the column (key) position, e.g. ALiBi's ``lambda i, j: -slope * sp.Abs(i - j)`` or a causal
+    window ``lambda i, j: sp.Piecewise((0, (j <= i) & (i - j < w)), (-sp.oo, True))``."""
+    return Matrix(make(rows, cols, f))
+
+
+def from_function_matrix(node: FunctionMatrix) -> Entries:
+    """SymPy's own FunctionMatrix as the language's node (the same matrix)."""
+    return make(node.rows, node.cols, node.lamda)
+
+
+def canonical(expr: object) -> object:
+    """expr with every FunctionMatrix in it the language's Entries."""
+    if not isinstance(expr, Basic):
+        return expr
+    found = {f: from_function_matrix(f) for f in expr.atoms(FunctionMatrix) if type(f) is FunctionMatrix}
+    return expr.xreplace(found) if found else expr

@@ -1,0 +1,234 @@
+"""Positions in the language (CONTRACT.md, "Positions"): sa.entries(rows, cols, f), the matrix [f(i, j)].
+
+Each spec below reads positions a different way (ALiBi's −slope·|i − j| added to the scores, a causal sliding
+window as a Piecewise with −∞, a distance decay multiplied into the scores, a bucketed log-distance bias with
+floor/Min, SymPy's own FunctionMatrix). Its derivation verifies, and the generated NumPy, torch and JAX modules
+match torch autograd of an independent forward (the positional term built by the test with torch.arange, float64),
+at two sizes, with n ≠ m. The Triton kernels and the memory-efficient variant refuse positions in one line.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import types
+
+import numpy as np
+import pytest
+import sympy as sp
+from rendered import load
+
+import symattn as sa
+from symattn.codegen import generate as codegen
+from symattn.errors import SymattnError
+from symattn.specs import dim
+
+torch = pytest.importorskip("torch")
+
+n, m, d = dim("n"), dim("m"), dim("d")
+Q, K, V = sp.MatrixSymbol("Q", n, d), sp.MatrixSymbol("K", m, d), sp.MatrixSymbol("V", m, d)
+WINDOW = 3
+
+
+def _scores():
+    return Q * K.T / sp.sqrt(d)
+
+
+# name → (the spec's positional matrix and how it meets the scores, the same with torch for a reference)
+def _alibi(i, j):
+    return -sp.Rational(1, 2) * sp.Abs(i - j)
+
+
+def _window(i, j):
+    return sp.Piecewise((0, (j <= i) & (i - j < WINDOW)), (-sp.oo, True))
+
+
+def _decay(i, j):
+    return sp.exp(-sp.Abs(i - j) / 4)
+
+
+def _bucket(i, j):
+    return -sp.Min(sp.floor(2 * sp.log(1 + sp.Abs(i - j))), 3) / 2  # log-spaced buckets, capped (T5's shape)
+
+
+def _grid(rows, cols):
+    i = torch.arange(rows, dtype=torch.float64)[:, None]
+    j = torch.arange(cols, dtype=torch.float64)[None, :]
+    return i, j
+
+
+REFERENCE = {
+    "alibi": lambda i, j: -0.5 * (i - j).abs(),
+    "window": lambda i, j: torch.where((j <= i) & (i - j < WINDOW), 0.0, -math.inf).double(),
+    "decay": lambda i, j: torch.exp(-(i - j).abs() / 4),
+    "bucket": lambda i, j: -torch.clamp(torch.floor(2 * torch.log(1 + (i - j).abs())), max=3) / 2,
+}
+FORMULAS = {"alibi": _alibi, "window": _window, "decay": _decay, "bucket": _bucket}
+
+
+def positional_spec(kind: str) -> sa.Spec:
+    if kind == "function_matrix":  # SymPy's own node, accepted as it is
+        i, j = sp.symbols("i j", integer=True)
+        scores = _scores() + sp.FunctionMatrix(n, m, sp.Lambda((i, j), _alibi(i, j)))
+    else:
+        positions = sa.entries(n, m, FORMULAS[kind]).expr
+        scores = sp.HadamardProduct(_scores(), positions) if kind == "decay" else _scores() + positions
+    return sa.Spec(
+        name=f"positions_{kind}", summary="attention with positions", inputs=(Q, K, V), output=sa.softmax(scores) * V
+    )
+
+
+def reference(kind: str, q, k, v):
+    i, j = _grid(q.shape[-2], k.shape[-2])
+    scores = q @ k.mT / math.sqrt(q.shape[-1])
+    bias = REFERENCE["alibi" if kind == "function_matrix" else kind](i, j)
+    scores = scores * bias if kind == "decay" else scores + bias
+    return torch.softmax(scores, dim=-1) @ v
+
+
+KINDS = ["alibi", "window", "decay", "bucket", "function_matrix"]
+SIZES = [(5, 7, 3), (6, 9, 2)]  # (n, m, d), n < m: the window leaves no row empty (row i sees key i)
+
+
+def _inputs(size, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    rows, cols, width = size
+    return [torch.randn(2, r, width, generator=g, dtype=torch.float64) for r in (rows, cols, cols)]
+
+
+def _wanted(kind, inputs):
+    leaves = [x.clone().requires_grad_() for x in inputs]
+    out = reference(kind, *leaves)
+    cotangent = torch.randn(out.shape, generator=torch.Generator().manual_seed(7), dtype=torch.float64)
+    grads = torch.autograd.grad(out, leaves, cotangent)
+    return out.detach(), cotangent, grads
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_derivation_verifies(kind):
+    derivation = sa.derive(positional_spec(kind))
+    assert derivation.verify().ok
+
+
+@pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_torch_module_matches_autograd(kind, size):
+    module = load(positional_spec(kind), "torch")
+    inputs = _inputs(size)
+    want, cotangent, grads = _wanted(kind, inputs)
+    leaves = [x.clone().requires_grad_() for x in inputs]
+    got = module.forward(*leaves)
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+    for g, w in zip(torch.autograd.grad(got, leaves, cotangent), grads):
+        torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_numpy_module_matches_autograd(kind):
+    module = load(positional_spec(kind), "numpy")
+    inputs = _inputs(SIZES[1], seed=1)
+    want, cotangent, grads = _wanted(kind, inputs)
+    out, saved = module.forward(*(x.numpy() for x in inputs))
+    np.testing.assert_allclose(out, want.numpy(), rtol=1e-10, atol=1e-12)
+    got = module.backward(saved, cotangent.numpy())
+    for name, w in zip("QKV", grads):
+        np.testing.assert_allclose(got[name], w.numpy(), rtol=1e-10, atol=1e-12, err_msg=name)
+
+
+@pytest.mark.parametrize("kind", ["alibi", "window", "bucket"])
+def test_the_numpy_module_keeps_float32(kind):
+    module = load(positional_spec(kind), "numpy")
+    inputs = _inputs(SIZES[0], seed=2)
+    out, _ = module.forward(*(x.float().numpy() for x in inputs))
+    assert out.dtype == np.float32
+    np.testing.assert_allclose(out, reference(kind, *inputs).numpy(), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("kind", ["alibi", "window", "decay"])
+def test_the_jax_module_matches_autograd_under_jit(kind):
+    jax = pytest.importorskip("jax")
+    jax.config.update("jax_enable_x64", True)
+    module = load(positional_spec(kind), "jax")
+    inputs = _inputs(SIZES[0], seed=3)
+    want, cotangent, grads = _wanted(kind, inputs)
+    arrays = [x.numpy() for x in inputs]
+    out = jax.jit(module.forward)(*arrays)
+    np.testing.assert_allclose(np.asarray(out), want.numpy(), rtol=1e-10, atol=1e-12)
+    _, pullback = jax.vjp(module.forward, *arrays)
+    for g, w in zip(pullback(cotangent.numpy()), grads):
+        np.testing.assert_allclose(np.asarray(g), w.numpy(), rtol=1e-10, atol=1e-12)
+
+
+def test_exact_evaluation_reads_the_formula_at_each_position():
+    spec = positional_spec("window")
+    positions = next(x for x in sp.preorder_traversal(spec.output) if type(x).__name__ == "Entries")
+    values = sa.lambdify([], positions, backend="exact", dims={n: 4, m: 5})()
+    want = [[0 if j <= i and i - j < WINDOW else -sp.oo for j in range(5)] for i in range(4)]
+    assert np.asarray(values).tolist() == want
+
+
+def test_the_derivation_prints_the_formula():
+    text = sa.derive(positional_spec("alibi")).text()
+    assert "[-Abs(i - j)/2]ᵢⱼ" in text
+    latex = sa.derive(positional_spec("window")).latex()
+    assert r"\right]_{i j}" in latex and r"\begin{cases}" in latex
+
+
+def test_a_position_matrix_gets_no_gradient_and_is_no_argument():
+    spec = positional_spec("alibi")
+    assert [str(s) for s in spec.inputs] == ["Q", "K", "V"] and not spec.constants
+    source = codegen.render(spec, "torch", second_order=False)
+    assert "entries(lambda i, j: -1 / 2 * torch.abs" in source.replace("(-1 / 2)", "-1 / 2")
+
+
+@pytest.mark.parametrize(
+    ("formula", "message"),
+    [
+        (lambda i, j: sp.Symbol("tau", real=True) * (i - j), "tau is a trainable scalar"),
+        (lambda i, j: sp.MatrixSymbol("b", n, 1)[i, 0], "tables read at positions are not in the language yet"),
+        (lambda i, j: sp.sin(i - j), "sin"),
+        (lambda i, j: i >= j, "f(i, j) is a condition"),
+    ],
+    ids=["trainable scalar", "table read", "sin", "condition"],
+)
+def test_what_a_formula_may_not_hold_is_refused_in_one_line(formula, message):
+    with pytest.raises(SymattnError, match=message.replace("(", r"\(").replace(")", r"\)")) as err:
+        sa.entries(n, m, formula)
+    assert "\n" not in str(err.value)
+
+
+def test_the_triton_kernels_and_the_memory_efficient_variant_refuse_positions_in_one_line():
+    spec = positional_spec("alibi")
+    with pytest.raises(SymattnError, match=r"positions \(sa.entries\) are not in the Triton kernels yet"):
+        codegen.render(spec, "triton")
+    with pytest.raises(SymattnError, match=r"cuts no positions \(sa.entries\) yet"):
+        codegen.render(spec, "torch", variant="memeff")
+
+
+@pytest.mark.parametrize("kind", ["alibi", "window", "decay"])
+def test_forward_mode_and_second_order_match_torch_func(kind):
+    spec = positional_spec(kind)
+    module = types.ModuleType(spec.name)  # rendered with its second closed form (load() renders first order)
+    exec(compile(codegen.render(spec, "torch"), spec.name, "exec"), module.__dict__)
+    inputs = _inputs(SIZES[0], seed=4)
+    g = torch.Generator().manual_seed(5)
+    tangents = [torch.randn(x.shape, generator=g, dtype=torch.float64) for x in inputs]
+    out, tangent = module.jvp(*inputs, dict(zip("QKV", tangents)))
+    want_out, want_tangent = torch.func.jvp(lambda *x: reference(kind, *x), tuple(inputs), tuple(tangents))
+    torch.testing.assert_close(out, want_out, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(tangent, want_tangent, rtol=1e-10, atol=1e-12)
+
+    def hvp(function):
+        leaves = [x.clone().requires_grad_() for x in inputs]
+        first = torch.autograd.grad(function(*leaves).square().sum(), leaves, create_graph=True)
+        return torch.autograd.grad(sum((f * t).sum() for f, t in zip(first, tangents)), leaves)
+
+    for got, want in zip(hvp(module.forward), hvp(lambda *x: reference(kind, *x))):
+        torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-11)
+
+
+def test_any_spelling_gives_the_same_code():
+    def source(kind):
+        return codegen.render(dataclasses.replace(positional_spec(kind), name="spelled"), "torch")
+
+    assert source("alibi") == source("function_matrix")
