@@ -46,6 +46,7 @@ from symattn.lang.ops import (
     SumEntries,
     SumGroups,
 )
+from symattn.lang.positions import Entries
 
 
 class Differential(MatrixExpr):
@@ -200,6 +201,13 @@ def row_sum_jvp(node: RowSum, d: Tangent) -> Basic | None:
     """d(A 𝟏) = dA 𝟏."""
     da = d(node.arg)
     return None if da is None else RowSum(da)
+
+
+@defjvp(Entries)
+def entries_jvp(node: Entries, d: Tangent) -> Basic | None:
+    """d[f(i, j)] = Σ_τ dτ [∂f/∂τ] over the formula's trainable scalars (none: a constant)."""
+    terms = [MatMul(ds, node.derivative(s)) for s in node.scalars if (ds := d(s)) is not None]
+    return _total(terms)
 
 
 @defjvp(SumEntries)

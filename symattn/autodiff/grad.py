@@ -100,7 +100,7 @@ def _topological(expr: Basic, depends: dict[Basic, bool]) -> list[Basic]:
             continue
         done.add(node)
         stack.append((node, True))
-        stack.extend((a, False) for a in node.args if depends.get(a) and a not in done)
+        stack.extend((a, False) for a in children(node) if depends.get(a) and a not in done)
     return order[::-1]
 
 
@@ -145,7 +145,7 @@ def backward(expr: Basic, wrt: Iterable[MatrixSymbol], cotangent: Basic | None =
             continue
         rule = _rule_for(node)
         outputs = merge_cotangents((a, c) for a, c in rule(node, g) if depends.get(a))
-        missing = [a for a in node.args if depends.get(a) and a not in {o for o, _ in outputs}]
+        missing = [a for a in children(node) if depends.get(a) and a not in {o for o, _ in outputs}]
         if missing:
             raise UnsupportedNodeError(node, f"differentiation through {missing[0]}", [rule.__name__])
         tape.steps.append(Step(node=node, rule=rule.__name__, cotangent=g, outputs=outputs))

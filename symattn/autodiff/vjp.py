@@ -37,6 +37,7 @@ from symattn.lang.ops import (
     SumEntries,
     SumGroups,
 )
+from symattn.lang.positions import Entries
 
 Cotangents = list[tuple[Basic, Basic]]
 VjpRule = Callable[[Basic, Basic], Cotangents]
@@ -222,6 +223,12 @@ def scalar_power_vjp(node: sp.Pow, c: Basic) -> Cotangents:
     """d(a^p) = p a^{p−1} da, for a constant exponent p."""
     base, p = node.args
     return [(base, c * p * base ** (p - 1))]
+
+
+@defvjp(Entries)
+def entries_vjp(node: Entries, g: Basic) -> Cotangents:
+    """tr(Gᵀ d[f(i, j)]) = Σ_τ dτ tr(Gᵀ [∂f/∂τ]): each trainable scalar of the formula receives tr(Gᵀ [∂f/∂τ])."""
+    return [(s, Trace(product(transpose(g), node.derivative(s)))) for s in node.scalars]
 
 
 @defvjp(sp.exp, sp.log, sp.tanh)

@@ -37,9 +37,11 @@ def clear_memos() -> None:
 
 
 def children(node: Basic) -> tuple[Basic, ...]:
-    """The arguments a walk descends into: none of a matrix symbol, nor of a matrix of positions (its formula is
-    scalars of its own, ``lang.positions``)."""
-    return () if isinstance(node, (MatrixSymbol, FunctionMatrix)) else node.args
+    """The arguments a walk descends into: none of a matrix symbol; of a matrix of positions, the trainable scalars
+    its formula reads (the rest of the formula is scalars of its own, ``lang.positions``)."""
+    if isinstance(node, FunctionMatrix):
+        return tuple(sorted((x for x in node.lamda.expr.free_symbols if not x.is_integer), key=str))
+    return () if isinstance(node, MatrixSymbol) else node.args
 
 
 def postorder(*roots: Basic, seen: Container[Basic] = ()) -> Iterator[Basic]:
@@ -146,7 +148,7 @@ def rewrite(root: Basic, replace: Callable[[Basic], Basic | None]) -> Basic:
     while stack:
         node, expanded = stack.pop()
         if expanded:
-            args = [out[a] for a in node.args]
+            args = [out[a] for a in children(node)]
             out[node] = rebuilt(node, args)
             continue
         if node in done:
@@ -157,11 +159,11 @@ def rewrite(root: Basic, replace: Callable[[Basic], Basic | None]) -> Basic:
         if new is not None:
             out[node] = new
             continue
-        if isinstance(node, MatrixSymbol) or not node.args:
+        if not children(node):
             out[node] = node
             continue
         stack.append((node, True))
-        stack.extend((a, False) for a in node.args if a not in done)
+        stack.extend((a, False) for a in children(node) if a not in done)
     return out[root]
 
 
@@ -236,11 +238,15 @@ _INTERNED: dict[Basic, Basic] = memo_table({})
 
 
 def rebuilt(node: Basic, args) -> Basic:
-    """node with new arguments, interned; node itself when every argument is the same object (no deep ``==``).
+    """node with new arguments (in the order of ``children``), interned; node itself when every argument is the same
+    object (no deep ``==``).
 
     A product, sum or entrywise product of matrices is put together directly: its new arguments stand for
     the old ones (same shapes), so SymPy's constructor would only sympify and validate them again.
     """
+    if isinstance(node, FunctionMatrix):  # a matrix of positions: new trainable scalars in its formula
+        operands = children(node)
+        return node if all(a is b for a, b in zip(args, operands)) else intern(node.xreplace(dict(zip(operands, args))))
     if all(a is b for a, b in zip(args, node.args)):
         return node
     kind = type(node)
@@ -266,12 +272,12 @@ def hash_consed(roots: Iterable[Basic]) -> list[Basic]:
             node, expanded = stack.pop()
             if id(node) in memo:
                 continue
-            if expanded or isinstance(node, MatrixSymbol) or not node.args:
-                args = [memo[id(a)] for a in node.args] if expanded else []
+            if expanded or not children(node):
+                args = [memo[id(a)] for a in children(node)] if expanded else []
                 memo[id(node)] = intern(rebuilt(node, args) if expanded else node)
                 continue
             stack.append((node, True))
-            stack.extend((a, False) for a in node.args if id(a) not in memo)
+            stack.extend((a, False) for a in children(node) if id(a) not in memo)
         out.append(memo[id(root)])
     return out
 

@@ -9,9 +9,9 @@ node holds the formula, and each backend computes the entries from the positions
 The formula may use i, j, dimensions, numbers, ``Abs``, ``Min``, ``Max``, ``floor``, ``ceiling``, ``log``,
 ``exp``, ``sqrt``, ``sign``, and ``Piecewise`` with relational conditions (``&``, ``|``, ``~``) and −∞ among
 its values (a mask added to the scores: ALiBi's −slope·|i − j|, a distance decay, a causal or sliding window).
-Its entries do not move with any input, so the node is a constant of the derivation: no cotangent reaches it.
-Trainable scalars and entries of matrices read at positions (a learned relative table ``b[|i − j|, 0]``) are
-refused in one line naming them.
+A trainable scalar τ in the formula (a learned slope) is the node's operand: τ̄ = tr(Gᵀ [∂f/∂τ]) and
+d[f] = dτ [∂f/∂τ], the derivative a matrix of positions again; with none, no cotangent reaches the node. Entries
+of matrices read at positions (a learned relative table ``b[|i − j|, 0]``) are refused in one line naming them.
 """
 
 from __future__ import annotations
@@ -61,6 +61,20 @@ class Entries(FunctionMatrix):
         return self.lamda.expr
 
     @property
+    def scalars(self) -> tuple[sp.Symbol, ...]:
+        """The trainable scalars the formula reads (a learned slope), by name: the node's operands."""
+        return tuple(sorted((x for x in self.formula.free_symbols if not x.is_integer), key=str))
+
+    def derivative(self, scalar: sp.Symbol) -> Entries:
+        """[∂f/∂τ (i, j)]: the formula differentiated in a trainable scalar, a matrix of positions again (a step's
+        derivative as a Piecewise, a Dirac delta 0: as torch differentiates sign and comparisons)."""
+        formula = sp.diff(self.formula, scalar)
+        formula = formula.replace(lambda e: isinstance(e, sp.DiracDelta), lambda e: sp.S.Zero)
+        if formula.has(sp.Heaviside):
+            formula = formula.rewrite(sp.Piecewise)
+        return Entries(self.rows, self.cols, sp.Lambda((I, J), formula))
+
+    @property
     def masks(self) -> bool:
         """Whether some entry may be −∞ (a mask, added to the scores)."""
         return self.formula.has(-sp.oo)
@@ -86,10 +100,11 @@ def check_formula(formula: Expr) -> Expr:
                 "not in the language yet"
             )
         if isinstance(node, sp.Symbol):
-            if node in (I, J) or (node.is_integer and node.is_positive):
+            if node in (I, J) or (node.is_integer and node.is_positive) or node.is_real:  # a real: a trainable scalar
                 continue
-            kind = "a trainable scalar" if node.is_real else "a symbol that is no position or dimension"
-            raise SymattnError(f"sa.entries: {node} is {kind}; f(i, j) reads positions, dimensions and numbers")
+            raise SymattnError(
+                f"sa.entries: {node} is no position, dimension or trainable scalar (a real symbol, sa.scalar)"
+            )
         if node.is_Number or node in (sp.oo, -sp.oo, sp.true, sp.false) or isinstance(node, (sp.Tuple,)):
             continue
         if not isinstance(node, FORMULA_NODES) and not isinstance(node, BooleanFunction):

@@ -20,10 +20,11 @@ from collections.abc import Callable, Mapping
 import numpy as np
 import sympy as sp
 from sympy import Basic, MatrixExpr, MatrixSymbol
+from sympy.matrices.expressions import FunctionMatrix
 
 from symattn.autodiff.differentials import Differential, differential, local_differential
 from symattn.errors import SymattnError
-from symattn.lang.graph import postorder, rewrite
+from symattn.lang.graph import children, postorder, rewrite
 from symattn.lang.shapes import dimension_symbols
 from symattn.numeric.printers import ExpAtom, NumPyMatrixPrinter
 
@@ -92,9 +93,12 @@ class DagValues:
     def _pattern(self, node: Basic) -> tuple[Basic, tuple[Basic, ...]]:
         found = _PATTERNS.get((node, self.scalars))
         if found is None:
-            children = tuple(a for a in node.args if self._holds_matrix(a))
-            holders = {a: _placeholder(i, a) for i, a in enumerate(node.args) if a in children}
-            pattern = node.func(*(holders.get(a, a) for a in node.args)) if holders else node
+            children = tuple(a for a in _args(node) if self._holds_matrix(a))
+            holders = {a: _placeholder(i, a) for i, a in enumerate(_args(node)) if a in children}
+            if isinstance(node, FunctionMatrix):  # a matrix of positions: its scalars replaced in its formula
+                pattern = node.xreplace(holders)
+            else:
+                pattern = node.func(*(holders.get(a, a) for a in node.args)) if holders else node
             found = (pattern, children)
             if len(_PATTERNS) > _CACHE_MAX:
                 _PATTERNS.clear()
@@ -131,7 +135,7 @@ class DagValues:
                 continue  # a scalar coefficient or a dimension: part of its parent's pattern
             else:
                 pattern, children = self._pattern(node)
-                holders = [_placeholder(i, a) for i, a in enumerate(node.args) if a in children]
+                holders = [_placeholder(i, a) for i, a in enumerate(_args(node)) if a in children]
                 given = {h: self.values[a] for h, a in zip(holders, children)}
                 self.values[node] = self._run((pattern, None), _constant((tuple(holders), pattern)), given)
         return self.values[expr]
@@ -164,7 +168,7 @@ class DagValues:
             # a moving scalar argument: its differential written out (small: scalars are short)
             full = differential(node, self.tangents)
             return None if full is None else self.value(full)
-        holders = [_placeholder(i, a) for i, a in enumerate(node.args) if a in children]
+        holders = [_placeholder(i, a) for i, a in enumerate(_args(node)) if a in children]
         varying = frozenset(h for h, a in zip(holders, children) if self.moving[a] is not None)
         given = {h: self.value(a) for h, a in zip(holders, children)}
         given.update({_tangent_symbol(h): self.moving[a] for h, a in zip(holders, children) if h in varying})
@@ -184,7 +188,8 @@ def _constant(value: tuple) -> Callable[[], tuple]:
 
 
 def _args(node: Basic) -> tuple[Basic, ...]:
-    return () if isinstance(node, MatrixSymbol) else node.args
+    """The node's operands: a matrix of positions' are its trainable scalars (``lang.graph.children``)."""
+    return children(node)
 
 
 __all__ = ["DagValues", "compile_expression"]

@@ -1,10 +1,11 @@
 """Positions in the language (CONTRACT.md, "Positions"): sa.entries(rows, cols, f), the matrix [f(i, j)].
 
-Each spec below reads positions a different way (ALiBi's −slope·|i − j| added to the scores, a causal sliding
+Each spec below reads positions a different way: ALiBi's −slope·|i − j| added to the scores, a causal sliding
 window as a Piecewise with −∞, a distance decay multiplied into the scores, a bucketed log-distance bias with
-floor/Min, SymPy's own FunctionMatrix). Its derivation verifies, and the generated NumPy, torch and JAX modules
-match torch autograd of an independent forward (the positional term built by the test with torch.arange, float64),
-at two sizes, with n ≠ m. The Triton kernels and the memory-efficient variant refuse positions in one line.
+floor/Min, SymPy's own FunctionMatrix, and a learned slope τ (a trainable scalar in the formula) with a window. Its
+derivation verifies, and the generated NumPy, torch and JAX modules match torch autograd of an independent forward
+(the positional term built by the test with torch.arange, float64), at two sizes, with n ≠ m; τ gets its gradient,
+tangent and second derivative. The Triton kernels and the memory-efficient variant refuse positions in one line.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ torch = pytest.importorskip("torch")
 
 n, m, d = dim("n"), dim("m"), dim("d")
 Q, K, V = sp.MatrixSymbol("Q", n, d), sp.MatrixSymbol("K", m, d), sp.MatrixSymbol("V", m, d)
+TAU = sa.scalar("tau")
 WINDOW = 3
 
 
@@ -51,19 +53,24 @@ def _bucket(i, j):
     return -sp.Min(sp.floor(2 * sp.log(1 + sp.Abs(i - j))), 3) / 2  # log-spaced buckets, capped (T5's shape)
 
 
+def _learned(i, j):
+    return -TAU * sp.Abs(i - j) + sp.Piecewise((0, j <= i + 2), (-sp.oo, True))
+
+
 def _grid(rows, cols):
     i = torch.arange(rows, dtype=torch.float64)[:, None]
     j = torch.arange(cols, dtype=torch.float64)[None, :]
     return i, j
 
 
-REFERENCE = {
-    "alibi": lambda i, j: -0.5 * (i - j).abs(),
-    "window": lambda i, j: torch.where((j <= i) & (i - j < WINDOW), 0.0, -math.inf).double(),
-    "decay": lambda i, j: torch.exp(-(i - j).abs() / 4),
-    "bucket": lambda i, j: -torch.clamp(torch.floor(2 * torch.log(1 + (i - j).abs())), max=3) / 2,
+REFERENCE = {  # of the position grids i, j and the learned slope tau
+    "alibi": lambda i, j, tau: -0.5 * (i - j).abs(),
+    "window": lambda i, j, tau: torch.where((j <= i) & (i - j < WINDOW), 0.0, -math.inf).double(),
+    "decay": lambda i, j, tau: torch.exp(-(i - j).abs() / 4),
+    "bucket": lambda i, j, tau: -torch.clamp(torch.floor(2 * torch.log(1 + (i - j).abs())), max=3) / 2,
+    "learned": lambda i, j, tau: -tau * (i - j).abs() + torch.where(j <= i + 2, 0.0, -math.inf).double(),
 }
-FORMULAS = {"alibi": _alibi, "window": _window, "decay": _decay, "bucket": _bucket}
+FORMULAS = {"alibi": _alibi, "window": _window, "decay": _decay, "bucket": _bucket, "learned": _learned}
 
 
 def positional_spec(kind: str) -> sa.Spec:
@@ -73,27 +80,28 @@ def positional_spec(kind: str) -> sa.Spec:
     else:
         positions = sa.entries(n, m, FORMULAS[kind]).expr
         scores = sp.HadamardProduct(_scores(), positions) if kind == "decay" else _scores() + positions
-    return sa.Spec(
-        name=f"positions_{kind}", summary="attention with positions", inputs=(Q, K, V), output=sa.softmax(scores) * V
-    )
+    inputs = (Q, K, V, TAU) if kind == "learned" else (Q, K, V)
+    output = sa.softmax(scores) * V
+    return sa.Spec(name=f"positions_{kind}", summary="attention with positions", inputs=inputs, output=output)
 
 
-def reference(kind: str, q, k, v):
+def reference(kind: str, q, k, v, tau=None):
     i, j = _grid(q.shape[-2], k.shape[-2])
     scores = q @ k.mT / math.sqrt(q.shape[-1])
-    bias = REFERENCE["alibi" if kind == "function_matrix" else kind](i, j)
+    bias = REFERENCE["alibi" if kind == "function_matrix" else kind](i, j, tau)
     scores = scores * bias if kind == "decay" else scores + bias
     return torch.softmax(scores, dim=-1) @ v
 
 
-KINDS = ["alibi", "window", "decay", "bucket", "function_matrix"]
+KINDS = ["alibi", "window", "decay", "bucket", "function_matrix", "learned"]
 SIZES = [(5, 7, 3), (6, 9, 2)]  # (n, m, d), n < m: the window leaves no row empty (row i sees key i)
 
 
-def _inputs(size, seed=0):
+def _inputs(size, seed=0, kind=""):
     g = torch.Generator().manual_seed(seed)
     rows, cols, width = size
-    return [torch.randn(2, r, width, generator=g, dtype=torch.float64) for r in (rows, cols, cols)]
+    tensors = [torch.randn(2, r, width, generator=g, dtype=torch.float64) for r in (rows, cols, cols)]
+    return tensors + [torch.tensor(0.3, dtype=torch.float64)] if kind == "learned" else tensors
 
 
 def _wanted(kind, inputs):
@@ -114,7 +122,7 @@ def test_the_derivation_verifies(kind):
 @pytest.mark.parametrize("kind", KINDS)
 def test_the_torch_module_matches_autograd(kind, size):
     module = load(positional_spec(kind), "torch")
-    inputs = _inputs(size)
+    inputs = _inputs(size, kind=kind)
     want, cotangent, grads = _wanted(kind, inputs)
     leaves = [x.clone().requires_grad_() for x in inputs]
     got = module.forward(*leaves)
@@ -126,12 +134,12 @@ def test_the_torch_module_matches_autograd(kind, size):
 @pytest.mark.parametrize("kind", KINDS)
 def test_the_numpy_module_matches_autograd(kind):
     module = load(positional_spec(kind), "numpy")
-    inputs = _inputs(SIZES[1], seed=1)
+    inputs = _inputs(SIZES[1], seed=1, kind=kind)
     want, cotangent, grads = _wanted(kind, inputs)
     out, saved = module.forward(*(x.numpy() for x in inputs))
     np.testing.assert_allclose(out, want.numpy(), rtol=1e-10, atol=1e-12)
     got = module.backward(saved, cotangent.numpy())
-    for name, w in zip("QKV", grads):
+    for name, w in zip(("Q", "K", "V", "tau"), grads):
         np.testing.assert_allclose(got[name], w.numpy(), rtol=1e-10, atol=1e-12, err_msg=name)
 
 
@@ -144,12 +152,12 @@ def test_the_numpy_module_keeps_float32(kind):
     np.testing.assert_allclose(out, reference(kind, *inputs).numpy(), rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("kind", ["alibi", "window", "decay"])
+@pytest.mark.parametrize("kind", ["alibi", "window", "decay", "learned"])
 def test_the_jax_module_matches_autograd_under_jit(kind):
     jax = pytest.importorskip("jax")
     jax.config.update("jax_enable_x64", True)
     module = load(positional_spec(kind), "jax")
-    inputs = _inputs(SIZES[0], seed=3)
+    inputs = _inputs(SIZES[0], seed=3, kind=kind)
     want, cotangent, grads = _wanted(kind, inputs)
     arrays = [x.numpy() for x in inputs]
     out = jax.jit(module.forward)(*arrays)
@@ -184,12 +192,12 @@ def test_a_position_matrix_gets_no_gradient_and_is_no_argument():
 @pytest.mark.parametrize(
     ("formula", "message"),
     [
-        (lambda i, j: sp.Symbol("tau", real=True) * (i - j), "tau is a trainable scalar"),
+        (lambda i, j: sp.Symbol("x") * (i - j), "x is no position, dimension or trainable scalar"),
         (lambda i, j: sp.MatrixSymbol("b", n, 1)[i, 0], "tables read at positions are not in the language yet"),
         (lambda i, j: sp.sin(i - j), "sin"),
         (lambda i, j: i >= j, "f(i, j) is a condition"),
     ],
-    ids=["trainable scalar", "table read", "sin", "condition"],
+    ids=["unknown symbol", "table read", "sin", "condition"],
 )
 def test_what_a_formula_may_not_hold_is_refused_in_one_line(formula, message):
     with pytest.raises(SymattnError, match=message.replace("(", r"\(").replace(")", r"\)")) as err:
@@ -205,15 +213,15 @@ def test_the_triton_kernels_and_the_memory_efficient_variant_refuse_positions_in
         codegen.render(spec, "torch", variant="memeff")
 
 
-@pytest.mark.parametrize("kind", ["alibi", "window", "decay"])
+@pytest.mark.parametrize("kind", ["alibi", "window", "decay", "learned"])
 def test_forward_mode_and_second_order_match_torch_func(kind):
     spec = positional_spec(kind)
     module = types.ModuleType(spec.name)  # rendered with its second closed form (load() renders first order)
     exec(compile(codegen.render(spec, "torch"), spec.name, "exec"), module.__dict__)
-    inputs = _inputs(SIZES[0], seed=4)
+    inputs = _inputs(SIZES[0], seed=4, kind=kind)
     g = torch.Generator().manual_seed(5)
     tangents = [torch.randn(x.shape, generator=g, dtype=torch.float64) for x in inputs]
-    out, tangent = module.jvp(*inputs, dict(zip("QKV", tangents)))
+    out, tangent = module.jvp(*inputs, dict(zip(("Q", "K", "V", "tau"), tangents)))
     want_out, want_tangent = torch.func.jvp(lambda *x: reference(kind, *x), tuple(inputs), tuple(tangents))
     torch.testing.assert_close(out, want_out, rtol=1e-10, atol=1e-12)
     torch.testing.assert_close(tangent, want_tangent, rtol=1e-10, atol=1e-12)

@@ -24,7 +24,7 @@ from sympy import Basic, MatrixExpr, MatrixSymbol
 from sympy.matrices.expressions import MatAdd, MatMul, OneMatrix
 
 from symattn.lang.algebra import factors, product, total, transpose, transposed_factors
-from symattn.lang.graph import rebuilt
+from symattn.lang.graph import children, rebuilt
 from symattn.lang.naming.safe import expression
 
 
@@ -115,13 +115,13 @@ class Names:
         if e in self.table and e != skip:
             name = self.table[e]
             return (), lambda _: name
-        if not e.args or isinstance(e, MatrixSymbol):
+        if not children(e):
             return (), lambda _: e
         if isinstance(e, MatMul):
             return _plan_product(e, runs, skip)
         if isinstance(e, MatAdd) and sums:
             return _plan_sum(e, sums, skip)
-        return e.args, lambda args: rebuilt(e, args)
+        return children(e), lambda args: rebuilt(e, args)
 
     def _indices(self) -> tuple[dict, dict]:
         """The named products by first factor and the named sums by each term, most factors or terms first."""
@@ -154,15 +154,15 @@ class Names:
             e, expanded = stack.pop()
             if e in memo and not expanded:
                 continue
-            if isinstance(e, MatrixSymbol) or not e.args:
+            if not children(e):
                 memo[e] = e
             elif expanded:
-                args = [memo[a] for a in e.args]
+                args = [memo[a] for a in children(e)]
                 out = rebuilt(e, args)
                 memo[e] = self._match(out)
             else:
                 stack.append((e, True))
-                stack.extend((a, False) for a in e.args if a not in memo)
+                stack.extend((a, False) for a in children(e) if a not in memo)
         return memo[root]
 
     def _match(self, e: Basic) -> Basic:
