@@ -12,7 +12,7 @@ from collections.abc import Callable
 from symattn.lang.functions import FUNCTIONS, TORCH, Elementwise, Gelu
 from symattn.lang.rowwise import LogSoftmax, RowSoftmax
 from symattn.trace import algebra, layers, layout
-from symattn.trace.forms import blocks, rotary, shift
+from symattn.trace.forms import blocks, groups, rotary, shift
 
 Rule = Callable[..., object]
 
@@ -111,9 +111,14 @@ OPS: dict[str, Rule] = {
     "stack": rotary.stack,  # then flatten(-2): interleaved
     "expand": rotary.expand,  # repeat_kv's
     "expand_as": rotary.expand_as,  # of a constant (a mask to the scores' shape): a constant
+    # heads chosen, one head broadcast, key/value heads repeated (forms.groups)
+    "narrow": groups.narrow,  # x.narrow(1, h0, k): split_heads(A S, k)
+    "unsqueeze": groups.unsqueeze,  # (…, n, d) → (…, 1, n, d): one head
+    "repeat_interleave": groups.repeat_interleave,  # repeat_heads(A, H_kv, r·H_kv)
+    "repeat": groups.repeat,  # of one head: repeat_heads(A, 1, H)
     # refused with a reason of their own
     **dict.fromkeys(("gt", "lt", "ge", "le", "eq", "ne", "__gt__", "__lt__", "__ge__", "__le__"), layout.comparison),
-    **dict.fromkeys(("narrow", "select", "index_select", "gather"), layout.indexing),
+    **dict.fromkeys(("select", "index_select", "gather"), layout.indexing),
 }
 
 

@@ -25,7 +25,7 @@ from symattn.lang.algebra import factors, hadamard_product, product, total
 from symattn.lang.functions import Elementwise
 from symattn.lang.ops import split_heads
 from symattn.trace import layout
-from symattn.trace.forms import rotary
+from symattn.trace.forms import groups, rotary
 from symattn.trace.layout import argument, matrix, transposed
 from symattn.trace.tracer import Trace
 from symattn.trace.values import Refused, Value
@@ -200,12 +200,14 @@ def permute(t: Trace, args: tuple, kwargs: dict, result) -> Value:
 
 def getitem(t: Trace, args: tuple, kwargs: dict, result) -> Value:
     """qkv[i] of a fused projection viewed as (k, B, H, n, d): piece i; a slice of the last axis (``rotary.select``);
-    an axis added to key/value heads (``rotary.unsqueeze_heads``); any other index as ``layout.indexing``."""
+    an axis added to key/value heads (``rotary.unsqueeze_heads``); heads chosen, or one head (``groups.select``); any
+    other index as ``layout.indexing``."""
     v = t.value(args[0]) if t.traced(args[0]) else None
     if v is not None and v.pending == "fused" and isinstance(args[1], int):
         return _fused_piece(t, v, args[1] % v.layout[0], result)
     if v is not None and not v.is_scalar and id(args[0]) not in t.floats:  # (a float argument: perhaps a mask)
         found = rotary.select(t, args, kwargs, result) or rotary.unsqueeze_heads(t, args, kwargs, result)
+        found = found or groups.select(t, args, kwargs, result)
         if found is not None:
             return found
     return layout.indexing(t, args, kwargs, result)
