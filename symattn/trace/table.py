@@ -12,7 +12,7 @@ from collections.abc import Callable
 from symattn.lang.functions import FUNCTIONS, TORCH, Elementwise, Gelu
 from symattn.lang.rowwise import LogSoftmax, RowSoftmax
 from symattn.trace import algebra, layers, layout
-from symattn.trace.forms import blocks, groups, rotary, shift
+from symattn.trace.forms import blocks, groups, merged, rotary, shift
 
 Rule = Callable[..., object]
 
@@ -24,7 +24,8 @@ OPS: dict[str, Rule] = {
     "bmm": layout.matmul,
     "mm": layout.matmul,
     "linear": layout.linear,  # x Wᵀ + 𝟏 b, W (out, in)
-    "addmm": blocks.addmm,  # 𝟏 b + X W: GPT-2's Conv1D, on flattened rows
+    "addmm": blocks.addmm,  # β 𝟏 b + α X W: GPT-2's Conv1D, on flattened rows; β C + α X W
+    "baddbmm": merged.baddbmm,  # β C + α A B, batched: BLOOM's, GPT-NeoX's scores
     "einsum": layout.einsum,  # two operands: A B, A Bᵀ, Aᵀ B, … batched
     # layouts
     "transpose": layout.transpose,  # (−2, −1): Aᵀ; (1, 2) of (…, n, H, d): into heads and back

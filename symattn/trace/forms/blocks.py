@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import torch
 from sympy import Basic, MatAdd, MatrixExpr, MatrixSymbol
 from sympy.matrices.expressions import HadamardPower, HadamardProduct, OneMatrix, Transpose
 
@@ -25,7 +26,7 @@ from symattn.lang.algebra import factors, hadamard_product, product, total
 from symattn.lang.functions import Elementwise
 from symattn.lang.ops import split_heads
 from symattn.trace import layout
-from symattn.trace.forms import groups, rotary
+from symattn.trace.forms import groups, merged, rotary
 from symattn.trace.layout import argument, matrix, transposed
 from symattn.trace.tracer import Trace
 from symattn.trace.values import Refused, Value
@@ -164,8 +165,8 @@ def _fused_piece(t: Trace, v: Value, i: int, result) -> Value:
 
 
 def reshape(t: Trace, args: tuple, kwargs: dict, result) -> Value:
-    """view / reshape: the flattened rows (…, n, c) ↔ (B·n, c), the fused projection (…, n, k·H·d) → (…, n, k, H, d);
-    anything else as ``layout.reshape``."""
+    """view / reshape: the flattened rows (…, n, c) ↔ (B·n, c), the fused projection (…, n, k·H·d) → (…, n, k, H, d),
+    batch and heads merged and split again (``merged.regroup``); anything else as ``layout.reshape``."""
     v = t.value(args[0])
     old, new = tuple(v.shape), tuple(result.shape)
     flattens = len(old) > 2 and new == (math.prod(old[:-1]), old[-1])
@@ -182,7 +183,7 @@ def reshape(t: Trace, args: tuple, kwargs: dict, result) -> Value:
     fused = len(new) == len(old) + 2 and new[:-3] == old[:-1] and math.prod(new[-3:]) == old[-1] and new[-3] > 1
     if fused and v.pending is None and v.heads is None:
         return Value(v.expr, new, pending="fused_view", layout=(new[-3], new[-2]))
-    return layout.reshape(t, args, kwargs, result)
+    return merged.regroup(t, v, result) or layout.reshape(t, args, kwargs, result)
 
 
 def permute(t: Trace, args: tuple, kwargs: dict, result) -> Value:
@@ -214,19 +215,22 @@ def getitem(t: Trace, args: tuple, kwargs: dict, result) -> Value:
 
 
 def addmm(t: Trace, args: tuple, kwargs: dict, result) -> Value:
-    """torch.addmm(b, X, W) = 𝟏 b + X W (β = α = 1), X flattened rows or a matrix: Conv1D's x·W + b."""
-    if argument(args, kwargs, 3, "beta", 1) != 1 or argument(args, kwargs, 4, "alpha", 1) != 1:
-        raise Refused("addmm with beta or alpha ≠ 1; write the multiples out")
+    """torch.addmm(b, X, W, beta=β, alpha=α) = β 𝟏 b + α X W, X flattened rows or a matrix: Conv1D's x·W + b; with
+    an input other than a traced bias row, β·input + α X W (``merged.scaled_sum``)."""
+    beta, alpha = argument(args, kwargs, 3, "beta", 1), argument(args, kwargs, 4, "alpha", 1)
     bias, x, w = args[0], argument(args, kwargs, 1, "mat1"), argument(args, kwargs, 2, "mat2")
+    if not (isinstance(bias, torch.Tensor) and bias.ndim == 1 and t.traced(x)):
+        return merged.scaled_sum(t, bias, x, w, beta, alpha, result)
     xv, wv, b = matrix(t.value(x), "left factor", flat=True), matrix(t.value(w), "right factor"), t.value(bias)
-    if len(wv.shape) != 2 or b.is_scalar or b.rows != 1:
+    if len(wv.shape) != 2:
         raise Refused("addmm of a matrix and a bias row; read: addmm(b, X, W) with W 2-D and b of shape (d,)")
     t.dims.equate(xv.cols, wv.rows)
     if b.cols != 1:
         t.dims.equate(t.value(bias).cols, t.value(w).cols)
     xv, wv, b = (t.value(z) for z in (x, w, bias))
     t.dims.contracted.append(xv.cols)
-    term = product(OneMatrix(xv.rows, 1), b.expr)
-    term = term if b.cols != 1 else product(term, OneMatrix(1, wv.cols))
-    out = total(product(xv.expr, wv.expr), term)
+    out = product(t.value(alpha, (xv.cols,)).expr, xv.expr, wv.expr)
+    if beta != 0:  # β = 0: the bias ignored
+        term = product(t.value(beta).expr, OneMatrix(xv.rows, 1), b.expr)
+        out = total(out, term if b.cols != 1 else product(term, OneMatrix(1, wv.cols)))
     return Value(out, tuple(result.shape), None, xv.pending, inner=xv.cols, layout=xv.layout)
