@@ -104,13 +104,13 @@ OPS: dict[str, Rule] = {
     "split": blocks.split,
     "chunk": blocks.split,
     "unbind": blocks.unbind,
-    "__getitem__": blocks.getitem,  # qkv[i] of the fused view; x[..., a:b] = x S; x[:, :, None] of kv heads
+    "__getitem__": blocks.getitem,  # qkv[i], fused[..., i, :]; x[..., a:b] = x S; x[:, :, None]; x[:, h0:h1]
     # rotary embeddings and grouped key/value heads (forms.rotary)
     "cat": rotary.cat,  # Σ A_i E_i; cat((−x₂, x₁), -1) = x R
     "concat": rotary.cat,
     "concatenate": rotary.cat,
     "stack": rotary.stack,  # then flatten(-2): interleaved
-    "expand": rotary.expand,  # repeat_kv's
+    "expand": rotary.expand,  # repeat_kv's; one head to H (forms.groups)
     "expand_as": rotary.expand_as,  # of a constant (a mask to the scores' shape): a constant
     # heads chosen, one head broadcast, key/value heads repeated (forms.groups)
     "narrow": groups.narrow,  # x.narrow(1, h0, k): split_heads(A S, k)

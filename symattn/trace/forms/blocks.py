@@ -9,6 +9,10 @@ it (W_0, W_1, … in the order of the split): the spec's inputs hold the blocks 
 stays one tensor: ``drop_in`` passes each block as a view of it (``narrow``), so autograd hands W's gradient back
 whole, in the user's layout, the blocks' gradients side by side (``source.Traced.views``).
 
+A fused projection viewed with its k pieces inside each head, (…, n, H, k, d) (BLOOM's, Falcon's), is read by
+``fused[..., i, :]``: the columns h·k·d + i·d + j of every head h, A S_i with S_i a constant selection, split into H
+heads (a product with a constant: the weight stays one input).
+
 A flattened view (…, n, c) → (B·n, c), as Conv1D makes, is the same matrix, rows of every sequence stacked: a
 product with it as the left factor (``mm``, ``addmm``) keeps it so, and the view back to (…, n, c′) ends it.
 """
@@ -27,8 +31,9 @@ from symattn.lang.functions import Elementwise
 from symattn.lang.ops import split_heads
 from symattn.trace import layout
 from symattn.trace.forms import groups, merged, rotary
+from symattn.trace.forms.heads import named_constant
 from symattn.trace.layout import argument, matrix, transposed
-from symattn.trace.tracer import Trace
+from symattn.trace.tracer import MaskArgument, Trace
 from symattn.trace.values import Refused, Value
 
 
@@ -166,7 +171,8 @@ def _fused_piece(t: Trace, v: Value, i: int, result) -> Value:
 
 def reshape(t: Trace, args: tuple, kwargs: dict, result) -> Value:
     """view / reshape: the flattened rows (…, n, c) ↔ (B·n, c), the fused projection (…, n, k·H·d) → (…, n, k, H, d),
-    batch and heads merged and split again (``merged.regroup``); anything else as ``layout.reshape``."""
+    batch and heads merged and split again (``merged.regroup``); anything else as ``layout.reshape``, which a float
+    argument it refuses signals as perhaps an additive mask (``MaskArgument``: traced again as a constant)."""
     v = t.value(args[0])
     old, new = tuple(v.shape), tuple(result.shape)
     flattens = len(old) > 2 and new == (math.prod(old[:-1]), old[-1])
@@ -183,7 +189,15 @@ def reshape(t: Trace, args: tuple, kwargs: dict, result) -> Value:
     fused = len(new) == len(old) + 2 and new[:-3] == old[:-1] and math.prod(new[-3:]) == old[-1] and new[-3] > 1
     if fused and v.pending is None and v.heads is None:
         return Value(v.expr, new, pending="fused_view", layout=(new[-3], new[-2]))
-    return merged.regroup(t, v, result) or layout.reshape(t, args, kwargs, result)
+    regrouped = merged.regroup(t, v, result)
+    if regrouped is not None:
+        return regrouped
+    if id(args[0]) in t.floats:  # a float argument viewed otherwise (ALiBi's (B·H, 1, m) as (B, H, 1, m)): a mask?
+        try:
+            return layout.reshape(t, args, kwargs, result)
+        except Refused as err:
+            raise MaskArgument(t.floats[id(args[0])], str(err)) from None
+    return layout.reshape(t, args, kwargs, result)
 
 
 def permute(t: Trace, args: tuple, kwargs: dict, result) -> Value:
@@ -206,12 +220,41 @@ def getitem(t: Trace, args: tuple, kwargs: dict, result) -> Value:
     v = t.value(args[0]) if t.traced(args[0]) else None
     if v is not None and v.pending == "fused" and isinstance(args[1], int):
         return _fused_piece(t, v, args[1] % v.layout[0], result)
+    if v is not None and v.pending == "fused_view":
+        return _strided_piece(t, v, args[1], result)
     if v is not None and not v.is_scalar and id(args[0]) not in t.floats:  # (a float argument: perhaps a mask)
         found = rotary.select(t, args, kwargs, result) or rotary.unsqueeze_heads(t, args, kwargs, result)
         found = found or groups.select(t, args, kwargs, result)
         if found is not None:
             return found
     return layout.indexing(t, args, kwargs, result)
+
+
+def _strided_piece(t: Trace, v: Value, index: object, result) -> Value:
+    """fused[..., i, :] of a fused projection's view (…, n, a, b, d), BLOOM's and Falcon's (…, n, H, 3, d): piece i of
+    each of the a groups, the columns p·b·d + i·d + j of A, as A S (S the constant selection, (a·b·d) × (a·d)) split
+    into a heads, right after the view into heads (a transpose(1, 2) follows)."""
+    index = index if isinstance(index, tuple) else (index,)
+    ndim, full = len(v.shape), slice(None)
+    if index.count(Ellipsis) == 1:
+        at = index.index(Ellipsis)
+        index = (*index[:at], *(full,) * (ndim - len(index) + 1), *index[at + 1 :])
+    index = (*index, *(full,) * (ndim - len(index)))
+    picked = index[-2] if len(index) == ndim else None
+    if not isinstance(picked, int) or any(i != full for k, i in enumerate(index) if k != ndim - 2):
+        raise Refused(
+            f"an index {index} of a fused projection's view {tuple(v.shape)}; read: [..., i, :] (a piece of each "
+            "head), or permute(2, 0, 3, 1, 4) then unbind(0) or [i]"
+        )
+    groups, pieces = v.layout
+    width = v.shape[-1]
+    s = torch.zeros(groups * pieces * width, groups * width, dtype=result.dtype)
+    for p in range(groups):
+        rows = p * pieces * width + (picked % pieces) * width + torch.arange(width)
+        s[rows, p * width + torch.arange(width)] = 1
+    head = t.dims.divisible(v.cols, groups * pieces)  # d, the width of a head
+    symbol = named_constant(t, s, "S", (v.cols, groups * head))
+    return Value(split_heads(product(v.expr, symbol), groups), tuple(result.shape), groups, pending="split")
 
 
 def addmm(t: Trace, args: tuple, kwargs: dict, result) -> Value:

@@ -31,8 +31,8 @@ from symattn.trace.values import Refused, Value
 
 
 def _heads_axis(v: Value) -> int:
-    """The heads axis of a per-head value, counted from the front."""
-    return len(v.shape) - 3
+    """The heads axis of a per-head value, counted from the front: −3, or −2 right after the view into heads."""
+    return len(v.shape) - (2 if v.pending == "split" else 3)
 
 
 def _concatenated(v: Value) -> Basic:
@@ -43,10 +43,11 @@ def _concatenated(v: Value) -> Basic:
 
 
 def chosen(t: Trace, v: Value, picked: list[int], result) -> Value:
-    """Heads c_1 … c_h of the per-head value v: split_heads(A S, h) (see the module docstring)."""
-    v = matrix(v)
+    """Heads c_1 … c_h of the per-head value v: split_heads(A S, h) (see the module docstring); right after the view
+    into heads, still waiting for its transpose."""
+    pending = v.pending if v.pending == "split" else matrix(v).pending
     if picked == list(range(v.heads)):
-        return Value(v.expr, tuple(result.shape), v.heads)
+        return Value(v.expr, tuple(result.shape), v.heads, pending)
     if not picked:
         raise Refused("a selection of no heads")
     width = v.shape[-1]
@@ -54,7 +55,8 @@ def chosen(t: Trace, v: Value, picked: list[int], result) -> Value:
     for i, c in enumerate(picked):
         s[c * width + torch.arange(width), i * width + torch.arange(width)] = 1
     symbol = named_constant(t, s, "S", (v.heads * v.cols, len(picked) * v.cols))
-    return Value(split_heads(product(_concatenated(v), symbol), len(picked)), tuple(result.shape), len(picked))
+    expr = split_heads(product(_concatenated(v), symbol), len(picked))
+    return Value(expr, tuple(result.shape), len(picked), pending)
 
 
 def _expanded_index(index: object, ndim: int) -> tuple | None:
@@ -72,14 +74,21 @@ def _expanded_index(index: object, ndim: int) -> tuple | None:
 
 
 def select(t: Trace, args: tuple, kwargs: dict, result) -> Value | None:
-    """x[:, h0:h1], x[:, [i, j]] of a per-head value (B, H, n, d): the heads chosen; x[:, None] of a matrix with batch
-    axes (B, n, d): one head; None for any other index."""
+    """x[:, h0:h1], x[:, [i, j]] of a per-head value (B, H, n, d) (x[..., h0:h1, :] right after the view into heads,
+    (B, n, H, d)): the heads chosen; x[:, None] of a matrix with batch axes (B, n, d): one head; None for any other
+    index."""
     v = t.value(args[0])
-    if v.pending is not None or v.is_scalar:
+    if v.pending not in (None, "split") or v.is_scalar:
         return None
     index = args[1] if isinstance(args[1], tuple) else (args[1],)
     full = slice(None)
-    if v.heads is None and len(v.shape) == 3 and index[:2] == (full, None) and all(i == full for i in index[2:]):
+    if (
+        v.pending is None
+        and v.heads is None
+        and len(v.shape) == 3
+        and index[:2] == (full, None)
+        and all(i == full for i in index[2:])
+    ):
         return one_head(v, result)
     if v.heads is None:
         return None
