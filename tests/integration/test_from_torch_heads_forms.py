@@ -8,8 +8,9 @@ parameter, relative error ≤ 1e-9):
 - batch and heads merged, (B, H, n, d) ↔ (B·H, n, d): torch.bmm, BLOOM's baddbmm (alpha = 1/√d, an ALiBi bias as
   its input, a causal mask by masked_fill), GPT-NeoX's baddbmm of torch.zeros, a float mask as the input, addmm.
 
-A reshape that moves the sequence into the batch, a tiling of several heads and an index that drops the heads axis
-are refused in one line."""
+Also transformers' own BloomAttention and FalconAttention (ALiBi; multi-query or not), which read their fused
+projection's pieces inside each head (view(B, n, H, 3, d)[..., i, :]). A reshape that moves the sequence into the
+batch, a tiling of several heads and an index that drops the heads axis are refused in one line."""
 
 from __future__ import annotations
 
@@ -214,32 +215,34 @@ def _relative(got: torch.Tensor, want: torch.Tensor) -> float:
     return ((got - want).abs().max() / want.abs().max().clamp_min(1e-3)).item()
 
 
-def _drop_in_matches_autograd(name: str) -> torch.nn.Module:
-    """Traced and dropped in at 2 × 5, against autograd of the original at 3 × 7: output, ∂/∂x, ∂/∂ every parameter."""
-    torch.manual_seed(0)
-    model = CASES[name][0]().double().eval()
+def _drop_in_matches_autograd(model, examples: tuple, args: tuple, inputs: int = 1, tolerance: float = 1e-9) -> None:
+    """model dropped in at the examples against autograd of the original at args (another batch and length): the
+    output, and the gradients of the first ``inputs`` arguments and of every parameter, within ``tolerance``."""
     original = copy.deepcopy(model)
-    g = torch.Generator().manual_seed(1)
-    drop_in(model, torch.randn(2, 5, C, dtype=torch.float64, generator=g), *_args(name, [5, 3], 5), second_order=False)
-    x = torch.randn(3, 7, C, dtype=torch.float64, generator=g)
-    args = _args(name, [7, 2, 5], 7)
+    drop_in(model, *examples, second_order=False)
+    name = type(model).__name__
     results = []
     for m in (original, model):
-        leaf = x.clone().requires_grad_()
-        out = m(leaf, *args)
+        leaves = [a.clone().requires_grad_() for a in args[:inputs]]
+        out = m(*leaves, *args[inputs:])
         cotangent = torch.randn(out.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
-        results.append((out.detach(), torch.autograd.grad(out, [leaf, *m.parameters()], cotangent)))
+        results.append((out.detach(), torch.autograd.grad(out, [*leaves, *m.parameters()], cotangent)))
     (want, wanted), (got, grads) = results
-    assert _relative(got, want) <= 1e-9, f"{name}: output"
-    labels = ["x", *(p for p, _ in model.named_parameters())]
+    assert _relative(got, want) <= tolerance, f"{name}: output"
+    labels = [*(f"argument {i}" for i in range(inputs)), *(p for p, _ in model.named_parameters())]
     for label, a, b in zip(labels, grads, wanted, strict=True):
-        assert _relative(a, b) <= 1e-9, f"{name}: ∂f/∂{label}"
-    return model
+        assert _relative(a, b) <= tolerance, f"{name}: ∂f/∂{label}"
 
 
 @pytest.mark.parametrize("name", CASES)
 def test_a_heads_form_drops_in_and_matches_autograd_at_another_length(name):
-    _drop_in_matches_autograd(name)
+    """Traced and dropped in at 2 × 5, against autograd of the original at 3 × 7."""
+    torch.manual_seed(0)
+    model = CASES[name][0]().double().eval()
+    g = torch.Generator().manual_seed(1)
+    examples = (torch.randn(2, 5, C, dtype=torch.float64, generator=g), *_args(name, [5, 3], 5))
+    args = (torch.randn(3, 7, C, dtype=torch.float64, generator=g), *_args(name, [7, 2, 5], 7))
+    _drop_in_matches_autograd(model, examples, args)
 
 
 @pytest.mark.parametrize(
@@ -317,3 +320,68 @@ def test_addmm_with_beta_and_alpha_is_the_scaled_sum():
     assert _relative(got, want) <= 1e-12
     for x, y in zip(torch.autograd.grad(got.sum(), (a, b, c)), torch.autograd.grad(want.sum(), (a, b, c))):
         assert _relative(x, y) <= 1e-12
+
+
+class BloomOutput(torch.nn.Module):
+    """BloomAttention's output (it returns (output, weights)), called as BloomBlock calls it."""
+
+    def __init__(self, attn: torch.nn.Module) -> None:
+        super().__init__()
+        self.attn = attn
+
+    def forward(self, x, residual, alibi, attention_mask):
+        return self.attn(x, residual, alibi, attention_mask)[0]
+
+
+class FalconOutput(BloomOutput):
+    """FalconAttention's output, called as FalconDecoderLayer calls it."""
+
+    def forward(self, x, alibi, attention_mask):
+        return self.attn(x, alibi, attention_mask)[0]
+
+
+def _alibi_and_causal(build, b: int, n: int) -> tuple:
+    """The model's ALiBi bias (B·H, 1, n) for unpadded sequences and transformers' additive causal mask (B, 1, n, n)."""
+    causal = torch.ones(n, n, dtype=torch.bool).triu(1)
+    mask = torch.zeros(b, 1, n, n, dtype=torch.float64).masked_fill(causal, torch.finfo(torch.float64).min)
+    return build(torch.ones(b, n, dtype=torch.long), H, torch.float64), mask
+
+
+def _bloom():
+    from transformers.models.bloom.modeling_bloom import BloomAttention, BloomConfig, build_alibi_tensor
+
+    config = BloomConfig(hidden_size=C, n_head=H, attention_dropout=0.0, hidden_dropout=0.0)
+    config._attn_implementation = "eager"
+    g = torch.Generator().manual_seed(1)
+
+    def args(b, n):  # hidden states, the residual (an input too), ALiBi, the causal mask
+        x, residual = (torch.randn(b, n, C, dtype=torch.float64, generator=g) for _ in range(2))
+        return (x, residual, *_alibi_and_causal(build_alibi_tensor, b, n))
+
+    return BloomOutput(BloomAttention(config, layer_idx=0)), args, 2, 1e-6  # BLOOM's softmax is computed in float32
+
+
+def _falcon(multi_query: bool):
+    from transformers.models.falcon.modeling_falcon import FalconAttention, FalconConfig, build_alibi_tensor
+
+    config = FalconConfig(
+        hidden_size=C, num_attention_heads=H, multi_query=multi_query, alibi=True, new_decoder_architecture=False
+    )
+    config.bias, config.attention_dropout, config._attn_implementation = True, 0.0, "eager"
+    g = torch.Generator().manual_seed(1)
+
+    def args(b, n):
+        return (torch.randn(b, n, C, dtype=torch.float64, generator=g), *_alibi_and_causal(build_alibi_tensor, b, n))
+
+    return FalconOutput(FalconAttention(config, layer_idx=0)), args, 1, 1e-9
+
+
+@pytest.mark.parametrize("name", ["bloom", "falcon_multi_query", "falcon"])
+def test_bloom_and_falcon_attention_from_transformers_drop_in(name):
+    """transformers' own BloomAttention (fused (B, n, H, 3, d) pieces, baddbmm of the ALiBi bias with alpha = 1/√d,
+    (B·H, n, d) and bmm) and FalconAttention with ALiBi (multi-query: one key and value head of the (B, n, H + 2, d)
+    view, broadcast; the merged layout by flatten(0, 1)), against autograd of the original at another length."""
+    pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    model, args, inputs, tolerance = _bloom() if name == "bloom" else _falcon(name == "falcon_multi_query")
+    _drop_in_matches_autograd(model.double().eval(), args(2, 5), args(3, 7), inputs, tolerance)
