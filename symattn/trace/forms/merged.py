@@ -18,8 +18,6 @@ nan and ∞), and so does an input made by ``torch.zeros`` (β·0 = 0).
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from symattn.trace import algebra, layout
@@ -40,7 +38,8 @@ def regroup(t: Trace, v: Value, result) -> Value | None:
         if len(new) == len(old) + 1 and new[:-3] == old[:-2] and new[-3] == 1:
             return one_head(v, result)
         return None
-    merges = len(new) == len(old) - 1 and old[-3] == v.heads and new[:-3] == old[:-4] and new[-3] == old[-4] * v.heads
+    merges = len(new) == len(old) - 1 >= 3 and old[-3] == v.heads and new[:-3] == old[:-4]
+    merges = merges and new[-3] == old[-4] * v.heads
     splits = len(new) == len(old) + 1 and new[-3] == v.heads and new[:-4] == old[:-3] and new[-4] * v.heads == old[-3]
     if merges or splits:
         return Value(v.expr, new, v.heads)
@@ -80,7 +79,7 @@ def scaled_sum(t: Trace, base: object, x: object, y: object, beta: object, alpha
     if alpha != 1:
         with torch.no_grad():
             scores = _scaled(t, scores, alpha)
-    if beta == 0 or (isinstance(beta, (int, float)) and math.isclose(beta, 0.0)) or _made_by_zeros(t, base):
+    if beta == 0 or _made_by_zeros(t, base):
         v = t.value(scores)
         return Value(v.expr, tuple(result.shape), v.heads)
     if beta != 1:
