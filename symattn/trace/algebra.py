@@ -20,7 +20,7 @@ from symattn.lang.algebra import hadamard_product, product, total
 from symattn.lang.functions import Softplus
 from symattn.trace import frames
 from symattn.trace.forms.heads import across_heads, fixed
-from symattn.trace.layout import argument, matrix, same_heads
+from symattn.trace.layout import argument, at_heads, matrix, same_heads
 from symattn.trace.tracer import MaskArgument, Trace
 from symattn.trace.values import Refused, Value
 
@@ -32,13 +32,13 @@ def _broadcast(t: Trace, x: object, y: object, prefer: tuple = ()) -> tuple[Basi
     a, b = t.value(x, prefer), t.value(y, prefer)
     if a.is_scalar or b.is_scalar:
         return a.expr, b.expr, a.heads if b.is_scalar else b.heads, ()
-    heads = same_heads(matrix(a), matrix(b))
+    heads = same_heads(matrix(a), matrix(b), broadcast=True)
     for length in ("rows", "cols"):
         la, lb = getattr(a, length), getattr(b, length)
         if la != 1 and lb != 1:
             t.dims.equate(la, lb)
     a, b = t.value(x, prefer), t.value(y, prefer)
-    ea, eb = a.expr, b.expr
+    ea, eb = at_heads(a, heads), at_heads(b, heads)
     if a.rows == 1 and b.rows != 1:
         ea = product(OneMatrix(b.rows, 1), ea)
     if b.rows == 1 and a.rows != 1:

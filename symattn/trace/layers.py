@@ -14,7 +14,7 @@ from sympy.matrices.expressions import OneMatrix, Transpose
 from symattn.lang import ops
 from symattn.lang.algebra import hadamard_product, product, total
 from symattn.trace.forms.heads import across_heads
-from symattn.trace.layout import argument, matrix, same_heads
+from symattn.trace.layout import argument, at_heads, matrix, same_heads
 from symattn.trace.tracer import MaskArgument, Trace
 from symattn.trace.values import Refused, Value
 
@@ -75,12 +75,12 @@ def scaled_dot_product_attention(t: Trace, args: tuple, kwargs: dict, result) ->
     if dropout:
         raise Refused(f"dropout_p = {dropout} is random; trace with dropout_p=0")
     qv, kv, vv = _grouped(t, (q, k, v), kwargs.get("enable_gqa", False))
-    heads = same_heads(qv, kv, vv)
+    heads = same_heads(qv, kv, vv, broadcast=True)
     t.dims.equate(qv.cols, kv.cols)
     t.dims.equate(t.value(k).rows, t.value(v).rows)
     qv, kv, vv = _grouped(t, (q, k, v), kwargs.get("enable_gqa", False))
     t.dims.contracted.append(qv.cols)
-    s = product(qv.expr, Transpose(kv.expr))
+    s = product(at_heads(qv, heads), Transpose(at_heads(kv, heads)))
     factor = 1 / sp.sqrt(qv.cols) if scale is None else t.value(scale, (qv.cols,)).expr
     a = product(factor, s)
     like = Value(a, (*result.shape[:-1], kv.shape[-2]), heads)
@@ -98,4 +98,4 @@ def scaled_dot_product_attention(t: Trace, args: tuple, kwargs: dict, result) ->
         else:
             m = t.value(mask)
             a = total(a, m.expr if m.rows != 1 else product(OneMatrix(qv.rows, 1), m.expr))
-    return Value(product(ops.softmax(a), vv.expr), tuple(result.shape), heads)
+    return Value(product(ops.softmax(a), at_heads(vv, heads)), tuple(result.shape), heads)

@@ -7,10 +7,11 @@ acts on each head at once; a transpose(1, 2) back waits for the view (…, n, H�
 
 from __future__ import annotations
 
+from sympy import Basic
 from sympy.matrices.expressions import OneMatrix, Transpose
 
 from symattn.lang.algebra import product, total
-from symattn.lang.ops import merge_heads, split_heads
+from symattn.lang.ops import merge_heads, repeat_heads, split_heads
 from symattn.trace.tracer import MaskArgument, Trace
 from symattn.trace.values import Refused, Value, stopped
 
@@ -44,9 +45,13 @@ def matrix(v: Value, what: str = "operand", flat: bool = False) -> Value:
     return v
 
 
-def same_heads(*values: Value) -> int | None:
-    """The head count shared by the operands: a plain operand broadcasts over the heads (size 1 or no axis -3)."""
+def same_heads(*values: Value, broadcast: bool = False) -> int | None:
+    """The head count shared by the operands: a plain operand broadcasts over the heads (size 1 or no axis -3); with
+    ``broadcast`` (a product, an entrywise operation) one head meets H heads as torch broadcasts it (multi-query
+    keys and values), which ``at_heads`` makes explicit."""
     counts = {v.heads for v in values if v.heads is not None}
+    if broadcast and len(counts) == 2 and 1 in counts:
+        counts.discard(1)
     if len(counts) > 1:
         raise Refused(f"operands with {' and '.join(map(str, sorted(counts)))} heads")
     if counts:
@@ -62,6 +67,14 @@ def same_heads(*values: Value) -> int | None:
                     "with every head only tensors without batch axes (parameters, buffers; masks through masked_fill)"
                 )
     return counts.pop() if counts else None
+
+
+def at_heads(v: Value, heads: int | None) -> Basic:
+    """v's expression at the operation's heads: one head (…, 1, n, d) meeting H is repeat_heads(A, 1, H), every
+    query head reading the one block (its cotangent the sum over the H heads); else as it is."""
+    if v.heads == 1 and heads is not None and heads > 1:
+        return repeat_heads(v.expr, 1, heads)
+    return v.expr
 
 
 def transposed(e):
@@ -86,11 +99,12 @@ def _product(t: Trace, x: object, y: object, result) -> Value:
     a, b = matrix(t.value(x), "left factor", flat=True), matrix(t.value(y), "right factor")
     if len(a.shape) < 2 or len(b.shape) < 2:
         raise Refused("a product with a 1-D tensor (a vector) is not a matrix product of symattn's language")
-    heads = same_heads(a, b)
+    heads = same_heads(a, b, broadcast=True)
     t.dims.equate(a.cols, b.rows)
     a, b = t.value(x), t.value(y)
     t.dims.contracted.append(a.cols)
-    return Value(product(a.expr, b.expr), tuple(result.shape), heads, a.pending, inner=a.cols, layout=a.layout)
+    expr = product(at_heads(a, heads), at_heads(b, heads))
+    return Value(expr, tuple(result.shape), heads, a.pending, inner=a.cols, layout=a.layout)
 
 
 def _subscripts(text: str) -> list[str]:
@@ -122,14 +136,14 @@ def einsum(t: Trace, args: tuple, kwargs: dict, result) -> Value:
         raise Refused(f"einsum {equation!r}: the output must hold the two free indices")
     x, y = operands
     va, vb = matrix(t.value(x), "first operand"), matrix(t.value(y), "second operand")
-    heads = same_heads(va, vb)
+    heads = same_heads(va, vb, broadcast=True)
     left = (lambda e: e) if a[-1] == c else transposed
     right = (lambda e: e) if b[-2] == c else transposed
     t.dims.equate(va.cols if a[-1] == c else va.rows, vb.rows if b[-2] == c else vb.cols)
     va, vb = t.value(x), t.value(y)
     inner = va.cols if a[-1] == c else va.rows
     t.dims.contracted.append(inner)
-    expr = product(left(va.expr), right(vb.expr))
+    expr = product(left(at_heads(va, heads)), right(at_heads(vb, heads)))
     if o[-2:] == [free_b, free_a]:
         expr = transposed(expr)
     return Value(expr, tuple(result.shape), heads, inner=inner)

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from symattn.lang.functions import FUNCTIONS, TORCH, Elementwise, Gelu
 from symattn.lang.rowwise import LogSoftmax, RowSoftmax
 from symattn.trace import algebra, layers, layout
-from symattn.trace.forms import blocks, rotary, shift
+from symattn.trace.forms import blocks, groups, merged, rotary, shift
 
 Rule = Callable[..., object]
 
@@ -24,7 +24,8 @@ OPS: dict[str, Rule] = {
     "bmm": layout.matmul,
     "mm": layout.matmul,
     "linear": layout.linear,  # x Wᵀ + 𝟏 b, W (out, in)
-    "addmm": blocks.addmm,  # 𝟏 b + X W: GPT-2's Conv1D, on flattened rows
+    "addmm": blocks.addmm,  # β 𝟏 b + α X W: GPT-2's Conv1D, on flattened rows; β C + α X W
+    "baddbmm": merged.baddbmm,  # β C + α A B, batched: BLOOM's, GPT-NeoX's scores
     "einsum": layout.einsum,  # two operands: A B, A Bᵀ, Aᵀ B, … batched
     # layouts
     "transpose": layout.transpose,  # (−2, −1): Aᵀ; (1, 2) of (…, n, H, d): into heads and back
@@ -103,17 +104,22 @@ OPS: dict[str, Rule] = {
     "split": blocks.split,
     "chunk": blocks.split,
     "unbind": blocks.unbind,
-    "__getitem__": blocks.getitem,  # qkv[i] of the fused view; x[..., a:b] = x S; x[:, :, None] of kv heads
+    "__getitem__": blocks.getitem,  # qkv[i], fused[..., i, :]; x[..., a:b] = x S; x[:, :, None]; x[:, h0:h1]
     # rotary embeddings and grouped key/value heads (forms.rotary)
     "cat": rotary.cat,  # Σ A_i E_i; cat((−x₂, x₁), -1) = x R
     "concat": rotary.cat,
     "concatenate": rotary.cat,
     "stack": rotary.stack,  # then flatten(-2): interleaved
-    "expand": rotary.expand,  # repeat_kv's
+    "expand": rotary.expand,  # repeat_kv's; one head to H (forms.groups)
     "expand_as": rotary.expand_as,  # of a constant (a mask to the scores' shape): a constant
+    # heads chosen, one head broadcast, key/value heads repeated (forms.groups)
+    "narrow": groups.narrow,  # x.narrow(1, h0, k): split_heads(A S, k)
+    "unsqueeze": groups.unsqueeze,  # (…, n, d) → (…, 1, n, d): one head
+    "repeat_interleave": groups.repeat_interleave,  # repeat_heads(A, H_kv, r·H_kv)
+    "repeat": groups.repeat,  # of one head: repeat_heads(A, 1, H)
     # refused with a reason of their own
     **dict.fromkeys(("gt", "lt", "ge", "le", "eq", "ne", "__gt__", "__lt__", "__ge__", "__le__"), layout.comparison),
-    **dict.fromkeys(("narrow", "select", "index_select", "gather"), layout.indexing),
+    **dict.fromkeys(("select", "index_select", "gather"), layout.indexing),
 }
 
 

@@ -107,6 +107,7 @@ OTHER_MEANINGS = {
     ("symattn/derive/formats/layout.py", "tanh"): r"the width of TeX's \tanh",
     ("symattn/lang/ops_block.py", "tanh"): "gelu's approximate='tanh' option",
     ("symattn/trace/constants.py", "step"): "the constant program's reference to a recorded call's result",
+    ("symattn/trace/forms/merged.py", "step"): "the constant program's reference to a recorded call's result",
     ("symattn/specs/block.py", "tanh"): "gelu's approximate='tanh' option",
     ("symattn/codegen/backends/torch/runtime.py", "tanh"): "torch's gelu(approximate='tanh')",
     ("symattn/codegen/backends/torch/dropin_runtime.py", "gelu"): "nn.TransformerEncoderLayer's activation='gelu'",

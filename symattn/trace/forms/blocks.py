@@ -9,6 +9,10 @@ it (W_0, W_1, … in the order of the split): the spec's inputs hold the blocks 
 stays one tensor: ``drop_in`` passes each block as a view of it (``narrow``), so autograd hands W's gradient back
 whole, in the user's layout, the blocks' gradients side by side (``source.Traced.views``).
 
+A fused projection viewed with its k pieces inside each head, (…, n, H, k, d) (BLOOM's, Falcon's), is read by
+``fused[..., i, :]``: the columns h·k·d + i·d + j of every head h, A S_i with S_i a constant selection, split into H
+heads (a product with a constant: the weight stays one input).
+
 A flattened view (…, n, c) → (B·n, c), as Conv1D makes, is the same matrix, rows of every sequence stacked: a
 product with it as the left factor (``mm``, ``addmm``) keeps it so, and the view back to (…, n, c′) ends it.
 """
@@ -18,6 +22,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import torch
 from sympy import Basic, MatAdd, MatrixExpr, MatrixSymbol
 from sympy.matrices.expressions import HadamardPower, HadamardProduct, OneMatrix, Transpose
 
@@ -25,9 +30,10 @@ from symattn.lang.algebra import factors, hadamard_product, product, total
 from symattn.lang.functions import Elementwise
 from symattn.lang.ops import split_heads
 from symattn.trace import layout
-from symattn.trace.forms import rotary
+from symattn.trace.forms import groups, merged, rotary
+from symattn.trace.forms.heads import named_constant
 from symattn.trace.layout import argument, matrix, transposed
-from symattn.trace.tracer import Trace
+from symattn.trace.tracer import MaskArgument, Trace
 from symattn.trace.values import Refused, Value
 
 
@@ -164,8 +170,9 @@ def _fused_piece(t: Trace, v: Value, i: int, result) -> Value:
 
 
 def reshape(t: Trace, args: tuple, kwargs: dict, result) -> Value:
-    """view / reshape: the flattened rows (…, n, c) ↔ (B·n, c), the fused projection (…, n, k·H·d) → (…, n, k, H, d);
-    anything else as ``layout.reshape``."""
+    """view / reshape: the flattened rows (…, n, c) ↔ (B·n, c), the fused projection (…, n, k·H·d) → (…, n, k, H, d),
+    batch and heads merged and split again (``merged.regroup``); anything else as ``layout.reshape``, which a float
+    argument it refuses signals as perhaps an additive mask (``MaskArgument``: traced again as a constant)."""
     v = t.value(args[0])
     old, new = tuple(v.shape), tuple(result.shape)
     flattens = len(old) > 2 and new == (math.prod(old[:-1]), old[-1])
@@ -182,6 +189,14 @@ def reshape(t: Trace, args: tuple, kwargs: dict, result) -> Value:
     fused = len(new) == len(old) + 2 and new[:-3] == old[:-1] and math.prod(new[-3:]) == old[-1] and new[-3] > 1
     if fused and v.pending is None and v.heads is None:
         return Value(v.expr, new, pending="fused_view", layout=(new[-3], new[-2]))
+    regrouped = merged.regroup(t, v, result)
+    if regrouped is not None:
+        return regrouped
+    if id(args[0]) in t.floats:  # a float argument viewed otherwise (ALiBi's (B·H, 1, m) as (B, H, 1, m)): a mask?
+        try:
+            return layout.reshape(t, args, kwargs, result)
+        except Refused as err:
+            raise MaskArgument(t.floats[id(args[0])], str(err)) from None
     return layout.reshape(t, args, kwargs, result)
 
 
@@ -200,31 +215,65 @@ def permute(t: Trace, args: tuple, kwargs: dict, result) -> Value:
 
 def getitem(t: Trace, args: tuple, kwargs: dict, result) -> Value:
     """qkv[i] of a fused projection viewed as (k, B, H, n, d): piece i; a slice of the last axis (``rotary.select``);
-    an axis added to key/value heads (``rotary.unsqueeze_heads``); any other index as ``layout.indexing``."""
+    an axis added to key/value heads (``rotary.unsqueeze_heads``); heads chosen, or one head (``groups.select``); any
+    other index as ``layout.indexing``."""
     v = t.value(args[0]) if t.traced(args[0]) else None
     if v is not None and v.pending == "fused" and isinstance(args[1], int):
         return _fused_piece(t, v, args[1] % v.layout[0], result)
+    if v is not None and v.pending == "fused_view":
+        return _strided_piece(t, v, args[1], result)
     if v is not None and not v.is_scalar and id(args[0]) not in t.floats:  # (a float argument: perhaps a mask)
         found = rotary.select(t, args, kwargs, result) or rotary.unsqueeze_heads(t, args, kwargs, result)
+        found = found or groups.select(t, args, kwargs, result)
         if found is not None:
             return found
     return layout.indexing(t, args, kwargs, result)
 
 
+def _strided_piece(t: Trace, v: Value, index: object, result) -> Value:
+    """fused[..., i, :] of a fused projection's view (…, n, a, b, d), BLOOM's and Falcon's (…, n, H, 3, d): piece i of
+    each of the a groups, the columns p·b·d + i·d + j of A, as A S (S the constant selection, (a·b·d) × (a·d)) split
+    into a heads, right after the view into heads (a transpose(1, 2) follows)."""
+    index = index if isinstance(index, tuple) else (index,)
+    ndim, full = len(v.shape), slice(None)
+    if index.count(Ellipsis) == 1:
+        at = index.index(Ellipsis)
+        index = (*index[:at], *(full,) * (ndim - len(index) + 1), *index[at + 1 :])
+    index = (*index, *(full,) * (ndim - len(index)))
+    picked = index[-2] if len(index) == ndim else None
+    if not isinstance(picked, int) or any(i != full for k, i in enumerate(index) if k != ndim - 2):
+        raise Refused(
+            f"an index {index} of a fused projection's view {tuple(v.shape)}; read: [..., i, :] (a piece of each "
+            "head), or permute(2, 0, 3, 1, 4) then unbind(0) or [i]"
+        )
+    groups, pieces = v.layout
+    width = v.shape[-1]
+    s = torch.zeros(groups * pieces * width, groups * width, dtype=result.dtype)
+    for p in range(groups):
+        rows = p * pieces * width + (picked % pieces) * width + torch.arange(width)
+        s[rows, p * width + torch.arange(width)] = 1
+    head = t.dims.divisible(v.cols, groups * pieces)  # d, the width of a head
+    symbol = named_constant(t, s, "S", (v.cols, groups * head))
+    return Value(split_heads(product(v.expr, symbol), groups), tuple(result.shape), groups, pending="split")
+
+
 def addmm(t: Trace, args: tuple, kwargs: dict, result) -> Value:
-    """torch.addmm(b, X, W) = 𝟏 b + X W (β = α = 1), X flattened rows or a matrix: Conv1D's x·W + b."""
-    if argument(args, kwargs, 3, "beta", 1) != 1 or argument(args, kwargs, 4, "alpha", 1) != 1:
-        raise Refused("addmm with beta or alpha ≠ 1; write the multiples out")
+    """torch.addmm(b, X, W, beta=β, alpha=α) = β 𝟏 b + α X W, X flattened rows or a matrix: Conv1D's x·W + b; with
+    an input other than a traced bias row, β·input + α X W (``merged.scaled_sum``)."""
+    beta, alpha = argument(args, kwargs, 3, "beta", 1), argument(args, kwargs, 4, "alpha", 1)
     bias, x, w = args[0], argument(args, kwargs, 1, "mat1"), argument(args, kwargs, 2, "mat2")
+    if not (isinstance(bias, torch.Tensor) and bias.ndim == 1 and t.traced(x)):
+        return merged.scaled_sum(t, bias, x, w, beta, alpha, result)
     xv, wv, b = matrix(t.value(x), "left factor", flat=True), matrix(t.value(w), "right factor"), t.value(bias)
-    if len(wv.shape) != 2 or b.is_scalar or b.rows != 1:
+    if len(wv.shape) != 2:
         raise Refused("addmm of a matrix and a bias row; read: addmm(b, X, W) with W 2-D and b of shape (d,)")
     t.dims.equate(xv.cols, wv.rows)
     if b.cols != 1:
         t.dims.equate(t.value(bias).cols, t.value(w).cols)
     xv, wv, b = (t.value(z) for z in (x, w, bias))
     t.dims.contracted.append(xv.cols)
-    term = product(OneMatrix(xv.rows, 1), b.expr)
-    term = term if b.cols != 1 else product(term, OneMatrix(1, wv.cols))
-    out = total(product(xv.expr, wv.expr), term)
+    out = product(t.value(alpha, (xv.cols,)).expr, xv.expr, wv.expr)
+    if beta != 0:  # β = 0: the bias ignored
+        term = product(t.value(beta).expr, OneMatrix(xv.rows, 1), b.expr)
+        out = total(out, term if b.cols != 1 else product(term, OneMatrix(1, wv.cols)))
     return Value(out, tuple(result.shape), None, xv.pending, inner=xv.cols, layout=xv.layout)

@@ -11,8 +11,9 @@ What is left is, in symattn's language:
   blocks C_h = ``split_heads(C, H)``; generated forward takes it in that layout, (n, H·m), head h's block in
   columns h·m … (h+1)·m − 1 (``constants.spec_value`` lays out the model's (…, H, n, m) tensor so).
 
-A constant varying along both the batch and the heads is refused: generated forward takes a per-head constant
-without batch axes, and one mask M for every head.
+A constant meeting values whose batch and heads are merged into one axis (B·H, n, m) is first viewed as
+(B, H, n, m) (``unmerged``). A constant varying along both the batch and the heads is refused: generated forward
+takes a per-head constant without batch axes, and one mask M for every head.
 """
 
 from __future__ import annotations
@@ -84,6 +85,23 @@ def _per_head(t: Trace, tensor: torch.Tensor, form: str, heads: int, like: Value
     return Value(split_heads(symbol, heads), tuple(tensor.shape), heads)
 
 
+def is_merged(v: Value) -> bool:
+    """Whether the per-head value's axis −3 holds batch and heads merged (B·H entries, B > 1: ``forms.merged``)."""
+    return v.heads is not None and len(v.shape) >= 3 and v.shape[-3] != v.heads
+
+
+def unmerged(t: Trace, tensor: torch.Tensor, like: Value) -> torch.Tensor:
+    """A constant meeting the merged per-head value like with its axis −3 of B·H entries, viewed as (…, B, H, r, c)
+    (a step of the constant program); any other constant as it is."""
+    if not is_merged(like) or tensor.ndim < 3 or tensor.shape[-3] != like.shape[-3] or tensor.shape[-3] == 1:
+        return tensor
+    shape = (*tensor.shape[:-3], tensor.shape[-3] // like.heads, like.heads, *tensor.shape[-2:])
+    viewed = torch.reshape(tensor, shape)
+    t.program.record(torch.reshape, (tensor, shape), {}, viewed)
+    t.kept.append(viewed)
+    return viewed
+
+
 def _refuse(tensor: torch.Tensor) -> Refused:
     return Refused(
         f"a constant of shape {tuple(tensor.shape)} varies along both the batch and the heads: generated forward "
@@ -94,6 +112,7 @@ def _refuse(tensor: torch.Tensor) -> Refused:
 def across_heads(t: Trace, tensor: torch.Tensor, form: str, like: Value) -> tuple[Basic | None, torch.Tensor]:
     """A mask or bias of shape (…, h, n, m) at per-head values like: (the expression of the per-head constant, None)
     where it varies over the H heads, else (None, the tensor as (…, 1, n, m)), of which the caller makes M or K."""
+    tensor = unmerged(t, tensor, like)
     if like.heads is None or tensor.ndim < 3 or tensor.shape[-3] == 1:
         return None, tensor
     if tensor.shape[-3] != like.heads:
@@ -113,6 +132,7 @@ def fixed(t: Trace, tensor: torch.Tensor, other: Value) -> Value | None:
     for a constant without such axes (the usual constant, ``Trace.value``)."""
     if tensor.ndim < 3 or other.is_scalar:
         return None
+    tensor = unmerged(t, tensor, other)
     heads = other.heads if other.heads is not None and tensor.shape[-3] != 1 else None
     batch = _leading(tensor) if heads is not None else tuple(range(tensor.ndim - 2))
     unbatched = _reduced(t, tensor, batch)

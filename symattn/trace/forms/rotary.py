@@ -20,6 +20,7 @@ from sympy import Basic, Integer, MatrixSymbol
 
 from symattn.lang.algebra import factors, product, total
 from symattn.lang.ops import repeat_heads
+from symattn.trace.forms import groups
 from symattn.trace.forms.heads import named_constant
 from symattn.trace.layout import argument, matrix, same_heads
 from symattn.trace.tracer import Trace
@@ -129,13 +130,19 @@ def unsqueeze_heads(t: Trace, args: tuple, kwargs: dict, result) -> Value | None
 
 
 def expand(t: Trace, args: tuple, kwargs: dict, result) -> Value:
-    """expand of key/value heads with an axis added (repeat_kv): (B, H_kv, r, n, d); of the same shape: identity."""
+    """expand of key/value heads with an axis added (repeat_kv): (B, H_kv, r, n, d); of one head to H
+    (``groups.broadcast``); of the same shape: identity."""
     v = t.value(args[0])
     if tuple(result.shape) == tuple(v.shape):
         return Value(v.expr, tuple(result.shape), v.heads, v.pending, layout=v.layout)
     if v.pending == "repeat" and result.shape[:2] == v.shape[:2] and result.shape[3:] == v.shape[3:]:
         return Value(v.expr, tuple(result.shape), v.heads, pending="repeat", layout=(result.shape[2],))
-    raise Refused(f"expand of a traced tensor {tuple(v.shape)} to {tuple(result.shape)}; read: repeat_kv's")
+    one = groups.broadcast(v, result)  # one key/value head to H
+    if one is not None:
+        return one
+    raise Refused(
+        f"expand of a traced tensor {tuple(v.shape)} to {tuple(result.shape)}; read: repeat_kv's, or one head to H"
+    )
 
 
 def expand_as(t: Trace, args: tuple, kwargs: dict, result) -> Value | None:
