@@ -10,8 +10,11 @@ from symattn.derive.derivation import Derivation, derive
 from symattn.errors import ShapeMismatchError, SymattnError, UnknownSpecError, UnsupportedNodeError
 from symattn.lang.lazy import Matrix, identity, matrix, ones, scalar
 from symattn.lang.ops import (
+    clamp,
     exp,
     hadamard,
+    hardtanh,
+    leaky_relu,
     log,
     log_softmax,
     merge_heads,
@@ -47,13 +50,16 @@ __all__ = [
     "backward",
     "check",
     "check_backward",
+    "clamp",
     "derive",
     "exp",
     "from_torch",
     "grad",
     "hadamard",
+    "hardtanh",
     "identity",
     "lambdify",
+    "leaky_relu",
     "log",
     "log_softmax",
     "matrix",
