@@ -11,8 +11,8 @@ from collections.abc import Callable
 
 from symattn.lang.functions import FUNCTIONS, TORCH, Elementwise, Gelu
 from symattn.lang.rowwise import LogSoftmax, RowSoftmax
-from symattn.trace import algebra, layers, layout, piecewise
-from symattn.trace.forms import blocks, rotary, shift
+from symattn.trace import algebra, layers, layout
+from symattn.trace.forms import blocks, piecewise, rotary, shift
 
 Rule = Callable[..., object]
 

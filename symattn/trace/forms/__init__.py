@@ -1,2 +1,3 @@
 """Rules for the forms library attention code takes beyond the core table: constants with batch and head axes,
-fused projections read in blocks, rotary embeddings and grouped key/value heads."""
+fused projections read in blocks, rotary embeddings and grouped key/value heads, a hand-written softmax's shift, and
+the piecewise-linear functions with number parameters (clamp, hardtanh, leaky_relu)."""

@@ -2,7 +2,7 @@
 
 - ``torch.clamp`` / ``clip`` / ``Tensor.clamp`` (min, max), ``clamp_min`` (min), ``clamp_max`` (max), number
   bounds: clamp(A, lo, hi), clamp′ = 1 on [lo, hi] as torch's clamp_backward; of a 0-d tensor, the identity where
-  the clamp is inactive (``algebra.clamp``, a learned logit scale's);
+  the clamp is inactive (``trace.algebra.clamp``, a learned logit scale's);
 - ``F.hardtanh`` (min_val = −1, max_val = 1): hardtanh(A, lo, hi), clamp's value, derivative 1 on (lo, hi) as
   torch's hardtanh_backward;
 - ``F.leaky_relu`` / ``nn.LeakyReLU`` (negative_slope = 0.01): LeakyReLU(A, a).
