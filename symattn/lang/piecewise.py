@@ -104,13 +104,12 @@ class _Bounded(Parametrised):
     """f(A, lo, hi) of two bounds, either of them absent (∓∞)."""
 
     parameters = ("lo", "hi")
+    closed = True  # the bounds' own values inside the interval (the value's range; a window's: where it is 1)
 
     def __new__(cls, arg: MatrixExpr, lo: object = None, hi: object = None) -> _Bounded:
         arg = expression(arg)
         require_matrix(arg, cls.function)
         return Basic.__new__(cls, arg, *_bounds(lo, hi, cls.function))
-
-    closed = True  # the bounds' own values inside the interval the subscript prints
 
     def subscript(self, latex: bool) -> str:
         """[lo, hi], an open end where the bound is excluded or absent."""
@@ -166,7 +165,6 @@ class Hardtanh(Clamp):
     function = "hardtanh"
     latex, text = r"\operatorname{hardtanh}", "hardtanh"
     calls = {**Clamp.calls, TORCH: "torch.nn.functional.hardtanh({0}, {lo}, {hi})"}
-    closed = False
 
     def __new__(cls, arg: MatrixExpr, lo: object = -1, hi: object = 1) -> Hardtanh:
         node = super().__new__(cls, arg, lo, hi)

@@ -37,7 +37,7 @@ FORMS = {
 WORDS = {
     "clamped_softmax": ("clamp_[-1, 1](", r"\operatorname{clamp}_{[-1, 1]}"),
     "clamped_min": ("clamp_[0, ∞)(", r"\operatorname{clamp}_{[0, \infty)}"),
-    "hardtanh": ("hardtanh_(-0.5, 0.5)(", r"\operatorname{hardtanh}_{(-0.5, 0.5)}"),
+    "hardtanh": ("hardtanh_[-0.5, 0.5](", r"\operatorname{hardtanh}_{[-0.5, 0.5]}"),
     "leaky": ("LeakyReLU_0.1(", r"\operatorname{LeakyReLU}_{0.1}"),
     "relu_squared": ("ReLU(", r"\operatorname{ReLU}"),
 }

@@ -87,7 +87,8 @@ def test_the_parameters_print_in_latex_and_text():
     assert Clamp(X, -1, 1).notation(True) == r"\operatorname{clamp}_{[-1, 1]}"
     assert Clamp(X, 0).notation(False) == "clamp_[0, ∞)"
     assert Clamp(X, None, 0.5).notation(False) == "clamp_(-∞, 0.5]"
-    assert Hardtanh(X).notation(False) == "hardtanh_(-1, 1)"
+    assert Hardtanh(X).notation(False) == "hardtanh_[-1, 1]"
+    assert Hardtanh(X).derivative().notation(False) == "𝟙°_(-1, 1)" and ClampGrad(X, 0).notation(False) == "𝟙_[0, ∞)"
     assert LeakyRelu(X).notation(True) == r"\operatorname{LeakyReLU}_{0.01}"
     assert LeakyRelu(X, sp.Rational(1, 3)).notation(True) == r"\operatorname{LeakyReLU}_{\frac{1}{3}}"
 
