@@ -16,7 +16,11 @@ LaTeX and text, cost, naming, the scheduling passes, the derivation's reasons) i
   of that backend's runtime (a bare name), or a template with ``{}`` for the argument;
   ``inplace``: the calls are ufuncs with ``out=`` (NumPy) and tensor methods with a ``_`` form;
 - ``flops`` per entry (the cost model), ``letter`` (the name of a saved value), ``reason`` (the
-  derivation step's two reasons).
+  derivation step's two reasons);
+- ``parameters``: the names of numbers f depends on besides A (clamp's bounds, leaky_relu's slope), held as the
+  node's further SymPy arguments, so that xreplace and every rebuild (``with_arg``) keep them; ``scalar`` takes
+  them after x, the calls name them (``{lo}``), ``example`` is a representative node
+  (``symattn.lang.piecewise``).
 
 Adding a function is one record here plus its export (``symattn/__init__.py``).
 """
@@ -63,6 +67,7 @@ class FunctionRecord(MatrixExpr):
     flops: int = 1
     letter: str = "U"
     reason: tuple[str, str] = CHAIN_RULE
+    parameters: tuple[str, ...] = ()
 
     def __init_subclass__(cls, **kwargs) -> None:
         super().__init_subclass__(**kwargs)
@@ -82,6 +87,23 @@ class FunctionRecord(MatrixExpr):
     def shape(self) -> tuple:
         return shape_of(self.arg)
 
+    @classmethod
+    def example(cls, a: MatrixExpr) -> FunctionRecord:
+        """A representative node of a (a record with parameters gives its own: the probes, the tests)."""
+        return cls(a)
+
+    def with_arg(self, a: MatrixExpr) -> FunctionRecord:
+        """The same function, its parameters kept, of another argument."""
+        return self.func(a, *self.args[1:])
+
+    def scalar_of(self, x: Basic) -> Basic:
+        """f(x) for a scalar x, with this node's parameters."""
+        return self.scalar(x, *self.args[1:])
+
+    def notation(self, latex: bool) -> str:
+        """How a derivation prints f (its parameters too, where it has any): LaTeX or plain text."""
+        return self.latex if latex else self.text
+
     def vjp(self, g: MatrixExpr) -> MatrixExpr:
         """The argument's cotangent Ā from the node's G (tr(Gᵀ dY) = tr(Āᵀ dA))."""
         raise NotImplementedError(f"{type(self).__name__} states no VJP")
@@ -94,14 +116,14 @@ class FunctionRecord(MatrixExpr):
     @functools.cache
     def reads_value(cls) -> bool:
         """Does the VJP read f(A) (tanh: 𝟏𝟏ᵀ − T^∘2, softmax: P)? Then the forward saves f(A) for the backward."""
-        probe = cls(MatrixSymbol("_probe", 2, 2))
+        probe = cls.example(MatrixSymbol("_probe", 2, 2))
         return probe in set(postorder(probe.vjp(MatrixSymbol("_G", 2, 2))))
 
     @classmethod
     @functools.cache
     def reads_input(cls) -> bool:
         """Does the VJP read A (log: A^∘−1, softplus: σ(A))? Then the forward saves A for the backward."""
-        probe = cls(MatrixSymbol("_probe", 2, 2))
+        probe = cls.example(MatrixSymbol("_probe", 2, 2))
         value = MatrixSymbol("_value", 2, 2)  # f(A) itself read as a name: A inside it is not read
         return probe.arg in set(postorder(probe.vjp(MatrixSymbol("_G", 2, 2)).xreplace({probe: value})))
 
@@ -118,7 +140,7 @@ class Elementwise(FunctionRecord):
     scalar = staticmethod(sp.Function("f"))
 
     def _entry(self, i, j, **kwargs):
-        return self.scalar(self.arg._entry(i, j, **kwargs))
+        return self.scalar_of(self.arg._entry(i, j, **kwargs))
 
     def derivative(self) -> MatrixExpr:
         """f′(A), entrywise, as a matrix expression."""

@@ -39,6 +39,7 @@ from symattn.lang.lazy import lifted
 from symattn.lang.naming.safe import expression
 from symattn.lang.node_base import require_matrix, shape_of
 from symattn.lang.ops_block import LayerNorm, RowInvStd, gelu, layer_norm  # noqa: F401
+from symattn.lang.piecewise import Clamp, ClampGrad, Hardtanh, HardtanhGrad, LeakyRelu, LeakyStep  # noqa: F401
 from symattn.lang.rowwise import LogSoftmax, RowSoftmax, RowSum, RowWise  # noqa: F401
 
 
@@ -122,10 +123,11 @@ def _block_width(cols: Expr, heads: Expr) -> Expr:
 
 
 def _constructor(record: type) -> object:
-    """The public constructor of a function's record (sa.exp, sa.softmax, …): f(a) → record(a)."""
+    """The public constructor of a function's record (sa.exp, sa.softmax, …): f(a) → record(a); a record with
+    parameters takes them after a (sa.clamp(a, lo, hi), sa.leaky_relu(a, negative_slope))."""
 
-    def construct(a: MatrixExpr) -> MatrixExpr:
-        return record(a)
+    def construct(a: MatrixExpr, *parameters: object, **named: object) -> MatrixExpr:
+        return record(a, *parameters, **named)
 
     construct.__name__ = construct.__qualname__ = record.function
     construct.__doc__ = record.__doc__

@@ -32,12 +32,13 @@ def row_softmax(a):
     return e / e.sum(axis=-1, keepdims=True)
 
 
-def entrywise(a, name):
-    """f(x) entrywise for the function record called name, from its scalar f (exp as an opaque atom)."""
+def entrywise(a, name, *parameters):
+    """f(x) entrywise for the function record called name, from its scalar f with the node's parameters (clamp's
+    bounds) (exp as an opaque atom)."""
     from symattn.lang.functions import FUNCTIONS
 
     x = sp.Dummy("x")
-    f = FUNCTIONS[name].scalar(x).replace(sp.exp, ExpAtom)
+    f = FUNCTIONS[name].scalar(x, *parameters).replace(sp.exp, ExpAtom)
     return np.vectorize(lambda v: f.xreplace({x: v}), otypes=[object])(a)
 
 

@@ -272,7 +272,8 @@ class ExactPrinter(NumPyMatrixPrinter):
 
     def _print_Elementwise(self, expr: Basic) -> str:
         """f(A) from the record's scalar f, evaluated exactly entry by entry (exp an opaque atom)."""
-        return f"{self.helper('entrywise')}({self._print(expr.arg)}, {expr.function!r})"
+        parameters = "".join(f", sp.S({str(p)!r})" for p in expr.args[1:])  # exact: a record's parameters
+        return f"{self.helper('entrywise')}({self._print(expr.arg)}, {expr.function!r}{parameters})"
 
     def _module_format(self, fqn: str, register: bool = True) -> str:
         if fqn.startswith("numpy."):  # scalar functions of dims, e.g. sqrt(d_k), stay exact

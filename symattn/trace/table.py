@@ -12,7 +12,7 @@ from collections.abc import Callable
 from symattn.lang.functions import FUNCTIONS, TORCH, Elementwise, Gelu
 from symattn.lang.rowwise import LogSoftmax, RowSoftmax
 from symattn.trace import algebra, layers, layout
-from symattn.trace.forms import blocks, groups, merged, rotary, shift
+from symattn.trace.forms import blocks, groups, merged, piecewise, rotary, shift
 
 Rule = Callable[..., object]
 
@@ -79,10 +79,7 @@ OPS: dict[str, Rule] = {
     "rsqrt": algebra.power("rsqrt"),
     "reciprocal": algebra.power("reciprocal"),
     "square": algebra.power("square"),
-    "clamp": algebra.clamp,  # identity where inactive (0-d only)
-    "clip": algebra.clamp,
-    "clamp_min": algebra.clamp,
-    "clamp_max": algebra.clamp,
+    **piecewise.OPS,  # clamp, clip, clamp_min/max, hardtanh, leaky_relu (and in place): the records' nodes
     Gelu.function: layers.gelu,  # F.gelu, exact and tanh forms
     # row-wise
     RowSoftmax.function: algebra.row_function(RowSoftmax),  # over dim=-1

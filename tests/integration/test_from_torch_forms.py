@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 
 import pytest
+import sympy as sp
 
 torch = pytest.importorskip("torch")
 
@@ -158,3 +159,89 @@ def test_silu_and_relu_are_read_as_the_languages_functions():
     spec = sa.from_torch(gated, *_qkv((5, 6, 6), 4, 0))
     assert {Relu, Silu} <= {type(node) for node in postorder(spec.output)}
     _matches_autograd(gated, width=4)
+
+
+_LEAKY = torch.nn.LeakyReLU(0.2)
+
+
+def clamped(q, k, v):
+    return torch.softmax(torch.clamp(_scores(q, k), -1, 1), -1) @ v
+
+
+def clamped_method(q, k, v):
+    """Tensor.clamp(min=…) and clamp_max of the scores, torch.clip of a product: one-sided and two-sided bounds."""
+    s = _scores(q, k)
+    return (s.clamp(min=-0.5) + torch.clamp_max(s, 0.25) + torch.clip(s, -0.3, 0.7)) @ v / k.size(-2)
+
+
+def clamped_min(q, k, v):
+    return torch.clamp_min(_scores(q, k), 0.0) @ v / k.size(-2)
+
+
+def hardtanh(q, k, v):
+    s = _scores(q, k)
+    return (torch.nn.functional.hardtanh(s) + torch.nn.functional.hardtanh(s, -0.5, 0.5)) @ v / k.size(-2)
+
+
+def leaky(q, k, v):
+    s = _scores(q, k)
+    return (torch.nn.functional.leaky_relu(s) + _LEAKY(s)) @ v / k.size(-2)
+
+
+def relu_squared(q, k, v):
+    return torch.nn.functional.relu(_scores(q, k)) ** 2 @ v / k.size(-2)
+
+
+@pytest.mark.parametrize(
+    "form, records",
+    [
+        (clamped, {"Clamp"}),
+        (clamped_method, {"Clamp"}),
+        (clamped_min, {"Clamp"}),
+        (hardtanh, {"Hardtanh"}),
+        (leaky, {"LeakyRelu"}),
+        (relu_squared, {"Relu", "HadamardPower"}),
+    ],
+    ids=lambda x: getattr(x, "__name__", ""),
+)
+def test_clamp_hardtanh_leaky_relu_and_relu_squared_are_the_languages(form, records):
+    """Each read as the language's records (number bounds, slopes kept), and the drop-in traced at one length
+    matches autograd at another (float64)."""
+    spec = sa.from_torch(form, *_qkv((5, 6, 6), 4, 0))
+    assert records <= {type(node).__name__ for node in postorder(spec.output)}, spec.output
+    _matches_autograd(form, width=4)
+
+
+def test_the_bounds_and_slopes_are_read_as_written():
+    from symattn.lang.piecewise import Clamp, Hardtanh, LeakyRelu
+
+    def parameters(form) -> set:
+        spec = sa.from_torch(form, *_qkv((5, 6, 6), 4, 0))
+        found = postorder(spec.output)
+        return {(type(n).__name__, n.args[1:]) for n in found if isinstance(n, Clamp | LeakyRelu)}
+
+    half, tenth = sp.Rational(1, 2), sp.Rational(1, 10)
+    assert parameters(clamped_method) == {
+        ("Clamp", (-half, sp.oo)),
+        ("Clamp", (-sp.oo, half / 2)),
+        ("Clamp", (-3 * tenth, 7 * tenth)),
+    }
+    assert parameters(hardtanh) == {("Hardtanh", (-1, 1)), ("Hardtanh", (-half, half))}
+    assert parameters(leaky) == {("LeakyRelu", (sp.Rational(1, 100),)), ("LeakyRelu", (2 * tenth,))}
+    assert Hardtanh in {type(n) for n in postorder(sa.from_torch(hardtanh, *_qkv((5, 6, 6), 4, 0)).output)}
+
+
+def tensor_bound(q, k, v):
+    return torch.clamp(_scores(q, k), min=torch.tensor(-1.0, dtype=q.dtype)) @ v
+
+
+def tensor_max(q, k, v):
+    return torch.nn.functional.hardtanh(_scores(q, k), -1.0, 1.0) @ v + torch.clamp(q, max=q.detach())
+
+
+@pytest.mark.parametrize("form", [tensor_bound, tensor_max], ids=lambda f: f.__name__)
+def test_a_tensor_bound_is_refused_in_one_line(form):
+    with pytest.raises(SymattnError) as caught:
+        sa.from_torch(form, *_qkv((5, 6, 6), 4, 0))
+    message = str(caught.value)
+    assert "only number bounds and slopes are read" in message and "\n" not in message, message

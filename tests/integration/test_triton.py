@@ -292,13 +292,17 @@ def test_a_spec_without_a_core_is_refused_in_one_line(name):
 
 
 def test_each_records_triton_call_computes_its_function(tmp_path):
-    """Each entrywise record's Triton call, in a one-tile kernel, against torch's call of the same record."""
+    """Each entrywise record's Triton call (its example's parameters), in a one-tile kernel, against torch's call of
+    the same record (the integers of the linspace hold 0, ReLU′s and LeakyReLU′s kink, exactly)."""
+    import sympy as sp
+
     import symattn.lang.functions as functions
 
     for record in functions.FUNCTIONS.values():
         if functions.TRITON not in record.calls or not issubclass(record, functions.Elementwise):
             continue
-        call = record.calls[functions.TRITON]
+        node = record.example(sp.MatrixSymbol("x", 1, 61))
+        call = node.call(functions.TRITON)
         body = call.format("x") if "{" in call else f"{call}(x)"
         source = (
             "import triton\nimport triton.language as tl\n\n\n@triton.jit\ndef kernel(X, Y, n, B: tl.constexpr):\n"
@@ -309,7 +313,7 @@ def test_each_records_triton_call_computes_its_function(tmp_path):
         y = torch.empty_like(x)
         kernel = _kernel_from(source, tmp_path / f"record_{record.function}.py")
         kernel[(1,)](x, y, x.numel(), B=64)
-        torch_call = record.calls[functions.TORCH]
+        torch_call = node.call(functions.TORCH)
         want = eval(torch_call.format("x") if "{" in torch_call else f"{torch_call}(x)", {"torch": torch, "x": x})
         assert torch.allclose(y, want, rtol=1e-5, atol=1e-6), record.function
 

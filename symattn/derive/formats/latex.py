@@ -289,7 +289,7 @@ class MathPrinter(Printer):
 
     def _print_FunctionRecord(self, expr: FunctionRecord) -> str:
         """f(A), f as its record writes it in this notation."""
-        return (expr.latex if self.n is LATEX else expr.text) + self.paren(self._print(expr.arg))
+        return expr.notation(self.n is LATEX) + self.paren(self._print(expr.arg))
 
     def _print_RowSum(self, expr: RowSum) -> str:
         """rowsum(A) = A 𝟏."""

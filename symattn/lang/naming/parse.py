@@ -99,8 +99,8 @@ def _power_bits(base: Basic, exponent: Basic) -> float:
 
 
 def _function(name: str, construct: Callable) -> Callable:
-    """The reader of a one-argument function call f(A) of the records (softmax, exp, …)."""
-    return lambda node, a: construct(_matrix(a, name, node))
+    """The reader of a function call f(A) of the records (softmax, exp, …), parameters after A (clamp(A, -1, 1))."""
+    return lambda node, a, *parameters: construct(_matrix(a, name, node), *parameters)
 
 
 class _Reader:

@@ -120,7 +120,7 @@ def _entrywise(t: Trace, e: Basic, block, piece: tuple) -> Basic:
     if isinstance(e, HadamardPower):
         return HadamardPower(block(t, e.base, piece), e.exp)
     if isinstance(e, Elementwise):
-        return type(e)(block(t, e.arg, piece))
+        return e.with_arg(block(t, e.arg, piece))
     raise Refused(f"a block of {type(e).__name__}: read are blocks of products, sums and entrywise functions")
 
 

@@ -28,15 +28,17 @@ VALUES = RNG.uniform(0.2, 2.0, (3, 4))  # inside every function's domain (log ne
 
 
 def _scalar(record: type, order: int = 0):
-    """f (or f′) of the record's scalar formula, evaluated by mpmath: independent of every printer."""
+    """f (or f′) of the record's scalar formula (its example's parameters), evaluated by mpmath: independent of
+    every printer."""
     t = sp.Symbol("t")
-    return np.vectorize(lambda v: float(sp.lambdify(t, sp.diff(record.scalar(t), t, order), "mpmath")(v)))
+    f = record.example(X).scalar_of(t)
+    return np.vectorize(lambda v: float(sp.lambdify(t, sp.diff(f, t, order), "mpmath")(v)))
 
 
 @pytest.mark.parametrize("record", ENTRYWISE, ids=lambda r: r.function)
 def test_the_derivative_is_sympys_derivative_of_the_scalar(record):
     """f′(A) as the record writes it (a matrix expression of nodes), against d/dx of its scalar f."""
-    got = sa.lambdify([X], record(X).derivative())(VALUES)
+    got = sa.lambdify([X], record.example(X).derivative())(VALUES)
     assert np.max(np.abs(got - _scalar(record, 1)(VALUES))) < 1e-12
 
 
@@ -73,7 +75,7 @@ BACKENDS = _backends()
 @pytest.mark.parametrize("record", ENTRYWISE, ids=lambda r: r.function)
 def test_every_backend_call_computes_the_scalar_function(record, printer):
     namespace, array, to_numpy = BACKENDS[printer]
-    got = to_numpy(_evaluate(printer(), record(X), dict(namespace))(array(VALUES)))
+    got = to_numpy(_evaluate(printer(), record.example(X), dict(namespace))(array(VALUES)))
     assert np.max(np.abs(got - _scalar(record)(VALUES))) < 1e-12
 
 
@@ -83,8 +85,9 @@ def test_exact_evaluation_agrees_with_numpy(record):
     if record is Log:
         values = np.abs(values) + 1
     x = sp.MatrixSymbol("X", 2, 3)
-    exact = np.array(sa.lambdify([x], record(x), backend="exact")(values), dtype=float)
-    assert np.max(np.abs(exact - sa.lambdify([x], record(x))(values.astype(float)))) < 1e-14
+    node = record.example(x)
+    exact = np.array(sa.lambdify([x], node, backend="exact")(values), dtype=float)
+    assert np.max(np.abs(exact - sa.lambdify([x], node)(values.astype(float)))) < 1e-14
 
 
 def _row_reference(record: type, a: np.ndarray) -> np.ndarray:
@@ -161,9 +164,12 @@ def test_every_differentiated_node_has_its_reasons():
 
 
 def test_the_parser_reads_every_exported_function():
+    """f(X), and a record with parameters with its example's after X (clamp(X, 1/2, 3/2)): the same node."""
     for record in FUNCTIONS.values():
         if record.exported:
-            assert isinstance(parse(f"{record.function}(X)", {"X": X}), record)
+            node = record.example(X)
+            parameters = "".join(f", {p}" for p in node.args[1:])
+            assert parse(f"{record.function}(X{parameters})", {"X": X}) == node
 
 
 @pytest.mark.parametrize("printer", list(BACKENDS), ids=lambda p: p.backend)
