@@ -6,6 +6,7 @@ gradients of the input and of every parameter agree within 1e-9 relative (float6
 from __future__ import annotations
 
 import functools
+import sys
 
 import pytest
 
@@ -176,3 +177,12 @@ ATTENTION_GRID = [
 @pytest.mark.parametrize(("bias", "batch_first", "dims", "need_weights", "batched"), ATTENTION_GRID)
 def test_multihead_attention_matches_torch_in_every_configuration(bias, batch_first, dims, need_weights, batched):
     assert attention_case(bias, batch_first, dims, need_weights, batched) <= RELATIVE
+
+
+def test_another_configuration_without_symattn_is_refused_in_one_line(monkeypatch):
+    # a copy of the generated module where symattn does not import: its own configuration runs, another is refused
+    monkeypatch.setattr(transformer_block_torch, "_CONFIGURED", {})
+    monkeypatch.setitem(sys.modules, "symattn.codegen.generate", None)
+    with pytest.raises(NotImplementedError, match=r"configuration=.*'norm_first': False.*symattn renders it"):
+        transformer_block_torch.TransformerEncoderLayer(E, H, FF)
+    transformer_block_torch.TransformerEncoderLayer(E, H, FF, activation="gelu", norm_first=True)
