@@ -186,3 +186,21 @@ def test_another_configuration_without_symattn_is_refused_in_one_line(monkeypatc
     with pytest.raises(NotImplementedError, match=r"configuration=.*'norm_first': False.*symattn renders it"):
         transformer_block_torch.TransformerEncoderLayer(E, H, FF)
     transformer_block_torch.TransformerEncoderLayer(E, H, FF, activation="gelu", norm_first=True)
+
+
+@pytest.mark.parametrize(
+    ("ours", "theirs", "options"),
+    [
+        (mha_torch.MultiheadAttention, torch.nn.MultiheadAttention, {}),
+        (mha_torch.MultiheadAttention, torch.nn.MultiheadAttention, {"kdim": 3, "vdim": 5, "bias": False}),
+        (transformer_block_torch.TransformerEncoderLayer, torch.nn.TransformerEncoderLayer, {"dim_feedforward": FF}),
+        (transformer_block_torch.TransformerEncoderLayer, torch.nn.TransformerEncoderLayer, {"bias": False}),
+    ],
+)
+def test_the_same_seed_initialises_the_same_parameters(ours, theirs, options):
+    # torch's initialisation, drawn in torch's order: the same arguments and seed give the same state dict
+    torch.manual_seed(0)
+    want = theirs(E, H, **options).state_dict()
+    torch.manual_seed(0)
+    got = ours(E, H, **options).state_dict()
+    assert list(got) == list(want) and all(torch.equal(got[name], want[name]) for name in want)
