@@ -2391,6 +2391,9 @@ def hvp(
 # torch's own modules, computed by the closed form above (drop-in replacements)
 FUNCTION = TransformerBlockFunction
 TRACED = _TransformerBlockTraced
+# the options of the family's configuration this module computes; the closed forms of others, rendered once each
+CONFIGURATION = {"norm_first": True, "activation": "gelu", "approximate": "none"}
+_CONFIGURED = {}
 
 
 def _not_supported(option, value, why):
@@ -2489,25 +2492,121 @@ class _SelfAttentionWeights(torch.nn.Module):
         return f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, bias={self.in_proj_bias is not None}"
 
 
-def _is_exact_gelu(activation):
-    """Whether activation is GELU in its exact (erf) form: "gelu", F.gelu or nn.GELU()."""
+def _activation_candidates():
+    """The block's activations by (activation, approximate), each with torch's function computing it."""
+    F = torch.nn.functional
+    return {
+        ("gelu", "none"): F.gelu,
+        ("gelu", "tanh"): lambda x: F.gelu(x, approximate="tanh"),
+        ("relu", "none"): F.relu,
+        ("silu", "none"): F.silu,
+    }
+
+
+def _named_activation(activation):
+    """The block's (activation, approximate) of torch's spellings: "relu" and "gelu" (torch's strings), F.relu,
+    F.gelu, F.silu, torch.relu, nn.ReLU(), nn.GELU(approximate=…), nn.SiLU(), functools.partial(F.gelu,
+    approximate=…); None for any other callable."""
+    F = torch.nn.functional
+    functions = {F.relu: ("relu", "none"), torch.relu: ("relu", "none"), F.gelu: ("gelu", "none")}
+    functions[F.silu] = ("silu", "none")
+    modules = {torch.nn.ReLU: "relu", torch.nn.GELU: "gelu", torch.nn.SiLU: "silu"}  # by exact type: a subclass
+    # may compute something else, and is probed
     if isinstance(activation, str):
-        return activation == "gelu"
-    if isinstance(activation, torch.nn.GELU):
-        return activation.approximate == "none"
-    return activation is torch.nn.functional.gelu
+        if activation not in ("relu", "gelu"):  # torch's own refusal, word for word
+            raise RuntimeError(f"activation should be relu/gelu, not {activation}")
+        return activation, "none"
+    if type(activation) in modules:
+        return modules[type(activation)], getattr(activation, "approximate", "none")
+    keywords = getattr(activation, "keywords", None)
+    if getattr(activation, "func", None) is F.gelu and not activation.args and set(keywords) <= {"approximate"}:
+        return "gelu", keywords.get("approximate", "none")  # functools.partial(F.gelu, approximate=…)
+    try:
+        return functions.get(activation)
+    except TypeError:  # an unhashable callable
+        return None
+
+
+def _probed_activation(activation):
+    """The block's (activation, approximate) that activation computes, or None: the candidate whose values and
+    derivatives it reproduces exactly (float64, bit for bit) on a grid of 201 points over [−8, 8] (step 0.08, 0 and
+    negatives among them) — a lambda or function wrapping torch's F.relu, F.gelu or F.silu."""
+    grid = torch.linspace(-8.0, 8.0, 201, dtype=torch.float64)
+    for key, candidate in _activation_candidates().items():
+        x, y = grid.clone().requires_grad_(True), grid.clone().requires_grad_(True)
+        try:
+            with torch.enable_grad():
+                got = activation(x * 1.0)  # not the leaf: an in-place activation may write over its argument
+                if not isinstance(got, torch.Tensor) or got.shape != x.shape or not got.requires_grad:
+                    return None
+                (slope,) = torch.autograd.grad(got.sum(), x)
+        except Exception:  # a callable that cannot take a float64 tensor: nothing the block computes
+            return None
+        want = candidate(y)
+        (want_slope,) = torch.autograd.grad(want.sum(), y)
+        if torch.equal(got.detach(), want.detach()) and torch.equal(slope, want_slope):
+            return key
+    return None
+
+
+def _block_activation(activation):
+    """The block's (activation, approximate) of torch's activation argument; NotImplementedError naming an
+    activation the block does not compute."""
+    found = _named_activation(activation)
+    if found is None and callable(activation):
+        found = _probed_activation(activation)
+    if found is None:
+        shown = getattr(activation, "__name__", None) or repr(activation)
+        why = "the block computes ReLU, GELU (exact or tanh) and SiLU (a callable is matched on a probe grid)"
+        raise _not_supported("activation", shown, why)
+    return found
+
+
+def _closed_form(configuration):
+    """(Function, traced Function, whether the spec's Triton module computes it) of the block's configuration:
+    this module's own where it is its own (``CONFIGURATION``); else the torch module of that member of the
+    family, rendered by symattn's code generation and executed in memory, once per process (about a second),
+    its kernels off: the spec's Triton module beside this one computes this module's configuration only."""
+    if configuration == CONFIGURATION:
+        return FUNCTION, TRACED, True
+    key = tuple(sorted(configuration.items()))
+    if key not in _CONFIGURED:
+        import linecache
+        import sys
+        import types
+
+        try:
+            from symattn.codegen.generate import render
+        except ImportError as error:  # this module copied away from symattn
+            raise _not_supported("configuration", configuration, f"symattn renders it, and {error}") from None
+        text = render(SPEC, "torch", configuration=configuration)
+        name = f"{__name__}_{'_'.join(str(v).lower() for v in configuration.values())}"
+        module = types.ModuleType(name)
+        module.__file__ = f"<symattn: {SPEC} {configuration}>"
+        linecache.cache[module.__file__] = (len(text), None, text.splitlines(True), module.__file__)
+        sys.modules[name] = module  # its classes found by name (pickle, torch.compile)
+        exec(compile(text, module.__file__, "exec"), module.__dict__)
+        module.KERNELS = False
+        _CONFIGURED[key] = module.FUNCTION, module.TRACED, False
+    return _CONFIGURED[key]
 
 
 class TransformerEncoderLayer(torch.nn.Module):
-    """``torch.nn.TransformerEncoderLayer(norm_first=True, activation="gelu")`` computed by the generated
-    closed form: the same constructor, submodules (``self_attn``, ``linear1``, ``linear2``, ``norm1``,
-    ``norm2``), state dict and ``forward(src, src_mask, src_key_padding_mask, is_causal)``.
+    """``torch.nn.TransformerEncoderLayer`` computed by the generated closed form: the same constructor (signature
+    and defaults: dropout=0.1, activation=F.relu, norm_first=False), submodules (``self_attn``, ``linear1``,
+    ``linear2``, ``norm1``, ``norm2``), state dict and ``forward(src, src_mask, src_key_padding_mask, is_causal)``.
 
-    The constructor's signature and defaults are torch's (dropout=0.1, activation=F.relu, norm_first=False), so
-    arguments given as to torch's layer build torch's layer or are refused, never a different one. Computed: pre-LN
-    (norm_first=True) with exact GELU ("gelu", F.gelu, nn.GELU()), dropout in eval mode or 0.0. Not computed (a
-    clear error): another activation (torch's default ReLU, tanh-GELU), post-LN (torch's default), dropout > 0 in
-    training mode, a LayerNorm without elementwise_affine.
+    Computed, each configuration as torch computes it (float64 outputs and gradients within 1e-9 relative):
+    post-LN (norm_first=False) X₁ = LN₁(X + MHA(X)), Z = LN₂(X₁ + FFN(X₁)); pre-LN (norm_first=True)
+    Y = X + MHA(LN₁(X)), Z = Y + FFN(LN₂(Y)); FFN(u) = act(u W₁ + b₁) W₂ + b₂ with act ReLU ("relu", F.relu,
+    nn.ReLU()), exact GELU ("gelu", F.gelu, nn.GELU()), tanh GELU (nn.GELU(approximate="tanh"),
+    functools.partial(F.gelu, approximate="tanh")) or SiLU (F.silu, nn.SiLU()); any other callable (a lambda)
+    is evaluated on a probe grid and taken for the one of these whose values and derivatives it reproduces
+    bit for bit, else refused. bias=False, layer_norm_eps, batch_first both ways; dropout in eval mode or 0.0.
+    The generated module computes pre-LN exact GELU (on CUDA by the spec's Triton module where its kernels
+    apply); another configuration is rendered in memory on first use (about a second) and runs the torch ops.
+    Not computed (a clear error): another activation, dropout > 0 in training mode, a LayerNorm without
+    elementwise_affine or with eps differing between norm1 and norm2.
     """
 
     def __init__(
@@ -2525,34 +2624,43 @@ class TransformerEncoderLayer(torch.nn.Module):
         dtype=None,
     ):
         super().__init__()
-        if not _is_exact_gelu(activation):
-            shown = getattr(activation, "__name__", activation)
-            raise _not_supported("activation", shown, 'the block computes exact GELU only: pass activation="gelu"')
-        if not norm_first:
-            raise _not_supported("norm_first", norm_first, "the block is pre-LN only: pass norm_first=True")
         d_model, nhead = _size("d_model", d_model), _size("nhead", nhead)
         if d_model % nhead:
             raise ValueError(f"d_model = {d_model} must be divisible by nhead = {nhead}")
         if not 0.0 <= float(dropout) <= 1.0:
             raise ValueError(f"dropout must be a probability in [0, 1], got {dropout!r}")
         factory = {"device": device, "dtype": dtype}
-        self.dropout, self.batch_first, self.norm_first = float(dropout), bool(batch_first), True
+        self.dropout, self.batch_first, self.norm_first = float(dropout), bool(batch_first), bool(norm_first)
         self.self_attn = _SelfAttentionWeights(d_model, nhead, bias, self.batch_first, factory)
         self.linear1 = torch.nn.Linear(d_model, _size("dim_feedforward", dim_feedforward), bias=bias, **factory)
         self.linear2 = torch.nn.Linear(dim_feedforward, d_model, bias=bias, **factory)
         self.norm1 = torch.nn.LayerNorm(d_model, eps=layer_norm_eps, bias=bias, **factory)
         self.norm2 = torch.nn.LayerNorm(d_model, eps=layer_norm_eps, bias=bias, **factory)
+        if isinstance(activation, str):  # as torch: the string's function
+            _block_activation(activation)
+            activation = getattr(torch.nn.functional, activation)
+        self.activation = activation
+        self._configure()
+
+    def _configure(self):
+        """The configuration of the family the layer computes, read from norm_first and activation (again when
+        either was changed after construction), its closed form rendered now (never while compiling)."""
+        name, approximate = _block_activation(self.activation)
+        configuration = {"norm_first": self.norm_first, "activation": name, "approximate": approximate}
+        self._configured = (self.norm_first, self.activation, configuration)
+        _closed_form(configuration)
 
     def extra_repr(self):
+        name, approximate = self._configured[2]["activation"], self._configured[2]["approximate"]
+        shown = name if approximate == "none" else f"{name}(approximate={approximate!r})"
         return (
             f"d_model={self.linear1.in_features}, nhead={self.self_attn.num_heads}, "
-            f"dim_feedforward={self.linear1.out_features}, dropout={self.dropout}, activation=gelu, "
-            f"layer_norm_eps={self.norm1.eps}, batch_first={self.batch_first}, norm_first=True"
+            f"dim_feedforward={self.linear1.out_features}, dropout={self.dropout}, activation={shown}, "
+            f"layer_norm_eps={self.norm1.eps}, batch_first={self.batch_first}, norm_first={self.norm_first}"
         )
 
     def forward(self, src, src_mask=None, src_key_padding_mask=None, is_causal=False):
-        """The layer's output, of src's shape and layout: Y = X + MHA(LN₁(X)), Z = Y + FFN(LN₂(Y)) (on CUDA by the
-        spec's Triton module where its kernels apply: path())."""
+        """The layer's output, of src's shape and layout (the class's docstring gives the math)."""
         if self.training and self.dropout > 0:
             raise _not_supported("dropout", self.dropout, "no dropout in training mode; use dropout=0.0 or eval()")
         if is_causal and src_mask is None:
@@ -2560,6 +2668,11 @@ class TransformerEncoderLayer(torch.nn.Module):
         for norm in (self.norm1, self.norm2):
             if norm.weight is None:
                 raise _not_supported("elementwise_affine", False, "the block's LayerNorms are affine")
+        if self.norm1.eps != self.norm2.eps:
+            raise _not_supported("norm2.eps", self.norm2.eps, f"the block's LayerNorms share eps = {self.norm1.eps}")
+        if self._configured[0] != self.norm_first or self._configured[1] is not self.activation:
+            self._configure()
+        function, traced, kernels_apply = _closed_form(self._configured[2])
         (x,), batched = _sequences("TransformerEncoderLayer", self.batch_first, src)
         attn = self.self_attn
         (W_Q, W_K, W_V), (b_Q, b_K, b_V) = _projections(attn)
@@ -2572,11 +2685,11 @@ class TransformerEncoderLayer(torch.nn.Module):
             self.linear1.weight.mT, self.linear2.weight.mT,
             b_Q, b_K, b_V, row(attn.out_proj.bias), row(self.linear1.bias), row(self.linear2.bias), M,
         )  # fmt: skip
-        kernels = _kernels_for(*inputs)
+        kernels = _kernels_for(*inputs) if kernels_apply else None
         if kernels is not None:  # CUDA: the spec's Triton module
             out = kernels.forward(*inputs, num_heads=attn.num_heads, eps=self.norm1.eps)
         else:
-            out = _apply(FUNCTION, *inputs, False, attn.num_heads, self.norm1.eps, traced=TRACED)[0]
+            out = _apply(function, *inputs, False, attn.num_heads, self.norm1.eps, traced=traced)[0]
         return out.transpose(0, 1) if batched and not self.batch_first else out
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import glob
+import json
 import os
 import re
 import tempfile
@@ -182,6 +183,7 @@ def render(
     *,
     second_order: bool = True,
     sizes: Mapping[str, int] | None = None,
+    configuration: Mapping[str, object] | None = None,
 ) -> str:
     """The source of one generated module: of the built-in spec called source, or of a user's Spec.
 
@@ -189,9 +191,11 @@ def render(
     ``second_order=False`` leaves the second closed form out: such a module raises on double backward
     and has no ``hvp`` (a first-order module, rendered in a fraction of the time). ``sizes`` (dimension name →
     size) prices the schedule's decisions at the sizes the user's model runs at (``cost.sizes_at``).
+    ``configuration`` (option → value, of the built-in family's ``configured`` options) renders another member of
+    the family than generated/ holds (the drop-in ``TransformerEncoderLayer`` renders its configuration so).
     """
     with sizes_at(sizes):
-        return _render(source, backend, variant, regenerate, second_order, sizes)
+        return _render(source, backend, variant, regenerate, second_order, sizes, configuration)
 
 
 def _render(
@@ -201,6 +205,7 @@ def _render(
     regenerate: str,
     second_order: bool,
     sizes: Mapping[str, int] | None,
+    configuration: Mapping[str, object] | None = None,
 ) -> str:
     from symattn.version import __version__
 
@@ -212,19 +217,26 @@ def _render(
             f"the {backend} backend has no {variant} variant (only {', '.join(target.variants)}); "
             + target.missing_variant
         )
+    chosen = tuple(sorted((configuration or {}).items()))
+    if chosen and (isinstance(source, Spec) or target.renders is not None):
+        where = "a user's Spec" if isinstance(source, Spec) else f"the {backend} backend"
+        raise SymattnError(f"{where} takes no configuration (only a built-in family's torch, NumPy or JAX module)")
     if target.renders is not None:  # a backend with a renderer of its own (Triton: the kernels of the spec's core)
         return _tidy(target.renders(source, regenerate, environment(), functools.partial(module_class, source)))
+    configured: dict = {}
     if isinstance(source, Spec):
         _require_bound_scalars(source)
         _require_own_names(source)
         sched, class_name, dropins = _regimes_of(source, lambda: schedule_spec(source), sizes), None, ()
     else:
         found = family(source)
-        build = functools.partial(schedule.__wrapped__, source, extended=found.masks)
-        sched, class_name = _regimes_of((source, found.masks), build, sizes), found.class_name
+        build = functools.partial(schedule.__wrapped__, source, extended=found.masks, configuration=chosen)
+        sched, class_name = _regimes_of((source, found.masks, chosen), build, sizes), found.class_name
         dropins = found.dropins if target.dropins and variant == "standard" else ()
+        configured = found.configuration(sched[0].schedule.spec) if dropins else {}
     ctx = context(sched, target, __version__, variant, class_name, second_order) | {"regenerate": regenerate}
     ctx |= {"dropin_names": list(dropins), "dropins": dropin_source.source(dropins)}
+    ctx |= {"configuration": _python_dict(configured)}
     text = environment().get_template(target.template).render(**ctx)
     return _tidy(text)
 
@@ -300,6 +312,14 @@ def _require_own_names(s: Spec) -> None:
             f"spec {s.name!r}: {', '.join(map(repr, clash))} named in the spec is a name of the generated code "
             "(a module, helper or variable of its own); rename it"
         )
+
+
+def _python_dict(values: Mapping[str, object]) -> str:
+    """A dict of names to bools, numbers and strings as Python source, ruff's format (double quotes); "" if empty."""
+    if not values:
+        return ""
+    text = (json.dumps(v) if isinstance(v, str) else repr(v) for v in values.values())
+    return "{" + ", ".join(f"{json.dumps(name)}: {v}" for name, v in zip(values, text)) + "}"
 
 
 def _tidy(text: str) -> str:

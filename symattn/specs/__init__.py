@@ -2,8 +2,9 @@
 
 Each built-in spec is a ``Family``: the function that builds it from options, and the
 facts code generation needs (its generated keywords, whether its modules take masks,
-whether a row-block variant exists, the torch class name). Code generation asks the
-family, never the spec's name; a user's spec file is a family with the defaults.
+whether a row-block variant exists, the torch class name, the options that choose one of
+its configurations). Code generation asks the family, never the spec's name; a user's
+spec file is a family with the defaults.
 """
 
 from __future__ import annotations
@@ -38,11 +39,23 @@ class Family:
     row_blocks: bool = False  # a memory-efficient variant: P recomputed one block of query rows at a time
     class_name: str | None = None  # the torch nn.Module's name (default: the spec's name in CamelCase)
     dropins: tuple[str, ...] = ()  # torch's classes the torch module also carries (codegen.dropin_runtime)
+    # the builder's options that choose a configuration (a different function, e.g. the block's norm_first and
+    # activation): generated/ holds the default one; another is rendered on demand (``codegen.generate.render``)
+    configured: tuple[str, ...] = ()
 
-    def generated_spec(self, extended: bool) -> tuple[Spec, tuple[Option, ...]]:
-        """The spec with its options as symbols (extended: every optional part on), and its keyword options."""
+    def generated_spec(self, extended: bool, configuration: tuple = ()) -> tuple[Spec, tuple[Option, ...]]:
+        """The spec with its options as symbols (extended: every optional part on) in the configuration given as
+        (option, value) pairs (none: the builder's defaults), and its keyword options."""
+        unknown = sorted(name for name, _ in configuration if name not in self.configured)
+        if unknown:
+            known = ", ".join(self.configured) or "none"
+            raise SymattnError(f"{', '.join(unknown)}: not a configuration option of this spec (those: {known})")
         spec_options, options = self.generated_options(extended)
-        return self.build(**spec_options), options
+        return self.build(**spec_options, **dict(configuration)), options
+
+    def configuration(self, s: Spec) -> dict:
+        """The values of the configuration options (``configured``) that built the spec s."""
+        return {name: s.options[name] for name in self.configured}
 
 
 BUILTIN: dict[str, Family] = {
@@ -51,7 +64,13 @@ BUILTIN: dict[str, Family] = {
     "mha": Family(
         mha, mha_options, masks=True, row_blocks=True, class_name="MultiHeadAttention", dropins=("MultiheadAttention",)
     ),
-    "transformer_block": Family(transformer_block, block_options, masks=True, dropins=("TransformerEncoderLayer",)),
+    "transformer_block": Family(
+        transformer_block,
+        block_options,
+        masks=True,
+        dropins=("TransformerEncoderLayer",),
+        configured=("norm_first", "activation", "approximate"),
+    ),
 }
 
 

@@ -68,6 +68,30 @@ def test_tanh_gelu_derivation_steps_verify():
     assert "GELU_tanh′(U)" in derivation.text("W_1")
 
 
+@pytest.mark.parametrize(("norm_first", "activation"), [(False, "relu"), (False, "silu"), (True, "relu")])
+def test_other_configurations_derivation_steps_verify(norm_first, activation):
+    # post-LN: X₁ = LN₁(X + MHA(X)), Z = LN₂(X₁ + act(X₁ W_1 + 𝟏b_1) W_2 + 𝟏b_2); pre-LN with ReLU or SiLU
+    derivation = sa.derive("transformer_block", num_heads=2, norm_first=norm_first, activation=activation)
+    report = derivation.verify(["W_1", "gamma_2", "W_Q"], seed=5)
+    assert report.ok, report.text()
+    assert ("post-LN" if not norm_first else "pre-LN") in sa.spec("transformer_block", norm_first=norm_first).summary
+
+
+def test_bad_configurations_are_named():
+    from symattn.codegen.generate import render
+
+    with pytest.raises(sa.SymattnError, match="activation must be one of gelu, relu, silu"):
+        sa.spec("transformer_block", activation="tanh")
+    with pytest.raises(sa.SymattnError, match="applies to GELU only"):
+        sa.spec("transformer_block", activation="relu", approximate="tanh")
+    with pytest.raises(sa.SymattnError, match="norm_first must be True or False"):
+        sa.spec("transformer_block", norm_first="yes")
+    with pytest.raises(sa.SymattnError, match="not a configuration option"):
+        render("transformer_block", "torch", configuration={"causal": True})
+    with pytest.raises(sa.SymattnError, match="triton backend takes no configuration"):
+        render("transformer_block", "triton", configuration={"norm_first": False})
+
+
 def test_causal_derivation_steps_verify():
     # A_h = S_h/√d_k + M: the mask M is a constant (random in the check), never differentiated
     derivation = sa.derive("transformer_block", num_heads=2, causal=True)

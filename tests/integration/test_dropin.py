@@ -1,10 +1,11 @@
 """Drop-in modules: mha_torch.MultiheadAttention against torch.nn.MultiheadAttention and
-transformer_block_torch.TransformerEncoderLayer against torch.nn.TransformerEncoderLayer(norm_first=True):
-state dicts both ways, outputs, attention weights and every gradient (inputs, parameters, float masks)."""
+transformer_block_torch.TransformerEncoderLayer against torch.nn.TransformerEncoderLayer: state dicts both ways,
+outputs, attention weights and every gradient (inputs, parameters, float masks), masks and options; every
+configuration of both in test_dropin_configurations.py."""
 
 from __future__ import annotations
 
-import functools
+import re
 
 import pytest
 
@@ -247,31 +248,42 @@ def test_encoder_layer_state_dict_repr_and_unsupported_options():
     text = repr(ours)
     for part in (f"d_model={E}", f"nhead={H}", "dim_feedforward=20", "activation=gelu", "norm_first=True"):
         assert part in text
-    layer = functools.partial(transformer_block_torch.TransformerEncoderLayer, norm_first=True)
-    for kwargs, name in (({"activation": "relu"}, "activation"), ({"norm_first": False}, "norm_first")):
-        with pytest.raises(NotImplementedError, match=name):
-            layer(E, H, **{"activation": "gelu"} | kwargs)
-    for gelu in ("gelu", torch.nn.GELU(), torch.nn.functional.gelu):
-        layer(E, H, activation=gelu)  # exact GELU in torch's other spellings
-    with pytest.raises(NotImplementedError, match="activation"):
-        layer(E, H, activation=torch.nn.GELU(approximate="tanh"))
+    layer = transformer_block_torch.TransformerEncoderLayer
+    assert "activation=gelu(approximate='tanh')" in repr(layer(E, H, activation=torch.nn.GELU(approximate="tanh")))
+    with pytest.raises(RuntimeError, match="activation should be relu/gelu, not tanh"):  # torch's own words
+        layer(E, H, activation="tanh")
+    for activation, name in ((torch.tanh, "tanh"), (torch.nn.Mish(), "Mish()"), (lambda x: 2 * x, "<lambda>")):
+        with pytest.raises(NotImplementedError, match=re.escape(f"activation={name!r} is not supported")):
+            layer(E, H, activation=activation)
     x = torch.randn(L, N, E)
     with pytest.raises(NotImplementedError, match=r"dropout=0\.1"):
-        layer(E, H, activation="gelu")(x)  # torch's default dropout, 0.1, in training mode
-    assert layer(E, H, activation="gelu").eval()(x).shape == x.shape
+        layer(E, H)(x)  # torch's default dropout, 0.1, in training mode
+    assert layer(E, H).eval()(x).shape == x.shape
+    ours = layer(E, H, dropout=0.0)
+    ours.norm2.eps = 1e-3
+    with pytest.raises(NotImplementedError, match=r"norm2\.eps"):
+        ours(x)
 
 
-def test_torchs_arguments_build_torchs_layer_or_are_refused():
-    """The drop-in's defaults are torch's: the arguments of torch's default layer (post-LN, ReLU) or of BERT's
-    (post-LN, GELU) are refused naming what the block does not compute, never built into a different layer."""
-    layer = transformer_block_torch.TransformerEncoderLayer
-    with pytest.raises(NotImplementedError, match=r"activation='relu'.*pass activation=\"gelu\""):
-        layer(E, H, 20, batch_first=True)
-    with pytest.raises(NotImplementedError, match=r"norm_first=False.*pass norm_first=True"):
-        layer(E, H, 20, activation="gelu", batch_first=True)
-    ours = layer(E, H, 20, activation="gelu", norm_first=True, batch_first=True)
-    ref = torch.nn.TransformerEncoderLayer(E, H, 20, activation="gelu", norm_first=True, batch_first=True)
-    assert (ours.dropout, ref.dropout.p) == (0.1, 0.1)  # torch's default dropout, as torch's layer has it
+def test_torchs_defaults_build_torchs_layer():
+    """The drop-in's defaults are torch's (post-LN, ReLU, dropout 0.1): the same arguments, the same layer."""
+    ours = transformer_block_torch.TransformerEncoderLayer(E, H, 20, batch_first=True, dtype=torch.float64)
+    ref = torch.nn.TransformerEncoderLayer(E, H, 20, batch_first=True, dtype=torch.float64)
+    assert (ours.dropout, ref.dropout.p) == (0.1, 0.1) and ours.norm_first is ref.norm_first is False
+    assert ours.activation is ref.activation is torch.nn.functional.relu
+    ref.load_state_dict(ours.state_dict())
+    x = torch.randn(N, L, E, dtype=torch.float64)
+    assert torch.allclose(ours.eval()(x), ref.eval()(x), rtol=1e-12, atol=1e-12)
+
+
+def test_a_changed_activation_or_norm_first_is_computed():
+    # torch reads self.activation and self.norm_first at each call: so does the drop-in, never the constructor's
+    ref, ours = _block_pair(torch.float64)
+    x = torch.randn(N, L, E, dtype=torch.float64).transpose(0, 1)
+    for module in (ref, ours):
+        module.activation, module.norm_first = torch.nn.functional.silu, False
+    assert torch.allclose(ours.eval()(x), ref(x), rtol=1e-12, atol=1e-12)
+    assert "activation=silu" in repr(ours) and "norm_first=False" in repr(ours)
 
 
 @pytest.mark.slow

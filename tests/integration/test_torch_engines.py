@@ -13,7 +13,7 @@ from gloo_step import run_step  # noqa: E402
 from symattn.generated import mha_torch, transformer_block_torch  # noqa: E402
 
 E, H, L, N = 16, 4, 6, 4
-PRE_LN_GELU = {"dropout": 0.0, "activation": "gelu", "norm_first": True}  # the drop-in block computes
+PRE_LN_GELU = {"dropout": 0.0, "activation": "gelu", "norm_first": True}  # the generated module's configuration
 
 
 def _modules(dtype=torch.float64):
@@ -69,6 +69,8 @@ def _cases() -> dict:
     own, dropin = _modules()
     gqa = mha_torch.MultiHeadAttention(E, num_heads=H, num_kv_heads=2, bias=True, dtype=torch.float64)
     layer = transformer_block_torch.TransformerEncoderLayer(E, H, 8, **PRE_LN_GELU, dtype=torch.float64)
+    # torch's default configuration, post-LN ReLU: a closed form rendered in memory, traced as the generated one
+    post_ln = transformer_block_torch.TransformerEncoderLayer(E, H, 8, dropout=0.0, dtype=torch.float64)
     causal = torch.ones(L, L, dtype=torch.bool).triu(1)
     # 300 query rows: three blocks of rows (128, 128, 44), each reading its causal key range, traced too
     long = tuple(torch.randn(2, 300, 4, dtype=torch.float64, requires_grad=True) for _ in range(3))
@@ -95,6 +97,7 @@ def _cases() -> dict:
         ),
         "drop-in MultiheadAttention": (lambda t: dropin(t, t, t, attn_mask=causal)[0], (x,)),
         "drop-in TransformerEncoderLayer": (layer, (x,)),
+        "drop-in TransformerEncoderLayer post-LN ReLU": (post_ln, (x,)),
     }
 
 
@@ -162,10 +165,11 @@ def test_torch_func_reaches_the_modules_and_drop_ins():
         assert (torch.func.vmap(lambda xs: own(xs, xs, xs))(x) - own(x, x, x)).abs().max() < 1e-12
         mapped = torch.func.vmap(lambda xs: dropin(xs, xs, xs, need_weights=False)[0])(x)
         assert (mapped - dropin(x, x, x, need_weights=False)[0]).abs().max() < 1e-12
-    layer = transformer_block_torch.TransformerEncoderLayer(E, H, 8, **PRE_LN_GELU, dtype=torch.float64)
-    xg = x.clone().requires_grad_()
-    (eager,) = torch.autograd.grad(layer(xg).sum(), xg)
-    assert (torch.func.grad(lambda xs: layer(xs).sum())(x) - eager).abs().max() < 1e-12
+    for options in (PRE_LN_GELU, {"dropout": 0.0, "activation": torch.nn.SiLU()}):  # post-LN SiLU: rendered
+        layer = transformer_block_torch.TransformerEncoderLayer(E, H, 8, **options, dtype=torch.float64)
+        xg = x.clone().requires_grad_()
+        (eager,) = torch.autograd.grad(layer(xg).sum(), xg)
+        assert (torch.func.grad(lambda xs, layer=layer: layer(xs).sum())(x) - eager).abs().max() < 1e-12
 
 
 def test_leading_batch_dimensions_stand_in_for_vmap():

@@ -103,6 +103,25 @@ def test_the_drop_ins_without_weights_routed(monkeypatch):
     _same(step, [x, *block.parameters()], transformer_block_torch, monkeypatch)
 
 
+@pytest.mark.parametrize(
+    "options", [{"norm_first": False, "activation": "gelu"}, {"norm_first": True, "activation": "relu"}, {}]
+)
+def test_an_encoder_layer_of_another_configuration_keeps_the_torch_ops(options, monkeypatch):
+    """The spec's Triton module computes the generated module's own configuration (pre-LN, exact GELU) only: a layer
+    of another one (torch's default, post-LN ReLU, among them) runs the torch ops even where the kernels would take
+    the call, and computes torch's layer."""
+    transformer_block_torch = _torch_module("transformer_block_torch")
+    torch.manual_seed(3)
+    x = torch.randn(2, N, 32)
+    ours = transformer_block_torch.TransformerEncoderLayer(32, 4, 48, dropout=0.0, batch_first=True, **options)
+    ref = torch.nn.TransformerEncoderLayer(32, 4, 48, dropout=0.0, batch_first=True, **options)
+    ref.load_state_dict(ours.state_dict())
+    calls = _routed(transformer_block_torch, monkeypatch)
+    out = ours(x)
+    assert calls == []
+    assert (out - ref(x)).abs().max() <= 2e-5
+
+
 @pytest.mark.parametrize("name", ["attention_torch", "attention_torch_memeff", "mha_torch_memeff"])
 def test_jvp_routed_to_the_jvp_kernel_gives_the_torch_modules_tangent(name, monkeypatch):
     """jvp on CUDA hands the call to the Triton module's JVP kernel: the same output and tangent as the closed form

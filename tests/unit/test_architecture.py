@@ -110,7 +110,10 @@ OTHER_MEANINGS = {
     ("symattn/trace/forms/merged.py", "step"): "the constant program's reference to a recorded call's result",
     ("symattn/specs/block.py", "tanh"): "gelu's approximate='tanh' option",
     ("symattn/codegen/backends/torch/runtime.py", "tanh"): "torch's gelu(approximate='tanh')",
-    ("symattn/codegen/backends/torch/dropin_runtime.py", "gelu"): "nn.TransformerEncoderLayer's activation='gelu'",
+    ("symattn/codegen/backends/torch/dropin_block.py", "gelu"): "nn.TransformerEncoderLayer's activation='gelu'",
+    ("symattn/codegen/backends/torch/dropin_block.py", "relu"): "nn.TransformerEncoderLayer's activation='relu'",
+    ("symattn/codegen/backends/torch/dropin_block.py", "silu"): "the block family's activation='silu' (F.silu)",
+    ("symattn/codegen/backends/torch/dropin_block.py", "tanh"): "torch's gelu(approximate='tanh')",
 }
 
 
@@ -143,6 +146,8 @@ NOT_A_BACKEND = {
         "symattn/codegen/backends/torch/function_runtime.py",
         "triton",
     ): "path()'s answer: the call runs the Triton kernels",
+    # the drop-in encoder layer (copied into the generated torch module) renders its own backend's module, no branch
+    ("symattn/codegen/backends/torch/dropin_block.py", "torch"): "the torch module of another configuration",
 }
 
 

@@ -244,13 +244,14 @@ def _reaches(start: set, target: Basic, reads: dict) -> bool:
 
 
 @functools.cache
-def schedule(name: str, extended: bool = False) -> Schedule:
+def schedule(name: str, extended: bool = False, configuration: tuple = ()) -> Schedule:
     """The schedule of the built-in spec called name with its options as symbols.
 
     extended: with every optional part on (mask, biases; see ``Family.generated_options``),
-    as the generated modules of a family with ``masks`` compute it.
+    as the generated modules of a family with ``masks`` compute it; configuration: (option, value) pairs
+    choosing one of the family's configurations (``Family.configured``; none: the default one).
     """
-    return schedule_spec(*family(name).generated_spec(extended))
+    return schedule_spec(*family(name).generated_spec(extended, configuration))
 
 
 def schedule_spec(s: Spec, options: tuple[Option, ...] = ()) -> Schedule:

@@ -9,6 +9,7 @@ from sympy import Basic
 
 from symattn.codegen.backends.backend import Backend
 from symattn.codegen.backends.printing import SCALAR_FUNCTIONS, GeneratedCodeMixin, _unwrapped
+from symattn.codegen.emit.dropins import MODULES as DROPIN_MODULES
 from symattn.codegen.schedule.plan import flipped
 from symattn.errors import SymattnError
 from symattn.lang.functions import TORCH
@@ -142,6 +143,6 @@ TORCH_BACKEND = Backend(
     device=True,
     dropins=True,
     routes=True,
-    runtimes=(*RUNTIMES, "symattn.codegen.backends.torch.dropin_runtime"),
+    runtimes=(*RUNTIMES, *DROPIN_MODULES),
     imports=("torch",),
 )

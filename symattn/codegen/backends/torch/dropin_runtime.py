@@ -1,10 +1,10 @@
 """Drop-in torch modules of generated PyTorch modules: torch's own classes, computed by the closed form.
 
 ``MultiheadAttention`` takes ``torch.nn.MultiheadAttention``'s constructor, parameters (names, shapes,
-torch's (out, in) layout), state dict and ``forward``; ``TransformerEncoderLayer`` takes
-``torch.nn.TransformerEncoderLayer``'s (pre-LN, GELU). Each maps torch's weights onto the spec's math
-layout with views (W_Q = in_proj_weight[:E]ᵀ, b_Q = in_proj_bias[:E] as a 1 × E row), which autograd
-carries back to torch's parameters, and calls the generated Function.
+torch's (out, in) layout), state dict and ``forward``; ``TransformerEncoderLayer`` (``dropin_block``, with
+the helpers here) takes ``torch.nn.TransformerEncoderLayer``'s, every configuration. Each maps torch's
+weights onto the spec's math layout with views (W_Q = in_proj_weight[:E]ᵀ, b_Q = in_proj_bias[:E] as a
+1 × E row), which autograd carries back to torch's parameters, and calls the generated Function.
 
 Real code, linted and tested; a spec family names the classes its torch module carries
 (``specs.Family.dropins``) and code generation copies their source with the helpers they call
@@ -276,114 +276,3 @@ class MultiheadAttention(torch.nn.Module):
 def _identity(square):
     """The identity of a square matrix's size, dtype and device (no gradient)."""
     return torch.eye(square.shape[0], dtype=square.dtype, device=square.device)
-
-
-class _SelfAttentionWeights(torch.nn.Module):
-    """The attention weights of ``TransformerEncoderLayer`` under torch's names (``self_attn.in_proj_weight``, …)."""
-
-    def __init__(self, embed_dim, num_heads, bias, batch_first, factory):
-        super().__init__()
-        self.embed_dim, self.num_heads, self.batch_first = embed_dim, num_heads, batch_first
-        self.in_proj_weight = torch.nn.Parameter(torch.empty(3 * embed_dim, embed_dim, **factory))
-        if bias:
-            self.in_proj_bias = torch.nn.Parameter(torch.zeros(3 * embed_dim, **factory))
-        else:
-            self.register_parameter("in_proj_bias", None)
-        self.out_proj = torch.nn.Linear(embed_dim, embed_dim, bias=bias, **factory)
-        torch.nn.init.xavier_uniform_(self.in_proj_weight)
-        if bias:
-            torch.nn.init.zeros_(self.out_proj.bias)
-
-    def extra_repr(self):
-        return f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, bias={self.in_proj_bias is not None}"
-
-
-def _is_exact_gelu(activation):
-    """Whether activation is GELU in its exact (erf) form: "gelu", F.gelu or nn.GELU()."""
-    if isinstance(activation, str):
-        return activation == "gelu"
-    if isinstance(activation, torch.nn.GELU):
-        return activation.approximate == "none"
-    return activation is torch.nn.functional.gelu
-
-
-class TransformerEncoderLayer(torch.nn.Module):
-    """``torch.nn.TransformerEncoderLayer(norm_first=True, activation="gelu")`` computed by the generated
-    closed form: the same constructor, submodules (``self_attn``, ``linear1``, ``linear2``, ``norm1``,
-    ``norm2``), state dict and ``forward(src, src_mask, src_key_padding_mask, is_causal)``.
-
-    The constructor's signature and defaults are torch's (dropout=0.1, activation=F.relu, norm_first=False), so
-    arguments given as to torch's layer build torch's layer or are refused, never a different one. Computed: pre-LN
-    (norm_first=True) with exact GELU ("gelu", F.gelu, nn.GELU()), dropout in eval mode or 0.0. Not computed (a
-    clear error): another activation (torch's default ReLU, tanh-GELU), post-LN (torch's default), dropout > 0 in
-    training mode, a LayerNorm without elementwise_affine.
-    """
-
-    def __init__(
-        self,
-        d_model,
-        nhead,
-        dim_feedforward=2048,
-        dropout=0.1,
-        activation=torch.nn.functional.relu,
-        layer_norm_eps=1e-5,
-        batch_first=False,
-        norm_first=False,
-        bias=True,
-        device=None,
-        dtype=None,
-    ):
-        super().__init__()
-        if not _is_exact_gelu(activation):
-            shown = getattr(activation, "__name__", activation)
-            raise _not_supported("activation", shown, 'the block computes exact GELU only: pass activation="gelu"')
-        if not norm_first:
-            raise _not_supported("norm_first", norm_first, "the block is pre-LN only: pass norm_first=True")
-        d_model, nhead = _size("d_model", d_model), _size("nhead", nhead)
-        if d_model % nhead:
-            raise ValueError(f"d_model = {d_model} must be divisible by nhead = {nhead}")
-        if not 0.0 <= float(dropout) <= 1.0:
-            raise ValueError(f"dropout must be a probability in [0, 1], got {dropout!r}")
-        factory = {"device": device, "dtype": dtype}
-        self.dropout, self.batch_first, self.norm_first = float(dropout), bool(batch_first), True
-        self.self_attn = _SelfAttentionWeights(d_model, nhead, bias, self.batch_first, factory)
-        self.linear1 = torch.nn.Linear(d_model, _size("dim_feedforward", dim_feedforward), bias=bias, **factory)
-        self.linear2 = torch.nn.Linear(dim_feedforward, d_model, bias=bias, **factory)
-        self.norm1 = torch.nn.LayerNorm(d_model, eps=layer_norm_eps, bias=bias, **factory)
-        self.norm2 = torch.nn.LayerNorm(d_model, eps=layer_norm_eps, bias=bias, **factory)
-
-    def extra_repr(self):
-        return (
-            f"d_model={self.linear1.in_features}, nhead={self.self_attn.num_heads}, "
-            f"dim_feedforward={self.linear1.out_features}, dropout={self.dropout}, activation=gelu, "
-            f"layer_norm_eps={self.norm1.eps}, batch_first={self.batch_first}, norm_first=True"
-        )
-
-    def forward(self, src, src_mask=None, src_key_padding_mask=None, is_causal=False):
-        """The layer's output, of src's shape and layout: Y = X + MHA(LN₁(X)), Z = Y + FFN(LN₂(Y)) (on CUDA by the
-        spec's Triton module where its kernels apply: path())."""
-        if self.training and self.dropout > 0:
-            raise _not_supported("dropout", self.dropout, "no dropout in training mode; use dropout=0.0 or eval()")
-        if is_causal and src_mask is None:
-            raise RuntimeError("Need attn_mask if specifying the is_causal hint.")
-        for norm in (self.norm1, self.norm2):
-            if norm.weight is None:
-                raise _not_supported("elementwise_affine", False, "the block's LayerNorms are affine")
-        (x,), batched = _sequences("TransformerEncoderLayer", self.batch_first, src)
-        attn = self.self_attn
-        (W_Q, W_K, W_V), (b_Q, b_K, b_V) = _projections(attn)
-        row = lambda v: None if v is None else v.unsqueeze(0)  # noqa: E731 - (E,) -> the spec's 1 × E row
-        shift = lambda norm: row(norm.bias) if norm.bias is not None else x.new_zeros(1, x.shape[-1])  # noqa: E731
-        M = _torch_mask(src_mask, src_key_padding_mask, x, x, attn.num_heads)
-        inputs = (  # the spec's order: X, the weights and norms, then the biases and M
-            x, W_Q, W_K, W_V, attn.out_proj.weight.mT,
-            row(self.norm1.weight), shift(self.norm1), row(self.norm2.weight), shift(self.norm2),
-            self.linear1.weight.mT, self.linear2.weight.mT,
-            b_Q, b_K, b_V, row(attn.out_proj.bias), row(self.linear1.bias), row(self.linear2.bias), M,
-        )  # fmt: skip
-        kernels = _kernels_for(*inputs)
-        if kernels is not None:  # CUDA: the spec's Triton module
-            out = kernels.forward(*inputs, num_heads=attn.num_heads, eps=self.norm1.eps)
-        else:
-            out = _apply(FUNCTION, *inputs, False, attn.num_heads, self.norm1.eps, traced=TRACED)[0]
-        return out.transpose(0, 1) if batched and not self.batch_first else out
