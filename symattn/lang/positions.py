@@ -130,11 +130,36 @@ def make(rows: object, cols: object, f: Callable | sp.Lambda | Expr) -> Entries:
     return Entries(rows, cols, sp.Lambda((I, J), check_formula(formula)))
 
 
-def entries(rows: object, cols: object, f: Callable | sp.Lambda | Expr) -> Matrix:
+def entries(rows: object, cols: object, f: Callable | sp.Lambda | Expr, heads: object = None) -> Matrix:
     """sa.entries(rows, cols, f): the rows × cols matrix whose (i, j) entry is f(i, j), i the 0-based row (query)
     position and j the column (key) position, e.g. ALiBi's ``lambda i, j: -slope * sp.Abs(i - j)`` or a causal
-    window ``lambda i, j: sp.Piecewise((0, (j <= i) & (i - j < w)), (-sp.oo, True))``."""
-    return Matrix(make(rows, cols, f))
+    window ``lambda i, j: sp.Piecewise((0, (j <= i) & (i - j < w)), (-sp.oo, True))``.
+
+    With ``heads=H``, f takes (i, j, h), h the 0-based head, and the result is per head (what ``split_heads`` makes
+    of an input), e.g. ALiBi's slopes ``lambda i, j, h: -2 ** (-8 * (h + 1) / H) * sp.Abs(i - j)``: it is
+    split_heads(E, H) of the rows × H·cols matrix E whose column j holds head ⌊j/cols⌋'s column j − cols⌊j/cols⌋,
+    the layout of every per-head constant of the language."""
+    if heads is None:
+        return Matrix(make(rows, cols, f))
+    from symattn.lang.ops import split_heads  # (ops builds on this module's neighbours; imported where used)
+
+    count, width = _dimension(heads, "heads"), _dimension(cols, "cols")
+    if isinstance(f, sp.Lambda):
+        if len(f.variables) != 3:
+            raise SymattnError(
+                f"sa.entries: the Lambda takes {len(f.variables)} variables; with heads, f takes (i, j, h)"
+            )
+        per_head = f
+    elif callable(f) and not isinstance(f, Basic):
+        per_head = f
+    else:
+        raise SymattnError("sa.entries: with heads, f is a function of (i, j, h)")
+
+    def laid_out(i: Expr, j: Expr) -> Expr:
+        head = sp.floor(j / width)
+        return per_head(i, j - width * head, head)
+
+    return split_heads(Matrix(make(rows, count * width, laid_out)), count)
 
 
 def from_function_matrix(node: FunctionMatrix) -> Entries:

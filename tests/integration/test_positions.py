@@ -240,3 +240,65 @@ def test_any_spelling_gives_the_same_code():
         return codegen.render(dataclasses.replace(positional_spec(kind), name="spelled"), "torch")
 
     assert source("alibi") == source("function_matrix")
+
+
+HEADS, D_K = 4, 2
+
+
+def alibi_heads_spec() -> sa.Spec:
+    """Multi-head attention with ALiBi's geometric slopes, one per head: 2^(−8(h+1)/H)."""
+    q, k, v = (sp.MatrixSymbol(x, r, HEADS * d) for x, r in (("Q", n), ("K", m), ("V", m)))
+    alibi = sa.entries(n, m, lambda i, j, h: -(2 ** (-8 * (h + 1) / sp.Integer(HEADS))) * sp.Abs(i - j), heads=HEADS)
+    qh, kh, vh = (sa.split_heads(x, HEADS) for x in (q, k, v))
+    output = sa.merge_heads(sa.softmax(qh @ kh.T / sp.sqrt(d) + alibi) @ vh, HEADS)
+    return sa.Spec(name="alibi_heads", summary="ALiBi", inputs=(q, k, v), output=output)
+
+
+def alibi_heads_reference(q, k, v):
+    def heads(x):
+        return x.view(*x.shape[:-1], HEADS, D_K).transpose(-3, -2)
+
+    i, j = _grid(q.shape[-2], k.shape[-2])
+    slopes = torch.tensor([2 ** (-8 * (h + 1) / HEADS) for h in range(HEADS)], dtype=torch.float64)
+    scores = heads(q) @ heads(k).mT / math.sqrt(D_K) - slopes[:, None, None] * (i - j).abs()
+    out = torch.softmax(scores, dim=-1) @ heads(v)
+    return out.transpose(-3, -2).reshape(*q.shape[:-1], HEADS * D_K)
+
+
+def _heads_inputs(seed):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(2, r, HEADS * D_K, generator=g, dtype=torch.float64) for r in (5, 7, 7)]
+
+
+def test_per_head_positions_derive_and_match_autograd_in_every_backend():
+    jax = pytest.importorskip("jax")
+    jax.config.update("jax_enable_x64", True)
+    spec = alibi_heads_spec()
+    assert sa.derive(spec).verify().ok
+    inputs = _heads_inputs(8)
+    leaves = [x.clone().requires_grad_() for x in inputs]
+    want = alibi_heads_reference(*leaves)
+    cotangent = torch.randn(want.shape, generator=torch.Generator().manual_seed(9), dtype=torch.float64)
+    grads = torch.autograd.grad(want, leaves, cotangent)
+
+    got = load(spec, "torch").forward(*leaves)
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+    for g, w in zip(torch.autograd.grad(got, leaves, cotangent), grads):
+        torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-12)
+
+    numpy_module = load(spec, "numpy")
+    out, saved = numpy_module.forward(*(x.numpy() for x in inputs))
+    np.testing.assert_allclose(out, want.detach().numpy(), rtol=1e-10, atol=1e-12)
+    for name, w in zip("QKV", grads):
+        np.testing.assert_allclose(numpy_module.backward(saved, cotangent.numpy())[name], w.numpy(), rtol=1e-10)
+
+    jax_module = load(spec, "jax")
+    out, pullback = jax.vjp(jax_module.forward, *(x.numpy() for x in inputs))
+    np.testing.assert_allclose(np.asarray(out), want.detach().numpy(), rtol=1e-10, atol=1e-12)
+    for g, w in zip(pullback(cotangent.numpy()), grads):
+        np.testing.assert_allclose(np.asarray(g), w.numpy(), rtol=1e-10, atol=1e-12)
+
+
+def test_per_head_positions_need_a_function_of_three_positions():
+    with pytest.raises(SymattnError, match=r"with heads, f takes \(i, j, h\)"):
+        sa.entries(n, m, sp.Lambda((sp.Symbol("a"), sp.Symbol("b")), 0), heads=2)
