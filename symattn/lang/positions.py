@@ -167,9 +167,6 @@ def from_function_matrix(node: FunctionMatrix) -> Entries:
     return make(node.rows, node.cols, node.lamda)
 
 
-def canonical(expr: object) -> object:
-    """expr with every FunctionMatrix in it the language's Entries."""
-    if not isinstance(expr, Basic):
-        return expr
-    found = {f: from_function_matrix(f) for f in expr.atoms(FunctionMatrix) if type(f) is FunctionMatrix}
-    return expr.xreplace(found) if found else expr
+def canonical(functions: tuple[FunctionMatrix, ...]) -> tuple[Entries, ...]:
+    """SymPy's own FunctionMatrix nodes as the language's Entries (the same matrices)."""
+    return tuple(from_function_matrix(f) for f in functions)

@@ -15,7 +15,7 @@ from sympy import Basic, MatrixExpr, MatrixSymbol
 
 from symattn.errors import SymattnError
 from symattn.lang.dims import dim
-from symattn.lang.graph import hash_consed
+from symattn.lang.graph import hash_consed, rewrite
 from symattn.lang.lazy import plain
 from symattn.lang.positions import canonical
 from symattn.specs.validate import validate
@@ -51,17 +51,19 @@ class Spec:
             if isinstance(value, list):
                 object.__setattr__(self, name, tuple(tuple(v) if isinstance(v, list) else v for v in value))
         # sa.matrix's expressions: their SymPy expressions (SymPy's FunctionMatrix: the language's positions)
-        object.__setattr__(self, "output", canonical(plain(self.output)))
+        object.__setattr__(self, "output", plain(self.output))
         for name in ("inputs", "constants"):
             if isinstance(getattr(self, name), tuple):
                 object.__setattr__(self, name, tuple(plain(v) for v in getattr(self, name)))
         if isinstance(self.intermediates, tuple):
-            pairs = (
-                (v[0], canonical(plain(v[1]))) if isinstance(v, tuple) and len(v) == 2 else v
-                for v in self.intermediates
-            )
+            pairs = ((v[0], plain(v[1])) if isinstance(v, tuple) and len(v) == 2 else v for v in self.intermediates)
             object.__setattr__(self, "intermediates", tuple(pairs))
-        validate(self)
+        functions = validate(self)
+        if functions:  # SymPy's FunctionMatrix: the language's matrix of positions (Entries)
+            found = dict(zip(functions, canonical(functions)))
+            object.__setattr__(self, "output", rewrite(self.output, found.get))
+            object.__setattr__(self, "intermediates", tuple((k, rewrite(e, found.get)) for k, e in self.intermediates))
+            validate(self)
         # one object per distinct subexpression: every later lookup compares arguments by identity
         exprs = hash_consed([self.output, *(e for _, e in self.intermediates)])
         object.__setattr__(self, "output", exprs[0])

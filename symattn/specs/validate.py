@@ -14,15 +14,15 @@ from collections.abc import Mapping
 
 import sympy as sp
 from sympy import Basic, MatrixExpr, MatrixSymbol, Symbol
-from sympy.matrices.expressions import Identity, OneMatrix, ZeroMatrix
+from sympy.matrices.expressions import FunctionMatrix, Identity, OneMatrix, ZeroMatrix
 
 from symattn.autodiff.vjp import VJP_RULES, supported, vjp_rule
 from symattn.errors import SymattnError
 from symattn.lang.graph import nodes
-from symattn.lang.positions import Entries
 from symattn.lang.shapes import SHAPE_RULES
 
-LEAVES = (MatrixSymbol, Identity, OneMatrix, ZeroMatrix, Entries)  # Entries: positions, no matrix read
+# FunctionMatrix: a matrix of positions (Entries, or SymPy's own, which Spec makes Entries), no matrix read
+LEAVES = (MatrixSymbol, Identity, OneMatrix, ZeroMatrix, FunctionMatrix)
 RESERVED = {"G": "the cotangent of the output"}  # names the derivation and check give a meaning of their own
 # how a bool array passed for a constant becomes it (Spec.bool_forms): −∞ where True / where False (an additive
 # mask), 1 where False / where True (a mask multiplied in)
@@ -98,8 +98,9 @@ def check_expression(spec: str, field: str, expr: object, seen: set[Basic] | Non
                 raise SpecError(f"spec {spec!r}: {field}: {err}") from None
 
 
-def validate(spec) -> None:
-    """Raise SpecError naming the first malformed field of a Spec."""
+def validate(spec) -> tuple[Basic, ...]:
+    """Raise SpecError naming the first malformed field of a Spec; return SymPy's own FunctionMatrix nodes in it
+    (the language's Entries by another name: ``Spec`` makes them Entries, from this walk, with no walk of its own)."""
     name = spec.name
     if not isinstance(name, str) or not is_identifier(name):
         raise SpecError(f"spec name {name!r} must be a Python identifier (it names the generated modules)")
@@ -147,6 +148,7 @@ def validate(spec) -> None:
     for field in ("options", "dims"):
         if not isinstance(getattr(spec, field), Mapping):
             raise SpecError(f"spec {name!r}: {field} must be a mapping, got {type(getattr(spec, field)).__name__}")
+    return tuple(node for node in seen if type(node) is FunctionMatrix)
 
 
 def check_intermediates(spec: str, intermediates: object, inputs: set[str], seen: set[Basic]) -> None:
