@@ -22,6 +22,7 @@ from symattn.errors import SymattnError
 from symattn.lang.lazy import scalar
 from symattn.trace import frames
 from symattn.trace.constants import Program
+from symattn.trace.forms import positions
 from symattn.trace.values import Dims, Refused, Value, literal, number, stopped
 
 
@@ -89,6 +90,7 @@ class Trace:
     selections: dict[str, torch.Tensor] = field(default_factory=dict)  # a slice's constant S by name: its values
     upcast: list[str] = field(default_factory=list)  # file:line of each softmax computed in float32 (dtype=…)
     read: dict[int, Basic] = field(default_factory=dict)  # the matrix lengths the code read (size, shape), by value
+    dtype: torch.dtype = torch.float32  # the first floating input's: the precision the traced code runs at
 
     def __post_init__(self) -> None:
         self.dims = Dims(self._substitute)
@@ -108,6 +110,8 @@ class Trace:
 
     def add_input(self, name: str, tensor: torch.Tensor) -> None:
         """A differentiated input: a 0-d tensor is a trainable scalar, a 1-D one a 1 × d row, else a matrix."""
+        if not self.inputs and tensor.is_floating_point():
+            self.dtype = tensor.dtype
         if tensor.ndim == 0:
             symbol = scalar(name)
         else:
@@ -172,6 +176,15 @@ class Trace:
         if isinstance(argument, Constant):  # the same bool argument, the same way again: the same constant
             self.kept.append(tensor)
             return Value(argument.symbol, like.shape)
+        if argument is None:  # made of positions (torch.arange): computed where used, no n × m argument
+            found = positions.read(self.program, tensor, form, (rows, cols), self, self.dtype)
+            if found is not None:
+                value = Value(found, tuple(tensor.shape) if like is None else like.shape)
+                if form == "as_is" and like is None:
+                    self.bind(tensor, value)
+                else:
+                    self.kept.append(tensor)
+                return value
         additive = form.startswith("additive") or (form == "as_is" and like is not None)  # a float M added to like
         label = "M" if additive else "K" if form.startswith("keep") else "C"
         taken = {c.symbol.name for c in self.constants} | set(self.masks.values())
@@ -209,6 +222,11 @@ class Trace:
             return name
         same = held.form == form and held.symbol.shape == (like.rows, like.cols)
         return held if same else None
+
+    def position_number(self, x: int | float) -> Basic:
+        """A number in a formula of positions: an int equal to a length the code read as that length, a float as
+        itself (a slope is no dimension's expression)."""
+        return number(x, self.dims, read=self.read) if isinstance(x, int) else literal(x)
 
     def number(self, obj: object) -> Basic:
         """A number operand that is no dimension's expression (eps, a fill value)."""

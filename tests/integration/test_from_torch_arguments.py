@@ -82,10 +82,15 @@ def test_a_bool_mask_argument_is_a_constant_in_its_position(fn, name, form, allo
         close(got[input_name], w, f"∂f/∂{input_name}")
 
 
+HIDDEN = torch.rand(N, M, generator=torch.Generator().manual_seed(5)) < 0.3  # a fixed bool table (no positions)
+HIDDEN[:, 0] = False  # (every row keeps a key)
+
+
 def causal_and_masked(q, k, v, mask):
-    """A causal mask made inside (a constant M of the spec), then the bool argument: masked_fill(mask, -inf)."""
+    """A fixed bool table held by the code (a constant M of the spec), then the bool argument: masked_fill(mask,
+    -inf). (A mask the code makes of positions, torch.ones(n, m).triu(1), is no constant: test_positions_from_torch.)"""
     scores = q @ k.mT / math.sqrt(q.shape[-1])
-    scores = scores.masked_fill(torch.ones(N, M, dtype=torch.bool).triu(1), float("-inf"))
+    scores = scores.masked_fill(HIDDEN, float("-inf"))
     return torch.softmax(scores.masked_fill(mask, float("-inf")), dim=-1) @ v
 
 
@@ -99,7 +104,7 @@ def test_the_bool_argument_comes_first_among_the_constants_and_drop_in_keeps_the
     assert [str(c.name) for c in spec.constants] == ["mask", "M"] and dict(spec.bool_forms) == {"mask": "additive"}
     module = load(spec, "torch")
     args = tensors(1, False, ())
-    causal = torch.zeros(N, M, dtype=torch.float64).masked_fill(torch.ones(N, M, dtype=torch.bool).triu(1), -math.inf)
+    causal = torch.zeros(N, M, dtype=torch.float64).masked_fill(HIDDEN, -math.inf)
     closed = ClosedForm(causal_and_masked, tuple(example), generated=module)
     cotangent = torch.randn(*BATCH, N, D_V, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
     leaves = [a.clone().requires_grad_() for a in args[:3]]
