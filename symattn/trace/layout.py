@@ -12,6 +12,7 @@ from sympy.matrices.expressions import OneMatrix, Transpose
 
 from symattn.lang.algebra import product, total
 from symattn.lang.ops import merge_heads, repeat_heads, split_heads
+from symattn.trace.forms.torch_attention import WEIGHTS
 from symattn.trace.tracer import MaskArgument, Trace
 from symattn.trace.values import Refused, Value, stopped
 
@@ -21,6 +22,14 @@ def argument(args: tuple, kwargs: dict, index: int, name: str, default: object =
     if len(args) > index:
         return args[index]
     return kwargs.get(name, default)
+
+
+# a pending state a value cannot leave by the reader's forms: why it is not read
+PENDING = {
+    "unread": WEIGHTS,
+    "seq_first": "a tensor in the (n, B, c) layout, sequence first: read are its transpose(0, 1) back to (B, n, c) "
+    "and torch's own multi-head attention on it",
+}
 
 
 def matrix(v: Value, what: str = "operand", flat: bool = False) -> Value:
@@ -40,6 +49,8 @@ def matrix(v: Value, what: str = "operand", flat: bool = False) -> Value:
         raise Refused("key/value heads with an axis added (repeat_kv): read are expand, then reshape to (B, H, n, d)")
     if v.pending == "stacked":
         raise Refused("a stack along a new last axis: read is flatten(-2) of it (an interleaved rotary embedding)")
+    if v.pending in PENDING:
+        raise Refused(PENDING[v.pending])
     if v.pending not in (None, "flat"):
         raise Refused(f"the {what} is halfway through a reshape ({v.pending})")
     return v
@@ -176,6 +187,8 @@ def swap(v: Value, pair: tuple[int, int], result) -> Value:
     if pair == (-2, -1):
         v = matrix(v)
         return Value(transposed(v.expr), shape, v.heads)
+    if pair == (-3, -2) and len(shape) == 3 and v.heads is None and v.pending in (None, "seq_first"):
+        return Value(v.expr, shape, pending=None if v.pending else "seq_first")  # (B, n, c) ↔ (n, B, c)
     if pair == (-3, -2) and v.pending == "split":
         return Value(v.expr, shape, v.heads)
     if pair == (-3, -2) and v.pending is None and v.heads is not None:

@@ -145,9 +145,7 @@ def _trace(fn, examples: tuple, name: str | None, masks: set[str], inputs: set[s
         raise SymattnError(f"from_torch: {_qualname(fn)} returns a {type(out).__name__}; trace one returning a tensor")
     if not t.traced(out):
         raise SymattnError(f"from_torch: the output of {_qualname(fn)} does not depend on its float inputs")
-    output = t.values[id(out)]
-    if output.shift is not None:
-        raise SymattnError(f"from_torch: the output of {_qualname(fn)} holds a row max; {shift.WHY}")
+    output = _output(fn, t.values[id(out)])
     used = output.expr.free_symbols if hasattr(output.expr, "free_symbols") else set()
     t.constants = [c for c in t.constants if c.symbol in used]  # (a slice's S merged into a rotation R: gone)
     first = t.inputs[0][0] if t.inputs else ""
@@ -160,11 +158,6 @@ def _trace(fn, examples: tuple, name: str | None, masks: set[str], inputs: set[s
                     f"from_torch: {_qualname(fn)} adds its float argument {', '.join(demoted)} to per-head scores "
                     "as an additive mask (or slices it) and uses it otherwise too: an additive mask is a constant"
                 )
-    if output.pending or output.heads is not None or output.is_scalar:
-        raise SymattnError(
-            f"from_torch: {_qualname(fn)} returns per-head (or 0-d) values; merge the heads back (transpose(1, 2), "
-            "then view/reshape to (…, n, H·d))"
-        )
     # the bool arguments' constants first, in the arguments' order (the generated forward takes them there), then
     # the constants made from buffers and inside the code, in the order the trace made them (spec and Traced alike)
     order = {name: i for i, name in enumerate(t.masks.values())}
@@ -189,6 +182,23 @@ def _trace(fn, examples: tuple, name: str | None, masks: set[str], inputs: set[s
     traced = Traced(spec, t.program, t.constants, tuple(arguments), params_, shapes, tuple(demoted), tuple(t.upcast))
     traced.views = ranges
     return traced
+
+
+def _output(fn, output):
+    """The output's value, if it is a whole matrix per sequence; else one line saying what it is."""
+    from symattn.trace.forms import shift
+    from symattn.trace.layout import PENDING
+
+    if output.shift is not None:
+        raise SymattnError(f"from_torch: the output of {_qualname(fn)} holds a row max; {shift.WHY}")
+    if output.pending in PENDING:
+        raise SymattnError(f"from_torch: {_qualname(fn)} returns {PENDING[output.pending]}")
+    if output.pending or output.heads is not None or output.is_scalar:
+        raise SymattnError(
+            f"from_torch: {_qualname(fn)} returns per-head (or 0-d) values; merge the heads back (transpose(1, 2), "
+            "then view/reshape to (…, n, H·d))"
+        )
+    return output
 
 
 def _blocked(t: Trace, output: Basic) -> dict[str, list]:

@@ -23,6 +23,7 @@ from symattn.lang.lazy import scalar
 from symattn.trace import frames
 from symattn.trace.constants import Program
 from symattn.trace.forms import positions
+from symattn.trace.forms.torch_attention import DECOMPOSED, SEQUENCE_FIRST, UNREAD_LAYOUT
 from symattn.trace.values import Dims, Refused, Value, literal, number, stopped
 
 
@@ -274,9 +275,31 @@ class Mode(TorchFunctionMode):
             return func(*args, **kwargs)
         # the trace runs with gradients on (source.trace), each call without: the code's own torch.no_grad() is seen
         no_grad = not torch.is_grad_enabled()
+        decomposed = DECOMPOSED.get(func)
+        if decomposed is not None and any(self.trace.traced(t) for t in (*tensors_in(args), *tensors_in(kwargs))):
+            return self.decompose(func, decomposed, args, kwargs)
         with torch.no_grad():
             result = func(*args, **kwargs)
         record(self.trace, func, args, kwargs, result, no_grad)
+        return result
+
+    def decompose(self, func, decomposed, args: tuple, kwargs: dict):
+        """torch's function as its computation in the reader's forms (``forms.torch_attention``), run under this
+        mode; a piece of the result the computation leaves untraced (attention weights) is held unread."""
+        for k in SEQUENCE_FIRST.get(func, ()):
+            x = args[k] if k < len(args) else None
+            if self.trace.traced(x) and x.dim() == 3 and self.trace.values[id(x)].pending != "seq_first":
+                raise error(op_name(func), UNREAD_LAYOUT)
+        try:
+            with self:
+                result = decomposed(*args, **kwargs)
+        except Refused as err:
+            raise error(op_name(func), str(err)) from None
+        for piece in result:
+            if isinstance(piece, torch.Tensor) and not self.trace.traced(piece):
+                self.trace.bind(
+                    piece, Value(MatrixSymbol("unread", *piece.shape[-2:]), tuple(piece.shape), pending="unread")
+                )
         return result
 
 
