@@ -12,9 +12,8 @@ from sympy.matrices.expressions import OneMatrix, Transpose
 
 from symattn.lang.algebra import product, total
 from symattn.lang.ops import merge_heads, repeat_heads, split_heads
-from symattn.trace.forms.torch_attention import WEIGHTS
 from symattn.trace.tracer import MaskArgument, Trace
-from symattn.trace.values import Refused, Value, stopped
+from symattn.trace.values import GUARDED, Refused, Value, stopped
 
 
 def argument(args: tuple, kwargs: dict, index: int, name: str, default: object = None) -> object:
@@ -22,14 +21,6 @@ def argument(args: tuple, kwargs: dict, index: int, name: str, default: object =
     if len(args) > index:
         return args[index]
     return kwargs.get(name, default)
-
-
-# a pending state a value cannot leave by the reader's forms: why it is not read
-PENDING = {
-    "unread": WEIGHTS,
-    "seq_first": "a tensor in the (n, B, c) layout, sequence first: read are its transpose(0, 1) back to (B, n, c) "
-    "and torch's own multi-head attention on it",
-}
 
 
 def matrix(v: Value, what: str = "operand", flat: bool = False) -> Value:
@@ -49,8 +40,8 @@ def matrix(v: Value, what: str = "operand", flat: bool = False) -> Value:
         raise Refused("key/value heads with an axis added (repeat_kv): read are expand, then reshape to (B, H, n, d)")
     if v.pending == "stacked":
         raise Refused("a stack along a new last axis: read is flatten(-2) of it (an interleaved rotary embedding)")
-    if v.pending in PENDING:
-        raise Refused(PENDING[v.pending])
+    if v.pending in GUARDED:
+        raise Refused(GUARDED[v.pending])
     if v.pending not in (None, "flat"):
         raise Refused(f"the {what} is halfway through a reshape ({v.pending})")
     return v

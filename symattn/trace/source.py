@@ -187,12 +187,12 @@ def _trace(fn, examples: tuple, name: str | None, masks: set[str], inputs: set[s
 def _output(fn, output):
     """The output's value, if it is a whole matrix per sequence; else one line saying what it is."""
     from symattn.trace.forms import shift
-    from symattn.trace.layout import PENDING
+    from symattn.trace.values import GUARDED
 
     if output.shift is not None:
         raise SymattnError(f"from_torch: the output of {_qualname(fn)} holds a row max; {shift.WHY}")
-    if output.pending in PENDING:
-        raise SymattnError(f"from_torch: {_qualname(fn)} returns {PENDING[output.pending]}")
+    if output.pending in GUARDED:
+        raise SymattnError(f"from_torch: {_qualname(fn)} returns {GUARDED[output.pending]}")
     if output.pending or output.heads is not None or output.is_scalar:
         raise SymattnError(
             f"from_torch: {_qualname(fn)} returns per-head (or 0-d) values; merge the heads back (transpose(1, 2), "

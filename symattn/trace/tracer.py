@@ -24,7 +24,7 @@ from symattn.trace import frames
 from symattn.trace.constants import Program
 from symattn.trace.forms import positions
 from symattn.trace.forms.torch_attention import DECOMPOSED, SEQUENCE_FIRST, UNREAD_LAYOUT
-from symattn.trace.values import Dims, Refused, Value, literal, number, stopped
+from symattn.trace.values import GUARDED, KEEPS, Dims, Refused, Value, literal, number, stopped
 
 
 def op_name(func: object) -> str:
@@ -325,6 +325,9 @@ def record(trace: Trace, func: object, args: tuple, kwargs: dict, result: object
         if name in ("size", "shape") and isinstance(result, int | tuple):
             trace.note_sizes(operands[0], args, kwargs, result)
         return  # a size, a shape, a dtype
+    for state in {trace.values[id(x)].pending for x in operands} & GUARDED.keys():
+        if name not in KEEPS.get(state, ()):
+            raise error(name, GUARDED[state])
     if several and not getattr(rule, "several", False):
         raise error(name, "it returns several tensors; read are the pieces of a fused projection's features")
     if rule is None:

@@ -64,6 +64,16 @@ class Value:
             self.inner = sp.sympify(self.inner).xreplace(mapping)
 
 
+# pending states that only the rules named in ``KEEPS`` may read (each keeps or ends the state): why others refuse
+GUARDED = {
+    "unread": "nn.MultiheadAttention's attention weights (need_weights=True) are not read; call it with "
+    "need_weights=False (nn.TransformerEncoderLayer and nn.TransformerDecoderLayer do)",
+    "seq_first": "a tensor in the (n, B, c) layout, sequence first: read are its transpose(0, 1) back to (B, n, c) "
+    "and torch's own multi-head attention on it",
+}
+KEEPS = {"seq_first": frozenset({"transpose", "swapaxes", "swapdims", "permute", "contiguous", "clone"})}
+
+
 def stopped(value: Value) -> Value:
     """value as a stop-gradient: sg(A) of a matrix, sg(x) of a number (detach(), .data, a call under the code's
     torch.no_grad()): its value, differentiated as a constant."""

@@ -13,7 +13,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from symattn.errors import SymattnError  # noqa: E402
-from symattn.trace import drop_in  # noqa: E402
+from symattn.trace import drop_in, from_torch  # noqa: E402
 
 E, H = 8, 2
 F64 = torch.float64
@@ -193,3 +193,25 @@ def test_an_unbatched_query_is_refused_in_one_line():
 
     with pytest.raises(SymattnError, match="unbatched query"):
         drop_in(Unbatched(), _x(5, E))
+
+
+@pytest.mark.parametrize(
+    "form",
+    [
+        lambda x: -x.transpose(0, 1),
+        lambda x: torch.sqrt(x.transpose(0, 1) ** 2 + 1),
+        lambda x: x.transpose(0, 1) * 2,
+        lambda x: x.transpose(0, 1),
+    ],
+    ids=["neg", "pow", "scaled", "returned"],
+)
+def test_a_tensor_transposed_to_sequence_first_is_never_read_as_batch_first(form):
+    """transpose(0, 1) of a (B, n, c) tensor is (n, B, c): every operation on it but the transpose back (and torch's
+    own attention) is refused, so that no later rule takes its first axis for the batch."""
+    with pytest.raises(SymattnError, match="sequence first"):
+        from_torch(form, _x(3, 4, 5))
+
+
+def test_a_transpose_to_sequence_first_and_back_is_the_tensor():
+    spec = from_torch(lambda x: (x.transpose(0, 1).contiguous().transpose(1, 0) * 2).softmax(-1), _x(3, 4, 5))
+    assert str(spec.output) == "RowSoftmax(2*x)"

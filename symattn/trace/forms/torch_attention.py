@@ -24,11 +24,6 @@ import torch.nn.functional as F
 
 from symattn.trace.values import Refused
 
-WEIGHTS = (
-    "nn.MultiheadAttention's attention weights (need_weights=True) are not read; call it with need_weights=False "
-    "(nn.TransformerEncoderLayer and nn.TransformerDecoderLayer do)"
-)
-
 
 def _refuse_options(bias_k, bias_v, add_zero_attn, static_k, static_v, dropout_p, training) -> None:
     if bias_k is not None or bias_v is not None:
@@ -125,7 +120,7 @@ def multi_head_attention_forward(
 
 def _weights(q, k, mask, head: int, average: bool):
     """torch's attention weights, computed off the trace (their values, for the caller; ``Trace.unread`` marks
-    them so that reading them stops the trace with ``WEIGHTS``)."""
+    them so that reading them stops the trace, ``values.GUARDED``)."""
     with torch._C.DisableTorchFunction():
         scores = q @ k.transpose(-2, -1) / math.sqrt(head)
         weights = (scores if mask is None else scores + mask).softmax(-1)
