@@ -123,6 +123,7 @@ def binary(kind: str, reverse: bool = False):
         expr = BINARY[kind](ea, eb)
         return Value(expr, tuple(result.shape), heads)
 
+    rule.binary = True
     return rule
 
 
@@ -186,6 +187,7 @@ def function(record: type):
             return Value(record.scalar(v.expr), ())
         return Value(record(matrix(v).expr), tuple(result.shape), v.heads)
 
+    rule.record = record
     return rule
 
 

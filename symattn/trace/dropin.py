@@ -113,7 +113,8 @@ class ClosedForm:
                 given.append(torch.broadcast_to(value, (*batch, *value.shape[-2:])) if batched else value)
             else:
                 given.append(_unbatched(constants[name], name))
-        return self.code(traced.spec).forward(*inputs, *given)
+        out = self.code(traced.spec).forward(*inputs, *given)
+        return out.transpose(0, 1) if traced.sequence_first[1] else out
 
 
 GUARDED_TRACES = 8  # the traces kept per shape for arguments whose guards differ (the latest first)

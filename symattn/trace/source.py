@@ -51,6 +51,9 @@ class Traced:
     # the inputs read in blocks (a split fused projection), by position in arguments + parameters: each block's torch
     # axis and range, in the order the spec's inputs hold them (``forms.blocks``; ``spec_tensors`` makes them)
     views: dict[int, tuple[tuple[int, int, int], ...]] = field(default_factory=dict)
+    # (the 3-D float arguments, the output) in the (n, B, c) layout: the drop-in hands the generated code the
+    # arguments' transpose(0, 1) and transposes its output back (torch's batch_first=False attention)
+    sequence_first: tuple[bool, bool] = (False, False)
 
 
 def block_sources(traced: Traced) -> dict[str, tuple[str, int, int, int]]:
@@ -70,9 +73,11 @@ def block_sources(traced: Traced) -> dict[str, tuple[str, int, int, int]]:
 def spec_tensors(traced: Traced, tensors: list, offset: int = 0) -> list:
     """The spec's input tensors from the traced inputs' (the arguments', then the parameters', in order; the first
     given at position offset): one read in blocks as its blocks, views of it (``narrow``), so that autograd hands
-    its gradient back whole."""
+    its gradient back whole; a 3-D argument of a sequence-first trace as its transpose(0, 1), (B, n, c))."""
     out: list = []
     for i, x in enumerate(tensors, offset):
+        if traced.sequence_first[0] and i < len(traced.arguments) and x.ndim == 3:
+            x = x.transpose(0, 1)
         out.extend([x.narrow(axis, a, b - a) for axis, a, b in traced.views[i]] if i in traced.views else [x])
     return out
 
@@ -86,15 +91,18 @@ def trace(fn, examples: tuple, name: str | None = None) -> Traced:
     """Run fn on the examples under the tracer and build the spec (see the module docstring); again, with a float
     argument a constant, when the code adds that argument as it is to per-head values (or slices it): an additive
     mask (``tracer.MaskArgument``)."""
-    from symattn.trace.tracer import MaskArgument
+    from symattn.trace.tracer import MaskArgument, SequenceFirst
 
     masks: set[str] = set()
+    first = False  # sequence first (tracer.SequenceFirst)
     refusals: list[SymattnError] = []  # a slice's: the error to give if the sliced argument is no mask after all
     tentative: set[str] = set()  # added to another such argument: masks unless their sum is used otherwise
     inputs: set[str] = set()  # tried as masks and used otherwise: inputs, never again masks
     while True:
         try:
-            return _trace(fn, examples, name, masks, inputs)
+            return _trace(fn, examples, name, masks, inputs, first)
+        except SequenceFirst:
+            first = True
         except MaskArgument as signal:
             if signal.name in masks:  # (a constant is never traced: it cannot signal twice)
                 raise SymattnError(f"from_torch: the mask argument {signal.name} is traced") from None
@@ -111,15 +119,22 @@ def trace(fn, examples: tuple, name: str | None = None) -> Traced:
             raise
 
 
-def _trace(fn, examples: tuple, name: str | None, masks: set[str], inputs: set[str] = frozenset()) -> Traced:
+def _trace(
+    fn,
+    examples: tuple,
+    name: str | None,
+    masks: set[str],
+    inputs: set[str] = frozenset(),
+    sequence_first: bool = False,
+) -> Traced:
     """One trace, the float arguments named in masks constants (additive masks), the others inputs (those named in
-    inputs never tried as masks)."""
+    inputs never tried as masks); sequence_first: the 3-D float arguments (n, B, c)."""
     import torch
 
     from symattn.trace.constants import Ref
     from symattn.trace.forms import shift
     from symattn.trace.state import state_kept
-    from symattn.trace.table import OPS
+    from symattn.trace.table import OPS, PER_TOKEN
     from symattn.trace.tracer import Mode, NameTaker, Trace
 
     module = fn if isinstance(fn, torch.nn.Module) else None
@@ -130,7 +145,7 @@ def _trace(fn, examples: tuple, name: str | None, masks: set[str], inputs: set[s
         bound = inspect.signature(forward).bind(*examples)
     except TypeError as err:
         raise SymattnError(f"from_torch: the examples do not fit {_qualname(fn)}: {err}") from None
-    t = Trace(ops=OPS, follow=shift.follow)
+    t = Trace(ops=OPS, follow=shift.follow, per_token=PER_TOKEN, sequence_first=sequence_first)
     arguments, demoted = _arguments(t, bound.arguments, masks, inputs)
     params = list(module.named_parameters()) if module is not None else []
     for pname, p in params:
@@ -145,7 +160,7 @@ def _trace(fn, examples: tuple, name: str | None, masks: set[str], inputs: set[s
         raise SymattnError(f"from_torch: {_qualname(fn)} returns a {type(out).__name__}; trace one returning a tensor")
     if not t.traced(out):
         raise SymattnError(f"from_torch: the output of {_qualname(fn)} does not depend on its float inputs")
-    output = _output(fn, t.values[id(out)])
+    output = _output(fn, t.values[id(out)], sequence_first)
     used = output.expr.free_symbols if hasattr(output.expr, "free_symbols") else set()
     t.constants = [c for c in t.constants if c.symbol in used]  # (a slice's S merged into a rotation R: gone)
     first = t.inputs[0][0] if t.inputs else ""
@@ -181,19 +196,21 @@ def _trace(fn, examples: tuple, name: str | None, masks: set[str], inputs: set[s
     params_ = tuple(p for p, _ in params)
     traced = Traced(spec, t.program, t.constants, tuple(arguments), params_, shapes, tuple(demoted), tuple(t.upcast))
     traced.views = ranges
+    traced.sequence_first = (sequence_first, output.pending == "seq_first")
     return traced
 
 
-def _output(fn, output):
-    """The output's value, if it is a whole matrix per sequence; else one line saying what it is."""
+def _output(fn, output, first: bool = False):
+    """The output's value, if it is a whole matrix per sequence (sequence first where the arguments are); else one
+    line saying what it is."""
     from symattn.trace.forms import shift
     from symattn.trace.values import GUARDED
 
     if output.shift is not None:
         raise SymattnError(f"from_torch: the output of {_qualname(fn)} holds a row max; {shift.WHY}")
-    if output.pending in GUARDED:
+    if output.pending in GUARDED and not (first and output.pending == "seq_first"):
         raise SymattnError(f"from_torch: {_qualname(fn)} returns {GUARDED[output.pending]}")
-    if output.pending or output.heads is not None or output.is_scalar:
+    if output.pending not in (None, "seq_first") or output.heads is not None or output.is_scalar:
         raise SymattnError(
             f"from_torch: {_qualname(fn)} returns per-head (or 0-d) values; merge the heads back (transpose(1, 2), "
             "then view/reshape to (…, n, H·d))"
@@ -237,7 +254,8 @@ def _arguments(t: Trace, bound: dict, masks: set[str], inputs: set[str]) -> tupl
             # with batch axes, after the first, not asking for a gradient: perhaps an additive mask (a constant)
             if arguments and value.ndim > 2 and not value.requires_grad and _own_name(pname) not in inputs:
                 t.floats[id(value)] = _own_name(pname)
-            t.batch = t.batch if arguments else tuple(value.shape[:-2])
+            batch = value.shape[1:2] if t.sequence_first and value.ndim == 3 else value.shape[:-2]
+            t.batch = t.batch if arguments else tuple(batch)
             t.add_input(_own_name(pname), value)
             arguments.append(pname)
         else:

@@ -120,6 +120,17 @@ OPS: dict[str, Rule] = {
 }
 
 
+def _per_token(ops: dict) -> dict[str, int]:
+    """The operations that act on each token's features alone (the last axis; entrywise), by name: how many of
+    their leading arguments are data (the rest weights). On a tensor sequence first, (n, B, c), they compute what
+    they compute on (B, n, c), so the reader reads them in either layout (``tracer.Trace.per_token``)."""
+    binary = {name for name, rule in ops.items() if getattr(rule, "binary", False)}
+    unary = {"neg", "__neg__", "sqrt", "rsqrt", "reciprocal", "square", "dropout", "layer_norm", "linear"}
+    unary |= {Gelu.function, RowSoftmax.function, LogSoftmax.function, *piecewise.OPS}
+    unary |= {name for name, rule in ops.items() if getattr(rule, "record", None) is not None}
+    return {**dict.fromkeys(binary, 2), **dict.fromkeys(unary, 1)}
+
+
 def _torch_name(record: type) -> str | None:
     """The torch function an entrywise record calls (torch.exp → exp), None for a helper of symattn's."""
     call = record.calls.get(TORCH, "")
@@ -137,3 +148,5 @@ OPS.update(
         if issubclass(r, Elementwise) and r.exported and _torch_name(r)
     }
 )
+
+PER_TOKEN = _per_token(OPS)

@@ -76,6 +76,8 @@ class Trace:
     ops: dict = field(default_factory=dict)  # the op table (table.OPS): torch operation name → rule
     # the rule of a call on values that hold a row max (forms.shift.follow): (trace, name, rule, args, kwargs, result)
     follow: Callable | None = None
+    per_token: dict = field(default_factory=dict)  # table.PER_TOKEN: the operations read sequence first, too
+    sequence_first: bool = False  # the 3-D float arguments are (n, B, c) (torch's batch_first=False attention)
     kept: list[object] = field(default_factory=list)  # every tensor seen, alive: ids stay unique
     known: dict[int, Value] = field(default_factory=dict)  # the inputs' and constants' own values (alive), by id
     # the forward's bool tensor arguments (by id): their names, in argument order, and the first input's batch axes;
@@ -113,14 +115,15 @@ class Trace:
         """A differentiated input: a 0-d tensor is a trainable scalar, a 1-D one a 1 × d row, else a matrix."""
         if not self.inputs and tensor.is_floating_point():
             self.dtype = tensor.dtype
+        first = self.sequence_first and tensor.ndim == 3  # (n, B, c): each sequence's matrix is x[:, b, :]
         if tensor.ndim == 0:
             symbol = scalar(name)
         else:
-            shape = (1, *tensor.shape) if tensor.ndim == 1 else tuple(tensor.shape[-2:])
+            shape = (1, *tensor.shape) if tensor.ndim == 1 else tuple(tensor.shape[::2] if first else tensor.shape[-2:])
             rows = self.dims.fresh(shape[0], ("rows", name))
             symbol = MatrixSymbol(name, rows, self.dims.fresh(shape[1], ("cols", name)))
         self.inputs.append((name, symbol))
-        self.bind(tensor, Value(symbol, tuple(tensor.shape)))
+        self.bind(tensor, Value(symbol, tuple(tensor.shape), pending="seq_first" if first else None))
         value = self.values[id(tensor)]
         self.known[id(value)] = value
 
@@ -250,6 +253,12 @@ class Trace:
                     self.names[id(v)] = name
 
 
+class SequenceFirst(Exception):  # a signal to trace again, not an error
+    """torch's attention met a 3-D argument (or a value made of it on each token) in the (B, n, c) reading, where it
+    reads (n, B, c): the code is sequence first (batch_first=False). Traced again with its 3-D float arguments
+    (n, B, c) (``Trace.sequence_first``)."""
+
+
 class MaskArgument(Exception):  # a signal to trace again, not an error
     """A float argument with batch axes is added as it is to per-head values (or sliced): an additive mask, as
     eager attention adds a float (B, 1, 1, m) or (B, 1, n, m) attention_mask to its scores. The trace starts
@@ -289,6 +298,8 @@ class Mode(TorchFunctionMode):
         for k in SEQUENCE_FIRST.get(func, ()):
             x = args[k] if k < len(args) else None
             if self.trace.traced(x) and x.dim() == 3 and self.trace.values[id(x)].pending != "seq_first":
+                if not self.trace.sequence_first:
+                    raise SequenceFirst()
                 raise error(op_name(func), UNREAD_LAYOUT)
         try:
             with self:
@@ -325,8 +336,11 @@ def record(trace: Trace, func: object, args: tuple, kwargs: dict, result: object
         if name in ("size", "shape") and isinstance(result, int | tuple):
             trace.note_sizes(operands[0], args, kwargs, result)
         return  # a size, a shape, a dtype
+    tokens: list[Value] = []  # the operands sequence first, read as (B, n, c) by an operation on each token
     for state in {trace.values[id(x)].pending for x in operands} & GUARDED.keys():
-        if name not in KEEPS.get(state, ()):
+        if state == "seq_first" and name in trace.per_token and name not in KEEPS[state]:
+            tokens = sequence_first(trace, name, args, kwargs)
+        elif name not in KEEPS.get(state, ()):
             raise error(name, GUARDED[state])
     if several and not getattr(rule, "several", False):
         raise error(name, "it returns several tensors; read are the pieces of a fused projection's features")
@@ -334,12 +348,19 @@ def record(trace: Trace, func: object, args: tuple, kwargs: dict, result: object
         raise error(name, "this operation is not in symattn's language")
     shifted = any(trace.values[id(x)].shift is not None for x in operands)
     try:
+        for v in tokens:
+            v.pending = None
         value = trace.follow(trace, name, rule, args, kwargs, result) if shifted else rule(trace, args, kwargs, result)
+        if tokens:
+            value.pending = "seq_first"
     except Refused as err:
         raise error(name, str(err)) from None
     except MaskArgument as signal:
         signal.refusal = error(name, signal.why) if signal.why else None
         raise
+    finally:
+        for v in tokens:
+            v.pending = "seq_first"
     if no_grad and value is not None:  # made under the code's torch.no_grad(): a stop-gradient
         try:
             value = tuple(stopped(v) for v in value) if several else stopped(value)
@@ -350,6 +371,25 @@ def record(trace: Trace, func: object, args: tuple, kwargs: dict, result: object
             trace.bind(piece, v)
     elif value is not None:
         trace.bind(result, value)
+
+
+def sequence_first(trace: Trace, name: str, args: tuple, kwargs: dict) -> list[Value]:
+    """The values sequence first, (n, B, c), among the data arguments of an operation on each token
+    (``Trace.per_token``): read as (B, n, c) when every other data argument is a number or broadcast along both
+    leading axes (a row of features, (c,) or (1, 1, c)), and no weight is sequence first."""
+    data = args[: trace.per_token[name]]
+    if trace.per_token[name] == 2 and len(args) < 2:
+        data = (*data, kwargs.get("other"))
+    tokens = []
+    for x in (*tensors_in(data), *tensors_in(args[len(data) :]), *tensors_in(kwargs)):
+        v = trace.values.get(id(x)) if trace.traced(x) else None
+        if v is not None and v.pending == "seq_first":
+            if not any(x is d for d in data):
+                raise error(name, f"a weight {GUARDED['seq_first']}")
+            tokens.append(v)
+        elif any(x is d for d in data) and x.ndim > 1 and x[..., 0].numel() != 1:
+            raise error(name, f"a tensor of shape {tuple(x.shape)} meets {GUARDED['seq_first']}")
+    return tokens
 
 
 # the random torch calls (by op_name): a fresh draw on every call, which no closed form computes (dropout while

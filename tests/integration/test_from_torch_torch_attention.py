@@ -164,20 +164,56 @@ def test_what_the_language_has_no_word_for_is_refused_in_one_line():
         assert "\n" not in str(caught.value)
 
 
-def test_a_sequence_first_layout_is_refused_not_misread():
-    """batch_first=False: the input is (n, B, E); the reader takes a 3-D input as (B, n, E) and says so."""
-    module = torch.nn.MultiheadAttention(E, H, dtype=F64)
+class SequenceFirst(torch.nn.Module):
+    """batch_first=False, torch's default: the input is (n, B, E)."""
 
-    class SequenceFirst(torch.nn.Module):
-        def __init__(self):
+    def __init__(self):
+        super().__init__()
+        self.attention = torch.nn.MultiheadAttention(E, H, dtype=F64)
+
+    def forward(self, x):
+        return self.attention(x, x, x)[0]
+
+
+def test_sequence_first_attention_drops_in():
+    torch.manual_seed(0)
+    module = SequenceFirst()
+    reference = copy.deepcopy(module)
+    drop_in(module, _x(5, 2, E))
+    _agrees(module, reference, _x(7, 3, E, seed=2))
+
+
+def test_sequence_first_transformer_drops_in():
+    """nn.Transformer with its defaults (batch_first=False): encoder and decoder, masks made by its own helper."""
+    torch.manual_seed(0)
+    module = torch.nn.Transformer(E, H, 1, 1, 16, dropout=0.0, dtype=F64)
+    reference = copy.deepcopy(module)
+
+    def call(model, src, tgt):
+        return model(src, tgt, tgt_mask=torch.nn.Transformer.generate_square_subsequent_mask(tgt.shape[0], dtype=F64))
+
+    class Wrapped(torch.nn.Module):
+        def __init__(self, model):
             super().__init__()
-            self.attention = module
+            self.model = model
 
+        def forward(self, src, tgt):
+            return call(self.model, src, tgt)
+
+    wrapped, wanted = Wrapped(module), Wrapped(reference)
+    drop_in(wrapped, _x(5, 2, E), _x(4, 2, E, seed=1))
+    _agrees(wrapped, wanted, _x(6, 3, E, seed=4), _x(3, 3, E, seed=5))
+
+
+def test_a_sequence_first_input_mixed_along_its_first_axis_is_refused():
+    """Sequence first, x @ x.mT would mix the batch entries: refused, never read as a product of sequences."""
+
+    class Mixed(SequenceFirst):
         def forward(self, x):
-            return self.attention(x, x, x, need_weights=False)[0]
+            return self.attention(x, x, x)[0] @ x.mT
 
-    with pytest.raises(SymattnError, match="batch_first=True"):
-        drop_in(SequenceFirst(), _x(5, 2, E))
+    with pytest.raises(SymattnError, match="sequence first"):
+        drop_in(Mixed(), _x(5, 2, E))
 
 
 def test_an_unbatched_query_is_refused_in_one_line():

@@ -134,6 +134,6 @@ DECOMPOSED: dict[object, Callable] = {F.multi_head_attention_forward: multi_head
 # transpose(0, 1) (a 3-D input is read as (B, n, c): its own layout cannot be told from its shape)
 SEQUENCE_FIRST: dict[object, tuple[int, ...]] = {F.multi_head_attention_forward: (0, 1, 2)}
 UNREAD_LAYOUT = (
-    "its inputs are in the (n, B, E) layout, sequence first (nn.MultiheadAttention's batch_first=False), which the "
-    "reader does not take for an input: construct the modules with batch_first=True"
+    "its inputs are in neither layout the reader takes: (B, n, E) transposed by batch_first=True, or the 3-D float "
+    "arguments (n, B, E) of a batch_first=False model"
 )
