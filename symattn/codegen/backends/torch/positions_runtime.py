@@ -1,5 +1,10 @@
-"""The torch modules' runtime for matrices of positions (``sa.entries``): copied into a generated module that
-computes one, as the other runtime helpers are."""
+"""The torch modules' runtime for matrices of positions (``sa.entries``) and the tables they read: copied into a
+generated module that computes one, as the other runtime helpers are.
+
+A table's cotangent is a segment sum (``table_scatter``), made deterministic on every device without
+``torch.use_deterministic_algorithms``: the positions sorted by the entry they read (a stable sort, so each entry's
+positions keep their row-major order), then ``torch.segment_reduce`` sums each entry's run of positions; no atomic
+``index_add_`` or ``scatter_add_``, whose CUDA sums depend on the order threads arrive in."""
 
 from __future__ import annotations
 
@@ -12,4 +17,29 @@ def entries(f, rows, cols, dtype, device):
     wide = torch.promote_types(dtype, torch.float32)
     i = torch.arange(rows, dtype=wide, device=device)[:, None]
     j = torch.arange(cols, dtype=wide, device=device)[None, :]
-    return torch.broadcast_to(torch.as_tensor(f(i, j), dtype=dtype, device=device), (rows, cols))
+    value = torch.as_tensor(f(i, j), dtype=dtype, device=device)
+    return torch.broadcast_to(value, torch.broadcast_shapes(value.shape, (rows, cols)))
+
+
+def table_read(table, rows, cols):
+    """table[..., r, c] at the index grids r and c (positions held exactly in floats): broadcast against each other,
+    with the table's leading axes first."""
+    r = torch.as_tensor(rows, device=table.device).long()
+    c = torch.as_tensor(cols, device=table.device).long()
+    return table[..., r, c]
+
+
+def table_scatter(w, index, rows, cols):
+    """[Σ_{(i, j): index(i, j) = (k, l)} w_ij]_kl, rows × cols (w's leading axes kept): each table entry collects w at
+    the positions that read it, in row-major order of the positions (a stable sort, then a segment sum)."""
+    n, m = w.shape[-2:]
+    wide = torch.promote_types(w.dtype, torch.float32)
+    i = torch.arange(n, dtype=wide, device=w.device)[:, None]
+    j = torch.arange(m, dtype=wide, device=w.device)[None, :]
+    r, c = (torch.as_tensor(x, device=w.device).long() for x in index(i, j))
+    flat = torch.broadcast_to(r * cols + c, (n, m)).reshape(-1)
+    order = torch.argsort(flat, stable=True)
+    lengths = torch.bincount(flat, minlength=rows * cols)
+    values = w.reshape(-1, n * m)[:, order].mT  # (n·m, the leading axes flattened)
+    sums = torch.segment_reduce(values, "sum", lengths=lengths, axis=0)
+    return sums.mT.reshape(*w.shape[:-2], rows, cols)

@@ -1,0 +1,331 @@
+"""Tables read at positions (CONTRACT.md, "Positions"): sa.entries formulas that read an input or a constant.
+
+b̄[k, l] = Σ_{(i, j): (r, c)(i, j) = (k, l)} (G ⊙ [∂f/∂b[r, c]])ᵢⱼ: each table entry collects the score cotangent
+where it is read. Each case below reads tables a different way: a learned relative bias b[|i − j|, 0], the same with
+an offset b[i − j + n − 1, 0], row and column tables b1[i, 0] + b2[j, 0] (n ≠ m), a causal clamped window
+b[min(|i − j|, w), 0], T5's log-spaced buckets, a per-head table T[|i − j|, h], and document masking on a per-token
+constant with batch axes. The generated NumPy, torch and JAX modules match torch autograd of an independent forward
+(the tables indexed with torch), the torch module's JVP matches torch.func.jvp, the gradient is the same bits on
+every run, exact evaluation reads and scatters entry by entry, the derivation prints the scatter and verifies, and a
+read that may leave its table, or a non-integer index, is refused in one line.
+"""
+
+from __future__ import annotations
+
+import math
+import types
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+import sympy as sp
+from rendered import load
+
+import symattn as sa
+from symattn.codegen import generate as codegen
+from symattn.errors import SymattnError
+from symattn.lang.positions import I, J
+from symattn.lang.positions import scatter as table_scatter
+from symattn.specs import dim
+
+torch = pytest.importorskip("torch")
+
+n, m, d = dim("n"), dim("m"), dim("d")
+WINDOW, BUCKETS, HEADS, D_K = 3, 8, 2, 2
+N, M, WIDTH = 6, 7, 3  # the sizes the modules run at (n = m = N for self-attention)
+
+
+def _bucket(i, j):
+    """T5's bidirectional bucket of i − j: half the buckets per direction, exact below 2, then log-spaced."""
+    distance, half, exact = sp.Abs(i - j), BUCKETS // 2, 2
+    spaced = sp.floor(sp.log(sp.Max(distance, exact) / exact) / sp.log(4) * 3)  # no distance lands on a bucket's edge
+    large = exact + sp.Min(spaced, half - exact - 1)
+    return sp.Piecewise((half, j > i), (0, True)) + sp.Piecewise(
+        (sp.Min(distance, exact - 1), distance < exact), (large, True)
+    )
+
+
+def _torch_bucket(i, j):
+    distance, half, exact = (i - j).abs(), BUCKETS // 2, 2
+    spaced = torch.floor(torch.log(distance.clamp(min=exact) / exact) / math.log(4) * 3)
+    large = exact + spaced.clamp(max=half - exact - 1)
+    return (torch.where(j > i, half, 0) + torch.where(distance < exact, distance, large)).long()
+
+
+def _grid(rows, cols):
+    return torch.arange(rows)[:, None], torch.arange(cols)[None, :]
+
+
+@dataclass(frozen=True)
+class Case:
+    """A spec reading tables: its positional matrix (of the tables), the tables' shapes, and a torch reference."""
+
+    tables: dict[str, tuple]  # name → (rows, cols) as dimension expressions
+    formula: Callable  # (i, j, tables) → the entry
+    reference: Callable  # (i, j, tables as tensors) → the positional term, (…, rows, cols)
+    cross: bool = False  # n ≠ m
+    constants: tuple[str, ...] = ()
+    heads: bool = False
+    per_sequence: tuple[str, ...] = ()  # learned tables with the batch axes of Q (a size 2n − 1 has no constructor)
+
+
+CASES = {
+    "relative": Case({"b": (n, 1)}, lambda i, j, t: t["b"][sp.Abs(i - j), 0], lambda i, j, t: t["b"][(i - j).abs(), 0]),
+    "offset": Case(
+        {"b": (2 * n - 1, 1)},
+        lambda i, j, t: t["b"][i - j + n - 1, 0],
+        lambda i, j, t: t["b"][..., i - j + N - 1, 0],
+        per_sequence=("b",),
+    ),
+    "row_column": Case(
+        {"b1": (n, 1), "b2": (m, 1)},
+        lambda i, j, t: t["b1"][i, 0] + t["b2"][j, 0],
+        lambda i, j, t: t["b1"][i, 0] + t["b2"][j, 0],
+        cross=True,
+    ),
+    "window": Case(  # causal, the table clamped at distance WINDOW: ∂f/∂b = [j ≤ i], not 1
+        {"b": (WINDOW + 1, 1)},
+        lambda i, j, t: sp.Piecewise((t["b"][sp.Min(sp.Abs(i - j), WINDOW), 0], j <= i), (-sp.oo, True)),
+        lambda i, j, t: torch.where(j <= i, t["b"][(i - j).abs().clamp(max=WINDOW), 0], -math.inf),
+    ),
+    "t5": Case(
+        {"b": (BUCKETS, 1)}, lambda i, j, t: t["b"][_bucket(i, j), 0], lambda i, j, t: t["b"][_torch_bucket(i, j), 0]
+    ),
+    "heads": Case(
+        {"T": (n, HEADS)},
+        lambda i, j, h, t: t["T"][sp.Abs(i - j), h],
+        lambda i, j, t: t["T"][(i - j).abs()].movedim(-1, 0),
+        heads=True,
+    ),
+    "documents": Case(  # doc: per-token ids, a constant with a batch axis; with a learned relative bias
+        {"b": (n, 1), "doc": (n, 1)},
+        lambda i, j, t: (
+            t["b"][sp.Abs(i - j), 0] + sp.Piecewise((0, sp.Eq(t["doc"][i, 0], t["doc"][j, 0])), (-sp.oo, True))
+        ),
+        lambda i, j, t: (
+            t["b"][(i - j).abs(), 0]
+            + torch.where(t["doc"][..., :, 0, None] == t["doc"][..., None, :, 0], 0.0, -math.inf)
+        ),
+        constants=("doc",),
+    ),
+}
+
+
+def table_spec(kind: str) -> sa.Spec:
+    case = CASES[kind]
+    keys = m if case.cross else n
+    width = HEADS * d if case.heads else d
+    q, k, v = sp.MatrixSymbol("Q", n, width), sp.MatrixSymbol("K", keys, width), sp.MatrixSymbol("V", keys, width)
+    tables = {name: sp.MatrixSymbol(name, *shape) for name, shape in case.tables.items()}
+    if case.heads:
+        bias = sa.entries(n, keys, lambda i, j, h: case.formula(i, j, h, tables), heads=HEADS)
+        qh, kh, vh = (sa.split_heads(x, HEADS) for x in (q, k, v))
+        output = sa.merge_heads(sa.softmax(qh @ kh.T / sp.sqrt(d) + bias) @ vh, HEADS)
+    else:
+        bias = sa.entries(n, keys, lambda i, j: case.formula(i, j, tables)).expr
+        output = sa.softmax(q * k.T / sp.sqrt(d) + bias) * v
+    inputs = (q, k, v, *(t for name, t in tables.items() if name not in case.constants))
+    constants = tuple(tables[c] for c in case.constants)
+    learned = tuple(name for name in tables if name not in (*case.constants, *case.per_sequence))  # no batch axes
+    return sa.Spec(
+        name=f"tables_{kind}",
+        summary="tables read at positions",
+        inputs=inputs,
+        output=output,
+        constants=constants,
+        parameters=learned,
+    )
+
+
+def _heads(x):
+    return x.view(*x.shape[:-1], HEADS, D_K).transpose(-3, -2)
+
+
+def reference(kind: str, q, k, v, *tables):
+    """softmax(Q Kᵀ/√d + [f(i, j)]) V with the tables indexed by torch (per head: the heads split first)."""
+    case = CASES[kind]
+    i, j = _grid(q.shape[-2], k.shape[-2])
+    bias = case.reference(i, j, dict(zip(case.tables, tables)))
+    if case.heads:
+        scores = _heads(q) @ _heads(k).mT / math.sqrt(D_K) + bias
+        return (torch.softmax(scores, dim=-1) @ _heads(v)).transpose(-3, -2).reshape(q.shape)
+    return torch.softmax(q @ k.mT / math.sqrt(q.shape[-1]) + bias, dim=-1) @ v
+
+
+def _inputs(kind: str, seed: int = 0):
+    """Q, K, V (a batch of 2), the learned tables (no batch axis) and the constants (document ids, per sequence)."""
+    case, g = CASES[kind], torch.Generator().manual_seed(seed)
+    keys = M if case.cross else N
+    width = HEADS * D_K if case.heads else WIDTH
+    tensors = [torch.randn(2, r, width, generator=g, dtype=torch.float64) for r in (N, keys, keys)]
+    sizes = {n: N, m: M}
+    for name, shape in case.tables.items():
+        rows, cols = (int(sp.sympify(s).subs(sizes)) for s in shape)
+        if name in case.constants:
+            tensors.append(torch.tensor([[0, 0, 1, 1, 1, 2], [0, 1, 1, 1, 1, 1]], dtype=torch.float64)[..., None])
+        elif name in case.per_sequence:
+            tensors.append(torch.randn(2, rows, cols, generator=g, dtype=torch.float64))
+        else:
+            tensors.append(torch.randn(rows, cols, generator=g, dtype=torch.float64))
+    return tensors
+
+
+def _wanted(kind, inputs):
+    """The reference's output, a cotangent, and the gradients of Q, K, V and the learned tables."""
+    learned = len(inputs) - len(CASES[kind].constants)
+    leaves = [x.clone().requires_grad_() if a < learned else x for a, x in enumerate(inputs)]
+    out = reference(kind, *leaves)
+    cotangent = torch.randn(out.shape, generator=torch.Generator().manual_seed(7), dtype=torch.float64)
+    return out.detach(), cotangent, torch.autograd.grad(out, leaves[:learned], cotangent)
+
+
+def _names(kind):
+    return [str(x) for x in table_spec(kind).inputs]
+
+
+KINDS = list(CASES)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_derivation_verifies_and_prints_the_scatter(kind):
+    derivation = sa.derive(table_spec(kind))
+    assert derivation.verify().ok
+    text, latex = derivation.text(), derivation.latex()
+    assert "Σ_{(i, j): (" in text and ") = (k, l)}" in text
+    assert r"\sum_{(i, j):\, (" in latex and r"\right]_{k l}" in latex
+    assert "a table entry collects the cotangent where it is read" in text.replace("each table entry", "a table entry")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_torch_module_matches_autograd(kind):
+    module = load(table_spec(kind), "torch")
+    inputs = _inputs(kind)
+    want, cotangent, grads = _wanted(kind, inputs)
+    learned = len(grads)
+    leaves = [x.clone().requires_grad_() if a < learned else x for a, x in enumerate(inputs)]
+    got = module.forward(*leaves)
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+    for name, g, w in zip(_names(kind), torch.autograd.grad(got, leaves[:learned], cotangent), grads):
+        torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-12, msg=name)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_numpy_module_matches_autograd(kind):
+    module = load(table_spec(kind), "numpy")
+    inputs = _inputs(kind, seed=1)
+    want, cotangent, grads = _wanted(kind, inputs)
+    out, saved = module.forward(*(x.numpy() for x in inputs))
+    np.testing.assert_allclose(out, want.numpy(), rtol=1e-10, atol=1e-12)
+    got = module.backward(saved, cotangent.numpy())
+    for name, w in zip(_names(kind), grads):
+        np.testing.assert_allclose(got[name], w.numpy(), rtol=1e-10, atol=1e-12, err_msg=name)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_jax_module_matches_autograd_under_jit(kind):
+    jax = pytest.importorskip("jax")
+    jax.config.update("jax_enable_x64", True)
+    module = load(table_spec(kind), "jax")
+    inputs = _inputs(kind, seed=2)
+    want, cotangent, grads = _wanted(kind, inputs)
+    arrays = [x.numpy() for x in inputs]
+    np.testing.assert_allclose(np.asarray(jax.jit(module.forward)(*arrays)), want.numpy(), rtol=1e-10, atol=1e-12)
+    _, pullback = jax.vjp(module.forward, *arrays)
+    for name, g, w in zip(_names(kind), pullback(cotangent.numpy()), grads):
+        np.testing.assert_allclose(np.asarray(g), w.numpy(), rtol=1e-10, atol=1e-12, err_msg=name)
+
+
+# a spec with fixed constants (the document ids) has no generated jvp yet (emit.forward_mode), tables or not
+@pytest.mark.parametrize("kind", [k for k in KINDS if not CASES[k].constants])
+def test_forward_mode_matches_torch_func_jvp(kind):
+    spec = table_spec(kind)
+    module = types.ModuleType(spec.name)  # rendered with its second closed form and its JVP
+    exec(compile(codegen.render(spec, "torch"), spec.name, "exec"), module.__dict__)
+    inputs = _inputs(kind, seed=3)
+    learned = len(spec.inputs)
+    g = torch.Generator().manual_seed(4)
+    tangents = [torch.randn(x.shape, generator=g, dtype=torch.float64) for x in inputs[:learned]]
+    out, tangent = module.jvp(*inputs, dict(zip(_names(kind), tangents)))
+    constants = inputs[learned:]
+    want_out, want_tangent = torch.func.jvp(
+        lambda *x: reference(kind, *x, *constants), tuple(inputs[:learned]), tuple(tangents)
+    )
+    torch.testing.assert_close(out, want_out, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(tangent, want_tangent, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("backend", ["torch", "numpy", "jax"])
+@pytest.mark.parametrize("kind", ["relative", "t5", "heads"])
+def test_the_gradient_is_the_same_bits_on_every_run(kind, backend):
+    inputs = _inputs(kind, seed=5)
+    cotangent = torch.randn(inputs[0].shape, generator=torch.Generator().manual_seed(6), dtype=torch.float64)
+    if backend == "jax":
+        jax = pytest.importorskip("jax")
+        jax.config.update("jax_enable_x64", True)
+    module = load(table_spec(kind), backend)
+
+    def gradient():
+        if backend == "torch":
+            leaves = [x.clone().requires_grad_() for x in inputs]
+            return [g.numpy() for g in torch.autograd.grad(module.forward(*leaves), leaves, cotangent)]
+        if backend == "numpy":
+            _, saved = module.forward(*(x.numpy() for x in inputs))
+            return list(module.backward(saved, cotangent.numpy()).values())
+        _, pullback = jax.vjp(module.forward, *(x.numpy() for x in inputs))
+        return [np.asarray(g) for g in pullback(cotangent.numpy())]
+
+    first, second = gradient(), gradient()
+    assert all(a.tobytes() == b.tobytes() for a, b in zip(first, second))
+
+
+def test_exact_evaluation_reads_and_scatters_entry_by_entry():
+    b = sp.MatrixSymbol("b", n, 1)
+    read = sa.entries(n, n, lambda i, j: b[sp.Min(sp.Abs(i - j), 2), 0] / 2).expr
+    values = [sp.Rational(k + 1, 3) for k in range(4)]
+    got = sa.lambdify([b], read, backend="exact", dims={n: 4})(np.array([[v] for v in values], dtype=object))
+    assert np.asarray(got).tolist() == [[values[min(abs(i - j), 2)] / 2 for j in range(4)] for i in range(4)]
+
+    weights = sp.MatrixSymbol("W", n, n)
+    scatter = table_scatter(weights, b[sp.Min(sp.Abs(I - J), 2), 0])  # b̄ of the read, from W = G ⊙ [∂f/∂b]
+    w = np.array([[sp.Rational(i * 4 + j, 7) for j in range(4)] for i in range(4)], dtype=object)
+    got = sa.lambdify([weights], scatter, backend="exact", dims={n: 4})(w)
+    want = [
+        [sum((w[i, j] for i in range(4) for j in range(4) if min(abs(i - j), 2) == k), sp.S.Zero)] for k in range(4)
+    ]
+    assert np.asarray(got).tolist() == want
+
+
+def test_a_table_read_is_an_operand_and_no_n_by_m_argument():
+    spec = table_spec("relative")
+    assert [str(s) for s in spec.inputs] == ["Q", "K", "V", "b"]
+    source = codegen.render(spec, "torch", second_order=False)
+    assert "table_read(b, torch.abs(" in source and "table_scatter(" in source
+    assert "index_add_" not in source and "scatter_add_" not in source  # CUDA atomics: not the same bits every run
+
+
+B = sp.MatrixSymbol("b", n, 1)
+
+
+@pytest.mark.parametrize(
+    ("rows", "cols", "formula", "message"),
+    [
+        (n, n, lambda i, j: B[i - j, 0], r"b\[i - j, 0\]'s row index i - j runs over \[1 - n, n - 1\]"),
+        (n, m, lambda i, j: B[sp.Abs(i - j), 0], r"not shown to stay in \[0, n - 1\]"),
+        (n, n, lambda i, j: B[(i + j) / 2, 0], r"index i/2 \+ j/2 is not an integer"),
+        (n, n, lambda i, j: B[sp.Min(B[i, 0], 0), 0], "from a table; an index is a formula of positions"),
+        (n, n, lambda i, j: sp.MatrixSymbol("T", n, 2)[i, sp.Min(j, 2)], r"column index Min\(2, j\) runs over \[0, "),
+    ],
+    ids=["negative", "undecided", "not an integer", "read index", "column out"],
+)
+def test_a_read_that_may_leave_its_table_is_refused_in_one_line(rows, cols, formula, message):
+    with pytest.raises(SymattnError, match=message) as err:
+        sa.entries(rows, cols, formula)
+    assert "\n" not in str(err.value)
+
+
+def test_a_per_head_read_is_checked_head_by_head():
+    table = sp.MatrixSymbol("T", n, HEADS)
+    sa.entries(n, n, lambda i, j, h: table[sp.Abs(i - j), h], heads=HEADS)  # h < HEADS: inside T
+    with pytest.raises(SymattnError, match=r"column index h \+ 1 runs over \[1, 2\]"):
+        sa.entries(n, n, lambda i, j, h: table[sp.Abs(i - j), h + 1], heads=HEADS)
