@@ -238,7 +238,7 @@ def test_the_jax_module_matches_autograd_under_jit(kind):
 
 # a spec with fixed constants (the document ids) has no generated jvp yet (emit.forward_mode), tables or not
 @pytest.mark.parametrize("kind", [k for k in KINDS if not CASES[k].constants])
-def test_forward_mode_matches_torch_func_jvp(kind):
+def test_forward_mode_and_double_backward_match_torch(kind):
     spec = table_spec(kind)
     module = types.ModuleType(spec.name)  # rendered with its second closed form and its JVP
     exec(compile(codegen.render(spec, "torch"), spec.name, "exec"), module.__dict__)
@@ -253,6 +253,14 @@ def test_forward_mode_matches_torch_func_jvp(kind):
     )
     torch.testing.assert_close(out, want_out, rtol=1e-10, atol=1e-12)
     torch.testing.assert_close(tangent, want_tangent, rtol=1e-10, atol=1e-12)
+
+    def hvp(function):  # double backward: the second closed form differentiates the scatter and the read
+        leaves = [x.clone().requires_grad_() for x in inputs[:learned]]
+        first = torch.autograd.grad(function(*leaves, *constants).square().sum(), leaves, create_graph=True)
+        return torch.autograd.grad(sum((f * t).sum() for f, t in zip(first, tangents)), leaves)
+
+    for got, want in zip(hvp(module.forward), hvp(lambda *x: reference(kind, *x))):
+        torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-11)
 
 
 @pytest.mark.parametrize("backend", ["torch", "numpy", "jax"])
@@ -294,6 +302,20 @@ def test_exact_evaluation_reads_and_scatters_entry_by_entry():
         [sum((w[i, j] for i in range(4) for j in range(4) if min(abs(i - j), 2) == k), sp.S.Zero)] for k in range(4)
     ]
     assert np.asarray(got).tolist() == want
+
+
+def test_the_scatter_is_the_transpose_of_the_read_exactly():
+    # tr(Wᵀ [db[r, c]]) = tr(scatter(W)ᵀ db): the identity the reverse step prints, in rationals, per head's layout
+    table, weights = sp.MatrixSymbol("T", n, HEADS), sp.MatrixSymbol("W", n, HEADS * n)
+    read = sa.entries(n, n, lambda i, j, h: table[sp.Abs(i - j), h], heads=HEADS).expr.arg  # rows × H·cols
+    (entry,) = read.reads
+    left = sa.sum(sp.HadamardProduct(weights, read))
+    right = sa.sum(sp.HadamardProduct(table_scatter(weights, entry), table))
+    rng = np.random.default_rng(0)
+    w = np.array([[sp.Rational(int(x), 7) for x in row] for row in rng.integers(-9, 9, (3, 3 * HEADS))], dtype=object)
+    t = np.array([[sp.Rational(int(x), 5) for x in row] for row in rng.integers(-9, 9, (3, HEADS))], dtype=object)
+    values = [sa.lambdify([weights, table], side, backend="exact", dims={n: 3})(w, t) for side in (left, right)]
+    assert values[0] == values[1] and isinstance(values[0], sp.Rational)
 
 
 def test_a_table_read_is_an_operand_and_no_n_by_m_argument():
