@@ -309,8 +309,10 @@ def make(rows: object, cols: object, f: Callable | sp.Lambda | Expr, reads_check
 
 def entries(rows: object, cols: object, f: Callable | sp.Lambda | Expr, heads: object = None) -> Matrix:
     """sa.entries(rows, cols, f): the rows × cols matrix whose (i, j) entry is f(i, j), i the 0-based row (query)
-    position and j the column (key) position, e.g. ALiBi's ``lambda i, j: -slope * sp.Abs(i - j)`` or a causal
-    window ``lambda i, j: sp.Piecewise((0, (j <= i) & (i - j < w)), (-sp.oo, True))``.
+    position and j the column (key) position, e.g. ALiBi's ``lambda i, j: -slope * sp.Abs(i - j)``, a causal
+    window ``lambda i, j: sp.Piecewise((0, (j <= i) & (i - j < w)), (-sp.oo, True))``, or a table read at positions,
+    ``lambda i, j: b[sp.Abs(i - j), 0]`` (b an input or a constant; each index must stay inside b for every
+    position, shown from the sizes, else refused in one line).
 
     With ``heads=H``, f takes (i, j, h), h the 0-based head, and the result is per head (what ``split_heads`` makes
     of an input), e.g. ALiBi's slopes ``lambda i, j, h: -2 ** (-8 * (h + 1) / H) * sp.Abs(i - j)``: it is

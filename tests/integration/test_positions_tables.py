@@ -351,3 +351,44 @@ def test_a_per_head_read_is_checked_head_by_head():
     sa.entries(n, n, lambda i, j, h: table[sp.Abs(i - j), h], heads=HEADS)  # h < HEADS: inside T
     with pytest.raises(SymattnError, match=r"column index h \+ 1 runs over \[1, 2\]"):
         sa.entries(n, n, lambda i, j, h: table[sp.Abs(i - j), h + 1], heads=HEADS)
+
+
+def test_sympys_function_matrix_reading_a_table_gives_the_same_code():
+    i, j = sp.symbols("i j", integer=True)
+    spec = table_spec("relative")
+    q, k, v, b = spec.inputs
+    spelled = sp.FunctionMatrix(n, n, sp.Lambda((i, j), b[sp.Abs(i - j), 0]))
+    other = sa.Spec(
+        name=spec.name,
+        summary=spec.summary,
+        inputs=spec.inputs,
+        output=sa.softmax(q * k.T / sp.sqrt(d) + spelled) * v,
+        parameters=("b",),
+    )
+    assert codegen.render(other, "torch") == codegen.render(spec, "torch")
+
+
+def test_a_table_the_spec_does_not_declare_is_refused_in_one_line():
+    spec = table_spec("relative")
+    q, k, v, _ = spec.inputs
+    with pytest.raises(SymattnError) as err:
+        sa.Spec(name="undeclared", summary="s", inputs=(q, k, v), output=spec.output)
+    assert "b" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_the_numpy_module_keeps_float32_with_a_table():
+    module = load(table_spec("t5"), "numpy")
+    inputs = _inputs("t5", seed=8)
+    out, saved = module.forward(*(x.float().numpy() for x in inputs))
+    assert out.dtype == np.float32
+    np.testing.assert_allclose(out, reference("t5", *inputs).numpy(), rtol=1e-5, atol=1e-6)
+    grads = module.backward(saved, np.ones_like(out))
+    assert grads["b"].dtype == np.float32 and grads["b"].shape == (BUCKETS, 1)
+
+
+def test_the_triton_kernels_and_the_memory_efficient_variant_refuse_a_table_in_one_line():
+    spec = table_spec("relative")
+    for backend, variant in (("triton", "standard"), ("torch", "memeff")):
+        with pytest.raises(SymattnError, match="positions") as err:
+            codegen.render(spec, backend, variant=variant)
+        assert "\n" not in str(err.value)
