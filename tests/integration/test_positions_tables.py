@@ -323,7 +323,8 @@ def test_a_table_read_is_an_operand_and_no_n_by_m_argument():
     assert [str(s) for s in spec.inputs] == ["Q", "K", "V", "b"]
     source = codegen.render(spec, "torch", second_order=False)
     assert "table_read(b, torch.abs(" in source and "table_scatter(" in source
-    assert "index_add_" not in source and "scatter_add_" not in source  # CUDA atomics: not the same bits every run
+    # off CPU a sorted segment sum: CUDA's index_add_ and scatter_add_ sum atomically, in no fixed order
+    assert "torch.segment_reduce(" in source and "scatter_add_" not in source
 
 
 B = sp.MatrixSymbol("b", n, 1)
@@ -392,3 +393,28 @@ def test_the_triton_kernels_and_the_memory_efficient_variant_refuse_a_table_in_o
         with pytest.raises(SymattnError, match="positions") as err:
             codegen.render(spec, backend, variant=variant)
         assert "\n" not in str(err.value)
+
+
+SCATTERS = {  # (W's shape, (r, c) of the grids, the table's shape)
+    "relative": ((N, N), lambda i, j: ((i - j).abs(), 0), (N, 1)),
+    "window": ((N, M), lambda i, j: (torch.clamp((i - j).abs(), max=WINDOW), 0), (WINDOW + 1, 1)),
+    "heads": ((N, HEADS * N), lambda i, j: ((i - j + N * torch.floor(j / N)).abs(), torch.floor(j / N)), (N, HEADS)),
+}
+
+
+@pytest.mark.parametrize("kind", list(SCATTERS))
+def test_the_torch_scatter_sums_alike_by_sorting_and_in_sequence(kind):
+    # b̄[k, l] = Σ_{(i, j): (r, c) = (k, l)} Wᵢⱼ: the sorted segment sum (what runs off CPU) and CPU's sequential sum
+    from symattn.codegen.backends.torch.positions_runtime import table_scatter as scatter
+
+    shape, index, (rows, cols) = SCATTERS[kind]
+    w = torch.randn(2, *shape, generator=torch.Generator().manual_seed(9), dtype=torch.float64)
+    by_sorting, in_sequence = (scatter(w, index, rows, cols, by_sorting=flag) for flag in (True, False))
+    assert torch.equal(by_sorting, in_sequence)
+    i, j = (torch.arange(size, dtype=torch.float64) for size in shape)
+    r, c = (torch.as_tensor(x).long().expand(shape) for x in index(i[:, None], j[None, :]))
+    want = torch.zeros(2, rows, cols, dtype=torch.float64)
+    for a in range(shape[0]):
+        for b in range(shape[1]):
+            want[:, r[a, b], c[a, b]] += w[:, a, b]
+    torch.testing.assert_close(by_sorting, want, rtol=1e-12, atol=1e-12)
