@@ -208,7 +208,6 @@ BOUND_RULES: dict[type, Callable[[Basic, Callable[[Basic], Bounds]], Bounds]] = 
     sp.log: lambda e, inner: _monotone(inner(e.args[0]), sp.log),
     sp.exp: lambda e, inner: _monotone(inner(e.args[0]), sp.exp),
     sp.sign: lambda e, inner: (sp.S.NegativeOne, sp.S.One),
-    sp.Mod: lambda e, inner: (sp.S.Zero, e.args[1] - 1),
 }
 
 

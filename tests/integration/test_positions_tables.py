@@ -25,7 +25,7 @@ from rendered import load
 import symattn as sa
 from symattn.codegen import generate as codegen
 from symattn.errors import SymattnError
-from symattn.lang.positions import I, J
+from symattn.lang.positions import I, J, read_bounds
 from symattn.lang.positions import scatter as table_scatter
 from symattn.specs import dim
 
@@ -418,3 +418,33 @@ def test_the_torch_scatter_sums_alike_by_sorting_and_in_sequence(kind):
         for b in range(shape[1]):
             want[:, r[a, b], c[a, b]] += w[:, a, b]
     torch.testing.assert_close(by_sorting, want, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("kind", ["relative", "heads"])
+def test_torch_func_vmap_of_grad_through_the_scatter(kind):
+    module = load(table_spec(kind), "torch")
+    q, k, v, table = _inputs(kind, seed=10)
+
+    def per_sequence(function):  # ∂/∂b of one sequence's loss, one sequence at a time under vmap
+        loss = lambda b, *x: function(*x, b).square().sum()  # noqa: E731
+        return torch.func.vmap(torch.func.grad(loss), in_dims=(None, 0, 0, 0))(table, q, k, v)
+
+    want = per_sequence(lambda *x: reference(kind, *x))
+    torch.testing.assert_close(per_sequence(module.forward), want, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize(
+    ("index", "bounds"),
+    [
+        (sp.Abs(I - J), (0, n - 1)),
+        (I - J + n - 1, (0, 2 * n - 2)),
+        (sp.Min(sp.Abs(I - J), 3), (0, sp.Min(3, n - 1))),
+        (sp.floor(sp.log(1 + sp.Abs(I - J))), (0, sp.floor(sp.log(n)))),
+        (sp.Piecewise((4, J > I), (0, True)) + sp.Min(I, 3), (0, 4 + sp.Min(3, n - 1))),
+    ],
+    ids=["abs", "offset", "clamped", "log", "piecewise"],
+)
+def test_read_bounds_of_an_index(index, bounds):
+    # interval bounds over 0 ≤ i, j ≤ n − 1, node by node (BOUND_RULES)
+    got = read_bounds(index, {I: (sp.S.Zero, n - 1), J: (sp.S.Zero, n - 1)})
+    assert got is not None and all(sp.simplify(g - w) == 0 for g, w in zip(got, bounds))

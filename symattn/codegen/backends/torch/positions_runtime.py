@@ -2,10 +2,10 @@
 generated module that computes one, as the other runtime helpers are.
 
 A table's cotangent is a segment sum (``table_scatter``), the same bits on every run on every device without
-``torch.use_deterministic_algorithms``: on CPU ``index_add_``, which adds the positions one after another in
-row-major order; elsewhere the positions sorted by the entry they read (a stable sort, so each entry's positions keep
-their row-major order), then ``torch.segment_reduce`` sums each entry's run of positions: no CUDA ``index_add_`` or
-``scatter_add_``, whose atomic sums depend on the order threads arrive in."""
+``torch.use_deterministic_algorithms``: on CPU ``index_add`` (out of place: torch.func's vmap takes it), which adds
+the positions one after another in row-major order; elsewhere the positions sorted by the entry they read (a stable
+sort, so each entry's positions keep their row-major order), then ``torch.segment_reduce`` sums each entry's run of
+positions: no CUDA ``index_add_`` or ``scatter_add_``, whose atomic sums depend on the order threads arrive in."""
 
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ def table_scatter(w, index, rows, cols, by_sorting=None):
     flat = torch.broadcast_to(r * cols + c, (n, m)).reshape(-1)
     values = w.reshape(-1, n * m).mT  # (n·m, the leading axes flattened)
     if not (w.device.type != "cpu" if by_sorting is None else by_sorting):  # CPU: sequential, 7 times faster
-        sums = values.new_zeros(rows * cols, values.shape[1]).index_add_(0, flat, values)
+        sums = values.new_zeros(rows * cols, values.shape[1]).index_add(0, flat, values)
     else:
         order = torch.argsort(flat, stable=True)
         lengths = torch.bincount(flat, minlength=rows * cols)
