@@ -173,11 +173,14 @@ def _monotone(bounds: Bounds, f: Callable[[Expr], Expr]) -> Bounds:
 
 
 def _product(e: sp.Mul, inner: Callable[[Basic], Bounds]) -> Bounds:
-    """A product of one varying factor and a constant one (a number or a dimension), of known sign."""
-    constant, varying = e.as_independent(
-        *e.free_symbols - {s for s in e.free_symbols if s.is_positive and s.is_integer}
-    )
-    lo, hi = inner(varying)
+    """A constant factor (numbers and dimensions) of known sign times varying ones; several varying factors only
+    where each is shown nonnegative (then the ends multiply)."""
+    sizes = {s for s in e.free_symbols if s.is_positive and s.is_integer}
+    constant, varying = e.as_independent(*(e.free_symbols - sizes))
+    parts = [inner(f) for f in sp.Mul.make_args(varying)]
+    if len(parts) > 1 and not all(_ordered(sp.S.Zero, lo) for lo, _ in parts):
+        raise ValueError(e)
+    lo, hi = sp.Mul(*(p[0] for p in parts)), sp.Mul(*(p[1] for p in parts))
     if constant.is_nonnegative:
         return constant * lo, constant * hi
     if constant.is_nonpositive:

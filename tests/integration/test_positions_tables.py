@@ -441,8 +441,9 @@ def test_torch_func_vmap_of_grad_through_the_scatter(kind):
         (sp.Min(sp.Abs(I - J), 3), (0, sp.Min(3, n - 1))),
         (sp.floor(sp.log(1 + sp.Abs(I - J))), (0, sp.floor(sp.log(n)))),
         (sp.Piecewise((4, J > I), (0, True)) + sp.Min(I, 3), (0, 4 + sp.Min(3, n - 1))),
+        (I * J, (0, (n - 1) ** 2)),
     ],
-    ids=["abs", "offset", "clamped", "log", "piecewise"],
+    ids=["abs", "offset", "clamped", "log", "piecewise", "product"],
 )
 def test_read_bounds_of_an_index(index, bounds):
     # interval bounds over 0 ≤ i, j ≤ n − 1, node by node (BOUND_RULES)
