@@ -30,6 +30,7 @@ from sympy.matrices.expressions import (
     Transpose,
     ZeroMatrix,
 )
+from sympy.matrices.expressions.matexpr import MatrixElement
 
 from symattn.autodiff.vjp import rule_key, supported
 from symattn.errors import UnsupportedNodeError
@@ -46,7 +47,7 @@ from symattn.lang.ops import (
     SumEntries,
     SumGroups,
 )
-from symattn.lang.positions import Entries
+from symattn.lang.positions import Entries, Scatter
 
 
 class Differential(MatrixExpr):
@@ -205,9 +206,25 @@ def row_sum_jvp(node: RowSum, d: Tangent) -> Basic | None:
 
 @defjvp(Entries)
 def entries_jvp(node: Entries, d: Tangent) -> Basic | None:
-    """d[f(i, j)] = Σ_τ dτ [∂f/∂τ] over the formula's trainable scalars (none: a constant)."""
+    """d[f(i, j)] = Σ_τ dτ [∂f/∂τ] + [Σ_reads ∂f/∂b[r, c] · db[r, c]] over the formula's trainable scalars and the
+    entries of the tables it reads (the tangent db read at the same positions; none moving: a constant)."""
     terms = [MatMul(ds, node.derivative(s)) for s in node.scalars if (ds := d(s)) is not None]
+    moving = {t: dt for t in node.tables if (dt := d(t)) is not None}
+    reads = [
+        node.derivative(r).formula * MatrixElement(moving[r.parent], *r.indices)
+        for r in node.reads
+        if r.parent in moving
+    ]
+    if reads:
+        terms.append(Entries(node.rows, node.cols, sp.Lambda(node.lamda.variables, sp.Add(*reads))))
     return _total(terms)
+
+
+@defjvp(Scatter)
+def scatter_jvp(node: Scatter, d: Tangent) -> Basic | None:
+    """d scatter(W) = scatter(dW): a scatter is linear."""
+    dw = d(node.weights)
+    return None if dw is None else node.func(dw, *node.args[1:])
 
 
 @defjvp(SumEntries)

@@ -37,7 +37,7 @@ from symattn.lang.ops import (
     SumEntries,
     SumGroups,
 )
-from symattn.lang.positions import Entries
+from symattn.lang.positions import Entries, Scatter, scatter
 
 Cotangents = list[tuple[Basic, Basic]]
 VjpRule = Callable[[Basic, Basic], Cotangents]
@@ -227,8 +227,27 @@ def scalar_power_vjp(node: sp.Pow, c: Basic) -> Cotangents:
 
 @defvjp(Entries)
 def entries_vjp(node: Entries, g: Basic) -> Cotangents:
-    """tr(Gᵀ d[f(i, j)]) = Σ_τ dτ tr(Gᵀ [∂f/∂τ]): each trainable scalar of the formula receives tr(Gᵀ [∂f/∂τ])."""
-    return [(s, Trace(product(transpose(g), node.derivative(s)))) for s in node.scalars]
+    """tr(Gᵀ d[f(i, j)]) = Σ_τ dτ tr(Gᵀ [∂f/∂τ]) + Σ_reads tr(scatter(G ⊙ [∂f/∂b[r, c]])ᵀ db): each trainable scalar
+    of the formula receives tr(Gᵀ [∂f/∂τ]), each table b the scatter of G ⊙ [∂f/∂b[r, c]] over each read b[r, c]."""
+    out: Cotangents = [(s, Trace(product(transpose(g), node.derivative(s)))) for s in node.scalars]
+    for table in node.tables:
+        reads = [
+            (r, derivative) for r in node.reads if r.parent == table and (derivative := node.derivative(r)).formula
+        ]
+        terms = [scatter(_weighted(g, derivative), r) for r, derivative in reads]  # none: read only in conditions
+        out.append((table, total(*terms) if terms else ZeroMatrix(*table.shape)))
+    return out
+
+
+def _weighted(g: Basic, derivative: Entries) -> Basic:
+    """G ⊙ [∂f/∂x], G itself where ∂f/∂x = 1 (a table added to the scores)."""
+    return g if derivative.formula == 1 else hadamard_product(g, derivative)
+
+
+@defvjp(Scatter)
+def scatter_vjp(node: Scatter, c: Basic) -> Cotangents:
+    """tr(Cᵀ d scatter(W)) = tr(Cᵀ scatter(dW)) = tr([C[r, c]]ᵀ dW): W receives C read at the positions."""
+    return [(node.weights, node.reading(c))]
 
 
 @defvjp(sp.exp, sp.log, sp.tanh)

@@ -19,7 +19,7 @@ from sympy import Basic, MatrixExpr, MatrixSymbol
 from sympy.matrices.expressions import HadamardPower, HadamardProduct, MatMul, Transpose
 
 from symattn.lang.algebra import factors, product
-from symattn.lang.graph import intern, rebuilt
+from symattn.lang.graph import children, intern, rebuilt
 from symattn.lang.ops import RowSum, SumEntries
 
 ONE = sp.Integer(1)
@@ -98,9 +98,9 @@ def fold_scalars(expr: Basic, keep: Collection[Basic] = ()) -> Basic:
                 out[node] = node
                 continue
             stack.append((node, True))
-            stack.extend((a, False) for a in node.args if a not in out)
+            stack.extend((a, False) for a in children(node) if a not in out)
             continue
-        args = [out[a] for a in node.args]
+        args = [out[a] for a in children(node)]
         new = rebuilt(node, args)
         rule = RULES.get(type(new))
         folded = rule(new, keep) if rule is not None else None

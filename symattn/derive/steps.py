@@ -35,7 +35,7 @@ from symattn.errors import UnsupportedNodeError
 from symattn.lang.functions import HADAMARD_MOVE, FunctionRecord
 from symattn.lang.graph import children, postorder
 from symattn.lang.ops import LayerNorm, MergeHeads, RepeatHeads, RowInvStd, RowSum, SplitHeads, SumEntries, SumGroups
-from symattn.lang.positions import Entries
+from symattn.lang.positions import Entries, Scatter
 from symattn.specs import Spec
 
 # (differential of the node, reading off the cotangents), per node type; a function node's are in its record.
@@ -57,7 +57,11 @@ REASONS: dict[type, tuple[str, str]] = {
     MergeHeads: ("concatenation is linear", "trace of a concatenation is the sum over heads"),
     RepeatHeads: ("repeating head blocks is linear", "a kv head collects the sum over its group of heads"),
     SumGroups: ("summing head blocks is linear", "each head of a group receives its group's cotangent"),
-    Entries: ("differentiating the entry formula in each trainable scalar", "collecting the scalar differential"),
+    Entries: (
+        "differentiating the entry formula in each trainable scalar and each table entry it reads",
+        "collecting the scalar differential; each table entry collects the cotangent where it is read (a scatter)",
+    ),
+    Scatter: ("a scatter is linear", "its transpose reads the cotangent at the positions"),
     **dict.fromkeys((sp.Mul, sp.Add, sp.Pow, sp.exp, sp.log, sp.tanh), SCALAR_CHAIN),
 }
 

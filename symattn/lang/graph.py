@@ -14,8 +14,9 @@ from collections.abc import Callable, Container, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TypeVar
 
-from sympy import Basic, Expr, MatrixExpr, MatrixSymbol, default_sort_key
+from sympy import Basic, Expr, MatrixExpr, MatrixSymbol, Symbol, default_sort_key
 from sympy.matrices.expressions import FunctionMatrix, HadamardProduct, MatAdd, MatMul
+from sympy.matrices.expressions.matexpr import MatrixElement
 
 T = TypeVar("T")
 VISITS = {"nodes": 0}  # distinct nodes visited by the walks below (for tests that count work)
@@ -38,9 +39,14 @@ def clear_memos() -> None:
 
 def children(node: Basic) -> tuple[Basic, ...]:
     """The arguments a walk descends into: none of a matrix symbol; of a matrix of positions, the trainable scalars
-    its formula reads (the rest of the formula is scalars of its own, ``lang.positions``)."""
+    and the tables its formula reads (the rest of the formula is scalars of its own, ``lang.positions``); of a node
+    that counts its operands (``operand_count``), those first arguments."""
     if isinstance(node, FunctionMatrix):
-        return tuple(sorted((x for x in node.lamda.expr.free_symbols if not x.is_integer), key=str))
+        formula = node.lamda.expr
+        scalars = {x for x in formula.free_symbols if isinstance(x, Symbol) and not x.is_integer}
+        return tuple(sorted(scalars | {r.parent for r in formula.atoms(MatrixElement)}, key=default_sort_key))
+    if hasattr(type(node), "operand_count"):  # a node with operands first, then sizes and formulas of its own
+        return node.args[: node.operand_count]
     return () if isinstance(node, MatrixSymbol) else node.args
 
 
@@ -249,6 +255,8 @@ def rebuilt(node: Basic, args) -> Basic:
         return node if all(a is b for a, b in zip(args, operands)) else intern(node.xreplace(dict(zip(operands, args))))
     if all(a is b for a, b in zip(args, node.args)):
         return node
+    if hasattr(type(node), "operand_count"):
+        return intern(node.func(*args, *node.args[node.operand_count :]))
     kind = type(node)
     if kind in (MatAdd, HadamardProduct) and all(isinstance(a, MatrixExpr) for a in args):
         return intern(Basic.__new__(kind, *args))

@@ -80,7 +80,8 @@ def dimension_symbols(*exprs: Basic) -> list[sp.Symbol]:
         elif isinstance(node, sp.Symbol):
             found.add(node)
         elif isinstance(node, sp.Lambda):  # a matrix of positions' formula: its dimensions, not its i and j
-            found |= node.free_symbols
+            found |= {s for s in node.free_symbols if isinstance(s, sp.Symbol)}
+            stack.extend(node.atoms(sp.MatrixSymbol))  # the tables it reads: their sizes
             continue
         stack.extend(node.args)
     return sorted(found, key=lambda s: s.name)

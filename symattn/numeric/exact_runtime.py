@@ -59,3 +59,14 @@ def row_inv_std(a, eps):
     c = a - a.sum(axis=-1, keepdims=True) / a.shape[-1]
     root = np.vectorize(lambda v: 1 / sp.sqrt(v + eps), otypes=[object])
     return root((c * c).sum(axis=-1, keepdims=True) / a.shape[-1])
+
+
+def table_scatter(w, index, rows, cols):
+    """[Σ_{(i, j): index(i, j) = (k, l)} w_ij]_kl, rows × cols, exactly: each table entry collects w at the positions
+    that read it (index of SymPy integers)."""
+    sums = np.zeros((rows, cols), dtype=int).astype(object)
+    for i in range(w.shape[-2]):
+        for j in range(w.shape[-1]):
+            r, c = index(sp.Integer(i), sp.Integer(j))
+            sums[int(r), int(c)] += w[i, j]
+    return sums

@@ -112,4 +112,24 @@ def entries(f, rows, cols, dtype=np.float64):
     at least float32 (positions exact), cast to dtype."""
     wide = np.promote_types(dtype, np.float32)
     i, j = np.arange(rows, dtype=wide)[:, None], np.arange(cols, dtype=wide)[None, :]
-    return np.broadcast_to(np.asarray(f(i, j), dtype=dtype), (rows, cols))
+    value = np.asarray(f(i, j), dtype=dtype)
+    return np.broadcast_to(value, np.broadcast_shapes(value.shape, (rows, cols)))
+
+
+def table_read(table, rows, cols):
+    """table[..., r, c] at the index grids r and c (positions held exactly in floats): broadcast against each other,
+    with the table's leading axes first."""
+    return table[..., np.asarray(rows).astype(np.int64), np.asarray(cols).astype(np.int64)]
+
+
+def table_scatter(w, index, rows, cols):
+    """[Σ_{(i, j): index(i, j) = (k, l)} w_ij]_kl, rows × cols (w's leading axes kept): each table entry collects w at
+    the positions that read it, in row-major order of the positions (np.add.at, unbuffered, in index order)."""
+    n, m = w.shape[-2:]
+    wide = np.promote_types(w.dtype, np.float32)
+    i, j = np.arange(n, dtype=wide)[:, None], np.arange(m, dtype=wide)[None, :]
+    r, c = (np.asarray(x).astype(np.int64) for x in index(i, j))
+    flat = np.broadcast_to(r * cols + c, (n, m)).reshape(-1)
+    sums = np.zeros((rows * cols, *w.shape[:-2]), dtype=w.dtype)
+    np.add.at(sums, flat, np.moveaxis(w.reshape(*w.shape[:-2], n * m), -1, 0))
+    return np.moveaxis(sums, 0, -1).reshape(*w.shape[:-2], rows, cols)

@@ -1,21 +1,24 @@
-"""Printing a matrix of positions (``lang.positions.Entries``) as array code: its formula over the position grids.
+"""Printing a matrix of positions (``lang.positions.Entries``) and its transpose (``Scatter``) as code: one walk of the
+formula, written by a flavour.
 
-The entries of [f(i, j)] are f evaluated on ``i``, a column of the row positions 0 … rows − 1, and ``j``, a row of
-the column positions, broadcast against each other: no Python loop, no n × m argument. The NumPy, torch and JAX
-printers share the table below (the three libraries spell these functions alike); each printer states its grid,
-how a number becomes an array of its dtype, and how the result is cast and broadcast to rows × cols. The exact
-printer writes the same formula over SymPy integers, entry by entry.
+The array flavour (NumPy, torch, JAX: the three libraries spell these functions alike) evaluates f on ``i``, a column
+of the row positions 0 … rows − 1, and ``j``, a row of the column positions, broadcast against each other: no Python
+loop, no n × m argument; a table read b[r, c] indexes b with the index grids (the runtime's ``read``). The exact
+flavour writes the same formula over SymPy integers ``_i``, ``_j``, entry by entry. Each flavour is a table of how
+it writes each kind of node; the walk (``code``) is shared.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import sympy as sp
 from sympy import Basic
 from sympy.core.relational import Relational
+from sympy.matrices.expressions.matexpr import MatrixElement
 
-from symattn.lang.positions import Entries, I, J
+from symattn.lang.positions import Entries, I, J, Scatter
 
 # SymPy function → the array library's function, ``{xp}`` its module (np, torch, jnp); Min and Max fold pairwise
 CALLS: dict[type, str] = {
@@ -32,93 +35,140 @@ RELATIONS = {"==": "==", "!=": "!=", "<": "<", "<=": "<=", ">": ">", ">=": ">="}
 CONNECTIVES = {sp.And: " & ", sp.Or: " | "}
 
 
-def array_code(entries: Entries, xp: str, scalar: Callable[[Basic], str], number: Callable[[str], str]) -> str:
-    """f(i, j) as array code of the grids ``i`` (a column of row positions) and ``j`` (a row of column positions):
-    the body of the lambda the runtime's ``entries`` calls.
+@dataclass(frozen=True)
+class Flavour:
+    """How one kind of code writes the nodes of a formula; each field takes the printed operands (and the node)."""
 
-    scalar: how the printer writes a subexpression free of i and j (dimensions, numbers); number(text): a number as
-    a scalar of the grids' dtype (a where's branch, which would otherwise take the library's default dtype)."""
+    i: str  # the row position
+    j: str  # the column position
+    infinity: str  # +∞
+    constant: Callable[[Basic], str]  # a subexpression free of positions (dimensions, numbers)
+    add: Callable[[list[str]], str]
+    mul: Callable[[Basic, list[str]], str]  # the node (a −1 coefficient) and its printed factors
+    power: Callable[[str, str], str]
+    call: Callable[[Basic, list[str]], str]  # Abs, floor, Min, Max, … (the node and its printed arguments)
+    piecewise: Callable[[list[tuple[Basic, str, str]]], str]  # (value, printed value, printed condition) pairs
+    not_: Callable[[str], str]
+    read: Callable[[str, str, str], str]  # a table read: table, row index, column index
 
-    def code(e: Basic) -> str:
-        if e == I:
-            return "i"
-        if e == J:
-            return "j"
-        if e in (sp.oo, -sp.oo):
-            return ("-" if e == -sp.oo else "") + f"{xp}.inf"
-        if e == sp.true:
-            return "True"
-        if not e.has(I, J):
-            text = scalar(e)
-            return text if text.isidentifier() or text.lstrip("-").replace(".", "").isdigit() else f"({text})"
-        if isinstance(e, sp.Add):
-            return "(" + " + ".join(code(a) for a in e.args).replace("+ -", "- ") + ")"
-        if isinstance(e, sp.Mul):
-            coeff, rest = e.as_coeff_Mul()
-            if coeff == -1:
-                return "-" + code(rest)
-            return " * ".join(code(a) for a in e.args)
-        if isinstance(e, sp.Pow):
-            return f"{code(e.base)} ** {code(e.exp)}"
+
+def code(e: Basic, flavour: Flavour) -> str:
+    """The formula e (of ``I``, ``J``) in the flavour's code."""
+    if e == I:
+        return flavour.i
+    if e == J:
+        return flavour.j
+    if e in (sp.oo, -sp.oo):
+        return ("-" if e == -sp.oo else "") + flavour.infinity
+    if e == sp.true:
+        return "True"
+    if isinstance(e, MatrixElement):
+        return flavour.read(flavour.constant(e.parent), *(code(x, flavour) for x in e.indices))
+    if not e.has(I, J):
+        return flavour.constant(e)
+    if isinstance(e, sp.Add):
+        return flavour.add([code(a, flavour) for a in e.args])
+    if isinstance(e, sp.Mul):
+        return flavour.mul(e, [code(a, flavour) for a in e.args])
+    if isinstance(e, sp.Pow):
+        return flavour.power(code(e.base, flavour), code(e.exp, flavour))
+    if isinstance(e, sp.Piecewise):
+        return flavour.piecewise([(v, code(v, flavour), code(c, flavour)) for v, c in e.args])
+    if isinstance(e, Relational):
+        return f"({code(e.lhs, flavour)} {RELATIONS[e.rel_op]} {code(e.rhs, flavour)})"
+    if type(e) in CONNECTIVES:
+        return "(" + CONNECTIVES[type(e)].join(code(a, flavour) for a in e.args) + ")"
+    if isinstance(e, sp.Not):
+        return flavour.not_(code(e.args[0], flavour))
+    return flavour.call(e, [code(a, flavour) for a in e.args])
+
+
+def array_flavour(
+    xp: str, scalar: Callable[[Basic], str], number: Callable[[str], str], read: Callable[[], str]
+) -> Flavour:
+    """Array code of the grids ``i`` and ``j``. scalar: how the printer writes a subexpression free of i and j;
+    number(text): a number as a scalar of the grids' dtype (a where's branch, which would otherwise take the library's
+    default dtype); read(): the runtime helper's name that reads a table at index grids."""
+
+    def constant(e: Basic) -> str:
+        text = scalar(e)
+        return text if text.isidentifier() or text.lstrip("-").replace(".", "").isdigit() else f"({text})"
+
+    def mul(e: Basic, factors: list[str]) -> str:
+        coeff, rest = e.as_coeff_Mul()
+        return "-" + code(rest, flavour) if coeff == -1 else " * ".join(factors)
+
+    def branch(value: Basic, text: str) -> str:
+        return text if value.has(I, J) or value.has(MatrixElement) else number(text)
+
+    def call(e: Basic, args: list[str]) -> str:
+        if type(e) not in CALLS:
+            raise NotImplementedError(f"no array code for {type(e).__name__} in a position formula")
+        name = CALLS[type(e)].format(xp=xp)
         if isinstance(e, (sp.Min, sp.Max)):  # pairwise; a number as the grids' scalar (torch.minimum takes tensors)
-            call, (first, *rest) = CALLS[type(e)].format(xp=xp), e.args
-            text = branch(first)
-            for a in rest:
-                text = f"{call}({text}, {branch(a)})"
+            texts = [branch(a, t) for a, t in zip(e.args, args)]
+            text = texts[0]
+            for t in texts[1:]:
+                text = f"{name}({text}, {t})"
             return text
-        if type(e) in CALLS:
-            return f"{CALLS[type(e)].format(xp=xp)}({code(e.args[0])})"
-        if isinstance(e, sp.Piecewise):
-            return where(e.args)
-        if isinstance(e, Relational):
-            return f"({code(e.lhs)} {RELATIONS[e.rel_op]} {code(e.rhs)})"
-        if type(e) in CONNECTIVES:
-            return "(" + CONNECTIVES[type(e)].join(code(a) for a in e.args) + ")"
-        if isinstance(e, sp.Not):
-            return f"(~{code(e.args[0])})"
-        raise NotImplementedError(f"no array code for {type(e).__name__} in a position formula")
+        return f"{name}({args[0]})"
 
-    def branch(value: Basic) -> str:
-        return code(value) if value.has(I, J) else number(code(value))
+    def where(pairs: list[tuple[Basic, str, str]]) -> str:
+        (value, text, condition), *rest = pairs
+        if condition == "True" or not rest:
+            return branch(value, text)
+        return f"{xp}.where({condition}, {branch(value, text)}, {where(rest)})"
 
-    def where(pairs: tuple) -> str:
-        (value, condition), *rest = pairs
-        if condition == sp.true or not rest:
-            return branch(value)
-        return f"{xp}.where({code(condition)}, {branch(value)}, {where(tuple(rest))})"
+    flavour = Flavour(
+        i="i",
+        j="j",
+        infinity=f"{xp}.inf",
+        constant=constant,
+        add=lambda terms: "(" + " + ".join(terms).replace("+ -", "- ") + ")",
+        mul=mul,
+        power=lambda base, exponent: f"{base} ** {exponent}",
+        call=call,
+        piecewise=where,
+        not_=lambda a: f"(~{a})",
+        read=lambda table, row, col: f"{read()}({table}, {row}, {col})",
+    )
+    return flavour
 
-    return code(entries.formula)
+
+def exact_flavour(scalar: Callable[[Basic], str]) -> Flavour:
+    """Code of SymPy integers ``_i``, ``_j``: the formula's value at one position, exactly."""
+    return Flavour(
+        i="_i",
+        j="_j",
+        infinity="sp.oo",
+        constant=lambda e: f"({scalar(e)})",
+        add=lambda terms: "(" + " + ".join(terms) + ")",
+        mul=lambda e, factors: "(" + " * ".join(factors) + ")",
+        power=lambda base, exponent: f"({base} ** {exponent})",
+        call=lambda e, args: f"sp.{type(e).__name__}(" + ", ".join(args) + ")",
+        piecewise=lambda pairs: "sp.Piecewise(" + ", ".join(f"({v}, {c})" for _, v, c in pairs) + ")",
+        not_=lambda a: f"sp.Not({a})",
+        read=lambda table, row, col: f"{table}[int({row}), int({col})]",
+    )
+
+
+def array_code(entries: Entries, flavour: Flavour) -> str:
+    """f(i, j) as array code of the grids: the body of the lambda the runtime's ``entries`` calls."""
+    return code(entries.formula, flavour)
+
+
+def index_code(node: Scatter, flavour: Flavour) -> str:
+    """(r(i, j), c(i, j)), the table entry each position reads, as code of the positions: the body of the lambda
+    the runtime's ``scatter`` calls."""
+    row, col = (code(sp.sympify(x), flavour) for x in node.index)
+    return f"({row}, {col})"
 
 
 def exact_code(entries: Entries, scalar: Callable[[Basic], str]) -> str:
     """The entries as an object array of exact SymPy values: f written over SymPy integers _i, _j, entry by entry."""
     rows, cols = (scalar(s) for s in entries.shape)
-
-    def code(e: Basic) -> str:
-        if e == I:
-            return "_i"
-        if e == J:
-            return "_j"
-        if e in (sp.oo, -sp.oo):
-            return ("-" if e == -sp.oo else "") + "sp.oo"
-        if e == sp.true:
-            return "True"
-        if not e.has(I, J):
-            return f"({scalar(e)})"
-        if isinstance(e, sp.Add):
-            return "(" + " + ".join(code(a) for a in e.args) + ")"
-        if isinstance(e, sp.Mul):
-            return "(" + " * ".join(code(a) for a in e.args) + ")"
-        if isinstance(e, sp.Pow):
-            return f"({code(e.base)} ** {code(e.exp)})"
-        if isinstance(e, Relational):
-            return f"({code(e.lhs)} {RELATIONS[e.rel_op]} {code(e.rhs)})"
-        if isinstance(e, sp.Piecewise):
-            return "sp.Piecewise(" + ", ".join(f"({code(v)}, {code(c)})" for v, c in e.args) + ")"
-        return f"sp.{type(e).__name__}(" + ", ".join(code(a) for a in e.args) + ")"
-
     ints = "map(sp.Integer, range({}))"
     return (
-        f"np.array([[{code(entries.formula)} for _j in {ints.format(cols)}] for _i in {ints.format(rows)}], "
-        "dtype=object)"
+        f"np.array([[{code(entries.formula, exact_flavour(scalar))} for _j in {ints.format(cols)}] "
+        f"for _i in {ints.format(rows)}], dtype=object)"
     )

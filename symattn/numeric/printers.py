@@ -238,11 +238,22 @@ class NumPyMatrixPrinter(NumPyPrinter):
     def _print_OneMatrix(self, expr: Basic) -> str:
         return f"np.ones(({self._print(expr.shape[0])}, {self._print(expr.shape[1])}))"
 
+    def position_flavour(self) -> positions.Flavour:
+        """How this printer writes a formula of the position grids (``numeric.positions``)."""
+        read = lambda: self.helper("table_read")  # noqa: E731 (named when a formula reads a table)
+        return positions.array_flavour(self.module_alias, self._print, self.position_number, read)
+
     def _print_Entries(self, expr: Basic) -> str:
         """[f(i, j)] by the runtime's entries: f a lambda of the position grids (``numeric.positions``)."""
-        body = positions.array_code(expr, self.module_alias, self._print, self.position_number)
+        body = positions.array_code(expr, self.position_flavour())
         rows, cols = self._print(expr.rows), self._print(expr.cols)
         return f"{self.helper('entries')}(lambda i, j: {body}, {rows}, {cols}{self.position_dtype})"
+
+    def _print_Scatter(self, expr: Basic) -> str:
+        """[Σ_{(i, j): (r, c)(i, j) = (k, l)} Wᵢⱼ]ₖₗ by the runtime's table_scatter: (r, c) a lambda of the grids."""
+        index = positions.index_code(expr, self.position_flavour())
+        rows, cols = (self._print(s) for s in expr.shape)
+        return f"{self.helper('table_scatter')}({self._print(expr.weights)}, lambda i, j: {index}, {rows}, {cols})"
 
     position_dtype = ""  # the entries call's dtype (and device) arguments after rows and cols
     position_number = "i.dtype.type({})".format  # a number as a scalar of the grids' dtype (a where's branch)
@@ -280,6 +291,10 @@ class ExactPrinter(NumPyMatrixPrinter):
             fqn = "sp." + fqn.removeprefix("numpy.")
         return super(NumPyMatrixPrinter, self)._module_format(fqn, register=False)
 
+    def _print_Rational(self, expr: Basic) -> str:
+        """p/q as a SymPy Rational: Python's p/q would be a float, and exact values would become Floats."""
+        return f"sp.Rational({expr.p}, {expr.q})"
+
     def _print_Identity(self, expr: Basic) -> str:
         return f"np.eye({self._print(expr.shape[0])}, dtype=int).astype(object)"
 
@@ -291,3 +306,8 @@ class ExactPrinter(NumPyMatrixPrinter):
 
     def _print_Entries(self, expr: Basic) -> str:
         return positions.exact_code(expr, self._print)
+
+    def _print_Scatter(self, expr: Basic) -> str:
+        index = positions.index_code(expr, positions.exact_flavour(self._print))
+        rows, cols = (self._print(s) for s in expr.shape)
+        return f"{self.helper('table_scatter')}({self._print(expr.weights)}, lambda _i, _j: {index}, {rows}, {cols})"

@@ -38,7 +38,7 @@ from sympy.matrices.expressions import (
 
 from symattn.lang.algebra import factors
 from symattn.lang.functions import FunctionRecord
-from symattn.lang.graph import VISITS, memo_table, rebuilt
+from symattn.lang.graph import VISITS, children, memo_table, rebuilt
 from symattn.lang.ops import MergeHeads, RowSum, SplitHeads, SumEntries
 
 # Sizes for evaluating symbolic costs and choosing between equal forms (a BERT-base-like head:
@@ -378,7 +378,7 @@ def order_products(expr: Basic, sizes: Mapping | None = None) -> Basic:
             return memo[node]
         result = node
         if (is_matrix_node(node) and not isinstance(node, LEAVES)) or contains_matrices(node):
-            args = tuple(visit(a) if is_matrix_node(a) or contains_matrices(a) else a for a in node.args)
+            args = tuple(visit(a) if is_matrix_node(a) or contains_matrices(a) else a for a in children(node))
             result = rebuilt(node, args)
             if isinstance(result, MatMul):
                 result = _ordered_product(result, dim)

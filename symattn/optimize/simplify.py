@@ -55,14 +55,14 @@ def rewrite(expr: Basic, rules: Sequence[Rule] = REWRITES) -> Basic:
                 stack.pop()
                 continue
             walks = _walks_into(node)
-            pending = [a for a in node.args if _walks_into(a) and a not in memo] if walks else []
+            pending = [a for a in graph.children(node) if _walks_into(a) and a not in memo] if walks else []
             if pending:
                 stack.extend(pending)
                 continue
             stack.pop()
             current = node
             if walks:
-                current = graph.rebuilt(node, tuple(memo[a] if _walks_into(a) else a for a in node.args))
+                current = graph.rebuilt(node, tuple(memo[a] if _walks_into(a) else a for a in graph.children(node)))
                 for _ in range(MAX_REWRITES_PER_NODE):
                     new = next((r for r in (rule(current) for rule in rules) if r is not None and r != current), None)
                     if new is None:
@@ -163,7 +163,7 @@ def share_transposes(expr: Basic, rules: Sequence[Rule] = REWRITES) -> Basic:
             if node in replace:
                 memo[node] = Transpose(rebuild(replace[node]))
             elif _walks_into(node):
-                args = tuple(rebuild(a) for a in node.args)
+                args = tuple(rebuild(a) for a in graph.children(node))
                 memo[node] = graph.rebuilt(node, args)
             else:
                 memo[node] = node

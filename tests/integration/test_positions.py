@@ -193,11 +193,11 @@ def test_a_position_matrix_gets_no_gradient_and_is_no_argument():
     ("formula", "message"),
     [
         (lambda i, j: sp.Symbol("x") * (i - j), "x is no position, dimension or trainable scalar"),
-        (lambda i, j: sp.MatrixSymbol("b", n, 1)[i, 0], "tables read at positions are not in the language yet"),
+        (lambda i, j: sp.MatrixSymbol("b", n, 1)[j, 0], r"b\[j, 0\]'s row index j runs over \[0, m - 1\]"),
         (lambda i, j: sp.sin(i - j), "sin"),
         (lambda i, j: i >= j, "f(i, j) is a condition"),
     ],
-    ids=["unknown symbol", "table read", "sin", "condition"],
+    ids=["unknown symbol", "table read past its end", "sin", "condition"],
 )
 def test_what_a_formula_may_not_hold_is_refused_in_one_line(formula, message):
     with pytest.raises(SymattnError, match=message.replace("(", r"\(").replace(")", r"\)")) as err:

@@ -26,6 +26,7 @@ from sympy.matrices.expressions import (
     Transpose,
     ZeroMatrix,
 )
+from sympy.matrices.expressions.matexpr import MatrixElement
 from sympy.printing.printer import Printer
 
 from symattn.autodiff.differentials import Differential, ScalarDifferential
@@ -43,7 +44,7 @@ from symattn.lang.ops import (
     SumEntries,
     SumGroups,
 )
-from symattn.lang.positions import Entries
+from symattn.lang.positions import Entries, Scatter
 
 
 @dataclass(frozen=True)
@@ -157,13 +158,24 @@ class MathPrinter(Printer):
     def scalar(self, expr: Basic) -> str:
         if expr.has(SumEntries, Trace, ScalarDifferential):  # a coefficient dτ or sum(Ā ⊙ S): printed by node
             return self._print(expr)
+        expr, reads = self._reads(expr)
         if self.n is LATEX:  # dimensions by the same names as matrices: d_model → d_{\text{model}}
-            text = sp.latex(expr, symbol_names={s: latex_name(s.name) for s in expr.free_symbols})
+            names = {s: latex_name(s.name) for s in expr.free_symbols if isinstance(s, sp.Symbol)}
+            text = sp.latex(expr, symbol_names=names | reads)
             return text.replace(r"\frac{", r"\tfrac{")  # as tall as the matrices beside it
         text = sp.sstr(expr)
         text = re.sub(r"\bpi\b", "π", text)
         text = re.sub(r"sqrt\((\w+)\)", r"√\1", text)
         return text.replace("**", "^").replace("*", "·")
+
+    def _reads(self, expr: Basic) -> tuple[Basic, dict[sp.Symbol, str]]:
+        """expr with each table read b[r, c] a symbol printed b_{r, c} in LaTeX, b[r, c] in text (its name)."""
+        reads = {}
+        for read in sorted(expr.atoms(MatrixElement), key=sp.default_sort_key):
+            table, (row, col) = self._print(read.parent), (self.scalar(x) for x in read.indices)
+            text = rf"{{{table}}}_{{{row},\, {col}}}" if self.n is LATEX else f"{table}[{row}, {col}]"
+            reads[read] = sp.Symbol(text)
+        return expr.xreplace(reads), {s: s.name for s in reads.values()}
 
     def paren(self, text: str) -> str:
         return f"{self.n.left}{text}{self.n.right}"
@@ -186,6 +198,15 @@ class MathPrinter(Printer):
         if self.n is LATEX:
             return rf"\left[{formula}\right]_{{i j}}"
         return f"[{formula}]ᵢⱼ"
+
+    def _print_Scatter(self, expr: Scatter) -> str:
+        """The transpose of a table read, in closed form: [Σ_{(i, j): (r, c) = (k, l)} (W)ᵢⱼ]ₖₗ."""
+        row, col = (self.scalar(sp.sympify(x)) for x in expr.index)
+        weights = self.paren(self._print(expr.weights))
+        if self.n is LATEX:
+            where = rf"(i, j):\, ({row},\, {col}) = (k, l)"
+            return rf"\left[\sum_{{{where}}} {weights}_{{i j}}\right]_{{k l}}"
+        return f"[Σ_{{(i, j): ({row}, {col}) = (k, l)}} {weights}ᵢⱼ]ₖₗ"
 
     def _print_OneMatrix(self, expr: OneMatrix) -> str:
         rows, cols = expr.shape

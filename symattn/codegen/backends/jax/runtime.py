@@ -406,4 +406,23 @@ def entries(f, rows, cols, dtype):
     at least float32 (positions exact), cast to dtype."""
     wide = jnp.promote_types(dtype, jnp.float32)
     i, j = jnp.arange(rows, dtype=wide)[:, None], jnp.arange(cols, dtype=wide)[None, :]
-    return jnp.broadcast_to(jnp.asarray(f(i, j), dtype=dtype), (rows, cols))
+    value = jnp.asarray(f(i, j), dtype=dtype)
+    return jnp.broadcast_to(value, jnp.broadcast_shapes(value.shape, (rows, cols)))
+
+
+def table_read(table, rows, cols):
+    """table[..., r, c] at the index grids r and c (positions held exactly in floats): broadcast against each other,
+    with the table's leading axes first."""
+    return table[..., jnp.asarray(rows).astype(jnp.int32), jnp.asarray(cols).astype(jnp.int32)]
+
+
+def table_scatter(w, index, rows, cols):
+    """[Σ_{(i, j): index(i, j) = (k, l)} w_ij]_kl, rows × cols (w's leading axes kept): each table entry collects w at
+    the positions that read it (``.at[].add``, deterministic on CPU)."""
+    n, m = w.shape[-2:]
+    wide = jnp.promote_types(w.dtype, jnp.float32)
+    i, j = jnp.arange(n, dtype=wide)[:, None], jnp.arange(m, dtype=wide)[None, :]
+    r, c = (jnp.asarray(x).astype(jnp.int32) for x in index(i, j))
+    flat = jnp.broadcast_to(r * cols + c, (n, m)).reshape(-1)
+    sums = jnp.zeros((*w.shape[:-2], rows * cols), dtype=w.dtype)
+    return sums.at[..., flat].add(w.reshape(*w.shape[:-2], n * m)).reshape(*w.shape[:-2], rows, cols)
