@@ -10,6 +10,7 @@ torch.arange); no n × m tensor is made, and a formula reading a matrix's entrie
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 import sympy as sp
@@ -238,14 +239,45 @@ def test_double_backward_through_the_eager_core_matches_autograd(kind, folder):
         compare(got, want, f"{kind}: {'gradient' if i < len(inputs) else 'hvp'} {i % len(inputs)}", rtol=1e-4)
 
 
+def test_a_log_softmax_map_reads_positions_too(folder):
+    """O = log-softmax(Q Kᵀ/√d − |i − j|/2), n × m (a pointer's map: its own kernels), forward, gradients, JVP."""
+    q, k = sa.matrix("Q", n, d), sa.matrix("K", m, d)
+    spec = sa.Spec(
+        "triton_positions_map",
+        "a map",
+        (q, k),
+        sa.log_softmax(q * k.T / sp.sqrt(d) + sa.entries(n, m, FORMULAS["relative"])),
+    )
+    module = triton_module(spec, folder)
+
+    def reference_map(q, k):
+        i, j = _grid(q.shape[-2], k.shape[-2])
+        return torch.log_softmax(q @ k.mT / math.sqrt(q.shape[-1]) - (i - j).abs() / 2, -1)
+
+    g = torch.Generator().manual_seed(11)
+    inputs = [torch.randn(2, r, 8, generator=g, dtype=torch.float64) for r in (37, 45)]
+    cotangent = torch.randn(2, 37, 45, generator=g, dtype=torch.float64)
+    out, grads = _gradients(module.forward, [x.float() for x in inputs], cotangent)
+    for what, function in (("torch module", load(spec, "torch").forward), ("autograd", reference_map)):
+        want, wanted = _gradients(function, inputs, cotangent)
+        compare(out, want, f"map forward against the {what}", rtol=1e-4)
+        for name, got, expected in zip("QK", grads, wanted):
+            compare(got, expected, f"map d{name} against the {what}", rtol=1e-4)
+    tangents = [torch.randn(x.shape, generator=g, dtype=torch.float64) for x in inputs]
+    _, tangent = module.jvp(*(x.float() for x in inputs), {k: t.float() for k, t in zip("QK", tangents)})
+    compare(tangent, torch.func.jvp(reference_map, tuple(inputs), tuple(tangents))[1], "map jvp tangent", rtol=1e-4)
+
+
 def test_no_n_by_m_tensor_is_made(folder):
-    """The kernels take no tile of positions (no T_ argument), and no torch op of forward, backward or jvp makes a
-    tensor with both n and m among its axes: the entries are computed in the tiles from their positions."""
+    """The kernels take no tile of positions (no T_ argument) and add no atomics (τ's sums: one slot per program),
+    and no torch op of forward, backward or jvp makes a tensor with both n and m among its axes: the entries are
+    computed in the tiles from their positions."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
     module = triton_module(positional_spec("slope"), folder)
     for kernel in (module._forward_kernel, module._backward_kernel, module._jvp_kernel):
         assert not [a for a in kernel.arg_names if a.startswith("T_")], kernel.arg_names
+    assert "tl.atomic_" not in Path(module.__file__).read_text(encoding="utf-8")
     rows, cols, _ = SIZES["long"]
     shapes = []
 

@@ -5,7 +5,9 @@ For an entrywise A the Jacobian with respect to S (or B) is diagonal, so the VJP
 forward differential along G: dS = d A[S ↦ G] (``autodiff.differentials.differential``), printed entry by entry.
 A tile is a name in the kernel (``s``, ``g``, ``tile_B``); each function is its record's Triton call
 (``calls[TRITON]``); a scalar that is not a number (1/√d_k, τ, scale) is a kernel argument ``c0``, ``c1``, …
-whose value the module computes before the launch (``Printed.coefficients``).
+whose value the module computes before the launch (``Printed.coefficients``). A matrix of positions (``sa.entries``,
+whole or per head) is a tile ``pos0``, ``pos1``, … made from the tile's positions where the scores are
+(``positions``): its formula printed once per distinct formula (the derivative in a learned slope is another).
 """
 
 from __future__ import annotations
