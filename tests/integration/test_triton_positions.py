@@ -212,6 +212,44 @@ def test_alibi_per_head_reads_the_programs_head(causal, folder):
     compare(tangent, want_tangent, "alibi jvp tangent", rtol=1e-4)
 
 
+def test_per_sample_gradients_under_vmap_keep_each_programs_head(folder):
+    """torch.func.vmap of grad: vmap's axis merged into the batch·head axis outside the heads, so bh mod H is still
+    the head (the batch (3, 2) of two leading axes, heads innermost)."""
+    module = triton_module(alibi_heads_spec(), folder)
+    g = torch.Generator().manual_seed(13)
+    inputs = [torch.randn(3, 2, r, HEADS * D_K, generator=g, dtype=torch.float64) for r in (37, 45, 45)]
+
+    def loss(function):
+        return lambda *x: function(*x).square().sum()
+
+    got = torch.func.vmap(torch.func.grad(loss(module.forward), argnums=(0, 1, 2)))(*(x.float() for x in inputs))
+    want = torch.func.vmap(torch.func.grad(loss(alibi_reference), argnums=(0, 1, 2)))(*inputs)
+    for name, a, b in zip("QKV", got, want):
+        compare(a, b, f"alibi per-sample d{name}", rtol=1e-4)
+
+
+def test_a_head_count_given_as_a_dimension_is_read_at_run_time(folder):
+    """heads=H a dimension (its value bound from the shapes: W has H rows): the kernels' head is bh mod H with H a
+    scalar argument; forward and gradients as ALiBi's with H = 4."""
+    heads = dim("H")
+    q, k, v = (sa.matrix(x, r, heads * d) for x, r in (("Q", n), ("K", m), ("V", m)))
+    slopes = sa.entries(n, m, lambda i, j, h: -(2 ** (-8 * (h + 1) / heads)) * sp.Abs(i - j), heads=heads)
+    qh, kh, vh = (sa.split_heads(x, heads) for x in (q, k, v))
+    output = sa.merge_heads(sa.softmax(qh @ kh.T / sp.sqrt(d) + slopes) @ vh, heads)
+    spec = sa.Spec("triton_alibi_dimension", "ALiBi, H a dimension", (q, k, v, sa.matrix("W", heads, d)), output)
+    module = triton_module(spec, folder)
+    assert "pos_h = (bh % c1.to(tl.int64))" in Path(module.__file__).read_text(encoding="utf-8")
+    g = torch.Generator().manual_seed(12)
+    inputs = [torch.randn(2, r, HEADS * D_K, generator=g, dtype=torch.float64) for r in (37, 45, 45)]
+    cotangent = torch.randn(2, 37, HEADS * D_K, generator=g, dtype=torch.float64)
+    weights = torch.zeros(HEADS, D_K)
+    out, grads = _gradients(lambda *x: module.forward(*x, weights), [x.float() for x in inputs], cotangent)
+    want, wanted = _gradients(alibi_reference, inputs, cotangent)
+    compare(out, want, "alibi (H a dimension) forward", rtol=1e-4)
+    for name, got, expected in zip("QKV", grads, wanted):
+        compare(got, expected, f"alibi (H a dimension) d{name}", rtol=1e-4)
+
+
 @pytest.mark.parametrize("kind", ["slope", "heads"])
 def test_double_backward_through_the_eager_core_matches_autograd(kind, folder):
     """create_graph=True: the Function's backward differentiates the eager core, its positions from torch grids of
