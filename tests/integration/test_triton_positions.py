@@ -148,8 +148,11 @@ def test_jvp_matches_torch_func_jvp_of_the_independent_forward(kind, causal, fol
 
 
 def test_rows_whose_keys_are_all_masked_give_zeros_and_finite_gradients(folder):
-    """n > m + WINDOW − 1: rows 33 … 36 see no key of the window. Their outputs are 0 and no gradient is NaN; every
-    other row matches the torch module, and the whole matches autograd of the independent forward."""
+    """n > m + WINDOW − 1: rows 33 … 36 see no key of the window. Their outputs are 0 and no gradient is NaN (a row
+    of −inf is a row of zero probabilities: docs/language.md), as the kernels give for a mask or causal, and the
+    whole matches autograd of the independent forward. The torch backend's module gives NaN on those rows (its
+    softmax takes the masked form only for a mask constant or causal, not for a formula's −∞), so it is compared on
+    the others."""
     kind, (rows, cols, width) = "window", SIZES["short_keys"]
     inputs = _inputs(kind, (rows, cols, width), seed=5)
     cotangent = torch.randn(2, rows, width, generator=torch.Generator().manual_seed(6), dtype=torch.float64)
