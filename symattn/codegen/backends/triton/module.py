@@ -153,7 +153,7 @@ def _core_context(core: Core, printed: Printed, c: str, constants: frozenset[str
 
 def _positions(printed: Printed) -> dict:
     """The lines making a core's tiles of positions (``positions``): the grids of the tile's positions (a transposed
-    tile's too), then each tile; those only the JVP reads; the eager core's. None where the core reads no positions."""
+    tile's too), then each tile; those only the JVP reads; the eager core's. Empty where the core reads none."""
     kernel = [f"{name} = {bare(code)}" for name, code in printed.positions]
     tangent = [f"{name} = {bare(code)}" for name, code in printed.tangent_positions]
     eager = [f"{name} = {bare(code)}" for name, code in printed.eager_positions]
