@@ -2,7 +2,8 @@
 
 Q (n × d), K (m × d) and V (m × d_v) are thin factors, themselves any expressions of the inputs (X W_Q); E is
 a chain of entrywise steps on the raw scores S (a scalar times S, n × m inputs and constants added or multiplied
-in, trainable scalars, the language's entrywise functions); N is a row normaliser of ``NORMALISERS``: the row softmax,
+in, trainable scalars, the language's entrywise functions, matrices of positions ``sa.entries``, whole or per head,
+computed in the tiles from their positions); N is a row normaliser of ``NORMALISERS``: the row softmax,
 the division of each row by its sum (A ⊘ rowsum(A) 𝟏ᵀ, as softplus attention's), or none (P = A, as sigmoid
 attention's σ(c·S)); or the core is a map with no V, O = log-softmax(A) (n × m: pointer attention's output). A
 scalar c multiplying the scores product goes into E (A = E(c·S)), one multiplying the product with V stays outside
@@ -18,11 +19,12 @@ from dataclasses import dataclass
 import sympy as sp
 from sympy import Basic, MatrixExpr, MatrixSymbol
 from sympy.matrices.expressions import HadamardPower, HadamardProduct, MatAdd, MatMul, OneMatrix, Transpose
+from sympy.matrices.expressions.matexpr import MatrixElement
 
 from symattn.errors import SymattnError
 from symattn.lang.functions import Elementwise
 from symattn.lang.graph import matrix_symbols, postorder
-from symattn.lang.ops import LogSoftmax, RepeatHeads, RowSoftmax, RowSum
+from symattn.lang.ops import LogSoftmax, RepeatHeads, RowSoftmax, RowSum, SplitHeads
 from symattn.lang.positions import Entries
 from symattn.specs import Spec
 
@@ -59,9 +61,11 @@ def find_cores(spec: Spec) -> Cores:
     """The spec's cores O = N(E(Q Kᵀ)) V, a product of a sum of normalised maps with V taken as the sum of the
     products ((P₁ − λ P₂) V = P₁ V − λ P₂ V, differential attention's); a SymattnError of one line naming what is
     missing where there is none, or where the output reads a core's P or scores besides P V."""
-    if any(isinstance(x, Entries) for x in postorder(spec.output)):
+    read = next((x for x in postorder(spec.output) if isinstance(x, Entries) and x.formula.has(MatrixElement)), None)
+    if read is not None:
         raise SymattnError(
-            f"{spec.name}: positions (sa.entries) are not in the Triton kernels yet; use the torch backend"
+            f"{spec.name}: positions that read entries of a matrix ({read.formula}) are not in the Triton kernels; "
+            "use the torch backend"
         )
     output = _distributed(spec.output)
     nodes = list(dict.fromkeys(x for x in postorder(output) if _core_at(spec, x, MatrixSymbol("O", 1, 1))))
@@ -215,14 +219,16 @@ def _split(product: MatMul) -> tuple[Basic, MatrixExpr, MatrixExpr] | None:
 
 def _entrywise(value: Basic, scores: MatMul) -> bool:
     """Is value made entry by entry from the scores product's entries (sums, ⊙, powers, scalar multiples, the
-    language's entrywise functions, n × m symbols and ones)?"""
+    language's entrywise functions, n × m symbols and ones, matrices of positions, whole or per head)?"""
     if value == scores or not isinstance(value, MatrixExpr):
         return True
     if isinstance(value, MatMul):
         if sum(isinstance(f, MatrixExpr) for f in value.args) > 1:
             return False
-    elif isinstance(value, (OneMatrix, MatrixSymbol)):
+    elif isinstance(value, (OneMatrix, MatrixSymbol, Entries)):
         return value.shape == scores.shape
+    elif isinstance(value, SplitHeads):  # a matrix of positions per head: the kernels read the program's head
+        return isinstance(value.arg, Entries) and value.shape == scores.shape
     elif not isinstance(value, (MatAdd, HadamardProduct, HadamardPower, Elementwise)):
         return False
     return all(_entrywise(a, scores) for a in value.args)

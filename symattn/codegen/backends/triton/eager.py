@@ -43,7 +43,7 @@ def eager_body(core: dict) -> str:
         keywords = "".join(f", {x}={x}" for x in scalars)
         lines.append(f"{_unpacked([x['name'] for x in core['coefficients']])} = _coefficients{c}(**symbols{keywords})")
     repeat = ".repeat_interleave(Q.shape[-3] // K.shape[-3], dim=-3)" if core["grouped"] else ""
-    lines += [f"s = Q.to(wide) @ K.to(wide){repeat}.mT", f"a = {core['eager_logits']}"]
+    lines += [f"s = Q.to(wide) @ K.to(wide){repeat}.mT", *core["eager_positions"], f"a = {core['eager_logits']}"]
     fill, normalised = NORMALISERS[core["normaliser"]]
     lines += [
         "if causal:  # query i sees keys j <= i",

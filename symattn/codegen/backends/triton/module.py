@@ -18,6 +18,7 @@ from symattn.codegen.backends.torch.backend import TorchMatrixPrinter
 from symattn.codegen.backends.triton.bindings import binding_lines, lines_of
 from symattn.codegen.backends.triton.core import Core, find_cores
 from symattn.codegen.backends.triton.lines import bare, core_lines, laid_out
+from symattn.codegen.backends.triton.positions import eager_grid, kernel_grid
 from symattn.codegen.backends.triton.printer import Printed, print_core, tangent_symbol, tangent_tile_name, tile_name
 from symattn.codegen.backends.triton.runtime import TRITON_RUNTIME, called_helpers
 from symattn.derive.formats.latex import text as plain_text
@@ -143,9 +144,24 @@ def _core_context(core: Core, printed: Printed, c: str, constants: frozenset[str
         "eager_logits": bare(printed.eager_logits),
         "scores_gradient": printed.scores_gradient,
         "per_head": any(isinstance(x, SplitHeads) for x in postorder(core.query)),
+        **_positions(printed),
         "query": printer.doprint(core.query),
         "key": printer.doprint(core.key),
         "value": None if core.value is None else printer.doprint(core.value),  # None: a map, O = N(A)
+    }
+
+
+def _positions(printed: Printed) -> dict:
+    """The lines making a core's tiles of positions (``positions``): the grids of the tile's positions (a transposed
+    tile's too), then each tile; those only the JVP reads; the eager core's. Empty where the core reads none."""
+    kernel = [f"{name} = {bare(code)}" for name, code in printed.positions]
+    tangent = [f"{name} = {bare(code)}" for name, code in printed.tangent_positions]
+    eager = [f"{name} = {bare(code)}" for name, code in printed.eager_positions]
+    return {
+        "positions": kernel and kernel_grid(printed.heads) + kernel,
+        "transposed_positions": kernel and kernel_grid(printed.heads, transposed=True) + kernel,
+        "tangent_positions": tangent,
+        "eager_positions": eager and eager_grid(printed.eager_heads) + eager,
     }
 
 

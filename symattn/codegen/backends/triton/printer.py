@@ -5,7 +5,9 @@ For an entrywise A the Jacobian with respect to S (or B) is diagonal, so the VJP
 forward differential along G: dS = d A[S ↦ G] (``autodiff.differentials.differential``), printed entry by entry.
 A tile is a name in the kernel (``s``, ``g``, ``tile_B``); each function is its record's Triton call
 (``calls[TRITON]``); a scalar that is not a number (1/√d_k, τ, scale) is a kernel argument ``c0``, ``c1``, …
-whose value the module computes before the launch (``Printed.coefficients``).
+whose value the module computes before the launch (``Printed.coefficients``). A matrix of positions (``sa.entries``,
+whole or per head) is a tile ``pos0``, ``pos1``, … made from the tile's positions where the scores are
+(``positions``): its formula printed once per distinct formula (the derivative in a learned slope is another).
 """
 
 from __future__ import annotations
@@ -18,8 +20,11 @@ from sympy.matrices.expressions import HadamardPower, HadamardProduct, MatAdd, M
 
 from symattn.autodiff.differentials import differential
 from symattn.codegen.backends.triton.core import Core
+from symattn.codegen.backends.triton.positions import formula_code, head_code, tile_formula
 from symattn.errors import SymattnError
 from symattn.lang.functions import TORCH, TRITON, Elementwise
+from symattn.lang.ops import SplitHeads
+from symattn.lang.positions import Entries
 
 GRADIENT = "g"  # the kernels' name of the cotangent tile G = ∂f/∂A
 SCORES = "s"  # … and of the raw scores tile S = Q Kᵀ
@@ -45,6 +50,9 @@ class TilePrinter:
     names: dict[Basic, str]
     coefficients: dict[Basic, str] = field(default_factory=dict)  # scalar expression → its argument's name
     backend: str = TRITON
+    positions: dict[Basic, tuple[str, str]] = field(default_factory=dict)  # a tile's position formula → (name, code)
+    heads: Basic | None = None  # H, inside split_heads (its positions read the program's head)
+    head_count: str | None = None  # how the grid's head is found from bh (``positions.head_code``); None: no split
 
     def doprint(self, expr: Basic) -> str:
         if expr in self.names:
@@ -66,11 +74,37 @@ class TilePrinter:
             return f"({self._scalar(coeff)} * {self.doprint(mats[0])})"
         if isinstance(expr, HadamardPower):
             return self._power(self.doprint(expr.base), sp.sympify(expr.exp))
+        if isinstance(expr, Entries):
+            return self._positions(expr)
+        if isinstance(expr, SplitHeads):
+            return self._per_head(expr)
         if isinstance(expr, Elementwise):
             call = expr.call(self.backend)
             arg = self.doprint(expr.arg)
             return call.format(arg) if "{" in call else f"{call}({arg})"
         raise SymattnError(f"the Triton kernels print no {type(expr).__name__} inside the scores' steps: {expr}")
+
+    def _positions(self, entries: Entries) -> str:
+        """The name of a tile of positions (``pos0``, …), its formula printed once per distinct formula."""
+        formula = tile_formula(entries, self.heads)
+        if formula not in self.positions:
+            self.positions[formula] = (f"pos{len(self.positions)}", formula_code(formula, self._scalar, self.backend))
+        return self.positions[formula][0]
+
+    def _per_head(self, expr: SplitHeads) -> str:
+        """Head h's block of an n × H·m matrix of positions: its tile read at the program's head."""
+        if self.heads is not None or any(isinstance(x, sp.MatrixSymbol) for x in sp.preorder_traversal(expr.arg)):
+            raise SymattnError(f"the Triton kernels split into heads only matrices of positions, not {expr.arg}")
+        count = head_code(expr.heads, self._scalar, self.backend)
+        if self.head_count not in (None, count):
+            raise SymattnError(
+                f"the Triton kernels read positions of one head count, not {self.head_count} and {count}"
+            )
+        self.heads, self.head_count = expr.heads, count
+        try:
+            return self.doprint(expr.arg)
+        finally:
+            self.heads = None
 
     def _scalar(self, c: Basic) -> str:
         """A number as a float literal; any other scalar as a kernel argument (its value computed outside)."""
@@ -104,6 +138,11 @@ class Printed:
     logits_tangent: str  # Ȧ = dA along Ṡ, each n × m input's tangent tile and each scalar's τ̇
     tangent_coefficients: dict[Basic, str]  # the scalar arguments Ȧ reads besides ``coefficients``
     eager_logits: str  # A in torch, of the same names: the eager core's (a second derivative's recomputation)
+    positions: tuple[tuple[str, str], ...] = ()  # the tiles of positions the steps read: (name, Triton code)
+    tangent_positions: tuple[tuple[str, str], ...] = ()  # … those only Ȧ reads
+    eager_positions: tuple[tuple[str, str], ...] = ()  # … the eager core's, (name, torch code)
+    heads: str | None = None  # H of the positions per head (the grid's head: bh mod H); None: none per head
+    eager_heads: str | None = None  # … as the eager core reads it
 
 
 def print_core(core: Core, constants: frozenset[str]) -> Printed:
@@ -120,12 +159,28 @@ def print_core(core: Core, constants: frozenset[str]) -> Printed:
     tangents = {t: MatrixSymbol(f"_{t.name}_t", *t.shape) for t in moving}
     s_t = MatrixSymbol("_S_t", *core.scores.shape)
     tangent_names = {**names, s_t: SCORES_TANGENT, **{d: tangent_tile_name(t) for t, d in tangents.items()}}
-    tangent_printer = TilePrinter(tangent_names, dict(forward))
+    tangent_printer = TilePrinter(tangent_names, dict(forward), positions=dict(printer.positions))
+    tangent_printer.head_count = printer.head_count
     directions = {core.scores: s_t, **tangents, **{x: tangent_symbol(x) for x in core.scalars}}
     logits_tangent = _printed(tangent_printer, differential(core.logits, directions))
     extra = {c: name for c, name in tangent_printer.coefficients.items() if c not in forward}
-    eager = TilePrinter(names, dict(forward), TORCH).doprint(core.logits)
-    return Printed(logits, scores_gradient, tiles, scalars, forward, logits_tangent, extra, eager)
+    eager = TilePrinter(names, dict(forward), TORCH)
+    eager_logits = eager.doprint(core.logits)
+    return Printed(
+        logits,
+        scores_gradient,
+        tiles,
+        scalars,
+        forward,
+        logits_tangent,
+        extra,
+        eager_logits,
+        tuple(printer.positions.values()),
+        tuple(p for f, p in tangent_printer.positions.items() if f not in printer.positions),
+        tuple(eager.positions.values()),
+        tangent_printer.head_count,
+        eager.head_count,
+    )
 
 
 def tangent_tile_name(x: MatrixSymbol) -> str:

@@ -1,0 +1,149 @@
+"""A matrix of positions (``sa.entries``) inside the kernels' tiles: its formula printed over the tile's positions.
+
+A tile's rows are the query positions i of its rows (``pos_i``), its columns the key positions j of its columns
+(``pos_j``): float32 registers made from the offsets the kernel already holds, broadcast against each other as the
+tile is laid out (a column and a row; a row and a column in the backward's transposed tiles). No load, no n × m
+argument: the formula is computed where the tile is.
+
+Per head (``split_heads(E, H)`` of the n × H·m matrix E whose column J holds head ⌊J/m⌋'s column J − m⌊J/m⌋,
+``sa.entries(…, heads=H)``), the tile of head h reads E's columns J = h·m + j with 0 ≤ j < m, where ⌊J/m⌋ = h: the
+formula with ⌊J/m⌋ ↦ h and J ↦ h·m + j, h the program's head (``pos_h``: its batch·head index modulo H, the heads
+being the innermost batch axis, as split_heads lays them out). The eager core (a second derivative's recomputation)
+prints the same formula in torch over grids of the same names.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import sympy as sp
+from sympy import Basic, Expr
+from sympy.core.relational import Relational
+
+from symattn.errors import SymattnError
+from symattn.lang.functions import TORCH, TRITON
+from symattn.lang.positions import Entries, I, J
+from symattn.numeric.positions import CALLS, CONNECTIVES, RELATIONS
+
+HEAD = sp.Symbol("_head", integer=True, nonnegative=True)  # the program's head, in a per-head formula
+GRID = {I: "pos_i", J: "pos_j", HEAD: "pos_h"}  # the position symbols → the tiles' names of their values
+
+
+PAIRWISE = (sp.Min, sp.Max)  # folded pairwise; their calls and the other functions': the array printers' (``CALLS``,
+# named alike in triton.language and torch: tl.abs, torch.abs, …)
+
+
+@dataclass(frozen=True)
+class Spelling:
+    """How a library writes a formula: its module's prefix (``tl.``, ``torch.``: the calls' names are the same in
+    both), a scalar as an operand of where, minimum or maximum, and a head count given as a scalar argument as an
+    int's modulus."""
+
+    prefix: str
+    branch: str = "{}"
+    count: str = "{}"
+
+
+SPELLINGS = {  # the kernels' (triton.language), the eager core's (torch, whose minimum takes tensors only)
+    TRITON: Spelling("tl.", count="{}.to(tl.int64)"),
+    TORCH: Spelling("torch.", branch="pos_i.new_tensor({})"),
+}
+
+
+def tile_formula(entries: Entries, heads: Basic | None) -> Expr:
+    """f(i, j) of a tile of entries; with heads H (entries the n × H·m matrix split_heads cuts), the head's
+    f(i, j, h): ⌊J/m⌋ ↦ h, then J ↦ h·m + j (exact for 0 ≤ j < m)."""
+    if heads is None:
+        return entries.formula
+    width = entries.cols / heads
+    return entries.formula.xreplace({sp.floor(J / width): HEAD}).xreplace({J: HEAD * width + J})
+
+
+def head_code(heads: Basic, scalar: Callable[[Basic], str], backend: str) -> str:
+    """H, the modulus of a program's batch·head index that gives its head: an int, or a scalar argument's value."""
+    heads = sp.sympify(heads)
+    return str(int(heads)) if heads.is_Integer else SPELLINGS[backend].count.format(scalar(heads))
+
+
+def kernel_grid(heads: str | None, transposed: bool = False) -> list[str]:
+    """The lines making a kernel tile's position grids from its rows, cols and bh (a transposed tile's: keys ×
+    queries)."""
+    row, col = ("[None, :]", "[:, None]") if transposed else ("[:, None]", "[None, :]")
+    lines = [f"pos_i = rows{row}.to(tl.float32)  # the tile's query positions", f"pos_j = cols{col}.to(tl.float32)"]
+    return lines + ([f"pos_h = (bh % {heads}).to(tl.float32)  # the program's head"] if heads else [])
+
+
+def eager_grid(heads: str | None) -> list[str]:
+    """The lines making the eager core's position grids from its scores' shape (…, H, n, m)."""
+    grid = "torch.arange(s.shape[{}], dtype=wide, device=s.device)"
+    lines = [f"pos_i = {grid.format(-2)}[:, None]", f"pos_j = {grid.format(-1)}[None, :]"]
+    return lines + ([f"pos_h = ({grid.format(-3)} % {heads})[:, None, None]"] if heads else [])
+
+
+def formula_code(formula: Expr, scalar: Callable[[Basic], str], backend: str) -> str:
+    """formula as one expression of the grids (``GRID``) in backend (TRITON: the kernels', TORCH: the eager core's);
+    scalar(e): a subexpression free of positions (a number as a literal, any other a scalar argument's name)."""
+    positions, spelling = tuple(GRID), SPELLINGS[backend]
+    xp = spelling.prefix.rstrip(".")
+
+    def code(e: Basic) -> str:
+        if e in GRID:
+            return GRID[e]
+        if e in (sp.oo, -sp.oo):
+            return 'float("-inf")' if e == -sp.oo else 'float("inf")'
+        if not e.has(*positions):
+            return scalar(e)
+        if isinstance(e, sp.Add):  # a term −x written so: i − j
+            return "(" + " + ".join(code(a) for a in e.args).replace("+ -", "- ") + ")"
+        if isinstance(e, sp.Mul):
+            coeff, rest = e.as_coeff_Mul()
+            return f"-{code(rest)}" if coeff == -1 else "(" + " * ".join(code(a) for a in e.args) + ")"
+        if isinstance(e, sp.Pow):
+            return power(e.base, sp.sympify(e.exp))
+        if isinstance(e, PAIRWISE):
+            first, *rest = e.args
+            text = branch(first)
+            for a in rest:
+                text = f"{CALLS[type(e)].format(xp=xp)}({text}, {branch(a)})"
+            return text
+        if isinstance(e, sp.sign):  # (tl has no sign)
+            x = code(e.args[0])
+            return f"{xp}.where({x} > 0, 1.0, {xp}.where({x} < 0, -1.0, 0.0))"
+        if type(e) in CALLS:
+            return f"{CALLS[type(e)].format(xp=xp)}({code(e.args[0])})"
+        if isinstance(e, sp.Piecewise):
+            return where(e.args)
+        if isinstance(e, Relational):
+            return f"({code(e.lhs)} {RELATIONS[e.rel_op]} {code(e.rhs)})"
+        if type(e) in CONNECTIVES:
+            return "(" + CONNECTIVES[type(e)].join(code(a) for a in e.args) + ")"
+        if isinstance(e, sp.Not):
+            return f"(~{code(e.args[0])})"
+        raise SymattnError(f"the Triton kernels print no {type(e).__name__} ({e}) in a position formula")
+
+    def power(base: Basic, k: Basic) -> str:
+        """base^k: a product for an integer k (its inverse for k < 0), a square root for ±1/2, else exp(k log base);
+        2^(k log₂ base) for a base free of positions (ALiBi's 2^(−8(h+1)/H): exact at integers)."""
+        if not base.has(*positions):
+            scale = sp.log(base, 2)
+            return f"{xp}.exp2({code(k) if scale == 1 else f'{code(k)} * {scalar(scale)}'})"
+        if k.is_Integer and k != 0:
+            body = " * ".join([code(base)] * abs(int(k)))
+            return f"({body})" if k > 0 else f"(1.0 / ({body}))"
+        if k in (sp.Rational(1, 2), sp.Rational(-1, 2)):
+            root = f"{xp}.sqrt({code(base)})"
+            return root if k > 0 else f"(1.0 / {root})"
+        return f"{xp}.exp({code(k)} * {code(sp.log(base))})"
+
+    def branch(value: Basic) -> str:
+        """An operand of where, minimum or maximum: a scalar as the library takes it there."""
+        return code(value) if value.has(*positions) else spelling.branch.format(code(value))
+
+    def where(pairs: tuple) -> str:
+        (value, condition), *rest = pairs
+        if condition == sp.true or not rest:
+            return branch(value)
+        return f"{xp}.where({code(condition)}, {branch(value)}, {where(tuple(rest))})"
+
+    return code(formula)
