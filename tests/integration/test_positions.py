@@ -301,3 +301,34 @@ def test_per_head_positions_derive_and_match_autograd_in_every_backend():
 def test_per_head_positions_need_a_function_of_three_positions():
     with pytest.raises(SymattnError, match=r"with heads, f takes \(i, j, h\)"):
         sa.entries(n, m, sp.Lambda((sp.Symbol("a"), sp.Symbol("b")), 0), heads=2)
+
+
+def test_rows_the_formula_masks_whole_are_zeros_in_every_backend():
+    """n > m and a causal window: rows i ≥ m + WINDOW − 1 (the last ones) see no key. As with a mask, such a row's
+    output is 0 and every gradient finite (never NaN): the other rows are torch autograd's of those rows alone."""
+    spec = positional_spec("window")
+    q, k, v = _inputs((9, 5, 3))
+    seen = 5 + WINDOW - 1  # rows 0 … seen − 1 see a key
+    cotangent = torch.randn(2, 9, 3, generator=torch.Generator().manual_seed(8), dtype=torch.float64)
+    leaves = [x.clone().requires_grad_() for x in (q[:, :seen], k, v)]
+    kept = reference("window", *leaves)
+    want = torch.cat([kept.detach(), torch.zeros(2, 9 - seen, 3, dtype=torch.float64)], dim=1)
+    dq, dk, dv = torch.autograd.grad(kept, leaves, cotangent[:, :seen])
+    dq = torch.cat([dq, torch.zeros(2, 9 - seen, 3, dtype=torch.float64)], dim=1)  # the empty rows read nothing
+    leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+    got = load(spec, "torch").forward(*leaves)
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+    for g, w in zip(torch.autograd.grad(got, leaves, cotangent), (dq, dk, dv)):
+        torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-12)
+    arrays = [x.numpy() for x in (q, k, v)]
+    out, saved = load(spec, "numpy").forward(*arrays)
+    np.testing.assert_allclose(out, want.numpy(), rtol=1e-10, atol=1e-12)
+    got = load(spec, "numpy").backward(saved, cotangent.numpy())
+    for name, w in zip(("Q", "K", "V"), (dq, dk, dv)):
+        np.testing.assert_allclose(got[name], w.numpy(), rtol=1e-10, atol=1e-12, err_msg=name)
+    jax = pytest.importorskip("jax")
+    jax.config.update("jax_enable_x64", True)
+    out, pullback = jax.vjp(load(spec, "jax").forward, *arrays)
+    np.testing.assert_allclose(np.asarray(out), want.numpy(), rtol=1e-10, atol=1e-12)
+    for g, w in zip(pullback(cotangent.numpy()), (dq, dk, dv)):
+        np.testing.assert_allclose(np.asarray(g), w.numpy(), rtol=1e-10, atol=1e-12)

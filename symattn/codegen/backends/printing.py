@@ -109,6 +109,8 @@ class GeneratedCodeMixin:
     optional: frozenset = frozenset()
     # The name of the additive mask, when there is one: softmax then copes with rows of -inf.
     mask: str | None = None
+    # Whether rows may hold −inf whatever the arguments (a matrix of positions' −∞ entries): the masked forms always.
+    masked_rows: bool = False
 
     def _optional_term(self, term: Basic) -> bool:
         value = broadcast_column(term) or term
@@ -238,7 +240,7 @@ class GeneratedCodeMixin:
         return f"{start_text}:{stop_text}" if simple else f"{start_text} : {stop_text}".strip()
 
     def is_conditional(self, expr: Basic) -> bool:
-        return isinstance(expr, RowWise) and self.mask is not None
+        return isinstance(expr, RowWise) and self.mask is not None and not self.masked_rows
 
     def _print_RowWise(self, expr: Basic) -> str:
         """f(A) row by row, into A when it dies here and the call takes out=; with a mask, the masked form
@@ -247,6 +249,8 @@ class GeneratedCodeMixin:
         if expr.inplace and isinstance(expr.arg, sp.MatrixSymbol) and self.plan.buffer(expr.arg) == arg:
             arg = f"{arg}, out={arg}"
         plain = self.function_call(expr.call(self.backend), arg)
+        if self.masked_rows:
+            return self.function_call(expr.masked_call(self.backend), arg)
         if self.mask is None:
             return plain
         return f"{plain} if {self.mask} is None else {self.function_call(expr.masked_call(self.backend), arg)}"

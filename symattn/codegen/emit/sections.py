@@ -196,8 +196,8 @@ class Sections:
             # out= (a torch printer told to write nothing in place still passes it: the helper decides)
             later = {x for a in everything for x in matrix_symbols(a.value) if a.target != a_b}
             operand = a_b.name if a_b in later or not self.mutable else f"{a_b.name}, out={a_b.name}"
-            call = f"{self.printer.helper(plain)}({operand})"
-            if self.mask is not None:
+            call = f"{self.printer.helper(masked if self.printer.masked_rows else plain)}({operand})"
+            if self.mask is not None and not self.printer.masked_rows:
                 call += f" if {self.mask} is None else {self.printer.helper(masked)}({operand})"
             body.insert(_after(body, a_b), Statement(f"{p_b.name}, {l_b.name}" if kept else str(p_b.name), call))
         if lp.scores is not None:  # the causal part of the mask, written into the block's scores
