@@ -26,6 +26,7 @@ from collections.abc import Callable
 
 import sympy as sp
 from sympy import Basic, Expr, MatrixExpr
+from sympy.core.relational import Relational
 from sympy.logic.boolalg import BooleanFunction
 from sympy.matrices.expressions import FunctionMatrix
 from sympy.matrices.expressions.matexpr import MatrixElement
@@ -145,7 +146,11 @@ def _dimension(size: object, what: str) -> Expr:
 
 
 def _lifted(e: Expr) -> Expr:
-    """c + Min(a, b) as Min(c + a, c + b), and so for Max: a sum's Min or Max term taken outermost."""
+    """c + Min(a, b) as Min(c + a, c + b), and so for Max: a sum's Min or Max term taken outermost; −Max(a, b) as
+    Min(−a, −b), −Min(a, b) as Max(−a, −b)."""
+    if isinstance(e, sp.Mul) and e.args[0] == -1 and len(e.args) == 2 and isinstance(e.args[1], (sp.Min, sp.Max)):
+        flipped = sp.Max if isinstance(e.args[1], sp.Min) else sp.Min
+        return flipped(*(-a for a in e.args[1].args), evaluate=False)
     if isinstance(e, sp.Add):
         for term in e.args:
             if isinstance(term, (sp.Min, sp.Max)):
@@ -203,9 +208,6 @@ BOUND_RULES: dict[type, Callable[[Basic, Callable[[Basic], Bounds]], Bounds]] = 
     sp.Abs: lambda e, inner: _absolute(inner(e.args[0])),
     sp.Min: lambda e, inner: tuple(sp.Min(*side) for side in zip(*(inner(a) for a in e.args))),  # type: ignore[misc]
     sp.Max: lambda e, inner: tuple(sp.Max(*side) for side in zip(*(inner(a) for a in e.args))),  # type: ignore[misc]
-    sp.Piecewise: lambda e, inner: tuple(  # type: ignore[misc]
-        f(*side) for f, side in zip((sp.Min, sp.Max), zip(*(inner(v) for v, _ in e.args)))
-    ),
     sp.floor: lambda e, inner: _monotone(inner(e.args[0]), sp.floor),  # increasing functions: ends to ends
     sp.ceiling: lambda e, inner: _monotone(inner(e.args[0]), sp.ceiling),
     sp.log: lambda e, inner: _monotone(inner(e.args[0]), sp.log),
@@ -214,24 +216,73 @@ BOUND_RULES: dict[type, Callable[[Basic, Callable[[Basic], Bounds]], Bounds]] = 
 }
 
 
+def _refined(known: dict, condition: Basic, inner: Callable[[Basic], Bounds]) -> dict:
+    """known (bounds by subexpression) where condition holds: a comparison of a formula x with a constant c bounds x
+    (x < c: x ≤ c − 1 for an integer x, ≤ c else), a conjunction each of its terms; any other condition nothing."""
+    if isinstance(condition, sp.And):
+        for term in condition.args:
+            known = _refined(known, term, inner)
+        return known
+    if isinstance(condition, sp.Not) and isinstance(condition.args[0], Relational):
+        condition = condition.args[0].negated
+    if not isinstance(condition, Relational) or condition.rel_op in ("!=", "=="):
+        return known
+    x, c, op = condition.lhs, condition.rhs, condition.rel_op
+    if c.free_symbols & {I, J}:
+        x, c, op = c, x, {"<": ">", "<=": ">=", ">": "<", ">=": "<="}[op]
+    if c.free_symbols & {I, J} or not x.free_symbols & {I, J}:
+        return known
+    strict = 1 if x.is_integer and c.is_integer else 0
+    lo, hi = inner(x)
+    if op in ("<", "<="):
+        hi = sp.Min(hi, c - (strict if op == "<" else 0))
+    else:
+        lo = sp.Max(lo, c + (strict if op == ">" else 0))
+    return {**known, x: (lo, hi)}
+
+
 def read_bounds(index: Expr, ranges: dict[sp.Symbol, Bounds]) -> Bounds | None:
     """(lowest, highest) value of an index formula when each position symbol p runs over ranges[p] (dimensions and
-    numbers fixed), by interval bounds per node (``BOUND_RULES``); None where a node has no rule (say, a power)."""
+    numbers fixed), by interval bounds per node (``BOUND_RULES``); a Piecewise's value bounded where its condition
+    holds and the earlier ones do not (``_refined``). None where a node has no rule (say, a power)."""
 
-    def inner(e: Basic) -> Bounds:
-        if e in ranges:
-            return ranges[e]
-        if not e.free_symbols & set(ranges):
-            return e, e
-        rule = BOUND_RULES.get(type(e))
-        if rule is None:
-            raise ValueError(e)
-        return rule(e, inner)
+    def bounded(known: dict) -> Callable[[Basic], Bounds]:
+        def inner(e: Basic) -> Bounds:
+            if e in known:
+                return known[e]
+            if not e.free_symbols & set(ranges):
+                return e, e
+            if isinstance(e, sp.Piecewise):
+                return _branches(e, known, inner)
+            rule = BOUND_RULES.get(type(e))
+            if rule is None:
+                raise ValueError(e)
+            return rule(e, inner)
+
+        return inner
+
+    def _branches(e: sp.Piecewise, known: dict, inner: Callable[[Basic], Bounds]) -> Bounds:
+        sides = []
+        for value, condition in e.args:
+            sides.append(bounded(_refined(known, condition, inner))(value))
+            known = _refined(known, sp.Not(condition), inner)
+            inner = bounded(known)
+        return sp.Min(*(lo for lo, _ in sides)), sp.Max(*(hi for _, hi in sides))
 
     try:
-        return inner(index)
+        return bounded(dict(ranges))(index)
     except ValueError:
         return None
+
+
+def _integral(e: Basic) -> bool:
+    """Whether e is an integer at every position: SymPy says so, a floor or ceiling, or a sum, product, Min, Max or
+    Piecewise of such (an index made by cases, as T5's buckets)."""
+    if e.is_integer or isinstance(e, (sp.floor, sp.ceiling)):
+        return True
+    if isinstance(e, sp.Piecewise):
+        return all(_integral(value) for value, _ in e.args)
+    return isinstance(e, (sp.Add, sp.Mul, sp.Min, sp.Max)) and all(_integral(a) for a in e.args)
 
 
 def _check_read(read: MatrixElement, ranges: dict[sp.Symbol, Bounds]) -> None:
@@ -246,7 +297,7 @@ def _check_read(read: MatrixElement, ranges: dict[sp.Symbol, Bounds]) -> None:
             raise SymattnError(
                 f"sa.entries: {read} reads its {what} index {index} from a table; an index is a formula of positions"
             )
-        if not index.is_integer:
+        if not _integral(index):
             raise SymattnError(
                 f"sa.entries: {read}'s {what} index {index} is not an integer; round it with sp.floor or sp.ceiling"
             )

@@ -109,10 +109,12 @@ def row_inv_std(a, eps):
 
 def entries(f, rows, cols, dtype=np.float64):
     """[f(i, j)], rows × cols: f of the row positions i (a column) and the column positions j (a row), on grids of
-    at least float32 (positions exact), cast to dtype."""
+    at least float32 (positions exact), cast to dtype; a branch of a where computed where it is not taken warns of
+    nothing."""
     wide = np.promote_types(dtype, np.float32)
     i, j = np.arange(rows, dtype=wide)[:, None], np.arange(cols, dtype=wide)[None, :]
-    value = np.asarray(f(i, j), dtype=dtype)
+    with np.errstate(divide="ignore", invalid="ignore"):  # a where's branch not taken (log 0 of a bucket's log)
+        value = np.asarray(f(i, j), dtype=dtype)
     return np.broadcast_to(value, np.broadcast_shapes(value.shape, (rows, cols)))
 
 

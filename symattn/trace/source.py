@@ -173,10 +173,7 @@ def _trace(
                     f"from_torch: {_qualname(fn)} adds its float argument {', '.join(demoted)} to per-head scores "
                     "as an additive mask (or slices it) and uses it otherwise too: an additive mask is a constant"
                 )
-    # the bool arguments' constants first, in the arguments' order (the generated forward takes them there), then
-    # the constants made from buffers and inside the code, in the order the trace made them (spec and Traced alike)
-    order = {name: i for i, name in enumerate(t.masks.values())}
-    t.constants.sort(key=lambda c: order.get(str(c.symbol.name), len(order)))
+    _order_constants(t)
     rename = _dimension_names(t, {_own_name(p) for p in arguments}, first)
     spec = _spec(
         t,
@@ -198,6 +195,19 @@ def _trace(
     traced.views = ranges
     traced.sequence_first = (sequence_first, output.pending == "seq_first")
     return traced
+
+
+def _order_constants(t: Trace) -> None:
+    """The spec's order of the trace's constants, in place (see the comments)."""
+    # the bool arguments' constants first, in the arguments' order (the generated forward takes them there), then
+    # the constants made from buffers and inside the code, in the order the trace made them (spec and Traced alike);
+    # of those added to the scores, one per sequence first (the additive mask is the first, which generated code
+    # takes batched)
+    order = {name: i for i, name in enumerate(t.masks.values())}
+    t.constants.sort(key=lambda c: order.get(str(c.symbol.name), len(order)))
+    slots = [k for k, c in enumerate(t.constants) if c.added]
+    for k, c in zip(slots, sorted((t.constants[k] for k in slots), key=lambda c: not c.batched)):
+        t.constants[k] = c
 
 
 def _output(fn, output, first: bool = False):

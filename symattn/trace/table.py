@@ -12,7 +12,7 @@ from collections.abc import Callable
 from symattn.lang.functions import FUNCTIONS, TORCH, Elementwise, Gelu
 from symattn.lang.rowwise import LogSoftmax, RowSoftmax
 from symattn.trace import algebra, layers, layout
-from symattn.trace.forms import blocks, groups, merged, piecewise, rotary, shift
+from symattn.trace.forms import blocks, groups, merged, piecewise, rotary, shift, tables
 
 Rule = Callable[..., object]
 
@@ -117,6 +117,7 @@ OPS: dict[str, Rule] = {
     # refused with a reason of their own
     **dict.fromkeys(("gt", "lt", "ge", "le", "eq", "ne", "__gt__", "__lt__", "__ge__", "__le__"), layout.comparison),
     **dict.fromkeys(("select", "index_select", "gather"), layout.indexing),
+    "embedding": tables.embedding,  # a parameter read at positions (nn.Embedding): sa.entries per head
 }
 
 

@@ -60,6 +60,7 @@ class Constant:
     form: str
     added: bool = False  # a float constant added to values of its shape (an additive mask M), not a fixed one
     heads: int | None = None  # H for a per-head constant: the spec's n × (H·m), split into the H blocks (…, H, n, m)
+    batched: bool = False  # its leading axis varies (a mask per sequence): the additive mask, before a fixed one
 
 
 @dataclass
@@ -195,7 +196,13 @@ class Trace:
         name = argument or next(n for n in (label, *(f"{label}_{i}" for i in range(2, 99))) if n not in taken)
         symbol = MatrixSymbol(name, rows, cols)
         self.constants.append(
-            Constant(symbol, self.program.ref(tensor), form, added=form == "as_is" and like is not None)
+            Constant(
+                symbol,
+                self.program.ref(tensor),
+                form,
+                added=form == "as_is" and like is not None,
+                batched=tensor.ndim > 2 and tensor.shape[0] > 1,
+            )
         )
         value = Value(symbol, tuple(tensor.shape) if like is None else like.shape)
         self.known[id(value)] = value
@@ -227,10 +234,13 @@ class Trace:
         same = held.form == form and held.symbol.shape == (like.rows, like.cols)
         return held if same else None
 
-    def position_number(self, x: int | float) -> Basic:
-        """A number in a formula of positions: an int equal to a length the code read as that length, a float as
-        itself (a slope is no dimension's expression)."""
-        return number(x, self.dims, read=self.read) if isinstance(x, int) else literal(x)
+    def position_number(self, x: int | float, lengths: Iterable[int] | None = None) -> Basic:
+        """A number in a formula of positions: an int equal to a length the code read as that length (where lengths
+        are given, only one of them: the axes' of the tensor made, so that a bucket count equal to the model's
+        width stays a number), a float as itself (a slope is no dimension's expression)."""
+        if isinstance(x, int) and (lengths is None or x in lengths):
+            return number(x, self.dims, read=self.read)
+        return literal(x) if isinstance(x, float) else sp.Integer(x)
 
     def number(self, obj: object) -> Basic:
         """A number operand that is no dimension's expression (eps, a fill value)."""

@@ -70,8 +70,12 @@ GUARDED = {
     "need_weights=False (nn.TransformerEncoderLayer and nn.TransformerDecoderLayer do)",
     "seq_first": "a tensor in the (n, B, c) layout, sequence first: read are its transpose(0, 1) back to (B, n, c) "
     "and torch's own multi-head attention on it",
+    "table_read": "a table read at positions, (rows, cols, heads): read is its permute(2, 0, 1), heads first",
 }
-KEEPS = {"seq_first": frozenset({"transpose", "swapaxes", "swapdims", "permute", "contiguous", "clone"})}
+KEEPS = {
+    "seq_first": frozenset({"transpose", "swapaxes", "swapdims", "permute", "contiguous", "clone"}),
+    "table_read": frozenset({"permute"}),
+}
 
 
 def stopped(value: Value) -> Value:

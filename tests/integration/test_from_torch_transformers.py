@@ -5,6 +5,8 @@ The plain-torch copies in ``torch_corpus/hf.py`` test the same forms without ``t
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -109,6 +111,8 @@ CASES = {  # name (causal, sliding: the masks its model makes): (module, toleran
         ),
         F32,
     ),
+    "t5_relative_bias": (lambda: First(t5(is_decoder=False), "mask"), F32),
+    "t5_relative_bias_decoder_causal": (lambda: First(t5(is_decoder=True), "mask"), F32),
     "llama_gqa_causal": (lambda: llama(LlamaAttention, LlamaRotaryEmbedding, LlamaConfig), F32),
     "mistral_gqa_sliding": (lambda: llama(MistralAttention, MistralRotaryEmbedding, MistralConfig, head_dim=4), F32),
 }
@@ -145,12 +149,34 @@ def test_a_transformers_attention_traces_verifies_and_drops_in(name, implementat
         assert (a - b).abs().max() <= (tolerance + 1e-12) * max(1.0, float(b.abs().max()))
 
 
-def test_t5s_relative_bias_is_refused_in_one_line_at_the_models_line():
-    """A learned lookup table (an embedding of relative-position buckets) is outside the attention language."""
-    model = First(
-        T5Attention(config(T5Config, d_model=16, d_kv=8, num_heads=2), has_relative_attention_bias=True), "mask"
-    ).double()
-    with pytest.raises(sa.SymattnError) as refused:
-        sa.from_torch(model, torch.randn(2, 5, 16, dtype=torch.float64), mask([5, 3], 5, True))
-    message = str(refused.value)
-    assert "\n" not in message and "embedding" in message and "modeling_t5.py:" in message
+def t5(is_decoder: bool) -> T5Attention:
+    """T5's attention with its learned relative bias (the first layer's): bidirectional buckets in the encoder,
+    causal ones in the decoder."""
+    made = config(T5Config, d_model=16, d_kv=8, num_heads=2, is_decoder=is_decoder, dropout_rate=0.0)
+    return T5Attention(made, has_relative_attention_bias=True, layer_idx=0)
+
+
+@pytest.mark.parametrize("is_decoder", [False, True], ids=["encoder", "decoder"])
+def test_t5s_relative_bias_is_a_table_read_at_its_buckets_at_every_length(is_decoder):
+    """The bias is the learned table read at the relative position's bucket, nn.Embedding(bucket(i − j)): a
+    matrix of positions per head, no n × m constant; right where the buckets are logarithmic (|i − j| ≥ 8 in the
+    encoder, 16 in the decoder) and its table's gradient the scatter of the score cotangent."""
+    torch.manual_seed(0)
+    model = First(t5(is_decoder), "mask").double().eval()
+    reference = copy.deepcopy(model)
+    example = (torch.randn(2, 5, 16, dtype=torch.float64), mask([5, 3], 5, is_decoder))
+    spec = sa.from_torch(model, *example)
+    assert not spec.constants or [str(c.name) for c in spec.constants] == ["M"]  # the mask argument alone
+    sa.trace.drop_in(model, *example)
+    for n in (9, 40):
+        x = torch.randn(2, n, 16, dtype=torch.float64)
+        given = (mask([n, n - 5], n, is_decoder),)
+        leaves, copies = x.clone().requires_grad_(), x.clone().requires_grad_()
+        got, want = model(leaves, *given), reference(copies, *given)
+        cotangent = torch.randn(want.shape, dtype=torch.float64)
+        got.backward(cotangent)
+        want.backward(cotangent)
+        torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-9)
+        torch.testing.assert_close(leaves.grad, copies.grad, rtol=1e-6, atol=1e-9)
+        for p, q in zip(model.parameters(), reference.parameters()):
+            torch.testing.assert_close(p.grad, q.grad, rtol=1e-6, atol=1e-9)

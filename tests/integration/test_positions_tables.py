@@ -449,3 +449,25 @@ def test_read_bounds_of_an_index(index, bounds):
     # interval bounds over 0 ≤ i, j ≤ n − 1, node by node (BOUND_RULES)
     got = read_bounds(index, {I: (sp.S.Zero, n - 1), J: (sp.S.Zero, n - 1)})
     assert got is not None and all(sp.simplify(g - w) == 0 for g, w in zip(got, bounds))
+
+
+def _t5_bucket(clamped: bool) -> sp.Expr:
+    """T5's bidirectional bucket of i − j as its code computes it: exact below 8, then logarithmic, capped at 15
+    (clamped) or not; the log's branch is taken only where |i − j| ≥ 8, and truncated toward zero."""
+    distance = sp.Abs(I - J)
+    x = sp.log(distance / 8) / sp.log(16) * 8
+    large = 8 + sp.Piecewise((sp.floor(x), x >= 0), (sp.ceiling(x), True))
+    large = sp.Min(large, 15) if clamped else large
+    return 16 * sp.Piecewise((1, I - J < 0), (0, True)) + sp.Piecewise((distance, distance < 8), (large, True))
+
+
+def test_a_piecewise_index_is_bounded_under_each_branchs_condition():
+    """The logarithmic branch is bounded where |i − j| ≥ 8 (its log ≥ 0): T5's bucket stays in [0, 31] at every
+    length; without its cap at 15 it may leave a 32-entry table, and is refused."""
+    n, m = dim("n"), dim("m")
+    b = sp.MatrixSymbol("b", 32, 1)
+    low, high = read_bounds(_t5_bucket(True), {I: (0, n - 1), J: (0, m - 1)})
+    assert low == 0
+    sa.entries(n, m, lambda i, j: b[_t5_bucket(True).xreplace({I: i, J: j}), 0])
+    with pytest.raises(SymattnError, match="not shown to stay in"):
+        sa.entries(n, m, lambda i, j: b[_t5_bucket(False).xreplace({I: i, J: j}), 0])

@@ -325,7 +325,8 @@ def split_constants(s: Spec) -> tuple[MatrixSymbol | None, tuple[MatrixSymbol, .
     """
     uses: dict = {c: [] for c in s.constants}  # constant → the nodes that take it as an argument
     scores: set = set()  # the sums a softmax takes, and the sums nested in them
-    for node in nodes(s.output, *(e for _, e in s.intermediates)):
+    # (the output's nodes: an intermediate's sum that SymPy flattened into the scores' is no node of the output)
+    for node in nodes(s.output):
         if isinstance(node, RowWise):
             stack = [node.arg]
             while stack:

@@ -30,7 +30,7 @@ from symattn.lang.algebra import factors, hadamard_product, product, total
 from symattn.lang.functions import Elementwise
 from symattn.lang.ops import split_heads
 from symattn.trace import layout
-from symattn.trace.forms import groups, merged, rotary
+from symattn.trace.forms import groups, merged, rotary, tables
 from symattn.trace.forms.heads import named_constant
 from symattn.trace.layout import argument, matrix, transposed
 from symattn.trace.tracer import MaskArgument, Trace
@@ -201,12 +201,15 @@ def reshape(t: Trace, args: tuple, kwargs: dict, result) -> Value:
 
 
 def permute(t: Trace, args: tuple, kwargs: dict, result) -> Value:
-    """permute(2, 0, 3, 1, 4) of a fused projection's view (…, n, k, H, d): (k, …, H, n, d); else ``layout``'s."""
+    """permute(2, 0, 3, 1, 4) of a fused projection's view (…, n, k, H, d): (k, …, H, n, d); (2, 0, 1) of a table
+    read at positions (``forms.tables``); else ``layout``'s."""
     v = t.value(args[0])
-    if v.pending != "fused_view":
+    if v.pending not in ("fused_view", "table_read"):
         return layout.permute(t, args, kwargs, result)
     dims = argument(args, kwargs, 1, "dims")
     dims = tuple(d % len(v.shape) for d in (dims if isinstance(dims, (tuple, list)) else args[1:]))
+    if v.pending == "table_read":
+        return tables.heads_first(v, dims, result)
     lead = len(v.shape) - 4
     if dims != (lead + 1, *range(lead), lead + 2, lead, lead + 3):
         raise Refused(f"the permutation {dims} of a fused projection's view {tuple(v.shape)}; read: (2, 0, 3, 1, 4)")

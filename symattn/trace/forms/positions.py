@@ -118,10 +118,10 @@ def _clamp(operands: list[Axes]) -> Axes:
 
 # torch operation (op_name) → its rule on Axes operands (the tensor arguments and numbers, in the call's order)
 RULES: dict[str, Callable] = {
-    **dict.fromkeys(("add", "__add__", "__radd__"), _elementwise(lambda a, b: a + b)),
-    **dict.fromkeys(("sub", "__sub__"), _elementwise(lambda a, b: a - b)),
+    **dict.fromkeys(("add", "__add__", "__radd__", "add_", "__iadd__"), _elementwise(lambda a, b: a + b)),
+    **dict.fromkeys(("sub", "__sub__", "sub_", "__isub__"), _elementwise(lambda a, b: a - b)),
     "__rsub__": _elementwise(lambda a, b: b - a),
-    **dict.fromkeys(("mul", "__mul__", "__rmul__"), _elementwise(lambda a, b: a * b)),
+    **dict.fromkeys(("mul", "__mul__", "__rmul__", "mul_", "__imul__"), _elementwise(lambda a, b: a * b)),
     **dict.fromkeys(("div", "true_divide", "__truediv__"), _elementwise(lambda a, b: a / b)),
     "__rtruediv__": _elementwise(lambda a, b: b / a),
     **dict.fromkeys(("floor_divide", "__floordiv__"), _elementwise(lambda a, b: sp.floor(a / b))),
@@ -334,33 +334,64 @@ def read(program: Program, tensor: torch.Tensor, form: str, shape: tuple, trace,
     anything else, or where the formula differs from the constant anywhere at the example, to the rounding of the
     traced code's dtype (a float32 bias in a float64 run must be exact: computed at float64, it would differ).
     trace: its ``position_number`` reads a number, its ``dims.size`` a dimension's size at the example."""
-    from symattn.numeric.lambdify import lambdify
     from symattn.trace.constants import FORMS
 
-    source = program.sources.get(id(tensor))
-    if tensor.is_meta:  # no values to check the formula against: a constant as before
+    if form not in FORMED:
         return None
-    if source is None or form not in FORMED or tensor.ndim < 2 or any(s != 1 for s in tensor.shape[:-2]):
+    formula = _formula(program, tensor, trace)
+    if formula is None:
         return None
     try:
-        axes = Reader(program, trace.position_number).of(source)
-        formula = axes.broadcast(tuple(tensor.shape)).expr
-        if formula.free_symbols - {AXES[-1], AXES[-2]} - _dimensions(formula):
-            return None
-        formula = check_formula(FORMED[form](formula).xreplace({AXES[-2]: I, AXES[-1]: J}))
-        entries = Entries(*shape, sp.Lambda((I, J), formula))
-        got = lambdify(
-            [],
-            entries,
-            dims={s: trace.dims.size(s) for s in _dimensions(entries.formula) | _dimensions(sp.Tuple(*shape))},
-        )()
-    except Exception:  # a step or a value the reading does not cover: the constant stays a constant
+        entries = Entries(*shape, sp.Lambda((I, J), check_formula(FORMED[form](formula))))
+        got = _evaluated(entries, trace)
+    except Exception:  # a value the reading does not cover: the constant stays a constant
         return None
     want = FORMS[form](tensor.detach().reshape(tensor.shape[-2:]).cpu(), torch.float64).numpy()
     eps = torch.finfo(dtype).eps
     if tensor.is_floating_point():
         eps = min(eps, torch.finfo(tensor.dtype).eps)
-    return entries if _same(np.asarray(got, dtype=np.float64), want, eps) else None
+    return entries if _same(got, want, eps) else None
+
+
+def index(program: Program, tensor: torch.Tensor, trace) -> Basic | None:
+    """The integer formula of I and J that an index tensor (rows, cols) made of positions is (T5's relative
+    position buckets), checked equal to every entry at the example; None where it is not one."""
+    if tensor.is_floating_point() or tensor.dtype == torch.bool or tensor.ndim != 2:
+        return None
+    formula = _formula(program, tensor, trace)
+    if formula is None:
+        return None
+    try:
+        rows, cols = (trace.position_number(s) for s in tensor.shape)
+        got = _evaluated(Entries(rows, cols, sp.Lambda((I, J), check_formula(formula))), trace)
+    except Exception:
+        return None
+    return formula if np.array_equal(got, tensor.detach().cpu().numpy().astype(np.float64)) else None
+
+
+def _formula(program: Program, tensor: torch.Tensor, trace) -> Basic | None:
+    """The formula of I and J the program's steps made the tensor of (its last two axes; any before of size 1)."""
+    source = program.sources.get(id(tensor))
+    if tensor.is_meta or source is None or tensor.ndim < 2 or any(s != 1 for s in tensor.shape[:-2]):
+        return None  # (a meta tensor: no values to check a formula against)
+    try:
+        lengths = set(tensor.shape[-2:])  # a number equal to another length is a number (T5's bucket counts)
+        axes = Reader(program, lambda x: trace.position_number(x, lengths)).of(source)
+    except Exception:  # a step or a value the reading does not cover
+        return None
+    formula = axes.broadcast(tuple(tensor.shape)).expr
+    if formula.free_symbols - {AXES[-1], AXES[-2]} - _dimensions(formula):
+        return None
+    return formula.xreplace({AXES[-2]: I, AXES[-1]: J})
+
+
+def _evaluated(entries: Entries, trace) -> np.ndarray:
+    """The entries at the example's sizes, in float64."""
+    from symattn.numeric.lambdify import lambdify
+
+    lengths = _dimensions(entries.formula) | _dimensions(sp.Tuple(*entries.shape))
+    with np.errstate(divide="ignore", invalid="ignore"):  # a branch not taken (the log of a bucket's 0)
+        return np.asarray(lambdify([], entries, dims={s: trace.dims.size(s) for s in lengths})(), dtype=np.float64)
 
 
 def _same(got: np.ndarray, want: np.ndarray, eps: float) -> bool:
