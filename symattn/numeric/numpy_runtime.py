@@ -113,3 +113,16 @@ def entries(f, rows, cols, dtype=np.float64):
     wide = np.promote_types(dtype, np.float32)
     i, j = np.arange(rows, dtype=wide)[:, None], np.arange(cols, dtype=wide)[None, :]
     return np.broadcast_to(np.asarray(f(i, j), dtype=dtype), (rows, cols))
+
+
+def block_entries(f, rows, keys, n, dtype=np.float64, heads=None):
+    """The block of [f(i, j)] at the query rows rows (a slice of 0 … n − 1) and the keys keys (a slice): f of the
+    block's own positions, (b, k), or with heads f(i, j, h) of the heads h = 0 … heads − 1, (heads, b, k); grids of
+    at least float32 (positions exact), cast to dtype."""
+    wide = np.promote_types(dtype, np.float32)
+    i = np.arange(rows.start, min(rows.stop, n), dtype=wide)[:, None]
+    j = np.arange(keys.start, keys.stop, dtype=wide)[None, :]
+    if heads is None:
+        return np.broadcast_to(np.asarray(f(i, j), dtype=dtype), (len(i), j.shape[1]))
+    h = np.arange(heads, dtype=wide)[:, None, None]
+    return np.broadcast_to(np.asarray(f(i, j, h), dtype=dtype), (heads, len(i), j.shape[1]))

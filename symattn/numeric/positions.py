@@ -9,13 +9,15 @@ printer writes the same formula over SymPy integers, entry by entry.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 
 import sympy as sp
 from sympy import Basic
 from sympy.core.relational import Relational
+from sympy.printing.pycode import PythonCodePrinter
 
-from symattn.lang.positions import Entries, I, J
+from symattn.lang.positions import HEAD, Entries, EntriesBlock, I, J
 
 # SymPy function → the array library's function, ``{xp}`` its module (np, torch, jnp); Min and Max fold pairwise
 CALLS: dict[type, str] = {
@@ -32,9 +34,11 @@ RELATIONS = {"==": "==", "!=": "!=", "<": "<", "<=": "<=", ">": ">", ">=": ">="}
 CONNECTIVES = {sp.And: " & ", sp.Or: " | "}
 
 
-def array_code(entries: Entries, xp: str, scalar: Callable[[Basic], str], number: Callable[[str], str]) -> str:
+def array_code(
+    entries: Entries | EntriesBlock, xp: str, scalar: Callable[[Basic], str], number: Callable[[str], str]
+) -> str:
     """f(i, j) as array code of the grids ``i`` (a column of row positions) and ``j`` (a row of column positions):
-    the body of the lambda the runtime's ``entries`` calls.
+    the body of the lambda the runtime's ``entries`` calls (of a block, ``block_entries``; with heads, of ``h`` too).
 
     scalar: how the printer writes a subexpression free of i and j (dimensions, numbers); number(text): a number as
     a scalar of the grids' dtype (a where's branch, which would otherwise take the library's default dtype)."""
@@ -44,11 +48,13 @@ def array_code(entries: Entries, xp: str, scalar: Callable[[Basic], str], number
             return "i"
         if e == J:
             return "j"
+        if e == HEAD:
+            return "h"
         if e in (sp.oo, -sp.oo):
             return ("-" if e == -sp.oo else "") + f"{xp}.inf"
         if e == sp.true:
             return "True"
-        if not e.has(I, J):
+        if not e.has(I, J, HEAD):
             text = scalar(e)
             return text if text.isidentifier() or text.lstrip("-").replace(".", "").isdigit() else f"({text})"
         if isinstance(e, sp.Add):
@@ -79,7 +85,7 @@ def array_code(entries: Entries, xp: str, scalar: Callable[[Basic], str], number
         raise NotImplementedError(f"no array code for {type(e).__name__} in a position formula")
 
     def branch(value: Basic) -> str:
-        return code(value) if value.has(I, J) else number(code(value))
+        return code(value) if value.has(I, J, HEAD) else number(code(value))
 
     def where(pairs: tuple) -> str:
         (value, condition), *rest = pairs
@@ -122,3 +128,15 @@ def exact_code(entries: Entries, scalar: Callable[[Basic], str]) -> str:
         f"np.array([[{code(entries.formula)} for _j in {ints.format(cols)}] for _i in {ints.format(rows)}], "
         "dtype=object)"
     )
+
+
+class _BoundPrinter(PythonCodePrinter):
+    """Integer bounds (``optimize.mask_structure``) as plain Python: max, min, conditionals, spaced as ruff writes."""
+
+    def _print_Mul(self, expr: Basic) -> str:
+        return re.sub(r"\s*(?<!\*)([*/])(?![*/])\s*", r" \1 ", super()._print_Mul(expr))
+
+
+def bound_code(bound: Basic, names: dict[Basic, str]) -> str:
+    """A key bound as Python integer code, each symbol of names written as its code (block.start, K.shape[-2])."""
+    return _BoundPrinter().doprint(bound.xreplace({s: sp.Symbol(text, integer=True) for s, text in names.items()}))

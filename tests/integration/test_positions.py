@@ -5,7 +5,8 @@ window as a Piecewise with −∞, a distance decay multiplied into the scores, 
 floor/Min, SymPy's own FunctionMatrix, and a learned slope τ (a trainable scalar in the formula) with a window. Its
 derivation verifies, and the generated NumPy, torch and JAX modules match torch autograd of an independent forward
 (the positional term built by the test with torch.arange, float64), at two sizes, with n ≠ m; τ gets its gradient,
-tangent and second derivative. The Triton kernels and the memory-efficient variant refuse positions in one line.
+tangent and second derivative. The Triton kernels refuse positions in one line (the memory-efficient variant:
+test_positions_memeff.py).
 """
 
 from __future__ import annotations
@@ -205,12 +206,10 @@ def test_what_a_formula_may_not_hold_is_refused_in_one_line(formula, message):
     assert "\n" not in str(err.value)
 
 
-def test_the_triton_kernels_and_the_memory_efficient_variant_refuse_positions_in_one_line():
+def test_the_triton_kernels_refuse_positions_in_one_line():
     spec = positional_spec("alibi")
     with pytest.raises(SymattnError, match=r"positions \(sa.entries\) are not in the Triton kernels yet"):
         codegen.render(spec, "triton")
-    with pytest.raises(SymattnError, match=r"cuts no positions \(sa.entries\) yet"):
-        codegen.render(spec, "torch", variant="memeff")
 
 
 @pytest.mark.parametrize("kind", ["alibi", "window", "decay", "learned"])

@@ -1,4 +1,4 @@
-"""A mask's structure (``lang.mask_structure``): the key window of a block of rows, checked against the formula
+"""A mask's structure (``optimize.mask_structure``): the key window of a block of rows, checked against the formula
 evaluated at every (i, j).
 
 For each mask and every block [r₀, r₁) of small sizes (n ≠ m both ways): no key outside [lo, hi) is visible to a
@@ -13,8 +13,8 @@ from __future__ import annotations
 import pytest
 import sympy as sp
 
-from symattn.lang.mask_structure import KeyWindow, clauses, hidden, intersection, key_window
 from symattn.lang.positions import I, J
+from symattn.optimize.mask_structure import KeyWindow, clauses, hidden, intersection, key_window
 
 N, M = sp.Symbol("n", integer=True, positive=True), sp.Symbol("m", integer=True, positive=True)
 R0, R1 = sp.Symbol("r0", integer=True, nonnegative=True), sp.Symbol("r1", integer=True, positive=True)

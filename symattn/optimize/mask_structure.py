@@ -31,6 +31,7 @@ import sympy as sp
 from sympy import Expr
 from sympy.core.relational import Relational
 from sympy.logic.boolalg import Boolean, BooleanFalse, BooleanTrue
+from sympy.matrices.expressions import MatAdd
 
 from symattn.lang.positions import I, J
 
@@ -243,3 +244,20 @@ def intersection(windows: list[KeyWindow]) -> KeyWindow:
         sp.Max(*(w.open_lo for w in windows)),
         sp.Min(*(w.open_hi for w in windows)),
     )
+
+
+def window_of_scores(scores: Expr, first: Expr, end: Expr) -> KeyWindow | None:
+    """The key window of scores A = … + E₁ + E₂ (a value of blocks: its terms EntriesBlock) for the rows
+    first … end − 1: the intersection of the windows of its terms that mask (a −∞ added to the scores hides its
+    key, whatever the other terms); None when no term masks, or a mask's window reads the head (one window for
+    every head) or a symbol that is no size."""
+    from symattn.lang.positions import HEAD, EntriesBlock
+
+    terms = [t for t in MatAdd.make_args(scores) if isinstance(t, EntriesBlock) and t.formula.has(-sp.oo)]
+    windows = [key_window(t.formula, first, end, t.shape[1]) for t in terms]
+    known = {first, end}
+    for w in windows:
+        symbols = set().union(*(x.free_symbols for x in (w.lo, w.hi, w.open_lo, w.open_hi))) - known
+        if any(s == HEAD or not (s.is_integer and s.is_positive) for s in symbols):
+            return None
+    return intersection(windows) if windows else None
