@@ -3,11 +3,11 @@ from the block's own rows and keys, and skips the keys its mask's structure hide
 
 Each spec adds a matrix of positions to the scores: a causal sliding window, causal written as entries, prefix-LM
 with a fixed prefix, bottom-right causal when n ≠ m (j ≤ i + m − n), a window that leaves the first rows no key,
-the relative bias −|i − j|/2, a learned slope τ with a window (τ's gradient summed over the blocks), and ALiBi's
-slopes per head with a causal mask. The NumPy and torch memory-efficient modules (several blocks, n ≠ m both ways)
-must match torch autograd of an independent forward (the bias built by the test from torch.arange, a row whose
-keys are all masked giving zeros), forward, backward and JVP, float64, and the standard module where it has no
-such row. At n = m = 1024 the module makes no n × m array.
+the relative bias −|i − j|/2, a learned slope τ with a band (τ's gradient summed over the blocks), ALiBi's slopes
+per head with a causal mask, and a window whose width depends on the head. The NumPy and torch memory-efficient
+modules (several blocks, n ≠ m both ways) must match torch autograd of an independent forward (the bias built by
+the test from torch.arange, a row whose keys are all masked giving zeros), forward, backward and JVP, float64, and
+the standard module where it has no such row. At n = m = 1024 the module makes no n × m array.
 """
 
 from __future__ import annotations
@@ -65,17 +65,20 @@ def _spec(kind: str) -> sa.Spec:
     return sa.Spec(name=f"memeff_{kind.replace('-', '_')}", summary="positions", inputs=inputs, output=output)
 
 
-def _heads_spec() -> sa.Spec:
-    """ALiBi's slopes per head, 2^(−8(h+1)/H), and a causal mask: f(i, j, h) of the per-head form."""
+def _heads_spec(kind: str) -> sa.Spec:
+    """ALiBi's slopes per head, 2^(−8(h+1)/H), and a causal mask: f(i, j, h) of the per-head form; heads-window: a
+    causal window of h + 2 keys in head h (a mask that reads the head: every key read, the mask applied)."""
     q, k, v = (sp.MatrixSymbol(x, r, HEADS * d) for x, r in (("Q", n), ("K", m), ("V", m)))
 
     def alibi(i, j, h):
+        if kind == "heads-window":
+            return _mask((j <= i) & (i - j <= h + 1))
         return -(2 ** (-8 * (h + 1) / sp.Integer(HEADS))) * sp.Abs(i - j) + _mask(j <= i)
 
     qh, kh, vh = (sa.split_heads(x, HEADS) for x in (q, k, v))
     scores = qh @ kh.T / sp.sqrt(d) + sa.entries(n, m, alibi, heads=HEADS)
     output = sa.merge_heads(sa.softmax(scores) @ vh, HEADS)
-    return sa.Spec(name="memeff_alibi_heads", summary="ALiBi", inputs=(q, k, v), output=output)
+    return sa.Spec(name=f"memeff_{kind.replace('-', '_')}", summary="ALiBi", inputs=(q, k, v), output=output)
 
 
 def _module(spec: sa.Spec, backend: str, variant: str = "memeff") -> types.ModuleType:
@@ -90,6 +93,9 @@ def _bias(kind, rows, cols, tau):
     j = torch.arange(cols, dtype=torch.float64)[None, :]
     if kind == "offset":
         return _where(j <= i + cols - rows)
+    if kind == "heads-window":
+        h = torch.arange(HEADS, dtype=torch.float64)[:, None, None]
+        return _where((j <= i) & (i - j <= h + 1))
     if kind == "heads":
         slopes = torch.tensor([2 ** (-8 * (h + 1) / HEADS) for h in range(HEADS)], dtype=torch.float64)
         return -slopes[:, None, None] * (i - j).abs() + _where(j <= i)
@@ -104,7 +110,7 @@ def _softmax(scores):
 
 
 def reference(kind, q, k, v, tau=None):
-    if kind == "heads":
+    if kind.startswith("heads"):
 
         def heads(x):
             return x.view(*x.shape[:-1], HEADS, D_K).transpose(-3, -2)
@@ -119,7 +125,7 @@ def reference(kind, q, k, v, tau=None):
 def _inputs(kind, size, seed):
     g = torch.Generator().manual_seed(seed)
     rows, cols = size
-    width = HEADS * D_K if kind == "heads" else 3
+    width = HEADS * D_K if kind.startswith("heads") else 3
     tensors = [torch.randn(2, r, width, generator=g, dtype=torch.float64) for r in (rows, cols, cols)]
     tangents = [torch.randn(x.shape, generator=g, dtype=torch.float64) for x in tensors]
     cotangent = torch.randn(2, rows, width, generator=g, dtype=torch.float64)
@@ -137,12 +143,12 @@ def _wanted(kind, inputs, tangents, cotangent):
     return out.detach(), grads, tangent
 
 
-ALL = [*KINDS, "heads"]
+ALL = [*KINDS, "heads", "heads-window"]
 NAMES = ("Q", "K", "V", "tau")
 
 
 def _spec_of(kind):
-    return _heads_spec() if kind == "heads" else _spec(kind)
+    return _heads_spec(kind) if kind.startswith("heads") else _spec(kind)
 
 
 @pytest.mark.parametrize("size", SIZES, ids=str)
@@ -195,8 +201,13 @@ def test_the_blocks_read_only_the_keys_the_window_leaves():
         source
     )
     assert "block_entries(lambda i, j:" in source and " entries(lambda" not in source
-    # no mask, no window: every key (the bias computed on them block by block)
+    # no mask, or one that reads the head: every key (the bias computed on them block by block)
     assert "keys = slice(0, m)" in _source("relative", "torch")
+    assert "keys = slice(0, m)" in _source("heads-window", "torch")
+    # per head, a causal mask: rows r₀ … r₁ − 1 read keys 0 … r₁ − 1, the block of every head at once
+    heads = _source("heads", "numpy")
+    assert "keys = key_window(0, min(m, min(block.stop, F1.shape[-2])), F2.shape[-2], None)" in heads
+    assert "block_entries(lambda i, j, h:" in heads and "heads=3" in heads
 
 
 def test_the_memeff_module_makes_no_n_by_m_array_for_the_positions():
@@ -205,6 +216,7 @@ def test_the_memeff_module_makes_no_n_by_m_array_for_the_positions():
     rng = np.random.default_rng(3)
     size, width = 1024, 8
     q, k, v, g = (rng.standard_normal((size, width)) for _ in range(4))
+    module.backward(module.forward(q, k, v, np.float64(0.3), block_size=64)[1], g)  # (compiled kernels: first use)
     tracemalloc.start()
     try:
         _, saved = module.forward(q, k, v, np.float64(0.3), block_size=64)
