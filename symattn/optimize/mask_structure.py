@@ -14,6 +14,8 @@ conditions on i alone. For a block of rows [r₀, r₁):
   applied there): a clause's [maxₖ max(Lₖ(r₀), Lₖ(r₁ − 1)), minₖ min(Uₖ(r₀), Uₖ(r₁ − 1)) + 1) where its conditions
   on i hold at both end rows (a linear condition holding at both ends holds between them), the union of two
   clauses' where they overlap, else the wider.
+- ``every_row``: a condition under which every row of the block sees some key (its softmax needs no care for rows
+  of −∞): for some clause, its conditions on i hold and its bounds leave a key at both end rows.
 
 Conservative: what is not such a relation (a table read at positions, ``floor``, a trainable scalar, a coefficient
 of j other than ±1) is dropped from the bounds (more keys, never fewer) and empties its clause's open range; a
@@ -43,12 +45,14 @@ Bound = tuple
 @dataclass(frozen=True)
 class KeyWindow:
     """The keys of a block of rows [r₀, r₁): [lo, hi) holds every key some row sees; [open_lo, open_hi) (empty
-    when open_lo ≥ open_hi) holds keys every row sees unmasked. SymPy expressions of r₀, r₁ and the sizes."""
+    when open_lo ≥ open_hi) holds keys every row sees unmasked; every_row, a condition that holds only if every row
+    sees some key. SymPy expressions of r₀, r₁ and the sizes."""
 
     lo: Expr
     hi: Expr
     open_lo: Expr
     open_hi: Expr
+    every_row: Boolean = sp.false  # true only where every row of the block sees a key (no row all −∞)
 
 
 def hidden(formula: Expr) -> Boolean | None:
@@ -196,13 +200,19 @@ def _clause_window(clause: list[Bound], first: Expr, last: Expr, cols: Expr) -> 
     if holds != sp.true:
         lo, hi = sp.Piecewise((lo, holds), (cols, True)), sp.Piecewise((hi, holds), (0, True))
     if any(b[0] == "unknown" for b in clause):
-        return lo, hi, sp.S.Zero, sp.S.Zero
+        return lo, hi, sp.S.Zero, sp.S.Zero, sp.false
     open_lo = sp.Max(0, *(_greatest(b, first, last) for b in lowers))
     open_hi = sp.Min(cols, *(_least(b, first, last) + 1 for b in uppers))
     rows = sp.And(*(sp.Ge(_at(b, r), 0) for b in clause if b[0] == "rows" for r in (first, last)))
     if rows != sp.true:
         open_lo, open_hi = sp.Piecewise((open_lo, rows), (0, True)), sp.Piecewise((open_hi, rows), (0, True))
-    return lo, hi, open_lo, open_hi
+    # row i sees a key where max(0, Lₖ(i)) ≤ min(cols − 1, Uₖ(i)): a minimum of linear functions of i, concave, so
+    # at least 0 over the block where it is at both end rows
+    sees = [
+        sp.Le(sp.Max(0, *(_at(b, r) for b in lowers)), sp.Min(cols - 1, *(_at(b, r) for b in uppers)))
+        for r in (first, last)
+    ]
+    return lo, hi, open_lo, open_hi, sp.And(rows, *sees)
 
 
 def _union(one: tuple[Expr, Expr], other: tuple[Expr, Expr]) -> tuple[Expr, Expr]:
@@ -221,21 +231,21 @@ def key_window(formula: Expr, first: Expr, end: Expr, cols: Expr) -> KeyWindow:
     SymPy expressions (the block's row bounds r₀, r₁, symbols for code that evaluates them per block)."""
     found = clauses(formula)
     if found is None:  # no structure: every key, the mask applied everywhere
-        return KeyWindow(sp.S.Zero, cols, sp.S.Zero, sp.S.Zero)
+        return KeyWindow(sp.S.Zero, cols, sp.S.Zero, sp.S.Zero, sp.false)
     if not found:  # every entry −∞: no key (a reader reads one, its probability zero)
-        return KeyWindow(sp.S.Zero, sp.S.Zero, sp.S.Zero, sp.S.Zero)
+        return KeyWindow(sp.S.Zero, sp.S.Zero, sp.S.Zero, sp.S.Zero, sp.false)
     windows = [_clause_window(c, first, end - 1, cols) for c in found]
     if len(windows) == 1:
         return KeyWindow(*windows[0])
     lo = sp.Min(*(sp.Piecewise((w[0], sp.Lt(w[0], w[1])), (cols, True)) for w in windows))
     hi = sp.Max(*(sp.Piecewise((w[1], sp.Lt(w[0], w[1])), (0, True)) for w in windows))
     open_lo, open_hi = reduce(_union, [(w[2], w[3]) for w in windows])
-    return KeyWindow(lo, hi, open_lo, open_hi)
+    return KeyWindow(lo, hi, open_lo, open_hi, sp.Or(*(w[4] for w in windows)))
 
 
 def intersection(windows: list[KeyWindow]) -> KeyWindow:
-    """The window of a sum of masks (a key hidden by one is hidden): lo the largest, hi the smallest, and the
-    open range every mask leaves open."""
+    """The window of a sum of masks (a key hidden by one is hidden): lo the largest, hi the smallest, the open
+    range every mask leaves open, and no row known to see a key."""
     if len(windows) == 1:
         return windows[0]
     return KeyWindow(
@@ -243,6 +253,7 @@ def intersection(windows: list[KeyWindow]) -> KeyWindow:
         sp.Min(*(w.hi for w in windows)),
         sp.Max(*(w.open_lo for w in windows)),
         sp.Min(*(w.open_hi for w in windows)),
+        sp.false,  # (each mask leaving a row a key leaves it none in common, maybe)
     )
 
 

@@ -201,6 +201,9 @@ class Sections:
             call = f"{self.printer.helper(masked if lp.masked else plain)}({operand})"
             if self.mask is not None and not lp.masked:
                 call += f" if {self.mask} is None else {self.printer.helper(masked)}({operand})"
+            elif lp.masked and lp.window is not None and lp.window.every_row != sp.false:  # (no row all −∞)
+                seen = bound_code(lp.window.every_row, self._rows(lp))
+                call = f"{self.printer.helper(plain)}({operand}) if {seen} else {call}"
             body.insert(_after(body, a_b), Statement(f"{p_b.name}, {l_b.name}" if kept else str(p_b.name), call))
         if lp.scores is not None:  # the causal part of the mask, written into the block's scores
             scores = str(lp.scores.name)
@@ -265,6 +268,10 @@ class Sections:
     def _key_count(self, lp) -> str:
         return f"{lp.keys[0][1].name}.shape[-2]"
 
+    def _rows(self, lp) -> dict:
+        """The code of the block's first row and row end, for the bounds of its key window."""
+        return {FIRST_ROW: "block.start", END_ROW: f"min(block.stop, {lp.rows_of}.shape[-2])"}
+
     def _keys(self, lp) -> list[Statement]:
         """The block's key range and the rows of the whole values of m key rows in it (none without one)."""
         if not lp.keys:
@@ -275,8 +282,7 @@ class Sections:
             return [Statement("keys", f"slice(0, {every})")]
         call = f"{self.printer.helper('key_range')}({self.mask}, causal, block, {self._key_count(lp)})"
         if lp.window is not None:  # the keys a matrix of positions leaves the block (within the mask's)
-            names = {FIRST_ROW: "block.start", END_ROW: f"min(block.stop, {lp.rows_of}.shape[-2])"}
-            lo, hi = (bound_code(x, names) for x in (lp.window.lo, lp.window.hi))
+            lo, hi = (bound_code(x, self._rows(lp)) for x in (lp.window.lo, lp.window.hi))
             within = call if self.mask is not None else "None"
             call = f"{self.printer.helper('key_window')}({lo}, {hi}, {self._key_count(lp)}, {within})"
         return [Statement("keys", call), *(Statement(str(k.name), f"{f.name}[..., keys, :]") for k, f in lp.keys)]

@@ -2,8 +2,9 @@
 evaluated at every (i, j).
 
 For each mask and every block [r₀, r₁) of small sizes (n ≠ m both ways): no key outside [lo, hi) is visible to a
-row of the block, every key of [open_lo, open_hi) is visible to all of them, and for the masks whose visible set
-is one clause (causal, windows, prefix-LM, offsets) both ranges are exactly the ones brute force finds. A formula
+row of the block, every key of [open_lo, open_hi) is visible to all of them, every_row holds only where every row
+sees a key, and for the masks whose visible set is one clause (causal, windows, band, offsets) the ranges and
+every_row are exactly what brute force finds. A formula
 the analysis cannot read (a floor, a trainable scalar in a condition, a −∞ reached through a Min or an exp)
 falls back to every key and no open range.
 """
@@ -63,6 +64,10 @@ def _evaluated(window: KeyWindow, r0, r1, rows, cols):
     return [int(x.subs(values)) for x in (window.lo, window.hi, window.open_lo, window.open_hi)]
 
 
+def _every_row(window: KeyWindow, r0, r1, rows, cols) -> bool:
+    return bool(sp.sympify(window.every_row).subs({R0: r0, R1: r1, N: rows, M: cols}))
+
+
 @pytest.mark.parametrize("size", SIZES, ids=str)
 @pytest.mark.parametrize("name", MASKS)
 def test_the_key_window_holds_every_visible_key_and_opens_only_visible_ones(name, size):
@@ -77,10 +82,13 @@ def test_the_key_window_holds_every_visible_key_and_opens_only_visible_ones(name
             everywhere = sorted(j for j in range(cols) if all((i, j) in visible for i in range(r0, r1)))
             assert all(lo <= j < hi for j in seen), (r0, r1, lo, hi, seen)
             assert set(range(open_lo, open_hi)) <= set(everywhere), (r0, r1, open_lo, open_hi)
+            every_row = all(any((i, j) in visible for j in range(cols)) for i in range(r0, r1))
+            assert every_row or not _every_row(window, r0, r1, rows, cols), (r0, r1)
             if exact:
                 assert (lo, hi) == (seen[0], seen[-1] + 1) if seen else lo >= hi, (r0, r1, lo, hi, seen)
                 full = (everywhere[0], everywhere[-1] + 1) if everywhere else None
                 assert (open_lo, open_hi) == full if full else open_lo >= open_hi, (r0, r1, open_lo, open_hi)
+                assert _every_row(window, r0, r1, rows, cols) == every_row, (r0, r1)
 
 
 def test_known_windows_in_closed_form():
@@ -99,7 +107,7 @@ def test_what_the_analysis_cannot_read_falls_back_to_every_key(name):
     formula = FALLBACKS[name]
     window = key_window(formula, R0, R1, M)
     assert (window.lo, window.hi) == (0, M)
-    assert (window.open_lo, window.open_hi) == (0, 0)
+    assert (window.open_lo, window.open_hi) == (0, 0) and window.every_row == sp.false
 
 
 def test_a_formula_without_minus_infinity_hides_nothing():
