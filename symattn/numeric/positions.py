@@ -17,7 +17,7 @@ from sympy import Basic
 from sympy.core.relational import Relational
 from sympy.printing.pycode import PythonCodePrinter
 
-from symattn.lang.positions import HEAD, Entries, EntriesBlock, I, J
+from symattn.lang.positions import HEAD, Entries, I, J
 
 # SymPy function → the array library's function, ``{xp}`` its module (np, torch, jnp); Min and Max fold pairwise
 CALLS: dict[type, str] = {
@@ -34,11 +34,10 @@ RELATIONS = {"==": "==", "!=": "!=", "<": "<", "<=": "<=", ">": ">", ">=": ">="}
 CONNECTIVES = {sp.And: " & ", sp.Or: " | "}
 
 
-def array_code(
-    entries: Entries | EntriesBlock, xp: str, scalar: Callable[[Basic], str], number: Callable[[str], str]
-) -> str:
-    """f(i, j) as array code of the grids ``i`` (a column of row positions) and ``j`` (a row of column positions):
-    the body of the lambda the runtime's ``entries`` calls (of a block, ``block_entries``; with heads, of ``h`` too).
+def array_code(formula: Basic, xp: str, scalar: Callable[[Basic], str], number: Callable[[str], str]) -> str:
+    """f(i, j) (a matrix of positions' formula, or a condition of one) as array code of the grids ``i`` (a column of
+    row positions) and ``j`` (a row of column positions): the body of the lambda the runtime's ``entries`` calls
+    (of a block, ``block_entries`` or ``hide_keys``; with heads, of ``h`` too).
 
     scalar: how the printer writes a subexpression free of i and j (dimensions, numbers); number(text): a number as
     a scalar of the grids' dtype (a where's branch, which would otherwise take the library's default dtype)."""
@@ -93,7 +92,7 @@ def array_code(
             return branch(value)
         return f"{xp}.where({code(condition)}, {branch(value)}, {where(tuple(rest))})"
 
-    return code(entries.formula)
+    return code(formula)
 
 
 def exact_code(entries: Entries, scalar: Callable[[Basic], str]) -> str:

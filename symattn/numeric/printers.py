@@ -240,14 +240,14 @@ class NumPyMatrixPrinter(NumPyPrinter):
 
     def _print_Entries(self, expr: Basic) -> str:
         """[f(i, j)] by the runtime's entries: f a lambda of the position grids (``numeric.positions``)."""
-        body = positions.array_code(expr, self.module_alias, self._print, self.position_number)
+        body = positions.array_code(expr.formula, self.module_alias, self._print, self.position_number)
         rows, cols = self._print(expr.rows), self._print(expr.cols)
         return f"{self.helper('entries')}(lambda i, j: {body}, {rows}, {cols}{self.position_dtype})"
 
     def _print_EntriesBlock(self, expr: Basic) -> str:
         """The block of [f(i, j)] a loop over blocks of rows reads (its rows ``block``, its keys ``keys``) by the
         runtime's block_entries: f (with heads, f(i, j, h)) of the block's position grids."""
-        body = positions.array_code(expr, self.module_alias, self._print, self.position_number)
+        body = positions.array_code(expr.formula, self.module_alias, self._print, self.position_number)
         heads = f", heads={self._print(expr.heads)}" if expr.heads else ""
         variables = "i, j, h" if expr.heads else "i, j"
         rows = self._print(expr.source.rows)

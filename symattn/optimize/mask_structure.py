@@ -32,7 +32,7 @@ from functools import reduce
 import sympy as sp
 from sympy import Expr
 from sympy.core.relational import Relational
-from sympy.logic.boolalg import Boolean, BooleanFalse, BooleanTrue
+from sympy.logic.boolalg import Boolean, BooleanFalse, BooleanTrue, to_nnf
 from sympy.matrices.expressions import MatAdd
 
 from symattn.lang.positions import I, J
@@ -78,6 +78,15 @@ def hidden(formula: Expr) -> Boolean | None:
             before = sp.And(before, sp.Not(condition))
         return sp.Or(*found)
     return None
+
+
+def pure_mask(formula: Expr) -> Boolean | None:
+    """The condition under which f(i, j) = −∞ where f is 0 elsewhere (a Piecewise of 0 and −∞ only: added to the
+    scores, a fill of −∞), else None."""
+    if not isinstance(formula, sp.Piecewise) or any(v not in (0, -sp.oo) for v, _ in formula.args):
+        return None
+    condition = hidden(formula)
+    return None if condition in (None, sp.false) else to_nnf(condition, simplify=False)  # (~(a ∧ b): ¬a ∨ ¬b)
 
 
 def _without_abs(relation: Relational) -> Boolean:
@@ -262,13 +271,20 @@ def window_of_scores(scores: Expr, first: Expr, end: Expr) -> KeyWindow | None:
     first … end − 1: the intersection of the windows of its terms that mask (a −∞ added to the scores hides its
     key, whatever the other terms); None when no term masks, or a mask's window reads the head (one window for
     every head) or a symbol that is no size."""
-    from symattn.lang.positions import HEAD, EntriesBlock
+    from symattn.lang.positions import EntriesBlock
 
     terms = [t for t in MatAdd.make_args(scores) if isinstance(t, EntriesBlock) and t.formula.has(-sp.oo)]
     windows = [key_window(t.formula, first, end, t.shape[1]) for t in terms]
-    known = {first, end}
-    for w in windows:
-        symbols = set().union(*(x.free_symbols for x in (w.lo, w.hi, w.open_lo, w.open_hi))) - known
-        if any(s == HEAD or not (s.is_integer and s.is_positive) for s in symbols):
-            return None
+    if any(not of_sizes(w, first, end) for w in windows):
+        return None
     return intersection(windows) if windows else None
+
+
+def of_sizes(window: KeyWindow, first: Expr, end: Expr) -> bool:
+    """Is the window made of the block's row bounds and sizes alone (not of a head h, a trainable scalar), so that
+    code can evaluate it once for a block of rows?"""
+    from symattn.lang.positions import HEAD
+
+    parts = (window.lo, window.hi, window.open_lo, window.open_hi, sp.sympify(window.every_row))
+    symbols = set().union(*(x.free_symbols for x in parts)) - {first, end}
+    return not any(s == HEAD or not (s.is_integer and s.is_positive) for s in symbols)

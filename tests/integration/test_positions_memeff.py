@@ -3,7 +3,8 @@ from the block's own rows and keys, and skips the keys its mask's structure hide
 
 Each spec adds a matrix of positions to the scores: a causal sliding window, causal written as entries, prefix-LM
 with a fixed prefix, bottom-right causal when n ≠ m (j ≤ i + m − n), a window that leaves the first rows no key,
-the relative bias −|i − j|/2, a learned slope τ with a band (τ's gradient summed over the blocks), ALiBi's slopes
+the relative bias −|i − j|/2, a learned slope τ with a band (τ's gradient summed over the blocks), and with a window
+as a second matrix of positions (the window written into the scores as −∞, not added), ALiBi's slopes
 per head with a causal mask, and a window whose width depends on the head. The NumPy and torch memory-efficient
 modules (several blocks, n ≠ m both ways) must match torch autograd of an independent forward (the bias built by
 the test from torch.arange, a row whose keys are all masked giving zeros), forward, backward and JVP, float64, and
@@ -50,6 +51,10 @@ KINDS = {
         lambda i, j: -TAU * sp.Abs(i - j) + _mask(sp.Abs(i - j) <= 2),
         lambda i, j, t: -t * (i - j).abs() + _where((i - j).abs() <= 2),
     ),
+    "two-terms": (
+        lambda i, j: _mask((j <= i) & (i - j < 4)),
+        lambda i, j, t: -t * (i - j).abs() + _where((j <= i) & (i - j < 4)),
+    ),
 }
 
 
@@ -60,7 +65,9 @@ def _where(visible):
 def _spec(kind: str) -> sa.Spec:
     q, k, v = sp.MatrixSymbol("Q", n, d), sp.MatrixSymbol("K", m, d), sp.MatrixSymbol("V", m, d)
     positions = sa.entries(n, m, KINDS[kind][0]).expr
-    inputs = (q, k, v, TAU) if kind == "slope" else (q, k, v)
+    if kind == "two-terms":  # a learned slope and a window, two matrices of positions added to the scores
+        positions = sa.entries(n, m, lambda i, j: -TAU * sp.Abs(i - j)).expr + positions
+    inputs = (q, k, v, TAU) if kind in ("slope", "two-terms") else (q, k, v)
     output = sa.softmax(q * k.T / sp.sqrt(d) + positions) * v
     return sa.Spec(name=f"memeff_{kind.replace('-', '_')}", summary="positions", inputs=inputs, output=output)
 
@@ -129,7 +136,7 @@ def _inputs(kind, size, seed):
     tensors = [torch.randn(2, r, width, generator=g, dtype=torch.float64) for r in (rows, cols, cols)]
     tangents = [torch.randn(x.shape, generator=g, dtype=torch.float64) for x in tensors]
     cotangent = torch.randn(2, rows, width, generator=g, dtype=torch.float64)
-    if kind == "slope":
+    if kind in ("slope", "two-terms"):
         tensors.append(torch.tensor(0.3, dtype=torch.float64))
         tangents.append(torch.tensor(0.7, dtype=torch.float64))
     return tensors, tangents, cotangent
@@ -200,7 +207,11 @@ def test_the_blocks_read_only_the_keys_the_window_leaves():
     assert "keys = key_window(max(0, block.start - 2), min(m, min(block.stop, Q.shape[-2])), K.shape[-2], None)" in (
         source
     )
-    assert "block_entries(lambda i, j:" in source and " entries(lambda" not in source
+    # a pure mask (0 or −∞) is −∞ written into the block's scores, looked for only on the keys outside the range
+    # every row of the block sees (r₁ − 3 … r₀)
+    assert "hide_keys(wide_matmul(scale * Q_b, K_k.mT), lambda i, j: ((i < j) | ((i - j) >= 3)), block, keys" in source
+    assert "slice(max(0, min(block.stop, n) - 3), min(m, block.start + 1))" in source
+    assert " entries(lambda" not in source and "block_entries" not in source
     # no mask, or one that reads the head: every key (the bias computed on them block by block)
     assert "keys = slice(0, m)" in _source("relative", "torch")
     assert "keys = slice(0, m)" in _source("heads-window", "torch")

@@ -382,6 +382,24 @@ def causal_fill(scores, rows, keys):
     return scores
 
 
+def hide_keys(scores, hidden, rows, keys, n, open_keys, dtype, heads=None, inplace=True):
+    """scores (..., b, k) of the query rows rows and the keys keys plus a mask of positions: -inf written where
+    hidden(i, j) (per head hidden(i, j, h)) holds, looked for only on the keys outside open_keys (a range every row
+    of the block sees); into scores where inplace (a value made for it), else into a copy."""
+    lo, hi = max(open_keys.start, keys.start), min(open_keys.stop, keys.stop)
+    parts = [(keys.start, lo), (hi, keys.stop)] if lo < hi else [(keys.start, keys.stop)]
+    out = scores if inplace else scores.copy()
+    wide = np.promote_types(dtype, np.float32)
+    i = np.arange(rows.start, min(rows.stop, n), dtype=wide)[:, None]
+    h = None if heads is None else np.arange(heads, dtype=wide)[:, None, None]
+    for first, stop in parts:
+        if first < stop:
+            j = np.arange(first, stop, dtype=wide)[None, :]
+            where = hidden(i, j) if heads is None else hidden(i, j, h)
+            np.copyto(out[..., first - keys.start : stop - keys.start], -np.inf, where=where)
+    return out
+
+
 def add_rows(total, keys, part, m):
     """The sum over blocks of a value of m rows (…, m, k), part adding to its rows keys; total is 0 before the
     first block. part is a product made for the sum (dAᵀ Q): the first one may become the sum itself. 16-bit parts
