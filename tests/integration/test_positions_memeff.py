@@ -249,3 +249,26 @@ def test_a_table_read_at_positions_is_refused_in_one_line():
     with pytest.raises(SymattnError, match=r"computes no matrix read at positions \(b\[Abs\(i - j\), 0\]") as err:
         rowblocks._attention_core(sched)
     assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("open_keys", [(0, 0), (2, 6), (0, 6), (5, 9), (9, 12), (3, 4), (0, 12)], ids=str)
+def test_hide_keys_writes_minus_infinity_where_hidden_whatever_the_open_range(open_keys):
+    """hide_keys(scores, hidden, rows, keys, …, open) = where(hidden, −∞, scores) when no key of the open range is
+    hidden (the structure's promise): the open keys at one end of the block's keys are not looked at, others are."""
+    from symattn.codegen.backends.numpy.runtime import hide_keys as numpy_hide
+    from symattn.codegen.backends.torch.positions_runtime import hide_keys as torch_hide
+
+    rows, keys, lo, hi = slice(4, 8), slice(3, 12), *open_keys
+
+    def hidden(i, j):  # visible: the open keys, and j ≤ i elsewhere
+        return ~(((j >= lo) & (j < hi)) | (j <= i))
+
+    scores = np.random.default_rng(5).standard_normal((2, 4, 9))
+    i, j = np.arange(4, 8)[:, None], np.arange(3, 12)[None, :]
+    want = np.where(hidden(i, j), -np.inf, scores)
+    got = numpy_hide(scores.copy(), hidden, rows, keys, 16, slice(lo, hi), np.float64)
+    np.testing.assert_array_equal(got, want)
+    copied = torch.as_tensor(scores)
+    got = torch_hide(copied, hidden, rows, keys, 16, slice(lo, hi), torch.float64, "cpu", inplace=False)
+    np.testing.assert_array_equal(got.numpy(), want)
+    np.testing.assert_array_equal(copied.numpy(), scores)  # (not in place: the scores as they were)

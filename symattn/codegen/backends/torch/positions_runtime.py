@@ -33,17 +33,19 @@ def block_entries(f, rows, keys, n, dtype, device, heads=None):
 
 def hide_keys(scores, hidden, rows, keys, n, open_keys, dtype, device, heads=None, inplace=True):
     """scores (..., b, k) of the query rows rows and the keys keys plus a mask of positions: -inf written where
-    hidden(i, j) (per head hidden(i, j, h)) holds, looked for only on the keys outside open_keys (a range every row
-    of the block sees); into scores where inplace (a value made for it), else into a copy."""
-    lo, hi = max(open_keys.start, keys.start), min(open_keys.stop, keys.stop)
-    parts = [(keys.start, lo), (hi, keys.stop)] if lo < hi else [(keys.start, keys.stop)]
+    hidden(i, j) (per head hidden(i, j, h)) holds, not looked for on the keys of open_keys (a range every row of the
+    block sees) at one end of keys; into scores where inplace (a value made for it), else into a copy."""
+    first, stop = keys.start, keys.stop  # the keys looked at: less an open range at one end (one part, one fill)
+    if open_keys.start <= first < open_keys.stop:
+        first = min(open_keys.stop, stop)
+    elif open_keys.start < stop <= open_keys.stop:
+        stop = max(open_keys.start, first)
     out = scores if inplace and not _functional(scores) else scores.clone()
     wide = torch.promote_types(dtype, torch.float32)
     i = torch.arange(rows.start, min(rows.stop, n), dtype=wide, device=device)[:, None]
     h = None if heads is None else torch.arange(heads, dtype=wide, device=device)[:, None, None]
-    for first, stop in parts:
-        if first < stop:
-            j = torch.arange(first, stop, dtype=wide, device=device)[None, :]
-            where = hidden(i, j) if heads is None else hidden(i, j, h)
-            out[..., first - keys.start : stop - keys.start].masked_fill_(where, float("-inf"))
+    if first < stop:
+        j = torch.arange(first, stop, dtype=wide, device=device)[None, :]
+        where = hidden(i, j) if heads is None else hidden(i, j, h)
+        out[..., first - keys.start : stop - keys.start].masked_fill_(where, float("-inf"))
     return out
