@@ -8,7 +8,8 @@ as a second matrix of positions (the window written into the scores as −∞, n
 per head with a causal mask, and a window whose width depends on the head. The NumPy and torch memory-efficient
 modules (several blocks, n ≠ m both ways) must match torch autograd of an independent forward (the bias built by
 the test from torch.arange, a row whose keys are all masked giving zeros), forward, backward and JVP, float64, and
-the standard module where it has no such row. At n = m = 1024 the module makes no n × m array.
+the standard module where it has no such row; with a mask argument too, the standard module's. At n = m = 1024 the
+module makes no n × m array.
 """
 
 from __future__ import annotations
@@ -272,3 +273,51 @@ def test_hide_keys_writes_minus_infinity_where_hidden_whatever_the_open_range(op
     got = torch_hide(copied, hidden, rows, keys, 16, slice(lo, hi), torch.float64, "cpu", inplace=False)
     np.testing.assert_array_equal(got.numpy(), want)
     np.testing.assert_array_equal(copied.numpy(), scores)  # (not in place: the scores as they were)
+
+
+def _spec_with_a_mask() -> sa.Spec:
+    """A window of positions and the additive mask argument M (attn_mask, causal, key_padding_mask) together."""
+    q, k, v = sp.MatrixSymbol("Q", n, d), sp.MatrixSymbol("K", m, d), sp.MatrixSymbol("V", m, d)
+    mask = sp.MatrixSymbol("M", n, m)
+    window = sa.entries(n, m, KINDS["window"][0]).expr
+    output = sa.softmax(q * k.T / sp.sqrt(d) + window + mask) * v
+    return sa.Spec(
+        name="memeff_window_and_mask",
+        summary="window and mask",
+        inputs=(q, k, v),
+        output=output,
+        options={"mask": True, "causal": True, "key_padding_mask": True},
+        constants=(mask,),
+    )
+
+
+@pytest.mark.parametrize("backend", ["numpy", "torch"])
+def test_positions_and_a_mask_argument_together_skip_the_keys_of_both(backend):
+    """The block reads the keys both leave (key_window within key_range) and matches the standard module, which
+    takes both whole; a batch entry whose keys are all padded gives zeros in both."""
+    spec = _spec_with_a_mask()
+    source = codegen.render(spec, backend, variant="memeff", second_order=False)
+    assert "key_window(max(0, block.start - 2)" in source and "key_range(M, causal, block" in source
+    memeff, standard = _module(spec, backend), _module(spec, backend, "standard")
+    rng = np.random.default_rng(6)
+    q, k, v, g = (rng.standard_normal((2, r, 3)) for r in (13, 11, 11, 13))
+    padding = np.zeros((2, 11), dtype=bool)
+    padding[0, 1::3], padding[1, :] = True, True
+    masks = {"attn_mask": rng.random((2, 13, 11)) < 0.3, "causal": True, "key_padding_mask": padding}
+    if backend == "numpy":
+        got, saved = memeff.forward(q, k, v, block_size=BLOCK, **masks)
+        want, want_saved = standard.forward(q, k, v, **masks)
+        pairs = [(got, want)] + [(memeff.backward(saved, g)[x], standard.backward(want_saved, g)[x]) for x in "QKV"]
+    else:
+        masks = {
+            key: torch.as_tensor(value) if isinstance(value, np.ndarray) else value for key, value in masks.items()
+        }
+        pairs = []
+        for module, extra in ((memeff, {"block_size": BLOCK}), (standard, {})):
+            leaves = [torch.tensor(x, requires_grad=True) for x in (q, k, v)]
+            out = module.forward(*leaves, **extra, **masks)
+            pairs.append([out.detach(), *torch.autograd.grad(out, leaves, torch.as_tensor(g))])
+        pairs = [(a.numpy(), b.numpy()) for a, b in zip(*pairs)]
+    assert not np.any(pairs[0][0][1])  # (every key of batch entry 1 padded: zeros)
+    for got, want in pairs:
+        np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12)

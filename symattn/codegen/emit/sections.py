@@ -201,7 +201,8 @@ class Sections:
             call = f"{self.printer.helper(masked if lp.masked else plain)}({operand})"
             if self.mask is not None and not lp.masked:
                 call += f" if {self.mask} is None else {self.printer.helper(masked)}({operand})"
-            elif lp.masked and lp.window is not None and lp.window.every_row != sp.false:  # (no row all −∞)
+            elif self.mask is None and lp.masked and lp.window is not None and lp.window.every_row != sp.false:
+                # (the structure leaves every row of the block a key: no row all −∞)
                 seen = bound_code(lp.window.every_row, self._rows(lp))
                 call = f"{self.printer.helper(plain)}({operand}) if {seen} else {call}"
             body.insert(_after(body, a_b), Statement(f"{p_b.name}, {l_b.name}" if kept else str(p_b.name), call))
