@@ -35,7 +35,7 @@ from sympy.core.relational import Relational
 from sympy.logic.boolalg import Boolean, BooleanFalse, BooleanTrue, to_nnf
 from sympy.matrices.expressions import MatAdd
 
-from symattn.lang.positions import I, J
+from symattn.lang.positions import HEAD, EntriesBlock, I, J
 
 # a bound of a clause: ("lower" | "upper", a, c) for j ≥ a·i + c or j ≤ a·i + c; ("rows", a, c) for a·i + c ≥ 0;
 # ("unknown",) for an atom whose truth the bounds cannot state (dropped from the hull, empties the open range)
@@ -271,8 +271,6 @@ def window_of_scores(scores: Expr, first: Expr, end: Expr) -> KeyWindow | None:
     first … end − 1: the intersection of the windows of its terms that mask (a −∞ added to the scores hides its
     key, whatever the other terms); None when no term masks, or a mask's window reads the head (one window for
     every head) or a symbol that is no size."""
-    from symattn.lang.positions import EntriesBlock
-
     terms = [t for t in MatAdd.make_args(scores) if isinstance(t, EntriesBlock) and t.formula.has(-sp.oo)]
     windows = [key_window(t.formula, first, end, t.shape[1]) for t in terms]
     if any(not of_sizes(w, first, end) for w in windows):
@@ -283,8 +281,6 @@ def window_of_scores(scores: Expr, first: Expr, end: Expr) -> KeyWindow | None:
 def of_sizes(window: KeyWindow, first: Expr, end: Expr) -> bool:
     """Is the window made of the block's row bounds and sizes alone (not of a head h, a trainable scalar), so that
     code can evaluate it once for a block of rows?"""
-    from symattn.lang.positions import HEAD
-
     parts = (window.lo, window.hi, window.open_lo, window.open_hi, sp.sympify(window.every_row))
     symbols = set().union(*(x.free_symbols for x in parts)) - {first, end}
     return not any(s == HEAD or not (s.is_integer and s.is_positive) for s in symbols)

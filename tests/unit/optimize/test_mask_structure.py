@@ -15,7 +15,7 @@ import pytest
 import sympy as sp
 
 from symattn.lang.positions import I, J
-from symattn.optimize.mask_structure import KeyWindow, clauses, hidden, intersection, key_window
+from symattn.optimize.mask_structure import KeyWindow, clauses, hidden, intersection, key_window, of_sizes, pure_mask
 
 N, M = sp.Symbol("n", integer=True, positive=True), sp.Symbol("m", integer=True, positive=True)
 R0, R1 = sp.Symbol("r0", integer=True, nonnegative=True), sp.Symbol("r1", integer=True, positive=True)
@@ -128,3 +128,23 @@ def test_the_intersection_of_two_windows_is_the_window_of_the_sum():
     summed = key_window(MASKS["two-masks"][0], R0, R1, M)
     for r0, r1 in ((0, 4), (3, 7), (5, 9)):
         assert _evaluated(both, r0, r1, 9, 9)[:2] == _evaluated(summed, r0, r1, 9, 9)[:2]
+
+
+def test_a_pure_mask_is_known_by_its_hidden_condition():
+    # 0 or −∞ only: −∞ written where the condition holds; anything else added (a bias, a mask with a bias)
+    def same(condition, want):
+        grid = [{I: i, J: j} for i in range(7) for j in range(7)]
+        return all(bool(condition.subs(at)) == bool(want.subs(at)) for at in grid)
+
+    assert same(pure_mask(_mask(J <= I)), J > I)
+    assert same(pure_mask(_mask((J <= I) & (I - J < 4))), (J > I) | (I - J >= 4))
+    assert not pure_mask(_mask((J <= I) & (I - J < 4))).has(sp.Not)  # (negations pushed into the relations)
+    assert pure_mask(MASKS["alibi-window"][0]) is None
+    assert pure_mask(sp.Piecewise((1, J <= I), (-sp.oo, True))) is None
+    assert pure_mask(-sp.Abs(I - J)) is None
+
+
+def test_a_window_of_the_head_or_a_scalar_is_not_evaluated_per_block():
+    head = sp.Symbol("h", integer=True, nonnegative=True)
+    assert of_sizes(key_window(MASKS["window-4"][0], R0, R1, M), R0, R1)
+    assert not of_sizes(key_window(_mask((J <= I) & (I - J <= head)), R0, R1, M), R0, R1)
