@@ -5,9 +5,10 @@ The spec: softmax(Q Kᵀ/√d + W) V, W = [0 if 0 ≤ i − j < w else −∞] (
 NumPy modules compute each block of W from the block's positions and read only the keys its structure leaves the
 block (``optimize.mask_structure``: rows r₀ … r₁ − 1 read keys r₀ − w + 1 … r₁ − 1). Timed against the standard
 module of plain attention (``symattn.generated.attention_torch``/``_numpy``, no mask) and the window spec's
-standard module (W made whole, n × m). loss = ⟨G, output⟩; best of the rounds, the implementations taking turns.
-Target: window memeff ÷ plain ≤ 0.2 (torch, float32, n = 2048, w = 64). The error is against torch autograd of a
-float64 forward written here.
+standard module (W made whole, n × m); and causal written as positions against the memory-efficient module's
+causal=True. loss = ⟨G, output⟩; best of the rounds, the implementations taking turns. Target: window memeff
+÷ plain ≤ 0.2 (torch, float32, n = 2048, w = 64). The error is against torch autograd of a float64 forward written
+here.
 
     python benchmarks/positions_memeff.py [--n 2048] [--window 64] [--heads 4] [--d 64] [--repeats 5] [--write]
 """
@@ -34,14 +35,16 @@ import torch  # noqa: E402
 
 import symattn as sa  # noqa: E402
 from symattn.codegen import generate as codegen  # noqa: E402
-from symattn.generated import attention_numpy, attention_torch  # noqa: E402
+from symattn.generated import attention_numpy, attention_torch, attention_torch_memeff  # noqa: E402
 from symattn.specs import dim  # noqa: E402
 
 
-def window_spec(width: int) -> sa.Spec:
+def window_spec(width: int | None) -> sa.Spec:
+    """The causal window of width keys (None: every key up to the query's, causal)."""
     n, m, d = dim("n"), dim("m"), dim("d")
     q, k, v = sp.MatrixSymbol("Q", n, d), sp.MatrixSymbol("K", m, d), sp.MatrixSymbol("V", m, d)
-    window = sa.entries(n, m, lambda i, j: sp.Piecewise((0, (j <= i) & (i - j < width)), (-sp.oo, True)))
+    seen = (lambda i, j: j <= i) if width is None else (lambda i, j: (j <= i) & (i - j < width))
+    window = sa.entries(n, m, lambda i, j: sp.Piecewise((0, seen(i, j)), (-sp.oo, True)))
     output = sa.softmax(q * k.T / sp.sqrt(d) + window.expr) * v
     return sa.Spec(name="sliding_window", summary="a causal sliding window", inputs=(q, k, v), output=output)
 
@@ -54,11 +57,12 @@ def module(spec: sa.Spec, backend: str, variant: str) -> types.ModuleType:
 
 
 def reference(q, k, v, width):
-    """torch autograd of a plain forward: the window as a boolean mask."""
+    """torch autograd of a plain forward: the window as a boolean mask (width None: causal)."""
     i = torch.arange(q.shape[-2])[:, None]
     j = torch.arange(k.shape[-2])[None, :]
     scores = q @ k.mT / math.sqrt(q.shape[-1])
-    return torch.softmax(scores.masked_fill(~((j <= i) & (i - j < width)), -math.inf), dim=-1) @ v
+    seen = (j <= i) if width is None else (j <= i) & (i - j < width)
+    return torch.softmax(scores.masked_fill(~seen, -math.inf), dim=-1) @ v
 
 
 def torch_step(forward, extra):
@@ -93,7 +97,9 @@ def main() -> None:
     spec = window_spec(args.window)
     q, k, v, g = (torch.randn(args.heads, args.n, args.d) for _ in range(4))
     wanted = [x.detach() for x in _reference_grads(q, k, v, g, args.window)]
+    causal = [x.detach() for x in _reference_grads(q, k, v, g, None)]
     memeff_torch, memeff_numpy = module(spec, "torch", "memeff"), module(spec, "numpy", "memeff")
+    causal_torch = module(window_spec(None), "torch", "memeff")
     cases = {
         "plain attention, torch standard (no mask)": torch_step(attention_torch.forward, {}),
         "window, torch memeff (block 128)": torch_step(memeff_torch.forward, {}),
@@ -102,12 +108,14 @@ def main() -> None:
         "plain attention, NumPy standard (no mask)": numpy_step(attention_numpy, {}),
         "window, NumPy memeff (block 128)": numpy_step(memeff_numpy, {}),
         "window, NumPy memeff (block 64)": numpy_step(memeff_numpy, {"block_size": 64}),
+        "causal as positions, torch memeff": torch_step(causal_torch.forward, {}),
+        "causal=True, torch memeff (the mask argument)": torch_step(attention_torch_memeff.forward, {"causal": True}),
     }
     best = dict.fromkeys(cases, math.inf)
     errors = {}
     for name, step in cases.items():  # a warm-up, and the error against the float64 reference
-        got = step(q, k, v, g)
-        errors[name] = max(float((a.double() - w).abs().max() / w.abs().max()) for a, w in zip(got, wanted))
+        got, want = step(q, k, v, g), causal if "causal" in name else wanted
+        errors[name] = max(float((a.double() - w).abs().max() / w.abs().max()) for a, w in zip(got, want))
     for _ in range(args.repeats):
         for name, step in cases.items():
             start = time.perf_counter()
