@@ -135,3 +135,17 @@ def table_scatter(w, index, rows, cols):
     sums = np.zeros((rows * cols, *w.shape[:-2]), dtype=w.dtype)
     np.add.at(sums, flat, np.moveaxis(w.reshape(*w.shape[:-2], n * m), -1, 0))
     return np.moveaxis(sums, 0, -1).reshape(*w.shape[:-2], rows, cols)
+
+
+def block_entries(f, rows, keys, n, dtype=np.float64, heads=None):
+    """The block of [f(i, j)] at the query rows rows (a slice of 0 … n − 1) and the keys keys (a slice): f of the
+    block's own positions, (b, k), or with heads f(i, j, h) of the heads h = 0 … heads − 1, (heads, b, k); grids of
+    at least float32 (positions exact), cast to dtype."""
+    wide = np.promote_types(dtype, np.float32)
+    i = np.arange(rows.start, min(rows.stop, n), dtype=wide)[:, None]
+    j = np.arange(keys.start, keys.stop, dtype=wide)[None, :]
+    with np.errstate(divide="ignore", invalid="ignore"):  # a where's branch not taken
+        if heads is None:
+            return np.broadcast_to(np.asarray(f(i, j), dtype=dtype), (len(i), j.shape[1]))
+        h = np.arange(heads, dtype=wide)[:, None, None]
+        return np.broadcast_to(np.asarray(f(i, j, h), dtype=dtype), (heads, len(i), j.shape[1]))

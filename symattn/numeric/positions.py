@@ -10,6 +10,7 @@ it writes each kind of node; the walk (``code``) is shared.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -17,8 +18,10 @@ import sympy as sp
 from sympy import Basic
 from sympy.core.relational import Relational
 from sympy.matrices.expressions.matexpr import MatrixElement
+from sympy.printing.pycode import PythonCodePrinter
 
 from symattn.lang.positions import Entries, I, J, Scatter
+from symattn.optimize.position_blocks import HEAD
 
 # SymPy function → the array library's function, ``{xp}`` its module (np, torch, jnp); Min and Max fold pairwise
 CALLS: dict[type, str] = {
@@ -58,13 +61,15 @@ def code(e: Basic, flavour: Flavour) -> str:
         return flavour.i
     if e == J:
         return flavour.j
+    if e == HEAD:
+        return "h"  # (a block of a per-head matrix of positions: the runtime's head grid)
     if e in (sp.oo, -sp.oo):
         return ("-" if e == -sp.oo else "") + flavour.infinity
     if e == sp.true:
         return "True"
     if isinstance(e, MatrixElement):
         return flavour.read(flavour.constant(e.parent), *(code(x, flavour) for x in e.indices))
-    if not e.has(I, J):
+    if not e.has(I, J, HEAD):
         return flavour.constant(e)
     if isinstance(e, sp.Add):
         return flavour.add([code(a, flavour) for a in e.args])
@@ -99,7 +104,7 @@ def array_flavour(
         return "-" + code(rest, flavour) if coeff == -1 else " * ".join(factors)
 
     def branch(value: Basic, text: str) -> str:
-        return text if value.has(I, J) or value.has(MatrixElement) else number(text)
+        return text if value.has(I, J, HEAD) or value.has(MatrixElement) else number(text)
 
     def call(e: Basic, args: list[str]) -> str:
         if type(e) not in CALLS:
@@ -152,9 +157,10 @@ def exact_flavour(scalar: Callable[[Basic], str]) -> Flavour:
     )
 
 
-def array_code(entries: Entries, flavour: Flavour) -> str:
-    """f(i, j) as array code of the grids: the body of the lambda the runtime's ``entries`` calls."""
-    return code(entries.formula, flavour)
+def array_code(formula: Entries | Basic, flavour: Flavour) -> str:
+    """f(i, j) (a matrix of positions' formula, or a condition of one) as array code of the grids: the body of the
+    lambda the runtime's ``entries`` calls (of a block, ``block_entries`` or ``hide_keys``; with heads, of h too)."""
+    return code(formula.formula if isinstance(formula, Entries) else formula, flavour)
 
 
 def index_code(node: Scatter, flavour: Flavour) -> str:
@@ -172,3 +178,15 @@ def exact_code(entries: Entries, scalar: Callable[[Basic], str]) -> str:
         f"np.array([[{code(entries.formula, exact_flavour(scalar))} for _j in {ints.format(cols)}] "
         f"for _i in {ints.format(rows)}], dtype=object)"
     )
+
+
+class _BoundPrinter(PythonCodePrinter):
+    """Integer bounds (``optimize.mask_structure``) as plain Python: max, min, conditionals, spaced as ruff writes."""
+
+    def _print_Mul(self, expr: Basic) -> str:
+        return re.sub(r"\s*(?<!\*)([*/])(?![*/])\s*", r" \1 ", super()._print_Mul(expr))
+
+
+def bound_code(bound: Basic, names: dict[Basic, str]) -> str:
+    """A key bound as Python integer code, each symbol of names written as its code (block.start, K.shape[-2])."""
+    return _BoundPrinter().doprint(bound.xreplace({s: sp.Symbol(text, integer=True) for s, text in names.items()}))

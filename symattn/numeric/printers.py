@@ -255,6 +255,16 @@ class NumPyMatrixPrinter(NumPyPrinter):
         rows, cols = (self._print(s) for s in expr.shape)
         return f"{self.helper('table_scatter')}({self._print(expr.weights)}, lambda i, j: {index}, {rows}, {cols})"
 
+    def _print_EntriesBlock(self, expr: Basic) -> str:
+        """The block of [f(i, j)] a loop over blocks of rows reads (its rows ``block``, its keys ``keys``) by the
+        runtime's block_entries: f (with heads, f(i, j, h)) of the block's position grids."""
+        body = positions.array_code(expr.formula, self.position_flavour())
+        heads = f", heads={self._print(expr.heads)}" if expr.heads else ""
+        variables = "i, j, h" if expr.heads else "i, j"
+        rows = self._print(expr.source.rows)
+        call = f"(lambda {variables}: {body}, block, keys, {rows}{self.position_dtype}{heads})"
+        return self.helper("block_entries") + call
+
     position_dtype = ""  # the entries call's dtype (and device) arguments after rows and cols
     position_number = "i.dtype.type({})".format  # a number as a scalar of the grids' dtype (a where's branch)
 

@@ -5,8 +5,8 @@ window as a Piecewise with −∞, a distance decay multiplied into the scores, 
 floor/Min, SymPy's own FunctionMatrix, and a learned slope τ (a trainable scalar in the formula) with a window. Its
 derivation verifies, and the generated NumPy, torch and JAX modules match torch autograd of an independent forward
 (the positional term built by the test with torch.arange, float64), at two sizes, with n ≠ m; τ gets its gradient,
-tangent and second derivative. The memory-efficient variant refuses positions in one line (the Triton kernels:
-test_triton_positions.py).
+tangent and second derivative. The memory-efficient variant: test_positions_memeff.py; the Triton kernels:
+test_triton_positions.py.
 """
 
 from __future__ import annotations
@@ -204,12 +204,6 @@ def test_what_a_formula_may_not_hold_is_refused_in_one_line(formula, message):
     with pytest.raises(SymattnError, match=message.replace("(", r"\(").replace(")", r"\)")) as err:
         sa.entries(n, m, formula)
     assert "\n" not in str(err.value)
-
-
-def test_the_memory_efficient_variant_refuses_positions_in_one_line():
-    spec = positional_spec("alibi")
-    with pytest.raises(SymattnError, match=r"cuts no positions \(sa.entries\) yet"):
-        codegen.render(spec, "torch", variant="memeff")
 
 
 @pytest.mark.parametrize("kind", ["alibi", "window", "decay", "learned"])

@@ -15,6 +15,16 @@ def add_optional(a, b):
     return a if b is None else a + b
 
 
+def key_window(lo, hi, m, within=None):
+    """The keys a block of query rows reads: [lo, hi), outside which a position mask hides every key from every row
+    of the block (its structure, ``optimize.mask_structure``), within the key range a mask argument leaves (a slice),
+    clipped to 0 … m, never empty (every key hidden: one read, its probability zero)."""
+    if within is not None:
+        lo, hi = max(lo, within.start), min(hi, within.stop)
+    lo = min(max(lo, 0), m - 1)
+    return slice(lo, max(min(hi, m), lo + 1))
+
+
 def size_math(function, x):
     """function (exp, log, tanh, sin, cos) of x, a number made of sizes (log n), by Python's math: a Python float."""
     import math

@@ -37,15 +37,20 @@ from symattn.codegen.schedule.plan import (
     precision,
     scaled_factor,
 )
+from symattn.codegen.schedule.rowblocks import END_ROW, FIRST_ROW
 from symattn.errors import SymattnError
 from symattn.lang.algebra import factors
 from symattn.lang.graph import matrix_symbols
 from symattn.lang.ops import RowWise
+from symattn.numeric import positions
+from symattn.numeric.positions import bound_code
 from symattn.numeric.printers import (
     power,
     runtime_source,
     split_sign,
 )
+from symattn.optimize.mask_structure import key_window, of_sizes, pure_mask
+from symattn.optimize.position_blocks import EntriesBlock
 
 # SymPy functions of a trainable scalar (exp(τ), log(τ), …): SymPy's printer names them numpy.exp, …, which the
 # torch and jax printers name by their own module (the scalar is a 0-d tensor or array there)
@@ -112,11 +117,35 @@ class GeneratedCodeMixin:
     # Whether rows may hold −inf whatever the arguments (a matrix of positions' −∞ entries): the masked forms always.
     masked_rows: bool = False
 
+    def _hidden(self, scores: str, mask: EntriesBlock, fresh: bool) -> str:
+        """scores plus a block of a mask of positions (0, or −∞ where its condition holds) by the runtime's hide_keys:
+        −∞ written where the condition holds, looked for only on the keys outside the block's open range (those
+        every row of the block sees, ``optimize.mask_structure``)."""
+        window = key_window(mask.formula, FIRST_ROW, END_ROW, mask.shape[1])
+        rows = {FIRST_ROW: "block.start", END_ROW: f"min(block.stop, {self._print(mask.source.rows)})"}
+        open_keys = "slice(0, 0)"  # (a window that reads the head: no range open to every head)
+        if of_sizes(window, FIRST_ROW, END_ROW):
+            open_keys = f"slice({bound_code(window.open_lo, rows)}, {bound_code(window.open_hi, rows)})"
+        condition = positions.array_code(pure_mask(mask.formula), self.position_flavour())
+        variables = "i, j, h" if mask.heads else "i, j"
+        heads = f", heads={self._print(mask.heads)}" if mask.heads else ""
+        arguments = f"{scores}, lambda {variables}: {condition}, block, keys, {self._print(mask.source.rows)}"
+        call = f"({arguments}, {open_keys}{self.position_dtype}{heads}, inplace={fresh})"
+        return self.helper("hide_keys") + call
+
     def _optional_term(self, term: Basic) -> bool:
         value = broadcast_column(term) or term
         return isinstance(value, sp.MatrixSymbol) and str(value.name) in self.optional
 
     def _print_MatAdd(self, expr: Basic) -> str:
+        hiding = [t for t in expr.args if isinstance(t, EntriesBlock) and pure_mask(t.formula) is not None]
+        if hiding and len(hiding) < len(expr.args):  # scores + a mask of positions: −∞ written into the scores
+            rest = [t for t in expr.args if t not in hiding]
+            scores = rest[0] if len(rest) == 1 else MatAdd(*rest)
+            text = self._print(scores)
+            for mask in hiding:  # (in place into a value made here: a product, a sum)
+                text = self._hidden(text, mask, self.inplace and not isinstance(scores, sp.MatrixSymbol))
+            return text
         optional = [t for t in expr.args if self._optional_term(t)]
         if optional:
             rest = [t for t in expr.args if t not in optional]

@@ -19,11 +19,13 @@ from symattn.codegen.backends import Backend
 from symattn.codegen.emit import layout
 from symattn.codegen.schedule.build import Assignment, Schedule
 from symattn.codegen.schedule.plan import Plan, broadcast_column
-from symattn.codegen.schedule.rowblocks import BLOCK_SIZE, plan
+from symattn.codegen.schedule.rowblocks import BLOCK_SIZE, END_ROW, FIRST_ROW, plan
 from symattn.errors import SymattnError
 from symattn.lang.functions import FunctionRecord
 from symattn.lang.graph import matrix_symbols
 from symattn.lang.ops import SplitHeads
+from symattn.numeric.positions import bound_code
+from symattn.optimize.position_blocks import EntriesBlock
 from symattn.specs import Option
 
 # An in-place chain printing longer than this prints as plain arithmetic instead (a line ruff format keeps < 120).
@@ -196,9 +198,13 @@ class Sections:
             # out= (a torch printer told to write nothing in place still passes it: the helper decides)
             later = {x for a in everything for x in matrix_symbols(a.value) if a.target != a_b}
             operand = a_b.name if a_b in later or not self.mutable else f"{a_b.name}, out={a_b.name}"
-            call = f"{self.printer.helper(masked if self.printer.masked_rows else plain)}({operand})"
-            if self.mask is not None and not self.printer.masked_rows:
+            call = f"{self.printer.helper(masked if lp.masked else plain)}({operand})"
+            if self.mask is not None and not lp.masked:
                 call += f" if {self.mask} is None else {self.printer.helper(masked)}({operand})"
+            elif self.mask is None and lp.masked and lp.window is not None and lp.window.every_row != sp.false:
+                # (the structure leaves every row of the block a key: no row all −∞)
+                seen = bound_code(lp.window.every_row, self._rows(lp))
+                call = f"{self.printer.helper(plain)}({operand}) if {seen} else {call}"
             body.insert(_after(body, a_b), Statement(f"{p_b.name}, {l_b.name}" if kept else str(p_b.name), call))
         if lp.scores is not None:  # the causal part of the mask, written into the block's scores
             scores = str(lp.scores.name)
@@ -263,11 +269,23 @@ class Sections:
     def _key_count(self, lp) -> str:
         return f"{lp.keys[0][1].name}.shape[-2]"
 
+    def _rows(self, lp) -> dict:
+        """The code of the block's first row and row end, for the bounds of its key window."""
+        return {FIRST_ROW: "block.start", END_ROW: f"min(block.stop, {lp.rows_of}.shape[-2])"}
+
     def _keys(self, lp) -> list[Statement]:
         """The block's key range and the rows of the whole values of m key rows in it (none without one)."""
         if not lp.keys:
-            return []
+            positions = set().union(*(a.value.atoms(EntriesBlock) for a in (*lp.body, *lp.accumulate)))
+            if not positions:
+                return []
+            every = self.printer.doprint(min(positions, key=str).shape[1])  # (every key a block of positions reads)
+            return [Statement("keys", f"slice(0, {every})")]
         call = f"{self.printer.helper('key_range')}({self.mask}, causal, block, {self._key_count(lp)})"
+        if lp.window is not None:  # the keys a matrix of positions leaves the block (within the mask's)
+            lo, hi = (bound_code(x, self._rows(lp)) for x in (lp.window.lo, lp.window.hi))
+            within = call if self.mask is not None else "None"
+            call = f"{self.printer.helper('key_window')}({lo}, {hi}, {self._key_count(lp)}, {within})"
         return [Statement("keys", call), *(Statement(str(k.name), f"{f.name}[..., keys, :]") for k, f in lp.keys)]
 
 

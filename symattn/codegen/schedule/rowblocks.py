@@ -33,11 +33,14 @@ from symattn.errors import SymattnError
 from symattn.lang.algebra import factors
 from symattn.lang.functions import Elementwise
 from symattn.lang.graph import matrix_symbols, nodes
-from symattn.lang.ops import Exp, RowSoftmax
+from symattn.lang.ops import Exp, RowSoftmax, SplitHeads
 from symattn.lang.positions import Entries
+from symattn.optimize.mask_structure import KeyWindow, window_of_scores
+from symattn.optimize.position_blocks import in_blocks
 
 BLOCK_SIZE = 128  # default query rows per block: 128 × m temporaries (2 MiB each at m = 4096, float32)
 BLOCK_ROWS = sp.Symbol("b", positive=True, integer=True)
+FIRST_ROW, END_ROW = sp.Symbol("r_0", integer=True, nonnegative=True), sp.Symbol("r_1", integer=True, positive=True)
 
 
 @dataclass
@@ -63,6 +66,10 @@ class Loop:
     keys: list[tuple[MatrixSymbol, MatrixSymbol]] = field(default_factory=list)
     scores: MatrixSymbol | None = None
     keyed: set = field(default_factory=set)
+    # a matrix of positions in the scores: ``window`` the keys its mask leaves a block (``optimize.mask_structure``, of
+    # FIRST_ROW and END_ROW), ``masked`` whether some score may be −∞ (a softmax for rows of −∞)
+    window: KeyWindow | None = None
+    masked: bool = False
 
 
 @dataclass
@@ -91,8 +98,10 @@ class Core:
 def _attention_core(sched: Schedule) -> Core:
     """The schedule's attention core (``Core``), or SymattnError naming what it lacks."""
     forward = list(sched.forward)
-    if any(isinstance(x, Entries) for a in forward for x in nodes(a.value)):
-        raise SymattnError(f"spec {sched.spec.name}: the memory-efficient variant cuts no positions (sa.entries) yet")
+    tables = [x.reads[0] for a in forward for x in nodes(a.value) if isinstance(x, Entries) and x.reads]
+    if tables:
+        why = f"computes no matrix read at positions ({tables[0]} in a formula) yet; use the standard one"
+        raise SymattnError(f"spec {sched.spec.name}: the memory-efficient variant {why}")
     where = [i for i, a in enumerate(forward) if isinstance(a.value, RowSoftmax)]
     if len(where) != 1 or where[0] == 0 or where[0] + 1 >= len(forward):
         raise SymattnError(f"spec {sched.spec.name}: the memory-efficient variant needs one row softmax")
@@ -157,8 +166,9 @@ def _entrywise(value: Basic) -> bool:
         elif isinstance(node, OneMatrix):
             if node.shape != value.shape:
                 return False
-        elif not isinstance(node, (MatAdd, HadamardProduct, HadamardPower, MatrixSymbol, Elementwise)):
-            return False
+        elif not isinstance(node, (MatAdd, HadamardProduct, HadamardPower, MatrixSymbol, Elementwise, Entries)):
+            if not _term(node):  # (a matrix of positions: its block computed from the block's positions)
+                return False
     return True
 
 
@@ -198,7 +208,7 @@ def plan(sched: Schedule, keep: bool = False) -> Plan:
         """expr for a block of rows: its row-local values' blocks, and a ones matrix of n rows (1 − T², 𝟏 b) b."""
         local = sorted((x for x in matrix_symbols(expr) if row_local(x)), key=str)  # a fixed order: same bytes
         ones = {o: OneMatrix(BLOCK_ROWS, o.shape[1]) for o in expr.atoms(OneMatrix) if o.shape[0] == n_rows}
-        return expr.xreplace({x: block(x) for x in local} | ones)
+        return in_blocks(expr.xreplace({x: block(x) for x in local} | ones), BLOCK_ROWS)
 
     ahead, floop, after = _forward_cut(sched, core, lse, blocks, (row_local, block, in_block))
 
@@ -232,6 +242,7 @@ def plan(sched: Schedule, keep: bool = False) -> Plan:
     reads |= {full for _, full in bloop.slices}
     made = {a.target for a in (*pre, *inside, *post)}
     saved = tuple(x for x in sched.saved if x in reads and x not in made and x not in made_in)
+    saved += _read_again(sched, reads, saved)
     if keep and sched.backward:  # the forward collects P (for the backward's blocks) instead of L
         floop.collect = [(x, b) if x != lse else (p_def.target, block(p_def.target)) for x, b in floop.collect]
         floop.collect += [(x, block(x)) for x in kept if (x, block(x)) not in floop.collect]
@@ -243,6 +254,7 @@ def plan(sched: Schedule, keep: bool = False) -> Plan:
     lost = sorted(str(x) for a in post for x in matrix_symbols(a.value) if x in propagating and x not in kept_after)
     if lost:  # (Pᵀ dF summed after the loop, in an order of products whose cut reads P whole)
         raise SymattnError(f"spec {sched.spec.name}: after the blocks of rows the backward reads {', '.join(lost)}")
+    _positions_of(sched, core, (floop, bloop), in_block(a_def.value), keep)
     _keys_of(sched, (floop, bloop), full, block(a_def.target), blocks, keep)
     return Plan((ahead, floop, after), (pre, bloop, post), lse, (*saved, lse))
 
@@ -284,11 +296,25 @@ def _sums_rows(expr: Basic, rows) -> bool:
     return any(isinstance(f, Transpose) and any(rows(x) for x in matrix_symbols(f.arg)) for f in firsts)
 
 
+def _positions_of(sched: Schedule, core: Core, loops: tuple[Loop, Loop], scores: Basic, keep: bool) -> None:
+    """The loops' facts of the matrices of positions in the scores chain: the key window their masks leave a block
+    (scores: A_b, its terms blocks of positions) and whether a score may be −∞. A plan that keeps P (the standard
+    variant with a mask argument) takes none: its closed form takes them whole."""
+    positions = [x for a in core.chain for x in nodes(a.value) if isinstance(x, Entries)]
+    if positions and keep:
+        raise SymattnError(f"spec {sched.spec.name}: positions and a mask: the standard variant takes them whole")
+    window = window_of_scores(scores, FIRST_ROW, END_ROW)
+    for loop in loops:
+        loop.window, loop.masked = window, any(x.masks for x in positions)
+
+
 def _keys_of(sched: Schedule, loops: tuple[Loop, Loop], full: set, scores: MatrixSymbol, blocks: dict, keep: bool):
-    """Each loop's key range where the spec has a mask (``_by_keys``); a plan that keeps P must have one."""
-    if sched.mask is not None:
-        for loop in loops:
+    """Each loop's key range where the spec has a mask or its positions do (``_by_keys``); a plan that keeps P must
+    have one."""
+    for loop in loops:
+        if sched.mask is not None or loop.window is not None:
             _by_keys(loop, full, scores, blocks.get(sched.mask))
+            loop.scores = loop.scores if sched.mask is not None else None  # (causal: an option of a mask argument)
     floop, bloop = loops
     if keep and not (floop.keys and (bloop.keys or not sched.backward)):
         raise SymattnError(f"spec {sched.spec.name}: the blocks of rows cannot skip the keys the mask hides")
@@ -353,7 +379,10 @@ def _by_keys(loop: Loop, full: set, scores: MatrixSymbol, mask: MatrixSymbol | N
     it is when the mask is not read in the loop, or when a value the loop collects or sums has the key dimension
     otherwise (a column sum 𝟏ᵀ P_b)."""
     m = scores.shape[1]
-    if mask is None or not any(b == mask or b.shape == scores.shape for b, _ in loop.slices):
+    made = any(a.target == scores for a in loop.body) or loop.softmax
+    if loop.window is None and (mask is None or not any(b == mask or b.shape == scores.shape for b, _ in loop.slices)):
+        return
+    if loop.window is not None and not made:  # (the window's keys: those of the scores the loop makes)
         return
     keyed = {b for b, whole in loop.slices if b.shape == scores.shape}
     keyed |= {b for _, b in loop.collect if b.shape == scores.shape}  # placed in the whole, zero on skipped keys
@@ -370,16 +399,30 @@ def _by_keys(loop: Loop, full: set, scores: MatrixSymbol, mask: MatrixSymbol | N
     loop.body = [Assignment(a.target, a.value.xreplace(sub), a.reduce_batch) for a in loop.body]
     loop.accumulate = [Assignment(a.target, a.value.xreplace(sub), a.reduce_batch) for a in loop.accumulate]
     loop.keys, loop.keyed = [(sub[x], x) for x in whole], keyed
-    loop.scores = scores if any(a.target == scores for a in loop.body) or loop.softmax else None
+    loop.scores = scores if made else None
 
 
 def _scores(value: Basic) -> Basic:
     """c·X Zᵀ of A = c·X Zᵀ + M (an additive mask), or A's value itself."""
     if isinstance(value, sp.MatAdd):
         products = [t for t in value.args if isinstance(t, MatMul)]
-        if len(products) == 1 and all(isinstance(t, MatrixSymbol) for t in value.args if t is not products[0]):
+        if len(products) == 1 and all(_term(t) for t in value.args if t is not products[0]):
             return products[0]
     return value
+
+
+def _read_again(sched: Schedule, reads: set, saved: tuple) -> tuple:
+    """The sizes and trainable scalars the backward's loop reads that the forward does not save yet: what a block of
+    positions reads again (n of its rows, a slope τ) where the whole backward read none."""
+    again = {
+        x for x in reads if isinstance(x, sp.Symbol) and ((x.is_integer and x.is_positive) or x in sched.spec.inputs)
+    }
+    return tuple(sorted(again - {BLOCK_ROWS, *saved}, key=str))
+
+
+def _term(t: Basic) -> bool:
+    """Is t a term the scores may add to the product: a mask M, a matrix of positions (or its split into heads)?"""
+    return isinstance(t, (MatrixSymbol, Entries)) or (isinstance(t, SplitHeads) and isinstance(t.arg, Entries))
 
 
 def _slices(loop: Loop, blocks: dict[MatrixSymbol, MatrixSymbol]) -> list[tuple[MatrixSymbol, MatrixSymbol]]:

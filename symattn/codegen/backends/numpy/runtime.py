@@ -382,6 +382,26 @@ def causal_fill(scores, rows, keys):
     return scores
 
 
+def hide_keys(scores, hidden, rows, keys, n, open_keys, dtype, heads=None, inplace=True):
+    """scores (..., b, k) of the query rows rows and the keys keys plus a mask of positions: -inf written where
+    hidden(i, j) (per head hidden(i, j, h)) holds, not looked for on the keys of open_keys (a range every row of the
+    block sees) at one end of keys; into scores where inplace (a value made for it), else into a copy."""
+    first, stop = keys.start, keys.stop  # the keys looked at: less an open range at one end (one part, one fill)
+    if open_keys.start <= first < open_keys.stop:
+        first = min(open_keys.stop, stop)
+    elif open_keys.start < stop <= open_keys.stop:
+        stop = max(open_keys.start, first)
+    out = scores if inplace else scores.copy()
+    wide = np.promote_types(dtype, np.float32)
+    i = np.arange(rows.start, min(rows.stop, n), dtype=wide)[:, None]
+    h = None if heads is None else np.arange(heads, dtype=wide)[:, None, None]
+    if first < stop:
+        j = np.arange(first, stop, dtype=wide)[None, :]
+        where = hidden(i, j) if heads is None else hidden(i, j, h)
+        np.copyto(out[..., first - keys.start : stop - keys.start], -np.inf, where=where)
+    return out
+
+
 def add_rows(total, keys, part, m):
     """The sum over blocks of a value of m rows (…, m, k), part adding to its rows keys; total is 0 before the
     first block. part is a product made for the sum (dAᵀ Q): the first one may become the sum itself. 16-bit parts
