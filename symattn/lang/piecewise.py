@@ -244,13 +244,24 @@ def _slope(negative_slope: object) -> Basic:
     return slope
 
 
-class LeakyRelu(Parametrised):
+class _Sloped(Parametrised):
+    """A function of A with a finite slope a (leaky_relu's negative_slope, torch's default 0.01) as its parameter."""
+
+    parameters = ("slope",)
+    example_parameters = (TORCH_SLOPE,)
+
+    def __new__(cls, arg: MatrixExpr, slope: object = TORCH_SLOPE) -> _Sloped:
+        arg = expression(arg)
+        require_matrix(arg, cls.function)
+        return Basic.__new__(cls, arg, _slope(slope))
+
+
+class LeakyRelu(_Sloped):
     """LeakyReLU(A) = A where A > 0, a A elsewhere, entrywise (a = negative_slope, torch's default 0.01);
     LeakyReLU′ = 1 where A > 0, a where A ≤ 0, as torch's leaky_relu_backward (``LeakyStep``)."""
 
     function = "leaky_relu"
     latex, text = r"\operatorname{LeakyReLU}", "LeakyReLU"
-    parameters = ("slope",)
     calls = {
         NUMPY: "np.where({0} > 0, {0}, {slope} * {0})",
         TORCH: "torch.nn.functional.leaky_relu({0}, {slope})",
@@ -258,12 +269,9 @@ class LeakyRelu(Parametrised):
         TRITON: "tl.where({0} > 0, {0}, {slope} * {0})",
     }
     flops = 2
-    example_parameters = (TORCH_SLOPE,)
 
     def __new__(cls, arg: MatrixExpr, negative_slope: object = TORCH_SLOPE) -> LeakyRelu:
-        arg = expression(arg)
-        require_matrix(arg, cls.function)
-        return Basic.__new__(cls, arg, _slope(negative_slope))
+        return super().__new__(cls, arg, negative_slope)
 
     @staticmethod
     def scalar(x: Basic, slope: Basic = TORCH_SLOPE) -> Basic:
@@ -273,26 +281,19 @@ class LeakyRelu(Parametrised):
         return LeakyStep(self.arg, self.args[1])
 
 
-class LeakyStep(Parametrised):
+class LeakyStep(_Sloped):
     """LeakyReLU′(A) = 1 where A > 0, a where A ≤ 0 (torch's value at 0), entrywise (backward passes); its
     derivative is 0."""
 
     function = "leaky_step"
     exported = False
     latex, text = r"\operatorname{step}", "step"
-    parameters = ("slope",)
     calls = {
         NUMPY: "np.where({0} > 0, 1.0, {slope}).astype({0}.dtype)",
         TORCH: "torch.where({0} > 0, 1.0, torch.full_like({0}, {slope}))",
         JAX: "jnp.where({0} > 0, 1.0, {slope}).astype({0}.dtype)",
         TRITON: "tl.where({0} > 0, 1.0, {slope})",
     }
-    example_parameters = (TORCH_SLOPE,)
-
-    def __new__(cls, arg: MatrixExpr, slope: object = TORCH_SLOPE) -> LeakyStep:
-        arg = expression(arg)
-        require_matrix(arg, cls.function)
-        return Basic.__new__(cls, arg, _slope(slope))
 
     @staticmethod
     def scalar(x: Basic, slope: Basic = TORCH_SLOPE) -> Basic:
