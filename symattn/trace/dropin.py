@@ -18,7 +18,6 @@ import contextlib
 import types
 
 from symattn.codegen.generate import render
-from symattn.codegen.schedule.build import split_constants
 from symattn.errors import SymattnError
 from symattn.lang.functions import TORCH
 from symattn.specs.spec import Spec
@@ -102,12 +101,11 @@ class ClosedForm:
         traced = self._traced_at(args)
         inputs = self.inputs(args, traced)
         constants = self.constants(args, inputs, traced)
-        mask, _ = split_constants(traced.spec)
         batch = tuple(inputs[0].shape[:-2])
         given = []  # the constants in the spec's order, after the inputs: the additive mask batched, the rest not
         for c in traced.spec.constants:
             name = str(c.name)
-            if mask is not None and name == str(mask.name):
+            if name == traced.mask:
                 value = constants[name]
                 batched = value.ndim > 2 or batch
                 given.append(torch.broadcast_to(value, (*batch, *value.shape[-2:])) if batched else value)

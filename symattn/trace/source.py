@@ -54,6 +54,7 @@ class Traced:
     # (the 3-D float arguments, the output) in the (n, B, c) layout: the drop-in hands the generated code the
     # arguments' transpose(0, 1) and transposes its output back (torch's batch_first=False attention)
     sequence_first: tuple[bool, bool] = (False, False)
+    mask: str | None = None  # the spec's additive mask constant, by name (``split_constants``): the drop-in batches it
 
 
 def block_sources(traced: Traced) -> dict[str, tuple[str, int, int, int]]:
@@ -194,6 +195,10 @@ def _trace(
     traced = Traced(spec, t.program, t.constants, tuple(arguments), params_, shapes, tuple(demoted), tuple(t.upcast))
     traced.views = ranges
     traced.sequence_first = (sequence_first, output.pending == "seq_first")
+    from symattn.codegen.schedule.build import split_constants  # (codegen loads only when a trace needs it)
+
+    additive, _ = split_constants(spec)
+    traced.mask = None if additive is None else str(additive.name)
     return traced
 
 
