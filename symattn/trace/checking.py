@@ -147,6 +147,7 @@ def _point(fn, module, examples, first, fixed, rng, small: bool):
 def _values(traced, target, args, rng, s) -> dict:
     """The spec's leaves at this point: inputs (2-D, batch axes of length 1 dropped), constants, G."""
     from symattn.trace.constants import sizes_of, spec_layout, spec_value
+    from symattn.trace.source import bound_arguments
 
     tensors = _tensors(traced, target, args)
     layouts = [spec_layout(t) for t in tensors]
@@ -156,7 +157,9 @@ def _values(traced, target, args, rng, s) -> dict:
         a = t.detach().numpy()
         values[symbol] = float(a) if a.ndim == 0 else a.reshape(a.shape[-2:])
     buffers = dict(target.named_buffers()) if hasattr(target, "named_buffers") else {}
-    raw = traced.program.replay(args, buffers, [c.ref for c in traced.constants])
+    raw = traced.program.replay(
+        tuple(bound_arguments(target, args).values()), buffers, [c.ref for c in traced.constants]
+    )
     for mine, c, tensor in zip(s.constants, traced.constants, raw):
         value = spec_value(c, tensor, layouts[0].dtype, sizes).numpy()
         values[mine] = value.reshape(value.shape[-2:])
@@ -167,21 +170,11 @@ def _values(traced, target, args, rng, s) -> dict:
 
 
 def _tensors(traced, target, args) -> list:
-    from symattn.trace.source import spec_tensors
+    from symattn.trace.source import bound_arguments, spec_tensors
 
-    bound = dict(zip(_names(target), args))
+    bound = bound_arguments(target, args)
     found = [bound[n] for n in traced.arguments]
     return spec_tensors(traced, found + [target.get_parameter(p) for p in traced.parameters])
-
-
-def _names(fn) -> list[str]:
-    import inspect
-
-    import torch
-
-    if isinstance(fn, torch.nn.Module):
-        return list(inspect.signature(type(fn).forward).parameters)[1:]
-    return list(inspect.signature(fn).parameters)
 
 
 def _claimed(backward, target, module, args, values, s) -> tuple[dict, str]:

@@ -22,7 +22,7 @@ from symattn.errors import SymattnError
 from symattn.lang.functions import TORCH
 from symattn.specs.spec import Spec
 from symattn.trace.constants import sizes_of, spec_layout, spec_value
-from symattn.trace.source import Traced, spec_tensors, trace
+from symattn.trace.source import Traced, bound_arguments, spec_tensors, trace
 
 
 def generated_module(traced_spec, *, second_order: bool = True) -> types.ModuleType:
@@ -54,8 +54,9 @@ class ClosedForm:
         shapes = tuple(tuple(a.shape) if isinstance(a, torch.Tensor) else None for a in args)
         held = self.traced.setdefault(shapes, [])
         buffers = _buffers(self.fn)
+        values = tuple(bound_arguments(self.fn, args).values())
         for traced in held:
-            if traced.program.holds(args, buffers):
+            if traced.program.holds(values, buffers):
                 return traced
         with _original_forward(self.fn):
             traced = trace(self.fn, tuple(_detached(a) for a in args))
@@ -78,7 +79,7 @@ class ClosedForm:
         import torch
 
         traced = traced or self._traced_at(args)
-        bound = dict(zip(_argument_names(self.fn), args))
+        bound = bound_arguments(self.fn, args)
         for name in traced.masks:  # the generated code gives the additive mask no gradient: never silently
             if torch.is_grad_enabled() and getattr(bound.get(name), "requires_grad", False):
                 raise SymattnError(
@@ -91,7 +92,8 @@ class ClosedForm:
         """The spec's constants for these arguments, by name, at the spec's matrix shapes."""
         traced = traced or self._traced_at(args)
         sizes = sizes_of(traced.spec, inputs)
-        values = traced.program.replay(args, _buffers(self.fn), [c.ref for c in traced.constants])
+        values = tuple(bound_arguments(self.fn, args).values())
+        values = traced.program.replay(values, _buffers(self.fn), [c.ref for c in traced.constants])
         dtype = inputs[0].dtype
         return {str(c.symbol.name): spec_value(c, raw, dtype, sizes) for c, raw in zip(traced.constants, values)}
 
@@ -140,16 +142,6 @@ def _detached(a):
     import torch
 
     return a.detach() if isinstance(a, torch.Tensor) else a
-
-
-def _argument_names(fn) -> list[str]:
-    import inspect
-
-    import torch
-
-    if isinstance(fn, torch.nn.Module):
-        return list(inspect.signature(type(fn).forward).parameters)[1:]
-    return list(inspect.signature(fn).parameters)
 
 
 @contextlib.contextmanager
@@ -202,7 +194,7 @@ def generated_instance(module, *example_inputs, second_order: bool = True):
         if isinstance(v, type) and issubclass(v, torch.nn.Module) and v.__module__ == generated.__name__
     )
     params = [module.get_parameter(p) for p in traced.parameters]
-    bound = dict(zip(_argument_names(module), example_inputs))
+    bound = bound_arguments(module, example_inputs)
     tensors = spec_tensors(traced, [bound[n] for n in traced.arguments] + params)
     sizes = {str(d): v for d, v in sizes_of(traced.spec, [spec_layout(t) for t in tensors]).items()}
     wanted = [n for n in inspect.signature(cls.__init__).parameters if n not in ("self", "device", "dtype")]

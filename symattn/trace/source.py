@@ -71,6 +71,16 @@ def block_sources(traced: Traced) -> dict[str, tuple[str, int, int, int]]:
     return found
 
 
+def bound_arguments(fn, args: tuple) -> dict:
+    """The forward's parameters by name for these positional arguments, as the trace bound them: a ``*args``
+    parameter holds the tuple of the rest (the constant program's references number the parameters)."""
+    import torch
+
+    if isinstance(fn, torch.nn.Module):  # (the class's forward: the module's own may be a drop-in's)
+        return dict(list(inspect.signature(type(fn).forward).bind(fn, *args).arguments.items())[1:])
+    return dict(inspect.signature(fn).bind(*args).arguments)
+
+
 def spec_tensors(traced: Traced, tensors: list, offset: int = 0) -> list:
     """The spec's input tensors from the traced inputs' (the arguments', then the parameters', in order; the first
     given at position offset): one read in blocks as its blocks, views of it (``narrow``), so that autograd hands

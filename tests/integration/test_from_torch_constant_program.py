@@ -185,3 +185,35 @@ def test_a_guard_holds_for_equal_values_only():
     program.guard(torch.Tensor.tolist, (lengths,), {}, [2, 3])
     assert program.holds((torch.tensor([2, 3]),), {})
     assert not program.holds((torch.tensor([3, 2]),), {})
+
+
+def test_a_mask_passed_through_star_args_is_replayed_from_the_calls_own():
+    """forward(self, x, *rest) with the mask in rest: the constant program numbers the forward's parameters (rest
+    a tuple), so each call's mask is read from that call's rest (it was read as rest[0][0], the first sequence's
+    rows of the new mask: a wrong output without a word)."""
+
+    class StarArgs(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.q = torch.nn.Linear(4, 4, dtype=torch.float64)
+
+        def forward(self, x, *rest):
+            scores = self.q(x) @ x.mT / 2
+            return scores.masked_fill(~rest[0], float("-inf")).softmax(-1) @ x
+
+    def masks(seed):
+        keep = torch.rand(2, 5, 5, generator=torch.Generator().manual_seed(seed)) > 0.4
+        keep[..., 0] = True
+        return keep
+
+    torch.manual_seed(0)
+    module = StarArgs()
+    reference = copy.deepcopy(module)
+    drop_in(module, torch.randn(2, 5, 4, dtype=torch.float64), masks(0))
+    x = torch.randn(2, 5, 4, dtype=torch.float64)
+    leaves, copies = x.clone().requires_grad_(), x.clone().requires_grad_()
+    got, want = module(leaves, masks(1)), reference(copies, masks(1))
+    got.sum().backward()
+    want.sum().backward()
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(leaves.grad, copies.grad, rtol=1e-10, atol=1e-12)
