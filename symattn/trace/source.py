@@ -281,7 +281,7 @@ def _arguments(t: Trace, bound: dict, masks: set[str], inputs: set[str]) -> tupl
                 t.floats[id(value)] = _own_name(pname)
             batch = value.shape[1:2] if t.sequence_first and value.ndim == 3 else value.shape[:-2]
             t.batch = t.batch if arguments else tuple(batch)
-            t.add_input(_own_name(pname), value)
+            t.add_input(_own_name(pname), value, argument=True)
             arguments.append(pname)
         else:
             t.program.leaf(value, Ref("arg", i))

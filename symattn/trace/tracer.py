@@ -112,11 +112,12 @@ class Trace:
 
     # inputs
 
-    def add_input(self, name: str, tensor: torch.Tensor) -> None:
-        """A differentiated input: a 0-d tensor is a trainable scalar, a 1-D one a 1 × d row, else a matrix."""
+    def add_input(self, name: str, tensor: torch.Tensor, argument: bool = False) -> None:
+        """A differentiated input: a 0-d tensor is a trainable scalar, a 1-D one a 1 × d row, else a matrix (a 3-D
+        argument of a sequence-first trace (n, B, c): each sequence's matrix is x[:, b, :])."""
         if not self.inputs and tensor.is_floating_point():
             self.dtype = tensor.dtype
-        first = self.sequence_first and tensor.ndim == 3  # (n, B, c): each sequence's matrix is x[:, b, :]
+        first = argument and self.sequence_first and tensor.ndim == 3
         if tensor.ndim == 0:
             symbol = scalar(name)
         else:
