@@ -178,7 +178,7 @@ def clauses(formula: Expr) -> list[list[Bound]] | None:
                 parts = _atom(literal)
             combined = [c + p for c in combined for p in parts]
         found += combined
-    return found
+    return sorted(found, key=str)  # (one order whatever the hash seed: the printed bounds are deterministic)
 
 
 def _at(bound: Bound, row: Expr) -> Expr:
