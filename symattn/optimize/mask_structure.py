@@ -21,7 +21,9 @@ Conservative: what is not such a relation (a table read at positions, ``floor``,
 of j other than ±1) is dropped from the bounds (more keys, never fewer) and empties its clause's open range; a
 formula whose −∞ is not reached through sums, positive multiples and Piecewise branches has no structure: every
 key, the mask applied everywhere. The results are SymPy expressions of r₀, r₁ and the sizes; the memory-efficient
-modules evaluate them per block, and the Triton kernels per tile.
+modules evaluate them per block, and the Triton kernels per tile. The transposed question, the rows that see a block
+of keys (``row_window``), is the key window of fᵀ(i, j) = f(j, i); on the keys every row sees, f equals its formula
+without −∞ branches (``unmasked``).
 """
 
 from __future__ import annotations
