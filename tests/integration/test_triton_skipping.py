@@ -3,9 +3,10 @@ sees whole (``optimize.mask_structure``: a program's keys [lo, hi) and open keys
 key part, the query rows of its keys, from the transposed formula), under Triton's interpreter (16 × 16 tiles).
 
 Causal sliding windows narrower and wider than a tile, a prefix-LM, a band, a bottom-right causal mask (n ≠ m in the
-bounds), a window with ALiBi's slope per head, and masks the analysis cannot read (a floor, a window that depends on
-the head: every tile, the mask applied, the kernels as before): forward, gradients and the JVP against torch autograd
-of an independent float64 forward (rows with no key give zeros), sizes not multiples of the tile, n ≠ m both ways.
+bounds), a window with ALiBi's slope per head, grouped query heads sharing key/value heads, and masks the analysis
+cannot read (a floor, a window that depends on the head: every tile, the mask applied, the kernels as before):
+forward, gradients and the JVP against torch autograd of an independent float64 forward (rows with no key give
+zeros), sizes not multiples of the tile, n ≠ m both ways.
 The tiles visited are counted (the interpreter's dots; the mask's ``_kept`` by its flag) against a brute-force count
 of the tiles holding a visible entry and of those wholly visible.
 """
@@ -20,6 +21,7 @@ import sympy as sp
 from triton_rendered import compare, torch, triton_module
 
 import symattn as sa
+from symattn.lang.ops import repeat_heads
 from symattn.specs import dim
 
 n, m, d = dim("n"), dim("m"), dim("d")
@@ -80,9 +82,9 @@ def _inputs(rows, cols, seed, width=8):
 def _check(module, function, inputs, what, causal=False, seed=0):
     """Forward, gradients (float32 kernels) against float64 autograd of function; the JVP against torch.func.jvp."""
     g = torch.Generator().manual_seed(seed)
-    cotangent = torch.randn(inputs[0].shape[:-1] + inputs[2].shape[-1:], generator=g, dtype=torch.float64)
     leaves = [x.float().requires_grad_() for x in inputs]
     out = module.forward(*leaves, causal=causal)
+    cotangent = torch.randn(out.shape, generator=g, dtype=torch.float64)
     grads = torch.autograd.grad(out, leaves, cotangent.float())
     exact = [x.clone().requires_grad_() for x in inputs]
     want = function(*exact, causal=causal)
@@ -218,3 +220,31 @@ def test_the_kernels_visit_only_the_tiles_with_a_visible_entry(name, size, folde
     dots[0] = 0
     torch.autograd.grad(out, leaves, torch.ones_like(out))
     assert dots[0] == batch * (4 * key_some + 3 * some)
+
+
+def test_grouped_query_heads_share_the_key_parts_window(folder):
+    """4 query heads sharing 2 key/value heads (the kernels' key part steps through its group's query heads): a
+    window of 20 keys in the heads form, forward, gradients and JVP against the heads repeated in float64."""
+    q = sa.matrix("Q", n, HEADS * d)
+    k, v = sa.matrix("K", m, 2 * d), sa.matrix("V", m, 2 * d)
+    positions = sa.entries(n, m, lambda i, j, h: _mask((j <= i) & (i - j < 20)), heads=HEADS)
+    qh = sa.split_heads(q, HEADS)
+    kh, vh = (repeat_heads(sa.split_heads(x, 2), 2, HEADS) for x in (k, v))
+    output = sa.merge_heads(sa.softmax(qh @ kh.T / sp.sqrt(d) + positions) @ vh, HEADS)
+    module = triton_module(sa.Spec("triton_skip_grouped", "grouped heads and a window", (q, k, v), output), folder)
+    assert "open_lo" in Path(module.__file__).read_text(encoding="utf-8")
+
+    def function(q, k, v, causal=False):
+        def heads(x, count):
+            return x.view(*x.shape[:-1], count, D_K).transpose(-3, -2)
+
+        rows, cols = q.shape[-2], k.shape[-2]
+        i, j = torch.arange(rows, dtype=q.dtype)[:, None], torch.arange(cols, dtype=q.dtype)[None, :]
+        kh, vh = (heads(x, 2).repeat_interleave(HEADS // 2, -3) for x in (k, v))
+        a = heads(q, HEADS) @ kh.mT / math.sqrt(D_K)
+        out = _softmax(a.masked_fill(~((j <= i) & (i - j < 20)), -math.inf)) @ vh
+        return out.transpose(-3, -2).reshape(*q.shape[:-1], HEADS * D_K)
+
+    g = torch.Generator().manual_seed(8)
+    inputs = [torch.randn(2, r, w * D_K, generator=g, dtype=torch.float64) for r, w in ((45, HEADS), (37, 2), (37, 2))]
+    _check(module, function, inputs, "grouped heads", seed=9)
