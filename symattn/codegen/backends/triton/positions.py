@@ -10,6 +10,11 @@ Per head (``split_heads(E, H)`` of the n × H·m matrix E whose column J holds h
 formula with ⌊J/m⌋ ↦ h and J ↦ h·m + j, h the program's head (``pos_h``: its batch·head index modulo H, the heads
 being the innermost batch axis, as split_heads lays them out). The eager core (a second derivative's recomputation)
 prints the same formula in torch over grids of the same names.
+
+A mask of them added to a row softmax's argument (−∞ where a key is hidden) decides which tiles a program visits
+(``tile_window``): the key window of its block of rows and, for the backward's key part, the row window of its block
+of keys (``optimize.mask_structure``), printed as integer code of the block's bounds and n, m; on the tiles every
+row sees whole the mask's formula is printed without its −∞ branches.
 """
 
 from __future__ import annotations
@@ -104,16 +109,11 @@ def tile_window(masks: tuple[Expr, ...], shape: tuple[Basic, Basic]) -> TileWind
     bounds = [tuple(_without_ite(x) for x in (w.lo, w.hi, w.open_lo, w.open_hi)) for w in (keys, rows)]
     if bounds == [(0, m, 0, 0), (0, n, 0, 0)]:  # (nothing known: every tile, masked)
         return None
-    if any(not x.free_symbols <= {first, end, *sizes} or x.has(sp.oo, -sp.oo) for found in bounds for x in found):
+    known = {first, end, *sizes}
+    if any(not x.free_symbols <= known or not all(a.is_Integer for a in x.atoms(sp.Number)) for b in bounds for x in b):
         return None
-
-    def integer(e: Basic) -> str:
-        if not e.is_Integer:
-            raise SymattnError(f"a key bound is an integer, not {e}")
-        return str(int(e))
-
     keys_code, rows_code = (
-        tuple(formula_code(x, integer, TRITON, {first: r0, end: r1, **sizes}) for x in found)
+        tuple(formula_code(x, lambda e: str(int(e)), TRITON, {first: r0, end: r1, **sizes}) for x in found)
         for found, (r0, r1) in zip(bounds, (("row0", "row1"), ("key0", "key1")))
     )
     return TileWindow(keys_code, rows_code)
