@@ -167,8 +167,19 @@ def _positions(printed: Printed) -> dict:
         "tangent_positions": lines(printed.tangent_positions, "MASKED"),
         "eager_positions": eager and eager_grid(printed.eager_heads) + eager,
         "window": window
-        and {"key_bounds": [bare(x) for x in window.keys], "row_bounds": [bare(x) for x in window.rows]},
+        and {
+            "key_bounds": [bare(x) for x in window.keys],
+            "row_bounds": [bare(x) for x in window.rows],
+            "key_parts": [_bare_line(x) for x in window.key_parts],
+            "row_parts": [_bare_line(x) for x in window.row_parts],
+        },
     }
+
+
+def _bare_line(line: str) -> str:
+    """name = code, without one pair of brackets around the code (as ruff writes it)."""
+    name, code = line.split(" = ", 1)
+    return f"{name} = {bare(code)}"
 
 
 def _position_line(name: str, code: str, open_code: str | None, flag: str) -> str:

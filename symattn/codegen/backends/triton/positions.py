@@ -90,6 +90,8 @@ class TileWindow:
 
     keys: tuple[str, str, str, str]
     rows: tuple[str, str, str, str]
+    key_parts: tuple[str, ...] = ()  # the lines naming the subexpressions keys share (``kw0 = …``), before them
+    row_parts: tuple[str, ...] = ()  # … and rows (``rw0 = …``)
 
 
 BLOCK = (sp.Symbol("_r0", integer=True, nonnegative=True), sp.Symbol("_r1", integer=True, positive=True))
@@ -112,11 +114,23 @@ def tile_window(masks: tuple[Expr, ...], shape: tuple[Basic, Basic]) -> TileWind
     known = {first, end, *sizes}
     if any(not x.free_symbols <= known or not all(a.is_Integer for a in x.atoms(sp.Number)) for b in bounds for x in b):
         return None
-    keys_code, rows_code = (
-        tuple(formula_code(x, lambda e: str(int(e)), TRITON, {first: r0, end: r1, **sizes}) for x in found)
-        for found, (r0, r1) in zip(bounds, (("row0", "row1"), ("key0", "key1")))
-    )
-    return TileWindow(keys_code, rows_code)
+    printed = [
+        _printed(found, {first: r0, end: r1, **sizes}, prefix)
+        for found, (r0, r1, prefix) in zip(bounds, (("row0", "row1", "kw"), ("key0", "key1", "rw")))
+    ]
+    return TileWindow(printed[0][0], printed[1][0], printed[0][1], printed[1][1])
+
+
+def _printed(bounds: tuple[Expr, ...], names: dict[Basic, str], prefix: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The bounds as Triton code of names, their common subexpressions named first (prefix0 = …, prefix1 = …: a
+    multi-clause mask's bounds repeat their conditions), and those lines."""
+    parts, reduced = sp.cse(list(bounds), symbols=sp.numbered_symbols(prefix))
+    names = names | {symbol: str(symbol) for symbol, _ in parts}
+
+    def code(x: Basic) -> str:
+        return formula_code(x, lambda e: str(int(e)), TRITON, names)
+
+    return tuple(code(x) for x in reduced), tuple(f"{symbol} = {code(value)}" for symbol, value in parts)
 
 
 def _without_ite(bound: Expr) -> Expr:
