@@ -248,3 +248,31 @@ def test_grouped_query_heads_share_the_key_parts_window(folder):
     g = torch.Generator().manual_seed(8)
     inputs = [torch.randn(2, r, w * D_K, generator=g, dtype=torch.float64) for r, w in ((45, HEADS), (37, 2), (37, 2))]
     _check(module, function, inputs, "grouped heads", seed=9)
+
+
+def test_an_n_by_m_input_beside_the_window_gets_zero_gradient_on_the_skipped_tiles(folder):
+    """softmax(Q Kᵀ/√d + B + window) V with B an n × m input: dB (written tile by tile where the kernels visit) is
+    G ⊙ P-shaped, zero on every key the window hides, the skipped tiles' included."""
+    q, k, v = sa.matrix("Q", n, d), sa.matrix("K", m, d), sa.matrix("V", m, d)
+    b = sa.matrix("B", n, m)
+    window = sa.entries(n, m, MASKS["window-5"][0])
+    spec = sa.Spec(
+        "triton_skip_bias", "a bias and a window", (q, k, v, b), sa.softmax(q * k.T / sp.sqrt(d) + b + window) * v
+    )
+    module = triton_module(spec, folder)
+    g = torch.Generator().manual_seed(10)
+    inputs = [*_inputs(37, 45, seed=11), torch.randn(2, 37, 45, generator=g, dtype=torch.float64)]
+    cotangent = torch.randn(2, 37, 8, generator=g, dtype=torch.float64)
+
+    def function(q, k, v, bias):
+        seen = visible("window-5", 37, 45)
+        a = (q @ k.mT / math.sqrt(q.shape[-1]) + bias).masked_fill(~seen, -math.inf)
+        return _softmax(a) @ v
+
+    leaves = [x.float().requires_grad_() for x in inputs]
+    grads = torch.autograd.grad(module.forward(*leaves), leaves, cotangent.float())
+    exact = [x.clone().requires_grad_() for x in inputs]
+    wanted = torch.autograd.grad(function(*exact), exact, cotangent)
+    for name, got, expected in zip(("Q", "K", "V", "B"), grads, wanted):
+        compare(got, expected, f"bias and window d{name}", rtol=1e-4)
+    assert not grads[3][:, ~visible("window-5", 37, 45)].any()
