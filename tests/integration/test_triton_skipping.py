@@ -183,7 +183,9 @@ def _tiles(seen: torch.Tensor, rows: int, cols: int, transposed=False):
     return some, every
 
 
-@pytest.mark.parametrize("name, size", [("window-5", (45, 29)), ("window-24", (37, 45)), ("band", (45, 29))])
+@pytest.mark.parametrize(
+    "name, size", [("window-5", (45, 29)), ("window-24", (37, 45)), ("band", (45, 29)), ("bottom-right", (50, 67))]
+)
 def test_the_kernels_visit_only_the_tiles_with_a_visible_entry(name, size, folder, monkeypatch):
     """Dots counted in the interpreter: the forward's two a tile, the backward's four (key part) and three (query
     part); each equals the brute-force count of the tiles holding a visible entry (a window: exact), fewer than all.
