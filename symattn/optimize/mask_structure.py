@@ -21,7 +21,9 @@ Conservative: what is not such a relation (a table read at positions, ``floor``,
 of j other than ±1) is dropped from the bounds (more keys, never fewer) and empties its clause's open range; a
 formula whose −∞ is not reached through sums, positive multiples and Piecewise branches has no structure: every
 key, the mask applied everywhere. The results are SymPy expressions of r₀, r₁ and the sizes; the memory-efficient
-modules evaluate them per block, and the Triton kernels per tile.
+modules evaluate them per block, and the Triton kernels per tile. The transposed question, the rows that see a block
+of keys (``row_window``), is the key window of fᵀ(i, j) = f(j, i); on the keys every row sees, f equals its formula
+without −∞ branches (``unmasked``).
 """
 
 from __future__ import annotations
@@ -178,7 +180,7 @@ def clauses(formula: Expr) -> list[list[Bound]] | None:
                 parts = _atom(literal)
             combined = [c + p for c in combined for p in parts]
         found += combined
-    return found
+    return sorted(found, key=str)  # (one order whatever the hash seed: the printed bounds are deterministic)
 
 
 def _at(bound: Bound, row: Expr) -> Expr:
@@ -277,6 +279,33 @@ def window_of_scores(scores: Expr, first: Expr, end: Expr) -> KeyWindow | None:
     if any(not of_sizes(w, first, end) for w in windows):
         return None
     return intersection(windows) if windows else None
+
+
+def row_window(formula: Expr, first: Expr, end: Expr, rows: Expr) -> KeyWindow:
+    """The query rows of the keys first … end − 1 of [f(i, j)] with rows query rows, as ``key_window`` finds keys:
+    the key window of the transpose fᵀ(i, j) = f(j, i) (its rows the keys), from the same linear conditions. [lo, hi)
+    holds every row that sees some key of the block, [open_lo, open_hi) rows that see every key of it unmasked."""
+    return key_window(formula.xreplace({I: J, J: I}), first, end, rows)
+
+
+def unmasked(formula: Expr) -> Expr:
+    """f where it is not −∞: each Piecewise's −∞ branches dropped (its last kept branch made its default), through
+    the sums, positive multiples and branches ``hidden`` reads. Equal to f wherever f ≠ −∞ when ``hidden(f)`` is not
+    None (every −∞ of f reached that way); f itself otherwise."""
+    if hidden(formula) is None or not formula.has(-sp.oo):
+        return formula
+    return _without_minus_infinity(formula)
+
+
+def _without_minus_infinity(e: Expr) -> Expr:
+    if not e.has(-sp.oo):
+        return e
+    if isinstance(e, sp.Piecewise):
+        kept = [(_without_minus_infinity(v), c) for v, c in e.args if v != -sp.oo]
+        if not kept:  # (−∞ everywhere: no visible entry reads it)
+            return sp.S.Zero
+        return sp.Piecewise(*kept[:-1], (kept[-1][0], True))
+    return e.func(*(_without_minus_infinity(a) for a in e.args))
 
 
 def of_sizes(window: KeyWindow, first: Expr, end: Expr) -> bool:

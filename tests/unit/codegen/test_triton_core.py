@@ -192,3 +192,55 @@ def test_only_the_dimensions_the_code_reads_are_bound():
         'd_k = dims["d_k"]',
         "scale = 1 / d_k**0.5 if scale is None else scale",
     ]
+
+
+def _window_of(formula, normaliser=sa.softmax, heads=None, scalar=False):
+    """The printed tile window of softmax(Q Kᵀ + E) V (or E per head), E = sa.entries(n, m, formula)."""
+    n, m, d = dim("n"), dim("m"), dim("d")
+    width = d if heads is None else heads * d
+    q, k, v = sa.matrix("Q", n, width), sa.matrix("K", m, width), sa.matrix("V", m, width)
+    if heads is None:
+        output = normaliser(q * k.T + sa.entries(n, m, formula)) * v
+    else:
+        qh, kh, vh = (sa.split_heads(x, heads) for x in (q, k, v))
+        output = sa.merge_heads(sa.softmax(qh @ kh.T + sa.entries(n, m, formula, heads=heads)) @ vh, heads)
+    inputs = (q, k, v, sa.scalar("tau")) if scalar else (q, k, v)
+    core = find_cores(sa.Spec("windowed", "a mask of positions", inputs, output)).cores[0]
+    return print_core(core, frozenset())
+
+
+def _masked(condition):
+    return sp.Piecewise((0, condition), (-sp.oo, True))
+
+
+def test_a_causal_window_prints_its_tiles_bounds_and_its_formula_without_the_mask():
+    # rows row0 … row1 − 1 of a window of 5 keys see keys row0 − 4 … row1 − 1, all of them row1 − 5 … row0
+    printed = _window_of(lambda i, j: _masked((j <= i) & (i - j < 5)))
+    assert printed.window.keys == (
+        "tl.maximum(0, (-4 + row0))",
+        "tl.minimum(row1, m)",
+        "tl.maximum(0, (-5 + row1))",
+        "tl.minimum(m, (1 + row0))",
+    )
+    assert printed.window.rows == ("key0", "tl.minimum(n, (4 + key1))", "(-1 + key1)", "tl.minimum(n, (5 + key0))")
+    assert printed.open_positions == {"pos0": "0.0"}
+
+
+@pytest.mark.parametrize(
+    "formula, heads, scalar",
+    [
+        (lambda i, j: _masked(sp.floor(i / 8) >= sp.floor(j / 8)), None, False),  # a floor
+        (lambda i, j: _masked(sa.scalar("tau") * i >= j), None, True),  # a trainable scalar in the condition
+        (lambda i, j, h: _masked((j <= i) & (i - j < 8 * (h + 1))), 4, False),  # a mask that reads the head
+    ],
+    ids=["floor", "scalar", "head"],
+)
+def test_a_mask_the_analysis_cannot_read_leaves_every_tile_masked(formula, heads, scalar):
+    printed = _window_of(formula, heads=heads, scalar=scalar)
+    assert printed.window is None and not printed.open_positions
+
+
+def test_a_mask_under_another_normaliser_or_a_function_is_no_window():
+    # σ(A) with −∞ in A: P = 0 there too, but only the row softmax's argument is read (a mask under tanh is none)
+    assert _window_of(lambda i, j: _masked(j <= i), normaliser=lambda a: sa.sigmoid(a)).window is None
+    assert _window_of(lambda i, j: _masked(j <= i), normaliser=lambda a: sa.softmax(sa.tanh(a))).window is None

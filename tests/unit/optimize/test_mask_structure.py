@@ -15,7 +15,17 @@ import pytest
 import sympy as sp
 
 from symattn.lang.positions import I, J
-from symattn.optimize.mask_structure import KeyWindow, clauses, hidden, intersection, key_window, of_sizes, pure_mask
+from symattn.optimize.mask_structure import (
+    KeyWindow,
+    clauses,
+    hidden,
+    intersection,
+    key_window,
+    of_sizes,
+    pure_mask,
+    row_window,
+    unmasked,
+)
 
 N, M = sp.Symbol("n", integer=True, positive=True), sp.Symbol("m", integer=True, positive=True)
 R0, R1 = sp.Symbol("r0", integer=True, nonnegative=True), sp.Symbol("r1", integer=True, positive=True)
@@ -148,3 +158,51 @@ def test_a_window_of_the_head_or_a_scalar_is_not_evaluated_per_block():
     head = sp.Symbol("h", integer=True, nonnegative=True)
     assert of_sizes(key_window(MASKS["window-4"][0], R0, R1, M), R0, R1)
     assert not of_sizes(key_window(_mask((J <= I) & (I - J <= head)), R0, R1, M), R0, R1)
+
+
+# transposed, 2j ≤ i and ⌊i/2⌋ ≥ j are bounds on i (2i ≤ j): readable as rows of a block of keys
+TRANSPOSED = {name: formula for name, (formula, _) in MASKS.items()} | {k: FALLBACKS[k] for k in ("half-j", "floor")}
+
+
+@pytest.mark.parametrize("size", SIZES, ids=str)
+@pytest.mark.parametrize("name", TRANSPOSED)
+def test_the_row_window_holds_every_row_that_sees_a_key_and_opens_only_rows_seeing_all(name, size):
+    # the transposed question, for a block of keys [c₀, c₁): the rows that see one of them, the rows that see all
+    formula, exact = TRANSPOSED[name], MASKS.get(name, (None, False))[1]
+    rows, cols = size
+    visible = _visible(formula, rows, cols)
+    window = row_window(formula, R0, R1, N)
+    for c0 in range(cols):
+        for c1 in range(c0 + 1, min(cols, c0 + 4) + 1):
+            lo, hi, open_lo, open_hi = _evaluated(window, c0, c1, rows, cols)
+            seeing = sorted({i for i, j in visible if c0 <= j < c1})
+            all_of = sorted(i for i in range(rows) if all((i, j) in visible for j in range(c0, c1)))
+            assert all(lo <= i < hi for i in seeing), (c0, c1, lo, hi, seeing)
+            assert set(range(open_lo, open_hi)) <= set(all_of), (c0, c1, open_lo, open_hi)
+            if exact:
+                assert (lo, hi) == (seeing[0], seeing[-1] + 1) if seeing else lo >= hi, (c0, c1, lo, hi, seeing)
+
+
+@pytest.mark.parametrize("name", ["learned-condition", "min-of-mask", "exp-of-mask"])
+def test_a_row_window_the_analysis_cannot_read_is_every_row(name):
+    window = row_window(FALLBACKS[name], R0, R1, N)
+    assert (window.lo, window.hi, window.open_lo, window.open_hi) == (0, N, 0, 0)
+
+
+@pytest.mark.parametrize("name", MASKS)
+def test_the_unmasked_formula_equals_the_formula_wherever_it_is_visible(name):
+    # f without its −∞ branches: f at every visible (i, j), and no −∞ left
+    formula, _ = MASKS[name]
+    bare = unmasked(formula)
+    assert not bare.has(-sp.oo)
+    values = {N: 9, M: 11, TAU: sp.Rational(3, 10)}
+    for i, j in _visible(formula, 9, 11):
+        at = {**values, I: i, J: j}
+        assert sp.simplify(bare.subs(at) - formula.subs(at)) == 0, (i, j)
+
+
+def test_a_formula_whose_minus_infinity_the_analysis_cannot_read_is_left_as_it_is():
+    for formula in (FALLBACKS["min-of-mask"], FALLBACKS["exp-of-mask"]):
+        assert unmasked(formula) == formula
+    assert unmasked(-sp.Abs(I - J)) == -sp.Abs(I - J)
+    assert unmasked(MASKS["alibi-window"][0]) == -sp.Abs(I - J) / 2

@@ -154,15 +154,42 @@ def _core_context(core: Core, printed: Printed, c: str, constants: frozenset[str
 def _positions(printed: Printed) -> dict:
     """The lines making a core's tiles of positions (``positions``): the grids of the tile's positions (a transposed
     tile's too), then each tile; those only the JVP reads; the eager core's. Empty where the core reads none."""
-    kernel = [f"{name} = {bare(code)}" for name, code in printed.positions]
-    tangent = [f"{name} = {bare(code)}" for name, code in printed.tangent_positions]
+
+    def lines(found: tuple[tuple[str, str], ...], flag: str) -> list[str]:
+        return [_position_line(name, code, printed.open_positions.get(name), flag) for name, code in found]
+
+    kernel, transposed = lines(printed.positions, "MASKED"), lines(printed.positions, "part != 1")
     eager = [f"{name} = {bare(code)}" for name, code in printed.eager_positions]
+    window = printed.window
     return {
         "positions": kernel and kernel_grid(printed.heads) + kernel,
-        "transposed_positions": kernel and kernel_grid(printed.heads, transposed=True) + kernel,
-        "tangent_positions": tangent,
+        "transposed_positions": transposed and kernel_grid(printed.heads, transposed=True) + transposed,
+        "tangent_positions": lines(printed.tangent_positions, "MASKED"),
         "eager_positions": eager and eager_grid(printed.eager_heads) + eager,
+        "window": window
+        and {
+            "key_bounds": [bare(x) for x in window.keys],
+            "row_bounds": [bare(x) for x in window.rows],
+            "key_parts": [_bare_line(x) for x in window.key_parts],
+            "row_parts": [_bare_line(x) for x in window.row_parts],
+        },
     }
+
+
+def _bare_line(line: str) -> str:
+    """name = code, without one pair of brackets around the code (as ruff writes it)."""
+    name, code = line.split(" = ", 1)
+    return f"{name} = {bare(code)}"
+
+
+def _position_line(name: str, code: str, open_code: str | None, flag: str) -> str:
+    """A tile of positions: its formula; a mask's on the tiles the flag marks (the others every row sees whole:
+    its −∞ never reached, its where left out) and its code without −∞ on the others."""
+    if open_code is None:
+        return f"{name} = {bare(code)}"
+    return (
+        f"if {flag}:\n    {name} = {bare(code)}\nelse:  # a tile every row sees whole\n    {name} = {bare(open_code)}"
+    )
 
 
 def _calls(spec: Spec, options: tuple[Option, ...]) -> dict:

@@ -10,6 +10,11 @@ Per head (``split_heads(E, H)`` of the n × H·m matrix E whose column J holds h
 formula with ⌊J/m⌋ ↦ h and J ↦ h·m + j, h the program's head (``pos_h``: its batch·head index modulo H, the heads
 being the innermost batch axis, as split_heads lays them out). The eager core (a second derivative's recomputation)
 prints the same formula in torch over grids of the same names.
+
+A mask of them added to a row softmax's argument (−∞ where a key is hidden) decides which tiles a program visits
+(``tile_window``): the key window of its block of rows and, for the backward's key part, the row window of its block
+of keys (``optimize.mask_structure``), printed as integer code of the block's bounds and n, m; on the tiles every
+row sees whole the mask's formula is printed without its −∞ branches.
 """
 
 from __future__ import annotations
@@ -18,13 +23,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import sympy as sp
-from sympy import Basic, Expr
+from sympy import Basic, Expr, MatrixExpr
 from sympy.core.relational import Relational
+from sympy.logic.boolalg import ITE
+from sympy.matrices.expressions import MatAdd
 
 from symattn.errors import SymattnError
 from symattn.lang.functions import TORCH, TRITON
+from symattn.lang.ops import SplitHeads
 from symattn.lang.positions import Entries, I, J
 from symattn.numeric.positions import CALLS, CONNECTIVES, RELATIONS
+from symattn.optimize.mask_structure import intersection, key_window, row_window
 
 HEAD = sp.Symbol("_head", integer=True, nonnegative=True)  # the program's head, in a per-head formula
 GRID = {I: "pos_i", J: "pos_j", HEAD: "pos_h"}  # the position symbols → the tiles' names of their values
@@ -60,6 +69,75 @@ def tile_formula(entries: Entries, heads: Basic | None) -> Expr:
     return entries.formula.xreplace({sp.floor(J / width): HEAD}).xreplace({J: HEAD * width + J})
 
 
+def masks_of(logits: MatrixExpr, normaliser: str) -> tuple[Expr, ...]:
+    """The tile formulas of the matrices of positions (whole or per head) added to a row softmax's argument
+    A = … + E whose −∞ hides a key: P is 0 there, whatever A's other terms (a mask under a function is none)."""
+    if normaliser != "row softmax" or not isinstance(logits, MatAdd):
+        return ()
+    found = [tile_formula(t, None) for t in logits.args if isinstance(t, Entries)]
+    found += [
+        tile_formula(t.arg, t.heads) for t in logits.args if isinstance(t, SplitHeads) and isinstance(t.arg, Entries)
+    ]
+    return tuple(f for f in found if f.has(-sp.oo))
+
+
+@dataclass(frozen=True)
+class TileWindow:
+    """The tiles a program visits (``optimize.mask_structure``), as Triton code of its block's bounds and the
+    sizes n, m: ``keys`` (lo, hi, open_lo, open_hi) of the query rows row0 … row1 − 1, every key some row sees in
+    [lo, hi), every key of [open_lo, open_hi) seen by every row; ``rows``, the same of the query rows of the keys
+    key0 … key1 − 1 (the backward's key part)."""
+
+    keys: tuple[str, str, str, str]
+    rows: tuple[str, str, str, str]
+    key_parts: tuple[str, ...] = ()  # the lines naming the subexpressions keys share (``kw0 = …``), before them
+    row_parts: tuple[str, ...] = ()  # … and rows (``rw0 = …``)
+
+
+BLOCK = (sp.Symbol("_r0", integer=True, nonnegative=True), sp.Symbol("_r1", integer=True, positive=True))
+
+
+def tile_window(masks: tuple[Expr, ...], shape: tuple[Basic, Basic]) -> TileWindow | None:
+    """The window of the masks' sum over a program's block (the intersection of theirs), or None (every tile, the
+    mask applied on each: today's kernels) where there is no mask or a bound reads anything but the block's bounds
+    and the sizes n, m (a head, a trainable scalar, another dimension)."""
+    if not masks:
+        return None
+    first, end = BLOCK
+    n, m = shape
+    keys = intersection([key_window(f, first, end, m) for f in masks])
+    rows = intersection([row_window(f, first, end, n) for f in masks])
+    sizes = {s: name for s, name in ((n, "n"), (m, "m")) if isinstance(s, sp.Symbol)}
+    bounds = [tuple(_without_ite(x) for x in (w.lo, w.hi, w.open_lo, w.open_hi)) for w in (keys, rows)]
+    if bounds == [(0, m, 0, 0), (0, n, 0, 0)]:  # (nothing known: every tile, masked)
+        return None
+    known = {first, end, *sizes}
+    if any(not x.free_symbols <= known or not all(a.is_Integer for a in x.atoms(sp.Number)) for b in bounds for x in b):
+        return None
+    printed = [
+        _printed(found, {first: r0, end: r1, **sizes}, prefix)
+        for found, (r0, r1, prefix) in zip(bounds, (("row0", "row1", "kw"), ("key0", "key1", "rw")))
+    ]
+    return TileWindow(printed[0][0], printed[1][0], printed[0][1], printed[1][1])
+
+
+def _printed(bounds: tuple[Expr, ...], names: dict[Basic, str], prefix: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The bounds as Triton code of names, their common subexpressions named first (prefix0 = …, prefix1 = …: a
+    multi-clause mask's bounds repeat their conditions), and those lines."""
+    parts, reduced = sp.cse(list(bounds), symbols=sp.numbered_symbols(prefix))
+    names = names | {symbol: str(symbol) for symbol, _ in parts}
+
+    def code(x: Basic) -> str:
+        return formula_code(x, lambda e: str(int(e)), TRITON, names)
+
+    return tuple(code(x) for x in reduced), tuple(f"{symbol} = {code(value)}" for symbol, value in parts)
+
+
+def _without_ite(bound: Expr) -> Expr:
+    """bound with SymPy's ITE(c, a, b) of its conditions written (c ∧ a) ∨ (¬c ∧ b): the kernels' & and |."""
+    return bound.replace(lambda e: isinstance(e, ITE), lambda e: e.to_nnf())
+
+
 def head_code(heads: Basic, scalar: Callable[[Basic], str], backend: str) -> str:
     """H, the modulus of a program's batch·head index that gives its head: an int, or a scalar argument's value."""
     heads = sp.sympify(heads)
@@ -81,15 +159,19 @@ def eager_grid(heads: str | None) -> list[str]:
     return lines + ([f"pos_h = ({grid.format(-3)} % {heads})[:, None, None]"] if heads else [])
 
 
-def formula_code(formula: Expr, scalar: Callable[[Basic], str], backend: str) -> str:
-    """formula as one expression of the grids (``GRID``) in backend (TRITON: the kernels', TORCH: the eager core's);
-    scalar(e): a subexpression free of positions (a number as a literal, any other a scalar argument's name)."""
-    positions, spelling = tuple(GRID), SPELLINGS[backend]
+def formula_code(
+    formula: Expr, scalar: Callable[[Basic], str], backend: str, grid: dict[Basic, str] | None = None
+) -> str:
+    """formula as one expression of the grids (``GRID``, or grid's names) in backend (TRITON: the kernels', TORCH:
+    the eager core's); scalar(e): a subexpression free of them (a number as a literal, any other a scalar argument's
+    name)."""
+    grid = GRID if grid is None else grid
+    positions, spelling = tuple(grid), SPELLINGS[backend]
     xp = spelling.prefix.rstrip(".")
 
     def code(e: Basic) -> str:
-        if e in GRID:
-            return GRID[e]
+        if e in grid:
+            return grid[e]
         if e in (sp.oo, -sp.oo):
             return 'float("-inf")' if e == -sp.oo else 'float("inf")'
         if not e.has(*positions):

@@ -20,11 +20,19 @@ from sympy.matrices.expressions import HadamardPower, HadamardProduct, MatAdd, M
 
 from symattn.autodiff.differentials import differential
 from symattn.codegen.backends.triton.core import Core
-from symattn.codegen.backends.triton.positions import formula_code, head_code, tile_formula
+from symattn.codegen.backends.triton.positions import (
+    TileWindow,
+    formula_code,
+    head_code,
+    masks_of,
+    tile_formula,
+    tile_window,
+)
 from symattn.errors import SymattnError
 from symattn.lang.functions import TORCH, TRITON, Elementwise
 from symattn.lang.ops import SplitHeads
 from symattn.lang.positions import Entries
+from symattn.optimize.mask_structure import unmasked
 
 GRADIENT = "g"  # the kernels' name of the cotangent tile G = ∂f/∂A
 SCORES = "s"  # … and of the raw scores tile S = Q Kᵀ
@@ -143,6 +151,9 @@ class Printed:
     eager_positions: tuple[tuple[str, str], ...] = ()  # … the eager core's, (name, torch code)
     heads: str | None = None  # H of the positions per head (the grid's head: bh mod H); None: none per head
     eager_heads: str | None = None  # … as the eager core reads it
+    window: TileWindow | None = None  # the tiles each program visits (None: every tile, the mask applied on each)
+    open_positions: dict[str, str] = field(default_factory=dict)  # a mask's tile → its code on a tile every row
+    # sees whole (its −∞ branches dropped: no where)
 
 
 def print_core(core: Core, constants: frozenset[str]) -> Printed:
@@ -166,6 +177,12 @@ def print_core(core: Core, constants: frozenset[str]) -> Printed:
     extra = {c: name for c, name in tangent_printer.coefficients.items() if c not in forward}
     eager = TilePrinter(names, dict(forward), TORCH)
     eager_logits = eager.doprint(core.logits)
+    masks = masks_of(core.logits, core.normaliser)
+    window = tile_window(masks, core.scores.shape)
+    opened = {**printer.positions, **tangent_printer.positions} if window else {}
+    open_positions = {
+        name: formula_code(unmasked(f), printer._scalar, TRITON) for f, (name, _) in opened.items() if f in masks
+    }
     return Printed(
         logits,
         scores_gradient,
@@ -180,6 +197,8 @@ def print_core(core: Core, constants: frozenset[str]) -> Printed:
         tuple(eager.positions.values()),
         tangent_printer.head_count,
         eager.head_count,
+        window,
+        open_positions,
     )
 
 
