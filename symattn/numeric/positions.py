@@ -55,6 +55,28 @@ class Flavour:
     read: Callable[[str, str, str], str]  # a table read: table, row index, column index
 
 
+def integral(relation: Relational) -> tuple[Basic, Basic]:
+    """(lhs, rhs) of a comparison in a form exact in floats at integer positions: lhs − rhs times the common
+    denominator of its rational coefficients, against 0 (SymPy writes i − j < 4 + 6h as h > i/6 − j/6 − 2/3, whose
+    sixths round: the comparison flips where it is an equality), else as it is."""
+    difference = sp.expand(relation.lhs - relation.rhs)
+    coefficients = [term.as_coeff_Mul()[0] for term in sp.Add.make_args(difference)]
+    if not all(c.is_Rational for c in coefficients):
+        return relation.lhs, relation.rhs
+    common = sp.ilcm(*(c.q for c in coefficients))
+    return (sp.expand(common * difference), sp.S.Zero) if common > 1 else (relation.lhs, relation.rhs)
+
+
+def quotient(product: Basic) -> tuple[Basic, Basic]:
+    """(numerator, denominator) of a product whose denominator holds no position (a number, a dimension): printed
+    as one division, a single rounding, exact where the quotient is an integer; (product, 1) otherwise."""
+    numerator, denominator = product.as_numer_denom()
+    sizes = all(s.is_integer and s.is_positive for s in denominator.free_symbols)  # numbers and dimensions only
+    if denominator == 1 or not sizes or not denominator.is_positive:
+        return product, sp.S.One
+    return numerator, denominator
+
+
 def code(e: Basic, flavour: Flavour) -> str:
     """The formula e (of ``I``, ``J``) in the flavour's code."""
     if e == I:
@@ -80,7 +102,8 @@ def code(e: Basic, flavour: Flavour) -> str:
     if isinstance(e, sp.Piecewise):
         return flavour.piecewise([(v, code(v, flavour), code(c, flavour)) for v, c in e.args])
     if isinstance(e, Relational):
-        return f"({code(e.lhs, flavour)} {RELATIONS[e.rel_op]} {code(e.rhs, flavour)})"
+        lhs, rhs = integral(e)
+        return f"({code(lhs, flavour)} {RELATIONS[e.rel_op]} {code(rhs, flavour)})"
     if type(e) in CONNECTIVES:
         return "(" + CONNECTIVES[type(e)].join(code(a, flavour) for a in e.args) + ")"
     if isinstance(e, sp.Not):
@@ -101,7 +124,12 @@ def array_flavour(
 
     def mul(e: Basic, factors: list[str]) -> str:
         coeff, rest = e.as_coeff_Mul()
-        return "-" + code(rest, flavour) if coeff == -1 else " * ".join(factors)
+        if coeff == -1:
+            return "-" + code(rest, flavour)
+        numerator, denominator = quotient(e)
+        if denominator != 1:  # one rounding: j / n, not j * (1 / n) (whose floor at j = n may be 0)
+            return f"({code(numerator, flavour)} / {constant(denominator)})"
+        return " * ".join(factors)
 
     def branch(value: Basic, text: str) -> str:
         return text if value.has(I, J, HEAD) or value.has(MatrixElement) else number(text)

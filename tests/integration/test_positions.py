@@ -187,7 +187,7 @@ def test_a_position_matrix_gets_no_gradient_and_is_no_argument():
     spec = positional_spec("alibi")
     assert [str(s) for s in spec.inputs] == ["Q", "K", "V"] and not spec.constants
     source = codegen.render(spec, "torch", second_order=False)
-    assert "entries(lambda i, j: -1 / 2 * torch.abs" in source.replace("(-1 / 2)", "-1 / 2")
+    assert "entries(lambda i, j: (-torch.abs((i - j)) / 2)" in source  # one division: exact at integers
 
 
 @pytest.mark.parametrize(
@@ -326,3 +326,30 @@ def test_rows_the_formula_masks_whole_are_zeros_in_every_backend():
     np.testing.assert_allclose(np.asarray(out), want.numpy(), rtol=1e-10, atol=1e-12)
     for g, w in zip(pullback(cotangent.numpy()), (dq, dk, dv)):
         np.testing.assert_allclose(np.asarray(g), w.numpy(), rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("backend", ["torch", "numpy"])
+def test_a_per_head_window_is_exact_at_its_boundaries(backend):
+    """Head h sees i − 4 − 6h < j ≤ i. SymPy writes the condition in sixths (h > i/6 − j/6 − 2/3) and the layout's
+    head as ⌊J/n⌋; printed as products with 1/6 and 1/n they round, and the mask flipped at its boundary (every
+    third row) and at J = n (49 · (1/49) < 1). Printed with integer coefficients and one division: exact. Compared
+    with the mask computed in integers, at n = 49, in float32 and float64."""
+    q, k, v = (sp.MatrixSymbol(x, n, HEADS * d) for x in "QKV")
+    window = sa.entries(
+        n, n, lambda i, j, h: sp.Piecewise((0, (j <= i) & (i - j < 4 + 6 * h)), (-sp.oo, True)), heads=HEADS
+    )
+    qh, kh, vh = (sa.split_heads(x, HEADS) for x in (q, k, v))
+    output = sa.merge_heads(sa.softmax(qh @ kh.T + window) @ vh, HEADS)
+    module = load(sa.Spec(name="head_windows", summary="a window per head", inputs=(q, k, v), output=output), backend)
+    size = 49
+    i, j = torch.arange(size)[:, None], torch.arange(size)[None, :]
+    hidden = torch.stack([~((j <= i) & (i - j < 4 + 6 * h)) for h in range(HEADS)])
+    for dtype in (torch.float32, torch.float64):
+        x = [
+            torch.randn(1, size, HEADS * D_K, dtype=dtype, generator=torch.Generator().manual_seed(s)) for s in range(3)
+        ]
+        heads = [t.view(1, size, HEADS, D_K).transpose(1, 2) for t in x]
+        want = (heads[0] @ heads[1].mT).masked_fill(hidden, -math.inf).softmax(-1) @ heads[2]
+        want = want.transpose(1, 2).reshape(1, size, HEADS * D_K)
+        got = module.forward(*x) if backend == "torch" else torch.from_numpy(module.forward(*(t.numpy() for t in x))[0])
+        torch.testing.assert_close(got, want, rtol=1e-5 if dtype == torch.float32 else 1e-10, atol=1e-6)

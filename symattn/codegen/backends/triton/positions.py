@@ -32,7 +32,7 @@ from symattn.errors import SymattnError
 from symattn.lang.functions import TORCH, TRITON
 from symattn.lang.ops import SplitHeads
 from symattn.lang.positions import Entries, I, J
-from symattn.numeric.positions import CALLS, CONNECTIVES, RELATIONS
+from symattn.numeric.positions import CALLS, CONNECTIVES, RELATIONS, integral, quotient
 from symattn.optimize.mask_structure import intersection, key_window, row_window
 
 HEAD = sp.Symbol("_head", integer=True, nonnegative=True)  # the program's head, in a per-head formula
@@ -180,6 +180,9 @@ def formula_code(
             return "(" + " + ".join(code(a) for a in e.args).replace("+ -", "- ") + ")"
         if isinstance(e, sp.Mul):
             coeff, rest = e.as_coeff_Mul()
+            numerator, denominator = quotient(e)
+            if coeff != -1 and denominator != 1:  # one rounding (positions.quotient)
+                return f"({code(numerator)} / {scalar(denominator)})"
             return f"-{code(rest)}" if coeff == -1 else "(" + " * ".join(code(a) for a in e.args) + ")"
         if isinstance(e, sp.Pow):
             return power(e.base, sp.sympify(e.exp))
@@ -196,8 +199,9 @@ def formula_code(
             return f"{CALLS[type(e)].format(xp=xp)}({code(e.args[0])})"
         if isinstance(e, sp.Piecewise):
             return where(e.args)
-        if isinstance(e, Relational):
-            return f"({code(e.lhs)} {RELATIONS[e.rel_op]} {code(e.rhs)})"
+        if isinstance(e, Relational):  # integer coefficients: exact at integer positions (positions.integral)
+            lhs, rhs = integral(e)
+            return f"({code(lhs)} {RELATIONS[e.rel_op]} {code(rhs)})"
         if type(e) in CONNECTIVES:
             return "(" + CONNECTIVES[type(e)].join(code(a) for a in e.args) + ")"
         if isinstance(e, sp.Not):
