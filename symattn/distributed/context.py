@@ -1,0 +1,142 @@
+"""``context_parallel``: a generated torch module's forward over a ring of ranks (CONTRACT.md, "Long sequences
+across devices").
+
+Each rank calls the wrapper with the arguments a single-device call takes, its sequence-long inputs (the core's
+queries, keys and values) holding only its block of rows; it returns the rank's rows of the output,
+differentiable by autograd. The spec is the module's (its ``SPEC``); its n × m core and normaliser are found as
+the Triton kernels find them (``find_cores``), the normaliser chooses the merge (``merge.MERGES``), and the
+per-block work is the spec's memory-efficient torch module's (``<spec>_torch_memeff`` beside it: the row
+statistic it saves is what a merge needs).
+
+This first slice takes a spec that is one core reading its inputs directly (``attention``), causal or not, no
+other mask; forward mode (``.jvp``) and a spec with work outside its core are refused in one line.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import sys
+from collections.abc import Callable
+from types import ModuleType
+
+import sympy as sp
+import torch
+import torch.distributed as dist
+
+from symattn.codegen.backends.triton.core import Core, find_cores
+from symattn.distributed.layout import layout
+from symattn.distributed.merge import merge_for
+from symattn.distributed.passes import Plan, RingFunction
+from symattn.distributed.ring import Ring
+from symattn.errors import SymattnError
+from symattn.specs import spec as builtin_spec
+from symattn.specs import specs as builtin_specs
+
+MASKS = ("M", "attn_mask", "key_padding_mask")  # the masks of the module's forward this slice refuses
+
+
+def _module(forward: Callable) -> ModuleType:
+    """The generated module a forward function belongs to (its module names a SPEC)."""
+    module = sys.modules.get(getattr(forward, "__module__", None) or "")
+    if module is None or not isinstance(getattr(module, "SPEC", None), str) or not callable(forward):
+        raise SymattnError(f"context_parallel: expected a generated torch module's forward, got {forward!r}")
+    return module
+
+
+def _blocks_module(module: ModuleType) -> ModuleType:
+    """The memory-efficient torch module of the module's spec (itself where it is one): its _forward saves the row
+    statistic a merge reads."""
+    name = module.__name__
+    if name.endswith("_torch_memeff"):
+        return module
+    package = name.rpartition(".")[0]
+    target = f"{package}.{module.SPEC}_torch_memeff" if package else f"{module.SPEC}_torch_memeff"
+    try:
+        return importlib.import_module(target)
+    except ImportError:
+        raise SymattnError(
+            f"context_parallel: {module.SPEC} needs its memory-efficient torch module {target} beside {name} "
+            "(symattn generate --backend torch --variant memeff)"
+        ) from None
+
+
+def _core(name: str) -> Core:
+    """The spec's one core, checked to read the spec's inputs directly and to be its output (nothing outside it)."""
+    if name not in builtin_specs():
+        raise SymattnError(f"context_parallel: {name!r} is not a built-in spec; this first slice takes 'attention'")
+    spec = builtin_spec(name)
+    cores = find_cores(spec)
+    core = cores.cores[0]
+    inputs = set(spec.inputs)
+    direct = all(isinstance(x, sp.MatrixSymbol) and x in inputs for x in (core.query, core.key, core.value))
+    if len(cores.cores) != 1 or cores.rest != core.output or not direct or core.tiles or core.scalars:
+        raise SymattnError(
+            f"context_parallel: {name} has work outside its n × m core ({cores.rest} of O = N(A) V with Q = "
+            f"{core.query}); this first slice takes a spec that is one core reading its inputs, as 'attention'"
+        )
+    return core
+
+
+class ContextParallel:
+    """A generated forward over a ring of ranks: call it as the forward, each rank with its block of rows."""
+
+    def __init__(self, forward: Callable, group=None, balance: str | None = None) -> None:
+        module = _module(forward)
+        self.core = _core(module.SPEC)
+        self.merge = merge_for(module.SPEC, self.core.normaliser)
+        layout([2], balance)  # the balance checked now
+        self.forward, self.blocks, self.balance = forward, _blocks_module(module), balance
+        self.spec = module.SPEC
+        self.group = group.get_group() if hasattr(group, "get_group") else group  # a 1-d DeviceMesh: its group
+        self.signature = inspect.signature(forward)
+
+    def _arguments(self, args, kwargs) -> tuple[list[torch.Tensor], bool, tuple]:
+        """(Q, K, V by the core's names, causal, the block module's options after causal), masks refused."""
+        try:
+            bound = self.signature.bind(*args, **kwargs)
+        except TypeError as e:
+            raise TypeError(f"context_parallel({self.spec}): {e}") from None
+        given = bound.arguments
+        masks = [name for name in MASKS if given.get(name) is not None]
+        if masks:
+            raise SymattnError(
+                f"context_parallel: {masks[0]} is not supported yet (causal is; masks at global positions are not)"
+            )
+        tensors = [given.get(str(x.name)) for x in (self.core.query, self.core.key, self.core.value)]
+        if any(not isinstance(t, torch.Tensor) for t in tensors):
+            raise TypeError(f"context_parallel({self.spec}): expected tensors {self.core.query}, {self.core.key}, V")
+        return tensors, bool(given.get("causal", False)), (given.get("scale"), given.get("block_size"))
+
+    def plan(self, Q: torch.Tensor, K: torch.Tensor, causal: bool, options: tuple) -> Plan:
+        """The call's plan: the ranks' row counts gathered (one all_gather) and laid out."""
+        ring = Ring(self.group)
+        queries, keys = ring.lengths(Q.device, Q.shape[-2], K.shape[-2])
+        if causal and queries != keys:
+            raise SymattnError(
+                f"context_parallel: causal needs each rank's query and key blocks of one length, got {queries} and "
+                f"{keys} rows"
+            )
+        laid = (layout(queries, self.balance), layout(keys, self.balance))
+        return Plan(self.blocks, self.merge, ring, *laid, causal, options)
+
+    def __call__(self, *args, **kwargs) -> torch.Tensor:
+        """The rank's rows of the output, differentiable by the ring's backward."""
+        (Q, K, V), causal, options = self._arguments(args, kwargs)
+        if not dist.is_initialized():
+            raise SymattnError("context_parallel: torch.distributed is not initialised (init_process_group first)")
+        return RingFunction.apply(self.plan(Q, K, causal, options), Q, K, V)
+
+    def jvp(self, *args, **kwargs):
+        """Forward mode over the ring: not implemented in this slice (the tangent statistics' merge is not written)."""
+        raise SymattnError(
+            "context_parallel: jvp (forward mode) is not implemented yet; the backward (reverse mode) is"
+        )
+
+
+def context_parallel(forward: Callable, group=None, *, balance: str | None = None) -> ContextParallel:
+    """forward (a generated torch module's) over the ranks of group (default: the world; a 1-d DeviceMesh: its
+    group): each rank passes its block of the sequence's rows (contiguous in rank order, or ``balance="causal"``:
+    the zig-zag chunks r and 2P − 1 − r, concatenated) and gets its rows of the output; backward gives its rows'
+    gradients. Keys and values travel round the ring; the partial outputs merge by the core's normaliser."""
+    return ContextParallel(forward, group, balance)

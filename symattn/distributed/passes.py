@@ -1,0 +1,164 @@
+# ruff: noqa: E741 (O, the attention output, is the derivation's name)
+"""The ring's forward and backward passes over one rank's rows, each block's work done by the generated module.
+
+Forward: the rank's query chunks against each key block as it comes round the ring (the module's ``_forward`` on
+a query chunk and a key chunk, causal on a diagonal pair), the partials merged by the normaliser's rule.
+Backward: the module's ``_backward`` per pair again, its saved values the pair's with the merged output and
+statistic in place of the pair's own (so that P = N(A) is the whole row's); dQ summed on the rank, the key
+block's dK, dV partials sent round with it and home to its rank from the last rank that reads it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import ModuleType
+
+import torch
+
+from symattn.distributed.layout import DIAGONAL, SKIP, Layout
+from symattn.distributed.merge import Merge
+from symattn.distributed.ring import GRADIENTS, HELD, KEYS, RETURNED, Ring
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What a call's passes need: the block module, the merge, the ring, the layouts of queries and keys, options."""
+
+    module: ModuleType  # the generated module whose _forward and _backward do one pair's work
+    merge: Merge
+    ring: Ring
+    queries: Layout
+    keys: Layout
+    causal: bool
+    options: tuple  # the module's options after causal (scale, and block_size where it takes one)
+
+
+def _rows(x: torch.Tensor, chunk) -> torch.Tensor:
+    return x[..., chunk.offset : chunk.offset + chunk.length, :]
+
+
+def _pairs(plan: Plan, origin: int):
+    """(query chunk, key chunk, causal) of the rank's pairs with origin's key block that are computed."""
+    for q in plan.queries.chunks[plan.ring.rank]:
+        for k in plan.keys.chunks[origin]:
+            how = plan.keys.pair(q, k, plan.causal)
+            if how != SKIP and q.length and k.length:
+                yield q, k, how == DIAGONAL
+
+
+def _buffers(plan: Plan, origin: int, like: tuple[torch.Tensor, ...]) -> list[torch.Tensor]:
+    """Empty tensors for origin's key block, shaped as like's but with its number of rows."""
+    rows = sum(c.length for c in plan.keys.chunks[origin])
+    return [x.new_empty((*x.shape[:-2], rows, x.shape[-1])) for x in like]
+
+
+def _receive(plan: Plan, step: int, like: tuple[torch.Tensor, ...]) -> list[torch.Tensor]:
+    """Buffers for the key block arriving at this step (none where it does not travel), each tracked by HELD."""
+    ring = plan.ring
+    origin = (ring.rank - step - 1) % ring.world
+    if step == ring.world - 1 or not plan.keys.travels(origin, step, plan.causal):
+        return []
+    buffers = _buffers(plan, origin, like)
+    HELD.track(buffers[0])
+    return buffers
+
+
+def _merge_block(plan: Plan, origin: int, block: list[torch.Tensor], Q: torch.Tensor, merged: list) -> dict:
+    """Merge the partials of the rank's query chunks over origin's key block into merged (one per chunk); returns
+    the constants the module's forward saved (its resolved options, for the backward)."""
+    chunks, constants = plan.queries.chunks[plan.ring.rank], {}
+    for q, k, diagonal in _pairs(plan, origin):
+        K, V = _rows(block[0], k), _rows(block[1], k)
+        O_j, saved = plan.module._forward(_rows(Q, q), K, V, None, diagonal, *plan.options)
+        part = (O_j, saved[plan.merge.statistic])
+        constants = {name: x for name, x in saved.items() if not isinstance(x, torch.Tensor)}
+        i = chunks.index(q)
+        merged[i] = part if merged[i] is None else plan.merge.combine(merged[i], part)
+    return constants
+
+
+def ring_forward(
+    plan: Plan, Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, dict]:
+    """(O, the merged statistic, the constants the module's forward saved) of the rank's query rows over every key
+    block."""
+    ring = plan.ring
+    chunks = plan.queries.chunks[ring.rank]
+    merged: list = [None] * len(chunks)
+    block, constants = [K, V], {}
+    for step in range(ring.world):
+        origin = (ring.rank - step) % ring.world
+        send = block if block and plan.keys.travels(origin, step, plan.causal) else []
+        pending = ring.post(send, _receive(plan, step, (K, V)), KEYS)
+        if block:
+            constants |= _merge_block(plan, origin, block, Q, merged)
+        block = pending.wait()
+    for i, q in enumerate(chunks):  # a chunk that reads no key (an empty one): zeros, no key
+        if merged[i] is None:
+            O0 = Q.new_zeros((*Q.shape[:-2], q.length, V.shape[-1]))
+            merged[i] = (O0, Q.new_full((*Q.shape[:-2], q.length, 1), float("-inf")))
+    return torch.cat([o for o, _ in merged], dim=-2), torch.cat([s for _, s in merged], dim=-2), constants
+
+
+def _block_gradients(plan: Plan, origin: int, block, Q, O, L, dO, dQ, constants: dict) -> list[torch.Tensor]:
+    """The rank's rows' share of dK, dV of origin's block (its dQ share added into dQ)."""
+    merge = plan.merge
+    parts = [torch.zeros_like(block[0]), torch.zeros_like(block[1])]
+    for q, k, diagonal in _pairs(plan, origin):
+        saved = constants | {"Q": _rows(Q, q), "K": _rows(block[0], k), "V": _rows(block[1], k), "M": None}
+        saved |= {"O": _rows(O, q), merge.statistic: merge.saved(_rows(L, q)), "causal": diagonal}
+        saved["scale"] = plan.options[0]  # as given (None: the default), as the module's Function keeps it
+        grads = plan.module._backward(saved, _rows(dO, q))
+        _rows(dQ, q).add_(grads["Q"])
+        _rows(parts[0], k).add_(grads["K"])
+        _rows(parts[1], k).add_(grads["V"])
+    return parts
+
+
+def ring_backward(plan: Plan, Q, K, V, O, L, dO, constants: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dQ, dK, dV) of the rank's rows: its queries' over every key block, its keys' from every rank's queries."""
+    ring, keys, causal = plan.ring, plan.keys, plan.causal
+    dQ = torch.zeros_like(Q)
+    block, incoming, own, sends = [K, V], None, None, []
+    for step in range(ring.world):
+        origin = (ring.rank - step) % ring.world
+        send = block if block and keys.travels(origin, step, causal) else []
+        pending = ring.post(send, _receive(plan, step, (K, V)), KEYS)
+        later = None
+        if pending.received:  # the partials of the block arriving next, sent on by the previous rank after its work
+            buffers = _buffers(plan, (origin - 1) % ring.world, (K, V))
+            later = ring.receive_from((ring.rank - 1) % ring.world, buffers, GRADIENTS)
+        if block:
+            parts = _block_gradients(plan, origin, block, Q, O, L, dO, dQ, constants)
+            if incoming is not None:
+                parts = [a + b for a, b in zip(incoming.wait(), parts)]
+            if keys.travels(origin, step, causal):
+                sends.append(ring.post(parts, [], GRADIENTS))
+            elif origin != ring.rank:
+                sends.append(ring.post(parts, [], RETURNED, to=origin))
+            else:
+                own = parts
+        block, incoming = pending.wait(), later
+    last = max(s for s in range(ring.world) if s == 0 or keys.travels(ring.rank, s - 1, causal))
+    if own is None:  # the own block's partials, home from the last rank that read it
+        own = ring.receive_from((ring.rank + last) % ring.world, _buffers(plan, ring.rank, (K, V)), RETURNED).wait()
+    for pending in sends:
+        pending.wait()
+    return dQ, own[0], own[1]
+
+
+class RingFunction(torch.autograd.Function):
+    """The ring as an autograd Function: apply(plan, Q, K, V) → the rank's rows of O; its backward the ring's."""
+
+    @staticmethod
+    def forward(ctx, plan: Plan, Q, K, V):
+        O, L, constants = ring_forward(plan, Q, K, V)
+        ctx.save_for_backward(Q, K, V, O, L)
+        ctx.plan, ctx.constants = plan, constants
+        return O
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dO):
+        Q, K, V, O, L = ctx.saved_tensors
+        return (None, *ring_backward(ctx.plan, Q, K, V, O, L, dO.contiguous(), ctx.constants))

@@ -1,0 +1,132 @@
+# ruff: noqa: E741 (O, the attention output, is the derivation's name)
+"""The context-parallel cases one spawn of gloo processes runs (test_context_parallel.py runs this file in a
+subprocess: ``python ring_cases.py WORLD INIT OUT``): over the world (4), then over a group of two of its ranks
+(global ranks 1 and 3). Every rank runs every case on its block of the same seeded float64 data and saves, per
+case, the largest differences from the single-process generated module and from an
+independent torch-autograd softmax attention, and the peak count of other ranks' key blocks alive; each rank leaves
+by ``os._exit`` (gloo_step.py's docstring says why).
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import sys
+import traceback
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from symattn.distributed import context_parallel
+from symattn.distributed.ring import HELD
+from symattn.errors import SymattnError
+from symattn.generated import attention_torch, attention_torch_memeff
+
+# (name, batch shape, n, causal, balance, scale): n that no world size divides among them
+CASES = [
+    ("plain", (2, 3), 16, False, None, None),
+    ("plain_uneven", (2,), 13, False, None, 0.7),
+    ("causal", (2, 3), 16, True, None, None),
+    ("causal_uneven", (), 11, True, None, None),
+    ("causal_balanced", (2,), 24, True, "causal", None),
+]
+KEEP_ALIVE: list = []
+PAIR = [1, 3]  # the global ranks of the group of two
+PAIRS = [0]  # the (query chunk, key chunk) pairs the ring's forward computed on this rank
+
+
+def counted(forward):
+    """The memory-efficient module's _forward (one pair's work in the ring), counting its calls in PAIRS."""
+
+    def count(*args):
+        PAIRS[0] += 1
+        return forward(*args)
+
+    return count
+
+
+def reference(Q, K, V, causal, scale):
+    """softmax(scale Q Kᵀ + causal mask) V in plain torch ops (autograd differentiates it)."""
+    scale = Q.shape[-1] ** -0.5 if scale is None else scale
+    A = scale * Q @ K.mT
+    if causal:
+        n = A.shape[-1]
+        A = A.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
+    return torch.softmax(A, dim=-1) @ V
+
+
+def rows(n: int, world: int, rank: int, balance) -> torch.Tensor:
+    """The global row indices rank holds: torch.tensor_split's block, or the zig-zag chunks r and 2P − 1 − r."""
+    if balance is None:
+        return torch.tensor_split(torch.arange(n), world)[rank]
+    chunks = torch.tensor_split(torch.arange(n), 2 * world)
+    return torch.cat([chunks[rank], chunks[2 * world - 1 - rank]])
+
+
+def case(group, batch, n: int, causal: bool, balance, scale) -> dict:
+    """One case on the ranks of group: the largest differences, the peak of key blocks held, the pairs computed."""
+    rank, world = dist.get_rank(group), dist.get_world_size(group)
+    torch.manual_seed(0)
+    Q, K = torch.randn(*batch, n, 5, dtype=torch.float64), torch.randn(*batch, n, 5, dtype=torch.float64)
+    V, dO = torch.randn(*batch, n, 3, dtype=torch.float64), torch.randn(*batch, n, 3, dtype=torch.float64)
+    mine = rows(n, world, rank, balance)
+    local = [x[..., mine, :].clone().requires_grad_() for x in (Q, K, V)]
+    HELD.reset()
+    PAIRS[0] = 0
+    O = context_parallel(attention_torch.forward, group, balance=balance)(*local, scale=scale, causal=causal)
+    pairs = PAIRS[0]
+    O.backward(dO[..., mine, :])
+    errors = {}
+    for name, forward in (("module", attention_torch.forward), ("autograd", None)):
+        whole = [x.clone().requires_grad_() for x in (Q, K, V)]
+        out = forward(*whole, scale=scale, causal=causal) if forward else reference(*whole, causal, scale)
+        out.backward(dO)
+        errors[name] = max(
+            (O - out[..., mine, :]).abs().max().item(),
+            *((x.grad - w.grad[..., mine, :]).abs().max().item() for x, w in zip(local, whole)),
+        )
+    return {"errors": errors, "peak": HELD.peak, "rows": len(mine), "pairs": pairs}
+
+
+def refusals(group) -> dict:
+    """The one-line errors of an odd block under balance='causal'."""
+    x = torch.randn(3, 4, dtype=torch.float64)
+    try:
+        context_parallel(attention_torch.forward, group, balance="causal")(x, x, x, causal=True)
+    except SymattnError as e:
+        return {"odd": str(e)}
+    return {"odd": None}
+
+
+def worker(rank: int, world: int, init: str, out: str) -> None:
+    code = 1
+    try:
+        timeout = datetime.timedelta(seconds=60)
+        dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world, timeout=timeout)
+        KEEP_ALIVE.append(dist.group.WORLD)
+        torch.set_num_threads(1)
+        attention_torch_memeff._forward = counted(attention_torch_memeff._forward)
+        results = {name: case(None, *args) for name, *args in CASES}
+        results["refusals"] = refusals(None)
+        pair = dist.new_group(PAIR)  # a group of two ranks out of the world: ranks 1 and 3, as 0 and 1
+        KEEP_ALIVE.append(pair)
+        if rank in PAIR:
+            results = {"world": results, "pair": {name: case(pair, *args) for name, *args in CASES}}
+            results["pair"]["refusals"] = refusals(pair)
+        else:
+            results = {"world": results}
+        dist.barrier()
+        torch.save(results, f"{out}.{rank}")
+        code = 0
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+if __name__ == "__main__":
+    world, init, out = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+    mp.spawn(worker, args=(world, init, out), nprocs=world, join=True)
