@@ -16,22 +16,21 @@ on a shared machine the figures are the machine's load as much as the ring's.
 
 from __future__ import annotations
 
-import os
-
-for _variable in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
-    os.environ[_variable] = "1"  # before torch starts its thread pools
-
 import argparse
 import datetime
+import os
 import sys
 import tempfile
 import time
 import traceback
 from pathlib import Path
 
-import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
+for _variable in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+    os.environ[_variable] = "1"  # before torch starts its thread pools
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+import torch.multiprocessing as mp  # noqa: E402
 
 D = 64
 
