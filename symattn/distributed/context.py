@@ -9,7 +9,7 @@ per-block work is the spec's memory-efficient torch module's (``<spec>_torch_mem
 statistic it saves is what a merge needs).
 
 This first slice takes a spec that is one core reading its inputs directly (``attention``), causal or not, no
-other mask; forward mode (``.jvp``) and a spec with work outside its core are refused in one line.
+other mask; a spec with work outside its core is refused in one line.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import torch.distributed as dist
 from symattn.codegen.backends.triton.core import Core, find_cores
 from symattn.distributed.layout import layout
 from symattn.distributed.merge import merge_for
-from symattn.distributed.passes import Plan, RingFunction
+from symattn.distributed.passes import Plan, RingFunction, ring_forward
 from symattn.distributed.ring import Ring
 from symattn.errors import SymattnError
 from symattn.specs import spec as builtin_spec
@@ -90,6 +90,7 @@ class ContextParallel:
         self.spec = module.SPEC
         self.group = group.get_group() if hasattr(group, "get_group") else group  # a 1-d DeviceMesh: its group
         self.signature = inspect.signature(forward)
+        self.jvp_signature = inspect.signature(module.jvp)
 
     def _arguments(self, args, kwargs) -> tuple[list[torch.Tensor], bool, tuple]:
         """(Q, K, V by the core's names, causal, the block module's options after causal), masks refused."""
@@ -123,15 +124,42 @@ class ContextParallel:
     def __call__(self, *args, **kwargs) -> torch.Tensor:
         """The rank's rows of the output, differentiable by the ring's backward."""
         (Q, K, V), causal, options = self._arguments(args, kwargs)
-        if not dist.is_initialized():
-            raise SymattnError("context_parallel: torch.distributed is not initialised (init_process_group first)")
+        self._initialised()
         return RingFunction.apply(self.plan(Q, K, causal, options), Q, K, V)
 
-    def jvp(self, *args, **kwargs):
-        """Forward mode over the ring: not implemented in this slice (the tangent statistics' merge is not written)."""
-        raise SymattnError(
-            "context_parallel: jvp (forward mode) is not implemented yet; the backward (reverse mode) is"
-        )
+    def jvp(self, *args, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the rank's rows of O, of its derivative along the tangents): called as the module's jvp, tangents a dict
+        by input name (an input left out: zero), each of this rank's rows. The tangents of K and V travel round the
+        ring with their blocks; the partials and their statistics' tangents merge by the normaliser's rule."""
+        try:
+            bound = self.jvp_signature.bind(*args, **kwargs)
+        except TypeError as e:
+            raise TypeError(f"context_parallel({self.spec}).jvp: {e}") from None
+        tangents = bound.arguments.get("tangents")
+        if not isinstance(tangents, dict):
+            raise TypeError(f"tangents: expected a dict from input names to tensors, got {type(tangents).__name__}")
+        given = {name: x for name, x in bound.arguments.items() if name != "tangents"}
+        (Q, K, V), causal, options = self._arguments((), given)
+        names = [str(x.name) for x in (self.core.query, self.core.key, self.core.value)]
+        unknown = [name for name in tangents if name not in names]
+        if unknown:
+            raise SymattnError(f"tangents: {unknown[0]!r} is no input; inputs: {', '.join(names)}")
+        dots = [tangents.get(name) for name in names]
+        dots = [torch.zeros_like(x) if t is None else t for x, t in zip((Q, K, V), dots)]
+        wrong = [
+            name for name, x, t in zip(names, (Q, K, V), dots) if not isinstance(t, torch.Tensor) or t.shape != x.shape
+        ]
+        if wrong:
+            raise SymattnError(f"tangents: {wrong[0]}'s tangent must be a tensor of its rows' shape")
+        self._initialised()
+        with torch.no_grad():
+            merged, _ = ring_forward(self.plan(Q, K, causal, options), [Q, dots[0]], [K, V, *dots[1:]])
+        return merged[0], merged[2]  # (O, L, Ȯ, L̇)
+
+    @staticmethod
+    def _initialised() -> None:
+        if not dist.is_initialized():
+            raise SymattnError("context_parallel: torch.distributed is not initialised (init_process_group first)")
 
 
 def context_parallel(forward: Callable, group=None, *, balance: str | None = None) -> ContextParallel:

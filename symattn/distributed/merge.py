@@ -30,6 +30,7 @@ class Merge:
     statistic: str  # the name the generated module saves it under
     combine: Callable[[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]], tuple]
     saved: Callable[[torch.Tensor], torch.Tensor]  # the merged statistic as the module's backward reads it
+    tangent: Callable[[tuple, tuple], tuple]  # combine for (output, statistic, their tangents)
 
 
 def _softmax(first: tuple[torch.Tensor, torch.Tensor], second: tuple[torch.Tensor, torch.Tensor]) -> tuple:
@@ -42,10 +43,23 @@ def _softmax(first: tuple[torch.Tensor, torch.Tensor], second: tuple[torch.Tenso
     return torch.exp(l1 - safe) * o1 + torch.exp(l2 - safe) * o2, lse
 
 
+def _softmax_tangent(first: tuple, second: tuple) -> tuple:
+    """(O, L, Ȯ, L̇) of softmax over the keys of both, from each part's: with weights a = e^{L₁ − L}, b = e^{L₂ − L}
+    (O = a O₁ + b O₂, ȧ = a (L̇₁ − L̇)), L̇ = a L̇₁ + b L̇₂ and Ȯ = a (Ȯ₁ + (L̇₁ − L̇) O₁) + b (Ȯ₂ + (L̇₂ − L̇) O₂)."""
+    (o1, l1, t1, s1), (o2, l2, t2, s2) = first, second
+    o, lse = _softmax((o1, l1), (o2, l2))
+    safe = torch.where(lse == float("-inf"), 0.0, lse)
+    a, b = (torch.exp(torch.where(x == float("inf"), float("-inf"), x) - safe) for x in (l1, l2))
+    s = a * s1 + b * s2
+    return o, lse, a * (t1 + (s1 - s) * o1) + b * (t2 + (s2 - s) * o2), s
+
+
 # normaliser (codegen.backends.triton.core.NORMALISERS) → its merge; the others slot in here
 MERGES: dict[str, Merge] = {
     # a row with no key: L = +∞ for the generated backward (P = exp(A − L) = 0), −∞ in the merge
-    "row softmax": Merge("L", _softmax, lambda lse: torch.where(lse == float("-inf"), float("inf"), lse)),
+    "row softmax": Merge(
+        "L", _softmax, lambda lse: torch.where(lse == float("-inf"), float("inf"), lse), _softmax_tangent
+    ),
 }
 
 

@@ -63,41 +63,60 @@ def _receive(plan: Plan, step: int, like: tuple[torch.Tensor, ...]) -> list[torc
     return buffers
 
 
-def _merge_block(plan: Plan, origin: int, block: list[torch.Tensor], Q: torch.Tensor, merged: list) -> dict:
+def _partial(plan: Plan, queries: list, block: list, q, k, diagonal: bool) -> tuple[tuple, dict]:
+    """(the pair's partial, the constants the module's forward saved): (O_j, L_j) of the query chunk q over the key
+    chunk k by the module's _forward; with tangents (queries [Q, Q̇], block [K, V, K̇, V̇]) (O_j, L_j, Ȯ_j, L̇_j),
+    the tangents by torch.func.jvp of that same _forward (the module's closed-form _jvp gives no L̇_j)."""
+    saved_constants: dict = {}
+
+    def forward(Q, K, V):
+        O_j, saved = plan.module._forward(Q, K, V, None, diagonal, *plan.options)
+        saved_constants.update((name, x) for name, x in saved.items() if not isinstance(x, torch.Tensor))
+        return O_j, saved[plan.merge.statistic]
+
+    primals = (_rows(queries[0], q), _rows(block[0], k), _rows(block[1], k))
+    if len(block) == 2:
+        return forward(*primals), saved_constants
+    tangents = (_rows(queries[1], q), _rows(block[2], k), _rows(block[3], k))
+    (O_j, L_j), (dO_j, dL_j) = torch.func.jvp(forward, primals, tangents)
+    return (O_j, L_j, dO_j, dL_j), saved_constants
+
+
+def _merge_block(plan: Plan, origin: int, block: list, queries: list, merged: list) -> dict:
     """Merge the partials of the rank's query chunks over origin's key block into merged (one per chunk); returns
     the constants the module's forward saved (its resolved options, for the backward)."""
     chunks, constants = plan.queries.chunks[plan.ring.rank], {}
+    combine = plan.merge.combine if len(block) == 2 else plan.merge.tangent
     for q, k, diagonal in _pairs(plan, origin):
-        K, V = _rows(block[0], k), _rows(block[1], k)
-        O_j, saved = plan.module._forward(_rows(Q, q), K, V, None, diagonal, *plan.options)
-        part = (O_j, saved[plan.merge.statistic])
-        constants = {name: x for name, x in saved.items() if not isinstance(x, torch.Tensor)}
+        part, constants = _partial(plan, queries, block, q, k, diagonal)
         i = chunks.index(q)
-        merged[i] = part if merged[i] is None else plan.merge.combine(merged[i], part)
+        merged[i] = part if merged[i] is None else combine(merged[i], part)
     return constants
 
 
-def ring_forward(
-    plan: Plan, Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor, dict]:
-    """(O, the merged statistic, the constants the module's forward saved) of the rank's query rows over every key
-    block."""
+def _nothing(Q: torch.Tensor, V: torch.Tensor, rows: int, count: int) -> tuple:
+    """The partial of rows that read no key: O = 0, the statistic −∞ (no key), their tangents 0."""
+    out = (Q.new_zeros((*Q.shape[:-2], rows, V.shape[-1])), Q.new_full((*Q.shape[:-2], rows, 1), float("-inf")))
+    return (out + (out[0], torch.zeros_like(out[1])))[:count]
+
+
+def ring_forward(plan: Plan, queries: list, keys: list) -> tuple[list[torch.Tensor], dict]:
+    """The merged partials of the rank's query rows over every key block (O and the statistic; with tangents, queries
+    [Q, Q̇] and keys [K, V, K̇, V̇], their tangents after them) and the constants the module's forward saved."""
     ring = plan.ring
     chunks = plan.queries.chunks[ring.rank]
     merged: list = [None] * len(chunks)
-    block, constants = [K, V], {}
+    block, constants = list(keys), {}
     for step in range(ring.world):
         origin = (ring.rank - step) % ring.world
         send = block if block and plan.keys.travels(origin, step, plan.causal) else []
-        pending = ring.post(send, _receive(plan, step, (K, V)), KEYS)
+        pending = ring.post(send, _receive(plan, step, tuple(keys)), KEYS)
         if block:
-            constants |= _merge_block(plan, origin, block, Q, merged)
+            constants |= _merge_block(plan, origin, block, queries, merged)
         block = pending.wait()
-    for i, q in enumerate(chunks):  # a chunk that reads no key (an empty one): zeros, no key
-        if merged[i] is None:
-            O0 = Q.new_zeros((*Q.shape[:-2], q.length, V.shape[-1]))
-            merged[i] = (O0, Q.new_full((*Q.shape[:-2], q.length, 1), float("-inf")))
-    return torch.cat([o for o, _ in merged], dim=-2), torch.cat([s for _, s in merged], dim=-2), constants
+    count = 2 if len(keys) == 2 else 4
+    merged = [_nothing(queries[0], keys[1], q.length, count) if m is None else m for m, q in zip(merged, chunks)]
+    return [torch.cat(parts, dim=-2) for parts in zip(*merged)], constants
 
 
 def _block_gradients(plan: Plan, origin: int, block, Q, O, L, dO, dQ, constants: dict) -> list[torch.Tensor]:
@@ -152,7 +171,7 @@ class RingFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, plan: Plan, Q, K, V):
-        O, L, constants = ring_forward(plan, Q, K, V)
+        (O, L), constants = ring_forward(plan, [Q], [K, V])
         ctx.save_for_backward(Q, K, V, O, L)
         ctx.plan, ctx.constants = plan, constants
         return O

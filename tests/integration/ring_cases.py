@@ -86,6 +86,16 @@ def case(group, batch, n: int, causal: bool, balance, scale) -> dict:
             (O - out[..., mine, :]).abs().max().item(),
             *((x.grad - w.grad[..., mine, :]).abs().max().item() for x, w in zip(local, whole)),
         )
+    torch.manual_seed(1)
+    dots = {name: torch.randn_like(x) for name, x in zip("QKV", (Q, K, V))}
+    ring = context_parallel(attention_torch.forward, group, balance=balance)
+    mine_dots = {name: t[..., mine, :] for name, t in dots.items()}
+    out, tangent = ring.jvp(*(x.detach() for x in local), mine_dots, scale=scale, causal=causal)
+    want = attention_torch.jvp(Q, K, V, dots, scale=scale, causal=causal)
+    primal = (Q, K, V)
+    independent = torch.func.jvp(lambda *x: reference(*x, causal, scale), primal, tuple(dots.values()))
+    for name, (o, t) in (("jvp module", want), ("jvp autograd", independent)):
+        errors[name] = max((out - o[..., mine, :]).abs().max().item(), (tangent - t[..., mine, :]).abs().max().item())
     return {"errors": errors, "peak": HELD.peak, "rows": len(mine), "pairs": pairs}
 
 

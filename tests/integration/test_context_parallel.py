@@ -1,6 +1,7 @@
 """Context parallelism (symattn.distributed.context_parallel) for the generated attention module: each of 4 gloo
 processes on the CPU (and of a group of 2 of them) holds its block of the sequence's rows and gets its rows of the
-output and of every gradient, equal (float64, ≤ 1e-10) to the single-process module's and to torch autograd of an
+output, of every gradient and of the JVP (``.jvp``, tangents by input name), equal (float64, ≤ 1e-10) to the
+single-process module's (forward, backward, ``jvp``) and to torch autograd (reverse and forward mode) of an
 independent softmax attention, plain and causal, at lengths the world size does not divide, contiguous and zig-zag
 balanced.
 
@@ -60,6 +61,7 @@ def _check(ranks: list[dict]) -> None:
         for name in CASES:
             result = results[name]
             assert result["rows"] > 0, (world, rank, name)
+            assert set(result["errors"]) == {"module", "autograd", "jvp module", "jvp autograd"}
             for against, error in result["errors"].items():
                 assert error <= 1e-10, (world, rank, name, against, error)
             assert result["peak"] <= 2, (world, rank, name, result["peak"])
@@ -86,7 +88,8 @@ def test_context_parallel_refuses_in_one_line() -> None:
     x = torch.randn(4, 3, dtype=torch.float64)
     assert "work outside its n × m core" in _refusal(lambda: context_parallel(mha_torch.forward))
     assert "balance must be" in _refusal(lambda: context_parallel(attention_torch.forward, balance="zigzag"))
-    assert "jvp" in _refusal(lambda: wrapped.jvp(x, x, x, {"Q": x}))
+    assert "'W' is no input" in _refusal(lambda: wrapped.jvp(x, x, x, {"W": x}))
+    assert "K's tangent" in _refusal(lambda: wrapped.jvp(x, x, x, {"K": x[:2]}))
     assert "attn_mask" in _refusal(lambda: wrapped(x, x, x, attn_mask=torch.zeros(4, 4, dtype=torch.bool)))
     if not torch.distributed.is_initialized():
         assert "init_process_group" in _refusal(lambda: wrapped(x, x, x))
