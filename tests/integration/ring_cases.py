@@ -17,19 +17,21 @@ import traceback
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from torch.distributed.device_mesh import init_device_mesh
 
 from symattn.distributed import context_parallel
 from symattn.distributed.ring import HELD
 from symattn.errors import SymattnError
 from symattn.generated import attention_torch, attention_torch_memeff
 
-# (name, batch shape, n, causal, balance, scale): n that no world size divides among them
+# (name, batch shape, (query rows, key rows), causal, balance, scale): lengths that no world size divides among them
 CASES = [
-    ("plain", (2, 3), 16, False, None, None),
-    ("plain_uneven", (2,), 13, False, None, 0.7),
-    ("causal", (2, 3), 16, True, None, None),
-    ("causal_uneven", (), 11, True, None, None),
-    ("causal_balanced", (2,), 24, True, "causal", None),
+    ("plain", (2, 3), (16, 16), False, None, None),
+    ("plain_uneven", (2,), (13, 13), False, None, 0.7),
+    ("cross", (2,), (13, 9), False, None, None),
+    ("causal", (2, 3), (16, 16), True, None, None),
+    ("causal_uneven", (), (11, 11), True, None, None),
+    ("causal_balanced", (2,), (24, 24), True, "causal", None),
 ]
 KEEP_ALIVE: list = []
 PAIR = [1, 3]  # the global ranks of the group of two
@@ -64,14 +66,17 @@ def rows(n: int, world: int, rank: int, balance) -> torch.Tensor:
     return torch.cat([chunks[rank], chunks[2 * world - 1 - rank]])
 
 
-def case(group, batch, n: int, causal: bool, balance, scale) -> dict:
-    """One case on the ranks of group: the largest differences, the peak of key blocks held, the pairs computed."""
-    rank, world = dist.get_rank(group), dist.get_world_size(group)
+def case(group, batch, lengths: tuple[int, int], causal: bool, balance, scale) -> dict:
+    """One case on the ranks of group (a process group, None: the world, or a 1-d DeviceMesh): the largest
+    differences, the peak of key blocks held, the pairs computed."""
+    process_group = group.get_group() if hasattr(group, "get_group") else group
+    rank, world = dist.get_rank(process_group), dist.get_world_size(process_group)
     torch.manual_seed(0)
-    Q, K = torch.randn(*batch, n, 5, dtype=torch.float64), torch.randn(*batch, n, 5, dtype=torch.float64)
-    V, dO = torch.randn(*batch, n, 3, dtype=torch.float64), torch.randn(*batch, n, 3, dtype=torch.float64)
-    mine = rows(n, world, rank, balance)
-    local = [x[..., mine, :].clone().requires_grad_() for x in (Q, K, V)]
+    n, m = lengths
+    Q, K = torch.randn(*batch, n, 5, dtype=torch.float64), torch.randn(*batch, m, 5, dtype=torch.float64)
+    V, dO = torch.randn(*batch, m, 3, dtype=torch.float64), torch.randn(*batch, n, 3, dtype=torch.float64)
+    mine, keys = rows(n, world, rank, balance), rows(m, world, rank, balance)
+    local = [x[..., rows_, :].clone().requires_grad_() for x, rows_ in zip((Q, K, V), (mine, keys, keys))]
     HELD.reset()
     PAIRS[0] = 0
     O = context_parallel(attention_torch.forward, group, balance=balance)(*local, scale=scale, causal=causal)
@@ -84,12 +89,12 @@ def case(group, batch, n: int, causal: bool, balance, scale) -> dict:
         out.backward(dO)
         errors[name] = max(
             (O - out[..., mine, :]).abs().max().item(),
-            *((x.grad - w.grad[..., mine, :]).abs().max().item() for x, w in zip(local, whole)),
+            *((x.grad - w.grad[..., r, :]).abs().max().item() for x, w, r in zip(local, whole, (mine, keys, keys))),
         )
     torch.manual_seed(1)
     dots = {name: torch.randn_like(x) for name, x in zip("QKV", (Q, K, V))}
     ring = context_parallel(attention_torch.forward, group, balance=balance)
-    mine_dots = {name: t[..., mine, :] for name, t in dots.items()}
+    mine_dots = {name: t[..., r, :] for (name, t), r in zip(dots.items(), (mine, keys, keys))}
     out, tangent = ring.jvp(*(x.detach() for x in local), mine_dots, scale=scale, causal=causal)
     want = attention_torch.jvp(Q, K, V, dots, scale=scale, causal=causal)
     primal = (Q, K, V)
@@ -119,6 +124,7 @@ def worker(rank: int, world: int, init: str, out: str) -> None:
         attention_torch_memeff._forward = counted(attention_torch_memeff._forward)
         results = {name: case(None, *args) for name, *args in CASES}
         results["refusals"] = refusals(None)
+        results["mesh"] = case(init_device_mesh("cpu", (world,)), *CASES[-1][1:])  # a 1-d DeviceMesh for group
         pair = dist.new_group(PAIR)  # a group of two ranks out of the world: ranks 1 and 3, as 0 and 1
         KEEP_ALIVE.append(pair)
         if rank in PAIR:
