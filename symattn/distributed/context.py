@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 
 from symattn.codegen.backends.triton.core import Core, find_cores
-from symattn.distributed.layout import layout
+from symattn.distributed.layout import check_balance, layout
 from symattn.distributed.merge import merge_for
 from symattn.distributed.passes import Plan, RingFunction, ring_forward
 from symattn.distributed.ring import Ring
@@ -85,7 +85,7 @@ class ContextParallel:
         module = _module(forward)
         self.core = _core(module.SPEC)
         self.merge = merge_for(module.SPEC, self.core.normaliser)
-        layout([2], balance)  # the balance checked now
+        check_balance(balance)
         self.forward, self.blocks, self.balance = forward, _blocks_module(module), balance
         self.spec = module.SPEC
         self.group = group.get_group() if hasattr(group, "get_group") else group  # a 1-d DeviceMesh: its group

@@ -58,10 +58,15 @@ def _overlap(query: Chunk, key: Chunk) -> str:  # pragma: no cover - chunks part
     raise AssertionError(f"chunks overlap: {query} and {key}")
 
 
-def layout(lengths: list[int], balance: str | None) -> Layout:
-    """The layout of blocks of these lengths (one per rank, in rank order) for a balance of BALANCES."""
+def check_balance(balance: str | None) -> None:
+    """A SymattnError of one line unless balance is one of BALANCES."""
     if balance not in BALANCES:
         raise SymattnError(f"context_parallel: balance must be None or 'causal', got {balance!r}")
+
+
+def layout(lengths: list[int], balance: str | None) -> Layout:
+    """The layout of blocks of these lengths (one per rank, in rank order) for a balance of BALANCES."""
+    check_balance(balance)
     world = len(lengths)
     if balance is None:
         starts = [sum(lengths[:r]) for r in range(world)]
