@@ -24,7 +24,7 @@ import pytest
 torch = pytest.importorskip("torch")
 from symattn.errors import SymattnError  # noqa: E402
 
-CASES = ("plain", "plain_uneven", "cross", "causal", "causal_uneven", "causal_balanced")
+CASES = ("plain", "plain_uneven", "cross", "causal", "causal_uneven", "causal_balanced", "few_rows")
 
 
 def _spawn(tmp_path: Path, world: int) -> list[dict]:
@@ -62,7 +62,7 @@ def _check(ranks: list[dict]) -> None:
     for rank, results in enumerate(ranks):
         for name in CASES:
             result = results[name]
-            assert result["rows"] > 0, (world, rank, name)
+            assert result["rows"] > 0 or (name, rank, world) == ("few_rows", 3, 4), (world, rank, name)
             assert set(result["errors"]) == {"module", "autograd", "jvp module", "jvp autograd"}
             for against, error in result["errors"].items():
                 assert error <= 1e-10, (world, rank, name, against, error)
