@@ -2,8 +2,9 @@
 processes on the CPU (and of a group of 2 of them) holds its block of the sequence's rows and gets its rows of the
 output, of every gradient and of the JVP (``.jvp``, tangents by input name), equal (float64, ≤ 1e-10) to the
 single-process module's (forward, backward, ``jvp``) and to torch autograd (reverse and forward mode) of an
-independent softmax attention, plain and causal, at lengths the world size does not divide, contiguous and zig-zag
-balanced.
+independent softmax attention, plain, cross (fewer keys than queries) and causal, at lengths the world size does
+not divide (one with fewer rows than ranks: a rank holds none), contiguous and zig-zag balanced, over the world,
+a group of two of its ranks and a 1-d DeviceMesh.
 
 Checked besides: no rank holds more than two other ranks' key blocks at once (``ring.HELD``'s peak, which a plain
 ring of 4 reaches), key blocks a causal mask hides are neither sent (rank 0 receives none) nor computed (the
