@@ -8,8 +8,9 @@ the Triton kernels find them (``find_cores``), the normaliser chooses the merge 
 per-block work is the spec's memory-efficient torch module's (``<spec>_torch_memeff`` beside it: the row
 statistic it saves is what a merge needs).
 
-This first slice takes a spec that is one core reading its inputs directly (``attention``), causal or not, no
-other mask; a spec with work outside its core is refused in one line.
+This first slice takes a spec that is one core reading its inputs directly (``attention``), causal or not, with a
+key_padding_mask or none (its block travels with the keys); an n × m mask and a spec with work outside its core
+are refused in one line.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from symattn.errors import SymattnError
 from symattn.specs import spec as builtin_spec
 from symattn.specs import specs as builtin_specs
 
-MASKS = ("M", "attn_mask", "key_padding_mask")  # the masks of the module's forward this slice refuses
+MASKS = ("M", "attn_mask")  # the masks of the module's forward this slice refuses (key_padding_mask travels with K)
 
 
 def _module(forward: Callable) -> ModuleType:
@@ -92,8 +93,9 @@ class ContextParallel:
         self.signature = inspect.signature(forward)
         self.jvp_signature = inspect.signature(module.jvp)
 
-    def _arguments(self, args, kwargs) -> tuple[list[torch.Tensor], bool, tuple]:
-        """(Q, K, V by the core's names, causal, the block module's options after causal), masks refused."""
+    def _arguments(self, args, kwargs) -> tuple[list[torch.Tensor], bool, tuple, torch.Tensor | None]:
+        """(Q, K, V by the core's names, causal, the block module's options after causal, the keys' padding column),
+        the masks of MASKS refused."""
         try:
             bound = self.signature.bind(*args, **kwargs)
         except TypeError as e:
@@ -102,14 +104,16 @@ class ContextParallel:
         masks = [name for name in MASKS if given.get(name) is not None]
         if masks:
             raise SymattnError(
-                f"context_parallel: {masks[0]} is not supported yet (causal is; masks at global positions are not)"
+                f"context_parallel: {masks[0]} is not supported yet (causal and key_padding_mask are; an n × m mask "
+                "at global positions is not)"
             )
         tensors = [given.get(str(x.name)) for x in (self.core.query, self.core.key, self.core.value)]
         if any(not isinstance(t, torch.Tensor) for t in tensors):
             raise TypeError(f"context_parallel({self.spec}): expected tensors {self.core.query}, {self.core.key}, V")
-        return tensors, bool(given.get("causal", False)), (given.get("scale"), given.get("block_size"))
+        options = (given.get("scale"), given.get("block_size"))
+        return tensors, bool(given.get("causal", False)), options, _padding(given.get("key_padding_mask"), tensors[1])
 
-    def plan(self, Q: torch.Tensor, K: torch.Tensor, causal: bool, options: tuple) -> Plan:
+    def plan(self, Q: torch.Tensor, K: torch.Tensor, causal: bool, options: tuple, padded: bool) -> Plan:
         """The call's plan: the ranks' row counts gathered (one all_gather) and laid out."""
         ring = Ring(self.group)
         queries, keys = ring.lengths(Q.device, Q.shape[-2], K.shape[-2])
@@ -119,13 +123,13 @@ class ContextParallel:
                 f"{keys} rows"
             )
         laid = (layout(queries, self.balance), layout(keys, self.balance))
-        return Plan(self.blocks, self.merge, ring, *laid, causal, options)
+        return Plan(self.blocks, self.merge, ring, *laid, causal, options, padded)
 
     def __call__(self, *args, **kwargs) -> torch.Tensor:
         """The rank's rows of the output, differentiable by the ring's backward."""
-        (Q, K, V), causal, options = self._arguments(args, kwargs)
+        (Q, K, V), causal, options, padding = self._arguments(args, kwargs)
         self._initialised()
-        return RingFunction.apply(self.plan(Q, K, causal, options), Q, K, V)
+        return RingFunction.apply(self.plan(Q, K, causal, options, padding is not None), Q, K, V, padding)
 
     def jvp(self, *args, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
         """(the rank's rows of O, of its derivative along the tangents): called as the module's jvp, tangents a dict
@@ -139,7 +143,7 @@ class ContextParallel:
         if not isinstance(tangents, dict):
             raise TypeError(f"tangents: expected a dict from input names to tensors, got {type(tangents).__name__}")
         given = {name: x for name, x in bound.arguments.items() if name != "tangents"}
-        (Q, K, V), causal, options = self._arguments((), given)
+        (Q, K, V), causal, options, padding = self._arguments((), given)
         names = [str(x.name) for x in (self.core.query, self.core.key, self.core.value)]
         unknown = [name for name in tangents if name not in names]
         if unknown:
@@ -153,13 +157,28 @@ class ContextParallel:
             raise SymattnError(f"tangents: {wrong[0]}'s tangent must be a tensor of its rows' shape")
         self._initialised()
         with torch.no_grad():
-            merged, _ = ring_forward(self.plan(Q, K, causal, options), [Q, dots[0]], [K, V, *dots[1:]])
+            plan = self.plan(Q, K, causal, options, padding is not None)
+            keys = [K, V, *dots[1:]] + ([] if padding is None else [padding])
+            merged, _ = ring_forward(plan, [Q, dots[0]], keys)
         return merged[0], merged[2]  # (O, L, Ȯ, L̇)
 
     @staticmethod
     def _initialised() -> None:
         if not dist.is_initialized():
             raise SymattnError("context_parallel: torch.distributed is not initialised (init_process_group first)")
+
+
+def _padding(mask, K: torch.Tensor) -> torch.Tensor | None:
+    """The rank's key_padding_mask ((..., m_r) bool, True: ignore the key) as a column (..., m_r, 1) of 0 and −∞
+    added to its keys' scores, which travels round the ring with them; None without one."""
+    if mask is None:
+        return None
+    shape = (*K.shape[:-2], K.shape[-2])
+    if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool or tuple(mask.shape) != shape:
+        got = f"{mask.dtype} {tuple(mask.shape)}" if isinstance(mask, torch.Tensor) else type(mask).__name__
+        raise SymattnError(f"key_padding_mask: expected a bool tensor of this rank's keys, shape {shape}, got {got}")
+    column = torch.zeros(shape, dtype=K.dtype, device=K.device).masked_fill_(mask, float("-inf"))
+    return column.unsqueeze(-1)
 
 
 def context_parallel(forward: Callable, group=None, *, balance: str | None = None) -> ContextParallel:

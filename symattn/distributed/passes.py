@@ -31,10 +31,20 @@ class Plan:
     keys: Layout
     causal: bool
     options: tuple  # the module's options after causal (scale, and block_size where it takes one)
+    padded: bool = False  # a key block ends with its padding column (…, m_r, 1): 0 or −∞, added to its keys' scores
 
 
 def _rows(x: torch.Tensor, chunk) -> torch.Tensor:
     return x[..., chunk.offset : chunk.offset + chunk.length, :]
+
+
+def _mask(plan: Plan, block: list, q, k) -> torch.Tensor | None:
+    """The additive mask of the pair (query chunk q, key chunk k): the key chunk's padding column as a row, every
+    query row's (an expanded view, as the module's own key_padding_mask), or None without padding."""
+    if not plan.padded:
+        return None
+    column = _rows(block[-1], k)
+    return column.mT.expand(*column.shape[:-2], q.length, k.length)
 
 
 def _pairs(plan: Plan, origin: int):
@@ -69,13 +79,15 @@ def _partial(plan: Plan, queries: list, block: list, q, k, diagonal: bool) -> tu
     the tangents by torch.func.jvp of that same _forward (the module's closed-form _jvp gives no L̇_j)."""
     saved_constants: dict = {}
 
+    M = _mask(plan, block, q, k)
+
     def forward(Q, K, V):
-        O_j, saved = plan.module._forward(Q, K, V, None, diagonal, *plan.options)
+        O_j, saved = plan.module._forward(Q, K, V, M, diagonal, *plan.options)
         saved_constants.update((name, x) for name, x in saved.items() if not isinstance(x, torch.Tensor))
         return O_j, saved[plan.merge.statistic]
 
     primals = (_rows(queries[0], q), _rows(block[0], k), _rows(block[1], k))
-    if len(block) == 2:
+    if len(queries) == 1:
         return forward(*primals), saved_constants
     tangents = (_rows(queries[1], q), _rows(block[2], k), _rows(block[3], k))
     (O_j, L_j), (dO_j, dL_j) = torch.func.jvp(forward, primals, tangents)
@@ -86,7 +98,7 @@ def _merge_block(plan: Plan, origin: int, block: list, queries: list, merged: li
     """Merge the partials of the rank's query chunks over origin's key block into merged (one per chunk); returns
     the constants the module's forward saved (its resolved options, for the backward)."""
     chunks, constants = plan.queries.chunks[plan.ring.rank], {}
-    combine = plan.merge.combine if len(block) == 2 else plan.merge.tangent
+    combine = plan.merge.combine if len(queries) == 1 else plan.merge.tangent
     for q, k, diagonal in _pairs(plan, origin):
         part, constants = _partial(plan, queries, block, q, k, diagonal)
         i = chunks.index(q)
@@ -114,7 +126,7 @@ def ring_forward(plan: Plan, queries: list, keys: list) -> tuple[list[torch.Tens
         if block:
             constants |= _merge_block(plan, origin, block, queries, merged)
         block = pending.wait()
-    count = 2 if len(keys) == 2 else 4
+    count = 2 * len(queries)
     merged = [_nothing(queries[0], keys[1], q.length, count) if m is None else m for m, q in zip(merged, chunks)]
     return [torch.cat(parts, dim=-2) for parts in zip(*merged)], constants
 
@@ -124,7 +136,8 @@ def _block_gradients(plan: Plan, origin: int, block, Q, O, L, dO, dQ, constants:
     merge = plan.merge
     parts = [torch.zeros_like(block[0]), torch.zeros_like(block[1])]
     for q, k, diagonal in _pairs(plan, origin):
-        saved = constants | {"Q": _rows(Q, q), "K": _rows(block[0], k), "V": _rows(block[1], k), "M": None}
+        M = _mask(plan, block, q, k)
+        saved = constants | {"Q": _rows(Q, q), "K": _rows(block[0], k), "V": _rows(block[1], k), "M": M}
         saved |= {"O": _rows(O, q), merge.statistic: merge.saved(_rows(L, q)), "causal": diagonal}
         saved["scale"] = plan.options[0]  # as given (None: the default), as the module's Function keeps it
         grads = plan.module._backward(saved, _rows(dO, q))
@@ -134,15 +147,19 @@ def _block_gradients(plan: Plan, origin: int, block, Q, O, L, dO, dQ, constants:
     return parts
 
 
-def ring_backward(plan: Plan, Q, K, V, O, L, dO, constants: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dQ, dK, dV) of the rank's rows: its queries' over every key block, its keys' from every rank's queries."""
+def ring_backward(
+    plan: Plan, Q, block: list, O, L, dO, constants: dict
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dQ, dK, dV) of the rank's rows: its queries' over every key block ([K, V] and the padding column where there
+    is one), its keys' from every rank's queries."""
     ring, keys, causal = plan.ring, plan.keys, plan.causal
     dQ = torch.zeros_like(Q)
-    block, incoming, own, sends = [K, V], None, None, []
+    like, (K, V) = tuple(block), block[:2]
+    incoming, own, sends = None, None, []
     for step in range(ring.world):
         origin = (ring.rank - step) % ring.world
         send = block if block and keys.travels(origin, step, causal) else []
-        pending = ring.post(send, _receive(plan, step, (K, V)), KEYS)
+        pending = ring.post(send, _receive(plan, step, like), KEYS)
         later = None
         if pending.received:  # the partials of the block arriving next, sent on by the previous rank after its work
             buffers = _buffers(plan, (origin - 1) % ring.world, (K, V))
@@ -167,17 +184,19 @@ def ring_backward(plan: Plan, Q, K, V, O, L, dO, constants: dict) -> tuple[torch
 
 
 class RingFunction(torch.autograd.Function):
-    """The ring as an autograd Function: apply(plan, Q, K, V) → the rank's rows of O; its backward the ring's."""
+    """The ring as an autograd Function: apply(plan, Q, K, V, padding column or None) → the rank's rows of O; its
+    backward the ring's."""
 
     @staticmethod
-    def forward(ctx, plan: Plan, Q, K, V):
-        (O, L), constants = ring_forward(plan, [Q], [K, V])
-        ctx.save_for_backward(Q, K, V, O, L)
+    def forward(ctx, plan: Plan, Q, K, V, padding):
+        block = [K, V] if padding is None else [K, V, padding]
+        (O, L), constants = ring_forward(plan, [Q], block)
+        ctx.save_for_backward(Q, O, L, *block)
         ctx.plan, ctx.constants = plan, constants
         return O
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, dO):
-        Q, K, V, O, L = ctx.saved_tensors
-        return (None, *ring_backward(ctx.plan, Q, K, V, O, L, dO.contiguous(), ctx.constants))
+        Q, O, L, *block = ctx.saved_tensors
+        return (None, *ring_backward(ctx.plan, Q, block, O, L, dO.contiguous(), ctx.constants), None)

@@ -33,6 +33,8 @@ CASES = [
     ("causal_uneven", (), (11, 11), True, None, None),
     ("causal_balanced", (2,), (24, 24), True, "causal", None),
     ("few_rows", (2,), (3, 3), True, None, None),  # fewer rows than ranks: a rank of none
+    ("padding", (3,), (13, 13), False, None, None, True),
+    ("padding_causal", (3,), (16, 16), True, "causal", None, True),  # rows with no key left: zeros
 ]
 KEEP_ALIVE: list = []
 PAIR = [1, 3]  # the global ranks of the group of two
@@ -54,14 +56,26 @@ def counted(forward):
     return count
 
 
-def reference(Q, K, V, causal, scale):
-    """softmax(scale Q Kᵀ + causal mask) V in plain torch ops (autograd differentiates it)."""
+def padding_mask(batch, m: int) -> torch.Tensor:
+    """A key_padding_mask (…, m): about a third of the keys ignored, and the first three of the last sequence."""
+    torch.manual_seed(2)
+    mask = torch.rand(*batch, m) < 0.3
+    mask[..., -1, :3] = True
+    return mask
+
+
+def reference(Q, K, V, causal, scale, padding=None):
+    """softmax(scale Q Kᵀ + causal mask + padding) V in plain torch ops (autograd differentiates it); a row with no
+    key left gives zeros."""
     scale = Q.shape[-1] ** -0.5 if scale is None else scale
     A = scale * Q @ K.mT
+    if padding is not None:
+        A = A.masked_fill(padding.unsqueeze(-2), float("-inf"))
     if causal:
         n = A.shape[-1]
         A = A.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
-    return torch.softmax(A, dim=-1) @ V
+    empty = (A == float("-inf")).all(dim=-1, keepdim=True)  # no key left: P = 0 (A's row replaced, then zeroed)
+    return (torch.softmax(A.masked_fill(empty, 0.0), dim=-1) * ~empty) @ V
 
 
 def rows(n: int, world: int, rank: int, balance) -> torch.Tensor:
@@ -72,7 +86,7 @@ def rows(n: int, world: int, rank: int, balance) -> torch.Tensor:
     return torch.cat([chunks[rank], chunks[2 * world - 1 - rank]])
 
 
-def case(group, batch, lengths: tuple[int, int], causal: bool, balance, scale) -> dict:
+def case(group, batch, lengths: tuple[int, int], causal: bool, balance, scale, padded: bool = False) -> dict:
     """One case on the ranks of group (a process group, None: the world, or a 1-d DeviceMesh): the largest
     differences, the peak of key blocks held, the pairs computed."""
     process_group = group.get_group() if hasattr(group, "get_group") else group
@@ -83,15 +97,18 @@ def case(group, batch, lengths: tuple[int, int], causal: bool, balance, scale) -
     V, dO = torch.randn(*batch, m, 3, dtype=torch.float64), torch.randn(*batch, n, 3, dtype=torch.float64)
     mine, keys = rows(n, world, rank, balance), rows(m, world, rank, balance)
     local = [x[..., rows_, :].clone().requires_grad_() for x, rows_ in zip((Q, K, V), (mine, keys, keys))]
+    padding = padding_mask(batch, m) if padded else None
+    masks = {"key_padding_mask": padding, "causal": causal, "scale": scale}
+    mine_masks = masks | {"key_padding_mask": None if padding is None else padding[..., keys]}
     HELD.reset()
     PAIRS[0] = 0
-    O = context_parallel(attention_torch.forward, group, balance=balance)(*local, scale=scale, causal=causal)
+    O = context_parallel(attention_torch.forward, group, balance=balance)(*local, **mine_masks)
     pairs = PAIRS[0]
     O.backward(dO[..., mine, :])
     errors = {}
     for name, forward in (("module", attention_torch.forward), ("autograd", None)):
         whole = [x.clone().requires_grad_() for x in (Q, K, V)]
-        out = forward(*whole, scale=scale, causal=causal) if forward else reference(*whole, causal, scale)
+        out = forward(*whole, **masks) if forward else reference(*whole, causal, scale, padding)
         out.backward(dO)
         errors[name] = max(
             gap(O, out[..., mine, :]),
@@ -101,10 +118,10 @@ def case(group, batch, lengths: tuple[int, int], causal: bool, balance, scale) -
     dots = {name: torch.randn_like(x) for name, x in zip("QKV", (Q, K, V))}
     ring = context_parallel(attention_torch.forward, group, balance=balance)
     mine_dots = {name: t[..., r, :] for (name, t), r in zip(dots.items(), (mine, keys, keys))}
-    out, tangent = ring.jvp(*(x.detach() for x in local), mine_dots, scale=scale, causal=causal)
-    want = attention_torch.jvp(Q, K, V, dots, scale=scale, causal=causal)
+    out, tangent = ring.jvp(*(x.detach() for x in local), mine_dots, **mine_masks)
+    want = attention_torch.jvp(Q, K, V, dots, **masks)
     primal = (Q, K, V)
-    independent = torch.func.jvp(lambda *x: reference(*x, causal, scale), primal, tuple(dots.values()))
+    independent = torch.func.jvp(lambda *x: reference(*x, causal, scale, padding), primal, tuple(dots.values()))
     for name, (o, t) in (("jvp module", want), ("jvp autograd", independent)):
         errors[name] = max(gap(out, o[..., mine, :]), gap(tangent, t[..., mine, :]))
     return {"errors": errors, "peak": HELD.peak, "rows": len(mine), "pairs": pairs}

@@ -4,7 +4,8 @@ output, of every gradient and of the JVP (``.jvp``, tangents by input name), equ
 single-process module's (forward, backward, ``jvp``) and to torch autograd (reverse and forward mode) of an
 independent softmax attention, plain, cross (fewer keys than queries) and causal, at lengths the world size does
 not divide (one with fewer rows than ranks: a rank holds none), contiguous and zig-zag balanced, over the world,
-a group of two of its ranks and a 1-d DeviceMesh.
+a group of two of its ranks and a 1-d DeviceMesh; with a key_padding_mask (its block travels with the keys), rows
+with no key left giving zeros.
 
 Checked besides: no rank holds more than two other ranks' key blocks at once (``ring.HELD``'s peak, which a plain
 ring of 4 reaches), key blocks a causal mask hides are neither sent (rank 0 receives none) nor computed (the
@@ -25,7 +26,8 @@ import pytest
 torch = pytest.importorskip("torch")
 from symattn.errors import SymattnError  # noqa: E402
 
-CASES = ("plain", "plain_uneven", "cross", "causal", "causal_uneven", "causal_balanced", "few_rows")
+CASES = ("plain", "plain_uneven", "cross", "causal", "causal_uneven", "causal_balanced", "few_rows", "padding")
+CASES += ("padding_causal",)
 
 
 def _spawn(tmp_path: Path, world: int) -> list[dict]:
@@ -94,6 +96,7 @@ def test_context_parallel_refuses_in_one_line() -> None:
     assert "'W' is no input" in _refusal(lambda: wrapped.jvp(x, x, x, {"W": x}))
     assert "K's tangent" in _refusal(lambda: wrapped.jvp(x, x, x, {"K": x[:2]}))
     assert "attn_mask" in _refusal(lambda: wrapped(x, x, x, attn_mask=torch.zeros(4, 4, dtype=torch.bool)))
+    assert "key_padding_mask" in _refusal(lambda: wrapped(x, x, x, key_padding_mask=torch.zeros(3, dtype=torch.bool)))
     if not torch.distributed.is_initialized():
         assert "init_process_group" in _refusal(lambda: wrapped(x, x, x))
     assert "generated torch module" in _refusal(lambda: context_parallel(torch.softmax))
