@@ -13,13 +13,16 @@ one sequence of n rows, d = 64, loss = ⟨G, O⟩), plain or causal:
 The target (issue 54) is a ring's time per rank ≤ 1.3 × (one process's time ÷ P). The ranks need P free cores:
 on a shared machine the figures are the machine's load as much as the ring's.
 
-    python benchmarks/context_parallel.py [--n 4096] [--world 2] [--repeats 5] [--causal]
+With ``--memory``, the peak bytes one step allocates beyond its inputs, per rank (the largest) and in one process.
+
+    python benchmarks/context_parallel.py [--n 4096] [--world 2] [--repeats 5] [--causal] [--memory]
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import os
 import sys
 import tempfile
@@ -50,6 +53,24 @@ def _step(forward, tensors: list[torch.Tensor], causal: bool) -> float:
     return time.perf_counter() - start
 
 
+def _peak(forward, tensors: list[torch.Tensor], causal: bool) -> int:
+    """Peak bytes allocated by one step beyond its inputs (torch profiler's memory events, as benchmarks/
+    implementations.py measures them): the outputs, gradients, and what is alive inside, received blocks too."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        _step(forward, tensors, causal)
+    with tempfile.TemporaryDirectory() as folder:
+        path = os.path.join(folder, "trace.json")
+        prof.export_chrome_trace(path)
+        events = json.loads(Path(path).read_text())["traceEvents"]
+    live = peak = 0
+    for e in sorted((e for e in events if e.get("name") == "[memory]"), key=lambda e: e["ts"]):
+        live += e["args"]["Bytes"]
+        peak = max(peak, live)
+    return peak
+
+
 def _worker(rank: int, world: int, args, init: str, out: str) -> None:
     code = 1
     try:
@@ -72,6 +93,10 @@ def _worker(rank: int, world: int, args, init: str, out: str) -> None:
                 dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
                 times.append(elapsed.item())
             results[balance] = min(times[1:])
+            if args.memory:
+                peak = torch.tensor([_peak(ring, tensors, args.causal)])
+                dist.all_reduce(peak, op=dist.ReduceOp.MAX)
+                results[f"memory {balance}"] = int(peak.item())
         if not args.causal:  # the same work without the ring: the rank's P pairs of n/P rows by the module itself
             from symattn.generated import attention_torch_memeff
 
@@ -97,6 +122,7 @@ def main() -> None:
     parser.add_argument("--world", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--causal", action="store_true")
+    parser.add_argument("--memory", action="store_true", help="also the peak bytes per rank and of one process")
     args = parser.parse_args()
     torch.set_num_threads(1)
     from symattn.generated import attention_torch, attention_torch_memeff
@@ -105,6 +131,8 @@ def main() -> None:
     for name, module in (("attention_torch", attention_torch), ("attention_torch_memeff", attention_torch_memeff)):
         tensors = _data(args.n)
         single[name] = min(_step(module.forward, tensors, args.causal) for _ in range(args.repeats + 1))
+        if args.memory:
+            single[f"memory {name}"] = _peak(module.forward, tensors, args.causal)
     with tempfile.TemporaryDirectory() as tmp:
         out = str(Path(tmp) / "ring")
         mp.spawn(_worker, args=(args.world, args, f"file://{Path(tmp) / 'rdv'}", out), nprocs=args.world, join=True)
@@ -112,6 +140,14 @@ def main() -> None:
     mask = "causal" if args.causal else "plain"
     print(f"# {datetime.date.today()}, {os.uname().machine}, torch {torch.__version__}, {os.cpu_count()} CPUs")
     print(f"# {mask} attention, n = {args.n}, d = {D}, float32, one thread per process, best of {args.repeats}")
+    single_memory = (single.get("memory attention_torch_memeff"), single.get("memory attention_torch"))
+    for name in [key for key in single if key.startswith("memory")]:
+        print(f"one process, peak {name[7:]}: {single.pop(name) / 2**20:.1f} MiB")
+    for name in [key for key in ring if isinstance(key, str) and key.startswith("memory")]:
+        peak = ring.pop(name)
+        print(f"ring of {args.world}, peak per rank, balance={name[7:]}: {peak / 2**20:.1f} MiB", end=" ")
+        memeff, standard = (peak / x for x in single_memory)
+        print(f"({memeff:.2f} × one process's memory-efficient, {standard:.2f} × standard)")
     for name, seconds in single.items():
         print(f"one process, {name}: {seconds * 1e3:.1f} ms (÷ {args.world}: {seconds * 1e3 / args.world:.1f} ms)")
     compute = ring.pop("compute", None)

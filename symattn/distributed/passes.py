@@ -155,7 +155,11 @@ def ring_backward(
     ring, keys, causal = plan.ring, plan.keys, plan.causal
     dQ = torch.zeros_like(Q)
     like, (K, V) = tuple(block), block[:2]
-    incoming, own, sends = None, None, []
+    incoming, own, sending = None, None, None  # one send of partials in flight at a time
+    last = max(s for s in range(ring.world) if s == 0 or keys.travels(ring.rank, s - 1, causal))
+    home = None  # the own block's partials, home from the last rank that reads it: received into from the start
+    if last:  # (posted first, so that the sender's wait never waits for this rank's loop)
+        home = ring.receive_from((ring.rank + last) % ring.world, _buffers(plan, ring.rank, (K, V)), RETURNED)
     for step in range(ring.world):
         origin = (ring.rank - step) % ring.world
         send = block if block and keys.travels(origin, step, causal) else []
@@ -167,19 +171,20 @@ def ring_backward(
         if block:
             parts = _block_gradients(plan, origin, block, Q, O, L, dO, dQ, constants)
             if incoming is not None:
-                parts = [a + b for a, b in zip(incoming.wait(), parts)]
+                parts = [a.add_(b) for a, b in zip(incoming.wait(), parts)]
+            if sending is not None:  # the previous block's partials (their receive was posted a step ago)
+                sending.wait()
             if keys.travels(origin, step, causal):
-                sends.append(ring.post(parts, [], GRADIENTS))
+                sending = ring.post(parts, [], GRADIENTS)
             elif origin != ring.rank:
-                sends.append(ring.post(parts, [], RETURNED, to=origin))
+                sending = ring.post(parts, [], RETURNED, to=origin)
             else:
                 own = parts
         block, incoming = pending.wait(), later
-    last = max(s for s in range(ring.world) if s == 0 or keys.travels(ring.rank, s - 1, causal))
-    if own is None:  # the own block's partials, home from the last rank that read it
-        own = ring.receive_from((ring.rank + last) % ring.world, _buffers(plan, ring.rank, (K, V)), RETURNED).wait()
-    for pending in sends:
-        pending.wait()
+    if home is not None:
+        own = home.wait()
+    if sending is not None:
+        sending.wait()
     return dQ, own[0], own[1]
 
 
