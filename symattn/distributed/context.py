@@ -90,8 +90,12 @@ class ContextParallel:
         self.forward, self.blocks, self.balance = forward, _blocks_module(module), balance
         self.spec = module.SPEC
         self.group = group.get_group() if hasattr(group, "get_group") else group  # a 1-d DeviceMesh: its group
-        self.signature = inspect.signature(forward)
         self.jvp_signature = inspect.signature(module.jvp)
+        self.signature, self.fixed = inspect.signature(forward), {}
+        if isinstance(forward, torch.nn.Module):  # the generated nn.Module: its options are its attributes
+            self.signature = inspect.signature(forward.forward)
+            options = inspect.signature(module.forward).parameters.keys() - self.signature.parameters.keys()
+            self.fixed = {name: getattr(forward, name) for name in sorted(options) if hasattr(forward, name)}
 
     def _arguments(self, args, kwargs) -> tuple[list[torch.Tensor], bool, tuple, torch.Tensor | None]:
         """(Q, K, V by the core's names, causal, the block module's options after causal, the keys' padding column),
@@ -100,7 +104,7 @@ class ContextParallel:
             bound = self.signature.bind(*args, **kwargs)
         except TypeError as e:
             raise TypeError(f"context_parallel({self.spec}): {e}") from None
-        given = bound.arguments
+        given = dict(bound.arguments) | self.fixed
         masks = [name for name in MASKS if given.get(name) is not None]
         if masks:
             raise SymattnError(
@@ -142,7 +146,7 @@ class ContextParallel:
         tangents = bound.arguments.get("tangents")
         if not isinstance(tangents, dict):
             raise TypeError(f"tangents: expected a dict from input names to tensors, got {type(tangents).__name__}")
-        given = {name: x for name, x in bound.arguments.items() if name != "tangents"}
+        given = {name: x for name, x in bound.arguments.items() if name != "tangents" and name not in self.fixed}
         (Q, K, V), causal, options, padding = self._arguments((), given)
         names = [str(x.name) for x in (self.core.query, self.core.key, self.core.value)]
         unknown = [name for name in tangents if name not in names]
@@ -182,8 +186,9 @@ def _padding(mask, K: torch.Tensor) -> torch.Tensor | None:
 
 
 def context_parallel(forward: Callable, group=None, *, balance: str | None = None) -> ContextParallel:
-    """forward (a generated torch module's) over the ranks of group (default: the world; a 1-d DeviceMesh: its
-    group): each rank passes its block of the sequence's rows (contiguous in rank order, or ``balance="causal"``:
-    the zig-zag chunks r and 2P − 1 − r, concatenated) and gets its rows of the output; backward gives its rows'
-    gradients. Keys and values travel round the ring; the partial outputs merge by the core's normaliser."""
+    """forward (a generated torch module's, or its nn.Module, whose options such as scale are its attributes) over
+    the ranks of group (default: the world; a 1-d DeviceMesh: its group): each rank passes its block of the
+    sequence's rows (contiguous in rank order, or ``balance="causal"``: the zig-zag chunks r and 2P − 1 − r,
+    concatenated) and gets its rows of the output; backward gives its rows' gradients, ``.jvp`` its rows' tangents.
+    Keys and values travel round the ring; the partial outputs merge by the core's normaliser."""
     return ContextParallel(forward, group, balance)

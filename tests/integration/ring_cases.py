@@ -86,7 +86,7 @@ def rows(n: int, world: int, rank: int, balance) -> torch.Tensor:
     return torch.cat([chunks[rank], chunks[2 * world - 1 - rank]])
 
 
-def case(group, batch, lengths: tuple[int, int], causal: bool, balance, scale, padded: bool = False) -> dict:
+def case(group, batch, lengths: tuple[int, int], causal: bool, balance, scale, padded=False, module=None) -> dict:
     """One case on the ranks of group (a process group, None: the world, or a 1-d DeviceMesh): the largest
     differences, the peak of key blocks held, the pairs computed."""
     process_group = group.get_group() if hasattr(group, "get_group") else group
@@ -102,7 +102,12 @@ def case(group, batch, lengths: tuple[int, int], causal: bool, balance, scale, p
     mine_masks = masks | {"key_padding_mask": None if padding is None else padding[..., keys]}
     HELD.reset()
     PAIRS[0] = 0
-    O = context_parallel(attention_torch.forward, group, balance=balance)(*local, **mine_masks)
+    if module is None:
+        O = context_parallel(attention_torch.forward, group, balance=balance)(*local, **mine_masks)
+    else:  # the nn.Module: its own scale
+        O = context_parallel(module, group, balance=balance)(
+            *local, **{k: v for k, v in mine_masks.items() if k != "scale"}
+        )
     pairs = PAIRS[0]
     O.backward(dO[..., mine, :])
     errors = {}
@@ -147,6 +152,7 @@ def worker(rank: int, world: int, init: str, out: str) -> None:
         attention_torch_memeff._forward = counted(attention_torch_memeff._forward)
         results = {name: case(None, *args) for name, *args in CASES}
         results["refusals"] = refusals(None)
+        results["module"] = case(None, *CASES[1][1:], module=attention_torch.Attention(scale=0.7))  # scale 0.7
         results["mesh"] = case(init_device_mesh("cpu", (world,)), *CASES[-1][1:])  # a 1-d DeviceMesh for group
         pair = dist.new_group(PAIR)  # a group of two ranks out of the world: ranks 1 and 3, as 0 and 1
         KEEP_ALIVE.append(pair)

@@ -53,8 +53,9 @@ def _spawn(tmp_path: Path, world: int) -> list[dict]:
 def test_context_parallel_attention_matches_one_process(tmp_path: Path) -> None:
     ranks = _spawn(tmp_path, 4)
     _check([results["world"] for results in ranks])
-    for results in ranks:  # the balanced causal case again, over a 1-d DeviceMesh of the world
+    for results in ranks:  # the balanced causal case over a 1-d DeviceMesh, the uneven one by the nn.Module
         assert max(results["world"]["mesh"]["errors"].values()) <= 1e-10
+        assert max(results["world"]["module"]["errors"].values()) <= 1e-10
     _check([ranks[rank]["pair"] for rank in (1, 3)])  # the group of global ranks 1 and 3
     assert all(results["world"]["plain"]["peak"] == 2 for results in ranks)  # world 4: the bound reached, never passed
 
