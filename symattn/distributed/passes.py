@@ -17,7 +17,7 @@ import torch
 
 from symattn.distributed.layout import DIAGONAL, SKIP, Layout
 from symattn.distributed.merge import Merge
-from symattn.distributed.ring import GRADIENTS, HELD, KEYS, RETURNED, Ring
+from symattn.distributed.ring import GRADIENTS, HELD, KEYS, RETURNED, Pending, Ring
 
 
 @dataclass(frozen=True)
@@ -147,44 +147,55 @@ def _block_gradients(plan: Plan, origin: int, block, Q, O, L, dO, dQ, constants:
     return parts
 
 
+def _home(plan: Plan, K: torch.Tensor, V: torch.Tensor) -> tuple[Pending | None, int | None]:
+    """(the receive of the own block's partials, home from the last rank that reads it, or None where no other rank
+    reads it; that rank). Posted before the loop where that rank is not the previous one (its only message here: the
+    sender's wait never waits for this rank's loop), else after it (in the order of that rank's other messages)."""
+    ring = plan.ring
+    last = max(s for s in range(ring.world) if s == 0 or plan.keys.travels(ring.rank, s - 1, plan.causal))
+    source = (ring.rank + last) % ring.world
+    if not last or source == (ring.rank - 1) % ring.world:
+        return None, source if last else None
+    return ring.receive_from(source, _buffers(plan, ring.rank, (K, V)), RETURNED), None
+
+
 def ring_backward(
     plan: Plan, Q, block: list, O, L, dO, constants: dict
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dQ, dK, dV) of the rank's rows: its queries' over every key block ([K, V] and the padding column where there
-    is one), its keys' from every rank's queries."""
+    is one), its keys' from every rank's queries. Each step posts, in one batch, the partials of the block it leaves
+    to the next rank and the receive of those of the block it gets next (one partial send in flight)."""
     ring, keys, causal = plan.ring, plan.keys, plan.causal
     dQ = torch.zeros_like(Q)
     like, (K, V) = tuple(block), block[:2]
-    incoming, own, sending = None, None, None  # one send of partials in flight at a time
-    last = max(s for s in range(ring.world) if s == 0 or keys.travels(ring.rank, s - 1, causal))
-    home = None  # the own block's partials, home from the last rank that reads it: received into from the start
-    if last:  # (posted first, so that the sender's wait never waits for this rank's loop)
-        home = ring.receive_from((ring.rank + last) % ring.world, _buffers(plan, ring.rank, (K, V)), RETURNED)
+    partials, own, returning = None, None, None
+    home, late = _home(plan, K, V)
     for step in range(ring.world):
         origin = (ring.rank - step) % ring.world
-        send = block if block and keys.travels(origin, step, causal) else []
-        pending = ring.post(send, _receive(plan, step, like), KEYS)
-        later = None
-        if pending.received:  # the partials of the block arriving next, sent on by the previous rank after its work
-            buffers = _buffers(plan, (origin - 1) % ring.world, (K, V))
-            later = ring.receive_from((ring.rank - 1) % ring.world, buffers, GRADIENTS)
+        travels = bool(block) and keys.travels(origin, step, causal)
+        pending = ring.post(block if travels else [], _receive(plan, step, like), KEYS)
+        parts = []
         if block:
             parts = _block_gradients(plan, origin, block, Q, O, L, dO, dQ, constants)
-            if incoming is not None:
-                parts = [a.add_(b) for a, b in zip(incoming.wait(), parts)]
-            if sending is not None:  # the previous block's partials (their receive was posted a step ago)
-                sending.wait()
-            if keys.travels(origin, step, causal):
-                sending = ring.post(parts, [], GRADIENTS)
-            elif origin != ring.rank:
-                sending = ring.post(parts, [], RETURNED, to=origin)
-            else:
-                own = parts
-        block, incoming = pending.wait(), later
-    if home is not None:
-        own = home.wait()
-    if sending is not None:
-        sending.wait()
+            if partials is not None and partials.received:  # this block's partials from the ranks before
+                parts = [a.add_(b) for a, b in zip(partials.wait(), parts)]
+        if partials is not None:
+            partials.wait()  # the previous block's partials sent
+        arriving = _buffers(plan, (origin - 1) % ring.world, (K, V)) if pending.received else []
+        partials = ring.post(parts if travels else [], arriving, GRADIENTS) if travels or arriving else None
+        if block and not travels and origin != ring.rank:
+            if returning is not None:  # one block's partials on their way home at a time
+                returning.wait()
+            returning = ring.post(parts, [], RETURNED, to=origin)
+        elif block and not travels:
+            own = parts
+        block = pending.wait()
+    if late is not None:
+        home = ring.receive_from(late, _buffers(plan, ring.rank, (K, V)), RETURNED)
+    own = home.wait() if home is not None else own
+    for pending in (partials, returning):
+        if pending is not None:
+            pending.wait()
     return dQ, own[0], own[1]
 
 

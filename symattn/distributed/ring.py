@@ -1,6 +1,6 @@
 """The ring's messages: point-to-point sends to the next rank and receives from the previous one (torch.distributed
-isend/irecv, over gloo or NCCL), posted before a block's compute and waited after it, so that the transfer of the
-next block overlaps the work on this one.
+isend/irecv, posted together by ``batch_isend_irecv``, as NCCL needs a ring's sends and receives grouped), posted
+before a block's compute and waited after it, so that the transfer of the next block overlaps the work on this one.
 
 ``HELD`` counts the key blocks of other ranks alive on this rank (received buffers, freed when the ring drops
 them): its peak is what the memory bound promises (two: the block computed with and the one arriving).
@@ -69,15 +69,15 @@ class Ring:
         """Send the tensors to rank to (default the next) and receive into the buffers from the previous rank."""
         to = (self.rank + 1) % self.world if to is None else to
         sent = [t.contiguous() for t in send]
-        works = [dist.isend(t, self._global(to), group=self.group, tag=tag) for t in sent]
+        ops = [dist.P2POp(dist.isend, t, self._global(to), self.group, tag) for t in sent]
         prev = self._global((self.rank - 1) % self.world)
-        works += [dist.irecv(t, prev, group=self.group, tag=tag) for t in receive]
-        return Pending(works, receive, sent)
+        ops += [dist.P2POp(dist.irecv, t, prev, self.group, tag) for t in receive]
+        return Pending(dist.batch_isend_irecv(ops) if ops else [], receive, sent)
 
     def receive_from(self, source: int, buffers: list[torch.Tensor], tag: int) -> Pending:
         """Receive into the buffers from rank source."""
-        works = [dist.irecv(t, self._global(source), group=self.group, tag=tag) for t in buffers]
-        return Pending(works, buffers)
+        ops = [dist.P2POp(dist.irecv, t, self._global(source), self.group, tag) for t in buffers]
+        return Pending(dist.batch_isend_irecv(ops) if ops else [], buffers)
 
     def lengths(self, device: torch.device, *lengths: int) -> list[list[int]]:
         """Every rank's values of these lengths, in rank order: one list per length (gathered on device: NCCL's
