@@ -91,6 +91,9 @@ class ContextParallel:
         self.spec = module.SPEC
         self.group = group.get_group() if hasattr(group, "get_group") else group  # a 1-d DeviceMesh: its group
         self.jvp_signature = inspect.signature(module.jvp)
+        # the block module's options after causal (scale, block_size), in its _forward's order
+        names = list(inspect.signature(self.blocks._forward).parameters)
+        self.options = tuple(names[names.index("causal") + 1 :])
         self.signature, self.fixed = inspect.signature(forward), {}
         if isinstance(forward, torch.nn.Module):  # the generated nn.Module: its options are its attributes
             self.signature = inspect.signature(forward.forward)
@@ -111,11 +114,15 @@ class ContextParallel:
                 f"context_parallel: {masks[0]} is not supported yet (causal and key_padding_mask are; an n × m mask "
                 "at global positions is not)"
             )
-        tensors = [given.get(str(x.name)) for x in (self.core.query, self.core.key, self.core.value)]
+        names = [str(x.name) for x in (self.core.query, self.core.key, self.core.value)]
+        tensors = [given.get(name) for name in names]
         if any(not isinstance(t, torch.Tensor) for t in tensors):
-            raise TypeError(f"context_parallel({self.spec}): expected tensors {self.core.query}, {self.core.key}, V")
-        options = (given.get("scale"), given.get("block_size"))
-        return tensors, bool(given.get("causal", False)), options, _padding(given.get("key_padding_mask"), tensors[1])
+            raise TypeError(f"context_parallel({self.spec}): expected tensors {', '.join(names)}")
+        causal = given.get("causal", False)
+        if type(causal).__name__ not in ("bool", "bool_"):  # as the module takes it: True or False
+            raise ValueError(f"causal must be True or False, got {causal!r}")
+        options = tuple(given.get(name) for name in self.options)
+        return tensors, bool(causal), options, _padding(given.get("key_padding_mask"), tensors[1])
 
     def plan(self, Q: torch.Tensor, K: torch.Tensor, causal: bool, options: tuple, padded: bool) -> Plan:
         """The call's plan: the ranks' row counts gathered (one all_gather) and laid out."""
@@ -127,7 +134,7 @@ class ContextParallel:
                 f"{keys} rows"
             )
         laid = (layout(queries, self.balance), layout(keys, self.balance))
-        return Plan(self.blocks, self.merge, ring, *laid, causal, options, padded)
+        return Plan(self.blocks, self.merge, ring, *laid, causal, dict(zip(self.options, options)), padded)
 
     def __call__(self, *args, **kwargs) -> torch.Tensor:
         """The rank's rows of the output, differentiable by the ring's backward."""

@@ -30,7 +30,7 @@ class Plan:
     queries: Layout
     keys: Layout
     causal: bool
-    options: tuple  # the module's options after causal (scale, and block_size where it takes one)
+    options: dict  # the module's options after causal, by name (scale, and block_size where it takes one), as given
     padded: bool = False  # a key block ends with its padding column (…, m_r, 1): 0 or −∞, added to its keys' scores
 
 
@@ -82,7 +82,7 @@ def _partial(plan: Plan, queries: list, block: list, q, k, diagonal: bool) -> tu
     M = _mask(plan, block, q, k)
 
     def forward(Q, K, V):
-        O_j, saved = plan.module._forward(Q, K, V, M, diagonal, *plan.options)
+        O_j, saved = plan.module._forward(Q, K, V, M, diagonal, *plan.options.values())
         saved_constants.update((name, x) for name, x in saved.items() if not isinstance(x, torch.Tensor))
         return O_j, saved[plan.merge.statistic]
 
@@ -139,7 +139,9 @@ def _block_gradients(plan: Plan, origin: int, block, Q, O, L, dO, dQ, constants:
         M = _mask(plan, block, q, k)
         saved = constants | {"Q": _rows(Q, q), "K": _rows(block[0], k), "V": _rows(block[1], k), "M": M}
         saved |= {"O": _rows(O, q), merge.statistic: merge.saved(_rows(L, q)), "causal": diagonal}
-        saved["scale"] = plan.options[0]  # as given (None: the default), as the module's Function keeps it
+        # the options as given (scale None: its default), as the module's Function keeps them, where the forward
+        # saved no resolved value (block_size)
+        saved |= {name: x for name, x in plan.options.items() if name not in constants}
         grads = plan.module._backward(saved, _rows(dO, q))
         _rows(dQ, q).add_(grads["Q"])
         _rows(parts[0], k).add_(grads["K"])

@@ -10,6 +10,7 @@ by ``os._exit`` (gloo_step.py's docstring says why).
 from __future__ import annotations
 
 import datetime
+import functools
 import os
 import sys
 import traceback
@@ -49,6 +50,7 @@ def gap(a: torch.Tensor, b: torch.Tensor) -> float:
 def counted(forward):
     """The memory-efficient module's _forward (one pair's work in the ring), counting its calls in PAIRS."""
 
+    @functools.wraps(forward)  # (its signature: the wrapper reads the options' names off it)
     def count(*args):
         PAIRS[0] += 1
         return forward(*args)

@@ -101,3 +101,5 @@ def test_context_parallel_refuses_in_one_line() -> None:
     if not torch.distributed.is_initialized():
         assert "init_process_group" in _refusal(lambda: wrapped(x, x, x))
     assert "generated torch module" in _refusal(lambda: context_parallel(torch.softmax))
+    with pytest.raises(ValueError, match="causal must be True or False"):
+        wrapped(x, x, x, causal=1)
