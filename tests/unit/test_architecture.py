@@ -9,7 +9,19 @@ import symattn as sa
 
 PACKAGE = Path(sa.__file__).resolve().parent
 # Lower layers first: a module may import from its own layer and the ones before it.
-LAYERS = ("errors", "lang", "autodiff", "optimize", "numeric", "specs", "derive", "codegen", "trace", "cli")
+LAYERS = (
+    "errors",
+    "lang",
+    "autodiff",
+    "optimize",
+    "numeric",
+    "specs",
+    "derive",
+    "codegen",
+    "distributed",
+    "trace",
+    "cli",
+)
 
 
 def _module_name(path: Path) -> str:
