@@ -17,6 +17,7 @@ from symattn.errors import SymattnError
 from symattn.lang.dims import dim
 from symattn.lang.graph import hash_consed, rewrite
 from symattn.lang.lazy import plain
+from symattn.lang.piecewise import TRAINING, draws
 from symattn.lang.positions import canonical
 from symattn.specs.validate import validate
 
@@ -97,6 +98,14 @@ class Option:
     symbol: sp.Symbol
     default: Basic | None
     divides: str | None = None
+
+
+def drawn_options(s: Spec, options: tuple[Option, ...]) -> tuple[Option, ...]:
+    """The keyword a generated forward takes where the spec draws (dropout's mask): ``training`` (default True;
+    False: no draw, the numbers of the spec without dropout), unless the options have it already."""
+    if any(o.name == TRAINING for o in options) or not draws(s.output):
+        return ()
+    return (Option(TRAINING, sp.Symbol(TRAINING), sp.true),)
 
 
 def flag(name: str, value) -> bool:

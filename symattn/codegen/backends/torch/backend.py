@@ -21,6 +21,7 @@ RUNTIMES = (
     "symattn.codegen.backends.torch.pages",
     "symattn.codegen.backends.torch.function_runtime",
     "symattn.codegen.backends.torch.positions_runtime",
+    "symattn.codegen.backends.torch.random_runtime",
 )
 TORCH_RUNTIME = {name: source for module in RUNTIMES for name, source in runtime_functions(module).items()}
 

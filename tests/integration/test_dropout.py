@@ -1,0 +1,211 @@
+"""Dropout in the language: sa.dropout(A, p) = A ⊙ Z_p(A), Z_p a Bernoulli(1 − p) / (1 − p) mask drawn once per call.
+
+The derivation prints the mask as a constant of the call and verifies; the generated torch module draws Z from
+torch's generator (the draws F.dropout makes from the same state), so torch.manual_seed reproduces a run and the
+module matches torch autograd of F.dropout's forward seeded alike, output and gradients, float64; its backward is
+the exact derivative of the forward with the same draws (gradcheck, the seed reset before each evaluation), its
+jvp a central difference with the same draws; training=False is the spec without dropout and draws nothing; the
+mask's keep rate over 10⁵ draws lies within 3σ of 1 − p. from_torch reads F.dropout / nn.Dropout in train() as the
+node, the drop-in following the module's train()/eval() on every call. The backends without draws refuse in one
+line.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import sympy as sp
+from rendered import load
+
+import symattn as sa
+from symattn.codegen import generate as codegen
+from symattn.errors import SymattnError, UnsupportedNodeError
+from symattn.specs import dim
+
+torch = pytest.importorskip("torch")
+F = torch.nn.functional
+
+from symattn.trace.dropin import drop_in  # noqa: E402
+
+P_DROP = 0.1
+n, m, d = dim("n"), dim("m"), dim("d")
+Q, K, V = sp.MatrixSymbol("Q", n, d), sp.MatrixSymbol("K", m, d), sp.MatrixSymbol("V", m, d)
+
+
+def attention_spec(p) -> sa.Spec:
+    output = sa.dropout(sa.softmax(Q * K.T / sp.sqrt(d)), p) * V
+    return sa.Spec(
+        name=f"dropped_{str(p).replace('.', '_')}",
+        summary="attention, weights dropped",
+        inputs=(Q, K, V),
+        output=output,
+    )
+
+
+def reference(q, k, v, p=P_DROP, training=True):
+    """torch's attention with F.dropout on the weights (independent of symattn)."""
+    return F.dropout(torch.softmax(q @ k.mT / math.sqrt(q.shape[-1]), dim=-1), p, training) @ v
+
+
+def _inputs(seed=0, sizes=(6, 9, 4)):
+    g = torch.Generator().manual_seed(seed)
+    rows, cols, width = sizes
+    return [torch.randn(2, r, width, generator=g, dtype=torch.float64) for r in (rows, cols, cols)]
+
+
+@pytest.fixture(scope="module")
+def module():
+    return load(attention_spec(P_DROP), "torch")
+
+
+def test_the_derivation_prints_the_mask_and_verifies():
+    derivation = sa.derive(attention_spec(P_DROP))
+    text = derivation.text()
+    assert "Z_0.1(P) ⊙ (G Vᵀ)" in text  # P̄ = Z ⊙ (G Vᵀ): the cotangent through the same mask
+    assert derivation.verify().ok
+
+
+def test_dropout_of_p_zero_is_the_argument_and_a_bad_p_is_refused():
+    a = sp.MatrixSymbol("A", n, m)
+    assert sa.dropout(a, 0) == a
+    for bad in (1, 1.5, -0.1):
+        with pytest.raises(SymattnError, match="dropout's p must satisfy 0 ≤ p < 1"):
+            sa.dropout(a, bad)
+
+
+def test_the_seed_reproduces_the_forward_and_another_seed_draws_another_mask(module):
+    q, k, v = _inputs()
+    torch.manual_seed(1)
+    first = module.forward(q, k, v)
+    torch.manual_seed(1)
+    again = module.forward(q, k, v)
+    torch.manual_seed(2)
+    other = module.forward(q, k, v)
+    assert torch.equal(first, again)
+    assert not torch.allclose(first, other)
+
+
+@pytest.mark.parametrize("seed", [0, 5])
+def test_the_module_matches_torch_dropout_seeded_alike(module, seed):
+    inputs = _inputs(seed)
+    leaves = [x.clone().requires_grad_() for x in inputs]
+    ours = [x.clone().requires_grad_() for x in inputs]
+    torch.manual_seed(seed)
+    want = reference(*leaves)
+    torch.manual_seed(seed)
+    got = module.forward(*ours)
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+    cotangent = torch.randn(want.shape, generator=torch.Generator().manual_seed(7), dtype=torch.float64)
+    for g, w in zip(torch.autograd.grad(got, ours, cotangent), torch.autograd.grad(want, leaves, cotangent)):
+        torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-12)
+
+
+def test_the_backward_is_the_derivative_of_the_forward_with_the_same_draws(module):
+    leaves = [x.requires_grad_() for x in _inputs(3, sizes=(3, 4, 2))]
+
+    def seeded(*xs):
+        torch.manual_seed(11)  # every evaluation draws the same mask
+        return module.forward(*xs)
+
+    assert torch.autograd.gradcheck(seeded, leaves, eps=1e-6, atol=1e-8)
+
+
+def test_the_jvp_is_a_central_difference_with_the_same_draws(module):
+    inputs = _inputs(4)
+    tangents = [torch.randn_like(x) for x in inputs]
+    torch.manual_seed(9)
+    _, tangent = module.jvp(*inputs, dict(zip("QKV", tangents)))
+    eps = 1e-6
+
+    def at(sign):
+        torch.manual_seed(9)
+        return module.forward(*(x + sign * eps * t for x, t in zip(inputs, tangents)))
+
+    torch.testing.assert_close(tangent, (at(1) - at(-1)) / (2 * eps), rtol=1e-6, atol=1e-8)
+
+
+def test_training_false_is_attention_without_dropout_and_draws_nothing(module):
+    inputs = _inputs(2)
+    plain = load(attention_spec(0), "torch")
+    state = torch.get_rng_state()
+    got = module.forward(*inputs, training=False)
+    assert torch.equal(torch.get_rng_state(), state)
+    torch.testing.assert_close(got, plain.forward(*inputs), rtol=0, atol=0)
+    torch.testing.assert_close(got, reference(*inputs, training=False), rtol=1e-12, atol=1e-13)
+
+
+def test_the_keep_rate_is_one_minus_p_within_three_sigma():
+    x = sp.MatrixSymbol("X", n, d)
+    dropped = load(sa.Spec(name="dropped_x", summary="X dropped", inputs=(x,), output=sa.dropout(x, 0.3)), "torch")
+    torch.manual_seed(0)
+    y = dropped.forward(torch.ones(400, 250, dtype=torch.float64))
+    kept = y != 0
+    assert torch.all(y[kept] == 1 / 0.7)  # the kept entries scaled by 1/(1 − p)
+    count, rate = kept.numel(), kept.double().mean().item()
+    assert abs(rate - 0.7) <= 3 * math.sqrt(0.3 * 0.7 / count)
+
+
+@pytest.mark.parametrize(
+    ("backend", "variant", "words"),
+    [
+        ("numpy", "standard", "generated numpy code"),
+        ("jax", "standard", "generated jax code"),
+        ("triton", "standard", "no dropout in the Triton kernels"),
+        ("torch", "memeff", "no dropout in the memory-efficient variant"),
+    ],
+)
+def test_backends_without_draws_refuse_in_one_line(backend, variant, words):
+    with pytest.raises((SymattnError, UnsupportedNodeError)) as caught:
+        codegen.render(attention_spec(P_DROP), backend, variant, second_order=False)
+    assert words in str(caught.value) and "\n" not in str(caught.value)
+
+
+class DroppedAttention(torch.nn.Module):
+    """One head of self-attention with dropout on the weights (F.dropout, the module's flag) and on the output
+    (nn.Dropout), as models write it."""
+
+    def __init__(self, width=4):
+        super().__init__()
+        self.q = torch.nn.Linear(width, width, dtype=torch.float64)
+        self.k = torch.nn.Linear(width, width, dtype=torch.float64)
+        self.out_dropout = torch.nn.Dropout(0.2)
+
+    def forward(self, x):
+        scores = self.q(x) @ self.k(x).transpose(-2, -1) / math.sqrt(x.shape[-1])
+        attn = F.dropout(torch.softmax(scores, dim=-1), 0.1, self.training)
+        return self.out_dropout(attn @ x)
+
+
+def _leaves_and_grads(model, x, seed, cotangent):
+    leaves = [x, *model.parameters()]
+    torch.manual_seed(seed)
+    out = model(x)
+    return out, torch.autograd.grad(out, leaves, cotangent)
+
+
+def test_from_torch_drops_in_dropout_and_follows_train_and_eval():
+    torch.manual_seed(0)
+    original = DroppedAttention().train()
+    model = DroppedAttention().train()
+    model.load_state_dict(original.state_dict())
+    x = torch.randn(2, 5, 4, dtype=torch.float64, requires_grad=True)
+    cotangent = torch.randn(2, 5, 4, dtype=torch.float64)
+    state = torch.get_rng_state()
+    replacement = drop_in(model, x.detach())
+    assert torch.equal(torch.get_rng_state(), state)  # the trace's own draws are not the run's
+    assert any("Z_" in line for line in sa.derive(replacement.spec).text().splitlines())
+    for seed in (3, 4):  # train(): torch's own draws, seeded alike
+        want, want_grads = _leaves_and_grads(original, x, seed, cotangent)
+        got, got_grads = _leaves_and_grads(model, x, seed, cotangent)
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+        for g, w in zip(got_grads, want_grads):
+            torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-12)
+    original.eval(), model.eval()  # eval(): no draws, the function without dropout
+    state = torch.get_rng_state()
+    torch.testing.assert_close(model(x), original(x), rtol=1e-10, atol=1e-12)
+    assert torch.equal(torch.get_rng_state(), state)
+    original.train(), model.train()  # and back
+    want, _ = _leaves_and_grads(original, x, 8, cotangent)
+    got, _ = _leaves_and_grads(model, x, 8, cotangent)
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
