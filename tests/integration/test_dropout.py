@@ -12,7 +12,9 @@ line.
 
 from __future__ import annotations
 
+import functools
 import math
+import types
 
 import pytest
 import sympy as sp
@@ -123,6 +125,22 @@ def test_the_jvp_is_a_central_difference_with_the_same_draws(module):
         return module.forward(*(x + sign * eps * t for x, t in zip(inputs, tangents)))
 
     torch.testing.assert_close(tangent, (at(1) - at(-1)) / (2 * eps), rtol=1e-6, atol=1e-8)
+
+
+def test_recomputing_the_forward_under_autograd_is_refused_while_training():
+    """torch.func.jvp and a second derivative through the autograd Function recompute the forward from the inputs
+    (it would draw another mask): refused in one line while training, computed in eval."""
+    second = types.ModuleType("dropped_second")
+    exec(compile(codegen.render(attention_spec(P_DROP), "torch"), second.__name__, "exec"), second.__dict__)
+    inputs = _inputs(6, sizes=(3, 4, 2))
+    with pytest.raises(RuntimeError, match=r"forward-mode AD .* dropout while training is not supported"):
+        torch.func.jvp(second.forward, tuple(inputs), tuple(torch.ones_like(x) for x in inputs))
+    leaves = [x.clone().requires_grad_() for x in inputs]
+    (grad,) = torch.autograd.grad(second.forward(*leaves).sum(), leaves[:1], create_graph=True)
+    with pytest.raises(RuntimeError, match=r"a second derivative .* dropout while training is not supported"):
+        torch.autograd.grad(grad.sum(), leaves)
+    evaluated = functools.partial(second.forward, training=False)
+    assert torch.autograd.gradgradcheck(evaluated, [x.detach().requires_grad_() for x in leaves])
 
 
 def test_training_false_is_attention_without_dropout_and_draws_nothing(module):
