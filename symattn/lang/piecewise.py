@@ -307,7 +307,8 @@ class LeakyStep(Parametrised):
         return product(0, sp.OneMatrix(*self.shape))
 
 
-TRAINING = "training"  # the keyword of a generated forward whose spec drops out: False (eval) draws nothing
+# the keywords of a generated forward whose spec drops out: training (False: no draw), rng (the generator drawn from)
+TRAINING, RNG = "training", "rng"
 
 
 class DropoutMask(Parametrised):
@@ -327,9 +328,10 @@ class DropoutMask(Parametrised):
     calls = {
         NUMPY: "fixed_dropout_mask({0}, {p})",  # verification's fixed mask (generated NumPy code: ``draws``)
         EXACT: "fixed_dropout_mask({0}, {p})",
-        TORCH: f"dropout_mask({{0}}, {{p}}, {TRAINING})",
+        TORCH: f"dropout_mask({{0}}, {{p}}, {TRAINING}, {RNG})",
     }
-    draws = frozenset({TORCH})  # the backends whose generated code draws the mask (the others refuse it)
+    # the backends whose generated code draws the mask, by their call (the others refuse it)
+    draws = {TORCH: calls[TORCH], NUMPY: f"dropout_mask({{0}}, {{p}}, {TRAINING}, {RNG})"}
     flops = 2
     letter = "Z"
     example_parameters = (sp.Rational(1, 10),)
@@ -346,6 +348,10 @@ class DropoutMask(Parametrised):
     def scalar(x: Basic, p: Basic = 0) -> Basic:
         """No scalar function: an entry of Z is a draw, not a function of A's entry."""
         raise SymattnError("dropout's mask Z_p has no scalar function: its entries are draws, not functions of A")
+
+    def drawing_call(self, backend: str) -> str:
+        """The call generated code draws the mask with, this node's p filled in ({0} stays the operand)."""
+        return self.draws[backend].format("{0}", p=literal(self.args[1]))
 
     def derivative(self) -> MatrixExpr:
         return product(0, sp.OneMatrix(*self.shape))

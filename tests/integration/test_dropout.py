@@ -16,6 +16,7 @@ import functools
 import math
 import types
 
+import numpy as np
 import pytest
 import sympy as sp
 from rendered import load
@@ -86,6 +87,10 @@ def test_the_seed_reproduces_the_forward_and_another_seed_draws_another_mask(mod
     other = module.forward(q, k, v)
     assert torch.equal(first, again)
     assert not torch.allclose(first, other)
+    state = torch.get_rng_state()  # a generator of the caller's own: its state alone decides the mask
+    own = module.forward(q, k, v, rng=torch.Generator().manual_seed(1))
+    assert torch.equal(own, module.forward(q, k, v, rng=torch.Generator().manual_seed(1)))
+    assert torch.equal(own, first) and torch.equal(torch.get_rng_state(), state)
 
 
 @pytest.mark.parametrize("seed", [0, 5])
@@ -167,7 +172,6 @@ def test_the_keep_rate_is_one_minus_p_within_three_sigma():
 @pytest.mark.parametrize(
     ("backend", "variant", "words"),
     [
-        ("numpy", "standard", "generated numpy code"),
         ("jax", "standard", "generated jax code"),
         ("triton", "standard", "no dropout in the Triton kernels"),
         ("torch", "memeff", "no dropout in the memory-efficient variant"),
@@ -177,6 +181,30 @@ def test_backends_without_draws_refuse_in_one_line(backend, variant, words):
     with pytest.raises((SymattnError, UnsupportedNodeError)) as caught:
         codegen.render(attention_spec(P_DROP), backend, variant, second_order=False)
     assert words in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_the_numpy_module_draws_from_rng_and_matches_autograd_with_its_mask():
+    """NumPy: Z = (rng.random(shape) ≥ p) / (1 − p) from the caller's Generator; the same seed the same numbers,
+    another seed another mask, no rng while training a one-line TypeError; output and gradients those of torch
+    autograd of A ⊙ Z with that Z; training=False the spec without dropout."""
+    module = load(attention_spec(P_DROP), "numpy")
+    q, k, v = (x.numpy() for x in _inputs(2))
+    out, saved = module.forward(q, k, v, rng=np.random.default_rng(3))
+    assert np.array_equal(out, module.forward(q, k, v, rng=np.random.default_rng(3))[0])
+    assert not np.allclose(out, module.forward(q, k, v, rng=np.random.default_rng(4))[0])
+    with pytest.raises(TypeError, match="dropout while training draws its mask from rng"):
+        module.forward(q, k, v)
+    mask = (np.random.default_rng(3).random((2, q.shape[-2], k.shape[-2])) >= P_DROP) / (1 - P_DROP)
+    leaves = [torch.tensor(x, requires_grad=True) for x in (q, k, v)]
+    weights = torch.softmax(leaves[0] @ leaves[1].mT / math.sqrt(q.shape[-1]), dim=-1)
+    want = (weights * torch.tensor(mask)) @ leaves[2]
+    np.testing.assert_allclose(out, want.detach().numpy(), rtol=1e-10, atol=1e-12)
+    cotangent = np.random.default_rng(0).standard_normal(out.shape)
+    grads = module.backward(saved, cotangent)
+    for name, w in zip("QKV", torch.autograd.grad(want, leaves, torch.tensor(cotangent))):
+        np.testing.assert_allclose(grads[name], w.numpy(), rtol=1e-10, atol=1e-12)
+    plain, _ = load(attention_spec(0), "numpy").forward(q, k, v)
+    np.testing.assert_array_equal(module.forward(q, k, v, training=False)[0], plain)
 
 
 class DroppedAttention(torch.nn.Module):

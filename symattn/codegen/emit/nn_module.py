@@ -43,6 +43,7 @@ def option_fields(printer, options: list[Option]) -> dict:
                 "name": o.name,
                 "symbol": o.symbol.name,
                 "integer": bool(o.symbol.is_integer),
+                "passed": o.passed,
                 "default": None if o.default is None else printer.doprint(o.default),
                 "default_math": None if o.default is None else sp.sstr(o.default),
             }

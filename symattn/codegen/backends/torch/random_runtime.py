@@ -11,9 +11,10 @@ except ImportError:  # pragma: no cover - generating a torch module reads this s
     torch = None
 
 
-def dropout_mask(a, p, training=True):
-    """Dropout's mask Z of a's shape: Bernoulli(1 − p) / (1 − p), drawn from torch's default generator, as F.dropout
-    draws (torch.manual_seed reproduces it); training False or p = 0: ones, no draw (A ⊙ Z = A exactly)."""
+def dropout_mask(a, p, training=True, rng=None):
+    """Dropout's mask Z of a's shape: Bernoulli(1 − p) / (1 − p), drawn from rng (a torch.Generator; None: torch's
+    default one, as F.dropout draws, so torch.manual_seed reproduces it); training False or p = 0: ones, no draw
+    (A ⊙ Z = A exactly)."""
     if not training or p == 0:
         return torch.ones_like(a)
-    return torch.empty_like(a).bernoulli_(1 - p).div_(1 - p)
+    return torch.empty_like(a).bernoulli_(1 - p, generator=rng).div_(1 - p)
