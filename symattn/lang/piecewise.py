@@ -325,13 +325,10 @@ class DropoutMask(Parametrised):
     exported = False  # sa.dropout(A, p) writes A ⊙ Z_p(A)
     latex, text = "Z", "Z"
     parameters = ("p",)
-    calls = {
-        NUMPY: "fixed_dropout_mask({0}, {p})",  # verification's fixed mask (generated NumPy code: ``draws``)
-        EXACT: "fixed_dropout_mask({0}, {p})",
-        TORCH: f"dropout_mask({{0}}, {{p}}, {TRAINING}, {RNG})",
-    }
+    # verification's fixed mask (NumPy and exact evaluation); generated code draws it (``draws``)
+    calls = {NUMPY: "fixed_dropout_mask({0}, {p})", EXACT: "fixed_dropout_mask({0}, {p})"}
     # the backends whose generated code draws the mask, by their call (the others refuse it)
-    draws = {TORCH: calls[TORCH], NUMPY: f"dropout_mask({{0}}, {{p}}, {TRAINING}, {RNG})"}
+    draws = {backend: f"dropout_mask({{0}}, {{p}}, {TRAINING}, {RNG})" for backend in (TORCH, NUMPY, JAX)}
     flops = 2
     letter = "Z"
     example_parameters = (sp.Rational(1, 10),)

@@ -172,7 +172,6 @@ def test_the_keep_rate_is_one_minus_p_within_three_sigma():
 @pytest.mark.parametrize(
     ("backend", "variant", "words"),
     [
-        ("jax", "standard", "generated jax code"),
         ("triton", "standard", "no dropout in the Triton kernels"),
         ("torch", "memeff", "no dropout in the memory-efficient variant"),
     ],
@@ -205,6 +204,41 @@ def test_the_numpy_module_draws_from_rng_and_matches_autograd_with_its_mask():
         np.testing.assert_allclose(grads[name], w.numpy(), rtol=1e-10, atol=1e-12)
     plain, _ = load(attention_spec(0), "numpy").forward(q, k, v)
     np.testing.assert_array_equal(module.forward(q, k, v, training=False)[0], plain)
+
+
+def test_the_jax_module_draws_with_a_key_under_jit_and_grad():
+    """JAX: Z = bernoulli(rng, 1 − p, shape) / (1 − p) with the caller's key (a traced argument, not static): the
+    same key the same numbers, jit and not alike, another key another mask; output and vjp those of torch autograd of
+    A ⊙ Z with that Z; training=False the spec without dropout; no key while training a one-line TypeError."""
+    jax = pytest.importorskip("jax")
+    jnp = jax.numpy
+    jax.config.update("jax_enable_x64", True)
+    module = load(attention_spec(P_DROP), "jax")
+    q, k, v = (jnp.asarray(x.numpy()) for x in _inputs(2))
+    key = jax.random.key(3)
+    out = module.forward(q, k, v, rng=key)
+    jitted = jax.jit(lambda a, b, c, r: module.forward(a, b, c, rng=r))
+    assert np.array_equal(out, jitted(q, k, v, key))
+    assert not np.allclose(out, module.forward(q, k, v, rng=jax.random.key(4)))
+    with pytest.raises(TypeError, match="draws its mask with a JAX key"):
+        module.forward(q, k, v)
+    mask = np.asarray(jax.random.bernoulli(key, 1 - P_DROP, (2, q.shape[-2], k.shape[-2]))) / (1 - P_DROP)
+    leaves = [torch.tensor(np.asarray(x), requires_grad=True) for x in (q, k, v)]
+    weights = torch.softmax(leaves[0] @ leaves[1].mT / math.sqrt(q.shape[-1]), dim=-1)
+    want = (weights * torch.tensor(mask)) @ leaves[2]
+    np.testing.assert_allclose(out, want.detach().numpy(), rtol=1e-10, atol=1e-12)
+    cotangent = np.random.default_rng(0).standard_normal(out.shape)
+    _, pullback = jax.vjp(lambda a, b, c: module.forward(a, b, c, rng=key), q, k, v)
+    for got, w in zip(pullback(jnp.asarray(cotangent)), torch.autograd.grad(want, leaves, torch.tensor(cotangent))):
+        np.testing.assert_allclose(got, w.numpy(), rtol=1e-10, atol=1e-12)
+    plain = load(attention_spec(0), "jax").forward(q, k, v)
+    np.testing.assert_array_equal(module.forward(q, k, v, training=False), plain)
+    tangents = [jnp.full_like(x, 0.3) for x in (q, k, v)]  # forward mode, the key a primal of no tangent
+    _, tangent = jax.jvp(lambda a, b, c: module.forward_jvp(a, b, c, rng=key), (q, k, v), tuple(tangents))
+    np.testing.assert_array_equal(tangent, module.jvp(q, k, v, dict(zip("QKV", tangents)), rng=key)[1])
+    eps = 1e-6
+    moved = [module.forward(*(x + s * eps * t for x, t in zip((q, k, v), tangents)), rng=key) for s in (1, -1)]
+    np.testing.assert_allclose(tangent, (moved[0] - moved[1]) / (2 * eps), rtol=1e-6, atol=1e-8)
 
 
 class DroppedAttention(torch.nn.Module):
@@ -255,3 +289,23 @@ def test_from_torch_drops_in_dropout_and_follows_train_and_eval():
     want, _ = _leaves_and_grads(original, x, 8, cotangent)
     got, _ = _leaves_and_grads(model, x, 8, cotangent)
     torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+
+
+def test_a_multi_head_module_drops_in_with_dropout_on_every_heads_weights():
+    """BERT's self-attention (view + permute into heads, nn.Dropout on the 4-D weights) in train(): the drop-in's
+    mask is torch's (seeded alike), output and every gradient; another seed, another output."""
+    from torch_corpus.modules import BertSelfAttention
+
+    torch.manual_seed(1)
+    original = BertSelfAttention(8, 2).double().train()
+    model = BertSelfAttention(8, 2).double().train()
+    model.load_state_dict(original.state_dict())
+    x = torch.randn(2, 5, 8, dtype=torch.float64, requires_grad=True)
+    drop_in(model, x.detach())
+    cotangent = torch.randn(2, 5, 8, dtype=torch.float64)
+    want, want_grads = _leaves_and_grads(original, x, 12, cotangent)
+    got, got_grads = _leaves_and_grads(model, x, 12, cotangent)
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+    for g, w in zip(got_grads, want_grads):
+        torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-12)
+    assert not torch.allclose(_leaves_and_grads(model, x, 13, cotangent)[0], got)
