@@ -158,6 +158,21 @@ def test_training_false_is_attention_without_dropout_and_draws_nothing(module):
     torch.testing.assert_close(got, reference(*inputs, training=False), rtol=1e-12, atol=1e-13)
 
 
+def test_the_nn_module_follows_train_and_eval(module):
+    """The generated nn.Module passes its own training flag (no constructor argument): train() draws as forward
+    does, eval() is the spec without dropout and draws nothing."""
+    layer = module.Dropped01()
+    assert layer.training and "training" not in layer.extra_repr()
+    inputs = _inputs(8)
+    torch.manual_seed(2)
+    want = module.forward(*inputs)
+    torch.manual_seed(2)
+    torch.testing.assert_close(layer(*inputs), want, rtol=0, atol=0)
+    state = torch.get_rng_state()
+    torch.testing.assert_close(layer.eval()(*inputs), module.forward(*inputs, training=False), rtol=0, atol=0)
+    assert torch.equal(torch.get_rng_state(), state)
+
+
 def test_the_keep_rate_is_one_minus_p_within_three_sigma():
     x = sp.MatrixSymbol("X", n, d)
     dropped = load(sa.Spec(name="dropped_x", summary="X dropped", inputs=(x,), output=sa.dropout(x, 0.3)), "torch")
