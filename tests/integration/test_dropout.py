@@ -324,3 +324,33 @@ def test_a_multi_head_module_drops_in_with_dropout_on_every_heads_weights():
     for g, w in zip(got_grads, want_grads):
         torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-12)
     assert not torch.allclose(_leaves_and_grads(model, x, 13, cotangent)[0], got)
+
+
+class SdpaAttention(torch.nn.Module):
+    """Two heads through F.scaled_dot_product_attention with dropout_p while training (Hugging Face's pattern)."""
+
+    def __init__(self):
+        super().__init__()
+        self.qkv = torch.nn.Linear(8, 8, dtype=torch.float64)
+
+    def forward(self, x):
+        h = self.qkv(x).view(*x.shape[:-1], 2, 4).transpose(1, 2)
+        y = F.scaled_dot_product_attention(h, h, h, dropout_p=0.1 if self.training else 0.0)
+        return y.transpose(1, 2).reshape(x.shape)
+
+
+def test_sdpa_dropout_p_drops_in_with_torchs_mask():
+    """SDPA's dropout_p in train(): the node on the weights; on CPU torch's math path draws as F.dropout, so seeded
+    alike the drop-in's output and gradients are torch's; eval() (dropout_p = 0) the same without draws."""
+    torch.manual_seed(0)
+    original, model = SdpaAttention().train(), SdpaAttention().train()
+    model.load_state_dict(original.state_dict())
+    x = torch.randn(2, 5, 8, dtype=torch.float64, requires_grad=True)
+    drop_in(model, x.detach())
+    cotangent = torch.randn(2, 5, 8, dtype=torch.float64)
+    want, want_grads = _leaves_and_grads(original, x, 3, cotangent)
+    got, got_grads = _leaves_and_grads(model, x, 3, cotangent)
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+    for g, w in zip(got_grads, want_grads):
+        torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(model.eval()(x), original.eval()(x), rtol=1e-10, atol=1e-12)
