@@ -354,3 +354,10 @@ def test_sdpa_dropout_p_drops_in_with_torchs_mask():
     for g, w in zip(got_grads, want_grads):
         torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-12)
     torch.testing.assert_close(model.eval()(x), original.eval()(x), rtol=1e-10, atol=1e-12)
+
+
+def test_check_backward_refuses_a_module_that_drops_out_in_one_line():
+    """A hand-written backward of a random forward cannot be checked against one fixed mask: refused, in train()."""
+    model = DroppedAttention().train()
+    with pytest.raises(SymattnError, match="check_backward: the traced function drops out while training"):
+        sa.check_backward(model, lambda module, x, g: None, torch.randn(2, 5, 4, dtype=torch.float64))
