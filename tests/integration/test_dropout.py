@@ -272,10 +272,10 @@ class DroppedAttention(torch.nn.Module):
         return self.out_dropout(attn @ x)
 
 
-def _leaves_and_grads(model, x, seed, cotangent):
+def _leaves_and_grads(model, x, seed, cotangent, *constants):
     leaves = [x, *model.parameters()]
     torch.manual_seed(seed)
-    out = model(x)
+    out = model(x, *constants)
     return out, torch.autograd.grad(out, leaves, cotangent)
 
 
@@ -333,27 +333,31 @@ class SdpaAttention(torch.nn.Module):
         super().__init__()
         self.qkv = torch.nn.Linear(8, 8, dtype=torch.float64)
 
-    def forward(self, x):
+    def forward(self, x, mask=None):
         h = self.qkv(x).view(*x.shape[:-1], 2, 4).transpose(1, 2)
-        y = F.scaled_dot_product_attention(h, h, h, dropout_p=0.1 if self.training else 0.0)
+        y = F.scaled_dot_product_attention(h, h, h, attn_mask=mask, dropout_p=0.1 if self.training else 0.0)
         return y.transpose(1, 2).reshape(x.shape)
 
 
-def test_sdpa_dropout_p_drops_in_with_torchs_mask():
-    """SDPA's dropout_p in train(): the node on the weights; on CPU torch's math path draws as F.dropout, so seeded
-    alike the drop-in's output and gradients are torch's; eval() (dropout_p = 0) the same without draws."""
+@pytest.mark.parametrize("masked", [False, True])
+def test_sdpa_dropout_p_drops_in_with_torchs_mask(masked):
+    """SDPA's dropout_p in train(), with a bool attn_mask or none: the node on the weights; on CPU torch's math path
+    draws as F.dropout, so seeded alike the drop-in's output and gradients are torch's; eval() (dropout_p = 0) the
+    same without draws."""
     torch.manual_seed(0)
     original, model = SdpaAttention().train(), SdpaAttention().train()
     model.load_state_dict(original.state_dict())
     x = torch.randn(2, 5, 8, dtype=torch.float64, requires_grad=True)
-    drop_in(model, x.detach())
+    mask = (torch.ones(5, 5, dtype=torch.bool).tril(),) if masked else ()
+    drop_in(model, x.detach(), *mask)
     cotangent = torch.randn(2, 5, 8, dtype=torch.float64)
-    want, want_grads = _leaves_and_grads(original, x, 3, cotangent)
-    got, got_grads = _leaves_and_grads(model, x, 3, cotangent)
-    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
-    for g, w in zip(got_grads, want_grads):
-        torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-12)
-    torch.testing.assert_close(model.eval()(x), original.eval()(x), rtol=1e-10, atol=1e-12)
+    for seed in (3, 4):
+        want, want_grads = _leaves_and_grads(original, x, seed, cotangent, *mask)
+        got, got_grads = _leaves_and_grads(model, x, seed, cotangent, *mask)
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+        for g, w in zip(got_grads, want_grads):
+            torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(model.eval()(x, *mask), original.eval()(x, *mask), rtol=1e-10, atol=1e-12)
 
 
 def test_check_backward_refuses_a_module_that_drops_out_in_one_line():
