@@ -11,6 +11,7 @@ from symattn.errors import ShapeMismatchError, SymattnError, UnknownSpecError, U
 from symattn.lang.lazy import Matrix, identity, matrix, ones, scalar
 from symattn.lang.ops import (
     clamp,
+    dropout,
     exp,
     hadamard,
     hardtanh,
@@ -53,6 +54,7 @@ __all__ = [
     "check_backward",
     "clamp",
     "derive",
+    "dropout",
     "entries",
     "exp",
     "from_torch",

@@ -23,6 +23,7 @@ from symattn.lang.functions import StopGradient, sg
 from symattn.lang.graph import children, postorder
 from symattn.lang.lazy import Matrix, plain
 from symattn.lang.naming.safe import expression
+from symattn.lang.piecewise import DropoutMask
 from symattn.lang.shapes import check_shapes
 
 
@@ -73,7 +74,8 @@ def default_seed(expr: Basic, cotangent: Basic | None) -> Basic:
     return MatrixSymbol("G", *expr.shape)
 
 
-STOPPED = (StopGradient, sg)  # the nodes no cotangent passes: sg(A) of a matrix, sg(x) of a scalar
+# the nodes no cotangent passes: sg(A) of a matrix, sg(x) of a scalar, dropout's mask (a constant of the call)
+STOPPED = (StopGradient, sg, DropoutMask)
 
 
 def varies(roots: Iterable[Basic], targets: Iterable[Basic]) -> dict[Basic, bool]:

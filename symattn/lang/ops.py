@@ -39,7 +39,15 @@ from symattn.lang.lazy import lifted
 from symattn.lang.naming.safe import expression
 from symattn.lang.node_base import require_matrix, shape_of
 from symattn.lang.ops_block import LayerNorm, RowInvStd, gelu, layer_norm  # noqa: F401
-from symattn.lang.piecewise import Clamp, ClampGrad, Hardtanh, HardtanhGrad, LeakyRelu, LeakyStep  # noqa: F401
+from symattn.lang.piecewise import (  # noqa: F401
+    Clamp,
+    ClampGrad,
+    DropoutMask,
+    Hardtanh,
+    HardtanhGrad,
+    LeakyRelu,
+    LeakyStep,
+)
 from symattn.lang.rowwise import LogSoftmax, RowSoftmax, RowSum, RowWise  # noqa: F401
 
 
@@ -161,6 +169,15 @@ def hadamard(*factors: MatrixExpr) -> MatrixExpr:
         if not _same_shape(factors[0].shape, f.shape):
             raise ShapeMismatchError("hadamard product", factors[0].shape, f.shape)
     return HadamardProduct(*factors) if len(factors) > 1 else factors[0]
+
+
+@lifted
+def dropout(a: MatrixExpr, p: object) -> MatrixExpr:
+    """dropout(A, p) = A ⊙ Z_p(A), Z_p a Bernoulli(1 − p) / (1 − p) mask drawn once per call (``DropoutMask``):
+    Ā = G ⊙ Z_p, dY = dA ⊙ Z_p, the same draws; p = 0 is A itself. Two dropouts of the same A with the same p in
+    one spec are one node, so one mask."""
+    mask = DropoutMask(a, p)
+    return mask.arg if mask.args[1] == 0 else hadamard(mask.arg, mask)
 
 
 @lifted

@@ -11,6 +11,10 @@ scalar. The derivatives are records too, with torch autograd's values at the kin
 - LeakyReLU′ = 1 where x > 0, a where x ≤ 0 (torch's leaky_relu_backward);
 
 and their own derivatives are 0 (almost everywhere).
+
+Dropout's mask Z_p(A) is here too (a record of one parameter, p): a constant of the call, drawn once by the
+generated forward from the framework's generator (``draws``: the backends whose generated code draws it), fixed
+where a derivation is verified (NumPy and exact evaluation: one mask per shape).
 """
 
 from __future__ import annotations
@@ -22,7 +26,8 @@ from sympy import Basic, MatrixExpr
 
 from symattn.errors import SymattnError, UnsupportedNodeError
 from symattn.lang.algebra import product
-from symattn.lang.functions import JAX, NUMPY, TORCH, TRITON, Elementwise, FunctionRecord
+from symattn.lang.functions import EXACT, JAX, NUMPY, TORCH, TRITON, Elementwise, FunctionRecord
+from symattn.lang.graph import nodes
 from symattn.lang.naming.safe import expression
 from symattn.lang.node_base import require_matrix
 
@@ -301,3 +306,55 @@ class LeakyStep(_Sloped):
 
     def derivative(self) -> MatrixExpr:
         return product(0, sp.OneMatrix(*self.shape))
+
+
+# the keywords of a generated forward whose spec drops out: training (False: no draw), rng (the generator drawn from)
+TRAINING, RNG = "training", "rng"
+
+
+class DropoutMask(Parametrised):
+    """Z_p(A): dropout's mask, of A's shape, drawn once per call: each entry 1/(1 − p) with probability 1 − p, else
+    0 (Bernoulli(1 − p) / (1 − p), inverted dropout, so that E[Z] = 𝟏𝟏ᵀ). It reads A's shape only and is a constant
+    of the call: Z′ = 0, no cotangent passes into A; every use of the node in one call reads the same draws (the
+    forward computes it once, the backward reads the saved value). ``sa.dropout(A, p) = A ⊙ Z_p(A)``.
+
+    The generated forward draws it from the framework's own generator (torch's: ``torch.manual_seed`` reproduces
+    a run), with ``training=False`` no draw (Z = 𝟏𝟏ᵀ, the numbers of the spec without dropout). Verification
+    evaluates one fixed mask per shape (``fixed_dropout_mask``: the derivation's identities hold for every Z)."""
+
+    function = "dropout_mask"
+    exported = False  # sa.dropout(A, p) writes A ⊙ Z_p(A)
+    latex, text = "Z", "Z"
+    parameters = ("p",)
+    # verification's fixed mask (NumPy and exact evaluation); generated code draws it (``draws``)
+    calls = {NUMPY: "fixed_dropout_mask({0}, {p})", EXACT: "fixed_dropout_mask({0}, {p})"}
+    # the backends whose generated code draws the mask, by their call (the others refuse it)
+    draws = {backend: f"dropout_mask({{0}}, {{p}}, {TRAINING}, {RNG})" for backend in (TORCH, NUMPY, JAX)}
+    flops = 2
+    letter = "Z"
+    example_parameters = (sp.Rational(1, 10),)
+
+    def __new__(cls, arg: MatrixExpr, p: object) -> DropoutMask:
+        arg = expression(arg)
+        require_matrix(arg, "dropout")
+        p = parameter(p, "dropout's p")
+        if not 0 <= p < 1:
+            raise SymattnError(f"dropout's p must satisfy 0 ≤ p < 1, got {p}")
+        return Basic.__new__(cls, arg, p)
+
+    @staticmethod
+    def scalar(x: Basic, p: Basic = 0) -> Basic:
+        """No scalar function: an entry of Z is a draw, not a function of A's entry."""
+        raise SymattnError("dropout's mask Z_p has no scalar function: its entries are draws, not functions of A")
+
+    def drawing_call(self, backend: str) -> str:
+        """The call generated code draws the mask with, this node's p filled in ({0} stays the operand)."""
+        return self.draws[backend].format("{0}", p=literal(self.args[1]))
+
+    def derivative(self) -> MatrixExpr:
+        return product(0, sp.OneMatrix(*self.shape))
+
+
+def draws(expr: Basic) -> bool:
+    """Does expr draw (hold a dropout mask)?"""
+    return any(isinstance(n, DropoutMask) for n in nodes(expr))

@@ -70,3 +70,11 @@ def table_scatter(w, index, rows, cols):
             r, c = index(sp.Integer(i), sp.Integer(j))
             sums[int(r), int(c)] += w[i, j]
     return sums
+
+
+def fixed_dropout_mask(a, p):
+    """Dropout's mask exactly: NumPy evaluation's fixed draw for a's shape, its entries 0 or 1/(1 − p) as
+    rationals (p read as its shortest decimal)."""
+    keep = np.random.default_rng(list(np.shape(a))).random(np.shape(a)) >= p
+    scale = 1 / (1 - sp.Rational(repr(float(p))))
+    return np.where(keep, scale, sp.S.Zero).astype(object)

@@ -149,3 +149,10 @@ def block_entries(f, rows, keys, n, dtype=np.float64, heads=None):
             return np.broadcast_to(np.asarray(f(i, j), dtype=dtype), (len(i), j.shape[1]))
         h = np.arange(heads, dtype=wide)[:, None, None]
         return np.broadcast_to(np.asarray(f(i, j, h), dtype=dtype), (heads, len(i), j.shape[1]))
+
+
+def fixed_dropout_mask(a, p):
+    """Dropout's mask as verification evaluates it: one fixed Bernoulli(1 − p) / (1 − p) draw per shape of a (the
+    same at every point a derivation is checked, a constant of the call), a's dtype."""
+    keep = np.random.default_rng(list(np.shape(a))).random(np.shape(a)) >= p
+    return keep.astype(np.result_type(a, np.float64)) / (1.0 - p)

@@ -107,6 +107,9 @@ class NumPyMatrixPrinter(NumPyPrinter):
         operand read twice) filled in, a library function (dotted) called, a runtime helper (a bare name) called and
         its source handed out."""
         if "{" in call:
+            head = call.split("(", 1)[0]
+            if head.isidentifier() and head in self.runtime:  # a template calling a runtime helper: its source too
+                self.helper(head)
             return call.format(operand)
         return f"{call if '.' in call else self.helper(call)}({operand})"
 
@@ -292,7 +295,10 @@ class ExactPrinter(NumPyMatrixPrinter):
     backend = EXACT
 
     def _print_Elementwise(self, expr: Basic) -> str:
-        """f(A) from the record's scalar f, evaluated exactly entry by entry (exp an opaque atom)."""
+        """f(A) from the record's scalar f, evaluated exactly entry by entry (exp an opaque atom); a record with an
+        exact call of its own (dropout's fixed mask: no scalar function) by that call."""
+        if EXACT in expr.calls:
+            return self._print_FunctionRecord(expr)
         parameters = "".join(f", sp.S({str(p)!r})" for p in expr.args[1:])  # exact: a record's parameters
         return f"{self.helper('entrywise')}({self._print(expr.arg)}, {expr.function!r}{parameters})"
 

@@ -17,6 +17,7 @@ from symattn.errors import SymattnError
 from symattn.lang.dims import dim
 from symattn.lang.graph import hash_consed, rewrite
 from symattn.lang.lazy import plain
+from symattn.lang.piecewise import RNG, TRAINING, draws
 from symattn.lang.positions import canonical
 from symattn.specs.validate import validate
 
@@ -90,13 +91,25 @@ class Spec:
 class Option:
     """A keyword option of a generated forward: a scalar symbol and its default (None: required).
 
-    ``divides``: the option whose value this one must divide (num_kv_heads divides num_heads).
+    ``divides``: the option whose value this one must divide (num_kv_heads divides num_heads). ``passed``: handed to
+    the runtime as given (a random generator), not read as a number.
     """
 
     name: str
     symbol: sp.Symbol
     default: Basic | None
     divides: str | None = None
+    passed: bool = False
+
+
+def drawn_options(s: Spec, options: tuple[Option, ...]) -> tuple[Option, ...]:
+    """The keywords a generated forward takes where the spec draws (dropout's mask), unless the options have them
+    already: ``training`` (default True; False: no draw, the numbers of the spec without dropout) and ``rng``, the
+    generator it draws from (torch: a torch.Generator, None for torch's default one; NumPy: a np.random.Generator,
+    required while training)."""
+    if any(o.name == TRAINING for o in options) or not draws(s.output):
+        return ()
+    return (Option(TRAINING, sp.Symbol(TRAINING), sp.true), Option(RNG, sp.Symbol(RNG), sp.Symbol("None"), passed=True))
 
 
 def flag(name: str, value) -> bool:

@@ -21,7 +21,9 @@ import sympy as sp
 
 from symattn.autodiff.grad import default_seed
 from symattn.derive.check import RIGHT, TOLERANCE, UNDECIDED, WRONG, CheckResult, Counterexample, true_gradient
+from symattn.errors import SymattnError
 from symattn.lang.naming.names import Names
+from symattn.lang.piecewise import draws
 from symattn.numeric.dag import DagValues
 from symattn.numeric.verify import evaluate_finite
 
@@ -37,6 +39,11 @@ def check_backward(fn, backward, *example_inputs, trials: int = 5, seed: int = 0
     first = trace(fn, example_inputs)
     blocks = block_sources(first)
     s = first.spec
+    if draws(s.output):  # the truth would hold one fixed mask, the user's backward another
+        raise SymattnError(
+            "check_backward: the traced function drops out while training (a random mask); check it "
+            "in eval() or with p = 0"
+        )
     module = fn if isinstance(fn, torch.nn.Module) else None
     fixed = _fixed_sizes(first, fn, module, example_inputs)
     rng = np.random.default_rng(seed)

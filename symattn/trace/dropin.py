@@ -41,9 +41,10 @@ class ClosedForm:
     def __init__(self, fn, examples: tuple, *, second_order: bool = True, generated=None) -> None:
         self.fn = fn
         self.second_order = second_order
-        first = trace(fn, examples)
+        with _own_draws():
+            first = trace(fn, examples)
         self.spec = first.spec
-        self.traced: dict[tuple, list[Traced]] = {first.shapes: [first]}
+        self.traced: dict[tuple, list[Traced]] = {(_mode(fn), *first.shapes): [first]}
         self.generated = generated or generated_module(self.spec, second_order=second_order)
         self.codes: list[tuple[Spec, types.ModuleType]] = [(self.spec, self.generated)]
 
@@ -51,14 +52,15 @@ class ClosedForm:
         """The trace of these arguments: one at their shapes whose guards they pass, else a new one."""
         import torch
 
-        shapes = tuple(tuple(a.shape) if isinstance(a, torch.Tensor) else None for a in args)
+        # keyed by the module's mode too: a train() trace reads F.dropout as dropout, an eval() one as the identity
+        shapes = (_mode(self.fn), *(tuple(a.shape) if isinstance(a, torch.Tensor) else None for a in args))
         held = self.traced.setdefault(shapes, [])
         buffers = _buffers(self.fn)
         values = tuple(bound_arguments(self.fn, args).values())
         for traced in held:
             if traced.program.holds(values, buffers):
                 return traced
-        with _original_forward(self.fn):
+        with _original_forward(self.fn), _own_draws():
             traced = trace(self.fn, tuple(_detached(a) for a in args))
         held.insert(0, traced)
         del held[GUARDED_TRACES:]
@@ -124,6 +126,20 @@ def same_function(a: Spec, b: Spec) -> bool:
     """Whether two traces' specs are the same function (the example's sizes aside)."""
     fields = ("inputs", "output", "options", "constants", "parameters", "bool_forms")  # intermediates: names
     return all(getattr(a, f) == getattr(b, f) for f in fields)
+
+
+def _mode(fn) -> bool | None:
+    """A module's training flag (None for a function): which trace of it a call reads."""
+    return getattr(fn, "training", None)
+
+
+@contextlib.contextmanager
+def _own_draws():
+    """Torch's generators as they were before the block: a trace's dropout draws nothing a run's seed reproduces."""
+    import torch
+
+    with torch.random.fork_rng():
+        yield
 
 
 def _buffers(fn) -> dict:

@@ -13,6 +13,7 @@ from sympy.matrices.expressions import OneMatrix, Transpose
 
 from symattn.lang import ops
 from symattn.lang.algebra import hadamard_product, product, total
+from symattn.lang.piecewise import DropoutMask
 from symattn.trace.forms.heads import across_heads
 from symattn.trace.layout import argument, at_heads, matrix, same_heads
 from symattn.trace.tracer import MaskArgument, Trace
@@ -72,8 +73,6 @@ def scaled_dot_product_attention(t: Trace, args: tuple, kwargs: dict, result) ->
     mask = argument(args, kwargs, 3, "attn_mask")
     dropout, causal = argument(args, kwargs, 4, "dropout_p", 0.0), argument(args, kwargs, 5, "is_causal", False)
     scale = argument(args, kwargs, 6, "scale")
-    if dropout:
-        raise Refused(f"dropout_p = {dropout} is random; trace with dropout_p=0")
     qv, kv, vv = _grouped(t, (q, k, v), kwargs.get("enable_gqa", False))
     heads = same_heads(qv, kv, vv, broadcast=True)
     t.dims.equate(qv.cols, kv.cols)
@@ -98,4 +97,7 @@ def scaled_dot_product_attention(t: Trace, args: tuple, kwargs: dict, result) ->
         else:
             m = t.value(mask)
             a = total(a, m.expr if m.rows != 1 else product(OneMatrix(qv.rows, 1), m.expr))
-    return Value(product(ops.softmax(a), at_heads(vv, heads)), tuple(result.shape), heads)
+    weights = ops.softmax(a)
+    if dropout:  # dropout_p > 0: the weights' dropout (SDPA applies it whatever the module's mode), sa.dropout
+        weights = hadamard_product(weights, DropoutMask(weights, float(dropout)))
+    return Value(product(weights, at_heads(vv, heads)), tuple(result.shape), heads)

@@ -10,8 +10,9 @@ from __future__ import annotations
 from sympy import Basic
 from sympy.matrices.expressions import OneMatrix, Transpose
 
-from symattn.lang.algebra import product, total
+from symattn.lang.algebra import hadamard_product, product, total
 from symattn.lang.ops import merge_heads, repeat_heads, split_heads
+from symattn.lang.piecewise import DropoutMask
 from symattn.trace.tracer import MaskArgument, Trace
 from symattn.trace.values import GUARDED, Refused, Value, stopped
 
@@ -270,11 +271,16 @@ def detach(t: Trace, args: tuple, kwargs: dict, result) -> Value:
 
 
 def dropout(t: Trace, args: tuple, kwargs: dict, result) -> Value:
-    """Dropout in evaluation (training=False) or with p = 0: the identity; dropout while training is random."""
+    """F.dropout, nn.Dropout: in evaluation (training=False) or with p = 0 the identity; while training
+    A ⊙ Z_p(A), Z_p the mask the generated forward draws from torch's generator (``sa.dropout``)."""
     p, training = argument(args, kwargs, 1, "p", 0.5), argument(args, kwargs, 2, "training", True)
-    if training and p > 0:
-        raise Refused(f"dropout with p = {p} while training is random; trace in eval() mode or with p = 0")
-    return same(t, args, kwargs, result)
+    if not training or p == 0:
+        return same(t, args, kwargs, result)
+    v = t.value(args[0])
+    if v.is_scalar or v.pending is not None:
+        raise Refused("dropout of a number or of a view halfway into heads (symattn drops out matrices)")
+    expr = hadamard_product(v.expr, DropoutMask(v.expr, float(p)))
+    return Value(expr, tuple(result.shape), v.heads, inner=v.inner, layout=v.layout)
 
 
 def comparison(t: Trace, args: tuple, kwargs: dict, result) -> Value:

@@ -38,7 +38,7 @@ from symattn.codegen.schedule.plan import (
     scaled_factor,
 )
 from symattn.codegen.schedule.rowblocks import END_ROW, FIRST_ROW
-from symattn.errors import SymattnError
+from symattn.errors import SymattnError, UnsupportedNodeError
 from symattn.lang.algebra import factors
 from symattn.lang.graph import matrix_symbols
 from symattn.lang.ops import RowWise
@@ -205,6 +205,11 @@ class GeneratedCodeMixin:
         return f"{self.row_dot_function}({first}, {last})[..., None]"
 
     def _print_Elementwise(self, expr: Basic) -> str:
+        if hasattr(expr, "draws"):  # a random record: its generated draws, where the backend has them
+            if self.backend not in expr.draws:
+                drawn = [f"{expr.function} in {b}" for b in expr.draws]
+                raise UnsupportedNodeError(expr, f"generated {self.backend} code (no draws of it there yet)", drawn)
+            return self.function_call(expr.drawing_call(self.backend), self._print(expr.arg))
         buffer = self.plan.buffer(expr.arg) if expr.arg.shape == expr.shape else None
         if buffer is None or not expr.inplace:  # ufuncs with out= / in-place methods
             return super()._print_FunctionRecord(expr)

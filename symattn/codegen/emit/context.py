@@ -276,17 +276,20 @@ def _returned(sched: Schedule, name: str, target: sp.MatrixSymbol) -> str:
 def _custom_vjp(sched: Schedule, options: list[Option], mask: str | None, block_causal: list[str]) -> dict:
     """The JAX module's jax.custom_vjp: its primal, forward and backward rules (causal, beside M where loops over
     blocks of rows write it, and the options static, by nondiff_argnums) and the public forward's call."""
-    arrays = [str(x.name) for x in sched.spec.inputs] + ([mask] if mask else [])
-    static_names = block_causal + [o.name for o in options]
+    passed = [o.name for o in options if o.passed]  # a key: traced, never differentiated
+    arrays = [str(x.name) for x in sched.spec.inputs] + ([mask] if mask else []) + passed
+    static_names = block_causal + [o.name for o in options if not o.passed]
     positional = arrays + static_names
+    in_order = arrays[: len(arrays) - len(passed)] + block_causal + [o.name for o in options]  # _forward's own
     static = ", ".join(str(i) for i in range(len(arrays), len(positional)))
-    cotangents = ["None" if name in sched.fixed else f'grads["{name}"]' for name in arrays]  # None: a zero one
+    fixed = {*sched.fixed, *passed}
+    cotangents = ["None" if name in fixed else f'grads["{name}"]' for name in arrays]  # None: a zero one
     return {
         "define_primal": layout.define("_primal", positional, indent=0),
         "define_primal_fwd": layout.define("_primal_fwd", positional, indent=0),
         "define_primal_bwd": layout.define("_primal_bwd", static_names + ["residuals", str(sched.seed.name)], indent=0),
-        "primal_value": layout.wrapped("return _forward", positional, "[0]", indent=4, brackets="()"),
-        "primal_call": layout.wrapped(f"{sched.output.name}, saved = _forward", positional, "", 4, brackets="()"),
+        "primal_value": layout.wrapped("return _forward", in_order, "[0]", indent=4, brackets="()"),
+        "primal_call": layout.wrapped(f"{sched.output.name}, saved = _forward", in_order, "", 4, brackets="()"),
         "nondiff_argnums": f"({static},)" if len(static_names) == 1 else f"({static})",
         "vjp_cotangents": layout.assign_tuple("cotangents", cotangents, indent=4),
         "vjp_call": layout.call("_differentiable", positional, indent=4),

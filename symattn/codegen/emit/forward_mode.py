@@ -80,16 +80,11 @@ def forward_mode_context(
     helpers = [h for h in ctx["helpers"] if h not in printed] + list(backend.forward_mode_helpers)
     lines = [line.value for sec in ctx["forward_sections"] for line in (*sec.get("lines", []), *sec.get("body", []))]
     arrays = [*inputs, *[mask] * bool(mask)]
+    passed = [o["name"] for o in ctx["options"] if o["passed"]]
     custom_jvp = None
     if backend.custom_jvp:  # JAX: forward_jvp, the forward whose custom_jvp rule is _jvp
-        custom_jvp = {
-            "define_rule": layout.define("_primal_jvp", [*options, "primals", "tangents"], indent=0),
-            "unpack_primals": layout.unpacked(arrays, "primals", 4),
-            "unpack_tangents": layout.unpacked([tangent_of[x] for x in arrays], "tangents", 4),
-            "call": layout.wrapped("return _jvp", positional, "", 4, "()"),
-            "signature": layout.define("forward_jvp", [*required, *["*"] * bool(keywords), *keywords], indent=0),
-            "entry_call": layout.call("_forward_mode", [*arrays, *options], indent=4),
-        }
+        signature = layout.define("forward_jvp", [*required, *["*"] * bool(keywords), *keywords], indent=0)
+        custom_jvp = _custom_jvp(arrays, passed, options, tangent_of, positional) | {"signature": signature}
     return {
         "route": _route(required, keywords) if backend.routes else None,
         "custom_jvp": custom_jvp,
@@ -132,4 +127,18 @@ def _route(required: list[str], keywords: list[str]) -> dict:
     return {
         "call": layout.wrapped("kernels = _kernels_for", checked, "", 4, "()"),
         "kernels_call": layout.wrapped("return kernels.jvp", handed, "", 8, "()"),
+    }
+
+
+def _custom_jvp(arrays: list, passed: list, options: list, tangent_of: dict, positional: list) -> dict:
+    """JAX's forward_jvp: the custom_jvp rule _primal_jvp (the static options first, then the primals and their
+    tangents) calling _jvp, and its entry's call. A passed option (a key) is a primal of no tangent, as in the
+    custom_vjp."""
+    static = [o for o in options if o not in passed]
+    return {
+        "define_rule": layout.define("_primal_jvp", [*static, "primals", "tangents"], indent=0),
+        "unpack_primals": layout.unpacked([*arrays, *passed], "primals", 4),
+        "unpack_tangents": layout.unpacked([*(tangent_of[x] for x in arrays), *["_"] * len(passed)], "tangents", 4),
+        "call": layout.wrapped("return _jvp", positional, "", 4, "()"),
+        "entry_call": layout.call("_forward_mode", [*arrays, *passed, *static], indent=4),
     }

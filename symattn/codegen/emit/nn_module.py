@@ -29,6 +29,11 @@ def _extra_repr(names: list[str]) -> str:
     return f"return (\n{body}{' ' * 8})"
 
 
+# options every torch.nn.Module holds already (train() and eval() set training): the module passes its own, and its
+# constructor does not take them
+MODULE_FLAGS = frozenset({"training"})
+
+
 def option_fields(printer, options: list[Option]) -> dict:
     """The options as the module's constructor and docstring take them, and the head counts that divide another."""
     by_name = {o.name: o for o in options}
@@ -43,6 +48,8 @@ def option_fields(printer, options: list[Option]) -> dict:
                 "name": o.name,
                 "symbol": o.symbol.name,
                 "integer": bool(o.symbol.is_integer),
+                "passed": o.passed,
+                "module_own": o.name in MODULE_FLAGS,
                 "default": None if o.default is None else printer.doprint(o.default),
                 "default_math": None if o.default is None else sp.sstr(o.default),
             }
@@ -79,7 +86,8 @@ def torch_module(sched: Schedule, options: list[Option], mask: str | None, param
     held = sched.weights - sched.fixed  # the module's own parameters; its forward takes the rest in Spec order
     taken = [name for name in spec_order(sched) if name not in held]
     stored = [*params, *["bias"] * bool(maybe)]  # kept on the module for its repr (options are kept anyway)
-    shown = [*params, *(o.name for o in options), *stored[len(params) :]]
+    built = [o for o in options if o.name not in MODULE_FLAGS]  # the constructor's options
+    shown = [*params, *(o.name for o in built), *stored[len(params) :]]
     return {
         "stored_parameters": stored,
         "extra_repr": _extra_repr(shown),
@@ -90,8 +98,8 @@ def torch_module(sched: Schedule, options: list[Option], mask: str | None, param
         "init_signature": layout.define(
             "__init__",
             ["self", *params]
-            + ["*"] * bool(options)
-            + [o.name + ("=None" if o.default is not None else "") for o in options]
+            + ["*"] * bool(built)
+            + [o.name + ("=None" if o.default is not None else "") for o in built]
             + ["bias=False"] * bool(maybe)
             + ["device=None", "dtype=None"] * bool(weights),
             indent=4,

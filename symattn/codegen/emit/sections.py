@@ -24,6 +24,7 @@ from symattn.errors import SymattnError
 from symattn.lang.functions import FunctionRecord
 from symattn.lang.graph import matrix_symbols
 from symattn.lang.ops import SplitHeads
+from symattn.lang.piecewise import draws
 from symattn.numeric.positions import bound_code
 from symattn.optimize.position_blocks import EntriesBlock
 from symattn.specs import Option
@@ -389,9 +390,13 @@ def _blocks(sched: Schedule, variant: str, loops: bool):
     memory-efficient variant's (L kept, P recomputed); the standard variant's when the spec has a mask (P kept,
     the blocks skipping the keys the mask hides) and the cut exists; none for "whole" (the closed forms that
     take every array whole: the second closed form). loops: the backend has the loops' runtime (NumPy, torch)."""
+    drawn = draws(sched.spec.output)  # dropout: its mask drawn once, whole, saved (no blocks recomputing it)
+    if variant == "memeff" and drawn:
+        why = "its backward recomputes blocks of P and would draw the mask again (a saved seed: a later slice)"
+        raise SymattnError(f"spec {sched.spec.name}: no dropout in the memory-efficient variant: {why}")
     if variant == "memeff":
         return plan(sched)
-    if variant != "standard" or sched.mask is None or not loops:
+    if variant != "standard" or sched.mask is None or not loops or drawn:
         return None
     try:
         return plan(sched, keep=True)

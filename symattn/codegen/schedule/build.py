@@ -60,6 +60,7 @@ from symattn.optimize.rewrites import sort_commutative
 from symattn.optimize.simplify import rewrite, simplify
 from symattn.specs import Option, Spec, family
 from symattn.specs.layers import named_layers
+from symattn.specs.spec import drawn_options
 
 __all__ = ["Assignment", "Binding", "Option", "Schedule", "is_weight", "schedule"]
 
@@ -262,6 +263,7 @@ def schedule_spec(s: Spec, options: tuple[Option, ...] = ()) -> Schedule:
     are optional: the generated code skips a term whose input is None. Its other constants are
     inputs that receive no gradient (``Schedule.fixed``): nothing is differentiated with respect to them.
     """
+    options = (*options, *drawn_options(s, options))  # training, where the spec drops out
     order = tuple(str(x.name) for x in (*s.inputs, *s.constants))
     bool_forms = tuple(s.bool_forms.items())
     mask, fixed = split_constants(s)

@@ -20,7 +20,11 @@ from symattn.lang.naming.parse import parse
 from symattn.lang.ops import Exp, Log, LogSoftmax, RowSoftmax, Sigmoid, Softplus, Tanh
 from symattn.lang.rowwise import RowWise
 
-ENTRYWISE = sorted((r for r in FUNCTIONS.values() if issubclass(r, Elementwise)), key=lambda r: r.function)
+# the records computed from A's entries; a drawn one (dropout's mask, ``draws``) is checked on its own below
+DRAWN = sorted((r for r in FUNCTIONS.values() if hasattr(r, "draws")), key=lambda r: r.function)
+ENTRYWISE = sorted(
+    (r for r in FUNCTIONS.values() if issubclass(r, Elementwise) and r not in DRAWN), key=lambda r: r.function
+)
 ROWWISE = sorted((r for r in FUNCTIONS.values() if issubclass(r, RowWise)), key=lambda r: r.function)
 X = sp.MatrixSymbol("X", 3, 4)
 RNG = np.random.default_rng(7)
@@ -79,7 +83,7 @@ def test_every_backend_call_computes_the_scalar_function(record, printer):
     assert np.max(np.abs(got - _scalar(record)(VALUES))) < 1e-12
 
 
-@pytest.mark.parametrize("record", ENTRYWISE + ROWWISE, ids=lambda r: r.function)
+@pytest.mark.parametrize("record", ENTRYWISE + ROWWISE + DRAWN, ids=lambda r: r.function)
 def test_exact_evaluation_agrees_with_numpy(record):
     values = np.array([[sp.Rational(1, 3), sp.Rational(-2, 5), 2], [1, sp.Rational(1, 7), -1]], dtype=object)
     if record is Log:
@@ -150,7 +154,8 @@ def test_every_record_is_complete():
     """A name, both notations, NumPy, torch and JAX calls (row-wise: masked too, and exact), a letter, a reason."""
     for record in FUNCTIONS.values():
         assert record.function and record.latex and record.text and record.letter, record
-        assert {"numpy", "torch", "jax"} <= set(record.calls), record
+        generated = set(record.calls) | set(getattr(record, "draws", ()))  # a drawn record: its drawing calls
+        assert {"numpy", "torch", "jax"} <= generated and "numpy" in record.calls, record
         assert len(record.reason) == 2 and all(record.reason), record
         if issubclass(record, RowWise):
             assert {"numpy", "torch", "jax"} <= set(record.masked_calls) and "exact" in record.calls, record
@@ -184,3 +189,30 @@ def test_relu_and_its_step_on_both_sides_of_zero_and_at_it(printer):
         got = to_numpy(_evaluate(printer(), record(X), dict(namespace))(array(values)))
         assert np.array_equal(got, want), (record.function, got)
     assert Relu(X).derivative() == Step(X) and Step(X).derivative() == sp.ZeroMatrix(3, 4)
+
+
+@pytest.mark.parametrize("record", DRAWN, ids=lambda r: r.function)
+def test_a_drawn_record_is_a_constant_of_the_call(record):
+    """Z′ = 0; verification's Z is one fixed draw per shape of 0 and 1/(1 − p); torch's draws are such entries, and
+    with training False ones; the backends without draws refuse it in one line."""
+    node = record.example(X)
+    p = float(node.args[1])
+    assert np.all(sa.lambdify([X], node.derivative())(VALUES) == 0)
+    fixed = sa.lambdify([X], node)(VALUES)
+    assert np.array_equal(fixed, sa.lambdify([X], node)(VALUES + 1)) and set(np.unique(fixed)) <= {0, 1 / (1 - p)}
+    for printer, (namespace, array, to_numpy) in BACKENDS.items():
+        if printer.backend not in record.draws:
+            with pytest.raises(UnsupportedNodeError, match=f"generated {printer.backend} code"):
+                printer().doprint(node)
+            continue
+        rng = None  # the generated forward's keywords: torch's default generator, NumPy's Generator, a JAX key
+        if printer.backend == "numpy":
+            rng = np.random.default_rng(0)
+        elif printer.backend == "jax":
+            rng = namespace["jax"].random.key(0)
+        scope = dict(namespace, training=True, rng=rng)
+        f = _evaluate(printer(), node, scope)
+        drawn = to_numpy(f(array(np.ones((300, 300)))))
+        assert set(np.unique(drawn)) == {0, 1 / (1 - p)}
+        scope["training"] = False
+        assert np.all(to_numpy(f(array(VALUES))) == 1)

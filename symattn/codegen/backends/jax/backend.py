@@ -18,7 +18,11 @@ from symattn.errors import SymattnError
 from symattn.lang.functions import JAX
 from symattn.numeric.printers import runtime_functions
 
-RUNTIMES = ("symattn.codegen.backends.common_runtime", "symattn.codegen.backends.jax.runtime")
+RUNTIMES = (
+    "symattn.codegen.backends.common_runtime",
+    "symattn.codegen.backends.jax.runtime",
+    "symattn.codegen.backends.jax.random_runtime",
+)
 JAX_RUNTIME = {name: source for module in RUNTIMES for name, source in runtime_functions(module).items()}
 
 

@@ -21,6 +21,7 @@ RUNTIMES = (
     "symattn.codegen.backends.torch.pages",
     "symattn.codegen.backends.torch.function_runtime",
     "symattn.codegen.backends.torch.positions_runtime",
+    "symattn.codegen.backends.torch.random_runtime",
 )
 TORCH_RUNTIME = {name: source for module in RUNTIMES for name, source in runtime_functions(module).items()}
 
@@ -134,12 +135,13 @@ TORCH_BACKEND = Backend(
         "_first_forward_mode",
         "_Backward",
         "_split",
+        "_same_draws",
         "_hessian",
         "_plus",
         "_shaped",
         "_second_order",
     ),
-    forward_mode_helpers=("_first_forward_mode", "_tangent"),
+    forward_mode_helpers=("_first_forward_mode", "_same_draws", "_tangent"),
     vmapped=True,
     device=True,
     dropins=True,

@@ -270,6 +270,7 @@ def _hessian(held, grad_out, inputs, directions):
             f"{SPEC}: the gradient of a float attn_mask cannot be differentiated again (no second derivative "
             "through it is derived); the gradients of the other inputs can"
         )
+    _same_draws(held.constants, "a second derivative under create_graph=True", "hvp()")
     value, saved = _forward2(*inputs[:count], grad_out, *directions[:count], *inputs[count:], *held.options)
     return _backward2(saved, torch.ones_like(value))
 
@@ -301,10 +302,22 @@ def _first_forward_mode():
         )
 
 
+def _same_draws(constants, what, instead):
+    """Refuse what recomputes the forward from the inputs where the call drew (dropout while training): the
+    recomputation would draw another mask than the forward's (the module's own jvp() and hvp() draw once)."""
+    training = constants.get("training", False)  # the option of a spec that drops out; None: its default, True
+    if training is None or training:
+        raise RuntimeError(
+            f"{SPEC}: {what} of a call with dropout while training is not supported (its recomputed forward would "
+            f"draw another mask); call this module's {instead}, which draws once, or run in eval (training=False)"
+        )
+
+
 def _tangent(jvp, ctx, tangents):
     """The output's tangent by jvp(<inputs>, <their tangents>, <M, Ṁ>, <options>) (a generated _jvp), the inputs
     as setup_context saved them (an absent one None) and tangents one per argument of apply."""
     _first_forward_mode()
+    _same_draws(ctx.constants, "forward-mode AD (torch.func.jvp, jacfwd)", "jvp()")
     saved = iter(ctx.saved_tensors[len(ctx.tensor_names) :])
     inputs = [next(saved) if given else None for given in ctx.given]
     count = len(TANGENT_OF)

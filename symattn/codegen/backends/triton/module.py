@@ -26,6 +26,7 @@ from symattn.errors import SymattnError
 from symattn.lang.functions import TRITON, Exp, Log
 from symattn.lang.graph import postorder
 from symattn.lang.ops import LogSoftmax, RowSoftmax, SplitHeads
+from symattn.lang.piecewise import draws
 from symattn.numeric.printers import runtime_source
 from symattn.specs import Option, Spec, family
 
@@ -269,6 +270,10 @@ def render_triton(source: str | Spec, regenerate: str, environment: jinja2.Envir
     from symattn.version import __version__
 
     spec, options = triton_spec(source)
+    if draws(spec.output):
+        raise SymattnError(
+            f"spec {spec.name}: no dropout in the Triton kernels yet (Philox from a seed: a later slice)"
+        )
     ctx = triton_context(spec, options, __version__) | {"regenerate": regenerate, "module": module_class()}
     ctx |= laid_out(ctx) | {"bare": bare}  # bare: an unmasked tile's value, printed as ruff prints it
     core = environment.get_template(CORE_TEMPLATE)
