@@ -77,8 +77,9 @@ def _worker(rank: int, world: int, args, init: str, out: str) -> None:
         torch.set_num_threads(1)
         timeout = datetime.timedelta(seconds=300)
         dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world, timeout=timeout)
-        from symattn.distributed import context_parallel
         from symattn.generated import attention_torch
+
+        from symattn.distributed import context_parallel
 
         results = {}
         for balance in (None, "causal") if args.causal else (None,):

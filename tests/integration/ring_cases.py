@@ -18,12 +18,12 @@ import traceback
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from symattn.generated import attention_torch, attention_torch_memeff
 from torch.distributed.device_mesh import init_device_mesh
 
 from symattn.distributed import context_parallel
 from symattn.distributed.ring import HELD
 from symattn.errors import SymattnError
-from symattn.generated import attention_torch, attention_torch_memeff
 
 # (name, batch shape, (query rows, key rows), causal, balance, scale): lengths that no world size divides among them
 CASES = [

@@ -87,8 +87,9 @@ def _refusal(call) -> str:
 
 
 def test_context_parallel_refuses_in_one_line() -> None:
-    from symattn.distributed import context_parallel
     from symattn.generated import attention_torch, mha_torch
+
+    from symattn.distributed import context_parallel
 
     wrapped = context_parallel(attention_torch.forward)
     x = torch.randn(4, 3, dtype=torch.float64)
