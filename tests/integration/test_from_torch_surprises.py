@@ -167,3 +167,23 @@ def test_a_number_read_off_a_size_is_that_length_and_a_literal_stays_a_number(fu
     _matches_autograd(
         function, example, [torch.randn(2, rows, 3, generator=g, dtype=torch.float64) for rows in (7, 9, 9)]
     )
+
+
+@pytest.mark.parametrize("statistic", ["topk", "sort", "kthvalue"])
+def test_a_mask_from_an_order_statistic_of_the_scores_is_refused_as_such(statistic):
+    """A top-k threshold (s < the row's k-th largest: masked) is a mask that changes with the inputs: refused in one
+    line naming it, not as a fused projection's pieces."""
+    threshold = {
+        "topk": lambda s: s.topk(2, dim=-1).values[..., -1:],
+        "sort": lambda s: s.sort(dim=-1, descending=True).values[..., 1:2],
+        "kthvalue": lambda s: s.kthvalue(2, dim=-1, keepdim=True).values,
+    }[statistic]
+
+    def attention(q, k, v):
+        s = q @ k.mT
+        return s.masked_fill(s < threshold(s), float("-inf")).softmax(-1) @ v
+
+    x = [torch.randn(2, 5, 4, dtype=torch.float64) for _ in range(3)]
+    with pytest.raises(SymattnError, match=f"cannot trace {statistic}: an order statistic") as refused:
+        sa.from_torch(attention, *x)
+    assert "\n" not in str(refused.value)
