@@ -10,8 +10,9 @@ made additive as torch makes it), the merge of the heads, the output projection,
 The result is torch's to rounding: softmax(Q Kᵀ/√d + M) V per head, what torch computes.
 
 Options the language has no word for are refused in one line: ``bias_k``/``bias_v``, ``add_zero_attn``, static keys
-and values, dropout while training. The attention weights (``need_weights=True``) come back as torch's own
-values, held as a tensor the reader refuses to read: returned or used, they stop the trace with a line saying so.
+and values. Dropout while training is SDPA's ``dropout_p``, read as ``sa.dropout`` (drawn as torch draws it). The
+attention weights (``need_weights=True``) come back as torch's own values, held as a tensor the reader refuses to
+read: returned or used, they stop the trace with a line saying so.
 """
 
 from __future__ import annotations
@@ -25,18 +26,13 @@ import torch.nn.functional as F
 from symattn.trace.values import Refused
 
 
-def _refuse_options(bias_k, bias_v, add_zero_attn, static_k, static_v, dropout_p, training) -> None:
+def _refuse_options(bias_k, bias_v, add_zero_attn, static_k, static_v) -> None:
     if bias_k is not None or bias_v is not None:
         raise Refused("nn.MultiheadAttention with add_bias_kv=True (a learned key and value appended)")
     if add_zero_attn:
         raise Refused("nn.MultiheadAttention with add_zero_attn=True (a zero key and value appended)")
     if static_k is not None or static_v is not None:
         raise Refused("multi_head_attention_forward with static_k or static_v")
-    if training and dropout_p > 0:
-        raise Refused(
-            f"dropout (p={dropout_p}) while training is random; a closed form of a random function is not the "
-            "function (call model.eval(), or dropout=0.0)"
-        )
 
 
 def _projections(query, key, value, in_proj_weight, in_proj_bias, separate: tuple | None):
@@ -100,7 +96,7 @@ def multi_head_attention_forward(
 ):
     """F.multi_head_attention_forward in the reader's forms (see the module docstring); is_causal is torch's
     hint that attn_mask is causal, and attn_mask is what is applied (torch requires it with the hint)."""
-    _refuse_options(bias_k, bias_v, add_zero_attn, static_k, static_v, dropout_p, training)
+    _refuse_options(bias_k, bias_v, add_zero_attn, static_k, static_v)
     if query.dim() != 3:
         raise Refused(f"multi_head_attention_forward of an unbatched query of shape {tuple(query.shape)}")
     if is_causal and attn_mask is None:
@@ -112,7 +108,8 @@ def multi_head_attention_forward(
     q, k, v = _projections(q, k, v, in_proj_weight, in_proj_bias, separate)
     q, k, v = (x.view(batch, x.shape[1], num_heads, head).transpose(1, 2) for x in (q, k, v))
     mask = _mask(key_padding_mask, attn_mask, batch, num_heads, query.dtype)
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1 / math.sqrt(head))
+    dropout = dropout_p if training else 0.0  # (SDPA's dropout_p: read as sa.dropout, drawn as torch draws it)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, scale=1 / math.sqrt(head))
     out = F.linear(out.transpose(1, 2).reshape(batch, length, width), out_proj_weight, out_proj_bias)
     weights = _weights(q, k, mask, head, average_attn_weights) if need_weights else None
     return out.transpose(0, 1), weights
