@@ -52,7 +52,7 @@ def _additive(mask, dtype):
     """torch's merge of a mask: a bool one (True: not attended) as −∞ there and 0 elsewhere, a float one as is."""
     if mask is None or mask.dtype != torch.bool:
         return mask
-    return torch.zeros(mask.shape, dtype=dtype).masked_fill(mask, float("-inf"))
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(mask, float("-inf"))
 
 
 def _mask(key_padding_mask, attn_mask, batch: int, heads: int, dtype):
