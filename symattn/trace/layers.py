@@ -15,7 +15,7 @@ from symattn.lang import ops
 from symattn.lang.algebra import hadamard_product, product, total
 from symattn.lang.piecewise import DropoutMask
 from symattn.trace.forms.heads import across_heads
-from symattn.trace.layout import argument, at_heads, matrix, same_heads
+from symattn.trace.layout import argument, at_heads, drawn, matrix, same_heads
 from symattn.trace.tracer import MaskArgument, Trace
 from symattn.trace.values import Refused, Value
 
@@ -99,5 +99,5 @@ def scaled_dot_product_attention(t: Trace, args: tuple, kwargs: dict, result) ->
             a = total(a, m.expr if m.rows != 1 else product(OneMatrix(qv.rows, 1), m.expr))
     weights = ops.softmax(a)
     if dropout:  # dropout_p > 0: the weights' dropout (SDPA applies it whatever the module's mode), sa.dropout
-        weights = hadamard_product(weights, DropoutMask(weights, float(dropout)))
+        weights = hadamard_product(weights, drawn(t, DropoutMask(weights, float(dropout))))
     return Value(product(weights, at_heads(vv, heads)), tuple(result.shape), heads)

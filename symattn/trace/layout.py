@@ -279,8 +279,20 @@ def dropout(t: Trace, args: tuple, kwargs: dict, result) -> Value:
     v = t.value(args[0])
     if v.is_scalar or v.pending is not None:
         raise Refused("dropout of a number or of a view halfway into heads (symattn drops out matrices)")
-    expr = hadamard_product(v.expr, DropoutMask(v.expr, float(p)))
+    expr = hadamard_product(v.expr, drawn(t, DropoutMask(v.expr, float(p))))
     return Value(expr, tuple(result.shape), v.heads, inner=v.inner, layout=v.layout)
+
+
+def drawn(t: Trace, mask: DropoutMask) -> DropoutMask:
+    """A dropout's mask, the trace's first of its values and p: the language's one node for both would share one
+    draw where the code draws twice (two dropouts of the same values, independent masks), so a second is refused."""
+    if mask in t.drawn:
+        raise Refused(
+            f"a second dropout (p={mask.args[1]}) of values already dropped out: the language draws one mask for both, "
+            "the code two independent ones"
+        )
+    t.drawn.add(mask)
+    return mask
 
 
 def comparison(t: Trace, args: tuple, kwargs: dict, result) -> Value:

@@ -95,6 +95,7 @@ class Trace:
     upcast: list[str] = field(default_factory=list)  # file:line of each softmax computed in float32 (dtype=…)
     read: dict[int, Basic] = field(default_factory=dict)  # the matrix lengths the code read (size, shape), by value
     dtype: torch.dtype = torch.float32  # the first floating input's: the precision the traced code runs at
+    drawn: set = field(default_factory=set)  # the dropout masks made (``layout.drawn``): one per draw
 
     def __post_init__(self) -> None:
         self.dims = Dims(self._substitute)

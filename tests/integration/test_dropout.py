@@ -365,3 +365,15 @@ def test_check_backward_refuses_a_module_that_drops_out_in_one_line():
     model = DroppedAttention().train()
     with pytest.raises(SymattnError, match="check_backward: the traced function drops out while training"):
         sa.check_backward(model, lambda module, x, g: None, torch.randn(2, 5, 4, dtype=torch.float64))
+
+
+def test_two_dropouts_of_the_same_values_are_refused_not_merged():
+    """dropout(x) + dropout(x) draws two independent masks; the language's one node of (x, p) would draw one (2 x ⊙ Z:
+    another distribution, without a word): from_torch refuses the second in one line."""
+
+    def twice(x):
+        return torch.nn.functional.dropout(x, 0.1, True) + torch.nn.functional.dropout(x, 0.1, True)
+
+    with pytest.raises(SymattnError, match="a second dropout") as refused:
+        sa.from_torch(twice, torch.randn(2, 5, 4, dtype=torch.float64))
+    assert "\n" not in str(refused.value)
