@@ -63,7 +63,7 @@ def integral(relation: Relational) -> tuple[Basic, Basic]:
     coefficients = [term.as_coeff_Mul()[0] for term in sp.Add.make_args(difference)]
     if not all(c.is_Rational for c in coefficients):
         return relation.lhs, relation.rhs
-    common = sp.ilcm(*(c.q for c in coefficients))
+    common = sp.ilcm(1, *(c.q for c in coefficients))
     return (sp.expand(common * difference), sp.S.Zero) if common > 1 else (relation.lhs, relation.rhs)
 
 

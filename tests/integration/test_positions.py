@@ -353,3 +353,13 @@ def test_a_per_head_window_is_exact_at_its_boundaries(backend):
         want = want.transpose(1, 2).reshape(1, size, HEADS * D_K)
         got = module.forward(*x) if backend == "torch" else torch.from_numpy(module.forward(*(t.numpy() for t in x))[0])
         torch.testing.assert_close(got, want, rtol=1e-5 if dtype == torch.float32 else 1e-10, atol=1e-6)
+
+
+def test_comparisons_are_printed_with_integer_coefficients():
+    """A comparison of one term or several, rational coefficients scaled to integers against 0, others as they are."""
+    from symattn.lang.positions import I, J
+    from symattn.numeric.positions import integral
+
+    assert integral(sp.Gt(I / 6, 0)) == (I, 0)
+    assert integral(sp.Lt(I / 6 - J / 4, sp.Rational(2, 3))) == (2 * I - 3 * J - 8, 0)
+    assert integral(sp.Lt(I, J)) == (I, J)
