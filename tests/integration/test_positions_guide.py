@@ -9,6 +9,7 @@ import math
 from pathlib import Path
 
 import pytest
+from fenced import fenced_blocks
 from rendered import load
 
 import symattn as sa
@@ -24,17 +25,7 @@ READS_A_TABLE = {"relative_table", "documents"}  # standard variant only (the gu
 
 def blocks(language: str) -> list[str]:
     """The guide's fenced code blocks in a language, in order."""
-    found, current, opened = [], [], None
-    for line in GUIDE.read_text(encoding="utf-8").splitlines():
-        if line.startswith("```"):
-            if opened is None:
-                opened, current = line[3:].strip(), []
-            else:
-                found += ["\n".join(current) + "\n"] if opened == language else []
-                opened = None
-        elif opened is not None:
-            current.append(line)
-    return found
+    return fenced_blocks(GUIDE.read_text(encoding="utf-8"), language)
 
 
 @pytest.fixture(scope="module")

@@ -6,6 +6,7 @@ import shlex
 from pathlib import Path
 
 import pytest
+from fenced import fenced_blocks
 
 from symattn.cli import main
 
@@ -15,17 +16,7 @@ README = (ROOT / "README.md").read_text(encoding="utf-8")
 
 def blocks(language: str) -> list[str]:
     """The README's fenced code blocks in a language ("" for a block without one), in order."""
-    found, current, opened = [], [], None
-    for line in README.splitlines():
-        if line.startswith("```"):
-            if opened is None:
-                opened, current = line[3:].strip(), []
-            else:
-                found += ["\n".join(current) + "\n"] if opened == language else []
-                opened = None
-        elif opened is not None:
-            current.append(line)
-    return found
+    return fenced_blocks(README, language)
 
 
 def test_the_derivation_excerpt_is_what_derive_prints(capsys):

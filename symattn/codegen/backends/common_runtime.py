@@ -25,6 +25,17 @@ def key_window(lo, hi, m, within=None):
     return slice(lo, max(min(hi, m), lo + 1))
 
 
+def _keys_looked_at(keys, open_keys):
+    """(first, stop): the keys of a block (a slice) a mask of positions is looked for on, less a range every row of
+    the block sees (open_keys) at one end of them: one part, one fill."""
+    first, stop = keys.start, keys.stop
+    if open_keys.start <= first < open_keys.stop:
+        first = min(open_keys.stop, stop)
+    elif open_keys.start < stop <= open_keys.stop:
+        stop = max(open_keys.start, first)
+    return first, stop
+
+
 def size_math(function, x):
     """function (exp, log, tanh, sin, cos) of x, a number made of sizes (log n), by Python's math: a Python float."""
     import math

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from symattn.codegen.backends.common_runtime import _mask_layout
+from symattn.codegen.backends.common_runtime import _keys_looked_at, _mask_layout
 from symattn.codegen.backends.numpy.numba_kernels import _fused_kernels
 from symattn.numeric.low_precision import _half, wide_sum
 
@@ -386,11 +386,7 @@ def hide_keys(scores, hidden, rows, keys, n, open_keys, dtype, heads=None, inpla
     """scores (..., b, k) of the query rows rows and the keys keys plus a mask of positions: -inf written where
     hidden(i, j) (per head hidden(i, j, h)) holds, not looked for on the keys of open_keys (a range every row of the
     block sees) at one end of keys; into scores where inplace (a value made for it), else into a copy."""
-    first, stop = keys.start, keys.stop  # the keys looked at: less an open range at one end (one part, one fill)
-    if open_keys.start <= first < open_keys.stop:
-        first = min(open_keys.stop, stop)
-    elif open_keys.start < stop <= open_keys.stop:
-        stop = max(open_keys.start, first)
+    first, stop = _keys_looked_at(keys, open_keys)
     out = scores if inplace else scores.copy()
     wide = np.promote_types(dtype, np.float32)
     i = np.arange(rows.start, min(rows.stop, n), dtype=wide)[:, None]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from symattn.codegen.backends.common_runtime import _keys_looked_at
 from symattn.codegen.backends.torch.runtime import _functional  # (a generated module has it beside)
 
 
@@ -70,11 +71,7 @@ def hide_keys(scores, hidden, rows, keys, n, open_keys, dtype, device, heads=Non
     """scores (..., b, k) of the query rows rows and the keys keys plus a mask of positions: -inf written where
     hidden(i, j) (per head hidden(i, j, h)) holds, not looked for on the keys of open_keys (a range every row of the
     block sees) at one end of keys; into scores where inplace (a value made for it), else into a copy."""
-    first, stop = keys.start, keys.stop  # the keys looked at: less an open range at one end (one part, one fill)
-    if open_keys.start <= first < open_keys.stop:
-        first = min(open_keys.stop, stop)
-    elif open_keys.start < stop <= open_keys.stop:
-        stop = max(open_keys.start, first)
+    first, stop = _keys_looked_at(keys, open_keys)
     out = scores if inplace and not _functional(scores) else scores.clone()
     wide = torch.promote_types(dtype, torch.float32)
     i = torch.arange(rows.start, min(rows.stop, n), dtype=wide, device=device)[:, None]
