@@ -315,9 +315,7 @@ def _require_own_names(s: Spec) -> None:
 
 
 def _python_dict(values: Mapping[str, object]) -> str:
-    """A dict of names to bools, numbers and strings as Python source, ruff's format (double quotes); "" if empty."""
-    if not values:
-        return ""
+    """A dict of names to bools, numbers and strings as Python source, ruff's format (double quotes)."""
     text = (json.dumps(v) if isinstance(v, str) else repr(v) for v in values.values())
     return "{" + ", ".join(f"{json.dumps(name)}: {v}" for name, v in zip(values, text)) + "}"
 

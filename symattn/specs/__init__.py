@@ -54,22 +54,29 @@ class Family:
         return self.build(**spec_options, **dict(configuration)), options
 
     def configuration(self, s: Spec) -> dict:
-        """The values of the configuration options (``configured``) that built the spec s."""
-        return {name: s.options[name] for name in self.configured}
+        """The values of the configuration options (``configured``) that built the spec s (an option the spec
+        leaves out, a dropout of 0: its default)."""
+        return {name: s.options[name] for name in self.configured if name in s.options}
 
 
 BUILTIN: dict[str, Family] = {
     "attention": Family(attention, attention_options, masks=True, row_blocks=True),
     "self_attention": Family(self_attention, row_blocks=True),
     "mha": Family(
-        mha, mha_options, masks=True, row_blocks=True, class_name="MultiHeadAttention", dropins=("MultiheadAttention",)
+        mha,
+        mha_options,
+        masks=True,
+        row_blocks=True,
+        class_name="MultiHeadAttention",
+        dropins=("MultiheadAttention",),
+        configured=("dropout",),
     ),
     "transformer_block": Family(
         transformer_block,
         block_options,
         masks=True,
         dropins=("TransformerEncoderLayer",),
-        configured=("norm_first", "activation", "approximate"),
+        configured=("norm_first", "activation", "approximate", "dropout"),
     ),
 }
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import sympy as sp
 from sympy import Basic, MatrixExpr, MatrixSymbol
 
@@ -16,23 +17,39 @@ from symattn.errors import SymattnError
 from symattn.lang.dims import dim
 from symattn.lang.naming.parse import parse
 from symattn.lang.naming.safe import expression
-from symattn.lang.ops import merge_heads, repeat_heads, softmax, split_heads
+from symattn.lang.ops import dropout, merge_heads, repeat_heads, softmax, split_heads
+from symattn.lang.piecewise import parameter
 from symattn.specs.spec import Option, Spec, flag, head_count
 
 
 def _attention_core(
-    q: MatrixExpr, k: MatrixExpr, v: MatrixExpr, scale: Basic, suffix: str = "", mask: MatrixSymbol | None = None
+    q: MatrixExpr,
+    k: MatrixExpr,
+    v: MatrixExpr,
+    scale: Basic,
+    suffix: str = "",
+    mask: MatrixSymbol | None = None,
+    drop: Basic = sp.S.Zero,
 ):
-    """S = Q Kᵀ, A = scale·S (+ M), P = softmax(A), O = P V, with the intermediates named."""
+    """S = Q Kᵀ, A = scale·S (+ M), P = softmax(A), O = P V, with the intermediates named; with dropout p > 0 on
+    the weights, D = P ⊙ Z_p(P) and O = D V."""
     s = q * k.T
     a = scale * s if scale != 1 else s
     if mask is not None:
         a = a + mask
     p = softmax(a)
-    o = p * v
+    weights = dropout(p, drop) if drop else p
+    o = weights * v
     scaled = scale != 1 or mask is not None
-    named = [("S" + suffix, s)] + ([("A" + suffix, a)] if scaled else []) + [("P" + suffix, p), ("O" + suffix, o)]
-    return o, named
+    named = [("S" + suffix, s)] + ([("A" + suffix, a)] if scaled else []) + [("P" + suffix, p)]
+    return o, [*named, *([("D" + suffix, weights)] if drop else []), ("O" + suffix, o)]
+
+
+def dropout_probability(option) -> Basic:
+    """A dropout option as the exact p of ``sa.dropout`` (0 ≤ p < 1; 0.1 → 1/10), 0 for none."""
+    if isinstance(option, (bool, np.bool_)):
+        raise SymattnError(f"dropout must be a probability, 0 ≤ p < 1, got {option!r}")
+    return parameter(option or 0, "dropout")
 
 
 def _scale(option, d_k: sp.Symbol, dims: Sequence[sp.Symbol] = ()) -> Basic:
@@ -94,13 +111,24 @@ def self_attention() -> Spec:
     return Spec("self_attention", "softmax(X W_Q (X W_K)ᵀ / √d_k) X W_V", (x, w_q, w_k, w_v), out, tuple(named))
 
 
-def mha(num_heads=None, num_kv_heads=None, bias=False, mask=False, causal=False, key_padding_mask=False) -> Spec:
+def mha(
+    num_heads=None,
+    num_kv_heads=None,
+    bias=False,
+    mask=False,
+    causal=False,
+    key_padding_mask=False,
+    dropout=0,
+) -> Spec:
     """Concat(head_1 … head_H) W_O, head_h = attention(Q W_Q[:,h], K W_K[:,h], V W_V[:,h]).
 
     Options: bias adds b_Q, b_K, b_V, b_O (1 × columns, broadcast over tokens: Q W_Q + 𝟏 b_Q);
     num_kv_heads = H_kv (dividing H) gives grouped-query attention, W_K and W_V d_model × H_kv·d_k,
-    query head h reading kv head ⌊h / (H / H_kv)⌋; a mask option adds M (n × m) to every head's scores.
+    query head h reading kv head ⌊h / (H / H_kv)⌋; a mask option adds M (n × m) to every head's scores;
+    dropout = p > 0 drops out the weights, D_h = P_h ⊙ Z_p(P_h), head_h = D_h V_h (``nn.MultiheadAttention``'s
+    dropout while training).
     """
+    drop = dropout_probability(dropout)
     heads = head_count(num_heads, "num_heads", "H")
     kv_heads = heads if num_kv_heads is None else head_count(num_kv_heads, "num_kv_heads", "H_kv")
     if heads.is_Integer and kv_heads.is_Integer and heads % kv_heads:
@@ -125,12 +153,14 @@ def mha(num_heads=None, num_kv_heads=None, bias=False, mask=False, causal=False,
         k_h, v_h = repeat_heads(k_h, kv_heads, heads), repeat_heads(v_h, kv_heads, heads)
     masks = {"mask": mask, "causal": causal, "key_padding_mask": key_padding_mask}
     m_add = _mask(n, m, **masks)
-    o_h, named = _attention_core(q_h, k_h, v_h, 1 / sp.sqrt(d_k), suffix="_h", mask=m_add)
+    o_h, named = _attention_core(q_h, k_h, v_h, 1 / sp.sqrt(d_k), suffix="_h", mask=m_add, drop=drop)
     concat = merge_heads(o_h, heads)
     out = concat * w["W_O"] + sp.OneMatrix(n, 1) * b["b_O"] if use_bias else concat * w["W_O"]
     named = [("Q_h", q_h), ("K_h", k_h), ("V_h", v_h)] + named + [("C", concat)]
     options = {"num_heads": num_heads} | {
-        key: value for key, value in (("num_kv_heads", num_kv_heads), ("bias", use_bias), *masks.items()) if value
+        key: value
+        for key, value in (("num_kv_heads", num_kv_heads), ("bias", use_bias), *masks.items(), ("dropout", dropout))
+        if value
     }
     summary = "Concat(head_1, …, head_H) W_O, head_h = attention(Q W_Q_h, K W_K_h, V W_V_h)"
     if use_bias:
@@ -139,6 +169,8 @@ def mha(num_heads=None, num_kv_heads=None, bias=False, mask=False, causal=False,
         summary += f"; {kv_heads} K, V heads"
     if m_add is not None:
         summary += "; scores + M"
+    if drop:
+        summary += f"; dropout {dropout} on the weights"
     inputs = (q, k, v, *w.values()) + (tuple(b.values()) if use_bias else ())
     return Spec("mha", summary, inputs, out, tuple(named), options, constants=(m_add,) if m_add is not None else ())
 

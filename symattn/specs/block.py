@@ -36,8 +36,9 @@ from symattn.errors import SymattnError
 from symattn.lang.algebra import product, total
 from symattn.lang.dims import dim
 from symattn.lang.functions import Gelu, GeluTanh, Relu, Silu
-from symattn.lang.ops import layer_norm, merge_heads, softmax, split_heads
-from symattn.specs.spec import Option, Spec, head_count
+from symattn.lang.ops import dropout, layer_norm, merge_heads, softmax, split_heads
+from symattn.specs.attention import dropout_probability
+from symattn.specs.spec import Option, Spec, flag, head_count
 
 DEFAULT_EPS = 1e-5
 APPROXIMATIONS = ("none", "tanh")  # torch.nn.functional.gelu's approximate=
@@ -55,13 +56,6 @@ def _eps(eps) -> Basic:
     if isinstance(eps, bool) or not isinstance(eps, (int, float, sp.Number)) or not eps > 0:
         raise SymattnError(f"eps must be a positive number, got {eps!r}")
     return sp.nsimplify(eps) if isinstance(eps, float) else sp.sympify(eps)
-
-
-def _flag(name: str, value) -> bool:
-    """A bool option (--option causal=1 arrives as an int)."""
-    if not isinstance(value, bool) and value not in (0, 1):
-        raise SymattnError(f"{name} must be True or False, got {value!r}")
-    return bool(value)
 
 
 def _activation(activation: str, approximate: str) -> type:
@@ -95,6 +89,11 @@ class _Symbols:
     epsilon: Basic
     act: type
     constants: tuple[MatrixSymbol, ...]
+    drop: Basic = sp.S.Zero  # the dropout p of the four places torch's layer drops out (0: none)
+
+    def dropped(self, x: MatrixExpr) -> MatrixExpr:
+        """x ⊙ Z_p(x), dropout p while training (x itself without dropout)."""
+        return dropout(x, self.drop) if self.drop else x
 
     @property
     def ones(self) -> OneMatrix:
@@ -114,7 +113,7 @@ class _Symbols:
         )
 
 
-def _symbols(num_heads, eps, causal: bool, act: type) -> _Symbols:
+def _symbols(num_heads, eps, causal: bool, act: type, drop: Basic) -> _Symbols:
     heads, epsilon = head_count(num_heads, "num_heads", "H"), _eps(eps)
     n, d_k, d_ff = dim("n"), dim("d_k"), dim("d_ff")
     d_model = heads * d_k
@@ -124,7 +123,7 @@ def _symbols(num_heads, eps, causal: bool, act: type) -> _Symbols:
     b["b_1"] = MatrixSymbol("b_1", 1, d_ff)
     norms = {name: MatrixSymbol(name, 1, d_model) for name in ("gamma_1", "beta_1", "gamma_2", "beta_2")}
     constants = (MatrixSymbol("M", n, n),) if causal else ()
-    return _Symbols(MatrixSymbol("X", n, d_model), w, b, norms, heads, d_k, epsilon, act, constants)
+    return _Symbols(MatrixSymbol("X", n, d_model), w, b, norms, heads, d_k, epsilon, act, constants, drop)
 
 
 # Every intermediate is built canonical with shallow constructors: SymPy's operators deep-doit their
@@ -142,20 +141,29 @@ def _attention(s: _Symbols, source: MatrixExpr) -> list[tuple[str, MatrixExpr]]:
     if s.constants:
         a_h = total(a_h, s.constants[0])
     p_h = softmax(a_h)
-    o_h = product(p_h, v_h)
-    steps = [("Q_h", q_h), ("K_h", k_h), ("V_h", v_h), ("S_h", s_h), ("A_h", a_h), ("P_h", p_h), ("O_h", o_h)]
-    return [*steps, ("C", merge_heads(o_h, s.heads))]
+    d_h = s.dropped(p_h)
+    o_h = product(d_h, v_h)
+    steps = [("Q_h", q_h), ("K_h", k_h), ("V_h", v_h), ("S_h", s_h), ("A_h", a_h), ("P_h", p_h)]
+    steps += [("D_h", d_h)] if s.drop else []
+    return [*steps, ("O_h", o_h), ("C", merge_heads(o_h, s.heads))]
 
 
 def _residual(s: _Symbols, source: MatrixExpr, c: MatrixExpr) -> MatrixExpr:
-    """source + C W_O + 𝟏b_O: the attention sublayer's residual sum."""
-    return total(source, product(c, s.w["W_O"]), product(s.ones, s.b["b_O"]))
+    """source + C W_O + 𝟏b_O: the attention sublayer's residual sum (its second term dropped out with dropout)."""
+    terms = (product(c, s.w["W_O"]), product(s.ones, s.b["b_O"]))
+    return total(source, s.dropped(total(*terms))) if s.drop else total(source, *terms)
 
 
 def _feed_forward(s: _Symbols, source: MatrixExpr) -> list[tuple[str, MatrixExpr]]:
-    """U = source W_1 + 𝟏b_1 and F = act(U)."""
+    """U = source W_1 + 𝟏b_1 and F = act(U) (dropped out with dropout)."""
     u = total(product(source, s.w["W_1"]), product(s.ones, s.b["b_1"]))
-    return [("U", u), ("F", s.act(u))]
+    return [("U", u), ("F", s.dropped(s.act(u)))]
+
+
+def _second_residual(s: _Symbols, source: MatrixExpr, f: MatrixExpr) -> MatrixExpr:
+    """source + F W_2 + 𝟏b_2 (its second term dropped out with dropout), source kept one node."""
+    fed = total(product(f, s.w["W_2"]), product(s.ones, s.b["b_2"]))
+    return MatAdd(source, s.dropped(fed))
 
 
 def _normed(s: _Symbols, source: MatrixExpr, k: int) -> list[tuple[str, MatrixExpr]]:
@@ -171,7 +179,7 @@ def _pre_ln(s: _Symbols) -> tuple[list[tuple[str, MatrixExpr]], MatrixExpr, str]
     y = _residual(s, s.x, named[-1][1])
     named += [("Y", y), *_normed(s, y, 2)]
     named += _feed_forward(s, named[-1][1])
-    z = MatAdd(y, total(product(named[-1][1], s.w["W_2"]), product(s.ones, s.b["b_2"])))  # not flattened: Y one node
+    z = _second_residual(s, y, named[-1][1])
     summary = f"pre-LN encoder layer: Y = X + MHA(LN₁(X)), Z = Y + {s.act.text}(LN₂(Y) W_1 + b_1) W_2 + b_2"
     return named, z, summary
 
@@ -183,7 +191,7 @@ def _post_ln(s: _Symbols) -> tuple[list[tuple[str, MatrixExpr]], MatrixExpr, str
     named += [("Y", y), *_normed(s, y, 1)]
     x_1 = named[-1][1]
     named += _feed_forward(s, x_1)
-    y_2 = MatAdd(x_1, total(product(named[-1][1], s.w["W_2"]), product(s.ones, s.b["b_2"])))  # X₁ one node
+    y_2 = _second_residual(s, x_1, named[-1][1])
     named += [("Y_2", y_2), *_normed(s, y_2, 2)]
     summary = f"post-LN encoder layer: X₁ = LN₁(X + MHA(X)), Z = LN₂(X₁ + {s.act.text}(X₁ W_1 + b_1) W_2 + b_2)"
     return named[:-1], named[-1][1], summary
@@ -196,20 +204,26 @@ def transformer_block(
     approximate: str = "none",
     norm_first: bool = True,
     activation: str = Gelu.function,
+    dropout=0,
 ) -> Spec:
     """Encoder layer: pre-LN Y = X + MHA(LN₁(X)), Z = Y + FFN(LN₂(Y)) (norm_first), or post-LN
     X₁ = LN₁(X + MHA(X)), Z = LN₂(X₁ + FFN(X₁)); FFN's activation GELU (exact or tanh-approximated), ReLU or SiLU.
 
     causal adds the additive mask M (n × n) to every head's scores, A_h = S_h/√d_k + M, as the
     masks of ``mha`` do; M is a constant (−∞ above the diagonal in the generated modules'
-    ``causal=True``), never differentiated. num_heads None keeps the head count symbolic (H).
+    ``causal=True``), never differentiated. num_heads None keeps the head count symbolic (H). dropout = p > 0
+    drops out where torch's layer does while training: the attention weights (D_h = P_h ⊙ Z_p(P_h)), the
+    attention sublayer's output before its residual sum, the activation's output and the feed-forward output
+    before its residual sum, each with its own mask.
     """
     act = _activation(activation, approximate)
-    causal, norm_first = _flag("causal", causal), _flag("norm_first", norm_first)
-    s = _symbols(num_heads, eps, causal, act)
+    causal, norm_first = flag("causal", causal), flag("norm_first", norm_first)
+    s = _symbols(num_heads, eps, causal, act, dropout_probability(dropout))
     named, z, summary = (_pre_ln if norm_first else _post_ln)(s)
     options = {"num_heads": num_heads, "eps": eps, "causal": causal, "approximate": approximate}
-    options |= {"norm_first": norm_first, "activation": activation}
+    options |= {"norm_first": norm_first, "activation": activation} | ({"dropout": dropout} if s.drop else {})
+    if s.drop:
+        summary += f"; dropout {dropout}"
     return Spec("transformer_block", summary, s.inputs(), z, (*named, ("Z", z)), options, constants=s.constants)
 
 

@@ -162,8 +162,8 @@ NOT_A_BACKEND = {
         "symattn/codegen/backends/torch/function_runtime.py",
         "triton",
     ): "path()'s answer: the call runs the Triton kernels",
-    # the drop-in encoder layer (copied into the generated torch module) renders its own backend's module, no branch
-    ("symattn/codegen/backends/torch/dropin_block.py", "torch"): "the torch module of another configuration",
+    # the drop-ins (copied into the generated torch module) render their own backend's module, no branch
+    ("symattn/codegen/backends/torch/dropin_runtime.py", "torch"): "the torch module of another configuration",
 }
 
 

@@ -11,8 +11,18 @@ from __future__ import annotations
 
 from symattn.numeric.printers import runtime_functions
 
-# the helpers both drop-ins call: torch's options, masks, sequence layout and projections
-COMMON = ("_not_supported", "_size", "_float_mask", "_torch_mask", "_sequences", "_projections")
+# the helpers both drop-ins call: torch's options, a configuration's closed form, masks, sequence layout and
+# projections
+COMMON = (
+    "_not_supported",
+    "_size",
+    "_closed_form",
+    "_prepare",
+    "_float_mask",
+    "_torch_mask",
+    "_sequences",
+    "_projections",
+)
 # the drop-in classes by name, and the helpers each calls (copied before it, in this order)
 NEEDS: dict[str, tuple[str, ...]] = {
     "MultiheadAttention": (
@@ -29,7 +39,6 @@ NEEDS: dict[str, tuple[str, ...]] = {
         "_named_activation",
         "_probed_activation",
         "_block_activation",
-        "_closed_form",
         "TransformerEncoderLayer",
     ),
 }

@@ -15,7 +15,9 @@ generated module's own.
 from __future__ import annotations
 
 from symattn.codegen.backends.torch.dropin_runtime import (
+    _closed_form,
     _not_supported,
+    _prepare,
     _projections,
     _sequences,
     _size,
@@ -23,10 +25,7 @@ from symattn.codegen.backends.torch.dropin_runtime import (
     torch,
 )
 
-FUNCTION = TRACED = _apply = _kernels_for = None  # the generated module's (see dropin_runtime)
-SPEC = ""
-CONFIGURATION: dict = {}  # the generated module's: the family options of the configuration it computes
-_CONFIGURED: dict = {}  # the generated module's: a configuration's items → its closed form, rendered once
+_apply = _kernels_for = None  # the generated module's (see dropin_runtime)
 
 
 class _SelfAttentionWeights(torch.nn.Module):
@@ -119,35 +118,6 @@ def _block_activation(activation):
     return found
 
 
-def _closed_form(configuration):
-    """(Function, traced Function, whether the spec's Triton module computes it) of the block's configuration:
-    this module's own where it is its own (``CONFIGURATION``); else the torch module of that member of the
-    family, rendered by symattn's code generation and executed in memory, once per process (about a second),
-    its kernels off: the spec's Triton module beside this one computes this module's configuration only."""
-    if configuration == CONFIGURATION:
-        return FUNCTION, TRACED, True
-    key = tuple(sorted(configuration.items()))
-    if key not in _CONFIGURED:
-        import linecache
-        import sys
-        import types
-
-        try:
-            from symattn.codegen.generate import render
-        except ImportError as error:  # this module copied away from symattn
-            raise _not_supported("configuration", configuration, f"symattn renders it, and {error}") from None
-        text = render(SPEC, "torch", configuration=configuration)
-        name = f"{__name__}_{'_'.join(str(v).lower() for v in configuration.values())}"
-        module = types.ModuleType(name)
-        module.__file__ = f"<symattn: {SPEC} {configuration}>"
-        linecache.cache[module.__file__] = (len(text), None, text.splitlines(True), module.__file__)
-        sys.modules[name] = module  # its classes found by name (pickle, torch.compile)
-        exec(compile(text, module.__file__, "exec"), module.__dict__)
-        module.KERNELS = False
-        _CONFIGURED[key] = module.FUNCTION, module.TRACED, False
-    return _CONFIGURED[key]
-
-
 class TransformerEncoderLayer(torch.nn.Module):
     """``torch.nn.TransformerEncoderLayer`` computed by the generated closed form: the same constructor (signature
     and defaults: dropout=0.1, activation=F.relu, norm_first=False), submodules (``self_attn``, ``linear1``,
@@ -159,10 +129,14 @@ class TransformerEncoderLayer(torch.nn.Module):
     nn.ReLU()), exact GELU ("gelu", F.gelu, nn.GELU()), tanh GELU (nn.GELU(approximate="tanh"),
     functools.partial(F.gelu, approximate="tanh")) or SiLU (F.silu, nn.SiLU()); any other callable (a lambda)
     is evaluated on a probe grid and taken for the one of these whose values and derivatives it reproduces
-    bit for bit, else refused. bias=False, layer_norm_eps, batch_first both ways; dropout in eval mode or 0.0.
+    bit for bit, else refused. bias=False, layer_norm_eps, batch_first both ways. Dropout p while training, where
+    torch's layer drops out (the attention weights, the attention sublayer's output, the activation's output, the
+    feed-forward output), each mask drawn from torch's default generator as torch draws it (``torch.manual_seed``
+    reproduces a run; with batch_first=True the masks are torch's own, drawn in torch's order and layout), the
+    backward the exact derivative of the forward with those draws; eval() or dropout=0.0: no draw.
     The generated module computes pre-LN exact GELU (on CUDA by the spec's Triton module where its kernels
     apply); another configuration is rendered in memory on first use (about a second) and runs the torch ops.
-    Not computed (a clear error): another activation, dropout > 0 in training mode, a LayerNorm without
+    Not computed (a clear error): another activation, a LayerNorm without
     elementwise_affine or with eps differing between norm1 and norm2.
     """
 
@@ -206,6 +180,8 @@ class TransformerEncoderLayer(torch.nn.Module):
         configuration = {"norm_first": self.norm_first, "activation": name, "approximate": approximate}
         self._configured = (self.norm_first, self.activation, configuration)
         _closed_form(configuration)
+        if self.dropout > 0:  # train(): the member of the family that drops out
+            _prepare(configuration | {"dropout": self.dropout})
 
     def extra_repr(self):
         name, approximate = self._configured[2]["activation"], self._configured[2]["approximate"]
@@ -218,8 +194,6 @@ class TransformerEncoderLayer(torch.nn.Module):
 
     def forward(self, src, src_mask=None, src_key_padding_mask=None, is_causal=False):
         """The layer's output, of src's shape and layout (the class's docstring gives the math)."""
-        if self.training and self.dropout > 0:
-            raise _not_supported("dropout", self.dropout, "no dropout in training mode; use dropout=0.0 or eval()")
         if is_causal and src_mask is None:
             raise RuntimeError("Need attn_mask if specifying the is_causal hint.")
         for norm in (self.norm1, self.norm2):
@@ -229,7 +203,9 @@ class TransformerEncoderLayer(torch.nn.Module):
             raise _not_supported("norm2.eps", self.norm2.eps, f"the block's LayerNorms share eps = {self.norm1.eps}")
         if self._configured[0] != self.norm_first or self._configured[1] is not self.activation:
             self._configure()
-        function, traced, kernels_apply = _closed_form(self._configured[2])
+        drops = self.training and self.dropout > 0  # the four dropouts of torch's layer, drawn as torch draws
+        configuration = self._configured[2] | ({"dropout": self.dropout} if drops else {})
+        function, traced, kernels_apply = _closed_form(configuration)
         (x,), batched = _sequences("TransformerEncoderLayer", self.batch_first, src)
         attn = self.self_attn
         (W_Q, W_K, W_V), (b_Q, b_K, b_V) = _projections(attn)
@@ -246,5 +222,6 @@ class TransformerEncoderLayer(torch.nn.Module):
         if kernels is not None:  # CUDA: the spec's Triton module
             out = kernels.forward(*inputs, num_heads=attn.num_heads, eps=self.norm1.eps)
         else:
-            out = _apply(function, *inputs, False, attn.num_heads, self.norm1.eps, traced=traced)[0]
+            drawn = (True, None) if drops else ()  # training, rng: torch's default generator, as torch's layer
+            out = _apply(function, *inputs, False, attn.num_heads, self.norm1.eps, *drawn, traced=traced)[0]
         return out.transpose(0, 1) if batched and not self.batch_first else out

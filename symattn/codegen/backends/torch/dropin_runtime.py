@@ -32,6 +32,8 @@ SPEC = ""  # the spec's name, for error messages
 _apply = None  # function_runtime._apply, as the generated module carries it: Function.apply, Q = K = V allowed
 narrow_matmul = None  # function_runtime.narrow_matmul, as the generated module carries it
 _kernels_for = None  # the generated module's: the spec's Triton module where its kernels take a call (path())
+CONFIGURATION: dict = {}  # the generated module's: the family options of the configuration it computes
+_CONFIGURED: dict = {}  # the generated module's: a configuration's items → its closed form, rendered once
 
 
 def _not_supported(option, value, why):
@@ -45,6 +47,45 @@ def _size(name, value):
     if type(value).__name__ in ("bool", "bool_") or not hasattr(value, "__index__") or value.__index__() < 1:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
     return value.__index__()
+
+
+def _closed_form(configuration):
+    """(Function, traced Function, whether the spec's Triton module computes it) of a configuration of the spec's
+    family (the block's norm_first and activation, a dropout while training): this module's own where it is its
+    own (``CONFIGURATION``); else the torch module of that member of the family, rendered by symattn's code
+    generation and executed in memory, once per process (about a second), its kernels off: the spec's Triton
+    module beside this one computes this module's configuration only."""
+    if configuration == CONFIGURATION:
+        return FUNCTION, TRACED, True
+    key = tuple(sorted(configuration.items()))
+    if key not in _CONFIGURED:
+        import linecache
+        import sys
+        import types
+
+        try:
+            from symattn.codegen.generate import render
+        except ImportError as error:  # this module copied away from symattn
+            raise _not_supported("configuration", configuration, f"symattn renders it, and {error}") from None
+        text = render(SPEC, "torch", configuration=configuration)
+        name = f"{__name__}_{'_'.join(str(v).lower() for v in configuration.values())}"
+        module = types.ModuleType(name)
+        module.__file__ = f"<symattn: {SPEC} {configuration}>"
+        linecache.cache[module.__file__] = (len(text), None, text.splitlines(True), module.__file__)
+        sys.modules[name] = module  # its classes found by name (pickle, torch.compile)
+        exec(compile(text, module.__file__, "exec"), module.__dict__)
+        module.KERNELS = False
+        _CONFIGURED[key] = module.FUNCTION, module.TRACED, False
+    return _CONFIGURED[key]
+
+
+def _prepare(configuration):
+    """Render a configuration's closed form now, at construction (never while compiling); where symattn cannot
+    render it (this module copied away from symattn), the call that needs it refuses instead (train(), dropout)."""
+    try:
+        _closed_form(configuration)
+    except NotImplementedError:
+        pass
 
 
 def _float_mask(name, mask, dtype):
@@ -164,7 +205,11 @@ class MultiheadAttention(torch.nn.Module):
     ``forward(query, key, value, key_padding_mask, need_weights, attn_mask, average_attn_weights, is_causal)
     -> (output, weights or None)``.
 
-    Not computed (a clear error): dropout on the weights in training mode, add_bias_kv, add_zero_attn.
+    Dropout p on the weights while training (D_h = P_h ⊙ Z_p(P_h)), the mask drawn from torch's default generator as
+    torch draws it (``torch.manual_seed`` reproduces a run), the backward the exact derivative of the forward with
+    those draws; eval() or dropout=0.0: no draw.
+
+    Not computed (a clear error): add_bias_kv, add_zero_attn, need_weights=True with dropout while training.
     A row whose keys are all masked gives zeros, where torch gives NaN. With need_weights the weights
     are differentiable (their gradient in closed form too) and a second derivative raises.
     """
@@ -196,6 +241,8 @@ class MultiheadAttention(torch.nn.Module):
         if not 0.0 <= float(dropout) <= 1.0:
             raise ValueError(f"dropout must be a probability in [0, 1], got {dropout!r}")
         self.dropout, self.batch_first, self.head_dim = float(dropout), bool(batch_first), embed_dim // num_heads
+        if self.dropout > 0:  # train(): the member of the family that drops out the weights
+            _prepare({"dropout": self.dropout})
         self._qkv_same_embed_dim = self.kdim == self.vdim == self.embed_dim
         self.bias_k = self.bias_v = None
         self.add_zero_attn = False
@@ -247,9 +294,10 @@ class MultiheadAttention(torch.nn.Module):
         """(output, weights): output as the inputs' layout; weights (N, L, S) averaged over the heads, or
         (N, H, L, S) per head (unbatched: no N), or None without need_weights (then, on CUDA, by the spec's Triton
         module where its kernels apply: path())."""
-        if self.training and self.dropout > 0:
-            why = "no dropout on the attention weights in training mode; use dropout=0.0 or eval()"
-            raise _not_supported("dropout", self.dropout, why)
+        drops = self.training and self.dropout > 0  # D_h = P_h ⊙ Z_p(P_h), drawn as torch draws it
+        if drops and need_weights:
+            why = "the weights dropped out while training are not returned; pass need_weights=False (as torch's layers)"
+            raise _not_supported("need_weights", need_weights, why)
         if is_causal and attn_mask is None:  # torch's contract: is_causal is a hint that attn_mask is causal
             raise RuntimeError("Need attn_mask if specifying the is_causal hint.")
         (query, key, value), batched = _sequences("MultiheadAttention", self.batch_first, query, key, value)
@@ -262,14 +310,16 @@ class MultiheadAttention(torch.nn.Module):
         M = _torch_mask(attn_mask, key_padding_mask, query, key, self.num_heads)
         # M whole (torch's masks, the causal one among them), so no causal flag beside it
         inputs = (query, key, value, W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O, M, False, self.num_heads)
-        kernels = None if need_weights else _kernels_for(*inputs[:12])
+        function, traced, kernels_apply = _closed_form({"dropout": self.dropout} if drops else {})
+        kernels = None if need_weights or not kernels_apply else _kernels_for(*inputs[:12])
         if need_weights:
             out, weights = _apply(_AttentionWeights, *inputs)
             weights = weights.mean(dim=-3) if average_attn_weights else weights
         elif kernels is not None:  # CUDA: the spec's Triton module, its inputs and M in the spec's order (no weights)
             out, weights = kernels.forward(*inputs[:12], num_heads=self.num_heads), None
         else:
-            out, weights = _apply(FUNCTION, *inputs, None, traced=TRACED)[0], None
+            drawn = (True, None) if drops else ()  # training, rng: torch's default generator, as torch's module
+            out, weights = _apply(function, *inputs, None, *drawn, traced=traced)[0], None
         return (out.transpose(0, 1) if batched and not self.batch_first else out), weights
 
 

@@ -1,0 +1,151 @@
+"""The drop-ins while training with dropout: torch's modules built with the same arguments, in train().
+
+``MultiheadAttention(dropout=p)`` drops out the weights, D_h = P_h ⊙ Z_p(P_h), its mask drawn from torch's default
+generator as torch's module draws it: the same seed gives torch's own output and gradients (float64), either
+layout, with a padding mask. ``TransformerEncoderLayer(dropout=p)`` (torch's defaults: post-LN, ReLU, 0.1) drops
+out where torch's does (the weights, the attention output, the activation's output, the feed-forward output),
+four masks of torch's shapes drawn in torch's order, but not torch's bits (torch's layer draws some of its masks
+in the memory layout of transposed intermediates). For both: the same seed reproduces a run, another seed gives
+another, the backward is the exact derivative of the forward with the same draws (gradcheck, the seed reset
+before each evaluation), dropout=0.0 in train() is eval(), and the kept fraction of the dropped values lies
+within 3σ of 1 − p.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from symattn.generated import mha_torch, transformer_block_torch  # noqa: E402
+from torch.overrides import TorchFunctionMode  # noqa: E402
+
+E, H, FF, L, N = 4, 2, 6, 3, 2
+P_DROP = 0.3
+RELATIVE = 1e-12
+
+
+def relative_error(got, want) -> float:
+    return ((got - want).norm() / want.norm().clamp_min(1e-300)).item()
+
+
+def attention_pair(batch_first: bool, dropout: float = P_DROP):
+    torch.manual_seed(4)
+    kwargs = {"dropout": dropout, "batch_first": batch_first, "dtype": torch.float64}
+    ref = torch.nn.MultiheadAttention(E, H, **kwargs)
+    with torch.no_grad():
+        for p in ref.parameters():
+            p.add_(torch.randn_like(p) / 3)
+    ours = mha_torch.MultiheadAttention(E, H, **kwargs)
+    ours.load_state_dict(ref.state_dict())
+    return ref, ours
+
+
+def layer_pair(norm_first: bool, activation="relu", dropout: float = P_DROP, batch_first: bool = True):
+    torch.manual_seed(5)
+    kwargs = {"dim_feedforward": FF, "dropout": dropout, "activation": activation, "norm_first": norm_first}
+    kwargs |= {"batch_first": batch_first, "dtype": torch.float64}
+    ref = torch.nn.TransformerEncoderLayer(E, H, **kwargs)
+    with torch.no_grad():
+        for p in ref.parameters():
+            p.add_(torch.randn_like(p) / 3)
+    ours = transformer_block_torch.TransformerEncoderLayer(E, H, **kwargs)
+    ours.load_state_dict(ref.state_dict())
+    return ref, ours
+
+
+def seeded(run, seed: int = 11):
+    """run() with torch's default generator seeded: the draws of one call, made again at each evaluation."""
+    torch.manual_seed(seed)
+    return run()
+
+
+@pytest.mark.parametrize("batch_first", [True, False])
+def test_multihead_attention_draws_torchs_masks(batch_first):
+    ref, ours = attention_pair(batch_first)
+    shape = (N, L, E) if batch_first else (L, N, E)
+    x = torch.randn(shape, dtype=torch.float64, requires_grad=True)
+    padding = torch.zeros(N, L, dtype=torch.bool)
+    padding[1, -1] = True
+    cotangent = torch.randn(shape, dtype=torch.float64)
+    results = []
+    for module in (ref, ours):
+        out = seeded(lambda m=module: m(x, x, x, key_padding_mask=padding, need_weights=False)[0])
+        grads = torch.autograd.grad((out * cotangent).sum(), [x, *module.parameters()])
+        results.append((out, *grads))
+    assert max(relative_error(a, b) for a, b in zip(results[1], results[0], strict=True)) <= RELATIVE
+    ours.eval()
+    assert relative_error(ours(x, x, x, need_weights=False)[0], results[1][0]) > 1e-3  # eval: no dropout
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_encoder_layer_backward_is_the_derivative_of_its_draws(norm_first):
+    _, ours = layer_pair(norm_first, "relu" if not norm_first else "gelu")
+    x = torch.randn(N, L, E, dtype=torch.float64, requires_grad=True)
+    weight = ours.linear1.weight
+    assert torch.autograd.gradcheck(lambda x, w: seeded(lambda: ours(x)), (x, weight), eps=1e-6, atol=1e-7)
+    again, other = seeded(lambda: ours(x)), seeded(lambda: ours(x), seed=12)
+    assert torch.equal(seeded(lambda: ours(x)), again) and relative_error(other, again) > 1e-3
+
+
+def test_encoder_layer_without_dropout_or_in_eval_is_torchs_layer():
+    ref, ours = layer_pair(False, dropout=0.0)
+    x = torch.randn(N, L, E, dtype=torch.float64)
+    assert relative_error(ours.train()(x), ref.eval()(x)) <= RELATIVE  # dropout 0.0 in train(): no draw
+    ref, ours = layer_pair(False)
+    assert relative_error(ours.eval()(x), ref.eval()(x)) <= RELATIVE
+
+
+class _Draws(TorchFunctionMode):
+    """The shapes of the masks a call draws (``Tensor.bernoulli_``), in order."""
+
+    def __init__(self):
+        super().__init__()
+        self.shapes = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if getattr(func, "__name__", "") == "bernoulli_":
+            self.shapes.append(tuple(args[0].shape))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("batch_first", [True, False])
+def test_encoder_layer_drops_out_where_torchs_does(batch_first):
+    """Four masks, torch's places in torch's order: the weights, the attention output, the activation's output,
+    the feed-forward output (each sequence's values, whatever the layout of the argument)."""
+    _, ours = layer_pair(False, batch_first=batch_first)
+    x = torch.randn((N, L, E) if batch_first else (L, N, E), dtype=torch.float64)
+    with _Draws() as draws:
+        ours(x)
+    assert draws.shapes == [(N, H, L, L), (N, L, E), (N, L, FF), (N, L, E)]
+    with _Draws() as draws:
+        ours.eval()(x)
+    assert draws.shapes == []
+
+
+def test_the_kept_fraction_is_one_minus_p():
+    _, ours = attention_pair(True)
+    with torch.no_grad():  # V = X (identity projections, no bias): each output entry a sum of kept weights · x
+        ours.in_proj_weight.copy_(torch.eye(E).repeat(3, 1))
+        ours.in_proj_bias.zero_()
+        ours.out_proj.weight.copy_(torch.eye(E))
+        ours.out_proj.bias.zero_()
+    rows = 20000
+    x = torch.zeros(1, 1, E, dtype=torch.float64).expand(rows, 1, E).clone()
+    x[..., 0] = 1.0  # one key per sequence: its weight is 1, its output entry 1/(1 − p) where kept, 0 where dropped
+    with torch.no_grad():
+        out = ours(x, x, x, need_weights=False)[0][:, 0, 0]
+    kept = (out != 0).double().mean().item()
+    assert torch.allclose(out[out != 0], torch.full_like(out[out != 0], 1 / (1 - P_DROP)))
+    sigma = math.sqrt(P_DROP * (1 - P_DROP) / rows)
+    assert abs(kept - (1 - P_DROP)) <= 3 * sigma
+
+
+def test_weights_while_dropping_out_are_refused_in_one_line():
+    _, ours = attention_pair(True)
+    x = torch.randn(N, L, E, dtype=torch.float64)
+    with pytest.raises(NotImplementedError, match=r"need_weights=True is not supported.*need_weights=False"):
+        ours(x, x, x)
+    assert ours.eval()(x, x, x)[1].shape == (N, L, L)
