@@ -2422,16 +2422,18 @@ def _size(name, value):
 
 
 def _closed_form(configuration):
-    """(Function, traced Function, whether the spec's Triton module computes it) of a configuration of the spec's
-    family (the block's norm_first and activation, a dropout while training): this module's own where it is its
-    own (``CONFIGURATION``); else the torch module of that member of the family, rendered by symattn's code
-    generation and executed in memory, once per process (about a second), its kernels off: the spec's Triton
-    module beside this one computes this module's configuration only."""
+    """(Function, traced Function, whether the spec's Triton module computes it, the Function returning the
+    attention weights too of another module that has one, None for this module's own) of a configuration of the
+    spec's family (the block's norm_first and activation, a dropout while training): this module's own where it
+    is its own (``CONFIGURATION``); else the torch module of that member of the family, rendered by symattn's
+    code generation and executed in memory, once per process (about a second), its kernels off: the spec's
+    Triton module beside this one computes this module's configuration only."""
     if configuration == CONFIGURATION:
-        return FUNCTION, TRACED, True
+        return FUNCTION, TRACED, True, None
     key = tuple(sorted(configuration.items()))
     if key not in _CONFIGURED:
         import linecache
+        import re
         import sys
         import types
 
@@ -2440,14 +2442,15 @@ def _closed_form(configuration):
         except ImportError as error:  # this module copied away from symattn
             raise _not_supported("configuration", configuration, f"symattn renders it, and {error}") from None
         text = render(SPEC, "torch", configuration=configuration)
-        name = f"{__name__}_{'_'.join(str(v).lower() for v in configuration.values())}"
+        suffix = re.sub(r"\W", "_", "_".join(str(v).lower() for v in configuration.values()))  # 0.1 → 0_1
+        name = f"{__name__}_{suffix}"
         module = types.ModuleType(name)
         module.__file__ = f"<symattn: {SPEC} {configuration}>"
         linecache.cache[module.__file__] = (len(text), None, text.splitlines(True), module.__file__)
         sys.modules[name] = module  # its classes found by name (pickle, torch.compile)
         exec(compile(text, module.__file__, "exec"), module.__dict__)
         module.KERNELS = False
-        _CONFIGURED[key] = module.FUNCTION, module.TRACED, False
+        _CONFIGURED[key] = module.FUNCTION, module.TRACED, False, getattr(module, "_AttentionWeights", None)
     return _CONFIGURED[key]
 
 
@@ -2700,7 +2703,7 @@ class TransformerEncoderLayer(torch.nn.Module):
             self._configure()
         drops = self.training and self.dropout > 0  # the four dropouts of torch's layer, drawn as torch draws
         configuration = self._configured[2] | ({"dropout": self.dropout} if drops else {})
-        function, traced, kernels_apply = _closed_form(configuration)
+        function, traced, kernels_apply, _ = _closed_form(configuration)
         (x,), batched = _sequences("TransformerEncoderLayer", self.batch_first, src)
         attn = self.self_attn
         (W_Q, W_K, W_V), (b_Q, b_K, b_V) = _projections(attn)

@@ -18,7 +18,7 @@ from symattn.lang.dims import dim
 from symattn.lang.naming.parse import parse
 from symattn.lang.naming.safe import expression
 from symattn.lang.ops import dropout, merge_heads, repeat_heads, softmax, split_heads
-from symattn.lang.piecewise import parameter
+from symattn.lang.piecewise import DropoutMask, parameter
 from symattn.specs.spec import Option, Spec, flag, head_count
 
 
@@ -32,7 +32,7 @@ def _attention_core(
     drop: Basic = sp.S.Zero,
 ):
     """S = Q Kᵀ, A = scale·S (+ M), P = softmax(A), O = P V, with the intermediates named; with dropout p > 0 on
-    the weights, D = P ⊙ Z_p(P) and O = D V."""
+    the weights, Z = Z_p(P) its mask, D = P ⊙ Z and O = D V."""
     s = q * k.T
     a = scale * s if scale != 1 else s
     if mask is not None:
@@ -42,7 +42,9 @@ def _attention_core(
     o = weights * v
     scaled = scale != 1 or mask is not None
     named = [("S" + suffix, s)] + ([("A" + suffix, a)] if scaled else []) + [("P" + suffix, p)]
-    return o, [*named, *([("D" + suffix, weights)] if drop else []), ("O" + suffix, o)]
+    if drop:  # the mask and the weights it keeps: Z_h and D_h, the names the drop-in's need_weights reads
+        named += [("Z" + suffix, DropoutMask(p, drop)), ("D" + suffix, weights)]
+    return o, [*named, ("O" + suffix, o)]
 
 
 def dropout_probability(option) -> Basic:

@@ -124,13 +124,14 @@ def test_each_configuration_has_its_closed_form_and_only_the_generated_one_the_k
         transformer_block_torch.FUNCTION,
         transformer_block_torch.TRACED,
         True,
+        None,
     )
     functions = {transformer_block_torch.FUNCTION}
     for norm_first in (False, True):
         for name, approximate in (("relu", "none"), ("gelu", "none"), ("gelu", "tanh"), ("silu", "none")):
             configuration = {"norm_first": norm_first, "activation": name, "approximate": approximate}
             if configuration != default:
-                function, _, kernels = transformer_block_torch._closed_form(configuration)
+                function, _, kernels, _ = transformer_block_torch._closed_form(configuration)
                 assert not kernels and function not in functions
                 functions.add(function)
     assert len(functions) == 8

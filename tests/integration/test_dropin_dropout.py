@@ -64,6 +64,7 @@ def seeded(run, seed: int = 11):
 
 @pytest.mark.parametrize("batch_first", [True, False])
 def test_multihead_attention_draws_torchs_masks(batch_first):
+    """need_weights=False (torch's layers' call): the output and every gradient torch's, a padding mask among them."""
     ref, ours = attention_pair(batch_first)
     shape = (N, L, E) if batch_first else (L, N, E)
     x = torch.randn(shape, dtype=torch.float64, requires_grad=True)
@@ -143,9 +144,15 @@ def test_the_kept_fraction_is_one_minus_p():
     assert abs(kept - (1 - P_DROP)) <= 3 * sigma
 
 
-def test_weights_while_dropping_out_are_refused_in_one_line():
-    _, ours = attention_pair(True)
-    x = torch.randn(N, L, E, dtype=torch.float64)
-    with pytest.raises(NotImplementedError, match=r"need_weights=True is not supported.*need_weights=False"):
-        ours(x, x, x)
-    assert ours.eval()(x, x, x)[1].shape == (N, L, L)
+def test_the_weights_returned_while_dropping_out_are_torchs():
+    """need_weights=True (torch's default) returns the weights that multiply V, D_h = Z_h ⊙ P_h, and takes their
+    gradient: torch's, under the same seed, averaged over the heads or per head."""
+    ref, ours = attention_pair(True)
+    x = torch.randn(N, L, E, dtype=torch.float64, requires_grad=True)
+    for average in (True, False):
+        results = []
+        for module in (ref, ours):
+            out, weights = seeded(lambda m=module, a=average: m(x, x, x, average_attn_weights=a))
+            loss = (out * out).sum() + (weights * weights.detach().sin()).sum()
+            results.append((out, weights, *torch.autograd.grad(loss, [x, *module.parameters()])))
+        assert max(relative_error(a, b) for a, b in zip(results[1], results[0], strict=True)) <= RELATIVE

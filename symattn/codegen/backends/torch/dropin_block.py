@@ -205,7 +205,7 @@ class TransformerEncoderLayer(torch.nn.Module):
             self._configure()
         drops = self.training and self.dropout > 0  # the four dropouts of torch's layer, drawn as torch draws
         configuration = self._configured[2] | ({"dropout": self.dropout} if drops else {})
-        function, traced, kernels_apply = _closed_form(configuration)
+        function, traced, kernels_apply, _ = _closed_form(configuration)
         (x,), batched = _sequences("TransformerEncoderLayer", self.batch_first, src)
         attn = self.self_attn
         (W_Q, W_K, W_V), (b_Q, b_K, b_V) = _projections(attn)

@@ -50,16 +50,18 @@ def _size(name, value):
 
 
 def _closed_form(configuration):
-    """(Function, traced Function, whether the spec's Triton module computes it) of a configuration of the spec's
-    family (the block's norm_first and activation, a dropout while training): this module's own where it is its
-    own (``CONFIGURATION``); else the torch module of that member of the family, rendered by symattn's code
-    generation and executed in memory, once per process (about a second), its kernels off: the spec's Triton
-    module beside this one computes this module's configuration only."""
+    """(Function, traced Function, whether the spec's Triton module computes it, the Function returning the
+    attention weights too of another module that has one, None for this module's own) of a configuration of the
+    spec's family (the block's norm_first and activation, a dropout while training): this module's own where it
+    is its own (``CONFIGURATION``); else the torch module of that member of the family, rendered by symattn's
+    code generation and executed in memory, once per process (about a second), its kernels off: the spec's
+    Triton module beside this one computes this module's configuration only."""
     if configuration == CONFIGURATION:
-        return FUNCTION, TRACED, True
+        return FUNCTION, TRACED, True, None
     key = tuple(sorted(configuration.items()))
     if key not in _CONFIGURED:
         import linecache
+        import re
         import sys
         import types
 
@@ -68,14 +70,15 @@ def _closed_form(configuration):
         except ImportError as error:  # this module copied away from symattn
             raise _not_supported("configuration", configuration, f"symattn renders it, and {error}") from None
         text = render(SPEC, "torch", configuration=configuration)
-        name = f"{__name__}_{'_'.join(str(v).lower() for v in configuration.values())}"
+        suffix = re.sub(r"\W", "_", "_".join(str(v).lower() for v in configuration.values()))  # 0.1 → 0_1
+        name = f"{__name__}_{suffix}"
         module = types.ModuleType(name)
         module.__file__ = f"<symattn: {SPEC} {configuration}>"
         linecache.cache[module.__file__] = (len(text), None, text.splitlines(True), module.__file__)
         sys.modules[name] = module  # its classes found by name (pickle, torch.compile)
         exec(compile(text, module.__file__, "exec"), module.__dict__)
         module.KERNELS = False
-        _CONFIGURED[key] = module.FUNCTION, module.TRACED, False
+        _CONFIGURED[key] = module.FUNCTION, module.TRACED, False, getattr(module, "_AttentionWeights", None)
     return _CONFIGURED[key]
 
 
@@ -152,21 +155,24 @@ def _projections(self):
 
 
 class _AttentionWeights(torch.autograd.Function):
-    """The generated closed form returning the per-head attention weights P_h too.
+    """The generated closed form returning the per-head attention weights too: P_h, or with dropout while training
+    (drawn: training, rng) the weights D_h = Z_h ⊙ P_h that multiply V_h, Z_h the mask of the call.
 
-    A gradient G_P on P_h adds, in closed form, dA_h = P_h ⊙ (G_P − (P_h ⊙ G_P) 𝟏𝟏ᵀ), dQ_h = scale dA_h K_h,
-    dK_h = scale dA_hᵀ Q_h, carried through the projections Q W_Q + 𝟏 b_Q and K W_K + 𝟏 b_K (and M).
+    A gradient G_W on the weights is G_P = G_W (⊙ Z_h) on P_h, which adds, in closed form,
+    dA_h = P_h ⊙ (G_P − (P_h ⊙ G_P) 𝟏𝟏ᵀ), dQ_h = scale dA_h K_h, dK_h = scale dA_hᵀ Q_h, carried through the
+    projections Q W_Q + 𝟏 b_Q and K W_K + 𝟏 b_K (and M).
     """
 
     @staticmethod
-    def forward(ctx, Q, K, V, W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O, M, causal, heads):
+    def forward(ctx, Q, K, V, W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O, M, causal, heads, *drawn):
         ctx.set_materialize_grads(False)
-        Y, saved = _forward(Q, K, V, W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O, M, causal, heads, None)
+        Y, saved = _forward(Q, K, V, W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O, M, causal, heads, None, *drawn)
         tensors = [name for name, value in saved.items() if isinstance(value, torch.Tensor)]
         ctx.save_for_backward(*(saved[name] for name in tensors))
-        ctx.tensor_names, ctx.shape = tensors, Y.shape
+        ctx.tensor_names, ctx.shape, ctx.drawn = tensors, Y.shape, len(drawn)
         ctx.constants = {name: value for name, value in saved.items() if name not in tensors}
-        return Y, saved["P_h"].to(Y.dtype)  # (a 16-bit run keeps P_h in float32: the weights in Y's dtype)
+        weights = saved["P_h"] * saved["Z_h"] if "Z_h" in saved else saved["P_h"]
+        return Y, weights.to(Y.dtype)  # (a 16-bit run keeps P_h in float32: the weights in Y's dtype)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
@@ -178,12 +184,15 @@ class _AttentionWeights(torch.autograd.Function):
         if grad_weights is not None:
             _add_weights_gradient(grads, saved, grad_weights)
         names = ("Q", "K", "V", "W_Q", "W_K", "W_V", "W_O", "b_Q", "b_K", "b_V", "b_O", "M")
-        return (*(grads[name] for name in names), None, None)
+        return (*(grads[name] for name in names), None, None, *(None,) * ctx.drawn)
 
 
 def _add_weights_gradient(grads, saved, grad_weights):
-    """grads (the closed form's, keyed by input) plus the terms of a gradient G_P on the weights P_h."""
+    """grads (the closed form's, keyed by input) plus the terms of a gradient G_W on the weights (P_h, or Z_h ⊙ P_h
+    with dropout: G_P = Z_h ⊙ G_W on P_h)."""
     P, scale = saved["P_h"], 1 / saved["d_k"] ** 0.5  # the closed form's scale, made again as its backward does
+    if "Z_h" in saved:
+        grad_weights = grad_weights * saved["Z_h"]
     dA = P * (grad_weights - (P * grad_weights).sum(dim=-1, keepdim=True))
     products = (
         ("Q", "W_Q", "b_Q", narrow_matmul(dA, saved["K_h"])),
@@ -205,11 +214,11 @@ class MultiheadAttention(torch.nn.Module):
     ``forward(query, key, value, key_padding_mask, need_weights, attn_mask, average_attn_weights, is_causal)
     -> (output, weights or None)``.
 
-    Dropout p on the weights while training (D_h = P_h ⊙ Z_p(P_h)), the mask drawn from torch's default generator as
-    torch draws it (``torch.manual_seed`` reproduces a run), the backward the exact derivative of the forward with
-    those draws; eval() or dropout=0.0: no draw.
+    Dropout p on the weights while training (D_h = P_h ⊙ Z_p(P_h), the weights returned with need_weights), the
+    mask drawn from torch's default generator as torch draws it (``torch.manual_seed`` reproduces a run), the
+    backward the exact derivative of the forward with those draws; eval() or dropout=0.0: no draw.
 
-    Not computed (a clear error): add_bias_kv, add_zero_attn, need_weights=True with dropout while training.
+    Not computed (a clear error): add_bias_kv, add_zero_attn.
     A row whose keys are all masked gives zeros, where torch gives NaN. With need_weights the weights
     are differentiable (their gradient in closed form too) and a second derivative raises.
     """
@@ -295,9 +304,6 @@ class MultiheadAttention(torch.nn.Module):
         (N, H, L, S) per head (unbatched: no N), or None without need_weights (then, on CUDA, by the spec's Triton
         module where its kernels apply: path())."""
         drops = self.training and self.dropout > 0  # D_h = P_h ⊙ Z_p(P_h), drawn as torch draws it
-        if drops and need_weights:
-            why = "the weights dropped out while training are not returned; pass need_weights=False (as torch's layers)"
-            raise _not_supported("need_weights", need_weights, why)
         if is_causal and attn_mask is None:  # torch's contract: is_causal is a hint that attn_mask is causal
             raise RuntimeError("Need attn_mask if specifying the is_causal hint.")
         (query, key, value), batched = _sequences("MultiheadAttention", self.batch_first, query, key, value)
@@ -310,15 +316,15 @@ class MultiheadAttention(torch.nn.Module):
         M = _torch_mask(attn_mask, key_padding_mask, query, key, self.num_heads)
         # M whole (torch's masks, the causal one among them), so no causal flag beside it
         inputs = (query, key, value, W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O, M, False, self.num_heads)
-        function, traced, kernels_apply = _closed_form({"dropout": self.dropout} if drops else {})
+        function, traced, kernels_apply, with_weights = _closed_form({"dropout": self.dropout} if drops else {})
         kernels = None if need_weights or not kernels_apply else _kernels_for(*inputs[:12])
+        drawn = (True, None) if drops else ()  # training, rng: torch's default generator, as torch's module
         if need_weights:
-            out, weights = _apply(_AttentionWeights, *inputs)
+            out, weights = _apply(with_weights or _AttentionWeights, *inputs, *drawn)
             weights = weights.mean(dim=-3) if average_attn_weights else weights
         elif kernels is not None:  # CUDA: the spec's Triton module, its inputs and M in the spec's order (no weights)
             out, weights = kernels.forward(*inputs[:12], num_heads=self.num_heads), None
         else:
-            drawn = (True, None) if drops else ()  # training, rng: torch's default generator, as torch's module
             out, weights = _apply(function, *inputs, None, *drawn, traced=traced)[0], None
         return (out.transpose(0, 1) if batched and not self.batch_first else out), weights
 
