@@ -24,6 +24,7 @@ import argparse  # noqa: E402
 import datetime  # noqa: E402
 import math  # noqa: E402
 import platform  # noqa: E402
+import re  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 import types  # noqa: E402
@@ -100,14 +101,15 @@ def main() -> None:
     causal = [x.detach() for x in _reference_grads(q, k, v, g, None)]
     memeff_torch, memeff_numpy = module(spec, "torch", "memeff"), module(spec, "numpy", "memeff")
     causal_torch = module(window_spec(None), "torch", "memeff")
+    blocks = re.search(r"Option block_size \(default (\d+)\)", memeff_torch.__doc__).group(1)  # its header's
     cases = {
         "plain attention, torch standard (no mask)": torch_step(attention_torch.forward, {}),
-        "window, torch memeff (block 128)": torch_step(memeff_torch.forward, {}),
-        "window, torch memeff (block 64)": torch_step(memeff_torch.forward, {"block_size": 64}),
+        f"window, torch memeff (default block: {blocks} rows)": torch_step(memeff_torch.forward, {}),
+        "window, torch memeff (block 128)": torch_step(memeff_torch.forward, {"block_size": 128}),
         "window, torch standard (W whole)": torch_step(module(spec, "torch", "standard").forward, {}),
         "plain attention, NumPy standard (no mask)": numpy_step(attention_numpy, {}),
-        "window, NumPy memeff (block 128)": numpy_step(memeff_numpy, {}),
-        "window, NumPy memeff (block 64)": numpy_step(memeff_numpy, {"block_size": 64}),
+        f"window, NumPy memeff (default block: {blocks} rows)": numpy_step(memeff_numpy, {}),
+        "window, NumPy memeff (block 128)": numpy_step(memeff_numpy, {"block_size": 128}),
         "causal as positions, torch memeff": torch_step(causal_torch.forward, {}),
         "causal=True, torch memeff (the mask argument)": torch_step(attention_torch_memeff.forward, {"causal": True}),
     }

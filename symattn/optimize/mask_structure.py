@@ -314,3 +314,16 @@ def of_sizes(window: KeyWindow, first: Expr, end: Expr) -> bool:
     parts = (window.lo, window.hi, window.open_lo, window.open_hi, sp.sympify(window.every_row))
     symbols = set().union(*(x.free_symbols for x in parts)) - {first, end}
     return not any(s == HEAD or not (s.is_integer and s.is_positive) for s in symbols)
+
+
+FAR = 10**9  # a row and sizes far beyond any window written as a number: where a row's window is its own width
+
+
+def width(window: KeyWindow, first: Expr, end: Expr) -> int | None:
+    """The number of keys a row far from the edges sees, when it is a number (a sliding window of w keys: w);
+    None when it grows with the sizes (causal: every earlier key) or reads a symbol. The row r = FAR of FAR² keys
+    and rows, so that a bound of a size (min(m, r + 1)) is the window's own."""
+    far = {first: FAR, end: FAR + 1}
+    span = (window.hi - window.lo).xreplace(far)
+    span = span.xreplace({s: FAR**2 for s in span.free_symbols if s.is_integer and s.is_positive})
+    return int(span) if span.is_Integer and 0 < span < FAR // 2 else None

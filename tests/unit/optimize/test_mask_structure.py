@@ -25,6 +25,7 @@ from symattn.optimize.mask_structure import (
     pure_mask,
     row_window,
     unmasked,
+    width,
 )
 
 N, M = sp.Symbol("n", integer=True, positive=True), sp.Symbol("m", integer=True, positive=True)
@@ -206,3 +207,13 @@ def test_a_formula_whose_minus_infinity_the_analysis_cannot_read_is_left_as_it_i
         assert unmasked(formula) == formula
     assert unmasked(-sp.Abs(I - J)) == -sp.Abs(I - J)
     assert unmasked(MASKS["alibi-window"][0]) == -sp.Abs(I - J) / 2
+
+
+@pytest.mark.parametrize(
+    ("name", "keys"),
+    [("window-1", 1), ("window-4", 4), ("window-abs", 5), ("band", 4), ("strided", 6), ("alibi-window", 3)]
+    + [("causal", None), ("prefix-lm", None), ("offset", None), ("learned", None)],
+)
+def test_a_rows_window_width_is_its_number_of_keys_or_none_where_it_grows(name, keys):
+    # a row far from the edges sees w keys under a sliding window; causal (every earlier key) grows with the sizes
+    assert width(key_window(MASKS[name][0], R0, R1, M), R0, R1) == keys
