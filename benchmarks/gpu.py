@@ -11,7 +11,9 @@ written after each section, so a run stopped at a time limit keeps what it did):
    bitwise across two runs), sigmoid, softplus-normalised, differential and pointer attention beside SDPA,
    FlexAttention, torch.compile and eager math, with the Triton time (memory) ÷ its peer's (FlexAttention, or SDPA's
    plain attention for the variants FlexAttention cannot express);
-3. a torch.profiler breakdown of ``attention_triton``'s forward + backward by kernel (``gpu_kernels.py``); then
+3. positions (``benchmarks/gpu_positions.py``): a sliding window, a prefix-LM mask and a distance bias written as
+   ``sa.entries``, the Triton kernels beside FlexAttention's block masks, SDPA's dense mask and the eager math;
+   a torch.profiler breakdown of ``attention_triton``'s forward + backward by kernel (``gpu_kernels.py``); then
    every variant's JVP against ``torch.func.jvp`` of the math;
 4. precision: the torch entry points ``attention_torch`` and ``attention_torch_memeff`` (with and without a
    causal mask), ``mha_torch`` and ``mha_torch_memeff`` in float32, bfloat16 and float16: the worst error of output
@@ -71,6 +73,7 @@ def _imported(name: str):
 PRECISION = _imported("precision")  # its cases, run and error
 TRITON = _imported("gpu_triton")  # the Triton modules' sections (issue 41, item 5)
 KERNELS = _imported("gpu_kernels")  # the Triton kernels' correctness and launch settings
+POSITIONS = _imported("gpu_positions")  # positions in the Triton kernels beside FlexAttention (issue 52)
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 ATTENTION = {"standard": attention_torch, "memeff": attention_torch_memeff}
 MHA = {"standard": mha_torch, "memeff": mha_torch_memeff}
@@ -287,6 +290,10 @@ def main(argv: list[str] | None = None) -> str:
         (
             "Triton modules, forward + backward (bfloat16; float32 under --cpu-smoke)",
             lambda: TRITON.variants(device, smoke, 1 if smoke else repeats, made(), compiled),
+        ),
+        (
+            "Triton positions (sa.entries) beside FlexAttention's masks (bfloat16; float32 under --cpu-smoke)",
+            lambda: POSITIONS.variants(device, smoke, 1 if smoke else repeats, POSITIONS.modules()),
         ),
         ("Triton forward + backward by kernel (torch.profiler)", lambda: KERNELS.profile(device, smoke)),
         ("Triton host time per call, and as a CUDA graph", lambda: KERNELS.host(device, smoke)),
