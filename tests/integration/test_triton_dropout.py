@@ -238,3 +238,31 @@ def test_dropout_outside_the_core_is_torchs_draw_as_f_dropout_makes_it(folder):
     compare(out, want, "O")
     for got, g, label in zip(torch.autograd.grad(out.sum(), (q, k, v)), torch.autograd.grad(want.sum(), exact), "QKV"):
         compare(got, g, f"d{label}")
+
+
+def test_two_cores_draw_two_masks_each_from_its_own_seed(folder):
+    # (dropout(P₁) − λ dropout(P₂)) V, differential attention's two cores: one seed each, drawn in the cores' order
+    k2 = sp.MatrixSymbol("K2", m, d)
+    lam = sp.Symbol("lam", real=True)
+    first, second = (sa.dropout(sa.softmax(Q * key.T / sp.sqrt(d)), P_DROP) for key in (K, k2))
+    output = (first - lam * second) * V
+    spec = sa.Spec(name="dropped_pair", summary="two cores", inputs=(Q, K, k2, V, lam), output=output)
+    module = triton_module(spec, folder)
+    q, k, v = _inputs(8)
+    other = torch.randn(2, KEYS, WIDTH, generator=torch.Generator().manual_seed(9), requires_grad=True)
+    weight = torch.tensor(0.7, requires_grad=True)
+    torch.manual_seed(23)
+    out = module.forward(q, k, other, v, weight)
+    torch.manual_seed(23)
+    like = torch.empty(())
+    keeps = [module._dropout_keep1(module._seed(True, None, like), (2, ROWS, KEYS))]
+    keeps.append(module._dropout_keep2(module._seed(True, None, like), (2, ROWS, KEYS)))
+    assert not torch.equal(*keeps)
+    exact = [x.detach().double().requires_grad_() for x in (q, k, other, v, weight)]
+    eq, ek, ek2, ev, el = exact
+    want = _reference(_softmax, eq, ek, ev, keeps[0], False) - el * _reference(_softmax, eq, ek2, ev, keeps[1], False)
+    compare(out, want, "O")
+    grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(2))
+    got = torch.autograd.grad(out, (q, k, other, v, weight), grad)
+    for x, g, label in zip(got, torch.autograd.grad(want, exact, grad.double()), ("Q", "K", "K2", "V", "lam")):
+        compare(x, g, f"d{label}")

@@ -121,7 +121,7 @@ def _factors(node: MatrixExpr) -> tuple[Basic, list[MatrixExpr]]:
 
 def _distributed(output: MatrixExpr) -> MatrixExpr:
     """output with each product (Σ cᵢ Nᵢ) V of a sum of normalised maps Nᵢ (n × m, a row softmax or a division by
-    the row sums) written Σ cᵢ (Nᵢ V)."""
+    the row sums, each maybe dropped out) written Σ cᵢ (Nᵢ V)."""
     replaced = {}
     for node in postorder(output):
         if not isinstance(node, MatMul):
@@ -130,7 +130,7 @@ def _distributed(output: MatrixExpr) -> MatrixExpr:
         if len(mats) < 2 or not isinstance(mats[0], MatAdd):
             continue
         terms = [_scaled(t) for t in mats[0].args]
-        if all(m is not None and _normalised(m)[0] != "none" for _, m in terms):
+        if all(m is not None and _normalised(_dropped(m)[0])[0] != "none" for _, m in terms):
             replaced[node] = MatAdd(*(coeff * c * MatMul(m, *mats[1:]) for c, m in terms))
     return output.xreplace(replaced) if replaced else output
 

@@ -40,6 +40,11 @@ from symattn.specs.spec import drawn_options
 
 TEMPLATE = "triton_module.py.j2"
 CORE_TEMPLATE = "_triton_core.j2"  # one core's kernels and Function, rendered once per core
+# the docstring of the options a spec that drops out takes (``drawn_options``)
+DRAWN = {
+    TRAINING: "default True: dropout draws its mask (False: no draw, the spec without dropout)",
+    RNG: "the torch.Generator dropout's seed is drawn from (default None: torch's default one)",
+}
 # P = N(A) of each normaliser
 NORMALISED = {
     "row softmax": f"{RowSoftmax.text}(A)",
@@ -99,10 +104,7 @@ def triton_context(spec: Spec, options: tuple[Option, ...], version: str) -> dic
         "spec_scalars": [str(x) for x in spec.inputs if isinstance(x, sp.Symbol)],
         "symbols": symbols,
         "constants": [str(x.name) for x in spec.constants],
-        "options": [
-            {"name": o.name, "default_math": "required" if o.default is None else f"default {_text(o.default)}"}
-            for o in options
-        ],
+        "options": [{"name": o.name, "default_math": DRAWN.get(o.name) or _default(o.default)} for o in options],
         "per_head": any(c["per_head"] for c in cores),
         "rest": rest,
         "helpers": torch_printer.helper_source() if torch_printer.helpers_used else "",
@@ -110,9 +112,9 @@ def triton_context(spec: Spec, options: tuple[Option, ...], version: str) -> dic
     } | _calls(spec, options)
 
 
-def _text(value: Basic) -> str:
-    """An option's default as the docstring writes it (True, None: as Python writes them)."""
-    return str(value) if isinstance(value, (sp.logic.boolalg.BooleanAtom, sp.Symbol)) else plain_text(value)
+def _default(value: Basic | None) -> str:
+    """An option's default as the docstring writes it."""
+    return "required" if value is None else f"default {plain_text(value)}"
 
 
 def _core_context(core: Core, printed: Printed, c: str, constants: frozenset[str], symbols: list[str], printer) -> dict:
