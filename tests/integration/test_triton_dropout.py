@@ -266,3 +266,23 @@ def test_two_cores_draw_two_masks_each_from_its_own_seed(folder):
     got = torch.autograd.grad(out, (q, k, other, v, weight), grad)
     for x, g, label in zip(got, torch.autograd.grad(want, exact, grad.double()), ("Q", "K", "K2", "V", "lam")):
         compare(x, g, f"d{label}")
+
+
+def test_torch_func_grad_reads_the_same_draws_and_vmap_is_refused_while_training(module):
+    # vmap's axis, merged into the batch·head the draws are keyed by, would shift them: refused in one line
+    q, k, v = (x.detach() for x in _inputs(9))
+    torch.manual_seed(29)
+    got = torch.func.grad(lambda x: module.forward(x, k, v).sum())(q)
+    torch.manual_seed(29)
+    leaf = q.clone().requires_grad_()
+    assert torch.equal(got, torch.autograd.grad(module.forward(leaf, k, v).sum(), leaf)[0])
+    runs = {
+        "vmap": lambda: torch.func.vmap(lambda x: module.forward(x, k, v), randomness="same")(q[None]),
+        "jacrev": lambda: torch.func.jacrev(lambda x: module.forward(x, k, v))(q),
+    }
+    for name, run in runs.items():
+        with pytest.raises(RuntimeError, match=r"dropout while training under torch\.func\.vmap") as caught:
+            run()
+        assert "\n" not in str(caught.value), name
+    off = torch.func.vmap(lambda x: module.forward(x, k, v, training=False))(q[None])
+    assert torch.equal(off[0], module.forward(q, k, v, training=False))
