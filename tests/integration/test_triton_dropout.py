@@ -286,3 +286,40 @@ def test_torch_func_grad_reads_the_same_draws_and_vmap_is_refused_while_training
         assert "\n" not in str(caught.value), name
     off = torch.func.vmap(lambda x: module.forward(x, k, v, training=False))(q[None])
     assert torch.equal(off[0], module.forward(q, k, v, training=False))
+
+
+def test_grouped_query_heads_read_the_query_heads_draws(folder):
+    # mha with 4 query heads sharing 2 key/value heads: the backward's key part steps through the query heads of its
+    # group, each tile's draws those of its query head's batch·head bh = b·H + h
+    from symattn.lang.graph import postorder
+    from symattn.lang.ops import RowSoftmax
+    from symattn.specs.attention import mha
+
+    heads, kv_heads, d_k = 4, 2, 2
+    base = mha(num_heads=heads, num_kv_heads=kv_heads)
+    weights = next(x for x in postorder(base.output) if isinstance(x, RowSoftmax))
+    output = base.output.xreplace({weights: sa.dropout(weights, P_DROP)})
+    module = triton_module(sa.Spec("dropped_gqa", base.summary, base.inputs, output), folder)
+    g = torch.Generator().manual_seed(10)
+    d_model, d_kv = heads * d_k, kv_heads * d_k
+    shapes = {"Q": (2, ROWS, d_model), "K": (2, KEYS, d_model), "V": (2, KEYS, d_model)}
+    shapes |= {"W_Q": (d_model, d_model), "W_K": (d_model, d_kv), "W_V": (d_model, d_kv), "W_O": (d_model, d_model)}
+    x = {name: torch.randn(shape, generator=g).requires_grad_() for name, shape in shapes.items()}
+    torch.manual_seed(31)
+    out = module.forward(*x.values())
+    keep = _keep(module, 31, (2, heads))
+    exact = {name: t.detach().double().requires_grad_() for name, t in x.items()}
+
+    def split(y, count):
+        return y.view(*y.shape[:-1], count, d_k).transpose(-2, -3)
+
+    e = exact
+    q = split(e["Q"] @ e["W_Q"], heads)
+    k, v = (split(e[a] @ e[w], kv_heads).repeat_interleave(2, dim=-3) for a, w in (("K", "W_K"), ("V", "W_V")))
+    o = _reference(_softmax, q, k, v, keep, False)
+    want = o.transpose(-2, -3).reshape(2, ROWS, d_model) @ e["W_O"]
+    compare(out, want, "O")
+    grad = torch.randn(out.shape, generator=g)
+    got = torch.autograd.grad(out, list(x.values()), grad)
+    for name, a, b in zip(x, got, torch.autograd.grad(want, list(exact.values()), grad.double())):
+        compare(a, b, f"d{name}")
