@@ -83,7 +83,7 @@ def find_cores(spec: Spec) -> Cores:
     read = set(postorder(rest))
     if not cores or any(x in read for c, node in zip(cores, nodes) for x in _inside(node)):
         raise SymattnError(f"{spec.name}: {WHAT} ({_why_not(spec, output, cores)})")
-    inner = next((x for c in cores for x in postorder(c.logits) if isinstance(x, DropoutMask)), None)
+    inner = next((x for node in nodes for x in _inner_draws(node)), None)
     if inner is not None:
         raise SymattnError(
             f"{spec.name}: dropout inside the scores' steps ({inner.arg}) is not in the Triton kernels, which drop out "
@@ -112,6 +112,14 @@ def _inside(node: MatrixExpr) -> tuple[Basic, ...]:
     weights = _dropped(first)[0]  # P, and P ⊙ Z where dropped out
     _, logits = _normalised(weights)
     return (first, weights, *_products(logits))
+
+
+def _inner_draws(node: MatrixExpr) -> list[DropoutMask]:
+    """The dropout masks inside a core's scores' steps A = E(Q Kᵀ): not the weights' own (Z_p(P) of P ⊙ Z_p(P)), nor
+    one inside the thin factors Q, K (torch code, drawing as torch does)."""
+    logits = node.arg if isinstance(node, LogSoftmax) else _normalised(_dropped(node.as_coeff_matrices()[1][0])[0])[1]
+    thin = {x for product in _products(logits) for x in postorder(product)}
+    return [x for x in postorder(logits) if isinstance(x, DropoutMask) and x not in thin]
 
 
 def _factors(node: MatrixExpr) -> tuple[Basic, list[MatrixExpr]]:
@@ -181,8 +189,8 @@ def _core_at(spec: Spec, node: Basic, output: MatrixSymbol) -> Core | None:
 
 
 def _dropped(p: MatrixExpr) -> tuple[MatrixExpr, Basic | None]:
-    """(P, p) where p = P ⊙ Z_p(P) (``sa.dropout(P, p)``, its product flattened: P's own factors beside Z); else
-    (p, None)."""
+    """(P, p) where p = P ⊙ Z_p(P) (``sa.dropout(P, p)``, its product flattened or not: P's own factors beside Z, or
+    P); else (p, None)."""
     if not isinstance(p, HadamardProduct):
         return p, None
     masks = [x for x in p.args if isinstance(x, DropoutMask)]
@@ -191,7 +199,7 @@ def _dropped(p: MatrixExpr) -> tuple[MatrixExpr, Basic | None]:
     rest = [x for x in p.args if x is not masks[0]]
     dropped = masks[0].arg
     kept = dropped.args if isinstance(dropped, HadamardProduct) else (dropped,)
-    if Counter(kept) != Counter(rest):
+    if rest != [dropped] and Counter(kept) != Counter(rest):
         return p, None
     return dropped, masks[0].args[1]
 

@@ -204,11 +204,10 @@ def print_core(core: Core, constants: frozenset[str]) -> Printed:
     )
 
 
-# each score's place in its batch·head's n × m scores, flat (int64): a tile's, a transposed tile's, a flat run's
+# each score's place in its batch·head's n × m scores, flat (int64): a tile's, a transposed tile's (keys × queries)
 DRAW_PLACES = {
     "tile": "bh * n * m + rows[:, None].to(tl.int64) * m + cols[None, :]",
     "transposed": "bh * n * m + rows[None, :].to(tl.int64) * m + cols[:, None]",
-    "flat": "at",
 }
 
 
@@ -217,7 +216,7 @@ def dropout_draws(p: Basic) -> dict[str, object]:
     uniform on [0, 1) by Philox from the call's seed and the score's flat place bh·n·m + i·m + j. A function of the
     place alone, so every kernel (forward, backward, JVP, whatever its tiling or a tile's orientation) and the flat
     run that materialises Z (a second derivative's eager core, checks) make the same draws: by key, ``places`` (the
-    place's code), ``keep`` (U ≥ p, of ``at``) and ``scale`` (1/(1 − p))."""
+    place's code, bound to ``at``), ``keep`` (U ≥ p at ``at``), ``scale`` (1/(1 − p)) and ``p``."""
     return {
         "places": DRAW_PLACES,
         "keep": f"tl.rand(seed, at) >= {literal(p)}",
