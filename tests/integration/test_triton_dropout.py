@@ -8,7 +8,9 @@ autograd gives the module's output and gradients (the backward regenerates the f
 transposed key part too), torch.func.jvp its JVP (the public jvp and the Function's jvp under torch.func.jvp), and a
 second derivative its hvp (the eager core reads the same draws). torch.manual_seed reproduces a call, another seed or
 generator draws another mask; the keep rate lies within 3σ of 1 − p; training=False (or eval()) is the spec without
-dropout, bit for bit, and draws nothing.
+dropout, bit for bit, and draws nothing. Every normaliser (softmax, row sums, none), causal or not, two cores (one
+seed each) and grouped-query heads (each tile's draws its query head's); a dropout outside the cores draws as
+F.dropout; dropout inside the scores' steps and vmap of a call that drew are refused in one line.
 """
 
 from __future__ import annotations
