@@ -325,3 +325,18 @@ def test_grouped_query_heads_read_the_query_heads_draws(folder):
     got = torch.autograd.grad(out, list(x.values()), grad)
     for name, a, b in zip(x, got, torch.autograd.grad(want, list(exact.values()), grad.double())):
         compare(a, b, f"d{name}")
+
+
+def test_no_n_by_m_array_is_saved_for_the_backward_only_the_seed(module):
+    # what autograd keeps between forward and backward: Q, K, V, O, the rows' statistics and the 0-d seed
+    q, k, v = _inputs(10)
+    saved = []
+
+    def pack(x):
+        saved.append((tuple(x.shape), x.dtype))
+        return x
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda x: x):
+        module.forward(q, k, v)
+    assert ((), torch.int64) in saved  # the seed
+    assert all(shape[-2:] != (ROWS, KEYS) and math.prod(shape) < ROWS * KEYS for shape, _ in saved), saved
