@@ -187,7 +187,6 @@ def test_the_keep_rate_is_one_minus_p_within_three_sigma():
 @pytest.mark.parametrize(
     ("backend", "variant", "words"),
     [
-        ("triton", "standard", "no dropout in the Triton kernels"),
         ("torch", "memeff", "no dropout in the memory-efficient variant"),
     ],
 )

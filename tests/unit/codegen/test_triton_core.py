@@ -94,6 +94,35 @@ def test_the_output_reading_p_besides_p_v_is_refused():
         find_cores(spec)
 
 
+@pytest.mark.parametrize("name, normaliser", [("softcap", "row softmax"), ("softplus", "row sum"), ("sigmoid", "none")])
+def test_dropped_out_weights_are_the_cores_with_their_p_and_the_undropped_n_a(name, normaliser):
+    """O = (N(A) ⊙ Z_p(N(A))) V: the core of N(A) V, its p recorded; the weights' own factors beside Z (the row sums'
+    division, A ⊙ (rowsum(A) 𝟏ᵀ)^∘−1, flattened with it) peeled off too."""
+    spec = gallery(name)
+    (core,) = find_cores(spec).cores
+    (p_v,) = [
+        x for x in sp.preorder_traversal(spec.output) if isinstance(x, sp.MatMul) and x.shape == core.output.shape
+    ]
+    weights = p_v.args[0] if p_v.args[0].shape == core.scores.shape else p_v.args[-2]
+    dropped = sa.Spec(
+        f"{name}_dropped", "dropped", spec.inputs, spec.output.xreplace({weights: sa.dropout(weights, 0.2)})
+    )
+    (found,) = find_cores(dropped).cores
+    assert found.normaliser == normaliser and found.dropout == sp.Rational(1, 5) and core.dropout is None
+    assert found.logits == core.logits
+
+
+def test_dropout_inside_the_scores_steps_is_refused_naming_it():
+    n, d = dim("n"), dim("d")
+    q, k, v = sa.matrix("Q", n, d), sa.matrix("K", n, d), sa.matrix("V", n, d)
+    spec = sa.Spec("inside", "softmax(dropout(S)) V", (q, k, v), sa.softmax(sa.dropout(q * k.T, 0.1)) * v)
+    with pytest.raises(SymattnError, match=r"^inside: dropout inside the scores' steps \(Q\*K\.T\)"):
+        find_cores(spec)
+    in_q = sa.Spec("in_q", "softmax(dropout(Q) Kᵀ) V", (q, k, v), sa.softmax(sa.dropout(q, 0.1) * k.T) * v)
+    # a thin factor's dropout: torch code before the kernels
+    assert "DropoutMask" in str(find_cores(in_q).cores[0].query)
+
+
 @pytest.mark.parametrize("name", ["linear"])
 def test_a_spec_without_a_core_is_refused_in_one_line_naming_it(name):
     with pytest.raises(SymattnError, match=rf"^{name}_attention: no n × m core the Triton kernels cover \(.+\)$"):

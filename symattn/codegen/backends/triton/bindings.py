@@ -4,7 +4,7 @@ A dimension that is a whole axis of an input is read off it (``n = dims["n"]``);
 (num_heads → H, num_kv_heads → H_kv, checked a positive integer, and one that must divide another checked so); a
 dimension inside a product of sizes is the axis divided by the rest (d_k = (H·d_k) / H, a ValueError where it does not
 divide; the axes of one size are equal, ``_dimensions`` checks); a product with no unknown factor is checked against
-its axis; then the other options get their defaults. Only the
+its axis; then the other options get their defaults (one handed on as given, dropout's rng, none). Only the
 lines whose names the module's code reads (or a later line needs) are kept, so nothing is bound unused.
 """
 
@@ -68,7 +68,7 @@ def lines_of(spec: Spec, options: tuple[Option, ...], printed) -> list[Line]:
     for o in options:
         if o in counts(spec, options):
             continue
-        if o.default is not None:
+        if o.default is not None and not o.passed:  # (a passed one, a generator, is read as given)
             code = f"{o.name} = {printed(o.default)} if {o.name} is None else {o.name}"
             lines.append(_line(code, o.name, o.default))
         if str(o.symbol) != o.name:

@@ -5,15 +5,17 @@ a chain of entrywise steps on the raw scores S (a scalar times S, n × m inputs 
 in, trainable scalars, the language's entrywise functions, matrices of positions ``sa.entries``, whole or per head,
 computed in the tiles from their positions); N is a row normaliser of ``NORMALISERS``: the row softmax,
 the division of each row by its sum (A ⊘ rowsum(A) 𝟏ᵀ, as softplus attention's), or none (P = A, as sigmoid
-attention's σ(c·S)); or the core is a map with no V, O = log-softmax(A) (n × m: pointer attention's output). A
-scalar c multiplying the scores product goes into E (A = E(c·S)), one multiplying the product with V stays outside
-(c · O). What lies outside the core (the factors' expressions, what the spec makes of O) stays torch: ``Cores.rest``
-is the spec's output with each core's value replaced by its symbol ``output``. A spec may have several cores
-(differential attention's two), each computed by its own kernels.
+attention's σ(c·S)); P may be dropped out (P ⊙ Z_p(P), ``sa.dropout`` of the weights: O = (N(A) ⊙ Z_p) V, the
+mask drawn in the kernels' registers from a seed); or the core is a map with no V, O = log-softmax(A) (n × m:
+pointer attention's output). A scalar c multiplying the scores product goes into E (A = E(c·S)), one multiplying
+the product with V stays outside (c · O). What lies outside the core (the factors' expressions, what the spec makes
+of O) stays torch: ``Cores.rest`` is the spec's output with each core's value replaced by its symbol ``output``. A
+spec may have several cores (differential attention's two), each computed by its own kernels.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 
 import sympy as sp
@@ -25,6 +27,7 @@ from symattn.errors import SymattnError
 from symattn.lang.functions import Elementwise
 from symattn.lang.graph import matrix_symbols, postorder
 from symattn.lang.ops import LogSoftmax, RepeatHeads, RowSoftmax, RowSum, SplitHeads
+from symattn.lang.piecewise import DropoutMask
 from symattn.lang.positions import Entries
 from symattn.specs import Spec
 
@@ -47,6 +50,7 @@ class Core:
     tiles: tuple[MatrixSymbol, ...]  # the n × m inputs and constants A reads, loaded tile by tile
     scalars: tuple[sp.Symbol, ...]  # the trainable scalars A reads
     grouped: bool = False  # K and V have H_kv heads shared by H query heads (their RepeatHeads left to the kernels)
+    dropout: Basic | None = None  # p of O = (N(A) ⊙ Z_p) V, the weights dropped out; None: not dropped
 
 
 @dataclass(frozen=True)
@@ -79,6 +83,12 @@ def find_cores(spec: Spec) -> Cores:
     read = set(postorder(rest))
     if not cores or any(x in read for c, node in zip(cores, nodes) for x in _inside(node)):
         raise SymattnError(f"{spec.name}: {WHAT} ({_why_not(spec, output, cores)})")
+    inner = next((x for node in nodes for x in _inner_draws(node)), None)
+    if inner is not None:
+        raise SymattnError(
+            f"{spec.name}: dropout inside the scores' steps ({inner.arg}) is not in the Triton kernels, which drop out "
+            "the attention weights N(A) only; use the torch backend"
+        )
     return Cores(cores, rest)
 
 
@@ -99,8 +109,17 @@ def _inside(node: MatrixExpr) -> tuple[Basic, ...]:
     if isinstance(node, LogSoftmax):
         return tuple(_products(node.arg))
     first = node.as_coeff_matrices()[1][0]
-    _, logits = _normalised(first)
-    return (first, *_products(logits))
+    weights = _dropped(first)[0]  # P, and P ⊙ Z where dropped out
+    _, logits = _normalised(weights)
+    return (first, weights, *_products(logits))
+
+
+def _inner_draws(node: MatrixExpr) -> list[DropoutMask]:
+    """The dropout masks inside a core's scores' steps A = E(Q Kᵀ): not the weights' own (Z_p(P) of P ⊙ Z_p(P)), nor
+    one inside the thin factors Q, K (torch code, drawing as torch does)."""
+    logits = node.arg if isinstance(node, LogSoftmax) else _normalised(_dropped(node.as_coeff_matrices()[1][0])[0])[1]
+    thin = {x for product in _products(logits) for x in postorder(product)}
+    return [x for x in postorder(logits) if isinstance(x, DropoutMask) and x not in thin]
 
 
 def _factors(node: MatrixExpr) -> tuple[Basic, list[MatrixExpr]]:
@@ -110,7 +129,7 @@ def _factors(node: MatrixExpr) -> tuple[Basic, list[MatrixExpr]]:
 
 def _distributed(output: MatrixExpr) -> MatrixExpr:
     """output with each product (Σ cᵢ Nᵢ) V of a sum of normalised maps Nᵢ (n × m, a row softmax or a division by
-    the row sums) written Σ cᵢ (Nᵢ V)."""
+    the row sums, each maybe dropped out) written Σ cᵢ (Nᵢ V)."""
     replaced = {}
     for node in postorder(output):
         if not isinstance(node, MatMul):
@@ -119,7 +138,7 @@ def _distributed(output: MatrixExpr) -> MatrixExpr:
         if len(mats) < 2 or not isinstance(mats[0], MatAdd):
             continue
         terms = [_scaled(t) for t in mats[0].args]
-        if all(m is not None and _normalised(m)[0] != "none" for _, m in terms):
+        if all(m is not None and _normalised(_dropped(m)[0])[0] != "none" for _, m in terms):
             replaced[node] = MatAdd(*(coeff * c * MatMul(m, *mats[1:]) for c, m in terms))
     return output.xreplace(replaced) if replaced else output
 
@@ -136,12 +155,13 @@ def _core_at(spec: Spec, node: Basic, output: MatrixSymbol) -> Core | None:
     """The core whose O is node (a product N(A) V₁ … V_k, or a map log-softmax(A) with no V), its output symbol
     ``output``, or None."""
     if isinstance(node, LogSoftmax):
-        normaliser, logits, thin = "log-softmax", node.arg, []
+        normaliser, logits, thin, dropout = "log-softmax", node.arg, [], None
     elif isinstance(node, MatMul):
         _, mats = node.as_coeff_matrices()
         if len(mats) < 2 or not isinstance(mats[0], MatrixExpr):
             return None
-        (normaliser, logits), thin = _normalised(mats[0]), mats[1:]
+        weights, dropout = _dropped(mats[0])
+        (normaliser, logits), thin = _normalised(weights), mats[1:]
     else:
         return None
     products = _products(logits)
@@ -165,7 +185,23 @@ def _core_at(spec: Spec, node: Basic, output: MatrixSymbol) -> Core | None:
     grouped = all(isinstance(x, RepeatHeads) for x in (key, value)) and key.args[1:] == value.args[1:]
     if grouped:  # RepeatHeads(A, H_kv, H): H_kv heads read by H query heads, in place by the kernels
         key, value = key.arg, value.arg
-    return Core(query, key, value, scores, a, normaliser, output, tiles, scalars, grouped)
+    return Core(query, key, value, scores, a, normaliser, output, tiles, scalars, grouped, dropout)
+
+
+def _dropped(p: MatrixExpr) -> tuple[MatrixExpr, Basic | None]:
+    """(P, p) where p = P ⊙ Z_p(P) (``sa.dropout(P, p)``, its product flattened or not: P's own factors beside Z, or
+    P); else (p, None)."""
+    if not isinstance(p, HadamardProduct):
+        return p, None
+    masks = [x for x in p.args if isinstance(x, DropoutMask)]
+    if len(masks) != 1:
+        return p, None
+    rest = [x for x in p.args if x is not masks[0]]
+    dropped = masks[0].arg
+    kept = dropped.args if isinstance(dropped, HadamardProduct) else (dropped,)
+    if rest != [dropped] and Counter(kept) != Counter(rest):
+        return p, None
+    return dropped, masks[0].args[1]
 
 
 def _normalised(p: MatrixExpr) -> tuple[str, MatrixExpr]:

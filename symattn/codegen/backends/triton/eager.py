@@ -3,6 +3,8 @@ least float32, the n × m arrays in memory, differentiable. The kernels' Functio
 derivative is asked for (its backward under create_graph: double backward, reverse over reverse), as autograd's
 double backward reads the eager math. A = E(S) prints from the same function records as the kernels' (TORCH).
 
+Dropout of the weights multiplies P by the kernels' own mask, made whole from the saved seed (``_dropout_keep``).
+
 A causal key j > i is hidden before the normaliser: −∞ before a (log-)softmax, 0 before a row sum or none. A row
 whose every key is hidden gives O = 0 (−∞ for a log-softmax map), as the kernels do, with finite gradients.
 """
@@ -36,8 +38,9 @@ def eager_body(core: dict) -> str:
     lines = [
         "wide = torch.promote_types(Q.dtype, torch.float32)  # a 16-bit run's n × m arrays float32, as the kernels'"
     ]
+    given = "tensors[:-1]" if core["dropout"] else "tensors"  # (dropout's seed last)
     if names:
-        lines.append(f"{_unpacked(names)} = (None if x is None else x.to(wide) for x in tensors)")
+        lines.append(f"{_unpacked(names)} = (None if x is None else x.to(wide) for x in {given})")
     lines += [f"{t['tile']} = 0.0 if {t['tile']} is None else {t['tile']}" for t in tiles if t["optional"]]
     if core["coefficients"]:
         keywords = "".join(f", {x}={x}" for x in scalars)
@@ -50,6 +53,13 @@ def eager_body(core: dict) -> str:
         f"    a = a.masked_fill(torch.ones(a.shape[-2:], dtype=torch.bool, device=a.device).triu(1), {fill})",
         *normalised,
     ]
+    if core["dropout"]:
+        lines += [
+            "if tensors[-1] is not None:  # dropout: P ⊙ Z, the kernels' draws from the saved seed",
+            f"    batch = _batches(Q, K, V, tensors[:{len(tiles)}], {core['grouped']})[0]",
+            f"    keep = _dropout_keep{c}(tensors[-1], (*batch, *p.shape[-2:]))",
+            f"    p = p * keep * {core['dropout']['scale']}",
+        ]
     out = f"p @ V.to(wide){repeat}" if core["value"] else "p"
     lines.append(f"return ({out}).to({'V' if core['value'] else 'Q'}.dtype)")
     return "\n".join("    " + line for line in lines)

@@ -94,6 +94,7 @@ def laid_out(ctx: dict) -> dict:
         c = core["c"]
         named = (("core_q" + c, core["query"]), ("core_k" + c, core["key"]), ("core_v" + c, core["value"]))
         factors += [f"{name} = {layout.assigned(name, code, 4)}" for name, code in named if code is not None]
+        factors += [core["seed"]] if core["seed"] else []  # dropout's seed, drawn once per call
         value = "None" if core["value"] is None else "core_v" + c  # a map core has no V
         tensors = ["_CORE" + c, "core_q" + c, "core_k" + c, value, "causal", "symbols", *core["tensor_names"]]
         calls.append(layout.wrapped(f"{core['core_output']} = _kernels", tensors, "", 4, "()"))

@@ -19,19 +19,32 @@ from symattn.codegen.backends.triton.bindings import binding_lines, lines_of
 from symattn.codegen.backends.triton.core import Core, find_cores
 from symattn.codegen.backends.triton.lines import bare, core_lines, laid_out
 from symattn.codegen.backends.triton.positions import eager_grid, kernel_grid
-from symattn.codegen.backends.triton.printer import Printed, print_core, tangent_symbol, tangent_tile_name, tile_name
+from symattn.codegen.backends.triton.printer import (
+    Printed,
+    dropout_draws,
+    print_core,
+    tangent_symbol,
+    tangent_tile_name,
+    tile_name,
+)
 from symattn.codegen.backends.triton.runtime import TRITON_RUNTIME, called_helpers
 from symattn.derive.formats.latex import text as plain_text
 from symattn.errors import SymattnError
 from symattn.lang.functions import TRITON, Exp, Log
 from symattn.lang.graph import postorder
 from symattn.lang.ops import LogSoftmax, RowSoftmax, SplitHeads
-from symattn.lang.piecewise import draws
+from symattn.lang.piecewise import RNG, TRAINING
 from symattn.numeric.printers import runtime_source
 from symattn.specs import Option, Spec, family
+from symattn.specs.spec import drawn_options
 
 TEMPLATE = "triton_module.py.j2"
 CORE_TEMPLATE = "_triton_core.j2"  # one core's kernels and Function, rendered once per core
+# the docstring of the options a spec that drops out takes (``drawn_options``)
+DRAWN = {
+    TRAINING: "default True: dropout draws its mask (False: no draw, the spec without dropout)",
+    RNG: "the torch.Generator dropout's seed is drawn from (default None: torch's default one)",
+}
 # P = N(A) of each normaliser
 NORMALISED = {
     "row softmax": f"{RowSoftmax.text}(A)",
@@ -44,9 +57,11 @@ NORMALISED = {
 def triton_spec(source: str | Spec) -> tuple[Spec, tuple[Option, ...]]:
     """The spec of a built-in (by name, every optional part on: its mask) or a user's Spec, and its options."""
     if isinstance(source, Spec):
-        return source, ()
-    found = family(source)
-    return found.generated_spec(found.masks)
+        spec, options = source, ()
+    else:
+        found = family(source)
+        spec, options = found.generated_spec(found.masks)
+    return spec, (*options, *drawn_options(spec, options))  # training and rng, where the spec drops out
 
 
 def triton_context(spec: Spec, options: tuple[Option, ...], version: str) -> dict:
@@ -70,7 +85,7 @@ def triton_context(spec: Spec, options: tuple[Option, ...], version: str) -> dic
         for i, (core, p) in enumerate(zip(found.cores, printed))
     ]
     rest = torch_printer.doprint(found.rest)
-    code = [rest, *(c[k] for c in cores for k in ("query", "key", "value") if c[k] is not None)]
+    code = [rest, *(c[k] for c in cores for k in ("query", "key", "value", "seed") if c[k] is not None)]
     read = {name for name in bound if name in symbols or any(re.search(rf"\b{name}\b", c) for c in code)}
     return {
         "version": version,
@@ -89,15 +104,17 @@ def triton_context(spec: Spec, options: tuple[Option, ...], version: str) -> dic
         "spec_scalars": [str(x) for x in spec.inputs if isinstance(x, sp.Symbol)],
         "symbols": symbols,
         "constants": [str(x.name) for x in spec.constants],
-        "options": [
-            {"name": o.name, "default_math": "required" if o.default is None else f"default {plain_text(o.default)}"}
-            for o in options
-        ],
+        "options": [{"name": o.name, "default_math": DRAWN.get(o.name) or _default(o.default)} for o in options],
         "per_head": any(c["per_head"] for c in cores),
         "rest": rest,
         "helpers": torch_printer.helper_source() if torch_printer.helpers_used else "",
         "torch_helpers": sorted(torch_printer.helpers_used),
     } | _calls(spec, options)
+
+
+def _default(value: Basic | None) -> str:
+    """An option's default as the docstring writes it."""
+    return "required" if value is None else f"default {plain_text(value)}"
 
 
 def _core_context(core: Core, printed: Printed, c: str, constants: frozenset[str], symbols: list[str], printer) -> dict:
@@ -140,7 +157,10 @@ def _core_context(core: Core, printed: Printed, c: str, constants: frozenset[str
         "scalar_tangents": scalar_tangents,
         "logits_tangent": printed.logits_tangent,
         "tiles": tiles,
-        "tensor_names": [t["name"] for t in tiles] + scalars,
+        "tensor_names": [t["name"] for t in tiles] + scalars + ([f"core_seed{c}"] if core.dropout is not None else []),
+        # dropout of the weights: its draws' code, and the seed's line (drawn per call, the core's last tensor)
+        "dropout": None if core.dropout is None else dropout_draws(core.dropout),
+        "seed": None if core.dropout is None else f"core_seed{c} = _seed({TRAINING}, {RNG}, core_q{c})",
         "logits": printed.logits,
         "eager_logits": bare(printed.eager_logits),
         "scores_gradient": printed.scores_gradient,
@@ -270,10 +290,6 @@ def render_triton(source: str | Spec, regenerate: str, environment: jinja2.Envir
     from symattn.version import __version__
 
     spec, options = triton_spec(source)
-    if draws(spec.output):
-        raise SymattnError(
-            f"spec {spec.name}: no dropout in the Triton kernels yet (Philox from a seed: a later slice)"
-        )
     ctx = triton_context(spec, options, __version__) | {"regenerate": regenerate, "module": module_class()}
     ctx |= laid_out(ctx) | {"bare": bare}  # bare: an unmasked tile's value, printed as ruff prints it
     core = environment.get_template(CORE_TEMPLATE)

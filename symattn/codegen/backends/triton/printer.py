@@ -8,6 +8,7 @@ A tile is a name in the kernel (``s``, ``g``, ``tile_B``); each function is its 
 whose value the module computes before the launch (``Printed.coefficients``). A matrix of positions (``sa.entries``,
 whole or per head) is a tile ``pos0``, ``pos1``, … made from the tile's positions where the scores are
 (``positions``): its formula printed once per distinct formula (the derivative in a learned slope is another).
+Dropout's mask of the weights, Z_p (``sa.dropout(P, p)``), is made where the tile is too (``dropout_draws``).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from symattn.codegen.backends.triton.positions import (
 from symattn.errors import SymattnError
 from symattn.lang.functions import TORCH, TRITON, Elementwise
 from symattn.lang.ops import SplitHeads
+from symattn.lang.piecewise import literal
 from symattn.lang.positions import Entries
 from symattn.optimize.mask_structure import unmasked
 
@@ -200,6 +202,27 @@ def print_core(core: Core, constants: frozenset[str]) -> Printed:
         window,
         open_positions,
     )
+
+
+# each score's place in its batch·head's n × m scores, flat (int64): a tile's, a transposed tile's (keys × queries)
+DRAW_PLACES = {
+    "tile": "bh * n * m + rows[:, None].to(tl.int64) * m + cols[None, :]",
+    "transposed": "bh * n * m + rows[None, :].to(tl.int64) * m + cols[:, None]",
+}
+
+
+def dropout_draws(p: Basic) -> dict[str, object]:
+    """Dropout's mask Z_p in the kernels: Z[bh, i, j] = 1/(1 − p) where U ≥ p, else 0, U = tl.rand(seed, place)
+    uniform on [0, 1) by Philox from the call's seed and the score's flat place bh·n·m + i·m + j. A function of the
+    place alone, so every kernel (forward, backward, JVP, whatever its tiling or a tile's orientation) and the flat
+    run that materialises Z (a second derivative's eager core, checks) make the same draws: by key, ``places`` (the
+    place's code, bound to ``at``), ``keep`` (U ≥ p at ``at``), ``scale`` (1/(1 − p)) and ``p``."""
+    return {
+        "places": DRAW_PLACES,
+        "keep": f"tl.rand(seed, at) >= {literal(p)}",
+        "scale": literal(1 / (1 - p)),
+        "p": literal(p),
+    }
 
 
 def tangent_tile_name(x: MatrixSymbol) -> str:

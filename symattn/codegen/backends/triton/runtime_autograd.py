@@ -113,6 +113,17 @@ def _vmapped_core(function, info, in_dims, arguments):
     return (O, *kept), (0,) * (1 + len(kept))
 
 
+def _no_vmapped_draws(seed):
+    """A RuntimeError where torch.func.vmap (a vmapped call, jacrev, per-sample gradients) meets a core that drew its
+    dropout mask (seed, None where it drew none): the kernels key their draws by the flat batch·head, which vmap's axis
+    merged into it would shift, so the backward would read another mask than the forward's."""
+    if seed is not None:
+        raise RuntimeError(
+            f"{SPEC}: dropout while training under torch.func.vmap (jacrev, per-sample gradients) is not supported by "
+            "the kernels; give the batch as a batch axis, or run in eval (training=False)"
+        )
+
+
 def _no_batched_scalar(batched):
     """A RuntimeError where vmap batches a trainable scalar (batched: the kernels take one value of each)."""
     if batched:

@@ -1,6 +1,7 @@
 """Runtime helpers of the generated Triton modules' public functions: the dimensions read off the inputs, head counts
 and the products of the axes checked, masks made additive (attn_mask, key_padding_mask), bias rows that may be left
-out, and the arguments of jvp (tangents, dual inputs) and hvp (leaves, direction, the derivative along it).
+out, dropout's seed, and the arguments of jvp (tangents, dual inputs) and hvp (leaves, direction, the derivative
+along it).
 
 Real code, linted and tested; ``module.render_triton`` copies the source of the ones a module calls (read with
 ``ast``, ``runtime_functions``) into it. ``AXES`` and ``TANGENT_OF`` stand for the generated module's own.
@@ -123,6 +124,19 @@ def _mask(name, mask, attn_mask, key_padding_mask, query, per_head):
     if per_head and padding.dim() > 2:
         padding = padding.unsqueeze(-3)  # (..., 1, 1, m)
     return padding if mask is None else mask + padding
+
+
+def _seed(training, rng, like):
+    """Dropout's seed for one call: None where not training (no draw: the kernels drop nothing), else a 0-d int64
+    tensor on like's device drawn from rng (a torch.Generator; None: torch's default one, so torch.manual_seed
+    reproduces a call). The kernels draw the mask from it by Philox; the backward and the JVP read it, saved, and
+    draw the same mask."""
+    if type(training) is not bool:
+        raise ValueError(f"training must be True or False, got {training!r}")
+    if not training:
+        return None
+    device = like.device if rng is None else rng.device
+    return torch.randint(2**62, (), generator=rng, device=device, dtype=torch.int64).to(like.device)
 
 
 def _row(x):
