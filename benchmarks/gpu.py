@@ -13,6 +13,8 @@ written after each section, so a run stopped at a time limit keeps what it did):
    plain attention for the variants FlexAttention cannot express);
 3. positions (``benchmarks/gpu_positions.py``): a sliding window, a prefix-LM mask and a distance bias written as
    ``sa.entries``, the Triton kernels beside FlexAttention's block masks, SDPA's dense mask and the eager math;
+   dropout 0.1 on the weights (``benchmarks/gpu_dropout.py``): the Triton kernels' Philox mask, the torch module's
+   saved mask, SDPA's ``dropout_p`` and the eager math, each with ÷ without, and the kernels' keep rate;
    a torch.profiler breakdown of ``attention_triton``'s forward + backward by kernel (``gpu_kernels.py``); then
    every variant's JVP against ``torch.func.jvp`` of the math;
 4. precision: the torch entry points ``attention_torch`` and ``attention_torch_memeff`` (with and without a
@@ -74,6 +76,7 @@ PRECISION = _imported("precision")  # its cases, run and error
 TRITON = _imported("gpu_triton")  # the Triton modules' sections (issue 41, item 5)
 KERNELS = _imported("gpu_kernels")  # the Triton kernels' correctness and launch settings
 POSITIONS = _imported("gpu_positions")  # positions in the Triton kernels beside FlexAttention (issue 52)
+DROPOUT = _imported("gpu_dropout")  # dropout in the Triton kernels beside SDPA's dropout_p (issue 57)
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 ATTENTION = {"standard": attention_torch, "memeff": attention_torch_memeff}
 MHA = {"standard": mha_torch, "memeff": mha_torch_memeff}
@@ -294,6 +297,10 @@ def main(argv: list[str] | None = None) -> str:
         (
             "Triton positions (sa.entries) beside FlexAttention's masks (bfloat16; float32 under --cpu-smoke)",
             lambda: POSITIONS.variants(device, smoke, 1 if smoke else repeats, POSITIONS.modules()),
+        ),
+        (
+            "Triton dropout 0.1, with ÷ without, beside SDPA's dropout_p (bfloat16; float32 under --cpu-smoke)",
+            lambda: DROPOUT.variants(device, smoke, 1 if smoke else repeats, DROPOUT.modules()),
         ),
         ("Triton forward + backward by kernel (torch.profiler)", lambda: KERNELS.profile(device, smoke)),
         ("Triton host time per call, and as a CUDA graph", lambda: KERNELS.host(device, smoke)),
