@@ -80,6 +80,7 @@ def _keep_rate(made: dict, size: tuple, device: str, dtype: torch.dtype) -> str:
     batch, heads, n = size
     q = torch.zeros(batch, heads, n, n, device=device, dtype=dtype)  # uniform weights 1/n over n keys
     v = torch.eye(n, device=device, dtype=dtype).expand(batch, heads, n, n)  # O = P ⊙ Z (the spec's V is d = n wide)
+    torch.manual_seed(0)  # one seed: the check reads the same draws on every run
     kept = (made["triton"].forward(q, q, v, training=True) != 0).double().mean().item()
     sigma = math.sqrt(P * (1 - P) / (batch * heads * n * n))
     return f"kept {kept:.5f} of {batch * heads * n * n} draws, 1 − p = {1 - P} (|Δ| = {abs(kept - 1 + P) / sigma:.1f}σ)"

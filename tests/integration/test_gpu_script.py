@@ -113,3 +113,20 @@ def test_the_host_section_times_each_call_with_and_without_its_launches(report):
     for c in rows:
         assert re.fullmatch(r"\d+ / \d+", c[2]) and re.fullmatch(r"\d+\.\d{3}", c[4]) and c[5] == "CUDA only", c
         assert re.fullmatch(r"\d+ / \d+", c[3]) if c[0] != "SDPA" else c[3] == "", c
+
+
+@needs_triton
+def test_the_positions_and_dropout_sections_time_every_case(report):
+    """Positions as sa.entries in the kernels: each variant timed beside SDPA's dense mask and the eager math (no
+    FlexAttention on the CPU), its gradients within float32's error of float64's; dropout: each implementation
+    timed with and without, and the kernels' keep rate within 3σ of 1 − p."""
+    rows = [[c.strip() for c in row.split("|")[1:-1]] for row in _section(report, "Triton positions")]
+    assert [c[0] for c in rows] == ["window", "prefix", "decay"], rows
+    for c in rows:
+        assert all(re.fullmatch(r"\d+\.\d\d", x) for x in (c[2], c[3], c[5])) and c[4] == "—", c
+        assert all(float(x) < 1e-5 for x in c[6].split(", ")) and c[7].endswith("÷ SDPA"), c
+    section = report.split("## Triton dropout", 1)[1].split("\n## ", 1)[0]
+    rows = [[c.strip() for c in row.split("|")[1:-1]] for row in _section(report, "Triton dropout")]
+    assert len(rows) == 7 and all(re.fullmatch(r"\d+\.\d{3}", c[5]) for c in rows), rows
+    sigmas = float(re.search(r"\(\|Δ\| = (\d+\.\d)σ\)", section).group(1))
+    assert sigmas <= 3, section
