@@ -36,19 +36,19 @@ CALLS: dict[type, str] = {
 }
 RELATIONS = {"==": "==", "!=": "!=", "<": "<", "<=": "<=", ">": ">", ">=": ">="}
 CONNECTIVES = {sp.And: " & ", sp.Or: " | "}
+ARRAY_NAMES = {I: "i", J: "j", HEAD: "h"}  # the array flavour's grids (a block of a per-head matrix: the head's too)
 
 
 @dataclass(frozen=True)
 class Flavour:
     """How one kind of code writes the nodes of a formula; each field takes the printed operands (and the node)."""
 
-    i: str  # the row position
-    j: str  # the column position
-    infinity: str  # +∞
+    names: dict[Basic, str]  # the positions (i, j, the head h) and any other symbol named as they are → their code
+    infinity: tuple[str, str]  # −∞, +∞
     constant: Callable[[Basic], str]  # a subexpression free of positions (dimensions, numbers)
     add: Callable[[list[str]], str]
     mul: Callable[[Basic, list[str]], str]  # the node (a −1 coefficient) and its printed factors
-    power: Callable[[str, str], str]
+    power: Callable[[Basic], str]  # the node (base^k): a flavour may write k by its value
     call: Callable[[Basic, list[str]], str]  # Abs, floor, Min, Max, … (the node and its printed arguments)
     piecewise: Callable[[list[tuple[Basic, str, str]]], str]  # (value, printed value, printed condition) pairs
     not_: Callable[[str], str]
@@ -78,27 +78,23 @@ def quotient(product: Basic) -> tuple[Basic, Basic]:
 
 
 def code(e: Basic, flavour: Flavour) -> str:
-    """The formula e (of ``I``, ``J``) in the flavour's code."""
-    if e == I:
-        return flavour.i
-    if e == J:
-        return flavour.j
-    if e == HEAD:
-        return "h"  # (a block of a per-head matrix of positions: the runtime's head grid)
+    """The formula e (of the flavour's ``names``: ``I``, ``J``, the head) in the flavour's code."""
+    if e in flavour.names:
+        return flavour.names[e]
     if e in (sp.oo, -sp.oo):
-        return ("-" if e == -sp.oo else "") + flavour.infinity
+        return flavour.infinity[e == sp.oo]
     if e == sp.true:
         return "True"
     if isinstance(e, MatrixElement):
         return flavour.read(flavour.constant(e.parent), *(code(x, flavour) for x in e.indices))
-    if not e.has(I, J, HEAD):
+    if not e.has(*flavour.names):
         return flavour.constant(e)
     if isinstance(e, sp.Add):
         return flavour.add([code(a, flavour) for a in e.args])
     if isinstance(e, sp.Mul):
         return flavour.mul(e, [code(a, flavour) for a in e.args])
     if isinstance(e, sp.Pow):
-        return flavour.power(code(e.base, flavour), code(e.exp, flavour))
+        return flavour.power(e)
     if isinstance(e, sp.Piecewise):
         return flavour.piecewise([(v, code(v, flavour), code(c, flavour)) for v, c in e.args])
     if isinstance(e, Relational):
@@ -153,13 +149,12 @@ def array_flavour(
         return f"{xp}.where({condition}, {branch(value, text)}, {where(rest)})"
 
     flavour = Flavour(
-        i="i",
-        j="j",
-        infinity=f"{xp}.inf",
+        names=ARRAY_NAMES,
+        infinity=(f"-{xp}.inf", f"{xp}.inf"),
         constant=constant,
         add=lambda terms: "(" + " + ".join(terms).replace("+ -", "- ") + ")",
         mul=mul,
-        power=lambda base, exponent: f"{base} ** {exponent}",
+        power=lambda e: f"{code(e.base, flavour)} ** {code(e.exp, flavour)}",
         call=call,
         piecewise=where,
         not_=lambda a: f"(~{a})",
@@ -170,19 +165,19 @@ def array_flavour(
 
 def exact_flavour(scalar: Callable[[Basic], str]) -> Flavour:
     """Code of SymPy integers ``_i``, ``_j``: the formula's value at one position, exactly."""
-    return Flavour(
-        i="_i",
-        j="_j",
-        infinity="sp.oo",
+    flavour = Flavour(
+        names={I: "_i", J: "_j", HEAD: "h"},
+        infinity=("-sp.oo", "sp.oo"),
         constant=lambda e: f"({scalar(e)})",
         add=lambda terms: "(" + " + ".join(terms) + ")",
         mul=lambda e, factors: "(" + " * ".join(factors) + ")",
-        power=lambda base, exponent: f"({base} ** {exponent})",
+        power=lambda e: f"({code(e.base, flavour)} ** {code(e.exp, flavour)})",
         call=lambda e, args: f"sp.{type(e).__name__}(" + ", ".join(args) + ")",
         piecewise=lambda pairs: "sp.Piecewise(" + ", ".join(f"({v}, {c})" for _, v, c in pairs) + ")",
         not_=lambda a: f"sp.Not({a})",
         read=lambda table, row, col: f"{table}[int({row}), int({col})]",
     )
+    return flavour
 
 
 def array_code(formula: Entries | Basic, flavour: Flavour) -> str:

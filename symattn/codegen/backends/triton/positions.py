@@ -24,7 +24,6 @@ from dataclasses import dataclass
 
 import sympy as sp
 from sympy import Basic, Expr, MatrixExpr
-from sympy.core.relational import Relational
 from sympy.logic.boolalg import ITE
 from sympy.matrices.expressions import MatAdd
 
@@ -32,7 +31,7 @@ from symattn.errors import SymattnError
 from symattn.lang.functions import TORCH, TRITON
 from symattn.lang.ops import SplitHeads
 from symattn.lang.positions import Entries, I, J
-from symattn.numeric.positions import CALLS, CONNECTIVES, RELATIONS, integral, quotient
+from symattn.numeric.positions import CALLS, Flavour, code, quotient
 from symattn.optimize.mask_structure import intersection, key_window, row_window
 
 HEAD = sp.Symbol("_head", integer=True, nonnegative=True)  # the program's head, in a per-head formula
@@ -164,72 +163,74 @@ def formula_code(
 ) -> str:
     """formula as one expression of the grids (``GRID``, or grid's names) in backend (TRITON: the kernels', TORCH:
     the eager core's); scalar(e): a subexpression free of them (a number as a literal, any other a scalar argument's
-    name)."""
-    grid = GRID if grid is None else grid
-    positions, spelling = tuple(grid), SPELLINGS[backend]
+    name). The walk is the array printers' (``numeric.positions.code``), written in the library's flavour."""
+    return code(formula, _flavour(scalar, SPELLINGS[backend], GRID if grid is None else grid))
+
+
+def _flavour(scalar: Callable[[Basic], str], spelling: Spelling, names: dict[Basic, str]) -> Flavour:
+    """How the kernels (or the eager core) write a formula: products and quotients in parentheses, a power by its
+    exponent, sign by where (tl has none), a scalar operand of where, minimum or maximum as the library takes it."""
     xp = spelling.prefix.rstrip(".")
 
-    def code(e: Basic) -> str:
-        if e in grid:
-            return grid[e]
-        if e in (sp.oo, -sp.oo):
-            return 'float("-inf")' if e == -sp.oo else 'float("inf")'
-        if not e.has(*positions):
-            return scalar(e)
-        if isinstance(e, sp.Add):  # a term −x written so: i − j
-            return "(" + " + ".join(code(a) for a in e.args).replace("+ -", "- ") + ")"
-        if isinstance(e, sp.Mul):
-            coeff, rest = e.as_coeff_Mul()
-            numerator, denominator = quotient(e)
-            if coeff != -1 and denominator != 1:  # one rounding (positions.quotient)
-                return f"({code(numerator)} / {scalar(denominator)})"
-            return f"-{code(rest)}" if coeff == -1 else "(" + " * ".join(code(a) for a in e.args) + ")"
-        if isinstance(e, sp.Pow):
-            return power(e.base, sp.sympify(e.exp))
-        if isinstance(e, PAIRWISE):
-            first, *rest = e.args
-            text = branch(first)
-            for a in rest:
-                text = f"{CALLS[type(e)].format(xp=xp)}({text}, {branch(a)})"
-            return text
-        if isinstance(e, sp.sign):  # (tl has no sign)
-            x = code(e.args[0])
-            return f"{xp}.where({x} > 0, 1.0, {xp}.where({x} < 0, -1.0, 0.0))"
-        if type(e) in CALLS:
-            return f"{CALLS[type(e)].format(xp=xp)}({code(e.args[0])})"
-        if isinstance(e, sp.Piecewise):
-            return where(e.args)
-        if isinstance(e, Relational):  # integer coefficients: exact at integer positions (positions.integral)
-            lhs, rhs = integral(e)
-            return f"({code(lhs)} {RELATIONS[e.rel_op]} {code(rhs)})"
-        if type(e) in CONNECTIVES:
-            return "(" + CONNECTIVES[type(e)].join(code(a) for a in e.args) + ")"
-        if isinstance(e, sp.Not):
-            return f"(~{code(e.args[0])})"
-        raise SymattnError(f"the Triton kernels print no {type(e).__name__} ({e}) in a position formula")
+    def mul(e: Basic, factors: list[str]) -> str:
+        coeff, rest = e.as_coeff_Mul()
+        numerator, denominator = quotient(e)
+        if coeff != -1 and denominator != 1:  # one rounding (positions.quotient)
+            return f"({code(numerator, flavour)} / {scalar(denominator)})"
+        return f"-{code(rest, flavour)}" if coeff == -1 else "(" + " * ".join(factors) + ")"
 
-    def power(base: Basic, k: Basic) -> str:
+    def power(e: Basic) -> str:
         """base^k: a product for an integer k (its inverse for k < 0), a square root for ±1/2, else exp(k log base);
         2^(k log₂ base) for a base free of positions (ALiBi's 2^(−8(h+1)/H): exact at integers)."""
-        if not base.has(*positions):
+        base, k = e.base, sp.sympify(e.exp)
+        if not base.has(*names):
             scale = sp.log(base, 2)
-            return f"{xp}.exp2({code(k) if scale == 1 else f'{code(k)} * {scalar(scale)}'})"
+            exponent = code(k, flavour)
+            return f"{xp}.exp2({exponent if scale == 1 else f'{exponent} * {scalar(scale)}'})"
         if k.is_Integer and k != 0:
-            body = " * ".join([code(base)] * abs(int(k)))
+            body = " * ".join([code(base, flavour)] * abs(int(k)))
             return f"({body})" if k > 0 else f"(1.0 / ({body}))"
         if k in (sp.Rational(1, 2), sp.Rational(-1, 2)):
-            root = f"{xp}.sqrt({code(base)})"
+            root = f"{xp}.sqrt({code(base, flavour)})"
             return root if k > 0 else f"(1.0 / {root})"
-        return f"{xp}.exp({code(k)} * {code(sp.log(base))})"
+        return f"{xp}.exp({code(k, flavour)} * {code(sp.log(base), flavour)})"
 
-    def branch(value: Basic) -> str:
+    def branch(value: Basic, text: str) -> str:
         """An operand of where, minimum or maximum: a scalar as the library takes it there."""
-        return code(value) if value.has(*positions) else spelling.branch.format(code(value))
+        return text if value.has(*names) else spelling.branch.format(text)
 
-    def where(pairs: tuple) -> str:
-        (value, condition), *rest = pairs
-        if condition == sp.true or not rest:
-            return branch(value)
-        return f"{xp}.where({code(condition)}, {branch(value)}, {where(tuple(rest))})"
+    def call(e: Basic, args: list[str]) -> str:
+        if isinstance(e, sp.sign):  # (tl has no sign)
+            return f"{xp}.where({args[0]} > 0, 1.0, {xp}.where({args[0]} < 0, -1.0, 0.0))"
+        if type(e) not in CALLS:
+            raise SymattnError(f"the Triton kernels print no {type(e).__name__} ({e}) in a position formula")
+        name = CALLS[type(e)].format(xp=xp)
+        if isinstance(e, PAIRWISE):
+            text = branch(e.args[0], args[0])
+            for a, t in zip(e.args[1:], args[1:]):
+                text = f"{name}({text}, {branch(a, t)})"
+            return text
+        return f"{name}({args[0]})"
 
-    return code(formula)
+    def where(pairs: list[tuple[Basic, str, str]]) -> str:
+        (value, text, condition), *rest = pairs
+        if condition == "True" or not rest:
+            return branch(value, text)
+        return f"{xp}.where({condition}, {branch(value, text)}, {where(rest)})"
+
+    def unread(table: str, row: str, col: str) -> str:
+        raise SymattnError(f"the Triton kernels read no matrix at positions ({table}[{row}, {col}])")
+
+    flavour = Flavour(
+        names=names,
+        infinity=('float("-inf")', 'float("inf")'),
+        constant=scalar,
+        add=lambda terms: "(" + " + ".join(terms).replace("+ -", "- ") + ")",
+        mul=mul,
+        power=power,
+        call=call,
+        piecewise=where,
+        not_=lambda a: f"(~{a})",
+        read=unread,
+    )
+    return flavour
