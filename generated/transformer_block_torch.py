@@ -2629,9 +2629,10 @@ class TransformerEncoderLayer(torch.nn.Module):
     is evaluated on a probe grid and taken for the one of these whose values and derivatives it reproduces
     bit for bit, else refused. bias=False, layer_norm_eps, batch_first both ways. Dropout p while training, where
     torch's layer drops out (the attention weights, the attention sublayer's output, the activation's output, the
-    feed-forward output), each mask drawn from torch's default generator as torch draws it (``torch.manual_seed``
-    reproduces a run; with batch_first=True the masks are torch's own, drawn in torch's order and layout), the
-    backward the exact derivative of the forward with those draws; eval() or dropout=0.0: no draw.
+    feed-forward output), four masks of torch's shapes drawn from torch's default generator in torch's order
+    (``torch.manual_seed`` reproduces a run; not torch's bits: torch's layer draws some of its masks in the memory
+    layout of transposed intermediates), the backward the exact derivative of the forward with those draws;
+    eval() or dropout=0.0: no draw.
     The generated module computes pre-LN exact GELU (on CUDA by the spec's Triton module where its kernels
     apply); another configuration is rendered in memory on first use (about a second) and runs the torch ops.
     Not computed (a clear error): another activation, a LayerNorm without
