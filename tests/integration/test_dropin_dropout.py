@@ -156,3 +156,36 @@ def test_the_weights_returned_while_dropping_out_are_torchs():
             loss = (out * out).sum() + (weights * weights.detach().sin()).sum()
             results.append((out, weights, *torch.autograd.grad(loss, [x, *module.parameters()])))
         assert max(relative_error(a, b) for a, b in zip(results[1], results[0], strict=True)) <= RELATIVE
+
+
+def test_multihead_attention_while_training_matches_torch_in_every_configuration():
+    """bias × batch_first × kdim/vdim × need_weights × batched × average_attn_weights, with a float attn_mask: under
+    the same seed, output, weights and every gradient torch's (float64)."""
+    import itertools
+
+    L_, S_ = 4, 5
+    for bias, first, dims, weighted, batched, average in itertools.product(
+        (True, False), (True, False), ((None, None), (3, 5)), (True, False), (True, False), (True, False)
+    ):
+        torch.manual_seed(0)
+        kwargs = {"dropout": 0.2, "bias": bias, "kdim": dims[0], "vdim": dims[1], "batch_first": first}
+        ref = torch.nn.MultiheadAttention(E, H, dtype=torch.float64, **kwargs)
+        ours = mha_torch.MultiheadAttention(E, H, dtype=torch.float64, **kwargs)
+        ours.load_state_dict(ref.state_dict())
+
+        def shaped(rows, width, batched=batched, first=first):
+            return ((N, rows, width) if first else (rows, N, width)) if batched else (rows, width)
+
+        q = torch.randn(shaped(L_, E), dtype=torch.float64, requires_grad=True)
+        k = torch.randn(shaped(S_, dims[0] or E), dtype=torch.float64, requires_grad=True)
+        v = torch.randn(shaped(S_, dims[1] or E), dtype=torch.float64, requires_grad=True)
+        mask = torch.randn(L_, S_, dtype=torch.float64)
+        results = []
+        for module in (ref, ours):
+            torch.manual_seed(11)  # the same draws for both
+            out, weights = module(q, k, v, attn_mask=mask, need_weights=weighted, average_attn_weights=average)
+            loss = out.square().sum() + (0 if weights is None else weights.square().sum())
+            grads = torch.autograd.grad(loss, [q, k, v, *module.parameters()])
+            results.append([out, *([] if weights is None else [weights]), *grads])
+        case = (bias, first, dims, weighted, batched, average)
+        assert max(relative_error(a, b) for a, b in zip(results[1], results[0], strict=True)) <= RELATIVE, case
