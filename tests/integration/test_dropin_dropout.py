@@ -189,3 +189,54 @@ def test_multihead_attention_while_training_matches_torch_in_every_configuration
             results.append([out, *([] if weights is None else [weights]), *grads])
         case = (bias, first, dims, weighted, batched, average)
         assert max(relative_error(a, b) for a, b in zip(results[1], results[0], strict=True)) <= RELATIVE, case
+
+
+class _Masks(TorchFunctionMode):
+    """The masks a call draws (each the tensor ``bernoulli_`` filled, divided by 1 − p in place after)."""
+
+    def __init__(self):
+        super().__init__()
+        self.drawn = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if getattr(func, "__name__", "") == "bernoulli_":
+            self.drawn.append(out)
+        return out
+
+
+def _reference_layer(ref, x, masks, norm_first):
+    """torch's encoder layer written out with the given masks in its four places (float64, batch first)."""
+    F = torch.nn.functional
+    attn, (z_weights, z_attention, z_hidden, z_output) = ref.self_attn, masks
+
+    def self_attention(u):
+        q, k, v = F.linear(u, attn.in_proj_weight, attn.in_proj_bias).chunk(3, dim=-1)
+        heads = lambda t: t.unflatten(-1, (H, E // H)).transpose(1, 2)  # noqa: E731
+        weights = torch.softmax(heads(q) @ heads(k).mT / math.sqrt(E // H), dim=-1) * z_weights
+        merged = (weights @ heads(v)).transpose(1, 2).flatten(-2)
+        return F.linear(merged, attn.out_proj.weight, attn.out_proj.bias) * z_attention
+
+    def feed_forward(u):
+        return F.linear(F.relu(ref.linear1(u)) * z_hidden, ref.linear2.weight, ref.linear2.bias) * z_output
+
+    if norm_first:
+        y = x + self_attention(ref.norm1(x))
+        return y + feed_forward(ref.norm2(y))
+    x1 = ref.norm1(x + self_attention(x))
+    return ref.norm2(x1 + feed_forward(x1))
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_encoder_layer_is_torchs_layer_with_its_masks(norm_first):
+    """With the masks the drop-in drew put in the four places of torch's layer (written out), the output and every
+    gradient are the drop-in's: each mask multiplies what torch's layer drops out."""
+    ref, ours = layer_pair(norm_first)
+    x = torch.randn(N, L, E, dtype=torch.float64, requires_grad=True)
+    with _Masks() as masks:
+        got = ours(x)
+    want = _reference_layer(ref, x, [m.detach() for m in masks.drawn], norm_first)
+    cotangent = torch.randn_like(want)
+    grads = [torch.autograd.grad((y * cotangent).sum(), [x, *m.parameters()]) for y, m in ((got, ours), (want, ref))]
+    assert relative_error(got, want) <= RELATIVE
+    assert max(relative_error(a, b) for a, b in zip(*grads, strict=True)) <= RELATIVE
