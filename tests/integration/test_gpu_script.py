@@ -121,7 +121,7 @@ def test_the_positions_and_dropout_sections_time_every_case(report):
     FlexAttention on the CPU), its gradients within float32's error of float64's; dropout: each implementation
     timed with and without, and the kernels' keep rate within 3σ of 1 − p."""
     rows = [[c.strip() for c in row.split("|")[1:-1]] for row in _section(report, "Triton positions")]
-    assert [c[0] for c in rows] == ["window", "prefix", "decay"], rows
+    assert [c[0] for c in rows] == ["window", "prefix", "decay", "alibi"], rows
     for c in rows:
         assert all(re.fullmatch(r"\d+\.\d\d", x) for x in (c[2], c[3], c[5])) and c[4] == "—", c
         assert all(float(x) < 1e-5 for x in c[6].split(", ")) and c[7].endswith("÷ SDPA"), c
