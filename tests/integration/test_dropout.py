@@ -188,10 +188,10 @@ def test_the_keep_rate_is_one_minus_p_within_three_sigma():
     ("backend", "variant", "words"),
     [
         ("triton", "standard", "no dropout in the Triton kernels"),
-        ("torch", "memeff", "no dropout in the memory-efficient variant"),
     ],
 )
 def test_backends_without_draws_refuse_in_one_line(backend, variant, words):
+    """(The memory-efficient variant draws by blocks: tests/integration/test_dropout_memeff.py.)"""
     with pytest.raises((SymattnError, UnsupportedNodeError)) as caught:
         codegen.render(attention_spec(P_DROP), backend, variant, second_order=False)
     assert words in str(caught.value) and "\n" not in str(caught.value)
