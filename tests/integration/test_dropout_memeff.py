@@ -11,6 +11,7 @@ block by block with the module's own helper from the seed and stream the module 
 blocks must be the forward's; gradcheck and the JVP's central difference with the seed reset before each
 evaluation; the same seed the same numbers, another seed others; the keep rate within 3σ of 1 − p;
 training=False exactly the spec without dropout, drawing nothing; no saved tensor of n × m entries at n = m = 384.
+A mask outside the loop (dropout of Q, of O: n × d) is drawn whole, as the standard module draws it.
 """
 
 from __future__ import annotations
@@ -299,3 +300,32 @@ def test_no_saved_tensor_holds_n_by_m_entries():
     saved = _module("plain", "numpy").forward(*(x.numpy() for x in tensors), rng=np.random.default_rng(0))[1]
     assert max(np.size(x) for x in saved.values()) < rows * rows
     assert isinstance(saved["drop_seed"], int)
+
+
+@pytest.mark.parametrize("where", ["input", "output"])
+def test_a_mask_outside_the_loop_is_drawn_whole_as_the_standard_variant_draws_it(where):
+    """Dropout of Q (before the loop) or of O (after it): an n × d mask drawn whole from the same generator as the
+    standard module draws it, so seeded alike the two variants give the same output and gradients."""
+    q, k, v = sp.MatrixSymbol("Q", n, d), sp.MatrixSymbol("K", m, d), sp.MatrixSymbol("V", m, d)
+    if where == "input":
+        output = sa.softmax(sa.dropout(q, P_DROP) * k.T / sp.sqrt(d)) * v
+    else:
+        output = sa.dropout(sa.softmax(q * k.T / sp.sqrt(d)) * v, P_DROP)
+    spec = sa.Spec(name=f"dropped_{where}", summary="dropped", inputs=(q, k, v), output=output)
+    modules = []
+    for variant in ("memeff", "standard"):
+        module = types.ModuleType(f"{spec.name}_{variant}")
+        exec(
+            compile(codegen.render(spec, "torch", variant, second_order=False), module.__name__, "exec"),
+            module.__dict__,
+        )
+        modules.append(module)
+    tensors, cotangent = _inputs("plain", (8, 7), seed=2)
+    results = []
+    for module, options in zip(modules, ({"block_size": BLOCK}, {})):
+        leaves = [x.clone().requires_grad_() for x in tensors]
+        torch.manual_seed(6)
+        out = module.forward(*leaves, **options)
+        results.append([out, *torch.autograd.grad(out, leaves, cotangent)])
+    for got, want in zip(*results):
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
