@@ -1,17 +1,17 @@
-"""Dropout in the memory-efficient variant (issue 57): each block of rows of the mask Z_p is drawn from a seed the
-call draws (torch's generator, or the caller's rng) and the block's identity (``dropout_block``: the seed, the
-mask's stream, the block's first row), never whole; the backward, recomputing the blocks of P, draws the same
-blocks again from the saved seed.
+"""Dropout in the memory-efficient variant (issue 57): each block of rows of the mask Z_p is drawn from a seed the call
+draws (torch's generator, or the caller's rng) and the block's identity (``dropout_block``: the seed, the mask's
+stream, the block's first row), never whole; the backward, recomputing the blocks of P, draws the same blocks again
+from the saved seed.
 
 Specs: dropout on the attention weights (no mask; a causal mask argument, whose blocks skip keys; a sliding window
 of positions, whose key range moves; per head), dropout on the scores and on the weights (two masks, two streams),
-and weights made entrywise of P without a draw (P ⊙ P, through the same blocks). Each NumPy and torch module (several
-blocks, n ≠ m both ways) must match torch autograd of an independent forward, float64, whose mask the test rebuilds
-block by block with the module's own helper from the seed and stream the module drew with, and the backward's
-blocks must be the forward's; gradcheck and the JVP's central difference with the seed reset before each
-evaluation; the same seed the same numbers, another seed others; the keep rate within 3σ of 1 − p;
-training=False exactly the spec without dropout, drawing nothing; no saved tensor of n × m entries at n = m = 384.
-A mask outside the loop (dropout of Q, of O: n × d) is drawn whole, as the standard module draws it.
+and weights made entrywise of P without a draw (P ⊙ P, a decay P ⊙ [0.9^|i − j|], through the same blocks). Each
+NumPy and torch module (several blocks, n ≠ m both ways) must match torch autograd of an independent forward,
+float64, whose mask the test rebuilds block by block with the module's own helper from the seed and stream the
+module drew with, and the backward's blocks must be the forward's; gradcheck and the JVP's central difference with
+the seed reset before each evaluation; the same seed the same numbers, another seed others; the keep rate within 3σ
+of 1 − p; training=False exactly the spec without dropout, drawing nothing; no saved tensor of n × m entries at n =
+m = 384. A mask outside the loop (dropout of Q, of O: n × d) is drawn whole, as the standard module draws it.
 """
 
 from __future__ import annotations
@@ -33,7 +33,8 @@ torch = pytest.importorskip("torch")
 n, m, d = dim("n"), dim("m"), dim("d")
 P_DROP, P_SCORES, BLOCK, HEADS = 0.2, 0.3, 3, 2
 SIZES = [(8, 7), (7, 10)]
-KINDS = ("plain", "masked", "window", "heads", "twice", "squared")
+KINDS = ("plain", "masked", "window", "heads", "twice", "squared", "decay")
+DRAWLESS = ("squared", "decay")  # weights made of P without a draw: P ⊙ P, P ⊙ [0.9^|i − j|]
 
 
 def _window(i, j):
@@ -53,7 +54,11 @@ def _spec(kind: str, p: float = P_DROP) -> sa.Spec:
     scores = scores + sa.entries(n, m, _window).expr if kind == "window" else scores
     scores = sa.dropout(scores, P_SCORES) if kind == "twice" else scores
     weights = sa.softmax(scores)
-    weights = sa.hadamard(weights, weights) if kind == "squared" else sa.dropout(weights, p)
+    decay = sa.entries(n, m, lambda i, j: sp.Rational(9, 10) ** sp.Abs(i - j))
+    if kind in DRAWLESS:
+        weights = sa.hadamard(weights, weights if kind == "squared" else decay)
+    else:
+        weights = sa.dropout(weights, p)
     name = f"dm_{kind}_{str(p).replace('.', '_')}"
     return sa.Spec(name=name, summary="dropped", inputs=(q, k, v), output=weights * v, constants=constants)
 
@@ -137,6 +142,8 @@ def reference(kind, q, k, v, masks):
         scores = scores.masked_fill((j > i) | (i - j >= 3), -math.inf)
     if kind == "squared":
         return _softmax(scores) ** 2 @ v
+    if kind == "decay":
+        return _softmax(scores) * 0.9 ** (i - j).abs().double() @ v
     if kind == "twice":  # the scores' mask, then the weights'
         return _softmax(scores * masks[0]) * masks[1] @ v
     return _softmax(scores) * masks[0] @ v
@@ -151,7 +158,7 @@ def _run(module, backend, kind, tensors, cotangent, **options):
         out = module.forward(*leaves, block_size=BLOCK, **options)
         return out.detach().numpy(), [g.numpy() for g in torch.autograd.grad(out, leaves, cotangent)]
     arrays = [x.numpy() for x in tensors]
-    options |= {"rng": np.random.default_rng(5)} if kind != "squared" else {}  # (P ⊙ P draws nothing)
+    options |= {"rng": np.random.default_rng(5)} if kind not in DRAWLESS else {}
     out, saved = module.forward(*arrays, block_size=BLOCK, **options)
     grads = module.backward(saved, cotangent.numpy())
     return out, [grads[name] for name in "QKV"]
@@ -169,7 +176,7 @@ def _twice_masks(draws, ones):
 def test_the_backward_is_the_derivative_of_the_forward_with_its_draws(kind, backend, size):
     module = _module(kind, backend)
     tensors, cotangent = _inputs(kind, size, seed=len(kind))
-    if kind == "squared":  # no draw: weights made of P alone go through the same blocks
+    if kind in DRAWLESS:  # no draw: weights made of P alone go through the same blocks
         out, grads = _run(module, backend, kind, tensors, cotangent)
         masks = []
     else:
