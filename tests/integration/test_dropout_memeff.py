@@ -11,7 +11,9 @@ float64, whose mask the test rebuilds block by block with the module's own helpe
 module drew with, and the backward's blocks must be the forward's; gradcheck and the JVP's central difference with
 the seed reset before each evaluation; the same seed the same numbers, another seed others; the keep rate within 3σ
 of 1 − p; training=False exactly the spec without dropout, drawing nothing; no saved tensor of n × m entries at n =
-m = 384. A mask outside the loop (dropout of Q, of O: n × d) is drawn whole, as the standard module draws it.
+m = 384. A mask outside the loop (dropout of Q, of O: n × d) is drawn whole, as the standard module draws it. So is
+the hvp's mask (the second closed form takes its arrays whole); forward-mode AD and a second derivative through the
+autograd Function are refused while training, as in the standard module.
 """
 
 from __future__ import annotations
@@ -336,3 +338,38 @@ def test_a_mask_outside_the_loop_is_drawn_whole_as_the_standard_variant_draws_it
         results.append([out, *torch.autograd.grad(out, leaves, cotangent)])
     for got, want in zip(*results):
         torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+
+
+def test_recomputing_the_forward_under_autograd_is_refused_while_training():
+    """As in the standard module: torch.func.jvp and a second derivative through the autograd Function would
+    recompute the forward, drawing another seed: refused in one line while training, computed in eval."""
+    second = types.ModuleType("dm_second")
+    source = codegen.render(_spec("plain"), "torch", "memeff")
+    exec(compile(source, second.__name__, "exec"), second.__dict__)
+    inputs = _inputs("plain", (3, 4), seed=6)[0]
+    with pytest.raises(RuntimeError, match=r"forward-mode AD .* dropout while training is not supported"):
+        torch.func.jvp(second.forward, tuple(inputs), tuple(torch.ones_like(x) for x in inputs))
+    leaves = [x.clone().requires_grad_() for x in inputs]
+    (grad,) = torch.autograd.grad(second.forward(*leaves).sum(), leaves[:1], create_graph=True)
+    with pytest.raises(RuntimeError, match=r"a second derivative .* dropout while training is not supported"):
+        torch.autograd.grad(grad.sum(), leaves)
+    evaluated = functools.partial(second.forward, training=False, block_size=2)
+    assert torch.autograd.gradgradcheck(evaluated, [x.detach().requires_grad_() for x in leaves])
+
+
+def test_the_hvp_draws_a_whole_mask_as_the_standard_module_does():
+    """The second closed form takes its arrays whole: the memory-efficient module's hvp draws the whole mask once,
+    from the same generator, so seeded alike it is the standard module's."""
+    modules = []
+    for variant in ("memeff", "standard"):
+        module = types.ModuleType(f"dm_hvp_{variant}")
+        exec(compile(codegen.render(_spec("plain"), "torch", variant), module.__name__, "exec"), module.__dict__)
+        modules.append(module)
+    tensors, cotangent = _inputs("plain", (6, 5), seed=7)
+    directions = {name: torch.randn_like(x) for name, x in zip("QKV", tensors)}
+    products = []
+    for module in modules:
+        torch.manual_seed(8)
+        products.append(module.hvp(*tensors, cotangent, directions))
+    for name in "QKV":
+        torch.testing.assert_close(products[0][name], products[1][name], rtol=1e-10, atol=1e-12)
