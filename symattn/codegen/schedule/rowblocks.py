@@ -86,8 +86,8 @@ class Plan:
 class Core:
     """The attention core of a schedule: the scores chain S = c·X Zᵀ (+ n × m terms), … , A (+ M), each an n × m
     value made entrywise from the ones before it; P = softmax(A) at ``softmax`` (an index into the forward);
-    ``weights``, the n × m values made entrywise from P that O reads (dropout's Z_p(P), P ⊙ Z_p(P)); O = W V at
-    ``output`` (W the last weight, or P); ``query`` X (its rows the loop's) and ``full`` {Z, V} (read whole)."""
+    ``weights``, the n × m values made entrywise from P alone (dropout's Z_p(P), P ⊙ Z_p(P)); O = W V at ``output``
+    (W P or one of the weights); ``query`` X (its rows the loop's) and ``full`` {Z, V} (read whole)."""
 
     chain: list[Assignment]
     softmax: int
@@ -124,7 +124,7 @@ def _attention_core(sched: Schedule) -> Core:
         or any(t in matrix_symbols(a.value) for a in forward[i + 1 :] for t in _targets(chain))
         or (sched.mask is not None and any(sched.mask in matrix_symbols(a.value) for a in chain[:-1]))
     ):
-        raise SymattnError(f"spec {sched.spec.name}: the memory-efficient variant needs A = c·X Zᵀ, P, O = P V")
+        raise SymattnError(f"spec {sched.spec.name}: the memory-efficient variant needs A = c·X Zᵀ, P, O = P V or W V")
     return Core(chain, i, outputs[0], s_mats[0], {s_mats[1].arg, o_mats[1]}, weights)
 
 
@@ -241,7 +241,7 @@ def plan(sched: Schedule, keep: bool = False) -> Plan:
     # theirs, each collected by the forward as P is
     kept = [a.target for a in core.chain[:-1] if any(a.target in matrix_symbols(b.value) for b in sched.backward)]
     if keep and (core.weights or any(a_def.target in matrix_symbols(a.value) for a in sched.backward)):
-        raise SymattnError(f"spec {sched.spec.name}: the backward reads A or P ⊙ Z, which no block keeps")
+        raise SymattnError(f"spec {sched.spec.name}: the backward reads A or weights made of P, which no block keeps")
     bloop.body = [] if keep else bloop.body
     propagating = {*(a.target for a in (*core.chain, *core.weights)), p_def.target}
     inside = _backward_loop(sched, bloop, propagating, p_def.target.shape, (row_local, block, in_block, rows))
