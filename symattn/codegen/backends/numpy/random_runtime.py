@@ -38,11 +38,11 @@ def dropout_seed(training=True, rng=None):
 
 def dropout_block(like, p, seed, stream, block, keys, cols):
     """The block of rows ``block`` of dropout's mask Z (its keys ``keys`` of cols), like's dtype: (u ≥ p) / (1 − p)
-    for u uniform on [0, 1), drawn over every key of the block's rows by Philox keyed by (seed, stream) from the
-    counter block.start · 2¹⁹² (disjoint streams for every block), so the backward's block is the forward's
-    whatever keys each reads. seed None (training=False): ones, no draw."""
+    for u uniform on [0, 1) in float32, drawn over every key of the block's rows by Philox keyed by (seed, stream)
+    from the counter block.start · 2¹⁹² (disjoint streams for every block), so the backward's block is the
+    forward's whatever keys each reads. seed None (training=False): ones, no draw."""
     if seed is None:
         return np.ones_like(like)
     generator = np.random.Generator(np.random.Philox(key=seed + (stream << 64), counter=block.start << 192))
-    kept = generator.random((*np.shape(like)[:-1], cols))[..., keys] >= p
+    kept = generator.random((*np.shape(like)[:-1], cols), dtype=np.float32)[..., keys] >= p
     return kept.astype(like.dtype) / like.dtype.type(1 - p)
