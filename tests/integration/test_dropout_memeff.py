@@ -203,6 +203,8 @@ def _split(calls):
 
 
 def test_gradcheck_and_the_jvp_with_the_seed_reset():
+    """torch: gradcheck and the JVP against a central difference, torch.manual_seed before each evaluation; NumPy:
+    the JVP with the same rng state as the forward it differentiates."""
     module = _module("plain", "torch")
     tensors, _ = _inputs("plain", (5, 4), seed=3)
     leaves = [x.requires_grad_() for x in tensors]
@@ -223,6 +225,19 @@ def test_gradcheck_and_the_jvp_with_the_seed_reset():
         return module.forward(*(x + sign * eps * t for x, t in zip(inputs, tangents)), block_size=2)
 
     torch.testing.assert_close(tangent, (at(1) - at(-1)) / (2 * eps), rtol=1e-6, atol=1e-8)
+    numpy_module = _module("plain", "numpy")  # NumPy: the same rng state, the same seed
+    arrays = {name: x.numpy() for name, x in zip("QKV", inputs)}
+    directions = {name: t.numpy() for name, t in zip("QKV", tangents)}
+    out, tangent = numpy_module.jvp(*arrays.values(), directions, block_size=2, rng=np.random.default_rng(3))
+
+    def moved(sign):
+        points = (arrays[name] + sign * eps * directions[name] for name in "QKV")
+        return numpy_module.forward(*points, block_size=2, rng=np.random.default_rng(3))[0]
+
+    np.testing.assert_array_equal(
+        out, numpy_module.forward(*arrays.values(), block_size=2, rng=np.random.default_rng(3))[0]
+    )
+    np.testing.assert_allclose(tangent, (moved(1) - moved(-1)) / (2 * eps), rtol=1e-6, atol=1e-8)
 
 
 def test_the_seed_reproduces_a_call_and_another_seed_draws_other_blocks():
