@@ -1,9 +1,11 @@
 """Attention with dropout 0.1 on the weights against the same without, forward + backward, one thread (CPU).
 
-The specs: softmax(Q Kᵀ/√d) V and sa.dropout(softmax(Q Kᵀ/√d), 0.1) V, their generated torch modules (standard
-variant: the mask drawn from torch's generator once, saved for the backward). Beside them, torch's own eager
-attention with F.dropout on the weights and SDPA with dropout_p, each against itself without dropout. loss =
-⟨G, output⟩; best of the rounds, the implementations taking turns. Issue 57's CPU target: with ÷ without ≤ 1.2.
+The specs: softmax(Q Kᵀ/√d) V and sa.dropout(softmax(Q Kᵀ/√d), 0.1) V, their generated torch modules: the standard
+variant (the mask drawn from torch's generator once, saved for the backward) and the memory-efficient one (blocks of
+128 rows, each block's mask drawn from a per-call seed in the forward and drawn again in the backward). Beside them,
+torch's own eager attention with F.dropout on the weights and SDPA with dropout_p, each against itself without
+dropout. loss = ⟨G, output⟩; best of the rounds, the implementations taking turns. Issue 57's CPU target: with ÷
+without ≤ 1.2.
 
     python benchmarks/dropout.py [--n 1024] [--heads 4] [--d 64] [--repeats 5] [--write]
 """
@@ -33,14 +35,14 @@ from symattn.specs import dim  # noqa: E402
 P = 0.1
 
 
-def attention_module(p: float) -> types.ModuleType:
-    """The generated torch module of attention with dropout p on the weights (p = 0: none)."""
+def attention_module(p: float, variant: str = "standard") -> types.ModuleType:
+    """The generated torch module (variant) of attention with dropout p on the weights (p = 0: none)."""
     n, m, d = dim("n"), dim("m"), dim("d")
     q, k, v = sp.MatrixSymbol("Q", n, d), sp.MatrixSymbol("K", m, d), sp.MatrixSymbol("V", m, d)
     output = sa.dropout(sa.softmax(q * k.T / sp.sqrt(d)), p) * v
     spec = sa.Spec(name=f"attention_dropout_{int(p * 100)}", summary="attention", inputs=(q, k, v), output=output)
     made = types.ModuleType(spec.name)
-    exec(compile(codegen.render(spec, "torch", second_order=False), made.__name__, "exec"), made.__dict__)
+    exec(compile(codegen.render(spec, "torch", variant, second_order=False), made.__name__, "exec"), made.__dict__)
     return made
 
 
@@ -77,8 +79,10 @@ def main() -> None:
     inputs = [torch.randn(shape, generator=g) for _ in range(3)]
     cotangent = torch.randn(shape, generator=g)
     with_dropout, without = attention_module(P), attention_module(0)
+    blocked, blocked_without = attention_module(P, "memeff"), attention_module(0, "memeff")
     pairs = {
         "symattn torch module": (with_dropout.forward, without.forward),
+        "symattn torch module, memory-efficient variant": (blocked.forward, blocked_without.forward),
         "torch eager, F.dropout on the weights": (eager(P), eager(0.0)),
         "torch SDPA, dropout_p": (sdpa(P), sdpa(0.0)),
     }

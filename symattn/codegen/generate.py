@@ -37,6 +37,7 @@ from symattn.lang.functions import TORCH
 from symattn.lang.graph import nodes
 from symattn.numeric.printers import runtime_functions
 from symattn.optimize.cost import sizes_at
+from symattn.optimize.position_blocks import SEED
 from symattn.specs import Spec, family, specs
 
 __all__ = [
@@ -289,7 +290,7 @@ CODE_NAMES = frozenset(
         *("grad_out", "saved", "grads", "gradients", "cotangents", "inputs", "tensors", "options", "direction"),
         *("dtype", "device", "output_shape", "mask_shape", "vector_inputs", "forward", "backward", "hvp"),
         *("attn_mask", "key_padding_mask", "causal", "SPEC", "SHAPES", "OPTIONAL", "DIRECTION_OF", "INPUTS"),
-        *("COTANGENT", "FUNCTION", "schedule", "costs"),
+        *("COTANGENT", "FUNCTION", "schedule", "costs", SEED),
     }
 )
 RUNTIMES = tuple(dict.fromkeys(module for b in BACKENDS.values() for module in b.runtimes))

@@ -1,14 +1,19 @@
-"""A block of rows of a matrix of positions: what a loop over blocks of query rows (the memory-efficient variant,
-``codegen.schedule.rowblocks``) computes of an ``Entries`` node, from the block's own positions, never whole."""
+"""A block of rows of a matrix of positions or of dropout's mask: what a loop over blocks of query rows (the
+memory-efficient variant, ``codegen.schedule.rowblocks``) computes of an ``Entries`` node, from the block's own
+positions, and of a ``DropoutMask``, drawn from the call's seed and the block's first row; never whole."""
 
 from __future__ import annotations
+
+import zlib
 
 import sympy as sp
 from sympy import Basic, Expr, MatrixExpr
 
+from symattn.lang.piecewise import DropoutMask
 from symattn.lang.positions import Entries, J
 
 HEAD = sp.Symbol("h", integer=True, nonnegative=True)  # the head of a per-head formula (``entries(…, heads=H)``)
+SEED = "drop_seed"  # the generated code's name of a call's seed, which its blocks of dropout's mask are drawn from
 
 
 class EntriesBlock(MatrixExpr):
@@ -44,9 +49,30 @@ class EntriesBlock(MatrixExpr):
         return laid_out.xreplace({J: J + width * HEAD})  # (j + w·h − w·h: SymPy's sums cancel it)
 
 
+class DropoutBlock(MatrixExpr):
+    """The block of rows of Z_p(A) (``DropoutMask``) a loop over blocks of query rows reads, A already its block
+    (args: A_b, p, stream): drawn over every key of the block's rows from the call's seed, the stream and the
+    block's first row alone (the runtime's ``dropout_block``), so a backward that recomputes the block draws the
+    forward's numbers again, never an n × m mask. stream tells a spec's masks apart: the CRC-32 of the mask's
+    text (the same node, the same stream, the same draws)."""
+
+    def __new__(cls, mask: DropoutMask) -> DropoutBlock:
+        stream = zlib.crc32(sp.srepr(mask).encode())
+        return Basic.__new__(cls, mask.arg, mask.args[1], sp.Integer(stream))
+
+    @property
+    def arg(self) -> MatrixExpr:
+        return self.args[0]
+
+    @property
+    def shape(self) -> tuple:
+        return self.arg.shape
+
+
 def in_blocks(expr: Basic, rows: Expr) -> Basic:
     """expr with each matrix of positions in it (an Entries, or the split_heads of one) as its block of rows (an
-    EntriesBlock of rows rows): what a loop over blocks of query rows computes of it."""
+    EntriesBlock of rows rows), and each dropout mask as a DropoutBlock: what a loop over blocks of query rows
+    computes of them."""
     from symattn.lang.ops import SplitHeads
 
     found: dict[Basic, Basic] = {}
@@ -55,4 +81,6 @@ def in_blocks(expr: Basic, rows: Expr) -> Basic:
             found[node] = EntriesBlock(node.arg, rows, node.heads)
         elif isinstance(node, Entries):
             found.setdefault(node, EntriesBlock(node, rows))
+        elif isinstance(node, DropoutMask):
+            found[node] = DropoutBlock(node)
     return expr.xreplace(found) if found else expr  # (top down: a split_heads before the Entries in it)

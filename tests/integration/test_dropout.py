@@ -6,8 +6,8 @@ module matches torch autograd of F.dropout's forward seeded alike, output and gr
 the exact derivative of the forward with the same draws (gradcheck, the seed reset before each evaluation), its
 jvp a central difference with the same draws; training=False is the spec without dropout and draws nothing; the
 mask's keep rate over 10⁵ draws lies within 3σ of 1 − p. from_torch reads F.dropout / nn.Dropout in train() as the
-node, the drop-in following the module's train()/eval() on every call. The backends without draws refuse in one
-line.
+node, the drop-in following the module's train()/eval() on every call. (The memory-efficient variant draws by
+blocks: test_dropout_memeff.py; the Triton kernels by Philox: test_triton_dropout.py.)
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from rendered import load
 
 import symattn as sa
 from symattn.codegen import generate as codegen
-from symattn.errors import SymattnError, UnsupportedNodeError
+from symattn.errors import SymattnError
 from symattn.specs import dim
 
 torch = pytest.importorskip("torch")
@@ -182,18 +182,6 @@ def test_the_keep_rate_is_one_minus_p_within_three_sigma():
     assert torch.all(y[kept] == 1 / 0.7)  # the kept entries scaled by 1/(1 − p)
     count, rate = kept.numel(), kept.double().mean().item()
     assert abs(rate - 0.7) <= 3 * math.sqrt(0.3 * 0.7 / count)
-
-
-@pytest.mark.parametrize(
-    ("backend", "variant", "words"),
-    [
-        ("torch", "memeff", "no dropout in the memory-efficient variant"),
-    ],
-)
-def test_backends_without_draws_refuse_in_one_line(backend, variant, words):
-    with pytest.raises((SymattnError, UnsupportedNodeError)) as caught:
-        codegen.render(attention_spec(P_DROP), backend, variant, second_order=False)
-    assert words in str(caught.value) and "\n" not in str(caught.value)
 
 
 def test_the_numpy_module_draws_from_rng_and_matches_autograd_with_its_mask():

@@ -42,6 +42,7 @@ from symattn.errors import SymattnError, UnsupportedNodeError
 from symattn.lang.algebra import factors
 from symattn.lang.graph import matrix_symbols
 from symattn.lang.ops import RowWise
+from symattn.lang.piecewise import literal
 from symattn.numeric import positions
 from symattn.numeric.positions import bound_code
 from symattn.numeric.printers import (
@@ -50,7 +51,7 @@ from symattn.numeric.printers import (
     split_sign,
 )
 from symattn.optimize.mask_structure import key_window, of_sizes, pure_mask
-from symattn.optimize.position_blocks import EntriesBlock
+from symattn.optimize.position_blocks import SEED, EntriesBlock
 
 # SymPy functions of a trainable scalar (exp(τ), log(τ), …): SymPy's printer names them numpy.exp, …, which the
 # torch and jax printers name by their own module (the scalar is a 0-d tensor or array there)
@@ -214,6 +215,13 @@ class GeneratedCodeMixin:
         if buffer is None or not expr.inplace:  # ufuncs with out= / in-place methods
             return super()._print_FunctionRecord(expr)
         return self.inplace_function(expr.call(self.backend), self._print(expr.arg), buffer)
+
+    def _print_DropoutBlock(self, expr: Basic) -> str:
+        """A block of rows of dropout's mask in a loop over blocks of rows: drawn from the call's seed, the mask's
+        stream and the block's first row (the runtime's dropout_block), over every key, read at the loop's keys."""
+        p, stream = expr.args[1:]
+        where = f"{SEED}, {stream}, block, keys, {self._print(expr.shape[1])}"
+        return f"{self.helper('dropout_block')}({self._print(expr.arg)}, {literal(p)}, {where})"
 
     def inplace_function(self, function: str, operand: str, buffer: str) -> str:
         """function(operand) written into buffer."""

@@ -27,14 +27,14 @@ from symattn.lang.ops import SplitHeads
 from symattn.lang.piecewise import draws
 from symattn.numeric.positions import bound_code
 from symattn.optimize.mask_structure import width
-from symattn.optimize.position_blocks import EntriesBlock
+from symattn.optimize.position_blocks import SEED, DropoutBlock, EntriesBlock
 from symattn.specs import Option
 
 # An in-place chain printing longer than this prints as plain arithmetic instead (a line ruff format keeps < 120).
 INPLACE_WIDTH = 100
 
 # Values that a statement writes into a new array (not a view): a later entrywise statement may overwrite it.
-FRESH = (MatMul, MatAdd, HadamardProduct, HadamardPower, FunctionRecord)
+FRESH = (MatMul, MatAdd, HadamardProduct, HadamardPower, FunctionRecord, DropoutBlock)
 
 
 @dataclass(frozen=True)
@@ -277,11 +277,11 @@ class Sections:
 
     def _keys(self, lp) -> list[Statement]:
         """The block's key range and the rows of the whole values of m key rows in it (none without one)."""
-        if not lp.keys:
-            positions = set().union(*(a.value.atoms(EntriesBlock) for a in (*lp.body, *lp.accumulate)))
+        if not lp.keys:  # (a block of positions or of dropout's mask reads the keys too: every one)
+            positions = set().union(*(a.value.atoms(EntriesBlock, DropoutBlock) for a in (*lp.body, *lp.accumulate)))
             if not positions:
                 return []
-            every = self.printer.doprint(min(positions, key=str).shape[1])  # (every key a block of positions reads)
+            every = self.printer.doprint(min(positions, key=str).shape[1])
             return [Statement("keys", f"slice(0, {every})")]
         call = f"{self.printer.helper('key_range')}({self.mask}, causal, block, {self._key_count(lp)})"
         if lp.window is not None:  # the keys a matrix of positions leaves the block (within the mask's)
@@ -360,6 +360,9 @@ def _sections(sched: Schedule, printer, mask: str | None, variant: str, backend:
             p.lines(cut.backward[2]),
         ]
         saved_symbols = cut.saved
+        if any(a.value.atoms(DropoutBlock) for a in cut.forward[1].body):  # the call's seed: drawn, saved
+            forward[0]["lines"].insert(0, Statement(SEED, f"{printer.helper('dropout_seed')}(training, rng)"))
+            saved_symbols = (*saved_symbols, sp.Symbol(SEED))
     else:
         forward, backward = [p.lines(sched.forward, whole=True)], [p.lines(sched.backward, whole=True)]
         saved_symbols = sched.saved
@@ -391,13 +394,10 @@ def _blocks(sched: Schedule, variant: str, loops: bool):
     memory-efficient variant's (L kept, P recomputed); the standard variant's when the spec has a mask (P kept,
     the blocks skipping the keys the mask hides) and the cut exists; none for "whole" (the closed forms that
     take every array whole: the second closed form). loops: the backend has the loops' runtime (NumPy, torch)."""
-    drawn = draws(sched.spec.output)  # dropout: its mask drawn once, whole, saved (no blocks recomputing it)
-    if variant == "memeff" and drawn:
-        why = "its backward recomputes blocks of P and would draw the mask again (a saved seed: a later slice)"
-        raise SymattnError(f"spec {sched.spec.name}: no dropout in the memory-efficient variant: {why}")
-    if variant == "memeff":
+    if variant == "memeff":  # (a dropout mask in its loops: each block drawn from the call's seed, drawn again)
         return plan(sched)
-    if variant != "standard" or sched.mask is None or not loops or drawn:
+    # the standard variant draws a dropout mask once, whole, and saves it (no blocks recomputing it)
+    if variant != "standard" or sched.mask is None or not loops or draws(sched.spec.output):
         return None
     try:
         return plan(sched, keep=True)

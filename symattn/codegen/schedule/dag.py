@@ -16,7 +16,7 @@ from sympy import Basic, MatrixExpr, MatrixSymbol
 from sympy.matrices.expressions import MatMul, OneMatrix, Transpose, ZeroMatrix
 
 from symattn.lang.algebra import factors, product
-from symattn.lang.graph import children, nodes, postorder, rebuilt
+from symattn.lang.graph import children, matrix_symbols, nodes, postorder, rebuilt
 from symattn.optimize.cost import typical_size  # noqa: F401  (the printers place scalars by it)
 
 
@@ -97,3 +97,17 @@ def is_weight(symbol: MatrixSymbol, parameters: Collection[str] | None = None) -
     if parameters is not None:
         return isinstance(symbol, MatrixSymbol) and str(symbol.name) in parameters
     return isinstance(symbol, MatrixSymbol) and str(symbol.name).startswith(WEIGHT_PREFIXES)
+
+
+def reads_of(inside: Iterable[Assignment], assignments: Iterable[Assignment]) -> set:
+    """Every target of assignments that the given assignments read, directly or through others of them."""
+    by_target = {a.target: a for a in assignments}
+    seen: set = set()
+    stack = [x for a in inside for x in matrix_symbols(a.value)]
+    while stack:
+        x = stack.pop()
+        if x in seen or x not in by_target:
+            continue
+        seen.add(x)
+        stack.extend(matrix_symbols(by_target[x].value))
+    return seen

@@ -81,11 +81,20 @@ def name_forward_values(
             target = MatrixSymbol(label, *value.shape)
             out.append(Assignment(target, names.substitute(_broadcasts(value, names)), a.reduce_batch))
             names.add(value, target)
-            softmaxes.update([target] if isinstance(value, RowSoftmax) else [])
+            softmaxes.update([target] if _weights(out[-1].value, softmaxes) else [])
         value = names.substitute(_broadcasts(a.value, names)) if names.table else a.value
         out.append(Assignment(a.target, value, a.reduce_batch))
-        softmaxes.update([a.target] if isinstance(value, RowSoftmax) else [])
+        softmaxes.update([a.target] if _weights(value, softmaxes) else [])
     return out
+
+
+def _weights(value: Basic, softmaxes: set) -> bool:
+    """Is value attention weights: a row softmax, or a softmax's name times a mask entrywise (W = P ⊙ Z_p(P),
+    dropout's)? Its product with V is named as P V is: O = W V is what the D identity reads (rowsum(P ⊙ dP) =
+    rowsum(O ⊙ G) holds for W too) and what the memory-efficient variant's loop makes block by block."""
+    if isinstance(value, HadamardProduct):
+        return any(isinstance(x, RowSoftmax) or x in softmaxes for x in value.args)
+    return isinstance(value, RowSoftmax)
 
 
 def _column(node: Basic) -> Basic | None:
@@ -119,7 +128,8 @@ ROW_AND_ENTRYWISE = (FunctionRecord, RowSum, _RowStatistic, HadamardPower)
 
 def _read_by_backward(node: Basic, trainable: frozenset, softmaxes: set) -> list[tuple[Basic, str]]:
     """The values node's VJP reads, arguments first, each with a label stem ("" for the default); softmaxes: the
-    names of row softmaxes. Names and broadcasts (u 𝟏ᵀ) among them are left out later (``is_trivial``)."""
+    names of row softmaxes and of weights made of them (``_weights``). Names and broadcasts (u 𝟏ᵀ) among them are
+    left out later (``is_trivial``)."""
     if isinstance(node, ROW_AND_ENTRYWISE):  # f(u 𝟏ᵀ) = f(u) 𝟏ᵀ: the column is the value, printed broadcast
         column = _column(node.args[0])
         if column is not None:
@@ -136,7 +146,7 @@ def _read_by_backward(node: Basic, trainable: frozenset, softmaxes: set) -> list
         return []
     operands = [m.arg if isinstance(m, Transpose) else m for m in mats] if len(mats) > 1 else []
     # O = P V: the D identity reads it; S in τ·S: dτ does
-    read = coeff.free_symbols & trainable or any(isinstance(m, RowSoftmax) or m in softmaxes for m in operands)
+    read = coeff.free_symbols & trainable or any(_weights(m, softmaxes) or m in softmaxes for m in operands)
     return [(m, "") for m in [*operands, *([product(*mats)] if read else [])]]
 
 

@@ -28,7 +28,7 @@ from sympy.matrices.expressions import (
 )
 
 from symattn.codegen.schedule.build import Schedule
-from symattn.codegen.schedule.dag import Assignment
+from symattn.codegen.schedule.dag import Assignment, reads_of
 from symattn.errors import SymattnError
 from symattn.lang.algebra import factors
 from symattn.lang.functions import Elementwise
@@ -86,13 +86,15 @@ class Plan:
 class Core:
     """The attention core of a schedule: the scores chain S = c·X Zᵀ (+ n × m terms), … , A (+ M), each an n × m
     value made entrywise from the ones before it; P = softmax(A) at ``softmax`` (an index into the forward);
-    O = P V at ``output``; ``query`` X (its rows the loop's) and ``full`` {Z, V} (read whole)."""
+    ``weights``, the n × m values made entrywise from P alone (dropout's Z_p(P), P ⊙ Z_p(P)); O = W V at ``output``
+    (W P or one of the weights); ``query`` X (its rows the loop's) and ``full`` {Z, V} (read whole)."""
 
     chain: list[Assignment]
     softmax: int
     output: int
     query: Basic
     full: set
+    weights: list[Assignment]
 
 
 def _attention_core(sched: Schedule) -> Core:
@@ -108,7 +110,9 @@ def _attention_core(sched: Schedule) -> Core:
     i = where[0]
     p_def = forward[i]
     chain = _chain(forward[:i], p_def.value.arg)
-    outputs = [j for j in range(i + 1, len(forward)) if factors(forward[j].value)[1][:1] == [p_def.target]]
+    weights = _weights(forward, i)
+    weighed = {p_def.target, *(a.target for a in weights)}
+    outputs = [j for j in range(i + 1, len(forward)) if set(factors(forward[j].value)[1][:1]) & weighed]
     _, s_mats = factors(_scores(chain[0].value)) if chain else (None, [])
     _, o_mats = factors(forward[outputs[0]].value) if outputs else (None, [])
     if (
@@ -120,8 +124,20 @@ def _attention_core(sched: Schedule) -> Core:
         or any(t in matrix_symbols(a.value) for a in forward[i + 1 :] for t in _targets(chain))
         or (sched.mask is not None and any(sched.mask in matrix_symbols(a.value) for a in chain[:-1]))
     ):
-        raise SymattnError(f"spec {sched.spec.name}: the memory-efficient variant needs A = c·X Zᵀ, P, O = P V")
-    return Core(chain, i, outputs[0], s_mats[0], {s_mats[1].arg, o_mats[1]})
+        raise SymattnError(f"spec {sched.spec.name}: the memory-efficient variant needs A = c·X Zᵀ, P, O = P V or W V")
+    return Core(chain, i, outputs[0], s_mats[0], {s_mats[1].arg, o_mats[1]}, weights)
+
+
+def _weights(forward: list[Assignment], softmax: int) -> list[Assignment]:
+    """The n × m values right after P = softmax(A) (at index softmax), each made entrywise of P and of the ones
+    before it alone (Z = Z_p(P), W = Z ⊙ P: the weights O = W V reads); [] where the next value is none."""
+    made, found, shape = {forward[softmax].target}, [], forward[softmax].target.shape
+    for a in forward[softmax + 1 :]:
+        if a.target.shape != shape or not matrix_symbols(a.value) <= made or not _entrywise(a.value):
+            return found
+        made.add(a.target)
+        found.append(a)
+    return found
 
 
 def _chain(before: list[Assignment], scores: Basic) -> list[Assignment]:
@@ -219,18 +235,18 @@ def plan(sched: Schedule, keep: bool = False) -> Plan:
     bloop.body = [
         *(Assignment(block(a.target), in_block(a.value)) for a in core.chain),
         Assignment(block(p_def.target), Exp(block(a_def.target) - block(lse) * ones)),
+        *(Assignment(block(a.target), in_block(a.value)) for a in core.weights),  # (Z_b drawn again: its seed's)
     ]
     # keep: P_b read from the forward's P, and the chain's values the backward reads (S of dτ = 𝟏ᵀ(S ⊙ dA)𝟏) from
     # theirs, each collected by the forward as P is
     kept = [a.target for a in core.chain[:-1] if any(a.target in matrix_symbols(b.value) for b in sched.backward)]
-    if keep:
-        if any(a_def.target in matrix_symbols(a.value) for a in sched.backward):
-            raise SymattnError(f"spec {sched.spec.name}: the backward reads the scores A, which no block keeps")
-        bloop.body = []
-    propagating = {*(a.target for a in core.chain), p_def.target}
+    if keep and (core.weights or any(a_def.target in matrix_symbols(a.value) for a in sched.backward)):
+        raise SymattnError(f"spec {sched.spec.name}: the backward reads A or weights made of P, which no block keeps")
+    bloop.body = [] if keep else bloop.body
+    propagating = {*(a.target for a in (*core.chain, *core.weights)), p_def.target}
     inside = _backward_loop(sched, bloop, propagating, p_def.target.shape, (row_local, block, in_block, rows))
     made_in = {a.target for a in inside} | propagating
-    before = _reads(inside, sched.backward) - made_in
+    before = reads_of(inside, sched.backward) - made_in
     pre = [a for a in sched.backward if a.target in before]
     post = [a for a in sched.backward if a.target not in made_in and a.target not in before]
     read_after = {x for a in post for x in matrix_symbols(a.value)} | {t for _, t in sched.gradients}
@@ -330,15 +346,12 @@ def _forward_cut(sched: Schedule, core: Core, lse: MatrixSymbol, blocks: dict, l
     forward = list(sched.forward)
     a_def, p_def, o_def = core.chain[-1], forward[core.softmax], forward[core.output]
     floop = Loop(rows_of=str(core.query.name), softmax=(block(p_def.target), block(lse), block(a_def.target)))
-    floop.body = [
-        *(Assignment(block(a.target), in_block(a.value)) for a in core.chain),
-        Assignment(block(o_def.target), in_block(o_def.value)),
-    ]
-    chain = {a.target for a in core.chain}
-    later = [a for a in forward[core.softmax + 1 :] if a is not o_def]
+    floop.body = [Assignment(block(a.target), in_block(a.value)) for a in (*core.chain, *core.weights, o_def)]
+    chain = {a.target for a in (*core.chain, *core.weights)}
+    later = [a for a in forward[core.softmax + 1 :] if a is not o_def and a not in core.weights]
     after = _after_the_loop(sched, later, floop, (chain, p_def.target, o_def.target), row_local, block, in_block)
     sliced = [Assignment(b, whole) for b, whole in _slices(floop, blocks)]  # a block read: its whole value is
-    early = _reads([*floop.body, *sliced], tuple(after))
+    early = reads_of([*floop.body, *sliced], tuple(after))
     ahead = [*(a for a in forward[: core.softmax] if a.target not in chain), *(a for a in after if a.target in early)]
     after = [a for a in after if a.target not in early]
     read_after = {x for a in after for x in matrix_symbols(a.value)} | {sched.output}
@@ -412,11 +425,11 @@ def _scores(value: Basic) -> Basic:
 
 
 def _read_again(sched: Schedule, reads: set, saved: tuple) -> tuple:
-    """The sizes and trainable scalars the backward's loop reads that the forward does not save yet: what a block of
-    positions reads again (n of its rows, a slope τ) where the whole backward read none."""
-    again = {
-        x for x in reads if isinstance(x, sp.Symbol) and ((x.is_integer and x.is_positive) or x in sched.spec.inputs)
-    }
+    """The sizes, trainable scalars and constants the backward's loop reads that the forward does not save yet: what
+    a block of positions reads again (n of its rows, a slope τ), the scale of the scores it recomputes (c·X Zᵀ), where
+    the whole backward read none."""
+    scalars = {*sched.spec.inputs, *(c for c, _ in sched.constants)}
+    again = {x for x in reads if isinstance(x, sp.Symbol) and ((x.is_integer and x.is_positive) or x in scalars)}
     return tuple(sorted(again - {BLOCK_ROWS, *saved}, key=str))
 
 
@@ -432,17 +445,3 @@ def _slices(loop: Loop, blocks: dict[MatrixSymbol, MatrixSymbol]) -> list[tuple[
         made |= set(loop.softmax[:2])
     read = {x for a in (*loop.body, *loop.accumulate) for x in matrix_symbols(a.value)}
     return [(b, full) for full, b in blocks.items() if b in read and b not in made]
-
-
-def _reads(inside: list[Assignment], backward: tuple[Assignment, ...]) -> set:
-    """Every backward target that the given assignments read, directly or not."""
-    by_target = {a.target: a for a in backward}
-    seen: set = set()
-    stack = [x for a in inside for x in matrix_symbols(a.value)]
-    while stack:
-        x = stack.pop()
-        if x in seen or x not in by_target:
-            continue
-        seen.add(x)
-        stack.extend(matrix_symbols(by_target[x].value))
-    return seen
