@@ -118,7 +118,10 @@ class Program:
         """Whether these arguments and buffers give every value the trace read off constants (its guards)."""
         if not self.guards:
             return True
-        value = self._run(args, buffers, max(after for after, _, _ in self.guards))
+        try:
+            value = self._run(args, buffers, max(after for after, _, _ in self.guards))
+        except SymattnError:  # a step that checks its tensor (forms.heads.first_along) refused these arguments
+            return False
         for _, (func, a, kw), seen in self.guards:
             try:
                 now = func(*value(a), **value(kw))

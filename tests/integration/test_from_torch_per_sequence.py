@@ -182,6 +182,21 @@ def test_a_mask_per_sequence_meeting_inputs_with_batch_and_head_axes_drops_in(na
     _matches(model, closed, _qkv(3, 7, 2), (more,), f"{name}, batch 3")
 
 
+def test_a_constant_equal_for_every_sequence_at_the_example_traces_again_where_it_varies():
+    """Equal along the batch at the trace, C is one constant (its first entry, guarded); a call where it varies, a new
+    temperature or a buffer changed, traces again, and C is then one per sequence."""
+    model = Tempered()
+    closed = ClosedForm(model, (*_qkv(B, 5, 0), torch.tensor([2, 2])))
+    assert not tables_read(closed.spec.output)  # one constant for every sequence
+    _matches(model, closed, _qkv(B, 5, 1), (torch.tensor([2, 2]),), "equal temperatures")
+    _matches(model, closed, _qkv(B, 5, 2), (torch.tensor([1, 3]),), "temperatures that differ")
+    scaled = Scaled(torch.ones(B, 1, 1, 1, dtype=torch.float64))
+    closed = ClosedForm(scaled, tuple(_qkv(B, 5, 0)))
+    with torch.no_grad():
+        scaled.scale[1] = 3.0
+    _matches(scaled, closed, _qkv(B, 5, 3), what="a buffer changed to differ per sequence")
+
+
 HEADS = {
     "scale per sequence (B, 1, 1, 1)": (torch.tensor([0.5, 2.0]).view(B, 1, 1, 1), "mul"),
     "scale per head and sequence (B, H, 1, 1)": (PER_HEAD_AND_SEQUENCE, "mul"),

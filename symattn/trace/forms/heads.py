@@ -2,8 +2,8 @@
 
 A constant of shape (…, h, r, c) meets per-head values (…, H, n, m) by torch's broadcasting. Along an axis where
 it does not vary (an ``expand``, position tables equal for every sequence) it is one constant there: the trace
-keeps its first entry (a step of the constant program, ``first_along``, which checks again at every rebuild).
-What is left is, in symattn's language:
+keeps its first entry (a step of the constant program, ``first_along``, guarded by ``varies``: a call where it
+varies traces again). What is left is, in symattn's language:
 
 - one n × m constant for every head (h = 1): the additive mask M (batched where it varies along the batch,
   which generated forward takes as (B, n, m)), K for a kept mask, or a fixed constant C;
@@ -44,16 +44,25 @@ def first_along(tensor: torch.Tensor, axes: tuple[int, ...]) -> torch.Tensor:
     return first
 
 
+def varies(tensor: torch.Tensor, axes: tuple[int, ...]) -> bool:
+    """Whether the tensor varies along the axes (the guard of a reduction: a call where it does, traces again)."""
+    try:
+        first_along(tensor, axes)
+    except SymattnError:
+        return True
+    return False
+
+
 def _reduced(t: Trace, tensor: torch.Tensor, axes: tuple[int, ...]) -> torch.Tensor | None:
-    """tensor with the axes (of size > 1) reduced to their first entry, a recorded program step; None where it
-    varies along them."""
+    """tensor with the axes (of size > 1) reduced to their first entry, a recorded program step guarded by its not
+    varying there (a call whose tensor varies traces again: a constant per sequence); None where it varies."""
     axes = tuple(a for a in axes if tensor.shape[a] != 1)
     if not axes:
         return tensor
-    try:
-        first = first_along(tensor, axes)
-    except SymattnError:
+    if varies(tensor, axes):
         return None
+    t.program.guard(varies, (tensor, axes), {}, False)
+    first = first_along(tensor, axes)
     t.program.record(first_along, (tensor, axes), {}, first)
     return first
 
