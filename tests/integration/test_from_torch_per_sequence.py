@@ -218,18 +218,23 @@ def test_a_buffer_per_sequence_meeting_per_head_scores_drops_in(name):
         _matches(model, closed, [x], what=f"{name} at n = {n}")
 
 
-@pytest.mark.parametrize("backend", ["torch", "numpy"])
+@pytest.mark.parametrize("backend", ["torch", "numpy", "jax"])
 def test_the_generated_module_takes_the_constant_with_the_inputs_batch_axes(backend):
-    """Generated forward of class C's spec, called with C as (B, H, 1, 1): each sequence's own scale."""
-    c = torch.tensor([0.5, 2.0], dtype=torch.float64).view(B, 1, 1, 1)
+    """Generated forward of a spec with a per-token constant (B, 1, n, 1), called with C as (B, H, n, 1): each
+    sequence's own weights."""
+    if backend == "jax":
+        pytest.importorskip("jax", reason="jax is an optional extra").config.update("jax_enable_x64", True)
+    c = torch.tensor([0.5, 2.0], dtype=torch.float64).view(B, 1, 1, 1) * torch.arange(1.0, 7.0).view(1, 1, 6, 1)
     q, k, v = _qkv(B, 6, 3)
-    spec = sa.from_torch(Scaled(c), *_qkv(B, 5, 0))
+    spec = sa.from_torch(Scaled(c), *_qkv(B, 6, 0))
+    assert _per_sequence_constant(spec).shape[1] == 1
     module = load(spec, backend)
-    given = c.expand(B, H, 1, 1)
-    if backend == "numpy":
-        out = module.forward(q.numpy(), k.numpy(), v.numpy(), given.numpy())[0]
-    else:
+    given = c.expand(B, H, 6, 1)
+    if backend == "torch":
         out = module.forward(q, k, v, given).detach()
+    else:
+        out = module.forward(q.numpy(), k.numpy(), v.numpy(), given.numpy())
+        out = out[0] if isinstance(out, tuple) else out
     close(out, torch.softmax(q @ k.mT * c, -1) @ v, f"{backend}: output")
 
 
