@@ -147,10 +147,20 @@ class Both(HeadsAttention):
         return self.merge(torch.softmax((q @ k.mT).masked_fill(~keep, -math.inf), -1) @ q)
 
 
-def test_a_constant_varying_along_the_batch_and_the_heads_is_per_head_and_per_sequence():
+class KeptBoth(HeadsAttention):
+    """The same mask filling the probabilities with 0 (a kept mask K per head and sequence)."""
+
+    def forward(self, hidden_states, mask):
+        q, k, v = (self.heads(f(hidden_states)) for f in (self.query, self.key, self.value))
+        keep = mask[:, None, None, :] | torch.tensor([False, True])[None, :, None, None]
+        return self.merge(torch.softmax(q @ k.mT, -1).masked_fill(~keep, 0.0) @ v)
+
+
+@pytest.mark.parametrize("make", [Both, KeptBoth], ids=["additive", "kept"])
+def test_a_constant_varying_along_the_batch_and_the_heads_is_per_head_and_per_sequence(make):
     """Read at positions, [C_ij] split into the heads (issue 56): generated code takes it with the batch axes."""
     torch.manual_seed(0)
-    model = Both("").double()
+    model = make("").double()
     closed = ClosedForm(model, (torch.randn(2, 5, D, dtype=torch.float64), _keep([5, 4], 5)))
     (c,) = closed.spec.constants
     assert c.shape[1] == H * c.shape[0]
