@@ -398,6 +398,14 @@ def entries(rows: object, cols: object, f: Callable | sp.Lambda | Expr, heads: o
     return split_heads(Matrix(make(rows, count * width, laid_out, reads_checked=True)), count)
 
 
+def tables_read(expr: Basic) -> frozenset[Basic]:
+    """The matrices expr reads at positions (the tables of its Entries nodes): with the inputs' batch axes in generated
+    code, one per sequence (a constant: document ids, a per-sequence scale read as [C_ij])."""
+    from symattn.lang.graph import nodes  # (the graph walk builds on the language's nodes; imported where used)
+
+    return frozenset(t for x in nodes(expr) if isinstance(x, Entries) for t in x.tables)
+
+
 def from_function_matrix(node: FunctionMatrix) -> Entries:
     """SymPy's own FunctionMatrix as the language's node (the same matrix)."""
     return make(node.rows, node.cols, node.lamda)

@@ -169,6 +169,11 @@ def _values(traced, target, args, rng, s) -> dict:
     )
     for mine, c, tensor in zip(s.constants, traced.constants, raw):
         value = spec_value(c, tensor, layouts[0].dtype, sizes).numpy()
+        if value[..., 0, 0].size != 1:  # the points have one sequence (leading axes of length 1)
+            raise SymattnError(
+                f"check_backward: the constant {mine} has {value[..., 0, 0].size} sequences at a point of one (a "
+                "constant per sequence): check the backward of one sequence's forward"
+            )
         values[mine] = value.reshape(value.shape[-2:])
     seed = default_seed(s.output, None)
     rows, cols = (int(sp.sympify(n).xreplace(sizes)) for n in seed.shape)

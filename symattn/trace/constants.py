@@ -118,7 +118,10 @@ class Program:
         """Whether these arguments and buffers give every value the trace read off constants (its guards)."""
         if not self.guards:
             return True
-        value = self._run(args, buffers, max(after for after, _, _ in self.guards))
+        try:
+            value = self._run(args, buffers, max(after for after, _, _ in self.guards))
+        except SymattnError:  # a step that checks its tensor (forms.heads.first_along) refused these arguments
+            return False
         for _, (func, a, kw), seen in self.guards:
             try:
                 now = func(*value(a), **value(kw))
@@ -205,8 +208,8 @@ def spec_value(constant, raw, dtype, sizes: dict, checked: bool = True):
     rows, cols = (int(sp.sympify(x).xreplace(sizes)) for x in constant.symbol.shape)
     value = FORMS[constant.form](raw, dtype)
     name = str(constant.symbol.name)
-    if constant.heads is None:
-        return fitted(value, rows, cols, name)
+    if constant.heads is None:  # (a constant per sequence keeps its batch axes as torch aligns them with the inputs')
+        return fitted(value, rows, cols, name, constant.at_heads or not constant.batched)
     heads = constant.heads
     value = value.reshape((1,) * max(3 - value.ndim, 0) + tuple(value.shape))
     try:
@@ -223,10 +226,10 @@ def _zeros(b, dtype):
     return torch.zeros(b.shape, dtype=dtype, device=b.device)
 
 
-def fitted(value, rows: int, cols: int, name: str):
-    """A constant at the spec's matrix shape: a head axis of size 1 dropped, size-1 rows or columns broadcast."""
-
-    while value.ndim > 2 and value.shape[-3] == 1:
+def fitted(value, rows: int, cols: int, name: str, heads_axis: bool = True):
+    """A constant at the spec's matrix shape: a head axis of size 1 dropped (heads_axis: axis −3 is one; else every
+    leading axis is a batch axis, kept), size-1 rows or columns broadcast."""
+    while heads_axis and value.ndim > 2 and value.shape[-3] == 1:
         value = value.squeeze(-3)
     try:
         return torch.broadcast_to(value, (*value.shape[:-2], rows, cols))

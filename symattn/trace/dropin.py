@@ -20,6 +20,7 @@ import types
 from symattn.codegen.generate import render
 from symattn.errors import SymattnError
 from symattn.lang.functions import TORCH
+from symattn.lang.positions import tables_read
 from symattn.specs.spec import Spec
 from symattn.trace.constants import sizes_of, spec_layout, spec_value
 from symattn.trace.source import Traced, bound_arguments, spec_tensors, trace
@@ -60,8 +61,12 @@ class ClosedForm:
         for traced in held:
             if traced.program.holds(values, buffers):
                 return traced
-        with _original_forward(self.fn), _own_draws():
-            traced = trace(self.fn, tuple(_detached(a) for a in args))
+        try:
+            with _original_forward(self.fn), _own_draws():
+                traced = trace(self.fn, tuple(_detached(a) for a in args))
+        except RuntimeError as err:  # torch's, from the original code (a per-sequence buffer of another batch size)
+            why = str(err).splitlines()[0] if str(err) else type(err).__name__
+            raise SymattnError(f"drop_in: the original forward fails at these arguments {shapes[1:]}: {why}") from None
         held.insert(0, traced)
         del held[GUARDED_TRACES:]
         return traced
@@ -106,13 +111,16 @@ class ClosedForm:
         inputs = self.inputs(args, traced)
         constants = self.constants(args, inputs, traced)
         batch = tuple(inputs[0].shape[:-2])
-        given = []  # the constants in the spec's order, after the inputs: the additive mask batched, the rest not
-        for c in traced.spec.constants:
+        per_sequence = {str(x.name) for x in tables_read(traced.spec.output)}
+        given = []  # the constants in the spec's order, after the inputs: the additive mask and those read at
+        for c in traced.spec.constants:  # positions (one per sequence) with the inputs' batch axes, the rest without
             name = str(c.name)
             if name == traced.mask:
                 value = constants[name]
                 batched = value.ndim > 2 or batch
                 given.append(torch.broadcast_to(value, (*batch, *value.shape[-2:])) if batched else value)
+            elif name in per_sequence:
+                given.append(_batched(constants[name], name, batch))
             else:
                 given.append(_unbatched(constants[name], name))
         out = self.code(traced.spec).forward(*inputs, *given)
@@ -144,6 +152,21 @@ def _own_draws():
 
 def _buffers(fn) -> dict:
     return dict(fn.named_buffers()) if hasattr(fn, "named_buffers") else {}
+
+
+def _batched(value, name: str, batch: tuple):
+    """A constant one per sequence at the inputs' batch axes, broadcast as torch broadcasts it against them."""
+    import torch
+
+    while value.ndim > 2 + len(batch) and value.shape[0] == 1:
+        value = value.squeeze(0)
+    try:
+        return torch.broadcast_to(value, (*batch, *value.shape[-2:]))
+    except RuntimeError:
+        raise SymattnError(
+            f"drop_in: the constant {name} of shape {tuple(value.shape)} does not broadcast to the inputs' batch axes "
+            f"{batch}"
+        ) from None
 
 
 def _unbatched(value, name: str):

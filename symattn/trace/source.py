@@ -172,7 +172,7 @@ def _trace(
     if not t.traced(out):
         raise SymattnError(f"from_torch: the output of {_qualname(fn)} does not depend on its float inputs")
     output = _output(fn, t.values[id(out)], sequence_first)
-    used = output.expr.free_symbols if hasattr(output.expr, "free_symbols") else set()
+    used = _shared(t, params, output.expr)
     t.constants = [c for c in t.constants if c.symbol in used]  # (a slice's S merged into a rotation R: gone)
     first = t.inputs[0][0] if t.inputs else ""
     views = _blocked(t, output.expr)
@@ -210,6 +210,20 @@ def _trace(
     additive, _ = split_constants(spec)
     traced.mask = None if additive is None else str(additive.name)
     return traced
+
+
+def _shared(t: Trace, params: list, output: Basic) -> set:
+    """The symbols the output reads; a parameter among them that has leading axes refused: a parameter of the spec
+    is one matrix shared by every sequence and head (its gradient summed over them)."""
+    used = output.free_symbols if hasattr(output, "free_symbols") else set()
+    symbols = dict(t.inputs)
+    for pname, p in params:
+        if p.ndim > 2 and p.shape[:-2].numel() > 1 and symbols.get(_own_name(pname.replace(".", "_"))) in used:
+            raise SymattnError(
+                f"from_torch: the parameter {pname} of shape {tuple(p.shape)} has leading axes: a parameter is one "
+                "matrix shared by every sequence and head (one constant per sequence is a buffer)"
+            )
+    return used
 
 
 def _order_constants(t: Trace) -> None:

@@ -61,6 +61,7 @@ class Constant:
     added: bool = False  # a float constant added to values of its shape (an additive mask M), not a fixed one
     heads: int | None = None  # H for a per-head constant: the spec's n × (H·m), split into the H blocks (…, H, n, m)
     batched: bool = False  # its leading axis varies (a mask per sequence): the additive mask, before a fixed one
+    at_heads: bool = False  # it met per-head values: its axis −3 is the heads' (size 1), the axes before it the batch
 
 
 @dataclass
@@ -204,6 +205,7 @@ class Trace:
                 form,
                 added=form == "as_is" and like is not None,
                 batched=tensor.ndim > 2 and tensor.shape[0] > 1,
+                at_heads=like is not None and like.heads is not None,
             )
         )
         value = Value(symbol, tuple(tensor.shape) if like is None else like.shape)

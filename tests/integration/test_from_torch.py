@@ -154,13 +154,6 @@ def indexing(q, k):
     return (q @ k.mT)[:2]  # rows (a slice of the last axis is a product with a selection: forms.rotary)
 
 
-def batched_bias_on_heads(q, bias):
-    b, n, width = q.shape
-    h = q.view(b, n, 2, width // 2).transpose(1, 2)
-    scores = h @ h.mT + bias
-    return (scores.softmax(-1) @ h).transpose(1, 2).reshape(b, n, width)
-
-
 UNSUPPORTED = [
     (chunked, ("chunk", "dim=-2"), lambda: (torch.randn(2, 3, 4), torch.randn(4, 6))),
     (einsum_rowwise_dot, ("einsum", "leading axes"), lambda: (torch.randn(2, 3, 4), torch.randn(2, 3, 4))),
@@ -169,13 +162,6 @@ UNSUPPORTED = [
     (clamped_scale, ("clamp", "active"), lambda: (torch.randn(3, 4), torch.randn(5, 4), torch.tensor(2.0))),
     (data_mask, ("gt", "comparison"), lambda: (torch.randn(3, 4), torch.randn(5, 4))),
     (indexing, ("__getitem__", "slicing"), lambda: (torch.randn(3, 4), torch.randn(5, 4))),
-    # a (B, 1, n, n) float bias is the additive mask M (test_from_torch_float_masks.py), a (1, H, n, n) one a per-head
-    # constant (test_from_torch_head_constants.py); one varying along the batch and the heads is refused
-    (
-        batched_bias_on_heads,
-        ("add", "varies along both the batch and the heads"),
-        lambda: (torch.randn(2, 3, 4), torch.randn(2, 2, 3, 3)),
-    ),
 ]
 
 

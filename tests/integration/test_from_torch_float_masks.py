@@ -117,12 +117,29 @@ def test_a_float_mask_added_to_per_head_scores_is_the_additive_mask(kind, make, 
             close(a, b, f"∂f/∂{name} at {batch} × {n}")
 
 
-def test_a_float_mask_that_varies_over_the_batch_and_the_heads_is_refused_in_one_line():
-    model = _model(False)
-    per_head = padding([5, 4], 5).expand(2, H, 5, 5).clone()
+def _per_head(lengths: list[int], n: int) -> torch.Tensor:
+    """A float mask varying along the batch and the heads: the padding, and head 1 of sequence 0 blind to key 0."""
+    per_head = padding(lengths, n).expand(len(lengths), H, n, n).clone()
     per_head[0, 1, :, 0] = -math.inf
-    with pytest.raises(sa.SymattnError, match=r"cannot trace add: .*varies along both the batch and the heads"):
-        sa.from_torch(model, torch.randn(2, 5, D, dtype=torch.float64), per_head)
+    return per_head
+
+
+def test_a_float_mask_that_varies_over_the_batch_and_the_heads_is_a_per_head_constant_per_sequence():
+    """Read at positions, [C_ij] split into the heads: the drop-in passes each call's own (B, n, H·m)."""
+    model = _model(False)
+    closed = ClosedForm(model, (torch.randn(2, 5, D, dtype=torch.float64), _per_head([5, 4], 5)))
+    (c,) = closed.spec.constants
+    assert c.shape[1] == H * c.shape[0]
+    for seed, (batch, n, lengths) in enumerate(NEW):
+        g = torch.Generator().manual_seed(seed + 1)
+        x, mask = torch.randn(batch, n, D, dtype=torch.float64, generator=g), _per_head(lengths, n)
+        cotangent = torch.randn(batch, n, D, dtype=torch.float64, generator=g)
+        want_out, want = _want(model, x, mask, cotangent)
+        leaves = [x.clone().requires_grad_(), *model.parameters()]
+        out = closed(leaves[0], mask)
+        close(out.detach(), want_out, f"output at {batch} × {n}")
+        for name, a, b in zip(closed.spec.input_names, torch.autograd.grad(out, leaves, cotangent), want):
+            close(a, b, f"∂f/∂{name} at {batch} × {n}")
 
 
 def test_a_float_matrix_without_batch_axes_stays_an_input():

@@ -2,7 +2,7 @@
 position_bias (1, H, n, n), ALiBi's per-head distances, a padding mask expanded to (B, H, n, m), a bool mask per
 head, sdpa's float per-head attn_mask, position tables (B, 1, n, d) equal for every sequence. Each traces, and the
 drop-in matches torch autograd of the original (output and every gradient) at new inputs, batch size and length;
-a constant varying along both the batch and the heads is refused in one line."""
+a constant varying along the batch (and the heads) is a constant per sequence."""
 
 from __future__ import annotations
 
@@ -122,19 +122,56 @@ def test_the_generated_module_takes_a_per_head_constant_with_its_heads_side_by_s
     close(out, model(x, _keep([6, 6], 6)).detach(), f"output with {c.name} laid out n × (H·m)")
 
 
-def test_a_constant_varying_along_the_batch_and_the_heads_is_refused_in_one_line():
-    class Both(HeadsAttention):
-        def forward(self, hidden_states, mask):
-            q, k = self.heads(self.query(hidden_states)), self.heads(self.key(hidden_states))
-            keep = mask[:, None, None, :] & torch.tensor([True, False])[None, :, None, None]
-            return self.merge(torch.softmax((q @ k.mT).masked_fill(~keep, -math.inf), -1) @ q)
+def _matches(model, closed, x, mask, what: str) -> None:
+    """The drop-in and torch autograd of the original agree: output and every gradient (zero for a parameter the
+    forward does not read)."""
+    cotangent = torch.randn(x.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(9))
+    results = []
+    for call in (closed, model):
+        leaves = [x.clone().requires_grad_(), *model.parameters()]
+        out = call(leaves[0], mask)
+        grads = torch.autograd.grad(out, leaves, cotangent, allow_unused=True)
+        results.append((out.detach(), [torch.zeros_like(p) if g is None else g for g, p in zip(grads, leaves)]))
+    (out, grads), (want_out, want) = results
+    close(out, want_out, f"{what}: output")
+    for k, (a, b) in enumerate(zip(grads, want)):
+        close(a, b, f"{what}: gradient {k}")
 
-    with pytest.raises(sa.SymattnError, match=r"cannot trace masked_fill: .*varies along both.*head_constants.py:"):
-        sa.from_torch(Both("").double(), torch.randn(2, 5, D, dtype=torch.float64), _keep([5, 4], 5))
+
+class Both(HeadsAttention):
+    """A bool mask varying along the batch and the heads: head 0 sees each sequence's tokens, head 1 every key."""
+
+    def forward(self, hidden_states, mask):
+        q, k = self.heads(self.query(hidden_states)), self.heads(self.key(hidden_states))
+        keep = mask[:, None, None, :] | torch.tensor([False, True])[None, :, None, None]
+        return self.merge(torch.softmax((q @ k.mT).masked_fill(~keep, -math.inf), -1) @ q)
 
 
-def test_a_table_that_varies_along_the_batch_is_refused_and_the_drop_in_checks_it_again():
-    """A position table equal for every sequence is one constant; the drop-in checks that it still is."""
+class KeptBoth(HeadsAttention):
+    """The same mask filling the probabilities with 0 (a kept mask K per head and sequence)."""
+
+    def forward(self, hidden_states, mask):
+        q, k, v = (self.heads(f(hidden_states)) for f in (self.query, self.key, self.value))
+        keep = mask[:, None, None, :] | torch.tensor([False, True])[None, :, None, None]
+        return self.merge(torch.softmax(q @ k.mT, -1).masked_fill(~keep, 0.0) @ v)
+
+
+@pytest.mark.parametrize("make", [Both, KeptBoth], ids=["additive", "kept"])
+def test_a_constant_varying_along_the_batch_and_the_heads_is_per_head_and_per_sequence(make):
+    """Read at positions, [C_ij] split into the heads (issue 56): generated code takes it with the batch axes."""
+    torch.manual_seed(0)
+    model = make("").double()
+    closed = ClosedForm(model, (torch.randn(2, 5, D, dtype=torch.float64), _keep([5, 4], 5)))
+    (c,) = closed.spec.constants
+    assert c.shape[1] == H * c.shape[0]
+    for seed, (batch, n, lengths) in enumerate([(2, 5, [3, 5]), (3, 7, [7, 2, 5])]):
+        x = torch.randn(batch, n, D, dtype=torch.float64, generator=torch.Generator().manual_seed(seed))
+        _matches(model, closed, x, _keep(lengths, n), f"batch {batch}, n = {n}")
+
+
+def test_a_table_that_varies_along_the_batch_is_per_sequence_and_the_drop_in_checks_it_again():
+    """A position table equal for every sequence is one constant, which the drop-in checks it still is; one that
+    differs per sequence is a constant per sequence."""
     model = _model("table")
     example = (torch.randn(2, 5, D, dtype=torch.float64), _keep([5, 4], 5))
     closed = ClosedForm(model, example)
@@ -145,6 +182,7 @@ def test_a_table_that_varies_along_the_batch_is_refused_and_the_drop_in_checks_i
             table = torch.arange(10, dtype=q.dtype).view(2, 1, 5, 1).expand(2, 1, 5, D // H)
             return self.merge(torch.softmax((q * table) @ q.mT, -1) @ q)
 
-    with pytest.raises(sa.SymattnError, match=r"cannot trace mul: .*varies along its batch axes"):
-        sa.from_torch(Shifted("").double(), *example)
+    torch.manual_seed(0)
+    shifted = Shifted("").double()
+    _matches(shifted, ClosedForm(shifted, example), torch.randn(2, 5, D, dtype=torch.float64), _keep([3, 5], 5), "")
     assert closed(*example).shape == (2, 5, D)

@@ -376,6 +376,29 @@ def _falcon(multi_query: bool):
     return FalconOutput(FalconAttention(config, layer_idx=0)), args, 1, 1e-9
 
 
+def test_bloom_with_padded_sequences_reads_its_alibi_per_head_and_per_sequence():
+    """BLOOM's ALiBi of right-padded sequences (build_alibi_tensor of the 0/1 attention mask, (B·H, 1, n)) differs per
+    sequence and per head: a per-head constant per sequence, read at positions (issue 56). Against autograd of the
+    original at another batch size, length and padding."""
+    pytest.importorskip("transformers")
+    from transformers.models.bloom.modeling_bloom import BloomAttention, BloomConfig, build_alibi_tensor
+
+    config = BloomConfig(hidden_size=C, n_head=H, attention_dropout=0.0, hidden_dropout=0.0)
+    config._attn_implementation = "eager"
+    g = torch.Generator().manual_seed(1)
+
+    def args(lengths: list[int], n: int) -> tuple:
+        x, residual = (torch.randn(len(lengths), n, C, dtype=torch.float64, generator=g) for _ in range(2))
+        kept = (torch.arange(n)[None, :] < torch.tensor(lengths)[:, None]).long()
+        _, causal = _alibi_and_causal(build_alibi_tensor, len(lengths), n)
+        mask = causal.masked_fill(kept[:, None, None, :] == 0, torch.finfo(torch.float64).min)
+        return x, residual, build_alibi_tensor(kept, H, torch.float64), mask
+
+    torch.manual_seed(0)
+    model = BloomOutput(BloomAttention(config, layer_idx=0)).double().eval()
+    _drop_in_matches_autograd(model, args([5, 3], 5), args([7, 4, 6], 7), 2, 1e-6)  # BLOOM's softmax: float32
+
+
 @pytest.mark.parametrize("name", ["bloom", "falcon_multi_query", "falcon"])
 def test_bloom_and_falcon_attention_from_transformers_drop_in(name):
     """transformers' own BloomAttention (fused (B, n, H, 3, d) pieces, baddbmm of the ALiBi bias with alpha = 1/√d,
