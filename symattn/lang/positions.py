@@ -28,7 +28,7 @@ import sympy as sp
 from sympy import Basic, Expr, MatrixExpr
 from sympy.core.relational import Relational
 from sympy.logic.boolalg import BooleanFunction
-from sympy.matrices.expressions import FunctionMatrix
+from sympy.matrices.expressions import FunctionMatrix, HadamardProduct, MatAdd, MatMul
 from sympy.matrices.expressions.matexpr import MatrixElement
 
 from symattn.errors import SymattnError
@@ -404,6 +404,35 @@ def tables_read(expr: Basic) -> frozenset[Basic]:
     from symattn.lang.graph import nodes  # (the graph walk builds on the language's nodes; imported where used)
 
     return frozenset(t for x in nodes(expr) if isinstance(x, Entries) for t in x.tables)
+
+
+def require_per_head_reads(name: str, expr: Basic, batched: frozenset[Basic]) -> None:
+    """Refuse, in one line, a matrix of positions that reads a table in batched (one per sequence: document ids) and
+    meets per-head values (of ``split_heads``) without being per head itself. Generated code gives it the sequences'
+    axes and the per-head values the heads' axis after them, so the two would line up sequence against head: such a
+    matrix is written per head (``sa.entries(…, heads=H)``)."""
+    from symattn.lang.ops import MergeHeads, RepeatHeads, SplitHeads, SumGroups  # (ops builds on this module)
+
+    def per_head(e: Basic) -> bool:
+        if isinstance(e, (SplitHeads, RepeatHeads)):
+            return True
+        return not isinstance(e, (MergeHeads, SumGroups)) and any(per_head(a) for a in e.args)
+
+    def offending(e: Basic) -> Entries | None:
+        if isinstance(e, Entries):
+            return e if set(e.tables) & batched else None
+        if isinstance(e, (SplitHeads, MergeHeads, SumGroups)):
+            return None  # per head (its heads laid out), or merged back
+        return next((x for x in map(offending, e.args) if x is not None), None)
+
+    for node in sp.preorder_traversal(expr):
+        if isinstance(node, (MatAdd, MatMul, HadamardProduct)) and per_head(node):  # a sum or product of operands
+            found = next((offending(a) for a in node.args if not per_head(a) and offending(a) is not None), None)
+            if found is not None:
+                why = "its sequences' axis would meet the heads'; write it per head, sa.entries(…, heads=H)"
+                raise SymattnError(
+                    f"spec {name}: {found.formula} reads a constant per sequence beside per-head values: {why}"
+                )
 
 
 def from_function_matrix(node: FunctionMatrix) -> Entries:

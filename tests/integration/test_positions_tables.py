@@ -471,3 +471,36 @@ def test_a_piecewise_index_is_bounded_under_each_branchs_condition():
     sa.entries(n, m, lambda i, j: b[_t5_bucket(True).xreplace({I: i, J: j}), 0])
     with pytest.raises(SymattnError, match="not shown to stay in"):
         sa.entries(n, m, lambda i, j: b[_t5_bucket(False).xreplace({I: i, J: j}), 0])
+
+
+def _document_heads(per_head: bool) -> sa.Spec:
+    """Multi-head self-attention with a document mask read from ids doc (n × 1, one per sequence): per head
+    (``heads=H``), or one matrix of positions beside the per-head scores."""
+    x, doc = sa.matrix("x", n, d), sp.MatrixSymbol("doc", n, 1)
+    weights = [sa.matrix(f"W_{p}", d, d) for p in "qkv"]
+    q, k, v = (sa.split_heads(x @ w, HEADS) for w in weights)
+    same = lambda i, j, *h: sp.Piecewise((0, sp.Eq(doc[i, 0], doc[j, 0])), (-sp.oo, True))  # noqa: E731
+    mask = sa.entries(n, n, same, heads=HEADS) if per_head else sa.entries(n, n, same)
+    out = sa.merge_heads(sa.softmax(q @ k.T + mask) @ v, HEADS)
+    inputs = (x.expr, *(w.expr for w in weights))
+    return sa.Spec("document_heads", "documents per head", inputs, out.expr, constants=(doc,))
+
+
+def test_a_per_sequence_read_beside_the_heads_is_per_head_or_refused():
+    """Ids of each sequence read beside per-head scores: written per head, right at batch sizes equal to the head
+    count and not; one matrix of positions for every head, refused in one line (generated code would line the
+    sequences' axis up with the heads')."""
+    module = load(_document_heads(True), "torch")
+    for batch in (HEADS, HEADS + 1):
+        generator = torch.Generator().manual_seed(batch)
+        x = torch.randn(batch, N, 2 * D_K, dtype=torch.float64, generator=generator)
+        weights = [torch.randn(2 * D_K, 2 * D_K, dtype=torch.float64, generator=generator) for _ in range(3)]
+        docs = torch.tensor([0, 0, 1, 1, 1, 2] * batch, dtype=torch.float64).view(batch, N, 1)
+        docs[0] = torch.tensor([[0], [1], [1], [1], [2], [2]])
+        q, k, v = ((x @ w).unflatten(-1, (HEADS, D_K)).transpose(1, 2) for w in weights)
+        mask = torch.where(docs == docs.mT, 0.0, -math.inf)[:, None]
+        want = (torch.softmax(q @ k.mT + mask, dim=-1) @ v).transpose(1, 2).flatten(-2)
+        assert torch.allclose(module.forward(x, *weights, docs), want, rtol=1e-12, atol=1e-12)
+    with pytest.raises(SymattnError, match=r"reads a constant per sequence beside per-head values.*heads=H") as caught:
+        codegen.render(_document_heads(False), "torch", second_order=False)
+    assert "\n" not in str(caught.value)
