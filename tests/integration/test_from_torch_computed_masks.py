@@ -1,0 +1,212 @@
+"""from_torch reads masks computed per call from traced values: a comparison is a 0/1 matrix of step records with
+derivative 0 (autograd's), masked_fill(cond, −inf) of it adds keep(K) (−∞ where filled), a finite fill or a where
+chooses entrywise, and a row's k-th largest value (topk, sort, kthvalue) is the record kth_k. Each module is traced
+at one length, and its drop-in (the generated torch module), its generated NumPy and JAX modules are compared with
+autograd of the original at another length (float64); the derivation prints and verifies."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from rendered import load  # noqa: E402
+
+import symattn as sa  # noqa: E402
+from symattn.lang.graph import postorder  # noqa: E402
+from symattn.lang.rowwise import KthLargest  # noqa: E402
+from symattn.trace import drop_in  # noqa: E402
+from symattn.trace.dropin import ClosedForm  # noqa: E402
+
+TOLERANCE = 1e-9  # relative, float64
+NEG = float("-inf")
+
+
+def _scores(q, k):
+    return q @ k.transpose(-1, -2) / math.sqrt(q.size(-1))
+
+
+def above_mean(q, k, v):  # the issue's A: keep the scores at or above their row mean
+    s = _scores(q, k)
+    return torch.softmax(s.masked_fill(s < s.mean(-1, keepdim=True), NEG), -1) @ v
+
+
+def top_k(q, k, v):  # the issue's B: keep the 3 largest scores of each row
+    s = _scores(q, k)
+    thr = s.topk(3, dim=-1).values[..., -1:]
+    return torch.softmax(s.masked_fill(s < thr, NEG), -1) @ v
+
+
+def top_k_where(q, k, v):  # where(s > thr, s, −inf): the 2 largest (thr the 3rd)
+    s = _scores(q, k)
+    thr = s.topk(3, dim=-1).values[..., -1:]
+    return torch.softmax(torch.where(s > thr, s, NEG), -1) @ v
+
+
+def top_k_ge_sorted(q, k, v):  # >= against a whole row sorted ascending, counted from its end: the 2nd largest
+    s = _scores(q, k)
+    with torch.no_grad():  # (a threshold under no_grad: the same mask)
+        thr = s.sort(dim=-1).values[..., -2:-1]
+    return torch.softmax(torch.where(s >= thr, s, NEG), -1) @ v
+
+
+def above_constant(q, k, v):  # a constant threshold and a finite fill: where(s > 1/4, s, 0), and a gate s ⊙ [s > 0]
+    s = _scores(q, k)
+    return torch.softmax(torch.where(s > 0.25, s, 0.0) + s * (s > 0), -1) @ v
+
+
+def kth_smallest(q, k, v):  # masked_fill of the smallest entry of each row, with a finite fill
+    s = _scores(q, k)
+    return torch.softmax(s.masked_fill(s <= s.kthvalue(1, -1, keepdim=True).values, -3.0), -1) @ v
+
+
+def causal_top_k(q, k, v):  # & of a computed mask with a causal one: the 2 largest scores each query sees
+    s = _scores(q, k)
+    causal = torch.ones(q.size(-2), k.size(-2), dtype=torch.bool).tril()
+    seen = s.masked_fill(~causal, NEG)
+    thr = seen.topk(2, dim=-1).values[..., -1:]  # row 0 sees one key: its 2nd largest is −inf
+    keep = (seen >= thr) & causal
+    return torch.softmax(s.masked_fill(~keep, NEG), -1) @ v
+
+
+def hinge_to_kth(q, k, v):  # the k-th largest as a value: its derivative, the selected entry's (autograd's)
+    s = _scores(q, k)
+    return torch.relu(s - s.topk(2, dim=-1).values[..., -1:]) @ v
+
+
+CASES = [above_mean, top_k, top_k_where, top_k_ge_sorted, above_constant, kth_smallest, causal_top_k, hinge_to_kth]
+
+
+def _qkv(n, m, seed):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(2, 2, r, 4, generator=g, dtype=torch.float64) for r in (n, m, m)]
+
+
+def _autograd(function, inputs, seed=9):
+    leaves = [x.clone().requires_grad_() for x in inputs]
+    out = function(*leaves)
+    cotangent = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    return out.detach(), cotangent, torch.autograd.grad(out, leaves, cotangent)
+
+
+def _close(got, want, what):
+    got, want = np.asarray(got), np.asarray(want)
+    assert got.shape == want.shape, what
+    error = np.max(np.abs(got - want))
+    assert error <= TOLERANCE * max(1.0, np.max(np.abs(want))), f"{what}: differs by {error:.3g}"
+
+
+@pytest.mark.parametrize("function", CASES, ids=lambda f: f.__name__)
+def test_the_drop_in_matches_autograd_at_a_new_length(function):
+    closed = ClosedForm(function, _qkv(6, 5, seed=0))
+    inputs = _qkv(9, 8, seed=1)
+    want, cotangent, grads = _autograd(function, inputs)
+    leaves = [x.clone().requires_grad_() for x in inputs]
+    got = closed(*leaves)
+    _close(got.detach(), want, "output")
+    for name, g, w in zip("qkv", torch.autograd.grad(got, leaves, cotangent), grads, strict=True):
+        _close(g, w, f"∂f/∂{name}")
+
+
+class TopK(torch.nn.Module):
+    """The issue's B as a module with its projections: the drop-in replaces its forward."""
+
+    def __init__(self, width=8, kept=3):
+        super().__init__()
+        self.q, self.k, self.kept = torch.nn.Linear(width, width), torch.nn.Linear(width, width), kept
+
+    def forward(self, x):
+        s = self.q(x) @ self.k(x).transpose(-1, -2) / math.sqrt(x.size(-1))
+        s = s.masked_fill(s < s.topk(self.kept, dim=-1).values[..., -1:], float("-inf"))
+        return torch.softmax(s, -1) @ x
+
+
+def test_drop_in_replaces_a_modules_forward_and_matches_autograd_at_a_new_length():
+    torch.manual_seed(0)
+    module = TopK().double()
+    x = torch.randn(2, 11, 8, dtype=torch.float64, requires_grad=True)
+    want = module(x)
+    cotangent = torch.randn_like(want)
+    leaves = [x, *module.parameters()]
+    grads = torch.autograd.grad(want, leaves, cotangent)
+    drop_in(module, torch.randn(2, 6, 8, dtype=torch.float64))
+    got = module(x)
+    _close(got.detach(), want.detach(), "output")
+    for g, w in zip(torch.autograd.grad(got, leaves, cotangent), grads, strict=True):
+        _close(g, w, "gradient")
+
+
+@pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")  # causal_top_k: −∞ − (−∞), read as False
+@pytest.mark.parametrize("function", [above_mean, top_k, causal_top_k, hinge_to_kth], ids=lambda f: f.__name__)
+def test_the_generated_numpy_and_jax_modules_match_autograd(function):
+    spec = sa.from_torch(function, *_qkv(6, 5, seed=0))
+    inputs = _qkv(7, 9, seed=2)
+    want, cotangent, grads = _autograd(function, inputs)
+    arrays = [x.numpy() for x in inputs]
+    numpy_module = load(spec, "numpy")
+    out, saved = numpy_module.forward(*arrays)
+    _close(out, want, "NumPy output")
+    got = numpy_module.backward(saved, cotangent.numpy())
+    for name, w in zip(spec.input_names, grads, strict=True):
+        _close(got[name], w, f"NumPy ∂f/∂{name}")
+    jax = pytest.importorskip("jax")
+    jax.config.update("jax_enable_x64", True)
+    out, pullback = jax.vjp(load(spec, "jax").forward, *arrays)
+    _close(out, want, "JAX output")
+    for name, g, w in zip(spec.input_names, pullback(cotangent.numpy()), grads, strict=True):
+        _close(g, w, f"JAX ∂f/∂{name}")
+
+
+@pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")
+@pytest.mark.parametrize("function", CASES, ids=lambda f: f.__name__)
+def test_the_derivation_verifies(function):
+    assert sa.derive(sa.from_torch(function, *_qkv(6, 5, seed=0))).verify().ok
+
+
+def test_the_derivation_prints_the_mask_and_the_threshold_and_no_cotangent_passes_them():
+    spec = sa.from_torch(top_k, *_qkv(6, 5, seed=0))
+    assert any(isinstance(node, KthLargest) and node.k == 3 for node in postorder(spec.output))
+    derivation = sa.derive(spec)
+    text = derivation.text()
+    assert "thr = kth_3(s)" in text and "keep(𝟏𝟏ᵀ − step(thr 𝟏ᵀ − s))" in text
+    assert "\\operatorname{kth}_{3}" in derivation.latex() and "\\operatorname{keep}" in derivation.latex()
+    assert "d(keep(" not in text and "d(thr" not in text  # derivative 0: the backward stops at the mask
+
+
+def test_a_whole_row_of_a_computed_mask_is_nan_as_in_torch():
+    """Every key of a row masked (s > its row max): torch's softmax of a row of −∞ is NaN, and so is the drop-in's
+    (a mask computed per call is not the additive constant M, whose fully masked rows give zeros)."""
+
+    def nothing_kept(q, k, v):
+        s = _scores(q, k)
+        return torch.softmax(s.masked_fill(s <= s.topk(1, dim=-1).values[..., -1:], NEG), -1) @ v
+
+    inputs = _qkv(4, 3, seed=3)
+    got = ClosedForm(nothing_kept, inputs)(*inputs)
+    assert torch.isnan(nothing_kept(*inputs)).all() and torch.isnan(got).all()
+
+
+@pytest.mark.parametrize(
+    ("line", "words"),
+    [
+        (lambda s: s.masked_fill(s < s.topk(2, dim=-1).indices[..., -1:], NEG), "the indices of topk"),
+        (lambda s: s.masked_fill(s < s.median(-1, keepdim=True).values, NEG), "cannot trace median: an order"),
+        (lambda s: s - s.topk(2, dim=-1, sorted=False).values[..., -1:], "sorted=False"),
+        (lambda s: s - s.sort(dim=-1).values, "cannot trace sub: the values of topk or sort"),
+        (lambda s: s - s.sort(dim=-1).values[..., 1:-1], "read: one, [..., j:j+1]"),
+        (lambda s: s - s.kthvalue(2, -1).values, "keepdim=True"),
+        (lambda s: s.masked_fill(s < 0, s.sum()), "a fill value that is a tensor"),
+        (lambda s: (s < 0) + (s > 1), "cannot trace add"),
+    ],
+)
+def test_what_is_not_read_is_one_line_naming_it(line, words):
+    def function(q, k):
+        return line(_scores(q, k))
+
+    with pytest.raises(sa.SymattnError) as caught:
+        sa.from_torch(function, *_qkv(5, 5, seed=0)[:2])
+    message = str(caught.value)
+    assert "\n" not in message and words in message, message
