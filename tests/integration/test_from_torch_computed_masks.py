@@ -210,3 +210,24 @@ def test_what_is_not_read_is_one_line_naming_it(line, words):
         sa.from_torch(function, *_qkv(5, 5, seed=0)[:2])
     message = str(caught.value)
     assert "\n" not in message and words in message, message
+
+
+def test_the_triton_kernels_compute_a_comparison_in_the_scores(tmp_path):
+    """where(s > 1/4, s, 0): step in the scores' tile (tl.where), float32 under Triton's interpreter, against float64
+    autograd to float32's rounding; a −∞ fill computed per call, or a k-th largest, is refused in one line."""
+    rendered = pytest.importorskip("triton_rendered")
+
+    def gated(q, k, v):
+        s = _scores(q, k)
+        return torch.softmax(torch.where(s > 0.25, s, 0.0), -1) @ v
+
+    module = rendered.triton_module(sa.from_torch(gated, *_qkv(6, 5, seed=0)), tmp_path)
+    inputs = [x.float().requires_grad_() for x in _qkv(9, 11, seed=4)]
+    want, cotangent, grads = _autograd(gated, [x.detach().double() for x in inputs])
+    got = module.forward(*inputs)
+    assert (got.double() - want).abs().max() < 1e-5
+    for g, w in zip(torch.autograd.grad(got, inputs, cotangent.float()), grads, strict=True):
+        assert (g.double() - w).abs().max() < 1e-5
+    for function in (top_k, above_mean):
+        with pytest.raises(sa.SymattnError, match="no n × m core the Triton kernels cover"):
+            rendered.render(sa.from_torch(function, *_qkv(6, 5, seed=0)), "triton")
