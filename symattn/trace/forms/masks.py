@@ -61,7 +61,6 @@ _SPELLINGS = {
     "ge": ("greater_equal",),
     "ne": ("not_equal",),
 }
-_SWAPPED = {"lt": "gt", "gt": "lt", "le": "ge", "ge": "le", "eq": "eq", "ne": "ne"}
 
 LOGICAL = {  # a ∘ b of 0/1 matrices
     "and": lambda a, b: hadamard_product(a, b),  # [p ∧ q] = P ⊙ Q
