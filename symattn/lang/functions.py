@@ -291,6 +291,7 @@ class Keep(Elementwise):
     exported = False
     scalar = staticmethod(lambda x: sp.Piecewise((0, x > 0), (-sp.oo, True)))
     latex, text = r"\operatorname{keep}", "keep"
+    masks = True  # some entry may be −∞: a row softmax of it takes the masked form (rows of −∞ give zeros)
     calls = {
         NUMPY: "np.where({0} > 0, np.zeros_like({0}), -np.inf)",
         TORCH: "torch.zeros_like({0}).masked_fill(~({0} > 0), -torch.inf)",

@@ -10,6 +10,7 @@ import math
 
 import numpy as np
 import pytest
+import sympy as sp
 
 torch = pytest.importorskip("torch")
 
@@ -176,17 +177,21 @@ def test_the_derivation_prints_the_mask_and_the_threshold_and_no_cotangent_passe
     assert "d(keep(" not in text and "d(thr" not in text  # derivative 0: the backward stops at the mask
 
 
-def test_a_whole_row_of_a_computed_mask_is_nan_as_in_torch():
-    """Every key of a row masked (s > its row max): torch's softmax of a row of −∞ is NaN, and so is the drop-in's
-    (a mask computed per call is not the additive constant M, whose fully masked rows give zeros)."""
+def test_a_whole_row_of_a_computed_mask_is_zeros_as_a_constant_masks_are():
+    """Every key of a row masked (s > its row max): torch's softmax of a row of −∞ is NaN; the drop-in's is zeros
+    with zero gradients, as symattn gives for a row a mask argument or a mask of positions masks whole."""
 
     def nothing_kept(q, k, v):
         s = _scores(q, k)
         return torch.softmax(s.masked_fill(s <= s.topk(1, dim=-1).values[..., -1:], NEG), -1) @ v
 
     inputs = _qkv(4, 3, seed=3)
-    got = ClosedForm(nothing_kept, inputs)(*inputs)
-    assert torch.isnan(nothing_kept(*inputs)).all() and torch.isnan(got).all()
+    assert torch.isnan(nothing_kept(*inputs)).all()
+    leaves = [x.clone().requires_grad_() for x in inputs]
+    got = ClosedForm(nothing_kept, inputs)(*leaves)
+    assert torch.equal(got, torch.zeros_like(got))
+    for g in torch.autograd.grad(got, leaves, torch.ones_like(got)):
+        assert torch.equal(g, torch.zeros_like(g))
 
 
 @pytest.mark.parametrize(
@@ -231,3 +236,15 @@ def test_the_triton_kernels_compute_a_comparison_in_the_scores(tmp_path):
     for function in (top_k, above_mean):
         with pytest.raises(sa.SymattnError, match="no n × m core the Triton kernels cover"):
             rendered.render(sa.from_torch(function, *_qkv(6, 5, seed=0)), "triton")
+
+
+def test_exact_evaluation_of_a_top_k_spec_agrees_with_torch():
+    """The spec of a top-k mask evaluated exactly (rational inputs: kth_3 ordered by value, keep's −∞ exact, exp an
+    atom) agrees with torch's float64 forward at those inputs."""
+    spec = sa.from_torch(top_k, *_qkv(6, 5, seed=0))
+    g = torch.Generator().manual_seed(5)
+    inputs = [torch.randint(-8, 9, (r, 4), generator=g).double() / 4 for r in (3, 5, 5)]
+    rational = [np.vectorize(lambda x: sp.Rational(str(x)), otypes=[object])(x.numpy()) for x in inputs]
+    exact = sa.lambdify(list(spec.inputs), spec.output, backend="exact")(*rational)
+    want = top_k(*inputs).numpy()
+    _close(np.vectorize(lambda x: float(x.evalf(30)), otypes=[float])(exact), want, "exact output")
