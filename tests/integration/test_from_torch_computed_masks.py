@@ -17,6 +17,7 @@ torch = pytest.importorskip("torch")
 from rendered import load  # noqa: E402
 
 import symattn as sa  # noqa: E402
+from symattn.codegen import generate as codegen  # noqa: E402
 from symattn.lang.graph import postorder  # noqa: E402
 from symattn.lang.rowwise import KthLargest  # noqa: E402
 from symattn.trace import drop_in  # noqa: E402
@@ -248,3 +249,12 @@ def test_exact_evaluation_of_a_top_k_spec_agrees_with_torch():
     exact = sa.lambdify(list(spec.inputs), spec.output, backend="exact")(*rational)
     want = top_k(*inputs).numpy()
     _close(np.vectorize(lambda x: float(x.evalf(30)), otypes=[float])(exact), want, "exact output")
+
+
+def test_the_memory_efficient_variant_refuses_a_mask_computed_before_its_loop():
+    """The causal top-k mask is made whole before the loop over blocks of rows, from the inputs: the variant's
+    backward, which remakes P block by block, would read it unsaved; refused in one line (the standard one runs)."""
+    spec = sa.from_torch(causal_top_k, *_qkv(6, 5, seed=0))
+    for backend in ("numpy", "torch"):
+        with pytest.raises(sa.SymattnError, match=r"made before its loop .*a mask computed from the inputs"):
+            codegen.render(spec, backend, "memeff", second_order=False)
