@@ -113,6 +113,23 @@ def test_the_drop_in_matches_autograd_at_a_new_length(function):
         _close(g, w, f"∂f/∂{name}")
 
 
+@pytest.mark.parametrize("function", CASES, ids=lambda f: f.__name__)
+def test_the_drop_ins_second_order_matches_autograd(function):
+    """∇ of ⟨∂f/∂q, W⟩ by the second closed form, against torch's double backward (the masks' derivative 0 again)."""
+    closed = ClosedForm(function, _qkv(6, 5, seed=0))
+    inputs = _qkv(7, 8, seed=1)
+    found = []
+    for call in (function, closed):
+        leaves = [x.clone().requires_grad_() for x in inputs]
+        out = call(*leaves)
+        cotangent = torch.randn(out.shape, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+        (dq,) = torch.autograd.grad(out, leaves[:1], cotangent, create_graph=True)
+        direction = torch.randn(dq.shape, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+        found.append(torch.autograd.grad((dq * direction).sum(), leaves))
+    for name, got, want in zip("qkv", found[1], found[0], strict=True):
+        _close(got, want, f"second order, ∂/∂{name}")
+
+
 class TopK(torch.nn.Module):
     """The issue's B as a module with its projections: the drop-in replaces its forward."""
 
