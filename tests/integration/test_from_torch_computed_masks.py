@@ -158,6 +158,39 @@ def test_drop_in_replaces_a_modules_forward_and_matches_autograd_at_a_new_length
         _close(g, w, "gradient")
 
 
+class HeadsTopK(torch.nn.Module):
+    """Per-head scores of a fused projection, a causal mask, then the top-k of each row among the keys it sees:
+    (s < thr) & causal | ~causal, a computed mask combined with a constant one by & and |."""
+
+    def __init__(self, width=8, heads=2, kept=2):
+        super().__init__()
+        self.qkv, self.out = torch.nn.Linear(width, 3 * width), torch.nn.Linear(width, width)
+        self.heads, self.kept = heads, kept
+
+    def forward(self, x):
+        b, n, c = x.shape
+        q, k, v = (t.view(b, n, self.heads, -1).transpose(1, 2) for t in self.qkv(x).split(c, dim=-1))
+        causal = torch.ones(n, n, dtype=torch.bool).tril()
+        s = (q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))).masked_fill(~causal, float("-inf"))
+        thr = s.topk(self.kept, dim=-1).values[..., -1:]
+        s = s.masked_fill((s < thr) & causal | ~causal, float("-inf"))
+        return self.out((torch.softmax(s, -1) @ v).transpose(1, 2).reshape(b, n, c))
+
+
+def test_per_head_top_k_among_the_keys_each_query_sees_matches_autograd():
+    torch.manual_seed(1)
+    module = HeadsTopK().double()
+    x = torch.randn(2, 9, 8, dtype=torch.float64, requires_grad=True)
+    want = module(x)
+    cotangent = torch.randn_like(want)
+    leaves = [x, *module.parameters()]
+    grads = torch.autograd.grad(want, leaves, cotangent)
+    got = ClosedForm(module, [torch.randn(2, 6, 8, dtype=torch.float64)])(x)
+    _close(got.detach(), want.detach(), "output")
+    for g, w in zip(torch.autograd.grad(got, leaves, cotangent), grads, strict=True):
+        _close(g, w, "gradient")
+
+
 @pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")  # causal_top_k: −∞ − (−∞), read as False
 @pytest.mark.parametrize("function", [above_mean, top_k, causal_top_k, hinge_to_kth], ids=lambda f: f.__name__)
 def test_the_generated_numpy_and_jax_modules_match_autograd(function):
