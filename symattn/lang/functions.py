@@ -296,8 +296,7 @@ class Keep(Elementwise):
         NUMPY: "np.where({0} > 0, np.zeros_like({0}), -np.inf)",
         TORCH: "torch.zeros_like({0}).masked_fill(~({0} > 0), -torch.inf)",
         JAX: "jnp.where({0} > 0, jnp.zeros_like({0}), -jnp.inf)",
-        TRITON: 'tl.where({0} > 0, 0.0, -float("inf"))',
-    }
+    }  # (no Triton call: the kernels take −∞ from masks of their own; a spec with keep runs in torch)
 
     def derivative(self) -> MatrixExpr:
         return product(0, _ones_like(self))
