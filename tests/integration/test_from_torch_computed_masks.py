@@ -79,7 +79,15 @@ def hinge_to_kth(q, k, v):  # the k-th largest as a value: its derivative, the s
     return torch.relu(s - s.topk(2, dim=-1).values[..., -1:]) @ v
 
 
+def two_sided(q, k, v):  # where between two traced tensors: a computed cond (a leaky ReLU), then a constant one
+    s = _scores(q, k)
+    causal = torch.ones(q.size(-2), k.size(-2), dtype=torch.bool).tril()
+    t = torch.where(s > 0, s, 0.1 * s)
+    return torch.softmax(torch.where(causal, t, -t), -1) @ v
+
+
 CASES = [above_mean, top_k, top_k_where, top_k_ge_sorted, above_constant, kth_smallest, causal_top_k, hinge_to_kth]
+CASES += [two_sided]
 
 
 def _qkv(n, m, seed):
