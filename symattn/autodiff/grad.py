@@ -17,6 +17,7 @@ from sympy.matrices.expressions import Identity, ZeroMatrix
 
 from symattn.autodiff.vjp import VJP_RULES, merge_cotangents, supported, vjp_rule, zero_like
 from symattn.errors import ShapeMismatchError, SymattnError, UnsupportedNodeError
+from symattn.lang import functions
 from symattn.lang.algebra import total
 from symattn.lang.dims import same_dim
 from symattn.lang.functions import StopGradient, sg
@@ -74,8 +75,10 @@ def default_seed(expr: Basic, cotangent: Basic | None) -> Basic:
     return MatrixSymbol("G", *expr.shape)
 
 
-# the nodes no cotangent passes: sg(A) of a matrix, sg(x) of a scalar, dropout's mask (a constant of the call)
-STOPPED = (StopGradient, sg, DropoutMask)
+# the masks of a call, piecewise constant (derivative 0): dropout's, step(A) (a comparison), keep(A) (its −∞/0 form)
+MASKS = (DropoutMask, functions.Step, functions.Keep)
+# the nodes no cotangent passes: sg(A) of a matrix, sg(x) of a scalar, and the masks
+STOPPED = (StopGradient, sg, *MASKS)
 
 
 def varies(roots: Iterable[Basic], targets: Iterable[Basic]) -> dict[Basic, bool]:

@@ -18,6 +18,7 @@ import sympy as sp
 from sympy import Basic, MatrixExpr, MatrixSymbol
 
 from symattn.autodiff.differentials import Differential, ScalarDifferential, differential
+from symattn.autodiff.grad import MASKS
 from symattn.derive.steps import DF, Chain, Definition, Equation, Side, Term, pairing
 from symattn.lang.functions import StopGradient
 from symattn.lang.graph import children, postorder
@@ -158,7 +159,7 @@ class Evaluator:
         sg(A) held at its value at W (a constant of the differential, as the derivation has it)."""
         spec, c = self.chain.spec, self.chain
         g = self.matrix(c.seed)  # the seed's value: G, or 1 for a 1 × 1 output
-        frozen = {n: self.dag.value(n) for n in postorder(spec.output) if isinstance(n, StopGradient)}
+        frozen = {n: self.dag.value(n) for n in _outside_masks(spec.output) if isinstance(n, StopGradient)}
 
         def f(sign: float) -> float:
             moved: dict = dict(zip(spec.inputs, self.values))
@@ -172,6 +173,20 @@ class Evaluator:
     def value(self, expr: Basic, target: Basic) -> np.ndarray:
         """A gradient's value: a matrix, or a number for a trainable scalar's."""
         return np.asarray(self.matrix(expr) if isinstance(target, MatrixExpr) else self.number(expr))
+
+
+def _outside_masks(root: Basic) -> set[Basic]:
+    """The nodes of root met on some path that enters no mask (``MASKS``: derivative 0). A stop-gradient met only
+    inside masks (a top-k threshold under no_grad, compared with the scores) need not be held: no derivative reaches
+    it, and held it would move a tie with it (s ≥ kth(s) at the k-th entry) across the mask's jump."""
+    seen: set[Basic] = set()
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        if node not in seen:
+            seen.add(node)
+            stack.extend(() if isinstance(node, MASKS) else children(node))
+    return seen
 
 
 def _relative(a: float, b: float) -> float:

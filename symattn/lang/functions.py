@@ -117,15 +117,15 @@ class FunctionRecord(MatrixExpr):
     def reads_value(cls) -> bool:
         """Does the VJP read f(A) (tanh: 𝟏𝟏ᵀ − T^∘2, softmax: P)? Then the forward saves f(A) for the backward."""
         probe = cls.example(MatrixSymbol("_probe", 2, 2))
-        return probe in set(postorder(probe.vjp(MatrixSymbol("_G", 2, 2))))
+        return probe in set(postorder(probe.vjp(MatrixSymbol("_G", *probe.shape))))
 
     @classmethod
     @functools.cache
     def reads_input(cls) -> bool:
         """Does the VJP read A (log: A^∘−1, softplus: σ(A))? Then the forward saves A for the backward."""
         probe = cls.example(MatrixSymbol("_probe", 2, 2))
-        value = MatrixSymbol("_value", 2, 2)  # f(A) itself read as a name: A inside it is not read
-        return probe.arg in set(postorder(probe.vjp(MatrixSymbol("_G", 2, 2)).xreplace({probe: value})))
+        value = MatrixSymbol("_value", *probe.shape)  # f(A) itself read as a name: A inside it is not read
+        return probe.arg in set(postorder(probe.vjp(MatrixSymbol("_G", *probe.shape)).xreplace({probe: value})))
 
     def call(self, backend: str) -> str:
         """The call that evaluates this function in the backend; UnsupportedNodeError naming both if it has none."""
@@ -264,18 +264,39 @@ class Silu(Elementwise):
 
 
 class Step(Elementwise):
-    """step(A) = 1 where A > 0, else 0, entrywise (ReLU′; backward passes); step′ = 0 (almost everywhere)."""
+    """step(A) = 1 where A > 0, else 0 (NaN too, as torch's A > 0), entrywise: ReLU′ in backward passes, and a
+    comparison of traced values, [a < b] = step(b − a) (``trace.forms.masks``); step′ = 0 (almost everywhere)."""
 
     function = "step"
     exported = False
     scalar = staticmethod(lambda x: sp.Piecewise((1, x > 0), (0, True)))
     latex, text = r"\operatorname{step}", "step"
     calls = {
-        NUMPY: "np.heaviside({0}, 0.0)",
-        TORCH: "({0} > 0).to({0}.dtype)",
-        JAX: "({0} > 0).astype({0}.dtype)",
+        NUMPY: "np.where({0} > 0, np.ones_like({0}), 0.0)",  # (NaN: 0, as torch; np.heaviside gives NaN)
+        TORCH: "torch.where({0} > 0, torch.ones_like({0}), 0.0)",
+        JAX: "jnp.where({0} > 0, jnp.ones_like({0}), 0.0)",
         TRITON: "tl.where({0} > 0, 1.0, 0.0)",
     }
+
+    def derivative(self) -> MatrixExpr:
+        return product(0, _ones_like(self))
+
+
+class Keep(Elementwise):
+    """keep(A) = 0 where A > 0, −∞ elsewhere, entrywise: the additive mask that keeps the entries where A > 0 (A a
+    0/1 matrix of kept entries computed per call from the inputs: masked_fill(cond, −inf) of a traced cond adds
+    keep(𝟏𝟏ᵀ − [cond])); keep′ = 0, a mask's derivative (autograd's through a comparison)."""
+
+    function = "keep_mask"
+    exported = False
+    scalar = staticmethod(lambda x: sp.Piecewise((0, x > 0), (-sp.oo, True)))
+    latex, text = r"\operatorname{keep}", "keep"
+    masks = True  # some entry may be −∞: a row softmax of it takes the masked form (rows of −∞ give zeros)
+    calls = {
+        NUMPY: "np.where({0} > 0, np.zeros_like({0}), -np.inf)",
+        TORCH: "torch.zeros_like({0}).masked_fill(~({0} > 0), -torch.inf)",
+        JAX: "jnp.where({0} > 0, jnp.zeros_like({0}), -jnp.inf)",
+    }  # (no Triton call: the kernels take −∞ from masks of their own; a spec with keep runs in torch)
 
     def derivative(self) -> MatrixExpr:
         return product(0, _ones_like(self))

@@ -14,9 +14,9 @@ from collections.abc import Mapping
 import sympy as sp
 from sympy import Basic, MatrixExpr, OneMatrix
 
-from symattn.errors import UnsupportedNodeError
+from symattn.errors import SymattnError, UnsupportedNodeError
 from symattn.lang.algebra import hadamard_product, product, total
-from symattn.lang.functions import EXACT, HADAMARD_MOVE, JAX, NUMPY, TORCH, Exp, FunctionRecord
+from symattn.lang.functions import EXACT, HADAMARD_MOVE, JAX, NUMPY, TORCH, Exp, FunctionRecord, Step
 from symattn.lang.naming.safe import expression
 from symattn.lang.node_base import require_matrix, shape_of
 
@@ -119,3 +119,70 @@ class LogSoftmax(RowWise):
         """L = log_softmax(A): dL = dA − (exp(L) ⊙ dA) 𝟏𝟏ᵀ."""
         cols = self.shape[1]
         return total(da, sp.MatMul(-1, hadamard_product(Exp(self), da), OneMatrix(cols, cols)))
+
+
+class KthLargest(FunctionRecord):
+    """kth_k(A): the k-th largest entry of each row of A (k = 1: the row max), an n × 1 column: torch's
+    topk(k).values[..., k-1:k] (a top-k threshold). Its differential is the selected entry's,
+    d kth_k(A) = rowsum(E ⊙ dA), E = [A = kth_k(A) 𝟏ᵀ] the indicator of the entries equal to it: one entry per row
+    (autograd's one-hot of the selected index) where the row has no ties at its k-th largest value, all the tied
+    entries where it has. The k-th smallest is −kth_k(−A)."""
+
+    function = "kth_largest"
+    exported = False
+    latex, text = r"\operatorname{kth}", "kth"
+    parameters = ("k",)
+    calls = {
+        NUMPY: "np.partition({0}, -{k}, axis=-1)[..., -{k}, None]",  # the k-th largest at its sorted place
+        TORCH: "torch.topk({0}, {k}, dim=-1).values[..., -1:]",
+        JAX: "jax.lax.top_k({0}, {k})[0][..., -1:]",
+        EXACT: "kth_largest({0}, {k})",
+    }
+    flops = 2
+    letter = "O"
+    reason = ("the selected entry's differential", HADAMARD_MOVE)
+
+    def __new__(cls, arg: MatrixExpr, k: object) -> KthLargest:
+        arg = expression(arg)
+        require_matrix(arg, cls.function)
+        if isinstance(k, bool) or not isinstance(k, (int, sp.Integer)) or int(k) < 1:
+            raise SymattnError(f"the k-th largest entry needs a whole k ≥ 1, got {k!r}")
+        return Basic.__new__(cls, arg, sp.Integer(k))
+
+    @classmethod
+    def example(cls, a: MatrixExpr) -> KthLargest:
+        return cls(a, 1)
+
+    @property
+    def k(self) -> int:
+        return int(self.args[1])
+
+    @property
+    def shape(self) -> tuple:
+        return (shape_of(self.arg)[0], sp.Integer(1))
+
+    def least_sizes(self) -> dict[Basic, int]:
+        """Rows of at least k entries (verification's random sizes, ``numeric.verify.random_dims``)."""
+        return {self.arg.shape[1]: self.k}
+
+    def call(self, backend: str) -> str:
+        """The record's template with k filled in ({0} stays the operand)."""
+        return super().call(backend).format("{0}", k=self.k)
+
+    def notation(self, latex: bool) -> str:
+        return f"{self.latex}_{{{self.k}}}" if latex else f"{self.text}_{self.k}"
+
+    def selected(self) -> MatrixExpr:
+        """E = [A = kth_k(A) 𝟏ᵀ] = (𝟏𝟏ᵀ − step(A − kth 𝟏ᵀ)) ⊙ (𝟏𝟏ᵀ − step(kth 𝟏ᵀ − A)): 1 at the selected entry."""
+        ones = OneMatrix(*self.arg.shape)
+        spread = product(self, _row_ones(self.arg))
+        above, below = total(self.arg, product(-1, spread)), total(spread, product(-1, self.arg))
+        return hadamard_product(total(ones, product(-1, Step(above))), total(ones, product(-1, Step(below))))
+
+    def vjp(self, g: MatrixExpr) -> MatrixExpr:
+        """d kth = rowsum(E ⊙ dA), so tr(Gᵀ d kth) = tr((E ⊙ G 𝟏ᵀ)ᵀ dA)."""
+        return hadamard_product(self.selected(), product(g, _row_ones(self.arg)))
+
+    def jvp(self, da: MatrixExpr) -> MatrixExpr:
+        """d kth_k(A) = rowsum(E ⊙ dA)."""
+        return RowSum(hadamard_product(self.selected(), da))

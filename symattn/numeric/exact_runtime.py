@@ -42,6 +42,12 @@ def entrywise(a, name, *parameters):
     return np.vectorize(lambda v: f.xreplace({x: v}), otypes=[object])(a)
 
 
+def kth_largest(a, k):
+    """The k-th largest entry of each row, as a column (…, n, 1), exactly (the entries ordered by their values)."""
+    order = np.vectorize(lambda v: float(sp.N(v, 30)), otypes=[float])(a).argsort(axis=-1, kind="stable")
+    return np.take_along_axis(a, order[..., -k:][..., :1], axis=-1)
+
+
 def log_softmax(a):
     """A − log(rowsum(exp(A))) 𝟏ᵀ, exactly (exp an opaque atom)."""
     return a - np.vectorize(sp.log, otypes=[object])(exp(a).sum(axis=-1, keepdims=True))

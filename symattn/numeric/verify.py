@@ -21,6 +21,7 @@ from sympy import Basic, MatrixExpr, MatrixSymbol
 
 from symattn.autodiff.grad import default_seed
 from symattn.errors import SymattnError
+from symattn.lang.graph import nodes
 from symattn.lang.shapes import dimension_symbols
 from symattn.numeric.lambdify import lambdify
 
@@ -63,9 +64,26 @@ def evaluate_finite(function: Callable, args: Iterable) -> tuple[np.ndarray | No
 def random_dims(
     exprs: Sequence[Basic], rng: np.random.Generator, low: int = 2, high: int = 5, fixed: Mapping | None = None
 ) -> dict[sp.Symbol, int]:
-    """Random sizes in [low, high] for every dimension symbol (fixed ones kept)."""
+    """Random sizes in [low, high] for every dimension symbol (fixed ones kept); a length a node needs at least k of
+    (``least_sizes``: a row's k-th largest entry) in [max(low, k), max(high, k)]."""
     fixed = {(sp.Symbol(k) if isinstance(k, str) else k).name: v for k, v in (fixed or {}).items()}
-    return {s: int(fixed.get(s.name, rng.integers(low, high + 1))) for s in dimension_symbols(*exprs)}
+    least = least_sizes(exprs)
+    sizes = {}
+    for s in dimension_symbols(*exprs):
+        floor = least.get(s, low)
+        sizes[s] = int(fixed.get(s.name, rng.integers(max(low, floor), max(high, floor) + 1)))
+    return sizes
+
+
+def least_sizes(exprs: Sequence[Basic]) -> dict[sp.Symbol, int]:
+    """The smallest size of each dimension symbol that the nodes of exprs need (a node's ``least_sizes()``: the
+    k-th largest entry of a row needs rows of k entries); a length that is no single symbol is not bounded here."""
+    least: dict[sp.Symbol, int] = {}
+    for node in nodes(*exprs):
+        for length, size in getattr(node, "least_sizes", dict)().items():
+            if isinstance(length, sp.Symbol):
+                least[length] = max(least.get(length, 0), size)
+    return least
 
 
 def concrete_shape(symbol: MatrixExpr, dims: Mapping[sp.Symbol, int]) -> tuple[int, int]:

@@ -245,8 +245,8 @@ def node_flops(node: Basic, dim: Sizes) -> Basic:
     if isinstance(node, MatPow):  # A^k by k − 1 products
         rows = dim(node.shape[0])
         return (node.args[1] - 1) * 2 * rows**3 * heads
-    if isinstance(node, FunctionRecord):  # entrywise and row-wise functions: their records' FLOPs per entry
-        return node.flops * numel(node, dim)
+    if isinstance(node, FunctionRecord):  # entrywise and row-wise functions: their records' FLOPs per entry read
+        return node.flops * numel(node.arg, dim)  # (a row's k-th largest, n × 1, reads the n × m entries)
     return numel(node, dim)
 
 

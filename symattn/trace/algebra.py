@@ -27,7 +27,7 @@ from symattn.trace.values import Refused, Value
 FILL_AS_MINUS_INFINITY = -1e9  # a fill value at or below this is read as −∞ (see masked_fill)
 
 
-def _broadcast(t: Trace, x: object, y: object, prefer: tuple = ()) -> tuple[Basic, Basic, int | None, tuple]:
+def broadcast(t: Trace, x: object, y: object, prefer: tuple = ()) -> tuple[Basic, Basic, int | None, tuple]:
     """The two operands' expressions at one matrix shape (rows and columns of size 1 broadcast), their heads."""
     a, b = t.value(x, prefer), t.value(y, prefer)
     if a.is_scalar or b.is_scalar:
@@ -103,6 +103,8 @@ def binary(kind: str, reverse: bool = False):
         x, y = args[0], argument(args, kwargs, 1, "other", kwargs.get("exponent"))
         if kwargs.get("alpha", 1) != 1:
             raise Refused("alpha ≠ 1; write the multiple out")
+        if result.dtype == torch.bool:  # (True + True is True)
+            raise Refused("arithmetic of bool masks (read: &, |, ^ and ~ of them)")
         if reverse:
             x, y = y, x
         if kind == "add":
@@ -117,7 +119,7 @@ def binary(kind: str, reverse: bool = False):
         # columns (q * d_k ** -0.5)
         operands = [t.value(z) for z in (x, y) if t.traced(z) and not t.value(z).is_scalar]
         prefer = tuple(length for v in operands for length in (v.inner, v.cols) if length is not None)
-        ea, eb, heads, _ = _broadcast(t, x, y, prefer)
+        ea, eb, heads, _ = broadcast(t, x, y, prefer)
         if kind == "pow" and isinstance(eb, MatrixExpr):
             raise Refused("a number raised to a matrix power")
         expr = BINARY[kind](ea, eb)

@@ -295,11 +295,6 @@ def drawn(t: Trace, mask: DropoutMask) -> DropoutMask:
     return mask
 
 
-def comparison(t: Trace, args: tuple, kwargs: dict, result) -> Value:
-    """A comparison of traced values: its bool result would be a mask that changes with the inputs."""
-    raise Refused("a comparison of traced values (a mask computed from them is no constant; masks are bool inputs)")
-
-
 def indexing(t: Trace, args: tuple, kwargs: dict, result) -> Value:
     """Indexing a traced tensor: a slice of a matrix is not in symattn's language. A float argument with batch
     axes sliced as it is (``attention_mask[:, :, :, :m]`` in eager attention) is traced again as a constant, the

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from symattn.lang.functions import FUNCTIONS, TORCH, Elementwise, Gelu
 from symattn.lang.rowwise import LogSoftmax, RowSoftmax
 from symattn.trace import algebra, layers, layout
-from symattn.trace.forms import blocks, groups, merged, piecewise, rotary, shift, tables
+from symattn.trace.forms import blocks, groups, masks, merged, piecewise, rotary, shift, tables
 
 Rule = Callable[..., object]
 
@@ -92,10 +92,11 @@ OPS: dict[str, Rule] = {
     "linalg_vector_norm": algebra.norm,
     "normalize": algebra.normalize,  # each row / its norm
     "layer_norm": layers.layer_norm,  # LN(A) ⊙ 𝟏γ + 𝟏β
-    # masks: the additive constant M
-    "masked_fill": algebra.masked_fill,  # A + M
-    "masked_fill_": algebra.masked_fill,
-    "where": algebra.where,
+    # masks: the additive constant M; a mask computed per call from traced values (forms.masks)
+    "masked_fill": masks.masked_fill,  # A + M; A + keep(K)
+    "masked_fill_": masks.masked_fill,
+    "where": masks.where,  # A ⊙ K + B ⊙ (𝟏𝟏ᵀ − K)
+    **masks.OPS,  # comparisons, & | ^ ~ of masks, topk, sort, kthvalue
     "scaled_dot_product_attention": layers.scaled_dot_product_attention,  # softmax(Q Kᵀ/√d + M) V
     # blocks of a fused projection: the pieces' column blocks, W[:, a:b] (forms.blocks)
     "split": blocks.split,
@@ -115,7 +116,6 @@ OPS: dict[str, Rule] = {
     "repeat_interleave": groups.repeat_interleave,  # repeat_heads(A, H_kv, r·H_kv)
     "repeat": groups.repeat,  # of one head: repeat_heads(A, 1, H)
     # refused with a reason of their own
-    **dict.fromkeys(("gt", "lt", "ge", "le", "eq", "ne", "__gt__", "__lt__", "__ge__", "__le__"), layout.comparison),
     **dict.fromkeys(("select", "index_select", "gather"), layout.indexing),
     "embedding": tables.embedding,  # a parameter read at positions (nn.Embedding): sa.entries per head
 }

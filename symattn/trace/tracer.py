@@ -357,8 +357,8 @@ def record(trace: Trace, func: object, args: tuple, kwargs: dict, result: object
         elif name not in KEEPS.get(state, ()):
             raise error(name, GUARDED[state])
     if several and not getattr(rule, "several", False):
-        if name in ORDER_STATISTICS:  # (a top-k threshold: a mask computed from traced values)
-            raise error(name, "an order statistic of traced values (a mask computed from them) is not read yet")
+        if name in ORDER_STATISTICS:  # (a median: its place changes with the length)
+            raise error(name, "an order statistic other than topk, sort and kthvalue over the last axis is not read")
         raise error(name, "it returns several tensors; read are the pieces of a fused projection's features")
     if rule is None:
         raise error(name, "this operation is not in symattn's language")
@@ -408,8 +408,8 @@ def sequence_first(trace: Trace, name: str, args: tuple, kwargs: dict) -> list[V
     return tokens
 
 
-# the order statistics (values and indices): a top-k or median threshold makes a mask that changes with the inputs
-ORDER_STATISTICS = frozenset({"topk", "sort", "kthvalue", "median", "nanmedian", "mode", "msort", "argsort"})
+# the order statistics (values and indices) without a rule: topk, sort and kthvalue have theirs (``forms.masks``)
+ORDER_STATISTICS = frozenset({"median", "nanmedian", "mode", "msort", "argsort"})
 
 # the random torch calls (by op_name): a fresh draw on every call, which no closed form computes (dropout while
 # training has its rule, layout.dropout)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import sympy as sp
 from sympy import Basic
@@ -72,19 +72,31 @@ GUARDED = {
     "and torch's own multi-head attention on it",
     "table_read": "a table read at positions, (rows, cols, heads): read is its permute(2, 0, 1), heads first",
 }
+# an order statistic's pieces (``forms.masks``): its values, read by one column of them; its indices, unread
+ORDERED, INDICES = "ordered", "order_indices"
+GUARDED[ORDERED] = "the values of topk or sort are read as one column of them, [..., j:j+1] (a row's j-th value)"
+GUARDED[INDICES] = (
+    "the indices of topk, sort or kthvalue are not read (a mask of the top k: compare with the k-th value, "
+    "s >= s.topk(k, dim=-1).values[..., -1:])"
+)
 KEEPS = {
     "seq_first": frozenset({"transpose", "swapaxes", "swapdims", "permute", "contiguous", "clone"}),
     "table_read": frozenset({"permute"}),
+    ORDERED: frozenset({"__getitem__"}),
 }
 
 
 def stopped(value: Value) -> Value:
     """value as a stop-gradient: sg(A) of a matrix, sg(x) of a number (detach(), .data, a call under the code's
     torch.no_grad()): its value, differentiated as a constant."""
-    if value.shift is not None:  # a row max as a softmax's shift: the shift cancels, stopped or not
+    if value.shift is not None or value.pending == INDICES:  # a row max as a softmax's shift: the shift cancels
         return value
+    if value.pending == ORDERED:  # an order statistic's values: the column read of them is stopped
+        return replace(value, layout=(*value.layout[:2], True))
     if value.pending is not None:
         raise Refused("a stop-gradient (detach, torch.no_grad()) of a view halfway into heads")
+    if isinstance(value.expr, StopGradient):  # sg(sg(A)) = sg(A)
+        return value
     expr = sg(value.expr) if value.is_scalar else StopGradient(value.expr)
     return Value(expr, value.shape, value.heads, inner=value.inner, layout=value.layout)
 

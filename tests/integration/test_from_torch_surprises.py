@@ -170,9 +170,9 @@ def test_a_number_read_off_a_size_is_that_length_and_a_literal_stays_a_number(fu
 
 
 @pytest.mark.parametrize("statistic", ["topk", "sort", "kthvalue"])
-def test_a_mask_from_an_order_statistic_of_the_scores_is_refused_as_such(statistic):
-    """A top-k threshold (s < the row's k-th largest: masked) is a mask that changes with the inputs: refused in one
-    line naming it, not as a fused projection's pieces."""
+def test_a_mask_from_an_order_statistic_of_the_scores_is_read_per_call(statistic):
+    """A top-k threshold (s < the row's k-th largest: masked) is a mask computed per call from the inputs, derivative
+    0 through it as autograd's (test_from_torch_computed_masks.py): read, and right at another length."""
     threshold = {
         "topk": lambda s: s.topk(2, dim=-1).values[..., -1:],
         "sort": lambda s: s.sort(dim=-1, descending=True).values[..., 1:2],
@@ -183,7 +183,23 @@ def test_a_mask_from_an_order_statistic_of_the_scores_is_refused_as_such(statist
         s = q @ k.mT
         return s.masked_fill(s < threshold(s), float("-inf")).softmax(-1) @ v
 
-    x = [torch.randn(2, 5, 4, dtype=torch.float64) for _ in range(3)]
-    with pytest.raises(SymattnError, match=f"cannot trace {statistic}: an order statistic") as refused:
-        sa.from_torch(attention, *x)
+    _matches_autograd(attention, _qkv(n=5), _qkv(n=8, seed=1))
+
+
+@pytest.mark.parametrize(
+    ("statistic", "words"), [("median", "an order statistic"), ("argsort", "this operation is not")]
+)
+def test_an_order_statistic_without_a_rule_is_refused_as_such(statistic, words):
+    """A median's place changes with the length, an argsort is indices: refused in one line naming them."""
+    threshold = {
+        "median": lambda s: s.median(dim=-1, keepdim=True).values,
+        "argsort": lambda s: s.argsort(dim=-1)[..., :1],
+    }[statistic]
+
+    def attention(q, k, v):
+        s = q @ k.mT
+        return s.masked_fill(s < threshold(s), float("-inf")).softmax(-1) @ v
+
+    with pytest.raises(SymattnError, match=f"cannot trace {statistic}: {words}") as refused:
+        sa.from_torch(attention, *_qkv(n=5))
     assert "\n" not in str(refused.value)

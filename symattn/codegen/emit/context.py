@@ -27,11 +27,14 @@ from symattn.codegen.emit.saving import read_constants, saved_and_remade, saved_
 from symattn.codegen.emit.sections import Statement, _sections, _statements, _uses
 from symattn.codegen.schedule.build import Assignment, Schedule
 from symattn.derive.formats.latex import text
+from symattn.lang.functions import Keep
 from symattn.lang.graph import postorder
 from symattn.lang.ops import SplitHeads
 from symattn.lang.positions import Entries
 from symattn.numeric.printers import helper_needs
 from symattn.specs import Option
+
+MADE_MASKS = (Entries, Keep)  # the nodes made in the forward whose entries may be −∞ (``masks``)
 
 # The keywords of a module whose spec has an additive mask M (built from them at run time).
 
@@ -347,7 +350,8 @@ def build_context(
         sched = dataclasses.replace(sched, backward=backward, constant_gradients=())
     mask = None if sched.mask is None else str(sched.mask.name)
     printer.optional, printer.mask = sched.optional | {f"{name}_b" for name in sched.optional}, mask
-    printer.masked_rows = any(isinstance(x, Entries) and x.masks for a in sched.forward for x in postorder(a.value))
+    # a mask made in the forward (of positions, or computed per call: keep) may mask whole rows: zeros, as M's
+    printer.masked_rows = any(isinstance(x, MADE_MASKS) and x.masks for a in sched.forward for x in postorder(a.value))
     sections = _sections(sched, printer, mask, variant, backend)
     options = sections["options"]
     class_name = class_name_of(sched, class_name)

@@ -1,13 +1,11 @@
 """The memory-efficient variant of a schedule: the softmax goes through blocks of query rows.
 
-The standard schedule keeps P = softmax(A) (n × m) from the forward for the
-backward. Here the forward goes through blocks of b query rows, computing A_b, P_b
-and O_b for each and keeping only O and the row log-sum-exp
-L = log rowsum(exp(A)) (n × 1); the backward recomputes P_b = exp(A_b − L_b 𝟏ᵀ)
-block by block. A backward value made of rows of row-local values (dQ = dA K) is
-collected block by block; one that contracts over query rows (dK = dAᵀ Q,
-dV = Pᵀ dO) is summed over the blocks. Extra memory: O(b·m) for the block's
-temporaries plus O(n·d) for the collected rows, never O(n·m).
+The standard schedule keeps P = softmax(A) (n × m) from the forward for the backward. Here the forward goes through
+blocks of b query rows, computing A_b, P_b and O_b for each and keeping only O and the row log-sum-exp
+L = log rowsum(exp(A)) (n × 1); the backward recomputes P_b = exp(A_b − L_b 𝟏ᵀ) block by block. A backward value made
+of rows of row-local values (dQ = dA K) is collected block by block; one that contracts over query rows (dK = dAᵀ Q,
+dV = Pᵀ dO) is summed over the blocks. Extra memory: O(b·m) for the block's temporaries plus O(n·d) for the collected
+rows, never O(n·m).
 """
 
 from __future__ import annotations
@@ -47,9 +45,8 @@ FIRST_ROW, END_ROW = sp.Symbol("r_0", integer=True, nonnegative=True), sp.Symbol
 class Loop:
     """A loop over blocks of the query rows of ``rows_of``.
 
-    ``slices``: (block symbol, full symbol) read in the loop; ``body``: assignments
-    to block symbols; ``collect``: (full, block) rows gathered into a full value;
-    ``accumulate``: values summed over the blocks.
+    ``slices``: (block symbol, full symbol) read in the loop; ``body``: assignments to block symbols; ``collect``:
+    (full, block) rows gathered into a full value; ``accumulate``: values summed over the blocks.
     """
 
     rows_of: str
@@ -125,6 +122,11 @@ def _attention_core(sched: Schedule) -> Core:
         or (sched.mask is not None and any(sched.mask in matrix_symbols(a.value) for a in chain[:-1]))
     ):
         raise SymattnError(f"spec {sched.spec.name}: the memory-efficient variant needs A = c·X Zᵀ, P, O = P V or W V")
+    made = {a.target for a in forward[:i]} - {a.target for a in chain}
+    outside = [x for a in chain for x in matrix_symbols(a.value) if x in made and x.shape == p_def.target.shape]
+    if outside:  # (made whole before the loop, from the inputs: the backward's blocks would neither save nor remake it)
+        why = f"reads no n × m value made before its loop ({outside[0]}: a mask computed from the inputs)"
+        raise SymattnError(f"spec {sched.spec.name}: the memory-efficient variant {why}; use the standard one")
     return Core(chain, i, outputs[0], s_mats[0], {s_mats[1].arg, o_mats[1]}, weights)
 
 

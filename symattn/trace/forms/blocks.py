@@ -30,11 +30,11 @@ from symattn.lang.algebra import factors, hadamard_product, product, total
 from symattn.lang.functions import Elementwise
 from symattn.lang.ops import split_heads
 from symattn.trace import layout
-from symattn.trace.forms import groups, merged, rotary, tables
+from symattn.trace.forms import groups, masks, merged, rotary, tables
 from symattn.trace.forms.heads import named_constant
 from symattn.trace.layout import argument, matrix, transposed
 from symattn.trace.tracer import MaskArgument, Trace
-from symattn.trace.values import Refused, Value
+from symattn.trace.values import ORDERED, Refused, Value
 
 
 @dataclass
@@ -225,6 +225,8 @@ def getitem(t: Trace, args: tuple, kwargs: dict, result) -> Value:
         return _fused_piece(t, v, args[1] % v.layout[0], result)
     if v is not None and v.pending == "fused_view":
         return _strided_piece(t, v, args[1], result)
+    if v is not None and v.pending == ORDERED:  # a top-k's or sort's values: one column, a row's j-th value
+        return masks.column(t, v, args[1], result)
     if v is not None and not v.is_scalar and id(args[0]) not in t.floats:  # (a float argument: perhaps a mask)
         found = rotary.select(t, args, kwargs, result) or rotary.unsqueeze_heads(t, args, kwargs, result)
         found = found or groups.select(t, args, kwargs, result)

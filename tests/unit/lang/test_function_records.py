@@ -91,7 +91,8 @@ def test_exact_evaluation_agrees_with_numpy(record):
     x = sp.MatrixSymbol("X", 2, 3)
     node = record.example(x)
     exact = np.array(sa.lambdify([x], node, backend="exact")(values), dtype=float)
-    assert np.max(np.abs(exact - sa.lambdify([x], node)(values.astype(float)))) < 1e-14
+    # (equal infinities agree: keep's −∞)
+    np.testing.assert_allclose(exact, sa.lambdify([x], node)(values.astype(float)), rtol=0, atol=1e-14)
 
 
 def _row_reference(record: type, a: np.ndarray) -> np.ndarray:
@@ -216,3 +217,57 @@ def test_a_drawn_record_is_a_constant_of_the_call(record):
         assert set(np.unique(drawn)) == {0, 1 / (1 - p)}
         scope["training"] = False
         assert np.all(to_numpy(f(array(VALUES))) == 1)
+
+
+@pytest.mark.parametrize("printer", list(BACKENDS), ids=lambda p: p.backend)
+def test_keep_and_step_as_masks_on_both_sides_of_zero_at_it_and_at_nan(printer):
+    """keep(A) = 0 where A > 0, −∞ elsewhere (NaN too), and step(NaN) = 0, as torch's A > 0 is False there: a
+    comparison [a < b] = step(b − a) of −∞ with −∞ (b − a = NaN) is False in every backend, as in torch."""
+    from symattn.lang.functions import Keep, Step
+
+    namespace, array, to_numpy = BACKENDS[printer]
+    values = np.array([[-1.5, 0.0, 0.5, np.nan], [2.0, -3.0, 1e-300, -1e-300], [np.inf, -np.inf, 0.7, 4.0]])
+    wanted = {Keep: np.where(values > 0, 0.0, -np.inf), Step: (values > 0).astype(float)}
+    for record, want in wanted.items():
+        got = to_numpy(_evaluate(printer(), record(X), dict(namespace))(array(values)))
+        assert np.array_equal(got, want), (record.function, got)
+        assert record(X).derivative() == sp.ZeroMatrix(3, 4)
+
+
+@pytest.mark.parametrize("printer", list(BACKENDS), ids=lambda p: p.backend)
+def test_the_kth_largest_entry_of_each_row_in_every_backend(printer):
+    """kth_k(A) = the k-th largest entry of each row (sorted descending, place k), a column, for every k ≤ m."""
+    from symattn.lang.rowwise import KthLargest
+
+    namespace, array, to_numpy = BACKENDS[printer]
+    a = RNG.standard_normal((2, 3, 4))
+    for k in range(1, 5):
+        got = to_numpy(_evaluate(printer(), KthLargest(X, k), dict(namespace))(array(a)))
+        assert np.array_equal(got, -np.sort(-a, axis=-1)[..., k - 1 : k]), k
+
+
+def test_the_kth_largest_exactly_and_its_derivatives_are_the_selected_entrys():
+    """Exact evaluation orders rows by value; the VJP is autograd's one-hot (topk's backward), the JVP its adjoint,
+    and a central difference of the value agrees; k must be a whole number ≥ 1."""
+    torch = pytest.importorskip("torch")
+    from symattn.errors import SymattnError
+    from symattn.lang.rowwise import KthLargest
+
+    values = np.array([[sp.Rational(1, 3), sp.Rational(-2, 5), 2, 0], [1, sp.Rational(1, 7), -1, 5]], dtype=object)
+    x2 = sp.MatrixSymbol("X", 2, 4)
+    exact = sa.lambdify([x2], KthLargest(x2, 2), backend="exact")(values)
+    assert exact.tolist() == [[sp.Rational(1, 3)], [1]]
+    g, da = sp.MatrixSymbol("G", 3, 1), sp.MatrixSymbol("dA", 3, 4)
+    node = KthLargest(X, 3)
+    a, gv, dv = RNG.standard_normal((3, 4)), RNG.standard_normal((3, 1)), RNG.standard_normal((3, 4))
+    vjp = sa.lambdify([X, g], node.vjp(g))(a, gv)
+    leaf = torch.tensor(a, requires_grad=True)
+    (want,) = torch.autograd.grad(torch.topk(leaf, 3, dim=-1).values[..., -1:], leaf, torch.tensor(gv))
+    assert np.array_equal(vjp, want.numpy())
+    jvp = sa.lambdify([X, da], node.jvp(da))(a, dv)
+    assert abs(np.sum(gv * jvp) - np.sum(vjp * dv)) < 1e-12
+    value, h = sa.lambdify([X], node), 1e-6
+    assert np.max(np.abs((value(a + h * dv) - value(a - h * dv)) / (2 * h) - jvp)) < 1e-8
+    for k in (0, 1.5, True):
+        with pytest.raises(SymattnError, match="whole k ≥ 1"):
+            KthLargest(X, k)
