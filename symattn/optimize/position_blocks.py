@@ -9,7 +9,9 @@ import zlib
 
 import sympy as sp
 from sympy import Basic, Expr, MatrixExpr
+from sympy.matrices.expressions import HadamardProduct, MatAdd, MatMul
 
+from symattn.errors import SymattnError
 from symattn.lang.piecewise import DropoutMask
 from symattn.lang.positions import Entries, J, Scatter
 
@@ -55,14 +57,19 @@ def per_head(laid_out: Basic, width: Expr) -> Basic:
 class ScatterBlock(MatrixExpr):
     """The part of a table's cotangent scatter(W) (``Scatter``) that a loop's block of query rows adds:
     [Σ_{(i, j) in the block: (r, c)(i, j) = (k, l)} (W_b)ᵢⱼ]ₖₗ over the block's rows and the keys of its key range,
-    so that scatter(W) = Σ_blocks scatter_block(W_b). args (W_b, rows, cols, index, heads) as Scatter's, W_b the block
-    of W (with heads H, the block per head of the W that merge_heads laid out); its one operand is W_b. The printers
-    sum it from the block's positions (the runtime's block_scatter)."""
+    so that scatter(W) = Σ_blocks scatter_block(W_b). args (W_b, rows, cols, index, heads) as Scatter's; with heads
+    H, W_b is the block per head of split_heads(W, H) and the index (r, c) a formula of ``I``, ``J`` and ``HEAD``
+    (the laid-out column read back, as ``EntriesBlock.formula``); its one operand is W_b. The printers sum it from
+    the block's positions (the runtime's block_scatter)."""
 
     operand_count = 1  # ``lang.graph.children``: a walk descends into W_b only
 
     def __new__(cls, weights: MatrixExpr, whole: Scatter, heads: Expr = sp.S.Zero) -> ScatterBlock:
-        return Basic.__new__(cls, weights, *whole.args[1:], sp.sympify(heads))
+        index = whole.args[3]
+        if heads:
+            width = whole.weights.shape[1] / heads
+            index = sp.Lambda(index.variables, sp.Tuple(*(per_head(x, width) for x in index.expr)))
+        return Basic.__new__(cls, weights, *whole.shape, index, sp.sympify(heads))
 
     @property
     def weights(self) -> MatrixExpr:
@@ -78,9 +85,26 @@ class ScatterBlock(MatrixExpr):
 
     @property
     def index(self) -> tuple[Expr, Expr]:
-        """(r(i, j), c(i, j)), or with heads (r, c) of ``I``, ``J``, ``HEAD``: the entry position (i, j) reads."""
-        index = tuple(self.args[3].expr)
-        return tuple(per_head(x, self.weights.shape[1]) for x in index) if self.heads else index
+        """(r(i, j), c(i, j)), with heads of the head h too: the table entry position (i, j) reads."""
+        return tuple(self.args[3].expr)
+
+
+def split_heads_of(weights: MatrixExpr, heads: Expr) -> MatrixExpr | None:
+    """split_heads(W, H) of W laid out per head (rows × H·cols), pushed through W's sums, entrywise products and
+    scalar multiples: merge_heads(X, H) is X, a laid-out matrix of positions E is split_heads(E, H); None where W holds
+    anything else."""
+    from symattn.lang.ops import MergeHeads, SplitHeads
+
+    if isinstance(weights, MergeHeads):
+        return weights.arg if weights.heads == heads else None
+    if isinstance(weights, Entries):
+        return SplitHeads(weights, heads)
+    if not isinstance(weights, (HadamardProduct, MatAdd, MatMul)):
+        return None
+    if isinstance(weights, MatMul) and sum(isinstance(a, MatrixExpr) for a in weights.args) != 1:
+        return None
+    parts = [split_heads_of(a, heads) if isinstance(a, MatrixExpr) else a for a in weights.args]
+    return None if any(p is None for p in parts) else Basic.__new__(type(weights), *parts)
 
 
 class DropoutBlock(MatrixExpr):
@@ -112,9 +136,12 @@ def in_blocks(expr: Basic, rows: Expr) -> Basic:
 
     found: dict[Basic, Basic] = {}
     for node in sp.preorder_traversal(expr):
-        if isinstance(node, Scatter):  # (W's matrices of positions, ∂f/∂b, as their blocks too)
-            w = in_blocks(node.weights, rows)
-            found[node] = ScatterBlock(w.arg, node, w.heads) if isinstance(w, MergeHeads) else ScatterBlock(w, node)
+        if isinstance(node, Scatter):  # (W's matrices of positions, ∂f/∂b, as their blocks too; per head, W's split)
+            heads = next((x.heads for x in sp.preorder_traversal(node.weights) if isinstance(x, MergeHeads)), None)
+            split = node.weights if heads is None else split_heads_of(node.weights, heads)
+            if split is None:
+                raise SymattnError(f"a table's cotangent scatter({node.weights}) has no blocks per head")
+            found[node] = ScatterBlock(in_blocks(split, rows), node, heads or sp.S.Zero)
         elif isinstance(node, SplitHeads) and isinstance(node.arg, Entries):
             found[node] = EntriesBlock(node.arg, rows, node.heads)
         elif isinstance(node, Entries):

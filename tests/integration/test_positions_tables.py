@@ -3,11 +3,11 @@
 b̄[k, l] = Σ_{(i, j): (r, c)(i, j) = (k, l)} (G ⊙ [∂f/∂b[r, c]])ᵢⱼ: each table entry collects the score cotangent
 where it is read. Each case below reads tables a different way: a learned relative bias b[|i − j|, 0], the same with
 an offset b[i − j + n − 1, 0], row and column tables b1[i, 0] + b2[j, 0] (n ≠ m), a causal clamped window
-b[min(|i − j|, w), 0], T5's log-spaced buckets, a per-head table T[|i − j|, h], and document masking on a per-token
-constant with batch axes. The generated NumPy, torch and JAX modules match torch autograd of an independent forward
-(the tables indexed with torch), the torch module's JVP matches torch.func.jvp, the gradient is the same bits on
-every run, exact evaluation reads and scatters entry by entry, the derivation prints the scatter and verifies, and a
-read that may leave its table, or a non-integer index, is refused in one line.
+b[min(|i − j|, w), 0], T5's log-spaced buckets, a per-head table T[|i − j|, h] (also under a causal mask), and
+document masking on a per-token constant with batch axes. The generated NumPy, torch and JAX modules match torch
+autograd of an independent forward (the tables indexed with torch), the torch module's JVP matches torch.func.jvp,
+the gradient is the same bits on every run, exact evaluation reads and scatters entry by entry, the derivation prints
+the scatter and verifies, and a read that may leave its table, or a non-integer index, is refused in one line.
 """
 
 from __future__ import annotations
@@ -96,6 +96,12 @@ CASES = {
         {"T": (n, HEADS)},
         lambda i, j, h, t: t["T"][sp.Abs(i - j), h],
         lambda i, j, t: t["T"][(i - j).abs()].movedim(-1, 0),
+        heads=True,
+    ),
+    "heads_causal": Case(  # per head and causal: ∂f/∂T = [j ≤ i] per head, the memory-efficient blocks' keys 0 … r₁ − 1
+        {"T": (n, HEADS)},
+        lambda i, j, h, t: sp.Piecewise((t["T"][sp.Abs(i - j), h], j <= i), (-sp.oo, True)),
+        lambda i, j, t: torch.where(j <= i, t["T"][(i - j).abs()].movedim(-1, 0), -math.inf),
         heads=True,
     ),
     "documents": Case(  # doc: per-token ids, a constant with a batch axis; with a learned relative bias

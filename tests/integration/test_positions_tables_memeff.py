@@ -5,11 +5,12 @@ the score cotangent, each block's part summed in row-major order of its position
 
 The cases are test_positions_tables.py's (a learned relative bias b[|i − j|, 0], an offset b[i − j + n − 1, 0], row
 and column tables with n ≠ m, a causal window clamped b[min(|i − j|, w), 0], T5's buckets, a per-head table
-T[|i − j|, h], document ids per sequence beside a relative bias). The NumPy and torch memory-efficient modules, at
-block sizes below n that do not divide it, must match torch autograd of the independent forward there, output and
-every gradient (the table's included), float64; the torch module's JVP must match torch.func.jvp; the table's
-gradient is the same bits on every run; no saved tensor holds n × m entries. The runtimes' block scatters (per head
-too) add up to the whole scatter.
+T[|i − j|, h], alone and under a causal mask, document ids per sequence beside a relative bias). The NumPy and torch
+memory-efficient modules, at block sizes below n that do not divide it, must match torch autograd of the independent
+forward there, output and every gradient (the table's included), float64; the torch module's JVP must match
+torch.func.jvp; the table's gradient is the same bits on every run; no saved tensor holds n × m entries. With the
+mask argument too, they match the standard module. The runtimes' block scatters (per head too) add up to the whole
+scatter.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import pytest
 import sympy as sp
 from test_positions_tables import CASES, _inputs, _names, _wanted, reference, table_spec
 
+import symattn as sa
 from symattn.codegen import generate as codegen
 from symattn.specs import dim
 
@@ -187,3 +189,42 @@ def test_the_blocks_scatters_add_up_to_the_whole_scatter(backend):
     want = np.stack([[w[:, h][:, np.abs(i - j) == r].sum(-1) for h in range(heads)] for r in range(rows)])
     np.testing.assert_allclose(np.asarray(whole), np.moveaxis(want, -1, 0), rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(np.asarray(sum(parts)), np.asarray(whole), rtol=1e-12, atol=1e-12)
+
+
+def test_a_table_beside_a_mask_argument_skips_the_keys_the_mask_hides():
+    """b[|i − j|, 0] plus the mask argument M (attn_mask, causal, key_padding_mask): each block reads the keys the
+    mask leaves it (key_range) and scatters at those keys' positions; output and gradients (b's included) as the
+    standard module's, which takes M whole."""
+    n, d = dim("n"), dim("d")
+    q, k, v, mask = (sp.MatrixSymbol(x, n, s) for x, s in (("Q", d), ("K", d), ("V", d), ("M", n)))
+    b = sp.MatrixSymbol("b", n, 1)
+    bias = sa.entries(n, n, lambda i, j: b[sp.Abs(i - j), 0]).expr
+    spec = sa.Spec(
+        name="table_and_mask",
+        summary="a table and a mask",
+        inputs=(q, k, v, b),
+        output=sa.softmax(q * k.T / sp.sqrt(d) + bias + mask) * v,
+        options={"mask": True, "causal": True, "key_padding_mask": True},
+        constants=(mask,),
+        parameters=("b",),
+    )
+    source = codegen.render(spec, "torch", "memeff", second_order=False)
+    assert "keys = key_range(M, causal, block, K.shape[-2])" in source and "block_scatter(dA_b, " in source
+    g = torch.Generator().manual_seed(19)
+    tensors = [
+        *(torch.randn(2, 9, 3, dtype=torch.float64, generator=g) for _ in range(3)),
+        torch.randn(9, 1, dtype=torch.float64, generator=g),
+    ]
+    padding = torch.zeros(2, 9, dtype=torch.bool)
+    padding[0, 2::3] = True
+    masks = {"attn_mask": torch.rand(2, 9, 9, generator=g) < 0.3, "causal": True, "key_padding_mask": padding}
+    cotangent = torch.randn(2, 9, 3, dtype=torch.float64, generator=g)
+    results = []
+    for variant, options in (("memeff", {"block_size": 4}), ("standard", {})):
+        module = types.ModuleType(f"table_and_mask_{variant}")
+        exec(compile(codegen.render(spec, "torch", variant, second_order=False), "m", "exec"), module.__dict__)
+        leaves = [x.clone().requires_grad_() for x in tensors]
+        out = module.forward(*leaves, **masks, **options)
+        results.append([out, *torch.autograd.grad(out, leaves, cotangent)])
+    for name, got, want in zip(["Y", "Q", "K", "V", "b"], *results):
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12, msg=name)
