@@ -8,9 +8,9 @@ and column tables with n ≠ m, a causal window clamped b[min(|i − j|, w), 0],
 T[|i − j|, h], alone and under a causal mask, document ids per sequence beside a relative bias). The NumPy and torch
 memory-efficient modules, at block sizes below n that do not divide it, must match torch autograd of the independent
 forward there, output and every gradient (the table's included), float64; the torch module's JVP must match
-torch.func.jvp; the table's gradient is the same bits on every run; no saved tensor holds n × m entries. With the
-mask argument too, they match the standard module. The runtimes' block scatters (per head too) add up to the whole
-scatter.
+torch.func.jvp, and its double backward torch's; the table's gradient is the same bits on every run; no saved tensor
+holds n × m entries. With the mask argument too, they match the standard module. The runtimes' block scatters (per
+head too) add up to the whole scatter.
 """
 
 from __future__ import annotations
@@ -80,6 +80,26 @@ def test_the_torch_memeff_jvp_matches_torch_func(kind):
     want_out, want_tangent = torch.func.jvp(lambda *x: reference(kind, *x), tuple(inputs), tuple(tangents))
     torch.testing.assert_close(out, want_out, rtol=1e-10, atol=1e-12)
     torch.testing.assert_close(tangent, want_tangent, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("kind", ["relative", "heads_causal"])
+def test_double_backward_through_the_memeff_module_matches_torch(kind):
+    # the second closed form (taking its arrays whole) differentiates the blocks' reads and scatters: an hvp
+    spec = table_spec(kind)
+    module = types.ModuleType(f"{spec.name}_second_order")
+    exec(compile(codegen.render(spec, "torch", "memeff"), module.__name__, "exec"), module.__dict__)
+    inputs = _inputs(kind, seed=20)
+    g = torch.Generator().manual_seed(21)
+    tangents = [torch.randn(x.shape, generator=g, dtype=torch.float64) for x in inputs]
+
+    def hvp(function):
+        leaves = [x.clone().requires_grad_() for x in inputs]
+        first = torch.autograd.grad(function(*leaves).square().sum(), leaves, create_graph=True)
+        return torch.autograd.grad(sum((f * t).sum() for f, t in zip(first, tangents)), leaves)
+
+    got = hvp(lambda *x: module.forward(*x, block_size=4))
+    for name, a, b in zip(_names(kind), got, hvp(lambda *x: reference(kind, *x))):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-11, msg=name)
 
 
 @pytest.mark.parametrize("backend", ["torch", "numpy"])
