@@ -187,8 +187,8 @@ def array_code(formula: Entries | Basic, flavour: Flavour) -> str:
 
 
 def index_code(node: Scatter | ScatterBlock, flavour: Flavour) -> str:
-    """(r(i, j), c(i, j)), the table entry each position reads, as code of the positions (of a block's per head, of
-    the head h too): the body of the lambda the runtime's ``table_scatter`` (``block_scatter``) calls."""
+    """(r(i, j), c(i, j)), the table entry each position reads, as code of the positions (a block's per head: of the
+    head h too): the body of the lambda the runtime's ``table_scatter`` (``block_scatter``) calls."""
     row, col = (code(sp.sympify(x), flavour) for x in node.index)
     return f"({row}, {col})"
 

@@ -130,8 +130,8 @@ class DropoutBlock(MatrixExpr):
 def in_blocks(expr: Basic, rows: Expr) -> Basic:
     """expr with each matrix of positions in it (an Entries, or the split_heads of one) as its block of rows (an
     EntriesBlock of rows rows), each dropout mask as a DropoutBlock, and each table's cotangent (a Scatter, its
-    weights already their block, per head the merge_heads of one) as a ScatterBlock: what a loop over blocks of query
-    rows computes of them."""
+    weights' row-local values already their blocks; weights laid out per head, merge_heads(X) ⊙ …, split into heads)
+    as a ScatterBlock: what a loop over blocks of query rows computes of them."""
     from symattn.lang.ops import MergeHeads, SplitHeads
 
     found: dict[Basic, Basic] = {}
@@ -140,7 +140,8 @@ def in_blocks(expr: Basic, rows: Expr) -> Basic:
             heads = next((x.heads for x in sp.preorder_traversal(node.weights) if isinstance(x, MergeHeads)), None)
             split = node.weights if heads is None else split_heads_of(node.weights, heads)
             if split is None:
-                raise SymattnError(f"a table's cotangent scatter({node.weights}) has no blocks per head")
+                why = f"its weights {node.weights} are no entrywise map of per-head values"
+                raise SymattnError(f"a table's cotangent cannot be summed per head over blocks of rows: {why}")
             found[node] = ScatterBlock(in_blocks(split, rows), node, heads or sp.S.Zero)
         elif isinstance(node, SplitHeads) and isinstance(node.arg, Entries):
             found[node] = EntriesBlock(node.arg, rows, node.heads)

@@ -25,6 +25,7 @@ from test_positions_tables import CASES, _inputs, _names, _wanted, reference, ta
 
 import symattn as sa
 from symattn.codegen import generate as codegen
+from symattn.errors import SymattnError
 from symattn.specs import dim
 
 torch = pytest.importorskip("torch")
@@ -248,3 +249,19 @@ def test_a_table_beside_a_mask_argument_skips_the_keys_the_mask_hides():
         results.append([out, *torch.autograd.grad(out, leaves, cotangent)])
     for name, got, want in zip(["Y", "Q", "K", "V", "b"], *results):
         torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12, msg=name)
+
+
+def test_a_per_head_cotangent_that_is_no_entrywise_map_is_refused_in_one_line():
+    # split_heads(W, H) goes through sums, ⊙ and scalar multiples of merge_heads(X) and laid-out matrices of positions;
+    # a product merge_heads(X) Z has no blocks per head, and a block of rows cannot scatter it
+    from symattn.lang.ops import MergeHeads
+    from symattn.lang.positions import I, J, Scatter
+    from symattn.optimize.position_blocks import in_blocks
+
+    n = dim("n")
+    x, z = sp.MatrixSymbol("X", n, n), sp.MatrixSymbol("Z", 2 * n, 2 * n)
+    index = sp.Lambda((I, J), sp.Tuple(sp.Abs(I - J + n * sp.floor(J / n)), sp.floor(J / n)))
+    assert in_blocks(Scatter(3 * MergeHeads(x, 2), n, 2, index), sp.Symbol("b")).heads == 2
+    with pytest.raises(SymattnError, match="cannot be summed per head over blocks of rows") as err:
+        in_blocks(Scatter(MergeHeads(x, 2) * z, n, 2, index), sp.Symbol("b"))
+    assert "\n" not in str(err.value)
