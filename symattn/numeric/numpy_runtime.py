@@ -128,27 +128,39 @@ def table_scatter(w, index, rows, cols):
     """[Σ_{(i, j): index(i, j) = (k, l)} w_ij]_kl, rows × cols (w's leading axes kept): each table entry collects w at
     the positions that read it, in row-major order of the positions (np.add.at, unbuffered, in index order)."""
     n, m = w.shape[-2:]
+    return block_scatter(w, index, rows, cols, slice(0, n), slice(0, m))
+
+
+def block_scatter(w, index, rows, cols, block, keys, heads=None):
+    """The part of a table's cotangent a block adds: [Σ_{(i, j) in the block: index(i, j) = (k, l)} w_ij]_kl, rows ×
+    cols, w (..., b, k) at the query rows block.start … and the keys keys.start … (with heads (..., heads, b, k) and
+    index(i, j, h)); each table entry collects w in row-major order of the block's positions (np.add.at,
+    unbuffered, in index order), w's other leading axes kept."""
+    shape = w.shape[-2:] if heads is None else w.shape[-3:]
     wide = np.promote_types(w.dtype, np.float32)
-    i, j = np.arange(n, dtype=wide)[:, None], np.arange(m, dtype=wide)[None, :]
-    r, c = (np.asarray(x).astype(np.int64) for x in index(i, j))
-    flat = np.broadcast_to(r * cols + c, (n, m)).reshape(-1)
-    sums = np.zeros((rows * cols, *w.shape[:-2]), dtype=w.dtype)
-    np.add.at(sums, flat, np.moveaxis(w.reshape(*w.shape[:-2], n * m), -1, 0))
-    return np.moveaxis(sums, 0, -1).reshape(*w.shape[:-2], rows, cols)
+    i = np.arange(block.start, block.start + shape[-2], dtype=wide)[:, None]
+    j = np.arange(keys.start, keys.start + shape[-1], dtype=wide)[None, :]
+    grids = (i, j) if heads is None else (i, j, np.arange(heads, dtype=wide)[:, None, None])
+    r, c = (np.asarray(x).astype(np.int64) for x in index(*grids))
+    flat = np.broadcast_to(r * cols + c, shape).reshape(-1)
+    lead = w.shape[: w.ndim - len(shape)]
+    sums = np.zeros((rows * cols, *lead), dtype=w.dtype)
+    np.add.at(sums, flat, np.moveaxis(w.reshape(*lead, flat.size), -1, 0))
+    return np.moveaxis(sums, 0, -1).reshape(*lead, rows, cols)
 
 
 def block_entries(f, rows, keys, n, dtype=np.float64, heads=None):
     """The block of [f(i, j)] at the query rows rows (a slice of 0 … n − 1) and the keys keys (a slice): f of the
-    block's own positions, (b, k), or with heads f(i, j, h) of the heads h = 0 … heads − 1, (heads, b, k); grids of
-    at least float32 (positions exact), cast to dtype."""
+    block's own positions, (b, k), or with heads f(i, j, h) of the heads h = 0 … heads − 1, (heads, b, k), after
+    the leading axes of a table f reads per sequence; grids of at least float32 (positions exact), cast to dtype."""
     wide = np.promote_types(dtype, np.float32)
     i = np.arange(rows.start, min(rows.stop, n), dtype=wide)[:, None]
     j = np.arange(keys.start, keys.stop, dtype=wide)[None, :]
+    shape = (len(i), j.shape[1]) if heads is None else (heads, len(i), j.shape[1])
+    grids = (i, j) if heads is None else (i, j, np.arange(heads, dtype=wide)[:, None, None])
     with np.errstate(divide="ignore", invalid="ignore"):  # a where's branch not taken
-        if heads is None:
-            return np.broadcast_to(np.asarray(f(i, j), dtype=dtype), (len(i), j.shape[1]))
-        h = np.arange(heads, dtype=wide)[:, None, None]
-        return np.broadcast_to(np.asarray(f(i, j, h), dtype=dtype), (heads, len(i), j.shape[1]))
+        value = np.asarray(f(*grids), dtype=dtype)  # (a table per sequence: its leading axes)
+    return np.broadcast_to(value, np.broadcast_shapes(value.shape, shape))
 
 
 def fixed_dropout_mask(a, p):

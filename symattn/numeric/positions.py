@@ -21,7 +21,7 @@ from sympy.matrices.expressions.matexpr import MatrixElement
 from sympy.printing.pycode import PythonCodePrinter
 
 from symattn.lang.positions import Entries, I, J, Scatter
-from symattn.optimize.position_blocks import HEAD
+from symattn.optimize.position_blocks import HEAD, ScatterBlock
 
 # SymPy function → the array library's function, ``{xp}`` its module (np, torch, jnp); Min and Max fold pairwise
 CALLS: dict[type, str] = {
@@ -186,9 +186,9 @@ def array_code(formula: Entries | Basic, flavour: Flavour) -> str:
     return code(formula.formula if isinstance(formula, Entries) else formula, flavour)
 
 
-def index_code(node: Scatter, flavour: Flavour) -> str:
-    """(r(i, j), c(i, j)), the table entry each position reads, as code of the positions: the body of the lambda
-    the runtime's ``scatter`` calls."""
+def index_code(node: Scatter | ScatterBlock, flavour: Flavour) -> str:
+    """(r(i, j), c(i, j)), the table entry each position reads, as code of the positions (a block's per head: of the
+    head h too): the body of the lambda the runtime's ``table_scatter`` (``block_scatter``) calls."""
     row, col = (code(sp.sympify(x), flavour) for x in node.index)
     return f"({row}, {col})"
 

@@ -268,6 +268,15 @@ class NumPyMatrixPrinter(NumPyPrinter):
         call = f"(lambda {variables}: {body}, block, keys, {rows}{self.position_dtype}{heads})"
         return self.helper("block_entries") + call
 
+    def _print_ScatterBlock(self, expr: Basic) -> str:
+        """The part of a table's cotangent a loop's block adds (its rows ``block``, its keys ``keys``) by the
+        runtime's block_scatter: (r, c) a lambda of the block's position grids (with heads, of h too)."""
+        index = positions.index_code(expr, self.position_flavour())
+        variables, heads = ("i, j, h", f", heads={self._print(expr.heads)}") if expr.heads else ("i, j", "")
+        rows, cols = (self._print(s) for s in expr.shape)
+        where = f"{rows}, {cols}, block, keys{heads}"
+        return f"{self.helper('block_scatter')}({self._print(expr.weights)}, lambda {variables}: {index}, {where})"
+
     position_dtype = ""  # the entries call's dtype (and device) arguments after rows and cols
     position_number = "i.dtype.type({})".format  # a number as a scalar of the grids' dtype (a where's branch)
 

@@ -325,5 +325,6 @@ def width(window: KeyWindow, first: Expr, end: Expr) -> int | None:
     and rows, so that a bound of a size (min(m, r + 1)) is the window's own."""
     far = {first: FAR, end: FAR + 1}
     span = (window.hi - window.lo).xreplace(far)
-    span = span.xreplace({s: FAR**2 for s in span.free_symbols if s.is_integer and s.is_positive})
+    sizes = {s: sp.Integer(FAR**2) for s in span.free_symbols if s.is_integer and s.is_positive}
+    span = span.xreplace(sizes)  # (a span of a size alone, n: the Integer itself)
     return int(span) if span.is_Integer and 0 < span < FAR // 2 else None

@@ -1,16 +1,17 @@
 """docs/positions.md runs as written: its Python blocks in order, every spec they make derives and verifies, its
-derivation excerpts are what `sa.derive(…).text()` prints, each gallery spec's generated torch module matches torch
-autograd of an independent forward (the bias built with torch.arange and torch.tanh, float64, n = 70 > the window of
-64), and the backends it says compute each variant do (the others refuse it in one line)."""
+derivation excerpts are what `sa.derive(…).text()` prints, each gallery spec's generated torch module, standard and
+memory-efficient, matches torch autograd of an independent forward (the bias built with torch.arange and torch.tanh,
+float64, n = 70 > the window of 64), and the backends it says compute each variant do (the others refuse it in one
+line)."""
 
 from __future__ import annotations
 
 import math
+import types
 from pathlib import Path
 
 import pytest
 from fenced import fenced_blocks
-from rendered import load
 
 import symattn as sa
 from symattn.codegen import generate as codegen
@@ -20,7 +21,7 @@ torch = pytest.importorskip("torch")  # the "From PyTorch" block traces a torch 
 
 GUIDE = Path(__file__).resolve().parents[2] / "docs" / "positions.md"
 GALLERY = {"relative", "alibi_heads", "relative_table", "sliding_window", "documents", "learned_slope", "soft_capped"}
-READS_A_TABLE = {"relative_table", "documents"}  # standard variant only (the guide's "Not yet")
+READS_A_TABLE = {"relative_table", "documents"}  # no Triton kernels (the guide's "Not yet")
 
 
 def blocks(language: str) -> list[str]:
@@ -66,7 +67,7 @@ def test_the_traced_spec_reads_positions_and_takes_no_constant(specs):
 @pytest.mark.parametrize("name", sorted(GALLERY))
 @pytest.mark.parametrize(("backend", "variant"), [("triton", "standard"), ("torch", "memeff")])
 def test_the_triton_and_memory_efficient_backends_are_as_the_guide_says(specs, name, backend, variant):
-    if name not in READS_A_TABLE:
+    if name not in READS_A_TABLE or variant == "memeff":
         assert "def forward" in codegen.render(specs[name], backend, variant=variant, second_order=False)
         return
     with pytest.raises(SymattnError, match=r"read|reads") as refused:
@@ -116,8 +117,16 @@ def _inputs(name):
     return tensors, extra.get(name, [])
 
 
+def _module(spec: sa.Spec, variant: str) -> types.ModuleType:
+    module = types.ModuleType(f"{spec.name}_{variant}")
+    exec(compile(codegen.render(spec, "torch", variant, second_order=False), module.__name__, "exec"), module.__dict__)
+    return module
+
+
+@pytest.mark.parametrize("variant", ["standard", "memeff"])
 @pytest.mark.parametrize("name", sorted(GALLERY))
-def test_the_generated_torch_module_matches_autograd(specs, name):
+def test_the_generated_torch_module_matches_autograd(specs, name, variant):
+    # the memory-efficient module in blocks of 32 rows (70 = 2·32 + 6): each reads its positions, a table's too
     tensors, extra = _inputs(name)
     learned = tensors + ([] if name == "documents" else extra)
     constants = extra if name == "documents" else []
@@ -125,7 +134,8 @@ def test_the_generated_torch_module_matches_autograd(specs, name):
     want = _reference(name, *want_leaves[:3], *(want_leaves[3:] or constants))
     cotangent = torch.randn(want.shape, generator=torch.Generator().manual_seed(7), dtype=torch.float64)
     leaves = [x.clone().requires_grad_() for x in learned]
-    got = load(specs[name], "torch").forward(*leaves, *constants)
+    options = {"block_size": 32} if variant == "memeff" else {}
+    got = _module(specs[name], variant).forward(*leaves, *constants, **options)
     torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
     wanted = torch.autograd.grad(want, want_leaves, cotangent)
     for index, (g, w) in enumerate(zip(torch.autograd.grad(got, leaves, cotangent), wanted)):

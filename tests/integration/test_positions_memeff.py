@@ -24,7 +24,6 @@ import sympy as sp
 
 import symattn as sa
 from symattn.codegen import generate as codegen
-from symattn.errors import SymattnError
 from symattn.specs import dim
 
 torch = pytest.importorskip("torch")
@@ -239,19 +238,6 @@ def test_the_memeff_module_makes_no_n_by_m_array_for_the_positions():
     assert peak < size * size * 8 / 4, f"peak {peak / 2**20:.1f} MiB"
 
 
-def test_a_table_read_at_positions_is_refused_in_one_line():
-    """A formula reading a matrix at positions (b[|i − j|, 0]) is computed by the standard variant only."""
-    from symattn.codegen.schedule import rowblocks
-    from symattn.lang.positions import Entries, I, J
-
-    table = sp.MatrixSymbol("b", m, 1)
-    node = Entries(n, m, sp.Lambda((I, J), table[sp.Abs(I - J), 0]))  # (built as the language will build it)
-    sched = types.SimpleNamespace(spec=types.SimpleNamespace(name="table"), forward=[types.SimpleNamespace(value=node)])
-    with pytest.raises(SymattnError, match=r"computes no matrix read at positions \(b\[Abs\(i - j\), 0\]") as err:
-        rowblocks._attention_core(sched)
-    assert "\n" not in str(err.value)
-
-
 @pytest.mark.parametrize("open_keys", [(0, 0), (2, 6), (0, 6), (5, 9), (9, 12), (3, 4), (0, 12)], ids=str)
 def test_hide_keys_writes_minus_infinity_where_hidden_whatever_the_open_range(open_keys):
     """hide_keys(scores, hidden, rows, keys, …, open) = where(hidden, −∞, scores) when no key of the open range is
@@ -321,3 +307,20 @@ def test_positions_and_a_mask_argument_together_skip_the_keys_of_both(backend):
     assert not np.any(pairs[0][0][1])  # (every key of batch entry 1 padded: zeros)
     for got, want in pairs:
         np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12)
+
+
+def test_a_mask_whose_keys_cannot_be_narrowed_reads_every_key():
+    """(i − j)² ≤ 4 in self-attention: no condition linear in i and j, so each block reads keys 0 … n − 1 (the window
+    spans n, a size alone) and applies the mask there; against the formula evaluated with NumPy."""
+    q, k, v = (sp.MatrixSymbol(x, n, d) for x in "QKV")
+    band = sa.entries(n, n, lambda i, j: _mask((i - j) ** 2 <= 4)).expr
+    spec = sa.Spec("memeff_band", "band", (q, k, v), sa.softmax(q * k.T / sp.sqrt(d) + band) * v)
+    module = _module(spec, "numpy")
+    assert "keys = key_window(0, n, K.shape[-2], None)" in codegen.render(spec, "numpy", "memeff", second_order=False)
+    rng = np.random.default_rng(7)
+    q, k, v = (rng.standard_normal((2, 9, 3)) for _ in range(3))
+    i, j = np.arange(9)[:, None], np.arange(9)[None, :]
+    scores = np.where((i - j) ** 2 <= 4, q @ k.swapaxes(-1, -2) / np.sqrt(3), -np.inf)
+    weights = np.exp(scores - scores.max(-1, keepdims=True))
+    want = weights / weights.sum(-1, keepdims=True) @ v
+    np.testing.assert_allclose(module.forward(q, k, v, block_size=BLOCK)[0], want, rtol=1e-12, atol=1e-12)

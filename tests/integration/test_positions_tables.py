@@ -3,11 +3,11 @@
 b̄[k, l] = Σ_{(i, j): (r, c)(i, j) = (k, l)} (G ⊙ [∂f/∂b[r, c]])ᵢⱼ: each table entry collects the score cotangent
 where it is read. Each case below reads tables a different way: a learned relative bias b[|i − j|, 0], the same with
 an offset b[i − j + n − 1, 0], row and column tables b1[i, 0] + b2[j, 0] (n ≠ m), a causal clamped window
-b[min(|i − j|, w), 0], T5's log-spaced buckets, a per-head table T[|i − j|, h], and document masking on a per-token
-constant with batch axes. The generated NumPy, torch and JAX modules match torch autograd of an independent forward
-(the tables indexed with torch), the torch module's JVP matches torch.func.jvp, the gradient is the same bits on
-every run, exact evaluation reads and scatters entry by entry, the derivation prints the scatter and verifies, and a
-read that may leave its table, or a non-integer index, is refused in one line.
+b[min(|i − j|, w), 0], T5's log-spaced buckets, a per-head table T[|i − j|, h] (also under a causal mask), and
+document masking on a per-token constant with batch axes. The generated NumPy, torch and JAX modules match torch
+autograd of an independent forward (the tables indexed with torch), the torch module's JVP matches torch.func.jvp,
+the gradient is the same bits on every run, exact evaluation reads and scatters entry by entry, the derivation prints
+the scatter and verifies, and a read that may leave its table, or a non-integer index, is refused in one line.
 """
 
 from __future__ import annotations
@@ -96,6 +96,12 @@ CASES = {
         {"T": (n, HEADS)},
         lambda i, j, h, t: t["T"][sp.Abs(i - j), h],
         lambda i, j, t: t["T"][(i - j).abs()].movedim(-1, 0),
+        heads=True,
+    ),
+    "heads_causal": Case(  # per head and causal: ∂f/∂T = [j ≤ i] per head, the memory-efficient blocks' keys 0 … r₁ − 1
+        {"T": (n, HEADS)},
+        lambda i, j, h, t: sp.Piecewise((t["T"][sp.Abs(i - j), h], j <= i), (-sp.oo, True)),
+        lambda i, j, t: torch.where(j <= i, t["T"][(i - j).abs()].movedim(-1, 0), -math.inf),
         heads=True,
     ),
     "documents": Case(  # doc: per-token ids, a constant with a batch axis; with a learned relative bias
@@ -387,12 +393,11 @@ def test_the_numpy_module_keeps_float32_with_a_table():
     assert grads["b"].dtype == np.float32 and grads["b"].shape == (BUCKETS, 1)
 
 
-def test_the_triton_kernels_and_the_memory_efficient_variant_refuse_a_table_in_one_line():
-    spec = table_spec("relative")
-    for backend, variant in (("triton", "standard"), ("torch", "memeff")):
-        with pytest.raises(SymattnError, match="positions") as err:
-            codegen.render(spec, backend, variant=variant)
-        assert "\n" not in str(err.value)
+def test_the_triton_kernels_refuse_a_table_in_one_line():
+    # (the memory-efficient variant reads tables at each block's positions: test_positions_tables_memeff.py)
+    with pytest.raises(SymattnError, match="positions") as err:
+        codegen.render(table_spec("relative"), "triton")
+    assert "\n" not in str(err.value)
 
 
 SCATTERS = {  # (W's shape, (r, c) of the grids, the table's shape)

@@ -2,7 +2,8 @@
 
 An ``Assignment`` is one named value; ``expand`` writes names out again, ``count_uses``
 finds what is shared, ``is_trivial`` what is not worth naming, ``is_weight`` which
-inputs are parameters. The table of names is ``symattn.lang.naming.names.Names``.
+inputs are parameters, ``entrywise`` which values a block of rows and keys makes from
+its own blocks. The table of names is ``symattn.lang.naming.names.Names``.
 """
 
 from __future__ import annotations
@@ -13,10 +14,21 @@ from dataclasses import dataclass
 
 import sympy as sp
 from sympy import Basic, MatrixExpr, MatrixSymbol
-from sympy.matrices.expressions import MatMul, OneMatrix, Transpose, ZeroMatrix
+from sympy.matrices.expressions import (
+    HadamardPower,
+    HadamardProduct,
+    MatAdd,
+    MatMul,
+    OneMatrix,
+    Transpose,
+    ZeroMatrix,
+)
 
 from symattn.lang.algebra import factors, product
+from symattn.lang.functions import Elementwise
 from symattn.lang.graph import children, matrix_symbols, nodes, postorder, rebuilt
+from symattn.lang.ops import SplitHeads
+from symattn.lang.positions import Entries
 from symattn.optimize.cost import typical_size  # noqa: F401  (the printers place scalars by it)
 
 
@@ -111,3 +123,27 @@ def reads_of(inside: Iterable[Assignment], assignments: Iterable[Assignment]) ->
         seen.add(x)
         stack.extend(matrix_symbols(by_target[x].value))
     return seen
+
+
+def entrywise(value: Basic) -> bool:
+    """Is each entry of value made from the same entry of the values it reads (sums, ⊙, powers, scalar
+    multiples, entrywise functions, ones of its shape), so that its block of rows and keys is made from theirs?
+    A transpose (Sᵀ, n × n like S), a product or a row-wise function (over every key) is not."""
+    for node in sp.preorder_traversal(value):
+        if not isinstance(node, MatrixExpr):
+            continue
+        if isinstance(node, MatMul):
+            if sum(isinstance(f, MatrixExpr) for f in node.args) > 1:
+                return False
+        elif isinstance(node, OneMatrix):
+            if node.shape != value.shape:
+                return False
+        elif not isinstance(node, (MatAdd, HadamardProduct, HadamardPower, MatrixSymbol, Elementwise, Entries)):
+            if not score_term(node):  # (a matrix of positions: its block computed from the block's positions)
+                return False
+    return True
+
+
+def score_term(t: Basic) -> bool:
+    """Is t a term the scores may add to the product: a mask M, a matrix of positions (or its split into heads)?"""
+    return isinstance(t, (MatrixSymbol, Entries)) or (isinstance(t, SplitHeads) and isinstance(t.arg, Entries))

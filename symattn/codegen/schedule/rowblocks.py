@@ -16,25 +16,20 @@ import sympy as sp
 from sympy import Basic, MatrixSymbol
 from sympy.matrices.expressions import (
     BlockMatrix,
-    HadamardPower,
-    HadamardProduct,
-    MatAdd,
     MatMul,
-    MatrixExpr,
     OneMatrix,
     Transpose,
 )
 
 from symattn.codegen.schedule.build import Schedule
-from symattn.codegen.schedule.dag import Assignment, reads_of
+from symattn.codegen.schedule.dag import Assignment, entrywise, reads_of, score_term
 from symattn.errors import SymattnError
 from symattn.lang.algebra import factors
-from symattn.lang.functions import Elementwise
 from symattn.lang.graph import matrix_symbols, nodes
-from symattn.lang.ops import Exp, RowSoftmax, SplitHeads
-from symattn.lang.positions import Entries
+from symattn.lang.ops import Exp, RowSoftmax
+from symattn.lang.positions import Entries, Scatter, tables_read
 from symattn.optimize.mask_structure import KeyWindow, window_of_scores
-from symattn.optimize.position_blocks import in_blocks
+from symattn.optimize.position_blocks import ScatterBlock, in_blocks
 
 BLOCK_SIZE = 128  # default query rows per block: 128 × m temporaries (2 MiB each at m = 4096, float32)
 BLOCK_ROWS = sp.Symbol("b", positive=True, integer=True)
@@ -84,7 +79,8 @@ class Core:
     """The attention core of a schedule: the scores chain S = c·X Zᵀ (+ n × m terms), … , A (+ M), each an n × m
     value made entrywise from the ones before it; P = softmax(A) at ``softmax`` (an index into the forward);
     ``weights``, the n × m values made entrywise from P alone (dropout's Z_p(P), P ⊙ Z_p(P)); O = W V at ``output``
-    (W P or one of the weights); ``query`` X (its rows the loop's) and ``full`` {Z, V} (read whole)."""
+    (W P or one of the weights); ``query`` X (its rows the loop's) and ``full`` {Z, V} (read whole); ``tables``, the
+    names of the matrices read at positions (b, ḃ, doc: read whole, each block at its own positions)."""
 
     chain: list[Assignment]
     softmax: int
@@ -92,15 +88,12 @@ class Core:
     query: Basic
     full: set
     weights: list[Assignment]
+    tables: frozenset[str]
 
 
 def _attention_core(sched: Schedule) -> Core:
     """The schedule's attention core (``Core``), or SymattnError naming what it lacks."""
     forward = list(sched.forward)
-    tables = [x.reads[0] for a in forward for x in nodes(a.value) if isinstance(x, Entries) and x.reads]
-    if tables:
-        why = f"computes no matrix read at positions ({tables[0]} in a formula) yet; use the standard one"
-        raise SymattnError(f"spec {sched.spec.name}: the memory-efficient variant {why}")
     where = [i for i, a in enumerate(forward) if isinstance(a.value, RowSoftmax)]
     if len(where) != 1 or where[0] == 0 or where[0] + 1 >= len(forward):
         raise SymattnError(f"spec {sched.spec.name}: the memory-efficient variant needs one row softmax")
@@ -127,7 +120,8 @@ def _attention_core(sched: Schedule) -> Core:
     if outside:  # (made whole before the loop, from the inputs: the backward's blocks would neither save nor remake it)
         why = f"reads no n × m value made before its loop ({outside[0]}: a mask computed from the inputs)"
         raise SymattnError(f"spec {sched.spec.name}: the memory-efficient variant {why}; use the standard one")
-    return Core(chain, i, outputs[0], s_mats[0], {s_mats[1].arg, o_mats[1]}, weights)
+    tables = frozenset(str(t.name) for a in forward for t in tables_read(a.value))
+    return Core(chain, i, outputs[0], s_mats[0], {s_mats[1].arg, o_mats[1]}, weights, tables)
 
 
 def _weights(forward: list[Assignment], softmax: int) -> list[Assignment]:
@@ -135,7 +129,7 @@ def _weights(forward: list[Assignment], softmax: int) -> list[Assignment]:
     before it alone (Z = Z_p(P), W = Z ⊙ P: the weights O = W V reads); [] where the next value is none."""
     made, found, shape = {forward[softmax].target}, [], forward[softmax].target.shape
     for a in forward[softmax + 1 :]:
-        if a.target.shape != shape or not matrix_symbols(a.value) <= made or not _entrywise(a.value):
+        if a.target.shape != shape or not matrix_symbols(a.value) <= made or not entrywise(a.value):
             return found
         made.add(a.target)
         found.append(a)
@@ -158,7 +152,7 @@ def _chain(before: list[Assignment], scores: Basic) -> list[Assignment]:
         if _product(a.value):  # the product: where the chain starts
             continue
         reads = matrix_symbols(a.value)
-        if any(x.shape != scores.shape for x in reads) or not _entrywise(a.value):
+        if any(x.shape != scores.shape for x in reads) or not entrywise(a.value):
             return []
         todo += [x for x in reads if x in by_target]
     chain = [a for a in before if a.target in found]
@@ -169,25 +163,6 @@ def _chain(before: list[Assignment], scores: Basic) -> list[Assignment]:
 def _product(value: Basic) -> bool:
     """Is value a product of matrices (c·X Zᵀ), maybe plus n × m values, rather than a scalar times one?"""
     return len(factors(_scores(value))[1]) >= 2
-
-
-def _entrywise(value: Basic) -> bool:
-    """Is each entry of value made from the same entry of the values it reads (sums, ⊙, powers, scalar
-    multiples, entrywise functions, ones of its shape), so that its block of rows and keys is made from theirs?
-    A transpose (Sᵀ, n × n like S), a product or a row-wise function (over every key) is not."""
-    for node in sp.preorder_traversal(value):
-        if not isinstance(node, MatrixExpr):
-            continue
-        if isinstance(node, MatMul):
-            if sum(isinstance(f, MatrixExpr) for f in node.args) > 1:
-                return False
-        elif isinstance(node, OneMatrix):
-            if node.shape != value.shape:
-                return False
-        elif not isinstance(node, (MatAdd, HadamardProduct, HadamardPower, MatrixSymbol, Elementwise, Entries)):
-            if not _term(node):  # (a matrix of positions: its block computed from the block's positions)
-                return False
-    return True
 
 
 def _targets(chain: list[Assignment]) -> set:
@@ -214,7 +189,7 @@ def plan(sched: Schedule, keep: bool = False) -> Plan:
     blocks: dict[MatrixSymbol, MatrixSymbol] = {}
 
     def rows(x: Basic) -> bool:  # a value with a row per query, which a block can slice (X, read whole as keys too)
-        return isinstance(x, MatrixSymbol) and x.shape[0] == n_rows and x.name not in sched.weights
+        return isinstance(x, MatrixSymbol) and x.shape[0] == n_rows and x.name not in sched.weights | core.tables
 
     def row_local(x: Basic) -> bool:
         return rows(x) and x not in full
@@ -295,7 +270,7 @@ def _backward_loop(sched: Schedule, bloop: Loop, propagating: set, scores: tuple
         column_sums = len(mats) in (2, 3) and isinstance(mats[0], OneMatrix) and mats[0].shape[0] == 1
         column_sums = column_sums and (len(mats) == 2 or (isinstance(mats[2], OneMatrix) and mats[2].shape[1] == 1))
         transposed_rows = len(mats) == 2 and isinstance(mats[0], Transpose) and rows(mats[0].arg)
-        if column_sums or transposed_rows:  # Xᵀ B = Σ_b X_bᵀ B_b, X sliced by the block even where read whole
+        if column_sums or transposed_rows or isinstance(a.value, Scatter):  # Xᵀ B = Σ_b X_bᵀ B_b, scatter(W) too
             sliced = {mats[0].arg: block(mats[0].arg)} if transposed_rows else {}
             bloop.accumulate.append(Assignment(a.target, in_block(a.value).xreplace(sliced), a.reduce_batch))
             summed.add(a.target)
@@ -402,6 +377,8 @@ def _by_keys(loop: Loop, full: set, scores: MatrixSymbol, mask: MatrixSymbol | N
     keyed = {b for b, whole in loop.slices if b.shape == scores.shape}
     keyed |= {b for _, b in loop.collect if b.shape == scores.shape}  # placed in the whole, zero on skipped keys
     for a in loop.accumulate:
+        if isinstance(a.value, ScatterBlock):  # (a table's cotangent: its block's positions, keys among them)
+            continue
         if a.target.shape[0] == m and a.target.shape[1] != m and not a.reduce_batch:
             keyed.add(a.target)
         elif m in a.target.shape:
@@ -421,23 +398,19 @@ def _scores(value: Basic) -> Basic:
     """c·X Zᵀ of A = c·X Zᵀ + M (an additive mask), or A's value itself."""
     if isinstance(value, sp.MatAdd):
         products = [t for t in value.args if isinstance(t, MatMul)]
-        if len(products) == 1 and all(_term(t) for t in value.args if t is not products[0]):
+        if len(products) == 1 and all(score_term(t) for t in value.args if t is not products[0]):
             return products[0]
     return value
 
 
 def _read_again(sched: Schedule, reads: set, saved: tuple) -> tuple:
-    """The sizes, trainable scalars and constants the backward's loop reads that the forward does not save yet: what
-    a block of positions reads again (n of its rows, a slope τ), the scale of the scores it recomputes (c·X Zᵀ), where
-    the whole backward read none."""
+    """The sizes, trainable scalars, constants and tables the backward's loop reads that the forward does not save yet:
+    what a block of positions reads again (n of its rows, a slope τ, a table b read at positions), the scale of the
+    scores it recomputes (c·X Zᵀ), where the whole backward read none."""
     scalars = {*sched.spec.inputs, *(c for c, _ in sched.constants)}
     again = {x for x in reads if isinstance(x, sp.Symbol) and ((x.is_integer and x.is_positive) or x in scalars)}
+    again |= reads & {t for a in sched.forward for t in tables_read(a.value)}
     return tuple(sorted(again - {BLOCK_ROWS, *saved}, key=str))
-
-
-def _term(t: Basic) -> bool:
-    """Is t a term the scores may add to the product: a mask M, a matrix of positions (or its split into heads)?"""
-    return isinstance(t, (MatrixSymbol, Entries)) or (isinstance(t, SplitHeads) and isinstance(t.arg, Entries))
 
 
 def _slices(loop: Loop, blocks: dict[MatrixSymbol, MatrixSymbol]) -> list[tuple[MatrixSymbol, MatrixSymbol]]:

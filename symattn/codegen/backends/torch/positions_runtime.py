@@ -38,33 +38,43 @@ def table_scatter(w, index, rows, cols, by_sorting=None):
     the positions that read it, in row-major order of the positions (by_sorting: a stable sort then a segment sum,
     None: off CPU only)."""
     n, m = w.shape[-2:]
+    return block_scatter(w, index, rows, cols, slice(0, n), slice(0, m), by_sorting=by_sorting)
+
+
+def block_scatter(w, index, rows, cols, block, keys, heads=None, by_sorting=None):
+    """The part of a table's cotangent a block adds: [Σ_{(i, j) in the block: index(i, j) = (k, l)} w_ij]_kl, rows ×
+    cols, w (..., b, k) at the query rows block.start … and the keys keys.start … (with heads (..., heads, b, k) and
+    index(i, j, h)); each table entry collects w in row-major order of the block's positions (by_sorting: a stable
+    sort then a segment sum, None: off CPU only), w's other leading axes kept."""
+    shape = w.shape[-2:] if heads is None else w.shape[-3:]
     wide = torch.promote_types(w.dtype, torch.float32)
-    i = torch.arange(n, dtype=wide, device=w.device)[:, None]
-    j = torch.arange(m, dtype=wide, device=w.device)[None, :]
-    r, c = (torch.as_tensor(x, device=w.device).long() for x in index(i, j))
-    flat = torch.broadcast_to(r * cols + c, (n, m)).reshape(-1)
-    values = w.reshape(-1, n * m).mT  # (n·m, the leading axes flattened)
+    i = torch.arange(block.start, block.start + shape[-2], dtype=wide, device=w.device)[:, None]
+    j = torch.arange(keys.start, keys.start + shape[-1], dtype=wide, device=w.device)[None, :]
+    grids = (i, j) if heads is None else (i, j, torch.arange(heads, dtype=wide, device=w.device)[:, None, None])
+    r, c = (torch.as_tensor(x, device=w.device).long() for x in index(*grids))
+    flat = torch.broadcast_to(r * cols + c, shape).reshape(-1)
+    lead = w.shape[: w.dim() - len(shape)]
+    values = w.reshape(lead.numel(), flat.numel()).mT  # (the positions, the leading axes flattened)
     if not (w.device.type != "cpu" if by_sorting is None else by_sorting):  # CPU: sequential, 7 times faster
         sums = values.new_zeros(rows * cols, values.shape[1]).index_add(0, flat, values)
     else:
         order = torch.argsort(flat, stable=True)
         lengths = torch.bincount(flat, minlength=rows * cols)
         sums = torch.segment_reduce(values[order], "sum", lengths=lengths, axis=0)
-    return sums.mT.reshape(*w.shape[:-2], rows, cols)
+    return sums.mT.reshape(*lead, rows, cols)
 
 
 def block_entries(f, rows, keys, n, dtype, device, heads=None):
     """The block of [f(i, j)] at the query rows rows (a slice of 0 … n − 1) and the keys keys (a slice): f of the
-    block's own positions, (b, k), or with heads f(i, j, h) of the heads h = 0 … heads − 1, (heads, b, k); grids of
-    at least float32 (positions exact), cast to dtype."""
+    block's own positions, (b, k), or with heads f(i, j, h) of the heads h = 0 … heads − 1, (heads, b, k), after
+    the leading axes of a table f reads per sequence; grids of at least float32 (positions exact), cast to dtype."""
     wide = torch.promote_types(dtype, torch.float32)
     i = torch.arange(rows.start, min(rows.stop, n), dtype=wide, device=device)[:, None]
     j = torch.arange(keys.start, keys.stop, dtype=wide, device=device)[None, :]
-    shape = (len(i), j.shape[1])
-    if heads is None:
-        return torch.broadcast_to(torch.as_tensor(f(i, j), dtype=dtype, device=device), shape)
-    h = torch.arange(heads, dtype=wide, device=device)[:, None, None]
-    return torch.broadcast_to(torch.as_tensor(f(i, j, h), dtype=dtype, device=device), (heads, *shape))
+    shape = (len(i), j.shape[1]) if heads is None else (heads, len(i), j.shape[1])
+    grids = (i, j) if heads is None else (i, j, torch.arange(heads, dtype=wide, device=device)[:, None, None])
+    value = torch.as_tensor(f(*grids), dtype=dtype, device=device)  # (a table per sequence: its leading axes)
+    return torch.broadcast_to(value, torch.broadcast_shapes(value.shape, shape))
 
 
 def hide_keys(scores, hidden, rows, keys, n, open_keys, dtype, device, heads=None, inplace=True):
