@@ -285,6 +285,17 @@ def normalize(t: Trace, args: tuple, kwargs: dict, result) -> Value:
     return Value(expr, tuple(result.shape), v.heads)
 
 
+def finite_choice(value: object, dropped: torch.Tensor) -> None:
+    """Refuse a choice written A ⊙ K (+ B ⊙ (𝟏𝟏ᵀ − K)) where value (A or B) is infinite at an entry it is multiplied
+    by 0 at the example (dropped: True there): 0·∞ = NaN where torch picks the other side (a finite fill of masked
+    scores)."""
+    if isinstance(value, torch.Tensor) and value.is_floating_point() and bool((value.isinf() & dropped).any()):
+        raise Refused(
+            "a finite fill (or where) over values that are infinite where it fills (masked scores): 0·∞ would be NaN "
+            "where torch gives the fill; not read (fill with -inf, or fill before masking)"
+        )
+
+
 def _masked(t: Trace, x: object, mask: torch.Tensor, fill: object, masked_when: bool, result) -> Value:
     """x with the entries where mask == masked_when replaced by fill: x + M for fill −∞ (M: 0 or −∞), else
     x ⊙ K + fill·(𝟏𝟏ᵀ − K) with K 1 where kept, 0 where filled."""
@@ -304,6 +315,7 @@ def _masked(t: Trace, x: object, mask: torch.Tensor, fill: object, masked_when: 
     if additive:
         m = per_head if per_head is not None else t.constant(mask, form, like=v).expr
         return Value(total(v.expr, m), tuple(result.shape), v.heads)
+    finite_choice(x, mask if masked_when else ~mask)
     k = per_head if per_head is not None else t.constant(mask, form, like=v).expr
     expr = hadamard_product(v.expr, k)
     if value != 0:

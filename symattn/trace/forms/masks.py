@@ -156,6 +156,9 @@ def choose(t: Trace, cond: object, a: object, b: object, result) -> Value:
         return Value(algebra.BINARY["add"](sides[0], Keep(k)), tuple(result.shape), like.heads)
     if sides[0] == -math.inf:
         return Value(algebra.BINARY["add"](sides[1], Keep(_not(k))), tuple(result.shape), like.heads)
+    held = cond if isinstance(cond, torch.Tensor) else torch.tensor(bool(cond))  # where a is chosen
+    algebra.finite_choice(a, ~held)
+    algebra.finite_choice(b, held)
     kept = [algebra.BINARY["mul"](t.number(s) if isinstance(s, float) else s, m) for s, m in zip(sides, (k, _not(k)))]
     return Value(algebra.BINARY["add"](*kept), tuple(result.shape), like.heads)
 
