@@ -322,10 +322,20 @@ def _reverse_only():
         )
 
 
-def _recomputed(ctx, grad, eager, kept):
+def _untransformed(grad, saved):
+    """Does a backward run outside torch.func's transforms on plain tensors (grad and the saved ones, None or not
+    wrapped by a transform, live or dead)? Then it needs none of the transforms' scaffolding: one check."""
+    if torch._C._are_functorch_transforms_active():
+        return False
+    wrapped = torch._C._functorch.is_functorch_wrapped_tensor
+    return not wrapped(grad) and not any(x is not None and wrapped(x) for x in saved)
+
+
+def _recomputed(ctx, grad, saved, eager, kept):
     """A Function's gradients as differentiable torch ops: its core recomputed by eager (the n × m arrays in memory)
-    from the saved inputs and differentiated by autograd with create_graph, so a second derivative flows through."""
-    Q, K, V, _, *rest = ctx.saved_tensors
+    from the saved inputs (saved: ctx.saved_tensors) and differentiated by autograd with create_graph, so a second
+    derivative flows through."""
+    Q, K, V, _, *rest = saved
     tensors = _tensors(ctx, rest[kept:])
     inputs = [Q, K, V, None, None, *tensors]  # the Function's: causal and symbols have no gradient
     wanted = [i for i, x in enumerate(inputs) if x is not None and ctx.needs_input_grad[i]]
@@ -441,8 +451,20 @@ def _plain(x):
 def _core(kernels, Q, K, V, *arguments):
     """O of a core (kernels: its _CORE) by the forward kernel (its backward by the backward kernels, its tangent by
     the JVP kernel)."""
-    function = kernels[1] if torch.compiler.is_compiling() else kernels[0]
-    return function.apply(*_autocast(Q, K, V), *arguments)[0]
+    if torch.compiler.is_compiling():
+        return kernels[1].apply(*_autocast(Q, K, V), *arguments)[0]
+    if torch._C._are_functorch_transforms_active():  # torch.func: its custom_function_call
+        return kernels[0].apply(*_autocast(Q, K, V), *arguments)[0]
+    return _applied(kernels[0], *_autocast(Q, K, V), *arguments)[0]
+
+
+def _applied(function, *arguments):
+    """function.apply(*arguments) outside torch.func's transforms and torch.compile, without Function.apply's Python
+    (binding the arguments to forward's signature, a pass over them): autograd's own apply, each tensor unwrapped
+    where a transform that has ended left it wrapped, as Function.apply does."""
+    dead = torch._C._functorch.unwrap_if_dead
+    arguments = [dead(x) if isinstance(x, torch.Tensor) else x for x in arguments]
+    return super(torch.autograd.Function, function).apply(*arguments)
 
 
 def _autocast(Q, K, V):
@@ -1353,6 +1375,7 @@ class _CoreFunction(torch.autograd.Function):
     def setup_context(ctx, inputs, output):
         Q, K, V, causal, symbols, *tensors = inputs
         ctx.causal, ctx.symbols, ctx.absent = causal, symbols, [t is None for t in tensors]
+        ctx.set_materialize_grads(False)  # no zeros made for L, R (never used): backward takes None
         O, *kept = output  # the statistics the backward reads (not differentiable)
         ctx.save_for_backward(Q, K, V, O, *kept, *(t for t in tensors if t is not None))
         ctx.save_for_forward(Q, K, V, *(t for t in tensors if t is not None))
@@ -1375,13 +1398,20 @@ class _CoreFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad, *_):
+        saved = ctx.saved_tensors  # (read once: each read unpacks every saved tensor again)
+        if grad is None:  # no gradient reached O (materialize_grads off)
+            return (None,) * len(ctx.needs_input_grad)
+        if _untransformed(grad, saved):  # plain tensors, no torch.func transform: the fast path
+            if torch.is_grad_enabled():  # create_graph: the eager core differentiated (differentiable)
+                return _recomputed(ctx, grad, saved, _core_eager, len(KEPT))
+            return _backward(ctx, grad, saved)
         _reverse_only()
         batched = _to_batch(grad)
         if _batched(batched):  # under vmap (jacrev, per-sample gradients): the launch by the backward op's vmap rule
-            return _backward(ctx, batched, [_to_batch(x) for x in ctx.saved_tensors])
-        if _second_derivative(grad, ctx.saved_tensors):  # create_graph: the eager core differentiated (differentiable)
-            return _recomputed(ctx, grad, _core_eager, len(KEPT))
-        saved = [_plain(x) for x in ctx.saved_tensors]
+            return _backward(ctx, batched, [_to_batch(x) for x in saved])
+        if _second_derivative(grad, saved):  # create_graph: the eager core differentiated (differentiable)
+            return _recomputed(ctx, grad, saved, _core_eager, len(KEPT))
+        saved = [_plain(x) for x in saved]
         with torch._C._DisableFuncTorch():  # torch.func.grad's level: the kernels read and make plain tensors
             return _backward(ctx, _plain(grad), saved)
 
@@ -1393,6 +1423,8 @@ class _CoreTraced(_CoreFunction):
 
     @staticmethod
     def backward(ctx, grad, *_):
+        if grad is None:  # no gradient reached O (materialize_grads off)
+            return (None,) * len(ctx.needs_input_grad)
         return _backward(ctx, grad, ctx.saved_tensors)
 
 
