@@ -1267,7 +1267,9 @@ class _CoreFunction(torch.autograd.Function):
         if _second_derivative(grad, saved):  # create_graph: the eager core differentiated (differentiable)
             return _recomputed(ctx, grad, saved, _core_eager, len(KEPT))
         saved = [_plain(x) for x in saved]
-        with torch._C._DisableFuncTorch():  # torch.func.grad's level: the kernels read and make plain tensors
+        # torch.func.grad's level: the kernels read and make plain tensors, not differentiated (no second derivative
+        # asked for: a captured tensor that requires grad would send the launch through the op's autograd)
+        with torch._C._DisableFuncTorch(), torch.no_grad():
             return _backward(ctx, _plain(grad), saved)
 
 

@@ -128,7 +128,8 @@ def test_an_eager_step_launches_the_kernels_without_the_dispatcher(folder):
 def test_an_eager_call_applies_the_function_without_its_python_binding_and_torch_func_through_it(folder, monkeypatch):
     """Outside torch.func the core Function is applied by autograd's own apply (Function.apply's Python, which binds
     the arguments to forward's signature, is host time on every call); under torch.func.grad through Function.apply
-    (its custom_function_call). Both give the eager torch module's output and gradient."""
+    (its custom_function_call), K and V captured while they require grad (the kernels' backward once went through the
+    op's autograd there and failed). Both give the eager torch module's output and gradient."""
     from symattn.generated import attention_torch
 
     module = triton_module("attention", folder)
@@ -139,6 +140,5 @@ def test_an_eager_call_applies_the_function_without_its_python_binding_and_torch
     out, want = module.forward(q, k, v, causal=True), attention_torch.forward(q, k, v, causal=True)
     (grad,), (want_grad,) = torch.autograd.grad(out.sum(), q), torch.autograd.grad(want.sum(), q)
     assert calls == [] and (out - want).abs().max() <= 1e-5 and (grad - want_grad).abs().max() <= 1e-4
-    k, v = k.detach(), v.detach()  # (captured tensors that require grad: torch.func.grad fails, as before)
-    got = torch.func.grad(lambda x: module.forward(x, k, v, causal=True).sum())(q.detach())
+    got = torch.func.grad(lambda x: module.forward(x, k, v, causal=True).sum())(q.detach())  # k, v: requires_grad
     assert calls and (got - want_grad).abs().max() <= 1e-4
