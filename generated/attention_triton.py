@@ -51,6 +51,7 @@ _TOKEN = object()  # its id names this module object's ops: two copies of the mo
 # the module's globals, _TOKEN among them, so the id is never reused while they are registered)
 _OPS = f"symattn_triton::{SPEC}_{id(_TOKEN):x}"
 _NUMBERS = {}  # (the numbers, a device) → their float32 tensor there, read only by the kernels
+_PLANS = {}  # a launch's key (its kernel, shapes, dtypes, device, options) → its grids and constexprs (_planned)
 # the inputs jvp takes tangents of
 TANGENT_OF = ("Q", "K", "V")
 
@@ -73,6 +74,17 @@ def _launch(x, width, kernel):
             break
         blocks[streamed if blocks[streamed] >= blocks[1 - streamed] else 1 - streamed] //= 2
     return {"BLOCK_M": blocks[0], "BLOCK_N": blocks[1], "num_warps": warps, "num_stages": stages}
+
+
+def _planned(key, make):
+    """make()'s result for key, made on key's first call and read from a dictionary after (a launch's plan: its grids
+    and constexprs for its operands' shapes, dtypes, device and options, key); at most 256 plans kept."""
+    plan = _PLANS.get(key)
+    if plan is None:
+        if len(_PLANS) >= 256:  # shapes that change call by call: the cache stays small
+            _PLANS.clear()
+        plan = _PLANS[key] = make()
+    return plan
 
 
 def _residual(o):
@@ -215,9 +227,23 @@ def _scalar(x, device):
     return torch.full((1,), float(x), dtype=torch.float32, device=device)
 
 
+def _made(grads, wanted, absent):
+    """The n × m gradients made (one per True of wanted, in order) placed among all of them, absent where one was not
+    wanted: the kernels' pointer arguments (absent: a pointer never written), or None for the Function's gradients."""
+    made = iter(grads)
+    return [next(made) if w else absent for w in wanted]
+
+
+def _gradient(flat, batch, like):
+    """A flat gradient (BH, rows, cols) as like's: viewed as (*batch, rows, cols), summed over the axes that like
+    broadcasts (none, the common case: the view as it is)."""
+    grad = flat.view(*batch, *flat.shape[-2:])
+    return grad if grad.shape == like.shape else grad.sum_to_size(like.shape)
+
+
 def _tile_gradient(grad, wanted, batch, like):
     """An n × m tile's gradient (BH, n, m) summed to like's shape (its broadcast axes), in like's dtype; None where
-    it was not wanted (like does not require grad, or is absent)."""
+    it was not wanted (like does not require grad, or is absent; grad None)."""
     if not wanted or like is None:
         return None
     return grad.view(*batch, *grad.shape[-2:]).sum_to_size(like.shape).to(like.dtype)
@@ -259,10 +285,20 @@ def _reverse_only():
         )
 
 
-def _recomputed(ctx, grad, eager, kept):
+def _untransformed(grad, saved):
+    """Does a backward run outside torch.func's transforms on plain tensors (grad and the saved ones, None or not
+    wrapped by a transform, live or dead)? Then it needs none of the transforms' scaffolding: one check."""
+    if torch._C._are_functorch_transforms_active():
+        return False
+    wrapped = torch._C._functorch.is_functorch_wrapped_tensor
+    return not wrapped(grad) and not any(x is not None and wrapped(x) for x in saved)
+
+
+def _recomputed(ctx, grad, saved, eager, kept):
     """A Function's gradients as differentiable torch ops: its core recomputed by eager (the n × m arrays in memory)
-    from the saved inputs and differentiated by autograd with create_graph, so a second derivative flows through."""
-    Q, K, V, _, *rest = ctx.saved_tensors
+    from the saved inputs (saved: ctx.saved_tensors) and differentiated by autograd with create_graph, so a second
+    derivative flows through."""
+    Q, K, V, _, *rest = saved
     tensors = _tensors(ctx, rest[kept:])
     inputs = [Q, K, V, None, None, *tensors]  # the Function's: causal and symbols have no gradient
     wanted = [i for i, x in enumerate(inputs) if x is not None and ctx.needs_input_grad[i]]
@@ -378,8 +414,20 @@ def _plain(x):
 def _core(kernels, Q, K, V, *arguments):
     """O of a core (kernels: its _CORE) by the forward kernel (its backward by the backward kernels, its tangent by
     the JVP kernel)."""
-    function = kernels[1] if torch.compiler.is_compiling() else kernels[0]
-    return function.apply(*_autocast(Q, K, V), *arguments)[0]
+    if torch.compiler.is_compiling():
+        return kernels[1].apply(*_autocast(Q, K, V), *arguments)[0]
+    if torch._C._are_functorch_transforms_active():  # torch.func: its custom_function_call
+        return kernels[0].apply(*_autocast(Q, K, V), *arguments)[0]
+    return _applied(kernels[0], *_autocast(Q, K, V), *arguments)[0]
+
+
+def _applied(function, *arguments):
+    """function.apply(*arguments) outside torch.func's transforms and torch.compile, without Function.apply's Python
+    (binding the arguments to forward's signature, a pass over them): autograd's own apply, each tensor unwrapped
+    where a transform that has ended left it wrapped, as Function.apply does."""
+    dead = torch._C._functorch.unwrap_if_dead
+    arguments = [dead(x) if isinstance(x, torch.Tensor) else x for x in arguments]
+    return super(torch.autograd.Function, function).apply(*arguments)
 
 
 def _autocast(Q, K, V):
@@ -977,18 +1025,19 @@ def _forward_launch(
     rounding in O's 16-bit dtype (empty for float32: O is exact), so that D = rowsum(dO ⊙ (O + R)) reads O before its
     rounding. A custom op: torch.compile holds the launch as one node (its shapes from _forward_fake)."""
     n, d, m, dv = q.shape[-2], q.shape[-1], k.shape[-2], v.shape[-1]
-    blocks = _launch(q, d + dv, "forward")
+    flags = tuple(t is None for t in tiles)
+    key = ("forward", q.shape, k.shape, v.shape, q.dtype, v.dtype, q.device, causal, _precision(q), flags)
+    grid, constexprs = _planned(key, lambda: _forward_plan(q, v, tiles, causal))
     o = torch.empty((q.shape[0], n, dv), dtype=v.dtype, device=q.device)
     lse = torch.empty((q.shape[0], n), dtype=torch.float32, device=q.device)
-    residual = torch.empty(o.shape if _residual(o) else (0,), dtype=o.dtype, device=q.device)
-    grid, wide = _grid(_cdiv(n, blocks["BLOCK_M"]), q.shape[0])
+    residual = torch.empty(o.shape if constexprs["RESIDUAL"] else (0,), dtype=o.dtype, device=q.device)
     _forward_kernel[grid](
         q,
         k,
         v,
         o,
         lse,
-        residual if residual.numel() else o,
+        residual if constexprs["RESIDUAL"] else o,
         *_tile_arguments(tiles, q),
         coefficients,
         q.stride(0),
@@ -1005,16 +1054,18 @@ def _forward_launch(
         dv,
         inner,
         q.shape[0] // k.shape[0],
-        CAUSAL=causal,
-        PRECISION=_precision(q),
-        WIDE=wide,
-        RESIDUAL=residual.numel() > 0,
-        **_flags(tiles),
-        BLOCK_D=_width(d),
-        BLOCK_DV=_width(dv),
-        **blocks,
+        **constexprs,
     )
     return o, lse, residual
+
+
+def _forward_plan(q, v, tiles, causal):
+    """The forward kernel's grid and constexprs for operands like q, v and the tiles (made once per _planned key)."""
+    n, d, dv = q.shape[-2], q.shape[-1], v.shape[-1]
+    blocks = _launch(q, d + dv, "forward")
+    grid, wide = _grid(_cdiv(n, blocks["BLOCK_M"]), q.shape[0])
+    flags = {"CAUSAL": causal, "PRECISION": _precision(q), "WIDE": wide, "RESIDUAL": _residual(v), **_flags(tiles)}
+    return grid, {**flags, "BLOCK_D": _width(d), "BLOCK_DV": _width(dv), **blocks}
 
 
 _forward_op = torch.library.custom_op(f"{_OPS}_forward", _forward_launch, mutates_args=())
@@ -1042,17 +1093,16 @@ def _backward_launch(
     wanted: list[bool],
 ) -> list[torch.Tensor]:
     """[dQ, dK, dV, the n × m inputs' gradients (BH, n, m), the trainable scalars' partial sums (BH · row blocks)]
-    by the delta and backward kernels, flat as _forward_op's, an n × m gradient made where wanted (else empty); a
+    by the delta and backward kernels, flat as _forward_op's, an n × m gradient made only where wanted; a
     custom op as it is."""
     n, d, m, dv = q.shape[-2], q.shape[-1], k.shape[-2], v.shape[-1]
-    bh, blocks = q.shape[0], _launch(q, d + dv, "backward")
-    group = bh // k.shape[0]  # query heads per key/value head (1 but for grouped-query heads)
-    widths = {"BLOCK_D": _width(d), "BLOCK_DV": _width(dv)}
+    bh, group = q.shape[0], q.shape[0] // k.shape[0]  # group: query heads per key/value head (1 but grouped-query)
+    flags = (*(t is None for t in tiles), *wanted)
+    key = ("backward", q.shape, k.shape, v.shape, q.dtype, v.dtype, q.device, causal, _precision(q), flags)
+    rows, delta_plan, plan = _planned(key, lambda: _backward_plan(q, v, tiles, causal, wanted))
     strides = (q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), do.stride(0), do.stride(1))
-    rows = _cdiv(n, blocks["BLOCK_M"])  # the query blocks (a scalar's sums: one per query block)
     delta = torch.empty((bh, n), dtype=torch.float32, device=q.device)
-    grid, wide = _grid(rows, bh)
-    _delta_kernel[grid](
+    _delta_kernel[delta_plan[0]](
         o,
         residual if residual.numel() else o,
         do,
@@ -1064,17 +1114,14 @@ def _backward_launch(
         n,
         dv,
         RESIDUAL=residual.numel() > 0,
-        WIDE=wide,
-        BLOCK_M=blocks["BLOCK_M"],
-        BLOCK_DV=widths["BLOCK_DV"],
+        **delta_plan[1],
     )
     dq = torch.empty((bh, n, d), dtype=q.dtype, device=q.device)
     dk = torch.empty((k.shape[0], m, d), dtype=k.dtype, device=q.device)
     dv_ = torch.empty((k.shape[0], m, dv), dtype=v.dtype, device=q.device)
-    tile_grads = [torch.zeros((bh, n, m) if w else (0,), dtype=torch.float32, device=q.device) for w in wanted]
+    tile_grads = [torch.zeros((bh, n, m), dtype=torch.float32, device=q.device) for w in wanted if w]
     sums = [torch.empty((bh * rows,), dtype=torch.float32, device=q.device) for _ in range(SCALARS)]
-    grid, wide = _grid(_cdiv(m, blocks["BLOCK_N"]) + rows, bh)  # the key blocks' programs, then the query blocks'
-    _backward_kernel[grid](
+    _backward_kernel[plan[0]](
         q,
         k,
         v,
@@ -1093,17 +1140,25 @@ def _backward_launch(
         inner,
         group,
         dq,
-        *tile_grads,
+        *_made(tile_grads, wanted, dq),  # an n × m gradient not wanted: dq's pointer, never written
         *sums,
-        CAUSAL=causal,
-        PRECISION=_precision(q),
-        WIDE=wide,
-        **_flags(tiles),
-        **widths,
-        **blocks,
-        **dict(zip(GRADIENT_FLAGS, wanted)),
+        **plan[1],
     )
     return [dq, dk, dv_, *tile_grads, *sums]
+
+
+def _backward_plan(q, v, tiles, causal, wanted):
+    """(query blocks, the delta kernel's grid and constexprs, the backward kernel's) for operands like q, v, the tiles
+    and the gradients wanted (made once per _planned key)."""
+    n, d, dv, bh = q.shape[-2], q.shape[-1], v.shape[-1], q.shape[0]
+    blocks = _launch(q, d + dv, "backward")
+    rows = _cdiv(n, blocks["BLOCK_M"])  # the query blocks (a scalar's sums: one per query block)
+    grid, wide = _grid(rows, bh)
+    delta = (grid, {"WIDE": wide, "BLOCK_M": blocks["BLOCK_M"], "BLOCK_DV": _width(dv)})
+    grid, wide = _grid(_cdiv(v.shape[-2], blocks["BLOCK_N"]) + rows, bh)  # the key blocks' programs, then the query's
+    flags = {"CAUSAL": causal, "PRECISION": _precision(q), "WIDE": wide, **_flags(tiles)}
+    widths = {"BLOCK_D": _width(d), "BLOCK_DV": _width(dv)}
+    return rows, delta, (grid, {**flags, **widths, **blocks, **dict(zip(GRADIENT_FLAGS, wanted))})
 
 
 _backward_op = torch.library.custom_op(f"{_OPS}_backward", _backward_launch, mutates_args=())
@@ -1124,7 +1179,7 @@ def _backward_vmap(info, in_dims, q, k, v, o, do, lse, residual, tiles, coeffici
 def _backward_fake(q, k, v, o, do, lse, residual, tiles, coefficients, inner, causal, wanted):
     bh, n, m = q.shape[0], q.shape[1], k.shape[1]
     grads = [torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)]
-    grads += [q.new_empty((bh, n, m) if w else (0,), dtype=torch.float32) for w in wanted]
+    grads += [q.new_empty((bh, n, m), dtype=torch.float32) for w in wanted if w]
     rows = _cdiv(n, _launch(q, q.shape[-1] + v.shape[-1], "backward")["BLOCK_M"])  # a scalar's sums: one per row block
     return grads + [q.new_empty((bh * rows,), dtype=torch.float32) for _ in range(SCALARS)]
 
@@ -1159,10 +1214,9 @@ def _backward(ctx, grad, saved):
     inner = _inner(batch)
     arguments = (q, k, v, o, do, lse, residual, flat, coefficients, inner, ctx.causal, wanted)
     dq, dk, dv_, *rest = _run(_backward_op, _backward_launch, *arguments)
-    made = iter(zip(rest[:GRADIENT_TILES], wanted))
-    sums = rest[GRADIENT_TILES:]
-    grads = [dq.view(*batch, n, d).sum_to_size(Q.shape), dk.view(*kv, m, d).sum_to_size(K.shape)]
-    grads += [dv_.view(*kv, m, dv).sum_to_size(V.shape), None, None]
+    made = iter(zip(_made(rest[: wanted.count(True)], wanted, None), wanted))
+    sums = rest[wanted.count(True) :]
+    grads = [_gradient(dq, batch, Q), _gradient(dk, kv, K), _gradient(dv_, kv, V), None, None]
     grads.append(_tile_gradient(*next(made), batch, tiles[0]))
     grads += [total.sum().reshape(x.shape).to(x.dtype) for total, x in zip(sums, scalars)]
     return tuple(grads)
@@ -1245,6 +1299,7 @@ class _CoreFunction(torch.autograd.Function):
     def setup_context(ctx, inputs, output):
         Q, K, V, causal, symbols, *tensors = inputs
         ctx.causal, ctx.symbols, ctx.absent = causal, symbols, [t is None for t in tensors]
+        ctx.set_materialize_grads(False)  # no zeros made for L, R (never used): backward takes None
         O, *kept = output  # the statistics the backward reads (not differentiable)
         ctx.save_for_backward(Q, K, V, O, *kept, *(t for t in tensors if t is not None))
         ctx.save_for_forward(Q, K, V, *(t for t in tensors if t is not None))
@@ -1267,14 +1322,23 @@ class _CoreFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad, *_):
+        saved = ctx.saved_tensors  # (read once: each read unpacks every saved tensor again)
+        if grad is None:  # no gradient reached O (materialize_grads off)
+            return (None,) * len(ctx.needs_input_grad)
+        if _untransformed(grad, saved):  # plain tensors, no torch.func transform: the fast path
+            if torch.is_grad_enabled():  # create_graph: the eager core differentiated (differentiable)
+                return _recomputed(ctx, grad, saved, _core_eager, len(KEPT))
+            return _backward(ctx, grad, saved)
         _reverse_only()
         batched = _to_batch(grad)
         if _batched(batched):  # under vmap (jacrev, per-sample gradients): the launch by the backward op's vmap rule
-            return _backward(ctx, batched, [_to_batch(x) for x in ctx.saved_tensors])
-        if _second_derivative(grad, ctx.saved_tensors):  # create_graph: the eager core differentiated (differentiable)
-            return _recomputed(ctx, grad, _core_eager, len(KEPT))
-        saved = [_plain(x) for x in ctx.saved_tensors]
-        with torch._C._DisableFuncTorch():  # torch.func.grad's level: the kernels read and make plain tensors
+            return _backward(ctx, batched, [_to_batch(x) for x in saved])
+        if _second_derivative(grad, saved):  # create_graph: the eager core differentiated (differentiable)
+            return _recomputed(ctx, grad, saved, _core_eager, len(KEPT))
+        saved = [_plain(x) for x in saved]
+        # torch.func.grad's level: the kernels read and make plain tensors, not differentiated (no second derivative
+        # asked for: a captured tensor that requires grad would send the launch through the op's autograd)
+        with torch._C._DisableFuncTorch(), torch.no_grad():
             return _backward(ctx, _plain(grad), saved)
 
 
@@ -1285,6 +1349,8 @@ class _CoreTraced(_CoreFunction):
 
     @staticmethod
     def backward(ctx, grad, *_):
+        if grad is None:  # no gradient reached O (materialize_grads off)
+            return (None,) * len(ctx.needs_input_grad)
         return _backward(ctx, grad, ctx.saved_tensors)
 
 

@@ -128,8 +128,8 @@ def test_a_grid_with_more_batch_heads_than_its_axis_holds_swaps_its_axes(folder,
 
 
 def _same_when_patched(folder, monkeypatch, specs: list, name: str, value, label: str) -> None:
-    """Each spec's Triton module, causal: output, gradients and JVP with the module's name set to value, against the
-    same without."""
+    """Each spec's Triton module, causal: output, gradients and JVP with the module's name set to value (its launches
+    planned again, some plan changed by it), against the same without."""
     generator = torch.Generator().manual_seed(31)
     shapes = {"Q": (2, N, 32), "K": (2, M, 32), "V": (2, M, 32), "W_Q": (32, 32), "W_K": (32, 16), "W_V": (32, 16)}
     mha = {k: (torch.randn(shape, generator=generator) / 3).requires_grad_() for k, shape in shapes.items()}
@@ -140,9 +140,13 @@ def _same_when_patched(folder, monkeypatch, specs: list, name: str, value, label
         options = {"num_heads": 4, "num_kv_heads": 2, "causal": True} if spec == "mha" else {"causal": True}
         tangents = {k: torch.randn(x.shape, generator=generator) for k, x in inputs.items()}
         want = _stepped(module, inputs, tangents, options)
+        before = dict(module._PLANS)
         with monkeypatch.context() as patched:
             patched.setattr(module, name, value)
+            patched.setattr(module, "_PLANS", {})  # the launches planned again under the patch (a plan kept: no test)
             got = _stepped(module, inputs, tangents, options)
+            made = module._PLANS
+        assert any(made[key] != plan for key, plan in before.items() if key in made), f"{spec}: {name} changed nothing"
         for value_got, expected in zip(got, want):
             compare(value_got, expected.double(), f"{module.SPEC} at {label}", rtol=5e-5)
 
@@ -472,3 +476,42 @@ def test_a_float_mask_that_requires_grad_gets_its_gradient_the_same_bits_on_ever
     want = _attention_reference(double["attn_mask"] + hidden.unsqueeze(-2))(double, causal)
     compare(out, want, "masked forward")
     compare(runs[0], torch.autograd.grad(want, double["attn_mask"], cotangent.double())[0], "dM", rtol=5e-5)
+
+
+def test_a_launch_plan_is_made_once_per_shape_option_and_gradient_asked_for(folder):
+    """Calls of one module alternating two query lengths, causal or not, and a float attn_mask with or without its
+    gradient asked for: each against autograd of the float64 reference (the mask's gradient too); then the same calls
+    again read their plans (no new one made) and give the same bits."""
+    module = triton_module("attention", folder)
+    module._PLANS.clear()
+    generator = torch.Generator().manual_seed(11)
+    calls = [(n, causal, learned) for n in (N, 20) for causal in (False, True) for learned in (False, True)]
+    operands = {}
+    for n, causal, learned in calls:
+        shapes = {"Q": (2, 2, n, D), "K": (2, 2, M, D), "V": (2, 2, M, DV)}
+        inputs = {name: torch.randn(shape, generator=generator).requires_grad_() for name, shape in shapes.items()}
+        mask = torch.randn((n, M), generator=generator).requires_grad_(learned)
+        operands[n, causal, learned] = (inputs, mask, torch.randn(2, 2, n, DV, generator=generator))
+    first = {}
+    for n, causal, learned in calls:
+        inputs, mask, cotangent = operands[n, causal, learned]
+        leaves = [*inputs.values(), mask] if learned else list(inputs.values())
+        out = module.forward(*inputs.values(), attn_mask=mask, causal=causal)
+        grads = torch.autograd.grad(out, leaves, cotangent)
+        double = [x.detach().double().requires_grad_() for x in leaves]
+        mask64 = double[-1] if learned else mask.detach().double()
+        want = _attention_reference(mask64)(dict(zip(inputs, double)), causal)
+        want_grads = torch.autograd.grad(want, double, cotangent.double())
+        compare(out, want, f"n={n} causal={causal} forward")
+        for got, expected, name in zip(grads, want_grads, ["Q", "K", "V", "M"]):
+            compare(got, expected, f"n={n} causal={causal} d{name}", rtol=5e-5)
+        first[n, causal, learned] = [out, *grads]
+    made = len(module._PLANS)
+    assert made == 2 * 2 * (1 + 2)  # per length and causal: one forward plan, a backward plan per mask gradient
+    for n, causal, learned in calls:
+        inputs, mask, cotangent = operands[n, causal, learned]
+        leaves = [*inputs.values(), mask] if learned else list(inputs.values())
+        out = module.forward(*inputs.values(), attn_mask=mask, causal=causal)
+        again = [out, *torch.autograd.grad(out, leaves, cotangent)]
+        assert all(torch.equal(a, b) for a, b in zip(again, first[n, causal, learned]))
+    assert len(module._PLANS) == made

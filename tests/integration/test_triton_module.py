@@ -123,3 +123,22 @@ def test_an_eager_step_launches_the_kernels_without_the_dispatcher(folder):
         torch.autograd.grad(module.forward(q, k, v, causal=True).sum(), (q, k, v))
     names = {event.key for event in run.key_averages()}
     assert "_CoreFunction" in names and not {name for name in names if name.startswith("symattn_triton::")}, names
+
+
+def test_an_eager_call_applies_the_function_without_its_python_binding_and_torch_func_through_it(folder, monkeypatch):
+    """Outside torch.func the core Function is applied by autograd's own apply (Function.apply's Python, which binds
+    the arguments to forward's signature, is host time on every call); under torch.func.grad through Function.apply
+    (its custom_function_call), K and V captured while they require grad (the kernels' backward once went through the
+    op's autograd there and failed). Both give the eager torch module's output and gradient."""
+    from symattn.generated import attention_torch
+
+    module = triton_module("attention", folder)
+    calls, apply = [], torch.autograd.Function.apply.__func__  # Function.apply, counted
+    monkeypatch.setattr(module._CoreFunction, "apply", classmethod(lambda cls, *a: calls.append(cls) or apply(cls, *a)))
+    generator = torch.Generator().manual_seed(12)
+    q, k, v = (torch.randn(1, 2, rows, 16, generator=generator, requires_grad=True) for rows in (N, M, M))
+    out, want = module.forward(q, k, v, causal=True), attention_torch.forward(q, k, v, causal=True)
+    (grad,), (want_grad,) = torch.autograd.grad(out.sum(), q), torch.autograd.grad(want.sum(), q)
+    assert calls == [] and (out - want).abs().max() <= 1e-5 and (grad - want_grad).abs().max() <= 1e-4
+    got = torch.func.grad(lambda x: module.forward(x, k, v, causal=True).sum())(q.detach())  # k, v: requires_grad
+    assert calls and (got - want_grad).abs().max() <= 1e-4

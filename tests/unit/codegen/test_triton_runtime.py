@@ -142,6 +142,39 @@ def test_a_tile_gradient_is_summed_to_its_input():
     assert runtime_launch._tile_gradient(grad, True, (2, 3), None) is None
 
 
+def test_a_flat_gradient_is_a_view_of_its_inputs_shape_summed_only_where_broadcast():
+    flat = torch.arange(72.0).reshape(6, 3, 4)  # (batch·heads, rows, columns)
+    got = runtime_launch._gradient(flat, (2, 3), torch.zeros(2, 3, 3, 4))
+    assert got.shape == (2, 3, 3, 4) and got.data_ptr() == flat.data_ptr() and torch.equal(got.reshape(6, 3, 4), flat)
+    summed = runtime_launch._gradient(flat, (2, 3), torch.zeros(1, 3, 3, 4))  # the input broadcast over the batch
+    assert torch.equal(summed, flat.reshape(2, 3, 3, 4).sum(0, keepdim=True))
+
+
+def test_only_the_gradients_wanted_are_made_and_placed_among_the_others():
+    a, b, absent = torch.zeros(1), torch.ones(1), torch.full((1,), 2.0)
+    assert runtime_launch._made([a, b], [False, True, False, True], absent) == [absent, a, absent, b]
+    assert runtime_launch._made([], [False], None) == [None] and runtime_launch._made([], [], None) == []
+
+
+def test_a_plan_is_made_on_its_keys_first_call_and_read_after(monkeypatch):
+    monkeypatch.setattr(runtime_launch, "_PLANS", {})
+    made = []
+
+    def make(key):
+        return lambda: made.append(key) or f"plan {key}"
+
+    assert [runtime_launch._planned(key, make(key)) for key in (1, 2, 1, 1, 2)] == [
+        "plan 1",
+        "plan 2",
+        *["plan 1"] * 2,
+        "plan 2",
+    ]
+    assert made == [1, 2]
+    for key in range(3, 300):  # keys that change call by call: the dictionary stays small
+        runtime_launch._planned(key, make(key))
+    assert len(runtime_launch._PLANS) <= 256 and runtime_launch._planned(299, make(-1)) == "plan 299"
+
+
 def test_the_16_bit_outputs_keep_their_rounding():
     assert runtime_launch._residual(torch.zeros(1, dtype=torch.bfloat16))
     assert not runtime_launch._residual(torch.zeros(1))
@@ -197,6 +230,47 @@ def test_a_functions_signature_is_kept():
 
     assert runtime_autograd._signature_kept(Function) is Function
     assert list(Function.forward.__signature__.parameters) == ["x", "y"]
+
+
+def test_a_backward_outside_torch_func_on_plain_tensors_takes_the_fast_path():
+    plain, leaked, seen = torch.ones(2), [], []
+
+    def inside(x):
+        leaked.append(x)  # wrapped by grad's level, dead once it ends
+        seen.append(runtime_autograd._untransformed(plain, (plain,)))
+        return x.sum()
+
+    torch.func.grad(inside)(torch.ones(2))
+    assert seen == [False]  # a transform active
+    assert runtime_autograd._untransformed(plain, (plain, None))
+    assert not runtime_autograd._untransformed(plain, (leaked[0],)) and not runtime_autograd._untransformed(
+        leaked[0], ()
+    )
+
+
+def test_applied_is_function_apply_without_its_binding():
+    class Twice(torch.autograd.Function):
+        @staticmethod
+        def forward(x, k):
+            return x * k, x.new_zeros(())
+
+        @staticmethod
+        def setup_context(ctx, inputs, output):
+            ctx.k = inputs[1]
+            ctx.set_materialize_grads(False)
+            ctx.mark_non_differentiable(output[1])
+
+        @staticmethod
+        def backward(ctx, grad, _):
+            return grad * ctx.k, None
+
+    x, leaked = torch.arange(3.0, requires_grad=True), []
+    out, kept = runtime_autograd._applied(Twice, x, 2.0)
+    assert torch.equal(out, 2 * x) and out.grad_fn is not None and not kept.requires_grad
+    assert torch.equal(torch.autograd.grad(out.sum(), x)[0], torch.full((3,), 2.0))
+    torch.func.grad(lambda y: leaked.append(y) or y.sum())(torch.ones(2))
+    out, _ = runtime_autograd._applied(Twice, leaked[0], 3.0)  # a dead wrapper unwrapped, as Function.apply does
+    assert not torch._C._functorch.is_functorch_wrapped_tensor(out) and torch.equal(out, torch.full((2,), 3.0))
 
 
 def test_a_saved_tensor_list_gets_its_absent_ones_back():

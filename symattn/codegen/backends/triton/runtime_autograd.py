@@ -56,10 +56,20 @@ def _reverse_only():
         )
 
 
-def _recomputed(ctx, grad, eager, kept):
+def _untransformed(grad, saved):
+    """Does a backward run outside torch.func's transforms on plain tensors (grad and the saved ones, None or not
+    wrapped by a transform, live or dead)? Then it needs none of the transforms' scaffolding: one check."""
+    if torch._C._are_functorch_transforms_active():
+        return False
+    wrapped = torch._C._functorch.is_functorch_wrapped_tensor
+    return not wrapped(grad) and not any(x is not None and wrapped(x) for x in saved)
+
+
+def _recomputed(ctx, grad, saved, eager, kept):
     """A Function's gradients as differentiable torch ops: its core recomputed by eager (the n × m arrays in memory)
-    from the saved inputs and differentiated by autograd with create_graph, so a second derivative flows through."""
-    Q, K, V, _, *rest = ctx.saved_tensors
+    from the saved inputs (saved: ctx.saved_tensors) and differentiated by autograd with create_graph, so a second
+    derivative flows through."""
+    Q, K, V, _, *rest = saved
     tensors = _tensors(ctx, rest[kept:])
     inputs = [Q, K, V, None, None, *tensors]  # the Function's: causal and symbols have no gradient
     wanted = [i for i, x in enumerate(inputs) if x is not None and ctx.needs_input_grad[i]]
@@ -186,8 +196,20 @@ def _plain(x):
 def _core(kernels, Q, K, V, *arguments):
     """O of a core (kernels: its _CORE) by the forward kernel (its backward by the backward kernels, its tangent by
     the JVP kernel)."""
-    function = kernels[1] if torch.compiler.is_compiling() else kernels[0]
-    return function.apply(*_autocast(Q, K, V), *arguments)[0]
+    if torch.compiler.is_compiling():
+        return kernels[1].apply(*_autocast(Q, K, V), *arguments)[0]
+    if torch._C._are_functorch_transforms_active():  # torch.func: its custom_function_call
+        return kernels[0].apply(*_autocast(Q, K, V), *arguments)[0]
+    return _applied(kernels[0], *_autocast(Q, K, V), *arguments)[0]
+
+
+def _applied(function, *arguments):
+    """function.apply(*arguments) outside torch.func's transforms and torch.compile, without Function.apply's Python
+    (binding the arguments to forward's signature, a pass over them): autograd's own apply, each tensor unwrapped
+    where a transform that has ended left it wrapped, as Function.apply does."""
+    dead = torch._C._functorch.unwrap_if_dead
+    arguments = [dead(x) if isinstance(x, torch.Tensor) else x for x in arguments]
+    return super(torch.autograd.Function, function).apply(*arguments)
 
 
 def _autocast(Q, K, V):

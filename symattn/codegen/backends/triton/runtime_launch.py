@@ -26,6 +26,7 @@ SHARED = 0  # the shared-memory budget of one program's tiles, in bytes
 STREAMED: dict[str, int | None] = {}  # the block a kernel's loop steps through (0: M, 1: N; None: both)
 GRID_Y = 65535  # a CUDA grid's most programs along its axes 1 and 2
 _NUMBERS: dict = {}  # (the numbers, a device) → their float32 tensor there
+_PLANS: dict = {}  # a launch's key (its kernel, shapes, dtypes, device, options) → its plan (_planned)
 
 
 def _launch(x, width, kernel):
@@ -46,6 +47,17 @@ def _launch(x, width, kernel):
             break
         blocks[streamed if blocks[streamed] >= blocks[1 - streamed] else 1 - streamed] //= 2
     return {"BLOCK_M": blocks[0], "BLOCK_N": blocks[1], "num_warps": warps, "num_stages": stages}
+
+
+def _planned(key, make):
+    """make()'s result for key, made on key's first call and read from a dictionary after (a launch's plan: its grids
+    and constexprs for its operands' shapes, dtypes, device and options, key); at most 256 plans kept."""
+    plan = _PLANS.get(key)
+    if plan is None:
+        if len(_PLANS) >= 256:  # shapes that change call by call: the cache stays small
+            _PLANS.clear()
+        plan = _PLANS[key] = make()
+    return plan
 
 
 def _residual(o):
@@ -188,9 +200,23 @@ def _scalar(x, device):
     return torch.full((1,), float(x), dtype=torch.float32, device=device)
 
 
+def _made(grads, wanted, absent):
+    """The n × m gradients made (one per True of wanted, in order) placed among all of them, absent where one was not
+    wanted: the kernels' pointer arguments (absent: a pointer never written), or None for the Function's gradients."""
+    made = iter(grads)
+    return [next(made) if w else absent for w in wanted]
+
+
+def _gradient(flat, batch, like):
+    """A flat gradient (BH, rows, cols) as like's: viewed as (*batch, rows, cols), summed over the axes that like
+    broadcasts (none, the common case: the view as it is)."""
+    grad = flat.view(*batch, *flat.shape[-2:])
+    return grad if grad.shape == like.shape else grad.sum_to_size(like.shape)
+
+
 def _tile_gradient(grad, wanted, batch, like):
     """An n × m tile's gradient (BH, n, m) summed to like's shape (its broadcast axes), in like's dtype; None where
-    it was not wanted (like does not require grad, or is absent)."""
+    it was not wanted (like does not require grad, or is absent; grad None)."""
     if not wanted or like is None:
         return None
     return grad.view(*batch, *grad.shape[-2:]).sum_to_size(like.shape).to(like.dtype)
