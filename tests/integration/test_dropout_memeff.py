@@ -25,6 +25,7 @@ import types
 import numpy as np
 import pytest
 import sympy as sp
+from saved import saved_sizes
 
 import symattn as sa
 from symattn.codegen import generate as codegen
@@ -299,27 +300,14 @@ def test_training_false_is_the_spec_without_dropout_and_draws_nothing(kind, back
     torch.testing.assert_close(layer.eval()(*tensors, **causal), got, rtol=0, atol=0)
 
 
-def _saved_sizes(module, tensors, **options) -> list[int]:
-    """The number of entries of every tensor autograd saves for the backward of one forward."""
-    sizes = []
-
-    def pack(x):
-        sizes.append(x.numel())
-        return x
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda x: x):
-        module.forward(*(x.requires_grad_() for x in tensors), **options)
-    return sizes
-
-
 def test_no_saved_tensor_holds_n_by_m_entries():
     """At n = m = 384 the memory-efficient module saves Q, K, V, L and a seed (a Python int): nothing of n·m entries,
     where the standard module saves the whole mask (the test's control)."""
     rows = 384
     tensors = [torch.randn(1, rows, 4, dtype=torch.float64) for _ in range(3)]
-    memeff = _saved_sizes(_module("plain", "torch"), [x.clone() for x in tensors], block_size=64)
+    memeff = saved_sizes(_module("plain", "torch"), [x.clone() for x in tensors], block_size=64)
     assert memeff and max(memeff) < rows * rows
-    standard = _saved_sizes(_module("plain", "torch", "standard"), [x.clone() for x in tensors])
+    standard = saved_sizes(_module("plain", "torch", "standard"), [x.clone() for x in tensors])
     assert max(standard) >= rows * rows
     saved = _module("plain", "numpy").forward(*(x.numpy() for x in tensors), rng=np.random.default_rng(0))[1]
     assert max(np.size(x) for x in saved.values()) < rows * rows

@@ -86,6 +86,30 @@ def two_sided(q, k, v):  # where between two traced tensors: a computed cond (a 
     return torch.softmax(torch.where(causal, t, -t), -1) @ v
 
 
+def _causal_scores(q, k):
+    s = _scores(q, k)
+    return s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool).triu(1), float("-inf"))
+
+
+def gate_masked(q, k, v):  # where(s > 1/2, s, −1) of causal scores: torch picks −1 at the −∞ entries
+    s = _causal_scores(q, k)
+    return torch.softmax(torch.where(s > 0.5, s, -1.0), -1) @ v
+
+
+def zero_masked(q, k, v):  # a constant mask filling 0 over entries the causal mask made −∞
+    s = _causal_scores(q, k)
+    last = torch.zeros(s.shape[-2:], dtype=torch.bool)
+    last[:, -1] = True
+    return torch.softmax(s.masked_fill(last, 0.0), -1) @ v
+
+
+def fill_kept_finite(q, k, v):  # the fill lands only where the scores are finite (the first key): read
+    s = _causal_scores(q, k)
+    first = torch.zeros(s.shape[-2:], dtype=torch.bool)
+    first[:, 0] = True
+    return torch.softmax(s.masked_fill(first, 0.0), -1) @ v
+
+
 CASES = [above_mean, top_k, top_k_where, top_k_ge_sorted, above_constant, kth_smallest, causal_top_k, hinge_to_kth]
 CASES += [two_sided]
 
@@ -109,16 +133,21 @@ def _close(got, want, what):
     assert error <= TOLERANCE * max(1.0, np.max(np.abs(want))), f"{what}: differs by {error:.3g}"
 
 
-@pytest.mark.parametrize("function", CASES, ids=lambda f: f.__name__)
-def test_the_drop_in_matches_autograd_at_a_new_length(function):
-    closed = ClosedForm(function, _qkv(6, 5, seed=0))
-    inputs = _qkv(9, 8, seed=1)
+def _drop_in_agrees(function, traced: tuple[int, int], called: tuple[int, int]) -> None:
+    """The drop-in traced at the lengths traced (n, m) agrees with autograd of function at the lengths called."""
+    closed = ClosedForm(function, _qkv(*traced, seed=0))
+    inputs = _qkv(*called, seed=1)
     want, cotangent, grads = _autograd(function, inputs)
     leaves = [x.clone().requires_grad_() for x in inputs]
     got = closed(*leaves)
     _close(got.detach(), want, "output")
     for name, g, w in zip("qkv", torch.autograd.grad(got, leaves, cotangent), grads, strict=True):
         _close(g, w, f"∂f/∂{name}")
+
+
+@pytest.mark.parametrize("function", CASES, ids=lambda f: f.__name__)
+def test_the_drop_in_matches_autograd_at_a_new_length(function):
+    _drop_in_agrees(function, (6, 5), (9, 8))
 
 
 @pytest.mark.parametrize("function", CASES, ids=lambda f: f.__name__)
@@ -319,30 +348,6 @@ def test_the_memory_efficient_variant_refuses_a_mask_computed_before_its_loop():
             codegen.render(spec, backend, "memeff", second_order=False)
 
 
-def _causal_scores(q, k):
-    s = _scores(q, k)
-    return s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool).triu(1), float("-inf"))
-
-
-def gate_masked(q, k, v):  # where(s > 1/2, s, −1) of causal scores: torch picks −1 at the −∞ entries
-    s = _causal_scores(q, k)
-    return torch.softmax(torch.where(s > 0.5, s, -1.0), -1) @ v
-
-
-def zero_masked(q, k, v):  # a constant mask filling 0 over entries the causal mask made −∞
-    s = _causal_scores(q, k)
-    last = torch.zeros(s.shape[-2:], dtype=torch.bool)
-    last[:, -1] = True
-    return torch.softmax(s.masked_fill(last, 0.0), -1) @ v
-
-
-def fill_kept_finite(q, k, v):  # the fill lands only where the scores are finite (the first key): read
-    s = _causal_scores(q, k)
-    first = torch.zeros(s.shape[-2:], dtype=torch.bool)
-    first[:, 0] = True
-    return torch.softmax(s.masked_fill(first, 0.0), -1) @ v
-
-
 @pytest.mark.parametrize("function", [gate_masked, zero_masked], ids=lambda f: f.__name__)
 def test_a_finite_fill_over_masked_scores_is_refused_not_nan(function):
     """A ⊙ K + c (𝟏𝟏ᵀ − K) would be 0·∞ = NaN where torch gives the fill: refused in one line."""
@@ -352,11 +357,4 @@ def test_a_finite_fill_over_masked_scores_is_refused_not_nan(function):
 
 
 def test_a_finite_fill_where_the_scores_are_finite_is_read_and_right():
-    closed = ClosedForm(fill_kept_finite, _qkv(6, 6, seed=0))
-    inputs = _qkv(9, 9, seed=1)
-    want, cotangent, grads = _autograd(fill_kept_finite, inputs)
-    leaves = [x.clone().requires_grad_() for x in inputs]
-    got = closed(*leaves)
-    _close(got.detach(), want, "output")
-    for name, g, w in zip("qkv", torch.autograd.grad(got, leaves, cotangent), grads, strict=True):
-        _close(g, w, f"∂f/∂{name}")
+    _drop_in_agrees(fill_kept_finite, (6, 6), (9, 9))

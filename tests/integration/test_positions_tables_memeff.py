@@ -21,6 +21,7 @@ import types
 import numpy as np
 import pytest
 import sympy as sp
+from saved import saved_sizes
 from test_positions_tables import CASES, _inputs, _names, _wanted, reference, table_spec
 
 import symattn as sa
@@ -144,19 +145,6 @@ def test_the_window_blocks_read_only_their_keys_and_scatter_there():
     assert ", 4, 1, block, keys)))" in source  # b̄ += sum_batch(block_scatter(W_b, (r, c), 4, 1, block, keys))
 
 
-def _saved_sizes(module, tensors, **options) -> list[int]:
-    """The number of entries of every tensor autograd saves for the backward of one forward."""
-    sizes = []
-
-    def pack(x):
-        sizes.append(x.numel())
-        return x
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda x: x):
-        module.forward(*(x.requires_grad_() if x.is_floating_point() else x for x in tensors), **options)
-    return sizes
-
-
 @pytest.mark.parametrize("kind", ["relative", "t5", "heads", "documents"])
 def test_no_saved_tensor_holds_n_by_m_entries(kind):
     """At n = 256 the memory-efficient module saves Q, K, V, the tables, O and L: nothing of n·n entries, where the
@@ -169,9 +157,9 @@ def test_no_saved_tensor_holds_n_by_m_entries(kind):
         torch.randn(*(1,) * (name in case.constants), int(sp.sympify(r).subs(n, rows)), int(c), dtype=torch.float64)
         for name, (r, c) in case.tables.items()
     ]
-    memeff = _saved_sizes(_module(kind, "torch"), [*tensors, *tables], block_size=32)
+    memeff = saved_sizes(_module(kind, "torch"), [*tensors, *tables], block_size=32)
     assert memeff and max(memeff) < rows * rows
-    standard = _saved_sizes(_module(kind, "torch", "standard"), [*tensors, *tables])
+    standard = saved_sizes(_module(kind, "torch", "standard"), [*tensors, *tables])
     assert max(standard) >= rows * rows
 
 
