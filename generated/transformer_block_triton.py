@@ -83,6 +83,7 @@ AXES = {  # the last two axes of each matrix input: a dimension's name or a size
     "b_2": (1, "H*d_k"),
 }
 SPEC = "transformer_block"
+MIXED_ROWS = None  # why the work outside the cores mixes rows (context parallelism refuses it), or None
 SHARED = 160 * 1024  # the shared-memory budget of one program's tiles (an H100 has 227 KiB; the rest for tl.dot's)
 LAUNCH = {  # per kernel on a GPU: BLOCK_M (query rows), BLOCK_N (keys), warps, pipeline stages (benchmarks/GPU.md)
     "forward": (64, 64, 4, 3),
@@ -1472,23 +1473,31 @@ def _tangent_flags(moving):
     return {}
 
 
-def _core_eager(Q, K, V, causal, symbols, tensors):
+def _core_eager(Q, K, V, causal, symbols, tensors, origin=(0, 0), partial=False):
     """O = softmax(A) V by torch ops (n × m arrays in memory), differentiable: what the Function's backward
-    differentiates where a second derivative is asked for."""
+    differentiates where a second derivative is asked for; with partial, a block of keys' share and its row
+    statistic (context parallelism's ring merges them). origin: the positions of the first row and key."""
     wide = torch.promote_types(Q.dtype, torch.float32)  # a 16-bit run's n × m arrays float32, as the kernels'
     (tile_M,) = (None if x is None else x.to(wide) for x in tensors)
     tile_M = 0.0 if tile_M is None else tile_M
     (c0,) = _coefficients(**symbols)
     s = Q.to(wide) @ K.to(wide).mT
     a = (c0 * s) + tile_M
-    if causal:  # query i sees keys j <= i
-        a = a.masked_fill(torch.ones(a.shape[-2:], dtype=torch.bool, device=a.device).triu(1), -float("inf"))
+    if causal:  # query i sees keys j <= i (at origin's positions)
+        above = torch.ones(a.shape[-2:], dtype=torch.bool, device=a.device).triu(1 + origin[0] - origin[1])
+        a = a.masked_fill(above, -float("inf"))
     seen = a.amax(-1, keepdim=True) > -float("inf")  # a row with a key to see
     p = torch.softmax(torch.where(seen, a, 0.0), -1) * seen
-    return (p @ V.to(wide)).to(V.dtype)
+    if partial:
+        stat = torch.where(seen, torch.logsumexp(torch.where(seen, a, 0.0), -1, keepdim=True), -float("inf"))
+    out = p @ V.to(wide)
+    return (out, stat) if partial else out.to(V.dtype)
 
 
-_CORE = (_CoreFunction, _CoreTraced, _core_jvp)  # how _core and _core_dual run this core
+# what context parallelism reads of this core
+RING = {"normaliser": "row softmax", "rows": ("n", "n"), "dropout": False, "mask": 0}
+# how _core and _core_dual run this core, its eager form, and RING
+_CORE = (_CoreFunction, _CoreTraced, _core_jvp, _core_eager, RING)
 
 
 def forward(

@@ -1,15 +1,18 @@
 """How partial results of a core over blocks of keys merge: a rule per row normaliser (STYLE.md, "a ring is a
 merge rule").
 
-A core O = N(A) V computed by one rank's query rows against one block of keys at a time gives a partial output
-O_j and the block's row statistic; the rows' whole output is a merge of the partials that only the normaliser
-decides:
+A core O = N(A) V computed by one rank's query rows against one block of keys at a time gives the block's share
+O_j and a row statistic s_j (the eager core's ``partial=True``); the rows' whole output is a merge of the shares
+that only the normaliser decides, and so is the backward: the cotangents of a block's (O_j, s_j) follow from the
+merged output and statistic, and autograd of the block's recomputed share does the rest.
 
-- row softmax: O_j = softmax(A_j) V_j with L_j = log Σ_k exp(A_j) (the row log-sum-exp); the whole row's
-  L = log Σ_j exp(L_j) and O = Σ_j exp(L_j − L) O_j. The backward recomputes each block's P_j = exp(A_j − L)
-  from the merged L, and D = rowsum(dO ⊙ O) from the merged O: the block's saved values with O and L replaced.
-- a division by row sums: numerators and row sums added (not yet: refused).
-- none: outputs added (not yet: refused).
+- row softmax: O_j = softmax(A_j) V_j, s_j = L_j = log Σ_k exp(A_j) (−∞: no key); L = log Σ_j e^{L_j} and
+  O = Σ_j w_j O_j with w_j = e^{L_j − L}. Backward: Ō_j = w_j Ō and L̄_j = w_j rowsum(Ō ⊙ (O_j − O)).
+- row sum: O_j = A_j V_j, s_j = rowsum(A_j); U = Σ_j O_j, s = Σ_j s_j, O = U ⊘ s (a row summing to 0: O = U).
+  Backward: Ō_j = Ō ⊘ s and s̄_j = −rowsum(Ō ⊙ O) ⊘ s.
+- none: O_j = A_j V_j, no statistic; O = Σ_j O_j and Ō_j = Ō.
+
+Every rule is torch ops, so forward-mode autograd carries tangents through the merges (the ring's JVP).
 """
 
 from __future__ import annotations
@@ -21,54 +24,88 @@ import torch
 
 from symattn.errors import SymattnError
 
+Share = tuple[torch.Tensor, torch.Tensor | None]  # (a block's output share, its row statistic; None: none)
+
 
 @dataclass(frozen=True)
 class Merge:
-    """The merge of a normaliser: the row statistic a block's forward saves beside its output, and how two
-    partials (output, statistic) of the same rows over disjoint key blocks make the partial over both."""
+    """The merge of a normaliser: the share of rows that read no key, how two shares of the same rows over
+    disjoint key blocks make the share over both, the output of the merged share, and the cotangents of one
+    block's share given the merged (output, statistic) and the output's cotangent."""
 
-    statistic: str  # the name the generated module saves it under
-    combine: Callable[[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]], tuple]
-    saved: Callable[[torch.Tensor], torch.Tensor]  # the merged statistic as the module's backward reads it
-    tangent: Callable[[tuple, tuple], tuple]  # combine for (output, statistic, their tangents)
+    nothing: Callable[[torch.Tensor, torch.Tensor], Share]  # (O-shaped zeros, a row-statistic-shaped like) → share
+    combine: Callable[[Share, Share], Share]
+    finish: Callable[[Share], torch.Tensor]
+    split: Callable[[torch.Tensor, Share, Share], Share]  # (Ō, merged (O, s), the block's (O_j, s_j)) → (Ō_j, s̄_j)
 
 
-def _softmax(first: tuple[torch.Tensor, torch.Tensor], second: tuple[torch.Tensor, torch.Tensor]) -> tuple:
-    """(O, L) of softmax over the keys of both: L = log(e^{L₁} + e^{L₂}), O = e^{L₁ − L} O₁ + e^{L₂ − L} O₂. A row
-    with no key in a block has L = −∞ there (the generated module's +∞ for such a row is read as −∞)."""
+def _finite(lse: torch.Tensor) -> torch.Tensor:
+    """A log-sum-exp with −∞ (no key) as 0: the weights e^{L_j − L} of such a row are then e^{−∞} = 0."""
+    return torch.where(lse == float("-inf"), 0.0, lse)
+
+
+def _softmax(first: Share, second: Share) -> Share:
+    """(O, L) over the keys of both: L = log(e^{L₁} + e^{L₂}), O = e^{L₁ − L} O₁ + e^{L₂ − L} O₂. Written from the
+    larger of L₁, L₂ (0 where both are −∞), so that forward-mode tangents stay finite where a row has no key."""
     (o1, l1), (o2, l2) = first, second
-    l1, l2 = (torch.where(x == float("inf"), float("-inf"), x) for x in (l1, l2))
-    lse = torch.logaddexp(l1, l2)
-    safe = torch.where(lse == float("-inf"), 0.0, lse)  # a row with no key at all: weights 0, O = 0
+    top = _finite(torch.maximum(l1, l2))
+    total = torch.exp(l1 - top) + torch.exp(l2 - top)
+    lse = torch.where(total == 0.0, float("-inf"), top + torch.log(torch.where(total == 0.0, 1.0, total)))
+    safe = _finite(lse)
     return torch.exp(l1 - safe) * o1 + torch.exp(l2 - safe) * o2, lse
 
 
-def _softmax_tangent(first: tuple, second: tuple) -> tuple:
-    """(O, L, Ȯ, L̇) of softmax over the keys of both, from each part's: with weights a = e^{L₁ − L}, b = e^{L₂ − L}
-    (O = a O₁ + b O₂, ȧ = a (L̇₁ − L̇)), L̇ = a L̇₁ + b L̇₂ and Ȯ = a (Ȯ₁ + (L̇₁ − L̇) O₁) + b (Ȯ₂ + (L̇₂ − L̇) O₂)."""
-    (o1, l1, t1, s1), (o2, l2, t2, s2) = first, second
-    o, lse = _softmax((o1, l1), (o2, l2))
-    safe = torch.where(lse == float("-inf"), 0.0, lse)
-    a, b = (torch.exp(torch.where(x == float("inf"), float("-inf"), x) - safe) for x in (l1, l2))
-    s = a * s1 + b * s2
-    return o, lse, a * (t1 + (s1 - s) * o1) + b * (t2 + (s2 - s) * o2), s
+def _softmax_split(grad: torch.Tensor, merged: Share, block: Share) -> Share:
+    """(Ō_j, L̄_j) = (w_j Ō, w_j rowsum(Ō ⊙ (O_j − O))), w_j = e^{L_j − L}."""
+    (o, lse), (o_j, l_j) = merged, block
+    w = torch.exp(l_j - _finite(lse))
+    return w * grad, w * (grad * (o_j - o)).sum(-1, keepdim=True)
 
 
-# normaliser (codegen.backends.triton.core.NORMALISERS) → its merge; the others slot in here
-MERGES: dict[str, Merge] = {
-    # a row with no key: L = +∞ for the generated backward (P = exp(A − L) = 0), −∞ in the merge
+def _divisor(total: torch.Tensor) -> torch.Tensor:
+    return torch.where(total == 0.0, 1.0, total)
+
+
+def _row_sum_split(grad: torch.Tensor, merged: Share, block: Share) -> Share:
+    """(Ō_j, s̄_j) = (Ō ⊘ s, −rowsum(Ō ⊙ O) ⊘ s); 0 for s̄_j where s = 0 (O = U there)."""
+    (o, total), _ = merged, block
+    divisor = _divisor(total)
+    return grad / divisor, torch.where(total == 0.0, 0.0, -(grad * o).sum(-1, keepdim=True) / divisor)
+
+
+def _added(first: Share, second: Share) -> Share:
+    """Shares whose outputs and statistics add (a row sum's; none's, with no statistic)."""
+    (o1, s1), (o2, s2) = first, second
+    return o1 + o2, None if s1 is None else s1 + s2
+
+
+MERGES: dict[str, Merge] = {  # normaliser (codegen.backends.triton.core.NORMALISERS) → its merge
     "row softmax": Merge(
-        "L", _softmax, lambda lse: torch.where(lse == float("-inf"), float("inf"), lse), _softmax_tangent
+        lambda zeros, like: (zeros, torch.full_like(like, float("-inf"))),
+        _softmax,
+        lambda share: share[0],
+        _softmax_split,
     ),
+    "row sum": Merge(
+        lambda zeros, like: (zeros, torch.zeros_like(like)),
+        _added,
+        lambda share: share[0] / _divisor(share[1]),
+        _row_sum_split,
+    ),
+    "none": Merge(lambda zeros, like: (zeros, None), _added, lambda share: share[0], lambda g, merged, b: (g, None)),
 }
 
 
-def merge_for(spec: str, normaliser: str) -> Merge:
-    """The merge rule of a core's normaliser, or a SymattnError of one line naming what has none yet."""
-    if normaliser not in MERGES:
-        known = ", ".join(MERGES)
+def merge_for(spec: str, record: dict) -> Merge:
+    """The merge rule of a core (its Triton module's RING record), or a SymattnError of one line naming why none."""
+    if record["dropout"]:
         raise SymattnError(
-            f"context_parallel: {spec}'s core is normalised by {normaliser!r}, whose ring merge is not implemented "
-            f"(implemented: {known})"
+            f"context_parallel: {spec} drops out its attention weights, whose masks are drawn over the whole n × m "
+            "array; a ring of blocks does not draw them yet (dropout=0.0, or eval())"
         )
-    return MERGES[normaliser]
+    if record["normaliser"] not in MERGES:
+        raise SymattnError(
+            f"context_parallel: {spec}'s core is a {record['normaliser']} map with an n × m output, which has no "
+            f"merge over blocks of keys (merged: {', '.join(MERGES)})"
+        )
+    return MERGES[record["normaliser"]]

@@ -1,59 +1,108 @@
 # ruff: noqa: E741 (O, the attention output, is the derivation's name)
-"""The ring's forward and backward passes over one rank's rows, each block's work done by the generated module.
+"""The ring's forward and backward passes over one rank's rows, each block's work done by the core's eager form.
 
-Forward: the rank's query chunks against each key block as it comes round the ring (the module's ``_forward`` on
-a query chunk and a key chunk, causal on a diagonal pair), the partials merged by the normaliser's rule.
-Backward: the module's ``_backward`` per pair again, its saved values the pair's with the merged output and
-statistic in place of the pair's own (so that P = N(A) is the whole row's); dQ summed on the rank, the key
-block's dK, dV partials sent round with it and home to its rank from the last rank that reads it.
+A core's work is cut into pieces: ``ROWS`` of the rank's query rows against one key chunk (a causal diagonal chunk
+only up to the piece's last row), each computed by the Triton module's eager core with ``partial=True`` at its
+global positions (``origin``): the piece's share of the rows' output and its row statistic, merged over the key
+blocks by the normaliser's rule (``merge``). Forward mode runs the same passes on forward-mode dual tensors, the key
+blocks' tangents travelling with them. The backward recomputes each piece's share under autograd and pulls back
+the cotangents the merge gives it (``Merge.split``): dQ and the tiles' and scalars' gradients stay on the rank, the
+key block's dK, dV partials travel round with it and home to its rank from the last rank that reads it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from types import ModuleType
 
 import torch
+from torch.autograd import forward_ad
 
-from symattn.distributed.layout import DIAGONAL, SKIP, Layout
+from symattn.distributed.layout import DIAGONAL, FULL, SKIP, Layout
 from symattn.distributed.merge import Merge
 from symattn.distributed.ring import GRADIENTS, HELD, KEYS, RETURNED, Pending, Ring
+
+ROWS = 128  # query rows per piece: a piece's n × m arrays are ROWS × (the key chunk's rows)
 
 
 @dataclass(frozen=True)
 class Plan:
-    """What a call's passes need: the block module, the merge, the ring, the layouts of queries and keys, options."""
+    """What a call's passes need: the core's eager form and merge, the ring, the layouts, the options."""
 
-    module: ModuleType  # the generated module whose _forward and _backward do one pair's work
+    eager: Callable  # the Triton module's _core_eager: a piece's (share, statistic) with partial=True
     merge: Merge
     ring: Ring
     queries: Layout
     keys: Layout
     causal: bool
-    options: dict  # the module's options after causal, by name (scale, and block_size where it takes one), as given
-    padded: bool = False  # a key block ends with its padding column (…, m_r, 1): 0 or −∞, added to its keys' scores
+    symbols: dict  # the core's symbols, its query and key lengths the whole sequence's
+    padded: bool = False  # a key block ends with its padding column (…, m_r, 1): 0 or −∞, added to the mask tile
+    mask: int | None = None  # the tile (among the core's tensors) the padding adds to
+    tangents: bool = False  # a key block carries K̇, V̇ after K, V (forward mode)
 
 
-def _rows(x: torch.Tensor, chunk) -> torch.Tensor:
-    return x[..., chunk.offset : chunk.offset + chunk.length, :]
+@dataclass(frozen=True)
+class Piece:
+    """Query rows ``rows`` of the rank's block (from global position ``row``) against keys ``keys`` of a key block
+    (from global position ``key``); causal: the keys after a row hidden."""
+
+    rows: slice
+    row: int
+    keys: slice
+    key: int
+    causal: bool
 
 
-def _mask(plan: Plan, block: list, q, k) -> torch.Tensor | None:
-    """The additive mask of the pair (query chunk q, key chunk k): the key chunk's padding column as a row, every
-    query row's (an expanded view, as the module's own key_padding_mask), or None without padding."""
-    if not plan.padded:
-        return None
-    column = _rows(block[-1], k)
-    return column.mT.expand(*column.shape[:-2], q.length, k.length)
-
-
-def _pairs(plan: Plan, origin: int):
-    """(query chunk, key chunk, causal) of the rank's pairs with origin's key block that are computed."""
+def _pieces(plan: Plan, origin: int):
+    """The pieces of the rank's rows against origin's key block that are computed."""
     for q in plan.queries.chunks[plan.ring.rank]:
         for k in plan.keys.chunks[origin]:
             how = plan.keys.pair(q, k, plan.causal)
-            if how != SKIP and q.length and k.length:
-                yield q, k, how == DIAGONAL
+            if how == SKIP or not k.length:
+                continue
+            for first in range(0, q.length, ROWS):
+                size, row = min(ROWS, q.length - first), q.start + first
+                count = k.length if how == FULL else min(k.length, row + size - k.start)
+                rows = slice(q.offset + first, q.offset + first + size)
+                yield Piece(rows, row, slice(k.offset, k.offset + count), k.start, how == DIAGONAL)
+
+
+def _rows(x: torch.Tensor, rows: slice) -> torch.Tensor:
+    return x[..., rows, :]
+
+
+def _tile(x, piece: Piece) -> torch.Tensor | None:
+    """A tile's entries of the piece (rows of the rank's, columns at the keys' global positions; an axis of size 1
+    broadcasts), a scalar or None as it is."""
+    if x is None or x.dim() == 0:
+        return x
+    rows = piece.rows if x.shape[-2] != 1 else slice(None)
+    keys = slice(piece.key, piece.key + piece.keys.stop - piece.keys.start) if x.shape[-1] != 1 else slice(None)
+    return x[..., rows, keys]
+
+
+def _tensors(plan: Plan, tensors, piece: Piece, block: list, Q: torch.Tensor) -> list:
+    """The core's tiles and scalars for the piece, the key block's padding added to the mask tile."""
+    found = [_tile(x, piece) for x in tensors]
+    if plan.padded:
+        row = block[-1][..., piece.keys, :].mT  # (…, 1, keys)
+        if 2 < row.dim() < Q.dim():  # the scores have a heads axis the padding lacks
+            row = row.unsqueeze(-3)
+        found[plan.mask] = row if found[plan.mask] is None else found[plan.mask] + row
+    return found
+
+
+def _share(plan: Plan, piece: Piece, Q, K, V, tensors: list) -> tuple:
+    """(the piece's share of its rows' output, its row statistic) by the eager core at the piece's positions."""
+    q, k, v = _rows(Q, piece.rows), _rows(K, piece.keys), _rows(V, piece.keys)
+    return plan.eager(q, k, v, piece.causal, plan.symbols, tensors, origin=(piece.row, piece.key), partial=True)
+
+
+def _keys(plan: Plan, block: list) -> tuple:
+    """K and V of a key block: dual tensors (with K̇, V̇) in forward mode."""
+    if plan.tangents:
+        return forward_ad.make_dual(block[0], block[2]), forward_ad.make_dual(block[1], block[3])
+    return block[0], block[1]
 
 
 def _buffers(plan: Plan, origin: int, like: tuple[torch.Tensor, ...]) -> list[torch.Tensor]:
@@ -73,83 +122,105 @@ def _receive(plan: Plan, step: int, like: tuple[torch.Tensor, ...]) -> list[torc
     return buffers
 
 
-def _partial(plan: Plan, queries: list, block: list, q, k, diagonal: bool) -> tuple[tuple, dict]:
-    """(the pair's partial, the constants the module's forward saved): (O_j, L_j) of the query chunk q over the key
-    chunk k by the module's _forward; with tangents (queries [Q, Q̇], block [K, V, K̇, V̇]) (O_j, L_j, Ȯ_j, L̇_j),
-    the tangents by torch.func.jvp of that same _forward (the module's closed-form _jvp gives no L̇_j)."""
-    saved_constants: dict = {}
-
-    M = _mask(plan, block, q, k)
-
-    def forward(Q, K, V):
-        O_j, saved = plan.module._forward(Q, K, V, M, diagonal, *plan.options.values())
-        saved_constants.update((name, x) for name, x in saved.items() if not isinstance(x, torch.Tensor))
-        return O_j, saved[plan.merge.statistic]
-
-    primals = (_rows(queries[0], q), _rows(block[0], k), _rows(block[1], k))
-    if len(queries) == 1:
-        return forward(*primals), saved_constants
-    tangents = (_rows(queries[1], q), _rows(block[2], k), _rows(block[3], k))
-    (O_j, L_j), (dO_j, dL_j) = torch.func.jvp(forward, primals, tangents)
-    return (O_j, L_j, dO_j, dL_j), saved_constants
+def _starts(plan: Plan) -> list[tuple[int, int]]:
+    """(first row, rows) of the rank's pieces of rows, in the order of its block."""
+    return [
+        (c.offset + f, min(ROWS, c.length - f))
+        for c in plan.queries.chunks[plan.ring.rank]
+        for f in range(0, c.length, ROWS)
+    ]
 
 
-def _merge_block(plan: Plan, origin: int, block: list, queries: list, merged: list) -> dict:
-    """Merge the partials of the rank's query chunks over origin's key block into merged (one per chunk); returns
-    the constants the module's forward saved (its resolved options, for the backward)."""
-    chunks, constants = plan.queries.chunks[plan.ring.rank], {}
-    combine = plan.merge.combine if len(queries) == 1 else plan.merge.tangent
-    for q, k, diagonal in _pairs(plan, origin):
-        part, constants = _partial(plan, queries, block, q, k, diagonal)
-        i = chunks.index(q)
-        merged[i] = part if merged[i] is None else combine(merged[i], part)
-    return constants
+def _merge_block(plan: Plan, origin: int, block: list, Q: torch.Tensor, tensors, merged: dict) -> None:
+    """Merge the shares of the rank's pieces of rows over origin's key block into merged (by first row)."""
+    K, V = _keys(plan, block)
+    for piece in _pieces(plan, origin):
+        share = _share(plan, piece, Q, K, V, _tensors(plan, tensors, piece, block, Q))
+        start = piece.rows.start
+        merged[start] = share if start not in merged else plan.merge.combine(merged[start], share)
 
 
-def _nothing(Q: torch.Tensor, V: torch.Tensor, rows: int, count: int) -> tuple:
-    """The partial of rows that read no key: O = 0, the statistic −∞ (no key), their tangents 0."""
-    out = (Q.new_zeros((*Q.shape[:-2], rows, V.shape[-1])), Q.new_full((*Q.shape[:-2], rows, 1), float("-inf")))
-    return (out + (out[0], torch.zeros_like(out[1])))[:count]
-
-
-def ring_forward(plan: Plan, queries: list, keys: list) -> tuple[list[torch.Tensor], dict]:
-    """The merged partials of the rank's query rows over every key block (O and the statistic; with tangents, queries
-    [Q, Q̇] and keys [K, V, K̇, V̇], their tangents after them) and the constants the module's forward saved."""
-    ring = plan.ring
-    chunks = plan.queries.chunks[ring.rank]
-    merged: list = [None] * len(chunks)
-    block, constants = list(keys), {}
+def ring_forward(plan: Plan, Q: torch.Tensor, keys: list, tensors) -> tuple:
+    """The merged share of the rank's rows over every key block, (output, statistic), in the core's wide dtype:
+    keys [K, V] (with K̇, V̇ in forward mode, Q and tensors then dual) and the padding column last where padded."""
+    ring, merged = plan.ring, {}
+    block = list(keys)
     for step in range(ring.world):
         origin = (ring.rank - step) % ring.world
         send = block if block and plan.keys.travels(origin, step, plan.causal) else []
         pending = ring.post(send, _receive(plan, step, tuple(keys)), KEYS)
         if block:
-            constants |= _merge_block(plan, origin, block, queries, merged)
+            _merge_block(plan, origin, block, Q, tensors, merged)
         block = pending.wait()
-    count = 2 * len(queries)
-    merged = [_nothing(queries[0], keys[1], q.length, count) if m is None else m for m, q in zip(merged, chunks)]
-    return [torch.cat(parts, dim=-2) for parts in zip(*merged)], constants
+    return _whole(plan, merged, Q, keys[1])
 
 
-def _block_gradients(plan: Plan, origin: int, block, Q, O, L, dO, dQ, constants: dict) -> list[torch.Tensor]:
-    """The rank's rows' share of dK, dV of origin's block (its dQ share added into dQ)."""
-    merge = plan.merge
+def _whole(plan: Plan, merged: dict, Q: torch.Tensor, V: torch.Tensor) -> tuple:
+    """The shares of every piece of rows concatenated: rows that read no key the merge's nothing."""
+    known = next(iter(merged.values()), None)
+    batch = known[0].shape[:-2] if known is not None else torch.broadcast_shapes(Q.shape[:-2], V.shape[:-2])
+    wide = known[0].dtype if known is not None else torch.promote_types(Q.dtype, torch.float32)
+    parts = []
+    for start, size in _starts(plan):
+        if start not in merged:
+            zeros = Q.new_zeros((*batch, size, V.shape[-1]), dtype=wide)
+            merged[start] = plan.merge.nothing(zeros, zeros[..., :1])
+        parts.append(merged[start])
+    if not parts:
+        zeros = Q.new_zeros((*batch, 0, V.shape[-1]), dtype=wide)
+        parts = [plan.merge.nothing(zeros, zeros[..., :1])]
+    statistic = None if parts[0][1] is None else torch.cat([p[1] for p in parts], dim=-2)
+    return torch.cat([p[0] for p in parts], dim=-2), statistic
+
+
+def _leaf(x, wanted: bool):
+    return x.detach().requires_grad_(wanted) if isinstance(x, torch.Tensor) else x
+
+
+def _block_gradients(plan: Plan, origin: int, block: list, saved: dict, dO, grads: list) -> list[torch.Tensor]:
+    """The rank's rows' share of dK, dV of origin's block; dQ and the tensors' gradients added into grads."""
     parts = [torch.zeros_like(block[0]), torch.zeros_like(block[1])]
-    for q, k, diagonal in _pairs(plan, origin):
-        M = _mask(plan, block, q, k)
-        saved = constants | {"Q": _rows(Q, q), "K": _rows(block[0], k), "V": _rows(block[1], k), "M": M}
-        saved |= {"O": _rows(O, q), merge.statistic: merge.saved(_rows(L, q)), "causal": diagonal}
-        # the options as given (scale None: its default), as the module's Function keeps them, where the forward
-        # saved no resolved value (block_size)
-        saved |= {name: x for name, x in plan.options.items() if name not in constants}
-        grads = plan.module._backward(saved, _rows(dO, q))
-        _rows(dQ, q).add_(grads["Q"])
-        _rows(parts[0], k).add_(grads["K"])
-        _rows(parts[1], k).add_(grads["V"])
+    Q, tensors, (O, stat), wanted = saved["Q"], saved["tensors"], saved["merged"], saved["wanted"]
+    for piece in _pieces(plan, origin):
+        with torch.enable_grad():
+            q, k, v = (
+                _leaf(_rows(x, r), True) for x, r in ((Q, piece.rows), (block[0], piece.keys), (block[1], piece.keys))
+            )
+            tiles = [_leaf(_tile(x, piece), w) for x, w in zip(tensors, wanted)]
+            found = _tensors(plan, tiles, piece, block, Q) if plan.padded else tiles
+            out, statistic = plan.eager(
+                q, k, v, piece.causal, plan.symbols, found, origin=(piece.row, piece.key), partial=True
+            )
+            merged = (_rows(O, piece.rows), None if stat is None else _rows(stat, piece.rows))
+            g_out, g_stat = plan.merge.split(_rows(dO, piece.rows), merged, (out, statistic))
+            outputs, cotangents = [out], [g_out]
+            if statistic is not None and statistic.requires_grad:
+                outputs, cotangents = [out, statistic], [g_out, g_stat]
+            leaves = [q, k, v] + [x for x, w in zip(tiles, wanted) if w]
+            pulled = torch.autograd.grad(outputs, leaves, cotangents, allow_unused=True)
+        _add(_rows(grads[0], piece.rows), pulled[0])
+        _add(_rows(parts[0], piece.keys), pulled[1])
+        _add(_rows(parts[1], piece.keys), pulled[2])
+        rest = iter(pulled[3:])
+        for i, w in enumerate(wanted):
+            if w:
+                _add_tile(grads[1 + i], piece, next(rest))
     return parts
 
 
-def _home(plan: Plan, K: torch.Tensor, V: torch.Tensor) -> tuple[Pending | None, int | None]:
+def _add(into: torch.Tensor, grad: torch.Tensor | None) -> None:
+    if grad is not None:
+        into.add_(grad.to(into.dtype))
+
+
+def _add_tile(into: torch.Tensor, piece: Piece, grad: torch.Tensor | None) -> None:
+    """A tile's (or a scalar's) gradient of a piece added at the piece's entries."""
+    if grad is not None:
+        target = _tile(into, piece)
+        _add(target, grad.sum_to_size(target.shape))
+
+
+def _home(plan: Plan, like: tuple) -> tuple[Pending | None, int | None]:
     """(the receive of the own block's partials, home from the last rank that reads it, or None where no other rank
     reads it; that rank). Posted before the loop where that rank is not the previous one (its only message here: the
     sender's wait never waits for this rank's loop), else after it (in the order of that rank's other messages)."""
@@ -158,32 +229,34 @@ def _home(plan: Plan, K: torch.Tensor, V: torch.Tensor) -> tuple[Pending | None,
     source = (ring.rank + last) % ring.world
     if not last or source == (ring.rank - 1) % ring.world:
         return None, source if last else None
-    return ring.receive_from(source, _buffers(plan, ring.rank, (K, V)), RETURNED), None
+    return ring.receive_from(source, _buffers(plan, ring.rank, like), RETURNED), None
 
 
-def ring_backward(
-    plan: Plan, Q, block: list, O, L, dO, constants: dict
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dQ, dK, dV) of the rank's rows: its queries' over every key block ([K, V] and the padding column where there
-    is one), its keys' from every rank's queries. Each step posts, in one batch, the partials of the block it leaves
-    to the next rank and the receive of those of the block it gets next (one partial send in flight)."""
+def ring_backward(plan: Plan, block: list, saved: dict, dO: torch.Tensor) -> tuple[list, torch.Tensor, torch.Tensor]:
+    """([dQ, each tensor's gradient (None: not wanted)], dK, dV) of the rank's rows: its queries' over every key
+    block ([K, V] and the padding column where there is one), its keys' from every rank's queries. Each step posts,
+    in one batch, the partials of the block it leaves to the next rank and the receive of those of the block it
+    gets next (one partial send in flight)."""
     ring, keys, causal = plan.ring, plan.keys, plan.causal
-    dQ = torch.zeros_like(Q)
-    like, (K, V) = tuple(block), block[:2]
+    Q = saved["Q"]
+    grads = [torch.zeros_like(Q)] + [
+        torch.zeros_like(x) if w else None for x, w in zip(saved["tensors"], saved["wanted"])
+    ]
+    like, shapes = tuple(block[:2]), tuple(block)
     partials, own, returning = None, None, None
-    home, late = _home(plan, K, V)
+    home, late = _home(plan, like)
     for step in range(ring.world):
         origin = (ring.rank - step) % ring.world
         travels = bool(block) and keys.travels(origin, step, causal)
-        pending = ring.post(block if travels else [], _receive(plan, step, like), KEYS)
+        pending = ring.post(block if travels else [], _receive(plan, step, shapes), KEYS)
         parts = []
         if block:
-            parts = _block_gradients(plan, origin, block, Q, O, L, dO, dQ, constants)
+            parts = _block_gradients(plan, origin, block, saved, dO, grads)
             if partials is not None and partials.received:  # this block's partials from the ranks before
                 parts = [a.add_(b) for a, b in zip(partials.wait(), parts)]
         if partials is not None:
             partials.wait()  # the previous block's partials sent
-        arriving = _buffers(plan, (origin - 1) % ring.world, (K, V)) if pending.received else []
+        arriving = _buffers(plan, (origin - 1) % ring.world, like) if pending.received else []
         partials = ring.post(parts if travels else [], arriving, GRADIENTS) if travels or arriving else None
         if block and not travels and origin != ring.rank:
             if returning is not None:  # one block's partials on their way home at a time
@@ -193,28 +266,36 @@ def ring_backward(
             own = parts
         block = pending.wait()
     if late is not None:
-        home = ring.receive_from(late, _buffers(plan, ring.rank, (K, V)), RETURNED)
+        home = ring.receive_from(late, _buffers(plan, ring.rank, like), RETURNED)
     own = home.wait() if home is not None else own
     for pending in (partials, returning):
         if pending is not None:
             pending.wait()
-    return dQ, own[0], own[1]
+    return grads, own[0], own[1]
 
 
 class RingFunction(torch.autograd.Function):
-    """The ring as an autograd Function: apply(plan, Q, K, V, padding column or None) → the rank's rows of O; its
-    backward the ring's."""
+    """The ring as an autograd Function: apply(plan, Q, K, V, padding column or None, *tensors) → the rank's rows
+    of O; its backward the ring's."""
 
     @staticmethod
-    def forward(ctx, plan: Plan, Q, K, V, padding):
+    def forward(ctx, plan: Plan, Q, K, V, padding, *tensors):
         block = [K, V] if padding is None else [K, V, padding]
-        (O, L), constants = ring_forward(plan, [Q], block)
-        ctx.save_for_backward(Q, O, L, *block)
-        ctx.plan, ctx.constants = plan, constants
-        return O
+        merged = ring_forward(plan, Q, block, tensors)
+        O = plan.merge.finish(merged)
+        ctx.save_for_backward(Q, K, V, padding, O, merged[1], *tensors)
+        ctx.plan, ctx.count = plan, len(tensors)
+        return O.to(V.dtype)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, dO):
-        Q, O, L, *block = ctx.saved_tensors
-        return (None, *ring_backward(ctx.plan, Q, block, O, L, dO.contiguous(), ctx.constants), None)
+        Q, K, V, padding, O, statistic, *tensors = ctx.saved_tensors
+        wanted = [
+            isinstance(x, torch.Tensor) and x.is_floating_point() and w
+            for x, w in zip(tensors, ctx.needs_input_grad[5:])
+        ]
+        saved = {"Q": Q, "tensors": tensors, "merged": (O, statistic), "wanted": wanted}
+        block = [K, V] if padding is None else [K, V, padding]
+        grads, dK, dV = ring_backward(ctx.plan, block, saved, dO.to(O.dtype))
+        return (None, grads[0], dK, dV, None, *grads[1:])

@@ -18,7 +18,9 @@ import traceback
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from symattn.generated import attention_torch, attention_torch_memeff
+from ring_specs import cases as spec_cases
+from ring_specs import spec_case
+from symattn.generated import attention_torch, attention_triton
 from torch.distributed.device_mesh import init_device_mesh
 
 from symattn.distributed import context_parallel
@@ -47,13 +49,13 @@ def gap(a: torch.Tensor, b: torch.Tensor) -> float:
     return (a - b).abs().max().item() if a.numel() else 0.0
 
 
-def counted(forward):
-    """The memory-efficient module's _forward (one pair's work in the ring), counting its calls in PAIRS."""
+def counted(eager):
+    """The Triton module's eager core (one piece's work in the ring), counting its calls in PAIRS."""
 
-    @functools.wraps(forward)  # (its signature: the wrapper reads the options' names off it)
-    def count(*args):
+    @functools.wraps(eager)
+    def count(*args, **kwargs):
         PAIRS[0] += 1
-        return forward(*args)
+        return eager(*args, **kwargs)
 
     return count
 
@@ -135,27 +137,39 @@ def case(group, batch, lengths: tuple[int, int], causal: bool, balance, scale, p
 
 
 def refusals(group) -> dict:
-    """The one-line errors of an odd block under balance='causal'."""
-    x = torch.randn(3, 4, dtype=torch.float64)
-    try:
-        context_parallel(attention_torch.forward, group, balance="causal")(x, x, x, causal=True)
-    except SymattnError as e:
-        return {"odd": str(e)}
-    return {"odd": None}
+    """The one-line errors of an odd block under balance='causal', an n × m mask without every key's column, a
+    key_padding_mask of another length than the rank's keys (None where nothing was raised)."""
+    x = torch.randn(4, 3, dtype=torch.float64)
+    wrapped = context_parallel(attention_torch.forward, group)
+    calls = {
+        "odd": lambda: context_parallel(attention_torch.forward, group, balance="causal")(x[:3], x[:3], x[:3]),
+        "tile": lambda: wrapped(x, x, x, attn_mask=torch.zeros(4, 4, dtype=torch.bool)),
+        "padding": lambda: wrapped(x, x, x, key_padding_mask=torch.zeros(3, dtype=torch.bool)),
+    }
+    found = {}
+    for name, call in calls.items():
+        try:
+            call()
+            found[name] = None
+        except SymattnError as e:
+            found[name] = str(e)
+    return found
 
 
-def worker(rank: int, world: int, init: str, out: str) -> None:
+def worker(rank: int, world: int, init: str, out: str, package: str) -> None:
     code = 1
     try:
         timeout = datetime.timedelta(seconds=60)
         dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world, timeout=timeout)
         KEEP_ALIVE.append(dist.group.WORLD)
         torch.set_num_threads(1)
-        attention_torch_memeff._forward = counted(attention_torch_memeff._forward)
+        core = attention_triton._CORE
+        attention_triton._CORE = (*core[:3], counted(core[3]), core[4])
         results = {name: case(None, *args) for name, *args in CASES}
         results["refusals"] = refusals(None)
         results["module"] = case(None, *CASES[1][1:], module=attention_torch.Attention(scale=0.7))  # scale 0.7
         results["mesh"] = case(init_device_mesh("cpu", (world,)), *CASES[-1][1:])  # a 1-d DeviceMesh for group
+        results["specs"] = {name: spec_case(c, rows) for name, c in spec_cases(package).items()}
         pair = dist.new_group(PAIR)  # a group of two ranks out of the world: ranks 1 and 3, as 0 and 1
         KEEP_ALIVE.append(pair)
         if rank in PAIR:
@@ -175,5 +189,6 @@ def worker(rank: int, world: int, init: str, out: str) -> None:
 
 
 if __name__ == "__main__":
-    world, init, out = int(sys.argv[1]), sys.argv[2], sys.argv[3]
-    mp.spawn(worker, args=(world, init, out), nprocs=world, join=True)
+    world, init, out, folder = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
+    sys.path.insert(0, os.path.dirname(folder))  # the rendered modules' package
+    mp.spawn(worker, args=(world, init, out, os.path.basename(folder)), nprocs=world, join=True)

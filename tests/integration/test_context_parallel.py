@@ -24,18 +24,60 @@ from pathlib import Path
 import pytest
 
 torch = pytest.importorskip("torch")
+import importlib  # noqa: E402
+import runpy  # noqa: E402
+
+import sympy as sp  # noqa: E402
+
+import symattn as sa  # noqa: E402
+from symattn.codegen.generate import render  # noqa: E402
 from symattn.errors import SymattnError  # noqa: E402
+from symattn.lang.positions import I, J  # noqa: E402
+from symattn.specs import dim  # noqa: E402
+
+GALLERY = Path(__file__).resolve().parents[2] / "examples" / "specs"
 
 CASES = ("plain", "plain_uneven", "cross", "causal", "causal_uneven", "causal_balanced", "few_rows", "padding")
 CASES += ("padding_causal",)
 
 
+def positions_spec() -> sa.Spec:
+    """Cross attention with a relative bias and a window aligned to the last key, which reads the lengths n and m:
+    A = Q Kᵀ/√d − |i − j|/2 where 0 ≤ i − j + m − n < 6, −∞ elsewhere."""
+    n, m, d = dim("n"), dim("m"), dim("d")
+    q, k, v = sa.matrix("Q", n, d), sa.matrix("K", m, d), sa.matrix("V", m, d)
+    offset = I - J + m - n
+    window = sa.entries(
+        n, m, lambda i, j: -sp.Abs(i - j) / 2 + sp.Piecewise((0, (offset >= 0) & (offset < 6)), (-sp.oo, True))
+    )
+    return sa.Spec(
+        "ring_positions", "a window aligned to the last key", (q, k, v), sa.softmax(q * k.T / sp.sqrt(d) + window) * v
+    )
+
+
+def _render(folder: Path, specs: dict) -> Path:
+    """The torch (first order) and Triton modules of specs, written to the package folder."""
+    folder.mkdir()
+    (folder / "__init__.py").write_text("", encoding="utf-8")
+    for name, spec in specs.items():
+        (folder / f"{name}_torch.py").write_text(render(spec, "torch", second_order=False), encoding="utf-8")
+        (folder / f"{name}_triton.py").write_text(render(spec, "triton"), encoding="utf-8")
+    return folder
+
+
+def _gallery(name: str) -> sa.Spec:
+    return runpy.run_path(str(GALLERY / f"{name}.py"))["spec"]
+
+
 def _spawn(tmp_path: Path, world: int) -> list[dict]:
     if not torch.distributed.is_available() or not torch.distributed.is_gloo_available():
         pytest.skip("torch.distributed with the gloo backend is not available in this torch build")
+    pytest.importorskip("triton", reason="the ring runs the cores' eager form from the Triton modules")
+    specs = {name: _gallery(name) for name in ("sigmoid_attention", "softplus_attention", "differential_attention")}
+    package = _render(tmp_path / "ringspecs", specs | {"ring_positions": positions_spec()})
     script = Path(__file__).with_name("ring_cases.py")
     out = tmp_path / "ring"
-    args = [sys.executable, str(script), str(world), f"file://{tmp_path / 'rendezvous'}", str(out)]
+    args = [sys.executable, str(script), str(world), f"file://{tmp_path / 'rendezvous'}", str(out), str(package)]
     with subprocess.Popen(
         args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
     ) as process:
@@ -56,6 +98,10 @@ def test_context_parallel_attention_matches_one_process(tmp_path: Path) -> None:
     for results in ranks:  # the balanced causal case over a 1-d DeviceMesh, the uneven one by the nn.Module
         assert max(results["world"]["mesh"]["errors"].values()) <= 1e-10
         assert max(results["world"]["module"]["errors"].values()) <= 1e-10
+    for results in ranks:  # specs with work outside their cores: forward, gradients (weights' summed), JVP
+        for name, errors in results["world"]["specs"].items():
+            assert set(errors) == {"forward", "backward", "jvp", "tangent"}, name
+            assert max(errors.values()) <= 1e-10, (name, errors)
     _check([ranks[rank]["pair"] for rank in (1, 3)])  # the group of global ranks 1 and 3
     assert all(results["world"]["plain"]["peak"] == 2 for results in ranks)  # world 4: the bound reached, never passed
 
@@ -74,7 +120,11 @@ def _check(ranks: list[dict]) -> None:
         assert results["causal"]["pairs"] == rank + 1, rank  # key blocks after the rank's rows: not computed
         assert results["causal_balanced"]["pairs"] == 2 * world + 1, rank
         assert results["plain"]["pairs"] == world, rank
-        assert "odd number" in results["refusals"]["odd"] and "\n" not in results["refusals"]["odd"]
+        found = results["refusals"]
+        assert all(message and "\n" not in message for message in found.values()), found
+        assert "odd number" in found["odd"]
+        assert f"(…, 4, {4 * world})" in found["tile"]  # the rank's 4 rows of every key
+        assert "key_padding_mask: expected a bool tensor (…, 4)" in found["padding"]
     assert ranks[0]["causal"]["peak"] == 0  # rank 0 reads no other block: none is sent to it
 
 
@@ -86,21 +136,29 @@ def _refusal(call) -> str:
     return message
 
 
-def test_context_parallel_refuses_in_one_line() -> None:
-    from symattn.generated import attention_torch, mha_torch
+def test_context_parallel_refuses_in_one_line(tmp_path: Path) -> None:
+    pytest.importorskip("triton", reason="the ring runs the cores' eager form from the Triton modules")
+    from symattn.generated import attention_torch
 
     from symattn.distributed import context_parallel
 
+    specs = {name: _gallery(name) for name in ("relu_attention", "pointer_attention")}
+    sys.path.insert(0, str(tmp_path))
+    try:
+        _render(tmp_path / "refused", specs)
+        relu, pointer = (importlib.import_module(f"refused.{name}_torch") for name in specs)
+    finally:
+        sys.path.remove(str(tmp_path))
     wrapped = context_parallel(attention_torch.forward)
     x = torch.randn(4, 3, dtype=torch.float64)
-    assert "work outside its n × m core" in _refusal(lambda: context_parallel(mha_torch.forward))
+    assert "mixes rows: 1/n reads the sequence's length n" in _refusal(lambda: context_parallel(relu.forward))
+    assert "has a column per position" in _refusal(lambda: context_parallel(pointer.forward))
     assert "balance must be" in _refusal(lambda: context_parallel(attention_torch.forward, balance="zigzag"))
-    assert "'W' is no input" in _refusal(lambda: wrapped.jvp(x, x, x, {"W": x}))
     assert "K's tangent" in _refusal(lambda: wrapped.jvp(x, x, x, {"K": x[:2]}))
-    assert "attn_mask" in _refusal(lambda: wrapped(x, x, x, attn_mask=torch.zeros(4, 4, dtype=torch.bool)))
-    assert "key_padding_mask" in _refusal(lambda: wrapped(x, x, x, key_padding_mask=torch.zeros(3, dtype=torch.bool)))
+    with pytest.raises(ValueError, match="'W' is no input"):
+        wrapped.jvp(x, x, x, {"W": x})
     if not torch.distributed.is_initialized():
         assert "init_process_group" in _refusal(lambda: wrapped(x, x, x))
-    assert "generated torch module" in _refusal(lambda: context_parallel(torch.softmax))
+    assert "generated torch or Triton module" in _refusal(lambda: context_parallel(torch.softmax))
     with pytest.raises(ValueError, match="causal must be True or False"):
         wrapped(x, x, x, causal=1)

@@ -20,15 +20,29 @@ from dataclasses import dataclass
 
 import sympy as sp
 from sympy import Basic, MatrixExpr, MatrixSymbol
-from sympy.matrices.expressions import HadamardPower, HadamardProduct, MatAdd, MatMul, OneMatrix, Transpose
+from sympy.matrices.expressions import (
+    Determinant,
+    HadamardPower,
+    HadamardProduct,
+    Identity,
+    Inverse,
+    MatAdd,
+    MatMul,
+    OneMatrix,
+    Trace,
+    Transpose,
+    ZeroMatrix,
+)
 from sympy.matrices.expressions.matexpr import MatrixElement
 
 from symattn.errors import SymattnError
 from symattn.lang.functions import Elementwise
-from symattn.lang.graph import matrix_symbols, postorder
-from symattn.lang.ops import LogSoftmax, RepeatHeads, RowSoftmax, RowSum, SplitHeads
+from symattn.lang.graph import children, matrix_symbols, postorder
+from symattn.lang.ops import LogSoftmax, RepeatHeads, RowSoftmax, RowSum, SplitHeads, SumEntries
+from symattn.lang.ops_block import LayerNorm, RowInvStd
 from symattn.lang.piecewise import DropoutMask
 from symattn.lang.positions import Entries
+from symattn.lang.rowwise import KthLargest, RowWise
 from symattn.specs import Spec
 
 WHAT = "no n × m core the Triton kernels cover"
@@ -268,3 +282,42 @@ def _entrywise(value: Basic, scores: MatMul) -> bool:
     elif not isinstance(value, (MatAdd, HadamardProduct, HadamardPower, Elementwise)):
         return False
     return all(_entrywise(a, scores) for a in value.args)
+
+
+SHAPED = (OneMatrix, ZeroMatrix, Identity)  # nodes whose arguments are their sizes, not scalars of the math
+ALONG_ROWS = (RowSum, RowWise, LayerNorm, RowInvStd, KthLargest)  # each row of the output from its argument's row
+WHOLE = (SumEntries, Trace, Inverse, Determinant)  # every entry of the output from every entry of the argument
+
+
+def mixed_rows(cores: Cores) -> str | None:
+    """Why the work outside the spec's cores mixes rows of the sequence, or None where it is row-local: each row of
+    the output (and of every core's Q, K and V) reads only the same row of the inputs, what a ring of ranks that
+    each hold a block of the rows needs (``symattn.distributed``). The sequence's axes are the cores' query and key
+    lengths; a product summing over one, a row-wise step along one, a whole-matrix function of one, the output
+    with a column per position, or a length read as a number (the rank's, not the sequence's) mixes rows."""
+    sequence = {x for core in cores.cores for x in (core.query.shape[0], core.key.shape[0]) if isinstance(x, sp.Symbol)}
+    if cores.rest.shape[1] in sequence:
+        return f"the output {cores.rest} has a column per position ({cores.rest.shape[1]})"
+    outside = [cores.rest, *(x for c in cores.cores for x in (c.query, c.key, c.value) if x is not None)]
+    for node in postorder(*outside):
+        why = _mixes(node, sequence)
+        if why:
+            return f"{node} {why}"
+    return None
+
+
+def _mixes(node: Basic, sequence: set[sp.Symbol]) -> str | None:
+    """How node mixes rows of the sequence (its axes: sequence), or None."""
+    if isinstance(node, MatMul):
+        factors = node.as_coeff_matrices()[1]
+        summed = [a.shape[1] for a in factors[:-1] if a.shape[1] in sequence]
+        if summed:
+            return f"sums over the sequence ({summed[0]})"
+    if isinstance(node, ALONG_ROWS) and node.args[0].shape[1] in sequence:
+        return f"works along the sequence ({node.args[0].shape[1]})"
+    if isinstance(node, WHOLE) and set(node.args[0].shape) & sequence:
+        return "reads the whole sequence"
+    if isinstance(node, (MatrixSymbol, *SHAPED)):
+        return None
+    read = {x for a in children(node) if not isinstance(a, MatrixExpr) for x in a.free_symbols & sequence}
+    return f"reads the sequence's length {sorted(read, key=str)[0]} as a number" if read else None

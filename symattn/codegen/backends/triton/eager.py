@@ -7,32 +7,64 @@ Dropout of the weights multiplies P by the kernels' own mask, made whole from th
 
 A causal key j > i is hidden before the normaliser: −∞ before a (log-)softmax, 0 before a row sum or none. A row
 whose every key is hidden gives O = 0 (−∞ for a log-softmax map), as the kernels do, with finite gradients.
+
+A block of a longer sequence (context parallelism's ring) passes ``origin``, the positions of its first row and
+first key, and ``partial=True`` for its share of the rows' output with the row statistic its merge reads
+(``symattn.distributed.merge``): softmax(A) V and the row log-sum-exp L (−∞ for a row with no key); A V and the
+row sums; A V alone (no normaliser). A log-softmax map has no such share (its output is n × m).
 """
 
 from __future__ import annotations
 
-NORMALISERS = {  # normaliser → (what a hidden key is filled with, the lines making p, or the map's O, from a)
-    "row softmax": (
+from dataclasses import dataclass
+
+SEEN = 'seen = a.amax(-1, keepdim=True) > -float("inf")  # a row with a key to see'
+SOFTMAX = "p = torch.softmax(torch.where(seen, a, 0.0), -1) * seen"
+
+
+@dataclass(frozen=True)
+class Normaliser:
+    """How the eager core writes a normaliser: what a hidden key is filled with; the lines making p (or the map's O)
+    from a, those both forms share, then the whole rows' (``rows``) or a block of keys' with its row statistic
+    ``stat`` (``partial``; None: a map, which has no block's share)."""
+
+    fill: str
+    shared: tuple[str, ...]
+    rows: tuple[str, ...] = ()
+    partial: tuple[str, ...] | None = ()
+
+
+NORMALISERS = {
+    "row softmax": Normaliser(  # a block: its softmax and its row log-sum-exp (−∞: no key)
         '-float("inf")',
-        [
-            'seen = a.amax(-1, keepdim=True) > -float("inf")  # a row with a key to see',
-            "p = torch.softmax(torch.where(seen, a, 0.0), -1) * seen",
-        ],
+        (SEEN, SOFTMAX),
+        partial=(
+            'stat = torch.where(seen, torch.logsumexp(torch.where(seen, a, 0.0), -1, keepdim=True), -float("inf"))',
+        ),
     ),
-    "row sum": ("0.0", ["total = a.sum(-1, keepdim=True)", "p = a / torch.where(total == 0.0, 1.0, total)"]),
-    "none": ("0.0", ["p = a"]),
-    "log-softmax": (
+    "row sum": Normaliser(  # a block: A and its row sums
+        "0.0",
+        (),
+        ("total = a.sum(-1, keepdim=True)", "p = a / torch.where(total == 0.0, 1.0, total)"),
+        ("stat = a.sum(-1, keepdim=True)", "p = a"),
+    ),
+    "none": Normaliser("0.0", ("p = a",), partial=("stat = None",)),
+    "log-softmax": Normaliser(
         '-float("inf")',
-        [
-            'seen = a.amax(-1, keepdim=True) > -float("inf")  # a row with a key to see',
-            'p = torch.where(seen, torch.log_softmax(torch.where(seen, a, 0.0), -1), -float("inf"))',
-        ],
+        (SEEN, 'p = torch.where(seen, torch.log_softmax(torch.where(seen, a, 0.0), -1), -float("inf"))'),
+        partial=None,
     ),
 }
 
 
+def ring_record(normaliser: str) -> bool:
+    """Does the eager core of this normaliser give a block of keys' share (``partial=True``)?"""
+    return NORMALISERS[normaliser].partial is not None
+
+
 def eager_body(core: dict) -> str:
-    """The lines of ``_core_eager{c}(Q, K, V, causal, symbols, tensors)`` for a core's context (``_core_context``)."""
+    """The lines of ``_core_eager{c}(Q, K, V, causal, symbols, tensors, origin, partial)`` for a core's context
+    (``_core_context``)."""
     c, tiles, scalars = core["c"], core["tiles"], [x["name"] for x in core["scalars"]]
     names = [t["tile"] for t in tiles] + scalars
     lines = [
@@ -47,12 +79,17 @@ def eager_body(core: dict) -> str:
         lines.append(f"{_unpacked([x['name'] for x in core['coefficients']])} = _coefficients{c}(**symbols{keywords})")
     repeat = ".repeat_interleave(Q.shape[-3] // K.shape[-3], dim=-3)" if core["grouped"] else ""
     lines += [f"s = Q.to(wide) @ K.to(wide){repeat}.mT", *core["eager_positions"], f"a = {core['eager_logits']}"]
-    fill, normalised = NORMALISERS[core["normaliser"]]
+    normaliser = NORMALISERS[core["normaliser"]]
     lines += [
-        "if causal:  # query i sees keys j <= i",
-        f"    a = a.masked_fill(torch.ones(a.shape[-2:], dtype=torch.bool, device=a.device).triu(1), {fill})",
-        *normalised,
+        "if causal:  # query i sees keys j <= i (at origin's positions)",
+        "    above = torch.ones(a.shape[-2:], dtype=torch.bool, device=a.device).triu(1 + origin[0] - origin[1])",
+        f"    a = a.masked_fill(above, {normaliser.fill})",
+        *normaliser.shared,
     ]
+    partial = normaliser.partial
+    if partial:  # a block's share and statistic, merged over the blocks by the ring
+        lines += ["if partial:", *(f"    {x}" for x in partial)]
+        lines += ["else:", *(f"    {x}" for x in normaliser.rows)] if normaliser.rows else []
     if core["dropout"]:
         lines += [
             "if tensors[-1] is not None:  # dropout: P ⊙ Z, the kernels' draws from the saved seed",
@@ -61,7 +98,10 @@ def eager_body(core: dict) -> str:
             f"    p = p * keep * {core['dropout']['scale']}",
         ]
     out = f"p @ V.to(wide){repeat}" if core["value"] else "p"
-    lines.append(f"return ({out}).to({'V' if core['value'] else 'Q'}.dtype)")
+    if partial is not None:
+        lines += [f"out = {out}", "return (out, stat) if partial else out.to(V.dtype)"]
+    else:
+        lines.append(f"return ({out}).to({'V' if core['value'] else 'Q'}.dtype)")
     return "\n".join("    " + line for line in lines)
 
 

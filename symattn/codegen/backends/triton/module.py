@@ -16,7 +16,8 @@ from sympy import Basic, MatrixSymbol
 
 from symattn.codegen.backends.torch.backend import TorchMatrixPrinter
 from symattn.codegen.backends.triton.bindings import binding_lines, lines_of
-from symattn.codegen.backends.triton.core import Core, find_cores
+from symattn.codegen.backends.triton.core import Core, find_cores, mixed_rows
+from symattn.codegen.backends.triton.eager import ring_record
 from symattn.codegen.backends.triton.lines import bare, core_lines, laid_out
 from symattn.codegen.backends.triton.positions import eager_grid, kernel_grid
 from symattn.codegen.backends.triton.printer import (
@@ -95,6 +96,7 @@ def triton_context(spec: Spec, options: tuple[Option, ...], version: str) -> dic
         "exp_call": Exp.calls[TRITON],  # the online softmax's exponentials and the log-sum-exp: the records' calls
         "log_call": Log.calls[TRITON],
         "rest_math": plain_text(found.rest),
+        "mixed_rows": repr(mixed_rows(found)),
         "rest_outside": several or found.rest != found.cores[0].output,
         "output": next((name for name, e in spec.intermediates if e == spec.output), "the output"),
         "output_shape": ", ".join(map(str, spec.output.shape)),
@@ -165,11 +167,26 @@ def _core_context(core: Core, printed: Printed, c: str, constants: frozenset[str
         "eager_logits": bare(printed.eager_logits),
         "scores_gradient": printed.scores_gradient,
         "per_head": any(isinstance(x, SplitHeads) for x in postorder(core.query)),
+        "ring": _ring(core, constants),
         **_positions(printed),
         "query": printer.doprint(core.query),
         "key": printer.doprint(core.key),
         "value": None if core.value is None else printer.doprint(core.value),  # None: a map, O = N(A)
     }
+
+
+def _ring(core: Core, constants: frozenset[str]) -> dict:
+    """What context parallelism reads of a core (``symattn.distributed``): its normaliser, the names of its query and
+    key lengths (a formula reading them reads the whole sequence's there; None: not a dimension's name), whether it
+    drops out and which of its tiles is the additive mask a key_padding_mask adds to (None: none); ``merge``: its
+    eager form gives a block of keys' share (a map's output is n × m: none)."""
+    rows = ", ".join(f'"{x}"' if isinstance(x, sp.Symbol) else "None" for x in (core.query.shape[0], core.key.shape[0]))
+    masks = [i for i, t in enumerate(core.tiles) if str(t.name) in constants]
+    mask = masks[0] if len(masks) == 1 else None
+    record = (
+        f'{{"normaliser": "{core.normaliser}", "rows": ({rows}), "dropout": {core.dropout is not None}, "mask": {mask}}}'
+    )
+    return {"merge": core.value is not None and ring_record(core.normaliser), "record": record}
 
 
 def _positions(printed: Printed) -> dict:

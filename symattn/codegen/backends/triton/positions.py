@@ -152,9 +152,10 @@ def kernel_grid(heads: str | None, transposed: bool = False) -> list[str]:
 
 
 def eager_grid(heads: str | None) -> list[str]:
-    """The lines making the eager core's position grids from its scores' shape (…, H, n, m)."""
+    """The lines making the eager core's position grids from its scores' shape (…, H, n, m), the rows and keys
+    starting at origin's positions (a block of a longer sequence: context parallelism's)."""
     grid = "torch.arange(s.shape[{}], dtype=wide, device=s.device)"
-    lines = [f"pos_i = {grid.format(-2)}[:, None]", f"pos_j = {grid.format(-1)}[None, :]"]
+    lines = [f"pos_i = ({grid.format(-2)} + origin[0])[:, None]", f"pos_j = ({grid.format(-1)} + origin[1])[None, :]"]
     return lines + ([f"pos_h = ({grid.format(-3)} % {heads})[:, None, None]"] if heads else [])
 
 
