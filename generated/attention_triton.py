@@ -1365,10 +1365,10 @@ def _tangent_flags(moving):
     return {}
 
 
-def _core_eager(Q, K, V, causal, symbols, tensors, origin=(0, 0), partial=False):
+def _core_eager(Q, K, V, causal, symbols, tensors, origin=(0, 0), part=None):
     """O = softmax(A) V by torch ops (n × m arrays in memory), differentiable: what the Function's backward
-    differentiates where a second derivative is asked for; with partial, a block of keys' share and its row
-    statistic (context parallelism's ring merges them). origin: the positions of the first row and key."""
+    differentiates where a second derivative is asked for; part "share": a block of keys' share and its row
+    statistic (context parallelism's ring merges them), "logits": A. origin: the positions of the first row and key."""
     wide = torch.promote_types(Q.dtype, torch.float32)  # a 16-bit run's n × m arrays float32, as the kernels'
     (tile_M,) = (None if x is None else x.to(wide) for x in tensors)
     tile_M = 0.0 if tile_M is None else tile_M
@@ -1378,12 +1378,20 @@ def _core_eager(Q, K, V, causal, symbols, tensors, origin=(0, 0), partial=False)
     if causal:  # query i sees keys j <= i (at origin's positions)
         above = torch.ones(a.shape[-2:], dtype=torch.bool, device=a.device).triu(1 + origin[0] - origin[1])
         a = a.masked_fill(above, -float("inf"))
-    seen = a.amax(-1, keepdim=True) > -float("inf")  # a row with a key to see
-    p = torch.softmax(torch.where(seen, a, 0.0), -1) * seen
-    if partial:
-        stat = torch.where(seen, torch.logsumexp(torch.where(seen, a, 0.0), -1, keepdim=True), -float("inf"))
+    if part == "logits":  # the scores' steps A, for the ring's backward
+        return a
+    if part == "share":
+        top = a.amax(-1, keepdim=True)
+        seen = top > -float("inf")  # a row with a key to see
+        e = torch.exp(a - torch.where(seen, top, 0.0))
+        total = e.sum(-1, keepdim=True)
+        stat = torch.where(seen, top + torch.log(torch.where(seen, total, 1.0)), -float("inf"))
+        p = e / torch.where(seen, total, 1.0)
+    else:
+        seen = a.amax(-1, keepdim=True) > -float("inf")  # a row with a key to see
+        p = torch.softmax(torch.where(seen, a, 0.0), -1) * seen
     out = p @ V.to(wide)
-    return (out, stat) if partial else out.to(V.dtype)
+    return (out, stat) if part == "share" else out.to(V.dtype)
 
 
 # what context parallelism reads of this core

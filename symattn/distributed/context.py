@@ -123,17 +123,24 @@ class ContextParallel:
         self.group = group.get_group() if hasattr(group, "get_group") else group  # a 1-d DeviceMesh: its group
         self.compute = inspect.signature(self.host.forward)
         self.jvp_signature = inspect.signature(self.host.jvp)
-        self.signature, self.fixed = inspect.signature(forward), {}
+        self.signature, self.module, self.own = inspect.signature(forward), forward, ()
         if isinstance(forward, torch.nn.Module):  # its weights and options are its attributes
             self.signature = inspect.signature(forward.forward)
+            foreign = self.signature.parameters.keys() - self.compute.parameters.keys()
+            if foreign:  # a drop-in: torch's arguments (src, need_weights, …), laid out as torch lays them out
+                raise SymattnError(
+                    f"context_parallel: {type(forward).__name__} takes torch's arguments ({sorted(foreign)[0]}); wrap "
+                    f"the generated module's forward or its {self.spec} nn.Module"
+                )
             names = self.compute.parameters.keys() - self.signature.parameters.keys()
-            self.fixed = {name: getattr(forward, name) for name in sorted(names) if hasattr(forward, name)}
+            self.own = tuple(name for name in sorted(names) if hasattr(forward, name))
 
     def _arguments(self, signature: inspect.Signature, args, kwargs) -> tuple[dict, torch.Tensor | None]:
         """(the arguments of the host's function of signature's name, the module's own filled in and defaults
         applied, key_padding_mask None; the rank's key_padding_mask)."""
         try:
-            given = dict(signature.bind(*args, **kwargs).arguments) | self.fixed
+            # the module's weights read at each call (FSDP gathers them whole in its forward's pre-hook)
+            given = dict(signature.bind(*args, **kwargs).arguments) | {x: getattr(self.module, x) for x in self.own}
             host = self.jvp_signature if "tangents" in signature.parameters else self.compute
             bound = host.bind(**given)
         except TypeError as e:

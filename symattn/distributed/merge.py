@@ -2,15 +2,16 @@
 merge rule").
 
 A core O = N(A) V computed by one rank's query rows against one block of keys at a time gives the block's share
-O_j and a row statistic s_j (the eager core's ``partial=True``); the rows' whole output is a merge of the shares
-that only the normaliser decides, and so is the backward: the cotangents of a block's (O_j, s_j) follow from the
-merged output and statistic, and autograd of the block's recomputed share does the rest.
+O_j and a row statistic s_j (the eager core's ``part="share"``); the rows' whole output is a merge of the shares
+that only the normaliser decides, and so is the backward: with the merged output and statistic, block j's
+weights P_j and the cotangent of its scores' steps Ā_j are its own (FlashAttention's backward identity for the
+softmax), dV_j = P_jᵀ Ō, and autograd of the block's A_j (the eager core's ``part="logits"``) does the rest.
 
 - row softmax: O_j = softmax(A_j) V_j, s_j = L_j = log Σ_k exp(A_j) (−∞: no key); L = log Σ_j e^{L_j} and
-  O = Σ_j w_j O_j with w_j = e^{L_j − L}. Backward: Ō_j = w_j Ō and L̄_j = w_j rowsum(Ō ⊙ (O_j − O)).
+  O = Σ_j e^{L_j − L} O_j. Backward: P_j = exp(A_j − L), Ā_j = P_j ⊙ (Ō V_jᵀ − rowsum(Ō ⊙ O) 𝟏ᵀ).
 - row sum: O_j = A_j V_j, s_j = rowsum(A_j); U = Σ_j O_j, s = Σ_j s_j, O = U ⊘ s (a row summing to 0: O = U).
-  Backward: Ō_j = Ō ⊘ s and s̄_j = −rowsum(Ō ⊙ O) ⊘ s.
-- none: O_j = A_j V_j, no statistic; O = Σ_j O_j and Ō_j = Ō.
+  Backward: P_j = A_j ⊘ s, Ā_j = (Ō V_jᵀ − rowsum(Ō ⊙ O) 𝟏ᵀ) ⊘ s (no row-sum term where s = 0).
+- none: O_j = A_j V_j, no statistic; O = Σ_j O_j. Backward: P_j = A_j, Ā_j = Ō V_jᵀ.
 
 Every rule is torch ops, so forward-mode autograd carries tangents through the merges (the ring's JVP).
 """
@@ -30,13 +31,14 @@ Share = tuple[torch.Tensor, torch.Tensor | None]  # (a block's output share, its
 @dataclass(frozen=True)
 class Merge:
     """The merge of a normaliser: the share of rows that read no key, how two shares of the same rows over
-    disjoint key blocks make the share over both, the output of the merged share, and the cotangents of one
-    block's share given the merged (output, statistic) and the output's cotangent."""
+    disjoint key blocks make the share over both, the output of the merged share; for the backward, a block's
+    weights P_j from its A_j and the merged (O, s), and its Ā_j from (P_j, Ō V_jᵀ, Ō, the merged (O, s))."""
 
     nothing: Callable[[torch.Tensor, torch.Tensor], Share]  # (O-shaped zeros, a row-statistic-shaped like) → share
     combine: Callable[[Share, Share], Share]
     finish: Callable[[Share], torch.Tensor]
-    split: Callable[[torch.Tensor, Share, Share], Share]  # (Ō, merged (O, s), the block's (O_j, s_j)) → (Ō_j, s̄_j)
+    weights: Callable[[torch.Tensor, Share], torch.Tensor]
+    scores: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, Share], torch.Tensor]
 
 
 def _finite(lse: torch.Tensor) -> torch.Tensor:
@@ -55,22 +57,19 @@ def _softmax(first: Share, second: Share) -> Share:
     return torch.exp(l1 - safe) * o1 + torch.exp(l2 - safe) * o2, lse
 
 
-def _softmax_split(grad: torch.Tensor, merged: Share, block: Share) -> Share:
-    """(Ō_j, L̄_j) = (w_j Ō, w_j rowsum(Ō ⊙ (O_j − O))), w_j = e^{L_j − L}."""
-    (o, lse), (o_j, l_j) = merged, block
-    w = torch.exp(l_j - _finite(lse))
-    return w * grad, w * (grad * (o_j - o)).sum(-1, keepdim=True)
+def _rowdot(grad: torch.Tensor, merged: Share) -> torch.Tensor:
+    """rowsum(Ō ⊙ O)."""
+    return (grad * merged[0]).sum(-1, keepdim=True)
 
 
 def _divisor(total: torch.Tensor) -> torch.Tensor:
     return torch.where(total == 0.0, 1.0, total)
 
 
-def _row_sum_split(grad: torch.Tensor, merged: Share, block: Share) -> Share:
-    """(Ō_j, s̄_j) = (Ō ⊘ s, −rowsum(Ō ⊙ O) ⊘ s); 0 for s̄_j where s = 0 (O = U there)."""
-    (o, total), _ = merged, block
-    divisor = _divisor(total)
-    return grad / divisor, torch.where(total == 0.0, 0.0, -(grad * o).sum(-1, keepdim=True) / divisor)
+def _row_sum_scores(p: torch.Tensor, dp: torch.Tensor, grad: torch.Tensor, merged: Share) -> torch.Tensor:
+    """Ā_j = (Ō V_jᵀ − rowsum(Ō ⊙ O) 𝟏ᵀ) ⊘ s, the row-sum term 0 where s = 0 (O = U there)."""
+    total = merged[1]
+    return (dp - torch.where(total == 0.0, 0.0, _rowdot(grad, merged))) / _divisor(total)
 
 
 def _added(first: Share, second: Share) -> Share:
@@ -84,15 +83,23 @@ MERGES: dict[str, Merge] = {  # normaliser (codegen.backends.triton.core.NORMALI
         lambda zeros, like: (zeros, torch.full_like(like, float("-inf"))),
         _softmax,
         lambda share: share[0],
-        _softmax_split,
+        lambda a, merged: torch.exp(a - _finite(merged[1])),  # P_j = exp(A_j − L)
+        lambda p, dp, grad, merged: p * (dp - _rowdot(grad, merged)),  # P_j ⊙ (Ō V_jᵀ − rowsum(Ō ⊙ O))
     ),
     "row sum": Merge(
         lambda zeros, like: (zeros, torch.zeros_like(like)),
         _added,
         lambda share: share[0] / _divisor(share[1]),
-        _row_sum_split,
+        lambda a, merged: a / _divisor(merged[1]),  # P_j = A_j ⊘ s
+        _row_sum_scores,
     ),
-    "none": Merge(lambda zeros, like: (zeros, None), _added, lambda share: share[0], lambda g, merged, b: (g, None)),
+    "none": Merge(
+        lambda zeros, like: (zeros, None),
+        _added,
+        lambda share: share[0],
+        lambda a, merged: a,  # P_j = A_j
+        lambda p, dp, grad, merged: dp,  # Ā_j = Ō V_jᵀ
+    ),
 }
 
 

@@ -2,12 +2,12 @@
 """The ring's forward and backward passes over one rank's rows, each block's work done by the core's eager form.
 
 A core's work is cut into pieces: ``ROWS`` of the rank's query rows against one key chunk (a causal diagonal chunk
-only up to the piece's last row), each computed by the Triton module's eager core with ``partial=True`` at its
+only up to the piece's last row), each computed by the Triton module's eager core with ``part="share"`` at its
 global positions (``origin``): the piece's share of the rows' output and its row statistic, merged over the key
 blocks by the normaliser's rule (``merge``). Forward mode runs the same passes on forward-mode dual tensors, the key
-blocks' tangents travelling with them. The backward recomputes each piece's share under autograd and pulls back
-the cotangents the merge gives it (``Merge.split``): dQ and the tiles' and scalars' gradients stay on the rank, the
-key block's dK, dV partials travel round with it and home to its rank from the last rank that reads it.
+blocks' tangents travelling with them. The backward recomputes each piece's scores' steps A_j under autograd
+and pulls back the cotangent the merge gives it (``Merge.scores``): dQ and the tiles' and scalars' gradients stay
+on the rank, the key block's dK, dV partials travel round with it and home to the rank from the last that reads it.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ ROWS = 128  # query rows per piece: a piece's n × m arrays are ROWS × (the key
 class Plan:
     """What a call's passes need: the core's eager form and merge, the ring, the layouts, the options."""
 
-    eager: Callable  # the Triton module's _core_eager: a piece's (share, statistic) with partial=True
+    eager: Callable  # the Triton module's _core_eager: a piece's (share, statistic) with part="share"
     merge: Merge
     ring: Ring
     queries: Layout
@@ -95,7 +95,7 @@ def _tensors(plan: Plan, tensors, piece: Piece, block: list, Q: torch.Tensor) ->
 def _share(plan: Plan, piece: Piece, Q, K, V, tensors: list) -> tuple:
     """(the piece's share of its rows' output, its row statistic) by the eager core at the piece's positions."""
     q, k, v = _rows(Q, piece.rows), _rows(K, piece.keys), _rows(V, piece.keys)
-    return plan.eager(q, k, v, piece.causal, plan.symbols, tensors, origin=(piece.row, piece.key), partial=True)
+    return plan.eager(q, k, v, piece.causal, plan.symbols, tensors, origin=(piece.row, piece.key), part="share")
 
 
 def _keys(plan: Plan, block: list) -> tuple:
@@ -178,34 +178,44 @@ def _leaf(x, wanted: bool):
 
 
 def _block_gradients(plan: Plan, origin: int, block: list, saved: dict, dO, grads: list) -> list[torch.Tensor]:
-    """The rank's rows' share of dK, dV of origin's block; dQ and the tensors' gradients added into grads."""
+    """The rank's rows' share of dK, dV of origin's block; dQ and the tensors' gradients added into grads. Per
+    piece: A_j recomputed under autograd, P_j and Ā_j by the merge, dV_j = P_jᵀ Ō (summed over a key head's group
+    of query heads), and autograd pulls Ā_j back to the piece's queries, keys, tiles and scalars."""
     parts = [torch.zeros_like(block[0]), torch.zeros_like(block[1])]
     Q, tensors, (O, stat), wanted = saved["Q"], saved["tensors"], saved["merged"], saved["wanted"]
     for piece in _pieces(plan, origin):
+        v = _rows(block[1], piece.keys)
         with torch.enable_grad():
-            q, k, v = (
-                _leaf(_rows(x, r), True) for x, r in ((Q, piece.rows), (block[0], piece.keys), (block[1], piece.keys))
-            )
+            q, k = _leaf(_rows(Q, piece.rows), True), _leaf(_rows(block[0], piece.keys), True)
             tiles = [_leaf(_tile(x, piece), w) for x, w in zip(tensors, wanted)]
             found = _tensors(plan, tiles, piece, block, Q) if plan.padded else tiles
-            out, statistic = plan.eager(
-                q, k, v, piece.causal, plan.symbols, found, origin=(piece.row, piece.key), partial=True
-            )
-            merged = (_rows(O, piece.rows), None if stat is None else _rows(stat, piece.rows))
-            g_out, g_stat = plan.merge.split(_rows(dO, piece.rows), merged, (out, statistic))
-            outputs, cotangents = [out], [g_out]
-            if statistic is not None and statistic.requires_grad:
-                outputs, cotangents = [out, statistic], [g_out, g_stat]
-            leaves = [q, k, v] + [x for x, w in zip(tiles, wanted) if w]
-            pulled = torch.autograd.grad(outputs, leaves, cotangents, allow_unused=True)
+            a = plan.eager(q, k, v, piece.causal, plan.symbols, found, origin=(piece.row, piece.key), part="logits")
+        merged = (_rows(O, piece.rows), None if stat is None else _rows(stat, piece.rows))
+        grad = _rows(dO, piece.rows)
+        p = plan.merge.weights(a.detach(), merged)
+        groups = _grouped(v, a)
+        dV = (p.mT @ grad).to(v.dtype)
+        if groups > 1:  # a key head read by a group of query heads: its share summed over them
+            dV = dV.unflatten(-3, (-1, groups)).sum(-3)
+        values = v.to(a.dtype).repeat_interleave(groups, dim=-3) if groups > 1 else v.to(a.dtype)
+        cotangent = plan.merge.scores(p, grad @ values.mT, grad, merged)
+        leaves = [q, k] + [x for x, w in zip(tiles, wanted) if w]
+        pulled = torch.autograd.grad(a, leaves, cotangent, allow_unused=True)
         _add(_rows(grads[0], piece.rows), pulled[0])
         _add(_rows(parts[0], piece.keys), pulled[1])
-        _add(_rows(parts[1], piece.keys), pulled[2])
-        rest = iter(pulled[3:])
+        _add(_rows(parts[1], piece.keys), dV.sum_to_size(v.shape))
+        rest = iter(pulled[2:])
         for i, w in enumerate(wanted):
             if w:
                 _add_tile(grads[1 + i], piece, next(rest))
     return parts
+
+
+def _grouped(v: torch.Tensor, a: torch.Tensor) -> int:
+    """The query heads per key head: the scores' heads over V's where V has fewer (grouped-query heads), else 1."""
+    if v.dim() < 3 or a.dim() < 3 or v.shape[-3] in (1, a.shape[-3]):
+        return 1
+    return a.shape[-3] // v.shape[-3]
 
 
 def _add(into: torch.Tensor, grad: torch.Tensor | None) -> None:

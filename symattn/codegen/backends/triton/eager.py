@@ -9,9 +9,10 @@ A causal key j > i is hidden before the normaliser: −∞ before a (log-)softma
 whose every key is hidden gives O = 0 (−∞ for a log-softmax map), as the kernels do, with finite gradients.
 
 A block of a longer sequence (context parallelism's ring) passes ``origin``, the positions of its first row and
-first key, and ``partial=True`` for its share of the rows' output with the row statistic its merge reads
+first key, and ``part="share"`` for its share of the rows' output with the row statistic its merge reads
 (``symattn.distributed.merge``): softmax(A) V and the row log-sum-exp L (−∞ for a row with no key); A V and the
-row sums; A V alone (no normaliser). A log-softmax map has no such share (its output is n × m).
+row sums; A V alone (no normaliser). A log-softmax map has no such share (its output is n × m). ``part="logits"``
+gives A itself (the causal mask applied): the ring's backward pulls the scores' cotangent back through it.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ SOFTMAX = "p = torch.softmax(torch.where(seen, a, 0.0), -1) * seen"
 class Normaliser:
     """How the eager core writes a normaliser: what a hidden key is filled with; the lines making p (or the map's O)
     from a, those both forms share, then the whole rows' (``rows``) or a block of keys' with its row statistic
-    ``stat`` (``partial``; None: a map, which has no block's share)."""
+    ``stat`` (``part="share"``; None: a map, which has no block's share)."""
 
     fill: str
     shared: tuple[str, ...]
@@ -35,11 +36,17 @@ class Normaliser:
 
 
 NORMALISERS = {
-    "row softmax": Normaliser(  # a block: its softmax and its row log-sum-exp (−∞: no key)
+    "row softmax": Normaliser(  # a block: its softmax and its row log-sum-exp (−∞: no key), from one exp
         '-float("inf")',
+        (),
         (SEEN, SOFTMAX),
-        partial=(
-            'stat = torch.where(seen, torch.logsumexp(torch.where(seen, a, 0.0), -1, keepdim=True), -float("inf"))',
+        (
+            "top = a.amax(-1, keepdim=True)",
+            'seen = top > -float("inf")  # a row with a key to see',
+            "e = torch.exp(a - torch.where(seen, top, 0.0))",
+            "total = e.sum(-1, keepdim=True)",
+            'stat = torch.where(seen, top + torch.log(torch.where(seen, total, 1.0)), -float("inf"))',
+            "p = e / torch.where(seen, total, 1.0)",
         ),
     ),
     "row sum": Normaliser(  # a block: A and its row sums
@@ -58,12 +65,12 @@ NORMALISERS = {
 
 
 def ring_record(normaliser: str) -> bool:
-    """Does the eager core of this normaliser give a block of keys' share (``partial=True``)?"""
+    """Does the eager core of this normaliser give a block of keys' share (``part="share"``)?"""
     return NORMALISERS[normaliser].partial is not None
 
 
 def eager_body(core: dict) -> str:
-    """The lines of ``_core_eager{c}(Q, K, V, causal, symbols, tensors, origin, partial)`` for a core's context
+    """The lines of ``_core_eager{c}(Q, K, V, causal, symbols, tensors, origin, part)`` for a core's context
     (``_core_context``)."""
     c, tiles, scalars = core["c"], core["tiles"], [x["name"] for x in core["scalars"]]
     names = [t["tile"] for t in tiles] + scalars
@@ -84,11 +91,13 @@ def eager_body(core: dict) -> str:
         "if causal:  # query i sees keys j <= i (at origin's positions)",
         "    above = torch.ones(a.shape[-2:], dtype=torch.bool, device=a.device).triu(1 + origin[0] - origin[1])",
         f"    a = a.masked_fill(above, {normaliser.fill})",
-        *normaliser.shared,
     ]
     partial = normaliser.partial
+    if partial is not None:
+        lines += ['if part == "logits":  # the scores\' steps A, for the ring\'s backward', "    return a"]
+    lines += normaliser.shared
     if partial:  # a block's share and statistic, merged over the blocks by the ring
-        lines += ["if partial:", *(f"    {x}" for x in partial)]
+        lines += ['if part == "share":', *(f"    {x}" for x in partial)]
         lines += ["else:", *(f"    {x}" for x in normaliser.rows)] if normaliser.rows else []
     if core["dropout"]:
         lines += [
@@ -99,7 +108,7 @@ def eager_body(core: dict) -> str:
         ]
     out = f"p @ V.to(wide){repeat}" if core["value"] else "p"
     if partial is not None:
-        lines += [f"out = {out}", "return (out, stat) if partial else out.to(V.dtype)"]
+        lines += [f"out = {out}", 'return (out, stat) if part == "share" else out.to(V.dtype)']
     else:
         lines.append(f"return ({out}).to({'V' if core['value'] else 'Q'}.dtype)")
     return "\n".join("    " + line for line in lines)

@@ -183,9 +183,8 @@ def _ring(core: Core, constants: frozenset[str]) -> dict:
     rows = ", ".join(f'"{x}"' if isinstance(x, sp.Symbol) else "None" for x in (core.query.shape[0], core.key.shape[0]))
     masks = [i for i, t in enumerate(core.tiles) if str(t.name) in constants]
     mask = masks[0] if len(masks) == 1 else None
-    record = (
-        f'{{"normaliser": "{core.normaliser}", "rows": ({rows}), "dropout": {core.dropout is not None}, "mask": {mask}}}'
-    )
+    dropout = core.dropout is not None
+    record = f'{{"normaliser": "{core.normaliser}", "rows": ({rows}), "dropout": {dropout}, "mask": {mask}}}'
     return {"merge": core.value is not None and ring_record(core.normaliser), "record": record}
 
 
