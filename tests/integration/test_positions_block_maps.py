@@ -245,3 +245,49 @@ def test_the_block_test_is_derived_from_the_condition():
     prefix = block_test(_mask((J <= I) | (J < PREFIX[0, 0])))
     assert str(prefix.full) == "(i - j_last >= 0) | (j_last - t0_lo < 0)"
     assert block_test(_mask(J <= I)) is None  # (analytic: mask_structure's)
+
+
+def test_vmap_over_the_sequences_and_their_ids_computes_every_block_and_matches():
+    """torch.func.vmap over the batch, the ids batched too: no branch on their values there (an empty map, every
+    block computed with the mask), the output as the reference's."""
+    module = _module("causal-documents", "torch")
+    (q, k, v, doc), _ = _inputs("causal-documents", "contiguous", seed=5)
+    got = torch.func.vmap(lambda *x: module.forward(*x, block_size=BLOCK))(q, k, v, doc)
+    torch.testing.assert_close(got, reference("causal-documents", q, k, v, doc), rtol=1e-10, atol=1e-12)
+
+
+def test_off_the_cpu_no_value_is_read_back():
+    """On meta tensors (a shape, no data) the module runs forward and backward: off the CPU the block map is empty
+    (every block computed with the mask), nothing read back from the device to decide a path."""
+    module = _module("causal-documents", "torch")
+    q, k, v = (torch.empty(2, 37, 4, device="meta", dtype=torch.float64, requires_grad=True) for _ in range(3))
+    doc = torch.empty(2, 37, 1, device="meta", dtype=torch.float64)
+    out = module.forward(q, k, v, doc, block_size=BLOCK)
+    grads = torch.autograd.grad(out, (q, k, v), torch.empty_like(out))
+    assert out.shape == (2, 37, 4) and all(g.shape == (2, 37, 4) and g.device.type == "meta" for g in grads)
+
+
+@pytest.mark.parametrize("runs", [[], [(8, 16)], [(0, 8), (16, 24)], [(8, 24)], [(16, 21)]], ids=str)
+def test_hide_keys_looks_the_mask_up_outside_the_open_runs_only(runs):
+    """hide_keys(…, blocks) = where(hidden, −∞, scores) when every key of the map's open runs is visible to the
+    block's rows (the map's promise), wherever the runs lie in the block's keys; the runs' keys are not looked at."""
+    from symattn.codegen.backends.common_runtime import _parts_looked_at
+    from symattn.codegen.backends.numpy.positions_runtime import hide_keys as numpy_hide
+    from symattn.codegen.backends.torch.positions_runtime import hide_keys as torch_hide
+
+    rows, keys = slice(8, 16), slice(3, 21)
+    blocks = (8, [(0, 21, []), (0, 21, [slice(a, b) for a, b in runs])])  # (the entry of rows 8 … 15: the second)
+
+    def hidden(i, j):  # visible: the runs' keys, and j ≤ i − 2 elsewhere
+        inside = sum(((j >= a) & (j < b) for a, b in runs), j < 0)
+        return ~(inside | (j <= i - 2))
+
+    scores = np.random.default_rng(6).standard_normal((2, 8, 18))
+    i, j = np.arange(8, 16)[:, None], np.arange(3, 21)[None, :]
+    want = np.where(hidden(i, j), -np.inf, scores)
+    got = numpy_hide(scores.copy(), hidden, rows, keys, 21, slice(0, 0), np.float64, blocks=blocks)
+    np.testing.assert_array_equal(got, want)
+    got = torch_hide(torch.as_tensor(scores), hidden, rows, keys, 21, slice(0, 0), torch.float64, "cpu", blocks=blocks)
+    np.testing.assert_array_equal(got.numpy(), want)
+    looked = sum(stop - first for first, stop in _parts_looked_at(keys, slice(0, 0), blocks[1][1][2]))
+    assert looked == 18 - sum(min(b, 21) - max(a, 3) for a, b in runs)

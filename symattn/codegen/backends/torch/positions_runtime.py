@@ -104,7 +104,11 @@ def block_map(test, reads, n, m, size, dtype, device):
     of blocks (i, i_last a column of the row blocks' first and last rows, j, j_last a row of the key blocks'), each
     read (values, along) given by its least and greatest value over the block ("i": values of the rows, "j": of the
     keys, None: one per sequence); a pair counts where it does for every sequence. As ``block_rows`` gives it (the
-    nb × mb booleans copied to the host once)."""
+    nb × mb booleans copied to the host once). Under torch.compile or torch.func's transforms of the values (no
+    branch on them there), and off the CPU (where nothing is read back to decide a path: no wait for the device at
+    every call): an empty map, every block computed with the mask."""
+    if torch.device(device).type != "cpu" or any(_functional(torch.as_tensor(values)) for values, _ in reads):
+        return size, []
     wide = torch.promote_types(dtype, torch.float32)
     i = torch.arange(0, n, size, dtype=wide, device=device)[:, None]
     j = torch.arange(0, m, size, dtype=wide, device=device)[None, :]
