@@ -16,8 +16,8 @@ from symattn.optimize.position_blocks import EntriesBlock
 
 def map_lines(lp: Loop, printer) -> list[tuple[str, str]]:
     """(name, code) of each block map the loop reads (blocks_0, …), in the order of ``Loop.maps``; sets the
-    printer's ``block_maps`` (a mask's formula → its map's name) for the loop's statements. None where the
-    backend's runtime has no block_map."""
+    printer's ``block_maps`` (a mask's formula → its map's name) for the loop's statements. No map where the
+    backend's runtime has no block_map (JAX)."""
     printer.block_maps = {}
     if "block_map" not in printer.runtime:
         return []
