@@ -11,6 +11,14 @@ causal=True. loss = ⟨G, output⟩; best of the rounds, the implementations tak
 here.
 
     python benchmarks/positions_memeff.py [--n 2048] [--window 64] [--heads 4] [--d 64] [--repeats 5] [--write]
+
+With ``--documents D`` instead: a document mask [0 if doc[i] = doc[j] else −∞] of D contiguous documents of unequal
+lengths (ids per sequence, a constant read at positions: no analytic structure), the memory-efficient modules with
+their block map per call (``optimize.block_tests``: the key blocks wholly masked skipped, the mask not looked up on
+wholly open ones) and without it (the module's block_map replaced by an empty map: every block computed with the
+mask), against plain attention; ``--write`` then writes that table into POSITIONS_MEMEFF.md's document section.
+
+    python benchmarks/positions_memeff.py --documents 8 --n 4096 [--heads 4] [--d 64] [--repeats 3] [--write]
 """
 
 from __future__ import annotations
@@ -33,10 +41,10 @@ from pathlib import Path  # noqa: E402
 import numpy as np  # noqa: E402
 import sympy as sp  # noqa: E402
 import torch  # noqa: E402
-from symattn.generated import attention_numpy, attention_torch, attention_torch_memeff  # noqa: E402
 
 import symattn as sa  # noqa: E402
 from symattn.codegen import generate as codegen  # noqa: E402
+from symattn.generated import attention_numpy, attention_torch, attention_torch_memeff  # noqa: E402
 from symattn.specs import dim  # noqa: E402
 
 
@@ -48,6 +56,15 @@ def window_spec(width: int | None) -> sa.Spec:
     window = sa.entries(n, m, lambda i, j: sp.Piecewise((0, seen(i, j)), (-sp.oo, True)))
     output = sa.softmax(q * k.T / sp.sqrt(d) + window.expr) * v
     return sa.Spec(name="sliding_window", summary="a causal sliding window", inputs=(q, k, v), output=output)
+
+
+def document_spec() -> sa.Spec:
+    """softmax(Q Kᵀ/√d + [0 if doc[i, 0] = doc[j, 0] else −∞]) V, doc a constant (per sequence)."""
+    n, d = dim("n"), dim("d")
+    q, k, v, doc = (sp.MatrixSymbol(x, n, c) for x, c in (("Q", d), ("K", d), ("V", d), ("doc", 1)))
+    same = sa.entries(n, n, lambda i, j: sp.Piecewise((0, sp.Eq(doc[i, 0], doc[j, 0])), (-sp.oo, True)))
+    output = sa.softmax(q * k.T / sp.sqrt(d) + same.expr) * v
+    return sa.Spec(name="documents", summary="a document mask", inputs=(q, k, v), output=output, constants=(doc,))
 
 
 def module(spec: sa.Spec, backend: str, variant: str) -> types.ModuleType:
@@ -91,10 +108,14 @@ def main() -> None:
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--d", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--documents", type=int, default=0, help="time a document mask of this many documents")
     parser.add_argument("--write", action="store_true", help="write POSITIONS_MEMEFF.md next to this script")
     args = parser.parse_args()
     torch.set_num_threads(1)
     torch.manual_seed(0)
+    if args.documents:
+        documents(args)
+        return
     spec = window_spec(args.window)
     q, k, v, g = (torch.randn(args.heads, args.n, args.d) for _ in range(4))
     wanted = [x.detach() for x in _reference_grads(q, k, v, g, args.window)]
@@ -140,6 +161,91 @@ def main() -> None:
     print(table)
     if args.write:
         _write(args, header, table)
+
+
+def documents(args) -> None:
+    """The document mask's table: the memory-efficient modules with and without their block map, plain attention."""
+    cuts = torch.linspace(0, 1, args.documents + 1)[1:-1] ** 1.5  # unequal lengths, longer towards the end
+    ids = torch.bucketize(torch.arange(args.n) / args.n, cuts, right=True).float()[:, None]
+    q, k, v, g = (torch.randn(args.heads, args.n, args.d) for _ in range(4))
+    leaves = [x.double().requires_grad_() for x in (q, k, v)]
+    scores = leaves[0] @ leaves[1].mT / math.sqrt(args.d)
+    out = torch.softmax(scores.masked_fill(ids != ids.mT, -math.inf), dim=-1) @ leaves[2]
+    wanted = [out.detach(), *torch.autograd.grad(out, leaves, g.double())]
+    del scores, out
+    spec, docs = document_spec(), ids.expand(args.heads, -1, -1)  # (the ids of each sequence: the same here)
+    made = {backend: module(spec, backend, "memeff") for backend in ("torch", "numpy")}
+    unmapped = {backend: module(spec, backend, "memeff") for backend in ("torch", "numpy")}
+    for each in unmapped.values():  # an empty map: every block computed, the mask looked up everywhere
+        each.block_map = lambda test, reads, n, m, size, *rest: (size, [])
+    cases = {
+        "plain attention, torch standard (no mask)": torch_step(attention_torch.forward, {}),
+        "documents, torch memeff, block map": torch_step(lambda *x: made["torch"].forward(*x, docs), {}),
+        "documents, torch memeff, no block map": torch_step(lambda *x: unmapped["torch"].forward(*x, docs), {}),
+        "plain attention, NumPy standard (no mask)": numpy_step(attention_numpy, {}),
+        "documents, NumPy memeff, block map": _numpy_documents(made["numpy"], docs),
+        "documents, NumPy memeff, no block map": _numpy_documents(unmapped["numpy"], docs),
+    }
+    best, errors = dict.fromkeys(cases, math.inf), {}
+    for name, step in cases.items():  # a warm-up, and the error against the float64 reference
+        if not name.startswith("plain"):
+            got = step(q, k, v, g)
+            errors[name] = max(float((a.double() - w).abs().max() / w.abs().max()) for a, w in zip(got, wanted))
+        else:
+            step(q, k, v, g)
+    for _ in range(args.repeats):
+        for name, step in cases.items():
+            start = time.perf_counter()
+            step(q, k, v, g)
+            best[name] = min(best[name], time.perf_counter() - start)
+    rows = []
+    for name in cases:
+        base = best[
+            "plain attention, torch standard (no mask)"
+            if "torch" in name
+            else "plain attention, NumPy standard (no mask)"
+        ]
+        error = f"{errors[name]:.1e}" if name in errors else "—"
+        rows.append(f"| {name} | {best[name] * 1e3:.1f} | {best[name] / base:.3f} | {error} |")
+    lengths = torch.bincount(ids[:, 0].long()).tolist()
+    header = (
+        f"{args.heads} heads × n = m = {args.n}, d = {args.d}, {args.documents} documents of {lengths} tokens, "
+        f"float32, one thread, default block (128 rows); forward + backward, best of {args.repeats}"
+    )
+    table = "\n".join(
+        ["| case | ms | ÷ plain (same library) | largest relative error vs float64 |", "|---|---:|---:|---:|", *rows]
+    )
+    print(header)
+    print(table)
+    if args.write:
+        _write_documents(header, table)
+
+
+def _numpy_documents(made, ids):
+    def step(q, k, v, g):
+        out, saved = made.forward(q.numpy(), k.numpy(), v.numpy(), ids.numpy())
+        grads = made.backward(saved, g.numpy())
+        return tuple(torch.from_numpy(np.asarray(x)) for x in (out, grads["Q"], grads["K"], grads["V"]))
+
+    return step
+
+
+def _write_documents(header: str, table: str) -> None:
+    """POSITIONS_MEMEFF.md with its document section (from its heading on) replaced by this run's."""
+    path = Path(__file__).parent / "POSITIONS_MEMEFF.md"
+    heading = "## A document mask: the block map per call"
+    kept = path.read_text(encoding="utf-8").split(heading)[0].rstrip()
+    command = "python benchmarks/positions_memeff.py " + " ".join(sys.argv[1:])
+    machine = f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__} CPU"
+    text = (
+        f"{kept}\n\n{heading}\n\n{datetime.date.today()}, {machine}: `{command}`. {header}. The ids are a constant "
+        "read at positions, so the mask has no structure until they are read: the memory-efficient modules compute "
+        "per call a block map from each block's least and greatest id (`symattn/optimize/block_tests.py`), read only "
+        "the keys from a block of rows' first to its last key block not wholly masked, and look the mask up only "
+        'outside the wholly open key blocks; "no block map" is the same module with an empty map.\n\n'
+        f"{table}\n"
+    )
+    path.write_text(text, encoding="utf-8")
 
 
 def _reference_grads(q, k, v, g, width):

@@ -120,8 +120,11 @@ def entries(f, rows, cols, dtype=np.float64):
 
 def table_read(table, rows, cols):
     """table[..., r, c] at the index grids r and c (positions held exactly in floats): broadcast against each other,
-    with the table's leading axes first."""
-    return table[..., np.asarray(rows).astype(np.int64), np.asarray(cols).astype(np.int64)]
+    with the table's leading axes first; indices of fewer than two axes read as 1 × 1 or 1 × k (a read at constant
+    indices of a table per sequence, p[0, 0], broadcasts against the grids, not along them)."""
+    return table[
+        ..., np.atleast_2d(np.asarray(rows).astype(np.int64)), np.atleast_2d(np.asarray(cols).astype(np.int64))
+    ]
 
 
 def table_scatter(w, index, rows, cols):
@@ -152,12 +155,13 @@ def block_scatter(w, index, rows, cols, block, keys, heads=None):
 def block_entries(f, rows, keys, n, dtype=np.float64, heads=None):
     """The block of [f(i, j)] at the query rows rows (a slice of 0 … n − 1) and the keys keys (a slice): f of the
     block's own positions, (b, k), or with heads f(i, j, h) of the heads h = 0 … heads − 1, (heads, b, k), after
-    the leading axes of a table f reads per sequence; grids of at least float32 (positions exact), cast to dtype."""
+    the leading axes of a table f reads per sequence (the grids then 1 × b × 1 and 1 × 1 × k: such a read
+    keeps its axes before the heads'); grids of at least float32 (positions exact), cast to dtype."""
     wide = np.promote_types(dtype, np.float32)
     i = np.arange(rows.start, min(rows.stop, n), dtype=wide)[:, None]
     j = np.arange(keys.start, keys.stop, dtype=wide)[None, :]
     shape = (len(i), j.shape[1]) if heads is None else (heads, len(i), j.shape[1])
-    grids = (i, j) if heads is None else (i, j, np.arange(heads, dtype=wide)[:, None, None])
+    grids = (i, j) if heads is None else (i[None], j[None], np.arange(heads, dtype=wide)[:, None, None])
     with np.errstate(divide="ignore", invalid="ignore"):  # a where's branch not taken
         value = np.asarray(f(*grids), dtype=dtype)  # (a table per sequence: its leading axes)
     return np.broadcast_to(value, np.broadcast_shapes(value.shape, shape))

@@ -108,11 +108,17 @@ def code(e: Basic, flavour: Flavour) -> str:
 
 
 def array_flavour(
-    xp: str, scalar: Callable[[Basic], str], number: Callable[[str], str], read: Callable[[], str]
+    xp: str,
+    scalar: Callable[[Basic], str],
+    number: Callable[[str], str],
+    read: Callable[[], str],
+    names: dict[Basic, str] | None = None,
 ) -> Flavour:
     """Array code of the grids ``i`` and ``j``. scalar: how the printer writes a subexpression free of i and j;
     number(text): a number as a scalar of the grids' dtype (a where's branch, which would otherwise take the library's
-    default dtype); read(): the runtime helper's name that reads a table at index grids."""
+    default dtype); read(): the runtime helper's name that reads a table at index grids; names: other symbols read
+    as arrays (a block test's bounds, ``optimize.block_tests``), with their code."""
+    names = {**ARRAY_NAMES, **(names or {})}
 
     def constant(e: Basic) -> str:
         text = scalar(e)
@@ -128,7 +134,7 @@ def array_flavour(
         return " * ".join(factors)
 
     def branch(value: Basic, text: str) -> str:
-        return text if value.has(I, J, HEAD) or value.has(MatrixElement) else number(text)
+        return text if value.has(*names) or value.has(MatrixElement) else number(text)
 
     def call(e: Basic, args: list[str]) -> str:
         if type(e) not in CALLS:
@@ -149,7 +155,7 @@ def array_flavour(
         return f"{xp}.where({condition}, {branch(value, text)}, {where(rest)})"
 
     flavour = Flavour(
-        names=ARRAY_NAMES,
+        names=names,
         infinity=(f"-{xp}.inf", f"{xp}.inf"),
         constant=constant,
         add=lambda terms: "(" + " + ".join(terms).replace("+ -", "- ") + ")",

@@ -241,10 +241,10 @@ class NumPyMatrixPrinter(NumPyPrinter):
     def _print_OneMatrix(self, expr: Basic) -> str:
         return f"np.ones(({self._print(expr.shape[0])}, {self._print(expr.shape[1])}))"
 
-    def position_flavour(self) -> positions.Flavour:
-        """How this printer writes a formula of the position grids (``numeric.positions``)."""
+    def position_flavour(self, names: dict | None = None) -> positions.Flavour:
+        """How this printer writes a formula of the position grids (``numeric.positions``), names: other arrays."""
         read = lambda: self.helper("table_read")  # noqa: E731 (named when a formula reads a table)
-        return positions.array_flavour(self.module_alias, self._print, self.position_number, read)
+        return positions.array_flavour(self.module_alias, self._print, self.position_number, read, names)
 
     def _print_Entries(self, expr: Basic) -> str:
         """[f(i, j)] by the runtime's entries: f a lambda of the position grids (``numeric.positions``)."""

@@ -242,7 +242,7 @@ def test_the_memeff_module_makes_no_n_by_m_array_for_the_positions():
 def test_hide_keys_writes_minus_infinity_where_hidden_whatever_the_open_range(open_keys):
     """hide_keys(scores, hidden, rows, keys, …, open) = where(hidden, −∞, scores) when no key of the open range is
     hidden (the structure's promise): the open keys at one end of the block's keys are not looked at, others are."""
-    from symattn.codegen.backends.numpy.runtime import hide_keys as numpy_hide
+    from symattn.codegen.backends.numpy.positions_runtime import hide_keys as numpy_hide
     from symattn.codegen.backends.torch.positions_runtime import hide_keys as torch_hide
 
     rows, keys, lo, hi = slice(4, 8), slice(3, 12), *open_keys

@@ -15,12 +15,17 @@ def add_optional(a, b):
     return a if b is None else a + b
 
 
-def key_window(lo, hi, m, within=None):
+def key_window(lo, hi, m, within=None, rows=None, maps=()):
     """The keys a block of query rows reads: [lo, hi), outside which a position mask hides every key from every row
-    of the block (its structure, ``optimize.mask_structure``), within the key range a mask argument leaves (a slice),
-    clipped to 0 … m, never empty (every key hidden: one read, its probability zero)."""
+    of the block (its structure, ``optimize.mask_structure``), within the key range a mask argument leaves (a slice)
+    and the keys each block map (``block_map``: a mask on data) leaves the block of rows rows, clipped to 0 … m,
+    never empty (every key hidden: one read, its probability zero)."""
     if within is not None:
         lo, hi = max(lo, within.start), min(hi, within.stop)
+    for blocks in maps:
+        entry = _map_entry(blocks, rows)
+        if entry is not None:
+            lo, hi = max(lo, entry[0]), min(hi, entry[1])
     lo = min(max(lo, 0), m - 1)
     return slice(lo, max(min(hi, m), lo + 1))
 
@@ -34,6 +39,48 @@ def _keys_looked_at(keys, open_keys):
     elif open_keys.start < stop <= open_keys.stop:
         stop = max(open_keys.start, first)
     return first, stop
+
+
+def _parts_looked_at(keys, open_keys, runs=()):
+    """[(first, stop), …]: the parts of a block's keys a mask is looked for on, less open_keys at one end
+    (``_keys_looked_at``) and less the runs (sorted disjoint slices of keys every row of the block sees, from a block
+    map) wherever they lie: one fill per part."""
+    first, stop = _keys_looked_at(keys, open_keys)
+    parts = []
+    for run in runs:
+        if run.stop <= first or run.start >= stop:
+            continue
+        if run.start > first:
+            parts.append((first, run.start))
+        first = max(first, run.stop)
+    return [*parts, (first, stop)] if first < stop else parts
+
+
+def block_rows(empty, full, size, m):
+    """A block map as the loop reads it, (size, entries) from empty and full (nested lists [row block][key block] of
+    bools: no pair of the two blocks visible, every pair visible): per block of size rows, (lo, hi, runs): [lo, hi)
+    from its first to its last key block some row may see (the key blocks outside wholly masked: never computed),
+    runs the slices of keys (adjacent wholly open key blocks merged) every row sees (the mask not applied there)."""
+    entries = []
+    for hides, opens in zip(empty, full):
+        seen = [k for k, hide in enumerate(hides) if not hide]
+        runs = []
+        for k, whole in enumerate(opens):
+            if whole and runs and runs[-1][1] == k * size:
+                runs[-1][1] = min(m, (k + 1) * size)
+            elif whole:
+                runs.append([k * size, min(m, (k + 1) * size)])
+        lo, hi = (seen[0] * size, min(m, (seen[-1] + 1) * size)) if seen else (0, 0)
+        entries.append((lo, hi, [slice(a, b) for a, b in runs]))
+    return size, entries
+
+
+def _map_entry(blocks, rows):
+    """The entry (lo, hi, runs) of a block map (``block_rows``) for the block of rows rows (a slice), or None (no
+    such block: no rows)."""
+    size, entries = blocks
+    k = rows.start // size
+    return entries[k] if k < len(entries) else None
 
 
 def size_math(function, x):

@@ -117,6 +117,7 @@ class GeneratedCodeMixin:
     mask: str | None = None
     # Whether rows may hold −inf whatever the arguments (a matrix of positions' −∞ entries): the masked forms always.
     masked_rows: bool = False
+    block_maps: dict = {}  # a mask on data's formula → its loop's block map (``emit.block_maps``), while it prints
 
     def _hidden(self, scores: str, mask: EntriesBlock, fresh: bool) -> str:
         """scores plus a block of a mask of positions (0, or −∞ where its condition holds) by the runtime's hide_keys:
@@ -131,7 +132,8 @@ class GeneratedCodeMixin:
         variables = "i, j, h" if mask.heads else "i, j"
         heads = f", heads={self._print(mask.heads)}" if mask.heads else ""
         arguments = f"{scores}, lambda {variables}: {condition}, block, keys, {self._print(mask.source.rows)}"
-        call = f"({arguments}, {open_keys}{self.position_dtype}{heads}, inplace={fresh})"
+        blocks = f", blocks={self.block_maps[mask.formula]}" if mask.formula in self.block_maps else ""
+        call = f"({arguments}, {open_keys}{self.position_dtype}{heads}, inplace={fresh}{blocks})"
         return self.helper("hide_keys") + call
 
     def _optional_term(self, term: Basic) -> bool:

@@ -103,6 +103,7 @@ def _deeper(section: dict) -> dict:
         return section | {"lines": [_statement(line, 4) for line in section["lines"]]}
     return section | {
         "key_lines": [_statement(line, 8) for line in section["key_lines"]],
+        "map_lines": [_statement(line, 4) for line in section["map_lines"]],
         "body": [_statement(line, 8) for line in section["body"]],
         "accumulate": [dataclasses.replace(line, deeper=DEEPER) for line in section["accumulate"]],
     }

@@ -21,7 +21,11 @@ def saved_names(sched: Schedule, sections: dict, mask: str | None, variant: str)
         [b.value for b in backward]
         + [b.guard for b in backward]
         + [sl["full"] for sec in sections["backward_sections"] for sl in sec.get("slices", [])]
-        + [line.value for sec in sections["backward_sections"] for line in sec.get("key_lines", [])]
+        + [
+            line.value
+            for sec in sections["backward_sections"]
+            for line in sec.get("key_lines", []) + sec.get("map_lines", [])
+        ]
         + [name for name, t in sched.gradients if t in sections["shared"]]  # returned as None when the input was
     )
     saved = [str(getattr(x, "name", x)) for x in sections["saved_symbols"]]

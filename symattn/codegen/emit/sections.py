@@ -17,6 +17,7 @@ from sympy.matrices.expressions import HadamardPower, HadamardProduct, MatAdd, M
 
 from symattn.codegen.backends import Backend
 from symattn.codegen.emit import layout
+from symattn.codegen.emit.block_maps import map_arguments, map_lines
 from symattn.codegen.schedule.build import Assignment, Schedule
 from symattn.codegen.schedule.plan import Plan, broadcast_column
 from symattn.codegen.schedule.rowblocks import BLOCK_SIZE, END_ROW, FIRST_ROW, plan
@@ -182,6 +183,13 @@ class Sections:
         return {"loop": False, "lines": [self.statement(a, d, f) for a, d, f in zip(assignments, dying, frees)]}
 
     def loop(self, lp) -> dict:
+        """A loop over blocks of rows, after its block maps (``emit.block_maps``), which its statements read."""
+        maps = [Statement(name, code) for name, code in map_lines(lp, self.printer)]
+        section = self._loop(lp) | {"map_lines": maps}
+        self.printer.block_maps = {}
+        return section
+
+    def _loop(self, lp) -> dict:
         kept = self.protected | {str(b.name) for _, b in lp.collect}
         collected = {b for _, b in lp.collect}  # a collected block that is another block's alias keeps that one
         kept |= {str(a.value.name) for a in lp.body if a.target in collected and isinstance(a.value, sp.MatrixSymbol)}
@@ -287,7 +295,8 @@ class Sections:
         if lp.window is not None:  # the keys a matrix of positions leaves the block (within the mask's)
             lo, hi = (bound_code(x, self._rows(lp)) for x in (lp.window.lo, lp.window.hi))
             within = call if self.mask is not None else "None"
-            call = f"{self.printer.helper('key_window')}({lo}, {hi}, {self._key_count(lp)}, {within})"
+            maps = map_arguments(self.printer)
+            call = f"{self.printer.helper('key_window')}({lo}, {hi}, {self._key_count(lp)}, {within}{maps})"
         return [Statement("keys", call), *(Statement(str(k.name), f"{f.name}[..., keys, :]") for k, f in lp.keys)]
 
 

@@ -16,6 +16,7 @@ import sympy as sp
 from sympy import Basic, MatrixSymbol
 from sympy.matrices.expressions import (
     BlockMatrix,
+    MatAdd,
     MatMul,
     OneMatrix,
     Transpose,
@@ -28,8 +29,9 @@ from symattn.lang.algebra import factors
 from symattn.lang.graph import matrix_symbols, nodes
 from symattn.lang.ops import Exp, RowSoftmax
 from symattn.lang.positions import Entries, Scatter, tables_read
+from symattn.optimize.block_tests import block_test
 from symattn.optimize.mask_structure import KeyWindow, window_of_scores
-from symattn.optimize.position_blocks import ScatterBlock, in_blocks
+from symattn.optimize.position_blocks import EntriesBlock, ScatterBlock, in_blocks
 
 BLOCK_SIZE = 128  # default query rows per block: 128 × m temporaries (2 MiB each at m = 4096, float32)
 BLOCK_ROWS = sp.Symbol("b", positive=True, integer=True)
@@ -62,6 +64,7 @@ class Loop:
     # FIRST_ROW and END_ROW), ``masked`` whether some score may be −∞ (a softmax for rows of −∞)
     window: KeyWindow | None = None
     masked: bool = False
+    maps: tuple = ()  # the masks on data among the scores' terms (EntriesBlock): each a block map per call
 
 
 @dataclass
@@ -297,8 +300,10 @@ def _positions_of(sched: Schedule, core: Core, loops: tuple[Loop, Loop], scores:
     if positions and keep:
         raise SymattnError(f"spec {sched.spec.name}: positions and a mask: the standard variant takes them whole")
     window = window_of_scores(scores, FIRST_ROW, END_ROW)
+    terms = MatAdd.make_args(scores) if window is not None else ()
+    maps = tuple(t for t in terms if isinstance(t, EntriesBlock) and block_test(t.formula) is not None)
     for loop in loops:
-        loop.window, loop.masked = window, any(x.masks for x in positions)
+        loop.window, loop.masked, loop.maps = window, any(x.masks for x in positions), maps
 
 
 def _keys_of(sched: Schedule, loops: tuple[Loop, Loop], full: set, scores: MatrixSymbol, blocks: dict, keep: bool):

@@ -412,8 +412,11 @@ def entries(f, rows, cols, dtype):
 
 def table_read(table, rows, cols):
     """table[..., r, c] at the index grids r and c (positions held exactly in floats): broadcast against each other,
-    with the table's leading axes first."""
-    return table[..., jnp.asarray(rows).astype(jnp.int32), jnp.asarray(cols).astype(jnp.int32)]
+    with the table's leading axes first; indices of fewer than two axes read as 1 × 1 or 1 × k (a read at constant
+    indices of a table per sequence, p[0, 0], broadcasts against the grids, not along them)."""
+    return table[
+        ..., jnp.atleast_2d(jnp.asarray(rows).astype(jnp.int32)), jnp.atleast_2d(jnp.asarray(cols).astype(jnp.int32))
+    ]
 
 
 def table_scatter(w, index, rows, cols):

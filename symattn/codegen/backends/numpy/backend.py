@@ -15,6 +15,7 @@ from symattn.numeric.printers import NUMPY_RUNTIME, NumPyMatrixPrinter, runtime_
 RUNTIMES = (
     "symattn.codegen.backends.common_runtime",
     "symattn.codegen.backends.numpy.runtime",
+    "symattn.codegen.backends.numpy.positions_runtime",
     "symattn.codegen.backends.numpy.random_runtime",
     "symattn.codegen.backends.numpy.numba_kernels",
     "symattn.numeric.low_precision",

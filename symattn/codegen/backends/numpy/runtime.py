@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from symattn.codegen.backends.common_runtime import _keys_looked_at, _mask_layout
+from symattn.codegen.backends.common_runtime import _mask_layout
 from symattn.codegen.backends.numpy.numba_kernels import _fused_kernels
 from symattn.numeric.low_precision import _half, wide_sum
 
@@ -380,22 +380,6 @@ def causal_fill(scores, rows, keys):
         future = np.arange(keys.start + first, keys.start + k) > np.arange(rows.start, rows.start + b)[:, None]
         np.copyto(scores[..., first:], -np.inf, where=future)
     return scores
-
-
-def hide_keys(scores, hidden, rows, keys, n, open_keys, dtype, heads=None, inplace=True):
-    """scores (..., b, k) of the query rows rows and the keys keys plus a mask of positions: -inf written where
-    hidden(i, j) (per head hidden(i, j, h)) holds, not looked for on the keys of open_keys (a range every row of the
-    block sees) at one end of keys; into scores where inplace (a value made for it), else into a copy."""
-    first, stop = _keys_looked_at(keys, open_keys)
-    out = scores if inplace else scores.copy()
-    wide = np.promote_types(dtype, np.float32)
-    i = np.arange(rows.start, min(rows.stop, n), dtype=wide)[:, None]
-    h = None if heads is None else np.arange(heads, dtype=wide)[:, None, None]
-    if first < stop:
-        j = np.arange(first, stop, dtype=wide)[None, :]
-        where = hidden(i, j) if heads is None else hidden(i, j, h)
-        np.copyto(out[..., first - keys.start : stop - keys.start], -np.inf, where=where)
-    return out
 
 
 def add_rows(total, keys, part, m):

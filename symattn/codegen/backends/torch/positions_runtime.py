@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from symattn.codegen.backends.common_runtime import _keys_looked_at
+from symattn.codegen.backends.common_runtime import _map_entry, _parts_looked_at, block_rows
 from symattn.codegen.backends.torch.runtime import _functional  # (a generated module has it beside)
 
 
@@ -27,10 +27,11 @@ def entries(f, rows, cols, dtype, device):
 
 def table_read(table, rows, cols):
     """table[..., r, c] at the index grids r and c (positions held exactly in floats): broadcast against each other,
-    with the table's leading axes first."""
+    with the table's leading axes first; indices of fewer than two axes read as 1 × 1 or 1 × k (a read at constant
+    indices of a table per sequence, p[0, 0], broadcasts against the grids, not along them)."""
     r = torch.as_tensor(rows, device=table.device).long()
     c = torch.as_tensor(cols, device=table.device).long()
-    return table[..., r, c]
+    return table[..., torch.atleast_2d(r), torch.atleast_2d(c)]
 
 
 def table_scatter(w, index, rows, cols, by_sorting=None):
@@ -67,27 +68,68 @@ def block_scatter(w, index, rows, cols, block, keys, heads=None, by_sorting=None
 def block_entries(f, rows, keys, n, dtype, device, heads=None):
     """The block of [f(i, j)] at the query rows rows (a slice of 0 … n − 1) and the keys keys (a slice): f of the
     block's own positions, (b, k), or with heads f(i, j, h) of the heads h = 0 … heads − 1, (heads, b, k), after
-    the leading axes of a table f reads per sequence; grids of at least float32 (positions exact), cast to dtype."""
+    the leading axes of a table f reads per sequence (the grids then 1 × b × 1 and 1 × 1 × k: such a read
+    keeps its axes before the heads'); grids of at least float32 (positions exact), cast to dtype."""
     wide = torch.promote_types(dtype, torch.float32)
     i = torch.arange(rows.start, min(rows.stop, n), dtype=wide, device=device)[:, None]
     j = torch.arange(keys.start, keys.stop, dtype=wide, device=device)[None, :]
     shape = (len(i), j.shape[1]) if heads is None else (heads, len(i), j.shape[1])
-    grids = (i, j) if heads is None else (i, j, torch.arange(heads, dtype=wide, device=device)[:, None, None])
+    grids = (
+        (i, j) if heads is None else (i[None], j[None], torch.arange(heads, dtype=wide, device=device)[:, None, None])
+    )
     value = torch.as_tensor(f(*grids), dtype=dtype, device=device)  # (a table per sequence: its leading axes)
     return torch.broadcast_to(value, torch.broadcast_shapes(value.shape, shape))
 
 
-def hide_keys(scores, hidden, rows, keys, n, open_keys, dtype, device, heads=None, inplace=True):
+def hide_keys(scores, hidden, rows, keys, n, open_keys, dtype, device, heads=None, inplace=True, blocks=None):
     """scores (..., b, k) of the query rows rows and the keys keys plus a mask of positions: -inf written where
     hidden(i, j) (per head hidden(i, j, h)) holds, not looked for on the keys of open_keys (a range every row of the
-    block sees) at one end of keys; into scores where inplace (a value made for it), else into a copy."""
-    first, stop = _keys_looked_at(keys, open_keys)
+    block sees) at one end of keys, nor on the wholly open key blocks of a block map (``block_map``); into scores
+    where inplace (a value made for it), else into a copy."""
+    entry = None if blocks is None else _map_entry(blocks, rows)
     out = scores if inplace and not _functional(scores) else scores.clone()
     wide = torch.promote_types(dtype, torch.float32)
     i = torch.arange(rows.start, min(rows.stop, n), dtype=wide, device=device)[:, None]
     h = None if heads is None else torch.arange(heads, dtype=wide, device=device)[:, None, None]
-    if first < stop:
+    for first, stop in _parts_looked_at(keys, open_keys, () if entry is None else entry[2]):
         j = torch.arange(first, stop, dtype=wide, device=device)[None, :]
-        where = hidden(i, j) if heads is None else hidden(i, j, h)
+        where = hidden(i, j) if heads is None else hidden(i[None], j[None], h)  # (a read per sequence: …, 1, b, k)
         out[..., first - keys.start : stop - keys.start].masked_fill_(where, float("-inf"))
     return out
+
+
+def block_map(test, reads, n, m, size, dtype, device):
+    """The block map of a mask on data (``optimize.block_tests``) for blocks of size query rows and size keys, per
+    call, O(n/size · m/size), on device: test(i, i_last, j, j_last, t0_lo, t0_hi, …) → (empty, full) over every pair
+    of blocks (i, i_last a column of the row blocks' first and last rows, j, j_last a row of the key blocks'), each
+    read (values, along) given by its least and greatest value over the block ("i": values of the rows, "j": of the
+    keys, None: one per sequence); a pair counts where it does for every sequence. As ``block_rows`` gives it (the
+    nb × mb booleans copied to the host once). Under torch.compile or torch.func's transforms of the values (no
+    branch on them there), and off the CPU (where nothing is read back to decide a path: no wait for the device at
+    every call): an empty map, every block computed with the mask."""
+    if torch.device(device).type != "cpu" or any(_functional(torch.as_tensor(values)) for values, _ in reads):
+        return size, []
+    wide = torch.promote_types(dtype, torch.float32)
+    i = torch.arange(0, n, size, dtype=wide, device=device)[:, None]
+    j = torch.arange(0, m, size, dtype=wide, device=device)[None, :]
+    bounds = []
+    for values, along in reads:
+        values = torch.as_tensor(values, device=device).to(wide)
+        extremes = _block_extremes(values, size) if along else (values[..., None, None],) * 2
+        bounds += [x[..., None] if along == "i" else x[..., None, :] if along else x for x in extremes]
+    tests = test(i, (i + size - 1).clamp(max=n - 1), j, (j + size - 1).clamp(max=m - 1), *bounds)
+    tests = [torch.as_tensor(x, device=device) for x in tests]
+    shape = torch.broadcast_shapes(*(x.shape for x in tests), (i.shape[0], j.shape[1]))
+    empty, full = (x.expand(shape).reshape(-1, *shape[-2:]).all(dim=0) for x in tests)
+    return block_rows(empty.tolist(), full.tolist(), size, m)
+
+
+def _block_extremes(values, size):
+    """(least, greatest) of values (..., count) over each block of size entries along the last axis (the last block
+    maybe shorter)."""
+    count = values.shape[-1]
+    blocks = -(-count // size)
+    if count and blocks * size > count:  # the last block padded with its last value
+        values = torch.cat([values, values[..., -1:].expand(*values.shape[:-1], blocks * size - count)], dim=-1)
+    values = values.unflatten(-1, (blocks, size))
+    return (values.amin(dim=-1), values.amax(dim=-1)) if count else (values[..., 0], values[..., 0])
