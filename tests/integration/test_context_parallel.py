@@ -69,6 +69,21 @@ def _gallery(name: str) -> sa.Spec:
     return runpy.run_path(str(GALLERY / f"{name}.py"))["spec"]
 
 
+def _run(args: list[str], seconds: int) -> str:
+    """Run a script in its own session (its gloo processes killed with it on a timeout); its stderr."""
+    with subprocess.Popen(
+        [sys.executable, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    ) as process:
+        try:
+            stdout, stderr = process.communicate(timeout=seconds)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            _, stderr = process.communicate()
+            pytest.fail(f"{args[0]} did not finish in {seconds} s:\n{stderr[-3000:]}")
+    assert process.returncode == 0, stdout[-2000:] + stderr[-3000:]
+    return stdout
+
+
 def _spawn(tmp_path: Path, world: int) -> list[dict]:
     if not torch.distributed.is_available() or not torch.distributed.is_gloo_available():
         pytest.skip("torch.distributed with the gloo backend is not available in this torch build")
@@ -77,17 +92,7 @@ def _spawn(tmp_path: Path, world: int) -> list[dict]:
     package = _render(tmp_path / "ringspecs", specs | {"ring_positions": positions_spec()})
     script = Path(__file__).with_name("ring_cases.py")
     out = tmp_path / "ring"
-    args = [sys.executable, str(script), str(world), f"file://{tmp_path / 'rendezvous'}", str(out), str(package)]
-    with subprocess.Popen(
-        args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
-    ) as process:
-        try:
-            _, stderr = process.communicate(timeout=180)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            _, stderr = process.communicate()
-            pytest.fail(f"ring_cases.py did not finish in 180 s:\n{stderr[-3000:]}")
-    assert process.returncode == 0, stderr[-3000:]
+    _run([str(script), str(world), f"file://{tmp_path / 'rendezvous'}", str(out), str(package)], 300)
     return [torch.load(f"{out}.{rank}") for rank in range(world)]
 
 
@@ -104,6 +109,16 @@ def test_context_parallel_attention_matches_one_process(tmp_path: Path) -> None:
             assert max(errors.values()) <= 1e-10, (name, errors)
     _check([ranks[rank]["pair"] for rank in (1, 3)])  # the group of global ranks 1 and 3
     assert all(results["world"]["plain"]["peak"] == 2 for results in ranks)  # world 4: the bound reached, never passed
+
+
+@pytest.mark.slow
+def test_the_long_context_training_example_trains_as_one_process() -> None:
+    """examples/long_context_training.py: FSDP2 + context parallelism over 2 gloo processes, three SGD steps of a
+    model around the generated TransformerBlock (causal, zig-zag balanced), the losses those of one process."""
+    pytest.importorskip("triton", reason="the ring runs the cores' eager form from the Triton modules")
+    example = GALLERY.parent / "long_context_training.py"
+    stdout = _run([str(example), "--world", "2", "--n", "32", "--steps", "3"], 300)
+    assert "largest difference" in stdout and stdout.count("in one process") == 3, stdout
 
 
 def _check(ranks: list[dict]) -> None:

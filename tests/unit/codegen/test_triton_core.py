@@ -273,3 +273,41 @@ def test_a_mask_under_another_normaliser_or_a_function_is_no_window():
     # σ(A) with −∞ in A: P = 0 there too, but only the row softmax's argument is read (a mask under tanh is none)
     assert _window_of(lambda i, j: _masked(j <= i), normaliser=lambda a: sa.sigmoid(a)).window is None
     assert _window_of(lambda i, j: _masked(j <= i), normaliser=lambda a: sa.softmax(sa.tanh(a))).window is None
+
+
+# context parallelism's question of a spec: is its work outside the cores row-local (codegen/backends/triton/core.py)
+ROW_LOCAL = ["attention", "mha", "self_attention", "transformer_block"]
+ROW_LOCAL_GALLERY = ["bias", "cosine", "differential", "gated", "qk_norm", "sigmoid", "softcap", "softplus"]
+
+
+def _with_outside(name: str, outside) -> sa.Spec:
+    """softmax(Q Kᵀ/√d) V with outside(O, X, K, V) made of it: O's rows are the sequence's (n), K's and V's too."""
+    n, d = dim("n"), dim("d")
+    x, w_q, w_k, w_v = sa.matrix("X", n, d), sa.matrix("W_Q", d, d), sa.matrix("W_K", d, d), sa.matrix("W_V", d, d)
+    q, k, v = x * w_q, x * w_k, x * w_v
+    o = sa.softmax(q * k.T / sp.sqrt(d)) * v
+    return sa.Spec(name, name, (x, w_q, w_k, w_v), outside(o, x, k, v))
+
+
+@pytest.mark.parametrize(
+    "outside, why",
+    [
+        (lambda o, x, k, v: o * (k.T * v), "sums over the sequence (n)"),  # O (Kᵀ V): a contraction over positions
+        (lambda o, x, k, v: o + sa.ones(dim("n"), 1) * (sa.ones(1, dim("n")) * x), "sums over the sequence (n)"),
+        (lambda o, x, k, v: o + sa.ones(dim("n"), 1) * sa.rowsum(x.T).T, "works along the sequence (n)"),
+        (lambda o, x, k, v: o / dim("n"), "reads the sequence's length n as a number"),  # the rank's n, not the whole
+        (lambda o, x, k, v: o * x.T, "has a column per position (n)"),  # an n × n output
+    ],
+)
+def test_work_outside_the_cores_that_mixes_rows_is_named(outside, why):
+    from symattn.codegen.backends.triton.core import mixed_rows
+
+    assert why in mixed_rows(find_cores(_with_outside("mixing", outside)))
+
+
+def test_the_built_ins_and_the_gallery_are_row_local_outside_their_cores():
+    from symattn.codegen.backends.triton.core import mixed_rows
+
+    specs = [builtin(name) for name in ROW_LOCAL] + [gallery(name) for name in ROW_LOCAL_GALLERY]
+    specs.append(_with_outside("residual", lambda o, x, k, v: sa.relu(o) + x))
+    assert [mixed_rows(find_cores(s)) for s in specs] == [None] * len(specs)
