@@ -41,10 +41,10 @@ from pathlib import Path  # noqa: E402
 import numpy as np  # noqa: E402
 import sympy as sp  # noqa: E402
 import torch  # noqa: E402
+from symattn.generated import attention_numpy, attention_torch, attention_torch_memeff  # noqa: E402
 
 import symattn as sa  # noqa: E402
 from symattn.codegen import generate as codegen  # noqa: E402
-from symattn.generated import attention_numpy, attention_torch, attention_torch_memeff  # noqa: E402
 from symattn.specs import dim  # noqa: E402
 
 

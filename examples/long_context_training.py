@@ -33,8 +33,9 @@ class LongContextModel(torch.nn.Module):
 
     def __init__(self, features: int, ring: bool) -> None:
         super().__init__()
-        from symattn.distributed import context_parallel
         from symattn.generated import transformer_block_torch
+
+        from symattn.distributed import context_parallel
 
         self.embed = torch.nn.Linear(features, D_MODEL, dtype=torch.float64)
         self.block = transformer_block_torch.TransformerBlock(D_MODEL, D_FF, num_heads=HEADS, dtype=torch.float64)

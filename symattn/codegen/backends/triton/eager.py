@@ -94,7 +94,7 @@ def eager_body(core: dict) -> str:
     ]
     partial = normaliser.partial
     if partial is not None:
-        lines += ['if part == "logits":  # the scores\' steps A, for the ring\'s backward', "    return a"]
+        lines += ["if part == \"logits\":  # the scores' steps A, for the ring's backward", "    return a"]
     lines += normaliser.shared
     if partial:  # a block's share and statistic, merged over the blocks by the ring
         lines += ['if part == "share":', *(f"    {x}" for x in partial)]
