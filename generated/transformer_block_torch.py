@@ -2616,6 +2616,20 @@ def _block_activation(activation):
     return found
 
 
+def _autocast_output(out, x, norm_first):
+    """out in the dtype torch's layer returns under torch.autocast on x's device: pre-LN ends in the residual sum
+    x + FFN(…), x's dtype promoted with autocast's; post-LN in a LayerNorm of that sum, whose dtype is autocast's
+    policy on the device (float32 on CUDA, the input's on the CPU: read off a LayerNorm of one entry). Out of
+    autocast, out as it is."""
+    device = x.device.type
+    if device == "meta" or not torch.is_autocast_enabled(device):
+        return out
+    dtype = torch.promote_types(x.dtype, torch.get_autocast_dtype(device))
+    if not norm_first:
+        dtype = torch.nn.functional.layer_norm(torch.zeros(1, 1, dtype=dtype, device=x.device), (1,)).dtype
+    return out.to(dtype)
+
+
 class TransformerEncoderLayer(torch.nn.Module):
     """``torch.nn.TransformerEncoderLayer`` computed by the generated closed form: the same constructor (signature
     and defaults: dropout=0.1, activation=F.relu, norm_first=False), submodules (``self_attn``, ``linear1``,
@@ -2723,6 +2737,7 @@ class TransformerEncoderLayer(torch.nn.Module):
         else:
             drawn = (True, None) if drops else ()  # training, rng: torch's default generator, as torch's layer
             out = _apply(function, *inputs, False, attn.num_heads, self.norm1.eps, *drawn, traced=traced)[0]
+        out = _autocast_output(out, x, self.norm_first)
         return out.transpose(0, 1) if batched and not self.batch_first else out
 
 

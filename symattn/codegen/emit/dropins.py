@@ -39,6 +39,7 @@ NEEDS: dict[str, tuple[str, ...]] = {
         "_named_activation",
         "_probed_activation",
         "_block_activation",
+        "_autocast_output",
         "TransformerEncoderLayer",
     ),
 }
