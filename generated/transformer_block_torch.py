@@ -125,6 +125,7 @@ SPEC = "transformer_block"
 # forward on CUDA runs the fused kernels of the spec's Triton module where they apply (path()); False: the torch ops
 KERNELS = True
 _KERNELS_MODULE = []  # the Triton module, once looked for (None where it does not import)
+_RING = []  # context parallelism's ring while a drop-in runs in it (symattn.distributed): it takes the kernels' call
 
 
 def _alike(a, b):
@@ -843,7 +844,10 @@ def _mask_layout(name, shape, n, m, batch):
 
 
 def _route(arguments):
-    """(the Triton module or None, the path's name and why)."""
+    """(the Triton module or None, the path's name and why); inside context parallelism's call of a drop-in, its
+    ring, which takes the call whatever the device."""
+    if _RING:
+        return _RING[-1], "context parallel: the ring"
     if torch.compiler.is_compiling():
         return None, "torch: traced by torch.compile or export"
     tensors = [x for x in arguments if isinstance(x, torch.Tensor)]

@@ -90,6 +90,20 @@ class RingCore:
         return merge.finish(ring_forward(plan, Q, block, tensors)).to(V.dtype)
 
 
+class _Route:
+    """What a drop-in's call to the spec's Triton module reaches inside context parallelism: its forward, run by
+    the Triton module's _compute with the ring for its cores."""
+
+    def __init__(self, wrapper: ContextParallel, mask) -> None:
+        self.wrapper, self.mask, self.taken = wrapper, mask, False
+
+    def forward(self, *args, **kwargs) -> torch.Tensor:
+        self.taken = True
+        bound = self.wrapper.compute.bind(*args, **kwargs)
+        bound.apply_defaults()
+        return self.wrapper.host._compute(RingCore(self.wrapper, self.mask), **bound.arguments)
+
+
 def _tangent(x) -> torch.Tensor | None:
     return forward_ad.unpack_dual(x).tangent if isinstance(x, torch.Tensor) else None
 
@@ -123,15 +137,11 @@ class ContextParallel:
         self.group = group.get_group() if hasattr(group, "get_group") else group  # a 1-d DeviceMesh: its group
         self.compute = inspect.signature(self.host.forward)
         self.jvp_signature = inspect.signature(self.host.jvp)
-        self.signature, self.module, self.own = inspect.signature(forward), forward, ()
+        self.signature, self.module, self.own, self.dropin = inspect.signature(forward), forward, (), None
         if isinstance(forward, torch.nn.Module):  # its weights and options are its attributes
             self.signature = inspect.signature(forward.forward)
-            foreign = self.signature.parameters.keys() - self.compute.parameters.keys()
-            if foreign:  # a drop-in: torch's arguments (src, need_weights, …), laid out as torch lays them out
-                raise SymattnError(
-                    f"context_parallel: {type(forward).__name__} takes torch's arguments ({sorted(foreign)[0]}); wrap "
-                    f"the generated module's forward or its {self.spec} nn.Module"
-                )
+            # a drop-in takes torch's arguments (src, need_weights, …): it runs as itself, its kernels' call routed
+            self.dropin = module if self.signature.parameters.keys() - self.compute.parameters.keys() else None
             names = self.compute.parameters.keys() - self.signature.parameters.keys()
             self.own = tuple(name for name in sorted(names) if hasattr(forward, name))
 
@@ -154,13 +164,59 @@ class ContextParallel:
 
     def __call__(self, *args, **kwargs) -> torch.Tensor:
         """The rank's rows of the output, differentiable by the ring's backward."""
+        if self.dropin is not None:
+            return self._dropin(args, kwargs)
         arguments, mask = self._arguments(self.signature, args, kwargs)
         return self.host._compute(RingCore(self, mask), **arguments)
+
+    def _dropin(self, args, kwargs):
+        """A drop-in's call with torch's arguments: the module runs as itself (its layouts, projections and masks),
+        the call it makes to the spec's kernels taken by the ring (its module's ``_RING``); its key padding mask
+        travels with the keys. need_weights (n × m weights over every rank's keys) and an n × m mask (torch's checks
+        it against the rank's keys) are refused; a configuration
+        whose call never reaches the kernels is refused after the call, its result dropped."""
+        try:
+            bound = self.signature.bind(*args, **kwargs)
+        except TypeError as e:
+            raise TypeError(f"context_parallel({type(self.module).__name__}): {e}") from None
+        bound.apply_defaults()
+        if bound.arguments.get("need_weights"):
+            raise SymattnError(
+                f"context_parallel: {type(self.module).__name__} returns no attention weights across ranks; pass "
+                "need_weights=False"
+            )
+        masks = [k for k, v in bound.arguments.items() if k.endswith("mask") and "padding" not in k and v is not None]
+        if masks:  # torch's layer checks it against the rank's keys: an n × m mask holds every rank's
+            raise SymattnError(
+                f"context_parallel: {type(self.module).__name__}'s {masks[0]} is checked against the rank's keys; "
+                f"pass the n × m mask to the generated {self.spec} module (M: the rank's rows of every key)"
+            )
+        padding = [name for name in bound.arguments if name.endswith("key_padding_mask")]
+        mask = bound.arguments[padding[0]] if padding else None
+        if padding:
+            bound.arguments[padding[0]] = None
+        route = _Route(self, mask)
+        self.dropin._RING.append(route)
+        try:
+            out = self.module(*bound.args, **bound.kwargs)
+        finally:
+            self.dropin._RING.pop()
+        if not route.taken:
+            raise SymattnError(
+                f"context_parallel: this configuration of {type(self.module).__name__} does not run the spec's "
+                f"{self.spec} core (it has no Triton module: {self.host.__name__} computes another); use the "
+                "generated module's configuration"
+            )
+        return out
 
     def jvp(self, *args, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
         """(the rank's rows of the output, of its derivative along the tangents): called as the module's jvp,
         tangents a dict by input name (an input left out: zero), each of this rank's rows. The tangents of the keys
         and values travel round the ring with their blocks; forward-mode autograd carries them through the merges."""
+        if self.dropin is not None:
+            raise SymattnError(
+                f"context_parallel: {type(self.module).__name__} has no jvp (wrap the generated forward)"
+            )
         arguments, mask = self._arguments(self.jvp_signature, args, kwargs)
         tangents = self.host._tangents(arguments.pop("tangents"))
         inputs = [arguments.pop(name) for name in self.host.TANGENT_OF]

@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from ring_specs import cases as spec_cases
-from ring_specs import spec_case
+from ring_specs import dropin_case, spec_case
 from symattn.generated import attention_torch, attention_triton
 from torch.distributed.device_mesh import init_device_mesh
 
@@ -170,6 +170,7 @@ def worker(rank: int, world: int, init: str, out: str, package: str) -> None:
         results["module"] = case(None, *CASES[1][1:], module=attention_torch.Attention(scale=0.7))  # scale 0.7
         results["mesh"] = case(init_device_mesh("cpu", (world,)), *CASES[-1][1:])  # a 1-d DeviceMesh for group
         results["specs"] = {name: spec_case(c, rows) for name, c in spec_cases(package).items()}
+        results["dropins"] = dropin_case(rows)
         pair = dist.new_group(PAIR)  # a group of two ranks out of the world: ranks 1 and 3, as 0 and 1
         KEEP_ALIVE.append(pair)
         if rank in PAIR:

@@ -115,3 +115,50 @@ def cases(package: str) -> dict[str, dict]:
         "differential": {"module": f"{package}.differential_attention_torch", "sizes": GALLERY_SIZES, "batch": (2,)},
         "positions": {"module": f"{package}.ring_positions_torch", "sizes": {"n": 13, "m": 9, "d": 4}, "batch": (3,)},
     }
+
+
+def dropin_case(rows_of) -> dict:
+    """The drop-in nn.MultiheadAttention (torch's layout: sequence first) over the world with a key padding mask,
+    need_weights=False; and the drop-in pre-LN GELU TransformerEncoderLayer (the configuration
+    the spec's Triton module computes) with a key padding mask: the rank's output rows, its input rows' gradient
+    and the weights' gradients summed over the ranks against one process's (float64)."""
+    from symattn.generated import mha_torch, transformer_block_torch
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(7)
+    n = 14
+    x = torch.randn(n, 2, 16, dtype=torch.float64)  # (L, N, E): batch_first=False
+    padding = torch.rand(2, n) < 0.3
+    padding[:, 0] = False
+    mine = rows_of(n, world, rank, None)
+    attention = mha_torch.MultiheadAttention(16, 4, dtype=torch.float64)
+    options = {"dim_feedforward": 24, "dropout": 0.0, "norm_first": True, "activation": "gelu", "batch_first": True}
+    layer = transformer_block_torch.TransformerEncoderLayer(16, 2, dtype=torch.float64, **options)
+    calls = {
+        "mha": (
+            attention,
+            lambda f, x, rows: f(x, x, x, key_padding_mask=padding[:, rows], need_weights=False)[0],
+            x,
+            0,
+        ),
+        "encoder_layer": (layer, lambda f, x, rows: f(x, src_key_padding_mask=padding[:, rows]), x.transpose(0, 1), 1),
+    }
+    errors = {}
+    for name, (module, call, inputs, axis) in calls.items():
+        whole = inputs.clone().requires_grad_()
+        out = call(module, whole, slice(None))
+        torch.manual_seed(8)
+        grad = torch.randn_like(out)
+        out.backward(grad)
+        want = {k: p.grad.clone() for k, p in module.named_parameters()}
+        module.zero_grad()
+        local = inputs.index_select(axis, mine).clone().requires_grad_()
+        ring_out = call(context_parallel(module), local, mine)
+        ring_out.backward(grad.index_select(axis, mine))
+        gaps = [(ring_out - out.index_select(axis, mine)).abs().max().item()]
+        gaps.append((local.grad - whole.grad.index_select(axis, mine)).abs().max().item())
+        for k, p in module.named_parameters():
+            dist.all_reduce(p.grad)
+            gaps.append((p.grad - want[k]).abs().max().item())
+        errors[name] = max(gaps)
+    return errors

@@ -103,6 +103,9 @@ def test_context_parallel_attention_matches_one_process(tmp_path: Path) -> None:
     for results in ranks:  # the balanced causal case over a 1-d DeviceMesh, the uneven one by the nn.Module
         assert max(results["world"]["mesh"]["errors"].values()) <= 1e-10
         assert max(results["world"]["module"]["errors"].values()) <= 1e-10
+    for results in ranks:  # the drop-ins with torch's arguments: output, input and weights' gradients
+        assert set(results["world"]["dropins"]) == {"mha", "encoder_layer"}
+        assert max(results["world"]["dropins"].values()) <= 1e-10, results["world"]["dropins"]
     for results in ranks:  # specs with work outside their cores: forward, gradients (weights' summed), JVP
         for name, errors in results["world"]["specs"].items():
             assert set(errors) == {"forward", "backward", "jvp", "tangent"}, name
@@ -153,7 +156,7 @@ def _refusal(call) -> str:
 
 def test_context_parallel_refuses_in_one_line(tmp_path: Path) -> None:
     pytest.importorskip("triton", reason="the ring runs the cores' eager form from the Triton modules")
-    from symattn.generated import attention_torch
+    from symattn.generated import attention_torch, mha_torch, transformer_block_torch
 
     from symattn.distributed import context_parallel
 
@@ -175,5 +178,13 @@ def test_context_parallel_refuses_in_one_line(tmp_path: Path) -> None:
     if not torch.distributed.is_initialized():
         assert "init_process_group" in _refusal(lambda: wrapped(x, x, x))
     assert "generated torch or Triton module" in _refusal(lambda: context_parallel(torch.softmax))
+    layer = transformer_block_torch.TransformerEncoderLayer(6, 2, dim_feedforward=8, dropout=0.0)  # post-LN ReLU
+    assert "has no jvp" in _refusal(lambda: context_parallel(layer).jvp(x, {}))
+    attention = mha_torch.MultiheadAttention(6, 2)
+    assert "pass need_weights=False" in _refusal(lambda: context_parallel(attention)(x, x, x))
+    mask = torch.zeros(4, 4, dtype=torch.bool)
+    assert "attn_mask is checked" in _refusal(
+        lambda: context_parallel(attention)(x, x, x, attn_mask=mask, need_weights=False)
+    )
     with pytest.raises(ValueError, match="causal must be True or False"):
         wrapped(x, x, x, causal=1)

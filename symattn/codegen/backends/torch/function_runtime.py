@@ -27,6 +27,7 @@ TANGENT_OF: dict[str, str] = {}  # input name -> its tangent's (the forward mode
 COTANGENT = ""
 KERNELS = True  # the generated module's switch: forward on CUDA runs the fused kernels where they apply (path())
 _KERNELS_MODULE: list = []  # the generated module's cache of its Triton module, once looked for (None: none imports)
+_RING: list = []  # the generated module's route for a drop-in's call inside context parallelism (symattn.distributed)
 
 
 def _backward(saved, grad_out):  # pragma: no cover - stands for the generated module's own
@@ -350,7 +351,10 @@ def _kernels_for(*arguments):
 
 
 def _route(arguments):
-    """(the Triton module or None, the path's name and why)."""
+    """(the Triton module or None, the path's name and why); inside context parallelism's call of a drop-in, its
+    ring, which takes the call whatever the device."""
+    if _RING:
+        return _RING[-1], "context parallel: the ring"
     if torch.compiler.is_compiling():
         return None, "torch: traced by torch.compile or export"
     tensors = [x for x in arguments if isinstance(x, torch.Tensor)]
