@@ -1395,7 +1395,7 @@ def _core_eager(Q, K, V, causal, symbols, tensors, origin=(0, 0), part=None):
 
 
 # what context parallelism reads of this core
-RING = {"normaliser": "row softmax", "rows": ("n", "m"), "dropout": False, "mask": 0}
+RING = {"normaliser": "row softmax", "rows": ("n", "m"), "dropout": False, "mask": 0, "tiles": 1}
 # how _core and _core_dual run this core, its eager form, and RING
 _CORE = (_CoreFunction, _CoreTraced, _core_jvp, _core_eager, RING)
 

@@ -73,7 +73,7 @@ class RingCore:
                 f"context_parallel: causal needs each rank's query and key blocks of one length, got {queries} and "
                 f"{keys} rows"
             )
-        _check_tiles(tensors, Q.shape[-2], sum(keys))
+        _check_tiles(tensors[: record["tiles"]], Q.shape[-2], sum(keys))
         whole = dict(symbols)
         for name, total in zip(record["rows"], (sum(queries), sum(keys))):
             if name in whole:  # a formula reading a length reads the whole sequence's
@@ -81,7 +81,8 @@ class RingCore:
         balance = self.wrapper.balance
         laid = (layout(queries, balance), layout(keys, balance))
         dual = any(_tangent(x) is not None for x in (Q, K, V, *tensors))
-        plan = Plan(eager, merge, ring, *laid, causal, whole, padding is not None, record["mask"], dual)
+        padded, tiles = padding is not None, record["tiles"]
+        plan = Plan(eager, merge, ring, *laid, causal, whole, padded, record["mask"], dual, tiles)
         if not dual:
             return RingFunction.apply(plan, Q, K, V, padding, *tensors)
         primal = [forward_ad.unpack_dual(x).primal for x in (K, V)]

@@ -39,6 +39,7 @@ class Plan:
     padded: bool = False  # a key block ends with its padding column (…, m_r, 1): 0 or −∞, added to the mask tile
     mask: int | None = None  # the tile (among the core's tensors) the padding adds to
     tangents: bool = False  # a key block carries K̇, V̇ after K, V (forward mode)
+    tiles: int = 0  # the core's first tensors that are n × m tiles (cut per piece); the rest (scalars, tables) whole
 
 
 @dataclass(frozen=True)
@@ -71,10 +72,10 @@ def _rows(x: torch.Tensor, rows: slice) -> torch.Tensor:
     return x[..., rows, :]
 
 
-def _tile(x, piece: Piece) -> torch.Tensor | None:
+def _tile(x, piece: Piece, whole: bool = False) -> torch.Tensor | None:
     """A tile's entries of the piece (rows of the rank's, columns at the keys' global positions; an axis of size 1
-    broadcasts), a scalar or None as it is."""
-    if x is None or x.dim() == 0:
+    broadcasts); a scalar, a table (whole) or None as it is."""
+    if x is None or x.dim() == 0 or whole:
         return x
     rows = piece.rows if x.shape[-2] != 1 else slice(None)
     keys = slice(piece.key, piece.key + piece.keys.stop - piece.keys.start) if x.shape[-1] != 1 else slice(None)
@@ -83,7 +84,7 @@ def _tile(x, piece: Piece) -> torch.Tensor | None:
 
 def _tensors(plan: Plan, tensors, piece: Piece, block: list, Q: torch.Tensor) -> list:
     """The core's tiles and scalars for the piece, the key block's padding added to the mask tile."""
-    found = [_tile(x, piece) for x in tensors]
+    found = [_tile(x, piece, i >= plan.tiles) for i, x in enumerate(tensors)]
     if plan.padded:
         row = block[-1][..., piece.keys, :].mT  # (…, 1, keys)
         if 2 < row.dim() < Q.dim():  # the scores have a heads axis the padding lacks
@@ -187,7 +188,7 @@ def _block_gradients(plan: Plan, origin: int, block: list, saved: dict, dO, grad
         v = _rows(block[1], piece.keys)
         with torch.enable_grad():
             q, k = _leaf(_rows(Q, piece.rows), True), _leaf(_rows(block[0], piece.keys), True)
-            tiles = [_leaf(_tile(x, piece), w) for x, w in zip(tensors, wanted)]
+            tiles = [_leaf(_tile(x, piece, i >= plan.tiles), w) for i, (x, w) in enumerate(zip(tensors, wanted))]
             found = _tensors(plan, tiles, piece, block, Q) if plan.padded else tiles
             a = plan.eager(q, k, v, piece.causal, plan.symbols, found, origin=(piece.row, piece.key), part="logits")
         merged = (_rows(O, piece.rows), None if stat is None else _rows(stat, piece.rows))
@@ -207,7 +208,7 @@ def _block_gradients(plan: Plan, origin: int, block: list, saved: dict, dO, grad
         rest = iter(pulled[2:])
         for i, w in enumerate(wanted):
             if w:
-                _add_tile(grads[1 + i], piece, next(rest))
+                _add_tile(grads[1 + i], piece, next(rest), i >= plan.tiles)
     return parts
 
 
@@ -223,10 +224,10 @@ def _add(into: torch.Tensor, grad: torch.Tensor | None) -> None:
         into.add_(grad.to(into.dtype))
 
 
-def _add_tile(into: torch.Tensor, piece: Piece, grad: torch.Tensor | None) -> None:
-    """A tile's (or a scalar's) gradient of a piece added at the piece's entries."""
+def _add_tile(into: torch.Tensor, piece: Piece, grad: torch.Tensor | None, whole: bool) -> None:
+    """A tile's gradient of a piece added at the piece's entries (a scalar's or a table's whole)."""
     if grad is not None:
-        target = _tile(into, piece)
+        target = _tile(into, piece, whole)
         _add(target, grad.sum_to_size(target.shape))
 
 

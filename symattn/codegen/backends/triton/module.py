@@ -178,13 +178,15 @@ def _core_context(core: Core, printed: Printed, c: str, constants: frozenset[str
 def _ring(core: Core, constants: frozenset[str]) -> dict:
     """What context parallelism reads of a core (``symattn.distributed``): its normaliser, the names of its query and
     key lengths (a formula reading them reads the whole sequence's there; None: not a dimension's name), whether it
-    drops out and which of its tiles is the additive mask a key_padding_mask adds to (None: none); ``merge``: its
+    drops out, which of its tiles is the additive mask a key_padding_mask adds to (None: none) and how many of its
+    tensors are n × m tiles (its first; scalars and tables after them); ``merge``: its
     eager form gives a block of keys' share (a map's output is n × m: none)."""
     rows = ", ".join(f'"{x}"' if isinstance(x, sp.Symbol) else "None" for x in (core.query.shape[0], core.key.shape[0]))
     masks = [i for i, t in enumerate(core.tiles) if str(t.name) in constants]
     mask = masks[0] if len(masks) == 1 else None
     dropout = core.dropout is not None
-    record = f'{{"normaliser": "{core.normaliser}", "rows": ({rows}), "dropout": {dropout}, "mask": {mask}}}'
+    fields = f'"rows": ({rows}), "dropout": {dropout}, "mask": {mask}, "tiles": {len(core.tiles)}'
+    record = f'{{"normaliser": "{core.normaliser}", {fields}}}'
     return {"merge": core.value is not None and ring_record(core.normaliser), "record": record}
 
 
