@@ -25,7 +25,7 @@ from symattn.lang.graph import children, postorder
 from symattn.lang.naming.names import differential_name
 from symattn.numeric.dag import DagValues
 from symattn.numeric.lambdify import lambdify
-from symattn.numeric.verify import dimension_symbols, random_dims, random_matrix
+from symattn.numeric.verify import dimension_symbols, random_constant, random_dims, random_matrix
 
 
 @dataclass(frozen=True)
@@ -82,7 +82,8 @@ class Evaluator:
         self.values = [
             self._draw(s, rng, dtype) if isinstance(s, MatrixExpr) else rng.uniform(0.5, 1.5) for s in self.args
         ]
-        self.constants = {s: random_matrix(s, self.dims, rng).astype(dtype) for s in getattr(spec, "constants", ())}
+        constants = getattr(spec, "constants", ())
+        self.constants = {s: random_constant(s, self.dims, rng, spec.output).astype(dtype) for s in constants}
         self.scalar_differentials: dict[Basic, bool] = {}  # node → does it hold a dτ? (see _holds_scalar_differential)
         self.tangents = dict(self.d_targets)
         self.known: dict[MatrixSymbol, np.ndarray] = {s: v for s, v in zip(self.args, self.values)}

@@ -124,6 +124,21 @@ def table_read(table, rows, cols):
     return table[..., np.asarray(rows).astype(np.int64), np.asarray(cols).astype(np.int64)]
 
 
+def indexed_read(table, rows, cols, name, source):
+    """table[..., r, c] at index grids r and c read from a constant (source, Swin's idx of T[idx[i, j], h]): no size
+    bounds their values, so each is checked, an integer inside the table (name), else ValueError naming the
+    constant and the value; never a read outside the table."""
+    for grid, size, what in ((rows, table.shape[-2], "row"), (cols, table.shape[-1], "column")):
+        grid = np.asarray(grid)
+        bad = (grid < 0) | (grid > size - 1) | (grid != np.floor(grid))
+        if bad.any():
+            raise ValueError(
+                f"{source} gives {name} the {what} index {grid[bad].flat[0].item()!r}: an index read from a "
+                f"constant is an integer in [0, {size - 1}] ({name} has {size} {what}s)"
+            )
+    return table_read(table, rows, cols)
+
+
 def table_scatter(w, index, rows, cols):
     """[Σ_{(i, j): index(i, j) = (k, l)} w_ij]_kl, rows × cols (w's leading axes kept): each table entry collects w at
     the positions that read it, in row-major order of the positions (np.add.at, unbuffered, in index order)."""

@@ -22,6 +22,7 @@ from sympy import Basic, MatrixExpr, MatrixSymbol
 from symattn.autodiff.grad import default_seed
 from symattn.errors import SymattnError
 from symattn.lang.graph import nodes
+from symattn.lang.positions import index_sizes
 from symattn.lang.shapes import dimension_symbols
 from symattn.numeric.lambdify import lambdify
 
@@ -92,6 +93,15 @@ def concrete_shape(symbol: MatrixExpr, dims: Mapping[sp.Symbol, int]) -> tuple[i
 
 def random_matrix(symbol: MatrixExpr, dims: Mapping, rng: np.random.Generator, batch: tuple = ()) -> np.ndarray:
     return rng.standard_normal(batch + concrete_shape(symbol, dims))
+
+
+def random_constant(symbol: MatrixExpr, dims: Mapping, rng: np.random.Generator, expr: Basic) -> np.ndarray:
+    """A random value of a constant of expr: standard normal entries, or for one read inside a table read's index
+    (Swin's idx of T[idx[i, j], h]) integers 0 … s − 1, s the least table dimension it indexes (``index_sizes``)."""
+    size = index_sizes(expr).get(symbol)
+    if size is None:
+        return random_matrix(symbol, dims, rng)
+    return rng.integers(0, int(sp.sympify(size).xreplace(dims)), concrete_shape(symbol, dims)).astype(np.float64)
 
 
 def vjp_error(

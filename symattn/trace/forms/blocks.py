@@ -178,6 +178,8 @@ def reshape(t: Trace, args: tuple, kwargs: dict, result) -> Value:
     flattens = len(old) > 2 and new == (math.prod(old[:-1]), old[-1])
     if v.pending is None and v.heads is None and flattens:
         return Value(v.expr, new, pending="flat", layout=old[:-1])
+    if v.pending == "index_read":
+        return tables.viewed(t, v, result)
     if v.pending == "repeat":
         return rotary.grouped(t, v, result)
     if v.pending == "stacked":
@@ -227,6 +229,8 @@ def getitem(t: Trace, args: tuple, kwargs: dict, result) -> Value:
         return _strided_piece(t, v, args[1], result)
     if v is not None and v.pending == ORDERED:  # a top-k's or sort's values: one column, a row's j-th value
         return masks.column(t, v, args[1], result)
+    if v is not None and (read := tables.indexed(t, args[0], args[1], result)) is not None:  # T[idx]: Swin's table
+        return read
     if v is not None and not v.is_scalar and id(args[0]) not in t.floats:  # (a float argument: perhaps a mask)
         found = rotary.select(t, args, kwargs, result) or rotary.unsqueeze_heads(t, args, kwargs, result)
         found = found or groups.select(t, args, kwargs, result)

@@ -416,6 +416,27 @@ def table_read(table, rows, cols):
     return table[..., jnp.asarray(rows).astype(jnp.int32), jnp.asarray(cols).astype(jnp.int32)]
 
 
+def indexed_read(table, rows, cols, name, source):
+    """table[..., r, c] at index grids r and c read from a constant (source, Swin's idx of T[idx[i, j], h]): each an
+    integer inside the table (name), else ValueError naming the constant and the value; under jit, where the values
+    are unknown, NaN where one leaves the table. Never a read outside it (JAX would clamp to the nearest entry)."""
+    valid = True
+    for grid, size, what in zip(map(jnp.asarray, (rows, cols)), table.shape[-2:], ("row", "column")):
+        good = (grid >= 0) & (grid <= size - 1) & (grid == jnp.floor(grid))
+        try:
+            known = bool(good.all())
+        except jax.errors.ConcretizationTypeError:  # under jit: the values are tracers
+            known = True
+        if not known:
+            raise ValueError(
+                f"{source} gives {name} the {what} index {grid[~good].flatten()[0].item()!r}: an index read from a "
+                f"constant is an integer in [0, {size - 1}] ({name} has {size} {what}s)"
+            )
+        valid = valid & good
+    inside = table_read(table, jnp.clip(rows, 0, table.shape[-2] - 1), jnp.clip(cols, 0, table.shape[-1] - 1))
+    return jnp.where(valid, inside, jnp.nan)
+
+
 def table_scatter(w, index, rows, cols):
     """[Σ_{(i, j): index(i, j) = (k, l)} w_ij]_kl, rows × cols (w's leading axes kept): each table entry collects w at
     the positions that read it (``.at[].add``, deterministic on CPU)."""

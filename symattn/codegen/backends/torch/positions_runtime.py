@@ -33,6 +33,21 @@ def table_read(table, rows, cols):
     return table[..., r, c]
 
 
+def indexed_read(table, rows, cols, name, source):
+    """table[..., r, c] at index grids r and c read from a constant (source, Swin's idx of T[idx[i, j], h]): no size
+    bounds their values, so each is checked, an integer inside the table (name), else ValueError naming the
+    constant and the value; never a read outside the table."""
+    for grid, size, what in ((rows, table.shape[-2], "row"), (cols, table.shape[-1], "column")):
+        grid = torch.as_tensor(grid, device=table.device)
+        bad = (grid < 0) | (grid > size - 1) | (grid != torch.floor(grid))
+        if bool(bad.any()):
+            raise ValueError(
+                f"{source} gives {name} the {what} index {grid[bad].flatten()[0].item()!r}: an index read from a "
+                f"constant is an integer in [0, {size - 1}] ({name} has {size} {what}s)"
+            )
+    return table_read(table, rows, cols)
+
+
 def table_scatter(w, index, rows, cols, by_sorting=None):
     """[Σ_{(i, j): index(i, j) = (k, l)} w_ij]_kl, rows × cols (w's leading axes kept): each table entry collects w at
     the positions that read it, in row-major order of the positions (by_sorting: a stable sort then a segment sum,
