@@ -260,11 +260,14 @@ def rebuilt(node: Basic, args) -> Basic:
     if isinstance(node, FunctionMatrix):  # a matrix of positions: new trainable scalars in its formula
         operands = children(node)
         return node if all(a is b for a, b in zip(args, operands)) else intern(node.xreplace(dict(zip(operands, args))))
+    if hasattr(type(node), "operand_count"):  # (the tables its formulas read: replaced in them)
+        count, operands = node.operand_count, children(node)
+        if all(a is b for a, b in zip(args, operands)):
+            return node
+        tables = dict(zip(operands[count:], args[count:]))
+        return intern(node.func(*args[:count], *(a.xreplace(tables) for a in node.args[count:])))
     if all(a is b for a, b in zip(args, node.args)):
         return node
-    if hasattr(type(node), "operand_count"):  # (the tables its formulas read: replaced in them)
-        count, tables = node.operand_count, dict(zip(children(node)[node.operand_count :], args[node.operand_count :]))
-        return intern(node.func(*args[:count], *(a.xreplace(tables) for a in node.args[count:])))
     kind = type(node)
     if kind in (MatAdd, HadamardProduct) and all(isinstance(a, MatrixExpr) for a in args):
         return intern(Basic.__new__(kind, *args))

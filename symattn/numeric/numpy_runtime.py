@@ -130,6 +130,8 @@ def indexed_read(table, rows, cols, name, source):
     constant and the value; never a read outside the table."""
     for grid, size, what in ((rows, table.shape[-2], "row"), (cols, table.shape[-1], "column")):
         grid = np.asarray(grid)
+        if np.issubdtype(grid.dtype, np.floating) and size - 1 > 2 / np.finfo(grid.dtype).eps:
+            raise ValueError(_inexact(source, name, size, what, grid.dtype, 2 / np.finfo(grid.dtype).eps))
         bad = (grid < 0) | (grid > size - 1) | (grid != np.floor(grid))
         if bad.any():
             raise ValueError(
@@ -137,6 +139,14 @@ def indexed_read(table, rows, cols, name, source):
                 f"constant is an integer in [0, {size - 1}] ({name} has {size} {what}s)"
             )
     return table_read(table, rows, cols)
+
+
+def _inexact(source, name, size, what, dtype, limit):
+    """Why an index constant in dtype cannot index a table of size rows (its integers exact only up to limit)."""
+    return (
+        f"{source} is {dtype}, whose integers are exact only up to {int(limit)}, and {name} has {size} {what}s: "
+        "run in float32 or wider (a constant takes the inputs' dtype)"
+    )
 
 
 def table_scatter(w, index, rows, cols):

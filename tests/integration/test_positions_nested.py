@@ -27,6 +27,7 @@ from rendered import load
 
 import symattn as sa
 from symattn.codegen import generate as codegen
+from symattn.derive.forward_mode import ForwardDerivation
 from symattn.errors import SymattnError
 from symattn.lang.graph import postorder
 from symattn.lang.positions import Entries
@@ -184,6 +185,8 @@ def test_the_derivation_verifies_and_prints_the_nested_read(kind):
     assert ("T[idx[i, " if kind == "swin" else "b[idx[j, i], 0]") in text
     assert "Σ_{(i, j): (idx[" in text  # the table's cotangent: the scatter at the constant's indices
     assert r"}_{{\mathrm{idx}}_{" in latex and r"\sum_{(i, j):\, (" in latex  # T_{idx_{i, j}, h}
+    forward = ForwardDerivation(nested_spec(kind))  # d[T[idx[i, j], h]] = [dT[idx[i, j], h]]: the index held
+    assert all(check.ok for check in forward.verify()) and f"d{nested_spec(kind).inputs[3]}[idx[" in forward.text()
 
 
 BAD = {"past the end": (1, 2, 99.0), "negative": (0, 3, -1.0), "not an integer": (2, 1, 1.5)}
@@ -261,32 +264,42 @@ def test_exact_evaluation_reads_and_scatters_at_the_constants_indices():
         run(read)(*args)
 
 
-def _window_attention(seed: int = 0):
+def _window_attention(square: bool, seed: int = 0):
     """Swin's window attention (``torch_corpus.modules.WindowAttention``): window 2 × 2 (N = 4), 12 channels, 2 heads,
-    float64, its table drawn (Swin starts it at zeros)."""
+    float64, its table drawn (Swin starts it at zeros); square: its table read at the N × N index as it is (no
+    view(-1) and view back), table[index].permute(2, 0, 1) added to the scores."""
     from torch_corpus.modules import WindowAttention
 
+    class Square(WindowAttention):
+        def forward(self, x):
+            b, n, c = x.shape
+            qkv = self.qkv(x).reshape(b, n, 3, self.num_heads, c // self.num_heads).permute(2, 0, 3, 1, 4)
+            scores = (qkv[0] * self.scale) @ qkv[1].transpose(-2, -1)
+            scores = scores + self.relative_position_bias_table[self.relative_position_index].permute(2, 0, 1)
+            return self.proj((scores.softmax(-1) @ qkv[2]).transpose(1, 2).reshape(b, n, c))
+
     torch.manual_seed(seed)
-    module = WindowAttention(12, (WINDOW, WINDOW), HEADS).double()
+    module = (Square if square else WindowAttention)(12, (WINDOW, WINDOW), HEADS).double()
     with torch.no_grad():
         module.relative_position_bias_table.normal_()
     return module
 
 
-def test_from_torch_reads_swins_window_attention_as_the_nested_read_and_drops_in():
+@pytest.mark.parametrize("square", [False, True], ids=["as_swin_writes_it", "square_index"])
+def test_from_torch_reads_swins_window_attention_as_the_nested_read_and_drops_in(square):
     """relative_position_bias_table[relative_position_index.view(-1)].view(N, N, −1).permute(2, 0, 1), unsqueezed and
     added to the scores: the table read per head at the buffer's entries, T[idx[0, N·i + j], h]; the buffer a spec
     constant named as the code names it (its flat row), no n × n float constant. The drop-in matches the module's
     own autograd at other batch sizes: output, the input's gradient and every parameter's, the table's included."""
-    module = _window_attention()
+    module = _window_attention(square)
     reference = copy.deepcopy(module)
     example = torch.randn(2, WINDOW**2, 12, dtype=torch.float64)
     closed = sa.trace.drop_in(module, example)
     (index,) = closed.spec.constants
-    assert str(index.name) == "relative_position_index" and index.shape[0] == 1  # the buffer's flat row
+    assert str(index.name) == "relative_position_index" and (index.shape[0] == 1) != square  # flat: a 1 × N² row
     reads = [r for x in postorder(closed.spec.output) if isinstance(x, Entries) for r in x.reads]
     assert [str(r.parent.name) for r in reads] == ["relative_position_bias_table"]
-    assert "relative_position_index[0, " in str(reads[0].indices[0])
+    assert ("relative_position_index[i, " if square else "relative_position_index[0, ") in str(reads[0].indices[0])
     assert sa.derive(closed.spec).verify().ok
     for batch in (3, 5):
         x = torch.randn(batch, WINDOW**2, 12, dtype=torch.float64, generator=torch.Generator().manual_seed(batch))
@@ -306,3 +319,21 @@ def test_from_torch_reads_swins_window_attention_as_the_nested_read_and_drops_in
         ValueError, match=r"^relative_position_index gives relative_position_bias_table the row index 9"
     ):
         module(torch.randn(2, WINDOW**2, 12, dtype=torch.float64))
+
+
+@pytest.mark.parametrize(("backend", "dtype", "rows"), [("torch", "bfloat16", 300), ("numpy", "float16", 3000)])
+def test_an_index_constant_too_narrow_for_its_table_is_refused_in_one_line(backend, dtype, rows):
+    """bfloat16 holds integers exactly only up to 256 (float16: 2048): a table of more rows could be read at a
+    rounded index, a row that is no error; refused instead, naming the constant's dtype."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 5, 3, generator=g) for _ in range(3))
+    inputs = [q, k, v, torch.randn(rows, 1, generator=g), torch.randint(0, rows, (5, 5), generator=g).float()]
+    if backend == "torch":
+        arrays = [x.to(getattr(torch, dtype)) for x in inputs]
+    else:
+        arrays = [x.numpy().astype(dtype) for x in inputs]
+    with pytest.raises(
+        ValueError, match=rf"^idx is (torch\.)?{dtype}, whose integers are exact only up to \d+, and b has"
+    ) as e:
+        _module("causal", backend, "standard").forward(*arrays)
+    assert "\n" not in str(e.value)

@@ -417,11 +417,12 @@ def table_read(table, rows, cols):
 
 
 def indexed_read(table, rows, cols, name, source):
-    """table[..., r, c] at index grids r and c read from a constant (source, Swin's idx of T[idx[i, j], h]): each an
-    integer inside the table (name), else ValueError naming the constant and the value; under jit, where the values
-    are unknown, NaN where one leaves the table. Never a read outside it (JAX would clamp to the nearest entry)."""
+    """table[..., r, c] at index grids r, c read from a constant (source): each an integer inside the table (name),
+    else ValueError; under jit, NaN where one leaves it. Never a read outside it (JAX would clamp to the nearest)."""
     valid = True
     for grid, size, what in zip(map(jnp.asarray, (rows, cols)), table.shape[-2:], ("row", "column")):
+        if jnp.issubdtype(grid.dtype, jnp.floating) and size - 1 > 2 / jnp.finfo(grid.dtype).eps:
+            raise ValueError(f"{source} is {grid.dtype}: its integers are inexact past {name}'s {size} {what}s")
         good = (grid >= 0) & (grid <= size - 1) & (grid == jnp.floor(grid))
         try:
             known = bool(good.all())

@@ -39,6 +39,8 @@ def indexed_read(table, rows, cols, name, source):
     constant and the value; never a read outside the table."""
     for grid, size, what in ((rows, table.shape[-2], "row"), (cols, table.shape[-1], "column")):
         grid = torch.as_tensor(grid, device=table.device)
+        if grid.is_floating_point() and size - 1 > 2 / torch.finfo(grid.dtype).eps:
+            raise ValueError(_inexact(source, name, size, what, grid.dtype, 2 / torch.finfo(grid.dtype).eps))
         bad = (grid < 0) | (grid > size - 1) | (grid != torch.floor(grid))
         if bool(bad.any()):
             raise ValueError(
@@ -46,6 +48,14 @@ def indexed_read(table, rows, cols, name, source):
                 f"constant is an integer in [0, {size - 1}] ({name} has {size} {what}s)"
             )
     return table_read(table, rows, cols)
+
+
+def _inexact(source, name, size, what, dtype, limit):
+    """Why an index constant in dtype cannot index a table of size rows (its integers exact only up to limit)."""
+    return (
+        f"{source} is {dtype}, whose integers are exact only up to {int(limit)}, and {name} has {size} {what}s: "
+        "run in float32 or wider (a constant takes the inputs' dtype)"
+    )
 
 
 def table_scatter(w, index, rows, cols, by_sorting=None):
