@@ -17,9 +17,10 @@ bias ``b[|i − j|, 0]``, a per-token constant ``doc[i, 0]``), makes b an operan
 position formulas, and they must stay inside b for every 0 ≤ i < rows, 0 ≤ j < cols, shown from the sizes by
 interval bounds (``indices.bounds.read_bounds``); one that cannot be shown so is refused in one line. An index may
 read a constant of integer values at positions itself (a nested read, Swin's ``T[idx[i, j], h]``, idx a
-constant of the spec: ``specs.validate`` refuses an input there): the inner read is checked as any read, one
-level deep, and the outer index's values, which no size bounds, are checked where the constant is given (the
-generated code raises ValueError naming the constant and the value outside the table; never a read outside it).
+constant of the spec: ``require_constant_indices`` refuses an input there, in derive and code generation): the
+inner read is checked as any read, one level deep, and the outer index's values, which no size bounds, are
+checked where the constant is given (the generated code raises ValueError naming the constant and the value
+outside the table; never a read outside it).
 The constant is an operand and gets no gradient; the outer read is differentiated with its index held. Its
 differential reads the tangent at the same positions, d[f] = [Σ ∂f/∂b[r, c] · db[r, c]], and its cotangent is the
 scatter of the score cotangent (``Scatter``): b̄[k, l] = Σ_{(i, j): (r, c)(i, j) = (k, l)} (G ⊙ [∂f/∂b[r, c]])ᵢⱼ.

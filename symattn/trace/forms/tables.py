@@ -71,13 +71,15 @@ def heads_first(v: Value, dims: tuple, result) -> Value:
 
 
 def indexed(t: Trace, weight: torch.Tensor, index: object, result) -> Value | None:
-    """weight[index] of a traced 2-D table (a parameter) at a constant integer tensor index of one or two axes: the
-    read pending its view (rows, cols, H) (``viewed``), or of an index of rows × cols, the read itself; None for
-    anything else (a slice, a traced index)."""
+    """weight[index] of a traced 2-D table (a parameter, as it is) at a constant integer tensor index of one or two
+    axes: the read pending its view (rows, cols, H) (``viewed``), or of an index of rows × cols, the read itself;
+    None for anything else (a slice, a traced index, a table computed from others)."""
     v = t.value(weight)
     if not isinstance(index, torch.Tensor) or t.traced(index) or index.is_floating_point() or index.dtype == torch.bool:
         return None
     if v.pending is not None or v.heads is not None or len(v.shape) != 2 or index.ndim not in (1, 2):
+        return None
+    if not isinstance(v.expr, MatrixSymbol):  # a table made of others: no matrix of the language is read at positions
         return None
     if index.ndim == 2:
         return _read(t, weight, index, tuple(index.shape), result)
