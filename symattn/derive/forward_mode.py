@@ -25,6 +25,7 @@ from symattn.derive.formats.document import PAGE, Document, escape_latex
 from symattn.derive.steps import node_reasons
 from symattn.errors import SymattnError
 from symattn.lang.graph import matrix_symbols
+from symattn.lang.positions import index_sizes
 from symattn.numeric.lambdify import lambdify
 from symattn.numeric.verify import dimension_symbols, random_constant, random_dims, random_matrix
 from symattn.specs import Spec
@@ -159,7 +160,8 @@ class ForwardDerivation:
         dims = random_dims(every, rng, low=2, high=4, fixed=fixed)
         size = {str(s.name): v for s, v in dims.items()}
         values = {x: _draw(x, dims, rng) for x in self.spec.inputs}
-        values |= {x: random_constant(x, dims, rng, self.spec.output) for x in self.spec.constants}
+        indices = index_sizes(self.spec.output) if self.spec.constants else {}
+        values |= {x: random_constant(x, dims, rng, indices) for x in self.spec.constants}
         checks = []
         for step in self.steps:
             checks.append(self._check(step, values, size, rng))

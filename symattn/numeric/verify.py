@@ -22,7 +22,6 @@ from sympy import Basic, MatrixExpr, MatrixSymbol
 from symattn.autodiff.grad import default_seed
 from symattn.errors import SymattnError
 from symattn.lang.graph import nodes
-from symattn.lang.positions import index_sizes
 from symattn.lang.shapes import dimension_symbols
 from symattn.numeric.lambdify import lambdify
 
@@ -95,10 +94,11 @@ def random_matrix(symbol: MatrixExpr, dims: Mapping, rng: np.random.Generator, b
     return rng.standard_normal(batch + concrete_shape(symbol, dims))
 
 
-def random_constant(symbol: MatrixExpr, dims: Mapping, rng: np.random.Generator, expr: Basic) -> np.ndarray:
-    """A random value of a constant of expr: standard normal entries, or for one read inside a table read's index
-    (Swin's idx of T[idx[i, j], h]) integers 0 … s − 1, s the least table dimension it indexes (``index_sizes``)."""
-    size = index_sizes(expr).get(symbol)
+def random_constant(symbol: MatrixExpr, dims: Mapping, rng: np.random.Generator, indices: Mapping) -> np.ndarray:
+    """A random value of a constant: standard normal entries, or for one read inside a table read's index (Swin's idx
+    of T[idx[i, j], h]) integers 0 … s − 1, s = indices[symbol] the least table dimension it indexes (the output's
+    ``lang.positions.index_sizes``)."""
+    size = indices.get(symbol)
     if size is None:
         return random_matrix(symbol, dims, rng)
     return rng.integers(0, int(sp.sympify(size).xreplace(dims)), concrete_shape(symbol, dims)).astype(np.float64)
