@@ -24,6 +24,7 @@ from symattn.derive.formats.marks import chain_marks
 from symattn.derive.step_check import Check, verify_chain
 from symattn.derive.steps import Chain, chain, replayed_steps
 from symattn.errors import SymattnError
+from symattn.lang.positions import require_constant_indices
 from symattn.specs import Spec, spec
 
 FORMATS = ("latex", "markdown", "text", "html")
@@ -153,4 +154,5 @@ def derive(name_or_spec: str | Spec, sweep: str = "auto", **options) -> Derivati
     if sweep not in SWEEPS:
         raise SymattnError(f"unknown sweep {sweep!r}; choose from {', '.join(SWEEPS)}")
     s = spec(name_or_spec, **options) if isinstance(name_or_spec, str) else name_or_spec
+    require_constant_indices(s.name, s.output, s.inputs)
     return Derivation(s, backward(s.output, s.inputs), sweep)

@@ -25,8 +25,9 @@ from symattn.derive.formats.document import PAGE, Document, escape_latex
 from symattn.derive.steps import node_reasons
 from symattn.errors import SymattnError
 from symattn.lang.graph import matrix_symbols
+from symattn.lang.positions import index_sizes
 from symattn.numeric.lambdify import lambdify
-from symattn.numeric.verify import dimension_symbols, random_dims, random_matrix
+from symattn.numeric.verify import dimension_symbols, random_constant, random_dims, random_matrix
 from symattn.specs import Spec
 
 __all__ = ["ForwardCheck", "ForwardDerivation"]
@@ -158,7 +159,9 @@ class ForwardDerivation:
         fixed = {"H": 4, "H_kv": 2} if "H_kv" in names else {"H": 2} if "H" in names else {}
         dims = random_dims(every, rng, low=2, high=4, fixed=fixed)
         size = {str(s.name): v for s, v in dims.items()}
-        values = {x: _draw(x, dims, rng) for x in (*self.spec.inputs, *self.spec.constants)}
+        values = {x: _draw(x, dims, rng) for x in self.spec.inputs}
+        indices = index_sizes(self.spec.output) if self.spec.constants else {}
+        values |= {x: random_constant(x, dims, rng, indices) for x in self.spec.constants}
         checks = []
         for step in self.steps:
             checks.append(self._check(step, values, size, rng))

@@ -23,9 +23,10 @@ from symattn.derive.steps import DF, Chain, Definition, Equation, Side, Term, pa
 from symattn.lang.functions import StopGradient
 from symattn.lang.graph import children, postorder
 from symattn.lang.naming.names import differential_name
+from symattn.lang.positions import index_sizes
 from symattn.numeric.dag import DagValues
 from symattn.numeric.lambdify import lambdify
-from symattn.numeric.verify import dimension_symbols, random_dims, random_matrix
+from symattn.numeric.verify import dimension_symbols, random_constant, random_dims, random_matrix
 
 
 @dataclass(frozen=True)
@@ -82,7 +83,9 @@ class Evaluator:
         self.values = [
             self._draw(s, rng, dtype) if isinstance(s, MatrixExpr) else rng.uniform(0.5, 1.5) for s in self.args
         ]
-        self.constants = {s: random_matrix(s, self.dims, rng).astype(dtype) for s in getattr(spec, "constants", ())}
+        constants = getattr(spec, "constants", ())
+        indices = index_sizes(spec.output) if constants else {}
+        self.constants = {s: random_constant(s, self.dims, rng, indices).astype(dtype) for s in constants}
         self.scalar_differentials: dict[Basic, bool] = {}  # node → does it hold a dτ? (see _holds_scalar_differential)
         self.tangents = dict(self.d_targets)
         self.known: dict[MatrixSymbol, np.ndarray] = {s: v for s, v in zip(self.args, self.values)}

@@ -46,8 +46,15 @@ def children(node: Basic) -> tuple[Basic, ...]:
         scalars = {x for x in formula.free_symbols if isinstance(x, Symbol) and not x.is_integer}
         return tuple(sorted(scalars | {r.parent for r in formula.atoms(MatrixElement)}, key=default_sort_key))
     if hasattr(type(node), "operand_count"):  # a node with operands first, then sizes and formulas of its own
-        return node.args[: node.operand_count]
+        return node.args[: node.operand_count] + _formula_tables(node)
     return () if isinstance(node, MatrixSymbol) else node.args
+
+
+def _formula_tables(node: Basic) -> tuple[Basic, ...]:
+    """The matrices a node's own formulas read (a scatter's index reading a constant: Swin's idx of (idx[i, j], h)),
+    after its operands: operands too."""
+    reads = {r.parent for a in node.args[node.operand_count :] for r in a.atoms(MatrixElement)}
+    return tuple(sorted(reads, key=default_sort_key))
 
 
 def postorder(*roots: Basic, seen: Container[Basic] = ()) -> Iterator[Basic]:
@@ -253,10 +260,14 @@ def rebuilt(node: Basic, args) -> Basic:
     if isinstance(node, FunctionMatrix):  # a matrix of positions: new trainable scalars in its formula
         operands = children(node)
         return node if all(a is b for a, b in zip(args, operands)) else intern(node.xreplace(dict(zip(operands, args))))
+    if hasattr(type(node), "operand_count"):  # (the tables its formulas read: replaced in them)
+        count, operands = node.operand_count, children(node)
+        if all(a is b for a, b in zip(args, operands)):
+            return node
+        tables = dict(zip(operands[count:], args[count:]))
+        return intern(node.func(*args[:count], *(a.xreplace(tables) for a in node.args[count:])))
     if all(a is b for a, b in zip(args, node.args)):
         return node
-    if hasattr(type(node), "operand_count"):
-        return intern(node.func(*args, *node.args[node.operand_count :]))
     kind = type(node)
     if kind in (MatAdd, HadamardProduct) and all(isinstance(a, MatrixExpr) for a in args):
         return intern(Basic.__new__(kind, *args))

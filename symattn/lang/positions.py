@@ -14,8 +14,14 @@ d[f] = dτ [∂f/∂τ], the derivative a matrix of positions again; with none, 
 
 A table read at positions, ``b[r(i, j), c(i, j)]`` with b an input or a constant of the spec (a learned relative
 bias ``b[|i − j|, 0]``, a per-token constant ``doc[i, 0]``), makes b an operand too. Its indices are integer
-position formulas that no table enters, and they must stay inside b for every 0 ≤ i < rows, 0 ≤ j < cols, shown
-from the sizes by interval bounds (``read_bounds``); one that cannot be shown so is refused in one line. Its
+position formulas, and they must stay inside b for every 0 ≤ i < rows, 0 ≤ j < cols, shown from the sizes by
+interval bounds (``indices.bounds.read_bounds``); one that cannot be shown so is refused in one line. An index may
+read a constant of integer values at positions itself (a nested read, Swin's ``T[idx[i, j], h]``, idx a
+constant of the spec: ``require_constant_indices`` refuses an input there, in derive and code generation): the
+inner read is checked as any read, one level deep, and the outer index's values, which no size bounds, are
+checked where the constant is given (the generated code raises ValueError naming the constant and the value
+outside the table; never a read outside it).
+The constant is an operand and gets no gradient; the outer read is differentiated with its index held. Its
 differential reads the tangent at the same positions, d[f] = [Σ ∂f/∂b[r, c] · db[r, c]], and its cotangent is the
 scatter of the score cotangent (``Scatter``): b̄[k, l] = Σ_{(i, j): (r, c)(i, j) = (k, l)} (G ⊙ [∂f/∂b[r, c]])ᵢⱼ.
 """
@@ -26,18 +32,13 @@ from collections.abc import Callable
 
 import sympy as sp
 from sympy import Basic, Expr, MatrixExpr
-from sympy.core.relational import Relational
 from sympy.logic.boolalg import BooleanFunction
 from sympy.matrices.expressions import FunctionMatrix, HadamardProduct, MatAdd, MatMul
 from sympy.matrices.expressions.matexpr import MatrixElement
 
 from symattn.errors import SymattnError
+from symattn.lang.indices.bounds import Bounds, I, J, integral, ordered, read_bounds
 from symattn.lang.lazy import Matrix
-
-Bounds = tuple[Expr, Expr]  # (lowest, highest) value of a position formula over the positions
-
-I = sp.Symbol("i", integer=True, nonnegative=True)  # noqa: E741  (the query position, a row index)
-J = sp.Symbol("j", integer=True, nonnegative=True)  # the key position, a column index
 
 # the scalar nodes a position formula may hold (besides numbers, i, j and dimensions)
 FORMULA_NODES: tuple[type, ...] = (
@@ -78,13 +79,22 @@ class Entries(FunctionMatrix):
 
     @property
     def reads(self) -> tuple[MatrixElement, ...]:
-        """The distinct table entries the formula reads at positions, b[r(i, j), c(i, j)], in a fixed order."""
-        return tuple(sorted(self.formula.atoms(MatrixElement), key=sp.default_sort_key))
+        """The distinct table entries the formula reads at positions, b[r(i, j), c(i, j)], in a fixed order (those
+        read inside another read's index aside: ``index_reads``)."""
+        nested = set(self.index_reads)
+        return tuple(sorted(self.formula.atoms(MatrixElement) - nested, key=sp.default_sort_key))
+
+    @property
+    def index_reads(self) -> tuple[MatrixElement, ...]:
+        """The entries of constants read inside a read's index (idx[i, j] of T[idx[i, j], h]), in a fixed order."""
+        return tuple(sorted(nested_reads(self.formula), key=sp.default_sort_key))
 
     @property
     def tables(self) -> tuple[Basic, ...]:
-        """The matrices the formula reads at positions (inputs, constants, or their tangents): operands of the node."""
-        return tuple(sorted({r.parent for r in self.reads}, key=sp.default_sort_key))
+        """The matrices the formula reads at positions (inputs, constants, or their tangents; an index's constants
+        too): operands of the node."""
+        every = self.formula.atoms(MatrixElement)
+        return tuple(sorted({r.parent for r in every}, key=sp.default_sort_key))
 
     def derivative(self, x: Basic) -> Entries:
         """[∂f/∂x (i, j)] for a trainable scalar or a table read x: the formula differentiated in x (a read taken as
@@ -145,146 +155,6 @@ def _dimension(size: object, what: str) -> Expr:
     return size
 
 
-def _lifted(e: Expr) -> Expr:
-    """c + Min(a, b) as Min(c + a, c + b), and so for Max: a sum's Min or Max term taken outermost; −Max(a, b) as
-    Min(−a, −b), −Min(a, b) as Max(−a, −b)."""
-    if isinstance(e, sp.Mul) and e.args[0] == -1 and len(e.args) == 2 and isinstance(e.args[1], (sp.Min, sp.Max)):
-        flipped = sp.Max if isinstance(e.args[1], sp.Min) else sp.Min
-        return flipped(*(-a for a in e.args[1].args), evaluate=False)
-    if isinstance(e, sp.Add):
-        for term in e.args:
-            if isinstance(term, (sp.Min, sp.Max)):
-                rest = e - term
-                return term.func(*(rest + a for a in term.args), evaluate=False)
-    return e
-
-
-def _ordered(low: Expr, high: Expr) -> bool:
-    """Whether low ≤ high for every size (True only when shown: Min and Max taken apart, then SymPy's assumptions)."""
-    low, high = _lifted(low), _lifted(high)
-    if isinstance(low, sp.Max):  # Max(a, b) ≤ high ⇔ a ≤ high and b ≤ high
-        return all(_ordered(a, high) for a in low.args)
-    if isinstance(high, sp.Min):  # low ≤ Min(a, b) ⇔ low ≤ a and low ≤ b
-        return all(_ordered(low, a) for a in high.args)
-    if isinstance(high, sp.Max) and any(_ordered(low, a) for a in high.args):  # low ≤ a ≤ Max(a, b)
-        return True
-    if isinstance(low, sp.Min) and any(_ordered(a, high) for a in low.args):  # Min(a, b) ≤ a ≤ high
-        return True
-    return bool((high - low).is_nonnegative)
-
-
-def _monotone(bounds: Bounds, f: Callable[[Expr], Expr]) -> Bounds:
-    return f(bounds[0]), f(bounds[1])
-
-
-def _product(e: sp.Mul, inner: Callable[[Basic], Bounds]) -> Bounds:
-    """A constant factor (numbers and dimensions) of known sign times varying ones; several varying factors only
-    where each is shown nonnegative (then the ends multiply)."""
-    sizes = {s for s in e.free_symbols if s.is_positive and s.is_integer}
-    constant, varying = e.as_independent(*(e.free_symbols - sizes))
-    parts = [inner(f) for f in sp.Mul.make_args(varying)]
-    if len(parts) > 1 and not all(_ordered(sp.S.Zero, lo) for lo, _ in parts):
-        raise ValueError(e)
-    lo, hi = sp.Mul(*(p[0] for p in parts)), sp.Mul(*(p[1] for p in parts))
-    if constant.is_nonnegative:
-        return constant * lo, constant * hi
-    if constant.is_nonpositive:
-        return constant * hi, constant * lo
-    raise ValueError(e)
-
-
-def _absolute(bounds: Bounds) -> Bounds:
-    lo, hi = bounds
-    if _ordered(sp.S.Zero, lo):
-        return lo, hi
-    if _ordered(hi, sp.S.Zero):
-        return -hi, -lo
-    return sp.S.Zero, sp.Max(-lo, hi)
-
-
-BOUND_RULES: dict[type, Callable[[Basic, Callable[[Basic], Bounds]], Bounds]] = {
-    sp.Add: lambda e, inner: tuple(sp.Add(*side) for side in zip(*(inner(a) for a in e.args))),  # type: ignore[misc]
-    sp.Mul: _product,
-    sp.Abs: lambda e, inner: _absolute(inner(e.args[0])),
-    sp.Min: lambda e, inner: tuple(sp.Min(*side) for side in zip(*(inner(a) for a in e.args))),  # type: ignore[misc]
-    sp.Max: lambda e, inner: tuple(sp.Max(*side) for side in zip(*(inner(a) for a in e.args))),  # type: ignore[misc]
-    sp.floor: lambda e, inner: _monotone(inner(e.args[0]), sp.floor),  # increasing functions: ends to ends
-    sp.ceiling: lambda e, inner: _monotone(inner(e.args[0]), sp.ceiling),
-    sp.log: lambda e, inner: _monotone(inner(e.args[0]), sp.log),
-    sp.exp: lambda e, inner: _monotone(inner(e.args[0]), sp.exp),
-    sp.sign: lambda e, inner: (sp.S.NegativeOne, sp.S.One),
-}
-
-
-def _refined(known: dict, condition: Basic, inner: Callable[[Basic], Bounds]) -> dict:
-    """known (bounds by subexpression) where condition holds: a comparison of a formula x with a constant c bounds x
-    (x < c: x ≤ c − 1 for an integer x, ≤ c else), a conjunction each of its terms; any other condition nothing."""
-    if isinstance(condition, sp.And):
-        for term in condition.args:
-            known = _refined(known, term, inner)
-        return known
-    if isinstance(condition, sp.Not) and isinstance(condition.args[0], Relational):
-        condition = condition.args[0].negated
-    if not isinstance(condition, Relational) or condition.rel_op in ("!=", "=="):
-        return known
-    x, c, op = condition.lhs, condition.rhs, condition.rel_op
-    if c.free_symbols & {I, J}:
-        x, c, op = c, x, {"<": ">", "<=": ">=", ">": "<", ">=": "<="}[op]
-    if c.free_symbols & {I, J} or not x.free_symbols & {I, J}:
-        return known
-    strict = 1 if x.is_integer and c.is_integer else 0
-    lo, hi = inner(x)
-    if op in ("<", "<="):
-        hi = sp.Min(hi, c - (strict if op == "<" else 0))
-    else:
-        lo = sp.Max(lo, c + (strict if op == ">" else 0))
-    return {**known, x: (lo, hi)}
-
-
-def read_bounds(index: Expr, ranges: dict[sp.Symbol, Bounds]) -> Bounds | None:
-    """(lowest, highest) value of an index formula when each position symbol p runs over ranges[p] (dimensions and
-    numbers fixed), by interval bounds per node (``BOUND_RULES``); a Piecewise's value bounded where its condition
-    holds and the earlier ones do not (``_refined``). None where a node has no rule (say, a power)."""
-
-    def bounded(known: dict) -> Callable[[Basic], Bounds]:
-        def inner(e: Basic) -> Bounds:
-            if e in known:
-                return known[e]
-            if not e.free_symbols & set(ranges):
-                return e, e
-            if isinstance(e, sp.Piecewise):
-                return _branches(e, known, inner)
-            rule = BOUND_RULES.get(type(e))
-            if rule is None:
-                raise ValueError(e)
-            return rule(e, inner)
-
-        return inner
-
-    def _branches(e: sp.Piecewise, known: dict, inner: Callable[[Basic], Bounds]) -> Bounds:
-        sides = []
-        for value, condition in e.args:
-            sides.append(bounded(_refined(known, condition, inner))(value))
-            known = _refined(known, sp.Not(condition), inner)
-            inner = bounded(known)
-        return sp.Min(*(lo for lo, _ in sides)), sp.Max(*(hi for _, hi in sides))
-
-    try:
-        return bounded(dict(ranges))(index)
-    except ValueError:
-        return None
-
-
-def _integral(e: Basic) -> bool:
-    """Whether e is an integer at every position: SymPy says so, a floor or ceiling, or a sum, product, Min, Max or
-    Piecewise of such (an index made by cases, as T5's buckets)."""
-    if e.is_integer or isinstance(e, (sp.floor, sp.ceiling)):
-        return True
-    if isinstance(e, sp.Piecewise):
-        return all(_integral(value) for value, _ in e.args)
-    return isinstance(e, (sp.Add, sp.Mul, sp.Min, sp.Max)) and all(_integral(a) for a in e.args)
-
-
 def _check_read(read: MatrixElement, ranges: dict[sp.Symbol, Bounds]) -> None:
     """read = b[r, c]: b a matrix symbol, r and c integer position formulas inside b for every position in ranges."""
     table = read.parent
@@ -293,21 +163,61 @@ def _check_read(read: MatrixElement, ranges: dict[sp.Symbol, Bounds]) -> None:
             f"sa.entries: {read} reads an entry of {table}; a table read at positions is an input or a constant"
         )
     for index, size, what in zip(read.indices, table.shape, ("row", "column")):
-        if index.has(MatrixElement):
-            raise SymattnError(
-                f"sa.entries: {read} reads its {what} index {index} from a table; an index is a formula of positions"
-            )
-        if not _integral(index):
+        if index.has(MatrixElement):  # a nested read: its values checked where the constant is given
+            _check_index_reads(read, index, ranges)
+            continue
+        if not integral(index):
             raise SymattnError(
                 f"sa.entries: {read}'s {what} index {index} is not an integer; round it with sp.floor or sp.ceiling"
             )
         bounds = read_bounds(index, ranges)
-        if bounds is None or not (_ordered(sp.S.Zero, bounds[0]) and _ordered(bounds[1], size - 1)):
+        if bounds is None or not (ordered(sp.S.Zero, bounds[0]) and ordered(bounds[1], size - 1)):
             span = "cannot be bounded" if bounds is None else f"runs over [{bounds[0]}, {bounds[1]}]"
             where = ", ".join(f"{p} in [{lo}, {hi}]" for p, (lo, hi) in ranges.items())
             raise SymattnError(
                 f"sa.entries: {read}'s {what} index {index} {span} for {where}, not shown to stay in [0, {size - 1}] "
                 f"({table} is {table.shape[0]} × {table.shape[1]}); clamp it with sp.Min/sp.Max or size the table"
+            )
+
+
+def nested_reads(formula: Basic) -> set[MatrixElement]:
+    """The entries read inside the indices of the formula's reads (idx[i, j] of T[idx[i, j], h])."""
+    return {x for r in formula.atoms(MatrixElement) for index in r.indices for x in index.atoms(MatrixElement)}
+
+
+def _check_index_reads(read: MatrixElement, index: Expr, ranges: dict[sp.Symbol, Bounds]) -> None:
+    """The reads in read's index: each of a matrix at position formulas inside it (one level: no read in theirs)."""
+    for inner in index.atoms(MatrixElement):
+        if any(x.has(MatrixElement) for x in inner.indices):
+            raise SymattnError(
+                f"sa.entries: {read} reads its index from {inner}, whose index reads a table again; an index reads a "
+                "constant at position formulas, one level deep"
+            )
+        _check_read(inner, ranges)
+
+
+def index_sizes(expr: Basic) -> dict[Basic, Expr]:
+    """Each matrix read inside a table read's index (Swin's idx) → the least table dimension it indexes: the range
+    0 … size − 1 its values keep to where the index is the nested read itself."""
+    from symattn.lang.graph import nodes  # (the graph walk builds on the language's nodes; imported where used)
+
+    sizes: dict[Basic, Expr] = {}
+    for node in (x for x in nodes(expr) if isinstance(x, Entries)):
+        for read in node.reads:
+            for index, size in zip(read.indices, read.parent.shape):
+                for inner in index.atoms(MatrixElement):
+                    sizes[inner.parent] = sp.Min(sizes.get(inner.parent, size), size)
+    return sizes
+
+
+def require_constant_indices(name: str, expr: Basic, inputs: tuple[Basic, ...]) -> None:
+    """Refuse, in one line, an input read inside a table read's index (Swin's idx of T[idx[i, j], h]): an index has
+    no derivative, so a table read there is a constant of the spec (integer values), never a trained input."""
+    for table in index_sizes(expr):
+        if table in inputs:
+            raise SymattnError(
+                f"spec {name}: {table} is read inside a table read's index; an index reads a constant of integer "
+                "values, so list it in constants, not inputs"
             )
 
 
@@ -398,9 +308,17 @@ def entries(rows: object, cols: object, f: Callable | sp.Lambda | Expr, heads: o
     return split_heads(Matrix(make(rows, count * width, laid_out, reads_checked=True)), count)
 
 
+def sequence_tables(expr: Basic) -> frozenset[Basic]:
+    """The matrices expr reads at positions, those read only inside an index aside (Swin's idx, one for every
+    sequence): with the inputs' batch axes in generated code (a constant's: one per sequence, document ids)."""
+    from symattn.lang.graph import nodes  # (the graph walk builds on the language's nodes; imported where used)
+
+    return frozenset(r.parent for x in nodes(expr) if isinstance(x, Entries) for r in x.reads)
+
+
 def tables_read(expr: Basic) -> frozenset[Basic]:
-    """The matrices expr reads at positions (the tables of its Entries nodes): with the inputs' batch axes in generated
-    code, one per sequence (a constant: document ids, a per-sequence scale read as [C_ij])."""
+    """The matrices expr reads at positions (the tables of its Entries nodes, an index's constants among them): what a
+    loop over blocks of positions reads whole (``sequence_tables``: those with the inputs' batch axes)."""
     from symattn.lang.graph import nodes  # (the graph walk builds on the language's nodes; imported where used)
 
     return frozenset(t for x in nodes(expr) if isinstance(x, Entries) for t in x.tables)

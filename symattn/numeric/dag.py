@@ -95,7 +95,7 @@ class DagValues:
         if found is None:
             children = tuple(a for a in _args(node) if self._holds_matrix(a))
             holders = {a: _placeholder(i, a) for i, a in enumerate(_args(node)) if a in children}
-            if isinstance(node, FunctionMatrix):  # a matrix of positions: its scalars replaced in its formula
+            if isinstance(node, FunctionMatrix) or hasattr(type(node), "operand_count"):  # (and in its formulas)
                 pattern = node.xreplace(holders)
             else:
                 pattern = node.func(*(holders.get(a, a) for a in node.args)) if holders else node

@@ -78,6 +78,18 @@ def table_scatter(w, index, rows, cols):
     return sums
 
 
+def indexed_entry(table, row, col, name, source):
+    """table[row, col] at one position, the indices read from a constant (source): each an integer inside the table
+    (name), else ValueError naming the constant and the value."""
+    for index, size, what in ((row, table.shape[-2], "row"), (col, table.shape[-1], "column")):
+        if not (sp.sympify(index).is_integer and 0 <= index <= size - 1):
+            raise ValueError(
+                f"{source} gives {name} the {what} index {index!r}: an index read from a "
+                f"constant is an integer in [0, {size - 1}] ({name} has {size} {what}s)"
+            )
+    return table[int(row), int(col)]
+
+
 def fixed_dropout_mask(a, p):
     """Dropout's mask exactly: NumPy evaluation's fixed draw for a's shape, its entries 0 or 1/(1 − p) as
     rationals (p read as its shortest decimal)."""

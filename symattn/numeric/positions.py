@@ -53,6 +53,9 @@ class Flavour:
     piecewise: Callable[[list[tuple[Basic, str, str]]], str]  # (value, printed value, printed condition) pairs
     not_: Callable[[str], str]
     read: Callable[[str, str, str], str]  # a table read: table, row index, column index
+    # a read whose index reads a constant (Swin's T[idx[i, j], h]): table, row, column, the table's name and the
+    # constants' names; the index's values checked to lie inside the table (no size bounds them)
+    checked_read: Callable[[str, str, str, str, str], str]
 
 
 def integral(relation: Relational) -> tuple[Basic, Basic]:
@@ -86,7 +89,11 @@ def code(e: Basic, flavour: Flavour) -> str:
     if e == sp.true:
         return "True"
     if isinstance(e, MatrixElement):
-        return flavour.read(flavour.constant(e.parent), *(code(x, flavour) for x in e.indices))
+        indices = [code(x, flavour) for x in e.indices]
+        sources = sorted({str(r.parent.name) for x in e.indices for r in x.atoms(MatrixElement)})
+        if sources:
+            return flavour.checked_read(flavour.constant(e.parent), *indices, str(e.parent.name), ", ".join(sources))
+        return flavour.read(flavour.constant(e.parent), *indices)
     if not e.has(*flavour.names):
         return flavour.constant(e)
     if isinstance(e, sp.Add):
@@ -111,13 +118,14 @@ def array_flavour(
     xp: str,
     scalar: Callable[[Basic], str],
     number: Callable[[str], str],
-    read: Callable[[], str],
+    helper: Callable[[str], str],
     names: dict[Basic, str] | None = None,
 ) -> Flavour:
     """Array code of the grids ``i`` and ``j``. scalar: how the printer writes a subexpression free of i and j;
     number(text): a number as a scalar of the grids' dtype (a where's branch, which would otherwise take the library's
-    default dtype); read(): the runtime helper's name that reads a table at index grids; names: other symbols read
-    as arrays (a block test's bounds, ``optimize.block_tests``), with their code."""
+    default dtype); helper(name): a runtime helper's name as the printer calls it (``table_read`` reads a table at
+    index grids, ``indexed_read`` at index grids read from a constant, checked); names: other symbols read as arrays
+    (a block test's bounds, ``optimize.block_tests``), with their code."""
     names = {**ARRAY_NAMES, **(names or {})}
 
     def constant(e: Basic) -> str:
@@ -164,13 +172,17 @@ def array_flavour(
         call=call,
         piecewise=where,
         not_=lambda a: f"(~{a})",
-        read=lambda table, row, col: f"{read()}({table}, {row}, {col})",
+        read=lambda table, row, col: f"{helper('table_read')}({table}, {row}, {col})",
+        checked_read=lambda table, row, col, name, source: (
+            f"{helper('indexed_read')}({table}, {row}, {col}, {name!r}, {source!r})"
+        ),
     )
     return flavour
 
 
-def exact_flavour(scalar: Callable[[Basic], str]) -> Flavour:
-    """Code of SymPy integers ``_i``, ``_j``: the formula's value at one position, exactly."""
+def exact_flavour(scalar: Callable[[Basic], str], helper: Callable[[str], str]) -> Flavour:
+    """Code of SymPy integers ``_i``, ``_j``: the formula's value at one position, exactly (helper: as the array
+    flavour's, for the runtime's ``indexed_entry``)."""
     flavour = Flavour(
         names={I: "_i", J: "_j", HEAD: "h"},
         infinity=("-sp.oo", "sp.oo"),
@@ -182,6 +194,9 @@ def exact_flavour(scalar: Callable[[Basic], str]) -> Flavour:
         piecewise=lambda pairs: "sp.Piecewise(" + ", ".join(f"({v}, {c})" for _, v, c in pairs) + ")",
         not_=lambda a: f"sp.Not({a})",
         read=lambda table, row, col: f"{table}[int({row}), int({col})]",
+        checked_read=lambda table, row, col, name, source: (
+            f"{helper('indexed_entry')}({table}, {row}, {col}, {name!r}, {source!r})"
+        ),
     )
     return flavour
 
@@ -199,12 +214,12 @@ def index_code(node: Scatter | ScatterBlock, flavour: Flavour) -> str:
     return f"({row}, {col})"
 
 
-def exact_code(entries: Entries, scalar: Callable[[Basic], str]) -> str:
+def exact_code(entries: Entries, scalar: Callable[[Basic], str], helper: Callable[[str], str]) -> str:
     """The entries as an object array of exact SymPy values: f written over SymPy integers _i, _j, entry by entry."""
     rows, cols = (scalar(s) for s in entries.shape)
     ints = "map(sp.Integer, range({}))"
     return (
-        f"np.array([[{code(entries.formula, exact_flavour(scalar))} for _j in {ints.format(cols)}] "
+        f"np.array([[{code(entries.formula, exact_flavour(scalar, helper))} for _j in {ints.format(cols)}] "
         f"for _i in {ints.format(rows)}], dtype=object)"
     )
 

@@ -243,8 +243,7 @@ class NumPyMatrixPrinter(NumPyPrinter):
 
     def position_flavour(self, names: dict | None = None) -> positions.Flavour:
         """How this printer writes a formula of the position grids (``numeric.positions``), names: other arrays."""
-        read = lambda: self.helper("table_read")  # noqa: E731 (named when a formula reads a table)
-        return positions.array_flavour(self.module_alias, self._print, self.position_number, read, names)
+        return positions.array_flavour(self.module_alias, self._print, self.position_number, self.helper, names)
 
     def _print_Entries(self, expr: Basic) -> str:
         """[f(i, j)] by the runtime's entries: f a lambda of the position grids (``numeric.positions``)."""
@@ -330,9 +329,9 @@ class ExactPrinter(NumPyMatrixPrinter):
         return f"np.zeros(({self._print(expr.shape[0])}, {self._print(expr.shape[1])}), dtype=int).astype(object)"
 
     def _print_Entries(self, expr: Basic) -> str:
-        return positions.exact_code(expr, self._print)
+        return positions.exact_code(expr, self._print, self.helper)
 
     def _print_Scatter(self, expr: Basic) -> str:
-        index = positions.index_code(expr, positions.exact_flavour(self._print))
+        index = positions.index_code(expr, positions.exact_flavour(self._print, self.helper))
         rows, cols = (self._print(s) for s in expr.shape)
         return f"{self.helper('table_scatter')}({self._print(expr.weights)}, lambda _i, _j: {index}, {rows}, {cols})"

@@ -94,6 +94,16 @@ def random_matrix(symbol: MatrixExpr, dims: Mapping, rng: np.random.Generator, b
     return rng.standard_normal(batch + concrete_shape(symbol, dims))
 
 
+def random_constant(symbol: MatrixExpr, dims: Mapping, rng: np.random.Generator, indices: Mapping) -> np.ndarray:
+    """A random value of a constant: standard normal entries, or for one read inside a table read's index (Swin's idx
+    of T[idx[i, j], h]) integers 0 … s − 1, s = indices[symbol] the least table dimension it indexes (the output's
+    ``lang.positions.index_sizes``)."""
+    size = indices.get(symbol)
+    if size is None:
+        return random_matrix(symbol, dims, rng)
+    return rng.integers(0, int(sp.sympify(size).xreplace(dims)), concrete_shape(symbol, dims)).astype(np.float64)
+
+
 def vjp_error(
     expr: Basic,
     symbol: MatrixSymbol,

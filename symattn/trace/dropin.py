@@ -20,7 +20,7 @@ import types
 from symattn.codegen.generate import render
 from symattn.errors import SymattnError
 from symattn.lang.functions import TORCH
-from symattn.lang.positions import tables_read
+from symattn.lang.positions import sequence_tables
 from symattn.specs.spec import Spec
 from symattn.trace.constants import sizes_of, spec_layout, spec_value
 from symattn.trace.source import Traced, bound_arguments, spec_tensors, trace
@@ -111,7 +111,7 @@ class ClosedForm:
         inputs = self.inputs(args, traced)
         constants = self.constants(args, inputs, traced)
         batch = tuple(inputs[0].shape[:-2])
-        per_sequence = {str(x.name) for x in tables_read(traced.spec.output)}
+        per_sequence = {str(x.name) for x in sequence_tables(traced.spec.output)}
         given = []  # the constants in the spec's order, after the inputs: the additive mask and those read at
         for c in traced.spec.constants:  # positions (one per sequence) with the inputs' batch axes, the rest without
             name = str(c.name)

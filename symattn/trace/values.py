@@ -71,6 +71,7 @@ GUARDED = {
     "seq_first": "a tensor in the (n, B, c) layout, sequence first: read are its transpose(0, 1) back to (B, n, c) "
     "and torch's own multi-head attention on it",
     "table_read": "a table read at positions, (rows, cols, heads): read is its permute(2, 0, 1), heads first",
+    "index_read": "a table read at a constant index (rows·cols, heads): read is its view (rows, cols, heads)",
 }
 # an order statistic's pieces (``forms.masks``): its values, read by one column of them; its indices, unread
 ORDERED, INDICES = "ordered", "order_indices"
@@ -82,6 +83,7 @@ GUARDED[INDICES] = (
 KEEPS = {
     "seq_first": frozenset({"transpose", "swapaxes", "swapdims", "permute", "contiguous", "clone"}),
     "table_read": frozenset({"permute"}),
+    "index_read": frozenset({"view", "reshape"}),
     ORDERED: frozenset({"__getitem__"}),
 }
 

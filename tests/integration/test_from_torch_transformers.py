@@ -25,6 +25,7 @@ from transformers.models.mistral.modeling_mistral import (  # noqa: E402
 )
 from transformers.models.opt.modeling_opt import OPTAttention, OPTConfig  # noqa: E402
 from transformers.models.roberta.modeling_roberta import RobertaAttention, RobertaConfig  # noqa: E402
+from transformers.models.swin.modeling_swin import SwinAttention, SwinConfig  # noqa: E402
 from transformers.models.t5.modeling_t5 import T5Attention, T5Config  # noqa: E402
 from transformers.models.vit.modeling_vit import ViTAttention, ViTConfig  # noqa: E402
 from transformers.models.whisper.modeling_whisper import WhisperAttention, WhisperConfig  # noqa: E402
@@ -180,3 +181,35 @@ def test_t5s_relative_bias_is_a_table_read_at_its_buckets_at_every_length(is_dec
         torch.testing.assert_close(leaves.grad, copies.grad, rtol=1e-6, atol=1e-9)
         for p, q in zip(model.parameters(), reference.parameters()):
             torch.testing.assert_close(p.grad, q.grad, rtol=1e-6, atol=1e-9)
+
+
+@pytest.mark.parametrize("implementation", ["eager", "sdpa"])
+def test_swins_window_attention_reads_its_relative_position_table_at_its_index_buffer(implementation, monkeypatch):
+    """SwinAttention (window 2 × 2: N = 4 tokens, 2 heads): relative_position_bias_table[relative_position_index]
+    (the index a flat buffer made from meshgrid), viewed (N, N, H), permuted and unsqueezed into the mask the
+    attention function adds: the nested read T[idx[0, N·i + j], h], idx a spec constant. The derivation verifies;
+    the drop-in matches the model's autograd at other batch sizes (eager: its float32 softmax)."""
+    monkeypatch.setitem(IMPLEMENTATION, "name", implementation)
+    torch.manual_seed(0)
+    model = First(SwinAttention(config(SwinConfig, embed_dim=16), 16, 2, 2), None).double().eval()
+    with torch.no_grad():
+        model.attention.relative_position_bias.relative_position_bias_table.normal_()  # (zeros as Swin starts it)
+    reference = copy.deepcopy(model)
+    example = (torch.randn(2, 4, 16, dtype=torch.float64),)
+    spec = sa.from_torch(model, *example)
+    assert [str(c.name) for c in spec.constants] == ["relative_position_index"]
+    assert sa.derive(spec).verify().ok
+    sa.trace.drop_in(model, *example)
+    tolerance = (F32 if implementation == "eager" else 0) + 1e-12
+    for batch in (3, 6):
+        x = torch.randn(batch, 4, 16, dtype=torch.float64)
+        leaves, copies = x.clone().requires_grad_(), x.clone().requires_grad_()
+        got, want = model(leaves), reference(copies)
+        cotangent = torch.randn(want.shape, dtype=torch.float64)
+        got.backward(cotangent)
+        want.backward(cotangent)
+        assert (got - want).abs().max() <= tolerance
+        assert (leaves.grad - copies.grad).abs().max() <= tolerance
+        for p, q in zip(model.parameters(), reference.parameters()):
+            assert (p.grad - q.grad).abs().max() <= tolerance * max(1.0, float(q.grad.abs().max()))
+            p.grad = q.grad = None

@@ -342,10 +342,10 @@ B = sp.MatrixSymbol("b", n, 1)
         (n, n, lambda i, j: B[i - j, 0], r"b\[i - j, 0\]'s row index i - j runs over \[1 - n, n - 1\]"),
         (n, m, lambda i, j: B[sp.Abs(i - j), 0], r"not shown to stay in \[0, n - 1\]"),
         (n, n, lambda i, j: B[(i + j) / 2, 0], r"index i/2 \+ j/2 is not an integer"),
-        (n, n, lambda i, j: B[sp.Min(B[i, 0], 0), 0], "from a table; an index is a formula of positions"),
+        (n, n, lambda i, j: B[B[B[i, 0], 0], 0], "whose index reads a table again; an index reads a constant"),
         (n, n, lambda i, j: sp.MatrixSymbol("T", n, 2)[i, sp.Min(j, 2)], r"column index Min\(2, j\) runs over \[0, "),
     ],
-    ids=["negative", "undecided", "not an integer", "read index", "column out"],
+    ids=["negative", "undecided", "not an integer", "read twice nested", "column out"],
 )
 def test_a_read_that_may_leave_its_table_is_refused_in_one_line(rows, cols, formula, message):
     with pytest.raises(SymattnError, match=message) as err:

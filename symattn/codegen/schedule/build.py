@@ -54,7 +54,7 @@ from symattn.lang.dims import Binding, bind_dimensions
 from symattn.lang.graph import matrix_symbols, nodes
 from symattn.lang.naming.names import Names, differential_name
 from symattn.lang.ops import RowWise
-from symattn.lang.positions import require_per_head_reads, tables_read
+from symattn.lang.positions import require_constant_indices, require_per_head_reads, sequence_tables
 from symattn.optimize.cost import flops_value
 from symattn.optimize.rewrites import sort_commutative
 from symattn.optimize.simplify import rewrite, simplify
@@ -267,6 +267,7 @@ def schedule_spec(s: Spec, options: tuple[Option, ...] = ()) -> Schedule:
     order = tuple(str(x.name) for x in (*s.inputs, *s.constants))
     bool_forms = tuple(s.bool_forms.items())
     mask, fixed = split_constants(s)
+    require_constant_indices(s.name, s.output, s.inputs)
     if fixed:
         masks = (mask,) if mask is not None else ()
         s = Spec(
@@ -308,7 +309,7 @@ def schedule_spec(s: Spec, options: tuple[Option, ...] = ()) -> Schedule:
     if not fixed:
         return dataclasses.replace(sched, order=order, bool_forms=bool_forms)
     # unbatched, like the weights (a positional table, (n, d)), but a table read at positions (per-token ids): batched
-    read = tables_read(s.output)
+    read = sequence_tables(s.output)
     require_per_head_reads(s.name, s.output, read & frozenset(fixed))
     names = frozenset(str(x.name) for x in fixed)
     unbatched = frozenset(str(x.name) for x in fixed if x not in read)

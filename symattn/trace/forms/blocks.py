@@ -178,6 +178,8 @@ def reshape(t: Trace, args: tuple, kwargs: dict, result) -> Value:
     flattens = len(old) > 2 and new == (math.prod(old[:-1]), old[-1])
     if v.pending is None and v.heads is None and flattens:
         return Value(v.expr, new, pending="flat", layout=old[:-1])
+    if v.pending == "index_read":
+        return tables.viewed(t, v, result)
     if v.pending == "repeat":
         return rotary.grouped(t, v, result)
     if v.pending == "stacked":
@@ -218,8 +220,8 @@ def permute(t: Trace, args: tuple, kwargs: dict, result) -> Value:
 
 def getitem(t: Trace, args: tuple, kwargs: dict, result) -> Value:
     """qkv[i] of a fused projection viewed as (k, B, H, n, d): piece i; a slice of the last axis (``rotary.select``);
-    an axis added to key/value heads (``rotary.unsqueeze_heads``); heads chosen, or one head (``groups.select``); any
-    other index as ``layout.indexing``."""
+    an axis added to key/value heads (``rotary.unsqueeze_heads``); heads chosen, or one head (``groups.select``); a
+    parameter at a constant integer index (``tables.indexed``); any other index as ``layout.indexing``."""
     v = t.value(args[0]) if t.traced(args[0]) else None
     if v is not None and v.pending == "fused" and isinstance(args[1], int):
         return _fused_piece(t, v, args[1] % v.layout[0], result)
@@ -227,6 +229,8 @@ def getitem(t: Trace, args: tuple, kwargs: dict, result) -> Value:
         return _strided_piece(t, v, args[1], result)
     if v is not None and v.pending == ORDERED:  # a top-k's or sort's values: one column, a row's j-th value
         return masks.column(t, v, args[1], result)
+    if v is not None and id(args[0]) not in t.floats and (read := tables.indexed(t, args[0], args[1], result)):
+        return read  # T[idx] of a parameter at a constant integer index: Swin's table (``tables.indexed``)
     if v is not None and not v.is_scalar and id(args[0]) not in t.floats:  # (a float argument: perhaps a mask)
         found = rotary.select(t, args, kwargs, result) or rotary.unsqueeze_heads(t, args, kwargs, result)
         found = found or groups.select(t, args, kwargs, result)

@@ -1,10 +1,9 @@
 """Runtime helpers of generated JAX modules: softmax, heads, GELU, LayerNorm, input checks, masks, residuals.
 
-Real code, linted and tested; ``JaxMatrixPrinter`` copies the source of the ones a module calls
-(read with ``ast``) into it, so a generated JAX module imports only jax. Every helper is a
-pure function of its arguments (no in-place writes): it runs under ``jax.jit`` and ``jax.vmap``
-and can be differentiated again. ``SHAPES`` and ``OPTIONAL`` stand for the generated module's own
-constants. Generating code reads this module's source only, so it imports without jax.
+Real code, linted and tested; ``JaxMatrixPrinter`` copies the source of the ones a module calls (read with ``ast``)
+into it, so a generated JAX module imports only jax. Every helper is a pure function of its arguments (no in-place
+writes): it runs under ``jax.jit`` and ``jax.vmap`` and can be differentiated again. ``SHAPES`` and ``OPTIONAL``
+stand for the generated module's own constants. Generating code reads this module's source only (no jax needed).
 """
 
 from __future__ import annotations
@@ -411,12 +410,32 @@ def entries(f, rows, cols, dtype):
 
 
 def table_read(table, rows, cols):
-    """table[..., r, c] at the index grids r and c (positions held exactly in floats): broadcast against each other,
-    with the table's leading axes first; indices of fewer than two axes read as 1 × 1 or 1 × k (a read at constant
-    indices of a table per sequence, p[0, 0], broadcasts against the grids, not along them)."""
-    return table[
-        ..., jnp.atleast_2d(jnp.asarray(rows).astype(jnp.int32)), jnp.atleast_2d(jnp.asarray(cols).astype(jnp.int32))
-    ]
+    """table[..., r, c] at the index grids r and c (positions exact in floats), the table's leading axes first;
+    indices of under two axes read as 1 × 1 or 1 × k (p[0, 0] of a table per sequence broadcasts against the grids)."""
+    rows, cols = (jnp.atleast_2d(jnp.asarray(x).astype(jnp.int32)) for x in (rows, cols))
+    return table[..., rows, cols]
+
+
+def indexed_read(table, rows, cols, name, source):
+    """table[..., r, c] at index grids r, c read from a constant (source): each an integer inside the table (name),
+    else ValueError; under jit, NaN where one leaves it. Never a read outside it (JAX would clamp to the nearest)."""
+    valid = True
+    for grid, size, what in zip(map(jnp.asarray, (rows, cols)), table.shape[-2:], ("row", "column")):
+        if jnp.issubdtype(grid.dtype, jnp.floating) and size - 1 > 2 / jnp.finfo(grid.dtype).eps:
+            raise ValueError(f"{source} is {grid.dtype}: its integers are inexact past {name}'s {size} {what}s")
+        good = (grid >= 0) & (grid <= size - 1) & (grid == jnp.floor(grid))
+        try:
+            known = bool(good.all())
+        except jax.errors.ConcretizationTypeError:  # under jit: the values are tracers
+            known = True
+        if not known:
+            raise ValueError(
+                f"{source} gives {name} the {what} index {grid[~good].flatten()[0].item()!r}: an index read from a "
+                f"constant is an integer in [0, {size - 1}] ({name} has {size} {what}s)"
+            )
+        valid = valid & good
+    inside = table_read(table, jnp.clip(rows, 0, table.shape[-2] - 1), jnp.clip(cols, 0, table.shape[-1] - 1))
+    return jnp.where(valid, inside, jnp.nan)
 
 
 def table_scatter(w, index, rows, cols):

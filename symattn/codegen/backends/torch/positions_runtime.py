@@ -34,6 +34,31 @@ def table_read(table, rows, cols):
     return table[..., torch.atleast_2d(r), torch.atleast_2d(c)]
 
 
+def indexed_read(table, rows, cols, name, source):
+    """table[..., r, c] at index grids r and c read from a constant (source, Swin's idx of T[idx[i, j], h]): no size
+    bounds their values, so each is checked, an integer inside the table (name), else ValueError naming the
+    constant and the value; never a read outside the table."""
+    for grid, size, what in ((rows, table.shape[-2], "row"), (cols, table.shape[-1], "column")):
+        grid = torch.as_tensor(grid, device=table.device)
+        if grid.is_floating_point() and size - 1 > 2 / torch.finfo(grid.dtype).eps:
+            raise ValueError(_inexact(source, name, size, what, grid.dtype, 2 / torch.finfo(grid.dtype).eps))
+        bad = (grid < 0) | (grid > size - 1) | (grid != torch.floor(grid))
+        if bool(bad.any()):
+            raise ValueError(
+                f"{source} gives {name} the {what} index {grid[bad].flatten()[0].item()!r}: an index read from a "
+                f"constant is an integer in [0, {size - 1}] ({name} has {size} {what}s)"
+            )
+    return table_read(table, rows, cols)
+
+
+def _inexact(source, name, size, what, dtype, limit):
+    """Why an index constant in dtype cannot index a table of size rows (its integers exact only up to limit)."""
+    return (
+        f"{source} is {dtype}, whose integers are exact only up to {int(limit)}, and {name} has {size} {what}s: "
+        "run in float32 or wider (a constant takes the inputs' dtype)"
+    )
+
+
 def table_scatter(w, index, rows, cols, by_sorting=None):
     """[Σ_{(i, j): index(i, j) = (k, l)} w_ij]_kl, rows × cols (w's leading axes kept): each table entry collects w at
     the positions that read it, in row-major order of the positions (by_sorting: a stable sort then a segment sum,

@@ -233,5 +233,6 @@ def _flavour(scalar: Callable[[Basic], str], spelling: Spelling, names: dict[Bas
         piecewise=where,
         not_=lambda a: f"(~{a})",
         read=unread,
+        checked_read=lambda table, row, col, name, source: unread(table, row, col),
     )
     return flavour
