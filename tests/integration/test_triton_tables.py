@@ -197,7 +197,30 @@ def test_the_table_kernels_compile_for_a_gpu_without_one(tmp_path):
     assert done.stdout.splitlines() == [f"{k} fp16 int64 no-tf32" for k in kernels]
 
 
-def test_the_rendered_module_gathers_and_never_adds_atomically():
-    source = codegen.render(table_spec("t5"), "triton")
-    assert "tl.load(TAB_b + " in source and "tl.load(TAB_b_dot + " in source
-    assert "tl.atomic" not in source and "_histogram(" in source
+def test_the_tables_are_gathered_and_no_n_by_m_tensor_is_made(folder):
+    """Row and column tables b1[i, 0] + b2[j, 0] (n = 37 ≠ m = 45): the kernels gather them (and their tangents) and
+    add no atomics, and no torch op of forward, backward or jvp makes a tensor with both n and m among its axes (the
+    gradients' partial histograms are (batch·heads, row blocks, slots))."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    module = triton_module(table_spec("row_column"), folder)
+    source = codegen.render(table_spec("row_column"), "triton")
+    assert all(f"tl.load(TAB_{t} + " in source for t in ("b1", "b2", "b1_dot", "b2_dot"))
+    assert "tl.atomic_" not in source and "_histogram(" in source
+    shapes = []
+
+    class Shapes(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            shapes.extend(
+                tuple(x.shape) for x in (out if isinstance(out, (tuple, list)) else [out]) if torch.is_tensor(x)
+            )
+            return out
+
+    inputs = [x.float() for x in _inputs("row_column", seed=9)]
+    with Shapes():
+        leaves = [x.clone().requires_grad_() for x in inputs]
+        out = module.forward(*leaves, causal=True)
+        torch.autograd.grad(out, leaves, torch.ones_like(out))
+        module.jvp(*inputs, {"b2": torch.ones_like(inputs[-1])})
+    assert shapes and not [s for s in shapes if N in s and M in s]

@@ -189,7 +189,8 @@ def _core_context(core: Core, printed: Printed, c: str, constants: frozenset[str
 
 def _positions(printed: Printed) -> dict:
     """The lines making a core's tiles of positions (``positions``): the grids of the tile's positions (a transposed
-    tile's too), then each tile; those only the JVP reads; those only the tables' gradients read; the eager core's. Empty where the core reads none."""
+    tile's too), then each tile; those only the JVP reads; those only the tables' gradients read; the eager core's.
+    Empty where the core reads none."""
 
     def lines(found: tuple[tuple[str, str], ...], flag: str) -> list[str]:
         return [_position_line(name, code, printed.open_positions.get(name), flag) for name, code in found]
