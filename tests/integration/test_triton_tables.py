@@ -11,8 +11,10 @@ The cases are test_positions_tables.py's: a learned relative bias b[|i − j|, 0
 b[min(|i − j|, w), 0], T5's buckets, a per-head table T[|i − j|, h] (alone and under a causal mask), row and column
 tables b1[i, 0] + b2[j, 0] with n ≠ m, and document ids per sequence (a constant with a batch axis) beside a
 relative bias. Output and every gradient (the table's included) match torch autograd of an independent float64
-forward (the tables indexed by torch), causal and not; the JVP matches torch.func.jvp of it; a table larger than
-the histogram takes, and a table in a log-softmax map, are refused in one line.
+forward (the tables indexed by torch), causal and not, and so do a learned table per sequence, per-sequence gradients
+under torch.func.vmap and torch.compile; the JVP matches torch.func.jvp of it; the double backward (the eager core)
+autograd's; no tensor of n × m entries is made; a table larger than the histogram takes, and a table in a
+log-softmax map, are refused in one line; the kernels compile for sm_90.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import sys
 
 import pytest
 import sympy as sp
+import test_positions_tables as small  # its cases at its own sizes (n = 6, m = 7)
 from test_positions_tables import CASES, D_K, table_spec
 from triton_rendered import compare, torch, triton_module  # (skips without torch, triton or the interpreter)
 
@@ -224,3 +227,44 @@ def test_the_tables_are_gathered_and_no_n_by_m_tensor_is_made(folder):
         torch.autograd.grad(out, leaves, torch.ones_like(out))
         module.jvp(*inputs, {"b2": torch.ones_like(inputs[-1])})
     assert shapes and not [s for s in shapes if N in s and M in s]
+
+
+def test_a_learned_table_per_sequence_gets_its_gradient_per_sequence(folder):
+    """b[i − j + n − 1, 0] with b (2, 2n − 1, 1), one table per sequence (test_positions_tables.py's sizes, n = 6):
+    each batch·head gathers its own, and its gradient keeps the batch axis (the partial histograms summed over the row
+    blocks only)."""
+    inputs = small._inputs("offset", seed=3)
+    want, cotangent, wanted = small._wanted("offset", inputs)
+    module = triton_module(table_spec("offset"), folder)
+    out, grads = _gradients(module.forward, [x.float() for x in inputs], len(inputs), cotangent.float())
+    compare(out, want, "offset forward", rtol=1e-4)
+    for name, got, expected in zip(table_spec("offset").input_names, grads, wanted):
+        assert got.shape == expected.shape
+        compare(got, expected, f"offset d{name}", rtol=1e-4)
+
+
+@pytest.mark.parametrize("how", ["vmap", "compile"])
+def test_per_sequence_gradients_under_vmap_and_torch_compile(how, folder):
+    """torch.func.vmap of torch.func.grad (one sequence at a time: the backward op's vmap rule, the tables' views
+    merged with the batch·heads), and torch.compile(fullgraph=True) of forward and backward (the ops' fake shapes),
+    against autograd of the independent forward (per head, test_positions_tables.py's sizes)."""
+    module = triton_module(table_spec("heads"), folder)
+    q, k, v, table = small._inputs("heads", seed=10)
+    if how == "vmap":
+
+        def per_sequence(function, dtype):  # ∂/∂T of one sequence's loss, one sequence at a time under vmap
+            loss = lambda b, *x: function(*x, b).square().sum()  # noqa: E731
+            arguments = (x.to(dtype) for x in (table, q, k, v))
+            return torch.func.vmap(torch.func.grad(loss), in_dims=(None, 0, 0, 0))(*arguments)
+
+        want = per_sequence(lambda *x: small.reference("heads", *x), torch.float64)
+        compare(per_sequence(module.forward, torch.float32), want, "vmap of grad: dT per sequence", rtol=1e-4)
+        return
+    compiled = torch.compile(module.forward, fullgraph=True, backend="aot_eager")
+    inputs = [q, k, v, table]
+    cotangent = torch.randn(q.shape, generator=torch.Generator().manual_seed(11), dtype=torch.float64)
+    got = _gradients(compiled, [x.float() for x in inputs], 4, cotangent.float())
+    want = _gradients(lambda *x: small.reference("heads", *x), inputs, 4, cotangent)
+    compare(got[0], want[0], "compiled forward", rtol=1e-4)
+    for name, a, b in zip("QKVT", got[1], want[1]):
+        compare(a, b, f"compiled d{name}", rtol=1e-4)
