@@ -225,15 +225,15 @@ def _tile_gradient(grad, wanted, batch, like):
 
 def _slots(table, name):
     """The slots of a learned table's gradient histogram in the kernels: its rows·cols entries, padded to a power of
-    two. The kernels compare each score's index with every slot (one-hot, O(tile · slots) work and registers per
-    tile): a table of more than 256 entries is refused in one line."""
+    two, at least 4. The kernels compare each score's index with every slot (one-hot, four slots at a time: O(tile ·
+    slots) work per tile): a table of more than 256 entries is refused in one line."""
     size = table.shape[-2] * table.shape[-1]
     if size > 256:
         raise ValueError(
             f"{SPEC}: the table {name} read at positions has {size} entries; the Triton kernels sum a learned "
             "table's gradient over at most 256 (use the torch backend, or a smaller or clamped table)"
         )
-    return 1 << max(size - 1, 1).bit_length()
+    return max(4, 1 << (size - 1).bit_length())  # (four at a time: _histogram)
 
 
 def _table_sizes(tables, learned, first):
