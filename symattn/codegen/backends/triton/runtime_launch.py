@@ -236,14 +236,6 @@ def _slots(table, name):
     return max(4, 1 << (size - 1).bit_length())  # (four at a time: _histogram)
 
 
-def _table_sizes(tables, learned, first):
-    """Refuses, before any launch, a learned table that requires grad and that the gradient's histogram cannot take
-    (_slots); learned: (its place among the kernels' tiles, its name), first the tables' first place there."""
-    for place, name in learned:
-        if tables[place - first].requires_grad:
-            _slots(tables[place - first], name)
-
-
 def _table_gradient(parts, batch, like, wanted):
     """A table's gradient from the kernels' partial histograms (BH, row blocks, slots), one row per program: summed
     over the row blocks, then over the batch axes the table broadcasts, in a fixed order (torch's sums, no atomics:
