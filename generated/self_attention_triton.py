@@ -721,7 +721,8 @@ def _backward_kernel(
 
     A block of BLOCK_M query rows of batch·head bh: the key blocks in turn, dQ = Σ dS K; each n × m input's gradient
     tile written where it is made (contiguous (BH, n, m), once each), each trainable scalar's sum over the block's
-    tiles written to its slot (BH × row blocks), summed after in a fixed order.
+    tiles written to its slot (BH × row blocks), each learned table's histogram over them (_histogram) to its row
+    (BH × row blocks × slots): summed after in a fixed order.
 
     A block of BLOCK_N keys of key/value batch·head kv: the query blocks of each query head sharing it in turn, each
     tile transposed (keys × queries: Sᵀ = K Qᵀ, Pᵀ recomputed from L, dPᵀ = V dOᵀ, dSᵀ), so dV = Σ Pᵀ dO and

@@ -393,13 +393,6 @@ def test_the_numpy_module_keeps_float32_with_a_table():
     assert grads["b"].dtype == np.float32 and grads["b"].shape == (BUCKETS, 1)
 
 
-def test_the_triton_kernels_refuse_a_table_in_one_line():
-    # (the memory-efficient variant reads tables at each block's positions: test_positions_tables_memeff.py)
-    with pytest.raises(SymattnError, match="positions") as err:
-        codegen.render(table_spec("relative"), "triton")
-    assert "\n" not in str(err.value)
-
-
 SCATTERS = {  # (W's shape, (r, c) of the grids, the table's shape)
     "relative": ((N, N), lambda i, j: ((i - j).abs(), 0), (N, 1)),
     "window": ((N, M), lambda i, j: (torch.clamp((i - j).abs(), max=WINDOW), 0), (WINDOW + 1, 1)),

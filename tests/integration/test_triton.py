@@ -373,6 +373,11 @@ for name, dtype in [(k, "fp16") for k in KERNELS] + [(k, "fp32") for k in FLOAT3
             precision = "tf32" if dtype == "fp16" else "ieee"
             block = 64 if dtype == "fp16" else 32  # IEEE float32 products are FMA loops: 64 compiles 3× longer
             constants[(i,)] = block if p.startswith("BLOCK") else precision if p == "PRECISION" else p != "WIDE"
+        elif p.startswith("TABLE_"):  # a learned table's histogram slots (test_triton_tables.py)
+            signature[p] = "constexpr"
+            constants[(i,)] = 32
+        elif p.startswith(("TAB_", "P_")):  # a table read at positions, its tangent, its partial histograms
+            signature[p] = "*fp32"
         elif p == "R" and "RESIDUAL" in names:  # O's rounding, in O's dtype
             signature[p] = f"*{dtype}"
         elif p in ("L", "D", "C", "R") or p[:2] in ("T_", "G_", "R_", "TT"):  # C: the scalar arguments, float32

@@ -4,7 +4,7 @@ all masked among them), a function of |i − j| under a soft cap, a learned slop
 log-distance (floor, Min), a signed root with a squared Max, and a distance decay multiplied into the scores.
 Forward, every gradient (τ's summed per program, then in a fixed order) and the JVP match the torch backend's
 module and torch autograd of an independent float64 forward (the positional term built by the test with
-torch.arange); no n × m tensor is made, and a formula reading a matrix's entries at positions is refused in one line.
+torch.arange); no n × m tensor is made. (Tables read at positions: test_triton_tables.py.)
 """
 
 from __future__ import annotations
@@ -18,9 +18,6 @@ from rendered import load
 from triton_rendered import compare, torch, triton_module
 
 import symattn as sa
-from symattn.codegen import generate as codegen
-from symattn.errors import SymattnError
-from symattn.lang.positions import Entries, I, J
 from symattn.specs import dim
 
 n, m, d = dim("n"), dim("m"), dim("d")
@@ -337,14 +334,3 @@ def test_no_n_by_m_tensor_is_made(folder):
         torch.autograd.grad(out, leaves, torch.ones_like(out))
         module.jvp(*inputs, {"tau": torch.tensor(1.0)})
     assert shapes and not [s for s in shapes if rows in s and cols in s]
-
-
-def test_a_table_read_at_positions_is_refused_in_one_line():
-    """b[|i − j|, 0] (a learned relative table) in a formula: refused by the Triton backend, naming the read."""
-    table = sp.MatrixSymbol("b", m, 1)
-    q, k, v = sa.matrix("Q", n, d), sa.matrix("K", m, d), sa.matrix("V", m, d)
-    read = Entries(n, m, sp.Lambda((I, J), table[sp.Abs(I - J), 0]))
-    spec = sa.Spec("table_read", "a table read at positions", (q, k, v, table), sa.softmax(q * k.T + read) * v)
-    with pytest.raises(SymattnError, match=r"positions that read entries of a matrix \(b\[Abs\(i - j\), 0\]\)") as err:
-        codegen.render(spec, "triton")
-    assert "\n" not in str(err.value)

@@ -3,12 +3,13 @@
 Q (n × d), K (m × d) and V (m × d_v) are thin factors, themselves any expressions of the inputs (X W_Q); E is
 a chain of entrywise steps on the raw scores S (a scalar times S, n × m inputs and constants added or multiplied
 in, trainable scalars, the language's entrywise functions, matrices of positions ``sa.entries``, whole or per head,
-computed in the tiles from their positions); N is a row normaliser of ``NORMALISERS``: the row softmax,
-the division of each row by its sum (A ⊘ rowsum(A) 𝟏ᵀ, as softplus attention's), or none (P = A, as sigmoid
-attention's σ(c·S)); P may be dropped out (P ⊙ Z_p(P), ``sa.dropout`` of the weights: O = (N(A) ⊙ Z_p) V, the
-mask drawn in the kernels' registers from a seed); or the core is a map with no V, O = log-softmax(A) (n × m:
-pointer attention's output). A scalar c multiplying the scores product goes into E (A = E(c·S)), one multiplying
-the product with V stays outside (c · O). What lies outside the core (the factors' expressions, what the spec makes
+computed in the tiles from their positions, reading tables (inputs or constants: ``Core.tables``) at positions by
+a gather); N is a row normaliser of ``NORMALISERS``: the row softmax, the division of each row by its sum
+(A ⊘ rowsum(A) 𝟏ᵀ, as softplus attention's), or none (P = A, as sigmoid attention's σ(c·S)); P may be dropped
+out (P ⊙ Z_p(P), ``sa.dropout`` of the weights: O = (N(A) ⊙ Z_p) V, the mask drawn in the kernels' registers from
+a seed); or the core is a map with no V, O = log-softmax(A) (n × m: pointer attention's output; no table read).
+A scalar c multiplying the scores product goes into E (A = E(c·S)), one multiplying the product with V stays
+outside (c · O). What lies outside the core (the factors' expressions, what the spec makes
 of O) stays torch: ``Cores.rest`` is the spec's output with each core's value replaced by its symbol ``output``. A
 spec may have several cores (differential attention's two), each computed by its own kernels.
 """
@@ -33,7 +34,6 @@ from sympy.matrices.expressions import (
     Transpose,
     ZeroMatrix,
 )
-from sympy.matrices.expressions.matexpr import MatrixElement
 
 from symattn.errors import SymattnError
 from symattn.lang.functions import Elementwise
@@ -65,6 +65,7 @@ class Core:
     scalars: tuple[sp.Symbol, ...]  # the trainable scalars A reads
     grouped: bool = False  # K and V have H_kv heads shared by H query heads (their RepeatHeads left to the kernels)
     dropout: Basic | None = None  # p of O = (N(A) ⊙ Z_p) V, the weights dropped out; None: not dropped
+    tables: tuple[MatrixSymbol, ...] = ()  # the inputs and constants A's matrices of positions read at positions
 
 
 @dataclass(frozen=True)
@@ -79,12 +80,6 @@ def find_cores(spec: Spec) -> Cores:
     """The spec's cores O = N(E(Q Kᵀ)) V, a product of a sum of normalised maps with V taken as the sum of the
     products ((P₁ − λ P₂) V = P₁ V − λ P₂ V, differential attention's); a SymattnError of one line naming what is
     missing where there is none, or where the output reads a core's P or scores besides P V."""
-    read = next((x for x in postorder(spec.output) if isinstance(x, Entries) and x.formula.has(MatrixElement)), None)
-    if read is not None:
-        raise SymattnError(
-            f"{spec.name}: positions that read entries of a matrix ({read.formula}) are not in the Triton kernels; "
-            "use the torch backend"
-        )
     output = _distributed(spec.output)
     nodes = list(dict.fromkeys(x for x in postorder(output) if _core_at(spec, x, MatrixSymbol("O", 1, 1))))
     nodes = [x for x in nodes if not any(x in postorder(y) and x != y for y in nodes)]  # the outermost
@@ -97,6 +92,12 @@ def find_cores(spec: Spec) -> Cores:
     read = set(postorder(rest))
     if not cores or any(x in read for c, node in zip(cores, nodes) for x in _inside(node)):
         raise SymattnError(f"{spec.name}: {WHAT} ({_why_not(spec, output, cores)})")
+    mapped = next((c for c in cores if c.tables and c.value is None), None)
+    if mapped is not None:
+        raise SymattnError(
+            f"{spec.name}: a table read at positions ({', '.join(str(t.name) for t in mapped.tables)}) in a "
+            "log-softmax map is not in the Triton kernels; use the torch backend"
+        )
     inner = next((x for node in nodes for x in _inner_draws(node)), None)
     if inner is not None:
         raise SymattnError(
@@ -191,15 +192,17 @@ def _core_at(spec: Spec, node: Basic, output: MatrixSymbol) -> Core | None:
     scores = MatrixSymbol("S", n, m)
     a = logits.xreplace({products[0]: c * scores if c != 1 else scores})
     value = None if not thin else MatMul(*thin).doit() if len(thin) > 1 else thin[0]
-    tiles = tuple(sorted((x for x in matrix_symbols(a) if x != scores), key=str))
+    read = {r.parent for x in postorder(a) if isinstance(x, Entries) for r in x.reads}
+    tables = tuple(sorted(read, key=str))
+    tiles = tuple(sorted((x for x in matrix_symbols(a) if x != scores and x not in read), key=str))
     allowed = {*spec.inputs, *spec.constants}
-    if any(t not in allowed or t.shape != (n, m) for t in tiles):
+    if any(t not in allowed or t.shape != (n, m) for t in tiles) or any(t not in allowed for t in tables):
         return None
     scalars = tuple(x for x in spec.inputs if isinstance(x, sp.Symbol) and x in a.free_symbols)
     grouped = all(isinstance(x, RepeatHeads) for x in (key, value)) and key.args[1:] == value.args[1:]
     if grouped:  # RepeatHeads(A, H_kv, H): H_kv heads read by H query heads, in place by the kernels
         key, value = key.arg, value.arg
-    return Core(query, key, value, scores, a, normaliser, output, tiles, scalars, grouped, dropout)
+    return Core(query, key, value, scores, a, normaliser, output, tiles, scalars, grouped, dropout, tables)
 
 
 def _dropped(p: MatrixExpr) -> tuple[MatrixExpr, Basic | None]:

@@ -73,7 +73,7 @@ def eager_body(core: dict) -> str:
     """The lines of ``_core_eager{c}(Q, K, V, causal, symbols, tensors, origin, part)`` for a core's context
     (``_core_context``)."""
     c, tiles, scalars = core["c"], core["tiles"], [x["name"] for x in core["scalars"]]
-    names = [t["tile"] for t in tiles] + scalars
+    names = [t["tile"] for t in tiles] + scalars + [f"table_{t['name']}" for t in core["tables"]]
     lines = [
         "wide = torch.promote_types(Q.dtype, torch.float32)  # a 16-bit run's n × m arrays float32, as the kernels'"
     ]

@@ -135,6 +135,17 @@ def _core_context(core: Core, printed: Printed, c: str, constants: frozenset[str
         }
         for i, t in enumerate(core.tiles)
     ]
+    first = len(tiles) + len(scalars)  # the tables' places among the Function's tensors: after the scalars
+    tables = [
+        {
+            "name": str(t.name),
+            "index": first + i,
+            "place": i,
+            "reads": printed.table_gradients.get(str(t.name), ()),
+            "learned": str(t.name) not in constants,
+        }
+        for i, t in enumerate(core.tables)
+    ]
     coefficient_code, tangent_code = (
         [{"name": name, "code": printer.doprint(e), "math": plain_text(e)} for e, name in found.items()]
         for found in (printed.coefficients, printed.tangent_coefficients)
@@ -159,7 +170,11 @@ def _core_context(core: Core, printed: Printed, c: str, constants: frozenset[str
         "scalar_tangents": scalar_tangents,
         "logits_tangent": printed.logits_tangent,
         "tiles": tiles,
-        "tensor_names": [t["name"] for t in tiles] + scalars + ([f"core_seed{c}"] if core.dropout is not None else []),
+        "tables": tables,
+        "tensor_names": [t["name"] for t in tiles]
+        + scalars
+        + [t["name"] for t in tables]
+        + ([f"core_seed{c}"] if core.dropout is not None else []),
         # dropout of the weights: its draws' code, and the seed's line (drawn per call, the core's last tensor)
         "dropout": None if core.dropout is None else dropout_draws(core.dropout),
         "seed": None if core.dropout is None else f"core_seed{c} = _seed({TRAINING}, {RNG}, core_q{c})",
@@ -192,7 +207,8 @@ def _ring(core: Core, constants: frozenset[str]) -> dict:
 
 def _positions(printed: Printed) -> dict:
     """The lines making a core's tiles of positions (``positions``): the grids of the tile's positions (a transposed
-    tile's too), then each tile; those only the JVP reads; the eager core's. Empty where the core reads none."""
+    tile's too), then each tile; those only the JVP reads; those only the tables' gradients read; the eager core's.
+    Empty where the core reads none."""
 
     def lines(found: tuple[tuple[str, str], ...], flag: str) -> list[str]:
         return [_position_line(name, code, printed.open_positions.get(name), flag) for name, code in found]
@@ -204,6 +220,7 @@ def _positions(printed: Printed) -> dict:
         "positions": kernel and kernel_grid(printed.heads) + kernel,
         "transposed_positions": transposed and kernel_grid(printed.heads, transposed=True) + transposed,
         "tangent_positions": lines(printed.tangent_positions, "MASKED"),
+        "gradient_positions": lines(printed.gradient_positions, "MASKED"),
         "eager_positions": eager and eager_grid(printed.eager_heads) + eager,
         "window": window
         and {

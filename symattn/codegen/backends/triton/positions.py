@@ -51,11 +51,21 @@ class Spelling:
     prefix: str
     branch: str = "{}"
     count: str = "{}"
+    index: str = "{}"  # an index of a table read, cast to an integer
+    table: str = ""  # a table read: {t} the table's name, {r} and {c} its row and column index (``table_read``)
 
 
 SPELLINGS = {  # the kernels' (triton.language), the eager core's (torch, whose minimum takes tensors only)
-    TRITON: Spelling("tl.", count="{}.to(tl.int64)"),
-    TORCH: Spelling("torch.", branch="pos_i.new_tensor({})"),
+    TRITON: Spelling(
+        "tl.",
+        count="{}.to(tl.int64)",
+        index="({}).to(tl.int64)",
+        table="tl.load(TAB_{t} + (bh // inner) * tab_{t}_b + (bh % inner) * tab_{t}_h + {r} * tab_{t}_r "
+        "+ {c} * tab_{t}_c, mask=inside, other=0.0).to(tl.float32)",
+    ),
+    TORCH: Spelling(
+        "torch.", branch="pos_i.new_tensor({})", index="torch.as_tensor({}).long()", table="table_{t}[..., {r}, {c}]"
+    ),
 }
 
 
@@ -160,15 +170,40 @@ def eager_grid(heads: str | None) -> list[str]:
 
 
 def formula_code(
-    formula: Expr, scalar: Callable[[Basic], str], backend: str, grid: dict[Basic, str] | None = None
+    formula: Expr,
+    scalar: Callable[[Basic], str],
+    backend: str,
+    grid: dict[Basic, str] | None = None,
+    tables: dict[Basic, str] | None = None,
 ) -> str:
     """formula as one expression of the grids (``GRID``, or grid's names) in backend (TRITON: the kernels', TORCH:
     the eager core's); scalar(e): a subexpression free of them (a number as a literal, any other a scalar argument's
-    name). The walk is the array printers' (``numeric.positions.code``), written in the library's flavour."""
-    return code(formula, _flavour(scalar, SPELLINGS[backend], GRID if grid is None else grid))
+    name); tables: each table the formula reads at positions → its name (``table_read``). The walk is the array
+    printers' (``numeric.positions.code``), written in the library's flavour."""
+    flavour = _flavour(scalar, SPELLINGS[backend], GRID if grid is None else grid, tables or {})
+    return code(formula, flavour)
 
 
-def _flavour(scalar: Callable[[Basic], str], spelling: Spelling, names: dict[Basic, str]) -> Flavour:
+def table_read(spelling: Spelling, table: str, row: str, col: str) -> str:
+    """Table entry b[r, c] at each position of a tile, as the spelling reads a table (``Spelling.table``): in the
+    kernels a gather from b's pointer ``TAB_b`` by its strides (outer batch ``tab_b_b``, inner batch ``tab_b_h``,
+    row ``tab_b_r``, column ``tab_b_c``; a table without batch axes has stride 0 there), masked to the tile's part in
+    n × m (its indices lie in b only there); in the eager core b's indexing at the index grids (``table_b``). A
+    literal index is an int, any other cast (``Spelling.index``)."""
+    return spelling.table.format(t=table, r=_index(row, spelling.index), c=_index(col, spelling.index))
+
+
+def _index(text: str, cast: str) -> str:
+    """An index's code as an integer: a literal (``0.0``) as an int literal, any other cast."""
+    try:
+        return str(int(float(text)))
+    except ValueError:
+        return cast.format(text)
+
+
+def _flavour(
+    scalar: Callable[[Basic], str], spelling: Spelling, names: dict[Basic, str], tables: dict[Basic, str]
+) -> Flavour:
     """How the kernels (or the eager core) write a formula: products and quotients in parentheses, a power by its
     exponent, sign by where (tl has none), a scalar operand of where, minimum or maximum as the library takes it."""
     xp = spelling.prefix.rstrip(".")
@@ -219,20 +254,34 @@ def _flavour(scalar: Callable[[Basic], str], spelling: Spelling, names: dict[Bas
             return branch(value, text)
         return f"{xp}.where({condition}, {branch(value, text)}, {where(rest)})"
 
-    def unread(table: str, row: str, col: str) -> str:
-        raise SymattnError(f"the Triton kernels read no matrix at positions ({table}[{row}, {col}])")
+    def constant(e: Basic) -> str:
+        """A table (read at positions: its name) or a scalar free of the positions."""
+        return tables[e] if e in tables else scalar(e)
+
+    def read(table: str, row: str, col: str) -> str:
+        if table not in tables.values():
+            raise SymattnError(f"the Triton kernels read no matrix {table} at positions")
+        return table_read(spelling, table, row, col)
 
     flavour = Flavour(
         names=names,
         infinity=('float("-inf")', 'float("inf")'),
-        constant=scalar,
+        constant=constant,
         add=lambda terms: "(" + " + ".join(terms).replace("+ -", "- ") + ")",
         mul=mul,
         power=power,
         call=call,
         piecewise=where,
         not_=lambda a: f"(~{a})",
-        read=unread,
-        checked_read=lambda table, row, col, name, source: unread(table, row, col),
+        read=read,
+        checked_read=lambda table, row, col, name, source: _unchecked(table, name),
     )
     return flavour
+
+
+def _unchecked(table: str, index: str) -> str:
+    """A table read at an index read from a constant (Swin's T[idx[i, j], h]): not in the kernels."""
+    raise SymattnError(
+        f"the Triton kernels read no table at an index read from a constant ({table}[{index}[…], …]); use the torch "
+        "backend"
+    )

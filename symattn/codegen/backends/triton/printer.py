@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import sympy as sp
 from sympy import Basic, MatrixExpr, MatrixSymbol
 from sympy.matrices.expressions import HadamardPower, HadamardProduct, MatAdd, MatMul, OneMatrix, ZeroMatrix
+from sympy.matrices.expressions.matexpr import MatrixElement
 
 from symattn.autodiff.differentials import differential
 from symattn.codegen.backends.triton.core import Core
@@ -31,6 +32,7 @@ from symattn.codegen.backends.triton.positions import (
 )
 from symattn.errors import SymattnError
 from symattn.lang.functions import TORCH, TRITON, Elementwise
+from symattn.lang.graph import postorder
 from symattn.lang.ops import SplitHeads
 from symattn.lang.piecewise import literal
 from symattn.lang.positions import Entries
@@ -63,6 +65,7 @@ class TilePrinter:
     positions: dict[Basic, tuple[str, str]] = field(default_factory=dict)  # a tile's position formula → (name, code)
     heads: Basic | None = None  # H, inside split_heads (its positions read the program's head)
     head_count: str | None = None  # how the grid's head is found from bh (``positions.head_code``); None: no split
+    tables: dict[Basic, str] = field(default_factory=dict)  # a table read at positions → its name (``table_read``)
 
     def doprint(self, expr: Basic) -> str:
         if expr in self.names:
@@ -98,12 +101,14 @@ class TilePrinter:
         """The name of a tile of positions (``pos0``, …), its formula printed once per distinct formula."""
         formula = tile_formula(entries, self.heads)
         if formula not in self.positions:
-            self.positions[formula] = (f"pos{len(self.positions)}", formula_code(formula, self._scalar, self.backend))
+            found = formula_code(formula, self._scalar, self.backend, tables=self.tables)
+            self.positions[formula] = (f"pos{len(self.positions)}", found)
         return self.positions[formula][0]
 
     def _per_head(self, expr: SplitHeads) -> str:
         """Head h's block of an n × H·m matrix of positions: its tile read at the program's head."""
-        if self.heads is not None or any(isinstance(x, sp.MatrixSymbol) for x in sp.preorder_traversal(expr.arg)):
+        read = set(self.tables)  # (the tables its positions read are no matrix split)
+        if self.heads is not None or any(isinstance(x, MatrixSymbol) and x not in read for x in postorder(expr.arg)):
             raise SymattnError(f"the Triton kernels split into heads only matrices of positions, not {expr.arg}")
         count = head_code(expr.heads, self._scalar, self.backend)
         if self.head_count not in (None, count):
@@ -156,34 +161,49 @@ class Printed:
     window: TileWindow | None = None  # the tiles each program visits (None: every tile, the mask applied on each)
     open_positions: dict[str, str] = field(default_factory=dict)  # a mask's tile → its code on a tile every row
     # sees whole (its −∞ branches dropped: no where)
+    table_gradients: dict[str, tuple[tuple[str, str], ...]] = field(default_factory=dict)  # a learned table's name →
+    # per read b[r, c]: (its flat index r·cols + c as an int tile, G ⊙ ∂A/∂b[r, c])
+    gradient_positions: tuple[tuple[str, str], ...] = ()  # the tiles of positions only those read
 
 
 def print_core(core: Core, constants: frozenset[str]) -> Printed:
     """The Triton expressions of the core's steps, the tile names ``s``, ``g`` and ``tile_<name>``."""
     g = MatrixSymbol("_G", *core.scores.shape)
     names = {core.scores: SCORES, g: GRADIENT, **{t: tile_name(t) for t in core.tiles}}
-    printer = TilePrinter(names)
+    tables = {t: str(t.name) for t in core.tables}
+    printer = TilePrinter(names, tables=tables)
     logits = printer.doprint(core.logits)
     scores_gradient = _printed(printer, differential(core.logits, {core.scores: g}))
     tiles = {str(t.name): _printed(printer, differential(core.logits, {t: g})) for t in core.tiles}
     scalars = {str(x): _printed(printer, differential(core.logits, {x: sp.Integer(1)})) for x in core.scalars}
+    learned = [t for t in core.tables if str(t.name) not in constants]
+    # the tables' gradients: tiles of positions of their own (the backward's query part alone reads them), their
+    # scalar arguments the kernels' (the same dict)
+    weigher = TilePrinter(names, printer.coefficients, positions=dict(printer.positions), tables=tables)
+    weigher.head_count = printer.head_count
+    table_gradients = {str(t.name): table_weights(weigher, core.logits, t) for t in learned}
     forward = dict(printer.coefficients)
     moving = [t for t in core.tiles if str(t.name) not in constants]
-    tangents = {t: MatrixSymbol(f"_{t.name}_t", *t.shape) for t in moving}
+    tangents = {t: MatrixSymbol(f"_{t.name}_t", *t.shape) for t in (*moving, *learned)}
     s_t = MatrixSymbol("_S_t", *core.scores.shape)
     tangent_names = {**names, s_t: SCORES_TANGENT, **{d: tangent_tile_name(t) for t, d in tangents.items()}}
-    tangent_printer = TilePrinter(tangent_names, dict(forward), positions=dict(printer.positions))
+    tangent_tables = tables | {tangents[t]: f"{t.name}_dot" for t in learned}
+    tangent_printer = TilePrinter(
+        tangent_names, dict(forward), positions=dict(weigher.positions), tables=tangent_tables
+    )
     tangent_printer.head_count = printer.head_count
     directions = {core.scores: s_t, **tangents, **{x: tangent_symbol(x) for x in core.scalars}}
     logits_tangent = _printed(tangent_printer, differential(core.logits, directions))
     extra = {c: name for c, name in tangent_printer.coefficients.items() if c not in forward}
-    eager = TilePrinter(names, dict(forward), TORCH)
+    eager = TilePrinter(names, dict(forward), TORCH, tables=tables)
     eager_logits = eager.doprint(core.logits)
     masks = masks_of(core.logits, core.normaliser)
     window = tile_window(masks, core.scores.shape)
     opened = {**printer.positions, **tangent_printer.positions} if window else {}
     open_positions = {
-        name: formula_code(unmasked(f), printer._scalar, TRITON) for f, (name, _) in opened.items() if f in masks
+        name: formula_code(unmasked(f), printer._scalar, TRITON, tables=tangent_tables)
+        for f, (name, _) in opened.items()
+        if f in masks
     }
     return Printed(
         logits,
@@ -195,13 +215,41 @@ def print_core(core: Core, constants: frozenset[str]) -> Printed:
         extra,
         eager_logits,
         tuple(printer.positions.values()),
-        tuple(p for f, p in tangent_printer.positions.items() if f not in printer.positions),
+        tuple(p for f, p in tangent_printer.positions.items() if f not in weigher.positions),
         tuple(eager.positions.values()),
         tangent_printer.head_count,
         eager.head_count,
         window,
         open_positions,
+        table_gradients,
+        tuple(p for f, p in weigher.positions.items() if f not in printer.positions),
     )
+
+
+def table_weights(printer: TilePrinter, logits: MatrixExpr, table: MatrixSymbol) -> tuple[tuple[str, str], ...]:
+    """Per read b[r, c] of the table in A: (the flat index r·cols + c of each position, an int tile; the weight
+    G ⊙ ∂A/∂b[r, c]), so that b̄[k] = Σ_{(i, j): index(i, j) = k} weightᵢⱼ. ∂A/∂b[r, c] is dA along a tangent ḃ with
+    that read of ḃ set to 1 and every other to 0 (dA is linear in the reads); the index is a matrix of positions in
+    the read's place (per head: inside its split_heads)."""
+    dot = MatrixSymbol(f"_{table.name}_d", *table.shape)
+    moved = differential(logits, {table: dot})
+    if moved is None:
+        return ()
+    reads = sorted({e for e in moved.atoms(MatrixElement) if e.parent == dot}, key=sp.default_sort_key)
+    found = []
+    for read in reads:
+        weight = moved.xreplace({e: sp.Integer(int(e == read)) for e in reads})
+        row, col = read.indices
+        flat = row * table.shape[1] + col  # (as the read prints it: the same rounding)
+        holder = next(x for x in postorder(moved) if isinstance(x, Entries) and read in x.formula.atoms(MatrixElement))
+        index = Entries(holder.rows, holder.cols, sp.Lambda(holder.lamda.variables, flat))
+        split = next((x for x in postorder(moved) if isinstance(x, SplitHeads) and x.arg == holder), None)
+        if flat.is_number:
+            code = f"tl.full((BLOCK_M, BLOCK_N), {int(flat)}, tl.int32)"
+        else:
+            code = f"{printer.doprint(index if split is None else SplitHeads(index, split.heads))}.to(tl.int32)"
+        found.append((code, f"({GRADIENT} * {printer.doprint(weight)})"))
+    return tuple(found)
 
 
 # each score's place in its batch·head's n × m scores, flat (int64): a tile's, a transposed tile's (keys × queries)

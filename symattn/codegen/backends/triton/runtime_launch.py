@@ -1,7 +1,8 @@
 """Runtime helpers of the generated Triton modules' launches: each kernel's launch settings (blocks that fit shared
 memory, warps, stages, tl.dot's precision), its grid, the eager or custom-op call, the operands broadcast and
 flattened to the kernels' (batch·heads, rows, columns) layout, the n × m tiles' views and strides, the scalar
-arguments as one float32 tensor, and an n × m tile's gradient summed back to its input's shape.
+arguments as one float32 tensor, and an n × m tile's gradient summed back to its input's shape; a table read at
+positions: its histogram's slots (its size limit), its gradient from the kernels' partial histograms.
 
 Real code, linted and tested; ``module.render_triton`` copies the source of the ones a module calls (read with
 ``ast``, ``runtime_functions``) into it. ``LAUNCH``, ``SHARED``, ``STREAMED``, ``GRID_Y`` and ``_NUMBERS`` stand for
@@ -18,7 +19,7 @@ except ImportError:  # pragma: no cover - generating a Triton module reads this 
 
     torch = SimpleNamespace(compiler=SimpleNamespace(assume_constant_result=lambda f: f))
 
-from symattn.codegen.backends.triton.runtime_autograd import _batched  # (the generated module has its copy)
+from symattn.codegen.backends.triton.runtime_autograd import SPEC, _batched  # (the generated module has its copies)
 
 # per kernel: BLOCK_M (query rows), BLOCK_N (keys), warps, pipeline stages; the generated module's table
 LAUNCH: dict[str, tuple[int, int, int, int]] = {}
@@ -220,3 +221,33 @@ def _tile_gradient(grad, wanted, batch, like):
     if not wanted or like is None:
         return None
     return grad.view(*batch, *grad.shape[-2:]).sum_to_size(like.shape).to(like.dtype)
+
+
+def _slots(table, name):
+    """The slots of a learned table's gradient histogram in the kernels: its rows·cols entries, padded to a power of
+    two, at least 4. The kernels compare each score's index with every slot (one-hot, four slots at a time: O(tile ·
+    slots) work per tile): a table of more than 256 entries is refused in one line."""
+    size = table.shape[-2] * table.shape[-1]
+    if size > 256:
+        raise ValueError(
+            f"{SPEC}: the table {name} read at positions has {size} entries; the Triton kernels sum a learned "
+            "table's gradient over at most 256 (use the torch backend, or a smaller or clamped table)"
+        )
+    return max(4, 1 << (size - 1).bit_length())  # (four at a time: _histogram)
+
+
+def _table_gradient(parts, batch, like, wanted):
+    """A table's gradient from the kernels' partial histograms (BH, row blocks, slots), one row per program: summed
+    over the row blocks, then over the batch axes the table broadcasts, in a fixed order (torch's sums, no atomics:
+    the same bits on every run), in like's dtype and shape; None where not wanted."""
+    if not wanted:
+        return None
+    size = like.shape[-2] * like.shape[-1]
+    total = parts.sum(-2)[..., :size].reshape(*batch, *like.shape[-2:])
+    return total.sum_to_size(like.shape).to(like.dtype)
+
+
+def _table_tangent(tangent, table, batch):
+    """A table's tangent as the JVP kernel takes it (zero where None), a view like the table's (_tile)."""
+    tangent = torch.zeros_like(table) if tangent is None else tangent
+    return _tile(tangent, batch, *table.shape[-2:])
