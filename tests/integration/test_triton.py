@@ -351,20 +351,17 @@ def test_every_kind_of_step_at_once_matches_autograd(causal, folder):
 # Each kernel of a module compiled for an H100 (sm_90: TTIR, TTGIR, LLVM IR, PTX, cubin by the wheel's ptxas) in a
 # process without the interpreter: no GPU needed. Pointers float16 (L, D and the gradient tiles float32); a kernel
 # named NAME:fp32 also with float32 pointers (PRECISION "ieee", blocks of 32: the longest compile, so one kernel per
-# template).
+# template). Each argument is PATH=KERNEL,KERNEL,…: every module's kernels in one process (torch and triton imported
+# once, not once per module); each line printed names its module.
 COMPILE = """
 import importlib.util, inspect, re, sys
+from pathlib import Path
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-spec = importlib.util.spec_from_file_location("module", sys.argv[1])
-module = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(module)
-KERNELS = [k.split(":")[0] for k in sys.argv[2:]]
-FLOAT32 = [k.split(":")[0] for k in sys.argv[2:] if k.endswith(":fp32")]  # also compiled with float32 pointers
-for name, dtype in [(k, "fp16") for k in KERNELS] + [(k, "fp32") for k in FLOAT32]:
-    fn = getattr(module, name)
+
+def compiled(fn, dtype):
     names = list(inspect.signature(fn.fn).parameters)
     signature, constants = {}, {}
     for i, p in enumerate(names):
@@ -386,38 +383,51 @@ for name, dtype in [(k, "fp16") for k in KERNELS] + [(k, "fp32") for k in FLOAT3
             signature[p] = f"*{dtype}"
         else:
             signature[p] = "i32"
-    compiled = triton.compile(ASTSource(fn, signature, constants), target=GPUTarget("cuda", 90, 32))
-    assert compiled.asm["ptx"] and compiled.asm["cubin"], name
-    # the batch·head index widened to int64 before it multiplies a stride (offsets past 2**31 elements)
-    wide = re.search(r"(%\\w+) = tt.get_program_id y : i32.*arith.extsi \\1 : i32 to i64", compiled.asm["ttir"], re.S)
-    # float32 products in IEEE precision (PRECISION "ieee": no TF32 tensor-core instruction in the PTX)
-    print(name, dtype, "int64" if wide else "int32", "tf32" if "tf32" in compiled.asm["ptx"] else "no-tf32")
-"""
+    return triton.compile(ASTSource(fn, signature, constants), target=GPUTarget("cuda", 90, 32))
 
+
+for argument in sys.argv[1:]:
+    path, listed = argument.split("=")
+    spec = importlib.util.spec_from_file_location(Path(path).stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    KERNELS = [k.split(":")[0] for k in listed.split(",")]
+    FLOAT32 = [k.split(":")[0] for k in listed.split(",") if k.endswith(":fp32")]  # also with float32 pointers
+    for name, dtype in [(k, "fp16") for k in KERNELS] + [(k, "fp32") for k in FLOAT32]:
+        kernel = compiled(getattr(module, name), dtype)
+        assert kernel.asm["ptx"] and kernel.asm["cubin"], name
+        # the batch·head index widened to int64 before it multiplies a stride (offsets past 2**31 elements)
+        widened = r"(%\\w+) = tt.get_program_id y : i32.*arith.extsi \\1 : i32 to i64"
+        wide = re.search(widened, kernel.asm["ttir"], re.S)
+        # float32 products in IEEE precision (PRECISION "ieee": no TF32 tensor-core instruction in the PTX)
+        tf32 = "tf32" if "tf32" in kernel.asm["ptx"] else "no-tf32"
+        print(Path(path).stem, name, dtype, "int64" if wide else "int32", tf32, flush=True)
+"""
 
 # every kind of step at once; a division by the row sums and no normaliser; two cores (their kernels numbered); a
 # log-softmax map (O n × m, no V)
-@pytest.mark.slow  # a subprocess compiling three to five kernels (10 to 25 s)
-@pytest.mark.parametrize(
-    "name, kernels",
-    [
-        ("features", ["_forward_kernel:fp32", "_delta_kernel", "_backward_kernel", "_jvp_kernel"]),
-        ("softplus", ["_forward_kernel", "_delta_kernel", "_backward_kernel", "_jvp_kernel"]),
-        ("sigmoid", ["_forward_kernel", "_backward_kernel", "_jvp_kernel"]),
-        ("differential", ["_forward_kernel1", "_delta_kernel1", "_backward_kernel2"]),
-        ("pointer", ["_forward_kernel:fp32", "_backward_kernel", "_jvp_kernel"]),
-    ],
-)
-def test_the_kernels_compile_for_a_gpu_without_one(name, kernels, tmp_path):
-    path = tmp_path / f"{name}_triton.py"
-    path.write_text(render(features_spec() if name == "features" else gallery(name), "triton"), encoding="utf-8")
+GPU_KERNELS = {
+    "features": ["_forward_kernel:fp32", "_delta_kernel", "_backward_kernel", "_jvp_kernel"],
+    "softplus": ["_forward_kernel", "_delta_kernel", "_backward_kernel", "_jvp_kernel"],
+    "sigmoid": ["_forward_kernel", "_backward_kernel", "_jvp_kernel"],
+    "differential": ["_forward_kernel1", "_delta_kernel1", "_backward_kernel2"],
+    "pointer": ["_forward_kernel:fp32", "_backward_kernel", "_jvp_kernel"],
+}
+
+
+@pytest.mark.slow  # one subprocess compiling the five modules' seventeen kernels and two float32 ones (about 60 s)
+def test_the_kernels_compile_for_a_gpu_without_one(tmp_path):
+    """Each module of GPU_KERNELS: each kernel named compiled for sm_90, its batch·head index int64, no TF32."""
+    arguments, expected = [], []
+    for name, kernels in GPU_KERNELS.items():
+        path = tmp_path / f"{name}_triton.py"
+        path.write_text(render(features_spec() if name == "features" else gallery(name), "triton"), encoding="utf-8")
+        arguments.append(f"{path}={','.join(kernels)}")
+        expected += [f"{name}_triton {k.split(':')[0]} fp16 int64 no-tf32" for k in kernels]
+        expected += [f"{name}_triton {k.split(':')[0]} fp32 int64 no-tf32" for k in kernels if k.endswith(":fp32")]
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"} | {"TRITON_CACHE_DIR": str(tmp_path)}
-    command = [sys.executable, "-c", COMPILE, str(path), *kernels]
-    done = subprocess.run(command, capture_output=True, text=True, env=env)
-    assert done.returncode == 0, done.stderr[-3000:]
-    names = [k.split(":")[0] for k in kernels]
-    expected = [f"{k} fp16 int64 no-tf32" for k in names]
-    expected += [f"{k.split(':')[0]} fp32 int64 no-tf32" for k in kernels if k.endswith(":fp32")]
+    done = subprocess.run([sys.executable, "-c", COMPILE, *arguments], capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stdout[-1000:] + done.stderr[-3000:]
     assert done.stdout.splitlines() == expected
 
 
@@ -486,17 +496,18 @@ def test_a_float_mask_that_requires_grad_gets_its_gradient_the_same_bits_on_ever
 def test_a_launch_plan_is_made_once_per_shape_option_and_gradient_asked_for(folder):
     """Calls of one module alternating two query lengths, causal or not, and a float attn_mask with or without its
     gradient asked for: each against autograd of the float64 reference (the mask's gradient too); then the same calls
-    again read their plans (no new one made) and give the same bits."""
+    again read their plans (no new one made) and give the same bits. One batch of two heads (the plans are per
+    shape; the 2 × 2 batch·heads of the mask's broadcast gradient: test_a_float_mask_that_requires_grad_…)."""
     module = triton_module("attention", folder)
     module._PLANS.clear()
     generator = torch.Generator().manual_seed(11)
     calls = [(n, causal, learned) for n in (N, 20) for causal in (False, True) for learned in (False, True)]
     operands = {}
     for n, causal, learned in calls:
-        shapes = {"Q": (2, 2, n, D), "K": (2, 2, M, D), "V": (2, 2, M, DV)}
+        shapes = {"Q": (1, 2, n, D), "K": (1, 2, M, D), "V": (1, 2, M, DV)}
         inputs = {name: torch.randn(shape, generator=generator).requires_grad_() for name, shape in shapes.items()}
         mask = torch.randn((n, M), generator=generator).requires_grad_(learned)
-        operands[n, causal, learned] = (inputs, mask, torch.randn(2, 2, n, DV, generator=generator))
+        operands[n, causal, learned] = (inputs, mask, torch.randn(1, 2, n, DV, generator=generator))
     first = {}
     for n, causal, learned in calls:
         inputs, mask, cotangent = operands[n, causal, learned]

@@ -234,15 +234,18 @@ def test_an_unnamed_deep_spec_is_scheduled_with_its_layers_named():
 
 
 def schedule_work(depth: int, second_order: bool) -> int:
-    """Nodes walked to schedule the unnamed chain (or its second closed form); weights of its own, so that no
-    memo of another depth's chain is found."""
+    """Nodes walked to schedule the unnamed chain (its layers named first, as schedule_spec names them) or its
+    second closed form (of its first schedule); weights of its own, so that no memo of another depth's chain is
+    found."""
     from symattn.codegen.emit.second_order import second_order_schedule
     from symattn.codegen.schedule.build import schedule_spec
+    from symattn.specs.layers import named_layers
 
-    first = schedule_spec(tanh_chain(depth, weight=f"W_{depth}{second_order:d}"))
+    chain = tanh_chain(depth, weight=f"W_{depth}{second_order:d}")
+    first = schedule_spec(chain) if second_order else named_layers(chain)  # schedule_spec(chain).spec: no schedule
     clear_memos()  # the other depth's chain shares X, H1, H2, …: its memos would make whichever runs second cheaper
     VISITS["nodes"] = 0
-    (second_order_schedule if second_order else schedule_spec)(first.spec if not second_order else first)
+    (second_order_schedule if second_order else schedule_spec)(first)
     return VISITS["nodes"]
 
 
