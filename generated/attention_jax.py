@@ -81,6 +81,13 @@ def add_rows(total, keys, part, m):
     return part if isinstance(total, int) else total + part
 
 
+def block_starts(rows, size):
+    """The first row of each block of size rows: one block where rows ≤ size (a traced run under torch.compile's
+    dynamic shapes keeps one graph for every length up to size, not one per length), and one pass with no rows
+    (results get their shapes)."""
+    return (0,) if rows <= size else range(0, rows, size)
+
+
 def causal_fill(scores, rows, keys):
     """A block of scores (..., b, k) of query rows rows.start … and keys keys.start …, with -inf where the key
     comes after the query (j > i: what the causal mask hides); a new array (jnp.where), the block itself where
@@ -384,7 +391,7 @@ def _forward(Q, K, V, M, causal, scale):
     O_blocks = []
     P = None  # placed block by block
     block_size = rows_per_block(M, causal, Q)
-    for start in range(0, max(Q.shape[-2], 1), block_size):  # one pass with no rows: results get their shapes
+    for start in block_starts(Q.shape[-2], block_size):
         block = slice(start, start + block_size)
         keys = key_range(M, causal, block, K.shape[-2])
         K_k = K[..., keys, :]
@@ -433,7 +440,7 @@ def _backward(saved, grad_out):
     dK = 0  # summed over the blocks of query rows
     dV = 0  # summed over the blocks of query rows
     block_size = rows_per_block(M, causal, Q)
-    for start in range(0, max(Q.shape[-2], 1), block_size):  # one pass with no rows: results get their shapes
+    for start in block_starts(Q.shape[-2], block_size):
         block = slice(start, start + block_size)
         keys = key_range(M, causal, block, K.shape[-2])
         K_k = K[..., keys, :]
@@ -556,7 +563,7 @@ def _jvp(Q, K, V, Q_t, K_t, V_t, M, M_t, causal, scale):
     O_blocks = []
     dO_blocks = []
     block_size = rows_per_block(M, causal, Q)
-    for start in range(0, max(Q.shape[-2], 1), block_size):  # one pass with no rows: results get their shapes
+    for start in block_starts(Q.shape[-2], block_size):
         block = slice(start, start + block_size)
         keys = key_range(M, causal, block, K.shape[-2])
         K_k = K[..., keys, :]

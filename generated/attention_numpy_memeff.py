@@ -294,6 +294,13 @@ def add_rows(total, keys, part, m):
     return total
 
 
+def block_starts(rows, size):
+    """The first row of each block of size rows: one block where rows ≤ size (a traced run under torch.compile's
+    dynamic shapes keeps one graph for every length up to size, not one per length), and one pass with no rows
+    (results get their shapes)."""
+    return (0,) if rows <= size else range(0, rows, size)
+
+
 def causal_fill(scores, rows, keys):
     """A block of scores (..., b, k) of query rows rows.start … and keys keys.start …, with -inf written where the
     key comes after the query (j > i: what the causal mask hides). Only the keys after the block's first row are
@@ -660,7 +667,7 @@ def forward(Q, K, V, M=None, *, scale=None, block_size=None, attn_mask=None, key
     scale = float(scale)
     O_blocks = []
     L_blocks = []
-    for start in range(0, max(Q.shape[-2], 1), block_size):  # one pass with no rows: results get their shapes
+    for start in block_starts(Q.shape[-2], block_size):
         block = slice(start, start + block_size)
         keys = key_range(M, causal, block, K.shape[-2])
         K_k = K[..., keys, :]
@@ -711,7 +718,7 @@ def backward(saved, grad_out):
     dQ_blocks = []
     dK = 0  # summed over the blocks of query rows
     dV = 0  # summed over the blocks of query rows
-    for start in range(0, max(Q.shape[-2], 1), block_size):  # one pass with no rows: results get their shapes
+    for start in block_starts(Q.shape[-2], block_size):
         block = slice(start, start + block_size)
         keys = key_range(M, causal, block, K.shape[-2])
         K_k = K[..., keys, :]
@@ -998,7 +1005,7 @@ def _jvp(Q, K, V, Q_t, K_t, V_t, M, M_t, causal, scale, block_size):
     K_t_K = np.concatenate([K_t, K], axis=-1)
     O_blocks = []
     dO_blocks = []
-    for start in range(0, max(Q.shape[-2], 1), block_size):  # one pass with no rows: results get their shapes
+    for start in block_starts(Q.shape[-2], block_size):
         block = slice(start, start + block_size)
         keys = key_range(M, causal, block, K.shape[-2])
         K_k = K[..., keys, :]

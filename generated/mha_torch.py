@@ -303,6 +303,13 @@ def big_matmul(a, b):
     return huge_matmul(a, b)
 
 
+def block_starts(rows, size):
+    """The first row of each block of size rows: one block where rows ≤ size (a traced run under torch.compile's
+    dynamic shapes keeps one graph for every length up to size, not one per length), and one pass with no rows
+    (results get their shapes)."""
+    return (0,) if rows <= size else range(0, rows, size)
+
+
 def causal_fill(scores, rows, keys):
     """A block of scores (..., b, k) of query rows rows.start … and keys keys.start …, with -inf written where the
     key comes after the query (j > i: what the causal mask hides). In eager code only the keys after the block's
@@ -884,7 +891,7 @@ def _forward(Q, K, V, W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O, M, causal, num_hea
     O_h_blocks = []
     P_h = None  # placed block by block
     block_size = rows_per_block(M, causal, Q_h)
-    for start in range(0, max(Q_h.shape[-2], 1), block_size):  # one pass with no rows: results get their shapes
+    for start in block_starts(Q_h.shape[-2], block_size):
         block = slice(start, start + block_size)
         keys = key_range(M, causal, block, K_h.shape[-2])
         K_h_k = K_h[..., keys, :]
@@ -965,7 +972,7 @@ def _backward(saved, grad_out):
     dW_Q = 0  # summed over the blocks of query rows
     db_Q = None if b_Q is None else 0  # summed over the blocks of query rows
     block_size = rows_per_block(M, causal, Q_h)
-    for start in range(0, max(Q_h.shape[-2], 1), block_size):  # one pass with no rows: results get their shapes
+    for start in block_starts(Q_h.shape[-2], block_size):
         block = slice(start, start + block_size)
         keys = key_range(M, causal, block, K_h.shape[-2])
         K_h_k = K_h[..., keys, :]
@@ -2356,7 +2363,7 @@ def _jvp(
     O_h_blocks = []
     dC_blocks = []
     block_size = rows_per_block(M, causal, Q_h)
-    for start in range(0, max(Q_h.shape[-2], 1), block_size):  # one pass with no rows: results get their shapes
+    for start in block_starts(Q_h.shape[-2], block_size):
         block = slice(start, start + block_size)
         keys = key_range(M, causal, block, K_h.shape[-2])
         K_h_k = K_h[..., keys, :]

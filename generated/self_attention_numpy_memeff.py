@@ -295,6 +295,13 @@ def add_blocks(total, part):
     return total
 
 
+def block_starts(rows, size):
+    """The first row of each block of size rows: one block where rows ≤ size (a traced run under torch.compile's
+    dynamic shapes keeps one graph for every length up to size, not one per length), and one pass with no rows
+    (results get their shapes)."""
+    return (0,) if rows <= size else range(0, rows, size)
+
+
 def exp_rows(a, shift, out=None):
     """exp(a - shift), shift a column (..., k, 1) of one value a row (a row log-sum-exp: P from the scores and
     L); a compiled sweep where fused_row_softmax has one, else NumPy's two passes. out may be a itself."""
@@ -528,7 +535,7 @@ def forward(X, W_Q, W_K, W_V, *, block_size=None):
     V = QKV[..., :, 2 * d_k :]
     O_blocks = []
     L_blocks = []
-    for start in range(0, max(Q.shape[-2], 1), block_size):  # one pass with no rows: results get their shapes
+    for start in block_starts(Q.shape[-2], block_size):
         block = slice(start, start + block_size)
         Q_b = Q[..., block, :]
         A_b = wide_matmul(scale * Q_b, K.mT)
@@ -572,7 +579,7 @@ def backward(saved, grad_out):
     dQ_blocks = []
     dV = 0  # summed over the blocks of query rows
     dK = 0  # summed over the blocks of query rows
-    for start in range(0, max(Q.shape[-2], 1), block_size):  # one pass with no rows: results get their shapes
+    for start in block_starts(Q.shape[-2], block_size):
         block = slice(start, start + block_size)
         L_b = L[..., block, :]
         Q_b = Q[..., block, :]
@@ -899,7 +906,7 @@ def _jvp(X, W_Q, W_K, W_V, X_t, W_Q_t, W_K_t, W_V_t, block_size):
     dK_K = np.concatenate([dK, K], axis=-1)
     O_blocks = []
     dO_blocks = []
-    for start in range(0, max(Q.shape[-2], 1), block_size):  # one pass with no rows: results get their shapes
+    for start in block_starts(Q.shape[-2], block_size):
         block = slice(start, start + block_size)
         Q_b = Q[..., block, :]
         Q_dQ_b = Q_dQ[..., block, :]

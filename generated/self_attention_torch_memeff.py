@@ -241,6 +241,13 @@ def big_matmul(a, b):
     return huge_matmul(a, b)
 
 
+def block_starts(rows, size):
+    """The first row of each block of size rows: one block where rows ≤ size (a traced run under torch.compile's
+    dynamic shapes keeps one graph for every length up to size, not one per length), and one pass with no rows
+    (results get their shapes)."""
+    return (0,) if rows <= size else range(0, rows, size)
+
+
 def huge_empty(shape, like):
     """An uninitialised tensor of like's dtype and device; on Linux, one of 4 MiB or more has its whole 2 MiB
     pages advised for transparent huge pages (madvise MADV_HUGEPAGE, before anything touches them: NumPy's own
@@ -581,7 +588,7 @@ def _forward(X, W_Q, W_K, W_V, block_size):
     V = QKV[..., :, 2 * d_k :]
     O_blocks = []
     L_blocks = []
-    for start in range(0, max(Q.shape[-2], 1), block_size):  # one pass with no rows: results get their shapes
+    for start in block_starts(Q.shape[-2], block_size):
         block = slice(start, start + block_size)
         Q_b = Q[..., block, :]
         A_b = big_matmul(scale * Q_b, K.mT)
@@ -621,7 +628,7 @@ def _backward(saved, grad_out):
     dQ_blocks = []
     dV = 0  # summed over the blocks of query rows
     dK = 0  # summed over the blocks of query rows
-    for start in range(0, max(Q.shape[-2], 1), block_size):  # one pass with no rows: results get their shapes
+    for start in block_starts(Q.shape[-2], block_size):
         block = slice(start, start + block_size)
         L_b = L[..., block, :]
         Q_b = Q[..., block, :]
@@ -1171,7 +1178,7 @@ def _jvp(X, W_Q, W_K, W_V, X_t, W_Q_t, W_K_t, W_V_t, block_size):
     dK_K = torch.cat([dK, K], dim=-1)
     O_blocks = []
     dO_blocks = []
-    for start in range(0, max(Q.shape[-2], 1), block_size):  # one pass with no rows: results get their shapes
+    for start in block_starts(Q.shape[-2], block_size):
         block = slice(start, start + block_size)
         Q_b = Q[..., block, :]
         Q_dQ_b = Q_dQ[..., block, :]

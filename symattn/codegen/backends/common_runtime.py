@@ -15,6 +15,13 @@ def add_optional(a, b):
     return a if b is None else a + b
 
 
+def block_starts(rows, size):
+    """The first row of each block of size rows: one block where rows ≤ size (a traced run under torch.compile's
+    dynamic shapes keeps one graph for every length up to size, not one per length), and one pass with no rows
+    (results get their shapes)."""
+    return (0,) if rows <= size else range(0, rows, size)
+
+
 def key_window(lo, hi, m, within=None, rows=None, maps=()):
     """The keys a block of query rows reads: [lo, hi), outside which a position mask hides every key from every row
     of the block (its structure, ``optimize.mask_structure``), within the key range a mask argument leaves (a slice)

@@ -225,7 +225,7 @@ class Sections:
         ]
         return {
             "loop": True,
-            "rows": f"{lp.rows_of}.shape[-2]",
+            "starts": f"{self.printer.helper('block_starts')}({lp.rows_of}.shape[-2], block_size)",
             "block_rows": self._block_rows(lp),
             "key_lines": self._keys(lp),
             "slices": [
