@@ -84,8 +84,13 @@ def _tile(x, piece: Piece, whole: bool = False) -> torch.Tensor | None:
 
 def _tensors(plan: Plan, tensors, piece: Piece, block: list, Q: torch.Tensor) -> list:
     """The core's tiles and scalars for the piece, the key block's padding added to the mask tile."""
-    found = [_tile(x, piece, i >= plan.tiles) for i, x in enumerate(tensors)]
+    return _padded(plan, [_tile(x, piece, i >= plan.tiles) for i, x in enumerate(tensors)], piece, block, Q)
+
+
+def _padded(plan: Plan, found: list, piece: Piece, block: list, Q: torch.Tensor) -> list:
+    """The piece's tensors with the key block's padding (its keys' 0 or −∞) added to the mask tile."""
     if plan.padded:
+        found = list(found)
         row = block[-1][..., piece.keys, :].mT  # (…, 1, keys)
         if 2 < row.dim() < Q.dim():  # the scores have a heads axis the padding lacks
             row = row.unsqueeze(-3)
@@ -189,7 +194,7 @@ def _block_gradients(plan: Plan, origin: int, block: list, saved: dict, dO, grad
         with torch.enable_grad():
             q, k = _leaf(_rows(Q, piece.rows), True), _leaf(_rows(block[0], piece.keys), True)
             tiles = [_leaf(_tile(x, piece, i >= plan.tiles), w) for i, (x, w) in enumerate(zip(tensors, wanted))]
-            found = _tensors(plan, tiles, piece, block, Q) if plan.padded else tiles
+            found = _padded(plan, tiles, piece, block, Q)
             a = plan.eager(q, k, v, piece.causal, plan.symbols, found, origin=(piece.row, piece.key), part="logits")
         merged = (_rows(O, piece.rows), None if stat is None else _rows(stat, piece.rows))
         grad = _rows(dO, piece.rows)

@@ -93,8 +93,16 @@ def cases(package: str) -> dict[str, dict]:
     mask.fill_diagonal_(False)
     padding = torch.rand(2, 13) < 0.3
     padding[..., 0] = False
+    bias = torch.randn(13, 13, dtype=torch.float64)  # a float n × m mask, added to the scores
     generated = "symattn.generated"
     return {
+        "mha_mask_and_padding": {  # an n × m mask (the rank's rows of every key) and a key padding mask together
+            "module": f"{generated}.mha_torch",
+            "sizes": {"n": 13, "m": 13, "H*d_k": 8, "H_kv*d_k": 8},
+            "batch": (2,),
+            "options": {"num_heads": 2, "attn_mask": bias, "key_padding_mask": padding},
+            "row_options": {"attn_mask": (-2, "n"), "key_padding_mask": (-1, "m")},
+        },
         "mha_grouped": {
             "module": f"{generated}.mha_torch",
             "sizes": {"n": 16, "m": 16, "H*d_k": 8, "H_kv*d_k": 4},
