@@ -157,11 +157,7 @@ class ContextParallel:
         except TypeError as e:
             raise TypeError(f"context_parallel({self.spec}): {e}") from None
         bound.apply_defaults()
-        arguments = dict(bound.arguments)
-        mask = arguments.get("key_padding_mask")
-        if mask is not None:
-            arguments["key_padding_mask"] = None
-        return arguments, mask
+        return _without_padding(dict(bound.arguments))
 
     def __call__(self, *args, **kwargs) -> torch.Tensor:
         """The rank's rows of the output, differentiable by the ring's backward."""
@@ -192,10 +188,8 @@ class ContextParallel:
                 f"context_parallel: {type(self.module).__name__}'s {masks[0]} is checked against the rank's keys; "
                 f"pass the n × m mask to the generated {self.spec} module (M: the rank's rows of every key)"
             )
-        padding = [name for name in bound.arguments if name.endswith("key_padding_mask")]
-        mask = bound.arguments[padding[0]] if padding else None
-        if padding:
-            bound.arguments[padding[0]] = None
+        arguments, mask = _without_padding(bound.arguments)
+        bound.arguments.update(arguments)
         route = _Route(self, mask)
         self.dropin._RING.append(route)
         try:
@@ -229,6 +223,15 @@ class ContextParallel:
             out = self.host._compute(RingCore(self, mask), **arguments, **dict(zip(self.host.TANGENT_OF, duals)))
             primal, tangent = forward_ad.unpack_dual(out)
         return primal, torch.zeros_like(primal) if tangent is None else tangent
+
+
+def _without_padding(arguments: dict) -> tuple[dict, torch.Tensor | None]:
+    """(the arguments with their key padding mask — key_padding_mask, a drop-in's src_key_padding_mask — None, that
+    mask): it travels round the ring with the keys instead (``_column``)."""
+    name = next((k for k in arguments if k.endswith("key_padding_mask")), None)
+    if name is None:
+        return arguments, None
+    return {**arguments, name: None}, arguments[name]
 
 
 def _column(mask, K: torch.Tensor) -> torch.Tensor:

@@ -114,6 +114,28 @@ def code(e: Basic, flavour: Flavour) -> str:
     return flavour.call(e, [code(a, flavour) for a in e.args])
 
 
+def pairwise(name: str, branch: Callable[[Basic, str], str], e: Basic, args: list[str]) -> str:
+    """Min or Max of e's arguments (their code args) as nested two-argument calls name(name(a, b), c), each
+    operand written by branch (a scalar as the library takes it there)."""
+    text = branch(e.args[0], args[0])
+    for a, t in zip(e.args[1:], args[1:]):
+        text = f"{name}({text}, {branch(a, t)})"
+    return text
+
+
+def where_chain(xp: str, branch: Callable[[Basic, str], str]) -> Callable[[list[tuple[Basic, str, str]]], str]:
+    """A Piecewise's (value, its code, its condition's code) pairs as nested xp.where(condition, value, rest), the
+    last value (or a True condition) ending it; each value written by branch."""
+
+    def where(pairs: list[tuple[Basic, str, str]]) -> str:
+        (value, text, condition), *rest = pairs
+        if condition == "True" or not rest:
+            return branch(value, text)
+        return f"{xp}.where({condition}, {branch(value, text)}, {where(rest)})"
+
+    return where
+
+
 def array_flavour(
     xp: str,
     scalar: Callable[[Basic], str],
@@ -148,19 +170,11 @@ def array_flavour(
         if type(e) not in CALLS:
             raise NotImplementedError(f"no array code for {type(e).__name__} in a position formula")
         name = CALLS[type(e)].format(xp=xp)
-        if isinstance(e, (sp.Min, sp.Max)):  # pairwise; a number as the grids' scalar (torch.minimum takes tensors)
-            texts = [branch(a, t) for a, t in zip(e.args, args)]
-            text = texts[0]
-            for t in texts[1:]:
-                text = f"{name}({text}, {t})"
-            return text
+        if isinstance(e, (sp.Min, sp.Max)):  # a number as the grids' scalar (torch.minimum takes tensors)
+            return pairwise(name, branch, e, args)
         return f"{name}({args[0]})"
 
-    def where(pairs: list[tuple[Basic, str, str]]) -> str:
-        (value, text, condition), *rest = pairs
-        if condition == "True" or not rest:
-            return branch(value, text)
-        return f"{xp}.where({condition}, {branch(value, text)}, {where(rest)})"
+    where = where_chain(xp, branch)
 
     flavour = Flavour(
         names=names,

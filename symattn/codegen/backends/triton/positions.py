@@ -31,7 +31,7 @@ from symattn.errors import SymattnError
 from symattn.lang.functions import TORCH, TRITON
 from symattn.lang.ops import SplitHeads
 from symattn.lang.positions import Entries, I, J
-from symattn.numeric.positions import CALLS, Flavour, code, quotient
+from symattn.numeric.positions import CALLS, Flavour, code, pairwise, quotient, where_chain
 from symattn.optimize.mask_structure import intersection, key_window, row_window
 
 HEAD = sp.Symbol("_head", integer=True, nonnegative=True)  # the program's head, in a per-head formula
@@ -242,17 +242,10 @@ def _flavour(
             raise SymattnError(f"the Triton kernels print no {type(e).__name__} ({e}) in a position formula")
         name = CALLS[type(e)].format(xp=xp)
         if isinstance(e, PAIRWISE):
-            text = branch(e.args[0], args[0])
-            for a, t in zip(e.args[1:], args[1:]):
-                text = f"{name}({text}, {branch(a, t)})"
-            return text
+            return pairwise(name, branch, e, args)
         return f"{name}({args[0]})"
 
-    def where(pairs: list[tuple[Basic, str, str]]) -> str:
-        (value, text, condition), *rest = pairs
-        if condition == "True" or not rest:
-            return branch(value, text)
-        return f"{xp}.where({condition}, {branch(value, text)}, {where(rest)})"
+    where = where_chain(xp, branch)
 
     def constant(e: Basic) -> str:
         """A table (read at positions: its name) or a scalar free of the positions."""
