@@ -52,6 +52,7 @@ SPEC = "attention"
 # forward on CUDA runs the fused kernels of the spec's Triton module where they apply (path()); False: the torch ops
 KERNELS = True
 _KERNELS_MODULE = []  # the Triton module, once looked for (None where it does not import)
+_KERNELS_MAKER = []  # a module rendered in memory (drop_in): what makes its Triton module (None: it has none)
 _RING = []  # context parallelism's ring while a drop-in runs in it (symattn.distributed): it takes the kernels' call
 
 
@@ -664,7 +665,10 @@ def _kernel_device(x):
 
 
 def _kernels_module():
-    """The spec's Triton module beside this one (same package), or None."""
+    """The spec's Triton module beside this one (same package), or None; a module rendered in memory (drop_in) has
+    its Triton module made by _KERNELS_MAKER, once, at its first call on CUDA."""
+    if not _KERNELS_MODULE and _KERNELS_MAKER:
+        _KERNELS_MODULE.append(_KERNELS_MAKER[0]())
     if not _KERNELS_MODULE:
         import importlib
 

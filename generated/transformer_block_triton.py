@@ -1552,6 +1552,10 @@ def forward(
     b_O: a bias row, (1, k) or 1-D (k,); None: left out.
     b_1: a bias row, (1, k) or 1-D (k,); None: left out.
     b_2: a bias row, (1, k) or 1-D (k,); None: left out.
+    gamma_1: a parameter row, (1, k) or 1-D (k,) as torch holds one.
+    beta_1: a parameter row, (1, k) or 1-D (k,) as torch holds one.
+    gamma_2: a parameter row, (1, k) or 1-D (k,) as torch holds one.
+    beta_2: a parameter row, (1, k) or 1-D (k,) as torch holds one.
     num_heads: required.
     eps: default 1.00000000000000e-5.
     causal: query i sees keys j <= i.
@@ -1806,6 +1810,10 @@ def _compute(
     key_padding_mask,
 ):
     """forward's output, the core O by _kernels(its _CORE, its Q, K, V, causal, symbols, its tiles)."""
+    gamma_1 = _row(gamma_1)
+    beta_1 = _row(beta_1)
+    gamma_2 = _row(gamma_2)
+    beta_2 = _row(beta_2)
     b_Q = _row(b_Q)
     b_K = _row(b_K)
     b_V = _row(b_V)

@@ -15,11 +15,14 @@ another) gets generated code of its own: every call computes the spec of its own
 from __future__ import annotations
 
 import contextlib
+import functools
+import hashlib
+import linecache
 import types
 
 from symattn.codegen.generate import render
 from symattn.errors import SymattnError
-from symattn.lang.functions import TORCH
+from symattn.lang.functions import TORCH, TRITON
 from symattn.lang.positions import sequence_tables
 from symattn.specs.spec import Spec
 from symattn.trace.constants import sizes_of, spec_layout, spec_value
@@ -28,10 +31,34 @@ from symattn.trace.source import Traced, bound_arguments, spec_tensors, trace
 
 def generated_module(traced_spec, *, second_order: bool = True) -> types.ModuleType:
     """The spec's generated torch module, rendered and imported in memory (``symattn generate --spec-file``
-    writes the same code to a file)."""
-    source = render(traced_spec, TORCH, second_order=second_order)
-    module = types.ModuleType(f"{traced_spec.name}_torch")
-    exec(compile(source, f"<symattn: {traced_spec.name}_torch>", "exec"), module.__dict__)
+    writes the same code to a file); on CUDA it hands its calls to the spec's Triton module, rendered in memory at
+    its first call there (``kernels_module``)."""
+    module = in_memory(render(traced_spec, TORCH, second_order=second_order), f"{traced_spec.name}_torch")
+    module._KERNELS_MAKER.append(functools.partial(kernels_module, traced_spec, second_order=second_order))
+    return module
+
+
+def kernels_module(traced_spec, *, second_order: bool = True) -> types.ModuleType | None:
+    """The spec's generated Triton module, rendered and imported in memory; None where its kernels do not cover the
+    spec (no n × m core: the torch module's ops run) or triton does not import."""
+    try:
+        source = render(traced_spec, TRITON, second_order=second_order)
+    except SymattnError:
+        return None
+    try:
+        return in_memory(source, f"{traced_spec.name}_triton")
+    except ImportError:
+        return None
+
+
+def in_memory(source: str, name: str) -> types.ModuleType:
+    """The module of source, executed under a file name of its own that ``linecache`` holds (triton.jit reads its
+    kernels' source by ``inspect``; tracebacks show the generated lines)."""
+    filename = f"<symattn: {name} {hashlib.sha256(source.encode()).hexdigest()[:12]}>"
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    module = types.ModuleType(name)
+    module.__file__ = filename
+    exec(compile(source, filename, "exec"), module.__dict__)
     return module
 
 

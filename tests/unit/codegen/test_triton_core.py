@@ -67,6 +67,29 @@ def test_the_scores_product_is_cut_between_its_thin_factors():
     assert str(core.logits) == "1/sqrt(d_k)*S"
 
 
+def test_projections_in_torchs_layout_are_the_thin_factors_not_scores_products():
+    """softmax((X W_Qᵀ + 𝟏 b_Q)(X W_Kᵀ + 𝟏 b_Kᵀ)ᵀ/√d)(X W_Vᵀ) as from_torch reads nn.Linear: X W_Qᵀ has the shape of
+    a scores product of thin factors, but it lies inside the outer product's factor: Q, not a second core."""
+    n, e, d = dim("n"), dim("e"), dim("d")
+    x = sp.MatrixSymbol("x", n, e)
+    w_q, w_k, w_v = (sp.MatrixSymbol(name, d, e) for name in ("W_Q", "W_K", "W_V"))
+    b_q, b_k = (sp.MatrixSymbol(name, 1, d) for name in ("b_Q", "b_K"))
+    ones = sp.OneMatrix(n, 1)
+    q, k = x * w_q.T + ones * b_q, x * w_k.T + ones * b_k
+    spec = sa.Spec("linear", "nn.Linear projections", (x, w_q, b_q, w_k, b_k, w_v), sa.softmax(q * k.T / sp.sqrt(d)) * (x * w_v.T))
+    core = find_core(spec)
+    assert core.query == q and core.key == k and core.value == x * w_v.T
+    assert str(core.logits) == "1/sqrt(d)*S" and core.normaliser == "row softmax"
+
+
+def test_log_of_a_softmax_is_the_log_softmax_map():
+    """log(softmax(A)), as code writes log-probabilities in two calls: the kernels' map log-softmax(A)."""
+    n, d = dim("n"), dim("d")
+    q, k = sp.MatrixSymbol("Q", n, d), sp.MatrixSymbol("K", n, d)
+    core = find_core(sa.Spec("pointer", "log-probabilities", (q, k), sa.log(sa.softmax(q * k.T))))
+    assert core.normaliser == "log-softmax" and core.value is None and core.query == q and core.key == k
+
+
 def _shapes(spec: sa.Spec) -> dict:
     return {str(x.name): x.shape for x in spec.matrix_inputs[:3]}
 

@@ -27,6 +27,7 @@ TANGENT_OF: dict[str, str] = {}  # input name -> its tangent's (the forward mode
 COTANGENT = ""
 KERNELS = True  # the generated module's switch: forward on CUDA runs the fused kernels where they apply (path())
 _KERNELS_MODULE: list = []  # the generated module's cache of its Triton module, once looked for (None: none imports)
+_KERNELS_MAKER: list = []  # a module rendered in memory (drop_in): what makes its Triton module (None: it has none)
 _RING: list = []  # the generated module's route for a drop-in's call inside context parallelism (symattn.distributed)
 
 
@@ -380,7 +381,10 @@ def _kernel_device(x):
 
 
 def _kernels_module():
-    """The spec's Triton module beside this one (same package), or None."""
+    """The spec's Triton module beside this one (same package), or None; a module rendered in memory (drop_in) has
+    its Triton module made by _KERNELS_MAKER, once, at its first call on CUDA."""
+    if not _KERNELS_MODULE and _KERNELS_MAKER:
+        _KERNELS_MODULE.append(_KERNELS_MAKER[0]())
     if not _KERNELS_MODULE:
         import importlib
 

@@ -7,7 +7,7 @@ computed in the tiles from their positions, reading tables (inputs or constants:
 a gather); N is a row normaliser of ``NORMALISERS``: the row softmax, the division of each row by its sum
 (A ⊘ rowsum(A) 𝟏ᵀ, as softplus attention's), or none (P = A, as sigmoid attention's σ(c·S)); P may be dropped
 out (P ⊙ Z_p(P), ``sa.dropout`` of the weights: O = (N(A) ⊙ Z_p) V, the mask drawn in the kernels' registers from
-a seed); or the core is a map with no V, O = log-softmax(A) (n × m: pointer attention's output; no table read).
+a seed); or the core is a map with no V, O = log-softmax(A) (n × m: pointer attention's output, also spelled log(softmax(A)); no table read).
 A scalar c multiplying the scores product goes into E (A = E(c·S)), one multiplying the product with V stays
 outside (c · O). What lies outside the core (the factors' expressions, what the spec makes
 of O) stays torch: ``Cores.rest`` is the spec's output with each core's value replaced by its symbol ``output``. A
@@ -36,7 +36,7 @@ from sympy.matrices.expressions import (
 )
 
 from symattn.errors import SymattnError
-from symattn.lang.functions import Elementwise
+from symattn.lang.functions import Elementwise, Log
 from symattn.lang.graph import children, matrix_symbols, postorder
 from symattn.lang.ops import LogSoftmax, RepeatHeads, RowSoftmax, RowSum, SplitHeads, SumEntries
 from symattn.lang.ops_block import LayerNorm, RowInvStd
@@ -119,10 +119,20 @@ def _why_not(spec: Spec, output: Basic, cores: tuple[Core, ...]) -> str:
     )
 
 
+def _log_softmax(node: Basic) -> MatrixExpr | None:
+    """A of a map log-softmax(A), also spelled log(softmax(A)) (the kernels' log-softmax equals it, and stays finite
+    where softmax underflows to 0); else None."""
+    if isinstance(node, LogSoftmax):
+        return node.arg
+    if isinstance(node, Log) and isinstance(node.args[0], RowSoftmax):
+        return node.args[0].arg
+    return None
+
+
 def _inside(node: MatrixExpr) -> tuple[Basic, ...]:
     """What a core's kernels never make whole: its P (a core with V) and its scores product."""
-    if isinstance(node, LogSoftmax):
-        return tuple(_products(node.arg))
+    if _log_softmax(node) is not None:
+        return tuple(_products(node.args[0]))
     first = node.as_coeff_matrices()[1][0]
     weights = _dropped(first)[0]  # P, and P ⊙ Z where dropped out
     _, logits = _normalised(weights)
@@ -132,7 +142,9 @@ def _inside(node: MatrixExpr) -> tuple[Basic, ...]:
 def _inner_draws(node: MatrixExpr) -> list[DropoutMask]:
     """The dropout masks inside a core's scores' steps A = E(Q Kᵀ): not the weights' own (Z_p(P) of P ⊙ Z_p(P)), nor
     one inside the thin factors Q, K (torch code, drawing as torch does)."""
-    logits = node.arg if isinstance(node, LogSoftmax) else _normalised(_dropped(node.as_coeff_matrices()[1][0])[0])[1]
+    logits = _log_softmax(node)
+    if logits is None:
+        logits = _normalised(_dropped(node.as_coeff_matrices()[1][0])[0])[1]
     thin = {x for product in _products(logits) for x in postorder(product)}
     return [x for x in postorder(logits) if isinstance(x, DropoutMask) and x not in thin]
 
@@ -169,8 +181,8 @@ def _scaled(term: MatrixExpr) -> tuple[Basic, MatrixExpr | None]:
 def _core_at(spec: Spec, node: Basic, output: MatrixSymbol) -> Core | None:
     """The core whose O is node (a product N(A) V₁ … V_k, or a map log-softmax(A) with no V), its output symbol
     ``output``, or None."""
-    if isinstance(node, LogSoftmax):
-        normaliser, logits, thin, dropout = "log-softmax", node.arg, [], None
+    if _log_softmax(node) is not None:
+        normaliser, logits, thin, dropout = "log-softmax", _log_softmax(node), [], None
     elif isinstance(node, MatMul):
         _, mats = node.as_coeff_matrices()
         if len(mats) < 2 or not isinstance(mats[0], MatrixExpr):
@@ -243,8 +255,11 @@ def _row_sums(x: Basic) -> Basic | None:
 
 
 def _products(e: Basic) -> list[MatMul]:
-    """The scores products Q Kᵀ of thin factors in e."""
-    return [x for x in postorder(e) if isinstance(x, MatMul) and _scores_product(x)]
+    """The scores products Q Kᵀ of thin factors in e, the outermost: a product inside another's factors is that
+    factor's own work (x W_Qᵀ inside (x W_Qᵀ)(x W_Kᵀ)ᵀ, a projection in torch's layout)."""
+    found = [x for x in postorder(e) if isinstance(x, MatMul) and _scores_product(x)]
+    inner = {y for x in found for y in postorder(*x.args) if y is not x}
+    return [x for x in found if x not in inner]
 
 
 def _scores_product(node: MatMul) -> bool:
@@ -256,12 +271,15 @@ def _scores_product(node: MatMul) -> bool:
 
 def _split(product: MatMul) -> tuple[Basic, MatrixExpr, MatrixExpr] | None:
     """(c, Q, K) with product = c · Q Kᵀ: the cut of its factors whose right part is all transposes (X W_Q ·
-    W_Kᵀ Xᵀ), else the first whose right part starts with one; the inner dimension is neither of the result's."""
+    W_Kᵀ Xᵀ), else the first whose right part starts with one, else a last factor that is a sum (a sum's transpose
+    as SymPy distributes it: (X W_Kᵀ + 𝟏 b_K)ᵀ = W_K Xᵀ + b_Kᵀ 𝟏ᵀ); the inner dimension is neither of the
+    result's."""
     coeff, mats = product.as_coeff_matrices()
     n, m = product.shape
     cuts = [i for i in range(1, len(mats)) if mats[i].shape[0] not in (n, m)]
     transposed = [i for i in cuts if all(isinstance(f, Transpose) for f in mats[i:])]
     transposed += [i for i in cuts if isinstance(mats[i], Transpose)]
+    transposed += [i for i in cuts if i == len(mats) - 1 and isinstance(mats[i], MatAdd)]
     if not transposed:
         return None
     i = transposed[0]

@@ -87,7 +87,7 @@ def laid_out(ctx: dict) -> dict:
     """The context's spec-dependent lines, laid out: the signatures, the calls between forward, jvp and _compute, the
     inputs' axes, each core's factors and call, and the tuples of names."""
     call = ctx["call"].split(", ")
-    keywords = [f"{k}={k}" for k in ["causal", *(["attn_mask", "key_padding_mask"] if ctx["mask_keywords"] else [])]]
+    keywords = [f"{k}={k}" for k in ["causal", *(["attn_mask", "key_padding_mask"] if ctx["additive_mask"] else [])]]
     constants = [c for c in ctx["constant_call"].split(", ") if c]
     factors, calls = [], []
     for core in ctx["cores"]:

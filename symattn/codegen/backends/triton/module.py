@@ -29,6 +29,8 @@ from symattn.codegen.backends.triton.printer import (
     tile_name,
 )
 from symattn.codegen.backends.triton.runtime import TRITON_RUNTIME, called_helpers
+from symattn.codegen.schedule.build import split_constants
+from symattn.codegen.schedule.dag import is_weight
 from symattn.derive.formats.latex import text as plain_text
 from symattn.errors import SymattnError
 from symattn.lang.functions import TRITON, Exp, Log
@@ -250,15 +252,18 @@ def _position_line(name: str, code: str, open_code: str | None, flag: str) -> st
 
 def _calls(spec: Spec, options: tuple[Option, ...]) -> dict:
     """The module's signatures and the calls between its functions: forward's and jvp's parameters, the bias rows that
-    may be left out, the mask keywords (a spec with one constant, the additive mask) and how they are passed on."""
-    rows, masks = _rows(spec), len(spec.constants) == 1
+    may be left out, the parameter rows also taken 1-D (viewed), the mask keywords (a spec with an additive mask,
+    ``split_constants``: the torch module's) and how they are passed on."""
+    rows, mask = _rows(spec), split_constants(spec)[0]
+    masks = "" if mask is None else str(mask.name)
     given = [str(x.name) for x in (*spec.inputs, *spec.constants)]
     return {
         "signature": _signature(spec, options, rows),
         "jvp_signature": _jvp_signature(spec, options, rows),
         "hvp_signature": _jvp_signature(spec, options, rows).replace("tangents, *", "grad_out, direction, *", 1),
         "rows": rows,
-        "mask_keywords": masks,
+        "viewed": [str(x.name) for x in spec.matrix_inputs if is_weight(x, spec.parameters) and x.shape[0] == 1],
+        "additive_mask": masks,
         "mask_call": ", attn_mask=attn_mask, key_padding_mask=key_padding_mask" if masks else "",
         "tangent_inputs": [str(x.name) for x in spec.inputs],
         "constant_call": "".join(f"{name}={name}, " for name in given[len(spec.inputs) :] + [o.name for o in options]),
@@ -307,7 +312,7 @@ def _signature(spec: Spec, options: tuple[Option, ...], rows: list[str]) -> str:
 
 def _keywords(spec: Spec, options: tuple[Option, ...]) -> list[str]:
     """The options as keyword parameters (a required one, a head count, without a default), then the mask's."""
-    masks = ["attn_mask=None", "key_padding_mask=None"] if len(spec.constants) == 1 else []
+    masks = ["attn_mask=None", "key_padding_mask=None"] if split_constants(spec)[0] is not None else []
     return [o.name if o.default is None else f"{o.name}=None" for o in options] + masks
 
 
