@@ -277,7 +277,7 @@ def _forward(X, W_Q, W_K, W_V):
         }
         return O, saved
     elif schedule == 1:
-        F1 = wide_matmul(W_Q, W_K.mT)
+        F1 = W_Q @ W_K.mT
         XW_QW_KT = X @ F1
         A = (scale * XW_QW_KT) @ X.mT
         P = row_softmax(A)
@@ -320,7 +320,7 @@ def _forward(X, W_Q, W_K, W_V):
         return O, saved
     else:
         Q = narrow_matmul(X, W_Q)
-        XW_QW_KT = wide_matmul(Q, W_K.mT)
+        XW_QW_KT = Q @ W_K.mT
         A = (scale * XW_QW_KT) @ X.mT
         P = row_softmax(A)
         PX = P @ X
@@ -377,7 +377,7 @@ def _backward(saved, grad_out):
         PX = saved["PX"]
         d_k = saved["d_k"]
         scale = 1 / d_k**0.5
-        dPX = wide_matmul(grad_out, W_V.mT)
+        dPX = grad_out @ W_V.mT
         D = row_dot(PX, dPX)
         dP = dPX @ X.mT
         dA = (dP - D) * P
@@ -399,13 +399,13 @@ def _backward(saved, grad_out):
         PX = saved["PX"]
         d_k = saved["d_k"]
         scale = 1 / d_k**0.5
-        dPX = wide_matmul(grad_out, W_V.mT)
+        dPX = grad_out @ W_V.mT
         dP = dPX @ X.mT
         D = row_dot(P, dP)
         dA = (dP - D) * P
         dK = narrow_matmul(dA.mT, scale * Q)
         dQ = narrow_matmul(dA, scale * K)
-        dX = wide_matmul(dK, W_K.mT) + wide_matmul(dQ, W_Q.mT) + P.mT @ dPX
+        dX = dK @ W_K.mT + dQ @ W_Q.mT + P.mT @ dPX
         dW_Q = rows(X).mT @ rows(dQ)
         dW_K = rows(X).mT @ rows(dK)
         dW_V = rows(PX).mT @ rows(grad_out)
@@ -421,13 +421,13 @@ def _backward(saved, grad_out):
         PX = saved["PX"]
         d_k = saved["d_k"]
         scale = 1 / d_k**0.5
-        dPX = wide_matmul(grad_out, W_V.mT)
+        dPX = grad_out @ W_V.mT
         dP = dPX @ X.mT
         D = row_dot(P, dP)
         dA = (dP - D) * P
         dXW_QW_KT = (scale * dA) @ X
         dQ = narrow_matmul(dXW_QW_KT, W_K)
-        dX = wide_matmul(dQ, W_Q.mT) + P.mT @ dPX + (scale * dA).mT @ XW_QW_KT
+        dX = dQ @ W_Q.mT + P.mT @ dPX + (scale * dA).mT @ XW_QW_KT
         dW_Q = rows(X).mT @ rows(dQ)
         dW_K = rows(dXW_QW_KT).mT @ rows(Q)
         dW_V = rows(PX).mT @ rows(grad_out)
@@ -550,7 +550,7 @@ def _jvp(X, W_Q, W_K, W_V, X_t, W_Q_t, W_K_t, W_V_t):
         dO = narrow_matmul(P, dV) + narrow_matmul(dP, V)
         return O, dO
     elif schedule == 1:
-        F1 = wide_matmul(W_Q, W_K.mT)
+        F1 = W_Q @ W_K.mT
         XW_QW_KT = X @ F1
         A = (scale * XW_QW_KT) @ X.mT
         P = row_softmax(A)
@@ -589,7 +589,7 @@ def _jvp(X, W_Q, W_K, W_V, X_t, W_Q_t, W_K_t, W_V_t):
         return O, dO
     else:
         Q = narrow_matmul(X, W_Q)
-        XW_QW_KT = wide_matmul(Q, W_K.mT)
+        XW_QW_KT = Q @ W_K.mT
         A = (scale * XW_QW_KT) @ X.mT
         P = row_softmax(A)
         PX = P @ X

@@ -568,7 +568,7 @@ def forward(X, W_Q, W_K, W_V):
         }
         return O, saved
     elif schedule == 1:
-        F1 = wide_matmul(W_Q, W_K.mT)
+        F1 = W_Q @ W_K.mT
         XW_QW_KT = X @ F1
         A = (scale * XW_QW_KT) @ X.mT
         P = row_softmax(A, out=A)
@@ -619,7 +619,7 @@ def forward(X, W_Q, W_K, W_V):
         return O, saved
     else:
         Q = narrow_matmul(X, W_Q)
-        XW_QW_KT = wide_matmul(Q, W_K.mT)
+        XW_QW_KT = Q @ W_K.mT
         A = (scale * XW_QW_KT) @ X.mT
         P = row_softmax(A, out=A)
         del A
@@ -686,7 +686,7 @@ def backward(saved, grad_out):
         PX = saved["PX"]
         d_k = saved["d_k"]
         scale = 1 / d_k**0.5
-        dPX = wide_matmul(grad_out, W_V.mT)
+        dPX = grad_out @ W_V.mT
         D = row_dot(PX, dPX)
         dP = dPX @ X.mT
         dA = shifted_product(P, dP, D, out=dP)
@@ -711,7 +711,7 @@ def backward(saved, grad_out):
         PX = saved["PX"]
         d_k = saved["d_k"]
         scale = 1 / d_k**0.5
-        dPX = wide_matmul(grad_out, W_V.mT)
+        dPX = grad_out @ W_V.mT
         dP = dPX @ X.mT
         D = row_dot(P, dP)
         dA = shifted_product(P, dP, D, out=dP)
@@ -719,7 +719,7 @@ def backward(saved, grad_out):
         dK = matmul_tn(dA, scale * Q)
         dQ = narrow_matmul(dA, scale * K)
         del dA
-        dX = wide_matmul(dK, W_K.mT) + wide_matmul(dQ, W_Q.mT) + P.mT @ dPX
+        dX = dK @ W_K.mT + dQ @ W_Q.mT + P.mT @ dPX
         del dPX
         dW_Q = rows(X).mT @ rows(dQ)
         del dQ
@@ -738,14 +738,14 @@ def backward(saved, grad_out):
         PX = saved["PX"]
         d_k = saved["d_k"]
         scale = 1 / d_k**0.5
-        dPX = wide_matmul(grad_out, W_V.mT)
+        dPX = grad_out @ W_V.mT
         dP = dPX @ X.mT
         D = row_dot(P, dP)
         dA = shifted_product(P, dP, D, out=dP)
         del D, dP
         dXW_QW_KT = (scale * dA) @ X
         dQ = narrow_matmul(dXW_QW_KT, W_K)
-        dX = wide_matmul(dQ, W_Q.mT) + P.mT @ dPX + (scale * dA).mT @ XW_QW_KT
+        dX = dQ @ W_Q.mT + P.mT @ dPX + (scale * dA).mT @ XW_QW_KT
         del dA, dPX
         dW_Q = rows(X).mT @ rows(dQ)
         del dQ
@@ -885,13 +885,13 @@ def _forward2(X, W_Q, W_K, W_V, G_out, X_v, W_Q_v, W_K_v, W_V_v):
         }
         return f2, saved
     elif schedule == 1:
-        F1 = wide_matmul(W_Q, W_K.mT)
+        F1 = W_Q @ W_K.mT
         XW_QW_KT = X @ F1
         A = (scale * XW_QW_KT) @ X.mT
         P = row_softmax(A, out=A)
         del A
         PX = P @ X
-        G_PX = wide_matmul(G_out, W_V.mT)
+        G_PX = G_out @ W_V.mT
         G_D = row_dot(PX, G_PX)
         G_P = G_PX @ X.mT
         G_A = shifted_product(P, G_P, G_D)
@@ -942,13 +942,13 @@ def _forward2(X, W_Q, W_K, W_V, G_out, X_v, W_Q_v, W_K_v, W_V_v):
         P = row_softmax(A, out=A)
         del A
         PX = P @ X
-        G_PX = wide_matmul(G_out, W_V.mT)
+        G_PX = G_out @ W_V.mT
         G_P = G_PX @ X.mT
         G_D = row_dot(P, G_P)
         G_A = shifted_product(P, G_P, G_D)
         G_K = matmul_tn(G_A, scale * Q)
         G_Q = narrow_matmul(G_A, scale * K)
-        G_X = wide_matmul(G_K, W_K.mT) + wide_matmul(G_Q, W_Q.mT) + P.mT @ G_PX
+        G_X = G_K @ W_K.mT + G_Q @ W_Q.mT + P.mT @ G_PX
         G_W_Q = rows(X).mT @ rows(G_Q)
         G_W_K = rows(X).mT @ rows(G_K)
         G_W_V = rows(PX).mT @ rows(G_out)
@@ -986,18 +986,18 @@ def _forward2(X, W_Q, W_K, W_V, G_out, X_v, W_Q_v, W_K_v, W_V_v):
         return f2, saved
     else:
         Q = narrow_matmul(X, W_Q)
-        XW_QW_KT = wide_matmul(Q, W_K.mT)
+        XW_QW_KT = Q @ W_K.mT
         A = (scale * XW_QW_KT) @ X.mT
         P = row_softmax(A, out=A)
         del A
         PX = P @ X
-        G_PX = wide_matmul(G_out, W_V.mT)
+        G_PX = G_out @ W_V.mT
         G_P = G_PX @ X.mT
         G_D = row_dot(P, G_P)
         G_A = shifted_product(P, G_P, G_D)
         G_XW_QW_KT = (scale * G_A) @ X
         G_Q = narrow_matmul(G_XW_QW_KT, W_K)
-        G_X = wide_matmul(G_Q, W_Q.mT) + P.mT @ G_PX + (scale * G_A).mT @ XW_QW_KT
+        G_X = G_Q @ W_Q.mT + P.mT @ G_PX + (scale * G_A).mT @ XW_QW_KT
         G_W_Q = rows(X).mT @ rows(G_Q)
         G_W_K = rows(G_XW_QW_KT).mT @ rows(Q)
         G_W_V = rows(PX).mT @ rows(G_out)
@@ -1123,7 +1123,7 @@ def _backward2(saved, grad_out):
         del D, dA
         dPX = P @ X_v + dP @ X
         dG_out = narrow_matmul(PX, W_V_v) + narrow_matmul(dPX, W_V)
-        dG_PX = wide_matmul(G_out, W_V_v.mT)
+        dG_PX = G_out @ W_V_v.mT
         dG_D = (G_PX * dPX + PX * dG_PX).sum(axis=-1, keepdims=True)
         dG_P = G_PX @ X_v.mT + dG_PX @ X.mT
         dG_A = np.add(shifted_product(P, dG_P, dG_D, out=dG_P), shifted_product(dP, G_P, G_D), out=dG_P)
@@ -1183,7 +1183,7 @@ def _backward2(saved, grad_out):
         del D, dA
         dPX = P @ X_v + dP @ X
         dG_out = narrow_matmul(PX, W_V_v) + narrow_matmul(dPX, W_V)
-        dG_PX = wide_matmul(G_out, W_V_v.mT)
+        dG_PX = G_out @ W_V_v.mT
         dG_P = G_PX @ X_v.mT + dG_PX @ X.mT
         dG_D = (G_P * dP + P * dG_P).sum(axis=-1, keepdims=True)
         dG_A = np.add(shifted_product(P, dG_P, dG_D, out=dG_P), shifted_product(dP, G_P, G_D), out=dG_P)
@@ -1192,14 +1192,7 @@ def _backward2(saved, grad_out):
         del dQ
         dG_Q = scale * (narrow_matmul(G_A, dK) + narrow_matmul(dG_A, K))
         del dG_A, dK
-        dX = (
-            wide_matmul(G_K, W_K_v.mT)
-            + wide_matmul(G_Q, W_Q_v.mT)
-            + wide_matmul(dG_K, W_K.mT)
-            + wide_matmul(dG_Q, W_Q.mT)
-            + P.mT @ dG_PX
-            + dP.mT @ G_PX
-        )
+        dX = G_K @ W_K_v.mT + G_Q @ W_Q_v.mT + dG_K @ W_K.mT + dG_Q @ W_Q.mT + P.mT @ dG_PX + dP.mT @ G_PX
         del dG_PX, dP
         dW_Q = sum_batch(matmul_tn(X, dG_Q) + matmul_tn(X_v, G_Q))
         del dG_Q
@@ -1241,7 +1234,7 @@ def _backward2(saved, grad_out):
         del D, dA
         dPX = P @ X_v + dP @ X
         dG_out = narrow_matmul(PX, W_V_v) + narrow_matmul(dPX, W_V)
-        dG_PX = wide_matmul(G_out, W_V_v.mT)
+        dG_PX = G_out @ W_V_v.mT
         dG_P = G_PX @ X_v.mT + dG_PX @ X.mT
         dG_D = (G_P * dP + P * dG_P).sum(axis=-1, keepdims=True)
         dG_A = np.add(shifted_product(P, dG_P, dG_D, out=dG_P), shifted_product(dP, G_P, G_D), out=dG_P)
@@ -1249,8 +1242,8 @@ def _backward2(saved, grad_out):
         dG_XW_QW_KT = scale * (G_A @ X_v + dG_A @ X)
         dG_Q = narrow_matmul(G_XW_QW_KT, W_K_v) + narrow_matmul(dG_XW_QW_KT, W_K)
         dX = (
-            wide_matmul(G_Q, W_Q_v.mT)
-            + wide_matmul(dG_Q, W_Q.mT)
+            G_Q @ W_Q_v.mT
+            + dG_Q @ W_Q.mT
             + P.mT @ dG_PX
             + dP.mT @ G_PX
             + (scale * G_A).mT @ dXW_QW_KT
@@ -1374,7 +1367,7 @@ def _jvp(X, W_Q, W_K, W_V, X_t, W_Q_t, W_K_t, W_V_t):
         del P, V, dP, dV
         return O, dO
     elif schedule == 1:
-        F1 = wide_matmul(W_Q, W_K.mT)
+        F1 = W_Q @ W_K.mT
         XW_QW_KT = X @ F1
         A = (scale * XW_QW_KT) @ X.mT
         P = row_softmax(A, out=A)
@@ -1430,7 +1423,7 @@ def _jvp(X, W_Q, W_K, W_V, X_t, W_Q_t, W_K_t, W_V_t):
         return O, dO
     else:
         Q = narrow_matmul(X, W_Q)
-        XW_QW_KT = wide_matmul(Q, W_K.mT)
+        XW_QW_KT = Q @ W_K.mT
         A = (scale * XW_QW_KT) @ X.mT
         P = row_softmax(A, out=A)
         del A

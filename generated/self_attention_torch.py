@@ -593,7 +593,7 @@ def _forward(X, W_Q, W_K, W_V):
         }
         return O, saved
     elif schedule == 1:
-        F1 = big_matmul(W_Q, W_K.mT)
+        F1 = W_Q @ W_K.mT
         XW_QW_KT = X @ F1
         A = (scale * XW_QW_KT) @ X.mT
         P = row_softmax(A, out=A)
@@ -640,7 +640,7 @@ def _forward(X, W_Q, W_K, W_V):
         return O, saved
     else:
         Q = narrow_matmul(X, W_Q)
-        XW_QW_KT = big_matmul(Q, W_K.mT)
+        XW_QW_KT = Q @ W_K.mT
         A = (scale * XW_QW_KT) @ X.mT
         P = row_softmax(A, out=A)
         del A
@@ -703,7 +703,7 @@ def _backward(saved, grad_out):
         PX = saved["PX"]
         d_k = saved["d_k"]
         scale = 1 / d_k**0.5
-        dPX = big_matmul(grad_out, W_V.mT)
+        dPX = grad_out @ W_V.mT
         D = row_dot(PX, dPX)
         dP = dPX @ X.mT
         dA = dP.sub_(D).mul_(P)
@@ -728,7 +728,7 @@ def _backward(saved, grad_out):
         PX = saved["PX"]
         d_k = saved["d_k"]
         scale = 1 / d_k**0.5
-        dPX = big_matmul(grad_out, W_V.mT)
+        dPX = grad_out @ W_V.mT
         dP = dPX @ X.mT
         D = row_dot(P, dP)
         dA = dP.sub_(D).mul_(P)
@@ -736,7 +736,7 @@ def _backward(saved, grad_out):
         dK = matmul_tn(dA, scale * Q)
         dQ = narrow_matmul(dA, scale * K)
         del dA
-        dX = big_matmul(dK, W_K.mT) + big_matmul(dQ, W_Q.mT) + P.mT @ dPX
+        dX = dK @ W_K.mT + dQ @ W_Q.mT + P.mT @ dPX
         del dPX
         dW_Q = rows(X).mT @ rows(dQ)
         del dQ
@@ -755,14 +755,14 @@ def _backward(saved, grad_out):
         PX = saved["PX"]
         d_k = saved["d_k"]
         scale = 1 / d_k**0.5
-        dPX = big_matmul(grad_out, W_V.mT)
+        dPX = grad_out @ W_V.mT
         dP = dPX @ X.mT
         D = row_dot(P, dP)
         dA = dP.sub_(D).mul_(P)
         del D, dP
         dXW_QW_KT = (scale * dA) @ X
         dQ = narrow_matmul(dXW_QW_KT, W_K)
-        dX = big_matmul(dQ, W_Q.mT) + P.mT @ dPX + (scale * dA).mT @ XW_QW_KT
+        dX = dQ @ W_Q.mT + P.mT @ dPX + (scale * dA).mT @ XW_QW_KT
         del dA, dPX
         dW_Q = rows(X).mT @ rows(dQ)
         del dQ
@@ -1119,12 +1119,12 @@ def _forward2(X, W_Q, W_K, W_V, G_out, X_v, W_Q_v, W_K_v, W_V_v):
         }
         return f2, saved
     elif schedule == 1:
-        F1 = big_matmul(W_Q, W_K.mT)
+        F1 = W_Q @ W_K.mT
         XW_QW_KT = X @ F1
         A = (scale * XW_QW_KT) @ X.mT
         P = row_softmax(A)
         PX = P @ X
-        G_PX = big_matmul(G_out, W_V.mT)
+        G_PX = G_out @ W_V.mT
         G_D = row_dot(PX, G_PX)
         G_P = G_PX @ X.mT
         G_A = (G_P - G_D) * P
@@ -1172,13 +1172,13 @@ def _forward2(X, W_Q, W_K, W_V, G_out, X_v, W_Q_v, W_K_v, W_V_v):
         A = big_matmul(scale * Q, K.mT)
         P = row_softmax(A)
         PX = P @ X
-        G_PX = big_matmul(G_out, W_V.mT)
+        G_PX = G_out @ W_V.mT
         G_P = G_PX @ X.mT
         G_D = row_dot(P, G_P)
         G_A = (G_P - G_D) * P
         G_K = matmul_tn(G_A, scale * Q)
         G_Q = narrow_matmul(G_A, scale * K)
-        G_X = big_matmul(G_K, W_K.mT) + big_matmul(G_Q, W_Q.mT) + P.mT @ G_PX
+        G_X = G_K @ W_K.mT + G_Q @ W_Q.mT + P.mT @ G_PX
         G_W_Q = rows(X).mT @ rows(G_Q)
         G_W_K = rows(X).mT @ rows(G_K)
         G_W_V = rows(PX).mT @ rows(G_out)
@@ -1215,17 +1215,17 @@ def _forward2(X, W_Q, W_K, W_V, G_out, X_v, W_Q_v, W_K_v, W_V_v):
         return f2, saved
     else:
         Q = narrow_matmul(X, W_Q)
-        XW_QW_KT = big_matmul(Q, W_K.mT)
+        XW_QW_KT = Q @ W_K.mT
         A = (scale * XW_QW_KT) @ X.mT
         P = row_softmax(A)
         PX = P @ X
-        G_PX = big_matmul(G_out, W_V.mT)
+        G_PX = G_out @ W_V.mT
         G_P = G_PX @ X.mT
         G_D = row_dot(P, G_P)
         G_A = (G_P - G_D) * P
         G_XW_QW_KT = (scale * G_A) @ X
         G_Q = narrow_matmul(G_XW_QW_KT, W_K)
-        G_X = big_matmul(G_Q, W_Q.mT) + P.mT @ G_PX + (scale * G_A).mT @ XW_QW_KT
+        G_X = G_Q @ W_Q.mT + P.mT @ G_PX + (scale * G_A).mT @ XW_QW_KT
         G_W_Q = rows(X).mT @ rows(G_Q)
         G_W_K = rows(G_XW_QW_KT).mT @ rows(Q)
         G_W_V = rows(PX).mT @ rows(G_out)
@@ -1337,7 +1337,7 @@ def _backward2(saved, grad_out):
         dP = (dA - D) * P
         dPX = P @ X_v + dP @ X
         dG_out = narrow_matmul(PX, W_V_v) + narrow_matmul(dPX, W_V)
-        dG_PX = big_matmul(G_out, W_V_v.mT)
+        dG_PX = G_out @ W_V_v.mT
         dG_D = (G_PX * dPX + PX * dG_PX).sum(dim=-1, keepdim=True)
         dG_P = G_PX @ X_v.mT + dG_PX @ X.mT
         dG_A = (G_P - G_D) * dP + (dG_P - dG_D) * P
@@ -1389,20 +1389,13 @@ def _backward2(saved, grad_out):
         dP = (dA - D) * P
         dPX = P @ X_v + dP @ X
         dG_out = narrow_matmul(PX, W_V_v) + narrow_matmul(dPX, W_V)
-        dG_PX = big_matmul(G_out, W_V_v.mT)
+        dG_PX = G_out @ W_V_v.mT
         dG_P = G_PX @ X_v.mT + dG_PX @ X.mT
         dG_D = (G_P * dP + P * dG_P).sum(dim=-1, keepdim=True)
         dG_A = (G_P - G_D) * dP + (dG_P - dG_D) * P
         dG_K = scale * (matmul_tn(G_A, dQ) + matmul_tn(dG_A, Q))
         dG_Q = scale * (narrow_matmul(G_A, dK) + narrow_matmul(dG_A, K))
-        dX = (
-            big_matmul(G_K, W_K_v.mT)
-            + big_matmul(G_Q, W_Q_v.mT)
-            + big_matmul(dG_K, W_K.mT)
-            + big_matmul(dG_Q, W_Q.mT)
-            + P.mT @ dG_PX
-            + dP.mT @ G_PX
-        )
+        dX = G_K @ W_K_v.mT + G_Q @ W_Q_v.mT + dG_K @ W_K.mT + dG_Q @ W_Q.mT + P.mT @ dG_PX + dP.mT @ G_PX
         dW_Q = sum_batch(matmul_tn(X, dG_Q) + matmul_tn(X_v, G_Q))
         dW_K = sum_batch(matmul_tn(X, dG_K) + matmul_tn(X_v, G_K))
         dW_V = rows(dPX).mT @ rows(G_out)
@@ -1438,15 +1431,15 @@ def _backward2(saved, grad_out):
         dP = (dA - D) * P
         dPX = P @ X_v + dP @ X
         dG_out = narrow_matmul(PX, W_V_v) + narrow_matmul(dPX, W_V)
-        dG_PX = big_matmul(G_out, W_V_v.mT)
+        dG_PX = G_out @ W_V_v.mT
         dG_P = G_PX @ X_v.mT + dG_PX @ X.mT
         dG_D = (G_P * dP + P * dG_P).sum(dim=-1, keepdim=True)
         dG_A = (G_P - G_D) * dP + (dG_P - dG_D) * P
         dG_XW_QW_KT = scale * (G_A @ X_v + dG_A @ X)
         dG_Q = narrow_matmul(G_XW_QW_KT, W_K_v) + narrow_matmul(dG_XW_QW_KT, W_K)
         dX = (
-            big_matmul(G_Q, W_Q_v.mT)
-            + big_matmul(dG_Q, W_Q.mT)
+            G_Q @ W_Q_v.mT
+            + dG_Q @ W_Q.mT
             + P.mT @ dG_PX
             + dP.mT @ G_PX
             + (scale * G_A).mT @ dXW_QW_KT
@@ -1567,7 +1560,7 @@ def _jvp(X, W_Q, W_K, W_V, X_t, W_Q_t, W_K_t, W_V_t):
         dO = narrow_matmul(P, dV) + narrow_matmul(dP, V)
         return O, dO
     elif schedule == 1:
-        F1 = big_matmul(W_Q, W_K.mT)
+        F1 = W_Q @ W_K.mT
         XW_QW_KT = X @ F1
         A = (scale * XW_QW_KT) @ X.mT
         P = row_softmax(A)
@@ -1606,7 +1599,7 @@ def _jvp(X, W_Q, W_K, W_V, X_t, W_Q_t, W_K_t, W_V_t):
         return O, dO
     else:
         Q = narrow_matmul(X, W_Q)
-        XW_QW_KT = big_matmul(Q, W_K.mT)
+        XW_QW_KT = Q @ W_K.mT
         A = (scale * XW_QW_KT) @ X.mT
         P = row_softmax(A)
         PX = P @ X

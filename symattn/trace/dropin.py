@@ -75,6 +75,8 @@ class ClosedForm:
         self.traced: dict[tuple, list[Traced]] = {(_mode(fn), *first.shapes): [first]}
         self.generated = generated or generated_module(self.spec, second_order=second_order)
         self.codes: list[tuple[Spec, types.ModuleType]] = [(self.spec, self.generated)]
+        self.examples = tuple(_detached(a) for a in examples)
+        self.autocast_dtypes: dict[tuple, object] = {}  # (device, autocast's dtype, arguments' dtypes) → output's
 
     def _traced_at(self, args: tuple) -> Traced:
         """The trace of these arguments: one at their shapes whose guards they pass, else a new one."""
@@ -151,7 +153,27 @@ class ClosedForm:
             else:
                 given.append(_unbatched(constants[name], name))
         out = self.code(traced.spec).forward(*inputs, *given)
-        return out.transpose(0, 1) if traced.sequence_first[1] else out
+        out = out.transpose(0, 1) if traced.sequence_first[1] else out
+        dtype = self._autocast_dtype(args, out.device.type)
+        return out if dtype is None else out.to(dtype)
+
+    def _autocast_dtype(self, args: tuple, device: str):
+        """The dtype the original forward returns under the torch.autocast enabled on the device, or None out of it.
+        The generated code runs in autocast's dtype from its arguments on; the original promotes where its code
+        adds a float32 tensor to a product's (a residual stream x + f(x) stays float32, where torch's layer norm
+        may keep or cast). Read off one run of the original at the trace's example, its arguments in the call's
+        dtypes and device, without gradients, once per device, autocast dtype and arguments' dtypes."""
+        import torch
+
+        if device == "meta" or not torch.is_autocast_enabled(device):
+            return None
+        dtypes = tuple(a.dtype if isinstance(a, torch.Tensor) else None for a in args)
+        key = (device, torch.get_autocast_dtype(device), dtypes)
+        if key not in self.autocast_dtypes:
+            example = [_like(e, a) for e, a in zip(self.examples, args)]
+            with torch.no_grad(), _original_forward(self.fn), _own_draws():
+                self.autocast_dtypes[key] = self.fn(*example).dtype
+        return self.autocast_dtypes[key]
 
 
 GUARDED_TRACES = 8  # the traces kept per shape for arguments whose guards differ (the latest first)
@@ -202,6 +224,13 @@ def _unbatched(value, name: str):
     if value.ndim > 2:
         raise SymattnError(f"drop_in: the constant {name} varies along batch axes {tuple(value.shape[:-2])}")
     return value
+
+
+def _like(example, argument):
+    """A tensor example on the argument's device, in its dtype where it is a float tensor."""
+    if not hasattr(example, "to") or not hasattr(argument, "is_floating_point"):
+        return example
+    return example.to(argument.device, argument.dtype if argument.is_floating_point() else example.dtype)
 
 
 def _detached(a):

@@ -127,3 +127,57 @@ def test_the_drop_in_encoder_layer_returns_torch_s_dtype_under_autocast(norm_fir
     assert grad.dtype == given
     ours_error, theirs_error = (float((y.double() - exact).abs().max()) for y in (out, want))
     assert ours_error <= 4 * 2**-8 * float(exact.abs().max()), (ours_error, theirs_error)
+
+
+class _FusedSDPA(torch.nn.Module):
+    """nanoGPT's attention: one fused projection split in three, heads by view, SDPA with is_causal."""
+
+    def __init__(self, width: int = 16, heads: int = 2) -> None:
+        super().__init__()
+        self.c_attn, self.c_proj, self.heads = torch.nn.Linear(width, 3 * width), torch.nn.Linear(width, width), heads
+
+    def forward(self, x):
+        b, t, c = x.shape
+        q, k, v = (p.view(b, t, self.heads, c // self.heads).transpose(1, 2) for p in self.c_attn(x).split(c, dim=2))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.c_proj(y.transpose(1, 2).contiguous().view(b, t, c))
+
+
+def _traced_modules():
+    from torch_corpus import ENTRIES, EXAMPLE_SIZES
+
+    made = [(e.name, *e.make(EXAMPLE_SIZES, torch.Generator().manual_seed(0))) for e in ENTRIES]
+    return [("fused_sdpa", _FusedSDPA().double(), (torch.randn(2, 5, 16, dtype=torch.float64),))] + [
+        (name, fn, args) for name, fn, args in made if isinstance(fn, torch.nn.Module)
+    ]
+
+
+@pytest.mark.parametrize("name", [name for name, _, _ in _traced_modules()])
+def test_a_traced_drop_in_under_autocast_gives_torchs_dtypes_and_accuracy(name):
+    """Every module of the from_torch corpus (and nanoGPT's SDPA attention) dropped in, then run under CPU autocast
+    (bfloat16) with float32 weights and input: the output in the dtype the original gives there, every gradient in
+    its leaf's dtype (the backward ran: a projection's product in the run's dtype, not a float32 n × m array), and
+    output and gradients within a few bfloat16 roundings of a float64 run, as the original's."""
+    import copy
+
+    from symattn.trace import drop_in
+
+    (module, example) = next((fn, args) for n, fn, args in _traced_modules() if n == name)
+    reference = copy.deepcopy(module)
+    drop_in(module, *example)
+    x = example[0].clone()
+    exact = [reference(x.requires_grad_())]
+    exact += torch.autograd.grad(exact[0].sum(), [x, *reference.parameters()])
+    runs = []
+    for model in (module.float(), reference.float()):
+        leaf = x.detach().float().requires_grad_()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = model(leaf)
+        grads = torch.autograd.grad(out.float().sum(), [leaf, *model.parameters()])
+        assert all(g.dtype == torch.float32 for g in grads), name
+        runs.append([out, *grads])
+    (ours, theirs), scale = runs, [float(e.abs().max()) + 1e-3 for e in exact]
+    assert ours[0].dtype == theirs[0].dtype, name
+    for a, b, e, s in zip(ours, theirs, exact, scale):
+        error, their_error = (float((v.double() - e).abs().max()) / s for v in (a, b))
+        assert error <= max(4 * their_error, 8 * 2**-8), (name, error, their_error)

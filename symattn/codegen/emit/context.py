@@ -350,6 +350,7 @@ def build_context(
         sched = dataclasses.replace(sched, backward=backward, constant_gradients=())
     mask = None if sched.mask is None else str(sched.mask.name)
     printer.optional, printer.mask = sched.optional | {f"{name}_b" for name in sched.optional}, mask
+    printer.weights = sched.weights
     # a mask made in the forward (of positions, or computed per call: keep) may mask whole rows: zeros, as M's
     printer.masked_rows = any(isinstance(x, MADE_MASKS) and x.masks for a in sched.forward for x in postorder(a.value))
     sections = _sections(sched, printer, mask, variant, backend)
