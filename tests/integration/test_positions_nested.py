@@ -8,7 +8,8 @@ own index (meshgrid, as Swin builds it), and a causal read b[idx[j, i], 0] of on
 constant read transposed). The NumPy, torch and JAX modules (standard, and the memory-efficient NumPy and torch ones
 at block sizes that do not divide n) match torch autograd of an independent forward (the table indexed by torch),
 float64, output and every gradient; the gradient is the same bits on every run; the derivation prints the nested read
-and verifies; exact evaluation reads and scatters entry by entry; Triton refuses in one line; ``from_torch`` reads
+and verifies; exact evaluation reads and scatters entry by entry; the Triton kernels gather the index, then the table
+(its range checked before any launch); ``from_torch`` reads
 Swin's window attention, written as Swin writes it, into the nested read and drops in.
 """
 
@@ -237,9 +238,47 @@ def test_a_read_nested_twice_is_refused_in_one_line():
         sa.entries(n, n, lambda i, j: table[idx[i + 1, j], 0])
 
 
-def test_the_triton_kernels_refuse_a_nested_read_in_one_line():
-    with pytest.raises(SymattnError, match="positions") as err:
-        codegen.render(nested_spec("swin"), "triton", second_order=False)
+@pytest.mark.parametrize("kind", sorted(CASES))
+def test_the_triton_kernels_gather_the_index_then_the_table(kind, tmp_path):
+    """Under Triton's interpreter (float32): output, every gradient (the table's summed by the kernels' per-program
+    histograms at the index's values) and the JVP against torch autograd of the independent forward; an index outside
+    the table is the same one-line ValueError, raised before any launch."""
+    pytest.importorskip("triton")
+    import triton_rendered
+
+    module = triton_rendered.triton_module(nested_spec(kind), tmp_path)
+    inputs = _inputs(kind)
+    want, cotangent, wanted = _wanted(kind, inputs)
+    leaves = [x.float().requires_grad_() for x in inputs[:4]]
+    out = module.forward(*leaves, inputs[4].float())
+    got = torch.autograd.grad(out, leaves, cotangent.float())
+    for a, b in zip([out, *got], [want, *wanted]):
+        torch.testing.assert_close(a.double(), b, rtol=1e-4, atol=1e-4)
+    g = torch.Generator().manual_seed(5)
+    tangents = [torch.randn(x.shape, generator=g, dtype=torch.float64) for x in inputs[:4]]
+    value, tangent = module.jvp(
+        *(x.float() for x in inputs[:4]), dict(zip(_names(kind), (t.float() for t in tangents))), idx=inputs[4].float()
+    )
+    expected = torch.func.jvp(lambda *x: reference(kind, *x, inputs[4]), tuple(inputs[:4]), tuple(tangents))
+    for a, b in zip((value, tangent), expected):
+        torch.testing.assert_close(a.double(), b, rtol=1e-4, atol=1e-4)
+    bad = inputs[4].float().clone()
+    bad[1, 2] = 99.0
+    with pytest.raises(ValueError, match=r"^idx gives [Tb] the row index 99.0: .* integer in \[0, ") as err:
+        module.forward(*(x.float() for x in inputs[:4]), bad)
+    assert "\n" not in str(err.value)
+
+
+def test_the_triton_kernels_refuse_an_expression_of_an_index_in_one_line():
+    """T[idx[i, j] + 1, h]: its range is no entry's of idx, and a kernel's gather cannot check it."""
+    spec = nested_spec("swin")
+    table, (idx,) = spec.inputs[3], spec.constants
+    bias = sa.entries(n, n, lambda i, j, h: table[sp.Min(idx[i, j] + 1, t - 1), h], heads=HEADS)
+    q, k, v = (sa.split_heads(x, HEADS) for x in spec.inputs[:3])
+    output = sa.merge_heads(sa.softmax(q @ k.T + bias) @ v, HEADS)
+    shifted = sa.Spec("shifted", "s", spec.inputs, output, constants=(idx,), parameters=("T",))
+    with pytest.raises(SymattnError, match=r"read T at an entry of a constant, not at Min\(") as err:
+        codegen.render(shifted, "triton", second_order=False)
     assert "\n" not in str(err.value)
 
 

@@ -1,8 +1,8 @@
 """Traced code reaches the fused kernels: every function and module of the ``from_torch`` corpora (plain torch,
-positions written with ``torch.arange``, Hugging Face's own attention classes) dropped in, its call on CUDA handed
-by the generated torch module to the spec's Triton module, rendered in memory at that first call. Here the device
-rule is widened to CPU tensors and the kernels run under Triton's interpreter: the routed call (float32) gives the
-torch module's output and every gradient."""
+positions written with ``torch.arange``, Hugging Face's own attention classes, Swin's window attention) dropped in,
+its call on CUDA handed by the generated torch module to the spec's Triton module, rendered in memory at that first
+call. Here the device rule is widened to CPU tensors and the kernels run under Triton's interpreter: the routed
+call (float32) gives the torch ops' output and every gradient (float64)."""
 
 from __future__ import annotations
 
@@ -127,3 +127,17 @@ def test_a_transformers_attention_dropped_in_runs_the_kernels(name, monkeypatch)
     example = (torch.randn(2, 5, 16, dtype=torch.float64), *hf._masks(name, [5, 4] if sliding else [5, 3], 5))
     args = (torch.randn(3, 7, 16, dtype=torch.float64), *hf._masks(name, [7, 5, 6] if sliding else [7, 2, 5], 7))
     _kernels_give_the_torch_ops_values(model, example, args, monkeypatch)
+
+
+def test_swins_window_attention_dropped_in_runs_the_kernels(monkeypatch):
+    """The relative position table read at the index buffer (T[idx[0, N·i + j], h]): both gathers in the kernels."""
+    pytest.importorskip("transformers")
+    import test_from_torch_transformers as hf
+    from transformers.models.swin.modeling_swin import SwinAttention, SwinConfig
+
+    torch.manual_seed(0)
+    model = hf.First(SwinAttention(hf.config(SwinConfig, embed_dim=16), 16, 2, 2), None).double().eval()
+    with torch.no_grad():
+        model.attention.relative_position_bias.relative_position_bias_table.normal_()  # (zeros as Swin starts it)
+    args = (torch.randn(3, 4, 16, dtype=torch.float64),)
+    _kernels_give_the_torch_ops_values(model, (torch.randn(2, 4, 16, dtype=torch.float64),), args, monkeypatch)

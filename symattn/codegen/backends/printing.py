@@ -330,23 +330,13 @@ class GeneratedCodeMixin:
     # float32 and rounds the sum once (None: total += part, or total = total + part for immutable arrays)
     block_sum: str | None = None
 
-    # the spec's weights (parameters) by name: a product with one is a projection (``_precision``)
-    weights: frozenset = frozenset()
-
-    def _precision(self, left: Basic, right: Basic) -> str | None:
-        """``precision(left, right)``, but a product with a weight factor (X Wᵀ) is a projection, in the run's dtype
-        where at typical sizes it widens (d → 2d): never an n × m array kept in float32."""
-        kind = precision(left, right)
-        weighted = any(
-            str(getattr(f.arg if isinstance(f, Transpose) else f, "name", "")) in self.weights for f in (left, right)
-        )
-        return None if kind == WIDE and weighted else kind
+    weights: frozenset = frozenset()  # the spec's weights by name: a product with one is a projection (precision)
 
     def _join_product(self, mats: list[Basic], texts: list[str]) -> str:
         """The product of the factors mats, printed as texts: left to right (two factors of an n × m array, by
         the precision helpers)."""
         helpers = {WIDE: self.wide_product, NARROW: self.narrow_product}
-        helper = helpers.get(self._precision(*mats)) if len(mats) == 2 else None
+        helper = helpers.get(precision(*mats, self.weights)) if len(mats) == 2 else None
         if helper is not None:
             return f"{self.helper(helper)}({_unwrapped(texts[0])}, {_unwrapped(texts[1])})"
         return " @ ".join(texts)

@@ -18,6 +18,7 @@ Sizes are typical sizes (sequence lengths long, feature sizes short: ``dag.typic
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 import sympy as sp
@@ -142,8 +143,10 @@ def narrows(left: Basic, right: Basic) -> bool:
 WIDE, NARROW = "wide", "narrow"  # how a 16-bit run computes a product of two factors (``precision``)
 
 
-def precision(left: Basic, right: Basic) -> str | None:
+def precision(left: Basic, right: Basic, weights: Collection[str] = ()) -> str | None:
     """How a bfloat16 or float16 run computes left·right: WIDE, an n × m product of thin factors (Q Kᵀ, dP = dO Vᵀ)
     whose result stays float32 as SDPA keeps the scores; NARROW, a product that reads such an array (P V, dS K),
-    rounded once, right before it; None: in the run's dtype."""
-    return WIDE if widens(left, right) else NARROW if narrows(left, right) else None
+    rounded once, right before it; None: in the run's dtype. A product with a factor among weights (by name; or its
+    transpose) is a projection X Wᵀ, never WIDE, where at typical sizes it widens (d → 2d)."""
+    weighted = any(str(getattr(f.arg if isinstance(f, Transpose) else f, "name", "")) in weights for f in (left, right))
+    return WIDE if widens(left, right) and not weighted else NARROW if narrows(left, right) else None

@@ -76,7 +76,9 @@ def test_projections_in_torchs_layout_are_the_thin_factors_not_scores_products()
     b_q, b_k = (sp.MatrixSymbol(name, 1, d) for name in ("b_Q", "b_K"))
     ones = sp.OneMatrix(n, 1)
     q, k = x * w_q.T + ones * b_q, x * w_k.T + ones * b_k
-    spec = sa.Spec("linear", "nn.Linear projections", (x, w_q, b_q, w_k, b_k, w_v), sa.softmax(q * k.T / sp.sqrt(d)) * (x * w_v.T))
+    spec = sa.Spec(
+        "linear", "nn.Linear projections", (x, w_q, b_q, w_k, b_k, w_v), sa.softmax(q * k.T / sp.sqrt(d)) * (x * w_v.T)
+    )
     core = find_core(spec)
     assert core.query == q and core.key == k and core.value == x * w_v.T
     assert str(core.logits) == "1/sqrt(d)*S" and core.normaliser == "row softmax"

@@ -7,7 +7,8 @@ computed in the tiles from their positions, reading tables (inputs or constants:
 a gather); N is a row normaliser of ``NORMALISERS``: the row softmax, the division of each row by its sum
 (A ⊘ rowsum(A) 𝟏ᵀ, as softplus attention's), or none (P = A, as sigmoid attention's σ(c·S)); P may be dropped
 out (P ⊙ Z_p(P), ``sa.dropout`` of the weights: O = (N(A) ⊙ Z_p) V, the mask drawn in the kernels' registers from
-a seed); or the core is a map with no V, O = log-softmax(A) (n × m: pointer attention's output, also spelled log(softmax(A)); no table read).
+a seed); or the core is a map with no V, O = log-softmax(A) (n × m: pointer attention's output, also spelled
+log(softmax(A)); no table read).
 A scalar c multiplying the scores product goes into E (A = E(c·S)), one multiplying the product with V stays
 outside (c · O). What lies outside the core (the factors' expressions, what the spec makes
 of O) stays torch: ``Cores.rest`` is the spec's output with each core's value replaced by its symbol ``output``. A
@@ -204,7 +205,7 @@ def _core_at(spec: Spec, node: Basic, output: MatrixSymbol) -> Core | None:
     scores = MatrixSymbol("S", n, m)
     a = logits.xreplace({products[0]: c * scores if c != 1 else scores})
     value = None if not thin else MatMul(*thin).doit() if len(thin) > 1 else thin[0]
-    read = {r.parent for x in postorder(a) if isinstance(x, Entries) for r in x.reads}
+    read = {t for x in postorder(a) if isinstance(x, Entries) for t in x.tables}  # an index's constants too
     tables = tuple(sorted(read, key=str))
     tiles = tuple(sorted((x for x in matrix_symbols(a) if x != scores and x not in read), key=str))
     allowed = {*spec.inputs, *spec.constants}

@@ -19,7 +19,7 @@ from symattn.codegen.backends.triton.bindings import binding_lines, lines_of
 from symattn.codegen.backends.triton.core import Core, find_cores, mixed_rows
 from symattn.codegen.backends.triton.eager import ring_record
 from symattn.codegen.backends.triton.lines import bare, core_lines, laid_out
-from symattn.codegen.backends.triton.positions import eager_grid, kernel_grid
+from symattn.codegen.backends.triton.positions import eager_grid, index_checks, kernel_grid
 from symattn.codegen.backends.triton.printer import (
     Printed,
     dropout_draws,
@@ -110,6 +110,7 @@ def triton_context(spec: Spec, options: tuple[Option, ...], version: str) -> dic
         "constants": [str(x.name) for x in spec.constants],
         "options": [{"name": o.name, "default_math": DRAWN.get(o.name) or _default(o.default)} for o in options],
         "per_head": any(c["per_head"] for c in cores),
+        "index_checks": index_checks(tuple(core.logits for core in found.cores)),
         "rest": rest,
         "helpers": torch_printer.helper_source() if torch_printer.helpers_used else "",
         "torch_helpers": sorted(torch_printer.helpers_used),

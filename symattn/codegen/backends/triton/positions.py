@@ -26,9 +26,11 @@ import sympy as sp
 from sympy import Basic, Expr, MatrixExpr
 from sympy.logic.boolalg import ITE
 from sympy.matrices.expressions import MatAdd
+from sympy.matrices.expressions.matexpr import MatrixElement
 
 from symattn.errors import SymattnError
 from symattn.lang.functions import TORCH, TRITON
+from symattn.lang.graph import postorder
 from symattn.lang.ops import SplitHeads
 from symattn.lang.positions import Entries, I, J
 from symattn.numeric.positions import CALLS, Flavour, code, pairwise, quotient, where_chain
@@ -267,14 +269,30 @@ def _flavour(
         piecewise=where,
         not_=lambda a: f"(~{a})",
         read=read,
-        checked_read=lambda table, row, col, name, source: _unchecked(table, name),
+        # a table read at an index read from a constant (Swin's T[idx[i, j], h]): the index a gather too, its range
+        # checked by the module before any launch (``_indices``)
+        checked_read=lambda table, row, col, name, source: read(table, row, col),
     )
     return flavour
 
 
-def _unchecked(table: str, index: str) -> str:
-    """A table read at an index read from a constant (Swin's T[idx[i, j], h]): not in the kernels."""
-    raise SymattnError(
-        f"the Triton kernels read no table at an index read from a constant ({table}[{index}[…], …]); use the torch "
-        "backend"
-    )
+def index_checks(logits: tuple[Basic, ...]) -> list[str]:
+    """The module's lines checking, before any launch, each constant read as a table's index in the cores' logits
+    (Swin's idx of T[idx[i, j], h]): ``_indices(idx, "idx", T, "T", axis)``, every entry of idx an integer inside
+    T's rows (axis −2) or columns (−1), since a kernel's gather cannot raise. Such an index is the constant's entry
+    itself; an expression of one (idx[i, j] + 1) is refused in one line (its range is no entry's)."""
+    lines = []
+    for formula in (x.formula for e in logits for x in postorder(e) if isinstance(x, Entries)):
+        for read in sorted(formula.atoms(MatrixElement), key=sp.default_sort_key):
+            for axis, index in zip((-2, -1), read.indices):
+                if not index.atoms(MatrixElement):
+                    continue
+                if not isinstance(index, MatrixElement):
+                    raise SymattnError(
+                        f"the Triton kernels read {read.parent.name} at an entry of a constant, not at {index}: "
+                        "use the torch backend"
+                    )
+                source, table = str(index.parent.name), str(read.parent.name)
+                lines.append(f'_indices({source}, "{source}", {table}, "{table}", {axis})')
+    return list(dict.fromkeys(lines))
+
