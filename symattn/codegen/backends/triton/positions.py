@@ -295,4 +295,3 @@ def index_checks(logits: tuple[Basic, ...]) -> list[str]:
                 source, table = str(index.parent.name), str(read.parent.name)
                 lines.append(f'_indices({source}, "{source}", {table}, "{table}", {axis})')
     return list(dict.fromkeys(lines))
-
