@@ -5,7 +5,7 @@ O(n/b · m/b)), which the loop's key window (``key_window``) and the mask's fill
 from __future__ import annotations
 
 import sympy as sp
-from sympy import Basic
+from sympy import Basic, Expr
 
 from symattn.codegen.schedule.rowblocks import Loop
 from symattn.lang.positions import I
@@ -36,17 +36,24 @@ def map_arguments(printer) -> str:
 
 
 def _call(mask: EntriesBlock, printer) -> str:
-    """block_map(test, reads, n, m, block_size, dtype…): the test a lambda of the blocks' bounds and the reads'
-    block extremes, each read the table's values along the rows or keys (or its one value per sequence)."""
-    test = block_test(mask.formula)
+    """block_map(test, reads, n, m, block_size, dtype…) of a mask's block test (``test_code``)."""
+    rows, cols = (printer._print(x) for x in (mask.source.rows, mask.shape[1]))
+    test, reads = test_code(mask.formula, printer, rows, cols)
+    return f"{printer.helper('block_map')}({test}, [{reads}], {rows}, {cols}, block_size{printer.position_dtype})"
+
+
+def test_code(formula: Expr, printer, rows: str, cols: str) -> tuple[str, str]:
+    """(test, reads) of a mask on data's block test (``optimize.block_tests``) as the printer's array code: test a
+    lambda of the blocks' bounds and the reads' block extremes returning (empty, full); reads, each read's (values,
+    along): the table's values along the rows (``rows``, the code of their count) or keys (``cols``), or its one value
+    per sequence."""
+    test = block_test(formula)
     names = dict(zip(BOUNDS, ("i", "i_last", "j", "j_last")))
     names |= {s: str(s) for r in test.reads for s in (r.low, r.high)}
     flavour = printer.position_flavour(names)
     empty, full = (positions.array_code(x, flavour) for x in (test.empty, test.full))
-    rows, cols = (printer._print(x) for x in (mask.source.rows, mask.shape[1]))
     reads = ", ".join(_values(r, rows, cols, printer) for r in test.reads)
-    lam = f"lambda {', '.join(names.values())}: ({empty}, {full})"
-    return f"{printer.helper('block_map')}({lam}, [{reads}], {rows}, {cols}, block_size{printer.position_dtype})"
+    return f"lambda {', '.join(names.values())}: ({empty}, {full})", reads
 
 
 def _values(read: Read, rows: str, cols: str, printer) -> str:

@@ -125,28 +125,36 @@ def hide_keys(scores, hidden, rows, keys, n, open_keys, dtype, device, heads=Non
 
 def block_map(test, reads, n, m, size, dtype, device):
     """The block map of a mask on data (``optimize.block_tests``) for blocks of size query rows and size keys, per
-    call, O(n/size · m/size), on device: test(i, i_last, j, j_last, t0_lo, t0_hi, …) → (empty, full) over every pair
-    of blocks (i, i_last a column of the row blocks' first and last rows, j, j_last a row of the key blocks'), each
-    read (values, along) given by its least and greatest value over the block ("i": values of the rows, "j": of the
-    keys, None: one per sequence); a pair counts where it does for every sequence. As ``block_rows`` gives it (the
-    nb × mb booleans copied to the host once). Under torch.compile or torch.func's transforms of the values (no
-    branch on them there), and off the CPU (where nothing is read back to decide a path: no wait for the device at
-    every call): an empty map, every block computed with the mask."""
+    call, O(n/size · m/size), on device (``block_classes``); a pair counts where it does for every sequence. As
+    ``block_rows`` gives it (the nb × mb booleans copied to the host once). Under torch.compile or torch.func's
+    transforms of the values (no branch on them there), and off the CPU (where nothing is read back to decide a path:
+    no wait for the device at every call): an empty map, every block computed with the mask."""
     if torch.device(device).type != "cpu" or any(_functional(torch.as_tensor(values)) for values, _ in reads):
         return size, []
+    classes = block_classes(test, reads, n, m, size, size, dtype, device)
+    empty, full = (x.reshape(-1, *x.shape[-2:]).all(dim=0) for x in classes)
+    return block_rows(empty.tolist(), full.tolist(), size, m)
+
+
+def block_classes(test, reads, n, m, rows, cols, dtype, device):
+    """(empty, full) of a mask on data (``optimize.block_tests``) over every pair of a block of rows query rows and a
+    block of cols keys, per sequence: booleans (..., ⌈n/rows⌉, ⌈m/cols⌉), the leading axes the reads' broadcast, by
+    torch ops on device (no loop over blocks). test(i, i_last, j, j_last, t0_lo, t0_hi, …) → (empty, full), i, i_last
+    a column of the row blocks' first and last rows, j, j_last a row of the key blocks', each read (values, along)
+    given by its least and greatest value over the block ("i": values of the rows, "j": of the keys, None: one per
+    sequence)."""
     wide = torch.promote_types(dtype, torch.float32)
-    i = torch.arange(0, n, size, dtype=wide, device=device)[:, None]
-    j = torch.arange(0, m, size, dtype=wide, device=device)[None, :]
+    i = torch.arange(0, n, rows, dtype=wide, device=device)[:, None]
+    j = torch.arange(0, m, cols, dtype=wide, device=device)[None, :]
     bounds = []
     for values, along in reads:
         values = torch.as_tensor(values, device=device).to(wide)
-        extremes = _block_extremes(values, size) if along else (values[..., None, None],) * 2
+        extremes = _block_extremes(values, rows if along == "i" else cols) if along else (values[..., None, None],) * 2
         bounds += [x[..., None] if along == "i" else x[..., None, :] if along else x for x in extremes]
-    tests = test(i, (i + size - 1).clamp(max=n - 1), j, (j + size - 1).clamp(max=m - 1), *bounds)
+    tests = test(i, (i + rows - 1).clamp(max=n - 1), j, (j + cols - 1).clamp(max=m - 1), *bounds)
     tests = [torch.as_tensor(x, device=device) for x in tests]
     shape = torch.broadcast_shapes(*(x.shape for x in tests), (i.shape[0], j.shape[1]))
-    empty, full = (x.expand(shape).reshape(-1, *shape[-2:]).all(dim=0) for x in tests)
-    return block_rows(empty.tolist(), full.tolist(), size, m)
+    return tuple(x.expand(shape) for x in tests)
 
 
 def _block_extremes(values, size):

@@ -13,6 +13,7 @@ import re
 import jinja2
 import sympy as sp
 from sympy import Basic, MatrixSymbol
+from sympy.matrices.expressions.matexpr import MatrixElement
 
 from symattn.codegen.backends.torch.backend import TorchMatrixPrinter
 from symattn.codegen.backends.triton.bindings import binding_lines, lines_of
@@ -29,6 +30,7 @@ from symattn.codegen.backends.triton.printer import (
     tile_name,
 )
 from symattn.codegen.backends.triton.runtime import TRITON_RUNTIME, called_helpers
+from symattn.codegen.emit.block_maps import test_code
 from symattn.codegen.schedule.build import split_constants
 from symattn.codegen.schedule.dag import is_weight
 from symattn.derive.formats.latex import text as plain_text
@@ -38,6 +40,7 @@ from symattn.lang.graph import postorder
 from symattn.lang.ops import LogSoftmax, RowSoftmax, SplitHeads
 from symattn.lang.piecewise import RNG, TRAINING
 from symattn.numeric.printers import runtime_source
+from symattn.optimize.mask_structure import hidden
 from symattn.specs import Option, Spec, family
 from symattn.specs.spec import drawn_options
 
@@ -187,9 +190,33 @@ def _core_context(core: Core, printed: Printed, c: str, constants: frozenset[str
         "per_head": any(isinstance(x, SplitHeads) for x in postorder(core.query)),
         "ring": _ring(core, constants),
         **_positions(printed),
+        "block_map": _block_map(core, printed, printer),
         "query": printer.doprint(core.query),
         "key": printer.doprint(core.key),
         "value": None if core.value is None else printer.doprint(core.value),  # None: a map, O = N(A)
+    }
+
+
+def _block_map(core: Core, printed: Printed, printer) -> dict | None:
+    """The code of a core's block map (``positions.block_map_formula``; None: none): its test and reads printed by
+    the torch printer (``emit.block_maps.test_code``) over its tables, each bound from the kernels' tables (``first``:
+    one of them, whose dtype and device the map takes)."""
+    if printed.block_map is None:
+        return None
+    formula = printed.block_map
+    read = sorted({e.parent for e in formula.atoms(MatrixElement)}, key=str)
+    named = {t: MatrixSymbol(f"table_{t.name}", *t.shape) for t in read}
+    test, reads = test_code(formula.xreplace(named), printer, "n", "m")
+    bounds, test = test.removeprefix("lambda ").split(": ", 1)
+    places = {str(t.name): i for i, t in enumerate(core.tables)}  # (the formula's tables sized n and m: by name)
+    return {
+        "bounds": bounds,
+        "test": test,
+        "reads": reads,
+        "classes": printer.helper("block_classes"),
+        "tables": [f"{named[t].name} = _narrowed(tables[{places[str(t.name)]}])" for t in read],
+        "first": str(named[read[0]].name),
+        "math": str(hidden(printed.block_map)),
     }
 
 

@@ -14,7 +14,10 @@ prints the same formula in torch over grids of the same names.
 A mask of them added to a row softmax's argument (−∞ where a key is hidden) decides which tiles a program visits
 (``tile_window``): the key window of its block of rows and, for the backward's key part, the row window of its block
 of keys (``optimize.mask_structure``), printed as integer code of the block's bounds and n, m; on the tiles every
-row sees whole the mask's formula is printed without its −∞ branches.
+row sees whole the mask's formula is printed without its −∞ branches. A mask whose condition reads a table at
+positions (document ids, a prefix length per sequence) has no such structure until the table's numbers are read: its
+tiles are classed per call by a block map (``block_map_formula``, ``optimize.block_tests``), which the kernels read
+beside the window (its open range left to the map for those masks).
 """
 
 from __future__ import annotations
@@ -34,7 +37,8 @@ from symattn.lang.graph import postorder
 from symattn.lang.ops import SplitHeads
 from symattn.lang.positions import Entries, I, J
 from symattn.numeric.positions import CALLS, Flavour, code, pairwise, quotient, where_chain
-from symattn.optimize.mask_structure import intersection, key_window, row_window
+from symattn.optimize.block_tests import BOUNDS, block_test
+from symattn.optimize.mask_structure import KeyWindow, intersection, key_window, row_window
 
 HEAD = sp.Symbol("_head", integer=True, nonnegative=True)  # the program's head, in a per-head formula
 GRID = {I: "pos_i", J: "pos_j", HEAD: "pos_h"}  # the position symbols → the tiles' names of their values
@@ -55,6 +59,7 @@ class Spelling:
     count: str = "{}"
     index: str = "{}"  # an index of a table read, cast to an integer
     table: str = ""  # a table read: {t} the table's name, {r} and {c} its row and column index (``table_read``)
+    constant_table: str = ""  # … at two literal indices (one value per sequence: no mask, broadcast over the tile)
 
 
 SPELLINGS = {  # the kernels' (triton.language), the eager core's (torch, whose minimum takes tensors only)
@@ -64,9 +69,15 @@ SPELLINGS = {  # the kernels' (triton.language), the eager core's (torch, whose 
         index="({}).to(tl.int64)",
         table="tl.load(TAB_{t} + (bh // inner) * tab_{t}_b + (bh % inner) * tab_{t}_h + {r} * tab_{t}_r "
         "+ {c} * tab_{t}_c, mask=inside, other=0.0).to(tl.float32)",
+        constant_table="tl.load(TAB_{t} + (bh // inner) * tab_{t}_b + (bh % inner) * tab_{t}_h + {r} * tab_{t}_r "
+        "+ {c} * tab_{t}_c).to(tl.float32)",
     ),
     TORCH: Spelling(
-        "torch.", branch="pos_i.new_tensor({})", index="torch.as_tensor({}).long()", table="table_{t}[..., {r}, {c}]"
+        "torch.",
+        branch="pos_i.new_tensor({})",
+        index="torch.as_tensor({}).long()",
+        table="table_{t}[..., {r}, {c}]",
+        constant_table="table_{t}[..., {r} : {r} + 1, {c} : {c} + 1]",
     ),
 }
 
@@ -108,19 +119,48 @@ class TileWindow:
 BLOCK = (sp.Symbol("_r0", integer=True, nonnegative=True), sp.Symbol("_r1", integer=True, positive=True))
 
 
-def tile_window(masks: tuple[Expr, ...], shape: tuple[Basic, Basic]) -> TileWindow | None:
+SIZES = (sp.Symbol("n", integer=True, positive=True), sp.Symbol("m", integer=True, positive=True))  # as the map's
+# code names the sizes
+
+
+def block_map_formula(masks: tuple[Expr, ...], shape: tuple[Basic, Basic]) -> Expr | None:
+    """The formula whose block test (``optimize.block_tests``) classes the kernels' tiles per call: the masks' sum
+    (a pair hidden by one is hidden), its sizes written n and m (``SIZES``), where some mask reads a table at positions
+    and the test reads nothing but the blocks' bounds, the reads' extremes and n, m; else None (no block map: a mask
+    of positions alone has its analytic window, a mask per head or one the test cannot bound is applied on every
+    tile)."""
+    if not masks or any(f.has(HEAD) for f in masks) or not any(f.has(MatrixElement) for f in masks):
+        return None
+    sizes = {s: new for s, new in zip(shape, SIZES) if isinstance(s, sp.Symbol)}
+    formula = sp.Add(*masks).xreplace(sizes)
+    test = block_test(formula)
+    if test is None:
+        return None
+    known = {*BOUNDS, *SIZES, *(x for r in test.reads for x in (r.low, r.high))}
+    return formula if (test.empty.free_symbols | test.full.free_symbols) <= known else None
+
+
+def _opened(window: KeyWindow, mapped: bool) -> KeyWindow:
+    """A mask's window, its open range [lo, hi) where a block map classes its tiles (the map, not the window, says
+    which tiles every row sees whole)."""
+    return KeyWindow(window.lo, window.hi, window.lo, window.hi) if mapped else window
+
+
+def tile_window(masks: tuple[Expr, ...], shape: tuple[Basic, Basic], mapped: bool = False) -> TileWindow | None:
     """The window of the masks' sum over a program's block (the intersection of theirs), or None (every tile, the
     mask applied on each: today's kernels) where there is no mask or a bound reads anything but the block's bounds
-    and the sizes n, m (a head, a trainable scalar, another dimension)."""
+    and the sizes n, m (a head, a trainable scalar, another dimension). mapped: a block map classes the tiles, so a
+    mask reading a table leaves its open range to it."""
     if not masks:
         return None
     first, end = BLOCK
     n, m = shape
-    keys = intersection([key_window(f, first, end, m) for f in masks])
-    rows = intersection([row_window(f, first, end, n) for f in masks])
+    reads = [mapped and f.has(MatrixElement) for f in masks]
+    keys = intersection([_opened(key_window(f, first, end, m), r) for f, r in zip(masks, reads)])
+    rows = intersection([_opened(row_window(f, first, end, n), r) for f, r in zip(masks, reads)])
     sizes = {s: name for s, name in ((n, "n"), (m, "m")) if isinstance(s, sp.Symbol)}
     bounds = [tuple(_without_ite(x) for x in (w.lo, w.hi, w.open_lo, w.open_hi)) for w in (keys, rows)]
-    if bounds == [(0, m, 0, 0), (0, n, 0, 0)]:  # (nothing known: every tile, masked)
+    if bounds in ([(0, m, 0, 0), (0, n, 0, 0)], [(0, m, 0, m), (0, n, 0, n)]):  # (nothing known: every tile)
         return None
     known = {first, end, *sizes}
     if any(not x.free_symbols <= known or not all(a.is_Integer for a in x.atoms(sp.Number)) for b in bounds for x in b):
@@ -191,8 +231,11 @@ def table_read(spelling: Spelling, table: str, row: str, col: str) -> str:
     kernels a gather from b's pointer ``TAB_b`` by its strides (outer batch ``tab_b_b``, inner batch ``tab_b_h``,
     row ``tab_b_r``, column ``tab_b_c``; a table without batch axes has stride 0 there), masked to the tile's part in
     n × m (its indices lie in b only there); in the eager core b's indexing at the index grids (``table_b``). A
-    literal index is an int, any other cast (``Spelling.index``)."""
-    return spelling.table.format(t=table, r=_index(row, spelling.index), c=_index(col, spelling.index))
+    literal index is an int, any other cast (``Spelling.index``); two literal indices read one value per sequence
+    (``Spelling.constant_table``: p[0, 0], a prefix length)."""
+    r, c = _index(row, spelling.index), _index(col, spelling.index)
+    constant = r.isdigit() and c.isdigit()
+    return (spelling.constant_table if constant else spelling.table).format(t=table, r=r, c=c)
 
 
 def _index(text: str, cast: str) -> str:

@@ -24,6 +24,7 @@ from symattn.autodiff.differentials import differential
 from symattn.codegen.backends.triton.core import Core
 from symattn.codegen.backends.triton.positions import (
     TileWindow,
+    block_map_formula,
     formula_code,
     head_code,
     masks_of,
@@ -164,6 +165,7 @@ class Printed:
     table_gradients: dict[str, tuple[tuple[str, str], ...]] = field(default_factory=dict)  # a learned table's name →
     # per read b[r, c]: (its flat index r·cols + c as an int tile, G ⊙ ∂A/∂b[r, c])
     gradient_positions: tuple[tuple[str, str], ...] = ()  # the tiles of positions only those read
+    block_map: Basic | None = None  # the formula whose block test classes the tiles per call (None: no block map)
 
 
 def print_core(core: Core, constants: frozenset[str]) -> Printed:
@@ -198,8 +200,10 @@ def print_core(core: Core, constants: frozenset[str]) -> Printed:
     eager = TilePrinter(names, dict(forward), TORCH, tables=tables)
     eager_logits = eager.doprint(core.logits)
     masks = masks_of(core.logits, core.normaliser)
-    window = tile_window(masks, core.scores.shape)
-    opened = {**printer.positions, **tangent_printer.positions} if window else {}
+    block_map = block_map_formula(masks, core.scores.shape)
+    window = tile_window(masks, core.scores.shape, block_map is not None)
+    # the masks' code on the tiles every row sees whole (the window's open ones, the map's full ones)
+    opened = {**printer.positions, **tangent_printer.positions} if window or block_map is not None else {}
     open_positions = {
         name: formula_code(unmasked(f), printer._scalar, TRITON, tables=tangent_tables)
         for f, (name, _) in opened.items()
@@ -223,6 +227,7 @@ def print_core(core: Core, constants: frozenset[str]) -> Printed:
         open_positions,
         table_gradients,
         tuple(p for f, p in weigher.positions.items() if f not in printer.positions),
+        block_map,
     )
 
 

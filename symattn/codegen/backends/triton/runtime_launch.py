@@ -251,3 +251,23 @@ def _table_tangent(tangent, table, batch):
     """A table's tangent as the JVP kernel takes it (zero where None), a view like the table's (_tile)."""
     tangent = torch.zeros_like(table) if tangent is None else tangent
     return _tile(tangent, batch, *table.shape[-2:])
+
+
+def _narrowed(x):
+    """A table as the kernels take it, (outer, inner, rows, cols), each batch axis it is broadcast along (stride 0) cut
+    to one entry: a block map per sequence, not one copy per head."""
+    for axis in (0, 1):
+        if x.shape[axis] > 1 and x.stride(axis) == 0:
+            x = x.narrow(axis, 0, 1)
+    return x
+
+
+def _kinds(empty, full):
+    """A block map as the kernels read it (``block_classes``'s empty and full, (outer, inner, row blocks, key blocks),
+    an axis of one entry where every sequence or head shares it): int8 kinds, 0 no pair of the tile visible (never
+    visited), 2 every pair (the mask not evaluated), 1 the rest; then its strides along the outer and inner batch
+    axes (0 along an axis of one entry) and the row blocks (the key blocks' 1)."""
+    kinds = torch.where(empty, 0, torch.where(full, 2, 1)).to(torch.int8)
+    kinds = kinds[(None,) * (4 - kinds.dim())].contiguous()
+    outer, inner = (kinds.stride(a) if kinds.shape[a] > 1 else 0 for a in (0, 1))
+    return kinds, outer, inner, kinds.stride(2)
