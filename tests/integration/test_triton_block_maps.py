@@ -5,7 +5,8 @@ j < p[0, 0]) has no analytic window. The generated module classes every tile of 
 launch plan fixes BLOCK_M × BLOCK_N (``_block_kinds``: the block test of ``optimize.block_tests`` over the tables'
 per-block extremes, torch ops, O(n/BLOCK_M · m/BLOCK_N)): empty (never visited), full (the mask not evaluated), partial.
 The forward, both parts of the backward and the JVP read it beside the analytic window (the causal part of
-causal ∧ documents, the runtime causal flag).
+causal ∧ documents, the runtime causal flag). Ids per sequence read per head (``sa.entries(…, heads=H)``) have
+their heads axis inserted before the kernels read them (``_by_sequence``), as the torch modules read them.
 
 Checked here, on test_positions_block_maps.py's cases (two sequences of 37 tokens, laid out differently, n not a
 multiple of the tile): output, every gradient and the JVP against torch autograd of an independent float64 forward
@@ -48,11 +49,14 @@ def _reference(kind, q, k, v, constant, causal=False):
     return cases._softmax((q @ k.mT / math.sqrt(q.shape[-1])).masked_fill(~seen, -math.inf)) @ v
 
 
+HEADS = [("heads", "contiguous"), ("heads", "unordered")]  # the ids per sequence read per head (entries(…, heads=H))
+
+
 @pytest.mark.parametrize("causal", [False, True], ids=["plain", "causal-flag"])
-@pytest.mark.parametrize(("kind", "layout"), KINDS)
+@pytest.mark.parametrize(("kind", "layout"), KINDS + HEADS)
 def test_output_every_gradient_and_the_jvp_match_autograd_and_the_torch_module(kind, layout, causal, folder):
-    if causal and kind == "causal-documents":
-        pytest.skip("(the condition is causal already)")
+    if causal and kind in ("causal-documents", "heads"):
+        pytest.skip("(the condition is causal already; the heads' reference has no causal flag)")
     module = triton_module(cases._spec(kind), folder)
     assert hasattr(module, "_block_kinds")  # (a block map, not every tile masked)
     (q, k, v, constant), cotangent = cases._inputs(kind, layout, seed=11)

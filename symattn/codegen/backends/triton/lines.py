@@ -96,7 +96,7 @@ def laid_out(ctx: dict) -> dict:
         factors += [f"{name} = {layout.assigned(name, code, 4)}" for name, code in named if code is not None]
         factors += [core["seed"]] if core["seed"] else []  # dropout's seed, drawn once per call
         value = "None" if core["value"] is None else "core_v" + c  # a map core has no V
-        tensors = ["_CORE" + c, "core_q" + c, "core_k" + c, value, "causal", "symbols", *core["tensor_names"]]
+        tensors = ["_CORE" + c, "core_q" + c, "core_k" + c, value, "causal", "symbols", *core["tensor_arguments"]]
         calls.append(layout.wrapped(f"{core['core_output']} = _kernels", tensors, "", 4, "()"))
     return {
         "define_forward": layout.define("forward", ctx["signature"].split(", "), 0),

@@ -181,6 +181,11 @@ def _core_context(core: Core, printed: Printed, c: str, constants: frozenset[str
         + scalars
         + [t["name"] for t in tables]
         + ([f"core_seed{c}"] if core.dropout is not None else []),
+        # the kernels' call: a table read per head, its heads axis inserted (``_by_sequence``)
+        "tensor_arguments": [t["name"] for t in tiles]
+        + scalars
+        + [f"_by_sequence({t['name']})" if printed.heads else t["name"] for t in tables]
+        + ([f"core_seed{c}"] if core.dropout is not None else []),
         # dropout of the weights: its draws' code, and the seed's line (drawn per call, the core's last tensor)
         "dropout": None if core.dropout is None else dropout_draws(core.dropout),
         "seed": None if core.dropout is None else f"core_seed{c} = _seed({TRAINING}, {RNG}, core_q{c})",
