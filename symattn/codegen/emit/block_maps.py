@@ -38,22 +38,23 @@ def map_arguments(printer) -> str:
 def _call(mask: EntriesBlock, printer) -> str:
     """block_map(test, reads, n, m, block_size, dtype…) of a mask's block test (``test_code``)."""
     rows, cols = (printer._print(x) for x in (mask.source.rows, mask.shape[1]))
-    test, reads = test_code(mask.formula, printer, rows, cols)
+    variables, empty, full, reads = test_code(mask.formula, printer, rows, cols)
+    test = f"lambda {variables}: ({empty}, {full})"
     return f"{printer.helper('block_map')}({test}, [{reads}], {rows}, {cols}, block_size{printer.position_dtype})"
 
 
-def test_code(formula: Expr, printer, rows: str, cols: str) -> tuple[str, str]:
-    """(test, reads) of a mask on data's block test (``optimize.block_tests``) as the printer's array code: test a
-    lambda of the blocks' bounds and the reads' block extremes returning (empty, full); reads, each read's (values,
-    along): the table's values along the rows (``rows``, the code of their count) or keys (``cols``), or its one value
-    per sequence."""
+def test_code(formula: Expr, printer, rows: str, cols: str) -> tuple[str, str, str, str]:
+    """(variables, empty, full, reads) of a mask on data's block test (``optimize.block_tests``) as the printer's
+    array code: empty and full of the variables, the blocks' bounds and the reads' block extremes; reads, each read's
+    (values, along): the table's values along the rows (``rows``, the code of their count) or keys (``cols``), or its
+    one value per sequence."""
     test = block_test(formula)
     names = dict(zip(BOUNDS, ("i", "i_last", "j", "j_last")))
     names |= {s: str(s) for r in test.reads for s in (r.low, r.high)}
     flavour = printer.position_flavour(names)
     empty, full = (positions.array_code(x, flavour) for x in (test.empty, test.full))
     reads = ", ".join(_values(r, rows, cols, printer) for r in test.reads)
-    return f"lambda {', '.join(names.values())}: ({empty}, {full})", reads
+    return ", ".join(names.values()), empty, full, reads
 
 
 def _values(read: Read, rows: str, cols: str, printer) -> str:

@@ -211,12 +211,12 @@ def _block_map(core: Core, printed: Printed, printer) -> dict | None:
     formula = printed.block_map
     read = sorted({e.parent for e in formula.atoms(MatrixElement)}, key=str)
     named = {t: MatrixSymbol(f"table_{t.name}", *t.shape) for t in read}
-    test, reads = test_code(formula.xreplace(named), printer, "n", "m")
-    bounds, test = test.removeprefix("lambda ").split(": ", 1)
+    bounds, empty, full, reads = test_code(formula.xreplace(named), printer, "n", "m")
     places = {str(t.name): i for i, t in enumerate(core.tables)}  # (the formula's tables sized n and m: by name)
     return {
         "bounds": bounds,
-        "test": test,
+        "empty": empty,
+        "full": full,
         "reads": reads,
         "classes": printer.helper("block_classes"),
         "tables": [f"{named[t].name} = _narrowed(tables[{places[str(t.name)]}])" for t in read],
