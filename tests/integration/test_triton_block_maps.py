@@ -12,7 +12,8 @@ Checked here, on test_positions_block_maps.py's cases (two sequences of 37 token
 multiple of the tile): output, every gradient and the JVP against torch autograd of an independent float64 forward
 and against the torch module; the map against the dense mask reduced per tile (exact for contiguous documents, sound
 for ids in no order); the tiles visited counted through the interpreter's dots and the mask's ``_kept`` flags (the
-empty ones never reached, the full ones without the mask); the kernels compile for sm_90.
+empty ones never reached, the full ones without the mask); a second derivative (the eager core), torch.func.vmap and
+torch.compile; the kernels compile for sm_90.
 """
 
 from __future__ import annotations
@@ -100,6 +101,33 @@ def test_a_second_derivative_through_the_eager_core_matches_autograd(kind, folde
     got = second(lambda *x: module.forward(*x, constant.float()), [x.float() for x in (q, k, v)])
     for name, a, b in zip("QKV", got, wanted):
         compare(a, b, f"{kind} second derivative {name}", rtol=1e-4)
+
+
+@pytest.mark.parametrize("how", ["vmap", "compile"])
+def test_per_sequence_gradients_under_vmap_and_torch_compile(how, folder):
+    """torch.func.vmap of torch.func.grad over the sequences, their ids batched too (the ops' vmap rules: the map of
+    the merged batch·heads), and torch.compile(fullgraph=True) of forward and backward (the map made inside the
+    launch, which the compiled graph holds as one op), against autograd of the independent forward."""
+    module = triton_module(cases._spec("causal-documents"), folder)
+    (q, k, v, doc), cotangent = cases._inputs("causal-documents", "contiguous", seed=15)
+    if how == "vmap":
+
+        def per_sequence(function, dtype):  # ∂/∂Q of each sequence's loss, one sequence at a time under vmap
+            loss = lambda *x: (function(*x) * cotangent[0].to(dtype)).sum()  # noqa: E731
+            return torch.func.vmap(torch.func.grad(loss))(*(x.to(dtype) for x in (q, k, v, doc)))
+
+        want = per_sequence(lambda *x: cases.reference("causal-documents", *x), torch.float64)
+        compare(per_sequence(module.forward, torch.float32), want, "vmap of grad: dQ per sequence", rtol=1e-4)
+        return
+    compiled = torch.compile(module.forward, fullgraph=True, backend="aot_eager")
+    leaves = [x.float().requires_grad_() for x in (q, k, v)]
+    out = compiled(*leaves, doc.float())
+    grads = torch.autograd.grad(out, leaves, cotangent.float())
+    exact = [x.clone().requires_grad_() for x in (q, k, v)]
+    want = cases.reference("causal-documents", *exact, doc)
+    compare(out, want.detach(), "compiled forward", rtol=1e-4)
+    for name, got, expected in zip("QKV", grads, torch.autograd.grad(want, exact, cotangent)):
+        compare(got, expected, f"compiled d{name}", rtol=1e-4)
 
 
 def _dense(kind, constant, rows):
