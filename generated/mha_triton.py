@@ -619,6 +619,13 @@ def merge_heads(a, heads):
     return a.reshape(*a.shape[:-2], a.shape[-2] * a.shape[-1])
 
 
+def size_math(function, x):
+    """function (exp, log, tanh, sin, cos) of x, a number made of sizes (log n), by Python's math: a Python float."""
+    import math
+
+    return getattr(math, function)(x)
+
+
 def split_heads(a, heads):
     """(..., n, heads * k) -> (..., heads, n, k)."""
     return a.reshape(*a.shape[:-1], heads, a.shape[-1] // heads).transpose(-2, -3)
@@ -680,7 +687,8 @@ def _forward_kernel(
     BLOCK_DV: tl.constexpr,
 ):
     """One block of BLOCK_M query rows of one batch·head: the key blocks in turn, the online softmax (running row
-    max m_i and sum l_i, float32), O = P V / l and L = m_i + log l_i saved."""
+    max m_i and sum l_i of A₂ = log₂(e)·A, float32: P = 2^(A₂ − m_i) = e^(A − m_i ln 2)), O = P V / l and
+    L₂ = m_i + log₂ l_i (base 2) saved."""
     pid, bh = tl.program_id(0), tl.program_id(1)
     if WIDE:  # more batch·heads than a grid's axis 1 holds: its axes swapped (_grid)
         pid, bh = tl.program_id(1), tl.program_id(0)
@@ -688,7 +696,7 @@ def _forward_kernel(
     if CAUSAL:  # the query blocks in reverse order: a later one sees more keys, so the heaviest start first
         pid = tl.num_programs(1 if WIDE else 0) - 1 - pid  # (a shorter tail)
     kv = (bh // inner) * (inner // group) + (bh % inner) // group  # its key/value head: group query heads share one
-    c0 = tl.load(C + 0)  # 1/√d_k
+    c0 = tl.load(C + 0)  # 1/(√d_k·log(2))
     rows = pid * BLOCK_M + tl.arange(0, BLOCK_M)
     dd = tl.arange(0, BLOCK_D)
     de = tl.arange(0, BLOCK_DV)
@@ -722,19 +730,19 @@ def _forward_kernel(
                 ).to(tl.float32)
             else:
                 tile_M = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
-            a = (c0 * s) + tile_M
+            a = (c0 * s) + (1.4426950408889634 * tile_M)
             a = _kept(a, valid, float("-inf"), MASKED)
             m_new = tl.maximum(m_i, tl.max(a, 1))
             shift = tl.where(m_new == float("-inf"), 0.0, m_new)
-            p = tl.exp(a - shift[:, None])
-            alpha = tl.exp(m_i - shift)
+            p = tl.exp2(a - shift[:, None])
+            alpha = tl.exp2(m_i - shift)
             l_i = l_i * alpha + tl.sum(p, 1)
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
             m_i = m_new
     shift = tl.where(m_i == float("-inf"), 0.0, m_i)
     safe = tl.where(l_i == 0.0, 1.0, l_i)
     acc = acc / safe[:, None]
-    lse = tl.where(l_i == 0.0, float("inf"), shift + tl.log(safe))  # a row with every key masked: P = 0
+    lse = tl.where(l_i == 0.0, float("inf"), shift + tl.log2(safe))  # a row with every key masked: P = 0
     tl.store(L + bh * n + rows, lse, mask=rows < n)
     at_o = O + bh * sob + rows[:, None] * son + de[None, :]
     o_rows = (rows[:, None] < n) & (de[None, :] < d_v)
@@ -833,12 +841,15 @@ def _backward_kernel(
     A block of BLOCK_N keys of key/value batch·head kv: the query blocks of each query head sharing it in turn, each
     tile transposed (keys × queries: Sᵀ = K Qᵀ, Pᵀ recomputed from L, dPᵀ = V dOᵀ, dSᵀ), so dV = Σ Pᵀ dO and
     dK = Σ dSᵀ Q take the tiles as they are made; DK, DV contiguous (BH_kv, m, d) and (BH_kv, m, d_v), each written
-    once. No atomics anywhere."""
+    once. No atomics anywhere. P = 2^(A₂ − L₂): A₂ = log₂(e)·A, L₂ the forward's row
+    statistic in base 2. dS = c·R for a scalar c: the sums take R, and dQ, dK are
+    multiplied by c once."""
     pid, head = tl.program_id(0), tl.program_id(1)
     if WIDE:  # more batch·heads than a grid's axis 1 holds: its axes swapped (_grid)
         pid, head = tl.program_id(1), tl.program_id(0)
     head = head.to(tl.int64)  # int64 offsets: head · stride may pass 2³¹ elements
-    c0 = tl.load(C + 0)  # 1/√d_k
+    c0 = tl.load(C + 0)  # 1/(√d_k·log(2))
+    c1 = tl.load(C + 1)  # 1/√d_k
     keys = tl.cdiv(m, BLOCK_N)
     if pid >= keys:  # a block of query rows
         query = pid - keys
@@ -881,16 +892,17 @@ def _backward_kernel(
                     ).to(tl.float32)
                 else:
                     tile_M = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
-                a = (c0 * s) + tile_M
-                p = _kept(tl.exp(a - lse[:, None]), valid, 0.0, MASKED)
+                a = (c0 * s) + (1.4426950408889634 * tile_M)
+                p = _kept(tl.exp2(a - lse[:, None]), valid, 0.0, MASKED)
                 dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
-                g = _kept(p * (dp - delta[:, None]), valid, 0.0, MASKED)
-                ds = c0 * g
-                ds = _kept(ds, valid, 0.0, MASKED)
+                # G = P ⊙ (dP − D) is 0 where P is (masked, no where): dP − D is finite (V, dO, D read as 0 outside)
+                g = p * (dp - delta[:, None])
+                ds = g  # dS / c1, G ⊙ J, J finite: 0 where G is
                 dq += tl.dot(ds.to(k.dtype), k, input_precision=PRECISION)
                 if GRAD_M:  # M requires grad
                     at_M = G_M + bh * n * m + rows[:, None] * m + cols[None, :]
-                    tl.store(at_M, _kept(g, valid, 0.0, MASKED), mask=inside)
+                    tl.store(at_M, g, mask=inside)
+        dq = dq * c1  # dS = c·R: c applied once
         tl.store(DQ + bh * n * d + rows[:, None] * d + dd[None, :], dq.to(DQ.dtype.element_ty), mask=q_rows)
     elif head < tl.num_programs(0 if WIDE else 1) // group:  # a block of keys (the programs past the kv heads: none)
         kv = head
@@ -942,14 +954,15 @@ def _backward_kernel(
                     ).to(tl.float32)
                 else:
                     tile_M = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
-                a = (c0 * s) + tile_M
-                p = _kept(tl.exp(a - lse[None, :]), valid, 0.0, part != 1)
+                a = (c0 * s) + (1.4426950408889634 * tile_M)
+                p = _kept(tl.exp2(a - lse[None, :]), valid, 0.0, part != 1)
                 dv += tl.dot(p.to(do.dtype), do, input_precision=PRECISION)
                 dp = tl.dot(v, tl.trans(do), input_precision=PRECISION)
-                g = _kept(p * (dp - delta[None, :]), valid, 0.0, part != 1)
-                ds = c0 * g
-                ds = _kept(ds, valid, 0.0, part != 1)
+                # G = P ⊙ (dP − D) is 0 where P is (masked, no where): dP − D is finite (V, dO, D read as 0 outside)
+                g = p * (dp - delta[None, :])
+                ds = g  # dS / c1, G ⊙ J, J finite: 0 where G is
                 dk += tl.dot(ds.to(qT.dtype), tl.trans(qT), input_precision=PRECISION)
+        dk = dk * c1  # dS = c·R: c applied once
         tl.store(DK + kv * m * d + cols[:, None] * d + dd[None, :], dk.to(DK.dtype.element_ty), mask=k_rows)
         tl.store(DV + kv * m * d_v + cols[:, None] * d_v + de[None, :], dv.to(DV.dtype.element_ty), mask=v_rows)
 
@@ -1011,7 +1024,8 @@ def _jvp_kernel(
     if CAUSAL:  # the query blocks in reverse order: a later one sees more keys, so the heaviest start first
         pid = tl.num_programs(1 if WIDE else 0) - 1 - pid  # (a shorter tail)
     kv = (bh // inner) * (inner // group) + (bh % inner) // group  # its key/value head: group query heads share one
-    c0 = tl.load(C + 0)  # 1/√d_k
+    c0 = tl.load(C + 0)  # 1/(√d_k·log(2))
+    c1 = tl.load(C + 1)  # 1/√d_k
     rows = pid * BLOCK_M + tl.arange(0, BLOCK_M)
     dd = tl.arange(0, BLOCK_D)
     de = tl.arange(0, BLOCK_DV)
@@ -1050,16 +1064,16 @@ def _jvp_kernel(
                 ).to(tl.float32)
             else:
                 tile_M = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
-            a = (c0 * s) + tile_M
+            a = (c0 * s) + (1.4426950408889634 * tile_M)
             s_dot = tl.dot(q_dot, tl.trans(k), input_precision=PRECISION)  # Ṡ = Q̇ Kᵀ + Q K̇ᵀ
             s_dot += tl.dot(q, tl.trans(k_dot), input_precision=PRECISION)
-            a_dot = c0 * s_dot
+            a_dot = c1 * s_dot
             a_dot = _kept(a_dot, valid, 0.0, MASKED)
             a = _kept(a, valid, float("-inf"), MASKED)
             m_new = tl.maximum(m_i, tl.max(a, 1))
             shift = tl.where(m_new == float("-inf"), 0.0, m_new)
-            p = tl.exp(a - shift[:, None])
-            alpha = tl.exp(m_i - shift)
+            p = tl.exp2(a - shift[:, None])
+            alpha = tl.exp2(m_i - shift)
             pa = p * a_dot
             l_i = l_i * alpha + tl.sum(p, 1)
             r_i = r_i * alpha + tl.sum(pa, 1)
@@ -1076,8 +1090,8 @@ def _jvp_kernel(
 
 
 def _coefficients(d_k):
-    """The kernels' scalar arguments: c0 = 1/√d_k."""
-    return (1 / d_k**0.5,)
+    """The kernels' scalar arguments: c0 = 1/(√d_k·log(2)); c1 = 1/√d_k."""
+    return (1 / (d_k**0.5 * size_math("log", 2)), 1 / d_k**0.5)
 
 
 def _flags(tiles):
@@ -1095,7 +1109,8 @@ def _forward_launch(
     causal: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(O, L, R) by the forward kernel: q (BH, n, d), k (BH, m, d), v (BH, m, d_v) with rows contiguous, the tiles
-    (outer, inner, n, m) views; O (BH, n, d_v), L the rows' statistic (BH, n), float32, and R = O₃₂ − O, O's
+    (outer, inner, n, m) views; O (BH, n, d_v), L the rows' statistic (BH, n), float32 (a softmax's in base 2, read
+    by the backward alone), and R = O₃₂ − O, O's
     rounding in O's 16-bit dtype (empty for float32: O is exact), so that D = rowsum(dO ⊙ (O + R)) reads O before its
     rounding. A custom op: torch.compile holds the launch as one node (its shapes from _forward_fake)."""
     n, d, m, dv = q.shape[-2], q.shape[-1], k.shape[-2], v.shape[-1]
@@ -1445,9 +1460,9 @@ def _core_eager(Q, K, V, causal, symbols, tensors, origin=(0, 0), part=None):
     wide = torch.promote_types(Q.dtype, torch.float32)  # a 16-bit run's n × m arrays float32, as the kernels'
     (tile_M,) = (None if x is None else x.to(wide) for x in tensors)
     tile_M = 0.0 if tile_M is None else tile_M
-    (c0,) = _coefficients(**symbols)
+    _, c1 = _coefficients(**symbols)
     s = Q.to(wide) @ K.to(wide).repeat_interleave(Q.shape[-3] // K.shape[-3], dim=-3).mT
-    a = (c0 * s) + tile_M
+    a = (c1 * s) + tile_M
     if causal:  # query i sees keys j <= i (at origin's positions)
         above = torch.ones(a.shape[-2:], dtype=torch.bool, device=a.device).triu(1 + origin[0] - origin[1])
         a = a.masked_fill(above, -float("inf"))

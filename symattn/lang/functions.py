@@ -138,6 +138,8 @@ class Elementwise(FunctionRecord):
     """f(A) applied entry by entry; each subclass is the record of one f."""
 
     scalar = staticmethod(sp.Function("f"))
+    finite = False  # is f(x) finite at every finite x (tanh, σ; not exp, log)? The Triton kernels' rule: a dS of
+    # such functions times a cotangent G is 0 wherever G is (``zero_with``), so it takes no mask's where
 
     def _entry(self, i, j, **kwargs):
         return self.scalar_of(self.arg._entry(i, j, **kwargs))
@@ -190,6 +192,7 @@ class Tanh(Elementwise):
     """tanh(A), entrywise; tanh′ = 1 − tanh²."""
 
     function = "tanh"
+    finite = True
     scalar = staticmethod(sp.tanh)
     latex, text = r"\tanh", "tanh"
     calls = {
@@ -209,6 +212,7 @@ class Sigmoid(Elementwise):
     """σ(A) = 1 / (1 + exp(−A)), entrywise; σ′ = σ (1 − σ)."""
 
     function = "sigmoid"
+    finite = True
     scalar = staticmethod(lambda x: 1 / (1 + sp.exp(-x)))
     latex, text = r"\sigma", "σ"
     calls = {NUMPY: "sigmoid", TORCH: "torch.sigmoid", JAX: "sigmoid", TRITON: "tl.sigmoid"}
@@ -222,6 +226,7 @@ class Softplus(Elementwise):
     """softplus(A) = log(1 + exp(A)), entrywise (computed without overflow); softplus′ = σ."""
 
     function = "softplus"
+    finite = True
     scalar = staticmethod(lambda x: sp.log(1 + sp.exp(x)))
     latex, text = r"\operatorname{softplus}", "softplus"
     calls = {
@@ -240,6 +245,7 @@ class Relu(Elementwise):
     """ReLU(A) = max(A, 0), entrywise; ReLU′ = step (0 at 0, as torch's relu has it)."""
 
     function = "relu"
+    finite = True
     scalar = staticmethod(lambda x: sp.Piecewise((x, x > 0), (0, True)))
     latex, text = r"\operatorname{ReLU}", "ReLU"
     calls = {NUMPY: "np.maximum({0}, 0.0)", TORCH: "torch.relu", JAX: "jax.nn.relu", TRITON: "tl.maximum({0}, 0.0)"}
@@ -252,6 +258,7 @@ class Silu(Elementwise):
     """SiLU(A) = A ⊙ σ(A), entrywise (swish); SiLU′ = σ ⊙ (1 + A ⊙ (1 − σ))."""
 
     function = "silu"
+    finite = True
     scalar = staticmethod(lambda x: x / (1 + sp.exp(-x)))
     latex, text = r"\operatorname{SiLU}", "SiLU"
     calls = {NUMPY: "silu", TORCH: "torch.nn.functional.silu", JAX: "jax.nn.silu", TRITON: "({0} * tl.sigmoid({0}))"}
@@ -268,6 +275,7 @@ class Step(Elementwise):
     comparison of traced values, [a < b] = step(b − a) (``trace.forms.masks``); step′ = 0 (almost everywhere)."""
 
     function = "step"
+    finite = True
     exported = False
     scalar = staticmethod(lambda x: sp.Piecewise((1, x > 0), (0, True)))
     latex, text = r"\operatorname{step}", "step"
@@ -322,6 +330,7 @@ class StopGradient(Elementwise):
     torch.no_grad(), JAX's lax.stop_gradient)."""
 
     function = "stop_gradient"
+    finite = True
     scalar = staticmethod(sg)
     latex, text = r"\operatorname{sg}", "sg"
     calls = {NUMPY: "{}", TORCH: "({}).detach()", JAX: "jax.lax.stop_gradient", TRITON: "{0}"}
@@ -336,6 +345,7 @@ class Gelu(Elementwise):
     """GELU(x) = x Φ(x) = x (1 + erf(x/√2)) / 2, entrywise (the exact, erf form); GELU′ is ``GeluGrad``."""
 
     function = "gelu"
+    finite = True
     exported = False  # sa.gelu(a, approximate=…) chooses between the two forms
     scalar = staticmethod(lambda x: x * (1 + sp.erf(x * _INV_SQRT2)) / 2)
     latex, text = r"\operatorname{GELU}", "GELU"
@@ -349,6 +359,7 @@ class GeluTanh(Elementwise):
     """GELU's tanh approximation: x (1 + tanh(√(2/π) (x + 0.044715 x³))) / 2, entrywise."""
 
     function = "gelu_tanh"
+    finite = True
     exported = False
     scalar = staticmethod(lambda x: x * (1 + sp.tanh(GELU_TANH_K * (x + GELU_TANH_C * x**3))) / 2)
     latex, text = r"\operatorname{GELU}_{\tanh}", "GELU_tanh"
@@ -362,6 +373,7 @@ class GeluGrad(Elementwise):
     """GELU′(x) = Φ(x) + x φ(x) = (1 + erf(x/√2)) / 2 + x exp(−x²/2) / √(2π), entrywise (backward passes)."""
 
     function = "gelu_grad"
+    finite = True
     exported = False
     scalar = staticmethod(lambda x: (1 + sp.erf(x * _INV_SQRT2)) / 2 + x * sp.exp(-(x**2) / 2) / sp.sqrt(2 * sp.pi))
     latex, text = r"\operatorname{GELU}'", "GELU′"
@@ -384,6 +396,7 @@ class GeluTanhGrad(Elementwise):
     c = 0.044715: (1 + t) / 2 + x (1 − t²) k (1 + 3 c x²) / 2 (backward passes)."""
 
     function = "gelu_tanh_grad"
+    finite = True
     exported = False
     scalar = staticmethod(_gelu_tanh_grad)
     latex, text = r"\operatorname{GELU}_{\tanh}'", "GELU_tanh′"

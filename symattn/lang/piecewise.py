@@ -134,6 +134,7 @@ class Clamp(_Bounded):
     included as torch's clamp_backward has them, 0 elsewhere (``ClampGrad``)."""
 
     function = "clamp"
+    finite = True
     latex, text = r"\operatorname{clamp}", "clamp"
     calls = {
         NUMPY: "np.clip({0}, {lo}, {hi})",
@@ -219,6 +220,7 @@ class ClampGrad(_Window):
     """clamp′(A) = 1 on [lo, hi], bounds included (torch's clamp_backward), else 0, entrywise (backward passes)."""
 
     function = "clamp_grad"
+    finite = True
     latex, text = r"\mathbb{1}", "𝟙"
     calls = _WINDOW_CALLS
 
@@ -233,6 +235,7 @@ class HardtanhGrad(_Window):
     """hardtanh′(A) = 1 on (lo, hi), bounds excluded (torch's hardtanh_backward), else 0, entrywise."""
 
     function = "hardtanh_grad"
+    finite = True
     latex, text = r"\mathbb{1}^{\circ}", "𝟙°"
     calls = _WINDOW_CALLS
     closed = False
@@ -266,6 +269,7 @@ class LeakyRelu(_Sloped):
     LeakyReLU′ = 1 where A > 0, a where A ≤ 0, as torch's leaky_relu_backward (``LeakyStep``)."""
 
     function = "leaky_relu"
+    finite = True
     latex, text = r"\operatorname{LeakyReLU}", "LeakyReLU"
     calls = {
         NUMPY: "np.where({0} > 0, {0}, {slope} * {0})",
@@ -291,6 +295,7 @@ class LeakyStep(_Sloped):
     derivative is 0."""
 
     function = "leaky_step"
+    finite = True
     exported = False
     latex, text = r"\operatorname{step}", "step"
     calls = {

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import runpy
 import shutil
 import subprocess
@@ -155,18 +156,21 @@ def test_a_spec_without_a_core_is_refused_in_one_line_naming_it(name):
 
 
 def test_the_printed_backward_is_the_librarys_differential():
+    """Softcap's A = 50 tanh(c S), c = 1/(50√d_k): the kernels' A₂ = log₂e · A (their exp2), tanh's call printed once
+    (f0) and shared; dS = (1/√d_k) · G ⊙ (1 − T²), its scalar (c1) applied once to dQ and dK."""
     printed = print_core(find_core(gallery("softcap")), frozenset())
-    t = "(2.0 * tl.sigmoid(2.0 * (c0 * s)) - 1.0)"  # tanh's Triton call, on c0·S
-    assert printed.logits == f"(50.0 * {t})"
-    assert printed.scores_gradient == f"(50.0 * ((c0 * g) * ((-1.0 * ({t} * {t})) + 1.0)))"  # 50·c·G ⊙ (1 − T²)
-    assert [str(c) for c in printed.coefficients] == ["1/(50*sqrt(d_k))"]
+    assert printed.logits_lines == ("f0 = (2.0 * tl.sigmoid(2.0 * (c0 * s)) - 1.0)",)  # tanh's Triton call, on c·S
+    assert printed.logits == f"({50 * (1 / math.log(2))!r} * f0)"
+    assert printed.scores_gradient == "(g * ((-1.0 * (f0 * f0)) + 1.0))" and printed.scores_scale == "c1"
+    assert [str(c) for c in printed.coefficients] == ["1/(50*sqrt(d_k))", "1/sqrt(d_k)"]
 
 
 def test_an_n_by_m_input_and_the_mask_get_their_gradient_tiles():
+    log2e = f"{1 / math.log(2)!r}"  # (A₂ = log₂e · A: the kernels' exp2)
     bias = print_core(find_core(gallery("bias")), frozenset())
-    assert bias.tile_gradients == {"B": "g"} and bias.logits == "((c0 * s) + tile_B)"
+    assert bias.tile_gradients == {"B": "g"} and bias.logits == f"((c0 * s) + ({log2e} * tile_B))"
     attention = print_core(find_core(builtin("attention")), frozenset({"M"}))  # made where M requires grad
-    assert attention.tile_gradients == {"M": "g"} and attention.logits == "((c0 * s) + tile_M)"
+    assert attention.tile_gradients == {"M": "g"} and attention.logits == f"((c0 * s) + ({log2e} * tile_M))"
 
 
 def test_a_trainable_scalar_gets_its_partial():
@@ -177,12 +181,13 @@ def test_a_trainable_scalar_gets_its_partial():
 def test_the_printed_tangent_is_the_librarys_differential_along_every_input():
     """Ȧ along Ṡ (s_dot), an n × m input's tangent tile and a trainable scalar's τ̇ (a new scalar argument)."""
     temperature = print_core(find_core(gallery("temperature")), frozenset())
-    assert temperature.logits_tangent == "((c0 * s_dot) + (c1 * s))"  # d(τ S) = τ Ṡ + τ̇ S
+    assert temperature.logits_tangent == "((c1 * s_dot) + (c2 * s))"  # d(τ S) = τ Ṡ + τ̇ S (c0: τ/ln 2, A₂'s)
+    assert [str(c) for c in temperature.coefficients] == ["tau/log(2)", "tau"]
     assert [str(c) for c in temperature.tangent_coefficients] == ["tau_t"]
     bias = print_core(find_core(gallery("bias")), frozenset())
-    assert bias.logits_tangent == "((c0 * s_dot) + tile_B_dot)" and bias.tangent_coefficients == {}
+    assert bias.logits_tangent == "((c1 * s_dot) + tile_B_dot)" and bias.tangent_coefficients == {}
     attention = print_core(find_core(builtin("attention")), frozenset({"M"}))
-    assert attention.logits_tangent == "(c0 * s_dot)"  # the mask does not move
+    assert attention.logits_tangent == "(c1 * s_dot)"  # the mask does not move
 
 
 def test_powers_print_as_products_or_roots_and_others_are_refused():

@@ -17,6 +17,7 @@ gives A itself (the causal mask applied): the ring's backward pulls the scores' 
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 SEEN = 'seen = a.amax(-1, keepdim=True) > -float("inf")  # a row with a key to see'
@@ -81,9 +82,11 @@ def eager_body(core: dict) -> str:
     if names:
         lines.append(f"{_unpacked(names)} = (None if x is None else x.to(wide) for x in {given})")
     lines += [f"{t['tile']} = 0.0 if {t['tile']} is None else {t['tile']}" for t in tiles if t["optional"]]
-    if core["coefficients"]:
+    read = " ".join([core["eager_logits"], *core["eager_positions"]])  # (A₂'s base-2 coefficients: not read here)
+    found = [x["name"] if re.search(rf"\b{x['name']}\b", read) else "_" for x in core["coefficients"]]
+    if any(name != "_" for name in found):
         keywords = "".join(f", {x}={x}" for x in scalars)
-        lines.append(f"{_unpacked([x['name'] for x in core['coefficients']])} = _coefficients{c}(**symbols{keywords})")
+        lines.append(f"{_unpacked(found)} = _coefficients{c}(**symbols{keywords})")
     repeat = ".repeat_interleave(Q.shape[-3] // K.shape[-3], dim=-3)" if core["grouped"] else ""
     lines += [f"s = Q.to(wide) @ K.to(wide){repeat}.mT", *core["eager_positions"], f"a = {core['eager_logits']}"]
     normaliser = NORMALISERS[core["normaliser"]]

@@ -35,7 +35,6 @@ from symattn.codegen.schedule.build import split_constants
 from symattn.codegen.schedule.dag import is_weight
 from symattn.derive.formats.latex import text as plain_text
 from symattn.errors import SymattnError
-from symattn.lang.functions import TRITON, Exp, Log
 from symattn.lang.graph import postorder
 from symattn.lang.ops import LogSoftmax, RowSoftmax, SplitHeads
 from symattn.lang.piecewise import RNG, TRAINING
@@ -98,8 +97,9 @@ def triton_context(spec: Spec, options: tuple[Option, ...], version: str) -> dic
         "spec": spec.name,
         "summary": spec.summary,
         "cores": cores,
-        "exp_call": Exp.calls[TRITON],  # the online softmax's exponentials and the log-sum-exp: the records' calls
-        "log_call": Log.calls[TRITON],
+        # the online softmax's exponentials and its row statistic, base 2: A₂ = log₂(e)·A (``printer.in_base_2``)
+        "exp_call": "tl.exp2",
+        "log_call": "tl.log2",
         "rest_math": plain_text(found.rest),
         "mixed_rows": repr(mixed_rows(found)),
         "rest_outside": several or found.rest != found.cores[0].output,
@@ -129,7 +129,6 @@ def _core_context(core: Core, printed: Printed, c: str, constants: frozenset[str
     """One core's part of the context: its kernels' printed steps, its tiles and scalars, Q, K and V printed by the
     torch printer; c, the suffix of its names ("" for a spec's one core)."""
     scalars = [str(x) for x in core.scalars]
-    scalar_tangents = [str(tangent_symbol(x)) for x in core.scalars]
     tiles = [
         {
             "name": str(t.name),
@@ -137,6 +136,7 @@ def _core_context(core: Core, printed: Printed, c: str, constants: frozenset[str
             "index": i,
             "optional": str(t.name) in constants,
             "gradient": printed.tile_gradients.get(str(t.name)),
+            "kept": str(t.name) in printed.tiles_kept,  # its gradient tile needs the mask's where
             "tangent": None if str(t.name) in constants else tangent_tile_name(t),
         }
         for i, t in enumerate(core.tiles)
@@ -156,6 +156,38 @@ def _core_context(core: Core, printed: Printed, c: str, constants: frozenset[str
         [{"name": name, "code": printer.doprint(e), "math": plain_text(e)} for e, name in found.items()]
         for found in (printed.coefficients, printed.tangent_coefficients)
     )
+    for i, x in enumerate(coefficient_code + tangent_code):
+        x["index"] = i  # its place in the kernels' C (the JVP's: the tangent ones after)
+    return _read_by_kernel(
+        _core_fields(core, printed, c, symbols, printer, tiles, tables, coefficient_code, tangent_code)
+        | {"ring": _ring(core, constants)}
+    )
+
+
+def _read_by_kernel(context: dict) -> dict:
+    """The context with the scalar arguments the forward and JVP kernels read (``forward_coefficients``,
+    ``jvp_coefficients``): those whose names their spec-dependent lines print (A, its shared calls, the tiles of
+    positions, the key window; and Ȧ's), so that no kernel loads one it does not read (the backward reads them all)."""
+    window = context["window"] or {}
+    forward = [
+        context["logits"],
+        *context["logits_lines"],
+        *context["positions"],
+        *(x for v in window.values() for x in v),
+    ]
+    tangent = [context["logits_tangent"], *context["tangent_lines"], *context["tangent_positions"]]
+
+    def read(found: list[dict], texts: list[str]) -> list[dict]:
+        return [x for x in found if any(re.search(rf"\b{x['name']}\b", t) for t in texts)]
+
+    every = context["coefficients"] + context["tangent_coefficients"]
+    return context | {"forward_coefficients": read(every, forward), "jvp_coefficients": read(every, forward + tangent)}
+
+
+def _core_fields(core, printed, c, symbols, printer, tiles, tables, coefficient_code, tangent_code) -> dict:
+    """The fields of one core's context (``_core_context``)."""
+    scalars = [str(x) for x in core.scalars]
+    scalar_tangents = [str(tangent_symbol(x)) for x in core.scalars]
     return {
         "c": c,
         "normaliser": core.normaliser,
@@ -192,8 +224,12 @@ def _core_context(core: Core, printed: Printed, c: str, constants: frozenset[str
         "logits": printed.logits,
         "eager_logits": bare(printed.eager_logits),
         "scores_gradient": printed.scores_gradient,
+        "scores_scale": printed.scores_scale,
+        "scores_kept": printed.scores_kept,
+        "logits_lines": [_bare_line(x) for x in printed.logits_lines],
+        "gradient_lines": [_bare_line(x) for x in printed.gradient_lines],
+        "tangent_lines": [_bare_line(x) for x in printed.tangent_lines],
         "per_head": any(isinstance(x, SplitHeads) for x in postorder(core.query)),
-        "ring": _ring(core, constants),
         **_positions(printed),
         "block_map": _block_map(core, printed, printer),
         "query": printer.doprint(core.query),

@@ -9,6 +9,12 @@ whose value the module computes before the launch (``Printed.coefficients``). A 
 whole or per head) is a tile ``pos0``, ``pos1``, … made from the tile's positions where the scores are
 (``positions``): its formula printed once per distinct formula (the derivative in a learned slope is another).
 Dropout's mask of the weights, Z_p (``sa.dropout(P, p)``), is made where the tile is too (``dropout_draws``).
+
+The cheap forms (the fused-attention tutorial's and FlashAttention's): a core normalised by a row softmax (or a
+log-softmax map) prints A₂ = log₂(e)·A (``in_base_2``: the factor folded into the scalar multiples, a kernel argument
+or a literal), so that each weight is one exp2 (e^x = 2^(x·log₂e)) and the row statistic L₂ = log₂ Σ 2^(A₂) is
+base 2 throughout its kernels; dS = c·R prints R, its scalar c applied once to dQ and dK (``scalar_factor``); each
+function call is printed once per tile as a named line ``f0``, ``f1``, … that A, dS and Ȧ share (``shared``).
 """
 
 from __future__ import annotations
@@ -43,6 +49,7 @@ GRADIENT = "g"  # the kernels' name of the cotangent tile G = ∂f/∂A
 SCORES = "s"  # … and of the raw scores tile S = Q Kᵀ
 SCORES_TANGENT = "s_dot"  # … and of its tangent Ṡ = Q̇ Kᵀ + Q K̇ᵀ (the JVP kernel)
 SQUARE_ROOT = {TRITON: "tl.sqrt", TORCH: "torch.sqrt"}  # the backends a tile prints in: the kernels, the eager core
+BASE_2 = ("row softmax", "log-softmax")  # the normalisers whose kernels keep A and its row statistic in base 2
 
 
 def tile_name(x: MatrixSymbol) -> str:
@@ -67,6 +74,7 @@ class TilePrinter:
     heads: Basic | None = None  # H, inside split_heads (its positions read the program's head)
     head_count: str | None = None  # how the grid's head is found from bh (``positions.head_code``); None: no split
     tables: dict[Basic, str] = field(default_factory=dict)  # a table read at positions → its name (``table_read``)
+    shared: dict[Basic, tuple[str, str]] | None = None  # a function call → (its line's name, its code); None: inline
 
     def doprint(self, expr: Basic) -> str:
         if expr in self.names:
@@ -93,9 +101,15 @@ class TilePrinter:
         if isinstance(expr, SplitHeads):
             return self._per_head(expr)
         if isinstance(expr, Elementwise):
+            if self.shared is not None and expr in self.shared:
+                return self.shared[expr][0]
             call = expr.call(self.backend)
             arg = self.doprint(expr.arg)
-            return call.format(arg) if "{" in call else f"{call}({arg})"
+            code = call.format(arg) if "{" in call else f"{call}({arg})"
+            if self.shared is None or call == "{0}":  # (the identity: nothing to share)
+                return code
+            self.shared[expr] = (f"f{len(self.shared)}", code)
+            return self.shared[expr][0]
         raise SymattnError(f"the Triton kernels print no {type(expr).__name__} inside the scores' steps: {expr}")
 
     def _positions(self, entries: Entries) -> str:
@@ -166,6 +180,13 @@ class Printed:
     # per read b[r, c]: (its flat index r·cols + c as an int tile, G ⊙ ∂A/∂b[r, c])
     gradient_positions: tuple[tuple[str, str], ...] = ()  # the tiles of positions only those read
     block_map: Basic | None = None  # the formula whose block test classes the tiles per call (None: no block map)
+    scores_scale: str | None = None  # c of dS = c·R (``scores_gradient`` prints R), applied once to dQ, dK; None: 1
+    scores_kept: bool = True  # does dS need the mask's where? (False: 0 wherever G is, ``zero_with``, and G is 0
+    # where masked)
+    tiles_kept: frozenset[str] = frozenset()  # the n × m inputs whose gradient tile needs the mask's where
+    logits_lines: tuple[str, ...] = ()  # the shared function calls A reads (``name = code``), before A
+    gradient_lines: tuple[str, ...] = ()  # … those only dS, the n × m inputs' gradients and ∂A/∂τ read, before dS
+    tangent_lines: tuple[str, ...] = ()  # … those only Ȧ reads, before Ȧ
 
 
 def print_core(core: Core, constants: frozenset[str]) -> Printed:
@@ -173,10 +194,14 @@ def print_core(core: Core, constants: frozenset[str]) -> Printed:
     g = MatrixSymbol("_G", *core.scores.shape)
     names = {core.scores: SCORES, g: GRADIENT, **{t: tile_name(t) for t in core.tiles}}
     tables = {t: str(t.name) for t in core.tables}
-    printer = TilePrinter(names, tables=tables)
-    logits = printer.doprint(core.logits)
-    scores_gradient = _printed(printer, differential(core.logits, {core.scores: g}))
-    tiles = {str(t.name): _printed(printer, differential(core.logits, {t: g})) for t in core.tiles}
+    printer = TilePrinter(names, tables=tables, shared={})
+    logits = printer.doprint(in_base_2(core.logits) if core.normaliser in BASE_2 else core.logits)
+    after_logits = dict(printer.shared)
+    scale, rest = scalar_factor(differential(core.logits, {core.scores: g}))
+    scores_gradient = _printed(printer, rest)
+    scores_scale = None if scale == 1 else printer._scalar(scale)
+    moved = {str(t.name): differential(core.logits, {t: g}) for t in core.tiles}
+    tiles = {name: _printed(printer, d) for name, d in moved.items()}
     scalars = {str(x): _printed(printer, differential(core.logits, {x: sp.Integer(1)})) for x in core.scalars}
     learned = [t for t in core.tables if str(t.name) not in constants]
     # the tables' gradients: tiles of positions of their own (the backward's query part alone reads them), their
@@ -193,6 +218,7 @@ def print_core(core: Core, constants: frozenset[str]) -> Printed:
     tangent_printer = TilePrinter(
         tangent_names, dict(forward), positions=dict(weigher.positions), tables=tangent_tables
     )
+    tangent_printer.shared = dict(after_logits)  # Ȧ shares A's calls (the JVP's tile computes A first)
     tangent_printer.head_count = printer.head_count
     directions = {core.scores: s_t, **tangents, **{x: tangent_symbol(x) for x in core.scalars}}
     logits_tangent = _printed(tangent_printer, differential(core.logits, directions))
@@ -228,7 +254,74 @@ def print_core(core: Core, constants: frozenset[str]) -> Printed:
         table_gradients,
         tuple(p for f, p in weigher.positions.items() if f not in printer.positions),
         block_map,
+        scores_scale,
+        not zero_with(rest, g, core.scores),  # (G is 0 where masked: P ⊙ (dP − D), or the mask's where on it)
+        frozenset(name for name, d in moved.items() if not zero_with(scalar_factor(d)[1], g, core.scores)),
+        *(_lines(found, after_logits) for found in (after_logits, printer.shared, tangent_printer.shared)),
     )
+
+
+def _lines(shared: dict[Basic, tuple[str, str]], before: dict[Basic, tuple[str, str]]) -> tuple[str, ...]:
+    """The shared calls' lines, name = code, in the order they were named (a call's arguments' first); only those
+    not already in before, unless shared is before itself."""
+    return tuple(f"{name} = {code}" for x, (name, code) in shared.items() if shared is before or x not in before)
+
+
+def in_base_2(logits: MatrixExpr) -> MatrixExpr:
+    """A₂ = log₂(e)·A = A / ln 2, the factor pushed into each term of a sum, onto a scalar multiple's scalar and into
+    a Hadamard product's first factor, so that it folds into a coefficient where there is one (c·S ↦ (c/ln 2)·S)."""
+    return _scaled(logits, 1 / sp.log(2))
+
+
+def _scaled(expr: MatrixExpr, k: Basic) -> MatrixExpr:
+    """k·expr with k pushed inward (``in_base_2``)."""
+    if isinstance(expr, MatAdd):
+        return MatAdd(*(_scaled(a, k) for a in expr.args))
+    if isinstance(expr, HadamardProduct):
+        return HadamardProduct(_scaled(expr.args[0], k), *expr.args[1:])
+    if isinstance(expr, MatMul):
+        coeff, mats = expr.as_coeff_matrices()
+        if len(mats) == 1:
+            return MatMul(k * coeff, mats[0])
+    return MatMul(k, expr)
+
+
+def scalar_factor(expr: Basic | None) -> tuple[Basic, Basic | None]:
+    """(c, R) with expr = c·R, c the product of the scalars multiplying expr and its Hadamard product's factors
+    (c·(a·X ⊙ Y) = (c·a)·(X ⊙ Y)); (1, expr) where there are none."""
+    if isinstance(expr, MatMul):
+        coeff, mats = expr.as_coeff_matrices()
+        if len(mats) == 1:
+            inner, rest = scalar_factor(mats[0])
+            return coeff * inner, rest
+    if isinstance(expr, HadamardProduct):
+        found = [scalar_factor(a) for a in expr.args]
+        return sp.Mul(*(c for c, _ in found)), HadamardProduct(*(r for _, r in found))
+    return sp.Integer(1), expr
+
+
+def zero_with(expr: Basic | None, g: MatrixSymbol, scores: MatrixSymbol) -> bool:
+    """Is expr (an entrywise matrix in the cotangent G and the scores S) zero wherever G is, at any finite S? True
+    where it is G ⊙ J with J finite at every finite S: J reads no other matrix (an input's tile may hold −∞ where
+    the mask hides it, a matrix of positions −∞ outside n × m), only sums, products, positive integer powers and
+    functions finite at every finite argument (their records' ``finite``); a 0 × finite is 0."""
+    if expr is None:
+        return True
+    factors = expr.args if isinstance(expr, HadamardProduct) else (expr,)
+    if g not in factors:
+        return False
+    for x in postorder(expr):
+        if isinstance(x, MatrixSymbol):
+            fine = x in (g, scores)
+        elif isinstance(x, Elementwise):
+            fine = x.finite
+        elif isinstance(x, HadamardPower):
+            fine = sp.sympify(x.exp).is_Integer and x.exp > 0
+        else:
+            fine = not isinstance(x, MatrixExpr) or isinstance(x, (MatAdd, MatMul, HadamardProduct, OneMatrix))
+        if not fine:
+            return False
+    return True
 
 
 def table_weights(printer: TilePrinter, logits: MatrixExpr, table: MatrixSymbol) -> tuple[tuple[str, str], ...]:
