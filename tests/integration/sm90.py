@@ -1,5 +1,8 @@
 """The generated Triton modules' kernels compiled for an H100 (sm_90) in a process without the interpreter: no GPU
-needed (TTIR, TTGIR, LLVM IR; in full also PTX and the cubin by the wheel's ptxas).
+needed. In full: TTIR, TTGIR, LLVM IR, PTX and the cubin by the wheel's ptxas. Cut: TTIR, TTGIR and the LLVM IR
+stage's passes up to shared memory's allocation (which sets ``metadata.shared``), no lowering to LLVM, its O3 or PTX
+(most of a compile's time); a kernel compiled in full and cut elsewhere has its own TTGIR cut too, the test's check
+that the cut counts as the full compile does.
 
 Each kernel is compiled at the launch the module's own ``_launch`` gives it on an sm_90 GPU for a dtype (16-bit or
 float32 pointers) and a head dimension d (d_v = d): its BLOCK_M × BLOCK_N, num_warps and num_stages, BLOCK_D =
@@ -70,7 +73,8 @@ def compiled(fn, dtype, constexprs, options, full):
     except Lowered as lowered:
         return lowered.args[0], None, None
     assert kernel.asm["ptx"] and kernel.asm["cubin"], fn.__name__
-    return kernel.metadata._asdict(), kernel.asm["ttir"], kernel.asm["ptx"]
+    metadata = {**kernel.metadata._asdict(), "metadata_group": kernel.metadata_group}  # (the IR files made)
+    return metadata, kernel.asm["ttir"], kernel.asm["ptx"]
 
 
 def signature_of(fn, dtype, constexprs):
@@ -125,8 +129,15 @@ for path, name, dtype, head, full in jobs:
     key = (path, name, dtype, full, json.dumps(constexprs, sort_keys=True), json.dumps(options, sort_keys=True))
     if key not in done:
         metadata, ttir, ptx = compiled(fn, dtype, constexprs, options, full)
-        # a kernel cut at other settings also cut at the allocation at its full one: the count the same (the check)
-        cut = compiled(fn, dtype, constexprs, options, False)[0]["shared"] if full and (path, name) in swept else None
+        # a kernel cut at other settings: its full compile's TTGIR cut at the allocation too (the same count: the check)
+        cut = None
+        if full and (path, name) in swept:
+            ttgir = next(p for k, p in metadata["metadata_group"].items() if k.endswith(".ttgir"))
+            knobs.runtime.add_stages_inspection_hook = allocated
+            try:
+                triton.compile(ttgir, GPUTarget("cuda", 90, 32), options)
+            except Lowered as lowered:
+                cut = lowered.args[0]["shared"]
         # the batch·head index widened to int64 before it multiplies a stride (offsets past 2**31 elements)
         wide = ttir and re.search(r"(%\\w+) = tt.get_program_id y : i32.*arith.extsi \\1 : i32 to i64", ttir, re.S)
         done[key] = {
