@@ -92,6 +92,8 @@ LAUNCH = {  # per kernel on a GPU: BLOCK_M (query rows), BLOCK_N (keys), warps, 
 }
 STREAMED = {"forward": 1, "backward": None, "jvp": 1}  # the block a kernel's loop steps through (0: M, 1: N; None:
 # both, the backward's key part through M and its query part through N)
+COPIES = {"forward": 1, "backward": 1, "jvp": 2}  # the copies of each block a kernel holds (the JVP: each beside
+# its tangent, Q̇ beside Q, K̇ and V̇ beside K and V)
 GRID_Y = 65535  # a CUDA grid's most programs along its axes 1 and 2 (axis 0: 2³¹ − 1)
 _TOKEN = object()  # its id names this module object's ops: two copies of the module never share one (the ops hold
 # the module's globals, _TOKEN among them, so the id is never reused while they are registered)
@@ -124,12 +126,13 @@ def _launch(x, width, kernel):
     """The kernel's launch settings for inputs like x, each row width entries (d + d_v): BLOCK_M × BLOCK_N = 16 × 16
     under the interpreter (CPU tensors, one program at a time); on a GPU LAUNCH's, the larger block (the streamed one
     of a tie) halved, down to 16, while one held block and num_stages streamed ones (triton's software pipeline), each
-    row padded to a power of two, pass SHARED bytes: a wide head in float32 fits a GPU's shared memory. A kernel
-    whose parts stream both blocks counts the larger one streamed, its worse part."""
+    row padded to a power of two, times the kernel's COPIES of each block (the JVP's tangents beside them), pass SHARED
+    bytes: a wide head in float32 fits a GPU's shared memory. A kernel whose parts stream both blocks counts the larger
+    one streamed, its worse part."""
     if not x.is_cuda:
         return {"BLOCK_M": 16, "BLOCK_N": 16}
     *blocks, warps, stages = LAUNCH[kernel]
-    row = _width(width) * x.element_size()
+    row = _width(width) * x.element_size() * COPIES[kernel]
     while max(blocks) > 16:
         streamed = STREAMED[kernel]
         if streamed is None:

@@ -6,13 +6,11 @@ from __future__ import annotations
 
 import importlib.util
 import math
-import os
 import runpy
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from sm90 import DTYPES, H100_SHARED, HEAD_DIMS, compile_kernels
 from triton_rendered import (
     DV,
     REFERENCES,
@@ -154,8 +152,9 @@ def _same_when_patched(folder, monkeypatch, specs: list, name: str, value, label
 @pytest.mark.parametrize("size", [2, 4], ids=["16-bit", "float32"])
 def test_a_gpu_launch_is_the_tables_setting_shrunk_to_fit_shared_memory(size, folder):
     """On a GPU (a CUDA tensor's is_cuda and element size are all _launch reads): LAUNCH's blocks, warps and stages;
-    the blocks halved, down to 16, until one held block and num_stages streamed ones of padded rows fit SHARED (the
-    backward's both ways: its key part streams query blocks, its query part key blocks)."""
+    the blocks halved, down to 16, until one held block and num_stages streamed ones of padded rows, COPIES of each
+    (the JVP's tangents), fit SHARED (the backward's both ways: its key part streams query blocks, its query part key
+    blocks)."""
     from types import SimpleNamespace
 
     module = triton_module("attention", folder)
@@ -165,7 +164,7 @@ def test_a_gpu_launch_is_the_tables_setting_shrunk_to_fit_shared_memory(size, fo
             got = module._launch(cuda, width, kernel)
             blocks = [got["BLOCK_M"], got["BLOCK_N"]]
             parts = (0, 1) if module.STREAMED[kernel] is None else (module.STREAMED[kernel],)  # None: both streamed
-            row = module._width(width) * size
+            row = module._width(width) * size * module.COPIES[kernel]
             assert (got["num_warps"], got["num_stages"]) == (warps, stages)
             assert all(b in (16, 32, 64, 128, 256) for b in blocks) and blocks[0] <= block_m and blocks[1] <= block_n
             for streamed in parts:
@@ -348,87 +347,55 @@ def test_every_kind_of_step_at_once_matches_autograd(causal, folder):
     _check(module, reference, inputs, causal, "features", generator, mask)
 
 
-# Each kernel of a module compiled for an H100 (sm_90: TTIR, TTGIR, LLVM IR, PTX, cubin by the wheel's ptxas) in a
-# process without the interpreter: no GPU needed. Pointers float16 (L, D and the gradient tiles float32); a kernel
-# named NAME:fp32 also with float32 pointers (PRECISION "ieee", blocks of 32: the longest compile, so one kernel per
-# template). Each argument is PATH=KERNEL,KERNEL,…: every module's kernels in one process (torch and triton imported
-# once, not once per module); each line printed names its module.
-COMPILE = """
-import importlib.util, inspect, re, sys
-from pathlib import Path
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
-
-
-def compiled(fn, dtype):
-    names = list(inspect.signature(fn.fn).parameters)
-    signature, constants = {}, {}
-    for i, p in enumerate(names):
-        if p in ("CAUSAL", "PRECISION", "RESIDUAL", "WIDE") or p.startswith(("HAS_", "TANGENT_", "GRAD_", "BLOCK")):
-            signature[p] = "constexpr"
-            precision = "tf32" if dtype == "fp16" else "ieee"
-            block = 64 if dtype == "fp16" else 32  # IEEE float32 products are FMA loops: 64 compiles 3× longer
-            constants[(i,)] = block if p.startswith("BLOCK") else precision if p == "PRECISION" else p != "WIDE"
-        elif p.startswith("TABLE_"):  # a learned table's histogram slots (test_triton_tables.py)
-            signature[p] = "constexpr"
-            constants[(i,)] = 32
-        elif p.startswith(("TAB_", "P_")):  # a table read at positions, its tangent, its partial histograms
-            signature[p] = "*fp32"
-        elif p == "R" and "RESIDUAL" in names:  # O's rounding, in O's dtype
-            signature[p] = f"*{dtype}"
-        elif p in ("L", "D", "C", "R") or p[:2] in ("T_", "G_", "R_", "TT"):  # C: the scalar arguments, float32
-            signature[p] = "*fp32"
-        elif p in ("Q", "K", "V", "O", "DO", "DL", "DK", "DV", "DQ", "Q_DOT", "K_DOT", "V_DOT", "O_DOT"):
-            signature[p] = f"*{dtype}"
-        else:
-            signature[p] = "i32"
-    return triton.compile(ASTSource(fn, signature, constants), target=GPUTarget("cuda", 90, 32))
-
-
-for argument in sys.argv[1:]:
-    path, listed = argument.split("=")
-    spec = importlib.util.spec_from_file_location(Path(path).stem, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    KERNELS = [k.split(":")[0] for k in listed.split(",")]
-    FLOAT32 = [k.split(":")[0] for k in listed.split(",") if k.endswith(":fp32")]  # also with float32 pointers
-    for name, dtype in [(k, "fp16") for k in KERNELS] + [(k, "fp32") for k in FLOAT32]:
-        kernel = compiled(getattr(module, name), dtype)
-        assert kernel.asm["ptx"] and kernel.asm["cubin"], name
-        # the batch·head index widened to int64 before it multiplies a stride (offsets past 2**31 elements)
-        widened = r"(%\\w+) = tt.get_program_id y : i32.*arith.extsi \\1 : i32 to i64"
-        wide = re.search(widened, kernel.asm["ttir"], re.S)
-        # float32 products in IEEE precision (PRECISION "ieee": no TF32 tensor-core instruction in the PTX)
-        tf32 = "tf32" if "tf32" in kernel.asm["ptx"] else "no-tf32"
-        print(Path(path).stem, name, dtype, "int64" if wide else "int32", tf32, flush=True)
-"""
-
 # every kind of step at once; a division by the row sums and no normaliser; two cores (their kernels numbered); a
-# log-softmax map (O n × m, no V)
+# log-softmax map (O n × m, no V); a per-head causal table read at positions. Each kernel compiled in full (PTX, cubin)
+# at head dimension 64 in 16-bit (NAME:fp32 also in float32)
 GPU_KERNELS = {
     "features": ["_forward_kernel:fp32", "_delta_kernel", "_backward_kernel", "_jvp_kernel"],
     "softplus": ["_forward_kernel", "_delta_kernel", "_backward_kernel", "_jvp_kernel"],
     "sigmoid": ["_forward_kernel", "_backward_kernel", "_jvp_kernel"],
     "differential": ["_forward_kernel1", "_delta_kernel1", "_backward_kernel2"],
     "pointer": ["_forward_kernel:fp32", "_backward_kernel", "_jvp_kernel"],
+    "tables": ["_forward_kernel", "_delta_kernel", "_backward_kernel", "_jvp_kernel"],
 }
+SWEPT = ("features", "pointer", "tables")  # a module per kernel template (a core's, a map's, a table's): every kernel
+# of each at every dtype and head dimension (cut at shared memory's allocation: sm90.py)
 
 
-@pytest.mark.slow  # one subprocess compiling the five modules' seventeen kernels and two float32 ones (about 60 s)
-def test_the_kernels_compile_for_a_gpu_without_one(tmp_path):
-    """Each module of GPU_KERNELS: each kernel named compiled for sm_90, its batch·head index int64, no TF32."""
-    arguments, expected = [], []
+def _gpu_spec(name: str) -> sa.Spec:
+    from test_positions_tables import table_spec
+
+    return features_spec() if name == "features" else table_spec("heads_causal") if name == "tables" else gallery(name)
+
+
+@pytest.mark.slow  # one subprocess: 23 kernels compiled in full, 66 cut at the allocation
+def test_every_kernel_compiles_for_an_h100_and_fits_its_shared_memory(tmp_path):
+    """Each kernel of GPU_KERNELS compiled for sm_90 at its launch there (the module's _launch), its batch·head index
+    int64, no TF32; each kernel of SWEPT at every dtype and head dimension 64, 128, 256: the shared memory its launch
+    asks for at most an H100's (227 KiB). The table printed (pytest -s; benchmarks/GPU.md)."""
+    jobs = []
     for name, kernels in GPU_KERNELS.items():
         path = tmp_path / f"{name}_triton.py"
-        path.write_text(render(features_spec() if name == "features" else gallery(name), "triton"), encoding="utf-8")
-        arguments.append(f"{path}={','.join(kernels)}")
-        expected += [f"{name}_triton {k.split(':')[0]} fp16 int64 no-tf32" for k in kernels]
-        expected += [f"{name}_triton {k.split(':')[0]} fp32 int64 no-tf32" for k in kernels if k.endswith(":fp32")]
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"} | {"TRITON_CACHE_DIR": str(tmp_path)}
-    done = subprocess.run([sys.executable, "-c", COMPILE, *arguments], capture_output=True, text=True, env=env)
-    assert done.returncode == 0, done.stdout[-1000:] + done.stderr[-3000:]
-    assert done.stdout.splitlines() == expected
+        path.write_text(render(_gpu_spec(name), "triton"), encoding="utf-8")
+        names = [k.split(":")[0] for k in kernels]
+        whole = [(k, "fp16") for k in names] + [(k[:-5], "fp32") for k in kernels if k.endswith(":fp32")]
+        jobs += [(path, kernel, dtype, 64, True) for kernel, dtype in whole]
+        if name in SWEPT:  # (the settings compiled in full not again)
+            every = [(k, dtype, head) for k in names for dtype in DTYPES for head in HEAD_DIMS]
+            jobs += [(path, k, dtype, head, False) for k, dtype, head in every if head != 64 or (k, dtype) not in whole]
+    rows = compile_kernels(jobs, tmp_path)
+    assert [(r["module"], r["kernel"], r["dtype"], r["head"]) for r in rows] == [
+        (p.stem, k, dtype, head) for p, k, dtype, head, _ in jobs
+    ]
+    for row in rows:
+        print(" ".join(f"{k}={v}" for k, v in row.items()))
+    full = [r for r, job in zip(rows, jobs) if job[-1]]
+    assert all(r["index"] == "int64" and r["tf32"] is False for r in full)
+    checked = [r for r in full if r["cut"] is not None]  # the compile cut at the allocation counts as the full one
+    assert [r for r in full if r["module"][: -len("_triton")] in SWEPT] == checked
+    assert all(r["cut"] == r["shared"] for r in checked)
+    over = [r for r in rows if r["shared"] > H100_SHARED]
+    assert not over, f"past an H100's {H100_SHARED} bytes of shared memory: {over}"
 
 
 def test_under_autocast_the_kernels_run_in_its_dtype_as_close_as_torchs_attention(folder):

@@ -14,15 +14,13 @@ relative bias. Output and every gradient (the table's included) match torch auto
 forward (the tables indexed by torch), causal and not, and so do a learned table per sequence, per-sequence gradients
 under torch.func.vmap and torch.compile; the JVP matches torch.func.jvp of it; the double backward (the eager core)
 autograd's; no tensor of n × m entries is made; a table larger than the histogram takes, and a table in a
-log-softmax map, are refused in one line; the kernels compile for sm_90.
+log-softmax map, are refused in one line. The kernels compile for sm_90 and fit an H100's shared memory:
+test_triton.py's test_every_kernel_compiles_for_an_h100_and_fits_its_shared_memory.
 """
 
 from __future__ import annotations
 
 import math
-import os
-import subprocess
-import sys
 
 import pytest
 import sympy as sp
@@ -184,22 +182,6 @@ def test_a_table_in_a_log_softmax_map_is_refused_in_one_line():
     with pytest.raises(SymattnError, match=r"a table read at positions \(b\) in a log-softmax map") as caught:
         codegen.render(spec, "triton")
     assert "\n" not in str(caught.value)
-
-
-@pytest.mark.slow  # a subprocess compiling four kernels (about 20 s)
-def test_the_table_kernels_compile_for_a_gpu_without_one(tmp_path):
-    """The forward, backward (its histogram) and JVP (the tangent table's gather) of a per-head causal table, compiled
-    for sm_90 as test_triton.py compiles the others."""
-    from test_triton import COMPILE
-
-    path = tmp_path / "tables_triton.py"
-    path.write_text(codegen.render(table_spec("heads_causal"), "triton"), encoding="utf-8")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"} | {"TRITON_CACHE_DIR": str(tmp_path)}
-    kernels = ["_forward_kernel", "_delta_kernel", "_backward_kernel", "_jvp_kernel"]
-    argument = f"{path}={','.join(kernels)}"  # COMPILE's argument: a module's path and its kernels' names
-    done = subprocess.run([sys.executable, "-c", COMPILE, argument], capture_output=True, text=True, env=env)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.splitlines() == [f"tables_triton {k} fp16 int64 no-tf32" for k in kernels]
 
 
 def test_the_tables_are_gathered_and_no_n_by_m_tensor_is_made(folder):

@@ -24,7 +24,16 @@ GENERATED = Path(__file__).resolve().parents[3] / "generated"
 
 
 def test_every_helper_runs_from_its_copied_source_with_only_torch():
-    names = {"AXES": {}, "TANGENT_OF": (), "SPEC": "spec", "LAUNCH": {}, "SHARED": 0, "STREAMED": {}, "GRID_Y": 1}
+    names = {
+        "AXES": {},
+        "TANGENT_OF": (),
+        "SPEC": "spec",
+        "LAUNCH": {},
+        "SHARED": 0,
+        "STREAMED": {},
+        "COPIES": {},
+        "GRID_Y": 1,
+    }
     namespace: dict = {"torch": torch, "forward_ad": forward_ad, "_NUMBERS": {}, **names}
     for name, helper in TRITON_RUNTIME.items():
         exec(helper, namespace)
@@ -70,8 +79,10 @@ def test_a_cpu_tensor_launches_blocks_of_16_for_the_interpreter():
 def gpu_table(monkeypatch):
     """A GPU's launch table (as the generated modules have it), and a stand-in for a CUDA tensor of 4-byte entries
     (is_cuda and element_size are all _launch reads)."""
-    monkeypatch.setattr(runtime_launch, "LAUNCH", {"forward": (64, 64, 4, 3), "backward": (64, 128, 8, 2)})
-    monkeypatch.setattr(runtime_launch, "STREAMED", {"forward": 1, "backward": None})
+    launch = {"forward": (64, 64, 4, 3), "backward": (64, 128, 8, 2), "jvp": (64, 64, 4, 3)}
+    monkeypatch.setattr(runtime_launch, "LAUNCH", launch)
+    monkeypatch.setattr(runtime_launch, "STREAMED", {"forward": 1, "backward": None, "jvp": 1})
+    monkeypatch.setattr(runtime_launch, "COPIES", {"forward": 1, "backward": 1, "jvp": 2})
     monkeypatch.setattr(runtime_launch, "SHARED", 160 * 1024)
     return SimpleNamespace(is_cuda=True, element_size=lambda: 4)
 
@@ -89,6 +100,9 @@ def test_a_gpu_launch_halves_the_streamed_block_of_a_wide_row(gpu_table):
     # both streamed (the backward's two parts): the larger block halved first, then the worse part's: (64, 32)
     got = runtime_launch._launch(gpu_table, 256, "backward")
     assert (got["BLOCK_M"], got["BLOCK_N"], got["num_warps"], got["num_stages"]) == (64, 32, 8, 2)
+    # the JVP's blocks each beside its tangent (two copies): rows of 128 float32 entries as the forward's of 256
+    assert runtime_launch._launch(gpu_table, 128, "jvp")["BLOCK_N"] == 32
+    assert runtime_launch._launch(gpu_table, 128, "forward")["BLOCK_N"] == 64
     # too wide for any: down to 16 × 16
     got = runtime_launch._launch(gpu_table, 1 << 14, "backward")
     assert (got["BLOCK_M"], got["BLOCK_N"]) == (16, 16)

@@ -5,9 +5,9 @@ arguments as one float32 tensor, and an n × m tile's gradient summed back to it
 positions: its histogram's slots (its size limit), its gradient from the kernels' partial histograms.
 
 Real code, linted and tested; ``module.render_triton`` copies the source of the ones a module calls (read with
-``ast``, ``runtime_functions``) into it. ``LAUNCH``, ``SHARED``, ``STREAMED``, ``GRID_Y`` and ``_NUMBERS`` stand for
-the generated module's own (``templates/triton_module.py.j2``). Generating code reads this module's source only, so
-it imports without torch.
+``ast``, ``runtime_functions``) into it. ``LAUNCH``, ``SHARED``, ``STREAMED``, ``COPIES``, ``GRID_Y`` and ``_NUMBERS``
+stand for the generated module's own (``templates/triton_module.py.j2``). Generating code reads this module's source
+only, so it imports without torch.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from symattn.codegen.backends.triton.runtime_autograd import SPEC, _batched  # (
 LAUNCH: dict[str, tuple[int, int, int, int]] = {}
 SHARED = 0  # the shared-memory budget of one program's tiles, in bytes
 STREAMED: dict[str, int | None] = {}  # the block a kernel's loop steps through (0: M, 1: N; None: both)
+COPIES: dict[str, int] = {}  # the copies of each block a kernel holds (the JVP: each block beside its tangent)
 GRID_Y = 65535  # a CUDA grid's most programs along its axes 1 and 2
 _NUMBERS: dict = {}  # (the numbers, a device) → their float32 tensor there
 _PLANS: dict = {}  # a launch's key (its kernel, shapes, dtypes, device, options) → its plan (_planned)
@@ -34,12 +35,13 @@ def _launch(x, width, kernel):
     """The kernel's launch settings for inputs like x, each row width entries (d + d_v): BLOCK_M × BLOCK_N = 16 × 16
     under the interpreter (CPU tensors, one program at a time); on a GPU LAUNCH's, the larger block (the streamed one
     of a tie) halved, down to 16, while one held block and num_stages streamed ones (triton's software pipeline), each
-    row padded to a power of two, pass SHARED bytes: a wide head in float32 fits a GPU's shared memory. A kernel
-    whose parts stream both blocks counts the larger one streamed, its worse part."""
+    row padded to a power of two, times the kernel's COPIES of each block (the JVP's tangents beside them), pass SHARED
+    bytes: a wide head in float32 fits a GPU's shared memory. A kernel whose parts stream both blocks counts the larger
+    one streamed, its worse part."""
     if not x.is_cuda:
         return {"BLOCK_M": 16, "BLOCK_N": 16}
     *blocks, warps, stages = LAUNCH[kernel]
-    row = _width(width) * x.element_size()
+    row = _width(width) * x.element_size() * COPIES[kernel]
     while max(blocks) > 16:
         streamed = STREAMED[kernel]
         if streamed is None:
