@@ -96,7 +96,9 @@ def laid_out(ctx: dict) -> dict:
         factors += [f"{name} = {layout.assigned(name, code, 4)}" for name, code in named if code is not None]
         factors += [core["seed"]] if core["seed"] else []  # dropout's seed, drawn once per call
         value = "None" if core["value"] is None else "core_v" + c  # a map core has no V
-        tensors = ["_CORE" + c, "core_q" + c, "core_k" + c, value, "causal", "symbols", *core["tensor_names"]]
+        tables = {t["name"] for t in core["tables"]} if core["per_head"] else set()  # given a heads axis of 1
+        named = [f"_heads_axis({x})" if x in tables else x for x in core["tensor_names"]]
+        tensors = ["_CORE" + c, "core_q" + c, "core_k" + c, value, "causal", "symbols", *named]
         calls.append(layout.wrapped(f"{core['core_output']} = _kernels", tensors, "", 4, "()"))
     return {
         "define_forward": layout.define("forward", ctx["signature"].split(", "), 0),

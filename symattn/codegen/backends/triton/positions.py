@@ -19,6 +19,7 @@ row sees whole the mask's formula is printed without its −∞ branches.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -55,6 +56,7 @@ class Spelling:
     count: str = "{}"
     index: str = "{}"  # an index of a table read, cast to an integer
     table: str = ""  # a table read: {t} the table's name, {r} and {c} its row and column index (``table_read``)
+    tiled: bool = False  # a read's pointer must be a tile's (tl.load of a scalar pointer takes no tile's mask)
 
 
 SPELLINGS = {  # the kernels' (triton.language), the eager core's (torch, whose minimum takes tensors only)
@@ -64,6 +66,7 @@ SPELLINGS = {  # the kernels' (triton.language), the eager core's (torch, whose 
         index="({}).to(tl.int64)",
         table="tl.load(TAB_{t} + (bh // inner) * tab_{t}_b + (bh % inner) * tab_{t}_h + {r} * tab_{t}_r "
         "+ {c} * tab_{t}_c, mask=inside, other=0.0).to(tl.float32)",
+        tiled=True,
     ),
     TORCH: Spelling(
         "torch.", branch="pos_i.new_tensor({})", index="torch.as_tensor({}).long()", table="table_{t}[..., {r}, {c}]"
@@ -256,6 +259,9 @@ def _flavour(
     def read(table: str, row: str, col: str) -> str:
         if table not in tables.values():
             raise SymattnError(f"the Triton kernels read no matrix {table} at positions")
+        grid = [names[x] for x in (I, J) if x in names]
+        if spelling.tiled and not any(re.search(rf"\b{g}\b", f"{row} {col}") for g in grid):
+            row = f"{row} + 0 * {grid[0]}"  # an entry read at no position (b[0, h]): gathered as a tile of it
         return table_read(spelling, table, row, col)
 
     flavour = Flavour(
@@ -295,4 +301,3 @@ def index_checks(logits: tuple[Basic, ...]) -> list[str]:
                 source, table = str(index.parent.name), str(read.parent.name)
                 lines.append(f'_indices({source}, "{source}", {table}, "{table}", {axis})')
     return list(dict.fromkeys(lines))
-

@@ -158,6 +158,13 @@ def _indices(index, source, table, name, axis):
         )
 
 
+def _heads_axis(table):
+    """A table read at positions in a core whose heads the module splits (Q (..., H, n, d)), batched as the spec's
+    inputs are, (..., r, c) (one per sequence, each head reading its own columns): viewed (..., 1, r, c), so that the
+    kernels' batch axes (..., H) broadcast it over the heads, never its sequences over them."""
+    return table.unsqueeze(-3) if table is not None and table.dim() > 2 else table
+
+
 def _row(x):
     """A bias row: (1, k), or 1-D (k,) as torch holds one (viewed as the row); None (left out) stays None."""
     return x.unsqueeze(0) if x is not None and x.dim() == 1 else x
