@@ -35,7 +35,14 @@ def _heads_forms():
         args = (torch.randn(3, 7, t.C, dtype=torch.float64, generator=g), *t._args(name, [7, 2, 5], 7))
         return t.CASES[name][0]().double().eval(), example, args
 
-    return {name: lambda name=name: case(name) for name in t.CASES}
+    def transformers(name):  # transformers' own BloomAttention and FalconAttention (ALiBi), as their test builds them
+        pytest.importorskip("transformers")
+        torch.manual_seed(0)
+        model, args, _, _ = t._bloom() if name == "bloom" else t._falcon(name == "falcon_multi_query")
+        return model.double().eval(), args(2, 5), args(3, 7)
+
+    cases = {name: lambda name=name: case(name) for name in t.CASES}
+    return cases | {name: lambda name=name: transformers(name) for name in ("bloom", "falcon_multi_query", "falcon")}
 
 
 def _per_sequence():
