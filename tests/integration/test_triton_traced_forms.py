@@ -290,3 +290,41 @@ def test_a_case_without_a_core_keeps_the_torch_ops_and_says_why_in_one_line(name
 
 def test_every_case_is_counted_once():
     assert set(REFUSED) <= set(CASES) and len(set(CASES)) == len(CASES)
+
+
+@pytest.mark.parametrize("batched", [False, True], ids=["parameter", "per_sequence"])
+def test_a_per_head_bias_input_is_a_learned_table_of_the_kernels(batched, tmp_path):
+    """softmax(Q_h K_hᵀ + B_h) V_h with B an input n × (H·n) split into the heads (a parameter, or one per sequence):
+    read at positions in the kernels, its gradient theirs; against autograd of the per-head formula (float64)."""
+    import sympy as sp
+    from triton_rendered import compare, triton_module
+
+    import symattn as sa
+    from symattn.lang.ops import SplitHeads
+    from symattn.specs import dim
+
+    n, d = dim("n"), dim("d")
+    q, k, v = (sp.MatrixSymbol(name, n, 2 * d) for name in "QKV")
+    bias = sp.MatrixSymbol("B", n, 2 * n)
+    qh, kh, vh = (SplitHeads(x, 2) for x in (q, k, v))
+    output = sa.merge_heads(sa.softmax(qh * kh.T + SplitHeads(bias, 2)) * vh, 2)
+    spec = sa.Spec(
+        "head_bias", "a learned bias per head", (q, k, v, bias), output, parameters=() if batched else ("B",)
+    )
+    module = triton_module(spec, tmp_path)
+    g = torch.Generator().manual_seed(0)
+    inputs = [torch.randn(3, 7, 8, generator=g, dtype=torch.float64) for _ in "QKV"]
+    inputs.append(torch.randn(*((3,) if batched else ()), 7, 14, generator=g, dtype=torch.float64))
+
+    def reference(q, k, v, b):
+        heads = [x.unflatten(-1, (2, -1)).transpose(-3, -2) for x in (q, k, v, b)]  # (…, H, n, ·)
+        out = torch.softmax(heads[0] @ heads[1].mT + heads[3], -1) @ heads[2]
+        return out.transpose(-3, -2).flatten(-2)
+
+    results = []
+    for call, cast in ((module.forward, torch.Tensor.float), (reference, torch.Tensor.clone)):
+        leaves = [cast(x).requires_grad_() for x in inputs]
+        out = call(*leaves)
+        results.append([out, *torch.autograd.grad(out, leaves, torch.ones_like(out))])
+    for name, got, want in zip(["output", *"QKVB"], *results):
+        compare(got, want.detach(), name, rtol=1e-4)
