@@ -91,6 +91,8 @@ def signature_of(fn, dtype, constexprs):
             signature[p], constants[(i,)] = "constexpr", False
         elif p.startswith("TABLE_"):  # a learned table's histogram slots
             signature[p], constants[(i,)] = "constexpr", 32
+        elif p == "MAP":  # a per-call block map of a mask on data (int8: empty, partial, full)
+            signature[p] = "*i8"
         elif p.startswith(("TAB_", "P_")):  # a table read at positions, its tangent, its partial histograms
             signature[p] = "*fp32"
         elif p == "R" and "RESIDUAL" in names:  # O's rounding, in O's dtype

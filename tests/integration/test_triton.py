@@ -348,9 +348,10 @@ def test_every_kind_of_step_at_once_matches_autograd(causal, folder):
 
 
 # every kind of step at once; a division by the row sums and no normaliser; two cores (their kernels numbered); a
-# log-softmax map (O n × m, no V); a per-head causal table read at positions. Each kernel compiled at head dimension 64
-# in 16-bit (NAME:fp32 also in float32), in full (PTX, cubin) but for CUT's (their template's branches through TTGIR
-# and the allocation: the PTX and cubin of the same template are features')
+# log-softmax map (O n × m, no V); a per-head causal table read at positions; a per-call block map (causal ∧
+# documents). Each kernel compiled at head dimension 64 in 16-bit (NAME:fp32 also in float32), in full (PTX, cubin)
+# but for CUT's (their template's branches through TTGIR and the allocation: the PTX and cubin of the same template
+# are features')
 GPU_KERNELS = {
     "features": ["_forward_kernel:fp32", "_delta_kernel", "_backward_kernel", "_jvp_kernel"],
     "softplus": ["_forward_kernel", "_delta_kernel", "_backward_kernel", "_jvp_kernel"],
@@ -358,19 +359,26 @@ GPU_KERNELS = {
     "differential": ["_forward_kernel1", "_delta_kernel1", "_backward_kernel2"],
     "pointer": ["_forward_kernel:fp32", "_backward_kernel", "_jvp_kernel"],
     "tables": ["_forward_kernel", "_delta_kernel", "_backward_kernel", "_jvp_kernel"],
+    "maps": ["_forward_kernel", "_backward_kernel", "_jvp_kernel"],
 }
-CUT = ("softplus", "sigmoid", "differential")
+CUT = ("softplus", "sigmoid", "differential", "maps")
 SWEPT = ("features", "pointer", "tables")  # a module per kernel template (a core's, a map's, a table's): every kernel
 # of each at every dtype and head dimension (cut at shared memory's allocation: sm90.py)
 
 
 def _gpu_spec(name: str) -> sa.Spec:
+    from test_positions_block_maps import _spec as mapped
     from test_positions_tables import table_spec
 
-    return features_spec() if name == "features" else table_spec("heads_causal") if name == "tables" else gallery(name)
+    made = {
+        "features": features_spec,
+        "tables": lambda: table_spec("heads_causal"),
+        "maps": lambda: mapped("causal-documents"),
+    }
+    return made[name]() if name in made else gallery(name)
 
 
-@pytest.mark.slow  # one subprocess: 13 kernels compiled in full, 76 cut at the allocation
+@pytest.mark.slow  # one subprocess: 13 kernels compiled in full, 79 cut at the allocation
 def test_every_kernel_compiles_for_an_h100_and_fits_its_shared_memory(tmp_path):
     """Each kernel of GPU_KERNELS compiled for sm_90 at its launch there (the module's _launch), its batch·head index
     int64, no TF32; each kernel of SWEPT at every dtype and head dimension 64, 128, 256: the shared memory its launch

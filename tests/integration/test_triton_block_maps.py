@@ -13,21 +13,16 @@ multiple of the tile): output, every gradient and the JVP against torch autograd
 and against the torch module; the map against the dense mask reduced per tile (exact for contiguous documents, sound
 for ids in no order); the tiles visited counted through the interpreter's dots and the mask's ``_kept`` flags (the
 empty ones never reached, the full ones without the mask); a second derivative (the eager core), torch.func.vmap and
-torch.compile; the kernels compile for sm_90.
+torch.compile; the kernels compile for sm_90 (test_triton.py's compile test).
 """
 
 from __future__ import annotations
 
 import math
-import os
-import subprocess
-import sys
 
 import pytest
 import test_positions_block_maps as cases  # its specs, layouts and reference (the memory-efficient modules' tests)
 from triton_rendered import compare, torch, triton_module  # (skips without torch, triton or the interpreter)
-
-from symattn.codegen import generate as codegen
 
 TILE = 16  # the interpreter's BLOCK_M = BLOCK_N
 KINDS = [("documents", "contiguous"), ("documents", "unordered"), ("causal-documents", "contiguous")]
@@ -228,25 +223,3 @@ def test_a_mask_of_positions_alone_gets_no_block_map(folder):
     from test_triton_skipping import mask_spec
 
     assert not hasattr(triton_module(mask_spec("window-5"), folder), "_block_kinds")
-
-
-@pytest.mark.slow  # a subprocess compiling three kernels (about 20 s)
-def test_the_block_map_kernels_compile_for_a_gpu_without_one(tmp_path):
-    """The forward, backward and JVP of causal ∧ documents, compiled for sm_90 as test_triton.py compiles the others
-    (the map an int8 pointer)."""
-    from test_triton import COMPILE
-
-    table = '        elif p.startswith(("TAB_", "P_")):'
-    assert table in COMPILE
-    script = COMPILE.replace(
-        table, '        elif p == "MAP":  # a block map\n            signature[p] = "*i8"\n' + table
-    )
-    path = tmp_path / "maps_triton.py"
-    path.write_text(codegen.render(cases._spec("causal-documents"), "triton"), encoding="utf-8")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"} | {"TRITON_CACHE_DIR": str(tmp_path)}
-    kernels = ["_forward_kernel", "_backward_kernel", "_jvp_kernel"]
-    done = subprocess.run(
-        [sys.executable, "-c", script, f"{path}={','.join(kernels)}"], capture_output=True, text=True, env=env
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.splitlines() == [f"maps_triton {k} fp16 int64 no-tf32" for k in kernels]

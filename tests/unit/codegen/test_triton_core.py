@@ -18,6 +18,8 @@ from symattn.codegen.backends.triton.printer import TilePrinter, print_core
 from symattn.errors import SymattnError
 from symattn.lang.functions import TRITON
 from symattn.lang.lazy import plain
+from symattn.lang.ops import RepeatHeads, SplitHeads
+from symattn.lang.positions import make
 from symattn.specs import dim, family
 
 GALLERY = Path(__file__).resolve().parents[3] / "examples" / "specs"
@@ -341,3 +343,41 @@ def test_the_built_ins_and_the_gallery_are_row_local_outside_their_cores():
     specs = [builtin(name) for name in ROW_LOCAL] + [gallery(name) for name in ROW_LOCAL_GALLERY]
     specs.append(_with_outside("residual", lambda o, x, k, v: sa.relu(o) + x))
     assert [mixed_rows(find_cores(s)) for s in specs] == [None] * len(specs)
+
+
+def _heads(n, m, d, heads=2):
+    q, k, v = sa.matrix("Q", n, heads * d), sa.matrix("K", m, d), sa.matrix("V", m, d)
+    return q, k, v, SplitHeads(q, heads)
+
+
+def test_grouped_keys_written_as_the_repetition_of_a_transpose_are_grouped_heads():
+    """RepeatHeads(Kᵀ) (multi-query keys sliced or viewed before the transpose) is RepeatHeads(K)ᵀ: the one core."""
+    n, m, d = dim("n"), dim("m"), dim("d")
+    q, k, v, qh = _heads(n, m, d)
+    kh, vh = (RepeatHeads(SplitHeads(x, 1), 1, 2) for x in (k, v))
+    spelt = RepeatHeads(SplitHeads(k, 1).T, 1, 2)
+    core = find_core(sa.Spec("mqa", "multi-query", (q, k, v), sa.merge_heads(sa.softmax(qh * spelt) * vh, 2)))
+    assert core.grouped and core.key == SplitHeads(k, 1) and core.value == SplitHeads(v, 1)
+    assert kh.shape == core.key.shape
+
+
+def test_one_scores_product_under_several_scalars_is_one_core():
+    """where(s > 0, s, 0.1 s) reads c·Q Kᵀ at two scalars c: both are c·S of the one product."""
+    n, m, d = dim("n"), dim("m"), dim("d")
+    q, k, v = sa.matrix("Q", n, d), sa.matrix("K", m, d), sa.matrix("V", m, d)
+    core = find_core(sa.Spec("two", "two scales", (q, k, v), sa.softmax(sa.relu(q * k.T) + q * k.T / 10) * v))
+    assert core.query == q and core.key == k and core.logits.free_symbols >= {core.scores}
+    assert not any(isinstance(x, sp.MatMul) and len(x.args) > 2 for x in sp.preorder_traversal(core.logits))
+
+
+def test_a_per_head_constant_and_a_broadcast_constant_are_read_at_positions():
+    """split_heads(C, H) of an n × H·m constant, and 𝟏 [c_ij] 𝟏ᵀ of a 1 × 1 one: tables of the kernels, no tiles."""
+    n, d = dim("n"), dim("d")
+    q, k, v, qh = _heads(n, n, d)
+    kh, vh = (RepeatHeads(SplitHeads(x, 1), 1, 2) for x in (k, v))
+    c, t = sp.MatrixSymbol("C", n, 2 * n), sp.MatrixSymbol("T", 1, 1)
+    scale = sp.OneMatrix(n, 1) * make(1, 1, lambda i, j: t[i, j]) * sp.OneMatrix(1, n)
+    logits = sp.HadamardProduct(qh * kh.T, scale) + SplitHeads(c, 2)
+    spec = sa.Spec("both", "constants", (q, k, v), sa.merge_heads(sa.softmax(logits) * vh, 2), constants=(c, t))
+    core = find_core(spec)
+    assert core.tiles == () and {str(x.name) for x in core.tables} == {"C", "T"}

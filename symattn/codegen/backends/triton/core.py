@@ -9,10 +9,13 @@ a gather); N is a row normaliser of ``NORMALISERS``: the row softmax, the divisi
 out (P ⊙ Z_p(P), ``sa.dropout`` of the weights: O = (N(A) ⊙ Z_p) V, the mask drawn in the kernels' registers from
 a seed); or the core is a map with no V, O = log-softmax(A) (n × m: pointer attention's output, also spelled
 log(softmax(A)); no table read).
-A scalar c multiplying the scores product goes into E (A = E(c·S)), one multiplying the product with V stays
-outside (c · O). What lies outside the core (the factors' expressions, what the spec makes
-of O) stays torch: ``Cores.rest`` is the spec's output with each core's value replaced by its symbol ``output``. A
-spec may have several cores (differential attention's two), each computed by its own kernels.
+A scalar c multiplying the scores product goes into E (A = E(c·S)), also where A reads the one product under
+several scalars (where(S > 0, S, 0.1 S)); one multiplying the product with V stays outside (c · O). A per-head
+constant split_heads(C, H) and a matrix of positions broadcast by ones (𝟏 E 𝟏ᵀ: a constant one per sequence) are
+read at positions (``_at_positions``); K of grouped heads may be written RepeatHeads(Kᵀ). What lies outside the
+core (the factors' expressions, what the spec makes of O) stays torch: ``Cores.rest`` is the spec's output with
+each core's value replaced by its symbol ``output``. A spec may have several cores (differential attention's two),
+each computed by its own kernels.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from sympy.matrices.expressions import (
 from symattn.errors import SymattnError
 from symattn.lang.functions import Elementwise, Log
 from symattn.lang.graph import children, matrix_symbols, postorder
+from symattn.lang.indices.bounds import I, J
 from symattn.lang.ops import LogSoftmax, RepeatHeads, RowSoftmax, RowSum, SplitHeads, SumEntries
 from symattn.lang.ops_block import LayerNorm, RowInvStd
 from symattn.lang.piecewise import DropoutMask
@@ -114,6 +118,13 @@ def _why_not(spec: Spec, output: Basic, cores: tuple[Core, ...]) -> str:
         return "the output reads P or the scores besides P V: they are never made whole"
     if not _products(output):
         return "no n × m scores product Q Kᵀ of thin factors"
+    nodes = list(postorder(output))
+    statistic = next((x for x in nodes if isinstance(x, (KthLargest, RowSum)) and _products(x.args[0])), None)
+    if statistic is not None:  # (a mask computed per call from the row: top-k, above the row's mean)
+        what = "k-th largest" if isinstance(statistic, KthLargest) else "sum"
+        return f"A reads a row's {what} of the scores, which the kernels never hold whole"
+    if any(isinstance(x, HadamardProduct) and any(isinstance(a, RowSoftmax) for a in x.args) for x in nodes):
+        return "the weights multiplied by a matrix after the softmax, (P ⊙ C) V"
     return (
         "no product N(A) V with A entrywise in one scores product Q Kᵀ and N a row softmax, a division by the "
         "row sums or none"
@@ -192,18 +203,19 @@ def _core_at(spec: Spec, node: Basic, output: MatrixSymbol) -> Core | None:
         (normaliser, logits), thin = _normalised(weights), mats[1:]
     else:
         return None
-    products = _products(logits)
-    if len(set(products)) != 1 or not _entrywise(logits, products[0]):
+    logits = _at_positions(logits, {*spec.inputs, *spec.constants})
+    products = list(dict.fromkeys(_products(logits)))
+    splits = [_split(p) for p in products]  # each c_k · Q Kᵀ: one Q Kᵀ however scaled (where(s > 0, s, 0.1 s))
+    if not products or None in splits or len({(q, k) for _, q, k in splits}) != 1:
+        return None
+    if not _entrywise(logits, frozenset(products)):
         return None
     if normaliser == "none" and not any(isinstance(x, Elementwise) for x in postorder(logits)):
         return None  # P = c·Q Kᵀ + B with no function: a product of products, not a kernel's core
-    split = _split(products[0])
-    if split is None:
-        return None
-    c, query, key = split
+    _, query, key = splits[0]
     n, m = logits.shape
     scores = MatrixSymbol("S", n, m)
-    a = logits.xreplace({products[0]: c * scores if c != 1 else scores})
+    a = logits.xreplace({p: c * scores if c != 1 else scores for p, (c, _, _) in zip(products, splits)})
     value = None if not thin else MatMul(*thin).doit() if len(thin) > 1 else thin[0]
     read = {t for x in postorder(a) if isinstance(x, Entries) for t in x.tables}  # an index's constants too
     tables = tuple(sorted(read, key=str))
@@ -278,29 +290,90 @@ def _split(product: MatMul) -> tuple[Basic, MatrixExpr, MatrixExpr] | None:
     coeff, mats = product.as_coeff_matrices()
     n, m = product.shape
     cuts = [i for i in range(1, len(mats)) if mats[i].shape[0] not in (n, m)]
-    transposed = [i for i in cuts if all(isinstance(f, Transpose) for f in mats[i:])]
-    transposed += [i for i in cuts if isinstance(mats[i], Transpose)]
+    transposed = [i for i in cuts if all(_is_transpose(f) for f in mats[i:])]
+    transposed += [i for i in cuts if _is_transpose(mats[i])]
     transposed += [i for i in cuts if i == len(mats) - 1 and isinstance(mats[i], MatAdd)]
     if not transposed:
         return None
     i = transposed[0]
     left = MatMul(*mats[:i]).doit() if i > 1 else mats[0]
     right = MatMul(*mats[i:]).doit() if len(mats) - i > 1 else mats[i]
-    return coeff, left, Transpose(right).doit()
+    return coeff, left, _transposed(right)
 
 
-def _entrywise(value: Basic, scores: MatMul) -> bool:
-    """Is value made entry by entry from the scores product's entries (sums, ⊙, powers, scalar multiples, the
-    language's entrywise functions, n × m symbols and ones, matrices of positions, whole or per head)?"""
-    if value == scores or not isinstance(value, MatrixExpr):
+def _is_transpose(x: MatrixExpr) -> bool:
+    """Is x a transpose Yᵀ, or the heads of one repeated (RepeatHeads(Yᵀ) = RepeatHeads(Y)ᵀ: each head's block
+    transposed)?"""
+    return isinstance(x.arg if isinstance(x, RepeatHeads) else x, Transpose)
+
+
+def _transposed(x: MatrixExpr) -> MatrixExpr:
+    """xᵀ, the transpose taken inside a repetition of heads (K of RepeatHeads(Kᵀ), grouped heads however spelt)."""
+    if isinstance(x, RepeatHeads):
+        return RepeatHeads(_transposed(x.arg), *x.args[1:])
+    return Transpose(x).doit()
+
+
+def _at_positions(logits: MatrixExpr, allowed: set) -> MatrixExpr:
+    """logits with each per-head constant split_heads(C, H) (C an input or constant, n × H·m) written as the
+    matrix of positions [C_ij] split into the heads, and each matrix of positions r × c broadcast along the rows or
+    the columns by ones (𝟏 E, E 𝟏ᵀ, 𝟏 E 𝟏ᵀ, a 1 × 1 or per-key constant one per sequence) as the n × m matrix of
+    positions reading E at row 0 or column 0: the same entries, which the kernels read at positions."""
+    replaced: dict[Basic, Basic] = {}
+    thin = {y for product in _products(logits) for y in postorder(product)}  # Q and K's own: left as they are
+    for x in postorder(logits):
+        if x in thin:
+            continue
+        new = x.xreplace(replaced)  # (its arguments rewritten)
+        if isinstance(new, SplitHeads) and new.arg in allowed:
+            new = SplitHeads(_read(new.arg), new.heads)
+        elif isinstance(new, MatMul):
+            new = _broadcast(new) or new
+        if new != x:
+            replaced[x] = new
+    return logits.xreplace(replaced) if replaced else logits
+
+
+def _read(table: MatrixSymbol) -> Entries:
+    """The matrix of positions [T_ij] of a table T."""
+    return Entries(*table.shape, sp.Lambda((I, J), table[I, J]))
+
+
+def _broadcast(node: MatMul) -> MatrixExpr | None:
+    """𝟏_{n×1} E 𝟏_{1×m} (either ones may be absent) of a matrix of positions E (whole, or per head: H 1-column heads
+    side by side), as the n × m matrix of positions (per head); else None."""
+    coeff, mats = node.as_coeff_matrices()
+    left = len(mats) > 1 and isinstance(mats[0], OneMatrix) and mats[0].shape[1] == 1
+    right = len(mats) > 1 and isinstance(mats[-1], OneMatrix) and mats[-1].shape[0] == 1
+    inner = mats[int(left) : len(mats) - int(right)]
+    if coeff != 1 or not (left or right) or len(inner) != 1:
+        return None
+    (e,) = inner
+    heads = e.heads if isinstance(e, SplitHeads) else None
+    table = e.arg if heads is not None else e
+    if not isinstance(table, Entries) or (right and e.shape[1] != 1):
+        return None
+    n, m = node.shape
+    formula = table.formula.xreplace({I: sp.S.Zero} if left else {})
+    if right:  # column J of the heads side by side: head ⌊J/m⌋, column 0 of E's head (E's column ⌊J/m⌋)
+        formula = formula.xreplace({J: sp.floor(J / m) if heads is not None else sp.S.Zero})
+    whole = Entries(n, m * heads if heads is not None else m, sp.Lambda((I, J), formula))
+    return SplitHeads(whole, heads) if heads is not None else whole
+
+
+def _entrywise(value: Basic, scores: frozenset[MatMul]) -> bool:
+    """Is value made entry by entry from the scores products' entries (sums, ⊙, powers, scalar multiples, the
+    language's entrywise functions, n × m symbols and ones, matrices of positions, whole or per head)? scores: the
+    spellings c_k · Q Kᵀ of the one product, each n × m."""
+    if value in scores or not isinstance(value, MatrixExpr):
         return True
     if isinstance(value, MatMul):
         if sum(isinstance(f, MatrixExpr) for f in value.args) > 1:
             return False
     elif isinstance(value, (OneMatrix, MatrixSymbol, Entries)):
-        return value.shape == scores.shape
+        return value.shape == next(iter(scores)).shape
     elif isinstance(value, SplitHeads):  # a matrix of positions per head: the kernels read the program's head
-        return isinstance(value.arg, Entries) and value.shape == scores.shape
+        return isinstance(value.arg, Entries) and value.shape == next(iter(scores)).shape
     elif not isinstance(value, (MatAdd, HadamardProduct, HadamardPower, Elementwise)):
         return False
     return all(_entrywise(a, scores) for a in value.args)

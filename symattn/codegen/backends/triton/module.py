@@ -188,6 +188,7 @@ def _core_fields(core, printed, c, symbols, printer, tiles, tables, coefficient_
     """The fields of one core's context (``_core_context``)."""
     scalars = [str(x) for x in core.scalars]
     scalar_tangents = [str(tangent_symbol(x)) for x in core.scalars]
+    per_head = any(isinstance(x, SplitHeads) for x in postorder(core.query))
     return {
         "c": c,
         "normaliser": core.normaliser,
@@ -213,10 +214,11 @@ def _core_fields(core, printed, c, symbols, printer, tiles, tables, coefficient_
         + scalars
         + [t["name"] for t in tables]
         + ([f"core_seed{c}"] if core.dropout is not None else []),
-        # the kernels' call: a table read per head, its heads axis inserted (``_by_sequence``)
+        # the kernels' call: a table read in a core whose heads the module splits, its heads axis inserted
+        # (``_by_sequence``: one per sequence, broadcast over the heads)
         "tensor_arguments": [t["name"] for t in tiles]
         + scalars
-        + [f"_by_sequence({t['name']})" if printed.heads else t["name"] for t in tables]
+        + [f"_by_sequence({t['name']})" if per_head else t["name"] for t in tables]
         + ([f"core_seed{c}"] if core.dropout is not None else []),
         # dropout of the weights: its draws' code, and the seed's line (drawn per call, the core's last tensor)
         "dropout": None if core.dropout is None else dropout_draws(core.dropout),
@@ -229,7 +231,7 @@ def _core_fields(core, printed, c, symbols, printer, tiles, tables, coefficient_
         "logits_lines": [_bare_line(x) for x in printed.logits_lines],
         "gradient_lines": [_bare_line(x) for x in printed.gradient_lines],
         "tangent_lines": [_bare_line(x) for x in printed.tangent_lines],
-        "per_head": any(isinstance(x, SplitHeads) for x in postorder(core.query)),
+        "per_head": per_head,
         **_positions(printed),
         "block_map": _block_map(core, printed, printer),
         "query": printer.doprint(core.query),

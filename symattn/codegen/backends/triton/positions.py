@@ -22,6 +22,7 @@ beside the window (its open range left to the map for those masks).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -60,6 +61,7 @@ class Spelling:
     index: str = "{}"  # an index of a table read, cast to an integer
     table: str = ""  # a table read: {t} the table's name, {r} and {c} its row and column index (``table_read``)
     constant_table: str = ""  # … at two literal indices (one value per sequence: no mask, broadcast over the tile)
+    tiled: bool = False  # a read's pointer must be a tile's (tl.load of a scalar pointer takes no tile's mask)
 
 
 SPELLINGS = {  # the kernels' (triton.language), the eager core's (torch, whose minimum takes tensors only)
@@ -71,6 +73,7 @@ SPELLINGS = {  # the kernels' (triton.language), the eager core's (torch, whose 
         "+ {c} * tab_{t}_c, mask=inside, other=0.0).to(tl.float32)",
         constant_table="tl.load(TAB_{t} + (bh // inner) * tab_{t}_b + (bh % inner) * tab_{t}_h + {r} * tab_{t}_r "
         "+ {c} * tab_{t}_c).to(tl.float32)",
+        tiled=True,
     ),
     TORCH: Spelling(
         "torch.",
@@ -299,6 +302,10 @@ def _flavour(
     def read(table: str, row: str, col: str) -> str:
         if table not in tables.values():
             raise SymattnError(f"the Triton kernels read no matrix {table} at positions")
+        grid = [names[x] for x in (I, J) if x in names]
+        literal = all(_index(x, "{}").isdigit() for x in (row, col))  # (p[0, 0]: Spelling.constant_table's)
+        if spelling.tiled and not literal and not any(re.search(rf"\b{g}\b", f"{row} {col}") for g in grid):
+            row = f"{row} + 0 * {grid[0]}"  # an entry read at no position (b[0, h]): gathered as a tile of it
         return table_read(spelling, table, row, col)
 
     flavour = Flavour(

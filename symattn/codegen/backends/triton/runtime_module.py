@@ -189,8 +189,8 @@ def _dual(x, tangent):
 
 
 def _by_sequence(table):
-    """A table read per head (``sa.entries(…, heads=H)``) with the inputs' batch axes: its heads axis inserted before
-    its rows, (…, 1, rows, cols), so that its leading axes line up with the sequences' and it broadcasts over the
-    heads, as the torch modules read it (a view: its gradient and tangent by autograd); a table without batch axes,
-    or None, as it is."""
+    """A table read at positions in a core whose heads the module splits (Q (…, H, n, d)), with the inputs' batch
+    axes (one per sequence; per head or not): its heads axis inserted before its rows, (…, 1, rows, cols), so that
+    its leading axes line up with the sequences' and it broadcasts over the heads, as the torch modules read it (a
+    view: its gradient and tangent by autograd); a table without batch axes, or None, as it is."""
     return table if table is None or table.dim() < 3 else table.unsqueeze(-3)
