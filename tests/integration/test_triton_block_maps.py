@@ -22,7 +22,7 @@ import math
 
 import pytest
 import test_positions_block_maps as cases  # its specs, layouts and reference (the memory-efficient modules' tests)
-from triton_rendered import compare, torch, triton_module  # (skips without torch, triton or the interpreter)
+from triton_rendered import compare, counted, torch, triton_module  # (skips without torch, triton or the interpreter)
 
 TILE = 16  # the interpreter's BLOCK_M = BLOCK_N
 KINDS = [("documents", "contiguous"), ("documents", "unordered"), ("causal-documents", "contiguous")]
@@ -180,8 +180,6 @@ def test_the_kernels_visit_only_the_tiles_the_map_leaves(kind, folder, monkeypat
     part), the JVP's six; each equals the count of tiles holding a visible pair (the map exact here), fewer than
     all (an empty tile is never read: were the map ignored, the counts would be every tile's). The forward's _kept
     calls with the flag off: the tiles wholly visible, the mask not evaluated there."""
-    from triton.runtime.interpreter import InterpreterBuilder
-
     module = triton_module(cases._spec(kind), folder)
     g = torch.Generator().manual_seed(13)
     q, k, v = (torch.randn(2, 80, 4, generator=g) for _ in range(3))  # (long documents: tiles wholly visible)
@@ -190,19 +188,7 @@ def test_the_kernels_visit_only_the_tiles_the_map_leaves(kind, folder, monkeypat
         constant = torch.tensor([35.0, 3.0]).view(2, 1, 1)
     some, every = _tiles(_dense(kind, constant, 80), 80, 80)
     every_tile = 2 * math.ceil(80 / TILE) ** 2
-    dots, flags = [0], {True: 0, False: 0}
-    create_dot, kept = InterpreterBuilder.create_dot, module._kept
-
-    def counted_dot(self, *args, **kwargs):
-        dots[0] += 1
-        return create_dot(self, *args, **kwargs)
-
-    def counted_kept(value, valid, fill, masked):
-        flags[bool(getattr(masked, "value", masked))] += 1
-        return kept(value, valid, fill, masked)
-
-    monkeypatch.setattr(InterpreterBuilder, "create_dot", counted_dot)
-    monkeypatch.setattr(module, "_kept", counted_kept)
+    dots, flags = counted(module, monkeypatch)
     with torch.no_grad():
         module.forward(q, k, v, constant)
     assert dots[0] == 2 * some < 2 * every_tile

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import sympy as sp
-from triton_rendered import compare, torch, triton_module
+from triton_rendered import compare, counted, torch, triton_module
 
 import symattn as sa
 from symattn.lang.ops import repeat_heads
@@ -190,26 +190,12 @@ def test_the_kernels_visit_only_the_tiles_with_a_visible_entry(name, size, folde
     """Dots counted in the interpreter: the forward's two a tile, the backward's four (key part) and three (query
     part); each equals the brute-force count of the tiles holding a visible entry (a window: exact), fewer than all.
     The forward's _kept calls with the flag off: the tiles wholly visible, the mask left out there."""
-    from triton.runtime.interpreter import InterpreterBuilder
-
     rows, cols = size
     module = triton_module(mask_spec(name), folder)
     seen = visible(name, rows, cols)
     some, every = _tiles(seen, rows, cols)
     key_some, _ = _tiles(seen, rows, cols, transposed=True)
-    dots, flags = [0], {True: 0, False: 0}
-    create_dot, kept = InterpreterBuilder.create_dot, module._kept
-
-    def counted_dot(self, *args, **kwargs):
-        dots[0] += 1
-        return create_dot(self, *args, **kwargs)
-
-    def counted_kept(value, valid, fill, masked):
-        flags[bool(getattr(masked, "value", masked))] += 1
-        return kept(value, valid, fill, masked)
-
-    monkeypatch.setattr(InterpreterBuilder, "create_dot", counted_dot)
-    monkeypatch.setattr(module, "_kept", counted_kept)
+    dots, flags = counted(module, monkeypatch)
     inputs = [x.float() for x in _inputs(rows, cols, seed=7, width=8)]
     batch = inputs[0].shape[0]
     with torch.no_grad():

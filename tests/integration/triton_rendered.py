@@ -154,3 +154,24 @@ def features_spec() -> sa.Spec:
     a = tau * sa.tanh(q * k.T / sp.sqrt(d_k)) + b + mask
     summary = "softmax(τ tanh(Q Kᵀ / √d_k) + B + M) V"
     return sa.Spec("kernel_features", summary, (q, k, v, b, tau), sa.softmax(a) * v, constants=(mask,))
+
+
+def counted(module, monkeypatch) -> tuple[list[int], dict[bool, int]]:
+    """([the interpreter's tl.dot calls], {flag: the module's _kept calls with its mask flag on, off}) from now on:
+    the tiles a kernel visits (its dots per tile) and those it reads without the mask (a full tile's pass)."""
+    from triton.runtime.interpreter import InterpreterBuilder
+
+    dots, flags = [0], {True: 0, False: 0}
+    create_dot, kept = InterpreterBuilder.create_dot, module._kept
+
+    def counted_dot(self, *args, **kwargs):
+        dots[0] += 1
+        return create_dot(self, *args, **kwargs)
+
+    def counted_kept(value, valid, fill, masked):
+        flags[bool(getattr(masked, "value", masked))] += 1
+        return kept(value, valid, fill, masked)
+
+    monkeypatch.setattr(InterpreterBuilder, "create_dot", counted_dot)
+    monkeypatch.setattr(module, "_kept", counted_kept)
+    return dots, flags
