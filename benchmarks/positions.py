@@ -102,13 +102,14 @@ def dense(variant: str, heads: int, ids: torch.Tensor, table: torch.Tensor | Non
     return torch.zeros(allowed.shape, dtype=dtype).masked_fill(~allowed, -math.inf)
 
 
-def flex(variant: str, heads: int, ids: torch.Tensor, table: torch.Tensor) -> Callable:
+def flex(variant: str, heads: int, ids: torch.Tensor, table: torch.Tensor | None) -> Callable:
     """FlexAttention, compiled, with the variant as a BlockMask (masks) or a score_mod (biases); forward only."""
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
     attend = torch.compile(flex_attention, dynamic=False)
     batch, n = ids.shape
-    rates, flat = slopes(heads, torch.float32), table.detach().reshape(-1)
+    rates = slopes(heads, torch.float32)
+    flat = None if table is None else table.detach().reshape(-1)
     mods = {
         "relative": lambda s, b, h, i, j: s - (i - j).abs().to(s.dtype) / 2,
         "alibi": lambda s, b, h, i, j: s - rates[h] * (i - j).abs().to(s.dtype),
@@ -219,7 +220,7 @@ def case(variant: str, made: dict, heads: int, n: int, d: int, repeats: int, use
     faster = min(("standard", "memeff"), key=best.get)
     forward = {name: forward_only(calls[name]) for name in (faster, "SDPA")}
     if use_flex:
-        forward["Flex"] = forward_only(flex(variant, heads, ids, leaves[-1]))
+        forward["Flex"] = forward_only(flex(variant, heads, ids, leaves[3] if variant == "table" else None))
     forward_results, forward_best = timed(forward, leaves, cotangent, repeats)
     wide = [x.double() for x in leaves]
     wanted = with_backward(reference_call(variant, heads, ids))(wide, cotangent.double())
@@ -254,6 +255,7 @@ def main() -> None:
     parser.add_argument("--heads", type=int, default=4, help="heads (ALiBi: the gallery's H)")
     parser.add_argument("--d", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--variants", nargs="+", choices=list(GALLERY), default=list(GALLERY))
     parser.add_argument("--no-flex", action="store_true", help="leave FlexAttention out (its compile: ~20 s a case)")
     parser.add_argument("--quick", action="store_true", help="tiny sizes, one round, no FlexAttention")
     parser.add_argument("--write", action="store_true", help="write POSITIONS.md next to this script")
@@ -266,7 +268,8 @@ def main() -> None:
     load = os.getloadavg()
     specs, alibi_heads = gallery_specs()
     rows, worst = [], 0.0
-    for variant, spec in specs.items():
+    for variant in args.variants:
+        spec = specs[variant]
         made = {name: module(spec, "torch", name) for name in ("standard", "memeff")}
         heads = alibi_heads if variant == "alibi" else args.heads
         for n in args.sizes:
