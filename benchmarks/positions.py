@@ -106,6 +106,7 @@ def flex(variant: str, heads: int, ids: torch.Tensor, table: torch.Tensor | None
     """FlexAttention, compiled, with the variant as a BlockMask (masks) or a score_mod (biases); forward only."""
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
+    torch._dynamo.reset()  # a fresh compile per case: past dynamo's recompile limit (8) it runs unfused, eager
     attend = torch.compile(flex_attention, dynamic=False)
     batch, n = ids.shape
     rates = slopes(heads, torch.float32)
