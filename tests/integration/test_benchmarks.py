@@ -84,3 +84,29 @@ def test_attention_grid_quick_run_prints_the_table_and_passes_its_correctness_ch
     assert "every implementation within tolerance" in done.stdout
     assert done.stdout.count("| 1×2×64 |") == 8  # causal and not, float32 and float64: times and memory
     assert "nothing written" in done.stdout and "USDT" not in done.stdout + done.stderr
+
+
+POSITIONS = RUNNER.parent / "positions.py"
+
+
+def test_positions_quick_run_has_every_variant_and_passes_its_correctness_check():
+    # issue 52's CPU positions benchmark at tiny sizes: a row per gallery variant and size, each implementation's
+    # error against the float64 reference under 1e-4; no timing asserted
+    pytest.importorskip("torch", reason="SDPA is the yardstick")
+    done = subprocess.run(
+        [sys.executable, str(POSITIONS), "--quick"], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, (done.stdout + done.stderr)[-2000:]
+    assert "| variant | B×H×n×d | symattn standard ms |" in done.stdout
+    variants = ("relative", "alibi", "table", "window", "documents")
+    rows = [
+        line for line in done.stdout.splitlines() if line.startswith("| ") and line.split("|")[1].strip() in variants
+    ]
+    shapes = [tuple(cell.strip() for cell in row.split("|")[1:3]) for row in rows]
+    wanted = [(variant, f"1×{8 if variant == 'alibi' else 2}×{n}×8") for variant in variants for n in (24, 40)]
+    assert shapes == wanted * 2  # each row as it is measured, then the table
+    for row in rows:
+        errors = row.split("|")[-2].split(",")
+        assert [e.strip() for e in errors[3:]] == ["—"]  # FlexAttention is left out of the quick run
+        assert all(float(e) < 1e-4 for e in errors[:3]), row
+    assert "correctness: pass" in done.stdout
