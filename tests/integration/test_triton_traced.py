@@ -7,11 +7,14 @@ call (float32) gives the torch ops' output and every gradient (float64)."""
 from __future__ import annotations
 
 import pytest
-from torch_corpus import ENTRIES, EXAMPLE_SIZES, NEW_SIZES
-from triton_rendered import torch  # first: without torch or triton this module is skipped
 
-from symattn.trace.dropin import ClosedForm
-from symattn.trace.source import bound_arguments
+torch = pytest.importorskip("torch")  # first: without torch (or triton, triton_rendered's skip) this module is skipped
+
+from torch_corpus import ENTRIES, EXAMPLE_SIZES, NEW_SIZES  # noqa: E402
+from triton_rendered import interpreted  # noqa: E402, F401  (skips without triton or the interpreter)
+
+from symattn.trace.dropin import ClosedForm  # noqa: E402
+from symattn.trace.source import bound_arguments  # noqa: E402
 
 NOT_A_CORE = {  # corpus entries whose function has no core the kernels compute, and why their call keeps the torch ops
     "no_self_attention": "the weights multiplied by a constant after the softmax (P ⊙ C) V",
