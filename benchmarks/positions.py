@@ -37,14 +37,13 @@ for _variable in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 import argparse  # noqa: E402
 import datetime  # noqa: E402
 import math  # noqa: E402
-import platform  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 from collections.abc import Callable  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import torch  # noqa: E402
-from positions_memeff import module  # noqa: E402
+from positions_memeff import machine_text, module  # noqa: E402
 
 import symattn as sa  # noqa: E402
 
@@ -298,7 +297,7 @@ def write(header: str, table: str) -> None:
     heading = "## Notes"
     notes = heading + path.read_text(encoding="utf-8").split(heading, 1)[1] if path.exists() else ""
     command = "python benchmarks/positions.py " + " ".join(sys.argv[1:])
-    machine = f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__} CPU"
+    machine = machine_text()
     text = (
         "# Positions on the CPU: the gallery's variants beside SDPA and FlexAttention\n\n"
         f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, {machine}: `{command}`. {header}. "

@@ -230,13 +230,18 @@ def _numpy_documents(made, ids):
     return step
 
 
+def machine_text() -> str:
+    """The machine as the positions benchmarks' pages name it: its CPU, CPU count and torch build."""
+    return f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__} CPU"
+
+
 def _write_documents(header: str, table: str) -> None:
     """POSITIONS_MEMEFF.md with its document section (from its heading on) replaced by this run's."""
     path = Path(__file__).parent / "POSITIONS_MEMEFF.md"
     heading = "## A document mask: the block map per call"
     kept = path.read_text(encoding="utf-8").split(heading)[0].rstrip()
     command = "python benchmarks/positions_memeff.py " + " ".join(sys.argv[1:])
-    machine = f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__} CPU"
+    machine = machine_text()
     text = (
         f"{kept}\n\n{heading}\n\n{datetime.date.today()}, {machine}: `{command}`. {header}. The ids are a constant "
         "read at positions, so the mask has no structure until they are read: the memory-efficient modules compute "
@@ -256,7 +261,7 @@ def _reference_grads(q, k, v, g, width):
 
 def _write(args, header: str, table: str) -> None:
     command = "python benchmarks/positions_memeff.py " + " ".join(sys.argv[1:])
-    machine = f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__} CPU"
+    machine = machine_text()
     text = (
         "# Positions in the memory-efficient modules: a sliding window\n\n"
         f"{datetime.date.today()}, {machine}: `{command}`. {header}. The window W = [0 if 0 ≤ i − j < w else −∞] "

@@ -39,16 +39,22 @@ def indexed_read(table, rows, cols, name, source):
     bounds their values, so each is checked, an integer inside the table (name), else ValueError naming the
     constant and the value; never a read outside the table."""
     for grid, size, what in ((rows, table.shape[-2], "row"), (cols, table.shape[-1], "column")):
-        grid = torch.as_tensor(grid, device=table.device)
-        if grid.is_floating_point() and size - 1 > 2 / torch.finfo(grid.dtype).eps:
-            raise ValueError(_inexact(source, name, size, what, grid.dtype, 2 / torch.finfo(grid.dtype).eps))
-        bad = (grid < 0) | (grid > size - 1) | (grid != torch.floor(grid))
-        if bool(bad.any()):
-            raise ValueError(
-                f"{source} gives {name} the {what} index {grid[bad].flatten()[0].item()!r}: an index read from a "
-                f"constant is an integer in [0, {size - 1}] ({name} has {size} {what}s)"
-            )
+        checked_index(torch.as_tensor(grid, device=table.device), size, what, name, source)
     return table_read(table, rows, cols)
+
+
+def checked_index(grid, size, what, name, source):
+    """A ValueError unless every value of grid, indices read from a constant (source) into a table (name) of size
+    rows (what: "row") or columns, is an integer in [0, size − 1]; a float grid whose integers stop being exact
+    below size is refused too. (The Triton modules check a whole index constant so before any launch.)"""
+    if grid.is_floating_point() and size - 1 > 2 / torch.finfo(grid.dtype).eps:
+        raise ValueError(_inexact(source, name, size, what, grid.dtype, 2 / torch.finfo(grid.dtype).eps))
+    bad = (grid < 0) | (grid > size - 1) | (grid != torch.floor(grid))
+    if bool(bad.any()):
+        raise ValueError(
+            f"{source} gives {name} the {what} index {grid[bad].flatten()[0].item()!r}: an index read from a "
+            f"constant is an integer in [0, {size - 1}] ({name} has {size} {what}s)"
+        )
 
 
 def _inexact(source, name, size, what, dtype, limit):

@@ -113,7 +113,7 @@ def triton_context(spec: Spec, options: tuple[Option, ...], version: str) -> dic
         "constants": [str(x.name) for x in spec.constants],
         "options": [{"name": o.name, "default_math": DRAWN.get(o.name) or _default(o.default)} for o in options],
         "per_head": any(c["per_head"] for c in cores),
-        "index_checks": index_checks(tuple(core.logits for core in found.cores)),
+        "index_checks": index_checks(tuple(core.logits for core in found.cores), torch_printer.helper),
         "rest": rest,
         "helpers": torch_printer.helper_source() if torch_printer.helpers_used else "",
         "torch_helpers": sorted(torch_printer.helpers_used),

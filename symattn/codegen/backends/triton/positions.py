@@ -320,17 +320,18 @@ def _flavour(
         not_=lambda a: f"(~{a})",
         read=read,
         # a table read at an index read from a constant (Swin's T[idx[i, j], h]): the index a gather too, its range
-        # checked by the module before any launch (``_indices``)
+        # checked by the module before any launch (``index_checks``)
         checked_read=lambda table, row, col, name, source: read(table, row, col),
     )
     return flavour
 
 
-def index_checks(logits: tuple[Basic, ...]) -> list[str]:
+def index_checks(logits: tuple[Basic, ...], helper: Callable[[str], str]) -> list[str]:
     """The module's lines checking, before any launch, each constant read as a table's index in the cores' logits
-    (Swin's idx of T[idx[i, j], h]): ``_indices(idx, "idx", T, "T", axis)``, every entry of idx an integer inside
-    T's rows (axis −2) or columns (−1), since a kernel's gather cannot raise. Such an index is the constant's entry
-    itself; an expression of one (idx[i, j] + 1) is refused in one line (its range is no entry's)."""
+    (Swin's idx of T[idx[i, j], h]): the torch runtime's ``checked_index`` (helper: the torch printer's, which copies
+    it) of every entry of idx, an integer inside T's rows (axis −2) or columns (−1), since a kernel's gather cannot
+    raise. Such an index is the constant's entry itself; an expression of one (idx[i, j] + 1) is refused in one
+    line (its range is no entry's)."""
     lines = []
     for formula in (x.formula for e in logits for x in postorder(e) if isinstance(x, Entries)):
         for read in sorted(formula.atoms(MatrixElement), key=sp.default_sort_key):
@@ -343,5 +344,8 @@ def index_checks(logits: tuple[Basic, ...]) -> list[str]:
                         "use the torch backend"
                     )
                 source, table = str(index.parent.name), str(read.parent.name)
-                lines.append(f'_indices({source}, "{source}", {table}, "{table}", {axis})')
+                what = "row" if axis == -2 else "column"
+                lines.append(
+                    f'{helper("checked_index")}({source}, {table}.shape[{axis}], "{what}", "{table}", "{source}")'
+                )
     return list(dict.fromkeys(lines))

@@ -139,25 +139,6 @@ def _seed(training, rng, like):
     return torch.randint(2**62, (), generator=rng, device=device, dtype=torch.int64).to(like.device)
 
 
-def _indices(index, source, table, name, axis):
-    """A ValueError unless every entry of the constant index (source) is an integer inside the table's rows (axis
-    −2) or columns (−1): the kernels gather table entries at its values, where a gather cannot raise (the torch
-    module checks the entries it reads, ``indexed_read``; this checks them all). An index in a float dtype whose
-    integers stop being exact below the table's size is refused too."""
-    size, what = table.shape[axis], "row" if axis == -2 else "column"
-    if index.is_floating_point() and size - 1 > 2 / torch.finfo(index.dtype).eps:
-        raise ValueError(
-            f"{source} is {index.dtype}, whose integers are exact only up to {int(2 / torch.finfo(index.dtype).eps)}, "
-            f"and {name} has {size} {what}s: run in float32 or wider (a constant takes the inputs' dtype)"
-        )
-    bad = (index < 0) | (index > size - 1) | (index != torch.floor(index))
-    if bool(bad.any()):
-        raise ValueError(
-            f"{source} gives {name} the {what} index {index[bad].flatten()[0].item()!r}: an index read from a "
-            f"constant is an integer in [0, {size - 1}] ({name} has {size} {what}s)"
-        )
-
-
 def _row(x):
     """A bias row: (1, k), or 1-D (k,) as torch holds one (viewed as the row); None (left out) stays None."""
     return x.unsqueeze(0) if x is not None and x.dim() == 1 else x
