@@ -55,7 +55,8 @@ _TOKEN = object()  # its id names this module object's ops: two copies of the mo
 # the module's globals, _TOKEN among them, so the id is never reused while they are registered)
 _OPS = f"symattn_triton::{SPEC}_{id(_TOKEN):x}"
 _NUMBERS = {}  # (the numbers, a device) → their float32 tensor there, read only by the kernels
-_PLANS = {}  # a launch's key (its kernel, shapes, dtypes, device, options) → its grids and constexprs (_planned)
+_DIMENSIONS = {}  # the inputs' shapes → their dimensions, checked (_dimensions)
+_PLANS = {}  # a launch's key (its kernel, layouts, dtypes, device, options) → its launches and constexprs (_planned)
 # the inputs jvp takes tangents of
 TANGENT_OF = ("X", "W_Q", "W_K", "W_V")
 
@@ -90,6 +91,74 @@ def _planned(key, make):
             _PLANS.clear()
         plan = _PLANS[key] = make()
     return plan
+
+
+def _launcher(kernel, grid, constexprs, device):
+    """A plan's launch of kernel over grid with its constexprs: launch(*arguments) takes the kernel's other arguments,
+    in its order. The first call goes through Triton's JIT (kernel[grid]: it binds the arguments, computes its
+    specialisation key and compiles, or under the interpreter runs the kernel); where the JIT returns a compiled
+    kernel (on a GPU; the interpreter returns none) the later calls launch it directly, as Inductor launches one: its
+    launcher called with the grid, the device's current stream and the arguments, the constexprs after them in the
+    kernel's order (the JIT's binding, specialisation key and cache look-up skipped: the plan's key holds what they
+    read, the operands' shapes, strides, dtypes, alignment and device, _layout). A launch hook (a profiler's, added
+    to Triton's hook chain) sends a call through the JIT again, which gives the hook its metadata."""
+    kept = []  # once known: the compiled kernel, its grid's axes, its device, the device's and stream's getters, …
+
+    def launch(*arguments):
+        if kept:
+            compiled, axes, index, current, stream, tail, hook = kept
+            now = current()
+            if now == index and not _hooked(hook):  # (another current device: the JIT's kernel for that one)
+                metadata = compiled.packed_metadata
+                compiled.run(*axes, stream(now), compiled.function, metadata, None, None, None, *arguments, *tail)
+                return
+        found = kernel[grid](*arguments, **constexprs)
+        if not kept:
+            kept.extend(_direct(kernel, found, grid, len(arguments), constexprs, device))
+
+    launch.settings = (grid, constexprs)  # what the plan chose (its grid and constexprs), to read
+    return launch
+
+
+def _direct(kernel, found, grid, given, constexprs, device):
+    """[compiled kernel, grid axes, device, the current device's and its stream's getters, constexprs' values in the
+    kernel's order, launch hook] for
+    _launcher's direct launches of found (what kernel[grid] returned), or [] where there is none to make: found no
+    compiled kernel (the interpreter's launch returns None), or the kernel's parameters after the given arguments
+    not all constexprs given (a launch the JIT must bind)."""
+    if not all(hasattr(found, name) for name in ("run", "function", "packed_metadata")):
+        return []
+    names = kernel.arg_names[given:]
+    if any(name not in constexprs for name in names):
+        return []
+    import triton
+
+    hook = getattr(getattr(getattr(triton, "knobs", None), "runtime", None), "launch_enter_hook", None)
+    if device.type == "cuda":  # as the JIT: the current device (it compiled for) and its current stream
+        current, stream = torch.cuda.current_device, torch._C._cuda_getCurrentRawStream
+    else:  # (a stand-in compiled kernel on the CPU: benchmarks/gpu_kernels.py's stubbed launches)
+
+        def current():
+            return None
+
+        def stream(_):
+            return 0
+
+    tail = [constexprs[name] for name in names]
+    return [found, (*grid, 1, 1)[:3], current(), current, stream, tail, hook]
+
+
+def _hooked(hook):
+    """Is a launch hook set (Triton's hook chain holds a call, or a hook that is not a chain)? Then the JIT launches,
+    giving the hook the launch's metadata."""
+    return hook is not None and bool(getattr(hook, "calls", True))
+
+
+def _layout(*tensors):
+    """What Triton's JIT specialises a launch on beyond shapes and dtypes, per tensor (None: nothing): its shape,
+    strides, and whether its address is a multiple of 16 bytes; a plan's key holds it, so that a compiled kernel
+    launched directly (_launcher) is the one the JIT would pick."""
+    return tuple(None if x is None else (x.shape, x.stride(), x.data_ptr() % 16 == 0) for x in tensors)
 
 
 def _residual(o):
@@ -450,7 +519,18 @@ def _core_dual(kernels, Q, K, V, causal, symbols, *tensors):
 
 def _dimensions(*arrays):
     """The dimensions read off the arrays' last two axes (AXES's, in its order); a ValueError naming the input and
-    shapes otherwise."""
+    shapes otherwise. Read once per tuple of shapes (_DIMENSIONS; at most 256 kept), then looked up: a fresh dict."""
+    key = tuple(None if x is None else x.shape for x in arrays)
+    dims = _DIMENSIONS.get(key)
+    if dims is None:
+        if len(_DIMENSIONS) >= 256:  # shapes that change call by call: the cache stays small
+            _DIMENSIONS.clear()
+        dims = _DIMENSIONS[key] = _read_dimensions(arrays)
+    return dict(dims)
+
+
+def _read_dimensions(arrays):
+    """_dimensions' reading: each array's last two axes checked against AXES and the sizes read before."""
     dims = {}
     for (name, axes), x in zip(AXES.items(), arrays):
         if x is None:  # a bias left out
@@ -977,14 +1057,15 @@ def _forward_launch(
     by the backward alone), and R = O₃₂ − O, O's
     rounding in O's 16-bit dtype (empty for float32: O is exact), so that D = rowsum(dO ⊙ (O + R)) reads O before its
     rounding. A custom op: torch.compile holds the launch as one node (its shapes from _forward_fake)."""
-    n, d, m, dv = q.shape[-2], q.shape[-1], k.shape[-2], v.shape[-1]
+    n, dv = q.shape[-2], v.shape[-1]
     flags = tuple(t is None for t in tiles)
-    key = ("forward", q.shape, k.shape, v.shape, q.dtype, v.dtype, q.device, causal, _precision(q), flags)
-    grid, constexprs = _planned(key, lambda: _forward_plan(q, v, tiles, causal))
-    o = torch.empty((q.shape[0], n, dv), dtype=v.dtype, device=q.device)
-    lse = torch.empty((q.shape[0], n), dtype=torch.float32, device=q.device)
-    residual = torch.empty(o.shape if constexprs["RESIDUAL"] else (0,), dtype=o.dtype, device=q.device)
-    _forward_kernel[grid](
+    layout = _layout(q, k, v, *tiles)  # (the JIT's specialisation: a direct launch's key)
+    key = ("forward", q.dtype, v.dtype, q.device, causal, _precision(q), flags, layout, inner)
+    launch, constexprs, sizes = _planned(key, lambda: _forward_plan(q, k, v, tiles, inner, causal))
+    o = v.new_empty((q.shape[0], n, dv))  # (new_empty: torch.empty without its dtype and device arguments' cost)
+    lse = q.new_empty((q.shape[0], n), dtype=torch.float32)
+    residual = o.new_empty(o.shape if constexprs["RESIDUAL"] else (0,))
+    launch(
         q,
         k,
         v,
@@ -993,32 +1074,22 @@ def _forward_launch(
         residual if constexprs["RESIDUAL"] else o,
         *_tile_arguments(tiles, q),
         coefficients,
-        q.stride(0),
-        q.stride(1),
-        k.stride(0),
-        k.stride(1),
-        v.stride(0),
-        v.stride(1),
-        o.stride(0),
-        o.stride(1),
-        n,
-        m,
-        d,
-        dv,
-        inner,
-        q.shape[0] // k.shape[0],
-        **constexprs,
+        *sizes,
     )
     return o, lse, residual
 
 
-def _forward_plan(q, v, tiles, causal):
-    """The forward kernel's grid and constexprs for operands like q, v and the tiles (made once per _planned key)."""
-    n, d, dv = q.shape[-2], q.shape[-1], v.shape[-1]
+def _forward_plan(q, k, v, tiles, inner, causal):
+    """The forward kernel's launch (_launcher: its grid and constexprs), constexprs and last arguments (strides and
+    sizes) for operands like q, k, v and the tiles (made once per _planned key)."""
+    n, d, m, dv = q.shape[-2], q.shape[-1], k.shape[-2], v.shape[-1]
+    strides = (*q.stride()[:2], *k.stride()[:2], *v.stride()[:2], n * dv, dv)  # (O: (BH, n, d_v))
+    sizes = (*strides, n, m, d, dv, inner, q.shape[0] // k.shape[0])
     blocks = _launch(q, d + dv, "forward")
     grid, wide = _grid(_cdiv(n, blocks["BLOCK_M"]), q.shape[0])
     flags = {"CAUSAL": causal, "PRECISION": _precision(q), "WIDE": wide, "RESIDUAL": _residual(v), **_flags(tiles)}
-    return grid, {**flags, "BLOCK_D": _width(d), "BLOCK_DV": _width(dv), **blocks}
+    constexprs = {**flags, "BLOCK_D": _width(d), "BLOCK_DV": _width(dv), **blocks}
+    return _launcher(_forward_kernel, grid, constexprs, q.device), constexprs, sizes
 
 
 _forward_op = torch.library.custom_op(f"{_OPS}_forward", _forward_launch, mutates_args=())
@@ -1048,33 +1119,25 @@ def _backward_launch(
     """[dQ, dK, dV, the n × m inputs' gradients (BH, n, m), the trainable scalars' partial sums (BH · row blocks)]
     by the delta and backward kernels, flat as _forward_op's, an n × m gradient made only where wanted; a
     custom op as it is."""
-    n, d, m, dv = q.shape[-2], q.shape[-1], k.shape[-2], v.shape[-1]
-    bh, group = q.shape[0], q.shape[0] // k.shape[0]  # group: query heads per key/value head (1 but grouped-query)
+    n, d, m, dv, bh = q.shape[-2], q.shape[-1], k.shape[-2], v.shape[-1], q.shape[0]
     flags = (*(t is None for t in tiles), *wanted)
-    key = ("backward", q.shape, k.shape, v.shape, q.dtype, v.dtype, q.device, causal, _precision(q), flags)
-    rows, delta_plan, plan = _planned(key, lambda: _backward_plan(q, v, tiles, causal, wanted))
-    strides = (q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), do.stride(0), do.stride(1))
-    delta = torch.empty((bh, n), dtype=torch.float32, device=q.device)
-    _delta_kernel[delta_plan[0]](
+    layout = _layout(q, k, v, o, do, lse, residual, *tiles)  # (a direct launch's key: _launcher)
+    key = ("backward", q.dtype, v.dtype, q.device, causal, _precision(q), flags, layout, inner)
+    extra = {}
+    plan = _planned(key, lambda: _backward_plan(q, k, v, o, do, residual, tiles, inner, causal, wanted, extra))
+    rows, (delta_launch, delta_sizes), (launch, _, sizes) = plan
+    delta = lse.new_empty((bh, n))  # (lse: float32)
+    delta_launch(
         o,
         residual if residual.numel() else o,
         do,
         delta,
-        o.stride(0),
-        o.stride(1),
-        do.stride(0),
-        do.stride(1),
-        n,
-        dv,
-        RESIDUAL=residual.numel() > 0,
-        **delta_plan[1],
+        *delta_sizes,
     )
-    dq = torch.empty((bh, n, d), dtype=q.dtype, device=q.device)
-    dk = torch.empty((k.shape[0], m, d), dtype=k.dtype, device=q.device)
-    dv_ = torch.empty((k.shape[0], m, dv), dtype=v.dtype, device=q.device)
+    dq, dk, dv_ = q.new_empty((bh, n, d)), k.new_empty((k.shape[0], m, d)), v.new_empty((k.shape[0], m, dv))
     tile_grads = [torch.zeros((bh, n, m), dtype=torch.float32, device=q.device) for w in wanted if w]
     sums = [torch.empty((bh * rows,), dtype=torch.float32, device=q.device) for _ in range(SCALARS)]
-    _backward_kernel[plan[0]](
+    launch(
         q,
         k,
         v,
@@ -1085,33 +1148,32 @@ def _backward_launch(
         dv_,
         *_tile_arguments(tiles, q),
         coefficients,
-        *strides,
-        n,
-        m,
-        d,
-        dv,
-        inner,
-        group,
+        *sizes,
         dq,
         *_made(tile_grads, wanted, dq),  # an n × m gradient not wanted: dq's pointer, never written
         *sums,
-        **plan[1],
     )
     return [dq, dk, dv_, *tile_grads, *sums]
 
 
-def _backward_plan(q, v, tiles, causal, wanted):
-    """(query blocks, the delta kernel's grid and constexprs, the backward kernel's) for operands like q, v, the tiles
-    and the gradients wanted (made once per _planned key)."""
-    n, d, dv, bh = q.shape[-2], q.shape[-1], v.shape[-1], q.shape[0]
+def _backward_plan(q, k, v, o, do, residual, tiles, inner, causal, wanted, extra):
+    """(query blocks, the delta kernel's launch (_launcher) and last arguments, the backward kernel's launch,
+    constexprs and its strides and sizes) for operands like q, k, v, o, do, O's residual, the tiles and the gradients
+    wanted, extra the backward kernel's further constexprs (made once per _planned key)."""
+    n, d, m, dv, bh = q.shape[-2], q.shape[-1], k.shape[-2], v.shape[-1], q.shape[0]
+    group = bh // k.shape[0]  # query heads per key/value head (1 but grouped-query)
+    strides = (*q.stride()[:2], *k.stride()[:2], *v.stride()[:2], *do.stride()[:2])
+    sizes = (*strides, n, m, d, dv, inner, group)
     blocks = _launch(q, d + dv, "backward")
     rows = _cdiv(n, blocks["BLOCK_M"])  # the query blocks (a scalar's sums: one per query block)
     grid, wide = _grid(rows, bh)
-    delta = (grid, {"WIDE": wide, "BLOCK_M": blocks["BLOCK_M"], "BLOCK_DV": _width(dv)})
+    delta = {"WIDE": wide, "BLOCK_M": blocks["BLOCK_M"], "BLOCK_DV": _width(dv), "RESIDUAL": residual.numel() > 0}
+    delta = _launcher(_delta_kernel, grid, delta, q.device), (*o.stride()[:2], *do.stride()[:2], n, dv)
     grid, wide = _grid(_cdiv(v.shape[-2], blocks["BLOCK_N"]) + rows, bh)  # the key blocks' programs, then the query's
     flags = {"CAUSAL": causal, "PRECISION": _precision(q), "WIDE": wide, **_flags(tiles)}
     widths = {"BLOCK_D": _width(d), "BLOCK_DV": _width(dv)}
-    return rows, delta, (grid, {**flags, **widths, **blocks, **dict(zip(GRADIENT_FLAGS, wanted))})
+    constexprs = {**flags, **widths, **blocks, **dict(zip(GRADIENT_FLAGS, wanted)), **extra}
+    return rows, delta, (_launcher(_backward_kernel, grid, constexprs, q.device), constexprs, sizes)
 
 
 _backward_op = torch.library.custom_op(f"{_OPS}_backward", _backward_launch, mutates_args=())

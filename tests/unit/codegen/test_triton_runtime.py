@@ -189,6 +189,98 @@ def test_a_plan_is_made_on_its_keys_first_call_and_read_after(monkeypatch):
     assert len(runtime_launch._PLANS) <= 256 and runtime_launch._planned(299, make(-1)) == "plan 299"
 
 
+class _Compiled:
+    """A stand-in for Triton's compiled kernel: its launcher records what it was called with."""
+
+    function, packed_metadata = "function", "metadata"
+
+    def __init__(self):
+        self.calls = []
+
+    def run(self, *args):
+        self.calls.append(args)
+
+
+class _Kernel:
+    """A stand-in for a JIT kernel: kernel[grid](*args, **constexprs) records the launch and returns what it compiled
+    (None: the interpreter's launches return nothing)."""
+
+    arg_names = ["X", "n", "m", "WIDE", "BLOCK"]
+
+    def __init__(self, compiled):
+        self.compiled, self.launches = compiled, []
+
+    def __getitem__(self, grid):
+        def launch(*args, **constexprs):
+            self.launches.append((grid, args, constexprs))
+            return self.compiled
+
+        return launch
+
+
+def test_a_plan_launches_the_compiled_kernel_directly_after_the_jit(monkeypatch):
+    compiled = _Compiled()
+    kernel = _Kernel(compiled)
+    constexprs = {"WIDE": False, "BLOCK": 16, "num_warps": 4}  # num_warps: an option of the compile, not an argument
+    launch = runtime_launch._launcher(kernel, (3, 2), constexprs, torch.device("cpu"))
+    x = torch.zeros(2)
+    launch(x, 5, 7)
+    assert kernel.launches == [((3, 2), (x, 5, 7), constexprs)] and compiled.calls == []  # the first: the JIT's
+    launch(x, 6, 8)
+    launch(x, 6, 9)
+    assert len(kernel.launches) == 1  # then the compiled kernel's launcher, its arguments in the kernel's order
+    assert compiled.calls == [
+        (3, 2, 1, 0, "function", "metadata", None, None, None, x, 6, n, False, 16) for n in (8, 9)
+    ]
+
+
+def test_a_launch_stays_with_the_jit_without_a_compiled_kernel_or_with_a_launch_hook(monkeypatch):
+    kernel = _Kernel(None)  # the interpreter: nothing compiled
+    launch = runtime_launch._launcher(kernel, (1,), {"WIDE": False, "BLOCK": 16}, torch.device("cpu"))
+    for _ in range(3):
+        launch(torch.zeros(1), 1, 1)
+    assert len(kernel.launches) == 3
+    compiled = _Compiled()
+    kernel = _Kernel(compiled)  # a parameter given neither as an argument nor as a constexpr: the JIT binds it
+    launch = runtime_launch._launcher(kernel, (1,), {"WIDE": False}, torch.device("cpu"))
+    for _ in range(2):
+        launch(torch.zeros(1), 1, 1)
+    assert len(kernel.launches) == 2 and compiled.calls == []
+    hook = SimpleNamespace(calls=[])  # Triton's launch-hook chain, empty
+    triton = pytest.importorskip("triton")
+    monkeypatch.setattr(
+        triton, "knobs", SimpleNamespace(runtime=SimpleNamespace(launch_enter_hook=hook)), raising=False
+    )
+    kernel = _Kernel(compiled)
+    launch = runtime_launch._launcher(kernel, (1,), {"WIDE": False, "BLOCK": 16}, torch.device("cpu"))
+    launch(torch.zeros(1), 1, 1)
+    launch(torch.zeros(1), 1, 1)
+    hook.calls.append(print)  # a profiler's hook added: the JIT launches again (it gives the hook the metadata)
+    launch(torch.zeros(1), 1, 1)
+    assert len(kernel.launches) == 2 and len(compiled.calls) == 1
+
+
+def test_a_direct_launch_is_on_the_current_devices_stream_and_only_on_the_device_it_compiled_for(monkeypatch):
+    current = [0]
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: current[0])
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda index: 100 + index, raising=False)
+    compiled = _Compiled()
+    kernel = _Kernel(compiled)
+    launch = runtime_launch._launcher(kernel, (2,), {"WIDE": True, "BLOCK": 32}, torch.device("cuda", 0))
+    for device in (0, 0, 1, 0):
+        current[0] = device
+        launch(None, 1, 2)
+    assert compiled.calls == [(2, 1, 1, 100, "function", "metadata", None, None, None, None, 1, 2, True, 32)] * 2
+    assert len(kernel.launches) == 2  # the first, and the one while device 1 was current: the JIT's
+
+
+def test_a_layout_holds_what_the_jit_specialises_on():
+    x = torch.zeros(4, 8)
+    assert runtime_launch._layout(x, None) == ((x.shape, (8, 1), True), None)
+    assert runtime_launch._layout(x.mT)[0][1] == (1, 8)
+    assert not runtime_launch._layout(x.view(-1)[1:])[0][2]  # 4 bytes past an aligned address
+
+
 def test_the_16_bit_outputs_keep_their_rounding():
     assert runtime_launch._residual(torch.zeros(1, dtype=torch.bfloat16))
     assert not runtime_launch._residual(torch.zeros(1))
@@ -297,7 +389,10 @@ def test_a_saved_tensor_list_gets_its_absent_ones_back():
 
 def test_dimensions_are_read_off_the_inputs_axes(monkeypatch):
     monkeypatch.setattr(runtime_module, "AXES", {"Q": ("n", "d"), "K": ("m", "d"), "b": (1, "m")})
+    monkeypatch.setattr(runtime_module, "_DIMENSIONS", {})
     q, k = torch.zeros(2, 5, 4), torch.zeros(7, 4)
+    assert runtime_module._dimensions(q, k, None) == {"n": 5, "d": 4, "m": 7}
+    runtime_module._dimensions(q, k, None)["n"] = 0  # a fresh dict per call: the cached one stays as read
     assert runtime_module._dimensions(q, k, None) == {"n": 5, "d": 4, "m": 7}
     assert runtime_module._dimensions(q, k, torch.zeros(1, 7)) == {"n": 5, "d": 4, "m": 7}
     with pytest.raises(ValueError, match=r"K has shape \(7, 3\); expected \(\.\.\., m, d\) with d = 4"):
@@ -306,6 +401,9 @@ def test_dimensions_are_read_off_the_inputs_axes(monkeypatch):
         runtime_module._dimensions(q, k, torch.zeros(2, 7))
     with pytest.raises(ValueError, match=r"Q has shape \(5,\); expected \(\.\.\., n, d\)"):
         runtime_module._dimensions(torch.zeros(5), k)
+    with pytest.raises(ValueError, match=r"K has shape \(7, 3\)"):  # a refusal is never cached
+        runtime_module._dimensions(q, torch.zeros(7, 3))
+    assert len(runtime_module._DIMENSIONS) == 2
 
 
 def test_head_counts_and_products_of_axes_are_checked():

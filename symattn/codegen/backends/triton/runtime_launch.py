@@ -28,7 +28,7 @@ STREAMED: dict[str, int | None] = {}  # the block a kernel's loop steps through 
 COPIES: dict[str, int] = {}  # the copies of each block a kernel holds (the JVP: each block beside its tangent)
 GRID_Y = 65535  # a CUDA grid's most programs along its axes 1 and 2
 _NUMBERS: dict = {}  # (the numbers, a device) → their float32 tensor there
-_PLANS: dict = {}  # a launch's key (its kernel, shapes, dtypes, device, options) → its plan (_planned)
+_PLANS: dict = {}  # a launch's key (its kernel, layouts, dtypes, device, options) → its plan (_planned)
 
 
 def _launch(x, width, kernel):
@@ -61,6 +61,74 @@ def _planned(key, make):
             _PLANS.clear()
         plan = _PLANS[key] = make()
     return plan
+
+
+def _launcher(kernel, grid, constexprs, device):
+    """A plan's launch of kernel over grid with its constexprs: launch(*arguments) takes the kernel's other arguments,
+    in its order. The first call goes through Triton's JIT (kernel[grid]: it binds the arguments, computes its
+    specialisation key and compiles, or under the interpreter runs the kernel); where the JIT returns a compiled
+    kernel (on a GPU; the interpreter returns none) the later calls launch it directly, as Inductor launches one: its
+    launcher called with the grid, the device's current stream and the arguments, the constexprs after them in the
+    kernel's order (the JIT's binding, specialisation key and cache look-up skipped: the plan's key holds what they
+    read, the operands' shapes, strides, dtypes, alignment and device, _layout). A launch hook (a profiler's, added
+    to Triton's hook chain) sends a call through the JIT again, which gives the hook its metadata."""
+    kept = []  # once known: the compiled kernel, its grid's axes, its device, the device's and stream's getters, …
+
+    def launch(*arguments):
+        if kept:
+            compiled, axes, index, current, stream, tail, hook = kept
+            now = current()
+            if now == index and not _hooked(hook):  # (another current device: the JIT's kernel for that one)
+                metadata = compiled.packed_metadata
+                compiled.run(*axes, stream(now), compiled.function, metadata, None, None, None, *arguments, *tail)
+                return
+        found = kernel[grid](*arguments, **constexprs)
+        if not kept:
+            kept.extend(_direct(kernel, found, grid, len(arguments), constexprs, device))
+
+    launch.settings = (grid, constexprs)  # what the plan chose (its grid and constexprs), to read
+    return launch
+
+
+def _direct(kernel, found, grid, given, constexprs, device):
+    """[compiled kernel, grid axes, device, the current device's and its stream's getters, constexprs' values in the
+    kernel's order, launch hook] for
+    _launcher's direct launches of found (what kernel[grid] returned), or [] where there is none to make: found no
+    compiled kernel (the interpreter's launch returns None), or the kernel's parameters after the given arguments
+    not all constexprs given (a launch the JIT must bind)."""
+    if not all(hasattr(found, name) for name in ("run", "function", "packed_metadata")):
+        return []
+    names = kernel.arg_names[given:]
+    if any(name not in constexprs for name in names):
+        return []
+    import triton
+
+    hook = getattr(getattr(getattr(triton, "knobs", None), "runtime", None), "launch_enter_hook", None)
+    if device.type == "cuda":  # as the JIT: the current device (it compiled for) and its current stream
+        current, stream = torch.cuda.current_device, torch._C._cuda_getCurrentRawStream
+    else:  # (a stand-in compiled kernel on the CPU: benchmarks/gpu_kernels.py's stubbed launches)
+
+        def current():
+            return None
+
+        def stream(_):
+            return 0
+
+    tail = [constexprs[name] for name in names]
+    return [found, (*grid, 1, 1)[:3], current(), current, stream, tail, hook]
+
+
+def _hooked(hook):
+    """Is a launch hook set (Triton's hook chain holds a call, or a hook that is not a chain)? Then the JIT launches,
+    giving the hook the launch's metadata."""
+    return hook is not None and bool(getattr(hook, "calls", True))
+
+
+def _layout(*tensors):
+    """What Triton's JIT specialises a launch on beyond shapes and dtypes, per tensor (None: nothing): its shape,
+    strides, and whether its address is a multiple of 16 bytes; a plan's key holds it, so that a compiled kernel
+    launched directly (_launcher) is the one the JIT would pick."""
+    return tuple(None if x is None else (x.shape, x.stride(), x.data_ptr() % 16 == 0) for x in tensors)
 
 
 def _residual(o):

@@ -18,11 +18,23 @@ except ImportError:  # pragma: no cover - generating a Triton module reads this 
 
 AXES: dict[str, tuple] = {}  # input name -> its last two axes: a dimension's name or a size
 TANGENT_OF: tuple[str, ...] = ()  # the inputs jvp takes tangents of (and hvp directions)
+_DIMENSIONS: dict = {}  # the inputs' shapes → their dimensions (_dimensions)
 
 
 def _dimensions(*arrays):
     """The dimensions read off the arrays' last two axes (AXES's, in its order); a ValueError naming the input and
-    shapes otherwise."""
+    shapes otherwise. Read once per tuple of shapes (_DIMENSIONS; at most 256 kept), then looked up: a fresh dict."""
+    key = tuple(None if x is None else x.shape for x in arrays)
+    dims = _DIMENSIONS.get(key)
+    if dims is None:
+        if len(_DIMENSIONS) >= 256:  # shapes that change call by call: the cache stays small
+            _DIMENSIONS.clear()
+        dims = _DIMENSIONS[key] = _read_dimensions(arrays)
+    return dict(dims)
+
+
+def _read_dimensions(arrays):
+    """_dimensions' reading: each array's last two axes checked against AXES and the sizes read before."""
     dims = {}
     for (name, axes), x in zip(AXES.items(), arrays):
         if x is None:  # a bias left out
