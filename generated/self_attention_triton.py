@@ -158,7 +158,7 @@ def _layout(*tensors):
     """What Triton's JIT specialises a launch on beyond shapes and dtypes, per tensor (None: nothing): its shape,
     strides, and whether its address is a multiple of 16 bytes; a plan's key holds it, so that a compiled kernel
     launched directly (_launcher) is the one the JIT would pick."""
-    return tuple(None if x is None else (x.shape, x.stride(), x.data_ptr() % 16 == 0) for x in tensors)
+    return tuple([None if x is None else (x.shape, x.stride(), x.data_ptr() % 16 == 0) for x in tensors])
 
 
 def _residual(o):
@@ -202,9 +202,42 @@ def _run(op, launch, *args):
     """op(*args), op the custom op of launch: in an eager run on real tensors launch is called directly (the
     dispatcher's bookkeeping costs host time on every call, time a GPU waits for); under torch.compile, on fake or
     meta tensors (its fake gives the shapes) and under torch.func's transforms (vmap: its vmap rule) through the op."""
-    if torch.compiler.is_compiling() or isinstance(args[0], torch._subclasses.FakeTensor) or args[0].is_meta:
-        return op(*args)
-    return op(*args) if torch._C._are_functorch_transforms_active() else launch(*args)
+    return launch(*args) if _eager(args[0]) else op(*args)
+
+
+def _eager(x):
+    """Does a launch on operands like x run eagerly on real tensors (not under torch.compile or torch.func's
+    transforms, x not fake or meta)? Then the launch is called directly, on the operands whole (_geometry)."""
+    if torch.compiler.is_compiling() or isinstance(x, torch._subclasses.FakeTensor) or x.is_meta:
+        return False
+    return not torch._C._are_functorch_transforms_active()
+
+
+def _whole(x, batch, rows, cols):
+    """x as an eager launch takes it: itself where its batch axes are batch's (the launch reads them as one,
+    _geometry), else broadcast to (*batch, rows, cols) and flattened (_flat)."""
+    return x if x.shape[:-2] == batch else _flat(x, batch, rows, cols)
+
+
+def _geometry(x):
+    """(B·H, the batch stride, the row stride) of x read as the kernels read it, (B·H, rows, cols) with unit column
+    stride: its leading axes stepped through as one axis, where their strides allow it (a contiguous tensor, a
+    flat one, a view of heads split off the columns); None where they do not (the launch flattens x first: a
+    copy). The one stride: s with stride_i = s · Π_{j > i} size_j along every leading axis i of size > 1."""
+    *lead, _, cols = x.shape
+    strides = x.stride()
+    if cols > 1 and strides[-1] != 1:
+        return None
+    count, step = 1, 0
+    for size, stride in zip(reversed(lead), reversed(strides[:-2])):
+        if size == 1:
+            continue
+        if count == 1:
+            step = stride
+        elif stride != step * count:
+            return None
+        count *= size
+    return count, step, strides[-2]
 
 
 def _flat(x, batch, rows, cols):
@@ -309,8 +342,10 @@ def _made(grads, wanted, absent):
 
 
 def _gradient(flat, batch, like):
-    """A flat gradient (BH, rows, cols) as like's: viewed as (*batch, rows, cols), summed over the axes that like
-    broadcasts (none, the common case: the view as it is)."""
+    """A gradient as like's: one made in like's shape (an eager launch's, _whole) as it is; a flat one (BH, rows,
+    cols) viewed as (*batch, rows, cols), summed over the axes that like broadcasts."""
+    if flat.shape == like.shape:  # made in like's shape (an eager launch's, _whole)
+        return flat
     grad = flat.view(*batch, *flat.shape[-2:])
     return grad if grad.shape == like.shape else grad.sum_to_size(like.shape)
 
@@ -1052,18 +1087,23 @@ def _forward_launch(
     inner: int,
     causal: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(O, L, R) by the forward kernel: q (BH, n, d), k (BH, m, d), v (BH, m, d_v) with rows contiguous, the tiles
-    (outer, inner, n, m) views; O (BH, n, d_v), L the rows' statistic (BH, n), float32 (a softmax's in base 2, read
-    by the backward alone), and R = O₃₂ − O, O's
+    """(O, L, R) by the forward kernel: q (BH, n, d), k (BH, m, d), v (BH, m, d_v) with rows contiguous (an eager
+    launch's: whole, (…, n, d), their batch axes read as one, _geometry), the tiles (outer, inner, n, m) views; O
+    (q's shape, d_v columns), L the rows' statistic (BH, n), float32 (a softmax's in base 2, read by the backward
+    alone), and R = O₃₂ − O, O's
     rounding in O's 16-bit dtype (empty for float32: O is exact), so that D = rowsum(dO ⊙ (O + R)) reads O before its
     rounding. A custom op: torch.compile holds the launch as one node (its shapes from _forward_fake)."""
     n, dv = q.shape[-2], v.shape[-1]
     flags = tuple(t is None for t in tiles)
     layout = _layout(q, k, v, *tiles)  # (the JIT's specialisation: a direct launch's key)
     key = ("forward", q.dtype, v.dtype, q.device, causal, _precision(q), flags, layout, inner)
-    launch, constexprs, sizes = _planned(key, lambda: _forward_plan(q, k, v, tiles, inner, causal))
-    o = v.new_empty((q.shape[0], n, dv))  # (new_empty: torch.empty without its dtype and device arguments' cost)
-    lse = q.new_empty((q.shape[0], n), dtype=torch.float32)
+    plan = _planned(key, lambda: _forward_plan(q, k, v, tiles, inner, causal))
+    if not plan:  # an operand whose batch axes do not merge into one (_geometry): flattened (a copy)
+        q, k, v = (_rows(x.reshape(-1, *x.shape[-2:])) for x in (q, k, v))
+        return _forward_launch(q, k, v, tiles, coefficients, inner, causal)
+    launch, constexprs, sizes, bh = plan
+    o = v.new_empty((*q.shape[:-1], dv))  # (new_empty: torch.empty without its dtype and device arguments' cost)
+    lse = q.new_empty((bh, n), dtype=torch.float32)
     residual = o.new_empty(o.shape if constexprs["RESIDUAL"] else (0,))
     launch(
         q,
@@ -1080,16 +1120,21 @@ def _forward_launch(
 
 
 def _forward_plan(q, k, v, tiles, inner, causal):
-    """The forward kernel's launch (_launcher: its grid and constexprs), constexprs and last arguments (strides and
-    sizes) for operands like q, k, v and the tiles (made once per _planned key)."""
+    """The forward kernel's launch (_launcher: its grid and constexprs), constexprs, last arguments (strides and
+    sizes) and batch·heads for operands like q, k, v and the tiles (made once per _planned key); None where an
+    operand's batch axes do not merge into one (_geometry)."""
     n, d, m, dv = q.shape[-2], q.shape[-1], k.shape[-2], v.shape[-1]
-    strides = (*q.stride()[:2], *k.stride()[:2], *v.stride()[:2], n * dv, dv)  # (O: (BH, n, d_v))
-    sizes = (*strides, n, m, d, dv, inner, q.shape[0] // k.shape[0])
+    shapes = [_geometry(x) for x in (q, k, v)]  # (B·H, batch stride, row stride) of each
+    if None in shapes:
+        return None
+    (bh, *sq), (bh_kv, *sk), (_, *sv) = shapes
+    strides = (*sq, *sk, *sv, n * dv, dv)  # (O: q's shape but its last axis, d_v; contiguous)
+    sizes = (*strides, n, m, d, dv, inner, bh // bh_kv)
     blocks = _launch(q, d + dv, "forward")
-    grid, wide = _grid(_cdiv(n, blocks["BLOCK_M"]), q.shape[0])
+    grid, wide = _grid(_cdiv(n, blocks["BLOCK_M"]), bh)
     flags = {"CAUSAL": causal, "PRECISION": _precision(q), "WIDE": wide, "RESIDUAL": _residual(v), **_flags(tiles)}
     constexprs = {**flags, "BLOCK_D": _width(d), "BLOCK_DV": _width(dv), **blocks}
-    return _launcher(_forward_kernel, grid, constexprs, q.device), constexprs, sizes
+    return _launcher(_forward_kernel, grid, constexprs, q.device), constexprs, sizes, bh
 
 
 _forward_op = torch.library.custom_op(f"{_OPS}_forward", _forward_launch, mutates_args=())
@@ -1116,17 +1161,21 @@ def _backward_launch(
     causal: bool,
     wanted: list[bool],
 ) -> list[torch.Tensor]:
-    """[dQ, dK, dV, the n × m inputs' gradients (BH, n, m), the trainable scalars' partial sums (BH · row blocks)]
-    by the delta and backward kernels, flat as _forward_op's, an n × m gradient made only where wanted; a
+    """[dQ, dK, dV (in q's, k's and v's shapes), the n × m inputs' gradients (BH, n, m), the trainable scalars'
+    partial sums (BH · row blocks)] by the delta and backward kernels, an n × m gradient made only where wanted; a
     custom op as it is."""
-    n, d, m, dv, bh = q.shape[-2], q.shape[-1], k.shape[-2], v.shape[-1], q.shape[0]
+    n, m, bh = q.shape[-2], k.shape[-2], lse.shape[0]
     flags = (*(t is None for t in tiles), *wanted)
     layout = _layout(q, k, v, o, do, lse, residual, *tiles)  # (a direct launch's key: _launcher)
     key = ("backward", q.dtype, v.dtype, q.device, causal, _precision(q), flags, layout, inner)
     extra = {}
     plan = _planned(key, lambda: _backward_plan(q, k, v, o, do, residual, tiles, inner, causal, wanted, extra))
+    if not plan:  # an operand whose batch axes do not merge into one (_geometry): flattened (a copy)
+        q, k, v, o, do = (_rows(x.reshape(-1, *x.shape[-2:])) for x in (q, k, v, o, do))
+        arguments = (q, k, v, o, do, lse, residual, tiles, coefficients, inner, causal, wanted)
+        return _backward_launch(*arguments)
     rows, (delta_launch, delta_sizes), (launch, _, sizes) = plan
-    delta = lse.new_empty((bh, n))  # (lse: float32)
+    delta = lse.new_empty(lse.shape)  # (lse: float32, (BH, n))
     delta_launch(
         o,
         residual if residual.numel() else o,
@@ -1134,7 +1183,7 @@ def _backward_launch(
         delta,
         *delta_sizes,
     )
-    dq, dk, dv_ = q.new_empty((bh, n, d)), k.new_empty((k.shape[0], m, d)), v.new_empty((k.shape[0], m, dv))
+    dq, dk, dv_ = q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)  # (contiguous: as the kernel writes)
     tile_grads = [torch.zeros((bh, n, m), dtype=torch.float32, device=q.device) for w in wanted if w]
     sums = [torch.empty((bh * rows,), dtype=torch.float32, device=q.device) for _ in range(SCALARS)]
     launch(
@@ -1159,16 +1208,19 @@ def _backward_launch(
 def _backward_plan(q, k, v, o, do, residual, tiles, inner, causal, wanted, extra):
     """(query blocks, the delta kernel's launch (_launcher) and last arguments, the backward kernel's launch,
     constexprs and its strides and sizes) for operands like q, k, v, o, do, O's residual, the tiles and the gradients
-    wanted, extra the backward kernel's further constexprs (made once per _planned key)."""
-    n, d, m, dv, bh = q.shape[-2], q.shape[-1], k.shape[-2], v.shape[-1], q.shape[0]
-    group = bh // k.shape[0]  # query heads per key/value head (1 but grouped-query)
-    strides = (*q.stride()[:2], *k.stride()[:2], *v.stride()[:2], *do.stride()[:2])
-    sizes = (*strides, n, m, d, dv, inner, group)
+    wanted, extra the backward kernel's further constexprs (made once per _planned key); None where an operand's
+    batch axes do not merge into one (_geometry)."""
+    n, d, m, dv = q.shape[-2], q.shape[-1], k.shape[-2], v.shape[-1]
+    shapes = [_geometry(x) for x in (q, k, v, o, do)]  # (B·H, batch stride, row stride) of each
+    if None in shapes:
+        return None
+    (bh, *sq), (bh_kv, *sk), (_, *sv), (_, *so), (_, *sdo) = shapes
+    sizes = (*sq, *sk, *sv, *sdo, n, m, d, dv, inner, bh // bh_kv)  # bh // bh_kv: query heads per key/value head
     blocks = _launch(q, d + dv, "backward")
     rows = _cdiv(n, blocks["BLOCK_M"])  # the query blocks (a scalar's sums: one per query block)
     grid, wide = _grid(rows, bh)
     delta = {"WIDE": wide, "BLOCK_M": blocks["BLOCK_M"], "BLOCK_DV": _width(dv), "RESIDUAL": residual.numel() > 0}
-    delta = _launcher(_delta_kernel, grid, delta, q.device), (*o.stride()[:2], *do.stride()[:2], n, dv)
+    delta = _launcher(_delta_kernel, grid, delta, q.device), (*so, *sdo, n, dv)
     grid, wide = _grid(_cdiv(v.shape[-2], blocks["BLOCK_N"]) + rows, bh)  # the key blocks' programs, then the query's
     flags = {"CAUSAL": causal, "PRECISION": _precision(q), "WIDE": wide, **_flags(tiles)}
     widths = {"BLOCK_D": _width(d), "BLOCK_DV": _width(dv)}
@@ -1205,11 +1257,14 @@ def _forward(Q, K, V, causal, symbols, tensors):
     coefficients = _scalar_tensor(_coefficients(**symbols), Q)
     n, d, m, dv = Q.shape[-2], Q.shape[-1], K.shape[-2], V.shape[-1]
     batch, kv = _batches(Q, K, V, tiles, False)
-    q = _rows(_flat(Q, batch, n, d))
-    k, v = (_rows(_flat(x, kv, m, c)) for x, c in ((K, d), (V, dv)))
+    if _eager(Q):  # the launch called directly, on Q, K, V whole where their batch axes are the batch's
+        q, k, v = _whole(Q, batch, n, d), _whole(K, kv, m, d), _whole(V, kv, m, dv)
+    else:  # the custom op, on flat operands
+        q = _rows(_flat(Q, batch, n, d))
+        k, v = (_rows(_flat(x, kv, m, c)) for x, c in ((K, d), (V, dv)))
     tiles = [None if t is None else _tile(t, batch, n, m) for t in tiles]
     o, lse, residual = _run(_forward_op, _forward_launch, q, k, v, tiles, coefficients, _inner(batch), causal)
-    return o.view(*batch, n, dv), lse, residual
+    return (o if o.shape[:-2] == batch else o.view(*batch, n, dv)), lse, residual
 
 
 def _backward(ctx, grad, saved):
@@ -1221,9 +1276,13 @@ def _backward(ctx, grad, saved):
     n, d, m, dv = Q.shape[-2], Q.shape[-1], K.shape[-2], V.shape[-1]
     batch = O.shape[:-2]
     kv = batch
-    q = _rows(_flat(Q, batch, n, d))
-    k, v = (_rows(_flat(x, kv, m, c)) for x, c in ((K, d), (V, dv)))
-    o, do = _rows(O.reshape(-1, n, dv)), _rows(_flat(grad, batch, n, dv))
+    if _eager(Q):  # the launch called directly, on the operands whole where their batch axes are the batch's
+        q, k, v = _whole(Q, batch, n, d), _whole(K, kv, m, d), _whole(V, kv, m, dv)
+        o, do = O, _whole(grad, batch, n, dv)
+    else:  # the custom op, on flat operands
+        q = _rows(_flat(Q, batch, n, d))
+        k, v = (_rows(_flat(x, kv, m, c)) for x, c in ((K, d), (V, dv)))
+        o, do = _rows(O.reshape(-1, n, dv)), _rows(_flat(grad, batch, n, dv))
     flat = [None if t is None else _tile(t, batch, n, m) for t in tiles]
     wanted = [ctx.needs_input_grad[5 + i] for i in GRADIENT_INDEX]
     inner = _inner(batch)

@@ -274,6 +274,39 @@ def test_a_direct_launch_is_on_the_current_devices_stream_and_only_on_the_device
     assert len(kernel.launches) == 2  # the first, and the one while device 1 was current: the JIT's
 
 
+@pytest.mark.parametrize(
+    "make, expected",
+    [
+        (lambda: torch.zeros(2, 3, 5, 4), (6, 20, 4)),  # contiguous: B·H of n·d entries apart
+        (lambda: torch.zeros(3, 5, 4), (3, 20, 4)),  # flat
+        (lambda: torch.zeros(5, 4), (1, 0, 4)),  # no batch axes
+        (lambda: torch.zeros(2, 1, 5, 4), (2, 20, 4)),  # a size-1 axis: any stride
+        (lambda: torch.zeros(2, 5, 3, 4).transpose(1, 2), None),  # heads split off the columns: no one stride
+        (lambda: torch.zeros(2, 3, 4, 5).mT, None),  # columns not contiguous
+        (lambda: torch.zeros(1, 5, 4).expand(6, 5, 4), (6, 0, 4)),  # broadcast along the batch: stride 0
+        (lambda: torch.zeros(2, 3, 9, 4)[:, :, 2:7], (6, 36, 4)),  # a block of rows of each
+    ],
+)
+def test_a_tensors_batch_axes_are_read_as_one_where_their_strides_allow(make, expected):
+    x = make()
+    assert runtime_launch._geometry(x) == expected
+    if expected is not None:  # the same entries as the flattened tensor's (what the kernels read)
+        count, step, row = expected
+        flat = x.reshape(count, *x.shape[-2:])
+        assert (count == 1 or flat.stride(0) == step) and flat.stride(1) == row
+
+
+def test_an_eager_launch_takes_an_operand_whole_unless_it_is_broadcast():
+    x = torch.zeros(2, 3, 5, 4)
+    assert runtime_launch._whole(x, (2, 3), 5, 4) is x
+    broadcast = runtime_launch._whole(torch.zeros(1, 3, 5, 4), (2, 3), 5, 4)
+    assert broadcast.shape == (6, 5, 4)
+    assert runtime_launch._eager(x) and not runtime_launch._eager(x.to("meta"))
+    made = torch.zeros(2, 3, 5, 4)
+    assert runtime_launch._gradient(made, (2, 3), x) is made  # made in the input's shape: as it is
+    assert runtime_launch._gradient(torch.ones(6, 5, 4), (2, 3), torch.zeros(1, 3, 5, 4)).shape == (1, 3, 5, 4)
+
+
 def test_a_layout_holds_what_the_jit_specialises_on():
     x = torch.zeros(4, 8)
     assert runtime_launch._layout(x, None) == ((x.shape, (8, 1), True), None)

@@ -128,7 +128,7 @@ def _layout(*tensors):
     """What Triton's JIT specialises a launch on beyond shapes and dtypes, per tensor (None: nothing): its shape,
     strides, and whether its address is a multiple of 16 bytes; a plan's key holds it, so that a compiled kernel
     launched directly (_launcher) is the one the JIT would pick."""
-    return tuple(None if x is None else (x.shape, x.stride(), x.data_ptr() % 16 == 0) for x in tensors)
+    return tuple([None if x is None else (x.shape, x.stride(), x.data_ptr() % 16 == 0) for x in tensors])
 
 
 def _residual(o):
@@ -172,9 +172,42 @@ def _run(op, launch, *args):
     """op(*args), op the custom op of launch: in an eager run on real tensors launch is called directly (the
     dispatcher's bookkeeping costs host time on every call, time a GPU waits for); under torch.compile, on fake or
     meta tensors (its fake gives the shapes) and under torch.func's transforms (vmap: its vmap rule) through the op."""
-    if torch.compiler.is_compiling() or isinstance(args[0], torch._subclasses.FakeTensor) or args[0].is_meta:
-        return op(*args)
-    return op(*args) if torch._C._are_functorch_transforms_active() else launch(*args)
+    return launch(*args) if _eager(args[0]) else op(*args)
+
+
+def _eager(x):
+    """Does a launch on operands like x run eagerly on real tensors (not under torch.compile or torch.func's
+    transforms, x not fake or meta)? Then the launch is called directly, on the operands whole (_geometry)."""
+    if torch.compiler.is_compiling() or isinstance(x, torch._subclasses.FakeTensor) or x.is_meta:
+        return False
+    return not torch._C._are_functorch_transforms_active()
+
+
+def _whole(x, batch, rows, cols):
+    """x as an eager launch takes it: itself where its batch axes are batch's (the launch reads them as one,
+    _geometry), else broadcast to (*batch, rows, cols) and flattened (_flat)."""
+    return x if x.shape[:-2] == batch else _flat(x, batch, rows, cols)
+
+
+def _geometry(x):
+    """(B·H, the batch stride, the row stride) of x read as the kernels read it, (B·H, rows, cols) with unit column
+    stride: its leading axes stepped through as one axis, where their strides allow it (a contiguous tensor, a
+    flat one, a view of heads split off the columns); None where they do not (the launch flattens x first: a
+    copy). The one stride: s with stride_i = s · Π_{j > i} size_j along every leading axis i of size > 1."""
+    *lead, _, cols = x.shape
+    strides = x.stride()
+    if cols > 1 and strides[-1] != 1:
+        return None
+    count, step = 1, 0
+    for size, stride in zip(reversed(lead), reversed(strides[:-2])):
+        if size == 1:
+            continue
+        if count == 1:
+            step = stride
+        elif stride != step * count:
+            return None
+        count *= size
+    return count, step, strides[-2]
 
 
 def _flat(x, batch, rows, cols):
@@ -279,8 +312,10 @@ def _made(grads, wanted, absent):
 
 
 def _gradient(flat, batch, like):
-    """A flat gradient (BH, rows, cols) as like's: viewed as (*batch, rows, cols), summed over the axes that like
-    broadcasts (none, the common case: the view as it is)."""
+    """A gradient as like's: one made in like's shape (an eager launch's, _whole) as it is; a flat one (BH, rows,
+    cols) viewed as (*batch, rows, cols), summed over the axes that like broadcasts."""
+    if flat.shape == like.shape:  # made in like's shape (an eager launch's, _whole)
+        return flat
     grad = flat.view(*batch, *flat.shape[-2:])
     return grad if grad.shape == like.shape else grad.sum_to_size(like.shape)
 
