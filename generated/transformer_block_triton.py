@@ -260,16 +260,11 @@ def _grid(blocks, bh):
     return ((bh, blocks) if wide else (blocks, bh)), wide
 
 
-def _run(op, launch, *args):
-    """op(*args), op the custom op of launch: in an eager run on real tensors launch is called directly (the
-    dispatcher's bookkeeping costs host time on every call, time a GPU waits for); under torch.compile, on fake or
-    meta tensors (its fake gives the shapes) and under torch.func's transforms (vmap: its vmap rule) through the op."""
-    return launch(*args) if _eager(args[0]) else op(*args)
-
-
 def _eager(x):
     """Does a launch on operands like x run eagerly on real tensors (not under torch.compile or torch.func's
-    transforms, x not fake or meta)? Then the launch is called directly, on the operands whole (_geometry)."""
+    transforms, x not fake or meta)? Then the launch function is called directly, on the operands whole (_geometry):
+    the custom op's dispatch costs host time on every call, time a GPU waits for. Else through the custom op
+    (torch.compile holds it as one node, its fake gives the shapes; under vmap its vmap rule), on flat operands."""
     if torch.compiler.is_compiling() or isinstance(x, torch._subclasses.FakeTensor) or x.is_meta:
         return False
     return not torch._C._are_functorch_transforms_active()
@@ -1434,11 +1429,13 @@ def _forward(Q, K, V, causal, symbols, tensors):
     batch, kv = _batches(Q, K, V, tiles, False)
     if _eager(Q):  # the launch called directly, on Q, K, V whole where their batch axes are the batch's
         q, k, v = _whole(Q, batch, n, d), _whole(K, kv, m, d), _whole(V, kv, m, dv)
-    else:  # the custom op, on flat operands
+        run = _forward_launch
+    else:  # the custom op (torch.compile, torch.func's transforms, fake tensors), on flat operands
         q = _rows(_flat(Q, batch, n, d))
         k, v = (_rows(_flat(x, kv, m, c)) for x, c in ((K, d), (V, dv)))
+        run = _forward_op
     tiles = [None if t is None else _tile(t, batch, n, m) for t in tiles]
-    o, lse, residual = _run(_forward_op, _forward_launch, q, k, v, tiles, coefficients, _inner(batch), causal)
+    o, lse, residual = run(q, k, v, tiles, coefficients, _inner(batch), causal)
     return (o if o.shape[:-2] == batch else o.view(*batch, n, dv)), lse, residual
 
 
@@ -1453,16 +1450,16 @@ def _backward(ctx, grad, saved):
     kv = batch
     if _eager(Q):  # the launch called directly, on the operands whole where their batch axes are the batch's
         q, k, v = _whole(Q, batch, n, d), _whole(K, kv, m, d), _whole(V, kv, m, dv)
-        o, do = O, _whole(grad, batch, n, dv)
-    else:  # the custom op, on flat operands
+        o, do, run = O, _whole(grad, batch, n, dv), _backward_launch
+    else:  # the custom op (torch.compile, torch.func's transforms: vmap's rule), on flat operands
         q = _rows(_flat(Q, batch, n, d))
         k, v = (_rows(_flat(x, kv, m, c)) for x, c in ((K, d), (V, dv)))
-        o, do = _rows(O.reshape(-1, n, dv)), _rows(_flat(grad, batch, n, dv))
+        o, do, run = _rows(O.reshape(-1, n, dv)), _rows(_flat(grad, batch, n, dv)), _backward_op
     flat = [None if t is None else _tile(t, batch, n, m) for t in tiles]
     wanted = [ctx.needs_input_grad[5 + i] for i in GRADIENT_INDEX]
     inner = _inner(batch)
     arguments = (q, k, v, o, do, lse, residual, flat, coefficients, inner, ctx.causal, wanted)
-    dq, dk, dv_, *rest = _run(_backward_op, _backward_launch, *arguments)
+    dq, dk, dv_, *rest = run(*arguments)
     made = iter(zip(_made(rest[: wanted.count(True)], wanted, None), wanted))
     sums = rest[wanted.count(True) :]
     grads = [_gradient(dq, batch, Q), _gradient(dk, kv, K), _gradient(dv_, kv, V), None, None]

@@ -168,16 +168,11 @@ def _grid(blocks, bh):
     return ((bh, blocks) if wide else (blocks, bh)), wide
 
 
-def _run(op, launch, *args):
-    """op(*args), op the custom op of launch: in an eager run on real tensors launch is called directly (the
-    dispatcher's bookkeeping costs host time on every call, time a GPU waits for); under torch.compile, on fake or
-    meta tensors (its fake gives the shapes) and under torch.func's transforms (vmap: its vmap rule) through the op."""
-    return launch(*args) if _eager(args[0]) else op(*args)
-
-
 def _eager(x):
     """Does a launch on operands like x run eagerly on real tensors (not under torch.compile or torch.func's
-    transforms, x not fake or meta)? Then the launch is called directly, on the operands whole (_geometry)."""
+    transforms, x not fake or meta)? Then the launch function is called directly, on the operands whole (_geometry):
+    the custom op's dispatch costs host time on every call, time a GPU waits for. Else through the custom op
+    (torch.compile holds it as one node, its fake gives the shapes; under vmap its vmap rule), on flat operands."""
     if torch.compiler.is_compiling() or isinstance(x, torch._subclasses.FakeTensor) or x.is_meta:
         return False
     return not torch._C._are_functorch_transforms_active()
