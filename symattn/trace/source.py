@@ -55,6 +55,9 @@ class Traced:
     # arguments' transpose(0, 1) and transposes its output back (torch's batch_first=False attention)
     sequence_first: tuple[bool, bool] = (False, False)
     mask: str | None = None  # the spec's additive mask constant, by name (``split_constants``): the drop-in batches it
+    # the parameters read per head as tables, by position in arguments + parameters: (H, a, b), each head's first a
+    # rows and b columns laid out a × (H·b) (``forms.head_parameters.spec_layout``)
+    layouts: dict[int, tuple[int, int, int]] = field(default_factory=dict)
 
 
 def block_sources(traced: Traced) -> dict[str, tuple[str, int, int, int]]:
@@ -85,10 +88,16 @@ def spec_tensors(traced: Traced, tensors: list, offset: int = 0) -> list:
     """The spec's input tensors from the traced inputs' (the arguments', then the parameters', in order; the first
     given at position offset): one read in blocks as its blocks, views of it (``narrow``), so that autograd hands
     its gradient back whole; a 3-D argument of a sequence-first trace as its transpose(0, 1), (B, n, c))."""
+    from symattn.trace.forms.head_parameters import spec_layout
+
     out: list = []
     for i, x in enumerate(tensors, offset):
         if traced.sequence_first[0] and i < len(traced.arguments) and x.ndim == 3:
             x = x.transpose(0, 1)
+        if i in traced.layouts:
+            x = spec_layout(x, traced.layouts[i])
+        elif i >= len(traced.arguments) and x.ndim > 2:  # a parameter (1, …, 1, r, c): its matrix; (unused) its first
+            x = x.reshape(x.shape[-2:]) if x.shape[:-2].numel() == 1 else x[(0,) * (x.ndim - 2)]
         out.extend([x.narrow(axis, a, b - a) for axis, a, b in traced.views[i]] if i in traced.views else [x])
     return out
 
@@ -203,7 +212,7 @@ def _trace(
     ranges = {names.index(n): tuple((b.axis, b.start, b.stop) for b in blocks) for n, blocks in views.items()}
     params_ = tuple(p for p, _ in params)
     traced = Traced(spec, t.program, t.constants, tuple(arguments), params_, shapes, tuple(demoted), tuple(t.upcast))
-    traced.views = ranges
+    traced.views, traced.layouts = ranges, {names.index(n): layout for n, layout in t.head_layouts.items()}
     traced.sequence_first = (sequence_first, output.pending == "seq_first")
     from symattn.codegen.schedule.build import split_constants  # (codegen loads only when a trace needs it)
 
@@ -218,7 +227,8 @@ def _shared(t: Trace, params: list, output: Basic) -> set:
     used = output.free_symbols if hasattr(output, "free_symbols") else set()
     symbols = dict(t.inputs)
     for pname, p in params:
-        if p.ndim > 2 and p.shape[:-2].numel() > 1 and symbols.get(_own_name(pname.replace(".", "_"))) in used:
+        name = _own_name(pname.replace(".", "_"))
+        if p.ndim > 2 and p.shape[:-2].numel() > 1 and name not in t.head_layouts and symbols.get(name) in used:
             raise SymattnError(
                 f"from_torch: the parameter {pname} of shape {tuple(p.shape)} has leading axes: a parameter is one "
                 "matrix shared by every sequence and head (one constant per sequence is a buffer)"

@@ -97,6 +97,7 @@ class Trace:
     read: dict[int, Basic] = field(default_factory=dict)  # the matrix lengths the code read (size, shape), by value
     dtype: torch.dtype = torch.float32  # the first floating input's: the precision the traced code runs at
     drawn: set = field(default_factory=set)  # the dropout masks made (``layout.drawn``): one per draw
+    head_layouts: dict = field(default_factory=dict)  # parameters read per head, by name: (H, a, b) (forms.head_…)
 
     def __post_init__(self) -> None:
         self.dims = Dims(self._substitute)
@@ -248,11 +249,9 @@ class Trace:
 
     def number(self, obj: object) -> Basic:
         """A number operand that is no dimension's expression (eps, a fill value)."""
-        if isinstance(obj, torch.Tensor):
-            if self.traced(obj):
-                raise Refused("a traced tensor where a fixed number is expected")
-            obj = obj.item()
-        return literal(obj)
+        if isinstance(obj, torch.Tensor) and self.traced(obj):
+            raise Refused("a traced tensor where a fixed number is expected")
+        return literal(obj.item() if isinstance(obj, torch.Tensor) else obj)
 
     # names
 
