@@ -58,6 +58,7 @@ class Traced:
     # the parameters read per head as tables, by position in arguments + parameters: (H, a, b), each head's first a
     # rows and b columns laid out a × (H·b) (``forms.head_parameters.spec_layout``)
     layouts: dict[int, tuple[int, int, int]] = field(default_factory=dict)
+    heads_first: int | None = None  # H: the float arguments (…, H, n, d) are split_heads(X, H) of X (…, n, H·d)
 
 
 def block_sources(traced: Traced) -> dict[str, tuple[str, int, int, int]]:
@@ -94,6 +95,8 @@ def spec_tensors(traced: Traced, tensors: list, offset: int = 0) -> list:
     for i, x in enumerate(tensors, offset):
         if traced.sequence_first[0] and i < len(traced.arguments) and x.ndim == 3:
             x = x.transpose(0, 1)
+        if traced.heads_first and i < len(traced.arguments) and x.ndim > 2 and x.shape[-3] == traced.heads_first:
+            x = x.transpose(-3, -2).flatten(-2)  # (…, H, n, d) → (…, n, H·d), the spec's X
         if i in traced.layouts:
             x = spec_layout(x, traced.layouts[i])
         elif i >= len(traced.arguments) and x.ndim > 2:  # a parameter (1, …, 1, r, c): its matrix; (unused) its first
@@ -111,18 +114,21 @@ def trace(fn, examples: tuple, name: str | None = None) -> Traced:
     """Run fn on the examples under the tracer and build the spec (see the module docstring); again, with a float
     argument a constant, when the code adds that argument as it is to per-head values (or slices it): an additive
     mask (``tracer.MaskArgument``)."""
+    from symattn.trace.forms.head_parameters import HeadsFirst
     from symattn.trace.tracer import MaskArgument, SequenceFirst
 
     masks: set[str] = set()
-    first = False  # sequence first (tracer.SequenceFirst)
+    first, heads = False, None  # sequence first (tracer.SequenceFirst); heads first (head_parameters.HeadsFirst)
     refusals: list[SymattnError] = []  # a slice's: the error to give if the sliced argument is no mask after all
     tentative: set[str] = set()  # added to another such argument: masks unless their sum is used otherwise
     inputs: set[str] = set()  # tried as masks and used otherwise: inputs, never again masks
     while True:
         try:
-            return _trace(fn, examples, name, masks, inputs, first)
+            return _trace(fn, examples, name, masks, inputs, first, heads)
         except SequenceFirst:
             first = True
+        except HeadsFirst as signal:
+            heads = signal.heads
         except MaskArgument as signal:
             if signal.name in masks:  # (a constant is never traced: it cannot signal twice)
                 raise SymattnError(f"from_torch: the mask argument {signal.name} is traced") from None
@@ -146,13 +152,16 @@ def _trace(
     masks: set[str],
     inputs: set[str] = frozenset(),
     sequence_first: bool = False,
+    heads: int | None = None,
 ) -> Traced:
     """One trace, the float arguments named in masks constants (additive masks), the others inputs (those named in
-    inputs never tried as masks); sequence_first: the 3-D float arguments (n, B, c)."""
+    inputs never tried as masks); sequence_first: the 3-D float arguments (n, B, c); heads: H, the float arguments
+    (…, H, n, d) already split into heads (``forms.head_parameters.HeadsFirst``)."""
     import torch
 
     from symattn.trace.constants import Ref
     from symattn.trace.forms import shift
+    from symattn.trace.forms.head_parameters import merged, split_arguments
     from symattn.trace.state import state_kept
     from symattn.trace.table import OPS, PER_TOKEN
     from symattn.trace.tracer import Mode, NameTaker, Trace
@@ -165,8 +174,9 @@ def _trace(
         bound = inspect.signature(forward).bind(*examples)
     except TypeError as err:
         raise SymattnError(f"from_torch: the examples do not fit {_qualname(fn)}: {err}") from None
-    t = Trace(ops=OPS, follow=shift.follow, per_token=PER_TOKEN, sequence_first=sequence_first)
+    t = Trace(ops=OPS, follow=shift.follow, per_token=PER_TOKEN, sequence_first=sequence_first, heads_first=heads)
     arguments, demoted = _arguments(t, bound.arguments, masks, inputs)
+    split_arguments(t, bound.arguments, arguments)
     params = list(module.named_parameters()) if module is not None else []
     for pname, p in params:
         t.add_input(_own_name(pname.replace(".", "_")), p)
@@ -180,7 +190,7 @@ def _trace(
         raise SymattnError(f"from_torch: {_qualname(fn)} returns a {type(out).__name__}; trace one returning a tensor")
     if not t.traced(out):
         raise SymattnError(f"from_torch: the output of {_qualname(fn)} does not depend on its float inputs")
-    output = _output(fn, t.values[id(out)], sequence_first)
+    output = _output(fn, merged(t, t.values[id(out)]), sequence_first)
     used = _shared(t, params, output.expr)
     t.constants = [c for c in t.constants if c.symbol in used]  # (a slice's S merged into a rotation R: gone)
     first = t.inputs[0][0] if t.inputs else ""
@@ -195,16 +205,8 @@ def _trace(
                 )
     _order_constants(t)
     rename = _dimension_names(t, {_own_name(p) for p in arguments}, first)
-    spec = _spec(
-        t,
-        output,
-        rename,
-        name or _snake(_qualname(fn)),
-        fn,
-        [_own_name(p.replace(".", "_")) for p, _ in params],
-        examples,
-        views,
-    )
+    own = [_own_name(p.replace(".", "_")) for p, _ in params]
+    spec = _spec(t, output, rename, name or _snake(_qualname(fn)), fn, own, examples, views)
     for c in t.constants:
         c.symbol = c.symbol.xreplace(rename)
     shapes = tuple(tuple(e.shape) if isinstance(e, torch.Tensor) else None for e in examples)
@@ -213,7 +215,7 @@ def _trace(
     params_ = tuple(p for p, _ in params)
     traced = Traced(spec, t.program, t.constants, tuple(arguments), params_, shapes, tuple(demoted), tuple(t.upcast))
     traced.views, traced.layouts = ranges, {names.index(n): layout for n, layout in t.head_layouts.items()}
-    traced.sequence_first = (sequence_first, output.pending == "seq_first")
+    traced.sequence_first, traced.heads_first = (sequence_first, output.pending == "seq_first"), heads
     from symattn.codegen.schedule.build import split_constants  # (codegen loads only when a trace needs it)
 
     additive, _ = split_constants(spec)

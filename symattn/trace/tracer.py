@@ -80,6 +80,7 @@ class Trace:
     follow: Callable | None = None
     per_token: dict = field(default_factory=dict)  # table.PER_TOKEN: the operations read sequence first, too
     sequence_first: bool = False  # the 3-D float arguments are (n, B, c) (torch's batch_first=False attention)
+    heads_first: int | None = None  # H: the float arguments (…, H, n, d) are already split into H heads
     kept: list[object] = field(default_factory=list)  # every tensor seen, alive: ids stay unique
     known: dict[int, Value] = field(default_factory=dict)  # the inputs' and constants' own values (alive), by id
     # the forward's bool tensor arguments (by id): their names, in argument order, and the first input's batch axes;

@@ -59,6 +59,14 @@ class Gated(torch.nn.Module):
         return (torch.softmax(s, -1) @ v).transpose(1, 2).reshape(B, n, H * D)
 
 
+class HeadsGiven(Gated):
+    """The same over arguments given split into heads, (B, H, n, d) (/tmp/gate.py's), returning (B, H, n, d)."""
+
+    def forward(self, q, k, v):
+        s = FORMS[self.form](self, q @ k.transpose(-1, -2), q.shape[-2], k.shape[-2])
+        return torch.softmax(s, -1) @ v
+
+
 def _qkv(batch: int, n: int, m: int, seed: int) -> tuple:
     g = torch.Generator().manual_seed(seed)
     return tuple(torch.randn(batch, length, H * D, generator=g, dtype=torch.float64) for length in (n, m, m))
@@ -112,6 +120,32 @@ def test_the_drop_in_matches_torch_autograd_at_another_length(dropped):
         assert grad[..., :7, :cols].abs().min() > 0
 
 
+@pytest.mark.parametrize("form", ["view", "arange_index", "temperature", "table", "table_4d"])
+def test_arguments_given_split_into_heads_are_read_as_heads(form):
+    """(B, H, n, d) arguments meeting a parameter read per head: traced again with them split_heads(X, H) of X,
+    n × (H·d), which the drop-in hands the generated code ((B, n, H·d)), the output split back (B, H, n, d)."""
+    torch.manual_seed(0)
+    original = HeadsGiven(form)
+    module = copy.deepcopy(original)
+
+    def split(x):
+        return x.view(*x.shape[:2], H, D).transpose(1, 2)
+
+    closed = drop_in(module, *(split(x) for x in _qkv(2, 5, 5, 0)), second_order=False)
+    q = closed.spec.inputs[0]
+    assert str(q.shape[0]) == "n" and (q.shape[1] / H).is_Symbol and closed.spec.constants == ()  # n × (H·d_q)
+    args = tuple(split(x).requires_grad_() for x in _qkv(3, 7, 7, 1))
+    leaves = tuple(x.detach().requires_grad_() for x in args)
+    out, want = module(*args), original(*leaves)
+    assert out.shape == want.shape == (3, H, 7, D) and (out - want).abs().max() <= 1e-12
+    cotangent = torch.randn_like(want)
+    got = torch.autograd.grad(out, [*args, *module.parameters()], cotangent, allow_unused=True)
+    ref = torch.autograd.grad(want, [*leaves, *original.parameters()], cotangent, allow_unused=True)
+    for a, b in zip(got, ref):
+        if b is not None:
+            assert (a - b).abs().max() <= 1e-12 * max(b.abs().max(), 1.0)
+
+
 @pytest.mark.parametrize("form", sorted(TABLES))
 def test_the_drop_in_beyond_the_table_fails_in_one_line(form):
     torch.manual_seed(0)
@@ -160,14 +194,16 @@ def test_a_learned_per_key_bias_of_leading_ones_drops_in():
     assert got.shape == (1, 1, 1, 5) and (got - ref).abs().max() <= 1e-12
 
 
-@pytest.mark.parametrize("form", ["view", "temperature", "table", "table_4d"])
+@pytest.mark.parametrize("form", ["view", "temperature", "table", "table_4d", "heads_given_table"])
 def test_the_drop_in_routed_to_the_triton_kernels_gives_the_torch_ops_values(form, monkeypatch):
     from triton_rendered import interpreted  # noqa: F401  (skips without triton or the interpreter)
 
     torch.manual_seed(0)
-    module = Gated(form)
-    closed = ClosedForm(module, _qkv(2, 5, 5, 0), second_order=False)
-    args = _qkv(2, 6, 6, 1)
+    given = form.startswith("heads_given_")
+    module = HeadsGiven(form.removeprefix("heads_given_")) if given else Gated(form)
+    lay = (lambda x: x.view(*x.shape[:2], H, D).transpose(1, 2)) if given else (lambda x: x)
+    closed = ClosedForm(module, tuple(map(lay, _qkv(2, 5, 5, 0))), second_order=False)
+    args = tuple(map(lay, _qkv(2, 6, 6, 1)))
 
     def step(dtype) -> list:
         module.to(dtype)

@@ -30,7 +30,7 @@ import torch
 from sympy import MatrixSymbol
 
 from symattn.errors import SymattnError
-from symattn.lang.ops import split_heads
+from symattn.lang.ops import merge_heads, split_heads
 from symattn.lang.positions import entries
 from symattn.trace.tracer import Trace
 from symattn.trace.values import Refused, Value
@@ -38,6 +38,8 @@ from symattn.trace.values import Refused, Value
 HEAD = sp.Symbol("h", integer=True, nonnegative=True)  # the head in a per-head formula f(h)
 VIEW = "head_parameter"  # Value.layout[0] of a 1-D parameter's view on the way to its heads' axis: (VIEW, p, name)
 READ = "per_head_read"  # Value.layout[0] of a value per head (N = M = 1): (READ, f(h)), made at any rows and cols
+TABLE = "per_head_table"  # Value.layout[0] of a per-head table's read: (TABLE,)
+TAGS = (READ, TABLE)
 
 
 def canonical(p: torch.Tensor) -> tuple[int, int, int] | None:
@@ -114,7 +116,7 @@ def _per_head(t: Trace, p: torch.Tensor, name: str, cut: tuple[int, int], shape:
         return Value(expr, shape, heads, layout=(READ, formula))
     lengths = tuple(_length(t, size, full, name) for size, full in zip(cut, (rows, cols)))
     symbol = _relaid(t, p, name, lengths, (heads, *cut))
-    return Value(split_heads(symbol, heads), shape, heads)
+    return Value(split_heads(symbol, heads), shape, heads, layout=(TABLE,))
 
 
 def _length(t: Trace, size: int, full: int, name: str) -> sp.Basic:
@@ -172,8 +174,58 @@ def folded(v: Value, record: type) -> Value | None:
 
 def operand(t: Trace, tensor: object, other: object) -> None:
     """A parameter with a heads axis meeting per-head values as it is ((H, 1, 1), (1, H, n, m)): bound to its
-    per-head read (``read``), so that every later use reads it so."""
-    if isinstance(tensor, torch.nn.Parameter) and t.traced(other) and t.values[id(other)].heads is not None:
-        found = read(t, tensor, tensor)
-        if found is not None and found.heads is not None:
+    per-head read (``read``), so that every later use reads it so. A read per head (or such a parameter) meeting
+    values whose axis −3 of H entries is a batch axis of the arguments (they were given split into heads, (B, H, n,
+    d)): the signal to trace again with the arguments read as heads (``HeadsFirst``)."""
+    if not t.traced(other) or not isinstance(tensor, torch.Tensor):
+        return
+    met = t.values[id(other)]
+    if t.traced(tensor) and t.values[id(tensor)].layout is not None and t.values[id(tensor)].layout[0] in TAGS:
+        heads = t.values[id(tensor)].heads
+    elif isinstance(tensor, torch.nn.Parameter) and (found := read(t, tensor, tensor)) is not None and found.heads:
+        heads = found.heads
+        if met.heads is not None:
             t.bind(tensor, found)
+    else:
+        return
+    batched = met.heads is None and len(met.shape) >= 3 and met.shape[-3] == heads
+    if batched and t.heads_first is None:
+        raise HeadsFirst(heads)
+
+
+class HeadsFirst(Exception):  # a signal to trace again, not an error
+    """A parameter read per head met values whose axis −3 is a batch axis of H entries: the forward's arguments were
+    given split into heads, (…, H, n, d). Traced again with each float argument of H entries there read as the
+    per-head value split_heads(X, H) of X, n × (H·d) (``split_arguments``), and the per-head output merged back
+    (``merged``): generated code takes (…, n, H·d), and the drop-in hands it the arguments so and the output back."""
+
+    def __init__(self, heads: int) -> None:
+        super().__init__(heads)
+        self.heads = heads
+
+
+def split_arguments(t: Trace, bound: dict, arguments: list[str]) -> None:
+    """With t.heads_first = H: each float argument input (…, H, n, d) is the spec's X of n × (H·d), its value
+    split_heads(X, H); the batch axes those before the heads."""
+    heads = t.heads_first
+    if heads is None:
+        return
+    for k, pname in enumerate(arguments):
+        x = bound[pname]
+        if x.ndim < 3 or x.shape[-3] != heads:
+            continue
+        name, symbol = t.inputs[k]
+        wide = MatrixSymbol(name, symbol.rows, heads * symbol.cols)
+        t.inputs[k] = (name, wide)
+        value = t.bind(x, Value(split_heads(wide, heads), tuple(x.shape), heads))
+        t.known[id(value)] = value
+        if k == 0:
+            t.batch = tuple(x.shape[:-3])
+
+
+def merged(t: Trace, output: Value) -> Value:
+    """The output of a trace with its arguments split into heads (``HeadsFirst``): per head (…, H, n, d_v), merged
+    to the spec's n × (H·d_v) (the drop-in splits generated code's output back); any other as it is."""
+    if t.heads_first is None or output.heads != t.heads_first or output.pending is not None:
+        return output
+    return Value(merge_heads(output.expr, output.heads), output.shape)
