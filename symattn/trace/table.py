@@ -151,6 +151,6 @@ OPS.update(
 )
 
 # a parameter with a heads axis lined up with the heads, or cut to lengths, by any of these: read per head first
-OPS.update({name: head_parameters.first(OPS[name]) for name in ("view", "reshape", "__getitem__", "unsqueeze")})
+OPS.update({name: head_parameters.first(OPS[name], name) for name in ("view", "reshape", "__getitem__", "unsqueeze")})
 
 PER_TOKEN = _per_token(OPS)

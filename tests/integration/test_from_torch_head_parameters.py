@@ -167,6 +167,35 @@ def test_a_table_cut_to_a_number_no_size_is_refused_in_one_line():
         sa.from_torch(Fixed("table"), *_qkv(2, 5, 5, 0))
 
 
+@pytest.mark.parametrize(
+    "read",
+    [
+        lambda p, n: p.table[:, 1 : n + 1, :n],  # shifted: not the table's first n rows
+        lambda p, n: p.table[:, :n, :n][torch.tensor([1, 0])],  # the heads permuted
+        lambda p, n: p.gate[torch.tensor([1, 0])][:, None, None],
+        lambda p, n: p.table[:, : 2 * n : 2, :n],  # every second row
+    ],
+    ids=["shifted", "heads_permuted", "gate_permuted", "strided"],
+)
+def test_a_read_out_of_order_is_refused_even_where_its_values_match(read):
+    """Parameters initialised to zeros: every cut reads the same values at the example, so only the index's own form
+    tells the table's first rows from others; one out of order is refused (as any indexing of a traced tensor)."""
+
+    class Zeros(Gated):
+        def forward(self, q, k, v):
+            B, n, _ = q.shape
+            q, k, v = (x.view(B, n, H, D).transpose(1, 2) for x in (q, k, v))
+            s = q @ k.transpose(-1, -2) + read(self, n)
+            return (torch.softmax(s, -1) @ v).transpose(1, 2).reshape(B, n, H * D)
+
+    module = Zeros("table")
+    with torch.no_grad():
+        module.table.zero_()
+        module.gate.zero_()
+    with pytest.raises(SymattnError, match=r"cannot trace __getitem__"):
+        sa.from_torch(module, *_qkv(2, 3, 3, 0))
+
+
 def test_a_learned_per_key_bias_of_leading_ones_drops_in():
     """A parameter (1, 1, 1, m) added to the scores (B, n, m): the spec's 1 × m row, which the drop-in passes as its
     matrix (a view: its gradient reaches the parameter)."""

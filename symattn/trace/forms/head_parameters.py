@@ -61,15 +61,37 @@ def spec_layout(p: torch.Tensor, layout: tuple[int, int, int]):
     return p.reshape(heads, n, m)[:, :a, :b].transpose(0, 1).reshape(a, heads * b)
 
 
-def first(rule):
-    """A layout rule (view, reshape, [...], unsqueeze) that reads a parameter per head first (``read``)."""
+def first(rule, name: str):
+    """A layout rule (view, reshape, [...], unsqueeze: each keeps the entries' order, an index only as ``_in_order``
+    says) that reads a parameter per head first (``read``)."""
 
     def wrapped(t: Trace, args: tuple, kwargs: dict, result) -> Value:
-        found = read(t, args[0], result) if isinstance(result, torch.Tensor) else None
+        ordered = name != "__getitem__" or _in_order(args[1])
+        found = read(t, args[0], result) if ordered and isinstance(result, torch.Tensor) else None
         return found if found is not None else rule(t, args, kwargs, result)
 
     wrapped.__doc__ = rule.__doc__
     return wrapped
+
+
+def _in_order(index: object) -> bool:
+    """Whether an index keeps the entries it takes in their order, each axis from its start: new axes (None), ``...``,
+    slices from 0 with step 1, and an integer index 0, 1, …, k − 1 (``gate[torch.arange(H)]``). The read's values are
+    then checked against the parameter's at the example (``read``); a permutation, a shifted slice or a step is not
+    read per head, whatever its values at the example (a parameter initialised to zeros reads the same either way)."""
+    for item in index if isinstance(index, tuple) else (index,):
+        if isinstance(item, slice):
+            if item.start not in (None, 0) or item.step not in (None, 1):
+                return False
+        elif isinstance(item, (torch.Tensor, list)):
+            taken = torch.as_tensor(item)
+            if taken.ndim != 1 or taken.is_floating_point() or taken.dtype == torch.bool:
+                return False
+            if not torch.equal(taken.cpu(), torch.arange(len(taken), dtype=taken.dtype)):
+                return False
+        elif item is not None and item is not Ellipsis:
+            return False
+    return True
 
 
 def _source(t: Trace, tensor: object) -> tuple[torch.Tensor, str] | None:
