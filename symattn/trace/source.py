@@ -59,6 +59,7 @@ class Traced:
     # rows and b columns laid out a × (H·b) (``forms.head_parameters.spec_layout``)
     layouts: dict[int, tuple[int, int, int]] = field(default_factory=dict)
     heads_first: int | None = None  # H: the float arguments (…, H, n, d) are split_heads(X, H) of X (…, n, H·d)
+    split_output: bool = False  # the output is per head (…, H, n, d_v): the drop-in splits generated code's back
 
 
 def block_sources(traced: Traced) -> dict[str, tuple[str, int, int, int]]:
@@ -216,6 +217,7 @@ def _trace(
     traced = Traced(spec, t.program, t.constants, tuple(arguments), params_, shapes, tuple(demoted), tuple(t.upcast))
     traced.views, traced.layouts = ranges, {names.index(n): layout for n, layout in t.head_layouts.items()}
     traced.sequence_first, traced.heads_first = (sequence_first, output.pending == "seq_first"), heads
+    traced.split_output = output.layout == ("merged_heads",)  # (head_parameters.merged)
     from symattn.codegen.schedule.build import split_constants  # (codegen loads only when a trace needs it)
 
     additive, _ = split_constants(spec)

@@ -60,11 +60,17 @@ class Gated(torch.nn.Module):
 
 
 class HeadsGiven(Gated):
-    """The same over arguments given split into heads, (B, H, n, d) (/tmp/gate.py's), returning (B, H, n, d)."""
+    """The same over arguments given split into heads, (B, H, n, d) (/tmp/gate.py's), returning (B, H, n, d), or
+    (merged) its heads merged by the code, (B, n, H·d)."""
+
+    def __init__(self, form: str, merged: bool = False) -> None:
+        super().__init__(form)
+        self.merged = merged
 
     def forward(self, q, k, v):
         s = FORMS[self.form](self, q @ k.transpose(-1, -2), q.shape[-2], k.shape[-2])
-        return torch.softmax(s, -1) @ v
+        out = torch.softmax(s, -1) @ v
+        return out.transpose(1, 2).flatten(-2) if self.merged else out
 
 
 def _qkv(batch: int, n: int, m: int, seed: int) -> tuple:
@@ -120,12 +126,14 @@ def test_the_drop_in_matches_torch_autograd_at_another_length(dropped):
         assert grad[..., :7, :cols].abs().min() > 0
 
 
-@pytest.mark.parametrize("form", ["view", "arange_index", "temperature", "table", "table_4d"])
+@pytest.mark.parametrize("form", ["view", "arange_index", "temperature", "table", "table_4d", "merged_view"])
 def test_arguments_given_split_into_heads_are_read_as_heads(form):
     """(B, H, n, d) arguments meeting a parameter read per head: traced again with them split_heads(X, H) of X,
-    n × (H·d), which the drop-in hands the generated code ((B, n, H·d)), the output split back (B, H, n, d)."""
+    n × (H·d), which the drop-in hands the generated code ((B, n, H·d)), the output split back (B, H, n, d) where
+    the code returns it per head."""
     torch.manual_seed(0)
-    original = HeadsGiven(form)
+    merged = form.startswith("merged_")
+    original = HeadsGiven(form.removeprefix("merged_"), merged)
     module = copy.deepcopy(original)
 
     def split(x):
@@ -137,7 +145,8 @@ def test_arguments_given_split_into_heads_are_read_as_heads(form):
     args = tuple(split(x).requires_grad_() for x in _qkv(3, 7, 7, 1))
     leaves = tuple(x.detach().requires_grad_() for x in args)
     out, want = module(*args), original(*leaves)
-    assert out.shape == want.shape == (3, H, 7, D) and (out - want).abs().max() <= 1e-12
+    assert out.shape == want.shape == ((3, 7, H * D) if merged else (3, H, 7, D))
+    assert (out - want).abs().max() <= 1e-12
     cotangent = torch.randn_like(want)
     got = torch.autograd.grad(out, [*args, *module.parameters()], cotangent, allow_unused=True)
     ref = torch.autograd.grad(want, [*leaves, *original.parameters()], cotangent, allow_unused=True)

@@ -250,4 +250,4 @@ def merged(t: Trace, output: Value) -> Value:
     to the spec's n × (H·d_v) (the drop-in splits generated code's output back); any other as it is."""
     if t.heads_first is None or output.heads != t.heads_first or output.pending is not None:
         return output
-    return Value(merge_heads(output.expr, output.heads), output.shape)
+    return Value(merge_heads(output.expr, output.heads), output.shape, layout=("merged_heads",))
