@@ -5,8 +5,9 @@ leading axes of size 1 — a learned bias per head over positions. Its canonical
 (N = M = 1 for (H,)). The code lines its heads up with per-head values (…, H, n, m) by a view that keeps its entries
 in order — ``gate.view(1, H, 1, 1)``, ``gate.reshape(H, 1, 1)``, ``gate[None, :, None, None]``, ``gate[:, None,
 None]``, ``gate.unsqueeze(-1).unsqueeze(-1)``, ``gate[torch.arange(H)]`` first — or reads it cut to lengths,
-``table[:, :n, :m]``, ``table[..., :n, :n]``: a result (…, H, a, b), leading axes of size 1, equal to the canonical
-view's p[:, :a, :b] at the example, is the per-head read (``read``), whatever call made it:
+``table[:, :n, :m]``, ``table[..., :n, :n]``: a result (…, H, a, b), leading axes of size 1, of an index that keeps
+the entries in order from each axis's start (``_in_order``) and equal to the canonical view's p[:, :a, :b] at the
+example, is the per-head read (``read``):
 
 - N = M = 1 (a value per head): the spec input g (1 × H: torch's (H,), which generated forward takes as it is) read
   as ``sa.entries(n, m, lambda i, j, h: g[0, h], heads=H)``, made at the rows and columns of the values it meets
@@ -21,6 +22,9 @@ view's p[:, :a, :b] at the example, is the per-head read (``read``), whatever ca
 Generated code takes T so laid out; the drop-in lays the parameter out at each call (``spec_layout``: a view of it,
 through which autograd hands back its gradient, zero on the rows and columns beyond the lengths). At lengths beyond
 the table the original code fails, and so does the drop-in, in one line: never a read outside the table.
+
+Arguments given split into heads, (B, H, n, d), have no heads to the trace (that axis is a batch axis) until such a
+read meets a value made of them: then it traces again with them read as heads (``HeadsFirst``).
 """
 
 from __future__ import annotations
