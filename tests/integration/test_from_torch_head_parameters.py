@@ -155,6 +155,31 @@ def test_arguments_given_split_into_heads_are_read_as_heads(form):
             assert (a - b).abs().max() <= 1e-12 * max(b.abs().max(), 1.0)
 
 
+def test_a_per_head_table_read_whole_is_the_table_at_its_own_lengths():
+    """(1, H, N, N) added as it is to scores of N × N: split_heads(T, H), T of n × (H·m); drop-in and autograd agree."""
+
+    class Whole(Gated):
+        def forward(self, q, k, v):
+            B, n, _ = q.shape
+            q, k, v = (x.view(B, n, H, D).transpose(1, 2) for x in (q, k, v))
+            s = q @ k.transpose(-1, -2) + self.table_4d
+            return (torch.softmax(s, -1) @ v).transpose(1, 2).reshape(B, n, H * D)
+
+    torch.manual_seed(0)
+    original = Whole("table_4d")
+    module = copy.deepcopy(original)
+    closed = drop_in(module, *_qkv(2, N_TABLE, N_TABLE, 0), second_order=False)
+    table = next(s for s in closed.spec.inputs if str(s.name) == "table_4d")
+    assert closed.spec.constants == () and tuple(map(str, table.shape)) == ("n", f"{H}*m")
+    args = tuple(x.requires_grad_() for x in _qkv(3, N_TABLE, N_TABLE, 1))
+    leaves = tuple(x.detach().requires_grad_() for x in args)
+    out, want = module(*args), original(*leaves)
+    got = torch.autograd.grad(out.sum(), [*args, module.table_4d])
+    ref = torch.autograd.grad(want.sum(), [*leaves, original.table_4d])
+    assert (out - want).abs().max() <= 1e-12
+    assert all((a - b).abs().max() <= 1e-12 * max(b.abs().max(), 1.0) for a, b in zip(got, ref))
+
+
 @pytest.mark.parametrize("form", sorted(TABLES))
 def test_the_drop_in_beyond_the_table_fails_in_one_line(form):
     torch.manual_seed(0)
