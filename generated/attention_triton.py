@@ -1276,7 +1276,8 @@ def _backward(ctx, grad, saved):
     flat = [None if t is None else _tile(t, batch, n, m) for t in tiles]
     wanted = [ctx.needs_input_grad[6 + i] for i in GRADIENT_INDEX]
     inner = _inner(batch)
-    arguments = (q, k, v, o, do, lse, residual, flat, coefficients, inner, ctx.causal, ctx.deterministic, wanted)
+    options = (inner, ctx.causal, ctx.deterministic, wanted)
+    arguments = (q, k, v, o, do, lse, residual, flat, coefficients, *options)
     dq, dk, dv_, *rest = _run(_backward_op, _backward_launch, *arguments)
     made = iter(zip(_made(rest[: wanted.count(True)], wanted, None), wanted))
     sums = rest[wanted.count(True) :]

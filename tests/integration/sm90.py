@@ -10,10 +10,10 @@ BLOCK_DV = d padded to a power of two; the delta kernel takes the backward's que
 warps and stages, as the module launches it. A backward kernel's name may end in "@keys", "@queries" or "@atomic":
 its key part alone at the key part's launch, its query part alone at the query part's, the key part adding dQ by
 atomic adds into float32 (deterministic=False); without: both parts in one launch at the key part's setting (as the
-module launches them where the two settings coincide). Every optional tile present (HAS_*, TANGENT_*, GRAD_* on), causal, PRECISION "ieee"
-for float32 (the default float32 matmul precision), a learned table's histogram 32 slots. The compiled kernel's
-``metadata.shared`` is the dynamic shared memory a GPU launch asks for (bytes). Settings that coincide are compiled
-once. torch and triton are imported once for every module (one subprocess).
+module launches them where the two settings coincide). Every optional tile present (HAS_*, TANGENT_*, GRAD_* on),
+causal, PRECISION "ieee" for float32 (the default float32 matmul precision), a learned table's histogram 32 slots.
+The compiled kernel's ``metadata.shared`` is the dynamic shared memory a GPU launch asks for (bytes). Settings that
+coincide are compiled once. torch and triton are imported once for every module (one subprocess).
 """
 
 from __future__ import annotations

@@ -142,3 +142,310 @@ def test_the_backwards_parts_launch_apart_where_their_settings_differ(gpu_table)
     x = torch.zeros(2, 8, 64)
     ((grid, both),) = runtime_launch._backward_parts(x, 64, 100, 300, 6, False)
     assert grid == (7 + 19, 6) and (both["KEYS"], both["QUERIES"], both["ATOMIC"]) == (True, True, False)
+
+
+def test_the_batch_is_the_broadcast_of_the_leading_axes():
+    assert runtime_launch._batch((2, 3, 4, 5), (2, 3, 6, 5)) == (2, 3)
+    assert tuple(runtime_launch._batch((2, 1, 4, 5), (3, 6, 5))) == (2, 3)
+    with pytest.raises(ValueError, match=r"batch axes do not broadcast: \(2, 4, 5\), \(3, 6, 5\)"):
+        runtime_launch._batch((2, 4, 5), (3, 6, 5))
+
+
+def test_grouped_keys_share_the_query_heads():
+    Q, K = torch.zeros(2, 4, 5, 8), torch.zeros(2, 2, 6, 8)
+    assert runtime_launch._batches(Q, K, K, [None], True) == ((2, 4), (2, 2))
+    with pytest.raises(ValueError, match="3 key/value heads"):
+        runtime_launch._batches(Q, torch.zeros(2, 3, 6, 8), torch.zeros(2, 3, 6, 8), [], True)
+
+
+def test_operands_are_flattened_and_tiles_viewed_with_their_strides():
+    x = torch.arange(12.0).reshape(3, 4)
+    flat = runtime_launch._flat(x, (2, 5), 3, 4)
+    assert flat.shape == (10, 3, 4) and torch.equal(flat[7], x)
+    mask = torch.zeros(3, 4)
+    tile = runtime_launch._tile(mask, (2, 5), 3, 4)
+    assert tile.shape == (2, 5, 3, 4) and tile.stride()[:2] == (0, 0)  # a view: no copy of the broadcast mask
+    assert runtime_launch._tile_arguments([tile, None], x) == [tile, 0, 0, 4, 1, x, 0, 0, 0, 0]
+    assert runtime_launch._inner((2, 5)) == 5 and runtime_launch._inner(()) == 1
+    transposed = torch.zeros(4, 3).mT
+    assert runtime_launch._rows(transposed).stride(-1) == 1 and runtime_launch._rows(x) is x
+
+
+def test_numbers_are_filled_once_per_device_and_tensors_each_call(monkeypatch):
+    monkeypatch.setattr(runtime_launch, "_NUMBERS", {})
+    like = torch.zeros(1)
+    first = runtime_launch._scalar_tensor((0.5, 2), like)
+    assert first.dtype == torch.float32 and first.tolist() == [0.5, 2.0]
+    assert runtime_launch._scalar_tensor((0.5, 2), like) is first  # cached
+    tau = torch.tensor(3.0, dtype=torch.float64)
+    assert runtime_launch._scalar_tensor((tau, 1), like).tolist() == [3.0, 1.0]
+    assert len(runtime_launch._NUMBERS) == 1  # a tensor's value is never cached
+    assert runtime_launch._scalar_tensor((), like).tolist() == [0.0]
+
+
+def test_a_tile_gradient_is_summed_to_its_input():
+    grad = torch.ones(6, 3, 4)  # (batch·heads, n, m)
+    like = torch.zeros(1, 3, 3, 4, dtype=torch.float64)
+    got = runtime_launch._tile_gradient(grad, True, (2, 3), like)
+    assert got.shape == like.shape and got.dtype == torch.float64 and bool((got == 2).all())
+    assert runtime_launch._tile_gradient(grad, False, (2, 3), like) is None
+    assert runtime_launch._tile_gradient(grad, True, (2, 3), None) is None
+
+
+def test_a_flat_gradient_is_a_view_of_its_inputs_shape_summed_only_where_broadcast():
+    flat = torch.arange(72.0).reshape(6, 3, 4)  # (batch·heads, rows, columns)
+    got = runtime_launch._gradient(flat, (2, 3), torch.zeros(2, 3, 3, 4))
+    assert got.shape == (2, 3, 3, 4) and got.data_ptr() == flat.data_ptr() and torch.equal(got.reshape(6, 3, 4), flat)
+    summed = runtime_launch._gradient(flat, (2, 3), torch.zeros(1, 3, 3, 4))  # the input broadcast over the batch
+    assert torch.equal(summed, flat.reshape(2, 3, 3, 4).sum(0, keepdim=True))
+
+
+def test_only_the_gradients_wanted_are_made_and_placed_among_the_others():
+    a, b, absent = torch.zeros(1), torch.ones(1), torch.full((1,), 2.0)
+    assert runtime_launch._made([a, b], [False, True, False, True], absent) == [absent, a, absent, b]
+    assert runtime_launch._made([], [False], None) == [None] and runtime_launch._made([], [], None) == []
+
+
+def test_a_plan_is_made_on_its_keys_first_call_and_read_after(monkeypatch):
+    monkeypatch.setattr(runtime_launch, "_PLANS", {})
+    made = []
+
+    def make(key):
+        return lambda: made.append(key) or f"plan {key}"
+
+    assert [runtime_launch._planned(key, make(key)) for key in (1, 2, 1, 1, 2)] == [
+        "plan 1",
+        "plan 2",
+        *["plan 1"] * 2,
+        "plan 2",
+    ]
+    assert made == [1, 2]
+    for key in range(3, 300):  # keys that change call by call: the dictionary stays small
+        runtime_launch._planned(key, make(key))
+    assert len(runtime_launch._PLANS) <= 256 and runtime_launch._planned(299, make(-1)) == "plan 299"
+
+
+def test_the_16_bit_outputs_keep_their_rounding():
+    assert runtime_launch._residual(torch.zeros(1, dtype=torch.bfloat16))
+    assert not runtime_launch._residual(torch.zeros(1))
+
+
+# --- autograd and torch.func
+
+
+def test_vmaps_axis_is_merged_into_the_batch_heads_and_split_back():
+    x = torch.arange(24.0).reshape(2, 3, 4)  # vmap's axis (2) first, then batch·heads (3)
+    merged = runtime_autograd._merged(x, 0, 2)
+    assert merged.shape == (6, 4) and torch.equal(merged[4], x[1, 1])
+    results, dims = runtime_autograd._split([merged, torch.empty(0)], 2)
+    assert torch.equal(results[0], x) and dims == [0, None]
+    assert runtime_autograd._merged(torch.ones(3, 4), None, 2).shape == (6, 4)  # unbatched: expanded
+    assert runtime_autograd._merged(None, 0, 2) is None
+
+
+def test_a_batched_tensor_is_seen_and_unwrapped():
+    seen = []
+
+    def inside(x):
+        seen.append((runtime_autograd._batched(x), runtime_autograd._physical(x).shape))
+        return x
+
+    torch.func.vmap(inside)(torch.zeros(5, 3))
+    assert seen == [(True, (5, 3))]
+    plain = torch.zeros(2)
+    assert not runtime_autograd._batched(plain) and runtime_autograd._plain(plain) is plain
+    assert runtime_autograd._plain(None) is None and runtime_autograd._rebatched(plain, None) is plain
+
+
+def test_a_batched_trainable_scalar_is_refused_by_name(monkeypatch):
+    monkeypatch.setattr(runtime_autograd, "SPEC", "temperature")
+    runtime_autograd._no_batched_scalar(False)
+    with pytest.raises(RuntimeError, match="temperature: a trainable scalar batched"):
+        runtime_autograd._no_batched_scalar(True)
+
+
+def test_autocast_casts_float32_factors_only_under_autocast():
+    q, k = torch.zeros(2, 2), torch.zeros(2, 2, dtype=torch.float64)
+    assert runtime_autograd._autocast(q, k, None) == (q, k, None)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = runtime_autograd._autocast(q, k, None)
+    assert got[0].dtype == torch.bfloat16 and got[1] is k and got[2] is None
+
+
+def test_a_functions_signature_is_kept():
+    class Function(torch.autograd.Function):
+        @staticmethod
+        def forward(x, y):
+            return x
+
+    assert runtime_autograd._signature_kept(Function) is Function
+    assert list(Function.forward.__signature__.parameters) == ["x", "y"]
+
+
+def test_a_backward_outside_torch_func_on_plain_tensors_takes_the_fast_path():
+    plain, leaked, seen = torch.ones(2), [], []
+
+    def inside(x):
+        leaked.append(x)  # wrapped by grad's level, dead once it ends
+        seen.append(runtime_autograd._untransformed(plain, (plain,)))
+        return x.sum()
+
+    torch.func.grad(inside)(torch.ones(2))
+    assert seen == [False]  # a transform active
+    assert runtime_autograd._untransformed(plain, (plain, None))
+    assert not runtime_autograd._untransformed(plain, (leaked[0],)) and not runtime_autograd._untransformed(
+        leaked[0], ()
+    )
+
+
+def test_applied_is_function_apply_without_its_binding():
+    class Twice(torch.autograd.Function):
+        @staticmethod
+        def forward(x, k):
+            return x * k, x.new_zeros(())
+
+        @staticmethod
+        def setup_context(ctx, inputs, output):
+            ctx.k = inputs[1]
+            ctx.set_materialize_grads(False)
+            ctx.mark_non_differentiable(output[1])
+
+        @staticmethod
+        def backward(ctx, grad, _):
+            return grad * ctx.k, None
+
+    x, leaked = torch.arange(3.0, requires_grad=True), []
+    out, kept = runtime_autograd._applied(Twice, x, 2.0)
+    assert torch.equal(out, 2 * x) and out.grad_fn is not None and not kept.requires_grad
+    assert torch.equal(torch.autograd.grad(out.sum(), x)[0], torch.full((3,), 2.0))
+    torch.func.grad(lambda y: leaked.append(y) or y.sum())(torch.ones(2))
+    out, _ = runtime_autograd._applied(Twice, leaked[0], 3.0)  # a dead wrapper unwrapped, as Function.apply does
+    assert not torch._C._functorch.is_functorch_wrapped_tensor(out) and torch.equal(out, torch.full((2,), 3.0))
+
+
+def test_a_saved_tensor_list_gets_its_absent_ones_back():
+    ctx = SimpleNamespace(absent=[False, True, False])
+    assert runtime_autograd._tensors(ctx, ["a", "b"]) == ["a", None, "b"]
+
+
+# --- the public functions' arguments
+
+
+def test_dimensions_are_read_off_the_inputs_axes(monkeypatch):
+    monkeypatch.setattr(runtime_module, "AXES", {"Q": ("n", "d"), "K": ("m", "d"), "b": (1, "m")})
+    q, k = torch.zeros(2, 5, 4), torch.zeros(7, 4)
+    assert runtime_module._dimensions(q, k, None) == {"n": 5, "d": 4, "m": 7}
+    assert runtime_module._dimensions(q, k, torch.zeros(1, 7)) == {"n": 5, "d": 4, "m": 7}
+    with pytest.raises(ValueError, match=r"K has shape \(7, 3\); expected \(\.\.\., m, d\) with d = 4"):
+        runtime_module._dimensions(q, torch.zeros(7, 3))
+    with pytest.raises(ValueError, match=r"b has shape \(2, 7\); expected \(\.\.\., 1, m\)"):
+        runtime_module._dimensions(q, k, torch.zeros(2, 7))
+    with pytest.raises(ValueError, match=r"Q has shape \(5,\); expected \(\.\.\., n, d\)"):
+        runtime_module._dimensions(torch.zeros(5), k)
+
+
+def test_head_counts_and_products_of_axes_are_checked():
+    assert runtime_module._count("num_heads", 4) == 4
+    assert runtime_module._count("num_heads", np.int64(2)) == 2
+    for wrong in (True, 0, 2.0, "2"):
+        with pytest.raises(ValueError, match="num_heads must be a positive integer"):
+            runtime_module._count("num_heads", wrong)
+    runtime_module._divides("num_kv_heads", 2, "num_heads", 4)
+    with pytest.raises(ValueError, match="num_kv_heads = 3 does not divide num_heads = 4"):
+        runtime_module._divides("num_kv_heads", 3, "num_heads", 4)
+    assert runtime_module._share({"H*d_k": 32}, "H*d_k", 4) == 8
+    with pytest.raises(ValueError, match="H\\*d_k = 30 is not a multiple of 4"):
+        runtime_module._share({"H*d_k": 30}, "H*d_k", 4)
+    with pytest.raises(ValueError, match="H\\*d_k = 30, expected 32"):
+        runtime_module._product({"H*d_k": 30}, "H*d_k", 32)
+
+
+def test_a_bool_mask_becomes_additive():
+    like = torch.zeros(1, dtype=torch.float16)
+    got = runtime_module._additive("M", torch.tensor([[True, False]]), like)
+    assert got.dtype == torch.float16 and got.tolist() == [[-math.inf, 0.0]]
+    floats = torch.zeros(1, 2)
+    assert runtime_module._additive("M", floats, like) is floats and runtime_module._additive("M", None, like) is None
+    grad = torch.zeros(2, requires_grad=True)
+    assert not runtime_module._constant(grad).requires_grad and runtime_module._constant(2.0) == 2.0
+
+
+def test_masks_by_position_keyword_and_key_padding_combine():
+    query = torch.zeros(2, 3, 4)
+    with pytest.raises(TypeError, match="M and attn_mask are the same mask"):
+        runtime_module._mask("M", torch.zeros(3, 5), torch.zeros(3, 5), None, query, False)
+    with pytest.raises(ValueError, match="key_padding_mask: expected a bool tensor"):
+        runtime_module._mask("M", None, None, torch.zeros(2, 5), query, False)
+    padding = torch.tensor([[False] * 4 + [True]] * 2)  # (batch, m): the last key ignored
+    got = runtime_module._mask("M", torch.zeros(3, 5), None, padding, query, False)
+    assert got.shape == (2, 3, 5) and bool(torch.isinf(got[..., -1]).all()) and not bool(got[..., :-1].any())
+    per_head = runtime_module._mask("M", None, None, padding, query, True)
+    assert per_head.shape == (2, 1, 1, 5)
+
+
+def test_a_bias_row_may_be_one_dimensional_or_left_out():
+    like = torch.zeros(2, dtype=torch.float64)
+    assert runtime_module._row(torch.zeros(4)).shape == (1, 4) and runtime_module._row(None) is None
+    zero = runtime_module._or_zero(None, like)
+    assert zero.shape == () and zero.dtype == torch.float64
+
+
+def test_tangents_and_directions_name_inputs(monkeypatch):
+    monkeypatch.setattr(runtime_module, "TANGENT_OF", ("Q", "K"))
+    assert runtime_module._tangents({"Q": 1}) == {"Q": 1}
+    with pytest.raises(ValueError, match="tangents: 'V' is no input; inputs: Q, K"):
+        runtime_module._tangents({"V": 1})
+    with pytest.raises(TypeError, match="direction: expected a dict"):
+        runtime_module._direction([1])
+    q, k, dq = torch.zeros(2), torch.ones(2), torch.full((2,), 3.0)
+    with forward_ad.dual_level():
+        dual_q, plain_k = runtime_module._duals({"Q": dq}, q, k)
+        assert torch.equal(forward_ad.unpack_dual(dual_q).tangent, dq) and plain_k is k
+
+
+def test_a_hessian_vector_product_differentiates_along_the_direction():
+    # f = ⟨1, x² y⟩: ∂f/∂x = 2 x y, so H [dx, dy] at x: 2 y dx + 2 x dy
+    x, y = runtime_module._leaves(torch.tensor([1.0, 2.0]), torch.tensor([3.0, 4.0]))
+    out = x * x * y
+    got = runtime_module._along(out, torch.ones(2), {"x": x, "y": y}, {"x": torch.ones(2)})
+    assert got["x"].tolist() == [6.0, 8.0] and got["y"].tolist() == [2.0, 4.0]
+
+
+# --- the copies in the generated modules
+
+
+def test_the_helpers_called_are_found_with_the_ones_they_call():
+    text = "def f(x):\n    return _rows(x), _count('h', 2)\n_width = 3\n"
+    assert called_helpers(text) == ["_rows", "_batched", "_count"]  # _rows calls _batched; the runtime's order
+    assert called_helpers("x = 1\n") == []
+
+
+@pytest.mark.parametrize("path", sorted(GENERATED.glob("*_triton.py")), ids=lambda p: p.stem)
+def test_a_generated_module_copies_the_runtime_it_calls_verbatim(path):
+    text = path.read_text(encoding="utf-8")
+    tree = ast.parse(text)
+    lines = text.splitlines(keepends=True)
+    defined = {}
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef) and node.name in TRITON_RUNTIME:
+            first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+            defined[node.name] = "".join(lines[first - 1 : node.end_lineno])
+    assert all(source == TRITON_RUNTIME[name] for name, source in defined.items())
+    body = "".join(line for i, line in enumerate(lines) if not _in_helper(i + 1, tree, defined))
+    assert list(defined) == called_helpers(body)  # every helper it calls, no other, in the runtime's order
+
+
+def _in_helper(number: int, tree: ast.Module, helpers: dict) -> bool:
+    """Is line number inside the definition of one of the copied helpers?"""
+    return any(
+        isinstance(node, ast.FunctionDef)
+        and node.name in helpers
+        and min([node.lineno, *(d.lineno for d in node.decorator_list)]) <= number <= node.end_lineno
+        for node in tree.body
+    )
+
+
+def test_a_spec_without_head_counts_gets_no_count():
+    attention = (GENERATED / "attention_triton.py").read_text(encoding="utf-8")
+    mha = (GENERATED / "mha_triton.py").read_text(encoding="utf-8")
+    assert "def _count(" not in attention and "def _count(" in mha
