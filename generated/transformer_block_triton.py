@@ -91,9 +91,10 @@ LAUNCH = {  # per kernel on a GPU: BLOCK_M (query rows), BLOCK_N (keys), warps, 
     "forward": (64, 64, 4, 3),
     # the backward's parts, each its own launch: dK, dV (a block of keys held, query blocks streamed) and dQ (a block
     # of query rows held, key blocks streamed), Triton's fused-attention tutorial's shapes at d = 64 (32 × 128 and
-    # 128 × 32, 4 warps, 5 stages), halved by SHARED for wide heads and float32; not yet measured on a GPU
-    "backward_keys": (32, 128, 4, 5),
-    "backward_queries": (128, 32, 4, 5),
+    # 128 × 32, 4 warps; 3 stages, not its 5: with the n × m tiles these kernels stream, 5 pass an H100's shared
+    # memory in float32), halved by SHARED for wide heads and float32; not yet measured on a GPU
+    "backward_keys": (32, 128, 4, 3),
+    "backward_queries": (128, 32, 4, 3),
     "jvp": (64, 64, 4, 3),
 }
 STREAMED = {"forward": 1, "backward_keys": 0, "backward_queries": 1, "jvp": 1}  # the block a kernel's loop steps

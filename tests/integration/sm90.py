@@ -9,8 +9,8 @@ float32 pointers) and a head dimension d (d_v = d): its BLOCK_M × BLOCK_N, num_
 BLOCK_DV = d padded to a power of two; the delta kernel takes the backward's query part's BLOCK_M and Triton's default
 warps and stages, as the module launches it. A backward kernel's name may end in "@keys", "@queries" or "@atomic":
 its key part alone at the key part's launch, its query part alone at the query part's, the key part adding dQ by
-atomic adds into float32 (deterministic=False); without: both parts in one launch at the key part's setting (as the
-module launches them where the two settings coincide). Every optional tile present (HAS_*, TANGENT_*, GRAD_* on),
+atomic adds into float32 (deterministic=False); without: the module's first backward launch, both parts where their
+two settings coincide (one launch), else the key part. Every optional tile present (HAS_*, TANGENT_*, GRAD_* on),
 causal, PRECISION "ieee" for float32 (the default float32 matmul precision), a learned table's histogram 32 slots.
 The compiled kernel's ``metadata.shared`` is the dynamic shared memory a GPU launch asks for (bytes). Settings that
 coincide are compiled once. torch and triton are imported once for every module (one subprocess).
@@ -41,7 +41,7 @@ from triton.compiler import ASTSource
 
 LAUNCHED = {"forward": "forward", "delta": "backward_queries", "backward": "backward_keys", "jvp": "jvp"}  # _launch's
 PARTS = {  # a backward kernel's launch by its name's ending: _launch's kernel, KEYS, QUERIES, ATOMIC
-    "": ("backward_keys", True, True, False),
+    "": ("backward_keys", True, None, False),  # QUERIES: where the two parts' launches coincide (_backward_parts)
     "keys": ("backward_keys", True, False, False),
     "queries": ("backward_queries", False, True, False),
     "atomic": ("backward_keys", True, False, True),
@@ -125,6 +125,8 @@ def launch(module, name, names, dtype, head):
     kind = re.sub(r"^_|_kernel\\d*$", "", name)
     launched, keys, queries, atomic = PARTS[part] if kind == "backward" else (LAUNCHED[kind], None, None, None)
     got = module._launch(x, width, launched)
+    if kind == "backward" and queries is None:  # the module's first backward launch: both parts where they coincide
+        queries = got == module._launch(x, width, "backward_queries")
     padded = module._width(head)
     constexprs = {"BLOCK_M": got["BLOCK_M"], "BLOCK_N": got["BLOCK_N"], "BLOCK_D": padded, "BLOCK_DV": padded}
     constexprs |= {"KEYS": keys, "QUERIES": queries, "ATOMIC": atomic}
