@@ -2,10 +2,12 @@
 the launch settings they are timed at.
 
 1. ``sweep``: ``attention_triton``'s forward + backward in bfloat16 at 4×16×2048×64, causal and not, for each
-   launch setting (BLOCK_M, BLOCK_N, warps, stages) set on the forward and backward kernels: each kernel's device
-   time (torch.profiler), the step's wall time. The module's own setting is the first row. Each kernel's setting
-   of least time is chosen, and every Triton module of the run launches at it from then on (the module's LAUNCH
-   table; the sections after it measure the chosen settings, and LAUNCH's defaults are read from its rows).
+   launch setting (BLOCK_M, BLOCK_N, warps, stages) set on the forward and both backward parts (then launched as
+   one): each kernel's device time (torch.profiler; the backward's: both parts' launches), the step's wall time.
+   The module's own setting is the first row (its backward parts apart, each its own). Each kernel's setting of
+   least time is chosen (the backward's for both parts, or the module's own pair), and every Triton module of the
+   run launches at it from then on (the module's LAUNCH table; the sections after it measure the chosen settings,
+   and LAUNCH's defaults are read from its rows).
 2. ``correctness``: every variant of ``benchmarks/gpu_triton.py`` (bfloat16; plain and causal also float16 and
    float32) at 2×3×304×64 (304 rows: a partial last block) and plain attention with wide heads (d = 128, 256: the
    smaller blocks of the shared-memory rule), the worst error of output and gradients against float64 eager math on
@@ -45,7 +47,8 @@ SETTINGS = (  # BLOCK_M, BLOCK_N, warps, stages: Triton's tutorial's and FlashAt
 )  # no num_stages = 4: with triton 3.6 on an H200 the sweep did not get past its first such setting (GPU.md)
 GENERATED = Path(__file__).resolve().parents[1] / "generated"
 CHOSEN: dict = {}  # each kernel's setting chosen by the sweep (on CUDA): every Triton module of the run launches at it
-SWEPT = ("forward", "backward")  # the JVP kernel keeps its own (its target met at 64 × 64)
+SWEPT = ("forward", "backward")  # the kernels timed (the JVP kernel keeps its own: its target met at 64 × 64)
+LAUNCHED = {"forward": ("forward",), "backward": ("backward_keys", "backward_queries")}  # their LAUNCH rows
 
 
 def _values(run: Callable, leaves: list, cotangent: torch.Tensor) -> list:
@@ -184,7 +187,7 @@ def sweep(device: str, smoke: bool, budget: float) -> list[str]:
     from generated import attention_triton as module
 
     leaves, cotangent = _operands(device, smoke)
-    own = {k: module.LAUNCH[k] for k in SWEPT}
+    own = {row: module.LAUNCH[row] for kernel in SWEPT for row in LAUNCHED[kernel]}
     kernels = {f"_{kernel}_kernel": getattr(module, f"_{kernel}_kernel") for kernel in SWEPT}
     settings = [None, *(SETTINGS[:1] if smoke else SETTINGS)]
     columns = ["compile s", "step ms", *(f"{k} µs" for k in SWEPT)]
@@ -220,7 +223,7 @@ def sweep(device: str, smoke: bool, budget: float) -> list[str]:
         for name, kernel in kernels.items():
             setattr(module, name, kernel)
     best = {k: min(spent, key=lambda pair: pair[0])[1] for k, spent in times.items()}
-    chosen = {k: own[k] if setting is None else setting for k, setting in best.items()}
+    chosen = {row: own[row] if setting is None else setting for k, setting in best.items() for row in LAUNCHED[k]}
     if device == "cuda":
         CHOSEN.update(chosen)
         chose({})

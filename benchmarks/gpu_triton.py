@@ -3,7 +3,8 @@ variant beside SDPA, FlexAttention (compiled, its block mask for causal, a score
 of the eager math and the eager math, and the Triton time (memory) ÷ its peer's; the learned bias's gradient checked
 bitwise across two runs; the JVP against ``torch.func.jvp`` of the eager math, every variant.
 
-Variants (B×H×n×d, per head, d the head width), s = Q Kᵀ / √d: plain and causal (``attention_triton``), softcap
+Variants (B×H×n×d, per head, d the head width), s = Q Kᵀ / √d: plain and causal (``attention_triton``; each also
+with ``deterministic=False``, dQ by the backward's atomic adds: its Triton cell beside the same peers), softcap
 softmax(50 tanh(s / 50)) V, ALiBi softmax(s + M) V (M = −slope_h·|i − j| a constant, no gradient; FlexAttention's
 score_mod computes it from h, i, j), learned bias softmax(s + B) V (B per batch·head, with its gradient), sigmoid
 σ(s) V (no normaliser), softplus-normalised (F ⊘ rowsum(F) 𝟏ᵀ) V with F = softplus(s) (FlexAttention cannot express
@@ -41,6 +42,7 @@ SMOKE = (1, 1, 32, 16)
 CAP = 50.0
 LAMBDA = 0.8  # differential attention's λ (the paper initialises it near 0.8)
 VARIANTS = ("plain", "causal", "softcap", "alibi", "bias", "sigmoid", "softplus", "differential", "pointer")
+ATOMIC = ("plain", "causal")  # also timed with deterministic=False (dQ by atomic adds), the Triton cell alone
 FLEXLESS = ("sigmoid", "softplus", "pointer")  # FlexAttention cannot express them: SDPA's plain attention the peer
 
 
@@ -209,9 +211,9 @@ def _hidden(m: torch.Tensor, causal: bool) -> torch.Tensor:
     return m.masked_fill(hidden, -math.inf) if causal else m
 
 
-def _triton(variant: str, modules: dict) -> Callable:
+def _triton(variant: str, modules: dict, deterministic: bool = True) -> Callable:
     if variant in ("plain", "causal"):
-        return lambda q, k, v, causal: modules["attention"].forward(q, k, v, causal=causal)
+        return lambda q, k, v, causal: modules["attention"].forward(q, k, v, causal=causal, deterministic=deterministic)
     if variant == "differential":
         return lambda q, k, v, causal, q2, k2, lam: modules[variant].forward(q, k, q2, k2, v, lam, causal=causal)
     if variant == "pointer":
@@ -339,6 +341,13 @@ def variants(device: str, smoke: bool, repeats: int, modules: dict, compiled: bo
                 + " | ".join(cells)
                 + f" | {bitwise} | {_ratio(times[0], peers)} |"
             )
+            if variant in ATOMIC:  # the other backward mode: its Triton cell, beside the same peers
+                cell, _, ours = _cell(_triton(variant, modules, False), leaves, repeats, device)
+                blank = " | ".join(["—"] * (len(names) - 1))
+                rows.append(
+                    f"| {variant}, deterministic=False | {'×'.join(map(str, size))} | {cell} | {blank} | | "
+                    f"{_ratio(ours, peers)} |"
+                )
     return rows
 
 

@@ -14,6 +14,8 @@ Every input may carry leading batch dimensions (broadcast as torch broadcasts th
     V: (..., m, d_v)
     M: (..., n, m)
 causal=True: query i sees keys j <= i (key blocks above the diagonal are skipped).
+deterministic=False (forward's keyword; the module's attribute): the backward adds dQ by atomic adds from its key
+part and skips its query part (7 n × m × d products per step against 9); its dQ is not the same bits run to run.
 On CUDA tensors the kernels run compiled; on CPU tensors under TRITON_INTERPRET=1 (set before triton is imported).
 """
 
@@ -42,13 +44,18 @@ MIXED_ROWS = None  # why the work outside the cores mixes rows (context parallel
 SHARED = 160 * 1024  # the shared-memory budget of one program's tiles (an H100 has 227 KiB; the rest for tl.dot's)
 LAUNCH = {  # per kernel on a GPU: BLOCK_M (query rows), BLOCK_N (keys), warps, pipeline stages (benchmarks/GPU.md)
     "forward": (64, 64, 4, 3),
-    "backward": (64, 64, 4, 3),
+    # the backward's parts, each its own launch: dK, dV (a block of keys held, query blocks streamed) and dQ (a block
+    # of query rows held, key blocks streamed), Triton's fused-attention tutorial's shapes at d = 64 (32 × 128 and
+    # 128 × 32, 4 warps; 3 stages, not its 5: with the n × m tiles these kernels stream, 5 pass an H100's shared
+    # memory in float32), halved by SHARED for wide heads and float32; not yet measured on a GPU
+    "backward_keys": (32, 128, 4, 3),
+    "backward_queries": (128, 32, 4, 3),
     "jvp": (64, 64, 4, 3),
 }
-STREAMED = {"forward": 1, "backward": None, "jvp": 1}  # the block a kernel's loop steps through (0: M, 1: N; None:
-# both, the backward's key part through M and its query part through N)
-COPIES = {"forward": 1, "backward": 1, "jvp": 2}  # the copies of each block a kernel holds (the JVP: each beside
-# its tangent, Q̇ beside Q, K̇ and V̇ beside K and V)
+STREAMED = {"forward": 1, "backward_keys": 0, "backward_queries": 1, "jvp": 1}  # the block a kernel's loop steps
+# through (0: M, 1: N)
+COPIES = {"forward": 1, "backward_keys": 1, "backward_queries": 1, "jvp": 2}  # the copies of each block a kernel
+# holds (the JVP: each beside its tangent, Q̇ beside Q, K̇ and V̇ beside K and V)
 GRID_Y = 65535  # a CUDA grid's most programs along its axes 1 and 2 (axis 0: 2³¹ − 1)
 _TOKEN = object()  # its id names this module object's ops: two copies of the module never share one (the ops hold
 # the module's globals, _TOKEN among them, so the id is never reused while they are registered)
@@ -65,20 +72,37 @@ def _launch(x, width, kernel):
     under the interpreter (CPU tensors, one program at a time); on a GPU LAUNCH's, the larger block (the streamed one
     of a tie) halved, down to 16, while one held block and num_stages streamed ones (triton's software pipeline), each
     row padded to a power of two, times the kernel's COPIES of each block (the JVP's tangents beside them), pass SHARED
-    bytes: a wide head in float32 fits a GPU's shared memory. A kernel whose parts stream both blocks counts the larger
-    one streamed, its worse part."""
+    bytes: a wide head in float32 fits a GPU's shared memory."""
     if not x.is_cuda:
         return {"BLOCK_M": 16, "BLOCK_N": 16}
     *blocks, warps, stages = LAUNCH[kernel]
     row = _width(width) * x.element_size() * COPIES[kernel]
+    streamed = STREAMED[kernel]
     while max(blocks) > 16:
-        streamed = STREAMED[kernel]
-        if streamed is None:
-            streamed = 1 if blocks[1] >= blocks[0] else 0
         if (blocks[1 - streamed] + stages * blocks[streamed]) * row <= SHARED:
             break
         blocks[streamed if blocks[streamed] >= blocks[1 - streamed] else 1 - streamed] //= 2
     return {"BLOCK_M": blocks[0], "BLOCK_N": blocks[1], "num_warps": warps, "num_stages": stages}
+
+
+def _backward_parts(x, width, keys, rows, bh, atomic):
+    """The backward kernel's launches for inputs like x (rows width entries) over keys keys and rows query rows of bh
+    batch·heads: [(grid, constexprs)], the key part at _launch's "backward_keys" (dK, dV) and the query part at its
+    "backward_queries" (dQ): one launch of both where their settings coincide (the interpreter's 16 × 16), one each
+    where they differ; atomic (deterministic=False): the key part alone, adding dQ by atomic adds."""
+    key_part, query_part = _launch(x, width, "backward_keys"), _launch(x, width, "backward_queries")
+    if atomic:
+        parts = [(key_part, True, False)]
+    elif key_part == query_part:
+        parts = [(key_part, True, True)]
+    else:
+        parts = [(key_part, True, False), (query_part, False, True)]
+    launches = []
+    for blocks, has_keys, has_queries in parts:
+        programs = has_keys * _cdiv(keys, blocks["BLOCK_N"]) + has_queries * _cdiv(rows, blocks["BLOCK_M"])
+        grid, wide = _grid(programs, bh)
+        launches.append((grid, {"WIDE": wide, "KEYS": has_keys, "QUERIES": has_queries, "ATOMIC": atomic, **blocks}))
+    return launches
 
 
 def _planned(key, make):
@@ -403,7 +427,7 @@ def _recomputed(ctx, grad, saved, eager, kept):
     derivative flows through."""
     Q, K, V, _, *rest = saved
     tensors = _tensors(ctx, rest[kept:])
-    inputs = [Q, K, V, None, None, *tensors]  # the Function's: causal and symbols have no gradient
+    inputs = [Q, K, V, None, None, None, *tensors]  # the Function's: causal, deterministic, symbols have none
     wanted = [i for i, x in enumerate(inputs) if x is not None and ctx.needs_input_grad[i]]
     out = eager(Q, K, V, ctx.causal, ctx.symbols, tensors)
     found = torch.autograd.grad(out, [inputs[i] for i in wanted], grad, create_graph=True, allow_unused=True)
@@ -439,9 +463,10 @@ def _physical(x):
 
 
 def _vmapped_core(function, info, in_dims, arguments):
-    """function.apply(Q, K, V, causal, symbols, *tensors) under torch.func.vmap: vmap's axis of each tensor moved first
-    (a size-1 axis where it has none: the kernels broadcast batch axes) as one more leading batch axis of the core;
-    O and the statistics returned with it first. A batched trainable scalar is refused (the kernels read one value)."""
+    """function.apply(Q, K, V, causal, deterministic, symbols, *tensors) under torch.func.vmap: vmap's axis of each
+    tensor moved first (a size-1 axis where it has none: the kernels broadcast batch axes) as one more leading batch
+    axis of the core; O and the statistics returned with it first. A batched trainable scalar is refused (the kernels
+    read one value)."""
     moved = []
     for x, dim in zip(arguments, in_dims):
         if isinstance(x, torch.Tensor) and dim is not None:
@@ -544,8 +569,9 @@ def _autocast(Q, K, V):
     return tuple(x.to(low) if x is not None and x.dtype == torch.float32 else x for x in (Q, K, V))
 
 
-def _core_dual(kernels, Q, K, V, causal, symbols, *tensors):
-    """O as a dual tensor (O, Ȯ) of forward-mode autograd from the dual Q, K, V and tensors: one JVP kernel launch."""
+def _core_dual(kernels, Q, K, V, causal, deterministic, symbols, *tensors):
+    """O as a dual tensor (O, Ȯ) of forward-mode autograd from the dual Q, K, V and tensors: one JVP kernel launch
+    (deterministic, the backward's mode, unread: no backward)."""
     pairs = [(None, None) if x is None else forward_ad.unpack_dual(x) for x in _autocast(Q, K, V)]  # V None: a map
     (Q, Q_t), (K, K_t), (V, V_t) = pairs
     primals = [None if x is None else forward_ad.unpack_dual(x) for x in tensors]
@@ -866,13 +892,18 @@ def _backward_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_DV: tl.constexpr,
+    KEYS: tl.constexpr,
+    QUERIES: tl.constexpr,
+    ATOMIC: tl.constexpr,
     GRAD_M: tl.constexpr,
     WIDE: tl.constexpr,
 ):
-    """The backward in one launch, as two programs' kinds that read nothing the other writes: along axis 0 (axis 1
-    where WIDE) the first ⌈m / BLOCK_N⌉ programs each one block of keys, the rest each one block of query rows, the
-    last first under the causal mask; along the other axis the batch·head, head (a key block's: the key/value
-    batch·head, the programs past them returning).
+    """The backward, as two programs' kinds that read nothing the other writes, in one launch (KEYS and QUERIES) or
+    one launch each (their own block shapes): along axis 0 (axis 1 where WIDE) the first ⌈m / BLOCK_N⌉ programs
+    (KEYS) each one block of keys, the rest (QUERIES) each one block of query rows, the last first under the causal
+    mask; along the other axis the batch·head, head (a key block's: the key/value batch·head, the programs past them
+    returning). ATOMIC (deterministic=False; a launch of the key part alone): the key part also adds each tile's
+    dQ = dS K into DQ (float32) by atomic adds, in no fixed order, and no query part runs.
 
     A block of BLOCK_M query rows of batch·head bh: the key blocks in turn, dQ = Σ dS K; each n × m input's gradient
     tile written where it is made (contiguous (BH, n, m), once each), each trainable scalar's sum over the block's
@@ -882,7 +913,7 @@ def _backward_kernel(
     A block of BLOCK_N keys of key/value batch·head kv: the query blocks of each query head sharing it in turn, each
     tile transposed (keys × queries: Sᵀ = K Qᵀ, Pᵀ recomputed from L, dPᵀ = V dOᵀ, dSᵀ), so dV = Σ Pᵀ dO and
     dK = Σ dSᵀ Q take the tiles as they are made; DK, DV contiguous (BH_kv, m, d) and (BH_kv, m, d_v), each written
-    once. No atomics anywhere. P = 2^(A₂ − L₂): A₂ = log₂(e)·A, L₂ the forward's row
+    once. No atomics but ATOMIC's. P = 2^(A₂ − L₂): A₂ = log₂(e)·A, L₂ the forward's row
     statistic in base 2. dS = c·R for a scalar c: the sums take R, and dQ, dK are
     multiplied by c once."""
     pid, head = tl.program_id(0), tl.program_id(1)
@@ -891,8 +922,8 @@ def _backward_kernel(
     head = head.to(tl.int64)  # int64 offsets: head · stride may pass 2³¹ elements
     c0 = tl.load(C + 0)  # scale/log(2)
     c1 = tl.load(C + 1)  # scale
-    keys = tl.cdiv(m, BLOCK_N)
-    if pid >= keys:  # a block of query rows
+    keys = tl.cdiv(m, BLOCK_N) if KEYS else 0  # the key blocks' programs (a launch of the query part: none)
+    if QUERIES and pid >= keys:  # a block of query rows
         query = pid - keys
         if CAUSAL:  # the query blocks in reverse order: a later one sees more keys, so the heaviest start first
             query = tl.num_programs(1 if WIDE else 0) - 1 - pid  # (a shorter tail)
@@ -945,7 +976,7 @@ def _backward_kernel(
                     tl.store(at_M, g, mask=inside)
         dq = dq * c1  # dS = c·R: c applied once
         tl.store(DQ + bh * n * d + rows[:, None] * d + dd[None, :], dq.to(DQ.dtype.element_ty), mask=q_rows)
-    elif head < tl.num_programs(0 if WIDE else 1) // group:  # a block of keys (the programs past the kv heads: none)
+    elif KEYS and head < tl.num_programs(0 if WIDE else 1) // group:  # a block of keys (past the kv heads: none)
         kv = head
         cols = pid * BLOCK_N + tl.arange(0, BLOCK_N)
         dd = tl.arange(0, BLOCK_D)
@@ -1003,6 +1034,10 @@ def _backward_kernel(
                 g = p * (dp - delta[None, :])
                 ds = g  # dS / c1, G ⊙ J, J finite: 0 where G is
                 dk += tl.dot(ds.to(qT.dtype), tl.trans(qT), input_precision=PRECISION)
+                if ATOMIC:  # dQ = Σ dS K by atomic adds (deterministic=False): no query part
+                    dq_tile = tl.dot(tl.trans(ds.to(k.dtype)), k, input_precision=PRECISION) * c1
+                    at_dq = DQ + bh * n * d + rows[:, None] * d + dd[None, :]
+                    tl.atomic_add(at_dq, dq_tile, mask=(rows[:, None] < n) & (dd[None, :] < d), sem="relaxed")
         dk = dk * c1  # dS = c·R: c applied once
         tl.store(DK + kv * m * d + cols[:, None] * d + dd[None, :], dk.to(DK.dtype.element_ty), mask=k_rows)
         tl.store(DV + kv * m * d_v + cols[:, None] * d_v + de[None, :], dv.to(DV.dtype.element_ty), mask=v_rows)
@@ -1221,22 +1256,25 @@ def _backward_launch(
     coefficients: torch.Tensor,
     inner: int,
     causal: bool,
+    deterministic: bool,
     wanted: list[bool],
 ) -> list[torch.Tensor]:
     """[dQ, dK, dV (in q's, k's and v's shapes), the n × m inputs' gradients (BH, n, m), the trainable scalars'
     partial sums (BH · row blocks)] by the delta and backward kernels, an n × m gradient made only where wanted; a
-    custom op as it is."""
+    custom op as it is. deterministic False: dQ by the key part's atomic adds (float32), no query part, where the
+    query part makes nothing else (no n × m gradient wanted, no trainable scalar, no learned table)."""
     n, m, bh = q.shape[-2], k.shape[-2], lse.shape[0]
     flags = (*(t is None for t in tiles), *wanted)
+    atomic = not (deterministic or any(wanted) or SCALARS)  # (no query part)
     layout = _layout(q, k, v, o, do, lse, residual, *tiles)  # (a direct launch's key: _launcher)
-    key = ("backward", q.dtype, v.dtype, q.device, causal, _precision(q), flags, layout, inner)
+    key = ("backward", q.dtype, v.dtype, q.device, causal, _precision(q), flags, layout, inner, atomic)
     extra = {}
-    plan = _planned(key, lambda: _backward_plan(q, k, v, o, do, residual, tiles, inner, causal, wanted, extra))
+    plan = _planned(key, lambda: _backward_plan(q, k, v, o, do, residual, tiles, inner, causal, wanted, atomic, extra))
     if not plan:  # an operand whose batch axes do not merge into one (_geometry): flattened (a copy)
         q, k, v, o, do = (_rows(x.reshape(-1, *x.shape[-2:])) for x in (q, k, v, o, do))
-        arguments = (q, k, v, o, do, lse, residual, tiles, coefficients, inner, causal, wanted)
-        return _backward_launch(*arguments)
-    rows, (delta_launch, delta_sizes), (launch, _, sizes) = plan
+        options = (inner, causal, deterministic, wanted)
+        return _backward_launch(q, k, v, o, do, lse, residual, tiles, coefficients, *options)
+    rows, (delta_launch, delta_sizes), launches, sizes = plan
     delta = lse.new_empty(lse.shape)  # (lse: float32, (BH, n))
     delta_launch(
         o,
@@ -1245,71 +1283,80 @@ def _backward_launch(
         delta,
         *delta_sizes,
     )
-    dq, dk, dv_ = q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)  # (contiguous: as the kernel writes)
+    # (contiguous: as the kernels write them; atomic: dQ summed by the key part's adds, in float32)
+    dq = q.new_zeros(q.shape, dtype=torch.float32) if atomic else q.new_empty(q.shape)
+    dk, dv_ = k.new_empty(k.shape), v.new_empty(v.shape)
     tile_grads = [torch.zeros((bh, n, m), dtype=torch.float32, device=q.device) for w in wanted if w]
     sums = [torch.empty((bh * rows,), dtype=torch.float32, device=q.device) for _ in range(SCALARS)]
-    launch(
-        q,
-        k,
-        v,
-        do,
-        lse,
-        delta,
-        dk,
-        dv_,
-        *_tile_arguments(tiles, q),
-        coefficients,
-        *sizes,
-        dq,
-        *_made(tile_grads, wanted, dq),  # an n × m gradient not wanted: dq's pointer, never written
-        *sums,
-    )
-    return [dq, dk, dv_, *tile_grads, *sums]
+    for launch, _ in launches:  # the key and query parts: one launch, or one each (_backward_parts)
+        launch(
+            q,
+            k,
+            v,
+            do,
+            lse,
+            delta,
+            dk,
+            dv_,
+            *_tile_arguments(tiles, q),
+            coefficients,
+            *sizes,
+            dq,
+            *_made(tile_grads, wanted, dq),  # an n × m gradient not wanted: dq's pointer, never written
+            *sums,
+        )
+    return [dq.to(q.dtype), dk, dv_, *tile_grads, *sums]
 
 
-def _backward_plan(q, k, v, o, do, residual, tiles, inner, causal, wanted, extra):
-    """(query blocks, the delta kernel's launch (_launcher) and last arguments, the backward kernel's launch,
-    constexprs and its strides and sizes) for operands like q, k, v, o, do, O's residual, the tiles and the gradients
-    wanted, extra the backward kernel's further constexprs (made once per _planned key); None where an operand's
-    batch axes do not merge into one (_geometry)."""
+def _backward_plan(q, k, v, o, do, residual, tiles, inner, causal, wanted, atomic, extra):
+    """(query blocks, the delta kernel's launch (_launcher) and last arguments, the backward kernel's launches
+    [(_launcher, constexprs)]: its key and query parts, one launch or one each, _backward_parts; atomic: dQ by the key
+    part's atomic adds, and its strides and sizes) for operands like q, k, v, o, do, O's residual, the tiles and the
+    gradients wanted, extra the backward kernel's further constexprs (made once per _planned key); None where an
+    operand's batch axes do not merge into one (_geometry)."""
     n, d, m, dv = q.shape[-2], q.shape[-1], k.shape[-2], v.shape[-1]
     shapes = [_geometry(x) for x in (q, k, v, o, do)]  # (B·H, batch stride, row stride) of each
     if None in shapes:
         return None
     (bh, *sq), (bh_kv, *sk), (_, *sv), (_, *so), (_, *sdo) = shapes
     sizes = (*sq, *sk, *sv, *sdo, n, m, d, dv, inner, bh // bh_kv)  # bh // bh_kv: query heads per key/value head
-    blocks = _launch(q, d + dv, "backward")
-    rows = _cdiv(n, blocks["BLOCK_M"])  # the query blocks (a scalar's sums: one per query block)
+    block_m = _launch(q, d + dv, "backward_queries")["BLOCK_M"]
+    rows = _cdiv(n, block_m)  # the query part's blocks (a scalar's sums: one per query block)
     grid, wide = _grid(rows, bh)
-    delta = {"WIDE": wide, "BLOCK_M": blocks["BLOCK_M"], "BLOCK_DV": _width(dv), "RESIDUAL": residual.numel() > 0}
+    delta = {"WIDE": wide, "BLOCK_M": block_m, "BLOCK_DV": _width(dv), "RESIDUAL": residual.numel() > 0}
     delta = _launcher(_delta_kernel, grid, delta, q.device), (*so, *sdo, n, dv)
-    grid, wide = _grid(_cdiv(v.shape[-2], blocks["BLOCK_N"]) + rows, bh)  # the key blocks' programs, then the query's
-    flags = {"CAUSAL": causal, "PRECISION": _precision(q), "WIDE": wide, **_flags(tiles)}
-    widths = {"BLOCK_D": _width(d), "BLOCK_DV": _width(dv)}
-    constexprs = {**flags, **widths, **blocks, **dict(zip(GRADIENT_FLAGS, wanted)), **extra}
-    return rows, delta, (_launcher(_backward_kernel, grid, constexprs, q.device), constexprs, sizes)
+    flags = {"CAUSAL": causal, "PRECISION": _precision(q), **_flags(tiles)}
+    flags |= {"BLOCK_D": _width(d), "BLOCK_DV": _width(dv), **dict(zip(GRADIENT_FLAGS, wanted)), **extra}
+    launches = []
+    for grid, part in _backward_parts(q, d + dv, m, n, bh, atomic):
+        constexprs = {**flags, **part}
+        launches.append((_launcher(_backward_kernel, grid, constexprs, q.device), constexprs))
+    return rows, delta, launches, sizes
 
 
 _backward_op = torch.library.custom_op(f"{_OPS}_backward", _backward_launch, mutates_args=())
 
 
 @_backward_op.register_vmap
-def _backward_vmap(info, in_dims, q, k, v, o, do, lse, residual, tiles, coefficients, inner, causal, wanted):
+def _backward_vmap(
+    info, in_dims, q, k, v, o, do, lse, residual, tiles, coefficients, inner, causal, deterministic, wanted
+):
     """The backward op under torch.func.vmap (jacrev, per-sample gradients): vmap's axis of every argument merged into
     the batch·head axis the kernels step through (_merged), every result split back (_split)."""
     size = info.batch_size
     _no_batched_scalar(in_dims[8] is not None)  # coefficients: the trainable scalars' values
     q, k, v, o, do, lse, residual = (_merged(x, dim, size) for x, dim in zip((q, k, v, o, do, lse, residual), in_dims))
     tiles = [_merged(t, dim, size) for t, dim in zip(tiles, in_dims[7])]
-    return _split(_backward_launch(q, k, v, o, do, lse, residual, tiles, coefficients, inner, causal, wanted), size)
+    arguments = (q, k, v, o, do, lse, residual, tiles, coefficients, inner, causal, deterministic, wanted)
+    return _split(_backward_launch(*arguments), size)
 
 
 @_backward_op.register_fake
-def _backward_fake(q, k, v, o, do, lse, residual, tiles, coefficients, inner, causal, wanted):
+def _backward_fake(q, k, v, o, do, lse, residual, tiles, coefficients, inner, causal, deterministic, wanted):
     bh, n, m = q.shape[0], q.shape[1], k.shape[1]
     grads = [torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)]
     grads += [q.new_empty((bh, n, m), dtype=torch.float32) for w in wanted if w]
-    rows = _cdiv(n, _launch(q, q.shape[-1] + v.shape[-1], "backward")["BLOCK_M"])  # a scalar's sums: one per row block
+    rows = _cdiv(n, _launch(q, q.shape[-1] + v.shape[-1], "backward_queries")["BLOCK_M"])  # one sum per query block
     return grads + [q.new_empty((bh * rows,), dtype=torch.float32) for _ in range(SCALARS)]
 
 
@@ -1348,13 +1395,14 @@ def _backward(ctx, grad, saved):
         k, v = (_rows(_flat(x, kv, m, c)) for x, c in ((K, d), (V, dv)))
         o, do, run = _rows(O.reshape(-1, n, dv)), _rows(_flat(grad, batch, n, dv)), _backward_op
     flat = [None if t is None else _tile(t, batch, n, m) for t in tiles]
-    wanted = [ctx.needs_input_grad[5 + i] for i in GRADIENT_INDEX]
+    wanted = [ctx.needs_input_grad[6 + i] for i in GRADIENT_INDEX]
     inner = _inner(batch)
-    arguments = (q, k, v, o, do, lse, residual, flat, coefficients, inner, ctx.causal, wanted)
+    options = (inner, ctx.causal, ctx.deterministic, wanted)
+    arguments = (q, k, v, o, do, lse, residual, flat, coefficients, *options)
     dq, dk, dv_, *rest = run(*arguments)
     made = iter(zip(_made(rest[: wanted.count(True)], wanted, None), wanted))
     sums = rest[wanted.count(True) :]
-    grads = [_gradient(dq, batch, Q), _gradient(dk, kv, K), _gradient(dv_, kv, V), None, None]
+    grads = [_gradient(dq, batch, Q), _gradient(dk, kv, K), _gradient(dv_, kv, V), None, None, None]
     grads.append(_tile_gradient(*next(made), batch, tiles[0]))
     grads += [total.sum().reshape(x.shape).to(x.dtype) for total, x in zip(sums, scalars)]
     return tuple(grads)
@@ -1427,16 +1475,17 @@ def _core_jvp(Q, K, V, thin_tangents, causal, symbols, tensors, tangents):
 
 @_signature_kept
 class _CoreFunction(torch.autograd.Function):
-    """O = softmax(A) V of the kernels; apply(Q, K, V, causal, symbols, M) returns (O, L, R)."""
+    """O = softmax(A) V of the kernels; apply(Q, K, V, causal, deterministic, symbols, M) returns (O, L, R)."""
 
     @staticmethod
-    def forward(Q, K, V, causal, symbols, *tensors):
+    def forward(Q, K, V, causal, deterministic, symbols, *tensors):
         return _forward(Q, K, V, causal, symbols, tensors)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        Q, K, V, causal, symbols, *tensors = inputs
+        Q, K, V, causal, deterministic, symbols, *tensors = inputs
         ctx.causal, ctx.symbols, ctx.absent = causal, symbols, [t is None for t in tensors]
+        ctx.deterministic = deterministic  # the backward's mode (False: dQ by atomic adds)
         ctx.set_materialize_grads(False)  # no zeros made for L, R (never used): backward takes None
         O, *kept = output  # the statistics the backward reads (not differentiable)
         ctx.save_for_backward(Q, K, V, O, *kept, *(t for t in tensors if t is not None))
@@ -1444,12 +1493,12 @@ class _CoreFunction(torch.autograd.Function):
         ctx.mark_non_differentiable(*kept)
 
     @staticmethod
-    def vmap(info, in_dims, Q, K, V, causal, symbols, *tensors):
+    def vmap(info, in_dims, Q, K, V, causal, deterministic, symbols, *tensors):
         """Under torch.func.vmap: the core with vmap's axis as one more leading batch axis (_vmapped_core)."""
-        return _vmapped_core(_CoreFunction, info, in_dims, (Q, K, V, causal, symbols, *tensors))
+        return _vmapped_core(_CoreFunction, info, in_dims, (Q, K, V, causal, deterministic, symbols, *tensors))
 
     @staticmethod
-    def jvp(ctx, Q_t, K_t, V_t, _causal, _symbols, *tangents):
+    def jvp(ctx, Q_t, K_t, V_t, _causal, _deterministic, _symbols, *tangents):
         """Ȯ by the JVP kernel (torch.func.jvp, jacfwd, forward_ad), from the inputs saved for it and their tangents;
         under vmap (jacfwd) with its axis as one more leading batch axis (_jvp_operands)."""
         _first_forward_mode()
@@ -1537,7 +1586,7 @@ RING = {"normaliser": "row softmax", "rows": ("n", "m"), "dropout": False, "mask
 _CORE = (_CoreFunction, _CoreTraced, _core_jvp, _core_eager, RING)
 
 
-def forward(Q, K, V, M=None, *, scale=None, attn_mask=None, key_padding_mask=None, causal=False):
+def forward(Q, K, V, M=None, *, scale=None, attn_mask=None, key_padding_mask=None, causal=False, deterministic=True):
     """softmax(scale · Q Kᵀ + M) V, M the additive mask.
 
     Returns O of shape (..., n, d_v); the core by the Triton kernels, differentiable (their backward; forward
@@ -1550,14 +1599,32 @@ def forward(Q, K, V, M=None, *, scale=None, attn_mask=None, key_padding_mask=Non
     row whose keys are all masked gives zeros, never NaN.
     scale: default 1/√d_k.
     causal: query i sees keys j <= i.
+    deterministic: True, the backward's gradients the same bits run to run (dQ summed by a pass over each block of
+    query rows: 9 n × m × d products per step); False, dQ added by atomic adds from the pass over each block of keys
+    (7 products; its bits vary run to run), where that pass makes every gradient asked for (no n × m input's
+    gradient, trainable scalar or learned table's: else as True).
     """
-    return _compute(_core, Q, K, V, M, scale, causal=causal, attn_mask=attn_mask, key_padding_mask=key_padding_mask)
+    return _compute(
+        _core,
+        Q,
+        K,
+        V,
+        M,
+        scale,
+        causal=causal,
+        attn_mask=attn_mask,
+        key_padding_mask=key_padding_mask,
+        deterministic=deterministic,
+    )
 
 
 class Attention(torch.nn.Module):
     """attention as a module.
 
-    The torch module's constructor, parameters and forward; the core computed by the Triton kernels."""
+    The torch module's constructor, parameters and forward; the core computed by the Triton kernels. deterministic
+    (an attribute, True by default): the backward's mode, forward's keyword."""
+
+    deterministic = True
 
     def __init__(self, *, scale=None):
         super().__init__()
@@ -1568,7 +1635,15 @@ class Attention(torch.nn.Module):
 
     def forward(self, Q, K, V, M=None, *, attn_mask=None, key_padding_mask=None, causal=False):
         return forward(
-            Q, K, V, M, scale=self.scale, attn_mask=attn_mask, key_padding_mask=key_padding_mask, causal=causal
+            Q,
+            K,
+            V,
+            M,
+            scale=self.scale,
+            attn_mask=attn_mask,
+            key_padding_mask=key_padding_mask,
+            causal=causal,
+            deterministic=self.deterministic,
         )
 
 
@@ -1606,17 +1681,19 @@ def hvp(Q, K, V, grad_out, direction, *, M=None, scale=None, attn_mask=None, key
         return _along(out, grad_out, dict(zip(TANGENT_OF, leaves)), direction)
 
 
-def _compute(_kernels, Q, K, V, M, scale, causal, attn_mask, key_padding_mask):
-    """forward's output, the core O by _kernels(its _CORE, its Q, K, V, causal, symbols, its tiles)."""
+def _compute(_kernels, Q, K, V, M, scale, causal, attn_mask, key_padding_mask, deterministic=True):
+    """forward's output, the core O by _kernels(its _CORE, its Q, K, V, causal, deterministic, symbols, its tiles)."""
     dims = _dimensions(Q, K, V)
     d_k = dims["d_k"]
     scale = 1 / d_k**0.5 if scale is None else scale
     M = _mask("M", _constant(M), attn_mask, key_padding_mask, Q, False)
     if type(causal) is not bool:
         raise ValueError(f"causal must be True or False, got {causal!r}")
+    if type(deterministic) is not bool:
+        raise ValueError(f"deterministic must be True or False, got {deterministic!r}")
     core_q = Q
     core_k = K
     core_v = V
     symbols = {"scale": scale}
-    O = _kernels(_CORE, core_q, core_k, core_v, causal, symbols, M)
+    O = _kernels(_CORE, core_q, core_k, core_v, causal, deterministic, symbols, M)
     return O

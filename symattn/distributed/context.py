@@ -54,7 +54,8 @@ class RingCore:
     def __init__(self, wrapper: ContextParallel, mask: torch.Tensor | None) -> None:
         self.wrapper, self.mask = wrapper, mask
 
-    def __call__(self, core: tuple, Q, K, V, causal, symbols, *tensors) -> torch.Tensor:
+    def __call__(self, core: tuple, Q, K, V, causal, deterministic, symbols, *tensors) -> torch.Tensor:
+        """O of the core by the ring (its eager form per block; deterministic unread: the ring's sums are in order)."""
         if not dist.is_initialized():
             raise SymattnError("context_parallel: torch.distributed is not initialised (init_process_group first)")
         eager, record = core[3], core[4]

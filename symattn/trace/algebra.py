@@ -19,6 +19,7 @@ from symattn.lang import ops
 from symattn.lang.algebra import hadamard_product, product, total
 from symattn.lang.functions import Softplus
 from symattn.trace import frames
+from symattn.trace.forms.head_parameters import folded, operand, widened
 from symattn.trace.forms.heads import across_heads, fixed
 from symattn.trace.layout import argument, at_heads, matrix, same_heads
 from symattn.trace.tracer import MaskArgument, Trace
@@ -29,6 +30,7 @@ FILL_AS_MINUS_INFINITY = -1e9  # a fill value at or below this is read as −∞
 
 def broadcast(t: Trace, x: object, y: object, prefer: tuple = ()) -> tuple[Basic, Basic, int | None, tuple]:
     """The two operands' expressions at one matrix shape (rows and columns of size 1 broadcast), their heads."""
+    operand(t, x, y), operand(t, y, x)  # a parameter with a heads axis meeting per-head values: read per head
     a, b = t.value(x, prefer), t.value(y, prefer)
     if a.is_scalar or b.is_scalar:
         return a.expr, b.expr, a.heads if b.is_scalar else b.heads, ()
@@ -38,6 +40,7 @@ def broadcast(t: Trace, x: object, y: object, prefer: tuple = ()) -> tuple[Basic
         if la != 1 and lb != 1:
             t.dims.equate(la, lb)
     a, b = t.value(x, prefer), t.value(y, prefer)
+    a, b = widened(a, b), widened(b, a)  # a value per head: made at the other's rows and columns
     ea, eb = at_heads(a, heads), at_heads(b, heads)
     if a.rows == 1 and b.rows != 1:
         ea = product(OneMatrix(b.rows, 1), ea)
@@ -187,7 +190,7 @@ def function(record: type):
             raise Refused("softplus with beta ≠ 1")
         if v.is_scalar:
             return Value(record.scalar(v.expr), ())
-        return Value(record(matrix(v).expr), tuple(result.shape), v.heads)
+        return folded(v, record) or Value(record(matrix(v).expr), tuple(result.shape), v.heads)
 
     rule.record = record
     return rule

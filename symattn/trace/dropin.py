@@ -154,6 +154,7 @@ class ClosedForm:
                 given.append(_unbatched(constants[name], name))
         out = self.code(traced.spec).forward(*inputs, *given)
         out = out.transpose(0, 1) if traced.sequence_first[1] else out
+        out = out.unflatten(-1, (traced.heads_first, -1)).transpose(-3, -2) if traced.split_output else out
         dtype = self._autocast_dtype(args, out.device.type)
         return out if dtype is None else out.to(dtype)
 

@@ -55,6 +55,11 @@ class Traced:
     # arguments' transpose(0, 1) and transposes its output back (torch's batch_first=False attention)
     sequence_first: tuple[bool, bool] = (False, False)
     mask: str | None = None  # the spec's additive mask constant, by name (``split_constants``): the drop-in batches it
+    # the parameters read per head as tables, by position in arguments + parameters: (H, a, b), each head's first a
+    # rows and b columns laid out a × (H·b) (``forms.head_parameters.spec_layout``)
+    layouts: dict[int, tuple[int, int, int]] = field(default_factory=dict)
+    heads_first: int | None = None  # H: the float arguments (…, H, n, d) are split_heads(X, H) of X (…, n, H·d)
+    split_output: bool = False  # the output is per head (…, H, n, d_v): the drop-in splits generated code's back
 
 
 def block_sources(traced: Traced) -> dict[str, tuple[str, int, int, int]]:
@@ -85,10 +90,18 @@ def spec_tensors(traced: Traced, tensors: list, offset: int = 0) -> list:
     """The spec's input tensors from the traced inputs' (the arguments', then the parameters', in order; the first
     given at position offset): one read in blocks as its blocks, views of it (``narrow``), so that autograd hands
     its gradient back whole; a 3-D argument of a sequence-first trace as its transpose(0, 1), (B, n, c))."""
+    from symattn.trace.forms.head_parameters import spec_layout
+
     out: list = []
     for i, x in enumerate(tensors, offset):
         if traced.sequence_first[0] and i < len(traced.arguments) and x.ndim == 3:
             x = x.transpose(0, 1)
+        if traced.heads_first and i < len(traced.arguments) and x.ndim > 2 and x.shape[-3] == traced.heads_first:
+            x = x.transpose(-3, -2).flatten(-2)  # (…, H, n, d) → (…, n, H·d), the spec's X
+        if i in traced.layouts:
+            x = spec_layout(x, traced.layouts[i])
+        elif i >= len(traced.arguments) and x.ndim > 2:  # a parameter (1, …, 1, r, c): its matrix; (unused) its first
+            x = x.reshape(x.shape[-2:]) if x.shape[:-2].numel() == 1 else x[(0,) * (x.ndim - 2)]
         out.extend([x.narrow(axis, a, b - a) for axis, a, b in traced.views[i]] if i in traced.views else [x])
     return out
 
@@ -102,18 +115,21 @@ def trace(fn, examples: tuple, name: str | None = None) -> Traced:
     """Run fn on the examples under the tracer and build the spec (see the module docstring); again, with a float
     argument a constant, when the code adds that argument as it is to per-head values (or slices it): an additive
     mask (``tracer.MaskArgument``)."""
+    from symattn.trace.forms.head_parameters import HeadsFirst
     from symattn.trace.tracer import MaskArgument, SequenceFirst
 
     masks: set[str] = set()
-    first = False  # sequence first (tracer.SequenceFirst)
+    first, heads = False, None  # sequence first (tracer.SequenceFirst); heads first (head_parameters.HeadsFirst)
     refusals: list[SymattnError] = []  # a slice's: the error to give if the sliced argument is no mask after all
     tentative: set[str] = set()  # added to another such argument: masks unless their sum is used otherwise
     inputs: set[str] = set()  # tried as masks and used otherwise: inputs, never again masks
     while True:
         try:
-            return _trace(fn, examples, name, masks, inputs, first)
+            return _trace(fn, examples, name, masks, inputs, first, heads)
         except SequenceFirst:
             first = True
+        except HeadsFirst as signal:
+            heads = signal.heads
         except MaskArgument as signal:
             if signal.name in masks:  # (a constant is never traced: it cannot signal twice)
                 raise SymattnError(f"from_torch: the mask argument {signal.name} is traced") from None
@@ -137,13 +153,16 @@ def _trace(
     masks: set[str],
     inputs: set[str] = frozenset(),
     sequence_first: bool = False,
+    heads: int | None = None,
 ) -> Traced:
     """One trace, the float arguments named in masks constants (additive masks), the others inputs (those named in
-    inputs never tried as masks); sequence_first: the 3-D float arguments (n, B, c)."""
+    inputs never tried as masks); sequence_first: the 3-D float arguments (n, B, c); heads: H, the float arguments
+    (…, H, n, d) already split into heads (``forms.head_parameters.HeadsFirst``)."""
     import torch
 
     from symattn.trace.constants import Ref
     from symattn.trace.forms import shift
+    from symattn.trace.forms.head_parameters import merged, split_arguments
     from symattn.trace.state import state_kept
     from symattn.trace.table import OPS, PER_TOKEN
     from symattn.trace.tracer import Mode, NameTaker, Trace
@@ -156,8 +175,9 @@ def _trace(
         bound = inspect.signature(forward).bind(*examples)
     except TypeError as err:
         raise SymattnError(f"from_torch: the examples do not fit {_qualname(fn)}: {err}") from None
-    t = Trace(ops=OPS, follow=shift.follow, per_token=PER_TOKEN, sequence_first=sequence_first)
+    t = Trace(ops=OPS, follow=shift.follow, per_token=PER_TOKEN, sequence_first=sequence_first, heads_first=heads)
     arguments, demoted = _arguments(t, bound.arguments, masks, inputs)
+    split_arguments(t, bound.arguments, arguments)
     params = list(module.named_parameters()) if module is not None else []
     for pname, p in params:
         t.add_input(_own_name(pname.replace(".", "_")), p)
@@ -171,7 +191,7 @@ def _trace(
         raise SymattnError(f"from_torch: {_qualname(fn)} returns a {type(out).__name__}; trace one returning a tensor")
     if not t.traced(out):
         raise SymattnError(f"from_torch: the output of {_qualname(fn)} does not depend on its float inputs")
-    output = _output(fn, t.values[id(out)], sequence_first)
+    output = _output(fn, merged(t, t.values[id(out)]), sequence_first)
     used = _shared(t, params, output.expr)
     t.constants = [c for c in t.constants if c.symbol in used]  # (a slice's S merged into a rotation R: gone)
     first = t.inputs[0][0] if t.inputs else ""
@@ -186,16 +206,8 @@ def _trace(
                 )
     _order_constants(t)
     rename = _dimension_names(t, {_own_name(p) for p in arguments}, first)
-    spec = _spec(
-        t,
-        output,
-        rename,
-        name or _snake(_qualname(fn)),
-        fn,
-        [_own_name(p.replace(".", "_")) for p, _ in params],
-        examples,
-        views,
-    )
+    own = [_own_name(p.replace(".", "_")) for p, _ in params]
+    spec = _spec(t, output, rename, name or _snake(_qualname(fn)), fn, own, examples, views)
     for c in t.constants:
         c.symbol = c.symbol.xreplace(rename)
     shapes = tuple(tuple(e.shape) if isinstance(e, torch.Tensor) else None for e in examples)
@@ -203,8 +215,9 @@ def _trace(
     ranges = {names.index(n): tuple((b.axis, b.start, b.stop) for b in blocks) for n, blocks in views.items()}
     params_ = tuple(p for p, _ in params)
     traced = Traced(spec, t.program, t.constants, tuple(arguments), params_, shapes, tuple(demoted), tuple(t.upcast))
-    traced.views = ranges
-    traced.sequence_first = (sequence_first, output.pending == "seq_first")
+    traced.views, traced.layouts = ranges, {names.index(n): layout for n, layout in t.head_layouts.items()}
+    traced.sequence_first, traced.heads_first = (sequence_first, output.pending == "seq_first"), heads
+    traced.split_output = output.layout == ("merged_heads",)  # (head_parameters.merged)
     from symattn.codegen.schedule.build import split_constants  # (codegen loads only when a trace needs it)
 
     additive, _ = split_constants(spec)
@@ -218,7 +231,8 @@ def _shared(t: Trace, params: list, output: Basic) -> set:
     used = output.free_symbols if hasattr(output, "free_symbols") else set()
     symbols = dict(t.inputs)
     for pname, p in params:
-        if p.ndim > 2 and p.shape[:-2].numel() > 1 and symbols.get(_own_name(pname.replace(".", "_"))) in used:
+        name = _own_name(pname.replace(".", "_"))
+        if p.ndim > 2 and p.shape[:-2].numel() > 1 and name not in t.head_layouts and symbols.get(name) in used:
             raise SymattnError(
                 f"from_torch: the parameter {pname} of shape {tuple(p.shape)} has leading axes: a parameter is one "
                 "matrix shared by every sequence and head (one constant per sequence is a buffer)"

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from symattn.lang.functions import FUNCTIONS, TORCH, Elementwise, Gelu
 from symattn.lang.rowwise import LogSoftmax, RowSoftmax
 from symattn.trace import algebra, layers, layout
-from symattn.trace.forms import blocks, groups, masks, merged, piecewise, rotary, shift, tables
+from symattn.trace.forms import blocks, groups, head_parameters, masks, merged, piecewise, rotary, shift, tables
 
 Rule = Callable[..., object]
 
@@ -149,5 +149,8 @@ OPS.update(
         if issubclass(r, Elementwise) and r.exported and _torch_name(r)
     }
 )
+
+# a parameter with a heads axis lined up with the heads, or cut to lengths, by any of these: read per head first
+OPS.update({name: head_parameters.first(OPS[name], name) for name in ("view", "reshape", "__getitem__", "unsqueeze")})
 
 PER_TOKEN = _per_token(OPS)

@@ -80,6 +80,7 @@ class Trace:
     follow: Callable | None = None
     per_token: dict = field(default_factory=dict)  # table.PER_TOKEN: the operations read sequence first, too
     sequence_first: bool = False  # the 3-D float arguments are (n, B, c) (torch's batch_first=False attention)
+    heads_first: int | None = None  # H: the float arguments (…, H, n, d) are already split into H heads
     kept: list[object] = field(default_factory=list)  # every tensor seen, alive: ids stay unique
     known: dict[int, Value] = field(default_factory=dict)  # the inputs' and constants' own values (alive), by id
     # the forward's bool tensor arguments (by id): their names, in argument order, and the first input's batch axes;
@@ -97,6 +98,7 @@ class Trace:
     read: dict[int, Basic] = field(default_factory=dict)  # the matrix lengths the code read (size, shape), by value
     dtype: torch.dtype = torch.float32  # the first floating input's: the precision the traced code runs at
     drawn: set = field(default_factory=set)  # the dropout masks made (``layout.drawn``): one per draw
+    head_layouts: dict = field(default_factory=dict)  # parameters read per head, by name: (H, a, b) (forms.head_…)
 
     def __post_init__(self) -> None:
         self.dims = Dims(self._substitute)
@@ -248,11 +250,9 @@ class Trace:
 
     def number(self, obj: object) -> Basic:
         """A number operand that is no dimension's expression (eps, a fill value)."""
-        if isinstance(obj, torch.Tensor):
-            if self.traced(obj):
-                raise Refused("a traced tensor where a fixed number is expected")
-            obj = obj.item()
-        return literal(obj)
+        if isinstance(obj, torch.Tensor) and self.traced(obj):
+            raise Refused("a traced tensor where a fixed number is expected")
+        return literal(obj.item() if isinstance(obj, torch.Tensor) else obj)
 
     # names
 

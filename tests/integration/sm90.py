@@ -6,11 +6,14 @@ that the cut counts as the full compile does.
 
 Each kernel is compiled at the launch the module's own ``_launch`` gives it on an sm_90 GPU for a dtype (16-bit or
 float32 pointers) and a head dimension d (d_v = d): its BLOCK_M × BLOCK_N, num_warps and num_stages, BLOCK_D =
-BLOCK_DV = d padded to a power of two; the delta kernel takes the backward's BLOCK_M and Triton's default warps and
-stages, as the module launches it. Every optional tile present (HAS_*, TANGENT_*, GRAD_* on), causal, PRECISION "ieee"
-for float32 (the default float32 matmul precision), a learned table's histogram 32 slots. The compiled kernel's
-``metadata.shared`` is the dynamic shared memory a GPU launch asks for (bytes). Settings that coincide are compiled
-once. torch and triton are imported once for every module (one subprocess).
+BLOCK_DV = d padded to a power of two; the delta kernel takes the backward's query part's BLOCK_M and Triton's default
+warps and stages, as the module launches it. A backward kernel's name may end in "@keys", "@queries" or "@atomic":
+its key part alone at the key part's launch, its query part alone at the query part's, the key part adding dQ by
+atomic adds into float32 (deterministic=False); without: the module's first backward launch, both parts where their
+two settings coincide (one launch), else the key part. Every optional tile present (HAS_*, TANGENT_*, GRAD_* on),
+causal, PRECISION "ieee" for float32 (the default float32 matmul precision), a learned table's histogram 32 slots.
+The compiled kernel's ``metadata.shared`` is the dynamic shared memory a GPU launch asks for (bytes). Settings that
+coincide are compiled once. torch and triton are imported once for every module (one subprocess).
 """
 
 from __future__ import annotations
@@ -36,7 +39,13 @@ from triton._C.libtriton import ir, nvidia as nv, passes
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-LAUNCHED = {"forward": "forward", "delta": "backward", "backward": "backward", "jvp": "jvp"}  # _launch's kernel
+LAUNCHED = {"forward": "forward", "delta": "backward_queries", "backward": "backward_keys", "jvp": "jvp"}  # _launch's
+PARTS = {  # a backward kernel's launch by its name's ending: _launch's kernel, KEYS, QUERIES, ATOMIC
+    "": ("backward_keys", True, None, False),  # QUERIES: where the two parts' launches coincide (_backward_parts)
+    "keys": ("backward_keys", True, False, False),
+    "queries": ("backward_queries", False, True, False),
+    "atomic": ("backward_keys", True, False, True),
+}
 
 
 class Lowered(Exception):  # raised by the cut LLVM IR stage: the metadata with its shared memory
@@ -99,6 +108,8 @@ def signature_of(fn, dtype, constexprs):
             signature[p] = f"*{dtype}"
         elif p in ("L", "D", "C", "R") or p[:2] in ("T_", "G_", "R_", "TT"):  # C: the scalar arguments, float32
             signature[p] = "*fp32"
+        elif p == "DQ" and constexprs.get("ATOMIC"):  # the key part's atomic adds: float32
+            signature[p] = "*fp32"
         elif p in ("Q", "K", "V", "O", "DO", "DL", "DK", "DV", "DQ", "Q_DOT", "K_DOT", "V_DOT", "O_DOT"):
             signature[p] = f"*{dtype}"
         else:
@@ -110,10 +121,15 @@ def launch(module, name, names, dtype, head):
     # the constexprs and options of the kernel's launch on an sm_90 GPU (a stand-in tensor: is_cuda, element size)
     x = SimpleNamespace(is_cuda=True, element_size=lambda: 2 if dtype == "fp16" else 4)
     width = head * (2 if "BLOCK_DV" in names else 1)  # _launch's row: d + d_v, or d for a map (no V)
+    name, _, part = name.partition("@")
     kind = re.sub(r"^_|_kernel\\d*$", "", name)
-    got = module._launch(x, width, LAUNCHED[kind])
+    launched, keys, queries, atomic = PARTS[part] if kind == "backward" else (LAUNCHED[kind], None, None, None)
+    got = module._launch(x, width, launched)
+    if kind == "backward" and queries is None:  # the module's first backward launch: both parts where they coincide
+        queries = got == module._launch(x, width, "backward_queries")
     padded = module._width(head)
     constexprs = {"BLOCK_M": got["BLOCK_M"], "BLOCK_N": got["BLOCK_N"], "BLOCK_D": padded, "BLOCK_DV": padded}
+    constexprs |= {"KEYS": keys, "QUERIES": queries, "ATOMIC": atomic}
     options = {k: got[k] for k in ("num_warps", "num_stages")} if kind != "delta" else {}  # delta: triton's defaults
     return {k: v for k, v in constexprs.items() if k in names}, options
 
@@ -125,7 +141,7 @@ for path, name, dtype, head, full in jobs:
         spec = importlib.util.spec_from_file_location(Path(path).stem, path)
         modules[path] = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(modules[path])
-    fn = getattr(modules[path], name)
+    fn = getattr(modules[path], name.partition("@")[0])
     names = list(inspect.signature(fn.fn).parameters)
     constexprs, options = launch(modules[path], name, names, dtype, head)
     key = (path, name, dtype, full, json.dumps(constexprs, sort_keys=True), json.dumps(options, sort_keys=True))

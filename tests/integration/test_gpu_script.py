@@ -65,14 +65,20 @@ def test_every_timed_run_ran(report):
 @needs_triton
 def test_the_triton_section_times_every_variant_and_the_bias_gradient_is_the_same_bits(report):
     """Under the interpreter (tests/conftest.py sets TRITON_INTERPRET=1): every variant timed for the Triton module,
-    torch.compile and eager math (SDPA where it expresses the variant), the bias gradient equal across two runs, the
-    Triton time ÷ its peer's (SDPA without FlexAttention on the CPU; SDPA's plain attention for the variants
-    FlexAttention cannot express), and every variant's Triton JVP tangent equal to torch.func.jvp's of the math."""
+    torch.compile and eager math (SDPA where it expresses the variant; plain and causal also with
+    deterministic=False, the Triton cell alone), the bias gradient equal across two runs, the Triton time ÷ its
+    peer's (SDPA without FlexAttention on the CPU; SDPA's plain attention for the variants FlexAttention cannot
+    express), and every variant's Triton JVP tangent equal to torch.func.jvp's of the math."""
     rows = _section(report, "Triton modules")
     cells = [[c.strip() for c in row.split("|")[1:-1]] for row in rows]
     variants = ["plain", "causal", "softcap", "alibi", "bias", "sigmoid", "softplus", "differential", "pointer"]
-    assert [c[0] for c in cells] == variants, rows
-    by = dict(zip(variants, cells))
+    atomic = ["plain, deterministic=False", "causal, deterministic=False"]  # the other backward mode, Triton alone
+    assert [c[0] for c in cells] == ["plain", atomic[0], "causal", atomic[1], *variants[2:]], rows
+    by = {c[0]: c for c in cells}
+    for name in atomic:
+        c = by.pop(name)
+        assert re.fullmatch(r"\d+\.\d\d", c[2]) and c[3:7] == ["—"] * 4, c
+        assert re.fullmatch(r"\d+\.\d\d ÷ SDPA", c[8]), c
     for name, c in by.items():
         assert all(re.fullmatch(r"\d+\.\d\d", x) for x in (c[2], c[5], c[6])), c  # Triton, compiled, eager
         sdpa = name in ("plain", "causal", "alibi", "differential")

@@ -14,7 +14,6 @@ from symattn.generated import (  # noqa: E402
     attention_torch,
     attention_torch_memeff,
     mha_torch,
-    mha_torch_memeff,
     transformer_block_torch,
 )
 
@@ -59,10 +58,6 @@ CASES = {
         _attention,
     ),
     "mha": (lambda x, *w: mha_torch.forward(x, x, x, *w, num_heads=2, causal=True), _mha),
-    "mha memeff": pytest.param(  # blocks of 5 rows: two at either size (a third traces a quarter more graph)
-        (lambda x, *w: mha_torch_memeff.forward(x, x, x, *w[:4], num_heads=2, block_size=5), _mha),
-        marks=pytest.mark.slow,
-    ),
     "transformer_block (eps)": pytest.param((_block_forward, _block), marks=pytest.mark.slow),
     "attention jvp": (lambda q, k, v: attention_torch.jvp(q, k, v, {"K": v})[1], _attention),
 }

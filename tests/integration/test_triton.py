@@ -101,8 +101,9 @@ def test_attention_matches_autograd_and_the_torch_module(mask, causal, folder):
 
 
 LAUNCHES = {  # each kernel's BLOCK_M × BLOCK_N, as a GPU's LAUNCH table and shared-memory rule may choose
-    "tall": dict.fromkeys(("forward", "backward", "jvp"), (32, 16)),
-    "mixed": {"forward": (16, 32), "backward": (16, 32), "jvp": (32, 32)},  # and wide
+    "tall": dict.fromkeys(("forward", "backward_keys", "backward_queries", "jvp"), (32, 16)),
+    # and wide; the backward's parts launched apart, each its own blocks
+    "mixed": {"forward": (16, 32), "backward_keys": (16, 32), "backward_queries": (32, 16), "jvp": (32, 32)},
 }
 
 
@@ -161,8 +162,7 @@ def _settings(plan):
 def test_a_gpu_launch_is_the_tables_setting_shrunk_to_fit_shared_memory(size, folder):
     """On a GPU (a CUDA tensor's is_cuda and element size are all _launch reads): LAUNCH's blocks, warps and stages;
     the blocks halved, down to 16, until one held block and num_stages streamed ones of padded rows, COPIES of each
-    (the JVP's tangents), fit SHARED (the backward's both ways: its key part streams query blocks, its query part key
-    blocks)."""
+    (the JVP's tangents), fit SHARED (the backward's key part streams query blocks, its query part key blocks)."""
     from types import SimpleNamespace
 
     module = triton_module("attention", folder)
@@ -171,13 +171,12 @@ def test_a_gpu_launch_is_the_tables_setting_shrunk_to_fit_shared_memory(size, fo
         for width in (40, 128, 256, 512):
             got = module._launch(cuda, width, kernel)
             blocks = [got["BLOCK_M"], got["BLOCK_N"]]
-            parts = (0, 1) if module.STREAMED[kernel] is None else (module.STREAMED[kernel],)  # None: both streamed
+            streamed = module.STREAMED[kernel]
             row = module._width(width) * size * module.COPIES[kernel]
             assert (got["num_warps"], got["num_stages"]) == (warps, stages)
             assert all(b in (16, 32, 64, 128, 256) for b in blocks) and blocks[0] <= block_m and blocks[1] <= block_n
-            for streamed in parts:
-                needed = (blocks[1 - streamed] + stages * blocks[streamed]) * row
-                assert needed <= module.SHARED or max(blocks) == 16, (kernel, width, got)
+            needed = (blocks[1 - streamed] + stages * blocks[streamed]) * row
+            assert needed <= module.SHARED or max(blocks) == 16, (kernel, width, got)
             if (block_m + block_n) * (1 + stages) * row <= module.SHARED:  # room for the table's blocks: kept
                 assert blocks == [block_m, block_n], (kernel, width, got)
     assert module._launch(torch.zeros(1), 128, "forward") == {"BLOCK_M": 16, "BLOCK_N": 16}  # the interpreter's
@@ -372,6 +371,7 @@ GPU_KERNELS = {
 CUT = ("softplus", "sigmoid", "differential", "maps")
 SWEPT = ("features", "pointer", "tables")  # a module per kernel template (a core's, a map's, a table's): every kernel
 # of each at every dtype and head dimension (cut at shared memory's allocation: sm90.py)
+PARTS = ("keys", "queries", "atomic")  # each backward kernel's launches apart (sm90.py), cut at the allocation
 
 
 def _gpu_spec(name: str) -> sa.Spec:
@@ -386,7 +386,7 @@ def _gpu_spec(name: str) -> sa.Spec:
     return made[name]() if name in made else gallery(name)
 
 
-@pytest.mark.slow  # one subprocess: 13 kernels compiled in full, 79 cut at the allocation
+@pytest.mark.slow  # one subprocess: 13 kernels compiled in full, 132 cut at the allocation
 def test_every_kernel_compiles_for_an_h100_and_fits_its_shared_memory(tmp_path):
     """Each kernel of GPU_KERNELS compiled for sm_90 at its launch there (the module's _launch), its batch·head index
     int64, no TF32; each kernel of SWEPT at every dtype and head dimension 64, 128, 256: the shared memory its launch
@@ -396,11 +396,14 @@ def test_every_kernel_compiles_for_an_h100_and_fits_its_shared_memory(tmp_path):
         path = tmp_path / f"{name}_triton.py"
         path.write_text(render(_gpu_spec(name), "triton"), encoding="utf-8")
         names = [k.split(":")[0] for k in kernels]
+        parted = [f"{k}@{part}" for k in names if k.startswith("_backward_kernel") for part in PARTS]
         whole = [(k, "fp16") for k in names] + [(k[:-5], "fp32") for k in kernels if k.endswith(":fp32")]
         jobs += [(path, kernel, dtype, 64, name not in CUT) for kernel, dtype in whole]
         if name in SWEPT:  # (the settings compiled in full not again)
-            every = [(k, dtype, head) for k in names for dtype in DTYPES for head in HEAD_DIMS]
+            every = [(k, dtype, head) for k in names + parted for dtype in DTYPES for head in HEAD_DIMS]
             jobs += [(path, k, dtype, head, False) for k, dtype, head in every if head != 64 or (k, dtype) not in whole]
+        else:
+            jobs += [(path, k, "fp16", 64, False) for k in parted]
     rows = compile_kernels(jobs, tmp_path)
     assert [(r["module"], r["kernel"], r["dtype"], r["head"]) for r in rows] == [
         (p.stem, k, dtype, head) for p, k, dtype, head, _ in jobs

@@ -3,6 +3,7 @@ signatures, calls, tuples and dicts, so that a rendered module is ruff-format cl
 
 from __future__ import annotations
 
+import ast
 import textwrap
 
 from symattn.codegen.backends.triton.eager import eager_body
@@ -96,13 +97,16 @@ def laid_out(ctx: dict) -> dict:
         factors += [f"{name} = {layout.assigned(name, code, 4)}" for name, code in named if code is not None]
         factors += [core["seed"]] if core["seed"] else []  # dropout's seed, drawn once per call
         value = "None" if core["value"] is None else "core_v" + c  # a map core has no V
-        tensors = ["_CORE" + c, "core_q" + c, "core_k" + c, value, "causal", "symbols", *core["tensor_arguments"]]
+        tensors = ["_CORE" + c, "core_q" + c, "core_k" + c, value, "causal", "deterministic", "symbols"]
+        tensors += core["tensor_arguments"]
         calls.append(layout.wrapped(f"{core['core_output']} = _kernels", tensors, "", 4, "()"))
     return {
         "define_forward": layout.define("forward", ctx["signature"].split(", "), 0),
         "define_jvp": layout.define("jvp", ctx["jvp_signature"].split(", "), 0),
-        "define_compute": layout.define("_compute", ["_kernels", *call, *(k.split("=")[0] for k in keywords)], 0),
-        "forward_call": layout.call("_compute", ["_core", *call, *keywords], 4),
+        "define_compute": layout.define(
+            "_compute", ["_kernels", *call, *(k.split("=")[0] for k in keywords), "deterministic=True"], 0
+        ),
+        "forward_call": layout.call("_compute", ["_core", *call, *keywords, "deterministic=deterministic"], 4),
         "jvp_call": layout.wrapped("out = _compute", ["_core_dual", "*duals", *constants, *keywords], "", 8, "()"),
         "duals": layout.wrapped("duals = _duals", ["tangents", *ctx["tangent_inputs"]], "", 8, "()"),
         "define_hvp": layout.define("hvp", ctx["hvp_signature"].split(", "), 0),
@@ -142,3 +146,12 @@ def core_lines(ctx: dict, core: dict) -> dict:
         "bare_logits": bare(core["logits"]),
         "eager_body": eager_body(core),
     }
+
+
+def deterministic_module(module: dict) -> dict:
+    """The torch module's nn.Module fields (``nn_module.torch_module``) for the Triton module: its forward call passes
+    ``deterministic=self.deterministic``, the class attribute that sets the backward's mode (the template's)."""
+    (returned,) = ast.parse(module["module_call"].strip()).body
+    call = returned.value
+    arguments = [ast.unparse(a) for a in call.args] + [f"{k.arg}={ast.unparse(k.value)}" for k in call.keywords]
+    return module | {"module_call": layout.call("forward", [*arguments, "deterministic=self.deterministic"], 8)}

@@ -19,7 +19,7 @@ from symattn.codegen.backends.torch.backend import TorchMatrixPrinter
 from symattn.codegen.backends.triton.bindings import binding_lines, lines_of
 from symattn.codegen.backends.triton.core import Core, find_cores, mixed_rows
 from symattn.codegen.backends.triton.eager import ring_record
-from symattn.codegen.backends.triton.lines import bare, core_lines, laid_out
+from symattn.codegen.backends.triton.lines import bare, core_lines, deterministic_module, laid_out
 from symattn.codegen.backends.triton.positions import eager_grid, index_checks, kernel_grid
 from symattn.codegen.backends.triton.printer import (
     Printed,
@@ -375,10 +375,10 @@ def _rows(spec: Spec) -> list[str]:
 
 def _signature(spec: Spec, options: tuple[Option, ...], rows: list[str]) -> str:
     """The inputs positionally (a bias row None by default), the constants after them (None: absent), then the options,
-    the mask keywords where there is one mask, and causal by keyword."""
+    the mask keywords where there is one mask, causal and deterministic (the backward's mode) by keyword."""
     names = [f"{x.name}=None" if str(x.name) in rows else str(x.name) for x in spec.inputs]
     names += [f"{x.name}=None" for x in spec.constants]
-    return ", ".join([*names, "*", *_keywords(spec, options), "causal=False"])
+    return ", ".join([*names, "*", *_keywords(spec, options), "causal=False", "deterministic=True"])
 
 
 def _keywords(spec: Spec, options: tuple[Option, ...]) -> list[str]:
@@ -401,7 +401,8 @@ def render_triton(source: str | Spec, regenerate: str, environment: jinja2.Envir
     from symattn.version import __version__
 
     spec, options = triton_spec(source)
-    ctx = triton_context(spec, options, __version__) | {"regenerate": regenerate, "module": module_class()}
+    module = deterministic_module(module_class())
+    ctx = triton_context(spec, options, __version__) | {"regenerate": regenerate, "module": module}
     ctx |= laid_out(ctx) | {"bare": bare}  # bare: an unmasked tile's value, printed as ruff prints it
     core = environment.get_template(CORE_TEMPLATE)
     sections = [core.render(**(ctx | each | core_lines(ctx, each))) for each in ctx["cores"]]

@@ -19,6 +19,7 @@ function call is printed once per tile as a named line ``f0``, ``f1``, … that 
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 import sympy as sp
@@ -346,6 +347,8 @@ def table_weights(printer: TilePrinter, logits: MatrixExpr, table: MatrixSymbol)
             code = f"tl.full((BLOCK_M, BLOCK_N), {int(flat)}, tl.int32)"
         else:
             code = f"{printer.doprint(index if split is None else SplitHeads(index, split.heads))}.to(tl.int32)"
+            if not re.search(r"\bpos_[ij]\b", code):  # an entry read at no position (g[0, h]): one per tile
+                code = f"({code} + tl.zeros((BLOCK_M, BLOCK_N), tl.int32))"
         found.append((code, f"({GRADIENT} * {printer.doprint(weight)})"))
     return tuple(found)
 

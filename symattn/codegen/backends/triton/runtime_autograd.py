@@ -71,7 +71,7 @@ def _recomputed(ctx, grad, saved, eager, kept):
     derivative flows through."""
     Q, K, V, _, *rest = saved
     tensors = _tensors(ctx, rest[kept:])
-    inputs = [Q, K, V, None, None, *tensors]  # the Function's: causal and symbols have no gradient
+    inputs = [Q, K, V, None, None, None, *tensors]  # the Function's: causal, deterministic, symbols have none
     wanted = [i for i, x in enumerate(inputs) if x is not None and ctx.needs_input_grad[i]]
     out = eager(Q, K, V, ctx.causal, ctx.symbols, tensors)
     found = torch.autograd.grad(out, [inputs[i] for i in wanted], grad, create_graph=True, allow_unused=True)
@@ -107,9 +107,10 @@ def _physical(x):
 
 
 def _vmapped_core(function, info, in_dims, arguments):
-    """function.apply(Q, K, V, causal, symbols, *tensors) under torch.func.vmap: vmap's axis of each tensor moved first
-    (a size-1 axis where it has none: the kernels broadcast batch axes) as one more leading batch axis of the core;
-    O and the statistics returned with it first. A batched trainable scalar is refused (the kernels read one value)."""
+    """function.apply(Q, K, V, causal, deterministic, symbols, *tensors) under torch.func.vmap: vmap's axis of each
+    tensor moved first (a size-1 axis where it has none: the kernels broadcast batch axes) as one more leading batch
+    axis of the core; O and the statistics returned with it first. A batched trainable scalar is refused (the kernels
+    read one value)."""
     moved = []
     for x, dim in zip(arguments, in_dims):
         if isinstance(x, torch.Tensor) and dim is not None:
@@ -223,8 +224,9 @@ def _autocast(Q, K, V):
     return tuple(x.to(low) if x is not None and x.dtype == torch.float32 else x for x in (Q, K, V))
 
 
-def _core_dual(kernels, Q, K, V, causal, symbols, *tensors):
-    """O as a dual tensor (O, Ȯ) of forward-mode autograd from the dual Q, K, V and tensors: one JVP kernel launch."""
+def _core_dual(kernels, Q, K, V, causal, deterministic, symbols, *tensors):
+    """O as a dual tensor (O, Ȯ) of forward-mode autograd from the dual Q, K, V and tensors: one JVP kernel launch
+    (deterministic, the backward's mode, unread: no backward)."""
     pairs = [(None, None) if x is None else forward_ad.unpack_dual(x) for x in _autocast(Q, K, V)]  # V None: a map
     (Q, Q_t), (K, K_t), (V, V_t) = pairs
     primals = [None if x is None else forward_ad.unpack_dual(x) for x in tensors]

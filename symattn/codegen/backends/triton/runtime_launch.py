@@ -24,7 +24,7 @@ from symattn.codegen.backends.triton.runtime_autograd import SPEC, _batched  # (
 # per kernel: BLOCK_M (query rows), BLOCK_N (keys), warps, pipeline stages; the generated module's table
 LAUNCH: dict[str, tuple[int, int, int, int]] = {}
 SHARED = 0  # the shared-memory budget of one program's tiles, in bytes
-STREAMED: dict[str, int | None] = {}  # the block a kernel's loop steps through (0: M, 1: N; None: both)
+STREAMED: dict[str, int] = {}  # the block a kernel's loop steps through (0: M, 1: N)
 COPIES: dict[str, int] = {}  # the copies of each block a kernel holds (the JVP: each block beside its tangent)
 GRID_Y = 65535  # a CUDA grid's most programs along its axes 1 and 2
 _NUMBERS: dict = {}  # (the numbers, a device) → their float32 tensor there
@@ -36,20 +36,37 @@ def _launch(x, width, kernel):
     under the interpreter (CPU tensors, one program at a time); on a GPU LAUNCH's, the larger block (the streamed one
     of a tie) halved, down to 16, while one held block and num_stages streamed ones (triton's software pipeline), each
     row padded to a power of two, times the kernel's COPIES of each block (the JVP's tangents beside them), pass SHARED
-    bytes: a wide head in float32 fits a GPU's shared memory. A kernel whose parts stream both blocks counts the larger
-    one streamed, its worse part."""
+    bytes: a wide head in float32 fits a GPU's shared memory."""
     if not x.is_cuda:
         return {"BLOCK_M": 16, "BLOCK_N": 16}
     *blocks, warps, stages = LAUNCH[kernel]
     row = _width(width) * x.element_size() * COPIES[kernel]
+    streamed = STREAMED[kernel]
     while max(blocks) > 16:
-        streamed = STREAMED[kernel]
-        if streamed is None:
-            streamed = 1 if blocks[1] >= blocks[0] else 0
         if (blocks[1 - streamed] + stages * blocks[streamed]) * row <= SHARED:
             break
         blocks[streamed if blocks[streamed] >= blocks[1 - streamed] else 1 - streamed] //= 2
     return {"BLOCK_M": blocks[0], "BLOCK_N": blocks[1], "num_warps": warps, "num_stages": stages}
+
+
+def _backward_parts(x, width, keys, rows, bh, atomic):
+    """The backward kernel's launches for inputs like x (rows width entries) over keys keys and rows query rows of bh
+    batch·heads: [(grid, constexprs)], the key part at _launch's "backward_keys" (dK, dV) and the query part at its
+    "backward_queries" (dQ): one launch of both where their settings coincide (the interpreter's 16 × 16), one each
+    where they differ; atomic (deterministic=False): the key part alone, adding dQ by atomic adds."""
+    key_part, query_part = _launch(x, width, "backward_keys"), _launch(x, width, "backward_queries")
+    if atomic:
+        parts = [(key_part, True, False)]
+    elif key_part == query_part:
+        parts = [(key_part, True, True)]
+    else:
+        parts = [(key_part, True, False), (query_part, False, True)]
+    launches = []
+    for blocks, has_keys, has_queries in parts:
+        programs = has_keys * _cdiv(keys, blocks["BLOCK_N"]) + has_queries * _cdiv(rows, blocks["BLOCK_M"])
+        grid, wide = _grid(programs, bh)
+        launches.append((grid, {"WIDE": wide, "KEYS": has_keys, "QUERIES": has_queries, "ATOMIC": atomic, **blocks}))
+    return launches
 
 
 def _planned(key, make):
