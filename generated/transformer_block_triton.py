@@ -1377,7 +1377,8 @@ def _backward_launch(
     layout = _layout(q, k, v, o, do, lse, residual, *tiles)  # (a direct launch's key: _launcher)
     key = ("backward", q.dtype, v.dtype, q.device, causal, _precision(q), flags, layout, inner, atomic)
     extra = {}
-    plan = _planned(key, lambda: _backward_plan(q, k, v, o, do, residual, tiles, inner, causal, wanted, atomic, extra))
+    operands = (q, k, v, o, do, residual, tiles, inner, causal, wanted, atomic, extra)
+    plan = _planned(key, lambda: _backward_plan(*operands))
     if not plan:  # an operand whose batch axes do not merge into one (_geometry): flattened (a copy)
         q, k, v, o, do = (_rows(x.reshape(-1, *x.shape[-2:])) for x in (q, k, v, o, do))
         options = (inner, causal, deterministic, wanted)
